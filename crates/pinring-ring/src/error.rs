@@ -1,0 +1,230 @@
+//! Errors of the ring protocol. Each message names the ring (and its file), the problem, and what
+//! to do about it.
+
+use std::path::PathBuf;
+
+/// What can go wrong creating, opening or using a ring.
+#[derive(Debug, thiserror::Error)]
+pub enum RingError {
+    /// The ring name is not usable as a segment name.
+    #[error("ring name {name:?} is invalid: use 1-64 characters from A-Z a-z 0-9 _ -")]
+    InvalidName {
+        /// The name given.
+        name: String,
+    },
+    /// slot count / slot size out of range.
+    #[error("ring {name:?}: {slots} slots of {slot_bytes} bytes is not a valid geometry: slots must be 1..={max_slots}, slot bytes a multiple of 4096 up to 1 GiB")]
+    InvalidGeometry {
+        /// Ring name.
+        name: String,
+        /// Slots asked for.
+        slots: u32,
+        /// Slot bytes asked for.
+        slot_bytes: u64,
+        /// Largest slot count.
+        max_slots: u32,
+    },
+    /// No segment with that name exists.
+    #[error("ring {name:?} does not exist ({path}): start pinring-daemon for it first, or check --ring")]
+    NotFound {
+        /// Ring name.
+        name: String,
+        /// Segment file.
+        path: PathBuf,
+    },
+    /// A live daemon already owns the ring.
+    #[error("ring {name:?} ({path}) is held by a running daemon (pid {pid}): stop it first, or pick another --ring name")]
+    HeldByLiveDaemon {
+        /// Ring name.
+        name: String,
+        /// Segment file.
+        path: PathBuf,
+        /// The live daemon's pid.
+        pid: u32,
+    },
+    /// The segment belongs to another user.
+    #[error("ring {name:?} ({path}) is owned by uid {owner}, not by this process (uid {me}): remove it as its owner or as root, or pick another --ring name")]
+    ForeignOwner {
+        /// Ring name.
+        name: String,
+        /// Segment file.
+        path: PathBuf,
+        /// Owner uid of the file.
+        owner: u32,
+        /// Our effective uid.
+        me: u32,
+    },
+    /// /dev/shm cannot hold the segment.
+    #[error("ring {name:?}: asked for {asked} bytes ({asked_mib} MiB) but {dir} has only {available} bytes ({available_mib} MiB) free: use fewer or smaller slots, free space in {dir}, or enlarge it (mount -o remount,size=...)")]
+    NoSpace {
+        /// Ring name.
+        name: String,
+        /// Directory backing POSIX shared memory.
+        dir: String,
+        /// Bytes the segment needs.
+        asked: u64,
+        /// Same in MiB.
+        asked_mib: u64,
+        /// Bytes free.
+        available: u64,
+        /// Same in MiB.
+        available_mib: u64,
+    },
+    /// The file is not a pinring segment.
+    #[error("ring {name:?} ({path}) is not a pinring segment (bad magic {found:#018x}): remove the file or pick another --ring name")]
+    NotARing {
+        /// Ring name.
+        name: String,
+        /// Segment file.
+        path: PathBuf,
+        /// Magic found.
+        found: u64,
+    },
+    /// The segment is of another layout version.
+    #[error("ring {name:?} ({path}) has layout version {found}, this build speaks version {expected}: run daemon and loaders of the same pinring release")]
+    VersionMismatch {
+        /// Ring name.
+        name: String,
+        /// Segment file.
+        path: PathBuf,
+        /// Version found.
+        found: u32,
+        /// Version expected.
+        expected: u32,
+    },
+    /// The segment never finished initialising.
+    #[error("ring {name:?} ({path}) did not finish initialising within {waited_ms} ms (its daemon may have died while creating it): restart the daemon, which replaces the stale segment")]
+    NotInitialised {
+        /// Ring name.
+        name: String,
+        /// Segment file.
+        path: PathBuf,
+        /// How long we waited.
+        waited_ms: u64,
+    },
+    /// The file is shorter or longer than its header says.
+    #[error("ring {name:?} ({path}) is {actual} bytes but its header says {expected}: the segment was truncated or replaced; restart the daemon")]
+    SizeMismatch {
+        /// Ring name.
+        name: String,
+        /// Segment file.
+        path: PathBuf,
+        /// Size from the header.
+        expected: u64,
+        /// Size of the file.
+        actual: u64,
+    },
+    /// A header field holds an impossible value.
+    #[error("ring {name:?} ({path}) has a corrupt header: {what}; restart the daemon, which replaces the segment")]
+    CorruptHeader {
+        /// Ring name.
+        name: String,
+        /// Segment file.
+        path: PathBuf,
+        /// Which field and value.
+        what: String,
+    },
+    /// The ring did not become ready in time.
+    #[error("ring {name:?} did not become ready within {waited_ms} ms (state {state}): is its daemon running and healthy?")]
+    NotReady {
+        /// Ring name.
+        name: String,
+        /// How long we waited.
+        waited_ms: u64,
+        /// State seen last.
+        state: &'static str,
+    },
+    /// The loader table is full.
+    #[error("ring {name:?} already has {max} loaders attached: stop a loader first (the table holds {max})")]
+    LoaderTableFull {
+        /// Ring name.
+        name: String,
+        /// Table size.
+        max: usize,
+    },
+    /// A system call failed.
+    #[error("ring {name:?} ({path}): {call} failed: {source}")]
+    Sys {
+        /// Ring name.
+        name: String,
+        /// Segment file.
+        path: PathBuf,
+        /// The call.
+        call: &'static str,
+        /// errno.
+        #[source]
+        source: nix::Error,
+    },
+}
+
+/// Why a loader's commit was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CommitError {
+    /// The slot was taken back while this loader held it (it was too slow or presumed dead).
+    #[error("slot {slot} (seq {seq}) was reclaimed by the daemon before this loader committed it; the batch will be made again")]
+    Reclaimed {
+        /// Slot index.
+        slot: u32,
+        /// Seq the loader made.
+        seq: u64,
+    },
+    /// Lengths do not fit the slot.
+    #[error("slot {slot}: payload of {payload} bytes plus {meta} bytes of metadata does not fit in {slot_bytes} bytes")]
+    TooLarge {
+        /// Slot index.
+        slot: u32,
+        /// Payload bytes.
+        payload: u64,
+        /// Metadata bytes.
+        meta: u64,
+        /// Slot capacity.
+        slot_bytes: u64,
+    },
+}
+
+/// Why a READY slot was refused by the daemon (a buggy or hostile writer).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SlotFault {
+    /// The descriptor's seq is not the one the daemon assigned.
+    #[error("slot {slot}: carries seq {found}, but seq {expected} was assigned to it")]
+    WrongSeq {
+        /// Slot index.
+        slot: u32,
+        /// Seq assigned.
+        expected: u64,
+        /// Seq found.
+        found: u64,
+    },
+    /// Payload or metadata length out of the slot.
+    #[error("slot {slot} (seq {seq}): payload {payload} bytes + metadata {meta} bytes overflow the {slot_bytes}-byte slot")]
+    BadLength {
+        /// Slot index.
+        slot: u32,
+        /// Seq.
+        seq: u64,
+        /// Payload length claimed.
+        payload: u64,
+        /// Metadata length claimed.
+        meta: u64,
+        /// Slot capacity.
+        slot_bytes: u64,
+    },
+    /// The loader committed an error instead of a batch.
+    #[error("slot {slot} (seq {seq}): the loader reported error code {code}")]
+    LoaderError {
+        /// Slot index.
+        slot: u32,
+        /// Seq.
+        seq: u64,
+        /// Error code.
+        code: u32,
+    },
+    /// The slot changed state under the daemon.
+    #[error("slot {slot}: state word changed while the daemon was taking it ({raw:#x})")]
+    Raced {
+        /// Slot index.
+        slot: u32,
+        /// Word seen.
+        raw: u64,
+    },
+}

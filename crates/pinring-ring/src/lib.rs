@@ -1,0 +1,28 @@
+//! The pinring ring protocol: one POSIX shared-memory segment per ring, holding a header, a
+//! loader table, slot descriptors and a data area of page-aligned slots; the slot state machine
+//! and the sequencer; cross-process futex wake-ups. No CUDA in here.
+//!
+//! Roles:
+//! * the daemon [`Ring::create`]s the ring, [`Ring::assign`]s seqs to slots, [`Ring::take_ready`]s
+//!   committed batches, and assigns the next seq when an upload is done;
+//! * loaders [`Ring::open`] it, [`Ring::attach_loader`], [`Ring::try_claim`] a FREE slot, fill
+//!   [`Ring::claim_buffer`], and [`Ring::commit`];
+//! * status views open it read-only.
+//!
+//! docs/PROTOCOL.md draws the layout and the state machine.
+
+pub mod clock;
+pub mod error;
+pub mod futex;
+pub mod layout;
+pub mod process;
+pub mod ring;
+pub mod segment;
+pub mod slot;
+
+pub use error::{CommitError, RingError, SlotFault};
+pub use layout::{ring_state, Geometry, Header, MAX_LOADERS};
+pub use process::ProcessId;
+pub use ring::{Claim, CreateOptions, LoaderView, Ring, SlotView, Taken};
+pub use segment::{object_path, Access, Segment};
+pub use slot::{SlotState, SlotWord};

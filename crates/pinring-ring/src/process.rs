@@ -1,0 +1,97 @@
+//! Process identity: pid plus start time, so that a reused pid is never mistaken for a live peer.
+//!
+//! The start time is field 22 of `/proc/PID/stat` (clock ticks since boot). It is parsed by hand
+//! (ten lines) rather than through the `procfs` crate, which would pull in a large dependency
+//! tree for one field. The command name (field 2) may contain spaces and parentheses, so parsing
+//! starts after the *last* `)`.
+
+use std::fs;
+
+/// A process as seen by peers: pid and start time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcessId {
+    /// The pid.
+    pub pid: u32,
+    /// Start time in clock ticks since boot.
+    pub start_time: u64,
+}
+
+impl ProcessId {
+    /// The calling process.
+    pub fn current() -> ProcessId {
+        let pid = std::process::id();
+        ProcessId {
+            pid,
+            // /proc/self always exists for a running process on Linux.
+            start_time: stat_of(pid).map(|s| s.start_time).unwrap_or(0),
+        }
+    }
+
+    /// Whether this exact process (same pid *and* same start time) is still running.
+    /// Zombies (exited, not yet reaped) count as dead.
+    pub fn is_alive(&self) -> bool {
+        if self.pid == 0 {
+            return false;
+        }
+        match stat_of(self.pid) {
+            Some(stat) => stat.start_time == self.start_time && !matches!(stat.state, 'Z' | 'X'),
+            None => false,
+        }
+    }
+}
+
+struct Stat {
+    state: char,
+    start_time: u64,
+}
+
+fn stat_of(pid: u32) -> Option<Stat> {
+    let text = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    parse_stat(&text)
+}
+
+fn parse_stat(text: &str) -> Option<Stat> {
+    let after = &text[text.rfind(')')? + 1..];
+    let mut fields = after.split_ascii_whitespace();
+    // After ')' come fields 3.. : field 3 is the state, field 22 the start time.
+    let state = fields.next()?.chars().next()?;
+    let start_time = fields.nth(22 - 4)?.parse().ok()?;
+    Some(Stat { state, start_time })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_a_command_name_with_spaces_and_parens() {
+        let line = "1234 (my (odd) name) S 1 1234 1234 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 1000 10";
+        let s = parse_stat(line).unwrap();
+        assert_eq!(s.state, 'S');
+        assert_eq!(s.start_time, 987654);
+    }
+
+    #[test]
+    fn current_process_is_alive_and_a_changed_start_time_is_not() {
+        let me = ProcessId::current();
+        assert!(me.start_time > 0);
+        assert!(me.is_alive());
+        let reused = ProcessId {
+            start_time: me.start_time + 1,
+            ..me
+        };
+        assert!(!reused.is_alive());
+        assert!(!ProcessId { pid: 0, start_time: 0 }.is_alive());
+    }
+
+    #[test]
+    fn an_exited_child_is_dead() {
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let id = ProcessId {
+            pid: child.id(),
+            start_time: stat_of(child.id()).map(|s| s.start_time).unwrap_or(0),
+        };
+        child.wait().unwrap();
+        assert!(!id.is_alive());
+    }
+}

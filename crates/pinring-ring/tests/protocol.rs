@@ -1,0 +1,209 @@
+//! The slot state machine and segment validation, exercised in one process through two mappings
+//! of the same segment (the daemon's and a loader's), as separate processes would.
+
+use pinring_ring::layout::{ring_state, LAYOUT_VERSION};
+use pinring_ring::{
+    object_path, Access, CommitError, CreateOptions, ProcessId, Ring, RingError, SlotFault,
+    SlotState,
+};
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Duration;
+
+struct Unlink(String);
+impl Drop for Unlink {
+    fn drop(&mut self) {
+        let _ = pinring_ring::Segment::unlink(&self.0);
+    }
+}
+
+fn opts(tag: &str) -> (CreateOptions, Unlink) {
+    let name = format!("t-{tag}-{}", std::process::id());
+    let o = CreateOptions {
+        name: name.clone(),
+        slots: 4,
+        slot_bytes: 8192,
+        mode: 0o600,
+        fingerprint: 0xabc,
+        start_seq: 0,
+        end_seq: 10,
+        in_order: true,
+    };
+    (o, Unlink(name))
+}
+
+const T: Duration = Duration::from_secs(2);
+
+#[test]
+fn a_batch_goes_free_claimed_ready_uploading_free() {
+    let (o, _u) = opts("cycle");
+    let daemon = Ring::create(&o).unwrap();
+    let loader = Ring::open(&o.name, Access::ReadWrite, T).unwrap();
+    assert_eq!(loader.header().fingerprint.load(Relaxed), 0xabc);
+
+    // Nothing to claim before the daemon hands out work.
+    let me = loader.attach_loader(ProcessId::current()).unwrap();
+    assert!(loader.try_claim(me, 0).is_none());
+
+    daemon.assign(2, 7);
+    daemon.set_state(ring_state::READY);
+    let mut claim = loader.try_claim(me, 0).expect("a FREE slot");
+    assert_eq!((claim.slot, claim.seq), (2, 7));
+    // A second claim finds nothing: the slot is taken.
+    assert!(loader.try_claim(me, 0).is_none());
+    assert_eq!(daemon.take_ready(2, 7), Ok(None), "not committed yet");
+
+    let buf = loader.claim_buffer(&mut claim);
+    buf[..5].copy_from_slice(b"hello");
+    buf[64..67].copy_from_slice(b"abc");
+    loader.commit(claim, 5, 3, 1, 0).unwrap();
+
+    let taken = daemon.take_ready(2, 7).unwrap().expect("ready");
+    assert_eq!((taken.payload_len, taken.meta_offset, taken.meta_len), (5, 64, 3));
+    assert_eq!(daemon.slot_bytes(2, 0, 5), b"hello");
+    assert_eq!(daemon.slot_bytes(2, 64, 3), b"abc");
+    assert_eq!(daemon.slot_view(2).state, Some(SlotState::Uploading));
+
+    daemon.assign(2, 8);
+    let c = loader.try_claim(me, 0).unwrap();
+    assert_eq!(c.seq, 8);
+}
+
+#[test]
+fn a_commit_after_reclaim_is_rejected() {
+    let (o, _u) = opts("zombie");
+    let daemon = Ring::create(&o).unwrap();
+    let loader = Ring::open(&o.name, Access::ReadWrite, T).unwrap();
+    // A loader entry whose process is not running: the daemon must treat it as dead.
+    let dead = loader
+        .attach_loader(ProcessId {
+            pid: std::process::id(),
+            start_time: 1,
+        })
+        .unwrap();
+    daemon.assign(0, 3);
+    let claim = loader.try_claim(dead, 0).unwrap();
+    assert_eq!(daemon.reclaim_if_owner_dead(0), Some(3));
+    assert_eq!(daemon.header().reclaimed.load(Relaxed), 1);
+    // Back to FREE with the same seq, and the zombie's commit cannot land.
+    let err = loader.commit(claim, 10, 0, 1, 0).unwrap_err();
+    assert!(matches!(err, CommitError::Reclaimed { slot: 0, seq: 3 }));
+    let live = loader.attach_loader(ProcessId::current()).unwrap();
+    let again = loader.try_claim(live, 0).unwrap();
+    assert_eq!(again.seq, 3);
+    // A live owner's slot is never reclaimed.
+    assert_eq!(daemon.reclaim_if_owner_dead(0), None);
+}
+
+#[test]
+fn forged_descriptors_are_refused() {
+    let (o, _u) = opts("forged");
+    let daemon = Ring::create(&o).unwrap();
+    let loader = Ring::open(&o.name, Access::ReadWrite, T).unwrap();
+    let me = loader.attach_loader(ProcessId::current()).unwrap();
+
+    daemon.assign(1, 4);
+    let claim = loader.try_claim(me, 0).unwrap();
+    // The commit path itself refuses lengths that do not fit.
+    assert!(matches!(
+        loader.commit(claim, 8192, 1, 1, 0),
+        Err(CommitError::TooLarge { .. })
+    ));
+    // A rogue writer forges a length past the slot and a seq outside the window.
+    let d = loader.desc(1);
+    d.payload_len.store(1 << 40, Relaxed);
+    d.word.store(
+        pinring_ring::SlotWord::pack(SlotState::Ready, me, 1),
+        Relaxed,
+    );
+    assert!(matches!(
+        daemon.take_ready(1, 4),
+        Err(SlotFault::BadLength { slot: 1, .. })
+    ));
+    daemon.assign(1, 5);
+    d.seq.store(999, Relaxed);
+    d.word.store(
+        pinring_ring::SlotWord::pack(SlotState::Ready, me, 2),
+        Relaxed,
+    );
+    assert!(matches!(
+        daemon.take_ready(1, 5),
+        Err(SlotFault::WrongSeq { expected: 5, found: 999, .. })
+    ));
+}
+
+#[test]
+fn opening_a_missing_ring_names_it() {
+    let err = Ring::open("t-does-not-exist", Access::ReadOnly, T).unwrap_err();
+    assert!(matches!(err, RingError::NotFound { .. }));
+    assert!(err.to_string().contains("t-does-not-exist"));
+}
+
+#[test]
+fn another_layout_version_is_refused() {
+    let (o, _u) = opts("version");
+    let daemon = Ring::create(&o).unwrap();
+    daemon.header().version.store(LAYOUT_VERSION + 1, Relaxed);
+    let err = Ring::open(&o.name, Access::ReadOnly, T).unwrap_err();
+    assert!(matches!(err, RingError::VersionMismatch { .. }), "{err}");
+    assert!(err.to_string().contains(&o.name));
+}
+
+#[test]
+fn a_truncated_segment_is_refused() {
+    let (o, _u) = opts("trunc");
+    let daemon = Ring::create(&o).unwrap();
+    let path = object_path(&o.name);
+    let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    f.set_len(4096 + 100).unwrap();
+    let err = Ring::open(&o.name, Access::ReadOnly, T).unwrap_err();
+    assert!(matches!(err, RingError::SizeMismatch { .. }), "{err}");
+    // The daemon notices too.
+    assert!(matches!(daemon.check_file(), Err(RingError::SizeMismatch { .. })));
+    f.set_len(10).unwrap();
+    let err = Ring::open(&o.name, Access::ReadOnly, T).unwrap_err();
+    assert!(matches!(err, RingError::SizeMismatch { .. }), "{err}");
+}
+
+#[test]
+fn garbage_is_not_a_ring() {
+    let (o, _u) = opts("garbage");
+    let path = object_path(&o.name);
+    std::fs::write(&path, vec![0x5au8; 16384]).unwrap();
+    let err = Ring::open(&o.name, Access::ReadOnly, T).unwrap_err();
+    assert!(matches!(err, RingError::NotARing { .. }), "{err}");
+}
+
+#[test]
+fn a_live_daemon_keeps_its_ring_and_a_dead_ones_is_replaced() {
+    let (o, _u) = opts("stale");
+    let first = Ring::create(&o).unwrap();
+    let err = Ring::create(&o).unwrap_err();
+    assert!(matches!(err, RingError::HeldByLiveDaemon { .. }), "{err}");
+    // Pretend the owner died: same pid, another start time.
+    first.header().daemon_start_time.store(1, Relaxed);
+    let second = Ring::create(&o).unwrap();
+    assert_ne!(
+        first.header().generation.load(Relaxed),
+        second.header().generation.load(Relaxed)
+    );
+}
+
+#[test]
+fn a_ring_that_never_finishes_initialising_times_out() {
+    let (o, _u) = opts("init");
+    let daemon = Ring::create(&o).unwrap();
+    daemon.header().version.store(0, Relaxed);
+    let err = Ring::open(&o.name, Access::ReadOnly, Duration::from_millis(50)).unwrap_err();
+    assert!(matches!(err, RingError::NotInitialised { .. }), "{err}");
+}
+
+#[test]
+fn the_loader_table_refuses_the_49th_loader() {
+    let (o, _u) = opts("table");
+    let ring = Ring::create(&o).unwrap();
+    for _ in 0..pinring_ring::MAX_LOADERS {
+        ring.attach_loader(ProcessId::current()).unwrap();
+    }
+    let err = ring.attach_loader(ProcessId::current()).unwrap_err();
+    assert!(matches!(err, RingError::LoaderTableFull { max: 48, .. }), "{err}");
+}
