@@ -1,0 +1,786 @@
+//! The TOML config file shared by the daemon and the loaders.
+//!
+//! Every section and key is optional; missing ones take the built-in
+//! defaults ([`DEFAULT_CONFIG_TOML`], equal to [`Config::default`]).
+//! Unknown keys are errors. Binaries may override fields (they are all
+//! `pub`) and must then call [`Config::validate`] again.
+
+use std::fmt;
+use std::path::Path;
+
+use serde::de::{self, Deserializer, Visitor};
+use serde::{Deserialize, Serialize, Serializer};
+
+use crate::meta::{max_encoded_len, Dtype};
+use crate::plan::{Plan, PlanError, PlanParams, MAX_PLAN_SAMPLES};
+use crate::size::ByteSize;
+use crate::synthetic::Synthetic;
+
+/// Page size slots are rounded up to when `ring.slot_bytes = "auto"`.
+pub const SLOT_ALIGN: u64 = 4096;
+/// Largest allowed sample (1 GiB).
+pub const MAX_SAMPLE_BYTES: u64 = 1 << 30;
+/// Most dimensions a sample shape may have.
+pub const MAX_SAMPLE_DIMS: usize = 16;
+/// Granularity of [`Config::meta_reserve_bytes`].
+pub const META_RESERVE_ALIGN: u64 = 64;
+
+/// The defaults, as a commented TOML file (parses to [`Config::default`]).
+pub const DEFAULT_CONFIG_TOML: &str = r#"# pinring configuration, shared by the GPU daemon and all loader processes.
+# Every key is optional; the values below are the built-in defaults.
+# Unknown keys are rejected.
+
+[ring]
+# Ring name: the shared-memory segment is /dev/shm/pinring.<name>.
+# 1 to 64 characters from A-Z a-z 0-9 _ -
+name = "default"
+# Number of slots in the ring (2..=4096).
+slots = 16
+# Bytes per slot: "auto" (batch payload + metadata reserve, rounded up to
+# 4096) or a size such as "16MiB" / 16777216. An explicit size must be at
+# least payload + metadata reserve.
+slot_bytes = "auto"
+# Deliver batches in seq order (false: deliver any ready slot first).
+in_order = true
+# Permission of the segment: "0600" (owner only) or "0660" (owner + group).
+mode = "0600"
+
+[dataset]
+# Dataset kind; only "synthetic" exists for now.
+kind = "synthetic"
+# Number of samples in the dataset (>= 1).
+samples = 16384
+# Shape of one sample; each dimension >= 1; product x dtype size <= 1 GiB.
+sample_shape = [128, 128]
+# Element type: u8, i32, i64, f16, bf16, f32, f64.
+dtype = "f32"
+# Seed of the synthetic sample bytes.
+seed = 42
+# Number of classes; synthetic label(i) = f(seed, i) % classes (>= 1).
+classes = 1000
+
+[plan]
+# Samples per batch (>= 1).
+batch_size = 32
+# Shuffle the sample order each epoch.
+shuffle = true
+# Shuffle seed.
+seed = 0
+# Number of epochs to run (>= 1).
+epochs = 2
+# Number of the first epoch (for resuming).
+start_epoch = 0
+# Drop the incomplete tail (of the rank shards and of the last batch).
+drop_last = false
+# This process's rank and the number of ranks (rank < world_size).
+rank = 0
+world_size = 1
+"#;
+
+/// Errors from loading or validating a config.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error(
+        "cannot read config file {path}: {source}; check the --config path and its permissions"
+    )]
+    Read {
+        /// Path of the file.
+        path: String,
+        /// Underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The TOML is malformed or has unknown keys / wrong types.
+    #[error("invalid config {source_name}: {message}")]
+    Parse {
+        /// File name (or other source description).
+        source_name: String,
+        /// toml's message (names the key and the line).
+        message: String,
+    },
+    /// A value is out of range.
+    #[error("invalid config {source_name}: {key} = {value} is not allowed: {allowed}; fix it in the config file or the command-line override")]
+    Invalid {
+        /// File name (or other source description).
+        source_name: String,
+        /// Key path, e.g. `plan.rank`.
+        key: &'static str,
+        /// The offending value.
+        value: String,
+        /// What is allowed.
+        allowed: String,
+    },
+}
+
+/// `ring.slot_bytes`: automatic or explicit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum SlotBytes {
+    /// Payload + metadata reserve rounded up to [`SLOT_ALIGN`].
+    #[default]
+    Auto,
+    /// An explicit size.
+    Fixed(ByteSize),
+}
+
+impl fmt::Display for SlotBytes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SlotBytes::Auto => f.write_str("auto"),
+            SlotBytes::Fixed(b) => write!(f, "{} ({} bytes)", b, b.0),
+        }
+    }
+}
+
+impl Serialize for SlotBytes {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            SlotBytes::Auto => s.serialize_str("auto"),
+            SlotBytes::Fixed(b) => b.serialize(s),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for SlotBytes {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = SlotBytes;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("\"auto\", a byte count or a size string like \"16MiB\"")
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<SlotBytes, E> {
+                Ok(SlotBytes::Fixed(ByteSize(v)))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<SlotBytes, E> {
+                u64::try_from(v)
+                    .map(|v| SlotBytes::Fixed(ByteSize(v)))
+                    .map_err(|_| E::custom(format!("slot_bytes {v} is negative")))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<SlotBytes, E> {
+                if v.trim().eq_ignore_ascii_case("auto") {
+                    Ok(SlotBytes::Auto)
+                } else {
+                    v.parse().map(SlotBytes::Fixed).map_err(E::custom)
+                }
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// `ring.mode`: permission of the shared-memory segment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum SegmentMode {
+    /// `"0600"`: owner read/write.
+    #[default]
+    Owner,
+    /// `"0660"`: owner and group read/write.
+    Group,
+}
+
+impl SegmentMode {
+    /// Permission bits (`0o600` or `0o660`).
+    pub const fn bits(self) -> u32 {
+        match self {
+            SegmentMode::Owner => 0o600,
+            SegmentMode::Group => 0o660,
+        }
+    }
+
+    /// The config spelling (`"0600"` / `"0660"`).
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            SegmentMode::Owner => "0600",
+            SegmentMode::Group => "0660",
+        }
+    }
+}
+
+impl fmt::Display for SegmentMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for SegmentMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim() {
+            "0600" | "600" | "0o600" => Ok(SegmentMode::Owner),
+            "0660" | "660" | "0o660" => Ok(SegmentMode::Group),
+            other => Err(format!(
+                "segment mode {other:?} is not allowed; use \"0600\" (owner only) or \"0660\" (owner and group)"
+            )),
+        }
+    }
+}
+
+impl Serialize for SegmentMode {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for SegmentMode {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(de::Error::custom)
+    }
+}
+
+/// `dataset.kind`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DatasetKind {
+    /// Generated bytes, see [`crate::synthetic`].
+    #[default]
+    Synthetic,
+}
+
+/// `[ring]` section.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RingConfig {
+    /// Segment name suffix (`/dev/shm/pinring.<name>`).
+    pub name: String,
+    /// Number of slots (2..=4096).
+    pub slots: u32,
+    /// Bytes per slot.
+    pub slot_bytes: SlotBytes,
+    /// Deliver in seq order.
+    pub in_order: bool,
+    /// Segment permission.
+    pub mode: SegmentMode,
+}
+
+impl Default for RingConfig {
+    fn default() -> Self {
+        RingConfig {
+            name: "default".to_string(),
+            slots: 16,
+            slot_bytes: SlotBytes::Auto,
+            in_order: true,
+            mode: SegmentMode::Owner,
+        }
+    }
+}
+
+/// `[dataset]` section.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DatasetConfig {
+    /// Dataset kind.
+    pub kind: DatasetKind,
+    /// Number of samples (>= 1).
+    pub samples: u64,
+    /// Shape of one sample.
+    pub sample_shape: Vec<u32>,
+    /// Element type.
+    pub dtype: Dtype,
+    /// Seed of the synthetic bytes.
+    pub seed: u64,
+    /// Number of label classes (>= 1).
+    pub classes: u32,
+}
+
+impl Default for DatasetConfig {
+    fn default() -> Self {
+        DatasetConfig {
+            kind: DatasetKind::Synthetic,
+            samples: 16384,
+            sample_shape: vec![128, 128],
+            dtype: Dtype::F32,
+            seed: 42,
+            classes: 1000,
+        }
+    }
+}
+
+/// `[plan]` section.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PlanConfig {
+    /// Samples per batch (>= 1).
+    pub batch_size: u32,
+    /// Shuffle each epoch.
+    pub shuffle: bool,
+    /// Shuffle seed.
+    pub seed: u64,
+    /// Number of epochs (>= 1).
+    pub epochs: u32,
+    /// First epoch number.
+    pub start_epoch: u32,
+    /// Drop incomplete shard tail / last batch.
+    pub drop_last: bool,
+    /// Rank of this process (< world_size).
+    pub rank: u32,
+    /// Number of ranks (>= 1).
+    pub world_size: u32,
+}
+
+impl Default for PlanConfig {
+    fn default() -> Self {
+        PlanConfig {
+            batch_size: 32,
+            shuffle: true,
+            seed: 0,
+            epochs: 2,
+            start_epoch: 0,
+            drop_last: false,
+            rank: 0,
+            world_size: 1,
+        }
+    }
+}
+
+/// The whole config file.
+///
+/// Equality compares the settings only, not [`Config::source`].
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// `[ring]`.
+    pub ring: RingConfig,
+    /// `[dataset]`.
+    pub dataset: DatasetConfig,
+    /// `[plan]`.
+    pub plan: PlanConfig,
+    /// Where the config came from (file path or description); used in
+    /// error messages. Not part of the file.
+    #[serde(skip)]
+    pub source: String,
+}
+
+impl PartialEq for Config {
+    fn eq(&self, other: &Self) -> bool {
+        self.ring == other.ring && self.dataset == other.dataset && self.plan == other.plan
+    }
+}
+
+impl Eq for Config {}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            ring: RingConfig::default(),
+            dataset: DatasetConfig::default(),
+            plan: PlanConfig::default(),
+            source: "<built-in defaults>".to_string(),
+        }
+    }
+}
+
+fn round_up(v: u64, align: u64) -> u64 {
+    v.div_ceil(align).saturating_mul(align)
+}
+
+impl Config {
+    /// Parses and validates `text`; `source_name` (usually the file path)
+    /// appears in error messages.
+    pub fn from_toml_str(text: &str, source_name: &str) -> Result<Config, ConfigError> {
+        let mut cfg: Config = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            source_name: source_name.to_string(),
+            message: e.to_string().trim_end().to_string(),
+        })?;
+        cfg.source = source_name.to_string();
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Reads, parses and validates the file at `path`.
+    pub fn load(path: impl AsRef<Path>) -> Result<Config, ConfigError> {
+        let path = path.as_ref();
+        let name = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: name.clone(),
+            source,
+        })?;
+        Self::from_toml_str(&text, &name)
+    }
+
+    /// Serializes to TOML (e.g. to print the effective config).
+    pub fn to_toml(&self) -> String {
+        toml::to_string_pretty(self).unwrap_or_else(|e| format!("# cannot serialize config: {e}\n"))
+    }
+
+    fn invalid(
+        &self,
+        key: &'static str,
+        value: impl fmt::Display,
+        allowed: impl Into<String>,
+    ) -> ConfigError {
+        ConfigError::Invalid {
+            source_name: self.source.clone(),
+            key,
+            value: value.to_string(),
+            allowed: allowed.into(),
+        }
+    }
+
+    /// Checks every value range; call again after applying overrides.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let r = &self.ring;
+        let name_ok = (1..=64).contains(&r.name.len())
+            && r.name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+        if !name_ok {
+            return Err(self.invalid(
+                "ring.name",
+                format!("{:?}", r.name),
+                "1 to 64 characters from A-Z a-z 0-9 _ -",
+            ));
+        }
+        if !(2..=4096).contains(&r.slots) {
+            return Err(self.invalid("ring.slots", r.slots, "must be between 2 and 4096"));
+        }
+        let d = &self.dataset;
+        if d.samples == 0 || d.samples > MAX_PLAN_SAMPLES {
+            return Err(self.invalid(
+                "dataset.samples",
+                d.samples,
+                format!("must be between 1 and {MAX_PLAN_SAMPLES}"),
+            ));
+        }
+        if d.sample_shape.len() > MAX_SAMPLE_DIMS {
+            return Err(self.invalid(
+                "dataset.sample_shape",
+                format!("{:?}", d.sample_shape),
+                format!("at most {MAX_SAMPLE_DIMS} dimensions"),
+            ));
+        }
+        if d.sample_shape.contains(&0) {
+            return Err(self.invalid(
+                "dataset.sample_shape",
+                format!("{:?}", d.sample_shape),
+                "every dimension must be >= 1",
+            ));
+        }
+        let sb = self.sample_bytes_checked();
+        if !matches!(sb, Some(1..=MAX_SAMPLE_BYTES)) {
+            return Err(self.invalid(
+                "dataset.sample_shape",
+                format!("{:?} x {}", d.sample_shape, d.dtype),
+                "one sample (product of dims x dtype size) must be at most 1 GiB",
+            ));
+        }
+        if d.classes == 0 {
+            return Err(self.invalid("dataset.classes", 0, "must be >= 1"));
+        }
+        let p = &self.plan;
+        if p.batch_size == 0 {
+            return Err(self.invalid("plan.batch_size", 0, "must be >= 1"));
+        }
+        if p.epochs == 0 {
+            return Err(self.invalid("plan.epochs", 0, "must be >= 1"));
+        }
+        if p.world_size == 0 {
+            return Err(self.invalid("plan.world_size", 0, "must be >= 1"));
+        }
+        if p.rank >= p.world_size {
+            return Err(self.invalid(
+                "plan.rank",
+                p.rank,
+                format!("must be less than plan.world_size ({})", p.world_size),
+            ));
+        }
+        match Plan::new(&self.plan_params()) {
+            Ok(_) => {}
+            Err(PlanError::InvalidParam {
+                key,
+                value,
+                allowed,
+            }) => {
+                return Err(self.invalid(key, value, allowed));
+            }
+            Err(e @ PlanError::Empty { .. }) => {
+                return Err(self.invalid("plan.batch_size", p.batch_size, format!("{e}")));
+            }
+            Err(e @ PlanError::SeqOutOfRange { .. }) => {
+                return Err(self.invalid("plan", "?", e.to_string()));
+            }
+        }
+        let min = self.min_slot_bytes();
+        if let SlotBytes::Fixed(b) = r.slot_bytes {
+            if b.0 < min {
+                return Err(self.invalid(
+                    "ring.slot_bytes",
+                    format!("{} ({} bytes)", b, b.0),
+                    format!(
+                        "too small: a batch needs at least {min} bytes ({} payload + {} metadata); use \"auto\" or at least {}",
+                        self.batch_payload_bytes_max(),
+                        self.meta_reserve_bytes(),
+                        ByteSize(round_up(min, SLOT_ALIGN)),
+                    ),
+                ));
+            }
+        }
+        if u64::from(r.slots).checked_mul(self.slot_bytes()).is_none()
+            || self.slot_bytes() > isize::MAX as u64
+        {
+            return Err(self.invalid(
+                "ring.slot_bytes",
+                r.slot_bytes,
+                "slots x slot_bytes overflows; use a smaller slot size",
+            ));
+        }
+        Ok(())
+    }
+
+    fn sample_bytes_checked(&self) -> Option<u64> {
+        let d = &self.dataset;
+        d.sample_shape
+            .iter()
+            .try_fold(d.dtype.size_of() as u64, |acc, &x| {
+                acc.checked_mul(u64::from(x))
+            })
+    }
+
+    /// Bytes of one sample (product of dims x dtype size; saturating).
+    pub fn sample_bytes(&self) -> u64 {
+        self.sample_bytes_checked().unwrap_or(u64::MAX)
+    }
+
+    /// Payload bytes of a full batch (`batch_size * sample_bytes`).
+    pub fn batch_payload_bytes_max(&self) -> u64 {
+        u64::from(self.plan.batch_size).saturating_mul(self.sample_bytes())
+    }
+
+    /// Space reserved in each slot for the encoded [`crate::BatchMeta`]: an
+    /// upper bound for a full batch, rounded up to 64 bytes.
+    pub fn meta_reserve_bytes(&self) -> u64 {
+        round_up(
+            max_encoded_len(
+                u64::from(self.plan.batch_size),
+                self.dataset.sample_shape.len() as u64,
+            ),
+            META_RESERVE_ALIGN,
+        )
+    }
+
+    /// Smallest allowed slot (payload + metadata reserve).
+    pub fn min_slot_bytes(&self) -> u64 {
+        self.batch_payload_bytes_max()
+            .saturating_add(self.meta_reserve_bytes())
+    }
+
+    /// Bytes per slot: explicit, or for `"auto"` the minimum rounded up to
+    /// [`SLOT_ALIGN`].
+    pub fn slot_bytes(&self) -> u64 {
+        match self.ring.slot_bytes {
+            SlotBytes::Auto => round_up(self.min_slot_bytes(), SLOT_ALIGN),
+            SlotBytes::Fixed(b) => b.0,
+        }
+    }
+
+    /// Bytes of all slots together (`slots * slot_bytes`, saturating);
+    /// the ring's own header is not included.
+    pub fn ring_bytes(&self) -> u64 {
+        u64::from(self.ring.slots).saturating_mul(self.slot_bytes())
+    }
+
+    /// Shared-memory segment path, `/dev/shm/pinring.<name>`.
+    pub fn segment_path(&self) -> String {
+        format!("/dev/shm/pinring.{}", self.ring.name)
+    }
+
+    /// Plan parameters for [`Plan::new`].
+    pub fn plan_params(&self) -> PlanParams {
+        let p = &self.plan;
+        PlanParams {
+            samples: self.dataset.samples,
+            batch_size: p.batch_size,
+            shuffle: p.shuffle,
+            seed: p.seed,
+            epochs: p.epochs,
+            start_epoch: p.start_epoch,
+            drop_last: p.drop_last,
+            rank: p.rank,
+            world_size: p.world_size,
+        }
+    }
+
+    /// The plan of this config.
+    pub fn plan(&self) -> Result<Plan, PlanError> {
+        Plan::new(&self.plan_params())
+    }
+
+    /// The synthetic dataset of this config.
+    pub fn synthetic(&self) -> Synthetic {
+        let d = &self.dataset;
+        Synthetic::new(
+            d.seed,
+            usize::try_from(self.sample_bytes()).unwrap_or(usize::MAX),
+            d.classes,
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Config, ConfigError> {
+        Config::from_toml_str(text, "test.toml")
+    }
+
+    #[test]
+    fn default_toml_equals_default() {
+        let c = parse(DEFAULT_CONFIG_TOML).unwrap();
+        assert_eq!(c, Config::default());
+        assert_eq!(c.source, "test.toml");
+        Config::default().validate().unwrap();
+        assert_eq!(parse("").unwrap(), Config::default());
+    }
+
+    #[test]
+    fn to_toml_roundtrips() {
+        let mut c = Config::default();
+        c.ring.slot_bytes = SlotBytes::Fixed(ByteSize(64 << 20));
+        c.ring.mode = SegmentMode::Group;
+        assert_eq!(parse(&c.to_toml()).unwrap(), c);
+        assert_eq!(
+            parse(&Config::default().to_toml()).unwrap(),
+            Config::default()
+        );
+    }
+
+    #[test]
+    fn derived_sizes() {
+        let c = Config::default();
+        assert_eq!(c.sample_bytes(), 128 * 128 * 4);
+        assert_eq!(c.batch_payload_bytes_max(), 32 * 128 * 128 * 4);
+        assert_eq!(c.meta_reserve_bytes() % META_RESERVE_ALIGN, 0);
+        assert!(c.meta_reserve_bytes() >= max_encoded_len(32, 2));
+        assert_eq!(c.slot_bytes() % SLOT_ALIGN, 0);
+        assert!(c.slot_bytes() >= c.batch_payload_bytes_max() + c.meta_reserve_bytes());
+        assert_eq!(c.slot_bytes(), (2 << 20) + 4096);
+        assert_eq!(c.ring_bytes(), 16 * c.slot_bytes());
+        assert_eq!(c.segment_path(), "/dev/shm/pinring.default");
+    }
+
+    #[test]
+    fn unknown_keys_are_errors_with_file_and_key() {
+        let e = parse("[ring]\nnmae = \"x\"\n").unwrap_err().to_string();
+        assert!(
+            e.contains("test.toml") && e.contains("nmae") && e.contains("line 2"),
+            "{e}"
+        );
+        let e = parse("[rnig]\n").unwrap_err().to_string();
+        assert!(e.contains("rnig"), "{e}");
+        let e = parse("[plan]\nbatch_size = \"big\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("batch_size"), "{e}");
+    }
+
+    #[test]
+    fn parses_values() {
+        let c = parse(
+            "[ring]\nslot_bytes = \"16MiB\"\nmode = \"0660\"\nname = \"a_b-1\"\n\
+             [dataset]\ndtype = \"bf16\"\nsample_shape = [3, 224, 224]\n",
+        )
+        .unwrap();
+        assert_eq!(c.ring.slot_bytes, SlotBytes::Fixed(ByteSize(16 << 20)));
+        assert_eq!(c.ring.mode.bits(), 0o660);
+        assert_eq!(c.dataset.dtype, Dtype::Bf16);
+        assert_eq!(c.sample_bytes(), 3 * 224 * 224 * 2);
+        let c = parse("[ring]\nslot_bytes = 16777216\n").unwrap();
+        assert_eq!(c.slot_bytes(), 16 << 20);
+        let e = parse("[ring]\nmode = \"0777\"\n").unwrap_err().to_string();
+        assert!(e.contains("0600") && e.contains("0660"), "{e}");
+        let e = parse("[dataset]\ndtype = \"f8\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("f8"), "{e}");
+        let e = parse("[dataset]\nkind = \"imagenet\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("synthetic"), "{e}");
+    }
+
+    fn invalid_key(c: &Config) -> &'static str {
+        match c.validate() {
+            Err(ConfigError::Invalid { key, .. }) => key,
+            other => panic!("expected Invalid, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn validation_names_keys() {
+        let base = Config::default();
+        let mut c = base.clone();
+        c.ring.name = "bad/name".into();
+        assert_eq!(invalid_key(&c), "ring.name");
+        c.ring.name = "x".repeat(65);
+        assert_eq!(invalid_key(&c), "ring.name");
+        c.ring.name = String::new();
+        assert_eq!(invalid_key(&c), "ring.name");
+        let mut c = base.clone();
+        c.ring.slots = 1;
+        assert_eq!(invalid_key(&c), "ring.slots");
+        c.ring.slots = 4097;
+        assert_eq!(invalid_key(&c), "ring.slots");
+        let mut c = base.clone();
+        c.dataset.samples = 0;
+        assert_eq!(invalid_key(&c), "dataset.samples");
+        let mut c = base.clone();
+        c.dataset.sample_shape = vec![0, 3];
+        assert_eq!(invalid_key(&c), "dataset.sample_shape");
+        c.dataset.sample_shape = vec![1 << 20, 1 << 10];
+        assert_eq!(invalid_key(&c), "dataset.sample_shape");
+        let mut c = base.clone();
+        c.dataset.classes = 0;
+        assert_eq!(invalid_key(&c), "dataset.classes");
+        let mut c = base.clone();
+        c.plan.batch_size = 0;
+        assert_eq!(invalid_key(&c), "plan.batch_size");
+        let mut c = base.clone();
+        c.plan.epochs = 0;
+        assert_eq!(invalid_key(&c), "plan.epochs");
+        let mut c = base.clone();
+        c.plan.world_size = 0;
+        assert_eq!(invalid_key(&c), "plan.world_size");
+        let mut c = base.clone();
+        c.plan.rank = 1;
+        assert_eq!(invalid_key(&c), "plan.rank");
+        let msg = c.validate().unwrap_err().to_string();
+        assert!(
+            msg.contains("<built-in defaults>") && msg.contains("world_size"),
+            "{msg}"
+        );
+        let mut c = base.clone();
+        c.plan.drop_last = true;
+        c.plan.batch_size = 20_000;
+        assert_eq!(invalid_key(&c), "plan.batch_size");
+    }
+
+    #[test]
+    fn explicit_slot_too_small_says_minimum() {
+        let mut c = Config::default();
+        c.ring.slot_bytes = SlotBytes::Fixed(ByteSize(1 << 20));
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("ring.slot_bytes"), "{e}");
+        assert!(e.contains(&c.min_slot_bytes().to_string()), "{e}");
+        c.ring.slot_bytes = SlotBytes::Fixed(ByteSize(c.min_slot_bytes()));
+        c.validate().unwrap();
+        assert_eq!(c.slot_bytes(), c.min_slot_bytes());
+    }
+
+    #[test]
+    fn load_from_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("pinring.toml");
+        std::fs::write(&p, "[plan]\nepochs = 5\n").unwrap();
+        let c = Config::load(&p).unwrap();
+        assert_eq!(c.plan.epochs, 5);
+        assert_eq!(c.source, p.display().to_string());
+        std::fs::write(&p, "[plan]\nrank = 3\n").unwrap();
+        let e = Config::load(&p).unwrap_err().to_string();
+        assert!(e.contains("pinring.toml") && e.contains("plan.rank"), "{e}");
+        let missing = dir.path().join("nope.toml");
+        let e = Config::load(&missing).unwrap_err().to_string();
+        assert!(e.contains("nope.toml"), "{e}");
+    }
+}

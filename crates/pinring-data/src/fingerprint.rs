@@ -1,0 +1,122 @@
+//! A 64-bit fingerprint of everything that decides which bytes go into
+//! which batch.
+//!
+//! The daemon and the loaders compare fingerprints to make sure they run
+//! the same dataset and plan. Ring-only settings (name, slots, in_order,
+//! mode) are excluded: they do not change batch contents. So is
+//! `plan.epochs`: it only bounds the run (the daemon publishes the end seq
+//! in the ring header), while the contents of batch k do not depend on it,
+//! so `pinring-daemon --epochs N` needs no matching flag on the loaders. The fingerprint
+//! is xxh3-64 over an explicit, versioned little-endian encoding (see
+//! [`Config::fingerprint_bytes`]), never over `Debug` output.
+
+use xxhash_rust::xxh3::xxh3_64;
+
+use crate::config::{Config, DatasetKind};
+
+/// Version of the fingerprint encoding *and* of the data algorithms (plan
+/// PRNG, synthetic generator, metadata encoding). Bump it when any of them
+/// changes so that mismatched builds refuse to talk to each other.
+pub const FINGERPRINT_VERSION: u32 = 1;
+
+const MAGIC: &[u8; 8] = b"pinrngfp";
+
+impl Config {
+    /// The canonical byte string hashed by [`Config::fingerprint`]:
+    /// magic `"pinrngfp"`, version (u32), then, little endian: dataset kind
+    /// (u8), samples (u64), ndims (u32), each dim (u32), dtype code (u8),
+    /// dataset seed (u64), classes (u32), batch_size (u32), shuffle (u8),
+    /// plan seed (u64), start_epoch (u32), drop_last (u8),
+    /// rank (u32), world_size (u32), resolved slot_bytes (u64).
+    pub fn fingerprint_bytes(&self) -> Vec<u8> {
+        let d = &self.dataset;
+        let p = &self.plan;
+        let mut b = Vec::with_capacity(96 + 4 * d.sample_shape.len());
+        b.extend_from_slice(MAGIC);
+        b.extend_from_slice(&FINGERPRINT_VERSION.to_le_bytes());
+        b.push(match d.kind {
+            DatasetKind::Synthetic => 0,
+        });
+        b.extend_from_slice(&d.samples.to_le_bytes());
+        b.extend_from_slice(&(d.sample_shape.len() as u32).to_le_bytes());
+        for dim in &d.sample_shape {
+            b.extend_from_slice(&dim.to_le_bytes());
+        }
+        b.push(d.dtype.code());
+        b.extend_from_slice(&d.seed.to_le_bytes());
+        b.extend_from_slice(&d.classes.to_le_bytes());
+        b.extend_from_slice(&p.batch_size.to_le_bytes());
+        b.push(u8::from(p.shuffle));
+        b.extend_from_slice(&p.seed.to_le_bytes());
+        b.extend_from_slice(&p.start_epoch.to_le_bytes());
+        b.push(u8::from(p.drop_last));
+        b.extend_from_slice(&p.rank.to_le_bytes());
+        b.extend_from_slice(&p.world_size.to_le_bytes());
+        b.extend_from_slice(&self.slot_bytes().to_le_bytes());
+        b
+    }
+
+    /// xxh3-64 of [`Config::fingerprint_bytes`].
+    pub fn fingerprint(&self) -> u64 {
+        xxh3_64(&self.fingerprint_bytes())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::{SegmentMode, SlotBytes};
+    use crate::{ByteSize, Config};
+
+    #[test]
+    fn equal_configs_equal_fingerprints() {
+        assert_eq!(
+            Config::default().fingerprint(),
+            Config::default().fingerprint()
+        );
+        let parsed = Config::from_toml_str(crate::DEFAULT_CONFIG_TOML, "x").unwrap();
+        assert_eq!(parsed.fingerprint(), Config::default().fingerprint());
+    }
+
+    #[test]
+    fn content_fields_change_it() {
+        let base = Config::default().fingerprint();
+        type Edit = Box<dyn Fn(&mut Config)>;
+        let mut edits: Vec<Edit> = vec![
+            Box::new(|c| c.plan.batch_size = 16),
+            Box::new(|c| c.plan.seed = 1),
+            Box::new(|c| c.dataset.seed = 1),
+            Box::new(|c| c.dataset.samples = 100),
+            Box::new(|c| c.dataset.sample_shape = vec![256, 255]),
+            Box::new(|c| c.dataset.dtype = crate::Dtype::U8),
+            Box::new(|c| c.dataset.classes = 10),
+            Box::new(|c| c.plan.shuffle = false),
+            Box::new(|c| c.plan.start_epoch = 1),
+            Box::new(|c| c.plan.drop_last = true),
+            Box::new(|c| c.plan.world_size = 2),
+            Box::new(|c| c.ring.slot_bytes = SlotBytes::Fixed(ByteSize(64 << 20))),
+        ];
+        let mut seen = std::collections::HashSet::new();
+        for edit in edits.drain(..) {
+            let mut c = Config::default();
+            edit(&mut c);
+            let f = c.fingerprint();
+            assert_ne!(f, base);
+            assert!(seen.insert(f));
+        }
+    }
+
+    #[test]
+    fn ring_only_fields_do_not() {
+        let mut e = Config::default();
+        e.plan.epochs = 7;
+        assert_eq!(e.fingerprint(), Config::default().fingerprint(), "epochs only bound the run");
+        let base = Config::default().fingerprint();
+        let mut c = Config::default();
+        c.ring.name = "other".into();
+        c.ring.slots = 64;
+        c.ring.in_order = false;
+        c.ring.mode = SegmentMode::Group;
+        c.source = "elsewhere.toml".into();
+        assert_eq!(c.fingerprint(), base);
+    }
+}

@@ -1,0 +1,26 @@
+//! pinring-data: configuration, deterministic epoch plan, synthetic dataset
+//! and per-batch metadata shared by the pinring daemon and loaders.
+//!
+//! * [`config`] -- the TOML config file ([`Config`]).
+//! * [`plan`] -- which samples go into batch `seq` ([`Plan`]).
+//! * [`synthetic`] -- the generated dataset ([`Synthetic`]).
+//! * [`meta`] -- per-batch metadata stored in a slot ([`BatchMeta`]).
+//! * [`fingerprint`] -- [`Config::fingerprint`].
+//! * [`size`] -- [`ByteSize`].
+
+pub mod config;
+pub mod fingerprint;
+pub mod meta;
+pub mod plan;
+pub mod size;
+pub mod synthetic;
+
+pub use config::{
+    Config, ConfigError, DatasetConfig, DatasetKind, PlanConfig, RingConfig, SegmentMode,
+    SlotBytes, DEFAULT_CONFIG_TOML,
+};
+pub use fingerprint::FINGERPRINT_VERSION;
+pub use meta::{max_encoded_len, BatchMeta, Dtype, MetaError, MAX_META_BYTES};
+pub use plan::{BatchIndices, Plan, PlanError, PlanParams};
+pub use size::{ByteSize, SizeError};
+pub use synthetic::{generator_throughput, Synthetic, SyntheticError};

@@ -1,0 +1,448 @@
+//! Per-batch metadata written by a loader into its slot after the payload.
+//!
+//! [`BatchMeta`] is encoded with bincode 2 (`config::standard()`, varint
+//! integers, little endian) straight into the slot's metadata area. The daemon
+//! decodes it from shared memory that another process wrote, so [`BatchMeta::decode`]
+//! treats its input as hostile: it never panics and caps how much it reads and
+//! allocates.
+
+use std::fmt;
+
+use bincode::config::{Configuration, Limit, LittleEndian, Varint};
+use bincode::enc::write::SizeWriter;
+use serde::{Deserialize, Serialize};
+
+use crate::plan::BatchIndices;
+
+/// Hard upper bound (bytes) on an encoded [`BatchMeta`]; [`BatchMeta::decode`]
+/// never reads more than this, whatever limit the caller passes.
+pub const MAX_META_BYTES: usize = 64 << 20;
+
+type MetaConfig = Configuration<LittleEndian, Varint, Limit<MAX_META_BYTES>>;
+
+fn bincode_config() -> MetaConfig {
+    bincode::config::standard().with_limit::<MAX_META_BYTES>()
+}
+
+/// Element type of a sample.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Dtype {
+    /// Unsigned 8-bit integer.
+    U8,
+    /// Signed 32-bit integer.
+    I32,
+    /// Signed 64-bit integer.
+    I64,
+    /// IEEE half precision.
+    F16,
+    /// bfloat16.
+    Bf16,
+    /// IEEE single precision.
+    F32,
+    /// IEEE double precision.
+    F64,
+}
+
+impl Dtype {
+    /// All dtypes, in declaration order.
+    pub const ALL: [Dtype; 7] = [
+        Dtype::U8,
+        Dtype::I32,
+        Dtype::I64,
+        Dtype::F16,
+        Dtype::Bf16,
+        Dtype::F32,
+        Dtype::F64,
+    ];
+
+    /// Size of one element in bytes.
+    pub const fn size_of(self) -> usize {
+        match self {
+            Dtype::U8 => 1,
+            Dtype::F16 | Dtype::Bf16 => 2,
+            Dtype::I32 | Dtype::F32 => 4,
+            Dtype::I64 | Dtype::F64 => 8,
+        }
+    }
+
+    /// The name used in config files (`"f32"`, `"bf16"`, ...).
+    pub const fn name(self) -> &'static str {
+        match self {
+            Dtype::U8 => "u8",
+            Dtype::I32 => "i32",
+            Dtype::I64 => "i64",
+            Dtype::F16 => "f16",
+            Dtype::Bf16 => "bf16",
+            Dtype::F32 => "f32",
+            Dtype::F64 => "f64",
+        }
+    }
+
+    /// A stable numeric code (used by the config fingerprint).
+    pub const fn code(self) -> u8 {
+        match self {
+            Dtype::U8 => 0,
+            Dtype::I32 => 1,
+            Dtype::I64 => 2,
+            Dtype::F16 => 3,
+            Dtype::Bf16 => 4,
+            Dtype::F32 => 5,
+            Dtype::F64 => 6,
+        }
+    }
+}
+
+impl fmt::Display for Dtype {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Errors from encoding, decoding or checking a [`BatchMeta`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MetaError {
+    /// The metadata area of the slot is too small.
+    #[error("batch metadata for seq {seq} needs {needed} bytes but the slot's metadata area has {available}; increase ring.slot_bytes (or use \"auto\")")]
+    TooSmall {
+        /// Batch sequence number.
+        seq: u64,
+        /// Encoded size.
+        needed: usize,
+        /// Space available.
+        available: usize,
+    },
+    /// bincode failed to encode (should not happen for well-formed values).
+    #[error("cannot encode batch metadata for seq {seq}: {message}")]
+    Encode {
+        /// Batch sequence number.
+        seq: u64,
+        /// bincode's message.
+        message: String,
+    },
+    /// The bytes are not a valid encoded [`BatchMeta`].
+    #[error("corrupt batch metadata ({len} bytes read from the slot, limit {limit}): {message}; the loader that wrote this slot may be from a different build or crashed mid-write")]
+    Decode {
+        /// Length of the input considered.
+        len: usize,
+        /// Limit in force.
+        limit: usize,
+        /// bincode's message.
+        message: String,
+    },
+    /// The metadata disagrees with the plan.
+    #[error("batch metadata field {field} is {found} but the plan says {expected} (seq {seq}); loader and daemon disagree: make sure both use the same config (compare fingerprints)")]
+    Mismatch {
+        /// Batch sequence number expected by the plan.
+        seq: u64,
+        /// Field that differs (e.g. `sample_ids[3]`).
+        field: String,
+        /// Value according to the plan.
+        expected: String,
+        /// Value found in the metadata.
+        found: String,
+    },
+}
+
+/// Metadata of one batch, stored in the slot after the payload.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BatchMeta {
+    /// Global batch sequence number (see [`crate::Plan::batch`]).
+    pub seq: u64,
+    /// Epoch the batch belongs to.
+    pub epoch: u32,
+    /// Index of the batch within its epoch (for this rank).
+    pub index_in_epoch: u64,
+    /// Dataset indices of the samples, in payload order.
+    pub sample_ids: Vec<u64>,
+    /// One label per sample.
+    pub labels: Vec<u32>,
+    /// Shape of one sample.
+    pub sample_shape: Vec<u32>,
+    /// Element type.
+    pub dtype: Dtype,
+    /// Bytes of payload in the slot (samples * sample bytes).
+    pub payload_bytes: u64,
+}
+
+/// Upper bound on the encoded size of a [`BatchMeta`] with `batch_size`
+/// samples and an `ndims`-dimensional sample shape.
+///
+/// Varint bounds: u64 <= 9 bytes, u32 <= 5 bytes, lengths <= 9 bytes, the
+/// enum tag <= 5 bytes.
+pub const fn max_encoded_len(batch_size: u64, ndims: u64) -> u64 {
+    // seq + epoch + index_in_epoch + 3 vec lengths + dtype + payload_bytes
+    let fixed = 9 + 5 + 9 + 3 * 9 + 5 + 9;
+    fixed + batch_size.saturating_mul(9 + 5) + ndims.saturating_mul(5)
+}
+
+impl BatchMeta {
+    /// Metadata for the batch `indices` of samples with the given shape and dtype.
+    pub fn new(
+        indices: &BatchIndices,
+        labels: Vec<u32>,
+        sample_shape: Vec<u32>,
+        dtype: Dtype,
+        sample_bytes: u64,
+    ) -> Self {
+        BatchMeta {
+            seq: indices.seq,
+            epoch: indices.epoch,
+            index_in_epoch: indices.index_in_epoch,
+            sample_ids: indices.samples.clone(),
+            labels,
+            sample_shape,
+            dtype,
+            payload_bytes: (indices.samples.len() as u64).saturating_mul(sample_bytes),
+        }
+    }
+
+    /// Exact encoded size in bytes.
+    pub fn encoded_len(&self) -> usize {
+        let mut w = SizeWriter::default();
+        match bincode::serde::encode_into_writer(self, &mut w, bincode_config()) {
+            Ok(()) => w.bytes_written,
+            Err(_) => usize::MAX,
+        }
+    }
+
+    /// Encodes into `out` (the slot's metadata area), returning the number
+    /// of bytes written. Fails without a partial guarantee on `out` if the
+    /// encoding does not fit.
+    pub fn encode_into(&self, out: &mut [u8]) -> Result<usize, MetaError> {
+        match bincode::serde::encode_into_slice(self, out, bincode_config()) {
+            Ok(n) => Ok(n),
+            Err(bincode::error::EncodeError::UnexpectedEnd) => Err(MetaError::TooSmall {
+                seq: self.seq,
+                needed: self.encoded_len(),
+                available: out.len(),
+            }),
+            Err(e) => Err(MetaError::Encode {
+                seq: self.seq,
+                message: e.to_string(),
+            }),
+        }
+    }
+
+    /// Decodes metadata from untrusted bytes. Reads at most
+    /// `min(limit, MAX_META_BYTES)` bytes of `bytes`; trailing bytes are
+    /// ignored. Never panics; allocation is bounded by the limit.
+    pub fn decode(bytes: &[u8], limit: usize) -> Result<BatchMeta, MetaError> {
+        Self::decode_prefix(bytes, limit).map(|(m, _)| m)
+    }
+
+    /// Like [`BatchMeta::decode`], also returning the number of bytes consumed.
+    pub fn decode_prefix(bytes: &[u8], limit: usize) -> Result<(BatchMeta, usize), MetaError> {
+        let limit = limit.min(MAX_META_BYTES);
+        let input = &bytes[..bytes.len().min(limit)];
+        bincode::serde::decode_from_slice::<BatchMeta, _>(input, bincode_config()).map_err(|e| {
+            MetaError::Decode {
+                len: input.len(),
+                limit,
+                message: e.to_string(),
+            }
+        })
+    }
+
+    /// Checks that this metadata describes exactly the batch the plan
+    /// expects (`expected`) with samples of `sample_bytes` bytes: seq,
+    /// epoch, index in epoch, sample ids, label count, shape and payload size.
+    pub fn validate_against(
+        &self,
+        expected: &BatchIndices,
+        sample_bytes: u64,
+    ) -> Result<(), MetaError> {
+        let mismatch = |field: &str, exp: String, found: String| MetaError::Mismatch {
+            seq: expected.seq,
+            field: field.to_string(),
+            expected: exp,
+            found,
+        };
+        if self.seq != expected.seq {
+            return Err(mismatch(
+                "seq",
+                expected.seq.to_string(),
+                self.seq.to_string(),
+            ));
+        }
+        if self.epoch != expected.epoch {
+            return Err(mismatch(
+                "epoch",
+                expected.epoch.to_string(),
+                self.epoch.to_string(),
+            ));
+        }
+        if self.index_in_epoch != expected.index_in_epoch {
+            return Err(mismatch(
+                "index_in_epoch",
+                expected.index_in_epoch.to_string(),
+                self.index_in_epoch.to_string(),
+            ));
+        }
+        if self.sample_ids.len() != expected.samples.len() {
+            return Err(mismatch(
+                "sample_ids.len()",
+                expected.samples.len().to_string(),
+                self.sample_ids.len().to_string(),
+            ));
+        }
+        if let Some(i) =
+            (0..self.sample_ids.len()).find(|&i| self.sample_ids[i] != expected.samples[i])
+        {
+            return Err(mismatch(
+                &format!("sample_ids[{i}]"),
+                expected.samples[i].to_string(),
+                self.sample_ids[i].to_string(),
+            ));
+        }
+        if self.labels.len() != self.sample_ids.len() {
+            return Err(mismatch(
+                "labels.len()",
+                self.sample_ids.len().to_string(),
+                self.labels.len().to_string(),
+            ));
+        }
+        let shape_bytes = self
+            .sample_shape
+            .iter()
+            .try_fold(self.dtype.size_of() as u64, |acc, &d| {
+                acc.checked_mul(d as u64)
+            });
+        if shape_bytes != Some(sample_bytes) {
+            return Err(mismatch(
+                "sample_shape x dtype",
+                format!("{sample_bytes} bytes per sample"),
+                format!(
+                    "{:?} x {} = {}",
+                    self.sample_shape,
+                    self.dtype,
+                    shape_bytes.map_or_else(|| "overflow".to_string(), |b| format!("{b} bytes"))
+                ),
+            ));
+        }
+        let want_payload = (expected.samples.len() as u64).saturating_mul(sample_bytes);
+        if self.payload_bytes != want_payload {
+            return Err(mismatch(
+                "payload_bytes",
+                want_payload.to_string(),
+                self.payload_bytes.to_string(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn sample_meta(n: usize) -> (BatchMeta, BatchIndices) {
+        let idx = BatchIndices {
+            seq: 7,
+            epoch: 1,
+            index_in_epoch: 3,
+            samples: (0..n as u64).map(|i| i * 1_000_003).collect(),
+        };
+        let labels = (0..n as u32).map(|i| i % 1000).collect();
+        let m = BatchMeta::new(&idx, labels, vec![3, 4], Dtype::F32, 48);
+        (m, idx)
+    }
+
+    #[test]
+    fn roundtrip_and_validate() {
+        let (m, idx) = sample_meta(32);
+        let mut buf = vec![0u8; 4096];
+        let n = m.encode_into(&mut buf).unwrap();
+        assert_eq!(n, m.encoded_len());
+        assert!(n as u64 <= max_encoded_len(32, 2));
+        let back = BatchMeta::decode(&buf, 4096).unwrap();
+        assert_eq!(back, m);
+        back.validate_against(&idx, 48).unwrap();
+    }
+
+    #[test]
+    fn too_small_names_sizes() {
+        let (m, _) = sample_meta(32);
+        let mut buf = vec![0u8; 10];
+        let e = m.encode_into(&mut buf).unwrap_err();
+        match &e {
+            MetaError::TooSmall {
+                needed, available, ..
+            } => {
+                assert_eq!(*available, 10);
+                assert_eq!(*needed, m.encoded_len());
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(e.to_string().contains("slot_bytes"));
+    }
+
+    #[test]
+    fn max_len_is_an_upper_bound_for_extreme_values() {
+        let n = 100;
+        let m = BatchMeta {
+            seq: u64::MAX,
+            epoch: u32::MAX,
+            index_in_epoch: u64::MAX,
+            sample_ids: vec![u64::MAX; n],
+            labels: vec![u32::MAX; n],
+            sample_shape: vec![u32::MAX; 5],
+            dtype: Dtype::F64,
+            payload_bytes: u64::MAX,
+        };
+        assert!(m.encoded_len() as u64 <= max_encoded_len(n as u64, 5));
+    }
+
+    #[test]
+    fn validate_detects_mismatches() {
+        let (m, idx) = sample_meta(4);
+        let mut bad = m.clone();
+        bad.sample_ids[2] += 1;
+        let e = bad.validate_against(&idx, 48).unwrap_err().to_string();
+        assert!(e.contains("sample_ids[2]"), "{e}");
+        let mut bad = m.clone();
+        bad.seq = 8;
+        assert!(bad.validate_against(&idx, 48).is_err());
+        let mut bad = m.clone();
+        bad.payload_bytes = 1;
+        assert!(bad.validate_against(&idx, 48).is_err());
+        let mut bad = m.clone();
+        bad.labels.pop();
+        assert!(bad.validate_against(&idx, 48).is_err());
+        assert!(m.validate_against(&idx, 40).is_err());
+    }
+
+    #[test]
+    fn forged_length_is_rejected_without_huge_allocation() {
+        // seq, epoch, index, then a vec length claiming 2^60 elements.
+        let mut bytes = vec![1u8, 1, 1, 253];
+        bytes.extend_from_slice(&(1u64 << 60).to_le_bytes());
+        bytes.extend_from_slice(&[0u8; 64]);
+        assert!(BatchMeta::decode(&bytes, 1 << 20).is_err());
+    }
+
+    proptest! {
+        #[test]
+        fn decode_garbage_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..512), limit in 0usize..1024) {
+            let _ = BatchMeta::decode(&bytes, limit);
+        }
+
+        #[test]
+        fn roundtrip(seq: u64, epoch: u32, index_in_epoch: u64,
+                     ids in proptest::collection::vec(any::<u64>(), 0..64),
+                     shape in proptest::collection::vec(any::<u32>(), 0..6),
+                     dt in 0usize..7, payload: u64) {
+            let labels = ids.iter().map(|&i| i as u32).collect::<Vec<_>>();
+            let m = BatchMeta { seq, epoch, index_in_epoch, sample_ids: ids.clone(), labels,
+                sample_shape: shape.clone(), dtype: Dtype::ALL[dt], payload_bytes: payload };
+            let cap = max_encoded_len(ids.len() as u64, shape.len() as u64) as usize;
+            let mut buf = vec![0u8; cap];
+            let n = m.encode_into(&mut buf).unwrap();
+            prop_assert!(n <= cap);
+            let (back, used) = BatchMeta::decode_prefix(&buf, cap).unwrap();
+            prop_assert_eq!(used, n);
+            prop_assert_eq!(back, m);
+        }
+    }
+}

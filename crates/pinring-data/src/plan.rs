@@ -1,0 +1,580 @@
+//! The deterministic epoch plan: which dataset samples go into which batch.
+//!
+//! The daemon and every loader process compute the plan independently and
+//! must agree bit for bit, so everything here is a pure function of
+//! [`PlanParams`]. Semantics follow PyTorch's `DistributedSampler` +
+//! `BatchSampler`:
+//!
+//! 1. For epoch `e` the order of the `samples` indices is the identity, or
+//!    (with `shuffle`) a Fisher-Yates permutation driven by [`SplitMix64`]
+//!    seeded from `(seed, e)`.
+//! 2. Sharding over `world_size` ranks: with `drop_last` the order is
+//!    truncated to a multiple of `world_size`, otherwise it is padded to a
+//!    multiple by repeating from its start. Rank `r` takes positions
+//!    `r, r + W, r + 2W, ...`.
+//! 3. The rank's samples are cut into batches of `batch_size`; with
+//!    `drop_last` a final partial batch is dropped, otherwise it is kept
+//!    (shorter).
+//!
+//! Batch sequence number `k` is batch `k % bpe` of epoch
+//! `start_epoch + k / bpe`, where `bpe` is [`Plan::batches_per_epoch`].
+
+/// Largest dataset a plan supports (permutations are stored as `u32`).
+pub const MAX_PLAN_SAMPLES: u64 = 1 << 32;
+
+/// Errors from building or querying a [`Plan`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PlanError {
+    /// A parameter is out of range.
+    #[error("invalid plan parameter {key} = {value}: {allowed}")]
+    InvalidParam {
+        /// Parameter name (e.g. `plan.rank`).
+        key: &'static str,
+        /// Offending value.
+        value: String,
+        /// What is allowed.
+        allowed: String,
+    },
+    /// The parameters leave this rank with no batch at all.
+    #[error("plan gives rank {rank} of {world_size} no batches ({samples} samples, batch_size {batch_size}, drop_last {drop_last}); lower plan.batch_size or plan.world_size, or set plan.drop_last = false")]
+    Empty {
+        /// Rank.
+        rank: u32,
+        /// World size.
+        world_size: u32,
+        /// Dataset length.
+        samples: u64,
+        /// Batch size.
+        batch_size: u32,
+        /// drop_last flag.
+        drop_last: bool,
+    },
+    /// `seq` is past the end of the plan.
+    #[error("batch seq {seq} is out of range: the plan has {total} batches (seq 0..{total}); the ring and the plan disagree, check that daemon and loaders use the same config")]
+    SeqOutOfRange {
+        /// Requested sequence number.
+        seq: u64,
+        /// Number of batches in the plan.
+        total: u64,
+    },
+}
+
+/// Inputs of a [`Plan`] (see [`crate::Config::plan_params`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PlanParams {
+    /// Dataset length (1..=[`MAX_PLAN_SAMPLES`]).
+    pub samples: u64,
+    /// Samples per batch (>= 1).
+    pub batch_size: u32,
+    /// Shuffle each epoch.
+    pub shuffle: bool,
+    /// Shuffle seed.
+    pub seed: u64,
+    /// Number of epochs in the plan (>= 1).
+    pub epochs: u32,
+    /// Epoch number of the first epoch.
+    pub start_epoch: u32,
+    /// Drop samples/batches that do not fill a shard/batch.
+    pub drop_last: bool,
+    /// This process's rank (< world_size).
+    pub rank: u32,
+    /// Number of ranks (>= 1).
+    pub world_size: u32,
+}
+
+/// One batch of the plan.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct BatchIndices {
+    /// Global batch sequence number.
+    pub seq: u64,
+    /// Epoch number (includes `start_epoch`).
+    pub epoch: u32,
+    /// Batch index within the epoch.
+    pub index_in_epoch: u64,
+    /// Dataset indices of the samples in the batch, in order.
+    pub samples: Vec<u64>,
+}
+
+/// The splitmix64 generator (Steele, Lea & Flood 2014; constants from
+/// Vigna's reference implementation).
+///
+/// Hand-written on purpose: the plan must be bit-stable across releases,
+/// builds and platforms because the daemon and every loader compute it
+/// independently and compare results. The `rand` crate documents that its
+/// algorithms (and `gen_range`'s sampling) may change between versions, so
+/// depending on it would silently break cross-version agreement. Do not
+/// change this code without bumping the fingerprint version.
+#[derive(Debug, Clone)]
+pub struct SplitMix64 {
+    state: u64,
+}
+
+/// 2^64 / golden ratio, the splitmix64 increment.
+pub const GOLDEN_GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
+
+/// The splitmix64 output function: a bijective 64-bit mixer.
+#[inline(always)]
+pub const fn mix64(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+impl SplitMix64 {
+    /// A generator starting at `seed`.
+    pub const fn new(seed: u64) -> Self {
+        SplitMix64 { state: seed }
+    }
+
+    /// Next 64 random bits.
+    #[inline]
+    pub fn next_u64(&mut self) -> u64 {
+        self.state = self.state.wrapping_add(GOLDEN_GAMMA);
+        mix64(self.state)
+    }
+
+    /// Uniform integer in `0..n` (`n >= 1`), by Lemire's multiply-shift
+    /// method with rejection (unbiased, deterministic).
+    #[inline]
+    pub fn below(&mut self, n: u64) -> u64 {
+        debug_assert!(n > 0);
+        let mut m = (self.next_u64() as u128) * (n as u128);
+        if (m as u64) < n {
+            let threshold = n.wrapping_neg() % n;
+            while (m as u64) < threshold {
+                m = (self.next_u64() as u128) * (n as u128);
+            }
+        }
+        (m >> 64) as u64
+    }
+}
+
+/// Seed of the shuffle for `epoch`.
+fn epoch_seed(seed: u64, epoch: u32) -> u64 {
+    mix64(seed ^ mix64(u64::from(epoch) ^ 0x7069_6e72_696e_6731)) // "pinring1"
+}
+
+/// The permutation of `0..n` used for `epoch` when shuffling.
+///
+/// # Panics
+/// If `n > MAX_PLAN_SAMPLES`.
+pub fn epoch_permutation(n: u64, seed: u64, epoch: u32) -> Vec<u32> {
+    assert!(n <= MAX_PLAN_SAMPLES, "dataset too large for a plan");
+    // Indices are < 2^32 so they fit u32; `i as u32` wraps only for n = 2^32
+    // at i = 2^32, which is excluded by the range.
+    let mut perm: Vec<u32> = (0..n).map(|i| i as u32).collect();
+    let mut rng = SplitMix64::new(epoch_seed(seed, epoch));
+    for i in (1..perm.len()).rev() {
+        let j = rng.below(i as u64 + 1) as usize;
+        perm.swap(i, j);
+    }
+    perm
+}
+
+/// The deterministic plan of one rank. Cheap to query sequentially: the
+/// shuffled order of the most recently used epoch is cached.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    params: PlanParams,
+    per_rank: u64,
+    bpe: u64,
+    /// (epoch, this rank's samples for that epoch) when shuffling.
+    cache: Option<(u32, Vec<u32>)>,
+}
+
+impl Plan {
+    /// Checks `params` and builds the plan (no permutation is computed yet).
+    pub fn new(params: &PlanParams) -> Result<Plan, PlanError> {
+        let p = *params;
+        let bad = |key, value: String, allowed: &str| {
+            Err(PlanError::InvalidParam {
+                key,
+                value,
+                allowed: allowed.to_string(),
+            })
+        };
+        if p.samples == 0 || p.samples > MAX_PLAN_SAMPLES {
+            return bad(
+                "dataset.samples",
+                p.samples.to_string(),
+                "must be between 1 and 4294967296",
+            );
+        }
+        if p.batch_size == 0 {
+            return bad("plan.batch_size", "0".into(), "must be >= 1");
+        }
+        if p.epochs == 0 {
+            return bad("plan.epochs", "0".into(), "must be >= 1");
+        }
+        if p.world_size == 0 {
+            return bad("plan.world_size", "0".into(), "must be >= 1");
+        }
+        if p.rank >= p.world_size {
+            return bad(
+                "plan.rank",
+                p.rank.to_string(),
+                &format!("must be < plan.world_size ({})", p.world_size),
+            );
+        }
+        if u64::from(p.start_epoch) + u64::from(p.epochs) - 1 > u64::from(u32::MAX) {
+            return bad(
+                "plan.start_epoch",
+                p.start_epoch.to_string(),
+                "start_epoch + epochs - 1 must fit in 32 bits",
+            );
+        }
+        let w = u64::from(p.world_size);
+        let bs = u64::from(p.batch_size);
+        let per_rank = if p.drop_last {
+            p.samples / w
+        } else {
+            p.samples.div_ceil(w)
+        };
+        let bpe = if p.drop_last {
+            per_rank / bs
+        } else {
+            per_rank.div_ceil(bs)
+        };
+        if bpe == 0 {
+            return Err(PlanError::Empty {
+                rank: p.rank,
+                world_size: p.world_size,
+                samples: p.samples,
+                batch_size: p.batch_size,
+                drop_last: p.drop_last,
+            });
+        }
+        Ok(Plan {
+            params: p,
+            per_rank,
+            bpe,
+            cache: None,
+        })
+    }
+
+    /// The parameters of this plan.
+    pub fn params(&self) -> &PlanParams {
+        &self.params
+    }
+
+    /// Samples this rank sees per epoch (after padding/truncation).
+    pub fn samples_per_rank(&self) -> u64 {
+        self.per_rank
+    }
+
+    /// Batches per epoch for this rank.
+    pub fn batches_per_epoch(&self) -> u64 {
+        self.bpe
+    }
+
+    /// Batches in the whole plan (`epochs * batches_per_epoch`).
+    pub fn total_batches(&self) -> u64 {
+        u64::from(self.params.epochs) * self.bpe
+    }
+
+    /// The batch with sequence number `seq`.
+    pub fn batch(&mut self, seq: u64) -> Result<BatchIndices, PlanError> {
+        let mut samples = Vec::new();
+        let (epoch, index_in_epoch) = self.batch_into(seq, &mut samples)?;
+        Ok(BatchIndices {
+            seq,
+            epoch,
+            index_in_epoch,
+            samples,
+        })
+    }
+
+    /// Like [`Plan::batch`] but reuses `out` for the sample indices (cleared
+    /// first); returns `(epoch, index_in_epoch)`.
+    pub fn batch_into(&mut self, seq: u64, out: &mut Vec<u64>) -> Result<(u32, u64), PlanError> {
+        let total = self.total_batches();
+        if seq >= total {
+            return Err(PlanError::SeqOutOfRange { seq, total });
+        }
+        let p = self.params;
+        // Fits: seq / bpe < epochs and start_epoch + epochs - 1 fits u32 (checked in new).
+        let epoch = p.start_epoch + (seq / self.bpe) as u32;
+        let index_in_epoch = seq % self.bpe;
+        let bs = u64::from(p.batch_size);
+        let start = index_in_epoch * bs;
+        let end = (start + bs).min(self.per_rank);
+        out.clear();
+        out.reserve((end - start) as usize);
+        let n = p.samples;
+        let w = u64::from(p.world_size);
+        let r = u64::from(p.rank);
+        if p.shuffle {
+            let shard = self.shard(epoch);
+            out.extend(
+                shard[start as usize..end as usize]
+                    .iter()
+                    .map(|&s| u64::from(s)),
+            );
+        } else {
+            // Identity order: position k of this rank is global position
+            // r + k*W, padded by wrapping around.
+            out.extend((start..end).map(|k| (r + k * w) % n));
+        }
+        Ok((epoch, index_in_epoch))
+    }
+
+    /// This rank's sample order for `epoch` (shuffled case), cached.
+    fn shard(&mut self, epoch: u32) -> &[u32] {
+        let fresh = !matches!(&self.cache, Some((e, _)) if *e == epoch);
+        if fresh {
+            // Drop the old epoch's memory before allocating the new one.
+            self.cache = None;
+            let p = self.params;
+            let perm = epoch_permutation(p.samples, p.seed, epoch);
+            let n = p.samples;
+            let shard = if p.world_size == 1 && self.per_rank == n {
+                perm
+            } else {
+                let w = u64::from(p.world_size);
+                let r = u64::from(p.rank);
+                (0..self.per_rank)
+                    .map(|k| perm[((r + k * w) % n) as usize])
+                    .collect()
+            };
+            self.cache = Some((epoch, shard));
+        }
+        match &self.cache {
+            Some((_, s)) => s,
+            None => &[],
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::HashSet;
+
+    fn params(samples: u64, batch_size: u32) -> PlanParams {
+        PlanParams {
+            samples,
+            batch_size,
+            shuffle: true,
+            seed: 0,
+            epochs: 2,
+            start_epoch: 0,
+            drop_last: false,
+            rank: 0,
+            world_size: 1,
+        }
+    }
+
+    fn epoch_samples(plan: &mut Plan, epoch_idx: u64) -> Vec<u64> {
+        let bpe = plan.batches_per_epoch();
+        (0..bpe)
+            .flat_map(|b| plan.batch(epoch_idx * bpe + b).unwrap().samples)
+            .collect()
+    }
+
+    #[test]
+    fn splitmix_reference_values() {
+        // Reference output of Vigna's splitmix64.c seeded with 0.
+        let mut r = SplitMix64::new(0);
+        assert_eq!(r.next_u64(), 0xE220_A839_7B1D_CDAF);
+        assert_eq!(r.next_u64(), 0x6E78_9E6A_A1B9_65F4);
+    }
+
+    #[test]
+    fn permutation_is_bit_stable() {
+        // Pinned so an accidental algorithm change is caught.
+        let p = epoch_permutation(10, 0, 0);
+        let mut sorted = p.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, (0..10).collect::<Vec<u32>>());
+        assert_eq!(p, epoch_permutation(10, 0, 0));
+        assert_eq!(p, PINNED_PERM_10);
+    }
+
+    const PINNED_PERM_10: [u32; 10] = [6, 9, 8, 2, 7, 4, 3, 1, 0, 5];
+
+    #[test]
+    fn batch_sizes_and_counts() {
+        let mut plan = Plan::new(&params(10, 4)).unwrap();
+        assert_eq!(plan.batches_per_epoch(), 3);
+        assert_eq!(plan.total_batches(), 6);
+        let sizes: Vec<usize> = (0..6)
+            .map(|s| plan.batch(s).unwrap().samples.len())
+            .collect();
+        assert_eq!(sizes, [4, 4, 2, 4, 4, 2]);
+        let b = plan.batch(4).unwrap();
+        assert_eq!((b.seq, b.epoch, b.index_in_epoch), (4, 1, 1));
+        assert!(matches!(
+            plan.batch(6),
+            Err(PlanError::SeqOutOfRange { seq: 6, total: 6 })
+        ));
+
+        let mut p = params(10, 4);
+        p.drop_last = true;
+        let mut plan = Plan::new(&p).unwrap();
+        assert_eq!(plan.batches_per_epoch(), 2);
+        assert!((0..4).all(|s| plan.batch(s).unwrap().samples.len() == 4));
+    }
+
+    #[test]
+    fn start_epoch_offsets_epoch_numbers() {
+        let mut p = params(10, 5);
+        p.start_epoch = 7;
+        let mut plan = Plan::new(&p).unwrap();
+        assert_eq!(plan.batch(0).unwrap().epoch, 7);
+        assert_eq!(plan.batch(3).unwrap().epoch, 8);
+        // Same epoch number gives the same order regardless of start_epoch.
+        let mut q = params(10, 5);
+        q.start_epoch = 6;
+        let mut plan2 = Plan::new(&q).unwrap();
+        assert_eq!(epoch_samples(&mut plan, 0), epoch_samples(&mut plan2, 1));
+    }
+
+    #[test]
+    fn no_shuffle_is_identity() {
+        let mut p = params(10, 3);
+        p.shuffle = false;
+        let mut plan = Plan::new(&p).unwrap();
+        assert_eq!(epoch_samples(&mut plan, 0), (0..10).collect::<Vec<u64>>());
+        p.world_size = 3;
+        p.rank = 1;
+        let mut plan = Plan::new(&p).unwrap();
+        // positions 1,4,7,10 -> 10 wraps to 0
+        assert_eq!(epoch_samples(&mut plan, 0), vec![1, 4, 7, 0]);
+    }
+
+    #[test]
+    fn errors() {
+        let mut p = params(10, 4);
+        p.rank = 1;
+        let e = Plan::new(&p).unwrap_err().to_string();
+        assert!(e.contains("plan.rank"), "{e}");
+        let mut p = params(3, 4);
+        p.drop_last = true;
+        assert!(matches!(Plan::new(&p), Err(PlanError::Empty { .. })));
+        assert!(Plan::new(&params(0, 4)).is_err());
+        assert!(Plan::new(&params(10, 0)).is_err());
+        let mut p = params(10, 4);
+        p.start_epoch = u32::MAX;
+        assert!(Plan::new(&p).is_err());
+    }
+
+    #[test]
+    fn epochs_differ_when_shuffled() {
+        let mut plan = Plan::new(&params(1000, 10)).unwrap();
+        let e0 = epoch_samples(&mut plan, 0);
+        let e1 = epoch_samples(&mut plan, 1);
+        assert_ne!(e0, e1);
+        assert_ne!(e0, (0..1000).collect::<Vec<u64>>());
+        // Going back to epoch 0 (cache miss) reproduces it.
+        assert_eq!(epoch_samples(&mut plan, 0), e0);
+    }
+
+    #[test]
+    fn large_dataset_smoke() {
+        let mut p = params(5_000_000, 256);
+        p.world_size = 8;
+        p.rank = 3;
+        let mut plan = Plan::new(&p).unwrap();
+        let b = plan.batch(plan.total_batches() - 1).unwrap();
+        assert!(!b.samples.is_empty());
+        assert!(b.samples.iter().all(|&s| s < 5_000_000));
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        #[test]
+        fn epoch_is_permutation(n in 1u64..500, bs in 1u32..40, seed: u64, shuffle: bool) {
+            let mut p = params(n, bs);
+            p.seed = seed;
+            p.shuffle = shuffle;
+            let mut plan = Plan::new(&p).unwrap();
+            for e in 0..2 {
+                let mut s = epoch_samples(&mut plan, e);
+                s.sort_unstable();
+                prop_assert_eq!(s, (0..n).collect::<Vec<u64>>());
+            }
+        }
+
+        #[test]
+        fn shards_disjoint_and_cover(per in 1u64..60, w in 1u32..8, bs in 1u32..20, seed: u64) {
+            // n a multiple of world_size: no padding, no truncation.
+            let n = per * u64::from(w);
+            let mut all = Vec::new();
+            for r in 0..w {
+                let mut p = params(n, bs);
+                p.seed = seed;
+                p.world_size = w;
+                p.rank = r;
+                let mut plan = Plan::new(&p).unwrap();
+                let s = epoch_samples(&mut plan, 1);
+                prop_assert_eq!(s.len() as u64, per);
+                all.extend(s);
+            }
+            let set: HashSet<u64> = all.iter().copied().collect();
+            prop_assert_eq!(set.len() as u64, n);
+            all.sort_unstable();
+            prop_assert_eq!(all, (0..n).collect::<Vec<u64>>());
+        }
+
+        #[test]
+        fn padding_and_drop_last_sizes(n in 1u64..300, w in 1u32..9, bs in 1u32..20, drop_last: bool, shuffle: bool) {
+            let mut total = 0u64;
+            let mut distinct = HashSet::new();
+            for r in 0..w {
+                let mut p = params(n, bs);
+                p.world_size = w;
+                p.rank = r;
+                p.drop_last = drop_last;
+                p.shuffle = shuffle;
+                let Ok(mut plan) = Plan::new(&p) else {
+                    // Only allowed when a rank would get no batch.
+                    let per = if drop_last { n / u64::from(w) } else { n.div_ceil(u64::from(w)) };
+                    let bpe = if drop_last { per / u64::from(bs) } else { per.div_ceil(u64::from(bs)) };
+                    prop_assert_eq!(bpe, 0);
+                    return Ok(());
+                };
+                let s = epoch_samples(&mut plan, 0);
+                let per = plan.samples_per_rank();
+                if drop_last {
+                    prop_assert_eq!(per, n / u64::from(w));
+                    prop_assert_eq!(s.len() as u64, per / u64::from(bs) * u64::from(bs));
+                    let bpe = plan.batches_per_epoch();
+                    for b in 0..bpe {
+                        prop_assert_eq!(plan.batch(b).unwrap().samples.len(), bs as usize);
+                    }
+                } else {
+                    prop_assert_eq!(per, n.div_ceil(u64::from(w)));
+                    prop_assert_eq!(s.len() as u64, per);
+                }
+                total += s.len() as u64;
+                distinct.extend(s);
+            }
+            if !drop_last {
+                // Padding: every sample appears, total is n rounded up to W.
+                prop_assert_eq!(distinct.len() as u64, n);
+                prop_assert_eq!(total, n.div_ceil(u64::from(w)) * u64::from(w));
+            } else {
+                // Truncation: no sample appears twice.
+                prop_assert_eq!(distinct.len() as u64, total);
+            }
+        }
+
+        #[test]
+        fn deterministic(n in 1u64..300, bs in 1u32..20, seed: u64, w in 1u32..4, drop_last: bool) {
+            let mut p = params(n, bs);
+            p.seed = seed;
+            p.world_size = w;
+            p.rank = w - 1;
+            p.drop_last = drop_last;
+            let (Ok(mut a), Ok(mut b)) = (Plan::new(&p), Plan::new(&p)) else { return Ok(()); };
+            let total = a.total_batches();
+            // Query b in reverse order to exercise the cache.
+            let fwd: Vec<_> = (0..total).map(|s| a.batch(s).unwrap()).collect();
+            let mut rev: Vec<_> = (0..total).rev().map(|s| b.batch(s).unwrap()).collect();
+            rev.reverse();
+            prop_assert_eq!(fwd, rev);
+        }
+    }
+}
