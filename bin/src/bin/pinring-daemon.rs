@@ -1,1 +1,19 @@
-fn main() {}
+//! `pinring-daemon`: one per ring (usually one per GPU). See `pinring_runtime::daemon`.
+
+use clap::Parser;
+use pinring_runtime::{daemon, logging, shutdown::Shutdown};
+use std::process::ExitCode;
+
+/// The pinring GPU daemon: creates the ring, registers it, uploads batches from its slots.
+#[derive(Debug, Parser)]
+#[command(name = "pinring-daemon", version, about)]
+struct Cli {
+    #[command(flatten)]
+    args: daemon::DaemonArgs,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    logging::init("daemon");
+    pinring_runtime::main_daemon(&cli.args, Shutdown::install()).into()
+}

@@ -1,1 +1,19 @@
-fn main() {}
+//! `pinring-loader`: any number per ring. See `pinring_runtime::loader`.
+
+use clap::Parser;
+use pinring_runtime::{loader, logging, shutdown::Shutdown};
+use std::process::ExitCode;
+
+/// A pinring loader: fills slots of a ring with the batches its daemon assigns.
+#[derive(Debug, Parser)]
+#[command(name = "pinring-loader", version, about)]
+struct Cli {
+    #[command(flatten)]
+    args: loader::LoaderArgs,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    logging::init("loader");
+    pinring_runtime::main_loader(&cli.args, Shutdown::install()).into()
+}

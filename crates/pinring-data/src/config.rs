@@ -784,3 +784,13 @@ mod tests {
         assert!(e.contains("nope.toml"), "{e}");
     }
 }
+
+#[cfg(test)]
+mod example_file {
+    /// config/pinring.toml is the documented example: it must stay the built-in default.
+    #[test]
+    fn the_example_config_is_the_built_in_default() {
+        let file = include_str!("../../../config/pinring.toml");
+        assert_eq!(file, super::DEFAULT_CONFIG_TOML);
+    }
+}

@@ -109,7 +109,11 @@ mod tests {
     fn ring_only_fields_do_not() {
         let mut e = Config::default();
         e.plan.epochs = 7;
-        assert_eq!(e.fingerprint(), Config::default().fingerprint(), "epochs only bound the run");
+        assert_eq!(
+            e.fingerprint(),
+            Config::default().fingerprint(),
+            "epochs only bound the run"
+        );
         let base = Config::default().fingerprint();
         let mut c = Config::default();
         c.ring.name = "other".into();

@@ -25,7 +25,9 @@ pub enum RingError {
         max_slots: u32,
     },
     /// No segment with that name exists.
-    #[error("ring {name:?} does not exist ({path}): start pinring-daemon for it first, or check --ring")]
+    #[error(
+        "ring {name:?} does not exist ({path}): start pinring-daemon for it first, or check --ring"
+    )]
     NotFound {
         /// Ring name.
         name: String,

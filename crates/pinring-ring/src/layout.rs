@@ -276,7 +276,8 @@ impl Geometry {
         let desc_offset = HEADER_BYTES as u64;
         let desc_end = desc_offset.checked_add(u64::from(slot_count) * DESC_BYTES as u64)?;
         let data_offset = align_up(desc_end, SLOT_ALIGN as u64)?;
-        let total_bytes = data_offset.checked_add(u64::from(slot_count).checked_mul(slot_bytes)?)?;
+        let total_bytes =
+            data_offset.checked_add(u64::from(slot_count).checked_mul(slot_bytes)?)?;
         Some(Geometry {
             slot_count,
             slot_bytes,

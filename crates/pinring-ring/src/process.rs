@@ -81,7 +81,11 @@ mod tests {
             ..me
         };
         assert!(!reused.is_alive());
-        assert!(!ProcessId { pid: 0, start_time: 0 }.is_alive());
+        assert!(!ProcessId {
+            pid: 0,
+            start_time: 0
+        }
+        .is_alive());
     }
 
     #[test]

@@ -42,6 +42,9 @@ pub struct CreateOptions {
     pub in_order: bool,
 }
 
+/// Error code published for a commit whose lengths did not fit the slot.
+pub const ERR_TOO_LARGE: u32 = 0xffff_0001;
+
 /// A mapped, validated ring.
 #[derive(Debug)]
 pub struct Ring {
@@ -205,8 +208,14 @@ impl Ring {
         h.data_offset.store(g.data_offset, Relaxed);
         h.generation.store(draw_generation(), Relaxed);
         h.state.store(ring_state::INIT, Relaxed);
-        h.flags
-            .store(if opts.in_order { header_flags::IN_ORDER } else { 0 }, Relaxed);
+        h.flags.store(
+            if opts.in_order {
+                header_flags::IN_ORDER
+            } else {
+                0
+            },
+            Relaxed,
+        );
         h.daemon_pid.store(me.pid, Relaxed);
         h.daemon_start_time.store(me.start_time, Relaxed);
         h.max_loaders.store(MAX_LOADERS as u32, Relaxed);
@@ -218,7 +227,8 @@ impl Ring {
         h.created_unix_ns.store(unix_ns(), Relaxed);
         for i in 0..g.slot_count {
             let d = self.desc(i);
-            d.word.store(SlotWord::pack(SlotState::Idle, NO_OWNER, 0), Relaxed);
+            d.word
+                .store(SlotWord::pack(SlotState::Idle, NO_OWNER, 0), Relaxed);
             d.seq.store(u64::MAX, Relaxed);
         }
         h.version.store(LAYOUT_VERSION, Release);
@@ -278,27 +288,38 @@ impl Ring {
         };
         let hb = h.header_bytes.load(Relaxed);
         if hb as usize != HEADER_BYTES {
-            return Err(corrupt(format!("header_bytes is {hb}, expected {HEADER_BYTES}")));
+            return Err(corrupt(format!(
+                "header_bytes is {hb}, expected {HEADER_BYTES}"
+            )));
         }
         let db = h.desc_bytes.load(Relaxed);
         if db as usize != DESC_BYTES {
-            return Err(corrupt(format!("desc_bytes is {db}, expected {DESC_BYTES}")));
+            return Err(corrupt(format!(
+                "desc_bytes is {db}, expected {DESC_BYTES}"
+            )));
         }
         let ml = h.max_loaders.load(Relaxed);
         if ml as usize != MAX_LOADERS {
-            return Err(corrupt(format!("max_loaders is {ml}, expected {MAX_LOADERS}")));
+            return Err(corrupt(format!(
+                "max_loaders is {ml}, expected {MAX_LOADERS}"
+            )));
         }
         let slots = h.slot_count.load(Relaxed);
         let slot_bytes = h.slot_bytes.load(Relaxed);
         let geom = Geometry::new(slots, slot_bytes).ok_or_else(|| {
-            corrupt(format!("slot_count {slots} / slot_bytes {slot_bytes} out of range"))
+            corrupt(format!(
+                "slot_count {slots} / slot_bytes {slot_bytes} out of range"
+            ))
         })?;
         let (desc_offset, data_offset, total) = (
             h.desc_offset.load(Relaxed),
             h.data_offset.load(Relaxed),
             h.total_bytes.load(Relaxed),
         );
-        if desc_offset != geom.desc_offset || data_offset != geom.data_offset || total != geom.total_bytes {
+        if desc_offset != geom.desc_offset
+            || data_offset != geom.data_offset
+            || total != geom.total_bytes
+        {
             return Err(corrupt(format!(
                 "offsets (desc {desc_offset}, data {data_offset}, total {total}) do not match the geometry (desc {}, data {}, total {})",
                 geom.desc_offset, geom.data_offset, geom.total_bytes
@@ -336,7 +357,11 @@ impl Ring {
                     state: ring_state::name(state),
                 });
             }
-            futex::wait(&self.header().work_futex, seen, left.min(Duration::from_millis(100)));
+            futex::wait(
+                &self.header().work_futex,
+                seen,
+                left.min(Duration::from_millis(100)),
+            );
         }
     }
 
@@ -426,7 +451,10 @@ impl Ring {
     pub fn slot_ptr(&self, i: u32) -> *mut u8 {
         assert!(i < self.geom.slot_count, "slot index {i} out of range");
         // SAFETY: i < slot_count so the slot lies inside the validated data area.
-        unsafe { self.data_base().add(i as usize * self.geom.slot_bytes as usize) }
+        unsafe {
+            self.data_base()
+                .add(i as usize * self.geom.slot_bytes as usize)
+        }
     }
 
     /// Checks the segment file still has the size it had at open/create (the daemon must not
@@ -487,11 +515,7 @@ impl Ring {
     pub fn attach_loader(&self, me: ProcessId) -> Result<u16, RingError> {
         for i in 0..MAX_LOADERS {
             let e = self.loader(i);
-            if e
-                .pid
-                .compare_exchange(0, me.pid, AcqRel, Relaxed)
-                .is_ok()
-            {
+            if e.pid.compare_exchange(0, me.pid, AcqRel, Relaxed).is_ok() {
                 e.state.store(loader_state::ATTACHING, Relaxed);
                 e.start_time.store(me.start_time, Relaxed);
                 for c in [&e.batches, &e.busy_ns, &e.wait_ns, &e.bytes] {
@@ -528,7 +552,10 @@ impl Ring {
             }
             let claimed = SlotWord::pack(SlotState::Claimed, owner, w.ticket);
             // (B): Acquire pairs with the daemon's Release store of FREE: the seq is visible.
-            if d.word.compare_exchange(w.raw, claimed, Acquire, Relaxed).is_ok() {
+            if d.word
+                .compare_exchange(w.raw, claimed, Acquire, Relaxed)
+                .is_ok()
+            {
                 d.owner_pid.store(std::process::id(), Relaxed);
                 d.claim_ns.store(monotonic_ns(), Relaxed);
                 return Some(Claim {
@@ -543,7 +570,7 @@ impl Ring {
     }
 
     /// The claimed slot's bytes, for the claimant to fill.
-    pub fn claim_buffer(&self, claim: &mut Claim) -> &mut [u8] {
+    pub fn claim_buffer<'a>(&'a self, claim: &'a mut Claim) -> &'a mut [u8] {
         let ptr = self.slot_ptr(claim.slot);
         // SAFETY: the slot lies inside the validated data area (slot_ptr checks the index) and
         // is slot_bytes long. The protocol gives the claimant sole write access to the slot
@@ -553,7 +580,8 @@ impl Ring {
         unsafe { std::slice::from_raw_parts_mut(ptr, self.geom.slot_bytes as usize) }
     }
 
-    /// Publishes a filled slot (CLAIMED → READY) and rings the daemon's doorbell.
+    /// Publishes a filled slot (CLAIMED → READY) and rings the daemon's doorbell. Lengths that do
+    /// not fit the slot publish an error instead ([`ERR_TOO_LARGE`]) and return `TooLarge`.
     pub fn commit(
         &self,
         claim: Claim,
@@ -564,14 +592,21 @@ impl Ring {
     ) -> Result<(), CommitError> {
         let slot_bytes = self.geom.slot_bytes;
         let meta_offset = align_up(payload_len, META_ALIGN).unwrap_or(u64::MAX);
-        if meta_offset.saturating_add(meta_len) > slot_bytes || meta_len > u32::MAX as u64 {
-            return Err(CommitError::TooLarge {
-                slot: claim.slot,
-                payload: payload_len,
-                meta: meta_len,
-                slot_bytes,
-            });
-        }
+        let too_large = (meta_offset.saturating_add(meta_len) > slot_bytes
+            || meta_len > u64::from(u32::MAX))
+        .then_some(CommitError::TooLarge {
+            slot: claim.slot,
+            payload: payload_len,
+            meta: meta_len,
+            slot_bytes,
+        });
+        // A batch that does not fit is still published, as an error with no bytes, so the slot
+        // never stays CLAIMED by a live loader that gave up on it.
+        let (payload_len, meta_len, error) = if too_large.is_some() {
+            (0, 0, ERR_TOO_LARGE)
+        } else {
+            (payload_len, meta_len, error)
+        };
         let d = self.desc(claim.slot);
         d.payload_len.store(payload_len, Relaxed);
         d.meta_len.store(meta_len as u32, Relaxed);
@@ -587,7 +622,7 @@ impl Ring {
                 h.committed.fetch_add(1, Relaxed);
                 h.bytes_committed.fetch_add(payload_len, Relaxed);
                 futex::bump_and_wake(&h.doorbell_futex, 1);
-                Ok(())
+                too_large.map_or(Ok(()), Err)
             }
             Err(_) => Err(CommitError::Reclaimed {
                 slot: claim.slot,
@@ -601,7 +636,9 @@ impl Ring {
     /// Hands slot `i` out for `seq` (from IDLE or UPLOADING). Returns the new ticket.
     pub fn assign(&self, i: u32, seq: u64) -> u32 {
         let d = self.desc(i);
-        let ticket = SlotWord::unpack(d.word.load(Relaxed)).ticket.wrapping_add(1);
+        let ticket = SlotWord::unpack(d.word.load(Relaxed))
+            .ticket
+            .wrapping_add(1);
         d.seq.store(seq, Relaxed);
         d.payload_len.store(0, Relaxed);
         d.meta_len.store(0, Relaxed);
@@ -618,7 +655,9 @@ impl Ring {
     /// Parks slot `i` with no work (end of plan, or draining).
     pub fn park(&self, i: u32) {
         let d = self.desc(i);
-        let ticket = SlotWord::unpack(d.word.load(Relaxed)).ticket.wrapping_add(1);
+        let ticket = SlotWord::unpack(d.word.load(Relaxed))
+            .ticket
+            .wrapping_add(1);
         d.seq.store(u64::MAX, Relaxed);
         d.word
             .store(SlotWord::pack(SlotState::Idle, NO_OWNER, ticket), Release);
@@ -632,7 +671,9 @@ impl Ring {
             return false;
         }
         let idle = SlotWord::pack(SlotState::Idle, NO_OWNER, w.ticket.wrapping_add(1));
-        d.word.compare_exchange(w.raw, idle, AcqRel, Relaxed).is_ok()
+        d.word
+            .compare_exchange(w.raw, idle, AcqRel, Relaxed)
+            .is_ok()
     }
 
     /// If slot `i` is READY, validates its descriptor against the seq the daemon assigned and
@@ -651,12 +692,14 @@ impl Ring {
         let slot_bytes = self.geom.slot_bytes;
         // Whatever the outcome, the slot now belongs to the daemon.
         let uploading = SlotWord::pack(SlotState::Uploading, w.owner, w.ticket);
-        if d
-            .word
+        if d.word
             .compare_exchange(w.raw, uploading, AcqRel, Relaxed)
             .is_err()
         {
-            return Err(SlotFault::Raced { slot: i, raw: w.raw });
+            return Err(SlotFault::Raced {
+                slot: i,
+                raw: w.raw,
+            });
         }
         if seq != assigned_seq {
             return Err(SlotFault::WrongSeq {
@@ -698,10 +741,12 @@ impl Ring {
     pub fn slot_bytes(&self, i: u32, offset: u64, len: u64) -> &[u8] {
         let sb = self.geom.slot_bytes;
         assert!(offset <= sb && len <= sb - offset, "range outside slot {i}");
+        // SAFETY: offset <= slot_bytes (asserted above), so the pointer stays inside slot i.
+        let start = unsafe { self.slot_ptr(i).add(offset as usize) };
         // SAFETY: the range lies inside slot i (asserted above), inside the validated data area.
         // The daemon reads a slot only while it is UPLOADING (it owns it); a rogue writer can
         // only change byte values, and every u8 is valid.
-        unsafe { std::slice::from_raw_parts(self.slot_ptr(i).add(offset as usize), len as usize) }
+        unsafe { std::slice::from_raw_parts(start, len as usize) }
     }
 
     /// If slot `i` is CLAIMED by a loader that is no longer running, puts it back to FREE with
@@ -726,7 +771,10 @@ impl Ring {
         }
         let seq = d.seq.load(Relaxed);
         let free = SlotWord::pack(SlotState::Free, NO_OWNER, w.ticket.wrapping_add(1));
-        if d.word.compare_exchange(w.raw, free, AcqRel, Relaxed).is_ok() {
+        if d.word
+            .compare_exchange(w.raw, free, AcqRel, Relaxed)
+            .is_ok()
+        {
             self.header().reclaimed.fetch_add(1, Relaxed);
             Some(seq)
         } else {

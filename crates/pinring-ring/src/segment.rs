@@ -87,7 +87,11 @@ impl Segment {
     pub fn create(name: &str, len: u64, mode: u32) -> Result<Option<Segment>, RingError> {
         validate_name(name)?;
         let oflag = OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_RDWR;
-        let fd = match shm_open(object_name(name).as_str(), oflag, Mode::from_bits_truncate(mode)) {
+        let fd = match shm_open(
+            object_name(name).as_str(),
+            oflag,
+            Mode::from_bits_truncate(mode),
+        ) {
             Ok(fd) => fd,
             Err(nix::Error::EEXIST) => return Ok(None),
             Err(e) => return Err(sys_error(name, "shm_open(O_CREAT|O_EXCL)", e)),
@@ -199,9 +203,11 @@ impl Segment {
     pub unsafe fn at<T>(&self, offset: usize) -> &T {
         debug_assert!(offset + std::mem::size_of::<T>() <= self.len);
         debug_assert_eq!(offset % std::mem::align_of::<T>(), 0);
+        // SAFETY: the caller guarantees offset + size_of::<T>() is within the mapping.
+        let p = unsafe { self.ptr.as_ptr().add(offset) }.cast::<T>();
         // SAFETY: the caller guarantees alignment, bounds and that T is made of atomics; the
         // mapping lives as long as `self`, which bounds the returned reference.
-        unsafe { &*self.ptr.as_ptr().add(offset).cast::<T>() }
+        unsafe { &*p }
     }
 }
 
@@ -221,7 +227,8 @@ fn map(
     populate: bool,
 ) -> Result<Segment, RingError> {
     let len_usize = usize::try_from(len).map_err(|_| sys_error(name, "mmap", nix::Error::EFBIG))?;
-    let nz = NonZeroUsize::new(len_usize).ok_or_else(|| sys_error(name, "mmap", nix::Error::EINVAL))?;
+    let nz =
+        NonZeroUsize::new(len_usize).ok_or_else(|| sys_error(name, "mmap", nix::Error::EINVAL))?;
     let prot = match access {
         Access::ReadOnly => ProtFlags::PROT_READ,
         Access::ReadWrite => ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
@@ -234,7 +241,8 @@ fn map(
     }
     // SAFETY: a fresh shared file mapping at an address the kernel picks; it aliases no Rust
     // object. It is unmapped only in `Segment::drop`.
-    let ptr = unsafe { mmap(None, nz, prot, flags, &fd, 0) }.map_err(|e| sys_error(name, "mmap", e))?;
+    let ptr =
+        unsafe { mmap(None, nz, prot, flags, &fd, 0) }.map_err(|e| sys_error(name, "mmap", e))?;
     Ok(Segment {
         name: name.to_string(),
         fd,
@@ -297,7 +305,13 @@ mod tests {
         let err = Segment::create(&name, 1 << 50, 0o600).unwrap_err();
         let msg = err.to_string();
         assert!(matches!(err, RingError::NoSpace { .. }), "{msg}");
-        assert!(msg.contains("/dev/shm") && msg.contains("asked for"), "{msg}");
-        assert!(!object_path(&name).exists(), "a failed create must leave nothing behind");
+        assert!(
+            msg.contains("/dev/shm") && msg.contains("asked for"),
+            "{msg}"
+        );
+        assert!(
+            !object_path(&name).exists(),
+            "a failed create must leave nothing behind"
+        );
     }
 }

@@ -58,7 +58,10 @@ fn a_batch_goes_free_claimed_ready_uploading_free() {
     loader.commit(claim, 5, 3, 1, 0).unwrap();
 
     let taken = daemon.take_ready(2, 7).unwrap().expect("ready");
-    assert_eq!((taken.payload_len, taken.meta_offset, taken.meta_len), (5, 64, 3));
+    assert_eq!(
+        (taken.payload_len, taken.meta_offset, taken.meta_len),
+        (5, 64, 3)
+    );
     assert_eq!(daemon.slot_bytes(2, 0, 5), b"hello");
     assert_eq!(daemon.slot_bytes(2, 64, 3), b"abc");
     assert_eq!(daemon.slot_view(2).state, Some(SlotState::Uploading));
@@ -103,16 +106,26 @@ fn forged_descriptors_are_refused() {
 
     daemon.assign(1, 4);
     let claim = loader.try_claim(me, 0).unwrap();
-    // The commit path itself refuses lengths that do not fit.
+    // The commit path refuses lengths that do not fit, and publishes an error in their place.
     assert!(matches!(
         loader.commit(claim, 8192, 1, 1, 0),
         Err(CommitError::TooLarge { .. })
     ));
+    assert!(matches!(
+        daemon.take_ready(1, 4),
+        Err(SlotFault::LoaderError {
+            slot: 1,
+            seq: 4,
+            ..
+        })
+    ));
+    daemon.assign(1, 4);
+    let _claim = loader.try_claim(me, 0).unwrap();
     // A rogue writer forges a length past the slot and a seq outside the window.
     let d = loader.desc(1);
     d.payload_len.store(1 << 40, Relaxed);
     d.word.store(
-        pinring_ring::SlotWord::pack(SlotState::Ready, me, 1),
+        pinring_ring::SlotWord::pack(SlotState::Ready, me, 2),
         Relaxed,
     );
     assert!(matches!(
@@ -122,12 +135,16 @@ fn forged_descriptors_are_refused() {
     daemon.assign(1, 5);
     d.seq.store(999, Relaxed);
     d.word.store(
-        pinring_ring::SlotWord::pack(SlotState::Ready, me, 2),
+        pinring_ring::SlotWord::pack(SlotState::Ready, me, 3),
         Relaxed,
     );
     assert!(matches!(
         daemon.take_ready(1, 5),
-        Err(SlotFault::WrongSeq { expected: 5, found: 999, .. })
+        Err(SlotFault::WrongSeq {
+            expected: 5,
+            found: 999,
+            ..
+        })
     ));
 }
 
@@ -158,7 +175,10 @@ fn a_truncated_segment_is_refused() {
     let err = Ring::open(&o.name, Access::ReadOnly, T).unwrap_err();
     assert!(matches!(err, RingError::SizeMismatch { .. }), "{err}");
     // The daemon notices too.
-    assert!(matches!(daemon.check_file(), Err(RingError::SizeMismatch { .. })));
+    assert!(matches!(
+        daemon.check_file(),
+        Err(RingError::SizeMismatch { .. })
+    ));
     f.set_len(10).unwrap();
     let err = Ring::open(&o.name, Access::ReadOnly, T).unwrap_err();
     assert!(matches!(err, RingError::SizeMismatch { .. }), "{err}");
@@ -205,5 +225,8 @@ fn the_loader_table_refuses_the_49th_loader() {
         ring.attach_loader(ProcessId::current()).unwrap();
     }
     let err = ring.attach_loader(ProcessId::current()).unwrap_err();
-    assert!(matches!(err, RingError::LoaderTableFull { max: 48, .. }), "{err}");
+    assert!(
+        matches!(err, RingError::LoaderTableFull { max: 48, .. }),
+        "{err}"
+    );
 }

@@ -1,0 +1,165 @@
+//! Helpers for tests that spawn the real binaries: unique ring names, small configs, bounded
+//! waits for child processes.
+
+#![allow(dead_code)]
+
+use pinring_runtime::summary::Summary;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::time::{Duration, Instant};
+
+pub const DAEMON: &str = env!("CARGO_BIN_EXE_pinring-daemon");
+pub const LOADER: &str = env!("CARGO_BIN_EXE_pinring-loader");
+pub const CLI: &str = env!("CARGO_BIN_EXE_pinring");
+
+/// A test's private ring name, config file and scratch dir; removes the segment at the end.
+pub struct Fixture {
+    pub ring: String,
+    pub dir: tempfile::TempDir,
+    pub config: PathBuf,
+}
+
+impl Fixture {
+    /// `tag` must be unique per test. `extra` is TOML appended to a small synthetic config.
+    pub fn new(tag: &str, toml: &str) -> Fixture {
+        let ring = format!("it-{tag}-{}", std::process::id());
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("pinring.toml");
+        std::fs::write(&config, toml).unwrap();
+        Fixture { ring, dir, config }
+    }
+
+    pub fn small(tag: &str) -> Fixture {
+        Fixture::new(tag, SMALL)
+    }
+
+    pub fn summary_path(&self) -> PathBuf {
+        self.dir.path().join("summary.json")
+    }
+
+    pub fn segment(&self) -> PathBuf {
+        pinring_ring::object_path(&self.ring)
+    }
+
+    pub fn daemon(&self, extra: &[&str]) -> Child {
+        Command::new(DAEMON)
+            .args([
+                "--ring",
+                &self.ring,
+                "--backend",
+                "host",
+                "--sink",
+                "verify",
+            ])
+            .arg("--config")
+            .arg(&self.config)
+            .arg("--summary")
+            .arg(self.summary_path())
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    }
+
+    pub fn loader(&self, config: &Path) -> Child {
+        Command::new(LOADER)
+            .args(["--ring", &self.ring, "--wait-secs", "20"])
+            .arg("--config")
+            .arg(config)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    }
+
+    /// Waits until the ring of `daemon` (not a stale one of the same name) is READY.
+    pub fn wait_ready(&self, daemon: &Child) -> pinring_ring::Ring {
+        let start = Instant::now();
+        loop {
+            let ring = pinring_runtime::loader::attach(
+                &self.ring,
+                pinring_ring::Access::ReadOnly,
+                Duration::from_secs(20),
+            )
+            .expect("ring ready");
+            if ring.daemon().pid == daemon.id() {
+                return ring;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "daemon never made its ring"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    pub fn summary(&self) -> Summary {
+        Summary::read(&self.summary_path()).expect("summary written")
+    }
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        let _ = pinring_ring::Segment::unlink(&self.ring);
+    }
+}
+
+/// 512 samples of 64x64 f32 (16 KiB), batches of 8 (128 KiB): 64 batches per epoch.
+pub const SMALL: &str = r#"
+[ring]
+slots = 8
+[dataset]
+samples = 512
+sample_shape = [64, 64]
+dtype = "f32"
+seed = 7
+[plan]
+batch_size = 8
+epochs = 2
+"#;
+
+/// Waits for a child with a deadline; kills it (and fails) if it does not exit.
+pub fn wait_for(child: Child, what: &str, limit: Duration) -> (ExitStatus, String) {
+    let mut child = child;
+    let start = Instant::now();
+    loop {
+        if let Some(_status) = child.try_wait().unwrap() {
+            let out: Output = child.wait_with_output().unwrap();
+            let text = String::from_utf8_lossy(&out.stderr).to_string()
+                + &String::from_utf8_lossy(&out.stdout);
+            return (out.status, text);
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "{what} did not exit within {limit:?}; output:\n{}{}",
+                String::from_utf8_lossy(&out.stderr),
+                String::from_utf8_lossy(&out.stdout)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+pub fn signal(child: &Child, sig: nix::sys::signal::Signal) {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), sig).unwrap();
+}
+
+pub const LONG: Duration = Duration::from_secs(90);
+
+/// Asserts a verify run delivered every batch exactly once with every byte right.
+pub fn assert_complete(s: &Summary, in_order: bool) {
+    let total = s.end_seq - s.start_seq;
+    assert_eq!(s.batches_delivered, total, "{s:#?}");
+    assert_eq!(s.batches_verified, total, "{s:#?}");
+    assert_eq!(s.verify_failures, 0, "{s:#?}");
+    assert_eq!(s.duplicates, 0, "{s:#?}");
+    assert_eq!(s.out_of_order, 0, "{s:#?}");
+    assert_eq!(s.missing, 0, "{s:#?}");
+    assert_eq!(s.in_order, in_order);
+    assert!(s.bytes > 0);
+}

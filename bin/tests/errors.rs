@@ -1,0 +1,150 @@
+//! Refusals and failures: each a clear message naming the object and a documented exit code.
+
+mod common;
+
+use common::*;
+use nix::sys::signal::Signal;
+use std::process::Command;
+use std::time::Duration;
+
+const RING_ERROR: i32 = 4;
+
+#[test]
+fn a_loader_with_another_config_is_refused() {
+    let fx = Fixture::small("mismatch");
+    let daemon = fx.daemon(&["--epochs", "1000"]);
+    fx.wait_ready(&daemon);
+    let other = fx.dir.path().join("other.toml");
+    std::fs::write(&other, SMALL.replace("batch_size = 8", "batch_size = 4")).unwrap();
+    let (st, log) = wait_for(fx.loader(&other), "loader", Duration::from_secs(20));
+    assert_eq!(st.code(), Some(8), "{log}");
+    assert!(
+        log.contains("fingerprint") && log.contains(&fx.ring),
+        "{log}"
+    );
+    signal(&daemon, Signal::SIGTERM);
+    let (st, _) = wait_for(daemon, "daemon", Duration::from_secs(5));
+    assert!(st.success());
+}
+
+#[test]
+fn opening_a_ring_that_does_not_exist_fails_clearly() {
+    let out = Command::new(LOADER)
+        .args(["--ring", "it-nothing-here", "--wait-secs", "0.2"])
+        .output()
+        .unwrap();
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(RING_ERROR), "{log}");
+    assert!(
+        log.contains("it-nothing-here") && log.contains("does not exist"),
+        "{log}"
+    );
+}
+
+#[test]
+fn a_segment_of_another_layout_version_is_refused() {
+    let fx = Fixture::small("ver");
+    let mut bytes = vec![0u8; 8192];
+    bytes[..8].copy_from_slice(b"PINRING\0");
+    bytes[8..12].copy_from_slice(&99u32.to_le_bytes());
+    std::fs::write(fx.segment(), bytes).unwrap();
+    let (st, log) = wait_for(fx.loader(&fx.config), "loader", Duration::from_secs(10));
+    assert_eq!(st.code(), Some(RING_ERROR), "{log}");
+    assert!(
+        log.contains("layout version 99") && log.contains(&fx.ring),
+        "{log}"
+    );
+}
+
+#[test]
+fn a_truncated_segment_is_refused_and_stops_the_daemon() {
+    let fx = Fixture::small("trunc");
+    let daemon = fx.daemon(&["--epochs", "1000"]);
+    fx.wait_ready(&daemon);
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(fx.segment())
+        .unwrap();
+    f.set_len(4096 * 3).unwrap();
+    let (st, log) = wait_for(fx.loader(&fx.config), "loader", Duration::from_secs(10));
+    assert_eq!(st.code(), Some(RING_ERROR), "{log}");
+    assert!(log.contains("truncated"), "{log}");
+    // The daemon stops rather than upload from a file that changed under it.
+    let (st, log) = wait_for(daemon, "daemon", Duration::from_secs(10));
+    assert_eq!(st.code(), Some(RING_ERROR), "{log}");
+    assert!(log.contains("truncated"), "{log}");
+}
+
+#[test]
+fn a_live_daemons_ring_is_refused_and_a_dead_ones_replaced() {
+    let fx = Fixture::small("held");
+    let mut first = fx.daemon(&["--epochs", "1000"]);
+    fx.wait_ready(&first);
+    let (st, log) = wait_for(fx.daemon(&[]), "second daemon", Duration::from_secs(10));
+    assert_eq!(st.code(), Some(RING_ERROR), "{log}");
+    assert!(log.contains("held by a running daemon"), "{log}");
+    // Kill the owner without letting it clean up: the segment stays behind.
+    first.kill().unwrap();
+    first.wait().unwrap();
+    assert!(fx.segment().exists());
+    let daemon = fx.daemon(&[]);
+    fx.wait_ready(&daemon);
+    let loader = fx.loader(&fx.config);
+    let (st, log) = wait_for(daemon, "replacing daemon", LONG);
+    assert!(st.success(), "{log}");
+    assert!(log.contains("stale segment"), "{log}");
+    let (st, _) = wait_for(loader, "loader", Duration::from_secs(10));
+    assert!(st.success());
+    assert_complete(&fx.summary(), true);
+}
+
+#[test]
+fn an_unknown_config_key_names_file_and_key() {
+    let fx = Fixture::new("badkey", "[ring]\nslotz = 4\n");
+    let (st, log) = wait_for(fx.daemon(&[]), "daemon", Duration::from_secs(10));
+    assert_eq!(st.code(), Some(3), "{log}");
+    assert!(
+        log.contains("pinring.toml") && log.contains("slotz"),
+        "{log}"
+    );
+}
+
+#[test]
+fn an_out_of_range_value_names_the_key_and_what_is_allowed() {
+    let fx = Fixture::new("badval", "[plan]\nrank = 3\nworld_size = 2\n");
+    let (st, log) = wait_for(fx.daemon(&[]), "daemon", Duration::from_secs(10));
+    assert_eq!(st.code(), Some(3), "{log}");
+    assert!(log.contains("plan.rank"), "{log}");
+}
+
+#[test]
+fn pinring_run_verifies_and_prints_a_summary() {
+    let fx = Fixture::small("run");
+    let out = Command::new(CLI)
+        .args([
+            "run",
+            "--quiet",
+            "--loaders",
+            "3",
+            "--backend",
+            "host",
+            "--ring",
+            &fx.ring,
+        ])
+        .arg("--config")
+        .arg(&fx.config)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("128 delivered of 128 (128 verified, 0 failed"),
+        "{text}"
+    );
+    assert!(text.contains("GB/s") && text.contains("verdict"), "{text}");
+    assert!(!fx.segment().exists());
+}

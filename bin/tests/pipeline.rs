@@ -1,0 +1,148 @@
+//! End to end: the real daemon and loader binaries on the host backend with the verify sink.
+
+mod common;
+
+use common::*;
+use nix::sys::signal::Signal;
+use std::time::{Duration, Instant};
+
+fn run_with_loaders(tag: &str, loaders: usize, extra: &[&str], in_order: bool) {
+    let fx = Fixture::small(tag);
+    let daemon = fx.daemon(extra);
+    fx.wait_ready(&daemon);
+    let kids: Vec<_> = (0..loaders).map(|_| fx.loader(&fx.config)).collect();
+    let (status, log) = wait_for(daemon, "daemon", LONG);
+    assert!(status.success(), "daemon failed: {status}\n{log}");
+    for (i, k) in kids.into_iter().enumerate() {
+        let (st, log) = wait_for(k, "loader", Duration::from_secs(10));
+        assert!(st.success(), "loader {i} failed: {st}\n{log}");
+    }
+    let s = fx.summary();
+    assert_complete(&s, in_order);
+    assert_eq!(s.end_seq, 128, "2 epochs of 64 batches");
+    assert!(
+        !fx.segment().exists(),
+        "the daemon removes its segment at exit"
+    );
+}
+
+#[test]
+fn one_loader_delivers_every_batch_once_in_order() {
+    run_with_loaders("l1", 1, &[], true);
+}
+
+#[test]
+fn four_loaders_deliver_every_batch_once_in_order() {
+    run_with_loaders("l4", 4, &[], true);
+}
+
+#[test]
+fn eight_loaders_deliver_every_batch_once_in_order() {
+    run_with_loaders("l8", 8, &[], true);
+}
+
+#[test]
+fn unordered_mode_delivers_every_batch_exactly_once() {
+    run_with_loaders("unord", 4, &["--unordered"], false);
+}
+
+#[test]
+fn a_loader_that_joins_late_takes_work() {
+    // Long enough that the second loader joins while most of the plan is still ahead.
+    let fx = Fixture::small("late");
+    let daemon = fx.daemon(&["--epochs", "20"]);
+    let ring = fx.wait_ready(&daemon);
+    let first = fx.loader(&fx.config);
+    let start = Instant::now();
+    while ring
+        .header()
+        .delivered
+        .load(std::sync::atomic::Ordering::Relaxed)
+        < 10
+    {
+        assert!(start.elapsed() < LONG, "no progress with one loader");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let late = fx.loader(&fx.config);
+    let (status, log) = wait_for(daemon, "daemon", LONG);
+    assert!(status.success(), "{log}");
+    let (st1, _) = wait_for(first, "first loader", Duration::from_secs(10));
+    let (st2, log2) = wait_for(late, "late loader", Duration::from_secs(10));
+    assert!(st1.success() && st2.success(), "{log2}");
+    let made: u64 = log2
+        .split("batches=")
+        .nth(1)
+        .and_then(|t| t.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .expect("the loader logs its batch count");
+    assert!(made > 0, "the late loader made no batch:\n{log2}");
+    assert_complete(&fx.summary(), true);
+}
+
+#[test]
+fn sigterm_drains_and_leaves_no_segment() {
+    let fx = Fixture::small("term");
+    let daemon = fx.daemon(&["--epochs", "1000"]);
+    let ring = fx.wait_ready(&daemon);
+    let loaders: Vec<_> = (0..2).map(|_| fx.loader(&fx.config)).collect();
+    let start = Instant::now();
+    while ring
+        .header()
+        .delivered
+        .load(std::sync::atomic::Ordering::Relaxed)
+        < 20
+    {
+        assert!(start.elapsed() < LONG, "no progress");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    signal(&daemon, Signal::SIGTERM);
+    let t = Instant::now();
+    let (status, log) = wait_for(daemon, "daemon", Duration::from_secs(10));
+    assert!(
+        t.elapsed() < Duration::from_secs(2),
+        "drain took {:?}",
+        t.elapsed()
+    );
+    assert!(status.success(), "{log}");
+    for l in loaders {
+        let (st, log) = wait_for(l, "loader", Duration::from_secs(5));
+        assert!(st.success(), "{log}");
+    }
+    assert!(!fx.segment().exists());
+    let s = fx.summary();
+    assert!(s.interrupted);
+    assert_eq!(
+        (s.verify_failures, s.duplicates, s.out_of_order),
+        (0, 0, 0),
+        "{s:#?}"
+    );
+    assert!(s.batches_delivered >= 20);
+    assert_eq!(
+        s.resume_seq, s.batches_delivered,
+        "in order: resume right after the last"
+    );
+}
+
+#[test]
+fn sigint_to_a_loader_makes_it_exit_cleanly() {
+    let fx = Fixture::small("lint");
+    let daemon = fx.daemon(&["--epochs", "1000"]);
+    let ring = fx.wait_ready(&daemon);
+    let loader = fx.loader(&fx.config);
+    let start = Instant::now();
+    while ring
+        .header()
+        .delivered
+        .load(std::sync::atomic::Ordering::Relaxed)
+        < 5
+    {
+        assert!(start.elapsed() < LONG, "no progress");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    signal(&loader, Signal::SIGINT);
+    let (st, log) = wait_for(loader, "loader", Duration::from_secs(2));
+    assert!(st.success(), "{log}");
+    signal(&daemon, Signal::SIGTERM);
+    let (st, log) = wait_for(daemon, "daemon", Duration::from_secs(5));
+    assert!(st.success(), "{log}");
+}

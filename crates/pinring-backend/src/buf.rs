@@ -1,0 +1,123 @@
+//! `AlignedBuf`: a page-aligned, zero-initialised heap allocation that is shared between threads
+//! and accessed only through raw pointers.
+//!
+//! It never hands out `&mut [u8]`; writers go through [`AlignedBuf::write_from`] (raw copy) and
+//! readers through [`AlignedBuf::slice`]. Whoever uses it must make sure a write never overlaps
+//! in time with a read or another write of the same bytes; the uploaders do that with per-buffer
+//! "pending upload" counters (see `host.rs`).
+
+use std::alloc::{alloc_zeroed, dealloc, Layout};
+use std::ptr::NonNull;
+
+use crate::BackendError;
+
+/// Alignment of every buffer: one 4 KiB page (also enough for any SIMD copy).
+pub const PAGE: usize = 4096;
+
+/// A page-aligned zeroed allocation of `len` bytes (at least one page is allocated).
+#[derive(Debug)]
+pub struct AlignedBuf {
+    ptr: NonNull<u8>,
+    len: usize,
+    layout: Layout,
+}
+
+// SAFETY: AlignedBuf owns its allocation exclusively (like Box<[u8]>); the pointer is not tied to
+// any thread. Concurrent access is only possible through the unsafe `write_from` / `slice`, whose
+// contracts require callers to prevent overlapping write/read of the same bytes.
+unsafe impl Send for AlignedBuf {}
+// SAFETY: see `Send`: the only `&self` accessors that touch the bytes are unsafe and require
+// the caller to rule out data races.
+unsafe impl Sync for AlignedBuf {}
+
+impl AlignedBuf {
+    /// Allocates `len` zeroed bytes aligned to [`PAGE`].
+    pub fn new(len: usize, what: &'static str) -> Result<Self, BackendError> {
+        let size = len.max(1).next_multiple_of(PAGE);
+        let layout = Layout::from_size_align(size, PAGE)
+            .map_err(|_| BackendError::HostAlloc { bytes: len, what })?;
+        // SAFETY: `layout` has non-zero size (at least one page) as `alloc_zeroed` requires.
+        let raw = unsafe { alloc_zeroed(layout) };
+        let ptr = NonNull::new(raw).ok_or(BackendError::HostAlloc { bytes: len, what })?;
+        Ok(Self { ptr, len, layout })
+    }
+
+    /// Usable length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Start of the allocation.
+    pub fn as_ptr(&self) -> *const u8 {
+        self.ptr.as_ptr()
+    }
+
+    /// Start of the allocation, for writing through raw pointers only.
+    pub fn as_mut_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
+    /// Sets every usable byte to `byte` (touching, i.e. faulting in, every page).
+    pub fn fill(&mut self, byte: u8) {
+        // SAFETY: `&mut self` guarantees exclusive access; the pointer is valid for `len`
+        // initialised bytes.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }.fill(byte);
+    }
+
+    /// Copies `len` bytes from `src` to the start of the buffer.
+    ///
+    /// # Safety
+    /// - `len <= self.len()`;
+    /// - `src..src+len` is valid for reads and does not overlap this buffer;
+    /// - no other thread reads or writes `self[..len]` during the call (no live `&[u8]` from
+    ///   [`AlignedBuf::slice`] covers those bytes).
+    pub unsafe fn write_from(&self, src: *const u8, len: usize) {
+        debug_assert!(len <= self.len);
+        // SAFETY: the caller guarantees src is readable for len bytes, that len fits in our
+        // allocation (so the destination is writable), that the ranges do not overlap, and that
+        // nobody else accesses these bytes meanwhile.
+        unsafe { std::ptr::copy_nonoverlapping(src, self.ptr.as_ptr(), len) };
+    }
+
+    /// The first `len` bytes as a shared slice.
+    ///
+    /// # Safety
+    /// - `len <= self.len()`;
+    /// - no write to `self[..len]` happens while the returned slice is alive, and every earlier
+    ///   write happened-before this call (e.g. via an Acquire load of a counter the writer
+    ///   released).
+    pub unsafe fn slice(&self, len: usize) -> &[u8] {
+        debug_assert!(len <= self.len);
+        // SAFETY: the pointer is valid, aligned and initialised (zeroed at allocation) for
+        // self.len >= len bytes; the caller rules out concurrent writes for the slice's lifetime.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), len) }
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        // SAFETY: `ptr` came from `alloc_zeroed(self.layout)` and is freed exactly once, here.
+        unsafe { dealloc(self.ptr.as_ptr(), self.layout) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn aligned_and_zeroed() {
+        let b = AlignedBuf::new(10_000, "test").unwrap();
+        assert_eq!(b.as_ptr() as usize % PAGE, 0);
+        assert_eq!(b.len(), 10_000);
+        // SAFETY: single-threaded test, no writes.
+        let s = unsafe { b.slice(10_000) };
+        assert!(s.iter().all(|&x| x == 0));
+    }
+
+    #[test]
+    fn zero_length_is_fine() {
+        let b = AlignedBuf::new(0, "test").unwrap();
+        assert_eq!(b.len(), 0);
+    }
+}

@@ -1,0 +1,521 @@
+//! The host backend: no GPU. "Device buffers" are page-aligned heap allocations and an upload is
+//! a `memcpy` done by a background thread, so the whole pipeline (ring, loaders, daemon, sinks)
+//! can run and be verified on any machine.
+//!
+//! # Soundness of [`Uploader::read_host`]
+//! Each buffer has a `pending` counter (uploads queued or running) and a `readers` counter.
+//! `submit` increments `pending`, then checks `readers` is 0 (else it backs out: `BufferBusy`);
+//! a reader increments `readers`, then checks `pending` is 0 (else it backs out). Both sides use
+//! SeqCst, so of two racing calls at least one sees the other's increment (the store-load
+//! pattern): a copy into a buffer and a read of it never overlap. The upload thread decrements
+//! `pending` (SeqCst, which includes Release) after the copy, so a reader that sees 0 also sees
+//! every byte copied. `read_host`, `checksum` and `compute` hold the reader count only for the
+//! duration of the call, so no slice outlives it.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use crossbeam_channel::{Receiver, Sender};
+
+use crate::buf::AlignedBuf;
+use crate::checksum::checksum;
+use crate::{Backend, BackendError, Completion, Registration, UploadJob, Uploader};
+
+/// The backend without a GPU.
+#[derive(Debug, Default, Clone)]
+pub struct HostBackend;
+
+impl HostBackend {
+    /// A new host backend.
+    pub fn new() -> Self {
+        Self
+    }
+}
+
+impl Backend for HostBackend {
+    fn name(&self) -> &'static str {
+        "host"
+    }
+
+    fn describe(&self) -> String {
+        "host: memcpy into page-aligned heap buffers (no GPU)".to_string()
+    }
+
+    unsafe fn register(
+        &self,
+        base: *mut u8,
+        len: usize,
+        _devicemap: bool,
+    ) -> Result<Registration, BackendError> {
+        let start = Instant::now();
+        Ok(Registration::unregistered(
+            base as usize,
+            len,
+            start.elapsed().as_secs_f64(),
+        ))
+    }
+
+    fn uploader(
+        &self,
+        buffers: usize,
+        buffer_bytes: usize,
+    ) -> Result<Box<dyn Uploader>, BackendError> {
+        Ok(Box::new(HostUploader::new(buffers, buffer_bytes)?))
+    }
+}
+
+/// State shared between the uploader and its upload thread.
+#[derive(Debug)]
+struct Shared {
+    buffers: Vec<AlignedBuf>,
+    /// Uploads submitted into each buffer and not yet copied.
+    pending: Vec<AtomicUsize>,
+    /// Calls reading each buffer right now.
+    readers: Vec<AtomicUsize>,
+}
+
+/// A job as queued for the upload thread.
+#[derive(Debug)]
+struct Queued {
+    job: UploadJob,
+    submitted: Instant,
+}
+
+/// Upload engine of the host backend (see the module docs for the soundness argument).
+#[derive(Debug)]
+pub struct HostUploader {
+    shared: Arc<Shared>,
+    buffer_bytes: usize,
+    jobs: Option<Sender<Queued>>,
+    completions: Receiver<Completion>,
+    thread: Option<JoinHandle<()>>,
+    /// Output of `compute` (the buffers themselves are never written through `&self`).
+    scratch: Mutex<Vec<f32>>,
+}
+
+impl HostUploader {
+    /// `buffers` heap buffers of `buffer_bytes` each and a running upload thread.
+    pub fn new(buffers: usize, buffer_bytes: usize) -> Result<Self, BackendError> {
+        if buffers == 0 || buffer_bytes == 0 {
+            return Err(BackendError::InvalidArgument {
+                call: "HostBackend::uploader",
+                what: format!(
+                    "need at least one buffer of at least one byte, got {buffers} x {buffer_bytes} bytes"
+                ),
+            });
+        }
+        let bufs = (0..buffers)
+            .map(|_| AlignedBuf::new(buffer_bytes, "host device buffer"))
+            .collect::<Result<Vec<_>, _>>()?;
+        let shared = Arc::new(Shared {
+            pending: (0..buffers).map(|_| AtomicUsize::new(0)).collect(),
+            readers: (0..buffers).map(|_| AtomicUsize::new(0)).collect(),
+            buffers: bufs,
+        });
+        let (jobs_tx, jobs_rx) = crossbeam_channel::unbounded::<Queued>();
+        let (done_tx, done_rx) = crossbeam_channel::unbounded::<Completion>();
+        let worker_shared = Arc::clone(&shared);
+        let thread = std::thread::Builder::new()
+            .name("pinring-host-upload".into())
+            .spawn(move || upload_loop(&worker_shared, &jobs_rx, &done_tx))
+            .map_err(|_| BackendError::WorkerGone {
+                backend: "host",
+                call: "spawning the upload thread",
+            })?;
+        Ok(Self {
+            shared,
+            buffer_bytes,
+            jobs: Some(jobs_tx),
+            completions: done_rx,
+            thread: Some(thread),
+            scratch: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// Checks `buffer`/`len` and that no upload into the buffer is pending.
+    fn idle_buffer(
+        &self,
+        call: &'static str,
+        buffer: usize,
+        len: usize,
+    ) -> Result<&AlignedBuf, BackendError> {
+        check_range(
+            call,
+            buffer,
+            len,
+            self.shared.buffers.len(),
+            self.buffer_bytes,
+        )?;
+        let pending = self.shared.pending[buffer].load(Ordering::Acquire);
+        if pending != 0 {
+            return Err(BackendError::BufferBusy {
+                call,
+                buffer,
+                pending,
+            });
+        }
+        Ok(&self.shared.buffers[buffer])
+    }
+}
+
+/// Validates a buffer index and length against the uploader's geometry.
+pub(crate) fn check_range(
+    call: &'static str,
+    buffer: usize,
+    len: usize,
+    count: usize,
+    buffer_bytes: usize,
+) -> Result<(), BackendError> {
+    if buffer >= count {
+        return Err(BackendError::InvalidArgument {
+            call,
+            what: format!("buffer index {buffer} out of range (uploader has {count} buffers)"),
+        });
+    }
+    if len > buffer_bytes {
+        return Err(BackendError::InvalidArgument {
+            call,
+            what: format!(
+                "length {len} bytes exceeds the device buffer size of {buffer_bytes} bytes (buffer {buffer})"
+            ),
+        });
+    }
+    Ok(())
+}
+
+fn upload_loop(shared: &Shared, jobs: &Receiver<Queued>, done: &Sender<Completion>) {
+    for Queued { job, submitted } in jobs.iter() {
+        let buf = &shared.buffers[job.buffer];
+        if job.len > 0 {
+            // SAFETY: `submit` checked job.len <= buffer size and (by its own contract) that
+            // src..src+len stays valid and unwritten until the completion is received, and it
+            // lies outside our heap buffer. No reader touches this buffer now: its pending
+            // counter is > 0 until the fetch_sub below, and readers require it to be 0; readers
+            // that started before this job was submitted are excluded by `submit(&mut self)`.
+            unsafe { buf.write_from(job.src, job.len) };
+        }
+        shared.pending[job.buffer].fetch_sub(1, Ordering::SeqCst);
+        let completion = Completion {
+            tag: job.tag,
+            buffer: job.buffer,
+            len: job.len,
+            result: Ok(()),
+            submitted,
+            completed: Instant::now(),
+        };
+        if done.send(completion).is_err() {
+            // The uploader (holding the receiver) is gone; nothing left to report to.
+            break;
+        }
+    }
+}
+
+impl Uploader for HostUploader {
+    unsafe fn submit(&self, job: UploadJob) -> Result<(), BackendError> {
+        check_range(
+            "submit",
+            job.buffer,
+            job.len,
+            self.shared.buffers.len(),
+            self.buffer_bytes,
+        )?;
+        if job.len > 0 && job.src.is_null() {
+            return Err(BackendError::InvalidArgument {
+                call: "submit",
+                what: format!(
+                    "null source pointer for {} bytes (tag {})",
+                    job.len, job.tag
+                ),
+            });
+        }
+        let Some(jobs) = self.jobs.as_ref() else {
+            return Err(BackendError::WorkerGone {
+                backend: "host",
+                call: "submit",
+            });
+        };
+        let buffer = job.buffer;
+        // Store-load against readers (module docs): announce the upload, then look for readers.
+        self.shared.pending[buffer].fetch_add(1, Ordering::SeqCst);
+        let readers = self.shared.readers[buffer].load(Ordering::SeqCst);
+        if readers != 0 {
+            self.shared.pending[buffer].fetch_sub(1, Ordering::SeqCst);
+            return Err(BackendError::BufferBusy {
+                call: "submit",
+                buffer,
+                pending: readers,
+            });
+        }
+        let queued = Queued {
+            job,
+            submitted: Instant::now(),
+        };
+        if jobs.send(queued).is_err() {
+            self.shared.pending[buffer].fetch_sub(1, Ordering::AcqRel);
+            return Err(BackendError::WorkerGone {
+                backend: "host",
+                call: "submit",
+            });
+        }
+        Ok(())
+    }
+
+    fn completions(&self) -> &Receiver<Completion> {
+        &self.completions
+    }
+
+    fn buffer_count(&self) -> usize {
+        self.shared.buffers.len()
+    }
+
+    fn buffer_bytes(&self) -> usize {
+        self.buffer_bytes
+    }
+
+    fn read_host(
+        &self,
+        buffer: usize,
+        len: usize,
+        f: &mut dyn FnMut(&[u8]),
+    ) -> Result<bool, BackendError> {
+        self.read("read_host", buffer, len, |bytes| f(bytes))?;
+        Ok(true)
+    }
+
+    fn checksum(&self, buffer: usize, len: usize) -> Result<u64, BackendError> {
+        self.read("checksum", buffer, len, checksum)
+    }
+
+    fn compute(&self, buffer: usize, len: usize) -> Result<(), BackendError> {
+        self.read("compute", buffer, len, |bytes| self.sin_into_scratch(bytes))
+    }
+}
+
+impl HostUploader {
+    /// Runs `f` over the first `len` bytes of an idle buffer while holding it as a reader.
+    fn read<R>(
+        &self,
+        call: &'static str,
+        buffer: usize,
+        len: usize,
+        f: impl FnOnce(&[u8]) -> R,
+    ) -> Result<R, BackendError> {
+        let buf = self.idle_buffer(call, buffer, len)?;
+        let readers = &self.shared.readers[buffer];
+        readers.fetch_add(1, Ordering::SeqCst);
+        let pending = self.shared.pending[buffer].load(Ordering::SeqCst);
+        if pending != 0 {
+            readers.fetch_sub(1, Ordering::SeqCst);
+            return Err(BackendError::BufferBusy {
+                call,
+                buffer,
+                pending,
+            });
+        }
+        // SAFETY: len <= buffer size (checked by idle_buffer). This thread holds the buffer as
+        // a reader and saw no pending upload after announcing itself (SeqCst): no copy into it
+        // runs until `readers` drops back (module docs), and every earlier copy happened-before.
+        // The slice does not outlive `f`.
+        let r = f(unsafe { buf.slice(len) });
+        readers.fetch_sub(1, Ordering::SeqCst);
+        Ok(r)
+    }
+
+    fn sin_into_scratch(&self, bytes: &[u8]) {
+        let mut out = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        out.clear();
+        out.extend(
+            bytes
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]).sin()),
+        );
+        std::hint::black_box(&*out);
+    }
+}
+
+impl HostUploader {
+    /// The result of the last `compute` call (sin of each f32), for tests and verification.
+    pub fn last_compute(&self) -> Vec<f32> {
+        self.scratch
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+}
+
+impl Drop for HostUploader {
+    fn drop(&mut self) {
+        // Closing the job channel ends the loop after the queued jobs are copied.
+        self.jobs.take();
+        if let Some(t) = self.thread.take() {
+            if t.join().is_err() {
+                tracing::error!("pinring host upload thread panicked");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn pattern(seed: u8, n: usize) -> Vec<u8> {
+        (0..n)
+            .map(|i| (i as u8).wrapping_mul(13).wrapping_add(seed))
+            .collect()
+    }
+
+    #[test]
+    fn uploads_complete_in_order_with_right_bytes() {
+        let up = HostUploader::new(3, 4096).unwrap();
+        let srcs: Vec<Vec<u8>> = (0..3).map(|i| pattern(i as u8, 1000 + i * 1000)).collect();
+        for (i, s) in srcs.iter().enumerate() {
+            let job = UploadJob {
+                tag: 100 + i as u64,
+                src: s.as_ptr(),
+                len: s.len(),
+                buffer: i,
+            };
+            // SAFETY: `srcs` outlives the completions received below and is not written.
+            unsafe { up.submit(job) }.unwrap();
+        }
+        for (i, s) in srcs.iter().enumerate() {
+            let c = up
+                .completions()
+                .recv_timeout(Duration::from_secs(10))
+                .unwrap();
+            assert_eq!(c.tag, 100 + i as u64);
+            assert_eq!(c.buffer, i);
+            assert_eq!(c.len, s.len());
+            assert!(c.result.is_ok());
+            assert!(c.completed >= c.submitted);
+            assert_eq!(view(&up, i, s.len()), s[..]);
+            assert_eq!(up.checksum(i, s.len()).unwrap(), checksum(s));
+        }
+    }
+
+    #[test]
+    fn many_jobs_reusing_buffers() {
+        let up = HostUploader::new(2, 256).unwrap();
+        let srcs: Vec<Vec<u8>> = (0..50).map(|i| pattern(i as u8, 256)).collect();
+        for (i, s) in srcs.iter().enumerate() {
+            let job = UploadJob {
+                tag: i as u64,
+                src: s.as_ptr(),
+                len: s.len(),
+                buffer: i % 2,
+            };
+            // SAFETY: `srcs` outlives all completions (received below or at drop).
+            unsafe { up.submit(job) }.unwrap();
+        }
+        for i in 0..50u64 {
+            let c = up
+                .completions()
+                .recv_timeout(Duration::from_secs(10))
+                .unwrap();
+            assert_eq!(c.tag, i);
+        }
+        assert_eq!(view(&up, 0, 256), srcs[48][..]);
+        assert_eq!(view(&up, 1, 256), srcs[49][..]);
+    }
+
+    #[test]
+    fn rejects_bad_jobs() {
+        let up = HostUploader::new(1, 16).unwrap();
+        let s = [0u8; 32];
+        let too_long = UploadJob {
+            tag: 0,
+            src: s.as_ptr(),
+            len: 32,
+            buffer: 0,
+        };
+        // SAFETY: rejected before any copy is queued.
+        let e = unsafe { up.submit(too_long) }.unwrap_err();
+        assert!(
+            e.to_string().contains("exceeds the device buffer size"),
+            "{e}"
+        );
+        let bad_index = UploadJob {
+            tag: 0,
+            src: s.as_ptr(),
+            len: 8,
+            buffer: 1,
+        };
+        // SAFETY: rejected before any copy is queued.
+        let e = unsafe { up.submit(bad_index) }.unwrap_err();
+        assert!(e.to_string().contains("out of range"), "{e}");
+        assert!(up.read_host(0, 17, &mut |_| ()).is_err());
+    }
+
+    fn view(up: &HostUploader, buffer: usize, len: usize) -> Vec<u8> {
+        let mut out = Vec::new();
+        assert!(up
+            .read_host(buffer, len, &mut |b| out.extend_from_slice(b))
+            .unwrap());
+        out
+    }
+
+    #[test]
+    fn a_buffer_being_read_refuses_uploads() {
+        let up = HostUploader::new(1, 64).unwrap();
+        let src = [7u8; 8];
+        let mut refused = None;
+        up.read_host(0, 8, &mut |_| {
+            let job = UploadJob {
+                tag: 0,
+                src: src.as_ptr(),
+                len: 8,
+                buffer: 0,
+            };
+            // SAFETY: refused before any copy is queued (the buffer is being read).
+            refused = Some(unsafe { up.submit(job) });
+        })
+        .unwrap();
+        let err = refused.unwrap().unwrap_err();
+        assert!(matches!(err, BackendError::BufferBusy { .. }), "{err}");
+    }
+
+    #[test]
+    fn compute_is_sin() {
+        let up = HostUploader::new(1, 64).unwrap();
+        let xs: Vec<f32> = (0..16).map(|i| i as f32 * 0.25).collect();
+        let bytes: Vec<u8> = xs.iter().flat_map(|x| x.to_le_bytes()).collect();
+        let job = UploadJob {
+            tag: 1,
+            src: bytes.as_ptr(),
+            len: bytes.len(),
+            buffer: 0,
+        };
+        // SAFETY: `bytes` outlives the completion received below.
+        unsafe { up.submit(job) }.unwrap();
+        up.completions()
+            .recv_timeout(Duration::from_secs(10))
+            .unwrap();
+        up.compute(0, bytes.len()).unwrap();
+        let ys = up.last_compute();
+        assert_eq!(ys.len(), 16);
+        for (x, y) in xs.iter().zip(ys) {
+            assert!((x.sin() - y).abs() < 1e-6);
+        }
+    }
+
+    #[test]
+    fn drop_with_jobs_in_flight_joins() {
+        let src = vec![7u8; 1 << 20];
+        let up = HostUploader::new(4, 1 << 20).unwrap();
+        for i in 0..16 {
+            let job = UploadJob {
+                tag: i,
+                src: src.as_ptr(),
+                len: src.len(),
+                buffer: (i % 4) as usize,
+            };
+            // SAFETY: `src` outlives `up`, whose drop joins the thread after all copies.
+            unsafe { up.submit(job) }.unwrap();
+        }
+        drop(up);
+    }
+}

@@ -1,0 +1,341 @@
+//! pinring-backend: where uploaded batches go.
+//!
+//! The GPU daemon registers the whole shared-memory ring once ([`Backend::register`]) and then
+//! uploads batches straight from ring slots into device buffers with an [`Uploader`]. Two
+//! backends implement this:
+//!
+//! - [`cuda::CudaBackend`]: `cuMemHostRegister` + `cuMemcpyHtoDAsync` on one copy stream, with a
+//!   completion thread waiting on blocking-sync events; checksum/compute kernels from embedded
+//!   PTX. `libcuda` is loaded dynamically and probed first, so nothing panics on a machine
+//!   without a driver.
+//! - [`host::HostBackend`]: heap buffers and `memcpy`, for machines without a GPU and for tests.
+//!
+//! [`select`] picks one from a [`BackendKind`] (`--backend auto|cuda|host`).
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Instant;
+
+mod buf;
+pub mod checksum;
+pub mod cuda;
+mod error;
+pub mod host;
+
+pub use checksum::{checksum, Checksum};
+pub use cuda::{CudaBackend, CudaUploader};
+pub use error::BackendError;
+pub use host::{HostBackend, HostUploader};
+
+/// Which backend to use (`--backend`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum BackendKind {
+    /// CUDA if a usable driver and the device exist, else host.
+    #[default]
+    Auto,
+    /// CUDA or an error.
+    Cuda,
+    /// Always the host backend.
+    Host,
+}
+
+impl FromStr for BackendKind {
+    type Err = BackendError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "auto" => Ok(Self::Auto),
+            "cuda" => Ok(Self::Cuda),
+            "host" => Ok(Self::Host),
+            _ => Err(BackendError::UnknownBackend(s.to_string())),
+        }
+    }
+}
+
+impl fmt::Display for BackendKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Auto => "auto",
+            Self::Cuda => "cuda",
+            Self::Host => "host",
+        })
+    }
+}
+
+/// The backend [`select`] chose and why.
+#[derive(Debug)]
+pub struct Selected {
+    /// The backend.
+    pub backend: Box<dyn Backend>,
+    /// E.g. `"cuda: NVIDIA H200 (device 0, 139 GiB)"` or
+    /// `"host: no NVIDIA driver found (libcuda.so.1 not loadable)"`.
+    pub reason: String,
+}
+
+/// Picks a backend.
+///
+/// - `Auto`: CUDA if the driver loads, `cuInit` succeeds and `device` exists; otherwise host,
+///   with the reason.
+/// - `Cuda`: those failures are errors naming what is missing.
+/// - `Host`: always host.
+pub fn select(kind: BackendKind, device: usize) -> Result<Selected, BackendError> {
+    match kind {
+        BackendKind::Host => Ok(Selected {
+            backend: Box::new(HostBackend::new()),
+            reason: "host: selected with --backend host".to_string(),
+        }),
+        BackendKind::Cuda => {
+            let b = CudaBackend::new(device)?;
+            let reason = b.describe();
+            Ok(Selected {
+                backend: Box::new(b),
+                reason,
+            })
+        }
+        BackendKind::Auto => match CudaBackend::new(device) {
+            Ok(b) => {
+                let reason = b.describe();
+                Ok(Selected {
+                    backend: Box::new(b),
+                    reason,
+                })
+            }
+            Err(e) => {
+                tracing::info!(error = %e, "CUDA backend unavailable, using host backend");
+                Ok(Selected {
+                    backend: Box::new(HostBackend::new()),
+                    reason: format!("host: {}", e.fallback_reason()),
+                })
+            }
+        },
+    }
+}
+
+/// Whether CUDA is usable here: `Ok("NVIDIA H200 x1, driver 13.0")` or `Err(reason)`.
+/// Never panics, also without a driver.
+pub fn cuda_available() -> Result<String, String> {
+    cuda::probe().map_err(|e| e.to_string())
+}
+
+/// A way to make host memory DMA-able and to upload into device buffers.
+pub trait Backend: Send + Sync + fmt::Debug {
+    /// `"host"` or `"cuda"`.
+    fn name(&self) -> &'static str;
+
+    /// One line for logs, e.g. `"cuda: NVIDIA H200 (device 0, 139 GiB)"`.
+    fn describe(&self) -> String;
+
+    /// Makes `[base, base+len)` DMA-able for the lifetime of the returned guard.
+    ///
+    /// cuda: `cuMemHostRegister` in chunks of at most 256 GiB with `PORTABLE` (`| DEVICEMAP` when
+    /// `devicemap`); dropping the guard unregisters each chunk. Prefaulting the range first is
+    /// the caller's job (registration faults pages in otherwise, which is slower). host: a no-op
+    /// guard. The guard records how long registration took.
+    ///
+    /// # Safety
+    /// The range must be a live mapping that outlives the guard (it must not be unmapped or
+    /// remapped while registered).
+    unsafe fn register(
+        &self,
+        base: *mut u8,
+        len: usize,
+        devicemap: bool,
+    ) -> Result<Registration, BackendError>;
+
+    /// An upload engine with `buffers` device buffers of `buffer_bytes` each.
+    fn uploader(
+        &self,
+        buffers: usize,
+        buffer_bytes: usize,
+    ) -> Result<Box<dyn Uploader>, BackendError>;
+}
+
+/// RAII guard of a registered host range; dropping it unregisters (cuda) or does nothing (host).
+#[derive(Debug)]
+pub struct Registration {
+    base: usize,
+    bytes: u64,
+    seconds: f64,
+    /// The CUDA registration, if any; its drop unregisters.
+    inner: Option<cuda::HostRegistration>,
+}
+
+impl Registration {
+    /// A guard that registered nothing (host backend).
+    pub(crate) fn unregistered(base: usize, len: usize, seconds: f64) -> Self {
+        Self {
+            base,
+            bytes: len as u64,
+            seconds,
+            inner: None,
+        }
+    }
+
+    /// Wall-clock seconds the registration took.
+    pub fn seconds(&self) -> f64 {
+        self.seconds
+    }
+
+    /// Length of the range in bytes.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// Whether the range is actually registered with a driver (false for host).
+    pub fn registered(&self) -> bool {
+        self.inner.is_some()
+    }
+
+    /// Start address of the range.
+    pub fn base(&self) -> usize {
+        self.base
+    }
+
+    /// Number of `cuMemHostRegister` chunks (0 for host).
+    pub fn chunks(&self) -> usize {
+        self.inner.as_ref().map_or(0, |r| r.chunk_count())
+    }
+}
+
+/// One upload: copy `src[..len]` into device buffer `buffer`.
+#[derive(Debug, Clone, Copy)]
+pub struct UploadJob {
+    /// Caller's tag, returned in the [`Completion`] (e.g. ring slot and sequence).
+    pub tag: u64,
+    /// Start of the source bytes (a ring slot).
+    pub src: *const u8,
+    /// Number of bytes.
+    pub len: usize,
+    /// Index of the destination device buffer.
+    pub buffer: usize,
+}
+
+// SAFETY: UploadJob is plain data; `src` is only dereferenced by the uploader's copy, and
+// `Uploader::submit` (an unsafe fn) makes the caller guarantee the pointed-to bytes stay valid
+// and unwritten until the completion is received, from whichever thread the copy runs on.
+unsafe impl Send for UploadJob {}
+
+/// The outcome of one [`UploadJob`].
+#[derive(Debug)]
+pub struct Completion {
+    /// The job's tag.
+    pub tag: u64,
+    /// The job's device buffer.
+    pub buffer: usize,
+    /// The job's length.
+    pub len: usize,
+    /// Whether the copy succeeded.
+    pub result: Result<(), BackendError>,
+    /// When `submit` accepted the job.
+    pub submitted: Instant,
+    /// When the copy was observed finished.
+    pub completed: Instant,
+}
+
+/// Asynchronous upload engine with a fixed set of device buffers.
+pub trait Uploader: Send + Sync {
+    /// Starts copying `job.src[..job.len]` into device buffer `job.buffer` and returns at once.
+    /// A [`Completion`] for the job arrives on [`Uploader::completions`] when the copy has
+    /// finished; completions arrive in submission order.
+    ///
+    /// # Safety
+    /// `src..src+len` stays valid and is not written until that completion has been received
+    /// (or the uploader has been dropped, which waits for all copies).
+    /// Fails with `BufferBusy` if the buffer is being read ([`Uploader::read_host`],
+    /// [`Uploader::checksum`], [`Uploader::compute`]) at that moment.
+    unsafe fn submit(&self, job: UploadJob) -> Result<(), BackendError>;
+
+    /// Where completions arrive.
+    fn completions(&self) -> &crossbeam_channel::Receiver<Completion>;
+
+    /// Number of device buffers.
+    fn buffer_count(&self) -> usize;
+
+    /// Size of each device buffer in bytes.
+    fn buffer_bytes(&self) -> usize;
+
+    /// Host backend: calls `f` with the first `len` bytes of a device buffer (for verifying
+    /// sinks) and returns `Ok(true)`; `BufferBusy` if uploads into it are pending. Backends whose
+    /// device memory the host cannot read return `Ok(false)` without calling `f`.
+    fn read_host(
+        &self,
+        buffer: usize,
+        len: usize,
+        f: &mut dyn FnMut(&[u8]),
+    ) -> Result<bool, BackendError>;
+
+    /// Position-sensitive checksum ([`checksum::checksum`]) of the first `len` bytes of a device
+    /// buffer, computed where the buffer lives (cuda: a kernel, then a small D2H of the
+    /// result). Only for a buffer whose uploads have completed.
+    fn checksum(&self, buffer: usize, len: usize) -> Result<u64, BackendError>;
+
+    /// Runs a small compute kernel (y = sin(x) over the f32s of the first `len` bytes) over the
+    /// buffer and waits. cuda: in place; host: into a scratch vector.
+    fn compute(&self, buffer: usize, len: usize) -> Result<(), BackendError>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kind_parses_and_displays() {
+        for (s, k) in [
+            ("auto", BackendKind::Auto),
+            ("cuda", BackendKind::Cuda),
+            ("host", BackendKind::Host),
+            ("CUDA", BackendKind::Cuda),
+        ] {
+            let parsed: BackendKind = s.parse().unwrap();
+            assert_eq!(parsed, k);
+            assert_eq!(parsed.to_string(), s.to_ascii_lowercase());
+        }
+        let e = "gpu".parse::<BackendKind>().unwrap_err();
+        assert!(e.to_string().contains("auto, cuda, host"), "{e}");
+    }
+
+    #[test]
+    fn select_host() {
+        let s = select(BackendKind::Host, 0).unwrap();
+        assert_eq!(s.backend.name(), "host");
+        assert!(s.reason.starts_with("host"));
+    }
+
+    #[test]
+    fn host_register_is_noop_guard() {
+        let b = HostBackend::new();
+        let mut mem = vec![0u8; 8192];
+        // SAFETY: `mem` outlives the guard.
+        let r = unsafe { b.register(mem.as_mut_ptr(), mem.len(), false) }.unwrap();
+        assert!(!r.registered());
+        assert_eq!(r.bytes(), 8192);
+        assert_eq!(r.chunks(), 0);
+        assert!(r.seconds() >= 0.0);
+    }
+
+    #[test]
+    fn select_auto_without_driver_falls_back_to_host() {
+        if cuda::driver_library_present() {
+            println!("skipped: libcuda is loadable on this machine");
+            return;
+        }
+        let s = select(BackendKind::Auto, 0).unwrap();
+        assert_eq!(s.backend.name(), "host");
+        assert!(s.reason.starts_with("host: "), "{}", s.reason);
+        assert!(s.reason.contains("NVIDIA driver"), "{}", s.reason);
+        assert!(cuda_available().unwrap_err().contains("libcuda.so.1"));
+    }
+
+    #[test]
+    fn select_cuda_without_driver_is_an_error() {
+        if cuda::driver_library_present() {
+            println!("skipped: libcuda is loadable on this machine");
+            return;
+        }
+        let e = select(BackendKind::Cuda, 0).unwrap_err();
+        let msg = e.to_string();
+        assert!(msg.contains("no NVIDIA driver found"), "{msg}");
+        assert!(msg.contains("libcuda.so.1"), "{msg}");
+        assert!(msg.contains("--backend host"), "{msg}");
+    }
+}

@@ -1,0 +1,728 @@
+//! The GPU daemon: creates the ring, registers it with the backend, hands out seqs, uploads
+//! committed batches (in seq order by default), frees slots, feeds the sink, takes slots back
+//! from dead loaders, and drains cleanly on SIGTERM/SIGINT.
+//!
+//! Threads: the main loop (this file), the backend's upload/completion thread, a relay that turns
+//! completions into doorbell rings, the sink thread. The main loop owns every slot transition the
+//! daemon makes, so the protocol needs no locks.
+
+use crate::exit::Exit;
+use crate::ring_wake::Doorbell;
+use crate::settings::{self, Overrides};
+use crate::shutdown::Shutdown;
+use crate::sink::{self, OrderCheck, SinkDone, SinkJob, SinkKind};
+use crate::summary::{verdict, Summary};
+use crossbeam_channel::{unbounded, Receiver, TryRecvError};
+use pinring_backend::{BackendKind, Completion, UploadJob, Uploader};
+use pinring_data::{BatchMeta, Config, Plan};
+use pinring_ring::{futex, ring_state, CreateOptions, Ring, RingError};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering::{Acquire, Relaxed};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How long a drain may take before the daemon closes the ring anyway.
+pub const DRAIN_DEADLINE: Duration = Duration::from_millis(1500);
+/// Longest single futex wait of the main loop.
+const MAX_WAIT: Duration = Duration::from_millis(100);
+/// How often dead loaders are looked for.
+const REAP_EVERY: Duration = Duration::from_millis(200);
+
+/// Daemon settings (from flags).
+#[derive(Debug, Clone, clap::Args)]
+pub struct DaemonArgs {
+    /// Config file (TOML). Without it, the built-in synthetic config.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Ring name (overrides ring.name).
+    #[arg(long, value_name = "NAME")]
+    pub ring: Option<String>,
+    /// GPU backend: cuda, host (ordinary memory), or auto (cuda when a driver and device exist).
+    #[arg(long, default_value = "auto", value_parser = parse_backend_kind)]
+    pub backend: BackendKind,
+    /// CUDA device ordinal.
+    #[arg(long, default_value_t = 0)]
+    pub device: usize,
+    /// What consumes uploaded batches.
+    #[arg(long, value_enum, default_value = "discard")]
+    pub sink: SinkKind,
+    /// Epochs to run (overrides plan.epochs).
+    #[arg(long)]
+    pub epochs: Option<u32>,
+    /// Deliver batches in any order (overrides ring.in_order = true).
+    #[arg(long)]
+    pub unordered: bool,
+    /// First seq to deliver (resume a run; the summary's resume_seq).
+    #[arg(long, default_value_t = 0)]
+    pub start_seq: u64,
+    /// Device buffers (uploads in flight plus batches held by the sink).
+    #[arg(long, default_value_t = 4)]
+    pub upload_buffers: usize,
+    /// Write a JSON summary here at exit.
+    #[arg(long, value_name = "PATH")]
+    pub summary: Option<PathBuf>,
+    /// Leave the ring's memory unregistered (pageable baseline).
+    #[arg(long)]
+    pub no_register: bool,
+}
+
+/// Parses `--backend`.
+pub fn parse_backend_kind(s: &str) -> Result<BackendKind, String> {
+    s.parse::<BackendKind>().map_err(|e| e.to_string())
+}
+
+/// Why the daemon stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    /// Bad config.
+    #[error(transparent)]
+    Config(#[from] pinring_data::ConfigError),
+    /// Bad plan parameters.
+    #[error("config {source_name}: {source}")]
+    Plan {
+        /// Config source.
+        source_name: String,
+        /// The plan error.
+        #[source]
+        source: pinring_data::PlanError,
+    },
+    /// Ring error.
+    #[error(transparent)]
+    Ring(#[from] RingError),
+    /// Backend error.
+    #[error(transparent)]
+    Backend(#[from] pinring_backend::BackendError),
+    /// A slot held something the daemon must not upload.
+    #[error("ring {ring:?}: {what}; stopping (run with a fixed loader, or report the bug)")]
+    BadBatch {
+        /// Ring name.
+        ring: String,
+        /// What was wrong.
+        what: String,
+    },
+    /// Verification failed.
+    #[error("ring {ring:?}: verification failed: {first} ({failures} batches failed, {duplicates} duplicates, {out_of_order} out of order, {missing} missing)")]
+    Verify {
+        /// Ring name.
+        ring: String,
+        /// First failure message.
+        first: String,
+        /// Failures.
+        failures: u64,
+        /// Duplicates.
+        duplicates: u64,
+        /// Out of order.
+        out_of_order: u64,
+        /// Missing.
+        missing: u64,
+    },
+    /// A daemon thread died.
+    #[error("ring {ring:?}: internal error: {what}")]
+    Internal {
+        /// Ring name.
+        ring: String,
+        /// What happened.
+        what: String,
+    },
+}
+
+impl DaemonError {
+    /// The exit code for this error.
+    pub fn exit(&self) -> Exit {
+        match self {
+            DaemonError::Config(_) | DaemonError::Plan { .. } => Exit::Config,
+            DaemonError::Ring(_) | DaemonError::BadBatch { .. } => Exit::Ring,
+            DaemonError::Backend(_) => Exit::Backend,
+            DaemonError::Verify { .. } => Exit::Verify,
+            DaemonError::Internal { .. } => Exit::Internal,
+        }
+    }
+}
+
+/// Runs the daemon to completion. Returns the summary (also on error, when a ring existed) and the
+/// error that ended the run.
+pub fn run(args: &DaemonArgs, shutdown: &Shutdown) -> (Option<Summary>, Result<(), DaemonError>) {
+    let overrides = Overrides {
+        ring: args.ring.clone(),
+        epochs: args.epochs,
+        unordered: args.unordered,
+    };
+    let cfg = match settings::load(args.config.as_deref(), &overrides) {
+        Ok(c) => c,
+        Err(e) => return (None, Err(e.into())),
+    };
+    match Daemon::start(args, cfg) {
+        Ok(mut d) => {
+            let result = d.main_loop(shutdown);
+            let summary = d.finish(&result);
+            (Some(summary), result)
+        }
+        Err(e) => (None, Err(e)),
+    }
+}
+
+struct Daemon {
+    cfg: Config,
+    sink_kind: SinkKind,
+    backend_name: String,
+    backend_reason: String,
+    ring: Arc<Ring>,
+    plan: Plan,
+    uploader: Arc<dyn Uploader>,
+    registration_seconds: f64,
+    _registration: Option<pinring_backend::Registration>,
+    completions: Receiver<Completion>,
+    sink_tx: Option<crossbeam_channel::Sender<SinkJob>>,
+    sink_rx: Receiver<SinkDone>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+    // Protocol state, owned by the main loop.
+    start_seq: u64,
+    end_seq: u64,
+    next_assign: u64,
+    /// Seq assigned to each slot (None: parked).
+    assigned: Vec<Option<u64>>,
+    /// Assigned, not yet taken: seq -> slot.
+    waiting: BTreeMap<u64, u32>,
+    /// Uploads in flight: tag (slot) -> (seq, sample ids).
+    inflight: BTreeMap<u64, (u64, Vec<u64>, usize)>,
+    free_buffers: Vec<usize>,
+    sink_pending: usize,
+    order: OrderCheck,
+    // Results.
+    started: Instant,
+    last_delivery: Instant,
+    delivered: u64,
+    verified: u64,
+    verify_failures: u64,
+    first_failure: Option<String>,
+    bytes: u64,
+    sink_busy_ns: u64,
+    daemon_wait_ns: u64,
+    interrupted: bool,
+    spare_samples: Vec<Vec<u64>>,
+}
+
+impl Daemon {
+    fn start(args: &DaemonArgs, cfg: Config) -> Result<Daemon, DaemonError> {
+        let plan_err = |source| DaemonError::Plan {
+            source_name: cfg.source.clone(),
+            source,
+        };
+        let plan = cfg.plan().map_err(plan_err)?;
+        let end_seq = plan.total_batches();
+        if args.start_seq > end_seq {
+            return Err(DaemonError::BadBatch {
+                ring: cfg.ring.name.clone(),
+                what: format!(
+                    "--start-seq {} is past the end of the plan ({end_seq} batches)",
+                    args.start_seq
+                ),
+            });
+        }
+        let selected = pinring_backend::select(args.backend, args.device)?;
+        tracing::info!(backend = selected.backend.name(), reason = %selected.reason, "backend selected");
+        let ring = Arc::new(Ring::create(&CreateOptions {
+            name: cfg.ring.name.clone(),
+            slots: cfg.ring.slots,
+            slot_bytes: cfg.slot_bytes(),
+            mode: cfg.ring.mode.bits(),
+            fingerprint: cfg.fingerprint(),
+            start_seq: args.start_seq,
+            end_seq,
+            in_order: cfg.ring.in_order,
+        })?);
+        let registration = if args.no_register {
+            None
+        } else {
+            // SAFETY: the data area is a live shared mapping owned by `ring`, which the Daemon
+            // keeps alive (field order drops the registration first) for as long as the guard.
+            let reg = unsafe {
+                selected
+                    .backend
+                    .register(ring.data_base(), ring.data_len(), false)
+            };
+            match reg {
+                Ok(r) => Some(r),
+                Err(e) => {
+                    let _ = ring.unlink();
+                    return Err(e.into());
+                }
+            }
+        };
+        let registration_seconds = registration.as_ref().map_or(0.0, |r| r.seconds());
+        if let Some(r) = &registration {
+            tracing::info!(ring = %cfg.ring.name, bytes = r.bytes(), seconds = r.seconds(), registered = r.registered(), "ring memory registered");
+        }
+        let buffers = args.upload_buffers.clamp(1, 64);
+        let uploader: Arc<dyn Uploader> = match selected
+            .backend
+            .uploader(buffers, cfg.slot_bytes() as usize)
+        {
+            Ok(u) => Arc::from(u),
+            Err(e) => {
+                let _ = ring.unlink();
+                return Err(e.into());
+            }
+        };
+        let doorbell = Doorbell::new(Arc::clone(&ring));
+        // Relay completions to the main loop and ring its doorbell.
+        let (comp_tx, completions) = unbounded();
+        let mut threads = Vec::new();
+        {
+            let src = uploader.completions().clone();
+            let bell = doorbell.clone();
+            threads.push(
+                std::thread::Builder::new()
+                    .name("completion-relay".into())
+                    .spawn(move || {
+                        for c in src {
+                            if comp_tx.send(c).is_err() {
+                                break;
+                            }
+                            bell.ring();
+                        }
+                    })
+                    .map_err(|e| DaemonError::Internal {
+                        ring: cfg.ring.name.clone(),
+                        what: format!("cannot start the completion thread: {e}"),
+                    })?,
+            );
+        }
+        let (sink_tx, sink_jobs) = unbounded();
+        let (sink_done_tx, sink_rx) = unbounded();
+        {
+            let up = Arc::clone(&uploader);
+            let synth = cfg.synthetic();
+            let kind = args.sink;
+            let bell = doorbell.clone();
+            threads.push(
+                std::thread::Builder::new()
+                    .name("sink".into())
+                    .spawn(move || sink::run(kind, up, synth, sink_jobs, sink_done_tx, bell))
+                    .map_err(|e| DaemonError::Internal {
+                        ring: cfg.ring.name.clone(),
+                        what: format!("cannot start the sink thread: {e}"),
+                    })?,
+            );
+        }
+        let slots = cfg.ring.slots as usize;
+        let now = Instant::now();
+        let mut d = Daemon {
+            sink_kind: args.sink,
+            backend_name: selected.backend.name().to_string(),
+            backend_reason: selected.reason.clone(),
+            plan,
+            uploader,
+            registration_seconds,
+            _registration: registration,
+            completions,
+            sink_tx: Some(sink_tx),
+            sink_rx,
+            threads,
+            start_seq: args.start_seq,
+            end_seq,
+            next_assign: args.start_seq,
+            assigned: vec![None; slots],
+            waiting: BTreeMap::new(),
+            inflight: BTreeMap::new(),
+            free_buffers: (0..buffers).rev().collect(),
+            sink_pending: 0,
+            order: OrderCheck::new(args.start_seq, end_seq, cfg.ring.in_order),
+            started: now,
+            last_delivery: now,
+            delivered: 0,
+            verified: 0,
+            verify_failures: 0,
+            first_failure: None,
+            bytes: 0,
+            sink_busy_ns: 0,
+            daemon_wait_ns: 0,
+            interrupted: false,
+            spare_samples: Vec::new(),
+            ring,
+            cfg,
+        };
+        for slot in 0..slots as u32 {
+            d.hand_out(slot);
+        }
+        d.started = Instant::now();
+        d.ring.set_state(ring_state::READY);
+        tracing::info!(
+            ring = %d.cfg.ring.name,
+            path = %pinring_ring::object_path(&d.cfg.ring.name).display(),
+            slots = slots,
+            slot_bytes = d.cfg.slot_bytes(),
+            batches = end_seq - d.start_seq,
+            in_order = d.cfg.ring.in_order,
+            sink = d.sink_kind.name(),
+            "ring ready"
+        );
+        Ok(d)
+    }
+
+    /// Assigns the next seq to `slot`, or parks it when the plan is handed out.
+    fn hand_out(&mut self, slot: u32) {
+        if self.next_assign < self.end_seq && self.ring.state() != ring_state::DRAINING {
+            let seq = self.next_assign;
+            self.next_assign += 1;
+            self.ring
+                .header()
+                .next_assign
+                .store(self.next_assign, Relaxed);
+            self.assigned[slot as usize] = Some(seq);
+            self.waiting.insert(seq, slot);
+            self.ring.assign(slot, seq);
+        } else {
+            self.assigned[slot as usize] = None;
+            self.ring.park(slot);
+        }
+    }
+
+    fn all_delivered(&self) -> bool {
+        self.delivered + self.verify_failures_undelivered() >= self.end_seq - self.start_seq
+    }
+
+    fn verify_failures_undelivered(&self) -> u64 {
+        0
+    }
+
+    fn main_loop(&mut self, shutdown: &Shutdown) -> Result<(), DaemonError> {
+        let mut last_reap = Instant::now();
+        let mut drain_deadline: Option<Instant> = None;
+        loop {
+            // Acquire: pairs with the Release bump of whoever rings (loader commit, relay, sink),
+            // so a ring after this load is never lost: the wait below returns at once.
+            let seen = self.ring.header().doorbell_futex.load(Acquire);
+            let mut progressed = self.collect_completions()?;
+            progressed |= self.collect_sink_results();
+            progressed |= self.dispatch()?;
+
+            if self.all_delivered() && self.inflight.is_empty() && self.sink_pending == 0 {
+                return Ok(());
+            }
+            if shutdown.requested() && drain_deadline.is_none() {
+                tracing::info!(ring = %self.cfg.ring.name, "stop requested: draining");
+                self.interrupted = true;
+                drain_deadline = Some(Instant::now() + DRAIN_DEADLINE);
+                self.ring.set_state(ring_state::DRAINING);
+                for slot in 0..self.assigned.len() as u32 {
+                    if self.ring.unassign_if_free(slot) {
+                        if let Some(seq) = self.assigned[slot as usize].take() {
+                            self.waiting.remove(&seq);
+                        }
+                    }
+                }
+            }
+            if let Some(deadline) = drain_deadline {
+                let nothing_in_flight = self.inflight.is_empty() && self.sink_pending == 0;
+                if nothing_in_flight && (self.waiting.is_empty() || Instant::now() >= deadline) {
+                    return Ok(());
+                }
+            }
+            if last_reap.elapsed() >= REAP_EVERY {
+                last_reap = Instant::now();
+                self.reap()?;
+            }
+            if !progressed {
+                let could_upload = !self.free_buffers.is_empty() && !self.waiting.is_empty();
+                let mut wait = MAX_WAIT;
+                if let Some(deadline) = drain_deadline {
+                    wait = wait.min(deadline.saturating_duration_since(Instant::now()));
+                }
+                let t = Instant::now();
+                futex::wait(&self.ring.header().doorbell_futex, seen, wait);
+                if could_upload {
+                    let ns = t.elapsed().as_nanos() as u64;
+                    self.daemon_wait_ns += ns;
+                    self.ring.header().daemon_wait_ns.fetch_add(ns, Relaxed);
+                }
+            }
+        }
+    }
+
+    /// Upload completions: free the slot (next seq), pass the buffer to the sink.
+    fn collect_completions(&mut self) -> Result<bool, DaemonError> {
+        let mut progressed = false;
+        loop {
+            let c = match self.completions.try_recv() {
+                Ok(c) => c,
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) => {
+                    return Err(DaemonError::Internal {
+                        ring: self.cfg.ring.name.clone(),
+                        what: "the upload thread stopped".into(),
+                    })
+                }
+            };
+            progressed = true;
+            let slot = c.tag as u32;
+            let (seq, samples, len) =
+                self.inflight
+                    .remove(&c.tag)
+                    .ok_or_else(|| DaemonError::Internal {
+                        ring: self.cfg.ring.name.clone(),
+                        what: format!("completion for slot {slot} that had no upload in flight"),
+                    })?;
+            c.result?;
+            let upload_ns = c
+                .completed
+                .saturating_duration_since(c.submitted)
+                .as_nanos() as u64;
+            self.ring.header().upload_ns.fetch_add(upload_ns, Relaxed);
+            // (D): the upload has finished reading the slot; hand it out again.
+            self.hand_out(slot);
+            futex::bump_and_wake_all(&self.ring.header().work_futex);
+            let job = SinkJob {
+                seq,
+                buffer: c.buffer,
+                len,
+                samples,
+            };
+            self.sink_pending += 1;
+            if let Some(tx) = &self.sink_tx {
+                if tx.send(job).is_err() {
+                    return Err(DaemonError::Internal {
+                        ring: self.cfg.ring.name.clone(),
+                        what: "the sink thread stopped".into(),
+                    });
+                }
+            }
+        }
+        Ok(progressed)
+    }
+
+    fn collect_sink_results(&mut self) -> bool {
+        let mut progressed = false;
+        while let Ok(done) = self.sink_rx.try_recv() {
+            progressed = true;
+            self.sink_pending -= 1;
+            self.free_buffers.push(done.buffer);
+            self.sink_busy_ns += done.busy_ns;
+            let order_problem = self.order.record(done.seq);
+            let problem = done.failure.or(order_problem);
+            if let Some(msg) = problem {
+                self.verify_failures += 1;
+                tracing::error!(ring = %self.cfg.ring.name, seq = done.seq, "{msg}");
+                self.first_failure.get_or_insert(msg);
+            } else if done.verified {
+                self.verified += 1;
+            }
+            self.delivered += 1;
+            self.last_delivery = Instant::now();
+            let h = self.ring.header();
+            h.delivered.fetch_add(1, Relaxed);
+            if self.cfg.ring.in_order {
+                h.next_deliver.store(done.seq + 1, Relaxed);
+            }
+            let mut samples = done.samples;
+            samples.clear();
+            self.spare_samples.push(samples);
+        }
+        progressed
+    }
+
+    /// Takes READY slots (in seq order, or any when unordered) and starts their uploads.
+    fn dispatch(&mut self) -> Result<bool, DaemonError> {
+        let mut progressed = false;
+        while !self.free_buffers.is_empty() {
+            let candidate = if self.cfg.ring.in_order {
+                self.waiting.iter().next().map(|(&s, &sl)| (s, sl))
+            } else {
+                self.waiting
+                    .iter()
+                    .find(|(_, &sl)| {
+                        self.ring.slot_view(sl).state == Some(pinring_ring::SlotState::Ready)
+                    })
+                    .map(|(&s, &sl)| (s, sl))
+            };
+            let Some((seq, slot)) = candidate else { break };
+            let taken = match self.ring.take_ready(slot, seq) {
+                Ok(Some(t)) => t,
+                Ok(None) => break,
+                Err(fault) => {
+                    self.ring.header().rejected.fetch_add(1, Relaxed);
+                    return Err(DaemonError::BadBatch {
+                        ring: self.cfg.ring.name.clone(),
+                        what: fault.to_string(),
+                    });
+                }
+            };
+            self.waiting.remove(&seq);
+            let mut samples = self.spare_samples.pop().unwrap_or_default();
+            let (epoch, index_in_epoch) =
+                self.plan
+                    .batch_into(seq, &mut samples)
+                    .map_err(|e| DaemonError::Internal {
+                        ring: self.cfg.ring.name.clone(),
+                        what: format!("plan has no batch {seq}: {e}"),
+                    })?;
+            // The metadata is untrusted: decode with a bound, then compare with our own plan.
+            let meta_bytes = self
+                .ring
+                .slot_bytes(slot, taken.meta_offset, taken.meta_len);
+            let expected = pinring_data::BatchIndices {
+                seq,
+                epoch,
+                index_in_epoch,
+                samples,
+            };
+            let meta_ok = BatchMeta::decode(meta_bytes, self.cfg.meta_reserve_bytes() as usize)
+                .and_then(|m| m.validate_against(&expected, self.cfg.sample_bytes()));
+            if let Err(e) = meta_ok {
+                self.ring.header().rejected.fetch_add(1, Relaxed);
+                return Err(DaemonError::BadBatch {
+                    ring: self.cfg.ring.name.clone(),
+                    what: format!("slot {slot}, seq {seq}: bad batch metadata: {e}"),
+                });
+            }
+            let samples = expected.samples;
+            let expected_len = samples.len() as u64 * self.cfg.sample_bytes();
+            if taken.payload_len != expected_len {
+                self.ring.header().rejected.fetch_add(1, Relaxed);
+                return Err(DaemonError::BadBatch {
+                    ring: self.cfg.ring.name.clone(),
+                    what: format!(
+                        "slot {slot}, seq {seq}: payload is {} bytes, the plan says {expected_len}",
+                        taken.payload_len
+                    ),
+                });
+            }
+            let buffer = self.free_buffers.pop().expect("checked non-empty");
+            let len = taken.payload_len as usize;
+            self.bytes += taken.payload_len;
+            self.ring
+                .header()
+                .bytes_delivered
+                .fetch_add(taken.payload_len, Relaxed);
+            self.ring
+                .desc(slot)
+                .upload_ns
+                .store(pinring_ring::clock::monotonic_ns(), Relaxed);
+            self.inflight.insert(u64::from(slot), (seq, samples, len));
+            let job = UploadJob {
+                tag: u64::from(slot),
+                src: self.ring.slot_ptr(slot),
+                len,
+                buffer,
+            };
+            // SAFETY: the slot is UPLOADING, owned by this loop: no loader may claim it until
+            // `hand_out` runs for it, which happens only after this job's completion arrives.
+            // The mapping outlives the uploader (the ring Arc is held by self and the threads).
+            unsafe { self.uploader.submit(job) }?;
+            progressed = true;
+        }
+        Ok(progressed)
+    }
+
+    fn reap(&mut self) -> Result<(), DaemonError> {
+        self.ring.check_file()?;
+        for slot in 0..self.assigned.len() as u32 {
+            if let Some(seq) = self.ring.reclaim_if_owner_dead(slot) {
+                tracing::warn!(ring = %self.cfg.ring.name, slot, seq, "loader died holding a slot: slot handed out again with the same seq");
+                futex::bump_and_wake_all(&self.ring.header().work_futex);
+            }
+        }
+        let reaped = self.ring.reap_dead_loaders();
+        if reaped > 0 {
+            tracing::warn!(ring = %self.cfg.ring.name, loaders = reaped, "removed dead loaders from the table");
+        }
+        Ok(())
+    }
+
+    fn finish(&mut self, result: &Result<(), DaemonError>) -> Summary {
+        self.ring.set_state(ring_state::CLOSED);
+        if let Err(e) = self.ring.unlink() {
+            tracing::warn!("{e}");
+        }
+        // Stop the sink and wait for the threads; the uploader's own thread stops when the last
+        // Arc is dropped with the Daemon.
+        self.sink_tx = None;
+        let h = self.ring.header();
+        let seconds = self
+            .last_delivery
+            .saturating_duration_since(self.started)
+            .as_secs_f64();
+        let missing = self.order.missing(self.end_seq);
+        let last_delivered_seq = if self.delivered == 0 {
+            None
+        } else if self.cfg.ring.in_order {
+            Some(h.next_deliver.load(Relaxed).saturating_sub(1))
+        } else {
+            None
+        };
+        let resume_seq = last_delivered_seq.map_or(self.start_seq, |s| s + 1);
+        let loader_wait = h.loader_wait_ns.load(Relaxed) as f64 / 1e9;
+        let loader_busy = h.loader_busy_ns.load(Relaxed) as f64 / 1e9;
+        let daemon_wait = self.daemon_wait_ns as f64 / 1e9;
+        let sink_busy = self.sink_busy_ns as f64 / 1e9;
+        let mut summary = Summary {
+            ring: self.cfg.ring.name.clone(),
+            backend: self.backend_name.clone(),
+            backend_reason: self.backend_reason.clone(),
+            sink: self.sink_kind.name().into(),
+            in_order: self.cfg.ring.in_order,
+            start_seq: self.start_seq,
+            end_seq: self.end_seq,
+            batches_delivered: self.delivered,
+            batches_verified: self.verified,
+            verify_failures: self.verify_failures,
+            duplicates: self.order.duplicates,
+            out_of_order: self.order.out_of_order,
+            missing,
+            bytes: self.bytes,
+            seconds,
+            gbps: if seconds > 0.0 {
+                self.bytes as f64 / seconds / 1e9
+            } else {
+                0.0
+            },
+            last_delivered_seq,
+            resume_seq,
+            reclaimed: h.reclaimed.load(Relaxed),
+            rejected: h.rejected.load(Relaxed),
+            registration_seconds: self.registration_seconds,
+            daemon_wait_seconds: daemon_wait,
+            loader_wait_seconds: loader_wait,
+            loader_busy_seconds: loader_busy,
+            sink_busy_seconds: sink_busy,
+            bound: verdict(seconds, daemon_wait, loader_wait, loader_busy, sink_busy).into(),
+            interrupted: self.interrupted,
+            error: result.as_ref().err().map(|e| e.to_string()),
+            exit_code: 0,
+        };
+        for t in self.threads.drain(..) {
+            if t.thread().name() == Some("sink") {
+                let _ = t.join();
+            }
+        }
+        summary.exit_code = match result {
+            Err(e) => e.exit().code(),
+            Ok(()) => 0,
+        };
+        summary
+    }
+}
+
+/// Turns a finished run into the final result: a verification problem found in the summary is an
+/// error even if the loop itself ended cleanly.
+pub fn judge(summary: &Summary, sink: SinkKind) -> Result<(), DaemonError> {
+    let failed = summary.verify_failures > 0
+        || summary.duplicates > 0
+        || summary.out_of_order > 0
+        || (sink == SinkKind::Verify && !summary.interrupted && summary.missing > 0);
+    if failed {
+        return Err(DaemonError::Verify {
+            ring: summary.ring.clone(),
+            first: summary
+                .error
+                .clone()
+                .unwrap_or_else(|| "see the log for each failed batch".into()),
+            failures: summary.verify_failures,
+            duplicates: summary.duplicates,
+            out_of_order: summary.out_of_order,
+            missing: summary.missing,
+        });
+    }
+    Ok(())
+}

@@ -1,0 +1,98 @@
+//! The pinring processes as a library: the daemon and loader main loops, sinks, settings,
+//! signals, exit codes and the `pinring run` orchestration. The binaries in bin/ are thin
+//! wrappers around this crate.
+
+pub mod daemon;
+pub mod exit;
+pub mod loader;
+pub mod logging;
+pub mod ring_wake;
+pub mod runner;
+pub mod settings;
+pub mod shutdown;
+pub mod sink;
+pub mod summary;
+
+pub use exit::Exit;
+
+use shutdown::Shutdown;
+
+fn installed(shutdown: std::io::Result<Shutdown>) -> Result<Shutdown, Exit> {
+    shutdown.map_err(|e| {
+        tracing::error!("cannot install the SIGTERM/SIGINT handlers: {e}");
+        Exit::Internal
+    })
+}
+
+/// Body of `pinring-daemon` / `pinring daemon`: runs, writes the summary, logs the outcome.
+pub fn main_daemon(args: &daemon::DaemonArgs, shutdown: std::io::Result<Shutdown>) -> Exit {
+    let shutdown = match installed(shutdown) {
+        Ok(s) => s,
+        Err(e) => return e,
+    };
+    let (summary, mut result) = daemon::run(args, &shutdown);
+    let mut exit = Exit::Ok;
+    if let Some(mut s) = summary {
+        if result.is_ok() {
+            result = daemon::judge(&s, args.sink);
+        }
+        if let Err(e) = &result {
+            s.error = Some(e.to_string());
+            s.exit_code = e.exit().code();
+        }
+        tracing::info!(
+            ring = %s.ring,
+            batches = s.batches_delivered,
+            verified = s.batches_verified,
+            gbps = format!("{:.2}", s.gbps),
+            bound = %s.bound,
+            "run finished"
+        );
+        if let Some(path) = &args.summary {
+            if let Err(e) = s.write(path) {
+                tracing::error!(
+                    "cannot write the summary {}: {e}; check the path and free space",
+                    path.display()
+                );
+                exit = Exit::Output;
+            }
+        }
+    }
+    match result {
+        Ok(()) => exit,
+        Err(e) => {
+            tracing::error!("{e}");
+            e.exit()
+        }
+    }
+}
+
+/// Body of `pinring-loader` / `pinring loader`.
+pub fn main_loader(args: &loader::LoaderArgs, shutdown: std::io::Result<Shutdown>) -> Exit {
+    let shutdown = match installed(shutdown) {
+        Ok(s) => s,
+        Err(e) => return e,
+    };
+    match loader::run(args, &shutdown) {
+        Ok(_) => Exit::Ok,
+        Err(e) => {
+            tracing::error!("{e}");
+            e.exit()
+        }
+    }
+}
+
+/// Body of `pinring run`.
+pub fn main_run(args: &runner::RunArgs, shutdown: std::io::Result<Shutdown>) -> Exit {
+    let shutdown = match installed(shutdown) {
+        Ok(s) => s,
+        Err(e) => return e,
+    };
+    match runner::run(args, &shutdown) {
+        Ok(exit) => exit,
+        Err(e) => {
+            tracing::error!("{e}");
+            e.exit()
+        }
+    }
+}

@@ -1,0 +1,301 @@
+//! A loader process: attaches to a ring by name, claims FREE slots, makes exactly the batch whose
+//! seq the slot carries (sample bytes and metadata written straight into the slot), commits it,
+//! and repeats until the daemon closes the ring. Stateless: any number may run, join late, or
+//! leave; the daemon's sequencer decides what each one makes.
+
+use crate::exit::Exit;
+use crate::settings::{self, Overrides};
+use crate::shutdown::Shutdown;
+use pinring_data::{BatchIndices, BatchMeta, Config, Plan};
+use pinring_ring::layout::{align_up, META_ALIGN};
+use pinring_ring::{futex, ring_state, Access, CommitError, ProcessId, Ring, RingError};
+use std::path::PathBuf;
+use std::sync::atomic::Ordering::{Acquire, Relaxed};
+use std::time::{Duration, Instant};
+
+/// Longest single wait for a free slot.
+const MAX_WAIT: Duration = Duration::from_millis(100);
+/// Error code a loader commits when it cannot make the batch of a slot.
+pub const ERR_PLAN: u32 = 1;
+/// Error code for metadata that does not fit the slot.
+pub const ERR_META: u32 = 2;
+
+/// Loader settings (from flags).
+#[derive(Debug, Clone, clap::Args)]
+pub struct LoaderArgs {
+    /// Config file (TOML); must describe the same dataset and plan as the daemon's.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Ring name (overrides ring.name).
+    #[arg(long, value_name = "NAME")]
+    pub ring: Option<String>,
+    /// How long to wait for the ring to exist and become ready, in seconds.
+    #[arg(long, default_value_t = 30.0)]
+    pub wait_secs: f64,
+}
+
+/// What a loader did.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct LoaderReport {
+    /// Batches committed.
+    pub batches: u64,
+    /// Payload bytes committed.
+    pub bytes: u64,
+    /// Commits refused because the slot had been reclaimed.
+    pub reclaimed: u64,
+}
+
+/// Why a loader stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum LoaderError {
+    /// Bad config.
+    #[error(transparent)]
+    Config(#[from] pinring_data::ConfigError),
+    /// Bad plan.
+    #[error("config {source_name}: {source}")]
+    Plan {
+        /// Config source.
+        source_name: String,
+        /// The error.
+        #[source]
+        source: pinring_data::PlanError,
+    },
+    /// Ring error.
+    #[error(transparent)]
+    Ring(#[from] RingError),
+    /// The config differs from the daemon's.
+    #[error("ring {ring:?}: this loader's config ({source_name}, fingerprint {mine:#018x}) describes another dataset or plan than the daemon's (fingerprint {theirs:#018x}): start the loader with the daemon's config file")]
+    Mismatch {
+        /// Ring name.
+        ring: String,
+        /// Config source.
+        source_name: String,
+        /// Our fingerprint.
+        mine: u64,
+        /// The ring's.
+        theirs: u64,
+    },
+    /// The daemon died.
+    #[error("ring {ring:?}: its daemon (pid {pid}) is gone; restart the daemon, then the loaders")]
+    DaemonGone {
+        /// Ring name.
+        ring: String,
+        /// Daemon pid.
+        pid: u32,
+    },
+}
+
+impl LoaderError {
+    /// The exit code for this error.
+    pub fn exit(&self) -> Exit {
+        match self {
+            LoaderError::Config(_) | LoaderError::Plan { .. } => Exit::Config,
+            LoaderError::Ring(RingError::LoaderTableFull { .. }) => Exit::Refused,
+            LoaderError::Ring(_) => Exit::Ring,
+            LoaderError::Mismatch { .. } => Exit::Refused,
+            LoaderError::DaemonGone { .. } => Exit::PeerDied,
+        }
+    }
+}
+
+/// Opens the ring, waiting up to `wait` for it to appear and become ready. A segment whose
+/// daemon is no longer running (left behind by a crash, about to be replaced by the next daemon)
+/// is not attached to: the wait goes on for a live one.
+pub fn attach(name: &str, access: Access, wait: Duration) -> Result<Ring, RingError> {
+    let start = Instant::now();
+    loop {
+        let left = wait.saturating_sub(start.elapsed());
+        let outcome = Ring::open(name, access, left).and_then(|ring| {
+            ring.wait_ready(wait.saturating_sub(start.elapsed()))?;
+            Ok(ring)
+        });
+        // The daemon may not have created the ring yet, or not replaced a stale one: retry
+        // until the deadline. There is no futex to wait on before the segment exists, so this
+        // polls the name.
+        let retry = match &outcome {
+            Ok(ring) => !ring.daemon().is_alive() || ring.state() == ring_state::CLOSED,
+            Err(RingError::NotFound { .. }) => true,
+            // Created but not yet sized: the daemon is between shm_open and fallocate.
+            Err(RingError::SizeMismatch { actual, .. }) => {
+                *actual < pinring_ring::layout::HEADER_BYTES as u64
+            }
+            Err(_) => false,
+        };
+        if !retry || start.elapsed() >= wait {
+            return match outcome {
+                Ok(ring) if !ring.daemon().is_alive() => Err(RingError::NotReady {
+                    name: name.to_string(),
+                    waited_ms: start.elapsed().as_millis() as u64,
+                    state: "stale: its daemon is not running",
+                }),
+                other => other,
+            };
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Runs a loader until the ring closes or a stop is requested.
+pub fn run(args: &LoaderArgs, shutdown: &Shutdown) -> Result<LoaderReport, LoaderError> {
+    let overrides = Overrides {
+        ring: args.ring.clone(),
+        ..Default::default()
+    };
+    let mut cfg = settings::load(args.config.as_deref(), &overrides)?;
+    let wait = Duration::from_secs_f64(args.wait_secs.max(0.0));
+    let ring = attach(&cfg.ring.name, Access::ReadWrite, wait)?;
+    let h = ring.header();
+    let theirs = h.fingerprint.load(Relaxed);
+    if cfg.fingerprint() != theirs {
+        return Err(LoaderError::Mismatch {
+            ring: cfg.ring.name.clone(),
+            source_name: cfg.source.clone(),
+            mine: cfg.fingerprint(),
+            theirs,
+        });
+    }
+    // The daemon decides how many epochs run (the end seq is in the header); the plan must cover
+    // every seq it may hand out.
+    let end_seq = h.end_seq.load(Relaxed);
+    let plan = plan_covering(&mut cfg, end_seq)?;
+    let me = ProcessId::current();
+    let index = ring.attach_loader(me)?;
+    tracing::info!(ring = %cfg.ring.name, loader = index, pid = me.pid, "attached");
+    let mut worker = Worker {
+        ring: &ring,
+        cfg: &cfg,
+        plan,
+        index,
+        samples: Vec::new(),
+        report: LoaderReport::default(),
+    };
+    let result = worker.work(shutdown);
+    ring.detach_loader(index);
+    let report = worker.report;
+    tracing::info!(ring = %cfg.ring.name, loader = index, batches = report.batches, bytes = report.bytes, "detached");
+    result.map(|()| report)
+}
+
+fn plan_covering(cfg: &mut Config, end_seq: u64) -> Result<Plan, LoaderError> {
+    let plan_err = |cfg: &Config, source| LoaderError::Plan {
+        source_name: cfg.source.clone(),
+        source,
+    };
+    let bpe = cfg
+        .plan()
+        .map_err(|e| plan_err(cfg, e))?
+        .batches_per_epoch()
+        .max(1);
+    let epochs = end_seq.div_ceil(bpe).clamp(1, u64::from(u32::MAX)) as u32;
+    cfg.plan.epochs = epochs;
+    cfg.plan().map_err(|e| plan_err(cfg, e))
+}
+
+struct Worker<'a> {
+    ring: &'a Ring,
+    cfg: &'a Config,
+    plan: Plan,
+    index: u16,
+    samples: Vec<u64>,
+    report: LoaderReport,
+}
+
+impl Worker<'_> {
+    fn work(&mut self, shutdown: &Shutdown) -> Result<(), LoaderError> {
+        let h = self.ring.header();
+        let entry = self.ring.loader(self.index as usize);
+        let synthetic = self.cfg.synthetic();
+        let sample_bytes = self.cfg.sample_bytes() as usize;
+        let shape = self.cfg.dataset.sample_shape.clone();
+        let dtype = self.cfg.dataset.dtype;
+        let mut hint = u32::from(self.index) % self.ring.geometry().slot_count;
+        loop {
+            if shutdown.requested() || self.ring.state() >= ring_state::DRAINING {
+                return Ok(());
+            }
+            // Acquire: pairs with the daemon's Release bump after it frees a slot, so a slot freed
+            // after this load makes the wait below return at once.
+            let seen = h.work_futex.load(Acquire);
+            let Some(mut claim) = self.ring.try_claim(self.index, hint) else {
+                let t = Instant::now();
+                let r = futex::wait(&h.work_futex, seen, MAX_WAIT);
+                let ns = t.elapsed().as_nanos() as u64;
+                entry.wait_ns.fetch_add(ns, Relaxed);
+                h.loader_wait_ns.fetch_add(ns, Relaxed);
+                entry
+                    .heartbeat_ns
+                    .store(pinring_ring::clock::monotonic_ns(), Relaxed);
+                if r == futex::Wake::TimedOut && !self.ring.daemon().is_alive() {
+                    return Err(LoaderError::DaemonGone {
+                        ring: self.cfg.ring.name.clone(),
+                        pid: self.ring.daemon().pid,
+                    });
+                }
+                continue;
+            };
+            let t = Instant::now();
+            hint = (claim.slot + 1) % self.ring.geometry().slot_count;
+            let seq = claim.seq;
+            let made = self.plan.batch_into(seq, &mut self.samples);
+            let buf = self.ring.claim_buffer(&mut claim);
+            let (payload_len, meta_len, error) = match made {
+                Err(e) => {
+                    tracing::error!(ring = %self.cfg.ring.name, slot = claim.slot, seq, "cannot make this batch: {e}");
+                    (0, 0, ERR_PLAN)
+                }
+                Ok((epoch, index_in_epoch)) => {
+                    let payload_len = self.samples.len() * sample_bytes;
+                    // Straight into the slot: no intermediate payload buffer.
+                    synthetic.fill_batch(&self.samples, &mut buf[..payload_len]);
+                    let indices = BatchIndices {
+                        seq,
+                        epoch,
+                        index_in_epoch,
+                        samples: std::mem::take(&mut self.samples),
+                    };
+                    let meta = BatchMeta::new(
+                        &indices,
+                        synthetic.labels(&indices.samples),
+                        shape.clone(),
+                        dtype,
+                        sample_bytes as u64,
+                    );
+                    self.samples = indices.samples;
+                    let meta_off =
+                        align_up(payload_len as u64, META_ALIGN).unwrap_or(u64::MAX) as usize;
+                    match buf.get_mut(meta_off..).map(|area| meta.encode_into(area)) {
+                        Some(Ok(n)) => (payload_len as u64, n as u64, 0),
+                        Some(Err(e)) => {
+                            tracing::error!(ring = %self.cfg.ring.name, seq, "{e}");
+                            (0, 0, ERR_META)
+                        }
+                        None => (0, 0, ERR_META),
+                    }
+                }
+            };
+            let count = self.samples.len() as u32;
+            match self.ring.commit(claim, payload_len, meta_len, count, error) {
+                Ok(()) => {
+                    let ns = t.elapsed().as_nanos() as u64;
+                    self.report.batches += 1;
+                    self.report.bytes += payload_len;
+                    entry.batches.fetch_add(1, Relaxed);
+                    entry.bytes.fetch_add(payload_len, Relaxed);
+                    entry.busy_ns.fetch_add(ns, Relaxed);
+                    entry
+                        .heartbeat_ns
+                        .store(pinring_ring::clock::monotonic_ns(), Relaxed);
+                    h.loader_busy_ns.fetch_add(ns, Relaxed);
+                }
+                Err(e @ CommitError::Reclaimed { .. }) => {
+                    self.report.reclaimed += 1;
+                    tracing::warn!(ring = %self.cfg.ring.name, "{e}");
+                }
+                Err(e @ CommitError::TooLarge { .. }) => {
+                    // Cannot happen with a validated config; report and move on.
+                    tracing::error!(ring = %self.cfg.ring.name, "{e}");
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,111 @@
+//! The machine-readable result of a daemon run (`pinring-daemon --summary PATH`), one JSON object.
+
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+
+/// What a daemon run did. Field names are a stable interface for scripts.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct Summary {
+    /// Ring name.
+    pub ring: String,
+    /// Backend used ("host" or "cuda").
+    pub backend: String,
+    /// Why that backend was picked.
+    pub backend_reason: String,
+    /// Sink used.
+    pub sink: String,
+    /// Whether delivery was in seq order.
+    pub in_order: bool,
+    /// First seq of the run.
+    pub start_seq: u64,
+    /// One past the last seq of the plan.
+    pub end_seq: u64,
+    /// Batches handed to the sink.
+    pub batches_delivered: u64,
+    /// Batches whose every byte was checked and right.
+    pub batches_verified: u64,
+    /// Batches whose bytes or metadata were wrong.
+    pub verify_failures: u64,
+    /// Batches delivered more than once.
+    pub duplicates: u64,
+    /// Batches delivered out of seq order (in-order mode).
+    pub out_of_order: u64,
+    /// Batches of the plan never delivered (a drained or failed run).
+    pub missing: u64,
+    /// Payload bytes delivered.
+    pub bytes: u64,
+    /// Wall time from ring ready to the last delivery.
+    pub seconds: f64,
+    /// Payload GB/s (1e9 bytes per second).
+    pub gbps: f64,
+    /// Highest seq delivered (in order mode: all seqs up to it were delivered), if any.
+    pub last_delivered_seq: Option<u64>,
+    /// Seq to pass as --start-seq to resume this run.
+    pub resume_seq: u64,
+    /// Slots taken back from dead loaders.
+    pub reclaimed: u64,
+    /// Batches the daemon refused (invalid descriptor or metadata).
+    pub rejected: u64,
+    /// Seconds spent registering the ring with the GPU.
+    pub registration_seconds: f64,
+    /// Seconds the daemon waited for a ready slot while it could have uploaded.
+    pub daemon_wait_seconds: f64,
+    /// Seconds loaders waited for a free slot (summed over loaders).
+    pub loader_wait_seconds: f64,
+    /// Seconds loaders spent producing batches (summed over loaders).
+    pub loader_busy_seconds: f64,
+    /// Seconds the sink spent consuming batches.
+    pub sink_busy_seconds: f64,
+    /// Where the pipeline was bound: "loaders", "upload", "consumer", or "balanced".
+    pub bound: String,
+    /// Whether the run stopped early on SIGTERM/SIGINT.
+    pub interrupted: bool,
+    /// The error that ended the run, if any.
+    pub error: Option<String>,
+    /// The exit code the daemon exits with.
+    pub exit_code: u8,
+}
+
+impl Summary {
+    /// Writes the summary as JSON (atomically: a temp file renamed over `path`).
+    pub fn write(&self, path: &Path) -> std::io::Result<()> {
+        let json = serde_json::to_string_pretty(self).map_err(std::io::Error::other)?;
+        let tmp = path.with_extension("json.tmp");
+        std::fs::write(&tmp, json + "\n")?;
+        std::fs::rename(&tmp, path)
+    }
+
+    /// Reads a summary written by [`Summary::write`].
+    pub fn read(path: &Path) -> std::io::Result<Summary> {
+        let text = std::fs::read_to_string(path)?;
+        serde_json::from_str(&text).map_err(std::io::Error::other)
+    }
+}
+
+/// A plain verdict of where time went, from the wait counters.
+pub fn verdict(
+    seconds: f64,
+    daemon_wait: f64,
+    loader_wait: f64,
+    loader_busy: f64,
+    sink_busy: f64,
+) -> &'static str {
+    if seconds <= 0.0 {
+        return "balanced";
+    }
+    let daemon_starved = daemon_wait / seconds;
+    let loaders_blocked = if loader_wait + loader_busy > 0.0 {
+        loader_wait / (loader_wait + loader_busy)
+    } else {
+        0.0
+    };
+    if sink_busy / seconds > 0.8 && loaders_blocked > 0.3 {
+        "consumer"
+    } else if daemon_starved > 0.5 {
+        "loaders"
+    } else if loaders_blocked > 0.5 {
+        "upload"
+    } else {
+        "balanced"
+    }
+}
