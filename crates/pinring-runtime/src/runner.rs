@@ -142,7 +142,16 @@ pub fn run(args: &RunArgs, shutdown: &Shutdown) -> Result<Exit, RunError> {
     if let Some(c) = &args.config {
         common.extend(["--config".into(), c.display().to_string()]);
     }
+    // The children's info lines would scroll the progress bar away: unless the user chose a log
+    // level, they log warnings and errors only, and the summary tells the rest.
+    let quiet_children = std::env::var_os("RUST_LOG").is_none();
+    let child_env = |cmd: &mut Command| {
+        if quiet_children {
+            cmd.env("RUST_LOG", "warn");
+        }
+    };
     let mut daemon_cmd = Command::new(&exe);
+    child_env(&mut daemon_cmd);
     daemon_cmd
         .arg("daemon")
         .args(&common)
@@ -189,7 +198,9 @@ pub fn run(args: &RunArgs, shutdown: &Shutdown) -> Result<Exit, RunError> {
         }
     };
     for _ in 0..args.loaders {
-        let child = Command::new(&exe)
+        let mut cmd = Command::new(&exe);
+        child_env(&mut cmd);
+        let child = cmd
             .arg("loader")
             .args(&common)
             .stdin(Stdio::null())
