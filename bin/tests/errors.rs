@@ -12,8 +12,8 @@ const RING_ERROR: i32 = 4;
 #[test]
 fn a_loader_with_another_config_is_refused() {
     let fx = Fixture::small("mismatch");
-    let daemon = fx.daemon(&["--epochs", "1000"]);
-    fx.wait_ready(&daemon);
+    let mut daemon = fx.daemon(&["--epochs", "1000"]);
+    fx.wait_ready(&mut daemon);
     let other = fx.dir.path().join("other.toml");
     std::fs::write(&other, SMALL.replace("batch_size = 8", "batch_size = 4")).unwrap();
     let (st, log) = wait_for(fx.loader(&other), "loader", Duration::from_secs(20));
@@ -59,8 +59,8 @@ fn a_segment_of_another_layout_version_is_refused() {
 #[test]
 fn a_truncated_segment_is_refused_and_stops_the_daemon() {
     let fx = Fixture::small("trunc");
-    let daemon = fx.daemon(&["--epochs", "1000"]);
-    fx.wait_ready(&daemon);
+    let mut daemon = fx.daemon(&["--epochs", "1000"]);
+    fx.wait_ready(&mut daemon);
     let f = std::fs::OpenOptions::new()
         .write(true)
         .open(fx.segment())
@@ -79,7 +79,7 @@ fn a_truncated_segment_is_refused_and_stops_the_daemon() {
 fn a_live_daemons_ring_is_refused_and_a_dead_ones_replaced() {
     let fx = Fixture::small("held");
     let mut first = fx.daemon(&["--epochs", "1000"]);
-    fx.wait_ready(&first);
+    fx.wait_ready(&mut first);
     let (st, log) = wait_for(fx.daemon(&[]), "second daemon", Duration::from_secs(10));
     assert_eq!(st.code(), Some(RING_ERROR), "{log}");
     assert!(log.contains("held by a running daemon"), "{log}");
@@ -87,8 +87,8 @@ fn a_live_daemons_ring_is_refused_and_a_dead_ones_replaced() {
     first.kill().unwrap();
     first.wait().unwrap();
     assert!(fx.segment().exists());
-    let daemon = fx.daemon(&[]);
-    fx.wait_ready(&daemon);
+    let mut daemon = fx.daemon(&[]);
+    fx.wait_ready(&mut daemon);
     let loader = fx.loader(&fx.config);
     let (st, log) = wait_for(daemon, "replacing daemon", LONG);
     assert!(st.success(), "{log}");

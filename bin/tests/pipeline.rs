@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 fn run_with_loaders(tag: &str, loaders: usize, extra: &[&str], in_order: bool) {
     let fx = Fixture::small(tag);
-    let daemon = fx.daemon(extra);
-    fx.wait_ready(&daemon);
+    let mut daemon = fx.daemon(extra);
+    fx.wait_ready(&mut daemon);
     let kids: Vec<_> = (0..loaders).map(|_| fx.loader(&fx.config)).collect();
     let (status, log) = wait_for(daemon, "daemon", LONG);
     assert!(status.success(), "daemon failed: {status}\n{log}");
@@ -50,8 +50,8 @@ fn unordered_mode_delivers_every_batch_exactly_once() {
 fn a_loader_that_joins_late_takes_work() {
     // Long enough that the second loader joins while most of the plan is still ahead.
     let fx = Fixture::small("late");
-    let daemon = fx.daemon(&["--epochs", "20"]);
-    let ring = fx.wait_ready(&daemon);
+    let mut daemon = fx.daemon(&["--epochs", "20"]);
+    let ring = fx.wait_ready(&mut daemon);
     let first = fx.loader(&fx.config);
     let start = Instant::now();
     while ring
@@ -82,8 +82,8 @@ fn a_loader_that_joins_late_takes_work() {
 #[test]
 fn sigterm_drains_and_leaves_no_segment() {
     let fx = Fixture::small("term");
-    let daemon = fx.daemon(&["--epochs", "1000"]);
-    let ring = fx.wait_ready(&daemon);
+    let mut daemon = fx.daemon(&["--epochs", "1000"]);
+    let ring = fx.wait_ready(&mut daemon);
     let loaders: Vec<_> = (0..2).map(|_| fx.loader(&fx.config)).collect();
     let start = Instant::now();
     while ring
@@ -126,8 +126,8 @@ fn sigterm_drains_and_leaves_no_segment() {
 #[test]
 fn sigint_to_a_loader_makes_it_exit_cleanly() {
     let fx = Fixture::small("lint");
-    let daemon = fx.daemon(&["--epochs", "1000"]);
-    let ring = fx.wait_ready(&daemon);
+    let mut daemon = fx.daemon(&["--epochs", "1000"]);
+    let ring = fx.wait_ready(&mut daemon);
     let loader = fx.loader(&fx.config);
     let start = Instant::now();
     while ring
@@ -145,4 +145,35 @@ fn sigint_to_a_loader_makes_it_exit_cleanly() {
     signal(&daemon, Signal::SIGTERM);
     let (st, log) = wait_for(daemon, "daemon", Duration::from_secs(5));
     assert!(st.success(), "{log}");
+}
+
+#[test]
+fn zero_copy_mode_verifies_every_batch_in_its_slot() {
+    run_with_loaders("zc", 3, &["--zero-copy"], true);
+}
+
+#[test]
+fn the_compute_sink_and_the_pageable_mode_run_the_whole_plan() {
+    for (tag, extra) in [
+        ("compute", &["--sink", "compute"][..]),
+        ("nreg", &["--no-register"][..]),
+        ("zccomp", &["--zero-copy", "--sink", "compute"][..]),
+    ] {
+        let fx = Fixture::small(tag);
+        let mut daemon = fx.daemon(extra);
+        fx.wait_ready(&mut daemon);
+        let loader = fx.loader(&fx.config);
+        let (status, log) = wait_for(daemon, "daemon", LONG);
+        assert!(status.success(), "{tag}: {log}");
+        let (st, _) = wait_for(loader, "loader", Duration::from_secs(10));
+        assert!(st.success());
+        let s = fx.summary();
+        assert_eq!(s.batches_delivered, 128, "{tag}: {s:#?}");
+        assert_eq!(
+            (s.duplicates, s.out_of_order, s.missing),
+            (0, 0, 0),
+            "{tag}"
+        );
+        assert!(s.latency_p99_us >= s.latency_p50_us, "{tag}");
+    }
 }

@@ -41,16 +41,16 @@ impl Fixture {
         pinring_ring::object_path(&self.ring)
     }
 
+    /// The daemon on the host backend with the verify sink (unless `extra` names a sink).
     pub fn daemon(&self, extra: &[&str]) -> Child {
+        let sink: &[&str] = if extra.contains(&"--sink") {
+            &[]
+        } else {
+            &["--sink", "verify"]
+        };
         Command::new(DAEMON)
-            .args([
-                "--ring",
-                &self.ring,
-                "--backend",
-                "host",
-                "--sink",
-                "verify",
-            ])
+            .args(["--ring", &self.ring, "--backend", "host"])
+            .args(sink)
             .arg("--config")
             .arg(&self.config)
             .arg("--summary")
@@ -75,18 +75,27 @@ impl Fixture {
             .unwrap()
     }
 
-    /// Waits until the ring of `daemon` (not a stale one of the same name) is READY.
-    pub fn wait_ready(&self, daemon: &Child) -> pinring_ring::Ring {
+    /// Waits until the ring of `daemon` (not a stale one of the same name) is READY; fails with
+    /// the daemon's output if it exits first.
+    pub fn wait_ready(&self, daemon: &mut Child) -> pinring_ring::Ring {
         let start = Instant::now();
         loop {
-            let ring = pinring_runtime::loader::attach(
+            if let Some(status) = daemon.try_wait().unwrap() {
+                let mut err = String::new();
+                if let Some(mut e) = daemon.stderr.take() {
+                    let _ = std::io::Read::read_to_string(&mut e, &mut err);
+                }
+                panic!("the daemon exited ({status}) before its ring was ready:\n{err}");
+            }
+            let attached = pinring_runtime::loader::attach(
                 &self.ring,
                 pinring_ring::Access::ReadOnly,
-                Duration::from_secs(20),
-            )
-            .expect("ring ready");
-            if ring.daemon().pid == daemon.id() {
-                return ring;
+                Duration::from_millis(200),
+            );
+            if let Ok(ring) = attached {
+                if ring.daemon().pid == daemon.id() {
+                    return ring;
+                }
             }
             assert!(
                 start.elapsed() < Duration::from_secs(20),

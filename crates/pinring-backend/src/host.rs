@@ -64,6 +64,30 @@ impl Backend for HostBackend {
     ) -> Result<Box<dyn Uploader>, BackendError> {
         Ok(Box::new(HostUploader::new(buffers, buffer_bytes)?))
     }
+
+    fn raw_copy_gbps(
+        &self,
+        bytes: usize,
+        iters: usize,
+        _registered: bool,
+    ) -> Result<f64, BackendError> {
+        if bytes == 0 || iters == 0 {
+            return Err(BackendError::InvalidArgument {
+                call: "raw_copy_gbps",
+                what: format!("need bytes > 0 and iters > 0, got {bytes} bytes x {iters}"),
+            });
+        }
+        let src = vec![0x5au8; bytes];
+        let mut dst = vec![0u8; bytes];
+        dst.copy_from_slice(&src); // warm: fault the pages in
+        let start = Instant::now();
+        for _ in 0..iters {
+            dst.copy_from_slice(std::hint::black_box(&src));
+            std::hint::black_box(&mut dst);
+        }
+        let secs = start.elapsed().as_secs_f64().max(1e-9);
+        Ok((bytes as f64 * iters as f64) / secs / 1e9)
+    }
 }
 
 /// State shared between the uploader and its upload thread.
@@ -158,6 +182,24 @@ impl HostUploader {
         }
         Ok(&self.shared.buffers[buffer])
     }
+}
+
+/// The bytes of a zero-copy range.
+///
+/// # Safety
+/// `ptr..ptr+len` is a live mapping, not written while the returned slice is used.
+unsafe fn mapped_slice<'a>(ptr: *const u8, len: usize) -> Result<&'a [u8], BackendError> {
+    if ptr.is_null() && len > 0 {
+        return Err(BackendError::InvalidArgument {
+            call: "checksum_mapped/compute_mapped",
+            what: format!("null host pointer for {len} bytes"),
+        });
+    }
+    if len == 0 {
+        return Ok(&[]);
+    }
+    // SAFETY: non-null, and the caller guarantees the range is live and unwritten.
+    Ok(unsafe { std::slice::from_raw_parts(ptr, len) })
 }
 
 /// Validates a buffer index and length against the uploader's geometry.
@@ -290,6 +332,19 @@ impl Uploader for HostUploader {
 
     fn compute(&self, buffer: usize, len: usize) -> Result<(), BackendError> {
         self.read("compute", buffer, len, |bytes| self.sin_into_scratch(bytes))
+    }
+
+    unsafe fn checksum_mapped(&self, host_ptr: *const u8, len: usize) -> Result<u64, BackendError> {
+        // SAFETY: the caller guarantees a live, unwritten range of `len` bytes.
+        let bytes = unsafe { mapped_slice(host_ptr, len) }?;
+        Ok(checksum(bytes))
+    }
+
+    unsafe fn compute_mapped(&self, host_ptr: *mut u8, len: usize) -> Result<(), BackendError> {
+        // SAFETY: the caller guarantees a live, unwritten range of `len` bytes.
+        let bytes = unsafe { mapped_slice(host_ptr, len) }?;
+        self.sin_into_scratch(bytes);
+        Ok(())
     }
 }
 

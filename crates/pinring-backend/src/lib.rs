@@ -142,6 +142,16 @@ pub trait Backend: Send + Sync + fmt::Debug {
         devicemap: bool,
     ) -> Result<Registration, BackendError>;
 
+    /// The raw copy ceiling, no pipeline: times `iters` copies of `bytes` from one host buffer
+    /// (page-locked when `registered`, else pageable) into one device buffer; GB/s (1e9 B/s).
+    /// host: a `memcpy` between two heap buffers (`registered` makes no difference).
+    fn raw_copy_gbps(
+        &self,
+        bytes: usize,
+        iters: usize,
+        registered: bool,
+    ) -> Result<f64, BackendError>;
+
     /// An upload engine with `buffers` device buffers of `buffer_bytes` each.
     fn uploader(
         &self,
@@ -272,6 +282,24 @@ pub trait Uploader: Send + Sync {
     /// Runs a small compute kernel (y = sin(x) over the f32s of the first `len` bytes) over the
     /// buffer and waits. cuda: in place; host: into a scratch vector.
     fn compute(&self, buffer: usize, len: usize) -> Result<(), BackendError>;
+
+    /// Zero-copy: [`Uploader::checksum`] computed straight over host memory that was registered
+    /// with `devicemap` (cuda: the kernel reads it across the bus through its mapped device
+    /// address; no copy into device memory). host: over the bytes themselves.
+    ///
+    /// # Safety
+    /// `host_ptr..host_ptr+len` lies inside a live registration made by this uploader's backend
+    /// with `devicemap = true` (host: a live mapping), and is not written until this returns.
+    unsafe fn checksum_mapped(&self, host_ptr: *const u8, len: usize) -> Result<u64, BackendError>;
+
+    /// Zero-copy: [`Uploader::compute`] straight over registered host memory (cuda: the kernel
+    /// reads the f32s through the mapped address and writes sin(x) back in place; host: into a
+    /// scratch vector).
+    ///
+    /// # Safety
+    /// As for [`Uploader::checksum_mapped`]; in addition the caller gives up the range's
+    /// contents (cuda overwrites them) and no other thread reads it until this returns.
+    unsafe fn compute_mapped(&self, host_ptr: *mut u8, len: usize) -> Result<(), BackendError>;
 }
 
 #[cfg(test)]

@@ -63,8 +63,12 @@ pub struct DaemonArgs {
     #[arg(long, value_name = "PATH")]
     pub summary: Option<PathBuf>,
     /// Leave the ring's memory unregistered (pageable baseline).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "zero_copy")]
     pub no_register: bool,
+    /// Zero-copy: register the ring with DEVICEMAP and let the sink's kernel read each batch in
+    /// its slot through the mapped device address (no upload); the slot is freed after the sink.
+    #[arg(long)]
+    pub zero_copy: bool,
 }
 
 /// Parses `--backend`.
@@ -184,8 +188,14 @@ struct Daemon {
     assigned: Vec<Option<u64>>,
     /// Assigned, not yet taken: seq -> slot.
     waiting: BTreeMap<u64, u32>,
-    /// Uploads in flight: tag (slot) -> (seq, sample ids).
-    inflight: BTreeMap<u64, (u64, Vec<u64>, usize)>,
+    /// Uploads in flight: tag (slot) -> (seq, sample ids, length, commit time).
+    inflight: BTreeMap<u64, (u64, Vec<u64>, usize, u64)>,
+    /// Commit time of each zero-copy batch at the sink, by slot.
+    zero_copy_commits: BTreeMap<u32, u64>,
+    zero_copy: bool,
+    registered: bool,
+    /// Commit-to-on-device latencies, microseconds.
+    latencies_us: Vec<u32>,
     free_buffers: Vec<usize>,
     sink_pending: usize,
     order: OrderCheck,
@@ -240,7 +250,7 @@ impl Daemon {
             let reg = unsafe {
                 selected
                     .backend
-                    .register(ring.data_base(), ring.data_len(), false)
+                    .register(ring.data_base(), ring.data_len(), args.zero_copy)
             };
             match reg {
                 Ok(r) => Some(r),
@@ -326,6 +336,10 @@ impl Daemon {
             assigned: vec![None; slots],
             waiting: BTreeMap::new(),
             inflight: BTreeMap::new(),
+            zero_copy_commits: BTreeMap::new(),
+            zero_copy: args.zero_copy,
+            registered: !args.no_register,
+            latencies_us: Vec::new(),
             free_buffers: (0..buffers).rev().collect(),
             sink_pending: 0,
             order: OrderCheck::new(args.start_seq, end_seq, cfg.ring.in_order),
@@ -457,7 +471,7 @@ impl Daemon {
             };
             progressed = true;
             let slot = c.tag as u32;
-            let (seq, samples, len) =
+            let (seq, samples, len, commit_ns) =
                 self.inflight
                     .remove(&c.tag)
                     .ok_or_else(|| DaemonError::Internal {
@@ -470,11 +484,16 @@ impl Daemon {
                 .saturating_duration_since(c.submitted)
                 .as_nanos() as u64;
             self.ring.header().upload_ns.fetch_add(upload_ns, Relaxed);
+            // When the batch was on the device, on the clock loaders stamp commits with.
+            let on_device_ns = pinring_ring::clock::monotonic_ns()
+                .saturating_sub(c.completed.elapsed().as_nanos() as u64);
+            self.record_latency(commit_ns, on_device_ns);
             // (D): the upload has finished reading the slot; hand it out again.
             self.hand_out(slot);
             futex::bump_and_wake_all(&self.ring.header().work_futex);
             let job = SinkJob {
                 seq,
+                source: sink::Source::Buffer(c.buffer),
                 buffer: c.buffer,
                 len,
                 samples,
@@ -498,6 +517,14 @@ impl Daemon {
             progressed = true;
             self.sink_pending -= 1;
             self.free_buffers.push(done.buffer);
+            if let sink::Source::Mapped { slot, .. } = done.source {
+                // Zero-copy: the sink's kernel has finished reading the slot; hand it out again.
+                if let Some(commit_ns) = self.zero_copy_commits.remove(&slot) {
+                    self.record_latency(commit_ns, done.done_ns);
+                }
+                self.hand_out(slot);
+                futex::bump_and_wake_all(&self.ring.header().work_futex);
+            }
             self.sink_busy_ns += done.busy_ns;
             let order_problem = self.order.record(done.seq);
             let problem = done.failure.or(order_problem);
@@ -599,7 +626,32 @@ impl Daemon {
                 .desc(slot)
                 .upload_ns
                 .store(pinring_ring::clock::monotonic_ns(), Relaxed);
-            self.inflight.insert(u64::from(slot), (seq, samples, len));
+            progressed = true;
+            if self.zero_copy {
+                // No upload: the sink reads the slot in place; the slot stays UPLOADING (owned
+                // by the daemon) until the sink reports back.
+                self.zero_copy_commits.insert(slot, taken.commit_ns);
+                self.sink_pending += 1;
+                let job = SinkJob {
+                    seq,
+                    source: sink::Source::Mapped {
+                        slot,
+                        ptr: sink::SlotPtr(self.ring.slot_ptr(slot)),
+                    },
+                    buffer,
+                    len,
+                    samples,
+                };
+                if let Some(tx) = &self.sink_tx {
+                    tx.send(job).map_err(|_| DaemonError::Internal {
+                        ring: self.cfg.ring.name.clone(),
+                        what: "the sink thread stopped".into(),
+                    })?;
+                }
+                continue;
+            }
+            self.inflight
+                .insert(u64::from(slot), (seq, samples, len, taken.commit_ns));
             let job = UploadJob {
                 tag: u64::from(slot),
                 src: self.ring.slot_ptr(slot),
@@ -610,9 +662,15 @@ impl Daemon {
             // `hand_out` runs for it, which happens only after this job's completion arrives.
             // The mapping outlives the uploader (the ring Arc is held by self and the threads).
             unsafe { self.uploader.submit(job) }?;
-            progressed = true;
         }
         Ok(progressed)
+    }
+
+    fn record_latency(&mut self, commit_ns: u64, on_device_ns: u64) {
+        if commit_ns != 0 && on_device_ns >= commit_ns {
+            let us = (on_device_ns - commit_ns) / 1000;
+            self.latencies_us.push(us.min(u64::from(u32::MAX)) as u32);
+        }
     }
 
     fn reap(&mut self) -> Result<(), DaemonError> {
@@ -688,6 +746,11 @@ impl Daemon {
             sink_busy_seconds: sink_busy,
             bound: verdict(seconds, daemon_wait, loader_wait, loader_busy, sink_busy).into(),
             interrupted: self.interrupted,
+            zero_copy: self.zero_copy,
+            registered: self.registered,
+            latency_p50_us: percentile(&mut self.latencies_us, 0.50),
+            latency_p99_us: percentile(&mut self.latencies_us, 0.99),
+            daemon_cpu_seconds: cpu_seconds(),
             error: result.as_ref().err().map(|e| e.to_string()),
             exit_code: 0,
         };
@@ -701,6 +764,28 @@ impl Daemon {
             Ok(()) => 0,
         };
         summary
+    }
+}
+
+/// The `q` quantile of `v` (sorted in place), 0 when empty.
+fn percentile(v: &mut [u32], q: f64) -> u32 {
+    if v.is_empty() {
+        return 0;
+    }
+    v.sort_unstable();
+    let idx = ((v.len() - 1) as f64 * q).round() as usize;
+    v[idx.min(v.len() - 1)]
+}
+
+/// CPU seconds (user + system) this process has used so far.
+fn cpu_seconds() -> f64 {
+    use nix::sys::resource::{getrusage, UsageWho};
+    match getrusage(UsageWho::RUSAGE_SELF) {
+        Ok(u) => {
+            let t = |tv: nix::sys::time::TimeVal| tv.tv_sec() as f64 + tv.tv_usec() as f64 / 1e6;
+            t(u.user_time()) + t(u.system_time())
+        }
+        Err(_) => 0.0,
     }
 }
 

@@ -1,6 +1,8 @@
 //! Consumers of uploaded batches, run on their own thread so that consuming batch k overlaps the
 //! upload of batch k+1. A sink gets the device buffer only after its upload completed, and hands
-//! it back when done; the daemon reuses a buffer only after that.
+//! it back when done; the daemon reuses a buffer only after that. In zero-copy mode the sink gets
+//! the slot itself (registered with DEVICEMAP): its kernel reads the batch across the bus through
+//! the slot's mapped device address, and the daemon frees the slot only after the sink is done.
 //!
 //! * `discard`: drops the batch (benchmarks).
 //! * `verify`: checks every byte of the *uploaded copy* against what the synthetic generator says
@@ -39,12 +41,38 @@ impl SinkKind {
     }
 }
 
+/// Where a batch is for the sink.
+#[derive(Debug, Clone, Copy)]
+pub enum Source {
+    /// In a device buffer (uploaded).
+    Buffer(usize),
+    /// Still in its slot, read in place (zero-copy).
+    Mapped {
+        /// Slot index (freed after the sink is done).
+        slot: u32,
+        /// Start of the slot's payload.
+        ptr: SlotPtr,
+    },
+}
+
+/// The address of a slot's payload, moved to the sink thread.
+#[derive(Debug, Clone, Copy)]
+pub struct SlotPtr(pub *mut u8);
+
+// SAFETY: the pointer is into the ring's shared mapping, which outlives the sink thread (the
+// daemon joins the sink before dropping the ring); the slot is UPLOADING, owned by the daemon, and
+// only the sink touches it until it reports back, so moving the address to the sink thread hands
+// over that exclusive use.
+unsafe impl Send for SlotPtr {}
+
 /// One uploaded batch for the sink.
 #[derive(Debug)]
 pub struct SinkJob {
     /// Seq of the batch.
     pub seq: u64,
-    /// Device buffer holding it.
+    /// Where the batch is.
+    pub source: Source,
+    /// Token to hand back (the device buffer, or the in-flight token of a zero-copy batch).
     pub buffer: usize,
     /// Payload bytes.
     pub len: usize,
@@ -57,6 +85,10 @@ pub struct SinkJob {
 pub struct SinkDone {
     /// Seq of the batch.
     pub seq: u64,
+    /// Where it was (a zero-copy slot is freed now).
+    pub source: Source,
+    /// CLOCK_MONOTONIC ns when the sink finished.
+    pub done_ns: u64,
     /// Buffer to reuse.
     pub buffer: usize,
     /// Whether every byte was checked and right.
@@ -141,7 +173,7 @@ pub fn run(
         let t = Instant::now();
         let (verified, failure) = match kind {
             SinkKind::Discard => (false, None),
-            SinkKind::Compute => match uploader.compute(job.buffer, job.len) {
+            SinkKind::Compute => match compute(&*uploader, &job) {
                 Ok(()) => (false, None),
                 Err(e) => (
                     false,
@@ -156,6 +188,8 @@ pub fn run(
         let busy_ns = t.elapsed().as_nanos() as u64;
         let out = SinkDone {
             seq: job.seq,
+            source: job.source,
+            done_ns: pinring_ring::clock::monotonic_ns(),
             buffer: job.buffer,
             verified,
             failure,
@@ -166,6 +200,16 @@ pub fn run(
             break;
         }
         doorbell.ring();
+    }
+}
+
+fn compute(uploader: &dyn Uploader, job: &SinkJob) -> Result<(), pinring_backend::BackendError> {
+    match job.source {
+        Source::Buffer(b) => uploader.compute(b, job.len),
+        // SAFETY: the slot is registered with DEVICEMAP (zero-copy mode registers it so), it is
+        // UPLOADING and owned by this sink until SinkDone is sent, and `len` is the validated
+        // payload length inside the slot.
+        Source::Mapped { ptr, .. } => unsafe { uploader.compute_mapped(ptr.0, job.len) },
     }
 }
 
@@ -185,10 +229,35 @@ fn verify(
             synthetic.sample_bytes()
         ));
     }
+    let checksum = |scratch: &mut Vec<u8>| -> Result<(), String> {
+        // Device memory elsewhere (or zero-copy): a position-sensitive checksum computed where
+        // the batch is, against the same checksum of the generator's bytes.
+        scratch.resize(expected_len, 0);
+        synthetic.fill_batch(&job.samples, scratch);
+        let want = pinring_backend::checksum::checksum(scratch);
+        let got = match job.source {
+            Source::Buffer(b) => uploader.checksum(b, job.len),
+            // SAFETY: as in `compute`: a DEVICEMAP-registered slot owned by this sink, `len`
+            // validated to lie inside it.
+            Source::Mapped { ptr, .. } => unsafe { uploader.checksum_mapped(ptr.0, job.len) },
+        }
+        .map_err(|e| format!("seq {}: device checksum failed: {e}", job.seq))?;
+        if got == want {
+            Ok(())
+        } else {
+            Err(format!(
+                "seq {}: device copy checksum {got:#018x} differs from the generator's {want:#018x}",
+                job.seq
+            ))
+        }
+    };
+    let Source::Buffer(buffer) = job.source else {
+        return checksum(scratch);
+    };
     // Device memory the host can read: compare every byte directly.
     let mut direct = None;
     let readable = uploader
-        .read_host(job.buffer, job.len, &mut |bytes| {
+        .read_host(buffer, job.len, &mut |bytes| {
             direct = Some(synthetic.verify_batch(&job.samples, bytes));
         })
         .map_err(|e| format!("seq {}: cannot read the device copy: {e}", job.seq))?;
@@ -199,22 +268,7 @@ fn verify(
             None => Err(format!("seq {}: the device copy was not read", job.seq)),
         };
     }
-    // Device memory elsewhere: a position-sensitive checksum computed on the device against the
-    // same checksum of the generator's bytes.
-    scratch.resize(expected_len, 0);
-    synthetic.fill_batch(&job.samples, scratch);
-    let want = pinring_backend::checksum::checksum(scratch);
-    let got = uploader
-        .checksum(job.buffer, job.len)
-        .map_err(|e| format!("seq {}: device checksum failed: {e}", job.seq))?;
-    if got == want {
-        Ok(())
-    } else {
-        Err(format!(
-            "seq {}: device copy checksum {got:#018x} differs from the generator's {want:#018x}",
-            job.seq
-        ))
-    }
+    checksum(scratch)
 }
 
 #[cfg(test)]

@@ -60,6 +60,16 @@ pub struct Summary {
     pub bound: String,
     /// Whether the run stopped early on SIGTERM/SIGINT.
     pub interrupted: bool,
+    /// Zero-copy mode (the sink read batches in their slots).
+    pub zero_copy: bool,
+    /// Whether the ring was registered with the backend (false: --no-register).
+    pub registered: bool,
+    /// Median latency from a loader's commit to the batch being on the device, microseconds.
+    pub latency_p50_us: u32,
+    /// 99th percentile of the same, microseconds.
+    pub latency_p99_us: u32,
+    /// CPU seconds the daemon used (user + system), start to exit.
+    pub daemon_cpu_seconds: f64,
     /// The error that ended the run, if any.
     pub error: Option<String>,
     /// The exit code the daemon exits with.

@@ -334,6 +334,15 @@ impl Backend for CudaBackend {
         unsafe { self.register_chunked(base, len, devicemap, MAX_REGISTER_CHUNK) }
     }
 
+    fn raw_copy_gbps(
+        &self,
+        bytes: usize,
+        iters: usize,
+        registered: bool,
+    ) -> Result<f64, BackendError> {
+        self.raw_h2d_gbps(bytes, iters, registered)
+    }
+
     fn uploader(
         &self,
         buffers: usize,
@@ -779,8 +788,10 @@ impl Uploader for CudaUploader {
             // waited for the whole kernel stream. The buffer had no pending uploads (checked);
             // a copy submitted into it meanwhile (a caller bug) could only change device bytes
             // the kernel reads, never host memory.
-            unsafe { kernels.launch_checksum(stream, buf, nwords, &st.result, self.grid(nwords)) }
-                .map_err(|e| err("cuLaunchKernel", e))?;
+            unsafe {
+                kernels.launch_checksum(stream, buf.span(), nwords, &st.result, self.grid(nwords))
+            }
+            .map_err(|e| err("cuLaunchKernel", e))?;
         }
         let mut word = [0u8; 8];
         raw::copy_dtoh_wait(&mut word, &st.result, 0, stream, &st.done)
@@ -810,12 +821,112 @@ impl Uploader for CudaUploader {
         // SAFETY: `buf` stays alive (borrowed) until the event wait below. No uploads into it
         // were pending (checked); a copy submitted meanwhile (a caller bug) could only race on
         // device bytes, never on host memory.
-        unsafe { kernels.launch_sin(stream, buf, n, self.grid(n)) }
+        unsafe { kernels.launch_sin(stream, buf.span(), n, self.grid(n)) }
             .map_err(|e| err("cuLaunchKernel", e))?;
         st.done
             .record(stream)
             .and_then(|()| st.done.synchronize())
             .map_err(|e| err("cuEventSynchronize", e))
+    }
+
+    unsafe fn checksum_mapped(&self, host_ptr: *const u8, len: usize) -> Result<u64, BackendError> {
+        if len == 0 {
+            return Ok(0);
+        }
+        let span = self.mapped_span("cuMemHostGetDevicePointer", host_ptr, len)?;
+        let st = self.lock_kernels()?;
+        let Some(kernels) = st.kernels.as_ref() else {
+            unreachable!("lock_kernels loads the kernels");
+        };
+        let stream = &self.kernel_stream;
+        let nwords = (len / 8) as u64;
+        let tail = len % 8;
+        let err = |call, e| self.mapped_error(call, "checksum", host_ptr, len, e);
+        raw::memset_zero_async(&st.result, stream).map_err(|e| err("cuMemsetD8Async", e))?;
+        if nwords > 0 {
+            // SAFETY: the span is the mapped address of a live DEVICEMAP registration of `len`
+            // bytes that the caller keeps alive and unwritten until we return, which is after
+            // copy_dtoh_wait below has waited for the kernel; st.result is borrowed likewise.
+            unsafe { kernels.launch_checksum(stream, span, nwords, &st.result, self.grid(nwords)) }
+                .map_err(|e| err("cuLaunchKernel", e))?;
+        }
+        let mut word = [0u8; 8];
+        raw::copy_dtoh_wait(&mut word, &st.result, 0, stream, &st.done)
+            .map_err(|e| err("cuMemcpyDtoHAsync/cuEventSynchronize", e))?;
+        let mut sum = u64::from_le_bytes(word);
+        if tail > 0 {
+            let mut last = [0u8; 8];
+            // SAFETY: the caller guarantees host_ptr..host_ptr+len is live and unwritten; the
+            // tail is its last `tail` bytes.
+            let tail_bytes = unsafe { std::slice::from_raw_parts(host_ptr.add(len - tail), tail) };
+            last[..tail].copy_from_slice(tail_bytes);
+            sum = sum.wrapping_add(word_term(nwords, u64::from_le_bytes(last)));
+        }
+        Ok(sum)
+    }
+
+    unsafe fn compute_mapped(&self, host_ptr: *mut u8, len: usize) -> Result<(), BackendError> {
+        let n = (len / 4) as u64;
+        if n == 0 {
+            return Ok(());
+        }
+        let span = self.mapped_span("cuMemHostGetDevicePointer", host_ptr, len)?;
+        let st = self.lock_kernels()?;
+        let Some(kernels) = st.kernels.as_ref() else {
+            unreachable!("lock_kernels loads the kernels");
+        };
+        let stream = &self.kernel_stream;
+        let err = |call, e| self.mapped_error(call, "sin kernel", host_ptr, len, e);
+        // SAFETY: the span is the mapped address of a live DEVICEMAP registration of `len`
+        // bytes, alive until the event wait below (the caller keeps it alive until we return).
+        // The kernel works in place: the slot's bytes become sin(x), which the caller allows by
+        // handing the range over (the slot is recycled afterwards).
+        unsafe { kernels.launch_sin(stream, span, n, self.grid(n)) }
+            .map_err(|e| err("cuLaunchKernel", e))?;
+        st.done
+            .record(stream)
+            .and_then(|()| st.done.synchronize())
+            .map_err(|e| err("cuEventSynchronize", e))
+    }
+}
+
+impl CudaUploader {
+    /// The mapped device span of a zero-copy host range.
+    fn mapped_span(
+        &self,
+        call: &'static str,
+        host_ptr: *const u8,
+        len: usize,
+    ) -> Result<raw::Span, BackendError> {
+        let ptr = raw::host_device_pointer(&self.ctx, host_ptr).map_err(|e| {
+            cuda_error(
+                call,
+                format!(
+                    "{len} bytes of host memory at {host_ptr:p} on device {} (zero-copy needs the ring registered with DEVICEMAP)",
+                    self.device
+                ),
+                e.0,
+            )
+        })?;
+        Ok(raw::Span { ptr, bytes: len })
+    }
+
+    fn mapped_error(
+        &self,
+        call: &'static str,
+        what: &str,
+        host_ptr: *const u8,
+        len: usize,
+        e: DriverError,
+    ) -> BackendError {
+        cuda_error(
+            call,
+            format!(
+                "{what} over {len} bytes of mapped host memory at {host_ptr:p} on device {}",
+                self.device
+            ),
+            e.0,
+        )
     }
 }
 

@@ -218,6 +218,16 @@ pub struct DeviceBuffer {
     ctx: Arc<CudaContext>,
 }
 
+/// A range of device-addressable memory a kernel may read or write: a [`DeviceBuffer`], or host
+/// memory registered with DEVICEMAP seen through its mapped device address (zero-copy).
+#[derive(Debug, Clone, Copy)]
+pub struct Span {
+    /// Device address.
+    pub ptr: sys::CUdeviceptr,
+    /// Bytes from `ptr` that belong to the allocation or registration.
+    pub bytes: usize,
+}
+
 impl DeviceBuffer {
     /// Allocates `bytes` (at least 1) of device memory.
     pub fn alloc(ctx: &Arc<CudaContext>, bytes: usize) -> Result<Self, DriverError> {
@@ -230,6 +240,14 @@ impl DeviceBuffer {
             bytes,
             ctx: Arc::clone(ctx),
         })
+    }
+
+    /// The whole allocation as a [`Span`].
+    pub fn span(&self) -> Span {
+        Span {
+            ptr: self.ptr,
+            bytes: self.bytes,
+        }
     }
 
     /// Device address.
@@ -516,7 +534,7 @@ impl Kernels {
     pub unsafe fn launch_checksum(
         &self,
         stream: &CudaStream,
-        src: &DeviceBuffer,
+        src: Span,
         nwords: u64,
         out: &DeviceBuffer,
         grid: (u32, u32),
@@ -562,7 +580,7 @@ impl Kernels {
     pub unsafe fn launch_sin(
         &self,
         stream: &CudaStream,
-        buf: &DeviceBuffer,
+        buf: Span,
         n: u64,
         grid: (u32, u32),
     ) -> Result<(), DriverError> {
