@@ -858,7 +858,9 @@ impl Uploader for CudaUploader {
             let mut last = [0u8; 8];
             // SAFETY: the caller guarantees host_ptr..host_ptr+len is live and unwritten; the
             // tail is its last `tail` bytes.
-            let tail_bytes = unsafe { std::slice::from_raw_parts(host_ptr.add(len - tail), tail) };
+            let tail_ptr = host_ptr.wrapping_add(len - tail);
+            // SAFETY: (as above) tail_ptr..tail_ptr+tail is the end of the caller's live range.
+            let tail_bytes = unsafe { std::slice::from_raw_parts(tail_ptr, tail) };
             last[..tail].copy_from_slice(tail_bytes);
             sum = sum.wrapping_add(word_term(nwords, u64::from_le_bytes(last)));
         }
