@@ -64,10 +64,15 @@ impl Fixture {
     }
 
     pub fn loader(&self, config: &Path) -> Child {
+        self.loader_with(config, &[])
+    }
+
+    pub fn loader_with(&self, config: &Path, extra: &[&str]) -> Child {
         Command::new(LOADER)
             .args(["--ring", &self.ring, "--wait-secs", "20"])
             .arg("--config")
             .arg(config)
+            .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -171,4 +176,58 @@ pub fn assert_complete(s: &Summary, in_order: bool) {
     assert_eq!(s.missing, 0, "{s:#?}");
     assert_eq!(s.in_order, in_order);
     assert!(s.bytes > 0);
+}
+
+/// A small deterministic PRNG for tests (xorshift64*), seeded from the clock and pid so runs
+/// differ; the seed is printed so a failure can be replayed.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn from_env(what: &str) -> Rng {
+        let seed = std::env::var("PINRING_TEST_SEED")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| {
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap()
+                    .as_nanos() as u64
+                    ^ u64::from(std::process::id()) << 32
+            });
+        eprintln!("{what}: PINRING_TEST_SEED={seed}");
+        Rng(seed | 1)
+    }
+
+    pub fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    /// Uniform in `lo..hi`.
+    pub fn range(&mut self, lo: u64, hi: u64) -> u64 {
+        lo + self.next() % (hi - lo)
+    }
+}
+
+/// Waits until `f` is true, polling, with a deadline.
+pub fn wait_until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !f() {
+        assert!(
+            start.elapsed() < limit,
+            "timed out after {limit:?} waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Batches delivered so far, from a ring's header.
+pub fn delivered(ring: &pinring_ring::Ring) -> u64 {
+    ring.header()
+        .delivered
+        .load(std::sync::atomic::Ordering::Relaxed)
 }

@@ -44,6 +44,9 @@ slot_bytes = "auto"
 in_order = true
 # Permission of the segment: "0600" (owner only) or "0660" (owner + group).
 mode = "0600"
+# Group that owns the segment (only with mode = "0660"); unset: the
+# daemon's own group.
+# group = "pinring"
 
 [dataset]
 # Dataset kind; only "synthetic" exists for now.
@@ -75,6 +78,18 @@ drop_last = false
 # This process's rank and the number of ranks (rank < world_size).
 rank = 0
 world_size = 1
+
+[daemon]
+# A loader may hold a claimed slot this long (ms) before the daemon
+# declares it hung, takes the slot back and re-issues its batch (>= 10).
+lease_ms = 30000
+# How often (ms) the daemon looks for dead or hung loaders and checks the
+# segment file (10..=1000).
+reap_interval_ms = 200
+# What a batch the daemon must not upload (bad lengths, wrong seq,
+# undecodable or wrong metadata) does: "fail" stops the daemon (exit 4);
+# "skip" counts it and has the same seq made again.
+on_bad_batch = "fail"
 "#;
 
 /// Errors from loading or validating a config.
@@ -252,6 +267,9 @@ pub struct RingConfig {
     pub in_order: bool,
     /// Segment permission.
     pub mode: SegmentMode,
+    /// Group owning the segment (mode 0660 only); `None`: the daemon's group.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
 }
 
 impl Default for RingConfig {
@@ -262,6 +280,7 @@ impl Default for RingConfig {
             slot_bytes: SlotBytes::Auto,
             in_order: true,
             mode: SegmentMode::Owner,
+            group: None,
         }
     }
 }
@@ -334,6 +353,55 @@ impl Default for PlanConfig {
     }
 }
 
+/// `[daemon].on_bad_batch`: what a batch the daemon must not upload does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BadBatchPolicy {
+    /// Stop the daemon with a clear error (exit 4).
+    #[default]
+    Fail,
+    /// Count it, put the slot back for the same seq, and go on.
+    Skip,
+}
+
+impl BadBatchPolicy {
+    /// The config spelling.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            BadBatchPolicy::Fail => "fail",
+            BadBatchPolicy::Skip => "skip",
+        }
+    }
+}
+
+/// Shortest allowed `daemon.lease_ms`.
+pub const MIN_LEASE_MS: u64 = 10;
+/// Allowed range of `daemon.reap_interval_ms`.
+pub const REAP_INTERVAL_MS: std::ops::RangeInclusive<u64> = 10..=1000;
+
+/// `[daemon]` section: crash and fault handling. Not part of the fingerprint (it does not change
+/// batch contents), and read by the daemon only.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DaemonConfig {
+    /// How long a loader may hold a claimed slot before it is declared hung (ms).
+    pub lease_ms: u64,
+    /// How often dead/hung loaders and the segment file are checked (ms).
+    pub reap_interval_ms: u64,
+    /// What a bad batch does.
+    pub on_bad_batch: BadBatchPolicy,
+}
+
+impl Default for DaemonConfig {
+    fn default() -> Self {
+        DaemonConfig {
+            lease_ms: 30_000,
+            reap_interval_ms: 200,
+            on_bad_batch: BadBatchPolicy::Fail,
+        }
+    }
+}
+
 /// The whole config file.
 ///
 /// Equality compares the settings only, not [`Config::source`].
@@ -346,6 +414,8 @@ pub struct Config {
     pub dataset: DatasetConfig,
     /// `[plan]`.
     pub plan: PlanConfig,
+    /// `[daemon]`.
+    pub daemon: DaemonConfig,
     /// Where the config came from (file path or description); used in
     /// error messages. Not part of the file.
     #[serde(skip)]
@@ -354,7 +424,10 @@ pub struct Config {
 
 impl PartialEq for Config {
     fn eq(&self, other: &Self) -> bool {
-        self.ring == other.ring && self.dataset == other.dataset && self.plan == other.plan
+        self.ring == other.ring
+            && self.dataset == other.dataset
+            && self.plan == other.plan
+            && self.daemon == other.daemon
     }
 }
 
@@ -366,6 +439,7 @@ impl Default for Config {
             ring: RingConfig::default(),
             dataset: DatasetConfig::default(),
             plan: PlanConfig::default(),
+            daemon: DaemonConfig::default(),
             source: "<built-in defaults>".to_string(),
         }
     }
@@ -434,6 +508,45 @@ impl Config {
         }
         if !(2..=4096).contains(&r.slots) {
             return Err(self.invalid("ring.slots", r.slots, "must be between 2 and 4096"));
+        }
+        if let Some(group) = &r.group {
+            let ok = (1..=32).contains(&group.len())
+                && group
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'));
+            if !ok {
+                return Err(self.invalid(
+                    "ring.group",
+                    format!("{group:?}"),
+                    "a group name of 1 to 32 characters from A-Z a-z 0-9 _ - .",
+                ));
+            }
+            if r.mode != SegmentMode::Group {
+                return Err(self.invalid(
+                    "ring.group",
+                    format!("{group:?}"),
+                    "a group only makes sense with ring.mode = \"0660\"; set the mode or remove the group",
+                ));
+            }
+        }
+        let dm = &self.daemon;
+        if dm.lease_ms < MIN_LEASE_MS {
+            return Err(self.invalid(
+                "daemon.lease_ms",
+                dm.lease_ms,
+                format!("must be at least {MIN_LEASE_MS}"),
+            ));
+        }
+        if !REAP_INTERVAL_MS.contains(&dm.reap_interval_ms) {
+            return Err(self.invalid(
+                "daemon.reap_interval_ms",
+                dm.reap_interval_ms,
+                format!(
+                    "must be between {} and {} (dead loaders are noticed within this time)",
+                    REAP_INTERVAL_MS.start(),
+                    REAP_INTERVAL_MS.end()
+                ),
+            ));
         }
         let d = &self.dataset;
         if d.samples == 0 || d.samples > MAX_PLAN_SAMPLES {
@@ -754,6 +867,43 @@ mod tests {
         c.plan.drop_last = true;
         c.plan.batch_size = 20_000;
         assert_eq!(invalid_key(&c), "plan.batch_size");
+    }
+
+    #[test]
+    fn daemon_section_and_group() {
+        let c = parse(
+            "[ring]\nmode = \"0660\"\ngroup = \"video\"\n\
+             [daemon]\nlease_ms = 500\nreap_interval_ms = 50\non_bad_batch = \"skip\"\n",
+        )
+        .unwrap();
+        assert_eq!(c.ring.group.as_deref(), Some("video"));
+        assert_eq!(c.daemon.lease_ms, 500);
+        assert_eq!(c.daemon.reap_interval_ms, 50);
+        assert_eq!(c.daemon.on_bad_batch, BadBatchPolicy::Skip);
+        assert_eq!(parse(&c.to_toml()).unwrap(), c);
+        // Not part of the fingerprint: they do not change batch contents.
+        assert_eq!(c.fingerprint(), Config::default().fingerprint());
+        let e = parse("[ring]\ngroup = \"video\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("ring.group") && e.contains("0660"), "{e}");
+        let e = parse("[ring]\nmode = \"0660\"\ngroup = \"a b\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("ring.group"), "{e}");
+        let e = parse("[daemon]\nlease_ms = 1\n").unwrap_err().to_string();
+        assert!(e.contains("daemon.lease_ms"), "{e}");
+        let e = parse("[daemon]\nreap_interval_ms = 5000\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("daemon.reap_interval_ms") && e.contains("1000"),
+            "{e}"
+        );
+        let e = parse("[daemon]\non_bad_batch = \"ignore\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("on_bad_batch"), "{e}");
     }
 
     #[test]

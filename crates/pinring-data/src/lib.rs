@@ -16,8 +16,8 @@ pub mod size;
 pub mod synthetic;
 
 pub use config::{
-    Config, ConfigError, DatasetConfig, DatasetKind, PlanConfig, RingConfig, SegmentMode,
-    SlotBytes, DEFAULT_CONFIG_TOML,
+    BadBatchPolicy, Config, ConfigError, DaemonConfig, DatasetConfig, DatasetKind, PlanConfig,
+    RingConfig, SegmentMode, SlotBytes, DEFAULT_CONFIG_TOML,
 };
 pub use fingerprint::FINGERPRINT_VERSION;
 pub use meta::{max_encoded_len, BatchMeta, Dtype, MetaError, MAX_META_BYTES};

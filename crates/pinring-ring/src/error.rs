@@ -56,6 +56,32 @@ pub enum RingError {
         /// Our effective uid.
         me: u32,
     },
+    /// This process may not open the segment (another user's, mode 0600/0660).
+    #[error("ring {name:?} ({path}): permission denied for uid {uid}: the segment is private to its daemon's user (or group with ring.mode = \"0660\" and ring.group); run as that user or add this user to the ring's group")]
+    PermissionDenied {
+        /// Ring name.
+        name: String,
+        /// Segment file.
+        path: PathBuf,
+        /// Our effective uid.
+        uid: u32,
+    },
+    /// The segment's name now refers to another file, or to none.
+    #[error("ring {name:?} ({path}) was replaced or removed behind the daemon's back (the name no longer refers to the mapped segment): stopping rather than uploading from a segment no loader can reach; find who touched it, then restart the daemon")]
+    Replaced {
+        /// Ring name.
+        name: String,
+        /// Segment file.
+        path: PathBuf,
+    },
+    /// `ring.group` names no group.
+    #[error("ring {name:?}: ring.group {group:?} is not a group on this machine: create it (groupadd) or fix ring.group")]
+    UnknownGroup {
+        /// Ring name.
+        name: String,
+        /// Group name.
+        group: String,
+    },
     /// /dev/shm cannot hold the segment.
     #[error("ring {name:?}: asked for {asked} bytes ({asked_mib} MiB) but {dir} has only {available} bytes ({available_mib} MiB) free: use fewer or smaller slots, free space in {dir}, or enlarge it (mount -o remount,size=...)")]
     NoSpace {

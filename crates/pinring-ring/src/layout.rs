@@ -23,6 +23,9 @@ pub const LAYOUT_VERSION: u32 = 1;
 pub const HEADER_BYTES: usize = 4096;
 /// Bytes of one slot descriptor (two cache lines).
 pub const DESC_BYTES: usize = 128;
+/// Byte offset of the [`Health`] block inside the header page (in space that layout version 1
+/// reserved as zero, so adding it changed no existing offset).
+pub const HEALTH_OFFSET: usize = 384;
 /// Byte offset of the loader table inside the header page.
 pub const LOADER_TABLE_OFFSET: usize = 1024;
 /// Bytes of one loader table entry.
@@ -174,7 +177,41 @@ pub struct LoaderEntry {
     pub heartbeat_ns: AtomicU64,
     /// Payload bytes committed.
     pub bytes: AtomicU64,
-    _pad: [u64; 1],
+    /// Written by the loader when its commit was refused because the daemon took the slot back:
+    /// [`abandon_word`]`(slot, ticket)`. Until then the daemon keeps that slot out of use (the
+    /// loader might still be writing into it). 0 = nothing abandoned.
+    pub abandoned: AtomicU64,
+}
+
+/// Bit set in every [`LoaderEntry::abandoned`] value, so 0 means "none".
+pub const ABANDON_VALID: u64 = 1 << 63;
+
+/// The [`LoaderEntry::abandoned`] value saying "I will never touch `slot` of round `ticket`".
+pub const fn abandon_word(slot: u32, ticket: u32) -> u64 {
+    ABANDON_VALID | ((slot as u64) << 32) | ticket as u64
+}
+
+/// Fault-handling counters and gauges the daemon publishes for status views (in the header
+/// page's formerly reserved space at [`HEALTH_OFFSET`]). Written by the daemon only.
+#[repr(C)]
+#[derive(Debug)]
+pub struct Health {
+    /// Slots taken back from loaders that were alive but held them past the lease.
+    pub leases_expired: AtomicU64,
+    /// Slots now held out of use because a hung loader may still write into them (gauge).
+    pub quarantined: AtomicU64,
+    /// Live loaders now holding a slot past the lease, or a quarantined one (gauge).
+    pub hung_loaders: AtomicU64,
+    /// Pid of the loader most recently declared hung (0 = none yet).
+    pub last_hung_pid: AtomicU64,
+    /// Bad batches skipped under `on_bad_batch = "skip"` (their seq was made again).
+    pub bad_batches_skipped: AtomicU64,
+    /// Seqs moved to another slot because their slot was quarantined.
+    pub reissued: AtomicU64,
+    /// CLOCK_MONOTONIC ns of the daemon's last fault check (a status view sees it stall).
+    pub daemon_heartbeat_ns: AtomicU64,
+    /// Slot descriptors found in a state the daemon never left them in (scribbled).
+    pub corrupt_descriptors: AtomicU64,
 }
 
 /// Loader table entry states.
@@ -217,7 +254,14 @@ pub struct SlotDesc {
     _pad: [u64; 7],
 }
 
-const _: () = assert!(size_of::<Header>() <= LOADER_TABLE_OFFSET);
+const _: () = assert!(size_of::<Header>() <= HEALTH_OFFSET);
+const _: () = assert!(size_of::<Health>() == 64);
+const _: () = assert!(HEALTH_OFFSET + size_of::<Health>() <= LOADER_TABLE_OFFSET);
+const _: () = assert!(HEALTH_OFFSET % 64 == 0);
+const _: () = assert!(offset_of!(Health, leases_expired) == 0);
+const _: () = assert!(offset_of!(Health, bad_batches_skipped) == 32);
+const _: () = assert!(offset_of!(Health, corrupt_descriptors) == 56);
+const _: () = assert!(offset_of!(LoaderEntry, abandoned) == 56);
 const _: () = assert!(size_of::<Header>() == 384);
 const _: () = assert!(offset_of!(Header, magic) == 0);
 const _: () = assert!(offset_of!(Header, version) == 8);

@@ -32,6 +32,8 @@ pub struct CreateOptions {
     pub slot_bytes: u64,
     /// File mode of the segment (0600 or 0660).
     pub mode: u32,
+    /// Group to own the segment (with mode 0660); `None`: the creator's group.
+    pub group: Option<String>,
     /// Fingerprint of the dataset/plan config.
     pub fingerprint: u64,
     /// First seq of the run.
@@ -134,14 +136,19 @@ impl Ring {
                 max_slots: MAX_SLOTS,
             }
         })?;
-        let seg = match Segment::create(&opts.name, geom.total_bytes, opts.mode)? {
+        let gid = opts
+            .group
+            .as_deref()
+            .map(|g| resolve_group(&opts.name, g))
+            .transpose()?;
+        let seg = match Segment::create(&opts.name, geom.total_bytes, opts.mode, gid)? {
             Some(seg) => seg,
             None => {
                 Self::check_stale(&opts.name)?;
                 tracing::warn!(ring = %opts.name, path = %object_path(&opts.name).display(),
                     "replacing a stale segment left by a daemon that is no longer running");
                 Segment::unlink(&opts.name)?;
-                Segment::create(&opts.name, geom.total_bytes, opts.mode)?.ok_or_else(|| {
+                Segment::create(&opts.name, geom.total_bytes, opts.mode, gid)?.ok_or_else(|| {
                     RingError::HeldByLiveDaemon {
                         name: opts.name.clone(),
                         path: object_path(&opts.name),
@@ -163,9 +170,11 @@ impl Ring {
             Err(RingError::NotFound { .. }) | Err(RingError::SizeMismatch { .. }) => return Ok(()),
             Err(e) => return Err(e),
         };
+        // Another user's segment is never replaced, not even by root: it may be a ring of another
+        // service that happens to use the same name.
         let me = nix::unistd::geteuid().as_raw();
         let owner = seg.owner_uid()?;
-        if owner != me && me != 0 {
+        if owner != me {
             return Err(RingError::ForeignOwner {
                 name: name.to_string(),
                 path: object_path(name),
@@ -389,6 +398,14 @@ impl Ring {
         unsafe { self.seg.at(0) }
     }
 
+    /// The daemon's fault-handling counters (in the header page).
+    pub fn health(&self) -> &Health {
+        // SAFETY: HEALTH_OFFSET + size_of::<Health>() <= LOADER_TABLE_OFFSET < HEADER_BYTES
+        // (const-asserted in layout.rs) and the mapping holds at least HEADER_BYTES; the offset
+        // is 64-byte aligned; Health is atomics only.
+        unsafe { self.seg.at(HEALTH_OFFSET) }
+    }
+
     /// Descriptor of slot `i`. Panics if `i` is out of range (a caller bug, never a shared value:
     /// indices come from this process's own loops).
     pub fn desc(&self, i: u32) -> &SlotDesc {
@@ -460,6 +477,12 @@ impl Ring {
     /// Checks the segment file still has the size it had at open/create (the daemon must not
     /// upload from pages of a file that was truncated or replaced).
     pub fn check_file(&self) -> Result<(), RingError> {
+        if !self.seg.still_named()? {
+            return Err(RingError::Replaced {
+                name: self.name().into(),
+                path: object_path(self.name()),
+            });
+        }
         let actual = self.seg.file_size()?;
         if actual != self.geom.total_bytes {
             return Err(RingError::SizeMismatch {
@@ -472,9 +495,10 @@ impl Ring {
         Ok(())
     }
 
-    /// Removes the segment's name (daemon, at exit).
+    /// Removes the segment's name (daemon, at exit), unless the name now refers to another
+    /// file (a replacement is never removed by the daemon it replaced).
     pub fn unlink(&self) -> Result<(), RingError> {
-        Segment::unlink(self.name())
+        self.seg.unlink_if_ours().map(|_| ())
     }
 
     /// A snapshot of slot `i`.
@@ -518,7 +542,7 @@ impl Ring {
             if e.pid.compare_exchange(0, me.pid, AcqRel, Relaxed).is_ok() {
                 e.state.store(loader_state::ATTACHING, Relaxed);
                 e.start_time.store(me.start_time, Relaxed);
-                for c in [&e.batches, &e.busy_ns, &e.wait_ns, &e.bytes] {
+                for c in [&e.batches, &e.busy_ns, &e.wait_ns, &e.bytes, &e.abandoned] {
                     c.store(0, Relaxed);
                 }
                 e.heartbeat_ns.store(monotonic_ns(), Relaxed);
@@ -715,8 +739,7 @@ impl Ring {
                 code: error,
             });
         }
-        let meta_offset = align_up(payload_len, META_ALIGN).unwrap_or(u64::MAX);
-        if payload_len > slot_bytes || meta_offset.saturating_add(meta_len) > slot_bytes {
+        let Some(meta_offset) = fit_in_slot(payload_len, meta_len, slot_bytes) else {
             return Err(SlotFault::BadLength {
                 slot: i,
                 seq,
@@ -724,7 +747,7 @@ impl Ring {
                 meta: meta_len,
                 slot_bytes,
             });
-        }
+        };
         Ok(Some(Taken {
             slot: i,
             seq,
@@ -802,6 +825,25 @@ impl Ring {
             }
         }
         n
+    }
+}
+
+/// Where the metadata of a batch with these lengths starts, if payload and metadata both fit in a
+/// slot of `slot_bytes`; `None` if any byte would lie outside the slot (or a sum overflows). The
+/// one check that keeps every read of a committed slot inside it.
+pub fn fit_in_slot(payload_len: u64, meta_len: u64, slot_bytes: u64) -> Option<u64> {
+    let meta_offset = align_up(payload_len, META_ALIGN)?;
+    let end = meta_offset.checked_add(meta_len)?;
+    (payload_len <= slot_bytes && end <= slot_bytes).then_some(meta_offset)
+}
+
+fn resolve_group(ring: &str, group: &str) -> Result<u32, RingError> {
+    match nix::unistd::Group::from_name(group) {
+        Ok(Some(g)) => Ok(g.gid.as_raw()),
+        _ => Err(RingError::UnknownGroup {
+            name: ring.to_string(),
+            group: group.to_string(),
+        }),
     }
 }
 

@@ -65,6 +65,9 @@ pub struct Segment {
     ptr: NonNull<u8>,
     len: usize,
     access: Access,
+    /// (st_dev, st_ino) of the object when it was opened: a file at the same path with another
+    /// identity is a replacement made behind our back.
+    identity: (u64, u64),
 }
 
 // SAFETY: the mapping is plain shared memory that any process may access concurrently anyway;
@@ -84,7 +87,12 @@ impl Segment {
     /// (so a full /dev/shm fails here with a clear error, not later with SIGBUS) and maps it with
     /// every page populated. `Err(EEXIST)` is reported as `Ok(None)` so the caller can inspect the
     /// existing object.
-    pub fn create(name: &str, len: u64, mode: u32) -> Result<Option<Segment>, RingError> {
+    pub fn create(
+        name: &str,
+        len: u64,
+        mode: u32,
+        group: Option<u32>,
+    ) -> Result<Option<Segment>, RingError> {
         validate_name(name)?;
         let oflag = OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_RDWR;
         let fd = match shm_open(
@@ -99,6 +107,10 @@ impl Segment {
         // From here on a failure must not leave a half-made object behind.
         let made = (|| {
             // The umask may have stripped bits of `mode`; set exactly what was asked.
+            if let Some(gid) = group {
+                nix::unistd::fchown(&fd, None, Some(nix::unistd::Gid::from_raw(gid)))
+                    .map_err(|e| sys_error(name, "fchown (ring.group)", e))?;
+            }
             fchmod(&fd, Mode::from_bits_truncate(mode))
                 .map_err(|e| sys_error(name, "fchmod", e))?;
             check_space(name, len)?;
@@ -132,6 +144,13 @@ impl Segment {
                 return Err(RingError::NotFound {
                     name: name.to_string(),
                     path: object_path(name),
+                })
+            }
+            Err(nix::Error::EACCES) => {
+                return Err(RingError::PermissionDenied {
+                    name: name.to_string(),
+                    path: object_path(name),
+                    uid: nix::unistd::geteuid().as_raw(),
                 })
             }
             Err(e) => return Err(sys_error(name, "shm_open", e)),
@@ -181,6 +200,27 @@ impl Segment {
     pub fn file_size(&self) -> Result<u64, RingError> {
         let st = fstat(&self.fd).map_err(|e| self.sys("fstat", e))?;
         Ok(st.st_size.max(0) as u64)
+    }
+
+    /// Whether the segment's path still names the object this mapping came from. `Ok(false)`:
+    /// the name is gone or now names another file (replaced behind our back).
+    pub fn still_named(&self) -> Result<bool, RingError> {
+        match nix::sys::stat::stat(&object_path(&self.name)) {
+            Ok(st) => Ok((st.st_dev, st.st_ino) == self.identity),
+            Err(nix::Error::ENOENT) => Ok(false),
+            Err(e) => Err(self.sys("stat", e)),
+        }
+    }
+
+    /// Removes the object's name only if it still names this object (never a replacement that
+    /// another process put there). Returns whether it unlinked.
+    pub fn unlink_if_ours(&self) -> Result<bool, RingError> {
+        if self.still_named()? {
+            Segment::unlink(&self.name)?;
+            Ok(true)
+        } else {
+            Ok(false)
+        }
     }
 
     /// Owner uid of the object.
@@ -239,6 +279,8 @@ fn map(
         // register, and first-touch faults would otherwise land on the loaders' hot path.
         flags |= MapFlags::MAP_POPULATE;
     }
+    let st = fstat(&fd).map_err(|e| sys_error(name, "fstat", e))?;
+    let identity = (st.st_dev, st.st_ino);
     // SAFETY: a fresh shared file mapping at an address the kernel picks; it aliases no Rust
     // object. It is unmapped only in `Segment::drop`.
     let ptr =
@@ -249,6 +291,7 @@ fn map(
         ptr: ptr.cast(),
         len: len_usize,
         access,
+        identity,
     })
 }
 
@@ -302,7 +345,7 @@ mod tests {
     #[test]
     fn a_segment_larger_than_dev_shm_is_refused_up_front() {
         let name = format!("test-nospace-{}", std::process::id());
-        let err = Segment::create(&name, 1 << 50, 0o600).unwrap_err();
+        let err = Segment::create(&name, 1 << 50, 0o600, None).unwrap_err();
         let msg = err.to_string();
         assert!(matches!(err, RingError::NoSpace { .. }), "{msg}");
         assert!(

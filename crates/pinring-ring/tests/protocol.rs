@@ -23,6 +23,7 @@ fn opts(tag: &str) -> (CreateOptions, Unlink) {
         slots: 4,
         slot_bytes: 8192,
         mode: 0o600,
+        group: None,
         fingerprint: 0xabc,
         start_seq: 0,
         end_seq: 10,

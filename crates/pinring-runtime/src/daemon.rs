@@ -22,12 +22,12 @@ use std::sync::atomic::Ordering::{Acquire, Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+mod recovery;
+
 /// How long a drain may take before the daemon closes the ring anyway.
 pub const DRAIN_DEADLINE: Duration = Duration::from_millis(1500);
 /// Longest single futex wait of the main loop.
 const MAX_WAIT: Duration = Duration::from_millis(100);
-/// How often dead loaders are looked for.
-const REAP_EVERY: Duration = Duration::from_millis(200);
 
 /// Daemon settings (from flags).
 #[derive(Debug, Clone, clap::Args)]
@@ -136,6 +136,7 @@ impl DaemonError {
     pub fn exit(&self) -> Exit {
         match self {
             DaemonError::Config(_) | DaemonError::Plan { .. } => Exit::Config,
+            DaemonError::Ring(RingError::UnknownGroup { .. }) => Exit::Config,
             DaemonError::Ring(_) | DaemonError::BadBatch { .. } => Exit::Ring,
             DaemonError::Backend(_) => Exit::Backend,
             DaemonError::Verify { .. } => Exit::Verify,
@@ -211,6 +212,12 @@ struct Daemon {
     daemon_wait_ns: u64,
     interrupted: bool,
     spare_samples: Vec<Vec<u64>>,
+    // Fault handling (daemon/recovery.rs).
+    /// Stopping: no new seqs are handed out (the daemon's own record, never read from the ring).
+    draining: bool,
+    /// How often dead/hung loaders and the segment file are checked (`daemon.reap_interval_ms`).
+    reap_every: Duration,
+    recovery: recovery::Recovery,
 }
 
 impl Daemon {
@@ -237,6 +244,7 @@ impl Daemon {
             slots: cfg.ring.slots,
             slot_bytes: cfg.slot_bytes(),
             mode: cfg.ring.mode.bits(),
+            group: cfg.ring.group.clone(),
             fingerprint: cfg.fingerprint(),
             start_seq: args.start_seq,
             end_seq,
@@ -354,6 +362,13 @@ impl Daemon {
             daemon_wait_ns: 0,
             interrupted: false,
             spare_samples: Vec::new(),
+            draining: false,
+            reap_every: Duration::from_millis(cfg.daemon.reap_interval_ms),
+            recovery: recovery::Recovery::new(
+                slots,
+                Duration::from_millis(cfg.daemon.lease_ms),
+                cfg.daemon.on_bad_batch,
+            ),
             ring,
             cfg,
         };
@@ -375,11 +390,23 @@ impl Daemon {
         Ok(d)
     }
 
-    /// Assigns the next seq to `slot`, or parks it when the plan is handed out.
+    /// Assigns the next seq to `slot` (a seq that lost its slot first), or parks it when the plan
+    /// is handed out. A quarantined slot stays out of use.
     fn hand_out(&mut self, slot: u32) {
-        if self.next_assign < self.end_seq && self.ring.state() != ring_state::DRAINING {
-            let seq = self.next_assign;
-            self.next_assign += 1;
+        if self.recovery.is_quarantined(slot) {
+            self.assigned[slot as usize] = None;
+            return;
+        }
+        let reissued = if self.draining {
+            None
+        } else {
+            self.recovery.take_reissue()
+        };
+        if reissued.is_some() || (self.next_assign < self.end_seq && !self.draining) {
+            let seq = reissued.unwrap_or_else(|| {
+                self.next_assign += 1;
+                self.next_assign - 1
+            });
             self.ring
                 .header()
                 .next_assign
@@ -418,6 +445,7 @@ impl Daemon {
             if shutdown.requested() && drain_deadline.is_none() {
                 tracing::info!(ring = %self.cfg.ring.name, "stop requested: draining");
                 self.interrupted = true;
+                self.draining = true;
                 drain_deadline = Some(Instant::now() + DRAIN_DEADLINE);
                 self.ring.set_state(ring_state::DRAINING);
                 for slot in 0..self.assigned.len() as u32 {
@@ -434,7 +462,7 @@ impl Daemon {
                     return Ok(());
                 }
             }
-            if last_reap.elapsed() >= REAP_EVERY {
+            if last_reap.elapsed() >= self.reap_every {
                 last_reap = Instant::now();
                 self.reap()?;
             }
@@ -564,15 +592,16 @@ impl Daemon {
                     .map(|(&s, &sl)| (s, sl))
             };
             let Some((seq, slot)) = candidate else { break };
+            if self.cfg.ring.in_order && self.recovery.first_reissue().is_some_and(|r| r < seq) {
+                break; // an earlier seq lost its slot and must be made first
+            }
             let taken = match self.ring.take_ready(slot, seq) {
                 Ok(Some(t)) => t,
                 Ok(None) => break,
                 Err(fault) => {
-                    self.ring.header().rejected.fetch_add(1, Relaxed);
-                    return Err(DaemonError::BadBatch {
-                        ring: self.cfg.ring.name.clone(),
-                        what: fault.to_string(),
-                    });
+                    self.bad_batch(slot, seq, fault.to_string())?;
+                    progressed = true;
+                    continue;
                 }
             };
             self.waiting.remove(&seq);
@@ -597,23 +626,26 @@ impl Daemon {
             let meta_ok = BatchMeta::decode(meta_bytes, self.cfg.meta_reserve_bytes() as usize)
                 .and_then(|m| m.validate_against(&expected, self.cfg.sample_bytes()));
             if let Err(e) = meta_ok {
-                self.ring.header().rejected.fetch_add(1, Relaxed);
-                return Err(DaemonError::BadBatch {
-                    ring: self.cfg.ring.name.clone(),
-                    what: format!("slot {slot}, seq {seq}: bad batch metadata: {e}"),
-                });
+                self.spare_samples.push(expected.samples);
+                self.bad_batch(
+                    slot,
+                    seq,
+                    format!("slot {slot}, seq {seq}: bad batch metadata: {e}"),
+                )?;
+                progressed = true;
+                continue;
             }
             let samples = expected.samples;
             let expected_len = samples.len() as u64 * self.cfg.sample_bytes();
             if taken.payload_len != expected_len {
-                self.ring.header().rejected.fetch_add(1, Relaxed);
-                return Err(DaemonError::BadBatch {
-                    ring: self.cfg.ring.name.clone(),
-                    what: format!(
-                        "slot {slot}, seq {seq}: payload is {} bytes, the plan says {expected_len}",
-                        taken.payload_len
-                    ),
-                });
+                let what = format!(
+                    "slot {slot}, seq {seq}: payload is {} bytes, the plan says {expected_len}",
+                    taken.payload_len
+                );
+                self.spare_samples.push(samples);
+                self.bad_batch(slot, seq, what)?;
+                progressed = true;
+                continue;
             }
             let buffer = self.free_buffers.pop().expect("checked non-empty");
             let len = taken.payload_len as usize;
@@ -685,7 +717,7 @@ impl Daemon {
         if reaped > 0 {
             tracing::warn!(ring = %self.cfg.ring.name, loaders = reaped, "removed dead loaders from the table");
         }
-        Ok(())
+        self.recover()
     }
 
     fn finish(&mut self, result: &Result<(), DaemonError>) -> Summary {
@@ -739,6 +771,10 @@ impl Daemon {
             resume_seq,
             reclaimed: h.reclaimed.load(Relaxed),
             rejected: h.rejected.load(Relaxed),
+            leases_expired: self.ring.health().leases_expired.load(Relaxed),
+            bad_batches_skipped: self.ring.health().bad_batches_skipped.load(Relaxed),
+            reissued: self.ring.health().reissued.load(Relaxed),
+            corrupt_descriptors: self.ring.health().corrupt_descriptors.load(Relaxed),
             registration_seconds: self.registration_seconds,
             daemon_wait_seconds: daemon_wait,
             loader_wait_seconds: loader_wait,

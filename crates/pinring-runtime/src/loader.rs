@@ -15,6 +15,9 @@ use std::time::{Duration, Instant};
 
 /// Longest single wait for a free slot.
 const MAX_WAIT: Duration = Duration::from_millis(100);
+/// How often a busy loader checks that its daemon is still running (an idle one checks on every
+/// wait timeout).
+const DAEMON_CHECK_EVERY: Duration = Duration::from_millis(250);
 /// Error code a loader commits when it cannot make the batch of a slot.
 pub const ERR_PLAN: u32 = 1;
 /// Error code for metadata that does not fit the slot.
@@ -32,6 +35,10 @@ pub struct LoaderArgs {
     /// How long to wait for the ring to exist and become ready, in seconds.
     #[arg(long, default_value_t = 30.0)]
     pub wait_secs: f64,
+    /// When the daemon dies, wait for a new daemon on the same ring (up to --wait-secs) and
+    /// attach to it instead of exiting with code 5.
+    #[arg(long)]
+    pub wait_for_daemon: bool,
 }
 
 /// What a loader did.
@@ -135,35 +142,71 @@ pub fn attach(name: &str, access: Access, wait: Duration) -> Result<Ring, RingEr
     }
 }
 
-/// Runs a loader until the ring closes or a stop is requested.
+/// Runs a loader until the ring closes or a stop is requested. With `--wait-for-daemon`, a
+/// daemon that dies is waited for and replaced: the loader attaches to the next generation.
 pub fn run(args: &LoaderArgs, shutdown: &Shutdown) -> Result<LoaderReport, LoaderError> {
     let overrides = Overrides {
         ring: args.ring.clone(),
         ..Default::default()
     };
-    let mut cfg = settings::load(args.config.as_deref(), &overrides)?;
+    let cfg = settings::load(args.config.as_deref(), &overrides)?;
     let wait = Duration::from_secs_f64(args.wait_secs.max(0.0));
-    let ring = attach(&cfg.ring.name, Access::ReadWrite, wait)?;
+    let mut total = LoaderReport::default();
+    loop {
+        let outcome = run_attached(&mut cfg.clone(), wait, shutdown);
+        match outcome {
+            Ok(report) => {
+                total.add(&report);
+                return Ok(total);
+            }
+            Err((report, e @ LoaderError::DaemonGone { .. }))
+                if args.wait_for_daemon && !shutdown.requested() =>
+            {
+                total.add(&report);
+                tracing::warn!("{e}; waiting up to {wait:?} for a new daemon (--wait-for-daemon)");
+            }
+            Err((_, e)) => return Err(e),
+        }
+    }
+}
+
+impl LoaderReport {
+    fn add(&mut self, other: &LoaderReport) {
+        self.batches += other.batches;
+        self.bytes += other.bytes;
+        self.reclaimed += other.reclaimed;
+    }
+}
+
+/// One attachment: attach to the ring's current daemon and work until the ring closes, a stop is
+/// requested, or the daemon dies.
+fn run_attached(
+    cfg: &mut Config,
+    wait: Duration,
+    shutdown: &Shutdown,
+) -> Result<LoaderReport, (LoaderReport, LoaderError)> {
+    let none = |e: LoaderError| (LoaderReport::default(), e);
+    let ring = attach(&cfg.ring.name, Access::ReadWrite, wait).map_err(|e| none(e.into()))?;
     let h = ring.header();
     let theirs = h.fingerprint.load(Relaxed);
     if cfg.fingerprint() != theirs {
-        return Err(LoaderError::Mismatch {
+        return Err(none(LoaderError::Mismatch {
             ring: cfg.ring.name.clone(),
             source_name: cfg.source.clone(),
             mine: cfg.fingerprint(),
             theirs,
-        });
+        }));
     }
     // The daemon decides how many epochs run (the end seq is in the header); the plan must cover
     // every seq it may hand out.
     let end_seq = h.end_seq.load(Relaxed);
-    let plan = plan_covering(&mut cfg, end_seq)?;
+    let plan = plan_covering(cfg, end_seq).map_err(none)?;
     let me = ProcessId::current();
-    let index = ring.attach_loader(me)?;
+    let index = ring.attach_loader(me).map_err(|e| none(e.into()))?;
     tracing::info!(ring = %cfg.ring.name, loader = index, pid = me.pid, "attached");
     let mut worker = Worker {
         ring: &ring,
-        cfg: &cfg,
+        cfg,
         plan,
         index,
         samples: Vec::new(),
@@ -173,7 +216,7 @@ pub fn run(args: &LoaderArgs, shutdown: &Shutdown) -> Result<LoaderReport, Loade
     ring.detach_loader(index);
     let report = worker.report;
     tracing::info!(ring = %cfg.ring.name, loader = index, batches = report.batches, bytes = report.bytes, "detached");
-    result.map(|()| report)
+    result.map(|()| report).map_err(|e| (report, e))
 }
 
 fn plan_covering(cfg: &mut Config, end_seq: u64) -> Result<Plan, LoaderError> {
@@ -189,6 +232,21 @@ fn plan_covering(cfg: &mut Config, end_seq: u64) -> Result<Plan, LoaderError> {
     let epochs = end_seq.div_ceil(bpe).clamp(1, u64::from(u32::MAX)) as u32;
     cfg.plan.epochs = epochs;
     cfg.plan().map_err(|e| plan_err(cfg, e))
+}
+
+impl Worker<'_> {
+    /// `DaemonGone` if the ring's daemon (pid + start time) is no longer running.
+    fn check_daemon(&self) -> Result<(), LoaderError> {
+        let daemon = self.ring.daemon();
+        if daemon.is_alive() {
+            Ok(())
+        } else {
+            Err(LoaderError::DaemonGone {
+                ring: self.cfg.ring.name.clone(),
+                pid: daemon.pid,
+            })
+        }
+    }
 }
 
 struct Worker<'a> {
@@ -209,9 +267,14 @@ impl Worker<'_> {
         let shape = self.cfg.dataset.sample_shape.clone();
         let dtype = self.cfg.dataset.dtype;
         let mut hint = u32::from(self.index) % self.ring.geometry().slot_count;
+        let mut last_daemon_check = Instant::now();
         loop {
             if shutdown.requested() || self.ring.state() >= ring_state::DRAINING {
                 return Ok(());
+            }
+            if last_daemon_check.elapsed() >= DAEMON_CHECK_EVERY {
+                last_daemon_check = Instant::now();
+                self.check_daemon()?;
             }
             // Acquire: pairs with the daemon's Release bump after it frees a slot, so a slot freed
             // after this load makes the wait below return at once.
@@ -225,11 +288,9 @@ impl Worker<'_> {
                 entry
                     .heartbeat_ns
                     .store(pinring_ring::clock::monotonic_ns(), Relaxed);
-                if r == futex::Wake::TimedOut && !self.ring.daemon().is_alive() {
-                    return Err(LoaderError::DaemonGone {
-                        ring: self.cfg.ring.name.clone(),
-                        pid: self.ring.daemon().pid,
-                    });
+                if r == futex::Wake::TimedOut {
+                    last_daemon_check = Instant::now();
+                    self.check_daemon()?;
                 }
                 continue;
             };
@@ -274,6 +335,7 @@ impl Worker<'_> {
                 }
             };
             let count = self.samples.len() as u32;
+            let (slot, ticket) = (claim.slot, claim.ticket);
             match self.ring.commit(claim, payload_len, meta_len, count, error) {
                 Ok(()) => {
                     let ns = t.elapsed().as_nanos() as u64;
@@ -288,6 +350,9 @@ impl Worker<'_> {
                     h.loader_busy_ns.fetch_add(ns, Relaxed);
                 }
                 Err(e @ CommitError::Reclaimed { .. }) => {
+                    // Never touch that slot again, and say so: the daemon keeps a slot taken
+                    // from a live loader out of use until it sees this (or the loader's exit).
+                    self.ring.abandon(self.index, slot, ticket);
                     self.report.reclaimed += 1;
                     tracing::warn!(ring = %self.cfg.ring.name, "{e}");
                 }

@@ -42,10 +42,22 @@ pub struct Summary {
     pub last_delivered_seq: Option<u64>,
     /// Seq to pass as --start-seq to resume this run.
     pub resume_seq: u64,
-    /// Slots taken back from dead loaders.
+    /// Slots taken back from dead or hung loaders.
     pub reclaimed: u64,
     /// Batches the daemon refused (invalid descriptor or metadata).
     pub rejected: u64,
+    /// Slots taken back from live loaders that held them past `daemon.lease_ms` (hung).
+    #[serde(default)]
+    pub leases_expired: u64,
+    /// Bad batches skipped under `on_bad_batch = "skip"` (each made again).
+    #[serde(default)]
+    pub bad_batches_skipped: u64,
+    /// Seqs moved to another slot because theirs was quarantined.
+    #[serde(default)]
+    pub reissued: u64,
+    /// Slot descriptors found in a state the daemon never left them in.
+    #[serde(default)]
+    pub corrupt_descriptors: u64,
     /// Seconds spent registering the ring with the GPU.
     pub registration_seconds: f64,
     /// Seconds the daemon waited for a ready slot while it could have uploaded.

@@ -1,0 +1,278 @@
+//! Faults end to end (docs/RELIABILITY.md lists which test proves which row): dead and hung
+//! daemons, resource faults, foreign segments, access by another user, too many loaders, an
+//! unwritable summary.
+
+mod common;
+
+use common::*;
+use nix::sys::signal::Signal;
+use pinring_ring::{Access, ProcessId, Ring};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+const RING_ERROR: i32 = 4;
+const PEER_DIED: i32 = 5;
+const REFUSED: i32 = 8;
+const OUTPUT: i32 = 9;
+
+#[test]
+fn loaders_notice_a_dead_daemon_within_a_second_and_exit_5() {
+    let fx = Fixture::small("ddead");
+    let mut daemon = fx.daemon(&["--epochs", "1000"]);
+    let ring = fx.wait_ready(&daemon);
+    let loaders: Vec<_> = (0..3).map(|_| fx.loader(&fx.config)).collect();
+    wait_until("deliveries", LONG, || delivered(&ring) >= 10);
+    daemon.kill().unwrap();
+    daemon.wait().unwrap();
+    let killed = Instant::now();
+    for l in loaders {
+        let (st, log) = wait_for(l, "loader", Duration::from_secs(5));
+        assert_eq!(st.code(), Some(PEER_DIED), "{log}");
+        assert!(log.contains("daemon") && log.contains("is gone"), "{log}");
+    }
+    // Three loaders, each within the 1 s bound (plus process teardown).
+    assert!(
+        killed.elapsed() < Duration::from_millis(1500),
+        "loaders took {:?} to notice",
+        killed.elapsed()
+    );
+}
+
+#[test]
+fn a_waiting_loader_reattaches_to_the_next_daemon_which_resumes_from_the_last_delivered_seq() {
+    let fx = Fixture::small("reattach");
+    let mut first = fx.daemon(&["--epochs", "4"]);
+    let ring = fx.wait_ready(&first);
+    let loader = fx.loader_with(&fx.config, &["--wait-for-daemon"]);
+    wait_until("deliveries", LONG, || delivered(&ring) >= 20);
+    first.kill().unwrap();
+    first.wait().unwrap();
+    // Status of the dead daemon's ring: every seq below next_deliver was delivered in order.
+    let resume = ring
+        .header()
+        .next_deliver
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert!(resume >= 20);
+    drop(ring);
+    assert!(fx.segment().exists(), "the killed daemon left its segment");
+    let resume_arg = resume.to_string();
+    let second = fx.daemon(&["--epochs", "4", "--start-seq", &resume_arg]);
+    let (st, log) = wait_for(second, "second daemon", LONG);
+    assert!(st.success(), "{log}");
+    assert!(log.contains("stale segment"), "{log}");
+    let (st, log) = wait_for(loader, "loader", Duration::from_secs(10));
+    assert!(st.success(), "{log}");
+    assert!(log.contains("--wait-for-daemon"), "{log}");
+    let s = fx.summary();
+    assert_eq!(s.start_seq, resume);
+    assert_eq!(s.end_seq, 256);
+    assert_complete(&s, true);
+}
+
+#[test]
+fn a_ring_larger_than_dev_shm_fails_at_start_without_touching_memory() {
+    // 4096 slots of 1 GiB: 4 TiB, more than any /dev/shm here; refused before allocating.
+    let fx = Fixture::new(
+        "nospace",
+        &format!("{SMALL}\n").replace("slots = 8", "slots = 4096\nslot_bytes = \"1GiB\""),
+    );
+    let (st, log) = wait_for(fx.daemon(&[]), "daemon", Duration::from_secs(20));
+    assert_eq!(st.code(), Some(RING_ERROR), "{log}");
+    assert!(
+        log.contains(&fx.ring) && log.contains("/dev/shm") && log.contains("asked for"),
+        "{log}"
+    );
+    assert!(!fx.segment().exists());
+}
+
+#[test]
+fn a_segment_replaced_behind_the_daemons_back_stops_it() {
+    let fx = Fixture::small("replaced");
+    let daemon = fx.daemon(&["--epochs", "1000"]);
+    let ring = fx.wait_ready(&daemon);
+    let size = std::fs::metadata(fx.segment()).unwrap().len();
+    // Same name, same size, another file.
+    std::fs::remove_file(fx.segment()).unwrap();
+    let f = std::fs::File::create(fx.segment()).unwrap();
+    f.set_len(size).unwrap();
+    let ino = f.metadata().unwrap().ino();
+    drop(ring);
+    let (st, log) = wait_for(daemon, "daemon", Duration::from_secs(10));
+    assert_eq!(st.code(), Some(RING_ERROR), "{log}");
+    assert!(log.contains("replaced") && log.contains(&fx.ring), "{log}");
+    // The daemon must not remove the file that replaced its segment.
+    assert_eq!(std::fs::metadata(fx.segment()).unwrap().ino(), ino);
+}
+
+#[test]
+fn a_loader_beyond_the_loader_table_is_refused_with_exit_8() {
+    let fx = Fixture::small("full");
+    let daemon = fx.daemon(&["--epochs", "1000"]);
+    fx.wait_ready(&daemon);
+    // Fill the table with entries naming this (live) test process, as 48 idle loaders would.
+    let ring = Ring::open(&fx.ring, Access::ReadWrite, Duration::from_secs(5)).unwrap();
+    let me = ProcessId::current();
+    let taken: Vec<u16> = (0..pinring_ring::MAX_LOADERS)
+        .map(|_| ring.attach_loader(me).unwrap())
+        .collect();
+    let (st, log) = wait_for(fx.loader(&fx.config), "loader", Duration::from_secs(10));
+    assert_eq!(st.code(), Some(REFUSED), "{log}");
+    assert!(
+        log.contains(&fx.ring) && log.contains("48 loaders") && log.contains("stop a loader"),
+        "{log}"
+    );
+    // A place freed is a place taken.
+    ring.detach_loader(taken[0]);
+    let loader = fx.loader(&fx.config);
+    wait_until("the new loader's deliveries", LONG, || {
+        delivered(&ring) >= 5
+    });
+    signal(&daemon, Signal::SIGTERM);
+    let (st, log) = wait_for(daemon, "daemon", Duration::from_secs(5));
+    assert!(st.success(), "{log}");
+    let (st, log) = wait_for(loader, "loader", Duration::from_secs(5));
+    assert!(st.success(), "{log}");
+}
+
+#[test]
+fn an_unwritable_summary_path_exits_9_after_a_complete_run() {
+    let fx = Fixture::small("nosummary");
+    let bad = fx.dir.path().join("no-such-dir").join("summary.json");
+    let daemon = std::process::Command::new(DAEMON)
+        .args(["--ring", &fx.ring, "--backend", "host", "--sink", "verify"])
+        .arg("--config")
+        .arg(&fx.config)
+        .arg("--summary")
+        .arg(&bad)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let loader = fx.loader(&fx.config);
+    let (st, log) = wait_for(daemon, "daemon", LONG);
+    assert_eq!(st.code(), Some(OUTPUT), "{log}");
+    assert!(
+        log.contains("cannot write the summary") && log.contains("no-such-dir"),
+        "{log}"
+    );
+    // The data path was not affected: every batch delivered and verified.
+    assert!(
+        log.contains("batches=128") && log.contains("verified=128"),
+        "{log}"
+    );
+    let (st, log) = wait_for(loader, "loader", Duration::from_secs(10));
+    assert!(st.success(), "{log}");
+}
+
+#[test]
+fn a_segment_owned_by_another_user_is_never_replaced() {
+    let fx = Fixture::small("foreign");
+    std::fs::write(fx.segment(), vec![0u8; 8192]).unwrap();
+    nix::unistd::chown(&fx.segment(), Some(nix::unistd::Uid::from_raw(65534)), None).unwrap();
+    let (st, log) = wait_for(fx.daemon(&[]), "daemon", Duration::from_secs(10));
+    assert_eq!(st.code(), Some(RING_ERROR), "{log}");
+    assert!(log.contains("owned by uid 65534"), "{log}");
+    assert_eq!(std::fs::metadata(fx.segment()).unwrap().uid(), 65534);
+}
+
+/// Runs the loader binary as uid/gid 65534 (nobody) with no supplementary groups.
+fn loader_as_nobody(fx: &Fixture) -> Option<std::process::Child> {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: switching users needs root");
+        return None;
+    }
+    // The binary and the config must be reachable by that user.
+    std::fs::set_permissions(fx.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(&fx.config, std::fs::Permissions::from_mode(0o644)).unwrap();
+    Some(
+        Command::new("setpriv")
+            .args([
+                "--reuid=65534",
+                "--regid=65534",
+                "--clear-groups",
+                LOADER,
+                "--ring",
+                &fx.ring,
+                "--wait-secs",
+                "5",
+            ])
+            .arg("--config")
+            .arg(&fx.config)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("setpriv (util-linux) runs"),
+    )
+}
+
+#[test]
+fn another_user_cannot_open_the_segment_and_nothing_is_world_writable() {
+    let fx = Fixture::small("access");
+    let daemon = fx.daemon(&["--epochs", "1000"]);
+    fx.wait_ready(&daemon);
+    let mode = std::fs::metadata(fx.segment()).unwrap().mode() & 0o777;
+    assert_eq!(mode, 0o600, "default mode");
+    if let Some(child) = loader_as_nobody(&fx) {
+        let (st, log) = wait_for(child, "loader as nobody", Duration::from_secs(10));
+        assert_eq!(st.code(), Some(RING_ERROR), "{log}");
+        assert!(
+            log.contains("permission denied for uid 65534") && log.contains(&fx.ring),
+            "{log}"
+        );
+    }
+    signal(&daemon, Signal::SIGTERM);
+    let (st, log) = wait_for(daemon, "daemon", Duration::from_secs(5));
+    assert!(st.success(), "{log}");
+}
+
+#[test]
+fn group_mode_gives_the_configured_group_access() {
+    // Group 65534 (nogroup/nobody) exists on every Linux; name it as the system does.
+    let Some(group) = nix::unistd::Group::from_gid(nix::unistd::Gid::from_raw(65534))
+        .ok()
+        .flatten()
+    else {
+        eprintln!("skipped: no group with gid 65534 on this machine");
+        return;
+    };
+    let fx = Fixture::new(
+        "group",
+        &SMALL.replace(
+            "slots = 8",
+            &format!("slots = 8\nmode = \"0660\"\ngroup = \"{}\"", group.name),
+        ),
+    );
+    let daemon = fx.daemon(&[]);
+    fx.wait_ready(&daemon);
+    let meta = std::fs::metadata(fx.segment()).unwrap();
+    assert_eq!(meta.mode() & 0o777, 0o660);
+    assert_eq!(meta.gid(), 65534);
+    // nobody is in that group: it may attach and work.
+    if let Some(child) = loader_as_nobody(&fx) {
+        let (st, log) = wait_for(child, "loader as nobody", LONG);
+        assert!(st.success(), "{log}");
+    }
+    let (st, log) = wait_for(daemon, "daemon", LONG);
+    assert!(st.success(), "{log}");
+    assert_complete(&fx.summary(), true);
+}
+
+#[test]
+fn an_unknown_group_is_a_clear_error() {
+    let fx = Fixture::new(
+        "nogroup",
+        &SMALL.replace(
+            "slots = 8",
+            "slots = 8\nmode = \"0660\"\ngroup = \"no-such-group-pinring\"",
+        ),
+    );
+    let (st, log) = wait_for(fx.daemon(&[]), "daemon", Duration::from_secs(10));
+    assert_eq!(st.code(), Some(3), "{log}");
+    assert!(
+        log.contains("no-such-group-pinring") && log.contains("groupadd"),
+        "{log}"
+    );
+    assert!(!fx.segment().exists());
+}

@@ -1,0 +1,151 @@
+//! Taking slots back from loaders that hang, and the handshake that makes that safe.
+//!
+//! A loader that was stopped (SIGSTOP, a stuck NFS read, a debugger) while it held a CLAIMED
+//! slot is still alive: it can resume at any time and go on writing payload bytes into the slot
+//! before its commit CAS fails. So a slot taken back from a *live* owner is not handed out again
+//! at once. [`Ring::reclaim_expired`] moves it CLAIMED → IDLE (new ticket: the late commit
+//! fails) and the daemon keeps it out of use ("quarantined") until the old owner is dead or has
+//! written [`abandon_word`] into its loader-table entry ([`Ring::abandon`], done right after its
+//! refused commit, after which it never touches the slot again). The seq it carried is made in
+//! another slot meanwhile. A zombie's bytes therefore only ever land in a slot that nobody will
+//! upload from, and the consumer can never see them.
+//!
+//! No unsafe code here: everything goes through the typed views of [`Ring`].
+
+use crate::layout::{abandon_word, loader_state, MAX_LOADERS};
+use crate::process::ProcessId;
+use crate::ring::Ring;
+use crate::slot::{SlotState, SlotWord, NO_OWNER};
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
+
+/// A slot taken back from a loader that held it past its lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Expired {
+    /// Slot index.
+    pub slot: u32,
+    /// Seq the slot carried (to be made elsewhere).
+    pub seq: u64,
+    /// Loader-table index of the owner.
+    pub owner: u16,
+    /// Ticket of the round the owner claimed (its abandon word names it).
+    pub ticket: u32,
+    /// The owner process as the loader table named it, if the entry was valid.
+    pub owner_id: Option<ProcessId>,
+    /// The owner's abandon word when the slot was taken back. A loader holds one claim at a
+    /// time, so any later abandon word from it means it is past this slot.
+    pub abandoned_before: u64,
+}
+
+impl Ring {
+    /// The process in loader-table entry `owner`, if the index is in range and the entry active.
+    pub fn owner_identity(&self, owner: u16) -> Option<ProcessId> {
+        if owner as usize >= MAX_LOADERS {
+            return None;
+        }
+        let e = self.loader(owner as usize);
+        let pid = e.pid.load(Acquire);
+        (pid != 0 && e.state.load(Acquire) == loader_state::ACTIVE).then(|| ProcessId {
+            pid,
+            start_time: e.start_time.load(Relaxed),
+        })
+    }
+
+    /// The raw state word of slot `i` (for the daemon's lease bookkeeping).
+    pub fn word(&self, i: u32) -> SlotWord {
+        SlotWord::unpack(self.desc(i).word.load(Acquire))
+    }
+
+    /// If slot `i` still holds exactly the CLAIMED word `observed` (same owner, same ticket: the
+    /// loader made no progress since), takes it back: CLAIMED → IDLE with a new ticket, so the
+    /// owner's commit fails. The caller keeps the slot out of use until
+    /// [`Ring::released_by`] says the owner can no longer write into it.
+    pub fn reclaim_expired(&self, i: u32, observed: u64) -> Option<Expired> {
+        let d = self.desc(i);
+        let w = SlotWord::unpack(observed);
+        if w.state != Some(SlotState::Claimed) {
+            return None;
+        }
+        let owner_id = self.owner_identity(w.owner);
+        let abandoned_before = if (w.owner as usize) < MAX_LOADERS {
+            self.loader(w.owner as usize).abandoned.load(Acquire)
+        } else {
+            0
+        };
+        let seq = d.seq.load(Relaxed);
+        let idle = SlotWord::pack(SlotState::Idle, NO_OWNER, w.ticket.wrapping_add(1));
+        // AcqRel: the loss of ownership is ordered before anything the daemon does next with
+        // the slot (nothing, until release); the Acquire side pairs with the claim.
+        d.word
+            .compare_exchange(observed, idle, AcqRel, Relaxed)
+            .ok()?;
+        self.header().reclaimed.fetch_add(1, Relaxed);
+        Some(Expired {
+            slot: i,
+            seq,
+            owner: w.owner,
+            ticket: w.ticket,
+            owner_id,
+            abandoned_before,
+        })
+    }
+
+    /// Whether the owner of an expired claim can no longer write into the slot: its process is
+    /// gone, or it has acknowledged with [`Ring::abandon`] (this slot, or a later one: a loader
+    /// holds one claim at a time, so it abandons slots in order).
+    pub fn released_by(&self, e: &Expired) -> bool {
+        let Some(id) = e.owner_id else {
+            // The table named nobody valid: there is no process to wait for.
+            return true;
+        };
+        if !id.is_alive() {
+            return true;
+        }
+        (e.owner as usize) < MAX_LOADERS && {
+            let entry = self.loader(e.owner as usize);
+            // Acquire pairs with the loader's Release store in `abandon`.
+            let now = entry.abandoned.load(Acquire);
+            entry.pid.load(Acquire) == id.pid
+                && (now == abandon_word(e.slot, e.ticket)
+                    || (now != e.abandoned_before && now != 0))
+        }
+    }
+
+    /// Loader side: after a refused commit, promises never to touch `slot` of round `ticket`
+    /// again, so the daemon may hand the slot out once more.
+    pub fn abandon(&self, index: u16, slot: u32, ticket: u32) {
+        let e = self.loader(index as usize);
+        // Release: every write this loader made into the slot happens before the daemon, which
+        // loads this word with Acquire, re-issues the slot.
+        e.abandoned.store(abandon_word(slot, ticket), Release);
+        crate::futex::bump_and_wake(&self.header().doorbell_futex, 1);
+    }
+
+    /// Daemon side: takes a FREE or READY slot back to IDLE (new ticket) so that it can carry
+    /// another seq. Returns the state it was taken from; `None` if it was in neither (a loader
+    /// claimed it meanwhile, or it is the daemon's). A READY batch taken back is simply made
+    /// again later; its loader finished writing when it committed.
+    pub fn take_back(&self, i: u32) -> Option<SlotState> {
+        let d = self.desc(i);
+        let w = SlotWord::unpack(d.word.load(Acquire));
+        let state = w.state?;
+        if !matches!(state, SlotState::Free | SlotState::Ready) {
+            return None;
+        }
+        let idle = SlotWord::pack(SlotState::Idle, NO_OWNER, w.ticket.wrapping_add(1));
+        d.word
+            .compare_exchange(w.raw, idle, AcqRel, Relaxed)
+            .ok()
+            .map(|_| state)
+    }
+
+    /// Daemon side: forces a slot whose descriptor holds a state the daemon never left it in
+    /// (garbage, IDLE or UPLOADING while assigned) back to IDLE with a new ticket.
+    pub fn reset_to_idle(&self, i: u32) {
+        let d = self.desc(i);
+        let w = SlotWord::unpack(d.word.load(Acquire));
+        d.word.store(
+            SlotWord::pack(SlotState::Idle, NO_OWNER, w.ticket.wrapping_add(1)),
+            Release,
+        );
+    }
+}

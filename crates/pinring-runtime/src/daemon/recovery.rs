@@ -1,0 +1,292 @@
+//! The daemon's fault handling beyond dead loaders (which `Daemon::reap` puts back at once):
+//! leases on claimed slots, quarantine of slots taken from live (hung) loaders, re-issuing their
+//! seqs in other slots, the bad-batch policy, and auditing descriptors for states the daemon
+//! never left them in. docs/RELIABILITY.md has the table of faults.
+//!
+//! Runs on the daemon's main loop, like every other slot transition the daemon makes.
+
+use super::{Daemon, DaemonError};
+use pinring_data::BadBatchPolicy;
+use pinring_ring::{futex, Expired, SlotState};
+use std::collections::BTreeSet;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::{Duration, Instant};
+
+/// A seq whose batch was bad this many times stops the daemon even under `skip`: the loaders
+/// cannot make it, and retrying for ever would hide that.
+pub(super) const MAX_BAD_PER_SEQ: u32 = 8;
+
+/// Fault-handling state, owned by the main loop.
+#[derive(Debug)]
+pub(super) struct Recovery {
+    lease: Duration,
+    policy: BadBatchPolicy,
+    /// Per slot: the CLAIMED word last seen and since when it has been seen unchanged.
+    claims: Vec<Option<(u64, Instant)>>,
+    /// Per slot: the expired claim it was taken from, while it is kept out of use.
+    quarantine: Vec<Option<Expired>>,
+    /// Seqs that lost their slot and wait for another one.
+    reissue: BTreeSet<u64>,
+    /// Bad batches seen per seq (skip policy).
+    bad: std::collections::HashMap<u64, u32>,
+}
+
+impl Recovery {
+    pub(super) fn new(slots: usize, lease: Duration, policy: BadBatchPolicy) -> Recovery {
+        Recovery {
+            lease,
+            policy,
+            claims: vec![None; slots],
+            quarantine: vec![None; slots],
+            reissue: BTreeSet::new(),
+            bad: Default::default(),
+        }
+    }
+
+    pub(super) fn is_quarantined(&self, slot: u32) -> bool {
+        self.quarantine[slot as usize].is_some()
+    }
+
+    /// The lowest seq waiting for a slot.
+    pub(super) fn first_reissue(&self) -> Option<u64> {
+        self.reissue.first().copied()
+    }
+
+    pub(super) fn take_reissue(&mut self) -> Option<u64> {
+        self.reissue.pop_first()
+    }
+
+    pub(super) fn quarantined(&self) -> u64 {
+        self.quarantine.iter().filter(|q| q.is_some()).count() as u64
+    }
+}
+
+impl Daemon {
+    /// Every reap interval: leases, quarantine, descriptor audit, re-issued seqs, gauges.
+    pub(super) fn recover(&mut self) -> Result<(), DaemonError> {
+        self.expire_leases();
+        self.release_quarantine();
+        self.audit_slots()?;
+        self.place_reissued();
+        let health = self.ring.health();
+        health
+            .quarantined
+            .store(self.recovery.quarantined(), Relaxed);
+        let hung = self
+            .recovery
+            .quarantine
+            .iter()
+            .flatten()
+            .filter(|e| e.owner_id.is_some_and(|id| id.is_alive()))
+            .count();
+        health.hung_loaders.store(hung as u64, Relaxed);
+        health
+            .daemon_heartbeat_ns
+            .store(pinring_ring::clock::monotonic_ns(), Relaxed);
+        Ok(())
+    }
+
+    /// Takes back slots whose claim has not changed for longer than the lease.
+    fn expire_leases(&mut self) {
+        let now = Instant::now();
+        for slot in 0..self.assigned.len() as u32 {
+            let i = slot as usize;
+            if self.assigned[i].is_none() {
+                self.recovery.claims[i] = None;
+                continue;
+            }
+            let w = self.ring.word(slot);
+            if w.state != Some(SlotState::Claimed) {
+                self.recovery.claims[i] = None;
+                continue;
+            }
+            match self.recovery.claims[i] {
+                Some((raw, since)) if raw == w.raw => {
+                    if now.duration_since(since) < self.recovery.lease {
+                        continue;
+                    }
+                }
+                _ => {
+                    self.recovery.claims[i] = Some((w.raw, now));
+                    continue;
+                }
+            }
+            self.recovery.claims[i] = None;
+            let Some(expired) = self.ring.reclaim_expired(slot, w.raw) else {
+                continue;
+            };
+            let health = self.ring.health();
+            health.leases_expired.fetch_add(1, Relaxed);
+            let pid = expired.owner_id.map_or(0, |id| id.pid);
+            health.last_hung_pid.store(u64::from(pid), Relaxed);
+            tracing::warn!(
+                ring = %self.cfg.ring.name, slot, seq = expired.seq, loader = expired.owner, pid,
+                lease_ms = self.recovery.lease.as_millis() as u64,
+                "loader made no progress on its slot within the lease: declared hung; the slot is \
+                 taken back and kept out of use until that loader exits or acknowledges, and its \
+                 batch is made in another slot"
+            );
+            if let Some(seq) = self.assigned[i].take() {
+                self.waiting.remove(&seq);
+                self.recovery.reissue.insert(seq);
+            }
+            self.recovery.quarantine[i] = Some(expired);
+        }
+    }
+
+    /// Hands quarantined slots out again once their old owner cannot write into them any more.
+    fn release_quarantine(&mut self) {
+        for slot in 0..self.assigned.len() as u32 {
+            let Some(expired) = self.recovery.quarantine[slot as usize] else {
+                continue;
+            };
+            if !self.ring.released_by(&expired) {
+                continue;
+            }
+            self.recovery.quarantine[slot as usize] = None;
+            tracing::info!(ring = %self.cfg.ring.name, slot, loader = expired.owner,
+                "the hung loader exited or acknowledged: slot back in use");
+            self.hand_out(slot);
+            futex::bump_and_wake_all(&self.ring.header().work_futex);
+        }
+    }
+
+    /// Checks that every slot is in a state the daemon left it in (a buggy or hostile writer may
+    /// have scribbled over descriptors) and repairs or fails per the policy.
+    fn audit_slots(&mut self) -> Result<(), DaemonError> {
+        for slot in 0..self.assigned.len() as u32 {
+            let i = slot as usize;
+            if self.inflight.contains_key(&u64::from(slot)) {
+                continue; // UPLOADING: the daemon's own; its word is rewritten on completion.
+            }
+            let view = self.ring.slot_view(slot);
+            let problem = match self.assigned[i] {
+                Some(seq) => match view.state {
+                    Some(SlotState::Free) if view.seq != seq => Some(format!(
+                        "FREE slot carries seq {} instead of {seq}",
+                        view.seq
+                    )),
+                    Some(SlotState::Free | SlotState::Claimed | SlotState::Ready) => None,
+                    other => Some(format!(
+                        "slot carrying seq {seq} is in state {}",
+                        other.map_or("INVALID", |s| s.name())
+                    )),
+                },
+                None => match view.state {
+                    Some(SlotState::Idle) => None,
+                    other => Some(format!(
+                        "unused slot is in state {}",
+                        other.map_or("INVALID", |s| s.name())
+                    )),
+                },
+            };
+            let Some(what) = problem else { continue };
+            self.ring.health().corrupt_descriptors.fetch_add(1, Relaxed);
+            let what = format!(
+                "slot {slot}: descriptor corrupted by a writer outside the protocol: {what}"
+            );
+            match self.assigned[i] {
+                Some(seq) => self.bad_batch(slot, seq, what)?,
+                None => {
+                    if self.recovery.policy == BadBatchPolicy::Fail {
+                        return Err(self.bad_batch_error(what));
+                    }
+                    tracing::warn!(ring = %self.cfg.ring.name, "{what}; reset");
+                    self.ring.reset_to_idle(slot);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Gives seqs that lost their slot a new one: an unused slot first; in order mode, when no
+    /// upload can free a slot, a FREE or READY slot carrying a later seq (whose seq then waits
+    /// instead: delivery order means the earliest seq must be made first).
+    fn place_reissued(&mut self) {
+        if self.draining {
+            return;
+        }
+        for slot in 0..self.assigned.len() as u32 {
+            if self.recovery.reissue.is_empty() {
+                return;
+            }
+            let i = slot as usize;
+            if self.assigned[i].is_none()
+                && !self.recovery.is_quarantined(slot)
+                && !self.inflight.contains_key(&u64::from(slot))
+            {
+                self.hand_out(slot);
+                self.ring.health().reissued.fetch_add(1, Relaxed);
+                futex::bump_and_wake_all(&self.ring.header().work_futex);
+            }
+        }
+        if !self.cfg.ring.in_order {
+            return;
+        }
+        while let Some(first) = self.recovery.first_reissue() {
+            // Later seqs, latest first; FREE slots cost nothing, READY ones a remade batch, so
+            // those only when no upload is in flight (an upload completing would free a slot).
+            let mut candidates: Vec<(u64, u32)> = self
+                .waiting
+                .range(first + 1..)
+                .rev()
+                .map(|(&s, &sl)| (s, sl))
+                .collect();
+            candidates.retain(|&(_, sl)| match self.ring.slot_view(sl).state {
+                Some(SlotState::Free) => true,
+                Some(SlotState::Ready) => self.inflight.is_empty(),
+                _ => false,
+            });
+            let Some(&(later, slot)) = candidates.first() else {
+                return;
+            };
+            if self.ring.take_back(slot).is_none() {
+                return;
+            }
+            self.waiting.remove(&later);
+            self.recovery.reissue.insert(later);
+            self.assigned[slot as usize] = None;
+            self.hand_out(slot);
+            self.ring.health().reissued.fetch_add(1, Relaxed);
+            futex::bump_and_wake_all(&self.ring.header().work_futex);
+        }
+    }
+
+    fn bad_batch_error(&self, what: String) -> DaemonError {
+        DaemonError::BadBatch {
+            ring: self.cfg.ring.name.clone(),
+            what,
+        }
+    }
+
+    /// A batch the daemon must not upload: stop (fail), or count it and have the same seq made
+    /// again in the same slot (skip). The slot is the daemon's (taken or audited) when called.
+    pub(super) fn bad_batch(
+        &mut self,
+        slot: u32,
+        seq: u64,
+        what: String,
+    ) -> Result<(), DaemonError> {
+        self.ring.header().rejected.fetch_add(1, Relaxed);
+        if self.recovery.policy == BadBatchPolicy::Fail {
+            return Err(self.bad_batch_error(what));
+        }
+        let n = self.recovery.bad.entry(seq).or_insert(0);
+        *n += 1;
+        if *n >= MAX_BAD_PER_SEQ {
+            let n = *n;
+            return Err(self.bad_batch_error(format!(
+                "{what}; seq {seq} was bad {n} times in a row, giving up (on_bad_batch = \"skip\" \
+                 retries a seq at most {MAX_BAD_PER_SEQ} times)"
+            )));
+        }
+        tracing::warn!(ring = %self.cfg.ring.name, slot, seq, "bad batch skipped, to be made again: {what}");
+        self.ring.health().bad_batches_skipped.fetch_add(1, Relaxed);
+        self.ring.reset_to_idle(slot);
+        self.assigned[slot as usize] = Some(seq);
+        self.waiting.insert(seq, slot);
+        self.ring.assign(slot, seq);
+        futex::bump_and_wake_all(&self.ring.header().work_futex);
+        Ok(())
+    }
+}
