@@ -45,7 +45,7 @@ fn sigkilled_loaders_lose_and_duplicate_nothing() {
     let fx = Fixture::new("chaos-kill", CHAOS);
     let mut rng = Rng::from_env("chaos-kill");
     let mut daemon = fx.daemon(&[]);
-    let ring = fx.wait_ready(&daemon);
+    let ring = fx.wait_ready(&mut daemon);
     let mut loaders: Vec<Child> = (0..LOADERS).map(|_| fx.loader(&fx.config)).collect();
     let mut kills = 0;
     let start = Instant::now();
@@ -103,8 +103,8 @@ fn a_loader_stopped_past_its_lease_is_declared_hung_and_its_late_writes_never_re
     let fx = Fixture::new("chaos-stop", &toml);
     let mut rng = Rng::from_env("chaos-stop");
     // Long enough a plan that the run outlasts the three stops.
-    let daemon = fx.daemon(&["--epochs", "80"]);
-    let ring = fx.wait_ready(&daemon);
+    let mut daemon = fx.daemon(&["--epochs", "80"]);
+    let ring = fx.wait_ready(&mut daemon);
     let mut loaders: Vec<Child> = (0..LOADERS).map(|_| fx.loader(&fx.config)).collect();
     let mut stops = 0;
     let start = Instant::now();
@@ -162,8 +162,8 @@ fn a_rogue_writer_scribbling_over_descriptors_and_the_loader_table_never_crashes
     );
     let fx = Fixture::new("chaos-scribble", &toml);
     let mut rng = Rng::from_env("chaos-scribble");
-    let daemon = fx.daemon(&[]);
-    fx.wait_ready(&daemon);
+    let mut daemon = fx.daemon(&[]);
+    fx.wait_ready(&mut daemon);
     let loaders: Vec<Child> = (0..3).map(|_| fx.loader(&fx.config)).collect();
     let rogue = Ring::open(&fx.ring, Access::ReadWrite, Duration::from_secs(5)).unwrap();
     let slots = rogue.geometry().slot_count;

@@ -20,7 +20,7 @@ const OUTPUT: i32 = 9;
 fn loaders_notice_a_dead_daemon_within_a_second_and_exit_5() {
     let fx = Fixture::small("ddead");
     let mut daemon = fx.daemon(&["--epochs", "1000"]);
-    let ring = fx.wait_ready(&daemon);
+    let ring = fx.wait_ready(&mut daemon);
     let loaders: Vec<_> = (0..3).map(|_| fx.loader(&fx.config)).collect();
     wait_until("deliveries", LONG, || delivered(&ring) >= 10);
     daemon.kill().unwrap();
@@ -43,7 +43,7 @@ fn loaders_notice_a_dead_daemon_within_a_second_and_exit_5() {
 fn a_waiting_loader_reattaches_to_the_next_daemon_which_resumes_from_the_last_delivered_seq() {
     let fx = Fixture::small("reattach");
     let mut first = fx.daemon(&["--epochs", "4"]);
-    let ring = fx.wait_ready(&first);
+    let ring = fx.wait_ready(&mut first);
     let loader = fx.loader_with(&fx.config, &["--wait-for-daemon"]);
     wait_until("deliveries", LONG, || delivered(&ring) >= 20);
     first.kill().unwrap();
@@ -89,8 +89,8 @@ fn a_ring_larger_than_dev_shm_fails_at_start_without_touching_memory() {
 #[test]
 fn a_segment_replaced_behind_the_daemons_back_stops_it() {
     let fx = Fixture::small("replaced");
-    let daemon = fx.daemon(&["--epochs", "1000"]);
-    let ring = fx.wait_ready(&daemon);
+    let mut daemon = fx.daemon(&["--epochs", "1000"]);
+    let ring = fx.wait_ready(&mut daemon);
     let size = std::fs::metadata(fx.segment()).unwrap().len();
     // Same name, same size, another file.
     std::fs::remove_file(fx.segment()).unwrap();
@@ -108,8 +108,8 @@ fn a_segment_replaced_behind_the_daemons_back_stops_it() {
 #[test]
 fn a_loader_beyond_the_loader_table_is_refused_with_exit_8() {
     let fx = Fixture::small("full");
-    let daemon = fx.daemon(&["--epochs", "1000"]);
-    fx.wait_ready(&daemon);
+    let mut daemon = fx.daemon(&["--epochs", "1000"]);
+    fx.wait_ready(&mut daemon);
     // Fill the table with entries naming this (live) test process, as 48 idle loaders would.
     let ring = Ring::open(&fx.ring, Access::ReadWrite, Duration::from_secs(5)).unwrap();
     let me = ProcessId::current();
@@ -210,8 +210,8 @@ fn loader_as_nobody(fx: &Fixture) -> Option<std::process::Child> {
 #[test]
 fn another_user_cannot_open_the_segment_and_nothing_is_world_writable() {
     let fx = Fixture::small("access");
-    let daemon = fx.daemon(&["--epochs", "1000"]);
-    fx.wait_ready(&daemon);
+    let mut daemon = fx.daemon(&["--epochs", "1000"]);
+    fx.wait_ready(&mut daemon);
     let mode = std::fs::metadata(fx.segment()).unwrap().mode() & 0o777;
     assert_eq!(mode, 0o600, "default mode");
     if let Some(child) = loader_as_nobody(&fx) {
@@ -244,8 +244,8 @@ fn group_mode_gives_the_configured_group_access() {
             &format!("slots = 8\nmode = \"0660\"\ngroup = \"{}\"", group.name),
         ),
     );
-    let daemon = fx.daemon(&[]);
-    fx.wait_ready(&daemon);
+    let mut daemon = fx.daemon(&[]);
+    fx.wait_ready(&mut daemon);
     let meta = std::fs::metadata(fx.segment()).unwrap();
     assert_eq!(meta.mode() & 0o777, 0o660);
     assert_eq!(meta.gid(), 65534);
