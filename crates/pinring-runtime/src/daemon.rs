@@ -65,6 +65,9 @@ pub struct DaemonArgs {
     /// Leave the ring's memory unregistered (pageable baseline).
     #[arg(long)]
     pub no_register: bool,
+    /// Running as a service: metrics endpoint, log level.
+    #[command(flatten)]
+    pub service: crate::service::DaemonServiceArgs,
 }
 
 /// Parses `--backend`.
@@ -117,6 +120,15 @@ pub enum DaemonError {
         /// Missing.
         missing: u64,
     },
+    /// The service layer (metrics endpoint) could not start.
+    #[error("ring {ring:?}: {source}")]
+    Service {
+        /// Ring name.
+        ring: String,
+        /// The error.
+        #[source]
+        source: crate::service::ServiceError,
+    },
     /// A daemon thread died.
     #[error("ring {ring:?}: internal error: {what}")]
     Internal {
@@ -132,6 +144,7 @@ impl DaemonError {
     pub fn exit(&self) -> Exit {
         match self {
             DaemonError::Config(_) | DaemonError::Plan { .. } => Exit::Config,
+            DaemonError::Service { .. } => Exit::Config,
             DaemonError::Ring(_) | DaemonError::BadBatch { .. } => Exit::Ring,
             DaemonError::Backend(_) => Exit::Backend,
             DaemonError::Verify { .. } => Exit::Verify,
@@ -171,6 +184,7 @@ struct Daemon {
     plan: Plan,
     uploader: Arc<dyn Uploader>,
     registration_seconds: f64,
+    service: crate::service::DaemonService,
     _registration: Option<pinring_backend::Registration>,
     completions: Receiver<Completion>,
     sink_tx: Option<crossbeam_channel::Sender<SinkJob>>,
@@ -220,6 +234,12 @@ impl Daemon {
                 ),
             });
         }
+        let service =
+            crate::service::DaemonService::start(&args.service, &cfg.ring.name, cfg.ring_bytes())
+                .map_err(|source| DaemonError::Service {
+                ring: cfg.ring.name.clone(),
+                source,
+            })?;
         let selected = pinring_backend::select(args.backend, args.device)?;
         tracing::info!(backend = selected.backend.name(), reason = %selected.reason, "backend selected");
         let ring = Arc::new(Ring::create(&CreateOptions {
@@ -315,6 +335,7 @@ impl Daemon {
             plan,
             uploader,
             registration_seconds,
+            service,
             _registration: registration,
             completions,
             sink_tx: Some(sink_tx),
@@ -358,6 +379,13 @@ impl Daemon {
             sink = d.sink_kind.name(),
             "ring ready"
         );
+        if let Err(source) = d.service.ready(&d.ring, registration_seconds) {
+            let _ = d.ring.unlink();
+            return Err(DaemonError::Service {
+                ring: d.cfg.ring.name.clone(),
+                source,
+            });
+        }
         Ok(d)
     }
 
@@ -394,6 +422,7 @@ impl Daemon {
             // Acquire: pairs with the Release bump of whoever rings (loader commit, relay, sink),
             // so a ring after this load is never lost: the wait below returns at once.
             let seen = self.ring.header().doorbell_futex.load(Acquire);
+            self.service.tick(&self.ring);
             let mut progressed = self.collect_completions()?;
             progressed |= self.collect_sink_results();
             progressed |= self.dispatch()?;
@@ -403,6 +432,7 @@ impl Daemon {
             }
             if shutdown.requested() && drain_deadline.is_none() {
                 tracing::info!(ring = %self.cfg.ring.name, "stop requested: draining");
+                self.service.stopping("stop requested: draining");
                 self.interrupted = true;
                 drain_deadline = Some(Instant::now() + DRAIN_DEADLINE);
                 self.ring.set_state(ring_state::DRAINING);
@@ -470,6 +500,7 @@ impl Daemon {
                 .saturating_duration_since(c.submitted)
                 .as_nanos() as u64;
             self.ring.header().upload_ns.fetch_add(upload_ns, Relaxed);
+            self.service.upload_done(&self.ring, slot, upload_ns);
             // (D): the upload has finished reading the slot; hand it out again.
             self.hand_out(slot);
             futex::bump_and_wake_all(&self.ring.header().work_futex);
@@ -631,6 +662,7 @@ impl Daemon {
     }
 
     fn finish(&mut self, result: &Result<(), DaemonError>) -> Summary {
+        self.service.stopping("run finished: closing the ring");
         self.ring.set_state(ring_state::CLOSED);
         if let Err(e) = self.ring.unlink() {
             tracing::warn!("{e}");

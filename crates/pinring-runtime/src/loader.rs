@@ -32,6 +32,9 @@ pub struct LoaderArgs {
     /// How long to wait for the ring to exist and become ready, in seconds.
     #[arg(long, default_value_t = 30.0)]
     pub wait_secs: f64,
+    /// Running as a service: systemd instance, log level.
+    #[command(flatten)]
+    pub service: crate::service::LoaderServiceArgs,
 }
 
 /// What a loader did.
@@ -138,11 +141,12 @@ pub fn attach(name: &str, access: Access, wait: Duration) -> Result<Ring, RingEr
 /// Runs a loader until the ring closes or a stop is requested.
 pub fn run(args: &LoaderArgs, shutdown: &Shutdown) -> Result<LoaderReport, LoaderError> {
     let overrides = Overrides {
-        ring: args.ring.clone(),
+        ring: args.ring.clone().or_else(|| args.service.instance_ring()),
         ..Default::default()
     };
     let mut cfg = settings::load(args.config.as_deref(), &overrides)?;
     let wait = Duration::from_secs_f64(args.wait_secs.max(0.0));
+    let mut service = crate::service::LoaderService::waiting(&cfg.ring.name);
     let ring = attach(&cfg.ring.name, Access::ReadWrite, wait)?;
     let h = ring.header();
     let theirs = h.fingerprint.load(Relaxed);
@@ -161,6 +165,7 @@ pub fn run(args: &LoaderArgs, shutdown: &Shutdown) -> Result<LoaderReport, Loade
     let me = ProcessId::current();
     let index = ring.attach_loader(me)?;
     tracing::info!(ring = %cfg.ring.name, loader = index, pid = me.pid, "attached");
+    service.attached(index);
     let mut worker = Worker {
         ring: &ring,
         cfg: &cfg,
@@ -168,10 +173,12 @@ pub fn run(args: &LoaderArgs, shutdown: &Shutdown) -> Result<LoaderReport, Loade
         index,
         samples: Vec::new(),
         report: LoaderReport::default(),
+        service,
     };
     let result = worker.work(shutdown);
     ring.detach_loader(index);
     let report = worker.report;
+    worker.service.stopping(report.batches);
     tracing::info!(ring = %cfg.ring.name, loader = index, batches = report.batches, bytes = report.bytes, "detached");
     result.map(|()| report)
 }
@@ -198,6 +205,7 @@ struct Worker<'a> {
     index: u16,
     samples: Vec<u64>,
     report: LoaderReport,
+    service: crate::service::LoaderService,
 }
 
 impl Worker<'_> {
@@ -210,6 +218,7 @@ impl Worker<'_> {
         let dtype = self.cfg.dataset.dtype;
         let mut hint = u32::from(self.index) % self.ring.geometry().slot_count;
         loop {
+            self.service.tick(self.report.batches);
             if shutdown.requested() || self.ring.state() >= ring_state::DRAINING {
                 return Ok(());
             }
