@@ -436,12 +436,18 @@ impl Daemon {
                 self.interrupted = true;
                 drain_deadline = Some(Instant::now() + DRAIN_DEADLINE);
                 self.ring.set_state(ring_state::DRAINING);
+                let mut first_gap = u64::MAX;
                 for slot in 0..self.assigned.len() as u32 {
                     if self.ring.unassign_if_free(slot) {
                         if let Some(seq) = self.assigned[slot as usize].take() {
                             self.waiting.remove(&seq);
+                            first_gap = first_gap.min(seq);
                         }
                     }
+                }
+                // In order, nothing past the first seq taken back can be delivered any more.
+                if self.cfg.ring.in_order {
+                    self.waiting.retain(|&seq, _| seq < first_gap);
                 }
             }
             if let Some(deadline) = drain_deadline {
