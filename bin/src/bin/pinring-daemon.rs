@@ -14,6 +14,6 @@ struct Cli {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    logging::init("daemon");
+    logging::init_with("daemon", cli.args.service.log_level.as_deref());
     pinring_runtime::main_daemon(&cli.args, Shutdown::install()).into()
 }

@@ -14,6 +14,6 @@ struct Cli {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    logging::init("loader");
+    logging::init_with("loader", cli.args.service.log_level.as_deref());
     pinring_runtime::main_loader(&cli.args, Shutdown::install()).into()
 }

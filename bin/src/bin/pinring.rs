@@ -1,8 +1,11 @@
 //! `pinring`: the command-line front end. `run` starts a daemon and loaders on one config;
-//! `daemon` and `loader` are the same programs as `pinring-daemon` and `pinring-loader`.
+//! `daemon` and `loader` are the same programs as `pinring-daemon` and `pinring-loader`;
+//! `status`, `clean` and `config check` are the operator's tools.
 
 use clap::{Parser, Subcommand};
-use pinring_runtime::{daemon, loader, logging, runner, shutdown::Shutdown};
+use pinring_runtime::{
+    clean, config_check, daemon, loader, logging, runner, shutdown::Shutdown, status,
+};
 use std::process::ExitCode;
 
 /// pinring: feed GPUs from a pinned shared-memory ring filled by loader processes.
@@ -21,6 +24,13 @@ enum Cmd {
     Daemon(daemon::DaemonArgs),
     /// Run a loader (same as pinring-loader).
     Loader(loader::LoaderArgs),
+    /// Live view of one ring or of every ring on this host (read-only).
+    Status(status::StatusArgs),
+    /// Remove rings whose daemon is gone; never touches a live one.
+    Clean(clean::CleanArgs),
+    /// Config files: check one and print the resolved settings.
+    #[command(subcommand)]
+    Config(config_check::ConfigCmd),
 }
 
 fn main() -> ExitCode {
@@ -32,12 +42,24 @@ fn main() -> ExitCode {
             pinring_runtime::main_run(&args, shutdown).into()
         }
         Cmd::Daemon(args) => {
-            logging::init("daemon");
+            logging::init_with("daemon", args.service.log_level.as_deref());
             pinring_runtime::main_daemon(&args, shutdown).into()
         }
         Cmd::Loader(args) => {
-            logging::init("loader");
+            logging::init_with("loader", args.service.log_level.as_deref());
             pinring_runtime::main_loader(&args, shutdown).into()
+        }
+        Cmd::Status(args) => {
+            logging::init("status");
+            pinring_runtime::main_status(&args, shutdown).into()
+        }
+        Cmd::Clean(args) => {
+            logging::init("clean");
+            pinring_runtime::main_clean(&args).into()
+        }
+        Cmd::Config(cmd) => {
+            logging::init("config");
+            pinring_runtime::main_config(&cmd).into()
         }
     }
 }

@@ -69,6 +69,9 @@ pub struct DaemonArgs {
     /// its slot through the mapped device address (no upload); the slot is freed after the sink.
     #[arg(long)]
     pub zero_copy: bool,
+    /// Running as a service: metrics endpoint, log level.
+    #[command(flatten)]
+    pub service: crate::service::DaemonServiceArgs,
 }
 
 /// Parses `--backend`.
@@ -121,6 +124,15 @@ pub enum DaemonError {
         /// Missing.
         missing: u64,
     },
+    /// The service layer (metrics endpoint) could not start.
+    #[error("ring {ring:?}: {source}")]
+    Service {
+        /// Ring name.
+        ring: String,
+        /// The error.
+        #[source]
+        source: crate::service::ServiceError,
+    },
     /// A daemon thread died.
     #[error("ring {ring:?}: internal error: {what}")]
     Internal {
@@ -137,6 +149,7 @@ impl DaemonError {
         match self {
             DaemonError::Config(_) | DaemonError::Plan { .. } => Exit::Config,
             DaemonError::Ring(RingError::UnknownGroup { .. }) => Exit::Config,
+            DaemonError::Service { .. } => Exit::Config,
             DaemonError::Ring(_) | DaemonError::BadBatch { .. } => Exit::Ring,
             DaemonError::Backend(_) => Exit::Backend,
             DaemonError::Verify { .. } => Exit::Verify,
@@ -176,6 +189,7 @@ struct Daemon {
     plan: Plan,
     uploader: Arc<dyn Uploader>,
     registration_seconds: f64,
+    service: crate::service::DaemonService,
     _registration: Option<pinring_backend::Registration>,
     completions: Receiver<Completion>,
     sink_tx: Option<crossbeam_channel::Sender<SinkJob>>,
@@ -237,6 +251,12 @@ impl Daemon {
                 ),
             });
         }
+        let service =
+            crate::service::DaemonService::start(&args.service, &cfg.ring.name, cfg.ring_bytes())
+                .map_err(|source| DaemonError::Service {
+                ring: cfg.ring.name.clone(),
+                source,
+            })?;
         let selected = pinring_backend::select(args.backend, args.device)?;
         tracing::info!(backend = selected.backend.name(), reason = %selected.reason, "backend selected");
         let ring = Arc::new(Ring::create(&CreateOptions {
@@ -333,6 +353,7 @@ impl Daemon {
             plan,
             uploader,
             registration_seconds,
+            service,
             _registration: registration,
             completions,
             sink_tx: Some(sink_tx),
@@ -387,6 +408,13 @@ impl Daemon {
             sink = d.sink_kind.name(),
             "ring ready"
         );
+        if let Err(source) = d.service.ready(&d.ring, registration_seconds) {
+            let _ = d.ring.unlink();
+            return Err(DaemonError::Service {
+                ring: d.cfg.ring.name.clone(),
+                source,
+            });
+        }
         Ok(d)
     }
 
@@ -435,6 +463,7 @@ impl Daemon {
             // Acquire: pairs with the Release bump of whoever rings (loader commit, relay, sink),
             // so a ring after this load is never lost: the wait below returns at once.
             let seen = self.ring.header().doorbell_futex.load(Acquire);
+            self.service.tick(&self.ring);
             let mut progressed = self.collect_completions()?;
             progressed |= self.collect_sink_results();
             progressed |= self.dispatch()?;
@@ -444,16 +473,23 @@ impl Daemon {
             }
             if shutdown.requested() && drain_deadline.is_none() {
                 tracing::info!(ring = %self.cfg.ring.name, "stop requested: draining");
+                self.service.stopping("stop requested: draining");
                 self.interrupted = true;
                 self.draining = true;
                 drain_deadline = Some(Instant::now() + DRAIN_DEADLINE);
                 self.ring.set_state(ring_state::DRAINING);
+                let mut first_gap = u64::MAX;
                 for slot in 0..self.assigned.len() as u32 {
                     if self.ring.unassign_if_free(slot) {
                         if let Some(seq) = self.assigned[slot as usize].take() {
                             self.waiting.remove(&seq);
+                            first_gap = first_gap.min(seq);
                         }
                     }
+                }
+                // In order, nothing past the first seq taken back can be delivered any more.
+                if self.cfg.ring.in_order {
+                    self.waiting.retain(|&seq, _| seq < first_gap);
                 }
             }
             if let Some(deadline) = drain_deadline {
@@ -516,6 +552,7 @@ impl Daemon {
             let on_device_ns = pinring_ring::clock::monotonic_ns()
                 .saturating_sub(c.completed.elapsed().as_nanos() as u64);
             self.record_latency(commit_ns, on_device_ns);
+            self.service.upload_done(&self.ring, slot, upload_ns);
             // (D): the upload has finished reading the slot; hand it out again.
             self.hand_out(slot);
             futex::bump_and_wake_all(&self.ring.header().work_futex);
@@ -721,6 +758,7 @@ impl Daemon {
     }
 
     fn finish(&mut self, result: &Result<(), DaemonError>) -> Summary {
+        self.service.stopping("run finished: closing the ring");
         self.ring.set_state(ring_state::CLOSED);
         if let Err(e) = self.ring.unlink() {
             tracing::warn!("{e}");

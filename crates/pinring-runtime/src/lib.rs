@@ -1,16 +1,24 @@
 //! The pinring processes as a library: the daemon and loader main loops, sinks, settings,
-//! signals, exit codes and the `pinring run` orchestration. The binaries in bin/ are thin
+//! signals, exit codes, the `pinring run` orchestration, and the service side (systemd
+//! notifications, metrics, `status`, `clean`, config lookup and `config check`). The binaries in bin/ are thin
 //! wrappers around this crate.
 
+pub mod clean;
+pub mod config_check;
+pub mod config_lookup;
 pub mod daemon;
 pub mod exit;
+pub mod histogram;
 pub mod loader;
 pub mod logging;
+pub mod metrics;
 pub mod ring_wake;
 pub mod runner;
+pub mod service;
 pub mod settings;
 pub mod shutdown;
 pub mod sink;
+pub mod status;
 pub mod summary;
 
 pub use exit::Exit;
@@ -94,5 +102,44 @@ pub fn main_run(args: &runner::RunArgs, shutdown: std::io::Result<Shutdown>) -> 
             tracing::error!("{e}");
             e.exit()
         }
+    }
+}
+
+/// Body of `pinring status`.
+pub fn main_status(args: &status::StatusArgs, shutdown: std::io::Result<Shutdown>) -> Exit {
+    let shutdown = match installed(shutdown) {
+        Ok(s) => s,
+        Err(e) => return e,
+    };
+    match status::run(args, &shutdown) {
+        Ok(()) => Exit::Ok,
+        Err(e) => {
+            tracing::error!("{e}");
+            e.exit()
+        }
+    }
+}
+
+/// Body of `pinring clean`.
+pub fn main_clean(args: &clean::CleanArgs) -> Exit {
+    match clean::run(args) {
+        Ok(()) => Exit::Ok,
+        Err(e) => {
+            tracing::error!("{e}");
+            e.exit()
+        }
+    }
+}
+
+/// Body of `pinring config check`.
+pub fn main_config(cmd: &config_check::ConfigCmd) -> Exit {
+    match cmd {
+        config_check::ConfigCmd::Check(args) => match config_check::run(args) {
+            Ok(()) => Exit::Ok,
+            Err(e) => {
+                tracing::error!("{e}");
+                e.exit()
+            }
+        },
     }
 }

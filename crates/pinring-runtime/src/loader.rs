@@ -39,6 +39,9 @@ pub struct LoaderArgs {
     /// attach to it instead of exiting with code 5.
     #[arg(long)]
     pub wait_for_daemon: bool,
+    /// Running as a service: systemd instance, log level.
+    #[command(flatten)]
+    pub service: crate::service::LoaderServiceArgs,
 }
 
 /// What a loader did.
@@ -146,14 +149,15 @@ pub fn attach(name: &str, access: Access, wait: Duration) -> Result<Ring, RingEr
 /// daemon that dies is waited for and replaced: the loader attaches to the next generation.
 pub fn run(args: &LoaderArgs, shutdown: &Shutdown) -> Result<LoaderReport, LoaderError> {
     let overrides = Overrides {
-        ring: args.ring.clone(),
+        ring: args.ring.clone().or_else(|| args.service.instance_ring()),
         ..Default::default()
     };
     let cfg = settings::load(args.config.as_deref(), &overrides)?;
     let wait = Duration::from_secs_f64(args.wait_secs.max(0.0));
+    let mut service = crate::service::LoaderService::waiting(&cfg.ring.name);
     let mut total = LoaderReport::default();
     loop {
-        let outcome = run_attached(&mut cfg.clone(), wait, shutdown);
+        let outcome = run_attached(&mut cfg.clone(), wait, shutdown, &mut service);
         match outcome {
             Ok(report) => {
                 total.add(&report);
@@ -184,6 +188,7 @@ fn run_attached(
     cfg: &mut Config,
     wait: Duration,
     shutdown: &Shutdown,
+    service: &mut crate::service::LoaderService,
 ) -> Result<LoaderReport, (LoaderReport, LoaderError)> {
     let none = |e: LoaderError| (LoaderReport::default(), e);
     let ring = attach(&cfg.ring.name, Access::ReadWrite, wait).map_err(|e| none(e.into()))?;
@@ -204,6 +209,7 @@ fn run_attached(
     let me = ProcessId::current();
     let index = ring.attach_loader(me).map_err(|e| none(e.into()))?;
     tracing::info!(ring = %cfg.ring.name, loader = index, pid = me.pid, "attached");
+    service.attached(index);
     let mut worker = Worker {
         ring: &ring,
         cfg,
@@ -211,10 +217,12 @@ fn run_attached(
         index,
         samples: Vec::new(),
         report: LoaderReport::default(),
+        service,
     };
     let result = worker.work(shutdown);
     ring.detach_loader(index);
     let report = worker.report;
+    worker.service.stopping(report.batches);
     tracing::info!(ring = %cfg.ring.name, loader = index, batches = report.batches, bytes = report.bytes, "detached");
     result.map(|()| report).map_err(|e| (report, e))
 }
@@ -256,6 +264,7 @@ struct Worker<'a> {
     index: u16,
     samples: Vec<u64>,
     report: LoaderReport,
+    service: &'a mut crate::service::LoaderService,
 }
 
 impl Worker<'_> {
@@ -269,6 +278,7 @@ impl Worker<'_> {
         let mut hint = u32::from(self.index) % self.ring.geometry().slot_count;
         let mut last_daemon_check = Instant::now();
         loop {
+            self.service.tick(self.report.batches);
             if shutdown.requested() || self.ring.state() >= ring_state::DRAINING {
                 return Ok(());
             }

@@ -139,7 +139,10 @@ pub fn run(args: &RunArgs, shutdown: &Shutdown) -> Result<Exit, RunError> {
     });
     let _ = std::fs::remove_file(&summary_path);
     let mut common: Vec<String> = vec!["--ring".into(), cfg.ring.name.clone()];
-    if let Some(c) = &args.config {
+    // The children get the file this process found, so that their own lookup (which also sees
+    // --ring) cannot pick another one.
+    let origin = settings::locate(args.config.as_deref(), args.ring.as_deref())?;
+    if let Some(c) = origin.path() {
         common.extend(["--config".into(), c.display().to_string()]);
     }
     // The children's info lines would scroll the progress bar away: unless the user chose a log

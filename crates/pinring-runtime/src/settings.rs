@@ -1,9 +1,17 @@
-//! Loading the config a process runs on: an explicit `--config FILE` or the built-in synthetic
-//! default, then command-line overrides, then validation (again) so an override can never smuggle
-//! in a value the file could not hold.
+//! Loading the config a process runs on: the file found by the documented lookup
+//! ([`crate::config_lookup`]: `--config`, `$PINRING_CONFIG`, ./config, the user's config dir,
+//! /etc/pinring, else the built-in synthetic default), then the rank overrides from the
+//! environment (`$PINRING_RANK`, `$PINRING_WORLD_SIZE`), then command-line overrides, then
+//! validation (again) so an override can never smuggle in a value the file could not hold.
 
+use crate::config_lookup::{self, Origin, Places};
 use pinring_data::{Config, ConfigError};
 use std::path::Path;
+
+/// Environment variable overriding `plan.rank` (set it from the cluster launcher).
+pub const ENV_RANK: &str = "PINRING_RANK";
+/// Environment variable overriding `plan.world_size`.
+pub const ENV_WORLD_SIZE: &str = "PINRING_WORLD_SIZE";
 
 /// Overrides shared by the binaries' flags.
 #[derive(Debug, Default, Clone)]
@@ -16,12 +24,49 @@ pub struct Overrides {
     pub unordered: bool,
 }
 
-/// The config file (or the built-in default) with `overrides` applied and validated.
+/// The config found by the lookup (or the built-in default) with the environment's and
+/// `overrides` applied and validated.
 pub fn load(path: Option<&Path>, overrides: &Overrides) -> Result<Config, ConfigError> {
-    let mut cfg = match path {
+    resolve(path, overrides, &Places::from_env(), &env_lookup).map(|(cfg, _)| cfg)
+}
+
+/// Where [`load`] would read the config from.
+pub fn locate(path: Option<&Path>, ring: Option<&str>) -> Result<Origin, ConfigError> {
+    config_lookup::locate(path, ring, &Places::from_env())
+}
+
+fn env_lookup(key: &str) -> Option<String> {
+    std::env::var(key).ok().filter(|v| !v.is_empty())
+}
+
+/// [`load`] with its environment passed in: `places` for the lookup, `env` for the rank
+/// variables. Returns the config and where it came from.
+pub fn resolve(
+    path: Option<&Path>,
+    overrides: &Overrides,
+    places: &Places,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<(Config, Origin), ConfigError> {
+    let origin = config_lookup::locate(path, overrides.ring.as_deref(), places)?;
+    let mut cfg = match origin.path() {
         Some(p) => Config::load(p)?,
         None => Config::default(),
     };
+    for (var, key) in [(ENV_RANK, "plan.rank"), (ENV_WORLD_SIZE, "plan.world_size")] {
+        let Some(text) = env(var) else { continue };
+        let value: u32 = text.trim().parse().map_err(|_| ConfigError::Invalid {
+            source_name: format!("${var}"),
+            key,
+            value: format!("{text:?}"),
+            allowed: "a non-negative integer (unset the variable to use the file's value)".into(),
+        })?;
+        if var == ENV_RANK {
+            cfg.plan.rank = value;
+        } else {
+            cfg.plan.world_size = value;
+        }
+        cfg.source = format!("{} (with ${var}={value})", cfg.source);
+    }
     if let Some(name) = &overrides.ring {
         cfg.ring.name = name.clone();
         cfg.source = format!("{} (with --ring {name})", cfg.source);
@@ -34,5 +79,68 @@ pub fn load(path: Option<&Path>, overrides: &Overrides) -> Result<Config, Config
         cfg.ring.in_order = false;
     }
     cfg.validate()?;
-    Ok(cfg)
+    Ok((cfg, origin))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn no_env(_: &str) -> Option<String> {
+        None
+    }
+
+    #[test]
+    fn rank_variables_override_the_file_and_are_validated() {
+        let dir = tempfile::tempdir().unwrap();
+        let places = Places {
+            system_dir: dir.path().to_path_buf(),
+            ..Default::default()
+        };
+        let env = |k: &str| match k {
+            ENV_RANK => Some("3".to_string()),
+            ENV_WORLD_SIZE => Some("8".to_string()),
+            _ => None,
+        };
+        let (cfg, origin) = resolve(None, &Overrides::default(), &places, &env).unwrap();
+        assert_eq!(origin, Origin::BuiltIn);
+        assert_eq!((cfg.plan.rank, cfg.plan.world_size), (3, 8));
+        assert!(cfg.source.contains("PINRING_RANK=3"), "{}", cfg.source);
+
+        let bad_rank = |k: &str| (k == ENV_RANK).then(|| "8".to_string());
+        let e = resolve(None, &Overrides::default(), &places, &bad_rank)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("plan.rank"), "{e}");
+        let garbage = |k: &str| (k == ENV_WORLD_SIZE).then(|| "four".to_string());
+        let e = resolve(None, &Overrides::default(), &places, &garbage)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("PINRING_WORLD_SIZE") && e.contains("four"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_ring_file_found_by_the_lookup_is_used_and_ring_overrides_its_name() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("gpu3.toml"),
+            "[ring]\nname = \"other\"\nslots = 5\n",
+        )
+        .unwrap();
+        let places = Places {
+            system_dir: dir.path().to_path_buf(),
+            ..Default::default()
+        };
+        let overrides = Overrides {
+            ring: Some("gpu3".into()),
+            ..Default::default()
+        };
+        let (cfg, origin) = resolve(None, &overrides, &places, &no_env).unwrap();
+        assert_eq!(origin, Origin::Searched(dir.path().join("gpu3.toml")));
+        assert_eq!(cfg.ring.slots, 5);
+        assert_eq!(cfg.ring.name, "gpu3");
+    }
 }

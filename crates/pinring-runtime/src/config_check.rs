@@ -1,0 +1,82 @@
+//! `pinring config check [FILE] [--ring NAME]`: validates a config file (or the one the lookup
+//! finds) and prints the settings a daemon or loader would run on, with the derived sizes.
+
+use crate::exit::Exit;
+use crate::settings::{self, Overrides};
+use pinring_data::ConfigError;
+use std::path::PathBuf;
+
+/// `pinring config` subcommands.
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum ConfigCmd {
+    /// Validate FILE (or the file the lookup finds) and print the resolved settings.
+    Check(CheckArgs),
+}
+
+/// `pinring config check` flags.
+#[derive(Debug, Clone, clap::Args)]
+pub struct CheckArgs {
+    /// Config file; without it, the file the lookup finds for --ring (or the built-in default).
+    #[arg(value_name = "FILE")]
+    pub file: Option<PathBuf>,
+    /// Ring name (overrides ring.name; also picks <ring>.toml in the lookup).
+    #[arg(long, value_name = "NAME")]
+    pub ring: Option<String>,
+}
+
+/// Why a check failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckError {
+    /// The config is invalid.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The plan cannot be built from it.
+    #[error("config {source_name}: {source}")]
+    Plan {
+        /// Config source.
+        source_name: String,
+        /// The error.
+        #[source]
+        source: pinring_data::PlanError,
+    },
+}
+
+impl CheckError {
+    /// The exit code for this error.
+    pub fn exit(&self) -> Exit {
+        Exit::Config
+    }
+}
+
+/// Runs `pinring config check`: prints the resolved settings to stdout.
+pub fn run(args: &CheckArgs) -> Result<(), CheckError> {
+    let origin = settings::locate(args.file.as_deref(), args.ring.as_deref())?;
+    let overrides = Overrides {
+        ring: args.ring.clone(),
+        ..Default::default()
+    };
+    let cfg = settings::load(origin.path(), &overrides)?;
+    let plan = cfg.plan().map_err(|source| CheckError::Plan {
+        source_name: cfg.source.clone(),
+        source,
+    })?;
+    println!("# config OK: {}", cfg.source);
+    println!("# found by: {}", origin.describe());
+    println!("# segment: {}", cfg.segment_path());
+    println!(
+        "# slot bytes: {} ({} payload max + {} metadata reserve); ring data: {} bytes ({:.1} MiB)",
+        cfg.slot_bytes(),
+        cfg.batch_payload_bytes_max(),
+        cfg.meta_reserve_bytes(),
+        cfg.ring_bytes(),
+        cfg.ring_bytes() as f64 / (1u64 << 20) as f64
+    );
+    println!(
+        "# plan: {} batches per epoch, {} batches in all; fingerprint {:#018x}",
+        plan.batches_per_epoch(),
+        plan.total_batches(),
+        cfg.fingerprint()
+    );
+    print!("{}", cfg.to_toml());
+    Ok(())
+}

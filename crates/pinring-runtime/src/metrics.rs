@@ -1,0 +1,273 @@
+//! Prometheus metrics of a daemon, served over HTTP on a local address (`--metrics-listen
+//! 127.0.0.1:9464`; off by default).
+//!
+//! Why an endpoint in the daemon rather than a node_exporter textfile: a scrape then reads the
+//! live counters at scrape time (no writer loop, no file to go stale when the daemon dies: a dead
+//! daemon is a failed scrape, which is the alert one wants), the latency histograms live in the
+//! daemon's memory anyway, and nothing but the daemon is needed. The listener is one thread
+//! serving one short request at a time with a read timeout; it binds where it is told (keep it on
+//! 127.0.0.1 and let the local Prometheus agent scrape it).
+
+use crate::histogram::Histogram;
+use crate::status::Snapshot;
+use pinring_ring::Ring;
+use std::fmt::Write as _;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// What the daemon measures itself, beside the ring's counters.
+#[derive(Debug, Default)]
+pub struct DaemonMetrics {
+    /// Seconds registering the ring (f64 bits).
+    registration_seconds_bits: AtomicU64,
+    /// From a loader's commit to the end of the batch's upload.
+    pub commit_to_upload_done: Histogram,
+    /// From upload submission to its completion.
+    pub upload: Histogram,
+    /// From a loader's claim to its commit (producing the batch).
+    pub fill: Histogram,
+}
+
+impl DaemonMetrics {
+    /// Records the registration time.
+    pub fn set_registration_seconds(&self, s: f64) {
+        self.registration_seconds_bits.store(s.to_bits(), Relaxed);
+    }
+
+    /// The registration time.
+    pub fn registration_seconds(&self) -> f64 {
+        f64::from_bits(self.registration_seconds_bits.load(Relaxed))
+    }
+}
+
+fn line(out: &mut String, name: &str, kind: &str, help: &str, labels: &str, value: impl ToString) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+    let _ = writeln!(out, "{name}{{{labels}}} {}", value.to_string());
+}
+
+/// The metrics in Prometheus text format (version 0.0.4).
+pub fn render(ring: &Ring, m: &DaemonMetrics) -> String {
+    let s = Snapshot::take(ring);
+    let l = format!("ring=\"{}\"", s.ring);
+    let mut out = String::new();
+    let state = ring.state();
+    line(
+        &mut out,
+        "pinring_ring_state",
+        "gauge",
+        "Ring state: 0 INIT, 1 READY, 2 DRAINING, 3 CLOSED.",
+        &l,
+        state,
+    );
+    line(
+        &mut out,
+        "pinring_ring_bytes",
+        "gauge",
+        "Bytes of the ring's data area.",
+        &l,
+        ring.geometry().data_bytes(),
+    );
+    line(
+        &mut out,
+        "pinring_registration_seconds",
+        "gauge",
+        "Seconds spent registering the ring with the GPU.",
+        &l,
+        m.registration_seconds(),
+    );
+    line(
+        &mut out,
+        "pinring_batches_committed_total",
+        "counter",
+        "Batches committed into the ring by loaders.",
+        &l,
+        s.committed,
+    );
+    line(
+        &mut out,
+        "pinring_batches_delivered_total",
+        "counter",
+        "Batches uploaded and delivered to the consumer.",
+        &l,
+        s.delivered,
+    );
+    line(
+        &mut out,
+        "pinring_bytes_committed_total",
+        "counter",
+        "Payload bytes committed into the ring by loaders.",
+        &l,
+        s.bytes_in,
+    );
+    line(
+        &mut out,
+        "pinring_bytes_uploaded_total",
+        "counter",
+        "Payload bytes uploaded out of the ring.",
+        &l,
+        s.bytes_out,
+    );
+    line(
+        &mut out,
+        "pinring_reclaimed_slots_total",
+        "counter",
+        "Slots taken back from dead loaders.",
+        &l,
+        s.reclaimed,
+    );
+    line(
+        &mut out,
+        "pinring_rejected_batches_total",
+        "counter",
+        "Batches the daemon refused to upload.",
+        &l,
+        s.rejected,
+    );
+    line(
+        &mut out,
+        "pinring_loaders_attached",
+        "gauge",
+        "Loaders in the ring's loader table.",
+        &l,
+        s.loaders.len(),
+    );
+    let _ = writeln!(out, "# HELP pinring_wait_seconds_total Seconds each stage waited for the next: daemon = had a free device buffer and nothing READY; loaders = found no FREE slot (summed over loaders).");
+    let _ = writeln!(out, "# TYPE pinring_wait_seconds_total counter");
+    let _ = writeln!(
+        out,
+        "pinring_wait_seconds_total{{{l},stage=\"daemon\"}} {}",
+        s.daemon_wait_seconds
+    );
+    let _ = writeln!(
+        out,
+        "pinring_wait_seconds_total{{{l},stage=\"loaders\"}} {}",
+        s.loader_wait_seconds
+    );
+    let _ = writeln!(out, "# HELP pinring_busy_seconds_total Seconds each stage worked: loaders = producing batches (summed); upload = uploads in flight (summed).");
+    let _ = writeln!(out, "# TYPE pinring_busy_seconds_total counter");
+    let _ = writeln!(
+        out,
+        "pinring_busy_seconds_total{{{l},stage=\"loaders\"}} {}",
+        s.loader_busy_seconds
+    );
+    let _ = writeln!(
+        out,
+        "pinring_busy_seconds_total{{{l},stage=\"upload\"}} {}",
+        s.upload_seconds
+    );
+    let _ = writeln!(out, "# HELP pinring_slots Slots by state (occupancy).");
+    let _ = writeln!(out, "# TYPE pinring_slots gauge");
+    let c = s.slots;
+    for (name, v) in [
+        ("idle", c.idle),
+        ("free", c.free),
+        ("claimed", c.claimed),
+        ("ready", c.ready),
+        ("uploading", c.uploading),
+        ("invalid", c.invalid),
+    ] {
+        let _ = writeln!(out, "pinring_slots{{{l},state=\"{name}\"}} {v}");
+    }
+    m.commit_to_upload_done.render(
+        &mut out,
+        "pinring_commit_to_upload_done_seconds",
+        "From a loader's commit to the end of the batch's upload.",
+        &l,
+    );
+    m.upload.render(
+        &mut out,
+        "pinring_upload_seconds",
+        "From upload submission to completion.",
+        &l,
+    );
+    m.fill.render(
+        &mut out,
+        "pinring_loader_fill_seconds",
+        "From a loader's claim of a slot to its commit.",
+        &l,
+    );
+    out
+}
+
+/// Binds the listener (at daemon start, so a bad address fails before the ring is made).
+pub fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    TcpListener::bind(addr)
+}
+
+/// Serves `/metrics` on `listener` from a background thread for the rest of the process.
+pub fn serve(
+    listener: TcpListener,
+    ring: Arc<Ring>,
+    metrics: Arc<DaemonMetrics>,
+) -> std::io::Result<()> {
+    std::thread::Builder::new()
+        .name("metrics".into())
+        .spawn(move || {
+            for conn in listener.incoming() {
+                match conn {
+                    Ok(stream) => {
+                        if let Err(e) = answer(stream, &ring, &metrics) {
+                            tracing::debug!(ring = %ring.name(), "metrics request failed: {e}");
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(ring = %ring.name(), "metrics listener: accept failed: {e}")
+                    }
+                }
+            }
+        })
+        .map(|_| ())
+}
+
+fn answer(mut stream: TcpStream, ring: &Ring, m: &DaemonMetrics) -> std::io::Result<()> {
+    // A client that sends nothing must not hold the only serving thread.
+    stream.set_read_timeout(Some(Duration::from_secs(2)))?;
+    stream.set_write_timeout(Some(Duration::from_secs(2)))?;
+    let mut req = Vec::with_capacity(512);
+    let mut buf = [0u8; 512];
+    while !req.windows(4).any(|w| w == b"\r\n\r\n") && req.len() < 8192 {
+        let n = stream.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        req.extend_from_slice(&buf[..n]);
+    }
+    let head = String::from_utf8_lossy(&req);
+    let mut parts = head.split_whitespace();
+    let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+    let (status, kind, body) = match (method, path) {
+        ("GET", "/metrics") => (
+            "200 OK",
+            "text/plain; version=0.0.4; charset=utf-8",
+            render(ring, m),
+        ),
+        ("GET", "/") => (
+            "200 OK",
+            "text/plain; charset=utf-8",
+            format!(
+                "pinring daemon of ring {}: metrics at /metrics\n",
+                ring.name()
+            ),
+        ),
+        ("GET", _) => (
+            "404 Not Found",
+            "text/plain",
+            "not found; try /metrics\n".into(),
+        ),
+        _ => (
+            "405 Method Not Allowed",
+            "text/plain",
+            "only GET is served\n".into(),
+        ),
+    };
+    write!(
+        stream,
+        "HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )?;
+    stream.flush()
+}

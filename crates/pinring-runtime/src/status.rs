@@ -1,0 +1,530 @@
+//! `pinring status [RING]`: a live view of one ring or of every ring on the host, read from the
+//! segment header, the loader table and the slot descriptors. It maps the segment read-only
+//! ([`Access::ReadOnly`]): it cannot write a byte of the ring, so it never disturbs the run.
+//!
+//! Rates and the verdict come from the difference between two snapshots one interval apart.
+//! The verdict reads the wait counters (docs/ARCHITECTURE.md, "Where time goes"):
+//! * the daemon waited with a free device buffer and nothing READY → **loaders** are too slow;
+//! * loaders waited for a FREE slot and the upload engine was busy → **upload** bound;
+//! * loaders waited for a FREE slot and the upload engine was mostly idle → the daemon was
+//!   waiting for device buffers held by the **consumer**.
+
+use crate::exit::Exit;
+use pinring_ring::{ring_state, Access, ProcessId, Ring, RingError, SlotState};
+use serde::Serialize;
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::{Duration, Instant};
+
+/// `pinring status` flags.
+#[derive(Debug, Clone, clap::Args)]
+pub struct StatusArgs {
+    /// Ring to show (default: every ring in /dev/shm).
+    #[arg(value_name = "RING")]
+    pub ring: Option<String>,
+    /// Print one JSON document (one measurement interval) and exit.
+    #[arg(long)]
+    pub json: bool,
+    /// Print one view (one measurement interval) and exit.
+    #[arg(long)]
+    pub once: bool,
+    /// Seconds between refreshes (and the measurement interval of rates).
+    #[arg(long, default_value_t = 1.0, value_parser = parse_interval)]
+    pub interval: f64,
+}
+
+fn parse_interval(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if (0.05..=3600.0).contains(&v) => Ok(v),
+        _ => Err(format!(
+            "--interval {s:?}: give seconds between 0.05 and 3600"
+        )),
+    }
+}
+
+/// Why `pinring status` failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StatusError {
+    /// The ring could not be opened.
+    #[error(transparent)]
+    Ring(#[from] RingError),
+    /// /dev/shm could not be listed.
+    #[error("cannot list {dir}: {source}; is /dev/shm mounted?")]
+    List {
+        /// The directory.
+        dir: &'static str,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// stdout is gone.
+    #[error("cannot write the status to stdout: {0}")]
+    Output(#[source] std::io::Error),
+}
+
+impl StatusError {
+    /// The exit code for this error.
+    pub fn exit(&self) -> Exit {
+        match self {
+            StatusError::Ring(_) | StatusError::List { .. } => Exit::Ring,
+            StatusError::Output(_) => Exit::Output,
+        }
+    }
+}
+
+/// Names of every ring with a segment in /dev/shm, sorted.
+pub fn ring_names() -> Result<Vec<String>, StatusError> {
+    let dir = pinring_ring::segment::SHM_DIR;
+    let entries = std::fs::read_dir(dir).map_err(|source| StatusError::List { dir, source })?;
+    let mut names: Vec<String> = entries
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            e.file_name()
+                .to_str()?
+                .strip_prefix(pinring_ring::segment::NAME_PREFIX)
+                .map(str::to_string)
+        })
+        .filter(|n| pinring_ring::segment::validate_name(n).is_ok())
+        .collect();
+    names.sort();
+    Ok(names)
+}
+
+/// Opens a ring read-only, without waiting for one that is still being created.
+pub fn open_read_only(name: &str) -> Result<Ring, RingError> {
+    Ring::open(name, Access::ReadOnly, Duration::from_millis(200))
+}
+
+/// Slot counts by state.
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq)]
+pub struct SlotCounts {
+    /// No work assigned.
+    pub idle: u32,
+    /// Waiting for a loader.
+    pub free: u32,
+    /// Being filled by a loader.
+    pub claimed: u32,
+    /// Filled, waiting for the daemon.
+    pub ready: u32,
+    /// Being uploaded.
+    pub uploading: u32,
+    /// Holding a state word no valid writer produces.
+    pub invalid: u32,
+}
+
+/// One loader-table entry.
+#[derive(Debug, Clone, Serialize)]
+pub struct LoaderStatus {
+    /// Table index.
+    pub index: usize,
+    /// Pid.
+    pub pid: u32,
+    /// Whether that exact process (pid and start time) still runs.
+    pub alive: bool,
+    /// Batches committed.
+    pub batches: u64,
+    /// Payload bytes committed.
+    pub bytes: u64,
+    /// Seconds spent producing batches.
+    pub busy_seconds: f64,
+    /// Seconds spent waiting for a free slot.
+    pub wait_seconds: f64,
+    /// Whether it holds a slot right now (producing) rather than waiting.
+    pub busy_now: bool,
+}
+
+/// A point-in-time reading of a ring.
+#[derive(Debug, Clone, Serialize)]
+pub struct Snapshot {
+    /// Ring name.
+    pub ring: String,
+    /// State name (INIT, READY, DRAINING, CLOSED).
+    pub state: &'static str,
+    /// Daemon pid.
+    pub daemon_pid: u32,
+    /// Whether the daemon runs.
+    pub daemon_alive: bool,
+    /// Slots.
+    pub slot_count: u32,
+    /// Bytes per slot.
+    pub slot_bytes: u64,
+    /// Slot counts by state.
+    pub slots: SlotCounts,
+    /// Attached loaders.
+    pub loaders: Vec<LoaderStatus>,
+    /// First and one-past-last seq of the run.
+    pub start_seq: u64,
+    /// One past the last seq.
+    pub end_seq: u64,
+    /// Batches committed by loaders.
+    pub committed: u64,
+    /// Batches delivered to the consumer.
+    pub delivered: u64,
+    /// Payload bytes committed (into the ring).
+    pub bytes_in: u64,
+    /// Payload bytes uploaded (out of the ring).
+    pub bytes_out: u64,
+    /// Slots taken back from dead loaders.
+    pub reclaimed: u64,
+    /// Batches the daemon refused.
+    pub rejected: u64,
+    /// Seconds the daemon waited for a READY slot with a free device buffer.
+    pub daemon_wait_seconds: f64,
+    /// Seconds loaders waited for a FREE slot (summed).
+    pub loader_wait_seconds: f64,
+    /// Seconds loaders spent producing (summed).
+    pub loader_busy_seconds: f64,
+    /// Seconds uploads were in flight (summed).
+    pub upload_seconds: f64,
+    #[serde(skip)]
+    taken: Option<Instant>,
+}
+
+fn secs(ns: u64) -> f64 {
+    ns as f64 / 1e9
+}
+
+impl Snapshot {
+    /// Reads `ring` (every field is a single atomic load; the snapshot is not one instant but
+    /// each counter is exact).
+    pub fn take(ring: &Ring) -> Snapshot {
+        let h = ring.header();
+        let g = ring.geometry();
+        let mut slots = SlotCounts::default();
+        let mut busy_owners = std::collections::HashSet::new();
+        for i in 0..g.slot_count {
+            let v = ring.slot_view(i);
+            match v.state {
+                Some(SlotState::Idle) => slots.idle += 1,
+                Some(SlotState::Free) => slots.free += 1,
+                Some(SlotState::Claimed) => {
+                    slots.claimed += 1;
+                    busy_owners.insert(v.owner as usize);
+                }
+                Some(SlotState::Ready) => slots.ready += 1,
+                Some(SlotState::Uploading) => slots.uploading += 1,
+                None => slots.invalid += 1,
+            }
+        }
+        let loaders = ring
+            .loaders()
+            .into_iter()
+            .map(|l| LoaderStatus {
+                index: l.index,
+                pid: l.pid,
+                alive: ProcessId {
+                    pid: l.pid,
+                    start_time: l.start_time,
+                }
+                .is_alive(),
+                batches: l.batches,
+                bytes: l.bytes,
+                busy_seconds: secs(l.busy_ns),
+                wait_seconds: secs(l.wait_ns),
+                busy_now: busy_owners.contains(&l.index),
+            })
+            .collect();
+        Snapshot {
+            ring: ring.name().to_string(),
+            state: ring_state::name(ring.state()),
+            daemon_pid: ring.daemon().pid,
+            daemon_alive: ring.daemon().is_alive(),
+            slot_count: g.slot_count,
+            slot_bytes: g.slot_bytes,
+            slots,
+            loaders,
+            start_seq: h.start_seq.load(Relaxed),
+            end_seq: h.end_seq.load(Relaxed),
+            committed: h.committed.load(Relaxed),
+            delivered: h.delivered.load(Relaxed),
+            bytes_in: h.bytes_committed.load(Relaxed),
+            bytes_out: h.bytes_delivered.load(Relaxed),
+            reclaimed: h.reclaimed.load(Relaxed),
+            rejected: h.rejected.load(Relaxed),
+            daemon_wait_seconds: secs(h.daemon_wait_ns.load(Relaxed)),
+            loader_wait_seconds: secs(h.loader_wait_ns.load(Relaxed)),
+            loader_busy_seconds: secs(h.loader_busy_ns.load(Relaxed)),
+            upload_seconds: secs(h.upload_ns.load(Relaxed)),
+            taken: Some(Instant::now()),
+        }
+    }
+}
+
+/// What changed between two snapshots of the same ring.
+#[derive(Debug, Clone, Serialize)]
+pub struct Rates {
+    /// Length of the interval.
+    pub seconds: f64,
+    /// GB/s committed into the ring by loaders (1e9 bytes/s).
+    pub gbps_in: f64,
+    /// GB/s uploaded out of the ring.
+    pub gbps_out: f64,
+    /// Batches delivered per second.
+    pub batches_per_second: f64,
+    /// Where the pipeline is bound in this interval: loaders, upload, consumer, balanced, idle.
+    pub bound: &'static str,
+}
+
+impl Rates {
+    /// Rates from `a` (earlier) to `b`.
+    pub fn between(a: &Snapshot, b: &Snapshot) -> Rates {
+        let seconds = match (a.taken, b.taken) {
+            (Some(x), Some(y)) => y.saturating_duration_since(x).as_secs_f64(),
+            _ => 0.0,
+        };
+        let per_s = |x: u64, y: u64| {
+            if seconds > 0.0 {
+                y.saturating_sub(x) as f64 / seconds
+            } else {
+                0.0
+            }
+        };
+        let d = |x: f64, y: f64| (y - x).max(0.0);
+        Rates {
+            seconds,
+            gbps_in: per_s(a.bytes_in, b.bytes_in) / 1e9,
+            gbps_out: per_s(a.bytes_out, b.bytes_out) / 1e9,
+            batches_per_second: per_s(a.delivered, b.delivered),
+            bound: bound(
+                seconds,
+                b.delivered.saturating_sub(a.delivered),
+                d(a.daemon_wait_seconds, b.daemon_wait_seconds),
+                d(a.loader_wait_seconds, b.loader_wait_seconds),
+                d(a.loader_busy_seconds, b.loader_busy_seconds),
+                d(a.upload_seconds, b.upload_seconds),
+            ),
+        }
+    }
+}
+
+/// The verdict for one interval of `seconds` in which `delivered` batches went out, from the
+/// growth of each wait counter.
+pub fn bound(
+    seconds: f64,
+    delivered: u64,
+    daemon_wait: f64,
+    loader_wait: f64,
+    loader_busy: f64,
+    upload: f64,
+) -> &'static str {
+    if seconds <= 0.0 || (delivered == 0 && loader_busy == 0.0) {
+        return "idle";
+    }
+    let daemon_starved = daemon_wait / seconds;
+    let loaders_blocked = if loader_wait + loader_busy > 0.0 {
+        loader_wait / (loader_wait + loader_busy)
+    } else {
+        0.0
+    };
+    if daemon_starved > 0.5 {
+        "loaders"
+    } else if loaders_blocked > 0.5 {
+        // Loaders wait for FREE slots: slots are stuck behind uploads, or behind device
+        // buffers the consumer has not released.
+        if upload / seconds > 0.5 {
+            "upload"
+        } else {
+            "consumer"
+        }
+    } else {
+        "balanced"
+    }
+}
+
+/// One ring in a view: its snapshot and rates, or why it could not be read.
+#[derive(Debug, Serialize)]
+pub struct RingReport {
+    /// Ring name.
+    pub ring: String,
+    /// The latest snapshot.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<Snapshot>,
+    /// Rates over the last interval.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rates: Option<Rates>,
+    /// Why the ring could not be read.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// Renders a report as the text view.
+pub fn render(reports: &[RingReport]) -> String {
+    let mut s = String::new();
+    if reports.is_empty() {
+        s.push_str("no pinring rings in /dev/shm\n");
+    }
+    for r in reports {
+        let (Some(snap), Some(rates)) = (&r.snapshot, &r.rates) else {
+            let _ = writeln!(
+                s,
+                "ring {}: unreadable: {}\n",
+                r.ring,
+                r.error.as_deref().unwrap_or("?")
+            );
+            continue;
+        };
+        let daemon = if snap.daemon_alive {
+            format!("daemon pid {}", snap.daemon_pid)
+        } else {
+            format!(
+                "daemon pid {} NOT RUNNING (stale: pinring clean)",
+                snap.daemon_pid
+            )
+        };
+        let _ = writeln!(
+            s,
+            "ring {}  {}  {}  {} slots x {} KiB",
+            snap.ring,
+            snap.state,
+            daemon,
+            snap.slot_count,
+            snap.slot_bytes / 1024
+        );
+        let total = snap.end_seq.saturating_sub(snap.start_seq);
+        let _ = writeln!(
+            s,
+            "  in {:.2} GB/s  out {:.2} GB/s  {:.0} batches/s  delivered {}/{}  reclaimed {}  rejected {}",
+            rates.gbps_in, rates.gbps_out, rates.batches_per_second, snap.delivered, total,
+            snap.reclaimed, snap.rejected
+        );
+        let c = snap.slots;
+        let _ = writeln!(
+            s,
+            "  slots: free {}  claimed {}  ready {}  uploading {}  idle {}{}",
+            c.free,
+            c.claimed,
+            c.ready,
+            c.uploading,
+            c.idle,
+            if c.invalid > 0 {
+                format!("  INVALID {}", c.invalid)
+            } else {
+                String::new()
+            }
+        );
+        let _ = writeln!(s, "  bound by: {}", rates.bound);
+        let _ = writeln!(
+            s,
+            "  {:>5} {:>8} {:>10} {:>10} {:>9} {:>9}  now",
+            "#", "pid", "batches", "GB", "busy s", "wait s"
+        );
+        for l in &snap.loaders {
+            let _ = writeln!(
+                s,
+                "  {:>5} {:>8} {:>10} {:>10.2} {:>9.1} {:>9.1}  {}",
+                l.index,
+                l.pid,
+                l.batches,
+                l.bytes as f64 / 1e9,
+                l.busy_seconds,
+                l.wait_seconds,
+                if !l.alive {
+                    "dead"
+                } else if l.busy_now {
+                    "busy"
+                } else {
+                    "waiting"
+                }
+            );
+        }
+        if snap.loaders.is_empty() {
+            s.push_str("  (no loaders attached)\n");
+        }
+        s.push('\n');
+    }
+    s
+}
+
+/// Takes one interval's view of `names` (or of every ring).
+fn measure(names: &[String], interval: Duration) -> Vec<RingReport> {
+    let opened: Vec<(String, Result<Ring, RingError>)> = names
+        .iter()
+        .map(|n| (n.clone(), open_read_only(n)))
+        .collect();
+    let first: Vec<Option<Snapshot>> = opened
+        .iter()
+        .map(|(_, r)| r.as_ref().ok().map(Snapshot::take))
+        .collect();
+    // The measurement window of the rates; nothing is waited for.
+    std::thread::sleep(interval);
+    opened
+        .into_iter()
+        .zip(first)
+        .map(|((ring, opened), first)| match (opened, first) {
+            (Ok(r), Some(a)) => {
+                let b = Snapshot::take(&r);
+                RingReport {
+                    ring,
+                    rates: Some(Rates::between(&a, &b)),
+                    snapshot: Some(b),
+                    error: None,
+                }
+            }
+            (Err(e), _) => RingReport {
+                ring,
+                snapshot: None,
+                rates: None,
+                error: Some(e.to_string()),
+            },
+            (Ok(_), None) => unreachable!("a snapshot is taken of every opened ring"),
+        })
+        .collect()
+}
+
+/// Runs `pinring status`.
+pub fn run(args: &StatusArgs, shutdown: &crate::shutdown::Shutdown) -> Result<(), StatusError> {
+    let interval = Duration::from_secs_f64(args.interval);
+    let live = !(args.json || args.once);
+    let mut out = std::io::stdout().lock();
+    loop {
+        let names = match &args.ring {
+            Some(n) => {
+                // A named ring that does not exist is an error (not an empty view).
+                if live {
+                    vec![n.clone()]
+                } else {
+                    open_read_only(n)?;
+                    vec![n.clone()]
+                }
+            }
+            None => ring_names()?,
+        };
+        let reports = measure(&names, interval);
+        if args.json {
+            let json = serde_json::to_string_pretty(&reports)
+                .map_err(|e| StatusError::Output(std::io::Error::other(e)))?;
+            writeln!(out, "{json}").map_err(StatusError::Output)?;
+            return Ok(());
+        }
+        let text = render(&reports);
+        if live {
+            // Clear the screen and home the cursor, like top.
+            write!(out, "\x1b[2J\x1b[H{text}").map_err(StatusError::Output)?;
+        } else {
+            write!(out, "{text}").map_err(StatusError::Output)?;
+        }
+        out.flush().map_err(StatusError::Output)?;
+        if !live || shutdown.requested() {
+            return Ok(());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_verdict_names_the_stage_that_makes_others_wait() {
+        // Daemon starved most of the interval: loaders are the bottleneck.
+        assert_eq!(bound(1.0, 10, 0.8, 0.0, 4.0, 0.1), "loaders");
+        // Loaders blocked, uploads busy: upload bound.
+        assert_eq!(bound(1.0, 10, 0.0, 3.0, 1.0, 0.9), "upload");
+        // Loaders blocked, uploads idle: the consumer holds the buffers.
+        assert_eq!(bound(1.0, 10, 0.0, 3.0, 1.0, 0.1), "consumer");
+        assert_eq!(bound(1.0, 10, 0.1, 1.0, 3.0, 0.3), "balanced");
+        assert_eq!(bound(1.0, 0, 0.0, 0.0, 0.0, 0.0), "idle");
+        assert_eq!(bound(0.0, 5, 0.0, 0.0, 1.0, 0.0), "idle");
+    }
+}
