@@ -4,7 +4,7 @@
 
 use clap::{Parser, Subcommand};
 use pinring_runtime::{
-    clean, config_check, daemon, loader, logging, runner, shutdown::Shutdown, status,
+    bench, clean, config_check, daemon, loader, logging, runner, shutdown::Shutdown, status,
 };
 use std::process::ExitCode;
 
@@ -28,6 +28,9 @@ enum Cmd {
     Status(status::StatusArgs),
     /// Remove rings whose daemon is gone; never touches a live one.
     Clean(clean::CleanArgs),
+    /// Measure: raw and pageable ceilings, the pipeline over slot sizes and loader counts, and
+    /// the modes side by side; prints a table, writes CSV and an SVG plot.
+    Bench(bench::BenchArgs),
     /// Config files: check one and print the resolved settings.
     #[command(subcommand)]
     Config(config_check::ConfigCmd),
@@ -40,6 +43,10 @@ fn main() -> ExitCode {
         Cmd::Run(args) => {
             logging::init("run");
             pinring_runtime::main_run(&args, shutdown).into()
+        }
+        Cmd::Bench(args) => {
+            logging::init("bench");
+            pinring_runtime::main_bench(&args).into()
         }
         Cmd::Daemon(args) => {
             logging::init_with("daemon", args.service.log_level.as_deref());

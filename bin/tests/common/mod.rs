@@ -12,6 +12,15 @@ pub const DAEMON: &str = env!("CARGO_BIN_EXE_pinring-daemon");
 pub const LOADER: &str = env!("CARGO_BIN_EXE_pinring-loader");
 pub const CLI: &str = env!("CARGO_BIN_EXE_pinring");
 
+/// A binary of this package: from `$PINRING_BIN_DIR` when set (test executables copied to a GPU
+/// host together with the release binaries), else the one cargo built for this test.
+pub fn exe(built: &'static str) -> PathBuf {
+    match std::env::var_os("PINRING_BIN_DIR") {
+        Some(dir) => Path::new(&dir).join(Path::new(built).file_name().unwrap_or_default()),
+        None => PathBuf::from(built),
+    }
+}
+
 /// A test's private ring name, config file and scratch dir; removes the segment at the end.
 pub struct Fixture {
     pub ring: String,
@@ -43,13 +52,18 @@ impl Fixture {
 
     /// The daemon on the host backend with the verify sink (unless `extra` names a sink).
     pub fn daemon(&self, extra: &[&str]) -> Child {
+        self.daemon_on("host", extra)
+    }
+
+    /// The daemon on `backend` with the verify sink (unless `extra` names a sink).
+    pub fn daemon_on(&self, backend: &str, extra: &[&str]) -> Child {
         let sink: &[&str] = if extra.contains(&"--sink") {
             &[]
         } else {
             &["--sink", "verify"]
         };
-        Command::new(DAEMON)
-            .args(["--ring", &self.ring, "--backend", "host"])
+        Command::new(exe(DAEMON))
+            .args(["--ring", &self.ring, "--backend", backend])
             .args(sink)
             .arg("--config")
             .arg(&self.config)
@@ -68,7 +82,7 @@ impl Fixture {
     }
 
     pub fn loader_with(&self, config: &Path, extra: &[&str]) -> Child {
-        Command::new(LOADER)
+        Command::new(exe(LOADER))
             .args(["--ring", &self.ring, "--wait-secs", "20"])
             .arg("--config")
             .arg(config)

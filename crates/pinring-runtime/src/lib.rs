@@ -3,6 +3,7 @@
 //! notifications, metrics, `status`, `clean`, config lookup and `config check`). The binaries in bin/ are thin
 //! wrappers around this crate.
 
+pub mod bench;
 pub mod clean;
 pub mod config_check;
 pub mod config_lookup;
@@ -141,5 +142,16 @@ pub fn main_config(cmd: &config_check::ConfigCmd) -> Exit {
                 e.exit()
             }
         },
+    }
+}
+
+/// Body of `pinring bench`.
+pub fn main_bench(args: &bench::BenchArgs) -> Exit {
+    match bench::run(args) {
+        Ok(_) => Exit::Ok,
+        Err(e) => {
+            tracing::error!("{e}");
+            e.exit()
+        }
     }
 }

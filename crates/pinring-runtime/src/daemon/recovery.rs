@@ -151,12 +151,18 @@ impl Daemon {
         }
     }
 
+    /// Whether the daemon itself holds the slot (UPLOADING): an upload in flight, or a zero-copy
+    /// batch at the sink.
+    fn daemon_owns(&self, slot: u32) -> bool {
+        self.inflight.contains_key(&u64::from(slot)) || self.zero_copy_commits.contains_key(&slot)
+    }
+
     /// Checks that every slot is in a state the daemon left it in (a buggy or hostile writer may
     /// have scribbled over descriptors) and repairs or fails per the policy.
     fn audit_slots(&mut self) -> Result<(), DaemonError> {
         for slot in 0..self.assigned.len() as u32 {
             let i = slot as usize;
-            if self.inflight.contains_key(&u64::from(slot)) {
+            if self.daemon_owns(slot) {
                 continue; // UPLOADING: the daemon's own; its word is rewritten on completion.
             }
             let view = self.ring.slot_view(slot);
@@ -213,7 +219,7 @@ impl Daemon {
             let i = slot as usize;
             if self.assigned[i].is_none()
                 && !self.recovery.is_quarantined(slot)
-                && !self.inflight.contains_key(&u64::from(slot))
+                && !self.daemon_owns(slot)
             {
                 self.hand_out(slot);
                 self.ring.health().reissued.fetch_add(1, Relaxed);
@@ -234,7 +240,9 @@ impl Daemon {
                 .collect();
             candidates.retain(|&(_, sl)| match self.ring.slot_view(sl).state {
                 Some(SlotState::Free) => true,
-                Some(SlotState::Ready) => self.inflight.is_empty(),
+                Some(SlotState::Ready) => {
+                    self.inflight.is_empty() && self.zero_copy_commits.is_empty()
+                }
                 _ => false,
             });
             let Some(&(later, slot)) = candidates.first() else {

@@ -1,0 +1,132 @@
+//! The cuda backend, end to end: registration, uploads from the slots, the device-side verify
+//! sink, zero-copy, the pageable baseline, device selection. Each test prints why it skips where
+//! no NVIDIA driver and device are present. On a GPU host: see docs/BENCHMARKS.md (the test
+//! executables run there with `PINRING_BIN_DIR` pointing at the release binaries).
+
+mod common;
+
+use common::*;
+use std::process::Command;
+use std::time::Duration;
+
+/// The GPU, or a printed reason to skip.
+fn gpu() -> Option<String> {
+    match pinring_backend::cuda_available() {
+        Ok(what) => Some(what),
+        Err(why) => {
+            eprintln!("skipped: no usable GPU here ({why})");
+            None
+        }
+    }
+}
+
+fn cuda_run(tag: &str, extra: &[&str]) -> pinring_runtime::summary::Summary {
+    let fx = Fixture::small(tag);
+    let mut daemon = fx.daemon_on("cuda", extra);
+    fx.wait_ready(&mut daemon);
+    let loaders: Vec<_> = (0..4).map(|_| fx.loader(&fx.config)).collect();
+    let (status, log) = wait_for(daemon, "daemon", LONG);
+    assert!(status.success(), "{tag}: {log}");
+    for l in loaders {
+        let (st, log) = wait_for(l, "loader", Duration::from_secs(10));
+        assert!(st.success(), "{log}");
+    }
+    let s = fx.summary();
+    assert_eq!(s.backend, "cuda", "{s:#?}");
+    s
+}
+
+#[test]
+fn cuda_uploads_from_registered_slots_and_the_device_copy_verifies() {
+    if gpu().is_none() {
+        return;
+    }
+    let s = cuda_run("gpu-verify", &[]);
+    assert_complete(&s, true);
+    assert!(s.registered);
+    assert!(s.registration_seconds > 0.0, "{s:#?}");
+}
+
+#[test]
+fn cuda_zero_copy_verifies_every_batch_through_the_mapped_slot() {
+    if gpu().is_none() {
+        return;
+    }
+    let s = cuda_run("gpu-zc", &["--zero-copy"]);
+    assert_complete(&s, true);
+    assert!(s.zero_copy);
+}
+
+#[test]
+fn cuda_pageable_baseline_still_delivers_every_byte() {
+    if gpu().is_none() {
+        return;
+    }
+    let s = cuda_run("gpu-page", &["--no-register"]);
+    assert_complete(&s, true);
+    assert!(!s.registered);
+}
+
+#[test]
+fn cuda_compute_sink_runs_over_every_batch() {
+    if gpu().is_none() {
+        return;
+    }
+    for (tag, extra) in [
+        ("gpu-comp", &["--sink", "compute"][..]),
+        ("gpu-zccomp", &["--sink", "compute", "--zero-copy"][..]),
+    ] {
+        let s = cuda_run(tag, extra);
+        assert_eq!(s.batches_delivered, 128, "{tag}");
+        assert_eq!(
+            (s.duplicates, s.out_of_order, s.missing),
+            (0, 0, 0),
+            "{tag}"
+        );
+    }
+}
+
+#[test]
+fn a_missing_device_is_a_backend_error_naming_it() {
+    if gpu().is_none() {
+        return;
+    }
+    let fx = Fixture::small("gpu-dev");
+    let (st, log) = wait_for(
+        fx.daemon_on("cuda", &["--device", "99"]),
+        "daemon",
+        Duration::from_secs(30),
+    );
+    assert_eq!(st.code(), Some(7), "{log}");
+    assert!(log.contains("99"), "{log}");
+    assert!(!fx.segment().exists(), "no ring is left behind");
+}
+
+#[test]
+fn backend_cuda_without_a_gpu_fails_clearly_and_auto_falls_back() {
+    if pinring_backend::cuda_available().is_ok() {
+        eprintln!("skipped: this host has a GPU (the test is for hosts without one)");
+        return;
+    }
+    let fx = Fixture::small("nogpu");
+    let (st, log) = wait_for(fx.daemon_on("cuda", &[]), "daemon", Duration::from_secs(30));
+    assert_eq!(st.code(), Some(7), "{log}");
+    assert!(
+        log.contains("driver") && log.contains("--backend host"),
+        "{log}"
+    );
+    assert!(!fx.segment().exists());
+    // auto picks host and says why.
+    let out = Command::new(exe(CLI))
+        .args(["run", "--quiet", "--loaders", "2", "--ring", &fx.ring])
+        .arg("--config")
+        .arg(&fx.config)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("backend host (host: no NVIDIA driver"),
+        "{text}"
+    );
+}

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Builds everything a GPU host needs to check and measure pinring, into one folder:
+#   bin/       release binaries (pinring, pinring-daemon, pinring-loader)
+#   tests/     release test executables: the cuda backend's unit tests and the GPU end-to-end tests
+#   bench/     the PyTorch side-by-side script
+#   gpu-host-check.sh  runs the GPU tests, `pinring bench` and the PyTorch comparison there
+# The GPU host needs no Rust toolchain: copy the folder over and run
+#   bash DIR/gpu-host-check.sh OUT
+# Usage: scripts/gpu-bundle.sh DIR
+set -euo pipefail
+cd "$(dirname "$0")/.."
+dir=${1:?usage: scripts/gpu-bundle.sh DIR}
+rm -rf "$dir"
+mkdir -p "$dir/bin" "$dir/tests" "$dir/bench"
+cargo build --release --bins
+cp target/release/pinring target/release/pinring-daemon target/release/pinring-loader "$dir/bin/"
+cargo test --release --no-run --message-format=json -p pinring-backend --lib -p pinring --test gpu --test pipeline 2>/dev/null |
+    python3 -c '
+import json, shutil, sys
+dest = sys.argv[1]
+for line in sys.stdin:
+    try:
+        m = json.loads(line)
+    except ValueError:
+        continue
+    exe = m.get("executable")
+    if m.get("reason") == "compiler-artifact" and exe and m["profile"]["test"]:
+        name = m["target"]["name"]
+        shutil.copy(exe, f"{dest}/{name}")
+        print("test executable:", name)
+' "$dir/tests"
+cp bench/torch_dataloader.py "$dir/bench/"
+cp scripts/gpu-host-check.sh "$dir/"
+echo "bundle ready in $dir"
