@@ -14,7 +14,7 @@ rm -rf "$dir"
 mkdir -p "$dir/bin" "$dir/tests" "$dir/bench"
 cargo build --release --bins
 cp target/release/pinring target/release/pinring-daemon target/release/pinring-loader "$dir/bin/"
-cargo test --release --no-run --message-format=json -p pinring-backend --lib -p pinring --test gpu --test pipeline 2>/dev/null |
+cargo test --release --no-run --message-format=json -p pinring-backend --lib -p pinring --test gpu 2>/dev/null |
     python3 -c '
 import json, shutil, sys
 dest = sys.argv[1]
@@ -29,6 +29,8 @@ for line in sys.stdin:
         shutil.copy(exe, f"{dest}/{name}")
         print("test executable:", name)
 ' "$dir/tests"
+# Debug line tables make each executable ~30 MB; the host copy does not need them.
+strip --strip-debug "$dir"/bin/* "$dir"/tests/*
 cp bench/torch_dataloader.py "$dir/bench/"
 cp scripts/gpu-host-check.sh "$dir/"
 echo "bundle ready in $dir"

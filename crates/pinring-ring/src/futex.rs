@@ -6,7 +6,7 @@
 //! `SA_RESTART`, so a wait without one could sleep through SIGTERM.
 
 use linux_futex::{AsFutex, Shared, TimedWaitError};
-use std::sync::atomic::AtomicU32;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 /// How a wait ended.
@@ -38,7 +38,7 @@ pub fn wait(word: &AtomicU32, expected: u32, timeout: Duration) -> Wake {
 pub fn bump_and_wake(word: &AtomicU32, n: i32) {
     // Release: pairs with the Acquire load a waiter does before scanning, so whatever the caller
     // wrote before bumping is visible to a waiter that observes the new value.
-    word.fetch_add(1, std::sync::atomic::Ordering::Release);
+    word.fetch_add(1, Ordering::Release);
     AsFutex::<Shared>::as_futex(word).wake(n);
 }
 
@@ -47,10 +47,41 @@ pub fn bump_and_wake_all(word: &AtomicU32) {
     bump_and_wake(word, i32::MAX);
 }
 
+/// Like [`wait`], counting the caller in `waiters` while it may sleep, so that
+/// [`bump_and_wake_counted`] can skip the wake-up system call when nobody sleeps.
+///
+/// Why no wake is lost: the waiter increments `waiters`, then the futex compares `word`; the
+/// waker increments `word`, then reads `waiters`; all four are SeqCst (the kernel's compare is a
+/// full barrier). Either the waker sees the waiter counted and wakes it, or the waiter's compare
+/// sees the bumped word and does not sleep.
+pub fn wait_counted(
+    word: &AtomicU32,
+    waiters: &AtomicU32,
+    expected: u32,
+    timeout: Duration,
+) -> Wake {
+    waiters.fetch_add(1, Ordering::SeqCst);
+    let r = if word.load(Ordering::SeqCst) != expected {
+        Wake::Changed
+    } else {
+        wait(word, expected, timeout)
+    };
+    waiters.fetch_sub(1, Ordering::SeqCst);
+    r
+}
+
+/// Bumps `word` (Release and more: SeqCst) and wakes up to `n` of the waiters counted in
+/// `waiters`; no system call when none is counted (see [`wait_counted`]).
+pub fn bump_and_wake_counted(word: &AtomicU32, waiters: &AtomicU32, n: i32) {
+    word.fetch_add(1, Ordering::SeqCst);
+    if waiters.load(Ordering::SeqCst) != 0 {
+        AsFutex::<Shared>::as_futex(word).wake(n);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::Ordering;
     use std::sync::Arc;
     use std::time::Instant;
 
@@ -66,6 +97,30 @@ mod tests {
     fn wait_returns_at_once_when_the_value_changed() {
         let w = AtomicU32::new(1);
         assert_eq!(wait(&w, 0, Duration::from_secs(10)), Wake::Changed);
+    }
+
+    #[test]
+    fn a_counted_wake_reaches_a_counted_waiter_and_skips_when_none() {
+        let w = Arc::new(AtomicU32::new(0));
+        let n = Arc::new(AtomicU32::new(0));
+        // Nobody waits: no wake, but the word moves (a later waiter does not sleep).
+        bump_and_wake_counted(&w, &n, 1);
+        assert_eq!(
+            wait_counted(&w, &n, 0, Duration::from_secs(10)),
+            Wake::Changed
+        );
+        let (w2, n2) = (Arc::clone(&w), Arc::clone(&n));
+        let waker = std::thread::spawn(move || {
+            while n2.load(Ordering::SeqCst) == 0 {
+                std::thread::yield_now();
+            }
+            bump_and_wake_counted(&w2, &n2, 1);
+        });
+        let seen = w.load(Ordering::SeqCst);
+        let r = wait_counted(&w, &n, seen, Duration::from_secs(10));
+        assert!(matches!(r, Wake::Woken | Wake::Changed), "{r:?}");
+        waker.join().unwrap();
+        assert_eq!(n.load(Ordering::SeqCst), 0);
     }
 
     #[test]

@@ -149,12 +149,16 @@ pub struct Header {
     // --- cache line 4: futex word loaders wait on ---
     /// Bumped by the daemon whenever a slot becomes FREE or the state changes.
     pub work_futex: AtomicU32,
-    _pad4: [u32; 15],
+    /// Loaders sleeping (or about to sleep) on `work_futex`; wakes are skipped when 0.
+    pub work_waiters: AtomicU32,
+    _pad4: [u32; 14],
 
     // --- cache line 5: futex word the daemon waits on ---
     /// Bumped by loaders on commit and by the daemon's own threads on completions.
     pub doorbell_futex: AtomicU32,
-    _pad5: [u32; 15],
+    /// Daemon threads sleeping (or about to sleep) on `doorbell_futex`; rings skip the wake when 0.
+    pub doorbell_waiters: AtomicU32,
+    _pad5: [u32; 14],
 }
 
 /// One entry of the loader table (index = loader id, stored in slot owners).
@@ -274,7 +278,9 @@ const _: () = assert!(offset_of!(Header, fingerprint) == 88);
 const _: () = assert!(offset_of!(Header, delivered) == 128);
 const _: () = assert!(offset_of!(Header, committed) == 192);
 const _: () = assert!(offset_of!(Header, work_futex) == 256);
+const _: () = assert!(offset_of!(Header, work_waiters) == 260);
 const _: () = assert!(offset_of!(Header, doorbell_futex) == 320);
+const _: () = assert!(offset_of!(Header, doorbell_waiters) == 324);
 const _: () = assert!(size_of::<LoaderEntry>() == LOADER_ENTRY_BYTES);
 const _: () = assert!(offset_of!(LoaderEntry, start_time) == 8);
 const _: () = assert!(offset_of!(LoaderEntry, heartbeat_ns) == 40);

@@ -117,7 +117,7 @@ impl Ring {
         // Release: every write this loader made into the slot happens before the daemon, which
         // loads this word with Acquire, re-issues the slot.
         e.abandoned.store(abandon_word(slot, ticket), Release);
-        crate::futex::bump_and_wake(&self.header().doorbell_futex, 1);
+        self.ring_doorbell();
     }
 
     /// Daemon side: takes a FREE or READY slot back to IDLE (new ticket) so that it can carry

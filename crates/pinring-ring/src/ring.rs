@@ -438,6 +438,30 @@ impl Ring {
         futex::bump_and_wake_all(&self.header().doorbell_futex);
     }
 
+    /// Rings the daemon's doorbell (commits, completions): a wake only if a daemon thread sleeps.
+    pub fn ring_doorbell(&self) {
+        let h = self.header();
+        futex::bump_and_wake_counted(&h.doorbell_futex, &h.doorbell_waiters, 1);
+    }
+
+    /// The daemon's wait for its doorbell, from `seen` (loaded before it looked for work).
+    pub fn wait_doorbell(&self, seen: u32, timeout: Duration) -> futex::Wake {
+        let h = self.header();
+        futex::wait_counted(&h.doorbell_futex, &h.doorbell_waiters, seen, timeout)
+    }
+
+    /// Wakes up to `n` loaders waiting for a free slot (none if none waits).
+    pub fn wake_loaders(&self, n: i32) {
+        let h = self.header();
+        futex::bump_and_wake_counted(&h.work_futex, &h.work_waiters, n);
+    }
+
+    /// A loader's wait for a free slot, from `seen` (loaded before it looked for one).
+    pub fn wait_for_work(&self, seen: u32, timeout: Duration) -> futex::Wake {
+        let h = self.header();
+        futex::wait_counted(&h.work_futex, &h.work_waiters, seen, timeout)
+    }
+
     /// Whether batches are delivered in order.
     pub fn in_order(&self) -> bool {
         self.header().flags.load(Relaxed) & header_flags::IN_ORDER != 0
@@ -645,7 +669,7 @@ impl Ring {
                 let h = self.header();
                 h.committed.fetch_add(1, Relaxed);
                 h.bytes_committed.fetch_add(payload_len, Relaxed);
-                futex::bump_and_wake(&h.doorbell_futex, 1);
+                futex::bump_and_wake_counted(&h.doorbell_futex, &h.doorbell_waiters, 1);
                 too_large.map_or(Ok(()), Err)
             }
             Err(_) => Err(CommitError::Reclaimed {

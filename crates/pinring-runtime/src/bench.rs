@@ -36,7 +36,7 @@ pub struct BenchArgs {
     /// Payload bytes each pipeline run moves (fewer for small slots: at most 100000 batches).
     #[arg(long, default_value = "16GiB")]
     pub run_bytes: ByteSize,
-    /// Target ring size: slots = ring_bytes / slot size, clamped to 4..=256. The default keeps
+    /// Target ring size: slots = ring_bytes / slot size, clamped to 8..=256. The default keeps
     /// the ring in a server's last-level cache.
     #[arg(long, default_value = "64MiB")]
     pub ring_bytes: ByteSize,
@@ -46,6 +46,9 @@ pub struct BenchArgs {
     /// Loader count of the mode comparison.
     #[arg(long, default_value_t = 8)]
     pub mode_loaders: usize,
+    /// Size of the ring registered once to time registration (0: skip).
+    #[arg(long, default_value = "4GiB")]
+    pub register_bytes: ByteSize,
     /// Directory for bench.csv, bench.svg and the per-run configs and summaries.
     #[arg(long, default_value = "bench-out")]
     pub out: PathBuf,
@@ -143,6 +146,16 @@ pub fn run(args: &BenchArgs) -> Result<Vec<Row>, BenchError> {
     let gen = pinring_data::generator_throughput(1 << 20, 0.5);
     println!("  synthetic generator alone: {gen:.1} GB/s on one core (1 MiB samples)");
 
+    if args.register_bytes.bytes() > 0 {
+        let (secs, what) = time_registration(&*backend, args.register_bytes.bytes())?;
+        let gib = args.register_bytes.bytes() as f64 / (1u64 << 30) as f64;
+        println!(
+            "  registration of a prefaulted {} ring segment: {secs:.3} s = {:.3} s/GiB ({what})",
+            args.register_bytes,
+            secs / gib
+        );
+    }
+
     // Ceilings per slot size.
     let mut ceilings = Vec::new();
     println!("\nceilings (one stream, no pipeline):");
@@ -223,6 +236,37 @@ pub fn run(args: &BenchArgs) -> Result<Vec<Row>, BenchError> {
     Ok(rows)
 }
 
+/// Creates a ring-sized shm segment the way the daemon does (fallocate, MAP_POPULATE) and times
+/// registering it with the backend.
+fn time_registration(
+    backend: &dyn pinring_backend::Backend,
+    bytes: u64,
+) -> Result<(f64, String), BenchError> {
+    let name = format!("bench-reg-{}", std::process::id());
+    let seg = pinring_ring::Segment::create(&name, bytes, 0o600, None)
+        .map_err(|e| BenchError::Run {
+            what: "registration timing".into(),
+            why: e.to_string(),
+        })?
+        .ok_or_else(|| BenchError::Run {
+            what: "registration timing".into(),
+            why: format!("segment {name} already exists"),
+        })?;
+    let _ = pinring_ring::Segment::unlink(&name);
+    // SAFETY: the mapping is live for `bytes` bytes and outlives the registration guard, which
+    // is dropped at the end of this block, before `seg`.
+    let reg = unsafe { backend.register(seg.base(), seg.len(), false) }?;
+    let what = format!(
+        "{} chunk(s), registered: {}",
+        reg.chunks(),
+        reg.registered()
+    );
+    let secs = reg.seconds();
+    drop(reg);
+    drop(seg);
+    Ok((secs, what))
+}
+
 fn print_header() {
     println!(
         "{:<30} {:>9} {:>7} {:>8} {:>7} {:>10} {:>9} {:>9} {:>9} {:>9}",
@@ -261,7 +305,7 @@ pub fn run_config(slot: u64, ring_bytes: u64, run_bytes: u64, name: &str) -> Con
     let batch = 4u64;
     let sample = (slot / batch).max(1);
     let batches = (run_bytes / slot.max(1)).clamp(64, 100_000);
-    let slots = (ring_bytes / slot.max(1)).clamp(4, 256) as u32;
+    let slots = (ring_bytes / slot.max(1)).clamp(8, 256) as u32;
     Config {
         ring: RingConfig {
             name: name.to_string(),
@@ -546,7 +590,7 @@ mod tests {
             c.validate().unwrap();
             assert_eq!(c.batch_payload_bytes_max(), slot);
             assert!(c.slot_bytes() >= slot && c.slot_bytes() < slot + (8 << 10));
-            assert!((4..=256).contains(&c.ring.slots));
+            assert!((8..=256).contains(&c.ring.slots));
         }
     }
 

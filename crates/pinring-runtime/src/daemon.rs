@@ -15,7 +15,7 @@ use crate::summary::{verdict, Summary};
 use crossbeam_channel::{unbounded, Receiver, TryRecvError};
 use pinring_backend::{BackendKind, Completion, UploadJob, Uploader};
 use pinring_data::{BatchMeta, Config, Plan};
-use pinring_ring::{futex, ring_state, CreateOptions, Ring, RingError};
+use pinring_ring::{ring_state, CreateOptions, Ring, RingError};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering::{Acquire, Relaxed};
@@ -56,9 +56,10 @@ pub struct DaemonArgs {
     /// First seq to deliver (resume a run; the summary's resume_seq).
     #[arg(long, default_value_t = 0)]
     pub start_seq: u64,
-    /// Device buffers (uploads in flight plus batches held by the sink).
-    #[arg(long, default_value_t = 4)]
-    pub upload_buffers: usize,
+    /// Device buffers (uploads in flight plus batches held by the sink). Default: enough for
+    /// 64 MiB in flight, 4 to 64 buffers.
+    #[arg(long)]
+    pub upload_buffers: Option<usize>,
     /// Write a JSON summary here at exit.
     #[arg(long, value_name = "PATH")]
     pub summary: Option<PathBuf>,
@@ -216,6 +217,8 @@ struct Daemon {
     order: OrderCheck,
     // Results.
     started: Instant,
+    /// CPU seconds used before the ring was ready (start-up, registration).
+    cpu_at_ready: f64,
     last_delivery: Instant,
     delivered: u64,
     verified: u64,
@@ -292,7 +295,12 @@ impl Daemon {
         if let Some(r) = &registration {
             tracing::info!(ring = %cfg.ring.name, bytes = r.bytes(), seconds = r.seconds(), registered = r.registered(), "ring memory registered");
         }
-        let buffers = args.upload_buffers.clamp(1, 64);
+        // Enough buffers to keep the copy engine busy while completions travel back: with small
+        // slots, a handful of uploads in flight drain faster than a completion round trip.
+        let buffers = args
+            .upload_buffers
+            .unwrap_or_else(|| (64u64 << 20).div_ceil(cfg.slot_bytes()).clamp(4, 64) as usize)
+            .clamp(1, 256);
         let uploader: Arc<dyn Uploader> = match selected
             .backend
             .uploader(buffers, cfg.slot_bytes() as usize)
@@ -373,6 +381,7 @@ impl Daemon {
             sink_pending: 0,
             order: OrderCheck::new(args.start_seq, end_seq, cfg.ring.in_order),
             started: now,
+            cpu_at_ready: 0.0,
             last_delivery: now,
             delivered: 0,
             verified: 0,
@@ -397,6 +406,7 @@ impl Daemon {
             d.hand_out(slot);
         }
         d.started = Instant::now();
+        d.cpu_at_ready = cpu_seconds();
         d.ring.set_state(ring_state::READY);
         tracing::info!(
             ring = %d.cfg.ring.name,
@@ -509,7 +519,7 @@ impl Daemon {
                     wait = wait.min(deadline.saturating_duration_since(Instant::now()));
                 }
                 let t = Instant::now();
-                futex::wait(&self.ring.header().doorbell_futex, seen, wait);
+                self.ring.wait_doorbell(seen, wait);
                 if could_upload {
                     let ns = t.elapsed().as_nanos() as u64;
                     self.daemon_wait_ns += ns;
@@ -555,7 +565,7 @@ impl Daemon {
             self.service.upload_done(&self.ring, slot, upload_ns);
             // (D): the upload has finished reading the slot; hand it out again.
             self.hand_out(slot);
-            futex::bump_and_wake_all(&self.ring.header().work_futex);
+            self.ring.wake_loaders(1);
             let job = SinkJob {
                 seq,
                 source: sink::Source::Buffer(c.buffer),
@@ -563,23 +573,51 @@ impl Daemon {
                 len,
                 samples,
             };
-            self.sink_pending += 1;
-            if let Some(tx) = &self.sink_tx {
-                if tx.send(job).is_err() {
-                    return Err(DaemonError::Internal {
-                        ring: self.cfg.ring.name.clone(),
-                        what: "the sink thread stopped".into(),
-                    });
-                }
-            }
+            self.send_to_sink(job)?;
         }
         Ok(progressed)
+    }
+
+    /// Hands a batch to the sink thread; the discard sink is done at once, here, which saves a
+    /// thread round trip per batch.
+    fn send_to_sink(&mut self, job: SinkJob) -> Result<(), DaemonError> {
+        self.sink_pending += 1;
+        if self.sink_kind == SinkKind::Discard {
+            let done = SinkDone {
+                seq: job.seq,
+                source: job.source,
+                done_ns: pinring_ring::clock::monotonic_ns(),
+                buffer: job.buffer,
+                verified: false,
+                failure: None,
+                busy_ns: 0,
+                samples: job.samples,
+            };
+            self.deliver(done);
+            return Ok(());
+        }
+        match &self.sink_tx {
+            Some(tx) => tx.send(job).map_err(|_| DaemonError::Internal {
+                ring: self.cfg.ring.name.clone(),
+                what: "the sink thread stopped".into(),
+            }),
+            None => Ok(()),
+        }
     }
 
     fn collect_sink_results(&mut self) -> bool {
         let mut progressed = false;
         while let Ok(done) = self.sink_rx.try_recv() {
             progressed = true;
+            self.deliver(done);
+        }
+        progressed
+    }
+
+    /// A batch the sink is done with: its buffer (or zero-copy slot) is free again, and it
+    /// counts as delivered.
+    fn deliver(&mut self, done: SinkDone) {
+        {
             self.sink_pending -= 1;
             self.free_buffers.push(done.buffer);
             if let sink::Source::Mapped { slot, .. } = done.source {
@@ -588,7 +626,7 @@ impl Daemon {
                     self.record_latency(commit_ns, done.done_ns);
                 }
                 self.hand_out(slot);
-                futex::bump_and_wake_all(&self.ring.header().work_futex);
+                self.ring.wake_loaders(1);
             }
             self.sink_busy_ns += done.busy_ns;
             let order_problem = self.order.record(done.seq);
@@ -611,7 +649,6 @@ impl Daemon {
             samples.clear();
             self.spare_samples.push(samples);
         }
-        progressed
     }
 
     /// Takes READY slots (in seq order, or any when unordered) and starts their uploads.
@@ -700,7 +737,7 @@ impl Daemon {
                 // No upload: the sink reads the slot in place; the slot stays UPLOADING (owned
                 // by the daemon) until the sink reports back.
                 self.zero_copy_commits.insert(slot, taken.commit_ns);
-                self.sink_pending += 1;
+
                 let job = SinkJob {
                     seq,
                     source: sink::Source::Mapped {
@@ -711,12 +748,7 @@ impl Daemon {
                     len,
                     samples,
                 };
-                if let Some(tx) = &self.sink_tx {
-                    tx.send(job).map_err(|_| DaemonError::Internal {
-                        ring: self.cfg.ring.name.clone(),
-                        what: "the sink thread stopped".into(),
-                    })?;
-                }
+                self.send_to_sink(job)?;
                 continue;
             }
             self.inflight
@@ -747,7 +779,7 @@ impl Daemon {
         for slot in 0..self.assigned.len() as u32 {
             if let Some(seq) = self.ring.reclaim_if_owner_dead(slot) {
                 tracing::warn!(ring = %self.cfg.ring.name, slot, seq, "loader died holding a slot: slot handed out again with the same seq");
-                futex::bump_and_wake_all(&self.ring.header().work_futex);
+                self.ring.wake_loaders(1);
             }
         }
         let reaped = self.ring.reap_dead_loaders();
@@ -824,7 +856,7 @@ impl Daemon {
             registered: self.registered,
             latency_p50_us: percentile(&mut self.latencies_us, 0.50),
             latency_p99_us: percentile(&mut self.latencies_us, 0.99),
-            daemon_cpu_seconds: cpu_seconds(),
+            daemon_cpu_seconds: (cpu_seconds() - self.cpu_at_ready).max(0.0),
             error: result.as_ref().err().map(|e| e.to_string()),
             exit_code: 0,
         };

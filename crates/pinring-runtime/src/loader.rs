@@ -291,7 +291,7 @@ impl Worker<'_> {
             let seen = h.work_futex.load(Acquire);
             let Some(mut claim) = self.ring.try_claim(self.index, hint) else {
                 let t = Instant::now();
-                let r = futex::wait(&h.work_futex, seen, MAX_WAIT);
+                let r = self.ring.wait_for_work(seen, MAX_WAIT);
                 let ns = t.elapsed().as_nanos() as u64;
                 entry.wait_ns.fetch_add(ns, Relaxed);
                 h.loader_wait_ns.fetch_add(ns, Relaxed);

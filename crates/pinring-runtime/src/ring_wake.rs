@@ -2,7 +2,7 @@
 //! daemon's own threads (upload completions, sink) ring when they have something for the main
 //! loop, so the main loop sleeps on exactly one word with a deadline.
 
-use pinring_ring::{futex, Ring};
+use pinring_ring::Ring;
 use std::sync::Arc;
 
 /// A handle that rings the daemon's doorbell.
@@ -17,6 +17,6 @@ impl Doorbell {
 
     /// Wakes the daemon's main loop.
     pub fn ring(&self) {
-        futex::bump_and_wake(&self.0.header().doorbell_futex, 1);
+        self.0.ring_doorbell();
     }
 }

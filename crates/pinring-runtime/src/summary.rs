@@ -80,7 +80,8 @@ pub struct Summary {
     pub latency_p50_us: u32,
     /// 99th percentile of the same, microseconds.
     pub latency_p99_us: u32,
-    /// CPU seconds the daemon used (user + system), start to exit.
+    /// CPU seconds the daemon used (user + system, all its threads) from ring ready to the end:
+    /// the steady-state cost, without start-up and registration.
     pub daemon_cpu_seconds: f64,
     /// The error that ended the run, if any.
     pub error: Option<String>,

@@ -7,7 +7,7 @@
 
 use super::{Daemon, DaemonError};
 use pinring_data::BadBatchPolicy;
-use pinring_ring::{futex, Expired, SlotState};
+use pinring_ring::{Expired, SlotState};
 use std::collections::BTreeSet;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
@@ -147,7 +147,7 @@ impl Daemon {
             tracing::info!(ring = %self.cfg.ring.name, slot, loader = expired.owner,
                 "the hung loader exited or acknowledged: slot back in use");
             self.hand_out(slot);
-            futex::bump_and_wake_all(&self.ring.header().work_futex);
+            self.ring.wake_loaders(1);
         }
     }
 
@@ -223,7 +223,7 @@ impl Daemon {
             {
                 self.hand_out(slot);
                 self.ring.health().reissued.fetch_add(1, Relaxed);
-                futex::bump_and_wake_all(&self.ring.header().work_futex);
+                self.ring.wake_loaders(1);
             }
         }
         if !self.cfg.ring.in_order {
@@ -256,7 +256,7 @@ impl Daemon {
             self.assigned[slot as usize] = None;
             self.hand_out(slot);
             self.ring.health().reissued.fetch_add(1, Relaxed);
-            futex::bump_and_wake_all(&self.ring.header().work_futex);
+            self.ring.wake_loaders(1);
         }
     }
 
@@ -294,7 +294,7 @@ impl Daemon {
         self.assigned[slot as usize] = Some(seq);
         self.waiting.insert(seq, slot);
         self.ring.assign(slot, seq);
-        futex::bump_and_wake_all(&self.ring.header().work_futex);
+        self.ring.wake_loaders(1);
         Ok(())
     }
 }
