@@ -46,6 +46,12 @@ pub struct BenchArgs {
     /// Loader count of the mode comparison.
     #[arg(long, default_value_t = 8)]
     pub mode_loaders: usize,
+    /// Deliver in any order (the daemon's --unordered) in every pipeline run.
+    #[arg(long)]
+    pub unordered: bool,
+    /// Skip the side-by-side mode comparison.
+    #[arg(long)]
+    pub skip_modes: bool,
     /// Size of the ring registered once to time registration (0: skip).
     #[arg(long, default_value = "4GiB")]
     pub register_bytes: ByteSize,
@@ -185,6 +191,9 @@ pub fn run(args: &BenchArgs) -> Result<Vec<Row>, BenchError> {
         }
     }
 
+    if args.skip_modes {
+        return finish(args, kind, &ceilings, rows);
+    }
     let mode_slot = args.mode_slot.bytes();
     let mode_raw = ceilings
         .iter()
@@ -228,10 +237,19 @@ pub fn run(args: &BenchArgs) -> Result<Vec<Row>, BenchError> {
         rows.push(row);
     }
 
+    finish(args, kind, &ceilings, rows)
+}
+
+fn finish(
+    args: &BenchArgs,
+    kind: &str,
+    ceilings: &[(u64, f64, f64)],
+    rows: Vec<Row>,
+) -> Result<Vec<Row>, BenchError> {
     let csv = args.out.join("bench.csv");
-    std::fs::write(&csv, to_csv(kind, &ceilings, &rows)).map_err(io(&csv))?;
+    std::fs::write(&csv, to_csv(kind, ceilings, &rows)).map_err(io(&csv))?;
     let svg = args.out.join("bench.svg");
-    plot(&svg, kind, &ceilings, &rows, &args.loaders)?;
+    plot(&svg, kind, ceilings, &rows, &args.loaders)?;
     println!("\nwrote {} and {}", csv.display(), svg.display());
     Ok(rows)
 }
@@ -367,6 +385,9 @@ fn pipeline(
     let mut extra: Vec<&str> = extra.to_vec();
     if !extra.contains(&"--sink") {
         extra.extend(["--sink", "discard"]);
+    }
+    if args.unordered {
+        extra.push("--unordered");
     }
     let backend = args.backend.to_string();
     let device = args.device.to_string();

@@ -532,6 +532,9 @@ impl Daemon {
     /// Upload completions: free the slot (next seq), pass the buffer to the sink.
     fn collect_completions(&mut self) -> Result<bool, DaemonError> {
         let mut progressed = false;
+        // Loaders are woken once per pass, for all the slots it freed: one system call, not one
+        // per batch.
+        let mut freed = 0;
         loop {
             let c = match self.completions.try_recv() {
                 Ok(c) => c,
@@ -565,7 +568,7 @@ impl Daemon {
             self.service.upload_done(&self.ring, slot, upload_ns);
             // (D): the upload has finished reading the slot; hand it out again.
             self.hand_out(slot);
-            self.ring.wake_loaders(1);
+            freed += 1;
             let job = SinkJob {
                 seq,
                 source: sink::Source::Buffer(c.buffer),
@@ -574,6 +577,9 @@ impl Daemon {
                 samples,
             };
             self.send_to_sink(job)?;
+        }
+        if freed > 0 {
+            self.ring.wake_loaders(freed);
         }
         Ok(progressed)
     }
@@ -857,6 +863,7 @@ impl Daemon {
             latency_p50_us: percentile(&mut self.latencies_us, 0.50),
             latency_p99_us: percentile(&mut self.latencies_us, 0.99),
             daemon_cpu_seconds: (cpu_seconds() - self.cpu_at_ready).max(0.0),
+            thread_cpu_seconds: thread_cpu_seconds(),
             error: result.as_ref().err().map(|e| e.to_string()),
             exit_code: 0,
         };
@@ -893,6 +900,38 @@ fn cpu_seconds() -> f64 {
         }
         Err(_) => 0.0,
     }
+}
+
+/// CPU seconds (user + system) of each thread of this process, by thread name, from
+/// /proc/self/task: where the daemon's CPU goes (its own threads and the GPU driver's).
+fn thread_cpu_seconds() -> std::collections::BTreeMap<String, f64> {
+    let mut out = std::collections::BTreeMap::new();
+    let ticks = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .unwrap_or(100) as f64;
+    let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
+        return out;
+    };
+    for entry in dir.flatten() {
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
+            continue;
+        };
+        let name = stat[open + 1..close].to_string();
+        // Fields after the command: state is field 3, utime 14, stime 15.
+        let fields: Vec<&str> = stat[close + 1..].split_ascii_whitespace().collect();
+        let field = |n: usize| {
+            fields
+                .get(n - 3)
+                .and_then(|f| f.parse::<f64>().ok())
+                .unwrap_or(0.0)
+        };
+        *out.entry(name).or_insert(0.0) += (field(14) + field(15)) / ticks;
+    }
+    out
 }
 
 /// Turns a finished run into the final result: a verification problem found in the summary is an
