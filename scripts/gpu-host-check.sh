@@ -21,6 +21,9 @@ for t in "$here"/tests/*; do
     "$t" --test-threads 1 2>&1 | tee -a "$out/tests.log" | grep -E "^test |test result|skipped|panicked" || true
     [ "${PIPESTATUS[0]}" -eq 0 ] || fail=1
 done
+echo "== pinring run (the main job, every byte verified on the GPU)"
+"$here/bin/pinring" run --backend cuda --quiet 2>&1 | tee "$out/run.log"
+[ "${PIPESTATUS[0]}" -eq 0 ] || fail=1
 echo "== pinring bench"
 "$here/bin/pinring" bench --backend cuda --out "$out/bench" "$@" 2>&1 | tee "$out/bench.log"
 [ "${PIPESTATUS[0]}" -eq 0 ] || fail=1
