@@ -211,7 +211,7 @@ pub fn run(args: &BenchArgs) -> Result<Vec<Row>, BenchError> {
     );
     print_header();
     let modes: [(&str, &[&str]); 5] = [
-        ("registered, discard", &["--sink", "discard"]),
+        ("registered (discard)", &["--sink", "discard"]),
         (
             "pageable ring (--no-register)",
             &["--sink", "discard", "--no-register"],
