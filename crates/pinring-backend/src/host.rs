@@ -98,6 +98,8 @@ struct Shared {
     pending: Vec<AtomicUsize>,
     /// Calls reading each buffer right now.
     readers: Vec<AtomicUsize>,
+    /// Called after each completion is sent.
+    hook: crate::HookCell,
 }
 
 /// A job as queued for the upload thread.
@@ -136,6 +138,7 @@ impl HostUploader {
         let shared = Arc::new(Shared {
             pending: (0..buffers).map(|_| AtomicUsize::new(0)).collect(),
             readers: (0..buffers).map(|_| AtomicUsize::new(0)).collect(),
+            hook: crate::HookCell::default(),
             buffers: bufs,
         });
         let (jobs_tx, jobs_rx) = crossbeam_channel::unbounded::<Queued>();
@@ -235,7 +238,7 @@ fn upload_loop(shared: &Shared, jobs: &Receiver<Queued>, done: &Sender<Completio
             // src..src+len stays valid and unwritten until the completion is received, and it
             // lies outside our heap buffer. No reader touches this buffer now: its pending
             // counter is > 0 until the fetch_sub below, and readers require it to be 0; readers
-            // that started before this job was submitted are excluded by `submit(&mut self)`.
+            // announced before this job are excluded by submit's reader check (module docs).
             unsafe { buf.write_from(job.src, job.len) };
         }
         shared.pending[job.buffer].fetch_sub(1, Ordering::SeqCst);
@@ -251,6 +254,7 @@ fn upload_loop(shared: &Shared, jobs: &Receiver<Queued>, done: &Sender<Completio
             // The uploader (holding the receiver) is gone; nothing left to report to.
             break;
         }
+        shared.hook.call();
     }
 }
 
@@ -306,6 +310,10 @@ impl Uploader for HostUploader {
 
     fn completions(&self) -> &Receiver<Completion> {
         &self.completions
+    }
+
+    fn set_completion_hook(&self, hook: crate::CompletionHook) {
+        self.shared.hook.set(hook);
     }
 
     fn buffer_count(&self) -> usize {

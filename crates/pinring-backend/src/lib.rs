@@ -242,6 +242,36 @@ pub struct Completion {
     pub completed: Instant,
 }
 
+/// Called by an uploader's completion thread each time it has sent completions, so a consumer
+/// can sleep on a wake-up of its own choice (a futex word) instead of in `recv`.
+pub type CompletionHook = std::sync::Arc<dyn Fn() + Send + Sync>;
+
+/// Where an uploader keeps its [`CompletionHook`] (set once, read by the completion thread).
+#[derive(Default)]
+pub struct HookCell(std::sync::OnceLock<CompletionHook>);
+
+impl HookCell {
+    /// Installs the hook; a second call is ignored.
+    pub fn set(&self, hook: CompletionHook) {
+        let _ = self.0.set(hook);
+    }
+
+    /// Calls the hook, if one is installed.
+    pub fn call(&self) {
+        if let Some(hook) = self.0.get() {
+            hook();
+        }
+    }
+}
+
+impl fmt::Debug for HookCell {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HookCell")
+            .field("installed", &self.0.get().is_some())
+            .finish()
+    }
+}
+
 /// Asynchronous upload engine with a fixed set of device buffers.
 pub trait Uploader: Send + Sync {
     /// Starts copying `job.src[..job.len]` into device buffer `job.buffer` and returns at once.
@@ -257,6 +287,10 @@ pub trait Uploader: Send + Sync {
 
     /// Where completions arrive.
     fn completions(&self) -> &crossbeam_channel::Receiver<Completion>;
+
+    /// Installs the hook the completion thread calls after sending completions (once; later
+    /// calls are ignored). Install it before the first `submit` so no completion goes unsignalled.
+    fn set_completion_hook(&self, hook: CompletionHook);
 
     /// Number of device buffers.
     fn buffer_count(&self) -> usize;

@@ -2,9 +2,9 @@
 //! committed batches (in seq order by default), frees slots, feeds the sink, takes slots back
 //! from dead loaders, and drains cleanly on SIGTERM/SIGINT.
 //!
-//! Threads: the main loop (this file), the backend's upload/completion thread, a relay that turns
-//! completions into doorbell rings, the sink thread. The main loop owns every slot transition the
-//! daemon makes, so the protocol needs no locks.
+//! Threads: the main loop (this file), the backend's upload/completion thread (which rings the
+//! doorbell after sending completions), and the sink thread (verify, compute). The main loop owns
+//! every slot transition the daemon makes, so the protocol needs no locks.
 
 use crate::exit::Exit;
 use crate::ring_wake::Doorbell;
@@ -312,29 +312,14 @@ impl Daemon {
             }
         };
         let doorbell = Doorbell::new(Arc::clone(&ring));
-        // Relay completions to the main loop and ring its doorbell.
-        let (comp_tx, completions) = unbounded();
-        let mut threads = Vec::new();
+        // The upload engine's completion thread rings the doorbell itself after sending
+        // completions, so the main loop sleeps on one futex word for everything.
+        let completions = uploader.completions().clone();
         {
-            let src = uploader.completions().clone();
             let bell = doorbell.clone();
-            threads.push(
-                std::thread::Builder::new()
-                    .name("completion-relay".into())
-                    .spawn(move || {
-                        for c in src {
-                            if comp_tx.send(c).is_err() {
-                                break;
-                            }
-                            bell.ring();
-                        }
-                    })
-                    .map_err(|e| DaemonError::Internal {
-                        ring: cfg.ring.name.clone(),
-                        what: format!("cannot start the completion thread: {e}"),
-                    })?,
-            );
+            uploader.set_completion_hook(Arc::new(move || bell.ring()));
         }
+        let mut threads = Vec::new();
         let (sink_tx, sink_jobs) = unbounded();
         let (sink_done_tx, sink_rx) = unbounded();
         {
@@ -470,7 +455,7 @@ impl Daemon {
         let mut last_reap = Instant::now();
         let mut drain_deadline: Option<Instant> = None;
         loop {
-            // Acquire: pairs with the Release bump of whoever rings (loader commit, relay, sink),
+            // Acquire: pairs with the Release bump of whoever rings (loader commit, completion thread, sink),
             // so a ring after this load is never lost: the wait below returns at once.
             let seen = self.ring.header().doorbell_futex.load(Acquire);
             self.service.tick(&self.ring);
