@@ -15,6 +15,9 @@ use pinring_ring::Segment;
 /// `pinring clean` flags.
 #[derive(Debug, Clone, clap::Args)]
 pub struct CleanArgs {
+    /// Only these rings (default: every ring in /dev/shm).
+    #[arg(value_name = "RING")]
+    pub rings: Vec<String>,
     /// List what would be removed, remove nothing.
     #[arg(long)]
     pub dry_run: bool,
@@ -80,8 +83,25 @@ impl CleanError {
 
 /// Runs `pinring clean`, printing one line per segment.
 pub fn run(args: &CleanArgs) -> Result<(), CleanError> {
-    let names = ring_names()?;
-    if names.is_empty() {
+    let names = if args.rings.is_empty() {
+        ring_names()?
+    } else {
+        let all = ring_names()?;
+        for r in &args.rings {
+            if !all.contains(r) {
+                println!(
+                    "absent  {}: no such ring",
+                    pinring_ring::object_path(r).display()
+                );
+            }
+        }
+        args.rings
+            .iter()
+            .filter(|r| all.contains(r))
+            .cloned()
+            .collect()
+    };
+    if names.is_empty() && args.rings.is_empty() {
         println!("no pinring rings in /dev/shm");
     }
     let mut failed = 0;
