@@ -55,6 +55,9 @@ pub struct BenchArgs {
     /// Size of the ring registered once to time registration (0: skip).
     #[arg(long, default_value = "4GiB")]
     pub register_bytes: ByteSize,
+    /// Measure nothing: redraw `bench.svg` in --out from a `bench.csv` written earlier.
+    #[arg(long, value_name = "CSV")]
+    pub replot: Option<PathBuf>,
     /// Directory for bench.csv, bench.svg and the per-run configs and summaries.
     #[arg(long, default_value = "bench-out")]
     pub out: PathBuf,
@@ -139,6 +142,9 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> BenchError + '_ {
 /// Runs the benchmark; prints as it goes.
 pub fn run(args: &BenchArgs) -> Result<Vec<Row>, BenchError> {
     std::fs::create_dir_all(&args.out).map_err(io(&args.out))?;
+    if let Some(csv) = &args.replot {
+        return replot(csv, &args.out);
+    }
     let selected = pinring_backend::select(args.backend, args.device)?;
     let backend = selected.backend;
     let kind = backend.name();
@@ -499,6 +505,62 @@ fn to_csv(kind: &str, ceilings: &[(u64, f64, f64)], rows: &[Row]) -> String {
     out
 }
 
+/// Redraws the plot from a CSV written by [`to_csv`].
+fn replot(csv: &Path, out: &Path) -> Result<Vec<Row>, BenchError> {
+    let text = std::fs::read_to_string(csv).map_err(io(csv))?;
+    let bad = |line: usize, why: &str| BenchError::Run {
+        what: format!("reading {} line {line}", csv.display()),
+        why: why.to_string(),
+    };
+    let mut kind = String::from("?");
+    let mut ceilings: Vec<(u64, f64, f64)> = Vec::new();
+    let mut rows = Vec::new();
+    for (n, line) in text.lines().enumerate().skip(1) {
+        let f: Vec<&str> = line.split(',').collect();
+        if f.len() != 12 {
+            return Err(bad(n + 1, "expected 12 comma-separated fields"));
+        }
+        let num = |i: usize| f[i].parse::<f64>().map_err(|_| bad(n + 1, "not a number"));
+        let slot: u64 = f[2]
+            .parse()
+            .map_err(|_| bad(n + 1, "slot_bytes is not a number"))?;
+        kind = f[0].to_string();
+        match f[1] {
+            "raw registered" => ceilings.push((slot, num(4)?, 0.0)),
+            "raw pageable" => {
+                if let Some(c) = ceilings.iter_mut().find(|c| c.0 == slot) {
+                    c.2 = num(4)?;
+                }
+            }
+            mode => rows.push(Row {
+                mode: mode.to_string(),
+                slot,
+                loaders: f[3]
+                    .parse()
+                    .map_err(|_| bad(n + 1, "loaders is not a number"))?,
+                gbps: num(4)?,
+                raw_gbps: num(5)?,
+                batches_per_s: num(7)?,
+                cpu_s_per_gb: num(8)?,
+                p50_us: f[9].parse().unwrap_or(0),
+                p99_us: f[10].parse().unwrap_or(0),
+                bound: f[11].to_string(),
+            }),
+        }
+    }
+    let mut loaders: Vec<usize> = rows
+        .iter()
+        .filter(|r| r.mode == "pipeline")
+        .map(|r| r.loaders)
+        .collect();
+    loaders.sort_unstable();
+    loaders.dedup();
+    let svg = out.join("bench.svg");
+    plot(&svg, &kind, &ceilings, &rows, &loaders)?;
+    println!("wrote {}", svg.display());
+    Ok(rows)
+}
+
 fn plot(
     path: &Path,
     kind: &str,
@@ -513,8 +575,21 @@ fn plot(
     };
     let root = SVGBackend::new(path, (960, 600)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| err(e.to_string()))?;
-    let xmin = ceilings.iter().map(|c| c.0).min().unwrap_or(1 << 16) as f64;
-    let xmax = ceilings.iter().map(|c| c.0).max().unwrap_or(1 << 26) as f64;
+    // x is log2 of the slot size, so each power of two gets a tick labelled with its size.
+    let lg = |bytes: u64| (bytes.max(1) as f64).log2();
+    let xmin = ceilings
+        .iter()
+        .map(|c| lg(c.0))
+        .fold(f64::INFINITY, f64::min);
+    let xmax = ceilings
+        .iter()
+        .map(|c| lg(c.0))
+        .fold(f64::NEG_INFINITY, f64::max);
+    let (xmin, xmax) = if xmin.is_finite() && xmax.is_finite() {
+        (xmin.floor() - 0.3, xmax.ceil() + 0.3)
+    } else {
+        (15.7, 26.3)
+    };
     let ymax = ceilings
         .iter()
         .map(|c| c.1.max(c.2))
@@ -529,29 +604,36 @@ fn plot(
         .margin(15)
         .x_label_area_size(45)
         .y_label_area_size(55)
-        .build_cartesian_2d((xmin * 0.8..xmax * 1.25).log_scale(), 0.0..ymax)
+        .build_cartesian_2d(xmin..xmax, 0.0..ymax)
         .map_err(|e| err(e.to_string()))?;
     chart
         .configure_mesh()
         .x_desc("slot (batch payload) size")
         .y_desc("GB/s")
-        .x_label_formatter(&|v| ByteSize(*v as u64).to_string())
+        .x_labels(((xmax - xmin).round() as usize).max(2) + 1)
+        .x_label_formatter(&|v| {
+            if (v - v.round()).abs() < 0.05 {
+                ByteSize(2f64.powf(v.round()) as u64).to_string()
+            } else {
+                String::new()
+            }
+        })
         .draw()
         .map_err(|e| err(e.to_string()))?;
     let series: Vec<(String, Vec<(f64, f64)>)> = std::iter::once((
         "raw ceiling (registered)".to_string(),
-        ceilings.iter().map(|c| (c.0 as f64, c.1)).collect(),
+        ceilings.iter().map(|c| (lg(c.0), c.1)).collect(),
     ))
     .chain(std::iter::once((
         "pageable ceiling".to_string(),
-        ceilings.iter().map(|c| (c.0 as f64, c.2)).collect(),
+        ceilings.iter().map(|c| (lg(c.0), c.2)).collect(),
     )))
     .chain(loaders.iter().map(|&n| {
         (
             format!("pipeline, {n} loaders"),
             rows.iter()
                 .filter(|r| r.mode == "pipeline" && r.loaders == n)
-                .map(|r| (r.slot as f64, r.gbps))
+                .map(|r| (lg(r.slot), r.gbps))
                 .collect(),
         )
     }))
@@ -574,7 +656,7 @@ fn plot(
     }
     chart
         .configure_series_labels()
-        .position(SeriesLabelPosition::LowerRight)
+        .position(SeriesLabelPosition::UpperLeft)
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK)
         .draw()
