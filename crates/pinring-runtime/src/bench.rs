@@ -187,6 +187,12 @@ pub fn run(args: &BenchArgs) -> Result<Vec<Row>, BenchError> {
 
     let exe = std::env::current_exe().map_err(io(Path::new("<current executable>")))?;
     let mut rows = Vec::new();
+    // The first pipeline run after the GPU sat idle is slower (seen on the H200: 36 GB/s, then
+    // 43-44 GB/s for the same point): run one, unreported, so every reported run starts warm.
+    if let (Some(&(slot, raw, _)), Some(&n)) = (ceilings.first(), args.loaders.iter().max()) {
+        let warm = pipeline(args, &exe, "warm-up", slot, n, raw, &[])?;
+        println!("\nwarm-up run (not reported): {:.2} GB/s", warm.gbps);
+    }
     println!("\npipeline (daemon + N loader processes, discard sink):");
     print_header();
     for (slot, raw, _) in &ceilings {

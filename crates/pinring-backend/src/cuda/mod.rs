@@ -819,62 +819,24 @@ impl Uploader for CudaUploader {
 
     fn checksum(&self, buffer: usize, len: usize) -> Result<u64, BackendError> {
         let buf = self.idle_buffer("checksum", buffer, len)?;
-        if len == 0 {
-            return Ok(0);
-        }
-        let st = self.lock_kernels()?;
-        let Some(kernels) = st.kernels.as_ref() else {
-            unreachable!("lock_kernels loads the kernels");
-        };
-        let stream = &self.kernel_stream;
-        let nwords = (len / 8) as u64;
-        let tail = len % 8;
         let err = |call, e| self.kernel_error(call, "checksum", buffer, len, e);
-        raw::memset_zero_async(&st.result, stream).map_err(|e| err("cuMemsetD8Async", e))?;
-        if nwords > 0 {
-            // SAFETY: `buf` and `st.result` stay alive (borrowed) until copy_dtoh_wait below has
-            // waited for the whole kernel stream. The buffer had no pending uploads (checked);
-            // a copy submitted into it meanwhile (a caller bug) could only change device bytes
-            // the kernel reads, never host memory.
-            unsafe {
-                kernels.launch_checksum(stream, buf.span(), nwords, &st.result, self.grid(nwords))
-            }
-            .map_err(|e| err("cuLaunchKernel", e))?;
+        // SAFETY: `buf` is a live device allocation of at least `len` bytes (checked), borrowed
+        // for the whole call. It had no pending uploads (checked); a copy submitted into it
+        // meanwhile (a caller bug) could only change device bytes the kernel reads, never host
+        // memory.
+        unsafe {
+            self.checksum_span(buf.span(), len, &err, &mut |last, st| {
+                raw::copy_dtoh_wait(last, buf, len - last.len(), &self.kernel_stream, &st.done)
+            })
         }
-        let mut word = [0u8; 8];
-        raw::copy_dtoh_wait(&mut word, &st.result, 0, stream, &st.done)
-            .map_err(|e| err("cuMemcpyDtoHAsync/cuEventSynchronize", e))?;
-        let mut sum = u64::from_le_bytes(word);
-        if tail > 0 {
-            let mut last = [0u8; 8];
-            raw::copy_dtoh_wait(&mut last[..tail], buf, len - tail, stream, &st.done)
-                .map_err(|e| err("cuMemcpyDtoHAsync/cuEventSynchronize", e))?;
-            sum = sum.wrapping_add(word_term(nwords, u64::from_le_bytes(last)));
-        }
-        Ok(sum)
     }
 
     fn compute(&self, buffer: usize, len: usize) -> Result<(), BackendError> {
         let buf = self.idle_buffer("compute", buffer, len)?;
-        let n = (len / 4) as u64;
-        if n == 0 {
-            return Ok(());
-        }
-        let st = self.lock_kernels()?;
-        let Some(kernels) = st.kernels.as_ref() else {
-            unreachable!("lock_kernels loads the kernels");
-        };
-        let stream = &self.kernel_stream;
         let err = |call, e| self.kernel_error(call, "sin kernel", buffer, len, e);
-        // SAFETY: `buf` stays alive (borrowed) until the event wait below. No uploads into it
-        // were pending (checked); a copy submitted meanwhile (a caller bug) could only race on
-        // device bytes, never on host memory.
-        unsafe { kernels.launch_sin(stream, buf.span(), n, self.grid(n)) }
-            .map_err(|e| err("cuLaunchKernel", e))?;
-        st.done
-            .record(stream)
-            .and_then(|()| st.done.synchronize())
-            .map_err(|e| err("cuEventSynchronize", e))
+        // SAFETY: as in `checksum`: a live allocation of at least `len` bytes, borrowed for the
+        // call, with no upload pending.
+        unsafe { self.sin_span(buf.span(), len, &err) }
     }
 
     unsafe fn checksum_mapped(&self, host_ptr: *const u8, len: usize) -> Result<u64, BackendError> {
@@ -882,6 +844,51 @@ impl Uploader for CudaUploader {
             return Ok(0);
         }
         let span = self.mapped_span("cuMemHostGetDevicePointer", host_ptr, len)?;
+        let err = |call, e| self.mapped_error(call, "checksum", host_ptr, len, e);
+        let mut read_tail = |last: &mut [u8], _: &KernelState| {
+            let tail_ptr = host_ptr.wrapping_add(len - last.len());
+            // SAFETY: tail_ptr..tail_ptr+last.len() is the end of the caller's live range.
+            last.copy_from_slice(unsafe { std::slice::from_raw_parts(tail_ptr, last.len()) });
+            Ok(())
+        };
+        // SAFETY: the span is the mapped address of a live DEVICEMAP registration of `len` bytes
+        // that the caller keeps alive and unwritten until we return.
+        unsafe { self.checksum_span(span, len, &err, &mut read_tail) }
+    }
+
+    unsafe fn compute_mapped(&self, host_ptr: *mut u8, len: usize) -> Result<(), BackendError> {
+        if len < 4 {
+            return Ok(());
+        }
+        let span = self.mapped_span("cuMemHostGetDevicePointer", host_ptr, len)?;
+        let err = |call, e| self.mapped_error(call, "sin kernel", host_ptr, len, e);
+        // SAFETY: the span is the mapped address of a live DEVICEMAP registration of `len`
+        // bytes, alive until we return. The kernel works in place: the slot's bytes become
+        // sin(x), which the caller allows by handing the range over (it is recycled afterwards).
+        unsafe { self.sin_span(span, len, &err) }
+    }
+}
+
+/// Fills the bytes of a checksum's partial last word.
+type ReadTail<'a> = dyn FnMut(&mut [u8], &KernelState) -> Result<(), DriverError> + 'a;
+
+impl CudaUploader {
+    /// The checksum kernel over the whole words of `span[..len]`, plus the partial last word,
+    /// whose bytes `read_tail` fills (from the device copy, or from the host range itself).
+    ///
+    /// # Safety
+    /// `span` addresses at least `len` bytes of a live allocation or DEVICEMAP registration that
+    /// stays alive, and unwritten by the host, until this returns.
+    unsafe fn checksum_span(
+        &self,
+        span: raw::Span,
+        len: usize,
+        err: &dyn Fn(&'static str, DriverError) -> BackendError,
+        read_tail: &mut ReadTail<'_>,
+    ) -> Result<u64, BackendError> {
+        if len == 0 {
+            return Ok(0);
+        }
         let st = self.lock_kernels()?;
         let Some(kernels) = st.kernels.as_ref() else {
             unreachable!("lock_kernels loads the kernels");
@@ -889,12 +896,10 @@ impl Uploader for CudaUploader {
         let stream = &self.kernel_stream;
         let nwords = (len / 8) as u64;
         let tail = len % 8;
-        let err = |call, e| self.mapped_error(call, "checksum", host_ptr, len, e);
         raw::memset_zero_async(&st.result, stream).map_err(|e| err("cuMemsetD8Async", e))?;
         if nwords > 0 {
-            // SAFETY: the span is the mapped address of a live DEVICEMAP registration of `len`
-            // bytes that the caller keeps alive and unwritten until we return, which is after
-            // copy_dtoh_wait below has waited for the kernel; st.result is borrowed likewise.
+            // SAFETY: the span is live for `len` bytes (caller), and it and `st.result` stay
+            // alive until copy_dtoh_wait below has waited for the whole kernel stream.
             unsafe { kernels.launch_checksum(stream, span, nwords, &st.result, self.grid(nwords)) }
                 .map_err(|e| err("cuLaunchKernel", e))?;
         }
@@ -904,33 +909,33 @@ impl Uploader for CudaUploader {
         let mut sum = u64::from_le_bytes(word);
         if tail > 0 {
             let mut last = [0u8; 8];
-            // SAFETY: the caller guarantees host_ptr..host_ptr+len is live and unwritten; the
-            // tail is its last `tail` bytes.
-            let tail_ptr = host_ptr.wrapping_add(len - tail);
-            // SAFETY: (as above) tail_ptr..tail_ptr+tail is the end of the caller's live range.
-            let tail_bytes = unsafe { std::slice::from_raw_parts(tail_ptr, tail) };
-            last[..tail].copy_from_slice(tail_bytes);
+            read_tail(&mut last[..tail], &st).map_err(|e| err("reading the last word", e))?;
             sum = sum.wrapping_add(word_term(nwords, u64::from_le_bytes(last)));
         }
         Ok(sum)
     }
 
-    unsafe fn compute_mapped(&self, host_ptr: *mut u8, len: usize) -> Result<(), BackendError> {
+    /// The sin kernel in place over the f32s of `span[..len]`, waited for.
+    ///
+    /// # Safety
+    /// As for [`CudaUploader::checksum_span`]; the caller also gives up the bytes' contents.
+    unsafe fn sin_span(
+        &self,
+        span: raw::Span,
+        len: usize,
+        err: &dyn Fn(&'static str, DriverError) -> BackendError,
+    ) -> Result<(), BackendError> {
         let n = (len / 4) as u64;
         if n == 0 {
             return Ok(());
         }
-        let span = self.mapped_span("cuMemHostGetDevicePointer", host_ptr, len)?;
         let st = self.lock_kernels()?;
         let Some(kernels) = st.kernels.as_ref() else {
             unreachable!("lock_kernels loads the kernels");
         };
         let stream = &self.kernel_stream;
-        let err = |call, e| self.mapped_error(call, "sin kernel", host_ptr, len, e);
-        // SAFETY: the span is the mapped address of a live DEVICEMAP registration of `len`
-        // bytes, alive until the event wait below (the caller keeps it alive until we return).
-        // The kernel works in place: the slot's bytes become sin(x), which the caller allows by
-        // handing the range over (the slot is recycled afterwards).
+        // SAFETY: the span is live for `len` bytes until we return (caller), which is after the
+        // event wait below.
         unsafe { kernels.launch_sin(stream, span, n, self.grid(n)) }
             .map_err(|e| err("cuLaunchKernel", e))?;
         st.done
