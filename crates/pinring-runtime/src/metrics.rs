@@ -121,6 +121,38 @@ pub fn render(ring: &Ring, m: &DaemonMetrics) -> String {
     );
     line(
         &mut out,
+        "pinring_leases_expired_total",
+        "counter",
+        "Claims that outlived the lease (slots taken back from hung loaders).",
+        &l,
+        s.leases_expired,
+    );
+    line(
+        &mut out,
+        "pinring_hung_loaders",
+        "gauge",
+        "Live loaders now holding a slot past the lease, or a quarantined one.",
+        &l,
+        s.hung_loaders,
+    );
+    line(
+        &mut out,
+        "pinring_quarantined_slots",
+        "gauge",
+        "Slots now out of use because a hung loader may still write into them.",
+        &l,
+        s.quarantined,
+    );
+    line(
+        &mut out,
+        "pinring_corrupt_descriptors_total",
+        "counter",
+        "Slot descriptors found in a state the daemon never left them in.",
+        &l,
+        s.corrupt_descriptors,
+    );
+    line(
+        &mut out,
         "pinring_rejected_batches_total",
         "counter",
         "Batches the daemon refused to upload.",

@@ -177,6 +177,20 @@ pub struct Snapshot {
     pub loader_busy_seconds: f64,
     /// Seconds uploads were in flight (summed).
     pub upload_seconds: f64,
+    /// Claims that outlived `daemon.lease_ms` (hung loaders' slots taken back).
+    pub leases_expired: u64,
+    /// Live loaders now holding a slot past the lease, or a quarantined one.
+    pub hung_loaders: u64,
+    /// Pid of the loader declared hung last (0: none).
+    pub last_hung_pid: u64,
+    /// Slots now held in quarantine until a hung loader exits or acknowledges.
+    pub quarantined: u64,
+    /// Seqs handed out again in another slot.
+    pub reissued: u64,
+    /// Bad batches skipped and made again (`on_bad_batch = "skip"`).
+    pub bad_batches_skipped: u64,
+    /// Descriptors found in a state the daemon never left them in.
+    pub corrupt_descriptors: u64,
     #[serde(skip)]
     taken: Option<Instant>,
 }
@@ -246,6 +260,13 @@ impl Snapshot {
             loader_wait_seconds: secs(h.loader_wait_ns.load(Relaxed)),
             loader_busy_seconds: secs(h.loader_busy_ns.load(Relaxed)),
             upload_seconds: secs(h.upload_ns.load(Relaxed)),
+            leases_expired: ring.health().leases_expired.load(Relaxed),
+            hung_loaders: ring.health().hung_loaders.load(Relaxed),
+            last_hung_pid: ring.health().last_hung_pid.load(Relaxed),
+            quarantined: ring.health().quarantined.load(Relaxed),
+            reissued: ring.health().reissued.load(Relaxed),
+            bad_batches_skipped: ring.health().bad_batches_skipped.load(Relaxed),
+            corrupt_descriptors: ring.health().corrupt_descriptors.load(Relaxed),
             taken: Some(Instant::now()),
         }
     }
@@ -388,6 +409,24 @@ pub fn render(reports: &[RingReport]) -> String {
             rates.gbps_in, rates.gbps_out, rates.batches_per_second, snap.delivered, total,
             snap.reclaimed, snap.rejected
         );
+        let faults = snap.leases_expired
+            + snap.bad_batches_skipped
+            + snap.corrupt_descriptors
+            + snap.hung_loaders
+            + snap.quarantined;
+        if faults > 0 {
+            let _ = writeln!(
+                s,
+                "  faults: {} hung loaders now (last pid {}), {} leases expired, {} slots quarantined now, {} seqs reissued, {} bad batches skipped, {} corrupt descriptors",
+                snap.hung_loaders,
+                snap.last_hung_pid,
+                snap.leases_expired,
+                snap.quarantined,
+                snap.reissued,
+                snap.bad_batches_skipped,
+                snap.corrupt_descriptors
+            );
+        }
         let c = snap.slots;
         let _ = writeln!(
             s,
@@ -526,5 +565,45 @@ mod tests {
         assert_eq!(bound(1.0, 10, 0.1, 1.0, 3.0, 0.3), "balanced");
         assert_eq!(bound(1.0, 0, 0.0, 0.0, 0.0, 0.0), "idle");
         assert_eq!(bound(0.0, 5, 0.0, 0.0, 1.0, 0.0), "idle");
+    }
+
+    #[test]
+    fn a_hung_loader_shows_in_the_view_and_in_the_json() {
+        let name = format!("status-health-{}", std::process::id());
+        let ring = Ring::create(&pinring_ring::CreateOptions {
+            name: name.clone(),
+            slots: 2,
+            slot_bytes: 4096,
+            mode: 0o600,
+            group: None,
+            fingerprint: 1,
+            start_seq: 0,
+            end_seq: 4,
+            in_order: true,
+        })
+        .unwrap();
+        let report = |snap: Snapshot| RingReport {
+            ring: name.clone(),
+            rates: Some(Rates::between(&snap, &snap)),
+            snapshot: Some(snap),
+            error: None,
+        };
+        let clean = render(&[report(Snapshot::take(&ring))]);
+        assert!(!clean.contains("faults"), "{clean}");
+        let h = ring.health();
+        h.hung_loaders.store(1, Relaxed);
+        h.last_hung_pid.store(4242, Relaxed);
+        h.leases_expired.store(1, Relaxed);
+        h.quarantined.store(1, Relaxed);
+        let snap = Snapshot::take(&ring);
+        let json = serde_json::to_value(&snap).unwrap();
+        assert_eq!(json["hung_loaders"], 1);
+        assert_eq!(json["last_hung_pid"], 4242);
+        let text = render(&[report(snap)]);
+        assert!(
+            text.contains("1 hung loaders now (last pid 4242)"),
+            "{text}"
+        );
+        let _ = pinring_ring::Segment::unlink(&name);
     }
 }
