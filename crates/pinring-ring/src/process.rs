@@ -40,9 +40,19 @@ impl ProcessId {
     }
 }
 
-struct Stat {
-    state: char,
-    start_time: u64,
+/// The fields of a `/proc/PID/stat` (or `/proc/PID/task/TID/stat`) line that pinring reads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stat {
+    /// Command (thread) name, field 2, without the parentheses.
+    pub comm: String,
+    /// State letter, field 3 (`Z` and `X` are dead).
+    pub state: char,
+    /// User-mode CPU time in clock ticks, field 14.
+    pub utime: u64,
+    /// Kernel-mode CPU time in clock ticks, field 15.
+    pub stime: u64,
+    /// Start time in clock ticks since boot, field 22.
+    pub start_time: u64,
 }
 
 fn stat_of(pid: u32) -> Option<Stat> {
@@ -50,13 +60,21 @@ fn stat_of(pid: u32) -> Option<Stat> {
     parse_stat(&text)
 }
 
-fn parse_stat(text: &str) -> Option<Stat> {
-    let after = &text[text.rfind(')')? + 1..];
-    let mut fields = after.split_ascii_whitespace();
-    // After ')' come fields 3.. : field 3 is the state, field 22 the start time.
-    let state = fields.next()?.chars().next()?;
-    let start_time = fields.nth(22 - 4)?.parse().ok()?;
-    Some(Stat { state, start_time })
+/// Parses a stat line; `None` if it is malformed.
+pub fn parse_stat(text: &str) -> Option<Stat> {
+    let open = text.find('(')?;
+    let close = text.rfind(')')?;
+    let comm = text.get(open + 1..close)?.to_string();
+    // After ')' come fields 3.. : fields[0] is field 3.
+    let fields: Vec<&str> = text[close + 1..].split_ascii_whitespace().collect();
+    let field = |n: usize| fields.get(n - 3)?.parse::<u64>().ok();
+    Some(Stat {
+        comm,
+        state: fields.first()?.chars().next()?,
+        utime: field(14)?,
+        stime: field(15)?,
+        start_time: field(22)?,
+    })
 }
 
 #[cfg(test)]
@@ -67,7 +85,9 @@ mod tests {
     fn parses_a_command_name_with_spaces_and_parens() {
         let line = "1234 (my (odd) name) S 1 1234 1234 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 1000 10";
         let s = parse_stat(line).unwrap();
+        assert_eq!(s.comm, "my (odd) name");
         assert_eq!(s.state, 'S');
+        assert_eq!((s.utime, s.stime), (1, 2));
         assert_eq!(s.start_time, 987654);
     }
 

@@ -897,22 +897,13 @@ fn thread_cpu_seconds() -> std::collections::BTreeMap<String, f64> {
         return out;
     };
     for entry in dir.flatten() {
-        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+        let Some(stat) = std::fs::read_to_string(entry.path().join("stat"))
+            .ok()
+            .and_then(|text| pinring_ring::process::parse_stat(&text))
+        else {
             continue;
         };
-        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
-            continue;
-        };
-        let name = stat[open + 1..close].to_string();
-        // Fields after the command: state is field 3, utime 14, stime 15.
-        let fields: Vec<&str> = stat[close + 1..].split_ascii_whitespace().collect();
-        let field = |n: usize| {
-            fields
-                .get(n - 3)
-                .and_then(|f| f.parse::<f64>().ok())
-                .unwrap_or(0.0)
-        };
-        *out.entry(name).or_insert(0.0) += (field(14) + field(15)) / ticks;
+        *out.entry(stat.comm).or_insert(0.0) += (stat.utime + stat.stime) as f64 / ticks;
     }
     out
 }
