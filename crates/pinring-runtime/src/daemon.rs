@@ -210,8 +210,8 @@ struct Daemon {
     zero_copy_commits: BTreeMap<u32, u64>,
     zero_copy: bool,
     registered: bool,
-    /// Commit-to-on-device latencies, microseconds.
-    latencies_us: Vec<u32>,
+    /// Commit-to-on-device latencies (bounded memory, however long the daemon runs).
+    latencies: crate::histogram::Quantiles,
     free_buffers: Vec<usize>,
     sink_pending: usize,
     order: OrderCheck,
@@ -361,7 +361,7 @@ impl Daemon {
             zero_copy_commits: BTreeMap::new(),
             zero_copy: args.zero_copy,
             registered: !args.no_register,
-            latencies_us: Vec::new(),
+            latencies: crate::histogram::Quantiles::default(),
             free_buffers: (0..buffers).rev().collect(),
             sink_pending: 0,
             order: OrderCheck::new(args.start_seq, end_seq, cfg.ring.in_order),
@@ -548,7 +548,8 @@ impl Daemon {
             let on_device_ns = pinring_ring::clock::monotonic_ns()
                 .saturating_sub(c.completed.elapsed().as_nanos() as u64);
             self.record_latency(commit_ns, on_device_ns);
-            self.service.upload_done(&self.ring, slot, upload_ns);
+            self.service
+                .upload_done(&self.ring, slot, upload_ns, commit_ns, on_device_ns);
             // (D): the upload has finished reading the slot; hand it out again.
             self.hand_out(slot);
             freed += 1;
@@ -758,8 +759,7 @@ impl Daemon {
 
     fn record_latency(&mut self, commit_ns: u64, on_device_ns: u64) {
         if commit_ns != 0 && on_device_ns >= commit_ns {
-            let us = (on_device_ns - commit_ns) / 1000;
-            self.latencies_us.push(us.min(u64::from(u32::MAX)) as u32);
+            self.latencies.record_us((on_device_ns - commit_ns) / 1000);
         }
     }
 
@@ -843,8 +843,8 @@ impl Daemon {
             interrupted: self.interrupted,
             zero_copy: self.zero_copy,
             registered: self.registered,
-            latency_p50_us: percentile(&mut self.latencies_us, 0.50),
-            latency_p99_us: percentile(&mut self.latencies_us, 0.99),
+            latency_p50_us: self.latencies.quantile_us(0.50),
+            latency_p99_us: self.latencies.quantile_us(0.99),
             daemon_cpu_seconds: (cpu_seconds() - self.cpu_at_ready).max(0.0),
             thread_cpu_seconds: thread_cpu_seconds(),
             error: result.as_ref().err().map(|e| e.to_string()),
@@ -861,16 +861,6 @@ impl Daemon {
         };
         summary
     }
-}
-
-/// The `q` quantile of `v` (sorted in place), 0 when empty.
-fn percentile(v: &mut [u32], q: f64) -> u32 {
-    if v.is_empty() {
-        return 0;
-    }
-    v.sort_unstable();
-    let idx = ((v.len() - 1) as f64 * q).round() as usize;
-    v[idx.min(v.len() - 1)]
 }
 
 /// CPU seconds (user + system) this process has used so far.

@@ -249,20 +249,31 @@ impl DaemonService {
     }
 
     /// Called when an upload of `slot` completed, before the slot is handed out again: records
-    /// the stage latencies from the slot's timestamps.
-    pub fn upload_done(&self, ring: &Ring, slot: u32, upload_ns: u64) {
-        let now = pinring_ring::clock::monotonic_ns();
-        let d = ring.desc(slot);
-        // The timestamps were written by a loader (untrusted): they only feed statistics, and
-        // a value from the future counts as zero.
-        let commit = d.commit_ns.load(std::sync::atomic::Ordering::Relaxed);
-        let claim = d.claim_ns.load(std::sync::atomic::Ordering::Relaxed);
-        if commit > 0 {
+    /// the stage latencies (commit to on the device, as the daemon computed them for its
+    /// summary; claim to commit from the slot's claim timestamp).
+    pub fn upload_done(
+        &self,
+        ring: &Ring,
+        slot: u32,
+        upload_ns: u64,
+        commit_ns: u64,
+        on_device_ns: u64,
+    ) {
+        // The claim time was written by a loader (untrusted): it only feeds statistics, and a
+        // value from the future counts as zero. `commit_ns` is the one the daemon validated when
+        // it took the slot.
+        let claim = ring
+            .desc(slot)
+            .claim_ns
+            .load(std::sync::atomic::Ordering::Relaxed);
+        if commit_ns > 0 {
             self.metrics
                 .commit_to_upload_done
-                .observe_ns(now.saturating_sub(commit));
+                .observe_ns(on_device_ns.saturating_sub(commit_ns));
             if claim > 0 {
-                self.metrics.fill.observe_ns(commit.saturating_sub(claim));
+                self.metrics
+                    .fill
+                    .observe_ns(commit_ns.saturating_sub(claim));
             }
         }
         self.metrics.upload.observe_ns(upload_ns);
