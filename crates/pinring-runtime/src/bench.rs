@@ -6,12 +6,13 @@
 //! protocol and memory bandwidth, not PCIe.
 
 use crate::daemon::parse_backend_kind;
+use crate::runner::Children;
 use crate::summary::Summary;
 use pinring_backend::BackendKind;
 use pinring_data::{ByteSize, Config, DatasetConfig, Dtype, PlanConfig, RingConfig, SlotBytes};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// `pinring bench` flags.
@@ -359,16 +360,6 @@ pub fn run_config(slot: u64, ring_bytes: u64, run_bytes: u64, name: &str) -> Con
     }
 }
 
-struct Kill(Vec<Child>);
-impl Drop for Kill {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
 fn pipeline(
     args: &BenchArgs,
     exe: &Path,
@@ -415,7 +406,7 @@ fn pipeline(
         .stdin(Stdio::null())
         .spawn()
         .map_err(|e| fail(format!("cannot start the daemon: {e}")))?;
-    let mut kids = Kill(vec![daemon]);
+    let mut kids = Children(vec![daemon]);
     for _ in 0..loaders {
         let l = Command::new(exe)
             .arg("loader")
@@ -438,13 +429,8 @@ fn pipeline(
         }
         std::thread::sleep(Duration::from_millis(20));
     };
-    // Loaders exit when the daemon closes the ring.
-    for c in kids.0.iter_mut().skip(1) {
-        let t = Instant::now();
-        while matches!(c.try_wait(), Ok(None)) && t.elapsed() < Duration::from_secs(5) {
-            std::thread::sleep(Duration::from_millis(5));
-        }
-    }
+    // Loaders exit when the daemon closes the ring; `kids` reaps them (and stops any straggler)
+    // when it goes out of scope.
     if !status.success() {
         return Err(fail(format!("the daemon exited with {status}")));
     }

@@ -103,7 +103,9 @@ impl RunError {
     }
 }
 
-struct Children(Vec<Child>);
+/// Child processes that are stopped (SIGTERM, which every pinring process handles within
+/// 100 ms) and reaped when this goes out of scope, on every path.
+pub(crate) struct Children(pub(crate) Vec<Child>);
 
 impl Drop for Children {
     fn drop(&mut self) {
