@@ -332,12 +332,8 @@ pub fn bound(
     if seconds <= 0.0 || (delivered == 0 && loader_busy == 0.0) {
         return "idle";
     }
-    let daemon_starved = daemon_wait / seconds;
-    let loaders_blocked = if loader_wait + loader_busy > 0.0 {
-        loader_wait / (loader_wait + loader_busy)
-    } else {
-        0.0
-    };
+    let (daemon_starved, loaders_blocked) =
+        crate::summary::wait_fractions(seconds, daemon_wait, loader_wait, loader_busy);
     if daemon_starved > 0.5 {
         "loaders"
     } else if loaders_blocked > 0.5 {

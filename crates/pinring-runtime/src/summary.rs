@@ -109,7 +109,26 @@ impl Summary {
     }
 }
 
-/// A plain verdict of where time went, from the wait counters.
+/// The two fractions every verdict starts from: the share of `seconds` the daemon waited for a
+/// ready slot while it could have uploaded, and the share of loader time (waiting plus working)
+/// spent waiting for a free slot. `seconds` must be positive.
+pub fn wait_fractions(
+    seconds: f64,
+    daemon_wait: f64,
+    loader_wait: f64,
+    loader_busy: f64,
+) -> (f64, f64) {
+    let loaders_blocked = if loader_wait + loader_busy > 0.0 {
+        loader_wait / (loader_wait + loader_busy)
+    } else {
+        0.0
+    };
+    (daemon_wait / seconds, loaders_blocked)
+}
+
+/// A plain verdict of where time went over a whole run, from the wait counters and the sink's
+/// busy time (`pinring status` judges an interval with [`crate::status::bound`], which sees upload
+/// time instead of the sink's).
 pub fn verdict(
     seconds: f64,
     daemon_wait: f64,
@@ -120,12 +139,8 @@ pub fn verdict(
     if seconds <= 0.0 {
         return "balanced";
     }
-    let daemon_starved = daemon_wait / seconds;
-    let loaders_blocked = if loader_wait + loader_busy > 0.0 {
-        loader_wait / (loader_wait + loader_busy)
-    } else {
-        0.0
-    };
+    let (daemon_starved, loaders_blocked) =
+        wait_fractions(seconds, daemon_wait, loader_wait, loader_busy);
     if sink_busy / seconds > 0.8 && loaders_blocked > 0.3 {
         "consumer"
     } else if daemon_starved > 0.5 {
