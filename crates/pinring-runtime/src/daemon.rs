@@ -189,13 +189,13 @@ struct Daemon {
     ring: Arc<Ring>,
     plan: Plan,
     uploader: Arc<dyn Uploader>,
-    registration_seconds: f64,
     service: crate::service::DaemonService,
-    _registration: Option<pinring_backend::Registration>,
+    /// The ring's registration with the backend (None: --no-register); dropped before the ring.
+    registration: Option<pinring_backend::Registration>,
     completions: Receiver<Completion>,
     sink_tx: Option<crossbeam_channel::Sender<SinkJob>>,
     sink_rx: Receiver<SinkDone>,
-    threads: Vec<std::thread::JoinHandle<()>>,
+    sink_thread: Option<std::thread::JoinHandle<()>>,
     // Protocol state, owned by the main loop.
     start_seq: u64,
     end_seq: u64,
@@ -209,7 +209,6 @@ struct Daemon {
     /// Commit time of each zero-copy batch at the sink, by slot.
     zero_copy_commits: BTreeMap<u32, u64>,
     zero_copy: bool,
-    registered: bool,
     /// Commit-to-on-device latencies (bounded memory, however long the daemon runs).
     latencies: crate::histogram::Quantiles,
     free_buffers: Vec<usize>,
@@ -319,24 +318,21 @@ impl Daemon {
             let bell = doorbell.clone();
             uploader.set_completion_hook(Arc::new(move || bell.ring()));
         }
-        let mut threads = Vec::new();
         let (sink_tx, sink_jobs) = unbounded();
         let (sink_done_tx, sink_rx) = unbounded();
-        {
+        let sink_thread = {
             let up = Arc::clone(&uploader);
             let synth = cfg.synthetic();
             let kind = args.sink;
             let bell = doorbell.clone();
-            threads.push(
-                std::thread::Builder::new()
-                    .name("sink".into())
-                    .spawn(move || sink::run(kind, up, synth, sink_jobs, sink_done_tx, bell))
-                    .map_err(|e| DaemonError::Internal {
-                        ring: cfg.ring.name.clone(),
-                        what: format!("cannot start the sink thread: {e}"),
-                    })?,
-            );
-        }
+            std::thread::Builder::new()
+                .name("sink".into())
+                .spawn(move || sink::run(kind, up, synth, sink_jobs, sink_done_tx, bell))
+                .map_err(|e| DaemonError::Internal {
+                    ring: cfg.ring.name.clone(),
+                    what: format!("cannot start the sink thread: {e}"),
+                })?
+        };
         let slots = cfg.ring.slots as usize;
         let now = Instant::now();
         let mut d = Daemon {
@@ -345,13 +341,12 @@ impl Daemon {
             backend_reason: selected.reason.clone(),
             plan,
             uploader,
-            registration_seconds,
             service,
-            _registration: registration,
+            registration,
             completions,
             sink_tx: Some(sink_tx),
             sink_rx,
-            threads,
+            sink_thread: Some(sink_thread),
             start_seq: args.start_seq,
             end_seq,
             next_assign: args.start_seq,
@@ -360,7 +355,6 @@ impl Daemon {
             inflight: BTreeMap::new(),
             zero_copy_commits: BTreeMap::new(),
             zero_copy: args.zero_copy,
-            registered: !args.no_register,
             latencies: crate::histogram::Quantiles::default(),
             free_buffers: (0..buffers).rev().collect(),
             sink_pending: 0,
@@ -751,7 +745,7 @@ impl Daemon {
             };
             // SAFETY: the slot is UPLOADING, owned by this loop: no loader may claim it until
             // `hand_out` runs for it, which happens only after this job's completion arrives.
-            // The mapping outlives the uploader (the ring Arc is held by self and the threads).
+            // The mapping outlives the uploader (the ring Arc is held by self and the sink's doorbell).
             unsafe { self.uploader.submit(job) }?;
         }
         Ok(progressed)
@@ -784,8 +778,8 @@ impl Daemon {
         if let Err(e) = self.ring.unlink() {
             tracing::warn!("{e}");
         }
-        // Stop the sink and wait for the threads; the uploader's own thread stops when the last
-        // Arc is dropped with the Daemon.
+        // Stop the sink (joined below); the uploader's own thread stops when the last Arc is
+        // dropped with the Daemon.
         self.sink_tx = None;
         let h = self.ring.header();
         let seconds = self
@@ -834,7 +828,7 @@ impl Daemon {
             bad_batches_skipped: self.ring.health().bad_batches_skipped.load(Relaxed),
             reissued: self.ring.health().reissued.load(Relaxed),
             corrupt_descriptors: self.ring.health().corrupt_descriptors.load(Relaxed),
-            registration_seconds: self.registration_seconds,
+            registration_seconds: self.registration.as_ref().map_or(0.0, |r| r.seconds()),
             daemon_wait_seconds: daemon_wait,
             loader_wait_seconds: loader_wait,
             loader_busy_seconds: loader_busy,
@@ -842,7 +836,7 @@ impl Daemon {
             bound: verdict(seconds, daemon_wait, loader_wait, loader_busy, sink_busy).into(),
             interrupted: self.interrupted,
             zero_copy: self.zero_copy,
-            registered: self.registered,
+            registered: self.registration.is_some(),
             latency_p50_us: self.latencies.quantile_us(0.50),
             latency_p99_us: self.latencies.quantile_us(0.99),
             daemon_cpu_seconds: (cpu_seconds() - self.cpu_at_ready).max(0.0),
@@ -850,10 +844,8 @@ impl Daemon {
             error: result.as_ref().err().map(|e| e.to_string()),
             exit_code: 0,
         };
-        for t in self.threads.drain(..) {
-            if t.thread().name() == Some("sink") {
-                let _ = t.join();
-            }
+        if let Some(t) = self.sink_thread.take() {
+            let _ = t.join();
         }
         summary.exit_code = match result {
             Err(e) => e.exit().code(),
