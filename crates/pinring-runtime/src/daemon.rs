@@ -182,16 +182,19 @@ pub fn run(args: &DaemonArgs, shutdown: &Shutdown) -> (Option<Summary>, Result<(
 }
 
 struct Daemon {
+    // Fields drop top to bottom, and these three must go in this order: the upload engine first
+    // (its drop waits for copies still running), then the registration (unregistering memory no
+    // copy reads any more), then this handle on the ring's mapping.
+    uploader: Arc<dyn Uploader>,
+    /// The ring's registration with the backend (None: --no-register).
+    registration: Option<pinring_backend::Registration>,
+    ring: Arc<Ring>,
     cfg: Config,
     sink_kind: SinkKind,
     backend_name: String,
     backend_reason: String,
-    ring: Arc<Ring>,
     plan: Plan,
-    uploader: Arc<dyn Uploader>,
     service: crate::service::DaemonService,
-    /// The ring's registration with the backend (None: --no-register); dropped before the ring.
-    registration: Option<pinring_backend::Registration>,
     completions: Receiver<Completion>,
     sink_tx: Option<crossbeam_channel::Sender<SinkJob>>,
     sink_rx: Receiver<SinkDone>,
@@ -275,8 +278,9 @@ impl Daemon {
         let registration = if args.no_register {
             None
         } else {
-            // SAFETY: the data area is a live shared mapping owned by `ring`, which the Daemon
-            // keeps alive (field order drops the registration first) for as long as the guard.
+            // SAFETY: the data area is a live shared mapping owned by `ring`, which outlives the
+            // guard: here the guard drops first (declared later), and in `Daemon` the field
+            // order drops the registration before the ring.
             let reg = unsafe {
                 selected
                     .backend
