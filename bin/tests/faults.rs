@@ -110,11 +110,16 @@ fn a_loader_beyond_the_loader_table_is_refused_with_exit_8() {
     let fx = Fixture::small("full");
     let mut daemon = fx.daemon(&["--epochs", "1000"]);
     fx.wait_ready(&mut daemon);
-    // Fill the table with entries naming this (live) test process, as 48 idle loaders would.
+    // Fill the table with entries held by this (live) test process, as 48 idle loaders would:
+    // one handle per seat, as one loader process each.
     let ring = Ring::open(&fx.ring, Access::ReadWrite, Duration::from_secs(5)).unwrap();
     let me = ProcessId::current();
-    let taken: Vec<u16> = (0..pinring_ring::MAX_LOADERS)
-        .map(|_| ring.attach_loader(me).unwrap())
+    let mut taken: Vec<(Ring, pinring_ring::Seat)> = (0..pinring_ring::MAX_LOADERS)
+        .map(|_| {
+            let r = Ring::open(&fx.ring, Access::ReadWrite, Duration::from_secs(5)).unwrap();
+            let seat = r.attach_loader(me).unwrap();
+            (r, seat)
+        })
         .collect();
     let (st, log) = wait_for(fx.loader(&fx.config), "loader", Duration::from_secs(10));
     assert_eq!(st.code(), Some(REFUSED), "{log}");
@@ -123,7 +128,8 @@ fn a_loader_beyond_the_loader_table_is_refused_with_exit_8() {
         "{log}"
     );
     // A place freed is a place taken.
-    ring.detach_loader(taken[0]);
+    let (first, seat) = taken.remove(0);
+    first.detach_loader(seat);
     let loader = fx.loader(&fx.config);
     wait_until("the new loader's deliveries", LONG, || {
         delivered(&ring) >= 5

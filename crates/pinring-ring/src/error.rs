@@ -45,6 +45,50 @@ pub enum RingError {
         pid: u32,
     },
     /// The segment belongs to another user.
+    #[error("ring {name:?} ({path}) is {kind}, not a ring segment: {fix}")]
+    NotRegular {
+        /// Ring name.
+        name: String,
+        /// Path.
+        path: PathBuf,
+        /// What the file is.
+        kind: &'static str,
+        /// What to do.
+        fix: &'static str,
+    },
+    #[error("ring {name:?} ({path}) kept changing while this daemon tried to take the name (another daemon or a cleaner is working on it): try again, or pick another --ring name")]
+    Contended {
+        /// Ring name.
+        name: String,
+        /// Path.
+        path: PathBuf,
+    },
+    #[error("ring {name:?} ({path}) was made by a pinring of layout version {found} (this build speaks {expected}), whose daemon may still be running: stop that daemon, or start this one with --replace")]
+    OtherVersionPresent {
+        /// Ring name.
+        name: String,
+        /// Path.
+        path: PathBuf,
+        /// Version found.
+        found: u32,
+        /// Version of this build.
+        expected: u32,
+    },
+    #[error("ring {name:?} ({path}) belongs to uid {owner} (mode {mode:04o}, gid {gid}), and uid {me} is neither its owner nor admitted by its group: run the loader as uid {owner}, or give the daemon ring.mode = \"0660\" and a ring.group this user belongs to")]
+    ForeignRing {
+        /// Ring name.
+        name: String,
+        /// Path.
+        path: PathBuf,
+        /// Owner uid.
+        owner: u32,
+        /// Owner gid.
+        gid: u32,
+        /// Mode bits.
+        mode: u32,
+        /// This process's uid.
+        me: u32,
+    },
     #[error("ring {name:?} ({path}) is owned by uid {owner}, not by this process (uid {me}): remove it as its owner or as root, or pick another --ring name")]
     ForeignOwner {
         /// Ring name.
@@ -163,6 +207,11 @@ pub enum RingError {
         state: &'static str,
     },
     /// The loader table is full.
+    #[error("ring {name:?}: this handle already holds a loader seat: open the ring once per loader")]
+    AlreadyAttached {
+        /// Ring name.
+        name: String,
+    },
     #[error("ring {name:?} already has {max} loaders attached: stop a loader first (the table holds {max})")]
     LoaderTableFull {
         /// Ring name.

@@ -42,6 +42,12 @@ pub fn bump_and_wake(word: &AtomicU32, n: i32) {
     AsFutex::<Shared>::as_futex(word).wake(n);
 }
 
+/// Wakes every waiter without changing the word (for a word whose value means something, like
+/// the layout version: a waiter re-reads it after every return).
+pub fn wake_all(word: &AtomicU32) {
+    AsFutex::<Shared>::as_futex(word).wake(i32::MAX);
+}
+
 /// Wakes every waiter.
 pub fn bump_and_wake_all(word: &AtomicU32) {
     bump_and_wake(word, i32::MAX);

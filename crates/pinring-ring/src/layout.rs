@@ -13,19 +13,20 @@
 //!   `Release` store of the version after everything else was written.
 
 use std::mem::{offset_of, size_of};
-use std::sync::atomic::{AtomicU32, AtomicU64};
+use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64};
 
 /// `b"PINRING\0"` as a little-endian u64.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"PINRING\0");
 /// Version of this layout. A segment whose version differs is refused.
-pub const LAYOUT_VERSION: u32 = 1;
+pub const LAYOUT_VERSION: u32 = 2;
 /// Bytes of the header page (header + loader table).
 pub const HEADER_BYTES: usize = 4096;
 /// Bytes of one slot descriptor (two cache lines).
 pub const DESC_BYTES: usize = 128;
-/// Byte offset of the [`Health`] block inside the header page (in space that layout version 1
-/// reserved as zero, so adding it changed no existing offset).
+/// Byte offset of the [`Health`] block inside the header page.
 pub const HEALTH_OFFSET: usize = 384;
+/// Byte offset of [`Header::daemon_pid`] (read with `pread` by a daemon judging an old file).
+pub const DAEMON_PID_OFFSET: usize = offset_of!(Header, daemon_pid);
 /// Byte offset of the loader table inside the header page.
 pub const LOADER_TABLE_OFFSET: usize = 1024;
 /// Bytes of one loader table entry.
@@ -101,11 +102,13 @@ pub struct Header {
     pub state: AtomicU32,
     /// [`header_flags`].
     pub flags: AtomicU32,
-    /// Pid of the daemon that owns the segment.
+    /// Pid of the daemon that owns the segment, in its own PID namespace (informational: the
+    /// daemon's liveness is its lock, see [`crate::lock`]).
     pub daemon_pid: AtomicU32,
     /// [`MAX_LOADERS`].
     pub max_loaders: AtomicU32,
-    /// Start time of the daemon process (clock ticks since boot, /proc/PID/stat field 22).
+    /// Start time of the daemon process (clock ticks since boot, /proc/PID/stat field 22;
+    /// informational).
     pub daemon_start_time: AtomicU64,
     /// Fingerprint of the dataset/plan config; loaders with another fingerprint are refused.
     pub fingerprint: AtomicU64,
@@ -165,11 +168,16 @@ pub struct Header {
 #[repr(C)]
 #[derive(Debug)]
 pub struct LoaderEntry {
-    /// Pid of the attached loader; 0 = entry empty. Claimed by CAS 0 → pid.
+    /// Pid of the attached loader in its own PID namespace (informational: the entry's owner is
+    /// whoever holds its lock, see [`crate::lock`]); 0 = entry empty.
     pub pid: AtomicU32,
     /// 0 = empty, 1 = attaching, 2 = active.
-    pub state: AtomicU32,
-    /// Process start time of the loader (clock ticks since boot).
+    pub state: AtomicU16,
+    /// The current occupant's tenure of this entry: bumped by each loader that takes the entry,
+    /// and recorded in the words of the slots it claims, so a claim of a former occupant is
+    /// never mistaken for one of the current occupant.
+    pub tenure: AtomicU16,
+    /// Process start time of the loader (clock ticks since boot; informational).
     pub start_time: AtomicU64,
     /// Batches committed by this loader.
     pub batches: AtomicU64,
@@ -216,16 +224,20 @@ pub struct Health {
     pub daemon_heartbeat_ns: AtomicU64,
     /// Slot descriptors found in a state the daemon never left them in (scribbled).
     pub corrupt_descriptors: AtomicU64,
+    /// Times the daemon found its own header fields changed by another process and restored
+    /// them.
+    pub header_repairs: AtomicU64,
+    _reserved: [u64; 7],
 }
 
 /// Loader table entry states.
 pub mod loader_state {
     /// Entry unused.
-    pub const EMPTY: u32 = 0;
+    pub const EMPTY: u16 = 0;
     /// Pid claimed, start time being written.
-    pub const ATTACHING: u32 = 1;
+    pub const ATTACHING: u16 = 1;
     /// Loader attached and working.
-    pub const ACTIVE: u32 = 2;
+    pub const ACTIVE: u16 = 2;
 }
 
 /// A slot descriptor. The slot's data lives in the data area at `data_offset + i * slot_bytes`.
@@ -259,7 +271,11 @@ pub struct SlotDesc {
 }
 
 const _: () = assert!(size_of::<Header>() <= HEALTH_OFFSET);
-const _: () = assert!(size_of::<Health>() == 64);
+const _: () = assert!(size_of::<Health>() == 128);
+const _: () = assert!(offset_of!(Health, header_repairs) == 64);
+const _: () = assert!(DAEMON_PID_OFFSET == 72);
+const _: () = assert!(offset_of!(LoaderEntry, state) == 4);
+const _: () = assert!(offset_of!(LoaderEntry, tenure) == 6);
 const _: () = assert!(HEALTH_OFFSET + size_of::<Health>() <= LOADER_TABLE_OFFSET);
 const _: () = assert!(HEALTH_OFFSET % 64 == 0);
 const _: () = assert!(offset_of!(Health, leases_expired) == 0);

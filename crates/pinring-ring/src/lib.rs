@@ -13,8 +13,10 @@
 
 pub mod clock;
 pub mod error;
+pub mod fault;
 pub mod futex;
 pub mod layout;
+pub mod lock;
 pub mod process;
 pub mod recovery;
 pub mod ring;
@@ -25,6 +27,6 @@ pub use error::{CommitError, RingError, SlotFault};
 pub use layout::{ring_state, Geometry, Header, MAX_LOADERS};
 pub use process::ProcessId;
 pub use recovery::Expired;
-pub use ring::{fit_in_slot, Claim, CreateOptions, LoaderView, Ring, SlotView, Taken};
+pub use ring::{fit_in_slot, Claim, CreateOptions, LoaderView, Ring, Seat, SlotView, Taken};
 pub use segment::{object_path, Access, Segment};
 pub use slot::{SlotState, SlotWord};

@@ -14,8 +14,8 @@
 
 use crate::layout::{abandon_word, loader_state, MAX_LOADERS};
 use crate::process::ProcessId;
-use crate::ring::Ring;
-use crate::slot::{SlotState, SlotWord, NO_OWNER};
+use crate::ring::{Ring, Seat};
+use crate::slot::{SlotState, SlotWord};
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
 
 /// A slot taken back from a loader that held it past its lease.
@@ -27,6 +27,8 @@ pub struct Expired {
     pub seq: u64,
     /// Loader-table index of the owner.
     pub owner: u16,
+    /// The owner's tenure of that entry.
+    pub tenure: u16,
     /// Ticket of the round the owner claimed (its abandon word names it).
     pub ticket: u32,
     /// The owner process as the loader table named it, if the entry was valid.
@@ -37,15 +39,15 @@ pub struct Expired {
 }
 
 impl Ring {
-    /// The process in loader-table entry `owner`, if the index is in range and the entry active.
+    /// The process in loader-table entry `owner` (for messages), if the index is in range and
+    /// the entry active.
     pub fn owner_identity(&self, owner: u16) -> Option<ProcessId> {
         if owner as usize >= MAX_LOADERS {
             return None;
         }
         let e = self.loader(owner as usize);
-        let pid = e.pid.load(Acquire);
-        (pid != 0 && e.state.load(Acquire) == loader_state::ACTIVE).then(|| ProcessId {
-            pid,
+        (e.state.load(Acquire) == loader_state::ACTIVE).then(|| ProcessId {
+            pid: e.pid.load(Acquire),
             start_time: e.start_time.load(Relaxed),
         })
     }
@@ -72,7 +74,7 @@ impl Ring {
             0
         };
         let seq = d.seq.load(Relaxed);
-        let idle = SlotWord::pack(SlotState::Idle, NO_OWNER, w.ticket.wrapping_add(1));
+        let idle = SlotWord::pack(SlotState::Idle, w.ticket.wrapping_add(1));
         // AcqRel: the loss of ownership is ordered before anything the daemon does next with
         // the slot (nothing, until release); the Acquire side pairs with the claim.
         d.word
@@ -83,37 +85,40 @@ impl Ring {
             slot: i,
             seq,
             owner: w.owner,
+            tenure: w.tenure,
             ticket: w.ticket,
             owner_id,
             abandoned_before,
         })
     }
 
-    /// Whether the owner of an expired claim can no longer write into the slot: its process is
-    /// gone, or it has acknowledged with [`Ring::abandon`] (this slot, or a later one: a loader
-    /// holds one claim at a time, so it abandons slots in order).
+    /// Whether the owner of an expired claim can no longer write into the slot: its tenure lock
+    /// is free (it exited or died), or it has acknowledged with [`Ring::abandon`] (this slot, or a
+    /// later one: a loader holds one claim at a time, so it abandons slots in order).
     pub fn released_by(&self, e: &Expired) -> bool {
-        let Some(id) = e.owner_id else {
-            // The table named nobody valid: there is no process to wait for.
-            return true;
-        };
-        if !id.is_alive() {
+        if e.owner as usize >= MAX_LOADERS {
+            // The word named no valid entry: there is no process to wait for.
             return true;
         }
-        (e.owner as usize) < MAX_LOADERS && {
-            let entry = self.loader(e.owner as usize);
-            // Acquire pairs with the loader's Release store in `abandon`.
-            let now = entry.abandoned.load(Acquire);
-            entry.pid.load(Acquire) == id.pid
-                && (now == abandon_word(e.slot, e.ticket)
-                    || (now != e.abandoned_before && now != 0))
+        if !self.claimant_alive(e.owner, e.tenure).unwrap_or(true) {
+            return true;
         }
+        let entry = self.loader(e.owner as usize);
+        // Acquire pairs with the loader's Release store in `abandon`.
+        let now = entry.abandoned.load(Acquire);
+        entry.tenure.load(Acquire) == e.tenure
+            && (now == abandon_word(e.slot, e.ticket) || (now != e.abandoned_before && now != 0))
+    }
+
+    /// Whether the owner of an expired claim still runs (for the hung-loader gauge).
+    pub fn expired_owner_alive(&self, e: &Expired) -> bool {
+        self.claimant_alive(e.owner, e.tenure).unwrap_or(true)
     }
 
     /// Loader side: after a refused commit, promises never to touch `slot` of round `ticket`
     /// again, so the daemon may hand the slot out once more.
-    pub fn abandon(&self, index: u16, slot: u32, ticket: u32) {
-        let e = self.loader(index as usize);
+    pub fn abandon(&self, seat: Seat, slot: u32, ticket: u32) {
+        let e = self.loader(seat.index as usize);
         // Release: every write this loader made into the slot happens before the daemon, which
         // loads this word with Acquire, re-issues the slot.
         e.abandoned.store(abandon_word(slot, ticket), Release);
@@ -131,7 +136,7 @@ impl Ring {
         if !matches!(state, SlotState::Free | SlotState::Ready) {
             return None;
         }
-        let idle = SlotWord::pack(SlotState::Idle, NO_OWNER, w.ticket.wrapping_add(1));
+        let idle = SlotWord::pack(SlotState::Idle, w.ticket.wrapping_add(1));
         d.word
             .compare_exchange(w.raw, idle, AcqRel, Relaxed)
             .ok()
@@ -144,7 +149,7 @@ impl Ring {
         let d = self.desc(i);
         let w = SlotWord::unpack(d.word.load(Acquire));
         d.word.store(
-            SlotWord::pack(SlotState::Idle, NO_OWNER, w.ticket.wrapping_add(1)),
+            SlotWord::pack(SlotState::Idle, w.ticket.wrapping_add(1)),
             Release,
         );
     }

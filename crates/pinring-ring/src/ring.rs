@@ -15,10 +15,12 @@ use crate::clock::{monotonic_ns, unix_ns};
 use crate::error::{CommitError, RingError, SlotFault};
 use crate::futex;
 use crate::layout::*;
+use crate::lock;
 use crate::process::ProcessId;
 use crate::segment::{object_path, Access, Segment};
-use crate::slot::{SlotState, SlotWord, NO_OWNER};
+use crate::slot::{SlotState, SlotWord};
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
+use std::sync::atomic::{AtomicU32, AtomicU64};
 use std::time::{Duration, Instant};
 
 /// What the daemon asks for when it creates a ring.
@@ -42,6 +44,9 @@ pub struct CreateOptions {
     pub end_seq: u64,
     /// Deliver in seq order.
     pub in_order: bool,
+    /// Replace whatever file is at the ring's path if it is not a live daemon's ring (another
+    /// user's file is refused even then).
+    pub replace: bool,
 }
 
 /// Error code published for a commit whose lengths did not fit the slot.
@@ -52,19 +57,90 @@ pub const ERR_TOO_LARGE: u32 = 0xffff_0001;
 pub struct Ring {
     seg: Segment,
     geom: Geometry,
+    /// The creator's record of its header (None for openers).
+    seal: Option<std::sync::Mutex<HeaderSeal>>,
+    /// The loader seat this handle holds, if any: locks belong to the open file description, so
+    /// one handle can hold one seat (a second would re-take its own locks and share an entry).
+    seat: std::sync::Mutex<Option<Seat>>,
 }
 
 /// A slot claimed by a loader; only the claimant writes the slot's data until it commits.
+/// Made only by [`Ring::try_claim`] and consumed by [`Ring::commit`]: safe code cannot forge one
+/// or hold two for one round of a slot.
 #[derive(Debug)]
 pub struct Claim {
+    slot: u32,
+    seq: u64,
+    ticket: u32,
+    seat: Seat,
+}
+
+impl Claim {
     /// Slot index.
-    pub slot: u32,
+    pub fn slot(&self) -> u32 {
+        self.slot
+    }
+
     /// Seq of the batch to make.
-    pub seq: u64,
-    /// Ticket of this round (the commit CAS expects it).
-    pub ticket: u32,
-    /// Loader-table index of the claimant.
-    pub owner: u16,
+    pub fn seq(&self) -> u64 {
+        self.seq
+    }
+
+    /// Ticket of this round (the commit CAS expects it; an abandon names it).
+    pub fn ticket(&self) -> u32 {
+        self.ticket
+    }
+}
+
+/// A loader's place in the loader table: its entry and its tenure of that entry, both held as
+/// kernel locks on the segment file for as long as the loader is attached (see [`crate::lock`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Seat {
+    /// Loader-table index.
+    pub index: u16,
+    /// Tenure of the entry.
+    pub tenure: u16,
+}
+
+/// The header fields a daemon wrote and expects to find unchanged (its own record, in private
+/// memory), so that a write by another process is noticed and undone.
+#[derive(Debug, Clone)]
+struct HeaderSeal {
+    words64: [u64; 10],
+    words32: [u32; 7],
+    state: u32,
+}
+
+/// The header fields only the daemon writes, which it watches for changes by others.
+type SealedFields<'a> = (
+    [(&'static str, &'a AtomicU64); 10],
+    [(&'static str, &'a AtomicU32); 7],
+);
+
+fn sealed_fields(h: &Header) -> SealedFields<'_> {
+    (
+        [
+            ("magic", &h.magic),
+            ("total_bytes", &h.total_bytes),
+            ("slot_bytes", &h.slot_bytes),
+            ("desc_offset", &h.desc_offset),
+            ("data_offset", &h.data_offset),
+            ("generation", &h.generation),
+            ("daemon_start_time", &h.daemon_start_time),
+            ("fingerprint", &h.fingerprint),
+            ("start_seq", &h.start_seq),
+            ("end_seq", &h.end_seq),
+        ],
+        [
+            ("version", &h.version),
+            ("header_bytes", &h.header_bytes),
+            ("slot_count", &h.slot_count),
+            ("desc_bytes", &h.desc_bytes),
+            ("flags", &h.flags),
+            ("daemon_pid", &h.daemon_pid),
+            ("max_loaders", &h.max_loaders),
+        ],
+    )
 }
 
 /// A committed batch, taken by the daemon (slot now UPLOADING).
@@ -106,8 +182,10 @@ pub struct SlotView {
 pub struct LoaderView {
     /// Table index.
     pub index: usize,
-    /// Pid.
+    /// Pid (in the loader's own PID namespace).
     pub pid: u32,
+    /// Whether it is still attached (its entry lock is held).
+    pub alive: bool,
     /// Start time.
     pub start_time: u64,
     /// Batches committed.
@@ -125,8 +203,10 @@ pub struct LoaderView {
 impl Ring {
     // ------------------------------------------------------------------ creation and opening
 
-    /// Creates the ring (daemon). An existing segment of the same name is replaced if its daemon
-    /// is dead; refused if a live daemon holds it or if another user owns it.
+    /// Creates the ring (daemon). The segment is built unnamed and locked, then published under
+    /// its name ([`Segment::publish`]): a file already there is replaced only if no daemon holds
+    /// it and it is a ring of this layout (or `replace` is set); a live daemon's ring, another
+    /// user's file, or (without `replace`) anything that is not a stale ring, is refused.
     pub fn create(opts: &CreateOptions) -> Result<Ring, RingError> {
         let geom = Geometry::new(opts.slots, opts.slot_bytes).ok_or_else(|| {
             RingError::InvalidGeometry {
@@ -141,67 +221,40 @@ impl Ring {
             .as_deref()
             .map(|g| resolve_group(&opts.name, g))
             .transpose()?;
-        let seg = match Segment::create(&opts.name, geom.total_bytes, opts.mode, gid)? {
-            Some(seg) => seg,
-            None => {
-                Self::check_stale(&opts.name)?;
-                tracing::warn!(ring = %opts.name, path = %object_path(&opts.name).display(),
-                    "replacing a stale segment left by a daemon that is no longer running");
-                Segment::unlink(&opts.name)?;
-                Segment::create(&opts.name, geom.total_bytes, opts.mode, gid)?.ok_or_else(|| {
-                    RingError::HeldByLiveDaemon {
-                        name: opts.name.clone(),
-                        path: object_path(&opts.name),
-                        pid: 0,
-                    }
-                })?
-            }
+        let seg = Segment::create_unnamed(&opts.name, geom.total_bytes, opts.mode, gid)?;
+        let mut ring = Ring {
+            seg,
+            geom,
+            seal: None,
+            seat: std::sync::Mutex::new(None),
         };
-        let ring = Ring { seg, geom };
         ring.initialise(opts);
+        let replaced = ring.seg.publish(opts.replace)?;
+        if let Some(what) = replaced {
+            tracing::warn!(ring = %opts.name, path = %object_path(&opts.name).display(),
+                "replaced {what}");
+        }
         Ok(ring)
     }
 
-    /// Decides whether an existing segment may be replaced.
-    fn check_stale(name: &str) -> Result<(), RingError> {
-        let seg = match Segment::open(name, Access::ReadOnly) {
-            Ok(seg) => seg,
-            // Vanished meanwhile, or too short to hold a header: nothing live owns it.
-            Err(RingError::NotFound { .. }) | Err(RingError::SizeMismatch { .. }) => return Ok(()),
-            Err(e) => return Err(e),
-        };
-        // Another user's segment is never replaced, not even by root: it may be a ring of another
-        // service that happens to use the same name.
-        let me = nix::unistd::geteuid().as_raw();
-        let owner = seg.owner_uid()?;
-        if owner != me {
-            return Err(RingError::ForeignOwner {
-                name: name.to_string(),
-                path: object_path(name),
-                owner,
-                me,
-            });
-        }
-        // SAFETY: the segment is at least HEADER_BYTES long (checked by open), offset 0 is
-        // page-aligned, and Header consists of atomics only.
-        let h: &Header = unsafe { seg.at(0) };
-        if h.magic.load(Relaxed) == MAGIC {
-            let daemon = ProcessId {
-                pid: h.daemon_pid.load(Relaxed),
-                start_time: h.daemon_start_time.load(Relaxed),
-            };
-            if daemon.is_alive() && h.state.load(Relaxed) != ring_state::CLOSED {
-                return Err(RingError::HeldByLiveDaemon {
-                    name: name.to_string(),
-                    path: object_path(name),
-                    pid: daemon.pid,
-                });
-            }
-        }
-        Ok(())
+    /// Whether a live daemon holds this ring: the kernel's word (its lock), never a header field.
+    /// Always false when asked through the daemon's own handle.
+    pub fn daemon_alive(&self) -> Result<bool, RingError> {
+        lock::holder(self.seg.file(), lock::DAEMON_LOCK)
+            .map(|h| h == lock::Holder::Writer)
+            .map_err(|e| self.sys("fcntl(F_OFD_GETLK) on the daemon byte", e))
     }
 
-    fn initialise(&self, opts: &CreateOptions) {
+    fn sys(&self, call: &'static str, source: nix::Error) -> RingError {
+        RingError::Sys {
+            name: self.name().to_string(),
+            path: object_path(self.name()),
+            call,
+            source,
+        }
+    }
+
+    fn initialise(&mut self, opts: &CreateOptions) {
         let h = self.header();
         let g = &self.geom;
         let me = ProcessId::current();
@@ -237,11 +290,57 @@ impl Ring {
         for i in 0..g.slot_count {
             let d = self.desc(i);
             d.word
-                .store(SlotWord::pack(SlotState::Idle, NO_OWNER, 0), Relaxed);
+                .store(SlotWord::pack(SlotState::Idle, 0), Relaxed);
             d.seq.store(u64::MAX, Relaxed);
         }
         h.version.store(LAYOUT_VERSION, Release);
+        // Openers wait on the version word (they cannot, in practice: the segment gets its name
+        // only after this, see `Segment::publish`; a scribbled version sends them here too).
+        futex::wake_all(&h.version);
         futex::bump_and_wake_all(&h.work_futex);
+        self.seal = Some(std::sync::Mutex::new(self.make_seal()));
+    }
+
+    fn make_seal(&self) -> HeaderSeal {
+        let (f64s, f32s) = sealed_fields(self.header());
+        HeaderSeal {
+            words64: f64s.map(|(_, f)| f.load(Relaxed)),
+            words32: f32s.map(|(_, f)| f.load(Relaxed)),
+            state: self.header().state.load(Relaxed),
+        }
+    }
+
+    /// Daemon side: compares the header with the daemon's own record of what it wrote, restores
+    /// every field another process changed, and names them (empty: nothing was touched). A
+    /// ring opened rather than created has no record and reports nothing.
+    pub fn repair_header(&self) -> Vec<&'static str> {
+        let Some(seal) = &self.seal else {
+            return Vec::new();
+        };
+        let seal = seal.lock().unwrap_or_else(|p| p.into_inner());
+        let h = self.header();
+        let (f64s, f32s) = sealed_fields(h);
+        let mut changed = Vec::new();
+        for ((name, f), want) in f64s.into_iter().zip(seal.words64) {
+            if f.swap(want, Relaxed) != want {
+                changed.push(name);
+            }
+        }
+        for ((name, f), want) in f32s.into_iter().zip(seal.words32) {
+            if f.swap(want, Relaxed) != want {
+                changed.push(name);
+            }
+        }
+        if h.state.load(Acquire) != seal.state {
+            changed.push("state");
+            h.state.store(seal.state, Release);
+            futex::bump_and_wake_all(&h.work_futex);
+            futex::bump_and_wake_all(&h.doorbell_futex);
+        }
+        if !changed.is_empty() {
+            self.health().header_repairs.fetch_add(1, Relaxed);
+        }
+        changed
     }
 
     /// Opens an existing ring (loader: read-write; status: read-only) and validates its header
@@ -346,7 +445,15 @@ impl Ring {
                 actual: seg.len() as u64,
             });
         }
-        Ok(Ring { seg, geom })
+        if access == Access::ReadWrite {
+            check_admitted(&seg)?;
+        }
+        Ok(Ring {
+            seg,
+            geom,
+            seal: None,
+            seat: std::sync::Mutex::new(None),
+        })
     }
 
     /// Waits until the ring is READY (or later). Returns the state seen.
@@ -433,6 +540,9 @@ impl Ring {
 
     /// Sets the ring state and wakes every waiter on both futex words.
     pub fn set_state(&self, state: u32) {
+        if let Some(seal) = &self.seal {
+            seal.lock().unwrap_or_else(|p| p.into_inner()).state = state;
+        }
         self.header().state.store(state, Release);
         futex::bump_and_wake_all(&self.header().work_futex);
         futex::bump_and_wake_all(&self.header().doorbell_futex);
@@ -542,10 +652,10 @@ impl Ring {
         (0..MAX_LOADERS)
             .filter_map(|i| {
                 let e = self.loader(i);
-                let pid = e.pid.load(Acquire);
-                (pid != 0 && e.state.load(Acquire) == loader_state::ACTIVE).then(|| LoaderView {
+                (e.state.load(Acquire) == loader_state::ACTIVE).then(|| LoaderView {
                     index: i,
-                    pid,
+                    pid: e.pid.load(Relaxed),
+                    alive: self.entry_occupied(i as u16).unwrap_or(true),
                     start_time: e.start_time.load(Relaxed),
                     batches: e.batches.load(Relaxed),
                     bytes: e.bytes.load(Relaxed),
@@ -559,21 +669,56 @@ impl Ring {
 
     // ------------------------------------------------------------------ loader side
 
-    /// Enters this process in the loader table. Returns its index.
-    pub fn attach_loader(&self, me: ProcessId) -> Result<u16, RingError> {
-        for i in 0..MAX_LOADERS {
-            let e = self.loader(i);
-            if e.pid.compare_exchange(0, me.pid, AcqRel, Relaxed).is_ok() {
-                e.state.store(loader_state::ATTACHING, Relaxed);
-                e.start_time.store(me.start_time, Relaxed);
-                for c in [&e.batches, &e.busy_ns, &e.wait_ns, &e.bytes, &e.abandoned] {
-                    c.store(0, Relaxed);
-                }
-                e.heartbeat_ns.store(monotonic_ns(), Relaxed);
-                // Release: the start time is visible to whoever sees ACTIVE.
-                e.state.store(loader_state::ACTIVE, Release);
-                return Ok(i as u16);
+    /// Enters this process in the loader table: takes the lock of the first entry no live loader
+    /// holds, then a lock for a new tenure of it, and records itself there. The locks are this
+    /// handle's: they go when it drops or the process dies, which is how the daemon learns that
+    /// the loader is gone ([`Ring::reclaim_if_owner_dead`]). A ring opened read-only cannot take
+    /// them.
+    pub fn attach_loader(&self, me: ProcessId) -> Result<Seat, RingError> {
+        let mut held = self.seat.lock().unwrap_or_else(|p| p.into_inner());
+        if held.is_some() {
+            return Err(RingError::AlreadyAttached {
+                name: self.name().into(),
+            });
+        }
+        let fd = self.seg.file();
+        for i in 0..MAX_LOADERS as u16 {
+            if !lock::try_lock_exclusive(fd, lock::entry_lock(i))
+                .map_err(|e| self.sys("fcntl(F_OFD_SETLK) on a loader entry", e))?
+            {
+                continue;
             }
+            let e = self.loader(i as usize);
+            // Any former occupant is dead (it held this lock while alive). A tenure whose lock
+            // someone still holds could only come from a scribbled `tenure`: skip past it.
+            let mut tenure = e.tenure.load(Relaxed).wrapping_add(1);
+            let mut taken = false;
+            for _ in 0..16 {
+                if lock::try_lock_exclusive(fd, lock::tenure_lock(i, tenure))
+                    .map_err(|e| self.sys("fcntl(F_OFD_SETLK) on a tenure", e))?
+                {
+                    taken = true;
+                    break;
+                }
+                tenure = tenure.wrapping_add(1);
+            }
+            if !taken {
+                let _ = lock::unlock(fd, lock::entry_lock(i));
+                continue;
+            }
+            e.state.store(loader_state::ATTACHING, Relaxed);
+            e.tenure.store(tenure, Relaxed);
+            e.pid.store(me.pid, Relaxed);
+            e.start_time.store(me.start_time, Relaxed);
+            for c in [&e.batches, &e.busy_ns, &e.wait_ns, &e.bytes, &e.abandoned] {
+                c.store(0, Relaxed);
+            }
+            e.heartbeat_ns.store(monotonic_ns(), Relaxed);
+            // Release: the fields above are visible to whoever sees ACTIVE.
+            e.state.store(loader_state::ACTIVE, Release);
+            let seat = Seat { index: i, tenure };
+            *held = Some(seat);
+            return Ok(seat);
         }
         Err(RingError::LoaderTableFull {
             name: self.name().into(),
@@ -581,15 +726,41 @@ impl Ring {
         })
     }
 
-    /// Removes a loader from the table (at clean exit).
-    pub fn detach_loader(&self, index: u16) {
-        let e = self.loader(index as usize);
+    /// Removes a loader from the table (at clean exit) and releases its locks.
+    pub fn detach_loader(&self, seat: Seat) {
+        let e = self.loader(seat.index as usize);
         e.state.store(loader_state::EMPTY, Release);
         e.pid.store(0, Release);
+        let fd = self.seg.file();
+        let _ = lock::unlock(fd, lock::tenure_lock(seat.index, seat.tenure));
+        let _ = lock::unlock(fd, lock::entry_lock(seat.index));
+        let mut held = self.seat.lock().unwrap_or_else(|p| p.into_inner());
+        if *held == Some(seat) {
+            *held = None;
+        }
+    }
+
+    /// Whether the loader that claimed a slot as (`owner`, `tenure`) is still attached: the
+    /// kernel's word (its tenure lock). `None` if the kernel could not be asked; callers then
+    /// assume it lives (the lease still catches a loader that never finishes).
+    pub fn claimant_alive(&self, owner: u16, tenure: u16) -> Option<bool> {
+        if owner as usize >= MAX_LOADERS {
+            return Some(false);
+        }
+        lock::holder(self.seg.file(), lock::tenure_lock(owner, tenure))
+            .ok()
+            .map(|h| h == lock::Holder::Writer)
+    }
+
+    /// Whether loader-table entry `index` has a live occupant (its entry lock is held).
+    pub fn entry_occupied(&self, index: u16) -> Option<bool> {
+        lock::holder(self.seg.file(), lock::entry_lock(index))
+            .ok()
+            .map(|h| h == lock::Holder::Writer)
     }
 
     /// Tries to claim one FREE slot, scanning from `hint`. One CAS per candidate.
-    pub fn try_claim(&self, owner: u16, hint: u32) -> Option<Claim> {
+    pub fn try_claim(&self, seat: Seat, hint: u32) -> Option<Claim> {
         let n = self.geom.slot_count;
         for k in 0..n {
             let i = (hint + k) % n;
@@ -598,7 +769,8 @@ impl Ring {
             if w.state != Some(SlotState::Free) {
                 continue;
             }
-            let claimed = SlotWord::pack(SlotState::Claimed, owner, w.ticket);
+            let claimed =
+                SlotWord::pack_owned(SlotState::Claimed, seat.index, seat.tenure, w.ticket);
             // (B): Acquire pairs with the daemon's Release store of FREE: the seq is visible.
             if d.word
                 .compare_exchange(w.raw, claimed, Acquire, Relaxed)
@@ -610,7 +782,7 @@ impl Ring {
                     slot: i,
                     seq: d.seq.load(Relaxed),
                     ticket: w.ticket,
-                    owner,
+                    seat,
                 });
             }
         }
@@ -661,8 +833,18 @@ impl Ring {
         d.sample_count.store(sample_count, Relaxed);
         d.error.store(error, Relaxed);
         d.commit_ns.store(monotonic_ns(), Relaxed);
-        let expected = SlotWord::pack(SlotState::Claimed, claim.owner, claim.ticket);
-        let ready = SlotWord::pack(SlotState::Ready, claim.owner, claim.ticket);
+        let expected = SlotWord::pack_owned(
+            SlotState::Claimed,
+            claim.seat.index,
+            claim.seat.tenure,
+            claim.ticket,
+        );
+        let ready = SlotWord::pack_owned(
+            SlotState::Ready,
+            claim.seat.index,
+            claim.seat.tenure,
+            claim.ticket,
+        );
         // (C): Release publishes the payload, metadata and lengths written above.
         match d.word.compare_exchange(expected, ready, Release, Relaxed) {
             Ok(_) => {
@@ -696,7 +878,7 @@ impl Ring {
         // (B)/(D): Release publishes the seq, and orders every read of the slot's previous
         // contents (the upload finished before this call) before a loader may overwrite it.
         d.word
-            .store(SlotWord::pack(SlotState::Free, NO_OWNER, ticket), Release);
+            .store(SlotWord::pack(SlotState::Free, ticket), Release);
         ticket
     }
 
@@ -708,7 +890,7 @@ impl Ring {
             .wrapping_add(1);
         d.seq.store(u64::MAX, Relaxed);
         d.word
-            .store(SlotWord::pack(SlotState::Idle, NO_OWNER, ticket), Release);
+            .store(SlotWord::pack(SlotState::Idle, ticket), Release);
     }
 
     /// Takes a FREE slot back so no loader claims it (draining). True if it was FREE.
@@ -718,7 +900,7 @@ impl Ring {
         if w.state != Some(SlotState::Free) {
             return false;
         }
-        let idle = SlotWord::pack(SlotState::Idle, NO_OWNER, w.ticket.wrapping_add(1));
+        let idle = SlotWord::pack(SlotState::Idle, w.ticket.wrapping_add(1));
         d.word
             .compare_exchange(w.raw, idle, AcqRel, Relaxed)
             .is_ok()
@@ -739,7 +921,7 @@ impl Ring {
         let error = d.error.load(Relaxed);
         let slot_bytes = self.geom.slot_bytes;
         // Whatever the outcome, the slot now belongs to the daemon.
-        let uploading = SlotWord::pack(SlotState::Uploading, w.owner, w.ticket);
+        let uploading = SlotWord::pack_owned(SlotState::Uploading, w.owner, w.tenure, w.ticket);
         if d.word
             .compare_exchange(w.raw, uploading, AcqRel, Relaxed)
             .is_err()
@@ -796,28 +978,21 @@ impl Ring {
         unsafe { std::slice::from_raw_parts(start, len as usize) }
     }
 
-    /// If slot `i` is CLAIMED by a loader that is no longer running, puts it back to FREE with
-    /// the same seq (a new ticket, so the dead owner's commit could never land). Returns the
-    /// reclaimed seq.
+    /// If slot `i` is CLAIMED by a loader that is no longer attached (its tenure lock is free:
+    /// it exited or died, whatever pid namespace it ran in), puts it back to FREE with the same seq
+    /// (a new ticket, so the dead owner's commit could never land). Returns the reclaimed seq.
     pub fn reclaim_if_owner_dead(&self, i: u32) -> Option<u64> {
         let d = self.desc(i);
         let w = SlotWord::unpack(d.word.load(Acquire));
         if w.state != Some(SlotState::Claimed) {
             return None;
         }
-        let alive = (w.owner as usize) < MAX_LOADERS && {
-            let e = self.loader(w.owner as usize);
-            ProcessId {
-                pid: e.pid.load(Acquire),
-                start_time: e.start_time.load(Relaxed),
-            }
-            .is_alive()
-        };
+        let alive = self.claimant_alive(w.owner, w.tenure).unwrap_or(true);
         if alive {
             return None;
         }
         let seq = d.seq.load(Relaxed);
-        let free = SlotWord::pack(SlotState::Free, NO_OWNER, w.ticket.wrapping_add(1));
+        let free = SlotWord::pack(SlotState::Free, w.ticket.wrapping_add(1));
         if d.word
             .compare_exchange(w.raw, free, AcqRel, Relaxed)
             .is_ok()
@@ -829,22 +1004,18 @@ impl Ring {
         }
     }
 
-    /// Clears loader-table entries whose process is gone (it died without detaching).
+    /// Clears loader-table entries whose occupant is gone (it died without detaching: its entry
+    /// lock is free).
     pub fn reap_dead_loaders(&self) -> usize {
         let mut n = 0;
-        for i in 0..MAX_LOADERS {
-            let e = self.loader(i);
-            let pid = e.pid.load(Acquire);
-            if pid == 0 || e.state.load(Acquire) != loader_state::ACTIVE {
+        for i in 0..MAX_LOADERS as u16 {
+            let e = self.loader(i as usize);
+            if e.state.load(Acquire) == loader_state::EMPTY {
                 continue;
             }
-            let id = ProcessId {
-                pid,
-                start_time: e.start_time.load(Relaxed),
-            };
-            if !id.is_alive() {
+            if self.entry_occupied(i) == Some(false) {
                 e.state.store(loader_state::EMPTY, Release);
-                let _ = e.pid.compare_exchange(pid, 0, AcqRel, Relaxed);
+                e.pid.store(0, Release);
                 n += 1;
             }
         }
@@ -859,6 +1030,33 @@ pub fn fit_in_slot(payload_len: u64, meta_len: u64, slot_bytes: u64) -> Option<u
     let meta_offset = align_up(payload_len, META_ALIGN)?;
     let end = meta_offset.checked_add(meta_len)?;
     (payload_len <= slot_bytes && end <= slot_bytes).then_some(meta_offset)
+}
+
+/// A loader writes into a ring only if it is the ring's owner, or the ring's mode gives its group
+/// read and write access and this process is in that group (the daemon's `ring.mode = "0660"`
+/// with `ring.group`). Root is no exception: a root loader filling another user's ring would
+/// feed that user's trainer with data it never asked for.
+fn check_admitted(seg: &Segment) -> Result<(), RingError> {
+    let (owner, gid, mode) = seg.owner_group_mode()?;
+    let me = nix::unistd::geteuid();
+    if owner == me.as_raw() {
+        return Ok(());
+    }
+    let in_group = nix::unistd::getegid().as_raw() == gid
+        || nix::unistd::getgroups()
+            .map(|g| g.iter().any(|g| g.as_raw() == gid))
+            .unwrap_or(false);
+    if mode & 0o060 == 0o060 && in_group {
+        return Ok(());
+    }
+    Err(RingError::ForeignRing {
+        name: seg.name().to_string(),
+        path: object_path(seg.name()),
+        owner,
+        gid,
+        mode,
+        me: me.as_raw(),
+    })
 }
 
 fn resolve_group(ring: &str, group: &str) -> Result<u32, RingError> {

@@ -5,15 +5,26 @@
 //! descriptor (so no `fallocate` to reserve tmpfs pages, no `fstat` to detect truncation, no
 //! `fchmod` for group access), leaves a crashed creator's object behind as an error on the next
 //! create, and its handle is neither `Send` nor `Sync`. Every one of those is needed here, so the
-//! segment goes straight to `shm_open`/`fallocate`/`mmap` through `nix`.
+//! segment goes straight to `open`/`fallocate`/`mmap` through `nix`.
+//!
+//! A daemon's segment is made unnamed (`O_TMPFILE` in /dev/shm), built, locked
+//! ([`crate::lock`]) and only then linked under its name, so every file at a ring's path either is
+//! a complete ring or is not pinring's. Openers use `O_NONBLOCK | O_NOFOLLOW` and refuse anything
+//! but a regular file, so a FIFO or a symbolic link planted at a ring's path cannot stall or
+//! redirect them.
 
 use crate::error::RingError;
-use crate::layout::HEADER_BYTES;
-use nix::fcntl::OFlag;
-use nix::sys::mman::{mmap, munmap, shm_open, shm_unlink, MapFlags, ProtFlags};
+use crate::layout::{DAEMON_PID_OFFSET, HEADER_BYTES, LAYOUT_VERSION, MAGIC};
+use crate::{fault, lock};
+use nix::fcntl::{AtFlags, OFlag, AT_FDCWD};
+use nix::libc;
+use nix::sys::mman::{mmap, munmap, shm_unlink, MapFlags, ProtFlags};
 use nix::sys::stat::{fchmod, fstat, Mode};
+use nix::unistd::linkat;
+use std::fs::File;
 use std::num::NonZeroUsize;
-use std::os::fd::OwnedFd;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::ptr::NonNull;
 
@@ -57,17 +68,20 @@ pub enum Access {
     ReadWrite,
 }
 
-/// An open, mapped segment. Unmapped on drop; the object itself stays until unlinked.
+/// An open, mapped segment. Unmapped on drop; the object itself stays until unlinked. Locks
+/// taken through it ([`crate::lock`]) are released when it drops (the file is closed).
 #[derive(Debug)]
 pub struct Segment {
     name: String,
-    fd: OwnedFd,
+    file: File,
     ptr: NonNull<u8>,
     len: usize,
     access: Access,
     /// (st_dev, st_ino) of the object when it was opened: a file at the same path with another
     /// identity is a replacement made behind our back.
     identity: (u64, u64),
+    /// Entry in the SIGBUS watch table (see [`crate::fault`]).
+    watch: Option<usize>,
 }
 
 // SAFETY: the mapping is plain shared memory that any process may access concurrently anyway;
@@ -78,94 +92,319 @@ unsafe impl Send for Segment {}
 // SAFETY: see `Send` above; `&Segment` only exposes atomics and raw pointers.
 unsafe impl Sync for Segment {}
 
+/// What is at a ring's path when a daemon wants to publish its own segment there.
+enum Occupant {
+    /// Nothing (the name vanished meanwhile): publish.
+    Gone,
+    /// A stale segment of this layout, or (with `replace`) anything this user may replace. The
+    /// file is held with a write lock on its daemon byte, so no other daemon replaces it too.
+    Replaceable { file: File, what: String },
+}
+
 impl Segment {
     fn sys(&self, call: &'static str, source: nix::Error) -> RingError {
         sys_error(&self.name, call, source)
     }
 
-    /// Creates a new object exclusively (`O_EXCL`), sets its mode, reserves `len` bytes of tmpfs
-    /// (so a full /dev/shm fails here with a clear error, not later with SIGBUS) and maps it with
-    /// every page populated. `Err(EEXIST)` is reported as `Ok(None)` so the caller can inspect the
-    /// existing object.
-    pub fn create(
+    /// Creates a new segment for ring `name`, not yet visible under the name: an unnamed tmpfs
+    /// file (`O_TMPFILE` in /dev/shm) with its mode and group set, `len` bytes reserved (so a full
+    /// /dev/shm fails here with a clear error, not later with SIGBUS), the daemon's lock taken,
+    /// and every page mapped and populated. [`Segment::publish`] gives it the name once the
+    /// caller has built its contents, so no other process ever sees a half-made segment or one
+    /// whose daemon holds no lock yet.
+    pub fn create_unnamed(
         name: &str,
         len: u64,
         mode: u32,
         group: Option<u32>,
-    ) -> Result<Option<Segment>, RingError> {
+    ) -> Result<Segment, RingError> {
         validate_name(name)?;
-        let oflag = OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_RDWR;
-        let fd = match shm_open(
-            object_name(name).as_str(),
-            oflag,
-            Mode::from_bits_truncate(mode),
-        ) {
-            Ok(fd) => fd,
-            Err(nix::Error::EEXIST) => return Ok(None),
-            Err(e) => return Err(sys_error(name, "shm_open(O_CREAT|O_EXCL)", e)),
-        };
-        // From here on a failure must not leave a half-made object behind.
-        let made = (|| {
-            // The umask may have stripped bits of `mode`; set exactly what was asked.
-            if let Some(gid) = group {
-                nix::unistd::fchown(&fd, None, Some(nix::unistd::Gid::from_raw(gid)))
-                    .map_err(|e| sys_error(name, "fchown (ring.group)", e))?;
+        let oflag = OFlag::O_TMPFILE | OFlag::O_RDWR | OFlag::O_CLOEXEC;
+        let fd = nix::fcntl::open(SHM_DIR, oflag, Mode::from_bits_truncate(mode))
+            .map_err(|e| sys_error(name, "open(O_TMPFILE) in /dev/shm", e))?;
+        // The umask may have stripped bits of `mode`; set exactly what was asked.
+        if let Some(gid) = group {
+            nix::unistd::fchown(&fd, None, Some(nix::unistd::Gid::from_raw(gid)))
+                .map_err(|e| sys_error(name, "fchown (ring.group)", e))?;
+        }
+        fchmod(&fd, Mode::from_bits_truncate(mode)).map_err(|e| sys_error(name, "fchmod", e))?;
+        check_space(name, len)?;
+        match nix::fcntl::fallocate(&fd, nix::fcntl::FallocateFlags::empty(), 0, len as i64) {
+            Ok(()) => {}
+            Err(nix::Error::ENOSPC) => return Err(no_space(name, len)),
+            Err(e) => return Err(sys_error(name, "fallocate", e)),
+        }
+        // A fresh inode: nobody else can hold a lock on it.
+        if !lock::try_lock_exclusive(&fd, lock::DAEMON_LOCK)
+            .map_err(|e| sys_error(name, "fcntl(F_OFD_SETLK) on the daemon byte", e))?
+        {
+            return Err(sys_error(name, "fcntl(F_OFD_SETLK)", nix::Error::EAGAIN));
+        }
+        map(name, File::from(fd), len, Access::ReadWrite, true)
+    }
+
+    /// Gives a segment made by [`Segment::create_unnamed`] its name, atomically. If the name is
+    /// taken, the file there is replaced only if no daemon holds it (its lock is free) and it is
+    /// a ring of this layout; anything else (another user's file, a FIFO, garbage, a ring of
+    /// another layout version) is refused unless `replace` is set, and another user's file is
+    /// refused even then. Only the file that was checked is replaced: it stays locked from the
+    /// check to the `rename(2)` that replaces it. Returns what was replaced, if anything.
+    pub fn publish(&mut self, replace: bool) -> Result<Option<String>, RingError> {
+        let path = object_path(&self.name);
+        let proc_path = format!("/proc/self/fd/{}", self.file.as_raw_fd());
+        for _ in 0..PUBLISH_TRIES {
+            match linkat(
+                AT_FDCWD,
+                proc_path.as_str(),
+                AT_FDCWD,
+                &path,
+                AtFlags::AT_SYMLINK_FOLLOW,
+            ) {
+                Ok(()) => {
+                    self.owned();
+                    return Ok(None);
+                }
+                Err(nix::Error::EEXIST) => {}
+                Err(e) => return Err(self.sys("linkat (publishing the ring's name)", e)),
             }
-            fchmod(&fd, Mode::from_bits_truncate(mode))
-                .map_err(|e| sys_error(name, "fchmod", e))?;
-            check_space(name, len)?;
-            match nix::fcntl::fallocate(&fd, nix::fcntl::FallocateFlags::empty(), 0, len as i64) {
-                Ok(()) => {}
-                Err(nix::Error::ENOSPC) => return Err(no_space(name, len)),
-                Err(e) => return Err(sys_error(name, "fallocate", e)),
+            let Occupant::Replaceable { file, what } = self.judge_occupant(replace)? else {
+                continue;
+            };
+            let tmp = PathBuf::from(format!(
+                "{SHM_DIR}/.{NAME_PREFIX}new.{}.{}",
+                self.name,
+                std::process::id()
+            ));
+            let _ = std::fs::remove_file(&tmp);
+            linkat(
+                AT_FDCWD,
+                proc_path.as_str(),
+                AT_FDCWD,
+                &tmp,
+                AtFlags::AT_SYMLINK_FOLLOW,
+            )
+            .map_err(|e| self.sys("linkat (a temporary name)", e))?;
+            let renamed = nix::fcntl::renameat(AT_FDCWD, &tmp, AT_FDCWD, &path);
+            if let Err(e) = renamed {
+                let _ = std::fs::remove_file(&tmp);
+                return Err(self.sys("rename (replacing the old segment)", e));
             }
-            map(name, fd, len, Access::ReadWrite, true)
-        })();
-        match made {
-            Ok(seg) => Ok(Some(seg)),
-            Err(e) => {
-                let _ = shm_unlink(object_name(name).as_str());
-                Err(e)
-            }
+            // Only now let the old file (and its lock) go.
+            drop(file);
+            self.owned();
+            return Ok(Some(what));
+        }
+        Err(RingError::Contended {
+            name: self.name.clone(),
+            path,
+        })
+    }
+
+    fn owned(&self) {
+        if let Some(i) = self.watch {
+            fault::set_owner(i, true);
         }
     }
 
-    /// Opens an existing object and maps all of it. Checks only that it is at least a header
+    /// Looks at the file now at this segment's path, for [`Segment::publish`].
+    fn judge_occupant(&self, replace: bool) -> Result<Occupant, RingError> {
+        let name = self.name.as_str();
+        let path = object_path(name);
+        let flags = OFlag::O_RDWR | OFlag::O_NONBLOCK | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+        let fd = match nix::fcntl::open(&path, flags, Mode::empty()) {
+            Ok(fd) => fd,
+            Err(nix::Error::ENOENT) => return Ok(Occupant::Gone),
+            Err(nix::Error::ELOOP) if replace => return self.replaceable_link(),
+            Err(nix::Error::ELOOP) => {
+                return Err(not_regular(name, "a symbolic link", true));
+            }
+            Err(nix::Error::EACCES) | Err(nix::Error::EPERM) => {
+                return Err(self.foreign_or_denied());
+            }
+            Err(e) => return Err(self.sys("open (the file at the ring's path)", e)),
+        };
+        let file = File::from(fd);
+        let st = fstat(&file).map_err(|e| self.sys("fstat", e))?;
+        let me = nix::unistd::geteuid().as_raw();
+        // Another user's file is never replaced, not even by root: it may be a ring of another
+        // service that happens to use the same name.
+        if st.st_uid != me {
+            return Err(RingError::ForeignOwner {
+                name: name.to_string(),
+                path,
+                owner: st.st_uid,
+                me,
+            });
+        }
+        let kind = file_kind(st.st_mode);
+        if kind != "a regular file" {
+            if replace {
+                return self.locked_if_still_named(file, format!("{kind} (--replace)"));
+            }
+            return Err(not_regular(name, kind, true));
+        }
+        // Exclusive: two daemons replacing the same stale file cannot both get here.
+        let mut tries = 0;
+        loop {
+            if lock::try_lock_exclusive(&file, lock::DAEMON_LOCK)
+                .map_err(|e| self.sys("fcntl(F_OFD_SETLK)", e))?
+            {
+                break;
+            }
+            match lock::holder(&file, lock::DAEMON_LOCK)
+                .map_err(|e| self.sys("fcntl(F_OFD_GETLK)", e))?
+            {
+                lock::Holder::Writer => {
+                    return Err(RingError::HeldByLiveDaemon {
+                        name: name.to_string(),
+                        path,
+                        pid: read_daemon_pid(&file),
+                    })
+                }
+                // A cleaner looking at it for a moment, or a lock just released.
+                lock::Holder::Reader | lock::Holder::Nobody => {
+                    tries += 1;
+                    if tries > 100 {
+                        return Err(RingError::Contended {
+                            name: name.to_string(),
+                            path,
+                        });
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                }
+            }
+        }
+        let (magic, version, size) = read_identity(&file);
+        let what = if size < HEADER_BYTES as u64 || magic != MAGIC {
+            if !replace {
+                return Err(RingError::NotARing {
+                    name: name.to_string(),
+                    path,
+                    found: magic,
+                });
+            }
+            format!("a file of {size} bytes that is not a ring (--replace)")
+        } else if version != LAYOUT_VERSION {
+            if !replace {
+                return Err(RingError::OtherVersionPresent {
+                    name: name.to_string(),
+                    path,
+                    found: version,
+                    expected: LAYOUT_VERSION,
+                });
+            }
+            format!("a ring of layout version {version} (--replace)")
+        } else {
+            format!(
+                "a stale segment left by a daemon that is no longer running (pid {})",
+                read_daemon_pid(&file)
+            )
+        };
+        self.locked_if_still_named(file, what)
+    }
+
+    /// The name may have been replaced since it was opened: only the checked file is replaced.
+    fn locked_if_still_named(&self, file: File, what: String) -> Result<Occupant, RingError> {
+        let st = fstat(&file).map_err(|e| self.sys("fstat", e))?;
+        match nix::sys::stat::lstat(&object_path(&self.name)) {
+            Ok(now) if (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino) => {
+                Ok(Occupant::Replaceable { file, what })
+            }
+            Ok(_) | Err(nix::Error::ENOENT) => Ok(Occupant::Gone),
+            Err(e) => Err(self.sys("lstat", e)),
+        }
+    }
+
+    fn replaceable_link(&self) -> Result<Occupant, RingError> {
+        let path = object_path(&self.name);
+        let st = nix::sys::stat::lstat(&path).map_err(|e| self.sys("lstat", e))?;
+        let me = nix::unistd::geteuid().as_raw();
+        if st.st_uid != me {
+            return Err(RingError::ForeignOwner {
+                name: self.name.clone(),
+                path,
+                owner: st.st_uid,
+                me,
+            });
+        }
+        // A symbolic link holds no lock to take; rename(2) replaces the link itself.
+        let file = File::open("/dev/null").map_err(|e| {
+            self.sys(
+                "open /dev/null",
+                nix::Error::from_raw(e.raw_os_error().unwrap_or(0)),
+            )
+        })?;
+        Ok(Occupant::Replaceable {
+            file,
+            what: "a symbolic link (--replace)".into(),
+        })
+    }
+
+    fn foreign_or_denied(&self) -> RingError {
+        let path = object_path(&self.name);
+        let me = nix::unistd::geteuid().as_raw();
+        match nix::sys::stat::lstat(&path) {
+            Ok(st) if st.st_uid != me => RingError::ForeignOwner {
+                name: self.name.clone(),
+                path,
+                owner: st.st_uid,
+                me,
+            },
+            _ => RingError::PermissionDenied {
+                name: self.name.clone(),
+                path,
+                uid: me,
+            },
+        }
+    }
+
+    /// Opens an existing segment and maps all of it. The path is opened with `O_NONBLOCK |
+    /// O_NOFOLLOW` and must be a regular file (a FIFO, device or symbolic link planted at a
+    /// ring's path is refused at once, never waited on). Checks only that it is at least a header
     /// page long; the caller validates the header against the returned file size.
     pub fn open(name: &str, access: Access) -> Result<Segment, RingError> {
         validate_name(name)?;
+        let path = object_path(name);
         let oflag = match access {
             Access::ReadOnly => OFlag::O_RDONLY,
             Access::ReadWrite => OFlag::O_RDWR,
-        };
-        let fd = match shm_open(object_name(name).as_str(), oflag, Mode::empty()) {
+        } | OFlag::O_NONBLOCK
+            | OFlag::O_NOFOLLOW
+            | OFlag::O_CLOEXEC;
+        let fd = match nix::fcntl::open(&path, oflag, Mode::empty()) {
             Ok(fd) => fd,
             Err(nix::Error::ENOENT) => {
                 return Err(RingError::NotFound {
                     name: name.to_string(),
-                    path: object_path(name),
+                    path,
                 })
             }
-            Err(nix::Error::EACCES) => {
+            Err(nix::Error::ELOOP) => return Err(not_regular(name, "a symbolic link", false)),
+            Err(nix::Error::EACCES) | Err(nix::Error::EPERM) => {
                 return Err(RingError::PermissionDenied {
                     name: name.to_string(),
-                    path: object_path(name),
+                    path,
                     uid: nix::unistd::geteuid().as_raw(),
                 })
             }
-            Err(e) => return Err(sys_error(name, "shm_open", e)),
+            Err(e) => return Err(sys_error(name, "open", e)),
         };
-        let st = fstat(&fd).map_err(|e| sys_error(name, "fstat", e))?;
+        let file = File::from(fd);
+        let st = fstat(&file).map_err(|e| sys_error(name, "fstat", e))?;
+        let kind = file_kind(st.st_mode);
+        if kind != "a regular file" {
+            return Err(not_regular(name, kind, false));
+        }
         let size = st.st_size.max(0) as u64;
         if size < HEADER_BYTES as u64 {
             return Err(RingError::SizeMismatch {
                 name: name.to_string(),
-                path: object_path(name),
+                path,
                 expected: HEADER_BYTES as u64,
                 actual: size,
             });
         }
-        map(name, fd, size, access, false)
+        map(name, file, size, access, false)
     }
 
     /// Removes the object's name; mappings stay valid until unmapped. Missing is not an error.
@@ -196,24 +435,30 @@ impl Segment {
         self.access
     }
 
+    /// The open file (for lock calls and `fstat`).
+    pub fn file(&self) -> &File {
+        &self.file
+    }
+
     /// Current size of the object (to detect truncation behind our back).
     pub fn file_size(&self) -> Result<u64, RingError> {
-        let st = fstat(&self.fd).map_err(|e| self.sys("fstat", e))?;
+        let st = fstat(&self.file).map_err(|e| self.sys("fstat", e))?;
         Ok(st.st_size.max(0) as u64)
     }
 
     /// Whether the segment's path still names the object this mapping came from. `Ok(false)`:
     /// the name is gone or now names another file (replaced behind our back).
     pub fn still_named(&self) -> Result<bool, RingError> {
-        match nix::sys::stat::stat(&object_path(&self.name)) {
+        match nix::sys::stat::lstat(&object_path(&self.name)) {
             Ok(st) => Ok((st.st_dev, st.st_ino) == self.identity),
             Err(nix::Error::ENOENT) => Ok(false),
-            Err(e) => Err(self.sys("stat", e)),
+            Err(e) => Err(self.sys("lstat", e)),
         }
     }
 
     /// Removes the object's name only if it still names this object (never a replacement that
-    /// another process put there). Returns whether it unlinked.
+    /// another process put there). Returns whether it unlinked. Race-free for a caller holding
+    /// the daemon lock (or a shared lock on it): nobody replaces a locked file.
     pub fn unlink_if_ours(&self) -> Result<bool, RingError> {
         if self.still_named()? {
             Segment::unlink(&self.name)?;
@@ -225,8 +470,14 @@ impl Segment {
 
     /// Owner uid of the object.
     pub fn owner_uid(&self) -> Result<u32, RingError> {
-        let st = fstat(&self.fd).map_err(|e| self.sys("fstat", e))?;
+        let st = fstat(&self.file).map_err(|e| self.sys("fstat", e))?;
         Ok(st.st_uid)
+    }
+
+    /// Owner uid, group and mode bits of the object.
+    pub fn owner_group_mode(&self) -> Result<(u32, u32, u32), RingError> {
+        let st = fstat(&self.file).map_err(|e| self.sys("fstat", e))?;
+        Ok((st.st_uid, st.st_gid, st.st_mode & 0o7777))
     }
 
     /// Base address of the mapping.
@@ -253,15 +504,21 @@ impl Segment {
 
 impl Drop for Segment {
     fn drop(&mut self) {
+        if let Some(i) = self.watch {
+            fault::unwatch(i);
+        }
         // SAFETY: ptr/len are exactly what mmap returned, and no reference derived from the
         // mapping outlives `self` (all accessors borrow `self`).
         let _ = unsafe { munmap(self.ptr.cast(), self.len) };
     }
 }
 
+/// How many times [`Segment::publish`] retries when the name changes under it.
+const PUBLISH_TRIES: usize = 8;
+
 fn map(
     name: &str,
-    fd: OwnedFd,
+    file: File,
     len: u64,
     access: Access,
     populate: bool,
@@ -279,20 +536,173 @@ fn map(
         // register, and first-touch faults would otherwise land on the loaders' hot path.
         flags |= MapFlags::MAP_POPULATE;
     }
-    let st = fstat(&fd).map_err(|e| sys_error(name, "fstat", e))?;
+    let st = fstat(&file).map_err(|e| sys_error(name, "fstat", e))?;
     let identity = (st.st_dev, st.st_ino);
     // SAFETY: a fresh shared file mapping at an address the kernel picks; it aliases no Rust
     // object. It is unmapped only in `Segment::drop`.
     let ptr =
-        unsafe { mmap(None, nz, prot, flags, &fd, 0) }.map_err(|e| sys_error(name, "mmap", e))?;
+        unsafe { mmap(None, nz, prot, flags, &file, 0) }.map_err(|e| sys_error(name, "mmap", e))?;
+    let watch = fault::watch(&fault::Watched {
+        base: ptr.as_ptr() as usize,
+        len: len_usize,
+        path: object_path(name).display().to_string(),
+        identity,
+        owner: false,
+    });
     Ok(Segment {
         name: name.to_string(),
-        fd,
+        file,
         ptr: ptr.cast(),
         len: len_usize,
         access,
         identity,
+        watch,
     })
+}
+
+/// What [`clean_if_stale`] found at a ring's path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Cleaning {
+    /// A live daemon holds it: kept.
+    Live {
+        /// The pid its header names (informational).
+        daemon_pid: u32,
+    },
+    /// A ring whose daemon is gone.
+    Stale {
+        /// The pid its header names (informational).
+        daemon_pid: u32,
+        /// Whether it was removed (false: a dry run).
+        removed: bool,
+    },
+    /// Not something clean removes: kept, with the reason.
+    Kept(String),
+}
+
+/// `pinring clean` for one ring: removes the segment at the ring's path if it is a ring of this
+/// layout that no daemon holds. The file is held with a shared lock on its daemon byte from the
+/// check to the unlink, and the unlink happens only while the name still refers to that file, so
+/// a daemon starting at the same moment can neither lose its fresh segment nor be judged dead.
+/// `remove = false` only reports.
+pub fn clean_if_stale(name: &str, remove: bool) -> Result<Cleaning, RingError> {
+    validate_name(name)?;
+    let path = object_path(name);
+    let flags = OFlag::O_RDONLY | OFlag::O_NONBLOCK | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    let file = match nix::fcntl::open(&path, flags, Mode::empty()) {
+        Ok(fd) => File::from(fd),
+        Err(nix::Error::ENOENT) => {
+            return Err(RingError::NotFound {
+                name: name.to_string(),
+                path,
+            })
+        }
+        Err(nix::Error::ELOOP) => return Ok(Cleaning::Kept("a symbolic link, not a ring".into())),
+        Err(nix::Error::EACCES) | Err(nix::Error::EPERM) => {
+            return Err(RingError::PermissionDenied {
+                name: name.to_string(),
+                path,
+                uid: nix::unistd::geteuid().as_raw(),
+            })
+        }
+        Err(e) => return Err(sys_error(name, "open", e)),
+    };
+    let st = fstat(&file).map_err(|e| sys_error(name, "fstat", e))?;
+    let kind = file_kind(st.st_mode);
+    if kind != "a regular file" {
+        return Ok(Cleaning::Kept(format!("{kind}, not a ring")));
+    }
+    let daemon_pid = read_daemon_pid(&file);
+    if !lock::try_lock_shared(&file, lock::DAEMON_LOCK)
+        .map_err(|e| sys_error(name, "fcntl(F_OFD_SETLK)", e))?
+    {
+        return Ok(Cleaning::Live { daemon_pid });
+    }
+    let (magic, version, size) = read_identity(&file);
+    if size < HEADER_BYTES as u64 || magic != MAGIC {
+        return Ok(Cleaning::Kept(format!(
+            "not a ring ({size} bytes, magic {magic:#018x})"
+        )));
+    }
+    if version != LAYOUT_VERSION {
+        return Ok(Cleaning::Kept(format!(
+            "a ring of layout version {version} (this build speaks {LAYOUT_VERSION}); its daemon \
+             cannot be checked from here: remove it by hand once that daemon is stopped"
+        )));
+    }
+    if !remove {
+        return Ok(Cleaning::Stale {
+            daemon_pid,
+            removed: false,
+        });
+    }
+    match nix::sys::stat::lstat(&path) {
+        Ok(now) if (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino) => {}
+        Ok(_) | Err(nix::Error::ENOENT) => {
+            return Ok(Cleaning::Kept("replaced by a new daemon meanwhile".into()))
+        }
+        Err(e) => return Err(sys_error(name, "lstat", e)),
+    }
+    match nix::unistd::unlink(&path) {
+        Ok(()) | Err(nix::Error::ENOENT) => Ok(Cleaning::Stale {
+            daemon_pid,
+            removed: true,
+        }),
+        Err(nix::Error::EACCES) | Err(nix::Error::EPERM) => Err(RingError::PermissionDenied {
+            name: name.to_string(),
+            path,
+            uid: nix::unistd::geteuid().as_raw(),
+        }),
+        Err(e) => Err(sys_error(name, "unlink", e)),
+    }
+}
+
+/// What kind of file a `st_mode` describes, for messages.
+fn file_kind(mode: u32) -> &'static str {
+    match mode & libc::S_IFMT {
+        libc::S_IFREG => "a regular file",
+        libc::S_IFIFO => "a FIFO",
+        libc::S_IFCHR => "a character device",
+        libc::S_IFBLK => "a block device",
+        libc::S_IFSOCK => "a socket",
+        libc::S_IFDIR => "a directory",
+        libc::S_IFLNK => "a symbolic link",
+        _ => "not a regular file",
+    }
+}
+
+fn not_regular(name: &str, kind: &'static str, daemon: bool) -> RingError {
+    RingError::NotRegular {
+        name: name.to_string(),
+        path: object_path(name),
+        kind,
+        fix: if daemon {
+            "remove it, or start the daemon with --replace"
+        } else {
+            "remove it, then restart the ring's daemon"
+        },
+    }
+}
+
+/// (magic, version, file size) of a file, read with `pread` (never through a mapping, which a
+/// truncated file would turn into SIGBUS).
+fn read_identity(file: &File) -> (u64, u32, u64) {
+    let size = file.metadata().map(|m| m.len()).unwrap_or(0);
+    let mut b = [0u8; 12];
+    if file.read_exact_at(&mut b, 0).is_err() {
+        return (0, 0, size);
+    }
+    let magic = u64::from_le_bytes(b[..8].try_into().expect("8 bytes"));
+    let version = u32::from_le_bytes(b[8..12].try_into().expect("4 bytes"));
+    (magic, version, size)
+}
+
+/// The daemon pid recorded in a ring's header (informational only: for messages).
+pub fn read_daemon_pid(file: &File) -> u32 {
+    let mut b = [0u8; 4];
+    match file.read_exact_at(&mut b, DAEMON_PID_OFFSET as u64) {
+        Ok(()) => u32::from_le_bytes(b),
+        Err(_) => 0,
+    }
 }
 
 fn sys_error(name: &str, call: &'static str, source: nix::Error) -> RingError {
@@ -345,7 +755,7 @@ mod tests {
     #[test]
     fn a_segment_larger_than_dev_shm_is_refused_up_front() {
         let name = format!("test-nospace-{}", std::process::id());
-        let err = Segment::create(&name, 1 << 50, 0o600, None).unwrap_err();
+        let err = Segment::create_unnamed(&name, 1 << 50, 0o600, None).unwrap_err();
         let msg = err.to_string();
         assert!(matches!(err, RingError::NoSpace { .. }), "{msg}");
         assert!(

@@ -6,12 +6,15 @@
 //! ```text
 //!  63            32 31          16 15     8 7      0
 //! +----------------+--------------+--------+--------+
-//! |     ticket     |    owner     |  zero  | state  |
+//! |     ticket     |    tenure    | owner  | state  |
 //! +----------------+--------------+--------+--------+
 //! ```
 //!
 //! * `state`: [`SlotState`].
 //! * `owner`: loader-table index of the claimant, [`NO_OWNER`] when unowned.
+//! * `tenure`: the claimant's tenure of that table entry. Whether the claimant lives is the lock
+//!   [`crate::lock::tenure_lock`]`(owner, tenure)`, so a loader that later takes over the same
+//!   entry never makes a dead predecessor's claim look alive.
 //! * `ticket`: bumped by the daemon every time it hands the slot out (FREE). A loader's commit is
 //!   a CAS that expects its own ticket, so a loader whose slot was taken back (it hung, the daemon
 //!   reclaimed and re-issued the slot) can never publish into the new round.
@@ -68,7 +71,7 @@ impl SlotState {
 }
 
 /// Owner value of an unowned slot.
-pub const NO_OWNER: u16 = u16::MAX;
+pub const NO_OWNER: u16 = 0xff;
 
 /// A decoded slot word.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,6 +80,8 @@ pub struct SlotWord {
     pub state: Option<SlotState>,
     /// Loader-table index of the owner, [`NO_OWNER`] if none.
     pub owner: u16,
+    /// The owner's tenure of its table entry (0 when unowned).
+    pub tenure: u16,
     /// Round counter, bumped each time the slot is handed out.
     pub ticket: u32,
     /// The raw word (for CAS).
@@ -84,22 +89,23 @@ pub struct SlotWord {
 }
 
 impl SlotWord {
-    /// Packs a word.
-    pub const fn pack(state: SlotState, owner: u16, ticket: u32) -> u64 {
-        (state as u64) | ((owner as u64) << 16) | ((ticket as u64) << 32)
+    /// Packs a word with no owner.
+    pub const fn pack(state: SlotState, ticket: u32) -> u64 {
+        Self::pack_owned(state, NO_OWNER, 0, ticket)
+    }
+
+    /// Packs a word owned by (`owner`, `tenure`). `owner` must be below 256 (the table holds
+    /// [`crate::layout::MAX_LOADERS`]).
+    pub const fn pack_owned(state: SlotState, owner: u16, tenure: u16, ticket: u32) -> u64 {
+        (state as u64) | (((owner & 0xff) as u64) << 8) | ((tenure as u64) << 16) | ((ticket as u64) << 32)
     }
 
     /// Unpacks a word read from shared memory. Never fails: garbage gives `state: None`.
     pub fn unpack(raw: u64) -> SlotWord {
-        let state_byte = (raw & 0xff) as u8;
-        let reserved = (raw >> 8) & 0xff;
         SlotWord {
-            state: if reserved == 0 {
-                SlotState::from_u8(state_byte)
-            } else {
-                None
-            },
-            owner: ((raw >> 16) & 0xffff) as u16,
+            state: SlotState::from_u8((raw & 0xff) as u8),
+            owner: ((raw >> 8) & 0xff) as u16,
+            tenure: ((raw >> 16) & 0xffff) as u16,
             ticket: (raw >> 32) as u32,
             raw,
         }
@@ -120,10 +126,12 @@ mod tests {
             SlotState::Ready,
             SlotState::Uploading,
         ] {
-            let w = SlotWord::unpack(SlotWord::pack(state, 7, 0xdead_beef));
+            let w = SlotWord::unpack(SlotWord::pack_owned(state, 7, 0xbeef, 0xdead_beef));
             assert_eq!(w.state, Some(state));
-            assert_eq!(w.owner, 7);
+            assert_eq!((w.owner, w.tenure), (7, 0xbeef));
             assert_eq!(w.ticket, 0xdead_beef);
+            let w = SlotWord::unpack(SlotWord::pack(state, 3));
+            assert_eq!((w.owner, w.tenure, w.ticket), (NO_OWNER, 0, 3));
         }
     }
 
@@ -131,8 +139,6 @@ mod tests {
     fn garbage_state_is_rejected() {
         assert_eq!(SlotWord::unpack(5).state, None);
         assert_eq!(SlotWord::unpack(0xff).state, None);
-        // A valid state byte with the reserved byte set is garbage too.
-        assert_eq!(SlotWord::unpack(0x0101).state, None);
     }
 
     proptest! {
@@ -140,7 +146,7 @@ mod tests {
         fn unpack_never_panics_and_repacks(raw in any::<u64>()) {
             let w = SlotWord::unpack(raw);
             if let Some(state) = w.state {
-                prop_assert_eq!(SlotWord::pack(state, w.owner, w.ticket), raw);
+                prop_assert_eq!(SlotWord::pack_owned(state, w.owner, w.tenure, w.ticket), raw);
             }
         }
     }

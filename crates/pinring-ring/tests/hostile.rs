@@ -29,6 +29,7 @@ fn ring(tag: &str) -> (Ring, Unlink) {
         start_seq: 0,
         end_seq: 100,
         in_order: true,
+        replace: false,
     })
     .unwrap();
     (ring, Unlink(name))
@@ -53,7 +54,7 @@ fn check(ring: &Ring, d: Desc) -> Result<(), TestCaseError> {
     desc.meta_len.store(d.meta_len, Relaxed);
     desc.error.store(d.error, Relaxed);
     desc.word.store(
-        SlotWord::pack(SlotState::Ready, d.owner, d.ticket),
+        SlotWord::pack_owned(SlotState::Ready, d.owner, 0, d.ticket),
         std::sync::atomic::Ordering::Release,
     );
     let fits = fit_in_slot(d.payload_len, u64::from(d.meta_len), SLOT_BYTES);
@@ -160,8 +161,10 @@ proptest! {
     #[test]
     fn any_state_word_unpacks_without_panic_and_garbage_is_never_a_state(raw: u64) {
         let w = SlotWord::unpack(raw);
-        if (raw & 0xff) > 4 || (raw >> 8) & 0xff != 0 {
+        if (raw & 0xff) > 4 {
             prop_assert_eq!(w.state, None);
         }
+        // Owner indices outside the table are never a live claimant.
+        prop_assert!(w.owner <= 0xff);
     }
 }

@@ -28,6 +28,7 @@ fn opts(tag: &str) -> (CreateOptions, Unlink) {
         start_seq: 0,
         end_seq: 10,
         in_order: true,
+        replace: false,
     };
     (o, Unlink(name))
 }
@@ -48,7 +49,7 @@ fn a_batch_goes_free_claimed_ready_uploading_free() {
     daemon.assign(2, 7);
     daemon.set_state(ring_state::READY);
     let mut claim = loader.try_claim(me, 0).expect("a FREE slot");
-    assert_eq!((claim.slot, claim.seq), (2, 7));
+    assert_eq!((claim.slot(), claim.seq()), (2, 7));
     // A second claim finds nothing: the slot is taken.
     assert!(loader.try_claim(me, 0).is_none());
     assert_eq!(daemon.take_ready(2, 7), Ok(None), "not committed yet");
@@ -69,7 +70,7 @@ fn a_batch_goes_free_claimed_ready_uploading_free() {
 
     daemon.assign(2, 8);
     let c = loader.try_claim(me, 0).unwrap();
-    assert_eq!(c.seq, 8);
+    assert_eq!(c.seq(), 8);
 }
 
 #[test]
@@ -77,15 +78,13 @@ fn a_commit_after_reclaim_is_rejected() {
     let (o, _u) = opts("zombie");
     let daemon = Ring::create(&o).unwrap();
     let loader = Ring::open(&o.name, Access::ReadWrite, T).unwrap();
-    // A loader entry whose process is not running: the daemon must treat it as dead.
-    let dead = loader
-        .attach_loader(ProcessId {
-            pid: std::process::id(),
-            start_time: 1,
-        })
-        .unwrap();
+    // A loader that claims a slot and dies: its handle (and so its locks) goes away.
+    let doomed = Ring::open(&o.name, Access::ReadWrite, T).unwrap();
+    let dead = doomed.attach_loader(ProcessId::current()).unwrap();
     daemon.assign(0, 3);
-    let claim = loader.try_claim(dead, 0).unwrap();
+    let claim = doomed.try_claim(dead, 0).unwrap();
+    assert_eq!(daemon.reclaim_if_owner_dead(0), None, "alive while attached");
+    drop(doomed);
     assert_eq!(daemon.reclaim_if_owner_dead(0), Some(3));
     assert_eq!(daemon.header().reclaimed.load(Relaxed), 1);
     // Back to FREE with the same seq, and the zombie's commit cannot land.
@@ -93,7 +92,7 @@ fn a_commit_after_reclaim_is_rejected() {
     assert!(matches!(err, CommitError::Reclaimed { slot: 0, seq: 3 }));
     let live = loader.attach_loader(ProcessId::current()).unwrap();
     let again = loader.try_claim(live, 0).unwrap();
-    assert_eq!(again.seq, 3);
+    assert_eq!(again.seq(), 3);
     // A live owner's slot is never reclaimed.
     assert_eq!(daemon.reclaim_if_owner_dead(0), None);
 }
@@ -126,7 +125,7 @@ fn forged_descriptors_are_refused() {
     let d = loader.desc(1);
     d.payload_len.store(1 << 40, Relaxed);
     d.word.store(
-        pinring_ring::SlotWord::pack(SlotState::Ready, me, 2),
+        pinring_ring::SlotWord::pack_owned(SlotState::Ready, me.index, me.tenure, 2),
         Relaxed,
     );
     assert!(matches!(
@@ -136,7 +135,7 @@ fn forged_descriptors_are_refused() {
     daemon.assign(1, 5);
     d.seq.store(999, Relaxed);
     d.word.store(
-        pinring_ring::SlotWord::pack(SlotState::Ready, me, 3),
+        pinring_ring::SlotWord::pack_owned(SlotState::Ready, me.index, me.tenure, 3),
         Relaxed,
     );
     assert!(matches!(
@@ -200,13 +199,18 @@ fn a_live_daemon_keeps_its_ring_and_a_dead_ones_is_replaced() {
     let first = Ring::create(&o).unwrap();
     let err = Ring::create(&o).unwrap_err();
     assert!(matches!(err, RingError::HeldByLiveDaemon { .. }), "{err}");
-    // Pretend the owner died: same pid, another start time.
+    // Its header names a dead process: the lock still says it lives.
+    first.header().daemon_pid.store(u32::MAX - 1, Relaxed);
     first.header().daemon_start_time.store(1, Relaxed);
+    first.header().state.store(ring_state::CLOSED, Relaxed);
+    let err = Ring::create(&o).unwrap_err();
+    assert!(matches!(err, RingError::HeldByLiveDaemon { .. }), "{err}");
+    // The owner dies (its handle, and so its lock, goes): the stale ring is replaced.
+    let first_generation = first.header().generation.load(Relaxed);
+    drop(first);
     let second = Ring::create(&o).unwrap();
-    assert_ne!(
-        first.header().generation.load(Relaxed),
-        second.header().generation.load(Relaxed)
-    );
+    assert_ne!(first_generation, second.header().generation.load(Relaxed));
+    assert!(second.segment().still_named().unwrap());
 }
 
 #[test]
@@ -221,13 +225,31 @@ fn a_ring_that_never_finishes_initialising_times_out() {
 #[test]
 fn the_loader_table_refuses_the_49th_loader() {
     let (o, _u) = opts("table");
-    let ring = Ring::create(&o).unwrap();
-    for _ in 0..pinring_ring::MAX_LOADERS {
-        ring.attach_loader(ProcessId::current()).unwrap();
+    let _daemon = Ring::create(&o).unwrap();
+    let open = || Ring::open(&o.name, Access::ReadWrite, T).unwrap();
+    let mut seated = Vec::new();
+    for i in 0..pinring_ring::MAX_LOADERS {
+        let ring = open();
+        let seat = ring.attach_loader(ProcessId::current()).unwrap();
+        assert_eq!(seat.index as usize, i);
+        seated.push(ring);
     }
+    let ring = open();
     let err = ring.attach_loader(ProcessId::current()).unwrap_err();
     assert!(
         matches!(err, RingError::LoaderTableFull { max: 48, .. }),
         "{err}"
     );
+}
+
+#[test]
+fn one_handle_holds_one_seat() {
+    let (o, _u) = opts("oneseat");
+    let _daemon = Ring::create(&o).unwrap();
+    let ring = Ring::open(&o.name, Access::ReadWrite, T).unwrap();
+    let seat = ring.attach_loader(ProcessId::current()).unwrap();
+    let err = ring.attach_loader(ProcessId::current()).unwrap_err();
+    assert!(matches!(err, RingError::AlreadyAttached { .. }), "{err}");
+    ring.detach_loader(seat);
+    ring.attach_loader(ProcessId::current()).unwrap();
 }

@@ -274,16 +274,13 @@ fn time_registration(
     bytes: u64,
 ) -> Result<(f64, String), BenchError> {
     let name = format!("bench-reg-{}", std::process::id());
-    let seg = pinring_ring::Segment::create(&name, bytes, 0o600, None)
-        .map_err(|e| BenchError::Run {
+    // Unnamed: never published, so nothing is left behind whatever happens.
+    let seg = pinring_ring::Segment::create_unnamed(&name, bytes, 0o600, None).map_err(|e| {
+        BenchError::Run {
             what: "registration timing".into(),
             why: e.to_string(),
-        })?
-        .ok_or_else(|| BenchError::Run {
-            what: "registration timing".into(),
-            why: format!("segment {name} already exists"),
-        })?;
-    let _ = pinring_ring::Segment::unlink(&name);
+        }
+    })?;
     // SAFETY: the mapping is live for `bytes` bytes and outlives the registration guard, which
     // is dropped at the end of this block, before `seg`.
     let reg = unsafe { backend.register(seg.base(), seg.len(), false) }?;

@@ -1,16 +1,17 @@
 //! `pinring clean`: removes ring segments whose daemon is gone (a daemon killed with SIGKILL, or
 //! a crashed host process, leaves its /dev/shm object behind, holding memory).
 //!
-//! A segment is removed only when its header names a daemon (pid and process start time) that
-//! is not running. A segment with a live daemon, or one that cannot be read (still being created,
-//! another layout version, not a pinring segment, no permission), is never touched: it is listed
-//! with the reason it was kept. The check is repeated right before each removal; a daemon that
-//! replaces the same ring name in the instant between that check and the unlink would lose its
-//! name, so run clean when no daemon of a stale ring is being started.
+//! A segment is removed only when it is a ring of this layout and no daemon holds its lock (the
+//! kernel's word, never a pid in the header: see `pinring_ring::lock`). Anything else (a live
+//! daemon's ring, a ring of another layout version, a file that is not a ring, a FIFO) is kept and
+//! listed with the reason. The file is held with a shared lock from the check to the unlink, and
+//! only the file that was checked is unlinked, so a daemon starting on the same name at that
+//! moment never loses its segment.
 
 use crate::exit::Exit;
-use crate::status::{open_read_only, ring_names, StatusError};
-use pinring_ring::Segment;
+use crate::status::{ring_names, StatusError};
+use pinring_ring::segment::{clean_if_stale, validate_name, Cleaning};
+use pinring_ring::RingError;
 
 /// `pinring clean` flags.
 #[derive(Debug, Clone, clap::Args)]
@@ -23,44 +24,15 @@ pub struct CleanArgs {
     pub dry_run: bool,
 }
 
-/// What clean decided for one segment.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Verdict {
-    /// The daemon is dead: remove.
-    Stale {
-        /// The dead daemon's pid.
-        daemon_pid: u32,
-    },
-    /// The daemon runs: keep.
-    Live {
-        /// Its pid.
-        daemon_pid: u32,
-    },
-    /// Cannot tell: keep.
-    Unreadable(String),
-}
-
-/// Decides about the ring `name`.
-pub fn judge(name: &str) -> Verdict {
-    match open_read_only(name) {
-        Ok(ring) => {
-            let d = ring.daemon();
-            if d.is_alive() {
-                Verdict::Live { daemon_pid: d.pid }
-            } else {
-                Verdict::Stale { daemon_pid: d.pid }
-            }
-        }
-        Err(e) => Verdict::Unreadable(e.to_string()),
-    }
-}
-
 /// Why clean failed.
 #[derive(Debug, thiserror::Error)]
 pub enum CleanError {
     /// /dev/shm could not be listed.
     #[error(transparent)]
     List(#[from] StatusError),
+    /// A ring name on the command line is not a valid name.
+    #[error(transparent)]
+    Name(RingError),
     /// Some stale segments could not be removed.
     #[error(
         "{failed} stale segment(s) could not be removed (see above); run as their owner or as root"
@@ -76,67 +48,63 @@ impl CleanError {
     pub fn exit(&self) -> Exit {
         match self {
             CleanError::List(e) => e.exit(),
-            CleanError::Remove { .. } => Exit::Ring,
+            CleanError::Name(_) | CleanError::Remove { .. } => Exit::Ring,
         }
+    }
+}
+
+/// Removes ring `name`'s segment if its daemon is gone (the check and the removal are one step,
+/// see the module docs). `Ok(None)`: there is no segment.
+pub fn clean_one(name: &str) -> Result<Option<Cleaning>, RingError> {
+    match clean_if_stale(name, true) {
+        Ok(c) => Ok(Some(c)),
+        Err(RingError::NotFound { .. }) => Ok(None),
+        Err(e) => Err(e),
     }
 }
 
 /// Runs `pinring clean`, printing one line per segment.
 pub fn run(args: &CleanArgs) -> Result<(), CleanError> {
-    let names = if args.rings.is_empty() {
-        ring_names()?
-    } else {
-        let all = ring_names()?;
-        for r in &args.rings {
-            if !all.contains(r) {
-                println!(
-                    "absent  {}: no such ring",
-                    pinring_ring::object_path(r).display()
-                );
-            }
-        }
-        args.rings
-            .iter()
-            .filter(|r| all.contains(r))
-            .cloned()
-            .collect()
-    };
-    if names.is_empty() && args.rings.is_empty() {
-        println!("no pinring rings in /dev/shm");
+    for r in &args.rings {
+        validate_name(r).map_err(CleanError::Name)?;
     }
+    let names = if args.rings.is_empty() {
+        let all = ring_names()?;
+        if all.is_empty() {
+            println!("no pinring rings in /dev/shm");
+        }
+        all
+    } else {
+        args.rings.clone()
+    };
     let mut failed = 0;
     for name in names {
         let path = pinring_ring::object_path(&name);
-        match judge(&name) {
-            Verdict::Live { daemon_pid } => {
-                println!(
-                    "keep    {}: daemon pid {daemon_pid} is running",
-                    path.display()
-                )
-            }
-            Verdict::Unreadable(why) => println!("keep    {}: {why}", path.display()),
-            Verdict::Stale { daemon_pid } if args.dry_run => println!(
-                "stale   {}: daemon pid {daemon_pid} is gone (dry run: not removed)",
+        match clean_if_stale(&name, !args.dry_run) {
+            Ok(Cleaning::Live { daemon_pid }) => println!(
+                "keep    {}: its daemon (pid {daemon_pid}) is running",
                 path.display()
             ),
-            Verdict::Stale { daemon_pid } => {
-                // Check again right before removing: a new daemon may have replaced the
-                // segment (same name) since it was judged.
-                if !matches!(judge(&name), Verdict::Stale { .. }) {
-                    println!("keep    {}: replaced by a new daemon", path.display());
-                    continue;
-                }
-                match Segment::unlink(&name) {
-                    Ok(()) => println!(
-                        "removed {}: daemon pid {daemon_pid} was gone",
-                        path.display()
-                    ),
-                    Err(e) => {
-                        failed += 1;
-                        tracing::error!("{e}");
-                    }
-                }
+            Ok(Cleaning::Kept(why)) => println!("keep    {}: {why}", path.display()),
+            Ok(Cleaning::Stale {
+                daemon_pid,
+                removed: false,
+            }) => println!(
+                "stale   {}: its daemon (pid {daemon_pid}) is gone (dry run: not removed)",
+                path.display()
+            ),
+            Ok(Cleaning::Stale { daemon_pid, .. }) => println!(
+                "removed {}: its daemon (pid {daemon_pid}) was gone",
+                path.display()
+            ),
+            Err(RingError::NotFound { .. }) => {
+                println!("absent  {}: no such ring", path.display())
             }
+            Err(e @ RingError::PermissionDenied { .. }) => {
+                failed += 1;
+                tracing::error!("{e}");
+            }
+            Err(e) => println!("keep    {}: {e}", path.display()),
         }
     }
     if failed > 0 {

@@ -63,6 +63,11 @@ pub struct DaemonArgs {
     /// Write a JSON summary here at exit.
     #[arg(long, value_name = "PATH")]
     pub summary: Option<PathBuf>,
+    /// Replace whatever is at the ring's path unless a live daemon holds it: a file that is not
+    /// a ring, a ring of another layout version, a FIFO or a link. Without it only a stale ring
+    /// (its daemon gone) is replaced. Another user's file is never replaced.
+    #[arg(long)]
+    pub replace: bool,
     /// Leave the ring's memory unregistered (pageable baseline).
     #[arg(long, conflicts_with = "zero_copy")]
     pub no_register: bool,
@@ -274,6 +279,7 @@ impl Daemon {
             start_seq: args.start_seq,
             end_seq,
             in_order: cfg.ring.in_order,
+            replace: args.replace,
         })?);
         let registration = if args.no_register {
             None
@@ -763,6 +769,13 @@ impl Daemon {
 
     fn reap(&mut self) -> Result<(), DaemonError> {
         self.ring.check_file()?;
+        let changed = self.ring.repair_header();
+        if !changed.is_empty() {
+            tracing::error!(ring = %self.cfg.ring.name, fields = %changed.join(", "),
+                "another process changed this daemon's header fields; restored them (the daemon's \
+                 liveness is its lock on the segment, so this fooled nobody, but find who writes \
+                 into the ring)");
+        }
         for slot in 0..self.assigned.len() as u32 {
             if let Some(seq) = self.ring.reclaim_if_owner_dead(slot) {
                 tracing::warn!(ring = %self.cfg.ring.name, slot, seq, "loader died holding a slot: slot handed out again with the same seq");

@@ -8,7 +8,7 @@ use crate::settings::{self, Overrides};
 use crate::shutdown::Shutdown;
 use pinring_data::{BatchIndices, BatchMeta, Config, Plan};
 use pinring_ring::layout::{align_up, META_ALIGN};
-use pinring_ring::{futex, ring_state, Access, CommitError, ProcessId, Ring, RingError};
+use pinring_ring::{futex, ring_state, Access, CommitError, ProcessId, Ring, RingError, Seat};
 use std::path::PathBuf;
 use std::sync::atomic::Ordering::{Acquire, Relaxed};
 use std::time::{Duration, Instant};
@@ -122,8 +122,9 @@ pub fn attach(name: &str, access: Access, wait: Duration) -> Result<Ring, RingEr
         // The daemon may not have created the ring yet, or not replaced a stale one: retry
         // until the deadline. There is no futex to wait on before the segment exists, so this
         // polls the name.
+        let daemon_alive = |ring: &Ring| ring.daemon_alive().unwrap_or(false);
         let retry = match &outcome {
-            Ok(ring) => !ring.daemon().is_alive() || ring.state() == ring_state::CLOSED,
+            Ok(ring) => !daemon_alive(ring) || ring.state() == ring_state::CLOSED,
             Err(RingError::NotFound { .. }) => true,
             // Created but not yet sized: the daemon is between shm_open and fallocate.
             Err(RingError::SizeMismatch { actual, .. }) => {
@@ -133,7 +134,7 @@ pub fn attach(name: &str, access: Access, wait: Duration) -> Result<Ring, RingEr
         };
         if !retry || start.elapsed() >= wait {
             return match outcome {
-                Ok(ring) if !ring.daemon().is_alive() => Err(RingError::NotReady {
+                Ok(ring) if !daemon_alive(&ring) => Err(RingError::NotReady {
                     name: name.to_string(),
                     waited_ms: start.elapsed().as_millis() as u64,
                     state: "stale: its daemon is not running",
@@ -207,20 +208,21 @@ fn run_attached(
     let end_seq = h.end_seq.load(Relaxed);
     let plan = plan_covering(cfg, end_seq).map_err(none)?;
     let me = ProcessId::current();
-    let index = ring.attach_loader(me).map_err(|e| none(e.into()))?;
-    tracing::info!(ring = %cfg.ring.name, loader = index, pid = me.pid, "attached");
+    let seat = ring.attach_loader(me).map_err(|e| none(e.into()))?;
+    let index = seat.index;
+    tracing::info!(ring = %cfg.ring.name, loader = index, tenure = seat.tenure, pid = me.pid, "attached");
     service.attached(index);
     let mut worker = Worker {
         ring: &ring,
         cfg,
         plan,
-        index,
+        seat,
         samples: Vec::new(),
         report: LoaderReport::default(),
         service,
     };
     let result = worker.work(shutdown);
-    ring.detach_loader(index);
+    ring.detach_loader(seat);
     let report = worker.report;
     worker.service.stopping(report.batches);
     tracing::info!(ring = %cfg.ring.name, loader = index, batches = report.batches, bytes = report.bytes, "detached");
@@ -243,16 +245,33 @@ fn plan_covering(cfg: &mut Config, end_seq: u64) -> Result<Plan, LoaderError> {
 }
 
 impl Worker<'_> {
-    /// `DaemonGone` if the ring's daemon (pid + start time) is no longer running.
+    /// `DaemonGone` if the ring's daemon no longer holds its lock (it exited or died).
     fn check_daemon(&self) -> Result<(), LoaderError> {
-        let daemon = self.ring.daemon();
-        if daemon.is_alive() {
+        if self.ring.daemon_alive()? {
             Ok(())
         } else {
             Err(LoaderError::DaemonGone {
                 ring: self.cfg.ring.name.clone(),
-                pid: daemon.pid,
+                pid: self.ring.daemon().pid,
             })
+        }
+    }
+
+    /// The ring says it is draining or closed. Only the daemon may end a run, and any process
+    /// that maps the ring can write its state, so the loader believes it when the daemon's lock
+    /// is gone too (a daemon exits right after it closes the ring). If the state goes back to
+    /// READY (the daemon restores a scribbled header), the loader carries on: `Ok(true)`.
+    fn confirm_end(&self, shutdown: &Shutdown) -> Result<bool, LoaderError> {
+        let h = self.ring.header();
+        loop {
+            if shutdown.requested() || !self.ring.daemon_alive()? {
+                return Ok(false);
+            }
+            let seen = h.work_futex.load(Acquire);
+            if self.ring.state() == ring_state::READY {
+                return Ok(true);
+            }
+            self.ring.wait_for_work(seen, MAX_WAIT);
         }
     }
 }
@@ -261,7 +280,7 @@ struct Worker<'a> {
     ring: &'a Ring,
     cfg: &'a Config,
     plan: Plan,
-    index: u16,
+    seat: Seat,
     samples: Vec<u64>,
     report: LoaderReport,
     service: &'a mut crate::service::LoaderService,
@@ -270,16 +289,19 @@ struct Worker<'a> {
 impl Worker<'_> {
     fn work(&mut self, shutdown: &Shutdown) -> Result<(), LoaderError> {
         let h = self.ring.header();
-        let entry = self.ring.loader(self.index as usize);
+        let entry = self.ring.loader(self.seat.index as usize);
         let synthetic = self.cfg.synthetic();
         let sample_bytes = self.cfg.sample_bytes() as usize;
         let shape = self.cfg.dataset.sample_shape.clone();
         let dtype = self.cfg.dataset.dtype;
-        let mut hint = u32::from(self.index) % self.ring.geometry().slot_count;
+        let mut hint = u32::from(self.seat.index) % self.ring.geometry().slot_count;
         let mut last_daemon_check = Instant::now();
         loop {
             self.service.tick(self.report.batches);
-            if shutdown.requested() || self.ring.state() >= ring_state::DRAINING {
+            if shutdown.requested() {
+                return Ok(());
+            }
+            if self.ring.state() != ring_state::READY && !self.confirm_end(shutdown)? {
                 return Ok(());
             }
             if last_daemon_check.elapsed() >= DAEMON_CHECK_EVERY {
@@ -289,7 +311,7 @@ impl Worker<'_> {
             // Acquire: pairs with the daemon's Release bump after it frees a slot, so a slot freed
             // after this load makes the wait below return at once.
             let seen = h.work_futex.load(Acquire);
-            let Some(mut claim) = self.ring.try_claim(self.index, hint) else {
+            let Some(mut claim) = self.ring.try_claim(self.seat, hint) else {
                 let t = Instant::now();
                 let r = self.ring.wait_for_work(seen, MAX_WAIT);
                 let ns = t.elapsed().as_nanos() as u64;
@@ -305,13 +327,13 @@ impl Worker<'_> {
                 continue;
             };
             let t = Instant::now();
-            hint = (claim.slot + 1) % self.ring.geometry().slot_count;
-            let seq = claim.seq;
+            hint = (claim.slot() + 1) % self.ring.geometry().slot_count;
+            let seq = claim.seq();
             let made = self.plan.batch_into(seq, &mut self.samples);
             let buf = self.ring.claim_buffer(&mut claim);
             let (payload_len, meta_len, error) = match made {
                 Err(e) => {
-                    tracing::error!(ring = %self.cfg.ring.name, slot = claim.slot, seq, "cannot make this batch: {e}");
+                    tracing::error!(ring = %self.cfg.ring.name, slot = claim.slot(), seq, "cannot make this batch: {e}");
                     (0, 0, ERR_PLAN)
                 }
                 Ok((epoch, index_in_epoch)) => {
@@ -345,7 +367,7 @@ impl Worker<'_> {
                 }
             };
             let count = self.samples.len() as u32;
-            let (slot, ticket) = (claim.slot, claim.ticket);
+            let (slot, ticket) = (claim.slot(), claim.ticket());
             match self.ring.commit(claim, payload_len, meta_len, count, error) {
                 Ok(()) => {
                     let ns = t.elapsed().as_nanos() as u64;
@@ -362,7 +384,7 @@ impl Worker<'_> {
                 Err(e @ CommitError::Reclaimed { .. }) => {
                     // Never touch that slot again, and say so: the daemon keeps a slot taken
                     // from a live loader out of use until it sees this (or the loader's exit).
-                    self.ring.abandon(self.index, slot, ticket);
+                    self.ring.abandon(self.seat, slot, ticket);
                     self.report.reclaimed += 1;
                     tracing::warn!(ring = %self.cfg.ring.name, "{e}");
                 }

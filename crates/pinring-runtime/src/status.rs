@@ -10,7 +10,7 @@
 //!   waiting for device buffers held by the **consumer**.
 
 use crate::exit::Exit;
-use pinring_ring::{ring_state, Access, ProcessId, Ring, RingError, SlotState};
+use pinring_ring::{ring_state, Access, Ring, RingError, SlotState};
 use serde::Serialize;
 use std::fmt::Write as _;
 use std::io::Write as _;
@@ -227,11 +227,7 @@ impl Snapshot {
             .map(|l| LoaderStatus {
                 index: l.index,
                 pid: l.pid,
-                alive: ProcessId {
-                    pid: l.pid,
-                    start_time: l.start_time,
-                }
-                .is_alive(),
+                alive: l.alive,
                 batches: l.batches,
                 bytes: l.bytes,
                 busy_seconds: secs(l.busy_ns),
@@ -243,7 +239,7 @@ impl Snapshot {
             ring: ring.name().to_string(),
             state: ring_state::name(ring.state()),
             daemon_pid: ring.daemon().pid,
-            daemon_alive: ring.daemon().is_alive(),
+            daemon_alive: ring.daemon_alive().unwrap_or(false),
             slot_count: g.slot_count,
             slot_bytes: g.slot_bytes,
             slots,
@@ -576,6 +572,7 @@ mod tests {
             start_seq: 0,
             end_seq: 4,
             in_order: true,
+            replace: false,
         })
         .unwrap();
         let report = |snap: Snapshot| RingReport {

@@ -77,7 +77,7 @@ impl Daemon {
             .quarantine
             .iter()
             .flatten()
-            .filter(|e| e.owner_id.is_some_and(|id| id.is_alive()))
+            .filter(|e| self.ring.expired_owner_alive(e))
             .count();
         health.hung_loaders.store(hung as u64, Relaxed);
         health
