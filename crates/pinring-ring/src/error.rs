@@ -143,7 +143,7 @@ pub enum RingError {
         available_mib: u64,
     },
     /// The file is not a pinring segment.
-    #[error("ring {name:?} ({path}) is not a pinring segment (bad magic {found:#018x}): remove the file or pick another --ring name")]
+    #[error("ring {name:?} ({path}) is not a pinring segment (bad magic {found:#018x}): {fix}")]
     NotARing {
         /// Ring name.
         name: String,
@@ -151,6 +151,8 @@ pub enum RingError {
         path: PathBuf,
         /// Magic found.
         found: u64,
+        /// What to do.
+        fix: &'static str,
     },
     /// The segment is of another layout version.
     #[error("ring {name:?} ({path}) has layout version {found}, this build speaks version {expected}: run daemon and loaders of the same pinring release")]
@@ -207,7 +209,9 @@ pub enum RingError {
         state: &'static str,
     },
     /// The loader table is full.
-    #[error("ring {name:?}: this handle already holds a loader seat: open the ring once per loader")]
+    #[error(
+        "ring {name:?}: this handle already holds a loader seat: open the ring once per loader"
+    )]
     AlreadyAttached {
         /// Ring name.
         name: String,

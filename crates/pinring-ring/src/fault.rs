@@ -123,9 +123,10 @@ fn write_stderr(bytes: &[u8]) {
 }
 
 extern "C" fn on_sigbus(_sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
-    // SAFETY: the kernel passes a valid siginfo for an SA_SIGINFO handler; si_addr is valid to
-    // read for SIGBUS.
-    let addr = unsafe { (*info).si_addr() } as usize;
+    // SAFETY: the kernel passes a valid, aligned siginfo for an SA_SIGINFO handler.
+    let info = unsafe { &*info };
+    // SAFETY: si_addr is the union member the kernel fills for SIGBUS.
+    let addr = unsafe { info.si_addr() } as usize;
     for e in &TABLE {
         let base = e.base.load(Acquire);
         if base == 0 || addr < base || addr - base >= e.len.load(Relaxed) {
@@ -147,10 +148,7 @@ extern "C" fn on_sigbus(_sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mu
             let mut st: libc::stat = unsafe { std::mem::zeroed() };
             // SAFETY: stat(2) is async-signal-safe; `path` is NUL-terminated, `st` writable.
             let found = unsafe { libc::stat(path.as_ptr().cast(), &mut st) } == 0;
-            if found
-                && st.st_dev == e.dev.load(Relaxed)
-                && st.st_ino == e.ino.load(Relaxed)
-            {
+            if found && st.st_dev == e.dev.load(Relaxed) && st.st_ino == e.ino.load(Relaxed) {
                 // SAFETY: unlink(2) is async-signal-safe; `path` is NUL-terminated. The name
                 // refers to this process's own (truncated) segment: checked just above.
                 unsafe { libc::unlink(path.as_ptr().cast()) };

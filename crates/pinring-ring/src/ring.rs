@@ -289,8 +289,7 @@ impl Ring {
         h.created_unix_ns.store(unix_ns(), Relaxed);
         for i in 0..g.slot_count {
             let d = self.desc(i);
-            d.word
-                .store(SlotWord::pack(SlotState::Idle, 0), Relaxed);
+            d.word.store(SlotWord::pack(SlotState::Idle, 0), Relaxed);
             d.seq.store(u64::MAX, Relaxed);
         }
         h.version.store(LAYOUT_VERSION, Release);
@@ -358,6 +357,7 @@ impl Ring {
                 name: name.into(),
                 path,
                 found: magic,
+                fix: "remove the file or pick another --ring name",
             });
         }
         // (A): Acquire pairs with the creator's Release store of the version.
@@ -379,6 +379,7 @@ impl Ring {
                 name: name.into(),
                 path,
                 found: h.magic.load(Relaxed),
+                fix: "remove the file or pick another --ring name",
             });
         }
         if version != LAYOUT_VERSION {

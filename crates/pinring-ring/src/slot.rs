@@ -97,7 +97,10 @@ impl SlotWord {
     /// Packs a word owned by (`owner`, `tenure`). `owner` must be below 256 (the table holds
     /// [`crate::layout::MAX_LOADERS`]).
     pub const fn pack_owned(state: SlotState, owner: u16, tenure: u16, ticket: u32) -> u64 {
-        (state as u64) | (((owner & 0xff) as u64) << 8) | ((tenure as u64) << 16) | ((ticket as u64) << 32)
+        (state as u64)
+            | (((owner & 0xff) as u64) << 8)
+            | ((tenure as u64) << 16)
+            | ((ticket as u64) << 32)
     }
 
     /// Unpacks a word read from shared memory. Never fails: garbage gives `state: None`.

@@ -83,7 +83,11 @@ fn a_commit_after_reclaim_is_rejected() {
     let dead = doomed.attach_loader(ProcessId::current()).unwrap();
     daemon.assign(0, 3);
     let claim = doomed.try_claim(dead, 0).unwrap();
-    assert_eq!(daemon.reclaim_if_owner_dead(0), None, "alive while attached");
+    assert_eq!(
+        daemon.reclaim_if_owner_dead(0),
+        None,
+        "alive while attached"
+    );
     drop(doomed);
     assert_eq!(daemon.reclaim_if_owner_dead(0), Some(3));
     assert_eq!(daemon.header().reclaimed.load(Relaxed), 1);
