@@ -187,22 +187,25 @@ impl HostUploader {
     }
 }
 
-/// The bytes of a zero-copy range.
+/// A private copy of a zero-copy range (the ring's shared memory is never viewed through a Rust
+/// reference: another process could write it).
 ///
 /// # Safety
-/// `ptr..ptr+len` is a live mapping, not written while the returned slice is used.
-unsafe fn mapped_slice<'a>(ptr: *const u8, len: usize) -> Result<&'a [u8], BackendError> {
+/// `ptr..ptr+len` is a live mapping.
+unsafe fn mapped_copy(ptr: *const u8, len: usize) -> Result<Vec<u8>, BackendError> {
     if ptr.is_null() && len > 0 {
         return Err(BackendError::InvalidArgument {
             call: "checksum_mapped/compute_mapped",
             what: format!("null host pointer for {len} bytes"),
         });
     }
-    if len == 0 {
-        return Ok(&[]);
-    }
-    // SAFETY: non-null, and the caller guarantees the range is live and unwritten.
-    Ok(unsafe { std::slice::from_raw_parts(ptr, len) })
+    let mut out = Vec::with_capacity(len);
+    // SAFETY: the caller guarantees a live range of `len` readable bytes (non-null when len > 0,
+    // checked above); `out` has capacity for `len` bytes and is private, so they cannot overlap.
+    unsafe { std::ptr::copy_nonoverlapping(ptr, out.as_mut_ptr(), len) };
+    // SAFETY: the copy above initialised the first `len` bytes, within the capacity.
+    unsafe { out.set_len(len) };
+    Ok(out)
 }
 
 /// Validates a buffer index and length against the uploader's geometry.
@@ -343,15 +346,15 @@ impl Uploader for HostUploader {
     }
 
     unsafe fn checksum_mapped(&self, host_ptr: *const u8, len: usize) -> Result<u64, BackendError> {
-        // SAFETY: the caller guarantees a live, unwritten range of `len` bytes.
-        let bytes = unsafe { mapped_slice(host_ptr, len) }?;
-        Ok(checksum(bytes))
+        // SAFETY: the caller guarantees a live range of `len` bytes.
+        let bytes = unsafe { mapped_copy(host_ptr, len) }?;
+        Ok(checksum(&bytes))
     }
 
     unsafe fn compute_mapped(&self, host_ptr: *mut u8, len: usize) -> Result<(), BackendError> {
-        // SAFETY: the caller guarantees a live, unwritten range of `len` bytes.
-        let bytes = unsafe { mapped_slice(host_ptr, len) }?;
-        self.sin_into_scratch(bytes);
+        // SAFETY: the caller guarantees a live range of `len` bytes.
+        let bytes = unsafe { mapped_copy(host_ptr, len) }?;
+        self.sin_into_scratch(&bytes);
         Ok(())
     }
 }

@@ -63,6 +63,20 @@ fn word(ctr: u64) -> u64 {
     ctr ^ (ctr >> 29)
 }
 
+/// The words of one synthetic sample ([`Synthetic::sample_words`]).
+#[derive(Debug, Clone, Copy)]
+pub struct SampleWords {
+    key: u64,
+}
+
+impl SampleWords {
+    /// Word `k` of the sample.
+    #[inline(always)]
+    pub fn word(&self, k: usize) -> u64 {
+        word(self.key.wrapping_add((k as u64).wrapping_mul(GOLDEN_GAMMA)))
+    }
+}
+
 /// Generator of the synthetic dataset.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Synthetic {
@@ -101,6 +115,15 @@ impl Synthetic {
     fn key(&self, index: u64) -> u64 {
         // The additive constants keep (seed 0, index 0) away from mix64's fixed point at 0.
         mix64(self.seed.wrapping_add(KEY_SALT) ^ mix64(index.wrapping_add(GOLDEN_GAMMA)))
+    }
+
+    /// The words of sample `index`, for writers that cannot take a `&mut [u8]` (a shared-memory
+    /// slot): byte `8k..8k+8` of the sample is `sample_words(index).word(k)` in little-endian.
+    #[inline]
+    pub fn sample_words(&self, index: u64) -> SampleWords {
+        SampleWords {
+            key: self.key(index),
+        }
     }
 
     /// Label of sample `index`, in `0..classes`.

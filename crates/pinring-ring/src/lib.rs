@@ -6,7 +6,7 @@
 //! * the daemon [`Ring::create`]s the ring, [`Ring::assign`]s seqs to slots, [`Ring::take_ready`]s
 //!   committed batches, and assigns the next seq when an upload is done;
 //! * loaders [`Ring::open`] it, [`Ring::attach_loader`], [`Ring::try_claim`] a FREE slot, fill
-//!   [`Ring::claim_buffer`], and [`Ring::commit`];
+//!   [`Ring::slot_writer`], and [`Ring::commit`];
 //! * status views open it read-only.
 //!
 //! docs/PROTOCOL.md draws the layout and the state machine.
@@ -27,6 +27,9 @@ pub use error::{CommitError, RingError, SlotFault};
 pub use layout::{ring_state, Geometry, Header, MAX_LOADERS};
 pub use process::ProcessId;
 pub use recovery::Expired;
-pub use ring::{fit_in_slot, Claim, CreateOptions, LoaderView, Ring, Seat, SlotView, Taken};
+pub use ring::{
+    fit_in_slot, Claim, CreateOptions, LoaderView, OutOfSlot, Ring, Seat, SlotView, SlotWriter,
+    Taken,
+};
 pub use segment::{object_path, Access, Segment};
 pub use slot::{SlotState, SlotWord};

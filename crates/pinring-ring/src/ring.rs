@@ -92,6 +92,101 @@ impl Claim {
     }
 }
 
+/// Write access to a claimed slot's bytes. Deliberately not a `&mut [u8]`: the bytes are shared
+/// memory that another process could (against the protocol) touch at the same time, and a Rust
+/// reference would promise the compiler that nothing else does. Writes go through raw pointers
+/// into the mapping; the slot protocol makes the claimant the only conforming writer until it
+/// commits.
+#[derive(Debug)]
+pub struct SlotWriter<'a> {
+    base: std::ptr::NonNull<u8>,
+    len: usize,
+    _claim: std::marker::PhantomData<&'a mut Claim>,
+}
+
+impl SlotWriter<'_> {
+    /// Bytes in the slot.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Always false: a slot has at least one page.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn check(&self, offset: usize, len: usize) -> Result<(), OutOfSlot> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len => Ok(()),
+            _ => Err(OutOfSlot {
+                offset,
+                len,
+                slot_bytes: self.len,
+            }),
+        }
+    }
+
+    /// Copies `src` into the slot at `offset`.
+    pub fn write(&mut self, offset: usize, src: &[u8]) -> Result<(), OutOfSlot> {
+        self.check(offset, src.len())?;
+        // SAFETY: offset <= len of the slot (checked), so the pointer stays inside it.
+        let dst = unsafe { self.base.as_ptr().add(offset) };
+        // SAFETY: offset + src.len() <= len (checked), so the destination range lies inside the
+        // claimed slot; `src` is private memory of this process, so the ranges cannot overlap.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len()) };
+        Ok(())
+    }
+
+    /// Writes `len` bytes at `offset` as little-endian 64-bit words, word `k` being `word(k)`
+    /// (a final partial word is cut short). For generators that compute their bytes: the loop
+    /// inlines and vectorises like a plain store loop.
+    pub fn write_words(
+        &mut self,
+        offset: usize,
+        len: usize,
+        mut word: impl FnMut(usize) -> u64,
+    ) -> Result<(), OutOfSlot> {
+        self.check(offset, len)?;
+        // SAFETY: offset <= len of the slot (checked above).
+        let dst = unsafe { self.base.as_ptr().add(offset) };
+        let whole = len / 8;
+        for k in 0..whole {
+            // SAFETY: k * 8 + 8 <= len, inside the checked range.
+            let at = unsafe { dst.add(k * 8) }.cast::<[u8; 8]>();
+            // SAFETY: `at` is valid for 8 bytes (above); unaligned writes are allowed.
+            unsafe { at.write_unaligned(word(k).to_le_bytes()) };
+        }
+        let rest = len % 8;
+        if rest > 0 {
+            let bytes = word(whole).to_le_bytes();
+            // SAFETY: whole * 8 <= len, inside the checked range.
+            let at = unsafe { dst.add(whole * 8) };
+            // SAFETY: whole * 8 + rest == len, inside the checked range; `bytes` is a local.
+            unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), at, rest) };
+        }
+        Ok(())
+    }
+
+    /// The slot's first byte, for foreign writers (a Python buffer, a decoder's output). Writing
+    /// through it is the caller's `unsafe` business, within [`SlotWriter::len`] bytes and only
+    /// while the claim lives.
+    pub fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.base.as_ptr()
+    }
+}
+
+/// A write that would leave the claimed slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("{len} bytes at offset {offset} do not fit in the {slot_bytes}-byte slot")]
+pub struct OutOfSlot {
+    /// Offset of the write.
+    pub offset: usize,
+    /// Bytes written.
+    pub len: usize,
+    /// Bytes in the slot.
+    pub slot_bytes: usize,
+}
+
 /// A loader's place in the loader table: its entry and its tenure of that entry, both held as
 /// kernel locks on the segment file for as long as the loader is attached (see [`crate::lock`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -790,15 +885,15 @@ impl Ring {
         None
     }
 
-    /// The claimed slot's bytes, for the claimant to fill.
-    pub fn claim_buffer<'a>(&'a self, claim: &'a mut Claim) -> &'a mut [u8] {
-        let ptr = self.slot_ptr(claim.slot);
-        // SAFETY: the slot lies inside the validated data area (slot_ptr checks the index) and
-        // is slot_bytes long. The protocol gives the claimant sole write access to the slot
-        // while it is CLAIMED: the daemon reads it only after READY, and other loaders' claim
-        // CAS fails. `&mut Claim` keeps this process from taking two views of one claim. A rogue
-        // process breaking the protocol can change byte values only, and every u8 is valid.
-        unsafe { std::slice::from_raw_parts_mut(ptr, self.geom.slot_bytes as usize) }
+    /// Write access to the claimed slot's bytes, for the claimant to fill. The `&mut Claim`
+    /// borrow keeps this process from taking two writers over one claim.
+    pub fn slot_writer<'a>(&'a self, claim: &'a mut Claim) -> SlotWriter<'a> {
+        SlotWriter {
+            // slot_ptr checks the index; the result lies inside the mapping, so it is non-null.
+            base: std::ptr::NonNull::new(self.slot_ptr(claim.slot)).expect("mapped"),
+            len: self.geom.slot_bytes as usize,
+            _claim: std::marker::PhantomData,
+        }
     }
 
     /// Publishes a filled slot (CLAIMED → READY) and rings the daemon's doorbell. Lengths that do
@@ -967,16 +1062,24 @@ impl Ring {
         }))
     }
 
-    /// Bytes `[offset, offset+len)` of slot `i` (a taken slot's metadata or payload).
-    pub fn slot_bytes(&self, i: u32, offset: u64, len: u64) -> &[u8] {
+    /// Copies bytes `[offset, offset+len)` of slot `i` (a taken slot's metadata) into `out`
+    /// (replacing its contents), so they can be decoded in private memory: no Rust reference is
+    /// ever formed over bytes another process can write. Panics if the range leaves the slot (a
+    /// caller bug: lengths from the segment are checked by `take_ready` first).
+    pub fn copy_out(&self, i: u32, offset: u64, len: u64, out: &mut Vec<u8>) {
         let sb = self.geom.slot_bytes;
         assert!(offset <= sb && len <= sb - offset, "range outside slot {i}");
+        out.clear();
+        out.reserve(len as usize);
         // SAFETY: offset <= slot_bytes (asserted above), so the pointer stays inside slot i.
-        let start = unsafe { self.slot_ptr(i).add(offset as usize) };
-        // SAFETY: the range lies inside slot i (asserted above), inside the validated data area.
-        // The daemon reads a slot only while it is UPLOADING (it owns it); a rogue writer can
-        // only change byte values, and every u8 is valid.
-        unsafe { std::slice::from_raw_parts(start, len as usize) }
+        let src = unsafe { self.slot_ptr(i).add(offset as usize) };
+        // SAFETY: the source range lies inside slot i, inside the mapping; the destination has
+        // capacity for `len` bytes and is private memory, so the ranges do not overlap. The copy
+        // reads the bytes as untrusted data (any value is a valid u8); the daemon reads a slot
+        // only while it is UPLOADING, when no conforming process writes it.
+        unsafe { std::ptr::copy_nonoverlapping(src, out.as_mut_ptr(), len as usize) };
+        // SAFETY: the copy above initialised the first `len` bytes, within the capacity.
+        unsafe { out.set_len(len as usize) };
     }
 
     /// If slot `i` is CLAIMED by a loader that is no longer attached (its tenure lock is free:

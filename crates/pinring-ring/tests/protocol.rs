@@ -54,9 +54,15 @@ fn a_batch_goes_free_claimed_ready_uploading_free() {
     assert!(loader.try_claim(me, 0).is_none());
     assert_eq!(daemon.take_ready(2, 7), Ok(None), "not committed yet");
 
-    let buf = loader.claim_buffer(&mut claim);
-    buf[..5].copy_from_slice(b"hello");
-    buf[64..67].copy_from_slice(b"abc");
+    let mut slot = loader.slot_writer(&mut claim);
+    slot.write(0, b"hello").unwrap();
+    slot.write(64, b"abc").unwrap();
+    // Nothing is written outside the slot.
+    let err = slot.write(8190, b"xyz").unwrap_err();
+    assert_eq!((err.offset, err.len, err.slot_bytes), (8190, 3, 8192));
+    assert!(slot.write_words(8188, 8, |_| 0).is_err());
+    slot.write_words(100, 11, |k| 0x0807_0605_0403_0201 + k as u64)
+        .unwrap();
     loader.commit(claim, 5, 3, 1, 0).unwrap();
 
     let taken = daemon.take_ready(2, 7).unwrap().expect("ready");
@@ -64,8 +70,13 @@ fn a_batch_goes_free_claimed_ready_uploading_free() {
         (taken.payload_len, taken.meta_offset, taken.meta_len),
         (5, 64, 3)
     );
-    assert_eq!(daemon.slot_bytes(2, 0, 5), b"hello");
-    assert_eq!(daemon.slot_bytes(2, 64, 3), b"abc");
+    let mut out = Vec::new();
+    daemon.copy_out(2, 0, 5, &mut out);
+    assert_eq!(out, b"hello");
+    daemon.copy_out(2, 64, 3, &mut out);
+    assert_eq!(out, b"abc");
+    daemon.copy_out(2, 100, 11, &mut out);
+    assert_eq!(out, [1, 2, 3, 4, 5, 6, 7, 8, 2, 2, 3]);
     assert_eq!(daemon.slot_view(2).state, Some(SlotState::Uploading));
 
     daemon.assign(2, 8);

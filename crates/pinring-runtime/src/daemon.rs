@@ -236,6 +236,8 @@ struct Daemon {
     daemon_wait_ns: u64,
     interrupted: bool,
     spare_samples: Vec<Vec<u64>>,
+    /// A taken batch's metadata, copied out of its slot before it is decoded.
+    meta_buf: Vec<u8>,
     // Fault handling (daemon/recovery.rs).
     /// Stopping: no new seqs are handed out (the daemon's own record, never read from the ring).
     draining: bool,
@@ -381,6 +383,7 @@ impl Daemon {
             daemon_wait_ns: 0,
             interrupted: false,
             spare_samples: Vec::new(),
+            meta_buf: Vec::new(),
             draining: false,
             reap_every: Duration::from_millis(cfg.daemon.reap_interval_ms),
             recovery: recovery::Recovery::new(
@@ -682,16 +685,16 @@ impl Daemon {
                         what: format!("plan has no batch {seq}: {e}"),
                     })?;
             // The metadata is untrusted: decode with a bound, then compare with our own plan.
-            let meta_bytes = self
-                .ring
-                .slot_bytes(slot, taken.meta_offset, taken.meta_len);
+            // Copied out of shared memory first: decoded in private memory only.
+            self.ring
+                .copy_out(slot, taken.meta_offset, taken.meta_len, &mut self.meta_buf);
             let expected = pinring_data::BatchIndices {
                 seq,
                 epoch,
                 index_in_epoch,
                 samples,
             };
-            let meta_ok = BatchMeta::decode(meta_bytes, self.cfg.meta_reserve_bytes() as usize)
+            let meta_ok = BatchMeta::decode(&self.meta_buf, self.cfg.meta_reserve_bytes() as usize)
                 .and_then(|m| m.validate_against(&expected, self.cfg.sample_bytes()));
             if let Err(e) = meta_ok {
                 self.spare_samples.push(expected.samples);

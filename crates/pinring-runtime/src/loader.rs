@@ -218,6 +218,7 @@ fn run_attached(
         plan,
         seat,
         samples: Vec::new(),
+        meta_buf: Vec::new(),
         report: LoaderReport::default(),
         service,
     };
@@ -282,6 +283,8 @@ struct Worker<'a> {
     plan: Plan,
     seat: Seat,
     samples: Vec<u64>,
+    /// The batch metadata, encoded here and then copied into the slot.
+    meta_buf: Vec<u8>,
     report: LoaderReport,
     service: &'a mut crate::service::LoaderService,
 }
@@ -330,16 +333,22 @@ impl Worker<'_> {
             hint = (claim.slot() + 1) % self.ring.geometry().slot_count;
             let seq = claim.seq();
             let made = self.plan.batch_into(seq, &mut self.samples);
-            let buf = self.ring.claim_buffer(&mut claim);
+            let mut slot = self.ring.slot_writer(&mut claim);
             let (payload_len, meta_len, error) = match made {
                 Err(e) => {
-                    tracing::error!(ring = %self.cfg.ring.name, slot = claim.slot(), seq, "cannot make this batch: {e}");
+                    tracing::error!(ring = %self.cfg.ring.name, seq, "cannot make this batch: {e}");
                     (0, 0, ERR_PLAN)
                 }
                 Ok((epoch, index_in_epoch)) => {
                     let payload_len = self.samples.len() * sample_bytes;
                     // Straight into the slot: no intermediate payload buffer.
-                    synthetic.fill_batch(&self.samples, &mut buf[..payload_len]);
+                    let mut fits = payload_len <= slot.len();
+                    for (n, &i) in self.samples.iter().enumerate() {
+                        let words = synthetic.sample_words(i);
+                        fits &= slot
+                            .write_words(n * sample_bytes, sample_bytes, |k| words.word(k))
+                            .is_ok();
+                    }
                     let indices = BatchIndices {
                         seq,
                         epoch,
@@ -356,13 +365,20 @@ impl Worker<'_> {
                     self.samples = indices.samples;
                     let meta_off =
                         align_up(payload_len as u64, META_ALIGN).unwrap_or(u64::MAX) as usize;
-                    match buf.get_mut(meta_off..).map(|area| meta.encode_into(area)) {
-                        Some(Ok(n)) => (payload_len as u64, n as u64, 0),
-                        Some(Err(e)) => {
+                    let room = slot
+                        .len()
+                        .saturating_sub(meta_off)
+                        .min(self.cfg.meta_reserve_bytes() as usize);
+                    self.meta_buf.resize(room, 0);
+                    match meta.encode_into(&mut self.meta_buf) {
+                        Ok(n) if fits && slot.write(meta_off, &self.meta_buf[..n]).is_ok() => {
+                            (payload_len as u64, n as u64, 0)
+                        }
+                        Ok(_) => (0, 0, ERR_META),
+                        Err(e) => {
                             tracing::error!(ring = %self.cfg.ring.name, seq, "{e}");
                             (0, 0, ERR_META)
                         }
-                        None => (0, 0, ERR_META),
                     }
                 }
             };
