@@ -7,6 +7,7 @@ use nix::sys::signal::Signal;
 use std::process::Command;
 use std::time::Duration;
 
+const USAGE: i32 = 2;
 const RING_ERROR: i32 = 4;
 
 #[test]
@@ -96,6 +97,27 @@ fn a_live_daemons_ring_is_refused_and_a_dead_ones_replaced() {
     let (st, _) = wait_for(loader, "loader", Duration::from_secs(10));
     assert!(st.success());
     assert_complete(&fx.summary(), true);
+}
+
+#[test]
+fn a_start_seq_past_the_plans_end_is_a_usage_error_naming_the_end() {
+    // SMALL's plan has 128 batches: seqs 0 to 127; 128 would resume a finished run.
+    let fx = Fixture::small("startseq");
+    let (st, log) = wait_for(
+        fx.daemon(&["--start-seq", "1000"]),
+        "daemon",
+        Duration::from_secs(10),
+    );
+    assert_eq!(st.code(), Some(USAGE), "{log}");
+    assert!(
+        log.contains(&fx.ring)
+            && log.contains("--start-seq 1000 is past the end of the plan")
+            && log.contains("128 batches")
+            && log.contains("at most 128"),
+        "{log}"
+    );
+    assert!(!log.contains("report the bug"), "{log}");
+    assert!(!fx.segment().exists(), "refused before the ring was made");
 }
 
 #[test]

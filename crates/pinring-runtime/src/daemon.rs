@@ -95,6 +95,18 @@ pub enum DaemonError {
         #[source]
         source: pinring_data::PlanError,
     },
+    /// `--start-seq` lies past the end of the plan.
+    #[error("ring {ring:?}: --start-seq {start_seq} is past the end of the plan ({end_seq} batches, seqs 0 to {last}, from {source_name}); pass a --start-seq of at most {end_seq} (a summary's resume_seq), or run more epochs (--epochs)", last = .end_seq.saturating_sub(1))]
+    StartSeq {
+        /// Ring name.
+        ring: String,
+        /// The flag's value.
+        start_seq: u64,
+        /// One past the plan's last seq.
+        end_seq: u64,
+        /// Config source.
+        source_name: String,
+    },
     /// Ring error.
     #[error(transparent)]
     Ring(#[from] RingError),
@@ -149,6 +161,7 @@ impl DaemonError {
     pub fn exit(&self) -> Exit {
         match self {
             DaemonError::Config(_) | DaemonError::Plan { .. } => Exit::Config,
+            DaemonError::StartSeq { .. } => Exit::Usage,
             DaemonError::Ring(RingError::UnknownGroup { .. }) => Exit::Config,
             DaemonError::Service { .. } => Exit::Config,
             DaemonError::Ring(_) | DaemonError::BadBatch { .. } => Exit::Ring,
@@ -248,12 +261,11 @@ impl Daemon {
         let plan = cfg.plan().map_err(plan_err)?;
         let end_seq = plan.total_batches();
         if args.start_seq > end_seq {
-            return Err(DaemonError::BadBatch {
+            return Err(DaemonError::StartSeq {
                 ring: cfg.ring.name.clone(),
-                what: format!(
-                    "--start-seq {} is past the end of the plan ({end_seq} batches)",
-                    args.start_seq
-                ),
+                start_seq: args.start_seq,
+                end_seq,
+                source_name: cfg.source.clone(),
             });
         }
         let service =
