@@ -7,7 +7,10 @@ use nix::sys::signal::Signal;
 use std::process::Command;
 use std::time::Duration;
 
+const USAGE: i32 = 2;
+const CONFIG: i32 = 3;
 const RING_ERROR: i32 = 4;
+const BACKEND: i32 = 7;
 
 #[test]
 fn a_loader_with_another_config_is_refused() {
@@ -96,6 +99,113 @@ fn a_live_daemons_ring_is_refused_and_a_dead_ones_replaced() {
     let (st, _) = wait_for(loader, "loader", Duration::from_secs(10));
     assert!(st.success());
     assert_complete(&fx.summary(), true);
+}
+
+#[test]
+fn a_start_seq_past_the_plans_end_is_a_usage_error_naming_the_end() {
+    // SMALL's plan has 128 batches: seqs 0 to 127; 128 would resume a finished run.
+    let fx = Fixture::small("startseq");
+    let (st, log) = wait_for(
+        fx.daemon(&["--start-seq", "1000"]),
+        "daemon",
+        Duration::from_secs(10),
+    );
+    assert_eq!(st.code(), Some(USAGE), "{log}");
+    assert!(
+        log.contains(&fx.ring)
+            && log.contains("--start-seq 1000 is past the end of the plan")
+            && log.contains("128 batches")
+            && log.contains("at most 128"),
+        "{log}"
+    );
+    assert!(!log.contains("report the bug"), "{log}");
+    assert!(!fx.segment().exists(), "refused before the ring was made");
+}
+
+/// Runs a daemon for `fx`'s ring with `extra` flags and its summary at `summary`.
+fn daemon_with_summary(
+    fx: &Fixture,
+    config: &std::path::Path,
+    summary: &std::path::Path,
+    extra: &[&str],
+) -> (std::process::ExitStatus, String) {
+    let child = Command::new(exe(DAEMON))
+        .args(["--ring", &fx.ring, "--sink", "verify"])
+        .arg("--config")
+        .arg(config)
+        .arg("--summary")
+        .arg(summary)
+        .args(extra)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for(child, "daemon", Duration::from_secs(30))
+}
+
+#[test]
+fn a_daemon_that_fails_at_start_still_writes_its_summary_with_the_error_and_exit_code() {
+    let fx = Fixture::small("startfail");
+    let mut live = fx.daemon(&["--epochs", "1000"]);
+    fx.wait_ready(&mut live);
+    let bad_config = fx.dir.path().join("bad.toml");
+    std::fs::write(&bad_config, "[plan]\nbatch_size = 0\n").unwrap();
+    // (flags, config, exit code, text the error must hold)
+    let cases: [(&[&str], &std::path::Path, i32, &str); 4] = [
+        // The ring is held by the live daemon above.
+        (
+            &["--backend", "host"],
+            &fx.config,
+            RING_ERROR,
+            "held by a running daemon",
+        ),
+        // No such GPU (on a host without a driver: no driver); refused before the ring is made.
+        (
+            &["--backend", "cuda", "--device", "99"],
+            &fx.config,
+            BACKEND,
+            "",
+        ),
+        (
+            &["--backend", "host"],
+            &bad_config,
+            CONFIG,
+            "plan.batch_size",
+        ),
+        (
+            &["--backend", "host", "--start-seq", "999"],
+            &fx.config,
+            USAGE,
+            "--start-seq 999",
+        ),
+    ];
+    for (i, (flags, config, code, text)) in cases.into_iter().enumerate() {
+        let path = fx.dir.path().join(format!("summary-{i}.json"));
+        let (st, log) = daemon_with_summary(&fx, config, &path, flags);
+        assert_eq!(st.code(), Some(code), "{flags:?}: {log}");
+        let s = pinring_runtime::summary::Summary::read(&path)
+            .unwrap_or_else(|e| panic!("{flags:?}: no summary ({e}): {log}"));
+        assert_eq!(i32::from(s.exit_code), code, "{flags:?}: {s:#?}");
+        let error = s.error.as_deref().unwrap_or_default();
+        assert!(
+            !error.is_empty() && error.contains(text),
+            "{flags:?}: {s:#?}"
+        );
+        assert!(
+            log.contains(error),
+            "the summary's error is the logged one: {log}"
+        );
+        assert_eq!(s.ring, fx.ring, "{s:#?}");
+        assert_eq!((s.batches_delivered, s.bytes), (0, 0), "{s:#?}");
+        assert_eq!(s.bound, "none", "{s:#?}");
+    }
+    signal(&live, Signal::SIGTERM);
+    let (st, log) = wait_for(live, "live daemon", Duration::from_secs(10));
+    assert!(
+        st.success(),
+        "the failed starts left the live ring alone: {log}"
+    );
 }
 
 #[test]

@@ -5,8 +5,9 @@
 //! the test's config) and the host is not touched. /dev/shm is shared, so each test uses its own
 //! ring name.
 //!
-//! The tests skip, with the reason printed, when systemd, unshare or nsenter is missing or the
-//! namespace cannot be made (not root, no permission).
+//! The tests skip, printing `SKIPPED: <reason>`, when systemd, unshare or nsenter is missing or
+//! the namespace cannot be made (not root, no permission); with `PINRING_REQUIRE_SYSTEMD=1` each
+//! of those is a failure instead.
 
 mod common;
 
@@ -24,8 +25,14 @@ fn tool(name: &str) -> Option<PathBuf> {
         .find(|p| p.exists())
 }
 
+/// Set to 1 where these tests must run (CI with systemd installed and root): a skip is then a
+/// failure with its reason.
+const REQUIRE_SYSTEMD: &str = "PINRING_REQUIRE_SYSTEMD";
+
+/// Every skip of these tests goes through here: prints `SKIPPED: <why>`, or fails with
+/// `PINRING_REQUIRE_SYSTEMD=1`.
 fn skip(why: &str) {
-    eprintln!("SKIPPED: {why}");
+    pinring_backend::testing::skip_or_fail(REQUIRE_SYSTEMD, why);
 }
 
 fn ok(out: &Output) -> String {

@@ -245,3 +245,109 @@ pub fn delivered(ring: &pinring_ring::Ring) -> u64 {
         .delivered
         .load(std::sync::atomic::Ordering::Relaxed)
 }
+
+/// Asserts a verify run stopped by SIGTERM drained cleanly: every seq from the start up to the
+/// summary's `resume_seq` delivered exactly once, in order, every byte verified; the rest of the
+/// plan counted missing, which a drain is allowed.
+pub fn assert_drained(s: &Summary) {
+    assert!(s.interrupted, "the run ended before the drain: {s:#?}");
+    assert!(s.in_order, "{s:#?}");
+    assert_eq!((s.exit_code, s.error.as_deref()), (0, None), "{s:#?}");
+    let prefix = s.resume_seq - s.start_seq;
+    assert!(prefix > 0, "nothing delivered: {s:#?}");
+    // In order, with no duplicate and nothing out of order, `prefix` deliveries are exactly the
+    // seqs start..resume: the sink's count and the header's next_deliver agree.
+    assert_eq!(s.batches_delivered, prefix, "{s:#?}");
+    assert_eq!(s.batches_verified, prefix, "{s:#?}");
+    assert_eq!(s.verify_failures, 0, "{s:#?}");
+    assert_eq!(s.duplicates, 0, "{s:#?}");
+    assert_eq!(s.out_of_order, 0, "{s:#?}");
+    assert_eq!(s.missing, s.end_seq - s.resume_seq, "{s:#?}");
+}
+
+/// A child stopped with SIGSTOP, resumed (SIGCONT) when dropped, so a failing test never leaves
+/// a stopped process behind.
+pub struct Paused(u32);
+
+impl Paused {
+    /// Stops `child` and waits until every one of its threads is stopped (the signal is
+    /// delivered asynchronously: until then it may still run).
+    pub fn new(child: &Child) -> Paused {
+        signal(child, nix::sys::signal::Signal::SIGSTOP);
+        let pid = child.id();
+        wait_until("the process to stop", Duration::from_secs(10), || {
+            all_threads_stopped(pid)
+        });
+        Paused(pid)
+    }
+}
+
+impl Drop for Paused {
+    fn drop(&mut self) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.0 as i32),
+            nix::sys::signal::Signal::SIGCONT,
+        );
+    }
+}
+
+/// Whether every thread of `pid` is stopped (state `T`), from /proc.
+fn all_threads_stopped(pid: u32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    tasks.flatten().all(|t| {
+        std::fs::read_to_string(t.path().join("stat"))
+            .ok()
+            .and_then(|text| pinring_ring::process::parse_stat(&text))
+            .is_some_and(|s| s.state == 'T')
+    })
+}
+
+/// The loader-table index of the attached loader `pid`.
+pub fn loader_index(ring: &pinring_ring::Ring, pid: u32) -> Option<usize> {
+    ring.loaders()
+        .into_iter()
+        .find(|l| l.pid == pid)
+        .map(|l| l.index)
+}
+
+/// The slot (and its seq) that loader `pid` holds CLAIMED, by the owner index in the slot word.
+/// Stable only while that loader is stopped: a running one may commit at any moment.
+pub fn claim_of(ring: &pinring_ring::Ring, pid: u32) -> Option<(u32, u64)> {
+    let index = loader_index(ring, pid)?;
+    (0..ring.geometry().slot_count).find_map(|i| {
+        let v = ring.slot_view(i);
+        (v.state == Some(pinring_ring::SlotState::Claimed) && usize::from(v.owner) == index)
+            .then_some((i, v.seq))
+    })
+}
+
+/// Waits until loader `child` is in the ring's loader table.
+pub fn wait_attached(ring: &pinring_ring::Ring, child: &Child) {
+    let pid = child.id();
+    wait_until("the loader to attach", LONG, || {
+        loader_index(ring, pid).is_some()
+    });
+}
+
+/// The first slot found READY, with its seq.
+pub fn ready_slot(ring: &pinring_ring::Ring) -> Option<(u32, u64)> {
+    (0..ring.geometry().slot_count).find_map(|i| {
+        let v = ring.slot_view(i);
+        (v.state == Some(pinring_ring::SlotState::Ready)).then_some((i, v.seq))
+    })
+}
+
+/// Lowest seq not yet delivered (in-order runs), from a ring's header.
+pub fn next_deliver(ring: &pinring_ring::Ring) -> u64 {
+    ring.header()
+        .next_deliver
+        .load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Waits until `n` more batches than now were delivered: the run goes on.
+pub fn wait_progress(ring: &pinring_ring::Ring, n: u64) {
+    let target = delivered(ring) + n;
+    wait_until("more deliveries", LONG, || delivered(ring) >= target);
+}

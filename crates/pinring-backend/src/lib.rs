@@ -21,6 +21,7 @@ pub mod checksum;
 pub mod cuda;
 mod error;
 pub mod host;
+pub mod testing;
 
 pub use checksum::{checksum, Checksum};
 pub use cuda::{CudaBackend, CudaUploader};
@@ -378,7 +379,9 @@ mod tests {
     #[test]
     fn select_auto_without_driver_falls_back_to_host() {
         if cuda::driver_library_present() {
-            println!("skipped: libcuda is loadable on this machine");
+            eprintln!(
+                "SKIPPED: libcuda is loadable on this machine; the test is for hosts without it"
+            );
             return;
         }
         let s = select(BackendKind::Auto, 0).unwrap();
@@ -391,7 +394,9 @@ mod tests {
     #[test]
     fn select_cuda_without_driver_is_an_error() {
         if cuda::driver_library_present() {
-            println!("skipped: libcuda is loadable on this machine");
+            eprintln!(
+                "SKIPPED: libcuda is loadable on this machine; the test is for hosts without it"
+            );
             return;
         }
         let e = select(BackendKind::Cuda, 0).unwrap_err();

@@ -100,6 +100,18 @@ pub enum DaemonError {
         #[source]
         source: pinring_data::PlanError,
     },
+    /// `--start-seq` lies past the end of the plan.
+    #[error("ring {ring:?}: --start-seq {start_seq} is past the end of the plan ({end_seq} batches, seqs 0 to {last}, from {source_name}); pass a --start-seq of at most {end_seq} (a summary's resume_seq), or run more epochs (--epochs)", last = .end_seq.saturating_sub(1))]
+    StartSeq {
+        /// Ring name.
+        ring: String,
+        /// The flag's value.
+        start_seq: u64,
+        /// One past the plan's last seq.
+        end_seq: u64,
+        /// Config source.
+        source_name: String,
+    },
     /// Ring error.
     #[error(transparent)]
     Ring(#[from] RingError),
@@ -154,6 +166,7 @@ impl DaemonError {
     pub fn exit(&self) -> Exit {
         match self {
             DaemonError::Config(_) | DaemonError::Plan { .. } => Exit::Config,
+            DaemonError::StartSeq { .. } => Exit::Usage,
             DaemonError::Ring(RingError::UnknownGroup { .. }) => Exit::Config,
             DaemonError::Service { .. } => Exit::Config,
             DaemonError::Ring(_) | DaemonError::BadBatch { .. } => Exit::Ring,
@@ -164,9 +177,20 @@ impl DaemonError {
     }
 }
 
-/// Runs the daemon to completion. Returns the summary (also on error, when a ring existed) and the
-/// error that ended the run.
-pub fn run(args: &DaemonArgs, shutdown: &Shutdown) -> (Option<Summary>, Result<(), DaemonError>) {
+/// How a daemon run ended: always with a summary (for `--summary`), and the error, if any.
+#[derive(Debug)]
+pub struct Outcome {
+    /// What the run did; for a start-up failure, what was known (ring, sink, seqs), zero
+    /// counters, `bound` "none". `error` and `exit_code` are filled by [`crate::main_daemon`].
+    pub summary: Summary,
+    /// Whether the ring was made and the main loop ran (false: start-up failed).
+    pub started: bool,
+    /// The error that ended the run.
+    pub result: Result<(), DaemonError>,
+}
+
+/// Runs the daemon to completion.
+pub fn run(args: &DaemonArgs, shutdown: &Shutdown) -> Outcome {
     let overrides = Overrides {
         ring: args.ring.clone(),
         epochs: args.epochs,
@@ -174,15 +198,51 @@ pub fn run(args: &DaemonArgs, shutdown: &Shutdown) -> (Option<Summary>, Result<(
     };
     let cfg = match settings::load(args.config.as_deref(), &overrides) {
         Ok(c) => c,
-        Err(e) => return (None, Err(e.into())),
+        Err(e) => return failed_at_start(args, None, e.into()),
     };
-    match Daemon::start(args, cfg) {
+    match Daemon::start(args, cfg.clone()) {
         Ok(mut d) => {
             let result = d.main_loop(shutdown);
             let summary = d.finish(&result);
-            (Some(summary), result)
+            Outcome {
+                summary,
+                started: true,
+                result,
+            }
         }
-        Err(e) => (None, Err(e)),
+        Err(e) => failed_at_start(args, Some(&cfg), e),
+    }
+}
+
+/// The outcome of a daemon that stopped before its ring was ready: a summary with what is known
+/// (the config when it loaded, else the flags), nothing delivered, and the error.
+pub fn failed_at_start(args: &DaemonArgs, cfg: Option<&Config>, error: DaemonError) -> Outcome {
+    let ring = match (cfg, &args.ring) {
+        (Some(c), _) => c.ring.name.clone(),
+        (None, Some(name)) => name.clone(),
+        (None, None) => String::new(),
+    };
+    let end_seq = cfg
+        .and_then(|c| c.plan().ok())
+        .map_or(0, |p| p.total_batches());
+    let summary = Summary {
+        ring,
+        backend: String::new(),
+        backend_reason: format!("not started (--backend {})", args.backend),
+        sink: args.sink.name().into(),
+        in_order: cfg.map_or(!args.unordered, |c| c.ring.in_order),
+        start_seq: args.start_seq,
+        end_seq,
+        missing: end_seq.saturating_sub(args.start_seq),
+        resume_seq: args.start_seq,
+        bound: "none".into(),
+        zero_copy: args.zero_copy,
+        ..Default::default()
+    };
+    Outcome {
+        summary,
+        started: false,
+        result: Err(error),
     }
 }
 
@@ -255,12 +315,11 @@ impl Daemon {
         let plan = cfg.plan().map_err(plan_err)?;
         let end_seq = plan.total_batches();
         if args.start_seq > end_seq {
-            return Err(DaemonError::BadBatch {
+            return Err(DaemonError::StartSeq {
                 ring: cfg.ring.name.clone(),
-                what: format!(
-                    "--start-seq {} is past the end of the plan ({end_seq} batches)",
-                    args.start_seq
-                ),
+                start_seq: args.start_seq,
+                end_seq,
+                source_name: cfg.source.clone(),
             });
         }
         let service =

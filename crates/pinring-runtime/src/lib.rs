@@ -33,22 +33,33 @@ fn installed(shutdown: std::io::Result<Shutdown>) -> Result<Shutdown, Exit> {
     })
 }
 
-/// Body of `pinring-daemon` / `pinring daemon`: runs, writes the summary, logs the outcome.
+/// Body of `pinring-daemon` / `pinring daemon`: runs, writes the summary (also when start-up
+/// failed: with `error` and `exit_code`), logs the outcome.
 pub fn main_daemon(args: &daemon::DaemonArgs, shutdown: std::io::Result<Shutdown>) -> Exit {
-    let shutdown = match installed(shutdown) {
-        Ok(s) => s,
-        Err(e) => return e,
+    let outcome = match shutdown {
+        Ok(shutdown) => daemon::run(args, &shutdown),
+        Err(e) => daemon::failed_at_start(
+            args,
+            None,
+            daemon::DaemonError::Internal {
+                ring: args.ring.clone().unwrap_or_default(),
+                what: format!("cannot install the SIGTERM/SIGINT handlers: {e}"),
+            },
+        ),
     };
-    let (summary, mut result) = daemon::run(args, &shutdown);
-    let mut exit = Exit::Ok;
-    if let Some(mut s) = summary {
-        if result.is_ok() {
-            result = daemon::judge(&s, args.sink);
-        }
-        if let Err(e) = &result {
-            s.error = Some(e.to_string());
-            s.exit_code = e.exit().code();
-        }
+    let daemon::Outcome {
+        summary: mut s,
+        started,
+        mut result,
+    } = outcome;
+    if started && result.is_ok() {
+        result = daemon::judge(&s, args.sink);
+    }
+    if let Err(e) = &result {
+        s.error = Some(e.to_string());
+        s.exit_code = e.exit().code();
+    }
+    if started {
         tracing::info!(
             ring = %s.ring,
             batches = s.batches_delivered,
@@ -57,14 +68,15 @@ pub fn main_daemon(args: &daemon::DaemonArgs, shutdown: std::io::Result<Shutdown
             bound = %s.bound,
             "run finished"
         );
-        if let Some(path) = &args.summary {
-            if let Err(e) = s.write(path) {
-                tracing::error!(
-                    "cannot write the summary {}: {e}; check the path and free space",
-                    path.display()
-                );
-                exit = Exit::Output;
-            }
+    }
+    let mut exit = Exit::Ok;
+    if let Some(path) = &args.summary {
+        if let Err(e) = s.write(path) {
+            tracing::error!(
+                "cannot write the summary {}: {e}; check the path and free space",
+                path.display()
+            );
+            exit = Exit::Output;
         }
     }
     match result {

@@ -1,4 +1,5 @@
-//! The machine-readable result of a daemon run (`pinring-daemon --summary PATH`), one JSON object.
+//! The machine-readable result of a daemon run (`pinring-daemon --summary PATH`), one JSON object,
+//! written at exit whether the run finished, drained, failed, or never started.
 
 use serde::{Deserialize, Serialize};
 use std::path::Path;
@@ -8,7 +9,7 @@ use std::path::Path;
 pub struct Summary {
     /// Ring name.
     pub ring: String,
-    /// Backend used ("host" or "cuda").
+    /// Backend used ("host" or "cuda"; empty when the daemon failed at start).
     pub backend: String,
     /// Why that backend was picked.
     pub backend_reason: String,
@@ -68,7 +69,8 @@ pub struct Summary {
     pub loader_busy_seconds: f64,
     /// Seconds the sink spent consuming batches.
     pub sink_busy_seconds: f64,
-    /// Where the pipeline was bound: "loaders", "upload", "consumer", or "balanced".
+    /// Where the pipeline was bound: "loaders", "upload", "consumer", or "balanced" ("none" when
+    /// the daemon failed at start).
     pub bound: String,
     /// Whether the run stopped early on SIGTERM/SIGINT.
     pub interrupted: bool,
