@@ -11,6 +11,8 @@ use crate::sink::SinkKind;
 use crate::summary::Summary;
 use pinring_backend::BackendKind;
 use pinring_ring::{ring_state, Access};
+use std::fmt::Write as _;
+use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::Ordering::Relaxed;
@@ -279,14 +281,26 @@ pub fn run(args: &RunArgs, shutdown: &Shutdown) -> Result<Exit, RunError> {
     Ok(Exit::from_code(code).unwrap_or(Exit::PeerDied))
 }
 
-/// Prints the human summary of a run.
+/// Prints the human summary of a run on stdout; a stdout that cannot be written (a closed pipe)
+/// loses the text, never the exit code.
 pub fn print_summary(s: &Summary, loaders: usize) {
+    let _ = std::io::stdout()
+        .lock()
+        .write_all(summary_text(s, loaders).as_bytes());
+}
+
+/// The human summary of a run.
+fn summary_text(s: &Summary, loaders: usize) -> String {
+    // Writing into a String cannot fail.
+    let mut out = String::new();
     let gb = s.bytes as f64 / 1e9;
-    println!(
+    let _ = writeln!(
+        out,
         "pinring run: ring {:?}, backend {} ({}), sink {}, {loaders} loaders",
         s.ring, s.backend, s.backend_reason, s.sink
     );
-    println!(
+    let _ = writeln!(
+        out,
         "  batches   {} delivered of {} ({} verified, {} failed, {} duplicates, {} out of order, {} missing)",
         s.batches_delivered,
         s.end_seq - s.start_seq,
@@ -296,11 +310,13 @@ pub fn print_summary(s: &Summary, loaders: usize) {
         s.out_of_order,
         s.missing
     );
-    println!(
+    let _ = writeln!(
+        out,
         "  moved     {gb:.3} GB in {:.3} s = {:.2} GB/s",
         s.seconds, s.gbps
     );
-    println!(
+    let _ = writeln!(
+        out,
         "  time      daemon waited for loaders {:.3} s; loaders waited for slots {:.3} s, worked {:.3} s (summed); sink busy {:.3} s",
         s.daemon_wait_seconds, s.loader_wait_seconds, s.loader_busy_seconds, s.sink_busy_seconds
     );
@@ -314,11 +330,16 @@ pub fn print_summary(s: &Summary, loaders: usize) {
         "consumer" => "consumer-bound: the sink is the limit",
         _ => "balanced: neither side waited much",
     };
-    println!("  verdict   {verdict}");
+    let _ = writeln!(out, "  verdict   {verdict}");
     if s.interrupted {
-        println!("  stopped early; resume with --start-seq {}", s.resume_seq);
+        let _ = writeln!(
+            out,
+            "  stopped early; resume with --start-seq {}",
+            s.resume_seq
+        );
     }
     if let Some(e) = &s.error {
-        println!("  error     {e}");
+        let _ = writeln!(out, "  error     {e}");
     }
+    out
 }
