@@ -144,3 +144,43 @@ pub fn run(args: &CleanArgs) -> Result<(), CleanError> {
     }
     Ok(())
 }
+
+/// What [`clean_one`] did with one ring.
+#[derive(Debug)]
+pub enum Cleaned {
+    /// There is no segment of that name.
+    Absent,
+    /// The segment was kept: its daemon runs, or it cannot be judged.
+    Kept(Verdict),
+    /// The segment's daemon was gone; the segment was removed.
+    Removed {
+        /// The dead daemon's pid.
+        daemon_pid: u32,
+    },
+    /// The segment's daemon was gone, but the segment could not be removed.
+    Failed {
+        /// The dead daemon's pid.
+        daemon_pid: u32,
+        /// Why.
+        error: pinring_ring::RingError,
+    },
+}
+
+/// `pinring clean NAME` for one ring, printing nothing: removes the segment only when
+/// [`judge`] finds its daemon gone, twice (the second time right before the unlink).
+pub fn clean_one(name: &str) -> Cleaned {
+    if !pinring_ring::object_path(name).exists() {
+        return Cleaned::Absent;
+    }
+    match judge(name) {
+        // Check again right before removing, as `run` does.
+        Verdict::Stale { daemon_pid } => match judge(name) {
+            Verdict::Stale { .. } => match Segment::unlink(name) {
+                Ok(()) => Cleaned::Removed { daemon_pid },
+                Err(error) => Cleaned::Failed { daemon_pid, error },
+            },
+            other => Cleaned::Kept(other),
+        },
+        other => Cleaned::Kept(other),
+    }
+}
