@@ -1,6 +1,7 @@
 //! End to end: `pinring run` and its children (a daemon and loaders, started from its own
 //! executable). A daemon child killed mid-run is named with its signal, its stale segment is
-//! removed and its loaders are stopped.
+//! removed and its loaders are stopped; a `pinring run` killed outright takes its children with
+//! it (they get SIGTERM from the kernel), and the daemon still removes its segment.
 
 mod common;
 
@@ -171,4 +172,33 @@ fn a_daemon_child_killed_mid_run_is_named_with_its_signal_and_its_segment_remove
             l.pid
         );
     }
+}
+
+#[test]
+fn killing_pinring_run_stops_its_daemon_and_loaders_and_the_segment_is_removed() {
+    let fx = Fixture::small("runrk");
+    // Not piped: children that outlived run would hold the pipe open.
+    let mut run = start_run(&fx, 2, Stdio::null());
+    let (ring, daemon, loaders) = wait_flowing(&fx, &mut run, 2);
+    drop(ring);
+    let kids: Vec<Proc> = loaders.iter().copied().chain([daemon]).collect();
+    let _leftovers = KillLeftovers(kids.clone());
+
+    signal(&run, Signal::SIGKILL);
+    let status = run.wait().unwrap();
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&status),
+        Some(9)
+    );
+
+    wait_until(
+        "the daemon and loaders of the killed pinring run to exit",
+        Duration::from_secs(10),
+        || kids.iter().all(|k| !k.running()),
+    );
+    wait_until(
+        "the daemon to remove its segment",
+        Duration::from_secs(10),
+        || !fx.segment().exists(),
+    );
 }

@@ -2,9 +2,11 @@
 //! human summary at the end. Children are this same executable started with its `daemon` and
 //! `loader` subcommands, so `cargo run --bin pinring -- run` needs no other binary built.
 //!
-//! A daemon child that dies under `run` is named with its signal or exit code, its loaders are
-//! stopped, and the segment it left behind is removed through `pinring clean`'s check
-//! ([`clean::clean_one`]).
+//! The children live and die with `run`: each is started with a parent-death signal (SIGTERM,
+//! [`stop_with_parent`]), so a `run` killed outright (SIGKILL, OOM killer) leaves no daemon or
+//! loader behind: the daemon drains and removes its segment, the loaders detach. A daemon child
+//! that dies under `run` is named with its signal or exit code, its loaders are stopped, and the
+//! segment it left behind is removed through `pinring clean`'s check ([`clean::clean_one`]).
 
 use crate::clean::{self, Cleaned, Verdict};
 use crate::daemon::parse_backend_kind;
@@ -18,7 +20,7 @@ use pinring_backend::BackendKind;
 use pinring_ring::{ring_state, Access};
 use std::fmt::Write as _;
 use std::io::Write as _;
-use std::os::unix::process::ExitStatusExt;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::Ordering::Relaxed;
@@ -248,6 +250,32 @@ fn segment_note(ring: &str, segment: Option<&Cleaned>) -> String {
     }
 }
 
+/// Makes the child that `cmd` starts receive SIGTERM when its parent, this process, dies,
+/// however it dies (SIGKILL included): the daemon then drains and removes its segment, a
+/// loader detaches and exits.
+///
+/// The kernel sends the parent-death signal when the *thread* that forked the child exits, not
+/// the process: spawn such commands only from a thread that lives as long as this process
+/// (`run` spawns every child from the thread that called it, the main thread of `pinring run`).
+fn stop_with_parent(cmd: &mut Command) {
+    let parent = nix::unistd::getpid();
+    let in_child = move || -> std::io::Result<()> {
+        nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGTERM)?;
+        // The parent may have died between the fork and the prctl; then no signal will come,
+        // and the child (reparented) must not start at all.
+        if nix::unistd::getppid() != parent {
+            return Err(nix::errno::Errno::ESRCH.into());
+        }
+        Ok(())
+    };
+    // SAFETY: `pre_exec` runs the closure in the forked child before exec, where only
+    // async-signal-safe work is allowed. The closure makes two system calls that are
+    // async-signal-safe (prctl(PR_SET_PDEATHSIG), getppid), compares two integers and builds
+    // an io::Error from an errno value (no allocation); it takes no lock and touches no heap
+    // memory. It captures only a pid (Copy).
+    unsafe { cmd.pre_exec(in_child) };
+}
+
 /// Child processes that are stopped (SIGTERM, which every pinring process handles within
 /// 100 ms) and reaped when this goes out of scope, on every path.
 pub(crate) struct Children(pub(crate) Vec<Child>);
@@ -269,6 +297,9 @@ impl Drop for Children {
 }
 
 /// Runs the pipeline and prints the summary; returns the exit code.
+///
+/// Call it from a thread that lives as long as the process (`pinring run` calls it from its main
+/// thread): the children's parent-death signal is tied to the thread that spawned them.
 pub fn run(args: &RunArgs, shutdown: &Shutdown) -> Result<Exit, RunError> {
     let overrides = Overrides {
         ring: args.ring.clone(),
@@ -315,6 +346,9 @@ pub fn run(args: &RunArgs, shutdown: &Shutdown) -> Result<Exit, RunError> {
     if !cfg.ring.in_order {
         daemon_cmd.arg("--unordered");
     }
+    // Every child is spawned from this thread, the one that called `run` and that returns only
+    // after every child has been reaped: their parent-death signal is tied to it.
+    stop_with_parent(&mut daemon_cmd);
     let daemon = daemon_cmd.spawn().map_err(|source| RunError::Spawn {
         what: "the daemon",
         exe: exe.display().to_string(),
@@ -360,6 +394,7 @@ pub fn run(args: &RunArgs, shutdown: &Shutdown) -> Result<Exit, RunError> {
     for _ in 0..args.loaders {
         let mut cmd = Command::new(&exe);
         child_env(&mut cmd);
+        stop_with_parent(&mut cmd);
         let child = cmd
             .arg("loader")
             .args(&common)
