@@ -148,6 +148,43 @@ fn sigint_to_a_loader_makes_it_exit_cleanly() {
     assert!(st.success(), "{log}");
 }
 
+/// Whether `child` has a handler installed for `sig` (/proc/PID/status, SigCgt).
+fn catches(child: &std::process::Child, sig: Signal) -> bool {
+    let status =
+        std::fs::read_to_string(format!("/proc/{}/status", child.id())).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("SigCgt:"))
+        .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+        .is_some_and(|mask| mask & (1 << (sig as u64 - 1)) != 0)
+}
+
+#[test]
+fn sigterm_to_a_loader_waiting_for_its_ring_makes_it_exit_at_once() {
+    // Two rings a loader waits for: one that does not exist yet, and one whose daemon was
+    // SIGKILLed (the segment stays, the loader waits for the next daemon).
+    let absent = Fixture::small("lwait");
+    let stale = Fixture::small("lstale");
+    let mut daemon = stale.daemon(&["--epochs", "1000"]);
+    stale.wait_ready(&mut daemon);
+    signal(&daemon, Signal::SIGKILL);
+    let _ = daemon.wait();
+    assert!(stale.segment().exists());
+
+    for fx in [&absent, &stale] {
+        // --wait-secs 20: far longer than the deadline below.
+        let loader = fx.loader(&fx.config);
+        wait_until(
+            "the loader's SIGTERM handler",
+            Duration::from_secs(10),
+            || catches(&loader, Signal::SIGTERM),
+        );
+        signal(&loader, Signal::SIGTERM);
+        let (st, log) = wait_for(loader, "waiting loader", Duration::from_secs(2));
+        assert_eq!(st.code(), Some(0), "{}: {log}", fx.ring);
+    }
+}
+
 #[test]
 fn zero_copy_mode_verifies_every_batch_in_its_slot() {
     run_with_loaders("zc", 3, &["--zero-copy"], true);

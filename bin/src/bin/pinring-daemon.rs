@@ -1,7 +1,7 @@
 //! `pinring-daemon`: one per ring (usually one per GPU). See `pinring_runtime::daemon`.
 
 use clap::Parser;
-use pinring_runtime::{daemon, logging, shutdown::Shutdown};
+use pinring_runtime::{crash, daemon, logging, shutdown::Shutdown};
 use std::process::ExitCode;
 
 /// The pinring GPU daemon: creates the ring, registers it, uploads batches from its slots.
@@ -13,7 +13,9 @@ struct Cli {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    logging::init_with("daemon", cli.args.service.log_level.as_deref());
-    pinring_runtime::main_daemon(&cli.args, Shutdown::install()).into()
+    crash::guard(|| {
+        let cli = Cli::parse();
+        logging::init_with("daemon", cli.args.service.log_level.as_deref());
+        pinring_runtime::main_daemon(&cli.args, Shutdown::install())
+    })
 }

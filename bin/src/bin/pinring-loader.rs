@@ -1,7 +1,7 @@
 //! `pinring-loader`: any number per ring. See `pinring_runtime::loader`.
 
 use clap::Parser;
-use pinring_runtime::{loader, logging, shutdown::Shutdown};
+use pinring_runtime::{crash, loader, logging, shutdown::Shutdown};
 use std::process::ExitCode;
 
 /// A pinring loader: fills slots of a ring with the batches its daemon assigns.
@@ -13,7 +13,9 @@ struct Cli {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    logging::init_with("loader", cli.args.service.log_level.as_deref());
-    pinring_runtime::main_loader(&cli.args, Shutdown::install()).into()
+    crash::guard(|| {
+        let cli = Cli::parse();
+        logging::init_with("loader", cli.args.service.log_level.as_deref());
+        pinring_runtime::main_loader(&cli.args, Shutdown::install())
+    })
 }

@@ -4,7 +4,8 @@
 
 use clap::{Parser, Subcommand};
 use pinring_runtime::{
-    bench, clean, config_check, daemon, loader, logging, runner, shutdown::Shutdown, status,
+    bench, clean, config_check, crash, daemon, loader, logging, runner, shutdown::Shutdown, status,
+    Exit,
 };
 use std::process::ExitCode;
 
@@ -37,36 +38,41 @@ enum Cmd {
 }
 
 fn main() -> ExitCode {
+    crash::guard(dispatch)
+}
+
+/// Runs the subcommand; its exit code.
+fn dispatch() -> Exit {
     let cli = Cli::parse();
     let shutdown = Shutdown::install();
     match cli.command {
         Cmd::Run(args) => {
             logging::init("run");
-            pinring_runtime::main_run(&args, shutdown).into()
+            pinring_runtime::main_run(&args, shutdown)
         }
         Cmd::Bench(args) => {
             logging::init("bench");
-            pinring_runtime::main_bench(&args).into()
+            pinring_runtime::main_bench(&args)
         }
         Cmd::Daemon(args) => {
             logging::init_with("daemon", args.service.log_level.as_deref());
-            pinring_runtime::main_daemon(&args, shutdown).into()
+            pinring_runtime::main_daemon(&args, shutdown)
         }
         Cmd::Loader(args) => {
             logging::init_with("loader", args.service.log_level.as_deref());
-            pinring_runtime::main_loader(&args, shutdown).into()
+            pinring_runtime::main_loader(&args, shutdown)
         }
         Cmd::Status(args) => {
             logging::init("status");
-            pinring_runtime::main_status(&args, shutdown).into()
+            pinring_runtime::main_status(&args, shutdown)
         }
         Cmd::Clean(args) => {
             logging::init("clean");
-            pinring_runtime::main_clean(&args).into()
+            pinring_runtime::main_clean(&args)
         }
         Cmd::Config(cmd) => {
             logging::init("config");
-            pinring_runtime::main_config(&cmd).into()
+            pinring_runtime::main_config(&cmd)
         }
     }
 }

@@ -53,16 +53,6 @@ impl CleanError {
     }
 }
 
-/// Removes ring `name`'s segment if its daemon is gone (the check and the removal are one step,
-/// see the module docs). `Ok(None)`: there is no segment.
-pub fn clean_one(name: &str) -> Result<Option<Cleaning>, RingError> {
-    match clean_if_stale(name, true) {
-        Ok(c) => Ok(Some(c)),
-        Err(RingError::NotFound { .. }) => Ok(None),
-        Err(e) => Err(e),
-    }
-}
-
 /// Runs `pinring clean`, printing one line per segment.
 pub fn run(args: &CleanArgs) -> Result<(), CleanError> {
     for r in &args.rings {
@@ -111,4 +101,41 @@ pub fn run(args: &CleanArgs) -> Result<(), CleanError> {
         return Err(CleanError::Remove { failed });
     }
     Ok(())
+}
+
+/// What [`clean_one`] did with one ring.
+#[derive(Debug)]
+pub enum Cleaned {
+    /// There is no segment of that name.
+    Absent,
+    /// A live daemon holds it: kept.
+    Live {
+        /// The pid its header names.
+        daemon_pid: u32,
+    },
+    /// Kept: not a ring of this layout (the reason).
+    Kept(String),
+    /// The segment's daemon was gone; the segment was removed.
+    Removed {
+        /// The dead daemon's pid.
+        daemon_pid: u32,
+    },
+    /// It could not be judged or removed.
+    Failed {
+        /// Why.
+        error: RingError,
+    },
+}
+
+/// `pinring clean NAME` for one ring, printing nothing: removes the segment only if it is a ring
+/// of this layout whose daemon is gone (see the module docs for why the check and the removal
+/// cannot be raced).
+pub fn clean_one(name: &str) -> Cleaned {
+    match clean_if_stale(name, true) {
+        Ok(Cleaning::Live { daemon_pid }) => Cleaned::Live { daemon_pid },
+        Ok(Cleaning::Stale { daemon_pid, .. }) => Cleaned::Removed { daemon_pid },
+        Ok(Cleaning::Kept(why)) => Cleaned::Kept(why),
+        Err(RingError::NotFound { .. }) => Cleaned::Absent,
+        Err(error) => Cleaned::Failed { error },
+    }
 }

@@ -9,7 +9,7 @@ use std::process::ExitCode;
 pub enum Exit {
     /// Success (also: stopped by SIGTERM/SIGINT after a clean drain).
     Ok = 0,
-    /// An unexpected internal error (a bug: please report it).
+    /// An unexpected internal error (a bug: please report it), including a panic (`crash.rs`).
     Internal = 1,
     /// Bad command line (unknown flag, bad value).
     Usage = 2,

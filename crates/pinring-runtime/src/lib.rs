@@ -7,6 +7,7 @@ pub mod bench;
 pub mod clean;
 pub mod config_check;
 pub mod config_lookup;
+pub mod crash;
 pub mod daemon;
 pub mod exit;
 pub mod histogram;

@@ -1,7 +1,14 @@
 //! Logging through `tracing`, journald-friendly: plain text to stderr, no colour unless stderr is
 //! a terminal, level from `--log-level` (daemon and loaders), else `RUST_LOG`, else `info`.
+//!
+//! Logging never takes a process down: when stderr cannot be written (a pipe whose reader is
+//! gone, `pinring daemon 2>&1 | head`; a full non-blocking pipe; a closed descriptor) the line is
+//! dropped and the process carries on. tracing-subscriber's own report of a failed write (an
+//! `eprintln!`, which panics when stderr is the broken pipe) is turned off as well, and SIGPIPE is
+//! ignored (`crash.rs`), so a closed pipe is an error code, not a signal.
 
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Write};
+use tracing_subscriber::fmt::MakeWriter;
 use tracing_subscriber::EnvFilter;
 
 /// Installs the global subscriber once; later calls are no-ops. `tag` names the process kind.
@@ -19,9 +26,99 @@ pub fn init_with(tag: &'static str, level: Option<&str>) {
     let ansi = std::io::stderr().is_terminal();
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
+        .with_writer(Stderr)
+        .log_internal_errors(false)
         .with_ansi(ansi)
         .with_target(false)
         .try_init();
     tracing::debug!(process = tag, pid = std::process::id(), "logging started");
+}
+
+/// The log writer: stderr, locked for one event at a time, with write errors dropped.
+#[derive(Debug, Clone, Copy)]
+struct Stderr;
+
+impl<'a> MakeWriter<'a> for Stderr {
+    type Writer = DropErrors<std::io::StderrLock<'static>>;
+
+    fn make_writer(&'a self) -> Self::Writer {
+        DropErrors(std::io::stderr().lock())
+    }
+}
+
+/// A writer that reports every write as done: an error of the inner writer (other than an
+/// interrupted call, which is retried) drops the rest of the bytes it was given.
+#[derive(Debug)]
+pub struct DropErrors<W>(pub W);
+
+impl<W: Write> Write for DropErrors<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        loop {
+            match self.0.write(buf) {
+                Ok(n) => return Ok(n),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(_) => return Ok(buf.len()),
+            }
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        let _ = self.0.flush();
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Error, ErrorKind};
+
+    /// Fails every write with `kind`, after `interrupts` interrupted calls; counts the calls.
+    struct Failing {
+        kind: ErrorKind,
+        interrupts: usize,
+        calls: usize,
+    }
+
+    impl Write for Failing {
+        fn write(&mut self, _: &[u8]) -> std::io::Result<usize> {
+            self.calls += 1;
+            if self.interrupts > 0 {
+                self.interrupts -= 1;
+                return Err(Error::from(ErrorKind::Interrupted));
+            }
+            Err(Error::from(self.kind))
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Err(Error::from(self.kind))
+        }
+    }
+
+    #[test]
+    fn a_broken_pipe_or_any_other_write_error_drops_the_line_without_an_error() {
+        for kind in [
+            ErrorKind::BrokenPipe,
+            ErrorKind::WouldBlock,
+            ErrorKind::Other,
+        ] {
+            let mut w = DropErrors(Failing {
+                kind,
+                interrupts: 2,
+                calls: 0,
+            });
+            w.write_all(b"2026-01-01 INFO ring ready\n").unwrap();
+            w.flush().unwrap();
+            assert_eq!(
+                w.0.calls, 3,
+                "{kind:?}: two interrupted calls retried, then dropped"
+            );
+        }
+    }
+
+    #[test]
+    fn a_working_writer_gets_every_byte() {
+        let mut w = DropErrors(Vec::new());
+        w.write_all(b"one line\n").unwrap();
+        assert_eq!(w.0, b"one line\n");
+    }
 }

@@ -1,7 +1,14 @@
 //! `pinring run`: one daemon and N loaders as child processes on one config, a progress bar, and a
 //! human summary at the end. Children are this same executable started with its `daemon` and
 //! `loader` subcommands, so `cargo run --bin pinring -- run` needs no other binary built.
+//!
+//! The children live and die with `run`: each is started with a parent-death signal (SIGTERM,
+//! [`stop_with_parent`]), so a `run` killed outright (SIGKILL, OOM killer) leaves no daemon or
+//! loader behind: the daemon drains and removes its segment, the loaders detach. A daemon child
+//! that dies under `run` is named with its signal or exit code, its loaders are stopped, and the
+//! segment it left behind is removed through `pinring clean`'s check ([`clean::clean_one`]).
 
+use crate::clean::{self, Cleaned};
 use crate::daemon::parse_backend_kind;
 use crate::exit::Exit;
 use crate::loader::attach;
@@ -11,8 +18,11 @@ use crate::sink::SinkKind;
 use crate::summary::Summary;
 use pinring_backend::BackendKind;
 use pinring_ring::{ring_state, Access};
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
@@ -68,13 +78,56 @@ pub enum RunError {
         #[source]
         source: std::io::Error,
     },
-    /// The daemon exited before its ring was ready.
-    #[error("the daemon exited with code {code} before ring {ring:?} was ready (its error is printed above)")]
+    /// The daemon ended before its ring was ready.
+    #[error(
+        "the daemon (pid {pid}) {ended} before ring {ring:?} was ready{}{}",
+        ended.hint(),
+        segment_note(.ring, .segment.as_deref())
+    )]
     DaemonFailed {
         /// Ring name.
         ring: String,
-        /// Its exit code.
-        code: i32,
+        /// Its pid.
+        pid: u32,
+        /// How it ended.
+        ended: Ended,
+        /// What became of a segment it left (looked at only when it was killed by a signal:
+        /// a daemon that exits on an error removes its own segment).
+        segment: Option<Box<Cleaned>>,
+    },
+    /// The daemon did not make its ring ready in time; it was stopped.
+    #[error(
+        "the daemon (pid {pid}) did not make ring {ring:?} ready within {} s and was stopped; \
+         run `pinring daemon --ring {ring} --log-level debug` alone to see where it waits",
+        .waited.as_secs()
+    )]
+    NotReady {
+        /// Ring name.
+        ring: String,
+        /// Its pid.
+        pid: u32,
+        /// How long run waited.
+        waited: Duration,
+    },
+    /// The daemon ended while the ring was running, without a summary.
+    #[error(
+        "the daemon (pid {pid}) {ended} after ring {ring:?} had been running for {:.1} s{}; \
+         its loaders were stopped{}",
+        .running.as_secs_f64(),
+        ended.hint(),
+        segment_note(.ring, Some(&**.segment))
+    )]
+    DaemonDied {
+        /// Ring name.
+        ring: String,
+        /// Its pid.
+        pid: u32,
+        /// How it ended.
+        ended: Ended,
+        /// How long the ring had been ready.
+        running: Duration,
+        /// What became of the segment it left.
+        segment: Box<Cleaned>,
     },
     /// The ring never became ready.
     #[error(transparent)]
@@ -96,11 +149,127 @@ impl RunError {
         match self {
             RunError::Config(_) => Exit::Config,
             RunError::Spawn { .. } => Exit::Internal,
-            RunError::DaemonFailed { code, .. } => Exit::from_code(*code).unwrap_or(Exit::PeerDied),
+            RunError::DaemonFailed { ended, .. } | RunError::DaemonDied { ended, .. } => {
+                ended.exit()
+            }
+            RunError::NotReady { .. } => Exit::PeerDied,
             RunError::Ring(_) => Exit::Ring,
             RunError::Summary { .. } => Exit::PeerDied,
         }
     }
+}
+
+/// How a child process ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ended {
+    /// It exited with this code.
+    Code(i32),
+    /// A signal killed it.
+    Signal {
+        /// The signal number.
+        signal: i32,
+        /// Whether it dumped core.
+        core: bool,
+    },
+}
+
+impl Ended {
+    /// From a reaped status.
+    pub fn of(status: ExitStatus) -> Ended {
+        match (status.code(), status.signal()) {
+            (Some(code), _) => Ended::Code(code),
+            (None, Some(signal)) => Ended::Signal {
+                signal,
+                core: status.core_dumped(),
+            },
+            // Neither: not a status of a reaped process; report it as the bug it would be.
+            (None, None) => Ended::Code(i32::from(Exit::Internal.code())),
+        }
+    }
+
+    /// `run`'s exit code for a daemon that ended this way without a summary: its own code
+    /// where it is a documented one, else "peer died".
+    pub fn exit(self) -> Exit {
+        match self {
+            Ended::Code(code) => Exit::from_code(code).unwrap_or(Exit::PeerDied),
+            Ended::Signal { .. } => Exit::PeerDied,
+        }
+    }
+
+    /// Where to look for the reason.
+    fn hint(self) -> &'static str {
+        match self {
+            Ended::Code(_) => " (its error is printed above)",
+            Ended::Signal { .. } => "",
+        }
+    }
+}
+
+impl std::fmt::Display for Ended {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match *self {
+            Ended::Code(code) => match Exit::from_code(code) {
+                Some(e) => write!(f, "exited with code {code} ({})", e.name()),
+                None => write!(f, "exited with code {code}"),
+            },
+            Ended::Signal { signal, core } => {
+                let name = nix::sys::signal::Signal::try_from(signal)
+                    .map(|s| s.as_str())
+                    .unwrap_or("an unknown signal");
+                write!(f, "was killed by signal {signal} ({name})")?;
+                if core {
+                    write!(f, " and dumped core")?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// What became of a dead daemon's segment, as the tail of a sentence ("" when nothing is worth
+/// saying: there was none, or a live daemon owns the name now).
+fn segment_note(ring: &str, segment: Option<&Cleaned>) -> String {
+    let path = pinring_ring::object_path(ring);
+    let path = path.display();
+    match segment {
+        None | Some(Cleaned::Absent) | Some(Cleaned::Live { .. }) => String::new(),
+        Some(Cleaned::Removed { .. }) => {
+            format!("; the segment {path} it left behind was removed")
+        }
+        Some(Cleaned::Failed { error }) => format!(
+            "; the segment {path} it left behind could not be removed ({error}); remove it with \
+             `pinring clean {ring}` as its owner or as root"
+        ),
+        Some(Cleaned::Kept(why)) => {
+            format!("; the file {path} was kept ({why}); remove it by hand once nothing uses it")
+        }
+    }
+}
+
+/// Makes the child that `cmd` starts receive SIGTERM when its parent, this process, dies,
+/// however it dies (SIGKILL included): the daemon then drains and removes its segment, a
+/// loader detaches and exits.
+///
+/// The kernel sends the parent-death signal when the *thread* that forked the child exits, not
+/// the process: spawn such commands only from a thread that lives as long as this process
+/// (`run` spawns every child from the thread that called it, the main thread of `pinring run`).
+fn stop_with_parent(cmd: &mut Command) {
+    let parent = nix::unistd::getpid();
+    let in_child = move || -> std::io::Result<()> {
+        nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGTERM)?;
+        // The parent may have died between the fork and the prctl; then no signal will come,
+        // and the child (reparented) must not start at all.
+        if nix::unistd::getppid() != parent {
+            return Err(nix::errno::Errno::ESRCH.into());
+        }
+        Ok(())
+    };
+    // SAFETY: `pre_exec` runs the closure in the forked child before exec, where only
+    // async-signal-safe work is allowed. The closure makes two system calls that are
+    // async-signal-safe (prctl(PR_SET_PDEATHSIG), getppid), compares two integers and builds
+    // an io::Error from an errno value (no allocation); it takes no lock and touches no heap
+    // memory. It captures only a pid (Copy).
+    unsafe { cmd.pre_exec(in_child) };
 }
 
 /// Child processes that are stopped (SIGTERM, which every pinring process handles within
@@ -124,6 +293,9 @@ impl Drop for Children {
 }
 
 /// Runs the pipeline and prints the summary; returns the exit code.
+///
+/// Call it from a thread that lives as long as the process (`pinring run` calls it from its main
+/// thread): the children's parent-death signal is tied to the thread that spawned them.
 pub fn run(args: &RunArgs, shutdown: &Shutdown) -> Result<Exit, RunError> {
     let overrides = Overrides {
         ring: args.ring.clone(),
@@ -170,6 +342,9 @@ pub fn run(args: &RunArgs, shutdown: &Shutdown) -> Result<Exit, RunError> {
     if !cfg.ring.in_order {
         daemon_cmd.arg("--unordered");
     }
+    // Every child is spawned from this thread, the one that called `run` and that returns only
+    // after every child has been reaped: their parent-death signal is tied to it.
+    stop_with_parent(&mut daemon_cmd);
     let daemon = daemon_cmd.spawn().map_err(|source| RunError::Spawn {
         what: "the daemon",
         exe: exe.display().to_string(),
@@ -181,30 +356,41 @@ pub fn run(args: &RunArgs, shutdown: &Shutdown) -> Result<Exit, RunError> {
     // Wait for *our* daemon's ring (a stale segment of the same name may exist until the daemon
     // replaces it).
     let start = Instant::now();
+    let ready_limit = Duration::from_secs(60);
     let ring = loop {
         if let Ok(Some(status)) = children.0[0].try_wait() {
+            let ended = Ended::of(status);
+            // A daemon that exits on an error removes its own segment; one killed by a signal
+            // may leave it behind.
+            let segment = matches!(ended, Ended::Signal { .. })
+                .then(|| Box::new(clean::clean_one(&cfg.ring.name)));
             return Err(RunError::DaemonFailed {
                 ring: cfg.ring.name.clone(),
-                code: status.code().unwrap_or(-1),
+                pid: daemon_pid,
+                ended,
+                segment,
             });
         }
         match attach(&cfg.ring.name, Access::ReadOnly, Duration::from_millis(200)) {
             Ok(r) if r.daemon().pid == daemon_pid => break r,
-            Ok(_) | Err(_) if start.elapsed() < Duration::from_secs(60) => {
+            Ok(_) | Err(_) if start.elapsed() < ready_limit => {
                 std::thread::sleep(Duration::from_millis(20));
             }
             Ok(_) => {
-                return Err(RunError::DaemonFailed {
+                return Err(RunError::NotReady {
                     ring: cfg.ring.name.clone(),
-                    code: -1,
+                    pid: daemon_pid,
+                    waited: ready_limit,
                 })
             }
             Err(e) => return Err(e.into()),
         }
     };
+    let ready_at = Instant::now();
     for _ in 0..args.loaders {
         let mut cmd = Command::new(&exe);
         child_env(&mut cmd);
+        stop_with_parent(&mut cmd);
         let child = cmd
             .arg("loader")
             .args(&common)
@@ -255,38 +441,58 @@ pub fn run(args: &RunArgs, shutdown: &Shutdown) -> Result<Exit, RunError> {
         std::thread::sleep(Duration::from_millis(100));
     };
     bar.finish_and_clear();
+    let running = ready_at.elapsed();
+    drop(ring);
+    // Stops (SIGTERM) and reaps the loaders; the daemon is reaped already.
     drop(children);
-    let code = status.code().unwrap_or(-1);
-    let summary = match Summary::read(&summary_path) {
-        Ok(s) => s,
-        Err(source) => {
-            if code != 0 {
-                return Err(RunError::DaemonFailed {
-                    ring: cfg.ring.name.clone(),
-                    code,
-                });
-            }
-            return Err(RunError::Summary {
-                path: summary_path.display().to_string(),
-                source,
-            });
-        }
-    };
+    let ended = Ended::of(status);
+    let summary = Summary::read(&summary_path);
     if args.summary.is_none() {
         let _ = std::fs::remove_file(&summary_path);
     }
+    let summary = match (ended, summary) {
+        (Ended::Code(_), Ok(s)) => s,
+        (Ended::Code(0), Err(source)) => {
+            return Err(RunError::Summary {
+                path: summary_path.display().to_string(),
+                source,
+            })
+        }
+        // Killed, or exited without a summary (a panic): it may have left its segment.
+        (ended, _) => {
+            return Err(RunError::DaemonDied {
+                ring: cfg.ring.name.clone(),
+                pid: daemon_pid,
+                ended,
+                running,
+                segment: Box::new(clean::clean_one(&cfg.ring.name)),
+            })
+        }
+    };
     print_summary(&summary, args.loaders);
-    Ok(Exit::from_code(code).unwrap_or(Exit::PeerDied))
+    Ok(ended.exit())
 }
 
-/// Prints the human summary of a run.
+/// Prints the human summary of a run on stdout; a stdout that cannot be written (a closed pipe)
+/// loses the text, never the exit code.
 pub fn print_summary(s: &Summary, loaders: usize) {
+    let _ = std::io::stdout()
+        .lock()
+        .write_all(summary_text(s, loaders).as_bytes());
+}
+
+/// The human summary of a run.
+fn summary_text(s: &Summary, loaders: usize) -> String {
+    // Writing into a String cannot fail.
+    let mut out = String::new();
     let gb = s.bytes as f64 / 1e9;
-    println!(
+    let _ = writeln!(
+        out,
         "pinring run: ring {:?}, backend {} ({}), sink {}, {loaders} loaders",
         s.ring, s.backend, s.backend_reason, s.sink
     );
-    println!(
+    let _ = writeln!(
+        out,
         "  batches   {} delivered of {} ({} verified, {} failed, {} duplicates, {} out of order, {} missing)",
         s.batches_delivered,
         s.end_seq - s.start_seq,
@@ -296,11 +502,13 @@ pub fn print_summary(s: &Summary, loaders: usize) {
         s.out_of_order,
         s.missing
     );
-    println!(
+    let _ = writeln!(
+        out,
         "  moved     {gb:.3} GB in {:.3} s = {:.2} GB/s",
         s.seconds, s.gbps
     );
-    println!(
+    let _ = writeln!(
+        out,
         "  time      daemon waited for loaders {:.3} s; loaders waited for slots {:.3} s, worked {:.3} s (summed); sink busy {:.3} s",
         s.daemon_wait_seconds, s.loader_wait_seconds, s.loader_busy_seconds, s.sink_busy_seconds
     );
@@ -314,11 +522,73 @@ pub fn print_summary(s: &Summary, loaders: usize) {
         "consumer" => "consumer-bound: the sink is the limit",
         _ => "balanced: neither side waited much",
     };
-    println!("  verdict   {verdict}");
+    let _ = writeln!(out, "  verdict   {verdict}");
     if s.interrupted {
-        println!("  stopped early; resume with --start-seq {}", s.resume_seq);
+        let _ = writeln!(
+            out,
+            "  stopped early; resume with --start-seq {}",
+            s.resume_seq
+        );
     }
     if let Some(e) = &s.error {
-        println!("  error     {e}");
+        let _ = writeln!(out, "  error     {e}");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_daemon_killed_by_a_signal_is_named_with_it_and_is_peer_died() {
+        let killed = Ended::of(ExitStatus::from_raw(9));
+        assert_eq!(
+            killed,
+            Ended::Signal {
+                signal: 9,
+                core: false
+            }
+        );
+        assert_eq!(killed.to_string(), "was killed by signal 9 (SIGKILL)");
+        assert_eq!(killed.exit(), Exit::PeerDied);
+        // SIGSEGV with a core dump (0x80).
+        let crashed = Ended::of(ExitStatus::from_raw(11 | 0x80));
+        assert_eq!(
+            crashed.to_string(),
+            "was killed by signal 11 (SIGSEGV) and dumped core"
+        );
+    }
+
+    #[test]
+    fn a_daemon_exit_code_is_named_and_kept_when_documented() {
+        let ring = Ended::of(ExitStatus::from_raw(4 << 8));
+        assert_eq!(ring, Ended::Code(4));
+        assert_eq!(ring.to_string(), "exited with code 4 (ring)");
+        assert_eq!(ring.exit(), Exit::Ring);
+        let odd = Ended::of(ExitStatus::from_raw(42 << 8));
+        assert_eq!(odd.to_string(), "exited with code 42");
+        assert_eq!(odd.exit(), Exit::PeerDied);
+    }
+
+    #[test]
+    fn the_message_for_a_daemon_killed_while_running_names_pid_signal_time_and_segment() {
+        let e = RunError::DaemonDied {
+            ring: "r0".into(),
+            pid: 4242,
+            ended: Ended::Signal {
+                signal: 9,
+                core: false,
+            },
+            running: Duration::from_millis(2_140),
+            segment: Box::new(Cleaned::Removed { daemon_pid: 4242 }),
+        };
+        assert_eq!(
+            e.to_string(),
+            "the daemon (pid 4242) was killed by signal 9 (SIGKILL) after ring \"r0\" had been \
+             running for 2.1 s; its loaders were stopped; the segment /dev/shm/pinring.r0 it \
+             left behind was removed"
+        );
+        assert_eq!(e.exit(), Exit::PeerDied);
     }
 }
