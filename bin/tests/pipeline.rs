@@ -9,8 +9,16 @@ use std::time::{Duration, Instant};
 fn run_with_loaders(tag: &str, loaders: usize, extra: &[&str], in_order: bool) {
     let fx = Fixture::small(tag);
     let mut daemon = fx.daemon(extra);
-    fx.wait_ready(&mut daemon);
+    let ring = fx.wait_ready(&mut daemon);
+    // Every loader attaches before the run can end, however fast the machine: the daemon is
+    // stopped until they all sit in the loader table (attaching needs no daemon step).
+    signal(&daemon, Signal::SIGSTOP);
     let kids: Vec<_> = (0..loaders).map(|_| fx.loader(&fx.config)).collect();
+    wait_until("every loader attached", LONG, || {
+        ring.loaders().len() == loaders
+    });
+    signal(&daemon, Signal::SIGCONT);
+    drop(ring);
     let (status, log) = wait_for(daemon, "daemon", LONG);
     assert!(status.success(), "daemon failed: {status}\n{log}");
     for (i, k) in kids.into_iter().enumerate() {
