@@ -115,6 +115,118 @@ fn config_check_validates_and_prints_the_resolved_settings() {
     );
 }
 
+/// `pinring config check` on `toml`: (exit code, stdout, stderr).
+fn config_check(fx: &Fixture, name: &str, toml: &str) -> (Option<i32>, String, String) {
+    let path = fx.dir.path().join(name);
+    std::fs::write(&path, toml).unwrap();
+    let out = Command::new(exe(CLI))
+        .args(["config", "check"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).to_string(),
+        String::from_utf8_lossy(&out.stderr).to_string(),
+    )
+}
+
+#[test]
+fn config_check_refuses_a_ring_geometry_the_daemon_cannot_make_and_names_the_fix() {
+    let fx = Fixture::small("cfggeom");
+    for (name, toml, key, problem, fix) in [
+        (
+            "unaligned.toml",
+            "[ring]\nslot_bytes = 3000000\n",
+            "ring.slot_bytes = 3000000",
+            "not a multiple of 4096",
+            "use 2998272 or 3002368",
+        ),
+        (
+            "huge-slot.toml",
+            "[ring]\nslot_bytes = \"2GiB\"\n",
+            "ring.slot_bytes = 2147483648",
+            "more than the largest slot (1073741824 bytes",
+            "a size up to 1073741824",
+        ),
+        (
+            // 100000 samples of the default 64 KiB: a 6.5 GB batch.
+            "huge-batch.toml",
+            "[plan]\nbatch_size = 100000\n",
+            "plan.batch_size = 100000",
+            "more than the largest slot",
+            "use plan.batch_size = 16380 or less",
+        ),
+        (
+            "slots.toml",
+            "[ring]\nslots = 5000\n",
+            "ring.slots = 5000",
+            "between 2 and 4096",
+            "fix it in the config file",
+        ),
+    ] {
+        let (code, _, err) = config_check(&fx, name, toml);
+        assert_eq!(code, Some(3), "{name}: {err}");
+        for text in [name, key, problem, fix] {
+            assert!(err.contains(text), "{name}: no {text:?} in: {err}");
+        }
+    }
+    // The daemon refuses the same configs at start with the same message, not a ring error.
+    let (st, log) = wait_for(
+        Command::new(exe(DAEMON))
+            .args(["--ring", &fx.ring, "--backend", "host", "--config"])
+            .arg(fx.dir.path().join("unaligned.toml"))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+        "daemon",
+        Duration::from_secs(10),
+    );
+    assert_eq!(st.code(), Some(3), "{log}");
+    assert!(log.contains("use 2998272 or 3002368"), "{log}");
+    assert!(!fx.segment().exists());
+}
+
+#[test]
+fn config_check_warns_when_the_ring_is_larger_than_the_cache_or_the_memory() {
+    let fx = Fixture::small("cfgwarn");
+    // 4096 slots of 1 GiB: 4 TiB, more than any cache and any host's available memory.
+    let (code, out, err) = config_check(
+        &fx,
+        "big.toml",
+        "[ring]\nslots = 4096\nslot_bytes = \"1GiB\"\n",
+    );
+    assert_eq!(code, Some(0), "a warning, not an error: {err}");
+    assert!(out.contains("# config OK"), "{out}");
+    let host = pinring_runtime::host_memory::HostMemory::read();
+    match host.last_level_cache {
+        Some(c) => assert!(
+            out.contains(&format!(
+                "# warning: ring \"default\": its slots (4096 slots x 1.0 GiB = 4.0 TiB) are larger than the last-level cache (L{}",
+                c.level
+            )),
+            "{out}"
+        ),
+        None => assert!(
+            out.contains("last-level cache unknown") && !out.contains("last-level cache (L"),
+            "{out}"
+        ),
+    }
+    assert!(host.available.is_some(), "/proc/meminfo has MemAvailable");
+    assert!(
+        out.contains("# warning: ring \"default\": its slots (4096 slots x 1.0 GiB = 4.0 TiB) are more than the available memory (MemAvailable"),
+        "{out}"
+    );
+    // A ring far below both: no warning.
+    let (code, out, err) = config_check(&fx, "small.toml", SMALL);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        out.contains("# host: ") && !out.contains("# warning"),
+        "{out}"
+    );
+}
+
 #[test]
 fn sigterm_to_pinring_run_drains_and_tells_where_to_resume() {
     let fx = Fixture::small("runterm");

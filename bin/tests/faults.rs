@@ -83,6 +83,8 @@ fn a_ring_larger_than_dev_shm_fails_at_start_without_touching_memory() {
         log.contains(&fx.ring) && log.contains("/dev/shm") && log.contains("asked for"),
         "{log}"
     );
+    // Warned before it tried.
+    assert!(log.contains("more than the available memory"), "{log}");
     assert!(!fx.segment().exists());
 }
 

@@ -4,6 +4,10 @@
 //! defaults ([`DEFAULT_CONFIG_TOML`], equal to [`Config::default`]).
 //! Unknown keys are errors. Binaries may override fields (they are all
 //! `pub`) and must then call [`Config::validate`] again.
+//!
+//! Validation includes the ring's geometry, with the limits of the segment layout itself
+//! (`pinring_ring::layout`: slot alignment, largest slot, most slots), so a config that passes
+//! here is one the daemon can make a ring of.
 
 use std::fmt;
 use std::path::Path;
@@ -16,8 +20,16 @@ use crate::plan::{Plan, PlanError, PlanParams, MAX_PLAN_SAMPLES};
 use crate::size::ByteSize;
 use crate::synthetic::Synthetic;
 
-/// Page size slots are rounded up to when `ring.slot_bytes = "auto"`.
-pub const SLOT_ALIGN: u64 = 4096;
+/// Alignment of every slot (a page), the segment layout's
+/// [`pinring_ring::layout::SLOT_ALIGN`]: an explicit `ring.slot_bytes` must be a multiple of
+/// it, and `"auto"` rounds up to it.
+pub const SLOT_ALIGN: u64 = pinring_ring::layout::SLOT_ALIGN as u64;
+/// Largest slot, the segment layout's [`pinring_ring::layout::MAX_SLOT_BYTES`] (1 GiB).
+pub const MAX_SLOT_BYTES: u64 = pinring_ring::layout::MAX_SLOT_BYTES;
+/// Fewest slots a ring may have (one filled while another is uploaded).
+pub const MIN_SLOTS: u32 = 2;
+/// Most slots a ring may have, the segment layout's [`pinring_ring::layout::MAX_SLOTS`].
+pub const MAX_SLOTS: u32 = pinring_ring::layout::MAX_SLOTS;
 /// Largest allowed sample (1 GiB).
 pub const MAX_SAMPLE_BYTES: u64 = 1 << 30;
 /// Most dimensions a sample shape may have.
@@ -37,8 +49,8 @@ name = "default"
 # Number of slots in the ring (2..=4096).
 slots = 16
 # Bytes per slot: "auto" (batch payload + metadata reserve, rounded up to
-# 4096) or a size such as "16MiB" / 16777216. An explicit size must be at
-# least payload + metadata reserve.
+# 4096) or a size such as "16MiB" / 16777216. An explicit size must be a
+# multiple of 4096, at least payload + metadata reserve, at most 1 GiB.
 slot_bytes = "auto"
 # Deliver batches in seq order (false: deliver any ready slot first).
 in_order = true
@@ -506,8 +518,12 @@ impl Config {
                 "1 to 64 characters from A-Z a-z 0-9 _ -",
             ));
         }
-        if !(2..=4096).contains(&r.slots) {
-            return Err(self.invalid("ring.slots", r.slots, "must be between 2 and 4096"));
+        if !(MIN_SLOTS..=MAX_SLOTS).contains(&r.slots) {
+            return Err(self.invalid(
+                "ring.slots",
+                r.slots,
+                format!("must be between {MIN_SLOTS} and {MAX_SLOTS}"),
+            ));
         }
         if let Some(group) = &r.group {
             let ok = (1..=32).contains(&group.len())
@@ -614,31 +630,121 @@ impl Config {
                 return Err(self.invalid("plan", "?", e.to_string()));
             }
         }
+        self.validate_geometry()
+    }
+
+    /// The ring's geometry: a full batch (payload + metadata) fits the largest slot; an explicit
+    /// `ring.slot_bytes` is page aligned, big enough for a batch and at most the largest slot;
+    /// and pinring-ring accepts (slots, slot bytes). Each error names the value that fixes it.
+    fn validate_geometry(&self) -> Result<(), ConfigError> {
         let min = self.min_slot_bytes();
-        if let SlotBytes::Fixed(b) = r.slot_bytes {
-            if b.0 < min {
+        let payload = self.batch_payload_bytes_max();
+        let meta = self.meta_reserve_bytes();
+        if round_up(min, SLOT_ALIGN) > MAX_SLOT_BYTES {
+            let allowed = match self.max_batch_in_a_slot() {
+                0 => format!(
+                    "one sample of {} bytes plus its metadata is more than the largest slot \
+                     ({MAX_SLOT_BYTES} bytes, {}) holds; use smaller samples (dataset.sample_shape)",
+                    self.sample_bytes(),
+                    ByteSize(MAX_SLOT_BYTES),
+                ),
+                fits => format!(
+                    "a batch is {payload} bytes + {meta} bytes of metadata, more than the largest \
+                     slot ({MAX_SLOT_BYTES} bytes, {}) holds; use plan.batch_size = {fits} or less",
+                    ByteSize(MAX_SLOT_BYTES),
+                ),
+            };
+            return Err(self.invalid("plan.batch_size", self.plan.batch_size, allowed));
+        }
+        if let SlotBytes::Fixed(ByteSize(b)) = self.ring.slot_bytes {
+            let value = if b >= ByteSize::KIB {
+                format!("{b} ({})", ByteSize(b))
+            } else {
+                b.to_string()
+            };
+            let smallest = round_up(min, SLOT_ALIGN);
+            if b > MAX_SLOT_BYTES {
                 return Err(self.invalid(
                     "ring.slot_bytes",
-                    format!("{} ({} bytes)", b, b.0),
+                    value,
                     format!(
-                        "too small: a batch needs at least {min} bytes ({} payload + {} metadata); use \"auto\" or at least {}",
-                        self.batch_payload_bytes_max(),
-                        self.meta_reserve_bytes(),
-                        ByteSize(round_up(min, SLOT_ALIGN)),
+                        "more than the largest slot ({MAX_SLOT_BYTES} bytes, {}); use \
+                         \"auto\" ({smallest} bytes for this batch) or a size up to {MAX_SLOT_BYTES}",
+                        ByteSize(MAX_SLOT_BYTES),
+                    ),
+                ));
+            }
+            if b % SLOT_ALIGN != 0 {
+                let down = b / SLOT_ALIGN * SLOT_ALIGN;
+                let up = down + SLOT_ALIGN;
+                let choices: Vec<String> = [down, up]
+                    .into_iter()
+                    .filter(|&c| c >= smallest && c <= MAX_SLOT_BYTES)
+                    .map(|c| c.to_string())
+                    .collect();
+                let choices = if choices.is_empty() {
+                    format!("at least {smallest} (a batch needs {min} bytes)")
+                } else {
+                    choices.join(" or ")
+                };
+                return Err(self.invalid(
+                    "ring.slot_bytes",
+                    value,
+                    format!(
+                        "not a multiple of {SLOT_ALIGN} (slots are page aligned); use {choices}, \
+                         or \"auto\""
+                    ),
+                ));
+            }
+            if b < min || pinring_ring::fit_in_slot(payload, meta, b).is_none() {
+                return Err(self.invalid(
+                    "ring.slot_bytes",
+                    value,
+                    format!(
+                        "too small: a batch needs at least {min} bytes ({payload} payload + \
+                         {meta} metadata); use \"auto\" or at least {smallest}",
                     ),
                 ));
             }
         }
-        if u64::from(r.slots).checked_mul(self.slot_bytes()).is_none()
-            || self.slot_bytes() > isize::MAX as u64
-        {
+        if pinring_ring::Geometry::new(self.ring.slots, self.slot_bytes()).is_none() {
             return Err(self.invalid(
                 "ring.slot_bytes",
-                r.slot_bytes,
-                "slots x slot_bytes overflows; use a smaller slot size",
+                self.ring.slot_bytes,
+                format!(
+                    "{} slots of {} bytes is not a ring pinring can make; use fewer or smaller slots",
+                    self.ring.slots,
+                    self.slot_bytes()
+                ),
             ));
         }
         Ok(())
+    }
+
+    /// The largest batch size (up to `plan.batch_size`) whose payload and metadata fit the
+    /// largest slot; 0 if not even one sample does.
+    fn max_batch_in_a_slot(&self) -> u32 {
+        let dims = self.dataset.sample_shape.len() as u64;
+        let fits = |b: u32| {
+            let need = u64::from(b)
+                .saturating_mul(self.sample_bytes())
+                .saturating_add(round_up(
+                    max_encoded_len(u64::from(b), dims),
+                    META_RESERVE_ALIGN,
+                ));
+            round_up(need, SLOT_ALIGN) <= MAX_SLOT_BYTES
+        };
+        // Largest b in 0..=batch_size with fits(b); fits is monotonic and fits(0) holds.
+        let (mut lo, mut hi) = (0u32, self.plan.batch_size);
+        while lo < hi {
+            let mid = lo + (hi - lo).div_ceil(2);
+            if fits(mid) {
+                lo = mid;
+            } else {
+                hi = mid - 1;
+            }
+        }
+        lo
     }
 
     fn sample_bytes_checked(&self) -> Option<u64> {
@@ -913,9 +1019,91 @@ mod tests {
         let e = c.validate().unwrap_err().to_string();
         assert!(e.contains("ring.slot_bytes"), "{e}");
         assert!(e.contains(&c.min_slot_bytes().to_string()), "{e}");
-        c.ring.slot_bytes = SlotBytes::Fixed(ByteSize(c.min_slot_bytes()));
+        let smallest = round_up(c.min_slot_bytes(), SLOT_ALIGN);
+        assert!(e.contains(&format!("at least {smallest}")), "{e}");
+        c.ring.slot_bytes = SlotBytes::Fixed(ByteSize(smallest));
         c.validate().unwrap();
-        assert_eq!(c.slot_bytes(), c.min_slot_bytes());
+        assert_eq!(c.slot_bytes(), smallest);
+    }
+
+    #[test]
+    fn an_unaligned_slot_size_names_the_aligned_sizes_around_it() {
+        let e = parse("[ring]\nslot_bytes = 3000000\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("ring.slot_bytes = 3000000")
+                && e.contains("not a multiple of 4096")
+                && e.contains("use 2998272 or 3002368"),
+            "{e}"
+        );
+        // Rounding down would be too small for the batch: only the size above is offered.
+        let min = Config::default().min_slot_bytes();
+        let e = parse(&format!("[ring]\nslot_bytes = {}\n", min + 1))
+            .unwrap_err()
+            .to_string();
+        let up = round_up(min + 1, SLOT_ALIGN);
+        assert!(e.contains(&format!("use {up}, or")), "{e}");
+        parse(&format!("[ring]\nslot_bytes = {up}\n")).unwrap();
+    }
+
+    #[test]
+    fn a_slot_over_the_largest_is_refused_with_the_limit() {
+        let e = parse("[ring]\nslot_bytes = \"2GiB\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("ring.slot_bytes = 2147483648")
+                && e.contains("more than the largest slot")
+                && e.contains(&MAX_SLOT_BYTES.to_string()),
+            "{e}"
+        );
+        parse("[ring]\nslot_bytes = \"1GiB\"\n").unwrap();
+    }
+
+    #[test]
+    fn a_batch_larger_than_the_largest_slot_names_the_batch_size_that_fits() {
+        // 100000 samples of 64 KiB: a 6.5 GB batch.
+        let e = parse("[plan]\nbatch_size = 100000\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("plan.batch_size = 100000"), "{e}");
+        let fits: u32 = e
+            .split("use plan.batch_size = ")
+            .nth(1)
+            .and_then(|t| t.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no batch size offered: {e}"));
+        let with = |b: u32| parse(&format!("[plan]\nbatch_size = {b}\n"));
+        let c = with(fits).unwrap();
+        assert!(c.slot_bytes() <= MAX_SLOT_BYTES);
+        assert!(with(fits + 1).is_err(), "{fits} is the largest that fits");
+        // Also with an explicit slot size: the batch is the problem, not the slot.
+        let e = parse("[ring]\nslot_bytes = \"1GiB\"\n[plan]\nbatch_size = 100000\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("plan.batch_size"), "{e}");
+        // One sample that no slot holds.
+        let e = parse("[dataset]\nsample_shape = [1073741824]\ndtype = \"u8\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("dataset.sample_shape"), "{e}");
+    }
+
+    #[test]
+    fn the_slot_limits_are_the_segment_layouts() {
+        assert_eq!(SLOT_ALIGN, pinring_ring::layout::SLOT_ALIGN as u64);
+        assert_eq!(MAX_SLOT_BYTES, pinring_ring::layout::MAX_SLOT_BYTES);
+        assert_eq!(MAX_SLOTS, pinring_ring::layout::MAX_SLOTS);
+        let mut c = Config::default();
+        c.ring.slots = MAX_SLOTS;
+        c.validate().unwrap();
+        c.ring.slots = MAX_SLOTS + 1;
+        let e = c.validate().unwrap_err().to_string();
+        assert!(
+            e.contains("ring.slots") && e.contains(&MAX_SLOTS.to_string()),
+            "{e}"
+        );
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! `pinring config check [FILE] [--ring NAME]`: validates a config file (or the one the lookup
-//! finds) and prints the settings a daemon or loader would run on, with the derived sizes.
+//! finds) and prints the settings a daemon or loader would run on, with the derived sizes and
+//! warnings where the ring is larger than this host's last-level cache or available memory.
 
 use crate::exit::Exit;
 use crate::settings::{self, Overrides};
@@ -71,6 +72,11 @@ pub fn run(args: &CheckArgs) -> Result<(), CheckError> {
         cfg.ring_bytes(),
         cfg.ring_bytes() as f64 / (1u64 << 20) as f64
     );
+    let host = crate::host_memory::HostMemory::read();
+    println!("# host: {}", host.describe());
+    for w in host.ring_warnings(&cfg.ring.name, cfg.ring.slots, cfg.slot_bytes()) {
+        println!("# warning: {w}");
+    }
     println!(
         "# plan: {} batches per epoch, {} batches in all; fingerprint {:#018x}",
         plan.batches_per_epoch(),

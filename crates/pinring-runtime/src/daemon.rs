@@ -328,6 +328,13 @@ impl Daemon {
                 ring: cfg.ring.name.clone(),
                 source,
             })?;
+        for w in crate::host_memory::HostMemory::read().ring_warnings(
+            &cfg.ring.name,
+            cfg.ring.slots,
+            cfg.slot_bytes(),
+        ) {
+            tracing::warn!("{w}");
+        }
         let selected = pinring_backend::select(args.backend, args.device)?;
         tracing::info!(backend = selected.backend.name(), reason = %selected.reason, "backend selected");
         let ring = Arc::new(Ring::create(&CreateOptions {

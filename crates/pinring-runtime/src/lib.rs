@@ -11,6 +11,7 @@ pub mod crash;
 pub mod daemon;
 pub mod exit;
 pub mod histogram;
+pub mod host_memory;
 pub mod loader;
 pub mod logging;
 pub mod metrics;

@@ -1,0 +1,243 @@
+//! How a ring's size compares with the host: the last-level CPU cache and the available memory.
+//! Neither is an error (a ring larger than the cache works, only slower; the memory is reserved
+//! up front and a ring that does not fit fails at start with exit 4), so `pinring config check`
+//! and the daemon at start print warnings.
+
+use pinring_data::ByteSize;
+use std::path::Path;
+
+/// Where Linux describes CPU 0's caches.
+pub const CACHE_DIR: &str = "/sys/devices/system/cpu/cpu0/cache";
+/// Where Linux says how much memory is available.
+pub const MEMINFO: &str = "/proc/meminfo";
+
+/// A CPU cache level and its size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cache {
+    /// Level (3 for L3).
+    pub level: u32,
+    /// Size in bytes.
+    pub bytes: u64,
+}
+
+/// The host's last-level cache and available memory, each `None` when it could not be read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct HostMemory {
+    /// The highest-level data or unified cache of CPU 0.
+    pub last_level_cache: Option<Cache>,
+    /// `MemAvailable` of /proc/meminfo, bytes.
+    pub available: Option<u64>,
+}
+
+impl HostMemory {
+    /// Reads this host's values ([`CACHE_DIR`], [`MEMINFO`]).
+    pub fn read() -> HostMemory {
+        HostMemory::read_from(Path::new(CACHE_DIR), Path::new(MEMINFO))
+    }
+
+    /// Reads the values from a cache directory laid out like [`CACHE_DIR`] (`index*/level`,
+    /// `index*/type`, `index*/size`) and a file like [`MEMINFO`].
+    pub fn read_from(cache_dir: &Path, meminfo: &Path) -> HostMemory {
+        HostMemory {
+            last_level_cache: last_level_cache(cache_dir),
+            available: std::fs::read_to_string(meminfo)
+                .ok()
+                .and_then(|t| mem_available(&t)),
+        }
+    }
+
+    /// One line for reports: `last-level cache L3 32.0 MiB; available memory 22.6 GiB`, with
+    /// `unknown` for what could not be read.
+    pub fn describe(&self) -> String {
+        let cache = match self.last_level_cache {
+            Some(c) => format!("L{} {}", c.level, ByteSize(c.bytes)),
+            None => format!("unknown (nothing readable in {CACHE_DIR})"),
+        };
+        let mem = match self.available {
+            Some(b) => ByteSize(b).to_string(),
+            None => format!("unknown (no MemAvailable in {MEMINFO})"),
+        };
+        format!("last-level cache {cache}; available memory {mem}")
+    }
+
+    /// Warnings for a ring of `slots` slots of `slot_bytes` named `ring`: larger than the
+    /// last-level cache, larger than the available memory. None for a size that is unknown.
+    pub fn ring_warnings(&self, ring: &str, slots: u32, slot_bytes: u64) -> Vec<String> {
+        let total = u64::from(slots).saturating_mul(slot_bytes);
+        let size = format!(
+            "{slots} slots x {} = {}",
+            ByteSize(slot_bytes),
+            ByteSize(total)
+        );
+        let mut out = Vec::new();
+        if let Some(c) = self.last_level_cache.filter(|c| total > c.bytes) {
+            out.push(format!(
+                "ring {ring:?}: its slots ({size}) are larger than the last-level cache (L{}, {}): \
+                 batches are written and uploaded from memory rather than from the cache; fewer or \
+                 smaller slots (ring.slots, ring.slot_bytes, plan.batch_size) keep them in it",
+                c.level,
+                ByteSize(c.bytes)
+            ));
+        }
+        if let Some(avail) = self.available.filter(|&a| total > a) {
+            out.push(format!(
+                "ring {ring:?}: its slots ({size}) are more than the available memory \
+                 (MemAvailable {}): the daemon reserves every page at start and will fail (exit 4) \
+                 or push the host into swap; use fewer or smaller slots (ring.slots, \
+                 ring.slot_bytes, plan.batch_size) or free memory",
+                ByteSize(avail)
+            ));
+        }
+        out
+    }
+}
+
+/// The highest-level data or unified cache listed in `dir` (`index*/{level,type,size}`).
+fn last_level_cache(dir: &Path) -> Option<Cache> {
+    let read = |p: &Path, f: &str| std::fs::read_to_string(p.join(f)).ok();
+    std::fs::read_dir(dir)
+        .ok()?
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("index"))
+        .filter_map(|e| {
+            let p = e.path();
+            if read(&p, "type").is_some_and(|t| t.trim() == "Instruction") {
+                return None;
+            }
+            Some(Cache {
+                level: read(&p, "level")?.trim().parse().ok()?,
+                bytes: cache_size(&read(&p, "size")?)?,
+            })
+        })
+        .max_by_key(|c| (c.level, c.bytes))
+}
+
+/// A sysfs cache size: `32768K`, `8M`, `1G` or plain bytes.
+fn cache_size(text: &str) -> Option<u64> {
+    let t = text.trim();
+    let (digits, scale) = match t.chars().last()? {
+        'K' | 'k' => (&t[..t.len() - 1], 1u64 << 10),
+        'M' | 'm' => (&t[..t.len() - 1], 1 << 20),
+        'G' | 'g' => (&t[..t.len() - 1], 1 << 30),
+        _ => (t, 1),
+    };
+    digits
+        .trim()
+        .parse::<u64>()
+        .ok()?
+        .checked_mul(scale)
+        .filter(|&b| b > 0)
+}
+
+/// `MemAvailable` of a /proc/meminfo text, in bytes.
+fn mem_available(meminfo: &str) -> Option<u64> {
+    let line = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))?;
+    let mut words = line.split_whitespace();
+    let n: u64 = words.next()?.parse().ok()?;
+    match words.next() {
+        Some("kB") => n.checked_mul(1024),
+        None => Some(n),
+        Some(_) => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fake_host(caches: &[(&str, &str, &str)], meminfo: &str) -> (tempfile::TempDir, HostMemory) {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = dir.path().join("cache");
+        for (i, (level, kind, size)) in caches.iter().enumerate() {
+            let d = cache.join(format!("index{i}"));
+            std::fs::create_dir_all(&d).unwrap();
+            std::fs::write(d.join("level"), format!("{level}\n")).unwrap();
+            std::fs::write(d.join("type"), format!("{kind}\n")).unwrap();
+            std::fs::write(d.join("size"), format!("{size}\n")).unwrap();
+        }
+        std::fs::write(dir.path().join("meminfo"), meminfo).unwrap();
+        let host = HostMemory::read_from(&cache, &dir.path().join("meminfo"));
+        (dir, host)
+    }
+
+    const MEMINFO_8G: &str =
+        "MemTotal:       16000000 kB\nMemFree:  100 kB\nMemAvailable:    8388608 kB\n";
+
+    #[test]
+    fn reads_the_highest_level_cache_and_mem_available() {
+        let (_d, host) = fake_host(
+            &[
+                ("1", "Data", "32K"),
+                ("1", "Instruction", "32K"),
+                ("2", "Unified", "1024K"),
+                ("3", "Unified", "32768K"),
+            ],
+            MEMINFO_8G,
+        );
+        assert_eq!(
+            host.last_level_cache,
+            Some(Cache {
+                level: 3,
+                bytes: 32 << 20
+            })
+        );
+        assert_eq!(host.available, Some(8 << 30));
+        // Without L3 the highest level present is the last level.
+        let (_d, host) = fake_host(&[("1", "Data", "48K"), ("2", "Unified", "2M")], "");
+        assert_eq!(
+            host.last_level_cache,
+            Some(Cache {
+                level: 2,
+                bytes: 2 << 20
+            })
+        );
+        assert_eq!(host.available, None);
+    }
+
+    #[test]
+    fn warns_for_a_ring_over_the_cache_or_the_memory_and_only_then() {
+        let (_d, host) = fake_host(&[("3", "Unified", "32768K")], MEMINFO_8G);
+        assert!(host.ring_warnings("r", 8, 1 << 20).is_empty());
+        let w = host.ring_warnings("r", 64, 1 << 20);
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(
+            w[0].contains("\"r\"") && w[0].contains("last-level cache (L3, 32.0 MiB)"),
+            "{w:?}"
+        );
+        assert!(w[0].contains("64 slots x 1.0 MiB = 64.0 MiB"), "{w:?}");
+        let w = host.ring_warnings("r", 16, 1 << 30);
+        assert_eq!(w.len(), 2, "{w:?}");
+        assert!(
+            w[1].contains("available memory (MemAvailable 8.0 GiB)") && w[1].contains("fewer"),
+            "{w:?}"
+        );
+    }
+
+    #[test]
+    fn an_unknown_size_gives_no_warning_and_says_so() {
+        let dir = tempfile::tempdir().unwrap();
+        let host = HostMemory::read_from(&dir.path().join("none"), &dir.path().join("none"));
+        assert_eq!(host, HostMemory::default());
+        assert!(host.ring_warnings("r", 4096, 1 << 30).is_empty());
+        let d = host.describe();
+        assert!(
+            d.contains("last-level cache unknown") && d.contains("available memory unknown"),
+            "{d}"
+        );
+    }
+
+    #[test]
+    fn parses_sysfs_sizes() {
+        assert_eq!(cache_size("32768K\n"), Some(32 << 20));
+        assert_eq!(cache_size("8M"), Some(8 << 20));
+        assert_eq!(cache_size("1G"), Some(1 << 30));
+        assert_eq!(cache_size("4096"), Some(4096));
+        assert_eq!(cache_size(""), None);
+        assert_eq!(cache_size("0K"), None);
+        assert_eq!(cache_size("lots"), None);
+        assert_eq!(mem_available("MemAvailable: 12 kB\n"), Some(12 << 10));
+        assert_eq!(mem_available("MemFree: 12 kB\n"), None);
+    }
+}
