@@ -3,9 +3,9 @@
 //! `status`, `clean` and `config check` are the operator's tools.
 
 use clap::{Parser, Subcommand};
+use pinring_cli::{bench, runner};
 use pinring_runtime::{
-    bench, clean, config_check, crash, daemon, loader, logging, runner, shutdown::Shutdown, status,
-    Exit,
+    clean, config_check, crash, daemon, loader, logging, shutdown::Shutdown, status, Exit,
 };
 use std::process::ExitCode;
 
@@ -48,11 +48,11 @@ fn dispatch() -> Exit {
     match cli.command {
         Cmd::Run(args) => {
             logging::init("run");
-            pinring_runtime::main_run(&args, shutdown)
+            pinring_cli::main_run(&args, shutdown)
         }
         Cmd::Bench(args) => {
             logging::init("bench");
-            pinring_runtime::main_bench(&args)
+            pinring_cli::main_bench(&args)
         }
         Cmd::Daemon(args) => {
             logging::init_with("daemon", args.service.log_level.as_deref());

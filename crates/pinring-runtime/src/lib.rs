@@ -1,9 +1,9 @@
 //! The pinring processes as a library: the daemon and loader main loops, sinks, settings,
-//! signals, exit codes, the `pinring run` orchestration, and the service side (systemd
-//! notifications, metrics, `status`, `clean`, config lookup and `config check`). The binaries in bin/ are thin
-//! wrappers around this crate.
+//! signals, exit codes, and the service side (systemd notifications, metrics, `status`,
+//! `clean`, config lookup and `config check`). The binaries in bin/ are thin wrappers around
+//! this crate; `pinring run` and `pinring bench` are in pinring-cli, which only the `pinring`
+//! binary links.
 
-pub mod bench;
 pub mod clean;
 pub mod config_check;
 pub mod config_lookup;
@@ -16,7 +16,6 @@ pub mod loader;
 pub mod logging;
 pub mod metrics;
 pub mod ring_wake;
-pub mod runner;
 pub mod service;
 pub mod settings;
 pub mod shutdown;
@@ -28,7 +27,8 @@ pub use exit::Exit;
 
 use shutdown::Shutdown;
 
-fn installed(shutdown: std::io::Result<Shutdown>) -> Result<Shutdown, Exit> {
+/// The SIGTERM/SIGINT handlers, or (after logging why they could not be installed) the exit code.
+pub fn installed(shutdown: std::io::Result<Shutdown>) -> Result<Shutdown, Exit> {
     shutdown.map_err(|e| {
         tracing::error!("cannot install the SIGTERM/SIGINT handlers: {e}");
         Exit::Internal
@@ -105,21 +105,6 @@ pub fn main_loader(args: &loader::LoaderArgs, shutdown: std::io::Result<Shutdown
     }
 }
 
-/// Body of `pinring run`.
-pub fn main_run(args: &runner::RunArgs, shutdown: std::io::Result<Shutdown>) -> Exit {
-    let shutdown = match installed(shutdown) {
-        Ok(s) => s,
-        Err(e) => return e,
-    };
-    match runner::run(args, &shutdown) {
-        Ok(exit) => exit,
-        Err(e) => {
-            tracing::error!("{e}");
-            e.exit()
-        }
-    }
-}
-
 /// Body of `pinring status`.
 pub fn main_status(args: &status::StatusArgs, shutdown: std::io::Result<Shutdown>) -> Exit {
     let shutdown = match installed(shutdown) {
@@ -156,16 +141,5 @@ pub fn main_config(cmd: &config_check::ConfigCmd) -> Exit {
                 e.exit()
             }
         },
-    }
-}
-
-/// Body of `pinring bench`.
-pub fn main_bench(args: &bench::BenchArgs) -> Exit {
-    match bench::run(args) {
-        Ok(_) => Exit::Ok,
-        Err(e) => {
-            tracing::error!("{e}");
-            e.exit()
-        }
     }
 }

@@ -8,16 +8,16 @@
 //! that dies under `run` is named with its signal or exit code, its loaders are stopped, and the
 //! segment it left behind is removed through `pinring clean`'s check ([`clean::clean_one`]).
 
-use crate::clean::{self, Cleaned};
-use crate::daemon::parse_backend_kind;
-use crate::exit::Exit;
-use crate::loader::attach;
-use crate::settings::{self, Overrides};
-use crate::shutdown::Shutdown;
-use crate::sink::SinkKind;
-use crate::summary::Summary;
 use pinring_backend::BackendKind;
 use pinring_ring::{ring_state, Access};
+use pinring_runtime::clean::{self, Cleaned};
+use pinring_runtime::daemon::parse_backend_kind;
+use pinring_runtime::exit::Exit;
+use pinring_runtime::loader::attach;
+use pinring_runtime::settings::{self, Overrides};
+use pinring_runtime::shutdown::Shutdown;
+use pinring_runtime::sink::SinkKind;
+use pinring_runtime::summary::Summary;
 use std::fmt::Write as _;
 use std::io::Write as _;
 use std::os::unix::process::{CommandExt, ExitStatusExt};

@@ -5,11 +5,12 @@
 //! `bench.svg`. Without a GPU it runs the host backend and says so: those numbers measure the
 //! protocol and memory bandwidth, not PCIe.
 
-use crate::daemon::parse_backend_kind;
 use crate::runner::Children;
-use crate::summary::Summary;
 use pinring_backend::BackendKind;
 use pinring_data::{ByteSize, Config, DatasetConfig, Dtype, PlanConfig, RingConfig, SlotBytes};
+use pinring_runtime::daemon::parse_backend_kind;
+use pinring_runtime::summary::Summary;
+use pinring_runtime::Exit;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -99,11 +100,11 @@ pub enum BenchError {
 
 impl BenchError {
     /// Exit code.
-    pub fn exit(&self) -> crate::Exit {
+    pub fn exit(&self) -> Exit {
         match self {
-            BenchError::Backend(_) => crate::Exit::Backend,
-            BenchError::Io { .. } | BenchError::Plot { .. } => crate::Exit::Output,
-            BenchError::Run { .. } => crate::Exit::PeerDied,
+            BenchError::Backend(_) => Exit::Backend,
+            BenchError::Io { .. } | BenchError::Plot { .. } => Exit::Output,
+            BenchError::Run { .. } => Exit::PeerDied,
         }
     }
 }
