@@ -19,8 +19,9 @@ fn gpu() -> Option<String> {
 fn cuda_run(tag: &str, extra: &[&str]) -> pinring_runtime::summary::Summary {
     let fx = Fixture::small(tag);
     let mut daemon = fx.daemon_on("cuda", extra);
-    fx.wait_ready(&mut daemon);
-    let loaders: Vec<_> = (0..4).map(|_| fx.loader(&fx.config)).collect();
+    let ring = fx.wait_ready(&mut daemon);
+    let loaders = loaders_attached(&fx, &daemon, &ring, 4);
+    drop(ring);
     let (status, log) = wait_for(daemon, "daemon", LONG);
     assert!(status.success(), "{tag}: {log}");
     for l in loaders {

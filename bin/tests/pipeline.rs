@@ -10,14 +10,8 @@ fn run_with_loaders(tag: &str, loaders: usize, extra: &[&str], in_order: bool) {
     let fx = Fixture::small(tag);
     let mut daemon = fx.daemon(extra);
     let ring = fx.wait_ready(&mut daemon);
-    // Every loader attaches before the run can end, however fast the machine: the daemon is
-    // stopped until they all sit in the loader table (attaching needs no daemon step).
-    signal(&daemon, Signal::SIGSTOP);
-    let kids: Vec<_> = (0..loaders).map(|_| fx.loader(&fx.config)).collect();
-    wait_until("every loader attached", LONG, || {
-        ring.loaders().len() == loaders
-    });
-    signal(&daemon, Signal::SIGCONT);
+    // Every loader attaches before the run can end, however fast the machine (see the helper).
+    let kids = loaders_attached(&fx, &daemon, &ring, loaders);
     drop(ring);
     let (status, log) = wait_for(daemon, "daemon", LONG);
     assert!(status.success(), "daemon failed: {status}\n{log}");

@@ -323,6 +323,23 @@ pub fn claim_of(ring: &pinring_ring::Ring, pid: u32) -> Option<(u32, u64)> {
     })
 }
 
+/// Starts `n` loaders and returns once every one is attached. The daemon is held stopped
+/// meanwhile: otherwise a fast machine may finish a short plan before the last loader starts,
+/// and that loader would wait for a ring that is gone.
+pub fn loaders_attached(
+    fx: &Fixture,
+    daemon: &Child,
+    ring: &pinring_ring::Ring,
+    n: usize,
+) -> Vec<Child> {
+    let _held = Paused::new(daemon);
+    let loaders: Vec<Child> = (0..n).map(|_| fx.loader(&fx.config)).collect();
+    for l in &loaders {
+        wait_attached(ring, l);
+    }
+    loaders
+}
+
 /// Waits until loader `child` is in the ring's loader table.
 pub fn wait_attached(ring: &pinring_ring::Ring, child: &Child) {
     let pid = child.id();
