@@ -11,9 +11,10 @@ pub enum Exit {
     Ok = 0,
     /// An unexpected internal error (a bug: please report it), including a panic (`crash.rs`).
     Internal = 1,
-    /// Bad command line (unknown flag, bad value).
+    /// Bad command line (unknown flag, bad value, `--start-seq` past the end of the plan).
     Usage = 2,
-    /// Bad config file (syntax, unknown key, out-of-range value).
+    /// Bad config file (syntax, unknown key, out-of-range value, a ring geometry the segment
+    /// cannot hold).
     Config = 3,
     /// Ring/segment error: missing, corrupt, other layout version, truncated, held by a live
     /// daemon, or no room in /dev/shm.
