@@ -1,6 +1,7 @@
 //! The only place that calls the CUDA driver through raw pointers (cudarc's `driver::sys` and
-//! `driver::result`). Every wrapper here is small; the safe types (`HostRegistration`,
-//! `DeviceBuffer`, `Event`, `Kernels`) own their driver handles and release them on drop.
+//! `driver::result`). Every wrapper here is small; the safe types (`DeviceBuffer`, `Event`,
+//! `Kernels`) own their driver handles and release them on drop, and `register::HostRegistration`
+//! owns the registrations made with [`host_register`].
 //!
 //! Context handling: the driver keeps a *current context* per thread. Every wrapper that issues
 //! driver calls first makes the owning context current with [`make_current`] (a cheap
@@ -13,9 +14,6 @@ use std::sync::Arc;
 
 use cudarc::driver::sys::{self, CUresult};
 use cudarc::driver::{result, CudaContext, CudaStream, DriverError};
-
-/// Largest range passed to one `cuMemHostRegister` call.
-pub const MAX_REGISTER_CHUNK: usize = 256 << 30;
 
 /// Whether a CUDA driver library (`libcuda.so`, `libcuda.so.1`, ...) can be loaded.
 ///
@@ -56,146 +54,26 @@ pub fn describe(code: CUresult) -> String {
     }
 }
 
-/// The chunks registered through one backend, as (start address, length).
+/// `cuMemHostRegister_v2`: page-locks `[p, p+n)` with `flags` (`CU_MEMHOSTREGISTER_*`) in the
+/// current context (see [`make_current`]). The RAII owner is `register::HostRegistration`.
 ///
-/// A single `cuMemcpyHtoDAsync` whose source spans two separately registered chunks fails with
-/// `CUDA_ERROR_INVALID_VALUE` (seen on an H200 with driver 580), so uploaders split copies at
-/// chunk boundaries with [`ChunkTable::next_boundary`].
-#[derive(Debug, Default)]
-pub struct ChunkTable {
-    chunks: std::sync::RwLock<Vec<(usize, usize)>>,
+/// # Safety
+/// `[p, p+n)` is a live mapping of this process that stays mapped (not unmapped or remapped)
+/// until it is unregistered with [`host_unregister`].
+pub unsafe fn host_register(p: *mut u8, n: usize, flags: u32) -> Result<(), DriverError> {
+    // SAFETY: the caller guarantees the range is a live mapping that outlives the registration;
+    // the driver only pins its pages and records the range (no Rust memory is written).
+    unsafe { sys::cuMemHostRegister_v2(p.cast::<c_void>(), n, flags) }.result()
 }
 
-impl ChunkTable {
-    /// The first chunk start or end strictly inside `(from, to)`, or `to` if there is none.
-    pub fn next_boundary(&self, from: usize, to: usize) -> usize {
-        let chunks = self.chunks.read().unwrap_or_else(|e| e.into_inner());
-        let mut next = to;
-        for &(s, n) in chunks.iter() {
-            for b in [s, s.saturating_add(n)] {
-                if b > from && b < next {
-                    next = b;
-                }
-            }
-        }
-        next
-    }
-
-    fn add(&self, start: usize, len: usize) {
-        let mut chunks = self.chunks.write().unwrap_or_else(|e| e.into_inner());
-        chunks.push((start, len));
-    }
-
-    fn remove(&self, start: usize, len: usize) {
-        let mut chunks = self.chunks.write().unwrap_or_else(|e| e.into_inner());
-        if let Some(i) = chunks.iter().position(|&c| c == (start, len)) {
-            chunks.swap_remove(i);
-        }
-    }
-}
-
-/// A host range registered with `cuMemHostRegister`, as one or more chunks; drop unregisters.
-#[derive(Debug)]
-pub struct HostRegistration {
-    ctx: Arc<CudaContext>,
-    /// (start address, length) of each registered chunk.
-    chunks: Vec<(usize, usize)>,
-    /// Where the chunks are listed while registered.
-    table: Arc<ChunkTable>,
-}
-
-/// A failed chunk registration: the chunk's address and length and the driver code.
-#[derive(Debug)]
-pub struct RegisterFailure {
-    /// Start of the chunk that failed.
-    pub chunk_base: usize,
-    /// Length of the chunk that failed.
-    pub chunk_len: usize,
-    /// Index of the chunk that failed.
-    pub chunk_index: usize,
-    /// The driver's code.
-    pub code: CUresult,
-}
-
-impl HostRegistration {
-    /// Registers `[base, base+len)` in chunks of at most `max_chunk` bytes (normally
-    /// [`MAX_REGISTER_CHUNK`]; must be a non-zero multiple of the page size) with `flags`
-    /// (`CU_MEMHOSTREGISTER_*`). On failure the chunks already registered are unregistered
-    /// again.
-    ///
-    /// # Safety
-    /// `[base, base+len)` is a live mapping of this process that stays mapped (not unmapped or
-    /// remapped) until the returned value is dropped.
-    pub unsafe fn register(
-        ctx: &Arc<CudaContext>,
-        base: *mut u8,
-        len: usize,
-        flags: u32,
-        max_chunk: usize,
-        table: &Arc<ChunkTable>,
-    ) -> Result<Self, RegisterFailure> {
-        assert!(max_chunk > 0, "register chunk size must be positive");
-        let fail = |chunk_index, code| RegisterFailure {
-            chunk_base: base as usize,
-            chunk_len: len,
-            chunk_index,
-            code,
-        };
-        make_current(ctx).map_err(|e| fail(0, e.0))?;
-        let mut reg = HostRegistration {
-            ctx: Arc::clone(ctx),
-            chunks: Vec::with_capacity(len.div_ceil(max_chunk)),
-            table: Arc::clone(table),
-        };
-        let mut off = 0usize;
-        while off < len {
-            let n = (len - off).min(max_chunk);
-            let p = base.wrapping_add(off);
-            // SAFETY: [p, p+n) lies inside [base, base+len), which the caller guarantees is a
-            // live mapping that outlives `reg` (whose Drop unregisters exactly this chunk);
-            // the context is current on this thread (make_current above).
-            let code = unsafe { sys::cuMemHostRegister_v2(p.cast::<c_void>(), n, flags) };
-            if code != CUresult::CUDA_SUCCESS {
-                let index = reg.chunks.len();
-                drop(reg); // unregisters the chunks done so far
-                return Err(RegisterFailure {
-                    chunk_base: p as usize,
-                    chunk_len: n,
-                    chunk_index: index,
-                    code,
-                });
-            }
-            reg.chunks.push((p as usize, n));
-            table.add(p as usize, n);
-            off += n;
-        }
-        Ok(reg)
-    }
-
-    /// Number of registered chunks.
-    pub fn chunk_count(&self) -> usize {
-        self.chunks.len()
-    }
-}
-
-impl Drop for HostRegistration {
-    fn drop(&mut self) {
-        if let Err(e) = make_current(&self.ctx) {
-            tracing::warn!(code = ?e.0, "cuCtxSetCurrent before cuMemHostUnregister failed");
-        }
-        for &(p, n) in &self.chunks {
-            self.table.remove(p, n);
-            // SAFETY: (p, n) was registered by `register` and not unregistered since; the caller
-            // of `register` keeps the mapping alive until now.
-            let code = unsafe { sys::cuMemHostUnregister(p as *mut c_void) };
-            if code != CUresult::CUDA_SUCCESS {
-                tracing::warn!(
-                    "cuMemHostUnregister failed on {n} bytes at {p:#x}: {code:?} ({})",
-                    describe(code)
-                );
-            }
-        }
-    }
+/// `cuMemHostUnregister`: unpins a range registered with [`host_register`] (context current).
+///
+/// # Safety
+/// `p` is the start of a range registered with [`host_register`] and not unregistered since,
+/// and no copy from the range is still running.
+pub unsafe fn host_unregister(p: *mut u8) -> Result<(), DriverError> {
+    // SAFETY: the caller guarantees `p` starts a live registration; the driver only unpins it.
+    unsafe { sys::cuMemHostUnregister(p.cast::<c_void>()) }.result()
 }
 
 /// `cuMemHostGetDevicePointer_v2`: the device address of a registered (DEVICEMAP) host address.
@@ -619,29 +497,5 @@ impl Drop for Kernels {
                 tracing::warn!(code = ?e.0, "cuModuleUnload failed");
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::ChunkTable;
-
-    #[test]
-    fn chunk_boundaries_split_copies() {
-        let t = ChunkTable::default();
-        assert_eq!(t.next_boundary(100, 200), 200);
-        t.add(1000, 500);
-        t.add(1500, 500);
-        // inside one chunk: no split
-        assert_eq!(t.next_boundary(1100, 1400), 1400);
-        // straddles 1500
-        assert_eq!(t.next_boundary(1400, 1600), 1500);
-        assert_eq!(t.next_boundary(1500, 1600), 1600);
-        // starts before the table, ends inside
-        assert_eq!(t.next_boundary(900, 1100), 1000);
-        // ends past the last chunk
-        assert_eq!(t.next_boundary(1900, 2100), 2000);
-        t.remove(1000, 500);
-        assert_eq!(t.next_boundary(900, 1100), 1100);
     }
 }

@@ -1,0 +1,170 @@
+//! Kernel launch glue: the checksum and sin kernels (PTX in `ptx.rs`, loaded on first use) over
+//! a device buffer or, for zero-copy, a mapped host range (`zero_copy.rs`), on the uploader's
+//! kernel stream, one call at a time.
+
+use std::sync::MutexGuard;
+
+use cudarc::driver::DriverError;
+
+use super::uploader::CudaUploader;
+use super::{ptx, raw};
+use crate::checksum::word_term;
+use crate::error::cuda_error;
+use crate::BackendError;
+
+/// State used by `checksum` / `compute` (one at a time).
+#[derive(Debug)]
+pub(super) struct KernelState {
+    /// Loaded on first use, so a PTX problem never blocks plain uploads.
+    pub(super) kernels: Option<raw::Kernels>,
+    /// 8-byte device word the checksum kernel accumulates into.
+    pub(super) result: raw::DeviceBuffer,
+    /// Signalled after each kernel-stream operation.
+    pub(super) done: raw::Event,
+}
+
+/// Fills the bytes of a checksum's partial last word.
+pub(super) type ReadTail<'a> = dyn FnMut(&mut [u8], &KernelState) -> Result<(), DriverError> + 'a;
+
+impl CudaUploader {
+    /// Grid size for `n` items: enough blocks to cover them, at most 8 per SM.
+    fn grid(&self, n: u64) -> (u32, u32) {
+        let block = u64::from(ptx::BLOCK);
+        let max_blocks = u64::from(self.sm_count) * 8;
+        let blocks = n.div_ceil(block).clamp(1, max_blocks);
+        (blocks as u32, ptx::BLOCK)
+    }
+
+    fn lock_kernels(&self) -> Result<MutexGuard<'_, KernelState>, BackendError> {
+        let mut st = self.kernel_state.lock().unwrap_or_else(|e| e.into_inner());
+        if st.kernels.is_none() {
+            let k = raw::Kernels::load(&self.ctx, ptx::PTX, ptx::CHECKSUM_KERNEL, ptx::SIN_KERNEL)
+                .map_err(|f| {
+                    cuda_error(
+                        f.call,
+                        format!(
+                            "pinring's embedded PTX (.target sm_80) on device {}; JIT log: {}",
+                            self.device,
+                            if f.log.is_empty() { "(empty)" } else { &f.log }
+                        ),
+                        f.code,
+                    )
+                })?;
+            st.kernels = Some(k);
+        }
+        Ok(st)
+    }
+
+    fn kernel_error(
+        &self,
+        call: &'static str,
+        what: &str,
+        buffer: usize,
+        len: usize,
+        e: DriverError,
+    ) -> BackendError {
+        cuda_error(
+            call,
+            format!(
+                "{what} over {len} bytes of device buffer {buffer} on device {}",
+                self.device
+            ),
+            e.0,
+        )
+    }
+
+    /// [`crate::Uploader::checksum`] over device buffer `buffer`.
+    pub(super) fn checksum_buffer(&self, buffer: usize, len: usize) -> Result<u64, BackendError> {
+        let buf = self.idle_buffer("checksum", buffer, len)?;
+        let err = |call, e| self.kernel_error(call, "checksum", buffer, len, e);
+        // SAFETY: `buf` is a live device allocation of at least `len` bytes (checked), borrowed
+        // for the whole call. It had no pending uploads (checked); a copy submitted into it
+        // meanwhile (a caller bug) could only change device bytes the kernel reads, never host
+        // memory.
+        unsafe {
+            self.checksum_span(buf.span(), len, &err, &mut |last, st| {
+                raw::copy_dtoh_wait(last, buf, len - last.len(), &self.kernel_stream, &st.done)
+            })
+        }
+    }
+
+    /// [`crate::Uploader::compute`] over device buffer `buffer`.
+    pub(super) fn compute_buffer(&self, buffer: usize, len: usize) -> Result<(), BackendError> {
+        let buf = self.idle_buffer("compute", buffer, len)?;
+        let err = |call, e| self.kernel_error(call, "sin kernel", buffer, len, e);
+        // SAFETY: as in `checksum_buffer`: a live allocation of at least `len` bytes, borrowed
+        // for the call, with no upload pending.
+        unsafe { self.sin_span(buf.span(), len, &err) }
+    }
+
+    /// The checksum kernel over the whole words of `span[..len]`, plus the partial last word,
+    /// whose bytes `read_tail` fills (from the device copy, or from the host range itself).
+    ///
+    /// # Safety
+    /// `span` addresses at least `len` bytes of a live allocation or DEVICEMAP registration that
+    /// stays alive, and unwritten by the host, until this returns.
+    pub(super) unsafe fn checksum_span(
+        &self,
+        span: raw::Span,
+        len: usize,
+        err: &dyn Fn(&'static str, DriverError) -> BackendError,
+        read_tail: &mut ReadTail<'_>,
+    ) -> Result<u64, BackendError> {
+        if len == 0 {
+            return Ok(0);
+        }
+        let st = self.lock_kernels()?;
+        let Some(kernels) = st.kernels.as_ref() else {
+            unreachable!("lock_kernels loads the kernels");
+        };
+        let stream = &self.kernel_stream;
+        let nwords = (len / 8) as u64;
+        let tail = len % 8;
+        raw::memset_zero_async(&st.result, stream).map_err(|e| err("cuMemsetD8Async", e))?;
+        if nwords > 0 {
+            // SAFETY: the span is live for `len` bytes (caller), and it and `st.result` stay
+            // alive until copy_dtoh_wait below has waited for the whole kernel stream.
+            unsafe { kernels.launch_checksum(stream, span, nwords, &st.result, self.grid(nwords)) }
+                .map_err(|e| err("cuLaunchKernel", e))?;
+        }
+        let mut word = [0u8; 8];
+        raw::copy_dtoh_wait(&mut word, &st.result, 0, stream, &st.done)
+            .map_err(|e| err("cuMemcpyDtoHAsync/cuEventSynchronize", e))?;
+        let mut sum = u64::from_le_bytes(word);
+        if tail > 0 {
+            let mut last = [0u8; 8];
+            read_tail(&mut last[..tail], &st).map_err(|e| err("reading the last word", e))?;
+            sum = sum.wrapping_add(word_term(nwords, u64::from_le_bytes(last)));
+        }
+        Ok(sum)
+    }
+
+    /// The sin kernel in place over the f32s of `span[..len]`, waited for.
+    ///
+    /// # Safety
+    /// As for [`CudaUploader::checksum_span`]; the caller also gives up the bytes' contents.
+    pub(super) unsafe fn sin_span(
+        &self,
+        span: raw::Span,
+        len: usize,
+        err: &dyn Fn(&'static str, DriverError) -> BackendError,
+    ) -> Result<(), BackendError> {
+        let n = (len / 4) as u64;
+        if n == 0 {
+            return Ok(());
+        }
+        let st = self.lock_kernels()?;
+        let Some(kernels) = st.kernels.as_ref() else {
+            unreachable!("lock_kernels loads the kernels");
+        };
+        let stream = &self.kernel_stream;
+        // SAFETY: the span is live for `len` bytes until we return (caller), which is after the
+        // event wait below.
+        unsafe { kernels.launch_sin(stream, span, n, self.grid(n)) }
+            .map_err(|e| err("cuLaunchKernel", e))?;
+        st.done
+            .record(stream)
+            .and_then(|()| st.done.synchronize())
+            .map_err(|e| err("cuEventSynchronize", e))
+    }
+}

@@ -1,0 +1,308 @@
+//! The upload engine: [`CudaUploader`] owns the device buffers, the copy stream and the
+//! per-buffer pending-upload counts. `submit` is the hot path: one `cuMemcpyHtoDAsync` per
+//! registered chunk the source touches (usually one) and one event record; the completion thread
+//! (`completion.rs`) waits on the events.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use crossbeam_channel::{Receiver, Sender};
+use cudarc::driver::{CudaContext, CudaStream};
+
+use super::completion::{self, InFlight};
+use super::kernels::KernelState;
+use super::{gib, raw, ChunkTable, CudaBackend};
+use crate::error::cuda_error;
+use crate::host::check_range;
+use crate::{BackendError, Completion, UploadJob, Uploader};
+
+/// Upload engine of the CUDA backend.
+#[derive(Debug)]
+pub struct CudaUploader {
+    pub(super) ctx: Arc<CudaContext>,
+    pub(super) device: usize,
+    pub(super) sm_count: u32,
+    pub(super) buffer_bytes: usize,
+    pub(super) buffers: Vec<raw::DeviceBuffer>,
+    /// The backend's registered chunks: copies are split at their boundaries.
+    pub(super) chunks: Arc<ChunkTable>,
+    /// Uploads submitted into each buffer and not yet observed complete.
+    pub(super) pending: Arc<Vec<AtomicUsize>>,
+    pub(super) copy_stream: Arc<CudaStream>,
+    pub(super) kernel_stream: Arc<CudaStream>,
+    pub(super) inflight: Option<Sender<InFlight>>,
+    /// Events the completion thread has finished with, for reuse.
+    pub(super) free_events: Receiver<raw::Event>,
+    pub(super) completions: Receiver<Completion>,
+    pub(super) thread: Option<JoinHandle<()>>,
+    pub(super) kernel_state: Mutex<KernelState>,
+    /// Called by the completion thread after it sent completions.
+    pub(super) hook: Arc<crate::HookCell>,
+}
+
+impl CudaUploader {
+    pub(super) fn new(
+        backend: &CudaBackend,
+        buffers: usize,
+        buffer_bytes: usize,
+    ) -> Result<Self, BackendError> {
+        if buffers == 0 || buffer_bytes == 0 {
+            return Err(BackendError::InvalidArgument {
+                call: "CudaBackend::uploader",
+                what: format!(
+                    "need at least one buffer of at least one byte, got {buffers} x {buffer_bytes} bytes"
+                ),
+            });
+        }
+        let ctx = Arc::clone(&backend.ctx);
+        let device = backend.device;
+        let mut bufs = Vec::with_capacity(buffers);
+        for i in 0..buffers {
+            let b = raw::DeviceBuffer::alloc(&ctx, buffer_bytes).map_err(|e| {
+                cuda_error(
+                    "cuMemAlloc",
+                    format!(
+                        "device buffer {i} of {buffers} ({buffer_bytes} bytes each, {} GiB device) on device {device}",
+                        gib(backend.total_mem)
+                    ),
+                    e.0,
+                )
+            })?;
+            bufs.push(b);
+        }
+        let copy_stream = backend.new_stream("copy")?;
+        let kernel_stream = backend.new_stream("kernel")?;
+        let result = raw::DeviceBuffer::alloc(&ctx, 8).map_err(|e| {
+            cuda_error(
+                "cuMemAlloc",
+                format!("8-byte checksum word on device {device}"),
+                e.0,
+            )
+        })?;
+        let done = raw::Event::new(&ctx)
+            .map_err(|e| cuda_error("cuEventCreate", format!("device {device}"), e.0))?;
+        let pending: Arc<Vec<AtomicUsize>> =
+            Arc::new((0..buffers).map(|_| AtomicUsize::new(0)).collect());
+        let (inflight_tx, inflight_rx) = crossbeam_channel::unbounded::<InFlight>();
+        let (done_tx, done_rx) = crossbeam_channel::unbounded::<Completion>();
+        let (free_tx, free_rx) = crossbeam_channel::unbounded::<raw::Event>();
+        let hook: Arc<crate::HookCell> = Arc::new(crate::HookCell::default());
+        let thread =
+            completion::spawn(&ctx, device, &pending, inflight_rx, done_tx, free_tx, &hook)?;
+        Ok(Self {
+            ctx,
+            device,
+            sm_count: backend.sm_count,
+            buffer_bytes,
+            buffers: bufs,
+            chunks: Arc::clone(&backend.chunks),
+            pending,
+            copy_stream,
+            kernel_stream,
+            inflight: Some(inflight_tx),
+            free_events: free_rx,
+            completions: done_rx,
+            thread: Some(thread),
+            kernel_state: Mutex::new(KernelState {
+                kernels: None,
+                result,
+                done,
+            }),
+            hook,
+        })
+    }
+
+    /// The device index.
+    pub fn device(&self) -> usize {
+        self.device
+    }
+
+    /// Device address of buffer `buffer` (for callers launching their own kernels).
+    pub fn buffer_device_ptr(&self, buffer: usize) -> Option<u64> {
+        self.buffers.get(buffer).map(|b| b.ptr())
+    }
+
+    /// Checks `buffer`/`len` and that no upload into the buffer is pending.
+    pub(super) fn idle_buffer(
+        &self,
+        call: &'static str,
+        buffer: usize,
+        len: usize,
+    ) -> Result<&raw::DeviceBuffer, BackendError> {
+        check_range(call, buffer, len, self.buffers.len(), self.buffer_bytes)?;
+        let pending = self.pending[buffer].load(Ordering::Acquire);
+        if pending != 0 {
+            return Err(BackendError::BufferBusy {
+                call,
+                buffer,
+                pending,
+            });
+        }
+        Ok(&self.buffers[buffer])
+    }
+}
+
+impl Uploader for CudaUploader {
+    unsafe fn submit(&self, job: UploadJob) -> Result<(), BackendError> {
+        check_range(
+            "submit",
+            job.buffer,
+            job.len,
+            self.buffers.len(),
+            self.buffer_bytes,
+        )?;
+        if job.len > 0 && job.src.is_null() {
+            return Err(BackendError::InvalidArgument {
+                call: "submit",
+                what: format!(
+                    "null source pointer for {} bytes (tag {})",
+                    job.len, job.tag
+                ),
+            });
+        }
+        let gone = BackendError::WorkerGone {
+            backend: "cuda",
+            call: "submit",
+        };
+        let Some(tx) = self.inflight.as_ref() else {
+            return Err(gone);
+        };
+        let device = self.device;
+        let event = match self.free_events.try_recv() {
+            Ok(e) => e,
+            Err(_) => raw::Event::new(&self.ctx)
+                .map_err(|e| cuda_error("cuEventCreate", format!("device {device}"), e.0))?,
+        };
+        let object = || {
+            format!(
+                "{} bytes from host {:p} into device buffer {} (tag {}) on device {device}",
+                job.len, job.src, job.buffer, job.tag
+            )
+        };
+        let b = job.buffer;
+        self.pending[b].fetch_add(1, Ordering::AcqRel);
+        let submitted = Instant::now();
+        // One copy per registered chunk the source touches (usually exactly one).
+        let start = job.src as usize;
+        let end = start + job.len;
+        let mut enqueued = Ok(());
+        let mut cur = start;
+        while cur < end {
+            let next = self.chunks.next_boundary(cur, end);
+            // SAFETY: [cur, next) is a piece of src..src+len, and (cur - start) + (next - cur)
+            // <= len <= buffer size (checked above); the caller of `submit` guarantees
+            // src..src+len stays valid and unwritten until the Completion is received, and the
+            // completion thread sends it only after the event recorded below (which follows
+            // these copies on the same stream) has completed. Device buffers are freed only
+            // after that thread has drained (Drop).
+            let r = unsafe {
+                raw::memcpy_htod_async(
+                    &self.buffers[b],
+                    cur - start,
+                    cur as *const u8,
+                    next - cur,
+                    &self.copy_stream,
+                )
+            };
+            if let Err(e) = r {
+                enqueued = Err(cuda_error("cuMemcpyHtoDAsync", object(), e.0));
+                break;
+            }
+            cur = next;
+        }
+        let recorded = enqueued.and_then(|()| {
+            event
+                .record(&self.copy_stream)
+                .map_err(|e| cuda_error("cuEventRecord", object(), e.0))
+        });
+        if let Err(e) = recorded {
+            // The copy may have been enqueued even though recording failed: wait for the
+            // stream so the source is no longer read when we return an error.
+            if let Ok(ev) = raw::Event::new(&self.ctx) {
+                let _ = ev.record(&self.copy_stream).and_then(|()| ev.synchronize());
+            }
+            self.pending[b].fetch_sub(1, Ordering::AcqRel);
+            return Err(e);
+        }
+        let flight = InFlight {
+            tag: job.tag,
+            buffer: b,
+            len: job.len,
+            submitted,
+            event,
+        };
+        if let Err(crossbeam_channel::SendError(f)) = tx.send(flight) {
+            // Completion thread gone: wait for the copy ourselves before reporting.
+            let _ = f.event.synchronize();
+            self.pending[b].fetch_sub(1, Ordering::AcqRel);
+            return Err(gone);
+        }
+        Ok(())
+    }
+
+    fn completions(&self) -> &Receiver<Completion> {
+        &self.completions
+    }
+
+    fn set_completion_hook(&self, hook: crate::CompletionHook) {
+        self.hook.set(hook);
+    }
+
+    fn buffer_count(&self) -> usize {
+        self.buffers.len()
+    }
+
+    fn buffer_bytes(&self) -> usize {
+        self.buffer_bytes
+    }
+
+    fn read_host(
+        &self,
+        _buffer: usize,
+        _len: usize,
+        _f: &mut dyn FnMut(&[u8]),
+    ) -> Result<bool, BackendError> {
+        // Device memory is not readable from the host: verifying sinks use `checksum`.
+        Ok(false)
+    }
+
+    fn checksum(&self, buffer: usize, len: usize) -> Result<u64, BackendError> {
+        self.checksum_buffer(buffer, len)
+    }
+
+    fn compute(&self, buffer: usize, len: usize) -> Result<(), BackendError> {
+        self.compute_buffer(buffer, len)
+    }
+
+    unsafe fn checksum_mapped(&self, host_ptr: *const u8, len: usize) -> Result<u64, BackendError> {
+        // SAFETY: forwarded from the caller of `Uploader::checksum_mapped`.
+        unsafe { self.checksum_mapped_range(host_ptr, len) }
+    }
+
+    unsafe fn compute_mapped(&self, host_ptr: *mut u8, len: usize) -> Result<(), BackendError> {
+        // SAFETY: forwarded from the caller of `Uploader::compute_mapped`.
+        unsafe { self.compute_mapped_range(host_ptr, len) }
+    }
+}
+
+impl Drop for CudaUploader {
+    fn drop(&mut self) {
+        // Closing the channel lets the completion thread drain: it waits for every copy still
+        // in flight, so device buffers (freed after this) and callers' source ranges are safe.
+        self.inflight.take();
+        if let Some(t) = self.thread.take() {
+            if t.join().is_err() {
+                tracing::error!(
+                    device = self.device,
+                    "pinring CUDA completion thread panicked"
+                );
+                // Make sure no copy is still running before the buffers are freed.
+                if let Ok(ev) = raw::Event::new(&self.ctx) {
+                    let _ = ev.record(&self.copy_stream).and_then(|()| ev.synchronize());
+                }
+            }
+        }
+    }
+}
