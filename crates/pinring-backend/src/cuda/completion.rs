@@ -1,7 +1,6 @@
 //! The completion thread: it waits on the uploads' events in submission order, turns them into
 //! [`Completion`]s, hands the events back for reuse and rings the consumer's hook.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Instant;
@@ -10,6 +9,7 @@ use crossbeam_channel::{Receiver, Sender};
 use cudarc::driver::CudaContext;
 
 use super::raw;
+use super::uploader::Guards;
 use crate::error::cuda_error;
 use crate::{BackendError, Completion};
 
@@ -35,19 +35,19 @@ const COMPLETION_WINDOW: usize = 4;
 pub(super) fn spawn(
     ctx: &Arc<CudaContext>,
     device: usize,
-    pending: &Arc<Vec<AtomicUsize>>,
+    guards: &Arc<Guards>,
     inflight: Receiver<InFlight>,
     done: Sender<Completion>,
     free: Sender<raw::Event>,
     hook: &Arc<crate::HookCell>,
 ) -> Result<JoinHandle<()>, BackendError> {
     let ctx = Arc::clone(ctx);
-    let pending = Arc::clone(pending);
+    let guards = Arc::clone(guards);
     std::thread::Builder::new()
         .name(format!("pinring-cuda{device}-complete"))
         .spawn({
             let hook = Arc::clone(hook);
-            move || completion_loop(&ctx, device, &pending, &inflight, &done, &free, &hook)
+            move || completion_loop(&ctx, device, &guards, &inflight, &done, &free, &hook)
         })
         .map_err(|_| BackendError::WorkerGone {
             backend: "cuda",
@@ -58,7 +58,7 @@ pub(super) fn spawn(
 fn completion_loop(
     ctx: &Arc<CudaContext>,
     device: usize,
-    pending: &[AtomicUsize],
+    guards: &Guards,
     inflight: &Receiver<InFlight>,
     done: &Sender<Completion>,
     free: &Sender<raw::Event>,
@@ -103,7 +103,8 @@ fn completion_loop(
                     code,
                 )
             });
-            pending[f.buffer].fetch_sub(1, Ordering::Release);
+            // After the wait: a reader that sees the count drop launches after the copy.
+            guards.end_upload(f.buffer);
             let completion = Completion {
                 tag: f.tag,
                 buffer: f.buffer,

@@ -75,12 +75,12 @@ impl CudaUploader {
 
     /// [`crate::Uploader::checksum`] over device buffer `buffer`.
     pub(super) fn checksum_buffer(&self, buffer: usize, len: usize) -> Result<u64, BackendError> {
-        let buf = self.idle_buffer("checksum", buffer, len)?;
+        // Held until we return, which is after the kernel and the read-back have been waited for.
+        let (buf, _reading) = self.begin_read("checksum", buffer, len)?;
         let err = |call, e| self.kernel_error(call, "checksum", buffer, len, e);
         // SAFETY: `buf` is a live device allocation of at least `len` bytes (checked), borrowed
-        // for the whole call. It had no pending uploads (checked); a copy submitted into it
-        // meanwhile (a caller bug) could only change device bytes the kernel reads, never host
-        // memory.
+        // for the whole call. It is held as a reader with no upload pending (uploader docs), so
+        // no copy into it runs until this returns.
         unsafe {
             self.checksum_span(buf.span(), len, &err, &mut |last, st| {
                 raw::copy_dtoh_wait(last, buf, len - last.len(), &self.kernel_stream, &st.done)
@@ -90,10 +90,11 @@ impl CudaUploader {
 
     /// [`crate::Uploader::compute`] over device buffer `buffer`.
     pub(super) fn compute_buffer(&self, buffer: usize, len: usize) -> Result<(), BackendError> {
-        let buf = self.idle_buffer("compute", buffer, len)?;
+        // Held until we return, which is after the kernel has been waited for.
+        let (buf, _reading) = self.begin_read("compute", buffer, len)?;
         let err = |call, e| self.kernel_error(call, "sin kernel", buffer, len, e);
         // SAFETY: as in `checksum_buffer`: a live allocation of at least `len` bytes, borrowed
-        // for the call, with no upload pending.
+        // for the call and held as a reader, so no copy into it runs until this returns.
         unsafe { self.sin_span(buf.span(), len, &err) }
     }
 

@@ -169,3 +169,50 @@ fn gpu_smoke() {
     drop(reg);
     drop(ring);
 }
+
+#[test]
+fn a_buffer_being_read_refuses_uploads() {
+    if crate::testing::gpu().is_none() {
+        return;
+    }
+    let b = CudaBackend::new(0).unwrap();
+    let up = b.cuda_uploader(1, 64).unwrap();
+    let src = pattern(3, 8);
+    let job = UploadJob {
+        tag: 0,
+        src: src.as_ptr(),
+        len: src.len(),
+        buffer: 0,
+    };
+    {
+        // What `checksum` and `compute` hold while their kernel runs.
+        let (_, reading) = up.begin_read("checksum", 0, src.len()).unwrap();
+        // SAFETY: refused before any copy is enqueued (the buffer is being read).
+        let err = unsafe { up.submit(job) }.unwrap_err();
+        assert!(matches!(err, BackendError::BufferBusy { .. }), "{err}");
+        println!("submit during a read: {err}");
+        drop(reading);
+    }
+    // The refused submit backed out: the same upload goes through once the read is over.
+    // SAFETY: `src` outlives the completion received next.
+    unsafe { up.submit(job) }.unwrap();
+    let c = up
+        .completions()
+        .recv_timeout(Duration::from_secs(30))
+        .unwrap();
+    c.result.unwrap();
+    assert_eq!(up.checksum(0, src.len()).unwrap(), checksum(&src));
+
+    // The other way round, deterministically: with an upload pending (as `submit` leaves it
+    // until the completion thread has seen the copy finish) both readers are refused.
+    up.guards.begin_upload(0).unwrap();
+    for r in [
+        up.checksum(0, src.len()).map(|_| ()),
+        up.compute(0, src.len()),
+    ] {
+        let err = r.unwrap_err();
+        assert!(matches!(err, BackendError::BufferBusy { .. }), "{err}");
+    }
+    up.guards.end_upload(0);
+    assert_eq!(up.checksum(0, src.len()).unwrap(), checksum(&src));
+}

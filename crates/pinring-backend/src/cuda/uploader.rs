@@ -1,7 +1,23 @@
 //! The upload engine: [`CudaUploader`] owns the device buffers, the copy stream and the
-//! per-buffer pending-upload counts. `submit` is the hot path: one `cuMemcpyHtoDAsync` per
-//! registered chunk the source touches (usually one) and one event record; the completion thread
-//! (`completion.rs`) waits on the events.
+//! per-buffer guards. `submit` is the hot path: one `cuMemcpyHtoDAsync` per registered chunk the
+//! source touches (usually one) and one event record; the completion thread (`completion.rs`)
+//! waits on the events.
+//!
+//! # The device-buffer guard
+//! As in the host backend (`host.rs`), each buffer has a `pending` count (uploads submitted and
+//! not yet observed complete) and a `readers` count (`checksum` and `compute` calls reading it
+//! now). `submit` increments `pending`, then checks `readers` is 0 (else it backs out:
+//! `BufferBusy`); a reader increments `readers`, then checks `pending` is 0 (else it backs out:
+//! `BufferBusy`). Both sides use SeqCst, so of two racing calls at least one sees the other's
+//! increment (the store-load pattern): a copy into a buffer and a kernel over it are never in
+//! flight together, even if a caller got the protocol wrong. The completion thread decrements
+//! `pending` (SeqCst, which includes Release) only after the upload's event has completed, so a
+//! reader that sees 0 launches its kernel after the copy has finished on the device. A reader
+//! holds its count until its kernel has been waited for (if that wait itself fails, the count is
+//! released with the error: the driver fails a wait for a broken context, in which no later copy
+//! succeeds either). `read_host` reads nothing on this
+//! backend (the host cannot read device memory), and the zero-copy calls read ring slots, not
+//! device buffers, so neither takes a count.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -28,8 +44,9 @@ pub struct CudaUploader {
     pub(super) buffers: Vec<raw::DeviceBuffer>,
     /// The backend's registered chunks: copies are split at their boundaries.
     pub(super) chunks: Arc<ChunkTable>,
-    /// Uploads submitted into each buffer and not yet observed complete.
-    pub(super) pending: Arc<Vec<AtomicUsize>>,
+    /// The per-buffer pending and reader counts (module docs); shared with the completion
+    /// thread, which ends uploads.
+    pub(super) guards: Arc<Guards>,
     pub(super) copy_stream: Arc<CudaStream>,
     pub(super) kernel_stream: Arc<CudaStream>,
     pub(super) inflight: Option<Sender<InFlight>>,
@@ -83,14 +100,13 @@ impl CudaUploader {
         })?;
         let done = raw::Event::new(&ctx)
             .map_err(|e| cuda_error("cuEventCreate", format!("device {device}"), e.0))?;
-        let pending: Arc<Vec<AtomicUsize>> =
-            Arc::new((0..buffers).map(|_| AtomicUsize::new(0)).collect());
+        let guards = Arc::new(Guards::new(buffers));
         let (inflight_tx, inflight_rx) = crossbeam_channel::unbounded::<InFlight>();
         let (done_tx, done_rx) = crossbeam_channel::unbounded::<Completion>();
         let (free_tx, free_rx) = crossbeam_channel::unbounded::<raw::Event>();
         let hook: Arc<crate::HookCell> = Arc::new(crate::HookCell::default());
         let thread =
-            completion::spawn(&ctx, device, &pending, inflight_rx, done_tx, free_tx, &hook)?;
+            completion::spawn(&ctx, device, &guards, inflight_rx, done_tx, free_tx, &hook)?;
         Ok(Self {
             ctx,
             device,
@@ -98,7 +114,7 @@ impl CudaUploader {
             buffer_bytes,
             buffers: bufs,
             chunks: Arc::clone(&backend.chunks),
-            pending,
+            guards,
             copy_stream,
             kernel_stream,
             inflight: Some(inflight_tx),
@@ -124,23 +140,94 @@ impl CudaUploader {
         self.buffers.get(buffer).map(|b| b.ptr())
     }
 
-    /// Checks `buffer`/`len` and that no upload into the buffer is pending.
-    pub(super) fn idle_buffer(
+    /// Starts a read of the first `len` bytes of device buffer `buffer`: checks them, then takes
+    /// the buffer as a reader (`BufferBusy` while an upload into it is pending; module docs).
+    /// The read lasts until the returned [`Reading`] is dropped.
+    pub(super) fn begin_read(
         &self,
         call: &'static str,
         buffer: usize,
         len: usize,
-    ) -> Result<&raw::DeviceBuffer, BackendError> {
+    ) -> Result<(&raw::DeviceBuffer, Reading<'_>), BackendError> {
         check_range(call, buffer, len, self.buffers.len(), self.buffer_bytes)?;
-        let pending = self.pending[buffer].load(Ordering::Acquire);
+        let reading = self.guards.begin_read(call, buffer)?;
+        Ok((&self.buffers[buffer], reading))
+    }
+}
+
+/// The per-buffer counts that keep uploads into a device buffer and reads of it apart (module
+/// docs).
+#[derive(Debug)]
+pub(super) struct Guards {
+    /// Uploads submitted into each buffer and not yet observed complete.
+    pending: Vec<AtomicUsize>,
+    /// Reads of each buffer in progress.
+    readers: Vec<AtomicUsize>,
+}
+
+impl Guards {
+    fn new(buffers: usize) -> Self {
+        Self {
+            pending: (0..buffers).map(|_| AtomicUsize::new(0)).collect(),
+            readers: (0..buffers).map(|_| AtomicUsize::new(0)).collect(),
+        }
+    }
+
+    /// Announces an upload into `buffer`, then looks for readers: `BufferBusy` (and the upload
+    /// withdrawn) if the buffer is being read. `buffer` is in range (checked by the caller).
+    pub(super) fn begin_upload(&self, buffer: usize) -> Result<(), BackendError> {
+        self.pending[buffer].fetch_add(1, Ordering::SeqCst);
+        let readers = self.readers[buffer].load(Ordering::SeqCst);
+        if readers != 0 {
+            self.pending[buffer].fetch_sub(1, Ordering::SeqCst);
+            return Err(BackendError::BufferBusy {
+                call: "submit",
+                buffer,
+                pending: readers,
+            });
+        }
+        Ok(())
+    }
+
+    /// Ends an upload begun with [`Guards::begin_upload`]: it has completed on the device, or it
+    /// was withdrawn after the copy was waited for.
+    pub(super) fn end_upload(&self, buffer: usize) {
+        self.pending[buffer].fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// Announces a reader of `buffer`, then looks for pending uploads: `BufferBusy` (and the
+    /// reader withdrawn) if an upload into it has not completed. `buffer` is in range.
+    pub(super) fn begin_read(
+        &self,
+        call: &'static str,
+        buffer: usize,
+    ) -> Result<Reading<'_>, BackendError> {
+        let readers = &self.readers[buffer];
+        readers.fetch_add(1, Ordering::SeqCst);
+        let pending = self.pending[buffer].load(Ordering::SeqCst);
         if pending != 0 {
+            readers.fetch_sub(1, Ordering::SeqCst);
             return Err(BackendError::BufferBusy {
                 call,
                 buffer,
                 pending,
             });
         }
-        Ok(&self.buffers[buffer])
+        Ok(Reading { readers })
+    }
+}
+
+/// A read of one device buffer in progress; dropping it ends the read. Keep it until the
+/// kernel reading the buffer has been waited for.
+#[derive(Debug)]
+#[must_use = "the read ends when this is dropped"]
+pub(super) struct Reading<'a> {
+    readers: &'a AtomicUsize,
+}
+
+impl Drop for Reading<'_> {
+    fn drop(&mut self) {
+        self.readers.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -170,10 +257,18 @@ impl Uploader for CudaUploader {
             return Err(gone);
         };
         let device = self.device;
+        let b = job.buffer;
+        // Store-load against readers (module docs): announce the upload, then look for readers.
+        self.guards.begin_upload(b)?;
         let event = match self.free_events.try_recv() {
             Ok(e) => e,
-            Err(_) => raw::Event::new(&self.ctx)
-                .map_err(|e| cuda_error("cuEventCreate", format!("device {device}"), e.0))?,
+            Err(_) => match raw::Event::new(&self.ctx) {
+                Ok(e) => e,
+                Err(e) => {
+                    self.guards.end_upload(b);
+                    return Err(cuda_error("cuEventCreate", format!("device {device}"), e.0));
+                }
+            },
         };
         let object = || {
             format!(
@@ -181,8 +276,6 @@ impl Uploader for CudaUploader {
                 job.len, job.src, job.buffer, job.tag
             )
         };
-        let b = job.buffer;
-        self.pending[b].fetch_add(1, Ordering::AcqRel);
         let submitted = Instant::now();
         // One copy per registered chunk the source touches (usually exactly one).
         let start = job.src as usize;
@@ -223,7 +316,7 @@ impl Uploader for CudaUploader {
             if let Ok(ev) = raw::Event::new(&self.ctx) {
                 let _ = ev.record(&self.copy_stream).and_then(|()| ev.synchronize());
             }
-            self.pending[b].fetch_sub(1, Ordering::AcqRel);
+            self.guards.end_upload(b);
             return Err(e);
         }
         let flight = InFlight {
@@ -236,7 +329,7 @@ impl Uploader for CudaUploader {
         if let Err(crossbeam_channel::SendError(f)) = tx.send(flight) {
             // Completion thread gone: wait for the copy ourselves before reporting.
             let _ = f.event.synchronize();
-            self.pending[b].fetch_sub(1, Ordering::AcqRel);
+            self.guards.end_upload(b);
             return Err(gone);
         }
         Ok(())
@@ -264,7 +357,8 @@ impl Uploader for CudaUploader {
         _len: usize,
         _f: &mut dyn FnMut(&[u8]),
     ) -> Result<bool, BackendError> {
-        // Device memory is not readable from the host: verifying sinks use `checksum`.
+        // Device memory is not readable from the host: verifying sinks use `checksum`. Nothing
+        // is read, so no reader count is taken (module docs).
         Ok(false)
     }
 
@@ -304,5 +398,87 @@ impl Drop for CudaUploader {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The guard protocol itself needs no GPU; `cuda/tests.rs` runs it through a real uploader.
+
+    use super::*;
+
+    fn busy(r: Result<impl std::fmt::Debug, BackendError>) -> bool {
+        matches!(r, Err(BackendError::BufferBusy { .. }))
+    }
+
+    #[test]
+    fn a_buffer_being_read_refuses_uploads() {
+        let g = Guards::new(2);
+        let reading = g.begin_read("checksum", 0).unwrap();
+        assert!(busy(g.begin_upload(0)));
+        assert_eq!(
+            g.pending[0].load(Ordering::SeqCst),
+            0,
+            "the refused upload backs out"
+        );
+        // Other buffers are not affected.
+        g.begin_upload(1).unwrap();
+        g.end_upload(1);
+        drop(reading);
+        assert_eq!(g.readers[0].load(Ordering::SeqCst), 0);
+        g.begin_upload(0).unwrap();
+        g.end_upload(0);
+    }
+
+    #[test]
+    fn a_buffer_with_an_upload_pending_refuses_readers() {
+        let g = Guards::new(2);
+        g.begin_upload(0).unwrap();
+        assert!(busy(g.begin_read("compute", 0)));
+        assert_eq!(
+            g.readers[0].load(Ordering::SeqCst),
+            0,
+            "the refused read backs out"
+        );
+        drop(g.begin_read("compute", 1).unwrap());
+        g.end_upload(0);
+        let reading = g.begin_read("compute", 0).unwrap();
+        // Readers share a buffer.
+        let second = g.begin_read("checksum", 0).unwrap();
+        assert_eq!(g.readers[0].load(Ordering::SeqCst), 2);
+        drop((reading, second));
+        assert_eq!(g.readers[0].load(Ordering::SeqCst), 0);
+    }
+
+    #[test]
+    fn racing_uploads_and_reads_never_overlap() {
+        use std::sync::atomic::AtomicBool;
+        let g = Guards::new(1);
+        // Set while a read or an upload holds the buffer; the other side must never see it.
+        let (reading, uploading) = (AtomicBool::new(false), AtomicBool::new(false));
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                for _ in 0..20_000 {
+                    if let Ok(r) = g.begin_read("checksum", 0) {
+                        reading.store(true, Ordering::SeqCst);
+                        assert!(!uploading.load(Ordering::SeqCst), "read during an upload");
+                        reading.store(false, Ordering::SeqCst);
+                        drop(r);
+                    }
+                }
+            });
+            s.spawn(|| {
+                for _ in 0..20_000 {
+                    if g.begin_upload(0).is_ok() {
+                        uploading.store(true, Ordering::SeqCst);
+                        assert!(!reading.load(Ordering::SeqCst), "upload during a read");
+                        uploading.store(false, Ordering::SeqCst);
+                        g.end_upload(0);
+                    }
+                }
+            });
+        });
+        assert_eq!(g.pending[0].load(Ordering::SeqCst), 0);
+        assert_eq!(g.readers[0].load(Ordering::SeqCst), 0);
     }
 }
