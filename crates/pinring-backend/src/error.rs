@@ -169,7 +169,7 @@ fn hint(call: &'static str, code: CUresult) -> &'static str {
             "the driver rejected the address range or flags: the range must be a mapped, \
              read-write region of this process"
         }
-        ("cuMemAlloc", CUDA_ERROR_OUT_OF_MEMORY) => {
+        ("cuMemAlloc" | "cuMemAllocAsync", CUDA_ERROR_OUT_OF_MEMORY) => {
             "not enough free device memory: use fewer or smaller device buffers"
         }
         ("cuModuleLoadDataEx" | "cuModuleGetFunction", _) => {

@@ -8,6 +8,7 @@ use cudarc::driver::sys;
 
 use super::raw;
 use super::register::register_error;
+use super::uploader::{alloc_call, DeviceBuffer};
 use super::{ChunkTable, CudaBackend, HostRegistration, MAX_REGISTER_CHUNK};
 use crate::buf::AlignedBuf;
 use crate::error::cuda_error;
@@ -49,14 +50,14 @@ impl CudaBackend {
         } else {
             None
         };
-        let dst = raw::DeviceBuffer::alloc(&self.ctx, bytes).map_err(|e| {
+        let stream = self.new_stream("raw H2D benchmark")?;
+        let dst = DeviceBuffer::alloc(&stream, bytes).map_err(|e| {
             cuda_error(
-                "cuMemAlloc",
+                alloc_call(&self.ctx),
                 format!("{bytes} bytes on device {dev} (raw H2D benchmark)"),
                 e.0,
             )
         })?;
-        let stream = self.new_stream("raw H2D benchmark")?;
         let done = raw::Event::new(&self.ctx)
             .map_err(|e| cuda_error("cuEventCreate", format!("device {dev}"), e.0))?;
         let object = || {
@@ -67,9 +68,9 @@ impl CudaBackend {
         };
         let run = |n: usize| -> Result<(), BackendError> {
             for _ in 0..n {
-                // SAFETY: `host` stays alive and unwritten until `done` below has completed,
-                // which covers every copy enqueued on `stream` before it.
-                unsafe { raw::memcpy_htod_async(&dst, 0, host.as_ptr(), bytes, &stream) }
+                // SAFETY: `host` and `dst` stay alive, and `host` unwritten, until `done` below
+                // has completed, which covers every copy enqueued on `stream` before it.
+                unsafe { dst.copy_in_async(0, host.as_ptr(), bytes, &stream) }
                     .map_err(|e| cuda_error("cuMemcpyHtoDAsync", object(), e.0))?;
             }
             done.record(&stream)

@@ -4,7 +4,9 @@
 
 use std::sync::MutexGuard;
 
-use cudarc::driver::DriverError;
+use std::sync::Arc;
+
+use cudarc::driver::{CudaSlice, CudaStream, CudaView, DevicePtr, DriverError};
 
 use super::uploader::CudaUploader;
 use super::{ptx, raw};
@@ -17,8 +19,8 @@ use crate::BackendError;
 pub(super) struct KernelState {
     /// Loaded on first use, so a PTX problem never blocks plain uploads.
     pub(super) kernels: Option<raw::Kernels>,
-    /// 8-byte device word the checksum kernel accumulates into.
-    pub(super) result: raw::DeviceBuffer,
+    /// 8-byte device word the checksum kernel accumulates into (used on the kernel stream only).
+    pub(super) result: CudaSlice<u8>,
     /// Signalled after each kernel-stream operation.
     pub(super) done: raw::Event,
 }
@@ -82,8 +84,9 @@ impl CudaUploader {
         // for the whole call. It is held as a reader with no upload pending (uploader docs), so
         // no copy into it runs until this returns.
         unsafe {
-            self.checksum_span(buf.span(), len, &err, &mut |last, st| {
-                raw::copy_dtoh_wait(last, buf, len - last.len(), &self.kernel_stream, &st.done)
+            self.checksum_span(buf.span(len), len, &err, &mut |last, st| {
+                let tail = buf.slice().slice(len - last.len()..len);
+                read_back(&self.kernel_stream, &tail, last, &st.done)
             })
         }
     }
@@ -95,7 +98,7 @@ impl CudaUploader {
         let err = |call, e| self.kernel_error(call, "sin kernel", buffer, len, e);
         // SAFETY: as in `checksum_buffer`: a live allocation of at least `len` bytes, borrowed
         // for the call and held as a reader, so no copy into it runs until this returns.
-        unsafe { self.sin_span(buf.span(), len, &err) }
+        unsafe { self.sin_span(buf.span(len), len, &err) }
     }
 
     /// The checksum kernel over the whole words of `span[..len]`, plus the partial last word,
@@ -114,27 +117,36 @@ impl CudaUploader {
         if len == 0 {
             return Ok(0);
         }
-        let st = self.lock_kernels()?;
+        let mut guard = self.lock_kernels()?;
+        let st = &mut *guard;
         let Some(kernels) = st.kernels.as_ref() else {
             unreachable!("lock_kernels loads the kernels");
         };
         let stream = &self.kernel_stream;
         let nwords = (len / 8) as u64;
         let tail = len % 8;
-        raw::memset_zero_async(&st.result, stream).map_err(|e| err("cuMemsetD8Async", e))?;
+        stream
+            .memset_zeros(&mut st.result)
+            .map_err(|e| err("cuMemsetD8Async", e))?;
         if nwords > 0 {
+            // With event tracking off (`CudaBackend::new`) this records nothing.
+            let (out, _) = st.result.device_ptr(stream);
+            let out = raw::Span {
+                ptr: out,
+                bytes: st.result.len(),
+            };
             // SAFETY: the span is live for `len` bytes (caller), and it and `st.result` stay
-            // alive until copy_dtoh_wait below has waited for the whole kernel stream.
-            unsafe { kernels.launch_checksum(stream, span, nwords, &st.result, self.grid(nwords)) }
+            // alive until read_back below has waited for the whole kernel stream.
+            unsafe { kernels.launch_checksum(stream, span, nwords, out, self.grid(nwords)) }
                 .map_err(|e| err("cuLaunchKernel", e))?;
         }
         let mut word = [0u8; 8];
-        raw::copy_dtoh_wait(&mut word, &st.result, 0, stream, &st.done)
+        read_back(stream, &st.result.as_view(), &mut word, &st.done)
             .map_err(|e| err("cuMemcpyDtoHAsync/cuEventSynchronize", e))?;
         let mut sum = u64::from_le_bytes(word);
         if tail > 0 {
             let mut last = [0u8; 8];
-            read_tail(&mut last[..tail], &st).map_err(|e| err("reading the last word", e))?;
+            read_tail(&mut last[..tail], st).map_err(|e| err("reading the last word", e))?;
             sum = sum.wrapping_add(word_term(nwords, u64::from_le_bytes(last)));
         }
         Ok(sum)
@@ -168,4 +180,20 @@ impl CudaUploader {
             .and_then(|()| st.done.synchronize())
             .map_err(|e| err("cuEventSynchronize", e))
     }
+}
+
+/// Copies `src` into `dst` (of the same length) on `stream`, then waits for `done` recorded
+/// after the copy, so `dst` is written when this returns.
+pub(super) fn read_back(
+    stream: &Arc<CudaStream>,
+    src: &CudaView<'_, u8>,
+    dst: &mut [u8],
+    done: &raw::Event,
+) -> Result<(), DriverError> {
+    if dst.is_empty() {
+        return Ok(());
+    }
+    stream.memcpy_dtoh(src, dst)?;
+    done.record(stream)?;
+    done.synchronize()
 }

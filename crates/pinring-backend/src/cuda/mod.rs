@@ -68,7 +68,9 @@ pub struct CudaBackend {
 }
 
 impl CudaBackend {
-    /// The device's primary context.
+    /// The device's primary context. cudarc's event tracking is off in it (see
+    /// [`CudaBackend::new`]): a caller that allocates `CudaSlice`s through it orders their uses
+    /// across streams itself.
     pub fn context(&self) -> &Arc<CudaContext> {
         &self.ctx
     }

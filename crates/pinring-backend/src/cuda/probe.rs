@@ -104,6 +104,23 @@ impl CudaBackend {
             let object = || format!("device {device}");
             let ctx = CudaContext::new(device)
                 .map_err(|e| cuda_error("cuDevicePrimaryCtxRetain", object(), e.0))?;
+            // cudarc's event tracking would add a cuStreamWaitEvent and a cuEventRecord to every
+            // use of a CudaSlice from a second stream, and wait on those events before each free.
+            // pinring orders the uses of its device memory itself (one copy stream, one kernel
+            // stream, the device-buffer guard), so it is turned off for this context before any
+            // stream or slice exists.
+            //
+            // SAFETY: `disable_event_tracking` leaves stream ordering of the CudaSlices made
+            // after it to us; every CudaSlice of this context (the uploader's device buffers and
+            // checksum word, the bench's buffer) is: (1) freed only when no other stream still
+            // uses it: the uploader's Drop joins the completion thread (every copy waited for)
+            // and drains the kernel stream first, the checksum word is used on its own (kernel)
+            // stream only, and the bench's buffer on its own stream only; (2) not used on
+            // another stream before its allocation has finished: the uploader synchronizes the
+            // copy stream after allocating the buffers; (3) never written by two streams at
+            // once: the device-buffer guard keeps copies (copy stream) and kernels (kernel
+            // stream) over one buffer apart. `CudaBackend::context` documents this for callers.
+            unsafe { ctx.disable_event_tracking() };
             let name = ctx
                 .name()
                 .map_err(|e| cuda_error("cuDeviceGetName", object(), e.0))?;

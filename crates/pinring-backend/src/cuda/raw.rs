@@ -1,7 +1,7 @@
 //! The only place that calls the CUDA driver through raw pointers (cudarc's `driver::sys` and
-//! `driver::result`). Every wrapper here is small; the safe types (`DeviceBuffer`, `Event`,
-//! `Kernels`) own their driver handles and release them on drop, and `register::HostRegistration`
-//! owns the registrations made with [`host_register`].
+//! `driver::result`). Every wrapper here is small; the safe types (`Event`, `Kernels`) own their
+//! driver handles and release them on drop, and `register::HostRegistration` owns the
+//! registrations made with [`host_register`]. Device memory is cudarc's `CudaSlice`.
 //!
 //! Context handling: the driver keeps a *current context* per thread. Every wrapper that issues
 //! driver calls first makes the owning context current with [`make_current`] (a cheap
@@ -88,16 +88,8 @@ pub fn host_device_pointer(ctx: &CudaContext, host: *const u8) -> Result<u64, Dr
     Ok(d)
 }
 
-/// Device memory from `cuMemAlloc`; drop frees it.
-#[derive(Debug)]
-pub struct DeviceBuffer {
-    ptr: sys::CUdeviceptr,
-    bytes: usize,
-    ctx: Arc<CudaContext>,
-}
-
-/// A range of device-addressable memory a kernel may read or write: a [`DeviceBuffer`], or host
-/// memory registered with DEVICEMAP seen through its mapped device address (zero-copy).
+/// A range of device-addressable memory a kernel may read or write: (part of) a device buffer,
+/// or host memory registered with DEVICEMAP seen through its mapped device address (zero-copy).
 #[derive(Debug, Clone, Copy)]
 pub struct Span {
     /// Device address.
@@ -106,137 +98,33 @@ pub struct Span {
     pub bytes: usize,
 }
 
-impl DeviceBuffer {
-    /// Allocates `bytes` (at least 1) of device memory.
-    pub fn alloc(ctx: &Arc<CudaContext>, bytes: usize) -> Result<Self, DriverError> {
-        make_current(ctx)?;
-        // SAFETY: the context is current; the memory is uninitialised device memory, which is
-        // fine because it is only ever read by the device or copied as bytes.
-        let ptr = unsafe { result::malloc_sync(bytes.max(1)) }?;
-        Ok(Self {
-            ptr,
-            bytes,
-            ctx: Arc::clone(ctx),
-        })
-    }
-
-    /// The whole allocation as a [`Span`].
-    pub fn span(&self) -> Span {
-        Span {
-            ptr: self.ptr,
-            bytes: self.bytes,
-        }
-    }
-
-    /// Device address.
-    pub fn ptr(&self) -> u64 {
-        self.ptr
-    }
-}
-
-impl Drop for DeviceBuffer {
-    fn drop(&mut self) {
-        if let Err(e) = make_current(&self.ctx) {
-            tracing::warn!(code = ?e.0, "cuCtxSetCurrent before cuMemFree failed");
-        }
-        // SAFETY: `ptr` came from cuMemAlloc and is freed once, here. Owners wait for all work
-        // touching the buffer (copies, kernels) before dropping it; cuMemFree additionally
-        // synchronizes with outstanding work on the device.
-        if let Err(e) = unsafe { result::free_sync(self.ptr) } {
-            tracing::warn!(
-                "cuMemFree failed on {} bytes at device address {:#x}: {:?}",
-                self.bytes,
-                self.ptr,
-                e.0
-            );
-        }
-    }
-}
-
-/// Enqueues a host-to-device copy of `len` bytes from `src` to `dst + dst_offset` on `stream`.
-/// From page-locked (registered) memory it is truly asynchronous; from pageable memory the
-/// driver stages it and the call returns once the source has been read. A registered source
-/// must lie within one registered chunk (see [`ChunkTable`]).
+/// Enqueues a host-to-device copy of `len` bytes from `src` to device address `dst` on
+/// `stream`. From page-locked (registered) memory it is truly asynchronous; from pageable memory
+/// the driver stages it and the call returns once the source has been read. A registered source
+/// must lie within one registered chunk (see `register::ChunkTable`). This is the hot path: one
+/// `cuCtxGetCurrent` (see [`make_current`]) and the copy, nothing else.
+///
+/// cudarc's `CudaStream::memcpy_htod` is not used because it takes the source as a `&[T]` (a
+/// Rust reference to ring slot bytes, which pinring never makes: another process may write
+/// them) and the destination as `&mut CudaSlice` (one exclusive borrow per buffer per copy).
 ///
 /// # Safety
-/// `src..src+len` is valid for reads and is not written or unmapped until the copy has
-/// completed on `stream` (observe it with an [`Event`] recorded after this call).
-///
-/// # Panics
-/// If `dst_offset + len > dst.bytes()`.
+/// - `dst..dst+len` lies inside a live device allocation of `stream`'s context that stays
+///   allocated until the copy has completed on `stream`;
+/// - `src..src+len` is valid for reads and is not written or unmapped until the copy has
+///   completed on `stream` (observe it with an [`Event`] recorded after this call).
 pub unsafe fn memcpy_htod_async(
-    dst: &DeviceBuffer,
-    dst_offset: usize,
+    dst: sys::CUdeviceptr,
     src: *const u8,
     len: usize,
     stream: &CudaStream,
 ) -> Result<(), DriverError> {
-    assert!(
-        dst_offset
-            .checked_add(len)
-            .is_some_and(|end| end <= dst.bytes),
-        "copy of {len} bytes at offset {dst_offset} into a {}-byte device buffer",
-        dst.bytes
-    );
-    make_current(&dst.ctx)?;
-    // SAFETY: the destination range lies inside the allocation (asserted), which is alive
-    // (borrowed; owners wait for the copy before freeing); the caller guarantees the source
-    // stays valid until the copy completes; the stream belongs to the current context.
-    unsafe {
-        sys::cuMemcpyHtoDAsync_v2(
-            dst.ptr + dst_offset as u64,
-            src.cast::<c_void>(),
-            len,
-            stream.cu_stream(),
-        )
-    }
-    .result()
-}
-
-/// Zeroes the whole buffer on `stream` (asynchronously).
-pub fn memset_zero_async(dst: &DeviceBuffer, stream: &CudaStream) -> Result<(), DriverError> {
-    make_current(&dst.ctx)?;
-    // SAFETY: writes exactly dst.bytes bytes of a live allocation; device memory never aliases
-    // Rust memory. The owner waits for the stream before freeing `dst`.
-    unsafe { result::memset_d8_async(dst.ptr, 0, dst.bytes, stream.cu_stream()) }
-}
-
-/// Copies `dst.len()` bytes from `src + offset` into `dst`, then waits for `done` (recorded on
-/// `stream` after the copy), so `dst` is fully written when this returns.
-///
-/// # Panics
-/// If `offset + dst.len() > src.bytes()`.
-pub fn copy_dtoh_wait(
-    dst: &mut [u8],
-    src: &DeviceBuffer,
-    offset: usize,
-    stream: &CudaStream,
-    done: &Event,
-) -> Result<(), DriverError> {
-    assert!(
-        offset + dst.len() <= src.bytes,
-        "read of {} bytes at offset {offset} from a {}-byte device buffer",
-        dst.len(),
-        src.bytes
-    );
-    if dst.is_empty() {
-        return Ok(());
-    }
-    make_current(&src.ctx)?;
-    // SAFETY: the source range lies inside a live allocation (asserted); `dst` is an exclusive
-    // borrow of dst.len() writable bytes that stays borrowed until the event wait below has
-    // returned, i.e. until the copy has finished writing it.
-    unsafe {
-        sys::cuMemcpyDtoHAsync_v2(
-            dst.as_mut_ptr().cast::<c_void>(),
-            src.ptr + offset as u64,
-            dst.len(),
-            stream.cu_stream(),
-        )
-    }
-    .result()?;
-    done.record(stream)?;
-    done.synchronize()
+    make_current(stream.context())?;
+    // SAFETY: the caller guarantees the destination lies inside a live allocation that outlives
+    // the copy and that the source stays valid and unwritten until the copy completes; the
+    // stream belongs to the current context.
+    unsafe { sys::cuMemcpyHtoDAsync_v2(dst, src.cast::<c_void>(), len, stream.cu_stream()) }
+        .result()
 }
 
 /// A CUDA event created with `BLOCKING_SYNC | DISABLE_TIMING`: waiting on it puts the thread to
@@ -414,7 +302,7 @@ impl Kernels {
         stream: &CudaStream,
         src: Span,
         nwords: u64,
-        out: &DeviceBuffer,
+        out: Span,
         grid: (u32, u32),
     ) -> Result<(), DriverError> {
         assert!(

@@ -151,7 +151,8 @@ fn gpu_smoke() {
     let mut back = vec![0u8; bytes.len()];
     {
         let st = cu.kernel_state.lock().unwrap();
-        raw::copy_dtoh_wait(&mut back, &cu.buffers[0], 0, &cu.kernel_stream, &st.done).unwrap();
+        let src = cu.buffers[0].slice().slice(..back.len());
+        kernels::read_back(&cu.kernel_stream, &src, &mut back, &st.done).unwrap();
     }
     let mut max_err = 0f32;
     for (x, c) in xs.iter().zip(back.chunks_exact(4)) {

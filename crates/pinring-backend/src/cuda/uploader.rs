@@ -25,7 +25,7 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use crossbeam_channel::{Receiver, Sender};
-use cudarc::driver::{CudaContext, CudaStream};
+use cudarc::driver::{sys, CudaContext, CudaSlice, CudaStream, DevicePtr, DriverError};
 
 use super::completion::{self, InFlight};
 use super::kernels::KernelState;
@@ -41,7 +41,7 @@ pub struct CudaUploader {
     pub(super) device: usize,
     pub(super) sm_count: u32,
     pub(super) buffer_bytes: usize,
-    pub(super) buffers: Vec<raw::DeviceBuffer>,
+    pub(super) buffers: Vec<DeviceBuffer>,
     /// The backend's registered chunks: copies are split at their boundaries.
     pub(super) chunks: Arc<ChunkTable>,
     /// The per-buffer pending and reader counts (module docs); shared with the completion
@@ -75,11 +75,13 @@ impl CudaUploader {
         }
         let ctx = Arc::clone(&backend.ctx);
         let device = backend.device;
+        let copy_stream = backend.new_stream("copy")?;
+        let kernel_stream = backend.new_stream("kernel")?;
         let mut bufs = Vec::with_capacity(buffers);
         for i in 0..buffers {
-            let b = raw::DeviceBuffer::alloc(&ctx, buffer_bytes).map_err(|e| {
+            let b = DeviceBuffer::alloc(&copy_stream, buffer_bytes).map_err(|e| {
                 cuda_error(
-                    "cuMemAlloc",
+                    alloc_call(&ctx),
                     format!(
                         "device buffer {i} of {buffers} ({buffer_bytes} bytes each, {} GiB device) on device {device}",
                         gib(backend.total_mem)
@@ -89,11 +91,18 @@ impl CudaUploader {
             })?;
             bufs.push(b);
         }
-        let copy_stream = backend.new_stream("copy")?;
-        let kernel_stream = backend.new_stream("kernel")?;
-        let result = raw::DeviceBuffer::alloc(&ctx, 8).map_err(|e| {
+        // Stream-ordered allocations: finish them before the kernel stream may touch a buffer
+        // (event tracking is off, see `CudaBackend::new`). Once, at set-up.
+        copy_stream.synchronize().map_err(|e| {
             cuda_error(
-                "cuMemAlloc",
+                "cuStreamSynchronize",
+                format!("copy stream on device {device} after allocating {buffers} device buffers"),
+                e.0,
+            )
+        })?;
+        let result = kernel_stream.alloc_zeros::<u8>(8).map_err(|e| {
+            cuda_error(
+                alloc_call(&ctx),
                 format!("8-byte checksum word on device {device}"),
                 e.0,
             )
@@ -148,10 +157,90 @@ impl CudaUploader {
         call: &'static str,
         buffer: usize,
         len: usize,
-    ) -> Result<(&raw::DeviceBuffer, Reading<'_>), BackendError> {
+    ) -> Result<(&DeviceBuffer, Reading<'_>), BackendError> {
         check_range(call, buffer, len, self.buffers.len(), self.buffer_bytes)?;
         let reading = self.guards.begin_read(call, buffer)?;
         Ok((&self.buffers[buffer], reading))
+    }
+}
+
+/// The driver call that allocates device memory through cudarc in `ctx` (for error messages).
+pub(super) fn alloc_call(ctx: &CudaContext) -> &'static str {
+    if ctx.has_async_alloc() {
+        "cuMemAllocAsync"
+    } else {
+        "cuMemAlloc"
+    }
+}
+
+/// One device buffer. cudarc's [`CudaSlice`] owns the allocation (stream-ordered on the stream it
+/// was allocated on, freed when dropped); its device address is read once, here, so `submit`
+/// hands it to the copy without going through the slice.
+#[derive(Debug)]
+pub(super) struct DeviceBuffer {
+    slice: CudaSlice<u8>,
+    ptr: sys::CUdeviceptr,
+}
+
+impl DeviceBuffer {
+    /// `bytes` (at least 1) of zeroed device memory, allocated on `stream`.
+    pub(super) fn alloc(stream: &Arc<CudaStream>, bytes: usize) -> Result<Self, DriverError> {
+        let slice = stream.alloc_zeros::<u8>(bytes.max(1))?;
+        // With event tracking off (`CudaBackend::new`) this records nothing.
+        let (ptr, _) = slice.device_ptr(stream);
+        Ok(Self { slice, ptr })
+    }
+
+    /// The allocation, for cudarc's safe calls (reading back, kernel arguments).
+    pub(super) fn slice(&self) -> &CudaSlice<u8> {
+        &self.slice
+    }
+
+    /// Device address.
+    pub(super) fn ptr(&self) -> sys::CUdeviceptr {
+        self.ptr
+    }
+
+    /// The first `len` bytes as a kernel's [`raw::Span`].
+    ///
+    /// # Panics
+    /// If `len` exceeds the buffer.
+    pub(super) fn span(&self, len: usize) -> raw::Span {
+        assert!(
+            len <= self.slice.len(),
+            "span of {len} bytes of a {}-byte device buffer",
+            self.slice.len()
+        );
+        raw::Span {
+            ptr: self.ptr,
+            bytes: len,
+        }
+    }
+
+    /// Enqueues a copy of `len` bytes from host address `src` to byte `offset` of this buffer
+    /// on `stream` ([`raw::memcpy_htod_async`]).
+    ///
+    /// # Safety
+    /// `src..src+len` is valid for reads and is not written or unmapped until the copy has
+    /// completed on `stream`; this buffer is not dropped before that either.
+    ///
+    /// # Panics
+    /// If `offset + len` exceeds the buffer.
+    pub(super) unsafe fn copy_in_async(
+        &self,
+        offset: usize,
+        src: *const u8,
+        len: usize,
+        stream: &CudaStream,
+    ) -> Result<(), DriverError> {
+        let bytes = self.slice.len();
+        assert!(
+            offset.checked_add(len).is_some_and(|end| end <= bytes),
+            "copy of {len} bytes at offset {offset} into a {bytes}-byte device buffer"
+        );
+        // SAFETY: the destination range lies inside this live allocation (asserted), which the
+        // caller keeps alive until the copy completes, as it does the source range.
+        unsafe { raw::memcpy_htod_async(self.ptr + offset as u64, src, len, stream) }
     }
 }
 
@@ -291,8 +380,7 @@ impl Uploader for CudaUploader {
             // these copies on the same stream) has completed. Device buffers are freed only
             // after that thread has drained (Drop).
             let r = unsafe {
-                raw::memcpy_htod_async(
-                    &self.buffers[b],
+                self.buffers[b].copy_in_async(
                     cur - start,
                     cur as *const u8,
                     next - cur,
@@ -397,6 +485,14 @@ impl Drop for CudaUploader {
                     let _ = ev.record(&self.copy_stream).and_then(|()| ev.synchronize());
                 }
             }
+        }
+        // Kernels are waited for by the calls that launch them, except after a failed wait.
+        // cudarc frees the buffers in the copy stream's order, which does not follow the kernel
+        // stream, so make sure no kernel still uses one.
+        if let Ok(ev) = raw::Event::new(&self.ctx) {
+            let _ = ev
+                .record(&self.kernel_stream)
+                .and_then(|()| ev.synchronize());
         }
     }
 }
