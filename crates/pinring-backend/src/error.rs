@@ -172,7 +172,7 @@ fn hint(call: &'static str, code: CUresult) -> &'static str {
         ("cuMemAlloc" | "cuMemAllocAsync", CUDA_ERROR_OUT_OF_MEMORY) => {
             "not enough free device memory: use fewer or smaller device buffers"
         }
-        ("cuModuleLoadDataEx" | "cuModuleGetFunction", _) => {
+        ("cuModuleLoadData" | "cuModuleGetFunction", _) => {
             "the driver rejected pinring's embedded PTX kernels: this is a bug in pinring-backend \
              (report it with the JIT log above); uploads still work, only checksum/compute sinks fail"
         }

@@ -2,11 +2,14 @@
 //! a device buffer or, for zero-copy, a mapped host range (`zero_copy.rs`), on the uploader's
 //! kernel stream, one call at a time.
 
-use std::sync::MutexGuard;
+use std::ffi::CStr;
+use std::sync::{Arc, MutexGuard};
 
-use std::sync::Arc;
-
-use cudarc::driver::{CudaSlice, CudaStream, CudaView, DevicePtr, DriverError};
+use cudarc::driver::{
+    sys, CudaContext, CudaFunction, CudaSlice, CudaStream, CudaView, DriverError, LaunchConfig,
+    PushKernelArg,
+};
+use cudarc::nvrtc::Ptx;
 
 use super::uploader::CudaUploader;
 use super::{ptx, raw};
@@ -14,11 +17,126 @@ use crate::checksum::word_term;
 use crate::error::cuda_error;
 use crate::BackendError;
 
+/// A range of device-addressable memory a kernel may read or write: (part of) a device buffer,
+/// or host memory registered with DEVICEMAP seen through its mapped device address (zero-copy).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Span {
+    /// Device address.
+    pub(super) ptr: sys::CUdeviceptr,
+    /// Bytes from `ptr` that belong to the allocation or registration.
+    pub(super) bytes: usize,
+}
+
+/// The checksum and sin kernels of the embedded PTX; cudarc owns the module (unloaded when the
+/// last function is dropped).
+#[derive(Debug)]
+pub(super) struct Kernels {
+    checksum: CudaFunction,
+    sin: CudaFunction,
+}
+
+impl Kernels {
+    /// JIT-compiles the embedded PTX (`ptx.rs`) in `ctx` and looks up the two entry points.
+    fn load(ctx: &Arc<CudaContext>, device: usize) -> Result<Self, BackendError> {
+        let object = |what: String| {
+            format!("pinring's embedded PTX (.target sm_80) on device {device}; {what}")
+        };
+        let module = ctx
+            .load_module(Ptx::from_src(ptx::PTX.to_string_lossy()))
+            .map_err(|e| {
+                let log = raw::jit_error_log(ctx, ptx::PTX);
+                let log = if log.is_empty() { "(empty)" } else { &log };
+                cuda_error("cuModuleLoadData", object(format!("JIT log: {log}")), e.0)
+            })?;
+        let function = |name: &CStr| {
+            module.load_function(&name.to_string_lossy()).map_err(|e| {
+                cuda_error(
+                    "cuModuleGetFunction",
+                    object(format!(
+                        "entry point {name:?} not found in the embedded PTX"
+                    )),
+                    e.0,
+                )
+            })
+        };
+        Ok(Self {
+            checksum: function(ptx::CHECKSUM_KERNEL)?,
+            sin: function(ptx::SIN_KERNEL)?,
+        })
+    }
+
+    /// Enqueues the checksum kernel: adds the terms of `nwords` little-endian u64 words at the
+    /// start of `src` into the u64 at the start of `out` (which the caller zeroes first).
+    ///
+    /// # Safety
+    /// `src` and `out` are not freed, and `src[..8*nwords]` is not written by other work, until
+    /// the kernel has completed on `stream`.
+    ///
+    /// # Panics
+    /// If `8 * nwords > src.bytes` or `out` is shorter than 8 bytes.
+    unsafe fn launch_checksum(
+        &self,
+        stream: &CudaStream,
+        src: Span,
+        nwords: u64,
+        out: &mut CudaSlice<u8>,
+        grid: (u32, u32),
+    ) -> Result<(), DriverError> {
+        assert!(
+            nwords.saturating_mul(8) <= src.bytes as u64,
+            "checksum range too large"
+        );
+        assert!(out.len() >= 8, "checksum result buffer too small");
+        let mut launch = stream.launch_builder(&self.checksum);
+        launch.arg(&src.ptr).arg(&nwords).arg(out);
+        // SAFETY: the function is live (its module is owned through it); the three arguments
+        // match the kernel's (.u64, .u64, .u64) signature; the address ranges lie inside live
+        // allocations (asserted) that the caller keeps alive until completion; with event
+        // tracking off (`CudaBackend::new`) the builder adds no waits or records.
+        unsafe { launch.launch(launch_config(grid)) }.map(|_| ())
+    }
+
+    /// Enqueues the sin kernel: `x = sin(x)` over the first `n` f32s of `buf`, in place.
+    ///
+    /// # Safety
+    /// `buf` is not freed, and `buf[..4*n]` is not read or written by other work, until the
+    /// kernel has completed on `stream`.
+    ///
+    /// # Panics
+    /// If `4 * n > buf.bytes`.
+    unsafe fn launch_sin(
+        &self,
+        stream: &CudaStream,
+        buf: Span,
+        n: u64,
+        grid: (u32, u32),
+    ) -> Result<(), DriverError> {
+        assert!(
+            n.saturating_mul(4) <= buf.bytes as u64,
+            "sin range too large"
+        );
+        let mut launch = stream.launch_builder(&self.sin);
+        launch.arg(&buf.ptr).arg(&n);
+        // SAFETY: as in launch_checksum: live function, arguments match (.u64, .u64), the range
+        // is inside a live allocation (asserted) that the caller keeps alive until completion.
+        unsafe { launch.launch(launch_config(grid)) }.map(|_| ())
+    }
+}
+
+/// A 1-D launch of `grid.0` blocks of `grid.1` threads (the PTX's launch contract).
+fn launch_config(grid: (u32, u32)) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (grid.0, 1, 1),
+        block_dim: (grid.1, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
 /// State used by `checksum` / `compute` (one at a time).
 #[derive(Debug)]
 pub(super) struct KernelState {
     /// Loaded on first use, so a PTX problem never blocks plain uploads.
-    pub(super) kernels: Option<raw::Kernels>,
+    pub(super) kernels: Option<Kernels>,
     /// 8-byte device word the checksum kernel accumulates into (used on the kernel stream only).
     pub(super) result: CudaSlice<u8>,
     /// Signalled after each kernel-stream operation.
@@ -40,19 +158,7 @@ impl CudaUploader {
     fn lock_kernels(&self) -> Result<MutexGuard<'_, KernelState>, BackendError> {
         let mut st = self.kernel_state.lock().unwrap_or_else(|e| e.into_inner());
         if st.kernels.is_none() {
-            let k = raw::Kernels::load(&self.ctx, ptx::PTX, ptx::CHECKSUM_KERNEL, ptx::SIN_KERNEL)
-                .map_err(|f| {
-                    cuda_error(
-                        f.call,
-                        format!(
-                            "pinring's embedded PTX (.target sm_80) on device {}; JIT log: {}",
-                            self.device,
-                            if f.log.is_empty() { "(empty)" } else { &f.log }
-                        ),
-                        f.code,
-                    )
-                })?;
-            st.kernels = Some(k);
+            st.kernels = Some(Kernels::load(&self.ctx, self.device)?);
         }
         Ok(st)
     }
@@ -109,7 +215,7 @@ impl CudaUploader {
     /// stays alive, and unwritten by the host, until this returns.
     pub(super) unsafe fn checksum_span(
         &self,
-        span: raw::Span,
+        span: Span,
         len: usize,
         err: &dyn Fn(&'static str, DriverError) -> BackendError,
         read_tail: &mut ReadTail<'_>,
@@ -129,16 +235,12 @@ impl CudaUploader {
             .memset_zeros(&mut st.result)
             .map_err(|e| err("cuMemsetD8Async", e))?;
         if nwords > 0 {
-            // With event tracking off (`CudaBackend::new`) this records nothing.
-            let (out, _) = st.result.device_ptr(stream);
-            let out = raw::Span {
-                ptr: out,
-                bytes: st.result.len(),
-            };
             // SAFETY: the span is live for `len` bytes (caller), and it and `st.result` stay
             // alive until read_back below has waited for the whole kernel stream.
-            unsafe { kernels.launch_checksum(stream, span, nwords, out, self.grid(nwords)) }
-                .map_err(|e| err("cuLaunchKernel", e))?;
+            unsafe {
+                kernels.launch_checksum(stream, span, nwords, &mut st.result, self.grid(nwords))
+            }
+            .map_err(|e| err("cuLaunchKernel", e))?;
         }
         let mut word = [0u8; 8];
         read_back(stream, &st.result.as_view(), &mut word, &st.done)
@@ -158,7 +260,7 @@ impl CudaUploader {
     /// As for [`CudaUploader::checksum_span`]; the caller also gives up the bytes' contents.
     pub(super) unsafe fn sin_span(
         &self,
-        span: raw::Span,
+        span: Span,
         len: usize,
         err: &dyn Fn(&'static str, DriverError) -> BackendError,
     ) -> Result<(), BackendError> {

@@ -1,7 +1,9 @@
 //! The only place that calls the CUDA driver through raw pointers (cudarc's `driver::sys` and
-//! `driver::result`). Every wrapper here is small; the safe types (`Event`, `Kernels`) own their
-//! driver handles and release them on drop, and `register::HostRegistration` owns the
-//! registrations made with [`host_register`]. Device memory is cudarc's `CudaSlice`.
+//! `driver::result`), for what cudarc's safe layer does not offer or offers only at a cost the
+//! hot path must not pay (docs/ARCHITECTURE.md lists each with the reason). Every wrapper here is
+//! small; [`Event`] owns its handle and destroys it on drop, and `register::HostRegistration`
+//! owns the registrations made with [`host_register`]. Device memory (`CudaSlice`), streams and
+//! the kernels (`CudaModule`/`CudaFunction`, launched with cudarc's launch builder) are cudarc's.
 //!
 //! Context handling: the driver keeps a *current context* per thread. Every wrapper that issues
 //! driver calls first makes the owning context current with [`make_current`] (a cheap
@@ -86,16 +88,6 @@ pub fn host_device_pointer(ctx: &CudaContext, host: *const u8) -> Result<u64, Dr
     unsafe { sys::cuMemHostGetDevicePointer_v2(&mut d, host.cast_mut().cast::<c_void>(), 0) }
         .result()?;
     Ok(d)
-}
-
-/// A range of device-addressable memory a kernel may read or write: (part of) a device buffer,
-/// or host memory registered with DEVICEMAP seen through its mapped device address (zero-copy).
-#[derive(Debug, Clone, Copy)]
-pub struct Span {
-    /// Device address.
-    pub ptr: sys::CUdeviceptr,
-    /// Bytes from `ptr` that belong to the allocation or registration.
-    pub bytes: usize,
 }
 
 /// Enqueues a host-to-device copy of `len` bytes from `src` to device address `dst` on
@@ -189,201 +181,45 @@ impl Drop for Event {
     }
 }
 
-/// Why loading the embedded PTX failed: the code and the JIT's error log.
-#[derive(Debug)]
-pub struct PtxLoadFailure {
-    /// The driver's code.
-    pub code: CUresult,
-    /// Which call failed: "cuModuleLoadDataEx" or "cuModuleGetFunction".
-    pub call: &'static str,
-    /// The JIT compiler's error log (may be empty).
-    pub log: String,
-}
-
-/// The module with the checksum and sin kernels, and their function handles.
-#[derive(Debug)]
-pub struct Kernels {
-    module: sys::CUmodule,
-    checksum: sys::CUfunction,
-    sin: sys::CUfunction,
-    ctx: Arc<CudaContext>,
-}
-
-// SAFETY: module and function handles are context-scoped, not thread-scoped; every use makes the
-// context current first. The module is unloaded once, in Drop.
-unsafe impl Send for Kernels {}
-// SAFETY: launching the same CUfunction from several threads is allowed by the driver API;
-// nothing is mutated through `&self`.
-unsafe impl Sync for Kernels {}
-
-impl Kernels {
-    /// JIT-compiles `ptx` (NUL-terminated PTX text) and looks up the two entry points.
-    pub fn load(
-        ctx: &Arc<CudaContext>,
-        ptx: &CStr,
-        checksum_name: &CStr,
-        sin_name: &CStr,
-    ) -> Result<Self, PtxLoadFailure> {
-        make_current(ctx).map_err(|e| PtxLoadFailure {
-            code: e.0,
-            call: "cuCtxSetCurrent",
-            log: String::new(),
-        })?;
-        let mut log = vec![0u8; 16 * 1024];
-        let mut options = [
-            sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER,
-            sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
-        ];
-        // The size option's value is passed in the pointer-sized slot itself (per the driver
-        // API); on return the driver stores the number of bytes it wrote there.
-        let mut values: [*mut c_void; 2] = [
-            log.as_mut_ptr().cast::<c_void>(),
-            std::ptr::without_provenance_mut::<c_void>(log.len()),
-        ];
-        let mut module: sys::CUmodule = std::ptr::null_mut();
-        // SAFETY: `ptx` is NUL-terminated text that lives through the call; `module` is a valid
-        // out-parameter; `options`/`values` have the same length (2), the log buffer is writable
-        // for the size given and outlives the call; the context is current.
-        let code = unsafe {
-            sys::cuModuleLoadDataEx(
-                &mut module,
-                ptx.as_ptr().cast::<c_void>(),
-                options.len() as u32,
-                options.as_mut_ptr(),
-                values.as_mut_ptr(),
-            )
-        };
-        if code != CUresult::CUDA_SUCCESS {
-            let end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
-            return Err(PtxLoadFailure {
-                code,
-                call: "cuModuleLoadDataEx",
-                log: String::from_utf8_lossy(&log[..end]).trim().to_string(),
-            });
-        }
-        // From here on `kernels` owns the module (Drop unloads it on the error paths too).
-        let mut kernels = Kernels {
-            module,
-            checksum: std::ptr::null_mut(),
-            sin: std::ptr::null_mut(),
-            ctx: Arc::clone(ctx),
-        };
-        let lookup = |name: &CStr| {
-            let mut f: sys::CUfunction = std::ptr::null_mut();
-            // SAFETY: `module` is a live module (owned by `kernels`), `name` is NUL-terminated,
-            // `f` is a valid out-parameter; the context is current.
-            let code = unsafe { sys::cuModuleGetFunction(&mut f, module, name.as_ptr()) };
-            if code == CUresult::CUDA_SUCCESS {
-                Ok(f)
-            } else {
-                Err(PtxLoadFailure {
-                    code,
-                    call: "cuModuleGetFunction",
-                    log: format!("entry point {name:?} not found in the embedded PTX"),
-                })
-            }
-        };
-        kernels.checksum = lookup(checksum_name)?;
-        kernels.sin = lookup(sin_name)?;
-        Ok(kernels)
+/// The driver JIT's error log for `ptx` (NUL-terminated PTX text), for the error message when
+/// cudarc's `CudaContext::load_module` has refused it: cudarc loads with `cuModuleLoadData`, which
+/// takes no JIT options, so this loads `ptx` once more through `cuModuleLoadDataEx` with an
+/// error-log buffer (and unloads it again should it load this time). Only called on that failure
+/// path; an empty string when the driver wrote no log.
+pub fn jit_error_log(ctx: &CudaContext, ptx: &CStr) -> String {
+    if make_current(ctx).is_err() {
+        return String::new();
     }
-
-    /// Enqueues the checksum kernel: adds the terms of `nwords` little-endian u64 words at the
-    /// start of `src` into the u64 at the start of `out` (which the caller zeroes first).
-    ///
-    /// # Safety
-    /// `src` and `out` are not freed, and `src[..8*nwords]` is not written by other work, until
-    /// the kernel has completed on `stream`.
-    ///
-    /// # Panics
-    /// If `8 * nwords > src.bytes()` or `out.bytes() < 8`.
-    pub unsafe fn launch_checksum(
-        &self,
-        stream: &CudaStream,
-        src: Span,
-        nwords: u64,
-        out: Span,
-        grid: (u32, u32),
-    ) -> Result<(), DriverError> {
-        assert!(
-            nwords.saturating_mul(8) <= src.bytes as u64,
-            "checksum range too large"
-        );
-        assert!(out.bytes >= 8, "checksum result buffer too small");
-        let mut a_src: u64 = src.ptr;
-        let mut a_n: u64 = nwords;
-        let mut a_out: u64 = out.ptr;
-        let mut params: [*mut c_void; 3] = [
-            (&mut a_src as *mut u64).cast(),
-            (&mut a_n as *mut u64).cast(),
-            (&mut a_out as *mut u64).cast(),
-        ];
-        make_current(&self.ctx)?;
-        // SAFETY: the function is live (module owned by self); the three params match the
-        // kernel's (.u64, .u64, .u64) signature and the driver copies their values during the
-        // call; the address ranges are inside live allocations (asserted) and the caller keeps
-        // them alive until completion; the stream belongs to the current context.
-        unsafe {
-            result::launch_kernel(
-                self.checksum,
-                (grid.0, 1, 1),
-                (grid.1, 1, 1),
-                0,
-                stream.cu_stream(),
-                &mut params,
-            )
+    let mut log = vec![0u8; 16 * 1024];
+    let mut options = [
+        sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER,
+        sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
+    ];
+    // The size option's value is passed in the pointer-sized slot itself (per the driver API);
+    // on return the driver stores the number of bytes it wrote there.
+    let mut values: [*mut c_void; 2] = [
+        log.as_mut_ptr().cast::<c_void>(),
+        std::ptr::without_provenance_mut::<c_void>(log.len()),
+    ];
+    let mut module: sys::CUmodule = std::ptr::null_mut();
+    // SAFETY: `ptx` is NUL-terminated text that lives through the call; `module` is a valid
+    // out-parameter; `options`/`values` have the same length (2), the log buffer is writable for
+    // the size given and outlives the call; the context is current.
+    let code = unsafe {
+        sys::cuModuleLoadDataEx(
+            &mut module,
+            ptx.as_ptr().cast::<c_void>(),
+            options.len() as u32,
+            options.as_mut_ptr(),
+            values.as_mut_ptr(),
+        )
+    };
+    if code == CUresult::CUDA_SUCCESS {
+        // SAFETY: loaded just above and used by nothing else; unloaded once, here.
+        if let Err(e) = unsafe { result::module::unload(module) } {
+            tracing::warn!(code = ?e.0, "cuModuleUnload failed");
         }
     }
-
-    /// Enqueues the sin kernel: `x = sin(x)` over the first `n` f32s of `buf`, in place.
-    ///
-    /// # Safety
-    /// `buf` is not freed, and `buf[..4*n]` is not read or written by other work, until the
-    /// kernel has completed on `stream`.
-    ///
-    /// # Panics
-    /// If `4 * n > buf.bytes()`.
-    pub unsafe fn launch_sin(
-        &self,
-        stream: &CudaStream,
-        buf: Span,
-        n: u64,
-        grid: (u32, u32),
-    ) -> Result<(), DriverError> {
-        assert!(
-            n.saturating_mul(4) <= buf.bytes as u64,
-            "sin range too large"
-        );
-        let mut a_data: u64 = buf.ptr;
-        let mut a_n: u64 = n;
-        let mut params: [*mut c_void; 2] = [
-            (&mut a_data as *mut u64).cast(),
-            (&mut a_n as *mut u64).cast(),
-        ];
-        make_current(&self.ctx)?;
-        // SAFETY: as in launch_checksum: live function, params match (.u64, .u64), the range is
-        // inside a live allocation (asserted) that the caller keeps alive until completion.
-        unsafe {
-            result::launch_kernel(
-                self.sin,
-                (grid.0, 1, 1),
-                (grid.1, 1, 1),
-                0,
-                stream.cu_stream(),
-                &mut params,
-            )
-        }
-    }
-}
-
-impl Drop for Kernels {
-    fn drop(&mut self) {
-        if make_current(&self.ctx).is_ok() {
-            // SAFETY: loaded by cuModuleLoadDataEx, unloaded once, here; owners wait for launched
-            // kernels before dropping.
-            if let Err(e) = unsafe { result::module::unload(self.module) } {
-                tracing::warn!(code = ?e.0, "cuModuleUnload failed");
-            }
-        }
-    }
+    let end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
+    String::from_utf8_lossy(&log[..end]).trim().to_string()
 }

@@ -28,7 +28,7 @@ use crossbeam_channel::{Receiver, Sender};
 use cudarc::driver::{sys, CudaContext, CudaSlice, CudaStream, DevicePtr, DriverError};
 
 use super::completion::{self, InFlight};
-use super::kernels::KernelState;
+use super::kernels::{KernelState, Span};
 use super::{gib, raw, ChunkTable, CudaBackend};
 use crate::error::cuda_error;
 use crate::host::check_range;
@@ -201,17 +201,17 @@ impl DeviceBuffer {
         self.ptr
     }
 
-    /// The first `len` bytes as a kernel's [`raw::Span`].
+    /// The first `len` bytes as a kernel's [`Span`].
     ///
     /// # Panics
     /// If `len` exceeds the buffer.
-    pub(super) fn span(&self, len: usize) -> raw::Span {
+    pub(super) fn span(&self, len: usize) -> Span {
         assert!(
             len <= self.slice.len(),
             "span of {len} bytes of a {}-byte device buffer",
             self.slice.len()
         );
-        raw::Span {
+        Span {
             ptr: self.ptr,
             bytes: len,
         }

@@ -4,7 +4,7 @@
 
 use cudarc::driver::DriverError;
 
-use super::kernels::KernelState;
+use super::kernels::{KernelState, Span};
 use super::raw;
 use super::uploader::CudaUploader;
 use super::CudaBackend;
@@ -32,7 +32,7 @@ impl CudaUploader {
         call: &'static str,
         host_ptr: *const u8,
         len: usize,
-    ) -> Result<raw::Span, BackendError> {
+    ) -> Result<Span, BackendError> {
         let ptr = raw::host_device_pointer(&self.ctx, host_ptr).map_err(|e| {
             cuda_error(
                 call,
@@ -43,7 +43,7 @@ impl CudaUploader {
                 e.0,
             )
         })?;
-        Ok(raw::Span { ptr, bytes: len })
+        Ok(Span { ptr, bytes: len })
     }
 
     fn mapped_error(
