@@ -80,8 +80,11 @@ impl CudaUploader {
         let err = |call, e| self.mapped_error(call, "checksum", host_ptr, len, e);
         let mut read_tail = |last: &mut [u8], _: &KernelState| {
             let tail_ptr = host_ptr.wrapping_add(len - last.len());
-            // SAFETY: tail_ptr..tail_ptr+last.len() is the end of the caller's live range.
-            last.copy_from_slice(unsafe { std::slice::from_raw_parts(tail_ptr, last.len()) });
+            // SAFETY: tail_ptr..tail_ptr+last.len() is the end of the caller's live range, and
+            // `last` is private memory, so the two cannot overlap. A raw copy rather than a
+            // slice: ring slot bytes are never viewed through a Rust reference (another process
+            // may write them; docs/ARCHITECTURE.md).
+            unsafe { std::ptr::copy_nonoverlapping(tail_ptr, last.as_mut_ptr(), last.len()) };
             Ok(())
         };
         // SAFETY: the span is the mapped address of a live DEVICEMAP registration of `len` bytes
