@@ -17,13 +17,15 @@
 //! | `probe` | loading the driver, `cuInit`, device discovery, [`CudaBackend::new`], the probe line |
 //! | `bandwidth` | the raw and pageable copy ceilings `pinring bench` prints |
 //! | `register` | `cuMemHostRegister` in chunks, the RAII guard, the table copies are split at |
-//! | `uploader` | [`CudaUploader`]: device buffers, `submit`, the per-buffer pending counts |
+//! | `uploader` | [`CudaUploader`]: device buffers, `submit`, the per-buffer pending and reader counts |
 //! | `completion` | the completion thread's loop |
 //! | `kernels` | checksum / sin launch glue (the PTX itself is in `ptx`) |
 //! | `zero_copy` | DEVICEMAP mapped addresses and the kernels over them |
 //! | `raw` | the thin unsafe layer: every raw driver call |
 //!
-//! All raw driver calls live in `raw.rs`; the other modules only sequence them.
+//! Contexts, streams, device memory and kernels are cudarc's safe types; the raw driver calls
+//! that remain (registration, mapped pointers, the upload copy, blocking-sync events; the reasons
+//! are in docs/ARCHITECTURE.md) all live in `raw.rs`, and the other modules only sequence them.
 
 mod bandwidth;
 mod completion;

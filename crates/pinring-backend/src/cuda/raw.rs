@@ -8,8 +8,10 @@
 //! Context handling: the driver keeps a *current context* per thread. Every wrapper that issues
 //! driver calls first makes the owning context current with [`make_current`] (a cheap
 //! `cuCtxGetCurrent` when it already is). We deliberately do not use
-//! `CudaContext::bind_to_thread`, because it also reports errors cudarc recorded in unrelated
-//! `Drop`s, which would surface as spurious failures of unrelated uploads.
+//! `CudaContext::bind_to_thread` here, because it also reports (and clears) errors cudarc
+//! recorded in unrelated `Drop`s, which would surface as spurious failures of unrelated uploads.
+//! cudarc's own safe calls (allocations, kernel loading and launches, read-backs) do go through
+//! it; they are off the upload path, and a recorded error there means the context is failing.
 
 use std::ffi::{c_void, CStr};
 use std::sync::Arc;
