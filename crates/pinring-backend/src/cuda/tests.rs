@@ -217,3 +217,46 @@ fn a_buffer_being_read_refuses_uploads() {
     up.guards.end_upload(0);
     assert_eq!(up.checksum(0, src.len()).unwrap(), checksum(&src));
 }
+
+#[test]
+fn cudarc_context_is_set_up_as_documented() {
+    if crate::testing::gpu().is_none() {
+        return;
+    }
+    let b = CudaBackend::new(0).unwrap();
+    // No CudaSlice of this context may carry event tracking (docs/ARCHITECTURE.md).
+    assert!(!b.context().is_event_tracking());
+    let up = b.cuda_uploader(2, 4096).unwrap();
+    assert!(!b.context().is_managing_stream_synchronization());
+    for i in 0..2 {
+        assert_eq!(up.buffer_device_ptr(i), Some(up.buffers[i].ptr()));
+        assert_ne!(up.buffers[i].ptr(), 0);
+    }
+    assert_eq!(up.buffer_device_ptr(2), None);
+    // The JIT log fetched after a failed load names the problem; the embedded PTX loads (and is
+    // unloaded again) without an error.
+    let bad =
+        c".version 7.8\n.target sm_80\n.address_size 64\n.visible .entry broken( { bogus; }\n";
+    let log = raw::jit_error_log(b.context(), bad);
+    println!("JIT log for broken PTX: {log}");
+    assert!(!log.is_empty());
+    let log = raw::jit_error_log(b.context(), ptx::PTX);
+    println!("JIT error log for the embedded PTX (expected empty): {log:?}");
+    // The kernels load through cudarc and work on a fresh uploader.
+    let data = pattern(9, 4096);
+    let job = UploadJob {
+        tag: 7,
+        src: data.as_ptr(),
+        len: data.len(),
+        buffer: 1,
+    };
+    // SAFETY: `data` outlives the completion received next.
+    unsafe { up.submit(job) }.unwrap();
+    let c = up
+        .completions()
+        .recv_timeout(Duration::from_secs(30))
+        .unwrap();
+    c.result.unwrap();
+    assert_eq!(up.checksum(1, data.len()).unwrap(), checksum(&data));
+    assert_eq!(up.checksum(1, 13).unwrap(), checksum(&data[..13]));
+}
