@@ -169,10 +169,10 @@ fn hint(call: &'static str, code: CUresult) -> &'static str {
             "the driver rejected the address range or flags: the range must be a mapped, \
              read-write region of this process"
         }
-        ("cuMemAlloc", CUDA_ERROR_OUT_OF_MEMORY) => {
+        ("cuMemAlloc" | "cuMemAllocAsync", CUDA_ERROR_OUT_OF_MEMORY) => {
             "not enough free device memory: use fewer or smaller device buffers"
         }
-        ("cuModuleLoadDataEx" | "cuModuleGetFunction", _) => {
+        ("cuModuleLoadData" | "cuModuleGetFunction", _) => {
             "the driver rejected pinring's embedded PTX kernels: this is a bug in pinring-backend \
              (report it with the JIT log above); uploads still work, only checksum/compute sinks fail"
         }

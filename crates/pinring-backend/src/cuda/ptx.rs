@@ -1,6 +1,7 @@
 //! Hand-written PTX for the two device kernels, JIT-compiled by the driver at run time
-//! (`cuModuleLoadDataEx`), so no NVRTC or nvcc is needed. Target `sm_80`, PTX ISA 7.8 (CUDA
-//! 11.8+ drivers); the driver JIT compiles it for the actual GPU (e.g. sm_90 on H100/H200).
+//! (`cuModuleLoadData`, through cudarc's `CudaContext::load_module`), so no NVRTC or nvcc is
+//! needed. Target `sm_80`, PTX ISA 7.8 (CUDA 11.8+ drivers); the driver JIT compiles it for the
+//! actual GPU (e.g. sm_90 on H100/H200).
 //!
 //! - `pinring_checksum(src, nwords, out)`: grid-stride over `nwords` u64 words; each thread
 //!   accumulates `mix64(w ^ i * 0x9E3779B97F4A7C15)` (see `checksum.rs`), the warp sums its 32

@@ -1,21 +1,23 @@
 //! The only place that calls the CUDA driver through raw pointers (cudarc's `driver::sys` and
-//! `driver::result`). Every wrapper here is small; the safe types (`HostRegistration`,
-//! `DeviceBuffer`, `Event`, `Kernels`) own their driver handles and release them on drop.
+//! `driver::result`), for what cudarc's safe layer does not offer or offers only at a cost the
+//! hot path must not pay (docs/ARCHITECTURE.md lists each with the reason). Every wrapper here is
+//! small; [`Event`] owns its handle and destroys it on drop, and `register::HostRegistration`
+//! owns the registrations made with [`host_register`]. Device memory (`CudaSlice`), streams and
+//! the kernels (`CudaModule`/`CudaFunction`, launched with cudarc's launch builder) are cudarc's.
 //!
 //! Context handling: the driver keeps a *current context* per thread. Every wrapper that issues
 //! driver calls first makes the owning context current with [`make_current`] (a cheap
 //! `cuCtxGetCurrent` when it already is). We deliberately do not use
-//! `CudaContext::bind_to_thread`, because it also reports errors cudarc recorded in unrelated
-//! `Drop`s, which would surface as spurious failures of unrelated uploads.
+//! `CudaContext::bind_to_thread` here, because it also reports (and clears) errors cudarc
+//! recorded in unrelated `Drop`s, which would surface as spurious failures of unrelated uploads.
+//! cudarc's own safe calls (allocations, kernel loading and launches, read-backs) do go through
+//! it; they are off the upload path, and a recorded error there means the context is failing.
 
 use std::ffi::{c_void, CStr};
 use std::sync::Arc;
 
 use cudarc::driver::sys::{self, CUresult};
 use cudarc::driver::{result, CudaContext, CudaStream, DriverError};
-
-/// Largest range passed to one `cuMemHostRegister` call.
-pub const MAX_REGISTER_CHUNK: usize = 256 << 30;
 
 /// Whether a CUDA driver library (`libcuda.so`, `libcuda.so.1`, ...) can be loaded.
 ///
@@ -56,146 +58,26 @@ pub fn describe(code: CUresult) -> String {
     }
 }
 
-/// The chunks registered through one backend, as (start address, length).
+/// `cuMemHostRegister_v2`: page-locks `[p, p+n)` with `flags` (`CU_MEMHOSTREGISTER_*`) in the
+/// current context (see [`make_current`]). The RAII owner is `register::HostRegistration`.
 ///
-/// A single `cuMemcpyHtoDAsync` whose source spans two separately registered chunks fails with
-/// `CUDA_ERROR_INVALID_VALUE` (seen on an H200 with driver 580), so uploaders split copies at
-/// chunk boundaries with [`ChunkTable::next_boundary`].
-#[derive(Debug, Default)]
-pub struct ChunkTable {
-    chunks: std::sync::RwLock<Vec<(usize, usize)>>,
+/// # Safety
+/// `[p, p+n)` is a live mapping of this process that stays mapped (not unmapped or remapped)
+/// until it is unregistered with [`host_unregister`].
+pub unsafe fn host_register(p: *mut u8, n: usize, flags: u32) -> Result<(), DriverError> {
+    // SAFETY: the caller guarantees the range is a live mapping that outlives the registration;
+    // the driver only pins its pages and records the range (no Rust memory is written).
+    unsafe { sys::cuMemHostRegister_v2(p.cast::<c_void>(), n, flags) }.result()
 }
 
-impl ChunkTable {
-    /// The first chunk start or end strictly inside `(from, to)`, or `to` if there is none.
-    pub fn next_boundary(&self, from: usize, to: usize) -> usize {
-        let chunks = self.chunks.read().unwrap_or_else(|e| e.into_inner());
-        let mut next = to;
-        for &(s, n) in chunks.iter() {
-            for b in [s, s.saturating_add(n)] {
-                if b > from && b < next {
-                    next = b;
-                }
-            }
-        }
-        next
-    }
-
-    fn add(&self, start: usize, len: usize) {
-        let mut chunks = self.chunks.write().unwrap_or_else(|e| e.into_inner());
-        chunks.push((start, len));
-    }
-
-    fn remove(&self, start: usize, len: usize) {
-        let mut chunks = self.chunks.write().unwrap_or_else(|e| e.into_inner());
-        if let Some(i) = chunks.iter().position(|&c| c == (start, len)) {
-            chunks.swap_remove(i);
-        }
-    }
-}
-
-/// A host range registered with `cuMemHostRegister`, as one or more chunks; drop unregisters.
-#[derive(Debug)]
-pub struct HostRegistration {
-    ctx: Arc<CudaContext>,
-    /// (start address, length) of each registered chunk.
-    chunks: Vec<(usize, usize)>,
-    /// Where the chunks are listed while registered.
-    table: Arc<ChunkTable>,
-}
-
-/// A failed chunk registration: the chunk's address and length and the driver code.
-#[derive(Debug)]
-pub struct RegisterFailure {
-    /// Start of the chunk that failed.
-    pub chunk_base: usize,
-    /// Length of the chunk that failed.
-    pub chunk_len: usize,
-    /// Index of the chunk that failed.
-    pub chunk_index: usize,
-    /// The driver's code.
-    pub code: CUresult,
-}
-
-impl HostRegistration {
-    /// Registers `[base, base+len)` in chunks of at most `max_chunk` bytes (normally
-    /// [`MAX_REGISTER_CHUNK`]; must be a non-zero multiple of the page size) with `flags`
-    /// (`CU_MEMHOSTREGISTER_*`). On failure the chunks already registered are unregistered
-    /// again.
-    ///
-    /// # Safety
-    /// `[base, base+len)` is a live mapping of this process that stays mapped (not unmapped or
-    /// remapped) until the returned value is dropped.
-    pub unsafe fn register(
-        ctx: &Arc<CudaContext>,
-        base: *mut u8,
-        len: usize,
-        flags: u32,
-        max_chunk: usize,
-        table: &Arc<ChunkTable>,
-    ) -> Result<Self, RegisterFailure> {
-        assert!(max_chunk > 0, "register chunk size must be positive");
-        let fail = |chunk_index, code| RegisterFailure {
-            chunk_base: base as usize,
-            chunk_len: len,
-            chunk_index,
-            code,
-        };
-        make_current(ctx).map_err(|e| fail(0, e.0))?;
-        let mut reg = HostRegistration {
-            ctx: Arc::clone(ctx),
-            chunks: Vec::with_capacity(len.div_ceil(max_chunk)),
-            table: Arc::clone(table),
-        };
-        let mut off = 0usize;
-        while off < len {
-            let n = (len - off).min(max_chunk);
-            let p = base.wrapping_add(off);
-            // SAFETY: [p, p+n) lies inside [base, base+len), which the caller guarantees is a
-            // live mapping that outlives `reg` (whose Drop unregisters exactly this chunk);
-            // the context is current on this thread (make_current above).
-            let code = unsafe { sys::cuMemHostRegister_v2(p.cast::<c_void>(), n, flags) };
-            if code != CUresult::CUDA_SUCCESS {
-                let index = reg.chunks.len();
-                drop(reg); // unregisters the chunks done so far
-                return Err(RegisterFailure {
-                    chunk_base: p as usize,
-                    chunk_len: n,
-                    chunk_index: index,
-                    code,
-                });
-            }
-            reg.chunks.push((p as usize, n));
-            table.add(p as usize, n);
-            off += n;
-        }
-        Ok(reg)
-    }
-
-    /// Number of registered chunks.
-    pub fn chunk_count(&self) -> usize {
-        self.chunks.len()
-    }
-}
-
-impl Drop for HostRegistration {
-    fn drop(&mut self) {
-        if let Err(e) = make_current(&self.ctx) {
-            tracing::warn!(code = ?e.0, "cuCtxSetCurrent before cuMemHostUnregister failed");
-        }
-        for &(p, n) in &self.chunks {
-            self.table.remove(p, n);
-            // SAFETY: (p, n) was registered by `register` and not unregistered since; the caller
-            // of `register` keeps the mapping alive until now.
-            let code = unsafe { sys::cuMemHostUnregister(p as *mut c_void) };
-            if code != CUresult::CUDA_SUCCESS {
-                tracing::warn!(
-                    "cuMemHostUnregister failed on {n} bytes at {p:#x}: {code:?} ({})",
-                    describe(code)
-                );
-            }
-        }
-    }
+/// `cuMemHostUnregister`: unpins a range registered with [`host_register`] (context current).
+///
+/// # Safety
+/// `p` is the start of a range registered with [`host_register`] and not unregistered since,
+/// and no copy from the range is still running.
+pub unsafe fn host_unregister(p: *mut u8) -> Result<(), DriverError> {
+    // SAFETY: the caller guarantees `p` starts a live registration; the driver only unpins it.
+    unsafe { sys::cuMemHostUnregister(p.cast::<c_void>()) }.result()
 }
 
 /// `cuMemHostGetDevicePointer_v2`: the device address of a registered (DEVICEMAP) host address.
@@ -210,155 +92,33 @@ pub fn host_device_pointer(ctx: &CudaContext, host: *const u8) -> Result<u64, Dr
     Ok(d)
 }
 
-/// Device memory from `cuMemAlloc`; drop frees it.
-#[derive(Debug)]
-pub struct DeviceBuffer {
-    ptr: sys::CUdeviceptr,
-    bytes: usize,
-    ctx: Arc<CudaContext>,
-}
-
-/// A range of device-addressable memory a kernel may read or write: a [`DeviceBuffer`], or host
-/// memory registered with DEVICEMAP seen through its mapped device address (zero-copy).
-#[derive(Debug, Clone, Copy)]
-pub struct Span {
-    /// Device address.
-    pub ptr: sys::CUdeviceptr,
-    /// Bytes from `ptr` that belong to the allocation or registration.
-    pub bytes: usize,
-}
-
-impl DeviceBuffer {
-    /// Allocates `bytes` (at least 1) of device memory.
-    pub fn alloc(ctx: &Arc<CudaContext>, bytes: usize) -> Result<Self, DriverError> {
-        make_current(ctx)?;
-        // SAFETY: the context is current; the memory is uninitialised device memory, which is
-        // fine because it is only ever read by the device or copied as bytes.
-        let ptr = unsafe { result::malloc_sync(bytes.max(1)) }?;
-        Ok(Self {
-            ptr,
-            bytes,
-            ctx: Arc::clone(ctx),
-        })
-    }
-
-    /// The whole allocation as a [`Span`].
-    pub fn span(&self) -> Span {
-        Span {
-            ptr: self.ptr,
-            bytes: self.bytes,
-        }
-    }
-
-    /// Device address.
-    pub fn ptr(&self) -> u64 {
-        self.ptr
-    }
-}
-
-impl Drop for DeviceBuffer {
-    fn drop(&mut self) {
-        if let Err(e) = make_current(&self.ctx) {
-            tracing::warn!(code = ?e.0, "cuCtxSetCurrent before cuMemFree failed");
-        }
-        // SAFETY: `ptr` came from cuMemAlloc and is freed once, here. Owners wait for all work
-        // touching the buffer (copies, kernels) before dropping it; cuMemFree additionally
-        // synchronizes with outstanding work on the device.
-        if let Err(e) = unsafe { result::free_sync(self.ptr) } {
-            tracing::warn!(
-                "cuMemFree failed on {} bytes at device address {:#x}: {:?}",
-                self.bytes,
-                self.ptr,
-                e.0
-            );
-        }
-    }
-}
-
-/// Enqueues a host-to-device copy of `len` bytes from `src` to `dst + dst_offset` on `stream`.
-/// From page-locked (registered) memory it is truly asynchronous; from pageable memory the
-/// driver stages it and the call returns once the source has been read. A registered source
-/// must lie within one registered chunk (see [`ChunkTable`]).
+/// Enqueues a host-to-device copy of `len` bytes from `src` to device address `dst` on
+/// `stream`. From page-locked (registered) memory it is truly asynchronous; from pageable memory
+/// the driver stages it and the call returns once the source has been read. A registered source
+/// must lie within one registered chunk (see `register::ChunkTable`). This is the hot path: one
+/// `cuCtxGetCurrent` (see [`make_current`]) and the copy, nothing else.
+///
+/// cudarc's `CudaStream::memcpy_htod` is not used because it takes the source as a `&[T]` (a
+/// Rust reference to ring slot bytes, which pinring never makes: another process may write
+/// them) and the destination as `&mut CudaSlice` (one exclusive borrow per buffer per copy).
 ///
 /// # Safety
-/// `src..src+len` is valid for reads and is not written or unmapped until the copy has
-/// completed on `stream` (observe it with an [`Event`] recorded after this call).
-///
-/// # Panics
-/// If `dst_offset + len > dst.bytes()`.
+/// - `dst..dst+len` lies inside a live device allocation of `stream`'s context that stays
+///   allocated until the copy has completed on `stream`;
+/// - `src..src+len` is valid for reads and is not written or unmapped until the copy has
+///   completed on `stream` (observe it with an [`Event`] recorded after this call).
 pub unsafe fn memcpy_htod_async(
-    dst: &DeviceBuffer,
-    dst_offset: usize,
+    dst: sys::CUdeviceptr,
     src: *const u8,
     len: usize,
     stream: &CudaStream,
 ) -> Result<(), DriverError> {
-    assert!(
-        dst_offset
-            .checked_add(len)
-            .is_some_and(|end| end <= dst.bytes),
-        "copy of {len} bytes at offset {dst_offset} into a {}-byte device buffer",
-        dst.bytes
-    );
-    make_current(&dst.ctx)?;
-    // SAFETY: the destination range lies inside the allocation (asserted), which is alive
-    // (borrowed; owners wait for the copy before freeing); the caller guarantees the source
-    // stays valid until the copy completes; the stream belongs to the current context.
-    unsafe {
-        sys::cuMemcpyHtoDAsync_v2(
-            dst.ptr + dst_offset as u64,
-            src.cast::<c_void>(),
-            len,
-            stream.cu_stream(),
-        )
-    }
-    .result()
-}
-
-/// Zeroes the whole buffer on `stream` (asynchronously).
-pub fn memset_zero_async(dst: &DeviceBuffer, stream: &CudaStream) -> Result<(), DriverError> {
-    make_current(&dst.ctx)?;
-    // SAFETY: writes exactly dst.bytes bytes of a live allocation; device memory never aliases
-    // Rust memory. The owner waits for the stream before freeing `dst`.
-    unsafe { result::memset_d8_async(dst.ptr, 0, dst.bytes, stream.cu_stream()) }
-}
-
-/// Copies `dst.len()` bytes from `src + offset` into `dst`, then waits for `done` (recorded on
-/// `stream` after the copy), so `dst` is fully written when this returns.
-///
-/// # Panics
-/// If `offset + dst.len() > src.bytes()`.
-pub fn copy_dtoh_wait(
-    dst: &mut [u8],
-    src: &DeviceBuffer,
-    offset: usize,
-    stream: &CudaStream,
-    done: &Event,
-) -> Result<(), DriverError> {
-    assert!(
-        offset + dst.len() <= src.bytes,
-        "read of {} bytes at offset {offset} from a {}-byte device buffer",
-        dst.len(),
-        src.bytes
-    );
-    if dst.is_empty() {
-        return Ok(());
-    }
-    make_current(&src.ctx)?;
-    // SAFETY: the source range lies inside a live allocation (asserted); `dst` is an exclusive
-    // borrow of dst.len() writable bytes that stays borrowed until the event wait below has
-    // returned, i.e. until the copy has finished writing it.
-    unsafe {
-        sys::cuMemcpyDtoHAsync_v2(
-            dst.as_mut_ptr().cast::<c_void>(),
-            src.ptr + offset as u64,
-            dst.len(),
-            stream.cu_stream(),
-        )
-    }
-    .result()?;
-    done.record(stream)?;
-    done.synchronize()
+    make_current(stream.context())?;
+    // SAFETY: the caller guarantees the destination lies inside a live allocation that outlives
+    // the copy and that the source stays valid and unwritten until the copy completes; the
+    // stream belongs to the current context.
+    unsafe { sys::cuMemcpyHtoDAsync_v2(dst, src.cast::<c_void>(), len, stream.cu_stream()) }
+        .result()
 }
 
 /// A CUDA event created with `BLOCKING_SYNC | DISABLE_TIMING`: waiting on it puts the thread to
@@ -423,225 +183,45 @@ impl Drop for Event {
     }
 }
 
-/// Why loading the embedded PTX failed: the code and the JIT's error log.
-#[derive(Debug)]
-pub struct PtxLoadFailure {
-    /// The driver's code.
-    pub code: CUresult,
-    /// Which call failed: "cuModuleLoadDataEx" or "cuModuleGetFunction".
-    pub call: &'static str,
-    /// The JIT compiler's error log (may be empty).
-    pub log: String,
-}
-
-/// The module with the checksum and sin kernels, and their function handles.
-#[derive(Debug)]
-pub struct Kernels {
-    module: sys::CUmodule,
-    checksum: sys::CUfunction,
-    sin: sys::CUfunction,
-    ctx: Arc<CudaContext>,
-}
-
-// SAFETY: module and function handles are context-scoped, not thread-scoped; every use makes the
-// context current first. The module is unloaded once, in Drop.
-unsafe impl Send for Kernels {}
-// SAFETY: launching the same CUfunction from several threads is allowed by the driver API;
-// nothing is mutated through `&self`.
-unsafe impl Sync for Kernels {}
-
-impl Kernels {
-    /// JIT-compiles `ptx` (NUL-terminated PTX text) and looks up the two entry points.
-    pub fn load(
-        ctx: &Arc<CudaContext>,
-        ptx: &CStr,
-        checksum_name: &CStr,
-        sin_name: &CStr,
-    ) -> Result<Self, PtxLoadFailure> {
-        make_current(ctx).map_err(|e| PtxLoadFailure {
-            code: e.0,
-            call: "cuCtxSetCurrent",
-            log: String::new(),
-        })?;
-        let mut log = vec![0u8; 16 * 1024];
-        let mut options = [
-            sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER,
-            sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
-        ];
-        // The size option's value is passed in the pointer-sized slot itself (per the driver
-        // API); on return the driver stores the number of bytes it wrote there.
-        let mut values: [*mut c_void; 2] = [
-            log.as_mut_ptr().cast::<c_void>(),
-            std::ptr::without_provenance_mut::<c_void>(log.len()),
-        ];
-        let mut module: sys::CUmodule = std::ptr::null_mut();
-        // SAFETY: `ptx` is NUL-terminated text that lives through the call; `module` is a valid
-        // out-parameter; `options`/`values` have the same length (2), the log buffer is writable
-        // for the size given and outlives the call; the context is current.
-        let code = unsafe {
-            sys::cuModuleLoadDataEx(
-                &mut module,
-                ptx.as_ptr().cast::<c_void>(),
-                options.len() as u32,
-                options.as_mut_ptr(),
-                values.as_mut_ptr(),
-            )
-        };
-        if code != CUresult::CUDA_SUCCESS {
-            let end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
-            return Err(PtxLoadFailure {
-                code,
-                call: "cuModuleLoadDataEx",
-                log: String::from_utf8_lossy(&log[..end]).trim().to_string(),
-            });
-        }
-        // From here on `kernels` owns the module (Drop unloads it on the error paths too).
-        let mut kernels = Kernels {
-            module,
-            checksum: std::ptr::null_mut(),
-            sin: std::ptr::null_mut(),
-            ctx: Arc::clone(ctx),
-        };
-        let lookup = |name: &CStr| {
-            let mut f: sys::CUfunction = std::ptr::null_mut();
-            // SAFETY: `module` is a live module (owned by `kernels`), `name` is NUL-terminated,
-            // `f` is a valid out-parameter; the context is current.
-            let code = unsafe { sys::cuModuleGetFunction(&mut f, module, name.as_ptr()) };
-            if code == CUresult::CUDA_SUCCESS {
-                Ok(f)
-            } else {
-                Err(PtxLoadFailure {
-                    code,
-                    call: "cuModuleGetFunction",
-                    log: format!("entry point {name:?} not found in the embedded PTX"),
-                })
-            }
-        };
-        kernels.checksum = lookup(checksum_name)?;
-        kernels.sin = lookup(sin_name)?;
-        Ok(kernels)
+/// The driver JIT's error log for `ptx` (NUL-terminated PTX text), for the error message when
+/// cudarc's `CudaContext::load_module` has refused it: cudarc loads with `cuModuleLoadData`, which
+/// takes no JIT options, so this loads `ptx` once more through `cuModuleLoadDataEx` with an
+/// error-log buffer (and unloads it again should it load this time). Only called on that failure
+/// path; an empty string when the driver wrote no log.
+pub fn jit_error_log(ctx: &CudaContext, ptx: &CStr) -> String {
+    if make_current(ctx).is_err() {
+        return String::new();
     }
-
-    /// Enqueues the checksum kernel: adds the terms of `nwords` little-endian u64 words at the
-    /// start of `src` into the u64 at the start of `out` (which the caller zeroes first).
-    ///
-    /// # Safety
-    /// `src` and `out` are not freed, and `src[..8*nwords]` is not written by other work, until
-    /// the kernel has completed on `stream`.
-    ///
-    /// # Panics
-    /// If `8 * nwords > src.bytes()` or `out.bytes() < 8`.
-    pub unsafe fn launch_checksum(
-        &self,
-        stream: &CudaStream,
-        src: Span,
-        nwords: u64,
-        out: &DeviceBuffer,
-        grid: (u32, u32),
-    ) -> Result<(), DriverError> {
-        assert!(
-            nwords.saturating_mul(8) <= src.bytes as u64,
-            "checksum range too large"
-        );
-        assert!(out.bytes >= 8, "checksum result buffer too small");
-        let mut a_src: u64 = src.ptr;
-        let mut a_n: u64 = nwords;
-        let mut a_out: u64 = out.ptr;
-        let mut params: [*mut c_void; 3] = [
-            (&mut a_src as *mut u64).cast(),
-            (&mut a_n as *mut u64).cast(),
-            (&mut a_out as *mut u64).cast(),
-        ];
-        make_current(&self.ctx)?;
-        // SAFETY: the function is live (module owned by self); the three params match the
-        // kernel's (.u64, .u64, .u64) signature and the driver copies their values during the
-        // call; the address ranges are inside live allocations (asserted) and the caller keeps
-        // them alive until completion; the stream belongs to the current context.
-        unsafe {
-            result::launch_kernel(
-                self.checksum,
-                (grid.0, 1, 1),
-                (grid.1, 1, 1),
-                0,
-                stream.cu_stream(),
-                &mut params,
-            )
+    let mut log = vec![0u8; 16 * 1024];
+    let mut options = [
+        sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER,
+        sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
+    ];
+    // The size option's value is passed in the pointer-sized slot itself (per the driver API);
+    // on return the driver stores the number of bytes it wrote there.
+    let mut values: [*mut c_void; 2] = [
+        log.as_mut_ptr().cast::<c_void>(),
+        std::ptr::without_provenance_mut::<c_void>(log.len()),
+    ];
+    let mut module: sys::CUmodule = std::ptr::null_mut();
+    // SAFETY: `ptx` is NUL-terminated text that lives through the call; `module` is a valid
+    // out-parameter; `options`/`values` have the same length (2), the log buffer is writable for
+    // the size given and outlives the call; the context is current.
+    let code = unsafe {
+        sys::cuModuleLoadDataEx(
+            &mut module,
+            ptx.as_ptr().cast::<c_void>(),
+            options.len() as u32,
+            options.as_mut_ptr(),
+            values.as_mut_ptr(),
+        )
+    };
+    if code == CUresult::CUDA_SUCCESS {
+        // SAFETY: loaded just above and used by nothing else; unloaded once, here.
+        if let Err(e) = unsafe { result::module::unload(module) } {
+            tracing::warn!(code = ?e.0, "cuModuleUnload failed");
         }
     }
-
-    /// Enqueues the sin kernel: `x = sin(x)` over the first `n` f32s of `buf`, in place.
-    ///
-    /// # Safety
-    /// `buf` is not freed, and `buf[..4*n]` is not read or written by other work, until the
-    /// kernel has completed on `stream`.
-    ///
-    /// # Panics
-    /// If `4 * n > buf.bytes()`.
-    pub unsafe fn launch_sin(
-        &self,
-        stream: &CudaStream,
-        buf: Span,
-        n: u64,
-        grid: (u32, u32),
-    ) -> Result<(), DriverError> {
-        assert!(
-            n.saturating_mul(4) <= buf.bytes as u64,
-            "sin range too large"
-        );
-        let mut a_data: u64 = buf.ptr;
-        let mut a_n: u64 = n;
-        let mut params: [*mut c_void; 2] = [
-            (&mut a_data as *mut u64).cast(),
-            (&mut a_n as *mut u64).cast(),
-        ];
-        make_current(&self.ctx)?;
-        // SAFETY: as in launch_checksum: live function, params match (.u64, .u64), the range is
-        // inside a live allocation (asserted) that the caller keeps alive until completion.
-        unsafe {
-            result::launch_kernel(
-                self.sin,
-                (grid.0, 1, 1),
-                (grid.1, 1, 1),
-                0,
-                stream.cu_stream(),
-                &mut params,
-            )
-        }
-    }
-}
-
-impl Drop for Kernels {
-    fn drop(&mut self) {
-        if make_current(&self.ctx).is_ok() {
-            // SAFETY: loaded by cuModuleLoadDataEx, unloaded once, here; owners wait for launched
-            // kernels before dropping.
-            if let Err(e) = unsafe { result::module::unload(self.module) } {
-                tracing::warn!(code = ?e.0, "cuModuleUnload failed");
-            }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::ChunkTable;
-
-    #[test]
-    fn chunk_boundaries_split_copies() {
-        let t = ChunkTable::default();
-        assert_eq!(t.next_boundary(100, 200), 200);
-        t.add(1000, 500);
-        t.add(1500, 500);
-        // inside one chunk: no split
-        assert_eq!(t.next_boundary(1100, 1400), 1400);
-        // straddles 1500
-        assert_eq!(t.next_boundary(1400, 1600), 1500);
-        assert_eq!(t.next_boundary(1500, 1600), 1600);
-        // starts before the table, ends inside
-        assert_eq!(t.next_boundary(900, 1100), 1000);
-        // ends past the last chunk
-        assert_eq!(t.next_boundary(1900, 2100), 2000);
-        t.remove(1000, 500);
-        assert_eq!(t.next_boundary(900, 1100), 1100);
-    }
+    let end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
+    String::from_utf8_lossy(&log[..end]).trim().to_string()
 }

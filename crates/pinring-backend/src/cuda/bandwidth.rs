@@ -1,0 +1,89 @@
+//! The copy ceilings `pinring bench` prints next to the pipeline's throughput: one host buffer
+//! (page-locked or pageable) copied into one device buffer on one stream, no pipeline.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use cudarc::driver::sys;
+
+use super::raw;
+use super::register::register_error;
+use super::uploader::{alloc_call, DeviceBuffer};
+use super::{ChunkTable, CudaBackend, HostRegistration, MAX_REGISTER_CHUNK};
+use crate::buf::AlignedBuf;
+use crate::error::cuda_error;
+use crate::BackendError;
+
+impl CudaBackend {
+    /// The raw host-to-device ceiling: times `iters` copies of `bytes` from one host buffer
+    /// (page-locked with `cuMemHostRegister` when `registered`, else plain pageable memory) into
+    /// one device buffer on one stream; returns GB/s (1e9 bytes per second).
+    pub fn raw_h2d_gbps(
+        &self,
+        bytes: usize,
+        iters: usize,
+        registered: bool,
+    ) -> Result<f64, BackendError> {
+        if bytes == 0 || iters == 0 {
+            return Err(BackendError::InvalidArgument {
+                call: "raw_h2d_gbps",
+                what: format!("need bytes > 0 and iters > 0, got {bytes} bytes x {iters} iters"),
+            });
+        }
+        let dev = self.device;
+        let mut host = AlignedBuf::new(bytes, "raw H2D benchmark source")?;
+        host.fill(0xA5); // fault every page in before registering / timing
+        let reg = if registered {
+            // SAFETY: `host` is a live heap allocation of `bytes` bytes that is neither freed
+            // nor moved until after `reg` is dropped (explicit drop order at the end).
+            let r = unsafe {
+                HostRegistration::register(
+                    &self.ctx,
+                    host.as_mut_ptr(),
+                    host.len(),
+                    sys::CU_MEMHOSTREGISTER_PORTABLE,
+                    MAX_REGISTER_CHUNK,
+                    &Arc::new(ChunkTable::default()),
+                )
+            };
+            Some(r.map_err(|f| register_error(f, host.as_ptr(), bytes, dev))?)
+        } else {
+            None
+        };
+        let stream = self.new_stream("raw H2D benchmark")?;
+        let dst = DeviceBuffer::alloc(&stream, bytes).map_err(|e| {
+            cuda_error(
+                alloc_call(&self.ctx),
+                format!("{bytes} bytes on device {dev} (raw H2D benchmark)"),
+                e.0,
+            )
+        })?;
+        let done = raw::Event::new(&self.ctx)
+            .map_err(|e| cuda_error("cuEventCreate", format!("device {dev}"), e.0))?;
+        let object = || {
+            format!(
+                "{bytes} bytes from host {:p} to device {dev}",
+                host.as_ptr()
+            )
+        };
+        let run = |n: usize| -> Result<(), BackendError> {
+            for _ in 0..n {
+                // SAFETY: `host` and `dst` stay alive, and `host` unwritten, until `done` below
+                // has completed, which covers every copy enqueued on `stream` before it.
+                unsafe { dst.copy_in_async(0, host.as_ptr(), bytes, &stream) }
+                    .map_err(|e| cuda_error("cuMemcpyHtoDAsync", object(), e.0))?;
+            }
+            done.record(&stream)
+                .and_then(|()| done.synchronize())
+                .map_err(|e| cuda_error("cuEventSynchronize", object(), e.0))
+        };
+        run(1)?; // warm-up (first-touch costs, clocks)
+        let t0 = Instant::now();
+        run(iters)?;
+        let secs = t0.elapsed().as_secs_f64();
+        drop(dst);
+        drop(reg);
+        drop(host);
+        Ok(bytes as f64 * iters as f64 / secs.max(1e-12) / 1e9)
+    }
+}

@@ -1,0 +1,262 @@
+//! Runs only where a GPU is usable: elsewhere it prints `SKIPPED: <reason>`, or fails with
+//! `PINRING_REQUIRE_GPU=1` ([`crate::testing`]).
+
+use super::*;
+use crate::buf::AlignedBuf;
+use crate::checksum::checksum;
+use crate::{select, BackendKind};
+use crate::{UploadJob, Uploader};
+use std::time::Duration;
+
+fn pattern(seed: u64, n: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+#[test]
+fn gpu_smoke() {
+    if crate::testing::gpu().is_none() {
+        return;
+    }
+    if let Ok(path) = std::env::var("PINRING_PTX_OUT") {
+        std::fs::write(path, ptx::PTX.to_bytes()).unwrap();
+    }
+    println!("probe: {:?}", crate::cuda_available());
+    let sel = select(BackendKind::Auto, 0).unwrap();
+    println!("auto: {}", sel.reason);
+    assert_eq!(sel.backend.name(), "cuda");
+    let e = CudaBackend::new(64).unwrap_err();
+    println!("device 64: {e}");
+    assert!(matches!(e, BackendError::NoSuchDevice { device: 64, .. }));
+
+    let b = CudaBackend::new(0).unwrap();
+    println!("{} cc {:?}", b.describe(), b.compute_capability());
+
+    // A "ring" of 64 MiB, registered in 16 MiB chunks with DEVICEMAP.
+    const RING: usize = 64 << 20;
+    let ring = AlignedBuf::new(RING, "test ring").unwrap();
+    let content = pattern(1, RING);
+    // SAFETY: `content` has RING bytes; the ring is not shared yet.
+    unsafe { ring.write_from(content.as_ptr(), RING) };
+    // SAFETY: `ring` outlives `reg` (dropped explicitly below).
+    let reg = unsafe { b.register_chunked(ring.as_mut_ptr(), RING, true, 16 << 20) }.unwrap();
+    assert!(reg.registered());
+    assert_eq!(reg.chunks(), 4);
+    println!("registered {} bytes in {:.6} s", reg.bytes(), reg.seconds());
+    let dptr = b
+        .mapped_device_ptr(ring.as_ptr().wrapping_add(4096))
+        .unwrap();
+    assert_ne!(dptr, 0);
+    let e = b.mapped_device_ptr(content.as_ptr()).unwrap_err();
+    println!("unregistered mapped_device_ptr: {e}");
+    // SAFETY: as above; this must fail (already registered) and leave `reg` intact.
+    let e = unsafe { b.register(ring.as_mut_ptr(), RING, false) }.unwrap_err();
+    println!("double register: {e}");
+
+    // Uploads from the registered ring, on another thread (fresh thread: no current ctx).
+    let up = b.uploader(4, 16 << 20).unwrap();
+    let ring_addr = ring.as_ptr() as usize;
+    let content_ref = &content;
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let lens = [16 << 20, (1 << 20) + 3, 5, 8, 4096, 7, (16 << 20) - 1, 1];
+            let mut tag = 0u64;
+            for round in 0..3usize {
+                let mut expect = Vec::new();
+                for (i, &len) in lens.iter().enumerate().skip(round % 2).step_by(2) {
+                    let buffer = expect.len() % 4;
+                    let off = (i * 5 * 4096 + round * 8 * 4096) % (RING - len);
+                    let job = UploadJob {
+                        tag,
+                        src: (ring_addr + off) as *const u8,
+                        len,
+                        buffer,
+                    };
+                    // SAFETY: the ring outlives the scope and is not written during it.
+                    unsafe { up.submit(job) }.unwrap();
+                    expect.push((tag, buffer, off, len));
+                    tag += 1;
+                }
+                for &(t, buffer, off, len) in &expect {
+                    let c = up
+                        .completions()
+                        .recv_timeout(Duration::from_secs(30))
+                        .unwrap();
+                    assert_eq!((c.tag, c.buffer, c.len), (t, buffer, len));
+                    c.result.unwrap();
+                    let got = up.checksum(buffer, len).unwrap();
+                    let want = checksum(&content_ref[off..off + len]);
+                    assert_eq!(got, want, "tag {t} len {len}");
+                    println!(
+                        "tag {t}: {len} bytes in {:?}, checksum ok",
+                        c.completed - c.submitted
+                    );
+                }
+            }
+            // Pageable source works too (staged by the driver).
+            let plain = pattern(7, 1000);
+            let job = UploadJob {
+                tag: 999,
+                src: plain.as_ptr(),
+                len: plain.len(),
+                buffer: 1,
+            };
+            // SAFETY: `plain` outlives the completion received next.
+            unsafe { up.submit(job) }.unwrap();
+            // Busy check races with the copy; either answer is fine, it must not be wrong.
+            match up.checksum(1, plain.len()) {
+                Err(BackendError::BufferBusy { .. }) => println!("busy while in flight: ok"),
+                other => println!("checksum right after submit: {other:?}"),
+            }
+            let c = up
+                .completions()
+                .recv_timeout(Duration::from_secs(30))
+                .unwrap();
+            assert_eq!(c.tag, 999);
+            c.result.unwrap();
+            assert_eq!(up.checksum(1, plain.len()).unwrap(), checksum(&plain));
+        });
+    });
+    drop(up);
+
+    // compute: sin in place, read back with a raw copy.
+    let cu = b.cuda_uploader(1, 1 << 20).unwrap();
+    let xs: Vec<f32> = (0..(1 << 18))
+        .map(|i| (i as f32 / (1 << 18) as f32) * 6.0 - 3.0)
+        .collect();
+    let bytes: Vec<u8> = xs.iter().flat_map(|x| x.to_le_bytes()).collect();
+    let cu = cu;
+    let job = UploadJob {
+        tag: 1,
+        src: bytes.as_ptr(),
+        len: bytes.len(),
+        buffer: 0,
+    };
+    // SAFETY: `bytes` outlives the completion received next.
+    unsafe { cu.submit(job) }.unwrap();
+    cu.completions()
+        .recv_timeout(Duration::from_secs(30))
+        .unwrap()
+        .result
+        .unwrap();
+    assert_eq!(cu.checksum(0, bytes.len()).unwrap(), checksum(&bytes));
+    cu.compute(0, bytes.len()).unwrap();
+    let mut back = vec![0u8; bytes.len()];
+    {
+        let st = cu.kernel_state.lock().unwrap();
+        let src = cu.buffers[0].slice().slice(..back.len());
+        kernels::read_back(&cu.kernel_stream, &src, &mut back, &st.done).unwrap();
+    }
+    let mut max_err = 0f32;
+    for (x, c) in xs.iter().zip(back.chunks_exact(4)) {
+        let y = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+        max_err = max_err.max((y - x.sin()).abs());
+    }
+    println!("sin.approx max abs error {max_err:e}");
+    assert!(max_err < 1e-4);
+    drop(cu);
+
+    for registered in [true, false] {
+        let gbps = b.raw_h2d_gbps(256 << 20, 20, registered).unwrap();
+        println!("raw H2D 256 MiB x20 registered={registered}: {gbps:.1} GB/s");
+    }
+    drop(reg);
+    drop(ring);
+}
+
+#[test]
+fn a_buffer_being_read_refuses_uploads() {
+    if crate::testing::gpu().is_none() {
+        return;
+    }
+    let b = CudaBackend::new(0).unwrap();
+    let up = b.cuda_uploader(1, 64).unwrap();
+    let src = pattern(3, 8);
+    let job = UploadJob {
+        tag: 0,
+        src: src.as_ptr(),
+        len: src.len(),
+        buffer: 0,
+    };
+    {
+        // What `checksum` and `compute` hold while their kernel runs.
+        let (_, reading) = up.begin_read("checksum", 0, src.len()).unwrap();
+        // SAFETY: refused before any copy is enqueued (the buffer is being read).
+        let err = unsafe { up.submit(job) }.unwrap_err();
+        assert!(matches!(err, BackendError::BufferBusy { .. }), "{err}");
+        println!("submit during a read: {err}");
+        drop(reading);
+    }
+    // The refused submit backed out: the same upload goes through once the read is over.
+    // SAFETY: `src` outlives the completion received next.
+    unsafe { up.submit(job) }.unwrap();
+    let c = up
+        .completions()
+        .recv_timeout(Duration::from_secs(30))
+        .unwrap();
+    c.result.unwrap();
+    assert_eq!(up.checksum(0, src.len()).unwrap(), checksum(&src));
+
+    // The other way round, deterministically: with an upload pending (as `submit` leaves it
+    // until the completion thread has seen the copy finish) both readers are refused.
+    up.guards.begin_upload(0).unwrap();
+    for r in [
+        up.checksum(0, src.len()).map(|_| ()),
+        up.compute(0, src.len()),
+    ] {
+        let err = r.unwrap_err();
+        assert!(matches!(err, BackendError::BufferBusy { .. }), "{err}");
+    }
+    up.guards.end_upload(0);
+    assert_eq!(up.checksum(0, src.len()).unwrap(), checksum(&src));
+}
+
+#[test]
+fn cudarc_context_is_set_up_as_documented() {
+    if crate::testing::gpu().is_none() {
+        return;
+    }
+    let b = CudaBackend::new(0).unwrap();
+    // No CudaSlice of this context may carry event tracking (docs/ARCHITECTURE.md).
+    assert!(!b.context().is_event_tracking());
+    let up = b.cuda_uploader(2, 4096).unwrap();
+    assert!(!b.context().is_managing_stream_synchronization());
+    for i in 0..2 {
+        assert_eq!(up.buffer_device_ptr(i), Some(up.buffers[i].ptr()));
+        assert_ne!(up.buffers[i].ptr(), 0);
+    }
+    assert_eq!(up.buffer_device_ptr(2), None);
+    // The JIT log fetched after a failed load names the problem; the embedded PTX loads (and is
+    // unloaded again) without an error.
+    let bad =
+        c".version 7.8\n.target sm_80\n.address_size 64\n.visible .entry broken( { bogus; }\n";
+    let log = raw::jit_error_log(b.context(), bad);
+    println!("JIT log for broken PTX: {log}");
+    assert!(!log.is_empty());
+    let log = raw::jit_error_log(b.context(), ptx::PTX);
+    println!("JIT error log for the embedded PTX (expected empty): {log:?}");
+    // The kernels load through cudarc and work on a fresh uploader.
+    let data = pattern(9, 4096);
+    let job = UploadJob {
+        tag: 7,
+        src: data.as_ptr(),
+        len: data.len(),
+        buffer: 1,
+    };
+    // SAFETY: `data` outlives the completion received next.
+    unsafe { up.submit(job) }.unwrap();
+    let c = up
+        .completions()
+        .recv_timeout(Duration::from_secs(30))
+        .unwrap();
+    c.result.unwrap();
+    assert_eq!(up.checksum(1, data.len()).unwrap(), checksum(&data));
+    assert_eq!(up.checksum(1, 13).unwrap(), checksum(&data[..13]));
+}

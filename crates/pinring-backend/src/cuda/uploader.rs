@@ -1,0 +1,580 @@
+//! The upload engine: [`CudaUploader`] owns the device buffers, the copy stream and the
+//! per-buffer guards. `submit` is the hot path: one `cuMemcpyHtoDAsync` per registered chunk the
+//! source touches (usually one) and one event record; the completion thread (`completion.rs`)
+//! waits on the events.
+//!
+//! # The device-buffer guard
+//! As in the host backend (`host.rs`), each buffer has a `pending` count (uploads submitted and
+//! not yet observed complete) and a `readers` count (`checksum` and `compute` calls reading it
+//! now). `submit` increments `pending`, then checks `readers` is 0 (else it backs out:
+//! `BufferBusy`); a reader increments `readers`, then checks `pending` is 0 (else it backs out:
+//! `BufferBusy`). Both sides use SeqCst, so of two racing calls at least one sees the other's
+//! increment (the store-load pattern): a copy into a buffer and a kernel over it are never in
+//! flight together, even if a caller got the protocol wrong. The completion thread decrements
+//! `pending` (SeqCst, which includes Release) only after the upload's event has completed, so a
+//! reader that sees 0 launches its kernel after the copy has finished on the device. A reader
+//! holds its count until its kernel has been waited for (if that wait itself fails, the count is
+//! released with the error: the driver fails a wait for a broken context, in which no later copy
+//! succeeds either). `read_host` reads nothing on this
+//! backend (the host cannot read device memory), and the zero-copy calls read ring slots, not
+//! device buffers, so neither takes a count.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use crossbeam_channel::{Receiver, Sender};
+use cudarc::driver::{sys, CudaContext, CudaSlice, CudaStream, DevicePtr, DriverError};
+
+use super::completion::{self, InFlight};
+use super::kernels::{KernelState, Span};
+use super::{gib, raw, ChunkTable, CudaBackend};
+use crate::error::cuda_error;
+use crate::host::check_range;
+use crate::{BackendError, Completion, UploadJob, Uploader};
+
+/// Upload engine of the CUDA backend.
+#[derive(Debug)]
+pub struct CudaUploader {
+    pub(super) ctx: Arc<CudaContext>,
+    pub(super) device: usize,
+    pub(super) sm_count: u32,
+    pub(super) buffer_bytes: usize,
+    pub(super) buffers: Vec<DeviceBuffer>,
+    /// The backend's registered chunks: copies are split at their boundaries.
+    pub(super) chunks: Arc<ChunkTable>,
+    /// The per-buffer pending and reader counts (module docs); shared with the completion
+    /// thread, which ends uploads.
+    pub(super) guards: Arc<Guards>,
+    pub(super) copy_stream: Arc<CudaStream>,
+    pub(super) kernel_stream: Arc<CudaStream>,
+    pub(super) inflight: Option<Sender<InFlight>>,
+    /// Events the completion thread has finished with, for reuse.
+    pub(super) free_events: Receiver<raw::Event>,
+    pub(super) completions: Receiver<Completion>,
+    pub(super) thread: Option<JoinHandle<()>>,
+    pub(super) kernel_state: Mutex<KernelState>,
+    /// Called by the completion thread after it sent completions.
+    pub(super) hook: Arc<crate::HookCell>,
+}
+
+impl CudaUploader {
+    pub(super) fn new(
+        backend: &CudaBackend,
+        buffers: usize,
+        buffer_bytes: usize,
+    ) -> Result<Self, BackendError> {
+        if buffers == 0 || buffer_bytes == 0 {
+            return Err(BackendError::InvalidArgument {
+                call: "CudaBackend::uploader",
+                what: format!(
+                    "need at least one buffer of at least one byte, got {buffers} x {buffer_bytes} bytes"
+                ),
+            });
+        }
+        let ctx = Arc::clone(&backend.ctx);
+        let device = backend.device;
+        let copy_stream = backend.new_stream("copy")?;
+        let kernel_stream = backend.new_stream("kernel")?;
+        let mut bufs = Vec::with_capacity(buffers);
+        for i in 0..buffers {
+            let b = DeviceBuffer::alloc(&copy_stream, buffer_bytes).map_err(|e| {
+                cuda_error(
+                    alloc_call(&ctx),
+                    format!(
+                        "device buffer {i} of {buffers} ({buffer_bytes} bytes each, {} GiB device) on device {device}",
+                        gib(backend.total_mem)
+                    ),
+                    e.0,
+                )
+            })?;
+            bufs.push(b);
+        }
+        // Stream-ordered allocations: finish them before the kernel stream may touch a buffer
+        // (event tracking is off, see `CudaBackend::new`). Once, at set-up.
+        copy_stream.synchronize().map_err(|e| {
+            cuda_error(
+                "cuStreamSynchronize",
+                format!("copy stream on device {device} after allocating {buffers} device buffers"),
+                e.0,
+            )
+        })?;
+        let result = kernel_stream.alloc_zeros::<u8>(8).map_err(|e| {
+            cuda_error(
+                alloc_call(&ctx),
+                format!("8-byte checksum word on device {device}"),
+                e.0,
+            )
+        })?;
+        let done = raw::Event::new(&ctx)
+            .map_err(|e| cuda_error("cuEventCreate", format!("device {device}"), e.0))?;
+        let guards = Arc::new(Guards::new(buffers));
+        let (inflight_tx, inflight_rx) = crossbeam_channel::unbounded::<InFlight>();
+        let (done_tx, done_rx) = crossbeam_channel::unbounded::<Completion>();
+        let (free_tx, free_rx) = crossbeam_channel::unbounded::<raw::Event>();
+        let hook: Arc<crate::HookCell> = Arc::new(crate::HookCell::default());
+        let thread =
+            completion::spawn(&ctx, device, &guards, inflight_rx, done_tx, free_tx, &hook)?;
+        Ok(Self {
+            ctx,
+            device,
+            sm_count: backend.sm_count,
+            buffer_bytes,
+            buffers: bufs,
+            chunks: Arc::clone(&backend.chunks),
+            guards,
+            copy_stream,
+            kernel_stream,
+            inflight: Some(inflight_tx),
+            free_events: free_rx,
+            completions: done_rx,
+            thread: Some(thread),
+            kernel_state: Mutex::new(KernelState {
+                kernels: None,
+                result,
+                done,
+            }),
+            hook,
+        })
+    }
+
+    /// The device index.
+    pub fn device(&self) -> usize {
+        self.device
+    }
+
+    /// Device address of buffer `buffer` (for callers launching their own kernels).
+    pub fn buffer_device_ptr(&self, buffer: usize) -> Option<u64> {
+        self.buffers.get(buffer).map(|b| b.ptr())
+    }
+
+    /// Starts a read of the first `len` bytes of device buffer `buffer`: checks them, then takes
+    /// the buffer as a reader (`BufferBusy` while an upload into it is pending; module docs).
+    /// The read lasts until the returned [`Reading`] is dropped.
+    pub(super) fn begin_read(
+        &self,
+        call: &'static str,
+        buffer: usize,
+        len: usize,
+    ) -> Result<(&DeviceBuffer, Reading<'_>), BackendError> {
+        check_range(call, buffer, len, self.buffers.len(), self.buffer_bytes)?;
+        let reading = self.guards.begin_read(call, buffer)?;
+        Ok((&self.buffers[buffer], reading))
+    }
+}
+
+/// The driver call that allocates device memory through cudarc in `ctx` (for error messages).
+pub(super) fn alloc_call(ctx: &CudaContext) -> &'static str {
+    if ctx.has_async_alloc() {
+        "cuMemAllocAsync"
+    } else {
+        "cuMemAlloc"
+    }
+}
+
+/// One device buffer. cudarc's [`CudaSlice`] owns the allocation (stream-ordered on the stream it
+/// was allocated on, freed when dropped); its device address is read once, here, so `submit`
+/// hands it to the copy without going through the slice.
+#[derive(Debug)]
+pub(super) struct DeviceBuffer {
+    slice: CudaSlice<u8>,
+    ptr: sys::CUdeviceptr,
+}
+
+impl DeviceBuffer {
+    /// `bytes` (at least 1) of zeroed device memory, allocated on `stream`.
+    pub(super) fn alloc(stream: &Arc<CudaStream>, bytes: usize) -> Result<Self, DriverError> {
+        let slice = stream.alloc_zeros::<u8>(bytes.max(1))?;
+        // With event tracking off (`CudaBackend::new`) this records nothing.
+        let (ptr, _) = slice.device_ptr(stream);
+        Ok(Self { slice, ptr })
+    }
+
+    /// The allocation, for cudarc's safe calls (reading back, kernel arguments).
+    pub(super) fn slice(&self) -> &CudaSlice<u8> {
+        &self.slice
+    }
+
+    /// Device address.
+    pub(super) fn ptr(&self) -> sys::CUdeviceptr {
+        self.ptr
+    }
+
+    /// The first `len` bytes as a kernel's [`Span`].
+    ///
+    /// # Panics
+    /// If `len` exceeds the buffer.
+    pub(super) fn span(&self, len: usize) -> Span {
+        assert!(
+            len <= self.slice.len(),
+            "span of {len} bytes of a {}-byte device buffer",
+            self.slice.len()
+        );
+        Span {
+            ptr: self.ptr,
+            bytes: len,
+        }
+    }
+
+    /// Enqueues a copy of `len` bytes from host address `src` to byte `offset` of this buffer
+    /// on `stream` ([`raw::memcpy_htod_async`]).
+    ///
+    /// # Safety
+    /// `src..src+len` is valid for reads and is not written or unmapped until the copy has
+    /// completed on `stream`; this buffer is not dropped before that either.
+    ///
+    /// # Panics
+    /// If `offset + len` exceeds the buffer.
+    pub(super) unsafe fn copy_in_async(
+        &self,
+        offset: usize,
+        src: *const u8,
+        len: usize,
+        stream: &CudaStream,
+    ) -> Result<(), DriverError> {
+        let bytes = self.slice.len();
+        assert!(
+            offset.checked_add(len).is_some_and(|end| end <= bytes),
+            "copy of {len} bytes at offset {offset} into a {bytes}-byte device buffer"
+        );
+        // SAFETY: the destination range lies inside this live allocation (asserted), which the
+        // caller keeps alive until the copy completes, as it does the source range.
+        unsafe { raw::memcpy_htod_async(self.ptr + offset as u64, src, len, stream) }
+    }
+}
+
+/// The per-buffer counts that keep uploads into a device buffer and reads of it apart (module
+/// docs).
+#[derive(Debug)]
+pub(super) struct Guards {
+    /// Uploads submitted into each buffer and not yet observed complete.
+    pending: Vec<AtomicUsize>,
+    /// Reads of each buffer in progress.
+    readers: Vec<AtomicUsize>,
+}
+
+impl Guards {
+    fn new(buffers: usize) -> Self {
+        Self {
+            pending: (0..buffers).map(|_| AtomicUsize::new(0)).collect(),
+            readers: (0..buffers).map(|_| AtomicUsize::new(0)).collect(),
+        }
+    }
+
+    /// Announces an upload into `buffer`, then looks for readers: `BufferBusy` (and the upload
+    /// withdrawn) if the buffer is being read. `buffer` is in range (checked by the caller).
+    pub(super) fn begin_upload(&self, buffer: usize) -> Result<(), BackendError> {
+        self.pending[buffer].fetch_add(1, Ordering::SeqCst);
+        let readers = self.readers[buffer].load(Ordering::SeqCst);
+        if readers != 0 {
+            self.pending[buffer].fetch_sub(1, Ordering::SeqCst);
+            return Err(BackendError::BufferBusy {
+                call: "submit",
+                buffer,
+                pending: readers,
+            });
+        }
+        Ok(())
+    }
+
+    /// Ends an upload begun with [`Guards::begin_upload`]: it has completed on the device, or it
+    /// was withdrawn after the copy was waited for.
+    pub(super) fn end_upload(&self, buffer: usize) {
+        self.pending[buffer].fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// Announces a reader of `buffer`, then looks for pending uploads: `BufferBusy` (and the
+    /// reader withdrawn) if an upload into it has not completed. `buffer` is in range.
+    pub(super) fn begin_read(
+        &self,
+        call: &'static str,
+        buffer: usize,
+    ) -> Result<Reading<'_>, BackendError> {
+        let readers = &self.readers[buffer];
+        readers.fetch_add(1, Ordering::SeqCst);
+        let pending = self.pending[buffer].load(Ordering::SeqCst);
+        if pending != 0 {
+            readers.fetch_sub(1, Ordering::SeqCst);
+            return Err(BackendError::BufferBusy {
+                call,
+                buffer,
+                pending,
+            });
+        }
+        Ok(Reading { readers })
+    }
+}
+
+/// A read of one device buffer in progress; dropping it ends the read. Keep it until the
+/// kernel reading the buffer has been waited for.
+#[derive(Debug)]
+#[must_use = "the read ends when this is dropped"]
+pub(super) struct Reading<'a> {
+    readers: &'a AtomicUsize,
+}
+
+impl Drop for Reading<'_> {
+    fn drop(&mut self) {
+        self.readers.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl Uploader for CudaUploader {
+    unsafe fn submit(&self, job: UploadJob) -> Result<(), BackendError> {
+        check_range(
+            "submit",
+            job.buffer,
+            job.len,
+            self.buffers.len(),
+            self.buffer_bytes,
+        )?;
+        if job.len > 0 && job.src.is_null() {
+            return Err(BackendError::InvalidArgument {
+                call: "submit",
+                what: format!(
+                    "null source pointer for {} bytes (tag {})",
+                    job.len, job.tag
+                ),
+            });
+        }
+        let gone = BackendError::WorkerGone {
+            backend: "cuda",
+            call: "submit",
+        };
+        let Some(tx) = self.inflight.as_ref() else {
+            return Err(gone);
+        };
+        let device = self.device;
+        let b = job.buffer;
+        // Store-load against readers (module docs): announce the upload, then look for readers.
+        self.guards.begin_upload(b)?;
+        let event = match self.free_events.try_recv() {
+            Ok(e) => e,
+            Err(_) => match raw::Event::new(&self.ctx) {
+                Ok(e) => e,
+                Err(e) => {
+                    self.guards.end_upload(b);
+                    return Err(cuda_error("cuEventCreate", format!("device {device}"), e.0));
+                }
+            },
+        };
+        let object = || {
+            format!(
+                "{} bytes from host {:p} into device buffer {} (tag {}) on device {device}",
+                job.len, job.src, job.buffer, job.tag
+            )
+        };
+        let submitted = Instant::now();
+        // One copy per registered chunk the source touches (usually exactly one).
+        let start = job.src as usize;
+        let end = start + job.len;
+        let mut enqueued = Ok(());
+        let mut cur = start;
+        while cur < end {
+            let next = self.chunks.next_boundary(cur, end);
+            // SAFETY: [cur, next) is a piece of src..src+len, and (cur - start) + (next - cur)
+            // <= len <= buffer size (checked above); the caller of `submit` guarantees
+            // src..src+len stays valid and unwritten until the Completion is received, and the
+            // completion thread sends it only after the event recorded below (which follows
+            // these copies on the same stream) has completed. Device buffers are freed only
+            // after that thread has drained (Drop).
+            let r = unsafe {
+                self.buffers[b].copy_in_async(
+                    cur - start,
+                    cur as *const u8,
+                    next - cur,
+                    &self.copy_stream,
+                )
+            };
+            if let Err(e) = r {
+                enqueued = Err(cuda_error("cuMemcpyHtoDAsync", object(), e.0));
+                break;
+            }
+            cur = next;
+        }
+        let recorded = enqueued.and_then(|()| {
+            event
+                .record(&self.copy_stream)
+                .map_err(|e| cuda_error("cuEventRecord", object(), e.0))
+        });
+        if let Err(e) = recorded {
+            // The copy may have been enqueued even though recording failed: wait for the
+            // stream so the source is no longer read when we return an error.
+            if let Ok(ev) = raw::Event::new(&self.ctx) {
+                let _ = ev.record(&self.copy_stream).and_then(|()| ev.synchronize());
+            }
+            self.guards.end_upload(b);
+            return Err(e);
+        }
+        let flight = InFlight {
+            tag: job.tag,
+            buffer: b,
+            len: job.len,
+            submitted,
+            event,
+        };
+        if let Err(crossbeam_channel::SendError(f)) = tx.send(flight) {
+            // Completion thread gone: wait for the copy ourselves before reporting.
+            let _ = f.event.synchronize();
+            self.guards.end_upload(b);
+            return Err(gone);
+        }
+        Ok(())
+    }
+
+    fn completions(&self) -> &Receiver<Completion> {
+        &self.completions
+    }
+
+    fn set_completion_hook(&self, hook: crate::CompletionHook) {
+        self.hook.set(hook);
+    }
+
+    fn buffer_count(&self) -> usize {
+        self.buffers.len()
+    }
+
+    fn buffer_bytes(&self) -> usize {
+        self.buffer_bytes
+    }
+
+    fn read_host(
+        &self,
+        _buffer: usize,
+        _len: usize,
+        _f: &mut dyn FnMut(&[u8]),
+    ) -> Result<bool, BackendError> {
+        // Device memory is not readable from the host: verifying sinks use `checksum`. Nothing
+        // is read, so no reader count is taken (module docs).
+        Ok(false)
+    }
+
+    fn checksum(&self, buffer: usize, len: usize) -> Result<u64, BackendError> {
+        self.checksum_buffer(buffer, len)
+    }
+
+    fn compute(&self, buffer: usize, len: usize) -> Result<(), BackendError> {
+        self.compute_buffer(buffer, len)
+    }
+
+    unsafe fn checksum_mapped(&self, host_ptr: *const u8, len: usize) -> Result<u64, BackendError> {
+        // SAFETY: forwarded from the caller of `Uploader::checksum_mapped`.
+        unsafe { self.checksum_mapped_range(host_ptr, len) }
+    }
+
+    unsafe fn compute_mapped(&self, host_ptr: *mut u8, len: usize) -> Result<(), BackendError> {
+        // SAFETY: forwarded from the caller of `Uploader::compute_mapped`.
+        unsafe { self.compute_mapped_range(host_ptr, len) }
+    }
+}
+
+impl Drop for CudaUploader {
+    fn drop(&mut self) {
+        // Closing the channel lets the completion thread drain: it waits for every copy still
+        // in flight, so device buffers (freed after this) and callers' source ranges are safe.
+        self.inflight.take();
+        if let Some(t) = self.thread.take() {
+            if t.join().is_err() {
+                tracing::error!(
+                    device = self.device,
+                    "pinring CUDA completion thread panicked"
+                );
+                // Make sure no copy is still running before the buffers are freed.
+                if let Ok(ev) = raw::Event::new(&self.ctx) {
+                    let _ = ev.record(&self.copy_stream).and_then(|()| ev.synchronize());
+                }
+            }
+        }
+        // Kernels are waited for by the calls that launch them, except after a failed wait.
+        // cudarc frees the buffers in the copy stream's order, which does not follow the kernel
+        // stream, so make sure no kernel still uses one.
+        if let Ok(ev) = raw::Event::new(&self.ctx) {
+            let _ = ev
+                .record(&self.kernel_stream)
+                .and_then(|()| ev.synchronize());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The guard protocol itself needs no GPU; `cuda/tests.rs` runs it through a real uploader.
+
+    use super::*;
+
+    fn busy(r: Result<impl std::fmt::Debug, BackendError>) -> bool {
+        matches!(r, Err(BackendError::BufferBusy { .. }))
+    }
+
+    #[test]
+    fn a_buffer_being_read_refuses_uploads() {
+        let g = Guards::new(2);
+        let reading = g.begin_read("checksum", 0).unwrap();
+        assert!(busy(g.begin_upload(0)));
+        assert_eq!(
+            g.pending[0].load(Ordering::SeqCst),
+            0,
+            "the refused upload backs out"
+        );
+        // Other buffers are not affected.
+        g.begin_upload(1).unwrap();
+        g.end_upload(1);
+        drop(reading);
+        assert_eq!(g.readers[0].load(Ordering::SeqCst), 0);
+        g.begin_upload(0).unwrap();
+        g.end_upload(0);
+    }
+
+    #[test]
+    fn a_buffer_with_an_upload_pending_refuses_readers() {
+        let g = Guards::new(2);
+        g.begin_upload(0).unwrap();
+        assert!(busy(g.begin_read("compute", 0)));
+        assert_eq!(
+            g.readers[0].load(Ordering::SeqCst),
+            0,
+            "the refused read backs out"
+        );
+        drop(g.begin_read("compute", 1).unwrap());
+        g.end_upload(0);
+        let reading = g.begin_read("compute", 0).unwrap();
+        // Readers share a buffer.
+        let second = g.begin_read("checksum", 0).unwrap();
+        assert_eq!(g.readers[0].load(Ordering::SeqCst), 2);
+        drop((reading, second));
+        assert_eq!(g.readers[0].load(Ordering::SeqCst), 0);
+    }
+
+    #[test]
+    fn racing_uploads_and_reads_never_overlap() {
+        use std::sync::atomic::AtomicBool;
+        let g = Guards::new(1);
+        // Set while a read or an upload holds the buffer; the other side must never see it.
+        let (reading, uploading) = (AtomicBool::new(false), AtomicBool::new(false));
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                for _ in 0..20_000 {
+                    if let Ok(r) = g.begin_read("checksum", 0) {
+                        reading.store(true, Ordering::SeqCst);
+                        assert!(!uploading.load(Ordering::SeqCst), "read during an upload");
+                        reading.store(false, Ordering::SeqCst);
+                        drop(r);
+                    }
+                }
+            });
+            s.spawn(|| {
+                for _ in 0..20_000 {
+                    if g.begin_upload(0).is_ok() {
+                        uploading.store(true, Ordering::SeqCst);
+                        assert!(!reading.load(Ordering::SeqCst), "upload during a read");
+                        uploading.store(false, Ordering::SeqCst);
+                        g.end_upload(0);
+                    }
+                }
+            });
+        });
+        assert_eq!(g.pending[0].load(Ordering::SeqCst), 0);
+        assert_eq!(g.readers[0].load(Ordering::SeqCst), 0);
+    }
+}
