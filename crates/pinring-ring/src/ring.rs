@@ -137,14 +137,15 @@ impl SlotWriter<'_> {
         Ok(())
     }
 
-    /// Writes `len` bytes at `offset` as little-endian 64-bit words, word `k` being `word(k)`
-    /// (a final partial word is cut short). For generators that compute their bytes: the loop
-    /// inlines and vectorises like a plain store loop.
+    /// Writes `len` bytes at `offset` as little-endian 64-bit words, taking each next word from
+    /// `next`, in order (a final partial word is cut short). For generators that compute their
+    /// bytes: the loop inlines and vectorises like a plain store loop (a generator that steps a
+    /// counter vectorises well; one that multiplies per word does not).
     pub fn write_words(
         &mut self,
         offset: usize,
         len: usize,
-        mut word: impl FnMut(usize) -> u64,
+        mut next: impl FnMut() -> u64,
     ) -> Result<(), OutOfSlot> {
         self.check(offset, len)?;
         // SAFETY: offset <= len of the slot (checked above).
@@ -154,11 +155,11 @@ impl SlotWriter<'_> {
             // SAFETY: k * 8 + 8 <= len, inside the checked range.
             let at = unsafe { dst.add(k * 8) }.cast::<[u8; 8]>();
             // SAFETY: `at` is valid for 8 bytes (above); unaligned writes are allowed.
-            unsafe { at.write_unaligned(word(k).to_le_bytes()) };
+            unsafe { at.write_unaligned(next().to_le_bytes()) };
         }
         let rest = len % 8;
         if rest > 0 {
-            let bytes = word(whole).to_le_bytes();
+            let bytes = next().to_le_bytes();
             // SAFETY: whole * 8 <= len, inside the checked range.
             let at = unsafe { dst.add(whole * 8) };
             // SAFETY: whole * 8 + rest == len, inside the checked range; `bytes` is a local.

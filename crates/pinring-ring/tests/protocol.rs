@@ -60,9 +60,13 @@ fn a_batch_goes_free_claimed_ready_uploading_free() {
     // Nothing is written outside the slot.
     let err = slot.write(8190, b"xyz").unwrap_err();
     assert_eq!((err.offset, err.len, err.slot_bytes), (8190, 3, 8192));
-    assert!(slot.write_words(8188, 8, |_| 0).is_err());
-    slot.write_words(100, 11, |k| 0x0807_0605_0403_0201 + k as u64)
-        .unwrap();
+    assert!(slot.write_words(8188, 8, || 0).is_err());
+    let mut k = 0;
+    slot.write_words(100, 11, || {
+        k += 1;
+        0x0807_0605_0403_0200 + k
+    })
+    .unwrap();
     loader.commit(claim, 5, 3, 1, 0).unwrap();
 
     let taken = daemon.take_ready(2, 7).unwrap().expect("ready");

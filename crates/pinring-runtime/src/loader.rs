@@ -394,9 +394,9 @@ impl Worker<'_> {
                     // Straight into the slot: no intermediate payload buffer.
                     let mut fits = payload_len <= slot.len();
                     for (n, &i) in self.samples.iter().enumerate() {
-                        let words = synthetic.sample_words(i);
+                        let mut words = synthetic.sample_words(i);
                         fits &= slot
-                            .write_words(n * sample_bytes, sample_bytes, |k| words.word(k))
+                            .write_words(n * sample_bytes, sample_bytes, || words.next_word())
                             .is_ok();
                     }
                     let indices = BatchIndices {
