@@ -5,8 +5,8 @@
 //! deadline: `FUTEX_WAIT` is restarted by the kernel after a signal handler installed with
 //! `SA_RESTART`, so a wait without one could sleep through SIGTERM.
 
+use crate::sync::atomic::{AtomicU32, Ordering};
 use linux_futex::{AsFutex, Shared, TimedWaitError};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 /// How a wait ended.

@@ -8,12 +8,13 @@
 //!   reader; they can only produce wrong *values*, which the reader validates before use.
 //! * Sizes and offsets are pinned by the compile-time asserts at the bottom of this file;
 //!   docs/PROTOCOL.md draws the same table. Changing either requires bumping [`LAYOUT_VERSION`].
+//!   The atomics come from [`crate::sync`].
 //! * Fields that are written once at creation (sizes, offsets, plan) are read with `Relaxed`
 //!   loads after an `Acquire` load of [`Header::version`], which pairs with the creator's
 //!   `Release` store of the version after everything else was written.
 
+use crate::sync::atomic::{AtomicU16, AtomicU32, AtomicU64};
 use std::mem::{offset_of, size_of};
-use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64};
 
 /// `b"PINRING\0"` as a little-endian u64.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"PINRING\0");

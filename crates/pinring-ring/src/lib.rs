@@ -22,14 +22,12 @@ pub mod recovery;
 pub mod ring;
 pub mod segment;
 pub mod slot;
+pub mod sync;
 
 pub use error::{CommitError, RingError, SlotFault};
 pub use layout::{ring_state, Geometry, Header, MAX_LOADERS};
 pub use process::ProcessId;
 pub use recovery::Expired;
-pub use ring::{
-    fit_in_slot, Claim, CreateOptions, LoaderView, OutOfSlot, Ring, Seat, SlotView, SlotWriter,
-    Taken,
-};
+pub use ring::{Claim, CreateOptions, LoaderView, OutOfSlot, Ring, SlotView, SlotWriter};
 pub use segment::{object_path, Access, Segment};
-pub use slot::{SlotState, SlotWord};
+pub use slot::{fit_in_slot, Seat, SlotState, SlotWord, Taken};
