@@ -11,13 +11,16 @@
 //! upload from, and the consumer can never see them.
 //!
 //! The transitions and the handshake are methods of [`SlotDesc`] and [`LoaderEntry`] (pure
-//! operations on their atomics); [`Ring`]'s methods find the descriptor and the entry and add the
-//! kernel's word on liveness.
+//! operations on their atomics, which the model checker runs too, see tests/loom.rs); [`Ring`]'s
+//! methods find the descriptor and the entry and add the kernel's word on liveness.
 //!
 //! No unsafe code here: everything goes through the typed views of [`Ring`].
 
-use crate::layout::{abandon_word, loader_state, LoaderEntry, SlotDesc, MAX_LOADERS};
+use crate::layout::{abandon_word, LoaderEntry, SlotDesc};
+#[cfg(not(loom))]
+use crate::layout::{loader_state, MAX_LOADERS};
 use crate::process::ProcessId;
+#[cfg(not(loom))]
 use crate::ring::Ring;
 use crate::slot::{SlotState, SlotWord};
 use crate::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
@@ -129,6 +132,7 @@ impl LoaderEntry {
     }
 }
 
+#[cfg(not(loom))]
 impl Ring {
     /// The process in loader-table entry `owner` (for messages), if the index is in range and
     /// the entry active.

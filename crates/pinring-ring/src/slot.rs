@@ -32,7 +32,8 @@
 //! The transitions are methods of [`SlotDesc`] (here, and the lease expiry in
 //! [`crate::recovery`]): pure operations on the descriptor's atomics, with no segment, file or
 //! lock behind them. [`crate::ring::Ring`] calls them on descriptors in the mapping, with the
-//! kernel's answers (is the claimant alive?) passed in.
+//! kernel's answers (is the claimant alive?) passed in; the model checker (tests/loom.rs) calls
+//! the same code on `loom`'s atomics (see [`crate::sync`]).
 //!
 //! Orderings, stated once and referred to at each site:
 //! * (B) Hand-out: the daemon writes `seq` (Relaxed), then stores the slot word FREE with Release;
