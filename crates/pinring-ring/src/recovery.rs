@@ -64,6 +64,9 @@ impl SlotDesc {
         if w.state != Some(SlotState::Claimed) {
             return None;
         }
+        // The owner's abandon word as of its claim: `observed` was loaded with Acquire from the
+        // claim CAS, which is Release (B' in slot.rs), so this load sees any abandon word the
+        // owner wrote before claiming, and `has_abandoned` never takes that one for an answer.
         let abandoned_before = entry.map_or(0, |e| e.abandoned.load(Acquire));
         let seq = self.seq.load(Relaxed);
         let idle = SlotWord::pack(SlotState::Idle, w.ticket.wrapping_add(1));

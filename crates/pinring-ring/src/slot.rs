@@ -38,6 +38,10 @@
 //! Orderings, stated once and referred to at each site:
 //! * (B) Hand-out: the daemon writes `seq` (Relaxed), then stores the slot word FREE with Release;
 //!   a loader's successful claim CAS is Acquire, so it reads the seq the daemon wrote.
+//! * (B') Claim: the claim CAS is also Release, so a daemon that loads the CLAIMED word with
+//!   Acquire sees everything the loader did before claiming, in particular the abandon word of
+//!   the slot it held before (recovery.rs relies on it to tell an old acknowledgement from a new
+//!   one).
 //! * (C) Commit: the loader writes payload, metadata and lengths, then CASes the word
 //!   CLAIMED→READY with Release; the daemon loads the word with Acquire before reading lengths or
 //!   bytes, so it sees everything the loader wrote.
@@ -212,8 +216,10 @@ impl SlotDesc {
         }
         let claimed = SlotWord::pack_owned(SlotState::Claimed, seat.index, seat.tenure, w.ticket);
         // (B): Acquire pairs with the daemon's Release store of FREE: the seq is visible.
+        // (B'): Release publishes this loader's earlier writes (its last abandon word) to a
+        // daemon that sees the claim.
         self.word
-            .compare_exchange(w.raw, claimed, Acquire, Relaxed)
+            .compare_exchange(w.raw, claimed, AcqRel, Relaxed)
             .ok()?;
         self.owner_pid.store(std::process::id(), Relaxed);
         self.claim_ns.store(monotonic_ns(), Relaxed);

@@ -333,6 +333,65 @@ fn a_quarantined_slot_is_released_only_by_the_abandon_word() {
     });
 }
 
+/// (c') As (c), for a loader that had abandoned an earlier slot just before it claimed this one:
+/// its earlier abandon word must not be taken for an acknowledgement of this slot. (This failed
+/// while the claim CAS was Acquire only: see "Model checking" in docs/ARCHITECTURE.md.)
+#[test]
+fn an_earlier_abandon_word_does_not_release_a_later_slot() {
+    check(EXHAUSTIVE, || {
+        let earlier = Arc::new(Slot::new());
+        let slot = Arc::new(Slot::new());
+        let entry = Arc::new(LoaderEntry::new_active(1));
+        let seat = Seat {
+            index: 0,
+            tenure: 1,
+        };
+        // Before: the loader claimed slot 0, and the daemon took it back when its lease ran out.
+        earlier.desc.assign(3);
+        let stale = earlier.desc.try_claim(seat).unwrap();
+        let w = earlier.desc.word_acquire().raw;
+        earlier.desc.expire(0, w, Some(&entry), None).unwrap();
+        slot.desc.assign(4);
+        let loader = {
+            let (earlier, slot, entry) =
+                (Arc::clone(&earlier), Arc::clone(&slot), Arc::clone(&entry));
+            thread::spawn(move || {
+                // Its late commit of slot 0 is refused: it abandons slot 0, and claims slot 1.
+                assert!(!earlier.desc.commit(seat, stale.ticket, BATCH));
+                entry.abandon(0, stale.ticket);
+                let round = slot.claim(seat);
+                slot.write(MADE);
+                if !slot.desc.commit(seat, round.ticket, BATCH) {
+                    entry.abandon(1, round.ticket);
+                }
+            })
+        };
+        // Daemon: slot 1's claim outlives its lease too.
+        let daemon = {
+            let (slot, entry) = (Arc::clone(&slot), Arc::clone(&entry));
+            thread::spawn(move || {
+                let observed = slot.word_after_claim();
+                match slot.desc.expire(1, observed, Some(&entry), None) {
+                    Some(e) => {
+                        while !entry.has_abandoned(&e) {
+                            thread::yield_now();
+                        }
+                        slot.desc.assign(4);
+                        slot.write(NEXT);
+                    }
+                    None => {
+                        let t = slot.desc.take_ready(1, 4, SLOT_BYTES).unwrap();
+                        assert_eq!(t.map(|t| t.seq), Some(4));
+                        assert_eq!(slot.read(), MADE);
+                    }
+                }
+            })
+        };
+        daemon.join().unwrap();
+        loader.join().unwrap();
+    });
+}
+
 /// (d) The counted wake-up, as a loader waits for a FREE slot and the daemon frees one: the
 /// loader loads the futex word, finds no slot, and waits counted; the daemon hands the slot out,
 /// bumps the word and makes the wake call only if it sees a waiter counted. The model's wait has
