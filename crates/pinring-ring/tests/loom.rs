@@ -1,8 +1,8 @@
 //! Model checking of the slot protocol and of the counted futex wake-ups with `loom`.
 //!
 //! Each test runs two or three actors (the daemon and one or two loaders, or a waiter and a
-//! waker) through every interleaving within the preemption bound, and lets every load return any
-//! value the memory model allows. The actors call the very code the ring runs on the segment:
+//! waker) through every interleaving (within a preemption bound for the two three-actor models),
+//! and lets every load return any value the memory model allows. The actors call the very code the ring runs on the segment:
 //! `SlotDesc`'s and `LoaderEntry`'s transitions (slot.rs, recovery.rs) and futex.rs's
 //! `wait_counted` / `bump_and_wake_counted`, here on `loom`'s atomics and over a stand-in for the
 //! two futex system calls (crate::sync, crate::futex::model). What stays outside: the kernel
@@ -22,10 +22,10 @@
 //! (`LOOM_MAX_PREEMPTIONS` overrides the bound; `LOOM_LOG=trace LOOM_LOCATION=1` explain a
 //! failure.)
 //!
-//! Every actor is a spawned thread; the model's main thread only sets the scene and joins. An
-//! actor that had read a value during the set-up could not read it again after its first
-//! `yield_now` (loom's rule for making spin loops progress), which would hide stale reads; a
-//! fresh thread has read nothing.
+//! Every actor is a spawned thread; the model's main thread only sets the scene and joins. After
+//! a `yield_now`, loom never lets a thread read again a value it saw before it (its rule for
+//! making spin loops progress), so an actor that had read values during the set-up could not
+//! read them stale later, which would hide bugs; a fresh thread has read nothing.
 #![cfg(loom)]
 
 use loom::cell::UnsafeCell;
