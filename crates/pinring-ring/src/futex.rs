@@ -4,9 +4,17 @@
 //! the virtual address and silently never wake a waiter in another process. Every wait takes a
 //! deadline: `FUTEX_WAIT` is restarted by the kernel after a signal handler installed with
 //! `SA_RESTART`, so a wait without one could sleep through SIGTERM.
+//!
+//! In the model-checking build (`cfg(loom)`) the two system calls are replaced by a stand-in
+//! (`model`) with the same contract, built on `loom`'s Mutex and Condvar: FUTEX_WAIT compares the
+//! word and goes to sleep as one step with respect to FUTEX_WAKE, and a wake wakes at most `n`
+//! sleepers on that word. The stand-in has no deadline, so a wake-up the protocol loses leaves a
+//! thread asleep for ever, which the checker reports as a deadlock. Everything above the system
+//! calls ([`wait_counted`], [`bump_and_wake_counted`]) is the same code in both builds.
 
+use crate::sync::atomic::{AtomicU32, Ordering};
+#[cfg(not(loom))]
 use linux_futex::{AsFutex, Shared, TimedWaitError};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 /// How a wait ended.
@@ -25,7 +33,12 @@ pub enum Wake {
 /// Sleeps while `word == expected`, at most `timeout`. Callers re-check their condition after
 /// every return, whatever the reason.
 pub fn wait(word: &AtomicU32, expected: u32, timeout: Duration) -> Wake {
-    let timeout = timeout.max(Duration::from_micros(1));
+    futex_wait(word, expected, timeout.max(Duration::from_micros(1)))
+}
+
+/// FUTEX_WAIT on a shared futex.
+#[cfg(not(loom))]
+fn futex_wait(word: &AtomicU32, expected: u32, timeout: Duration) -> Wake {
     match AsFutex::<Shared>::as_futex(word).wait_for(expected, timeout) {
         Ok(()) => Wake::Woken,
         Err(TimedWaitError::WrongValue) => Wake::Changed,
@@ -34,18 +47,27 @@ pub fn wait(word: &AtomicU32, expected: u32, timeout: Duration) -> Wake {
     }
 }
 
+/// FUTEX_WAKE on a shared futex: wakes up to `n` waiters sleeping on `word`.
+#[cfg(not(loom))]
+fn wake(word: &AtomicU32, n: i32) {
+    AsFutex::<Shared>::as_futex(word).wake(n);
+}
+
+#[cfg(loom)]
+use model::{wait as futex_wait, wake};
+
 /// Bumps the word (so a waiter that has not yet slept sees the change) and wakes up to `n` waiters.
 pub fn bump_and_wake(word: &AtomicU32, n: i32) {
     // Release: pairs with the Acquire load a waiter does before scanning, so whatever the caller
     // wrote before bumping is visible to a waiter that observes the new value.
     word.fetch_add(1, Ordering::Release);
-    AsFutex::<Shared>::as_futex(word).wake(n);
+    wake(word, n);
 }
 
 /// Wakes every waiter without changing the word (for a word whose value means something, like
 /// the layout version: a waiter re-reads it after every return).
 pub fn wake_all(word: &AtomicU32) {
-    AsFutex::<Shared>::as_futex(word).wake(i32::MAX);
+    wake(word, i32::MAX);
 }
 
 /// Wakes every waiter.
@@ -81,11 +103,101 @@ pub fn wait_counted(
 pub fn bump_and_wake_counted(word: &AtomicU32, waiters: &AtomicU32, n: i32) {
     word.fetch_add(1, Ordering::SeqCst);
     if waiters.load(Ordering::SeqCst) != 0 {
-        AsFutex::<Shared>::as_futex(word).wake(n);
+        wake(word, n);
     }
 }
 
-#[cfg(test)]
+/// The model checker's FUTEX_WAIT and FUTEX_WAKE (see the module note).
+#[cfg(loom)]
+pub mod model {
+    use super::Wake;
+    use crate::sync::atomic::{AtomicU32, Ordering};
+    use loom::sync::{Condvar, Mutex};
+    use std::time::Duration;
+
+    /// One sleeper: the word it sleeps on (by address, as the kernel keys shared futexes by
+    /// page and offset) and whether a wake picked it.
+    #[derive(Debug)]
+    struct Sleeper {
+        word: usize,
+        id: u64,
+        woken: bool,
+    }
+
+    /// The kernel's hash bucket: its lock serialises a waiter's compare-and-sleep with wakes.
+    #[derive(Debug, Default)]
+    struct Queue {
+        next_id: u64,
+        sleepers: Vec<Sleeper>,
+    }
+
+    #[derive(Debug)]
+    struct Bucket {
+        queue: Mutex<Queue>,
+        cv: Condvar,
+    }
+
+    loom::lazy_static! {
+        static ref BUCKET: Bucket = Bucket {
+            queue: Mutex::new(Queue::default()),
+            cv: Condvar::new(),
+        };
+    }
+
+    fn key(word: &AtomicU32) -> usize {
+        word as *const AtomicU32 as usize
+    }
+
+    /// FUTEX_WAIT without a deadline: `Changed` if the word no longer holds `expected`, else
+    /// sleeps until a [`wake`] on the same word picks this sleeper.
+    pub fn wait(word: &AtomicU32, expected: u32, _timeout: Duration) -> Wake {
+        let mut q = BUCKET.queue.lock().unwrap();
+        // The kernel reads the word under the bucket lock, behind a full barrier.
+        if word.load(Ordering::SeqCst) != expected {
+            return Wake::Changed;
+        }
+        let id = q.next_id;
+        q.next_id += 1;
+        q.sleepers.push(Sleeper {
+            word: key(word),
+            id,
+            woken: false,
+        });
+        loop {
+            q = BUCKET.cv.wait(q).unwrap();
+            let at = q
+                .sleepers
+                .iter()
+                .position(|s| s.id == id)
+                .expect("a sleeper stays queued until it leaves");
+            if q.sleepers[at].woken {
+                q.sleepers.remove(at);
+                return Wake::Woken;
+            }
+        }
+    }
+
+    /// FUTEX_WAKE: picks up to `n` of the sleepers on `word` that no wake picked yet, oldest
+    /// first.
+    pub fn wake(word: &AtomicU32, n: i32) {
+        let mut q = BUCKET.queue.lock().unwrap();
+        let key = key(word);
+        let mut left = n.max(0);
+        for s in q.sleepers.iter_mut() {
+            if left == 0 {
+                break;
+            }
+            if s.word == key && !s.woken {
+                s.woken = true;
+                left -= 1;
+            }
+        }
+        drop(q);
+        BUCKET.cv.notify_all();
+    }
+}
+
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
     use std::sync::Arc;

@@ -8,12 +8,15 @@
 //!   reader; they can only produce wrong *values*, which the reader validates before use.
 //! * Sizes and offsets are pinned by the compile-time asserts at the bottom of this file;
 //!   docs/PROTOCOL.md draws the same table. Changing either requires bumping [`LAYOUT_VERSION`].
+//!   The atomics come from [`crate::sync`]: std's in every build that maps a segment; the
+//!   model-checking build (`cfg(loom)`) swaps in larger ones, has no segment, and drops the
+//!   asserts.
 //! * Fields that are written once at creation (sizes, offsets, plan) are read with `Relaxed`
 //!   loads after an `Acquire` load of [`Header::version`], which pairs with the creator's
 //!   `Release` store of the version after everything else was written.
 
-use std::mem::{offset_of, size_of};
-use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64};
+use crate::sync::atomic::{AtomicU16, AtomicU32, AtomicU64};
+use std::mem::offset_of;
 
 /// `b"PINRING\0"` as a little-endian u64.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"PINRING\0");
@@ -270,48 +273,103 @@ pub struct SlotDesc {
     _pad: [u64; 7],
 }
 
-const _: () = assert!(size_of::<Header>() <= HEALTH_OFFSET);
-const _: () = assert!(size_of::<Health>() == 128);
-const _: () = assert!(offset_of!(Health, header_repairs) == 64);
-const _: () = assert!(DAEMON_PID_OFFSET == 72);
-const _: () = assert!(offset_of!(LoaderEntry, state) == 4);
-const _: () = assert!(offset_of!(LoaderEntry, tenure) == 6);
-const _: () = assert!(HEALTH_OFFSET + size_of::<Health>() <= LOADER_TABLE_OFFSET);
-const _: () = assert!(HEALTH_OFFSET % 64 == 0);
-const _: () = assert!(offset_of!(Health, leases_expired) == 0);
-const _: () = assert!(offset_of!(Health, bad_batches_skipped) == 32);
-const _: () = assert!(offset_of!(Health, corrupt_descriptors) == 56);
-const _: () = assert!(offset_of!(LoaderEntry, abandoned) == 56);
-const _: () = assert!(size_of::<Header>() == 384);
-const _: () = assert!(offset_of!(Header, magic) == 0);
-const _: () = assert!(offset_of!(Header, version) == 8);
-const _: () = assert!(offset_of!(Header, total_bytes) == 16);
-const _: () = assert!(offset_of!(Header, slot_count) == 24);
-const _: () = assert!(offset_of!(Header, slot_bytes) == 32);
-const _: () = assert!(offset_of!(Header, generation) == 56);
-const _: () = assert!(offset_of!(Header, state) == 64);
-const _: () = assert!(offset_of!(Header, fingerprint) == 88);
-const _: () = assert!(offset_of!(Header, delivered) == 128);
-const _: () = assert!(offset_of!(Header, committed) == 192);
-const _: () = assert!(offset_of!(Header, work_futex) == 256);
-const _: () = assert!(offset_of!(Header, work_waiters) == 260);
-const _: () = assert!(offset_of!(Header, doorbell_futex) == 320);
-const _: () = assert!(offset_of!(Header, doorbell_waiters) == 324);
-const _: () = assert!(size_of::<LoaderEntry>() == LOADER_ENTRY_BYTES);
-const _: () = assert!(offset_of!(LoaderEntry, start_time) == 8);
-const _: () = assert!(offset_of!(LoaderEntry, heartbeat_ns) == 40);
-const _: () = assert!(MAX_LOADERS == 48);
-const _: () = assert!(size_of::<SlotDesc>() == DESC_BYTES);
-const _: () = assert!(offset_of!(SlotDesc, word) == 0);
-const _: () = assert!(offset_of!(SlotDesc, seq) == 8);
-const _: () = assert!(offset_of!(SlotDesc, payload_len) == 16);
-const _: () = assert!(offset_of!(SlotDesc, meta_len) == 24);
-const _: () = assert!(offset_of!(SlotDesc, error) == 28);
-const _: () = assert!(offset_of!(SlotDesc, sample_count) == 32);
-const _: () = assert!(offset_of!(SlotDesc, claim_ns) == 40);
-const _: () = assert!(offset_of!(SlotDesc, free_ns) == 64);
-const _: () = assert!(std::mem::align_of::<Header>() == 8);
-const _: () = assert!(std::mem::align_of::<SlotDesc>() == 8);
+/// The layout, pinned: sizes and offsets as docs/PROTOCOL.md draws them. (Only where the
+/// atomics are std's: the model checker's are larger and never lie in a segment.)
+#[cfg(not(loom))]
+mod pinned {
+    use super::*;
+    use std::mem::size_of;
+
+    const _: () = assert!(size_of::<Header>() <= HEALTH_OFFSET);
+    const _: () = assert!(size_of::<Health>() == 128);
+    const _: () = assert!(offset_of!(Health, header_repairs) == 64);
+    const _: () = assert!(DAEMON_PID_OFFSET == 72);
+    const _: () = assert!(offset_of!(LoaderEntry, state) == 4);
+    const _: () = assert!(offset_of!(LoaderEntry, tenure) == 6);
+    const _: () = assert!(HEALTH_OFFSET + size_of::<Health>() <= LOADER_TABLE_OFFSET);
+    const _: () = assert!(HEALTH_OFFSET % 64 == 0);
+    const _: () = assert!(offset_of!(Health, leases_expired) == 0);
+    const _: () = assert!(offset_of!(Health, bad_batches_skipped) == 32);
+    const _: () = assert!(offset_of!(Health, corrupt_descriptors) == 56);
+    const _: () = assert!(offset_of!(LoaderEntry, abandoned) == 56);
+    const _: () = assert!(size_of::<Header>() == 384);
+    const _: () = assert!(offset_of!(Header, magic) == 0);
+    const _: () = assert!(offset_of!(Header, version) == 8);
+    const _: () = assert!(offset_of!(Header, total_bytes) == 16);
+    const _: () = assert!(offset_of!(Header, slot_count) == 24);
+    const _: () = assert!(offset_of!(Header, slot_bytes) == 32);
+    const _: () = assert!(offset_of!(Header, generation) == 56);
+    const _: () = assert!(offset_of!(Header, state) == 64);
+    const _: () = assert!(offset_of!(Header, fingerprint) == 88);
+    const _: () = assert!(offset_of!(Header, delivered) == 128);
+    const _: () = assert!(offset_of!(Header, committed) == 192);
+    const _: () = assert!(offset_of!(Header, work_futex) == 256);
+    const _: () = assert!(offset_of!(Header, work_waiters) == 260);
+    const _: () = assert!(offset_of!(Header, doorbell_futex) == 320);
+    const _: () = assert!(offset_of!(Header, doorbell_waiters) == 324);
+    const _: () = assert!(size_of::<LoaderEntry>() == LOADER_ENTRY_BYTES);
+    const _: () = assert!(offset_of!(LoaderEntry, start_time) == 8);
+    const _: () = assert!(offset_of!(LoaderEntry, heartbeat_ns) == 40);
+    const _: () = assert!(MAX_LOADERS == 48);
+    const _: () = assert!(size_of::<SlotDesc>() == DESC_BYTES);
+    const _: () = assert!(offset_of!(SlotDesc, word) == 0);
+    const _: () = assert!(offset_of!(SlotDesc, seq) == 8);
+    const _: () = assert!(offset_of!(SlotDesc, payload_len) == 16);
+    const _: () = assert!(offset_of!(SlotDesc, meta_len) == 24);
+    const _: () = assert!(offset_of!(SlotDesc, error) == 28);
+    const _: () = assert!(offset_of!(SlotDesc, sample_count) == 32);
+    const _: () = assert!(offset_of!(SlotDesc, claim_ns) == 40);
+    const _: () = assert!(offset_of!(SlotDesc, free_ns) == 64);
+    const _: () = assert!(std::mem::align_of::<Header>() == 8);
+    const _: () = assert!(std::mem::align_of::<SlotDesc>() == 8);
+}
+
+/// The model checker's stand-ins for a descriptor and a loader-table entry: in that build there
+/// is no segment to find them in, so a model makes them as a fresh segment would hold them.
+#[cfg(loom)]
+mod model {
+    use super::*;
+
+    impl SlotDesc {
+        /// A descriptor as [`crate::ring::Ring::create`] leaves it: IDLE, ticket 0, no seq.
+        pub fn new_idle() -> SlotDesc {
+            let zero = || AtomicU64::new(0);
+            SlotDesc {
+                word: AtomicU64::new(crate::slot::SlotWord::pack(crate::slot::SlotState::Idle, 0)),
+                seq: AtomicU64::new(u64::MAX),
+                payload_len: zero(),
+                meta_len: AtomicU32::new(0),
+                error: AtomicU32::new(0),
+                sample_count: AtomicU32::new(0),
+                owner_pid: AtomicU32::new(0),
+                claim_ns: zero(),
+                commit_ns: zero(),
+                upload_ns: zero(),
+                free_ns: zero(),
+                _pad: [0; 7],
+            }
+        }
+    }
+
+    impl LoaderEntry {
+        /// An active entry in its `tenure`, as `attach_loader` leaves it, nothing abandoned.
+        pub fn new_active(tenure: u16) -> LoaderEntry {
+            let zero = || AtomicU64::new(0);
+            LoaderEntry {
+                pid: AtomicU32::new(1),
+                state: AtomicU16::new(loader_state::ACTIVE),
+                tenure: AtomicU16::new(tenure),
+                start_time: zero(),
+                batches: zero(),
+                busy_ns: zero(),
+                wait_ns: zero(),
+                heartbeat_ns: zero(),
+                bytes: zero(),
+                abandoned: zero(),
+            }
+        }
+    }
+}
 
 /// Where each part of a segment lies, computed from (slot_count, slot_bytes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -10,26 +10,35 @@
 //! * status views open it read-only.
 //!
 //! docs/PROTOCOL.md draws the layout and the state machine.
+//!
+//! The model-checking build (`RUSTFLAGS="--cfg loom"`, tests/loom.rs) keeps only what the
+//! checker runs: the slot transitions ([`slot`], [`recovery`]) and the counted futex wake-ups
+//! ([`futex`]) on `loom`'s atomics ([`sync`]). The segment and everything mapped from it
+//! (segment, ring, lock, fault) exist only in the normal build.
 
 pub mod clock;
 pub mod error;
+#[cfg(not(loom))]
 pub mod fault;
 pub mod futex;
 pub mod layout;
+#[cfg(not(loom))]
 pub mod lock;
 pub mod process;
 pub mod recovery;
+#[cfg(not(loom))]
 pub mod ring;
+#[cfg(not(loom))]
 pub mod segment;
 pub mod slot;
+pub mod sync;
 
 pub use error::{CommitError, RingError, SlotFault};
 pub use layout::{ring_state, Geometry, Header, MAX_LOADERS};
 pub use process::ProcessId;
 pub use recovery::Expired;
-pub use ring::{
-    fit_in_slot, Claim, CreateOptions, LoaderView, OutOfSlot, Ring, Seat, SlotView, SlotWriter,
-    Taken,
-};
+#[cfg(not(loom))]
+pub use ring::{Claim, CreateOptions, LoaderView, OutOfSlot, Ring, SlotView, SlotWriter};
+#[cfg(not(loom))]
 pub use segment::{object_path, Access, Segment};
-pub use slot::{SlotState, SlotWord};
+pub use slot::{fit_in_slot, Seat, SlotState, SlotWord, Taken};

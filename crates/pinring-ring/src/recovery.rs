@@ -10,13 +10,20 @@
 //! another slot meanwhile. A zombie's bytes therefore only ever land in a slot that nobody will
 //! upload from, and the consumer can never see them.
 //!
+//! The transitions and the handshake are methods of [`SlotDesc`] and [`LoaderEntry`] (pure
+//! operations on their atomics, which the model checker runs too, see tests/loom.rs); [`Ring`]'s
+//! methods find the descriptor and the entry and add the kernel's word on liveness.
+//!
 //! No unsafe code here: everything goes through the typed views of [`Ring`].
 
-use crate::layout::{abandon_word, loader_state, MAX_LOADERS};
+use crate::layout::{abandon_word, LoaderEntry, SlotDesc};
+#[cfg(not(loom))]
+use crate::layout::{loader_state, MAX_LOADERS};
 use crate::process::ProcessId;
-use crate::ring::{Ring, Seat};
+#[cfg(not(loom))]
+use crate::ring::Ring;
 use crate::slot::{SlotState, SlotWord};
-use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
+use crate::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
 
 /// A slot taken back from a loader that held it past its lease.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,6 +45,97 @@ pub struct Expired {
     pub abandoned_before: u64,
 }
 
+impl SlotDesc {
+    /// Daemon: if the slot (index `slot`) still holds exactly the CLAIMED word `observed` (an
+    /// Acquire load of it, [`SlotDesc::word_acquire`]; same owner, same ticket: the loader made no
+    /// progress since), takes it back: CLAIMED → IDLE with a new ticket, so the owner's commit
+    /// fails. `entry` is the owner's loader-table entry (`None` if the word names no valid one),
+    /// `owner_id` its identity for messages. The caller keeps the slot out of use until
+    /// [`LoaderEntry::has_abandoned`] (or the owner's exit) says the owner can no longer write
+    /// into it.
+    pub fn expire(
+        &self,
+        slot: u32,
+        observed: u64,
+        entry: Option<&LoaderEntry>,
+        owner_id: Option<ProcessId>,
+    ) -> Option<Expired> {
+        let w = SlotWord::unpack(observed);
+        if w.state != Some(SlotState::Claimed) {
+            return None;
+        }
+        // The owner's abandon word as of its claim: `observed` was loaded with Acquire from the
+        // claim CAS, which is Release (B' in slot.rs), so this load sees any abandon word the
+        // owner wrote before claiming, and `has_abandoned` never takes that one for an answer.
+        let abandoned_before = entry.map_or(0, |e| e.abandoned.load(Acquire));
+        let seq = self.seq.load(Relaxed);
+        let idle = SlotWord::pack(SlotState::Idle, w.ticket.wrapping_add(1));
+        // AcqRel: the loss of ownership is ordered before anything the daemon does next with
+        // the slot (nothing, until release); the Acquire side pairs with the claim.
+        self.word
+            .compare_exchange(observed, idle, AcqRel, Relaxed)
+            .ok()?;
+        Some(Expired {
+            slot,
+            seq,
+            owner: w.owner,
+            tenure: w.tenure,
+            ticket: w.ticket,
+            owner_id,
+            abandoned_before,
+        })
+    }
+
+    /// Daemon side: takes a FREE or READY slot back to IDLE (new ticket) so that it can carry
+    /// another seq. Returns the state it was taken from; `None` if it was in neither (a loader
+    /// claimed it meanwhile, or it is the daemon's). A READY batch taken back is simply made
+    /// again later; its loader finished writing when it committed.
+    pub fn take_back(&self) -> Option<SlotState> {
+        let w = SlotWord::unpack(self.word.load(Acquire));
+        let state = w.state?;
+        if !matches!(state, SlotState::Free | SlotState::Ready) {
+            return None;
+        }
+        let idle = SlotWord::pack(SlotState::Idle, w.ticket.wrapping_add(1));
+        self.word
+            .compare_exchange(w.raw, idle, AcqRel, Relaxed)
+            .ok()
+            .map(|_| state)
+    }
+
+    /// Daemon side: forces a slot whose descriptor holds a state the daemon never left it in
+    /// (garbage, IDLE or UPLOADING while assigned) back to IDLE with a new ticket.
+    pub fn reset_to_idle(&self) {
+        let w = SlotWord::unpack(self.word.load(Acquire));
+        self.word.store(
+            SlotWord::pack(SlotState::Idle, w.ticket.wrapping_add(1)),
+            Release,
+        );
+    }
+}
+
+impl LoaderEntry {
+    /// Loader side: after a refused commit, promises never to touch `slot` of round `ticket`
+    /// again, so the daemon may hand the slot out once more.
+    pub fn abandon(&self, slot: u32, ticket: u32) {
+        // Release: every write this loader made into the slot happens before the daemon, which
+        // loads this word with Acquire, re-issues the slot.
+        self.abandoned.store(abandon_word(slot, ticket), Release);
+    }
+
+    /// Daemon side: whether this entry's occupant, the owner of the expired claim `e`, has
+    /// acknowledged it with [`LoaderEntry::abandon`] (this slot, or a later one: a loader holds
+    /// one claim at a time, so it abandons slots in order). Liveness is the caller's business:
+    /// an owner that is gone needs no acknowledgement.
+    pub fn has_abandoned(&self, e: &Expired) -> bool {
+        // Acquire pairs with the loader's Release store in `abandon`.
+        let now = self.abandoned.load(Acquire);
+        self.tenure.load(Acquire) == e.tenure
+            && (now == abandon_word(e.slot, e.ticket) || (now != e.abandoned_before && now != 0))
+    }
+}
+
+#[cfg(not(loom))]
 impl Ring {
     /// The process in loader-table entry `owner` (for messages), if the index is in range and
     /// the entry active.
@@ -54,47 +152,27 @@ impl Ring {
 
     /// The raw state word of slot `i` (for the daemon's lease bookkeeping).
     pub fn word(&self, i: u32) -> SlotWord {
-        SlotWord::unpack(self.desc(i).word.load(Acquire))
+        self.desc(i).word_acquire()
     }
 
-    /// If slot `i` still holds exactly the CLAIMED word `observed` (same owner, same ticket: the
-    /// loader made no progress since), takes it back: CLAIMED → IDLE with a new ticket, so the
-    /// owner's commit fails. The caller keeps the slot out of use until
+    /// If slot `i` still holds exactly the CLAIMED word `observed` (from [`Ring::word`]), takes it
+    /// back ([`SlotDesc::expire`]). The caller keeps the slot out of use until
     /// [`Ring::released_by`] says the owner can no longer write into it.
     pub fn reclaim_expired(&self, i: u32, observed: u64) -> Option<Expired> {
-        let d = self.desc(i);
         let w = SlotWord::unpack(observed);
         if w.state != Some(SlotState::Claimed) {
             return None;
         }
         let owner_id = self.owner_identity(w.owner);
-        let abandoned_before = if (w.owner as usize) < MAX_LOADERS {
-            self.loader(w.owner as usize).abandoned.load(Acquire)
-        } else {
-            0
-        };
-        let seq = d.seq.load(Relaxed);
-        let idle = SlotWord::pack(SlotState::Idle, w.ticket.wrapping_add(1));
-        // AcqRel: the loss of ownership is ordered before anything the daemon does next with
-        // the slot (nothing, until release); the Acquire side pairs with the claim.
-        d.word
-            .compare_exchange(observed, idle, AcqRel, Relaxed)
-            .ok()?;
+        let entry = ((w.owner as usize) < MAX_LOADERS).then(|| self.loader(w.owner as usize));
+        let expired = self.desc(i).expire(i, observed, entry, owner_id)?;
         self.header().reclaimed.fetch_add(1, Relaxed);
-        Some(Expired {
-            slot: i,
-            seq,
-            owner: w.owner,
-            tenure: w.tenure,
-            ticket: w.ticket,
-            owner_id,
-            abandoned_before,
-        })
+        Some(expired)
     }
 
     /// Whether the owner of an expired claim can no longer write into the slot: its tenure lock
-    /// is free (it exited or died), or it has acknowledged with [`Ring::abandon`] (this slot, or a
-    /// later one: a loader holds one claim at a time, so it abandons slots in order).
+    /// is free (it exited or died), or it has acknowledged with [`Ring::abandon`]
+    /// ([`LoaderEntry::has_abandoned`]).
     pub fn released_by(&self, e: &Expired) -> bool {
         if e.owner as usize >= MAX_LOADERS {
             // The word named no valid entry: there is no process to wait for.
@@ -103,11 +181,7 @@ impl Ring {
         if !self.claimant_alive(e.owner, e.tenure).unwrap_or(true) {
             return true;
         }
-        let entry = self.loader(e.owner as usize);
-        // Acquire pairs with the loader's Release store in `abandon`.
-        let now = entry.abandoned.load(Acquire);
-        entry.tenure.load(Acquire) == e.tenure
-            && (now == abandon_word(e.slot, e.ticket) || (now != e.abandoned_before && now != 0))
+        self.loader(e.owner as usize).has_abandoned(e)
     }
 
     /// Whether the owner of an expired claim still runs (for the hung-loader gauge).
@@ -116,41 +190,19 @@ impl Ring {
     }
 
     /// Loader side: after a refused commit, promises never to touch `slot` of round `ticket`
-    /// again, so the daemon may hand the slot out once more.
-    pub fn abandon(&self, seat: Seat, slot: u32, ticket: u32) {
-        let e = self.loader(seat.index as usize);
-        // Release: every write this loader made into the slot happens before the daemon, which
-        // loads this word with Acquire, re-issues the slot.
-        e.abandoned.store(abandon_word(slot, ticket), Release);
+    /// again ([`LoaderEntry::abandon`]), and rings the daemon's doorbell.
+    pub fn abandon(&self, seat: crate::slot::Seat, slot: u32, ticket: u32) {
+        self.loader(seat.index as usize).abandon(slot, ticket);
         self.ring_doorbell();
     }
 
-    /// Daemon side: takes a FREE or READY slot back to IDLE (new ticket) so that it can carry
-    /// another seq. Returns the state it was taken from; `None` if it was in neither (a loader
-    /// claimed it meanwhile, or it is the daemon's). A READY batch taken back is simply made
-    /// again later; its loader finished writing when it committed.
+    /// Daemon side: takes a FREE or READY slot back to IDLE ([`SlotDesc::take_back`]).
     pub fn take_back(&self, i: u32) -> Option<SlotState> {
-        let d = self.desc(i);
-        let w = SlotWord::unpack(d.word.load(Acquire));
-        let state = w.state?;
-        if !matches!(state, SlotState::Free | SlotState::Ready) {
-            return None;
-        }
-        let idle = SlotWord::pack(SlotState::Idle, w.ticket.wrapping_add(1));
-        d.word
-            .compare_exchange(w.raw, idle, AcqRel, Relaxed)
-            .ok()
-            .map(|_| state)
+        self.desc(i).take_back()
     }
 
-    /// Daemon side: forces a slot whose descriptor holds a state the daemon never left it in
-    /// (garbage, IDLE or UPLOADING while assigned) back to IDLE with a new ticket.
+    /// Daemon side: forces slot `i` back to IDLE ([`SlotDesc::reset_to_idle`]).
     pub fn reset_to_idle(&self, i: u32) {
-        let d = self.desc(i);
-        let w = SlotWord::unpack(d.word.load(Acquire));
-        d.word.store(
-            SlotWord::pack(SlotState::Idle, w.ticket.wrapping_add(1)),
-            Release,
-        );
+        self.desc(i).reset_to_idle()
     }
 }

@@ -1,15 +1,10 @@
 //! A ring: the validated segment plus the protocol operations of each role.
 //!
-//! Orderings, stated once and referred to at each site:
-//! * (A) Creation: every header/descriptor field is written, then `version` is stored with
-//!   Release; openers load `version` with Acquire before reading any other field.
-//! * (B) Hand-out: the daemon writes `seq` (Relaxed), then stores the slot word FREE with Release;
-//!   a loader's successful claim CAS is Acquire, so it reads the seq the daemon wrote.
-//! * (C) Commit: the loader writes payload, metadata and lengths, then CASes the word
-//!   CLAIMED→READY with Release; the daemon loads the word with Acquire before reading lengths or
-//!   bytes, so it sees everything the loader wrote.
-//! * (D) Release: the daemon finishes reading a slot (upload complete) before its Release store of
-//!   FREE, so a loader that claims it next cannot overwrite bytes still being read.
+//! Orderings: (A) creation: every header/descriptor field is written, then `version` is stored
+//! with Release; openers load `version` with Acquire before reading any other field. The slot
+//! transitions themselves, with orderings (B) to (D), are [`SlotDesc`]'s methods in
+//! [`crate::slot`]; this module finds the descriptor, asks the kernel what they need to know
+//! (whether a claimant lives), and keeps the counters and wake-ups around them.
 
 use crate::clock::{monotonic_ns, unix_ns};
 use crate::error::{CommitError, RingError, SlotFault};
@@ -18,9 +13,10 @@ use crate::layout::*;
 use crate::lock;
 use crate::process::ProcessId;
 use crate::segment::{object_path, Access, Segment};
-use crate::slot::{SlotState, SlotWord};
-use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
-use std::sync::atomic::{AtomicU32, AtomicU64};
+pub use crate::slot::{fit_in_slot, Seat, Taken};
+use crate::slot::{Batch, SlotState, SlotWord};
+use crate::sync::atomic::Ordering::{Acquire, Relaxed, Release};
+use crate::sync::atomic::{AtomicU32, AtomicU64};
 use std::time::{Duration, Instant};
 
 /// What the daemon asks for when it creates a ring.
@@ -188,16 +184,6 @@ pub struct OutOfSlot {
     pub slot_bytes: usize,
 }
 
-/// A loader's place in the loader table: its entry and its tenure of that entry, both held as
-/// kernel locks on the segment file for as long as the loader is attached (see [`crate::lock`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Seat {
-    /// Loader-table index.
-    pub index: u16,
-    /// Tenure of the entry.
-    pub tenure: u16,
-}
-
 /// The header fields a daemon wrote and expects to find unchanged (its own record, in private
 /// memory), so that a write by another process is noticed and undone.
 #[derive(Debug, Clone)]
@@ -237,27 +223,6 @@ fn sealed_fields(h: &Header) -> SealedFields<'_> {
             ("max_loaders", &h.max_loaders),
         ],
     )
-}
-
-/// A committed batch, taken by the daemon (slot now UPLOADING).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Taken {
-    /// Slot index.
-    pub slot: u32,
-    /// Seq of the batch.
-    pub seq: u64,
-    /// Payload bytes (validated to fit the slot).
-    pub payload_len: u64,
-    /// Offset of the metadata within the slot.
-    pub meta_offset: u64,
-    /// Metadata bytes (validated to fit the slot).
-    pub meta_len: u64,
-    /// Loader-reported sample count (informational; the metadata is checked separately).
-    pub sample_count: u32,
-    /// Loader-table index of the committer.
-    pub owner: u16,
-    /// CLOCK_MONOTONIC ns of the commit.
-    pub commit_ns: u64,
 }
 
 /// A snapshot of one slot, for status views.
@@ -856,34 +821,19 @@ impl Ring {
             .map(|h| h == lock::Holder::Writer)
     }
 
-    /// Tries to claim one FREE slot, scanning from `hint`. One CAS per candidate.
+    /// Tries to claim one FREE slot, scanning from `hint`. One CAS per candidate
+    /// ([`SlotDesc::try_claim`]).
     pub fn try_claim(&self, seat: Seat, hint: u32) -> Option<Claim> {
         let n = self.geom.slot_count;
-        for k in 0..n {
+        (0..n).find_map(|k| {
             let i = (hint + k) % n;
-            let d = self.desc(i);
-            let w = SlotWord::unpack(d.word.load(Relaxed));
-            if w.state != Some(SlotState::Free) {
-                continue;
-            }
-            let claimed =
-                SlotWord::pack_owned(SlotState::Claimed, seat.index, seat.tenure, w.ticket);
-            // (B): Acquire pairs with the daemon's Release store of FREE: the seq is visible.
-            if d.word
-                .compare_exchange(w.raw, claimed, Acquire, Relaxed)
-                .is_ok()
-            {
-                d.owner_pid.store(std::process::id(), Relaxed);
-                d.claim_ns.store(monotonic_ns(), Relaxed);
-                return Some(Claim {
-                    slot: i,
-                    seq: d.seq.load(Relaxed),
-                    ticket: w.ticket,
-                    seat,
-                });
-            }
-        }
-        None
+            self.desc(i).try_claim(seat).map(|round| Claim {
+                slot: i,
+                seq: round.seq,
+                ticket: round.ticket,
+                seat,
+            })
+        })
     }
 
     /// Write access to the claimed slot's bytes, for the claimant to fill. The `&mut Claim`
@@ -924,37 +874,26 @@ impl Ring {
         } else {
             (payload_len, meta_len, error)
         };
-        let d = self.desc(claim.slot);
-        d.payload_len.store(payload_len, Relaxed);
-        d.meta_len.store(meta_len as u32, Relaxed);
-        d.sample_count.store(sample_count, Relaxed);
-        d.error.store(error, Relaxed);
-        d.commit_ns.store(monotonic_ns(), Relaxed);
-        let expected = SlotWord::pack_owned(
-            SlotState::Claimed,
-            claim.seat.index,
-            claim.seat.tenure,
-            claim.ticket,
-        );
-        let ready = SlotWord::pack_owned(
-            SlotState::Ready,
-            claim.seat.index,
-            claim.seat.tenure,
-            claim.ticket,
-        );
-        // (C): Release publishes the payload, metadata and lengths written above.
-        match d.word.compare_exchange(expected, ready, Release, Relaxed) {
-            Ok(_) => {
-                let h = self.header();
-                h.committed.fetch_add(1, Relaxed);
-                h.bytes_committed.fetch_add(payload_len, Relaxed);
-                futex::bump_and_wake_counted(&h.doorbell_futex, &h.doorbell_waiters, 1);
-                too_large.map_or(Ok(()), Err)
-            }
-            Err(_) => Err(CommitError::Reclaimed {
+        let batch = Batch {
+            payload_len,
+            meta_len: meta_len as u32,
+            sample_count,
+            error,
+        };
+        if self
+            .desc(claim.slot)
+            .commit(claim.seat, claim.ticket, batch)
+        {
+            let h = self.header();
+            h.committed.fetch_add(1, Relaxed);
+            h.bytes_committed.fetch_add(payload_len, Relaxed);
+            futex::bump_and_wake_counted(&h.doorbell_futex, &h.doorbell_waiters, 1);
+            too_large.map_or(Ok(()), Err)
+        } else {
+            Err(CommitError::Reclaimed {
                 slot: claim.slot,
                 seq: claim.seq,
-            }),
+            })
         }
     }
 
@@ -962,105 +901,24 @@ impl Ring {
 
     /// Hands slot `i` out for `seq` (from IDLE or UPLOADING). Returns the new ticket.
     pub fn assign(&self, i: u32, seq: u64) -> u32 {
-        let d = self.desc(i);
-        let ticket = SlotWord::unpack(d.word.load(Relaxed))
-            .ticket
-            .wrapping_add(1);
-        d.seq.store(seq, Relaxed);
-        d.payload_len.store(0, Relaxed);
-        d.meta_len.store(0, Relaxed);
-        d.error.store(0, Relaxed);
-        d.owner_pid.store(0, Relaxed);
-        d.free_ns.store(monotonic_ns(), Relaxed);
-        // (B)/(D): Release publishes the seq, and orders every read of the slot's previous
-        // contents (the upload finished before this call) before a loader may overwrite it.
-        d.word
-            .store(SlotWord::pack(SlotState::Free, ticket), Release);
-        ticket
+        self.desc(i).assign(seq)
     }
 
     /// Parks slot `i` with no work (end of plan, or draining).
     pub fn park(&self, i: u32) {
-        let d = self.desc(i);
-        let ticket = SlotWord::unpack(d.word.load(Relaxed))
-            .ticket
-            .wrapping_add(1);
-        d.seq.store(u64::MAX, Relaxed);
-        d.word
-            .store(SlotWord::pack(SlotState::Idle, ticket), Release);
+        self.desc(i).park()
     }
 
     /// Takes a FREE slot back so no loader claims it (draining). True if it was FREE.
     pub fn unassign_if_free(&self, i: u32) -> bool {
-        let d = self.desc(i);
-        let w = SlotWord::unpack(d.word.load(Acquire));
-        if w.state != Some(SlotState::Free) {
-            return false;
-        }
-        let idle = SlotWord::pack(SlotState::Idle, w.ticket.wrapping_add(1));
-        d.word
-            .compare_exchange(w.raw, idle, AcqRel, Relaxed)
-            .is_ok()
+        self.desc(i).unassign_if_free()
     }
 
     /// If slot `i` is READY, validates its descriptor against the seq the daemon assigned and
     /// takes it (READY → UPLOADING). `Ok(None)`: not ready yet.
     pub fn take_ready(&self, i: u32, assigned_seq: u64) -> Result<Option<Taken>, SlotFault> {
-        let d = self.desc(i);
-        // (C): Acquire pairs with the loader's Release commit.
-        let w = SlotWord::unpack(d.word.load(Acquire));
-        if w.state != Some(SlotState::Ready) {
-            return Ok(None);
-        }
-        let seq = d.seq.load(Relaxed);
-        let payload_len = d.payload_len.load(Relaxed);
-        let meta_len = u64::from(d.meta_len.load(Relaxed));
-        let error = d.error.load(Relaxed);
-        let slot_bytes = self.geom.slot_bytes;
-        // Whatever the outcome, the slot now belongs to the daemon.
-        let uploading = SlotWord::pack_owned(SlotState::Uploading, w.owner, w.tenure, w.ticket);
-        if d.word
-            .compare_exchange(w.raw, uploading, AcqRel, Relaxed)
-            .is_err()
-        {
-            return Err(SlotFault::Raced {
-                slot: i,
-                raw: w.raw,
-            });
-        }
-        if seq != assigned_seq {
-            return Err(SlotFault::WrongSeq {
-                slot: i,
-                expected: assigned_seq,
-                found: seq,
-            });
-        }
-        if error != 0 {
-            return Err(SlotFault::LoaderError {
-                slot: i,
-                seq,
-                code: error,
-            });
-        }
-        let Some(meta_offset) = fit_in_slot(payload_len, meta_len, slot_bytes) else {
-            return Err(SlotFault::BadLength {
-                slot: i,
-                seq,
-                payload: payload_len,
-                meta: meta_len,
-                slot_bytes,
-            });
-        };
-        Ok(Some(Taken {
-            slot: i,
-            seq,
-            payload_len,
-            meta_offset,
-            meta_len,
-            sample_count: d.sample_count.load(Relaxed),
-            owner: w.owner,
-            commit_ns: d.commit_ns.load(Relaxed),
-        }))
+        self.desc(i)
+            .take_ready(i, assigned_seq, self.geom.slot_bytes)
     }
 
     /// Copies bytes `[offset, offset+len)` of slot `i` (a taken slot's metadata) into `out`
@@ -1087,26 +945,11 @@ impl Ring {
     /// it exited or died, whatever pid namespace it ran in), puts it back to FREE with the same seq
     /// (a new ticket, so the dead owner's commit could never land). Returns the reclaimed seq.
     pub fn reclaim_if_owner_dead(&self, i: u32) -> Option<u64> {
-        let d = self.desc(i);
-        let w = SlotWord::unpack(d.word.load(Acquire));
-        if w.state != Some(SlotState::Claimed) {
-            return None;
-        }
-        let alive = self.claimant_alive(w.owner, w.tenure).unwrap_or(true);
-        if alive {
-            return None;
-        }
-        let seq = d.seq.load(Relaxed);
-        let free = SlotWord::pack(SlotState::Free, w.ticket.wrapping_add(1));
-        if d.word
-            .compare_exchange(w.raw, free, AcqRel, Relaxed)
-            .is_ok()
-        {
-            self.header().reclaimed.fetch_add(1, Relaxed);
-            Some(seq)
-        } else {
-            None
-        }
+        let seq = self
+            .desc(i)
+            .reclaim_if_owner_dead(|owner, tenure| self.claimant_alive(owner, tenure))?;
+        self.header().reclaimed.fetch_add(1, Relaxed);
+        Some(seq)
     }
 
     /// Clears loader-table entries whose occupant is gone (it died without detaching: its entry
@@ -1126,15 +969,6 @@ impl Ring {
         }
         n
     }
-}
-
-/// Where the metadata of a batch with these lengths starts, if payload and metadata both fit in a
-/// slot of `slot_bytes`; `None` if any byte would lie outside the slot (or a sum overflows). The
-/// one check that keeps every read of a committed slot inside it.
-pub fn fit_in_slot(payload_len: u64, meta_len: u64, slot_bytes: u64) -> Option<u64> {
-    let meta_offset = align_up(payload_len, META_ALIGN)?;
-    let end = meta_offset.checked_add(meta_len)?;
-    (payload_len <= slot_bytes && end <= slot_bytes).then_some(meta_offset)
 }
 
 /// A loader writes into a ring only if it is the ring's owner, or the ring's mode gives its group

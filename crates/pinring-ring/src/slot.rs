@@ -28,6 +28,30 @@
 //!  UPLOADING ───────────────────────┘ ◄───────────────────────  READY
 //!       daemon: upload done, next seq        daemon: CAS take
 //! ```
+//!
+//! The transitions are methods of [`SlotDesc`] (here, and the lease expiry in
+//! [`crate::recovery`]): pure operations on the descriptor's atomics, with no segment, file or
+//! lock behind them. [`crate::ring::Ring`] calls them on descriptors in the mapping, with the
+//! kernel's answers (is the claimant alive?) passed in; the model checker (tests/loom.rs) calls
+//! the same code on `loom`'s atomics (see [`crate::sync`]).
+//!
+//! Orderings, stated once and referred to at each site:
+//! * (B) Hand-out: the daemon writes `seq` (Relaxed), then stores the slot word FREE with Release;
+//!   a loader's successful claim CAS is Acquire, so it reads the seq the daemon wrote.
+//! * (B') Claim: the claim CAS is also Release, so a daemon that loads the CLAIMED word with
+//!   Acquire sees everything the loader did before claiming, in particular the abandon word of
+//!   the slot it held before (recovery.rs relies on it to tell an old acknowledgement from a new
+//!   one).
+//! * (C) Commit: the loader writes payload, metadata and lengths, then CASes the word
+//!   CLAIMED→READY with Release; the daemon loads the word with Acquire before reading lengths or
+//!   bytes, so it sees everything the loader wrote.
+//! * (D) Release: the daemon finishes reading a slot (upload complete) before its Release store of
+//!   FREE, so a loader that claims it next cannot overwrite bytes still being read.
+
+use crate::clock::monotonic_ns;
+use crate::error::SlotFault;
+use crate::layout::{align_up, SlotDesc, META_ALIGN};
+use crate::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
 
 /// States of a slot (low byte of the slot word).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -112,6 +136,239 @@ impl SlotWord {
             ticket: (raw >> 32) as u32,
             raw,
         }
+    }
+}
+
+/// A loader's place in the loader table: its entry and its tenure of that entry, both held as
+/// kernel locks on the segment file for as long as the loader is attached (see `crate::lock`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Seat {
+    /// Loader-table index.
+    pub index: u16,
+    /// Tenure of the entry.
+    pub tenure: u16,
+}
+
+/// The round of a slot a loader won with its claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Round {
+    /// Seq of the batch to make (the one the daemon published with FREE).
+    pub seq: u64,
+    /// Ticket of the round: the commit CAS expects it, an abandon names it.
+    pub ticket: u32,
+}
+
+/// What a loader publishes with its commit (lengths already checked against the slot).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Batch {
+    /// Payload bytes.
+    pub payload_len: u64,
+    /// Metadata bytes.
+    pub meta_len: u32,
+    /// Samples in the batch.
+    pub sample_count: u32,
+    /// Loader error code (0 = none).
+    pub error: u32,
+}
+
+/// A committed batch, taken by the daemon (slot now UPLOADING).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Taken {
+    /// Slot index.
+    pub slot: u32,
+    /// Seq of the batch.
+    pub seq: u64,
+    /// Payload bytes (validated to fit the slot).
+    pub payload_len: u64,
+    /// Offset of the metadata within the slot.
+    pub meta_offset: u64,
+    /// Metadata bytes (validated to fit the slot).
+    pub meta_len: u64,
+    /// Loader-reported sample count (informational; the metadata is checked separately).
+    pub sample_count: u32,
+    /// Loader-table index of the committer.
+    pub owner: u16,
+    /// CLOCK_MONOTONIC ns of the commit.
+    pub commit_ns: u64,
+}
+
+/// Where the metadata of a batch with these lengths starts, if payload and metadata both fit in a
+/// slot of `slot_bytes`; `None` if any byte would lie outside the slot (or a sum overflows). The
+/// one check that keeps every read of a committed slot inside it.
+pub fn fit_in_slot(payload_len: u64, meta_len: u64, slot_bytes: u64) -> Option<u64> {
+    let meta_offset = align_up(payload_len, META_ALIGN)?;
+    let end = meta_offset.checked_add(meta_len)?;
+    (payload_len <= slot_bytes && end <= slot_bytes).then_some(meta_offset)
+}
+
+impl SlotDesc {
+    /// The state word (Acquire: whatever the writer of this word published before it is visible).
+    pub fn word_acquire(&self) -> SlotWord {
+        SlotWord::unpack(self.word.load(Acquire))
+    }
+
+    /// Loader: claims the slot if it is FREE (FREE → CLAIMED by `seat`, one CAS that also records
+    /// the owner). `None`: not FREE, or another loader won the CAS.
+    pub fn try_claim(&self, seat: Seat) -> Option<Round> {
+        let w = SlotWord::unpack(self.word.load(Relaxed));
+        if w.state != Some(SlotState::Free) {
+            return None;
+        }
+        let claimed = SlotWord::pack_owned(SlotState::Claimed, seat.index, seat.tenure, w.ticket);
+        // (B): Acquire pairs with the daemon's Release store of FREE: the seq is visible.
+        // (B'): Release publishes this loader's earlier writes (its last abandon word) to a
+        // daemon that sees the claim.
+        self.word
+            .compare_exchange(w.raw, claimed, AcqRel, Relaxed)
+            .ok()?;
+        self.owner_pid.store(std::process::id(), Relaxed);
+        self.claim_ns.store(monotonic_ns(), Relaxed);
+        Some(Round {
+            seq: self.seq.load(Relaxed),
+            ticket: w.ticket,
+        })
+    }
+
+    /// Loader: publishes `batch` in the round `ticket` that `seat` claimed (CLAIMED → READY, a
+    /// CAS expecting exactly that claim). False: the slot was taken back (the ticket moved on),
+    /// and the batch is not published.
+    pub fn commit(&self, seat: Seat, ticket: u32, batch: Batch) -> bool {
+        self.payload_len.store(batch.payload_len, Relaxed);
+        self.meta_len.store(batch.meta_len, Relaxed);
+        self.sample_count.store(batch.sample_count, Relaxed);
+        self.error.store(batch.error, Relaxed);
+        self.commit_ns.store(monotonic_ns(), Relaxed);
+        let expected = SlotWord::pack_owned(SlotState::Claimed, seat.index, seat.tenure, ticket);
+        let ready = SlotWord::pack_owned(SlotState::Ready, seat.index, seat.tenure, ticket);
+        // (C): Release publishes the payload, metadata and lengths written above.
+        self.word
+            .compare_exchange(expected, ready, Release, Relaxed)
+            .is_ok()
+    }
+
+    /// Daemon: hands the slot out for `seq` (from IDLE or UPLOADING, both the daemon's). Returns
+    /// the new ticket.
+    pub fn assign(&self, seq: u64) -> u32 {
+        let ticket = SlotWord::unpack(self.word.load(Relaxed))
+            .ticket
+            .wrapping_add(1);
+        self.seq.store(seq, Relaxed);
+        self.payload_len.store(0, Relaxed);
+        self.meta_len.store(0, Relaxed);
+        self.error.store(0, Relaxed);
+        self.owner_pid.store(0, Relaxed);
+        self.free_ns.store(monotonic_ns(), Relaxed);
+        // (B)/(D): Release publishes the seq, and orders every read of the slot's previous
+        // contents (the upload finished before this call) before a loader may overwrite it.
+        self.word
+            .store(SlotWord::pack(SlotState::Free, ticket), Release);
+        ticket
+    }
+
+    /// Daemon: parks the slot with no work (end of plan, or draining).
+    pub fn park(&self) {
+        let ticket = SlotWord::unpack(self.word.load(Relaxed))
+            .ticket
+            .wrapping_add(1);
+        self.seq.store(u64::MAX, Relaxed);
+        self.word
+            .store(SlotWord::pack(SlotState::Idle, ticket), Release);
+    }
+
+    /// Daemon, draining: takes a FREE slot back (FREE → IDLE, new ticket) so no loader claims
+    /// it. True if it was FREE and no claim beat the CAS.
+    pub fn unassign_if_free(&self) -> bool {
+        let w = SlotWord::unpack(self.word.load(Acquire));
+        if w.state != Some(SlotState::Free) {
+            return false;
+        }
+        let idle = SlotWord::pack(SlotState::Idle, w.ticket.wrapping_add(1));
+        self.word
+            .compare_exchange(w.raw, idle, AcqRel, Relaxed)
+            .is_ok()
+    }
+
+    /// Daemon: if the slot (index `slot`) is READY, validates the descriptor against the seq the
+    /// daemon assigned and takes it (READY → UPLOADING). `Ok(None)`: not ready yet.
+    pub fn take_ready(
+        &self,
+        slot: u32,
+        assigned_seq: u64,
+        slot_bytes: u64,
+    ) -> Result<Option<Taken>, SlotFault> {
+        // (C): Acquire pairs with the loader's Release commit.
+        let w = SlotWord::unpack(self.word.load(Acquire));
+        if w.state != Some(SlotState::Ready) {
+            return Ok(None);
+        }
+        let seq = self.seq.load(Relaxed);
+        let payload_len = self.payload_len.load(Relaxed);
+        let meta_len = u64::from(self.meta_len.load(Relaxed));
+        let error = self.error.load(Relaxed);
+        // Whatever the outcome, the slot now belongs to the daemon.
+        let uploading = SlotWord::pack_owned(SlotState::Uploading, w.owner, w.tenure, w.ticket);
+        if self
+            .word
+            .compare_exchange(w.raw, uploading, AcqRel, Relaxed)
+            .is_err()
+        {
+            return Err(SlotFault::Raced { slot, raw: w.raw });
+        }
+        if seq != assigned_seq {
+            return Err(SlotFault::WrongSeq {
+                slot,
+                expected: assigned_seq,
+                found: seq,
+            });
+        }
+        if error != 0 {
+            return Err(SlotFault::LoaderError {
+                slot,
+                seq,
+                code: error,
+            });
+        }
+        let Some(meta_offset) = fit_in_slot(payload_len, meta_len, slot_bytes) else {
+            return Err(SlotFault::BadLength {
+                slot,
+                seq,
+                payload: payload_len,
+                meta: meta_len,
+                slot_bytes,
+            });
+        };
+        Ok(Some(Taken {
+            slot,
+            seq,
+            payload_len,
+            meta_offset,
+            meta_len,
+            sample_count: self.sample_count.load(Relaxed),
+            owner: w.owner,
+            commit_ns: self.commit_ns.load(Relaxed),
+        }))
+    }
+
+    /// Daemon: if the slot is CLAIMED by a claimant that `alive(owner, tenure)` says is gone
+    /// (`Some(false)`; `None`, "could not ask", counts as alive), puts it back to FREE with the
+    /// same seq and a new ticket, so the dead owner's commit could never land. Returns the seq.
+    pub fn reclaim_if_owner_dead(
+        &self,
+        alive: impl FnOnce(u16, u16) -> Option<bool>,
+    ) -> Option<u64> {
+        let w = SlotWord::unpack(self.word.load(Acquire));
+        if w.state != Some(SlotState::Claimed) {
+            return None;
+        }
+        if alive(w.owner, w.tenure).unwrap_or(true) {
+            return None;
+        }
+        let seq = self.seq.load(Relaxed);
+        let free = SlotWord::pack(SlotState::Free, w.ticket.wrapping_add(1));
+        self.word
+            .compare_exchange(w.raw, free, AcqRel, Relaxed)
+            .ok()
+            .map(|_| seq)
     }
 }
 
