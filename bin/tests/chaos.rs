@@ -38,9 +38,9 @@ const ENDLESS: &str = "100000";
 const LOADERS: usize = 6;
 
 /// Kills that must land while the victim holds a CLAIMED slot.
-const MID_BATCH_KILLS: u64 = 5;
+const MID_BATCH_KILLS: u64 = 40;
 /// Kills at any moment (waiting, claiming, filling, committing).
-const ANY_MOMENT_KILLS: u64 = 5;
+const ANY_MOMENT_KILLS: u64 = 400;
 
 fn is_running(child: &mut Child) -> bool {
     child.try_wait().unwrap().is_none()
