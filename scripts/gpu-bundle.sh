@@ -32,5 +32,5 @@ for line in sys.stdin:
 # Debug line tables make each executable ~30 MB; the host copy does not need them.
 strip --strip-debug "$dir"/bin/* "$dir"/tests/*
 cp bench/torch_dataloader.py "$dir/bench/"
-cp scripts/gpu-host-check.sh "$dir/"
+cp scripts/gpu-host-check.sh scripts/slow-mode-matrix.sh "$dir/"
 echo "bundle ready in $dir"
