@@ -1,7 +1,8 @@
-//! The daemon's fault handling beyond dead loaders (which `Daemon::reap` puts back at once):
-//! leases on claimed slots, quarantine of slots taken from live (hung) loaders, re-issuing their
-//! seqs in other slots, the bad-batch policy, and auditing descriptors for states the daemon
-//! never left them in. docs/RELIABILITY.md has the table of faults.
+//! The daemon's fault handling, run every reap interval: the segment file and header checks,
+//! dead loaders (their slots put back at once with the same seq), leases on claimed slots,
+//! quarantine of slots taken from live (hung) loaders, re-issuing their seqs in other slots, the
+//! bad-batch policy, and auditing descriptors for states the daemon never left them in.
+//! docs/RELIABILITY.md has the table of faults.
 //!
 //! Runs on the daemon's main loop, like every other slot transition the daemon makes.
 
@@ -62,6 +63,29 @@ impl Recovery {
 }
 
 impl Daemon {
+    /// Every reap interval: the segment file, the header, dead loaders, then [`Daemon::recover`].
+    pub(super) fn reap(&mut self) -> Result<(), DaemonError> {
+        self.ring.check_file()?;
+        let changed = self.ring.repair_header();
+        if !changed.is_empty() {
+            tracing::error!(ring = %self.cfg.ring.name, fields = %changed.join(", "),
+                "another process changed this daemon's header fields; restored them (the daemon's \
+                 liveness is its lock on the segment, so this fooled nobody, but find who writes \
+                 into the ring)");
+        }
+        for slot in 0..self.assigned.len() as u32 {
+            if let Some(seq) = self.ring.reclaim_if_owner_dead(slot) {
+                tracing::warn!(ring = %self.cfg.ring.name, slot, seq, "loader died holding a slot: slot handed out again with the same seq");
+                self.ring.wake_loaders(1);
+            }
+        }
+        let reaped = self.ring.reap_dead_loaders();
+        if reaped > 0 {
+            tracing::warn!(ring = %self.cfg.ring.name, loaders = reaped, "removed dead loaders from the table");
+        }
+        self.recover()
+    }
+
     /// Every reap interval: leases, quarantine, descriptor audit, re-issued seqs, gauges.
     pub(super) fn recover(&mut self) -> Result<(), DaemonError> {
         self.expire_leases();
