@@ -118,8 +118,8 @@ impl Daemon {
                 self.ring.wake_loaders(1);
             }
             self.sink_busy_ns += done.busy_ns;
-            let order_problem = self.order.record(done.seq);
-            let problem = done.failure.or(order_problem);
+            let order_problem = self.sequencer.delivered(done.seq).err();
+            let problem = done.failure.or(order_problem.map(|p| p.to_string()));
             if let Some(msg) = problem {
                 self.verify_failures += 1;
                 tracing::error!(ring = %self.cfg.ring.name, seq = done.seq, "{msg}");
@@ -127,7 +127,6 @@ impl Daemon {
             } else if done.verified {
                 self.verified += 1;
             }
-            self.delivered += 1;
             self.last_delivery = Instant::now();
             let h = self.ring.header();
             h.delivered.fetch_add(1, Relaxed);
@@ -144,20 +143,17 @@ impl Daemon {
     pub(super) fn dispatch(&mut self) -> Result<bool, DaemonError> {
         let mut progressed = false;
         while !self.free_buffers.is_empty() {
+            // In order the sequencer offers at most the lowest seq not taken (none while an
+            // earlier seq waits for a slot); unordered, every waiting seq: take one that is READY.
             let candidate = if self.cfg.ring.in_order {
-                self.waiting.iter().next().map(|(&s, &sl)| (s, sl))
+                self.sequencer.dispatchable().next()
             } else {
-                self.waiting
-                    .iter()
-                    .find(|(_, &sl)| {
-                        self.ring.slot_view(sl).state == Some(pinring_ring::SlotState::Ready)
-                    })
-                    .map(|(&s, &sl)| (s, sl))
+                let ring = &self.ring;
+                self.sequencer.dispatchable().find(|&(_, sl)| {
+                    ring.slot_view(sl).state == Some(pinring_ring::SlotState::Ready)
+                })
             };
             let Some((seq, slot)) = candidate else { break };
-            if self.cfg.ring.in_order && self.recovery.first_reissue().is_some_and(|r| r < seq) {
-                break; // an earlier seq lost its slot and must be made first
-            }
             let taken = match self.ring.take_ready(slot, seq) {
                 Ok(Some(t)) => t,
                 Ok(None) => break,
@@ -167,7 +163,7 @@ impl Daemon {
                     continue;
                 }
             };
-            self.waiting.remove(&seq);
+            self.sequencer.taken(slot, seq);
             let mut samples = self.spare_samples.pop().unwrap_or_default();
             let (epoch, index_in_epoch) =
                 self.plan

@@ -55,15 +55,15 @@ impl Daemon {
             .last_delivery
             .saturating_duration_since(self.started)
             .as_secs_f64();
-        let missing = self.order.missing(self.end_seq);
-        let last_delivered_seq = if self.delivered == 0 {
+        let s = &self.sequencer;
+        let last_delivered_seq = if s.deliveries() == 0 {
             None
         } else if self.cfg.ring.in_order {
             Some(h.next_deliver.load(Relaxed).saturating_sub(1))
         } else {
             None
         };
-        let resume_seq = last_delivered_seq.map_or(self.start_seq, |s| s + 1);
+        let resume_seq = last_delivered_seq.map_or(s.start(), |s| s + 1);
         let loader_wait = h.loader_wait_ns.load(Relaxed) as f64 / 1e9;
         let loader_busy = h.loader_busy_ns.load(Relaxed) as f64 / 1e9;
         let daemon_wait = self.daemon_wait_ns as f64 / 1e9;
@@ -74,14 +74,14 @@ impl Daemon {
             backend_reason: self.backend_reason.clone(),
             sink: self.sink_kind.name().into(),
             in_order: self.cfg.ring.in_order,
-            start_seq: self.start_seq,
-            end_seq: self.end_seq,
-            batches_delivered: self.delivered,
+            start_seq: s.start(),
+            end_seq: s.end(),
+            batches_delivered: s.deliveries(),
             batches_verified: self.verified,
             verify_failures: self.verify_failures,
-            duplicates: self.order.duplicates,
-            out_of_order: self.order.out_of_order,
-            missing,
+            duplicates: s.duplicates(),
+            out_of_order: s.out_of_order(),
+            missing: s.missing(),
             bytes: self.bytes,
             seconds,
             gbps: if seconds > 0.0 {

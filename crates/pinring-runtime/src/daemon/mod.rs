@@ -7,7 +7,7 @@
 //! every slot transition the daemon makes, so the protocol needs no locks.
 //!
 //! Files: `args.rs` (the command line), `start.rs` (ring, registration, upload engine, sink
-//! thread), `dispatch.rs` (taking READY slots, uploads, completions, the sink), `recovery.rs`
+//! thread), `sequencer.rs` (the books of seqs and slots, no I/O), `dispatch.rs` (taking READY slots, uploads, completions, the sink), `recovery.rs`
 //! (dead and hung loaders, quarantine, re-issue, bad batches, the descriptor audit), `finish.rs`
 //! (the summary and its verdict); this module holds the error type, the daemon's state and its
 //! main loop.
@@ -15,7 +15,7 @@
 use crate::exit::Exit;
 use crate::settings::{self, Overrides};
 use crate::shutdown::Shutdown;
-use crate::sink::{OrderCheck, SinkDone, SinkJob, SinkKind};
+use crate::sink::{SinkDone, SinkJob, SinkKind};
 use crate::summary::Summary;
 use crossbeam_channel::Receiver;
 use pinring_backend::{Completion, Uploader};
@@ -30,11 +30,13 @@ mod args;
 mod dispatch;
 mod finish;
 mod recovery;
+mod sequencer;
 mod start;
 
 pub use args::{parse_backend_kind, DaemonArgs};
 use finish::cpu_seconds;
 pub use finish::{failed_at_start, judge};
+use sequencer::{HandOut, Sequencer};
 
 /// How long a drain may take before the daemon closes the ring anyway.
 pub const DRAIN_DEADLINE: Duration = Duration::from_millis(1500);
@@ -189,13 +191,8 @@ struct Daemon {
     sink_rx: Receiver<SinkDone>,
     sink_thread: Option<std::thread::JoinHandle<()>>,
     // Protocol state, owned by the main loop.
-    start_seq: u64,
-    end_seq: u64,
-    next_assign: u64,
-    /// Seq assigned to each slot (None: parked).
-    assigned: Vec<Option<u64>>,
-    /// Assigned, not yet taken: seq -> slot.
-    waiting: BTreeMap<u64, u32>,
+    /// Which seq each slot carries, what comes next, what was delivered (daemon/sequencer.rs).
+    sequencer: Sequencer,
     /// Uploads in flight: tag (slot) -> (seq, sample ids, length, commit time).
     inflight: BTreeMap<u64, (u64, Vec<u64>, usize, u64)>,
     /// Commit time of each zero-copy batch at the sink, by slot.
@@ -205,13 +202,11 @@ struct Daemon {
     latencies: crate::histogram::Quantiles,
     free_buffers: Vec<usize>,
     sink_pending: usize,
-    order: OrderCheck,
     // Results.
     started: Instant,
     /// CPU seconds used before the ring was ready (start-up, registration).
     cpu_at_ready: f64,
     last_delivery: Instant,
-    delivered: u64,
     verified: u64,
     verify_failures: u64,
     first_failure: Option<String>,
@@ -223,48 +218,32 @@ struct Daemon {
     /// A taken batch's metadata, copied out of its slot before it is decoded.
     meta_buf: Vec<u8>,
     // Fault handling (daemon/recovery.rs).
-    /// Stopping: no new seqs are handed out (the daemon's own record, never read from the ring).
-    draining: bool,
     /// How often dead/hung loaders and the segment file are checked (`daemon.reap_interval_ms`).
     reap_every: Duration,
     recovery: recovery::Recovery,
 }
 
 impl Daemon {
-    /// Assigns the next seq to `slot` (a seq that lost its slot first), or parks it when the plan
-    /// is handed out. A quarantined slot stays out of use.
+    /// Gives `slot` its next seq (a seq that lost its slot first), or parks it when the plan is
+    /// handed out or the daemon drains. A quarantined slot stays out of use.
     fn hand_out(&mut self, slot: u32) {
-        if self.recovery.is_quarantined(slot) {
-            self.assigned[slot as usize] = None;
-            return;
-        }
-        let reissued = if self.draining {
-            None
-        } else {
-            self.recovery.take_reissue()
-        };
-        if reissued.is_some() || (self.next_assign < self.end_seq && !self.draining) {
-            let seq = reissued.unwrap_or_else(|| {
-                self.next_assign += 1;
-                self.next_assign - 1
-            });
-            self.ring
-                .header()
-                .next_assign
-                .store(self.next_assign, Relaxed);
-            self.assigned[slot as usize] = Some(seq);
-            self.waiting.insert(seq, slot);
-            self.ring.assign(slot, seq);
-        } else {
-            self.assigned[slot as usize] = None;
-            self.ring.park(slot);
-        }
+        let next = self.sequencer.hand_out(slot);
+        self.apply_hand_out(slot, next);
     }
 
-    /// Every seq of the plan delivered at least once (duplicates are counted by the order
-    /// check and do not stand in for a missing seq).
-    fn all_delivered(&self) -> bool {
-        self.delivered.saturating_sub(self.order.duplicates) >= self.end_seq - self.start_seq
+    /// Does in the ring what the sequencer answered for `slot`.
+    fn apply_hand_out(&mut self, slot: u32, next: HandOut) {
+        match next {
+            HandOut::Assign(seq) => {
+                self.ring
+                    .header()
+                    .next_assign
+                    .store(self.sequencer.next_assign(), Relaxed);
+                self.ring.assign(slot, seq);
+            }
+            HandOut::Park => self.ring.park(slot),
+            HandOut::Quarantined => {}
+        }
     }
 
     fn main_loop(&mut self, shutdown: &Shutdown) -> Result<(), DaemonError> {
@@ -279,33 +258,26 @@ impl Daemon {
             progressed |= self.collect_sink_results();
             progressed |= self.dispatch()?;
 
-            if self.all_delivered() && self.inflight.is_empty() && self.sink_pending == 0 {
+            if self.sequencer.complete() && self.inflight.is_empty() && self.sink_pending == 0 {
                 return Ok(());
             }
             if shutdown.requested() && drain_deadline.is_none() {
                 tracing::info!(ring = %self.cfg.ring.name, "stop requested: draining");
                 self.service.stopping("stop requested: draining");
                 self.interrupted = true;
-                self.draining = true;
                 drain_deadline = Some(Instant::now() + DRAIN_DEADLINE);
                 self.ring.set_state(ring_state::DRAINING);
-                let mut first_gap = u64::MAX;
-                for slot in 0..self.assigned.len() as u32 {
-                    if self.ring.unassign_if_free(slot) {
-                        if let Some(seq) = self.assigned[slot as usize].take() {
-                            self.waiting.remove(&seq);
-                            first_gap = first_gap.min(seq);
-                        }
-                    }
-                }
-                // In order, nothing past the first seq taken back can be delivered any more.
-                if self.cfg.ring.in_order {
-                    self.waiting.retain(|&seq, _| seq < first_gap);
-                }
+                // FREE slots are taken back (no new claim lands); their seqs are given up.
+                let taken_back: Vec<u32> = (0..self.sequencer.slots())
+                    .filter(|&slot| self.ring.unassign_if_free(slot))
+                    .collect();
+                self.sequencer.drain(&taken_back);
             }
             if let Some(deadline) = drain_deadline {
                 let nothing_in_flight = self.inflight.is_empty() && self.sink_pending == 0;
-                if nothing_in_flight && (self.waiting.is_empty() || Instant::now() >= deadline) {
+                if nothing_in_flight
+                    && (!self.sequencer.any_waiting() || Instant::now() >= deadline)
+                {
                     return Ok(());
                 }
             }
@@ -314,7 +286,7 @@ impl Daemon {
                 self.reap()?;
             }
             if !progressed {
-                let could_upload = !self.free_buffers.is_empty() && !self.waiting.is_empty();
+                let could_upload = !self.free_buffers.is_empty() && self.sequencer.any_waiting();
                 let mut wait = MAX_WAIT;
                 if let Some(deadline) = drain_deadline {
                     wait = wait.min(deadline.saturating_duration_since(Instant::now()));

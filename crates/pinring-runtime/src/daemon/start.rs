@@ -1,9 +1,9 @@
 //! Start-up: load the plan, create and register the ring, start the upload engine and the sink
 //! thread, hand every slot its first seq, and set the ring READY.
 
-use super::{cpu_seconds, recovery, Daemon, DaemonArgs, DaemonError};
+use super::{cpu_seconds, recovery, Daemon, DaemonArgs, DaemonError, Sequencer};
 use crate::ring_wake::Doorbell;
-use crate::sink::{self, OrderCheck};
+use crate::sink;
 use crossbeam_channel::unbounded;
 use pinring_backend::Uploader;
 use pinring_data::Config;
@@ -124,22 +124,16 @@ impl Daemon {
             sink_tx: Some(sink_tx),
             sink_rx,
             sink_thread: Some(sink_thread),
-            start_seq: args.start_seq,
-            end_seq,
-            next_assign: args.start_seq,
-            assigned: vec![None; slots],
-            waiting: BTreeMap::new(),
+            sequencer: Sequencer::new(slots, args.start_seq, end_seq, cfg.ring.in_order),
             inflight: BTreeMap::new(),
             zero_copy_commits: BTreeMap::new(),
             zero_copy: args.zero_copy,
             latencies: crate::histogram::Quantiles::default(),
             free_buffers: (0..buffers).rev().collect(),
             sink_pending: 0,
-            order: OrderCheck::new(args.start_seq, end_seq, cfg.ring.in_order),
             started: now,
             cpu_at_ready: 0.0,
             last_delivery: now,
-            delivered: 0,
             verified: 0,
             verify_failures: 0,
             first_failure: None,
@@ -149,7 +143,6 @@ impl Daemon {
             interrupted: false,
             spare_samples: Vec::new(),
             meta_buf: Vec::new(),
-            draining: false,
             reap_every: Duration::from_millis(cfg.daemon.reap_interval_ms),
             recovery: recovery::Recovery::new(
                 slots,
@@ -170,7 +163,7 @@ impl Daemon {
             path = %pinring_ring::object_path(&d.cfg.ring.name).display(),
             slots = slots,
             slot_bytes = d.cfg.slot_bytes(),
-            batches = end_seq - d.start_seq,
+            batches = end_seq - args.start_seq,
             in_order = d.cfg.ring.in_order,
             sink = d.sink_kind.name(),
             "ring ready"
