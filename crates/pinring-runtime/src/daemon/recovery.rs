@@ -6,7 +6,7 @@
 //!
 //! Runs on the daemon's main loop, like every other slot transition the daemon makes.
 
-use super::{Daemon, DaemonError};
+use super::{Daemon, DaemonError, HandOut};
 use pinring_data::BadBatchPolicy;
 use pinring_ring::{Expired, SlotState};
 use std::sync::atomic::Ordering::Relaxed;
@@ -275,12 +275,18 @@ impl Daemon {
                  retries a seq at most {MAX_BAD_PER_SEQ} times)"
             )));
         }
-        tracing::warn!(ring = %self.cfg.ring.name, slot, seq, "bad batch skipped, to be made again: {what}");
         self.ring.health().bad_batches_skipped.fetch_add(1, Relaxed);
         self.ring.reset_to_idle(slot);
-        self.sequencer.remade(slot, seq);
-        self.ring.assign(slot, seq);
-        self.ring.wake_loaders(1);
+        match self.sequencer.remade(slot, seq) {
+            HandOut::Assign(seq) => {
+                tracing::warn!(ring = %self.cfg.ring.name, slot, seq, "bad batch skipped, to be made again: {what}");
+                self.ring.assign(slot, seq);
+                self.ring.wake_loaders(1);
+            }
+            HandOut::Park | HandOut::Quarantined => {
+                tracing::warn!(ring = %self.cfg.ring.name, slot, seq, "bad batch skipped; not made again: the daemon is draining and gave this seq up: {what}");
+            }
+        }
         Ok(())
     }
 }

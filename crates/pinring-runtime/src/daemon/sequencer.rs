@@ -225,13 +225,21 @@ impl Sequencer {
         self.taken.insert(seq);
     }
 
-    /// `seq`'s batch in `slot` was bad: the same slot carries it again, to be made again.
-    pub fn remade(&mut self, slot: u32, seq: u64) {
+    /// `seq`'s batch in `slot` was bad: the same slot carries it again, to be made again
+    /// (`Assign`). While draining, a seq the daemon gave up stays given up (in order, a later
+    /// seq must not be delivered past it) and the slot is parked (`Park`).
+    pub fn remade(&mut self, slot: u32, seq: u64) -> HandOut {
         let i = slot as usize;
         self.held[i] = false;
-        self.taken.remove(&seq);
+        let was_taken = self.taken.remove(&seq);
+        let was_waiting = self.waiting.get(&seq) == Some(&slot);
+        if self.draining && !was_taken && !was_waiting {
+            self.carried[i] = None;
+            return HandOut::Park;
+        }
         self.carried[i] = Some(seq);
         self.waiting.insert(seq, slot);
+        HandOut::Assign(seq)
     }
 
     /// The sink is done with `seq`: it counts as delivered. Returns what broke exactly-once or
@@ -680,8 +688,6 @@ mod tests {
                         return; // the daemon's own (UPLOADING): not audited
                     }
                     match self.seq.carried(i as u32) {
-                        // A seq given up while draining is not remade here: see `remade`.
-                        Some(s) if self.model.given_up.contains(&s) => {}
                         Some(s) => {
                             self.remade(i as u32, s);
                         }
@@ -713,13 +719,21 @@ mod tests {
         }
 
         fn remade(&mut self, slot: u32, s: u64) {
-            self.seq.remade(slot, s);
+            let got = self.seq.remade(slot, s);
             let m = &mut self.model;
-            m.held[slot as usize] = false;
+            let i = slot as usize;
+            m.held[i] = false;
             m.taken.remove(&s);
-            m.carried[slot as usize] = Some(s);
-            self.ring[slot as usize] = (Ring::Free, s);
-            self.lost.insert(s);
+            let want = if m.given_up.contains(&s) {
+                m.carried[i] = None;
+                HandOut::Park
+            } else {
+                m.carried[i] = Some(s);
+                self.lost.insert(s);
+                HandOut::Assign(s)
+            };
+            assert_eq!(got, want, "remade({slot}, {s})");
+            self.apply(slot, got);
         }
 
         /// The daemon's dispatch step; whether a slot was taken.
