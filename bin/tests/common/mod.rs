@@ -124,6 +124,32 @@ impl Fixture {
         }
     }
 
+    /// The daemon as [`Fixture::daemon`], logging at debug level (a line per delivered batch,
+    /// read back with [`delivered_seqs`]) into the file `log`: a pipe would fill and stall a
+    /// long run.
+    pub fn daemon_logged(&self, extra: &[&str], log: &Path) -> Child {
+        Command::new(exe(DAEMON))
+            .args([
+                "--ring",
+                &self.ring,
+                "--backend",
+                "host",
+                "--sink",
+                "verify",
+            ])
+            .args(["--log-level", "debug"])
+            .arg("--config")
+            .arg(&self.config)
+            .arg("--summary")
+            .arg(self.summary_path())
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(log).unwrap())
+            .spawn()
+            .unwrap()
+    }
+
     pub fn summary(&self) -> Summary {
         Summary::read(&self.summary_path()).expect("summary written")
     }
@@ -339,7 +365,23 @@ pub fn ready_slot(ring: &pinring_ring::Ring) -> Option<(u32, u64)> {
     })
 }
 
-/// Lowest seq not yet delivered (in-order runs), from a ring's header.
+/// The seqs a daemon started with [`Fixture::daemon_logged`] delivered, in delivery order.
+pub fn delivered_seqs(log: &Path) -> Vec<u64> {
+    std::fs::read_to_string(log)
+        .unwrap()
+        .lines()
+        .filter(|l| l.contains("batch delivered"))
+        .map(|l| {
+            l.split_whitespace()
+                .find_map(|w| w.strip_prefix("seq="))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| panic!("no seq in the log line {l:?}"))
+        })
+        .collect()
+}
+
+/// The daemon's published resume point, from a ring's header: the lowest seq not delivered,
+/// every seq below it delivered.
 pub fn next_deliver(ring: &pinring_ring::Ring) -> u64 {
     ring.header()
         .next_deliver

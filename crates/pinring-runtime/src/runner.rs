@@ -317,6 +317,12 @@ pub fn print_summary(s: &Summary, loaders: usize) {
     println!("  verdict   {verdict}");
     if s.interrupted {
         println!("  stopped early; resume with --start-seq {}", s.resume_seq);
+        if s.delivered_past_resume > 0 {
+            println!(
+                "            ({} batches at or above it were delivered already and will be delivered again)",
+                s.delivered_past_resume
+            );
+        }
     }
     if let Some(e) = &s.error {
         println!("  error     {e}");

@@ -130,9 +130,9 @@ impl Daemon {
             self.last_delivery = Instant::now();
             let h = self.ring.header();
             h.delivered.fetch_add(1, Relaxed);
-            if self.cfg.ring.in_order {
-                h.next_deliver.store(done.seq + 1, Relaxed);
-            }
+            // The daemon's published resume point, for status; never read back.
+            h.next_deliver.store(self.sequencer.resume_seq(), Relaxed);
+            tracing::debug!(ring = %self.cfg.ring.name, seq = done.seq, "batch delivered");
             let mut samples = done.samples;
             samples.clear();
             self.spare_samples.push(samples);

@@ -43,6 +43,11 @@ pub fn failed_at_start(args: &DaemonArgs, cfg: Option<&Config>, error: DaemonErr
 impl Daemon {
     pub(super) fn finish(&mut self, result: &Result<(), DaemonError>) -> Summary {
         self.service.stopping("run finished: closing the ring");
+        // The last resume point the daemon publishes: what a status of the closed ring shows.
+        self.ring
+            .header()
+            .next_deliver
+            .store(self.sequencer.resume_seq(), Relaxed);
         self.ring.set_state(ring_state::CLOSED);
         if let Err(e) = self.ring.unlink() {
             tracing::warn!("{e}");
@@ -55,15 +60,9 @@ impl Daemon {
             .last_delivery
             .saturating_duration_since(self.started)
             .as_secs_f64();
+        // Where to resume comes from the daemon's own books, never from the header (any process
+        // that maps the ring can write `next_deliver`).
         let s = &self.sequencer;
-        let last_delivered_seq = if s.deliveries() == 0 {
-            None
-        } else if self.cfg.ring.in_order {
-            Some(h.next_deliver.load(Relaxed).saturating_sub(1))
-        } else {
-            None
-        };
-        let resume_seq = last_delivered_seq.map_or(s.start(), |s| s + 1);
         let loader_wait = h.loader_wait_ns.load(Relaxed) as f64 / 1e9;
         let loader_busy = h.loader_busy_ns.load(Relaxed) as f64 / 1e9;
         let daemon_wait = self.daemon_wait_ns as f64 / 1e9;
@@ -89,8 +88,9 @@ impl Daemon {
             } else {
                 0.0
             },
-            last_delivered_seq,
-            resume_seq,
+            last_delivered_seq: s.highest_delivered(),
+            resume_seq: s.resume_seq(),
+            delivered_past_resume: s.delivered_past_resume(),
             reclaimed: h.reclaimed.load(Relaxed),
             rejected: h.rejected.load(Relaxed),
             leases_expired: self.ring.health().leases_expired.load(Relaxed),

@@ -59,6 +59,12 @@ impl Daemon {
                 self.ring.wake_loaders(1);
             }
         }
+        // Republish the resume point, in case another process wrote over it since the last
+        // delivery (status shows it; the daemon never reads it back).
+        self.ring
+            .header()
+            .next_deliver
+            .store(self.sequencer.resume_seq(), Relaxed);
         let reaped = self.ring.reap_dead_loaders();
         if reaped > 0 {
             tracing::warn!(ring = %self.cfg.ring.name, loaders = reaped, "removed dead loaders from the table");

@@ -1,7 +1,7 @@
 //! The daemon's sequencer: its own books of which seq each slot carries, which seq comes next,
 //! which seqs lost their slot and wait for another, which are taken (uploading or at the sink),
 //! and which were delivered; and the answers the daemon acts on: what a freed slot carries next,
-//! which slot may be taken next, and when the run is complete.
+//! which slot may be taken next, when the run is complete, and where to resume.
 //!
 //! It does no I/O: it takes plain values (slot index, seq) and events, never touches the ring,
 //! the backend or a clock. The daemon tells it what happened and does what it answers.
@@ -16,6 +16,11 @@
 //! sits in a slot (a lower seq waiting for a slot blocks every later one); the daemon's pipeline
 //! (one upload stream, one sink queue) keeps that order to the consumer. Unordered, any waiting
 //! seq may be taken.
+//!
+//! The resume point is the delivered set's low watermark: the lowest seq of the plan not
+//! delivered, every seq below it delivered. In order nothing at or above it was delivered;
+//! unordered, [`Sequencer::delivered_past_resume`] counts the seqs at or above it that were,
+//! which a run resumed there delivers again.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -355,6 +360,23 @@ impl Sequencer {
         self.low == self.end
     }
 
+    /// Where a run resumes (`--start-seq`): the lowest seq of the plan not delivered; every seq
+    /// below it was delivered.
+    pub fn resume_seq(&self) -> u64 {
+        self.low
+    }
+
+    /// Distinct seqs at or above [`Sequencer::resume_seq`] that were delivered (always 0 in
+    /// order): a run resumed there delivers them again.
+    pub fn delivered_past_resume(&self) -> u64 {
+        self.distinct - (self.low - self.start)
+    }
+
+    /// Highest seq delivered, if any.
+    pub fn highest_delivered(&self) -> Option<u64> {
+        self.highest
+    }
+
     /// Every delivery, duplicates included.
     pub fn deliveries(&self) -> u64 {
         self.deliveries
@@ -403,6 +425,7 @@ mod tests {
         );
         assert_eq!(s.missing(), 2);
         assert_eq!(s.deliveries(), 5);
+        assert_eq!(s.resume_seq(), 12);
         assert!(!s.complete());
     }
 
@@ -415,6 +438,22 @@ mod tests {
         assert_eq!(s.missing(), 0);
         assert!(s.complete());
         assert_eq!(s.delivered(2), Err(DeliveryProblem::Duplicate { seq: 2 }));
+    }
+
+    #[test]
+    fn unordered_resume_is_the_lowest_seq_not_delivered() {
+        let mut s = Sequencer::new(4, 5, 12, false);
+        assert_eq!((s.resume_seq(), s.delivered_past_resume()), (5, 0));
+        for seq in [5, 6, 9, 10] {
+            s.delivered(seq).unwrap();
+        }
+        // 7 is missing: a run resumed at 7 delivers 9 and 10 again.
+        assert_eq!((s.resume_seq(), s.delivered_past_resume()), (7, 2));
+        s.delivered(8).unwrap();
+        assert_eq!((s.resume_seq(), s.delivered_past_resume()), (7, 3));
+        s.delivered(7).unwrap();
+        assert_eq!((s.resume_seq(), s.delivered_past_resume()), (11, 0));
+        assert_eq!(s.highest_delivered(), Some(10));
     }
 
     #[test]
@@ -582,6 +621,12 @@ mod tests {
                 .collect();
             c.reverse();
             c
+        }
+
+        fn resume(&self) -> u64 {
+            (self.start..self.end)
+                .find(|s| !self.delivered.contains(s))
+                .unwrap_or(self.end)
         }
     }
 
@@ -857,6 +902,15 @@ mod tests {
             );
             let all = (m.start..m.end).all(|s| m.delivered.contains(&s));
             assert_eq!(seq.complete(), all, "complete");
+            let resume = m.resume();
+            assert_eq!(seq.resume_seq(), resume, "resume_seq");
+            let past = m.delivered.range(resume..).count() as u64;
+            assert_eq!(seq.delivered_past_resume(), past, "delivered_past_resume");
+            assert_eq!(
+                seq.highest_delivered(),
+                m.delivered.iter().next_back().copied(),
+                "highest_delivered"
+            );
             assert_eq!(
                 seq.missing(),
                 (m.end - m.start) - m.delivered.len() as u64,
@@ -969,14 +1023,28 @@ mod tests {
             }
             w.finish();
             w.check();
-            if !w.seq.draining() {
+            let end = start + count;
+            let resume = w.seq.resume_seq();
+            let delivered: BTreeSet<u64> = w.delivered.iter().copied().collect();
+            if w.seq.draining() {
+                // Every seq below the resume point delivered once, that one not at all.
+                prop_assert!((start..resume).all(|s| delivered.contains(&s)));
+                prop_assert!(resume == end || !delivered.contains(&resume));
+                prop_assert_eq!(
+                    w.seq.delivered_past_resume(),
+                    delivered.range(resume..).count() as u64
+                );
+                if in_order {
+                    prop_assert_eq!(delivered, (start..resume).collect::<BTreeSet<u64>>());
+                    prop_assert_eq!(w.seq.delivered_past_resume(), 0);
+                }
+            } else {
                 // Every seq delivered exactly once, the lost ones made again; complete.
-                let end = start + count;
-                let delivered: BTreeSet<u64> = w.delivered.iter().copied().collect();
                 prop_assert!(w.seq.complete());
                 prop_assert_eq!(w.delivered.len() as u64, count);
                 prop_assert_eq!(&delivered, &(start..end).collect::<BTreeSet<u64>>());
                 prop_assert!(w.lost.iter().all(|s| delivered.contains(s)));
+                prop_assert_eq!((resume, w.seq.delivered_past_resume()), (end, 0));
             }
         }
     }
