@@ -338,14 +338,18 @@ pub fn loader_index(ring: &pinring_ring::Ring, pid: u32) -> Option<usize> {
         .map(|l| l.index)
 }
 
-/// The slot (and its seq) that loader `pid` holds CLAIMED, by the owner index in the slot word.
+/// The slot (and its seq) that loader `pid` holds CLAIMED: the slot word names its loader-table
+/// entry and a tenure whose lock is held. A dead predecessor in the same entry may have left a
+/// claim the daemon has not reclaimed yet; its tenure lock is free, so it is not this loader's.
 /// Stable only while that loader is stopped: a running one may commit at any moment.
 pub fn claim_of(ring: &pinring_ring::Ring, pid: u32) -> Option<(u32, u64)> {
     let index = loader_index(ring, pid)?;
     (0..ring.geometry().slot_count).find_map(|i| {
-        let v = ring.slot_view(i);
-        (v.state == Some(pinring_ring::SlotState::Claimed) && usize::from(v.owner) == index)
-            .then_some((i, v.seq))
+        let w = ring.word(i);
+        let mine = w.state == Some(pinring_ring::SlotState::Claimed)
+            && usize::from(w.owner) == index
+            && ring.claimant_alive(w.owner, w.tenure) == Some(true);
+        mine.then(|| (i, ring.slot_view(i).seq))
     })
 }
 
