@@ -6,9 +6,13 @@ mod common;
 
 use common::*;
 use nix::sys::signal::Signal;
-use pinring_ring::{Access, ProcessId, Ring};
+use pinring_ring::{Access, ProcessId, Ring, SlotState};
+use pinring_runtime::summary::Summary;
+use std::collections::BTreeSet;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
-use std::process::Command;
+use std::path::Path;
+use std::process::{Child, Command};
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
 const RING_ERROR: i32 = 4;
@@ -68,6 +72,220 @@ fn a_waiting_loader_reattaches_to_the_next_daemon_which_resumes_from_the_last_de
     assert_eq!(s.start_seq, resume);
     assert_eq!(s.end_seq, (resume / 64 + 2) * 64);
     assert_complete(&s, true);
+}
+
+/// Waits for a daemon started with [`Fixture::daemon_logged`] and its loaders; all must exit 0.
+fn wait_run(daemon: Child, log: &Path, loaders: Vec<Child>) {
+    let (st, _) = wait_for(daemon, "daemon", LONG);
+    assert!(
+        st.success(),
+        "daemon: {st}\n{}",
+        std::fs::read_to_string(log).unwrap()
+    );
+    for l in loaders {
+        let (st, out) = wait_for(l, "loader", Duration::from_secs(10));
+        assert!(st.success(), "{out}");
+    }
+}
+
+/// The seqs a stopped run delivered, from its log, checked against its summary: none twice,
+/// every seq below `resume_seq` delivered, `resume_seq` itself not, and exactly
+/// `delivered_past_resume` above it.
+fn delivered_by_stopped_run(s: &Summary, log: &Path) -> BTreeSet<u64> {
+    let seqs = delivered_seqs(log);
+    let set: BTreeSet<u64> = seqs.iter().copied().collect();
+    assert_eq!(set.len(), seqs.len(), "a seq delivered twice in one run");
+    assert_eq!(seqs.len() as u64, s.batches_delivered, "{s:#?}");
+    let below: Vec<u64> = (s.start_seq..s.resume_seq)
+        .filter(|q| !set.contains(q))
+        .collect();
+    assert!(
+        below.is_empty(),
+        "below resume_seq, never delivered: {below:?}; {s:#?}"
+    );
+    assert!(!set.contains(&s.resume_seq), "{s:#?}");
+    assert_eq!(
+        set.range(s.resume_seq..).count() as u64,
+        s.delivered_past_resume,
+        "{s:#?}"
+    );
+    set
+}
+
+/// Resumes a stopped run at `resume_seq` (`--start-seq`), through two more epochs (64 batches
+/// each); returns its summary and the seqs it delivered, in order. One loader: the daemon
+/// cannot finish without it, so it never arrives after the end (a second loader could, and
+/// would wait for a ring that is gone).
+fn resume_run(fx: &Fixture, resume_seq: u64, extra: &[&str]) -> (Summary, Vec<u64>) {
+    let log = fx.dir.path().join("resumed.log");
+    let end_seq = (resume_seq / 64 + 2) * 64;
+    let (epochs, start) = ((end_seq / 64).to_string(), resume_seq.to_string());
+    let mut args = vec!["--epochs", &epochs, "--start-seq", &start];
+    args.extend(extra);
+    let daemon = fx.daemon_logged(&args, &log);
+    let loader = fx.loader(&fx.config);
+    wait_run(daemon, &log, vec![loader]);
+    let s = fx.summary();
+    assert_eq!((s.start_seq, s.end_seq), (resume_seq, end_seq), "{s:#?}");
+    (s, delivered_seqs(&log))
+}
+
+#[test]
+fn an_unordered_run_stopped_with_sigterm_resumes_at_its_lowest_undelivered_seq() {
+    let fx = Fixture::small("resume-unordered");
+    let log = fx.dir.path().join("first.log");
+    // A plan the first daemon cannot finish before it is stopped, however fast the machine.
+    let mut daemon = fx.daemon_logged(&["--unordered", "--epochs", "100000"], &log);
+    let ring = fx.wait_ready(&mut daemon);
+    let loaders: Vec<Child> = (0..3).map(|_| fx.loader(&fx.config)).collect();
+    for l in &loaders {
+        wait_attached(&ring, l);
+    }
+    wait_progress(&ring, 10);
+    // A loader stopped inside a claim holds its seq back while the others deliver past it.
+    let (paused, held) = loop {
+        let paused = Paused::new(&loaders[0]);
+        if let Some((_, seq)) = claim_of(&ring, loaders[0].id()) {
+            break (paused, seq);
+        }
+        drop(paused); // not inside a claim: resume it, try again after the next delivery
+        wait_progress(&ring, 1);
+    };
+    // More seqs delivered than there are below the held one: some delivered seq lies above it.
+    wait_until("deliveries past the held seq", LONG, || {
+        delivered(&ring) > held + 1
+    });
+    // Status shows where to resume: at or below the held seq, whatever was delivered above.
+    assert!(
+        next_deliver(&ring) <= held,
+        "{} > {held}",
+        next_deliver(&ring)
+    );
+    signal(&daemon, Signal::SIGTERM);
+    let (st, _) = wait_for(daemon, "daemon", Duration::from_secs(20));
+    assert!(st.success(), "{}", std::fs::read_to_string(&log).unwrap());
+    drop(paused);
+    for l in loaders {
+        let (st, out) = wait_for(l, "loader", Duration::from_secs(10));
+        assert!(st.success(), "{out}");
+    }
+    let first_summary = fx.summary();
+    let s = &first_summary;
+    assert!(s.interrupted && !s.in_order, "{s:#?}");
+    assert_eq!((s.exit_code, s.error.as_deref()), (0, None), "{s:#?}");
+    assert_eq!((s.duplicates, s.verify_failures), (0, 0), "{s:#?}");
+    assert!(s.resume_seq <= held, "{s:#?}");
+    assert!(s.delivered_past_resume >= 1, "{s:#?}");
+    let first = delivered_by_stopped_run(s, &log);
+    // The header said the same when the daemon stopped.
+    assert_eq!(next_deliver(&ring), s.resume_seq);
+    drop(ring);
+
+    let resume = s.resume_seq;
+    let (s2, second) = resume_run(&fx, resume, &["--unordered"]);
+    assert_complete(&s2, false);
+    let second: BTreeSet<u64> = second.into_iter().collect();
+    assert_eq!(second, (resume..s2.end_seq).collect::<BTreeSet<u64>>());
+    // Across both runs: every seq of the plan delivered; none below resume_seq twice; the ones
+    // delivered twice are those the first run delivered past resume_seq.
+    for q in 0..s2.end_seq {
+        assert!(
+            first.contains(&q) || second.contains(&q),
+            "seq {q} never delivered"
+        );
+    }
+    let twice: BTreeSet<u64> = first.intersection(&second).copied().collect();
+    assert!(twice.iter().all(|&q| q >= resume), "{twice:?}");
+    assert_eq!(
+        twice,
+        first
+            .range(resume..s2.end_seq)
+            .copied()
+            .collect::<BTreeSet<u64>>()
+    );
+}
+
+#[test]
+fn an_ordered_run_stopped_with_sigterm_resumes_where_it_stopped_and_delivers_nothing_twice() {
+    let fx = Fixture::small("resume-ordered");
+    let log = fx.dir.path().join("first.log");
+    let mut daemon = fx.daemon_logged(&["--epochs", "100000"], &log);
+    let ring = fx.wait_ready(&mut daemon);
+    let loaders: Vec<Child> = (0..3).map(|_| fx.loader(&fx.config)).collect();
+    for l in &loaders {
+        wait_attached(&ring, l);
+    }
+    wait_until("deliveries", LONG, || delivered(&ring) >= 20);
+    drop(ring);
+    signal(&daemon, Signal::SIGTERM);
+    wait_run(daemon, &log, loaders);
+    let s = fx.summary();
+    assert_drained(&s);
+    assert_eq!(s.delivered_past_resume, 0, "{s:#?}");
+    delivered_by_stopped_run(&s, &log);
+    // In order: exactly the seqs below resume_seq, in seq order.
+    let first = delivered_seqs(&log);
+    assert_eq!(first, (s.start_seq..s.resume_seq).collect::<Vec<u64>>());
+
+    let (s2, second) = resume_run(&fx, s.resume_seq, &[]);
+    assert_complete(&s2, true);
+    assert_eq!(second, (s.resume_seq..s2.end_seq).collect::<Vec<u64>>());
+}
+
+#[test]
+fn a_scribbled_next_deliver_in_the_header_does_not_move_the_summarys_resume_seq() {
+    let fx = Fixture::small("resume-scribble");
+    let mut daemon = fx.daemon(&["--epochs", "100000"]);
+    let ring = fx.wait_ready(&mut daemon);
+    let loaders: Vec<Child> = (0..3).map(|_| fx.loader(&fx.config)).collect();
+    for l in &loaders {
+        wait_attached(&ring, l);
+    }
+    wait_progress(&ring, 10);
+    // Loaders stopped, and every committed batch delivered or READY behind the next seq due,
+    // which no READY slot holds: the daemon delivers nothing more, so no delivery rewrites the
+    // header's resume point after the scribble below.
+    let paused: Vec<Paused> = loaders.iter().map(Paused::new).collect();
+    let slots = ring.geometry().slot_count;
+    wait_until("the daemon to have nothing left to deliver", LONG, || {
+        let due = next_deliver(&ring);
+        let (mut ready, mut stuck) = (0, true);
+        for i in 0..slots {
+            let v = ring.slot_view(i);
+            match v.state {
+                Some(SlotState::Ready) => {
+                    ready += 1;
+                    stuck &= v.seq != due;
+                }
+                Some(SlotState::Uploading) => stuck = false,
+                _ => {}
+            }
+        }
+        stuck && delivered(&ring) + ready >= ring.header().committed.load(Relaxed)
+    });
+    let published = next_deliver(&ring);
+    // Another process writes a resume point of its own into the header while the daemon is
+    // stopped; then the daemon is told to stop.
+    let rogue = Ring::open(&fx.ring, Access::ReadWrite, Duration::from_secs(5)).unwrap();
+    let scribbled = published + 1000;
+    {
+        let _daemon_stopped = Paused::new(&daemon);
+        rogue.header().next_deliver.store(scribbled, Relaxed);
+        signal(&daemon, Signal::SIGTERM);
+    }
+    let (st, log) = wait_for(daemon, "daemon", Duration::from_secs(20));
+    assert!(st.success(), "{log}");
+    let s = fx.summary();
+    // The daemon's books win: every seq below resume_seq delivered once, in order.
+    assert_drained(&s);
+    assert_eq!(s.resume_seq, published, "{s:#?}");
+    // And the daemon published its own value again, which status shows.
+    assert_eq!(next_deliver(&ring), published);
+    drop(paused);
+    for l in loaders {
+        let (st, out) = wait_for(l, "loader", Duration::from_secs(10));
+        assert!(st.success(), "{out}");
+    }
 }
 
 #[test]

@@ -124,6 +124,32 @@ impl Fixture {
         }
     }
 
+    /// The daemon as [`Fixture::daemon`], logging at debug level (a line per delivered batch,
+    /// read back with [`delivered_seqs`]) into the file `log`: a pipe would fill and stall a
+    /// long run.
+    pub fn daemon_logged(&self, extra: &[&str], log: &Path) -> Child {
+        Command::new(exe(DAEMON))
+            .args([
+                "--ring",
+                &self.ring,
+                "--backend",
+                "host",
+                "--sink",
+                "verify",
+            ])
+            .args(["--log-level", "debug"])
+            .arg("--config")
+            .arg(&self.config)
+            .arg("--summary")
+            .arg(self.summary_path())
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(log).unwrap())
+            .spawn()
+            .unwrap()
+    }
+
     pub fn summary(&self) -> Summary {
         Summary::read(&self.summary_path()).expect("summary written")
     }
@@ -312,14 +338,18 @@ pub fn loader_index(ring: &pinring_ring::Ring, pid: u32) -> Option<usize> {
         .map(|l| l.index)
 }
 
-/// The slot (and its seq) that loader `pid` holds CLAIMED, by the owner index in the slot word.
+/// The slot (and its seq) that loader `pid` holds CLAIMED: the slot word names its loader-table
+/// entry and a tenure whose lock is held. A dead predecessor in the same entry may have left a
+/// claim the daemon has not reclaimed yet; its tenure lock is free, so it is not this loader's.
 /// Stable only while that loader is stopped: a running one may commit at any moment.
 pub fn claim_of(ring: &pinring_ring::Ring, pid: u32) -> Option<(u32, u64)> {
     let index = loader_index(ring, pid)?;
     (0..ring.geometry().slot_count).find_map(|i| {
-        let v = ring.slot_view(i);
-        (v.state == Some(pinring_ring::SlotState::Claimed) && usize::from(v.owner) == index)
-            .then_some((i, v.seq))
+        let w = ring.word(i);
+        let mine = w.state == Some(pinring_ring::SlotState::Claimed)
+            && usize::from(w.owner) == index
+            && ring.claimant_alive(w.owner, w.tenure) == Some(true);
+        mine.then(|| (i, ring.slot_view(i).seq))
     })
 }
 
@@ -356,7 +386,23 @@ pub fn ready_slot(ring: &pinring_ring::Ring) -> Option<(u32, u64)> {
     })
 }
 
-/// Lowest seq not yet delivered (in-order runs), from a ring's header.
+/// The seqs a daemon started with [`Fixture::daemon_logged`] delivered, in delivery order.
+pub fn delivered_seqs(log: &Path) -> Vec<u64> {
+    std::fs::read_to_string(log)
+        .unwrap()
+        .lines()
+        .filter(|l| l.contains("batch delivered"))
+        .map(|l| {
+            l.split_whitespace()
+                .find_map(|w| w.strip_prefix("seq="))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| panic!("no seq in the log line {l:?}"))
+        })
+        .collect()
+}
+
+/// The daemon's published resume point, from a ring's header: the lowest seq not delivered,
+/// every seq below it delivered.
 pub fn next_deliver(ring: &pinring_ring::Ring) -> u64 {
     ring.header()
         .next_deliver

@@ -529,6 +529,13 @@ fn summary_text(s: &Summary, loaders: usize) -> String {
             "  stopped early; resume with --start-seq {}",
             s.resume_seq
         );
+        if s.delivered_past_resume > 0 {
+            let _ = writeln!(
+                out,
+                "            ({} batches at or above it were delivered already and will be delivered again)",
+                s.delivered_past_resume
+            );
+        }
     }
     if let Some(e) = &s.error {
         let _ = writeln!(out, "  error     {e}");

@@ -6,8 +6,9 @@
 //!
 //! * `discard`: drops the batch (benchmarks).
 //! * `verify`: checks every byte of the *uploaded copy* against what the synthetic generator says
-//!   the batch holds (sample ids from the daemon's own plan, never the loader's claim), and the
-//!   order of delivery: duplicates, gaps, out-of-order seqs.
+//!   the batch holds (sample ids from the daemon's own plan, never the loader's claim). The order
+//!   of delivery (duplicates, gaps, out-of-order seqs) is checked by the daemon's sequencer, for
+//!   every sink.
 //! * `compute`: runs a small kernel over the batch (sin over f32s), to show upload and compute
 //!   overlapping.
 
@@ -99,64 +100,6 @@ pub struct SinkDone {
     pub busy_ns: u64,
     /// The sample-id vector, handed back for reuse.
     pub samples: Vec<u64>,
-}
-
-/// Delivery-order bookkeeping of the verify sink.
-#[derive(Debug, Default, Clone)]
-pub struct OrderCheck {
-    start: u64,
-    seen: Vec<u64>,
-    last: Option<u64>,
-    /// Seqs delivered twice.
-    pub duplicates: u64,
-    /// Seqs delivered after a higher one (in-order mode).
-    pub out_of_order: u64,
-    in_order: bool,
-}
-
-impl OrderCheck {
-    /// For seqs `[start, end)`.
-    pub fn new(start: u64, end: u64, in_order: bool) -> OrderCheck {
-        let n = end.saturating_sub(start);
-        OrderCheck {
-            start,
-            seen: vec![0; n.div_ceil(64) as usize],
-            in_order,
-            ..Default::default()
-        }
-    }
-
-    /// Records a delivery; returns a message if it broke exactly-once or order.
-    pub fn record(&mut self, seq: u64) -> Option<String> {
-        let mut problem = None;
-        let idx = seq.wrapping_sub(self.start);
-        match self.seen.get_mut((idx / 64) as usize) {
-            Some(word) if seq >= self.start => {
-                let bit = 1u64 << (idx % 64);
-                if *word & bit != 0 {
-                    self.duplicates += 1;
-                    problem = Some(format!("seq {seq} delivered twice"));
-                }
-                *word |= bit;
-            }
-            _ => problem = Some(format!("seq {seq} is outside the plan")),
-        }
-        if self.in_order {
-            let expected = self.last.map_or(self.start, |l| l + 1);
-            if seq != expected && problem.is_none() {
-                self.out_of_order += 1;
-                problem = Some(format!("seq {seq} delivered where seq {expected} was due"));
-            }
-        }
-        self.last = Some(self.last.map_or(seq, |l| l.max(seq)));
-        problem
-    }
-
-    /// Seqs in `[start, end)` never delivered.
-    pub fn missing(&self, end: u64) -> u64 {
-        let delivered: u64 = self.seen.iter().map(|w| u64::from(w.count_ones())).sum();
-        end.saturating_sub(self.start).saturating_sub(delivered)
-    }
 }
 
 /// Runs the sink loop until the job channel closes.
@@ -269,32 +212,4 @@ fn verify(
         };
     }
     checksum(scratch)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn order_check_counts_duplicates_gaps_and_missing() {
-        let mut c = OrderCheck::new(10, 15, true);
-        assert!(c.record(10).is_none());
-        assert!(c.record(11).is_none());
-        assert!(c.record(11).is_some());
-        assert_eq!(c.duplicates, 1);
-        assert!(c.record(13).is_some());
-        assert_eq!(c.out_of_order, 1);
-        assert!(c.record(99).is_some());
-        assert_eq!(c.missing(15), 2);
-    }
-
-    #[test]
-    fn unordered_mode_accepts_any_order_once() {
-        let mut c = OrderCheck::new(0, 4, false);
-        for s in [3, 0, 2, 1] {
-            assert!(c.record(s).is_none());
-        }
-        assert_eq!(c.missing(4), 0);
-        assert!(c.record(2).is_some());
-    }
 }

@@ -161,6 +161,10 @@ pub struct Snapshot {
     pub committed: u64,
     /// Batches delivered to the consumer.
     pub delivered: u64,
+    /// Where a run resumes (`--start-seq`), as the daemon publishes it (header `next_deliver`):
+    /// the lowest seq not delivered, every seq below it delivered. Unordered, some batches above
+    /// it may have been delivered too (the daemon's summary counts them).
+    pub resume_seq: u64,
     /// Payload bytes committed (into the ring).
     pub bytes_in: u64,
     /// Payload bytes uploaded (out of the ring).
@@ -248,6 +252,7 @@ impl Snapshot {
             end_seq: h.end_seq.load(Relaxed),
             committed: h.committed.load(Relaxed),
             delivered: h.delivered.load(Relaxed),
+            resume_seq: h.next_deliver.load(Relaxed),
             bytes_in: h.bytes_committed.load(Relaxed),
             bytes_out: h.bytes_delivered.load(Relaxed),
             reclaimed: h.reclaimed.load(Relaxed),
@@ -397,9 +402,9 @@ pub fn render(reports: &[RingReport]) -> String {
         let total = snap.end_seq.saturating_sub(snap.start_seq);
         let _ = writeln!(
             s,
-            "  in {:.2} GB/s  out {:.2} GB/s  {:.0} batches/s  delivered {}/{}  reclaimed {}  rejected {}",
+            "  in {:.2} GB/s  out {:.2} GB/s  {:.0} batches/s  delivered {}/{}  resume at seq {}  reclaimed {}  rejected {}",
             rates.gbps_in, rates.gbps_out, rates.batches_per_second, snap.delivered, total,
-            snap.reclaimed, snap.rejected
+            snap.resume_seq, snap.reclaimed, snap.rejected
         );
         let faults = snap.leases_expired
             + snap.bad_batches_skipped
@@ -597,6 +602,38 @@ mod tests {
             text.contains("1 hung loaders now (last pid 4242)"),
             "{text}"
         );
+        let _ = pinring_ring::Segment::unlink(&name);
+    }
+
+    #[test]
+    fn the_resume_point_the_daemon_publishes_shows_in_the_view_and_in_the_json() {
+        let name = format!("status-resume-{}", std::process::id());
+        let ring = Ring::create(&pinring_ring::CreateOptions {
+            name: name.clone(),
+            slots: 2,
+            slot_bytes: 4096,
+            mode: 0o600,
+            group: None,
+            fingerprint: 1,
+            start_seq: 5,
+            end_seq: 40,
+            in_order: false,
+            replace: false,
+        })
+        .unwrap();
+        // A new ring resumes at its first seq; then wherever the daemon says.
+        assert_eq!(Snapshot::take(&ring).resume_seq, 5);
+        ring.header().next_deliver.store(17, Relaxed);
+        let snap = Snapshot::take(&ring);
+        let json = serde_json::to_value(&snap).unwrap();
+        assert_eq!(json["resume_seq"], 17);
+        let text = render(&[RingReport {
+            ring: name.clone(),
+            rates: Some(Rates::between(&snap, &snap)),
+            snapshot: Some(snap),
+            error: None,
+        }]);
+        assert!(text.contains("resume at seq 17"), "{text}");
         let _ = pinring_ring::Segment::unlink(&name);
     }
 }

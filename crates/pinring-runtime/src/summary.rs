@@ -39,10 +39,15 @@ pub struct Summary {
     pub seconds: f64,
     /// Payload GB/s (1e9 bytes per second).
     pub gbps: f64,
-    /// Highest seq delivered (in order mode: all seqs up to it were delivered), if any.
+    /// Highest seq delivered, if any (in order mode: every seq up to it was delivered).
     pub last_delivered_seq: Option<u64>,
-    /// Seq to pass as --start-seq to resume this run.
+    /// Seq to pass as --start-seq to resume this run: the lowest seq of the plan not delivered
+    /// (every seq below it was), from the daemon's own books.
     pub resume_seq: u64,
+    /// Distinct seqs at or above `resume_seq` that were delivered (unordered mode; always 0 in
+    /// order): a run resumed at `resume_seq` delivers them again.
+    #[serde(default)]
+    pub delivered_past_resume: u64,
     /// Slots taken back from dead or hung loaders.
     pub reclaimed: u64,
     /// Batches the daemon refused (invalid descriptor or metadata).

@@ -1,14 +1,14 @@
-//! The daemon's fault handling beyond dead loaders (which `Daemon::reap` puts back at once):
-//! leases on claimed slots, quarantine of slots taken from live (hung) loaders, re-issuing their
-//! seqs in other slots, the bad-batch policy, and auditing descriptors for states the daemon
-//! never left them in. docs/RELIABILITY.md has the table of faults.
+//! The daemon's fault handling, run every reap interval: the segment file and header checks,
+//! dead loaders (their slots put back at once with the same seq), leases on claimed slots,
+//! quarantine of slots taken from live (hung) loaders, re-issuing their seqs in other slots, the
+//! bad-batch policy, and auditing descriptors for states the daemon never left them in.
+//! docs/RELIABILITY.md has the table of faults.
 //!
 //! Runs on the daemon's main loop, like every other slot transition the daemon makes.
 
-use super::{Daemon, DaemonError};
+use super::{Daemon, DaemonError, HandOut};
 use pinring_data::BadBatchPolicy;
 use pinring_ring::{Expired, SlotState};
-use std::collections::BTreeSet;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
@@ -23,10 +23,9 @@ pub(super) struct Recovery {
     policy: BadBatchPolicy,
     /// Per slot: the CLAIMED word last seen and since when it has been seen unchanged.
     claims: Vec<Option<(u64, Instant)>>,
-    /// Per slot: the expired claim it was taken from, while it is kept out of use.
-    quarantine: Vec<Option<Expired>>,
-    /// Seqs that lost their slot and wait for another one.
-    reissue: BTreeSet<u64>,
+    /// Per slot: the expired claim it was taken from, while the sequencer keeps it quarantined
+    /// (whose lock and abandon word say when it may come back).
+    expired: Vec<Option<Expired>>,
     /// Bad batches seen per seq (skip policy).
     bad: std::collections::HashMap<u64, u32>,
 }
@@ -37,31 +36,42 @@ impl Recovery {
             lease,
             policy,
             claims: vec![None; slots],
-            quarantine: vec![None; slots],
-            reissue: BTreeSet::new(),
+            expired: vec![None; slots],
             bad: Default::default(),
         }
-    }
-
-    pub(super) fn is_quarantined(&self, slot: u32) -> bool {
-        self.quarantine[slot as usize].is_some()
-    }
-
-    /// The lowest seq waiting for a slot.
-    pub(super) fn first_reissue(&self) -> Option<u64> {
-        self.reissue.first().copied()
-    }
-
-    pub(super) fn take_reissue(&mut self) -> Option<u64> {
-        self.reissue.pop_first()
-    }
-
-    pub(super) fn quarantined(&self) -> u64 {
-        self.quarantine.iter().filter(|q| q.is_some()).count() as u64
     }
 }
 
 impl Daemon {
+    /// Every reap interval: the segment file, the header, dead loaders, then [`Daemon::recover`].
+    pub(super) fn reap(&mut self) -> Result<(), DaemonError> {
+        self.ring.check_file()?;
+        let changed = self.ring.repair_header();
+        if !changed.is_empty() {
+            tracing::error!(ring = %self.cfg.ring.name, fields = %changed.join(", "),
+                "another process changed this daemon's header fields; restored them (the daemon's \
+                 liveness is its lock on the segment, so this fooled nobody, but find who writes \
+                 into the ring)");
+        }
+        for slot in 0..self.sequencer.slots() {
+            if let Some(seq) = self.ring.reclaim_if_owner_dead(slot) {
+                tracing::warn!(ring = %self.cfg.ring.name, slot, seq, "loader died holding a slot: slot handed out again with the same seq");
+                self.ring.wake_loaders(1);
+            }
+        }
+        // Republish the resume point, in case another process wrote over it since the last
+        // delivery (status shows it; the daemon never reads it back).
+        self.ring
+            .header()
+            .next_deliver
+            .store(self.sequencer.resume_seq(), Relaxed);
+        let reaped = self.ring.reap_dead_loaders();
+        if reaped > 0 {
+            tracing::warn!(ring = %self.cfg.ring.name, loaders = reaped, "removed dead loaders from the table");
+        }
+        self.recover()
+    }
+
     /// Every reap interval: leases, quarantine, descriptor audit, re-issued seqs, gauges.
     pub(super) fn recover(&mut self) -> Result<(), DaemonError> {
         self.expire_leases();
@@ -71,10 +81,10 @@ impl Daemon {
         let health = self.ring.health();
         health
             .quarantined
-            .store(self.recovery.quarantined(), Relaxed);
+            .store(self.sequencer.quarantined(), Relaxed);
         let hung = self
             .recovery
-            .quarantine
+            .expired
             .iter()
             .flatten()
             .filter(|e| self.ring.expired_owner_alive(e))
@@ -89,9 +99,9 @@ impl Daemon {
     /// Takes back slots whose claim has not changed for longer than the lease.
     fn expire_leases(&mut self) {
         let now = Instant::now();
-        for slot in 0..self.assigned.len() as u32 {
+        for slot in 0..self.sequencer.slots() {
             let i = slot as usize;
-            if self.assigned[i].is_none() {
+            if self.sequencer.carried(slot).is_none() {
                 self.recovery.claims[i] = None;
                 continue;
             }
@@ -126,47 +136,40 @@ impl Daemon {
                  taken back and kept out of use until that loader exits or acknowledges, and its \
                  batch is made in another slot"
             );
-            if let Some(seq) = self.assigned[i].take() {
-                self.waiting.remove(&seq);
-                self.recovery.reissue.insert(seq);
-            }
-            self.recovery.quarantine[i] = Some(expired);
+            self.sequencer.quarantine(slot);
+            self.recovery.expired[i] = Some(expired);
         }
     }
 
     /// Hands quarantined slots out again once their old owner cannot write into them any more.
     fn release_quarantine(&mut self) {
-        for slot in 0..self.assigned.len() as u32 {
-            let Some(expired) = self.recovery.quarantine[slot as usize] else {
+        for slot in 0..self.sequencer.slots() {
+            let Some(expired) = self.recovery.expired[slot as usize] else {
                 continue;
             };
             if !self.ring.released_by(&expired) {
                 continue;
             }
-            self.recovery.quarantine[slot as usize] = None;
+            self.recovery.expired[slot as usize] = None;
             tracing::info!(ring = %self.cfg.ring.name, slot, loader = expired.owner,
                 "the hung loader exited or acknowledged: slot back in use");
-            self.hand_out(slot);
+            let next = self.sequencer.release(slot);
+            self.apply_hand_out(slot, next);
             self.ring.wake_loaders(1);
         }
-    }
-
-    /// Whether the daemon itself holds the slot (UPLOADING): an upload in flight, or a zero-copy
-    /// batch at the sink.
-    fn daemon_owns(&self, slot: u32) -> bool {
-        self.inflight.contains_key(&u64::from(slot)) || self.zero_copy_commits.contains_key(&slot)
     }
 
     /// Checks that every slot is in a state the daemon left it in (a buggy or hostile writer may
     /// have scribbled over descriptors) and repairs or fails per the policy.
     fn audit_slots(&mut self) -> Result<(), DaemonError> {
-        for slot in 0..self.assigned.len() as u32 {
-            let i = slot as usize;
-            if self.daemon_owns(slot) {
-                continue; // UPLOADING: the daemon's own; its word is rewritten on completion.
+        for slot in 0..self.sequencer.slots() {
+            if self.sequencer.is_held(slot) {
+                // UPLOADING (an upload in flight, or a zero-copy batch at the sink): the
+                // daemon's own; its word is rewritten on completion.
+                continue;
             }
             let view = self.ring.slot_view(slot);
-            let problem = match self.assigned[i] {
+            let problem = match self.sequencer.carried(slot) {
                 Some(seq) => match view.state {
                     Some(SlotState::Free) if view.seq != seq => Some(format!(
                         "FREE slot carries seq {} instead of {seq}",
@@ -191,7 +194,7 @@ impl Daemon {
             let what = format!(
                 "slot {slot}: descriptor corrupted by a writer outside the protocol: {what}"
             );
-            match self.assigned[i] {
+            match self.sequencer.carried(slot) {
                 Some(seq) => self.bad_batch(slot, seq, what)?,
                 None => {
                     if self.recovery.policy == BadBatchPolicy::Fail {
@@ -209,51 +212,41 @@ impl Daemon {
     /// upload can free a slot, a FREE or READY slot carrying a later seq (whose seq then waits
     /// instead: delivery order means the earliest seq must be made first).
     fn place_reissued(&mut self) {
-        if self.draining {
+        if self.sequencer.draining() {
             return;
         }
-        for slot in 0..self.assigned.len() as u32 {
-            if self.recovery.reissue.is_empty() {
+        for slot in 0..self.sequencer.slots() {
+            if !self.sequencer.reissue_pending() {
                 return;
             }
-            let i = slot as usize;
-            if self.assigned[i].is_none()
-                && !self.recovery.is_quarantined(slot)
-                && !self.daemon_owns(slot)
-            {
+            if self.sequencer.unused(slot) {
                 self.hand_out(slot);
                 self.ring.health().reissued.fetch_add(1, Relaxed);
                 self.ring.wake_loaders(1);
             }
         }
-        if !self.cfg.ring.in_order {
-            return;
-        }
-        while let Some(first) = self.recovery.first_reissue() {
-            // Later seqs, latest first; FREE slots cost nothing, READY ones a remade batch, so
-            // those only when no upload is in flight (an upload completing would free a slot).
-            let mut candidates: Vec<(u64, u32)> = self
-                .waiting
-                .range(first + 1..)
-                .rev()
-                .map(|(&s, &sl)| (s, sl))
-                .collect();
-            candidates.retain(|&(_, sl)| match self.ring.slot_view(sl).state {
-                Some(SlotState::Free) => true,
-                Some(SlotState::Ready) => {
-                    self.inflight.is_empty() && self.zero_copy_commits.is_empty()
-                }
-                _ => false,
-            });
-            let Some(&(later, slot)) = candidates.first() else {
+        loop {
+            // Later seqs, latest first (none unordered); FREE slots cost nothing, READY ones a
+            // remade batch, so those only when the daemon holds no slot (an upload completing
+            // would free one).
+            let any_held = self.sequencer.any_held();
+            let ring = &self.ring;
+            let pick = self
+                .sequencer
+                .swap_candidates()
+                .into_iter()
+                .find(|&(_, sl)| match ring.slot_view(sl).state {
+                    Some(SlotState::Free) => true,
+                    Some(SlotState::Ready) => !any_held,
+                    _ => false,
+                });
+            let Some((_later, slot)) = pick else {
                 return;
             };
             if self.ring.take_back(slot).is_none() {
                 return;
             }
-            self.waiting.remove(&later);
-            self.recovery.reissue.insert(later);
-            self.assigned[slot as usize] = None;
+            self.sequencer.swap_out(slot);
             self.hand_out(slot);
             self.ring.health().reissued.fetch_add(1, Relaxed);
             self.ring.wake_loaders(1);
@@ -288,13 +281,18 @@ impl Daemon {
                  retries a seq at most {MAX_BAD_PER_SEQ} times)"
             )));
         }
-        tracing::warn!(ring = %self.cfg.ring.name, slot, seq, "bad batch skipped, to be made again: {what}");
         self.ring.health().bad_batches_skipped.fetch_add(1, Relaxed);
         self.ring.reset_to_idle(slot);
-        self.assigned[slot as usize] = Some(seq);
-        self.waiting.insert(seq, slot);
-        self.ring.assign(slot, seq);
-        self.ring.wake_loaders(1);
+        match self.sequencer.remade(slot, seq) {
+            HandOut::Assign(seq) => {
+                tracing::warn!(ring = %self.cfg.ring.name, slot, seq, "bad batch skipped, to be made again: {what}");
+                self.ring.assign(slot, seq);
+                self.ring.wake_loaders(1);
+            }
+            HandOut::Park | HandOut::Quarantined => {
+                tracing::warn!(ring = %self.cfg.ring.name, slot, seq, "bad batch skipped; not made again: the daemon is draining and gave this seq up: {what}");
+            }
+        }
         Ok(())
     }
 }

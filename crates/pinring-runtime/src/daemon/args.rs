@@ -1,0 +1,61 @@
+//! The daemon's command line: [`DaemonArgs`] (clap) and the `--backend` parser.
+
+use crate::sink::SinkKind;
+use pinring_backend::BackendKind;
+use std::path::PathBuf;
+
+/// Daemon settings (from flags).
+#[derive(Debug, Clone, clap::Args)]
+pub struct DaemonArgs {
+    /// Config file (TOML). Without it, the built-in synthetic config.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Ring name (overrides ring.name).
+    #[arg(long, value_name = "NAME")]
+    pub ring: Option<String>,
+    /// GPU backend: cuda, host (ordinary memory), or auto (cuda when a driver and device exist).
+    #[arg(long, default_value = "auto", value_parser = parse_backend_kind)]
+    pub backend: BackendKind,
+    /// CUDA device ordinal.
+    #[arg(long, default_value_t = 0)]
+    pub device: usize,
+    /// What consumes uploaded batches.
+    #[arg(long, value_enum, default_value = "discard")]
+    pub sink: SinkKind,
+    /// Epochs to run (overrides plan.epochs).
+    #[arg(long)]
+    pub epochs: Option<u32>,
+    /// Deliver batches in any order (overrides ring.in_order = true).
+    #[arg(long)]
+    pub unordered: bool,
+    /// First seq to deliver (resume a run; the summary's resume_seq).
+    #[arg(long, default_value_t = 0)]
+    pub start_seq: u64,
+    /// Device buffers (uploads in flight plus batches held by the sink). Default: enough for
+    /// 64 MiB in flight, 4 to 64 buffers.
+    #[arg(long)]
+    pub upload_buffers: Option<usize>,
+    /// Write a JSON summary here at exit.
+    #[arg(long, value_name = "PATH")]
+    pub summary: Option<PathBuf>,
+    /// Replace whatever is at the ring's path unless a live daemon holds it: a file that is not
+    /// a ring, a ring of another layout version, a FIFO or a link. Without it only a stale ring
+    /// (its daemon gone) is replaced. Another user's file is never replaced.
+    #[arg(long)]
+    pub replace: bool,
+    /// Leave the ring's memory unregistered (pageable baseline).
+    #[arg(long, conflicts_with = "zero_copy")]
+    pub no_register: bool,
+    /// Zero-copy: register the ring with DEVICEMAP and let the sink's kernel read each batch in
+    /// its slot through the mapped device address (no upload); the slot is freed after the sink.
+    #[arg(long)]
+    pub zero_copy: bool,
+    /// Running as a service: metrics endpoint, log level.
+    #[command(flatten)]
+    pub service: crate::service::DaemonServiceArgs,
+}
+
+/// Parses `--backend`.
+pub fn parse_backend_kind(s: &str) -> Result<BackendKind, String> {
+    s.parse::<BackendKind>().map_err(|e| e.to_string())
+}

@@ -1,0 +1,260 @@
+//! The data path: take READY slots (in seq order, or any when unordered), check them against the
+//! daemon's own plan, submit their uploads, collect completions, feed the sink, and count what
+//! the sink delivered.
+
+use super::{Daemon, DaemonError};
+use crate::sink::{self, SinkDone, SinkJob, SinkKind};
+use crossbeam_channel::TryRecvError;
+use pinring_backend::UploadJob;
+use pinring_data::BatchMeta;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Instant;
+
+impl Daemon {
+    /// Upload completions: free the slot (next seq), pass the buffer to the sink.
+    pub(super) fn collect_completions(&mut self) -> Result<bool, DaemonError> {
+        let mut progressed = false;
+        // Loaders are woken once per pass, for all the slots it freed: one system call, not one
+        // per batch.
+        let mut freed = 0;
+        loop {
+            let c = match self.completions.try_recv() {
+                Ok(c) => c,
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) => {
+                    return Err(DaemonError::Internal {
+                        ring: self.cfg.ring.name.clone(),
+                        what: "the upload thread stopped".into(),
+                    })
+                }
+            };
+            progressed = true;
+            let slot = c.tag as u32;
+            let (seq, samples, len, commit_ns) =
+                self.inflight
+                    .remove(&c.tag)
+                    .ok_or_else(|| DaemonError::Internal {
+                        ring: self.cfg.ring.name.clone(),
+                        what: format!("completion for slot {slot} that had no upload in flight"),
+                    })?;
+            c.result?;
+            let upload_ns = c
+                .completed
+                .saturating_duration_since(c.submitted)
+                .as_nanos() as u64;
+            self.ring.header().upload_ns.fetch_add(upload_ns, Relaxed);
+            // When the batch was on the device, on the clock loaders stamp commits with.
+            let on_device_ns = pinring_ring::clock::monotonic_ns()
+                .saturating_sub(c.completed.elapsed().as_nanos() as u64);
+            self.record_latency(commit_ns, on_device_ns);
+            self.service
+                .upload_done(&self.ring, slot, upload_ns, commit_ns, on_device_ns);
+            // (D): the upload has finished reading the slot; hand it out again.
+            self.hand_out(slot);
+            freed += 1;
+            let job = SinkJob {
+                seq,
+                source: sink::Source::Buffer(c.buffer),
+                buffer: c.buffer,
+                len,
+                samples,
+            };
+            self.send_to_sink(job)?;
+        }
+        if freed > 0 {
+            self.ring.wake_loaders(freed);
+        }
+        Ok(progressed)
+    }
+
+    /// Hands a batch to the sink thread; the discard sink is done at once, here, which saves a
+    /// thread round trip per batch.
+    fn send_to_sink(&mut self, job: SinkJob) -> Result<(), DaemonError> {
+        self.sink_pending += 1;
+        if self.sink_kind == SinkKind::Discard {
+            let done = SinkDone {
+                seq: job.seq,
+                source: job.source,
+                done_ns: pinring_ring::clock::monotonic_ns(),
+                buffer: job.buffer,
+                verified: false,
+                failure: None,
+                busy_ns: 0,
+                samples: job.samples,
+            };
+            self.deliver(done);
+            return Ok(());
+        }
+        match &self.sink_tx {
+            Some(tx) => tx.send(job).map_err(|_| DaemonError::Internal {
+                ring: self.cfg.ring.name.clone(),
+                what: "the sink thread stopped".into(),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    pub(super) fn collect_sink_results(&mut self) -> bool {
+        let mut progressed = false;
+        while let Ok(done) = self.sink_rx.try_recv() {
+            progressed = true;
+            self.deliver(done);
+        }
+        progressed
+    }
+
+    /// A batch the sink is done with: its buffer (or zero-copy slot) is free again, and it
+    /// counts as delivered.
+    fn deliver(&mut self, done: SinkDone) {
+        {
+            self.sink_pending -= 1;
+            self.free_buffers.push(done.buffer);
+            if let sink::Source::Mapped { slot, .. } = done.source {
+                // Zero-copy: the sink's kernel has finished reading the slot; hand it out again.
+                if let Some(commit_ns) = self.zero_copy_commits.remove(&slot) {
+                    self.record_latency(commit_ns, done.done_ns);
+                }
+                self.hand_out(slot);
+                self.ring.wake_loaders(1);
+            }
+            self.sink_busy_ns += done.busy_ns;
+            let order_problem = self.sequencer.delivered(done.seq).err();
+            let problem = done.failure.or(order_problem.map(|p| p.to_string()));
+            if let Some(msg) = problem {
+                self.verify_failures += 1;
+                tracing::error!(ring = %self.cfg.ring.name, seq = done.seq, "{msg}");
+                self.first_failure.get_or_insert(msg);
+            } else if done.verified {
+                self.verified += 1;
+            }
+            self.last_delivery = Instant::now();
+            let h = self.ring.header();
+            h.delivered.fetch_add(1, Relaxed);
+            // The daemon's published resume point, for status; never read back.
+            h.next_deliver.store(self.sequencer.resume_seq(), Relaxed);
+            tracing::debug!(ring = %self.cfg.ring.name, seq = done.seq, "batch delivered");
+            let mut samples = done.samples;
+            samples.clear();
+            self.spare_samples.push(samples);
+        }
+    }
+
+    /// Takes READY slots (in seq order, or any when unordered) and starts their uploads.
+    pub(super) fn dispatch(&mut self) -> Result<bool, DaemonError> {
+        let mut progressed = false;
+        while !self.free_buffers.is_empty() {
+            // In order the sequencer offers at most the lowest seq not taken (none while an
+            // earlier seq waits for a slot); unordered, every waiting seq: take one that is READY.
+            let candidate = if self.cfg.ring.in_order {
+                self.sequencer.dispatchable().next()
+            } else {
+                let ring = &self.ring;
+                self.sequencer.dispatchable().find(|&(_, sl)| {
+                    ring.slot_view(sl).state == Some(pinring_ring::SlotState::Ready)
+                })
+            };
+            let Some((seq, slot)) = candidate else { break };
+            let taken = match self.ring.take_ready(slot, seq) {
+                Ok(Some(t)) => t,
+                Ok(None) => break,
+                Err(fault) => {
+                    self.bad_batch(slot, seq, fault.to_string())?;
+                    progressed = true;
+                    continue;
+                }
+            };
+            self.sequencer.taken(slot, seq);
+            let mut samples = self.spare_samples.pop().unwrap_or_default();
+            let (epoch, index_in_epoch) =
+                self.plan
+                    .batch_into(seq, &mut samples)
+                    .map_err(|e| DaemonError::Internal {
+                        ring: self.cfg.ring.name.clone(),
+                        what: format!("plan has no batch {seq}: {e}"),
+                    })?;
+            // The metadata is untrusted: decode with a bound, then compare with our own plan.
+            // Copied out of shared memory first: decoded in private memory only.
+            self.ring
+                .copy_out(slot, taken.meta_offset, taken.meta_len, &mut self.meta_buf);
+            let expected = pinring_data::BatchIndices {
+                seq,
+                epoch,
+                index_in_epoch,
+                samples,
+            };
+            let meta_ok = BatchMeta::decode(&self.meta_buf, self.cfg.meta_reserve_bytes() as usize)
+                .and_then(|m| m.validate_against(&expected, self.cfg.sample_bytes()));
+            if let Err(e) = meta_ok {
+                self.spare_samples.push(expected.samples);
+                self.bad_batch(
+                    slot,
+                    seq,
+                    format!("slot {slot}, seq {seq}: bad batch metadata: {e}"),
+                )?;
+                progressed = true;
+                continue;
+            }
+            let samples = expected.samples;
+            let expected_len = samples.len() as u64 * self.cfg.sample_bytes();
+            if taken.payload_len != expected_len {
+                let what = format!(
+                    "slot {slot}, seq {seq}: payload is {} bytes, the plan says {expected_len}",
+                    taken.payload_len
+                );
+                self.spare_samples.push(samples);
+                self.bad_batch(slot, seq, what)?;
+                progressed = true;
+                continue;
+            }
+            let buffer = self.free_buffers.pop().expect("checked non-empty");
+            let len = taken.payload_len as usize;
+            self.bytes += taken.payload_len;
+            self.ring
+                .header()
+                .bytes_delivered
+                .fetch_add(taken.payload_len, Relaxed);
+            self.ring
+                .desc(slot)
+                .upload_ns
+                .store(pinring_ring::clock::monotonic_ns(), Relaxed);
+            progressed = true;
+            if self.zero_copy {
+                // No upload: the sink reads the slot in place; the slot stays UPLOADING (owned
+                // by the daemon) until the sink reports back.
+                self.zero_copy_commits.insert(slot, taken.commit_ns);
+
+                let job = SinkJob {
+                    seq,
+                    source: sink::Source::Mapped {
+                        slot,
+                        ptr: sink::SlotPtr(self.ring.slot_ptr(slot)),
+                    },
+                    buffer,
+                    len,
+                    samples,
+                };
+                self.send_to_sink(job)?;
+                continue;
+            }
+            self.inflight
+                .insert(u64::from(slot), (seq, samples, len, taken.commit_ns));
+            let job = UploadJob {
+                tag: u64::from(slot),
+                src: self.ring.slot_ptr(slot),
+                len,
+                buffer,
+            };
+            // SAFETY: the slot is UPLOADING, owned by this loop: no loader may claim it until
+            // `hand_out` runs for it, which happens only after this job's completion arrives.
+            // The mapping outlives the uploader (the ring Arc is held by self and the sink's doorbell).
+            unsafe { self.uploader.submit(job) }?;
+        }
+        Ok(progressed)
+    }
+
+    fn record_latency(&mut self, commit_ns: u64, on_device_ns: u64) {
+        if commit_ns != 0 && on_device_ns >= commit_ns {
+            self.latencies.record_us((on_device_ns - commit_ns) / 1000);
+        }
+    }
+}

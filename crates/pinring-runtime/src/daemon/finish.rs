@@ -1,0 +1,183 @@
+//! The end of a run: close and unlink the ring, build the [`Summary`] (also for a daemon that
+//! failed at start), and judge it.
+
+use super::{Daemon, DaemonArgs, DaemonError, Outcome};
+use crate::sink::SinkKind;
+use crate::summary::{verdict, Summary};
+use pinring_data::Config;
+use pinring_ring::ring_state;
+use std::sync::atomic::Ordering::Relaxed;
+
+/// The outcome of a daemon that stopped before its ring was ready: a summary with what is known
+/// (the config when it loaded, else the flags), nothing delivered, and the error.
+pub fn failed_at_start(args: &DaemonArgs, cfg: Option<&Config>, error: DaemonError) -> Outcome {
+    let ring = match (cfg, &args.ring) {
+        (Some(c), _) => c.ring.name.clone(),
+        (None, Some(name)) => name.clone(),
+        (None, None) => String::new(),
+    };
+    let end_seq = cfg
+        .and_then(|c| c.plan().ok())
+        .map_or(0, |p| p.total_batches());
+    let summary = Summary {
+        ring,
+        backend: String::new(),
+        backend_reason: format!("not started (--backend {})", args.backend),
+        sink: args.sink.name().into(),
+        in_order: cfg.map_or(!args.unordered, |c| c.ring.in_order),
+        start_seq: args.start_seq,
+        end_seq,
+        missing: end_seq.saturating_sub(args.start_seq),
+        resume_seq: args.start_seq,
+        bound: "none".into(),
+        zero_copy: args.zero_copy,
+        ..Default::default()
+    };
+    Outcome {
+        summary,
+        started: false,
+        result: Err(error),
+    }
+}
+
+impl Daemon {
+    pub(super) fn finish(&mut self, result: &Result<(), DaemonError>) -> Summary {
+        self.service.stopping("run finished: closing the ring");
+        // The last resume point the daemon publishes: what a status of the closed ring shows.
+        self.ring
+            .header()
+            .next_deliver
+            .store(self.sequencer.resume_seq(), Relaxed);
+        self.ring.set_state(ring_state::CLOSED);
+        if let Err(e) = self.ring.unlink() {
+            tracing::warn!("{e}");
+        }
+        // Stop the sink (joined below); the uploader's own thread stops when the last Arc is
+        // dropped with the Daemon.
+        self.sink_tx = None;
+        let h = self.ring.header();
+        let seconds = self
+            .last_delivery
+            .saturating_duration_since(self.started)
+            .as_secs_f64();
+        // Where to resume comes from the daemon's own books, never from the header (any process
+        // that maps the ring can write `next_deliver`).
+        let s = &self.sequencer;
+        let loader_wait = h.loader_wait_ns.load(Relaxed) as f64 / 1e9;
+        let loader_busy = h.loader_busy_ns.load(Relaxed) as f64 / 1e9;
+        let daemon_wait = self.daemon_wait_ns as f64 / 1e9;
+        let sink_busy = self.sink_busy_ns as f64 / 1e9;
+        let mut summary = Summary {
+            ring: self.cfg.ring.name.clone(),
+            backend: self.backend_name.clone(),
+            backend_reason: self.backend_reason.clone(),
+            sink: self.sink_kind.name().into(),
+            in_order: self.cfg.ring.in_order,
+            start_seq: s.start(),
+            end_seq: s.end(),
+            batches_delivered: s.deliveries(),
+            batches_verified: self.verified,
+            verify_failures: self.verify_failures,
+            duplicates: s.duplicates(),
+            out_of_order: s.out_of_order(),
+            missing: s.missing(),
+            bytes: self.bytes,
+            seconds,
+            gbps: if seconds > 0.0 {
+                self.bytes as f64 / seconds / 1e9
+            } else {
+                0.0
+            },
+            last_delivered_seq: s.highest_delivered(),
+            resume_seq: s.resume_seq(),
+            delivered_past_resume: s.delivered_past_resume(),
+            reclaimed: h.reclaimed.load(Relaxed),
+            rejected: h.rejected.load(Relaxed),
+            leases_expired: self.ring.health().leases_expired.load(Relaxed),
+            bad_batches_skipped: self.ring.health().bad_batches_skipped.load(Relaxed),
+            reissued: self.ring.health().reissued.load(Relaxed),
+            corrupt_descriptors: self.ring.health().corrupt_descriptors.load(Relaxed),
+            registration_seconds: self.registration.as_ref().map_or(0.0, |r| r.seconds()),
+            daemon_wait_seconds: daemon_wait,
+            loader_wait_seconds: loader_wait,
+            loader_busy_seconds: loader_busy,
+            sink_busy_seconds: sink_busy,
+            bound: verdict(seconds, daemon_wait, loader_wait, loader_busy, sink_busy).into(),
+            interrupted: self.interrupted,
+            zero_copy: self.zero_copy,
+            registered: self.registration.is_some(),
+            latency_p50_us: self.latencies.quantile_us(0.50),
+            latency_p99_us: self.latencies.quantile_us(0.99),
+            daemon_cpu_seconds: (cpu_seconds() - self.cpu_at_ready).max(0.0),
+            thread_cpu_seconds: thread_cpu_seconds(),
+            error: result.as_ref().err().map(|e| e.to_string()),
+            exit_code: 0,
+        };
+        if let Some(t) = self.sink_thread.take() {
+            let _ = t.join();
+        }
+        summary.exit_code = match result {
+            Err(e) => e.exit().code(),
+            Ok(()) => 0,
+        };
+        summary
+    }
+}
+
+/// CPU seconds (user + system) this process has used so far.
+pub(super) fn cpu_seconds() -> f64 {
+    use nix::sys::resource::{getrusage, UsageWho};
+    match getrusage(UsageWho::RUSAGE_SELF) {
+        Ok(u) => {
+            let t = |tv: nix::sys::time::TimeVal| tv.tv_sec() as f64 + tv.tv_usec() as f64 / 1e6;
+            t(u.user_time()) + t(u.system_time())
+        }
+        Err(_) => 0.0,
+    }
+}
+
+/// CPU seconds (user + system) of each thread of this process, by thread name, from
+/// /proc/self/task: where the daemon's CPU goes (its own threads and the GPU driver's).
+fn thread_cpu_seconds() -> std::collections::BTreeMap<String, f64> {
+    let mut out = std::collections::BTreeMap::new();
+    let ticks = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .unwrap_or(100) as f64;
+    let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
+        return out;
+    };
+    for entry in dir.flatten() {
+        let Some(stat) = std::fs::read_to_string(entry.path().join("stat"))
+            .ok()
+            .and_then(|text| pinring_ring::process::parse_stat(&text))
+        else {
+            continue;
+        };
+        *out.entry(stat.comm).or_insert(0.0) += (stat.utime + stat.stime) as f64 / ticks;
+    }
+    out
+}
+
+/// Turns a finished run into the final result: a verification problem found in the summary is an
+/// error even if the loop itself ended cleanly.
+pub fn judge(summary: &Summary, sink: SinkKind) -> Result<(), DaemonError> {
+    let failed = summary.verify_failures > 0
+        || summary.duplicates > 0
+        || summary.out_of_order > 0
+        || (sink == SinkKind::Verify && !summary.interrupted && summary.missing > 0);
+    if failed {
+        return Err(DaemonError::Verify {
+            ring: summary.ring.clone(),
+            first: summary
+                .error
+                .clone()
+                .unwrap_or_else(|| "see the log for each failed batch".into()),
+            failures: summary.verify_failures,
+            duplicates: summary.duplicates,
+            out_of_order: summary.out_of_order,
+            missing: summary.missing,
+        });
+    }
+    Ok(())
+}

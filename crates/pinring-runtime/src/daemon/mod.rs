@@ -1,0 +1,304 @@
+//! The GPU daemon: creates the ring, registers it with the backend, hands out seqs, uploads
+//! committed batches (in seq order by default), frees slots, feeds the sink, takes slots back
+//! from dead loaders, and drains cleanly on SIGTERM/SIGINT.
+//!
+//! Threads: the main loop (this module), the backend's upload/completion thread (which rings the
+//! doorbell after sending completions), and the sink thread (verify, compute). The main loop owns
+//! every slot transition the daemon makes, so the protocol needs no locks.
+//!
+//! Files: `args.rs` (the command line), `start.rs` (ring, registration, upload engine, sink
+//! thread), `sequencer.rs` (the books of seqs and slots, no I/O), `dispatch.rs` (taking READY slots, uploads, completions, the sink), `recovery.rs`
+//! (dead and hung loaders, quarantine, re-issue, bad batches, the descriptor audit), `finish.rs`
+//! (the summary and its verdict); this module holds the error type, the daemon's state and its
+//! main loop.
+
+use crate::exit::Exit;
+use crate::settings::{self, Overrides};
+use crate::shutdown::Shutdown;
+use crate::sink::{SinkDone, SinkJob, SinkKind};
+use crate::summary::Summary;
+use crossbeam_channel::Receiver;
+use pinring_backend::{Completion, Uploader};
+use pinring_data::{Config, Plan};
+use pinring_ring::{ring_state, Ring, RingError};
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering::{Acquire, Relaxed};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+mod args;
+mod dispatch;
+mod finish;
+mod recovery;
+mod sequencer;
+mod start;
+
+pub use args::{parse_backend_kind, DaemonArgs};
+use finish::cpu_seconds;
+pub use finish::{failed_at_start, judge};
+use sequencer::{HandOut, Sequencer};
+
+/// How long a drain may take before the daemon closes the ring anyway.
+pub const DRAIN_DEADLINE: Duration = Duration::from_millis(1500);
+/// Longest single futex wait of the main loop.
+const MAX_WAIT: Duration = Duration::from_millis(100);
+
+/// Why the daemon stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    /// Bad config.
+    #[error(transparent)]
+    Config(#[from] pinring_data::ConfigError),
+    /// Bad plan parameters.
+    #[error("config {source_name}: {source}")]
+    Plan {
+        /// Config source.
+        source_name: String,
+        /// The plan error.
+        #[source]
+        source: pinring_data::PlanError,
+    },
+    /// `--start-seq` lies past the end of the plan.
+    #[error("ring {ring:?}: --start-seq {start_seq} is past the end of the plan ({end_seq} batches, seqs 0 to {last}, from {source_name}); pass a --start-seq of at most {end_seq} (a summary's resume_seq), or run more epochs (--epochs)", last = .end_seq.saturating_sub(1))]
+    StartSeq {
+        /// Ring name.
+        ring: String,
+        /// The flag's value.
+        start_seq: u64,
+        /// One past the plan's last seq.
+        end_seq: u64,
+        /// Config source.
+        source_name: String,
+    },
+    /// Ring error.
+    #[error(transparent)]
+    Ring(#[from] RingError),
+    /// Backend error.
+    #[error(transparent)]
+    Backend(#[from] pinring_backend::BackendError),
+    /// A slot held something the daemon must not upload.
+    #[error("ring {ring:?}: {what}; stopping (run with a fixed loader, or report the bug)")]
+    BadBatch {
+        /// Ring name.
+        ring: String,
+        /// What was wrong.
+        what: String,
+    },
+    /// Verification failed.
+    #[error("ring {ring:?}: verification failed: {first} ({failures} batches failed, {duplicates} duplicates, {out_of_order} out of order, {missing} missing)")]
+    Verify {
+        /// Ring name.
+        ring: String,
+        /// First failure message.
+        first: String,
+        /// Failures.
+        failures: u64,
+        /// Duplicates.
+        duplicates: u64,
+        /// Out of order.
+        out_of_order: u64,
+        /// Missing.
+        missing: u64,
+    },
+    /// The service layer (metrics endpoint) could not start.
+    #[error("ring {ring:?}: {source}")]
+    Service {
+        /// Ring name.
+        ring: String,
+        /// The error.
+        #[source]
+        source: crate::service::ServiceError,
+    },
+    /// A daemon thread died.
+    #[error("ring {ring:?}: internal error: {what}")]
+    Internal {
+        /// Ring name.
+        ring: String,
+        /// What happened.
+        what: String,
+    },
+}
+
+impl DaemonError {
+    /// The exit code for this error.
+    pub fn exit(&self) -> Exit {
+        match self {
+            DaemonError::Config(_) | DaemonError::Plan { .. } => Exit::Config,
+            DaemonError::StartSeq { .. } => Exit::Usage,
+            DaemonError::Ring(RingError::UnknownGroup { .. }) => Exit::Config,
+            DaemonError::Service { .. } => Exit::Config,
+            DaemonError::Ring(_) | DaemonError::BadBatch { .. } => Exit::Ring,
+            DaemonError::Backend(_) => Exit::Backend,
+            DaemonError::Verify { .. } => Exit::Verify,
+            DaemonError::Internal { .. } => Exit::Internal,
+        }
+    }
+}
+
+/// How a daemon run ended: always with a summary (for `--summary`), and the error, if any.
+#[derive(Debug)]
+pub struct Outcome {
+    /// What the run did; for a start-up failure, what was known (ring, sink, seqs), zero
+    /// counters, `bound` "none". `error` and `exit_code` are filled by [`crate::main_daemon`].
+    pub summary: Summary,
+    /// Whether the ring was made and the main loop ran (false: start-up failed).
+    pub started: bool,
+    /// The error that ended the run.
+    pub result: Result<(), DaemonError>,
+}
+
+/// Runs the daemon to completion.
+pub fn run(args: &DaemonArgs, shutdown: &Shutdown) -> Outcome {
+    let overrides = Overrides {
+        ring: args.ring.clone(),
+        epochs: args.epochs,
+        unordered: args.unordered,
+    };
+    let cfg = match settings::load(args.config.as_deref(), &overrides) {
+        Ok(c) => c,
+        Err(e) => return failed_at_start(args, None, e.into()),
+    };
+    match Daemon::start(args, cfg.clone()) {
+        Ok(mut d) => {
+            let result = d.main_loop(shutdown);
+            let summary = d.finish(&result);
+            Outcome {
+                summary,
+                started: true,
+                result,
+            }
+        }
+        Err(e) => failed_at_start(args, Some(&cfg), e),
+    }
+}
+
+struct Daemon {
+    // Fields drop top to bottom, and these three must go in this order: the upload engine first
+    // (its drop waits for copies still running), then the registration (unregistering memory no
+    // copy reads any more), then this handle on the ring's mapping.
+    uploader: Arc<dyn Uploader>,
+    /// The ring's registration with the backend (None: --no-register).
+    registration: Option<pinring_backend::Registration>,
+    ring: Arc<Ring>,
+    cfg: Config,
+    sink_kind: SinkKind,
+    backend_name: String,
+    backend_reason: String,
+    plan: Plan,
+    service: crate::service::DaemonService,
+    completions: Receiver<Completion>,
+    sink_tx: Option<crossbeam_channel::Sender<SinkJob>>,
+    sink_rx: Receiver<SinkDone>,
+    sink_thread: Option<std::thread::JoinHandle<()>>,
+    // Protocol state, owned by the main loop.
+    /// Which seq each slot carries, what comes next, what was delivered (daemon/sequencer.rs).
+    sequencer: Sequencer,
+    /// Uploads in flight: tag (slot) -> (seq, sample ids, length, commit time).
+    inflight: BTreeMap<u64, (u64, Vec<u64>, usize, u64)>,
+    /// Commit time of each zero-copy batch at the sink, by slot.
+    zero_copy_commits: BTreeMap<u32, u64>,
+    zero_copy: bool,
+    /// Commit-to-on-device latencies (bounded memory, however long the daemon runs).
+    latencies: crate::histogram::Quantiles,
+    free_buffers: Vec<usize>,
+    sink_pending: usize,
+    // Results.
+    started: Instant,
+    /// CPU seconds used before the ring was ready (start-up, registration).
+    cpu_at_ready: f64,
+    last_delivery: Instant,
+    verified: u64,
+    verify_failures: u64,
+    first_failure: Option<String>,
+    bytes: u64,
+    sink_busy_ns: u64,
+    daemon_wait_ns: u64,
+    interrupted: bool,
+    spare_samples: Vec<Vec<u64>>,
+    /// A taken batch's metadata, copied out of its slot before it is decoded.
+    meta_buf: Vec<u8>,
+    // Fault handling (daemon/recovery.rs).
+    /// How often dead/hung loaders and the segment file are checked (`daemon.reap_interval_ms`).
+    reap_every: Duration,
+    recovery: recovery::Recovery,
+}
+
+impl Daemon {
+    /// Gives `slot` its next seq (a seq that lost its slot first), or parks it when the plan is
+    /// handed out or the daemon drains. A quarantined slot stays out of use.
+    fn hand_out(&mut self, slot: u32) {
+        let next = self.sequencer.hand_out(slot);
+        self.apply_hand_out(slot, next);
+    }
+
+    /// Does in the ring what the sequencer answered for `slot`.
+    fn apply_hand_out(&mut self, slot: u32, next: HandOut) {
+        match next {
+            HandOut::Assign(seq) => {
+                self.ring
+                    .header()
+                    .next_assign
+                    .store(self.sequencer.next_assign(), Relaxed);
+                self.ring.assign(slot, seq);
+            }
+            HandOut::Park => self.ring.park(slot),
+            HandOut::Quarantined => {}
+        }
+    }
+
+    fn main_loop(&mut self, shutdown: &Shutdown) -> Result<(), DaemonError> {
+        let mut last_reap = Instant::now();
+        let mut drain_deadline: Option<Instant> = None;
+        loop {
+            // Acquire: pairs with the Release bump of whoever rings (loader commit, completion thread, sink),
+            // so a ring after this load is never lost: the wait below returns at once.
+            let seen = self.ring.header().doorbell_futex.load(Acquire);
+            self.service.tick(&self.ring);
+            let mut progressed = self.collect_completions()?;
+            progressed |= self.collect_sink_results();
+            progressed |= self.dispatch()?;
+
+            if self.sequencer.complete() && self.inflight.is_empty() && self.sink_pending == 0 {
+                return Ok(());
+            }
+            if shutdown.requested() && drain_deadline.is_none() {
+                tracing::info!(ring = %self.cfg.ring.name, "stop requested: draining");
+                self.service.stopping("stop requested: draining");
+                self.interrupted = true;
+                drain_deadline = Some(Instant::now() + DRAIN_DEADLINE);
+                self.ring.set_state(ring_state::DRAINING);
+                // FREE slots are taken back (no new claim lands); their seqs are given up.
+                let taken_back: Vec<u32> = (0..self.sequencer.slots())
+                    .filter(|&slot| self.ring.unassign_if_free(slot))
+                    .collect();
+                self.sequencer.drain(&taken_back);
+            }
+            if let Some(deadline) = drain_deadline {
+                let nothing_in_flight = self.inflight.is_empty() && self.sink_pending == 0;
+                if nothing_in_flight
+                    && (!self.sequencer.any_waiting() || Instant::now() >= deadline)
+                {
+                    return Ok(());
+                }
+            }
+            if last_reap.elapsed() >= self.reap_every {
+                last_reap = Instant::now();
+                self.reap()?;
+            }
+            if !progressed {
+                let could_upload = !self.free_buffers.is_empty() && self.sequencer.any_waiting();
+                let mut wait = MAX_WAIT;
+                if let Some(deadline) = drain_deadline {
+                    wait = wait.min(deadline.saturating_duration_since(Instant::now()));
+                }
+                let t = Instant::now();
+                self.ring.wait_doorbell(seen, wait);
+                if could_upload {
+                    let ns = t.elapsed().as_nanos() as u64;
+                    self.daemon_wait_ns += ns;
+                    self.ring.header().daemon_wait_ns.fetch_add(ns, Relaxed);
+                }
+            }
+        }
+    }
+}

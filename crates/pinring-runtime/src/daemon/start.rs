@@ -1,0 +1,187 @@
+//! Start-up: load the plan, create and register the ring, start the upload engine and the sink
+//! thread, hand every slot its first seq, and set the ring READY.
+
+use super::{cpu_seconds, recovery, Daemon, DaemonArgs, DaemonError, Sequencer};
+use crate::ring_wake::Doorbell;
+use crate::sink;
+use crossbeam_channel::unbounded;
+use pinring_backend::Uploader;
+use pinring_data::Config;
+use pinring_ring::{ring_state, CreateOptions, Ring};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+impl Daemon {
+    pub(super) fn start(args: &DaemonArgs, cfg: Config) -> Result<Daemon, DaemonError> {
+        let plan_err = |source| DaemonError::Plan {
+            source_name: cfg.source.clone(),
+            source,
+        };
+        let plan = cfg.plan().map_err(plan_err)?;
+        let end_seq = plan.total_batches();
+        if args.start_seq > end_seq {
+            return Err(DaemonError::StartSeq {
+                ring: cfg.ring.name.clone(),
+                start_seq: args.start_seq,
+                end_seq,
+                source_name: cfg.source.clone(),
+            });
+        }
+        let service =
+            crate::service::DaemonService::start(&args.service, &cfg.ring.name, cfg.ring_bytes())
+                .map_err(|source| DaemonError::Service {
+                ring: cfg.ring.name.clone(),
+                source,
+            })?;
+        for w in crate::host_memory::HostMemory::read().ring_warnings(
+            &cfg.ring.name,
+            cfg.ring.slots,
+            cfg.slot_bytes(),
+        ) {
+            tracing::warn!("{w}");
+        }
+        let selected = pinring_backend::select(args.backend, args.device)?;
+        tracing::info!(backend = selected.backend.name(), reason = %selected.reason, "backend selected");
+        let ring = Arc::new(Ring::create(&CreateOptions {
+            name: cfg.ring.name.clone(),
+            slots: cfg.ring.slots,
+            slot_bytes: cfg.slot_bytes(),
+            mode: cfg.ring.mode.bits(),
+            group: cfg.ring.group.clone(),
+            fingerprint: cfg.fingerprint(),
+            start_seq: args.start_seq,
+            end_seq,
+            in_order: cfg.ring.in_order,
+            replace: args.replace,
+        })?);
+        let registration = if args.no_register {
+            None
+        } else {
+            // SAFETY: the data area is a live shared mapping owned by `ring`, which outlives the
+            // guard: here the guard drops first (declared later), and in `Daemon` the field
+            // order drops the registration before the ring.
+            let reg = unsafe {
+                selected
+                    .backend
+                    .register(ring.data_base(), ring.data_len(), args.zero_copy)
+            };
+            match reg {
+                Ok(r) => Some(r),
+                Err(e) => {
+                    let _ = ring.unlink();
+                    return Err(e.into());
+                }
+            }
+        };
+        let registration_seconds = registration.as_ref().map_or(0.0, |r| r.seconds());
+        if let Some(r) = &registration {
+            tracing::info!(ring = %cfg.ring.name, bytes = r.bytes(), seconds = r.seconds(), registered = r.registered(), "ring memory registered");
+        }
+        // Enough buffers to keep the copy engine busy while completions travel back: with small
+        // slots, a handful of uploads in flight drain faster than a completion round trip.
+        let buffers = args
+            .upload_buffers
+            .unwrap_or_else(|| (64u64 << 20).div_ceil(cfg.slot_bytes()).clamp(4, 64) as usize)
+            .clamp(1, 256);
+        let uploader: Arc<dyn Uploader> = match selected
+            .backend
+            .uploader(buffers, cfg.slot_bytes() as usize)
+        {
+            Ok(u) => Arc::from(u),
+            Err(e) => {
+                let _ = ring.unlink();
+                return Err(e.into());
+            }
+        };
+        let doorbell = Doorbell::new(Arc::clone(&ring));
+        // The upload engine's completion thread rings the doorbell itself after sending
+        // completions, so the main loop sleeps on one futex word for everything.
+        let completions = uploader.completions().clone();
+        {
+            let bell = doorbell.clone();
+            uploader.set_completion_hook(Arc::new(move || bell.ring()));
+        }
+        let (sink_tx, sink_jobs) = unbounded();
+        let (sink_done_tx, sink_rx) = unbounded();
+        let sink_thread = {
+            let up = Arc::clone(&uploader);
+            let synth = cfg.synthetic();
+            let kind = args.sink;
+            let bell = doorbell.clone();
+            std::thread::Builder::new()
+                .name("sink".into())
+                .spawn(move || sink::run(kind, up, synth, sink_jobs, sink_done_tx, bell))
+                .map_err(|e| DaemonError::Internal {
+                    ring: cfg.ring.name.clone(),
+                    what: format!("cannot start the sink thread: {e}"),
+                })?
+        };
+        let slots = cfg.ring.slots as usize;
+        let now = Instant::now();
+        let mut d = Daemon {
+            sink_kind: args.sink,
+            backend_name: selected.backend.name().to_string(),
+            backend_reason: selected.reason.clone(),
+            plan,
+            uploader,
+            service,
+            registration,
+            completions,
+            sink_tx: Some(sink_tx),
+            sink_rx,
+            sink_thread: Some(sink_thread),
+            sequencer: Sequencer::new(slots, args.start_seq, end_seq, cfg.ring.in_order),
+            inflight: BTreeMap::new(),
+            zero_copy_commits: BTreeMap::new(),
+            zero_copy: args.zero_copy,
+            latencies: crate::histogram::Quantiles::default(),
+            free_buffers: (0..buffers).rev().collect(),
+            sink_pending: 0,
+            started: now,
+            cpu_at_ready: 0.0,
+            last_delivery: now,
+            verified: 0,
+            verify_failures: 0,
+            first_failure: None,
+            bytes: 0,
+            sink_busy_ns: 0,
+            daemon_wait_ns: 0,
+            interrupted: false,
+            spare_samples: Vec::new(),
+            meta_buf: Vec::new(),
+            reap_every: Duration::from_millis(cfg.daemon.reap_interval_ms),
+            recovery: recovery::Recovery::new(
+                slots,
+                Duration::from_millis(cfg.daemon.lease_ms),
+                cfg.daemon.on_bad_batch,
+            ),
+            ring,
+            cfg,
+        };
+        for slot in 0..slots as u32 {
+            d.hand_out(slot);
+        }
+        d.started = Instant::now();
+        d.cpu_at_ready = cpu_seconds();
+        d.ring.set_state(ring_state::READY);
+        tracing::info!(
+            ring = %d.cfg.ring.name,
+            path = %pinring_ring::object_path(&d.cfg.ring.name).display(),
+            slots = slots,
+            slot_bytes = d.cfg.slot_bytes(),
+            batches = end_seq - args.start_seq,
+            in_order = d.cfg.ring.in_order,
+            sink = d.sink_kind.name(),
+            "ring ready"
+        );
+        if let Err(source) = d.service.ready(&d.ring, registration_seconds) {
+            let _ = d.ring.unlink();
+            return Err(DaemonError::Service {
+                ring: d.cfg.ring.name.clone(),
+                source,
+            });
+        }
+        Ok(d)
+    }
+}
