@@ -457,8 +457,11 @@ impl Default for Config {
     }
 }
 
+/// Rounds up to a multiple of `align` (a power of two), saturating: the segment layout's
+/// [`pinring_ring::layout::align_up`], with overflow pinned at the top (the caller compares the
+/// result with a limit, which a saturated value fails).
 fn round_up(v: u64, align: u64) -> u64 {
-    v.div_ceil(align).saturating_mul(align)
+    pinring_ring::layout::align_up(v, align).unwrap_or(u64::MAX)
 }
 
 impl Config {
@@ -507,11 +510,8 @@ impl Config {
     /// Checks every value range; call again after applying overrides.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let r = &self.ring;
-        let name_ok = (1..=64).contains(&r.name.len())
-            && r.name
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
-        if !name_ok {
+        // The one rule for ring names, shared with the segment code.
+        if pinring_ring::segment::validate_name(&r.name).is_err() {
             return Err(self.invalid(
                 "ring.name",
                 format!("{:?}", r.name),
