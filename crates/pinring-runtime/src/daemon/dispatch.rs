@@ -243,6 +243,7 @@ impl Daemon {
                 src: self.ring.slot_ptr(slot),
                 len,
                 buffer,
+                dst_offset: 0,
             };
             // SAFETY: the slot is UPLOADING, owned by this loop: no loader may claim it until
             // `hand_out` runs for it, which happens only after this job's completion arrives.
