@@ -457,6 +457,19 @@ impl Default for Config {
     }
 }
 
+/// How a batch is cut into parts, one part per ring slot (see [`crate::plan`]): the seq → samples
+/// mapping and the slot size. Part of the fingerprint through `samples_per_part` and the slot
+/// size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PartLayout {
+    /// Samples in each part (`batch_size` when a whole batch fits one slot).
+    pub samples_per_part: u32,
+    /// Parts per batch (`ceil(batch_size / samples_per_part)`).
+    pub parts_per_batch: u32,
+    /// Bytes per slot.
+    pub slot_bytes: u64,
+}
+
 /// Rounds up to a multiple of `align` (a power of two), saturating: the segment layout's
 /// [`pinring_ring::layout::align_up`], with overflow pinned at the top (the caller compares the
 /// result with a limit, which a saturated value fails).
@@ -639,7 +652,7 @@ impl Config {
     fn validate_geometry(&self) -> Result<(), ConfigError> {
         let min = self.min_slot_bytes();
         let payload = self.batch_payload_bytes_max();
-        let meta = self.meta_reserve_bytes();
+        let meta = self.meta_reserve_for(u64::from(self.plan.batch_size));
         if round_up(min, SLOT_ALIGN) > MAX_SLOT_BYTES {
             let allowed = match self.max_batch_in_a_slot() {
                 0 => format!(
@@ -707,6 +720,9 @@ impl Config {
                 ));
             }
         }
+        // A batch that spans slots is cut into parts by the plan; until the loaders make parts
+        // and the daemon assembles them, a slot must hold a whole batch (checked above).
+        debug_assert_eq!(self.parts_per_batch(), 1);
         if pinring_ring::Geometry::new(self.ring.slots, self.slot_bytes()).is_none() {
             return Err(self.invalid(
                 "ring.slot_bytes",
@@ -724,15 +740,37 @@ impl Config {
     /// The largest batch size (up to `plan.batch_size`) whose payload and metadata fit the
     /// largest slot; 0 if not even one sample does.
     fn max_batch_in_a_slot(&self) -> u32 {
-        let dims = self.dataset.sample_shape.len() as u64;
+        self.max_samples_in(MAX_SLOT_BYTES)
+    }
+
+    /// Metadata reserve for a part of `samples` samples: an upper bound of its encoded
+    /// [`crate::BatchMeta`], rounded up to [`META_RESERVE_ALIGN`].
+    fn meta_reserve_for(&self, samples: u64) -> u64 {
+        round_up(
+            max_encoded_len(samples, self.dataset.sample_shape.len() as u64),
+            META_RESERVE_ALIGN,
+        )
+    }
+
+    /// Bytes a slot needs for `samples` samples and their metadata reserve.
+    fn part_need(&self, samples: u32) -> u64 {
+        u64::from(samples)
+            .saturating_mul(self.sample_bytes())
+            .saturating_add(self.meta_reserve_for(u64::from(samples)))
+    }
+
+    /// The most samples (up to `plan.batch_size`) that fit, with their metadata reserve, in a
+    /// slot of `slot_bytes` (an aligned size); 0 if not even one does.
+    fn max_samples_in(&self, slot_bytes: u64) -> u32 {
         let fits = |b: u32| {
-            let need = u64::from(b)
-                .saturating_mul(self.sample_bytes())
-                .saturating_add(round_up(
-                    max_encoded_len(u64::from(b), dims),
-                    META_RESERVE_ALIGN,
-                ));
-            round_up(need, SLOT_ALIGN) <= MAX_SLOT_BYTES
+            let need = self.part_need(b);
+            need <= slot_bytes
+                && pinring_ring::fit_in_slot(
+                    u64::from(b).saturating_mul(self.sample_bytes()),
+                    self.meta_reserve_for(u64::from(b)),
+                    slot_bytes,
+                )
+                .is_some()
         };
         // Largest b in 0..=batch_size with fits(b); fits is monotonic and fits(0) holds.
         let (mut lo, mut hi) = (0u32, self.plan.batch_size);
@@ -766,31 +804,67 @@ impl Config {
         u64::from(self.plan.batch_size).saturating_mul(self.sample_bytes())
     }
 
-    /// Space reserved in each slot for the encoded [`crate::BatchMeta`]: an
-    /// upper bound for a full batch, rounded up to 64 bytes.
+    /// Space reserved in each slot for the encoded [`crate::BatchMeta`] of one part: an upper
+    /// bound for a full part ([`Config::part_layout`]), rounded up to 64 bytes.
     pub fn meta_reserve_bytes(&self) -> u64 {
-        round_up(
-            max_encoded_len(
-                u64::from(self.plan.batch_size),
-                self.dataset.sample_shape.len() as u64,
-            ),
-            META_RESERVE_ALIGN,
-        )
+        self.meta_reserve_for(u64::from(self.part_layout().samples_per_part))
     }
 
-    /// Smallest allowed slot (payload + metadata reserve).
+    /// Smallest slot that holds a whole batch (payload + metadata reserve of a full batch).
     pub fn min_slot_bytes(&self) -> u64 {
-        self.batch_payload_bytes_max()
-            .saturating_add(self.meta_reserve_bytes())
+        self.part_need(self.plan.batch_size)
     }
 
-    /// Bytes per slot: explicit, or for `"auto"` the minimum rounded up to
-    /// [`SLOT_ALIGN`].
-    pub fn slot_bytes(&self) -> u64 {
-        match self.ring.slot_bytes {
-            SlotBytes::Auto => round_up(self.min_slot_bytes(), SLOT_ALIGN),
+    /// How batches are cut into parts, one part per slot.
+    ///
+    /// The slot holds as many samples as fit with their metadata reserve: all of the batch with
+    /// `"auto"` unless that is more than the largest slot ([`MAX_SLOT_BYTES`]), or as many as fit
+    /// an explicit `ring.slot_bytes`. With `P = ceil(batch_size / that)` parts per batch, each
+    /// part gets `ceil(batch_size / P)` samples, so the parts of a batch are as even as whole
+    /// samples allow. `"auto"` then sizes the slot for one such part (rounded up to
+    /// [`SLOT_ALIGN`]); with a whole batch per slot that is today's `"auto"`, bit for bit.
+    /// A config where not even one sample fits a slot is refused by [`Config::validate`]; here
+    /// it gives one sample per part.
+    pub fn part_layout(&self) -> PartLayout {
+        let bs = self.plan.batch_size.max(1);
+        let room = match self.ring.slot_bytes {
+            SlotBytes::Auto => MAX_SLOT_BYTES,
             SlotBytes::Fixed(b) => b.0,
+        };
+        let most = self.max_samples_in(room).max(1);
+        let parts = bs.div_ceil(most);
+        let samples_per_part = bs.div_ceil(parts);
+        let slot_bytes = match self.ring.slot_bytes {
+            SlotBytes::Auto => round_up(self.part_need(samples_per_part), SLOT_ALIGN),
+            SlotBytes::Fixed(b) => b.0,
+        };
+        PartLayout {
+            samples_per_part,
+            parts_per_batch: parts,
+            slot_bytes,
         }
+    }
+
+    /// Samples in each part of a batch ([`Config::part_layout`]).
+    pub fn samples_per_part(&self) -> u32 {
+        self.part_layout().samples_per_part
+    }
+
+    /// Parts (slots) per batch ([`Config::part_layout`]).
+    pub fn parts_per_batch(&self) -> u32 {
+        self.part_layout().parts_per_batch
+    }
+
+    /// Payload bytes of a full part (`samples_per_part * sample_bytes`).
+    pub fn part_payload_bytes_max(&self) -> u64 {
+        u64::from(self.samples_per_part()).saturating_mul(self.sample_bytes())
+    }
+
+    /// Bytes per slot: explicit, or for `"auto"` one part (a whole batch when it fits the
+    /// largest slot) with its metadata reserve, rounded up to [`SLOT_ALIGN`]
+    /// ([`Config::part_layout`]).
+    pub fn slot_bytes(&self) -> u64 {
+        self.part_layout().slot_bytes
     }
 
     /// Bytes of all slots together (`slots * slot_bytes`, saturating);
@@ -817,6 +891,7 @@ impl Config {
             drop_last: p.drop_last,
             rank: p.rank,
             world_size: p.world_size,
+            samples_per_part: self.samples_per_part(),
         }
     }
 
@@ -1104,6 +1179,60 @@ mod tests {
             e.contains("ring.slots") && e.contains(&MAX_SLOTS.to_string()),
             "{e}"
         );
+    }
+
+    fn layout(c: &Config) -> (u32, u32, u64) {
+        let l = c.part_layout();
+        (l.samples_per_part, l.parts_per_batch, l.slot_bytes)
+    }
+
+    #[test]
+    fn a_batch_that_fits_a_slot_is_one_part() {
+        let c = Config::default();
+        assert_eq!(layout(&c), (32, 1, (2 << 20) + 4096));
+        assert_eq!(c.plan_params().samples_per_part, 32);
+        assert_eq!(c.meta_reserve_bytes(), round_up(max_encoded_len(32, 2), 64));
+        let mut c = Config::default();
+        c.ring.slot_bytes = SlotBytes::Fixed(ByteSize(16 << 20));
+        assert_eq!(layout(&c), (32, 1, 16 << 20));
+    }
+
+    #[test]
+    fn a_small_explicit_slot_cuts_the_batch_into_even_parts() {
+        // 32 samples of 64 KiB; a 1 MiB slot holds 15 with their metadata: 3 parts of 11.
+        let mut c = Config::default();
+        c.ring.slot_bytes = SlotBytes::Fixed(ByteSize(1 << 20));
+        assert_eq!(c.max_samples_in(1 << 20), 15);
+        assert_eq!(layout(&c), (11, 3, 1 << 20));
+        assert_eq!(c.part_payload_bytes_max(), 11 * 65536);
+        assert_eq!(c.meta_reserve_bytes(), round_up(max_encoded_len(11, 2), 64));
+        assert!(c.part_need(11) <= 1 << 20);
+        // Exactly one sample per slot.
+        c.ring.slot_bytes = SlotBytes::Fixed(ByteSize(65536 + 4096));
+        assert_eq!(layout(&c), (1, 32, 65536 + 4096));
+    }
+
+    #[test]
+    fn auto_cuts_a_batch_over_the_largest_slot_into_parts() {
+        // 100000 samples of 64 KiB: more than 1 GiB, so parts no larger than the largest slot.
+        let mut c = Config::default();
+        c.plan.batch_size = 100_000;
+        let (spp, parts, slot) = layout(&c);
+        assert_eq!(parts, 100_000u32.div_ceil(c.max_batch_in_a_slot()));
+        assert_eq!(spp, 100_000u32.div_ceil(parts));
+        assert!(slot <= MAX_SLOT_BYTES && slot % SLOT_ALIGN == 0);
+        assert_eq!(slot, round_up(c.part_need(spp), SLOT_ALIGN));
+        assert!(u64::from(spp) * u64::from(parts) >= 100_000);
+    }
+
+    #[test]
+    fn the_fingerprint_covers_the_part_layout() {
+        let a = Config::default();
+        let mut b = Config::default();
+        b.ring.slot_bytes = SlotBytes::Fixed(ByteSize(1 << 20));
+        assert_ne!(a.fingerprint(), b.fingerprint());
+        let bytes = b.fingerprint_bytes();
+        assert_eq!(bytes[bytes.len() - 4..], 11u32.to_le_bytes());
     }
 
     #[test]
