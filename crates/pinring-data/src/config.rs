@@ -50,7 +50,10 @@ name = "default"
 slots = 16
 # Bytes per slot: "auto" (batch payload + metadata reserve, rounded up to
 # 4096) or a size such as "16MiB" / 16777216. An explicit size must be a
-# multiple of 4096, at least payload + metadata reserve, at most 1 GiB.
+# multiple of 4096, at most 1 GiB, and hold at least one sample with its
+# metadata. A batch that does not fit one slot (or, with "auto", 1 GiB) is
+# cut into parts of whole samples, one slot each, uploaded into one device
+# buffer and delivered whole.
 slot_bytes = "auto"
 # Deliver batches in seq order (false: deliver any ready slot first).
 in_order = true
@@ -646,28 +649,26 @@ impl Config {
         self.validate_geometry()
     }
 
-    /// The ring's geometry: a full batch (payload + metadata) fits the largest slot; an explicit
-    /// `ring.slot_bytes` is page aligned, big enough for a batch and at most the largest slot;
-    /// and pinring-ring accepts (slots, slot bytes). Each error names the value that fixes it.
+    /// The ring's geometry: one sample with its metadata fits the largest slot (a batch larger
+    /// than a slot is cut into parts of whole samples, [`Config::part_layout`]; a sample is never
+    /// split across slots, so one larger than a slot is refused); an explicit `ring.slot_bytes`
+    /// is page aligned, holds at least one sample with its metadata and is at most the largest
+    /// slot; and pinring-ring accepts (slots, slot bytes). Each error names the value that fixes
+    /// it.
     fn validate_geometry(&self) -> Result<(), ConfigError> {
-        let min = self.min_slot_bytes();
-        let payload = self.batch_payload_bytes_max();
-        let meta = self.meta_reserve_for(u64::from(self.plan.batch_size));
-        if round_up(min, SLOT_ALIGN) > MAX_SLOT_BYTES {
-            let allowed = match self.max_batch_in_a_slot() {
-                0 => format!(
+        let one = self.part_need(1);
+        if self.max_samples_in(MAX_SLOT_BYTES) == 0 {
+            return Err(self.invalid(
+                "dataset.sample_shape",
+                format!("{:?} x {}", self.dataset.sample_shape, self.dataset.dtype),
+                format!(
                     "one sample of {} bytes plus its metadata is more than the largest slot \
-                     ({MAX_SLOT_BYTES} bytes, {}) holds; use smaller samples (dataset.sample_shape)",
+                     ({MAX_SLOT_BYTES} bytes, {}) holds, and samples are not split across slots \
+                     (batches are cut into parts of whole samples); use smaller samples",
                     self.sample_bytes(),
                     ByteSize(MAX_SLOT_BYTES),
                 ),
-                fits => format!(
-                    "a batch is {payload} bytes + {meta} bytes of metadata, more than the largest \
-                     slot ({MAX_SLOT_BYTES} bytes, {}) holds; use plan.batch_size = {fits} or less",
-                    ByteSize(MAX_SLOT_BYTES),
-                ),
-            };
-            return Err(self.invalid("plan.batch_size", self.plan.batch_size, allowed));
+            ));
         }
         if let SlotBytes::Fixed(ByteSize(b)) = self.ring.slot_bytes {
             let value = if b >= ByteSize::KIB {
@@ -675,14 +676,15 @@ impl Config {
             } else {
                 b.to_string()
             };
-            let smallest = round_up(min, SLOT_ALIGN);
+            let smallest = round_up(one, SLOT_ALIGN);
+            let whole = round_up(self.min_slot_bytes(), SLOT_ALIGN);
             if b > MAX_SLOT_BYTES {
                 return Err(self.invalid(
                     "ring.slot_bytes",
                     value,
                     format!(
                         "more than the largest slot ({MAX_SLOT_BYTES} bytes, {}); use \
-                         \"auto\" ({smallest} bytes for this batch) or a size up to {MAX_SLOT_BYTES}",
+                         \"auto\" or a size up to {MAX_SLOT_BYTES}",
                         ByteSize(MAX_SLOT_BYTES),
                     ),
                 ));
@@ -696,7 +698,7 @@ impl Config {
                     .map(|c| c.to_string())
                     .collect();
                 let choices = if choices.is_empty() {
-                    format!("at least {smallest} (a batch needs {min} bytes)")
+                    format!("at least {smallest} (one sample with its metadata needs {one} bytes)")
                 } else {
                     choices.join(" or ")
                 };
@@ -709,20 +711,18 @@ impl Config {
                     ),
                 ));
             }
-            if b < min || pinring_ring::fit_in_slot(payload, meta, b).is_none() {
+            if self.max_samples_in(b) == 0 {
                 return Err(self.invalid(
                     "ring.slot_bytes",
                     value,
                     format!(
-                        "too small: a batch needs at least {min} bytes ({payload} payload + \
-                         {meta} metadata); use \"auto\" or at least {smallest}",
+                        "too small: a slot holds a part of a batch, at least one whole sample \
+                         with its metadata ({one} bytes; samples are not split across slots); \
+                         use \"auto\" ({whole} bytes, a whole batch per slot) or at least {smallest}",
                     ),
                 ));
             }
         }
-        // A batch that spans slots is cut into parts by the plan; until the loaders make parts
-        // and the daemon assembles them, a slot must hold a whole batch (checked above).
-        debug_assert_eq!(self.parts_per_batch(), 1);
         if pinring_ring::Geometry::new(self.ring.slots, self.slot_bytes()).is_none() {
             return Err(self.invalid(
                 "ring.slot_bytes",
@@ -735,12 +735,6 @@ impl Config {
             ));
         }
         Ok(())
-    }
-
-    /// The largest batch size (up to `plan.batch_size`) whose payload and metadata fit the
-    /// largest slot; 0 if not even one sample does.
-    fn max_batch_in_a_slot(&self) -> u32 {
-        self.max_samples_in(MAX_SLOT_BYTES)
     }
 
     /// Metadata reserve for a part of `samples` samples: an upper bound of its encoded
@@ -1088,17 +1082,28 @@ mod tests {
     }
 
     #[test]
-    fn explicit_slot_too_small_says_minimum() {
+    fn explicit_slot_smaller_than_a_batch_cuts_parts_and_too_small_for_a_sample_is_refused() {
         let mut c = Config::default();
+        // Smaller than a batch: parts.
         c.ring.slot_bytes = SlotBytes::Fixed(ByteSize(1 << 20));
+        c.validate().unwrap();
+        assert_eq!(c.parts_per_batch(), 3);
+        // Smaller than one sample with its metadata: refused, naming the sizes that work.
+        c.ring.slot_bytes = SlotBytes::Fixed(ByteSize(64 << 10));
         let e = c.validate().unwrap_err().to_string();
-        assert!(e.contains("ring.slot_bytes"), "{e}");
-        assert!(e.contains(&c.min_slot_bytes().to_string()), "{e}");
-        let smallest = round_up(c.min_slot_bytes(), SLOT_ALIGN);
-        assert!(e.contains(&format!("at least {smallest}")), "{e}");
+        let smallest = round_up(c.part_need(1), SLOT_ALIGN);
+        assert!(
+            e.contains("ring.slot_bytes")
+                && e.contains("too small")
+                && e.contains(&c.part_need(1).to_string())
+                && e.contains(&format!("at least {smallest}"))
+                && e.contains("not split across slots"),
+            "{e}"
+        );
         c.ring.slot_bytes = SlotBytes::Fixed(ByteSize(smallest));
         c.validate().unwrap();
         assert_eq!(c.slot_bytes(), smallest);
+        assert_eq!(c.parts_per_batch(), 32);
     }
 
     #[test]
@@ -1112,12 +1117,12 @@ mod tests {
                 && e.contains("use 2998272 or 3002368"),
             "{e}"
         );
-        // Rounding down would be too small for the batch: only the size above is offered.
-        let min = Config::default().min_slot_bytes();
-        let e = parse(&format!("[ring]\nslot_bytes = {}\n", min + 1))
+        // Rounding down would be too small for one sample: only the size above is offered.
+        let one = Config::default().part_need(1);
+        let e = parse(&format!("[ring]\nslot_bytes = {}\n", one + 1))
             .unwrap_err()
             .to_string();
-        let up = round_up(min + 1, SLOT_ALIGN);
+        let up = round_up(one + 1, SLOT_ALIGN);
         assert!(e.contains(&format!("use {up}, or")), "{e}");
         parse(&format!("[ring]\nslot_bytes = {up}\n")).unwrap();
     }
@@ -1137,32 +1142,23 @@ mod tests {
     }
 
     #[test]
-    fn a_batch_larger_than_the_largest_slot_names_the_batch_size_that_fits() {
-        // 100000 samples of 64 KiB: a 6.5 GB batch.
-        let e = parse("[plan]\nbatch_size = 100000\n")
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("plan.batch_size = 100000"), "{e}");
-        let fits: u32 = e
-            .split("use plan.batch_size = ")
-            .nth(1)
-            .and_then(|t| t.split_whitespace().next())
-            .and_then(|n| n.parse().ok())
-            .unwrap_or_else(|| panic!("no batch size offered: {e}"));
-        let with = |b: u32| parse(&format!("[plan]\nbatch_size = {b}\n"));
-        let c = with(fits).unwrap();
+    fn a_batch_larger_than_the_largest_slot_is_cut_into_parts() {
+        // 100000 samples of 64 KiB: a 6.5 GB batch, in parts no larger than the largest slot.
+        let c = parse("[plan]\nbatch_size = 100000\n").unwrap();
+        assert!(c.parts_per_batch() > 1);
         assert!(c.slot_bytes() <= MAX_SLOT_BYTES);
-        assert!(with(fits + 1).is_err(), "{fits} is the largest that fits");
-        // Also with an explicit slot size: the batch is the problem, not the slot.
-        let e = parse("[ring]\nslot_bytes = \"1GiB\"\n[plan]\nbatch_size = 100000\n")
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("plan.batch_size"), "{e}");
-        // One sample that no slot holds.
+        // Also with an explicit slot size.
+        let c = parse("[ring]\nslot_bytes = \"1GiB\"\n[plan]\nbatch_size = 100000\n").unwrap();
+        assert_eq!(c.slot_bytes(), MAX_SLOT_BYTES);
+        assert!(c.parts_per_batch() > 1);
+        // One sample that no slot holds: samples are not split (yet).
         let e = parse("[dataset]\nsample_shape = [1073741824]\ndtype = \"u8\"\n")
             .unwrap_err()
             .to_string();
-        assert!(e.contains("dataset.sample_shape"), "{e}");
+        assert!(
+            e.contains("dataset.sample_shape") && e.contains("not split across slots"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -1218,7 +1214,7 @@ mod tests {
         let mut c = Config::default();
         c.plan.batch_size = 100_000;
         let (spp, parts, slot) = layout(&c);
-        assert_eq!(parts, 100_000u32.div_ceil(c.max_batch_in_a_slot()));
+        assert_eq!(parts, 100_000u32.div_ceil(c.max_samples_in(MAX_SLOT_BYTES)));
         assert_eq!(spp, 100_000u32.div_ceil(parts));
         assert!(slot <= MAX_SLOT_BYTES && slot % SLOT_ALIGN == 0);
         assert_eq!(slot, round_up(c.part_need(spp), SLOT_ALIGN));
