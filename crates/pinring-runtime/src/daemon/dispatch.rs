@@ -140,9 +140,13 @@ impl Daemon {
             } else {
                 self.parts
             };
-            let order_problem = (done.seq..done.seq + parts)
-                .filter_map(|seq| self.sequencer.delivered(seq).err())
-                .next();
+            // Every part is booked, even after one reports a problem; the first problem is kept.
+            let mut order_problem = None;
+            for seq in done.seq..done.seq + parts {
+                if let Err(p) = self.sequencer.delivered(seq) {
+                    order_problem.get_or_insert(p);
+                }
+            }
             let problem = done.failure.or(order_problem.map(|p| p.to_string()));
             if let Some(msg) = problem {
                 self.verify_failures += 1;
