@@ -62,10 +62,38 @@ fn drain(daemon: Child, loaders: Vec<Child>) -> String {
     log
 }
 
+/// [`CHAOS`] in slots of 516 KiB: each holds a part of 8 samples with its metadata, so every
+/// batch spans 4 slots, filled by different loaders.
+const CHAOS_SPANNING: &str = r#"
+[ring]
+slots = 8
+slot_bytes = 528384
+[dataset]
+samples = 512
+sample_shape = [128, 128]
+dtype = "f32"
+seed = 11
+[plan]
+batch_size = 32
+epochs = 40
+"#;
+
 #[test]
 fn sigkilled_loaders_lose_and_duplicate_nothing() {
-    let fx = Fixture::new("chaos-kill", CHAOS);
-    let mut rng = Rng::from_env("chaos-kill");
+    sigkill_loaders("chaos-kill", CHAOS, 1);
+}
+
+#[test]
+fn sigkilled_loaders_lose_and_duplicate_no_part_of_a_batch_that_spans_slots() {
+    sigkill_loaders("chaos-kill-span", CHAOS_SPANNING, 4);
+}
+
+/// Kills loaders (mid-part and at any moment) while a run of `toml` goes on, drains it, and
+/// checks every batch up to the resume point was delivered whole, once, in order, every byte
+/// verified; `parts` is the config's parts per batch.
+fn sigkill_loaders(tag: &str, toml: &str, parts: u64) {
+    let fx = Fixture::new(tag, toml);
+    let mut rng = Rng::from_env(tag);
     let mut daemon = fx.daemon(&["--epochs", ENDLESS]);
     let ring = fx.wait_ready(&mut daemon);
     let mut loaders: Vec<Child> = (0..LOADERS).map(|_| fx.loader(&fx.config)).collect();
@@ -117,6 +145,7 @@ fn sigkilled_loaders_lose_and_duplicate_nothing() {
         s.reclaimed, s.batches_delivered, s.seconds
     );
     assert_drained(&s);
+    assert_eq!(s.parts_per_batch, parts, "{s:#?}");
     assert!(s.reclaimed >= MID_BATCH_KILLS, "{s:#?}");
 }
 

@@ -150,12 +150,20 @@ fn config_check_refuses_a_ring_geometry_the_daemon_cannot_make_and_names_the_fix
             "a size up to 1073741824",
         ),
         (
-            // 100000 samples of the default 64 KiB: a 6.5 GB batch.
-            "huge-batch.toml",
-            "[plan]\nbatch_size = 100000\n",
-            "plan.batch_size = 100000",
+            // A batch larger than a slot is cut into parts, but one sample is never split.
+            "huge-sample.toml",
+            "[dataset]\nsample_shape = [1073741824]\ndtype = \"u8\"\n",
+            "dataset.sample_shape = [1073741824] x u8",
             "more than the largest slot",
-            "use plan.batch_size = 16380 or less",
+            "not split across slots",
+        ),
+        (
+            // The default 64 KiB sample with its metadata needs 65664 bytes.
+            "tiny-slot.toml",
+            "[ring]\nslot_bytes = 4096\n",
+            "ring.slot_bytes = 4096",
+            "too small",
+            "at least 69632",
         ),
         (
             "slots.toml",

@@ -114,11 +114,45 @@ fn a_start_seq_past_the_plans_end_is_a_usage_error_naming_the_end() {
     assert!(
         log.contains(&fx.ring)
             && log.contains("--start-seq 1000 is past the end of the plan")
-            && log.contains("128 batches")
+            && log.contains("128 seqs")
             && log.contains("at most 128"),
         "{log}"
     );
     assert!(!log.contains("report the bug"), "{log}");
+    assert!(!fx.segment().exists(), "refused before the ring was made");
+}
+
+#[test]
+fn a_start_seq_inside_a_batch_that_spans_slots_is_a_usage_error_naming_a_batch_start() {
+    // SPANNING cuts each batch into 4 parts: seq 6 is part 2 of batch 1, which starts at 4.
+    let fx = Fixture::new("startpart", SPANNING);
+    let (st, log) = wait_for(
+        fx.daemon(&["--start-seq", "6"]),
+        "daemon",
+        Duration::from_secs(10),
+    );
+    assert_eq!(st.code(), Some(USAGE), "{log}");
+    assert!(
+        log.contains("--start-seq 6 is part 2 of a batch cut into 4 parts")
+            && log.contains("such as 4"),
+        "{log}"
+    );
+    assert!(!fx.segment().exists(), "refused before the ring was made");
+}
+
+#[test]
+fn zero_copy_with_batches_that_span_slots_is_a_config_error() {
+    let fx = Fixture::new("zcspan", SPANNING);
+    let (st, log) = wait_for(
+        fx.daemon(&["--zero-copy"]),
+        "daemon",
+        Duration::from_secs(10),
+    );
+    assert_eq!(st.code(), Some(3), "{log}");
+    assert!(
+        log.contains("--zero-copy") && log.contains("4 parts") && log.contains("ring.slot_bytes"),
+        "{log}"
+    );
     assert!(!fx.segment().exists(), "refused before the ring was made");
 }
 

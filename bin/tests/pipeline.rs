@@ -7,7 +7,13 @@ use nix::sys::signal::Signal;
 use std::time::{Duration, Instant};
 
 fn run_with_loaders(tag: &str, loaders: usize, extra: &[&str], in_order: bool) {
-    let fx = Fixture::small(tag);
+    run_config(tag, SMALL, 1, loaders, extra, in_order);
+}
+
+/// Runs `toml` (2 epochs of 64 batches of `parts` parts each) with `loaders` loaders and checks
+/// that every batch was delivered once (in order when `in_order`), every byte verified.
+fn run_config(tag: &str, toml: &str, parts: u64, loaders: usize, extra: &[&str], in_order: bool) {
+    let fx = Fixture::new(tag, toml);
     let mut daemon = fx.daemon(extra);
     let ring = fx.wait_ready(&mut daemon);
     // Every loader attaches before the run can end, however fast the machine (see the helper).
@@ -21,7 +27,13 @@ fn run_with_loaders(tag: &str, loaders: usize, extra: &[&str], in_order: bool) {
     }
     let s = fx.summary();
     assert_complete(&s, in_order);
-    assert_eq!(s.end_seq, 128, "2 epochs of 64 batches");
+    assert_eq!(s.parts_per_batch, parts, "{s:#?}");
+    assert_eq!(
+        s.end_seq,
+        128 * parts,
+        "2 epochs of 64 batches of {parts} parts"
+    );
+    assert_eq!(s.batches_delivered, 128, "{s:#?}");
     assert!(
         !fx.segment().exists(),
         "the daemon removes its segment at exit"
@@ -46,6 +58,33 @@ fn eight_loaders_deliver_every_batch_once_in_order() {
 #[test]
 fn unordered_mode_delivers_every_batch_exactly_once() {
     run_with_loaders("unord", 4, &["--unordered"], false);
+}
+
+#[test]
+fn batches_spanning_four_slots_with_one_loader_are_delivered_whole_once_in_order() {
+    run_config("span1", SPANNING, 4, 1, &[], true);
+}
+
+#[test]
+fn batches_spanning_four_slots_with_four_loaders_are_delivered_whole_once_in_order() {
+    run_config("span4", SPANNING, 4, 4, &[], true);
+}
+
+#[test]
+fn batches_spanning_four_slots_with_eight_loaders_are_delivered_whole_once_in_order() {
+    run_config("span8", SPANNING, 4, 8, &[], true);
+}
+
+#[test]
+fn batches_spanning_four_slots_unordered_are_delivered_whole_exactly_once() {
+    run_config("spanu", SPANNING, 4, 4, &["--unordered"], false);
+}
+
+#[test]
+fn a_short_last_batch_spanning_slots_commits_its_empty_parts_and_is_delivered_whole() {
+    // 509 samples: the last batch of each epoch has 5 samples, in parts of 2, 2, 1 and 0.
+    let toml = SPANNING.replace("samples = 512", "samples = 509");
+    run_config("spanshort", &toml, 4, 4, &[], true);
 }
 
 #[test]

@@ -205,9 +205,30 @@ pub fn signal(child: &Child, sig: nix::sys::signal::Signal) {
 
 pub const LONG: Duration = Duration::from_secs(90);
 
-/// Asserts a verify run delivered every batch exactly once with every byte right.
+/// A small config whose batches span 4 slots: batches of 8 samples of 16 KiB (128 KiB) in 40 KiB
+/// slots, each holding a part of 2 samples with its metadata; 64 batches per epoch, 256 seqs.
+pub const SPANNING: &str = r#"
+[ring]
+slots = 8
+slot_bytes = 40960
+[dataset]
+samples = 512
+sample_shape = [64, 64]
+dtype = "f32"
+seed = 7
+[plan]
+batch_size = 8
+epochs = 2
+"#;
+
+/// Asserts a verify run delivered every batch exactly once with every byte right: every seq
+/// (part) of the plan delivered once, with its batch, and every batch verified whole.
 pub fn assert_complete(s: &Summary, in_order: bool) {
-    let total = s.end_seq - s.start_seq;
+    let parts = s.end_seq - s.start_seq;
+    let per_batch = s.parts_per_batch.max(1);
+    assert_eq!(parts % per_batch, 0, "{s:#?}");
+    let total = parts / per_batch;
+    assert_eq!(s.parts_delivered, parts, "{s:#?}");
     assert_eq!(s.batches_delivered, total, "{s:#?}");
     assert_eq!(s.batches_verified, total, "{s:#?}");
     assert_eq!(s.verify_failures, 0, "{s:#?}");
@@ -282,9 +303,13 @@ pub fn assert_drained(s: &Summary) {
     let prefix = s.resume_seq - s.start_seq;
     assert!(prefix > 0, "nothing delivered: {s:#?}");
     // In order, with no duplicate and nothing out of order, `prefix` deliveries are exactly the
-    // seqs start..resume: the sink's count and the header's next_deliver agree.
-    assert_eq!(s.batches_delivered, prefix, "{s:#?}");
-    assert_eq!(s.batches_verified, prefix, "{s:#?}");
+    // seqs start..resume: the sink's count and the header's next_deliver agree. Seqs are parts,
+    // delivered with their batches, so the resume point is a batch's first part.
+    let per_batch = s.parts_per_batch.max(1);
+    assert_eq!(prefix % per_batch, 0, "{s:#?}");
+    assert_eq!(s.parts_delivered, prefix, "{s:#?}");
+    assert_eq!(s.batches_delivered, prefix / per_batch, "{s:#?}");
+    assert_eq!(s.batches_verified, prefix / per_batch, "{s:#?}");
     assert_eq!(s.verify_failures, 0, "{s:#?}");
     assert_eq!(s.duplicates, 0, "{s:#?}");
     assert_eq!(s.out_of_order, 0, "{s:#?}");

@@ -64,19 +64,22 @@ impl AlignedBuf {
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }.fill(byte);
     }
 
-    /// Copies `len` bytes from `src` to the start of the buffer.
+    /// Copies `len` bytes from `src` to the buffer, starting at byte `offset`.
     ///
     /// # Safety
-    /// - `len <= self.len()`;
+    /// - `offset + len <= self.len()`;
     /// - `src..src+len` is valid for reads and does not overlap this buffer;
-    /// - no other thread reads or writes `self[..len]` during the call (no live `&[u8]` from
-    ///   [`AlignedBuf::slice`] covers those bytes).
-    pub unsafe fn write_from(&self, src: *const u8, len: usize) {
-        debug_assert!(len <= self.len);
-        // SAFETY: the caller guarantees src is readable for len bytes, that len fits in our
-        // allocation (so the destination is writable), that the ranges do not overlap, and that
+    /// - no other thread reads or writes `self[offset..offset + len]` during the call (no live
+    ///   `&[u8]` from [`AlignedBuf::slice`] covers those bytes).
+    pub unsafe fn write_from(&self, offset: usize, src: *const u8, len: usize) {
+        debug_assert!(offset.checked_add(len).is_some_and(|end| end <= self.len));
+        // In bounds (offset + len <= len of the allocation, the caller's promise), so the
+        // wrapping add is a plain add.
+        let dst = self.ptr.as_ptr().wrapping_add(offset);
+        // SAFETY: the caller guarantees src is readable for len bytes, that offset + len fits in
+        // our allocation (so dst..dst+len is writable), that the ranges do not overlap, and that
         // nobody else accesses these bytes meanwhile.
-        unsafe { std::ptr::copy_nonoverlapping(src, self.ptr.as_ptr(), len) };
+        unsafe { std::ptr::copy_nonoverlapping(src, dst, len) };
     }
 
     /// The first `len` bytes as a shared slice.

@@ -233,16 +233,38 @@ pub(crate) fn check_range(
     Ok(())
 }
 
+/// Validates an upload's destination: a buffer index in range and `offset..offset + len` inside
+/// the buffer.
+pub(crate) fn check_dst(
+    buffer: usize,
+    offset: usize,
+    len: usize,
+    count: usize,
+    buffer_bytes: usize,
+) -> Result<(), BackendError> {
+    check_range("submit", buffer, 0, count, buffer_bytes)?;
+    if offset.checked_add(len).is_none_or(|end| end > buffer_bytes) {
+        return Err(BackendError::InvalidArgument {
+            call: "submit",
+            what: format!(
+                "{len} bytes at offset {offset} end past the device buffer size of \
+                 {buffer_bytes} bytes (buffer {buffer}); the destination must lie inside the buffer"
+            ),
+        });
+    }
+    Ok(())
+}
+
 fn upload_loop(shared: &Shared, jobs: &Receiver<Queued>, done: &Sender<Completion>) {
     for Queued { job, submitted } in jobs.iter() {
         let buf = &shared.buffers[job.buffer];
         if job.len > 0 {
-            // SAFETY: `submit` checked job.len <= buffer size and (by its own contract) that
-            // src..src+len stays valid and unwritten until the completion is received, and it
-            // lies outside our heap buffer. No reader touches this buffer now: its pending
+            // SAFETY: `submit` checked dst_offset + len <= buffer size and (by its own contract)
+            // that src..src+len stays valid and unwritten until the completion is received, and
+            // it lies outside our heap buffer. No reader touches this buffer now: its pending
             // counter is > 0 until the fetch_sub below, and readers require it to be 0; readers
             // announced before this job are excluded by submit's reader check (module docs).
-            unsafe { buf.write_from(job.src, job.len) };
+            unsafe { buf.write_from(job.dst_offset, job.src, job.len) };
         }
         shared.pending[job.buffer].fetch_sub(1, Ordering::SeqCst);
         let completion = Completion {
@@ -263,9 +285,9 @@ fn upload_loop(shared: &Shared, jobs: &Receiver<Queued>, done: &Sender<Completio
 
 impl Uploader for HostUploader {
     unsafe fn submit(&self, job: UploadJob) -> Result<(), BackendError> {
-        check_range(
-            "submit",
+        check_dst(
             job.buffer,
+            job.dst_offset,
             job.len,
             self.shared.buffers.len(),
             self.buffer_bytes,
@@ -444,6 +466,7 @@ mod tests {
                 src: s.as_ptr(),
                 len: s.len(),
                 buffer: i,
+                dst_offset: 0,
             };
             // SAFETY: `srcs` outlives the completions received below and is not written.
             unsafe { up.submit(job) }.unwrap();
@@ -473,6 +496,7 @@ mod tests {
                 src: s.as_ptr(),
                 len: s.len(),
                 buffer: i % 2,
+                dst_offset: 0,
             };
             // SAFETY: `srcs` outlives all completions (received below or at drop).
             unsafe { up.submit(job) }.unwrap();
@@ -497,11 +521,13 @@ mod tests {
             src: s.as_ptr(),
             len: 32,
             buffer: 0,
+            dst_offset: 0,
         };
         // SAFETY: rejected before any copy is queued.
         let e = unsafe { up.submit(too_long) }.unwrap_err();
         assert!(
-            e.to_string().contains("exceeds the device buffer size"),
+            e.to_string()
+                .contains("end past the device buffer size of 16 bytes"),
             "{e}"
         );
         let bad_index = UploadJob {
@@ -509,11 +535,69 @@ mod tests {
             src: s.as_ptr(),
             len: 8,
             buffer: 1,
+            dst_offset: 0,
         };
         // SAFETY: rejected before any copy is queued.
         let e = unsafe { up.submit(bad_index) }.unwrap_err();
         assert!(e.to_string().contains("out of range"), "{e}");
         assert!(up.read_host(0, 17, &mut |_| ()).is_err());
+    }
+
+    #[test]
+    fn parts_land_at_their_offsets_in_one_buffer() {
+        // A 3-part "batch" of 300 bytes into a 512-byte buffer, the parts submitted out of order.
+        let up = HostUploader::new(1, 512).unwrap();
+        let parts: Vec<Vec<u8>> = (0..3).map(|i| pattern(i as u8 + 1, 100)).collect();
+        for &i in &[2usize, 0, 1] {
+            let job = UploadJob {
+                tag: i as u64,
+                src: parts[i].as_ptr(),
+                len: parts[i].len(),
+                buffer: 0,
+                dst_offset: i * 100,
+            };
+            // SAFETY: `parts` outlives the completions received below and is not written.
+            unsafe { up.submit(job) }.unwrap();
+        }
+        for _ in 0..3 {
+            let c = up
+                .completions()
+                .recv_timeout(Duration::from_secs(10))
+                .unwrap();
+            assert!(c.result.is_ok());
+        }
+        let whole: Vec<u8> = parts.concat();
+        assert_eq!(view(&up, 0, 300), whole);
+        assert_eq!(up.checksum(0, 300).unwrap(), checksum(&whole));
+    }
+
+    #[test]
+    fn an_upload_past_the_buffer_end_is_refused() {
+        let up = HostUploader::new(1, 64).unwrap();
+        let s = [1u8; 32];
+        let job = |dst_offset: usize, len: usize| UploadJob {
+            tag: 0,
+            src: s.as_ptr(),
+            len,
+            buffer: 0,
+            dst_offset,
+        };
+        // SAFETY: rejected before any copy is queued.
+        let e = unsafe { up.submit(job(40, 32)) }.unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("32 bytes at offset 40 end past the device buffer size of 64 bytes"),
+            "{e}"
+        );
+        // SAFETY: rejected before any copy is queued (the end overflows).
+        assert!(unsafe { up.submit(job(usize::MAX, 1)) }.is_err());
+        // Exactly to the end is fine.
+        // SAFETY: `s` outlives the completion received below.
+        unsafe { up.submit(job(32, 32)) }.unwrap();
+        up.completions()
+            .recv_timeout(Duration::from_secs(10))
+            .unwrap();
+        assert_eq!(view(&up, 0, 64)[32..], s[..]);
     }
 
     fn view(up: &HostUploader, buffer: usize, len: usize) -> Vec<u8> {
@@ -535,6 +619,7 @@ mod tests {
                 src: src.as_ptr(),
                 len: 8,
                 buffer: 0,
+                dst_offset: 0,
             };
             // SAFETY: refused before any copy is queued (the buffer is being read).
             refused = Some(unsafe { up.submit(job) });
@@ -554,6 +639,7 @@ mod tests {
             src: bytes.as_ptr(),
             len: bytes.len(),
             buffer: 0,
+            dst_offset: 0,
         };
         // SAFETY: `bytes` outlives the completion received below.
         unsafe { up.submit(job) }.unwrap();
@@ -578,6 +664,7 @@ mod tests {
                 src: src.as_ptr(),
                 len: src.len(),
                 buffer: (i % 4) as usize,
+                dst_offset: 0,
             };
             // SAFETY: `src` outlives `up`, whose drop joins the thread after all copies.
             unsafe { up.submit(job) }.unwrap();

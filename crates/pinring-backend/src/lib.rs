@@ -208,7 +208,11 @@ impl Registration {
     }
 }
 
-/// One upload: copy `src[..len]` into device buffer `buffer`.
+/// One upload: copy `src[..len]` into device buffer `buffer` at byte `dst_offset`.
+///
+/// A device buffer may be larger than one slot (a batch cut into parts, each part a slot, lands
+/// part by part at its offset in the batch's buffer): `dst_offset + len` must not exceed
+/// [`Uploader::buffer_bytes`], or `submit` refuses the job.
 #[derive(Debug, Clone, Copy)]
 pub struct UploadJob {
     /// Caller's tag, returned in the [`Completion`] (e.g. ring slot and sequence).
@@ -219,6 +223,8 @@ pub struct UploadJob {
     pub len: usize,
     /// Index of the destination device buffer.
     pub buffer: usize,
+    /// Byte offset in the destination device buffer where the copy starts.
+    pub dst_offset: usize,
 }
 
 // SAFETY: UploadJob is plain data; `src` is only dereferenced by the uploader's copy, and
@@ -275,7 +281,10 @@ impl fmt::Debug for HookCell {
 
 /// Asynchronous upload engine with a fixed set of device buffers.
 pub trait Uploader: Send + Sync {
-    /// Starts copying `job.src[..job.len]` into device buffer `job.buffer` and returns at once.
+    /// Starts copying `job.src[..job.len]` into device buffer `job.buffer`, starting at byte
+    /// `job.dst_offset` of it, and returns at once. Fails with `InvalidArgument` (nothing
+    /// queued) if the buffer index is out of range or `dst_offset + len` exceeds
+    /// [`Uploader::buffer_bytes`].
     /// A [`Completion`] for the job arrives on [`Uploader::completions`] when the copy has
     /// finished; completions arrive in submission order.
     ///

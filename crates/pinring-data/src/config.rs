@@ -50,7 +50,10 @@ name = "default"
 slots = 16
 # Bytes per slot: "auto" (batch payload + metadata reserve, rounded up to
 # 4096) or a size such as "16MiB" / 16777216. An explicit size must be a
-# multiple of 4096, at least payload + metadata reserve, at most 1 GiB.
+# multiple of 4096, at most 1 GiB, and hold at least one sample with its
+# metadata. A batch that does not fit one slot (or, with "auto", 1 GiB) is
+# cut into parts of whole samples, one slot each, uploaded into one device
+# buffer and delivered whole.
 slot_bytes = "auto"
 # Deliver batches in seq order (false: deliver any ready slot first).
 in_order = true
@@ -457,6 +460,19 @@ impl Default for Config {
     }
 }
 
+/// How a batch is cut into parts, one part per ring slot (see [`crate::plan`]): the seq → samples
+/// mapping and the slot size. Part of the fingerprint through `samples_per_part` and the slot
+/// size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PartLayout {
+    /// Samples in each part (`batch_size` when a whole batch fits one slot).
+    pub samples_per_part: u32,
+    /// Parts per batch (`ceil(batch_size / samples_per_part)`).
+    pub parts_per_batch: u32,
+    /// Bytes per slot.
+    pub slot_bytes: u64,
+}
+
 /// Rounds up to a multiple of `align` (a power of two), saturating: the segment layout's
 /// [`pinring_ring::layout::align_up`], with overflow pinned at the top (the caller compares the
 /// result with a limit, which a saturated value fails).
@@ -633,28 +649,26 @@ impl Config {
         self.validate_geometry()
     }
 
-    /// The ring's geometry: a full batch (payload + metadata) fits the largest slot; an explicit
-    /// `ring.slot_bytes` is page aligned, big enough for a batch and at most the largest slot;
-    /// and pinring-ring accepts (slots, slot bytes). Each error names the value that fixes it.
+    /// The ring's geometry: one sample with its metadata fits the largest slot (a batch larger
+    /// than a slot is cut into parts of whole samples, [`Config::part_layout`]; a sample is never
+    /// split across slots, so one larger than a slot is refused); an explicit `ring.slot_bytes`
+    /// is page aligned, holds at least one sample with its metadata and is at most the largest
+    /// slot; and pinring-ring accepts (slots, slot bytes). Each error names the value that fixes
+    /// it.
     fn validate_geometry(&self) -> Result<(), ConfigError> {
-        let min = self.min_slot_bytes();
-        let payload = self.batch_payload_bytes_max();
-        let meta = self.meta_reserve_bytes();
-        if round_up(min, SLOT_ALIGN) > MAX_SLOT_BYTES {
-            let allowed = match self.max_batch_in_a_slot() {
-                0 => format!(
+        let one = self.part_need(1);
+        if self.max_samples_in(MAX_SLOT_BYTES) == 0 {
+            return Err(self.invalid(
+                "dataset.sample_shape",
+                format!("{:?} x {}", self.dataset.sample_shape, self.dataset.dtype),
+                format!(
                     "one sample of {} bytes plus its metadata is more than the largest slot \
-                     ({MAX_SLOT_BYTES} bytes, {}) holds; use smaller samples (dataset.sample_shape)",
+                     ({MAX_SLOT_BYTES} bytes, {}) holds, and samples are not split across slots \
+                     (batches are cut into parts of whole samples); use smaller samples",
                     self.sample_bytes(),
                     ByteSize(MAX_SLOT_BYTES),
                 ),
-                fits => format!(
-                    "a batch is {payload} bytes + {meta} bytes of metadata, more than the largest \
-                     slot ({MAX_SLOT_BYTES} bytes, {}) holds; use plan.batch_size = {fits} or less",
-                    ByteSize(MAX_SLOT_BYTES),
-                ),
-            };
-            return Err(self.invalid("plan.batch_size", self.plan.batch_size, allowed));
+            ));
         }
         if let SlotBytes::Fixed(ByteSize(b)) = self.ring.slot_bytes {
             let value = if b >= ByteSize::KIB {
@@ -662,14 +676,15 @@ impl Config {
             } else {
                 b.to_string()
             };
-            let smallest = round_up(min, SLOT_ALIGN);
+            let smallest = round_up(one, SLOT_ALIGN);
+            let whole = round_up(self.min_slot_bytes(), SLOT_ALIGN);
             if b > MAX_SLOT_BYTES {
                 return Err(self.invalid(
                     "ring.slot_bytes",
                     value,
                     format!(
                         "more than the largest slot ({MAX_SLOT_BYTES} bytes, {}); use \
-                         \"auto\" ({smallest} bytes for this batch) or a size up to {MAX_SLOT_BYTES}",
+                         \"auto\" or a size up to {MAX_SLOT_BYTES}",
                         ByteSize(MAX_SLOT_BYTES),
                     ),
                 ));
@@ -683,7 +698,7 @@ impl Config {
                     .map(|c| c.to_string())
                     .collect();
                 let choices = if choices.is_empty() {
-                    format!("at least {smallest} (a batch needs {min} bytes)")
+                    format!("at least {smallest} (one sample with its metadata needs {one} bytes)")
                 } else {
                     choices.join(" or ")
                 };
@@ -696,13 +711,14 @@ impl Config {
                     ),
                 ));
             }
-            if b < min || pinring_ring::fit_in_slot(payload, meta, b).is_none() {
+            if self.max_samples_in(b) == 0 {
                 return Err(self.invalid(
                     "ring.slot_bytes",
                     value,
                     format!(
-                        "too small: a batch needs at least {min} bytes ({payload} payload + \
-                         {meta} metadata); use \"auto\" or at least {smallest}",
+                        "too small: a slot holds a part of a batch, at least one whole sample \
+                         with its metadata ({one} bytes; samples are not split across slots); \
+                         use \"auto\" ({whole} bytes, a whole batch per slot) or at least {smallest}",
                     ),
                 ));
             }
@@ -721,18 +737,34 @@ impl Config {
         Ok(())
     }
 
-    /// The largest batch size (up to `plan.batch_size`) whose payload and metadata fit the
-    /// largest slot; 0 if not even one sample does.
-    fn max_batch_in_a_slot(&self) -> u32 {
-        let dims = self.dataset.sample_shape.len() as u64;
+    /// Metadata reserve for a part of `samples` samples: an upper bound of its encoded
+    /// [`crate::BatchMeta`], rounded up to [`META_RESERVE_ALIGN`].
+    fn meta_reserve_for(&self, samples: u64) -> u64 {
+        round_up(
+            max_encoded_len(samples, self.dataset.sample_shape.len() as u64),
+            META_RESERVE_ALIGN,
+        )
+    }
+
+    /// Bytes a slot needs for `samples` samples and their metadata reserve.
+    fn part_need(&self, samples: u32) -> u64 {
+        u64::from(samples)
+            .saturating_mul(self.sample_bytes())
+            .saturating_add(self.meta_reserve_for(u64::from(samples)))
+    }
+
+    /// The most samples (up to `plan.batch_size`) that fit, with their metadata reserve, in a
+    /// slot of `slot_bytes` (an aligned size); 0 if not even one does.
+    fn max_samples_in(&self, slot_bytes: u64) -> u32 {
         let fits = |b: u32| {
-            let need = u64::from(b)
-                .saturating_mul(self.sample_bytes())
-                .saturating_add(round_up(
-                    max_encoded_len(u64::from(b), dims),
-                    META_RESERVE_ALIGN,
-                ));
-            round_up(need, SLOT_ALIGN) <= MAX_SLOT_BYTES
+            let need = self.part_need(b);
+            need <= slot_bytes
+                && pinring_ring::fit_in_slot(
+                    u64::from(b).saturating_mul(self.sample_bytes()),
+                    self.meta_reserve_for(u64::from(b)),
+                    slot_bytes,
+                )
+                .is_some()
         };
         // Largest b in 0..=batch_size with fits(b); fits is monotonic and fits(0) holds.
         let (mut lo, mut hi) = (0u32, self.plan.batch_size);
@@ -766,31 +798,67 @@ impl Config {
         u64::from(self.plan.batch_size).saturating_mul(self.sample_bytes())
     }
 
-    /// Space reserved in each slot for the encoded [`crate::BatchMeta`]: an
-    /// upper bound for a full batch, rounded up to 64 bytes.
+    /// Space reserved in each slot for the encoded [`crate::BatchMeta`] of one part: an upper
+    /// bound for a full part ([`Config::part_layout`]), rounded up to 64 bytes.
     pub fn meta_reserve_bytes(&self) -> u64 {
-        round_up(
-            max_encoded_len(
-                u64::from(self.plan.batch_size),
-                self.dataset.sample_shape.len() as u64,
-            ),
-            META_RESERVE_ALIGN,
-        )
+        self.meta_reserve_for(u64::from(self.part_layout().samples_per_part))
     }
 
-    /// Smallest allowed slot (payload + metadata reserve).
+    /// Smallest slot that holds a whole batch (payload + metadata reserve of a full batch).
     pub fn min_slot_bytes(&self) -> u64 {
-        self.batch_payload_bytes_max()
-            .saturating_add(self.meta_reserve_bytes())
+        self.part_need(self.plan.batch_size)
     }
 
-    /// Bytes per slot: explicit, or for `"auto"` the minimum rounded up to
-    /// [`SLOT_ALIGN`].
-    pub fn slot_bytes(&self) -> u64 {
-        match self.ring.slot_bytes {
-            SlotBytes::Auto => round_up(self.min_slot_bytes(), SLOT_ALIGN),
+    /// How batches are cut into parts, one part per slot.
+    ///
+    /// The slot holds as many samples as fit with their metadata reserve: all of the batch with
+    /// `"auto"` unless that is more than the largest slot ([`MAX_SLOT_BYTES`]), or as many as fit
+    /// an explicit `ring.slot_bytes`. With `P = ceil(batch_size / that)` parts per batch, each
+    /// part gets `ceil(batch_size / P)` samples, so the parts of a batch are as even as whole
+    /// samples allow. `"auto"` then sizes the slot for one such part (rounded up to
+    /// [`SLOT_ALIGN`]); with a whole batch per slot that is today's `"auto"`, bit for bit.
+    /// A config where not even one sample fits a slot is refused by [`Config::validate`]; here
+    /// it gives one sample per part.
+    pub fn part_layout(&self) -> PartLayout {
+        let bs = self.plan.batch_size.max(1);
+        let room = match self.ring.slot_bytes {
+            SlotBytes::Auto => MAX_SLOT_BYTES,
             SlotBytes::Fixed(b) => b.0,
+        };
+        let most = self.max_samples_in(room).max(1);
+        let parts = bs.div_ceil(most);
+        let samples_per_part = bs.div_ceil(parts);
+        let slot_bytes = match self.ring.slot_bytes {
+            SlotBytes::Auto => round_up(self.part_need(samples_per_part), SLOT_ALIGN),
+            SlotBytes::Fixed(b) => b.0,
+        };
+        PartLayout {
+            samples_per_part,
+            parts_per_batch: parts,
+            slot_bytes,
         }
+    }
+
+    /// Samples in each part of a batch ([`Config::part_layout`]).
+    pub fn samples_per_part(&self) -> u32 {
+        self.part_layout().samples_per_part
+    }
+
+    /// Parts (slots) per batch ([`Config::part_layout`]).
+    pub fn parts_per_batch(&self) -> u32 {
+        self.part_layout().parts_per_batch
+    }
+
+    /// Payload bytes of a full part (`samples_per_part * sample_bytes`).
+    pub fn part_payload_bytes_max(&self) -> u64 {
+        u64::from(self.samples_per_part()).saturating_mul(self.sample_bytes())
+    }
+
+    /// Bytes per slot: explicit, or for `"auto"` one part (a whole batch when it fits the
+    /// largest slot) with its metadata reserve, rounded up to [`SLOT_ALIGN`]
+    /// ([`Config::part_layout`]).
+    pub fn slot_bytes(&self) -> u64 {
+        self.part_layout().slot_bytes
     }
 
     /// Bytes of all slots together (`slots * slot_bytes`, saturating);
@@ -817,6 +885,7 @@ impl Config {
             drop_last: p.drop_last,
             rank: p.rank,
             world_size: p.world_size,
+            samples_per_part: self.samples_per_part(),
         }
     }
 
@@ -1013,17 +1082,28 @@ mod tests {
     }
 
     #[test]
-    fn explicit_slot_too_small_says_minimum() {
+    fn explicit_slot_smaller_than_a_batch_cuts_parts_and_too_small_for_a_sample_is_refused() {
         let mut c = Config::default();
+        // Smaller than a batch: parts.
         c.ring.slot_bytes = SlotBytes::Fixed(ByteSize(1 << 20));
+        c.validate().unwrap();
+        assert_eq!(c.parts_per_batch(), 3);
+        // Smaller than one sample with its metadata: refused, naming the sizes that work.
+        c.ring.slot_bytes = SlotBytes::Fixed(ByteSize(64 << 10));
         let e = c.validate().unwrap_err().to_string();
-        assert!(e.contains("ring.slot_bytes"), "{e}");
-        assert!(e.contains(&c.min_slot_bytes().to_string()), "{e}");
-        let smallest = round_up(c.min_slot_bytes(), SLOT_ALIGN);
-        assert!(e.contains(&format!("at least {smallest}")), "{e}");
+        let smallest = round_up(c.part_need(1), SLOT_ALIGN);
+        assert!(
+            e.contains("ring.slot_bytes")
+                && e.contains("too small")
+                && e.contains(&c.part_need(1).to_string())
+                && e.contains(&format!("at least {smallest}"))
+                && e.contains("not split across slots"),
+            "{e}"
+        );
         c.ring.slot_bytes = SlotBytes::Fixed(ByteSize(smallest));
         c.validate().unwrap();
         assert_eq!(c.slot_bytes(), smallest);
+        assert_eq!(c.parts_per_batch(), 32);
     }
 
     #[test]
@@ -1037,12 +1117,12 @@ mod tests {
                 && e.contains("use 2998272 or 3002368"),
             "{e}"
         );
-        // Rounding down would be too small for the batch: only the size above is offered.
-        let min = Config::default().min_slot_bytes();
-        let e = parse(&format!("[ring]\nslot_bytes = {}\n", min + 1))
+        // Rounding down would be too small for one sample: only the size above is offered.
+        let one = Config::default().part_need(1);
+        let e = parse(&format!("[ring]\nslot_bytes = {}\n", one + 1))
             .unwrap_err()
             .to_string();
-        let up = round_up(min + 1, SLOT_ALIGN);
+        let up = round_up(one + 1, SLOT_ALIGN);
         assert!(e.contains(&format!("use {up}, or")), "{e}");
         parse(&format!("[ring]\nslot_bytes = {up}\n")).unwrap();
     }
@@ -1062,32 +1142,23 @@ mod tests {
     }
 
     #[test]
-    fn a_batch_larger_than_the_largest_slot_names_the_batch_size_that_fits() {
-        // 100000 samples of 64 KiB: a 6.5 GB batch.
-        let e = parse("[plan]\nbatch_size = 100000\n")
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("plan.batch_size = 100000"), "{e}");
-        let fits: u32 = e
-            .split("use plan.batch_size = ")
-            .nth(1)
-            .and_then(|t| t.split_whitespace().next())
-            .and_then(|n| n.parse().ok())
-            .unwrap_or_else(|| panic!("no batch size offered: {e}"));
-        let with = |b: u32| parse(&format!("[plan]\nbatch_size = {b}\n"));
-        let c = with(fits).unwrap();
+    fn a_batch_larger_than_the_largest_slot_is_cut_into_parts() {
+        // 100000 samples of 64 KiB: a 6.5 GB batch, in parts no larger than the largest slot.
+        let c = parse("[plan]\nbatch_size = 100000\n").unwrap();
+        assert!(c.parts_per_batch() > 1);
         assert!(c.slot_bytes() <= MAX_SLOT_BYTES);
-        assert!(with(fits + 1).is_err(), "{fits} is the largest that fits");
-        // Also with an explicit slot size: the batch is the problem, not the slot.
-        let e = parse("[ring]\nslot_bytes = \"1GiB\"\n[plan]\nbatch_size = 100000\n")
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("plan.batch_size"), "{e}");
-        // One sample that no slot holds.
+        // Also with an explicit slot size.
+        let c = parse("[ring]\nslot_bytes = \"1GiB\"\n[plan]\nbatch_size = 100000\n").unwrap();
+        assert_eq!(c.slot_bytes(), MAX_SLOT_BYTES);
+        assert!(c.parts_per_batch() > 1);
+        // One sample that no slot holds: samples are not split (yet).
         let e = parse("[dataset]\nsample_shape = [1073741824]\ndtype = \"u8\"\n")
             .unwrap_err()
             .to_string();
-        assert!(e.contains("dataset.sample_shape"), "{e}");
+        assert!(
+            e.contains("dataset.sample_shape") && e.contains("not split across slots"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -1104,6 +1175,60 @@ mod tests {
             e.contains("ring.slots") && e.contains(&MAX_SLOTS.to_string()),
             "{e}"
         );
+    }
+
+    fn layout(c: &Config) -> (u32, u32, u64) {
+        let l = c.part_layout();
+        (l.samples_per_part, l.parts_per_batch, l.slot_bytes)
+    }
+
+    #[test]
+    fn a_batch_that_fits_a_slot_is_one_part() {
+        let c = Config::default();
+        assert_eq!(layout(&c), (32, 1, (2 << 20) + 4096));
+        assert_eq!(c.plan_params().samples_per_part, 32);
+        assert_eq!(c.meta_reserve_bytes(), round_up(max_encoded_len(32, 2), 64));
+        let mut c = Config::default();
+        c.ring.slot_bytes = SlotBytes::Fixed(ByteSize(16 << 20));
+        assert_eq!(layout(&c), (32, 1, 16 << 20));
+    }
+
+    #[test]
+    fn a_small_explicit_slot_cuts_the_batch_into_even_parts() {
+        // 32 samples of 64 KiB; a 1 MiB slot holds 15 with their metadata: 3 parts of 11.
+        let mut c = Config::default();
+        c.ring.slot_bytes = SlotBytes::Fixed(ByteSize(1 << 20));
+        assert_eq!(c.max_samples_in(1 << 20), 15);
+        assert_eq!(layout(&c), (11, 3, 1 << 20));
+        assert_eq!(c.part_payload_bytes_max(), 11 * 65536);
+        assert_eq!(c.meta_reserve_bytes(), round_up(max_encoded_len(11, 2), 64));
+        assert!(c.part_need(11) <= 1 << 20);
+        // Exactly one sample per slot.
+        c.ring.slot_bytes = SlotBytes::Fixed(ByteSize(65536 + 4096));
+        assert_eq!(layout(&c), (1, 32, 65536 + 4096));
+    }
+
+    #[test]
+    fn auto_cuts_a_batch_over_the_largest_slot_into_parts() {
+        // 100000 samples of 64 KiB: more than 1 GiB, so parts no larger than the largest slot.
+        let mut c = Config::default();
+        c.plan.batch_size = 100_000;
+        let (spp, parts, slot) = layout(&c);
+        assert_eq!(parts, 100_000u32.div_ceil(c.max_samples_in(MAX_SLOT_BYTES)));
+        assert_eq!(spp, 100_000u32.div_ceil(parts));
+        assert!(slot <= MAX_SLOT_BYTES && slot % SLOT_ALIGN == 0);
+        assert_eq!(slot, round_up(c.part_need(spp), SLOT_ALIGN));
+        assert!(u64::from(spp) * u64::from(parts) >= 100_000);
+    }
+
+    #[test]
+    fn the_fingerprint_covers_the_part_layout() {
+        let a = Config::default();
+        let mut b = Config::default();
+        b.ring.slot_bytes = SlotBytes::Fixed(ByteSize(1 << 20));
+        assert_ne!(a.fingerprint(), b.fingerprint());
+        let bytes = b.fingerprint_bytes();
+        assert_eq!(bytes[bytes.len() - 4..], 11u32.to_le_bytes());
     }
 
     #[test]

@@ -17,7 +17,7 @@ use crate::config::{Config, DatasetKind};
 /// Version of the fingerprint encoding *and* of the data algorithms (plan
 /// PRNG, synthetic generator, metadata encoding). Bump it when any of them
 /// changes so that mismatched builds refuse to talk to each other.
-pub const FINGERPRINT_VERSION: u32 = 1;
+pub const FINGERPRINT_VERSION: u32 = 2;
 
 const MAGIC: &[u8; 8] = b"pinrngfp";
 
@@ -27,7 +27,8 @@ impl Config {
     /// (u8), samples (u64), ndims (u32), each dim (u32), dtype code (u8),
     /// dataset seed (u64), classes (u32), batch_size (u32), shuffle (u8),
     /// plan seed (u64), start_epoch (u32), drop_last (u8),
-    /// rank (u32), world_size (u32), resolved slot_bytes (u64).
+    /// rank (u32), world_size (u32), resolved slot_bytes (u64), samples per part (u32;
+    /// version 2: with the slot size and batch size it fixes which samples each seq carries).
     pub fn fingerprint_bytes(&self) -> Vec<u8> {
         let d = &self.dataset;
         let p = &self.plan;
@@ -52,7 +53,9 @@ impl Config {
         b.push(u8::from(p.drop_last));
         b.extend_from_slice(&p.rank.to_le_bytes());
         b.extend_from_slice(&p.world_size.to_le_bytes());
-        b.extend_from_slice(&self.slot_bytes().to_le_bytes());
+        let parts = self.part_layout();
+        b.extend_from_slice(&parts.slot_bytes.to_le_bytes());
+        b.extend_from_slice(&parts.samples_per_part.to_le_bytes());
         b
     }
 

@@ -16,11 +16,11 @@ pub mod size;
 pub mod synthetic;
 
 pub use config::{
-    BadBatchPolicy, Config, ConfigError, DaemonConfig, DatasetConfig, DatasetKind, PlanConfig,
-    RingConfig, SegmentMode, SlotBytes, DEFAULT_CONFIG_TOML,
+    BadBatchPolicy, Config, ConfigError, DaemonConfig, DatasetConfig, DatasetKind, PartLayout,
+    PlanConfig, RingConfig, SegmentMode, SlotBytes, DEFAULT_CONFIG_TOML,
 };
 pub use fingerprint::FINGERPRINT_VERSION;
 pub use meta::{max_encoded_len, BatchMeta, Dtype, MetaError, MAX_META_BYTES};
-pub use plan::{BatchIndices, Plan, PlanError, PlanParams};
+pub use plan::{BatchIndices, Part, Plan, PlanError, PlanParams};
 pub use size::{ByteSize, SizeError};
 pub use synthetic::{generator_throughput, Synthetic, SyntheticError};

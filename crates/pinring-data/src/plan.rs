@@ -16,8 +16,17 @@
 //!    `drop_last` a final partial batch is dropped, otherwise it is kept
 //!    (shorter).
 //!
-//! Batch sequence number `k` is batch `k % bpe` of epoch
-//! `start_epoch + k / bpe`, where `bpe` is [`Plan::batches_per_epoch`].
+//! 4. Each batch is cut into `P` parts ([`Plan::parts_per_batch`]) of
+//!    `samples_per_part` consecutive samples each: part `j` holds the batch's
+//!    samples `j * spp .. min((j + 1) * spp, len)`. A short last batch keeps
+//!    all `P` parts; the parts past its samples are empty (0 samples), so
+//!    every batch has the same number of parts and seqs map to parts by
+//!    arithmetic alone.
+//!
+//! Batch number `b` is batch `b % bpe` of epoch `start_epoch + b / bpe`,
+//! where `bpe` is [`Plan::batches_per_epoch`]. The ring carries one seq per
+//! part: seq `s` is part `s % P` of batch `s / P` ([`Plan::part_into`]). With
+//! `P = 1` (a whole batch per slot) seq and batch number coincide.
 
 /// Largest dataset a plan supports (permutations are stored as `u32`).
 pub const MAX_PLAN_SAMPLES: u64 = 1 << 32;
@@ -50,11 +59,11 @@ pub enum PlanError {
         drop_last: bool,
     },
     /// `seq` is past the end of the plan.
-    #[error("batch seq {seq} is out of range: the plan has {total} batches (seq 0..{total}); the ring and the plan disagree, check that daemon and loaders use the same config")]
+    #[error("seq {seq} is out of range: the plan has {total} (seq 0..{total}, one per part of each batch); the ring and the plan disagree, check that daemon and loaders use the same config")]
     SeqOutOfRange {
         /// Requested sequence number.
         seq: u64,
-        /// Number of batches in the plan.
+        /// Number of seqs (batches with [`Plan::batch`], parts with [`Plan::part_into`]).
         total: u64,
     },
 }
@@ -80,6 +89,43 @@ pub struct PlanParams {
     pub rank: u32,
     /// Number of ranks (>= 1).
     pub world_size: u32,
+    /// Samples in each part of a batch (1..=batch_size); `batch_size` means one part per batch.
+    pub samples_per_part: u32,
+}
+
+/// Where a seq's part lies: in which batch, which part of it, and which of the batch's samples.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Part {
+    /// The part's sequence number (the seq a ring slot carries).
+    pub seq: u64,
+    /// Number of the batch the part belongs to (`seq / parts`).
+    pub batch: u64,
+    /// Index of the part in its batch (`seq % parts`).
+    pub part: u32,
+    /// Parts per batch.
+    pub parts: u32,
+    /// Epoch of the batch (includes `start_epoch`).
+    pub epoch: u32,
+    /// Index of the batch within its epoch.
+    pub index_in_epoch: u64,
+    /// Position in the batch of the part's first sample.
+    pub first_in_batch: u64,
+    /// Samples in the part (0 for the parts past the end of a short last batch).
+    pub samples: u64,
+    /// Samples in the whole batch.
+    pub batch_samples: u64,
+}
+
+impl Part {
+    /// Byte offset of the part in its batch's payload, for samples of `sample_bytes` bytes.
+    pub fn byte_offset(&self, sample_bytes: u64) -> u64 {
+        self.first_in_batch.saturating_mul(sample_bytes)
+    }
+
+    /// Bytes of payload in the part, for samples of `sample_bytes` bytes.
+    pub fn payload_bytes(&self, sample_bytes: u64) -> u64 {
+        self.samples.saturating_mul(sample_bytes)
+    }
 }
 
 /// One batch of the plan.
@@ -178,6 +224,8 @@ pub struct Plan {
     params: PlanParams,
     per_rank: u64,
     bpe: u64,
+    /// Parts per batch.
+    parts: u64,
     /// (epoch, this rank's samples for that epoch) when shuffling.
     cache: Option<(u32, Vec<u32>)>,
 }
@@ -205,6 +253,13 @@ impl Plan {
         }
         if p.epochs == 0 {
             return bad("plan.epochs", "0".into(), "must be >= 1");
+        }
+        if p.samples_per_part == 0 || p.samples_per_part > p.batch_size {
+            return bad(
+                "samples per part",
+                p.samples_per_part.to_string(),
+                &format!("must be between 1 and plan.batch_size ({})", p.batch_size),
+            );
         }
         if p.world_size == 0 {
             return bad("plan.world_size", "0".into(), "must be >= 1");
@@ -248,6 +303,7 @@ impl Plan {
             params: p,
             per_rank,
             bpe,
+            parts: u64::from(p.batch_size.div_ceil(p.samples_per_part)),
             cache: None,
         })
     }
@@ -272,7 +328,47 @@ impl Plan {
         u64::from(self.params.epochs) * self.bpe
     }
 
-    /// The batch with sequence number `seq`.
+    /// Parts per batch (`ceil(batch_size / samples_per_part)`, at least 1).
+    pub fn parts_per_batch(&self) -> u64 {
+        self.parts
+    }
+
+    /// Seqs in the whole plan: one per part of each batch (`total_batches * parts_per_batch`).
+    pub fn total_seqs(&self) -> u64 {
+        self.total_batches() * self.parts
+    }
+
+    /// The part with sequence number `seq`: fills `out` (cleared first) with its sample ids, in
+    /// payload order, and says where it lies. With one part per batch this is
+    /// [`Plan::batch_into`], seq for seq.
+    pub fn part_into(&mut self, seq: u64, out: &mut Vec<u64>) -> Result<Part, PlanError> {
+        let total = self.total_seqs();
+        if seq >= total {
+            return Err(PlanError::SeqOutOfRange { seq, total });
+        }
+        let batch = seq / self.parts;
+        // < parts <= batch_size, a u32.
+        let part = (seq % self.parts) as u32;
+        let (epoch, index_in_epoch, start, end) = self.batch_range(batch);
+        let batch_samples = end - start;
+        let spp = u64::from(self.params.samples_per_part);
+        let lo = (u64::from(part) * spp).min(batch_samples);
+        let hi = (lo + spp).min(batch_samples);
+        self.fill(epoch, start + lo, start + hi, out);
+        Ok(Part {
+            seq,
+            batch,
+            part,
+            parts: self.parts as u32,
+            epoch,
+            index_in_epoch,
+            first_in_batch: lo,
+            samples: hi - lo,
+            batch_samples,
+        })
+    }
+
+    /// The batch with batch number `seq` (see [`Plan::part_into`] for the seqs of parts).
     pub fn batch(&mut self, seq: u64) -> Result<BatchIndices, PlanError> {
         let mut samples = Vec::new();
         let (epoch, index_in_epoch) = self.batch_into(seq, &mut samples)?;
@@ -291,13 +387,28 @@ impl Plan {
         if seq >= total {
             return Err(PlanError::SeqOutOfRange { seq, total });
         }
+        let (epoch, index_in_epoch, start, end) = self.batch_range(seq);
+        self.fill(epoch, start, end, out);
+        Ok((epoch, index_in_epoch))
+    }
+
+    /// Epoch, index in epoch, and the range of this rank's positions of batch `batch` (which
+    /// must be < `total_batches`).
+    fn batch_range(&self, batch: u64) -> (u32, u64, u64, u64) {
         let p = self.params;
-        // Fits: seq / bpe < epochs and start_epoch + epochs - 1 fits u32 (checked in new).
-        let epoch = p.start_epoch + (seq / self.bpe) as u32;
-        let index_in_epoch = seq % self.bpe;
+        // Fits: batch / bpe < epochs and start_epoch + epochs - 1 fits u32 (checked in new).
+        let epoch = p.start_epoch + (batch / self.bpe) as u32;
+        let index_in_epoch = batch % self.bpe;
         let bs = u64::from(p.batch_size);
         let start = index_in_epoch * bs;
         let end = (start + bs).min(self.per_rank);
+        (epoch, index_in_epoch, start, end)
+    }
+
+    /// Fills `out` (cleared first) with the sample ids at this rank's positions `start..end` of
+    /// `epoch`.
+    fn fill(&mut self, epoch: u32, start: u64, end: u64, out: &mut Vec<u64>) {
+        let p = self.params;
         out.clear();
         out.reserve((end - start) as usize);
         let n = p.samples;
@@ -315,7 +426,6 @@ impl Plan {
             // r + k*W, padded by wrapping around.
             out.extend((start..end).map(|k| (r + k * w) % n));
         }
-        Ok((epoch, index_in_epoch))
     }
 
     /// This rank's sample order for `epoch` (shuffled case), cached.
@@ -362,7 +472,53 @@ mod tests {
             drop_last: false,
             rank: 0,
             world_size: 1,
+            samples_per_part: batch_size.max(1),
         }
+    }
+
+    /// The same plan with one part per batch.
+    fn params_like(p: &PlanParams) -> PlanParams {
+        PlanParams {
+            samples_per_part: p.batch_size,
+            ..*p
+        }
+    }
+
+    #[test]
+    fn a_short_last_batch_has_empty_trailing_parts() {
+        // 10 samples, batches of 8 in parts of 3: batch 1 has 2 samples, in part 0 only.
+        let mut p = params(10, 8);
+        p.shuffle = false;
+        p.epochs = 1;
+        p.samples_per_part = 3;
+        let mut plan = Plan::new(&p).unwrap();
+        assert_eq!(plan.parts_per_batch(), 3);
+        assert_eq!(plan.total_seqs(), 6);
+        let mut ids = Vec::new();
+        let got: Vec<(u64, u64, Vec<u64>)> = (0..6)
+            .map(|s| {
+                let part = plan.part_into(s, &mut ids).unwrap();
+                (part.batch, part.first_in_batch, ids.clone())
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (0, 0, vec![0, 1, 2]),
+                (0, 3, vec![3, 4, 5]),
+                (0, 6, vec![6, 7]),
+                (1, 0, vec![8, 9]),
+                (1, 2, vec![]),
+                (1, 2, vec![]),
+            ]
+        );
+        p.samples_per_part = 9;
+        assert!(Plan::new(&p)
+            .unwrap_err()
+            .to_string()
+            .contains("samples per part"));
+        p.samples_per_part = 0;
+        assert!(Plan::new(&p).is_err());
     }
 
     fn epoch_samples(plan: &mut Plan, epoch_idx: u64) -> Vec<u64> {
@@ -558,6 +714,74 @@ mod tests {
             } else {
                 // Truncation: no sample appears twice.
                 prop_assert_eq!(distinct.len() as u64, total);
+            }
+        }
+
+        #[test]
+        fn parts_are_disjoint_in_order_and_cover_their_batch(
+            n in 1u64..300, bs in 1u32..24, spp_raw in 1u32..24, w in 1u32..4,
+            drop_last: bool, shuffle: bool, seed: u64,
+        ) {
+            let mut p = params(n, bs);
+            p.seed = seed;
+            p.world_size = w;
+            p.rank = w - 1;
+            p.drop_last = drop_last;
+            p.shuffle = shuffle;
+            p.samples_per_part = spp_raw.min(bs);
+            let (Ok(mut parts), Ok(mut whole)) = (Plan::new(&p), Plan::new(&params_like(&p))) else {
+                return Ok(());
+            };
+            let pp = parts.parts_per_batch();
+            prop_assert_eq!(pp, u64::from(bs.div_ceil(p.samples_per_part)));
+            prop_assert_eq!(parts.total_seqs(), parts.total_batches() * pp);
+            let mut ids = Vec::new();
+            for b in 0..parts.total_batches() {
+                let batch = whole.batch(b).unwrap();
+                let mut joined = Vec::new();
+                for j in 0..pp {
+                    let seq = b * pp + j;
+                    let part = parts.part_into(seq, &mut ids).unwrap();
+                    prop_assert_eq!((part.seq, part.batch, u64::from(part.part)), (seq, b, j));
+                    prop_assert_eq!(u64::from(part.parts), pp);
+                    prop_assert_eq!((part.epoch, part.index_in_epoch), (batch.epoch, batch.index_in_epoch));
+                    prop_assert_eq!(part.batch_samples, batch.samples.len() as u64);
+                    prop_assert_eq!(part.samples, ids.len() as u64);
+                    prop_assert!(part.samples <= u64::from(p.samples_per_part));
+                    // In order: each part starts where the previous one ended.
+                    prop_assert_eq!(part.first_in_batch, joined.len() as u64);
+                    prop_assert_eq!(part.byte_offset(12), joined.len() as u64 * 12);
+                    prop_assert_eq!(part.payload_bytes(12), ids.len() as u64 * 12);
+                    joined.extend_from_slice(&ids);
+                }
+                // Disjoint and covering: the parts, joined, are exactly the batch.
+                prop_assert_eq!(&joined, &batch.samples);
+            }
+            let total = parts.total_seqs();
+            let past_the_end = parts.part_into(total, &mut ids);
+            prop_assert!(matches!(past_the_end, Err(PlanError::SeqOutOfRange { .. })), "{:?}", past_the_end);
+        }
+
+        #[test]
+        fn one_part_per_batch_is_the_batch_mapping(
+            n in 1u64..300, bs in 1u32..24, w in 1u32..4, drop_last: bool, shuffle: bool, seed: u64,
+        ) {
+            let mut p = params(n, bs);
+            p.seed = seed;
+            p.world_size = w;
+            p.rank = 0;
+            p.drop_last = drop_last;
+            p.shuffle = shuffle;
+            let Ok(mut plan) = Plan::new(&p) else { return Ok(()); };
+            prop_assert_eq!(plan.parts_per_batch(), 1);
+            prop_assert_eq!(plan.total_seqs(), plan.total_batches());
+            let mut ids = Vec::new();
+            for seq in 0..plan.total_seqs() {
+                let part = plan.part_into(seq, &mut ids).unwrap();
+                let batch = plan.batch(seq).unwrap();
+                prop_assert_eq!(&ids, &batch.samples);
+                prop_assert_eq!((part.batch, part.part, part.first_in_batch), (seq, 0, 0));
+                prop_assert_eq!((part.epoch, part.index_in_epoch), (batch.epoch, batch.index_in_epoch));
             }
         }
 

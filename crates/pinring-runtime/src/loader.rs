@@ -1,5 +1,6 @@
-//! A loader process: attaches to a ring by name, claims FREE slots, makes exactly the batch whose
-//! seq the slot carries (sample bytes and metadata written straight into the slot), commits it,
+//! A loader process: attaches to a ring by name, claims FREE slots, makes exactly the batch part
+//! whose seq the slot carries (sample bytes and metadata written straight into the slot; a part is
+//! the whole batch when a batch fits one slot), commits it,
 //! and repeats until the daemon closes the ring. Stateless: any number may run, join late, or
 //! leave; the daemon's sequencer decides what each one makes.
 
@@ -285,12 +286,10 @@ fn plan_covering(cfg: &mut Config, end_seq: u64) -> Result<Plan, LoaderError> {
         source_name: cfg.source.clone(),
         source,
     };
-    let bpe = cfg
-        .plan()
-        .map_err(|e| plan_err(cfg, e))?
-        .batches_per_epoch()
-        .max(1);
-    let epochs = end_seq.div_ceil(bpe).clamp(1, u64::from(u32::MAX)) as u32;
+    // Seqs are parts: an epoch has batches_per_epoch * parts_per_batch of them.
+    let plan = cfg.plan().map_err(|e| plan_err(cfg, e))?;
+    let per_epoch = (plan.batches_per_epoch() * plan.parts_per_batch()).max(1);
+    let epochs = end_seq.div_ceil(per_epoch).clamp(1, u64::from(u32::MAX)) as u32;
     cfg.plan.epochs = epochs;
     cfg.plan().map_err(|e| plan_err(cfg, e))
 }
@@ -382,7 +381,12 @@ impl Worker<'_> {
             let t = Instant::now();
             hint = (claim.slot() + 1) % self.ring.geometry().slot_count;
             let seq = claim.seq();
-            let made = self.plan.batch_into(seq, &mut self.samples);
+            // The seq names one part of a batch: its samples, its metadata (the part's seq and
+            // sample ids, the batch's epoch and index), into this slot.
+            let made = self
+                .plan
+                .part_into(seq, &mut self.samples)
+                .map(|p| (p.epoch, p.index_in_epoch));
             let mut slot = self.ring.slot_writer(&mut claim);
             let (payload_len, meta_len, error) = match made {
                 Err(e) => {

@@ -21,8 +21,15 @@ pub struct Summary {
     pub start_seq: u64,
     /// One past the last seq of the plan.
     pub end_seq: u64,
-    /// Batches handed to the sink.
+    /// Batches handed to the sink (each once all its parts were on the device).
     pub batches_delivered: u64,
+    /// Parts (slots) per batch; 1 when a whole batch fits one slot.
+    #[serde(default)]
+    pub parts_per_batch: u64,
+    /// Parts delivered with their batches (`batches_delivered * parts_per_batch`); seqs count
+    /// parts, so `start_seq`, `end_seq`, `missing`, `duplicates` and `resume_seq` do too.
+    #[serde(default)]
+    pub parts_delivered: u64,
     /// Batches whose every byte was checked and right.
     pub batches_verified: u64,
     /// Batches whose bytes or metadata were wrong.

@@ -44,7 +44,7 @@ fn gpu_smoke() {
     let ring = AlignedBuf::new(RING, "test ring").unwrap();
     let content = pattern(1, RING);
     // SAFETY: `content` has RING bytes; the ring is not shared yet.
-    unsafe { ring.write_from(content.as_ptr(), RING) };
+    unsafe { ring.write_from(0, content.as_ptr(), RING) };
     // SAFETY: `ring` outlives `reg` (dropped explicitly below).
     let reg = unsafe { b.register_chunked(ring.as_mut_ptr(), RING, true, 16 << 20) }.unwrap();
     assert!(reg.registered());
@@ -78,6 +78,7 @@ fn gpu_smoke() {
                         src: (ring_addr + off) as *const u8,
                         len,
                         buffer,
+                        dst_offset: 0,
                     };
                     // SAFETY: the ring outlives the scope and is not written during it.
                     unsafe { up.submit(job) }.unwrap();
@@ -107,6 +108,7 @@ fn gpu_smoke() {
                 src: plain.as_ptr(),
                 len: plain.len(),
                 buffer: 1,
+                dst_offset: 0,
             };
             // SAFETY: `plain` outlives the completion received next.
             unsafe { up.submit(job) }.unwrap();
@@ -138,6 +140,7 @@ fn gpu_smoke() {
         src: bytes.as_ptr(),
         len: bytes.len(),
         buffer: 0,
+        dst_offset: 0,
     };
     // SAFETY: `bytes` outlives the completion received next.
     unsafe { cu.submit(job) }.unwrap();
@@ -184,6 +187,7 @@ fn a_buffer_being_read_refuses_uploads() {
         src: src.as_ptr(),
         len: src.len(),
         buffer: 0,
+        dst_offset: 0,
     };
     {
         // What `checksum` and `compute` hold while their kernel runs.
@@ -249,6 +253,7 @@ fn cudarc_context_is_set_up_as_documented() {
         src: data.as_ptr(),
         len: data.len(),
         buffer: 1,
+        dst_offset: 0,
     };
     // SAFETY: `data` outlives the completion received next.
     unsafe { up.submit(job) }.unwrap();

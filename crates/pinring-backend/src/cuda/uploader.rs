@@ -31,7 +31,7 @@ use super::completion::{self, InFlight};
 use super::kernels::{KernelState, Span};
 use super::{gib, raw, ChunkTable, CudaBackend};
 use crate::error::cuda_error;
-use crate::host::check_range;
+use crate::host::{check_dst, check_range};
 use crate::{BackendError, Completion, UploadJob, Uploader};
 
 /// Upload engine of the CUDA backend.
@@ -322,9 +322,9 @@ impl Drop for Reading<'_> {
 
 impl Uploader for CudaUploader {
     unsafe fn submit(&self, job: UploadJob) -> Result<(), BackendError> {
-        check_range(
-            "submit",
+        check_dst(
             job.buffer,
+            job.dst_offset,
             job.len,
             self.buffers.len(),
             self.buffer_bytes,
@@ -361,8 +361,8 @@ impl Uploader for CudaUploader {
         };
         let object = || {
             format!(
-                "{} bytes from host {:p} into device buffer {} (tag {}) on device {device}",
-                job.len, job.src, job.buffer, job.tag
+                "{} bytes from host {:p} into device buffer {} at offset {} (tag {}) on device {device}",
+                job.len, job.src, job.buffer, job.dst_offset, job.tag
             )
         };
         let submitted = Instant::now();
@@ -373,15 +373,15 @@ impl Uploader for CudaUploader {
         let mut cur = start;
         while cur < end {
             let next = self.chunks.next_boundary(cur, end);
-            // SAFETY: [cur, next) is a piece of src..src+len, and (cur - start) + (next - cur)
-            // <= len <= buffer size (checked above); the caller of `submit` guarantees
+            // SAFETY: [cur, next) is a piece of src..src+len, and dst_offset + (cur - start) +
+            // (next - cur) <= dst_offset + len <= buffer size (checked above); the caller of `submit` guarantees
             // src..src+len stays valid and unwritten until the Completion is received, and the
             // completion thread sends it only after the event recorded below (which follows
             // these copies on the same stream) has completed. Device buffers are freed only
             // after that thread has drained (Drop).
             let r = unsafe {
                 self.buffers[b].copy_in_async(
-                    cur - start,
+                    job.dst_offset + (cur - start),
                     cur as *const u8,
                     next - cur,
                     &self.copy_stream,

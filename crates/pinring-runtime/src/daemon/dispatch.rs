@@ -2,7 +2,7 @@
 //! daemon's own plan, submit their uploads, collect completions, feed the sink, and count what
 //! the sink delivered.
 
-use super::{Daemon, DaemonError};
+use super::{Assembly, Daemon, DaemonError};
 use crate::sink::{self, SinkDone, SinkJob, SinkKind};
 use crossbeam_channel::TryRecvError;
 use pinring_backend::UploadJob;
@@ -30,7 +30,7 @@ impl Daemon {
             };
             progressed = true;
             let slot = c.tag as u32;
-            let (seq, samples, len, commit_ns) =
+            let (seq, batch, len, commit_ns) =
                 self.inflight
                     .remove(&c.tag)
                     .ok_or_else(|| DaemonError::Internal {
@@ -52,12 +52,27 @@ impl Daemon {
             // (D): the upload has finished reading the slot; hand it out again.
             self.hand_out(slot);
             freed += 1;
+            tracing::trace!(ring = %self.cfg.ring.name, seq, batch, len, "part on the device");
+            let Some(assembly) = self.assembling.get_mut(&batch) else {
+                return Err(DaemonError::Internal {
+                    ring: self.cfg.ring.name.clone(),
+                    what: format!("part seq {seq} landed for batch {batch}, which has no buffer"),
+                });
+            };
+            assembly.landed += 1;
+            if assembly.landed < self.parts {
+                continue;
+            }
+            // Every part of the batch is on the device: the sink gets the whole batch.
+            let Some(done) = self.assembling.remove(&batch) else {
+                continue;
+            };
             let job = SinkJob {
-                seq,
-                source: sink::Source::Buffer(c.buffer),
-                buffer: c.buffer,
-                len,
-                samples,
+                seq: batch * self.parts,
+                source: sink::Source::Buffer(done.buffer),
+                buffer: done.buffer,
+                len: done.len,
+                samples: done.samples,
             };
             self.send_to_sink(job)?;
         }
@@ -118,7 +133,20 @@ impl Daemon {
                 self.ring.wake_loaders(1);
             }
             self.sink_busy_ns += done.busy_ns;
-            let order_problem = self.sequencer.delivered(done.seq).err();
+            // Exactly once and in order at part level: a batch delivers each of its parts' seqs,
+            // first to last (zero-copy batches are one part).
+            let parts = if matches!(done.source, sink::Source::Mapped { .. }) {
+                1
+            } else {
+                self.parts
+            };
+            // Every part is booked, even after one reports a problem; the first problem is kept.
+            let mut order_problem = None;
+            for seq in done.seq..done.seq + parts {
+                if let Err(p) = self.sequencer.delivered(seq) {
+                    order_problem.get_or_insert(p);
+                }
+            }
             let problem = done.failure.or(order_problem.map(|p| p.to_string()));
             if let Some(msg) = problem {
                 self.verify_failures += 1;
@@ -142,15 +170,24 @@ impl Daemon {
     /// Takes READY slots (in seq order, or any when unordered) and starts their uploads.
     pub(super) fn dispatch(&mut self) -> Result<bool, DaemonError> {
         let mut progressed = false;
-        while !self.free_buffers.is_empty() {
+        loop {
+            // A part can go up if its batch already has a device buffer, or a buffer is free.
+            let parts = self.parts;
+            let has_buffer = |seq: u64| {
+                !self.free_buffers.is_empty() || self.assembling.contains_key(&(seq / parts))
+            };
             // In order the sequencer offers at most the lowest seq not taken (none while an
             // earlier seq waits for a slot); unordered, every waiting seq: take one that is READY.
             let candidate = if self.cfg.ring.in_order {
-                self.sequencer.dispatchable().next()
+                self.sequencer
+                    .dispatchable()
+                    .next()
+                    .filter(|&(seq, _)| has_buffer(seq))
             } else {
                 let ring = &self.ring;
-                self.sequencer.dispatchable().find(|&(_, sl)| {
-                    ring.slot_view(sl).state == Some(pinring_ring::SlotState::Ready)
+                self.sequencer.dispatchable().find(|&(seq, sl)| {
+                    has_buffer(seq)
+                        && ring.slot_view(sl).state == Some(pinring_ring::SlotState::Ready)
                 })
             };
             let Some((seq, slot)) = candidate else { break };
@@ -165,13 +202,14 @@ impl Daemon {
             };
             self.sequencer.taken(slot, seq);
             let mut samples = self.spare_samples.pop().unwrap_or_default();
-            let (epoch, index_in_epoch) =
+            let part =
                 self.plan
-                    .batch_into(seq, &mut samples)
+                    .part_into(seq, &mut samples)
                     .map_err(|e| DaemonError::Internal {
                         ring: self.cfg.ring.name.clone(),
-                        what: format!("plan has no batch {seq}: {e}"),
+                        what: format!("plan has no part {seq}: {e}"),
                     })?;
+            let (epoch, index_in_epoch) = (part.epoch, part.index_in_epoch);
             // The metadata is untrusted: decode with a bound, then compare with our own plan.
             // Copied out of shared memory first: decoded in private memory only.
             self.ring
@@ -206,7 +244,34 @@ impl Daemon {
                 progressed = true;
                 continue;
             }
-            let buffer = self.free_buffers.pop().expect("checked non-empty");
+            let sample_bytes = self.cfg.sample_bytes();
+            let buffer = match self.assembling.get(&part.batch) {
+                Some(a) => a.buffer,
+                None => {
+                    let buffer = self.free_buffers.pop().expect("checked: a buffer is free");
+                    if self.parts > 1 {
+                        // The whole batch's sample ids, for the sink, from the daemon's plan.
+                        let mut whole = self.spare_samples.pop().unwrap_or_default();
+                        self.plan.batch_into(part.batch, &mut whole).map_err(|e| {
+                            DaemonError::Internal {
+                                ring: self.cfg.ring.name.clone(),
+                                what: format!("plan has no batch {}: {e}", part.batch),
+                            }
+                        })?;
+                        let len = (part.batch_samples * sample_bytes) as usize;
+                        self.assembling.insert(
+                            part.batch,
+                            Assembly {
+                                buffer,
+                                landed: 0,
+                                samples: whole,
+                                len,
+                            },
+                        );
+                    }
+                    buffer
+                }
+            };
             let len = taken.payload_len as usize;
             self.bytes += taken.payload_len;
             self.ring
@@ -236,13 +301,29 @@ impl Daemon {
                 self.send_to_sink(job)?;
                 continue;
             }
+            if self.parts == 1 {
+                // The part is the whole batch: its sample ids are the batch's.
+                let len = (part.batch_samples * sample_bytes) as usize;
+                self.assembling.insert(
+                    part.batch,
+                    Assembly {
+                        buffer,
+                        landed: 0,
+                        samples,
+                        len,
+                    },
+                );
+            } else {
+                self.spare_samples.push(samples);
+            }
             self.inflight
-                .insert(u64::from(slot), (seq, samples, len, taken.commit_ns));
+                .insert(u64::from(slot), (seq, part.batch, len, taken.commit_ns));
             let job = UploadJob {
                 tag: u64::from(slot),
                 src: self.ring.slot_ptr(slot),
                 len,
                 buffer,
+                dst_offset: part.byte_offset(sample_bytes) as usize,
             };
             // SAFETY: the slot is UPLOADING, owned by this loop: no loader may claim it until
             // `hand_out` runs for it, which happens only after this job's completion arrives.

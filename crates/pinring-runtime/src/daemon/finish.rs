@@ -18,7 +18,7 @@ pub fn failed_at_start(args: &DaemonArgs, cfg: Option<&Config>, error: DaemonErr
     };
     let end_seq = cfg
         .and_then(|c| c.plan().ok())
-        .map_or(0, |p| p.total_batches());
+        .map_or(0, |p| p.total_seqs());
     let summary = Summary {
         ring,
         backend: String::new(),
@@ -75,7 +75,9 @@ impl Daemon {
             in_order: self.cfg.ring.in_order,
             start_seq: s.start(),
             end_seq: s.end(),
-            batches_delivered: s.deliveries(),
+            batches_delivered: s.deliveries() / self.parts,
+            parts_per_batch: self.parts,
+            parts_delivered: s.deliveries(),
             batches_verified: self.verified,
             verify_failures: self.verify_failures,
             duplicates: s.duplicates(),

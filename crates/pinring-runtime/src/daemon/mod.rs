@@ -59,7 +59,7 @@ pub enum DaemonError {
         source: pinring_data::PlanError,
     },
     /// `--start-seq` lies past the end of the plan.
-    #[error("ring {ring:?}: --start-seq {start_seq} is past the end of the plan ({end_seq} batches, seqs 0 to {last}, from {source_name}); pass a --start-seq of at most {end_seq} (a summary's resume_seq), or run more epochs (--epochs)", last = .end_seq.saturating_sub(1))]
+    #[error("ring {ring:?}: --start-seq {start_seq} is past the end of the plan ({end_seq} seqs, 0 to {last}, one per batch part, from {source_name}); pass a --start-seq of at most {end_seq} (a summary's resume_seq), or run more epochs (--epochs)", last = .end_seq.saturating_sub(1))]
     StartSeq {
         /// Ring name.
         ring: String,
@@ -71,6 +71,16 @@ pub enum DaemonError {
         source_name: String,
     },
     /// Ring error.
+    /// `--start-seq` falls inside a batch that spans slots.
+    #[error("ring {ring:?}: --start-seq {start_seq} is part {part} of a batch cut into {parts} parts (seqs count parts); pass the first part of a batch, a multiple of {parts} such as {down} (a summary's resume_seq always is one)", part = .start_seq % .parts, down = .start_seq / .parts * .parts)]
+    StartSeqInBatch {
+        /// Ring name.
+        ring: String,
+        /// The requested start.
+        start_seq: u64,
+        /// Parts per batch.
+        parts: u64,
+    },
     #[error(transparent)]
     Ring(#[from] RingError),
     /// Backend error.
@@ -124,7 +134,7 @@ impl DaemonError {
     pub fn exit(&self) -> Exit {
         match self {
             DaemonError::Config(_) | DaemonError::Plan { .. } => Exit::Config,
-            DaemonError::StartSeq { .. } => Exit::Usage,
+            DaemonError::StartSeq { .. } | DaemonError::StartSeqInBatch { .. } => Exit::Usage,
             DaemonError::Ring(RingError::UnknownGroup { .. }) => Exit::Config,
             DaemonError::Service { .. } => Exit::Config,
             DaemonError::Ring(_) | DaemonError::BadBatch { .. } => Exit::Ring,
@@ -172,6 +182,18 @@ pub fn run(args: &DaemonArgs, shutdown: &Shutdown) -> Outcome {
     }
 }
 
+/// A batch whose parts are being uploaded into one device buffer, each at its offset.
+struct Assembly {
+    /// The batch's device buffer.
+    buffer: usize,
+    /// Parts whose upload has completed.
+    landed: u64,
+    /// The whole batch's sample ids, from the daemon's plan.
+    samples: Vec<u64>,
+    /// The whole batch's payload bytes.
+    len: usize,
+}
+
 struct Daemon {
     // Fields drop top to bottom, and these three must go in this order: the upload engine first
     // (its drop waits for copies still running), then the registration (unregistering memory no
@@ -193,8 +215,12 @@ struct Daemon {
     // Protocol state, owned by the main loop.
     /// Which seq each slot carries, what comes next, what was delivered (daemon/sequencer.rs).
     sequencer: Sequencer,
-    /// Uploads in flight: tag (slot) -> (seq, sample ids, length, commit time).
-    inflight: BTreeMap<u64, (u64, Vec<u64>, usize, u64)>,
+    /// Uploads in flight: tag (slot) -> (seq, batch, length, commit time).
+    inflight: BTreeMap<u64, (u64, u64, usize, u64)>,
+    /// Parts (seqs) per batch.
+    parts: u64,
+    /// Batches with parts on their way to the device, by batch number.
+    assembling: BTreeMap<u64, Assembly>,
     /// Commit time of each zero-copy batch at the sink, by slot.
     zero_copy_commits: BTreeMap<u32, u64>,
     zero_copy: bool,
@@ -286,7 +312,8 @@ impl Daemon {
                 self.reap()?;
             }
             if !progressed {
-                let could_upload = !self.free_buffers.is_empty() && self.sequencer.any_waiting();
+                let could_upload = (!self.free_buffers.is_empty() || !self.assembling.is_empty())
+                    && self.sequencer.any_waiting();
                 let mut wait = MAX_WAIT;
                 if let Some(deadline) = drain_deadline {
                     wait = wait.min(deadline.saturating_duration_since(Instant::now()));

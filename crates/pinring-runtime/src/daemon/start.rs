@@ -19,7 +19,27 @@ impl Daemon {
             source,
         };
         let plan = cfg.plan().map_err(plan_err)?;
-        let end_seq = plan.total_batches();
+        let end_seq = plan.total_seqs();
+        let parts = plan.parts_per_batch();
+        if parts > 1 && args.zero_copy {
+            return Err(DaemonError::Config(pinring_data::ConfigError::Invalid {
+                source_name: cfg.source.clone(),
+                key: "ring.slot_bytes",
+                value: cfg.ring.slot_bytes.to_string(),
+                allowed: format!(
+                    "--zero-copy reads each batch in its one slot, but this slot size cuts a batch \
+                     into {parts} parts; use a slot that holds a whole batch (\"auto\" for \
+                     batches up to 1 GiB) or run without --zero-copy"
+                ),
+            }));
+        }
+        if args.start_seq % parts != 0 {
+            return Err(DaemonError::StartSeqInBatch {
+                ring: cfg.ring.name.clone(),
+                start_seq: args.start_seq,
+                parts,
+            });
+        }
         if args.start_seq > end_seq {
             return Err(DaemonError::StartSeq {
                 ring: cfg.ring.name.clone(),
@@ -78,22 +98,22 @@ impl Daemon {
         if let Some(r) = &registration {
             tracing::info!(ring = %cfg.ring.name, bytes = r.bytes(), seconds = r.seconds(), registered = r.registered(), "ring memory registered");
         }
+        // One device buffer per batch, sized for a whole batch (its parts land at their offsets).
         // Enough buffers to keep the copy engine busy while completions travel back: with small
-        // slots, a handful of uploads in flight drain faster than a completion round trip.
+        // batches, a handful of uploads in flight drain faster than a completion round trip.
+        let buffer_bytes = cfg.batch_payload_bytes_max().max(1);
         let buffers = args
             .upload_buffers
-            .unwrap_or_else(|| (64u64 << 20).div_ceil(cfg.slot_bytes()).clamp(4, 64) as usize)
+            .unwrap_or_else(|| (64u64 << 20).div_ceil(buffer_bytes).clamp(4, 64) as usize)
             .clamp(1, 256);
-        let uploader: Arc<dyn Uploader> = match selected
-            .backend
-            .uploader(buffers, cfg.slot_bytes() as usize)
-        {
-            Ok(u) => Arc::from(u),
-            Err(e) => {
-                let _ = ring.unlink();
-                return Err(e.into());
-            }
-        };
+        let uploader: Arc<dyn Uploader> =
+            match selected.backend.uploader(buffers, buffer_bytes as usize) {
+                Ok(u) => Arc::from(u),
+                Err(e) => {
+                    let _ = ring.unlink();
+                    return Err(e.into());
+                }
+            };
         let doorbell = Doorbell::new(Arc::clone(&ring));
         // The upload engine's completion thread rings the doorbell itself after sending
         // completions, so the main loop sleeps on one futex word for everything.
@@ -133,6 +153,8 @@ impl Daemon {
             sink_thread: Some(sink_thread),
             sequencer: Sequencer::new(slots, args.start_seq, end_seq, cfg.ring.in_order),
             inflight: BTreeMap::new(),
+            parts,
+            assembling: BTreeMap::new(),
             zero_copy_commits: BTreeMap::new(),
             zero_copy: args.zero_copy,
             latencies: crate::histogram::Quantiles::default(),
