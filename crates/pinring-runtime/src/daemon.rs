@@ -80,6 +80,13 @@ pub struct DaemonArgs {
     pub service: crate::service::DaemonServiceArgs,
 }
 
+/// Device buffers the daemon uses without `--upload-buffers`: enough to keep 64 MiB of uploads
+/// in flight (4 to 64 buffers of `slot_bytes`), so the copy engine stays busy while completions
+/// travel back. `pinring bench`'s reference pipeline uses the same number.
+pub fn default_upload_buffers(slot_bytes: u64) -> usize {
+    (64u64 << 20).div_ceil(slot_bytes.max(1)).clamp(4, 64) as usize
+}
+
 /// Parses `--backend`.
 pub fn parse_backend_kind(s: &str) -> Result<BackendKind, String> {
     s.parse::<BackendKind>().map_err(|e| e.to_string())
@@ -376,7 +383,7 @@ impl Daemon {
         // slots, a handful of uploads in flight drain faster than a completion round trip.
         let buffers = args
             .upload_buffers
-            .unwrap_or_else(|| (64u64 << 20).div_ceil(cfg.slot_bytes()).clamp(4, 64) as usize)
+            .unwrap_or_else(|| default_upload_buffers(cfg.slot_bytes()))
             .clamp(1, 256);
         let uploader: Arc<dyn Uploader> = match selected
             .backend
