@@ -6,6 +6,7 @@
 
 pub mod bench;
 pub mod runner;
+pub mod stats;
 
 use pinring_runtime::shutdown::Shutdown;
 use pinring_runtime::{installed, Exit};
