@@ -275,3 +275,204 @@ fn sigterm_to_pinring_run_drains_and_tells_where_to_resume() {
     );
     assert!(!fx.segment().exists());
 }
+
+/// The fields of a CSV line by column name.
+fn csv_rows(text: &str) -> Vec<std::collections::HashMap<String, String>> {
+    let mut lines = text.lines();
+    let header: Vec<&str> = lines.next().expect("a header").split(',').collect();
+    lines
+        .map(|line| {
+            let fields: Vec<&str> = line.split(',').collect();
+            assert_eq!(fields.len(), header.len(), "{line}");
+            header
+                .iter()
+                .zip(fields)
+                .map(|(h, f)| (h.to_string(), f.to_string()))
+                .collect()
+        })
+        .collect()
+}
+
+fn number(row: &std::collections::HashMap<String, String>, column: &str) -> f64 {
+    row[column]
+        .parse()
+        .unwrap_or_else(|_| panic!("{column} is not a number in {row:?}"))
+}
+
+#[test]
+fn bench_repeats_each_point_next_to_the_reference_and_keeps_every_run() {
+    let out = tempfile::tempdir().unwrap();
+    let bench = Command::new(exe(CLI))
+        .args(["bench", "--backend", "host", "--slot-sizes", "64KiB"])
+        .args([
+            "--loaders",
+            "1,2",
+            "--run-bytes",
+            "4MiB",
+            "--ring-bytes",
+            "512KiB",
+        ])
+        .args([
+            "--register-bytes",
+            "0",
+            "--skip-modes",
+            "--repeat",
+            "2",
+            "--out",
+        ])
+        .arg(out.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = bench.id();
+    let (st, text) = wait_for(bench, "pinring bench", LONG);
+    assert!(st.success(), "{text}");
+
+    // The table: the reference's GB/s and spread, the ratio to it, the flag column; each run
+    // of each point, then its summary row.
+    let header = text
+        .lines()
+        .find(|l| l.starts_with("mode "))
+        .unwrap_or_else(|| panic!("no table header in:\n{text}"));
+    for column in [
+        "GB/s",
+        "min-max",
+        "spread",
+        "ref GB/s",
+        "ref spread",
+        "of ref",
+        "of raw",
+    ] {
+        assert!(header.contains(column), "no {column:?} in {header:?}");
+    }
+    assert!(header.trim_end().ends_with('!'), "{header:?}");
+    assert_eq!(text.matches("  run 1/2: pinring ").count(), 2, "{text}");
+    assert_eq!(text.matches("  run 2/2: pinring ").count(), 2, "{text}");
+    let points: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("pipeline ") && l.contains("64.0 KiB"))
+        .collect();
+    assert_eq!(points.len(), 2, "{text}");
+
+    // The CSV: the ceilings, every run, and a summary row per point.
+    let csv = std::fs::read_to_string(out.path().join("bench.csv")).unwrap();
+    assert_eq!(
+        csv.lines().next().unwrap(),
+        pinring_cli::bench::CSV_COLUMNS.join(",")
+    );
+    let rows = csv_rows(&csv);
+    let modes: Vec<(&str, &str, &str)> = rows
+        .iter()
+        .map(|r| (r["mode"].as_str(), r["loaders"].as_str(), r["run"].as_str()))
+        .collect();
+    assert_eq!(
+        modes,
+        [
+            ("raw registered", "0", ""),
+            ("raw pageable", "0", ""),
+            ("pipeline", "1", "1"),
+            ("pipeline", "1", "2"),
+            ("pipeline", "1", "median"),
+            ("pipeline", "2", "1"),
+            ("pipeline", "2", "2"),
+            ("pipeline", "2", "median"),
+        ]
+    );
+    // 4 MiB in 64 KiB batches: both pipelines move exactly the asked bytes.
+    for run in rows.iter().filter(|r| r["run"] == "1" || r["run"] == "2") {
+        assert_eq!(run["bytes"], (4u64 << 20).to_string(), "{run:?}");
+        assert_eq!(run["ref_bytes"], (4u64 << 20).to_string(), "{run:?}");
+        let (gbps, reference) = (number(run, "gbps"), number(run, "ref_gbps"));
+        assert!(gbps > 0.0 && reference > 0.0, "{run:?}");
+        // Both GB/s are rounded to 3 decimals, and so is their ratio.
+        let (low, high) = (
+            (gbps - 5e-4) / (reference + 5e-4),
+            (gbps + 5e-4) / (reference - 5e-4),
+        );
+        let ratio = number(run, "ratio_to_ref");
+        assert!((low - 5e-4..=high + 5e-4).contains(&ratio), "{run:?}");
+    }
+    // Each summary is the statistics of its two runs (the CSV rounds to 3 decimals).
+    for summary in rows.iter().filter(|r| r["run"] == "median") {
+        let runs: Vec<_> = rows
+            .iter()
+            .filter(|r| r["loaders"] == summary["loaders"] && r["run"] != "median")
+            .collect();
+        let g: Vec<f64> = runs.iter().map(|r| number(r, "gbps")).collect();
+        let near = |a: f64, b: f64| (a - b).abs() < 0.002;
+        assert!(
+            near(number(summary, "gbps"), (g[0] + g[1]) / 2.0),
+            "{summary:?}"
+        );
+        assert!(
+            near(number(summary, "gbps_min"), g[0].min(g[1])),
+            "{summary:?}"
+        );
+        assert!(
+            near(number(summary, "gbps_max"), g[0].max(g[1])),
+            "{summary:?}"
+        );
+        let r: Vec<f64> = runs.iter().map(|r| number(r, "ref_gbps")).collect();
+        assert!(
+            near(number(summary, "ref_gbps"), (r[0] + r[1]) / 2.0),
+            "{summary:?}"
+        );
+        // The flag: either spread over 10% (unless a spread rounds to the threshold itself).
+        let spreads = [number(summary, "spread"), number(summary, "ref_spread")];
+        if spreads.iter().all(|s| (s - 0.1).abs() > 0.001) {
+            let flagged = spreads.iter().any(|&s| s > 0.1);
+            assert_eq!(
+                summary["flagged"],
+                if flagged { "1" } else { "0" },
+                "{summary:?}"
+            );
+        }
+    }
+    // Nothing left in /dev/shm: neither the pipeline's rings nor the reference's segment.
+    for name in [format!("bench-{pid}"), format!("bench-ref-{pid}")] {
+        assert!(
+            !pinring_ring::object_path(&name).exists(),
+            "{name} left behind"
+        );
+    }
+    // The plot redraws from the CSV alone.
+    let again = tempfile::tempdir().unwrap();
+    let replot = Command::new(exe(CLI))
+        .args(["bench", "--replot"])
+        .arg(out.path().join("bench.csv"))
+        .arg("--out")
+        .arg(again.path())
+        .output()
+        .unwrap();
+    assert!(replot.status.success(), "{replot:?}");
+    let svg = std::fs::read_to_string(again.path().join("bench.svg")).unwrap();
+    assert!(svg.contains("reference (no protocol), 2 writers"), "{svg}");
+}
+
+#[test]
+fn the_reference_writer_is_hidden_and_refuses_a_segment_the_bench_did_not_make() {
+    let help = Command::new(exe(CLI)).arg("--help").output().unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    assert!(
+        help.contains("bench") && !help.contains("bench-writer"),
+        "{help}"
+    );
+    let name = format!("it-refmissing-{}", std::process::id());
+    let out = Command::new(exe(CLI))
+        .args(["bench-writer", "--segment", &name, "--index", "0"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(4), "{err}");
+    assert!(
+        err.contains(&name) && err.contains("run `pinring bench` again"),
+        "{err}"
+    );
+    // --repeat counts runs: zero is a usage error.
+    let out = Command::new(exe(CLI))
+        .args(["bench", "--repeat", "0"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+}

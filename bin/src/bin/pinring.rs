@@ -3,7 +3,7 @@
 //! `status`, `clean` and `config check` are the operator's tools.
 
 use clap::{Parser, Subcommand};
-use pinring_cli::{bench, runner};
+use pinring_cli::{bench, reference, runner};
 use pinring_runtime::{
     clean, config_check, crash, daemon, loader, logging, shutdown::Shutdown, status, Exit,
 };
@@ -32,6 +32,9 @@ enum Cmd {
     /// Measure: raw and pageable ceilings, the pipeline over slot sizes and loader counts, and
     /// the modes side by side; prints a table, writes CSV and an SVG plot.
     Bench(bench::BenchArgs),
+    /// One writer of `pinring bench`'s reference pipeline (started by the bench, not by hand).
+    #[command(name = "bench-writer", hide = true)]
+    BenchWriter(reference::WriterArgs),
     /// Config files: check one and print the resolved settings.
     #[command(subcommand)]
     Config(config_check::ConfigCmd),
@@ -53,6 +56,10 @@ fn dispatch() -> Exit {
         Cmd::Bench(args) => {
             logging::init("bench");
             pinring_cli::main_bench(&args)
+        }
+        Cmd::BenchWriter(args) => {
+            logging::init("bench-writer");
+            pinring_cli::main_bench_writer(&args, shutdown)
         }
         Cmd::Daemon(args) => {
             logging::init_with("daemon", args.service.log_level.as_deref());

@@ -4,14 +4,21 @@
 //! upload + compute, zero-copy compute, verify). Prints a table and writes `bench.csv` and
 //! `bench.svg`. Without a GPU it runs the host backend and says so: those numbers measure the
 //! protocol and memory bandwidth, not PCIe.
+//!
+//! Every pipeline run is followed by a run of the reference pipeline ([`crate::reference`]) at
+//! the same writers, slot size, ring size and bytes, so each row says how far pinring is from a
+//! pipeline without its protocol. `--repeat N` measures each point N times, pipeline and
+//! reference alternating, and reports the median and range ([`crate::stats`]); a point whose
+//! runs spread by more than 10% is flagged. The CSV keeps every run and the per-point summary.
 
+use crate::reference::{self, ReferenceError};
 use crate::runner::Children;
+use crate::stats::{self, Stats, SPREAD_FLAG};
 use pinring_backend::BackendKind;
 use pinring_data::{ByteSize, Config, DatasetConfig, Dtype, PlanConfig, RingConfig, SlotBytes};
 use pinring_runtime::daemon::parse_backend_kind;
 use pinring_runtime::summary::Summary;
 use pinring_runtime::Exit;
-use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -54,6 +61,10 @@ pub struct BenchArgs {
     /// Skip the side-by-side mode comparison.
     #[arg(long)]
     pub skip_modes: bool,
+    /// Runs per point, each followed by a run of the reference pipeline; the table reports the
+    /// median and min-max of GB/s and flags (`!`) a point whose runs spread more than 10%.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub repeat: u32,
     /// Size of the ring registered once to time registration (0: skip).
     #[arg(long, default_value = "4GiB")]
     pub register_bytes: ByteSize,
@@ -96,6 +107,15 @@ pub enum BenchError {
         /// Cause.
         why: String,
     },
+    /// A run of the reference pipeline failed.
+    #[error("reference run ({what}) failed: {source}")]
+    Reference {
+        /// Which run.
+        what: String,
+        /// Cause.
+        #[source]
+        source: Box<ReferenceError>,
+    },
 }
 
 impl BenchError {
@@ -105,33 +125,89 @@ impl BenchError {
             BenchError::Backend(_) => Exit::Backend,
             BenchError::Io { .. } | BenchError::Plot { .. } => Exit::Output,
             BenchError::Run { .. } => Exit::PeerDied,
+            BenchError::Reference { source, .. } => source.exit(),
         }
     }
 }
 
-/// One pipeline measurement.
+/// One pipeline run and the reference run measured right after it.
 #[derive(Debug, Clone)]
-pub struct Row {
-    /// What ran ("pipeline", "pageable ring", "zero-copy compute", ...).
-    pub mode: String,
-    /// Payload bytes per batch.
-    pub slot: u64,
-    /// Loader processes.
-    pub loaders: usize,
+pub struct Run {
+    /// 1-based index of the run within its point.
+    pub index: u32,
     /// Payload GB/s.
     pub gbps: f64,
-    /// Raw registered ceiling at this size, GB/s.
-    pub raw_gbps: f64,
+    /// Payload bytes delivered.
+    pub bytes: u64,
     /// Batches per second.
     pub batches_per_s: f64,
     /// Daemon CPU seconds per GB moved.
     pub cpu_s_per_gb: f64,
-    /// Commit-to-on-device latency, p50 and p99, microseconds.
+    /// Commit-to-on-device latency, p50, microseconds.
     pub p50_us: u32,
     /// p99.
     pub p99_us: u32,
     /// Where the run was bound.
     pub bound: String,
+    /// The reference pipeline's GB/s at the same point (NaN when not measured: an old CSV).
+    pub ref_gbps: f64,
+    /// Payload bytes the reference moved.
+    pub ref_bytes: u64,
+}
+
+impl Run {
+    /// pinring's GB/s over the reference's.
+    pub fn ratio_to_ref(&self) -> f64 {
+        self.gbps / self.ref_gbps
+    }
+}
+
+/// One point: a mode at one slot size and loader count, over its `--repeat` runs.
+#[derive(Debug, Clone)]
+pub struct Point {
+    /// What ran ("pipeline", "pageable ring (--no-register)", ...).
+    pub mode: String,
+    /// Payload bytes per batch.
+    pub slot: u64,
+    /// Loader processes (and reference writers).
+    pub loaders: usize,
+    /// Raw registered ceiling at this size, GB/s.
+    pub raw_gbps: f64,
+    /// The runs, in order.
+    pub runs: Vec<Run>,
+}
+
+impl Point {
+    /// Median and range of pinring's GB/s.
+    pub fn gbps(&self) -> Option<Stats> {
+        Stats::of(&self.runs.iter().map(|r| r.gbps).collect::<Vec<_>>())
+    }
+
+    /// Median and range of the reference's GB/s.
+    pub fn reference(&self) -> Option<Stats> {
+        Stats::of(&self.runs.iter().map(|r| r.ref_gbps).collect::<Vec<_>>())
+    }
+
+    /// Median pinring GB/s over median reference GB/s.
+    pub fn ratio_to_ref(&self) -> Option<f64> {
+        let (p, r) = (self.gbps()?, self.reference()?);
+        (r.median > 0.0).then(|| p.median / r.median)
+    }
+
+    /// Whether pinring's or the reference's runs spread more than [`SPREAD_FLAG`].
+    pub fn flagged(&self) -> bool {
+        self.gbps().is_none_or(|s| s.flagged()) || self.reference().is_some_and(|s| s.flagged())
+    }
+
+    /// The median of one per-run value.
+    fn median_of(&self, f: impl Fn(&Run) -> f64) -> f64 {
+        stats::median(&self.runs.iter().map(f).collect::<Vec<_>>()).unwrap_or(0.0)
+    }
+
+    /// The verdict most runs gave.
+    pub fn bound(&self) -> &str {
+        stats::most_common(self.runs.iter().map(|r| r.bound.as_str())).unwrap_or("-")
+    }
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> BenchError + '_ {
@@ -142,7 +218,7 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> BenchError + '_ {
 }
 
 /// Runs the benchmark; prints as it goes.
-pub fn run(args: &BenchArgs) -> Result<Vec<Row>, BenchError> {
+pub fn run(args: &BenchArgs) -> Result<Vec<Point>, BenchError> {
     std::fs::create_dir_all(&args.out).map_err(io(&args.out))?;
     if let Some(csv) = &args.replot {
         return replot(csv, &args.out);
@@ -186,86 +262,237 @@ pub fn run(args: &BenchArgs) -> Result<Vec<Row>, BenchError> {
         ceilings.push((size.bytes(), reg, page));
     }
     drop(backend);
+    // The reference runs in this process on the backend the daemons will pick: named, so that
+    // `auto` is not resolved (and logged) again for every run.
+    let bench = Bench {
+        args,
+        exe: std::env::current_exe().map_err(io(Path::new("<current executable>")))?,
+        backend: if kind == "cuda" {
+            BackendKind::Cuda
+        } else {
+            BackendKind::Host
+        },
+    };
 
-    let exe = std::env::current_exe().map_err(io(Path::new("<current executable>")))?;
-    let mut rows = Vec::new();
+    let mut points = Vec::new();
     // The first pipeline run after the GPU sat idle is slower (seen on the H200: 36 GB/s, then
     // 43-44 GB/s for the same point): run one, unreported, so every reported run starts warm.
-    if let (Some(&(slot, raw, _)), Some(&n)) = (ceilings.first(), args.loaders.iter().max()) {
-        let warm = pipeline(args, &exe, "warm-up", slot, n, raw, &[])?;
+    if let (Some(&(slot, _, _)), Some(&n)) = (ceilings.first(), args.loaders.iter().max()) {
+        let warm = bench.pipeline("warm-up", slot, n, &[], 0)?;
         println!("\nwarm-up run (not reported): {:.2} GB/s", warm.gbps);
     }
-    println!("\npipeline (daemon + N loader processes, discard sink):");
-    print_header();
-    for (slot, raw, _) in &ceilings {
-        for &n in &args.loaders {
-            let row = pipeline(args, &exe, "pipeline", *slot, n, *raw, &[])?;
-            print_row(&row);
-            rows.push(row);
-        }
-    }
-
-    if args.skip_modes {
-        return finish(args, kind, &ceilings, rows);
-    }
-    let mode_slot = args.mode_slot.bytes();
-    let mode_raw = ceilings
-        .iter()
-        .find(|(s, _, _)| *s == mode_slot)
-        .map_or_else(
-            || {
-                pinring_backend::select(args.backend, args.device)
-                    .and_then(|s| s.backend.raw_copy_gbps(mode_slot as usize, 200, true))
-            },
-            |c| Ok(c.1),
-        )?;
+    let runs = match args.repeat {
+        1 => "1 run per point (--repeat N for more, with their spread)".to_string(),
+        n => format!("{n} runs per point: median, min-max and spread"),
+    };
     println!(
-        "\nmodes side by side ({}, {} loaders):",
-        args.mode_slot, args.mode_loaders
+        "\npipeline (daemon + N loader processes, discard sink) next to the reference (N writer \
+         processes, no protocol); {runs}:"
     );
     print_header();
-    let modes: [(&str, &[&str]); 5] = [
-        ("registered (discard)", &["--sink", "discard"]),
-        (
-            "pageable ring (--no-register)",
-            &["--sink", "discard", "--no-register"],
-        ),
-        ("upload + compute kernel", &["--sink", "compute"]),
-        (
-            "zero-copy compute kernel",
-            &["--sink", "compute", "--zero-copy"],
-        ),
-        ("upload + verify", &["--sink", "verify"]),
-    ];
-    for (mode, extra) in modes {
-        let row = pipeline(
-            args,
-            &exe,
-            mode,
-            mode_slot,
-            args.mode_loaders,
-            mode_raw,
-            extra,
-        )?;
-        print_row(&row);
-        rows.push(row);
+    let first = points.len();
+    for (slot, raw, _) in &ceilings {
+        for &n in &args.loaders {
+            let point = bench.point("pipeline", *slot, n, *raw, &[])?;
+            print_point(&point);
+            points.push(point);
+        }
+    }
+    print_flag_note(&points[first..]);
+
+    if !args.skip_modes {
+        let mode_slot = args.mode_slot.bytes();
+        let mode_raw = ceilings
+            .iter()
+            .find(|(s, _, _)| *s == mode_slot)
+            .map_or_else(
+                || {
+                    pinring_backend::select(bench.backend, args.device)
+                        .and_then(|s| s.backend.raw_copy_gbps(mode_slot as usize, 200, true))
+                },
+                |c| Ok(c.1),
+            )?;
+        println!(
+            "\nmodes side by side ({}, {} loaders), each next to the reference:",
+            args.mode_slot, args.mode_loaders
+        );
+        print_header();
+        let first = points.len();
+        let modes: [(&str, &[&str]); 5] = [
+            ("registered (discard)", &["--sink", "discard"]),
+            (
+                "pageable ring (--no-register)",
+                &["--sink", "discard", "--no-register"],
+            ),
+            ("upload + compute kernel", &["--sink", "compute"]),
+            (
+                "zero-copy compute kernel",
+                &["--sink", "compute", "--zero-copy"],
+            ),
+            ("upload + verify", &["--sink", "verify"]),
+        ];
+        for (mode, extra) in modes {
+            let point = bench.point(mode, mode_slot, args.mode_loaders, mode_raw, extra)?;
+            print_point(&point);
+            points.push(point);
+        }
+        print_flag_note(&points[first..]);
     }
 
-    finish(args, kind, &ceilings, rows)
+    let csv = args.out.join("bench.csv");
+    std::fs::write(&csv, to_csv(kind, &ceilings, &points)).map_err(io(&csv))?;
+    let svg = args.out.join("bench.svg");
+    plot(&svg, kind, &ceilings, &points, &args.loaders)?;
+    println!("\nwrote {} and {}", csv.display(), svg.display());
+    Ok(points)
 }
 
-fn finish(
-    args: &BenchArgs,
-    kind: &str,
-    ceilings: &[(u64, f64, f64)],
-    rows: Vec<Row>,
-) -> Result<Vec<Row>, BenchError> {
-    let csv = args.out.join("bench.csv");
-    std::fs::write(&csv, to_csv(kind, ceilings, &rows)).map_err(io(&csv))?;
-    let svg = args.out.join("bench.svg");
-    plot(&svg, kind, ceilings, &rows, &args.loaders)?;
-    println!("\nwrote {} and {}", csv.display(), svg.display());
-    Ok(rows)
+/// What every run of one bench shares.
+struct Bench<'a> {
+    args: &'a BenchArgs,
+    /// This executable: the daemon, the loaders and the reference writers are its subcommands.
+    exe: PathBuf,
+    /// The backend the reference runs on (`cuda` or `host`, as resolved at the start).
+    backend: BackendKind,
+}
+
+impl Bench<'_> {
+    /// `--repeat` runs of one point, each pipeline run followed by a reference run.
+    fn point(
+        &self,
+        mode: &str,
+        slot: u64,
+        loaders: usize,
+        raw: f64,
+        extra: &[&str],
+    ) -> Result<Point, BenchError> {
+        let repeat = self.args.repeat;
+        let mut runs = Vec::new();
+        for index in 1..=repeat {
+            let mut run = self.pipeline(mode, slot, loaders, extra, index)?;
+            let reference = self.reference(slot, loaders)?;
+            run.ref_gbps = reference.gbps;
+            run.ref_bytes = reference.bytes;
+            if repeat > 1 {
+                println!(
+                    "  run {index}/{repeat}: pinring {:.2} GB/s, reference {:.2} GB/s ({:.0}% of it)",
+                    run.gbps,
+                    run.ref_gbps,
+                    100.0 * run.ratio_to_ref()
+                );
+            }
+            runs.push(run);
+        }
+        Ok(Point {
+            mode: mode.to_string(),
+            slot,
+            loaders,
+            raw_gbps: raw,
+            runs,
+        })
+    }
+
+    /// One run of the reference pipeline at the pipeline point's ring, writers and bytes.
+    fn reference(&self, slot: u64, writers: usize) -> Result<reference::Measured, BenchError> {
+        let args = self.args;
+        let what = format!("{} slots, {writers} writers", ByteSize(slot));
+        let name = format!("bench-ref-{}", std::process::id());
+        let cfg = run_config(slot, args.ring_bytes.bytes(), args.run_bytes.bytes(), &name);
+        let geom = reference::Geometry::of(&cfg);
+        // A fresh backend per run, as each pipeline run's daemon has.
+        let selected = pinring_backend::select(self.backend, args.device)?;
+        reference::run(
+            &*selected.backend,
+            &geom,
+            writers as u32,
+            &name,
+            reference::Spawn::Processes(&self.exe),
+        )
+        .map_err(|source| BenchError::Reference {
+            what,
+            source: Box::new(source),
+        })
+    }
+
+    /// One pipeline run: a daemon and `loaders` loader processes (`index` 0: the warm-up).
+    fn pipeline(
+        &self,
+        mode: &str,
+        slot: u64,
+        loaders: usize,
+        extra: &[&str],
+        index: u32,
+    ) -> Result<Run, BenchError> {
+        let args = self.args;
+        let exe = &self.exe;
+        let what = format!("{mode}, {} slots, {loaders} loaders", ByteSize(slot));
+        let fail = |why: String| BenchError::Run {
+            what: what.clone(),
+            why,
+        };
+        let name = format!("bench-{}", std::process::id());
+        let cfg = run_config(slot, args.ring_bytes.bytes(), args.run_bytes.bytes(), &name);
+        let mode_tag: String = mode
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+            .collect();
+        let tag = format!("{slot}-{loaders}-{mode_tag}-{index}");
+        let cfg_path = args.out.join(format!("run-{tag}.toml"));
+        std::fs::write(&cfg_path, cfg.to_toml()).map_err(io(&cfg_path))?;
+        let summary_path = args.out.join(format!("run-{tag}.json"));
+        let _ = std::fs::remove_file(&summary_path);
+        let mut extra: Vec<&str> = extra.to_vec();
+        if !extra.contains(&"--sink") {
+            extra.extend(["--sink", "discard"]);
+        }
+        if args.unordered {
+            extra.push("--unordered");
+        }
+        let backend = args.backend.to_string();
+        let device = args.device.to_string();
+        let daemon = Command::new(exe)
+            .arg("daemon")
+            .arg("--config")
+            .arg(&cfg_path)
+            .args(["--ring", &name, "--backend", &backend, "--device", &device])
+            .args(&extra)
+            .arg("--summary")
+            .arg(&summary_path)
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .spawn()
+            .map_err(|e| fail(format!("cannot start the daemon: {e}")))?;
+        let mut kids = Children(vec![daemon]);
+        for _ in 0..loaders {
+            let l = Command::new(exe)
+                .arg("loader")
+                .arg("--config")
+                .arg(&cfg_path)
+                .args(["--ring", &name, "--wait-secs", "60"])
+                .env("RUST_LOG", "warn")
+                .stdin(Stdio::null())
+                .spawn()
+                .map_err(|e| fail(format!("cannot start a loader: {e}")))?;
+            kids.0.push(l);
+        }
+        let start = Instant::now();
+        let status = loop {
+            if let Some(st) = kids.0[0].try_wait().map_err(|e| fail(e.to_string()))? {
+                break st;
+            }
+            if start.elapsed() > Duration::from_secs(300) {
+                return Err(fail("did not finish within 300 s".into()));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        // Loaders exit when the daemon closes the ring; `kids` reaps them (and stops any
+        // straggler) when it goes out of scope.
+        if !status.success() {
+            return Err(fail(format!("the daemon exited with {status}")));
+        }
+        let s = Summary::read(&summary_path).map_err(|e| fail(format!("no summary: {e}")))?;
+        Ok(run_of(index, &s))
+    }
 }
 
 /// Creates a ring-sized shm segment the way the daemon does (fallocate, MAP_POPULATE) and times
@@ -298,11 +525,16 @@ fn time_registration(
 
 fn print_header() {
     println!(
-        "{:<30} {:>9} {:>7} {:>8} {:>7} {:>10} {:>9} {:>9} {:>9} {:>9}",
+        "{:<30} {:>9} {:>7} {:>8} {:>13} {:>6} {:>8} {:>10} {:>6} {:>6} {:>10} {:>8} {:>8} {:>8} {:>9} !",
         "mode",
         "slot",
         "loaders",
         "GB/s",
+        "min-max",
+        "spread",
+        "ref GB/s",
+        "ref spread",
+        "of ref",
         "of raw",
         "batches/s",
         "cpu s/GB",
@@ -312,20 +544,47 @@ fn print_header() {
     );
 }
 
-fn print_row(r: &Row) {
+/// A fraction as a whole percentage, `-` when there is none.
+fn percent(v: Option<f64>) -> String {
+    v.filter(|v| v.is_finite())
+        .map_or_else(|| "-".to_string(), |v| format!("{:.0}%", 100.0 * v))
+}
+
+fn print_point(p: &Point) {
+    let gbps = p.gbps();
+    let reference = p.reference();
+    let median = gbps.map_or(0.0, |s| s.median);
+    let range = gbps.map_or_else(|| "-".to_string(), |s| format!("{:.2}-{:.2}", s.min, s.max));
     println!(
-        "{:<30} {:>9} {:>7} {:>8.2} {:>6.0}% {:>10.0} {:>9.3} {:>9} {:>9} {:>9}",
-        r.mode,
-        ByteSize(r.slot).to_string(),
-        r.loaders,
-        r.gbps,
-        100.0 * r.gbps / r.raw_gbps.max(1e-9),
-        r.batches_per_s,
-        r.cpu_s_per_gb,
-        r.p50_us,
-        r.p99_us,
-        r.bound
+        "{:<30} {:>9} {:>7} {:>8.2} {:>13} {:>6} {:>8} {:>10} {:>6} {:>6} {:>10.0} {:>8.3} {:>8.0} {:>8.0} {:>9} {}",
+        p.mode,
+        ByteSize(p.slot).to_string(),
+        p.loaders,
+        median,
+        range,
+        percent(gbps.and_then(|s| s.spread())),
+        reference.map_or_else(|| "-".to_string(), |s| format!("{:.2}", s.median)),
+        percent(reference.and_then(|s| s.spread())),
+        percent(p.ratio_to_ref()),
+        percent(Some(median / p.raw_gbps.max(1e-9))),
+        p.median_of(|r| r.batches_per_s),
+        p.median_of(|r| r.cpu_s_per_gb),
+        p.median_of(|r| f64::from(r.p50_us)),
+        p.median_of(|r| f64::from(r.p99_us)),
+        p.bound(),
+        if p.flagged() { "!" } else { "" }
     );
+}
+
+/// Under a table: what `!` means, when a point has it.
+fn print_flag_note(points: &[Point]) {
+    if points.iter().any(Point::flagged) {
+        println!(
+            "! marks a point whose runs (pinring's or the reference's) spread more than {:.0}% \
+             ((max - min) / median): rerun it before quoting it",
+            100.0 * SPREAD_FLAG
+        );
+    }
 }
 
 /// The config of one run: `slot` payload bytes per batch in 4 samples, enough batches for
@@ -358,92 +617,12 @@ pub fn run_config(slot: u64, ring_bytes: u64, run_bytes: u64, name: &str) -> Con
     }
 }
 
-fn pipeline(
-    args: &BenchArgs,
-    exe: &Path,
-    mode: &str,
-    slot: u64,
-    loaders: usize,
-    raw: f64,
-    extra: &[&str],
-) -> Result<Row, BenchError> {
-    let what = format!("{mode}, {} slots, {loaders} loaders", ByteSize(slot));
-    let fail = |why: String| BenchError::Run {
-        what: what.clone(),
-        why,
-    };
-    let name = format!("bench-{}", std::process::id());
-    let cfg = run_config(slot, args.ring_bytes.bytes(), args.run_bytes.bytes(), &name);
-    let mode_tag: String = mode
-        .chars()
-        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
-        .collect();
-    let tag = format!("{slot}-{loaders}-{mode_tag}");
-    let cfg_path = args.out.join(format!("run-{tag}.toml"));
-    std::fs::write(&cfg_path, cfg.to_toml()).map_err(io(&cfg_path))?;
-    let summary_path = args.out.join(format!("run-{tag}.json"));
-    let _ = std::fs::remove_file(&summary_path);
-    let mut extra: Vec<&str> = extra.to_vec();
-    if !extra.contains(&"--sink") {
-        extra.extend(["--sink", "discard"]);
-    }
-    if args.unordered {
-        extra.push("--unordered");
-    }
-    let backend = args.backend.to_string();
-    let device = args.device.to_string();
-    let daemon = Command::new(exe)
-        .arg("daemon")
-        .arg("--config")
-        .arg(&cfg_path)
-        .args(["--ring", &name, "--backend", &backend, "--device", &device])
-        .args(&extra)
-        .arg("--summary")
-        .arg(&summary_path)
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .spawn()
-        .map_err(|e| fail(format!("cannot start the daemon: {e}")))?;
-    let mut kids = Children(vec![daemon]);
-    for _ in 0..loaders {
-        let l = Command::new(exe)
-            .arg("loader")
-            .arg("--config")
-            .arg(&cfg_path)
-            .args(["--ring", &name, "--wait-secs", "60"])
-            .env("RUST_LOG", "warn")
-            .stdin(Stdio::null())
-            .spawn()
-            .map_err(|e| fail(format!("cannot start a loader: {e}")))?;
-        kids.0.push(l);
-    }
-    let start = Instant::now();
-    let status = loop {
-        if let Some(st) = kids.0[0].try_wait().map_err(|e| fail(e.to_string()))? {
-            break st;
-        }
-        if start.elapsed() > Duration::from_secs(300) {
-            return Err(fail("did not finish within 300 s".into()));
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    // Loaders exit when the daemon closes the ring; `kids` reaps them (and stops any straggler)
-    // when it goes out of scope.
-    if !status.success() {
-        return Err(fail(format!("the daemon exited with {status}")));
-    }
-    let s = Summary::read(&summary_path).map_err(|e| fail(format!("no summary: {e}")))?;
-    Ok(row(mode, slot, loaders, raw, &s))
-}
-
-fn row(mode: &str, slot: u64, loaders: usize, raw: f64, s: &Summary) -> Row {
+fn run_of(index: u32, s: &Summary) -> Run {
     let gb = s.bytes as f64 / 1e9;
-    Row {
-        mode: mode.to_string(),
-        slot,
-        loaders,
+    Run {
+        index,
         gbps: s.gbps,
-        raw_gbps: raw,
+        bytes: s.bytes,
         batches_per_s: if s.seconds > 0.0 {
             s.batches_delivered as f64 / s.seconds
         } else {
@@ -457,105 +636,263 @@ fn row(mode: &str, slot: u64, loaders: usize, raw: f64, s: &Summary) -> Row {
         p50_us: s.latency_p50_us,
         p99_us: s.latency_p99_us,
         bound: s.bound.clone(),
+        ref_gbps: f64::NAN,
+        ref_bytes: 0,
     }
 }
 
-fn to_csv(kind: &str, ceilings: &[(u64, f64, f64)], rows: &[Row]) -> String {
-    let mut out = String::from(
-        "backend,mode,slot_bytes,loaders,gbps,raw_gbps,ratio_to_raw,batches_per_s,daemon_cpu_s_per_gb,latency_p50_us,latency_p99_us,bound\n",
-    );
-    for (slot, reg, page) in ceilings {
-        let _ = writeln!(
-            out,
-            "{kind},raw registered,{slot},0,{reg:.3},{reg:.3},1.000,,,,,"
-        );
-        let _ = writeln!(
-            out,
-            "{kind},raw pageable,{slot},0,{page:.3},{reg:.3},{:.3},,,,,",
-            page / reg.max(1e-9)
-        );
+/// The columns of `bench.csv`. A point has one row per run (`run` = 1, 2, …) and a summary row
+/// (`run` = `median`: medians of the runs, GB/s with its min, max and spread, `flagged` 1 when
+/// either spread exceeds 10%); the ceilings have one row each, `run` empty.
+pub const CSV_COLUMNS: [&str; 22] = [
+    "backend",
+    "mode",
+    "slot_bytes",
+    "loaders",
+    "run",
+    "gbps",
+    "gbps_min",
+    "gbps_max",
+    "spread",
+    "ref_gbps",
+    "ref_spread",
+    "ratio_to_ref",
+    "flagged",
+    "raw_gbps",
+    "ratio_to_raw",
+    "batches_per_s",
+    "daemon_cpu_s_per_gb",
+    "latency_p50_us",
+    "latency_p99_us",
+    "bound",
+    "bytes",
+    "ref_bytes",
+];
+
+/// One CSV line from (column, value) pairs; columns not given are empty.
+fn csv_line(out: &mut String, fields: &[(&str, String)]) {
+    debug_assert!(fields.iter().all(|(k, _)| CSV_COLUMNS.contains(k)));
+    let line: Vec<&str> = CSV_COLUMNS
+        .iter()
+        .map(|c| {
+            fields
+                .iter()
+                .find(|(k, _)| k == c)
+                .map_or("", |(_, v)| v.as_str())
+        })
+        .collect();
+    out.push_str(&line.join(","));
+    out.push('\n');
+}
+
+/// A number for the CSV: empty when it is not one (a ratio to a zero reference).
+fn num(v: Option<f64>, decimals: usize) -> String {
+    v.filter(|v| v.is_finite())
+        .map_or_else(String::new, |v| format!("{v:.decimals$}"))
+}
+
+fn to_csv(kind: &str, ceilings: &[(u64, f64, f64)], points: &[Point]) -> String {
+    let mut out = CSV_COLUMNS.join(",");
+    out.push('\n');
+    for &(slot, reg, page) in ceilings {
+        for (mode, gbps) in [("raw registered", reg), ("raw pageable", page)] {
+            csv_line(
+                &mut out,
+                &[
+                    ("backend", kind.to_string()),
+                    ("mode", mode.to_string()),
+                    ("slot_bytes", slot.to_string()),
+                    ("loaders", "0".into()),
+                    ("gbps", num(Some(gbps), 3)),
+                    ("raw_gbps", num(Some(reg), 3)),
+                    ("ratio_to_raw", num(Some(gbps / reg.max(1e-9)), 3)),
+                ],
+            );
+        }
     }
-    for r in rows {
-        let _ = writeln!(
-            out,
-            "{kind},{},{},{},{:.3},{:.3},{:.3},{:.1},{:.4},{},{},{}",
-            r.mode,
-            r.slot,
-            r.loaders,
-            r.gbps,
-            r.raw_gbps,
-            r.gbps / r.raw_gbps.max(1e-9),
-            r.batches_per_s,
-            r.cpu_s_per_gb,
-            r.p50_us,
-            r.p99_us,
-            r.bound
-        );
+    for p in points {
+        let point = [
+            ("backend", kind.to_string()),
+            ("mode", p.mode.clone()),
+            ("slot_bytes", p.slot.to_string()),
+            ("loaders", p.loaders.to_string()),
+            ("raw_gbps", num(Some(p.raw_gbps), 3)),
+        ];
+        for r in &p.runs {
+            let mut fields = point.to_vec();
+            fields.extend([
+                ("run", r.index.to_string()),
+                ("gbps", num(Some(r.gbps), 3)),
+                ("ref_gbps", num(Some(r.ref_gbps), 3)),
+                ("ratio_to_ref", num(Some(r.ratio_to_ref()), 3)),
+                ("ratio_to_raw", num(Some(r.gbps / p.raw_gbps.max(1e-9)), 3)),
+                ("batches_per_s", num(Some(r.batches_per_s), 1)),
+                ("daemon_cpu_s_per_gb", num(Some(r.cpu_s_per_gb), 4)),
+                ("latency_p50_us", r.p50_us.to_string()),
+                ("latency_p99_us", r.p99_us.to_string()),
+                ("bound", r.bound.clone()),
+                ("bytes", r.bytes.to_string()),
+                ("ref_bytes", r.ref_bytes.to_string()),
+            ]);
+            csv_line(&mut out, &fields);
+        }
+        let (gbps, reference) = (p.gbps(), p.reference());
+        let median = gbps.map(|s| s.median);
+        let mut fields = point.to_vec();
+        fields.extend([
+            ("run", "median".to_string()),
+            ("gbps", num(median, 3)),
+            ("gbps_min", num(gbps.map(|s| s.min), 3)),
+            ("gbps_max", num(gbps.map(|s| s.max), 3)),
+            ("spread", num(gbps.and_then(|s| s.spread()), 3)),
+            ("ref_gbps", num(reference.map(|s| s.median), 3)),
+            ("ref_spread", num(reference.and_then(|s| s.spread()), 3)),
+            ("ratio_to_ref", num(p.ratio_to_ref(), 3)),
+            ("flagged", u8::from(p.flagged()).to_string()),
+            (
+                "ratio_to_raw",
+                num(median.map(|m| m / p.raw_gbps.max(1e-9)), 3),
+            ),
+            (
+                "batches_per_s",
+                num(Some(p.median_of(|r| r.batches_per_s)), 1),
+            ),
+            (
+                "daemon_cpu_s_per_gb",
+                num(Some(p.median_of(|r| r.cpu_s_per_gb)), 4),
+            ),
+            (
+                "latency_p50_us",
+                num(Some(p.median_of(|r| f64::from(r.p50_us))), 0),
+            ),
+            (
+                "latency_p99_us",
+                num(Some(p.median_of(|r| f64::from(r.p99_us))), 0),
+            ),
+            ("bound", p.bound().to_string()),
+        ]);
+        csv_line(&mut out, &fields);
     }
     out
 }
 
-/// Redraws the plot from a CSV written by [`to_csv`].
-fn replot(csv: &Path, out: &Path) -> Result<Vec<Row>, BenchError> {
+/// Rebuilds the points from a CSV written by [`to_csv`] (from its per-run rows; the summary rows
+/// are recomputed) or by an older `pinring bench` (one row per point, no `run` column, no
+/// reference), and redraws the plot.
+fn replot(csv: &Path, out: &Path) -> Result<Vec<Point>, BenchError> {
     let text = std::fs::read_to_string(csv).map_err(io(csv))?;
-    let bad = |line: usize, why: &str| BenchError::Run {
+    let (kind, ceilings, points) = parse_csv(&text).map_err(|(line, why)| BenchError::Run {
         what: format!("reading {} line {line}", csv.display()),
-        why: why.to_string(),
-    };
-    let mut kind = String::from("?");
-    let mut ceilings: Vec<(u64, f64, f64)> = Vec::new();
-    let mut rows = Vec::new();
-    for (n, line) in text.lines().enumerate().skip(1) {
-        let f: Vec<&str> = line.split(',').collect();
-        if f.len() != 12 {
-            return Err(bad(n + 1, "expected 12 comma-separated fields"));
-        }
-        let num = |i: usize| f[i].parse::<f64>().map_err(|_| bad(n + 1, "not a number"));
-        let slot: u64 = f[2]
-            .parse()
-            .map_err(|_| bad(n + 1, "slot_bytes is not a number"))?;
-        kind = f[0].to_string();
-        match f[1] {
-            "raw registered" => ceilings.push((slot, num(4)?, 0.0)),
-            "raw pageable" => {
-                if let Some(c) = ceilings.iter_mut().find(|c| c.0 == slot) {
-                    c.2 = num(4)?;
-                }
-            }
-            mode => rows.push(Row {
-                mode: mode.to_string(),
-                slot,
-                loaders: f[3]
-                    .parse()
-                    .map_err(|_| bad(n + 1, "loaders is not a number"))?,
-                gbps: num(4)?,
-                raw_gbps: num(5)?,
-                batches_per_s: num(7)?,
-                cpu_s_per_gb: num(8)?,
-                p50_us: f[9].parse().unwrap_or(0),
-                p99_us: f[10].parse().unwrap_or(0),
-                bound: f[11].to_string(),
-            }),
-        }
-    }
-    let mut loaders: Vec<usize> = rows
+        why,
+    })?;
+    let mut loaders: Vec<usize> = points
         .iter()
-        .filter(|r| r.mode == "pipeline")
-        .map(|r| r.loaders)
+        .filter(|p| p.mode == "pipeline")
+        .map(|p| p.loaders)
         .collect();
     loaders.sort_unstable();
     loaders.dedup();
     let svg = out.join("bench.svg");
-    plot(&svg, &kind, &ceilings, &rows, &loaders)?;
+    plot(&svg, &kind, &ceilings, &points, &loaders)?;
     println!("wrote {}", svg.display());
-    Ok(rows)
+    Ok(points)
+}
+
+/// The ceilings and points of a bench CSV; an error is (line number, what is wrong).
+#[allow(clippy::type_complexity)]
+fn parse_csv(text: &str) -> Result<(String, Vec<(u64, f64, f64)>, Vec<Point>), (usize, String)> {
+    let mut lines = text.lines();
+    let header: Vec<&str> = lines
+        .next()
+        .ok_or((1, "empty file".to_string()))?
+        .split(',')
+        .collect();
+    let col = |name: &str| header.iter().position(|h| *h == name);
+    let required = |name: &str| col(name).ok_or((1, format!("no {name} column")));
+    let (c_backend, c_mode, c_slot, c_loaders, c_gbps) = (
+        required("backend")?,
+        required("mode")?,
+        required("slot_bytes")?,
+        required("loaders")?,
+        required("gbps")?,
+    );
+    let mut kind = String::from("?");
+    let mut ceilings: Vec<(u64, f64, f64)> = Vec::new();
+    let mut points: Vec<Point> = Vec::new();
+    for (n, line) in lines.enumerate() {
+        let line_no = n + 2;
+        let f: Vec<&str> = line.split(',').collect();
+        if f.len() != header.len() {
+            return Err((
+                line_no,
+                format!("{} fields, the header has {}", f.len(), header.len()),
+            ));
+        }
+        let field = |c: Option<usize>| c.map_or("", |c| f[c]);
+        let number = |c: usize, what: &str| {
+            f[c].parse::<f64>()
+                .map_err(|_| (line_no, format!("{what} {:?} is not a number", f[c])))
+        };
+        let optional = |name: &str| field(col(name)).parse::<f64>().ok();
+        let slot: u64 = f[c_slot].parse().map_err(|_| {
+            (
+                line_no,
+                format!("slot_bytes {:?} is not a number", f[c_slot]),
+            )
+        })?;
+        kind = f[c_backend].to_string();
+        match f[c_mode] {
+            "raw registered" => ceilings.push((slot, number(c_gbps, "gbps")?, 0.0)),
+            "raw pageable" => {
+                if let Some(c) = ceilings.iter_mut().find(|c| c.0 == slot) {
+                    c.2 = number(c_gbps, "gbps")?;
+                }
+            }
+            _ if field(col("run")) == "median" => {}
+            mode => {
+                let loaders: usize = f[c_loaders].parse().map_err(|_| {
+                    (
+                        line_no,
+                        format!("loaders {:?} is not a number", f[c_loaders]),
+                    )
+                })?;
+                let run = Run {
+                    index: field(col("run")).parse().unwrap_or(1),
+                    gbps: number(c_gbps, "gbps")?,
+                    bytes: field(col("bytes")).parse().unwrap_or(0),
+                    batches_per_s: optional("batches_per_s").unwrap_or(0.0),
+                    cpu_s_per_gb: optional("daemon_cpu_s_per_gb").unwrap_or(0.0),
+                    p50_us: field(col("latency_p50_us")).parse().unwrap_or(0),
+                    p99_us: field(col("latency_p99_us")).parse().unwrap_or(0),
+                    bound: field(col("bound")).to_string(),
+                    ref_gbps: optional("ref_gbps").unwrap_or(f64::NAN),
+                    ref_bytes: field(col("ref_bytes")).parse().unwrap_or(0),
+                };
+                let raw = optional("raw_gbps").unwrap_or(0.0);
+                match points
+                    .iter_mut()
+                    .find(|p| p.mode == mode && p.slot == slot && p.loaders == loaders)
+                {
+                    Some(p) => p.runs.push(run),
+                    None => points.push(Point {
+                        mode: mode.to_string(),
+                        slot,
+                        loaders,
+                        raw_gbps: raw,
+                        runs: vec![run],
+                    }),
+                }
+            }
+        }
+    }
+    Ok((kind, ceilings, points))
 }
 
 fn plot(
     path: &Path,
     kind: &str,
     ceilings: &[(u64, f64, f64)],
-    rows: &[Row],
+    points: &[Point],
     loaders: &[usize],
 ) -> Result<(), BenchError> {
     use plotters::prelude::*;
@@ -580,10 +917,14 @@ fn plot(
     } else {
         (15.7, 26.3)
     };
+    // Medians: the lines go through the value the table reports.
+    let median = |p: &Point| p.gbps().map_or(0.0, |s| s.median);
+    let ref_median = |p: &Point| p.reference().map(|s| s.median).filter(|m| m.is_finite());
     let ymax = ceilings
         .iter()
         .map(|c| c.1.max(c.2))
-        .chain(rows.iter().map(|r| r.gbps))
+        .chain(points.iter().map(median))
+        .chain(points.iter().filter_map(ref_median))
         .fold(1.0f64, f64::max)
         * 1.1;
     let mut chart = ChartBuilder::on(&root)
@@ -621,12 +962,25 @@ fn plot(
     .chain(loaders.iter().map(|&n| {
         (
             format!("pipeline, {n} loaders"),
-            rows.iter()
-                .filter(|r| r.mode == "pipeline" && r.loaders == n)
-                .map(|r| (lg(r.slot), r.gbps))
+            points
+                .iter()
+                .filter(|p| p.mode == "pipeline" && p.loaders == n)
+                .map(|p| (lg(p.slot), median(p)))
                 .collect(),
         )
     }))
+    // The reference at the most loaders only: one line per loader count would hide the rest.
+    .chain(loaders.iter().max().map(|&n| {
+        (
+            format!("reference (no protocol), {n} writers"),
+            points
+                .iter()
+                .filter(|p| p.mode == "pipeline" && p.loaders == n)
+                .filter_map(|p| Some((lg(p.slot), ref_median(p)?)))
+                .collect(),
+        )
+    }))
+    .filter(|(_, pts): &(String, Vec<(f64, f64)>)| !pts.is_empty())
     .collect();
     for (i, (label, pts)) in series.into_iter().enumerate() {
         let color = Palette99::pick(i).to_rgba();
@@ -690,5 +1044,117 @@ mod tests {
     #[test]
     fn dates_are_civil() {
         assert_eq!(now_utc().len(), 10);
+    }
+
+    fn run(index: u32, gbps: f64, ref_gbps: f64, bound: &str) -> Run {
+        Run {
+            index,
+            gbps,
+            bytes: 1 << 30,
+            batches_per_s: 1000.0 * gbps,
+            cpu_s_per_gb: 0.01 * f64::from(index),
+            p50_us: 100 * index,
+            p99_us: 1000 * index,
+            bound: bound.into(),
+            ref_gbps,
+            ref_bytes: 1 << 30,
+        }
+    }
+
+    /// A point of three runs: pinring 40, 44, 45 GB/s; the reference 52, 50, 50.
+    fn point() -> Point {
+        Point {
+            mode: "pipeline".into(),
+            slot: 1 << 20,
+            loaders: 8,
+            raw_gbps: 50.0,
+            runs: vec![
+                run(1, 40.0, 52.0, "upload"),
+                run(2, 44.0, 50.0, "loaders"),
+                run(3, 45.0, 50.0, "upload"),
+            ],
+        }
+    }
+
+    #[test]
+    fn a_point_reports_the_median_range_spread_and_ratio_of_its_runs() {
+        let p = point();
+        let g = p.gbps().unwrap();
+        assert_eq!((g.median, g.min, g.max), (44.0, 40.0, 45.0));
+        assert_eq!(g.spread(), Some(5.0 / 44.0));
+        let r = p.reference().unwrap();
+        assert_eq!((r.median, r.min, r.max), (50.0, 50.0, 52.0));
+        assert_eq!(r.spread(), Some(0.04));
+        assert_eq!(p.ratio_to_ref(), Some(0.88));
+        // pinring's runs spread 11.4%: flagged.
+        assert!(p.flagged());
+        assert_eq!(p.bound(), "upload");
+        assert_eq!(p.median_of(|r| f64::from(r.p99_us)), 2000.0);
+        // Within 10% on both sides: not flagged; the reference alone can flag a point.
+        let mut calm = point();
+        calm.runs[0].gbps = 42.0;
+        assert!(!calm.flagged());
+        calm.runs[0].ref_gbps = 56.0;
+        assert!(calm.flagged());
+    }
+
+    #[test]
+    fn the_csv_has_every_run_and_a_summary_row_per_point() {
+        let csv = to_csv("host", &[(1 << 20, 50.0, 20.0)], &[point()]);
+        let lines: Vec<&str> = csv.lines().collect();
+        assert_eq!(lines[0], CSV_COLUMNS.join(","));
+        assert!(lines
+            .iter()
+            .all(|l| l.split(',').count() == CSV_COLUMNS.len()));
+        assert_eq!(
+            &lines[1..],
+            [
+                "host,raw registered,1048576,0,,50.000,,,,,,,,50.000,1.000,,,,,,,",
+                "host,raw pageable,1048576,0,,20.000,,,,,,,,50.000,0.400,,,,,,,",
+                "host,pipeline,1048576,8,1,40.000,,,,52.000,,0.769,,50.000,0.800,40000.0,0.0100,100,1000,upload,1073741824,1073741824",
+                "host,pipeline,1048576,8,2,44.000,,,,50.000,,0.880,,50.000,0.880,44000.0,0.0200,200,2000,loaders,1073741824,1073741824",
+                "host,pipeline,1048576,8,3,45.000,,,,50.000,,0.900,,50.000,0.900,45000.0,0.0300,300,3000,upload,1073741824,1073741824",
+                "host,pipeline,1048576,8,median,44.000,40.000,45.000,0.114,50.000,0.040,0.880,1,50.000,0.880,44000.0,0.0200,200,2000,upload,,",
+            ]
+        );
+    }
+
+    #[test]
+    fn the_csv_reads_back_into_the_same_points() {
+        let ceilings = [(1 << 20, 50.0, 20.0)];
+        let csv = to_csv("cuda", &ceilings, &[point()]);
+        let (kind, c, points) = parse_csv(&csv).unwrap();
+        assert_eq!(kind, "cuda");
+        assert_eq!(c, ceilings);
+        assert_eq!(
+            points.len(),
+            1,
+            "the summary row is recomputed, not a point"
+        );
+        let (p, q) = (&points[0], point());
+        assert_eq!(p.runs.len(), 3);
+        assert_eq!(p.gbps(), q.gbps());
+        assert_eq!(p.reference(), q.reference());
+        assert_eq!(p.bound(), "upload");
+        assert_eq!(p.runs[1].index, 2);
+    }
+
+    #[test]
+    fn a_csv_of_an_older_bench_reads_as_one_run_per_point_without_a_reference() {
+        let old = "backend,mode,slot_bytes,loaders,gbps,raw_gbps,ratio_to_raw,batches_per_s,daemon_cpu_s_per_gb,latency_p50_us,latency_p99_us,bound\n\
+                   cuda,raw registered,65536,0,17.223,17.223,1.000,,,,,\n\
+                   cuda,raw pageable,65536,0,8.705,17.223,0.505,,,,,\n\
+                   cuda,pipeline,65536,1,10.630,17.223,0.617,162190.0,0.1780,1218,1542,balanced\n";
+        let (kind, c, points) = parse_csv(old).unwrap();
+        assert_eq!((kind.as_str(), c), ("cuda", vec![(65536, 17.223, 8.705)]));
+        assert_eq!(points.len(), 1);
+        let p = &points[0];
+        assert_eq!(p.gbps().map(|s| s.median), Some(10.63));
+        assert_eq!((p.reference(), p.ratio_to_ref()), (None, None));
+        assert!(!p.flagged());
+        assert_eq!((p.runs[0].p99_us, p.bound()), (1542, "balanced"));
+        // A short line is refused with its number.
+        let e = parse_csv("backend,mode,slot_bytes,loaders,gbps\nhost,pipeline,1\n").unwrap_err();
+        assert_eq!(e.0, 2);
     }
 }

@@ -37,6 +37,7 @@ pub use args::{parse_backend_kind, DaemonArgs};
 use finish::cpu_seconds;
 pub use finish::{failed_at_start, judge};
 use sequencer::{HandOut, Sequencer};
+pub use start::default_upload_buffers;
 
 /// How long a drain may take before the daemon closes the ring anyway.
 pub const DRAIN_DEADLINE: Duration = Duration::from_millis(1500);

@@ -104,7 +104,7 @@ impl Daemon {
         let buffer_bytes = cfg.batch_payload_bytes_max().max(1);
         let buffers = args
             .upload_buffers
-            .unwrap_or_else(|| (64u64 << 20).div_ceil(buffer_bytes).clamp(4, 64) as usize)
+            .unwrap_or_else(|| default_upload_buffers(buffer_bytes))
             .clamp(1, 256);
         let uploader: Arc<dyn Uploader> =
             match selected.backend.uploader(buffers, buffer_bytes as usize) {
@@ -206,4 +206,11 @@ impl Daemon {
         }
         Ok(d)
     }
+}
+
+/// Device buffers the daemon uses without `--upload-buffers`: enough to keep 64 MiB of uploads
+/// in flight (4 to 64 buffers of `buffer_bytes`, a whole batch each), so the copy engine stays
+/// busy while completions travel back. `pinring bench`'s reference pipeline uses the same number.
+pub fn default_upload_buffers(buffer_bytes: u64) -> usize {
+    (64u64 << 20).div_ceil(buffer_bytes.max(1)).clamp(4, 64) as usize
 }
