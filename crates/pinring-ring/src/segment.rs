@@ -19,7 +19,7 @@ use crate::{fault, lock};
 use nix::fcntl::{AtFlags, OFlag, AT_FDCWD};
 use nix::libc;
 use nix::sys::mman::{mmap, munmap, shm_unlink, MapFlags, ProtFlags};
-use nix::sys::stat::{fchmod, fstat, Mode};
+use nix::sys::stat::{fchmod, fstat, FileStat, Mode};
 use nix::unistd::linkat;
 use std::fs::File;
 use std::num::NonZeroUsize;
@@ -369,33 +369,9 @@ impl Segment {
         let oflag = match access {
             Access::ReadOnly => OFlag::O_RDONLY,
             Access::ReadWrite => OFlag::O_RDWR,
-        } | OFlag::O_NONBLOCK
-            | OFlag::O_NOFOLLOW
-            | OFlag::O_CLOEXEC;
-        let fd = match nix::fcntl::open(&path, oflag, Mode::empty()) {
-            Ok(fd) => fd,
-            Err(nix::Error::ENOENT) => {
-                return Err(RingError::NotFound {
-                    name: name.to_string(),
-                    path,
-                })
-            }
-            Err(nix::Error::ELOOP) => return Err(not_regular(name, "a symbolic link", false)),
-            Err(nix::Error::EACCES) | Err(nix::Error::EPERM) => {
-                return Err(RingError::PermissionDenied {
-                    name: name.to_string(),
-                    path,
-                    uid: nix::unistd::geteuid().as_raw(),
-                })
-            }
-            Err(e) => return Err(sys_error(name, "open", e)),
         };
-        let file = File::from(fd);
-        let st = fstat(&file).map_err(|e| sys_error(name, "fstat", e))?;
-        let kind = file_kind(st.st_mode);
-        if kind != "a regular file" {
-            return Err(not_regular(name, kind, false));
-        }
+        let (file, st) =
+            open_ring_path(name, oflag)?.map_err(|kind| not_regular(name, kind, false))?;
         let size = st.st_size.max(0) as u64;
         if size < HEADER_BYTES as u64 {
             return Err(RingError::SizeMismatch {
@@ -588,30 +564,10 @@ pub enum Cleaning {
 pub fn clean_if_stale(name: &str, remove: bool) -> Result<Cleaning, RingError> {
     validate_name(name)?;
     let path = object_path(name);
-    let flags = OFlag::O_RDONLY | OFlag::O_NONBLOCK | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
-    let file = match nix::fcntl::open(&path, flags, Mode::empty()) {
-        Ok(fd) => File::from(fd),
-        Err(nix::Error::ENOENT) => {
-            return Err(RingError::NotFound {
-                name: name.to_string(),
-                path,
-            })
-        }
-        Err(nix::Error::ELOOP) => return Ok(Cleaning::Kept("a symbolic link, not a ring".into())),
-        Err(nix::Error::EACCES) | Err(nix::Error::EPERM) => {
-            return Err(RingError::PermissionDenied {
-                name: name.to_string(),
-                path,
-                uid: nix::unistd::geteuid().as_raw(),
-            })
-        }
-        Err(e) => return Err(sys_error(name, "open", e)),
+    let (file, st) = match open_ring_path(name, OFlag::O_RDONLY)? {
+        Ok(opened) => opened,
+        Err(kind) => return Ok(Cleaning::Kept(format!("{kind}, not a ring"))),
     };
-    let st = fstat(&file).map_err(|e| sys_error(name, "fstat", e))?;
-    let kind = file_kind(st.st_mode);
-    if kind != "a regular file" {
-        return Ok(Cleaning::Kept(format!("{kind}, not a ring")));
-    }
     let daemon_pid = read_daemon_pid(&file);
     if !lock::try_lock_shared(&file, lock::DAEMON_LOCK)
         .map_err(|e| sys_error(name, "fcntl(F_OFD_SETLK)", e))?
@@ -654,6 +610,40 @@ pub fn clean_if_stale(name: &str, remove: bool) -> Result<Cleaning, RingError> {
             uid: nix::unistd::geteuid().as_raw(),
         }),
         Err(e) => Err(sys_error(name, "unlink", e)),
+    }
+}
+
+/// Opens a ring's path without blocking or following links, and `fstat`s it. `Ok(Err(kind))`:
+/// the path holds something that is not a regular file (what it is, for messages).
+fn open_ring_path(
+    name: &str,
+    flags: OFlag,
+) -> Result<Result<(File, FileStat), &'static str>, RingError> {
+    let path = object_path(name);
+    let flags = flags | OFlag::O_NONBLOCK | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    let fd = match nix::fcntl::open(&path, flags, Mode::empty()) {
+        Ok(fd) => fd,
+        Err(nix::Error::ENOENT) => {
+            return Err(RingError::NotFound {
+                name: name.to_string(),
+                path,
+            })
+        }
+        Err(nix::Error::ELOOP) => return Ok(Err("a symbolic link")),
+        Err(nix::Error::EACCES) | Err(nix::Error::EPERM) => {
+            return Err(RingError::PermissionDenied {
+                name: name.to_string(),
+                path,
+                uid: nix::unistd::geteuid().as_raw(),
+            })
+        }
+        Err(e) => return Err(sys_error(name, "open", e)),
+    };
+    let file = File::from(fd);
+    let st = fstat(&file).map_err(|e| sys_error(name, "fstat", e))?;
+    match file_kind(st.st_mode) {
+        "a regular file" => Ok(Ok((file, st))),
+        kind => Ok(Err(kind)),
     }
 }
 

@@ -10,31 +10,13 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
-struct Unlink(String);
-impl Drop for Unlink {
-    fn drop(&mut self) {
-        let _ = pinring_ring::Segment::unlink(&self.0);
-    }
-}
+mod common;
+
+use common::{Unlink, T};
 
 fn opts(tag: &str) -> (CreateOptions, Unlink) {
-    let name = format!("t-live-{tag}-{}", std::process::id());
-    let o = CreateOptions {
-        name: name.clone(),
-        slots: 4,
-        slot_bytes: 8192,
-        mode: 0o600,
-        group: None,
-        fingerprint: 0xabc,
-        start_seq: 0,
-        end_seq: 100,
-        in_order: true,
-        replace: false,
-    };
-    (o, Unlink(name))
+    common::opts(&format!("live-{tag}"), 100)
 }
-
-const T: Duration = Duration::from_secs(2);
 
 #[test]
 fn header_scribbles_do_not_make_a_live_daemon_look_dead_and_the_daemon_restores_them() {

@@ -9,31 +9,13 @@ use pinring_ring::{
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
-struct Unlink(String);
-impl Drop for Unlink {
-    fn drop(&mut self) {
-        let _ = pinring_ring::Segment::unlink(&self.0);
-    }
-}
+mod common;
+
+use common::{Unlink, T};
 
 fn opts(tag: &str) -> (CreateOptions, Unlink) {
-    let name = format!("t-{tag}-{}", std::process::id());
-    let o = CreateOptions {
-        name: name.clone(),
-        slots: 4,
-        slot_bytes: 8192,
-        mode: 0o600,
-        group: None,
-        fingerprint: 0xabc,
-        start_seq: 0,
-        end_seq: 10,
-        in_order: true,
-        replace: false,
-    };
-    (o, Unlink(name))
+    common::opts(tag, 10)
 }
-
-const T: Duration = Duration::from_secs(2);
 
 #[test]
 fn a_batch_goes_free_claimed_ready_uploading_free() {
