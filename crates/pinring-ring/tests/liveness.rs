@@ -8,7 +8,6 @@ use pinring_ring::segment::{clean_if_stale, Cleaning};
 use pinring_ring::{object_path, Access, CreateOptions, ProcessId, Ring, RingError};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Barrier};
-use std::time::Duration;
 
 mod common;
 
