@@ -197,6 +197,50 @@ fn config_check_refuses_a_ring_geometry_the_daemon_cannot_make_and_names_the_fix
 }
 
 #[test]
+fn config_check_prints_the_resolved_auto_layout_and_where_the_cache_size_came_from() {
+    let fx = Fixture::small("cfgauto");
+    // 32 MiB batches of 32 x 1 MiB samples on a 300 MiB cache: 8 parts of 4 samples in
+    // 32 slots of 4 MiB + 4 KiB.
+    let toml = "[dataset]\nsample_shape = [1048576]\ndtype = \"u8\"\n";
+    let path = fx.dir.path().join("auto.toml");
+    std::fs::write(&path, toml).unwrap();
+    let check = |llc: &str| {
+        let out = Command::new(exe(CLI))
+            .args(["config", "check"])
+            .arg(&path)
+            .env("PINRING_LLC_BYTES", llc)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        assert!(out.status.success(), "{text}");
+        text
+    };
+    let out = check("300MiB");
+    assert!(
+        out.contains("# auto: ring.slot_bytes = \"auto\" resolved to 32 slots x 4.0 MiB")
+            && out.contains("8 part(s) of up to 4 samples")
+            && out.contains("from $PINRING_LLC_BYTES"),
+        "{out}"
+    );
+    assert!(
+        out.contains(&format!("slot_bytes = {}", (4 << 20) + 4096)),
+        "{out}"
+    );
+    assert!(out.contains("slots = 32"), "{out}");
+    // An explicit slot size is kept, and nothing says "auto".
+    let (code, out, err) = config_check(
+        &fx,
+        "fixed.toml",
+        &format!("[ring]\nslot_bytes = \"16MiB\"\n{toml}"),
+    );
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        !out.contains("# auto:") && out.contains("slot_bytes = 16777216"),
+        "{out}"
+    );
+}
+
+#[test]
 fn config_check_warns_when_the_ring_is_larger_than_the_cache_or_the_memory() {
     let fx = Fixture::small("cfgwarn");
     // 4096 slots of 1 GiB: 4 TiB, more than any cache and any host's available memory.

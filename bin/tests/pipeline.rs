@@ -87,6 +87,78 @@ fn a_short_last_batch_spanning_slots_commits_its_empty_parts_and_is_delivered_wh
     run_config("spanshort", &toml, 4, 4, &[], true);
 }
 
+/// 512 samples of 640 KiB (u8), batches of 8 (5 MiB) with every slot setting automatic: over
+/// 4 MiB, so "auto" cuts each batch into 2 parts of 4 samples in slots of 2.5 MiB + 4 KiB.
+const AUTO_SPANNING: &str = r#"
+[dataset]
+samples = 512
+sample_shape = [1024, 640]
+dtype = "u8"
+seed = 7
+[plan]
+batch_size = 8
+epochs = 2
+"#;
+
+#[test]
+fn loaders_with_auto_slots_adopt_the_daemons_resolved_layout_and_deliver_every_byte() {
+    let fx = Fixture::new("autoslots", AUTO_SPANNING);
+    // The daemon resolves "auto" for a 200 MiB cache: a ring of about 100 MiB. The loaders,
+    // with the same "auto" config, never see that cache size: they adopt the ring's layout.
+    let mut daemon = fx.daemon_env("host", &[], &[("PINRING_LLC_BYTES", "200MiB")]);
+    let ring = fx.wait_ready(&mut daemon);
+    let slot = (5 << 19) + 4096;
+    assert_eq!(ring.geometry().slot_bytes, slot);
+    assert_eq!(
+        ring.geometry().slot_count,
+        40,
+        "100 MiB / (2.5 MiB + 4 KiB), rounded"
+    );
+    let kids = loaders_attached(&fx, &daemon, &ring, 3);
+    drop(ring);
+    let (status, log) = wait_for(daemon, "daemon", LONG);
+    assert!(status.success(), "daemon failed: {status}\n{log}");
+    assert!(log.contains("resolved to 40 slots"), "{log}");
+    for (i, k) in kids.into_iter().enumerate() {
+        let (st, log) = wait_for(k, "loader", Duration::from_secs(10));
+        assert!(st.success(), "loader {i} failed: {st}\n{log}");
+    }
+    let s = fx.summary();
+    assert_complete(&s, true);
+    assert_eq!(s.parts_per_batch, 2, "{s:#?}");
+    assert_eq!(s.end_seq, 256, "2 epochs of 64 batches of 2 parts");
+    assert_eq!(s.batches_delivered, 128, "{s:#?}");
+    assert_eq!(s.batches_verified, 128, "every byte verified: {s:#?}");
+    assert_eq!(s.bytes, 128 * 8 * 640 * 1024, "{s:#?}");
+}
+
+#[test]
+fn a_loader_with_auto_slots_adopts_the_explicit_slot_size_of_its_daemon() {
+    // The daemon runs an explicit 1 MiB + 4 KiB slot (one sample per part); a loader whose config
+    // says "auto" adopts that slot size and so the same layout: it attaches and works.
+    let explicit = format!("[ring]\nslot_bytes = {}\n{AUTO_SPANNING}", (1 << 20) + 4096);
+    let fx = Fixture::new("autoadopt", &explicit);
+    let mut daemon = fx.daemon(&["--epochs", "1"]);
+    let ring = fx.wait_ready(&mut daemon);
+    let auto = fx.dir.path().join("auto.toml");
+    std::fs::write(&auto, AUTO_SPANNING).unwrap();
+    let kid = {
+        let _held = Paused::new(&daemon);
+        let k = fx.loader(&auto);
+        wait_attached(&ring, &k);
+        k
+    };
+    drop(ring);
+    let (status, log) = wait_for(daemon, "daemon", LONG);
+    assert!(status.success(), "daemon failed: {status}\n{log}");
+    let (st, log) = wait_for(kid, "loader", Duration::from_secs(10));
+    assert!(st.success(), "loader failed: {st}\n{log}");
+    let s = fx.summary();
+    assert_complete(&s, true);
+    assert_eq!(s.parts_per_batch, 8, "{s:#?}");
+    assert_eq!(s.batches_verified, 64, "{s:#?}");
+}
+
 #[test]
 fn a_loader_that_joins_late_takes_work() {
     // A plan longer than the test: the late loader joins while most of it is still ahead, and

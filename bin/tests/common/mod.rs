@@ -57,12 +57,18 @@ impl Fixture {
 
     /// The daemon on `backend` with the verify sink (unless `extra` names a sink).
     pub fn daemon_on(&self, backend: &str, extra: &[&str]) -> Child {
+        self.daemon_env(backend, extra, &[])
+    }
+
+    /// [`Fixture::daemon_on`] with `env` added to the daemon's environment.
+    pub fn daemon_env(&self, backend: &str, extra: &[&str], env: &[(&str, &str)]) -> Child {
         let sink: &[&str] = if extra.contains(&"--sink") {
             &[]
         } else {
             &["--sink", "verify"]
         };
         Command::new(exe(DAEMON))
+            .envs(env.iter().copied())
             .args(["--ring", &self.ring, "--backend", backend])
             .args(sink)
             .arg("--config")

@@ -588,16 +588,17 @@ fn print_flag_note(points: &[Point]) {
 }
 
 /// The config of one run: `slot` payload bytes per batch in 4 samples, enough batches for
-/// `run_bytes` (64 to 100000), a ring of about `ring_bytes`.
+/// `run_bytes` (64 to 100000), a ring of about `ring_bytes`; the slot holds a whole batch (an
+/// explicit size: `"auto"` would cut batches over 4 MiB into parts).
 pub fn run_config(slot: u64, ring_bytes: u64, run_bytes: u64, name: &str) -> Config {
     let batch = 4u64;
     let sample = (slot / batch).max(1);
     let batches = (run_bytes / slot.max(1)).clamp(64, 100_000);
     let slots = (ring_bytes / slot.max(1)).clamp(8, 256) as u32;
-    Config {
+    let mut cfg = Config {
         ring: RingConfig {
             name: name.to_string(),
-            slots,
+            slots: Some(slots),
             slot_bytes: SlotBytes::Auto,
             ..RingConfig::default()
         },
@@ -614,7 +615,12 @@ pub fn run_config(slot: u64, ring_bytes: u64, run_bytes: u64, name: &str) -> Con
         },
         source: format!("bench config ({name})"),
         ..Config::default()
-    }
+    };
+    let whole = cfg
+        .min_slot_bytes()
+        .next_multiple_of(pinring_data::config::SLOT_ALIGN);
+    cfg.ring.slot_bytes = SlotBytes::Fixed(pinring_data::ByteSize(whole));
+    cfg
 }
 
 fn run_of(index: u32, s: &Summary) -> Run {
@@ -1037,7 +1043,7 @@ mod tests {
             c.validate().unwrap();
             assert_eq!(c.batch_payload_bytes_max(), slot);
             assert!(c.slot_bytes() >= slot && c.slot_bytes() < slot + (8 << 10));
-            assert!((8..=256).contains(&c.ring.slots));
+            assert!((8..=256).contains(&c.slots()));
         }
     }
 

@@ -132,7 +132,7 @@ impl Geometry {
     pub fn of(cfg: &Config) -> Geometry {
         let batch = u64::from(cfg.plan.batch_size.max(1));
         Geometry {
-            slots: cfg.ring.slots,
+            slots: cfg.slots(),
             slot_bytes: cfg.slot_bytes(),
             payload: cfg.batch_payload_bytes_max(),
             sample_bytes: cfg.sample_bytes(),
@@ -876,7 +876,7 @@ mod tests {
     fn the_reference_of_a_pipeline_point_has_its_ring_and_moves_its_bytes() {
         let cfg = crate::bench::run_config(1 << 20, 64 << 20, 1 << 30, "ref-geom");
         let g = Geometry::of(&cfg);
-        assert_eq!(g.slots, cfg.ring.slots);
+        assert_eq!(g.slots, cfg.slots());
         assert_eq!(g.slot_bytes, cfg.slot_bytes());
         assert_eq!(g.payload, 1 << 20);
         assert_eq!(g.batches, 1024);

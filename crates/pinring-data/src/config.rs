@@ -36,6 +36,19 @@ pub const MAX_SAMPLE_BYTES: u64 = 1 << 30;
 pub const MAX_SAMPLE_DIMS: usize = 16;
 /// Granularity of [`Config::meta_reserve_bytes`].
 pub const META_RESERVE_ALIGN: u64 = 64;
+/// Slots in a ring whose `ring.slots` is unset and whose `ring.slot_bytes` is explicit (or not
+/// yet resolved, [`Config::resolve_auto`]).
+pub const DEFAULT_SLOTS: u32 = 16;
+/// `"auto"`: the most payload of one part (4 MiB). A batch of at most this much goes whole into
+/// one slot; a larger one is cut into parts of the most whole samples whose payload fits it (at
+/// least one sample). Slots of 1-4 MiB are where the copy engine is fastest.
+pub const AUTO_PART_PAYLOAD_BYTES: u64 = 4 << 20;
+/// `"auto"`: the largest ring (data area) it aims for, 128 MiB.
+pub const AUTO_RING_MAX_BYTES: u64 = 128 << 20;
+/// `"auto"`: the ring it aims for when the last-level cache size is unknown, 32 MiB.
+pub const AUTO_RING_FALLBACK_BYTES: u64 = 32 << 20;
+/// `"auto"`: the fewest slots it picks, enough for 8 loaders with two slots each.
+pub const AUTO_MIN_SLOTS: u32 = 16;
 
 /// The defaults, as a commented TOML file (parses to [`Config::default`]).
 pub const DEFAULT_CONFIG_TOML: &str = r#"# pinring configuration, shared by the GPU daemon and all loader processes.
@@ -46,14 +59,20 @@ pub const DEFAULT_CONFIG_TOML: &str = r#"# pinring configuration, shared by the 
 # Ring name: the shared-memory segment is /dev/shm/pinring.<name>.
 # 1 to 64 characters from A-Z a-z 0-9 _ -
 name = "default"
-# Number of slots in the ring (2..=4096).
-slots = 16
-# Bytes per slot: "auto" (batch payload + metadata reserve, rounded up to
-# 4096) or a size such as "16MiB" / 16777216. An explicit size must be a
-# multiple of 4096, at most 1 GiB, and hold at least one sample with its
-# metadata. A batch that does not fit one slot (or, with "auto", 1 GiB) is
-# cut into parts of whole samples, one slot each, uploaded into one device
-# buffer and delivered whole.
+# Number of slots in the ring (2..=4096). Unset: with slot_bytes = "auto"
+# the daemon picks it to keep the ring inside the CPU's last-level cache
+# (ring of min(cache / 2, 128 MiB), or 32 MiB when the cache size is
+# unknown; at least 16 slots); with an explicit slot_bytes, 16.
+# slots = 16
+# Bytes per slot: "auto" or a size such as "16MiB" / 16777216. "auto": a
+# batch of at most 4 MiB payload goes whole into one slot (payload +
+# metadata reserve, rounded up to 4096); a larger batch is cut into parts
+# of the most whole samples whose payload fits 4 MiB. The daemon resolves
+# "auto" at start and publishes the slot size in the ring; loaders with
+# "auto" adopt it. An explicit size must be a multiple of 4096, at most
+# 1 GiB, and hold at least one sample with its metadata. A batch that does
+# not fit one slot is cut into parts of whole samples, one slot each,
+# uploaded into one device buffer and delivered whole.
 slot_bytes = "auto"
 # Deliver batches in seq order (false: deliver any ready slot first).
 in_order = true
@@ -274,8 +293,10 @@ pub enum DatasetKind {
 pub struct RingConfig {
     /// Segment name suffix (`/dev/shm/pinring.<name>`).
     pub name: String,
-    /// Number of slots (2..=4096).
-    pub slots: u32,
+    /// Number of slots (2..=4096); `None`: picked by [`Config::resolve_auto`] with `"auto"`
+    /// slots, else [`DEFAULT_SLOTS`] ([`Config::slots`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub slots: Option<u32>,
     /// Bytes per slot.
     pub slot_bytes: SlotBytes,
     /// Deliver in seq order.
@@ -291,7 +312,7 @@ impl Default for RingConfig {
     fn default() -> Self {
         RingConfig {
             name: "default".to_string(),
-            slots: 16,
+            slots: None,
             slot_bytes: SlotBytes::Auto,
             in_order: true,
             mode: SegmentMode::Owner,
@@ -473,6 +494,17 @@ pub struct PartLayout {
     pub slot_bytes: u64,
 }
 
+/// What `"auto"` picks ([`Config::auto_ring`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AutoRing {
+    /// Bytes per slot.
+    pub slot_bytes: u64,
+    /// Number of slots.
+    pub slots: u32,
+    /// The ring size aimed for: `min(cache / 2, 128 MiB)`, or 32 MiB with the cache unknown.
+    pub target_bytes: u64,
+}
+
 /// Rounds up to a multiple of `align` (a power of two), saturating: the segment layout's
 /// [`pinring_ring::layout::align_up`], with overflow pinned at the top (the caller compares the
 /// result with a limit, which a saturated value fails).
@@ -534,10 +566,10 @@ impl Config {
                 "1 to 64 characters from A-Z a-z 0-9 _ -",
             ));
         }
-        if !(MIN_SLOTS..=MAX_SLOTS).contains(&r.slots) {
+        if !(MIN_SLOTS..=MAX_SLOTS).contains(&self.slots()) {
             return Err(self.invalid(
                 "ring.slots",
-                r.slots,
+                self.slots(),
                 format!("must be between {MIN_SLOTS} and {MAX_SLOTS}"),
             ));
         }
@@ -723,13 +755,13 @@ impl Config {
                 ));
             }
         }
-        if pinring_ring::Geometry::new(self.ring.slots, self.slot_bytes()).is_none() {
+        if pinring_ring::Geometry::new(self.slots(), self.slot_bytes()).is_none() {
             return Err(self.invalid(
                 "ring.slot_bytes",
                 self.ring.slot_bytes,
                 format!(
                     "{} slots of {} bytes is not a ring pinring can make; use fewer or smaller slots",
-                    self.ring.slots,
+                    self.slots(),
                     self.slot_bytes()
                 ),
             ));
@@ -746,11 +778,15 @@ impl Config {
         )
     }
 
-    /// Bytes a slot needs for `samples` samples and their metadata reserve.
+    /// Bytes a slot needs for `samples` samples and their metadata reserve (which starts at the
+    /// payload's end rounded up to the segment layout's metadata alignment, as in
+    /// [`pinring_ring::fit_in_slot`]).
     fn part_need(&self, samples: u32) -> u64 {
-        u64::from(samples)
-            .saturating_mul(self.sample_bytes())
-            .saturating_add(self.meta_reserve_for(u64::from(samples)))
+        round_up(
+            u64::from(samples).saturating_mul(self.sample_bytes()),
+            pinring_ring::layout::META_ALIGN,
+        )
+        .saturating_add(self.meta_reserve_for(u64::from(samples)))
     }
 
     /// The most samples (up to `plan.batch_size`) that fit, with their metadata reserve, in a
@@ -811,21 +847,25 @@ impl Config {
 
     /// How batches are cut into parts, one part per slot.
     ///
-    /// The slot holds as many samples as fit with their metadata reserve: all of the batch with
-    /// `"auto"` unless that is more than the largest slot ([`MAX_SLOT_BYTES`]), or as many as fit
-    /// an explicit `ring.slot_bytes`. With `P = ceil(batch_size / that)` parts per batch, each
-    /// part gets `ceil(batch_size / P)` samples, so the parts of a batch are as even as whole
-    /// samples allow. `"auto"` then sizes the slot for one such part (rounded up to
-    /// [`SLOT_ALIGN`]); with a whole batch per slot that is today's `"auto"`, bit for bit.
-    /// A config where not even one sample fits a slot is refused by [`Config::validate`]; here
-    /// it gives one sample per part.
+    /// The slot holds as many samples as fit: with `"auto"`, the whole batch when its payload is
+    /// at most [`AUTO_PART_PAYLOAD_BYTES`] (4 MiB), else the most whole samples whose payload
+    /// fits that (at least one); with an explicit `ring.slot_bytes`, as many as fit it with
+    /// their metadata reserve. With `P = ceil(batch_size / that)` parts per batch, each part gets
+    /// `ceil(batch_size / P)` samples, so the parts of a batch are as even as whole samples
+    /// allow. `"auto"` then sizes the slot for one such part with its metadata reserve (rounded
+    /// up to [`SLOT_ALIGN`]). An explicit `ring.slot_bytes` equal to that size gives the same
+    /// layout, which is what [`Config::resolve_auto`] and a loader adopting the ring's slot size
+    /// rely on. A config where not even one sample fits a slot is refused by
+    /// [`Config::validate`]; here it gives one sample per part.
     pub fn part_layout(&self) -> PartLayout {
         let bs = self.plan.batch_size.max(1);
-        let room = match self.ring.slot_bytes {
-            SlotBytes::Auto => MAX_SLOT_BYTES,
-            SlotBytes::Fixed(b) => b.0,
+        let most = match self.ring.slot_bytes {
+            SlotBytes::Auto => {
+                let fit = AUTO_PART_PAYLOAD_BYTES / self.sample_bytes().max(1);
+                u32::try_from(fit).unwrap_or(u32::MAX).clamp(1, bs)
+            }
+            SlotBytes::Fixed(b) => self.max_samples_in(b.0).max(1),
         };
-        let most = self.max_samples_in(room).max(1);
         let parts = bs.div_ceil(most);
         let samples_per_part = bs.div_ceil(parts);
         let slot_bytes = match self.ring.slot_bytes {
@@ -837,6 +877,67 @@ impl Config {
             parts_per_batch: parts,
             slot_bytes,
         }
+    }
+
+    /// Slots in the ring: `ring.slots`, or [`DEFAULT_SLOTS`] when unset (and not resolved by
+    /// [`Config::resolve_auto`]).
+    pub fn slots(&self) -> u32 {
+        self.ring.slots.unwrap_or(DEFAULT_SLOTS)
+    }
+
+    /// What `"auto"` picks on a host whose last-level cache has `cache_bytes` (`None`: unknown):
+    /// the slot size of [`Config::part_layout`], and a slot count that keeps the ring (data
+    /// area) near `min(cache / 2, 128 MiB)` (32 MiB when the cache is unknown): that target over
+    /// the slot size, rounded to the nearest, and at least [`AUTO_MIN_SLOTS`] and at most
+    /// [`MAX_SLOTS`]. An explicit `ring.slots` is kept; so is an explicit `ring.slot_bytes`
+    /// (then an unset `ring.slots` is [`DEFAULT_SLOTS`], as before).
+    pub fn auto_ring(&self, cache_bytes: Option<u64>) -> AutoRing {
+        let target = cache_bytes.map_or(AUTO_RING_FALLBACK_BYTES, |c| {
+            (c / 2).min(AUTO_RING_MAX_BYTES)
+        });
+        let slot_bytes = self.slot_bytes();
+        let slots = match (self.ring.slots, self.ring.slot_bytes) {
+            (Some(n), _) => n,
+            (None, SlotBytes::Fixed(_)) => DEFAULT_SLOTS,
+            (None, SlotBytes::Auto) => {
+                let s = slot_bytes.max(1);
+                let n = (target + s / 2) / s;
+                u32::try_from(n)
+                    .unwrap_or(u32::MAX)
+                    .clamp(AUTO_MIN_SLOTS, MAX_SLOTS)
+            }
+        };
+        AutoRing {
+            slot_bytes,
+            slots,
+            target_bytes: target,
+        }
+    }
+
+    /// Resolves `"auto"` once, for the daemon (and `pinring config check`, to show it): an
+    /// automatic `ring.slot_bytes` and an unset `ring.slots` become the explicit values of
+    /// [`Config::auto_ring`], which keeps the part layout and so the fingerprint. Loaders do
+    /// not call this: they take the slot size from the daemon's ring
+    /// ([`Config::adopt_slot_bytes`]), since their cache (or host) may differ.
+    pub fn resolve_auto(&mut self, cache_bytes: Option<u64>) -> AutoRing {
+        let auto = self.auto_ring(cache_bytes);
+        self.ring.slot_bytes = SlotBytes::Fixed(ByteSize(auto.slot_bytes));
+        self.ring.slots = Some(auto.slots);
+        auto
+    }
+
+    /// A loader whose `ring.slot_bytes` is `"auto"` takes the slot size the daemon resolved and
+    /// published in the ring header (and its slot count), so both compute the part layout, the
+    /// seq -> samples mapping, from the same slot size; the fingerprint comparison that follows
+    /// then checks the rest. An explicit `ring.slot_bytes` is kept (a different one shows up as
+    /// a fingerprint mismatch). Returns whether anything was adopted.
+    pub fn adopt_slot_bytes(&mut self, ring_slot_bytes: u64, ring_slots: u32) -> bool {
+        if self.ring.slot_bytes != SlotBytes::Auto {
+            return false;
+        }
+        self.ring.slot_bytes = SlotBytes::Fixed(ByteSize(ring_slot_bytes));
+        self.ring.slots = Some(ring_slots);
+        true
     }
 
     /// Samples in each part of a batch ([`Config::part_layout`]).
@@ -854,8 +955,8 @@ impl Config {
         u64::from(self.samples_per_part()).saturating_mul(self.sample_bytes())
     }
 
-    /// Bytes per slot: explicit, or for `"auto"` one part (a whole batch when it fits the
-    /// largest slot) with its metadata reserve, rounded up to [`SLOT_ALIGN`]
+    /// Bytes per slot: explicit, or for `"auto"` one part (a whole batch when its payload is at
+    /// most 4 MiB) with its metadata reserve, rounded up to [`SLOT_ALIGN`]
     /// ([`Config::part_layout`]).
     pub fn slot_bytes(&self) -> u64 {
         self.part_layout().slot_bytes
@@ -864,7 +965,7 @@ impl Config {
     /// Bytes of all slots together (`slots * slot_bytes`, saturating);
     /// the ring's own header is not included.
     pub fn ring_bytes(&self) -> u64 {
-        u64::from(self.ring.slots).saturating_mul(self.slot_bytes())
+        u64::from(self.slots()).saturating_mul(self.slot_bytes())
     }
 
     /// Shared-memory segment path, `/dev/shm/pinring.<name>`.
@@ -1006,9 +1107,9 @@ mod tests {
         c.ring.name = String::new();
         assert_eq!(invalid_key(&c), "ring.name");
         let mut c = base.clone();
-        c.ring.slots = 1;
+        c.ring.slots = Some(1);
         assert_eq!(invalid_key(&c), "ring.slots");
-        c.ring.slots = 4097;
+        c.ring.slots = Some(4097);
         assert_eq!(invalid_key(&c), "ring.slots");
         let mut c = base.clone();
         c.dataset.samples = 0;
@@ -1167,9 +1268,9 @@ mod tests {
         assert_eq!(MAX_SLOT_BYTES, pinring_ring::layout::MAX_SLOT_BYTES);
         assert_eq!(MAX_SLOTS, pinring_ring::layout::MAX_SLOTS);
         let mut c = Config::default();
-        c.ring.slots = MAX_SLOTS;
+        c.ring.slots = Some(MAX_SLOTS);
         c.validate().unwrap();
-        c.ring.slots = MAX_SLOTS + 1;
+        c.ring.slots = Some(MAX_SLOTS + 1);
         let e = c.validate().unwrap_err().to_string();
         assert!(
             e.contains("ring.slots") && e.contains(&MAX_SLOTS.to_string()),
@@ -1209,16 +1310,136 @@ mod tests {
     }
 
     #[test]
-    fn auto_cuts_a_batch_over_the_largest_slot_into_parts() {
-        // 100000 samples of 64 KiB: more than 1 GiB, so parts no larger than the largest slot.
+    fn auto_cuts_a_batch_over_4_mib_into_parts_of_at_most_4_mib_payload() {
+        // 100000 samples of 64 KiB: 64 samples (4 MiB) at most per part.
         let mut c = Config::default();
         c.plan.batch_size = 100_000;
         let (spp, parts, slot) = layout(&c);
-        assert_eq!(parts, 100_000u32.div_ceil(c.max_samples_in(MAX_SLOT_BYTES)));
+        assert_eq!(parts, 100_000u32.div_ceil(64));
         assert_eq!(spp, 100_000u32.div_ceil(parts));
-        assert!(slot <= MAX_SLOT_BYTES && slot % SLOT_ALIGN == 0);
+        assert!(u64::from(spp) * c.sample_bytes() <= AUTO_PART_PAYLOAD_BYTES);
+        assert!(slot % SLOT_ALIGN == 0);
         assert_eq!(slot, round_up(c.part_need(spp), SLOT_ALIGN));
         assert!(u64::from(spp) * u64::from(parts) >= 100_000);
+    }
+
+    /// A config of `batch` samples of `sample` bytes (u8).
+    fn sized(batch: u32, sample: u32) -> Config {
+        let mut c = Config::default();
+        c.dataset.sample_shape = vec![sample];
+        c.dataset.dtype = Dtype::U8;
+        c.plan.batch_size = batch;
+        c.validate().unwrap();
+        c
+    }
+
+    const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn auto_puts_a_small_batch_whole_in_one_slot() {
+        // The default: 32 x 64 KiB = 2 MiB; a 300 MiB cache aims at a 128 MiB ring.
+        let c = Config::default();
+        let a = c.auto_ring(Some(300 * MIB));
+        assert_eq!(a.slot_bytes, 2 * MIB + 4096);
+        assert_eq!(c.parts_per_batch(), 1);
+        assert_eq!(a.target_bytes, 128 * MIB);
+        assert_eq!(a.slots, 64, "128 MiB / (2 MiB + 4 KiB), rounded");
+        // Exactly 4 MiB of payload is still one part.
+        let c = sized(4, MIB as u32);
+        assert_eq!(layout(&c), (4, 1, 4 * MIB + 4096));
+        // A small cache: target cache / 2, and never fewer than 16 slots.
+        let a = c.auto_ring(Some(32 * MIB));
+        assert_eq!((a.target_bytes, a.slots), (16 * MIB, AUTO_MIN_SLOTS));
+    }
+
+    #[test]
+    fn auto_cuts_the_seed_workload_into_8_parts_of_4_samples() {
+        // 32 MiB batches of 32 x 1 MiB samples on a host with a 300 MiB L3.
+        let mut c = sized(32, MIB as u32);
+        let a = c.auto_ring(Some(300 * MIB));
+        assert_eq!(layout(&c), (4, 8, 4 * MIB + 4096));
+        assert_eq!(a.slot_bytes, 4 * MIB + 4096);
+        assert_eq!(a.slots, 32);
+        assert_eq!(a.target_bytes, 128 * MIB);
+        let fp = c.fingerprint();
+        let r = c.resolve_auto(Some(300 * MIB));
+        assert_eq!(r, a);
+        assert_eq!(
+            c.ring.slot_bytes,
+            SlotBytes::Fixed(ByteSize(4 * MIB + 4096))
+        );
+        assert_eq!(c.ring.slots, Some(32));
+        assert_eq!(layout(&c), (4, 8, 4 * MIB + 4096));
+        assert_eq!(c.fingerprint(), fp, "resolving keeps the fingerprint");
+        c.validate().unwrap();
+        assert!(c.ring_bytes() <= 150 * MIB);
+    }
+
+    #[test]
+    fn auto_with_an_unknown_cache_aims_at_32_mib() {
+        let c = sized(32, MIB as u32);
+        let a = c.auto_ring(None);
+        assert_eq!(a.target_bytes, AUTO_RING_FALLBACK_BYTES);
+        assert_eq!(a.slot_bytes, 4 * MIB + 4096);
+        assert_eq!(a.slots, AUTO_MIN_SLOTS, "32 MiB / 4 MiB is 8, at least 16");
+        let c = sized(4, 64 << 10);
+        let a = c.auto_ring(None);
+        assert_eq!(a.slot_bytes, 256 * 1024 + 4096);
+        assert_eq!(a.slots, 126, "32 MiB / 260 KiB, rounded");
+        // A huge cache stops at 128 MiB; tiny slots stop at the most slots.
+        let c = sized(1, 1);
+        assert_eq!(c.auto_ring(Some(1 << 40)).slots, MAX_SLOTS);
+    }
+
+    #[test]
+    fn auto_keeps_explicit_values() {
+        // An explicit slot count is kept.
+        let mut c = sized(32, MIB as u32);
+        c.ring.slots = Some(6);
+        let a = c.resolve_auto(Some(300 * MIB));
+        assert_eq!((a.slots, a.slot_bytes), (6, 4 * MIB + 4096));
+        // An explicit slot size behaves as before: its own layout, 16 slots when unset.
+        let mut c = sized(32, MIB as u32);
+        c.ring.slot_bytes = SlotBytes::Fixed(ByteSize(16 * MIB));
+        let before = (layout(&c), c.fingerprint());
+        let a = c.resolve_auto(Some(300 * MIB));
+        assert_eq!((a.slots, a.slot_bytes), (DEFAULT_SLOTS, 16 * MIB));
+        assert_eq!((layout(&c), c.fingerprint()), before);
+        assert_eq!(layout(&c), (11, 3, 16 * MIB));
+        // A sample over 4 MiB: one per part, in a slot of its own size.
+        let c = sized(4, 5 * MIB as u32);
+        assert_eq!(layout(&c), (1, 4, 5 * MIB + 4096));
+    }
+
+    #[test]
+    fn a_loader_adopting_the_resolved_slot_size_gets_the_same_layout_and_fingerprint() {
+        // The daemon resolves; a loader with "auto" adopts the ring's slot size and count.
+        for (batch, sample) in [
+            (32, 1 << 20),
+            (32, 65536),
+            (1000, 100_000),
+            (100_000, 100),
+            (7, 3 << 20),
+            (100, (1 << 20) - 100),
+            (300, 12_345),
+            (4096, 4097),
+        ] {
+            let mut daemon = sized(batch, sample);
+            let loader = daemon.clone();
+            daemon.resolve_auto(Some(300 * MIB));
+            let mut adopted = loader.clone();
+            assert!(adopted.adopt_slot_bytes(daemon.slot_bytes(), daemon.slots()));
+            assert_eq!(layout(&adopted), layout(&daemon), "{batch} x {sample}");
+            assert_eq!(layout(&adopted), layout(&loader), "{batch} x {sample}");
+            assert_eq!(adopted.fingerprint(), daemon.fingerprint());
+            assert_eq!(adopted.slots(), daemon.slots());
+            adopted.validate().unwrap();
+        }
+        // An explicit slot size is not replaced: a different one is a fingerprint mismatch.
+        let mut c = sized(32, MIB as u32);
+        c.ring.slot_bytes = SlotBytes::Fixed(ByteSize(8 * MIB));
+        assert!(!c.adopt_slot_bytes(4 * MIB + 4096, 32));
+        assert_ne!(c.fingerprint(), sized(32, MIB as u32).fingerprint());
     }
 
     #[test]

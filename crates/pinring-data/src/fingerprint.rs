@@ -120,7 +120,7 @@ mod tests {
         let base = Config::default().fingerprint();
         let mut c = Config::default();
         c.ring.name = "other".into();
-        c.ring.slots = 64;
+        c.ring.slots = Some(64);
         c.ring.in_order = false;
         c.ring.mode = SegmentMode::Group;
         c.source = "elsewhere.toml".into();

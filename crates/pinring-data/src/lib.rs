@@ -16,8 +16,8 @@ pub mod size;
 pub mod synthetic;
 
 pub use config::{
-    BadBatchPolicy, Config, ConfigError, DaemonConfig, DatasetConfig, DatasetKind, PartLayout,
-    PlanConfig, RingConfig, SegmentMode, SlotBytes, DEFAULT_CONFIG_TOML,
+    AutoRing, BadBatchPolicy, Config, ConfigError, DaemonConfig, DatasetConfig, DatasetKind,
+    PartLayout, PlanConfig, RingConfig, SegmentMode, SlotBytes, DEFAULT_CONFIG_TOML,
 };
 pub use fingerprint::FINGERPRINT_VERSION;
 pub use meta::{max_encoded_len, BatchMeta, Dtype, MetaError, MAX_META_BYTES};

@@ -56,7 +56,11 @@ pub fn run(args: &CheckArgs) -> Result<(), CheckError> {
         ring: args.ring.clone(),
         ..Default::default()
     };
-    let cfg = settings::load(origin.path(), &overrides)?;
+    let mut cfg = settings::load(origin.path(), &overrides)?;
+    // Resolve "auto" as a daemon on this host would (loaders adopt the daemon's values).
+    let host = crate::host_memory::HostMemory::read();
+    let auto = host.resolve_auto(&mut cfg);
+    cfg.validate()?;
     let plan = cfg.plan().map_err(|source| CheckError::Plan {
         source_name: cfg.source.clone(),
         source,
@@ -75,9 +79,11 @@ pub fn run(args: &CheckArgs) -> Result<(), CheckError> {
         cfg.ring_bytes(),
         cfg.ring_bytes() as f64 / (1u64 << 20) as f64
     );
-    let host = crate::host_memory::HostMemory::read();
     println!("# host: {}", host.describe());
-    for w in host.ring_warnings(&cfg.ring.name, cfg.ring.slots, cfg.slot_bytes()) {
+    if let Some(line) = auto {
+        println!("# auto: {line}");
+    }
+    for w in host.ring_warnings(&cfg.ring.name, cfg.slots(), cfg.slot_bytes()) {
         println!("# warning: {w}");
     }
     println!(

@@ -2,14 +2,23 @@
 //! Neither is an error (a ring larger than the cache works, only slower; the memory is reserved
 //! up front and a ring that does not fit fails at start with exit 4), so `pinring config check`
 //! and the daemon at start print warnings.
+//!
+//! The cache size also sizes an automatic ring ([`HostMemory::resolve_auto`]): the daemon (and
+//! `pinring config check`, to show it) resolves `ring.slot_bytes = "auto"` once, here, and
+//! publishes the result in the ring header; loaders never read the cache, they adopt the ring's
+//! slot size ([`pinring_data::Config::adopt_slot_bytes`]).
 
-use pinring_data::ByteSize;
+use pinring_data::{ByteSize, Config};
 use std::path::Path;
 
 /// Where Linux describes CPU 0's caches.
 pub const CACHE_DIR: &str = "/sys/devices/system/cpu/cpu0/cache";
 /// Where Linux says how much memory is available.
 pub const MEMINFO: &str = "/proc/meminfo";
+/// Environment variable that sets the last-level cache size (`300MiB`, `314572800`) instead of
+/// [`CACHE_DIR`]: for hosts whose sysfs hides it, and for tests. A value that does not parse is
+/// ignored.
+pub const ENV_LLC_BYTES: &str = "PINRING_LLC_BYTES";
 
 /// A CPU cache level and its size.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,12 +36,78 @@ pub struct HostMemory {
     pub last_level_cache: Option<Cache>,
     /// `MemAvailable` of /proc/meminfo, bytes.
     pub available: Option<u64>,
+    /// The cache size came from [`ENV_LLC_BYTES`] (its level is then 0: unknown).
+    pub cache_from_env: bool,
 }
 
 impl HostMemory {
     /// Reads this host's values ([`CACHE_DIR`], [`MEMINFO`]).
+    /// [`ENV_LLC_BYTES`], when set to a size, replaces the cache size.
     pub fn read() -> HostMemory {
-        HostMemory::read_from(Path::new(CACHE_DIR), Path::new(MEMINFO))
+        let host = HostMemory::read_from(Path::new(CACHE_DIR), Path::new(MEMINFO));
+        let env = std::env::var(ENV_LLC_BYTES).ok();
+        host.with_cache_override(env.as_deref())
+    }
+
+    /// This host with the cache size `text` (a size, as [`ENV_LLC_BYTES`] takes it) instead of
+    /// the one read; `None`, an empty or unparsable text, or 0 keep the one read.
+    pub fn with_cache_override(mut self, text: Option<&str>) -> HostMemory {
+        let bytes = text
+            .and_then(|t| t.parse::<ByteSize>().ok())
+            .map(|b| b.0)
+            .filter(|&b| b > 0);
+        if let Some(bytes) = bytes {
+            self.last_level_cache = Some(Cache { level: 0, bytes });
+            self.cache_from_env = true;
+        }
+        self
+    }
+
+    /// Resolves `"auto"` in `cfg` (`ring.slot_bytes`, an unset `ring.slots`) for this host's
+    /// last-level cache ([`Config::resolve_auto`]: a ring of about `min(cache / 2, 128 MiB)`,
+    /// 32 MiB when the cache is unknown). Returns a line that says what was picked and where
+    /// the cache size came from; `None` when nothing was automatic.
+    pub fn resolve_auto(&self, cfg: &mut Config) -> Option<String> {
+        let auto_bytes = cfg.ring.slot_bytes == pinring_data::SlotBytes::Auto;
+        if !auto_bytes && cfg.ring.slots.is_some() {
+            return None;
+        }
+        let a = cfg.resolve_auto(self.last_level_cache.map(|c| c.bytes));
+        if !auto_bytes {
+            return None;
+        }
+        Some(format!(
+            "ring.slot_bytes = \"auto\" resolved to {} slots x {} = {} ({} part(s) of up to {} \
+             samples per batch; ring aimed at {}, {})",
+            a.slots,
+            ByteSize(a.slot_bytes),
+            ByteSize(u64::from(a.slots) * a.slot_bytes),
+            cfg.parts_per_batch(),
+            cfg.samples_per_part(),
+            ByteSize(a.target_bytes),
+            self.cache_origin(),
+        ))
+    }
+
+    /// Where the cache size used by [`HostMemory::resolve_auto`] came from, in words.
+    pub fn cache_origin(&self) -> String {
+        match self.last_level_cache {
+            Some(c) if self.cache_from_env => {
+                format!(
+                    "half the last-level cache of {} from ${ENV_LLC_BYTES}, at most 128 MiB",
+                    ByteSize(c.bytes)
+                )
+            }
+            Some(c) => format!(
+                "half the last-level cache (L{}, {}, from {CACHE_DIR}), at most 128 MiB",
+                c.level,
+                ByteSize(c.bytes)
+            ),
+            None => format!(
+                "the fallback for an unknown last-level cache (nothing readable in {CACHE_DIR}, \
+                 ${ENV_LLC_BYTES} unset)"
+            ),
+        }
     }
 
     /// Reads the values from a cache directory laid out like [`CACHE_DIR`] (`index*/level`,
@@ -43,6 +118,7 @@ impl HostMemory {
             available: std::fs::read_to_string(meminfo)
                 .ok()
                 .and_then(|t| mem_available(&t)),
+            cache_from_env: false,
         }
     }
 
@@ -50,6 +126,9 @@ impl HostMemory {
     /// `unknown` for what could not be read.
     pub fn describe(&self) -> String {
         let cache = match self.last_level_cache {
+            Some(c) if self.cache_from_env => {
+                format!("{} (from ${ENV_LLC_BYTES})", ByteSize(c.bytes))
+            }
             Some(c) => format!("L{} {}", c.level, ByteSize(c.bytes)),
             None => format!("unknown (nothing readable in {CACHE_DIR})"),
         };
@@ -72,10 +151,14 @@ impl HostMemory {
         let mut out = Vec::new();
         if let Some(c) = self.last_level_cache.filter(|c| total > c.bytes) {
             out.push(format!(
-                "ring {ring:?}: its slots ({size}) are larger than the last-level cache (L{}, {}): \
+                "ring {ring:?}: its slots ({size}) are larger than the last-level cache ({}{}): \
                  batches are written and uploaded from memory rather than from the cache; fewer or \
                  smaller slots (ring.slots, ring.slot_bytes, plan.batch_size) keep them in it",
-                c.level,
+                if c.level > 0 {
+                    format!("L{}, ", c.level)
+                } else {
+                    String::new()
+                },
                 ByteSize(c.bytes)
             ));
         }

@@ -245,6 +245,13 @@ fn run_attached(
         Err(e) => return Err(none(e.into())),
     };
     let h = ring.header();
+    // A loader whose config says "auto" takes the slot size (and count) the daemon resolved and
+    // published: the part layout, the seq -> samples mapping, follows from it, identically on
+    // both sides, whatever cache this host has. The fingerprint covers that layout.
+    let g = ring.geometry();
+    if cfg.adopt_slot_bytes(g.slot_bytes, g.slot_count) {
+        tracing::debug!(ring = %cfg.ring.name, slot_bytes = g.slot_bytes, slots = g.slot_count, "ring.slot_bytes = \"auto\": adopted the daemon's slot size");
+    }
     let theirs = h.fingerprint.load(Relaxed);
     if cfg.fingerprint() != theirs {
         return Err(none(LoaderError::Mismatch {

@@ -140,7 +140,7 @@ mod tests {
         };
         let (cfg, origin) = resolve(None, &overrides, &places, &no_env).unwrap();
         assert_eq!(origin, Origin::Searched(dir.path().join("gpu3.toml")));
-        assert_eq!(cfg.ring.slots, 5);
+        assert_eq!(cfg.ring.slots, Some(5));
         assert_eq!(cfg.ring.name, "gpu3");
     }
 }

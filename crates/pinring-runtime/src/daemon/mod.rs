@@ -165,10 +165,18 @@ pub fn run(args: &DaemonArgs, shutdown: &Shutdown) -> Outcome {
         epochs: args.epochs,
         unordered: args.unordered,
     };
-    let cfg = match settings::load(args.config.as_deref(), &overrides) {
+    let mut cfg = match settings::load(args.config.as_deref(), &overrides) {
         Ok(c) => c,
         Err(e) => return failed_at_start(args, None, e.into()),
     };
+    // "auto" is resolved here, once, and published in the ring header (slot size and count);
+    // loaders adopt it from there instead of reading their own host's cache.
+    if let Some(line) = crate::host_memory::HostMemory::read().resolve_auto(&mut cfg) {
+        tracing::info!(ring = %cfg.ring.name, "{line}");
+    }
+    if let Err(e) = cfg.validate() {
+        return failed_at_start(args, Some(&cfg), e.into());
+    }
     match Daemon::start(args, cfg.clone()) {
         Ok(mut d) => {
             let result = d.main_loop(shutdown);

@@ -29,7 +29,7 @@ impl Daemon {
                 allowed: format!(
                     "--zero-copy reads each batch in its one slot, but this slot size cuts a batch \
                      into {parts} parts; use a slot that holds a whole batch (\"auto\" for \
-                     batches up to 1 GiB) or run without --zero-copy"
+                     batches of up to 4 MiB payload) or run without --zero-copy"
                 ),
             }));
         }
@@ -56,7 +56,7 @@ impl Daemon {
             })?;
         for w in crate::host_memory::HostMemory::read().ring_warnings(
             &cfg.ring.name,
-            cfg.ring.slots,
+            cfg.slots(),
             cfg.slot_bytes(),
         ) {
             tracing::warn!("{w}");
@@ -65,7 +65,7 @@ impl Daemon {
         tracing::info!(backend = selected.backend.name(), reason = %selected.reason, "backend selected");
         let ring = Arc::new(Ring::create(&CreateOptions {
             name: cfg.ring.name.clone(),
-            slots: cfg.ring.slots,
+            slots: cfg.slots(),
             slot_bytes: cfg.slot_bytes(),
             mode: cfg.ring.mode.bits(),
             group: cfg.ring.group.clone(),
@@ -137,7 +137,7 @@ impl Daemon {
                     what: format!("cannot start the sink thread: {e}"),
                 })?
         };
-        let slots = cfg.ring.slots as usize;
+        let slots = cfg.slots() as usize;
         let now = Instant::now();
         let mut d = Daemon {
             sink_kind: args.sink,
