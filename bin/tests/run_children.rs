@@ -202,3 +202,51 @@ fn killing_pinring_run_stops_its_daemon_and_loaders_and_the_segment_is_removed()
         || !fx.segment().exists(),
     );
 }
+
+#[test]
+fn killing_pinring_bench_stops_its_daemon_and_loaders_and_the_segment_is_removed() {
+    let out = tempfile::tempdir().unwrap();
+    let mut bench = Command::new(exe(CLI))
+        .args(["bench", "--backend", "host", "--slot-sizes", "1MiB"])
+        .args(["--loaders", "2", "--run-bytes", "1TiB", "--skip-modes"])
+        .args(["--register-bytes", "0", "--out"])
+        .arg(out.path())
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let ring_name = format!("bench-{}", bench.id());
+    let start = Instant::now();
+    let kids = loop {
+        if let Some(status) = bench.try_wait().unwrap() {
+            panic!("pinring bench exited ({status}) before its pipeline ran");
+        }
+        assert!(start.elapsed() < LONG, "pinring bench never ran a pipeline");
+        let kids = children_of(bench.id());
+        let flowing = pinring_ring::Ring::open(
+            &ring_name,
+            pinring_ring::Access::ReadOnly,
+            Duration::from_millis(200),
+        )
+        .is_ok_and(|ring| delivered(&ring) >= 5);
+        if kids.len() == 3 && flowing {
+            break kids;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let _leftovers = KillLeftovers(kids.clone());
+    signal(&bench, Signal::SIGKILL);
+    bench.wait().unwrap();
+    wait_until(
+        "the daemon and loaders of the killed pinring bench to exit",
+        Duration::from_secs(10),
+        || kids.iter().all(|k| !k.running()),
+    );
+    wait_until(
+        "the daemon to remove its segment",
+        Duration::from_secs(10),
+        || !pinring_ring::object_path(&ring_name).exists(),
+    );
+}

@@ -450,7 +450,9 @@ impl Bench<'_> {
         }
         let backend = args.backend.to_string();
         let device = args.device.to_string();
-        let daemon = Command::new(exe)
+        // Every child stops with the bench, even one killed outright (see `stop_with_parent`).
+        let mut daemon_cmd = Command::new(exe);
+        daemon_cmd
             .arg("daemon")
             .arg("--config")
             .arg(&cfg_path)
@@ -459,18 +461,23 @@ impl Bench<'_> {
             .arg("--summary")
             .arg(&summary_path)
             .env("RUST_LOG", "warn")
-            .stdin(Stdio::null())
+            .stdin(Stdio::null());
+        crate::runner::stop_with_parent(&mut daemon_cmd);
+        let daemon = daemon_cmd
             .spawn()
             .map_err(|e| fail(format!("cannot start the daemon: {e}")))?;
         let mut kids = Children(vec![daemon]);
         for _ in 0..loaders {
-            let l = Command::new(exe)
+            let mut loader_cmd = Command::new(exe);
+            loader_cmd
                 .arg("loader")
                 .arg("--config")
                 .arg(&cfg_path)
                 .args(["--ring", &name, "--wait-secs", "60"])
                 .env("RUST_LOG", "warn")
-                .stdin(Stdio::null())
+                .stdin(Stdio::null());
+            crate::runner::stop_with_parent(&mut loader_cmd);
+            let l = loader_cmd
                 .spawn()
                 .map_err(|e| fail(format!("cannot start a loader: {e}")))?;
             kids.0.push(l);

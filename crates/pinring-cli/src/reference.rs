@@ -396,17 +396,17 @@ impl Writers {
             Spawn::Processes(exe) => {
                 let mut kids = Children(Vec::new());
                 for index in 0..writers {
-                    let child = Command::new(exe)
-                        .arg("bench-writer")
+                    let mut cmd = Command::new(exe);
+                    cmd.arg("bench-writer")
                         .args(["--segment", name, "--index", &index.to_string()])
                         .env("RUST_LOG", "warn")
-                        .stdin(Stdio::null())
-                        .spawn()
-                        .map_err(|source| ReferenceError::Spawn {
-                            index,
-                            exe: exe.display().to_string(),
-                            source,
-                        })?;
+                        .stdin(Stdio::null());
+                    crate::runner::stop_with_parent(&mut cmd);
+                    let child = cmd.spawn().map_err(|source| ReferenceError::Spawn {
+                        index,
+                        exe: exe.display().to_string(),
+                        source,
+                    })?;
                     kids.0.push(child);
                 }
                 Ok(Writers::Processes(kids))

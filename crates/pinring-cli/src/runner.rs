@@ -252,8 +252,9 @@ fn segment_note(ring: &str, segment: Option<&Cleaned>) -> String {
 ///
 /// The kernel sends the parent-death signal when the *thread* that forked the child exits, not
 /// the process: spawn such commands only from a thread that lives as long as this process
-/// (`run` spawns every child from the thread that called it, the main thread of `pinring run`).
-fn stop_with_parent(cmd: &mut Command) {
+/// (`run` and `bench` spawn every child from the thread that called them, the main thread of
+/// `pinring`).
+pub(crate) fn stop_with_parent(cmd: &mut Command) {
     let parent = nix::unistd::getpid();
     let in_child = move || -> std::io::Result<()> {
         nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGTERM)?;
