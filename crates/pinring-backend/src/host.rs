@@ -3,16 +3,12 @@
 //! can run and be verified on any machine.
 //!
 //! # Soundness of [`Uploader::read_host`]
-//! Each buffer has a `pending` counter (uploads queued or running) and a `readers` counter.
-//! `submit` increments `pending`, then checks `readers` is 0 (else it backs out: `BufferBusy`);
-//! a reader increments `readers`, then checks `pending` is 0 (else it backs out). Both sides use
-//! SeqCst, so of two racing calls at least one sees the other's increment (the store-load
-//! pattern): a copy into a buffer and a read of it never overlap. The upload thread decrements
-//! `pending` (SeqCst, which includes Release) after the copy, so a reader that sees 0 also sees
-//! every byte copied. `read_host`, `checksum` and `compute` hold the reader count only for the
-//! duration of the call, so no slice outlives it.
+//! Each buffer is guarded by `crate::guard` (a `pending` count of uploads queued or running, a
+//! `readers` count, and the store-load argument for why a copy into a buffer and a read of it
+//! never overlap). Here the upload thread ends an upload right after its copy, so a reader that
+//! sees no pending upload also sees every byte copied. `read_host`, `checksum` and `compute` hold
+//! the reader count only for the duration of the call, so no slice outlives it.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Instant;
@@ -21,6 +17,7 @@ use crossbeam_channel::{Receiver, Sender};
 
 use crate::buf::AlignedBuf;
 use crate::checksum::checksum;
+use crate::guard::{check_job, Guards};
 use crate::{Backend, BackendError, Completion, Registration, UploadJob, Uploader};
 
 /// The backend without a GPU.
@@ -94,10 +91,8 @@ impl Backend for HostBackend {
 #[derive(Debug)]
 struct Shared {
     buffers: Vec<AlignedBuf>,
-    /// Uploads submitted into each buffer and not yet copied.
-    pending: Vec<AtomicUsize>,
-    /// Calls reading each buffer right now.
-    readers: Vec<AtomicUsize>,
+    /// Uploads into each buffer not yet copied, and calls reading it now (`crate::guard`).
+    guards: Guards,
     /// Called after each completion is sent.
     hook: crate::HookCell,
 }
@@ -136,8 +131,7 @@ impl HostUploader {
             .map(|_| AlignedBuf::new(buffer_bytes, "host device buffer"))
             .collect::<Result<Vec<_>, _>>()?;
         let shared = Arc::new(Shared {
-            pending: (0..buffers).map(|_| AtomicUsize::new(0)).collect(),
-            readers: (0..buffers).map(|_| AtomicUsize::new(0)).collect(),
+            guards: Guards::new(buffers),
             hook: crate::HookCell::default(),
             buffers: bufs,
         });
@@ -159,31 +153,6 @@ impl HostUploader {
             thread: Some(thread),
             scratch: Mutex::new(Vec::new()),
         })
-    }
-
-    /// Checks `buffer`/`len` and that no upload into the buffer is pending.
-    fn idle_buffer(
-        &self,
-        call: &'static str,
-        buffer: usize,
-        len: usize,
-    ) -> Result<&AlignedBuf, BackendError> {
-        check_range(
-            call,
-            buffer,
-            len,
-            self.shared.buffers.len(),
-            self.buffer_bytes,
-        )?;
-        let pending = self.shared.pending[buffer].load(Ordering::Acquire);
-        if pending != 0 {
-            return Err(BackendError::BufferBusy {
-                call,
-                buffer,
-                pending,
-            });
-        }
-        Ok(&self.shared.buffers[buffer])
     }
 }
 
@@ -233,28 +202,6 @@ pub(crate) fn check_range(
     Ok(())
 }
 
-/// Validates an upload's destination: a buffer index in range and `offset..offset + len` inside
-/// the buffer.
-pub(crate) fn check_dst(
-    buffer: usize,
-    offset: usize,
-    len: usize,
-    count: usize,
-    buffer_bytes: usize,
-) -> Result<(), BackendError> {
-    check_range("submit", buffer, 0, count, buffer_bytes)?;
-    if offset.checked_add(len).is_none_or(|end| end > buffer_bytes) {
-        return Err(BackendError::InvalidArgument {
-            call: "submit",
-            what: format!(
-                "{len} bytes at offset {offset} end past the device buffer size of \
-                 {buffer_bytes} bytes (buffer {buffer}); the destination must lie inside the buffer"
-            ),
-        });
-    }
-    Ok(())
-}
-
 fn upload_loop(shared: &Shared, jobs: &Receiver<Queued>, done: &Sender<Completion>) {
     for Queued { job, submitted } in jobs.iter() {
         let buf = &shared.buffers[job.buffer];
@@ -266,7 +213,7 @@ fn upload_loop(shared: &Shared, jobs: &Receiver<Queued>, done: &Sender<Completio
             // announced before this job are excluded by submit's reader check (module docs).
             unsafe { buf.write_from(job.dst_offset, job.src, job.len) };
         }
-        shared.pending[job.buffer].fetch_sub(1, Ordering::SeqCst);
+        shared.guards.end_upload(job.buffer);
         let completion = Completion {
             tag: job.tag,
             buffer: job.buffer,
@@ -285,22 +232,7 @@ fn upload_loop(shared: &Shared, jobs: &Receiver<Queued>, done: &Sender<Completio
 
 impl Uploader for HostUploader {
     unsafe fn submit(&self, job: UploadJob) -> Result<(), BackendError> {
-        check_dst(
-            job.buffer,
-            job.dst_offset,
-            job.len,
-            self.shared.buffers.len(),
-            self.buffer_bytes,
-        )?;
-        if job.len > 0 && job.src.is_null() {
-            return Err(BackendError::InvalidArgument {
-                call: "submit",
-                what: format!(
-                    "null source pointer for {} bytes (tag {})",
-                    job.len, job.tag
-                ),
-            });
-        }
+        check_job(&job, self.shared.buffers.len(), self.buffer_bytes)?;
         let Some(jobs) = self.jobs.as_ref() else {
             return Err(BackendError::WorkerGone {
                 backend: "host",
@@ -309,22 +241,13 @@ impl Uploader for HostUploader {
         };
         let buffer = job.buffer;
         // Store-load against readers (module docs): announce the upload, then look for readers.
-        self.shared.pending[buffer].fetch_add(1, Ordering::SeqCst);
-        let readers = self.shared.readers[buffer].load(Ordering::SeqCst);
-        if readers != 0 {
-            self.shared.pending[buffer].fetch_sub(1, Ordering::SeqCst);
-            return Err(BackendError::BufferBusy {
-                call: "submit",
-                buffer,
-                pending: readers,
-            });
-        }
+        self.shared.guards.begin_upload(buffer)?;
         let queued = Queued {
             job,
             submitted: Instant::now(),
         };
         if jobs.send(queued).is_err() {
-            self.shared.pending[buffer].fetch_sub(1, Ordering::AcqRel);
+            self.shared.guards.end_upload(buffer);
             return Err(BackendError::WorkerGone {
                 backend: "host",
                 call: "submit",
@@ -390,24 +313,21 @@ impl HostUploader {
         len: usize,
         f: impl FnOnce(&[u8]) -> R,
     ) -> Result<R, BackendError> {
-        let buf = self.idle_buffer(call, buffer, len)?;
-        let readers = &self.shared.readers[buffer];
-        readers.fetch_add(1, Ordering::SeqCst);
-        let pending = self.shared.pending[buffer].load(Ordering::SeqCst);
-        if pending != 0 {
-            readers.fetch_sub(1, Ordering::SeqCst);
-            return Err(BackendError::BufferBusy {
-                call,
-                buffer,
-                pending,
-            });
-        }
-        // SAFETY: len <= buffer size (checked by idle_buffer). This thread holds the buffer as
-        // a reader and saw no pending upload after announcing itself (SeqCst): no copy into it
-        // runs until `readers` drops back (module docs), and every earlier copy happened-before.
-        // The slice does not outlive `f`.
+        check_range(
+            call,
+            buffer,
+            len,
+            self.shared.buffers.len(),
+            self.buffer_bytes,
+        )?;
+        let buf = &self.shared.buffers[buffer];
+        let reading = self.shared.guards.begin_read(call, buffer)?;
+        // SAFETY: len <= buffer size (checked above). This thread holds the buffer as a reader
+        // and saw no pending upload after announcing itself (SeqCst): no copy into it runs until
+        // `reading` drops (crate::guard), and every earlier copy happened-before. The slice does
+        // not outlive `f`, which returns before `reading` drops.
         let r = f(unsafe { buf.slice(len) });
-        readers.fetch_sub(1, Ordering::SeqCst);
+        drop(reading);
         Ok(r)
     }
 

@@ -20,6 +20,7 @@ mod buf;
 pub mod checksum;
 pub mod cuda;
 mod error;
+mod guard;
 pub mod host;
 pub mod testing;
 

@@ -9,8 +9,8 @@ use crossbeam_channel::{Receiver, Sender};
 use cudarc::driver::CudaContext;
 
 use super::raw;
-use super::uploader::Guards;
 use crate::error::cuda_error;
+use crate::guard::Guards;
 use crate::{BackendError, Completion};
 
 /// A copy in flight, as handed to the completion thread.

@@ -4,22 +4,16 @@
 //! waits on the events.
 //!
 //! # The device-buffer guard
-//! As in the host backend (`host.rs`), each buffer has a `pending` count (uploads submitted and
-//! not yet observed complete) and a `readers` count (`checksum` and `compute` calls reading it
-//! now). `submit` increments `pending`, then checks `readers` is 0 (else it backs out:
-//! `BufferBusy`); a reader increments `readers`, then checks `pending` is 0 (else it backs out:
-//! `BufferBusy`). Both sides use SeqCst, so of two racing calls at least one sees the other's
-//! increment (the store-load pattern): a copy into a buffer and a kernel over it are never in
-//! flight together, even if a caller got the protocol wrong. The completion thread decrements
-//! `pending` (SeqCst, which includes Release) only after the upload's event has completed, so a
-//! reader that sees 0 launches its kernel after the copy has finished on the device. A reader
-//! holds its count until its kernel has been waited for (if that wait itself fails, the count is
-//! released with the error: the driver fails a wait for a broken context, in which no later copy
-//! succeeds either). `read_host` reads nothing on this
-//! backend (the host cannot read device memory), and the zero-copy calls read ring slots, not
-//! device buffers, so neither takes a count.
+//! Each buffer is guarded by `crate::guard`, as on the host backend: a copy into a buffer and a
+//! kernel over it are never in flight together, even if a caller got the protocol wrong. The
+//! completion thread ends an upload only after the upload's event has completed, so a reader
+//! that sees no pending upload launches its kernel after the copy has finished on the device. A
+//! reader holds its count until its kernel has been waited for (if that wait itself fails, the
+//! count is released with the error: the driver fails a wait for a broken context, in which no
+//! later copy succeeds either). `read_host` reads nothing on this backend (the host cannot read
+//! device memory), and the zero-copy calls read ring slots, not device buffers, so neither takes
+//! a count.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Instant;
@@ -31,7 +25,8 @@ use super::completion::{self, InFlight};
 use super::kernels::{KernelState, Span};
 use super::{gib, raw, ChunkTable, CudaBackend};
 use crate::error::cuda_error;
-use crate::host::{check_dst, check_range};
+use crate::guard::{check_job, Guards, Reading};
+use crate::host::check_range;
 use crate::{BackendError, Completion, UploadJob, Uploader};
 
 /// Upload engine of the CUDA backend.
@@ -244,100 +239,9 @@ impl DeviceBuffer {
     }
 }
 
-/// The per-buffer counts that keep uploads into a device buffer and reads of it apart (module
-/// docs).
-#[derive(Debug)]
-pub(super) struct Guards {
-    /// Uploads submitted into each buffer and not yet observed complete.
-    pending: Vec<AtomicUsize>,
-    /// Reads of each buffer in progress.
-    readers: Vec<AtomicUsize>,
-}
-
-impl Guards {
-    fn new(buffers: usize) -> Self {
-        Self {
-            pending: (0..buffers).map(|_| AtomicUsize::new(0)).collect(),
-            readers: (0..buffers).map(|_| AtomicUsize::new(0)).collect(),
-        }
-    }
-
-    /// Announces an upload into `buffer`, then looks for readers: `BufferBusy` (and the upload
-    /// withdrawn) if the buffer is being read. `buffer` is in range (checked by the caller).
-    pub(super) fn begin_upload(&self, buffer: usize) -> Result<(), BackendError> {
-        self.pending[buffer].fetch_add(1, Ordering::SeqCst);
-        let readers = self.readers[buffer].load(Ordering::SeqCst);
-        if readers != 0 {
-            self.pending[buffer].fetch_sub(1, Ordering::SeqCst);
-            return Err(BackendError::BufferBusy {
-                call: "submit",
-                buffer,
-                pending: readers,
-            });
-        }
-        Ok(())
-    }
-
-    /// Ends an upload begun with [`Guards::begin_upload`]: it has completed on the device, or it
-    /// was withdrawn after the copy was waited for.
-    pub(super) fn end_upload(&self, buffer: usize) {
-        self.pending[buffer].fetch_sub(1, Ordering::SeqCst);
-    }
-
-    /// Announces a reader of `buffer`, then looks for pending uploads: `BufferBusy` (and the
-    /// reader withdrawn) if an upload into it has not completed. `buffer` is in range.
-    pub(super) fn begin_read(
-        &self,
-        call: &'static str,
-        buffer: usize,
-    ) -> Result<Reading<'_>, BackendError> {
-        let readers = &self.readers[buffer];
-        readers.fetch_add(1, Ordering::SeqCst);
-        let pending = self.pending[buffer].load(Ordering::SeqCst);
-        if pending != 0 {
-            readers.fetch_sub(1, Ordering::SeqCst);
-            return Err(BackendError::BufferBusy {
-                call,
-                buffer,
-                pending,
-            });
-        }
-        Ok(Reading { readers })
-    }
-}
-
-/// A read of one device buffer in progress; dropping it ends the read. Keep it until the
-/// kernel reading the buffer has been waited for.
-#[derive(Debug)]
-#[must_use = "the read ends when this is dropped"]
-pub(super) struct Reading<'a> {
-    readers: &'a AtomicUsize,
-}
-
-impl Drop for Reading<'_> {
-    fn drop(&mut self) {
-        self.readers.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
 impl Uploader for CudaUploader {
     unsafe fn submit(&self, job: UploadJob) -> Result<(), BackendError> {
-        check_dst(
-            job.buffer,
-            job.dst_offset,
-            job.len,
-            self.buffers.len(),
-            self.buffer_bytes,
-        )?;
-        if job.len > 0 && job.src.is_null() {
-            return Err(BackendError::InvalidArgument {
-                call: "submit",
-                what: format!(
-                    "null source pointer for {} bytes (tag {})",
-                    job.len, job.tag
-                ),
-            });
-        }
+        check_job(&job, self.buffers.len(), self.buffer_bytes)?;
         let gone = BackendError::WorkerGone {
             backend: "cuda",
             call: "submit",
@@ -494,87 +398,5 @@ impl Drop for CudaUploader {
                 .record(&self.kernel_stream)
                 .and_then(|()| ev.synchronize());
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    //! The guard protocol itself needs no GPU; `cuda/tests.rs` runs it through a real uploader.
-
-    use super::*;
-
-    fn busy(r: Result<impl std::fmt::Debug, BackendError>) -> bool {
-        matches!(r, Err(BackendError::BufferBusy { .. }))
-    }
-
-    #[test]
-    fn a_buffer_being_read_refuses_uploads() {
-        let g = Guards::new(2);
-        let reading = g.begin_read("checksum", 0).unwrap();
-        assert!(busy(g.begin_upload(0)));
-        assert_eq!(
-            g.pending[0].load(Ordering::SeqCst),
-            0,
-            "the refused upload backs out"
-        );
-        // Other buffers are not affected.
-        g.begin_upload(1).unwrap();
-        g.end_upload(1);
-        drop(reading);
-        assert_eq!(g.readers[0].load(Ordering::SeqCst), 0);
-        g.begin_upload(0).unwrap();
-        g.end_upload(0);
-    }
-
-    #[test]
-    fn a_buffer_with_an_upload_pending_refuses_readers() {
-        let g = Guards::new(2);
-        g.begin_upload(0).unwrap();
-        assert!(busy(g.begin_read("compute", 0)));
-        assert_eq!(
-            g.readers[0].load(Ordering::SeqCst),
-            0,
-            "the refused read backs out"
-        );
-        drop(g.begin_read("compute", 1).unwrap());
-        g.end_upload(0);
-        let reading = g.begin_read("compute", 0).unwrap();
-        // Readers share a buffer.
-        let second = g.begin_read("checksum", 0).unwrap();
-        assert_eq!(g.readers[0].load(Ordering::SeqCst), 2);
-        drop((reading, second));
-        assert_eq!(g.readers[0].load(Ordering::SeqCst), 0);
-    }
-
-    #[test]
-    fn racing_uploads_and_reads_never_overlap() {
-        use std::sync::atomic::AtomicBool;
-        let g = Guards::new(1);
-        // Set while a read or an upload holds the buffer; the other side must never see it.
-        let (reading, uploading) = (AtomicBool::new(false), AtomicBool::new(false));
-        std::thread::scope(|s| {
-            s.spawn(|| {
-                for _ in 0..20_000 {
-                    if let Ok(r) = g.begin_read("checksum", 0) {
-                        reading.store(true, Ordering::SeqCst);
-                        assert!(!uploading.load(Ordering::SeqCst), "read during an upload");
-                        reading.store(false, Ordering::SeqCst);
-                        drop(r);
-                    }
-                }
-            });
-            s.spawn(|| {
-                for _ in 0..20_000 {
-                    if g.begin_upload(0).is_ok() {
-                        uploading.store(true, Ordering::SeqCst);
-                        assert!(!reading.load(Ordering::SeqCst), "upload during a read");
-                        uploading.store(false, Ordering::SeqCst);
-                        g.end_upload(0);
-                    }
-                }
-            });
-        });
-        assert_eq!(g.pending[0].load(Ordering::SeqCst), 0);
-        assert_eq!(g.readers[0].load(Ordering::SeqCst), 0);
     }
 }
