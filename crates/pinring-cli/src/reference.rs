@@ -325,31 +325,6 @@ fn slot_ptr(seg: &Segment, geom: &Geometry, slot: u32) -> *mut u8 {
     seg.base().wrapping_add(offset as usize)
 }
 
-/// Writes `len` bytes at `dst` as little-endian 64-bit words from `next`, in order (a final
-/// partial word is cut short): the loaders' `SlotWriter::write_words`, on a raw pointer.
-///
-/// # Safety
-/// `dst..dst + len` lies inside a live mapping, and no other thread or process reads or writes
-/// it until this returns (the slot is FILLING and this writer owns it).
-unsafe fn write_words(dst: *mut u8, len: usize, mut next: impl FnMut() -> u64) {
-    let whole = len / 8;
-    for k in 0..whole {
-        // SAFETY: k * 8 + 8 <= len: inside the range the caller vouches for.
-        let at = unsafe { dst.add(k * 8) }.cast::<[u8; 8]>();
-        // SAFETY: `at` is valid for 8 bytes (above); unaligned writes are allowed.
-        unsafe { at.write_unaligned(next().to_le_bytes()) };
-    }
-    let rest = len % 8;
-    if rest > 0 {
-        let bytes = next().to_le_bytes();
-        // SAFETY: whole * 8 <= len: inside the caller's range.
-        let at = unsafe { dst.add(whole * 8) };
-        // SAFETY: whole * 8 + rest == len: inside the caller's range; `bytes` is a local, so
-        // the ranges cannot overlap.
-        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), at, rest) };
-    }
-}
-
 /// A published reference segment: its name is removed when this drops, on every path.
 struct Published(Arc<Segment>);
 
@@ -818,9 +793,11 @@ fn write_share(seg: &Segment, index: u32, stop: &dyn Fn() -> bool) -> Result<u64
                 // by this writer alone (round-robin ownership plus the CAS above), and the
                 // upload thread does not read it until the FULL store below.
                 unsafe {
-                    write_words(base.wrapping_add(j as usize * sample), sample, || {
-                        words.next_word()
-                    })
+                    pinring_ring::write_words_at(
+                        base.wrapping_add(j as usize * sample),
+                        sample,
+                        || words.next_word(),
+                    )
                 };
             }
             f.state.store(FULL, Release);

@@ -38,7 +38,9 @@ pub use layout::{ring_state, Geometry, Header, MAX_LOADERS};
 pub use process::ProcessId;
 pub use recovery::Expired;
 #[cfg(not(loom))]
-pub use ring::{Claim, CreateOptions, LoaderView, OutOfSlot, Ring, SlotView, SlotWriter};
+pub use ring::{
+    write_words_at, Claim, CreateOptions, LoaderView, OutOfSlot, Ring, SlotView, SlotWriter,
+};
 #[cfg(not(loom))]
 pub use segment::{object_path, Access, Segment};
 pub use slot::{fit_in_slot, Seat, SlotState, SlotWord, Taken};

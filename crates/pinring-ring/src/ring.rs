@@ -141,26 +141,14 @@ impl SlotWriter<'_> {
         &mut self,
         offset: usize,
         len: usize,
-        mut next: impl FnMut() -> u64,
+        next: impl FnMut() -> u64,
     ) -> Result<(), OutOfSlot> {
         self.check(offset, len)?;
         // SAFETY: offset <= len of the slot (checked above).
         let dst = unsafe { self.base.as_ptr().add(offset) };
-        let whole = len / 8;
-        for k in 0..whole {
-            // SAFETY: k * 8 + 8 <= len, inside the checked range.
-            let at = unsafe { dst.add(k * 8) }.cast::<[u8; 8]>();
-            // SAFETY: `at` is valid for 8 bytes (above); unaligned writes are allowed.
-            unsafe { at.write_unaligned(next().to_le_bytes()) };
-        }
-        let rest = len % 8;
-        if rest > 0 {
-            let bytes = next().to_le_bytes();
-            // SAFETY: whole * 8 <= len, inside the checked range.
-            let at = unsafe { dst.add(whole * 8) };
-            // SAFETY: whole * 8 + rest == len, inside the checked range; `bytes` is a local.
-            unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), at, rest) };
-        }
+        // SAFETY: offset + len <= the slot's length (checked above), so dst..dst + len lies in
+        // the claimed slot, which the protocol gives this claimant alone until it commits.
+        unsafe { write_words_at(dst, len, next) };
         Ok(())
     }
 
@@ -169,6 +157,32 @@ impl SlotWriter<'_> {
     /// while the claim lives.
     pub fn as_mut_ptr(&mut self) -> *mut u8 {
         self.base.as_ptr()
+    }
+}
+
+/// Writes `len` bytes at `dst` as little-endian 64-bit words taken from `next`, in order (a
+/// final partial word is cut short): [`SlotWriter::write_words`] without the slot, for writers of
+/// other shared regions (the benchmark's reference pipeline). Raw pointer writes, never a
+/// reference over the bytes.
+///
+/// # Safety
+/// `dst..dst + len` lies inside a live mapping (or allocation), and no other thread or process
+/// reads or writes it until this returns.
+pub unsafe fn write_words_at(dst: *mut u8, len: usize, mut next: impl FnMut() -> u64) {
+    let whole = len / 8;
+    for k in 0..whole {
+        // SAFETY: k * 8 + 8 <= len: inside the range the caller vouches for.
+        let at = unsafe { dst.add(k * 8) }.cast::<[u8; 8]>();
+        // SAFETY: `at` is valid for 8 bytes (above); unaligned writes are allowed.
+        unsafe { at.write_unaligned(next().to_le_bytes()) };
+    }
+    let rest = len % 8;
+    if rest > 0 {
+        let bytes = next().to_le_bytes();
+        // SAFETY: whole * 8 <= len: inside the caller's range.
+        let at = unsafe { dst.add(whole * 8) };
+        // SAFETY: whole * 8 + rest == len: inside the caller's range; `bytes` is a local.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), at, rest) };
     }
 }
 
