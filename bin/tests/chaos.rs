@@ -64,19 +64,7 @@ fn drain(daemon: Child, loaders: Vec<Child>) -> String {
 
 /// [`CHAOS`] in slots of 516 KiB: each holds a part of 8 samples with its metadata, so every
 /// batch spans 4 slots, filled by different loaders.
-const CHAOS_SPANNING: &str = r#"
-[ring]
-slots = 8
-slot_bytes = 528384
-[dataset]
-samples = 512
-sample_shape = [128, 128]
-dtype = "f32"
-seed = 11
-[plan]
-batch_size = 32
-epochs = 40
-"#;
+const CHAOS_SPANNING_SLOT_BYTES: u64 = 528384;
 
 #[test]
 fn sigkilled_loaders_lose_and_duplicate_nothing() {
@@ -85,7 +73,11 @@ fn sigkilled_loaders_lose_and_duplicate_nothing() {
 
 #[test]
 fn sigkilled_loaders_lose_and_duplicate_no_part_of_a_batch_that_spans_slots() {
-    sigkill_loaders("chaos-kill-span", CHAOS_SPANNING, 4);
+    sigkill_loaders(
+        "chaos-kill-span",
+        &in_slots_of(CHAOS, CHAOS_SPANNING_SLOT_BYTES),
+        4,
+    );
 }
 
 /// Kills loaders (mid-part and at any moment) while a run of `toml` goes on, drains it, and

@@ -124,8 +124,8 @@ fn a_start_seq_past_the_plans_end_is_a_usage_error_naming_the_end() {
 
 #[test]
 fn a_start_seq_inside_a_batch_that_spans_slots_is_a_usage_error_naming_a_batch_start() {
-    // SPANNING cuts each batch into 4 parts: seq 6 is part 2 of batch 1, which starts at 4.
-    let fx = Fixture::new("startpart", SPANNING);
+    // spanning() cuts each batch into 4 parts: seq 6 is part 2 of batch 1, which starts at 4.
+    let fx = Fixture::new("startpart", &spanning());
     let (st, log) = wait_for(
         fx.daemon(&["--start-seq", "6"]),
         "daemon",
@@ -142,7 +142,7 @@ fn a_start_seq_inside_a_batch_that_spans_slots_is_a_usage_error_naming_a_batch_s
 
 #[test]
 fn zero_copy_with_batches_that_span_slots_is_a_config_error() {
-    let fx = Fixture::new("zcspan", SPANNING);
+    let fx = Fixture::new("zcspan", &spanning());
     let (st, log) = wait_for(
         fx.daemon(&["--zero-copy"]),
         "daemon",

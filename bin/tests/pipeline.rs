@@ -62,28 +62,28 @@ fn unordered_mode_delivers_every_batch_exactly_once() {
 
 #[test]
 fn batches_spanning_four_slots_with_one_loader_are_delivered_whole_once_in_order() {
-    run_config("span1", SPANNING, 4, 1, &[], true);
+    run_config("span1", &spanning(), 4, 1, &[], true);
 }
 
 #[test]
 fn batches_spanning_four_slots_with_four_loaders_are_delivered_whole_once_in_order() {
-    run_config("span4", SPANNING, 4, 4, &[], true);
+    run_config("span4", &spanning(), 4, 4, &[], true);
 }
 
 #[test]
 fn batches_spanning_four_slots_with_eight_loaders_are_delivered_whole_once_in_order() {
-    run_config("span8", SPANNING, 4, 8, &[], true);
+    run_config("span8", &spanning(), 4, 8, &[], true);
 }
 
 #[test]
 fn batches_spanning_four_slots_unordered_are_delivered_whole_exactly_once() {
-    run_config("spanu", SPANNING, 4, 4, &["--unordered"], false);
+    run_config("spanu", &spanning(), 4, 4, &["--unordered"], false);
 }
 
 #[test]
 fn a_short_last_batch_spanning_slots_commits_its_empty_parts_and_is_delivered_whole() {
     // 509 samples: the last batch of each epoch has 5 samples, in parts of 2, 2, 1 and 0.
-    let toml = SPANNING.replace("samples = 512", "samples = 509");
+    let toml = spanning().replace("samples = 512", "samples = 509");
     run_config("spanshort", &toml, 4, 4, &[], true);
 }
 

@@ -211,21 +211,22 @@ pub fn signal(child: &Child, sig: nix::sys::signal::Signal) {
 
 pub const LONG: Duration = Duration::from_secs(90);
 
-/// A small config whose batches span 4 slots: batches of 8 samples of 16 KiB (128 KiB) in 40 KiB
+/// `toml` (a config with a `[ring]` table) with its slots set to `slot_bytes`: the same dataset
+/// and plan, cut into parts of that size.
+pub fn in_slots_of(toml: &str, slot_bytes: u64) -> String {
+    assert!(toml.contains("[ring]\n"), "the config needs a [ring] table");
+    toml.replacen(
+        "[ring]\n",
+        &format!("[ring]\nslot_bytes = {slot_bytes}\n"),
+        1,
+    )
+}
+
+/// [`SMALL`] with batches that span 4 slots: batches of 8 samples of 16 KiB (128 KiB) in 40 KiB
 /// slots, each holding a part of 2 samples with its metadata; 64 batches per epoch, 256 seqs.
-pub const SPANNING: &str = r#"
-[ring]
-slots = 8
-slot_bytes = 40960
-[dataset]
-samples = 512
-sample_shape = [64, 64]
-dtype = "f32"
-seed = 7
-[plan]
-batch_size = 8
-epochs = 2
-"#;
+pub fn spanning() -> String {
+    in_slots_of(SMALL, 40960)
+}
 
 /// Asserts a verify run delivered every batch exactly once with every byte right: every seq
 /// (part) of the plan delivered once, with its batch, and every batch verified whole.

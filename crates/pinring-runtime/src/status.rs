@@ -564,9 +564,9 @@ mod tests {
         assert_eq!(bound(0.0, 5, 0.0, 0.0, 1.0, 0.0), "idle");
     }
 
-    #[test]
-    fn a_hung_loader_shows_in_the_view_and_in_the_json() {
-        let name = format!("status-health-{}", std::process::id());
+    /// A private two-slot ring for seqs `seqs`, and its name (the test removes it).
+    fn test_ring(tag: &str, seqs: std::ops::Range<u64>, in_order: bool) -> (String, Ring) {
+        let name = format!("status-{tag}-{}", std::process::id());
         let ring = Ring::create(&pinring_ring::CreateOptions {
             name: name.clone(),
             slots: 2,
@@ -574,12 +574,18 @@ mod tests {
             mode: 0o600,
             group: None,
             fingerprint: 1,
-            start_seq: 0,
-            end_seq: 4,
-            in_order: true,
+            start_seq: seqs.start,
+            end_seq: seqs.end,
+            in_order,
             replace: false,
         })
         .unwrap();
+        (name, ring)
+    }
+
+    #[test]
+    fn a_hung_loader_shows_in_the_view_and_in_the_json() {
+        let (name, ring) = test_ring("health", 0..4, true);
         let report = |snap: Snapshot| RingReport {
             ring: name.clone(),
             rates: Some(Rates::between(&snap, &snap)),
@@ -607,20 +613,7 @@ mod tests {
 
     #[test]
     fn the_resume_point_the_daemon_publishes_shows_in_the_view_and_in_the_json() {
-        let name = format!("status-resume-{}", std::process::id());
-        let ring = Ring::create(&pinring_ring::CreateOptions {
-            name: name.clone(),
-            slots: 2,
-            slot_bytes: 4096,
-            mode: 0o600,
-            group: None,
-            fingerprint: 1,
-            start_seq: 5,
-            end_seq: 40,
-            in_order: false,
-            replace: false,
-        })
-        .unwrap();
+        let (name, ring) = test_ring("resume", 5..40, false);
         // A new ring resumes at its first seq; then wherever the daemon says.
         assert_eq!(Snapshot::take(&ring).resume_seq, 5);
         ring.header().next_deliver.store(17, Relaxed);
