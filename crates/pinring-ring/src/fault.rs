@@ -16,7 +16,7 @@
 use nix::libc;
 use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering::*};
-use std::sync::{Mutex, Once};
+use std::sync::{Mutex, Once, OnceLock};
 
 /// Mappings watched at once (a process maps one or two rings).
 const ENTRIES: usize = 16;
@@ -48,9 +48,9 @@ static TABLE: [Entry; ENTRIES] = [EMPTY; ENTRIES];
 /// Serialises registration (the handler itself only reads).
 static REGISTER: Mutex<()> = Mutex::new(());
 static INSTALL: Once = Once::new();
-/// The action that was installed before ours, for faults that are not ours.
-static PREVIOUS: Mutex<Option<SigAction>> = Mutex::new(None);
-static PREVIOUS_RAW: AtomicUsize = AtomicUsize::new(0);
+/// The action that was installed before ours, for faults that are not ours. Set once; reading it
+/// in the handler is one atomic load (no lock).
+static PREVIOUS: OnceLock<SigAction> = OnceLock::new();
 
 /// What the handler needs to know about one mapping.
 #[derive(Debug, Clone)]
@@ -109,10 +109,7 @@ fn install() {
         // SAFETY: the handler is async-signal-safe (see `on_sigbus`); replacing the SIGBUS
         // action affects only faults, and faults that are not ours go to the previous action.
         if let Ok(previous) = unsafe { sigaction(Signal::SIGBUS, &ours) } {
-            let mut slot = PREVIOUS.lock().unwrap_or_else(|p| p.into_inner());
-            *slot = Some(previous);
-            let raw: *const SigAction = slot.as_ref().expect("just set");
-            PREVIOUS_RAW.store(raw as usize, Release);
+            let _ = PREVIOUS.set(previous);
         }
     });
 }
@@ -160,14 +157,10 @@ extern "C" fn on_sigbus(_sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mu
     }
     // Not a fault on a ring: restore the previous action and return, so the faulting
     // instruction runs again under it (the default action ends the process with a core dump).
-    let previous = PREVIOUS_RAW.load(Acquire) as *const SigAction;
-    let restore = if previous.is_null() {
-        SigAction::new(SigHandler::SigDfl, SaFlags::empty(), SigSet::empty())
-    } else {
-        // SAFETY: PREVIOUS_RAW points into the static PREVIOUS, written once before the handler
-        // was installed and never changed afterwards.
-        unsafe { *previous }
-    };
+    let restore = PREVIOUS
+        .get()
+        .copied()
+        .unwrap_or_else(|| SigAction::new(SigHandler::SigDfl, SaFlags::empty(), SigSet::empty()));
     // SAFETY: sigaction(2) is async-signal-safe; the action is a copy of a valid one.
     let _ = unsafe { sigaction(Signal::SIGBUS, &restore) };
 }

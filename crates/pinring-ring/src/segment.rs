@@ -96,9 +96,10 @@ unsafe impl Sync for Segment {}
 enum Occupant {
     /// Nothing (the name vanished meanwhile): publish.
     Gone,
-    /// A stale segment of this layout, or (with `replace`) anything this user may replace. The
-    /// file is held with a write lock on its daemon byte, so no other daemon replaces it too.
-    Replaceable { file: File, what: String },
+    /// A stale segment of this layout, or (with `replace`) anything this user may replace. A
+    /// file is held open with a write lock on its daemon byte until it has been replaced, so no
+    /// other daemon replaces it too; a symbolic link has no file to hold (`held` is None).
+    Replaceable { held: Option<File>, what: String },
 }
 
 impl Segment {
@@ -167,7 +168,7 @@ impl Segment {
                 Err(nix::Error::EEXIST) => {}
                 Err(e) => return Err(self.sys("linkat (publishing the ring's name)", e)),
             }
-            let Occupant::Replaceable { file, what } = self.judge_occupant(replace)? else {
+            let Occupant::Replaceable { held, what } = self.judge_occupant(replace)? else {
                 continue;
             };
             let tmp = PathBuf::from(format!(
@@ -190,7 +191,7 @@ impl Segment {
                 return Err(self.sys("rename (replacing the old segment)", e));
             }
             // Only now let the old file (and its lock) go.
-            drop(file);
+            drop(held);
             self.owned();
             return Ok(Some(what));
         }
@@ -309,7 +310,10 @@ impl Segment {
         let st = fstat(&file).map_err(|e| self.sys("fstat", e))?;
         match nix::sys::stat::lstat(&object_path(&self.name)) {
             Ok(now) if (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino) => {
-                Ok(Occupant::Replaceable { file, what })
+                Ok(Occupant::Replaceable {
+                    held: Some(file),
+                    what,
+                })
             }
             Ok(_) | Err(nix::Error::ENOENT) => Ok(Occupant::Gone),
             Err(e) => Err(self.sys("lstat", e)),
@@ -329,14 +333,8 @@ impl Segment {
             });
         }
         // A symbolic link holds no lock to take; rename(2) replaces the link itself.
-        let file = File::open("/dev/null").map_err(|e| {
-            self.sys(
-                "open /dev/null",
-                nix::Error::from_raw(e.raw_os_error().unwrap_or(0)),
-            )
-        })?;
         Ok(Occupant::Replaceable {
-            file,
+            held: None,
             what: "a symbolic link (--replace)".into(),
         })
     }
