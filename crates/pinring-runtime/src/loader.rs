@@ -152,12 +152,10 @@ pub fn attach_unless(
         let retry = match &outcome {
             Ok(ring) => !daemon_alive(ring) || ring.state() == ring_state::CLOSED,
             Err(RingError::NotFound { .. }) => true,
-            // Created but not yet sized: the daemon is between shm_open and fallocate.
-            Err(RingError::SizeMismatch { actual, .. }) => {
-                *actual < pinring_ring::layout::HEADER_BYTES as u64
-            }
-            // Not published (the daemon is still initialising it) or not READY within this
-            // slice: the deadline decides.
+            // A version word another process scribbled (the daemon restores it), or a ring not
+            // READY within this slice (the daemon is registering it): the deadline decides. A
+            // file that is too short is never a daemon mid-creation (a segment gets its name
+            // only once it is complete), so it is an error at once, like any other.
             Err(RingError::NotInitialised { .. } | RingError::NotReady { .. }) => true,
             Err(_) => false,
         };
