@@ -124,6 +124,10 @@ reap_interval_ms = 200
 # undecodable or wrong metadata) does: "fail" stops the daemon (exit 4);
 # "skip" counts it and has the same seq made again.
 on_bad_batch = "fail"
+# With --sink consumer: whole batches that may be uploaded ahead of, or be
+# held by, the training process (its device buffers, 2..=64). Unset: enough
+# to keep 64 MiB in flight (4 to 64).
+# prefetch = 4
 "#;
 
 /// Errors from loading or validating a config.
@@ -426,7 +430,15 @@ pub struct DaemonConfig {
     pub reap_interval_ms: u64,
     /// What a bad batch does.
     pub on_bad_batch: BadBatchPolicy,
+    /// Batch buffers handed to a consumer (`--sink consumer`): how many whole batches may be
+    /// uploaded ahead of, or held by, the training process. `None`: enough to keep 64 MiB in
+    /// flight, 4 to 64.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prefetch: Option<u32>,
 }
+
+/// Allowed range of `daemon.prefetch`.
+pub const PREFETCH: std::ops::RangeInclusive<u32> = 2..=64;
 
 impl Default for DaemonConfig {
     fn default() -> Self {
@@ -434,6 +446,7 @@ impl Default for DaemonConfig {
             lease_ms: 30_000,
             reap_interval_ms: 200,
             on_bad_batch: BadBatchPolicy::Fail,
+            prefetch: None,
         }
     }
 }
@@ -611,6 +624,20 @@ impl Config {
                     REAP_INTERVAL_MS.end()
                 ),
             ));
+        }
+        if let Some(p) = dm.prefetch {
+            if !PREFETCH.contains(&p) {
+                return Err(self.invalid(
+                    "daemon.prefetch",
+                    p,
+                    format!(
+                        "must be between {} and {} batch buffers (one is the trainer's current \
+                         batch, the rest are uploaded ahead)",
+                        PREFETCH.start(),
+                        PREFETCH.end()
+                    ),
+                ));
+            }
         }
         let d = &self.dataset;
         if d.samples == 0 || d.samples > MAX_PLAN_SAMPLES {

@@ -24,6 +24,32 @@ pub enum RingError {
         /// Largest slot count.
         max_slots: u32,
     },
+    /// The handoff area asked for is out of range.
+    #[error("ring {name:?}: a handoff of {buffers} batch buffers of {buffer_bytes} bytes with a config of {config_len} bytes is out of range (1 to 64 buffers, a config of at most 64 KiB); lower daemon.prefetch or the batch size")]
+    InvalidHandoff {
+        /// Ring name.
+        name: String,
+        /// Buffers asked for.
+        buffers: u32,
+        /// Bytes per buffer.
+        buffer_bytes: u64,
+        /// Config text length.
+        config_len: u64,
+    },
+    /// A consumer attached to a ring whose daemon hands nothing over.
+    #[error("ring {name:?} hands no batches to a consumer: its daemon runs another sink; start the daemon with --sink consumer")]
+    NoHandoff {
+        /// Ring name.
+        name: String,
+    },
+    /// Another consumer is attached.
+    #[error("ring {name:?} already has a consumer (pid {pid}): a ring feeds one training process; stop that one first, or give this one its own ring")]
+    ConsumerPresent {
+        /// Ring name.
+        name: String,
+        /// The consumer's pid as it recorded it (informational).
+        pid: u32,
+    },
     /// No segment with that name exists.
     #[error(
         "ring {name:?} does not exist ({path}): start pinring-daemon for it first, or check --ring"

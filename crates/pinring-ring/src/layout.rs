@@ -21,7 +21,7 @@ use std::mem::offset_of;
 /// `b"PINRING\0"` as a little-endian u64.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"PINRING\0");
 /// Version of this layout. A segment whose version differs is refused.
-pub const LAYOUT_VERSION: u32 = 2;
+pub const LAYOUT_VERSION: u32 = 3;
 /// Bytes of the header page (header + loader table).
 pub const HEADER_BYTES: usize = 4096;
 /// Bytes of one slot descriptor (two cache lines).
@@ -371,7 +371,8 @@ mod model {
     }
 }
 
-/// Where each part of a segment lies, computed from (slot_count, slot_bytes).
+/// Where each part of a segment lies, computed from (slot_count, slot_bytes) and, for a ring
+/// that hands batches to a consumer, the handoff area's parameters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Geometry {
     /// Number of slots.
@@ -384,6 +385,8 @@ pub struct Geometry {
     pub data_offset: u64,
     /// Total segment size.
     pub total_bytes: u64,
+    /// The handoff area after the data area, if the ring has one.
+    pub handoff: Option<crate::handoff::HandoffGeometry>,
 }
 
 impl Geometry {
@@ -408,12 +411,37 @@ impl Geometry {
             desc_offset,
             data_offset,
             total_bytes,
+            handoff: None,
+        })
+    }
+
+    /// The same ring with a handoff area of `buffers` buffers of `buffer_bytes` and a config text
+    /// of `config_len` bytes after its data area (page aligned); `None` if out of range.
+    pub fn with_handoff(
+        self,
+        buffers: u32,
+        buffer_bytes: u64,
+        config_len: u64,
+        host: bool,
+    ) -> Option<Geometry> {
+        let area_offset = align_up(self.data_offset + self.data_bytes(), SLOT_ALIGN as u64)?;
+        let h = crate::handoff::HandoffGeometry::new(
+            area_offset,
+            buffers,
+            buffer_bytes,
+            config_len,
+            host,
+        )?;
+        Some(Geometry {
+            total_bytes: h.end(),
+            handoff: Some(h),
+            ..self
         })
     }
 
     /// Bytes of the data area (what gets registered with the GPU).
     pub fn data_bytes(&self) -> u64 {
-        self.total_bytes - self.data_offset
+        u64::from(self.slot_count) * self.slot_bytes
     }
 }
 

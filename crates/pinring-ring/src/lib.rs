@@ -21,6 +21,7 @@ pub mod error;
 #[cfg(not(loom))]
 pub mod fault;
 pub mod futex;
+pub mod handoff;
 pub mod layout;
 #[cfg(not(loom))]
 pub mod lock;

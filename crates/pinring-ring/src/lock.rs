@@ -12,6 +12,7 @@
 //! | [`DAEMON_LOCK`]                         | the daemon, from before the name exists to exit    |
 //! | [`entry_lock`]`(i)`                     | the loader in loader-table entry `i`               |
 //! | [`tenure_lock`]`(i, t)`                 | the same loader, for its tenure `t` of entry `i`   |
+//! | [`CONSUMER_LOCK`]                       | the consumer the ring hands its batches to         |
 //!
 //! A lock *test* (`F_OFD_GETLK`) needs only read access, so status views see liveness through
 //! a read-only descriptor; they are not fooled by PID namespaces or `hidepid`, since no pid is
@@ -28,6 +29,9 @@ use std::os::fd::AsFd;
 pub const DAEMON_LOCK: u64 = 0;
 /// Start of the tenure locks: far past any segment's end, so they never overlap other ranges.
 pub const TENURE_LOCK_BASE: u64 = 1 << 40;
+/// The consumer's lock (a ring hands its batches to one consumer at a time): past every tenure
+/// lock (those end below 2^40 + 2^32).
+pub const CONSUMER_LOCK: u64 = 1 << 41;
 
 /// The lock of loader-table entry `index`: the entry's first byte. Held by whoever occupies the
 /// entry, so two live loaders can never share an index.

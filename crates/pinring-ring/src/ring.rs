@@ -9,6 +9,7 @@
 use crate::clock::{monotonic_ns, unix_ns};
 use crate::error::{CommitError, RingError, SlotFault};
 use crate::futex;
+use crate::handoff::{BufferDesc, HandoffBlock, HandoffSpec, HANDOFF_OFFSET};
 use crate::layout::*;
 use crate::lock;
 use crate::process::ProcessId;
@@ -43,6 +44,9 @@ pub struct CreateOptions {
     /// Replace whatever file is at the ring's path if it is not a live daemon's ring (another
     /// user's file is refused even then).
     pub replace: bool,
+    /// Hand whole batches to a consumer through a handoff area (`None`: the daemon's own sink
+    /// takes every batch).
+    pub handoff: Option<HandoffSpec>,
 }
 
 /// Error code published for a commit whose lengths did not fit the slot.
@@ -51,8 +55,8 @@ pub const ERR_TOO_LARGE: u32 = 0xffff_0001;
 /// A mapped, validated ring.
 #[derive(Debug)]
 pub struct Ring {
-    seg: Segment,
-    geom: Geometry,
+    pub(crate) seg: Segment,
+    pub(crate) geom: Geometry,
     /// The creator's record of its header (None for openers).
     seal: Option<std::sync::Mutex<HeaderSeal>>,
     /// The loader seat this handle holds, if any: locks belong to the open file description, so
@@ -283,14 +287,23 @@ impl Ring {
     /// it and it is a ring of this layout (or `replace` is set); a live daemon's ring, another
     /// user's file, or (without `replace`) anything that is not a stale ring, is refused.
     pub fn create(opts: &CreateOptions) -> Result<Ring, RingError> {
-        let geom = Geometry::new(opts.slots, opts.slot_bytes).ok_or_else(|| {
-            RingError::InvalidGeometry {
-                name: opts.name.clone(),
-                slots: opts.slots,
-                slot_bytes: opts.slot_bytes,
-                max_slots: MAX_SLOTS,
-            }
-        })?;
+        let invalid = || RingError::InvalidGeometry {
+            name: opts.name.clone(),
+            slots: opts.slots,
+            slot_bytes: opts.slot_bytes,
+            max_slots: MAX_SLOTS,
+        };
+        let mut geom = Geometry::new(opts.slots, opts.slot_bytes).ok_or_else(invalid)?;
+        if let Some(h) = &opts.handoff {
+            geom = geom
+                .with_handoff(h.buffers, h.buffer_bytes, h.config.len() as u64, h.host)
+                .ok_or_else(|| RingError::InvalidHandoff {
+                    name: opts.name.clone(),
+                    buffers: h.buffers,
+                    buffer_bytes: h.buffer_bytes,
+                    config_len: h.config.len() as u64,
+                })?;
+        }
         let gid = opts
             .group
             .as_deref()
@@ -366,6 +379,39 @@ impl Ring {
             let d = self.desc(i);
             d.word.store(SlotWord::pack(SlotState::Idle, 0), Relaxed);
             d.seq.store(u64::MAX, Relaxed);
+        }
+        if let (Some(spec), Some(hg)) = (&opts.handoff, g.handoff) {
+            let b = self.handoff();
+            b.area_offset.store(hg.area_offset, Relaxed);
+            b.area_bytes.store(hg.area_bytes, Relaxed);
+            b.buffers.store(hg.buffers, Relaxed);
+            b.desc_bytes
+                .store(crate::handoff::BUFFER_DESC_BYTES as u32, Relaxed);
+            b.buffer_bytes.store(hg.buffer_bytes, Relaxed);
+            b.config_offset.store(hg.config_offset, Relaxed);
+            b.config_len.store(hg.config_len as u32, Relaxed);
+            b.backend.store(
+                if spec.host {
+                    crate::handoff::backend_code::HOST
+                } else {
+                    crate::handoff::backend_code::CUDA
+                },
+                Relaxed,
+            );
+            b.host_offset.store(hg.host_offset, Relaxed);
+            b.device.store(spec.device, Relaxed);
+            b.taken_next.store(opts.start_seq, Relaxed);
+            b.filled_next.store(opts.start_seq, Relaxed);
+            // SAFETY: the config range lies inside the handoff area, which lies inside the
+            // mapping (the geometry sized the file); nobody else maps the segment yet (it has no
+            // name), so this plain write races with nothing.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    spec.config.as_ptr(),
+                    self.seg.base().add(hg.config_offset as usize),
+                    spec.config.len(),
+                )
+            };
         }
         h.version.store(LAYOUT_VERSION, Release);
         // Openers wait on the version word (they cannot, in practice: the segment gets its name
@@ -490,11 +536,56 @@ impl Ring {
         }
         let slots = h.slot_count.load(Relaxed);
         let slot_bytes = h.slot_bytes.load(Relaxed);
-        let geom = Geometry::new(slots, slot_bytes).ok_or_else(|| {
+        let mut geom = Geometry::new(slots, slot_bytes).ok_or_else(|| {
             corrupt(format!(
                 "slot_count {slots} / slot_bytes {slot_bytes} out of range"
             ))
         })?;
+        // SAFETY: the handoff block lies inside the header page (const-asserted in handoff.rs),
+        // which open checked the mapping holds; it is 64-byte aligned and atomics only.
+        let hb: &HandoffBlock = unsafe { seg.at(HANDOFF_OFFSET) };
+        if hb.area_offset.load(Relaxed) != 0 {
+            let (buffers, buffer_bytes, config_len, backend) = (
+                hb.buffers.load(Relaxed),
+                hb.buffer_bytes.load(Relaxed),
+                u64::from(hb.config_len.load(Relaxed)),
+                hb.backend.load(Relaxed),
+            );
+            let host = match backend {
+                crate::handoff::backend_code::HOST => true,
+                crate::handoff::backend_code::CUDA => false,
+                other => return Err(corrupt(format!("handoff backend code {other} is unknown"))),
+            };
+            geom = geom
+                .with_handoff(buffers, buffer_bytes, config_len, host)
+                .ok_or_else(|| {
+                    corrupt(format!(
+                        "handoff of {buffers} buffers of {buffer_bytes} bytes and a config of \
+                         {config_len} bytes is out of range"
+                    ))
+                })?;
+            let hg = geom.handoff.expect("with_handoff sets it");
+            let found = (
+                hb.area_offset.load(Relaxed),
+                hb.area_bytes.load(Relaxed),
+                hb.config_offset.load(Relaxed),
+                hb.host_offset.load(Relaxed),
+                hb.desc_bytes.load(Relaxed) as usize,
+            );
+            let want = (
+                hg.area_offset,
+                hg.area_bytes,
+                hg.config_offset,
+                hg.host_offset,
+                crate::handoff::BUFFER_DESC_BYTES,
+            );
+            if found != want {
+                return Err(corrupt(format!(
+                    "handoff offsets (area, bytes, config, host buffers, descriptor size) \
+                     {found:?} do not match its geometry {want:?}"
+                )));
+            }
+        }
         let (desc_offset, data_offset, total) = (
             h.desc_offset.load(Relaxed),
             h.data_offset.load(Relaxed),
@@ -589,6 +680,53 @@ impl Ring {
         unsafe { self.seg.at(HEALTH_OFFSET) }
     }
 
+    /// The handoff control block (in the header page; all zero for a ring without a handoff).
+    pub fn handoff(&self) -> &HandoffBlock {
+        // SAFETY: the block lies inside the header page (const-asserted in handoff.rs) and the
+        // mapping holds at least HEADER_BYTES; the offset is 64-byte aligned; atomics only.
+        unsafe { self.seg.at(HANDOFF_OFFSET) }
+    }
+
+    /// Descriptor of batch buffer `i`. Panics if the ring has no handoff or `i` is out of range
+    /// (a caller bug: indices come from this process's own loops over the validated count).
+    pub fn buffer_desc(&self, i: u32) -> &BufferDesc {
+        let hg = self.geom.handoff.expect("the ring has a handoff area");
+        assert!(i < hg.buffers, "buffer index {i} out of range");
+        // SAFETY: the descriptor lies inside the handoff area, inside the mapping (geometry
+        // validated against the file size); the area is page aligned and descriptors are 256
+        // bytes; BufferDesc is atomics only.
+        unsafe { self.seg.at(hg.desc_offset(i) as usize) }
+    }
+
+    /// The config text the daemon stored in the handoff area, copied out of shared memory;
+    /// `None` for a ring without a handoff. The bytes are untrusted: parse them as such.
+    pub fn handoff_config(&self) -> Option<Vec<u8>> {
+        let hg = self.geom.handoff?;
+        let mut out = vec![0u8; hg.config_len as usize];
+        // SAFETY: [config_offset, +config_len) lies inside the validated handoff area and the
+        // destination is private memory of that length, so the ranges do not overlap. The copy
+        // reads the bytes as untrusted data (any value is a valid u8, which the parser judges);
+        // only the creator writes them, before the ring is published.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.seg.base().add(hg.config_offset as usize),
+                out.as_mut_ptr(),
+                out.len(),
+            )
+        };
+        Some(out)
+    }
+
+    /// Host backend: start of batch buffer `i`'s bytes in the mapping (`None` for device buffers
+    /// or a ring without a handoff). Panics if `i` is out of range (caller bug).
+    pub fn host_buffer_ptr(&self, i: u32) -> Option<*mut u8> {
+        let hg = self.geom.handoff?;
+        assert!(i < hg.buffers, "buffer index {i} out of range");
+        let off = hg.host_buffer_offset(i)?;
+        // SAFETY: the buffer lies inside the validated handoff area, inside the mapping.
+        Some(unsafe { self.seg.base().add(off as usize) })
+    }
+
     /// Descriptor of slot `i`. Panics if `i` is out of range (a caller bug, never a shared value:
     /// indices come from this process's own loops).
     pub fn desc(&self, i: u32) -> &SlotDesc {
@@ -622,6 +760,7 @@ impl Ring {
         self.header().state.store(state, Release);
         futex::bump_and_wake_all(&self.header().work_futex);
         futex::bump_and_wake_all(&self.header().doorbell_futex);
+        futex::bump_and_wake_all(&self.handoff().deliver_futex);
     }
 
     /// Rings the daemon's doorbell (commits, completions): a wake only if a daemon thread sleeps.
@@ -800,6 +939,81 @@ impl Ring {
             name: self.name().into(),
             max: MAX_LOADERS,
         })
+    }
+
+    /// Consumer: becomes the ring's one consumer. Takes [`lock::CONSUMER_LOCK`] (held until this
+    /// handle drops or the process dies), marks RECLAIMED every buffer a dead predecessor still
+    /// held, and records the pid. Fails with `NoHandoff` for a ring that hands nothing over and
+    /// with `ConsumerPresent` while another consumer lives.
+    pub fn attach_consumer(&self, me: ProcessId) -> Result<(), RingError> {
+        let Some(hg) = self.geom.handoff else {
+            return Err(RingError::NoHandoff {
+                name: self.name().into(),
+            });
+        };
+        if !lock::try_lock_exclusive(self.seg.file(), lock::CONSUMER_LOCK)
+            .map_err(|e| self.sys("fcntl(F_OFD_SETLK) on the consumer byte", e))?
+        {
+            return Err(RingError::ConsumerPresent {
+                name: self.name().into(),
+                pid: self.handoff().consumer_pid.load(Relaxed),
+            });
+        }
+        let b = self.handoff();
+        let mut reclaimed = 0;
+        for i in 0..hg.buffers {
+            reclaimed += u64::from(self.buffer_desc(i).reclaim());
+        }
+        if reclaimed > 0 {
+            b.reclaimed.fetch_add(reclaimed, Relaxed);
+            self.ring_doorbell();
+        }
+        b.consumer_pid.store(me.pid, Relaxed);
+        b.attaches.fetch_add(1, Relaxed);
+        Ok(())
+    }
+
+    /// Daemon: whether a consumer is attached (the kernel's word: its lock).
+    pub fn consumer_alive(&self) -> Result<bool, RingError> {
+        lock::holder(self.seg.file(), lock::CONSUMER_LOCK)
+            .map(|h| h == lock::Holder::Writer)
+            .map_err(|e| self.sys("fcntl(F_OFD_GETLK) on the consumer byte", e))
+    }
+
+    /// Daemon: if no consumer holds the ring, marks RECLAIMED every buffer a dead one still held;
+    /// returns how many.
+    pub fn reclaim_from_dead_consumer(&self) -> Result<u64, RingError> {
+        let Some(hg) = self.geom.handoff else {
+            return Ok(0);
+        };
+        if self.consumer_alive()? {
+            return Ok(0);
+        }
+        let mut n = 0;
+        for i in 0..hg.buffers {
+            n += u64::from(self.buffer_desc(i).reclaim());
+        }
+        if n > 0 {
+            self.handoff().reclaimed.fetch_add(n, Relaxed);
+        }
+        Ok(n)
+    }
+
+    /// Daemon: wakes the consumer waiting for a batch (a wake only if one sleeps); `all`: state
+    /// changes, which wake unconditionally.
+    pub fn wake_consumer(&self, all: bool) {
+        let b = self.handoff();
+        if all {
+            futex::bump_and_wake_all(&b.deliver_futex);
+        } else {
+            futex::bump_and_wake_counted(&b.deliver_futex, &b.deliver_waiters, 1);
+        }
+    }
+
+    /// Consumer: waits for a fill or a state change, from `seen` (loaded before it looked).
+    pub fn wait_delivery(&self, seen: u32, timeout: Duration) -> futex::Wake {
+        let b = self.handoff();
+        futex::wait_counted(&b.deliver_futex, &b.deliver_waiters, seen, timeout)
     }
 
     /// Removes a loader from the table (at clean exit) and releases its locks.

@@ -30,6 +30,7 @@ fn ring(tag: &str) -> (Ring, Unlink) {
         end_seq: 100,
         in_order: true,
         replace: false,
+        handoff: None,
     })
     .unwrap();
     (ring, Unlink(name))

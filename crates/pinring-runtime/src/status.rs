@@ -578,6 +578,7 @@ mod tests {
             end_seq: seqs.end,
             in_order,
             replace: false,
+            handoff: None,
         })
         .unwrap();
         (name, ring)

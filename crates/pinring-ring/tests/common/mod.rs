@@ -32,6 +32,7 @@ pub fn opts(tag: &str, end_seq: u64) -> (CreateOptions, Unlink) {
         end_seq,
         in_order: true,
         replace: false,
+        handoff: None,
     };
     (o, Unlink(name))
 }

@@ -1,0 +1,123 @@
+//! The handoff area between two handles on one ring, as a daemon and a consumer see it.
+
+mod common;
+
+use common::*;
+use pinring_ring::handoff::{buffer_state, Filled, HandoffSpec, Returned};
+use pinring_ring::{Access, ProcessId, Ring, RingError};
+use std::sync::atomic::Ordering::Relaxed;
+
+fn with_handoff(tag: &str) -> (Ring, Unlink) {
+    let (mut o, u) = opts(tag, 100);
+    o.handoff = Some(HandoffSpec {
+        buffers: 3,
+        buffer_bytes: 8192,
+        config: "[plan]\nbatch_size = 4\n".into(),
+        host: true,
+        device: 0,
+    });
+    (Ring::create(&o).unwrap(), u)
+}
+
+fn batch(seq: u64) -> Filled {
+    Filled {
+        round: 0,
+        seq,
+        batch: seq,
+        bytes: 100,
+        samples: 4,
+        epoch: 0,
+        index_in_epoch: seq,
+    }
+}
+
+#[test]
+fn an_opener_sees_the_config_and_the_host_buffers() {
+    let (daemon, _u) = with_handoff("ho-open");
+    let c = Ring::open(daemon.name(), Access::ReadWrite, T).unwrap();
+    assert_eq!(c.handoff_config().unwrap(), b"[plan]\nbatch_size = 4\n");
+    let g = c.geometry().handoff.unwrap();
+    assert_eq!(g.buffers, 3);
+    assert_eq!(c.geometry(), daemon.geometry());
+    let p0 = c.host_buffer_ptr(0).unwrap() as usize;
+    let p1 = c.host_buffer_ptr(1).unwrap() as usize;
+    assert_eq!(p0 % 4096, 0);
+    assert_eq!(p1 - p0, 8192);
+    assert_eq!(
+        c.segment().len() as u64,
+        c.geometry().total_bytes,
+        "the file holds the area"
+    );
+}
+
+#[test]
+fn one_consumer_at_a_time_and_a_dead_ones_buffers_come_back() {
+    let (daemon, _u) = with_handoff("ho-one");
+    let first = Ring::open(daemon.name(), Access::ReadWrite, T).unwrap();
+    first.attach_consumer(ProcessId::current()).unwrap();
+    assert!(daemon.consumer_alive().unwrap());
+    let second = Ring::open(daemon.name(), Access::ReadWrite, T).unwrap();
+    let e = second.attach_consumer(ProcessId::current()).unwrap_err();
+    assert!(matches!(e, RingError::ConsumerPresent { .. }), "{e}");
+
+    let d = daemon.buffer_desc(1);
+    let r = d.fill(&batch(7));
+    let taken = first.buffer_desc(1).take(r).unwrap();
+    assert_eq!(taken.seq, 7);
+    assert_eq!(
+        daemon.reclaim_from_dead_consumer().unwrap(),
+        0,
+        "the consumer lives"
+    );
+    // The consumer's handle goes (as at its death): its lock with it.
+    drop(first);
+    assert!(!daemon.consumer_alive().unwrap());
+    assert_eq!(daemon.reclaim_from_dead_consumer().unwrap(), 1);
+    assert_eq!(d.returned(r), Returned::Reclaimed);
+    assert_eq!(daemon.handoff().reclaimed.load(Relaxed), 1);
+    // Now the second one may attach.
+    second.attach_consumer(ProcessId::current()).unwrap();
+}
+
+#[test]
+fn a_new_consumer_reclaims_what_its_dead_predecessor_held() {
+    let (daemon, _u) = with_handoff("ho-succ");
+    let first = Ring::open(daemon.name(), Access::ReadWrite, T).unwrap();
+    first.attach_consumer(ProcessId::current()).unwrap();
+    let r = daemon.buffer_desc(0).fill(&batch(3));
+    first.buffer_desc(0).take(r).unwrap();
+    let r2 = daemon.buffer_desc(2).fill(&batch(4));
+    drop(first);
+    let next = Ring::open(daemon.name(), Access::ReadWrite, T).unwrap();
+    next.attach_consumer(ProcessId::current()).unwrap();
+    assert_eq!(daemon.buffer_desc(0).returned(r), Returned::Reclaimed);
+    assert_eq!(
+        daemon.buffer_desc(2).load_word().state,
+        buffer_state::FILLED,
+        "a batch nobody took waits for the next consumer"
+    );
+    assert_eq!(next.buffer_desc(2).take(r2).unwrap().seq, 4);
+}
+
+#[test]
+fn a_ring_without_a_handoff_refuses_consumers() {
+    let (o, _u) = opts("ho-none", 10);
+    let daemon = Ring::create(&o).unwrap();
+    let c = Ring::open(daemon.name(), Access::ReadWrite, T).unwrap();
+    let e = c.attach_consumer(ProcessId::current()).unwrap_err();
+    assert!(e.to_string().contains("--sink consumer"), "{e}");
+    assert!(c.geometry().handoff.is_none());
+    assert!(c.handoff_config().is_none());
+}
+
+#[test]
+fn scribbled_handoff_offsets_are_refused_at_open() {
+    let (daemon, _u) = with_handoff("ho-bad");
+    daemon.handoff().host_offset.fetch_add(4096, Relaxed);
+    let e = Ring::open(daemon.name(), Access::ReadOnly, T).unwrap_err();
+    assert!(matches!(e, RingError::CorruptHeader { .. }), "{e}");
+    daemon.handoff().host_offset.fetch_sub(4096, Relaxed);
+    daemon.handoff().buffers.store(1000, Relaxed);
+    let e = Ring::open(daemon.name(), Access::ReadOnly, T).unwrap_err();
+    assert!(e.to_string().contains("out of range"), "{e}");
+}
