@@ -402,16 +402,13 @@ impl Ring {
             b.device.store(spec.device, Relaxed);
             b.taken_next.store(opts.start_seq, Relaxed);
             b.filled_next.store(opts.start_seq, Relaxed);
-            // SAFETY: the config range lies inside the handoff area, which lies inside the
-            // mapping (the geometry sized the file); nobody else maps the segment yet (it has no
-            // name), so this plain write races with nothing.
-            unsafe {
-                std::ptr::copy_nonoverlapping(
-                    spec.config.as_ptr(),
-                    self.seg.base().add(hg.config_offset as usize),
-                    spec.config.len(),
-                )
-            };
+            // SAFETY: config_offset lies inside the handoff area, inside the mapping (the
+            // geometry sized the file), so the pointer stays in bounds.
+            let dst = unsafe { self.seg.base().add(hg.config_offset as usize) };
+            // SAFETY: [dst, +len) is the config range of the area, private to this process (the
+            // segment has no name yet, so this plain write races with nothing), and the source
+            // is a distinct heap string of that length.
+            unsafe { std::ptr::copy_nonoverlapping(spec.config.as_ptr(), dst, spec.config.len()) };
         }
         h.version.store(LAYOUT_VERSION, Release);
         // Openers wait on the version word (they cannot, in practice: the segment gets its name
@@ -703,17 +700,13 @@ impl Ring {
     pub fn handoff_config(&self) -> Option<Vec<u8>> {
         let hg = self.geom.handoff?;
         let mut out = vec![0u8; hg.config_len as usize];
+        // SAFETY: config_offset lies inside the validated handoff area, inside the mapping.
+        let src = unsafe { self.seg.base().add(hg.config_offset as usize) };
         // SAFETY: [config_offset, +config_len) lies inside the validated handoff area and the
         // destination is private memory of that length, so the ranges do not overlap. The copy
         // reads the bytes as untrusted data (any value is a valid u8, which the parser judges);
         // only the creator writes them, before the ring is published.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                self.seg.base().add(hg.config_offset as usize),
-                out.as_mut_ptr(),
-                out.len(),
-            )
-        };
+        unsafe { std::ptr::copy_nonoverlapping(src, out.as_mut_ptr(), out.len()) };
         Some(out)
     }
 
