@@ -206,18 +206,18 @@ pub struct OutOfSlot {
 /// memory), so that a write by another process is noticed and undone.
 #[derive(Debug, Clone)]
 struct HeaderSeal {
-    words64: [u64; 10],
-    words32: [u32; 7],
+    words64: [u64; 15],
+    words32: [u32; 12],
     state: u32,
 }
 
 /// The header fields only the daemon writes, which it watches for changes by others.
 type SealedFields<'a> = (
-    [(&'static str, &'a AtomicU64); 10],
-    [(&'static str, &'a AtomicU32); 7],
+    [(&'static str, &'a AtomicU64); 15],
+    [(&'static str, &'a AtomicU32); 12],
 );
 
-fn sealed_fields(h: &Header) -> SealedFields<'_> {
+fn sealed_fields<'a>(h: &'a Header, b: &'a HandoffBlock) -> SealedFields<'a> {
     (
         [
             ("magic", &h.magic),
@@ -230,6 +230,11 @@ fn sealed_fields(h: &Header) -> SealedFields<'_> {
             ("fingerprint", &h.fingerprint),
             ("start_seq", &h.start_seq),
             ("end_seq", &h.end_seq),
+            ("handoff.area_offset", &b.area_offset),
+            ("handoff.area_bytes", &b.area_bytes),
+            ("handoff.buffer_bytes", &b.buffer_bytes),
+            ("handoff.config_offset", &b.config_offset),
+            ("handoff.host_offset", &b.host_offset),
         ],
         [
             ("version", &h.version),
@@ -239,6 +244,11 @@ fn sealed_fields(h: &Header) -> SealedFields<'_> {
             ("flags", &h.flags),
             ("daemon_pid", &h.daemon_pid),
             ("max_loaders", &h.max_loaders),
+            ("handoff.buffers", &b.buffers),
+            ("handoff.desc_bytes", &b.desc_bytes),
+            ("handoff.config_len", &b.config_len),
+            ("handoff.backend", &b.backend),
+            ("handoff.device", &b.device),
         ],
     )
 }
@@ -419,7 +429,7 @@ impl Ring {
     }
 
     fn make_seal(&self) -> HeaderSeal {
-        let (f64s, f32s) = sealed_fields(self.header());
+        let (f64s, f32s) = sealed_fields(self.header(), self.handoff());
         HeaderSeal {
             words64: f64s.map(|(_, f)| f.load(Relaxed)),
             words32: f32s.map(|(_, f)| f.load(Relaxed)),
@@ -436,7 +446,7 @@ impl Ring {
         };
         let seal = seal.lock().unwrap_or_else(|p| p.into_inner());
         let h = self.header();
-        let (f64s, f32s) = sealed_fields(h);
+        let (f64s, f32s) = sealed_fields(h, self.handoff());
         let mut changed = Vec::new();
         for ((name, f), want) in f64s.into_iter().zip(seal.words64) {
             if f.swap(want, Relaxed) != want {

@@ -121,3 +121,16 @@ fn scribbled_handoff_offsets_are_refused_at_open() {
     let e = Ring::open(daemon.name(), Access::ReadOnly, T).unwrap_err();
     assert!(e.to_string().contains("out of range"), "{e}");
 }
+
+#[test]
+fn the_daemon_restores_scribbled_handoff_fields() {
+    let (daemon, _u) = with_handoff("ho-seal");
+    let other = Ring::open(daemon.name(), Access::ReadWrite, T).unwrap();
+    other.handoff().buffers.store(64, Relaxed);
+    other.handoff().host_offset.store(0, Relaxed);
+    let changed = daemon.repair_header();
+    assert!(changed.contains(&"handoff.buffers"), "{changed:?}");
+    assert!(changed.contains(&"handoff.host_offset"), "{changed:?}");
+    assert_eq!(other.handoff().buffers.load(Relaxed), 3);
+    Ring::open(daemon.name(), Access::ReadOnly, T).expect("opens again once restored");
+}
