@@ -15,6 +15,7 @@ use std::path::Path;
 use serde::de::{self, Deserializer, Visitor};
 use serde::{Deserialize, Serialize, Serializer};
 
+use crate::fields::{BatchLayout, Field, IMAGES, LABELS};
 use crate::meta::{max_encoded_len, Dtype};
 use crate::plan::{Plan, PlanError, PlanParams, MAX_PLAN_SAMPLES};
 use crate::size::ByteSize;
@@ -83,7 +84,8 @@ mode = "0600"
 # group = "pinring"
 
 [dataset]
-# Dataset kind; only "synthetic" exists for now.
+# Dataset kind; only "synthetic" exists for now. Its samples have two
+# fields: images (sample_shape of dtype) and labels (one i64 each).
 kind = "synthetic"
 # Number of samples in the dataset (>= 1).
 samples = 16384
@@ -829,6 +831,36 @@ impl Config {
         self.sample_bytes_checked().unwrap_or(u64::MAX)
     }
 
+    /// The named fields of every sample, in order ([`crate::fields`]): for `kind = "synthetic"`,
+    /// `images` (`dataset.dtype`, `dataset.sample_shape`) and `labels` (`i64`, one per sample).
+    pub fn fields(&self) -> Vec<Field> {
+        let d = &self.dataset;
+        match d.kind {
+            DatasetKind::Synthetic => vec![
+                Field::new(IMAGES, d.dtype, d.sample_shape.clone()),
+                Field::new(LABELS, Dtype::I64, Vec::new()),
+            ],
+        }
+    }
+
+    /// Bytes of one sample over all its fields ([`Config::fields`]; saturating): the payload of
+    /// a part of `n` samples, field-major, is `n × record_bytes`.
+    pub fn record_bytes(&self) -> u64 {
+        // The sum of the fields' per-sample bytes, without building the list (this is on the
+        // slot-sizing path); a test checks it against `fields()`.
+        match self.dataset.kind {
+            DatasetKind::Synthetic => self
+                .sample_bytes()
+                .saturating_add(Dtype::I64.size_of() as u64),
+        }
+    }
+
+    /// Where each field of a full batch lies in the batch's device buffer, and the buffer's size
+    /// ([`BatchLayout`]; a tail batch: [`BatchLayout::placements`]).
+    pub fn batch_layout(&self) -> BatchLayout {
+        BatchLayout::new(&self.fields(), self.plan.batch_size)
+    }
+
     /// Payload bytes of a full batch (`batch_size * sample_bytes`).
     pub fn batch_payload_bytes_max(&self) -> u64 {
         u64::from(self.plan.batch_size).saturating_mul(self.sample_bytes())
@@ -1047,6 +1079,34 @@ mod tests {
         assert_eq!(c.slot_bytes(), (2 << 20) + 4096);
         assert_eq!(c.ring_bytes(), 16 * c.slot_bytes());
         assert_eq!(c.segment_path(), "/dev/shm/pinring.default");
+    }
+
+    #[test]
+    fn fields_record_and_batch_layout() {
+        let c = Config::default();
+        let fields = c.fields();
+        let names: Vec<&str> = fields.iter().map(|f| f.name.as_str()).collect();
+        assert_eq!(names, [IMAGES, LABELS]);
+        assert_eq!(fields[0], Field::new(IMAGES, Dtype::F32, vec![128, 128]));
+        assert_eq!(fields[1], Field::new(LABELS, Dtype::I64, vec![]));
+        for shape in [vec![3, 5], vec![7], vec![128, 128], vec![]] {
+            for dtype in Dtype::ALL {
+                let mut c = Config::default();
+                c.dataset.sample_shape = shape.clone();
+                c.dataset.dtype = dtype;
+                let sum: u64 = c.fields().iter().map(Field::sample_bytes).sum();
+                assert_eq!(c.record_bytes(), sum, "{shape:?} {dtype}");
+                assert_eq!(c.batch_layout().record_bytes, sum);
+            }
+        }
+        // 32 x 128 x 128 f32 images (2 MiB), then 32 i64 labels.
+        let l = c.batch_layout();
+        assert_eq!(l.batch_size, 32);
+        assert_eq!(l.fields[0].shape, vec![32, 128, 128]);
+        assert_eq!((l.fields[0].offset, l.fields[0].bytes), (0, 2 << 20));
+        assert_eq!(l.fields[1].shape, vec![32]);
+        assert_eq!((l.fields[1].offset, l.fields[1].bytes), (2 << 20, 256));
+        assert_eq!(l.total_bytes, (2 << 20) + 256);
     }
 
     #[test]
