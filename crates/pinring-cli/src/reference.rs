@@ -964,14 +964,15 @@ mod tests {
         fn read_host(
             &self,
             buffer: usize,
+            offset: usize,
             len: usize,
             f: &mut dyn FnMut(&[u8]),
         ) -> Result<bool, BackendError> {
-            self.inner.read_host(buffer, len, f)
+            self.inner.read_host(buffer, offset, len, f)
         }
 
-        fn checksum(&self, buffer: usize, len: usize) -> Result<u64, BackendError> {
-            self.inner.checksum(buffer, len)
+        fn checksum(&self, buffer: usize, offset: usize, len: usize) -> Result<u64, BackendError> {
+            self.inner.checksum(buffer, offset, len)
         }
 
         fn compute(&self, buffer: usize, len: usize) -> Result<(), BackendError> {

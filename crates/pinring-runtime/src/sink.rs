@@ -179,7 +179,7 @@ fn verify(
         synthetic.fill_batch(&job.samples, scratch);
         let want = pinring_backend::checksum::checksum(scratch);
         let got = match job.source {
-            Source::Buffer(b) => uploader.checksum(b, job.len),
+            Source::Buffer(b) => uploader.checksum(b, 0, job.len),
             // SAFETY: as in `compute`: a DEVICEMAP-registered slot owned by this sink, `len`
             // validated to lie inside it.
             Source::Mapped { ptr, .. } => unsafe { uploader.checksum_mapped(ptr.0, job.len) },
@@ -200,7 +200,7 @@ fn verify(
     // Device memory the host can read: compare every byte directly.
     let mut direct = None;
     let readable = uploader
-        .read_host(buffer, job.len, &mut |bytes| {
+        .read_host(buffer, 0, job.len, &mut |bytes| {
             direct = Some(synthetic.verify_batch(&job.samples, bytes));
         })
         .map_err(|e| format!("seq {}: cannot read the device copy: {e}", job.seq))?;
