@@ -105,6 +105,21 @@ impl FieldPlacement {
     }
 }
 
+/// One copy of a part's upload ([`BatchLayout::part_copies`]): field `field`'s chunk of the
+/// part's payload (in its slot) to where those samples' values go in the field's tensor (in the
+/// batch's device buffer).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ChunkCopy {
+    /// Index of the field in [`BatchLayout::fields`].
+    pub field: usize,
+    /// Byte offset of the chunk in the part's payload.
+    pub src_offset: u64,
+    /// Bytes to copy.
+    pub len: u64,
+    /// Byte offset of the destination in the batch's device buffer.
+    pub dst_offset: u64,
+}
+
 /// How a batch's fields lie in its device buffer ([`crate::Config::batch_layout`]): each field
 /// one contiguous tensor `[B, ...]`, in field order, each starting at a multiple of
 /// [`FIELD_ALIGN`].
@@ -170,6 +185,23 @@ impl BatchLayout {
                 p
             })
             .collect()
+    }
+
+    /// The copies that move a part of `samples` samples, whose first sample is sample `first` of
+    /// its batch, from its field-major payload into the batch's device buffer: one per field, in
+    /// field order (a part of 0 samples gives copies of 0 bytes). Offsets saturate; for a part
+    /// of a batch of this layout (`first + samples <= batch_size`) every copy lies inside its
+    /// field's tensor.
+    pub fn part_copies(&self, samples: u64, first: u64) -> impl Iterator<Item = ChunkCopy> + '_ {
+        self.fields.iter().enumerate().map(move |(field, f)| {
+            let (src_offset, len) = f.chunk_in_part(samples);
+            ChunkCopy {
+                field,
+                src_offset,
+                len,
+                dst_offset: f.sample_offset(first),
+            }
+        })
     }
 
     /// The field called `name` (of a full batch).
@@ -273,6 +305,72 @@ mod tests {
         // The part's first sample is sample 8 of its batch: where its chunks land.
         assert_eq!(l.fields[0].sample_offset(8), 120);
         assert_eq!(l.fields[1].sample_offset(8), 512 + 64);
+    }
+
+    /// A batch of `b` samples cut into parts of `spp`, each part's payload built field-major
+    /// (sample `i`'s value of field `f` is bytes derived from `(f, i)`), then copied into a
+    /// device buffer with `part_copies`: the buffer holds each field as one tensor at its
+    /// offset, and nothing else was written.
+    fn assemble(layout: &BatchLayout, b: u64, spp: u64) {
+        let value = |f: usize, i: u64, k: u64| (f as u64 * 131 + i * 7 + k) as u8 | 1;
+        let mut buffer = vec![0u8; layout.total_bytes as usize];
+        let mut first = 0;
+        while first < b {
+            let n = spp.min(b - first);
+            let mut payload = Vec::new();
+            for (f, field) in layout.fields.iter().enumerate() {
+                assert_eq!(payload.len() as u64, field.chunk_in_part(n).0);
+                for i in first..first + n {
+                    payload.extend((0..field.sample_bytes).map(|k| value(f, i, k)));
+                }
+            }
+            assert_eq!(payload.len() as u64, layout.payload_bytes(n));
+            for c in layout.part_copies(n, first) {
+                let (src, dst, len) =
+                    (c.src_offset as usize, c.dst_offset as usize, c.len as usize);
+                buffer[dst..dst + len].copy_from_slice(&payload[src..src + len]);
+            }
+            first += n;
+        }
+        let mut want = vec![0u8; layout.total_bytes as usize];
+        for (f, p) in layout.placements(b).iter().enumerate() {
+            for i in 0..b {
+                for k in 0..p.sample_bytes {
+                    want[(p.offset + i * p.sample_bytes + k) as usize] = value(f, i, k);
+                }
+            }
+        }
+        assert!(buffer == want, "b {b} spp {spp}");
+    }
+
+    #[test]
+    fn part_copies_assemble_each_field_as_one_tensor() {
+        let l = BatchLayout::new(&synthetic_fields(Dtype::U8, vec![3, 5]), 32);
+        for spp in [1, 3, 11, 32] {
+            assemble(&l, 32, spp);
+            // A tail batch of 7 samples, in the parts of a full one.
+            assemble(&l, 7, spp);
+        }
+        let copies: Vec<ChunkCopy> = l.part_copies(4, 8).collect();
+        assert_eq!(
+            copies,
+            [
+                ChunkCopy {
+                    field: 0,
+                    src_offset: 0,
+                    len: 60,
+                    dst_offset: 120
+                },
+                ChunkCopy {
+                    field: 1,
+                    src_offset: 60,
+                    len: 32,
+                    dst_offset: 512 + 64
+                },
+            ]
+        );
+        // An empty part past a short batch's end copies nothing.
+        assert!(l.part_copies(0, 28).all(|c| c.len == 0));
     }
 
     #[test]

@@ -22,7 +22,7 @@ pub use config::{
     AutoRing, BadBatchPolicy, Config, ConfigError, DaemonConfig, DatasetConfig, DatasetKind,
     PartLayout, PlanConfig, RingConfig, SegmentMode, SlotBytes, DEFAULT_CONFIG_TOML,
 };
-pub use fields::{BatchLayout, Field, FieldPlacement, FIELD_ALIGN, IMAGES, LABELS};
+pub use fields::{BatchLayout, ChunkCopy, Field, FieldPlacement, FIELD_ALIGN, IMAGES, LABELS};
 pub use fingerprint::FINGERPRINT_VERSION;
 pub use meta::{max_encoded_len, BatchMeta, Dtype, MetaError, MAX_META_BYTES};
 pub use plan::{BatchIndices, Part, Plan, PlanError, PlanParams};
