@@ -199,9 +199,9 @@ fn config_check_refuses_a_ring_geometry_the_daemon_cannot_make_and_names_the_fix
 #[test]
 fn config_check_prints_the_resolved_auto_layout_and_where_the_cache_size_came_from() {
     let fx = Fixture::small("cfgauto");
-    // 32 MiB batches of 32 x 1 MiB samples on a 300 MiB cache: 8 parts of 4 samples in
-    // 32 slots of 4 MiB + 4 KiB.
-    let toml = "[dataset]\nsample_shape = [1048576]\ndtype = \"u8\"\n";
+    // 32 MiB batches of 32 samples of 1 MiB each (images of 1 MiB - 8 bytes and an 8-byte
+    // label) on a 300 MiB cache: 8 parts of 4 samples in 32 slots of 4 MiB + 4 KiB.
+    let toml = "[dataset]\nsample_shape = [1048568]\ndtype = \"u8\"\n";
     let path = fx.dir.path().join("auto.toml");
     std::fs::write(&path, toml).unwrap();
     let check = |llc: &str| {
@@ -227,6 +227,16 @@ fn config_check_prints_the_resolved_auto_layout_and_where_the_cache_size_came_fr
         "{out}"
     );
     assert!(out.contains("slots = 32"), "{out}");
+    // Where each field of a batch goes in its device buffer: labels after the images, aligned.
+    assert!(
+        out.contains(&format!(
+            "# fields: images u8 [32, 1048568] at byte 0, labels i64 [32] at byte {} of a {}-byte \
+             device buffer per batch; 1048576 bytes per sample",
+            32 * 1048568,
+            32 * 1048568 + 32 * 8
+        )),
+        "{out}"
+    );
     // An explicit slot size is kept, and nothing says "auto".
     let (code, out, err) = config_check(
         &fx,

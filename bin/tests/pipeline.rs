@@ -129,7 +129,8 @@ fn loaders_with_auto_slots_adopt_the_daemons_resolved_layout_and_deliver_every_b
     assert_eq!(s.end_seq, 256, "2 epochs of 64 batches of 2 parts");
     assert_eq!(s.batches_delivered, 128, "{s:#?}");
     assert_eq!(s.batches_verified, 128, "every byte verified: {s:#?}");
-    assert_eq!(s.bytes, 128 * 8 * 640 * 1024, "{s:#?}");
+    // Every sample's images and its 8-byte label.
+    assert_eq!(s.bytes, 128 * 8 * (640 * 1024 + 8), "{s:#?}");
 }
 
 #[test]

@@ -82,18 +82,21 @@ impl AlignedBuf {
         unsafe { std::ptr::copy_nonoverlapping(src, dst, len) };
     }
 
-    /// The first `len` bytes as a shared slice.
+    /// Bytes `offset..offset + len` as a shared slice.
     ///
     /// # Safety
-    /// - `len <= self.len()`;
-    /// - no write to `self[..len]` happens while the returned slice is alive, and every earlier
-    ///   write happened-before this call (e.g. via an Acquire load of a counter the writer
-    ///   released).
-    pub unsafe fn slice(&self, len: usize) -> &[u8] {
-        debug_assert!(len <= self.len);
-        // SAFETY: the pointer is valid, aligned and initialised (zeroed at allocation) for
-        // self.len >= len bytes; the caller rules out concurrent writes for the slice's lifetime.
-        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), len) }
+    /// - `offset + len <= self.len()`;
+    /// - no write to `self[offset..offset + len]` happens while the returned slice is alive, and
+    ///   every earlier write happened-before this call (e.g. via an Acquire load of a counter the
+    ///   writer released).
+    pub unsafe fn slice(&self, offset: usize, len: usize) -> &[u8] {
+        debug_assert!(offset.checked_add(len).is_some_and(|end| end <= self.len));
+        // In bounds (the caller's promise), so the wrapping add is a plain add.
+        let start = self.ptr.as_ptr().wrapping_add(offset);
+        // SAFETY: offset + len <= self.len (the caller's promise), so start..start+len lies in
+        // the allocation, which is initialised (zeroed at allocation); u8 needs no alignment; the
+        // caller rules out concurrent writes for the slice's lifetime.
+        unsafe { std::slice::from_raw_parts(start, len) }
     }
 }
 
@@ -114,8 +117,10 @@ mod tests {
         assert_eq!(b.as_ptr() as usize % PAGE, 0);
         assert_eq!(b.len(), 10_000);
         // SAFETY: single-threaded test, no writes.
-        let s = unsafe { b.slice(10_000) };
+        let s = unsafe { b.slice(0, 10_000) };
         assert!(s.iter().all(|&x| x == 0));
+        // SAFETY: as above; 9_000 + 1_000 <= 10_000.
+        assert_eq!(unsafe { b.slice(9_000, 1_000) }.len(), 1_000);
     }
 
     #[test]

@@ -22,7 +22,7 @@ pub(crate) fn check_job(
     count: usize,
     buffer_bytes: usize,
 ) -> Result<(), BackendError> {
-    check_range("submit", job.buffer, 0, count, buffer_bytes)?;
+    check_range("submit", job.buffer, 0, 0, count, buffer_bytes)?;
     let (offset, len, buffer) = (job.dst_offset, job.len, job.buffer);
     if offset.checked_add(len).is_none_or(|end| end > buffer_bytes) {
         return Err(BackendError::InvalidArgument {

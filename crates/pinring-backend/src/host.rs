@@ -177,10 +177,12 @@ unsafe fn mapped_copy(ptr: *const u8, len: usize) -> Result<Vec<u8>, BackendErro
     Ok(out)
 }
 
-/// Validates a buffer index and length against the uploader's geometry.
+/// Validates a buffer index and the byte range `offset..offset + len` against the uploader's
+/// geometry.
 pub(crate) fn check_range(
     call: &'static str,
     buffer: usize,
+    offset: usize,
     len: usize,
     count: usize,
     buffer_bytes: usize,
@@ -191,11 +193,27 @@ pub(crate) fn check_range(
             what: format!("buffer index {buffer} out of range (uploader has {count} buffers)"),
         });
     }
-    if len > buffer_bytes {
+    if offset.checked_add(len).is_none_or(|end| end > buffer_bytes) {
         return Err(BackendError::InvalidArgument {
             call,
             what: format!(
-                "length {len} bytes exceeds the device buffer size of {buffer_bytes} bytes (buffer {buffer})"
+                "{len} bytes at offset {offset} exceed the device buffer size of {buffer_bytes} \
+                 bytes (buffer {buffer}); read a range inside the buffer"
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// [`Uploader::checksum`]'s range must start at a whole word (the CUDA kernel reads aligned
+/// 8-byte words; the host backend refuses the same ranges, so code tested here runs there).
+pub(crate) fn check_checksum_offset(buffer: usize, offset: usize) -> Result<(), BackendError> {
+    if offset % 8 != 0 {
+        return Err(BackendError::InvalidArgument {
+            call: "checksum",
+            what: format!(
+                "offset {offset} in buffer {buffer} is not a multiple of 8 (the checksum reads \
+                 whole 8-byte words); checksum from an aligned offset, such as a field's start"
             ),
         });
     }
@@ -275,19 +293,23 @@ impl Uploader for HostUploader {
     fn read_host(
         &self,
         buffer: usize,
+        offset: usize,
         len: usize,
         f: &mut dyn FnMut(&[u8]),
     ) -> Result<bool, BackendError> {
-        self.read("read_host", buffer, len, |bytes| f(bytes))?;
+        self.read("read_host", buffer, offset, len, |bytes| f(bytes))?;
         Ok(true)
     }
 
-    fn checksum(&self, buffer: usize, len: usize) -> Result<u64, BackendError> {
-        self.read("checksum", buffer, len, checksum)
+    fn checksum(&self, buffer: usize, offset: usize, len: usize) -> Result<u64, BackendError> {
+        check_checksum_offset(buffer, offset)?;
+        self.read("checksum", buffer, offset, len, checksum)
     }
 
     fn compute(&self, buffer: usize, len: usize) -> Result<(), BackendError> {
-        self.read("compute", buffer, len, |bytes| self.sin_into_scratch(bytes))
+        self.read("compute", buffer, 0, len, |bytes| {
+            self.sin_into_scratch(bytes)
+        })
     }
 
     unsafe fn checksum_mapped(&self, host_ptr: *const u8, len: usize) -> Result<u64, BackendError> {
@@ -305,28 +327,31 @@ impl Uploader for HostUploader {
 }
 
 impl HostUploader {
-    /// Runs `f` over the first `len` bytes of an idle buffer while holding it as a reader.
+    /// Runs `f` over bytes `offset..offset + len` of an idle buffer while holding it as a
+    /// reader.
     fn read<R>(
         &self,
         call: &'static str,
         buffer: usize,
+        offset: usize,
         len: usize,
         f: impl FnOnce(&[u8]) -> R,
     ) -> Result<R, BackendError> {
         check_range(
             call,
             buffer,
+            offset,
             len,
             self.shared.buffers.len(),
             self.buffer_bytes,
         )?;
         let buf = &self.shared.buffers[buffer];
         let reading = self.shared.guards.begin_read(call, buffer)?;
-        // SAFETY: len <= buffer size (checked above). This thread holds the buffer as a reader
-        // and saw no pending upload after announcing itself (SeqCst): no copy into it runs until
-        // `reading` drops (crate::guard), and every earlier copy happened-before. The slice does
-        // not outlive `f`, which returns before `reading` drops.
-        let r = f(unsafe { buf.slice(len) });
+        // SAFETY: offset + len <= buffer size (checked above). This thread holds the buffer as a
+        // reader and saw no pending upload after announcing itself (SeqCst): no copy into it runs
+        // until `reading` drops (crate::guard), and every earlier copy happened-before. The slice
+        // does not outlive `f`, which returns before `reading` drops.
+        let r = f(unsafe { buf.slice(offset, len) });
         drop(reading);
         Ok(r)
     }
@@ -402,7 +427,7 @@ mod tests {
             assert!(c.result.is_ok());
             assert!(c.completed >= c.submitted);
             assert_eq!(view(&up, i, s.len()), s[..]);
-            assert_eq!(up.checksum(i, s.len()).unwrap(), checksum(s));
+            assert_eq!(up.checksum(i, 0, s.len()).unwrap(), checksum(s));
         }
     }
 
@@ -460,7 +485,11 @@ mod tests {
         // SAFETY: rejected before any copy is queued.
         let e = unsafe { up.submit(bad_index) }.unwrap_err();
         assert!(e.to_string().contains("out of range"), "{e}");
-        assert!(up.read_host(0, 17, &mut |_| ()).is_err());
+        assert!(up.read_host(0, 0, 17, &mut |_| ()).is_err());
+        let e = up.read_host(0, 10, 7, &mut |_| ()).unwrap_err();
+        assert!(e.to_string().contains("7 bytes at offset 10 exceed"), "{e}");
+        assert!(up.read_host(0, usize::MAX, 1, &mut |_| ()).is_err());
+        assert!(up.checksum(0, 12, 4).is_err());
     }
 
     #[test]
@@ -488,7 +517,19 @@ mod tests {
         }
         let whole: Vec<u8> = parts.concat();
         assert_eq!(view(&up, 0, 300), whole);
-        assert_eq!(up.checksum(0, 300).unwrap(), checksum(&whole));
+        assert_eq!(up.checksum(0, 0, 300).unwrap(), checksum(&whole));
+        // A range inside the buffer: read and checksummed on its own (word indices from 0).
+        let mut middle = Vec::new();
+        assert!(up
+            .read_host(0, 104, 150, &mut |b| middle.extend_from_slice(b))
+            .unwrap());
+        assert_eq!(middle, whole[104..254]);
+        assert_eq!(
+            up.checksum(0, 104, 150).unwrap(),
+            checksum(&whole[104..254])
+        );
+        let e = up.checksum(0, 100, 8).unwrap_err();
+        assert!(e.to_string().contains("not a multiple of 8"), "{e}");
     }
 
     #[test]
@@ -523,7 +564,7 @@ mod tests {
     fn view(up: &HostUploader, buffer: usize, len: usize) -> Vec<u8> {
         let mut out = Vec::new();
         assert!(up
-            .read_host(buffer, len, &mut |b| out.extend_from_slice(b))
+            .read_host(buffer, 0, len, &mut |b| out.extend_from_slice(b))
             .unwrap());
         out
     }
@@ -533,7 +574,7 @@ mod tests {
         let up = HostUploader::new(1, 64).unwrap();
         let src = [7u8; 8];
         let mut refused = None;
-        up.read_host(0, 8, &mut |_| {
+        up.read_host(0, 0, 8, &mut |_| {
             let job = UploadJob {
                 tag: 0,
                 src: src.as_ptr(),

@@ -309,20 +309,25 @@ pub trait Uploader: Send + Sync {
     /// Size of each device buffer in bytes.
     fn buffer_bytes(&self) -> usize;
 
-    /// Host backend: calls `f` with the first `len` bytes of a device buffer (for verifying
-    /// sinks) and returns `Ok(true)`; `BufferBusy` if uploads into it are pending. Backends whose
-    /// device memory the host cannot read return `Ok(false)` without calling `f`.
+    /// Host backend: calls `f` with bytes `offset..offset + len` of a device buffer (for
+    /// verifying sinks: one field of a batch) and returns `Ok(true)`; `BufferBusy` if uploads
+    /// into it are pending, `InvalidArgument` if the range passes the buffer's end. Backends
+    /// whose device memory the host cannot read return `Ok(false)` without calling `f`.
     fn read_host(
         &self,
         buffer: usize,
+        offset: usize,
         len: usize,
         f: &mut dyn FnMut(&[u8]),
     ) -> Result<bool, BackendError>;
 
-    /// Position-sensitive checksum ([`checksum::checksum`]) of the first `len` bytes of a device
-    /// buffer, computed where the buffer lives (cuda: a kernel, then a small D2H of the
-    /// result). Only for a buffer whose uploads have completed.
-    fn checksum(&self, buffer: usize, len: usize) -> Result<u64, BackendError>;
+    /// Position-sensitive checksum ([`checksum::checksum`]) of bytes `offset..offset + len` of a
+    /// device buffer (word indices counted from `offset`, so it equals the checksum of those
+    /// bytes alone), computed where the buffer lives (cuda: a kernel over the device address
+    /// plus `offset`, then a small D2H of the result). `offset` must be a multiple of 8 (the
+    /// kernel reads aligned words; a field's offset always is) and the range inside the buffer,
+    /// else `InvalidArgument`. Only for a buffer whose uploads have completed.
+    fn checksum(&self, buffer: usize, offset: usize, len: usize) -> Result<u64, BackendError>;
 
     /// Runs a small compute kernel (y = sin(x) over the f32s of the first `len` bytes) over the
     /// buffer and waits. cuda: in place; host: into a scratch vector.

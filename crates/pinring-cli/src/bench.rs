@@ -594,12 +594,15 @@ fn print_flag_note(points: &[Point]) {
     }
 }
 
-/// The config of one run: `slot` payload bytes per batch in 4 samples, enough batches for
-/// `run_bytes` (64 to 100000), a ring of about `ring_bytes`; the slot holds a whole batch (an
-/// explicit size: `"auto"` would cut batches over 4 MiB into parts).
+/// The config of one run: `slot` payload bytes per batch in 4 samples (each its u8 images and
+/// an 8-byte label), enough batches for `run_bytes` (64 to 100000), a ring of about
+/// `ring_bytes`; the slot holds a whole batch (an explicit size: `"auto"` would cut batches over
+/// 4 MiB into parts).
 pub fn run_config(slot: u64, ring_bytes: u64, run_bytes: u64, name: &str) -> Config {
     let batch = 4u64;
-    let sample = (slot / batch).max(1);
+    let sample = (slot / batch)
+        .saturating_sub(pinring_data::LABEL_BYTES as u64)
+        .max(1);
     let batches = (run_bytes / slot.max(1)).clamp(64, 100_000);
     let slots = (ring_bytes / slot.max(1)).clamp(8, 256) as u32;
     let mut cfg = Config {

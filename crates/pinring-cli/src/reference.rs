@@ -5,7 +5,10 @@
 //! N writer processes (this executable's hidden `bench-writer` subcommand) fill the slots of one
 //! segment that the bench made and registered once with the backend; the bench's upload thread
 //! uploads each filled slot with the backend's [`Uploader`] (as many device buffers as the
-//! daemon uses) and hands the slot back when its copy has completed. Each slot has one 32-bit
+//! daemon uses) and hands the slot back when its copies have completed. A slot holds a batch
+//! field-major, as a pinring slot does (the samples' images, then their labels as little-endian
+//! i64), and is uploaded as the daemon uploads it: one copy per field, the labels to their
+//! aligned offset in the device buffer ([`pinring_data::BatchLayout`]). Each slot has one 32-bit
 //! flag word (`EMPTY` → `FILLING` by the writer's CAS, `FULL` by its store, `UPLOADING` when the
 //! upload thread submits the copy, `EMPTY` again once the copy has completed); slots are split round-robin (writer `w` owns slots `w`, `w + N`, …), so no
 //! two writers ever race for a slot. Writers fill with the synthetic generator, the same words
@@ -26,7 +29,7 @@
 
 use crate::runner::{Children, Ended};
 use pinring_backend::{Backend, BackendError, UploadJob};
-use pinring_data::{Config, Synthetic};
+use pinring_data::{Config, Synthetic, FIELD_ALIGN, LABEL_BYTES};
 use pinring_ring::futex::{self, Wake};
 use pinring_ring::{Access, Segment};
 use pinring_runtime::Exit;
@@ -114,9 +117,9 @@ pub struct Geometry {
     pub slots: u32,
     /// Bytes per slot (the pipeline's slot, metadata room included).
     pub slot_bytes: u64,
-    /// Bytes uploaded per slot (the pipeline's batch payload).
+    /// Bytes uploaded per slot (the pipeline's batch payload: images and labels).
     pub payload: u64,
-    /// Bytes per sample.
+    /// Bytes per sample's images (each sample also has an i64 label).
     pub sample_bytes: u64,
     /// Samples per batch.
     pub samples_per_batch: u32,
@@ -147,6 +150,27 @@ impl Geometry {
         self.batches * self.payload
     }
 
+    /// Bytes of a batch's images: the first field of a slot and of a device buffer.
+    fn images_bytes(&self) -> u64 {
+        u64::from(self.samples_per_batch) * self.sample_bytes
+    }
+
+    /// Where a batch's labels go in its device buffer: after the images, at the next multiple
+    /// of [`FIELD_ALIGN`], as the daemon places them.
+    fn labels_offset(&self) -> u64 {
+        self.images_bytes().next_multiple_of(FIELD_ALIGN)
+    }
+
+    /// Bytes of a batch's labels.
+    fn labels_bytes(&self) -> u64 {
+        u64::from(self.samples_per_batch) * LABEL_BYTES as u64
+    }
+
+    /// Bytes of a device buffer: the images, then the labels at their offset.
+    fn buffer_bytes(&self) -> u64 {
+        self.labels_offset() + self.labels_bytes()
+    }
+
     /// Where the slots start: after the header and one flag line per slot, page aligned.
     fn data_offset(&self) -> u64 {
         (FLAGS_OFFSET as u64 + u64::from(self.slots) * FLAG_BYTES as u64).div_ceil(PAGE) * PAGE
@@ -154,9 +178,8 @@ impl Geometry {
 
     /// Why this geometry cannot be a reference segment, if it cannot.
     fn problem(&self) -> Option<String> {
-        let fill = self
-            .sample_bytes
-            .checked_mul(u64::from(self.samples_per_batch));
+        let fill = (self.sample_bytes.checked_add(LABEL_BYTES as u64))
+            .and_then(|record| record.checked_mul(u64::from(self.samples_per_batch)));
         if self.slots == 0 || self.slots > MAX_SLOTS {
             Some(format!("{} slots (1 to {MAX_SLOTS} expected)", self.slots))
         } else if self.slot_bytes == 0 || self.slot_bytes % PAGE != 0 {
@@ -171,7 +194,8 @@ impl Geometry {
             ))
         } else if fill != Some(self.payload) {
             Some(format!(
-                "{} samples of {} bytes do not make the {}-byte payload",
+                "{} samples of {} bytes and a {LABEL_BYTES}-byte label each do not make the \
+                 {}-byte payload",
                 self.samples_per_batch, self.sample_bytes, self.payload
             ))
         } else if self.len().is_none_or(|len| usize::try_from(len).is_err()) {
@@ -539,8 +563,8 @@ pub fn run(
     // range lies inside the mapping (`geom.len()` bytes were mapped).
     let _registration =
         unsafe { backend.register(seg.base().wrapping_add(data), data_len, false) }?;
-    let buffers = pinring_runtime::daemon::default_upload_buffers(geom.slot_bytes);
-    let uploader = backend.uploader(buffers, geom.slot_bytes as usize)?;
+    let buffers = pinring_runtime::daemon::default_upload_buffers(geom.buffer_bytes());
+    let uploader = backend.uploader(buffers, geom.buffer_bytes() as usize)?;
     {
         let seg = Arc::clone(&seg);
         uploader.set_completion_hook(Arc::new(move || {
@@ -575,6 +599,8 @@ pub fn run(
     futex::wake_all(&h.phase);
     let completions = uploader.completions();
     let mut free: Vec<usize> = (0..buffers).rev().collect();
+    // Copies of each slot not completed yet (one per field).
+    let mut copies_left = vec![0u8; geom.slots as usize];
     let (mut next, mut done, mut bytes) = (0u64, 0u64, 0u64);
     let mut last_progress = Instant::now();
     while done < geom.batches {
@@ -584,7 +610,16 @@ pub fn run(
         let mut progressed = false;
         while let Ok(c) = completions.try_recv() {
             c.result?;
-            let f = flag(&seg, c.tag as u32);
+            bytes += c.len as u64;
+            progressed = true;
+            // The tag is the slot (low half) and the field (high half).
+            let slot = c.tag as u32;
+            let left = &mut copies_left[slot as usize];
+            *left = left.saturating_sub(1);
+            if *left > 0 {
+                continue;
+            }
+            let f = flag(&seg, slot);
             // Release (and SeqCst against the waiter count): the copy has read the slot; its
             // writer may fill it again.
             f.state.store(EMPTY, SeqCst);
@@ -592,9 +627,7 @@ pub fn run(
                 futex::wake_all(&f.state);
             }
             free.push(c.buffer);
-            bytes += c.len as u64;
             done += 1;
-            progressed = true;
         }
         while next < geom.batches {
             let slot = (next % u64::from(geom.slots)) as u32;
@@ -605,18 +638,34 @@ pub fn run(
             // Only this thread moves a slot on from FULL; UPLOADING keeps the next lap from
             // taking the slot for a new batch while this copy is in flight.
             flag(&seg, slot).state.store(UPLOADING, Relaxed);
-            let job = UploadJob {
-                tag: u64::from(slot),
-                src: slot_ptr(&seg, geom, slot),
-                len: geom.payload as usize,
-                buffer,
-                dst_offset: 0,
-            };
-            // SAFETY: the slot was FULL: its writer wrote it before that store (Release, seen
-            // by the Acquire load above) and will not touch it again until this thread stores
-            // EMPTY, which it does only after this job's completion has arrived. The mapping
-            // (held by `seg`) outlives the uploader, which is dropped first.
-            unsafe { uploader.submit(job) }?;
+            let base = slot_ptr(&seg, geom, slot);
+            let images = geom.images_bytes() as usize;
+            // (source offset in the slot, length, destination offset in the buffer) per field.
+            let fields = [
+                (0, images, 0),
+                (
+                    images,
+                    geom.labels_bytes() as usize,
+                    geom.labels_offset() as usize,
+                ),
+            ];
+            copies_left[slot as usize] = fields.len() as u8;
+            for (k, (src, len, dst_offset)) in fields.into_iter().enumerate() {
+                let job = UploadJob {
+                    tag: u64::from(slot) | (k as u64) << 32,
+                    src: base.wrapping_add(src),
+                    len,
+                    buffer,
+                    dst_offset,
+                };
+                // SAFETY: the slot was FULL: its writer wrote it before that store (Release,
+                // seen by the Acquire load above) and will not touch it again until this thread
+                // stores EMPTY, which it does only after the completions of all the slot's jobs
+                // have arrived. The job's source is inside the slot's payload (images, then
+                // labels: `payload` bytes, at most `slot_bytes`, checked by `problem`). The
+                // mapping (held by `seg`) outlives the uploader, which is dropped first.
+                unsafe { uploader.submit(job) }?;
+            }
             next += 1;
             progressed = true;
         }
@@ -785,8 +834,9 @@ fn write_share(seg: &Segment, index: u32, stop: &dyn Fn() -> bool) -> Result<u64
                 }
             }
             let base = slot_ptr(seg, &geom, slot);
+            let first = batch * per_batch;
             for j in 0..per_batch {
-                let mut words = synthetic.sample_words(batch * per_batch + j);
+                let mut words = synthetic.sample_words(first + j);
                 // SAFETY: the slot lies inside the mapping (`mapped_geometry` checked the
                 // geometry against its length) and samples_per_batch × sample_bytes = payload ≤
                 // slot_bytes, so sample `j` is inside slot `slot`; the slot is FILLING, claimed
@@ -800,6 +850,21 @@ fn write_share(seg: &Segment, index: u32, stop: &dyn Fn() -> bool) -> Result<u64
                     )
                 };
             }
+            // Then the labels, field-major, as a loader writes them.
+            let mut label = first;
+            // SAFETY: as above: the labels follow the images in the slot's payload
+            // (samples_per_batch × (sample_bytes + 8) = payload ≤ slot_bytes), in the slot this
+            // writer alone holds FILLING.
+            unsafe {
+                pinring_ring::write_words_at(
+                    base.wrapping_add(per_batch as usize * sample),
+                    per_batch as usize * LABEL_BYTES,
+                    || {
+                        label += 1;
+                        u64::from_le_bytes(synthetic.label_le_bytes(label - 1))
+                    },
+                )
+            };
             f.state.store(FULL, Release);
             futex::bump_and_wake_counted(&h.doorbell, &h.doorbell_waiters, 1);
             written += 1;
@@ -840,8 +905,8 @@ mod tests {
         Geometry {
             slots,
             slot_bytes: 3 * PAGE,
-            // Two samples of 4100 bytes: a partial last word in each.
-            payload: 8200,
+            // Two samples of 4100 bytes (a partial last word in each) and their labels.
+            payload: 8216,
             sample_bytes: 4100,
             samples_per_batch: 2,
             batches,
@@ -874,6 +939,27 @@ mod tests {
         }
         .problem()
         .is_some());
+        // The images alone are not a payload: every sample has its label too.
+        assert!(Geometry {
+            payload: 8200,
+            ..geometry(4, 1)
+        }
+        .problem()
+        .is_some());
+        // The device buffer: images, then the labels at the next multiple of 256, as the daemon
+        // places them.
+        let g = geometry(4, 1);
+        assert_eq!((g.labels_offset(), g.buffer_bytes()), (8448, 8448 + 16));
+        let layout = {
+            let mut c = Config::default();
+            c.dataset.sample_shape = vec![4100];
+            c.dataset.dtype = pinring_data::Dtype::U8;
+            c.plan.batch_size = 2;
+            c.batch_layout()
+        };
+        assert_eq!(layout.fields[1].offset, g.labels_offset());
+        assert_eq!(layout.total_bytes, g.buffer_bytes());
+        assert_eq!(layout.payload_bytes(2), g.payload);
     }
 
     use pinring_backend::{Completion, CompletionHook, Registration, Uploader};
@@ -964,14 +1050,15 @@ mod tests {
         fn read_host(
             &self,
             buffer: usize,
+            offset: usize,
             len: usize,
             f: &mut dyn FnMut(&[u8]),
         ) -> Result<bool, BackendError> {
-            self.inner.read_host(buffer, len, f)
+            self.inner.read_host(buffer, offset, len, f)
         }
 
-        fn checksum(&self, buffer: usize, len: usize) -> Result<u64, BackendError> {
-            self.inner.checksum(buffer, len)
+        fn checksum(&self, buffer: usize, offset: usize, len: usize) -> Result<u64, BackendError> {
+            self.inner.checksum(buffer, offset, len)
         }
 
         fn compute(&self, buffer: usize, len: usize) -> Result<(), BackendError> {
@@ -1001,15 +1088,21 @@ mod tests {
         let backend = Recording::default();
         let m = run(&backend, &geom, 3, &name, Spawn::Threads).unwrap();
         assert_eq!(m.batches, 50);
-        assert_eq!(m.bytes, 50 * 8200);
+        assert_eq!(m.bytes, 50 * 8216);
         assert_eq!(m.bytes, geom.bytes());
         assert!(m.seconds > 0.0 && m.gbps > 0.0, "{m:?}");
         assert!(!pinring_ring::object_path(&name).exists());
-        // Each copy was submitted once, in batch order, from a slot holding that batch: its
-        // first word is the first word of the batch's first sample.
+        // Each slot's two copies (images, labels) were submitted once, in batch order, from a
+        // slot holding that batch: their first words are the first word of the batch's first
+        // sample and its label.
         let synthetic = Synthetic::new(7, 4100, 1);
         let want: Vec<u64> = (0..50)
-            .map(|batch| synthetic.sample_words(2 * batch).next_word())
+            .flat_map(|batch| {
+                [
+                    synthetic.sample_words(2 * batch).next_word(),
+                    u64::from_le_bytes(synthetic.label_le_bytes(2 * batch)),
+                ]
+            })
             .collect();
         assert_eq!(*backend.firsts.lock().unwrap(), want);
     }
@@ -1101,7 +1194,7 @@ mod tests {
         }
         let synthetic = Synthetic::new(7, 4100, 1);
         for slot in 0..6u32 {
-            let mut got = vec![0u8; 8200];
+            let mut got = vec![0u8; 8216];
             // SAFETY: slot `slot` lies inside the mapping and is FULL: no writer touches it.
             unsafe {
                 std::ptr::copy_nonoverlapping(
@@ -1110,8 +1203,8 @@ mod tests {
                     got.len(),
                 )
             };
-            let mut want = vec![0u8; 8200];
-            synthetic.fill_batch(&[2 * u64::from(slot), 2 * u64::from(slot) + 1], &mut want);
+            let mut want = vec![0u8; 8216];
+            synthetic.fill_part(&[2 * u64::from(slot), 2 * u64::from(slot) + 1], &mut want);
             assert!(got == want, "slot {slot} holds another batch");
         }
         drop(Finish(Arc::clone(&seg)));

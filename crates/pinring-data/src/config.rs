@@ -15,6 +15,7 @@ use std::path::Path;
 use serde::de::{self, Deserializer, Visitor};
 use serde::{Deserialize, Serialize, Serializer};
 
+use crate::fields::{BatchLayout, Field, IMAGES, LABELS};
 use crate::meta::{max_encoded_len, Dtype};
 use crate::plan::{Plan, PlanError, PlanParams, MAX_PLAN_SAMPLES};
 use crate::size::ByteSize;
@@ -39,9 +40,10 @@ pub const META_RESERVE_ALIGN: u64 = 64;
 /// Slots in a ring whose `ring.slots` is unset and whose `ring.slot_bytes` is explicit (or not
 /// yet resolved, [`Config::resolve_auto`]).
 pub const DEFAULT_SLOTS: u32 = 16;
-/// `"auto"`: the most payload of one part (4 MiB). A batch of at most this much goes whole into
-/// one slot; a larger one is cut into parts of the most whole samples whose payload fits it (at
-/// least one sample). Slots of 1-4 MiB are where the copy engine is fastest.
+/// `"auto"`: the most payload of one part (4 MiB; a payload holds every field of its samples,
+/// [`Config::record_bytes`]). A batch of at most this much goes whole into one slot; a larger one
+/// is cut into parts of the most whole samples whose payload fits it (at least one sample). Slots
+/// of 1-4 MiB are where the copy engine is fastest.
 pub const AUTO_PART_PAYLOAD_BYTES: u64 = 4 << 20;
 /// `"auto"`: the largest ring (data area) it aims for, 128 MiB.
 pub const AUTO_RING_MAX_BYTES: u64 = 128 << 20;
@@ -83,7 +85,9 @@ mode = "0600"
 # group = "pinring"
 
 [dataset]
-# Dataset kind; only "synthetic" exists for now.
+# Dataset kind; only "synthetic" exists for now. Its samples have two
+# fields: images (sample_shape of dtype) and labels (one i64 each); a
+# slot's payload holds its samples' images, then their labels.
 kind = "synthetic"
 # Number of samples in the dataset (>= 1).
 samples = 16384
@@ -721,10 +725,11 @@ impl Config {
                 "dataset.sample_shape",
                 format!("{:?} x {}", self.dataset.sample_shape, self.dataset.dtype),
                 format!(
-                    "one sample of {} bytes plus its metadata is more than the largest slot \
-                     ({MAX_SLOT_BYTES} bytes, {}) holds, and samples are not split across slots \
-                     (batches are cut into parts of whole samples); use smaller samples",
-                    self.sample_bytes(),
+                    "one sample of {} bytes (all its fields) plus its metadata is more than the \
+                     largest slot ({MAX_SLOT_BYTES} bytes, {}) holds, and samples are not split \
+                     across slots (batches are cut into parts of whole samples); use smaller \
+                     samples",
+                    self.record_bytes(),
                     ByteSize(MAX_SLOT_BYTES),
                 ),
             ));
@@ -805,12 +810,12 @@ impl Config {
         )
     }
 
-    /// Bytes a slot needs for `samples` samples and their metadata reserve (which starts at the
-    /// payload's end rounded up to the segment layout's metadata alignment, as in
-    /// [`pinring_ring::fit_in_slot`]).
+    /// Bytes a slot needs for `samples` samples (all their fields) and their metadata reserve
+    /// (which starts at the payload's end rounded up to the segment layout's metadata alignment,
+    /// as in [`pinring_ring::fit_in_slot`]).
     fn part_need(&self, samples: u32) -> u64 {
         round_up(
-            u64::from(samples).saturating_mul(self.sample_bytes()),
+            u64::from(samples).saturating_mul(self.record_bytes()),
             pinring_ring::layout::META_ALIGN,
         )
         .saturating_add(self.meta_reserve_for(u64::from(samples)))
@@ -823,7 +828,7 @@ impl Config {
             let need = self.part_need(b);
             need <= slot_bytes
                 && pinring_ring::fit_in_slot(
-                    u64::from(b).saturating_mul(self.sample_bytes()),
+                    u64::from(b).saturating_mul(self.record_bytes()),
                     self.meta_reserve_for(u64::from(b)),
                     slot_bytes,
                 )
@@ -856,9 +861,39 @@ impl Config {
         self.sample_bytes_checked().unwrap_or(u64::MAX)
     }
 
-    /// Payload bytes of a full batch (`batch_size * sample_bytes`).
+    /// The named fields of every sample, in order ([`crate::fields`]): for `kind = "synthetic"`,
+    /// `images` (`dataset.dtype`, `dataset.sample_shape`) and `labels` (`i64`, one per sample).
+    pub fn fields(&self) -> Vec<Field> {
+        let d = &self.dataset;
+        match d.kind {
+            DatasetKind::Synthetic => vec![
+                Field::new(IMAGES, d.dtype, d.sample_shape.clone()),
+                Field::new(LABELS, Dtype::I64, Vec::new()),
+            ],
+        }
+    }
+
+    /// Bytes of one sample over all its fields ([`Config::fields`]; saturating): the payload of
+    /// a part of `n` samples, field-major, is `n × record_bytes`, and slots are sized with it.
+    pub fn record_bytes(&self) -> u64 {
+        // The sum of the fields' per-sample bytes, without building the list (this is on the
+        // slot-sizing path); a test checks it against `fields()`.
+        match self.dataset.kind {
+            DatasetKind::Synthetic => self
+                .sample_bytes()
+                .saturating_add(Dtype::I64.size_of() as u64),
+        }
+    }
+
+    /// Where each field of a full batch lies in the batch's device buffer, and the buffer's size
+    /// ([`BatchLayout`]; a tail batch: [`BatchLayout::placements`]).
+    pub fn batch_layout(&self) -> BatchLayout {
+        BatchLayout::new(&self.fields(), self.plan.batch_size)
+    }
+
+    /// Payload bytes of a full batch (`batch_size * record_bytes`, all fields).
     pub fn batch_payload_bytes_max(&self) -> u64 {
-        u64::from(self.plan.batch_size).saturating_mul(self.sample_bytes())
+        u64::from(self.plan.batch_size).saturating_mul(self.record_bytes())
     }
 
     /// Space reserved in each slot for the encoded [`crate::BatchMeta`] of one part: an upper
@@ -867,16 +902,17 @@ impl Config {
         self.meta_reserve_for(u64::from(self.part_layout().samples_per_part))
     }
 
-    /// Smallest slot that holds a whole batch (payload + metadata reserve of a full batch).
+    /// Smallest slot that holds a whole batch (payload of all fields + metadata reserve of a full
+    /// batch).
     pub fn min_slot_bytes(&self) -> u64 {
         self.part_need(self.plan.batch_size)
     }
 
     /// How batches are cut into parts, one part per slot.
     ///
-    /// The slot holds as many samples as fit: with `"auto"`, the whole batch when its payload is
-    /// at most [`AUTO_PART_PAYLOAD_BYTES`] (4 MiB), else the most whole samples whose payload
-    /// fits that (at least one); with an explicit `ring.slot_bytes`, as many as fit it with
+    /// The slot holds as many samples as fit, each with all its fields ([`Config::record_bytes`]):
+    /// with `"auto"`, the whole batch when its payload is at most [`AUTO_PART_PAYLOAD_BYTES`]
+    /// (4 MiB), else the most whole samples whose payload fits that (at least one); with an explicit `ring.slot_bytes`, as many as fit it with
     /// their metadata reserve. With `P = ceil(batch_size / that)` parts per batch, each part gets
     /// `ceil(batch_size / P)` samples, so the parts of a batch are as even as whole samples
     /// allow. `"auto"` then sizes the slot for one such part with its metadata reserve (rounded
@@ -888,7 +924,7 @@ impl Config {
         let bs = self.plan.batch_size.max(1);
         let most = match self.ring.slot_bytes {
             SlotBytes::Auto => {
-                let fit = AUTO_PART_PAYLOAD_BYTES / self.sample_bytes().max(1);
+                let fit = AUTO_PART_PAYLOAD_BYTES / self.record_bytes().max(1);
                 u32::try_from(fit).unwrap_or(u32::MAX).clamp(1, bs)
             }
             SlotBytes::Fixed(b) => self.max_samples_in(b.0).max(1),
@@ -977,9 +1013,9 @@ impl Config {
         self.part_layout().parts_per_batch
     }
 
-    /// Payload bytes of a full part (`samples_per_part * sample_bytes`).
+    /// Payload bytes of a full part (`samples_per_part * record_bytes`, all fields).
     pub fn part_payload_bytes_max(&self) -> u64 {
-        u64::from(self.samples_per_part()).saturating_mul(self.sample_bytes())
+        u64::from(self.samples_per_part()).saturating_mul(self.record_bytes())
     }
 
     /// Bytes per slot: explicit, or for `"auto"` one part (a whole batch when its payload is at
@@ -1066,7 +1102,12 @@ mod tests {
     fn derived_sizes() {
         let c = Config::default();
         assert_eq!(c.sample_bytes(), 128 * 128 * 4);
-        assert_eq!(c.batch_payload_bytes_max(), 32 * 128 * 128 * 4);
+        assert_eq!(
+            c.record_bytes(),
+            128 * 128 * 4 + 8,
+            "images and an i64 label"
+        );
+        assert_eq!(c.batch_payload_bytes_max(), 32 * (128 * 128 * 4 + 8));
         assert_eq!(c.meta_reserve_bytes() % META_RESERVE_ALIGN, 0);
         assert!(c.meta_reserve_bytes() >= max_encoded_len(32, 2));
         assert_eq!(c.slot_bytes() % SLOT_ALIGN, 0);
@@ -1074,6 +1115,34 @@ mod tests {
         assert_eq!(c.slot_bytes(), (2 << 20) + 4096);
         assert_eq!(c.ring_bytes(), 16 * c.slot_bytes());
         assert_eq!(c.segment_path(), "/dev/shm/pinring.default");
+    }
+
+    #[test]
+    fn fields_record_and_batch_layout() {
+        let c = Config::default();
+        let fields = c.fields();
+        let names: Vec<&str> = fields.iter().map(|f| f.name.as_str()).collect();
+        assert_eq!(names, [IMAGES, LABELS]);
+        assert_eq!(fields[0], Field::new(IMAGES, Dtype::F32, vec![128, 128]));
+        assert_eq!(fields[1], Field::new(LABELS, Dtype::I64, vec![]));
+        for shape in [vec![3, 5], vec![7], vec![128, 128], vec![]] {
+            for dtype in Dtype::ALL {
+                let mut c = Config::default();
+                c.dataset.sample_shape = shape.clone();
+                c.dataset.dtype = dtype;
+                let sum: u64 = c.fields().iter().map(Field::sample_bytes).sum();
+                assert_eq!(c.record_bytes(), sum, "{shape:?} {dtype}");
+                assert_eq!(c.batch_layout().record_bytes, sum);
+            }
+        }
+        // 32 x 128 x 128 f32 images (2 MiB), then 32 i64 labels.
+        let l = c.batch_layout();
+        assert_eq!(l.batch_size, 32);
+        assert_eq!(l.fields[0].shape, vec![32, 128, 128]);
+        assert_eq!((l.fields[0].offset, l.fields[0].bytes), (0, 2 << 20));
+        assert_eq!(l.fields[1].shape, vec![32]);
+        assert_eq!((l.fields[1].offset, l.fields[1].bytes), (2 << 20, 256));
+        assert_eq!(l.total_bytes, (2 << 20) + 256);
     }
 
     #[test]
@@ -1323,12 +1392,13 @@ mod tests {
 
     #[test]
     fn a_small_explicit_slot_cuts_the_batch_into_even_parts() {
-        // 32 samples of 64 KiB; a 1 MiB slot holds 15 with their metadata: 3 parts of 11.
+        // 32 samples of 64 KiB (+ 8 bytes of label); a 1 MiB slot holds 15 with their metadata:
+        // 3 parts of 11.
         let mut c = Config::default();
         c.ring.slot_bytes = SlotBytes::Fixed(ByteSize(1 << 20));
         assert_eq!(c.max_samples_in(1 << 20), 15);
         assert_eq!(layout(&c), (11, 3, 1 << 20));
-        assert_eq!(c.part_payload_bytes_max(), 11 * 65536);
+        assert_eq!(c.part_payload_bytes_max(), 11 * (65536 + 8));
         assert_eq!(c.meta_reserve_bytes(), round_up(max_encoded_len(11, 2), 64));
         assert!(c.part_need(11) <= 1 << 20);
         // Exactly one sample per slot.
@@ -1338,13 +1408,14 @@ mod tests {
 
     #[test]
     fn auto_cuts_a_batch_over_4_mib_into_parts_of_at_most_4_mib_payload() {
-        // 100000 samples of 64 KiB: 64 samples (4 MiB) at most per part.
+        // 100000 samples of 64 KiB and an 8-byte label: 63 samples at most per part (64 of them
+        // are 512 bytes over 4 MiB).
         let mut c = Config::default();
         c.plan.batch_size = 100_000;
         let (spp, parts, slot) = layout(&c);
-        assert_eq!(parts, 100_000u32.div_ceil(64));
+        assert_eq!(parts, 100_000u32.div_ceil(63));
         assert_eq!(spp, 100_000u32.div_ceil(parts));
-        assert!(u64::from(spp) * c.sample_bytes() <= AUTO_PART_PAYLOAD_BYTES);
+        assert!(u64::from(spp) * c.record_bytes() <= AUTO_PART_PAYLOAD_BYTES);
         assert!(slot % SLOT_ALIGN == 0);
         assert_eq!(slot, round_up(c.part_need(spp), SLOT_ALIGN));
         assert!(u64::from(spp) * u64::from(parts) >= 100_000);
@@ -1371,32 +1442,37 @@ mod tests {
         assert_eq!(c.parts_per_batch(), 1);
         assert_eq!(a.target_bytes, 128 * MIB);
         assert_eq!(a.slots, 64, "128 MiB / (2 MiB + 4 KiB), rounded");
-        // Exactly 4 MiB of payload is still one part.
-        let c = sized(4, MIB as u32);
+        // Exactly 4 MiB of payload (images and labels) is still one part.
+        let c = sized(4, MIB as u32 - 8);
+        assert_eq!(c.batch_payload_bytes_max(), 4 * MIB);
         assert_eq!(layout(&c), (4, 1, 4 * MIB + 4096));
+        // 32 bytes more is two parts.
+        let c2 = sized(4, MIB as u32);
+        assert_eq!(layout(&c2), (2, 2, 2 * MIB + 4096));
         // A small cache: target cache / 2, and never fewer than 16 slots.
         let a = c.auto_ring(Some(32 * MIB));
         assert_eq!((a.target_bytes, a.slots), (16 * MIB, AUTO_MIN_SLOTS));
     }
 
     #[test]
-    fn auto_cuts_the_seed_workload_into_8_parts_of_4_samples() {
-        // 32 MiB batches of 32 x 1 MiB samples on a host with a 300 MiB L3.
+    fn auto_cuts_the_seed_workload_into_11_parts_of_3_samples() {
+        // 32 MiB batches of 32 x 1 MiB samples on a host with a 300 MiB L3. Four samples with
+        // their labels are 32 bytes over 4 MiB, so a part holds three.
         let mut c = sized(32, MIB as u32);
         let a = c.auto_ring(Some(300 * MIB));
-        assert_eq!(layout(&c), (4, 8, 4 * MIB + 4096));
-        assert_eq!(a.slot_bytes, 4 * MIB + 4096);
-        assert_eq!(a.slots, 32);
+        assert_eq!(layout(&c), (3, 11, 3 * MIB + 4096));
+        assert_eq!(a.slot_bytes, 3 * MIB + 4096);
+        assert_eq!(a.slots, 43, "128 MiB / (3 MiB + 4 KiB), rounded");
         assert_eq!(a.target_bytes, 128 * MIB);
         let fp = c.fingerprint();
         let r = c.resolve_auto(Some(300 * MIB));
         assert_eq!(r, a);
         assert_eq!(
             c.ring.slot_bytes,
-            SlotBytes::Fixed(ByteSize(4 * MIB + 4096))
+            SlotBytes::Fixed(ByteSize(3 * MIB + 4096))
         );
-        assert_eq!(c.ring.slots, Some(32));
-        assert_eq!(layout(&c), (4, 8, 4 * MIB + 4096));
+        assert_eq!(c.ring.slots, Some(43));
+        assert_eq!(layout(&c), (3, 11, 3 * MIB + 4096));
         assert_eq!(c.fingerprint(), fp, "resolving keeps the fingerprint");
         c.validate().unwrap();
         assert!(c.ring_bytes() <= 150 * MIB);
@@ -1404,7 +1480,7 @@ mod tests {
 
     #[test]
     fn auto_with_an_unknown_cache_aims_at_32_mib() {
-        let c = sized(32, MIB as u32);
+        let c = sized(32, MIB as u32 - 8);
         let a = c.auto_ring(None);
         assert_eq!(a.target_bytes, AUTO_RING_FALLBACK_BYTES);
         assert_eq!(a.slot_bytes, 4 * MIB + 4096);
@@ -1421,7 +1497,7 @@ mod tests {
     #[test]
     fn auto_keeps_explicit_values() {
         // An explicit slot count is kept.
-        let mut c = sized(32, MIB as u32);
+        let mut c = sized(32, MIB as u32 - 8);
         c.ring.slots = Some(6);
         let a = c.resolve_auto(Some(300 * MIB));
         assert_eq!((a.slots, a.slot_bytes), (6, 4 * MIB + 4096));

@@ -15,9 +15,12 @@ use xxhash_rust::xxh3::xxh3_64;
 use crate::config::{Config, DatasetKind};
 
 /// Version of the fingerprint encoding *and* of the data algorithms (plan
-/// PRNG, synthetic generator, metadata encoding). Bump it when any of them
-/// changes so that mismatched builds refuse to talk to each other.
-pub const FINGERPRINT_VERSION: u32 = 2;
+/// PRNG, synthetic generator, metadata encoding, slot payload format). Bump it
+/// when any of them changes so that mismatched builds refuse to talk to each
+/// other. Version 3: a part's payload is field-major, its samples' images then
+/// their labels as little-endian i64 ([`crate::fields`]), and slots are sized
+/// for both; a loader of version 2 wrote the images alone.
+pub const FINGERPRINT_VERSION: u32 = 3;
 
 const MAGIC: &[u8; 8] = b"pinrngfp";
 
@@ -29,6 +32,8 @@ impl Config {
     /// plan seed (u64), start_epoch (u32), drop_last (u8),
     /// rank (u32), world_size (u32), resolved slot_bytes (u64), samples per part (u32;
     /// version 2: with the slot size and batch size it fixes which samples each seq carries).
+    /// The fields of a sample follow from the dataset kind, shape and dtype; their payload
+    /// format is the version's (version 3: field-major images and i64 labels).
     pub fn fingerprint_bytes(&self) -> Vec<u8> {
         let d = &self.dataset;
         let p = &self.plan;
@@ -106,6 +111,20 @@ mod tests {
             assert_ne!(f, base);
             assert!(seen.insert(f));
         }
+    }
+
+    #[test]
+    fn the_version_is_in_the_bytes() {
+        // A loader of another payload format (version 2: images only) has another fingerprint
+        // for the same config, so the daemon refuses it.
+        let bytes = Config::default().fingerprint_bytes();
+        assert_eq!(bytes[8..12], 3u32.to_le_bytes());
+        let mut v2 = bytes.clone();
+        v2[8..12].copy_from_slice(&2u32.to_le_bytes());
+        assert_ne!(
+            xxhash_rust::xxh3::xxh3_64(&v2),
+            Config::default().fingerprint()
+        );
     }
 
     #[test]

@@ -2,6 +2,8 @@
 //! and per-batch metadata shared by the pinring daemon and loaders.
 //!
 //! * [`config`] -- the TOML config file ([`Config`]).
+//! * [`fields`] -- the named fields of a sample and where each lies in a batch ([`Field`],
+//!   [`BatchLayout`]).
 //! * [`plan`] -- which samples go into batch `seq` ([`Plan`]).
 //! * [`synthetic`] -- the generated dataset ([`Synthetic`]).
 //! * [`meta`] -- per-batch metadata stored in a slot ([`BatchMeta`]).
@@ -9,6 +11,7 @@
 //! * [`size`] -- [`ByteSize`].
 
 pub mod config;
+pub mod fields;
 pub mod fingerprint;
 pub mod meta;
 pub mod plan;
@@ -19,8 +22,9 @@ pub use config::{
     AutoRing, BadBatchPolicy, Config, ConfigError, DaemonConfig, DatasetConfig, DatasetKind,
     PartLayout, PlanConfig, RingConfig, SegmentMode, SlotBytes, DEFAULT_CONFIG_TOML,
 };
+pub use fields::{BatchLayout, ChunkCopy, Field, FieldPlacement, FIELD_ALIGN, IMAGES, LABELS};
 pub use fingerprint::FINGERPRINT_VERSION;
 pub use meta::{max_encoded_len, BatchMeta, Dtype, MetaError, MAX_META_BYTES};
 pub use plan::{BatchIndices, Part, Plan, PlanError, PlanParams};
 pub use size::{ByteSize, SizeError};
-pub use synthetic::{generator_throughput, Synthetic, SyntheticError};
+pub use synthetic::{generator_throughput, Synthetic, SyntheticError, LABEL_BYTES};

@@ -161,7 +161,8 @@ pub struct BatchMeta {
     pub sample_shape: Vec<u32>,
     /// Element type.
     pub dtype: Dtype,
-    /// Bytes of payload in the slot (samples * sample bytes).
+    /// Bytes of payload in the slot: samples × record bytes (all fields, field-major;
+    /// [`crate::Config::record_bytes`]).
     pub payload_bytes: u64,
 }
 
@@ -177,13 +178,14 @@ pub const fn max_encoded_len(batch_size: u64, ndims: u64) -> u64 {
 }
 
 impl BatchMeta {
-    /// Metadata for the batch `indices` of samples with the given shape and dtype.
+    /// Metadata for the batch (part) `indices` of samples with the given shape and dtype (of
+    /// their `images` field) and `record_bytes` bytes over all fields.
     pub fn new(
         indices: &BatchIndices,
         labels: Vec<u32>,
         sample_shape: Vec<u32>,
         dtype: Dtype,
-        sample_bytes: u64,
+        record_bytes: u64,
     ) -> Self {
         BatchMeta {
             seq: indices.seq,
@@ -193,7 +195,7 @@ impl BatchMeta {
             labels,
             sample_shape,
             dtype,
-            payload_bytes: (indices.samples.len() as u64).saturating_mul(sample_bytes),
+            payload_bytes: (indices.samples.len() as u64).saturating_mul(record_bytes),
         }
     }
 
@@ -245,12 +247,14 @@ impl BatchMeta {
     }
 
     /// Checks that this metadata describes exactly the batch the plan
-    /// expects (`expected`) with samples of `sample_bytes` bytes: seq,
-    /// epoch, index in epoch, sample ids, label count, shape and payload size.
+    /// expects (`expected`) with samples whose `images` field has `sample_bytes` bytes and whose
+    /// fields together have `record_bytes`: seq, epoch, index in epoch, sample ids, label count,
+    /// shape and payload size (samples × `record_bytes`).
     pub fn validate_against(
         &self,
         expected: &BatchIndices,
         sample_bytes: u64,
+        record_bytes: u64,
     ) -> Result<(), MetaError> {
         let mismatch = |field: &str, exp: String, found: String| MetaError::Mismatch {
             seq: expected.seq,
@@ -320,7 +324,7 @@ impl BatchMeta {
                 ),
             ));
         }
-        let want_payload = (expected.samples.len() as u64).saturating_mul(sample_bytes);
+        let want_payload = (expected.samples.len() as u64).saturating_mul(record_bytes);
         if self.payload_bytes != want_payload {
             return Err(mismatch(
                 "payload_bytes",
@@ -345,7 +349,7 @@ mod tests {
             samples: (0..n as u64).map(|i| i * 1_000_003).collect(),
         };
         let labels = (0..n as u32).map(|i| i % 1000).collect();
-        let m = BatchMeta::new(&idx, labels, vec![3, 4], Dtype::F32, 48);
+        let m = BatchMeta::new(&idx, labels, vec![3, 4], Dtype::F32, 56);
         (m, idx)
     }
 
@@ -358,7 +362,8 @@ mod tests {
         assert!(n as u64 <= max_encoded_len(32, 2));
         let back = BatchMeta::decode(&buf, 4096).unwrap();
         assert_eq!(back, m);
-        back.validate_against(&idx, 48).unwrap();
+        back.validate_against(&idx, 48, 56).unwrap();
+        assert_eq!(back.payload_bytes, 32 * 56, "images and labels");
     }
 
     #[test]
@@ -399,18 +404,23 @@ mod tests {
         let (m, idx) = sample_meta(4);
         let mut bad = m.clone();
         bad.sample_ids[2] += 1;
-        let e = bad.validate_against(&idx, 48).unwrap_err().to_string();
+        let e = bad.validate_against(&idx, 48, 56).unwrap_err().to_string();
         assert!(e.contains("sample_ids[2]"), "{e}");
         let mut bad = m.clone();
         bad.seq = 8;
-        assert!(bad.validate_against(&idx, 48).is_err());
+        assert!(bad.validate_against(&idx, 48, 56).is_err());
         let mut bad = m.clone();
         bad.payload_bytes = 1;
-        assert!(bad.validate_against(&idx, 48).is_err());
+        assert!(bad.validate_against(&idx, 48, 56).is_err());
         let mut bad = m.clone();
         bad.labels.pop();
-        assert!(bad.validate_against(&idx, 48).is_err());
-        assert!(m.validate_against(&idx, 40).is_err());
+        assert!(bad.validate_against(&idx, 48, 56).is_err());
+        assert!(m.validate_against(&idx, 40, 48).is_err());
+        // A payload of the images alone (the format before fields) is refused.
+        let mut old = m.clone();
+        old.payload_bytes = 4 * 48;
+        let e = old.validate_against(&idx, 48, 56).unwrap_err().to_string();
+        assert!(e.contains("payload_bytes"), "{e}");
     }
 
     #[test]

@@ -14,10 +14,19 @@
 //! where `mix64` is the splitmix64 finalizer. Little-endian encoding makes
 //! the bytes independent of the host. Each word costs two multiplies, so
 //! generation runs at several GB/s per core.
+//!
+//! A sample has two fields ([`crate::fields`]): `images`, the bytes above, and `labels`,
+//! [`Synthetic::label`] stored as a little-endian `i64` ([`LABEL_BYTES`] bytes).
+//! [`Synthetic::fill_field`] and [`Synthetic::verify_field`] write and check either field of
+//! several samples by name; [`Synthetic::fill_part`] writes a part's field-major payload.
 
 use std::time::Instant;
 
+use crate::fields::{IMAGES, LABELS};
 use crate::plan::{mix64, GOLDEN_GAMMA};
+
+/// Bytes of one label in the `labels` field: a little-endian `i64`.
+pub const LABEL_BYTES: usize = 8;
 
 /// Salt of the per-sample key.
 const KEY_SALT: u64 = 0x7069_6e72_696e_6721; // "pinring!"
@@ -38,9 +47,23 @@ pub enum SyntheticError {
         /// Offset of the first wrong byte within the sample.
         byte_offset: usize,
     },
-    /// The buffer does not hold exactly `indices.len() * sample_bytes` bytes.
-    #[error("synthetic batch has {found} bytes but {samples} samples of {sample_bytes} bytes need {expected}; payload size and plan disagree")]
+    /// A label differs from what the generator produces.
+    #[error("synthetic label mismatch in sample at batch position {sample_position} (dataset index {sample_index}): the labels field holds {found} where the generator says {expected}; the slot was corrupted or written for a different config/seed")]
+    LabelMismatch {
+        /// Position of the sample within the batch.
+        sample_position: usize,
+        /// Dataset index of the sample.
+        sample_index: u64,
+        /// The generator's label.
+        expected: i64,
+        /// The label found (little-endian i64).
+        found: i64,
+    },
+    /// The buffer does not hold exactly `indices.len() * sample_bytes` bytes of the field.
+    #[error("synthetic {field} field of a batch has {found} bytes but {samples} samples of {sample_bytes} bytes need {expected}; payload size and plan disagree")]
     Length {
+        /// The field (`images`, `labels`).
+        field: &'static str,
         /// Number of samples.
         samples: usize,
         /// Bytes per sample.
@@ -49,6 +72,12 @@ pub enum SyntheticError {
         expected: usize,
         /// Actual length.
         found: usize,
+    },
+    /// A field the synthetic dataset does not have.
+    #[error("the synthetic dataset has no field {field:?} (its fields are \"images\" and \"labels\"); loader and daemon disagree on the dataset: use one config for both")]
+    UnknownField {
+        /// The field asked for.
+        field: String,
     },
 }
 
@@ -141,6 +170,126 @@ impl Synthetic {
         indices.iter().map(|&i| self.label(i)).collect()
     }
 
+    /// Sample `index`'s entry of the `labels` field: [`Synthetic::label`] as a little-endian
+    /// `i64`.
+    #[inline]
+    pub fn label_le_bytes(&self, index: u64) -> [u8; LABEL_BYTES] {
+        i64::from(self.label(index)).to_le_bytes()
+    }
+
+    /// Writes the `labels` field of the samples `indices` into `out`: one little-endian `i64`
+    /// each, back to back.
+    ///
+    /// # Panics
+    /// If `out.len() != indices.len() * LABEL_BYTES`.
+    pub fn fill_labels(&self, indices: &[u64], out: &mut [u8]) {
+        assert_eq!(
+            out.len(),
+            indices.len().saturating_mul(LABEL_BYTES),
+            "fill_labels: output slice has {} bytes, {} labels need {}",
+            out.len(),
+            indices.len(),
+            indices.len().saturating_mul(LABEL_BYTES)
+        );
+        for (&i, chunk) in indices.iter().zip(out.chunks_exact_mut(LABEL_BYTES)) {
+            chunk.copy_from_slice(&self.label_le_bytes(i));
+        }
+    }
+
+    /// Checks a `labels` field written by [`Synthetic::fill_labels`].
+    pub fn verify_labels(&self, indices: &[u64], data: &[u8]) -> Result<(), SyntheticError> {
+        let expected = indices.len().saturating_mul(LABEL_BYTES);
+        if data.len() != expected {
+            return Err(SyntheticError::Length {
+                field: LABELS,
+                samples: indices.len(),
+                sample_bytes: LABEL_BYTES,
+                expected,
+                found: data.len(),
+            });
+        }
+        for (pos, (&i, chunk)) in indices
+            .iter()
+            .zip(data.chunks_exact(LABEL_BYTES))
+            .enumerate()
+        {
+            let mut b = [0u8; LABEL_BYTES];
+            b.copy_from_slice(chunk);
+            let found = i64::from_le_bytes(b);
+            let expected = i64::from(self.label(i));
+            if found != expected {
+                return Err(SyntheticError::LabelMismatch {
+                    sample_position: pos,
+                    sample_index: i,
+                    expected,
+                    found,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes field `field` (`"images"` or `"labels"`) of the samples `indices` into `out`,
+    /// contiguous: [`Synthetic::fill_batch`] or [`Synthetic::fill_labels`].
+    ///
+    /// # Panics
+    /// If `out` is not exactly as long as the field of those samples.
+    pub fn fill_field(
+        &self,
+        field: &str,
+        indices: &[u64],
+        out: &mut [u8],
+    ) -> Result<(), SyntheticError> {
+        match field {
+            IMAGES => self.fill_batch(indices, out),
+            LABELS => self.fill_labels(indices, out),
+            other => {
+                return Err(SyntheticError::UnknownField {
+                    field: other.to_string(),
+                })
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks field `field` (`"images"` or `"labels"`) of the samples `indices`:
+    /// [`Synthetic::verify_batch`] or [`Synthetic::verify_labels`].
+    pub fn verify_field(
+        &self,
+        field: &str,
+        indices: &[u64],
+        data: &[u8],
+    ) -> Result<(), SyntheticError> {
+        match field {
+            IMAGES => self.verify_batch(indices, data),
+            LABELS => self.verify_labels(indices, data),
+            other => Err(SyntheticError::UnknownField {
+                field: other.to_string(),
+            }),
+        }
+    }
+
+    /// Writes the field-major payload of a part of the samples `indices` into `out`: their
+    /// images, then their labels ([`crate::fields`]).
+    ///
+    /// # Panics
+    /// If `out.len() != indices.len() * (sample_bytes + LABEL_BYTES)`.
+    pub fn fill_part(&self, indices: &[u64], out: &mut [u8]) {
+        let images = indices.len().saturating_mul(self.sample_bytes);
+        let want = images.saturating_add(indices.len().saturating_mul(LABEL_BYTES));
+        assert_eq!(
+            out.len(),
+            want,
+            "fill_part: output slice has {} bytes, {} samples of {} + {LABEL_BYTES} bytes need {want}",
+            out.len(),
+            indices.len(),
+            self.sample_bytes,
+        );
+        let (images_out, labels_out) = out.split_at_mut(images);
+        self.fill_batch(indices, images_out);
+        self.fill_labels(indices, labels_out);
+    }
+
     /// Writes sample `index` into `out` (typically a slice of a shared-memory
     /// slot; no intermediate buffer).
     ///
@@ -230,6 +379,7 @@ impl Synthetic {
         let expected = indices.len().saturating_mul(self.sample_bytes);
         if data.len() != expected {
             return Err(SyntheticError::Length {
+                field: IMAGES,
                 samples: indices.len(),
                 sample_bytes: self.sample_bytes,
                 expected,
@@ -373,6 +523,53 @@ mod tests {
             g.verify_batch(&idx, &buf[1..]),
             Err(SyntheticError::Length { .. })
         ));
+    }
+
+    #[test]
+    fn label_fields_are_little_endian_i64() {
+        let g = Synthetic::new(42, 13, 1000);
+        let idx = [9u64, 2, 700];
+        let mut out = vec![0u8; 3 * LABEL_BYTES];
+        g.fill_labels(&idx, &mut out);
+        for (k, &i) in idx.iter().enumerate() {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&out[8 * k..8 * k + 8]);
+            assert_eq!(i64::from_le_bytes(b), i64::from(g.label(i)));
+        }
+        g.verify_labels(&idx, &out).unwrap();
+        g.verify_field(LABELS, &idx, &out).unwrap();
+        let mut bad = out.clone();
+        bad[8 + 7] ^= 0x80; // the sign byte of the second label
+        assert_eq!(
+            g.verify_labels(&idx, &bad),
+            Err(SyntheticError::LabelMismatch {
+                sample_position: 1,
+                sample_index: 2,
+                expected: i64::from(g.label(2)),
+                found: i64::from(g.label(2)) ^ i64::MIN,
+            })
+        );
+        assert!(matches!(
+            g.verify_labels(&idx, &out[..16]),
+            Err(SyntheticError::Length { field: LABELS, .. })
+        ));
+        let e = g.verify_field("masks", &idx, &out).unwrap_err();
+        assert!(e.to_string().contains("\"masks\""), "{e}");
+        assert!(g.fill_field("masks", &idx, &mut out).is_err());
+    }
+
+    #[test]
+    fn a_part_is_field_major() {
+        let g = Synthetic::new(3, 13, 10);
+        let idx = [4u64, 1, 8];
+        let mut part = vec![0u8; 3 * (13 + LABEL_BYTES)];
+        g.fill_part(&idx, &mut part);
+        let (images, labels) = part.split_at(3 * 13);
+        g.verify_field(IMAGES, &idx, images).unwrap();
+        g.verify_field(LABELS, &idx, labels).unwrap();
+        let mut want = vec![0u8; 3 * 13];
+        g.fill_field(IMAGES, &idx, &mut want).unwrap();
+        assert_eq!(images, &want[..]);
     }
 
     #[test]

@@ -6,7 +6,9 @@ use proptest::prelude::*;
 
 const LIMIT: usize = 4096;
 
-fn valid() -> (BatchMeta, BatchIndices, u64) {
+/// A valid part's metadata, its plan entry, and its images' and whole record's bytes per sample
+/// (8 x 8 f32 images and an i64 label).
+fn valid() -> (BatchMeta, BatchIndices, u64, u64) {
     let indices = BatchIndices {
         seq: 9,
         epoch: 1,
@@ -18,9 +20,9 @@ fn valid() -> (BatchMeta, BatchIndices, u64) {
         vec![1, 2, 3, 4, 5, 6],
         vec![8, 8],
         Dtype::F32,
-        256,
+        264,
     );
-    (meta, indices, 256)
+    (meta, indices, 256, 264)
 }
 
 #[test]
@@ -42,11 +44,11 @@ fn every_corpus_input_is_rejected_without_panic() {
 
 #[test]
 fn a_valid_encoding_decodes_and_validates() {
-    let (meta, indices, sb) = valid();
+    let (meta, indices, sb, rb) = valid();
     let mut buf = vec![0u8; LIMIT];
     let n = meta.encode_into(&mut buf).unwrap();
     let back = BatchMeta::decode(&buf[..n], LIMIT).unwrap();
-    back.validate_against(&indices, sb).unwrap();
+    back.validate_against(&indices, sb, rb).unwrap();
 }
 
 proptest! {
@@ -60,7 +62,7 @@ proptest! {
         cut in any::<usize>(),
         limit in 0usize..=LIMIT,
     ) {
-        let (meta, indices, sb) = valid();
+        let (meta, indices, sb, rb) = valid();
         let mut buf = vec![0u8; 512];
         let n = meta.encode_into(&mut buf).unwrap();
         let mut bytes = buf[..n].to_vec();
@@ -70,7 +72,7 @@ proptest! {
         }
         bytes.truncate(cut % (bytes.len() + 1));
         if let Ok(decoded) = BatchMeta::decode(&bytes, limit) {
-            if decoded.validate_against(&indices, sb).is_ok() {
+            if decoded.validate_against(&indices, sb, rb).is_ok() {
                 prop_assert_eq!(decoded.seq, meta.seq);
                 prop_assert_eq!(&decoded.sample_ids, &meta.sample_ids);
                 prop_assert_eq!(decoded.payload_bytes, meta.payload_bytes);

@@ -79,6 +79,19 @@ pub fn run(args: &CheckArgs) -> Result<(), CheckError> {
         cfg.ring_bytes(),
         cfg.ring_bytes() as f64 / (1u64 << 20) as f64
     );
+    let layout = cfg.batch_layout();
+    let fields: Vec<String> = layout
+        .fields
+        .iter()
+        .map(|f| format!("{} {} {:?} at byte {}", f.name, f.dtype, f.shape, f.offset))
+        .collect();
+    println!(
+        "# fields: {} of a {}-byte device buffer per batch; {} bytes per sample, field-major in \
+         slots",
+        fields.join(", "),
+        layout.total_bytes,
+        layout.record_bytes
+    );
     println!("# host: {}", host.describe());
     if let Some(line) = auto {
         println!("# auto: {line}");

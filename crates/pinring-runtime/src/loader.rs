@@ -1,13 +1,14 @@
 //! A loader process: attaches to a ring by name, claims FREE slots, makes exactly the batch part
-//! whose seq the slot carries (sample bytes and metadata written straight into the slot; a part is
-//! the whole batch when a batch fits one slot), commits it,
+//! whose seq the slot carries (its payload, field-major: every sample's images, then every
+//! sample's labels as little-endian i64, and its metadata, written straight into the slot; a
+//! part is the whole batch when a batch fits one slot), commits it,
 //! and repeats until the daemon closes the ring. Stateless: any number may run, join late, or
 //! leave; the daemon's sequencer decides what each one makes.
 
 use crate::exit::Exit;
 use crate::settings::{self, Overrides};
 use crate::shutdown::Shutdown;
-use pinring_data::{BatchIndices, BatchMeta, Config, Plan};
+use pinring_data::{BatchIndices, BatchMeta, Config, Plan, IMAGES};
 use pinring_ring::layout::{align_up, META_ALIGN};
 use pinring_ring::{futex, ring_state, Access, CommitError, ProcessId, Ring, RingError, Seat};
 use std::path::PathBuf;
@@ -275,6 +276,7 @@ fn run_attached(
         seat,
         samples: Vec::new(),
         meta_buf: Vec::new(),
+        field_buf: Vec::new(),
         report: LoaderReport::default(),
         service,
     };
@@ -339,6 +341,8 @@ struct Worker<'a> {
     samples: Vec<u64>,
     /// The batch metadata, encoded here and then copied into the slot.
     meta_buf: Vec<u8>,
+    /// A field other than the images (the labels), made here and then copied into the slot.
+    field_buf: Vec<u8>,
     report: LoaderReport,
     service: &'a mut crate::service::LoaderService,
 }
@@ -349,6 +353,7 @@ impl Worker<'_> {
         let entry = self.ring.loader(self.seat.index as usize);
         let synthetic = self.cfg.synthetic();
         let sample_bytes = self.cfg.sample_bytes() as usize;
+        let layout = self.cfg.batch_layout();
         let shape = self.cfg.dataset.sample_shape.clone();
         let dtype = self.cfg.dataset.dtype;
         let mut hint = u32::from(self.seat.index) % self.ring.geometry().slot_count;
@@ -399,14 +404,34 @@ impl Worker<'_> {
                     (0, 0, ERR_PLAN)
                 }
                 Ok((epoch, index_in_epoch)) => {
-                    let payload_len = self.samples.len() * sample_bytes;
-                    // Straight into the slot: no intermediate payload buffer.
+                    let count = self.samples.len() as u64;
+                    let payload_len = layout.payload_bytes(count) as usize;
                     let mut fits = payload_len <= slot.len();
-                    for (n, &i) in self.samples.iter().enumerate() {
-                        let mut words = synthetic.sample_words(i);
-                        fits &= slot
-                            .write_words(n * sample_bytes, sample_bytes, || words.next_word())
-                            .is_ok();
+                    // Field-major: each field's chunk holds that field of every sample, in order.
+                    for field in &layout.fields {
+                        let (offset, len) = field.chunk_in_part(count);
+                        let offset = offset as usize;
+                        if field.name == IMAGES {
+                            // Straight into the slot: no intermediate payload buffer.
+                            for (n, &i) in self.samples.iter().enumerate() {
+                                let mut words = synthetic.sample_words(i);
+                                fits &= slot
+                                    .write_words(offset + n * sample_bytes, sample_bytes, || {
+                                        words.next_word()
+                                    })
+                                    .is_ok();
+                            }
+                            continue;
+                        }
+                        self.field_buf.resize(len as usize, 0);
+                        match synthetic.fill_field(&field.name, &self.samples, &mut self.field_buf)
+                        {
+                            Ok(()) => fits &= slot.write(offset, &self.field_buf).is_ok(),
+                            Err(e) => {
+                                tracing::error!(ring = %self.cfg.ring.name, seq, "{e}");
+                                fits = false;
+                            }
+                        }
                     }
                     let indices = BatchIndices {
                         seq,
@@ -419,7 +444,7 @@ impl Worker<'_> {
                         synthetic.labels(&indices.samples),
                         shape.clone(),
                         dtype,
-                        sample_bytes as u64,
+                        layout.record_bytes,
                     );
                     self.samples = indices.samples;
                     let meta_off =

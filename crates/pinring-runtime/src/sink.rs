@@ -5,17 +5,19 @@
 //! the slot's mapped device address, and the daemon frees the slot only after the sink is done.
 //!
 //! * `discard`: drops the batch (benchmarks).
-//! * `verify`: checks every byte of the *uploaded copy* against what the synthetic generator says
-//!   the batch holds (sample ids from the daemon's own plan, never the loader's claim). The order
-//!   of delivery (duplicates, gaps, out-of-order seqs) is checked by the daemon's sequencer, for
-//!   every sink.
-//! * `compute`: runs a small kernel over the batch (sin over f32s), to show upload and compute
-//!   overlapping.
+//! * `verify`: checks every field of the *uploaded copy* (each field's tensor at its offset in the
+//!   device buffer, [`pinring_data::BatchLayout`]) against what the synthetic generator says the
+//!   batch holds (sample ids from the daemon's own plan, never the loader's claim): every byte on
+//!   the host backend, a checksum per field on cuda. In zero-copy mode the batch is read in its
+//!   slot, and only its images chunk (the start of the payload) is checked. The order of delivery
+//!   (duplicates, gaps, out-of-order seqs) is checked by the daemon's sequencer, for every sink.
+//! * `compute`: runs a small kernel over the batch's images (sin over f32s), to show upload and
+//!   compute overlapping.
 
 use crate::ring_wake::Doorbell;
 use crossbeam_channel::{Receiver, Sender};
 use pinring_backend::Uploader;
-use pinring_data::Synthetic;
+use pinring_data::{BatchLayout, FieldPlacement, Synthetic};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -75,7 +77,7 @@ pub struct SinkJob {
     pub source: Source,
     /// Token to hand back (the device buffer, or the in-flight token of a zero-copy batch).
     pub buffer: usize,
-    /// Payload bytes.
+    /// Payload bytes (all fields).
     pub len: usize,
     /// Sample ids the plan assigns to this seq.
     pub samples: Vec<u64>,
@@ -102,11 +104,13 @@ pub struct SinkDone {
     pub samples: Vec<u64>,
 }
 
-/// Runs the sink loop until the job channel closes.
+/// Runs the sink loop until the job channel closes; `layout` says where each field of a batch
+/// lies in its device buffer.
 pub fn run(
     kind: SinkKind,
     uploader: Arc<dyn Uploader>,
     synthetic: Synthetic,
+    layout: BatchLayout,
     jobs: Receiver<SinkJob>,
     done: Sender<SinkDone>,
     doorbell: Doorbell,
@@ -116,14 +120,14 @@ pub fn run(
         let t = Instant::now();
         let (verified, failure) = match kind {
             SinkKind::Discard => (false, None),
-            SinkKind::Compute => match compute(&*uploader, &job) {
+            SinkKind::Compute => match compute(&*uploader, &layout, &job) {
                 Ok(()) => (false, None),
                 Err(e) => (
                     false,
                     Some(format!("compute kernel failed on seq {}: {e}", job.seq)),
                 ),
             },
-            SinkKind::Verify => match verify(&*uploader, &synthetic, &job, &mut scratch) {
+            SinkKind::Verify => match verify(&*uploader, &synthetic, &layout, &job, &mut scratch) {
                 Ok(()) => (true, None),
                 Err(msg) => (false, Some(msg)),
             },
@@ -146,70 +150,250 @@ pub fn run(
     }
 }
 
-fn compute(uploader: &dyn Uploader, job: &SinkJob) -> Result<(), pinring_backend::BackendError> {
+/// The first field of the batch (the images), in the device buffer and in the slot: it starts
+/// at offset 0 of both.
+fn first_field(layout: &BatchLayout, samples: usize) -> Option<FieldPlacement> {
+    layout.placements(samples as u64).into_iter().next()
+}
+
+fn compute(
+    uploader: &dyn Uploader,
+    layout: &BatchLayout,
+    job: &SinkJob,
+) -> Result<(), pinring_backend::BackendError> {
+    // Over the images: the first field, at offset 0 of the buffer and of the slot's payload.
+    let len = first_field(layout, job.samples.len()).map_or(0, |f| f.bytes as usize);
     match job.source {
-        Source::Buffer(b) => uploader.compute(b, job.len),
+        Source::Buffer(b) => uploader.compute(b, len),
         // SAFETY: the slot is registered with DEVICEMAP (zero-copy mode registers it so), it is
-        // UPLOADING and owned by this sink until SinkDone is sent, and `len` is the validated
-        // payload length inside the slot.
-        Source::Mapped { ptr, .. } => unsafe { uploader.compute_mapped(ptr.0, job.len) },
+        // UPLOADING and owned by this sink until SinkDone is sent, and `len` (the images chunk at
+        // the payload's start) is within the validated payload length inside the slot.
+        Source::Mapped { ptr, .. } => unsafe { uploader.compute_mapped(ptr.0, len) },
     }
 }
 
 fn verify(
     uploader: &dyn Uploader,
     synthetic: &Synthetic,
+    layout: &BatchLayout,
     job: &SinkJob,
     scratch: &mut Vec<u8>,
 ) -> Result<(), String> {
-    let expected_len = job.samples.len() * synthetic.sample_bytes();
+    let count = job.samples.len() as u64;
+    let expected_len = layout.payload_bytes(count) as usize;
     if job.len != expected_len {
         return Err(format!(
-            "seq {}: uploaded {} bytes, the plan says {} samples of {} bytes = {expected_len}",
-            job.seq,
-            job.len,
-            job.samples.len(),
-            synthetic.sample_bytes()
+            "seq {}: uploaded {} bytes, the plan says {count} samples of {} bytes (all fields) = \
+             {expected_len}",
+            job.seq, job.len, layout.record_bytes
         ));
     }
-    let checksum = |scratch: &mut Vec<u8>| -> Result<(), String> {
-        // Device memory elsewhere (or zero-copy): a position-sensitive checksum computed where
-        // the batch is, against the same checksum of the generator's bytes.
-        scratch.resize(expected_len, 0);
-        synthetic.fill_batch(&job.samples, scratch);
-        let want = pinring_backend::checksum::checksum(scratch);
-        let got = match job.source {
-            Source::Buffer(b) => uploader.checksum(b, job.len),
-            // SAFETY: as in `compute`: a DEVICEMAP-registered slot owned by this sink, `len`
-            // validated to lie inside it.
-            Source::Mapped { ptr, .. } => unsafe { uploader.checksum_mapped(ptr.0, job.len) },
-        }
-        .map_err(|e| format!("seq {}: device checksum failed: {e}", job.seq))?;
-        if got == want {
+    match job.source {
+        Source::Buffer(buffer) => {
+            for field in layout.placements(count) {
+                verify_field(uploader, synthetic, buffer, &field, job, scratch)?;
+            }
             Ok(())
-        } else {
-            Err(format!(
-                "seq {}: device copy checksum {got:#018x} differs from the generator's {want:#018x}",
-                job.seq
-            ))
         }
-    };
-    let Source::Buffer(buffer) = job.source else {
-        return checksum(scratch);
-    };
-    // Device memory the host can read: compare every byte directly.
+        Source::Mapped { ptr, .. } => {
+            // Zero-copy: the batch is read in its slot, field-major, through the mapped address.
+            // Its images chunk starts the payload (page aligned, as the checksum kernel needs);
+            // the labels chunk after it is not checked in this mode.
+            let Some(images) = first_field(layout, job.samples.len()) else {
+                return Ok(());
+            };
+            let len = images.bytes as usize;
+            scratch.resize(len, 0);
+            synthetic
+                .fill_field(&images.name, &job.samples, scratch)
+                .map_err(|e| format!("seq {}: {e}", job.seq))?;
+            let want = pinring_backend::checksum::checksum(scratch);
+            // SAFETY: as in `compute`: a DEVICEMAP-registered slot owned by this sink, and the
+            // images chunk lies at the start of the payload, whose validated length covers it.
+            let got = unsafe { uploader.checksum_mapped(ptr.0, len) }
+                .map_err(|e| format!("seq {}: device checksum failed: {e}", job.seq))?;
+            compare(job.seq, &images.name, got, want)
+        }
+    }
+}
+
+/// Checks one field's tensor in the device buffer: every byte where the host can read it, else
+/// a checksum computed on the device against the same checksum of the generator's bytes.
+fn verify_field(
+    uploader: &dyn Uploader,
+    synthetic: &Synthetic,
+    buffer: usize,
+    field: &FieldPlacement,
+    job: &SinkJob,
+    scratch: &mut Vec<u8>,
+) -> Result<(), String> {
+    let (seq, name) = (job.seq, &field.name);
+    let (offset, len) = (field.offset as usize, field.bytes as usize);
     let mut direct = None;
     let readable = uploader
-        .read_host(buffer, job.len, &mut |bytes| {
-            direct = Some(synthetic.verify_batch(&job.samples, bytes));
+        .read_host(buffer, offset, len, &mut |bytes| {
+            direct = Some(synthetic.verify_field(name, &job.samples, bytes));
         })
-        .map_err(|e| format!("seq {}: cannot read the device copy: {e}", job.seq))?;
+        .map_err(|e| format!("seq {seq}: cannot read the {name} field of the device copy: {e}"))?;
     if readable {
         return match direct {
             Some(Ok(())) => Ok(()),
-            Some(Err(e)) => Err(format!("seq {}: {e}", job.seq)),
-            None => Err(format!("seq {}: the device copy was not read", job.seq)),
+            Some(Err(e)) => Err(format!("seq {seq}: {name} field: {e}")),
+            None => Err(format!(
+                "seq {seq}: the {name} field of the device copy was not read"
+            )),
         };
     }
-    checksum(scratch)
+    scratch.resize(len, 0);
+    synthetic
+        .fill_field(name, &job.samples, scratch)
+        .map_err(|e| format!("seq {seq}: {e}"))?;
+    let want = pinring_backend::checksum::checksum(scratch);
+    let got = uploader
+        .checksum(buffer, offset, len)
+        .map_err(|e| format!("seq {seq}: device checksum of the {name} field failed: {e}"))?;
+    compare(seq, name, got, want)
+}
+
+fn compare(seq: u64, field: &str, got: u64, want: u64) -> Result<(), String> {
+    if got == want {
+        Ok(())
+    } else {
+        Err(format!(
+            "seq {seq}: device copy checksum of the {field} field {got:#018x} differs from the \
+             generator's {want:#018x}"
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pinring_backend::{HostUploader, UploadJob};
+    use pinring_data::{Config, Dtype};
+    use std::time::Duration;
+
+    /// 5 samples of 13 u8 per batch: images 65 bytes at 0, labels 40 bytes at 256.
+    fn config() -> Config {
+        let mut c = Config::default();
+        c.dataset.sample_shape = vec![13];
+        c.dataset.dtype = Dtype::U8;
+        c.plan.batch_size = 5;
+        c.validate().unwrap();
+        c
+    }
+
+    /// Uploads `samples` into buffer 0 as the daemon does, in parts of `spp` samples: each
+    /// part's field-major payload (made by `make`), one copy per field to its place.
+    fn upload(
+        up: &HostUploader,
+        layout: &BatchLayout,
+        samples: &[u64],
+        spp: usize,
+        make: &dyn Fn(&[u64], &mut [u8]),
+    ) {
+        for (j, part) in samples.chunks(spp).enumerate() {
+            let mut payload = vec![0u8; layout.payload_bytes(part.len() as u64) as usize];
+            make(part, &mut payload);
+            let copies: Vec<_> = layout
+                .part_copies(part.len() as u64, (j * spp) as u64)
+                .collect();
+            for c in &copies {
+                let job = UploadJob {
+                    tag: c.field as u64,
+                    src: payload[c.src_offset as usize..].as_ptr(),
+                    len: c.len as usize,
+                    buffer: 0,
+                    dst_offset: c.dst_offset as usize,
+                };
+                // SAFETY: `payload` lives until the completions below have arrived and is not
+                // written meanwhile; src_offset + len lies inside it (part_copies).
+                unsafe { up.submit(job) }.unwrap();
+            }
+            for _ in &copies {
+                let c = up
+                    .completions()
+                    .recv_timeout(Duration::from_secs(10))
+                    .unwrap();
+                c.result.unwrap();
+            }
+        }
+    }
+
+    fn job(layout: &BatchLayout, samples: &[u64]) -> SinkJob {
+        SinkJob {
+            seq: 3,
+            source: Source::Buffer(0),
+            buffer: 0,
+            len: layout.payload_bytes(samples.len() as u64) as usize,
+            samples: samples.to_vec(),
+        }
+    }
+
+    #[test]
+    fn verify_checks_every_field_of_the_device_copy() {
+        let c = config();
+        let (layout, synthetic) = (c.batch_layout(), c.synthetic());
+        assert_eq!(layout.fields[1].offset, 256);
+        let up = HostUploader::new(1, layout.total_bytes as usize).unwrap();
+        let good = |s: &[u64], out: &mut [u8]| synthetic.fill_part(s, out);
+        let mut scratch = Vec::new();
+        // A full batch in parts of 2, 2 and 1.
+        let samples = [40, 7, 1999, 3, 12];
+        upload(&up, &layout, &samples, 2, &good);
+        verify(
+            &up,
+            &synthetic,
+            &layout,
+            &job(&layout, &samples),
+            &mut scratch,
+        )
+        .unwrap();
+        // A tail batch of 3 in the same buffer: the same offsets, shorter tensors.
+        upload(&up, &layout, &samples[..3], 2, &good);
+        verify(
+            &up,
+            &synthetic,
+            &layout,
+            &job(&layout, &samples[..3]),
+            &mut scratch,
+        )
+        .unwrap();
+        // The wrong length for the plan's samples.
+        let mut short = job(&layout, &samples);
+        short.len -= 8;
+        let e = verify(&up, &synthetic, &layout, &short, &mut scratch).unwrap_err();
+        assert!(e.contains("all fields"), "{e}");
+        // One wrong label: caught, and named.
+        let bad_label = |s: &[u64], out: &mut [u8]| {
+            synthetic.fill_part(s, out);
+            let last = out.len() - 1;
+            out[last] ^= 0x40;
+        };
+        upload(&up, &layout, &samples, 2, &bad_label);
+        let e = verify(
+            &up,
+            &synthetic,
+            &layout,
+            &job(&layout, &samples),
+            &mut scratch,
+        )
+        .unwrap_err();
+        assert!(e.contains("seq 3") && e.contains("labels field"), "{e}");
+        // A payload whose bytes sit 8 bytes out of place: caught in the images.
+        let swapped = |s: &[u64], out: &mut [u8]| {
+            synthetic.fill_part(s, out);
+            out.rotate_left(8);
+        };
+        upload(&up, &layout, &samples, 5, &swapped);
+        let e = verify(
+            &up,
+            &synthetic,
+            &layout,
+            &job(&layout, &samples),
+            &mut scratch,
+        )
+        .unwrap_err();
+        assert!(e.contains("images field"), "{e}");
+    }
 }

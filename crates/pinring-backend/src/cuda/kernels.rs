@@ -168,30 +168,40 @@ impl CudaUploader {
         call: &'static str,
         what: &str,
         buffer: usize,
+        offset: usize,
         len: usize,
         e: DriverError,
     ) -> BackendError {
         cuda_error(
             call,
             format!(
-                "{what} over {len} bytes of device buffer {buffer} on device {}",
+                "{what} over {len} bytes at offset {offset} of device buffer {buffer} on device {}",
                 self.device
             ),
             e.0,
         )
     }
 
-    /// [`crate::Uploader::checksum`] over device buffer `buffer`.
-    pub(super) fn checksum_buffer(&self, buffer: usize, len: usize) -> Result<u64, BackendError> {
+    /// [`crate::Uploader::checksum`] over bytes `offset..offset + len` of device buffer `buffer`
+    /// (`offset` a multiple of 8, checked by the caller).
+    pub(super) fn checksum_buffer(
+        &self,
+        buffer: usize,
+        offset: usize,
+        len: usize,
+    ) -> Result<u64, BackendError> {
         // Held until we return, which is after the kernel and the read-back have been waited for.
-        let (buf, _reading) = self.begin_read("checksum", buffer, len)?;
-        let err = |call, e| self.kernel_error(call, "checksum", buffer, len, e);
-        // SAFETY: `buf` is a live device allocation of at least `len` bytes (checked), borrowed
-        // for the whole call. It is held as a reader with no upload pending (uploader docs), so
-        // no copy into it runs until this returns.
+        let (buf, _reading) = self.begin_read("checksum", buffer, offset, len)?;
+        let err = |call, e| self.kernel_error(call, "checksum", buffer, offset, len, e);
+        let end = offset + len; // checked by begin_read: no overflow, inside the buffer
+                                // SAFETY: `buf` is a live device allocation holding bytes offset..offset + len (checked),
+                                // borrowed for the whole call, and the span starts at a multiple of 8 bytes from the
+                                // allocation's start (the caller checked the offset), so the kernel's 8-byte loads are
+                                // aligned. It is held as a reader with no upload pending (uploader docs), so no copy
+                                // into it runs until this returns.
         unsafe {
-            self.checksum_span(buf.span(len), len, &err, &mut |last, st| {
-                let tail = buf.slice().slice(len - last.len()..len);
+            self.checksum_span(buf.span(offset, len), len, &err, &mut |last, st| {
+                let tail = buf.slice().slice(end - last.len()..end);
                 read_back(&self.kernel_stream, &tail, last, &st.done)
             })
         }
@@ -200,11 +210,11 @@ impl CudaUploader {
     /// [`crate::Uploader::compute`] over device buffer `buffer`.
     pub(super) fn compute_buffer(&self, buffer: usize, len: usize) -> Result<(), BackendError> {
         // Held until we return, which is after the kernel has been waited for.
-        let (buf, _reading) = self.begin_read("compute", buffer, len)?;
-        let err = |call, e| self.kernel_error(call, "sin kernel", buffer, len, e);
+        let (buf, _reading) = self.begin_read("compute", buffer, 0, len)?;
+        let err = |call, e| self.kernel_error(call, "sin kernel", buffer, 0, len, e);
         // SAFETY: as in `checksum_buffer`: a live allocation of at least `len` bytes, borrowed
         // for the call and held as a reader, so no copy into it runs until this returns.
-        unsafe { self.sin_span(buf.span(len), len, &err) }
+        unsafe { self.sin_span(buf.span(0, len), len, &err) }
     }
 
     /// The checksum kernel over the whole words of `span[..len]`, plus the partial last word,

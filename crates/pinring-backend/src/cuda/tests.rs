@@ -92,7 +92,7 @@ fn gpu_smoke() {
                         .unwrap();
                     assert_eq!((c.tag, c.buffer, c.len), (t, buffer, len));
                     c.result.unwrap();
-                    let got = up.checksum(buffer, len).unwrap();
+                    let got = up.checksum(buffer, 0, len).unwrap();
                     let want = checksum(&content_ref[off..off + len]);
                     assert_eq!(got, want, "tag {t} len {len}");
                     println!(
@@ -113,7 +113,7 @@ fn gpu_smoke() {
             // SAFETY: `plain` outlives the completion received next.
             unsafe { up.submit(job) }.unwrap();
             // Busy check races with the copy; either answer is fine, it must not be wrong.
-            match up.checksum(1, plain.len()) {
+            match up.checksum(1, 0, plain.len()) {
                 Err(BackendError::BufferBusy { .. }) => println!("busy while in flight: ok"),
                 other => println!("checksum right after submit: {other:?}"),
             }
@@ -123,7 +123,7 @@ fn gpu_smoke() {
                 .unwrap();
             assert_eq!(c.tag, 999);
             c.result.unwrap();
-            assert_eq!(up.checksum(1, plain.len()).unwrap(), checksum(&plain));
+            assert_eq!(up.checksum(1, 0, plain.len()).unwrap(), checksum(&plain));
         });
     });
     drop(up);
@@ -149,7 +149,7 @@ fn gpu_smoke() {
         .unwrap()
         .result
         .unwrap();
-    assert_eq!(cu.checksum(0, bytes.len()).unwrap(), checksum(&bytes));
+    assert_eq!(cu.checksum(0, 0, bytes.len()).unwrap(), checksum(&bytes));
     cu.compute(0, bytes.len()).unwrap();
     let mut back = vec![0u8; bytes.len()];
     {
@@ -191,7 +191,7 @@ fn a_buffer_being_read_refuses_uploads() {
     };
     {
         // What `checksum` and `compute` hold while their kernel runs.
-        let (_, reading) = up.begin_read("checksum", 0, src.len()).unwrap();
+        let (_, reading) = up.begin_read("checksum", 0, 0, src.len()).unwrap();
         // SAFETY: refused before any copy is enqueued (the buffer is being read).
         let err = unsafe { up.submit(job) }.unwrap_err();
         assert!(matches!(err, BackendError::BufferBusy { .. }), "{err}");
@@ -206,20 +206,20 @@ fn a_buffer_being_read_refuses_uploads() {
         .recv_timeout(Duration::from_secs(30))
         .unwrap();
     c.result.unwrap();
-    assert_eq!(up.checksum(0, src.len()).unwrap(), checksum(&src));
+    assert_eq!(up.checksum(0, 0, src.len()).unwrap(), checksum(&src));
 
     // The other way round, deterministically: with an upload pending (as `submit` leaves it
     // until the completion thread has seen the copy finish) both readers are refused.
     up.guards.begin_upload(0).unwrap();
     for r in [
-        up.checksum(0, src.len()).map(|_| ()),
+        up.checksum(0, 0, src.len()).map(|_| ()),
         up.compute(0, src.len()),
     ] {
         let err = r.unwrap_err();
         assert!(matches!(err, BackendError::BufferBusy { .. }), "{err}");
     }
     up.guards.end_upload(0);
-    assert_eq!(up.checksum(0, src.len()).unwrap(), checksum(&src));
+    assert_eq!(up.checksum(0, 0, src.len()).unwrap(), checksum(&src));
 }
 
 #[test]
@@ -262,6 +262,15 @@ fn cudarc_context_is_set_up_as_documented() {
         .recv_timeout(Duration::from_secs(30))
         .unwrap();
     c.result.unwrap();
-    assert_eq!(up.checksum(1, data.len()).unwrap(), checksum(&data));
-    assert_eq!(up.checksum(1, 13).unwrap(), checksum(&data[..13]));
+    assert_eq!(up.checksum(1, 0, data.len()).unwrap(), checksum(&data));
+    assert_eq!(up.checksum(1, 0, 13).unwrap(), checksum(&data[..13]));
+    // A range inside the buffer (a field of a batch): its own checksum, partial last word too.
+    assert_eq!(
+        up.checksum(1, 256, 1003).unwrap(),
+        checksum(&data[256..1259])
+    );
+    assert_eq!(up.checksum(1, 4088, 8).unwrap(), checksum(&data[4088..]));
+    // Unaligned or past the end: refused before any kernel runs.
+    assert!(up.checksum(1, 4, 8).is_err());
+    assert!(up.checksum(1, 4088, 16).is_err());
 }

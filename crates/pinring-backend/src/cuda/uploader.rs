@@ -26,7 +26,7 @@ use super::kernels::{KernelState, Span};
 use super::{gib, raw, ChunkTable, CudaBackend};
 use crate::error::cuda_error;
 use crate::guard::{check_job, Guards, Reading};
-use crate::host::check_range;
+use crate::host::{check_checksum_offset, check_range};
 use crate::{BackendError, Completion, UploadJob, Uploader};
 
 /// Upload engine of the CUDA backend.
@@ -144,16 +144,24 @@ impl CudaUploader {
         self.buffers.get(buffer).map(|b| b.ptr())
     }
 
-    /// Starts a read of the first `len` bytes of device buffer `buffer`: checks them, then takes
-    /// the buffer as a reader (`BufferBusy` while an upload into it is pending; module docs).
-    /// The read lasts until the returned [`Reading`] is dropped.
+    /// Starts a read of bytes `offset..offset + len` of device buffer `buffer`: checks them,
+    /// then takes the buffer as a reader (`BufferBusy` while an upload into it is pending;
+    /// module docs). The read lasts until the returned [`Reading`] is dropped.
     pub(super) fn begin_read(
         &self,
         call: &'static str,
         buffer: usize,
+        offset: usize,
         len: usize,
     ) -> Result<(&DeviceBuffer, Reading<'_>), BackendError> {
-        check_range(call, buffer, len, self.buffers.len(), self.buffer_bytes)?;
+        check_range(
+            call,
+            buffer,
+            offset,
+            len,
+            self.buffers.len(),
+            self.buffer_bytes,
+        )?;
         let reading = self.guards.begin_read(call, buffer)?;
         Ok((&self.buffers[buffer], reading))
     }
@@ -196,18 +204,20 @@ impl DeviceBuffer {
         self.ptr
     }
 
-    /// The first `len` bytes as a kernel's [`Span`].
+    /// Bytes `offset..offset + len` as a kernel's [`Span`].
     ///
     /// # Panics
-    /// If `len` exceeds the buffer.
-    pub(super) fn span(&self, len: usize) -> Span {
+    /// If the range passes the buffer's end.
+    pub(super) fn span(&self, offset: usize, len: usize) -> Span {
         assert!(
-            len <= self.slice.len(),
-            "span of {len} bytes of a {}-byte device buffer",
+            offset
+                .checked_add(len)
+                .is_some_and(|end| end <= self.slice.len()),
+            "span of {len} bytes at offset {offset} of a {}-byte device buffer",
             self.slice.len()
         );
         Span {
-            ptr: self.ptr,
+            ptr: self.ptr + offset as u64,
             bytes: len,
         }
     }
@@ -346,6 +356,7 @@ impl Uploader for CudaUploader {
     fn read_host(
         &self,
         _buffer: usize,
+        _offset: usize,
         _len: usize,
         _f: &mut dyn FnMut(&[u8]),
     ) -> Result<bool, BackendError> {
@@ -354,8 +365,9 @@ impl Uploader for CudaUploader {
         Ok(false)
     }
 
-    fn checksum(&self, buffer: usize, len: usize) -> Result<u64, BackendError> {
-        self.checksum_buffer(buffer, len)
+    fn checksum(&self, buffer: usize, offset: usize, len: usize) -> Result<u64, BackendError> {
+        check_checksum_offset(buffer, offset)?;
+        self.checksum_buffer(buffer, offset, len)
     }
 
     fn compute(&self, buffer: usize, len: usize) -> Result<(), BackendError> {

@@ -1,14 +1,26 @@
 //! The data path: take READY slots (in seq order, or any when unordered), check them against the
-//! daemon's own plan, submit their uploads, collect completions, feed the sink, and count what
-//! the sink delivered.
+//! daemon's own plan, submit their uploads (one per field of the part: each field's chunk to its
+//! place in the batch's device buffer), collect completions, feed the sink, and count what the
+//! sink delivered.
 
-use super::{Assembly, Daemon, DaemonError};
+use super::{Assembly, Daemon, DaemonError, InFlight};
 use crate::sink::{self, SinkDone, SinkJob, SinkKind};
 use crossbeam_channel::TryRecvError;
 use pinring_backend::UploadJob;
 use pinring_data::BatchMeta;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
+
+/// The tag of the upload of field `field` of the part in `slot`: the slot in the low 32 bits,
+/// the field above, so the jobs of one slot are told apart.
+pub(super) fn upload_tag(slot: u32, field: usize) -> u64 {
+    u64::from(slot) | (field as u64) << 32
+}
+
+/// The slot and field of an upload tag ([`upload_tag`]).
+fn tag_parts(tag: u64) -> (u32, u64) {
+    (tag as u32, tag >> 32)
+}
 
 impl Daemon {
     /// Upload completions: free the slot (next seq), pass the buffer to the sink.
@@ -29,18 +41,36 @@ impl Daemon {
                 }
             };
             progressed = true;
-            let slot = c.tag as u32;
-            let (seq, batch, len, commit_ns) =
-                self.inflight
-                    .remove(&c.tag)
-                    .ok_or_else(|| DaemonError::Internal {
-                        ring: self.cfg.ring.name.clone(),
-                        what: format!("completion for slot {slot} that had no upload in flight"),
-                    })?;
+            let (slot, field) = tag_parts(c.tag);
+            let Some(part) = self.inflight.get_mut(&slot) else {
+                return Err(DaemonError::Internal {
+                    ring: self.cfg.ring.name.clone(),
+                    what: format!(
+                        "completion for field {field} of slot {slot}, which had no upload in flight"
+                    ),
+                });
+            };
             c.result?;
+            // Completions arrive in submission order: the first one of a part is its first job's.
+            let first_submitted = *part.submitted.get_or_insert(c.submitted);
+            part.jobs_left = part.jobs_left.saturating_sub(1);
+            if part.jobs_left > 0 {
+                // Another field of the part is still on its way: the slot stays UPLOADING.
+                continue;
+            }
+            let Some(InFlight {
+                seq,
+                batch,
+                len,
+                commit_ns,
+                ..
+            }) = self.inflight.remove(&slot)
+            else {
+                continue;
+            };
             let upload_ns = c
                 .completed
-                .saturating_duration_since(c.submitted)
+                .saturating_duration_since(first_submitted)
                 .as_nanos() as u64;
             self.ring.header().upload_ns.fetch_add(upload_ns, Relaxed);
             // When the batch was on the device, on the clock loaders stamp commits with.
@@ -49,7 +79,7 @@ impl Daemon {
             self.record_latency(commit_ns, on_device_ns);
             self.service
                 .upload_done(&self.ring, slot, upload_ns, commit_ns, on_device_ns);
-            // (D): the upload has finished reading the slot; hand it out again.
+            // (D): every upload of the part has finished reading the slot; hand it out again.
             self.hand_out(slot);
             freed += 1;
             tracing::trace!(ring = %self.cfg.ring.name, seq, batch, len, "part on the device");
@@ -221,7 +251,9 @@ impl Daemon {
                 samples,
             };
             let meta_ok = BatchMeta::decode(&self.meta_buf, self.cfg.meta_reserve_bytes() as usize)
-                .and_then(|m| m.validate_against(&expected, self.cfg.sample_bytes()));
+                .and_then(|m| {
+                    m.validate_against(&expected, self.cfg.sample_bytes(), self.layout.record_bytes)
+                });
             if let Err(e) = meta_ok {
                 self.spare_samples.push(expected.samples);
                 self.bad_batch(
@@ -233,7 +265,9 @@ impl Daemon {
                 continue;
             }
             let samples = expected.samples;
-            let expected_len = samples.len() as u64 * self.cfg.sample_bytes();
+            let count = samples.len() as u64;
+            // Every field of every sample, field-major.
+            let expected_len = self.layout.payload_bytes(count);
             if taken.payload_len != expected_len {
                 let what = format!(
                     "slot {slot}, seq {seq}: payload is {} bytes, the plan says {expected_len}",
@@ -244,7 +278,6 @@ impl Daemon {
                 progressed = true;
                 continue;
             }
-            let sample_bytes = self.cfg.sample_bytes();
             let buffer = match self.assembling.get(&part.batch) {
                 Some(a) => a.buffer,
                 None => {
@@ -258,7 +291,7 @@ impl Daemon {
                                 what: format!("plan has no batch {}: {e}", part.batch),
                             }
                         })?;
-                        let len = (part.batch_samples * sample_bytes) as usize;
+                        let len = self.layout.payload_bytes(part.batch_samples) as usize;
                         self.assembling.insert(
                             part.batch,
                             Assembly {
@@ -303,7 +336,7 @@ impl Daemon {
             }
             if self.parts == 1 {
                 // The part is the whole batch: its sample ids are the batch's.
-                let len = (part.batch_samples * sample_bytes) as usize;
+                let len = self.layout.payload_bytes(part.batch_samples) as usize;
                 self.assembling.insert(
                     part.batch,
                     Assembly {
@@ -316,19 +349,37 @@ impl Daemon {
             } else {
                 self.spare_samples.push(samples);
             }
-            self.inflight
-                .insert(u64::from(slot), (seq, part.batch, len, taken.commit_ns));
-            let job = UploadJob {
-                tag: u64::from(slot),
-                src: self.ring.slot_ptr(slot),
-                len,
-                buffer,
-                dst_offset: part.byte_offset(sample_bytes) as usize,
-            };
-            // SAFETY: the slot is UPLOADING, owned by this loop: no loader may claim it until
-            // `hand_out` runs for it, which happens only after this job's completion arrives.
-            // The mapping outlives the uploader (the ring Arc is held by self and the sink's doorbell).
-            unsafe { self.uploader.submit(job) }?;
+            self.inflight.insert(
+                slot,
+                InFlight {
+                    seq,
+                    batch: part.batch,
+                    len,
+                    commit_ns: taken.commit_ns,
+                    jobs_left: self.layout.fields.len(),
+                    submitted: None,
+                },
+            );
+            // One copy per field: the part's chunk of the field (its samples' values of it,
+            // contiguous in the slot) to where those samples' values go in the field's tensor.
+            let base = self.ring.slot_ptr(slot);
+            for copy in self.layout.part_copies(count, part.first_in_batch) {
+                let job = UploadJob {
+                    tag: upload_tag(slot, copy.field),
+                    // Inside the slot: the chunks together are the payload, whose length was
+                    // checked against the slot when it was taken and against the plan above.
+                    src: base.wrapping_add(copy.src_offset as usize),
+                    len: copy.len as usize,
+                    buffer,
+                    dst_offset: copy.dst_offset as usize,
+                };
+                // SAFETY: the slot is UPLOADING, owned by this loop: no loader may claim it until
+                // `hand_out` runs for it, which happens only after the completions of all its
+                // jobs have arrived. The job's source lies inside the slot's payload (above). The
+                // mapping outlives the uploader (the ring Arc is held by self and the sink's
+                // doorbell).
+                unsafe { self.uploader.submit(job) }?;
+            }
         }
         Ok(progressed)
     }
@@ -337,5 +388,22 @@ impl Daemon {
         if commit_ns != 0 && on_device_ns >= commit_ns {
             self.latencies.record_us((on_device_ns - commit_ns) / 1000);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn upload_tags_tell_the_fields_of_one_slot_apart() {
+        for slot in [0, 1, 4095, u32::MAX] {
+            for field in [0, 1, 7] {
+                assert_eq!(tag_parts(upload_tag(slot, field)), (slot, field as u64));
+            }
+        }
+        assert_ne!(upload_tag(3, 0), upload_tag(3, 1));
+        // Field 0's tag is the slot alone, as before fields.
+        assert_eq!(upload_tag(3, 0), 3);
     }
 }

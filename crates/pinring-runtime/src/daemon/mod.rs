@@ -19,7 +19,7 @@ use crate::sink::{SinkDone, SinkJob, SinkKind};
 use crate::summary::Summary;
 use crossbeam_channel::Receiver;
 use pinring_backend::{Completion, Uploader};
-use pinring_data::{Config, Plan};
+use pinring_data::{BatchLayout, Config, Plan};
 use pinring_ring::{ring_state, Ring, RingError};
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering::{Acquire, Relaxed};
@@ -191,7 +191,24 @@ pub fn run(args: &DaemonArgs, shutdown: &Shutdown) -> Outcome {
     }
 }
 
-/// A batch whose parts are being uploaded into one device buffer, each at its offset.
+/// A part whose uploads (one per field of the batch layout) are in flight.
+struct InFlight {
+    /// The part's seq.
+    seq: u64,
+    /// The batch it belongs to.
+    batch: u64,
+    /// Payload bytes of the part (all fields).
+    len: usize,
+    /// When the loader committed it.
+    commit_ns: u64,
+    /// Upload jobs of the part not completed yet; the slot is handed out again at 0.
+    jobs_left: usize,
+    /// When the part's first job was submitted (taken from its completion).
+    submitted: Option<Instant>,
+}
+
+/// A batch whose parts are being uploaded into one device buffer, each field of each part at
+/// its offset.
 struct Assembly {
     /// The batch's device buffer.
     buffer: usize,
@@ -199,7 +216,7 @@ struct Assembly {
     landed: u64,
     /// The whole batch's sample ids, from the daemon's plan.
     samples: Vec<u64>,
-    /// The whole batch's payload bytes.
+    /// The whole batch's payload bytes (all fields).
     len: usize,
 }
 
@@ -216,6 +233,8 @@ struct Daemon {
     backend_name: String,
     backend_reason: String,
     plan: Plan,
+    /// Where each field of a batch goes in its device buffer.
+    layout: BatchLayout,
     service: crate::service::DaemonService,
     completions: Receiver<Completion>,
     sink_tx: Option<crossbeam_channel::Sender<SinkJob>>,
@@ -224,8 +243,9 @@ struct Daemon {
     // Protocol state, owned by the main loop.
     /// Which seq each slot carries, what comes next, what was delivered (daemon/sequencer.rs).
     sequencer: Sequencer,
-    /// Uploads in flight: tag (slot) -> (seq, batch, length, commit time).
-    inflight: BTreeMap<u64, (u64, u64, usize, u64)>,
+    /// Parts whose uploads are in flight, by slot (an upload's tag is its slot and field,
+    /// `dispatch::upload_tag`).
+    inflight: BTreeMap<u32, InFlight>,
     /// Parts (seqs) per batch.
     parts: u64,
     /// Batches with parts on their way to the device, by batch number.

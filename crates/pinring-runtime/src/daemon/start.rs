@@ -98,10 +98,12 @@ impl Daemon {
         if let Some(r) = &registration {
             tracing::info!(ring = %cfg.ring.name, bytes = r.bytes(), seconds = r.seconds(), registered = r.registered(), "ring memory registered");
         }
-        // One device buffer per batch, sized for a whole batch (its parts land at their offsets).
+        // One device buffer per batch, sized for a whole batch: each field one tensor at its
+        // aligned offset, where the parts' chunks of that field land.
         // Enough buffers to keep the copy engine busy while completions travel back: with small
         // batches, a handful of uploads in flight drain faster than a completion round trip.
-        let buffer_bytes = cfg.batch_payload_bytes_max().max(1);
+        let layout = cfg.batch_layout();
+        let buffer_bytes = layout.total_bytes.max(1);
         let buffers = args
             .upload_buffers
             .unwrap_or_else(|| default_upload_buffers(buffer_bytes))
@@ -127,11 +129,12 @@ impl Daemon {
         let sink_thread = {
             let up = Arc::clone(&uploader);
             let synth = cfg.synthetic();
+            let fields = layout.clone();
             let kind = args.sink;
             let bell = doorbell.clone();
             std::thread::Builder::new()
                 .name("sink".into())
-                .spawn(move || sink::run(kind, up, synth, sink_jobs, sink_done_tx, bell))
+                .spawn(move || sink::run(kind, up, synth, fields, sink_jobs, sink_done_tx, bell))
                 .map_err(|e| DaemonError::Internal {
                     ring: cfg.ring.name.clone(),
                     what: format!("cannot start the sink thread: {e}"),
@@ -144,6 +147,7 @@ impl Daemon {
             backend_name: selected.backend.name().to_string(),
             backend_reason: selected.reason.clone(),
             plan,
+            layout,
             uploader,
             service,
             registration,
