@@ -40,9 +40,10 @@ pub const META_RESERVE_ALIGN: u64 = 64;
 /// Slots in a ring whose `ring.slots` is unset and whose `ring.slot_bytes` is explicit (or not
 /// yet resolved, [`Config::resolve_auto`]).
 pub const DEFAULT_SLOTS: u32 = 16;
-/// `"auto"`: the most payload of one part (4 MiB; a payload holds every field of its samples,
-/// [`Config::record_bytes`]). A batch of at most this much goes whole into one slot; a larger one
-/// is cut into parts of the most whole samples whose payload fits it (at least one sample). Slots
+/// `"auto"`: the most bytes of a part's largest field (4 MiB). A batch whose largest field is at
+/// most this much goes whole into one slot; a larger one is cut into parts of the most whole
+/// samples whose largest field fits it (at least one sample). Small fields (labels: 8 bytes a
+/// sample) ride along in the same slot, so 4 samples of 1 MiB stay one 4 MiB part, not 3. Copies
 /// of 1-4 MiB are where the copy engine is fastest.
 pub const AUTO_PART_PAYLOAD_BYTES: u64 = 4 << 20;
 /// `"auto"`: the largest ring (data area) it aims for, 128 MiB.
@@ -67,9 +68,10 @@ name = "default"
 # unknown; at least 16 slots); with an explicit slot_bytes, 16.
 # slots = 16
 # Bytes per slot: "auto" or a size such as "16MiB" / 16777216. "auto": a
-# batch of at most 4 MiB payload goes whole into one slot (payload +
-# metadata reserve, rounded up to 4096); a larger batch is cut into parts
-# of the most whole samples whose payload fits 4 MiB. The daemon resolves
+# batch whose largest field (images) is at most 4 MiB goes whole into one
+# slot (payload + metadata reserve, rounded up to 4096); a larger batch is
+# cut into parts of the most whole samples whose largest field fits 4 MiB
+# (labels ride along). The daemon resolves
 # "auto" at start and publishes the slot size in the ring; loaders with
 # "auto" adopt it. An explicit size must be a multiple of 4096, at most
 # 1 GiB, and hold at least one sample with its metadata. A batch that does
@@ -911,8 +913,9 @@ impl Config {
     /// How batches are cut into parts, one part per slot.
     ///
     /// The slot holds as many samples as fit, each with all its fields ([`Config::record_bytes`]):
-    /// with `"auto"`, the whole batch when its payload is at most [`AUTO_PART_PAYLOAD_BYTES`]
-    /// (4 MiB), else the most whole samples whose payload fits that (at least one); with an explicit `ring.slot_bytes`, as many as fit it with
+    /// with `"auto"`, the whole batch when its largest field is at most
+    /// [`AUTO_PART_PAYLOAD_BYTES`] (4 MiB), else the most whole samples whose largest field fits
+    /// that (at least one); with an explicit `ring.slot_bytes`, as many as fit it with
     /// their metadata reserve. With `P = ceil(batch_size / that)` parts per batch, each part gets
     /// `ceil(batch_size / P)` samples, so the parts of a batch are as even as whole samples
     /// allow. `"auto"` then sizes the slot for one such part with its metadata reserve (rounded
@@ -924,7 +927,13 @@ impl Config {
         let bs = self.plan.batch_size.max(1);
         let most = match self.ring.slot_bytes {
             SlotBytes::Auto => {
-                let fit = AUTO_PART_PAYLOAD_BYTES / self.record_bytes().max(1);
+                let largest = self
+                    .fields()
+                    .iter()
+                    .map(|f| f.sample_bytes())
+                    .max()
+                    .unwrap_or(1);
+                let fit = AUTO_PART_PAYLOAD_BYTES / largest.max(1);
                 u32::try_from(fit).unwrap_or(u32::MAX).clamp(1, bs)
             }
             SlotBytes::Fixed(b) => self.max_samples_in(b.0).max(1),
@@ -1407,15 +1416,15 @@ mod tests {
     }
 
     #[test]
-    fn auto_cuts_a_batch_over_4_mib_into_parts_of_at_most_4_mib_payload() {
-        // 100000 samples of 64 KiB and an 8-byte label: 63 samples at most per part (64 of them
-        // are 512 bytes over 4 MiB).
+    fn auto_cuts_a_batch_over_4_mib_into_parts_of_at_most_4_mib_of_images() {
+        // 100000 samples of 64 KiB images and an 8-byte label: 64 samples at most per part (their
+        // images are 4 MiB; the labels ride along).
         let mut c = Config::default();
         c.plan.batch_size = 100_000;
         let (spp, parts, slot) = layout(&c);
-        assert_eq!(parts, 100_000u32.div_ceil(63));
+        assert_eq!(parts, 100_000u32.div_ceil(64));
         assert_eq!(spp, 100_000u32.div_ceil(parts));
-        assert!(u64::from(spp) * c.record_bytes() <= AUTO_PART_PAYLOAD_BYTES);
+        assert!(u64::from(spp) * c.sample_bytes() <= AUTO_PART_PAYLOAD_BYTES);
         assert!(slot % SLOT_ALIGN == 0);
         assert_eq!(slot, round_up(c.part_need(spp), SLOT_ALIGN));
         assert!(u64::from(spp) * u64::from(parts) >= 100_000);
@@ -1442,12 +1451,12 @@ mod tests {
         assert_eq!(c.parts_per_batch(), 1);
         assert_eq!(a.target_bytes, 128 * MIB);
         assert_eq!(a.slots, 64, "128 MiB / (2 MiB + 4 KiB), rounded");
-        // Exactly 4 MiB of payload (images and labels) is still one part.
-        let c = sized(4, MIB as u32 - 8);
-        assert_eq!(c.batch_payload_bytes_max(), 4 * MIB);
+        // 4 MiB of images (and 32 bytes of labels) is still one part.
+        let c = sized(4, MIB as u32);
+        assert_eq!(c.batch_payload_bytes_max(), 4 * MIB + 32);
         assert_eq!(layout(&c), (4, 1, 4 * MIB + 4096));
-        // 32 bytes more is two parts.
-        let c2 = sized(4, MIB as u32);
+        // One byte more a sample is two parts.
+        let c2 = sized(4, MIB as u32 + 1);
         assert_eq!(layout(&c2), (2, 2, 2 * MIB + 4096));
         // A small cache: target cache / 2, and never fewer than 16 slots.
         let a = c.auto_ring(Some(32 * MIB));
@@ -1455,24 +1464,24 @@ mod tests {
     }
 
     #[test]
-    fn auto_cuts_the_seed_workload_into_11_parts_of_3_samples() {
-        // 32 MiB batches of 32 x 1 MiB samples on a host with a 300 MiB L3. Four samples with
-        // their labels are 32 bytes over 4 MiB, so a part holds three.
+    fn auto_cuts_the_seed_workload_into_8_parts_of_4_samples() {
+        // 32 MiB batches of 32 x 1 MiB samples on a host with a 300 MiB L3: four samples' images
+        // are 4 MiB, and their labels ride along in the same slot.
         let mut c = sized(32, MIB as u32);
         let a = c.auto_ring(Some(300 * MIB));
-        assert_eq!(layout(&c), (3, 11, 3 * MIB + 4096));
-        assert_eq!(a.slot_bytes, 3 * MIB + 4096);
-        assert_eq!(a.slots, 43, "128 MiB / (3 MiB + 4 KiB), rounded");
+        assert_eq!(layout(&c), (4, 8, 4 * MIB + 4096));
+        assert_eq!(a.slot_bytes, 4 * MIB + 4096);
+        assert_eq!(a.slots, 32, "128 MiB / (4 MiB + 4 KiB), rounded");
         assert_eq!(a.target_bytes, 128 * MIB);
         let fp = c.fingerprint();
         let r = c.resolve_auto(Some(300 * MIB));
         assert_eq!(r, a);
         assert_eq!(
             c.ring.slot_bytes,
-            SlotBytes::Fixed(ByteSize(3 * MIB + 4096))
+            SlotBytes::Fixed(ByteSize(4 * MIB + 4096))
         );
-        assert_eq!(c.ring.slots, Some(43));
-        assert_eq!(layout(&c), (3, 11, 3 * MIB + 4096));
+        assert_eq!(c.ring.slots, Some(32));
+        assert_eq!(layout(&c), (4, 8, 4 * MIB + 4096));
         assert_eq!(c.fingerprint(), fp, "resolving keeps the fingerprint");
         c.validate().unwrap();
         assert!(c.ring_bytes() <= 150 * MIB);
