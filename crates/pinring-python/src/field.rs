@@ -7,6 +7,7 @@
 //! valid until the field and every array or tensor made from it are gone, in whatever order that
 //! happens.
 
+use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
 
@@ -25,7 +26,7 @@ pub const MAX_NDIM: usize = 64;
 /// The field and every capsule made from it hold an `Arc` of the owner; it is dropped when the
 /// last of them is gone, which may be on any thread and without the GIL (a consumer calls a
 /// DLPack deleter wherever it frees its tensor). Its `Drop` must not need the GIL.
-pub trait FieldOwner: Send + Sync + 'static {
+pub trait FieldOwner: Any + Send + Sync {
     /// Called by `__dlpack__` before the capsule is made, with the consumer's stream as DLPack
     /// passes it: `None` when the consumer gave none (for CUDA: the legacy default stream, per
     /// the DLPack specification), `Some(s)` for stream handle `s` (for CUDA, 1 is the legacy
