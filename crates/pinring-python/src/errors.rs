@@ -1,0 +1,239 @@
+//! pinring's exceptions: one class per exit code of the binaries (README, "Exit codes";
+//! `pinring_runtime::Exit`), all under `pinring.PinringError`, each carrying pinring's own
+//! message. The class attributes `exit_code` and `exit_name` say which code it stands for, so a
+//! Python program can `sys.exit(e.exit_code)` as the binaries would.
+//!
+//! Rust code turns the workspace's errors into them with [`ToPyErr::to_pyerr`] (or
+//! [`OrRaise::or_raise`] on a `Result`), and an exit code with a message of its own with
+//! [`exit_error`].
+
+use pinring_runtime::Exit;
+use pyo3::exceptions::PyException;
+use pyo3::prelude::*;
+use pyo3::types::PyType;
+
+pyo3::create_exception!(
+    pinring,
+    PinringError,
+    PyException,
+    "Base class of pinring's errors; `exit_code` and `exit_name` say which exit code of the \
+     pinring binaries it corresponds to."
+);
+pyo3::create_exception!(
+    pinring,
+    InternalError,
+    PinringError,
+    "An unexpected internal error: a bug (exit code 1)."
+);
+pyo3::create_exception!(
+    pinring,
+    UsageError,
+    PinringError,
+    "A bad argument (exit code 2)."
+);
+pyo3::create_exception!(
+    pinring,
+    ConfigError,
+    PinringError,
+    "A bad config: syntax, unknown key, value out of range (exit code 3)."
+);
+pyo3::create_exception!(
+    pinring,
+    RingError,
+    PinringError,
+    "A ring or segment error: missing, corrupt, other layout version, truncated, permission \
+     denied, or a slot holding something that must not be used (exit code 4)."
+);
+pyo3::create_exception!(
+    pinring,
+    PeerDied,
+    PinringError,
+    "A peer died: the ring's daemon is gone (exit code 5)."
+);
+pyo3::create_exception!(
+    pinring,
+    VerifyError,
+    PinringError,
+    "Verification failed: wrong bytes, a duplicate, a batch out of order or missing (exit code \
+     6)."
+);
+pyo3::create_exception!(
+    pinring,
+    BackendError,
+    PinringError,
+    "A GPU backend error: no driver or device, a CUDA call failed (exit code 7)."
+);
+pyo3::create_exception!(
+    pinring,
+    RefusedError,
+    PinringError,
+    "Refused by the ring: the config differs from the daemon's, or the loader table is full \
+     (exit code 8)."
+);
+pyo3::create_exception!(
+    pinring,
+    OutputError,
+    PinringError,
+    "An output file could not be written (exit code 9)."
+);
+
+/// The exception class for an exit code (`Exit::Ok`, which is no error, gets `InternalError`).
+pub fn exception_type(py: Python<'_>, exit: Exit) -> Bound<'_, PyType> {
+    match exit {
+        Exit::Ok | Exit::Internal => py.get_type::<InternalError>(),
+        Exit::Usage => py.get_type::<UsageError>(),
+        Exit::Config => py.get_type::<ConfigError>(),
+        Exit::Ring => py.get_type::<RingError>(),
+        Exit::PeerDied => py.get_type::<PeerDied>(),
+        Exit::Verify => py.get_type::<VerifyError>(),
+        Exit::Backend => py.get_type::<BackendError>(),
+        Exit::Refused => py.get_type::<RefusedError>(),
+        Exit::Output => py.get_type::<OutputError>(),
+    }
+}
+
+/// The exception for `exit`, with `message`.
+pub fn exit_error(exit: Exit, message: impl Into<String>) -> PyErr {
+    let message = message.into();
+    match exit {
+        Exit::Ok | Exit::Internal => InternalError::new_err(message),
+        Exit::Usage => UsageError::new_err(message),
+        Exit::Config => ConfigError::new_err(message),
+        Exit::Ring => RingError::new_err(message),
+        Exit::PeerDied => PeerDied::new_err(message),
+        Exit::Verify => VerifyError::new_err(message),
+        Exit::Backend => BackendError::new_err(message),
+        Exit::Refused => RefusedError::new_err(message),
+        Exit::Output => OutputError::new_err(message),
+    }
+}
+
+/// An error of the workspace that has an exit code, and so a pinring exception.
+pub trait ToPyErr: std::fmt::Display {
+    /// The exit code the binaries would end with for this error.
+    fn exit(&self) -> Exit;
+
+    /// The exception: the class for [`ToPyErr::exit`], the error's own message.
+    fn to_pyerr(&self) -> PyErr {
+        exit_error(self.exit(), self.to_string())
+    }
+}
+
+/// `result.or_raise()?` in a `#[pyfunction]`: a workspace error becomes its pinring exception.
+pub trait OrRaise<T> {
+    /// `Err(e)` becomes `Err(e.to_pyerr())`.
+    fn or_raise(self) -> PyResult<T>;
+}
+
+impl<T, E: ToPyErr> OrRaise<T> for Result<T, E> {
+    fn or_raise(self) -> PyResult<T> {
+        self.map_err(|e| e.to_pyerr())
+    }
+}
+
+impl ToPyErr for pinring_ring::RingError {
+    fn exit(&self) -> Exit {
+        // As the loader and the daemon map them (`LoaderError::exit`, `DaemonError::exit`).
+        match self {
+            pinring_ring::RingError::LoaderTableFull { .. } => Exit::Refused,
+            pinring_ring::RingError::UnknownGroup { .. } => Exit::Config,
+            _ => Exit::Ring,
+        }
+    }
+}
+
+impl ToPyErr for pinring_ring::CommitError {
+    fn exit(&self) -> Exit {
+        Exit::Ring
+    }
+}
+
+impl ToPyErr for pinring_ring::SlotFault {
+    fn exit(&self) -> Exit {
+        // A slot holding something that must not be used, as the daemon's `BadBatch`.
+        Exit::Ring
+    }
+}
+
+impl ToPyErr for pinring_data::ConfigError {
+    fn exit(&self) -> Exit {
+        Exit::Config
+    }
+}
+
+impl ToPyErr for pinring_data::PlanError {
+    fn exit(&self) -> Exit {
+        Exit::Config
+    }
+}
+
+impl ToPyErr for pinring_data::SizeError {
+    fn exit(&self) -> Exit {
+        Exit::Config
+    }
+}
+
+impl ToPyErr for pinring_data::MetaError {
+    fn exit(&self) -> Exit {
+        // Metadata that does not decode or does not match the plan: a bad slot.
+        Exit::Ring
+    }
+}
+
+impl ToPyErr for pinring_data::SyntheticError {
+    fn exit(&self) -> Exit {
+        Exit::Verify
+    }
+}
+
+impl ToPyErr for pinring_backend::BackendError {
+    fn exit(&self) -> Exit {
+        Exit::Backend
+    }
+}
+
+impl ToPyErr for pinring_runtime::loader::LoaderError {
+    fn exit(&self) -> Exit {
+        pinring_runtime::loader::LoaderError::exit(self)
+    }
+}
+
+impl ToPyErr for pinring_runtime::daemon::DaemonError {
+    fn exit(&self) -> Exit {
+        pinring_runtime::daemon::DaemonError::exit(self)
+    }
+}
+
+impl ToPyErr for pinring_runtime::config_check::CheckError {
+    fn exit(&self) -> Exit {
+        pinring_runtime::config_check::CheckError::exit(self)
+    }
+}
+
+impl ToPyErr for pinring_runtime::status::StatusError {
+    fn exit(&self) -> Exit {
+        pinring_runtime::status::StatusError::exit(self)
+    }
+}
+
+impl ToPyErr for pinring_runtime::clean::CleanError {
+    fn exit(&self) -> Exit {
+        pinring_runtime::clean::CleanError::exit(self)
+    }
+}
+
+/// Adds the exception classes to the module, each with its `exit_code` and `exit_name`.
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    let base = py.get_type::<PinringError>();
+    base.setattr("exit_code", Exit::Internal.code())?;
+    base.setattr("exit_name", Exit::Internal.name())?;
+    m.add("PinringError", base)?;
+    for exit in Exit::ALL.into_iter().filter(|e| *e != Exit::Ok) {
+        let ty = exception_type(py, exit);
+        ty.setattr("exit_code", exit.code())?;
+        ty.setattr("exit_name", exit.name())?;
+        m.add(ty.name()?, ty)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,33 @@
+//! `pinring._native`, the compiled half of the `pinring` Python package (python/): pinring's
+//! exceptions ([`errors`]) and the DLPack export of batch fields ([`field`], [`dlpack`]).
+//!
+//! Built by maturin (python/pyproject.toml) as an abi3 extension module for CPython 3.9 and
+//! later; the Rust tests of the workspace do not build or link it against Python.
+
+pub mod dlpack;
+pub mod errors;
+pub mod field;
+mod testing;
+
+use pyo3::prelude::*;
+
+pub use errors::{exit_error, OrRaise, ToPyErr};
+pub use field::{Device, Field, FieldOwner, KeepAlive};
+
+/// The extension module.
+#[pymodule]
+#[pyo3(name = "_native")]
+fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    errors::register(m)?;
+    m.add_class::<Field>()?;
+    m.add_class::<testing::OwnerProbe>()?;
+    m.add_function(wrap_pyfunction!(testing::test_host_field, m)?)?;
+    m.add_function(wrap_pyfunction!(testing::test_load_config, m)?)?;
+    m.add_function(wrap_pyfunction!(testing::test_check_ring_name, m)?)?;
+    m.add_function(wrap_pyfunction!(testing::test_exit_error, m)?)?;
+    m.add(
+        "DLPACK_VERSION",
+        (dlpack::DLPACK_MAJOR, dlpack::DLPACK_MINOR),
+    )?;
+    Ok(())
+}

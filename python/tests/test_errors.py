@@ -1,0 +1,60 @@
+"""pinring's exceptions: one per exit code of the binaries, raised with pinring's messages."""
+
+import pytest
+
+import pinring
+from pinring import _native
+
+EXIT_CODES = {
+    "InternalError": (1, "internal"),
+    "UsageError": (2, "usage"),
+    "ConfigError": (3, "config"),
+    "RingError": (4, "ring"),
+    "PeerDied": (5, "peer-died"),
+    "VerifyError": (6, "verify"),
+    "BackendError": (7, "backend"),
+    "RefusedError": (8, "refused"),
+    "OutputError": (9, "output"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(EXIT_CODES))
+def test_hierarchy_and_exit_codes(name):
+    cls = getattr(pinring, name)
+    assert issubclass(cls, pinring.PinringError)
+    assert issubclass(cls, Exception)
+    assert (cls.exit_code, cls.exit_name) == EXIT_CODES[name]
+    assert cls.__module__ == "pinring"
+
+
+@pytest.mark.parametrize("name", sorted(EXIT_CODES))
+def test_exit_error_picks_the_class(name):
+    code = EXIT_CODES[name][0]
+    err = _native._test_exit_error(code, "what went wrong")
+    assert type(err) is getattr(pinring, name)
+    assert str(err) == "what went wrong"
+    assert err.exit_code == code
+
+
+def test_config_error_carries_pinrings_message(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[ring]\nno_such_key = 1\n")
+    with pytest.raises(pinring.ConfigError, match="no_such_key") as info:
+        _native._test_load_config(str(bad))
+    assert info.value.exit_code == 3
+    with pytest.raises(pinring.ConfigError, match="cannot read config file"):
+        _native._test_load_config(str(tmp_path / "missing.toml"))
+
+
+def test_good_config_loads(tmp_path):
+    good = tmp_path / "good.toml"
+    good.write_text("")
+    assert "good.toml" in _native._test_load_config(str(good))
+
+
+def test_ring_error_carries_pinrings_message():
+    _native._test_check_ring_name("train-0")
+    with pytest.raises(pinring.RingError, match="is invalid") as info:
+        _native._test_check_ring_name("no/slashes")
+    assert isinstance(info.value, pinring.PinringError)
+    assert info.value.exit_code == 4
