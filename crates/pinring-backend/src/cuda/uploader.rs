@@ -19,7 +19,7 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use crossbeam_channel::{Receiver, Sender};
-use cudarc::driver::{sys, CudaContext, CudaSlice, CudaStream, DevicePtr, DriverError};
+use cudarc::driver::{sys, CudaContext, CudaSlice, CudaStream, DriverError};
 
 use super::completion::{self, InFlight};
 use super::kernels::{KernelState, Span};
@@ -76,7 +76,7 @@ impl CudaUploader {
         for i in 0..buffers {
             let b = DeviceBuffer::alloc(&copy_stream, buffer_bytes).map_err(|e| {
                 cuda_error(
-                    alloc_call(&ctx),
+                    "cuMemAlloc",
                     format!(
                         "device buffer {i} of {buffers} ({buffer_bytes} bytes each, {} GiB device) on device {device}",
                         gib(backend.total_mem)
@@ -86,8 +86,8 @@ impl CudaUploader {
             })?;
             bufs.push(b);
         }
-        // Stream-ordered allocations: finish them before the kernel stream may touch a buffer
-        // (event tracking is off, see `CudaBackend::new`). Once, at set-up.
+        // The buffers are zeroed on the copy stream: finish that before the kernel stream may
+        // touch a buffer (event tracking is off, see `CudaBackend::new`). Once, at set-up.
         copy_stream.synchronize().map_err(|e| {
             cuda_error(
                 "cuStreamSynchronize",
@@ -160,7 +160,7 @@ impl CudaUploader {
 }
 
 /// The driver call that allocates device memory through cudarc in `ctx` (for error messages).
-pub(super) fn alloc_call(ctx: &CudaContext) -> &'static str {
+fn alloc_call(ctx: &CudaContext) -> &'static str {
     if ctx.has_async_alloc() {
         "cuMemAllocAsync"
     } else {
@@ -168,32 +168,52 @@ pub(super) fn alloc_call(ctx: &CudaContext) -> &'static str {
     }
 }
 
-/// One device buffer. cudarc's [`CudaSlice`] owns the allocation (stream-ordered on the stream it
-/// was allocated on, freed when dropped); its device address is read once, here, so `submit`
-/// hands it to the copy without going through the slice.
+/// One device buffer: a `cuMemAlloc` allocation ([`raw::DeviceAlloc`], which CUDA IPC can
+/// export; cudarc's own allocations come from the stream-ordered pool, which it cannot) and a
+/// cudarc [`CudaSlice`] view of it for cudarc's safe calls (read-backs). cudarc never frees the
+/// memory: dropping the buffer takes the view back with [`CudaSlice::leak`] before the
+/// allocation is freed. The device address is read once, here, so `submit` hands it to the copy
+/// without going through the slice.
 #[derive(Debug)]
 pub(super) struct DeviceBuffer {
-    slice: CudaSlice<u8>,
-    ptr: sys::CUdeviceptr,
+    /// `Some` until dropped.
+    view: Option<CudaSlice<u8>>,
+    /// Declared after `view`: freed after the view has been taken back.
+    alloc: raw::DeviceAlloc,
 }
 
 impl DeviceBuffer {
-    /// `bytes` (at least 1) of zeroed device memory, allocated on `stream`.
+    /// `bytes` (at least 1) of device memory, zeroed on `stream` (the zeroing is stream-ordered:
+    /// synchronize `stream` before another stream uses the buffer).
     pub(super) fn alloc(stream: &Arc<CudaStream>, bytes: usize) -> Result<Self, DriverError> {
-        let slice = stream.alloc_zeros::<u8>(bytes.max(1))?;
-        // With event tracking off (`CudaBackend::new`) this records nothing.
-        let (ptr, _) = slice.device_ptr(stream);
-        Ok(Self { slice, ptr })
+        let alloc = raw::DeviceAlloc::new(stream.context(), bytes)?;
+        // SAFETY: `alloc` is a live allocation of `alloc.bytes()` bytes in the stream's context.
+        // The view never frees it (Drop leaks the view back first) and does not outlive it (both
+        // are fields of this buffer; `view` is taken in Drop before `alloc` is dropped). Event
+        // tracking is off in the backend's context (`CudaBackend::new`), so no events are
+        // created for the view.
+        let mut view = unsafe { stream.upgrade_device_ptr::<u8>(alloc.ptr(), alloc.bytes()) };
+        if let Err(e) = stream.memset_zeros(&mut view) {
+            view.leak();
+            return Err(e);
+        }
+        Ok(Self {
+            view: Some(view),
+            alloc,
+        })
     }
 
-    /// The allocation, for cudarc's safe calls (reading back, kernel arguments).
+    /// The allocation, for cudarc's safe calls (reading back).
     pub(super) fn slice(&self) -> &CudaSlice<u8> {
-        &self.slice
+        match &self.view {
+            Some(v) => v,
+            None => unreachable!("the view is taken only in Drop"),
+        }
     }
 
     /// Device address.
     pub(super) fn ptr(&self) -> sys::CUdeviceptr {
-        self.ptr
+        self.alloc.ptr()
     }
 
     /// The first `len` bytes as a kernel's [`Span`].
@@ -202,12 +222,12 @@ impl DeviceBuffer {
     /// If `len` exceeds the buffer.
     pub(super) fn span(&self, len: usize) -> Span {
         assert!(
-            len <= self.slice.len(),
+            len <= self.alloc.bytes(),
             "span of {len} bytes of a {}-byte device buffer",
-            self.slice.len()
+            self.alloc.bytes()
         );
         Span {
-            ptr: self.ptr,
+            ptr: self.ptr(),
             bytes: len,
         }
     }
@@ -228,14 +248,24 @@ impl DeviceBuffer {
         len: usize,
         stream: &CudaStream,
     ) -> Result<(), DriverError> {
-        let bytes = self.slice.len();
+        let bytes = self.alloc.bytes();
         assert!(
             offset.checked_add(len).is_some_and(|end| end <= bytes),
             "copy of {len} bytes at offset {offset} into a {bytes}-byte device buffer"
         );
         // SAFETY: the destination range lies inside this live allocation (asserted), which the
         // caller keeps alive until the copy completes, as it does the source range.
-        unsafe { raw::memcpy_htod_async(self.ptr + offset as u64, src, len, stream) }
+        unsafe { raw::memcpy_htod_async(self.ptr() + offset as u64, src, len, stream) }
+    }
+}
+
+impl Drop for DeviceBuffer {
+    fn drop(&mut self) {
+        // cudarc must not free memory it did not allocate: take the view back; `alloc`, dropped
+        // next, frees it with cuMemFree.
+        if let Some(v) = self.view.take() {
+            v.leak();
+        }
     }
 }
 
