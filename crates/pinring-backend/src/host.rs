@@ -18,7 +18,7 @@ use crossbeam_channel::{Receiver, Sender};
 use crate::buf::AlignedBuf;
 use crate::checksum::checksum;
 use crate::guard::{check_job, Guards};
-use crate::{Backend, BackendError, Completion, Registration, UploadJob, Uploader};
+use crate::{Backend, BackendError, BufferExport, Completion, Registration, UploadJob, Uploader};
 
 /// The backend without a GPU.
 #[derive(Debug, Default, Clone)]
@@ -302,9 +302,43 @@ impl Uploader for HostUploader {
         self.sin_into_scratch(&bytes);
         Ok(())
     }
+
+    fn export(&self, buffer: usize) -> Result<Option<BufferExport>, BackendError> {
+        self.check_buffer("export", buffer)?;
+        Ok(None)
+    }
+
+    fn record_ready(&self, buffer: usize) -> Result<(), BackendError> {
+        // A copy is complete when its Completion is sent: nothing to record.
+        self.check_buffer("record_ready", buffer)
+    }
+
+    fn wait_release(&self, buffer: usize, _consumer_alive: bool) -> Result<(), BackendError> {
+        // The daemon hands a buffer out again only after the consumer gave it back (ring
+        // protocol): there is no device-side queue to order.
+        self.check_buffer("wait_release", buffer)
+    }
+
+    fn device_ptr(&self, buffer: usize) -> u64 {
+        let count = self.shared.buffers.len();
+        match self.shared.buffers.get(buffer) {
+            Some(b) => b.as_ptr() as u64,
+            None => panic!("device buffer {buffer} out of range: the uploader has {count}"),
+        }
+    }
 }
 
 impl HostUploader {
+    fn check_buffer(&self, call: &'static str, buffer: usize) -> Result<(), BackendError> {
+        check_range(
+            call,
+            buffer,
+            0,
+            self.shared.buffers.len(),
+            self.buffer_bytes,
+        )
+    }
+
     /// Runs `f` over the first `len` bytes of an idle buffer while holding it as a reader.
     fn read<R>(
         &self,
@@ -572,6 +606,16 @@ mod tests {
         for (x, y) in xs.iter().zip(ys) {
             assert!((x.sin() - y).abs() < 1e-6);
         }
+    }
+
+    #[test]
+    fn heap_buffers_have_no_export_either() {
+        let up = HostUploader::new(2, 64).unwrap();
+        assert_eq!(up.export(1).unwrap(), None);
+        up.record_ready(1).unwrap();
+        up.wait_release(1, true).unwrap();
+        assert_ne!(up.device_ptr(0), up.device_ptr(1));
+        assert_eq!(up.device_ptr(0) % crate::buf::PAGE as u64, 0);
     }
 
     #[test]

@@ -14,7 +14,7 @@
 //! device memory), and the zero-copy calls read ring slots, not device buffers, so neither takes
 //! a count.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
@@ -22,12 +22,13 @@ use crossbeam_channel::{Receiver, Sender};
 use cudarc::driver::{sys, CudaContext, CudaSlice, CudaStream, DriverError};
 
 use super::completion::{self, InFlight};
+use super::ipc::Exported;
 use super::kernels::{KernelState, Span};
 use super::{gib, raw, ChunkTable, CudaBackend};
 use crate::error::cuda_error;
 use crate::guard::{check_job, Guards, Reading};
 use crate::host::check_range;
-use crate::{BackendError, Completion, UploadJob, Uploader};
+use crate::{BackendError, BufferExport, Completion, UploadJob, Uploader};
 
 /// Upload engine of the CUDA backend.
 #[derive(Debug)]
@@ -52,6 +53,10 @@ pub struct CudaUploader {
     pub(super) kernel_state: Mutex<KernelState>,
     /// Called by the completion thread after it sent completions.
     pub(super) hook: Arc<crate::HookCell>,
+    /// Each buffer's CUDA IPC handles and events, made by its first `export` (`ipc::export`).
+    pub(super) ipc: Vec<OnceLock<Exported>>,
+    /// Held while a buffer's IPC state is made, so it is made once.
+    pub(super) ipc_init: Mutex<()>,
 }
 
 impl CudaUploader {
@@ -131,6 +136,8 @@ impl CudaUploader {
                 done,
             }),
             hook,
+            ipc: (0..buffers).map(|_| OnceLock::new()).collect(),
+            ipc_init: Mutex::new(()),
         })
     }
 
@@ -400,6 +407,26 @@ impl Uploader for CudaUploader {
     unsafe fn compute_mapped(&self, host_ptr: *mut u8, len: usize) -> Result<(), BackendError> {
         // SAFETY: forwarded from the caller of `Uploader::compute_mapped`.
         unsafe { self.compute_mapped_range(host_ptr, len) }
+    }
+
+    fn export(&self, buffer: usize) -> Result<Option<BufferExport>, BackendError> {
+        self.export_buffer(buffer).map(Some)
+    }
+
+    fn record_ready(&self, buffer: usize) -> Result<(), BackendError> {
+        self.record_ready_on_copy_stream(buffer)
+    }
+
+    fn wait_release(&self, buffer: usize, consumer_alive: bool) -> Result<(), BackendError> {
+        self.wait_release_on_copy_stream(buffer, consumer_alive)
+    }
+
+    fn device_ptr(&self, buffer: usize) -> u64 {
+        let count = self.buffers.len();
+        match self.buffers.get(buffer) {
+            Some(b) => b.ptr(),
+            None => panic!("device buffer {buffer} out of range: the uploader has {count}"),
+        }
     }
 }
 
