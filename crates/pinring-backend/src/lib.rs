@@ -15,7 +15,8 @@
 //! A training process in another process can use the device buffers in place: the cuda
 //! uploader exports each buffer's CUDA IPC handles and events ([`Uploader::export`],
 //! [`Uploader::record_ready`], [`Uploader::wait_release`]), which the consumer opens with
-//! [`cuda::ipc::Imported`]. A consumer in the same process uses [`Uploader::device_ptr`].
+//! [`cuda::ipc::Imported`]; the host backend can place its buffers in a shared-memory segment
+//! ([`HostBackend::uploader_in`]). A consumer in the same process uses [`Uploader::device_ptr`].
 
 use std::fmt;
 use std::str::FromStr;
@@ -359,7 +360,8 @@ pub trait Uploader: Send + Sync {
     /// return the same handles. Until a buffer has been exported, [`Uploader::record_ready`]
     /// and [`Uploader::wait_release`] do nothing for it (no consumer can hold its events).
     /// Fails with [`BackendError::IpcUnavailable`] where the driver refuses CUDA IPC (some
-    /// container runtimes do). host: `Ok(None)`.
+    /// container runtimes do). host: `Ok(None)` (see [`HostBackend::uploader_in`] for buffers
+    /// another process can map).
     fn export(&self, buffer: usize) -> Result<Option<BufferExport>, BackendError>;
 
     /// Marks the end of a batch in `buffer`: cuda: records the buffer's ready event on the copy
