@@ -22,6 +22,9 @@ mod import;
 mod raw;
 mod registry;
 
+#[cfg(test)]
+mod tests;
+
 use cudarc::driver::sys::CUresult;
 
 pub(crate) use export::Exported;

@@ -184,3 +184,55 @@ impl Drop for IpcEvent {
         }
     }
 }
+
+/// What the GPU tests need besides the calls above: a host-side gate on a stream and a
+/// device-to-device copy.
+#[cfg(test)]
+pub mod testing {
+    use super::*;
+    use std::ffi::c_void;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::{Duration, Instant};
+
+    /// Runs on a driver thread when the stream reaches it: holds the stream until the flag is
+    /// set (at most 120 s, so a failed test cannot wedge the stream for good).
+    unsafe extern "C" fn gate(data: *mut c_void) {
+        // SAFETY: `launch_gate` passes a pointer to a `&'static AtomicBool`.
+        let flag = unsafe { &*data.cast_const().cast::<AtomicBool>() };
+        let start = Instant::now();
+        while !flag.load(Ordering::Acquire) && start.elapsed() < Duration::from_secs(120) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// Holds `stream` (of `ctx`) until `open` is set (`cuLaunchHostFunc`).
+    pub fn launch_gate(
+        ctx: &CudaContext,
+        stream: sys::CUstream,
+        open: &'static AtomicBool,
+    ) -> Result<(), DriverError> {
+        make_current(ctx)?;
+        let data = std::ptr::from_ref(open).cast_mut().cast::<c_void>();
+        // SAFETY: `stream` is a live stream of the current context (the tests pass cudarc
+        // streams they hold); `gate` calls no CUDA function and only reads the flag, which lives
+        // for the whole program.
+        unsafe { sys::cuLaunchHostFunc(stream, Some(gate), data) }.result()
+    }
+
+    /// `cuMemcpyDtoDAsync` of `len` bytes from `src` to `dst` on `stream`.
+    ///
+    /// # Safety
+    /// Both ranges lie in live device allocations of the current context (or mapped into it),
+    /// which stay alive until the copy has completed on `stream`, a live stream of `ctx`.
+    pub unsafe fn copy_dtod_async(
+        ctx: &CudaContext,
+        dst: sys::CUdeviceptr,
+        src: sys::CUdeviceptr,
+        len: usize,
+        stream: sys::CUstream,
+    ) -> Result<(), DriverError> {
+        make_current(ctx)?;
+        // SAFETY: the caller guarantees both ranges and the stream.
+        unsafe { sys::cuMemcpyDtoDAsync_v2(dst, src, len, stream) }.result()
+    }
+}
