@@ -14,12 +14,14 @@ use crate::BackendError;
 /// Alignment of every buffer: one 4 KiB page (also enough for any SIMD copy).
 pub const PAGE: usize = 4096;
 
-/// A page-aligned zeroed allocation of `len` bytes (at least one page is allocated).
+/// A page-aligned zeroed allocation of `len` bytes (at least one page is allocated), or a range
+/// of memory someone else owns ([`AlignedBuf::placed`]).
 #[derive(Debug)]
 pub struct AlignedBuf {
     ptr: NonNull<u8>,
     len: usize,
-    layout: Layout,
+    /// `Some` for our own allocation (freed on drop); `None` for placed memory.
+    layout: Option<Layout>,
 }
 
 // SAFETY: AlignedBuf owns its allocation exclusively (like Box<[u8]>); the pointer is not tied to
@@ -39,7 +41,33 @@ impl AlignedBuf {
         // SAFETY: `layout` has non-zero size (at least one page) as `alloc_zeroed` requires.
         let raw = unsafe { alloc_zeroed(layout) };
         let ptr = NonNull::new(raw).ok_or(BackendError::HostAlloc { bytes: len, what })?;
-        Ok(Self { ptr, len, layout })
+        Ok(Self {
+            ptr,
+            len,
+            layout: Some(layout),
+        })
+    }
+
+    /// `len` bytes at `ptr` that the caller owns (e.g. part of a shared-memory segment); they
+    /// are neither zeroed nor freed, and need no particular alignment.
+    ///
+    /// # Safety
+    /// `ptr..ptr+len` is valid for reads and writes for as long as the returned value lives.
+    /// Its bytes may be read (and, by a process breaking the protocol, written) concurrently by
+    /// other processes: the users of a placed buffer never make a Rust reference to them (see
+    /// [`AlignedBuf::is_placed`]).
+    pub unsafe fn placed(ptr: NonNull<u8>, len: usize) -> Self {
+        Self {
+            ptr,
+            len,
+            layout: None,
+        }
+    }
+
+    /// Whether the memory is the caller's ([`AlignedBuf::placed`]): then it must only be read
+    /// with raw copies, never through [`AlignedBuf::slice`].
+    pub fn is_placed(&self) -> bool {
+        self.layout.is_none()
     }
 
     /// Usable length in bytes.
@@ -57,11 +85,30 @@ impl AlignedBuf {
         self.ptr.as_ptr()
     }
 
+    /// Copies bytes `offset..offset + out.len()` into `out`, with a raw copy (no reference to
+    /// the buffer's bytes is made, so it suits placed memory).
+    ///
+    /// # Safety
+    /// - `offset + out.len() <= self.len()`;
+    /// - no thread of this process writes those bytes during the call, and every earlier write
+    ///   of this process happened-before it.
+    pub unsafe fn copy_to(&self, offset: usize, out: &mut [u8]) {
+        debug_assert!(offset
+            .checked_add(out.len())
+            .is_some_and(|end| end <= self.len));
+        // In bounds (the caller's promise), so the wrapping add is a plain add.
+        let start = self.ptr.as_ptr().wrapping_add(offset);
+        // SAFETY: start..start+out.len() lies in the allocation (the caller's promise); `out` is
+        // a private `&mut`, so the ranges do not overlap; the caller rules out writes by this
+        // process.
+        unsafe { std::ptr::copy_nonoverlapping(start, out.as_mut_ptr(), out.len()) };
+    }
+
     /// Sets every usable byte to `byte` (touching, i.e. faulting in, every page).
     pub fn fill(&mut self, byte: u8) {
-        // SAFETY: `&mut self` guarantees exclusive access; the pointer is valid for `len`
-        // initialised bytes.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }.fill(byte);
+        // SAFETY: `&mut self` guarantees that no thread of this process uses the buffer; the
+        // pointer is valid for `len` bytes. A raw write, so placed memory is never referenced.
+        unsafe { std::ptr::write_bytes(self.ptr.as_ptr(), byte, self.len) };
     }
 
     /// Copies `len` bytes from `src` to the buffer, starting at byte `offset`.
@@ -85,6 +132,7 @@ impl AlignedBuf {
     /// Bytes `offset..offset + len` as a shared slice.
     ///
     /// # Safety
+    /// - the buffer is not [placed](AlignedBuf::placed) (another process may write those bytes);
     /// - `offset + len <= self.len()`;
     /// - no write to `self[offset..offset + len]` happens while the returned slice is alive, and
     ///   every earlier write happened-before this call (e.g. via an Acquire load of a counter the
@@ -102,8 +150,10 @@ impl AlignedBuf {
 
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
-        // SAFETY: `ptr` came from `alloc_zeroed(self.layout)` and is freed exactly once, here.
-        unsafe { dealloc(self.ptr.as_ptr(), self.layout) };
+        if let Some(layout) = self.layout {
+            // SAFETY: `ptr` came from `alloc_zeroed(layout)` and is freed exactly once, here.
+            unsafe { dealloc(self.ptr.as_ptr(), layout) };
+        }
     }
 }
 
@@ -121,6 +171,26 @@ mod tests {
         assert!(s.iter().all(|&x| x == 0));
         // SAFETY: as above; 9_000 + 1_000 <= 10_000.
         assert_eq!(unsafe { b.slice(9_000, 1_000) }.len(), 1_000);
+    }
+
+    #[test]
+    fn placed_memory_is_used_in_place_and_not_freed() {
+        let mut mem = vec![0u8; 100];
+        let ptr = NonNull::new(mem.as_mut_ptr()).unwrap();
+        // SAFETY: `mem` outlives `b` (dropped first) and is used only through it meanwhile.
+        let mut b = unsafe { AlignedBuf::placed(ptr, 64) };
+        assert!(b.is_placed());
+        assert_eq!(b.as_ptr(), mem.as_ptr());
+        b.fill(3);
+        // SAFETY: 4 + 2 <= 64; the source is a private array; single-threaded.
+        unsafe { b.write_from(4, [9u8, 9].as_ptr(), 2) };
+        let mut out = [0u8; 8];
+        // SAFETY: 8 <= 64; single-threaded, the writes above happened before.
+        unsafe { b.copy_to(0, &mut out) };
+        assert_eq!(out, [3, 3, 3, 3, 9, 9, 3, 3]);
+        drop(b);
+        assert_eq!(mem[..8], out);
+        assert_eq!(mem[64], 0, "nothing past the placed range");
     }
 
     #[test]

@@ -120,6 +120,50 @@ pub enum BackendError {
     /// A string did not name a backend.
     #[error("unknown backend {0:?}: expected one of auto, cuda, host")]
     UnknownBackend(String),
+
+    /// The driver refused a CUDA IPC call in a way that means IPC does not work here (some
+    /// container runtimes, gVisor among them, refuse it).
+    #[error(
+        "{call} failed on {object}: {code:?} ({description}); CUDA IPC is unavailable here \
+         (some container runtimes, gVisor among them, refuse it; a handle that is not a live \
+         export, e.g. of a daemon that has exited, is refused the same way): run the upload \
+         inside the training process instead: pinring.Loader(..., embedded=True)"
+    )]
+    IpcUnavailable {
+        /// The driver function that failed, e.g. `"cuIpcGetMemHandle"`.
+        call: &'static str,
+        /// What it was called on (names the device buffer).
+        object: String,
+        /// The driver's result code.
+        code: CUresult,
+        /// The driver's text for `code`.
+        description: String,
+    },
+
+    /// A device buffer's CUDA IPC memory handle is already open in this process.
+    #[error(
+        "cuIpcOpenMemHandle refused for device buffer {buffer} on device {device}: its CUDA IPC \
+         handle is already open in this process (legacy CUDA IPC handles can be opened once per \
+         process and device): share the one cuda::ipc::Imported of these buffers (one \
+         pinring.Loader per training process), or drop it before opening them again"
+    )]
+    IpcAlreadyOpen {
+        /// Index of the buffer in the exports passed to `Imported::open`.
+        buffer: usize,
+        /// The device ordinal it was opened on.
+        device: usize,
+    },
+
+    /// A process tried to open CUDA IPC handles it exported itself.
+    #[error(
+        "cuIpcOpenMemHandle not attempted for device buffer {buffer}: it was exported by this \
+         process, and a process cannot open its own CUDA IPC handles: in the process that \
+         uploads, use Uploader::device_ptr (embedded mode: pinring.Loader(..., embedded=True))"
+    )]
+    IpcOwnExport {
+        /// Index of the buffer in the exports passed to `Imported::open`.
+        buffer: usize,
+    },
 }
 
 impl BackendError {
@@ -182,6 +226,15 @@ fn hint(call: &'static str, code: CUresult) -> &'static str {
         }
         ("cuMemHostGetDevicePointer", _) => {
             "the address must lie in a range registered with devicemap=true"
+        }
+        ("cuIpcOpenMemHandle" | "cuIpcOpenEventHandle", CUDA_ERROR_INVALID_CONTEXT | CUDA_ERROR_INVALID_DEVICE) => {
+            "open the handles on the device the buffers live on (CUDA_VISIBLE_DEVICES may number \
+             it differently in each process), in another process than the one that exported \
+             them; in the exporting process use Uploader::device_ptr (embedded mode)"
+        }
+        ("cuStreamWaitEvent" | "cuEventRecord", CUDA_ERROR_INVALID_HANDLE | CUDA_ERROR_INVALID_CONTEXT) => {
+            "the stream must be 0 (the legacy default stream) or a stream of the device's primary \
+             context, e.g. torch.cuda.current_stream(device).cuda_stream"
         }
         (
             _,

@@ -1,6 +1,7 @@
-//! The host backend: no GPU. "Device buffers" are page-aligned heap allocations and an upload is
-//! a `memcpy` done by a background thread, so the whole pipeline (ring, loaders, daemon, sinks)
-//! can run and be verified on any machine.
+//! The host backend: no GPU. "Device buffers" are page-aligned heap allocations, or ranges of
+//! the caller's memory such as a shared-memory segment a consumer in another process maps
+//! ([`HostBackend::uploader_in`]), and an upload is a `memcpy` done by a background thread, so
+//! the whole pipeline (ring, loaders, daemon, sinks) can run and be verified on any machine.
 //!
 //! # Soundness of [`Uploader::read_host`]
 //! Each buffer is guarded by `crate::guard` (a `pending` count of uploads queued or running, a
@@ -18,7 +19,7 @@ use crossbeam_channel::{Receiver, Sender};
 use crate::buf::AlignedBuf;
 use crate::checksum::checksum;
 use crate::guard::{check_job, Guards};
-use crate::{Backend, BackendError, Completion, Registration, UploadJob, Uploader};
+use crate::{Backend, BackendError, BufferExport, Completion, Registration, UploadJob, Uploader};
 
 /// The backend without a GPU.
 #[derive(Debug, Default, Clone)]
@@ -28,6 +29,39 @@ impl HostBackend {
     /// A new host backend.
     pub fn new() -> Self {
         Self
+    }
+
+    /// An upload engine whose `buffers` device buffers of `buffer_bytes` each live in the
+    /// caller's memory at `base` instead of on the heap, so that another process that maps the
+    /// same memory (a shared-memory segment) can read the batches in place. Buffer `i` occupies
+    /// `base + i * buffer_bytes .. base + (i + 1) * buffer_bytes`
+    /// ([`HostBackend::placement_bytes`] in all); [`Uploader::device_ptr`] gives its address.
+    /// The memory is not zeroed. Reads of such buffers in this process (`read_host`,
+    /// `checksum`, `compute`) copy the bytes out first, so no Rust reference to them is made.
+    ///
+    /// # Safety
+    /// `base .. base + placement_bytes(buffers, buffer_bytes)` is a live mapping, valid for
+    /// reads and writes, that stays mapped until the returned uploader has been dropped (its
+    /// drop waits for the last copy). Nothing in this process accesses it meanwhile except
+    /// through the uploader. Other processes may read it; one that writes it breaks the
+    /// protocol and gets, like the uploader's reads, unspecified byte values (never a Rust
+    /// reference is made to those bytes here).
+    pub unsafe fn uploader_in(
+        &self,
+        base: *mut u8,
+        buffers: usize,
+        buffer_bytes: usize,
+    ) -> Result<Box<dyn Uploader>, BackendError> {
+        // SAFETY: forwarded from our caller.
+        Ok(Box::new(unsafe {
+            HostUploader::new_in(base, buffers, buffer_bytes)
+        }?))
+    }
+
+    /// Bytes that `buffers` device buffers of `buffer_bytes` each take in caller-provided memory
+    /// ([`HostBackend::uploader_in`]); `None` if that overflows.
+    pub const fn placement_bytes(buffers: usize, buffer_bytes: usize) -> Option<usize> {
+        buffers.checked_mul(buffer_bytes)
     }
 }
 
@@ -119,17 +153,63 @@ pub struct HostUploader {
 impl HostUploader {
     /// `buffers` heap buffers of `buffer_bytes` each and a running upload thread.
     pub fn new(buffers: usize, buffer_bytes: usize) -> Result<Self, BackendError> {
-        if buffers == 0 || buffer_bytes == 0 {
+        check_geometry("HostBackend::uploader", buffers, buffer_bytes)?;
+        let bufs = (0..buffers)
+            .map(|_| AlignedBuf::new(buffer_bytes, "host device buffer"))
+            .collect::<Result<Vec<_>, _>>()?;
+        Self::with_buffers(bufs, buffer_bytes)
+    }
+
+    /// `buffers` buffers of `buffer_bytes` each in the caller's memory at `base`, and a running
+    /// upload thread ([`HostBackend::uploader_in`]).
+    ///
+    /// # Safety
+    /// As for [`HostBackend::uploader_in`].
+    pub unsafe fn new_in(
+        base: *mut u8,
+        buffers: usize,
+        buffer_bytes: usize,
+    ) -> Result<Self, BackendError> {
+        let call = "HostBackend::uploader_in";
+        check_geometry(call, buffers, buffer_bytes)?;
+        let Some(total) = HostBackend::placement_bytes(buffers, buffer_bytes) else {
             return Err(BackendError::InvalidArgument {
-                call: "HostBackend::uploader",
+                call,
                 what: format!(
-                    "need at least one buffer of at least one byte, got {buffers} x {buffer_bytes} bytes"
+                    "{buffers} buffers x {buffer_bytes} bytes overflow the address space"
+                ),
+            });
+        };
+        let Some(base) = std::ptr::NonNull::new(base) else {
+            return Err(BackendError::InvalidArgument {
+                call,
+                what: format!("null base address for {buffers} buffers x {buffer_bytes} bytes"),
+            });
+        };
+        if (base.as_ptr() as usize).checked_add(total).is_none() {
+            return Err(BackendError::InvalidArgument {
+                call,
+                what: format!(
+                    "{total} bytes from {:p} run past the end of the address space",
+                    base.as_ptr()
                 ),
             });
         }
         let bufs = (0..buffers)
-            .map(|_| AlignedBuf::new(buffer_bytes, "host device buffer"))
-            .collect::<Result<Vec<_>, _>>()?;
+            .map(|i| {
+                // SAFETY: i * buffer_bytes < total, inside the caller's live range (checked not
+                // to wrap above), so the offset pointer stays in bounds and non-null.
+                let at = unsafe { base.add(i * buffer_bytes) };
+                // SAFETY: `at..at+buffer_bytes` is this buffer's share of the caller's range,
+                // which stays valid for the uploader's lifetime and is used only through it.
+                unsafe { AlignedBuf::placed(at, buffer_bytes) }
+            })
+            .collect();
+        Self::with_buffers(bufs, buffer_bytes)
+    }
+
+    fn with_buffers(bufs: Vec<AlignedBuf>, buffer_bytes: usize) -> Result<Self, BackendError> {
+        let buffers = bufs.len();
         let shared = Arc::new(Shared {
             guards: Guards::new(buffers),
             hook: crate::HookCell::default(),
@@ -154,6 +234,23 @@ impl HostUploader {
             scratch: Mutex::new(Vec::new()),
         })
     }
+}
+
+/// At least one buffer of at least one byte.
+fn check_geometry(
+    call: &'static str,
+    buffers: usize,
+    buffer_bytes: usize,
+) -> Result<(), BackendError> {
+    if buffers == 0 || buffer_bytes == 0 {
+        return Err(BackendError::InvalidArgument {
+            call,
+            what: format!(
+                "need at least one buffer of at least one byte, got {buffers} x {buffer_bytes} bytes"
+            ),
+        });
+    }
+    Ok(())
 }
 
 /// A private copy of a zero-copy range (the ring's shared memory is never viewed through a Rust
@@ -324,9 +421,44 @@ impl Uploader for HostUploader {
         self.sin_into_scratch(&bytes);
         Ok(())
     }
+
+    fn export(&self, buffer: usize) -> Result<Option<BufferExport>, BackendError> {
+        self.check_buffer("export", buffer)?;
+        Ok(None)
+    }
+
+    fn record_ready(&self, buffer: usize) -> Result<(), BackendError> {
+        // A copy is complete when its Completion is sent: nothing to record.
+        self.check_buffer("record_ready", buffer)
+    }
+
+    fn wait_release(&self, buffer: usize, _consumer_alive: bool) -> Result<(), BackendError> {
+        // The daemon hands a buffer out again only after the consumer gave it back (ring
+        // protocol): there is no device-side queue to order.
+        self.check_buffer("wait_release", buffer)
+    }
+
+    fn device_ptr(&self, buffer: usize) -> u64 {
+        let count = self.shared.buffers.len();
+        match self.shared.buffers.get(buffer) {
+            Some(b) => b.as_ptr() as u64,
+            None => panic!("device buffer {buffer} out of range: the uploader has {count}"),
+        }
+    }
 }
 
 impl HostUploader {
+    fn check_buffer(&self, call: &'static str, buffer: usize) -> Result<(), BackendError> {
+        check_range(
+            call,
+            buffer,
+            0,
+            0,
+            self.shared.buffers.len(),
+            self.buffer_bytes,
+        )
+    }
+
     /// Runs `f` over bytes `offset..offset + len` of an idle buffer while holding it as a
     /// reader.
     fn read<R>(
@@ -347,11 +479,21 @@ impl HostUploader {
         )?;
         let buf = &self.shared.buffers[buffer];
         let reading = self.shared.guards.begin_read(call, buffer)?;
-        // SAFETY: offset + len <= buffer size (checked above). This thread holds the buffer as a
-        // reader and saw no pending upload after announcing itself (SeqCst): no copy into it runs
-        // until `reading` drops (crate::guard), and every earlier copy happened-before. The slice
-        // does not outlive `f`, which returns before `reading` drops.
-        let r = f(unsafe { buf.slice(offset, len) });
+        let r = if buf.is_placed() {
+            // Memory other processes map is copied out, never referenced (AlignedBuf::placed).
+            let mut copy = vec![0u8; len];
+            // SAFETY: offset + len <= buffer size (checked above); as below, no copy into the
+            // buffer runs while `reading` is held and every earlier one happened-before.
+            unsafe { buf.copy_to(offset, &mut copy) };
+            f(&copy)
+        } else {
+            // SAFETY: the buffer is our own heap allocation and offset + len <= its size (checked
+            // above). This thread holds the buffer as a reader and saw no pending upload after
+            // announcing itself (SeqCst): no copy into it runs until `reading` drops
+            // (crate::guard), and every earlier copy happened-before. The slice does not outlive
+            // `f`, which returns before `reading` drops.
+            f(unsafe { buf.slice(offset, len) })
+        };
         drop(reading);
         Ok(r)
     }
@@ -613,6 +755,109 @@ mod tests {
         for (x, y) in xs.iter().zip(ys) {
             assert!((x.sin() - y).abs() < 1e-6);
         }
+    }
+
+    #[test]
+    fn buffers_in_caller_memory_hold_the_uploads_in_place() {
+        // Three 1000-byte buffers (not a multiple of anything) in a "segment" with a margin.
+        let (n, bytes) = (3usize, 1000usize);
+        let total = HostBackend::placement_bytes(n, bytes).unwrap();
+        assert_eq!(total, 3000);
+        let segment = AlignedBuf::new(total + 96, "test segment").unwrap();
+        let base = segment.as_mut_ptr().wrapping_add(64);
+        // SAFETY: base..base+3000 lies inside `segment`, which outlives `up` (dropped first) and
+        // is only read below, after the uploads' completions.
+        let up = unsafe { HostBackend::new().uploader_in(base, n, bytes) }.unwrap();
+        assert_eq!((up.buffer_count(), up.buffer_bytes()), (n, bytes));
+        let srcs: Vec<Vec<u8>> = (0..n).map(|i| pattern(i as u8 + 40, bytes)).collect();
+        for (i, s) in srcs.iter().enumerate() {
+            assert_eq!(up.device_ptr(i), base as u64 + (i * bytes) as u64);
+            // Nothing to share through CUDA IPC, nothing to order: the calls do nothing.
+            assert_eq!(up.export(i).unwrap(), None);
+            up.wait_release(i, true).unwrap();
+            let job = UploadJob {
+                tag: i as u64,
+                src: s.as_ptr(),
+                len: s.len(),
+                buffer: i,
+                dst_offset: 0,
+            };
+            // SAFETY: `srcs` outlives the completions received below.
+            unsafe { up.submit(job) }.unwrap();
+            up.record_ready(i).unwrap();
+        }
+        for _ in 0..n {
+            let c = up
+                .completions()
+                .recv_timeout(Duration::from_secs(10))
+                .unwrap();
+            assert!(c.result.is_ok());
+        }
+        // Read through the uploader (a copy of the placed bytes) and straight from the memory.
+        for (i, s) in srcs.iter().enumerate() {
+            let mut seen = Vec::new();
+            assert!(up
+                .read_host(i, 0, bytes, &mut |b| seen.extend_from_slice(b))
+                .unwrap());
+            assert_eq!(seen, *s);
+            assert_eq!(up.checksum(i, 0, bytes).unwrap(), checksum(s));
+        }
+        up.compute(2, 400).unwrap();
+        drop(up);
+        let mut whole = vec![0u8; total + 96];
+        // SAFETY: the uploader is gone; nothing else writes `segment`.
+        unsafe { segment.copy_to(0, &mut whole) };
+        assert!(whole[..64].iter().all(|&b| b == 0), "nothing before base");
+        assert_eq!(whole[64..64 + total], srcs.concat()[..]);
+        assert!(
+            whole[64 + total..].iter().all(|&b| b == 0),
+            "nothing past the end"
+        );
+    }
+
+    fn refused(r: Result<Box<dyn Uploader>, BackendError>) -> BackendError {
+        match r {
+            Ok(_) => panic!("the placement was accepted"),
+            Err(e) => e,
+        }
+    }
+
+    #[test]
+    fn placed_buffers_are_checked() {
+        let b = HostBackend::new();
+        let mut mem = [0u8; 16];
+        // SAFETY: refused before any memory is touched (the same for each call below).
+        let e = refused(unsafe { b.uploader_in(std::ptr::null_mut(), 2, 8) });
+        assert!(e.to_string().contains("null base address"), "{e}");
+        // SAFETY: as above.
+        let e = refused(unsafe { b.uploader_in(mem.as_mut_ptr(), 0, 8) });
+        assert!(e.to_string().contains("at least one buffer"), "{e}");
+        // SAFETY: as above.
+        let e = refused(unsafe { b.uploader_in(mem.as_mut_ptr(), usize::MAX, 2) });
+        assert!(e.to_string().contains("overflow"), "{e}");
+        assert_eq!(HostBackend::placement_bytes(usize::MAX, 2), None);
+        // SAFETY: `mem` (16 bytes) outlives the uploader, which is not used to copy anything.
+        let up = unsafe { b.uploader_in(mem.as_mut_ptr(), 2, 8) }.unwrap();
+        for call in [
+            up.export(2).map(|_| ()),
+            up.record_ready(2),
+            up.wait_release(2, false),
+        ] {
+            let e = call.unwrap_err();
+            assert!(e.to_string().contains("out of range"), "{e}");
+        }
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| up.device_ptr(2)));
+        assert!(r.is_err(), "device_ptr of a buffer out of range panics");
+    }
+
+    #[test]
+    fn heap_buffers_have_no_export_either() {
+        let up = HostUploader::new(2, 64).unwrap();
+        assert_eq!(up.export(1).unwrap(), None);
+        up.record_ready(1).unwrap();
+        up.wait_release(1, true).unwrap();
+        assert_ne!(up.device_ptr(0), up.device_ptr(1));
+        assert_eq!(up.device_ptr(0) % crate::buf::PAGE as u64, 0);
     }
 
     #[test]

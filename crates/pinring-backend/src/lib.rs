@@ -11,6 +11,12 @@
 //! - [`host::HostBackend`]: heap buffers and `memcpy`, for machines without a GPU and for tests.
 //!
 //! [`select`] picks one from a [`BackendKind`] (`--backend auto|cuda|host`).
+//!
+//! A training process in another process can use the device buffers in place: the cuda
+//! uploader exports each buffer's CUDA IPC handles and events ([`Uploader::export`],
+//! [`Uploader::record_ready`], [`Uploader::wait_release`]), which the consumer opens with
+//! [`cuda::ipc::Imported`]; the host backend can place its buffers in a shared-memory segment
+//! ([`HostBackend::uploader_in`]). A consumer in the same process uses [`Uploader::device_ptr`].
 
 use std::fmt;
 use std::str::FromStr;
@@ -350,11 +356,99 @@ pub trait Uploader: Send + Sync {
     /// As for [`Uploader::checksum_mapped`]; in addition the caller gives up the range's
     /// contents (cuda overwrites them) and no other thread reads it until this returns.
     unsafe fn compute_mapped(&self, host_ptr: *mut u8, len: usize) -> Result<(), BackendError>;
+
+    /// What a consumer in another process needs to use device buffer `buffer` in place (CUDA
+    /// IPC; docs/ARCHITECTURE.md, "Handing device buffers to a training process").
+    ///
+    /// cuda: the buffer's memory handle (`cuIpcGetMemHandle`) and the handles of its "ready" and
+    /// "release" interprocess events, created by the first call for the buffer; later calls
+    /// return the same handles. Until a buffer has been exported, [`Uploader::record_ready`]
+    /// and [`Uploader::wait_release`] do nothing for it (no consumer can hold its events).
+    /// Fails with [`BackendError::IpcUnavailable`] where the driver refuses CUDA IPC (some
+    /// container runtimes do). host: `Ok(None)` (see [`HostBackend::uploader_in`] for buffers
+    /// another process can map).
+    fn export(&self, buffer: usize) -> Result<Option<BufferExport>, BackendError>;
+
+    /// Marks the end of a batch in `buffer`: cuda: records the buffer's ready event on the copy
+    /// stream, after every copy submitted so far, so a consumer's stream that waits on it
+    /// ([`cuda::ipc::Imported::wait_ready`]) runs after the batch has landed. Call it from the
+    /// thread that submitted the batch, after its last `submit`. A no-op for a buffer never
+    /// exported, and on the host backend.
+    fn record_ready(&self, buffer: usize) -> Result<(), BackendError>;
+
+    /// Call before the first copy of the next batch into `buffer`: cuda: makes the copy stream
+    /// wait (`cuStreamWaitEvent`, no host wait) for the consumer's last release of the buffer
+    /// ([`cuda::ipc::Imported::record_release`]), so a copy never overwrites a batch the
+    /// consumer's kernels still read. With `consumer_alive == false` (the consumer's process is
+    /// gone, and its context with it) nothing is waited for. Every copy submitted afterwards
+    /// waits, into any buffer (one copy stream, in order). A no-op for a buffer never exported,
+    /// and on the host backend.
+    fn wait_release(&self, buffer: usize, consumer_alive: bool) -> Result<(), BackendError>;
+
+    /// The address of device buffer `buffer`, for a consumer in the same process (embedded
+    /// mode): cuda: its device address; host: its host address.
+    ///
+    /// # Panics
+    /// If `buffer >= buffer_count()`.
+    fn device_ptr(&self, buffer: usize) -> u64;
+}
+
+/// The CUDA IPC handles of one device buffer ([`Uploader::export`]): each is the driver's opaque
+/// 64-byte handle, valid in other processes for as long as the exporting uploader lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct BufferExport {
+    /// `CUipcMemHandle` of the buffer's allocation (`cuIpcGetMemHandle`).
+    pub mem: [u8; 64],
+    /// `CUipcEventHandle` of the event the daemon records after a batch's last copy.
+    pub ready_event: [u8; 64],
+    /// `CUipcEventHandle` of the event the consumer records after its last use of a batch.
+    pub release_event: [u8; 64],
+}
+
+impl BufferExport {
+    /// Size of [`BufferExport::to_bytes`].
+    pub const BYTES: usize = 192;
+
+    /// The three handles one after the other (mem, ready, release), e.g. for a shared-memory
+    /// segment.
+    pub fn to_bytes(&self) -> [u8; Self::BYTES] {
+        let mut out = [0u8; Self::BYTES];
+        out[..64].copy_from_slice(&self.mem);
+        out[64..128].copy_from_slice(&self.ready_event);
+        out[128..].copy_from_slice(&self.release_event);
+        out
+    }
+
+    /// The inverse of [`BufferExport::to_bytes`].
+    pub fn from_bytes(bytes: &[u8; Self::BYTES]) -> Self {
+        let part = |i: usize| {
+            let mut h = [0u8; 64];
+            h.copy_from_slice(&bytes[i * 64..(i + 1) * 64]);
+            h
+        };
+        Self {
+            mem: part(0),
+            ready_event: part(1),
+            release_event: part(2),
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn buffer_export_round_trips_through_bytes() {
+        let e = BufferExport {
+            mem: [1; 64],
+            ready_event: std::array::from_fn(|i| i as u8),
+            release_event: [0xfe; 64],
+        };
+        let bytes = e.to_bytes();
+        assert_eq!(bytes[64..128], e.ready_event);
+        assert_eq!(BufferExport::from_bytes(&bytes), e);
+    }
 
     #[test]
     fn kind_parses_and_displays() {

@@ -8,7 +8,7 @@ use cudarc::driver::sys;
 
 use super::raw;
 use super::register::register_error;
-use super::uploader::{alloc_call, DeviceBuffer};
+use super::uploader::DeviceBuffer;
 use super::{ChunkTable, CudaBackend, HostRegistration, MAX_REGISTER_CHUNK};
 use crate::buf::AlignedBuf;
 use crate::error::cuda_error;
@@ -53,7 +53,7 @@ impl CudaBackend {
         let stream = self.new_stream("raw H2D benchmark")?;
         let dst = DeviceBuffer::alloc(&stream, bytes).map_err(|e| {
             cuda_error(
-                alloc_call(&self.ctx),
+                "cuMemAlloc",
                 format!("{bytes} bytes on device {dev} (raw H2D benchmark)"),
                 e.0,
             )

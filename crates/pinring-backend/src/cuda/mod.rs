@@ -21,14 +21,19 @@
 //! | `completion` | the completion thread's loop |
 //! | `kernels` | checksum / sin launch glue (the PTX itself is in `ptx`) |
 //! | `zero_copy` | DEVICEMAP mapped addresses and the kernels over them |
-//! | `raw` | the thin unsafe layer: every raw driver call |
+//! | [`ipc`] | CUDA IPC: the device buffers' handles and events for a consumer in another process, and [`ipc::Imported`], the consumer's side |
+//! | `raw` | the thin unsafe layer: every raw driver call (those of CUDA IPC are in `ipc/raw.rs`) |
 //!
-//! Contexts, streams, device memory and kernels are cudarc's safe types; the raw driver calls
-//! that remain (registration, mapped pointers, the upload copy, blocking-sync events; the reasons
-//! are in docs/ARCHITECTURE.md) all live in `raw.rs`, and the other modules only sequence them.
+//! Contexts, streams and kernels are cudarc's safe types; device buffers are `cuMemAlloc`
+//! allocations (CUDA IPC cannot export cudarc's pool allocations) seen through cudarc slices.
+//! The raw driver calls that remain (registration, mapped pointers, the upload copy,
+//! blocking-sync events, the device buffers' allocation; the reasons are in
+//! docs/ARCHITECTURE.md) all live in `raw.rs`, those of CUDA IPC in `ipc/raw.rs`, and the other
+//! modules only sequence them.
 
 mod bandwidth;
 mod completion;
+pub mod ipc;
 mod kernels;
 mod probe;
 mod ptx;

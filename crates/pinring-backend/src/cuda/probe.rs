@@ -91,6 +91,21 @@ pub(crate) fn probe() -> Result<String, BackendError> {
     })
 }
 
+/// Loads the driver (probing first), checks that `device` exists, retains its primary context
+/// and makes it current on the calling thread: the consumer's side of CUDA IPC
+/// (`ipc::Imported`), which needs none of the backend's set-up.
+pub(super) fn primary_context(device: usize) -> Result<Arc<CudaContext>, BackendError> {
+    init_driver()?;
+    guarded("Imported::open", || {
+        let count = device_count()?;
+        if device >= count {
+            return Err(BackendError::NoSuchDevice { device, count });
+        }
+        CudaContext::new(device)
+            .map_err(|e| cuda_error("cuDevicePrimaryCtxRetain", format!("device {device}"), e.0))
+    })
+}
+
 impl CudaBackend {
     /// Loads the driver (probing first), checks that `device` exists and retains its primary
     /// context.

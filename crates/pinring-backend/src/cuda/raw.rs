@@ -121,6 +121,65 @@ pub unsafe fn memcpy_htod_async(
         .result()
 }
 
+/// Device memory from `cuMemAlloc`, freed with `cuMemFree` on drop.
+///
+/// Device buffers are allocated this way rather than through cudarc (`alloc_zeros`), which takes
+/// them from the device's stream-ordered pool (`cuMemAllocAsync`) where the device supports
+/// one: `cuIpcGetMemHandle` refuses pool memory, and the daemon exports its device buffers to
+/// consumers in other processes (`cuda::ipc`).
+#[derive(Debug)]
+pub struct DeviceAlloc {
+    ptr: sys::CUdeviceptr,
+    bytes: usize,
+    ctx: Arc<CudaContext>,
+}
+
+// SAFETY: the allocation is owned (freed once, in Drop) and the device address is not tied to a
+// thread; every driver call on it first makes its context current on the calling thread.
+unsafe impl Send for DeviceAlloc {}
+// SAFETY: `&self` only hands out the address; nothing is mutated through it.
+unsafe impl Sync for DeviceAlloc {}
+
+impl DeviceAlloc {
+    /// `bytes` (at least 1) of uninitialised device memory in `ctx`.
+    pub fn new(ctx: &Arc<CudaContext>, bytes: usize) -> Result<Self, DriverError> {
+        make_current(ctx)?;
+        let bytes = bytes.max(1);
+        let mut ptr: sys::CUdeviceptr = 0;
+        // SAFETY: `ptr` is a valid out-parameter and `bytes` is non-zero; the context is
+        // current. The memory is owned by the returned value, which frees it once.
+        unsafe { sys::cuMemAlloc_v2(&mut ptr, bytes) }.result()?;
+        Ok(Self {
+            ptr,
+            bytes,
+            ctx: Arc::clone(ctx),
+        })
+    }
+
+    /// Device address of the first byte.
+    pub fn ptr(&self) -> sys::CUdeviceptr {
+        self.ptr
+    }
+
+    /// Size in bytes.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
+impl Drop for DeviceAlloc {
+    fn drop(&mut self) {
+        if make_current(&self.ctx).is_ok() {
+            // SAFETY: allocated by cuMemAlloc in this context and freed once, here. The owners
+            // (the uploader, the bandwidth test) wait for every copy and kernel that uses the
+            // memory before dropping it.
+            if let Err(e) = unsafe { sys::cuMemFree_v2(self.ptr) }.result() {
+                tracing::warn!(code = ?e.0, "cuMemFree failed");
+            }
+        }
+    }
+}
+
 /// A CUDA event created with `BLOCKING_SYNC | DISABLE_TIMING`: waiting on it puts the thread to
 /// sleep instead of spinning a core.
 #[derive(Debug)]

@@ -14,20 +14,21 @@
 //! device memory), and the zero-copy calls read ring slots, not device buffers, so neither takes
 //! a count.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
 use crossbeam_channel::{Receiver, Sender};
-use cudarc::driver::{sys, CudaContext, CudaSlice, CudaStream, DevicePtr, DriverError};
+use cudarc::driver::{sys, CudaContext, CudaSlice, CudaStream, DriverError};
 
 use super::completion::{self, InFlight};
+use super::ipc::Exported;
 use super::kernels::{KernelState, Span};
 use super::{gib, raw, ChunkTable, CudaBackend};
 use crate::error::cuda_error;
 use crate::guard::{check_job, Guards, Reading};
 use crate::host::{check_checksum_offset, check_range};
-use crate::{BackendError, Completion, UploadJob, Uploader};
+use crate::{BackendError, BufferExport, Completion, UploadJob, Uploader};
 
 /// Upload engine of the CUDA backend.
 #[derive(Debug)]
@@ -52,6 +53,10 @@ pub struct CudaUploader {
     pub(super) kernel_state: Mutex<KernelState>,
     /// Called by the completion thread after it sent completions.
     pub(super) hook: Arc<crate::HookCell>,
+    /// Each buffer's CUDA IPC handles and events, made by its first `export` (`ipc::export`).
+    pub(super) ipc: Vec<OnceLock<Exported>>,
+    /// Held while a buffer's IPC state is made, so it is made once.
+    pub(super) ipc_init: Mutex<()>,
 }
 
 impl CudaUploader {
@@ -76,7 +81,7 @@ impl CudaUploader {
         for i in 0..buffers {
             let b = DeviceBuffer::alloc(&copy_stream, buffer_bytes).map_err(|e| {
                 cuda_error(
-                    alloc_call(&ctx),
+                    "cuMemAlloc",
                     format!(
                         "device buffer {i} of {buffers} ({buffer_bytes} bytes each, {} GiB device) on device {device}",
                         gib(backend.total_mem)
@@ -86,8 +91,8 @@ impl CudaUploader {
             })?;
             bufs.push(b);
         }
-        // Stream-ordered allocations: finish them before the kernel stream may touch a buffer
-        // (event tracking is off, see `CudaBackend::new`). Once, at set-up.
+        // The buffers are zeroed on the copy stream: finish that before the kernel stream may
+        // touch a buffer (event tracking is off, see `CudaBackend::new`). Once, at set-up.
         copy_stream.synchronize().map_err(|e| {
             cuda_error(
                 "cuStreamSynchronize",
@@ -131,6 +136,8 @@ impl CudaUploader {
                 done,
             }),
             hook,
+            ipc: (0..buffers).map(|_| OnceLock::new()).collect(),
+            ipc_init: Mutex::new(()),
         })
     }
 
@@ -168,7 +175,7 @@ impl CudaUploader {
 }
 
 /// The driver call that allocates device memory through cudarc in `ctx` (for error messages).
-pub(super) fn alloc_call(ctx: &CudaContext) -> &'static str {
+fn alloc_call(ctx: &CudaContext) -> &'static str {
     if ctx.has_async_alloc() {
         "cuMemAllocAsync"
     } else {
@@ -176,32 +183,52 @@ pub(super) fn alloc_call(ctx: &CudaContext) -> &'static str {
     }
 }
 
-/// One device buffer. cudarc's [`CudaSlice`] owns the allocation (stream-ordered on the stream it
-/// was allocated on, freed when dropped); its device address is read once, here, so `submit`
-/// hands it to the copy without going through the slice.
+/// One device buffer: a `cuMemAlloc` allocation ([`raw::DeviceAlloc`], which CUDA IPC can
+/// export; cudarc's own allocations come from the stream-ordered pool, which it cannot) and a
+/// cudarc [`CudaSlice`] view of it for cudarc's safe calls (read-backs). cudarc never frees the
+/// memory: dropping the buffer takes the view back with [`CudaSlice::leak`] before the
+/// allocation is freed. The device address is read once, here, so `submit` hands it to the copy
+/// without going through the slice.
 #[derive(Debug)]
 pub(super) struct DeviceBuffer {
-    slice: CudaSlice<u8>,
-    ptr: sys::CUdeviceptr,
+    /// `Some` until dropped.
+    view: Option<CudaSlice<u8>>,
+    /// Declared after `view`: freed after the view has been taken back.
+    alloc: raw::DeviceAlloc,
 }
 
 impl DeviceBuffer {
-    /// `bytes` (at least 1) of zeroed device memory, allocated on `stream`.
+    /// `bytes` (at least 1) of device memory, zeroed on `stream` (the zeroing is stream-ordered:
+    /// synchronize `stream` before another stream uses the buffer).
     pub(super) fn alloc(stream: &Arc<CudaStream>, bytes: usize) -> Result<Self, DriverError> {
-        let slice = stream.alloc_zeros::<u8>(bytes.max(1))?;
-        // With event tracking off (`CudaBackend::new`) this records nothing.
-        let (ptr, _) = slice.device_ptr(stream);
-        Ok(Self { slice, ptr })
+        let alloc = raw::DeviceAlloc::new(stream.context(), bytes)?;
+        // SAFETY: `alloc` is a live allocation of `alloc.bytes()` bytes in the stream's context.
+        // The view never frees it (Drop leaks the view back first) and does not outlive it (both
+        // are fields of this buffer; `view` is taken in Drop before `alloc` is dropped). Event
+        // tracking is off in the backend's context (`CudaBackend::new`), so no events are
+        // created for the view.
+        let mut view = unsafe { stream.upgrade_device_ptr::<u8>(alloc.ptr(), alloc.bytes()) };
+        if let Err(e) = stream.memset_zeros(&mut view) {
+            view.leak();
+            return Err(e);
+        }
+        Ok(Self {
+            view: Some(view),
+            alloc,
+        })
     }
 
-    /// The allocation, for cudarc's safe calls (reading back, kernel arguments).
+    /// The allocation, for cudarc's safe calls (reading back).
     pub(super) fn slice(&self) -> &CudaSlice<u8> {
-        &self.slice
+        match &self.view {
+            Some(v) => v,
+            None => unreachable!("the view is taken only in Drop"),
+        }
     }
 
     /// Device address.
     pub(super) fn ptr(&self) -> sys::CUdeviceptr {
-        self.ptr
+        self.alloc.ptr()
     }
 
     /// Bytes `offset..offset + len` as a kernel's [`Span`].
@@ -212,12 +239,12 @@ impl DeviceBuffer {
         assert!(
             offset
                 .checked_add(len)
-                .is_some_and(|end| end <= self.slice.len()),
+                .is_some_and(|end| end <= self.alloc.bytes()),
             "span of {len} bytes at offset {offset} of a {}-byte device buffer",
-            self.slice.len()
+            self.alloc.bytes()
         );
         Span {
-            ptr: self.ptr + offset as u64,
+            ptr: self.ptr() + offset as u64,
             bytes: len,
         }
     }
@@ -238,14 +265,24 @@ impl DeviceBuffer {
         len: usize,
         stream: &CudaStream,
     ) -> Result<(), DriverError> {
-        let bytes = self.slice.len();
+        let bytes = self.alloc.bytes();
         assert!(
             offset.checked_add(len).is_some_and(|end| end <= bytes),
             "copy of {len} bytes at offset {offset} into a {bytes}-byte device buffer"
         );
         // SAFETY: the destination range lies inside this live allocation (asserted), which the
         // caller keeps alive until the copy completes, as it does the source range.
-        unsafe { raw::memcpy_htod_async(self.ptr + offset as u64, src, len, stream) }
+        unsafe { raw::memcpy_htod_async(self.ptr() + offset as u64, src, len, stream) }
+    }
+}
+
+impl Drop for DeviceBuffer {
+    fn drop(&mut self) {
+        // cudarc must not free memory it did not allocate: take the view back; `alloc`, dropped
+        // next, frees it with cuMemFree.
+        if let Some(v) = self.view.take() {
+            v.leak();
+        }
     }
 }
 
@@ -382,6 +419,26 @@ impl Uploader for CudaUploader {
     unsafe fn compute_mapped(&self, host_ptr: *mut u8, len: usize) -> Result<(), BackendError> {
         // SAFETY: forwarded from the caller of `Uploader::compute_mapped`.
         unsafe { self.compute_mapped_range(host_ptr, len) }
+    }
+
+    fn export(&self, buffer: usize) -> Result<Option<BufferExport>, BackendError> {
+        self.export_buffer(buffer).map(Some)
+    }
+
+    fn record_ready(&self, buffer: usize) -> Result<(), BackendError> {
+        self.record_ready_on_copy_stream(buffer)
+    }
+
+    fn wait_release(&self, buffer: usize, consumer_alive: bool) -> Result<(), BackendError> {
+        self.wait_release_on_copy_stream(buffer, consumer_alive)
+    }
+
+    fn device_ptr(&self, buffer: usize) -> u64 {
+        let count = self.buffers.len();
+        match self.buffers.get(buffer) {
+            Some(b) => b.ptr(),
+            None => panic!("device buffer {buffer} out of range: the uploader has {count}"),
+        }
     }
 }
 
