@@ -1,5 +1,9 @@
 """pinring: batches from a shared-memory ring, handed to NumPy and PyTorch through DLPack.
 
+``pinring.Loader`` is the training loop's end: ``for batch in pinring.Loader(ring="default"):``
+yields dicts of field name -> tensor, in order, without a copy. ``Consumer``, ``Batch`` and
+``EmbeddedDaemon`` are the native pieces under it.
+
 Exceptions mirror the exit codes of the pinring binaries: every one is a ``PinringError`` and
 carries ``exit_code`` and ``exit_name`` (``ConfigError.exit_code == 3``).
 """
@@ -7,7 +11,10 @@ carries ``exit_code`` and ``exit_name`` (``ConfigError.exit_code == 3``).
 from pinring._native import (
     DLPACK_VERSION,
     BackendError,
+    Batch,
     ConfigError,
+    Consumer,
+    EmbeddedDaemon,
     Field,
     InternalError,
     OutputError,
@@ -18,13 +25,18 @@ from pinring._native import (
     UsageError,
     VerifyError,
 )
+from pinring.loader import Loader
 
 __all__ = [
     "DLPACK_VERSION",
     "BackendError",
+    "Batch",
     "ConfigError",
+    "Consumer",
+    "EmbeddedDaemon",
     "Field",
     "InternalError",
+    "Loader",
     "OutputError",
     "PeerDied",
     "PinringError",

@@ -1,6 +1,6 @@
 """Type stubs of the compiled module ``pinring._native`` (crates/pinring-python)."""
 
-from typing import Any, ClassVar, Literal, Optional, Tuple
+from typing import Any, ClassVar, Dict, Literal, Optional, Tuple
 
 DType = Literal["u8", "i32", "i64", "f16", "bf16", "f32", "f64"]
 
@@ -95,3 +95,80 @@ def _test_host_field(
 def _test_load_config(path: str) -> str: ...
 def _test_check_ring_name(name: str) -> None: ...
 def _test_exit_error(code: int, message: str) -> PinringError: ...
+
+class Batch:
+    """One whole batch taken from a ring: ``fields`` maps each field's name (``"images"``,
+    ``"labels"``, ...) to a ``Field`` with the batch dimension first. The batch's buffer goes
+    back to the daemon once this object and every array or tensor made from its fields are gone.
+    """
+
+    seq: int
+    """First seq of the batch (its part 0); a state's ``seq`` names a batch by it."""
+    batch: int
+    """Batch number (``seq // parts_per_batch``)."""
+    epoch: int
+    index_in_epoch: int
+    samples: int
+    """Samples in the batch (the batch dimension of every field)."""
+    fields: Dict[str, Field]
+    def release(self) -> None:
+        """Drops this object's hold on the buffer (arrays and tensors keep theirs)."""
+
+class Consumer:
+    """The one consumer of a ring whose daemon runs ``--sink consumer``.
+
+    Raises ``RefusedError`` while another consumer is attached, ``RingError`` when the ring
+    hands nothing over or is missing, ``UsageError`` for a ``start_seq`` the ring cannot serve,
+    and ``RefusedError`` for a ``fingerprint`` of another plan.
+    """
+
+    def __init__(
+        self,
+        ring: str,
+        start_seq: Optional[int] = None,
+        fingerprint: Optional[int] = None,
+        wait_for_ring: float = 30.0,
+    ) -> None: ...
+    def next_batch(self, timeout: Optional[float] = None) -> Optional[Batch]:
+        """The next batch in seq order (None at the end of the plan); waits with the GIL
+        released. Raises ``PeerDied`` if the daemon dies or stops first."""
+    def state(self) -> Tuple[int, int]:
+        """``(seq, fingerprint)`` to resume from."""
+    def expected(self, batch: int) -> Dict[str, bytes]:
+        """The synthetic generator's bytes of each field of batch number ``batch`` (for
+        checking every byte)."""
+    @property
+    def batches_per_epoch(self) -> int: ...
+    @property
+    def parts_per_batch(self) -> int: ...
+    @property
+    def end_seq(self) -> int: ...
+    @property
+    def device(self) -> str:
+        """``"cpu"`` or ``"cuda:N"``."""
+    @property
+    def ring(self) -> str: ...
+    def close(self) -> None:
+        """Detaches; held batches stay valid until released."""
+
+class EmbeddedDaemon:
+    """The daemon's code on a thread of this process (no service, no CUDA IPC). Loaders join
+    its ring with ``pinring-loader --ring NAME``."""
+
+    def __init__(
+        self,
+        config: Optional[str] = None,
+        ring: Optional[str] = None,
+        backend: Literal["auto", "cuda", "host"] = "auto",
+        device: int = 0,
+        start_seq: int = 0,
+        epochs: Optional[int] = None,
+        replace: bool = False,
+        wait: float = 60.0,
+    ) -> None: ...
+    @property
+    def ring(self) -> str: ...
+    @property
+    def running(self) -> bool: ...
+    def stop(self) -> Optional[str]:
+        """Stops (drains) the daemon; its summary as JSON text."""

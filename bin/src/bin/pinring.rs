@@ -3,7 +3,7 @@
 //! `status`, `clean` and `config check` are the operator's tools.
 
 use clap::{Parser, Subcommand};
-use pinring_cli::{bench, reference, runner};
+use pinring_cli::{bench, consume, reference, runner};
 use pinring_runtime::{
     clean, config_check, crash, daemon, loader, logging, shutdown::Shutdown, status, Exit,
 };
@@ -25,6 +25,9 @@ enum Cmd {
     Daemon(daemon::DaemonArgs),
     /// Run a loader (same as pinring-loader).
     Loader(loader::LoaderArgs),
+    /// Be the trainer's end of a ring (its daemon runs --sink consumer): take its batches in
+    /// order, optionally verify and hold them, print the resume state as JSON.
+    Consume(consume::ConsumeArgs),
     /// Live view of one ring or of every ring on this host (read-only).
     Status(status::StatusArgs),
     /// Remove rings whose daemon is gone; never touches a live one.
@@ -52,6 +55,10 @@ fn dispatch() -> Exit {
         Cmd::Run(args) => {
             logging::init("run");
             pinring_cli::main_run(&args, shutdown)
+        }
+        Cmd::Consume(args) => {
+            logging::init("consume");
+            pinring_cli::main_consume(&args)
         }
         Cmd::Bench(args) => {
             logging::init("bench");

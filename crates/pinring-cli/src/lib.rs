@@ -6,6 +6,7 @@
 //! `pinring-daemon` or `pinring-loader`.
 
 pub mod bench;
+pub mod consume;
 pub mod reference;
 pub mod runner;
 pub mod stats;
@@ -32,6 +33,26 @@ pub fn main_run(args: &runner::RunArgs, shutdown: std::io::Result<Shutdown>) -> 
 pub fn main_bench(args: &bench::BenchArgs) -> Exit {
     match bench::run(args) {
         Ok(_) => Exit::Ok,
+        Err(e) => {
+            tracing::error!("{e}");
+            e.exit()
+        }
+    }
+}
+
+/// Body of `pinring consume`: prints the resume state as one JSON line on stdout.
+pub fn main_consume(args: &consume::ConsumeArgs) -> Exit {
+    match consume::run(args) {
+        Ok(done) => match serde_json::to_string(&done) {
+            Ok(line) => {
+                println!("{line}");
+                Exit::Ok
+            }
+            Err(e) => {
+                tracing::error!("cannot print the consume result: {e}");
+                Exit::Output
+            }
+        },
         Err(e) => {
             tracing::error!("{e}");
             e.exit()

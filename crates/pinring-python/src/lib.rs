@@ -1,9 +1,11 @@
 //! `pinring._native`, the compiled half of the `pinring` Python package (python/): pinring's
-//! exceptions ([`errors`]) and the DLPack export of batch fields ([`field`], [`dlpack`]).
+//! exceptions ([`errors`]), the DLPack export of batch fields ([`field`], [`dlpack`]), and the
+//! trainer's end ([`consumer`]).
 //!
 //! Built by maturin (python/pyproject.toml) as an abi3 extension module for CPython 3.9 and
 //! later; the Rust tests of the workspace do not build or link it against Python.
 
+pub mod consumer;
 pub mod dlpack;
 pub mod errors;
 pub mod field;
@@ -20,6 +22,9 @@ pub use field::{Device, Field, FieldOwner, KeepAlive};
 fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::register(m)?;
     m.add_class::<Field>()?;
+    m.add_class::<consumer::Consumer>()?;
+    m.add_class::<consumer::Batch>()?;
+    m.add_class::<consumer::EmbeddedDaemon>()?;
     m.add_class::<testing::OwnerProbe>()?;
     m.add_function(wrap_pyfunction!(testing::test_host_field, m)?)?;
     m.add_function(wrap_pyfunction!(testing::test_load_config, m)?)?;

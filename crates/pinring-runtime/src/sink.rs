@@ -31,6 +31,8 @@ pub enum SinkKind {
     Verify,
     /// Run a kernel over each batch.
     Compute,
+    /// Hand each batch to a training process (`pinring.Loader`, pinring-client).
+    Consumer,
 }
 
 impl SinkKind {
@@ -40,6 +42,7 @@ impl SinkKind {
             SinkKind::Discard => "discard",
             SinkKind::Verify => "verify",
             SinkKind::Compute => "compute",
+            SinkKind::Consumer => "consumer",
         }
     }
 }
@@ -119,7 +122,8 @@ pub fn run(
     for job in jobs {
         let t = Instant::now();
         let (verified, failure) = match kind {
-            SinkKind::Discard => (false, None),
+            // The consumer sink never reaches the sink thread (daemon/handoff.rs).
+            SinkKind::Discard | SinkKind::Consumer => (false, None),
             SinkKind::Compute => match compute(&*uploader, &layout, &job) {
                 Ok(()) => (false, None),
                 Err(e) => (

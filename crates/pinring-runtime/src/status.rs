@@ -195,8 +195,50 @@ pub struct Snapshot {
     pub bad_batches_skipped: u64,
     /// Descriptors found in a state the daemon never left them in.
     pub corrupt_descriptors: u64,
+    /// The trainer's end, for a ring whose daemon hands batches to a consumer.
+    pub consumer: Option<ConsumerView>,
     #[serde(skip)]
     taken: Option<Instant>,
+}
+
+/// The handoff as a status view sees it (`--sink consumer`).
+#[derive(Debug, Clone, Serialize)]
+pub struct ConsumerView {
+    /// Whether a consumer is attached (its lock is held).
+    pub attached: bool,
+    /// The last consumer's pid, as it recorded it.
+    pub pid: u32,
+    /// Batch buffers.
+    pub buffers: u32,
+    /// Buffers holding a batch no consumer took yet.
+    pub waiting: u32,
+    /// Buffers the consumer holds.
+    pub held: u32,
+    /// Batches taken.
+    pub taken: u64,
+    /// Buffers taken back from dead consumers.
+    pub reclaimed: u64,
+}
+
+impl ConsumerView {
+    fn of(ring: &Ring) -> Option<ConsumerView> {
+        use pinring_ring::handoff::buffer_state;
+        let g = ring.geometry().handoff?;
+        let b = ring.handoff();
+        let states: Vec<u8> = (0..g.buffers)
+            .map(|i| ring.buffer_desc(i).load_word().state)
+            .collect();
+        let count = |s: u8| states.iter().filter(|&&x| x == s).count() as u32;
+        Some(ConsumerView {
+            attached: ring.consumer_alive().unwrap_or(false),
+            pid: b.consumer_pid.load(Relaxed),
+            buffers: g.buffers,
+            waiting: count(buffer_state::FILLED),
+            held: count(buffer_state::TAKEN),
+            taken: b.taken.load(Relaxed),
+            reclaimed: b.reclaimed.load(Relaxed),
+        })
+    }
 }
 
 fn secs(ns: u64) -> f64 {
@@ -268,6 +310,7 @@ impl Snapshot {
             reissued: ring.health().reissued.load(Relaxed),
             bad_batches_skipped: ring.health().bad_batches_skipped.load(Relaxed),
             corrupt_descriptors: ring.health().corrupt_descriptors.load(Relaxed),
+            consumer: ConsumerView::of(ring),
             taken: Some(Instant::now()),
         }
     }
@@ -439,6 +482,22 @@ pub fn render(reports: &[RingReport]) -> String {
                 String::new()
             }
         );
+        if let Some(cv) = &snap.consumer {
+            let _ = writeln!(
+                s,
+                "  consumer: {}  taken {}  buffers {}: {} waiting, {} held  reclaimed {}",
+                if cv.attached {
+                    format!("pid {} attached", cv.pid)
+                } else {
+                    "none attached".to_string()
+                },
+                cv.taken,
+                cv.buffers,
+                cv.waiting,
+                cv.held,
+                cv.reclaimed
+            );
+        }
         let _ = writeln!(s, "  bound by: {}", rates.bound);
         let _ = writeln!(
             s,

@@ -97,6 +97,18 @@ impl Daemon {
             let Some(done) = self.assembling.remove(&batch) else {
                 continue;
             };
+            if self.sink_kind == SinkKind::Consumer {
+                self.hand_over(super::handoff::Ready {
+                    buffer: done.buffer,
+                    seq: batch * self.parts,
+                    batch,
+                    epoch: done.epoch,
+                    index_in_epoch: done.index_in_epoch,
+                    bytes: done.len,
+                    samples: done.samples,
+                })?;
+                continue;
+            }
             let job = SinkJob {
                 seq: batch * self.parts,
                 source: sink::Source::Buffer(done.buffer),
@@ -151,50 +163,59 @@ impl Daemon {
     /// A batch the sink is done with: its buffer (or zero-copy slot) is free again, and it
     /// counts as delivered.
     fn deliver(&mut self, done: SinkDone) {
-        {
-            self.sink_pending -= 1;
-            self.free_buffers.push(done.buffer);
-            if let sink::Source::Mapped { slot, .. } = done.source {
-                // Zero-copy: the sink's kernel has finished reading the slot; hand it out again.
-                if let Some(commit_ns) = self.zero_copy_commits.remove(&slot) {
-                    self.record_latency(commit_ns, done.done_ns);
-                }
-                self.hand_out(slot);
-                self.ring.wake_loaders(1);
+        self.sink_pending -= 1;
+        self.free_buffers.push(done.buffer);
+        if let sink::Source::Mapped { slot, .. } = done.source {
+            // Zero-copy: the sink's kernel has finished reading the slot; hand it out again.
+            if let Some(commit_ns) = self.zero_copy_commits.remove(&slot) {
+                self.record_latency(commit_ns, done.done_ns);
             }
-            self.sink_busy_ns += done.busy_ns;
-            // Exactly once and in order at part level: a batch delivers each of its parts' seqs,
-            // first to last (zero-copy batches are one part).
-            let parts = if matches!(done.source, sink::Source::Mapped { .. }) {
-                1
-            } else {
-                self.parts
-            };
-            // Every part is booked, even after one reports a problem; the first problem is kept.
-            let mut order_problem = None;
-            for seq in done.seq..done.seq + parts {
-                if let Err(p) = self.sequencer.delivered(seq) {
-                    order_problem.get_or_insert(p);
-                }
-            }
-            let problem = done.failure.or(order_problem.map(|p| p.to_string()));
-            if let Some(msg) = problem {
-                self.verify_failures += 1;
-                tracing::error!(ring = %self.cfg.ring.name, seq = done.seq, "{msg}");
-                self.first_failure.get_or_insert(msg);
-            } else if done.verified {
-                self.verified += 1;
-            }
-            self.last_delivery = Instant::now();
-            let h = self.ring.header();
-            h.delivered.fetch_add(1, Relaxed);
-            // The daemon's published resume point, for status; never read back.
-            h.next_deliver.store(self.sequencer.resume_seq(), Relaxed);
-            tracing::debug!(ring = %self.cfg.ring.name, seq = done.seq, "batch delivered");
-            let mut samples = done.samples;
-            samples.clear();
-            self.spare_samples.push(samples);
+            self.hand_out(slot);
+            self.ring.wake_loaders(1);
         }
+        self.sink_busy_ns += done.busy_ns;
+        // Zero-copy batches are one part.
+        let parts = if matches!(done.source, sink::Source::Mapped { .. }) {
+            1
+        } else {
+            self.parts
+        };
+        self.book_delivery(done.seq, parts, done.failure, done.verified, done.samples);
+    }
+
+    /// Books a delivered batch: exactly once and in order at part level (a batch delivers each
+    /// of its parts' seqs, first to last), the counters, the published resume point.
+    pub(super) fn book_delivery(
+        &mut self,
+        seq: u64,
+        parts: u64,
+        failure: Option<String>,
+        verified: bool,
+        mut samples: Vec<u64>,
+    ) {
+        // Every part is booked, even after one reports a problem; the first problem is kept.
+        let mut order_problem = None;
+        for s in seq..seq + parts {
+            if let Err(p) = self.sequencer.delivered(s) {
+                order_problem.get_or_insert(p);
+            }
+        }
+        let problem = failure.or(order_problem.map(|p| p.to_string()));
+        if let Some(msg) = problem {
+            self.verify_failures += 1;
+            tracing::error!(ring = %self.cfg.ring.name, seq, "{msg}");
+            self.first_failure.get_or_insert(msg);
+        } else if verified {
+            self.verified += 1;
+        }
+        self.last_delivery = Instant::now();
+        let h = self.ring.header();
+        h.delivered.fetch_add(1, Relaxed);
+        // The daemon's published resume point, for status; never read back.
+        h.next_deliver.store(self.sequencer.resume_seq(), Relaxed);
+        tracing::debug!(ring = %self.cfg.ring.name, seq, "batch delivered");
+        samples.clear();
+        self.spare_samples.push(samples);
     }
 
     /// Takes READY slots (in seq order, or any when unordered) and starts their uploads.
@@ -299,6 +320,8 @@ impl Daemon {
                                 landed: 0,
                                 samples: whole,
                                 len,
+                                epoch,
+                                index_in_epoch,
                             },
                         );
                     }
@@ -344,6 +367,8 @@ impl Daemon {
                         landed: 0,
                         samples,
                         len,
+                        epoch,
+                        index_in_epoch,
                     },
                 );
             } else {

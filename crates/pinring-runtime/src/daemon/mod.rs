@@ -29,6 +29,7 @@ use std::time::{Duration, Instant};
 mod args;
 mod dispatch;
 mod finish;
+mod handoff;
 mod recovery;
 mod sequencer;
 mod start;
@@ -218,6 +219,10 @@ struct Assembly {
     samples: Vec<u64>,
     /// The whole batch's payload bytes (all fields).
     len: usize,
+    /// The batch's epoch.
+    epoch: u32,
+    /// The batch's index in its epoch.
+    index_in_epoch: u64,
 }
 
 struct Daemon {
@@ -272,6 +277,8 @@ struct Daemon {
     spare_samples: Vec<Vec<u64>>,
     /// A taken batch's metadata, copied out of its slot before it is decoded.
     meta_buf: Vec<u8>,
+    /// Batches handed to a consumer (`--sink consumer`, daemon/handoff.rs).
+    handoff_books: handoff::HandoffBooks,
     // Fault handling (daemon/recovery.rs).
     /// How often dead/hung loaders and the segment file are checked (`daemon.reap_interval_ms`).
     reap_every: Duration,
@@ -311,6 +318,7 @@ impl Daemon {
             self.service.tick(&self.ring);
             let mut progressed = self.collect_completions()?;
             progressed |= self.collect_sink_results();
+            progressed |= self.collect_returns()?;
             progressed |= self.dispatch()?;
 
             if self.sequencer.complete() && self.inflight.is_empty() && self.sink_pending == 0 {
@@ -327,12 +335,21 @@ impl Daemon {
                     .filter(|&slot| self.ring.unassign_if_free(slot))
                     .collect();
                 self.sequencer.drain(&taken_back);
+                // Batches handed over but not taken go back undelivered.
+                self.withdraw_untaken();
             }
             if let Some(deadline) = drain_deadline {
-                let nothing_in_flight = self.inflight.is_empty() && self.sink_pending == 0;
-                if nothing_in_flight
-                    && (!self.sequencer.any_waiting() || Instant::now() >= deadline)
-                {
+                let past = Instant::now() >= deadline;
+                // Batches a consumer still holds are waited for until the deadline only.
+                let held = self.handoff_books.outstanding();
+                let nothing_in_flight = self.inflight.is_empty()
+                    && (self.sink_pending == 0 || (past && self.sink_pending == held));
+                if nothing_in_flight && (!self.sequencer.any_waiting() || past) {
+                    if held > 0 {
+                        tracing::warn!(ring = %self.cfg.ring.name, buffers = held,
+                            "stopping while the consumer still holds batch buffers: its tensors \
+                             of those batches become invalid");
+                    }
                     return Ok(());
                 }
             }

@@ -65,6 +65,7 @@ impl Daemon {
             .header()
             .next_deliver
             .store(self.sequencer.resume_seq(), Relaxed);
+        self.reap_consumer()?;
         let reaped = self.ring.reap_dead_loaders();
         if reaped > 0 {
             tracing::warn!(ring = %self.cfg.ring.name, loaders = reaped, "removed dead loaders from the table");

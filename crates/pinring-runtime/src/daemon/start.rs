@@ -63,6 +63,34 @@ impl Daemon {
         }
         let selected = pinring_backend::select(args.backend, args.device)?;
         tracing::info!(backend = selected.backend.name(), reason = %selected.reason, "backend selected");
+        // One device buffer per batch, sized for a whole batch: each field one tensor at its
+        // aligned offset, where the parts' chunks of that field land.
+        // Enough buffers to keep the copy engine busy while completions travel back: with small
+        // batches, a handful of uploads in flight drain faster than a completion round trip.
+        // Handed to a consumer, they are its prefetch depth (daemon.prefetch).
+        let layout = cfg.batch_layout();
+        let consumer = args.sink == sink::SinkKind::Consumer;
+        // Handed over, buffers are whole pages, so that on the host backend (buffers side by
+        // side in the ring) every buffer and so every field starts aligned.
+        let buffer_bytes = if consumer {
+            layout.total_bytes.max(1).next_multiple_of(4096)
+        } else {
+            layout.total_bytes.max(1)
+        };
+        let prefetch = cfg.daemon.prefetch.map(|p| p as usize).filter(|_| consumer);
+        let buffers = args
+            .upload_buffers
+            .or(prefetch)
+            .unwrap_or_else(|| default_upload_buffers(buffer_bytes))
+            .clamp(1, if consumer { 64 } else { 256 });
+        let host_buffers = selected.backend.name() == "host";
+        let handoff = consumer.then(|| pinring_ring::handoff::HandoffSpec {
+            buffers: buffers as u32,
+            buffer_bytes,
+            config: cfg.to_toml(),
+            host: host_buffers,
+            device: args.device as u32,
+        });
         let ring = Arc::new(Ring::create(&CreateOptions {
             name: cfg.ring.name.clone(),
             slots: cfg.slots(),
@@ -74,6 +102,7 @@ impl Daemon {
             end_seq,
             in_order: cfg.ring.in_order,
             replace: args.replace,
+            handoff,
         })?);
         let registration = if args.no_register {
             None
@@ -98,24 +127,32 @@ impl Daemon {
         if let Some(r) = &registration {
             tracing::info!(ring = %cfg.ring.name, bytes = r.bytes(), seconds = r.seconds(), registered = r.registered(), "ring memory registered");
         }
-        // One device buffer per batch, sized for a whole batch: each field one tensor at its
-        // aligned offset, where the parts' chunks of that field land.
-        // Enough buffers to keep the copy engine busy while completions travel back: with small
-        // batches, a handful of uploads in flight drain faster than a completion round trip.
-        let layout = cfg.batch_layout();
-        let buffer_bytes = layout.total_bytes.max(1);
-        let buffers = args
-            .upload_buffers
-            .unwrap_or_else(|| default_upload_buffers(buffer_bytes))
-            .clamp(1, 256);
-        let uploader: Arc<dyn Uploader> =
-            match selected.backend.uploader(buffers, buffer_bytes as usize) {
-                Ok(u) => Arc::from(u),
-                Err(e) => {
-                    let _ = ring.unlink();
-                    return Err(e.into());
-                }
-            };
+        let made = match ring.host_buffer_ptr(0).filter(|_| consumer) {
+            // SAFETY: the handoff area holds `buffers` host buffers of `buffer_bytes` each (a
+            // multiple of the page size), side by side from this page-aligned address, inside
+            // the ring's mapping, which outlives the uploader (the daemon drops its uploader
+            // before its ring). Only the uploader touches them in this process.
+            Some(base) => unsafe {
+                pinring_backend::HostBackend::new().uploader_in(
+                    base,
+                    buffers,
+                    buffer_bytes as usize,
+                )
+            },
+            None => selected.backend.uploader(buffers, buffer_bytes as usize),
+        };
+        let uploader: Arc<dyn Uploader> = match made.and_then(|u| {
+            if consumer {
+                export_buffers(&ring, &*u, buffers)?;
+            }
+            Ok(u)
+        }) {
+            Ok(u) => Arc::from(u),
+            Err(e) => {
+                let _ = ring.unlink();
+                return Err(e.into());
+            }
+        };
         let doorbell = Doorbell::new(Arc::clone(&ring));
         // The upload engine's completion thread rings the doorbell itself after sending
         // completions, so the main loop sleeps on one futex word for everything.
@@ -175,6 +212,7 @@ impl Daemon {
             daemon_wait_ns: 0,
             interrupted: false,
             spare_samples: Vec::new(),
+            handoff_books: Default::default(),
             meta_buf: Vec::new(),
             reap_every: Duration::from_millis(cfg.daemon.reap_interval_ms),
             recovery: recovery::Recovery::new(
@@ -210,6 +248,29 @@ impl Daemon {
         }
         Ok(d)
     }
+}
+
+/// Writes each buffer's exported handles (CUDA IPC; nothing on the host backend) into its
+/// descriptor and marks the handoff exported, before the ring is READY.
+fn export_buffers(
+    ring: &Ring,
+    uploader: &dyn Uploader,
+    buffers: usize,
+) -> Result<(), pinring_backend::BackendError> {
+    use pinring_ring::handoff::BufferDesc;
+    for i in 0..buffers {
+        if let Some(x) = uploader.export(i)? {
+            let d = ring.buffer_desc(i as u32);
+            BufferDesc::store_handle(&d.mem_handle, &x.mem);
+            BufferDesc::store_handle(&d.ready_event, &x.ready_event);
+            BufferDesc::store_handle(&d.release_event, &x.release_event);
+        }
+    }
+    // Release: pairs with the consumer's Acquire load before it reads the handles.
+    ring.handoff()
+        .exported
+        .store(1, std::sync::atomic::Ordering::Release);
+    Ok(())
 }
 
 /// Device buffers the daemon uses without `--upload-buffers`: enough to keep 64 MiB of uploads

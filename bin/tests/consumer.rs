@@ -1,0 +1,335 @@
+//! The trainer's end on the host backend: a daemon with `--sink consumer`, real loaders, and a
+//! consumer (in this process through pinring-client, or `pinring consume` as a child that gets
+//! killed). Every byte of every batch is checked against the generator, in order, once.
+
+mod common;
+
+use common::*;
+use pinring_client::{AttachOptions, ClientError, Consumer};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+/// [`SMALL`] with a prefetch depth of 3 batch buffers.
+fn config() -> String {
+    format!("{SMALL}\n[daemon]\nprefetch = 3\n")
+}
+
+fn consumer_daemon(fx: &Fixture) -> (std::process::Child, pinring_ring::Ring) {
+    let mut d = fx.daemon(&["--sink", "consumer"]);
+    let ring = fx.wait_ready(&mut d);
+    (d, ring)
+}
+
+fn attach(fx: &Fixture, start_seq: Option<u64>) -> Result<Consumer, ClientError> {
+    Consumer::attach(
+        &fx.ring,
+        &AttachOptions {
+            start_seq,
+            ..AttachOptions::default()
+        },
+    )
+}
+
+/// Takes `n` batches (or to the end), checking order and every byte; returns the batches taken.
+fn take_verified(c: &mut Consumer, n: Option<u64>) -> u64 {
+    let cfg = c.config().clone();
+    let synthetic = cfg.synthetic();
+    let mut plan = cfg.plan().unwrap();
+    let mut ids = Vec::new();
+    let mut taken = 0;
+    while n.is_none_or(|n| taken < n) {
+        let expected = c.state().seq;
+        let Some(b) = c.next_batch(Some(LONG)).unwrap() else {
+            break;
+        };
+        assert_eq!(b.seq, expected, "batches come in order, none skipped");
+        plan.batch_into(b.batch, &mut ids).unwrap();
+        let images = b.field("images").unwrap();
+        assert_eq!(images.shape, vec![ids.len() as u64, 64, 64]);
+        for field in ["images", "labels"] {
+            synthetic
+                .verify_field(field, &ids, b.host_bytes(field).unwrap())
+                .unwrap_or_else(|e| panic!("seq {}, {field}: {e}", b.seq));
+        }
+        taken += 1;
+    }
+    taken
+}
+
+fn finish(fx: &Fixture, daemon: std::process::Child, loaders: Vec<std::process::Child>) {
+    let (status, log) = wait_for(daemon, "daemon", LONG);
+    assert!(status.success(), "daemon failed: {status}\n{log}");
+    for k in loaders {
+        let (st, log) = wait_for(k, "loader", Duration::from_secs(10));
+        assert!(st.success(), "loader failed: {st}\n{log}");
+    }
+    // The daemon's books: every batch delivered (taken) once, in order; the bytes were checked
+    // on the consumer's side.
+    let s = fx.summary();
+    assert_eq!(s.sink, "consumer");
+    assert_eq!(s.parts_delivered, s.end_seq - s.start_seq, "{s:#?}");
+    assert_eq!(s.batches_delivered, 128, "{s:#?}");
+    assert_eq!(
+        (s.verify_failures, s.duplicates, s.out_of_order, s.missing),
+        (0, 0, 0, 0),
+        "{s:#?}"
+    );
+    assert!(
+        !fx.segment().exists(),
+        "the daemon removes its segment at exit"
+    );
+}
+
+#[test]
+fn the_consumer_gets_every_batch_once_in_order_byte_for_byte() {
+    let fx = Fixture::new("cons-all", &config());
+    let (daemon, ring) = consumer_daemon(&fx);
+    let kids = loaders_attached(&fx, &daemon, &ring, 4);
+    let mut c = attach(&fx, None).unwrap();
+    assert_eq!(c.batches_per_epoch(), 64);
+    assert_eq!(take_verified(&mut c, None), 128);
+    assert!(
+        c.next_batch(Some(LONG)).unwrap().is_none(),
+        "the end stays the end"
+    );
+    drop(c);
+    finish(&fx, daemon, kids);
+}
+
+#[test]
+fn held_batches_are_never_overwritten() {
+    let fx = Fixture::new("cons-hold", &config());
+    let (daemon, ring) = consumer_daemon(&fx);
+    let kids = loaders_attached(&fx, &daemon, &ring, 2);
+    let mut c = attach(&fx, None).unwrap();
+    let cfg = c.config().clone();
+    let synthetic = cfg.synthetic();
+    let mut plan = cfg.plan().unwrap();
+    let mut ids = Vec::new();
+    // Keep the first batch (as a trainer keeping a tensor would) while taking 20 more through
+    // the remaining two buffers; then its bytes must still be the generator's.
+    let kept = c.next_batch(Some(LONG)).unwrap().unwrap();
+    let mut seen_buffers = std::collections::BTreeSet::new();
+    for _ in 0..20 {
+        let b = c.next_batch(Some(LONG)).unwrap().unwrap();
+        assert_ne!(
+            b.lease.buffer(),
+            kept.lease.buffer(),
+            "a held buffer was handed out again"
+        );
+        seen_buffers.insert(b.lease.buffer());
+    }
+    assert_eq!(
+        seen_buffers.len(),
+        2,
+        "the other batches cycled through the free buffers"
+    );
+    plan.batch_into(kept.batch, &mut ids).unwrap();
+    synthetic
+        .verify_batch(&ids, kept.host_bytes("images").unwrap())
+        .expect("the kept batch is intact");
+    drop(kept);
+    assert_eq!(take_verified(&mut c, None), 107);
+    drop(c);
+    finish(&fx, daemon, kids);
+}
+
+#[test]
+fn a_second_consumer_is_refused() {
+    let fx = Fixture::new("cons-two", &config());
+    let (mut daemon, _ring) = consumer_daemon(&fx);
+    let _c = attach(&fx, None).unwrap();
+    let e = attach(&fx, None).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            ClientError::Ring(pinring_ring::RingError::ConsumerPresent { .. })
+        ),
+        "{e}"
+    );
+    assert!(e.to_string().contains("already has a consumer"), "{e}");
+    daemon.kill().unwrap();
+    let _ = daemon.wait();
+}
+
+#[test]
+fn a_ring_without_a_consumer_sink_says_how_to_get_one() {
+    let fx = Fixture::new("cons-none", SMALL);
+    let mut daemon = fx.daemon(&[]);
+    let _ring = fx.wait_ready(&mut daemon);
+    let e = attach(&fx, None).unwrap_err().to_string();
+    assert!(e.contains("--sink consumer"), "{e}");
+    daemon.kill().unwrap();
+    let _ = daemon.wait();
+}
+
+fn consume_child(fx: &Fixture, extra: &[&str]) -> std::process::Child {
+    Command::new(exe(CLI))
+        .args([
+            "consume",
+            "--ring",
+            &fx.ring,
+            "--verify",
+            "--timeout-secs",
+            "60",
+        ])
+        .args(extra)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+fn consumed(child: std::process::Child) -> serde_json::Value {
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "pinring consume failed: {}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn a_killed_consumer_is_replaced_and_nothing_is_lost_or_repeated() {
+    let fx = Fixture::new("cons-kill", &config());
+    let (daemon, ring) = consumer_daemon(&fx);
+    let kids = loaders_attached(&fx, &daemon, &ring, 3);
+    // A consumer that holds every batch it takes (so it dies holding buffers) is killed once it
+    // has taken some: when it is attached and the ring's counters show its takes.
+    let victim = consume_child(&fx, &["--hold", "2"]);
+    wait_until("the consumer takes batches", LONG, || {
+        ring.handoff()
+            .taken
+            .load(std::sync::atomic::Ordering::Relaxed)
+            >= 5
+    });
+    signal(&victim, nix::sys::signal::Signal::SIGKILL);
+    let _ = victim.wait_with_output();
+    // The next consumer resumes after what the dead one took, and the two cover the plan.
+    let taken_before = ring
+        .handoff()
+        .taken
+        .load(std::sync::atomic::Ordering::Relaxed);
+    let mut c = attach(&fx, None).unwrap();
+    let first = c.state().seq;
+    assert_eq!(
+        first, taken_before,
+        "one seq per batch here: resume right after the takes"
+    );
+    assert_eq!(take_verified(&mut c, None), 128 - taken_before);
+    drop(c);
+    assert!(
+        ring.handoff()
+            .reclaimed
+            .load(std::sync::atomic::Ordering::Relaxed)
+            >= 1,
+        "the dead consumer's held buffers were taken back"
+    );
+    finish(&fx, daemon, kids);
+}
+
+#[test]
+fn state_resumes_where_it_was_saved_and_refuses_what_cannot_be() {
+    let fx = Fixture::new("cons-state", &config());
+    let (daemon, ring) = consumer_daemon(&fx);
+    let kids = loaders_attached(&fx, &daemon, &ring, 2);
+    let out = consumed(consume_child(&fx, &["--batches", "10"]));
+    assert_eq!(out["seq"], 10, "{out}");
+    assert_eq!(out["verified"], 10, "{out}");
+    let fp = out["fingerprint"].as_str().unwrap().to_string();
+    // Behind what the ring already handed over: refused, with the fix.
+    let e = Consumer::attach(
+        &fx.ring,
+        &AttachOptions {
+            start_seq: Some(4),
+            ..AttachOptions::default()
+        },
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("--start-seq 4"), "{e}");
+    // Another plan's state: refused.
+    let e = Consumer::attach(
+        &fx.ring,
+        &AttachOptions {
+            start_seq: Some(10),
+            fingerprint: Some(0x1234),
+            ..AttachOptions::default()
+        },
+    )
+    .unwrap_err();
+    assert!(matches!(e, ClientError::OtherPlan { .. }), "{e}");
+    // Ahead: the batches in between are skipped, the consumer starts exactly there.
+    let out = consumed(consume_child(
+        &fx,
+        &["--start-seq", "20", "--fingerprint", &fp, "--batches", "5"],
+    ));
+    assert_eq!(out["seq"], 25, "{out}");
+    let mut c = attach(&fx, Some(25)).unwrap();
+    assert_eq!(take_verified(&mut c, None), 128 - 25);
+    drop(c);
+    // The skipped batches count as delivered to the daemon (the consumer passed them over).
+    finish(&fx, daemon, kids);
+}
+
+#[test]
+fn an_embedded_daemon_feeds_its_own_process() {
+    use pinring_client::{EmbeddedDaemon, EmbeddedOptions};
+    let fx = Fixture::new("cons-emb", &config());
+    let daemon = EmbeddedDaemon::start(
+        &EmbeddedOptions {
+            config: Some(fx.config.clone()),
+            ring: Some(fx.ring.clone()),
+            backend: pinring_backend::BackendKind::Host,
+            ..EmbeddedOptions::default()
+        },
+        LONG,
+    )
+    .unwrap();
+    assert_eq!(daemon.ring(), fx.ring);
+    let kids: Vec<_> = (0..3).map(|_| fx.loader(&fx.config)).collect();
+    let mut c = attach(&fx, None).unwrap();
+    assert_eq!(
+        c.ring().daemon().pid,
+        std::process::id(),
+        "the daemon runs in this process"
+    );
+    assert_eq!(take_verified(&mut c, None), 128);
+    drop(c);
+    let (summary, result) = daemon.stop().expect("the daemon thread ran");
+    result.unwrap();
+    assert_eq!(summary.batches_delivered, 128, "{summary:#?}");
+    assert_eq!(
+        summary.duplicates + summary.out_of_order + summary.missing,
+        0
+    );
+    for k in kids {
+        let (st, log) = wait_for(k, "loader", Duration::from_secs(10));
+        assert!(st.success(), "loader failed: {st}\n{log}");
+    }
+    assert!(
+        !fx.segment().exists(),
+        "the embedded daemon removes its ring"
+    );
+}
+
+#[test]
+fn an_embedded_daemon_that_cannot_start_says_why() {
+    use pinring_client::{EmbeddedDaemon, EmbeddedOptions};
+    let fx = Fixture::new("cons-emb-bad", "[plan]\nbatch_size = 0\n");
+    let e = EmbeddedDaemon::start(
+        &EmbeddedOptions {
+            config: Some(fx.config.clone()),
+            ring: Some(fx.ring.clone()),
+            backend: pinring_backend::BackendKind::Host,
+            ..EmbeddedOptions::default()
+        },
+        LONG,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("batch_size"), "{e}");
+}

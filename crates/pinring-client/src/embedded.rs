@@ -1,0 +1,161 @@
+//! The embedded mode: the daemon's code running inside the training process, on background
+//! threads, in the training process's own CUDA context. Loaders stay separate processes and find
+//! the ring by name as always; the consumer attaches to it like to any other ring, but reaches the
+//! batch buffers directly (no CUDA IPC, which some container runtimes refuse) because they were
+//! allocated in this very process.
+
+use crate::ClientError;
+use pinring_runtime::daemon::{self, DaemonArgs};
+use pinring_runtime::settings::{self, Overrides};
+use pinring_runtime::shutdown::Shutdown;
+use pinring_runtime::sink::SinkKind;
+use pinring_runtime::summary::Summary;
+use std::path::PathBuf;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// What an embedded daemon runs.
+#[derive(Debug, Clone, Default)]
+pub struct EmbeddedOptions {
+    /// Config file; `None`: the lookup order of `pinring-daemon` (and the built-in default).
+    pub config: Option<PathBuf>,
+    /// Ring name (overrides ring.name).
+    pub ring: Option<String>,
+    /// Epochs (overrides plan.epochs).
+    pub epochs: Option<u32>,
+    /// `auto`, `cuda` or `host`.
+    pub backend: pinring_backend::BackendKind,
+    /// CUDA device ordinal.
+    pub device: usize,
+    /// First seq (resume).
+    pub start_seq: u64,
+    /// Replace a stale ring of the same name.
+    pub replace: bool,
+}
+
+/// A daemon running on a thread of this process. Dropping it stops the daemon (a drain, as at
+/// SIGTERM) and waits for the thread.
+#[derive(Debug)]
+pub struct EmbeddedDaemon {
+    ring: String,
+    shutdown: Shutdown,
+    thread: Option<JoinHandle<daemon::Outcome>>,
+}
+
+impl EmbeddedDaemon {
+    /// Starts the daemon with the consumer sink and waits (up to `wait`) until its ring is
+    /// READY. A daemon that fails at start is reported with its own message.
+    pub fn start(opts: &EmbeddedOptions, wait: Duration) -> Result<EmbeddedDaemon, ClientError> {
+        let overrides = Overrides {
+            ring: opts.ring.clone(),
+            epochs: opts.epochs,
+            unordered: false,
+        };
+        let cfg = settings::load(opts.config.as_deref(), &overrides).map_err(|e| {
+            ClientError::Daemon {
+                ring: opts.ring.clone().unwrap_or_default(),
+                message: e.to_string(),
+            }
+        })?;
+        let ring = cfg.ring.name.clone();
+        let args = DaemonArgs {
+            config: opts.config.clone(),
+            ring: opts.ring.clone(),
+            backend: opts.backend,
+            device: opts.device,
+            sink: SinkKind::Consumer,
+            epochs: opts.epochs,
+            unordered: false,
+            start_seq: opts.start_seq,
+            upload_buffers: None,
+            summary: None,
+            replace: opts.replace,
+            no_register: false,
+            zero_copy: false,
+            service: Default::default(),
+        };
+        let shutdown = Shutdown::never();
+        let thread = {
+            let shutdown = shutdown.clone();
+            std::thread::Builder::new()
+                .name("pinring-daemon".into())
+                .spawn(move || daemon::run(&args, &shutdown))
+                .map_err(|e| ClientError::Daemon {
+                    ring: ring.clone(),
+                    message: format!("cannot start the daemon thread: {e}"),
+                })?
+        };
+        let mut d = EmbeddedDaemon {
+            ring,
+            shutdown,
+            thread: Some(thread),
+        };
+        d.wait_ready(wait)?;
+        Ok(d)
+    }
+
+    fn wait_ready(&mut self, wait: Duration) -> Result<(), ClientError> {
+        let start = Instant::now();
+        let me = std::process::id();
+        loop {
+            if self.thread.as_ref().is_some_and(|t| t.is_finished()) {
+                let outcome = self.join();
+                let message = match outcome.map(|o| o.result) {
+                    Some(Err(e)) => e.to_string(),
+                    _ => "the daemon stopped before its ring was ready".into(),
+                };
+                return Err(ClientError::Daemon {
+                    ring: self.ring.clone(),
+                    message,
+                });
+            }
+            if let Ok(ring) = pinring_ring::Ring::open(
+                &self.ring,
+                pinring_ring::Access::ReadOnly,
+                Duration::from_millis(50),
+            ) {
+                if ring.daemon().pid == me && ring.state() != pinring_ring::ring_state::INIT {
+                    return Ok(());
+                }
+            }
+            if start.elapsed() >= wait {
+                return Err(ClientError::Daemon {
+                    ring: self.ring.clone(),
+                    message: format!(
+                        "its ring was not ready within {} ms",
+                        start.elapsed().as_millis()
+                    ),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// The ring's name (for [`crate::Consumer::attach`] and for the loaders).
+    pub fn ring(&self) -> &str {
+        &self.ring
+    }
+
+    /// Whether the daemon is still running.
+    pub fn running(&self) -> bool {
+        self.thread.as_ref().is_some_and(|t| !t.is_finished())
+    }
+
+    /// Stops the daemon (a drain) and returns its summary and how it ended.
+    pub fn stop(mut self) -> Option<(Summary, Result<(), String>)> {
+        self.shutdown.request();
+        self.join()
+            .map(|o| (o.summary, o.result.map_err(|e| e.to_string())))
+    }
+
+    fn join(&mut self) -> Option<daemon::Outcome> {
+        self.thread.take().and_then(|t| t.join().ok())
+    }
+}
+
+impl Drop for EmbeddedDaemon {
+    fn drop(&mut self) {
+        self.shutdown.request();
+        let _ = self.join();
+    }
+}

@@ -1,0 +1,105 @@
+//! The client's errors: each names the ring, what went wrong and what to do.
+
+use pinring_ring::RingError;
+use pinring_runtime::Exit;
+
+/// Why a consumer could not attach or get its next batch.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The ring could not be opened or joined (missing, another consumer, no handoff, ...).
+    #[error(transparent)]
+    Ring(#[from] RingError),
+    /// The ring holds values no daemon writes (a scribbled segment, or a bug).
+    #[error("ring {ring:?}: {what}; restart the daemon (its ring was written by another process)")]
+    Corrupt {
+        /// Ring name.
+        ring: String,
+        /// What was wrong.
+        what: String,
+    },
+    /// The requested resume point cannot be served.
+    #[error("ring {ring:?}: cannot resume at seq {seq}: {why}")]
+    Resume {
+        /// Ring name.
+        ring: String,
+        /// The seq asked for.
+        seq: u64,
+        /// Why not, and what to do.
+        why: String,
+    },
+    /// A consumer state from another plan.
+    #[error("ring {ring:?}: the state was saved under plan fingerprint {saved:#018x}, this ring runs {ring_fingerprint:#018x}: load it into a loader of the same dataset and plan settings (or start fresh)")]
+    OtherPlan {
+        /// Ring name.
+        ring: String,
+        /// The state's fingerprint.
+        saved: u64,
+        /// The ring's fingerprint.
+        ring_fingerprint: u64,
+    },
+    /// The daemon died.
+    #[error("ring {ring:?}: its daemon (pid {pid}) is gone, before the batch at seq {seq}; restart it with --start-seq {seq} and attach again")]
+    DaemonGone {
+        /// Ring name.
+        ring: String,
+        /// The daemon's pid as the ring records it.
+        pid: u32,
+        /// The seq the consumer waited for.
+        seq: u64,
+    },
+    /// The daemon stopped before the end of the plan.
+    #[error("ring {ring:?}: its daemon stopped (ring {state}) before the batch at seq {seq}; restart it with --start-seq {seq} and attach again")]
+    Stopped {
+        /// Ring name.
+        ring: String,
+        /// The ring state.
+        state: &'static str,
+        /// The seq the consumer waited for.
+        seq: u64,
+    },
+    /// No batch within the caller's timeout.
+    #[error("ring {ring:?}: no batch at seq {seq} within {waited_ms} ms (the loaders may be slow or gone: see `pinring status`)")]
+    Timeout {
+        /// Ring name.
+        ring: String,
+        /// The seq waited for.
+        seq: u64,
+        /// How long.
+        waited_ms: u64,
+    },
+    /// An embedded daemon could not start, or failed.
+    #[error("ring {ring:?}: the embedded daemon: {message}")]
+    Daemon {
+        /// Ring name.
+        ring: String,
+        /// The daemon's message.
+        message: String,
+    },
+    /// A CUDA call on the consumer's side failed, or CUDA IPC is unavailable.
+    #[error("ring {ring:?}: {source}")]
+    Backend {
+        /// Ring name.
+        ring: String,
+        /// The backend's error.
+        #[source]
+        source: pinring_backend::BackendError,
+    },
+}
+
+impl ClientError {
+    /// The exit code a binary ends with for this error (and the Python exception's class).
+    pub fn exit(&self) -> Exit {
+        match self {
+            ClientError::Ring(RingError::ConsumerPresent { .. }) => Exit::Refused,
+            ClientError::Ring(RingError::UnknownGroup { .. }) => Exit::Config,
+            ClientError::Ring(_) | ClientError::Corrupt { .. } => Exit::Ring,
+            ClientError::Resume { .. } => Exit::Usage,
+            ClientError::OtherPlan { .. } => Exit::Refused,
+            ClientError::DaemonGone { .. }
+            | ClientError::Stopped { .. }
+            | ClientError::Timeout { .. } => Exit::PeerDied,
+            ClientError::Backend { .. } => Exit::Backend,
+            ClientError::Daemon { .. } => Exit::Internal,
+        }
+    }
+}

@@ -1,0 +1,589 @@
+//! pinring-client: the trainer's end of a ring.
+//!
+//! A daemon started with `--sink consumer` hands every whole batch (all its parts uploaded) to
+//! one training process through the ring's handoff area. [`Consumer::attach`] joins a ring by
+//! name; [`Consumer::next_batch`] yields [`Batch`]es in seq order, each a set of named fields
+//! (dtype, shape, address) in one device buffer (or, on the host backend, in host memory inside
+//! the ring). A batch's buffer goes back to the daemon when the last [`Lease`] on it drops: on
+//! CUDA the release is an event recorded on the consumer's stream after its last use, which the
+//! daemon's copy stream waits on before it overwrites the buffer, so neither a slow trainer nor a
+//! tensor it keeps for a while ever sees its memory overwritten.
+//!
+//! ```no_run
+//! use pinring_client::{AttachOptions, Consumer};
+//! let mut c = Consumer::attach("default", &AttachOptions::default())?;
+//! while let Some(batch) = c.next_batch(None)? {
+//!     let images = batch.field("images").unwrap();
+//!     // ... images.ptr, images.shape, images.dtype ...
+//! }
+//! # Ok::<(), pinring_client::ClientError>(())
+//! ```
+//!
+//! docs/CONSUMER.md draws the protocol.
+
+mod embedded;
+mod error;
+mod fields;
+mod memory;
+
+pub use embedded::{EmbeddedDaemon, EmbeddedOptions};
+pub use error::ClientError;
+pub use fields::{FieldView, Location};
+pub use memory::Memory;
+
+use pinring_data::Config;
+use pinring_ring::handoff::{buffer_state, BufferWord, Filled};
+use pinring_ring::{ring_state, Access, ProcessId, Ring};
+use std::sync::atomic::Ordering::{Acquire, Relaxed};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Longest single futex wait; liveness and state are checked between waits.
+const MAX_WAIT: Duration = Duration::from_millis(100);
+
+/// How to attach.
+#[derive(Debug, Clone)]
+pub struct AttachOptions {
+    /// Resume at this seq (a [`ConsumerState::seq`]); `None`: at the first batch not yet taken.
+    pub start_seq: Option<u64>,
+    /// The plan fingerprint the resume state was saved under ([`ConsumerState::fingerprint`]);
+    /// a ring running another plan is refused.
+    pub fingerprint: Option<u64>,
+    /// How long to wait for the ring to exist and be READY.
+    pub wait_for_ring: Duration,
+}
+
+impl Default for AttachOptions {
+    fn default() -> Self {
+        AttachOptions {
+            start_seq: None,
+            fingerprint: None,
+            wait_for_ring: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Where a consumer stands: the seq of the next batch it will yield and the plan it belongs to.
+/// Loading it into a consumer of a ring with another plan is refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConsumerState {
+    /// First seq of the next batch.
+    pub seq: u64,
+    /// The plan's fingerprint (dataset and plan settings).
+    pub fingerprint: u64,
+}
+
+/// The one consumer of a ring.
+#[derive(Debug)]
+pub struct Consumer {
+    shared: Arc<Shared>,
+    /// First seq of the next batch to yield (in order).
+    next: u64,
+    /// One past the plan's last seq.
+    end_seq: u64,
+    parts: u64,
+    batches_per_epoch: u64,
+    in_order: bool,
+    fingerprint: u64,
+    /// Seqs of the ring's run (for counting the unordered end).
+    run_batches: u64,
+}
+
+/// What every lease of a consumer shares: the ring handle (its consumer lock) and the memory.
+#[derive(Debug)]
+struct Shared {
+    ring: Ring,
+    memory: Memory,
+    cfg: Config,
+    fields: fields::Fields,
+}
+
+impl Consumer {
+    /// Attaches to ring `name` as its one consumer.
+    ///
+    /// Waits up to `opts.wait_for_ring` for the ring to exist and be READY. Fails if the ring's
+    /// daemon hands nothing over (`--sink consumer` missing), if another consumer is attached,
+    /// or if `opts.start_seq` is a batch this ring can no longer give (already taken, or not the
+    /// first seq of a batch).
+    pub fn attach(name: &str, opts: &AttachOptions) -> Result<Consumer, ClientError> {
+        let ring = open_ready(name, opts.wait_for_ring)?;
+        let h = ring.header();
+        let cfg = ring_config(&ring)?;
+        let fields = fields::Fields::of(&cfg).map_err(|what| ClientError::Corrupt {
+            ring: name.into(),
+            what,
+        })?;
+        let fingerprint = h.fingerprint.load(Relaxed);
+        if cfg.fingerprint() != fingerprint {
+            return Err(ClientError::Corrupt {
+                ring: name.into(),
+                what: format!(
+                    "the config stored in the ring has fingerprint {:#018x}, the header says \
+                     {fingerprint:#018x}",
+                    cfg.fingerprint()
+                ),
+            });
+        }
+        if let Some(saved) = opts.fingerprint.filter(|&f| f != fingerprint) {
+            return Err(ClientError::OtherPlan {
+                ring: name.into(),
+                saved,
+                ring_fingerprint: fingerprint,
+            });
+        }
+        let plan = cfg.plan().map_err(|e| ClientError::Corrupt {
+            ring: name.into(),
+            what: format!("the config stored in the ring has no valid plan: {e}"),
+        })?;
+        let parts = plan.parts_per_batch();
+        let (start, end_seq) = (h.start_seq.load(Relaxed), h.end_seq.load(Relaxed));
+        ring.attach_consumer(ProcessId::current())?;
+        let memory = Memory::open(&ring)?;
+        let in_order = ring.in_order();
+        let available = first_available(&ring);
+        let next = match opts.start_seq {
+            None => available,
+            Some(seq) => {
+                check_resume(name, seq, available, parts, end_seq, in_order)?;
+                seq
+            }
+        };
+        ring.handoff().taken_next.store(next, Relaxed);
+        Ok(Consumer {
+            shared: Arc::new(Shared {
+                ring,
+                memory,
+                cfg,
+                fields,
+            }),
+            next,
+            end_seq,
+            parts,
+            batches_per_epoch: plan.batches_per_epoch(),
+            in_order,
+            fingerprint,
+            run_batches: end_seq.saturating_sub(start) / parts.max(1),
+        })
+    }
+
+    /// The next batch: in seq order (unordered rings: the lowest handed over). `Ok(None)` at
+    /// the end of the plan. Waits for it up to `timeout` (`None`: as long as the daemon lives);
+    /// fails if the daemon dies or stops first.
+    pub fn next_batch(&mut self, timeout: Option<Duration>) -> Result<Option<Batch>, ClientError> {
+        let start = Instant::now();
+        let shared = Arc::clone(&self.shared);
+        let ring = &shared.ring;
+        loop {
+            if self.in_order && self.next >= self.end_seq {
+                return Ok(None);
+            }
+            if !self.in_order && ring.handoff().taken.load(Relaxed) >= self.run_batches {
+                return Ok(None);
+            }
+            // Acquire: pairs with the daemon's bump after a fill, so a fill after this load
+            // makes the wait below return at once.
+            let seen = ring.handoff().deliver_futex.load(Acquire);
+            if let Some(batch) = self.try_take()? {
+                return Ok(Some(batch));
+            }
+            let state = ring.state();
+            if state == ring_state::DRAINING || state == ring_state::CLOSED {
+                return Err(ClientError::Stopped {
+                    ring: ring.name().into(),
+                    state: ring_state::name(state),
+                    seq: self.next,
+                });
+            }
+            if !ring.daemon_alive()? {
+                return Err(ClientError::DaemonGone {
+                    ring: ring.name().into(),
+                    pid: ring.daemon().pid,
+                    seq: self.next,
+                });
+            }
+            let mut wait = MAX_WAIT;
+            if let Some(t) = timeout {
+                let left = t.saturating_sub(start.elapsed());
+                if left.is_zero() {
+                    return Err(ClientError::Timeout {
+                        ring: ring.name().into(),
+                        seq: self.next,
+                        waited_ms: start.elapsed().as_millis() as u64,
+                    });
+                }
+                wait = wait.min(left);
+            }
+            ring.wait_delivery(seen, wait);
+        }
+    }
+
+    /// Takes the next batch if it is handed over; batches below a named resume seq are given
+    /// straight back.
+    fn try_take(&mut self) -> Result<Option<Batch>, ClientError> {
+        let shared = Arc::clone(&self.shared);
+        let ring = &shared.ring;
+        let buffers = ring.geometry().handoff.map_or(0, |h| h.buffers);
+        // The FILLED buffer to take: in order, the one holding `next` (lower ones are skipped);
+        // unordered, the lowest seq.
+        let mut best: Option<(u32, u32, u64)> = None;
+        for i in 0..buffers {
+            let d = ring.buffer_desc(i);
+            let w = d.load_word();
+            if w.state != buffer_state::FILLED {
+                continue;
+            }
+            let seq = d.seq.load(Relaxed);
+            if self.in_order && seq < self.next {
+                // Below a named resume point: give it straight back.
+                if d.take(w.round).is_some() {
+                    self.count_take(seq);
+                    d.release(w.round);
+                    ring.ring_doorbell();
+                }
+                continue;
+            }
+            if best.is_none_or(|(_, _, s)| seq < s) {
+                best = Some((i, w.round, seq));
+            }
+        }
+        let Some((i, round, seq)) = best else {
+            return Ok(None);
+        };
+        if self.in_order && seq != self.next {
+            // The batch we wait for is not handed over yet.
+            return Ok(None);
+        }
+        let d = ring.buffer_desc(i);
+        let Some(f) = d.take(round) else {
+            return Ok(None);
+        };
+        let batch = self.validated(i, f)?;
+        self.count_take(f.seq);
+        Ok(Some(batch))
+    }
+
+    fn count_take(&mut self, seq: u64) {
+        let b = self.shared.ring.handoff();
+        b.taken.fetch_add(1, Relaxed);
+        if seq + self.parts > self.next {
+            self.next = seq + self.parts;
+        }
+        b.taken_next.store(self.next, Relaxed);
+    }
+
+    /// Checks what a taken descriptor says against the plan, and makes the batch.
+    fn validated(&self, buffer: u32, f: Filled) -> Result<Batch, ClientError> {
+        let s = &self.shared;
+        let corrupt = |what: String| ClientError::Corrupt {
+            ring: s.ring.name().into(),
+            what: format!("batch buffer {buffer}: {what}"),
+        };
+        let batch_size = u64::from(s.cfg.plan.batch_size);
+        if f.seq % self.parts != 0 || f.seq >= self.end_seq || f.batch != f.seq / self.parts {
+            return Err(corrupt(format!(
+                "seq {} / batch {} is not a batch of this plan ({} parts per batch, {} seqs)",
+                f.seq, f.batch, self.parts, self.end_seq
+            )));
+        }
+        if f.samples == 0 || u64::from(f.samples) > batch_size {
+            return Err(corrupt(format!(
+                "{} samples, the plan's batches have 1 to {batch_size}",
+                f.samples
+            )));
+        }
+        let views = s
+            .fields
+            .views(f.samples, &s.memory, buffer)
+            .map_err(corrupt)?;
+        if f.bytes > s.memory.buffer_bytes() {
+            return Err(corrupt(format!(
+                "{} bytes, the buffers hold {}",
+                f.bytes,
+                s.memory.buffer_bytes()
+            )));
+        }
+        Ok(Batch {
+            seq: f.seq,
+            batch: f.batch,
+            epoch: f.epoch,
+            index_in_epoch: f.index_in_epoch,
+            samples: f.samples,
+            fields: views,
+            lease: Arc::new(Lease {
+                shared: Arc::clone(&self.shared),
+                buffer,
+                round: f.round,
+                stream: std::sync::atomic::AtomicU64::new(0),
+            }),
+        })
+    }
+
+    /// Where this consumer stands (for a checkpoint).
+    pub fn state(&self) -> ConsumerState {
+        ConsumerState {
+            seq: self.next,
+            fingerprint: self.fingerprint,
+        }
+    }
+
+    /// Batches per epoch of the plan.
+    pub fn batches_per_epoch(&self) -> u64 {
+        self.batches_per_epoch
+    }
+
+    /// Seqs per batch (a batch's seq is its first part's).
+    pub fn parts_per_batch(&self) -> u64 {
+        self.parts
+    }
+
+    /// One past the plan's last seq.
+    pub fn end_seq(&self) -> u64 {
+        self.end_seq
+    }
+
+    /// The ring's config, as its daemon resolved it.
+    pub fn config(&self) -> &Config {
+        &self.shared.cfg
+    }
+
+    /// The ring.
+    pub fn ring(&self) -> &Ring {
+        &self.shared.ring
+    }
+
+    /// The memory the batches live in (host, or a CUDA device).
+    pub fn location(&self) -> Location {
+        self.shared.memory.location()
+    }
+}
+
+/// One whole batch, taken from the daemon; its buffer stays the consumer's while any clone of
+/// its [`Lease`] lives.
+#[derive(Debug)]
+pub struct Batch {
+    /// First seq of the batch (its part 0).
+    pub seq: u64,
+    /// Batch number.
+    pub batch: u64,
+    /// Epoch.
+    pub epoch: u32,
+    /// Index in the epoch.
+    pub index_in_epoch: u64,
+    /// Samples in the batch.
+    pub samples: u32,
+    /// The batch's fields.
+    pub fields: Vec<FieldView>,
+    /// The batch's hold on its buffer.
+    pub lease: Arc<Lease>,
+}
+
+impl Batch {
+    /// The field called `name`.
+    pub fn field(&self, name: &str) -> Option<&FieldView> {
+        self.fields.iter().find(|f| f.name == name)
+    }
+
+    /// The bytes of field `name` when the batch is in host memory (`None` for device memory or
+    /// an unknown name). Borrowed from the batch, whose lease keeps the buffer this consumer's.
+    pub fn host_bytes(&self, name: &str) -> Option<&[u8]> {
+        let f = self.field(name)?;
+        if f.location != Location::Host {
+            return None;
+        }
+        // SAFETY: a host field's range lies inside its buffer (checked against the buffer size
+        // when the batch was taken), and the buffer inside the ring's mapping, which the lease's
+        // Arc keeps mapped for at least as long as `self` lives. The buffer is TAKEN by this
+        // consumer, so no conforming process writes it until the lease drops. Any byte is a
+        // valid u8.
+        Some(unsafe { std::slice::from_raw_parts(f.ptr as *const u8, f.bytes as usize) })
+    }
+}
+
+/// A hold on one batch buffer: when the last clone drops, the buffer goes back to the daemon
+/// (CUDA: after a release event recorded on the stream last given to [`Lease::use_on_stream`]).
+#[derive(Debug)]
+pub struct Lease {
+    shared: Arc<Shared>,
+    buffer: u32,
+    round: u32,
+    /// The stream of the batch's last use (raw CUstream; 0 = the legacy default stream).
+    stream: std::sync::atomic::AtomicU64,
+}
+
+impl Lease {
+    /// Makes `stream` wait (on the device) until the batch is in its buffer, and records it as
+    /// the stream the release is ordered after. Host memory: nothing to wait for.
+    pub fn use_on_stream(&self, stream: u64) -> Result<(), ClientError> {
+        self.stream.store(stream, Relaxed);
+        self.shared
+            .memory
+            .wait_ready(self.buffer, stream)
+            .map_err(|source| ClientError::Backend {
+                ring: self.shared.ring.name().into(),
+                source,
+            })
+    }
+
+    /// The buffer index (for messages and tests).
+    pub fn buffer(&self) -> u32 {
+        self.buffer
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        let ring = &self.shared.ring;
+        let stream = self.stream.load(Relaxed);
+        if let Err(e) = self.shared.memory.record_release(self.buffer, stream) {
+            // The daemon would wait on an event that was never recorded, which fires at once:
+            // the buffer could be overwritten while the stream still reads it. Keep the buffer.
+            tracing::error!(ring = %ring.name(), buffer = self.buffer, error = %e,
+                "cannot record the release event of a batch buffer; keeping the buffer");
+            return;
+        }
+        if !ring.buffer_desc(self.buffer).release(self.round) {
+            tracing::warn!(ring = %ring.name(), buffer = self.buffer,
+                "batch buffer was taken back before its release (the ring thought this \
+                 consumer dead)");
+        }
+        ring.ring_doorbell();
+    }
+}
+
+/// Opens ring `name` and waits until it is READY (or later), for up to `wait`.
+fn open_ready(name: &str, wait: Duration) -> Result<Ring, ClientError> {
+    let start = Instant::now();
+    loop {
+        match Ring::open(name, Access::ReadWrite, wait) {
+            Ok(ring) => {
+                let left = wait.saturating_sub(start.elapsed());
+                ring.wait_ready(left)?;
+                if ring.handoff().exported.load(Acquire) != 1 {
+                    return Err(ClientError::Ring(pinring_ring::RingError::NoHandoff {
+                        name: name.into(),
+                    }));
+                }
+                return Ok(ring);
+            }
+            Err(pinring_ring::RingError::NotFound { .. }) if start.elapsed() < wait => {
+                std::thread::sleep(Duration::from_millis(20).min(wait));
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// The config the daemon stored in the ring, parsed and validated.
+fn ring_config(ring: &Ring) -> Result<Config, ClientError> {
+    let corrupt = |what: String| ClientError::Corrupt {
+        ring: ring.name().into(),
+        what,
+    };
+    let bytes = ring.handoff_config().ok_or_else(|| {
+        ClientError::Ring(pinring_ring::RingError::NoHandoff {
+            name: ring.name().into(),
+        })
+    })?;
+    let text = String::from_utf8(bytes)
+        .map_err(|e| corrupt(format!("the stored config is not UTF-8: {e}")))?;
+    let cfg = Config::from_toml_str(
+        &text,
+        &format!("the config stored in ring {:?}", ring.name()),
+    )
+    .map_err(|e| corrupt(format!("the stored config does not parse: {e}")))?;
+    cfg.validate()
+        .map_err(|e| corrupt(format!("the stored config is invalid: {e}")))?;
+    Ok(cfg)
+}
+
+/// The lowest seq a consumer attaching now can still get: the lowest handed over and not taken,
+/// else the next the daemon will hand over.
+fn first_available(ring: &Ring) -> u64 {
+    let b = ring.handoff();
+    // Acquire: pairs with the daemon's Release of filled_next, so every batch below it is seen
+    // FILLED (or taken: by nobody now, this consumer holds the lock).
+    let mut low = b.filled_next.load(Acquire);
+    for i in 0..ring.geometry().handoff.map_or(0, |h| h.buffers) {
+        let d = ring.buffer_desc(i);
+        if BufferWord::unpack(d.word.load(Acquire)).state == buffer_state::FILLED {
+            low = low.min(d.seq.load(Relaxed));
+        }
+    }
+    low
+}
+
+fn check_resume(
+    ring: &str,
+    seq: u64,
+    available: u64,
+    parts: u64,
+    end_seq: u64,
+    in_order: bool,
+) -> Result<(), ClientError> {
+    let bad = |why: String| ClientError::Resume {
+        ring: ring.into(),
+        seq,
+        why,
+    };
+    if !in_order {
+        return Err(bad(
+            "the ring delivers unordered (ring.in_order = false), so a seq does not say which \
+             batches came before; resume needs an in-order ring"
+                .into(),
+        ));
+    }
+    if seq % parts != 0 {
+        return Err(bad(format!(
+            "it is part {} of a batch cut into {parts} parts; a consumer state's seq is always \
+             a batch's first part",
+            seq % parts
+        )));
+    }
+    if seq > end_seq {
+        return Err(bad(format!("the plan ends at seq {end_seq}")));
+    }
+    if seq < available {
+        return Err(bad(format!(
+            "this ring has already handed over every batch below seq {available}; restart its \
+             daemon with --start-seq {seq} to go back"
+        )));
+    }
+    Ok(())
+}
+
+impl Drop for Consumer {
+    fn drop(&mut self) {
+        self.shared
+            .ring
+            .handoff()
+            .taken_next
+            .store(self.next, Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resume_checks_name_the_problem_and_the_fix() {
+        let e = check_resume("r", 8, 16, 4, 100, true)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--start-seq 8"), "{e}");
+        let e = check_resume("r", 18, 16, 4, 100, true)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("part 2"), "{e}");
+        let e = check_resume("r", 16, 16, 4, 100, false)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("unordered"), "{e}");
+        let e = check_resume("r", 104, 16, 4, 100, true)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("ends at seq 100"), "{e}");
+        check_resume("r", 16, 16, 4, 100, true).unwrap();
+        check_resume("r", 40, 16, 4, 100, true).unwrap();
+    }
+}

@@ -1,0 +1,119 @@
+//! The memory a consumer reads batches from: host buffers inside the ring's mapping, or a CUDA
+//! device's buffers opened through IPC handles.
+
+use crate::{ClientError, Location};
+use pinring_backend::{BackendError, BufferExport};
+use pinring_ring::handoff::{backend_code, BufferDesc};
+use pinring_ring::Ring;
+use std::sync::atomic::Ordering::Relaxed;
+
+/// The batch buffers, as this process reaches them.
+#[derive(Debug)]
+pub enum Memory {
+    /// Host backend: buffer `i` at `ptrs[i]` in the ring's mapping.
+    Host {
+        /// Addresses.
+        ptrs: Vec<u64>,
+        /// Bytes per buffer.
+        buffer_bytes: u64,
+    },
+    /// CUDA: the daemon's device buffers, opened through their IPC handles.
+    Cuda {
+        /// The opened buffers and events.
+        imported: pinring_backend::cuda::ipc::Imported,
+        /// Bytes per buffer.
+        buffer_bytes: u64,
+    },
+}
+
+impl Memory {
+    /// Opens the ring's buffers.
+    pub(crate) fn open(ring: &Ring) -> Result<Memory, ClientError> {
+        let b = ring.handoff();
+        let hg = ring.geometry().handoff.ok_or_else(|| {
+            ClientError::Ring(pinring_ring::RingError::NoHandoff {
+                name: ring.name().into(),
+            })
+        })?;
+        match b.backend.load(Relaxed) {
+            backend_code::HOST => Ok(Memory::Host {
+                ptrs: (0..hg.buffers)
+                    .map(|i| ring.host_buffer_ptr(i).map_or(0, |p| p as u64))
+                    .collect(),
+                buffer_bytes: hg.buffer_bytes,
+            }),
+            backend_code::CUDA => {
+                let exports: Vec<BufferExport> = (0..hg.buffers)
+                    .map(|i| {
+                        let d = ring.buffer_desc(i);
+                        BufferExport {
+                            mem: BufferDesc::load_handle(&d.mem_handle),
+                            ready_event: BufferDesc::load_handle(&d.ready_event),
+                            release_event: BufferDesc::load_handle(&d.release_event),
+                        }
+                    })
+                    .collect();
+                let device = b.device.load(Relaxed) as usize;
+                let imported = pinring_backend::cuda::ipc::Imported::open(device, &exports)
+                    .map_err(|source| ClientError::Backend {
+                        ring: ring.name().into(),
+                        source,
+                    })?;
+                Ok(Memory::Cuda {
+                    imported,
+                    buffer_bytes: hg.buffer_bytes,
+                })
+            }
+            other => Err(ClientError::Corrupt {
+                ring: ring.name().into(),
+                what: format!("handoff backend code {other} is not one this consumer opens"),
+            }),
+        }
+    }
+
+    /// Address of buffer `i`.
+    pub fn ptr(&self, i: u32) -> u64 {
+        match self {
+            Memory::Host { ptrs, .. } => ptrs[i as usize],
+            Memory::Cuda { imported, .. } => imported.device_ptr(i as usize),
+        }
+    }
+
+    /// Bytes per buffer.
+    pub fn buffer_bytes(&self) -> u64 {
+        match self {
+            Memory::Host { buffer_bytes, .. } | Memory::Cuda { buffer_bytes, .. } => *buffer_bytes,
+        }
+    }
+
+    /// Where the buffers are.
+    pub fn location(&self) -> Location {
+        match self {
+            Memory::Host { .. } => Location::Host,
+            Memory::Cuda { imported, .. } => Location::Cuda(imported.device() as u32),
+        }
+    }
+
+    /// Makes `stream` wait until buffer `i`'s batch is there (host: it already is).
+    ///
+    /// `stream` must be 0 (the legacy default stream), 2 (per-thread default) or a live stream of
+    /// the device's primary context (`torch.cuda.current_stream().cuda_stream`).
+    pub(crate) fn wait_ready(&self, i: u32, stream: u64) -> Result<(), BackendError> {
+        match self {
+            Memory::Host { .. } => Ok(()),
+            // SAFETY: the caller's contract above (the Python layer passes torch's current
+            // stream of this device, or 0).
+            Memory::Cuda { imported, .. } => unsafe { imported.wait_ready(i as usize, stream) },
+        }
+    }
+
+    /// Records buffer `i`'s release after the work on `stream` (host: reads are done).
+    pub(crate) fn record_release(&self, i: u32, stream: u64) -> Result<(), BackendError> {
+        match self {
+            Memory::Host { .. } => Ok(()),
+            // SAFETY: as for `wait_ready`: the stream the batch was last used on, of this
+            // device's primary context, or 0.
+            Memory::Cuda { imported, .. } => unsafe { imported.record_release(i as usize, stream) },
+        }
+    }
+}

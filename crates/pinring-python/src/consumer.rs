@@ -1,0 +1,355 @@
+//! The trainer's end in Python: [`Consumer`] (attach to a ring by name, take its batches in
+//! order), [`Batch`] (named [`Field`]s over the batch's buffer, each holding the batch's lease)
+//! and [`EmbeddedDaemon`] (the daemon on a thread of this process). The protocol is
+//! pinring-client's; this module only moves its values into Python objects, with the GIL
+//! released around every wait.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use pinring_client::{AttachOptions, ClientError, EmbeddedOptions, Lease, Location};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use crate::errors::{exit_error, ToPyErr};
+use crate::field::{Device, Field, FieldOwner};
+
+impl ToPyErr for ClientError {
+    fn exit(&self) -> pinring_runtime::Exit {
+        ClientError::exit(self)
+    }
+}
+
+/// A batch's lease as the owner of its fields: the buffer goes back to the daemon when the
+/// batch object and every array or tensor made from its fields are gone.
+struct LeaseOwner(Arc<Lease>);
+
+impl FieldOwner for LeaseOwner {
+    fn prepare_for_stream(&self, stream: Option<usize>) -> Result<(), String> {
+        // DLPack: no stream means the legacy default stream (CU_STREAM_LEGACY, 1).
+        let stream = stream.unwrap_or(1) as u64;
+        self.0.use_on_stream(stream).map_err(|e| e.to_string())
+    }
+}
+
+fn device_of(location: Location) -> Device {
+    match location {
+        Location::Host => Device::Cpu,
+        Location::Cuda(n) => Device::Cuda(n),
+    }
+}
+
+fn seconds(name: &str, s: Option<f64>) -> PyResult<Option<Duration>> {
+    s.map(|s| {
+        Duration::try_from_secs_f64(s).map_err(|_| {
+            PyValueError::new_err(format!(
+                "{name} must be a non-negative number of seconds, not {s}"
+            ))
+        })
+    })
+    .transpose()
+}
+
+/// The one consumer of a ring (see pinring-client's `Consumer`).
+#[derive(Debug)]
+#[pyclass(module = "pinring._native", name = "Consumer")]
+pub struct Consumer {
+    inner: Mutex<Option<pinring_client::Consumer>>,
+    ring: String,
+}
+
+impl Consumer {
+    fn with<T>(&self, f: impl FnOnce(&mut pinring_client::Consumer) -> T) -> PyResult<T> {
+        let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        match g.as_mut() {
+            Some(c) => Ok(f(c)),
+            None => Err(exit_error(
+                pinring_runtime::Exit::Usage,
+                format!("the consumer of ring {:?} is closed", self.ring),
+            )),
+        }
+    }
+}
+
+#[pymethods]
+impl Consumer {
+    /// Attaches to ring `ring` as its one consumer; `start_seq` (with the `fingerprint` it was
+    /// saved under) resumes at a saved state. Waits up to `wait_for_ring` seconds for the ring.
+    #[new]
+    #[pyo3(signature = (ring, start_seq=None, fingerprint=None, wait_for_ring=30.0))]
+    fn new(
+        py: Python<'_>,
+        ring: String,
+        start_seq: Option<u64>,
+        fingerprint: Option<u64>,
+        wait_for_ring: f64,
+    ) -> PyResult<Self> {
+        let opts = AttachOptions {
+            start_seq,
+            fingerprint,
+            wait_for_ring: seconds("wait_for_ring", Some(wait_for_ring))?.unwrap_or_default(),
+        };
+        let c = py
+            .detach(|| pinring_client::Consumer::attach(&ring, &opts))
+            .map_err(|e| e.to_pyerr())?;
+        Ok(Consumer {
+            inner: Mutex::new(Some(c)),
+            ring,
+        })
+    }
+
+    /// The next batch in seq order, or None at the end of the plan. Waits up to `timeout`
+    /// seconds (None: as long as the daemon lives), with the GIL released.
+    #[pyo3(signature = (timeout=None))]
+    fn next_batch(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Option<Batch>> {
+        let timeout = seconds("timeout", timeout)?;
+        let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(c) = g.as_mut() else {
+            return Err(exit_error(
+                pinring_runtime::Exit::Usage,
+                format!("the consumer of ring {:?} is closed", self.ring),
+            ));
+        };
+        let got = py
+            .detach(|| c.next_batch(timeout))
+            .map_err(|e| e.to_pyerr())?;
+        let Some(b) = got else {
+            return Ok(None);
+        };
+        let owner: Arc<dyn FieldOwner> = Arc::new(LeaseOwner(Arc::clone(&b.lease)));
+        let fields = PyDict::new(py);
+        for f in &b.fields {
+            let shape: Vec<usize> = f.shape.iter().map(|&d| d as usize).collect();
+            // SAFETY: the view lies inside the batch's buffer (pinring-client checked it against
+            // the buffer size), which is this consumer's until the lease, held by `owner`, is
+            // dropped; the field's dtype and shape describe exactly `f.bytes` C-contiguous bytes
+            // at an offset aligned to 256 (buffers are page aligned).
+            let field = unsafe {
+                Field::new(
+                    f.ptr as *mut std::ffi::c_void,
+                    f.dtype,
+                    &shape,
+                    device_of(f.location),
+                    Arc::clone(&owner),
+                )
+            }?;
+            fields.set_item(&f.name, Py::new(py, field)?)?;
+        }
+        Ok(Some(Batch {
+            seq: b.seq,
+            batch: b.batch,
+            epoch: b.epoch,
+            index_in_epoch: b.index_in_epoch,
+            samples: b.samples,
+            fields: fields.unbind(),
+            lease: Mutex::new(Some(b.lease)),
+        }))
+    }
+
+    /// `(seq, fingerprint)`: where this consumer stands; resume with
+    /// `Consumer(ring, start_seq=seq, fingerprint=fingerprint)`.
+    fn state(&self) -> PyResult<(u64, u64)> {
+        self.with(|c| {
+            let s = c.state();
+            (s.seq, s.fingerprint)
+        })
+    }
+
+    /// What the synthetic generator says each field of batch number `batch` holds: field name
+    /// -> bytes, computed from the ring's own config and plan (for checking every byte a
+    /// consumer got).
+    fn expected<'py>(&self, py: Python<'py>, batch: u64) -> PyResult<Bound<'py, PyDict>> {
+        let (cfg, layout) = self.with(|c| (c.config().clone(), c.config().batch_layout()))?;
+        let mut plan = cfg.plan().map_err(|e| e.to_pyerr())?;
+        let mut ids = Vec::new();
+        plan.batch_into(batch, &mut ids).map_err(|e| e.to_pyerr())?;
+        let synthetic = cfg.synthetic();
+        let out = PyDict::new(py);
+        for p in layout.placements(ids.len() as u64) {
+            let mut bytes = vec![0u8; p.bytes as usize];
+            synthetic
+                .fill_field(&p.name, &ids, &mut bytes)
+                .map_err(|e| e.to_pyerr())?;
+            out.set_item(&p.name, pyo3::types::PyBytes::new(py, &bytes))?;
+        }
+        Ok(out)
+    }
+
+    /// Batches per epoch of the ring's plan.
+    #[getter]
+    fn batches_per_epoch(&self) -> PyResult<u64> {
+        self.with(|c| c.batches_per_epoch())
+    }
+
+    /// Seqs per batch (a batch's seq is its first part's).
+    #[getter]
+    fn parts_per_batch(&self) -> PyResult<u64> {
+        self.with(|c| c.parts_per_batch())
+    }
+
+    /// One past the plan's last seq.
+    #[getter]
+    fn end_seq(&self) -> PyResult<u64> {
+        self.with(|c| c.end_seq())
+    }
+
+    /// Where the batches are: "cpu" or "cuda:N".
+    #[getter]
+    fn device(&self) -> PyResult<String> {
+        self.with(|c| device_of(c.location()).to_string())
+    }
+
+    /// The ring's name.
+    #[getter]
+    fn ring(&self) -> &str {
+        &self.ring
+    }
+
+    /// Detaches (batches still held stay valid until released; the ring's consumer lock goes).
+    fn close(&self, py: Python<'_>) {
+        let c = self.inner.lock().unwrap_or_else(|p| p.into_inner()).take();
+        py.detach(|| drop(c));
+    }
+}
+
+/// One whole batch: `fields` maps each field's name to a [`Field`] (DLPack-exportable).
+#[derive(Debug)]
+#[pyclass(module = "pinring._native", name = "Batch")]
+pub struct Batch {
+    /// First seq of the batch.
+    #[pyo3(get)]
+    seq: u64,
+    /// Batch number.
+    #[pyo3(get)]
+    batch: u64,
+    /// Epoch.
+    #[pyo3(get)]
+    epoch: u32,
+    /// Index of the batch in its epoch.
+    #[pyo3(get)]
+    index_in_epoch: u64,
+    /// Samples in the batch.
+    #[pyo3(get)]
+    samples: u32,
+    /// Field name -> Field.
+    #[pyo3(get)]
+    fields: Py<PyDict>,
+    lease: Mutex<Option<Arc<Lease>>>,
+}
+
+#[pymethods]
+impl Batch {
+    /// Drops this object's own hold on the buffer (arrays and tensors made from its fields keep
+    /// theirs): once they are gone too, the buffer goes back to the daemon.
+    fn release(&self, py: Python<'_>) {
+        let l = self.lease.lock().unwrap_or_else(|p| p.into_inner()).take();
+        py.detach(|| drop(l));
+    }
+}
+
+/// The daemon's code on a thread of this process (embedded mode): no service, no CUDA IPC.
+#[derive(Debug)]
+#[pyclass(module = "pinring._native", name = "EmbeddedDaemon")]
+pub struct EmbeddedDaemon {
+    inner: Mutex<Option<pinring_client::EmbeddedDaemon>>,
+    ring: String,
+}
+
+#[pymethods]
+impl EmbeddedDaemon {
+    /// Starts the daemon (sink: this process's consumer) and waits up to `wait` seconds for its
+    /// ring to be ready.
+    #[new]
+    #[pyo3(signature = (config=None, ring=None, backend="auto", device=0, start_seq=0, epochs=None, replace=false, wait=60.0))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        config: Option<std::path::PathBuf>,
+        ring: Option<String>,
+        backend: &str,
+        device: usize,
+        start_seq: u64,
+        epochs: Option<u32>,
+        replace: bool,
+        wait: f64,
+    ) -> PyResult<Self> {
+        let backend = backend
+            .parse::<pinring_backend::BackendKind>()
+            .map_err(|e| exit_error(pinring_runtime::Exit::Usage, e.to_string()))?;
+        let opts = EmbeddedOptions {
+            config,
+            ring,
+            epochs,
+            backend,
+            device,
+            start_seq,
+            replace,
+        };
+        let wait = seconds("wait", Some(wait))?.unwrap_or_default();
+        let d = py
+            .detach(|| pinring_client::EmbeddedDaemon::start(&opts, wait))
+            .map_err(|e| e.to_pyerr())?;
+        let ring = d.ring().to_string();
+        Ok(EmbeddedDaemon {
+            inner: Mutex::new(Some(d)),
+            ring,
+        })
+    }
+
+    /// The ring's name (loaders join it with `pinring-loader --ring NAME`).
+    #[getter]
+    fn ring(&self) -> &str {
+        &self.ring
+    }
+
+    /// Whether the daemon still runs.
+    #[getter]
+    fn running(&self) -> bool {
+        self.inner
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .is_some_and(|d| d.running())
+    }
+
+    /// Stops the daemon (a drain) and returns its summary as JSON text (None if already
+    /// stopped). Raises the daemon's error if it failed.
+    fn stop(&self, py: Python<'_>) -> PyResult<Option<String>> {
+        let d = self.inner.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let Some(d) = d else {
+            return Ok(None);
+        };
+        let Some((summary, result)) = py.detach(|| d.stop()) else {
+            return Err(exit_error(
+                pinring_runtime::Exit::Internal,
+                format!(
+                    "ring {:?}: the embedded daemon's thread panicked",
+                    self.ring
+                ),
+            ));
+        };
+        if let Err(e) = result {
+            return Err(exit_error(
+                pinring_runtime::Exit::Internal,
+                format!("ring {:?}: the embedded daemon failed: {e}", self.ring),
+            ));
+        }
+        serde_json::to_string(&summary)
+            .map(Some)
+            .map_err(|e| exit_error(pinring_runtime::Exit::Output, e.to_string()))
+    }
+}
+
+impl Drop for EmbeddedDaemon {
+    fn drop(&mut self) {
+        if let Some(d) = self
+            .inner
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
+            let _ = d.stop();
+        }
+    }
+}

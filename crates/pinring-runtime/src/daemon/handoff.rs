@@ -1,0 +1,205 @@
+//! The consumer sink (`--sink consumer`): whole batches handed to one training process through
+//! the ring's handoff area (pinring_ring::handoff) instead of being consumed here.
+//!
+//! A batch whose parts have all landed is *filled* into its buffer's descriptor; the daemon then
+//! watches the descriptor: a take books the batch as delivered (exactly once, in order: the
+//! sequencer checks it), a release (or a reclaim from a dead consumer) gives the buffer back,
+//! after the copy stream was made to wait on the consumer's release event. Nothing here blocks:
+//! the main loop polls the few descriptors on each pass (the consumer rings the doorbell when it
+//! releases).
+
+use super::{Daemon, DaemonError};
+use pinring_ring::handoff::{Filled, Returned};
+use std::collections::BTreeMap;
+
+/// A buffer handed over, and what the daemon knows of it.
+#[derive(Debug)]
+pub(super) struct Handed {
+    /// Round of the fill.
+    round: u32,
+    /// First seq of the batch.
+    seq: u64,
+    /// Whether the take was booked (delivered).
+    booked: bool,
+    /// The batch's sample ids (for the order book), handed back for reuse at booking.
+    samples: Vec<u64>,
+}
+
+/// The daemon's side of the handoff.
+#[derive(Debug, Default)]
+pub(super) struct HandoffBooks {
+    /// Handed buffers by first seq (booking walks them in seq order).
+    handed: BTreeMap<u64, (usize, Handed)>,
+    /// Batches the consumer has taken.
+    pub(super) taken: u64,
+    /// Buffers taken back from dead consumers.
+    pub(super) reclaimed: u64,
+}
+
+impl HandoffBooks {
+    /// Buffers handed over and not back yet.
+    pub(super) fn outstanding(&self) -> usize {
+        self.handed.len()
+    }
+}
+
+/// A whole batch ready to hand over.
+pub(super) struct Ready {
+    pub(super) buffer: usize,
+    pub(super) seq: u64,
+    pub(super) batch: u64,
+    pub(super) epoch: u32,
+    pub(super) index_in_epoch: u64,
+    pub(super) bytes: usize,
+    pub(super) samples: Vec<u64>,
+}
+
+impl Daemon {
+    /// Hands a whole batch (all parts on the device) to the consumer.
+    pub(super) fn hand_over(&mut self, r: Ready) -> Result<(), DaemonError> {
+        self.uploader.record_ready(r.buffer)?;
+        let desc = self.ring.buffer_desc(r.buffer as u32);
+        let round = desc.fill(&Filled {
+            round: 0,
+            seq: r.seq,
+            batch: r.batch,
+            bytes: r.bytes as u64,
+            samples: r.samples.len() as u32,
+            epoch: r.epoch,
+            index_in_epoch: r.index_in_epoch,
+        });
+        let b = self.ring.handoff();
+        b.filled.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        // Release: a consumer that reads this sees the FILLED words of every batch below it.
+        b.filled_next
+            .fetch_max(r.seq + self.parts, std::sync::atomic::Ordering::Release);
+        self.sink_pending += 1;
+        self.handoff_books.handed.insert(
+            r.seq,
+            (
+                r.buffer,
+                Handed {
+                    round,
+                    seq: r.seq,
+                    booked: false,
+                    samples: r.samples,
+                },
+            ),
+        );
+        self.ring.wake_consumer(false);
+        Ok(())
+    }
+
+    /// Books takes (in seq order) and takes back released buffers. True if anything changed.
+    pub(super) fn collect_returns(&mut self) -> Result<bool, DaemonError> {
+        if self.handoff_books.handed.is_empty() {
+            return Ok(false);
+        }
+        let mut progressed = false;
+        let mut back = Vec::new();
+        let mut booking_open = true;
+        let seqs: Vec<u64> = self.handoff_books.handed.keys().copied().collect();
+        for seq in seqs {
+            let (buffer, round, booked) = {
+                let (b, h) = &self.handoff_books.handed[&seq];
+                (*b, h.round, h.booked)
+            };
+            let state = self.ring.buffer_desc(buffer as u32).returned(round);
+            let taken = !matches!(state, Returned::Waiting);
+            // In order, a batch is booked only after every earlier one was: the consumer takes
+            // them in order, and this pass may see a later take before an earlier one's word.
+            if taken && !booked && (booking_open || !self.cfg.ring.in_order) {
+                self.book_take(seq);
+                progressed = true;
+            }
+            if !taken {
+                booking_open = false;
+            }
+            match state {
+                Returned::Released | Returned::Reclaimed | Returned::Corrupt(_) => {
+                    if self.handoff_books.handed[&seq].1.booked {
+                        back.push((seq, buffer, state));
+                    }
+                }
+                Returned::Waiting | Returned::Held => {}
+            }
+        }
+        for (seq, buffer, state) in back {
+            let consumer_released = match state {
+                Returned::Released => true,
+                Returned::Reclaimed => false,
+                Returned::Corrupt(s) => {
+                    tracing::error!(ring = %self.cfg.ring.name, buffer, seq,
+                        "batch buffer {buffer} holds state {} ({s}), which no consumer leaves it \
+                         in; taking it back (find who writes into the ring)",
+                        pinring_ring::handoff::buffer_state::name(s));
+                    self.ring
+                        .health()
+                        .corrupt_descriptors
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    false
+                }
+                Returned::Waiting | Returned::Held => unreachable!("only returned buffers"),
+            };
+            let Some((_, h)) = self.handoff_books.handed.remove(&seq) else {
+                continue;
+            };
+            if !consumer_released {
+                self.handoff_books.reclaimed += 1;
+            }
+            // The next copy into the buffer waits (on the device) for the consumer's last use.
+            self.uploader.wait_release(buffer, consumer_released)?;
+            self.ring.buffer_desc(buffer as u32).reset(h.round);
+            self.free_buffers.push(buffer);
+            self.sink_pending -= 1;
+            progressed = true;
+        }
+        Ok(progressed)
+    }
+
+    /// A take seen: the batch counts as delivered.
+    fn book_take(&mut self, seq: u64) {
+        let Some((buffer, h)) = self.handoff_books.handed.get_mut(&seq) else {
+            return;
+        };
+        h.booked = true;
+        let buffer = *buffer;
+        let samples = std::mem::take(&mut h.samples);
+        let first = h.seq;
+        self.handoff_books.taken += 1;
+        self.book_delivery(first, self.parts, None, false, samples);
+        tracing::trace!(ring = %self.cfg.ring.name, seq = first, buffer, "batch taken by the consumer");
+    }
+
+    /// Drain: takes back every buffer nobody took (its batch stays undelivered, so the resume
+    /// point stays below it).
+    pub(super) fn withdraw_untaken(&mut self) {
+        let untaken: Vec<u64> = self
+            .handoff_books
+            .handed
+            .iter()
+            .filter(|(_, (b, h))| !h.booked && self.ring.buffer_desc(*b as u32).withdraw(h.round))
+            .map(|(&seq, _)| seq)
+            .collect();
+        for seq in untaken {
+            if let Some((buffer, h)) = self.handoff_books.handed.remove(&seq) {
+                self.free_buffers.push(buffer);
+                self.sink_pending -= 1;
+                let mut samples = h.samples;
+                samples.clear();
+                self.spare_samples.push(samples);
+            }
+        }
+    }
+
+    /// Reap pass: buffers a dead consumer held are taken back.
+    pub(super) fn reap_consumer(&mut self) -> Result<(), DaemonError> {
+        let n = self.ring.reclaim_from_dead_consumer()?;
+        if n > 0 {
+            tracing::warn!(ring = %self.cfg.ring.name, buffers = n,
+                "the consumer died holding batch buffers: taken back (a restarted consumer \
+                 resumes after the batches it took)");
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,192 @@
+"""``pinring.Loader``: a training loop's batches, straight from a pinring ring, without a copy.
+
+    for batch in pinring.Loader(ring="default", device=0):
+        x, y = batch["images"], batch["labels"]
+
+Each batch is a dict of field name -> tensor (torch, when torch is importable; NumPy arrays
+otherwise, or with ``as_numpy=True``). On a CUDA ring the tensors are device memory the daemon
+uploaded into; on the host backend they are host memory inside the ring. A batch's memory goes
+back to the daemon only when every tensor made from it is gone, so keeping a tensor is always
+safe (it only holds one of the ring's ``daemon.prefetch`` buffers).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Dict, Iterator, Optional
+
+from pinring import _native
+
+
+def _to_framework(fields: Dict[str, Any], as_numpy: bool, stream: Optional[int]) -> Dict[str, Any]:
+    if not as_numpy:
+        try:
+            import torch
+        except ImportError:
+            as_numpy = True
+    if as_numpy:
+        import numpy as np
+
+        return {name: np.from_dlpack(f) for name, f in fields.items()}
+    out = {}
+    for name, f in fields.items():
+        if stream is not None and f.device.startswith("cuda"):
+            # torch.from_dlpack passes torch's current stream; an explicit stream is honoured
+            # the same way: it waits on the upload's event, on the device.
+            out[name] = torch.utils.dlpack.from_dlpack(f.__dlpack__(stream=stream))
+        else:
+            out[name] = torch.from_dlpack(f)
+    return out
+
+
+class Loader:
+    """Iterates over one epoch of a ring's batches per ``for`` loop, in order.
+
+    Args:
+        ring: the ring's name (its daemon runs ``--sink consumer``).
+        device: the CUDA device the ring's daemon uploads to, for checking (None: any).
+        embedded: run the daemon inside this process (no service, no CUDA IPC); loaders are
+            still separate processes (``pinring-loader --ring NAME``).
+        config: the config file of an embedded daemon (None: pinring's config lookup).
+        backend: an embedded daemon's backend: ``"auto"``, ``"cuda"`` or ``"host"``.
+        timeout: seconds to wait for one batch (None: as long as the daemon lives).
+        wait_for_ring: seconds to wait for an attached ring to appear.
+        as_numpy: yield NumPy arrays instead of torch tensors.
+        stream: a CUDA stream handle the tensors are used on (None: torch's current stream).
+    """
+
+    def __init__(
+        self,
+        ring: Optional[str] = None,
+        device: Optional[int] = None,
+        *,
+        embedded: bool = False,
+        config: Optional[str] = None,
+        backend: str = "auto",
+        epochs: Optional[int] = None,
+        timeout: Optional[float] = None,
+        wait_for_ring: float = 30.0,
+        as_numpy: bool = False,
+        stream: Optional[int] = None,
+    ) -> None:
+        self._daemon: Optional[_native.EmbeddedDaemon] = None
+        if embedded:
+            self._daemon = _native.EmbeddedDaemon(
+                config=config,
+                ring=ring,
+                backend=backend,
+                device=0 if device is None else device,
+                epochs=epochs,
+            )
+            ring = self._daemon.ring
+        elif ring is None:
+            ring = "default"
+        self.ring: str = ring
+        self._device = device
+        self._timeout = timeout
+        self._wait_for_ring = wait_for_ring
+        self._as_numpy = as_numpy
+        self._stream = stream
+        self._consumer: Optional[_native.Consumer] = None
+        self._resume: Optional[Dict[str, int]] = None
+
+    # -- attaching -------------------------------------------------------------------------
+
+    def _attach(self) -> _native.Consumer:
+        if self._consumer is None:
+            seq = fp = None
+            if self._resume is not None:
+                seq, fp = self._resume["seq"], self._resume["fingerprint"]
+            c = _native.Consumer(self.ring, start_seq=seq, fingerprint=fp, wait_for_ring=self._wait_for_ring)
+            if self._device is not None and c.device not in ("cpu", f"cuda:{self._device}"):
+                c.close()
+                raise _native.UsageError(
+                    f"ring {self.ring!r} delivers to {c.device}, not cuda:{self._device}: pass device="
+                    f"{c.device.split(':')[-1]} or attach to the ring of device {self._device}"
+                )
+            self._consumer = c
+            self._resume = None
+        return self._consumer
+
+    @property
+    def device(self) -> str:
+        """Where batches are: ``"cpu"`` or ``"cuda:N"``."""
+        return self._attach().device
+
+    def __len__(self) -> int:
+        """Batches per epoch."""
+        return self._attach().batches_per_epoch
+
+    # -- iterating -------------------------------------------------------------------------
+
+    def batches(self) -> Iterator[_native.Batch]:
+        """The raw batches (``Batch.fields`` are DLPack fields) to the end of the plan."""
+        c = self._attach()
+        while True:
+            b = c.next_batch(self._timeout)
+            if b is None:
+                return
+            yield b
+
+    def __iter__(self) -> Iterator[Dict[str, Any]]:
+        c = self._attach()
+        per_epoch = c.batches_per_epoch
+        while True:
+            b = c.next_batch(self._timeout)
+            if b is None:
+                return
+            out = _to_framework(b.fields, self._as_numpy, self._stream)
+            last = b.index_in_epoch + 1 >= per_epoch
+            # The tensors hold the batch's buffer; the batch object need not.
+            b.release()
+            del b
+            yield out
+            if last:
+                return
+
+    # -- checkpoints -----------------------------------------------------------------------
+
+    def state_dict(self) -> Dict[str, int]:
+        """Where the next batch comes from: ``{"seq": ..., "fingerprint": ...}``."""
+        if self._consumer is None and self._resume is not None:
+            return dict(self._resume)
+        seq, fp = self._attach().state()
+        return {"seq": seq, "fingerprint": fp}
+
+    def load_state_dict(self, state: Dict[str, int]) -> None:
+        """Resumes at a saved state: the next batch is the one at ``state["seq"]``. A state
+        saved under another plan (dataset or plan settings) is refused when the loader attaches.
+        """
+        missing = {"seq", "fingerprint"} - set(state)
+        if missing:
+            raise _native.UsageError(f"a pinring state needs the keys seq and fingerprint; missing {sorted(missing)}")
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None
+        self._resume = {"seq": int(state["seq"]), "fingerprint": int(state["fingerprint"])}
+        self._attach()
+
+    # -- the end ---------------------------------------------------------------------------
+
+    def close(self) -> Optional[Dict[str, Any]]:
+        """Detaches; stops an embedded daemon and returns its summary."""
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None
+        if self._daemon is not None:
+            text = self._daemon.stop()
+            self._daemon = None
+            return json.loads(text) if text else None
+        return None
+
+    def __enter__(self) -> "Loader":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
