@@ -149,7 +149,8 @@ class Consumer:
     @property
     def ring(self) -> str: ...
     def close(self) -> None:
-        """Detaches; held batches stay valid until released."""
+        """Detaches. Batches and tensors still alive stay valid, and keep the ring's consumer
+        seat until the last of them is gone."""
 
 class EmbeddedDaemon:
     """The daemon's code on a thread of this process (no service, no CUDA IPC). Loaders join

@@ -126,7 +126,11 @@ class Loader:
             b = c.next_batch(self._timeout)
             if b is None:
                 return
-            yield b
+            # Yielded out of a list, so this suspended generator keeps no reference to the
+            # batch: the caller's last reference is the last one.
+            box = [b]
+            del b
+            yield box.pop()
 
     def __iter__(self) -> Iterator[Dict[str, Any]]:
         c = self._attach()
@@ -135,14 +139,22 @@ class Loader:
             b = c.next_batch(self._timeout)
             if b is None:
                 return
-            out = _to_framework(b.fields, self._as_numpy, self._stream)
             last = b.index_in_epoch + 1 >= per_epoch
-            # The tensors hold the batch's buffer; the batch object need not.
-            b.release()
+            box = [b]
             del b
-            yield out
+            # Converted and yielded in one expression, so this suspended generator keeps no
+            # reference to the batch or its tensors: the caller's are the only ones, and the
+            # buffer goes back as soon as they are gone.
+            yield self._convert(box)
             if last:
                 return
+
+    def _convert(self, box: "list[_native.Batch]") -> Dict[str, Any]:
+        b = box.pop()
+        out = _to_framework(b.fields, self._as_numpy, self._stream)
+        # The tensors hold the batch's buffer; the batch object need not.
+        b.release()
+        return out
 
     # -- checkpoints -----------------------------------------------------------------------
 
@@ -169,7 +181,8 @@ class Loader:
     # -- the end ---------------------------------------------------------------------------
 
     def close(self) -> Optional[Dict[str, Any]]:
-        """Detaches; stops an embedded daemon and returns its summary."""
+        """Detaches; stops an embedded daemon and returns its summary. Batches and tensors
+        still alive stay valid, and keep the ring's consumer seat until they are gone."""
         if self._consumer is not None:
             self._consumer.close()
             self._consumer = None

@@ -74,6 +74,25 @@ class Ring:
     def loader(self):
         return self.spawn(binary("pinring-loader"), "--ring", self.name, "--wait-secs", "30", "--config", str(self.config))
 
+    def wait_attached(self, n):
+        """Waits until `n` loaders are in the ring's loader table, so none of them can start
+        after the plan is done (a loader that finds no ring waits for one, then fails)."""
+        import json
+
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            out = subprocess.run(
+                [binary("pinring"), "status", self.name, "--json", "--interval", "0.1"],
+                capture_output=True,
+                text=True,
+            )
+            if out.returncode == 0:
+                rings = json.loads(out.stdout)
+                if rings and len(rings[0]["snapshot"]["loaders"]) >= n:
+                    return
+            time.sleep(0.05)
+        pytest.fail(f"{n} loaders never attached to ring {self.name}")
+
     def wait_all(self):
         for p in self.procs:
             out, err = p.communicate(timeout=60)
@@ -90,6 +109,7 @@ class Ring:
 @pytest.fixture
 def ring(tmp_path):
     r = Ring(tmp_path)
+    r.wait_attached(3)
     yield r
     r.close()
 
@@ -149,8 +169,8 @@ def test_kept_tensors_are_never_overwritten(ring):
     c = loader._attach()
     it = iter(loader)
     kept = next(it)  # batch 0, kept past many later batches (2 of the 3 buffers cycle)
-    later = [next(it) for _ in range(30)]
-    del later
+    for _ in range(30):
+        next(it)
     want = c.expected(0)
     assert kept["images"].numpy().tobytes() == want["images"]
     assert kept["labels"].numpy().tobytes() == want["labels"]
@@ -186,6 +206,16 @@ def test_state_dict_resumes_exactly_and_refuses_another_plan(ring):
     assert sum(1 for _ in b.batches()) == BATCHES - 11
     b.close()
     ring.wait_all()
+
+
+def test_holding_every_buffer_is_an_error_not_a_hang(ring):
+    c = pinring.Consumer(ring.name)
+    held = [c.next_batch(30) for _ in range(3)]  # prefetch = 3
+    with pytest.raises(pinring.UsageError, match="holds all 3 batch buffers"):
+        c.next_batch(30)
+    del held[0]
+    assert c.next_batch(30).seq == 3
+    c.close()
 
 
 def test_a_second_consumer_is_refused(ring):
@@ -239,6 +269,7 @@ def test_embedded_daemon_feeds_this_process(tmp_path):
         loader = pinring.Loader(ring=r.name, embedded=True, config=str(r.config), backend="host", as_numpy=True)
         for _ in range(3):
             r.loader()
+        r.wait_attached(3)
         c = loader._attach()
         seqs = []
         for b in loader.batches():

@@ -57,6 +57,16 @@ pub enum ClientError {
         /// The seq the consumer waited for.
         seq: u64,
     },
+    /// The consumer holds every batch buffer and asks for another: it would wait forever.
+    #[error("ring {ring:?}: this consumer holds all {buffers} batch buffers (batches or tensors made from them are still alive) and waits for the batch at seq {seq}, which needs one of them back: drop a batch you keep, or raise daemon.prefetch")]
+    AllHeld {
+        /// Ring name.
+        ring: String,
+        /// Buffers of the ring.
+        buffers: u32,
+        /// The seq waited for.
+        seq: u64,
+    },
     /// No batch within the caller's timeout.
     #[error("ring {ring:?}: no batch at seq {seq} within {waited_ms} ms (the loaders may be slow or gone: see `pinring status`)")]
     Timeout {
@@ -93,7 +103,7 @@ impl ClientError {
             ClientError::Ring(RingError::ConsumerPresent { .. }) => Exit::Refused,
             ClientError::Ring(RingError::UnknownGroup { .. }) => Exit::Config,
             ClientError::Ring(_) | ClientError::Corrupt { .. } => Exit::Ring,
-            ClientError::Resume { .. } => Exit::Usage,
+            ClientError::Resume { .. } | ClientError::AllHeld { .. } => Exit::Usage,
             ClientError::OtherPlan { .. } => Exit::Refused,
             ClientError::DaemonGone { .. }
             | ClientError::Stopped { .. }

@@ -87,6 +87,8 @@ pub struct Consumer {
     fingerprint: u64,
     /// Seqs of the ring's run (for counting the unordered end).
     run_batches: u64,
+    /// Batch buffers of the ring.
+    buffers: u32,
 }
 
 /// What every lease of a consumer shares: the ring handle (its consumer lock) and the memory.
@@ -149,6 +151,7 @@ impl Consumer {
             }
         };
         ring.handoff().taken_next.store(next, Relaxed);
+        let shared_buffers = ring.geometry().handoff.map_or(0, |h| h.buffers);
         Ok(Consumer {
             shared: Arc::new(Shared {
                 ring,
@@ -163,6 +166,7 @@ impl Consumer {
             in_order,
             fingerprint,
             run_batches: end_seq.saturating_sub(start) / parts.max(1),
+            buffers: shared_buffers,
         })
     }
 
@@ -185,6 +189,14 @@ impl Consumer {
             let seen = ring.handoff().deliver_futex.load(Acquire);
             if let Some(batch) = self.try_take()? {
                 return Ok(Some(batch));
+            }
+            let held = self.held();
+            if held == self.buffers {
+                return Err(ClientError::AllHeld {
+                    ring: ring.name().into(),
+                    buffers: held,
+                    seq: self.next,
+                });
             }
             let state = ring.state();
             if state == ring_state::DRAINING || state == ring_state::CLOSED {
@@ -260,6 +272,14 @@ impl Consumer {
         let batch = self.validated(i, f)?;
         self.count_take(f.seq);
         Ok(Some(batch))
+    }
+
+    /// Buffers this consumer holds now (taken, not released).
+    fn held(&self) -> u32 {
+        let ring = &self.shared.ring;
+        (0..self.buffers)
+            .filter(|&i| ring.buffer_desc(i).load_word().state == buffer_state::TAKEN)
+            .count() as u32
     }
 
     fn count_take(&mut self, seq: u64) {

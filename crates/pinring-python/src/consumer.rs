@@ -206,7 +206,8 @@ impl Consumer {
         &self.ring
     }
 
-    /// Detaches (batches still held stay valid until released; the ring's consumer lock goes).
+    /// Detaches. Batches (and tensors) still alive stay valid, and keep the ring's consumer
+    /// lock until the last of them is gone.
     fn close(&self, py: Python<'_>) {
         let c = self.inner.lock().unwrap_or_else(|p| p.into_inner()).take();
         py.detach(|| drop(c));
