@@ -129,13 +129,20 @@ fn held_batches_are_never_overwritten() {
         .args(["status", &fx.ring, "--json", "--interval", "0.1"])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let cv = &v[0]["snapshot"]["consumer"];
     assert_eq!(cv["attached"], true, "{v:#}");
     assert_eq!(cv["pid"], std::process::id(), "{v:#}");
     assert_eq!(cv["buffers"], 3, "{v:#}");
-    assert!(cv["held"].as_u64().unwrap() >= 1, "the kept batch is held: {v:#}");
+    assert!(
+        cv["held"].as_u64().unwrap() >= 1,
+        "the kept batch is held: {v:#}"
+    );
     plan.batch_into(kept.batch, &mut ids).unwrap();
     synthetic
         .verify_batch(&ids, kept.host_bytes("images").unwrap())

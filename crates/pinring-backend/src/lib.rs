@@ -391,6 +391,36 @@ pub trait Uploader: Send + Sync {
     /// # Panics
     /// If `buffer >= buffer_count()`.
     fn device_ptr(&self, buffer: usize) -> u64;
+
+    /// Prepares device buffer `buffer` for a consumer in this same process (embedded mode):
+    /// cuda: creates its ready and release events as plain events (no CUDA IPC, which some
+    /// container runtimes refuse), after which [`Uploader::record_ready`] and
+    /// [`Uploader::wait_release`] use them as for an exported buffer. host: nothing to do.
+    fn share_local(&self, buffer: usize) -> Result<(), BackendError> {
+        let _ = buffer;
+        Ok(())
+    }
+
+    /// A consumer in this process: makes `stream` wait (on the device) for the batch now in
+    /// `buffer` (its ready event). host: nothing to wait for.
+    ///
+    /// # Safety
+    /// cuda: `stream` is 0, `CU_STREAM_LEGACY` (1), `CU_STREAM_PER_THREAD` (2) or a live stream
+    /// of the device's primary context.
+    unsafe fn local_wait_ready(&self, buffer: usize, stream: u64) -> Result<(), BackendError> {
+        let _ = (buffer, stream);
+        Ok(())
+    }
+
+    /// A consumer in this process: records `buffer`'s release event on `stream`, after the
+    /// consumer's last use of the batch. host: nothing to record.
+    ///
+    /// # Safety
+    /// As for [`Uploader::local_wait_ready`].
+    unsafe fn local_record_release(&self, buffer: usize, stream: u64) -> Result<(), BackendError> {
+        let _ = (buffer, stream);
+        Ok(())
+    }
 }
 
 /// The CUDA IPC handles of one device buffer ([`Uploader::export`]): each is the driver's opaque

@@ -73,6 +73,7 @@ impl EmbeddedDaemon {
             no_register: false,
             zero_copy: false,
             service: Default::default(),
+            embedded: true,
         };
         let shutdown = Shutdown::never();
         let thread = {

@@ -17,6 +17,16 @@ pub enum Memory {
         /// Bytes per buffer.
         buffer_bytes: u64,
     },
+    /// CUDA, the daemon in this process (embedded mode): its upload engine's buffers and events,
+    /// reached directly.
+    Local {
+        /// The daemon's upload engine.
+        uploader: Engine,
+        /// CUDA device ordinal.
+        device: u32,
+        /// Bytes per buffer.
+        buffer_bytes: u64,
+    },
     /// CUDA: the daemon's device buffers, opened through their IPC handles.
     Cuda {
         /// The opened buffers and events.
@@ -42,6 +52,22 @@ impl Memory {
                     .collect(),
                 buffer_bytes: hg.buffer_bytes,
             }),
+            backend_code::CUDA if ring.daemon().pid == std::process::id() => {
+                let generation = ring.header().generation.load(Relaxed);
+                let uploader = pinring_runtime::embedded::engine(generation).ok_or_else(|| {
+                    ClientError::Corrupt {
+                        ring: ring.name().into(),
+                        what: "the ring's daemon runs in this process, but no upload engine of \
+                               this process serves it"
+                            .into(),
+                    }
+                })?;
+                Ok(Memory::Local {
+                    uploader: Engine(uploader),
+                    device: b.device.load(Relaxed),
+                    buffer_bytes: hg.buffer_bytes,
+                })
+            }
             backend_code::CUDA => {
                 let exports: Vec<BufferExport> = (0..hg.buffers)
                     .map(|i| {
@@ -76,13 +102,16 @@ impl Memory {
         match self {
             Memory::Host { ptrs, .. } => ptrs[i as usize],
             Memory::Cuda { imported, .. } => imported.device_ptr(i as usize),
+            Memory::Local { uploader, .. } => uploader.0.device_ptr(i as usize),
         }
     }
 
     /// Bytes per buffer.
     pub fn buffer_bytes(&self) -> u64 {
         match self {
-            Memory::Host { buffer_bytes, .. } | Memory::Cuda { buffer_bytes, .. } => *buffer_bytes,
+            Memory::Host { buffer_bytes, .. }
+            | Memory::Cuda { buffer_bytes, .. }
+            | Memory::Local { buffer_bytes, .. } => *buffer_bytes,
         }
     }
 
@@ -91,6 +120,7 @@ impl Memory {
         match self {
             Memory::Host { .. } => Location::Host,
             Memory::Cuda { imported, .. } => Location::Cuda(imported.device() as u32),
+            Memory::Local { device, .. } => Location::Cuda(*device),
         }
     }
 
@@ -104,6 +134,10 @@ impl Memory {
             // SAFETY: the caller's contract above (the Python layer passes torch's current
             // stream of this device, or 0).
             Memory::Cuda { imported, .. } => unsafe { imported.wait_ready(i as usize, stream) },
+            // SAFETY: as above.
+            Memory::Local { uploader, .. } => unsafe {
+                uploader.0.local_wait_ready(i as usize, stream)
+            },
         }
     }
 
@@ -114,6 +148,22 @@ impl Memory {
             // SAFETY: as for `wait_ready`: the stream the batch was last used on, of this
             // device's primary context, or 0.
             Memory::Cuda { imported, .. } => unsafe { imported.record_release(i as usize, stream) },
+            // SAFETY: as above.
+            Memory::Local { uploader, .. } => unsafe {
+                uploader.0.local_record_release(i as usize, stream)
+            },
         }
+    }
+}
+
+/// The upload engine of a daemon in this process.
+pub struct Engine(std::sync::Arc<dyn pinring_backend::Uploader>);
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("buffers", &self.0.buffer_count())
+            .field("buffer_bytes", &self.0.buffer_bytes())
+            .finish()
     }
 }

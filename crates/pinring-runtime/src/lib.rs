@@ -9,6 +9,7 @@ pub mod config_check;
 pub mod config_lookup;
 pub mod crash;
 pub mod daemon;
+pub mod embedded;
 pub mod exit;
 pub mod histogram;
 pub mod host_memory;

@@ -440,6 +440,20 @@ impl Uploader for CudaUploader {
             None => panic!("device buffer {buffer} out of range: the uploader has {count}"),
         }
     }
+
+    fn share_local(&self, buffer: usize) -> Result<(), BackendError> {
+        self.share_local_buffer(buffer)
+    }
+
+    unsafe fn local_wait_ready(&self, buffer: usize, stream: u64) -> Result<(), BackendError> {
+        // SAFETY: forwarded from our caller (the trait's contract on `stream`).
+        unsafe { CudaUploader::local_wait_ready(self, buffer, stream) }
+    }
+
+    unsafe fn local_record_release(&self, buffer: usize, stream: u64) -> Result<(), BackendError> {
+        // SAFETY: forwarded from our caller (the trait's contract on `stream`).
+        unsafe { CudaUploader::local_record_release(self, buffer, stream) }
+    }
 }
 
 impl Drop for CudaUploader {

@@ -53,6 +53,11 @@ pub struct DaemonArgs {
     /// Running as a service: metrics endpoint, log level.
     #[command(flatten)]
     pub service: crate::service::DaemonServiceArgs,
+    /// Runs inside the training process (pinring-client's `EmbeddedDaemon`): the consumer sink's
+    /// buffers are shared with this process's consumer (crate::embedded), not exported through
+    /// CUDA IPC. Not a flag: set by the embedding code.
+    #[arg(skip)]
+    pub embedded: bool,
 }
 
 /// Parses `--backend`.

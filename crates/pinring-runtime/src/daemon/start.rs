@@ -143,7 +143,7 @@ impl Daemon {
         };
         let uploader: Arc<dyn Uploader> = match made.and_then(|u| {
             if consumer {
-                export_buffers(&ring, &*u, buffers)?;
+                export_buffers(&ring, &*u, buffers, args.embedded)?;
             }
             Ok(u)
         }) {
@@ -153,6 +153,14 @@ impl Daemon {
                 return Err(e.into());
             }
         };
+        if consumer && args.embedded {
+            crate::embedded::register(
+                ring.header()
+                    .generation
+                    .load(std::sync::atomic::Ordering::Relaxed),
+                &uploader,
+            );
+        }
         let doorbell = Doorbell::new(Arc::clone(&ring));
         // The upload engine's completion thread rings the doorbell itself after sending
         // completions, so the main loop sleeps on one futex word for everything.
@@ -251,14 +259,20 @@ impl Daemon {
 }
 
 /// Writes each buffer's exported handles (CUDA IPC; nothing on the host backend) into its
-/// descriptor and marks the handoff exported, before the ring is READY.
+/// descriptor and marks the handoff exported, before the ring is READY. Embedded, the buffers
+/// are shared with this process's consumer instead (no IPC, no handles in the ring).
 fn export_buffers(
     ring: &Ring,
     uploader: &dyn Uploader,
     buffers: usize,
+    embedded: bool,
 ) -> Result<(), pinring_backend::BackendError> {
     use pinring_ring::handoff::BufferDesc;
     for i in 0..buffers {
+        if embedded {
+            uploader.share_local(i)?;
+            continue;
+        }
         if let Some(x) = uploader.export(i)? {
             let d = ring.buffer_desc(i as u32);
             BufferDesc::store_handle(&d.mem_handle, &x.mem);

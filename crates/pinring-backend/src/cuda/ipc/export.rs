@@ -69,6 +69,34 @@ impl Exported {
         })
     }
 
+    /// The events of device buffer `buffer` for a consumer in this process (embedded mode):
+    /// plain events, no IPC handle (CUDA IPC may be refused here, and is not needed).
+    fn create_local(
+        ctx: &Arc<CudaContext>,
+        device: usize,
+        buffer: usize,
+    ) -> Result<Self, BackendError> {
+        let event = |what: &str| {
+            IpcEvent::create_with(ctx, false).map_err(|e| {
+                cuda_error(
+                    "cuEventCreate",
+                    format!("the {what} event of device buffer {buffer} on device {device}"),
+                    e.0,
+                )
+            })
+        };
+        Ok(Self {
+            ready: event("ready")?,
+            release: event("release")?,
+            handles: BufferExport {
+                mem: [0; 64],
+                ready_event: [0; 64],
+                release_event: [0; 64],
+            },
+            _exported: None,
+        })
+    }
+
     /// Records the ready event on `stream` (the uploader's copy stream).
     fn record_ready(&self, stream: &CudaStream) -> Result<(), cudarc::driver::DriverError> {
         // SAFETY: the copy stream is a live stream (borrowed from the uploader) of the context
@@ -102,6 +130,79 @@ impl CudaUploader {
             self.buffer_bytes,
         )?;
         Ok(self.ipc[buffer].get_or_init(|| e))
+    }
+
+    /// [`crate::Uploader::share_local`].
+    pub(crate) fn share_local_buffer(&self, buffer: usize) -> Result<(), BackendError> {
+        check_range(
+            "share_local",
+            buffer,
+            0,
+            0,
+            self.buffers.len(),
+            self.buffer_bytes,
+        )?;
+        let _creating = self.ipc_init.lock().unwrap_or_else(|e| e.into_inner());
+        if self.ipc[buffer].get().is_none() {
+            let e = Exported::create_local(&self.ctx, self.device, buffer)?;
+            let _ = self.ipc[buffer].set(e);
+        }
+        Ok(())
+    }
+
+    /// The buffer's events, for a consumer in this process.
+    fn shared(&self, call: &'static str, buffer: usize) -> Result<&Exported, BackendError> {
+        check_range(call, buffer, 0, 0, self.buffers.len(), self.buffer_bytes)?;
+        self.ipc[buffer]
+            .get()
+            .ok_or_else(|| BackendError::InvalidArgument {
+                call,
+                what: format!(
+                    "device buffer {buffer} was never shared (share_local or export) with a consumer"
+                ),
+            })
+    }
+
+    /// [`crate::Uploader::local_wait_ready`].
+    ///
+    /// # Safety
+    /// `stream` is 0, `CU_STREAM_LEGACY` (1), `CU_STREAM_PER_THREAD` (2) or a live stream of
+    /// the device's primary context.
+    pub(crate) unsafe fn local_wait_ready(
+        &self,
+        buffer: usize,
+        stream: u64,
+    ) -> Result<(), BackendError> {
+        let e = self.shared("local_wait_ready", buffer)?;
+        // SAFETY: the caller guarantees the stream; the event is live and of the uploader's
+        // context (the primary context, which this process's consumer shares).
+        unsafe { e.ready.wait_on(stream as cudarc::driver::sys::CUstream) }.map_err(|err| {
+            cuda_error(
+                "cuStreamWaitEvent",
+                format!("stream {stream:#x} waiting for the ready event of device buffer {buffer}"),
+                err.0,
+            )
+        })
+    }
+
+    /// [`crate::Uploader::local_record_release`].
+    ///
+    /// # Safety
+    /// As for [`CudaUploader::local_wait_ready`].
+    pub(crate) unsafe fn local_record_release(
+        &self,
+        buffer: usize,
+        stream: u64,
+    ) -> Result<(), BackendError> {
+        let e = self.shared("local_record_release", buffer)?;
+        // SAFETY: as in `local_wait_ready`.
+        unsafe { e.release.record(stream as cudarc::driver::sys::CUstream) }.map_err(|err| {
+            cuda_error(
+                "cuEventRecord",
+                format!("the release event of device buffer {buffer} on stream {stream:#x}"),
+                err.0,
+            )
+        })
     }
 
     /// [`crate::Uploader::export`].

@@ -90,7 +90,8 @@ impl Drop for OpenedMem {
 }
 
 /// An interprocess event (`CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING`), created here or
-/// opened from another process's handle; drop destroys this process's handle of it.
+/// opened from another process's handle, or a local one for a consumer in this process
+/// ([`IpcEvent::create_with`]); drop destroys this process's handle of it.
 #[derive(Debug)]
 pub struct IpcEvent {
     raw: sys::CUevent,
@@ -107,9 +108,19 @@ unsafe impl Sync for IpcEvent {}
 impl IpcEvent {
     /// A new interprocess event in `ctx`.
     pub fn create(ctx: &Arc<CudaContext>) -> Result<Self, DriverError> {
+        Self::create_with(ctx, true)
+    }
+
+    /// A new event in `ctx`, interprocess or (for a consumer in this same process, where CUDA
+    /// IPC may be refused) not.
+    pub fn create_with(ctx: &Arc<CudaContext>, interprocess: bool) -> Result<Self, DriverError> {
         make_current(ctx)?;
-        let flags = sys::CUevent_flags::CU_EVENT_INTERPROCESS as u32
-            | sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
+        let ipc = if interprocess {
+            sys::CUevent_flags::CU_EVENT_INTERPROCESS as u32
+        } else {
+            0
+        };
+        let flags = ipc | sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
         let mut raw: sys::CUevent = std::ptr::null_mut();
         // SAFETY: `raw` is a valid out-parameter, the flags are valid CUevent_flags bits
         // (INTERPROCESS requires DISABLE_TIMING, which is set); the context is current.
