@@ -2,7 +2,8 @@
 # Builds everything a GPU host needs to check and measure pinring, into one folder:
 #   bin/       release binaries (pinring, pinring-daemon, pinring-loader)
 #   tests/     release test executables: the cuda backend's unit tests and the GPU end-to-end tests
-#   bench/     the PyTorch side-by-side script
+#   bench/     the PyTorch side-by-side scripts (DataLoader, the trainer's end, a training step)
+#   wheels/    the pinring Python package (abi3 wheel, any CPython >= 3.9)
 #   gpu-host-check.sh  runs the GPU tests, `pinring bench` and the PyTorch comparison there
 # The GPU host needs no Rust toolchain: copy the folder over and run
 #   bash DIR/gpu-host-check.sh OUT
@@ -11,7 +12,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=${1:?usage: scripts/gpu-bundle.sh DIR}
 rm -rf "$dir"
-mkdir -p "$dir/bin" "$dir/tests" "$dir/bench"
+mkdir -p "$dir/bin" "$dir/tests" "$dir/bench" "$dir/wheels"
 cargo build --release --bins
 cp target/release/pinring target/release/pinring-daemon target/release/pinring-loader "$dir/bin/"
 cargo test --release --no-run --message-format=json -p pinring-backend --lib -p pinring --test gpu 2>/dev/null |
@@ -31,6 +32,11 @@ for line in sys.stdin:
 ' "$dir/tests"
 # Debug line tables make each executable ~30 MB; the host copy does not need them.
 strip --strip-debug "$dir"/bin/* "$dir"/tests/*
-cp bench/torch_dataloader.py "$dir/bench/"
+cp bench/*.py "$dir/bench/"
+# The wheel: maturin from the test environment (scripts/test makes it), or from PATH.
+maturin=${PINRING_PYENV:-target/pyenv}/bin/maturin
+command -v "$maturin" >/dev/null 2>&1 || maturin=maturin
+wheels=$(realpath "$dir/wheels")
+(cd python && "$maturin" build --release --out "$wheels")
 cp scripts/gpu-host-check.sh scripts/slow-mode-matrix.sh "$dir/"
 echo "bundle ready in $dir"

@@ -1,0 +1,169 @@
+#!/usr/bin/env python3
+"""The trainer's end at full rate: GB/s a training process receives through ``pinring.Loader``
+against the daemon's own discard sink, in one run, alternating, on the same config.
+
+Three configurations, each run ``--repeat`` times, alternated (discard, attached, embedded,
+discard, ...):
+
+* ``discard``: ``pinring-daemon --sink discard`` (the pipeline's ceiling, no consumer);
+* ``attached``: ``pinring-daemon --sink consumer`` and ``pinring.Loader(ring=...)`` in this
+  process (CUDA IPC);
+* ``embedded``: ``pinring.Loader(embedded=True)``, the daemon on a thread of this process.
+
+Each run: the seed workload (32 x 512x512 f32 batches, synthetic), N loader processes. The
+comparison uses one measurement for all three: the daemon's summary GB/s (payload bytes, images
+and labels, from the ring's READY to the last delivery; for a consumer, a delivery is its take).
+The consumer's own clock (first batch to last, a synchronize at both ends) is reported beside it.
+The consumer does what a trainer that only receives does: takes each batch as torch tensors
+(``torch.from_dlpack``, its stream waits on the upload's event) and drops them.
+
+Usage: consumer_rate.py --bin-dir DIR [--loaders 8] [--batches 2048] [--repeat 3] [--out DIR]
+"""
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import pinring
+
+CONFIG = """
+[ring]
+slot_bytes = "auto"
+[dataset]
+samples = {samples}
+sample_shape = [512, 512]
+dtype = "f32"
+classes = 1000
+[plan]
+batch_size = 32
+shuffle = true
+epochs = {epochs}
+[daemon]
+prefetch = {prefetch}
+"""
+
+
+def spawn(*args):
+    return subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def stop(procs, timeout=30):
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def consume(loader, batch_bytes):
+    import torch
+
+    it = iter(loader.batches())
+    first = next(it)
+    fields = {k: torch.from_dlpack(f) for k, f in first.fields.items()}
+    del first, fields
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    n = 0
+    for b in it:
+        fields = {k: torch.from_dlpack(f) for k, f in b.fields.items()}
+        del b, fields
+        n += 1
+    torch.cuda.synchronize()
+    dt = time.perf_counter() - t0
+    return n * batch_bytes / dt / 1e9, n
+
+
+def run_one(mode, args, cfg_path, batch_bytes):
+    ring = f"rate-{uuid.uuid4().hex[:8]}"
+    summary = Path(tempfile.mkdtemp()) / "summary.json"
+    procs = []
+    loader = None
+    try:
+        if mode == "embedded":
+            loader = pinring.Loader(ring=ring, embedded=True, config=str(cfg_path), backend="cuda")
+        else:
+            sink = "discard" if mode == "discard" else "consumer"
+            procs.append(
+                spawn(f"{args.bin_dir}/pinring-daemon", "--ring", ring, "--backend", "cuda", "--sink", sink,
+                      "--config", str(cfg_path), "--summary", str(summary))
+            )
+        loaders = [spawn(f"{args.bin_dir}/pinring-loader", "--ring", ring, "--config", str(cfg_path),
+                         "--wait-secs", "60") for _ in range(args.loaders)]
+        procs += loaders
+        if mode == "discard":
+            procs[0].wait(600)
+            s = json.loads(summary.read_text())
+            return s["gbps"], None, s["batches_delivered"]
+        if loader is None:
+            loader = pinring.Loader(ring=ring)
+        consumer_gbps, n = consume(loader, batch_bytes)
+        s = loader.close()
+        loader = None
+        if mode == "attached":
+            procs[0].wait(60)
+            s = json.loads(summary.read_text())
+        return s["gbps"], consumer_gbps, n
+    finally:
+        if loader is not None:
+            loader.close()
+        stop(procs)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bin-dir", default=os.environ.get("PINRING_BIN_DIR", "bin"))
+    ap.add_argument("--loaders", type=int, default=8)
+    ap.add_argument("--batches", type=int, default=2048)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--prefetch", type=int, default=8)
+    ap.add_argument("--modes", default="discard,attached,embedded")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+
+    samples = 4096
+    epochs = max(1, -(-args.batches * 32 // samples))
+    cfg = Path(tempfile.mkdtemp()) / "rate.toml"
+    cfg.write_text(CONFIG.format(samples=samples, epochs=epochs, prefetch=args.prefetch))
+    batch_bytes = 32 * (512 * 512 * 4 + 8)
+    modes = args.modes.split(",")
+    results = {m: [] for m in modes}
+    own = {m: [] for m in modes}
+    for r in range(args.repeat):
+        for m in modes:
+            gbps, consumer_gbps, n = run_one(m, args, cfg, batch_bytes)
+            results[m].append(gbps)
+            extra = ""
+            if consumer_gbps is not None:
+                own[m].append(consumer_gbps)
+                extra = f", consumer's clock {consumer_gbps:6.2f} GB/s"
+            print(f"run {r + 1} {m:9s} {gbps:6.2f} GB/s ({n} batches{extra})", flush=True)
+    print()
+    print(f"{'mode':10s} {'median':>8s} {'min':>7s} {'max':>7s}  vs discard")
+    base = statistics.median(results["discard"]) if "discard" in results else None
+    summary = {}
+    for m in modes:
+        v = results[m]
+        med = statistics.median(v)
+        ratio = med / base if base else float("nan")
+        summary[m] = {"runs": v, "median": med, "ratio_to_discard": ratio, "consumer_clock": own[m]}
+        print(f"{m:10s} {med:8.2f} {min(v):7.2f} {max(v):7.2f}  {ratio:6.1%}")
+    print(json.dumps(summary))
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        Path(args.out, "consumer_rate.json").write_text(json.dumps(summary, indent=1))
+
+
+if __name__ == "__main__":
+    main()
