@@ -88,7 +88,21 @@ def check_all(loader, start=0, keep_at=5):
         assert fields["labels"].dtype == torch.int64
         want = expected_on_device(c, b.batch, fields)
         for k in fields:
-            assert torch.equal(fields[k], want[k]), f"batch {b.seq} field {k} differs on the device"
+            # Bitwise: random f32 bit patterns include NaNs, which never compare equal.
+            if not torch.equal(fields[k].view(torch.uint8), want[k].view(torch.uint8)):
+                got = fields[k]
+                same = (got == want[k]).float().mean().item()
+                host = got.cpu()
+                print(f"MISMATCH batch {b.seq} (number {b.batch}) field {k}: {same:.1%} equal, "
+                      f"zeros {(host == 0).float().mean().item():.1%}, ptr {got.data_ptr():#x}, "
+                      f"first {host.flatten()[:4].tolist()} want {want[k].cpu().flatten()[:4].tolist()}",
+                      flush=True)
+                for other in range(max(0, b.batch - 2), b.batch + 3):
+                    w = expected_on_device(c, other, {k: got})[k]
+                    print(f"  vs batch {other}: {(got == w).float().mean().item():.1%} equal", flush=True)
+                torch.cuda.synchronize()
+                print(f"  after synchronize: {torch.equal(got, want[k])}", flush=True)
+                raise AssertionError(f"batch {b.seq} field {k} differs on the device")
         if n == keep_at:
             kept = (b.batch, {k: v.clone() for k, v in fields.items()}, fields)
         del b, fields, want
@@ -96,7 +110,8 @@ def check_all(loader, start=0, keep_at=5):
     if kept is not None:
         batch, copy, live = kept
         for k in copy:
-            assert torch.equal(copy[k], live[k]), f"kept batch {batch} field {k} was overwritten"
+            same = torch.equal(copy[k].view(torch.uint8), live[k].view(torch.uint8))
+            assert same, f"kept batch {batch} field {k} was overwritten"
     return n
 
 

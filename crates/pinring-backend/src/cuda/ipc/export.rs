@@ -104,8 +104,14 @@ impl Exported {
         unsafe { self.ready.record(stream.cu_stream()) }
     }
 
-    /// Makes `stream` (the uploader's copy stream) wait for the consumer's last release.
+    /// Makes `stream` (the uploader's copy stream) wait for the consumer's last release,
+    /// unless the host sees that release complete already: then there is nothing to wait for,
+    /// and a device wait on an interprocess event costs the copy stream far more than the query
+    /// (docs/BENCHMARKS.md, "The trainer's end").
     fn wait_release(&self, stream: &CudaStream) -> Result<(), cudarc::driver::DriverError> {
+        if self.release.completed()? {
+            return Ok(());
+        }
         // SAFETY: as in `record_ready`.
         unsafe { self.release.wait_on(stream.cu_stream()) }
     }

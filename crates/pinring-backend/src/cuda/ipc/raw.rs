@@ -170,6 +170,18 @@ impl IpcEvent {
         unsafe { sys::cuEventRecord(self.raw, stream) }.result()
     }
 
+    /// `cuEventQuery`: whether the work captured by the event's most recent record (in any
+    /// process) has completed (true also for an event never recorded). The host does not wait.
+    pub fn completed(&self) -> Result<bool, DriverError> {
+        make_current(&self.ctx)?;
+        // SAFETY: the event is live (owned by self); the context is current.
+        match unsafe { sys::cuEventQuery(self.raw) } {
+            sys::CUresult::CUDA_SUCCESS => Ok(true),
+            sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+            other => other.result().map(|()| false),
+        }
+    }
+
     /// `cuStreamWaitEvent`: work enqueued on `stream` after this call waits until the work
     /// captured by the event's most recent record (in any process) has completed; the host
     /// does not wait.

@@ -112,7 +112,9 @@ impl Consumer {
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines() {
                 let Ok(line) = line else { break };
-                if let Some(step) = line.strip_prefix(PREFIX) {
+                // The harness prints "test NAME ... " without a newline before the test's own
+                // output, so the first step shares its line: look for the prefix anywhere.
+                if let Some(step) = line.find(PREFIX).map(|at| &line[at + PREFIX.len()..]) {
                     if tx.send(step.to_string()).is_err() {
                         break;
                     }
