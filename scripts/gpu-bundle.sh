@@ -2,7 +2,8 @@
 # Builds everything a GPU host needs to check and measure pinring, into one folder:
 #   bin/       release binaries (pinring, pinring-daemon, pinring-loader)
 #   tests/     release test executables: the cuda backend's unit tests and the GPU end-to-end tests
-#   bench/     the PyTorch side-by-side script
+#   bench/     the PyTorch side-by-side script and the training-step benchmark (trainer.py)
+#   wheels/    the pinring Python package (abi3: any CPython >= 3.9), for bench/trainer.py
 #   gpu-host-check.sh  runs the GPU tests, `pinring bench` and the PyTorch comparison there
 # The GPU host needs no Rust toolchain: copy the folder over and run
 #   bash DIR/gpu-host-check.sh OUT
@@ -31,6 +32,16 @@ for line in sys.stdin:
 ' "$dir/tests"
 # Debug line tables make each executable ~30 MB; the host copy does not need them.
 strip --strip-debug "$dir"/bin/* "$dir"/tests/*
-cp bench/torch_dataloader.py "$dir/bench/"
+cp bench/torch_dataloader.py bench/trainer.py "$dir/bench/"
+# maturin: $MATURIN, else on PATH, else the one scripts/test installs in target/pyenv.
+maturin=${MATURIN:-$(command -v maturin || echo target/pyenv/bin/maturin)}
+if [ -x "$maturin" ]; then
+    py=$(dirname "$maturin")/python
+    [ -x "$py" ] || py=${PYTHON:-python3}
+    wheels=$(realpath -m "$dir/wheels")
+    (cd python && "$maturin" build --release --interpreter "$py" --out "$wheels")
+else
+    echo "no maturin (run scripts/test once, or set MATURIN): $dir/wheels has no pinring wheel" >&2
+fi
 cp scripts/gpu-host-check.sh scripts/slow-mode-matrix.sh "$dir/"
 echo "bundle ready in $dir"
