@@ -32,11 +32,17 @@ for line in sys.stdin:
 ' "$dir/tests"
 # Debug line tables make each executable ~30 MB; the host copy does not need them.
 strip --strip-debug "$dir"/bin/* "$dir"/tests/*
-cp bench/*.py "$dir/bench/"
-# The wheel: maturin from the test environment (scripts/test makes it), or from PATH.
-maturin=${PINRING_PYENV:-target/pyenv}/bin/maturin
-command -v "$maturin" >/dev/null 2>&1 || maturin=maturin
-wheels=$(realpath "$dir/wheels")
-(cd python && "$maturin" build --release --out "$wheels")
+cp bench/*.py scripts/gpu-consumer-check.py "$dir/bench/"
+# maturin: $MATURIN, else on PATH, else the one scripts/test installs in $PINRING_PYENV
+# (default target/pyenv).
+maturin=${MATURIN:-$(command -v maturin || echo "${PINRING_PYENV:-target/pyenv}/bin/maturin")}
+if [ -x "$maturin" ]; then
+    py=$(dirname "$maturin")/python
+    [ -x "$py" ] || py=${PYTHON:-python3}
+    wheels=$(realpath -m "$dir/wheels")
+    (cd python && "$maturin" build --release --interpreter "$py" --out "$wheels")
+else
+    echo "no maturin (run scripts/test once, or set MATURIN): $dir/wheels has no pinring wheel" >&2
+fi
 cp scripts/gpu-host-check.sh scripts/slow-mode-matrix.sh "$dir/"
 echo "bundle ready in $dir"
