@@ -3,20 +3,25 @@
 //! loop, so the main loop sleeps on exactly one word with a deadline.
 
 use pinring_ring::Ring;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
-/// A handle that rings the daemon's doorbell.
+/// A handle that rings the daemon's doorbell. It does not keep the ring mapped: the upload
+/// engine's completion hook holds one, and an engine can outlive its daemon (a consumer in the
+/// same process holds it while tensors of its buffers live), which must not keep the daemon's
+/// ring handle, and with it the daemon's liveness lock, open.
 #[derive(Debug, Clone)]
-pub struct Doorbell(Arc<Ring>);
+pub struct Doorbell(Weak<Ring>);
 
 impl Doorbell {
     /// For `ring`.
     pub fn new(ring: Arc<Ring>) -> Doorbell {
-        Doorbell(ring)
+        Doorbell(Arc::downgrade(&ring))
     }
 
-    /// Wakes the daemon's main loop.
+    /// Wakes the daemon's main loop (nothing once the daemon's ring is gone).
     pub fn ring(&self) {
-        self.0.ring_doorbell();
+        if let Some(ring) = self.0.upgrade() {
+            ring.ring_doorbell();
+        }
     }
 }
