@@ -12,10 +12,11 @@
 //! ```no_run
 //! use pinring_client::{AttachOptions, Consumer};
 //! let mut c = Consumer::attach("default", &AttachOptions::default())?;
-//! while let Some(batch) = c.next_batch(None)? {
+//! for batch in c.batches(None) {
+//!     let batch = batch?;
 //!     let images = batch.field("images").unwrap();
-//!     // ... images.ptr, images.shape, images.dtype ...
-//! }
+//!     // ... images.ptr, images.shape, images.dtype; batch.lease.use_on_stream(stream) ...
+//! } // each batch's buffer goes back to the daemon when the batch (its last lease) drops
 //! # Ok::<(), pinring_client::ClientError>(())
 //! ```
 //!
@@ -338,6 +339,16 @@ impl Consumer {
         })
     }
 
+    /// The batches to the end of the plan, as an iterator: each item is a batch, or the error
+    /// that ended the stream (the iterator ends after it). Each wait lasts up to `timeout`.
+    pub fn batches(&mut self, timeout: Option<Duration>) -> Batches<'_> {
+        Batches {
+            consumer: self,
+            timeout,
+            done: false,
+        }
+    }
+
     /// Where this consumer stands (for a checkpoint).
     pub fn state(&self) -> ConsumerState {
         ConsumerState {
@@ -374,6 +385,27 @@ impl Consumer {
     /// The memory the batches live in (host, or a CUDA device).
     pub fn location(&self) -> Location {
         self.shared.memory.location()
+    }
+}
+
+/// [`Consumer::batches`].
+#[derive(Debug)]
+pub struct Batches<'a> {
+    consumer: &'a mut Consumer,
+    timeout: Option<Duration>,
+    done: bool,
+}
+
+impl Iterator for Batches<'_> {
+    type Item = Result<Batch, ClientError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.done {
+            return None;
+        }
+        let got = self.consumer.next_batch(self.timeout).transpose();
+        self.done = !matches!(got, Some(Ok(_)));
+        got
     }
 }
 
