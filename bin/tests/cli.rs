@@ -24,16 +24,7 @@ fn status_json_reports_a_running_ring_without_disturbing_it() {
     let ring = fx.wait_ready(&mut daemon);
     let loader = fx.loader(&fx.config);
     wait_delivered(&ring, 5);
-    let out = Command::new(exe(CLI))
-        .args(["status", &fx.ring, "--json", "--interval", "0.2"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let v = status_json(&fx.ring, "0.2");
     let report = &v[0];
     assert_eq!(report["ring"], fx.ring.as_str(), "{v:#}");
     let snap = &report["snapshot"];

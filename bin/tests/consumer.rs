@@ -21,10 +21,20 @@ fn consumer_daemon(fx: &Fixture) -> (std::process::Child, pinring_ring::Ring) {
 }
 
 fn attach(fx: &Fixture, start_seq: Option<u64>) -> Result<Consumer, ClientError> {
+    attach_state(fx, start_seq, None)
+}
+
+/// Attaches resuming at `start_seq`, with the state's plan `fingerprint` when given.
+fn attach_state(
+    fx: &Fixture,
+    start_seq: Option<u64>,
+    fingerprint: Option<u64>,
+) -> Result<Consumer, ClientError> {
     Consumer::attach(
         &fx.ring,
         &AttachOptions {
             start_seq,
+            fingerprint,
             ..AttachOptions::default()
         },
     )
@@ -132,16 +142,7 @@ fn held_batches_are_never_overwritten() {
         "the other batches cycled through the free buffers"
     );
     // An operator sees the consumer and what it holds.
-    let out = Command::new(exe(CLI))
-        .args(["status", &fx.ring, "--json", "--interval", "0.1"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = status_json(&fx.ring, "0.1");
     let cv = &v[0]["snapshot"]["consumer"];
     assert_eq!(cv["attached"], true, "{v:#}");
     assert_eq!(cv["pid"], std::process::id(), "{v:#}");
@@ -267,26 +268,10 @@ fn state_resumes_where_it_was_saved_and_refuses_what_cannot_be() {
     assert_eq!(out["verified"], 10, "{out}");
     let fp = out["fingerprint"].as_str().unwrap().to_string();
     // Behind what the ring already handed over: refused, with the fix.
-    let e = Consumer::attach(
-        &fx.ring,
-        &AttachOptions {
-            start_seq: Some(4),
-            ..AttachOptions::default()
-        },
-    )
-    .unwrap_err()
-    .to_string();
+    let e = attach(&fx, Some(4)).unwrap_err().to_string();
     assert!(e.contains("--start-seq 4"), "{e}");
     // Another plan's state: refused.
-    let e = Consumer::attach(
-        &fx.ring,
-        &AttachOptions {
-            start_seq: Some(10),
-            fingerprint: Some(0x1234),
-            ..AttachOptions::default()
-        },
-    )
-    .unwrap_err();
+    let e = attach_state(&fx, Some(10), Some(0x1234)).unwrap_err();
     assert!(matches!(e, ClientError::OtherPlan { .. }), "{e}");
     // Ahead: the batches in between are skipped, the consumer starts exactly there.
     let out = consumed(consume_child(

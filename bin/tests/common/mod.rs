@@ -446,3 +446,17 @@ pub fn wait_progress(ring: &pinring_ring::Ring, n: u64) {
     let target = delivered(ring) + n;
     wait_until("more deliveries", LONG, || delivered(ring) >= target);
 }
+
+/// `pinring status RING --json` (one measurement over `interval` seconds), parsed.
+pub fn status_json(ring: &str, interval: &str) -> serde_json::Value {
+    let out = Command::new(exe(CLI))
+        .args(["status", ring, "--json", "--interval", interval])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("status --json prints JSON")
+}
