@@ -1,6 +1,13 @@
-"""Run on a GPU host: python3 contexts.py BIN_DIR. Does another process's CUDA context, doing a little work, slow the daemon's copies? And do
-CuPy and JAX take pinring fields through DLPack?"""
-import json, os, signal, subprocess, sys, tempfile, time, uuid
+"""Run on a GPU host: python3 contexts.py BIN_DIR.
+
+1. Does another process's CUDA context, doing a little periodic work, slow the daemon's copies?
+   The discard sink alone, then with such a process beside it, twice.
+2. Do CuPy and JAX take pinring's fields through DLPack, byte-exact?
+3. Do loaders exit promptly when an embedded daemon stops while a tensor of its buffers lives?
+
+Lines starting with RESULT are the findings (docs/BENCHMARKS.md, "The trainer's end at full rate").
+"""
+import json, subprocess, sys, tempfile, time, uuid
 from pathlib import Path
 bin_dir = sys.argv[1]
 cfg = Path(tempfile.mkdtemp()) / "c.toml"
