@@ -344,3 +344,39 @@ fn an_embedded_daemon_that_cannot_start_says_why() {
     .to_string();
     assert!(e.contains("batch_size"), "{e}");
 }
+
+#[test]
+fn an_unordered_ring_hands_every_batch_over_once() {
+    let fx = Fixture::new("cons-unord", &config());
+    let mut daemon = fx.daemon(&["--sink", "consumer", "--unordered"]);
+    let ring = fx.wait_ready(&mut daemon);
+    let kids = loaders_attached(&fx, &daemon, &ring, 4);
+    let e = attach(&fx, Some(8)).unwrap_err().to_string();
+    assert!(e.contains("unordered"), "{e}");
+    let mut c = attach(&fx, None).unwrap();
+    let cfg = c.config().clone();
+    let synthetic = cfg.synthetic();
+    let mut plan = cfg.plan().unwrap();
+    let mut ids = Vec::new();
+    let mut seen = std::collections::BTreeSet::new();
+    while let Some(b) = c.next_batch(Some(LONG)).unwrap() {
+        assert!(seen.insert(b.batch), "batch {} handed over twice", b.batch);
+        plan.batch_into(b.batch, &mut ids).unwrap();
+        for field in ["images", "labels"] {
+            synthetic
+                .verify_field(field, &ids, b.host_bytes(field).unwrap())
+                .unwrap_or_else(|e| panic!("batch {}, {field}: {e}", b.batch));
+        }
+    }
+    assert_eq!(seen, (0..128).collect(), "every batch, once");
+    drop(c);
+    let (status, log) = wait_for(daemon, "daemon", LONG);
+    assert!(status.success(), "daemon failed: {status}\n{log}");
+    for k in kids {
+        let (st, log) = wait_for(k, "loader", Duration::from_secs(10));
+        assert!(st.success(), "loader failed: {st}\n{log}");
+    }
+    let s = fx.summary();
+    assert_eq!(s.batches_delivered, 128, "{s:#?}");
+    assert_eq!((s.duplicates, s.missing), (0, 0), "{s:#?}");
+}
