@@ -380,3 +380,40 @@ fn an_unordered_ring_hands_every_batch_over_once() {
     assert_eq!(s.batches_delivered, 128, "{s:#?}");
     assert_eq!((s.duplicates, s.missing), (0, 0), "{s:#?}");
 }
+
+#[test]
+fn a_consumer_waiting_on_a_dead_daemon_is_told_where_to_restart() {
+    let fx = Fixture::new("cons-dead", &config());
+    let (mut daemon, _ring) = consumer_daemon(&fx);
+    // No loaders: the consumer waits for batch 0; the daemon is then SIGKILLed.
+    let mut c = attach(&fx, None).unwrap();
+    let waiter = std::thread::spawn(move || c.next_batch(Some(LONG)));
+    daemon.kill().unwrap();
+    let _ = daemon.wait();
+    let e = waiter.join().unwrap().unwrap_err();
+    assert!(matches!(e, ClientError::DaemonGone { seq: 0, .. }), "{e}");
+    assert!(e.to_string().contains("--start-seq 0"), "{e}");
+}
+
+#[test]
+fn a_consumer_of_a_stopped_daemon_is_told_where_to_restart() {
+    let fx = Fixture::new("cons-stop", &config());
+    let (daemon, ring) = consumer_daemon(&fx);
+    let kids = loaders_attached(&fx, &daemon, &ring, 2);
+    let mut c = attach(&fx, None).unwrap();
+    assert_eq!(take_verified(&mut c, Some(5)), 5);
+    signal(&daemon, nix::sys::signal::Signal::SIGTERM);
+    let (status, log) = wait_for(daemon, "daemon", LONG);
+    assert!(status.success(), "a drained daemon exits 0: {status}\n{log}");
+    let e = c.next_batch(Some(LONG)).unwrap_err();
+    assert!(
+        matches!(e, ClientError::Stopped { seq: 5, .. } | ClientError::DaemonGone { seq: 5, .. }),
+        "{e}"
+    );
+    assert!(e.to_string().contains("--start-seq 5"), "{e}");
+    // The daemon's own resume point agrees: the first batch no consumer took.
+    assert_eq!(fx.summary().resume_seq, 5);
+    for k in kids {
+        let _ = wait_for(k, "loader", Duration::from_secs(10));
+    }
+}

@@ -55,8 +55,17 @@ pub(super) struct Ready {
 }
 
 impl Daemon {
-    /// Hands a whole batch (all parts on the device) to the consumer.
+    /// Hands a whole batch (all parts on the device) to the consumer. Draining, it hands
+    /// nothing over any more: the batch stays undelivered (below the resume point) and its
+    /// buffer is free again.
     pub(super) fn hand_over(&mut self, r: Ready) -> Result<(), DaemonError> {
+        if self.interrupted {
+            self.free_buffers.push(r.buffer);
+            let mut samples = r.samples;
+            samples.clear();
+            self.spare_samples.push(samples);
+            return Ok(());
+        }
         self.uploader.record_ready(r.buffer)?;
         let desc = self.ring.buffer_desc(r.buffer as u32);
         let round = desc.fill(&Filled {
@@ -190,6 +199,13 @@ impl Daemon {
                 self.spare_samples.push(samples);
             }
         }
+    }
+
+    /// At the end of a drain: withdraws what nobody took and books the takes not seen yet, so
+    /// the resume point is exactly the first batch no consumer took.
+    pub(super) fn settle_handoff(&mut self) -> Result<(), DaemonError> {
+        self.withdraw_untaken();
+        self.collect_returns().map(|_| ())
     }
 
     /// Reap pass: buffers a dead consumer held are taken back.

@@ -345,6 +345,8 @@ impl Daemon {
                 let nothing_in_flight = self.inflight.is_empty()
                     && (self.sink_pending == 0 || (past && self.sink_pending == held));
                 if nothing_in_flight && (!self.sequencer.any_waiting() || past) {
+                    self.settle_handoff()?;
+                    let held = self.handoff_books.outstanding();
                     if held > 0 {
                         tracing::warn!(ring = %self.cfg.ring.name, buffers = held,
                             "stopping while the consumer still holds batch buffers: its tensors \
