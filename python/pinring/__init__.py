@@ -2,7 +2,8 @@
 
 ``pinring.Loader`` is the training loop's end: ``for batch in pinring.Loader(ring="default"):``
 yields dicts of field name -> tensor, in order, without a copy. ``Consumer``, ``Batch`` and
-``EmbeddedDaemon`` are the native pieces under it.
+``EmbeddedDaemon`` are the native pieces under it. ``Producer`` is a loader's end: a Python
+process that claims parts of a ring's batches and fills them.
 
 Exceptions mirror the exit codes of the pinring binaries: every one is a ``PinringError`` and
 carries ``exit_code`` and ``exit_name`` (``ConfigError.exit_code == 3``).
@@ -18,8 +19,10 @@ from pinring._native import (
     Field,
     InternalError,
     OutputError,
+    Part,
     PeerDied,
     PinringError,
+    Producer,
     RefusedError,
     RingError,
     UsageError,
@@ -38,8 +41,10 @@ __all__ = [
     "InternalError",
     "Loader",
     "OutputError",
+    "Part",
     "PeerDied",
     "PinringError",
+    "Producer",
     "RefusedError",
     "RingError",
     "UsageError",

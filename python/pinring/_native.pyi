@@ -173,3 +173,55 @@ class EmbeddedDaemon:
     def running(self) -> bool: ...
     def stop(self) -> Optional[str]:
         """Stops (drains) the daemon; its summary as JSON text."""
+
+class Part:
+    """One claimed part of a batch (a whole batch when it fits one slot). Fill every field,
+    then ``commit()`` within the daemon's lease (``daemon.lease_ms``, 30 s by default)."""
+
+    @property
+    def seq(self) -> int:
+        """The part's seq."""
+    @property
+    def batch(self) -> int:
+        """Its batch's number."""
+    @property
+    def epoch(self) -> int: ...
+    @property
+    def index_in_epoch(self) -> int: ...
+    @property
+    def first_in_batch(self) -> int:
+        """Index in its batch of the part's first sample."""
+    @property
+    def indices(self) -> list[int]:
+        """Dataset sample ids of the part, in payload order."""
+    @property
+    def fields(self) -> Dict[str, Field]:
+        """Field name -> writable host ``Field`` of shape ``[len(part), ...]`` over the part's
+        chunk of its slot (``numpy.from_dlpack(field)`` writes into the ring). Do not write
+        into them after ``commit()``."""
+    @property
+    def committed(self) -> bool: ...
+    def commit(self) -> None:
+        """Writes the part's metadata (labels: the ``labels`` field's values) and publishes the
+        slot. Raises ``RingError`` if the daemon took the slot back first, ``UsageError`` if
+        already committed."""
+    def __len__(self) -> int: ...
+
+class Producer:
+    """A loader process's end of a ring, in Python: claims parts, lets Python fill them."""
+
+    def __init__(self, ring: str, config: Optional[str] = None, wait: float = 30.0) -> None:
+        """Joins ring ``ring`` as a loader (the config lookup of ``pinring-loader``; refused
+        with ``RefusedError`` if its fingerprint is not the daemon's)."""
+    def claim(self, timeout: Optional[float] = None) -> Optional[Part]:
+        """The next part to make, or None once the daemon has ended the run. Raises
+        ``PeerDied`` if the daemon dies or no slot comes free within ``timeout`` seconds."""
+    def synthetic(self, part: Part) -> Dict[str, bytes]:
+        """What the synthetic generator puts in each field of ``part``."""
+    @property
+    def ring(self) -> str: ...
+    @property
+    def loader_index(self) -> int:
+        """This producer's index in the ring's loader table."""
+    def close(self) -> None:
+        """Leaves the loader table; a part still claimed can no longer be committed."""

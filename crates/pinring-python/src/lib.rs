@@ -1,6 +1,6 @@
 //! `pinring._native`, the compiled half of the `pinring` Python package (python/): pinring's
 //! exceptions ([`errors`]), the DLPack export of batch fields ([`field`], [`dlpack`]), and the
-//! trainer's end ([`consumer`]).
+//! trainer's end ([`consumer`]), and a loader's ([`producer`]).
 //!
 //! Built by maturin (python/pyproject.toml) as an abi3 extension module for CPython 3.9 and
 //! later; the Rust tests of the workspace do not build or link it against Python.
@@ -9,6 +9,7 @@ pub mod consumer;
 pub mod dlpack;
 pub mod errors;
 pub mod field;
+pub mod producer;
 mod testing;
 
 use pyo3::prelude::*;
@@ -25,6 +26,8 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<consumer::Consumer>()?;
     m.add_class::<consumer::Batch>()?;
     m.add_class::<consumer::EmbeddedDaemon>()?;
+    m.add_class::<producer::Producer>()?;
+    m.add_class::<producer::Part>()?;
     m.add_class::<testing::OwnerProbe>()?;
     m.add_function(wrap_pyfunction!(testing::test_host_field, m)?)?;
     m.add_function(wrap_pyfunction!(testing::test_load_config, m)?)?;

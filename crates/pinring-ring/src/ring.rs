@@ -90,6 +90,11 @@ impl Claim {
     pub fn ticket(&self) -> u32 {
         self.ticket
     }
+
+    /// The loader seat that claimed the slot.
+    pub fn seat(&self) -> Seat {
+        self.seat
+    }
 }
 
 /// Write access to a claimed slot's bytes. Deliberately not a `&mut [u8]`: the bytes are shared

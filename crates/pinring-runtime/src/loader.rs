@@ -10,7 +10,9 @@ use crate::settings::{self, Overrides};
 use crate::shutdown::Shutdown;
 use pinring_data::{BatchIndices, BatchMeta, Config, Plan, IMAGES};
 use pinring_ring::layout::{align_up, META_ALIGN};
-use pinring_ring::{futex, ring_state, Access, CommitError, ProcessId, Ring, RingError, Seat};
+use pinring_ring::{
+    futex, ring_state, Access, Claim, CommitError, ProcessId, Ring, RingError, Seat, SlotWriter,
+};
 use std::path::PathBuf;
 use std::sync::atomic::Ordering::{Acquire, Relaxed};
 use std::time::{Duration, Instant};
@@ -243,27 +245,7 @@ fn run_attached(
         }
         Err(e) => return Err(none(e.into())),
     };
-    let h = ring.header();
-    // A loader whose config says "auto" takes the slot size (and count) the daemon resolved and
-    // published: the part layout, the seq -> samples mapping, follows from it, identically on
-    // both sides, whatever cache this host has. The fingerprint covers that layout.
-    let g = ring.geometry();
-    if cfg.adopt_slot_bytes(g.slot_bytes, g.slot_count) {
-        tracing::debug!(ring = %cfg.ring.name, slot_bytes = g.slot_bytes, slots = g.slot_count, "ring.slot_bytes = \"auto\": adopted the daemon's slot size");
-    }
-    let theirs = h.fingerprint.load(Relaxed);
-    if cfg.fingerprint() != theirs {
-        return Err(none(LoaderError::Mismatch {
-            ring: cfg.ring.name.clone(),
-            source_name: cfg.source.clone(),
-            mine: cfg.fingerprint(),
-            theirs,
-        }));
-    }
-    // The daemon decides how many epochs run (the end seq is in the header); the plan must cover
-    // every seq it may hand out.
-    let end_seq = h.end_seq.load(Relaxed);
-    let plan = plan_covering(cfg, end_seq).map_err(none)?;
+    let plan = check_ring(cfg, &ring).map_err(none)?;
     let me = ProcessId::current();
     let seat = ring.attach_loader(me).map_err(|e| none(e.into()))?;
     let index = seat.index;
@@ -288,6 +270,149 @@ fn run_attached(
     result.map(|()| report).map_err(|e| (report, e))
 }
 
+/// Checks an attached ring against a loader's config and makes the plan the daemon's seqs come
+/// from: a config whose slot size is "auto" adopts the size (and count) the daemon resolved and
+/// published (the part layout, the seq -> samples mapping, follows from it identically on both
+/// sides); the fingerprints must match (`Mismatch`); the plan covers every seq up to the ring's
+/// end seq (the daemon decides how many epochs run). Every loader, Rust or Python, joins through
+/// this.
+pub fn check_ring(cfg: &mut Config, ring: &Ring) -> Result<Plan, LoaderError> {
+    let h = ring.header();
+    let g = ring.geometry();
+    if cfg.adopt_slot_bytes(g.slot_bytes, g.slot_count) {
+        tracing::debug!(ring = %cfg.ring.name, slot_bytes = g.slot_bytes, slots = g.slot_count, "ring.slot_bytes = \"auto\": adopted the daemon's slot size");
+    }
+    let theirs = h.fingerprint.load(Relaxed);
+    if cfg.fingerprint() != theirs {
+        return Err(LoaderError::Mismatch {
+            ring: cfg.ring.name.clone(),
+            source_name: cfg.source.clone(),
+            mine: cfg.fingerprint(),
+            theirs,
+        });
+    }
+    let end_seq = h.end_seq.load(Relaxed);
+    plan_covering(cfg, end_seq)
+}
+
+/// `DaemonGone` if the ring's daemon no longer holds its lock (it exited or died).
+pub fn check_daemon(ring: &Ring) -> Result<(), LoaderError> {
+    if ring.daemon_alive()? {
+        Ok(())
+    } else {
+        Err(LoaderError::DaemonGone {
+            ring: ring.name().to_string(),
+            pid: ring.daemon().pid,
+        })
+    }
+}
+
+/// What [`confirm_end`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EndCheck {
+    /// The daemon ended the run (the ring is draining or closed and its daemon is gone).
+    Ended,
+    /// The ring is READY again (the daemon restored a scribbled header): carry on.
+    Resumed,
+    /// `stop` asked to give up first.
+    Stopped,
+}
+
+/// The ring says it is draining or closed. Only the daemon may end a run, and any process that
+/// maps the ring can write its state, so a loader believes it when the daemon's lock is gone too
+/// (a daemon exits right after it closes the ring). `stop` is asked at least every 100 ms.
+pub fn confirm_end(ring: &Ring, stop: impl Fn() -> bool) -> Result<EndCheck, RingError> {
+    let h = ring.header();
+    loop {
+        if stop() {
+            return Ok(EndCheck::Stopped);
+        }
+        if !ring.daemon_alive()? {
+            return Ok(EndCheck::Ended);
+        }
+        let seen = h.work_futex.load(Acquire);
+        if ring.state() == ring_state::READY {
+            return Ok(EndCheck::Resumed);
+        }
+        ring.wait_for_work(seen, MAX_WAIT);
+    }
+}
+
+/// Books `ns` of waiting for a free slot on loader `seat` and refreshes its heartbeat.
+pub fn note_wait(ring: &Ring, seat: Seat, ns: u64) {
+    let entry = ring.loader(seat.index as usize);
+    entry.wait_ns.fetch_add(ns, Relaxed);
+    ring.header().loader_wait_ns.fetch_add(ns, Relaxed);
+    entry
+        .heartbeat_ns
+        .store(pinring_ring::clock::monotonic_ns(), Relaxed);
+}
+
+/// Encodes `meta` into `buf` and writes it into the slot after a payload of `payload_len` bytes
+/// (at the next [`META_ALIGN`] boundary, within the config's metadata reserve). Returns what
+/// to commit: `(payload_len, meta_len, error)`, with [`ERR_META`] and no bytes when the payload
+/// did not fit (`fits` false) or the metadata does not.
+pub fn write_meta(
+    slot: &mut SlotWriter<'_>,
+    cfg: &Config,
+    meta: &BatchMeta,
+    payload_len: usize,
+    fits: bool,
+    buf: &mut Vec<u8>,
+) -> (u64, u64, u32) {
+    let meta_off = align_up(payload_len as u64, META_ALIGN).unwrap_or(u64::MAX) as usize;
+    let room = slot
+        .len()
+        .saturating_sub(meta_off)
+        .min(cfg.meta_reserve_bytes() as usize);
+    buf.resize(room, 0);
+    match meta.encode_into(buf) {
+        Ok(n) if fits && slot.write(meta_off, &buf[..n]).is_ok() => {
+            (payload_len as u64, n as u64, 0)
+        }
+        Ok(_) => (0, 0, ERR_META),
+        Err(e) => {
+            tracing::error!(ring = %cfg.ring.name, seq = meta.seq, "{e}");
+            (0, 0, ERR_META)
+        }
+    }
+}
+
+/// Commits a filled part and keeps loader `seat`'s books (batches, bytes, busy time since
+/// `started`, heartbeat). A commit refused because the daemon took the slot back abandons it
+/// (the daemon keeps a slot taken from a live loader out of use until it sees that, or the
+/// loader's exit) and returns `Reclaimed`.
+pub fn commit_part(
+    ring: &Ring,
+    claim: Claim,
+    payload_len: u64,
+    meta_len: u64,
+    sample_count: u32,
+    error: u32,
+    started: Instant,
+) -> Result<(), CommitError> {
+    let (seat, slot, ticket) = (claim.seat(), claim.slot(), claim.ticket());
+    match ring.commit(claim, payload_len, meta_len, sample_count, error) {
+        Ok(()) => {
+            let ns = started.elapsed().as_nanos() as u64;
+            let entry = ring.loader(seat.index as usize);
+            entry.batches.fetch_add(1, Relaxed);
+            entry.bytes.fetch_add(payload_len, Relaxed);
+            entry.busy_ns.fetch_add(ns, Relaxed);
+            entry
+                .heartbeat_ns
+                .store(pinring_ring::clock::monotonic_ns(), Relaxed);
+            ring.header().loader_busy_ns.fetch_add(ns, Relaxed);
+            Ok(())
+        }
+        Err(e @ CommitError::Reclaimed { .. }) => {
+            ring.abandon(seat, slot, ticket);
+            Err(e)
+        }
+        Err(e) => Err(e),
+    }
+}
+
 fn plan_covering(cfg: &mut Config, end_seq: u64) -> Result<Plan, LoaderError> {
     let plan_err = |cfg: &Config, source| LoaderError::Plan {
         source_name: cfg.source.clone(),
@@ -299,38 +424,6 @@ fn plan_covering(cfg: &mut Config, end_seq: u64) -> Result<Plan, LoaderError> {
     let epochs = end_seq.div_ceil(per_epoch).clamp(1, u64::from(u32::MAX)) as u32;
     cfg.plan.epochs = epochs;
     cfg.plan().map_err(|e| plan_err(cfg, e))
-}
-
-impl Worker<'_> {
-    /// `DaemonGone` if the ring's daemon no longer holds its lock (it exited or died).
-    fn check_daemon(&self) -> Result<(), LoaderError> {
-        if self.ring.daemon_alive()? {
-            Ok(())
-        } else {
-            Err(LoaderError::DaemonGone {
-                ring: self.cfg.ring.name.clone(),
-                pid: self.ring.daemon().pid,
-            })
-        }
-    }
-
-    /// The ring says it is draining or closed. Only the daemon may end a run, and any process
-    /// that maps the ring can write its state, so the loader believes it when the daemon's lock
-    /// is gone too (a daemon exits right after it closes the ring). If the state goes back to
-    /// READY (the daemon restores a scribbled header), the loader carries on: `Ok(true)`.
-    fn confirm_end(&self, shutdown: &Shutdown) -> Result<bool, LoaderError> {
-        let h = self.ring.header();
-        loop {
-            if shutdown.requested() || !self.ring.daemon_alive()? {
-                return Ok(false);
-            }
-            let seen = h.work_futex.load(Acquire);
-            if self.ring.state() == ring_state::READY {
-                return Ok(true);
-            }
-            self.ring.wait_for_work(seen, MAX_WAIT);
-        }
-    }
 }
 
 struct Worker<'a> {
@@ -350,7 +443,6 @@ struct Worker<'a> {
 impl Worker<'_> {
     fn work(&mut self, shutdown: &Shutdown) -> Result<(), LoaderError> {
         let h = self.ring.header();
-        let entry = self.ring.loader(self.seat.index as usize);
         let synthetic = self.cfg.synthetic();
         let sample_bytes = self.cfg.sample_bytes() as usize;
         let layout = self.cfg.batch_layout();
@@ -363,12 +455,14 @@ impl Worker<'_> {
             if shutdown.requested() {
                 return Ok(());
             }
-            if self.ring.state() != ring_state::READY && !self.confirm_end(shutdown)? {
+            if self.ring.state() != ring_state::READY
+                && confirm_end(self.ring, || shutdown.requested())? != EndCheck::Resumed
+            {
                 return Ok(());
             }
             if last_daemon_check.elapsed() >= DAEMON_CHECK_EVERY {
                 last_daemon_check = Instant::now();
-                self.check_daemon()?;
+                check_daemon(self.ring)?;
             }
             // Acquire: pairs with the daemon's Release bump after it frees a slot, so a slot freed
             // after this load makes the wait below return at once.
@@ -376,15 +470,10 @@ impl Worker<'_> {
             let Some(mut claim) = self.ring.try_claim(self.seat, hint) else {
                 let t = Instant::now();
                 let r = self.ring.wait_for_work(seen, MAX_WAIT);
-                let ns = t.elapsed().as_nanos() as u64;
-                entry.wait_ns.fetch_add(ns, Relaxed);
-                h.loader_wait_ns.fetch_add(ns, Relaxed);
-                entry
-                    .heartbeat_ns
-                    .store(pinring_ring::clock::monotonic_ns(), Relaxed);
+                note_wait(self.ring, self.seat, t.elapsed().as_nanos() as u64);
                 if r == futex::Wake::TimedOut {
                     last_daemon_check = Instant::now();
-                    self.check_daemon()?;
+                    check_daemon(self.ring)?;
                 }
                 continue;
             };
@@ -447,44 +536,23 @@ impl Worker<'_> {
                         layout.record_bytes,
                     );
                     self.samples = indices.samples;
-                    let meta_off =
-                        align_up(payload_len as u64, META_ALIGN).unwrap_or(u64::MAX) as usize;
-                    let room = slot
-                        .len()
-                        .saturating_sub(meta_off)
-                        .min(self.cfg.meta_reserve_bytes() as usize);
-                    self.meta_buf.resize(room, 0);
-                    match meta.encode_into(&mut self.meta_buf) {
-                        Ok(n) if fits && slot.write(meta_off, &self.meta_buf[..n]).is_ok() => {
-                            (payload_len as u64, n as u64, 0)
-                        }
-                        Ok(_) => (0, 0, ERR_META),
-                        Err(e) => {
-                            tracing::error!(ring = %self.cfg.ring.name, seq, "{e}");
-                            (0, 0, ERR_META)
-                        }
-                    }
+                    write_meta(
+                        &mut slot,
+                        self.cfg,
+                        &meta,
+                        payload_len,
+                        fits,
+                        &mut self.meta_buf,
+                    )
                 }
             };
             let count = self.samples.len() as u32;
-            let (slot, ticket) = (claim.slot(), claim.ticket());
-            match self.ring.commit(claim, payload_len, meta_len, count, error) {
+            match commit_part(self.ring, claim, payload_len, meta_len, count, error, t) {
                 Ok(()) => {
-                    let ns = t.elapsed().as_nanos() as u64;
                     self.report.batches += 1;
                     self.report.bytes += payload_len;
-                    entry.batches.fetch_add(1, Relaxed);
-                    entry.bytes.fetch_add(payload_len, Relaxed);
-                    entry.busy_ns.fetch_add(ns, Relaxed);
-                    entry
-                        .heartbeat_ns
-                        .store(pinring_ring::clock::monotonic_ns(), Relaxed);
-                    h.loader_busy_ns.fetch_add(ns, Relaxed);
                 }
                 Err(e @ CommitError::Reclaimed { .. }) => {
-                    // Never touch that slot again, and say so: the daemon keeps a slot taken
-                    // from a live loader out of use until it sees this (or the loader's exit).
-                    self.ring.abandon(self.seat, slot, ticket);
                     self.report.reclaimed += 1;
                     tracing::warn!(ring = %self.cfg.ring.name, "{e}");
                 }

@@ -1,0 +1,485 @@
+//! A loader in Python: [`Producer`] joins a ring's loader table exactly as `pinring-loader`
+//! does (pinring-runtime's `loader::attach`, `check_ring`, `Ring::attach_loader`), claims FREE
+//! slots and hands each one to Python as a [`Part`]: the part's seq, batch and sample ids, and
+//! one writable [`Field`] per batch field viewing that field's chunk of the part in the slot
+//! (field-major, `FieldPlacement::chunk_in_part`). `Part.commit()` writes the part's metadata
+//! and commits the slot READY through the same functions as the Rust loader (`write_meta`,
+//! `commit_part`). Nothing of the protocol lives in Python.
+//!
+//! Leases: the daemon takes back a slot whose claim has not changed for `daemon.lease_ms`
+//! (default 30 s), whatever the loader's heartbeat says; a part must be committed within it.
+//! The heartbeat in the loader table (shown by `pinring status`) is refreshed at attach, while
+//! waiting for a slot, and at every commit, as the Rust loader does; no thread of its own.
+//!
+//! A producer that dies (even SIGKILL) mid-part loses nothing: its locks go with the process,
+//! and the daemon puts the slot back with the same seq for another loader.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use pinring_data::{BatchIndices, BatchLayout, BatchMeta, Config, Dtype, Plan, LABELS};
+use pinring_ring::{futex, ring_state, Access, Claim, CommitError, ProcessId, Ring, Seat};
+use pinring_runtime::loader::{self, EndCheck};
+use pinring_runtime::settings::{self, Overrides};
+use pinring_runtime::Exit;
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict};
+
+use crate::errors::{exit_error, ToPyErr};
+use crate::field::{Device, Field, KeepAlive};
+
+/// Longest single wait for a free slot (between two looks at the daemon and the deadline).
+const MAX_WAIT: Duration = Duration::from_millis(100);
+
+/// The ring, mapped, with this process's seat: shared by the producer and every part and field
+/// made from it, so the mapping outlives all of them. The seat goes when the producer closes.
+struct Joined {
+    ring: Ring,
+    cfg: Config,
+    layout: BatchLayout,
+}
+
+impl std::fmt::Debug for Joined {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Joined")
+            .field("ring", &self.ring.name())
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Debug)]
+struct State {
+    joined: Arc<Joined>,
+    plan: Plan,
+    seat: Seat,
+    hint: u32,
+}
+
+/// A loader process's end of a ring, in Python.
+#[derive(Debug)]
+#[pyclass(module = "pinring._native", name = "Producer")]
+pub struct Producer {
+    state: Mutex<Option<State>>,
+    ring: String,
+}
+
+fn closed(ring: &str) -> PyErr {
+    exit_error(
+        Exit::Usage,
+        format!("the producer of ring {ring:?} is closed"),
+    )
+}
+
+impl Producer {
+    /// Waits for a FREE slot until `deadline`: `Ok(None)` once the daemon ended the run.
+    fn claim_slot(st: &mut State, deadline: Option<Instant>) -> Result<Option<Claim>, ClaimError> {
+        let ring = &st.joined.ring;
+        let h = ring.header();
+        let past = || deadline.is_some_and(|d| Instant::now() >= d);
+        let mut last_check = Instant::now();
+        loop {
+            if ring.state() != ring_state::READY {
+                match loader::confirm_end(ring, past)? {
+                    EndCheck::Ended => return Ok(None),
+                    EndCheck::Resumed => continue,
+                    EndCheck::Stopped => return Err(ClaimError::Timeout),
+                }
+            }
+            if last_check.elapsed() >= MAX_WAIT {
+                last_check = Instant::now();
+                loader::check_daemon(ring)?;
+            }
+            let seen = h.work_futex.load(std::sync::atomic::Ordering::Acquire);
+            if let Some(claim) = ring.try_claim(st.seat, st.hint) {
+                st.hint = (claim.slot() + 1) % ring.geometry().slot_count;
+                return Ok(Some(claim));
+            }
+            if past() {
+                return Err(ClaimError::Timeout);
+            }
+            let slice = deadline.map_or(MAX_WAIT, |d| {
+                d.saturating_duration_since(Instant::now()).min(MAX_WAIT)
+            });
+            let t = Instant::now();
+            let woke = ring.wait_for_work(seen, slice);
+            loader::note_wait(ring, st.seat, t.elapsed().as_nanos() as u64);
+            if woke == futex::Wake::TimedOut {
+                last_check = Instant::now();
+                loader::check_daemon(ring)?;
+            }
+        }
+    }
+}
+
+enum ClaimError {
+    Timeout,
+    Loader(loader::LoaderError),
+}
+
+impl From<loader::LoaderError> for ClaimError {
+    fn from(e: loader::LoaderError) -> Self {
+        ClaimError::Loader(e)
+    }
+}
+
+impl From<pinring_ring::RingError> for ClaimError {
+    fn from(e: pinring_ring::RingError) -> Self {
+        ClaimError::Loader(e.into())
+    }
+}
+
+fn seconds(name: &str, s: f64) -> PyResult<Duration> {
+    Duration::try_from_secs_f64(s).map_err(|_| {
+        PyValueError::new_err(format!(
+            "{name} must be a non-negative number of seconds, not {s}"
+        ))
+    })
+}
+
+#[pymethods]
+impl Producer {
+    /// Joins ring `ring` as a loader: loads `config` (the same lookup as `pinring-loader
+    /// --config`; None: `$PINRING_CONFIG`, ./config, ... else the built-in default), waits up to
+    /// `wait` seconds for the ring, checks the config's fingerprint against the daemon's, and
+    /// takes a seat in the loader table.
+    #[new]
+    #[pyo3(signature = (ring, config=None, wait=30.0))]
+    fn new(
+        py: Python<'_>,
+        ring: String,
+        config: Option<std::path::PathBuf>,
+        wait: f64,
+    ) -> PyResult<Self> {
+        let wait = seconds("wait", wait)?;
+        let overrides = Overrides {
+            ring: Some(ring.clone()),
+            ..Default::default()
+        };
+        let state = py.detach(|| -> Result<State, loader::LoaderError> {
+            let mut cfg = settings::load(config.as_deref(), &overrides)?;
+            let r = loader::attach(&cfg.ring.name, Access::ReadWrite, wait)?;
+            let plan = loader::check_ring(&mut cfg, &r)?;
+            let seat = r.attach_loader(ProcessId::current())?;
+            let layout = cfg.batch_layout();
+            let hint = u32::from(seat.index) % r.geometry().slot_count;
+            Ok(State {
+                joined: Arc::new(Joined {
+                    ring: r,
+                    cfg,
+                    layout,
+                }),
+                plan,
+                seat,
+                hint,
+            })
+        });
+        let state = state.map_err(|e| e.to_pyerr())?;
+        Ok(Producer {
+            state: Mutex::new(Some(state)),
+            ring,
+        })
+    }
+
+    /// Claims the next part to make, waiting up to `timeout` seconds (None: as long as the
+    /// daemon lives) with the GIL released. None once the daemon has ended the run (every part
+    /// of the plan made). Raises `PeerDied` if the daemon dies or the timeout passes.
+    #[pyo3(signature = (timeout=None))]
+    fn claim(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Option<Part>> {
+        let deadline = timeout
+            .map(|t| seconds("timeout", t))
+            .transpose()?
+            .map(|t| Instant::now() + t);
+        let mut g = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(st) = g.as_mut() else {
+            return Err(closed(&self.ring));
+        };
+        let got = py.detach(|| Producer::claim_slot(st, deadline));
+        let claim = match got {
+            Ok(Some(c)) => c,
+            Ok(None) => return Ok(None),
+            Err(ClaimError::Timeout) => {
+                return Err(exit_error(
+                    Exit::PeerDied,
+                    format!(
+                        "ring {:?}: no free slot within {:.3} s",
+                        self.ring,
+                        timeout.unwrap_or_default()
+                    ),
+                ))
+            }
+            Err(ClaimError::Loader(e)) => return Err(e.to_pyerr()),
+        };
+        let started = Instant::now();
+        let seq = claim.seq();
+        let mut samples = Vec::new();
+        let part = match st.plan.part_into(seq, &mut samples) {
+            Ok(p) => p,
+            Err(e) => {
+                // The Rust loader's answer to a seq it cannot make: commit it as an error.
+                let _ =
+                    loader::commit_part(&st.joined.ring, claim, 0, 0, 0, loader::ERR_PLAN, started);
+                return Err(e.to_pyerr());
+            }
+        };
+        let joined = &st.joined;
+        let base = joined.ring.slot_ptr(claim.slot());
+        let slot_bytes = joined.ring.geometry().slot_bytes;
+        let n = samples.len() as u64;
+        let owner: Arc<dyn crate::FieldOwner> = Arc::new(KeepAlive(Arc::clone(joined)));
+        let fields = PyDict::new(py);
+        if joined.layout.payload_bytes(n) > slot_bytes {
+            return Err(exit_error(
+                Exit::Internal,
+                format!("ring {:?}: part {seq} does not fit its slot", self.ring),
+            ));
+        }
+        for f in &joined.layout.fields {
+            let (offset, _) = f.chunk_in_part(n);
+            let mut shape = vec![n as usize];
+            shape.extend(f.shape[1..].iter().map(|&d| d as usize));
+            // SAFETY: offset < payload_bytes(n) <= slot_bytes (checked above), so the pointer
+            // stays inside the slot.
+            let ptr = unsafe { base.add(offset as usize) };
+            if (ptr as usize) % f.dtype.size_of() != 0 {
+                return Err(exit_error(
+                    Exit::Internal,
+                    format!("field {:?} of part {seq} is misaligned in its slot", f.name),
+                ));
+            }
+            // SAFETY: the chunk (n × sample_bytes bytes from `offset`) lies inside the claimed
+            // slot (payload_bytes(n) <= slot_bytes), which the protocol gives this claimant
+            // alone until it commits; `owner` keeps the ring mapped as long as the field or any
+            // array made from it lives. Writing after the commit is the caller's mistake (the
+            // part's documentation says so); it cannot leave the mapping.
+            let field = unsafe {
+                Field::new(ptr.cast(), f.dtype, &shape, Device::Cpu, Arc::clone(&owner))
+            }?;
+            fields.set_item(&f.name, Py::new(py, field)?)?;
+        }
+        Ok(Some(Part {
+            seq,
+            batch: part.batch,
+            epoch: part.epoch,
+            index_in_epoch: part.index_in_epoch,
+            first_in_batch: part.first_in_batch,
+            indices: samples,
+            fields: fields.unbind(),
+            claim: Mutex::new(Some(claim)),
+            joined: Arc::clone(joined),
+            started,
+        }))
+    }
+
+    /// What the synthetic generator says each field of `part` holds: field name -> bytes (what
+    /// `pinring-loader` would write into the part's chunks).
+    fn synthetic<'py>(&self, py: Python<'py>, part: &Part) -> PyResult<Bound<'py, PyDict>> {
+        synthetic_fields(py, &part.joined, &part.indices)
+    }
+
+    /// The ring's name.
+    #[getter]
+    fn ring(&self) -> &str {
+        &self.ring
+    }
+
+    /// This producer's index in the ring's loader table.
+    #[getter]
+    fn loader_index(&self) -> PyResult<u16> {
+        let g = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        g.as_ref()
+            .map(|s| s.seat.index)
+            .ok_or_else(|| closed(&self.ring))
+    }
+
+    /// Leaves the loader table. A part still claimed can no longer be committed (the daemon
+    /// takes its slot back and has the part made elsewhere).
+    fn close(&self, py: Python<'_>) {
+        let st = self.state.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(st) = st {
+            py.detach(|| st.joined.ring.detach_loader(st.seat));
+        }
+    }
+}
+
+impl Drop for Producer {
+    fn drop(&mut self) {
+        if let Some(st) = self
+            .state
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
+            st.joined.ring.detach_loader(st.seat);
+        }
+    }
+}
+
+fn synthetic_fields<'py>(
+    py: Python<'py>,
+    joined: &Joined,
+    ids: &[u64],
+) -> PyResult<Bound<'py, PyDict>> {
+    let synthetic = joined.cfg.synthetic();
+    let out = PyDict::new(py);
+    for p in joined.layout.placements(ids.len() as u64) {
+        let mut bytes = vec![0u8; p.bytes as usize];
+        synthetic
+            .fill_field(&p.name, ids, &mut bytes)
+            .map_err(|e| e.to_pyerr())?;
+        out.set_item(&p.name, PyBytes::new(py, &bytes))?;
+    }
+    Ok(out)
+}
+
+/// One claimed part: fill `fields` (views of the slot), then `commit()`.
+#[pyclass(module = "pinring._native", name = "Part")]
+pub struct Part {
+    /// The part's seq.
+    #[pyo3(get)]
+    seq: u64,
+    /// Its batch's number.
+    #[pyo3(get)]
+    batch: u64,
+    /// Its batch's epoch.
+    #[pyo3(get)]
+    epoch: u32,
+    /// Its batch's index in the epoch.
+    #[pyo3(get)]
+    index_in_epoch: u64,
+    /// Index in its batch of the part's first sample.
+    #[pyo3(get)]
+    first_in_batch: u64,
+    /// Dataset sample ids of the part, in payload order.
+    #[pyo3(get)]
+    indices: Vec<u64>,
+    /// Field name -> writable Field of shape [samples in part, ...].
+    #[pyo3(get)]
+    fields: Py<PyDict>,
+    claim: Mutex<Option<Claim>>,
+    joined: Arc<Joined>,
+    started: Instant,
+}
+
+impl std::fmt::Debug for Part {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Part")
+            .field("seq", &self.seq)
+            .field("batch", &self.batch)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Part {
+    /// The meta labels: the values of an integer `labels` field in the slot, if there is one
+    /// and they fit a u32; otherwise the generator's, as the Rust loader computes them.
+    fn labels(&self, claim: &Claim) -> PyResult<Vec<u32>> {
+        let j = &self.joined;
+        let n = self.indices.len();
+        let Some(f) = j.layout.field(LABELS) else {
+            return Ok(j.cfg.synthetic().labels(&self.indices));
+        };
+        let width = match f.dtype {
+            Dtype::I64 | Dtype::I32 if f.shape.len() == 1 => f.dtype.size_of(),
+            _ => return Ok(j.cfg.synthetic().labels(&self.indices)),
+        };
+        let (offset, _) = f.chunk_in_part(n as u64);
+        let base = j.ring.slot_ptr(claim.slot());
+        (0..n)
+            .map(|i| {
+                let mut b = [0u8; 8];
+                // SAFETY: the labels chunk (n × width bytes at `offset`) lies inside the
+                // claimed slot (checked when the part was made), so the address stays in it.
+                let src = unsafe { base.add(offset as usize + i * width) };
+                // SAFETY: `src..src + width` lies inside the claimed slot (above), which this
+                // process filled; `b` is a local of 8 >= width bytes.
+                unsafe { std::ptr::copy_nonoverlapping(src, b.as_mut_ptr(), width) };
+                let v = if width == 8 {
+                    i64::from_le_bytes(b)
+                } else {
+                    i64::from(i32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                };
+                u32::try_from(v).map_err(|_| {
+                    PyValueError::new_err(format!(
+                        "part {}: label {v} of sample {i} is not in 0..2^32 (the metadata's labels \
+                         are u32)",
+                        self.seq
+                    ))
+                })
+            })
+            .collect()
+    }
+}
+
+#[pymethods]
+impl Part {
+    /// Writes the part's metadata after its payload and publishes the slot READY. Raises
+    /// `RingError` if the daemon took the slot back first (the lease ran out, or the producer
+    /// closed), `UsageError` if already committed. Do not write into the fields (or arrays made
+    /// from them) after this: the slot is the daemon's again.
+    fn commit(&self, py: Python<'_>) -> PyResult<()> {
+        let mut g = self.claim.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(claim) = g.as_ref() else {
+            return Err(exit_error(
+                Exit::Usage,
+                format!("part {} is already committed", self.seq),
+            ));
+        };
+        let labels = self.labels(claim)?;
+        let Some(mut claim) = g.take() else {
+            return Err(exit_error(
+                Exit::Usage,
+                format!("part {} is already committed", self.seq),
+            ));
+        };
+        let j = &self.joined;
+        let indices = BatchIndices {
+            seq: self.seq,
+            epoch: self.epoch,
+            index_in_epoch: self.index_in_epoch,
+            samples: self.indices.clone(),
+        };
+        let meta = BatchMeta::new(
+            &indices,
+            labels,
+            j.cfg.dataset.sample_shape.clone(),
+            j.cfg.dataset.dtype,
+            j.layout.record_bytes,
+        );
+        let n = self.indices.len();
+        let payload_len = j.layout.payload_bytes(n as u64) as usize;
+        let started = self.started;
+        py.detach(|| {
+            let mut slot = j.ring.slot_writer(&mut claim);
+            let fits = payload_len <= slot.len();
+            let mut buf = Vec::new();
+            let (payload, meta_len, error) =
+                loader::write_meta(&mut slot, &j.cfg, &meta, payload_len, fits, &mut buf);
+            loader::commit_part(&j.ring, claim, payload, meta_len, n as u32, error, started)
+        })
+        .map_err(|e: CommitError| e.to_pyerr())
+    }
+
+    /// Whether `commit()` has been called.
+    #[getter]
+    fn committed(&self) -> bool {
+        self.claim
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_none()
+    }
+
+    /// Samples in the part.
+    fn __len__(&self) -> usize {
+        self.indices.len()
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Part(seq={}, batch={}, samples={})",
+            self.seq,
+            self.batch,
+            self.indices.len()
+        )
+    }
+}
