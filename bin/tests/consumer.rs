@@ -404,10 +404,16 @@ fn a_consumer_of_a_stopped_daemon_is_told_where_to_restart() {
     assert_eq!(take_verified(&mut c, Some(5)), 5);
     signal(&daemon, nix::sys::signal::Signal::SIGTERM);
     let (status, log) = wait_for(daemon, "daemon", LONG);
-    assert!(status.success(), "a drained daemon exits 0: {status}\n{log}");
+    assert!(
+        status.success(),
+        "a drained daemon exits 0: {status}\n{log}"
+    );
     let e = c.next_batch(Some(LONG)).unwrap_err();
     assert!(
-        matches!(e, ClientError::Stopped { seq: 5, .. } | ClientError::DaemonGone { seq: 5, .. }),
+        matches!(
+            e,
+            ClientError::Stopped { seq: 5, .. } | ClientError::DaemonGone { seq: 5, .. }
+        ),
         "{e}"
     );
     assert!(e.to_string().contains("--start-seq 5"), "{e}");
