@@ -40,12 +40,39 @@ fn attach_state(
     )
 }
 
+/// Checks a batch's fields against the generator, for the ring's own config and plan.
+struct Checker {
+    synthetic: pinring_data::Synthetic,
+    plan: pinring_data::Plan,
+    ids: Vec<u64>,
+}
+
+impl Checker {
+    fn of(c: &Consumer) -> Checker {
+        let cfg = c.config();
+        Checker {
+            synthetic: cfg.synthetic(),
+            plan: cfg.plan().unwrap(),
+            ids: Vec::new(),
+        }
+    }
+
+    /// Every byte of images (64x64 f32 samples) and labels is the generator's.
+    fn check(&mut self, b: &pinring_client::Batch) {
+        self.plan.batch_into(b.batch, &mut self.ids).unwrap();
+        let images = b.field("images").unwrap();
+        assert_eq!(images.shape, vec![self.ids.len() as u64, 64, 64]);
+        for field in ["images", "labels"] {
+            self.synthetic
+                .verify_field(field, &self.ids, b.host_bytes(field).unwrap())
+                .unwrap_or_else(|e| panic!("seq {}, {field}: {e}", b.seq));
+        }
+    }
+}
+
 /// Takes `n` batches (or to the end), checking order and every byte; returns the batches taken.
 fn take_verified(c: &mut Consumer, n: Option<u64>) -> u64 {
-    let cfg = c.config().clone();
-    let synthetic = cfg.synthetic();
-    let mut plan = cfg.plan().unwrap();
-    let mut ids = Vec::new();
+    let mut checker = Checker::of(c);
     let mut taken = 0;
     while n.is_none_or(|n| taken < n) {
         let expected = c.state().seq;
@@ -53,14 +80,7 @@ fn take_verified(c: &mut Consumer, n: Option<u64>) -> u64 {
             break;
         };
         assert_eq!(b.seq, expected, "batches come in order, none skipped");
-        plan.batch_into(b.batch, &mut ids).unwrap();
-        let images = b.field("images").unwrap();
-        assert_eq!(images.shape, vec![ids.len() as u64, 64, 64]);
-        for field in ["images", "labels"] {
-            synthetic
-                .verify_field(field, &ids, b.host_bytes(field).unwrap())
-                .unwrap_or_else(|e| panic!("seq {}, {field}: {e}", b.seq));
-        }
+        checker.check(&b);
         taken += 1;
     }
     taken
@@ -119,10 +139,7 @@ fn held_batches_are_never_overwritten() {
     let (daemon, ring) = consumer_daemon(&fx);
     let kids = loaders_attached(&fx, &daemon, &ring, 2);
     let mut c = attach(&fx, None).unwrap();
-    let cfg = c.config().clone();
-    let synthetic = cfg.synthetic();
-    let mut plan = cfg.plan().unwrap();
-    let mut ids = Vec::new();
+    let mut checker = Checker::of(&c);
     // Keep the first batch (as a trainer keeping a tensor would) while taking 20 more through
     // the remaining two buffers; then its bytes must still be the generator's.
     let kept = c.next_batch(Some(LONG)).unwrap().unwrap();
@@ -151,10 +168,7 @@ fn held_batches_are_never_overwritten() {
         cv["held"].as_u64().unwrap() >= 1,
         "the kept batch is held: {v:#}"
     );
-    plan.batch_into(kept.batch, &mut ids).unwrap();
-    synthetic
-        .verify_batch(&ids, kept.host_bytes("images").unwrap())
-        .expect("the kept batch is intact");
+    checker.check(&kept); // the kept batch is intact
     drop(kept);
     assert_eq!(take_verified(&mut c, None), 107);
     drop(c);
@@ -354,31 +368,15 @@ fn an_unordered_ring_hands_every_batch_over_once() {
     let e = attach(&fx, Some(8)).unwrap_err().to_string();
     assert!(e.contains("unordered"), "{e}");
     let mut c = attach(&fx, None).unwrap();
-    let cfg = c.config().clone();
-    let synthetic = cfg.synthetic();
-    let mut plan = cfg.plan().unwrap();
-    let mut ids = Vec::new();
+    let mut checker = Checker::of(&c);
     let mut seen = std::collections::BTreeSet::new();
     while let Some(b) = c.next_batch(Some(LONG)).unwrap() {
         assert!(seen.insert(b.batch), "batch {} handed over twice", b.batch);
-        plan.batch_into(b.batch, &mut ids).unwrap();
-        for field in ["images", "labels"] {
-            synthetic
-                .verify_field(field, &ids, b.host_bytes(field).unwrap())
-                .unwrap_or_else(|e| panic!("batch {}, {field}: {e}", b.batch));
-        }
+        checker.check(&b);
     }
     assert_eq!(seen, (0..128).collect(), "every batch, once");
     drop(c);
-    let (status, log) = wait_for(daemon, "daemon", LONG);
-    assert!(status.success(), "daemon failed: {status}\n{log}");
-    for k in kids {
-        let (st, log) = wait_for(k, "loader", Duration::from_secs(10));
-        assert!(st.success(), "loader failed: {st}\n{log}");
-    }
-    let s = fx.summary();
-    assert_eq!(s.batches_delivered, 128, "{s:#?}");
-    assert_eq!((s.duplicates, s.missing), (0, 0), "{s:#?}");
+    finish(&fx, daemon, kids);
 }
 
 #[test]
