@@ -5,13 +5,12 @@
 //! released around every wait.
 
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use pinring_client::{AttachOptions, ClientError, EmbeddedOptions, Lease, Location};
-use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
+use crate::convert::{seconds, synthetic_fields};
 use crate::errors::{exit_error, ToPyErr};
 use crate::field::{Device, Field, FieldOwner};
 
@@ -38,17 +37,6 @@ fn device_of(location: Location) -> Device {
         Location::Host => Device::Cpu,
         Location::Cuda(n) => Device::Cuda(n),
     }
-}
-
-fn seconds(name: &str, s: Option<f64>) -> PyResult<Option<Duration>> {
-    s.map(|s| {
-        Duration::try_from_secs_f64(s).map_err(|_| {
-            PyValueError::new_err(format!(
-                "{name} must be a non-negative number of seconds, not {s}"
-            ))
-        })
-    })
-    .transpose()
 }
 
 /// The one consumer of a ring (see pinring-client's `Consumer`).
@@ -88,7 +76,7 @@ impl Consumer {
         let opts = AttachOptions {
             start_seq,
             fingerprint,
-            wait_for_ring: seconds("wait_for_ring", Some(wait_for_ring))?.unwrap_or_default(),
+            wait_for_ring: seconds("wait_for_ring", wait_for_ring)?,
         };
         let c = py
             .detach(|| pinring_client::Consumer::attach(&ring, &opts))
@@ -103,7 +91,7 @@ impl Consumer {
     /// seconds (None: as long as the daemon lives), with the GIL released.
     #[pyo3(signature = (timeout=None))]
     fn next_batch(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Option<Batch>> {
-        let timeout = seconds("timeout", timeout)?;
+        let timeout = timeout.map(|t| seconds("timeout", t)).transpose()?;
         let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         let Some(c) = g.as_mut() else {
             return Err(exit_error(
@@ -164,16 +152,7 @@ impl Consumer {
         let mut plan = cfg.plan().map_err(|e| e.to_pyerr())?;
         let mut ids = Vec::new();
         plan.batch_into(batch, &mut ids).map_err(|e| e.to_pyerr())?;
-        let synthetic = cfg.synthetic();
-        let out = PyDict::new(py);
-        for p in layout.placements(ids.len() as u64) {
-            let mut bytes = vec![0u8; p.bytes as usize];
-            synthetic
-                .fill_field(&p.name, &ids, &mut bytes)
-                .map_err(|e| e.to_pyerr())?;
-            out.set_item(&p.name, pyo3::types::PyBytes::new(py, &bytes))?;
-        }
-        Ok(out)
+        synthetic_fields(py, &cfg, &layout, &ids)
     }
 
     /// Batches per epoch of the ring's plan.
@@ -287,7 +266,7 @@ impl EmbeddedDaemon {
             start_seq,
             replace,
         };
-        let wait = seconds("wait", Some(wait))?.unwrap_or_default();
+        let wait = seconds("wait", wait)?;
         let d = py
             .detach(|| pinring_client::EmbeddedDaemon::start(&opts, wait))
             .map_err(|e| e.to_pyerr())?;

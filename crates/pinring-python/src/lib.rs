@@ -6,6 +6,7 @@
 //! later; the Rust tests of the workspace do not build or link it against Python.
 
 pub mod consumer;
+mod convert;
 pub mod dlpack;
 pub mod errors;
 pub mod field;

@@ -24,8 +24,9 @@ use pinring_runtime::settings::{self, Overrides};
 use pinring_runtime::Exit;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict};
+use pyo3::types::PyDict;
 
+use crate::convert::{seconds, synthetic_fields};
 use crate::errors::{exit_error, ToPyErr};
 use crate::field::{Device, Field, KeepAlive};
 
@@ -127,14 +128,6 @@ impl From<pinring_ring::RingError> for ClaimError {
     fn from(e: pinring_ring::RingError) -> Self {
         ClaimError::Loader(e.into())
     }
-}
-
-fn seconds(name: &str, s: f64) -> PyResult<Duration> {
-    Duration::try_from_secs_f64(s).map_err(|_| {
-        PyValueError::new_err(format!(
-            "{name} must be a non-negative number of seconds, not {s}"
-        ))
-    })
 }
 
 #[pymethods]
@@ -274,7 +267,7 @@ impl Producer {
     /// What the synthetic generator says each field of `part` holds: field name -> bytes (what
     /// `pinring-loader` would write into the part's chunks).
     fn synthetic<'py>(&self, py: Python<'py>, part: &Part) -> PyResult<Bound<'py, PyDict>> {
-        synthetic_fields(py, &part.joined, &part.indices)
+        synthetic_fields(py, &part.joined.cfg, &part.joined.layout, &part.indices)
     }
 
     /// The ring's name.
@@ -313,23 +306,6 @@ impl Drop for Producer {
             st.joined.ring.detach_loader(st.seat);
         }
     }
-}
-
-fn synthetic_fields<'py>(
-    py: Python<'py>,
-    joined: &Joined,
-    ids: &[u64],
-) -> PyResult<Bound<'py, PyDict>> {
-    let synthetic = joined.cfg.synthetic();
-    let out = PyDict::new(py);
-    for p in joined.layout.placements(ids.len() as u64) {
-        let mut bytes = vec![0u8; p.bytes as usize];
-        synthetic
-            .fill_field(&p.name, ids, &mut bytes)
-            .map_err(|e| e.to_pyerr())?;
-        out.set_item(&p.name, PyBytes::new(py, &bytes))?;
-    }
-    Ok(out)
 }
 
 /// One claimed part: fill `fields` (views of the slot), then `commit()`.
