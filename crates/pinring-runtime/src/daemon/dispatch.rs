@@ -312,18 +312,7 @@ impl Daemon {
                                 what: format!("plan has no batch {}: {e}", part.batch),
                             }
                         })?;
-                        let len = self.layout.payload_bytes(part.batch_samples) as usize;
-                        self.assembling.insert(
-                            part.batch,
-                            Assembly {
-                                buffer,
-                                landed: 0,
-                                samples: whole,
-                                len,
-                                epoch,
-                                index_in_epoch,
-                            },
-                        );
+                        self.start_assembly(&part, buffer, whole);
                     }
                     buffer
                 }
@@ -359,18 +348,7 @@ impl Daemon {
             }
             if self.parts == 1 {
                 // The part is the whole batch: its sample ids are the batch's.
-                let len = self.layout.payload_bytes(part.batch_samples) as usize;
-                self.assembling.insert(
-                    part.batch,
-                    Assembly {
-                        buffer,
-                        landed: 0,
-                        samples,
-                        len,
-                        epoch,
-                        index_in_epoch,
-                    },
-                );
+                self.start_assembly(&part, buffer, samples);
             } else {
                 self.spare_samples.push(samples);
             }
@@ -407,6 +385,20 @@ impl Daemon {
             }
         }
         Ok(progressed)
+    }
+
+    /// Opens the books of the batch of `part` in device buffer `buffer`: the whole batch's
+    /// sample ids (for the sink), its payload length, epoch and index, no part landed yet.
+    fn start_assembly(&mut self, part: &pinring_data::Part, buffer: usize, samples: Vec<u64>) {
+        let assembly = Assembly {
+            buffer,
+            landed: 0,
+            samples,
+            len: self.layout.payload_bytes(part.batch_samples) as usize,
+            epoch: part.epoch,
+            index_in_epoch: part.index_in_epoch,
+        };
+        self.assembling.insert(part.batch, assembly);
     }
 
     fn record_latency(&mut self, commit_ns: u64, on_device_ns: u64) {
