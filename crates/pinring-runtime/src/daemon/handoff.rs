@@ -17,8 +17,6 @@ use std::collections::BTreeMap;
 pub(super) struct Handed {
     /// Round of the fill.
     round: u32,
-    /// First seq of the batch.
-    seq: u64,
     /// Whether the take was booked (delivered).
     booked: bool,
     /// The batch's sample ids (for the order book), handed back for reuse at booking.
@@ -28,12 +26,8 @@ pub(super) struct Handed {
 /// The daemon's side of the handoff.
 #[derive(Debug, Default)]
 pub(super) struct HandoffBooks {
-    /// Handed buffers by first seq (booking walks them in seq order).
+    /// Handed buffers by their batch's first seq (booking walks them in seq order).
     handed: BTreeMap<u64, (usize, Handed)>,
-    /// Batches the consumer has taken.
-    pub(super) taken: u64,
-    /// Buffers taken back from dead consumers.
-    pub(super) reclaimed: u64,
 }
 
 impl HandoffBooks {
@@ -89,7 +83,6 @@ impl Daemon {
                 r.buffer,
                 Handed {
                     round,
-                    seq: r.seq,
                     booked: false,
                     samples: r.samples,
                 },
@@ -153,9 +146,6 @@ impl Daemon {
             let Some((_, h)) = self.handoff_books.handed.remove(&seq) else {
                 continue;
             };
-            if !consumer_released {
-                self.handoff_books.reclaimed += 1;
-            }
             // The next copy into the buffer waits (on the device) for the consumer's last use.
             self.uploader.wait_release(buffer, consumer_released)?;
             self.ring.buffer_desc(buffer as u32).reset(h.round);
@@ -166,7 +156,7 @@ impl Daemon {
         Ok(progressed)
     }
 
-    /// A take seen: the batch counts as delivered.
+    /// A take seen: the batch whose first seq is `seq` counts as delivered.
     fn book_take(&mut self, seq: u64) {
         let Some((buffer, h)) = self.handoff_books.handed.get_mut(&seq) else {
             return;
@@ -174,10 +164,8 @@ impl Daemon {
         h.booked = true;
         let buffer = *buffer;
         let samples = std::mem::take(&mut h.samples);
-        let first = h.seq;
-        self.handoff_books.taken += 1;
-        self.book_delivery(first, self.parts, None, false, samples);
-        tracing::trace!(ring = %self.cfg.ring.name, seq = first, buffer, "batch taken by the consumer");
+        self.book_delivery(seq, self.parts, None, false, samples);
+        tracing::trace!(ring = %self.cfg.ring.name, seq, buffer, "batch taken by the consumer");
     }
 
     /// Drain: takes back every buffer nobody took (its batch stays undelivered, so the resume
