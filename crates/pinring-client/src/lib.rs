@@ -502,27 +502,16 @@ impl Drop for Lease {
     }
 }
 
-/// Opens ring `name` and waits until it is READY (or later), for up to `wait`.
+/// Opens ring `name` once it exists, is READY and has a live daemon (the loaders' own attach,
+/// waiting up to `wait`), and checks that it hands batches over.
 fn open_ready(name: &str, wait: Duration) -> Result<Ring, ClientError> {
-    let start = Instant::now();
-    loop {
-        match Ring::open(name, Access::ReadWrite, wait) {
-            Ok(ring) => {
-                let left = wait.saturating_sub(start.elapsed());
-                ring.wait_ready(left)?;
-                if ring.handoff().exported.load(Acquire) != 1 {
-                    return Err(ClientError::Ring(pinring_ring::RingError::NoHandoff {
-                        name: name.into(),
-                    }));
-                }
-                return Ok(ring);
-            }
-            Err(pinring_ring::RingError::NotFound { .. }) if start.elapsed() < wait => {
-                std::thread::sleep(Duration::from_millis(20).min(wait));
-            }
-            Err(e) => return Err(e.into()),
-        }
+    let ring = pinring_runtime::loader::attach(name, Access::ReadWrite, wait)?;
+    if ring.handoff().exported.load(Acquire) != 1 {
+        return Err(ClientError::Ring(pinring_ring::RingError::NoHandoff {
+            name: name.into(),
+        }));
     }
+    Ok(ring)
 }
 
 /// The config the daemon stored in the ring, parsed and validated.
