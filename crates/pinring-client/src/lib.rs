@@ -152,7 +152,7 @@ impl Consumer {
             }
         };
         ring.handoff().taken_next.store(next, Relaxed);
-        let shared_buffers = ring.geometry().handoff.map_or(0, |h| h.buffers);
+        let buffers = ring.geometry().handoff.map_or(0, |h| h.buffers);
         Ok(Consumer {
             shared: Arc::new(Shared {
                 ring,
@@ -167,7 +167,7 @@ impl Consumer {
             in_order,
             fingerprint,
             run_batches: end_seq.saturating_sub(start) / parts.max(1),
-            buffers: shared_buffers,
+            buffers,
         })
     }
 
@@ -235,11 +235,10 @@ impl Consumer {
     fn try_take(&mut self) -> Result<Option<Batch>, ClientError> {
         let shared = Arc::clone(&self.shared);
         let ring = &shared.ring;
-        let buffers = ring.geometry().handoff.map_or(0, |h| h.buffers);
         // The FILLED buffer to take: in order, the one holding `next` (lower ones are skipped);
         // unordered, the lowest seq.
         let mut best: Option<(u32, u32, u64)> = None;
-        for i in 0..buffers {
+        for i in 0..self.buffers {
             let d = ring.buffer_desc(i);
             let w = d.load_word();
             if w.state != buffer_state::FILLED {
