@@ -8,7 +8,8 @@ use crate::{select, BackendKind};
 use crate::{UploadJob, Uploader};
 use std::time::Duration;
 
-fn pattern(seed: u64, n: usize) -> Vec<u8> {
+/// `n` pseudo-random bytes from `seed` (an xorshift stream): test data whose every byte counts.
+pub(super) fn pattern(seed: u64, n: usize) -> Vec<u8> {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     (0..n)
         .map(|_| {

@@ -5,6 +5,7 @@
 //! `std::process::Command`) with [`CHILD_ENV`] set so that only [`ipc_consumer_child`] runs;
 //! it gets the handles as hex on stdin and reports on stdout, one `IPC-CHILD ` line per step.
 
+use crate::cuda::tests::pattern;
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -30,18 +31,6 @@ const BUFFERS: usize = 2;
 const BYTES: usize = 1 << 20;
 /// How long the parent waits for each step of the child.
 const STEP: Duration = Duration::from_secs(60);
-
-fn pattern(seed: u64, n: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
 
 fn to_hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
