@@ -25,7 +25,8 @@ fn loaders_notice_a_dead_daemon_within_a_second_and_exit_5() {
     let fx = Fixture::small("ddead");
     let mut daemon = fx.daemon(&["--epochs", "1000"]);
     let ring = fx.wait_ready(&mut daemon);
-    let loaders: Vec<_> = (0..3).map(|_| fx.loader(&fx.config)).collect();
+    // Every loader attached before the kill: one still starting would wait for a live ring.
+    let loaders = loaders_attached(&fx, &daemon, &ring, 3);
     wait_until("deliveries", LONG, || delivered(&ring) >= 10);
     daemon.kill().unwrap();
     daemon.wait().unwrap();
