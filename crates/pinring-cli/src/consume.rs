@@ -92,6 +92,15 @@ pub fn run(args: &ConsumeArgs) -> Result<Consumed, ConsumeError> {
     };
     let mut c = Consumer::attach(&args.ring, &opts)?;
     let cfg = c.config().clone();
+    if args.verify && cfg.dataset.kind != pinring_data::DatasetKind::Synthetic {
+        return Err(ConsumeError::Verify {
+            ring: args.ring.clone(),
+            seq: c.state().seq,
+            what: "--verify checks synthetic samples against their generator, and this ring's \
+                   dataset.kind is \"external\": consume without --verify"
+                .to_string(),
+        });
+    }
     let synthetic = cfg.synthetic();
     let mut plan = cfg.plan().map_err(|e| ClientError::Corrupt {
         ring: args.ring.clone(),

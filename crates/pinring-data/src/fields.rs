@@ -31,14 +31,17 @@ pub const LABELS: &str = "labels";
 /// allocators guarantee, and enough for any vector load).
 pub const FIELD_ALIGN: u64 = 256;
 
-/// One named field of every sample: its element type and per-sample shape.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+/// One named field of every sample: its element type and per-sample shape (in a config:
+/// `{ name = "images", dtype = "u8", shape = [224, 224, 3] }`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Field {
     /// The field's name (`"images"`, `"labels"`).
     pub name: String,
     /// Element type.
     pub dtype: Dtype,
     /// Shape of the field in one sample (`[]`: one element).
+    #[serde(default)]
     pub shape: Vec<u32>,
 }
 

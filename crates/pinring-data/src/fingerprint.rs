@@ -19,8 +19,10 @@ use crate::config::{Config, DatasetKind};
 /// when any of them changes so that mismatched builds refuse to talk to each
 /// other. Version 3: a part's payload is field-major, its samples' images then
 /// their labels as little-endian i64 ([`crate::fields`]), and slots are sized
-/// for both; a loader of version 2 wrote the images alone.
-pub const FINGERPRINT_VERSION: u32 = 3;
+/// for both; a loader of version 2 wrote the images alone. Version 4: the
+/// fields a sample of `kind = "external"` declares are hashed, and new dtypes
+/// (bool, i8, i16, u16, u32, u64) extend the metadata's dtype enum.
+pub const FINGERPRINT_VERSION: u32 = 4;
 
 const MAGIC: &[u8; 8] = b"pinrngfp";
 
@@ -31,7 +33,9 @@ impl Config {
     /// dataset seed (u64), classes (u32), batch_size (u32), shuffle (u8),
     /// plan seed (u64), start_epoch (u32), drop_last (u8),
     /// rank (u32), world_size (u32), resolved slot_bytes (u64), samples per part (u32;
-    /// version 2: with the slot size and batch size it fixes which samples each seq carries).
+    /// version 2: with the slot size and batch size it fixes which samples each seq carries),
+    /// then the declared fields (version 4; count (u32), then per field its name (u32 length,
+    /// UTF-8), dtype code (u8), ndims (u32) and dims (u32 each)).
     /// The fields of a sample follow from the dataset kind, shape and dtype; their payload
     /// format is the version's (version 3: field-major images and i64 labels).
     pub fn fingerprint_bytes(&self) -> Vec<u8> {
@@ -42,6 +46,7 @@ impl Config {
         b.extend_from_slice(&FINGERPRINT_VERSION.to_le_bytes());
         b.push(match d.kind {
             DatasetKind::Synthetic => 0,
+            DatasetKind::External => 1,
         });
         b.extend_from_slice(&d.samples.to_le_bytes());
         b.extend_from_slice(&(d.sample_shape.len() as u32).to_le_bytes());
@@ -61,6 +66,18 @@ impl Config {
         let parts = self.part_layout();
         b.extend_from_slice(&parts.slot_bytes.to_le_bytes());
         b.extend_from_slice(&parts.samples_per_part.to_le_bytes());
+        // Declared fields (kind = "external"; none for synthetic, whose fields follow from the
+        // kind, shape and dtype): count, then each name (length, UTF-8), dtype code, ndims, dims.
+        b.extend_from_slice(&(d.fields.len() as u32).to_le_bytes());
+        for f in &d.fields {
+            b.extend_from_slice(&(f.name.len() as u32).to_le_bytes());
+            b.extend_from_slice(f.name.as_bytes());
+            b.push(f.dtype.code());
+            b.extend_from_slice(&(f.shape.len() as u32).to_le_bytes());
+            for dim in &f.shape {
+                b.extend_from_slice(&dim.to_le_bytes());
+            }
+        }
         b
     }
 
@@ -118,7 +135,7 @@ mod tests {
         // A loader of another payload format (version 2: images only) has another fingerprint
         // for the same config, so the daemon refuses it.
         let bytes = Config::default().fingerprint_bytes();
-        assert_eq!(bytes[8..12], 3u32.to_le_bytes());
+        assert_eq!(bytes[8..12], 4u32.to_le_bytes());
         let mut v2 = bytes.clone();
         v2[8..12].copy_from_slice(&2u32.to_le_bytes());
         assert_ne!(

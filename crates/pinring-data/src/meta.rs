@@ -42,11 +42,24 @@ pub enum Dtype {
     F32,
     /// IEEE double precision.
     F64,
+    /// Boolean, one byte (0 or 1).
+    Bool,
+    /// Signed 8-bit integer.
+    I8,
+    /// Signed 16-bit integer.
+    I16,
+    /// Unsigned 16-bit integer.
+    U16,
+    /// Unsigned 32-bit integer.
+    U32,
+    /// Unsigned 64-bit integer.
+    U64,
 }
 
 impl Dtype {
-    /// All dtypes, in declaration order.
-    pub const ALL: [Dtype; 7] = [
+    /// All dtypes, in declaration order (new ones are appended: the order is the metadata's
+    /// encoding).
+    pub const ALL: [Dtype; 13] = [
         Dtype::U8,
         Dtype::I32,
         Dtype::I64,
@@ -54,15 +67,21 @@ impl Dtype {
         Dtype::Bf16,
         Dtype::F32,
         Dtype::F64,
+        Dtype::Bool,
+        Dtype::I8,
+        Dtype::I16,
+        Dtype::U16,
+        Dtype::U32,
+        Dtype::U64,
     ];
 
     /// Size of one element in bytes.
     pub const fn size_of(self) -> usize {
         match self {
-            Dtype::U8 => 1,
-            Dtype::F16 | Dtype::Bf16 => 2,
-            Dtype::I32 | Dtype::F32 => 4,
-            Dtype::I64 | Dtype::F64 => 8,
+            Dtype::U8 | Dtype::Bool | Dtype::I8 => 1,
+            Dtype::F16 | Dtype::Bf16 | Dtype::I16 | Dtype::U16 => 2,
+            Dtype::I32 | Dtype::F32 | Dtype::U32 => 4,
+            Dtype::I64 | Dtype::F64 | Dtype::U64 => 8,
         }
     }
 
@@ -76,6 +95,12 @@ impl Dtype {
             Dtype::Bf16 => "bf16",
             Dtype::F32 => "f32",
             Dtype::F64 => "f64",
+            Dtype::Bool => "bool",
+            Dtype::I8 => "i8",
+            Dtype::I16 => "i16",
+            Dtype::U16 => "u16",
+            Dtype::U32 => "u32",
+            Dtype::U64 => "u64",
         }
     }
 
@@ -89,6 +114,12 @@ impl Dtype {
             Dtype::Bf16 => 4,
             Dtype::F32 => 5,
             Dtype::F64 => 6,
+            Dtype::Bool => 7,
+            Dtype::I8 => 8,
+            Dtype::I16 => 9,
+            Dtype::U16 => 10,
+            Dtype::U32 => 11,
+            Dtype::U64 => 12,
         }
     }
 }
@@ -155,11 +186,11 @@ pub struct BatchMeta {
     pub index_in_epoch: u64,
     /// Dataset indices of the samples, in payload order.
     pub sample_ids: Vec<u64>,
-    /// One label per sample.
+    /// One label per sample, or none (samples without an integer `labels` field).
     pub labels: Vec<u32>,
-    /// Shape of one sample.
+    /// Shape of one sample's first field (`images`).
     pub sample_shape: Vec<u32>,
-    /// Element type.
+    /// Element type of the first field.
     pub dtype: Dtype,
     /// Bytes of payload in the slot: samples × record bytes (all fields, field-major;
     /// [`crate::Config::record_bytes`]).
@@ -299,7 +330,8 @@ impl BatchMeta {
                 self.sample_ids[i].to_string(),
             ));
         }
-        if self.labels.len() != self.sample_ids.len() {
+        // No labels: a sample without an integer `labels` field (kind = "external").
+        if !self.labels.is_empty() && self.labels.len() != self.sample_ids.len() {
             return Err(mismatch(
                 "labels.len()",
                 self.sample_ids.len().to_string(),

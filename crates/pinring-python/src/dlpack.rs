@@ -42,6 +42,8 @@ pub const CODE_UINT: u8 = 1;
 pub const CODE_FLOAT: u8 = 2;
 /// `DLDataTypeCode::kDLBfloat`.
 pub const CODE_BFLOAT: u8 = 4;
+/// `kDLBool`.
+pub const CODE_BOOL: u8 = 6;
 
 /// `DLPACK_FLAG_BITMASK_READ_ONLY`: the consumer must not write the data.
 pub const FLAG_READ_ONLY: u64 = 1 << 0;

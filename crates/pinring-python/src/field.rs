@@ -80,8 +80,9 @@ impl fmt::Display for Device {
 /// DLPack's description of a pinring dtype.
 pub fn dl_dtype(dtype: Dtype) -> DLDataType {
     let code = match dtype {
-        Dtype::U8 => dlpack::CODE_UINT,
-        Dtype::I32 | Dtype::I64 => dlpack::CODE_INT,
+        Dtype::U8 | Dtype::U16 | Dtype::U32 | Dtype::U64 => dlpack::CODE_UINT,
+        Dtype::I8 | Dtype::I16 | Dtype::I32 | Dtype::I64 => dlpack::CODE_INT,
+        Dtype::Bool => dlpack::CODE_BOOL,
         Dtype::F16 | Dtype::F32 | Dtype::F64 => dlpack::CODE_FLOAT,
         Dtype::Bf16 => dlpack::CODE_BFLOAT,
     };

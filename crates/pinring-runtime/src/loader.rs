@@ -8,7 +8,7 @@
 use crate::exit::Exit;
 use crate::settings::{self, Overrides};
 use crate::shutdown::Shutdown;
-use pinring_data::{BatchIndices, BatchMeta, Config, Plan, IMAGES};
+use pinring_data::{BatchIndices, BatchMeta, Config, DatasetKind, Plan, IMAGES};
 use pinring_ring::layout::{align_up, META_ALIGN};
 use pinring_ring::{
     futex, ring_state, Access, Claim, CommitError, ProcessId, Ring, RingError, Seat, SlotWriter,
@@ -198,6 +198,16 @@ pub fn run(args: &LoaderArgs, shutdown: &Shutdown) -> Result<LoaderReport, Loade
         ..Default::default()
     };
     let cfg = settings::load(args.config.as_deref(), &overrides)?;
+    if cfg.dataset.kind == DatasetKind::External {
+        return Err(LoaderError::Config(pinring_data::ConfigError::Invalid {
+            source_name: cfg.source.clone(),
+            key: "dataset.kind",
+            value: "\"external\"".to_string(),
+            allowed: "pinring-loader makes kind = \"synthetic\" samples; an external ring is \
+                      filled by Python producers (pinring.Producer, pinring.torch.DataLoader)"
+                .to_string(),
+        }));
+    }
     let wait = Duration::from_secs_f64(args.wait_secs.max(0.0));
     let mut service = crate::service::LoaderService::waiting(&cfg.ring.name);
     let mut total = LoaderReport::default();

@@ -178,6 +178,18 @@ pub fn run(args: &DaemonArgs, shutdown: &Shutdown) -> Outcome {
     if let Err(e) = cfg.validate() {
         return failed_at_start(args, Some(&cfg), e.into());
     }
+    if args.sink == SinkKind::Verify && cfg.dataset.kind == pinring_data::DatasetKind::External {
+        let e = pinring_data::ConfigError::Invalid {
+            source_name: cfg.source.clone(),
+            key: "dataset.kind",
+            value: "\"external\"".to_string(),
+            allowed: "--sink verify checks synthetic samples against their generator; an \
+                      external ring's samples have no reference here: use --sink consumer or \
+                      --sink discard"
+                .to_string(),
+        };
+        return failed_at_start(args, Some(&cfg), e.into());
+    }
     match Daemon::start(args, cfg.clone()) {
         Ok(mut d) => {
             let result = d.main_loop(shutdown);
