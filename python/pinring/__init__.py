@@ -3,7 +3,9 @@
 ``pinring.Loader`` is the training loop's end: ``for batch in pinring.Loader(ring="default"):``
 yields dicts of field name -> tensor, in order, without a copy. ``Consumer``, ``Batch`` and
 ``EmbeddedDaemon`` are the native pieces under it. ``Producer`` is a loader's end: a Python
-process that claims parts of a ring's batches and fills them.
+process that claims parts of a ring's batches and fills them. ``pinring.torch.DataLoader``
+(import ``pinring.torch``; needs torch) takes ``torch.utils.data.DataLoader``'s arguments and
+feeds a training loop from the user's own Dataset through a ring.
 
 Exceptions mirror the exit codes of the pinring binaries: every one is a ``PinringError`` and
 carries ``exit_code`` and ``exit_name`` (``ConfigError.exit_code == 3``).
@@ -25,6 +27,7 @@ from pinring._native import (
     Producer,
     RefusedError,
     RingError,
+    Timeout,
     UsageError,
     VerifyError,
 )
@@ -47,6 +50,7 @@ __all__ = [
     "Producer",
     "RefusedError",
     "RingError",
+    "Timeout",
     "UsageError",
     "VerifyError",
 ]

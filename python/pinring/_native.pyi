@@ -2,7 +2,7 @@
 
 from typing import Any, ClassVar, Dict, Literal, Optional, Tuple
 
-DType = Literal["u8", "i32", "i64", "f16", "bf16", "f32", "f64"]
+DType = Literal["u8", "i8", "i16", "u16", "i32", "u32", "i64", "u64", "f16", "bf16", "f32", "f64", "bool"]
 
 DLPACK_VERSION: Tuple[int, int]
 """The highest DLPack version ``Field.__dlpack__`` exports."""
@@ -29,6 +29,9 @@ class RingError(PinringError):
 
 class PeerDied(PinringError):
     """The ring's daemon is gone (exit code 5)."""
+
+class Timeout(PeerDied):
+    """A wait ran out of time: no batch (or slot) within the timeout given (exit code 5)."""
 
 class VerifyError(PinringError):
     """Verification failed (exit code 6)."""
@@ -89,6 +92,13 @@ class OwnerProbe:
     def streams(self) -> list[Optional[int]]: ...
     def fail_next_prepare(self, message: str) -> None: ...
 
+def check_config(toml: str, source: str = "<config>") -> Dict[str, Any]:
+    """Parses and validates a config (TOML text) as the binaries do, raising ``ConfigError``
+    with pinring's message; returns ``batches_per_epoch`` (this rank's), ``samples_per_rank``,
+    ``record_bytes`` (one sample over all its fields), ``parts_per_batch`` (seqs per batch, with
+    ``"auto"`` resolved as a daemon on this host would) and ``fields`` (a list of ``(name,
+    dtype, per-sample shape)``)."""
+
 def _test_host_field(
     data: bytes, dtype: DType, shape: list[int], readonly: bool = False
 ) -> Tuple[Field, OwnerProbe]: ...
@@ -131,7 +141,8 @@ class Consumer:
     ) -> None: ...
     def next_batch(self, timeout: Optional[float] = None) -> Optional[Batch]:
         """The next batch in seq order (None at the end of the plan); waits with the GIL
-        released. Raises ``PeerDied`` if the daemon dies or stops first."""
+        released. Raises ``PeerDied`` if the daemon dies or stops first, and ``Timeout`` (a
+        ``PeerDied``) when ``timeout`` passes."""
     def state(self) -> Tuple[int, int]:
         """``(seq, fingerprint)`` to resume from."""
     def expected(self, batch: int) -> Dict[str, bytes]:
@@ -141,6 +152,9 @@ class Consumer:
     def batches_per_epoch(self) -> int: ...
     @property
     def parts_per_batch(self) -> int: ...
+    @property
+    def config(self) -> str:
+        """The daemon's resolved config, as TOML (what its producers must run with)."""
     @property
     def end_seq(self) -> int: ...
     @property
@@ -215,7 +229,8 @@ class Producer:
         with ``RefusedError`` if its fingerprint is not the daemon's)."""
     def claim(self, timeout: Optional[float] = None) -> Optional[Part]:
         """The next part to make, or None once the daemon has ended the run. Raises
-        ``PeerDied`` if the daemon dies or no slot comes free within ``timeout`` seconds."""
+        ``PeerDied`` if the daemon dies, and ``Timeout`` (a ``PeerDied``) if no slot comes free
+        within ``timeout`` seconds."""
     def synthetic(self, part: Part) -> Dict[str, bytes]:
         """What the synthetic generator puts in each field of ``part``."""
     @property

@@ -58,3 +58,21 @@ def test_ring_error_carries_pinrings_message():
         _native._test_check_ring_name("no/slashes")
     assert isinstance(info.value, pinring.PinringError)
     assert info.value.exit_code == 4
+
+
+def test_timeout_is_a_peer_died_with_its_exit_code():
+    assert issubclass(pinring.Timeout, pinring.PeerDied)
+    assert pinring.Timeout.exit_code == 5 and pinring.Timeout.__module__ == "pinring"
+
+
+def test_check_config_reports_the_plan_or_pinrings_error():
+    info = _native.check_config(
+        '[dataset]\nkind = "external"\nsamples = 100\n'
+        'fields = [{ name = "x", dtype = "f32", shape = [3] }, { name = "y", dtype = "i64" }]\n'
+        "[plan]\nbatch_size = 8\ndrop_last = true\n"
+    )
+    assert info["batches_per_epoch"] == 12 and info["samples_per_rank"] == 100
+    assert info["record_bytes"] == 12 + 8 and info["parts_per_batch"] == 1
+    assert info["fields"] == [("x", "f32", [3]), ("y", "i64", [])]
+    with pytest.raises(pinring.ConfigError, match="dataset.fields"):
+        _native.check_config('[dataset]\nkind = "external"\n', "mine.toml")

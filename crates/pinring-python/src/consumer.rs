@@ -99,9 +99,10 @@ impl Consumer {
                 format!("the consumer of ring {:?} is closed", self.ring),
             ));
         };
-        let got = py
-            .detach(|| c.next_batch(timeout))
-            .map_err(|e| e.to_pyerr())?;
+        let got = py.detach(|| c.next_batch(timeout)).map_err(|e| match e {
+            ClientError::Timeout { .. } => crate::errors::Timeout::new_err(e.to_string()),
+            e => e.to_pyerr(),
+        })?;
         let Some(b) = got else {
             return Ok(None);
         };
@@ -159,6 +160,12 @@ impl Consumer {
     #[getter]
     fn batches_per_epoch(&self) -> PyResult<u64> {
         self.with(|c| c.batches_per_epoch())
+    }
+
+    /// The daemon's resolved config, as TOML: what its producers must run with.
+    #[getter]
+    fn config(&self) -> PyResult<String> {
+        self.with(|c| c.config().to_toml())
     }
 
     /// Seqs per batch (a batch's seq is its first part's).

@@ -39,3 +39,39 @@ pub(crate) fn synthetic_fields<'py>(
     }
     Ok(out)
 }
+
+/// `check_config(toml, source)`: parses and validates a config as the binaries do (errors are
+/// `ConfigError` with pinring's message) and returns what a trainer needs before any ring
+/// exists: `batches_per_epoch` (this rank's), `samples_per_rank`, `record_bytes` (bytes of
+/// one sample over all its fields), `parts_per_batch` (seqs per batch, with `"auto"` resolved
+/// as a daemon on this host resolves it) and `fields` (each `(name, dtype, per-sample shape)`).
+#[pyfunction]
+#[pyo3(signature = (toml, source="<config>"))]
+pub fn check_config<'py>(
+    py: Python<'py>,
+    toml: &str,
+    source: &str,
+) -> PyResult<Bound<'py, PyDict>> {
+    let mut cfg = Config::from_toml_str(toml, source).map_err(|e| e.to_pyerr())?;
+    // As a daemon on this host would resolve "auto" (the part layout follows from it).
+    pinring_runtime::host_memory::HostMemory::read().resolve_auto(&mut cfg);
+    cfg.validate().map_err(|e| e.to_pyerr())?;
+    let plan = cfg.plan().map_err(|e| {
+        crate::exit_error(
+            pinring_runtime::Exit::Config,
+            format!("config {source}: {e}"),
+        )
+    })?;
+    let out = PyDict::new(py);
+    out.set_item("batches_per_epoch", plan.batches_per_epoch())?;
+    out.set_item("samples_per_rank", plan.samples_per_rank())?;
+    out.set_item("record_bytes", cfg.record_bytes())?;
+    out.set_item("parts_per_batch", cfg.parts_per_batch())?;
+    let fields: Vec<(String, &str, Vec<u32>)> = cfg
+        .fields()
+        .into_iter()
+        .map(|f| (f.name, f.dtype.name(), f.shape))
+        .collect();
+    out.set_item("fields", fields)?;
+    Ok(out)
+}

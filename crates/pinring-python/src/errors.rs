@@ -52,6 +52,13 @@ pyo3::create_exception!(
 );
 pyo3::create_exception!(
     pinring,
+    Timeout,
+    PeerDied,
+    "A wait ran out of time: no batch (or no slot) came within the timeout given (exit code \
+     5, as a peer that stopped making progress)."
+);
+pyo3::create_exception!(
+    pinring,
     VerifyError,
     PinringError,
     "Verification failed: wrong bytes, a duplicate, a batch out of order or missing (exit code \
@@ -235,5 +242,6 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
         ty.setattr("exit_name", exit.name())?;
         m.add(ty.name()?, ty)?;
     }
+    m.add("Timeout", py.get_type::<Timeout>())?;
     Ok(())
 }

@@ -30,6 +30,7 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<producer::Producer>()?;
     m.add_class::<producer::Part>()?;
     m.add_class::<testing::OwnerProbe>()?;
+    m.add_function(wrap_pyfunction!(convert::check_config, m)?)?;
     m.add_function(wrap_pyfunction!(testing::test_host_field, m)?)?;
     m.add_function(wrap_pyfunction!(testing::test_load_config, m)?)?;
     m.add_function(wrap_pyfunction!(testing::test_check_ring_name, m)?)?;

@@ -17,7 +17,9 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use pinring_data::{BatchIndices, BatchLayout, BatchMeta, Config, Dtype, Plan, LABELS};
+use pinring_data::{
+    BatchIndices, BatchLayout, BatchMeta, Config, DatasetKind, Dtype, Plan, LABELS,
+};
 use pinring_ring::{futex, ring_state, Access, Claim, CommitError, ProcessId, Ring, Seat};
 use pinring_runtime::loader::{self, EndCheck};
 use pinring_runtime::settings::{self, Overrides};
@@ -192,14 +194,11 @@ impl Producer {
             Ok(Some(c)) => c,
             Ok(None) => return Ok(None),
             Err(ClaimError::Timeout) => {
-                return Err(exit_error(
-                    Exit::PeerDied,
-                    format!(
-                        "ring {:?}: no free slot within {:.3} s",
-                        self.ring,
-                        timeout.unwrap_or_default()
-                    ),
-                ))
+                return Err(crate::errors::Timeout::new_err(format!(
+                    "ring {:?}: no free slot within {:.3} s",
+                    self.ring,
+                    timeout.unwrap_or_default()
+                )))
             }
             Err(ClaimError::Loader(e)) => return Err(e.to_pyerr()),
         };
@@ -237,7 +236,12 @@ impl Producer {
             if (ptr as usize) % f.dtype.size_of() != 0 {
                 return Err(exit_error(
                     Exit::Internal,
-                    format!("field {:?} of part {seq} is misaligned in its slot", f.name),
+                    format!(
+                        "field {:?} ({}) of part {seq} starts at byte {offset} of its slot, not \
+                         a multiple of its element size: declare fields with larger elements \
+                         first (8-byte, then 4, 2, 1)",
+                        f.name, f.dtype
+                    ),
                 ));
             }
             // SAFETY: the chunk (n × sample_bytes bytes from `offset`) lies inside the claimed
@@ -348,16 +352,21 @@ impl std::fmt::Debug for Part {
 
 impl Part {
     /// The meta labels: the values of an integer `labels` field in the slot, if there is one
-    /// and they fit a u32; otherwise the generator's, as the Rust loader computes them.
+    /// and they fit a u32; otherwise the generator's for synthetic samples (as the Rust loader
+    /// computes them), and none for others.
     fn labels(&self, claim: &Claim) -> PyResult<Vec<u32>> {
         let j = &self.joined;
         let n = self.indices.len();
+        let fallback = || match j.cfg.dataset.kind {
+            DatasetKind::Synthetic => j.cfg.synthetic().labels(&self.indices),
+            DatasetKind::External => Vec::new(),
+        };
         let Some(f) = j.layout.field(LABELS) else {
-            return Ok(j.cfg.synthetic().labels(&self.indices));
+            return Ok(fallback());
         };
         let width = match f.dtype {
             Dtype::I64 | Dtype::I32 if f.shape.len() == 1 => f.dtype.size_of(),
-            _ => return Ok(j.cfg.synthetic().labels(&self.indices)),
+            _ => return Ok(fallback()),
         };
         let (offset, _) = f.chunk_in_part(n as u64);
         let base = j.ring.slot_ptr(claim.slot());
@@ -402,6 +411,7 @@ impl Part {
             ));
         };
         let labels = self.labels(claim)?;
+        let (shape, dtype) = self.joined.cfg.first_field();
         let Some(mut claim) = g.take() else {
             return Err(exit_error(
                 Exit::Usage,
@@ -415,13 +425,7 @@ impl Part {
             index_in_epoch: self.index_in_epoch,
             samples: self.indices.clone(),
         };
-        let meta = BatchMeta::new(
-            &indices,
-            labels,
-            j.cfg.dataset.sample_shape.clone(),
-            j.cfg.dataset.dtype,
-            j.layout.record_bytes,
-        );
+        let meta = BatchMeta::new(&indices, labels, shape, dtype, j.layout.record_bytes);
         let n = self.indices.len();
         let payload_len = j.layout.payload_bytes(n as u64) as usize;
         let started = self.started;

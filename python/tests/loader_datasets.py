@@ -1,0 +1,113 @@
+"""Datasets for the ``pinring.torch.DataLoader`` tests. They live in a module of their own so
+that spawned worker processes can import them by name."""
+
+import collections
+import os
+import signal
+
+import numpy as np
+import torch
+
+Pair = collections.namedtuple("Pair", ["left", "right"])
+
+
+class Mixed(torch.utils.data.Dataset):
+    """Samples of every kind of field the default collate batches: a tuple holding a float32
+    array, an int, a dict (bool and int16 arrays, a bf16 tensor), a float and a namedtuple of
+    tensors. Every value is a function of the index."""
+
+    def __init__(self, n=103):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        image = (np.arange(60, dtype=np.float32).reshape(3, 4, 5) + i * 100).astype(np.float32)
+        extra = {
+            "mask": np.array([(i >> b) & 1 for b in range(4)], dtype=bool),
+            "small": np.array([i, -i], dtype=np.int16),
+            "half": torch.full((2,), i / 8, dtype=torch.bfloat16),
+        }
+        pair = Pair(torch.tensor(i, dtype=torch.int32), torch.arange(3, dtype=torch.float64) * i)
+        return image, i % 7, extra, i / 2, pair
+
+
+class Ids(torch.utils.data.Dataset):
+    """Sample i is the int64 tensor [i]: batches show the order."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return torch.tensor([i], dtype=torch.int64)
+
+
+class KillsOnce(Ids):
+    """Sample ``at`` kills its worker process the first time it is loaded (a marker file
+    records that it did), as a segfault in a decoder would."""
+
+    def __init__(self, n, at, marker):
+        super().__init__(n)
+        self.at, self.marker = at, marker
+
+    def __getitem__(self, i):
+        if i == self.at:
+            try:
+                fd = os.open(self.marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            except FileExistsError:
+                pass
+            else:
+                os.close(fd)
+                os.kill(os.getpid(), signal.SIGKILL)
+        return super().__getitem__(i)
+
+
+class Raises(Ids):
+    """Sample ``at`` raises ValueError."""
+
+    def __init__(self, n, at):
+        super().__init__(n)
+        self.at = at
+
+    def __getitem__(self, i):
+        if i == self.at:
+            raise ValueError(f"sample {i} is broken on purpose")
+        return super().__getitem__(i)
+
+
+class Ragged(Ids):
+    """Sample ``at`` has another shape."""
+
+    def __init__(self, n, at):
+        super().__init__(n)
+        self.at = at
+
+    def __getitem__(self, i):
+        if i == self.at:
+            return torch.zeros(3, dtype=torch.int64)
+        return super().__getitem__(i)
+
+
+class Strings(Ids):
+    def __getitem__(self, i):
+        return super().__getitem__(i), f"name-{i}"
+
+
+class Stream(torch.utils.data.IterableDataset):
+    def __iter__(self):
+        return iter(range(3))
+
+
+def stack_and_double(samples):
+    """A collate_fn: a dict of the stacked ids and their doubles."""
+    ids = torch.stack(samples)
+    return {"ids": ids, "twice": ids * 2}
+
+
+def no_batch_dim(samples):
+    """A collate_fn whose output lacks the batch dimension."""
+    return torch.tensor(len(samples))

@@ -1,0 +1,229 @@
+"""``pinring.torch.DataLoader`` on the host backend (``device="cpu"``): the same Dataset through
+``torch.utils.data.DataLoader`` and through pinring gives the same batches; worker death,
+exceptions in ``__getitem__``, wrong shapes, resuming from ``state_dict`` and rank sharding
+behave as a training loop needs. Workers are real spawned processes writing into a real ring,
+with a pinring daemon on a thread of this process."""
+
+import os
+import uuid
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import pinring  # noqa: E402
+from pinring import _native  # noqa: E402
+from pinring.torch import DataLoader  # noqa: E402
+
+import loader_datasets as ds  # noqa: E402
+
+
+def same(a, b, where="batch"):
+    """Asserts that two collated batches have the same structure, types, dtypes and values."""
+    assert type(a) is type(b), f"{where}: {type(a).__name__} != {type(b).__name__}"
+    if isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and a.shape == b.shape, f"{where}: {a.dtype}{list(a.shape)} != {b.dtype}{list(b.shape)}"
+        assert torch.equal(a, b), f"{where}: values differ"
+    elif isinstance(a, dict):
+        assert list(a) == list(b), where
+        for k in a:
+            same(a[k], b[k], f"{where}[{k!r}]")
+    else:
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            same(x, y, f"{where}[{i}]")
+
+
+def ids(batches):
+    return [b.reshape(-1).tolist() for b in batches]
+
+
+def loader(dataset, **kw):
+    kw.setdefault("device", "cpu")
+    kw.setdefault("num_workers", 2)
+    return DataLoader(dataset, **kw)
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_the_same_batches_as_torch_without_shuffle(drop_last):
+    data = ds.Mixed(103)
+    want = list(torch.utils.data.DataLoader(data, batch_size=8, drop_last=drop_last))
+    with loader(data, batch_size=8, drop_last=drop_last) as pl:
+        assert len(pl) == len(want) == (12 if drop_last else 13)
+        got = list(pl)
+        # A second epoch: the same batches again.
+        again = list(pl)
+    assert len(got) == len(want)
+    for i, (g, w) in enumerate(zip(got, want)):
+        same(g, w, f"batch {i}")
+    for i, (g, w) in enumerate(zip(again, want)):
+        same(g, w, f"epoch 1 batch {i}")
+
+
+def test_collate_fn_runs_in_the_workers():
+    data = ds.Ids(50)
+    want = list(torch.utils.data.DataLoader(data, batch_size=6, collate_fn=ds.stack_and_double))
+    with loader(data, batch_size=6, collate_fn=ds.stack_and_double) as pl:
+        got = list(pl)
+    assert len(got) == len(want) == 9
+    for i, (g, w) in enumerate(zip(got, want)):
+        same(g, w, f"batch {i}")
+    with pytest.raises(pinring.UsageError, match="first dimension"):
+        len(loader(data, batch_size=6, collate_fn=ds.no_batch_dim))
+
+
+def test_shuffle_gives_each_sample_once_per_epoch_reproducibly():
+    n = 97
+    with loader(ds.Ids(n), batch_size=10, shuffle=True, seed=5) as a:
+        epochs_a = [ids(a) for _ in range(3)]
+    for e in epochs_a:
+        flat = [i for b in e for i in b]
+        assert sorted(flat) == list(range(n)), "every sample once per epoch"
+        assert [len(b) for b in e] == [10] * 9 + [7]
+    assert epochs_a[0] != epochs_a[1] != epochs_a[2], "each epoch its own order"
+    assert epochs_a[0] != [list(range(i, min(i + 10, n))) for i in range(0, n, 10)]
+    # The same seed, another number of workers (and the thread of num_workers=0): the same order.
+    with loader(ds.Ids(n), batch_size=10, shuffle=True, seed=5, num_workers=0) as b:
+        assert [ids(b) for _ in range(3)] == epochs_a
+    # set_epoch picks the epoch the next for yields, as DistributedSampler.set_epoch.
+    with loader(ds.Ids(n), batch_size=10, shuffle=True, seed=5, num_workers=1) as c:
+        c.set_epoch(2)
+        assert ids(c) == epochs_a[2]
+    # Another seed: another order. With no seed, torch's RNG decides, as for torch's sampler.
+    with loader(ds.Ids(n), batch_size=10, shuffle=True, seed=6, num_workers=1) as d:
+        assert ids(d) != epochs_a[0]
+    torch.manual_seed(11)
+    first = loader(ds.Ids(n), batch_size=10, shuffle=True).seed
+    torch.manual_seed(11)
+    assert loader(ds.Ids(n), batch_size=10, shuffle=True).seed == first
+
+
+def test_a_dead_worker_is_restarted_and_its_batch_made_again(tmp_path):
+    data = ds.KillsOnce(120, at=37, marker=str(tmp_path / "killed"))
+    with loader(data, batch_size=8, num_workers=2) as pl:
+        got = ids(pl)
+        assert pl.worker_restarts == 1
+    assert (tmp_path / "killed").exists(), "the worker was killed"
+    assert got == [list(range(i, min(i + 8, 120))) for i in range(0, 120, 8)]
+
+
+def test_an_exception_in_getitem_reaches_the_loop_with_its_traceback():
+    with loader(ds.Raises(64, at=13), batch_size=4) as pl:
+        with pytest.raises(ValueError) as e:
+            for _ in pl:
+                pass
+    text = str(e.value)
+    assert "sample 13 is broken on purpose" in text
+    assert "Original Traceback" in text and "loader_datasets.py" in text, text
+    assert "while loading sample 13" in text, text
+
+
+def test_a_sample_of_another_shape_is_named_with_both_shapes():
+    with loader(ds.Ragged(40, at=21), batch_size=4) as pl:
+        with pytest.raises(pinring.UsageError) as e:
+            list(pl)
+    text = str(e.value)
+    assert "sample 21" in text and "[3]" in text and "[1]" in text, text
+
+
+def test_resume_from_state_dict():
+    data = ds.Ids(90)
+    kw = dict(batch_size=7, shuffle=True, seed=3)
+    with loader(data, **kw) as ref:
+        full = [ids(ref), ids(ref)]
+    with loader(data, **kw) as a:
+        it = iter(a)
+        first = [next(it).reshape(-1).tolist() for _ in range(5)]
+        state = a.state_dict()
+        del it
+    assert first == full[0][:5]
+    b = loader(data, **kw)
+    b.load_state_dict(state)
+    try:
+        assert ids(b) == full[0][5:], "the rest of the epoch"
+        assert ids(b) == full[1], "then the next epoch"
+    finally:
+        b.close()
+    # A state of another plan is refused.
+    c = loader(data, batch_size=9, shuffle=True, seed=3)
+    c.load_state_dict(state)
+    with pytest.raises(pinring.RefusedError, match="another plan"):
+        list(c)
+    c.close()
+
+
+def test_a_loop_left_mid_epoch_starts_the_next_epoch():
+    with loader(ds.Ids(40), batch_size=4, shuffle=True, seed=1) as ref:
+        full = [ids(ref), ids(ref)]
+    with loader(ds.Ids(40), batch_size=4, shuffle=True, seed=1) as pl:
+        for i, _ in enumerate(pl):
+            if i == 2:
+                break
+        assert ids(pl) == full[1]
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_ranks_get_disjoint_shards_that_cover_the_dataset(world):
+    n = 60
+    seen = []
+    for rank in range(world):
+        sampler = torch.utils.data.DistributedSampler(
+            ds.Ids(n), num_replicas=world, rank=rank, shuffle=True, seed=9
+        )
+        with loader(ds.Ids(n), batch_size=5, sampler=sampler, num_workers=1) as pl:
+            assert len(pl) == n // world // 5
+            seen.append([i for b in ids(pl) for i in b])
+    for r in range(world):
+        assert len(seen[r]) == n // world
+        for q in range(r):
+            assert not set(seen[r]) & set(seen[q]), f"ranks {q} and {r} share samples"
+    assert sorted(i for s in seen for i in s) == list(range(n))
+
+
+def test_what_pinring_cannot_batch_is_refused_clearly():
+    with pytest.raises(pinring.UsageError, match="str"):
+        len(loader(ds.Strings(10), batch_size=2))
+    with pytest.raises(pinring.UsageError, match="map-style"):
+        loader(ds.Stream(), batch_size=2)
+    with pytest.raises(pinring.UsageError, match="batch_sampler"):
+        loader(ds.Ids(10), batch_sampler=[[0, 1]])
+    with pytest.raises(pinring.UsageError, match="not supported"):
+        loader(ds.Ids(10), sampler=torch.utils.data.SubsetRandomSampler([1, 2]))
+    with pytest.raises(pinring.UsageError, match="spawn"):
+        loader(ds.Ids(10), multiprocessing_context="fork")
+
+
+def test_an_attached_daemon_with_the_datasets_fields(tmp_path):
+    """``ring=``: the workers fill the ring of a pinring-daemon service; its config declares the
+    fields the dataset's samples have, and a ring with other fields is refused."""
+    import subprocess
+
+    from test_consumer import binary
+
+    data = ds.Ids(48)
+    name = f"py-{uuid.uuid4().hex[:10]}"
+    config = tmp_path / "pinring.toml"
+    config.write_text(
+        f'[ring]\nname = "{name}"\n[dataset]\nkind = "external"\nsamples = 48\n'
+        'fields = [{ name = "f0", dtype = "i64", shape = [1] }]\n'
+        "[plan]\nbatch_size = 6\nshuffle = false\nepochs = 2\n"
+    )
+    daemon = subprocess.Popen(
+        [binary("pinring-daemon"), "--config", str(config), "--backend", "host", "--sink", "consumer"],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    try:
+        with loader(data, batch_size=6, ring=name) as pl:
+            assert len(pl) == 8
+            assert ids(pl) == [list(range(i, i + 6)) for i in range(0, 48, 6)]
+        with pytest.raises(pinring.RefusedError, match="fields"):
+            list(loader(ds.Mixed(48), batch_size=6, ring=name))
+    finally:
+        daemon.terminate()
+        daemon.wait(30)
+    # pinring-loader cannot make external samples, and says so.
+    out = subprocess.run(
+        [binary("pinring-loader"), "--config", str(config), "--wait-secs", "1"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert out.returncode == 3 and "Python producers" in out.stderr, out.stderr
