@@ -859,7 +859,7 @@ fn read_convert(
             source,
         })
     };
-    if dtype.size_of() == dtype.field_dtype().size_of() as u64 {
+    if dtype != NpyDtype::Uint64 && dtype.size_of() == dtype.field_dtype().size_of() as u64 {
         return read(out); // same representation (bool is 0/1 bytes)
     }
     scratch.resize(bytes as usize, 0);
@@ -892,7 +892,7 @@ fn read_convert(
                 o.copy_from_slice(&v.to_le_bytes());
             }
         }
-        // Same size as the field dtype: handled above.
+        // The same representation as the field dtype: copied above.
         _ => {}
     }
     Ok(())
