@@ -240,3 +240,51 @@ pub(crate) fn show(path: &Path) -> String {
 pub(crate) fn fixed(name: &str, dtype: Dtype, shape: Vec<u32>) -> SourceField {
     SourceField::Fixed(Field::new(name, dtype, shape))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn send<T: Send>() {}
+
+    #[test]
+    fn sources_are_send() {
+        send::<Tokens>();
+        send::<NpySource>();
+        send::<WebDataset>();
+        send::<ImageFolder>();
+        send::<Box<dyn Source>>();
+        send::<SourceError>();
+    }
+
+    #[test]
+    fn buffers_are_checked() {
+        let fields = vec![
+            fixed("a", Dtype::I64, vec![2]),
+            SourceField::Encoded { name: "b".into() },
+        ];
+        let (mut a, mut b) = ([0u8; 16], Vec::new());
+        assert!(check_bufs(&fields, &[FieldBuf::Fixed(&mut a), FieldBuf::Bytes(&mut b)]).is_ok());
+        let mut short = [0u8; 15];
+        let e = check_bufs(
+            &fields,
+            &[FieldBuf::Fixed(&mut short), FieldBuf::Bytes(&mut b)],
+        );
+        assert!(matches!(e, Err(SourceError::Buffers { .. })));
+        let e = check_bufs(&fields, &[FieldBuf::Fixed(&mut a)]);
+        assert!(matches!(e, Err(SourceError::Buffers { .. })));
+        let mut c = Vec::new();
+        let e = check_bufs(&fields, &[FieldBuf::Bytes(&mut c), FieldBuf::Bytes(&mut b)]);
+        assert!(matches!(e, Err(SourceError::Buffers { .. })));
+    }
+
+    #[test]
+    fn on_bad_sample_parses() {
+        #[derive(Deserialize)]
+        struct S {
+            on_bad_sample: OnBadSample,
+        }
+        let s: S = toml::from_str("on_bad_sample = \"skip\"").unwrap();
+        assert_eq!(s.on_bad_sample, OnBadSample::Skip);
+    }
+}
