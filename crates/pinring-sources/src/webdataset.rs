@@ -113,6 +113,16 @@ pub struct WdsConfig {
     /// The fields every sample must have, in order.
     #[serde(default = "default_fields")]
     pub fields: Vec<WdsField>,
+    /// Samples in the shuffle buffer of [`WebDataset::epoch_order`] (0 or 1: none).
+    #[serde(default = "default_shuffle_buffer")]
+    pub shuffle_buffer: usize,
+}
+
+/// Default `shuffle_buffer`.
+pub const DEFAULT_SHUFFLE_BUFFER: usize = 1000;
+
+fn default_shuffle_buffer() -> usize {
+    DEFAULT_SHUFFLE_BUFFER
 }
 
 /// Errors of [`WebDataset`].
@@ -342,6 +352,7 @@ pub struct WebDataset {
     shard_sizes: Vec<u64>,
     samples: Vec<Sample>,
     config_fields: Vec<WdsField>,
+    shuffle_buffer: usize,
     fields: Vec<SourceField>,
     scratch: Vec<u8>,
 }
@@ -517,8 +528,14 @@ impl WebDataset {
             samples,
             fields: config.fields.iter().map(|f| f.source_field()).collect(),
             config_fields: config.fields.clone(),
+            shuffle_buffer: config.shuffle_buffer,
             scratch: Vec::new(),
         })
+    }
+
+    /// `shuffle_buffer` of the config (the `buffer` to pass [`WebDataset::epoch_order`]).
+    pub fn shuffle_buffer(&self) -> usize {
+        self.shuffle_buffer
     }
 
     /// Samples in each shard, in shard order.

@@ -30,7 +30,11 @@ fn write_tar(path: &Path, members: &[(String, Vec<u8>)]) {
 }
 
 fn cfg(shards: Vec<PathBuf>, fields: Vec<WdsField>) -> WdsConfig {
-    WdsConfig { shards, fields }
+    WdsConfig {
+        shards,
+        fields,
+        shuffle_buffer: 8,
+    }
 }
 
 /// A shard of samples `keys`, each with `.jpg` (or `.png` for odd ones), `.cls` and `.json`.
@@ -240,10 +244,12 @@ fn opens_from_toml_and_splits_keys_as_webdataset() {
     let p = dir.path().join("s.tar");
     write_tar(&p, &sample_members(&["x".into(), "y".into()]));
     let text = format!("kind = \"webdataset\"\nshards = [{p:?}]\nfields = [\"cls\"]\n");
-    let src = toml::from_str::<SourceConfig>(&text)
-        .unwrap()
-        .open()
-        .unwrap();
+    let SourceConfig::WebDataset(c) = toml::from_str::<SourceConfig>(&text).unwrap() else {
+        panic!("not a webdataset section")
+    };
+    assert_eq!(c.shuffle_buffer, 1000);
+    assert_eq!(c.fields, [WdsField::Cls]);
+    let src = SourceConfig::WebDataset(c).open().unwrap();
     assert_eq!(src.len(), 2);
     assert_eq!(
         split_key("a/b.c/key.seg.PNG"),
