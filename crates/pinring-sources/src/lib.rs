@@ -1,0 +1,290 @@
+//! pinring-sources: readers of standard training-data formats for pinring's loaders.
+//!
+//! A [`Source`] is opened from its `[dataset]` config section ([`SourceConfig`], keys in
+//! `docs/FORMATS.md`), reports how many samples it has ([`Source::len`]) and their named fields
+//! ([`Source::fields`]), and writes sample `id`'s fields into buffers the caller provides
+//! ([`Source::read`]): a fixed-size field straight into the slot bytes it belongs to, an encoded
+//! field (image file bytes, JSON text) into a reused `Vec<u8>`.
+//!
+//! * [`tokens`] -- flat binary token files (`u16`/`u32`), windows of `seq_len + 1` tokens.
+//! * [`npy`] -- one `.npy` array (first axis = samples) or a directory of per-sample `.npy` files.
+//! * [`webdataset`] -- WebDataset tar shards, with a per-rank streaming shuffle.
+//! * [`imagefolder`] -- `root/class/*.jpg`, in torchvision `ImageFolder`'s order.
+//!
+//! **Reading.** Every reader uses positioned reads (`pread`, [`std::os::unix::fs::FileExt`])
+//! rather than memory maps: a sample is copied into the caller's buffer either way, so a map
+//! saves one system call per sample at most, while a file truncated underneath a map raises
+//! `SIGBUS`, which pinring's loaders handle for ring mappings only. With `pread` a truncated file
+//! is an ordinary, typed error. The crate has no `unsafe` code.
+//!
+//! **Bad data.** Opening checks what can be checked once (files exist, sizes, headers, shapes);
+//! an error there fails the open. Everything found while reading one sample is a per-sample
+//! [`SourceError`] naming the file, the member and the byte offset, so that the caller applies
+//! its `on_bad_sample` policy ([`OnBadSample`]): stop, or substitute another sample. No input
+//! makes a reader panic.
+
+#![forbid(unsafe_code)]
+
+pub mod imagefolder;
+pub mod npy;
+pub mod tokens;
+pub mod webdataset;
+
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+use pinring_data::{Dtype, Field};
+use serde::{Deserialize, Serialize};
+
+pub use imagefolder::{ImageFolder, ImageFolderConfig, ImageFolderError};
+pub use npy::{NpyConfig, NpyDtype, NpyError, NpyHeader, NpySource};
+pub use tokens::{TokenDtype, TokenOutDtype, Tokens, TokensConfig, TokensError};
+pub use webdataset::{WdsConfig, WdsError, WebDataset};
+
+/// One named field of every sample of a [`Source`].
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum SourceField {
+    /// The same dtype and shape in every sample: [`Source::read`] writes exactly
+    /// [`Field::sample_bytes`] little-endian bytes into a [`FieldBuf::Fixed`].
+    Fixed(Field),
+    /// Bytes of a different length in each sample (an encoded image, JSON text): [`Source::read`]
+    /// replaces the contents of a [`FieldBuf::Bytes`]. A later stage decodes them.
+    Encoded {
+        /// The field's name.
+        name: String,
+    },
+}
+
+impl SourceField {
+    /// The field's name.
+    pub fn name(&self) -> &str {
+        match self {
+            SourceField::Fixed(f) => &f.name,
+            SourceField::Encoded { name } => name,
+        }
+    }
+
+    /// The fixed field, or `None` for an encoded one.
+    pub fn fixed(&self) -> Option<&Field> {
+        match self {
+            SourceField::Fixed(f) => Some(f),
+            SourceField::Encoded { .. } => None,
+        }
+    }
+}
+
+/// Where [`Source::read`] puts one field of a sample; one per field, in [`Source::fields`] order.
+#[derive(Debug)]
+pub enum FieldBuf<'a> {
+    /// For a [`SourceField::Fixed`] field: exactly its per-sample bytes (typically the sample's
+    /// place in a slot).
+    Fixed(&'a mut [u8]),
+    /// For a [`SourceField::Encoded`] field: cleared and filled (its capacity is reused).
+    Bytes(&'a mut Vec<u8>),
+}
+
+/// What the caller does with a sample whose read failed (`dataset.on_bad_sample`).
+///
+/// The readers only report ([`SourceError`]); the loader applies the policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnBadSample {
+    /// Stop with the error.
+    #[default]
+    Fail,
+    /// Log the error and substitute another sample.
+    Skip,
+}
+
+/// A dataset in some format, opened in one loader process.
+///
+/// `Send`, so a loader may move it to a worker thread; each worker opens its own (opening reads
+/// only headers and directory listings).
+pub trait Source: Send + std::fmt::Debug {
+    /// Number of samples: ids are `0..len()`, the same in every epoch.
+    fn len(&self) -> u64;
+
+    /// Whether the source has no samples (openers refuse an empty dataset, so normally false).
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The fields of every sample, in order.
+    fn fields(&self) -> &[SourceField];
+
+    /// Writes the fields of sample `id` as seen in `epoch` (only [`tokens`] with shifted windows
+    /// looks at the epoch) into `out`, one buffer per field in [`Source::fields`] order.
+    ///
+    /// An error concerns this sample only (unless it is [`SourceError::Buffers`], a caller
+    /// bug): the source stays usable, and the caller applies its [`OnBadSample`] policy.
+    fn read(&mut self, epoch: u32, id: u64, out: &mut [FieldBuf<'_>]) -> Result<(), SourceError>;
+}
+
+/// A per-sample error of any [`Source`], or a caller mistake.
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    /// From [`tokens`].
+    #[error(transparent)]
+    Tokens(#[from] TokensError),
+    /// From [`npy`].
+    #[error(transparent)]
+    Npy(#[from] NpyError),
+    /// From [`webdataset`].
+    #[error(transparent)]
+    WebDataset(#[from] WdsError),
+    /// From [`imagefolder`].
+    #[error(transparent)]
+    ImageFolder(#[from] ImageFolderError),
+    /// The caller's buffers do not match [`Source::fields`].
+    #[error("buffers do not match the source's fields: {problem}; pass one FieldBuf per field in fields() order, Fixed with exactly the field's per-sample bytes, Bytes for an encoded field")]
+    Buffers {
+        /// What is wrong.
+        problem: String,
+    },
+    /// Sample id out of range.
+    #[error("sample id {id} is out of range: the source has {len} samples; the plan and the source disagree, check dataset.samples against the files")]
+    OutOfRange {
+        /// Requested id.
+        id: u64,
+        /// Number of samples.
+        len: u64,
+    },
+}
+
+/// The `[dataset]` section of a source, tagged by `kind` (keys in `docs/FORMATS.md`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum SourceConfig {
+    /// `kind = "tokens"`.
+    Tokens(TokensConfig),
+    /// `kind = "npy"`.
+    Npy(NpyConfig),
+    /// `kind = "webdataset"`.
+    WebDataset(WdsConfig),
+    /// `kind = "imagefolder"`.
+    ImageFolder(ImageFolderConfig),
+}
+
+impl SourceConfig {
+    /// Opens the source the section describes.
+    pub fn open(&self) -> Result<Box<dyn Source>, SourceError> {
+        Ok(match self {
+            SourceConfig::Tokens(c) => Box::new(Tokens::open(c)?),
+            SourceConfig::Npy(c) => Box::new(NpySource::open(c)?),
+            SourceConfig::WebDataset(c) => Box::new(WebDataset::open(c)?),
+            SourceConfig::ImageFolder(c) => Box::new(ImageFolder::open(c)?),
+        })
+    }
+}
+
+/// Checks `out` against `fields`: one buffer per field, `Fixed` ones of the exact size.
+pub(crate) fn check_bufs(fields: &[SourceField], out: &[FieldBuf<'_>]) -> Result<(), SourceError> {
+    if fields.len() != out.len() {
+        return Err(SourceError::Buffers {
+            problem: format!("{} buffers for {} fields", out.len(), fields.len()),
+        });
+    }
+    for (f, b) in fields.iter().zip(out) {
+        match (f, b) {
+            (SourceField::Fixed(f), FieldBuf::Fixed(b)) => {
+                if b.len() as u64 != f.sample_bytes() {
+                    return Err(SourceError::Buffers {
+                        problem: format!(
+                            "field {:?} takes {} bytes per sample, its buffer has {}",
+                            f.name,
+                            f.sample_bytes(),
+                            b.len()
+                        ),
+                    });
+                }
+            }
+            (SourceField::Encoded { .. }, FieldBuf::Bytes(_)) => {}
+            (f, _) => {
+                return Err(SourceError::Buffers {
+                    problem: format!("field {:?} got the wrong kind of buffer", f.name()),
+                })
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Reads exactly `buf.len()` bytes at `offset` of `file`; a short file reads as
+/// [`io::ErrorKind::UnexpectedEof`].
+pub(crate) fn pread(file: &File, buf: &mut [u8], offset: u64) -> io::Result<()> {
+    file.read_exact_at(buf, offset)
+}
+
+/// Reads as many bytes as there are (up to `buf.len()`) at `offset`; returns how many.
+pub(crate) fn pread_some(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+    let mut done = 0;
+    while done < buf.len() {
+        match file.read_at(&mut buf[done..], offset + done as u64) {
+            Ok(0) => break,
+            Ok(n) => done += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(done)
+}
+
+/// `path` for messages.
+pub(crate) fn show(path: &Path) -> String {
+    path.display().to_string()
+}
+
+/// A fixed field of `name`, `dtype` and `shape`.
+pub(crate) fn fixed(name: &str, dtype: Dtype, shape: Vec<u32>) -> SourceField {
+    SourceField::Fixed(Field::new(name, dtype, shape))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn send<T: Send>() {}
+
+    #[test]
+    fn sources_are_send() {
+        send::<Tokens>();
+        send::<NpySource>();
+        send::<WebDataset>();
+        send::<ImageFolder>();
+        send::<Box<dyn Source>>();
+        send::<SourceError>();
+    }
+
+    #[test]
+    fn buffers_are_checked() {
+        let fields = vec![
+            fixed("a", Dtype::I64, vec![2]),
+            SourceField::Encoded { name: "b".into() },
+        ];
+        let (mut a, mut b) = ([0u8; 16], Vec::new());
+        assert!(check_bufs(&fields, &[FieldBuf::Fixed(&mut a), FieldBuf::Bytes(&mut b)]).is_ok());
+        let mut short = [0u8; 15];
+        let e = check_bufs(
+            &fields,
+            &[FieldBuf::Fixed(&mut short), FieldBuf::Bytes(&mut b)],
+        );
+        assert!(matches!(e, Err(SourceError::Buffers { .. })));
+        let e = check_bufs(&fields, &[FieldBuf::Fixed(&mut a)]);
+        assert!(matches!(e, Err(SourceError::Buffers { .. })));
+        let mut c = Vec::new();
+        let e = check_bufs(&fields, &[FieldBuf::Bytes(&mut c), FieldBuf::Bytes(&mut b)]);
+        assert!(matches!(e, Err(SourceError::Buffers { .. })));
+    }
+
+    #[test]
+    fn on_bad_sample_parses() {
+        #[derive(Deserialize)]
+        struct S {
+            on_bad_sample: OnBadSample,
+        }
+        let s: S = toml::from_str("on_bad_sample = \"skip\"").unwrap();
+        assert_eq!(s.on_bad_sample, OnBadSample::Skip);
+    }
+}

@@ -1,0 +1,655 @@
+//! WebDataset tar shards (`kind = "webdataset"`).
+//!
+//! **Samples.** Each shard (`dataset.shards`, ustar, GNU or PAX tar, uncompressed) is indexed
+//! once at open: the `tar` crate walks the headers, and each regular member's data offset
+//! ([`tar::Entry::raw_file_position`]) and size are kept; reads are `pread`s of those bytes
+//! later. As in WebDataset, a member `dir/key.ext` has the key `dir/key` (the path up to the
+//! first dot of the base name) and the extension `ext` (the rest, lower-cased); consecutive
+//! members with the same key form one sample. Members whose base name has no dot (or starts with
+//! one) belong to no sample and are skipped, as WebDataset does; so are directories, links and
+//! extensions that no configured field asks for.
+//!
+//! The fields (`dataset.fields`, default `["image", "cls"]`), each required in every sample:
+//!
+//! | config | extensions | field | kind |
+//! | --- | --- | --- | --- |
+//! | `image` | `jpg`, `jpeg`, `png` | `images` | encoded bytes |
+//! | `cls` | `cls` | `labels` | `i64`, shape `[]` (ASCII integer, whitespace trimmed) |
+//! | `json` | `json` | `json` | encoded bytes |
+//! | `npy` | `npy` | `npy` | encoded bytes (the whole `.npy` member) |
+//!
+//! **Ids.** Samples are numbered in shard order, then member order: id = global position. A
+//! group that lacks a field, or has two members for one field, is still numbered, but reading
+//! it is a per-sample error ([`WdsError::Incomplete`], [`WdsError::Duplicate`]);
+//! [`WebDataset::bad_samples`] lists them at open.
+//!
+//! **Epoch order** ([`WebDataset::epoch_order`]). Shard `i` belongs to rank `i % world`. For
+//! `(seed, epoch, rank)` the rank's shards are put in a Fisher-Yates order drawn from
+//! [`SplitMix64`] seeded by `(seed, epoch, rank)`, their samples are streamed in that order
+//! (each shard's in member order), and the stream goes through a shuffle buffer of `buffer`
+//! samples: once the buffer is full, each incoming sample evicts a uniformly drawn one (the same
+//! generator), and at the end the rest leave in random order. The orders of all ranks are
+//! disjoint and cover every sample; a sample never leaves more than `buffer - 1` places before
+//! its position in the stream (it may leave later: a shuffle buffer bounds the lead, not the
+//! delay). Ranks may get different counts (shards differ in size; with more ranks than shards
+//! some get none): the caller evens them out (e.g. stops at the shortest rank).
+//!
+//! **Bad data.** A shard that cannot be opened, a corrupt header, or a member cut short by a
+//! truncated file fails the open with an error naming the shard, the member and the byte
+//! offset (the caller may drop the shard and open again).
+
+use std::fs::File;
+use std::io::{self, Read, Seek};
+use std::path::PathBuf;
+
+use pinring_data::plan::{mix64, SplitMix64};
+use pinring_data::Dtype;
+use serde::{Deserialize, Serialize};
+
+use crate::{check_bufs, fixed, pread, show, FieldBuf, Source, SourceError, SourceField};
+
+/// Longest `.cls` member read (an integer with some whitespace).
+pub const MAX_CLS_BYTES: u64 = 64;
+
+/// A field of a WebDataset sample (`dataset.fields`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WdsField {
+    /// `jpg`/`jpeg`/`png` bytes, field `images`.
+    Image,
+    /// `cls` integer label, field `labels`.
+    Cls,
+    /// `json` bytes, field `json`.
+    Json,
+    /// `npy` bytes, field `npy`.
+    Npy,
+}
+
+impl WdsField {
+    /// Whether extension `ext` (lower-cased) is this field's.
+    pub fn matches(self, ext: &str) -> bool {
+        match self {
+            WdsField::Image => matches!(ext, "jpg" | "jpeg" | "png"),
+            WdsField::Cls => ext == "cls",
+            WdsField::Json => ext == "json",
+            WdsField::Npy => ext == "npy",
+        }
+    }
+
+    /// The config name.
+    pub const fn name(self) -> &'static str {
+        match self {
+            WdsField::Image => "image",
+            WdsField::Cls => "cls",
+            WdsField::Json => "json",
+            WdsField::Npy => "npy",
+        }
+    }
+
+    fn source_field(self) -> SourceField {
+        match self {
+            WdsField::Image => SourceField::Encoded {
+                name: pinring_data::IMAGES.into(),
+            },
+            WdsField::Cls => fixed(pinring_data::LABELS, Dtype::I64, vec![]),
+            WdsField::Json => SourceField::Encoded {
+                name: "json".into(),
+            },
+            WdsField::Npy => SourceField::Encoded { name: "npy".into() },
+        }
+    }
+}
+
+fn default_fields() -> Vec<WdsField> {
+    vec![WdsField::Image, WdsField::Cls]
+}
+
+/// The `[dataset]` keys of `kind = "webdataset"`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WdsConfig {
+    /// The tar shards, in order.
+    pub shards: Vec<PathBuf>,
+    /// The fields every sample must have, in order.
+    #[serde(default = "default_fields")]
+    pub fields: Vec<WdsField>,
+    /// Samples in the shuffle buffer of [`WebDataset::epoch_order`] (0 or 1: none).
+    #[serde(default = "default_shuffle_buffer")]
+    pub shuffle_buffer: usize,
+}
+
+/// Default `shuffle_buffer`.
+pub const DEFAULT_SHUFFLE_BUFFER: usize = 1000;
+
+fn default_shuffle_buffer() -> usize {
+    DEFAULT_SHUFFLE_BUFFER
+}
+
+/// Errors of [`WebDataset`].
+#[derive(Debug, thiserror::Error)]
+pub enum WdsError {
+    /// A key is out of range.
+    #[error("invalid dataset.{key}: {problem}")]
+    Param {
+        /// Key name.
+        key: &'static str,
+        /// What is wrong.
+        problem: String,
+    },
+    /// A shard cannot be opened.
+    #[error("cannot open shard {shard}: {source}; check dataset.shards")]
+    Open {
+        /// The shard.
+        shard: String,
+        /// The cause.
+        source: io::Error,
+    },
+    /// The tar structure is corrupt.
+    #[error("shard {shard} is not a valid tar file after member {member:?} (next header at byte offset {offset}): {source}; rewrite the shard or drop it from dataset.shards")]
+    Corrupt {
+        /// The shard.
+        shard: String,
+        /// The last good member ("" if none).
+        member: String,
+        /// Where the bad header was expected.
+        offset: u64,
+        /// The cause.
+        source: io::Error,
+    },
+    /// A member's data runs past the end of the shard.
+    #[error("shard {shard} is truncated: member {member:?} at byte offset {offset} needs {size} bytes, {missing} are missing; copy the shard again or drop it from dataset.shards")]
+    Truncated {
+        /// The shard.
+        shard: String,
+        /// The member.
+        member: String,
+        /// Its data offset.
+        offset: u64,
+        /// Its size.
+        size: u64,
+        /// Bytes past the end of the file.
+        missing: u64,
+    },
+    /// A member of a kind pinring does not read (a sparse file).
+    #[error("shard {shard}: member {member:?} at byte offset {offset} is a sparse file, which pinring does not read; rewrite the shard without --sparse")]
+    Sparse {
+        /// The shard.
+        shard: String,
+        /// The member.
+        member: String,
+        /// Its header offset.
+        offset: u64,
+    },
+    /// A sample lacks a field (per sample).
+    #[error("shard {shard}: sample {key:?} (first member at byte offset {offset}) has no {missing} member, so it is not a complete sample; add the member or set dataset.on_bad_sample = \"skip\"")]
+    Incomplete {
+        /// The shard.
+        shard: String,
+        /// The sample key.
+        key: String,
+        /// Data offset of its first member.
+        offset: u64,
+        /// The missing field (its config name).
+        missing: &'static str,
+    },
+    /// A sample has two members for one field (per sample).
+    #[error("shard {shard}: sample {key:?} has two {field} members, {member:?} at byte offset {offset} is the second; keep one, or set dataset.on_bad_sample = \"skip\"")]
+    Duplicate {
+        /// The shard.
+        shard: String,
+        /// The sample key.
+        key: String,
+        /// The field's config name.
+        field: &'static str,
+        /// The second member.
+        member: String,
+        /// Its data offset.
+        offset: u64,
+    },
+    /// A `.cls` member is not an integer (per sample).
+    #[error("shard {shard}: member {member:?} at byte offset {offset} is not an ASCII integer label ({text:?}); fix the shard or set dataset.on_bad_sample = \"skip\"")]
+    Cls {
+        /// The shard.
+        shard: String,
+        /// The member.
+        member: String,
+        /// Its data offset.
+        offset: u64,
+        /// The first bytes of the member.
+        text: String,
+    },
+    /// A read failed (the shard changed since open; per sample).
+    #[error("reading member {member:?} ({len} bytes at byte offset {offset}) of shard {shard} failed: {source}; the shard changed or became unreadable since the source was opened: restore it")]
+    Read {
+        /// The shard.
+        shard: String,
+        /// The member.
+        member: String,
+        /// Data offset.
+        offset: u64,
+        /// Bytes asked for.
+        len: u64,
+        /// The cause.
+        source: io::Error,
+    },
+}
+
+/// One regular member of a shard, as indexed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Member {
+    /// Its path in the archive.
+    pub path: String,
+    /// Byte offset of its data in the shard.
+    pub offset: u64,
+    /// Bytes of data.
+    pub size: u64,
+}
+
+/// Indexes the regular members of the tar archive in `reader` (`len` bytes; `shard` names it in
+/// errors). Never panics on any input.
+pub fn index_tar<R: Read + Seek>(
+    shard: &str,
+    reader: R,
+    len: u64,
+) -> Result<Vec<Member>, WdsError> {
+    let mut archive = tar::Archive::new(reader);
+    let mut members = Vec::new();
+    let mut last = String::new();
+    let mut next = 0u64;
+    let corrupt = |member: &str, offset: u64, source: io::Error| WdsError::Corrupt {
+        shard: shard.into(),
+        member: member.into(),
+        offset,
+        source,
+    };
+    let entries = archive.entries_with_seek().map_err(|e| corrupt("", 0, e))?;
+    for entry in entries {
+        let entry = entry.map_err(|e| corrupt(&last, next, e))?;
+        let path = String::from_utf8_lossy(&entry.path_bytes()).into_owned();
+        let offset = entry.raw_file_position();
+        let size = entry.size();
+        next = offset.saturating_add(size.saturating_add(511) & !511);
+        let kind = entry.header().entry_type();
+        if kind.is_gnu_sparse() {
+            return Err(WdsError::Sparse {
+                shard: shard.into(),
+                member: path,
+                offset: entry.raw_header_position(),
+            });
+        }
+        last.clone_from(&path);
+        if !kind.is_file() && !kind.is_contiguous() {
+            continue;
+        }
+        let end = offset.saturating_add(size);
+        if end > len {
+            return Err(WdsError::Truncated {
+                shard: shard.into(),
+                member: path,
+                offset,
+                size,
+                missing: end - len,
+            });
+        }
+        members.push(Member { path, offset, size });
+    }
+    Ok(members)
+}
+
+/// WebDataset's split of a member path into `(key, extension)`: the key is the path up to the
+/// first dot of the base name, the extension the rest, lower-cased. `None` when the base name
+/// has no dot or starts with one.
+pub fn split_key(path: &str) -> Option<(&str, String)> {
+    let base_start = path.rfind('/').map_or(0, |i| i + 1);
+    let dot = path[base_start..].find('.')?;
+    if dot == 0 {
+        return None;
+    }
+    let key_end = base_start + dot;
+    Some((&path[..key_end], path[key_end + 1..].to_lowercase()))
+}
+
+/// Where a sample's field lies.
+#[derive(Debug, Clone)]
+struct Part {
+    member: String,
+    offset: u64,
+    size: u64,
+}
+
+/// Why a sample cannot be read.
+#[derive(Debug, Clone)]
+enum Problem {
+    Missing(&'static str),
+    Duplicate {
+        field: &'static str,
+        member: String,
+        offset: u64,
+    },
+}
+
+#[derive(Debug, Clone)]
+struct Sample {
+    shard: u32,
+    key: String,
+    /// Data offset of the first member.
+    offset: u64,
+    parts: Vec<Option<Part>>,
+    problem: Option<Problem>,
+}
+
+#[derive(Debug)]
+struct Shard {
+    path: PathBuf,
+    file: File,
+}
+
+/// An open set of WebDataset shards ([`Source`] of `kind = "webdataset"`).
+#[derive(Debug)]
+pub struct WebDataset {
+    shards: Vec<Shard>,
+    /// Samples per shard.
+    shard_sizes: Vec<u64>,
+    samples: Vec<Sample>,
+    config_fields: Vec<WdsField>,
+    shuffle_buffer: usize,
+    fields: Vec<SourceField>,
+    scratch: Vec<u8>,
+}
+
+fn group(shard: u32, members: Vec<Member>, fields: &[WdsField], out: &mut Vec<Sample>) {
+    let mut current: Option<Sample> = None;
+    let finish = |s: Option<Sample>, out: &mut Vec<Sample>| {
+        if let Some(mut s) = s {
+            if s.problem.is_none() {
+                if let Some(i) = s.parts.iter().position(Option::is_none) {
+                    s.problem = Some(Problem::Missing(fields[i].name()));
+                }
+            }
+            out.push(s);
+        }
+    };
+    for m in members {
+        let Some((key, ext)) = split_key(&m.path) else {
+            continue;
+        };
+        if current.as_ref().is_none_or(|s| s.key != key) {
+            finish(current.take(), out);
+            current = Some(Sample {
+                shard,
+                key: key.to_string(),
+                offset: m.offset,
+                parts: vec![None; fields.len()],
+                problem: None,
+            });
+        }
+        let Some(s) = current.as_mut() else { continue };
+        let Some(i) = fields.iter().position(|f| f.matches(&ext)) else {
+            continue;
+        };
+        if s.parts[i].is_some() {
+            if s.problem.is_none() {
+                s.problem = Some(Problem::Duplicate {
+                    field: fields[i].name(),
+                    member: m.path.clone(),
+                    offset: m.offset,
+                });
+            }
+            continue;
+        }
+        s.parts[i] = Some(Part {
+            member: m.path,
+            offset: m.offset,
+            size: m.size,
+        });
+    }
+    finish(current, out);
+}
+
+/// Seed of rank `rank`'s order in `epoch`.
+fn rank_seed(seed: u64, epoch: u32, rank: u32) -> u64 {
+    mix64(seed ^ mix64((u64::from(epoch) << 32 | u64::from(rank)) ^ 0x7764_7368_7566_666c))
+}
+
+/// The sample ids rank `rank` of `world` streams in `epoch` before the shuffle buffer, for
+/// shards of `shard_sizes` samples (ids numbered in shard order), and the generator that
+/// shuffled them.
+fn rank_stream_rng(
+    shard_sizes: &[u64],
+    seed: u64,
+    epoch: u32,
+    rank: u32,
+    world: u32,
+) -> (Vec<u64>, SplitMix64) {
+    let world = world.max(1);
+    let mut starts = Vec::with_capacity(shard_sizes.len());
+    let mut next = 0u64;
+    for &n in shard_sizes {
+        starts.push(next);
+        next = next.saturating_add(n);
+    }
+    let mut mine: Vec<usize> = (0..shard_sizes.len())
+        .filter(|&i| (i as u64) % u64::from(world) == u64::from(rank))
+        .collect();
+    let mut rng = SplitMix64::new(rank_seed(seed, epoch, rank));
+    for i in (1..mine.len()).rev() {
+        let j = rng.below(i as u64 + 1) as usize;
+        mine.swap(i, j);
+    }
+    let mut stream = Vec::new();
+    for i in mine {
+        stream.extend(starts[i]..starts[i] + shard_sizes[i]);
+    }
+    (stream, rng)
+}
+
+/// The sample ids rank `rank` of `world` streams in `epoch`, before the shuffle buffer (see
+/// the module docs).
+pub fn rank_stream(shard_sizes: &[u64], seed: u64, epoch: u32, rank: u32, world: u32) -> Vec<u64> {
+    rank_stream_rng(shard_sizes, seed, epoch, rank, world).0
+}
+
+/// The sample ids rank `rank` of `world` delivers in `epoch`, for shards of `shard_sizes`
+/// samples, through a shuffle buffer of `buffer` samples (0 or 1: no shuffle buffer). See the
+/// module docs.
+pub fn epoch_order_for(
+    shard_sizes: &[u64],
+    seed: u64,
+    epoch: u32,
+    rank: u32,
+    world: u32,
+    buffer: usize,
+) -> Vec<u64> {
+    let (stream, mut rng) = rank_stream_rng(shard_sizes, seed, epoch, rank, world);
+    if buffer <= 1 {
+        return stream;
+    }
+    let mut out = Vec::with_capacity(stream.len());
+    let mut buf = Vec::with_capacity(buffer.min(stream.len()));
+    for id in stream {
+        buf.push(id);
+        if buf.len() >= buffer {
+            let j = rng.below(buf.len() as u64) as usize;
+            out.push(buf.swap_remove(j));
+        }
+    }
+    while !buf.is_empty() {
+        let j = rng.below(buf.len() as u64) as usize;
+        out.push(buf.swap_remove(j));
+    }
+    out
+}
+
+impl WebDataset {
+    /// Opens and indexes every shard of `config`.
+    pub fn open(config: &WdsConfig) -> Result<WebDataset, WdsError> {
+        if config.shards.is_empty() {
+            return Err(WdsError::Param {
+                key: "shards",
+                problem: "no shards; list at least one tar file".into(),
+            });
+        }
+        if config.fields.is_empty() {
+            return Err(WdsError::Param {
+                key: "fields",
+                problem: "no fields; list some of \"image\", \"cls\", \"json\", \"npy\"".into(),
+            });
+        }
+        for (i, f) in config.fields.iter().enumerate() {
+            if config.fields[..i].contains(f) {
+                return Err(WdsError::Param {
+                    key: "fields",
+                    problem: format!("{:?} is listed twice", f.name()),
+                });
+            }
+        }
+        let mut shards = Vec::with_capacity(config.shards.len());
+        let mut samples = Vec::new();
+        let mut shard_sizes = Vec::with_capacity(config.shards.len());
+        for (i, path) in config.shards.iter().enumerate() {
+            let open_err = |source| WdsError::Open {
+                shard: show(path),
+                source,
+            };
+            let file = File::open(path).map_err(open_err)?;
+            let len = file.metadata().map_err(open_err)?.len();
+            let members = index_tar(&show(path), &file, len)?;
+            let before = samples.len();
+            group(i as u32, members, &config.fields, &mut samples);
+            shard_sizes.push((samples.len() - before) as u64);
+            shards.push(Shard {
+                path: path.clone(),
+                file,
+            });
+        }
+        Ok(WebDataset {
+            shards,
+            shard_sizes,
+            samples,
+            fields: config.fields.iter().map(|f| f.source_field()).collect(),
+            config_fields: config.fields.clone(),
+            shuffle_buffer: config.shuffle_buffer,
+            scratch: Vec::new(),
+        })
+    }
+
+    /// `shuffle_buffer` of the config (the `buffer` to pass [`WebDataset::epoch_order`]).
+    pub fn shuffle_buffer(&self) -> usize {
+        self.shuffle_buffer
+    }
+
+    /// Samples in each shard, in shard order.
+    pub fn shard_sizes(&self) -> &[u64] {
+        &self.shard_sizes
+    }
+
+    /// The ids of the samples that cannot be read (incomplete or with duplicate members), with
+    /// the error reading them gives.
+    pub fn bad_samples(&self) -> Vec<(u64, WdsError)> {
+        self.samples
+            .iter()
+            .enumerate()
+            .filter_map(|(id, s)| self.problem(s).map(|e| (id as u64, e)))
+            .collect()
+    }
+
+    /// Sample `id`'s key (`dir/key` in its shard) and shard index.
+    pub fn key(&self, id: u64) -> Option<(&str, usize)> {
+        let s = self.samples.get(usize::try_from(id).ok()?)?;
+        Some((&s.key, s.shard as usize))
+    }
+
+    /// The sample ids rank `rank` of `world` delivers in `epoch` (see the module docs and
+    /// [`epoch_order_for`]).
+    pub fn epoch_order(
+        &self,
+        seed: u64,
+        epoch: u32,
+        rank: u32,
+        world: u32,
+        buffer: usize,
+    ) -> Vec<u64> {
+        epoch_order_for(&self.shard_sizes, seed, epoch, rank, world, buffer)
+    }
+
+    fn problem(&self, s: &Sample) -> Option<WdsError> {
+        let shard = show(&self.shards[s.shard as usize].path);
+        match s.problem.as_ref()? {
+            Problem::Missing(missing) => Some(WdsError::Incomplete {
+                shard,
+                key: s.key.clone(),
+                offset: s.offset,
+                missing,
+            }),
+            Problem::Duplicate {
+                field,
+                member,
+                offset,
+            } => Some(WdsError::Duplicate {
+                shard,
+                key: s.key.clone(),
+                field,
+                member: member.clone(),
+                offset: *offset,
+            }),
+        }
+    }
+}
+
+impl Source for WebDataset {
+    fn len(&self) -> u64 {
+        self.samples.len() as u64
+    }
+
+    fn fields(&self) -> &[SourceField] {
+        &self.fields
+    }
+
+    fn read(&mut self, _epoch: u32, id: u64, out: &mut [FieldBuf<'_>]) -> Result<(), SourceError> {
+        check_bufs(&self.fields, out)?;
+        let len = self.len();
+        let Some(s) = usize::try_from(id).ok().and_then(|i| self.samples.get(i)) else {
+            return Err(SourceError::OutOfRange { id, len });
+        };
+        if let Some(e) = self.problem(s) {
+            return Err(e.into());
+        }
+        let shard = &self.shards[s.shard as usize];
+        for ((f, part), buf) in self.config_fields.iter().zip(&s.parts).zip(out.iter_mut()) {
+            let Some(part) = part else { continue };
+            let read_err = |len: u64, source| WdsError::Read {
+                shard: show(&shard.path),
+                member: part.member.clone(),
+                offset: part.offset,
+                len,
+                source,
+            };
+            match (f, buf) {
+                (WdsField::Cls, FieldBuf::Fixed(o)) => {
+                    let n = part.size.min(MAX_CLS_BYTES);
+                    self.scratch.resize(n as usize, 0);
+                    pread(&shard.file, &mut self.scratch, part.offset)
+                        .map_err(|e| read_err(n, e))?;
+                    let text = std::str::from_utf8(&self.scratch).unwrap_or("").trim();
+                    let v = (part.size <= MAX_CLS_BYTES)
+                        .then(|| text.parse::<i64>().ok())
+                        .flatten()
+                        .ok_or_else(|| WdsError::Cls {
+                            shard: show(&shard.path),
+                            member: part.member.clone(),
+                            offset: part.offset,
+                            text: String::from_utf8_lossy(&self.scratch).into_owned(),
+                        })?;
+                    o.copy_from_slice(&v.to_le_bytes());
+                }
+                (_, FieldBuf::Bytes(v)) => {
+                    v.clear();
+                    v.resize(part.size as usize, 0);
+                    pread(&shard.file, v, part.offset).map_err(|e| read_err(part.size, e))?;
+                }
+                _ => {} // check_bufs matched the fields
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,314 @@
+//! WebDataset shards: written with the `tar` crate and with Python's `tarfile`, read back
+//! member for member; bad samples; truncated shards; the per-rank epoch order (proptest).
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use common::{read, run_python};
+use pinring_sources::webdataset::{epoch_order_for, rank_stream, split_key, WdsField};
+use pinring_sources::{Source, SourceConfig, SourceError, WdsConfig, WdsError, WebDataset};
+use proptest::prelude::*;
+
+/// Deterministic content of member `name`.
+fn content(name: &str) -> Vec<u8> {
+    let n = name.bytes().map(usize::from).sum::<usize>() % 1500 + 1;
+    (0..n).map(|i| (i * 31 + name.len()) as u8).collect()
+}
+
+fn write_tar(path: &Path, members: &[(String, Vec<u8>)]) {
+    let mut b = tar::Builder::new(std::fs::File::create(path).unwrap());
+    for (name, data) in members {
+        let mut h = tar::Header::new_gnu();
+        h.set_size(data.len() as u64);
+        h.set_mode(0o644);
+        h.set_cksum();
+        b.append_data(&mut h, name, data.as_slice()).unwrap();
+    }
+    b.into_inner().unwrap();
+}
+
+fn cfg(shards: Vec<PathBuf>, fields: Vec<WdsField>) -> WdsConfig {
+    WdsConfig {
+        shards,
+        fields,
+        shuffle_buffer: 8,
+    }
+}
+
+/// A shard of samples `keys`, each with `.jpg` (or `.png` for odd ones), `.cls` and `.json`.
+fn sample_members(keys: &[String]) -> Vec<(String, Vec<u8>)> {
+    let mut m = Vec::new();
+    for (i, k) in keys.iter().enumerate() {
+        let img = if i % 2 == 0 {
+            format!("{k}.jpg")
+        } else {
+            format!("{k}.PNG")
+        };
+        m.push((img.clone(), content(&img)));
+        m.push((format!("{k}.cls"), format!(" {}\n", i * 7).into_bytes()));
+        m.push((format!("{k}.json"), content(&format!("{k}.json"))));
+    }
+    m
+}
+
+#[test]
+fn tar_crate_shards_read_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut shards = Vec::new();
+    let mut expect = Vec::new();
+    for s in 0..3 {
+        let keys: Vec<String> = (0..4 + s).map(|i| format!("train/s{s}/{i:06}")).collect();
+        let p = dir.path().join(format!("shard-{s}.tar"));
+        let mut members = sample_members(&keys);
+        // A member with no dot, a directory-like name and an unrequested extension: skipped.
+        members.insert(0, ("README".into(), b"hello".to_vec()));
+        members.push((format!("{}.txt", keys[keys.len() - 1]), b"x".to_vec()));
+        write_tar(&p, &members);
+        for (i, k) in keys.iter().enumerate() {
+            let img = if i % 2 == 0 {
+                format!("{k}.jpg")
+            } else {
+                format!("{k}.PNG")
+            };
+            expect.push((
+                k.clone(),
+                content(&img),
+                (i * 7) as i64,
+                content(&format!("{k}.json")),
+            ));
+        }
+        shards.push(p);
+    }
+    let mut src = WebDataset::open(&cfg(
+        shards,
+        vec![WdsField::Image, WdsField::Cls, WdsField::Json],
+    ))
+    .unwrap();
+    assert_eq!(src.len(), expect.len() as u64);
+    assert_eq!(src.shard_sizes(), &[4, 5, 6]);
+    assert!(src.bad_samples().is_empty());
+    let names: Vec<&str> = src.fields().iter().map(|f| f.name()).collect();
+    assert_eq!(names, ["images", "labels", "json"]);
+    for (id, (key, img, label, json)) in expect.iter().enumerate() {
+        assert_eq!(src.key(id as u64).unwrap().0, key);
+        let got = read(&mut src, 0, id as u64).unwrap();
+        assert_eq!(&got[0], img, "image of {key}");
+        assert_eq!(got[1], label.to_le_bytes(), "label of {key}");
+        assert_eq!(&got[2], json, "json of {key}");
+    }
+}
+
+#[test]
+fn python_tarfile_shards_read_back() {
+    let Some(py) = common::python("python_tarfile_shards_read_back") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    // GNU and PAX archives, with paths longer than ustar's 100 bytes and keys with dots in
+    // directory names.
+    let out = run_python(
+        &py,
+        r#"
+import tarfile, io, sys, os
+d = sys.argv[1]
+def content(name):
+    n = sum(name.encode()) % 1500 + 1
+    return bytes(((i * 31 + len(name.encode())) % 256) for i in range(n))
+for fmt, fname in [(tarfile.GNU_FORMAT, 'gnu.tar'), (tarfile.PAX_FORMAT, 'pax.tar'), (tarfile.USTAR_FORMAT, 'ustar.tar')]:
+    with tarfile.open(os.path.join(d, fname), 'w', format=fmt) as t:
+        for i in range(5):
+            long = 'x' * 120 if fmt != tarfile.USTAR_FORMAT else 'short'
+            key = f'v1.2/{long}/sample{i:04d}'
+            for ext, data in [('jpeg', content(f'{key}.jpeg')), ('cls', f'{i + 100}'.encode())]:
+                info = tarfile.TarInfo(f'{key}.{ext}')
+                info.size = len(data)
+                t.addfile(info, io.BytesIO(data))
+            print(key)
+"#,
+        &[dir.path()],
+    );
+    let keys: Vec<&str> = out.lines().collect();
+    let shards = ["gnu.tar", "pax.tar", "ustar.tar"]
+        .map(|n| dir.path().join(n))
+        .to_vec();
+    let mut src = WebDataset::open(&cfg(shards, vec![WdsField::Image, WdsField::Cls])).unwrap();
+    assert_eq!(src.len(), 15);
+    for (id, key) in keys.iter().enumerate() {
+        assert_eq!(src.key(id as u64).unwrap().0, *key);
+        let got = read(&mut src, 0, id as u64).unwrap();
+        assert_eq!(got[0], content(&format!("{key}.jpeg")));
+        assert_eq!(got[1], (id as i64 % 5 + 100).to_le_bytes());
+    }
+}
+
+#[test]
+fn bad_samples_are_typed_per_sample_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("bad.tar");
+    let members: Vec<(String, Vec<u8>)> = vec![
+        ("a.jpg".into(), b"A".to_vec()),
+        ("a.cls".into(), b"1".to_vec()),
+        ("b.jpg".into(), b"B".to_vec()), // no .cls
+        ("c.jpg".into(), b"C".to_vec()),
+        ("c.png".into(), b"C2".to_vec()), // two images
+        ("c.cls".into(), b"2".to_vec()),
+        ("d.cls".into(), b"3".to_vec()), // no image
+        ("e.jpg".into(), b"E".to_vec()),
+        ("e.cls".into(), b"seven".to_vec()), // not an integer
+        ("f.jpg".into(), b"F".to_vec()),
+        ("f.cls".into(), b"-4".to_vec()),
+    ];
+    write_tar(&p, &members);
+    let mut src = WebDataset::open(&cfg(vec![p], vec![WdsField::Image, WdsField::Cls])).unwrap();
+    assert_eq!(src.len(), 6);
+    let bad: Vec<u64> = src.bad_samples().iter().map(|(id, _)| *id).collect();
+    assert_eq!(bad, [1, 2, 3]);
+    assert_eq!(read(&mut src, 0, 0).unwrap()[1], 1i64.to_le_bytes());
+    let e = read(&mut src, 0, 1).unwrap_err();
+    assert!(
+        matches!(&e, SourceError::WebDataset(WdsError::Incomplete { key, missing: "cls", .. }) if key == "b"),
+        "{e}"
+    );
+    assert!(e.to_string().contains("bad.tar"), "{e}");
+    let e = read(&mut src, 0, 2).unwrap_err();
+    assert!(
+        matches!(&e, SourceError::WebDataset(WdsError::Duplicate { member, .. }) if member == "c.png"),
+        "{e}"
+    );
+    let e = read(&mut src, 0, 3).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            SourceError::WebDataset(WdsError::Incomplete {
+                missing: "image",
+                ..
+            })
+        ),
+        "{e}"
+    );
+    let e = read(&mut src, 0, 4).unwrap_err();
+    assert!(
+        matches!(&e, SourceError::WebDataset(WdsError::Cls { member, text, .. }) if member == "e.cls" && text == "seven"),
+        "{e}"
+    );
+    assert_eq!(read(&mut src, 0, 5).unwrap()[1], (-4i64).to_le_bytes());
+    assert!(matches!(
+        read(&mut src, 0, 6).unwrap_err(),
+        SourceError::OutOfRange { id: 6, len: 6 }
+    ));
+}
+
+#[test]
+fn truncated_and_missing_shards_fail_the_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("full.tar");
+    let keys: Vec<String> = (0..3).map(|i| format!("k{i}")).collect();
+    write_tar(&p, &sample_members(&keys));
+    let full = std::fs::read(&p).unwrap();
+    // Every cut: the open fails with a typed error or succeeds on the members that are whole.
+    for cut in (0..full.len()).step_by(97) {
+        let t = dir.path().join("cut.tar");
+        std::fs::write(&t, &full[..cut]).unwrap();
+        match WebDataset::open(&cfg(vec![t], vec![WdsField::Image, WdsField::Cls])) {
+            Ok(src) => assert!(src.len() <= 3),
+            Err(e) => {
+                assert!(
+                    matches!(e, WdsError::Truncated { .. } | WdsError::Corrupt { .. }),
+                    "{e}"
+                );
+                assert!(e.to_string().contains("cut.tar"), "{e}");
+            }
+        }
+    }
+    // Cut inside the first member's data: Truncated, naming the member and offset.
+    let t = dir.path().join("cut.tar");
+    std::fs::write(&t, &full[..512 + 10]).unwrap();
+    let e = WebDataset::open(&cfg(vec![t], vec![WdsField::Image])).unwrap_err();
+    assert!(
+        matches!(&e, WdsError::Truncated { member, offset: 512, .. } if member == "k0.jpg"),
+        "{e}"
+    );
+    let e = WebDataset::open(&cfg(
+        vec![dir.path().join("nope.tar")],
+        vec![WdsField::Image],
+    ))
+    .unwrap_err();
+    assert!(matches!(e, WdsError::Open { .. }) && e.to_string().contains("nope.tar"));
+}
+
+#[test]
+fn opens_from_toml_and_splits_keys_as_webdataset() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("s.tar");
+    write_tar(&p, &sample_members(&["x".into(), "y".into()]));
+    let text = format!("kind = \"webdataset\"\nshards = [{p:?}]\nfields = [\"cls\"]\n");
+    let SourceConfig::WebDataset(c) = toml::from_str::<SourceConfig>(&text).unwrap() else {
+        panic!("not a webdataset section")
+    };
+    assert_eq!(c.shuffle_buffer, 1000);
+    assert_eq!(c.fields, [WdsField::Cls]);
+    let src = SourceConfig::WebDataset(c).open().unwrap();
+    assert_eq!(src.len(), 2);
+    assert_eq!(
+        split_key("a/b.c/key.seg.PNG"),
+        Some(("a/b.c/key", "seg.png".to_string()))
+    );
+    assert_eq!(split_key("dir/.hidden"), None);
+    assert_eq!(split_key("noext"), None);
+}
+
+#[test]
+fn epoch_order_examples() {
+    // Shards of 3, 2, 4 samples: ids 0..3, 3..5, 5..9. World 2: rank 0 has shards 0 and 2.
+    let sizes = [3u64, 2, 4];
+    let r0: BTreeSet<u64> = rank_stream(&sizes, 1, 0, 0, 2).into_iter().collect();
+    assert_eq!(r0, [0, 1, 2, 5, 6, 7, 8].into_iter().collect());
+    assert_eq!(rank_stream(&sizes, 1, 0, 1, 2), vec![3, 4]);
+    // Without a buffer the stream keeps each shard's member order.
+    let s = epoch_order_for(&sizes, 1, 0, 0, 1, 0);
+    for w in [0u64, 3, 5] {
+        let i = s.iter().position(|&x| x == w).unwrap();
+        assert_eq!(s[i + 1], w + 1);
+    }
+    // Different epochs or seeds give different orders (with overwhelming probability).
+    let big = [50u64; 8];
+    let a = epoch_order_for(&big, 1, 0, 0, 1, 16);
+    assert_ne!(a, epoch_order_for(&big, 1, 1, 0, 1, 16));
+    assert_ne!(a, epoch_order_for(&big, 2, 0, 0, 1, 16));
+    assert_eq!(a, epoch_order_for(&big, 1, 0, 0, 1, 16));
+    // More ranks than shards: the extra ranks get nothing.
+    assert!(epoch_order_for(&[5], 0, 0, 1, 2, 4).is_empty());
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    #[test]
+    fn rank_orders_are_disjoint_cover_and_bounded(
+        sizes in proptest::collection::vec(0u64..40, 0..12),
+        world in 1u32..6,
+        buffer in 0usize..50,
+        seed in any::<u64>(),
+        epoch in 0u32..1000,
+    ) {
+        let total: u64 = sizes.iter().sum();
+        let mut seen = vec![false; total as usize];
+        for rank in 0..world {
+            let order = epoch_order_for(&sizes, seed, epoch, rank, world, buffer);
+            prop_assert_eq!(&order, &epoch_order_for(&sizes, seed, epoch, rank, world, buffer));
+            let stream = rank_stream(&sizes, seed, epoch, rank, world);
+            prop_assert_eq!(order.len(), stream.len());
+            for (q, &id) in order.iter().enumerate() {
+                prop_assert!(id < total);
+                prop_assert!(!seen[id as usize], "id {} delivered twice", id);
+                seen[id as usize] = true;
+                // Never more than buffer - 1 places ahead of its streaming position.
+                let p = stream.iter().position(|&x| x == id).unwrap();
+                prop_assert!(q + buffer.max(1) > p, "id {} at {} streamed at {}", id, q, p);
+            }
+        }
+        prop_assert!(seen.iter().all(|&s| s), "every sample is delivered");
+    }
+}
