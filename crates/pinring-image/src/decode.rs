@@ -441,3 +441,228 @@ fn gray_to_rgb(gray: &[u8], rgb: &mut [u8]) {
         o.fill(g);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::synth;
+    use crate::testutil::{jpeg, mae, png, png_with};
+    use jpeg_encoder::ColorType as J;
+    use png::{BitDepth, ColorType as P};
+    use proptest::prelude::*;
+
+    const W: u32 = 37;
+    const H: u32 = 23;
+
+    fn decode_all(data: &[u8]) -> (u32, u32, Vec<u8>) {
+        let mut d = Decoder::new();
+        let img = d.decode(data, 1).expect("decode");
+        (img.width, img.height, img.rgb.to_vec())
+    }
+
+    #[test]
+    fn sniffs_magic_bytes_not_names() {
+        let rgb = synth::photo(W, H, 1, 0);
+        assert_eq!(sniff(&jpeg(&rgb, W, H, J::Rgb, 90, true)), Ok(Format::Jpeg));
+        assert_eq!(
+            sniff(&png(&rgb, W, H, P::Rgb, BitDepth::Eight)),
+            Ok(Format::Png)
+        );
+        assert_eq!(sniff(b""), Err(ImageError::Empty));
+        let e = Decoder::new().decode(b"GIF89a....", 1).unwrap_err();
+        assert!(e.to_string().contains("47 49 46 38 39 61 2e 2e"), "{e}");
+    }
+
+    #[test]
+    fn png_rgb_is_exact() {
+        let rgb = synth::photo(W, H, 2, 20);
+        let (w, h, out) = decode_all(&png(&rgb, W, H, P::Rgb, BitDepth::Eight));
+        assert_eq!((w, h), (W, H));
+        assert_eq!(out, rgb);
+    }
+
+    #[test]
+    fn png_other_colour_types_become_rgb() {
+        let rgb = synth::photo(W, H, 3, 20);
+        let n = (W * H) as usize;
+        let gray: Vec<u8> = rgb.iter().step_by(3).copied().collect();
+        let gray3: Vec<u8> = gray.iter().flat_map(|&g| [g, g, g]).collect();
+        // Grayscale: replicated.
+        assert_eq!(
+            decode_all(&png(&gray, W, H, P::Grayscale, BitDepth::Eight)).2,
+            gray3
+        );
+        // Gray + alpha: alpha dropped.
+        let ga: Vec<u8> = gray.iter().flat_map(|&g| [g, 7]).collect();
+        assert_eq!(
+            decode_all(&png(&ga, W, H, P::GrayscaleAlpha, BitDepth::Eight)).2,
+            gray3
+        );
+        // RGBA: alpha dropped, not composited.
+        let rgba: Vec<u8> = rgb.chunks(3).flat_map(|p| [p[0], p[1], p[2], 0]).collect();
+        assert_eq!(
+            decode_all(&png(&rgba, W, H, P::Rgba, BitDepth::Eight)).2,
+            rgb
+        );
+        // 16-bit: the high byte.
+        let rgb16: Vec<u8> = rgb.iter().flat_map(|&v| [v, 0x5a]).collect();
+        assert_eq!(
+            decode_all(&png(&rgb16, W, H, P::Rgb, BitDepth::Sixteen)).2,
+            rgb
+        );
+        // Palette: expanded.
+        let palette = [10, 20, 30, 40, 50, 60];
+        let idx: Vec<u8> = (0..n).map(|i| (i % 2) as u8).collect();
+        let want: Vec<u8> = idx
+            .iter()
+            .flat_map(|&i| palette[i as usize * 3..][..3].to_vec())
+            .collect();
+        let file = png_with(&idx, W, H, P::Indexed, BitDepth::Eight, Some(&palette));
+        assert_eq!(decode_all(&file).2, want);
+    }
+
+    /// JPEG tolerance: mean absolute error against the encoder's input, per channel byte.
+    /// Quality 95 without chroma subsampling: below 2; quality 90 with 4:2:0: below 4.
+    #[test]
+    fn jpeg_is_close_to_the_encoder_input() {
+        let rgb = synth::photo(64, 48, 4, 3);
+        let (w, h, out) = decode_all(&jpeg(&rgb, 64, 48, J::Rgb, 95, false));
+        assert_eq!((w, h), (64, 48));
+        let e = mae(&out, &rgb);
+        assert!(e < 2.0, "{e}");
+        let (_, _, out) = decode_all(&jpeg(&rgb, 64, 48, J::Rgb, 90, true));
+        let e = mae(&out, &rgb);
+        assert!(e < 4.0, "{e}");
+    }
+
+    #[test]
+    fn jpeg_grayscale_and_cmyk_become_rgb() {
+        let rgb = synth::photo(64, 48, 5, 0);
+        let gray: Vec<u8> = rgb.iter().step_by(3).copied().collect();
+        let (_, _, out) = decode_all(&jpeg(&gray, 64, 48, J::Luma, 95, false));
+        assert!(out.chunks(3).all(|p| p[0] == p[1] && p[1] == p[2]));
+        let gray3: Vec<u8> = gray.iter().flat_map(|&g| [g, g, g]).collect();
+        assert!(mae(&out, &gray3) < 2.0);
+        // CMYK with K = 0 and C, M, Y = 255 - R, G, B: RGB comes back.
+        let cmyk: Vec<u8> = rgb
+            .chunks(3)
+            .flat_map(|p| [255 - p[0], 255 - p[1], 255 - p[2], 0])
+            .collect();
+        let (_, _, out) = decode_all(&jpeg(&cmyk, 64, 48, J::Cmyk, 95, false));
+        let e = mae(&out, &rgb);
+        assert!(e < 3.0, "{e}");
+    }
+
+    #[test]
+    fn reduced_decode_gives_a_smaller_image_of_the_same_picture() {
+        let (w, h) = (128u32, 96u32);
+        let rgb = synth::photo(w, h, 6, 0);
+        let file = jpeg(&rgb, w, h, J::Rgb, 95, false);
+        let mut d = Decoder::new();
+        let img = d.decode(&file, 4).expect("decode");
+        assert_eq!(
+            (img.width, img.height, img.full_width, img.full_height),
+            (32, 24, w, h)
+        );
+        // Compare with 4x4 box averages of the input.
+        let mut boxed = Vec::new();
+        for y in 0..24usize {
+            for x in 0..32usize {
+                for c in 0..3 {
+                    let mut s = 0u32;
+                    for dy in 0..4 {
+                        for dx in 0..4 {
+                            s += rgb[((y * 4 + dy) * w as usize + x * 4 + dx) * 3 + c] as u32;
+                        }
+                    }
+                    boxed.push((s / 16) as u8);
+                }
+            }
+        }
+        let e = mae(img.rgb, &boxed);
+        assert!(e < 3.0, "{e}");
+        // Reduction 1 is a full decode.
+        assert_eq!(d.decode(&file, 1).unwrap().width, w);
+    }
+
+    #[test]
+    fn refuses_images_over_the_pixel_limit() {
+        let rgb = synth::photo(W, H, 7, 0);
+        for file in [
+            jpeg(&rgb, W, H, J::Rgb, 90, true),
+            png(&rgb, W, H, P::Rgb, BitDepth::Eight),
+        ] {
+            let mut d = Decoder::new().with_max_pixels(100);
+            let e = d.decode(&file, 1).unwrap_err();
+            assert!(matches!(e, ImageError::TooLarge { .. }), "{e}");
+            assert!(matches!(d.info(&file), Err(ImageError::TooLarge { .. })));
+            assert_eq!(Decoder::new().info(&file).unwrap().width, W);
+        }
+    }
+
+    #[test]
+    fn truncated_jpeg_is_an_error_or_a_padded_image() {
+        let rgb = synth::photo(64, 48, 8, 3);
+        let file = jpeg(&rgb, 64, 48, J::Rgb, 90, true);
+        let mut d = Decoder::new();
+        match d.decode(&file[..file.len() / 2], 1) {
+            Ok(img) => assert_eq!(img.rgb.len(), 64 * 48 * 3),
+            Err(e) => assert!(e.to_string().starts_with("corrupt JPEG"), "{e}"),
+        }
+        let e = d.decode(&file[..100], 1).unwrap_err();
+        assert!(e.to_string().contains("re-encode it or drop it"), "{e}");
+    }
+
+    fn samples() -> Vec<Vec<u8>> {
+        let rgb = synth::photo(24, 16, 9, 10);
+        let gray: Vec<u8> = rgb.iter().step_by(3).copied().collect();
+        vec![
+            jpeg(&rgb, 24, 16, J::Rgb, 90, true),
+            jpeg(&rgb, 24, 16, J::Rgb, 80, false),
+            jpeg(&gray, 24, 16, J::Luma, 90, false),
+            png(&rgb, 24, 16, P::Rgb, BitDepth::Eight),
+            png(&gray, 24, 16, P::Grayscale, BitDepth::Eight),
+        ]
+    }
+
+    /// Decodes with every reduction; fails on a panic inside a decoder crate (which
+    /// [`guarded`] would have turned into an error).
+    fn no_panic(data: &[u8]) -> Result<(), TestCaseError> {
+        let mut d = Decoder::new().with_max_pixels(1 << 20);
+        for r in [1, 4] {
+            if let Err(ImageError::Corrupt { detail, .. }) = d.decode(data, r) {
+                prop_assert!(!detail.starts_with("the decoder failed on it"), "{detail}");
+            }
+        }
+        let _ = d.info(data);
+        Ok(())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 500, ..ProptestConfig::default() })]
+
+        #[test]
+        fn random_bytes_never_panic(prefix in 0usize..3, body in proptest::collection::vec(any::<u8>(), 0..600)) {
+            let heads: [&[u8]; 3] = [b"", &[0xff, 0xd8, 0xff], &[0x89, b'P', b'N', b'G', 0x0d, 0x0a, 0x1a, 0x0a]];
+            let mut data = heads[prefix].to_vec();
+            data.extend(body);
+            no_panic(&data)?;
+        }
+
+        #[test]
+        fn truncated_files_never_panic(which in 0usize..5, cut in 0.0f64..1.0) {
+            let file = &samples()[which];
+            no_panic(&file[..(file.len() as f64 * cut) as usize])?;
+        }
+
+        #[test]
+        fn bit_flipped_files_never_panic(which in 0usize..5, flips in proptest::collection::vec((0.0f64..1.0, 0u8..8), 1..6)) {
+            let mut file = samples()[which].clone();
+            for (at, bit) in flips {
+                let i = ((file.len() as f64 * at) as usize).min(file.len() - 1);
+                file[i] ^= 1 << bit;
+            }
+            no_panic(&file)?;
+        }
+    }
+}

@@ -16,6 +16,9 @@ pub mod pipeline;
 pub mod synth;
 pub mod transform;
 
+#[cfg(test)]
+mod testutil;
+
 pub use decode::{sniff, DecodedImage, Decoder, Format, ImageInfo};
 pub use error::ImageError;
 pub use pipeline::{
