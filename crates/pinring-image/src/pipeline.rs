@@ -433,3 +433,323 @@ fn write_planes<const E: usize>(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::synth;
+    use crate::testutil::{jpeg, png};
+    use png::{BitDepth, ColorType as P};
+    use proptest::prelude::*;
+
+    fn png_of(rgb: &[u8], w: u32, h: u32) -> Vec<u8> {
+        png(rgb, w, h, P::Rgb, BitDepth::Eight)
+    }
+
+    fn run(spec: SampleSpec, file: &[u8], key: SampleKey) -> (Vec<u8>, Applied) {
+        let mut p = Pipeline::new(spec).expect("spec");
+        let mut out = vec![0xee; spec.sample_bytes()];
+        let applied = p.process(file, key, &mut out).expect("process");
+        (out, applied)
+    }
+
+    fn crop_of(rgb: &[u8], w: usize, left: usize, top: usize, side: usize) -> Vec<u8> {
+        (top..top + side)
+            .flat_map(|y| rgb[(y * w + left) * 3..(y * w + left + side) * 3].to_vec())
+            .collect()
+    }
+
+    const U8: Output = Output::U8Hwc;
+
+    #[test]
+    fn center_crop_of_a_known_image_gives_the_known_pixels() {
+        // Shorter side = resize: no scaling, so the crop is an exact copy.
+        for (w, h, left, top) in [
+            (256usize, 256usize, 16, 16),
+            (512, 256, 144, 16),
+            (256, 300, 16, 38),
+        ] {
+            let rgb = synth::photo(w as u32, h as u32, 1, 30);
+            let spec = SampleSpec {
+                transform: Transform::EVAL_DEFAULT,
+                output: U8,
+                reduced_decode: true,
+            };
+            let (out, a) = run(
+                spec,
+                &png_of(&rgb, w as u32, h as u32),
+                SampleKey::default(),
+            );
+            assert_eq!(out, crop_of(&rgb, w, left, top, 224), "{w}x{h}");
+            assert!(!a.flipped);
+            assert_eq!(a.reduction, 1);
+        }
+    }
+
+    #[test]
+    fn flip_mirrors_the_sample_exactly() {
+        let rgb = synth::photo(300, 200, 2, 30);
+        let file = png_of(&rgb, 300, 200);
+        let t = |flip_p| Transform::Train {
+            crop: 64,
+            scale: (0.08, 1.0),
+            ratio: (0.75, 4.0 / 3.0),
+            flip_p,
+        };
+        let key = SampleKey {
+            seed: 3,
+            epoch: 1,
+            sample_id: 9,
+        };
+        let (plain, a) = run(
+            SampleSpec {
+                transform: t(0.0),
+                output: U8,
+                reduced_decode: false,
+            },
+            &file,
+            key,
+        );
+        let (flipped, b) = run(
+            SampleSpec {
+                transform: t(1.0),
+                output: U8,
+                reduced_decode: false,
+            },
+            &file,
+            key,
+        );
+        assert_eq!(a.crop, b.crop);
+        assert!(!a.flipped && b.flipped);
+        let mut back = flipped.clone();
+        crate::transform::flip_horizontal(&mut back, 64);
+        assert_eq!(back, plain);
+        // The same flip in the normalised output.
+        let o = Output::Normalized {
+            dtype: Dtype::F32,
+            mean: [0.0; 3],
+            std: [1.0; 3],
+        };
+        let (f32s, _) = run(
+            SampleSpec {
+                transform: t(1.0),
+                output: o,
+                reduced_decode: false,
+            },
+            &file,
+            key,
+        );
+        for (i, e) in f32s.chunks_exact(4).enumerate() {
+            let (c, y, x) = (i / (64 * 64), (i / 64) % 64, i % 64);
+            let v = f32::from_le_bytes(e.try_into().unwrap());
+            assert_eq!(v, flipped[(y * 64 + x) * 3 + c] as f32 / 255.0);
+        }
+    }
+
+    #[test]
+    fn train_is_reproducible_per_key_and_differs_across_epochs() {
+        let rgb = synth::photo(500, 375, 3, 10);
+        let file = jpeg(&rgb, 500, 375, jpeg_encoder::ColorType::Rgb, 90, true);
+        let spec = SampleSpec {
+            transform: Transform::TRAIN_DEFAULT,
+            output: Output::imagenet(Dtype::Bf16),
+            reduced_decode: true,
+        };
+        let key = SampleKey {
+            seed: 42,
+            epoch: 0,
+            sample_id: 1234,
+        };
+        let (a, pa) = run(spec, &file, key);
+        let (b, pb) = run(spec, &file, key);
+        assert_eq!(a, b);
+        assert_eq!(pa, pb);
+        let (c, pc) = run(spec, &file, SampleKey { epoch: 1, ..key });
+        assert_ne!(a, c);
+        assert_ne!(pa.crop, pc.crop);
+    }
+
+    #[test]
+    fn normalisation_values_are_exact_for_known_pixels() {
+        // 224x224 with resize 224: the identity, so each output element comes from one pixel.
+        let (w, h) = (224usize, 224usize);
+        let rgb: Vec<u8> = (0..w * h)
+            .flat_map(|i| [(i % 256) as u8, (i / 224) as u8, (255 - i % 256) as u8])
+            .collect();
+        let file = png_of(&rgb, w as u32, h as u32);
+        let transform = Transform::Eval {
+            resize: 224,
+            crop: 224,
+        };
+        for dtype in [Dtype::F32, Dtype::F16, Dtype::Bf16] {
+            let spec = SampleSpec {
+                transform,
+                output: Output::imagenet(dtype),
+                reduced_decode: false,
+            };
+            assert_eq!(spec.shape(), [3, 224, 224]);
+            assert_eq!(spec.sample_bytes(), 3 * 224 * 224 * dtype.size_of());
+            let (out, _) = run(spec, &file, SampleKey::default());
+            for (i, e) in out.chunks_exact(dtype.size_of()).enumerate() {
+                let (c, p) = (i / (w * h), i % (w * h));
+                let x = (rgb[p * 3 + c] as f32 / 255.0 - IMAGENET_MEAN[c]) / IMAGENET_STD[c];
+                let got = match dtype {
+                    Dtype::F32 => f32::from_le_bytes(e.try_into().unwrap()).to_bits(),
+                    Dtype::F16 => u16::from_le_bytes(e.try_into().unwrap()) as u32,
+                    _ => u16::from_le_bytes(e.try_into().unwrap()) as u32,
+                };
+                let want = match dtype {
+                    Dtype::F32 => x.to_bits(),
+                    Dtype::F16 => half::f16::from_f32(x).to_bits() as u32,
+                    _ => half::bf16::from_f32(x).to_bits() as u32,
+                };
+                assert_eq!(got, want, "{dtype} element {i}");
+            }
+        }
+        // A known value: 255 in channel 0 is (1 - 0.485) / 0.229.
+        let spec = SampleSpec {
+            transform,
+            output: Output::imagenet(Dtype::F32),
+            reduced_decode: false,
+        };
+        let white = png_of(&vec![255u8; w * h * 3], w as u32, h as u32);
+        let (out, _) = run(spec, &white, SampleKey::default());
+        assert_eq!(
+            f32::from_le_bytes(out[..4].try_into().unwrap()),
+            (1.0f32 - 0.485) / 0.229
+        );
+    }
+
+    #[test]
+    fn u8_output_is_the_resampled_pixels_hwc() {
+        let rgb = synth::photo(224, 224, 4, 30);
+        let spec = SampleSpec {
+            transform: Transform::Eval {
+                resize: 224,
+                crop: 224,
+            },
+            output: U8,
+            reduced_decode: false,
+        };
+        assert_eq!(spec.shape(), [224, 224, 3]);
+        assert_eq!(
+            run(spec, &png_of(&rgb, 224, 224), SampleKey::default()).0,
+            rgb
+        );
+    }
+
+    #[test]
+    fn reduced_decode_when_the_crop_allows_it() {
+        let (w, h) = (1400u32, 1100u32); // shorter side 1100 = 4.3 x 256
+        let rgb = synth::photo(w, h, 5, 0);
+        let file = jpeg(&rgb, w, h, jpeg_encoder::ColorType::Rgb, 95, false);
+        let spec = |reduced_decode| SampleSpec {
+            transform: Transform::EVAL_DEFAULT,
+            output: U8,
+            reduced_decode,
+        };
+        let (full, a) = run(spec(false), &file, SampleKey::default());
+        let (fast, b) = run(spec(true), &file, SampleKey::default());
+        assert_eq!((a.reduction, b.reduction), (1, 4));
+        let e = crate::testutil::mae(&full, &fast);
+        assert!(e < 2.0, "{e}");
+    }
+
+    #[test]
+    fn wrong_buffer_size_and_bad_specs_are_refused() {
+        let rgb = synth::photo(64, 64, 6, 0);
+        let spec = SampleSpec {
+            transform: Transform::EVAL_DEFAULT,
+            output: U8,
+            reduced_decode: true,
+        };
+        let mut p = Pipeline::new(spec).unwrap();
+        let e = p
+            .process(&png_of(&rgb, 64, 64), SampleKey::default(), &mut [0u8; 10])
+            .unwrap_err();
+        assert!(e.to_string().contains("sample_bytes"), "{e}");
+        for bad in [
+            SampleSpec {
+                output: Output::imagenet(Dtype::I32),
+                ..spec
+            },
+            SampleSpec {
+                transform: Transform::Eval {
+                    resize: 100,
+                    crop: 224,
+                },
+                ..spec
+            },
+            SampleSpec {
+                transform: Transform::Train {
+                    crop: 224,
+                    scale: (0.5, 0.1),
+                    ratio: (0.75, 1.3),
+                    flip_p: 0.5,
+                },
+                ..spec
+            },
+            SampleSpec {
+                output: Output::Normalized {
+                    dtype: Dtype::F32,
+                    mean: [0.0; 3],
+                    std: [1.0, 0.0, 1.0],
+                },
+                ..spec
+            },
+        ] {
+            assert!(
+                matches!(Pipeline::new(bad), Err(ImageError::Spec(_))),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn tiny_and_odd_images_work() {
+        for (w, h) in [(1u32, 1u32), (1, 300), (300, 1), (3, 2)] {
+            let rgb = synth::photo(w, h, 7, 5);
+            for transform in [Transform::EVAL_DEFAULT, Transform::TRAIN_DEFAULT] {
+                let spec = SampleSpec {
+                    transform,
+                    output: Output::imagenet(Dtype::F16),
+                    reduced_decode: true,
+                };
+                for file in [
+                    png_of(&rgb, w, h),
+                    jpeg(&rgb, w, h, jpeg_encoder::ColorType::Rgb, 90, true),
+                ] {
+                    let (_, a) = run(
+                        spec,
+                        &file,
+                        SampleKey {
+                            seed: 1,
+                            epoch: 2,
+                            sample_id: 3,
+                        },
+                    );
+                    assert_eq!((a.width, a.height), (w, h));
+                }
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+        /// The whole pipeline on damaged files: an error or a sample, never a panic.
+        #[test]
+        fn damaged_files_never_panic(cut in 0.0f64..1.0, flip_at in 0.0f64..1.0, bit in 0u8..8, id: u64) {
+            let rgb = synth::photo(40, 30, 8, 10);
+            for mut file in [png_of(&rgb, 40, 30), jpeg(&rgb, 40, 30, jpeg_encoder::ColorType::Rgb, 90, true)] {
+                let i = ((file.len() as f64 * flip_at) as usize).min(file.len() - 1);
+                file[i] ^= 1 << bit;
+                file.truncate(((file.len() as f64 * cut) as usize).max(1));
+                let spec = SampleSpec { transform: Transform::TRAIN_DEFAULT, output: Output::imagenet(Dtype::F32), reduced_decode: true };
+                let mut p = Pipeline::new(spec).unwrap();
+                let mut out = vec![0u8; spec.sample_bytes()];
+                let _ = p.process(&file, SampleKey { seed: 0, epoch: 0, sample_id: id }, &mut out);
+            }
+        }
+    }
+}
