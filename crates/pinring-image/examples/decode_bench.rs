@@ -5,15 +5,16 @@
 //! ```
 //!
 //! Writes 8 JPEGs of 500×375 (smooth gradients + noise, quality 90, 4:2:0) into DIR
-//! (default `target/decode_bench`), then in each of 3 rounds times PIL on them in a `python3`
-//! child and each Rust candidate, on one thread, for SECONDS (default 1) per task; prints the
-//! best round's images/s and the ratio to PIL's best round. Then the same for 2000×1500
+//! (default `target/decode_bench`), then in each of 5 rounds times each Rust candidate, on
+//! one thread, for SECONDS (default 1), right after timing PIL (in a `python3` child) on the
+//! same task for as long; prints the median images/s and the median of the paired ratios. Then the same for 2000×1500
 //! JPEGs, where a reduced-size decode pays, against zune-jpeg at full size. Compare
 //! ratios, not absolute figures, across machines.
 
 use std::hint::black_box;
+use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use jpeg_encoder::{ColorType, Encoder, SamplingFactor};
@@ -30,7 +31,7 @@ const N: usize = 8;
 const PIL_SCRIPT: &str = r#"
 import math, random, sys, time
 from PIL import Image
-secs = float(sys.argv[1]); files = sys.argv[2:]
+files = sys.argv[1:]
 datas = [open(f, "rb").read() for f in files]
 import io
 def rrc_box(w, h, rnd):
@@ -43,8 +44,8 @@ def rrc_box(w, h, rnd):
         if 0 < cw <= w and 0 < ch <= h:
             i = rnd.randint(0, h - ch); j = rnd.randint(0, w - cw)
             return (j, i, j + cw, i + ch)
-    return (0, 0, w, h)
-def decode(d):
+    return (0, 0, w, h)  # torchvision's fallback for ratios in range, as for 500x375
+def decode(d, rnd=None):
     return Image.open(io.BytesIO(d)).convert("RGB")
 def train(d, rnd):
     img = decode(d)
@@ -60,14 +61,14 @@ def evalt(d, rnd):
     l = int(round((rw - 224) / 2.0)); t = int(round((rh - 224) / 2.0))
     sx, sy = w / rw, h / rh
     return img.resize((224, 224), Image.BILINEAR, box=(l * sx, t * sy, (l + 224) * sx, (t + 224) * sy)).tobytes()
-def run(name, f):
-    rnd = random.Random(0); n = 0; t0 = time.perf_counter()
+tasks = {"decode": decode, "train": train, "eval": evalt}
+rnd = random.Random(0)
+for line in sys.stdin:
+    name, secs = line.split()
+    f = tasks[name]; secs = float(secs); n = 0; t0 = time.perf_counter()
     while time.perf_counter() - t0 < secs:
         f(datas[n % len(datas)], rnd); n += 1
-    print(name, n / (time.perf_counter() - t0), flush=True)
-run("decode", lambda d, r: decode(d))
-run("train", train)
-run("eval", evalt)
+    print(n / (time.perf_counter() - t0), flush=True)
 "#;
 
 type Task = Box<dyn FnMut(&[u8])>;
@@ -94,7 +95,7 @@ fn main() {
     let big: Vec<Vec<u8>> = (0..2).map(|i| jpeg(BIG_W, BIG_H, 100 + i)).collect();
     let mean_kib = jpegs.iter().map(Vec::len).sum::<usize>() as f64 / N as f64 / 1024.0;
     println!(
-        "{N} JPEGs of {W}x{H}, quality 90, 4:2:0, {mean_kib:.0} KiB on average; best of {ROUNDS} rounds of {secs} s per candidate, one thread\n"
+        "{N} JPEGs of {W}x{H}, quality 90, 4:2:0, {mean_kib:.0} KiB on average; {ROUNDS} rounds of {secs} s per candidate and per PIL pairing, one thread\n"
     );
 
     let mut cands: Vec<Candidate> = Vec::new();
@@ -180,40 +181,49 @@ fn main() {
         Box::new(move |d| eval_red(d)),
     );
 
-    let mut best = vec![0.0f64; cands.len()];
-    let mut best_big = vec![0.0f64; big_cands.len()];
-    let mut pil_best: Vec<(String, f64)> = Vec::new();
+    // Each Rust measurement is paired with a PIL measurement of the same task just before it,
+    // so that both see the same machine; the ratio reported is the median of the pairs'.
+    let mut pil = Pil::start(&files);
+    let mut rates = vec![Vec::new(); cands.len()];
+    let mut pil_rates = vec![Vec::new(); cands.len()];
+    let mut big_rates = vec![Vec::new(); big_cands.len()];
     for _ in 0..ROUNDS {
-        for (k, v) in pil(secs, &files) {
-            match pil_best.iter_mut().find(|x| x.0 == k) {
-                Some(x) => x.1 = x.1.max(v),
-                None => pil_best.push((k, v)),
-            }
-        }
         for (i, c) in cands.iter_mut().enumerate() {
-            best[i] = best[i].max(rate(secs, &jpegs, &mut c.2));
+            pil_rates[i].push(pil.rate(c.1, secs));
+            rates[i].push(rate(secs, &jpegs, &mut c.2));
         }
         for (i, c) in big_cands.iter_mut().enumerate() {
-            best_big[i] = best_big[i].max(rate(secs, &big, &mut c.2));
+            big_rates[i].push(rate(secs, &big, &mut c.2));
         }
     }
-    let base = |k: &str| pil_best.iter().find(|x| x.0 == k).map_or(f64::NAN, |x| x.1);
-    println!("| candidate ({W}x{H}) | images/s | vs PIL, same task |");
-    println!("| --- | ---: | ---: |");
-    for k in ["decode", "train", "eval"] {
-        println!("| PIL {k} | {:.0} | 1.00 |", base(k));
+    println!("| candidate ({W}x{H}) | images/s | PIL, same task, images/s | ratio to PIL (median of {ROUNDS} pairs) |");
+    println!("| --- | ---: | ---: | ---: |");
+    for (i, (name, task, _)) in cands.iter().enumerate() {
+        let ratios: Vec<f64> = rates[i]
+            .iter()
+            .zip(&pil_rates[i])
+            .map(|(r, p)| r / p)
+            .collect();
+        println!(
+            "| {name} | {:.0} | {:.0} ({task}) | {:.2} |",
+            median(&rates[i]),
+            median(&pil_rates[i]),
+            median(&ratios)
+        );
     }
-    for ((name, b, _), r) in cands.iter().zip(&best) {
-        println!("| {name} | {r:.0} | {:.2} |", r / base(b));
-    }
+    let big_base = median(&big_rates[0]);
     println!("\n| candidate ({BIG_W}x{BIG_H}) | images/s | vs zune-jpeg full |");
     println!("| --- | ---: | ---: |");
-    for ((name, _, _), r) in big_cands.iter().zip(&best_big) {
-        println!("| {name} | {r:.0} | {:.2} |", r / best_big[0]);
+    for ((name, _, _), r) in big_cands.iter().zip(&big_rates) {
+        println!(
+            "| {name} | {:.0} | {:.2} |",
+            median(r),
+            median(r) / big_base
+        );
     }
 }
 
-const ROUNDS: usize = 3;
+const ROUNDS: usize = 5;
 const BIG_W: u32 = 2000;
 const BIG_H: u32 = 1500;
 
@@ -298,28 +308,55 @@ fn pipeline_with(transform: Transform, output: Output, reduced_decode: bool) -> 
     }
 }
 
-fn pil(secs: f64, files: &[PathBuf]) -> Vec<(String, f64)> {
-    let out = Command::new("python3")
-        .arg("-c")
-        .arg(PIL_SCRIPT)
-        .arg(secs.to_string())
-        .args(files)
-        .output();
-    match out {
-        Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout)
-            .lines()
-            .filter_map(|l| {
-                let mut it = l.split_whitespace();
-                Some((it.next()?.to_string(), it.next()?.parse().ok()?))
-            })
-            .collect(),
-        Ok(o) => {
-            eprintln!("PIL run failed: {}", String::from_utf8_lossy(&o.stderr));
-            Vec::new()
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// A `python3` child that times PIL on request: one line "TASK SECONDS" in, images/s out.
+struct Pil {
+    child: Option<(std::process::Child, BufReader<std::process::ChildStdout>)>,
+}
+
+impl Pil {
+    fn start(files: &[PathBuf]) -> Pil {
+        let child = Command::new("python3")
+            .arg("-c")
+            .arg(PIL_SCRIPT)
+            .args(files)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn();
+        match child {
+            Ok(mut c) => {
+                let out = BufReader::new(c.stdout.take().expect("child stdout"));
+                Pil {
+                    child: Some((c, out)),
+                }
+            }
+            Err(e) => {
+                eprintln!("cannot run python3: {e}; the PIL columns are NaN");
+                Pil { child: None }
+            }
         }
-        Err(e) => {
-            eprintln!("cannot run python3: {e}");
-            Vec::new()
+    }
+
+    fn rate(&mut self, task: &str, secs: f64) -> f64 {
+        let Some((child, out)) = self.child.as_mut() else {
+            return f64::NAN;
+        };
+        let stdin = child.stdin.as_mut().expect("child stdin");
+        if writeln!(stdin, "{task} {secs}")
+            .and_then(|_| stdin.flush())
+            .is_err()
+        {
+            return f64::NAN;
+        }
+        let mut line = String::new();
+        match out.read_line(&mut line) {
+            Ok(n) if n > 0 => line.trim().parse().unwrap_or(f64::NAN),
+            _ => f64::NAN,
         }
     }
 }
