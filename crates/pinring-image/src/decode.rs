@@ -216,10 +216,25 @@ fn check_size(format: Format, width: u64, height: u64, max_pixels: u64) -> Resul
 }
 
 fn corrupt(format: Format, data: &[u8], detail: impl fmt::Display) -> ImageError {
+    let detail = detail.to_string();
+    let detail = detail.trim().trim_start_matches("I/O errors").trim();
+    let truncated = [
+        "Not enough bytes",
+        "failed to fill whole buffer",
+        "unexpected EOF",
+        "Exhausted",
+    ]
+    .iter()
+    .any(|m| detail.contains(m));
+    let detail = if truncated {
+        format!("premature end of data before the image was complete (decoder: {detail})")
+    } else {
+        detail.to_string()
+    };
     ImageError::Corrupt {
         format,
         len: data.len(),
-        detail: detail.to_string(),
+        detail,
     }
 }
 
@@ -611,6 +626,9 @@ mod tests {
         }
         let e = d.decode(&file[..100], 1).unwrap_err();
         assert!(e.to_string().contains("re-encode it or drop it"), "{e}");
+        assert!(e.to_string().contains("premature end of data"), "{e}");
+        let e = d.decode(&file[..100], 4).unwrap_err();
+        assert!(e.to_string().contains("premature end of data"), "{e}");
     }
 
     fn samples() -> Vec<Vec<u8>> {
