@@ -4,8 +4,10 @@
 //! The format is told by the magic bytes ([`sniff`]), never by the file name.
 //!
 //! - JPEG, full size: `zune-jpeg` (pure Rust, SIMD). Grayscale is replicated to R = G = B;
-//!   CMYK and YCCK are converted by zune-jpeg (R = (255 - C)(255 - K)/255 on the
-//!   un-inverted values, Adobe's inversion handled from the APP14 marker).
+//!   CMYK and YCCK are converted by zune-jpeg: R = C'·K'/255 on the stored values, which
+//!   CMYK JPEGs store inverted (Adobe's convention), so R = (255 - C)(255 - K)/255 in ink
+//!   terms; likewise G from M and B from Y. A JPEG truncated after its headers decodes, the
+//!   missing blocks filled (as libjpeg-turbo does), rather than failing.
 //! - JPEG, reduced size: when the caller allows it ([`Decoder::decode`]'s `max_reduction`),
 //!   `jpeg-decoder`'s reduced-size IDCT produces the image at 1/2, 1/4 or 1/8 of its size
 //!   directly, skipping most of the IDCT and colour conversion work. Only 1- and 3-component
