@@ -1,0 +1,755 @@
+//! [`Pipeline`]: encoded file in, one fixed-shape training sample out, written into the
+//! caller's buffer.
+//!
+//! Steps: read the headers; pick the crop box ([`crate::transform`]); decode, at a reduced
+//! size when the box will be shrunk at least [`MIN_REDUCTION`]× anyway and [`SampleSpec::reduced_decode`]
+//! allows it; resample the box to `crop`×`crop` with `fast_image_resize`'s bilinear
+//! convolution (antialiased when shrinking, like PIL's `resize(..., BILINEAR, box=...)`);
+//! flip; write the output.
+//!
+//! # Output layout (little-endian)
+//!
+//! - [`Output::U8Hwc`]: shape `[crop, crop, 3]`, dtype u8, byte `(y * crop + x) * 3 + c`
+//!   is channel c (0 = R, 1 = G, 2 = B) of pixel (x, y), unnormalised.
+//! - [`Output::Normalized`]: shape `[3, crop, crop]` (CHW), dtype f16, bf16 or f32; element
+//!   `(c * crop + y) * crop + x` is `(p / 255 - mean[c]) / std[c]` computed in f32 and then
+//!   rounded to the dtype (round to nearest, ties to even), stored little-endian at byte
+//!   `element * dtype.size_of()`.
+//!
+//! The pipeline owns its scratch (decoded pixels, the resampled u8 image, the resizer's
+//! buffers, the normalisation tables) and reuses it from one call to the next.
+
+use fast_image_resize as fir;
+use pinring_data::meta::Dtype;
+
+use crate::decode::{Decoder, Format};
+use crate::error::ImageError;
+use crate::transform::{
+    center_crop_box, flip_horizontal, random_resized_crop_box, CropBox, SampleKey, SampleRng,
+};
+
+/// ImageNet's per-channel mean (R, G, B), on the 0..1 scale.
+pub const IMAGENET_MEAN: [f32; 3] = [0.485, 0.456, 0.406];
+/// ImageNet's per-channel standard deviation (R, G, B), on the 0..1 scale.
+pub const IMAGENET_STD: [f32; 3] = [0.229, 0.224, 0.225];
+
+/// The geometric transform.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Transform {
+    /// torchvision `Resize(resize)` + `CenterCrop(crop)`.
+    Eval {
+        /// Shorter side after resizing (256).
+        resize: u32,
+        /// Side of the square crop (224).
+        crop: u32,
+    },
+    /// torchvision `RandomResizedCrop(crop, scale, ratio)` + `RandomHorizontalFlip(flip_p)`.
+    Train {
+        /// Side of the square output (224).
+        crop: u32,
+        /// Range of the box's area as a fraction of the image's ((0.08, 1.0)).
+        scale: (f64, f64),
+        /// Range of the box's aspect ratio w/h ((3/4, 4/3)), drawn log-uniformly.
+        ratio: (f64, f64),
+        /// Probability of a horizontal flip (0.5).
+        flip_p: f64,
+    },
+}
+
+impl Transform {
+    /// `Resize(256)` + `CenterCrop(224)`.
+    pub const EVAL_DEFAULT: Transform = Transform::Eval {
+        resize: 256,
+        crop: 224,
+    };
+    /// `RandomResizedCrop(224)` + `RandomHorizontalFlip()`.
+    pub const TRAIN_DEFAULT: Transform = Transform::Train {
+        crop: 224,
+        scale: (0.08, 1.0),
+        ratio: (3.0 / 4.0, 4.0 / 3.0),
+        flip_p: 0.5,
+    };
+
+    /// Side of the square output.
+    pub fn crop(&self) -> u32 {
+        match *self {
+            Transform::Eval { crop, .. } | Transform::Train { crop, .. } => crop,
+        }
+    }
+
+    /// The crop box in a `width`×`height` image, and whether to flip, for `key` (eval
+    /// ignores the key and never flips).
+    pub fn plan(&self, width: u32, height: u32, key: SampleKey) -> (CropBox, bool) {
+        match *self {
+            Transform::Eval { resize, crop } => {
+                (center_crop_box(width, height, resize, crop), false)
+            }
+            Transform::Train {
+                scale,
+                ratio,
+                flip_p,
+                ..
+            } => {
+                let mut rng = SampleRng::new(key);
+                let b = random_resized_crop_box(width, height, scale, ratio, &mut rng);
+                (b, rng.next_f64() < flip_p)
+            }
+        }
+    }
+}
+
+/// What a sample's bytes hold.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Output {
+    /// u8, HWC, RGB, unnormalised.
+    U8Hwc,
+    /// `(x / 255 - mean) / std` per channel, CHW, in `dtype` (f16, bf16 or f32).
+    Normalized {
+        /// Element type: [`Dtype::F16`], [`Dtype::Bf16`] or [`Dtype::F32`].
+        dtype: Dtype,
+        /// Per-channel mean (R, G, B) on the 0..1 scale.
+        mean: [f32; 3],
+        /// Per-channel standard deviation (R, G, B) on the 0..1 scale.
+        std: [f32; 3],
+    },
+}
+
+impl Output {
+    /// Normalised with ImageNet's mean and std, in `dtype`.
+    pub fn imagenet(dtype: Dtype) -> Output {
+        Output::Normalized {
+            dtype,
+            mean: IMAGENET_MEAN,
+            std: IMAGENET_STD,
+        }
+    }
+}
+
+/// The smallest reduction [`Pipeline`] asks the decoder for: `jpeg-decoder` at 1/2 is slower
+/// than `zune-jpeg` at full size (docs/IMAGES.md), so a crop shrunk 2× to 4× is decoded whole.
+pub const MIN_REDUCTION: u32 = 4;
+
+/// Everything that fixes a sample's shape and contents.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SampleSpec {
+    /// The geometric transform.
+    pub transform: Transform,
+    /// The output encoding.
+    pub output: Output,
+    /// Lets JPEGs be decoded at 1/4 or 1/8 size when the crop box would be shrunk by at
+    /// least that factor anyway ([`MIN_REDUCTION`]). Faster; the pixels differ slightly from a full-size
+    /// decode followed by the same resampling (the reduced IDCT is a different low-pass).
+    pub reduced_decode: bool,
+}
+
+impl SampleSpec {
+    /// Checks the values; [`Pipeline::new`] calls it.
+    pub fn validate(&self) -> Result<(), ImageError> {
+        let bad = |m: String| Err(ImageError::Spec(m));
+        match self.transform {
+            Transform::Eval { resize, crop } => {
+                if crop == 0 || resize < crop {
+                    return bad(format!(
+                        "eval needs 0 < crop <= resize, got crop {crop}, resize {resize}"
+                    ));
+                }
+            }
+            Transform::Train {
+                crop,
+                scale,
+                ratio,
+                flip_p,
+            } => {
+                if crop == 0 {
+                    return bad("train crop must be at least 1".into());
+                }
+                if !(scale.0 > 0.0 && scale.0 <= scale.1 && scale.1 <= 1.0) {
+                    return bad(format!(
+                        "train scale must satisfy 0 < min <= max <= 1, got {scale:?}"
+                    ));
+                }
+                if !(ratio.0 > 0.0 && ratio.0 <= ratio.1 && ratio.1.is_finite()) {
+                    return bad(format!(
+                        "train ratio must satisfy 0 < min <= max, got {ratio:?}"
+                    ));
+                }
+                if !(0.0..=1.0).contains(&flip_p) {
+                    return bad(format!("flip probability must be in [0, 1], got {flip_p}"));
+                }
+            }
+        }
+        if self.transform.crop() > 16384 {
+            return bad(format!(
+                "crop {} is larger than 16384",
+                self.transform.crop()
+            ));
+        }
+        if let Output::Normalized { dtype, std, mean } = self.output {
+            if !matches!(dtype, Dtype::F16 | Dtype::Bf16 | Dtype::F32) {
+                return bad(format!(
+                    "normalised output must be f16, bf16 or f32, got {dtype}"
+                ));
+            }
+            if std.iter().any(|s| !(s.is_finite() && *s != 0.0))
+                || mean.iter().any(|m| !m.is_finite())
+            {
+                return bad(format!(
+                    "mean and std must be finite and std non-zero, got {mean:?}, {std:?}"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The sample's shape: `[crop, crop, 3]` (HWC) for u8, `[3, crop, crop]` (CHW) otherwise.
+    pub fn shape(&self) -> [usize; 3] {
+        let c = self.transform.crop() as usize;
+        match self.output {
+            Output::U8Hwc => [c, c, 3],
+            Output::Normalized { .. } => [3, c, c],
+        }
+    }
+
+    /// The element type.
+    pub fn dtype(&self) -> Dtype {
+        match self.output {
+            Output::U8Hwc => Dtype::U8,
+            Output::Normalized { dtype, .. } => dtype,
+        }
+    }
+
+    /// Bytes of one sample.
+    pub fn sample_bytes(&self) -> usize {
+        self.shape().iter().product::<usize>() * self.dtype().size_of()
+    }
+}
+
+/// What [`Pipeline::process`] did to one file.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Applied {
+    /// The file's format.
+    pub format: Format,
+    /// The file's width.
+    pub width: u32,
+    /// The file's height.
+    pub height: u32,
+    /// The crop box, in the file's pixels.
+    pub crop: CropBox,
+    /// Whether the sample was flipped.
+    pub flipped: bool,
+    /// The factor the image was shrunk by at decoding (1 = full size).
+    pub reduction: u32,
+}
+
+/// Turns encoded files into samples of one [`SampleSpec`]; owns and reuses its scratch.
+#[derive(Debug)]
+pub struct Pipeline {
+    spec: SampleSpec,
+    decoder: Decoder,
+    resizer: fir::Resizer,
+    scratch: Vec<u8>,
+    /// Per channel, the output element's bytes for each u8 value (normalised output only).
+    lut: Vec<[[u8; 4]; 256]>,
+}
+
+impl Pipeline {
+    /// A pipeline for `spec`, with a default [`Decoder`].
+    pub fn new(spec: SampleSpec) -> Result<Pipeline, ImageError> {
+        Pipeline::with_decoder(spec, Decoder::new())
+    }
+
+    /// A pipeline for `spec` that decodes with `decoder` (for its pixel limit).
+    pub fn with_decoder(spec: SampleSpec, decoder: Decoder) -> Result<Pipeline, ImageError> {
+        spec.validate()?;
+        let lut = match spec.output {
+            Output::U8Hwc => Vec::new(),
+            Output::Normalized { dtype, mean, std } => (0..3)
+                .map(|c| {
+                    let mut t = [[0u8; 4]; 256];
+                    for (v, e) in t.iter_mut().enumerate() {
+                        let x = (v as f32 / 255.0 - mean[c]) / std[c];
+                        match dtype {
+                            Dtype::F16 => {
+                                e[..2].copy_from_slice(&half::f16::from_f32(x).to_le_bytes())
+                            }
+                            Dtype::Bf16 => {
+                                e[..2].copy_from_slice(&half::bf16::from_f32(x).to_le_bytes())
+                            }
+                            _ => *e = x.to_le_bytes(),
+                        }
+                    }
+                    t
+                })
+                .collect(),
+        };
+        Ok(Pipeline {
+            spec,
+            decoder,
+            resizer: fir::Resizer::new(),
+            scratch: Vec::new(),
+            lut,
+        })
+    }
+
+    /// The spec this pipeline produces.
+    pub fn spec(&self) -> &SampleSpec {
+        &self.spec
+    }
+
+    /// Decodes `data` (a JPEG or PNG file), transforms it with the randomness of `key`, and
+    /// writes the sample into `out`, which must be exactly [`SampleSpec::sample_bytes`] long.
+    /// On error `out` may hold partial data.
+    pub fn process(
+        &mut self,
+        data: &[u8],
+        key: SampleKey,
+        out: &mut [u8],
+    ) -> Result<Applied, ImageError> {
+        let expected = self.spec.sample_bytes();
+        if out.len() != expected {
+            return Err(ImageError::OutputSize {
+                expected,
+                got: out.len(),
+                shape: self.spec.shape(),
+            });
+        }
+        let info = self.decoder.info(data)?;
+        let side = self.spec.transform.crop();
+        let (crop, flipped) = self.spec.transform.plan(info.width, info.height, key);
+        let mut reduction = 1;
+        if self.spec.reduced_decode && info.format == Format::Jpeg {
+            let shrink = (crop.width / side as f64).min(crop.height / side as f64);
+            // A reduced decode pays only from 1/4 on (docs/IMAGES.md): at 1/2 the reduced
+            // decoder is slower than the full-size one.
+            reduction = if shrink >= 8.0 {
+                8
+            } else if shrink >= MIN_REDUCTION as f64 {
+                MIN_REDUCTION
+            } else {
+                1
+            };
+        }
+        let img = self.decoder.decode(data, reduction)?;
+        let (fx, fy) = (
+            img.width as f64 / img.full_width as f64,
+            img.height as f64 / img.full_height as f64,
+        );
+        let reduction = (img.full_width / img.width.max(1)).max(1);
+        let src = fir::images::ImageRef::new(img.width, img.height, img.rgb, fir::PixelType::U8x3)
+            .map_err(|e| resample_error(info.format, e))?;
+        let (l, t) = (crop.left * fx, crop.top * fy);
+        let w = (crop.width * fx).min(img.width as f64 - l);
+        let h = (crop.height * fy).min(img.height as f64 - t);
+        let options = fir::ResizeOptions::new()
+            .resize_alg(fir::ResizeAlg::Convolution(fir::FilterType::Bilinear))
+            .crop(l, t, w, h);
+        let n = side as usize;
+        let dst_buf: &mut [u8] = match self.spec.output {
+            Output::U8Hwc => out,
+            Output::Normalized { .. } => {
+                if self.scratch.len() != n * n * 3 {
+                    self.scratch.resize(n * n * 3, 0);
+                }
+                &mut self.scratch
+            }
+        };
+        {
+            let mut dst =
+                fir::images::Image::from_slice_u8(side, side, dst_buf, fir::PixelType::U8x3)
+                    .map_err(|e| resample_error(info.format, e))?;
+            self.resizer
+                .resize(&src, &mut dst, &options)
+                .map_err(|e| resample_error(info.format, e))?;
+        }
+        match self.spec.output {
+            Output::U8Hwc => {
+                if flipped {
+                    flip_horizontal(out, n);
+                }
+            }
+            Output::Normalized { dtype, .. } => {
+                write_normalized(&self.scratch, n, flipped, &self.lut, dtype.size_of(), out);
+            }
+        }
+        Ok(Applied {
+            format: info.format,
+            width: info.width,
+            height: info.height,
+            crop,
+            flipped,
+            reduction,
+        })
+    }
+}
+
+fn resample_error(format: Format, e: impl std::fmt::Display) -> ImageError {
+    ImageError::Unsupported {
+        format,
+        what: format!("resampling failed: {e}"),
+    }
+}
+
+/// HWC u8 `src` (`n`×`n`) to CHW elements through the per-channel tables.
+fn write_normalized(
+    src: &[u8],
+    n: usize,
+    flip: bool,
+    lut: &[[[u8; 4]; 256]],
+    esize: usize,
+    out: &mut [u8],
+) {
+    match esize {
+        2 => write_planes::<2>(src, n, flip, lut, out),
+        _ => write_planes::<4>(src, n, flip, lut, out),
+    }
+}
+
+fn write_planes<const E: usize>(
+    src: &[u8],
+    n: usize,
+    flip: bool,
+    lut: &[[[u8; 4]; 256]],
+    out: &mut [u8],
+) {
+    for (c, (dst_plane, table)) in out.chunks_exact_mut(n * n * E).zip(lut).enumerate() {
+        let mut t = [[0u8; E]; 256];
+        for (d, s) in t.iter_mut().zip(table) {
+            d.copy_from_slice(&s[..E]);
+        }
+        for (dst_row, src_row) in dst_plane
+            .chunks_exact_mut(n * E)
+            .zip(src.chunks_exact(n * 3))
+        {
+            let dst_row = dst_row.chunks_exact_mut(E);
+            if flip {
+                for (e, p) in dst_row.zip(src_row.chunks_exact(3).rev()) {
+                    e.copy_from_slice(&t[p[c] as usize]);
+                }
+            } else {
+                for (e, p) in dst_row.zip(src_row.chunks_exact(3)) {
+                    e.copy_from_slice(&t[p[c] as usize]);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::synth;
+    use crate::testutil::{jpeg, png};
+    use png::{BitDepth, ColorType as P};
+    use proptest::prelude::*;
+
+    fn png_of(rgb: &[u8], w: u32, h: u32) -> Vec<u8> {
+        png(rgb, w, h, P::Rgb, BitDepth::Eight)
+    }
+
+    fn run(spec: SampleSpec, file: &[u8], key: SampleKey) -> (Vec<u8>, Applied) {
+        let mut p = Pipeline::new(spec).expect("spec");
+        let mut out = vec![0xee; spec.sample_bytes()];
+        let applied = p.process(file, key, &mut out).expect("process");
+        (out, applied)
+    }
+
+    fn crop_of(rgb: &[u8], w: usize, left: usize, top: usize, side: usize) -> Vec<u8> {
+        (top..top + side)
+            .flat_map(|y| rgb[(y * w + left) * 3..(y * w + left + side) * 3].to_vec())
+            .collect()
+    }
+
+    const U8: Output = Output::U8Hwc;
+
+    #[test]
+    fn center_crop_of_a_known_image_gives_the_known_pixels() {
+        // Shorter side = resize: no scaling, so the crop is an exact copy.
+        for (w, h, left, top) in [
+            (256usize, 256usize, 16, 16),
+            (512, 256, 144, 16),
+            (256, 300, 16, 38),
+        ] {
+            let rgb = synth::photo(w as u32, h as u32, 1, 30);
+            let spec = SampleSpec {
+                transform: Transform::EVAL_DEFAULT,
+                output: U8,
+                reduced_decode: true,
+            };
+            let (out, a) = run(
+                spec,
+                &png_of(&rgb, w as u32, h as u32),
+                SampleKey::default(),
+            );
+            assert_eq!(out, crop_of(&rgb, w, left, top, 224), "{w}x{h}");
+            assert!(!a.flipped);
+            assert_eq!(a.reduction, 1);
+        }
+    }
+
+    #[test]
+    fn flip_mirrors_the_sample_exactly() {
+        let rgb = synth::photo(300, 200, 2, 30);
+        let file = png_of(&rgb, 300, 200);
+        let t = |flip_p| Transform::Train {
+            crop: 64,
+            scale: (0.08, 1.0),
+            ratio: (0.75, 4.0 / 3.0),
+            flip_p,
+        };
+        let key = SampleKey {
+            seed: 3,
+            epoch: 1,
+            sample_id: 9,
+        };
+        let (plain, a) = run(
+            SampleSpec {
+                transform: t(0.0),
+                output: U8,
+                reduced_decode: false,
+            },
+            &file,
+            key,
+        );
+        let (flipped, b) = run(
+            SampleSpec {
+                transform: t(1.0),
+                output: U8,
+                reduced_decode: false,
+            },
+            &file,
+            key,
+        );
+        assert_eq!(a.crop, b.crop);
+        assert!(!a.flipped && b.flipped);
+        let mut back = flipped.clone();
+        crate::transform::flip_horizontal(&mut back, 64);
+        assert_eq!(back, plain);
+        // The same flip in the normalised output.
+        let o = Output::Normalized {
+            dtype: Dtype::F32,
+            mean: [0.0; 3],
+            std: [1.0; 3],
+        };
+        let (f32s, _) = run(
+            SampleSpec {
+                transform: t(1.0),
+                output: o,
+                reduced_decode: false,
+            },
+            &file,
+            key,
+        );
+        for (i, e) in f32s.chunks_exact(4).enumerate() {
+            let (c, y, x) = (i / (64 * 64), (i / 64) % 64, i % 64);
+            let v = f32::from_le_bytes(e.try_into().unwrap());
+            assert_eq!(v, flipped[(y * 64 + x) * 3 + c] as f32 / 255.0);
+        }
+    }
+
+    #[test]
+    fn train_is_reproducible_per_key_and_differs_across_epochs() {
+        let rgb = synth::photo(500, 375, 3, 10);
+        let file = jpeg(&rgb, 500, 375, jpeg_encoder::ColorType::Rgb, 90, true);
+        let spec = SampleSpec {
+            transform: Transform::TRAIN_DEFAULT,
+            output: Output::imagenet(Dtype::Bf16),
+            reduced_decode: true,
+        };
+        let key = SampleKey {
+            seed: 42,
+            epoch: 0,
+            sample_id: 1234,
+        };
+        let (a, pa) = run(spec, &file, key);
+        let (b, pb) = run(spec, &file, key);
+        assert_eq!(a, b);
+        assert_eq!(pa, pb);
+        let (c, pc) = run(spec, &file, SampleKey { epoch: 1, ..key });
+        assert_ne!(a, c);
+        assert_ne!(pa.crop, pc.crop);
+    }
+
+    #[test]
+    fn normalisation_values_are_exact_for_known_pixels() {
+        // 224x224 with resize 224: the identity, so each output element comes from one pixel.
+        let (w, h) = (224usize, 224usize);
+        let rgb: Vec<u8> = (0..w * h)
+            .flat_map(|i| [(i % 256) as u8, (i / 224) as u8, (255 - i % 256) as u8])
+            .collect();
+        let file = png_of(&rgb, w as u32, h as u32);
+        let transform = Transform::Eval {
+            resize: 224,
+            crop: 224,
+        };
+        for dtype in [Dtype::F32, Dtype::F16, Dtype::Bf16] {
+            let spec = SampleSpec {
+                transform,
+                output: Output::imagenet(dtype),
+                reduced_decode: false,
+            };
+            assert_eq!(spec.shape(), [3, 224, 224]);
+            assert_eq!(spec.sample_bytes(), 3 * 224 * 224 * dtype.size_of());
+            let (out, _) = run(spec, &file, SampleKey::default());
+            for (i, e) in out.chunks_exact(dtype.size_of()).enumerate() {
+                let (c, p) = (i / (w * h), i % (w * h));
+                let x = (rgb[p * 3 + c] as f32 / 255.0 - IMAGENET_MEAN[c]) / IMAGENET_STD[c];
+                let got = match dtype {
+                    Dtype::F32 => f32::from_le_bytes(e.try_into().unwrap()).to_bits(),
+                    Dtype::F16 => u16::from_le_bytes(e.try_into().unwrap()) as u32,
+                    _ => u16::from_le_bytes(e.try_into().unwrap()) as u32,
+                };
+                let want = match dtype {
+                    Dtype::F32 => x.to_bits(),
+                    Dtype::F16 => half::f16::from_f32(x).to_bits() as u32,
+                    _ => half::bf16::from_f32(x).to_bits() as u32,
+                };
+                assert_eq!(got, want, "{dtype} element {i}");
+            }
+        }
+        // A known value: 255 in channel 0 is (1 - 0.485) / 0.229.
+        let spec = SampleSpec {
+            transform,
+            output: Output::imagenet(Dtype::F32),
+            reduced_decode: false,
+        };
+        let white = png_of(&vec![255u8; w * h * 3], w as u32, h as u32);
+        let (out, _) = run(spec, &white, SampleKey::default());
+        assert_eq!(
+            f32::from_le_bytes(out[..4].try_into().unwrap()),
+            (1.0f32 - 0.485) / 0.229
+        );
+    }
+
+    #[test]
+    fn u8_output_is_the_resampled_pixels_hwc() {
+        let rgb = synth::photo(224, 224, 4, 30);
+        let spec = SampleSpec {
+            transform: Transform::Eval {
+                resize: 224,
+                crop: 224,
+            },
+            output: U8,
+            reduced_decode: false,
+        };
+        assert_eq!(spec.shape(), [224, 224, 3]);
+        assert_eq!(
+            run(spec, &png_of(&rgb, 224, 224), SampleKey::default()).0,
+            rgb
+        );
+    }
+
+    #[test]
+    fn reduced_decode_when_the_crop_allows_it() {
+        let (w, h) = (1400u32, 1100u32); // shorter side 1100 = 4.3 x 256
+        let rgb = synth::photo(w, h, 5, 0);
+        let file = jpeg(&rgb, w, h, jpeg_encoder::ColorType::Rgb, 95, false);
+        let spec = |reduced_decode| SampleSpec {
+            transform: Transform::EVAL_DEFAULT,
+            output: U8,
+            reduced_decode,
+        };
+        let (full, a) = run(spec(false), &file, SampleKey::default());
+        let (fast, b) = run(spec(true), &file, SampleKey::default());
+        assert_eq!((a.reduction, b.reduction), (1, 4));
+        let e = crate::testutil::mae(&full, &fast);
+        assert!(e < 2.0, "{e}");
+    }
+
+    #[test]
+    fn wrong_buffer_size_and_bad_specs_are_refused() {
+        let rgb = synth::photo(64, 64, 6, 0);
+        let spec = SampleSpec {
+            transform: Transform::EVAL_DEFAULT,
+            output: U8,
+            reduced_decode: true,
+        };
+        let mut p = Pipeline::new(spec).unwrap();
+        let e = p
+            .process(&png_of(&rgb, 64, 64), SampleKey::default(), &mut [0u8; 10])
+            .unwrap_err();
+        assert!(e.to_string().contains("sample_bytes"), "{e}");
+        for bad in [
+            SampleSpec {
+                output: Output::imagenet(Dtype::I32),
+                ..spec
+            },
+            SampleSpec {
+                transform: Transform::Eval {
+                    resize: 100,
+                    crop: 224,
+                },
+                ..spec
+            },
+            SampleSpec {
+                transform: Transform::Train {
+                    crop: 224,
+                    scale: (0.5, 0.1),
+                    ratio: (0.75, 1.3),
+                    flip_p: 0.5,
+                },
+                ..spec
+            },
+            SampleSpec {
+                output: Output::Normalized {
+                    dtype: Dtype::F32,
+                    mean: [0.0; 3],
+                    std: [1.0, 0.0, 1.0],
+                },
+                ..spec
+            },
+        ] {
+            assert!(
+                matches!(Pipeline::new(bad), Err(ImageError::Spec(_))),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn tiny_and_odd_images_work() {
+        for (w, h) in [(1u32, 1u32), (1, 300), (300, 1), (3, 2)] {
+            let rgb = synth::photo(w, h, 7, 5);
+            for transform in [Transform::EVAL_DEFAULT, Transform::TRAIN_DEFAULT] {
+                let spec = SampleSpec {
+                    transform,
+                    output: Output::imagenet(Dtype::F16),
+                    reduced_decode: true,
+                };
+                for file in [
+                    png_of(&rgb, w, h),
+                    jpeg(&rgb, w, h, jpeg_encoder::ColorType::Rgb, 90, true),
+                ] {
+                    let (_, a) = run(
+                        spec,
+                        &file,
+                        SampleKey {
+                            seed: 1,
+                            epoch: 2,
+                            sample_id: 3,
+                        },
+                    );
+                    assert_eq!((a.width, a.height), (w, h));
+                }
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+        /// The whole pipeline on damaged files: an error or a sample, never a panic.
+        #[test]
+        fn damaged_files_never_panic(cut in 0.0f64..1.0, flip_at in 0.0f64..1.0, bit in 0u8..8, id: u64) {
+            let rgb = synth::photo(40, 30, 8, 10);
+            for mut file in [png_of(&rgb, 40, 30), jpeg(&rgb, 40, 30, jpeg_encoder::ColorType::Rgb, 90, true)] {
+                let i = ((file.len() as f64 * flip_at) as usize).min(file.len() - 1);
+                file[i] ^= 1 << bit;
+                file.truncate(((file.len() as f64 * cut) as usize).max(1));
+                let spec = SampleSpec { transform: Transform::TRAIN_DEFAULT, output: Output::imagenet(Dtype::F32), reduced_decode: true };
+                let mut p = Pipeline::new(spec).unwrap();
+                let mut out = vec![0u8; spec.sample_bytes()];
+                let _ = p.process(&file, SampleKey { seed: 0, epoch: 0, sample_id: id }, &mut out);
+            }
+        }
+    }
+}
