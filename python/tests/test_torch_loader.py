@@ -1,4 +1,5 @@
-"""``pinring.torch.DataLoader`` on the host backend (``device="cpu"``): the same Dataset through
+"""``pinring.torch.DataLoader`` on the host backend (``device="cpu"``; with
+``PINRING_TEST_DEVICE=cuda``, on a GPU): the same Dataset through
 ``torch.utils.data.DataLoader`` and through pinring gives the same batches; worker death,
 exceptions in ``__getitem__``, wrong shapes, resuming from ``state_dict`` and rank sharding
 behave as a training loop needs. Workers are real spawned processes writing into a real ring,
@@ -22,6 +23,8 @@ def same(a, b, where="batch"):
     """Asserts that two collated batches have the same structure, types, dtypes and values."""
     assert type(a) is type(b), f"{where}: {type(a).__name__} != {type(b).__name__}"
     if isinstance(a, torch.Tensor):
+        assert a.device == DEVICE, f"{where}: on {a.device}, not {DEVICE}"
+        a = a.cpu()
         assert a.dtype == b.dtype and a.shape == b.shape, f"{where}: {a.dtype}{list(a.shape)} != {b.dtype}{list(b.shape)}"
         assert torch.equal(a, b), f"{where}: values differ"
     elif isinstance(a, dict):
@@ -38,8 +41,14 @@ def ids(batches):
     return [b.reshape(-1).tolist() for b in batches]
 
 
+# The host backend in CI; PINRING_TEST_DEVICE=cuda runs the same tests on a GPU.
+DEVICE = torch.device(os.environ.get("PINRING_TEST_DEVICE", "cpu"))
+if DEVICE.type == "cuda" and DEVICE.index is None:
+    DEVICE = torch.device("cuda", 0)
+
+
 def loader(dataset, **kw):
-    kw.setdefault("device", "cpu")
+    kw.setdefault("device", DEVICE)
     kw.setdefault("num_workers", 2)
     return DataLoader(dataset, **kw)
 
