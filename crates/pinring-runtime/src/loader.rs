@@ -559,9 +559,10 @@ impl Worker<'_> {
         // What a part's metadata records: the first field's shape and dtype.
         let (shape, dtype) = self.cfg.first_field();
         // Labels in the metadata: a file kind's integer `labels` field of one value per sample.
-        let label_field = layout.fields.iter().position(|f| {
-            f.name == LABELS && f.shape.len() == 1 && integer_label(f.dtype, &[0; 8]).is_some()
-        });
+        let label_field = layout
+            .fields
+            .iter()
+            .position(|f| f.name == LABELS && f.shape.len() == 1 && is_integer(f.dtype));
         let policy = self.cfg.dataset.on_bad_sample;
         let mut hint = u32::from(self.seat.index) % self.ring.geometry().slot_count;
         let mut last_daemon_check = Instant::now();
@@ -783,6 +784,7 @@ fn fill_from_source(
     }
     f.labels.clear();
     let mut fits = true;
+    let mut labels_fit = true;
     for (n, &id) in f.samples.iter().enumerate() {
         let read = {
             let mut out: Vec<FieldBuf<'_>> = f
@@ -809,27 +811,43 @@ fn fill_from_source(
             fits &= f.slot.write(at, buf).is_ok();
         }
         if let Some(k) = f.label_field {
-            f.labels
-                .push(integer_label(fields[k].dtype, &f.bufs[k]).unwrap_or(0));
+            match integer_label(fields[k].dtype, &f.bufs[k]) {
+                Some(v) => f.labels.push(v),
+                None => labels_fit = false,
+            }
         }
+    }
+    if !labels_fit {
+        // A label outside 0..2^32 (the metadata's labels are u32): the part's metadata records
+        // none; the labels field itself holds the exact values.
+        f.labels.clear();
     }
     Ok(fits)
 }
 
-/// The value of a one-element integer field as a metadata label (`None` for a non-integer
-/// dtype); negative and wide values wrap, as `as u32` does.
+/// Whether `dtype` is an integer type (its one-element field gives the metadata's labels).
+fn is_integer(dtype: Dtype) -> bool {
+    !matches!(
+        dtype,
+        Dtype::Bool | Dtype::F16 | Dtype::Bf16 | Dtype::F32 | Dtype::F64
+    )
+}
+
+/// The value of a one-element integer field as a metadata label: `None` for a non-integer dtype
+/// or a value outside `0..2^32`.
 fn integer_label(dtype: Dtype, bytes: &[u8]) -> Option<u32> {
     let mut b = [0u8; 8];
     let n = dtype.size_of().min(8).min(bytes.len());
     b[..n].copy_from_slice(&bytes[..n]);
-    Some(match dtype {
-        Dtype::U8 | Dtype::U16 | Dtype::U32 | Dtype::U64 => u64::from_le_bytes(b) as u32,
-        Dtype::I8 => i64::from(b[0] as i8) as u32,
-        Dtype::I16 => i64::from(i16::from_le_bytes([b[0], b[1]])) as u32,
-        Dtype::I32 => i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as u32,
-        Dtype::I64 => i64::from_le_bytes(b) as u32,
+    let v: i128 = match dtype {
+        Dtype::U8 | Dtype::U16 | Dtype::U32 | Dtype::U64 => i128::from(u64::from_le_bytes(b)),
+        Dtype::I8 => i128::from(b[0] as i8),
+        Dtype::I16 => i128::from(i16::from_le_bytes([b[0], b[1]])),
+        Dtype::I32 => i128::from(i32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+        Dtype::I64 => i128::from(i64::from_le_bytes(b)),
         Dtype::Bool | Dtype::F16 | Dtype::Bf16 | Dtype::F32 | Dtype::F64 => return None,
-    })
+    };
+    u32::try_from(v).ok()
 }
 
 #[cfg(test)]
@@ -855,6 +873,18 @@ mod tests {
             other => panic!("expected NotInitialised, got {other:?}"),
         }
         assert!(took >= wait, "gave up after {took:?}");
+    }
+
+    #[test]
+    fn labels_of_integer_fields_that_fit_a_u32() {
+        assert_eq!(integer_label(Dtype::I64, &7i64.to_le_bytes()), Some(7));
+        assert_eq!(integer_label(Dtype::I64, &(-1i64).to_le_bytes()), None);
+        assert_eq!(integer_label(Dtype::U64, &(1u64 << 32).to_le_bytes()), None);
+        assert_eq!(integer_label(Dtype::I8, &[0xff]), None);
+        assert_eq!(integer_label(Dtype::U16, &[1, 2]), Some(0x201));
+        assert_eq!(integer_label(Dtype::I32, &5i32.to_le_bytes()), Some(5));
+        assert_eq!(integer_label(Dtype::F32, &[0; 4]), None);
+        assert!(is_integer(Dtype::U8) && !is_integer(Dtype::Bool));
     }
 
     #[test]
