@@ -357,3 +357,73 @@ fn a_truncated_per_sample_file_is_zeros_with_skip() {
         "{all}"
     );
 }
+
+/// A small tokens config (relative file names) and its two files, in `fx`'s directory.
+fn small_tokens(tag: &str, sizes: &[usize]) -> Fixture {
+    let config = "[ring]\nslots = 4\n[dataset]\nkind = \"tokens\"\n[dataset.tokens]\n\
+                  files = [\"tok/part-0.bin\", \"tok/part-1.bin\"]\nseq_len = 8\n\
+                  [plan]\nbatch_size = 4\nepochs = 1\n";
+    let fx = Fixture::new(tag, config);
+    token_files(fx.dir.path(), sizes, 2, 1000);
+    fx
+}
+
+#[test]
+fn config_check_opens_the_files_and_shows_their_length() {
+    let fx = small_tokens("files-check", &[50, 31]);
+    let out = std::process::Command::new(exe(CLI))
+        .args(["config", "check"])
+        .arg(&fx.config)
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
+    // 81 tokens, windows of 9 every 8: 10 samples.
+    assert!(text.contains("samples = 10"), "{text}");
+    assert!(
+        text.contains("input_ids i64 [4, 8]") && text.contains("targets i64 [4, 8]"),
+        "{text}"
+    );
+    // A missing file: exit 3, naming it.
+    std::fs::remove_file(fx.dir.path().join("tok/part-1.bin")).unwrap();
+    let out = std::process::Command::new(exe(CLI))
+        .args(["config", "check"])
+        .arg(&fx.config)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(out.status.code(), Some(3), "{text}");
+    assert!(text.contains("part-1.bin"), "{text}");
+}
+
+#[test]
+fn the_verify_sink_refuses_file_kinds() {
+    let fx = small_tokens("files-verify", &[50, 31]);
+    let (status, log) = wait_for(fx.daemon(&[]), "daemon", LONG);
+    assert_eq!(status.code(), Some(3), "{log}");
+    assert!(
+        log.contains("--sink verify") && log.contains("\"tokens\""),
+        "{log}"
+    );
+}
+
+#[test]
+fn a_loader_whose_files_have_another_length_is_refused_naming_both() {
+    let fx = small_tokens("files-len", &[50, 31]);
+    // The same config next to shorter files: same fingerprint inputs but the length.
+    let other = tempfile::tempdir().unwrap();
+    let other_cfg = other.path().join("pinring.toml");
+    std::fs::copy(&fx.config, &other_cfg).unwrap();
+    token_files(other.path(), &[50, 20], 2, 1000);
+    let mut daemon = fx.daemon(&["--sink", "consumer"]);
+    fx.wait_ready(&mut daemon);
+    let (status, log) = wait_for(fx.loader(&other_cfg), "loader", LONG);
+    assert_eq!(status.code(), Some(8), "{log}");
+    assert!(
+        log.contains("10 samples") && log.contains("have 8"),
+        "{log}"
+    );
+    signal(&daemon, nix::sys::signal::Signal::SIGTERM);
+    let _ = wait_for(daemon, "daemon", LONG);
+}
