@@ -1,13 +1,13 @@
 //! NumPy `.npy` arrays (`kind = "npy"`).
 //!
-//! `dataset.path` is either
+//! `dataset.npy.path` is either
 //!
 //! * one `.npy` file whose first axis is the sample axis: sample `k` is `array[k]`, of shape
 //!   `array.shape[1:]`; or
 //! * a directory of per-sample `.npy` files: sample `k` is the `k`-th `*.npy` file in the order of
 //!   their names (bytewise, as Python's `sorted` orders them), each of the same shape and dtype.
 //!
-//! The samples make one field, named `dataset.field` (default `"data"`). With `dataset.labels`
+//! The samples make one field, named `dataset.npy.field` (default `"data"`). With `dataset.npy.labels`
 //! (a second `.npy` file whose first axis has one entry per sample) a second field `"labels"`
 //! holds `labels[k]`.
 //!
@@ -24,9 +24,10 @@
 //! | `float16`, `float32`, `float64` | `f16`, `f32`, `f64` |
 //!
 //! Big-endian data (`>`) and Fortran order are refused with an error saying how to convert;
-//! structured, complex, string and object dtypes are refused too. `dataset.dtype` (a numpy
-//! name such as `"float32"`) and `dataset.shape` (the per-sample shape), when given, are
-//! checked against the files.
+//! structured, complex, string and object dtypes are refused too. [`NpyConfig::dtype`] (a numpy
+//! name such as `"float32"`) and [`NpyConfig::shape`] (the per-sample shape), when given, are
+//! checked against the files; pinring's `[dataset.npy]` always gives them (`dtype` in pinring's
+//! names, `"f32"`, mapped by [`NpyDtype::from_dtype`]).
 //!
 //! **Header.** Versions 1.0, 2.0 and 3.0 are parsed here ([`NpyHeader::parse`]) rather than
 //! with a crate such as `npyz`: the grammar is one Python dict literal with three keys, the
@@ -208,7 +209,7 @@ fn default_field() -> String {
 #[derive(Debug, thiserror::Error)]
 pub enum NpyError {
     /// A file or directory cannot be opened or examined.
-    #[error("cannot open {file}: {source}; check dataset.path and dataset.labels")]
+    #[error("cannot open {file}: {source}; check dataset.npy.path and dataset.npy.labels")]
     Open {
         /// The file.
         file: String,
@@ -279,7 +280,7 @@ pub enum NpyError {
     },
     /// The dtype differs from the configured or the first file's.
     #[error(
-        "{file} has dtype {found}, expected {expected}; fix dataset.dtype or convert the file"
+        "{file} has dtype {found}, expected {expected}; fix dataset.npy.dtype (in pinring's names: uint8 is \"u8\", int16 \"i16\", float32 \"f32\", bool \"bool\") or convert the file"
     )]
     DtypeMismatch {
         /// The file.
@@ -290,7 +291,7 @@ pub enum NpyError {
         expected: &'static str,
     },
     /// The per-sample shape differs from the configured or the first file's.
-    #[error("{file} has per-sample shape {found:?}, expected {expected:?}; fix dataset.shape or the file")]
+    #[error("{file} has per-sample shape {found:?}, expected {expected:?}; fix dataset.npy.shape or the file")]
     ShapeMismatch {
         /// The file.
         file: String,
@@ -310,7 +311,7 @@ pub enum NpyError {
         expected: u64,
     },
     /// No samples.
-    #[error("{file} holds no samples (an empty first axis, or a directory without *.npy files); point dataset.path at the data")]
+    #[error("{file} holds no samples (an empty first axis, or a directory without *.npy files); point dataset.npy.path at the data")]
     Empty {
         /// The file or directory.
         file: String,
