@@ -1178,7 +1178,7 @@ impl Config {
             DatasetKind::Synthetic => {}
             DatasetKind::External => return d.fields.first().map(Field::sample_bytes),
             DatasetKind::Tokens | DatasetKind::Npy => {
-                return self.fields().first().map(Field::sample_bytes)
+                return self.file_field_bytes().map(|(first, _)| first)
             }
         }
         d.sample_shape
@@ -1223,6 +1223,29 @@ impl Config {
         }
     }
 
+    /// A file kind's per-sample bytes of its first field and of all its fields (saturating),
+    /// without building the field list (slot sizing and the daemon's per-part checks ask often).
+    fn file_field_bytes(&self) -> Option<(u64, u64)> {
+        let d = &self.dataset;
+        let bytes = |dtype: Dtype, shape: &[u32]| {
+            shape.iter().fold(dtype.size_of() as u64, |acc, &x| {
+                acc.saturating_mul(u64::from(x))
+            })
+        };
+        if let Some(t) = &d.tokens {
+            let one = bytes(t.dtype, &[t.seq_len]);
+            return Some((one, one.saturating_mul(2)));
+        }
+        let n = d.npy.as_ref()?;
+        let data = bytes(n.dtype, &n.shape);
+        let labels = if n.labels.is_some() {
+            bytes(n.labels_dtype, &n.labels_shape)
+        } else {
+            0
+        };
+        Some((data, data.saturating_add(labels)))
+    }
+
     /// Dimensions of a sample's first field (what a part's metadata records), without building
     /// the field list.
     fn first_field_ndims(&self) -> usize {
@@ -1262,10 +1285,9 @@ impl Config {
                 .fields
                 .iter()
                 .fold(0u64, |acc, f| acc.saturating_add(f.sample_bytes())),
-            DatasetKind::Tokens | DatasetKind::Npy => self
-                .fields()
-                .iter()
-                .fold(0u64, |acc, f| acc.saturating_add(f.sample_bytes())),
+            DatasetKind::Tokens | DatasetKind::Npy => {
+                self.file_field_bytes().map_or(0, |(_, all)| all)
+            }
         }
     }
 
@@ -2094,7 +2116,14 @@ labels_dtype = "i16"
             ]
         );
         assert_eq!(c.record_bytes(), 14);
+        assert_eq!(c.sample_bytes(), 12);
         assert!(c.plan().is_err(), "no plan before the length is known");
+        for text in [TOKENS, NPY, &NPY.replace("labels = \"y.npy\"\n", "")] {
+            let c = parse(text).unwrap();
+            let sum: u64 = c.fields().iter().map(Field::sample_bytes).sum();
+            assert_eq!(c.record_bytes(), sum);
+            assert_eq!(c.sample_bytes(), c.fields()[0].sample_bytes());
+        }
     }
 
     #[test]
