@@ -1194,7 +1194,10 @@ impl Config {
     }
 
     /// The named fields of every sample, in order ([`crate::fields`]): for `kind = "synthetic"`,
-    /// `images` (`dataset.dtype`, `dataset.sample_shape`) and `labels` (`i64`, one per sample).
+    /// `images` (`dataset.dtype`, `dataset.sample_shape`) and `labels` (`i64`, one per sample);
+    /// for `"external"`, `dataset.fields`; for `"tokens"`, `input_ids` and `targets`
+    /// (`[dataset.tokens] dtype`, `[seq_len]`); for `"npy"`, `[dataset.npy] field` (its `dtype`
+    /// and `shape`) and, with `labels`, `labels` (`labels_dtype`, `labels_shape`).
     pub fn fields(&self) -> Vec<Field> {
         let d = &self.dataset;
         match d.kind {

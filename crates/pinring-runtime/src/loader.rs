@@ -795,7 +795,12 @@ fn fill_from_source(
             src.read(f.epoch, id, &mut out)
         };
         if let Err(e) = read {
-            if f.policy == OnBadSample::Fail {
+            // A caller's mistake (buffers, an id past the end) is never a bad sample to skip.
+            let data = !matches!(
+                e,
+                SourceError::Buffers { .. } | SourceError::OutOfRange { .. }
+            );
+            if f.policy == OnBadSample::Fail || !data {
                 tracing::error!(ring = %f.ring, seq = f.seq, sample = id, epoch = f.epoch, "{e}");
                 return Err((id, e));
             }
