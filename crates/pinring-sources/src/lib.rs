@@ -20,7 +20,7 @@
 //! **Bad data.** Opening checks what can be checked once (files exist, sizes, headers, shapes);
 //! an error there fails the open. Everything found while reading one sample is a per-sample
 //! [`SourceError`] naming the file, the member and the byte offset, so that the caller applies
-//! its `on_bad_sample` policy ([`OnBadSample`]): stop, or substitute another sample. No input
+//! its `on_bad_sample` policy ([`OnBadSample`]): stop, or write zeros in its place. No input
 //! makes a reader panic.
 
 #![forbid(unsafe_code)]
