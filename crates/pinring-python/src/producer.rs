@@ -153,6 +153,8 @@ impl Producer {
         };
         let state = py.detach(|| -> Result<State, loader::LoaderError> {
             let mut cfg = settings::load(config.as_deref(), &overrides)?;
+            // A file kind: its length is the files' (as the daemon and pinring-loader find it).
+            loader::open_source(&mut cfg)?;
             let r = loader::attach(&cfg.ring.name, Access::ReadWrite, wait)?;
             let plan = loader::check_ring(&mut cfg, &r)?;
             let seat = r.attach_loader(ProcessId::current())?;
