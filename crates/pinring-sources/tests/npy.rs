@@ -343,3 +343,60 @@ fn opens_from_toml() {
     let got = read(src.as_mut(), 0, 1).unwrap();
     assert_eq!(got[0], [3i16.to_le_bytes(), 4i16.to_le_bytes()].concat());
 }
+
+#[test]
+fn open_dataset_checks_the_files_against_the_declared_fields() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("x.npy"),
+        npy_bytes(1, "<f4", false, &[4, 2], &[0; 32]),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("y.npy"),
+        npy_bytes(1, "<i8", false, &[4], &[0; 32]),
+    )
+    .unwrap();
+    let config = |extra: &str| {
+        let text = format!(
+            "[dataset]\nkind = \"npy\"\n[dataset.npy]\npath = \"x.npy\"\nlabels = \"y.npy\"\n{extra}"
+        );
+        let p = dir.path().join("pinring.toml");
+        std::fs::write(&p, text).unwrap();
+        pinring_data::Config::load(&p).unwrap()
+    };
+    // Relative paths, against the config file's directory.
+    let cfg = config("dtype = \"f32\"\nshape = [2]\n");
+    let src = pinring_sources::open_dataset(&cfg).unwrap().unwrap();
+    assert_eq!(src.len(), 4);
+    let fields: Vec<_> = src
+        .fields()
+        .iter()
+        .map(|f| f.fixed().unwrap().clone())
+        .collect();
+    assert_eq!(fields, cfg.fields());
+    // The data's dtype and shape are checked against the file.
+    let e = pinring_sources::open_dataset(&config("dtype = \"f64\"\nshape = [2]\n"))
+        .unwrap()
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("x.npy") && e.contains("float32"), "{e}");
+    let e = pinring_sources::open_dataset(&config("dtype = \"f32\"\nshape = [1, 2]\n"))
+        .unwrap()
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("x.npy") && e.contains("[1, 2]"), "{e}");
+    // And the labels'.
+    let e = pinring_sources::open_dataset(&config(
+        "dtype = \"f32\"\nshape = [2]\nlabels_dtype = \"i32\"\n",
+    ))
+    .unwrap()
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("y.npy") && e.contains("labels_dtype") && e.contains("i64"),
+        "{e}"
+    );
+    // Not a file kind: no source.
+    assert!(pinring_sources::open_dataset(&pinring_data::Config::default()).is_none());
+}
