@@ -398,6 +398,19 @@ fn config_check_opens_the_files_and_shows_their_length() {
 }
 
 #[test]
+fn the_daemon_does_not_start_on_missing_files() {
+    let fx = small_tokens("files-missing", &[50, 31]);
+    std::fs::remove_file(fx.dir.path().join("tok/part-0.bin")).unwrap();
+    let (status, log) = wait_for(fx.daemon(&["--sink", "consumer"]), "daemon", LONG);
+    assert_eq!(status.code(), Some(3), "{log}");
+    assert!(
+        log.contains("part-0.bin") && log.contains("kind = \"tokens\""),
+        "{log}"
+    );
+    assert!(!fx.segment().exists(), "no ring is made");
+}
+
+#[test]
 fn the_verify_sink_refuses_file_kinds() {
     let fx = small_tokens("files-verify", &[50, 31]);
     let (status, log) = wait_for(fx.daemon(&[]), "daemon", LONG);
