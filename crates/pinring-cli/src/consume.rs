@@ -96,9 +96,11 @@ pub fn run(args: &ConsumeArgs) -> Result<Consumed, ConsumeError> {
         return Err(ConsumeError::Verify {
             ring: args.ring.clone(),
             seq: c.state().seq,
-            what: "--verify checks synthetic samples against their generator, and this ring's \
-                   dataset.kind is \"external\": consume without --verify"
-                .to_string(),
+            what: format!(
+                "--verify checks synthetic samples against their generator, and this ring's \
+                 dataset.kind is \"{}\": consume without --verify",
+                cfg.dataset.kind
+            ),
         });
     }
     let synthetic = cfg.synthetic();

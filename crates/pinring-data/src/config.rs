@@ -10,11 +10,12 @@
 //! here is one the daemon can make a ring of.
 
 use std::fmt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde::de::{self, Deserializer, Visitor};
 use serde::{Deserialize, Serialize, Serializer};
 
+use crate::dataset::{NpyDataset, OnBadSample, RawDataset, TokensDataset, INPUT_IDS, TARGETS};
 use crate::fields::{BatchLayout, Field, IMAGES, LABELS};
 use crate::meta::{max_encoded_len, Dtype};
 use crate::plan::{Plan, PlanError, PlanParams, MAX_PLAN_SAMPLES};
@@ -96,6 +97,34 @@ mode = "0600"
 #             { name = "labels", dtype = "i64" }]
 # (shape [] or omitted: one value per sample; sample_shape, dtype, seed and
 # classes are the synthetic kind's and are ignored).
+# "tokens": flat binary token files, read by pinring-loader; keys in a
+# [dataset.tokens] table. Sample k is the window of seq_len + 1 tokens at
+# k x stride; fields input_ids and targets (shape [seq_len] each), e.g.
+#   [dataset.tokens]
+#   files = ["train-000.bin", "train-001.bin"]  # one stream, in this order
+#   token_dtype = "u16"   # or "u32", little-endian, no header
+#   seq_len = 1024
+#   stride = 1024         # default: seq_len
+#   shift = false         # true: each epoch starts offset(plan.seed, epoch)
+#                         # tokens in (0..stride)
+#   dtype = "i64"         # of input_ids and targets; or "i32"
+# "npy": NumPy .npy arrays, read by pinring-loader; keys in a [dataset.npy]
+# table, e.g.
+#   [dataset.npy]
+#   path = "x_train.npy"  # samples on axis 0, or a directory of per-sample
+#                         # .npy files (in name order)
+#   field = "data"        # the field's name
+#   dtype = "f32"         # one sample's dtype and shape, checked against
+#   shape = [3, 32, 32]   # the files (the file's exact type: f32 = float32)
+#   labels = "y_train.npy"  # optional: field "labels", one entry a sample,
+#   labels_dtype = "i64"    # of this dtype
+#   labels_shape = []       # and shape
+# With "tokens" and "npy": relative paths are relative to the directory of
+# this file; samples is the files' length (leave it out); the synthetic
+# keys (sample_shape, dtype, seed, classes) and the other kind's keys are
+# refused; on_bad_sample says what a sample that cannot be read does:
+# "fail" (default) stops the loader (exit 3), "skip" writes zeros in its
+# place, counts it and logs a warning.
 kind = "synthetic"
 # Number of samples in the dataset (>= 1).
 samples = 16384
@@ -163,6 +192,17 @@ pub enum ConfigError {
         /// File name (or other source description).
         source_name: String,
         /// toml's message (names the key and the line).
+        message: String,
+    },
+    /// The files of a file kind (`dataset.kind = "tokens"` / `"npy"`) cannot be opened, or do
+    /// not hold what the config declares.
+    #[error("dataset of config {source_name} (kind = \"{kind}\"): {message}")]
+    Dataset {
+        /// File name (or other source description).
+        source_name: String,
+        /// The dataset kind.
+        kind: DatasetKind,
+        /// The reader's error: the file and the problem.
         message: String,
     },
     /// A value is out of range.
@@ -306,6 +346,35 @@ pub enum DatasetKind {
     /// workers of `pinring.torch.DataLoader`), with the fields that `dataset.fields` declares.
     /// `pinring-loader` cannot make them, and the verify sinks cannot check them.
     External,
+    /// Flat binary token files, windows of `seq_len + 1` tokens ([`TokensDataset`],
+    /// `[dataset.tokens]`): fields `input_ids` and `targets`.
+    Tokens,
+    /// NumPy `.npy` arrays ([`NpyDataset`], `[dataset.npy]`): the data field, and `labels` from
+    /// a second array.
+    Npy,
+}
+
+impl DatasetKind {
+    /// The config spelling.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            DatasetKind::Synthetic => "synthetic",
+            DatasetKind::External => "external",
+            DatasetKind::Tokens => "tokens",
+            DatasetKind::Npy => "npy",
+        }
+    }
+
+    /// Whether the samples are read from files by pinring's loaders (`tokens`, `npy`).
+    pub const fn reads_files(self) -> bool {
+        matches!(self, DatasetKind::Tokens | DatasetKind::Npy)
+    }
+}
+
+impl fmt::Display for DatasetKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// Most fields a sample of `kind = "external"` may declare.
@@ -346,12 +415,16 @@ impl Default for RingConfig {
 }
 
 /// `[dataset]` section.
+///
+/// Read through [`crate::dataset`]'s raw form: unknown keys are refused, and so are keys of
+/// another kind (by name, with the kind they belong to).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
+#[serde(try_from = "RawDataset", into = "RawDataset")]
 pub struct DatasetConfig {
     /// Dataset kind.
     pub kind: DatasetKind,
-    /// Number of samples (>= 1).
+    /// Number of samples (>= 1). For a file kind, the source's length: 0 (unset) until it is
+    /// opened ([`Config::set_source_len`]); one given in the file must match it.
     pub samples: u64,
     /// Shape of one sample.
     pub sample_shape: Vec<u32>,
@@ -363,8 +436,13 @@ pub struct DatasetConfig {
     pub classes: u32,
     /// The fields of every sample, for `kind = "external"` only (synthetic samples have
     /// `images` and `labels`).
-    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub fields: Vec<Field>,
+    /// What a loader does with a sample it cannot read (file kinds only).
+    pub on_bad_sample: OnBadSample,
+    /// `[dataset.tokens]`, for `kind = "tokens"` only.
+    pub tokens: Option<TokensDataset>,
+    /// `[dataset.npy]`, for `kind = "npy"` only.
+    pub npy: Option<NpyDataset>,
 }
 
 impl Default for DatasetConfig {
@@ -377,6 +455,9 @@ impl Default for DatasetConfig {
             seed: 42,
             classes: 1000,
             fields: Vec::new(),
+            on_bad_sample: OnBadSample::Fail,
+            tokens: None,
+            npy: None,
         }
     }
 }
@@ -494,6 +575,10 @@ pub struct Config {
     /// error messages. Not part of the file.
     #[serde(skip)]
     pub source: String,
+    /// The directory of the config file ([`Config::load`]): relative paths of the file kinds
+    /// are resolved against it ([`Config::resolve_path`]). `None`: the working directory.
+    #[serde(skip)]
+    pub base_dir: Option<PathBuf>,
 }
 
 impl PartialEq for Config {
@@ -515,6 +600,7 @@ impl Default for Config {
             plan: PlanConfig::default(),
             daemon: DaemonConfig::default(),
             source: "<built-in defaults>".to_string(),
+            base_dir: None,
         }
     }
 }
@@ -541,6 +627,14 @@ pub struct AutoRing {
     pub slots: u32,
     /// The ring size aimed for: `min(cache / 2, 128 MiB)`, or 32 MiB with the cache unknown.
     pub target_bytes: u64,
+}
+
+/// A field name: 1 to 64 characters from A-Z a-z 0-9 _ - .
+fn valid_field_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
 }
 
 /// Rounds up to a multiple of `align` (a power of two), saturating: the segment layout's
@@ -571,7 +665,46 @@ impl Config {
             path: name.clone(),
             source,
         })?;
-        Self::from_toml_str(&text, &name)
+        let mut cfg = Self::from_toml_str(&text, &name)?;
+        cfg.base_dir = Some(match path.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => PathBuf::from("."),
+        });
+        Ok(cfg)
+    }
+
+    /// `path` of a file kind (as written in the config) resolved: an absolute path as it is, a
+    /// relative one against the directory of the config file ([`Config::base_dir`]), or the
+    /// working directory for a config that is not from a file.
+    pub fn resolve_path(&self, path: &Path) -> PathBuf {
+        match &self.base_dir {
+            Some(dir) if path.is_relative() => dir.join(path),
+            _ => path.to_path_buf(),
+        }
+    }
+
+    /// Whether `dataset.samples` is known: always, except for a file kind whose source has not
+    /// been opened yet (and whose config does not give it).
+    pub fn samples_resolved(&self) -> bool {
+        self.dataset.samples != 0
+    }
+
+    /// Records the length of the opened source of a file kind as `dataset.samples` and validates
+    /// the whole config again (the plan needs it). A `dataset.samples` given in the file (or
+    /// resolved before, by the daemon) must equal it.
+    pub fn set_source_len(&mut self, len: u64) -> Result<(), ConfigError> {
+        if self.dataset.samples != 0 && self.dataset.samples != len {
+            return Err(self.invalid(
+                "dataset.samples",
+                self.dataset.samples,
+                format!(
+                    "the {} files hold {len} samples: leave dataset.samples out (it is the                      files' length) or make the files match",
+                    self.dataset.kind
+                ),
+            ));
+        }
+        self.dataset.samples = len;
+        self.validate()
     }
 
     /// Serializes to TOML (e.g. to print the effective config).
@@ -666,21 +799,24 @@ impl Config {
         }
         let d = &self.dataset;
         self.validate_fields()?;
-        if d.samples == 0 || d.samples > MAX_PLAN_SAMPLES {
+        self.validate_files()?;
+        // A file kind learns its length when its source is opened.
+        let unresolved = d.kind.reads_files() && d.samples == 0;
+        if !unresolved && (d.samples == 0 || d.samples > MAX_PLAN_SAMPLES) {
             return Err(self.invalid(
                 "dataset.samples",
                 d.samples,
                 format!("must be between 1 and {MAX_PLAN_SAMPLES}"),
             ));
         }
-        if d.sample_shape.len() > MAX_SAMPLE_DIMS {
+        if !d.kind.reads_files() && d.sample_shape.len() > MAX_SAMPLE_DIMS {
             return Err(self.invalid(
                 "dataset.sample_shape",
                 format!("{:?}", d.sample_shape),
                 format!("at most {MAX_SAMPLE_DIMS} dimensions"),
             ));
         }
-        if d.sample_shape.contains(&0) {
+        if !d.kind.reads_files() && d.sample_shape.contains(&0) {
             return Err(self.invalid(
                 "dataset.sample_shape",
                 format!("{:?}", d.sample_shape),
@@ -716,6 +852,7 @@ impl Config {
             ));
         }
         match Plan::new(&self.plan_params()) {
+            _ if unresolved => {}
             Ok(_) => {}
             Err(PlanError::InvalidParam {
                 key,
@@ -827,7 +964,7 @@ impl Config {
     /// [`crate::BatchMeta`], rounded up to [`META_RESERVE_ALIGN`].
     fn meta_reserve_for(&self, samples: u64) -> u64 {
         round_up(
-            max_encoded_len(samples, self.dataset.sample_shape.len() as u64),
+            max_encoded_len(samples, self.first_field_ndims() as u64),
             META_RESERVE_ALIGN,
         )
     }
@@ -897,11 +1034,7 @@ impl Config {
         }
         let mut total = 0u64;
         for (i, f) in d.fields.iter().enumerate() {
-            let name_ok = (1..=64).contains(&f.name.len())
-                && f.name
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'));
-            if !name_ok {
+            if !valid_field_name(&f.name) {
                 return Err(self.invalid(
                     "dataset.fields",
                     format!("[{i}] name {:?}", f.name),
@@ -936,10 +1069,117 @@ impl Config {
         Ok(())
     }
 
+    /// `[dataset.tokens]` / `[dataset.npy]`: present for their kind only, with values in range
+    /// (the files themselves are checked when the source is opened).
+    fn validate_files(&self) -> Result<(), ConfigError> {
+        let d = &self.dataset;
+        for (given, owner, key) in [
+            (d.tokens.is_some(), DatasetKind::Tokens, "dataset.tokens"),
+            (d.npy.is_some(), DatasetKind::Npy, "dataset.npy"),
+        ] {
+            if given != (d.kind == owner) {
+                return Err(self.invalid(
+                    key,
+                    if given { "a table" } else { "no table" },
+                    format!(
+                        "[{key}] is given exactly when dataset.kind = \"{owner}\" (this dataset \
+                         has kind = \"{}\")",
+                        d.kind
+                    ),
+                ));
+            }
+        }
+        let dims_ok = |shape: &[u32]| shape.len() <= MAX_SAMPLE_DIMS && !shape.contains(&0);
+        if let Some(t) = &d.tokens {
+            if t.files.is_empty() || t.files.iter().any(|f| f.as_os_str().is_empty()) {
+                return Err(self.invalid(
+                    "dataset.tokens.files",
+                    format!("{:?}", t.files),
+                    "one or more token files (paths relative to the config file's directory, or \
+                     absolute), read as one stream in this order",
+                ));
+            }
+            if !matches!(t.token_dtype, Dtype::U16 | Dtype::U32) {
+                return Err(self.invalid(
+                    "dataset.tokens.token_dtype",
+                    t.token_dtype,
+                    "\"u16\" or \"u32\" (the files' little-endian token type)",
+                ));
+            }
+            if !matches!(t.dtype, Dtype::I64 | Dtype::I32) {
+                return Err(self.invalid(
+                    "dataset.tokens.dtype",
+                    t.dtype,
+                    "\"i64\" or \"i32\" (the dtype of input_ids and targets)",
+                ));
+            }
+            if t.seq_len == 0 {
+                return Err(self.invalid("dataset.tokens.seq_len", 0, "must be >= 1"));
+            }
+            if t.stride == Some(0) {
+                return Err(self.invalid(
+                    "dataset.tokens.stride",
+                    0,
+                    "must be >= 1 (leave it out for seq_len)",
+                ));
+            }
+        }
+        if let Some(n) = &d.npy {
+            if n.path.as_os_str().is_empty() {
+                return Err(self.invalid(
+                    "dataset.npy.path",
+                    "\"\"",
+                    "a .npy file (samples on the first axis) or a directory of per-sample .npy files",
+                ));
+            }
+            if !valid_field_name(&n.field) || (n.labels.is_some() && n.field == LABELS) {
+                return Err(self.invalid(
+                    "dataset.npy.field",
+                    format!("{:?}", n.field),
+                    "1 to 64 characters from A-Z a-z 0-9 _ - ., and not \"labels\" when \
+                     dataset.npy.labels is given",
+                ));
+            }
+            for (key, dtype) in [
+                ("dataset.npy.dtype", n.dtype),
+                ("dataset.npy.labels_dtype", n.labels_dtype),
+            ] {
+                if dtype == Dtype::Bf16 {
+                    return Err(self.invalid(
+                        key,
+                        dtype,
+                        "a dtype numpy has: u8, i8, i16, u16, i32, u32, i64, u64, f16, f32, f64, \
+                         bool",
+                    ));
+                }
+            }
+            for (key, shape) in [
+                ("dataset.npy.shape", &n.shape),
+                ("dataset.npy.labels_shape", &n.labels_shape),
+            ] {
+                if !dims_ok(shape) {
+                    return Err(self.invalid(
+                        key,
+                        format!("{shape:?}"),
+                        format!(
+                            "the shape of one sample: at most {MAX_SAMPLE_DIMS} dimensions, each \
+                             >= 1 ([] is one value per sample)"
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
     fn sample_bytes_checked(&self) -> Option<u64> {
         let d = &self.dataset;
-        if d.kind == DatasetKind::External {
-            return d.fields.first().map(Field::sample_bytes);
+        match d.kind {
+            DatasetKind::Synthetic => {}
+            DatasetKind::External => return d.fields.first().map(Field::sample_bytes),
+            DatasetKind::Tokens | DatasetKind::Npy => {
+                return self.file_field_bytes().map(|(first, _)| first)
+            }
         }
         d.sample_shape
             .iter()
@@ -954,7 +1194,10 @@ impl Config {
     }
 
     /// The named fields of every sample, in order ([`crate::fields`]): for `kind = "synthetic"`,
-    /// `images` (`dataset.dtype`, `dataset.sample_shape`) and `labels` (`i64`, one per sample).
+    /// `images` (`dataset.dtype`, `dataset.sample_shape`) and `labels` (`i64`, one per sample);
+    /// for `"external"`, `dataset.fields`; for `"tokens"`, `input_ids` and `targets`
+    /// (`[dataset.tokens] dtype`, `[seq_len]`); for `"npy"`, `[dataset.npy] field` (its `dtype`
+    /// and `shape`) and, with `labels`, `labels` (`labels_dtype`, `labels_shape`).
     pub fn fields(&self) -> Vec<Field> {
         let d = &self.dataset;
         match d.kind {
@@ -963,6 +1206,58 @@ impl Config {
                 Field::new(LABELS, Dtype::I64, Vec::new()),
             ],
             DatasetKind::External => d.fields.clone(),
+            DatasetKind::Tokens => match &d.tokens {
+                Some(t) => vec![
+                    Field::new(INPUT_IDS, t.dtype, vec![t.seq_len]),
+                    Field::new(TARGETS, t.dtype, vec![t.seq_len]),
+                ],
+                None => Vec::new(),
+            },
+            DatasetKind::Npy => match &d.npy {
+                Some(n) => {
+                    let mut f = vec![Field::new(n.field.clone(), n.dtype, n.shape.clone())];
+                    if n.labels.is_some() {
+                        f.push(Field::new(LABELS, n.labels_dtype, n.labels_shape.clone()));
+                    }
+                    f
+                }
+                None => Vec::new(),
+            },
+        }
+    }
+
+    /// A file kind's per-sample bytes of its first field and of all its fields (saturating),
+    /// without building the field list (slot sizing and the daemon's per-part checks ask often).
+    fn file_field_bytes(&self) -> Option<(u64, u64)> {
+        let d = &self.dataset;
+        let bytes = |dtype: Dtype, shape: &[u32]| {
+            shape.iter().fold(dtype.size_of() as u64, |acc, &x| {
+                acc.saturating_mul(u64::from(x))
+            })
+        };
+        if let Some(t) = &d.tokens {
+            let one = bytes(t.dtype, &[t.seq_len]);
+            return Some((one, one.saturating_mul(2)));
+        }
+        let n = d.npy.as_ref()?;
+        let data = bytes(n.dtype, &n.shape);
+        let labels = if n.labels.is_some() {
+            bytes(n.labels_dtype, &n.labels_shape)
+        } else {
+            0
+        };
+        Some((data, data.saturating_add(labels)))
+    }
+
+    /// Dimensions of a sample's first field (what a part's metadata records), without building
+    /// the field list.
+    fn first_field_ndims(&self) -> usize {
+        let d = &self.dataset;
+        match d.kind {
+            DatasetKind::Synthetic => d.sample_shape.len(),
+            DatasetKind::External => d.fields.first().map_or(0, |f| f.shape.len()),
+            DatasetKind::Tokens => 1,
+            DatasetKind::Npy => d.npy.as_ref().map_or(0, |n| n.shape.len()),
         }
     }
 
@@ -970,9 +1265,12 @@ impl Config {
     /// part's metadata records ([`crate::BatchMeta`]).
     pub fn first_field(&self) -> (Vec<u32>, Dtype) {
         let d = &self.dataset;
-        match d.fields.first() {
-            Some(f) if d.kind == DatasetKind::External => (f.shape.clone(), f.dtype),
-            _ => (d.sample_shape.clone(), d.dtype),
+        if d.kind == DatasetKind::Synthetic {
+            return (d.sample_shape.clone(), d.dtype);
+        }
+        match self.fields().into_iter().next() {
+            Some(f) => (f.shape, f.dtype),
+            None => (d.sample_shape.clone(), d.dtype),
         }
     }
 
@@ -990,6 +1288,9 @@ impl Config {
                 .fields
                 .iter()
                 .fold(0u64, |acc, f| acc.saturating_add(f.sample_bytes())),
+            DatasetKind::Tokens | DatasetKind::Npy => {
+                self.file_field_bytes().map_or(0, |(_, all)| all)
+            }
         }
     }
 
@@ -1758,6 +2059,233 @@ fields = [
         let bad = EXTERNAL.replace("dtype = \"bool\"", "dtype = \"bool\", shap = [2]");
         let e = Config::from_toml_str(&bad, "t").unwrap_err().to_string();
         assert!(e.contains("shap"), "{e}");
+    }
+}
+
+#[cfg(test)]
+mod file_kinds {
+    use super::*;
+    use crate::dataset::OnBadSample;
+
+    const TOKENS: &str = r#"
+[dataset]
+kind = "tokens"
+on_bad_sample = "skip"
+[dataset.tokens]
+files = ["a.bin", "/data/b.bin"]
+token_dtype = "u32"
+seq_len = 8
+shift = true
+dtype = "i32"
+"#;
+
+    const NPY: &str = r#"
+[dataset]
+kind = "npy"
+[dataset.npy]
+path = "x.npy"
+dtype = "u8"
+shape = [3, 4]
+labels = "y.npy"
+labels_dtype = "i16"
+"#;
+
+    fn parse(text: &str) -> Result<Config, ConfigError> {
+        Config::from_toml_str(text, "t.toml")
+    }
+
+    #[test]
+    fn file_kinds_have_fields_from_the_config_alone() {
+        let c = parse(TOKENS).unwrap();
+        assert_eq!(c.dataset.kind, DatasetKind::Tokens);
+        assert_eq!(c.dataset.on_bad_sample, OnBadSample::Skip);
+        assert!(!c.samples_resolved(), "the length comes from the files");
+        assert_eq!(
+            c.fields(),
+            [
+                Field::new(INPUT_IDS, Dtype::I32, vec![8]),
+                Field::new(TARGETS, Dtype::I32, vec![8]),
+            ]
+        );
+        assert_eq!(c.record_bytes(), 64);
+        assert_eq!(c.first_field(), (vec![8], Dtype::I32));
+        assert_eq!(c.dataset.tokens.as_ref().unwrap().stride(), 8);
+        let c = parse(NPY).unwrap();
+        assert_eq!(
+            c.fields(),
+            [
+                Field::new("data", Dtype::U8, vec![3, 4]),
+                Field::new(LABELS, Dtype::I16, vec![]),
+            ]
+        );
+        assert_eq!(c.record_bytes(), 14);
+        assert_eq!(c.sample_bytes(), 12);
+        assert!(c.plan().is_err(), "no plan before the length is known");
+        for text in [TOKENS, NPY, &NPY.replace("labels = \"y.npy\"\n", "")] {
+            let c = parse(text).unwrap();
+            let sum: u64 = c.fields().iter().map(Field::sample_bytes).sum();
+            assert_eq!(c.record_bytes(), sum);
+            assert_eq!(c.sample_bytes(), c.fields()[0].sample_bytes());
+        }
+    }
+
+    #[test]
+    fn the_source_length_becomes_samples_and_is_checked() {
+        let mut c = parse(TOKENS).unwrap();
+        let unresolved = c.fingerprint();
+        c.set_source_len(1000).unwrap();
+        assert_eq!(c.dataset.samples, 1000);
+        assert_ne!(c.fingerprint(), unresolved);
+        assert_eq!(c.plan().unwrap().batches_per_epoch(), 1000u64.div_ceil(32));
+        // Stored in the ring and read back: the same config, the same fingerprint.
+        let again = parse(&c.to_toml()).unwrap();
+        assert_eq!(again, c);
+        assert_eq!(again.fingerprint(), c.fingerprint());
+        let e = again.clone().set_source_len(999).unwrap_err().to_string();
+        assert!(
+            e.contains("dataset.samples = 1000") && e.contains("hold 999 samples"),
+            "{e}"
+        );
+        let mut given =
+            parse(&NPY.replace("kind = \"npy\"", "kind = \"npy\"\nsamples = 5")).unwrap();
+        assert!(given.set_source_len(6).is_err());
+        given.set_source_len(5).unwrap();
+        let npy = parse(NPY).unwrap();
+        assert_eq!(parse(&npy.to_toml()).unwrap(), npy);
+    }
+
+    #[test]
+    fn keys_of_another_kind_are_refused_by_name_and_kind() {
+        let cases: &[(&str, &[&str])] = &[
+            (
+                &TOKENS.replace("on_bad_sample", "sample_shape = [2]\non_bad_sample"),
+                &[
+                    "dataset.sample_shape",
+                    "kind = \"synthetic\"",
+                    "kind = \"tokens\"",
+                ],
+            ),
+            (
+                &NPY.replace("kind = \"npy\"", "kind = \"npy\"\nseed = 3"),
+                &["dataset.seed", "kind = \"synthetic\"", "kind = \"npy\""],
+            ),
+            (
+                &NPY.replace("kind = \"npy\"", "kind = \"npy\"\nfields = []"),
+                &["dataset.fields", "kind = \"external\""],
+            ),
+            (
+                &TOKENS.replace("shift = true", "shift = true\npath = \"x.npy\""),
+                &[
+                    "dataset.tokens.path",
+                    "kind = \"npy\"",
+                    "not of kind = \"tokens\"",
+                ],
+            ),
+            (
+                &NPY.replace("shape = [3, 4]", "shape = [3, 4]\nseq_len = 4"),
+                &["dataset.npy.seq_len", "kind = \"tokens\""],
+            ),
+            (
+                &NPY.replace("kind = \"npy\"", "kind = \"tokens\""),
+                &["[dataset.npy]", "kind = \"tokens\""],
+            ),
+            (
+                "[dataset]\nkind = \"synthetic\"\non_bad_sample = \"skip\"\n",
+                &["dataset.on_bad_sample", "kind = \"synthetic\""],
+            ),
+            (
+                "[dataset]\nkind = \"tokens\"\n",
+                &["[dataset.tokens]", "files"],
+            ),
+            (
+                &NPY.replace("shape = [3, 4]", "shape = [3, 4]\nshap = 1"),
+                &["unknown key dataset.npy.shap"],
+            ),
+            (
+                &NPY.replace("dtype = \"u8\"", "dtype = \"bf16\""),
+                &["dataset.npy.dtype", "numpy"],
+            ),
+            (
+                &TOKENS.replace("token_dtype = \"u32\"", "token_dtype = \"i64\""),
+                &["dataset.tokens.token_dtype", "u16"],
+            ),
+            (
+                &TOKENS.replace("seq_len = 8", "seq_len = 0"),
+                &["dataset.tokens.seq_len"],
+            ),
+        ];
+        for (text, want) in cases {
+            let e = parse(text).unwrap_err().to_string();
+            for w in *want {
+                assert!(e.contains(w), "{w:?} not in: {e}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_fingerprint_covers_what_decides_the_bytes() {
+        let mut base = parse(TOKENS).unwrap();
+        base.set_source_len(100).unwrap();
+        type Edit = Box<dyn Fn(&mut Config)>;
+        let tokens = |f: fn(&mut TokensDataset)| -> Edit {
+            Box::new(move |c: &mut Config| f(c.dataset.tokens.as_mut().unwrap()))
+        };
+        let edits: Vec<Edit> = vec![
+            tokens(|t| t.files.reverse()),
+            tokens(|t| t.files[0] = "./a.bin".into()),
+            tokens(|t| t.token_dtype = Dtype::U16),
+            tokens(|t| t.seq_len = 9),
+            tokens(|t| t.stride = Some(4)),
+            tokens(|t| t.shift = false),
+            tokens(|t| t.dtype = Dtype::I64),
+            Box::new(|c| c.plan.seed = 7),
+            Box::new(|c| c.dataset.samples = 101),
+            Box::new(|c| c.dataset.on_bad_sample = OnBadSample::Fail),
+        ];
+        for (k, e) in edits.iter().enumerate() {
+            let mut c = base.clone();
+            e(&mut c);
+            assert_ne!(c.fingerprint(), base.fingerprint(), "edit {k}");
+        }
+        // The stride in effect: an explicit stride equal to seq_len is the same dataset.
+        let mut same = base.clone();
+        same.dataset.tokens.as_mut().unwrap().stride = Some(8);
+        assert_eq!(same.fingerprint(), base.fingerprint());
+        let mut base = parse(NPY).unwrap();
+        base.set_source_len(10).unwrap();
+        let npy = |f: fn(&mut NpyDataset)| -> Edit {
+            Box::new(move |c: &mut Config| f(c.dataset.npy.as_mut().unwrap()))
+        };
+        let edits: Vec<Edit> = vec![
+            npy(|n| n.path = "x2.npy".into()),
+            npy(|n| n.field = "x".into()),
+            npy(|n| n.dtype = Dtype::I8),
+            npy(|n| n.shape = vec![4, 3]),
+            npy(|n| n.labels = None),
+            npy(|n| n.labels = Some("z.npy".into())),
+            npy(|n| n.labels_dtype = Dtype::I64),
+            npy(|n| n.labels_shape = vec![1]),
+        ];
+        for (k, e) in edits.iter().enumerate() {
+            let mut c = base.clone();
+            e(&mut c);
+            assert_ne!(c.fingerprint(), base.fingerprint(), "npy edit {k}");
+        }
+    }
+
+    #[test]
+    fn relative_paths_are_resolved_against_the_config_files_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("pinring.toml");
+        std::fs::write(&p, TOKENS).unwrap();
+        let c = Config::load(&p).unwrap();
+        assert_eq!(c.resolve_path(Path::new("a.bin")), dir.path().join("a.bin"));
+        assert_eq!(
+            c.resolve_path(Path::new("/data/b.bin")),
+            Path::new("/data/b.bin")
+        );
+        let c = parse(TOKENS).unwrap();
+        assert_eq!(c.resolve_path(Path::new("a.bin")), Path::new("a.bin"));
     }
 }
 

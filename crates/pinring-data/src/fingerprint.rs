@@ -12,7 +12,17 @@
 
 use xxhash_rust::xxh3::xxh3_64;
 
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
 use crate::config::{Config, DatasetKind};
+
+/// Appends `path` as written (u32 length, bytes).
+fn push_path(b: &mut Vec<u8>, path: &Path) {
+    let bytes = path.as_os_str().as_bytes();
+    b.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
+    b.extend_from_slice(bytes);
+}
 
 /// Version of the fingerprint encoding *and* of the data algorithms (plan
 /// PRNG, synthetic generator, metadata encoding, slot payload format). Bump it
@@ -21,8 +31,11 @@ use crate::config::{Config, DatasetKind};
 /// their labels as little-endian i64 ([`crate::fields`]), and slots are sized
 /// for both; a loader of version 2 wrote the images alone. Version 4: the
 /// fields a sample of `kind = "external"` declares are hashed, and new dtypes
-/// (bool, i8, i16, u16, u32, u64) extend the metadata's dtype enum.
-pub const FINGERPRINT_VERSION: u32 = 4;
+/// (bool, i8, i16, u16, u32, u64) extend the metadata's dtype enum. Version 5:
+/// the file kinds (`tokens`, `npy`): their fields are hashed like declared ones,
+/// followed by what else decides their bytes (files as written, token dtype,
+/// seq_len, stride, shift, arrays, `on_bad_sample`).
+pub const FINGERPRINT_VERSION: u32 = 5;
 
 const MAGIC: &[u8; 8] = b"pinrngfp";
 
@@ -35,7 +48,13 @@ impl Config {
     /// rank (u32), world_size (u32), resolved slot_bytes (u64), samples per part (u32;
     /// version 2: with the slot size and batch size it fixes which samples each seq carries),
     /// then the declared fields (version 4; count (u32), then per field its name (u32 length,
-    /// UTF-8), dtype code (u8), ndims (u32) and dims (u32 each)).
+    /// UTF-8), dtype code (u8), ndims (u32) and dims (u32 each)); for the file kinds
+    /// (version 5; kind 2 `tokens`, 3 `npy`) these are the fields of [`Config::fields`], then
+    /// `on_bad_sample` (u8: 0 fail, 1 skip) and, for `tokens`: file count (u32), each path as
+    /// written (u32 length, bytes), token dtype code (u8), seq_len (u32), stride in effect
+    /// (u32), shift (u8); for `npy`: the path as written, then labels (u8 0 none, 1 and the
+    /// path). The sample count is `samples`, the source's length once opened; the shifted
+    /// windows' seed is the plan seed.
     /// The fields of a sample follow from the dataset kind, shape and dtype; their payload
     /// format is the version's (version 3: field-major images and i64 labels).
     pub fn fingerprint_bytes(&self) -> Vec<u8> {
@@ -47,6 +66,8 @@ impl Config {
         b.push(match d.kind {
             DatasetKind::Synthetic => 0,
             DatasetKind::External => 1,
+            DatasetKind::Tokens => 2,
+            DatasetKind::Npy => 3,
         });
         b.extend_from_slice(&d.samples.to_le_bytes());
         b.extend_from_slice(&(d.sample_shape.len() as u32).to_le_bytes());
@@ -68,14 +89,45 @@ impl Config {
         b.extend_from_slice(&parts.samples_per_part.to_le_bytes());
         // Declared fields (kind = "external"; none for synthetic, whose fields follow from the
         // kind, shape and dtype): count, then each name (length, UTF-8), dtype code, ndims, dims.
-        b.extend_from_slice(&(d.fields.len() as u32).to_le_bytes());
-        for f in &d.fields {
+        let fields = if d.kind.reads_files() {
+            self.fields()
+        } else {
+            d.fields.clone()
+        };
+        b.extend_from_slice(&(fields.len() as u32).to_le_bytes());
+        for f in &fields {
             b.extend_from_slice(&(f.name.len() as u32).to_le_bytes());
             b.extend_from_slice(f.name.as_bytes());
             b.push(f.dtype.code());
             b.extend_from_slice(&(f.shape.len() as u32).to_le_bytes());
             for dim in &f.shape {
                 b.extend_from_slice(&dim.to_le_bytes());
+            }
+        }
+        if d.kind.reads_files() {
+            b.push(match d.on_bad_sample {
+                crate::OnBadSample::Fail => 0,
+                crate::OnBadSample::Skip => 1,
+            });
+        }
+        if let Some(t) = &d.tokens {
+            b.extend_from_slice(&(t.files.len() as u32).to_le_bytes());
+            for f in &t.files {
+                push_path(&mut b, f);
+            }
+            b.push(t.token_dtype.code());
+            b.extend_from_slice(&t.seq_len.to_le_bytes());
+            b.extend_from_slice(&t.stride().to_le_bytes());
+            b.push(u8::from(t.shift));
+        }
+        if let Some(n) = &d.npy {
+            push_path(&mut b, &n.path);
+            match &n.labels {
+                Some(l) => {
+                    b.push(1);
+                    push_path(&mut b, l);
+                }
+                None => b.push(0),
             }
         }
         b
@@ -135,7 +187,7 @@ mod tests {
         // A loader of another payload format (version 2: images only) has another fingerprint
         // for the same config, so the daemon refuses it.
         let bytes = Config::default().fingerprint_bytes();
-        assert_eq!(bytes[8..12], 4u32.to_le_bytes());
+        assert_eq!(bytes[8..12], 5u32.to_le_bytes());
         let mut v2 = bytes.clone();
         v2[8..12].copy_from_slice(&2u32.to_le_bytes());
         assert_ne!(

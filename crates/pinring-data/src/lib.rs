@@ -2,6 +2,7 @@
 //! and per-batch metadata shared by the pinring daemon and loaders.
 //!
 //! * [`config`] -- the TOML config file ([`Config`]).
+//! * [`dataset`] -- the keys of the file kinds (`[dataset.tokens]`, `[dataset.npy]`).
 //! * [`fields`] -- the named fields of a sample and where each lies in a batch ([`Field`],
 //!   [`BatchLayout`]).
 //! * [`plan`] -- which samples go into batch `seq` ([`Plan`]).
@@ -11,6 +12,7 @@
 //! * [`size`] -- [`ByteSize`].
 
 pub mod config;
+pub mod dataset;
 pub mod fields;
 pub mod fingerprint;
 pub mod meta;
@@ -22,6 +24,7 @@ pub use config::{
     AutoRing, BadBatchPolicy, Config, ConfigError, DaemonConfig, DatasetConfig, DatasetKind,
     PartLayout, PlanConfig, RingConfig, SegmentMode, SlotBytes, DEFAULT_CONFIG_TOML,
 };
+pub use dataset::{NpyDataset, OnBadSample, TokensDataset, INPUT_IDS, NPY_DEFAULT_FIELD, TARGETS};
 pub use fields::{BatchLayout, ChunkCopy, Field, FieldPlacement, FIELD_ALIGN, IMAGES, LABELS};
 pub use fingerprint::FINGERPRINT_VERSION;
 pub use meta::{max_encoded_len, BatchMeta, Dtype, MetaError, MAX_META_BYTES};

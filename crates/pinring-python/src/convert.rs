@@ -53,6 +53,9 @@ pub fn check_config<'py>(
     source: &str,
 ) -> PyResult<Bound<'py, PyDict>> {
     let mut cfg = Config::from_toml_str(toml, source).map_err(|e| e.to_pyerr())?;
+    // A file kind: its files are opened (relative paths: the working directory) and their
+    // length is dataset.samples, as the daemon finds it.
+    pinring_runtime::loader::open_source(&mut cfg).map_err(|e| e.to_pyerr())?;
     // As a daemon on this host would resolve "auto" (the part layout follows from it).
     pinring_runtime::host_memory::HostMemory::read().resolve_auto(&mut cfg);
     cfg.validate().map_err(|e| e.to_pyerr())?;

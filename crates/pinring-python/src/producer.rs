@@ -153,6 +153,8 @@ impl Producer {
         };
         let state = py.detach(|| -> Result<State, loader::LoaderError> {
             let mut cfg = settings::load(config.as_deref(), &overrides)?;
+            // A file kind: its length is the files' (as the daemon and pinring-loader find it).
+            loader::open_source(&mut cfg)?;
             let r = loader::attach(&cfg.ring.name, Access::ReadWrite, wait)?;
             let plan = loader::check_ring(&mut cfg, &r)?;
             let seat = r.attach_loader(ProcessId::current())?;
@@ -359,7 +361,7 @@ impl Part {
         let n = self.indices.len();
         let fallback = || match j.cfg.dataset.kind {
             DatasetKind::Synthetic => j.cfg.synthetic().labels(&self.indices),
-            DatasetKind::External => Vec::new(),
+            DatasetKind::External | DatasetKind::Tokens | DatasetKind::Npy => Vec::new(),
         };
         let Some(f) = j.layout.field(LABELS) else {
             return Ok(fallback());

@@ -317,7 +317,7 @@ pub enum SlotFault {
         slot_bytes: u64,
     },
     /// The loader committed an error instead of a batch.
-    #[error("slot {slot} (seq {seq}): the loader reported error code {code}")]
+    #[error("slot {slot} (seq {seq}): the loader reported error code {code}{}", loader_code_meaning(*code))]
     LoaderError {
         /// Slot index.
         slot: u32,
@@ -334,4 +334,17 @@ pub enum SlotFault {
         /// Word seen.
         raw: u64,
     },
+}
+
+/// What a loader's error code means (pinring-runtime's `ERR_PLAN`, `ERR_META`, `ERR_SAMPLE`).
+fn loader_code_meaning(code: u32) -> &'static str {
+    match code {
+        1 => " (it cannot make this part of the plan)",
+        2 => " (the part's metadata does not fit the slot)",
+        3 => {
+            " (a sample of the part cannot be read and dataset.on_bad_sample = \"fail\": the \
+             loader's log names the file and the problem)"
+        }
+        _ => "",
+    }
 }

@@ -57,6 +57,9 @@ pub fn run(args: &CheckArgs) -> Result<(), CheckError> {
         ..Default::default()
     };
     let mut cfg = settings::load(origin.path(), &overrides)?;
+    // A file kind: open its files as the daemon does (checking them against the declared
+    // fields); their length is dataset.samples.
+    crate::loader::open_source(&mut cfg)?;
     // Resolve "auto" as a daemon on this host would (loaders adopt the daemon's values).
     let host = crate::host_memory::HostMemory::read();
     let auto = host.resolve_auto(&mut cfg);

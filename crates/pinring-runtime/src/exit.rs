@@ -14,7 +14,8 @@ pub enum Exit {
     /// Bad command line (unknown flag, bad value, `--start-seq` past the end of the plan).
     Usage = 2,
     /// Bad config file (syntax, unknown key, out-of-range value, a ring geometry the segment
-    /// cannot hold).
+    /// cannot hold), or bad dataset files: a file dataset that cannot be opened, or a sample a
+    /// loader cannot read with `dataset.on_bad_sample = "fail"`.
     Config = 3,
     /// Ring/segment error: missing, corrupt, other layout version, truncated, held by a live
     /// daemon, or no room in /dev/shm.

@@ -98,7 +98,15 @@ pub fn main_loader(args: &loader::LoaderArgs, shutdown: std::io::Result<Shutdown
         Err(e) => return e,
     };
     match loader::run(args, &shutdown) {
-        Ok(_) => Exit::Ok,
+        Ok(r) => {
+            tracing::info!(
+                batches = r.batches,
+                bytes = r.bytes,
+                bad_samples = r.bad_samples,
+                "loader finished"
+            );
+            Exit::Ok
+        }
         Err(e) => {
             tracing::error!("{e}");
             e.exit()

@@ -4,15 +4,25 @@
 //! part is the whole batch when a batch fits one slot), commits it,
 //! and repeats until the daemon closes the ring. Stateless: any number may run, join late, or
 //! leave; the daemon's sequencer decides what each one makes.
+//!
+//! For a file kind (`dataset.kind = "tokens"` / `"npy"`) the loader opens the dataset's source
+//! once ([`open_source`]); its length is `dataset.samples`, which the daemon resolved the same
+//! way (the fingerprint covers it). Each sample of a part is read into per-sample buffers and
+//! written at its field-major places; a sample that cannot be read follows
+//! `dataset.on_bad_sample`.
 
 use crate::exit::Exit;
 use crate::settings::{self, Overrides};
 use crate::shutdown::Shutdown;
-use pinring_data::{BatchIndices, BatchMeta, Config, DatasetKind, Plan, IMAGES};
+use pinring_data::{
+    BatchIndices, BatchLayout, BatchMeta, Config, ConfigError, DatasetKind, Dtype, OnBadSample,
+    Plan, IMAGES, LABELS,
+};
 use pinring_ring::layout::{align_up, META_ALIGN};
 use pinring_ring::{
     futex, ring_state, Access, Claim, CommitError, ProcessId, Ring, RingError, Seat, SlotWriter,
 };
+use pinring_sources::{FieldBuf, Source, SourceError};
 use std::path::PathBuf;
 use std::sync::atomic::Ordering::{Acquire, Relaxed};
 use std::time::{Duration, Instant};
@@ -26,6 +36,9 @@ const DAEMON_CHECK_EVERY: Duration = Duration::from_millis(250);
 pub const ERR_PLAN: u32 = 1;
 /// Error code for metadata that does not fit the slot.
 pub const ERR_META: u32 = 2;
+/// Error code a loader commits when a sample of its part cannot be read and
+/// `dataset.on_bad_sample = "fail"` (the loader then exits with code 3).
+pub const ERR_SAMPLE: u32 = 3;
 
 /// Loader settings (from flags).
 #[derive(Debug, Clone, clap::Args)]
@@ -57,6 +70,9 @@ pub struct LoaderReport {
     pub bytes: u64,
     /// Commits refused because the slot had been reclaimed.
     pub reclaimed: u64,
+    /// Samples of a file kind that could not be read and were replaced by zeros
+    /// (`dataset.on_bad_sample = "skip"`).
+    pub bad_samples: u64,
 }
 
 /// Why a loader stopped with an error.
@@ -78,8 +94,10 @@ pub enum LoaderError {
     #[error(transparent)]
     Ring(#[from] RingError),
     /// The config differs from the daemon's.
-    #[error("ring {ring:?}: this loader's config ({source_name}, fingerprint {mine:#018x}) describes another dataset or plan than the daemon's (fingerprint {theirs:#018x}): start the loader with the daemon's config file")]
+    #[error("ring {ring:?}: this loader's config ({source_name}, fingerprint {mine:#018x}) describes another dataset or plan than the daemon's (fingerprint {theirs:#018x}): start the loader with the daemon's config file{hint}")]
     Mismatch {
+        /// More on the cause, when known (a file dataset of another length).
+        hint: Box<str>,
         /// Ring name.
         ring: String,
         /// Config source.
@@ -88,6 +106,21 @@ pub enum LoaderError {
         mine: u64,
         /// The ring's.
         theirs: u64,
+    },
+    /// A sample could not be read and `dataset.on_bad_sample` is `"fail"`.
+    #[error("ring {ring:?}: sample {id} (epoch {epoch}, seq {seq}) cannot be read: {source}; dataset.on_bad_sample = \"fail\" stops the loader (\"skip\" substitutes zeros and goes on)")]
+    BadSample {
+        /// Ring name.
+        ring: String,
+        /// The part's seq.
+        seq: u64,
+        /// The sample id.
+        id: u64,
+        /// The epoch.
+        epoch: u32,
+        /// The reader's error (file, offset, problem).
+        #[source]
+        source: Box<SourceError>,
     },
     /// The daemon died.
     #[error("ring {ring:?}: its daemon (pid {pid}) is gone; restart the daemon, then the loaders")]
@@ -103,7 +136,9 @@ impl LoaderError {
     /// The exit code for this error.
     pub fn exit(&self) -> Exit {
         match self {
-            LoaderError::Config(_) | LoaderError::Plan { .. } => Exit::Config,
+            LoaderError::Config(_) | LoaderError::Plan { .. } | LoaderError::BadSample { .. } => {
+                Exit::Config
+            }
             LoaderError::Ring(RingError::LoaderTableFull { .. }) => Exit::Refused,
             LoaderError::Ring(_) => Exit::Ring,
             LoaderError::Mismatch { .. } => Exit::Refused,
@@ -197,7 +232,7 @@ pub fn run(args: &LoaderArgs, shutdown: &Shutdown) -> Result<LoaderReport, Loade
         ring: args.ring.clone().or_else(|| args.service.instance_ring()),
         ..Default::default()
     };
-    let cfg = settings::load(args.config.as_deref(), &overrides)?;
+    let mut cfg = settings::load(args.config.as_deref(), &overrides)?;
     if cfg.dataset.kind == DatasetKind::External {
         return Err(LoaderError::Config(pinring_data::ConfigError::Invalid {
             source_name: cfg.source.clone(),
@@ -208,12 +243,17 @@ pub fn run(args: &LoaderArgs, shutdown: &Shutdown) -> Result<LoaderReport, Loade
                 .to_string(),
         }));
     }
+    // A file kind: the source is opened once per loader process, for every attachment.
+    let mut source = open_source(&mut cfg)?;
+    if let Some(src) = &source {
+        tracing::info!(ring = %cfg.ring.name, kind = %cfg.dataset.kind, samples = src.len(), "dataset opened");
+    }
     let wait = Duration::from_secs_f64(args.wait_secs.max(0.0));
     let mut service = crate::service::LoaderService::waiting(&cfg.ring.name);
     let mut total = LoaderReport::default();
     loop {
-        let outcome = run_attached(&mut cfg.clone(), wait, shutdown, &mut service);
-        match outcome {
+        let outcome = run_attached(&mut cfg.clone(), wait, shutdown, &mut service, &mut source);
+        match outcome.map_err(|b| *b) {
             Ok(report) => {
                 total.add(&report);
                 return Ok(total);
@@ -234,6 +274,7 @@ impl LoaderReport {
         self.batches += other.batches;
         self.bytes += other.bytes;
         self.reclaimed += other.reclaimed;
+        self.bad_samples += other.bad_samples;
     }
 }
 
@@ -244,8 +285,9 @@ fn run_attached(
     wait: Duration,
     shutdown: &Shutdown,
     service: &mut crate::service::LoaderService,
-) -> Result<LoaderReport, (LoaderReport, LoaderError)> {
-    let none = |e: LoaderError| (LoaderReport::default(), e);
+    source: &mut Option<Box<dyn Source>>,
+) -> Result<LoaderReport, Box<(LoaderReport, LoaderError)>> {
+    let none = |e: LoaderError| Box::new((LoaderReport::default(), e));
     let stop = || shutdown.requested();
     let ring = match attach_unless(&cfg.ring.name, Access::ReadWrite, wait, stop) {
         Ok(Some(ring)) => ring,
@@ -271,13 +313,19 @@ fn run_attached(
         field_buf: Vec::new(),
         report: LoaderReport::default(),
         service,
+        source: source.as_deref_mut(),
+        sample_bufs: Vec::new(),
+        labels: Vec::new(),
     };
     let result = worker.work(shutdown);
     ring.detach_loader(seat);
     let report = worker.report;
     worker.service.stopping(report.batches);
-    tracing::info!(ring = %cfg.ring.name, loader = index, batches = report.batches, bytes = report.bytes, "detached");
-    result.map(|()| report).map_err(|e| (report, e))
+    if report.bad_samples > 0 {
+        tracing::warn!(ring = %cfg.ring.name, loader = index, bad_samples = report.bad_samples, "{} samples could not be read and were replaced by zeros (dataset.on_bad_sample = \"skip\")", report.bad_samples);
+    }
+    tracing::info!(ring = %cfg.ring.name, loader = index, batches = report.batches, bytes = report.bytes, bad_samples = report.bad_samples, "detached");
+    result.map(|()| report).map_err(|e| Box::new((report, e)))
 }
 
 /// Checks an attached ring against a loader's config and makes the plan the daemon's seqs come
@@ -294,7 +342,9 @@ pub fn check_ring(cfg: &mut Config, ring: &Ring) -> Result<Plan, LoaderError> {
     }
     let theirs = h.fingerprint.load(Relaxed);
     if cfg.fingerprint() != theirs {
+        let hint = length_hint(cfg, ring).into_boxed_str();
         return Err(LoaderError::Mismatch {
+            hint,
             ring: cfg.ring.name.clone(),
             source_name: cfg.source.clone(),
             mine: cfg.fingerprint(),
@@ -303,6 +353,50 @@ pub fn check_ring(cfg: &mut Config, ring: &Ring) -> Result<Plan, LoaderError> {
     }
     let end_seq = h.end_seq.load(Relaxed);
     plan_covering(cfg, end_seq)
+}
+
+/// Why a file dataset's fingerprint may differ: the daemon's source has another length than this
+/// loader's (known when the daemon stored its config in the ring, `--sink consumer`), or a
+/// general note that the files' length is part of the fingerprint.
+fn length_hint(cfg: &Config, ring: &Ring) -> String {
+    if !cfg.dataset.kind.reads_files() {
+        return String::new();
+    }
+    let theirs = ring
+        .handoff_config()
+        .and_then(|b| String::from_utf8(b).ok())
+        .and_then(|t| Config::from_toml_str(&t, "ring").ok())
+        .map(|c| c.dataset.samples);
+    match theirs {
+        Some(n) if n != cfg.dataset.samples => format!(
+            "; the daemon's {} dataset has {n} samples, the files this loader opened have {}: \
+             the loader reads other or changed files than the daemon (relative paths are \
+             resolved against the config file's directory)",
+            cfg.dataset.kind, cfg.dataset.samples
+        ),
+        _ => format!(
+            " (the {} files' length, {} samples here, is part of it: a loader reading other or \
+             changed files than the daemon differs)",
+            cfg.dataset.kind, cfg.dataset.samples
+        ),
+    }
+}
+
+/// Opens the source of a file kind (`dataset.kind = "tokens"` / `"npy"`; `None` for the other
+/// kinds) and records its length as `dataset.samples` ([`Config::set_source_len`]): the daemon
+/// does so at start, before it makes the ring and its fingerprint, and each loader process
+/// once, before it checks its fingerprint against the ring's. An error names the file.
+pub fn open_source(cfg: &mut Config) -> Result<Option<Box<dyn Source>>, ConfigError> {
+    let Some(opened) = pinring_sources::open_dataset(cfg) else {
+        return Ok(None);
+    };
+    let src = opened.map_err(|e| ConfigError::Dataset {
+        source_name: cfg.source.clone(),
+        kind: cfg.dataset.kind,
+        message: e.to_string(),
+    })?;
+    cfg.set_source_len(src.len())?;
+    Ok(Some(src))
 }
 
 /// `DaemonGone` if the ring's daemon no longer holds its lock (it exited or died).
@@ -448,6 +542,12 @@ struct Worker<'a> {
     field_buf: Vec<u8>,
     report: LoaderReport,
     service: &'a mut crate::service::LoaderService,
+    /// The dataset's source (file kinds), opened once per process.
+    source: Option<&'a mut (dyn Source + 'static)>,
+    /// One sample's fields (file kinds), read here and then copied into the slot.
+    sample_bufs: Vec<Vec<u8>>,
+    /// A part's labels for its metadata (file kinds with an integer `labels` field).
+    labels: Vec<u32>,
 }
 
 impl Worker<'_> {
@@ -456,8 +556,14 @@ impl Worker<'_> {
         let synthetic = self.cfg.synthetic();
         let sample_bytes = self.cfg.sample_bytes() as usize;
         let layout = self.cfg.batch_layout();
-        let shape = self.cfg.dataset.sample_shape.clone();
-        let dtype = self.cfg.dataset.dtype;
+        // What a part's metadata records: the first field's shape and dtype.
+        let (shape, dtype) = self.cfg.first_field();
+        // Labels in the metadata: a file kind's integer `labels` field of one value per sample.
+        let label_field = layout
+            .fields
+            .iter()
+            .position(|f| f.name == LABELS && f.shape.len() == 1 && is_integer(f.dtype));
+        let policy = self.cfg.dataset.on_bad_sample;
         let mut hint = u32::from(self.seat.index) % self.ring.geometry().slot_count;
         let mut last_daemon_check = Instant::now();
         loop {
@@ -497,10 +603,76 @@ impl Worker<'_> {
                 .part_into(seq, &mut self.samples)
                 .map(|p| (p.epoch, p.index_in_epoch));
             let mut slot = self.ring.slot_writer(&mut claim);
+            // A sample that cannot be read with on_bad_sample = "fail": the part is committed
+            // with ERR_SAMPLE, then the loader stops with this error.
+            let mut fatal = None;
             let (payload_len, meta_len, error) = match made {
                 Err(e) => {
                     tracing::error!(ring = %self.cfg.ring.name, seq, "cannot make this batch: {e}");
                     (0, 0, ERR_PLAN)
+                }
+                Ok((epoch, index_in_epoch)) if self.source.is_some() => {
+                    let count = self.samples.len() as u64;
+                    let payload_len = layout.payload_bytes(count) as usize;
+                    let fits = payload_len <= slot.len();
+                    let src = self.source.as_deref_mut();
+                    let filled = src.map(|src| {
+                        fill_from_source(
+                            src,
+                            &mut FileFill {
+                                slot: &mut slot,
+                                layout: &layout,
+                                samples: &self.samples,
+                                epoch,
+                                policy,
+                                label_field,
+                                bufs: &mut self.sample_bufs,
+                                labels: &mut self.labels,
+                                bad: &mut self.report.bad_samples,
+                                ring: &self.cfg.ring.name,
+                                seq,
+                            },
+                        )
+                    });
+                    match filled {
+                        Some(Ok(ok)) => {
+                            let indices = BatchIndices {
+                                seq,
+                                epoch,
+                                index_in_epoch,
+                                samples: std::mem::take(&mut self.samples),
+                            };
+                            let meta = BatchMeta::new(
+                                &indices,
+                                std::mem::take(&mut self.labels),
+                                shape.clone(),
+                                dtype,
+                                layout.record_bytes,
+                            );
+                            self.samples = indices.samples;
+                            let written = write_meta(
+                                &mut slot,
+                                self.cfg,
+                                &meta,
+                                payload_len,
+                                fits && ok,
+                                &mut self.meta_buf,
+                            );
+                            self.labels = meta.labels; // its capacity, for the next part
+                            written
+                        }
+                        Some(Err((id, e))) => {
+                            fatal = Some(LoaderError::BadSample {
+                                ring: self.cfg.ring.name.clone(),
+                                seq,
+                                id,
+                                epoch,
+                                source: Box::new(e),
+                            });
+                            (0, 0, ERR_SAMPLE)
+                        }
+                        None => (0, 0, ERR_PLAN),
+                    }
                 }
                 Ok((epoch, index_in_epoch)) => {
                     let count = self.samples.len() as u64;
@@ -571,8 +743,116 @@ impl Worker<'_> {
                     tracing::error!(ring = %self.cfg.ring.name, "{e}");
                 }
             }
+            if let Some(e) = fatal {
+                return Err(e);
+            }
         }
     }
+}
+
+/// What [`fill_from_source`] fills, and with what.
+struct FileFill<'s, 'w> {
+    slot: &'s mut SlotWriter<'w>,
+    layout: &'s BatchLayout,
+    samples: &'s [u64],
+    epoch: u32,
+    policy: OnBadSample,
+    /// Index of the integer `labels` field whose values the metadata records, if any.
+    label_field: Option<usize>,
+    bufs: &'s mut Vec<Vec<u8>>,
+    labels: &'s mut Vec<u32>,
+    bad: &'s mut u64,
+    ring: &'s str,
+    seq: u64,
+}
+
+/// Reads the part's samples from `src`, each into per-sample buffers (one per field), and writes
+/// every field at its field-major place in the slot: field `f` of sample `n` at
+/// `chunk_in_part(count).0 + n × sample_bytes`. Collects the labels for the metadata. A sample
+/// that cannot be read is, with `"skip"`, zeros in every field (counted, and logged naming the
+/// sample and the file); with `"fail"`, the error (its sample id) ends the part. Returns whether
+/// every write landed in the slot.
+fn fill_from_source(
+    src: &mut dyn Source,
+    f: &mut FileFill<'_, '_>,
+) -> Result<bool, (u64, SourceError)> {
+    let count = f.samples.len() as u64;
+    let fields = &f.layout.fields;
+    f.bufs.resize_with(fields.len(), Vec::new);
+    for (buf, field) in f.bufs.iter_mut().zip(fields) {
+        buf.resize(field.sample_bytes as usize, 0);
+    }
+    f.labels.clear();
+    let mut fits = true;
+    let mut labels_fit = true;
+    for (n, &id) in f.samples.iter().enumerate() {
+        let read = {
+            let mut out: Vec<FieldBuf<'_>> = f
+                .bufs
+                .iter_mut()
+                .map(|b| FieldBuf::Fixed(b.as_mut_slice()))
+                .collect();
+            src.read(f.epoch, id, &mut out)
+        };
+        if let Err(e) = read {
+            // A caller's mistake (buffers, an id past the end) is never a bad sample to skip.
+            let data = !matches!(
+                e,
+                SourceError::Buffers { .. } | SourceError::OutOfRange { .. }
+            );
+            if f.policy == OnBadSample::Fail || !data {
+                tracing::error!(ring = %f.ring, seq = f.seq, sample = id, epoch = f.epoch, "{e}");
+                return Err((id, e));
+            }
+            *f.bad += 1;
+            tracing::warn!(ring = %f.ring, seq = f.seq, sample = id, epoch = f.epoch, "sample {id} replaced by zeros (dataset.on_bad_sample = \"skip\"): {e}");
+            for b in f.bufs.iter_mut() {
+                b.fill(0);
+            }
+        }
+        for (buf, field) in f.bufs.iter().zip(fields) {
+            let (offset, _) = field.chunk_in_part(count);
+            let at = offset as usize + n * field.sample_bytes as usize;
+            fits &= f.slot.write(at, buf).is_ok();
+        }
+        if let Some(k) = f.label_field {
+            match integer_label(fields[k].dtype, &f.bufs[k]) {
+                Some(v) => f.labels.push(v),
+                None => labels_fit = false,
+            }
+        }
+    }
+    if !labels_fit {
+        // A label outside 0..2^32 (the metadata's labels are u32): the part's metadata records
+        // none; the labels field itself holds the exact values.
+        f.labels.clear();
+    }
+    Ok(fits)
+}
+
+/// Whether `dtype` is an integer type (its one-element field gives the metadata's labels).
+fn is_integer(dtype: Dtype) -> bool {
+    !matches!(
+        dtype,
+        Dtype::Bool | Dtype::F16 | Dtype::Bf16 | Dtype::F32 | Dtype::F64
+    )
+}
+
+/// The value of a one-element integer field as a metadata label: `None` for a non-integer dtype
+/// or a value outside `0..2^32`.
+fn integer_label(dtype: Dtype, bytes: &[u8]) -> Option<u32> {
+    let mut b = [0u8; 8];
+    let n = dtype.size_of().min(8).min(bytes.len());
+    b[..n].copy_from_slice(&bytes[..n]);
+    let v: i128 = match dtype {
+        Dtype::U8 | Dtype::U16 | Dtype::U32 | Dtype::U64 => i128::from(u64::from_le_bytes(b)),
+        Dtype::I8 => i128::from(b[0] as i8),
+        Dtype::I16 => i128::from(i16::from_le_bytes([b[0], b[1]])),
+        Dtype::I32 => i128::from(i32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+        Dtype::I64 => i128::from(i64::from_le_bytes(b)),
+        Dtype::Bool | Dtype::F16 | Dtype::Bf16 | Dtype::F32 | Dtype::F64 => return None,
+    };
+    u32::try_from(v).ok()
 }
 
 #[cfg(test)]
@@ -598,6 +878,18 @@ mod tests {
             other => panic!("expected NotInitialised, got {other:?}"),
         }
         assert!(took >= wait, "gave up after {took:?}");
+    }
+
+    #[test]
+    fn labels_of_integer_fields_that_fit_a_u32() {
+        assert_eq!(integer_label(Dtype::I64, &7i64.to_le_bytes()), Some(7));
+        assert_eq!(integer_label(Dtype::I64, &(-1i64).to_le_bytes()), None);
+        assert_eq!(integer_label(Dtype::U64, &(1u64 << 32).to_le_bytes()), None);
+        assert_eq!(integer_label(Dtype::I8, &[0xff]), None);
+        assert_eq!(integer_label(Dtype::U16, &[1, 2]), Some(0x201));
+        assert_eq!(integer_label(Dtype::I32, &5i32.to_le_bytes()), Some(5));
+        assert_eq!(integer_label(Dtype::F32, &[0; 4]), None);
+        assert!(is_integer(Dtype::U8) && !is_integer(Dtype::Bool));
     }
 
     #[test]

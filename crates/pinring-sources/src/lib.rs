@@ -20,7 +20,7 @@
 //! **Bad data.** Opening checks what can be checked once (files exist, sizes, headers, shapes);
 //! an error there fails the open. Everything found while reading one sample is a per-sample
 //! [`SourceError`] naming the file, the member and the byte offset, so that the caller applies
-//! its `on_bad_sample` policy ([`OnBadSample`]): stop, or substitute another sample. No input
+//! its `on_bad_sample` policy ([`OnBadSample`]): stop, or write zeros in its place. No input
 //! makes a reader panic.
 
 #![forbid(unsafe_code)]
@@ -85,18 +85,10 @@ pub enum FieldBuf<'a> {
     Bytes(&'a mut Vec<u8>),
 }
 
-/// What the caller does with a sample whose read failed (`dataset.on_bad_sample`).
-///
-/// The readers only report ([`SourceError`]); the loader applies the policy.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum OnBadSample {
-    /// Stop with the error.
-    #[default]
-    Fail,
-    /// Log the error and substitute another sample.
-    Skip,
-}
+/// What the caller does with a sample whose read failed (`dataset.on_bad_sample`; pinring-data's
+/// [`pinring_data::OnBadSample`]). The readers only report ([`SourceError`]); the loader applies
+/// the policy.
+pub use pinring_data::OnBadSample;
 
 /// A dataset in some format, opened in one loader process.
 ///
@@ -143,6 +135,12 @@ pub enum SourceError {
         /// What is wrong.
         problem: String,
     },
+    /// The files do not have the fields the config declares.
+    #[error("{problem}")]
+    Declared {
+        /// What differs, naming the file and the key.
+        problem: String,
+    },
     /// Sample id out of range.
     #[error("sample id {id} is out of range: the source has {len} samples; the plan and the source disagree, check dataset.samples against the files")]
     OutOfRange {
@@ -177,6 +175,80 @@ impl SourceConfig {
             SourceConfig::ImageFolder(c) => Box::new(ImageFolder::open(c)?),
         })
     }
+}
+
+/// Opens the source of a file kind of `cfg` (`kind = "tokens"` or `"npy"`; `None` for the other
+/// kinds), with relative paths resolved against the config file's directory
+/// ([`pinring_data::Config::resolve_path`]) and, for tokens, the shifted windows seeded by
+/// `plan.seed`. The source's fields are checked against the config's
+/// ([`pinring_data::Config::fields`]): npy's declared dtype and shape are checked against every
+/// file, and so are the labels'.
+pub fn open_dataset(cfg: &pinring_data::Config) -> Option<Result<Box<dyn Source>, SourceError>> {
+    let d = &cfg.dataset;
+    let opened: Result<Box<dyn Source>, SourceError> = if let Some(t) = &d.tokens {
+        let token_dtype = match t.token_dtype {
+            Dtype::U32 => TokenDtype::U32,
+            _ => TokenDtype::U16,
+        };
+        let dtype = match t.dtype {
+            Dtype::I32 => TokenOutDtype::I32,
+            _ => TokenOutDtype::I64,
+        };
+        let c = TokensConfig {
+            files: t.files.iter().map(|f| cfg.resolve_path(f)).collect(),
+            token_dtype,
+            seq_len: t.seq_len,
+            stride: t.stride,
+            shift: t.shift,
+            seed: cfg.plan.seed,
+            dtype,
+        };
+        Tokens::open(&c)
+            .map(|s| Box::new(s) as Box<dyn Source>)
+            .map_err(Into::into)
+    } else if let Some(n) = &d.npy {
+        let c = NpyConfig {
+            path: cfg.resolve_path(&n.path),
+            field: n.field.clone(),
+            dtype: NpyDtype::from_dtype(n.dtype),
+            shape: Some(n.shape.clone()),
+            labels: n.labels.as_ref().map(|l| cfg.resolve_path(l)),
+        };
+        NpySource::open(&c)
+            .map(|s| Box::new(s) as Box<dyn Source>)
+            .map_err(Into::into)
+    } else {
+        return None;
+    };
+    Some(opened.and_then(|src| {
+        let want = cfg.fields();
+        let got: Vec<Option<&Field>> = src.fields().iter().map(SourceField::fixed).collect();
+        for (k, w) in want.iter().enumerate() {
+            if got.get(k).copied().flatten() != Some(w) {
+                let found = match got.get(k).copied().flatten() {
+                    Some(f) => format!("{} of shape {:?}", f.dtype, f.shape),
+                    None => "nothing".to_string(),
+                };
+                let what = match (&d.npy, w.name.as_str()) {
+                    (Some(n), pinring_data::LABELS) if n.labels.is_some() => format!(
+                        "labels file {} holds {found} per sample; dataset.npy.labels_dtype and \
+                         labels_shape declare {} of shape {:?}: fix them or the file",
+                        cfg.resolve_path(n.labels.as_deref().unwrap_or(Path::new("")))
+                            .display(),
+                        w.dtype,
+                        w.shape
+                    ),
+                    _ => format!(
+                        "the {} files give field {:?} as {found}, the config declares {} of \
+                         shape {:?}",
+                        d.kind, w.name, w.dtype, w.shape
+                    ),
+                };
+                return Err(SourceError::Declared { problem: what });
+            }
+        }
+        Ok(src)
+    }))
 }
 
 /// Checks `out` against `fields`: one buffer per field, `Fixed` ones of the exact size.

@@ -1,33 +1,33 @@
 //! NumPy `.npy` arrays (`kind = "npy"`).
 //!
-//! `dataset.path` is either
+//! `dataset.npy.path` is either
 //!
 //! * one `.npy` file whose first axis is the sample axis: sample `k` is `array[k]`, of shape
 //!   `array.shape[1:]`; or
 //! * a directory of per-sample `.npy` files: sample `k` is the `k`-th `*.npy` file in the order of
 //!   their names (bytewise, as Python's `sorted` orders them), each of the same shape and dtype.
 //!
-//! The samples make one field, named `dataset.field` (default `"data"`). With `dataset.labels`
+//! The samples make one field, named `dataset.npy.field` (default `"data"`). With `dataset.npy.labels`
 //! (a second `.npy` file whose first axis has one entry per sample) a second field `"labels"`
 //! holds `labels[k]`.
 //!
 //! **Dtypes.** Every numeric dtype `numpy.save` writes is read: `|b1` (bool), `|u1`, `|i1`,
 //! `<i2`, `<u2`, `<i4`, `<u4`, `<i8`, `<u8`, `<f2`, `<f4`, `<f8` (`<` or `=`; `|` or any order
-//! for one-byte types). pinring's fields have the dtypes of [`Dtype`], so the values are
-//! written in the narrowest of them that holds every value ([`NpyDtype::field_dtype`]):
+//! for one-byte types). Each has a pinring [`Dtype`] of the same representation
+//! ([`NpyDtype::field_dtype`]), so a sample's bytes are copied exactly as the file holds them:
 //!
 //! | file | field |
 //! | --- | --- |
-//! | `bool`, `uint8` | `u8` (bools as 0/1), byte copy |
-//! | `int32`, `int64`, `float16`, `float32`, `float64` | same, byte copy |
-//! | `int8`, `int16`, `uint16` | `i32` |
-//! | `uint32` | `i64` |
-//! | `uint64` | `i64` (a value above `i64::MAX` is a per-sample error) |
+//! | `bool` | `bool` (the file's 0/1 bytes) |
+//! | `int8`, `int16`, `int32`, `int64` | `i8`, `i16`, `i32`, `i64` |
+//! | `uint8`, `uint16`, `uint32`, `uint64` | `u8`, `u16`, `u32`, `u64` |
+//! | `float16`, `float32`, `float64` | `f16`, `f32`, `f64` |
 //!
 //! Big-endian data (`>`) and Fortran order are refused with an error saying how to convert;
-//! structured, complex, string and object dtypes are refused too. `dataset.dtype` (a numpy
-//! name such as `"float32"`) and `dataset.shape` (the per-sample shape), when given, are
-//! checked against the files.
+//! structured, complex, string and object dtypes are refused too. [`NpyConfig::dtype`] (a numpy
+//! name such as `"float32"`) and [`NpyConfig::shape`] (the per-sample shape), when given, are
+//! checked against the files; pinring's `[dataset.npy]` always gives them (`dtype` in pinring's
+//! names, `"f32"`, mapped by [`NpyDtype::from_dtype`]).
 //!
 //! **Header.** Versions 1.0, 2.0 and 3.0 are parsed here ([`NpyHeader::parse`]) rather than
 //! with a crate such as `npyz`: the grammar is one Python dict literal with three keys, the
@@ -37,6 +37,12 @@
 //!
 //! **Reading.** `pread` (see the crate docs). One file stays open; in directory mode each read
 //! opens the sample's file (all headers are checked once at open).
+//!
+//! **Bad per-sample files.** In directory mode a file that cannot be opened, is truncated, or
+//! whose header, dtype or shape is wrong is one bad *sample*, not a bad dataset: the open
+//! succeeds (unless no file is good), [`NpySource::bad_samples`] lists them, and reading such a
+//! sample returns the file's error (a per-sample [`SourceError`]), so that the caller's
+//! `on_bad_sample` policy decides. A single-file array that is bad fails the open.
 
 use std::fs::File;
 use std::io;
@@ -117,16 +123,42 @@ impl NpyDtype {
         }
     }
 
-    /// The dtype of the field the values are written as (see the module docs).
+    /// The dtype of the field: the pinring dtype of the same representation (the bytes are
+    /// copied as they are).
     pub const fn field_dtype(self) -> Dtype {
         match self {
-            NpyDtype::Bool | NpyDtype::Uint8 => Dtype::U8,
-            NpyDtype::Int8 | NpyDtype::Int16 | NpyDtype::Uint16 | NpyDtype::Int32 => Dtype::I32,
-            NpyDtype::Uint32 | NpyDtype::Int64 | NpyDtype::Uint64 => Dtype::I64,
+            NpyDtype::Bool => Dtype::Bool,
+            NpyDtype::Int8 => Dtype::I8,
+            NpyDtype::Uint8 => Dtype::U8,
+            NpyDtype::Int16 => Dtype::I16,
+            NpyDtype::Uint16 => Dtype::U16,
+            NpyDtype::Int32 => Dtype::I32,
+            NpyDtype::Uint32 => Dtype::U32,
+            NpyDtype::Int64 => Dtype::I64,
+            NpyDtype::Uint64 => Dtype::U64,
             NpyDtype::Float16 => Dtype::F16,
             NpyDtype::Float32 => Dtype::F32,
             NpyDtype::Float64 => Dtype::F64,
         }
+    }
+
+    /// The numpy dtype of pinring dtype `d` (`None` for `bf16`, which numpy lacks).
+    pub const fn from_dtype(d: Dtype) -> Option<NpyDtype> {
+        Some(match d {
+            Dtype::Bool => NpyDtype::Bool,
+            Dtype::I8 => NpyDtype::Int8,
+            Dtype::U8 => NpyDtype::Uint8,
+            Dtype::I16 => NpyDtype::Int16,
+            Dtype::U16 => NpyDtype::Uint16,
+            Dtype::I32 => NpyDtype::Int32,
+            Dtype::U32 => NpyDtype::Uint32,
+            Dtype::I64 => NpyDtype::Int64,
+            Dtype::U64 => NpyDtype::Uint64,
+            Dtype::F16 => NpyDtype::Float16,
+            Dtype::F32 => NpyDtype::Float32,
+            Dtype::F64 => NpyDtype::Float64,
+            Dtype::Bf16 => return None,
+        })
     }
 
     /// The type code after the byte-order character (`"f4"`), or `None`.
@@ -177,7 +209,7 @@ fn default_field() -> String {
 #[derive(Debug, thiserror::Error)]
 pub enum NpyError {
     /// A file or directory cannot be opened or examined.
-    #[error("cannot open {file}: {source}; check dataset.path and dataset.labels")]
+    #[error("cannot open {file}: {source}; check dataset.npy.path and dataset.npy.labels")]
     Open {
         /// The file.
         file: String,
@@ -248,7 +280,7 @@ pub enum NpyError {
     },
     /// The dtype differs from the configured or the first file's.
     #[error(
-        "{file} has dtype {found}, expected {expected}; fix dataset.dtype or convert the file"
+        "{file} has dtype {found}, expected {expected}; fix dataset.npy.dtype (in pinring's names: uint8 is \"u8\", int16 \"i16\", float32 \"f32\", bool \"bool\") or convert the file"
     )]
     DtypeMismatch {
         /// The file.
@@ -259,7 +291,7 @@ pub enum NpyError {
         expected: &'static str,
     },
     /// The per-sample shape differs from the configured or the first file's.
-    #[error("{file} has per-sample shape {found:?}, expected {expected:?}; fix dataset.shape or the file")]
+    #[error("{file} has per-sample shape {found:?}, expected {expected:?}; fix dataset.npy.shape or the file")]
     ShapeMismatch {
         /// The file.
         file: String,
@@ -279,7 +311,7 @@ pub enum NpyError {
         expected: u64,
     },
     /// No samples.
-    #[error("{file} holds no samples (an empty first axis, or a directory without *.npy files); point dataset.path at the data")]
+    #[error("{file} holds no samples (an empty first axis, or a directory without *.npy files); point dataset.npy.path at the data")]
     Empty {
         /// The file or directory.
         file: String,
@@ -295,16 +327,6 @@ pub enum NpyError {
         len: u64,
         /// The cause.
         source: io::Error,
-    },
-    /// A `uint64` value above `i64::MAX`.
-    #[error("value {value} at byte offset {offset} of {file} does not fit in the i64 field; store smaller values or a signed dtype")]
-    Overflow {
-        /// The file.
-        file: String,
-        /// Byte offset of the value.
-        offset: u64,
-        /// The value.
-        value: u64,
     },
 }
 
@@ -666,10 +688,12 @@ struct Array {
 enum Data {
     /// One file, samples on the first axis.
     One(Array),
-    /// One file per sample: paths and data offsets.
+    /// One file per sample: paths and data offsets (`None`: the file was bad at open; reading
+    /// the sample examines it again and returns its error).
     Dir {
-        files: Vec<(PathBuf, u64)>,
+        files: Vec<(PathBuf, Option<u64>)>,
         dtype: NpyDtype,
+        shape: Vec<u64>,
     },
 }
 
@@ -680,7 +704,6 @@ pub struct NpySource {
     labels: Option<Array>,
     len: u64,
     fields: Vec<SourceField>,
-    scratch: Vec<u8>,
 }
 
 fn open_file(path: &Path) -> Result<File, NpyError> {
@@ -747,8 +770,17 @@ fn open_array(path: &Path) -> Result<Array, NpyError> {
     })
 }
 
+/// Opens per-sample file `p` and checks it: its data offset, or its error.
+fn check_sample_file(p: &Path, dtype: NpyDtype, shape: &[u64]) -> Result<u64, NpyError> {
+    let h = NpyHeader::read(p, &open_file(p)?)?;
+    check_expect(p, &h, &h.shape, Some(dtype), Some(shape))?;
+    Ok(h.data_offset)
+}
+
 impl NpySource {
     /// Opens `config.path` (and `config.labels`), checking every header, size, dtype and shape.
+    /// In directory mode a bad per-sample file is a bad sample ([`NpySource::bad_samples`]),
+    /// not an error, unless every file is bad.
     pub fn open(config: &NpyConfig) -> Result<NpySource, NpyError> {
         let want_shape: Option<Vec<u64>> = config
             .shape
@@ -775,23 +807,72 @@ impl NpySource {
                 }
             }
             names.sort_by(|a, b| a.file_name().cmp(&b.file_name()));
-            let Some(first) = names.first() else {
+            if names.is_empty() {
                 return Err(NpyError::Empty {
                     file: show(&config.path),
                 });
+            }
+            // The expected dtype and shape: the config's, else the first good file's.
+            let (dtype, sample_shape) = match (config.dtype, &want_shape) {
+                (Some(d), Some(s)) => (d, s.clone()),
+                _ => {
+                    let mut first_err = None;
+                    let mut found = None;
+                    for p in &names {
+                        match open_file(p).and_then(|f| NpyHeader::read(p, &f)) {
+                            Ok(h) => {
+                                found = Some(h);
+                                break;
+                            }
+                            Err(e) => {
+                                first_err.get_or_insert(e);
+                            }
+                        }
+                    }
+                    let Some(h) = found else {
+                        return Err(first_err.unwrap_or_else(|| NpyError::Empty {
+                            file: show(&config.path),
+                        }));
+                    };
+                    (
+                        config.dtype.unwrap_or(h.dtype),
+                        want_shape.clone().unwrap_or(h.shape),
+                    )
+                }
             };
-            let first_h = NpyHeader::read(first, &open_file(first)?)?;
-            let dtype = config.dtype.unwrap_or(first_h.dtype);
-            let sample_shape = want_shape.clone().unwrap_or(first_h.shape.clone());
             let mut files = Vec::with_capacity(names.len());
+            let mut good = 0usize;
+            let mut first_err = None;
             for p in names {
-                let h = NpyHeader::read(&p, &open_file(&p)?)?;
-                check_expect(&p, &h, &h.shape, Some(dtype), Some(&sample_shape))?;
-                files.push((p, h.data_offset));
+                let offset = match check_sample_file(&p, dtype, &sample_shape) {
+                    Ok(o) => {
+                        good += 1;
+                        Some(o)
+                    }
+                    Err(e) => {
+                        first_err.get_or_insert(e);
+                        None
+                    }
+                };
+                files.push((p, offset));
+            }
+            if good == 0 {
+                if let Some(e) = first_err {
+                    return Err(e);
+                }
             }
             let shape = per_sample_shape(&config.path, &sample_shape)?;
             let len = files.len() as u64;
-            (Data::Dir { files, dtype }, len, dtype, shape)
+            (
+                Data::Dir {
+                    files,
+                    dtype,
+                    shape: sample_shape,
+                },
+                len,
+                dtype,
+                shape,
+            )
         } else {
             let a = open_array(&config.path)?;
             let sample_shape = &a.header.shape[1..];
@@ -834,80 +915,32 @@ impl NpySource {
             labels,
             len,
             fields,
-            scratch: Vec::new(),
         })
     }
-}
 
-/// Reads sample `id` of bytes `sample_bytes` at `data_offset` of `file` and writes it, converted
-/// from `dtype` to its field dtype, into `out`.
-fn read_convert(
-    scratch: &mut Vec<u8>,
-    path: &Path,
-    file: &File,
-    offset: u64,
-    dtype: NpyDtype,
-    out: &mut [u8],
-) -> Result<(), NpyError> {
-    let n = out.len() as u64 / dtype.field_dtype().size_of() as u64;
-    let bytes = n * dtype.size_of();
-    let read = |buf: &mut [u8]| {
-        pread(file, buf, offset).map_err(|source| NpyError::Read {
-            file: show(path),
-            offset,
-            len: bytes,
-            source,
-        })
-    };
-    if dtype != NpyDtype::Uint64 && dtype.size_of() == dtype.field_dtype().size_of() as u64 {
-        return read(out); // same representation (bool is 0/1 bytes)
-    }
-    scratch.resize(bytes as usize, 0);
-    read(scratch)?;
-    match dtype {
-        NpyDtype::Int8 => widen::<1, 4>(scratch, out, |b| i32::from(b[0] as i8).to_le_bytes()),
-        NpyDtype::Int16 => widen::<2, 4>(scratch, out, |b| {
-            i32::from(i16::from_le_bytes(b)).to_le_bytes()
-        }),
-        NpyDtype::Uint16 => widen::<2, 4>(scratch, out, |b| {
-            i32::from(u16::from_le_bytes(b)).to_le_bytes()
-        }),
-        NpyDtype::Uint32 => widen::<4, 8>(scratch, out, |b| {
-            i64::from(u32::from_le_bytes(b)).to_le_bytes()
-        }),
-        NpyDtype::Uint64 => {
-            for (k, (s, o)) in scratch
-                .chunks_exact(8)
-                .zip(out.chunks_exact_mut(8))
+    /// The samples whose per-sample file (directory mode) was bad at open, with the file: reading
+    /// one returns the file's error.
+    pub fn bad_samples(&self) -> Vec<(u64, &Path)> {
+        match &self.data {
+            Data::One(_) => Vec::new(),
+            Data::Dir { files, .. } => files
+                .iter()
                 .enumerate()
-            {
-                let mut b = [0u8; 8];
-                b.copy_from_slice(s);
-                let v = u64::from_le_bytes(b);
-                let v = i64::try_from(v).map_err(|_| NpyError::Overflow {
-                    file: show(path),
-                    offset: offset + 8 * k as u64,
-                    value: v,
-                })?;
-                o.copy_from_slice(&v.to_le_bytes());
-            }
+                .filter(|(_, (_, o))| o.is_none())
+                .map(|(k, (p, _))| (k as u64, p.as_path()))
+                .collect(),
         }
-        // The same representation as the field dtype: copied above.
-        _ => {}
     }
-    Ok(())
 }
 
-fn widen<const A: usize, const B: usize>(
-    src: &[u8],
-    out: &mut [u8],
-    f: impl Fn([u8; A]) -> [u8; B],
-) {
-    for (s, o) in src.chunks_exact(A).zip(out.chunks_exact_mut(B)) {
-        let mut b = [0u8; A];
-        b.copy_from_slice(s);
-        o.copy_from_slice(&f(b));
-    }
+/// Reads the `out.len()` bytes of a sample at `offset` of `file`: the file's bytes as they are.
+fn read_exact(path: &Path, file: &File, offset: u64, out: &mut [u8]) -> Result<(), NpyError> {
+    pread(file, out, offset).map_err(|source| NpyError::Read {
+        file: show(path),
+        offset,
+        len: out.len() as u64,
+        source,
+    })
 }
 
 impl Source for NpySource {
@@ -932,31 +965,26 @@ impl Source for NpySource {
         match &self.data {
             Data::One(a) => {
                 let offset = a.header.data_offset + id * a.sample_bytes;
-                read_convert(
-                    &mut self.scratch,
-                    &a.path,
-                    &a.file,
-                    offset,
-                    a.header.dtype,
-                    data_out,
-                )?;
+                read_exact(&a.path, &a.file, offset, data_out)?;
             }
-            Data::Dir { files, dtype, .. } => {
+            Data::Dir {
+                files,
+                dtype,
+                shape,
+            } => {
                 let (path, offset) = &files[id as usize];
+                // A file bad at open is examined again: its error names the file and the problem.
+                let offset = match offset {
+                    Some(o) => *o,
+                    None => check_sample_file(path, *dtype, shape)?,
+                };
                 let file = open_file(path)?;
-                read_convert(&mut self.scratch, path, &file, *offset, *dtype, data_out)?;
+                read_exact(path, &file, offset, data_out)?;
             }
         }
         if let (Some(a), Some(l)) = (&self.labels, labels_out) {
             let offset = a.header.data_offset + id * a.sample_bytes;
-            read_convert(
-                &mut self.scratch,
-                &a.path,
-                &a.file,
-                offset,
-                a.header.dtype,
-                l,
-            )?;
+            read_exact(&a.path, &a.file, offset, l)?;
         }
         Ok(())
     }

@@ -1,7 +1,7 @@
 //! Flat binary token files, as LLM pretraining writes them (`kind = "tokens"`).
 //!
-//! The files (`dataset.files`, in the given order) hold little-endian `u16` or `u32` tokens
-//! (`dataset.token_dtype`) with no header, and are read as one concatenated stream: a window may
+//! The files (`dataset.tokens.files`, in the given order) hold little-endian `u16` or `u32` tokens
+//! (`dataset.tokens.token_dtype`) with no header, and are read as one concatenated stream: a window may
 //! start in one file and end in the next.
 //!
 //! **Samples.** Sample `k` of epoch `e` is the window of `seq_len + 1` tokens starting at token
@@ -12,7 +12,7 @@
 //! | `input_ids` | `window[..seq_len]` |
 //! | `targets` | `window[1..]` |
 //!
-//! in `dataset.dtype`: `i64` by default (what `torch.nn.functional.cross_entropy` wants for
+//! in `dataset.tokens.dtype`: `i64` by default (what `torch.nn.functional.cross_entropy` wants for
 //! class indices), or `i32` to halve the bytes moved (a `u32` token above `i32::MAX` is then a
 //! per-sample error).
 //!
@@ -125,7 +125,7 @@ pub struct TokensConfig {
 #[derive(Debug, thiserror::Error)]
 pub enum TokensError {
     /// A key is out of range.
-    #[error("invalid dataset.{key} = {value}: {allowed}")]
+    #[error("invalid dataset.tokens.{key} = {value}: {allowed}")]
     Param {
         /// Key name.
         key: &'static str,
@@ -135,7 +135,7 @@ pub enum TokensError {
         allowed: &'static str,
     },
     /// A file cannot be opened or examined.
-    #[error("cannot open token file {file}: {source}; check dataset.files")]
+    #[error("cannot open token file {file}: {source}; check dataset.tokens.files")]
     Open {
         /// The file.
         file: String,
@@ -143,7 +143,7 @@ pub enum TokensError {
         source: io::Error,
     },
     /// A file's size is not a whole number of tokens.
-    #[error("token file {file} is {bytes} bytes, not a multiple of the {token_dtype} token size ({token_bytes} bytes): it is truncated, or dataset.token_dtype is wrong; rewrite the file or fix dataset.token_dtype")]
+    #[error("token file {file} is {bytes} bytes, not a multiple of the {token_dtype} token size ({token_bytes} bytes): it is truncated, or dataset.tokens.token_dtype is wrong; rewrite the file or fix dataset.tokens.token_dtype")]
     Size {
         /// The file.
         file: String,
@@ -155,7 +155,7 @@ pub enum TokensError {
         token_bytes: u64,
     },
     /// The files hold fewer tokens than one window plus the largest offset.
-    #[error("the token files hold {tokens} tokens, fewer than the {need} one sample needs (seq_len + 1, plus stride - 1 with shift = true); add files or lower dataset.seq_len")]
+    #[error("the token files hold {tokens} tokens, fewer than the {need} one sample needs (seq_len + 1, plus stride - 1 with shift = true); add files or lower dataset.tokens.seq_len")]
     TooShort {
         /// Tokens in all files.
         tokens: u64,
@@ -175,7 +175,7 @@ pub enum TokensError {
         source: io::Error,
     },
     /// A `u32` token does not fit in `i32`.
-    #[error("token {value} at byte offset {offset} of token file {file} does not fit in i32; set dataset.dtype = \"i64\"")]
+    #[error("token {value} at byte offset {offset} of token file {file} does not fit in i32; set dataset.tokens.dtype = \"i64\"")]
     Overflow {
         /// The file.
         file: String,

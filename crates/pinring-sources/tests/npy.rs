@@ -46,23 +46,6 @@ fn element(dtype: NpyDtype, size: usize, i: usize) -> Vec<u8> {
     }
 }
 
-/// The field bytes our reader must produce for one raw element.
-fn widened(dtype: NpyDtype, raw: &[u8]) -> Vec<u8> {
-    match dtype {
-        NpyDtype::Int8 => i32::from(raw[0] as i8).to_le_bytes().to_vec(),
-        NpyDtype::Int16 => i32::from(i16::from_le_bytes([raw[0], raw[1]]))
-            .to_le_bytes()
-            .to_vec(),
-        NpyDtype::Uint16 => i32::from(u16::from_le_bytes([raw[0], raw[1]]))
-            .to_le_bytes()
-            .to_vec(),
-        NpyDtype::Uint32 => i64::from(u32::from_le_bytes([raw[0], raw[1], raw[2], raw[3]]))
-            .to_le_bytes()
-            .to_vec(),
-        _ => raw.to_vec(),
-    }
-}
-
 #[test]
 fn own_writer_every_dtype_and_version() {
     let dir = tempfile::tempdir().unwrap();
@@ -89,7 +72,7 @@ fn own_writer_every_dtype_and_version() {
             for id in 0..n {
                 let want: Vec<u8> = raw[id * per..(id + 1) * per]
                     .iter()
-                    .flat_map(|r| widened(dtype, r))
+                    .flat_map(|r| r.iter().copied())
                     .collect();
                 assert_eq!(
                     read(&mut src, 0, id as u64).unwrap()[0],
@@ -126,12 +109,12 @@ fn labels_and_directory_mode() {
     c.labels = Some(labels);
     let mut src = NpySource::open(&c).unwrap();
     assert_eq!(src.len(), 4);
-    assert_eq!(src.fields()[1].fixed().unwrap().dtype, Dtype::I32);
+    assert_eq!(src.fields()[1].fixed().unwrap().dtype, Dtype::U16);
     assert_eq!(src.fields()[1].fixed().unwrap().shape, Vec::<u32>::new());
     for (id, (_, data)) in want.iter().enumerate() {
         let got = read(&mut src, 0, id as u64).unwrap();
         assert_eq!(&got[0], data);
-        assert_eq!(got[1], (7 + id as i32).to_le_bytes());
+        assert_eq!(got[1], (7 + id as u16).to_le_bytes());
     }
 }
 
@@ -147,9 +130,9 @@ fn numpy_written_files_match_numpy_byte_for_byte() {
 import numpy as np, sys, os
 d = sys.argv[1]
 rng = np.random.default_rng(5)
-widen = {'bool': 'u1', 'uint8': 'u1', 'int8': '<i4', 'int16': '<i4', 'uint16': '<i4', 'int32': '<i4',
-         'uint32': '<i8', 'int64': '<i8', 'uint64': '<i8', 'float16': '<f2', 'float32': '<f4', 'float64': '<f8'}
-for name, w in widen.items():
+names = ['bool', 'uint8', 'int8', 'int16', 'uint16', 'int32', 'uint32', 'int64', 'uint64',
+         'float16', 'float32', 'float64']
+for name in names:
     dt = np.dtype(name)
     if dt.kind == 'f':
         a = rng.standard_normal((7, 4, 3)).astype(dt)
@@ -157,11 +140,11 @@ for name, w in widen.items():
         a = rng.integers(0, 2, (7, 4, 3)).astype(bool)
     else:
         info = np.iinfo(dt)
-        a = rng.integers(info.min, min(info.max, 2**63 - 1), (7, 4, 3), dtype=dt, endpoint=False)
+        a = rng.integers(info.min, info.max, (7, 4, 3), dtype=dt, endpoint=True)
     for v in [(1, 0), (2, 0), (3, 0)]:
         with open(os.path.join(d, f'{name}_v{v[0]}.npy'), 'wb') as f:
             np.lib.format.write_array(f, a, version=v)
-    a.astype(w).tofile(os.path.join(d, f'{name}.ref'))
+    a.tofile(os.path.join(d, f'{name}.ref'))
 np.save(os.path.join(d, 'labels.npy'), np.arange(7, dtype=np.int64) * 3)
 np.save(os.path.join(d, 'fortran.npy'), np.asfortranarray(np.zeros((3, 4), dtype=np.float32)))
 np.save(os.path.join(d, 'big.npy'), np.zeros(4, dtype='>f4'))
@@ -277,18 +260,39 @@ fn truncated_and_mismatched_files_are_named() {
     let e = NpySource::open(&cfg(&dir.path().join("absent.npy"))).unwrap_err();
     assert!(matches!(e, NpyError::Open { .. }) && e.to_string().contains("absent.npy"));
 
-    // A directory whose files disagree on shape.
+    // A directory whose files disagree on shape: the odd one is a bad sample, named on read.
     let sub = dir.path().join("mixed");
     std::fs::create_dir(&sub).unwrap();
     std::fs::write(sub.join("0.npy"), npy_bytes(1, "|u1", false, &[2], &[0; 2])).unwrap();
     std::fs::write(sub.join("1.npy"), npy_bytes(1, "|u1", false, &[3], &[0; 3])).unwrap();
-    let e = NpySource::open(&cfg(&sub)).unwrap_err();
+    let mut src = NpySource::open(&cfg(&sub)).unwrap();
+    assert_eq!(src.len(), 2);
+    assert_eq!(src.bad_samples(), [(1, sub.join("1.npy").as_path())]);
+    assert_eq!(read(&mut src, 0, 0).unwrap()[0], [0, 0]);
+    let e = read(&mut src, 0, 1).unwrap_err();
     assert!(
-        matches!(e, NpyError::ShapeMismatch { .. }) && e.to_string().contains("1.npy"),
+        matches!(e, SourceError::Npy(NpyError::ShapeMismatch { .. }))
+            && e.to_string().contains("1.npy"),
         "{e}"
     );
+    // A truncated per-sample file: a bad sample whose error names the file and what is missing.
+    let whole = npy_bytes(1, "|u1", false, &[2], &[7; 2]);
+    std::fs::write(sub.join("1.npy"), &whole[..whole.len() - 1]).unwrap();
+    let mut src = NpySource::open(&cfg(&sub)).unwrap();
+    let e = read(&mut src, 0, 1).unwrap_err();
+    assert!(
+        matches!(e, SourceError::Npy(NpyError::Truncated { missing: 1, .. }))
+            && e.to_string().contains("1.npy"),
+        "{e}"
+    );
+    // Every file bad: the open fails.
+    std::fs::write(sub.join("0.npy"), b"junk").unwrap();
+    let mut c = cfg(&sub);
+    c.dtype = Some(NpyDtype::Uint8);
+    c.shape = Some(vec![2]);
+    assert!(NpySource::open(&c).is_err());
 
-    // uint64 above i64::MAX: a per-sample error.
+    // uint64: the exact bytes, every value.
     let big = dir.path().join("u64.npy");
     let vals: Vec<u8> = [1u64, u64::MAX]
         .iter()
@@ -296,18 +300,9 @@ fn truncated_and_mismatched_files_are_named() {
         .collect();
     std::fs::write(&big, npy_bytes(1, "<u8", false, &[2], &vals)).unwrap();
     let mut src = NpySource::open(&cfg(&big)).unwrap();
-    assert_eq!(read(&mut src, 0, 0).unwrap()[0], 1i64.to_le_bytes());
-    let e = read(&mut src, 0, 1).unwrap_err();
-    assert!(
-        matches!(
-            e,
-            SourceError::Npy(NpyError::Overflow {
-                value: u64::MAX,
-                ..
-            })
-        ),
-        "{e}"
-    );
+    assert_eq!(src.fields()[0].fixed().unwrap().dtype, Dtype::U64);
+    assert_eq!(read(&mut src, 0, 0).unwrap()[0], 1u64.to_le_bytes());
+    assert_eq!(read(&mut src, 0, 1).unwrap()[0], u64::MAX.to_le_bytes());
 
     // Truncated after open: a per-sample read error naming the file.
     let mut src = NpySource::open(&cfg(&good)).unwrap();
@@ -346,5 +341,62 @@ fn opens_from_toml() {
         .unwrap();
     assert_eq!(src.fields()[0].name(), "x");
     let got = read(src.as_mut(), 0, 1).unwrap();
-    assert_eq!(got[0], [3i32.to_le_bytes(), 4i32.to_le_bytes()].concat());
+    assert_eq!(got[0], [3i16.to_le_bytes(), 4i16.to_le_bytes()].concat());
+}
+
+#[test]
+fn open_dataset_checks_the_files_against_the_declared_fields() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("x.npy"),
+        npy_bytes(1, "<f4", false, &[4, 2], &[0; 32]),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("y.npy"),
+        npy_bytes(1, "<i8", false, &[4], &[0; 32]),
+    )
+    .unwrap();
+    let config = |extra: &str| {
+        let text = format!(
+            "[dataset]\nkind = \"npy\"\n[dataset.npy]\npath = \"x.npy\"\nlabels = \"y.npy\"\n{extra}"
+        );
+        let p = dir.path().join("pinring.toml");
+        std::fs::write(&p, text).unwrap();
+        pinring_data::Config::load(&p).unwrap()
+    };
+    // Relative paths, against the config file's directory.
+    let cfg = config("dtype = \"f32\"\nshape = [2]\n");
+    let src = pinring_sources::open_dataset(&cfg).unwrap().unwrap();
+    assert_eq!(src.len(), 4);
+    let fields: Vec<_> = src
+        .fields()
+        .iter()
+        .map(|f| f.fixed().unwrap().clone())
+        .collect();
+    assert_eq!(fields, cfg.fields());
+    // The data's dtype and shape are checked against the file.
+    let e = pinring_sources::open_dataset(&config("dtype = \"f64\"\nshape = [2]\n"))
+        .unwrap()
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("x.npy") && e.contains("float32"), "{e}");
+    let e = pinring_sources::open_dataset(&config("dtype = \"f32\"\nshape = [1, 2]\n"))
+        .unwrap()
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("x.npy") && e.contains("[1, 2]"), "{e}");
+    // And the labels'.
+    let e = pinring_sources::open_dataset(&config(
+        "dtype = \"f32\"\nshape = [2]\nlabels_dtype = \"i32\"\n",
+    ))
+    .unwrap()
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("y.npy") && e.contains("labels_dtype") && e.contains("i64"),
+        "{e}"
+    );
+    // Not a file kind: no source.
+    assert!(pinring_sources::open_dataset(&pinring_data::Config::default()).is_none());
 }

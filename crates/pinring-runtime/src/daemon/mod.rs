@@ -170,6 +170,18 @@ pub fn run(args: &DaemonArgs, shutdown: &Shutdown) -> Outcome {
         Ok(c) => c,
         Err(e) => return failed_at_start(args, None, e.into()),
     };
+    // A file kind: the daemon opens the source once, here, and its length becomes
+    // dataset.samples (in the fingerprint, and in the config stored for consumers); each loader
+    // opens its own and must find the same. Unreadable or mismatched files stop the start.
+    if cfg.dataset.kind.reads_files() {
+        match crate::loader::open_source(&mut cfg) {
+            Ok(src) => {
+                let n = src.as_ref().map_or(0, |s| s.len());
+                tracing::info!(ring = %cfg.ring.name, kind = %cfg.dataset.kind, samples = n, "dataset opened");
+            }
+            Err(e) => return failed_at_start(args, Some(&cfg), e.into()),
+        }
+    }
     // "auto" is resolved here, once, and published in the ring header (slot size and count);
     // loaders adopt it from there instead of reading their own host's cache.
     if let Some(line) = crate::host_memory::HostMemory::read().resolve_auto(&mut cfg) {
@@ -178,13 +190,13 @@ pub fn run(args: &DaemonArgs, shutdown: &Shutdown) -> Outcome {
     if let Err(e) = cfg.validate() {
         return failed_at_start(args, Some(&cfg), e.into());
     }
-    if args.sink == SinkKind::Verify && cfg.dataset.kind == pinring_data::DatasetKind::External {
+    if args.sink == SinkKind::Verify && cfg.dataset.kind != pinring_data::DatasetKind::Synthetic {
         let e = pinring_data::ConfigError::Invalid {
             source_name: cfg.source.clone(),
             key: "dataset.kind",
-            value: "\"external\"".to_string(),
-            allowed: "--sink verify checks synthetic samples against their generator; an \
-                      external ring's samples have no reference here: use --sink consumer or \
+            value: format!("\"{}\"", cfg.dataset.kind),
+            allowed: "--sink verify checks synthetic samples against their generator; the \
+                      samples of other kinds have no reference here: use --sink consumer or \
                       --sink discard"
                 .to_string(),
         };

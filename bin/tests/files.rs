@@ -1,0 +1,442 @@
+//! File datasets end to end: `dataset.kind = "tokens"` and `"npy"` files written here, a daemon
+//! with `--sink consumer` on the host backend, real loaders reading the files into the ring, and
+//! a consumer in this process that takes every batch and compares every byte of every field with
+//! what the files hold for the plan's sample ids, in order, each once. Bad per-sample files with
+//! `dataset.on_bad_sample = "fail"` and `"skip"`.
+
+mod common;
+
+use common::*;
+use pinring_client::{AttachOptions, Consumer};
+use pinring_data::plan::mix64;
+use std::collections::HashSet;
+use std::path::Path;
+use std::time::Duration;
+
+/// What the files hold for sample `id` of `epoch`: each field's bytes, in field order.
+type Expect<'a> = &'a dyn Fn(u32, u64) -> Vec<Vec<u8>>;
+
+/// Takes every batch of the ring through a consumer and checks each against `expect`: seqs in
+/// order, each batch once, every field byte for byte, every sample once per epoch. Returns the
+/// batches taken.
+fn consume_checked(fx: &Fixture, fields: &[&str], expect: Expect<'_>) -> u64 {
+    let mut c = Consumer::attach(&fx.ring, &AttachOptions::default()).unwrap();
+    let cfg = c.config().clone();
+    let mut plan = cfg.plan().unwrap();
+    let names: Vec<String> = cfg.fields().into_iter().map(|f| f.name).collect();
+    assert_eq!(names, fields);
+    let mut ids = Vec::new();
+    let mut seen: HashSet<(u32, u64)> = HashSet::new();
+    let mut taken = 0;
+    loop {
+        let expected_seq = c.state().seq;
+        let Some(b) = c.next_batch(Some(LONG)).unwrap() else {
+            break;
+        };
+        assert_eq!(b.seq, expected_seq, "batches come in order, none skipped");
+        plan.batch_into(b.batch, &mut ids).unwrap();
+        assert_eq!(b.samples as usize, ids.len());
+        for (k, name) in fields.iter().enumerate() {
+            let want: Vec<u8> = ids
+                .iter()
+                .flat_map(|&id| expect(b.epoch, id).swap_remove(k))
+                .collect();
+            let got = b.host_bytes(name).unwrap();
+            if got != want.as_slice() {
+                let per = want.len() / ids.len();
+                let n = (0..ids.len())
+                    .find(|&n| got[n * per..(n + 1) * per] != want[n * per..(n + 1) * per])
+                    .unwrap_or(0);
+                panic!(
+                    "batch {} (epoch {}), field {name}: sample {} (position {n}) differs",
+                    b.batch, b.epoch, ids[n]
+                );
+            }
+        }
+        for &id in &ids {
+            assert!(
+                seen.insert((b.epoch, id)),
+                "sample {id} twice in epoch {}",
+                b.epoch
+            );
+        }
+        taken += 1;
+    }
+    let epochs = u64::from(cfg.plan.epochs);
+    assert_eq!(
+        seen.len() as u64,
+        epochs * cfg.dataset.samples,
+        "every sample once per epoch"
+    );
+    taken
+}
+
+/// Runs the daemon (`--sink consumer`) and `loaders` loaders on `fx`'s config, checks every
+/// batch, and returns the loaders' output after a clean end.
+fn run_checked(fx: &Fixture, loaders: usize, fields: &[&str], expect: Expect<'_>) -> Vec<String> {
+    let mut daemon = fx.daemon(&["--sink", "consumer"]);
+    let ring = fx.wait_ready(&mut daemon);
+    let kids = loaders_attached(fx, &daemon, &ring, loaders);
+    let taken = consume_checked(fx, fields, expect);
+    assert!(taken > 0);
+    let (status, log) = wait_for(daemon, "daemon", LONG);
+    assert!(status.success(), "daemon failed: {status}\n{log}");
+    let s = fx.summary();
+    assert_eq!(s.batches_delivered, taken, "{s:#?}");
+    assert_eq!(
+        (s.verify_failures, s.duplicates, s.out_of_order, s.missing),
+        (0, 0, 0, 0),
+        "{s:#?}"
+    );
+    kids.into_iter()
+        .map(|k| {
+            let (st, log) = wait_for(k, "loader", Duration::from_secs(10));
+            assert!(st.success(), "loader failed: {st}\n{log}");
+            log
+        })
+        .collect()
+}
+
+/// A `.npy` file (version 1.0) of `descr` and `shape` holding `data`.
+fn npy_bytes(descr: &str, shape: &[u64], data: &[u8]) -> Vec<u8> {
+    let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
+    let shape = match dims.len() {
+        1 => format!("({},)", dims[0]),
+        _ => format!("({})", dims.join(", ")),
+    };
+    let mut dict = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}");
+    while (10 + dict.len() + 1) % 64 != 0 {
+        dict.push(' ');
+    }
+    dict.push('\n');
+    let mut out = b"\x93NUMPY\x01\x00".to_vec();
+    out.extend_from_slice(&(dict.len() as u16).to_le_bytes());
+    out.extend_from_slice(dict.as_bytes());
+    out.extend_from_slice(data);
+    out
+}
+
+/// `n` pseudo-random bytes from `seed`.
+fn bytes(seed: u64, n: usize) -> Vec<u8> {
+    (0..n as u64)
+        .map(|i| (mix64(seed ^ i.wrapping_mul(0x9E37_79B9_7F4A_7C15)) >> 24) as u8)
+        .collect()
+}
+
+/// The tokens' window start of epoch `e` with `shift`: `mix64(seed ^ mix64(e ^ C)) % stride`.
+fn offset(seed: u64, epoch: u32, stride: u64) -> u64 {
+    mix64(seed ^ mix64(u64::from(epoch) ^ 0x746f_6b65_6e73_6f66)) % stride
+}
+
+/// Token files of `sizes` tokens of `token_bytes` bytes each (in a subdirectory, named
+/// relatively in the config); returns the whole stream as u64 values.
+fn token_files(dir: &Path, sizes: &[usize], token_bytes: usize, vocab: u64) -> Vec<u64> {
+    std::fs::create_dir_all(dir.join("tok")).unwrap();
+    let mut stream = Vec::new();
+    for (k, &n) in sizes.iter().enumerate() {
+        let mut raw = Vec::new();
+        for i in 0..n {
+            let t = mix64((k as u64) << 32 | i as u64) % vocab;
+            raw.extend_from_slice(&t.to_le_bytes()[..token_bytes]);
+            stream.push(t);
+        }
+        std::fs::write(dir.join(format!("tok/part-{k}.bin")), raw).unwrap();
+    }
+    stream
+}
+
+/// A tokens run: `seq_len`, `stride`, files of `sizes` tokens of `token_dtype`, fields of
+/// `dtype`, shift on; every window checked against the stream.
+#[allow(clippy::too_many_arguments)]
+fn tokens_run(
+    tag: &str,
+    token_dtype: &str,
+    dtype: &str,
+    seq_len: u64,
+    stride: u64,
+    sizes: &[usize],
+    slot_bytes: Option<u64>,
+    loaders: usize,
+) {
+    let token_bytes = if token_dtype == "u16" { 2 } else { 4 };
+    let vocab = if token_dtype == "u16" {
+        50257
+    } else {
+        3_000_000_000
+    };
+    let seed = 11;
+    let config = format!(
+        "[ring]\nslots = 8\n{}[dataset]\nkind = \"tokens\"\n[dataset.tokens]\n\
+         files = [\"tok/part-0.bin\", \"tok/part-1.bin\"]\ntoken_dtype = \"{token_dtype}\"\n\
+         seq_len = {seq_len}\nstride = {stride}\nshift = true\ndtype = \"{dtype}\"\n\
+         [plan]\nbatch_size = 8\nepochs = 2\nseed = {seed}\n[daemon]\nprefetch = 3\n",
+        slot_bytes.map_or(String::new(), |b| format!("slot_bytes = {b}\n")),
+    );
+    let fx = Fixture::new(tag, &config);
+    let stream = token_files(fx.dir.path(), sizes, token_bytes, vocab);
+    let total = stream.len() as u64;
+    let len = (total - (stride - 1) - (seq_len + 1)) / stride + 1;
+    let expect = |epoch: u32, id: u64| {
+        assert!(id < len, "sample {id} of {len}");
+        let start = (offset(seed, epoch, stride) + id * stride) as usize;
+        let window = &stream[start..start + seq_len as usize + 1];
+        let enc = |ts: &[u64]| -> Vec<u8> {
+            ts.iter()
+                .flat_map(|&t| {
+                    if dtype == "i64" {
+                        (t as i64).to_le_bytes().to_vec()
+                    } else {
+                        (t as i32).to_le_bytes().to_vec()
+                    }
+                })
+                .collect()
+        };
+        vec![enc(&window[..seq_len as usize]), enc(&window[1..])]
+    };
+    // Relative file names: resolved against the config file's directory, whatever the cwd.
+    run_checked(&fx, loaders, &["input_ids", "targets"], &expect);
+    let cfg = pinring_data::Config::load(&fx.config).unwrap();
+    assert_eq!(cfg.dataset.samples, 0, "the length comes from the files");
+}
+
+#[test]
+fn tokens_u16_across_two_files_shifted_in_parts() {
+    // 512-token windows of i32 (2 KiB per field and sample): batches of 8 cut into parts of 2
+    // samples in 12 KiB slots; windows span the two files.
+    tokens_run(
+        "files-tok16",
+        "u16",
+        "i32",
+        512,
+        512,
+        &[9000, 7001],
+        Some(12288),
+        3,
+    );
+}
+
+#[test]
+fn tokens_u32_across_two_files_shifted_overlapping() {
+    // Overlapping windows (stride < seq_len), u32 tokens up to 3e9 as i64.
+    tokens_run("files-tok32", "u32", "i64", 33, 20, &[700, 555], None, 2);
+}
+
+/// 37 samples of 3x5 f32 with i32 labels, in one array.
+#[test]
+fn npy_one_array_with_labels() {
+    let config = "[ring]\nslots = 8\n[dataset]\nkind = \"npy\"\n[dataset.npy]\n\
+                  path = \"x.npy\"\nfield = \"x\"\ndtype = \"f32\"\nshape = [3, 5]\n\
+                  labels = \"y.npy\"\nlabels_dtype = \"i32\"\n\
+                  [plan]\nbatch_size = 6\nepochs = 2\n[daemon]\nprefetch = 3\n";
+    let fx = Fixture::new("files-npy1", config);
+    let n = 37usize;
+    let x = bytes(1, n * 15 * 4);
+    let y: Vec<u8> = (0..n as i32)
+        .flat_map(|i| (i * 7 - 100).to_le_bytes())
+        .collect();
+    std::fs::write(
+        fx.dir.path().join("x.npy"),
+        npy_bytes("<f4", &[n as u64, 3, 5], &x),
+    )
+    .unwrap();
+    std::fs::write(
+        fx.dir.path().join("y.npy"),
+        npy_bytes("<i4", &[n as u64], &y),
+    )
+    .unwrap();
+    let expect = |_: u32, id: u64| {
+        let i = id as usize;
+        vec![
+            x[i * 60..(i + 1) * 60].to_vec(),
+            y[i * 4..(i + 1) * 4].to_vec(),
+        ]
+    };
+    run_checked(&fx, 2, &["x", "labels"], &expect);
+}
+
+/// Writes `n` per-sample files of 2x3 u16 into `dir/samples` (names sorted = sample order);
+/// returns each sample's bytes.
+fn per_sample_files(dir: &Path, n: usize) -> Vec<Vec<u8>> {
+    let d = dir.join("samples");
+    std::fs::create_dir_all(&d).unwrap();
+    (0..n)
+        .map(|k| {
+            let data = bytes(100 + k as u64, 12);
+            std::fs::write(
+                d.join(format!("{k:04}.npy")),
+                npy_bytes("<u2", &[2, 3], &data),
+            )
+            .unwrap();
+            data
+        })
+        .collect()
+}
+
+fn dir_config(policy: Option<&str>, shuffle: bool) -> String {
+    format!(
+        "[ring]\nslots = 8\n[dataset]\nkind = \"npy\"\n{}[dataset.npy]\npath = \"samples\"\n\
+         dtype = \"u16\"\nshape = [2, 3]\n[plan]\nbatch_size = 4\nepochs = 2\nshuffle = {shuffle}\n\
+         [daemon]\nprefetch = 3\n",
+        policy.map_or(String::new(), |p| format!("on_bad_sample = \"{p}\"\n"))
+    )
+}
+
+#[test]
+fn npy_directory_of_per_sample_files() {
+    let fx = Fixture::new("files-npydir", &dir_config(None, true));
+    let samples = per_sample_files(fx.dir.path(), 23);
+    let expect = |_: u32, id: u64| vec![samples[id as usize].clone()];
+    run_checked(&fx, 3, &["data"], &expect);
+}
+
+/// Per-sample file 0005.npy cut one byte short.
+fn truncate_sample_5(dir: &Path) {
+    let p = dir.join("samples/0005.npy");
+    let len = std::fs::metadata(&p).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&p)
+        .unwrap()
+        .set_len(len - 1)
+        .unwrap();
+}
+
+#[test]
+fn a_truncated_per_sample_file_stops_the_loader_with_fail() {
+    let fx = Fixture::new("files-badfail", &dir_config(Some("fail"), false));
+    per_sample_files(fx.dir.path(), 12);
+    truncate_sample_5(fx.dir.path());
+    // The daemon starts (one bad sample is not a bad dataset); the loader that reads sample 5
+    // (batch 1 without shuffle) stops with exit 3, naming the file and the problem.
+    let mut daemon = fx.daemon(&["--sink", "consumer"]);
+    fx.wait_ready(&mut daemon);
+    let (status, log) = wait_for(fx.loader(&fx.config), "loader", LONG);
+    assert_eq!(status.code(), Some(3), "{log}");
+    assert!(
+        log.contains("0005.npy") && log.contains("truncated") && log.contains("sample 5"),
+        "{log}"
+    );
+    assert!(!log.contains("panicked"), "{log}");
+    // The part committed with the error stops the daemon (daemon.on_bad_batch = "fail").
+    let (status, daemon_log) = wait_for(daemon, "daemon", LONG);
+    assert_eq!(status.code(), Some(4), "{daemon_log}");
+    assert!(daemon_log.contains("dataset.on_bad_sample"), "{daemon_log}");
+}
+
+#[test]
+fn a_truncated_per_sample_file_is_zeros_with_skip() {
+    let fx = Fixture::new("files-badskip", &dir_config(Some("skip"), true));
+    let samples = per_sample_files(fx.dir.path(), 12);
+    truncate_sample_5(fx.dir.path());
+    let expect = |_: u32, id: u64| {
+        if id == 5 {
+            vec![vec![0u8; 12]]
+        } else {
+            vec![samples[id as usize].clone()]
+        }
+    };
+    let logs = run_checked(&fx, 2, &["data"], &expect);
+    // Read once per epoch, by whichever loader: counted and logged, naming the sample and file.
+    let counted: u64 = logs
+        .iter()
+        .flat_map(|l| l.lines())
+        .filter(|l| l.contains("loader finished"))
+        .map(|l| {
+            let v = l.split("bad_samples=").nth(1).unwrap_or("0");
+            v.split(|c: char| !c.is_ascii_digit())
+                .next()
+                .unwrap()
+                .parse::<u64>()
+                .unwrap()
+        })
+        .sum();
+    assert_eq!(counted, 2, "{logs:#?}");
+    let all = logs.concat();
+    assert!(
+        all.contains("sample 5 replaced by zeros") && all.contains("0005.npy"),
+        "{all}"
+    );
+}
+
+/// A small tokens config (relative file names) and its two files, in `fx`'s directory.
+fn small_tokens(tag: &str, sizes: &[usize]) -> Fixture {
+    let config = "[ring]\nslots = 4\n[dataset]\nkind = \"tokens\"\n[dataset.tokens]\n\
+                  files = [\"tok/part-0.bin\", \"tok/part-1.bin\"]\nseq_len = 8\n\
+                  [plan]\nbatch_size = 4\nepochs = 1\n";
+    let fx = Fixture::new(tag, config);
+    token_files(fx.dir.path(), sizes, 2, 1000);
+    fx
+}
+
+#[test]
+fn config_check_opens_the_files_and_shows_their_length() {
+    let fx = small_tokens("files-check", &[50, 31]);
+    let out = std::process::Command::new(exe(CLI))
+        .args(["config", "check"])
+        .arg(&fx.config)
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
+    // 81 tokens, windows of 9 every 8: 10 samples.
+    assert!(text.contains("samples = 10"), "{text}");
+    assert!(
+        text.contains("input_ids i64 [4, 8]") && text.contains("targets i64 [4, 8]"),
+        "{text}"
+    );
+    // A missing file: exit 3, naming it.
+    std::fs::remove_file(fx.dir.path().join("tok/part-1.bin")).unwrap();
+    let out = std::process::Command::new(exe(CLI))
+        .args(["config", "check"])
+        .arg(&fx.config)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(out.status.code(), Some(3), "{text}");
+    assert!(text.contains("part-1.bin"), "{text}");
+}
+
+#[test]
+fn the_daemon_does_not_start_on_missing_files() {
+    let fx = small_tokens("files-missing", &[50, 31]);
+    std::fs::remove_file(fx.dir.path().join("tok/part-0.bin")).unwrap();
+    let (status, log) = wait_for(fx.daemon(&["--sink", "consumer"]), "daemon", LONG);
+    assert_eq!(status.code(), Some(3), "{log}");
+    assert!(
+        log.contains("part-0.bin") && log.contains("kind = \"tokens\""),
+        "{log}"
+    );
+    assert!(!fx.segment().exists(), "no ring is made");
+}
+
+#[test]
+fn the_verify_sink_refuses_file_kinds() {
+    let fx = small_tokens("files-verify", &[50, 31]);
+    let (status, log) = wait_for(fx.daemon(&[]), "daemon", LONG);
+    assert_eq!(status.code(), Some(3), "{log}");
+    assert!(
+        log.contains("--sink verify") && log.contains("\"tokens\""),
+        "{log}"
+    );
+}
+
+#[test]
+fn a_loader_whose_files_have_another_length_is_refused_naming_both() {
+    let fx = small_tokens("files-len", &[50, 31]);
+    // The same config next to shorter files: same fingerprint inputs but the length.
+    let other = tempfile::tempdir().unwrap();
+    let other_cfg = other.path().join("pinring.toml");
+    std::fs::copy(&fx.config, &other_cfg).unwrap();
+    token_files(other.path(), &[50, 20], 2, 1000);
+    let mut daemon = fx.daemon(&["--sink", "consumer"]);
+    fx.wait_ready(&mut daemon);
+    let (status, log) = wait_for(fx.loader(&other_cfg), "loader", LONG);
+    assert_eq!(status.code(), Some(8), "{log}");
+    assert!(
+        log.contains("10 samples") && log.contains("have 8"),
+        "{log}"
+    );
+    signal(&daemon, nix::sys::signal::Signal::SIGTERM);
+    let _ = wait_for(daemon, "daemon", LONG);
+}
