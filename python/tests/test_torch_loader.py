@@ -230,9 +230,15 @@ def test_an_attached_daemon_with_the_datasets_fields(tmp_path):
     finally:
         daemon.terminate()
         daemon.wait(30)
-    # pinring-loader cannot make external samples, and says so.
+    # pinring-loader cannot make external samples, and the verify sink cannot check them: both
+    # say so and exit 3.
     out = subprocess.run(
         [binary("pinring-loader"), "--config", str(config), "--wait-secs", "1"],
         capture_output=True, text=True, timeout=60,
     )
     assert out.returncode == 3 and "Python producers" in out.stderr, out.stderr
+    out = subprocess.run(
+        [binary("pinring-daemon"), "--config", str(config), "--backend", "host", "--sink", "verify"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert out.returncode == 3 and "no reference" in out.stderr, out.stderr

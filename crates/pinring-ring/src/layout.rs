@@ -150,7 +150,10 @@ pub struct Header {
     pub loader_wait_ns: AtomicU64,
     /// Nanoseconds loaders spent producing batches (summed over loaders).
     pub loader_busy_ns: AtomicU64,
-    _pad3: [u64; 4],
+    /// Samples loaders could not read and replaced with zeros (`dataset.on_bad_sample =
+    /// "skip"`), summed over loaders. (Formerly padding: zero in segments of older builds.)
+    pub bad_samples_skipped: AtomicU64,
+    _pad3: [u64; 3],
 
     // --- cache line 4: futex word loaders wait on ---
     /// Bumped by the daemon whenever a slot becomes FREE or the state changes.

@@ -89,6 +89,16 @@ pub fn render(ring: &Ring, m: &DaemonMetrics) -> String {
     );
     line(
         &mut out,
+        "pinring_bad_samples_skipped_total",
+        "counter",
+        "Unreadable samples loaders replaced with zeros (dataset.on_bad_sample = \"skip\").",
+        &l,
+        ring.header()
+            .bad_samples_skipped
+            .load(std::sync::atomic::Ordering::Relaxed),
+    );
+    line(
+        &mut out,
         "pinring_batches_delivered_total",
         "counter",
         "Batches uploaded and delivered to the consumer.",

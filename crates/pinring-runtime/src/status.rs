@@ -193,6 +193,9 @@ pub struct Snapshot {
     pub reissued: u64,
     /// Bad batches skipped and made again (`on_bad_batch = "skip"`).
     pub bad_batches_skipped: u64,
+    /// Unreadable samples replaced with zeros by loaders (`dataset.on_bad_sample = "skip"`).
+    #[serde(default)]
+    pub bad_samples_skipped: u64,
     /// Descriptors found in a state the daemon never left them in.
     pub corrupt_descriptors: u64,
     /// The trainer's end, for a ring whose daemon hands batches to a consumer.
@@ -309,6 +312,7 @@ impl Snapshot {
             quarantined: ring.health().quarantined.load(Relaxed),
             reissued: ring.health().reissued.load(Relaxed),
             bad_batches_skipped: ring.health().bad_batches_skipped.load(Relaxed),
+            bad_samples_skipped: h.bad_samples_skipped.load(Relaxed),
             corrupt_descriptors: ring.health().corrupt_descriptors.load(Relaxed),
             consumer: ConsumerView::of(ring),
             taken: Some(Instant::now()),
@@ -451,19 +455,21 @@ pub fn render(reports: &[RingReport]) -> String {
         );
         let faults = snap.leases_expired
             + snap.bad_batches_skipped
+            + snap.bad_samples_skipped
             + snap.corrupt_descriptors
             + snap.hung_loaders
             + snap.quarantined;
         if faults > 0 {
             let _ = writeln!(
                 s,
-                "  faults: {} hung loaders now (last pid {}), {} leases expired, {} slots quarantined now, {} seqs reissued, {} bad batches skipped, {} corrupt descriptors",
+                "  faults: {} hung loaders now (last pid {}), {} leases expired, {} slots quarantined now, {} seqs reissued, {} bad batches skipped, {} bad samples replaced with zeros, {} corrupt descriptors",
                 snap.hung_loaders,
                 snap.last_hung_pid,
                 snap.leases_expired,
                 snap.quarantined,
                 snap.reissued,
                 snap.bad_batches_skipped,
+                snap.bad_samples_skipped,
                 snap.corrupt_descriptors
             );
         }

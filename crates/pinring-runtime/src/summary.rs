@@ -65,6 +65,9 @@ pub struct Summary {
     /// Bad batches skipped under `on_bad_batch = "skip"` (each made again).
     #[serde(default)]
     pub bad_batches_skipped: u64,
+    /// Unreadable samples the loaders replaced with zeros (`dataset.on_bad_sample = "skip"`).
+    #[serde(default)]
+    pub bad_samples_skipped: u64,
     /// Seqs moved to another slot because theirs was quarantined.
     #[serde(default)]
     pub reissued: u64,

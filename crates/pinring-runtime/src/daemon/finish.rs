@@ -97,6 +97,7 @@ impl Daemon {
             rejected: h.rejected.load(Relaxed),
             leases_expired: self.ring.health().leases_expired.load(Relaxed),
             bad_batches_skipped: self.ring.health().bad_batches_skipped.load(Relaxed),
+            bad_samples_skipped: h.bad_samples_skipped.load(Relaxed),
             reissued: self.ring.health().reissued.load(Relaxed),
             corrupt_descriptors: self.ring.health().corrupt_descriptors.load(Relaxed),
             registration_seconds: self.registration.as_ref().map_or(0.0, |r| r.seconds()),
