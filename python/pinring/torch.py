@@ -787,12 +787,14 @@ class DataLoader:
         while self._consumer.state()[0] // ppb < end:
             b = self._next()
             if b is None:
-                return
+                break
             box = [b]
             del b
             # Converted and yielded in one expression: this generator keeps no reference to
             # the batch, so its buffer goes back as soon as the caller's tensors are gone.
             yield self._convert(box)
+        # The epoch's end: report a worker's error, restart a dead worker for the next epoch.
+        self._check_workers()
 
     def _convert(self, box: List[_native.Batch]) -> Any:
         b = box.pop()
