@@ -1,5 +1,6 @@
 //! Cross-check against PIL: decode output and the resampled crop, within tolerance.
-//! Runs only where `python3 -c 'import PIL'` works; otherwise prints why and passes.
+//! Runs where `$PINRING_TEST_PYTHON` (default `python3`) imports PIL; otherwise prints why and
+//! passes, unless `PINRING_TEST_PYTHON` is set (scripts/test sets it): then it is required.
 
 use std::io::Write;
 use std::process::{Command, Stdio};
@@ -19,20 +20,32 @@ if len(sys.argv) > 1:
 sys.stdout.buffer.write(img.tobytes())
 "#;
 
+/// The interpreter: `PINRING_TEST_PYTHON` (scripts/test names its venv's, which has Pillow),
+/// else `python3`.
+fn python() -> String {
+    std::env::var("PINRING_TEST_PYTHON").unwrap_or_else(|_| "python3".into())
+}
+
 fn have_pil() -> bool {
-    let ok = Command::new("python3")
+    let ok = Command::new(python())
         .args(["-c", "import PIL"])
         .stderr(Stdio::null())
         .status()
         .is_ok_and(|s| s.success());
+    // An interpreter named on purpose must have Pillow: the comparison is then required.
+    assert!(
+        ok || std::env::var_os("PINRING_TEST_PYTHON").is_none(),
+        "PINRING_TEST_PYTHON={} cannot import PIL",
+        python()
+    );
     if !ok {
-        println!("skipped: python3 with PIL is not available");
+        println!("skipped: {} with PIL is not available", python());
     }
     ok
 }
 
 fn pil(file: &[u8], args: &[String]) -> Vec<u8> {
-    let mut child = Command::new("python3")
+    let mut child = Command::new(python())
         .arg("-c")
         .arg(SCRIPT)
         .args(args)

@@ -43,9 +43,13 @@ pub fn python(test: &str) -> Option<String> {
 }
 
 fn python_with(test: &str, probe: &str) -> Option<String> {
-    let py = std::env::var("PINRING_TEST_PYTHON").unwrap_or_else(|_| "python3".into());
+    let named = std::env::var("PINRING_TEST_PYTHON").ok();
+    let py = named.clone().unwrap_or_else(|| "python3".into());
     match Command::new(&py).args(["-c", probe]).output() {
         Ok(o) if o.status.success() => Some(py),
+        // An interpreter named on purpose (scripts/test names its venv's) must have it: the
+        // reference part of the test is then required, not skipped.
+        _ if named.is_some() => panic!("{test}: PINRING_TEST_PYTHON={py} cannot run {probe:?}"),
         _ => {
             println!(
                 "{test}: skipping the Python reference part: {py} cannot run {probe:?} \
