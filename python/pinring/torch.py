@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import collections.abc
 import logging
-import math
 import multiprocessing
 import os
 import queue as _queue
@@ -199,22 +198,17 @@ class _Layout:
         """Raises ``UsageError`` when ``value`` (of sample ``index``, or of a collated part of
         ``n`` samples) does not match the layout."""
         d = _describe(value)
-        found = None if d is None else (d[0], d[1] if n is None else d[1][1:] if d[1] else None)
-        first = None if d is None or n is None or not d[1] else d[1][0]
-        if found == (leaf.dtype, leaf.shape) and (n is None or first == n):
+        # A sample's element has the leaf's shape; a collated part's has n rows of it.
+        want_shape = leaf.shape if n is None else (n, *leaf.shape)
+        if d is not None and d == (leaf.dtype, want_shape):
             return
         where = leaf.path or "the sample"
         what = f"sample {index}" if n is None else f"collate_fn's output for a part from sample {index}"
         if d is None:
             got = f"a {type(value).__name__}{_dtype_note(value)}"
-        elif n is None:
-            got = f"{d[0]} of shape {list(d[1])}"
         else:
             got = f"{d[0]} of shape {list(d[1])}"
-        want = (
-            f"{leaf.dtype} of shape {list(leaf.shape)}" if n is None
-            else f"{leaf.dtype} of shape {[n, *leaf.shape]}"
-        )
+        want = f"{leaf.dtype} of shape {list(want_shape)}"
         raise _native.UsageError(
             f"{where} of {what} is {got}, but dataset[0] made it {want}: every sample must have "
             "the same fields, dtypes and shapes (pad, crop or resize in the dataset, or batch "
