@@ -225,8 +225,8 @@ pub enum ConfigError {
         /// toml's message (names the key and the line).
         message: String,
     },
-    /// The files of a file kind (`dataset.kind = "tokens"` / `"npy"`) cannot be opened, or do
-    /// not hold what the config declares.
+    /// The files of a file kind (`dataset.kind = "tokens"`, `"npy"`, `"webdataset"`,
+    /// `"imagefolder"`) cannot be opened, or do not hold what the config declares.
     #[error("dataset of config {source_name} (kind = \"{kind}\"): {message}")]
     Dataset {
         /// File name (or other source description).

@@ -1,5 +1,7 @@
-//! The keys of the file kinds of `[dataset]`: `[dataset.tokens]` ([`TokensDataset`]) and
-//! `[dataset.npy]` ([`NpyDataset`]), `dataset.on_bad_sample` ([`OnBadSample`]), and how the
+//! The keys of the file kinds of `[dataset]`: `[dataset.tokens]` ([`TokensDataset`]),
+//! `[dataset.npy]` ([`NpyDataset`]), `[dataset.webdataset]` ([`WebDatasetDataset`]),
+//! `[dataset.imagefolder]` ([`ImageFolderDataset`]) and, for those two image kinds,
+//! `[dataset.image]` ([`ImageDataset`]), `dataset.on_bad_sample` ([`OnBadSample`]), and how the
 //! `[dataset]` table is read so that a key of another kind is refused by name
 //! ([`DatasetConfig`]'s serde form).
 //!
