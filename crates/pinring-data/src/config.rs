@@ -15,7 +15,10 @@ use std::path::{Path, PathBuf};
 use serde::de::{self, Deserializer, Visitor};
 use serde::{Deserialize, Serialize, Serializer};
 
-use crate::dataset::{NpyDataset, OnBadSample, RawDataset, TokensDataset, INPUT_IDS, TARGETS};
+use crate::dataset::{
+    ImageDataset, ImageFolderDataset, ImageOutput, ImageTransform, NpyDataset, OnBadSample,
+    RawDataset, TokensDataset, WebDatasetDataset, INPUT_IDS, TARGETS,
+};
 use crate::fields::{BatchLayout, Field, IMAGES, LABELS};
 use crate::meta::{max_encoded_len, Dtype};
 use crate::plan::{Plan, PlanError, PlanParams, MAX_PLAN_SAMPLES};
@@ -36,6 +39,8 @@ pub const MAX_SLOTS: u32 = pinring_ring::layout::MAX_SLOTS;
 pub const MAX_SAMPLE_BYTES: u64 = 1 << 30;
 /// Most dimensions a sample shape may have.
 pub const MAX_SAMPLE_DIMS: usize = 16;
+/// Largest `[dataset.image] crop` (pinring-image's limit).
+pub const MAX_IMAGE_SIDE: u32 = 16384;
 /// Granularity of [`Config::meta_reserve_bytes`].
 pub const META_RESERVE_ALIGN: u64 = 64;
 /// Slots in a ring whose `ring.slots` is unset and whose `ring.slot_bytes` is explicit (or not
@@ -119,12 +124,38 @@ mode = "0600"
 #   labels = "y_train.npy"  # optional: field "labels", one entry a sample,
 #   labels_dtype = "i64"    # of this dtype
 #   labels_shape = []       # and shape
-# With "tokens" and "npy": relative paths are relative to the directory of
+# "webdataset": tar shards of JPEG/PNG images (.jpg, .jpeg, .png) with .cls
+# labels, decoded by pinring-loader; fields images and labels (i64), e.g.
+#   [dataset.webdataset]
+#   shards = ["train-000000.tar", "train-000001.tar"]  # ids in this order
+#   shuffle_buffer = 1000  # of the shard-aware order (not used yet: the
+#                          # delivery order is the plan's)
+# "imagefolder": torchvision's ImageFolder layout, root/<class>/<file>;
+# labels are the class indices (sorted class directory names), e.g.
+#   [dataset.imagefolder]
+#   root = "imagenet/train"
+#   extensions = ["jpg", "jpeg", "png"]  # case-insensitive
+# Both decode and transform each image as [dataset.image] says (all keys
+# optional; a key of the other transform or output is refused):
+#   [dataset.image]
+#   transform = "train"   # RandomResizedCrop + flip, drawn from (plan.seed,
+#                         # epoch, sample id); "eval": Resize + CenterCrop
+#   crop = 224            # side of the square output
+#   resize = 256          # eval: shorter side before the centre crop
+#   scale = [0.08, 1.0]   # train: crop area, fraction of the image's
+#   ratio = [0.75, 1.3333333333333333]  # train: crop aspect ratio w/h
+#   flip = true           # train: horizontal flip half of the time
+#   output = "u8"         # images u8 [crop, crop, 3] (HWC); "f16", "bf16",
+#                         # "f32": (x/255 - mean)/std, [3, crop, crop] (CHW)
+#   mean = [0.485, 0.456, 0.406]  # float outputs, R G B (ImageNet's)
+#   std = [0.229, 0.224, 0.225]
+#   reduced_decode = false  # true: large JPEGs decoded at 1/4 or 1/8 size
+# With the file kinds: relative paths are relative to the directory of
 # this file; samples is the files' length (leave it out); the synthetic
-# keys (sample_shape, dtype, seed, classes) and the other kind's keys are
-# refused; on_bad_sample says what a sample that cannot be read does:
-# "fail" (default) stops the loader (exit 3), "skip" writes zeros in its
-# place, counts it and logs a warning.
+# keys (sample_shape, dtype, seed, classes) and the other kinds' keys are
+# refused; on_bad_sample says what a sample that cannot be read (or
+# decoded) does: "fail" (default) stops the loader (exit 3), "skip" writes
+# zeros in its place, counts it and logs a warning.
 kind = "synthetic"
 # Number of samples in the dataset (>= 1).
 samples = 16384
@@ -194,8 +225,8 @@ pub enum ConfigError {
         /// toml's message (names the key and the line).
         message: String,
     },
-    /// The files of a file kind (`dataset.kind = "tokens"` / `"npy"`) cannot be opened, or do
-    /// not hold what the config declares.
+    /// The files of a file kind (`dataset.kind = "tokens"`, `"npy"`, `"webdataset"`,
+    /// `"imagefolder"`) cannot be opened, or do not hold what the config declares.
     #[error("dataset of config {source_name} (kind = \"{kind}\"): {message}")]
     Dataset {
         /// File name (or other source description).
@@ -352,6 +383,15 @@ pub enum DatasetKind {
     /// NumPy `.npy` arrays ([`NpyDataset`], `[dataset.npy]`): the data field, and `labels` from
     /// a second array.
     Npy,
+    /// WebDataset tar shards of JPEG/PNG images and `.cls` labels ([`WebDatasetDataset`],
+    /// `[dataset.webdataset]`, images made as `[dataset.image]` says): fields `images` and
+    /// `labels`.
+    #[serde(rename = "webdataset")]
+    WebDataset,
+    /// torchvision `ImageFolder`'s layout ([`ImageFolderDataset`], `[dataset.imagefolder]`,
+    /// images made as `[dataset.image]` says): fields `images` and `labels` (the class index).
+    #[serde(rename = "imagefolder")]
+    ImageFolder,
 }
 
 impl DatasetKind {
@@ -362,12 +402,27 @@ impl DatasetKind {
             DatasetKind::External => "external",
             DatasetKind::Tokens => "tokens",
             DatasetKind::Npy => "npy",
+            DatasetKind::WebDataset => "webdataset",
+            DatasetKind::ImageFolder => "imagefolder",
         }
     }
 
-    /// Whether the samples are read from files by pinring's loaders (`tokens`, `npy`).
+    /// Whether the samples are read from files by pinring's loaders (`tokens`, `npy`,
+    /// `webdataset`, `imagefolder`).
     pub const fn reads_files(self) -> bool {
-        matches!(self, DatasetKind::Tokens | DatasetKind::Npy)
+        matches!(
+            self,
+            DatasetKind::Tokens
+                | DatasetKind::Npy
+                | DatasetKind::WebDataset
+                | DatasetKind::ImageFolder
+        )
+    }
+
+    /// Whether the samples are encoded images decoded by the loaders (`webdataset`,
+    /// `imagefolder`; `[dataset.image]`).
+    pub const fn decodes_images(self) -> bool {
+        matches!(self, DatasetKind::WebDataset | DatasetKind::ImageFolder)
     }
 }
 
@@ -443,6 +498,13 @@ pub struct DatasetConfig {
     pub tokens: Option<TokensDataset>,
     /// `[dataset.npy]`, for `kind = "npy"` only.
     pub npy: Option<NpyDataset>,
+    /// `[dataset.webdataset]`, for `kind = "webdataset"` only.
+    pub webdataset: Option<WebDatasetDataset>,
+    /// `[dataset.imagefolder]`, for `kind = "imagefolder"` only.
+    pub imagefolder: Option<ImageFolderDataset>,
+    /// `[dataset.image]`, for `kind = "webdataset"` and `"imagefolder"` (their defaults when the
+    /// table is left out).
+    pub image: Option<ImageDataset>,
 }
 
 impl Default for DatasetConfig {
@@ -458,6 +520,9 @@ impl Default for DatasetConfig {
             on_bad_sample: OnBadSample::Fail,
             tokens: None,
             npy: None,
+            webdataset: None,
+            imagefolder: None,
+            image: None,
         }
     }
 }
@@ -1076,6 +1141,16 @@ impl Config {
         for (given, owner, key) in [
             (d.tokens.is_some(), DatasetKind::Tokens, "dataset.tokens"),
             (d.npy.is_some(), DatasetKind::Npy, "dataset.npy"),
+            (
+                d.webdataset.is_some(),
+                DatasetKind::WebDataset,
+                "dataset.webdataset",
+            ),
+            (
+                d.imagefolder.is_some(),
+                DatasetKind::ImageFolder,
+                "dataset.imagefolder",
+            ),
         ] {
             if given != (d.kind == owner) {
                 return Err(self.invalid(
@@ -1169,6 +1244,140 @@ impl Config {
                 }
             }
         }
+        if d.image.is_some() != d.kind.decodes_images() {
+            return Err(self.invalid(
+                "dataset.image",
+                if d.image.is_some() {
+                    "a table"
+                } else {
+                    "no table"
+                },
+                format!(
+                    "[dataset.image] belongs to dataset.kind = \"webdataset\" and \
+                     \"imagefolder\" (this dataset has kind = \"{}\")",
+                    d.kind
+                ),
+            ));
+        }
+        if let Some(w) = &d.webdataset {
+            if w.shards.is_empty() || w.shards.iter().any(|f| f.as_os_str().is_empty()) {
+                return Err(self.invalid(
+                    "dataset.webdataset.shards",
+                    format!("{:?}", w.shards),
+                    "one or more tar shards (paths relative to the config file's directory, or \
+                     absolute), in order",
+                ));
+            }
+        }
+        if let Some(f) = &d.imagefolder {
+            if f.root.as_os_str().is_empty() {
+                return Err(self.invalid(
+                    "dataset.imagefolder.root",
+                    "\"\"",
+                    "the directory that holds one subdirectory per class",
+                ));
+            }
+            if f.extensions.is_empty()
+                || f.extensions
+                    .iter()
+                    .any(|e| e.trim_start_matches('.').is_empty())
+            {
+                return Err(self.invalid(
+                    "dataset.imagefolder.extensions",
+                    format!("{:?}", f.extensions),
+                    "one or more file extensions such as \"jpg\" (default jpg, jpeg, png)",
+                ));
+            }
+        }
+        if let Some(i) = &d.image {
+            self.validate_image(i)?;
+        }
+        Ok(())
+    }
+
+    /// `[dataset.image]`: values in range, and no key of the other transform or output.
+    fn validate_image(&self, i: &ImageDataset) -> Result<(), ConfigError> {
+        let t = i.transform.as_str();
+        let other = match i.transform {
+            ImageTransform::Train => [("dataset.image.resize", i.resize.is_some())].to_vec(),
+            ImageTransform::Eval => [
+                ("dataset.image.scale", i.scale.is_some()),
+                ("dataset.image.ratio", i.ratio.is_some()),
+                ("dataset.image.flip", i.flip.is_some()),
+            ]
+            .to_vec(),
+        };
+        if let Some((key, _)) = other.iter().find(|(_, given)| *given) {
+            return Err(self.invalid(
+                key,
+                "given",
+                format!(
+                    "a key of transform = \"{}\", and this table has transform = \"{t}\": \
+                     remove it",
+                    if t == "train" { "eval" } else { "train" }
+                ),
+            ));
+        }
+        if i.output == ImageOutput::U8 {
+            for (key, given) in [
+                ("dataset.image.mean", i.mean.is_some()),
+                ("dataset.image.std", i.std.is_some()),
+            ] {
+                if given {
+                    return Err(self.invalid(
+                        key,
+                        "given",
+                        "a key of the normalised outputs (output = \"f16\", \"bf16\" or \
+                         \"f32\"); output = \"u8\" is unnormalised: remove it",
+                    ));
+                }
+            }
+        }
+        let crop = i.crop();
+        if crop == 0 || crop > MAX_IMAGE_SIDE {
+            return Err(self.invalid(
+                "dataset.image.crop",
+                crop,
+                format!("the output's side in pixels: 1 to {MAX_IMAGE_SIDE}"),
+            ));
+        }
+        if i.transform == ImageTransform::Eval && i.resize() < crop {
+            return Err(self.invalid(
+                "dataset.image.resize",
+                i.resize(),
+                format!("the shorter side after resizing, at least crop ({crop})"),
+            ));
+        }
+        let [lo, hi] = i.scale();
+        if !(lo > 0.0 && lo <= hi && hi <= 1.0) {
+            return Err(self.invalid(
+                "dataset.image.scale",
+                format!("[{lo}, {hi}]"),
+                "[min, max] with 0 < min <= max <= 1 (fractions of the image's area)",
+            ));
+        }
+        let [lo, hi] = i.ratio();
+        if !(lo > 0.0 && lo <= hi && hi.is_finite()) {
+            return Err(self.invalid(
+                "dataset.image.ratio",
+                format!("[{lo}, {hi}]"),
+                "[min, max] with 0 < min <= max (aspect ratios w/h)",
+            ));
+        }
+        if i.std().iter().any(|s| !(s.is_finite() && *s != 0.0)) {
+            return Err(self.invalid(
+                "dataset.image.std",
+                format!("{:?}", i.std()),
+                "three finite, non-zero values (R, G, B on the 0..1 scale)",
+            ));
+        }
+        if i.mean().iter().any(|m| !m.is_finite()) {
+            return Err(self.invalid(
+                "dataset.image.mean",
+                format!("{:?}", i.mean()),
+                "three finite values (R, G, B on the 0..1 scale)",
+            ));
+        }
         Ok(())
     }
 
@@ -1177,9 +1386,10 @@ impl Config {
         match d.kind {
             DatasetKind::Synthetic => {}
             DatasetKind::External => return d.fields.first().map(Field::sample_bytes),
-            DatasetKind::Tokens | DatasetKind::Npy => {
-                return self.file_field_bytes().map(|(first, _)| first)
-            }
+            DatasetKind::Tokens
+            | DatasetKind::Npy
+            | DatasetKind::WebDataset
+            | DatasetKind::ImageFolder => return self.file_field_bytes().map(|(first, _)| first),
         }
         d.sample_shape
             .iter()
@@ -1223,6 +1433,16 @@ impl Config {
                 }
                 None => Vec::new(),
             },
+            DatasetKind::WebDataset | DatasetKind::ImageFolder => match &d.image {
+                Some(i) => {
+                    let (dtype, shape) = i.images();
+                    vec![
+                        Field::new(IMAGES, dtype, shape),
+                        Field::new(LABELS, Dtype::I64, Vec::new()),
+                    ]
+                }
+                None => Vec::new(),
+            },
         }
     }
 
@@ -1238,6 +1458,11 @@ impl Config {
         if let Some(t) = &d.tokens {
             let one = bytes(t.dtype, &[t.seq_len]);
             return Some((one, one.saturating_mul(2)));
+        }
+        if d.kind.decodes_images() {
+            let (dtype, shape) = d.image.as_ref()?.images();
+            let one = bytes(dtype, &shape);
+            return Some((one, one.saturating_add(Dtype::I64.size_of() as u64)));
         }
         let n = d.npy.as_ref()?;
         let data = bytes(n.dtype, &n.shape);
@@ -1258,6 +1483,7 @@ impl Config {
             DatasetKind::External => d.fields.first().map_or(0, |f| f.shape.len()),
             DatasetKind::Tokens => 1,
             DatasetKind::Npy => d.npy.as_ref().map_or(0, |n| n.shape.len()),
+            DatasetKind::WebDataset | DatasetKind::ImageFolder => 3,
         }
     }
 
@@ -1288,9 +1514,10 @@ impl Config {
                 .fields
                 .iter()
                 .fold(0u64, |acc, f| acc.saturating_add(f.sample_bytes())),
-            DatasetKind::Tokens | DatasetKind::Npy => {
-                self.file_field_bytes().map_or(0, |(_, all)| all)
-            }
+            DatasetKind::Tokens
+            | DatasetKind::Npy
+            | DatasetKind::WebDataset
+            | DatasetKind::ImageFolder => self.file_field_bytes().map_or(0, |(_, all)| all),
         }
     }
 
@@ -2270,6 +2497,175 @@ labels_dtype = "i16"
             let mut c = base.clone();
             e(&mut c);
             assert_ne!(c.fingerprint(), base.fingerprint(), "npy edit {k}");
+        }
+    }
+
+    const WDS: &str = r#"
+[dataset]
+kind = "webdataset"
+[dataset.webdataset]
+shards = ["a.tar", "b.tar"]
+"#;
+
+    const FOLDER: &str = r#"
+[dataset]
+kind = "imagefolder"
+[dataset.imagefolder]
+root = "train"
+[dataset.image]
+transform = "eval"
+crop = 32
+resize = 40
+output = "f32"
+mean = [0.5, 0.5, 0.5]
+"#;
+
+    #[test]
+    fn image_kinds_have_images_and_labels_from_the_image_table() {
+        let w = parse(WDS).unwrap();
+        assert_eq!(w.dataset.kind, DatasetKind::WebDataset);
+        assert_eq!(w.dataset.webdataset.as_ref().unwrap().shuffle_buffer, 1000);
+        assert_eq!(
+            w.fields(),
+            vec![
+                Field::new(IMAGES, Dtype::U8, vec![224, 224, 3]),
+                Field::new(LABELS, Dtype::I64, vec![]),
+            ]
+        );
+        let f = parse(FOLDER).unwrap();
+        assert_eq!(
+            f.fields(),
+            vec![
+                Field::new(IMAGES, Dtype::F32, vec![3, 32, 32]),
+                Field::new(LABELS, Dtype::I64, vec![]),
+            ]
+        );
+        for c in [&w, &f] {
+            let sum: u64 = c.fields().iter().map(Field::sample_bytes).sum();
+            assert_eq!(c.record_bytes(), sum);
+            assert_eq!(c.sample_bytes(), c.fields()[0].sample_bytes());
+            assert_eq!(parse(&c.to_toml()).unwrap(), *c);
+        }
+        assert_eq!(
+            f.dataset.imagefolder.as_ref().unwrap().extensions,
+            ["jpg", "jpeg", "png"]
+        );
+    }
+
+    #[test]
+    fn image_keys_of_another_transform_output_or_kind_are_refused() {
+        for (text, needles) in [
+            (
+                FOLDER.replace("crop = 32", "crop = 32\nflip = true"),
+                &["dataset.image.flip", "transform = \"train\""][..],
+            ),
+            (
+                WDS.to_string() + "[dataset.image]\nresize = 300\n",
+                &["dataset.image.resize", "transform = \"eval\""],
+            ),
+            (
+                WDS.to_string() + "[dataset.image]\nmean = [0.5, 0.5, 0.5]\n",
+                &["dataset.image.mean", "u8"],
+            ),
+            (
+                FOLDER.replace("resize = 40", "resize = 20"),
+                &["dataset.image.resize", "crop"],
+            ),
+            (
+                FOLDER.replace("kind = \"imagefolder\"", "kind = \"npy\""),
+                &["[dataset.imagefolder]", "kind = \"npy\""],
+            ),
+            (
+                WDS.replace("shards = [", "root = \"x\"\nshards = ["),
+                &["dataset.webdataset.root", "[dataset.imagefolder]"],
+            ),
+            (
+                "[dataset]\nkind = \"imagefolder\"\n".to_string(),
+                &["[dataset.imagefolder]", "root"],
+            ),
+            (
+                WDS.replace("shards = [\"a.tar\", \"b.tar\"]", "shards = []"),
+                &["dataset.webdataset.shards"],
+            ),
+            (
+                WDS.to_string() + "[dataset.image]\nscale = [0.5, 0.2]\n",
+                &["dataset.image.scale"],
+            ),
+        ] {
+            let e = parse(&text).unwrap_err().to_string();
+            for n in needles {
+                assert!(e.contains(n), "{e:?} lacks {n:?}");
+            }
+        }
+        let e = parse(&TOKENS.replace("[dataset.tokens]", "[dataset.image]\n[dataset.tokens]"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("[dataset.image]"), "{e}");
+    }
+
+    #[test]
+    fn the_fingerprint_covers_the_image_keys() {
+        type Edit = Box<dyn Fn(&mut Config)>;
+        let mut base = parse(FOLDER).unwrap();
+        base.set_source_len(10).unwrap();
+        let image = |f: fn(&mut ImageDataset)| -> Edit {
+            Box::new(move |c: &mut Config| f(c.dataset.image.as_mut().unwrap()))
+        };
+        let edits: Vec<Edit> = vec![
+            Box::new(|c| c.dataset.imagefolder.as_mut().unwrap().root = "./train".into()),
+            Box::new(|c| {
+                c.dataset
+                    .imagefolder
+                    .as_mut()
+                    .unwrap()
+                    .extensions
+                    .pop()
+                    .map(drop)
+                    .unwrap_or(())
+            }),
+            image(|i| i.crop = Some(31)),
+            image(|i| i.resize = Some(41)),
+            image(|i| i.output = ImageOutput::Bf16),
+            image(|i| i.mean = Some([0.5, 0.5, 0.4])),
+            image(|i| i.std = Some([0.5, 0.5, 0.4])),
+            image(|i| i.reduced_decode = true),
+            image(|i| i.transform = ImageTransform::Train),
+            image(|i| {
+                i.transform = ImageTransform::Train;
+                i.flip = Some(false)
+            }),
+            image(|i| {
+                i.transform = ImageTransform::Train;
+                i.scale = Some([0.5, 1.0])
+            }),
+            image(|i| {
+                i.transform = ImageTransform::Train;
+                i.ratio = Some([0.5, 1.0])
+            }),
+        ];
+        for (k, e) in edits.iter().enumerate() {
+            let mut c = base.clone();
+            e(&mut c);
+            assert_ne!(c.fingerprint(), base.fingerprint(), "image edit {k}");
+        }
+        let mut base = parse(WDS).unwrap();
+        base.set_source_len(10).unwrap();
+        let edits: Vec<Edit> = vec![
+            Box::new(|c| c.dataset.webdataset.as_mut().unwrap().shards.reverse()),
+            Box::new(|c| c.dataset.webdataset.as_mut().unwrap().shuffle_buffer = 7),
+            Box::new(|c| {
+                c.dataset.kind = DatasetKind::ImageFolder;
+                c.dataset.webdataset = None;
+                c.dataset.imagefolder = Some(ImageFolderDataset {
+                    root: "a.tar".into(),
+                    extensions: vec!["b.tar".into()],
+                });
+            }),
+        ];
+        for (k, e) in edits.iter().enumerate() {
+            let mut c = base.clone();
+            e(&mut c);
+            assert_ne!(c.fingerprint(), base.fingerprint(), "webdataset edit {k}");
         }
     }
 

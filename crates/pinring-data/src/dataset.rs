@@ -1,5 +1,7 @@
-//! The keys of the file kinds of `[dataset]`: `[dataset.tokens]` ([`TokensDataset`]) and
-//! `[dataset.npy]` ([`NpyDataset`]), `dataset.on_bad_sample` ([`OnBadSample`]), and how the
+//! The keys of the file kinds of `[dataset]`: `[dataset.tokens]` ([`TokensDataset`]),
+//! `[dataset.npy]` ([`NpyDataset`]), `[dataset.webdataset]` ([`WebDatasetDataset`]),
+//! `[dataset.imagefolder]` ([`ImageFolderDataset`]) and, for those two image kinds,
+//! `[dataset.image]` ([`ImageDataset`]), `dataset.on_bad_sample` ([`OnBadSample`]), and how the
 //! `[dataset]` table is read so that a key of another kind is refused by name
 //! ([`DatasetConfig`]'s serde form).
 //!
@@ -107,6 +109,188 @@ pub struct NpyDataset {
     pub labels_shape: Vec<u32>,
 }
 
+/// `[dataset.webdataset]`: WebDataset tar shards (`kind = "webdataset"`, docs/FORMATS.md), each
+/// sample an image member (`.jpg`, `.jpeg`, `.png`) and a `.cls` label.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WebDatasetDataset {
+    /// The tar shards, in order (sample ids: shard order, then member order).
+    pub shards: Vec<PathBuf>,
+    /// Samples in the shuffle buffer of the shard-aware order (default 1000; 0 or 1: none).
+    /// Recorded (and fingerprinted) for that order; the delivery order is the plan's for now
+    /// (docs/FORMATS.md).
+    #[serde(default = "default_shuffle_buffer")]
+    pub shuffle_buffer: u64,
+}
+
+/// Default `[dataset.webdataset] shuffle_buffer`.
+pub const DEFAULT_SHUFFLE_BUFFER: u64 = 1000;
+
+fn default_shuffle_buffer() -> u64 {
+    DEFAULT_SHUFFLE_BUFFER
+}
+
+/// `[dataset.imagefolder]`: torchvision `ImageFolder`'s layout, `root/<class>/**/<file>`
+/// (`kind = "imagefolder"`, docs/FORMATS.md).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ImageFolderDataset {
+    /// The directory of class directories.
+    pub root: PathBuf,
+    /// File extensions that are samples, compared case-insensitively (default jpg, jpeg, png).
+    #[serde(default = "default_extensions")]
+    pub extensions: Vec<String>,
+}
+
+fn default_extensions() -> Vec<String> {
+    vec!["jpg".into(), "jpeg".into(), "png".into()]
+}
+
+/// `[dataset.image] transform`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ImageTransform {
+    /// torchvision `RandomResizedCrop(crop, scale, ratio)` + `RandomHorizontalFlip()`, drawn per
+    /// (plan seed, epoch, sample id).
+    #[default]
+    Train,
+    /// torchvision `Resize(resize)` + `CenterCrop(crop)`.
+    Eval,
+}
+
+impl ImageTransform {
+    /// The config spelling.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            ImageTransform::Train => "train",
+            ImageTransform::Eval => "eval",
+        }
+    }
+}
+
+/// `[dataset.image] output`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ImageOutput {
+    /// u8 RGB, HWC `[crop, crop, 3]`, unnormalised.
+    #[default]
+    U8,
+    /// `(x/255 - mean)/std`, CHW `[3, crop, crop]`, f16.
+    F16,
+    /// The same in bf16.
+    Bf16,
+    /// The same in f32.
+    F32,
+}
+
+impl ImageOutput {
+    /// The element type of the `images` field.
+    pub const fn dtype(self) -> Dtype {
+        match self {
+            ImageOutput::U8 => Dtype::U8,
+            ImageOutput::F16 => Dtype::F16,
+            ImageOutput::Bf16 => Dtype::Bf16,
+            ImageOutput::F32 => Dtype::F32,
+        }
+    }
+}
+
+/// Default `crop`.
+pub const DEFAULT_CROP: u32 = 224;
+/// Default `resize` (eval).
+pub const DEFAULT_RESIZE: u32 = 256;
+/// Default `scale` (train).
+pub const DEFAULT_SCALE: [f64; 2] = [0.08, 1.0];
+/// Default `ratio` (train).
+pub const DEFAULT_RATIO: [f64; 2] = [3.0 / 4.0, 4.0 / 3.0];
+/// Default `mean` (normalised output): ImageNet's, R G B on the 0..1 scale.
+pub const DEFAULT_MEAN: [f32; 3] = [0.485, 0.456, 0.406];
+/// Default `std` (normalised output): ImageNet's.
+pub const DEFAULT_STD: [f32; 3] = [0.229, 0.224, 0.225];
+
+/// `[dataset.image]`: how `kind = "webdataset"` and `"imagefolder"` turn an encoded JPEG or PNG
+/// into the `images` field (pinring-image's `SampleSpec`; docs/IMAGES.md). Every key is
+/// optional; a key of the other transform (`resize` with train, `scale`/`ratio`/`flip` with
+/// eval) or of the other output (`mean`/`std` with u8) is refused.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ImageDataset {
+    /// `"train"` (default) or `"eval"`.
+    #[serde(default)]
+    pub transform: ImageTransform,
+    /// Side of the square output (default 224).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub crop: Option<u32>,
+    /// Eval: shorter side after resizing (default 256).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resize: Option<u32>,
+    /// Train: range of the crop's area as a fraction of the image's (default [0.08, 1]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scale: Option<[f64; 2]>,
+    /// Train: range of the crop's aspect ratio w/h, drawn log-uniformly (default [3/4, 4/3]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ratio: Option<[f64; 2]>,
+    /// Train: flip horizontally with probability 0.5 (default true).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flip: Option<bool>,
+    /// `"u8"` (default, HWC) or `"f16"`, `"bf16"`, `"f32"` (normalised, CHW).
+    #[serde(default)]
+    pub output: ImageOutput,
+    /// Normalised output: per-channel mean, R G B on the 0..1 scale (default ImageNet's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mean: Option<[f32; 3]>,
+    /// Normalised output: per-channel std (default ImageNet's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub std: Option<[f32; 3]>,
+    /// Decode large JPEGs at 1/4 or 1/8 size when the crop would be shrunk that much anyway
+    /// (default false; slightly different pixels, docs/IMAGES.md).
+    #[serde(default)]
+    pub reduced_decode: bool,
+}
+
+// Validation refuses NaN (ranges and finite checks), so equality is reflexive.
+impl Eq for ImageDataset {}
+
+impl ImageDataset {
+    /// Side of the square output.
+    pub fn crop(&self) -> u32 {
+        self.crop.unwrap_or(DEFAULT_CROP)
+    }
+    /// Eval's shorter side after resizing.
+    pub fn resize(&self) -> u32 {
+        self.resize.unwrap_or(DEFAULT_RESIZE)
+    }
+    /// Train's area range.
+    pub fn scale(&self) -> [f64; 2] {
+        self.scale.unwrap_or(DEFAULT_SCALE)
+    }
+    /// Train's aspect-ratio range.
+    pub fn ratio(&self) -> [f64; 2] {
+        self.ratio.unwrap_or(DEFAULT_RATIO)
+    }
+    /// Train's flip.
+    pub fn flip(&self) -> bool {
+        self.flip.unwrap_or(true)
+    }
+    /// Normalised output's mean.
+    pub fn mean(&self) -> [f32; 3] {
+        self.mean.unwrap_or(DEFAULT_MEAN)
+    }
+    /// Normalised output's std.
+    pub fn std(&self) -> [f32; 3] {
+        self.std.unwrap_or(DEFAULT_STD)
+    }
+    /// The `images` field's dtype and per-sample shape: u8 `[crop, crop, 3]` or the float
+    /// dtype `[3, crop, crop]`.
+    pub fn images(&self) -> (Dtype, Vec<u32>) {
+        let c = self.crop();
+        match self.output {
+            ImageOutput::U8 => (Dtype::U8, vec![c, c, 3]),
+            o => (o.dtype(), vec![3, c, c]),
+        }
+    }
+}
+
 fn default_token_dtype() -> Dtype {
     Dtype::U16
 }
@@ -139,6 +323,37 @@ const NPY_KEYS: &[&str] = &[
     "labels_shape",
 ];
 
+/// Keys of `[dataset.webdataset]`.
+const WDS_KEYS: &[&str] = &["shards", "shuffle_buffer"];
+/// Keys of `[dataset.imagefolder]`.
+const IMAGEFOLDER_KEYS: &[&str] = &["root", "extensions"];
+/// Keys of `[dataset.image]`.
+const IMAGE_KEYS: &[&str] = &[
+    "transform",
+    "crop",
+    "resize",
+    "scale",
+    "ratio",
+    "flip",
+    "output",
+    "mean",
+    "std",
+    "reduced_decode",
+];
+
+/// The tables of the file kinds: (table name, its keys, the kinds it belongs to).
+const TABLES: &[(&str, &[&str], &[DatasetKind])] = &[
+    ("tokens", TOKENS_KEYS, &[DatasetKind::Tokens]),
+    ("npy", NPY_KEYS, &[DatasetKind::Npy]),
+    ("webdataset", WDS_KEYS, &[DatasetKind::WebDataset]),
+    ("imagefolder", IMAGEFOLDER_KEYS, &[DatasetKind::ImageFolder]),
+    (
+        "image",
+        IMAGE_KEYS,
+        &[DatasetKind::WebDataset, DatasetKind::ImageFolder],
+    ),
+];
+
 /// The `[dataset]` table as written: every key optional, so that [`DatasetConfig`] can tell a
 /// key that was given from a default and refuse one that belongs to another kind.
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -164,6 +379,12 @@ pub(crate) struct RawDataset {
     tokens: Option<toml::Table>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     npy: Option<toml::Table>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    webdataset: Option<toml::Table>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    imagefolder: Option<toml::Table>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    image: Option<toml::Table>,
 }
 
 /// The kind's config spelling, quoted.
@@ -171,23 +392,33 @@ fn q(kind: DatasetKind) -> String {
     format!("kind = \"{}\"", kind.as_str())
 }
 
-/// Reads `[dataset.<name>]` into `T`, refusing a key of the other file kind's table by name.
+/// Reads `[dataset.<name>]` into `T`, refusing a key of another file kind's table by name.
 fn sub_table<T: serde::de::DeserializeOwned>(
     table: toml::Table,
     name: &str,
-    own: &[&str],
-    other: (&str, &[&str]),
+    kind: DatasetKind,
 ) -> Result<T, String> {
+    let own = TABLES.iter().find(|t| t.0 == name).map_or(&[][..], |t| t.1);
     for key in table.keys() {
         if own.contains(&key.as_str()) {
             continue;
         }
-        if other.1.contains(&key.as_str()) {
+        if let Some(other) = TABLES
+            .iter()
+            .find(|t| t.0 != name && t.1.contains(&key.as_str()))
+        {
             return Err(format!(
-                "dataset.{name}.{key} is a key of kind = \"{o}\" ([dataset.{o}]), not of kind = \
-                 \"{name}\"; [dataset.{name}] takes {}",
+                "dataset.{name}.{key} is a key of [dataset.{o}] ({kinds}), not of {}; \
+                 [dataset.{name}] takes {}",
+                q(kind),
                 own.join(", "),
                 o = other.0,
+                kinds = other
+                    .2
+                    .iter()
+                    .map(|k| format!("kind = \"{k}\""))
+                    .collect::<Vec<_>>()
+                    .join(", "),
             ));
         }
         return Err(format!(
@@ -204,7 +435,7 @@ impl TryFrom<RawDataset> for DatasetConfig {
     fn try_from(r: RawDataset) -> Result<DatasetConfig, String> {
         let d = DatasetConfig::default();
         let kind = r.kind.unwrap_or_default();
-        let file_kind = matches!(kind, DatasetKind::Tokens | DatasetKind::Npy);
+        let file_kind = kind.reads_files();
         if file_kind {
             let synthetic = [
                 ("sample_shape", r.sample_shape.is_some()),
@@ -235,30 +466,32 @@ impl TryFrom<RawDataset> for DatasetConfig {
             }
         } else if r.on_bad_sample.is_some() {
             return Err(format!(
-                "dataset.on_bad_sample is a key of the file kinds (\"tokens\", \"npy\"), and this \
-                 dataset has {}: remove it",
+                "dataset.on_bad_sample is a key of the file kinds (\"tokens\", \"npy\", \
+                 \"webdataset\", \"imagefolder\"), and this dataset has {}: remove it",
                 q(kind)
             ));
         }
-        for (name, given, owner) in [
-            ("tokens", r.tokens.is_some(), DatasetKind::Tokens),
-            ("npy", r.npy.is_some(), DatasetKind::Npy),
+        for (name, given) in [
+            ("tokens", r.tokens.is_some()),
+            ("npy", r.npy.is_some()),
+            ("webdataset", r.webdataset.is_some()),
+            ("imagefolder", r.imagefolder.is_some()),
+            ("image", r.image.is_some()),
         ] {
-            if given && kind != owner {
+            let owners = TABLES.iter().find(|t| t.0 == name).map_or(&[][..], |t| t.2);
+            if given && !owners.contains(&kind) {
+                let names: Vec<String> = owners.iter().map(|k| format!("\"{k}\"")).collect();
                 return Err(format!(
-                    "[dataset.{name}] holds the keys of kind = \"{name}\", and this dataset has \
-                     {}: remove the table or set dataset.kind = \"{name}\"",
-                    q(kind)
+                    "[dataset.{name}] holds keys of kind = {}, and this dataset has {}: remove the \
+                     table or set dataset.kind = {}",
+                    names.join(" or "),
+                    q(kind),
+                    names.join(" or ")
                 ));
             }
         }
         let tokens = match r.tokens {
-            Some(t) => Some(sub_table::<TokensDataset>(
-                t,
-                "tokens",
-                TOKENS_KEYS,
-                ("npy", NPY_KEYS),
-            )?),
+            Some(t) => Some(sub_table::<TokensDataset>(t, "tokens", kind)?),
             None if kind == DatasetKind::Tokens => {
                 return Err(
                     "kind = \"tokens\" needs a [dataset.tokens] table with at least files and \
@@ -270,12 +503,7 @@ impl TryFrom<RawDataset> for DatasetConfig {
         };
         let npy =
             match r.npy {
-                Some(t) => Some(sub_table::<NpyDataset>(
-                    t,
-                    "npy",
-                    NPY_KEYS,
-                    ("tokens", TOKENS_KEYS),
-                )?),
+                Some(t) => Some(sub_table::<NpyDataset>(t, "npy", kind)?),
                 None if kind == DatasetKind::Npy => return Err(
                     "kind = \"npy\" needs a [dataset.npy] table with path, dtype and shape, e.g. \
                      path = \"x_train.npy\", dtype = \"f32\" and shape = [3, 32, 32]"
@@ -283,6 +511,34 @@ impl TryFrom<RawDataset> for DatasetConfig {
                 ),
                 None => None,
             };
+        let webdataset = match r.webdataset {
+            Some(t) => Some(sub_table::<WebDatasetDataset>(t, "webdataset", kind)?),
+            None if kind == DatasetKind::WebDataset => {
+                return Err(
+                    "kind = \"webdataset\" needs a [dataset.webdataset] table with at \
+                            least shards, e.g. shards = [\"train-000000.tar\"]"
+                        .into(),
+                )
+            }
+            None => None,
+        };
+        let imagefolder = match r.imagefolder {
+            Some(t) => Some(sub_table::<ImageFolderDataset>(t, "imagefolder", kind)?),
+            None if kind == DatasetKind::ImageFolder => {
+                return Err(
+                    "kind = \"imagefolder\" needs a [dataset.imagefolder] table with \
+                            root, e.g. root = \"imagenet/train\""
+                        .into(),
+                )
+            }
+            None => None,
+        };
+        let image = match r.image {
+            Some(t) => Some(sub_table::<ImageDataset>(t, "image", kind)?),
+            // The image kinds' defaults: train, 224, u8.
+            None if kind.decodes_images() => Some(ImageDataset::default()),
+            None => None,
+        };
         Ok(DatasetConfig {
             kind,
             // A file kind's sample count is the source's length, resolved when it is opened
@@ -296,13 +552,16 @@ impl TryFrom<RawDataset> for DatasetConfig {
             on_bad_sample: r.on_bad_sample.unwrap_or_default(),
             tokens,
             npy,
+            webdataset,
+            imagefolder,
+            image,
         })
     }
 }
 
 impl From<DatasetConfig> for RawDataset {
     fn from(d: DatasetConfig) -> RawDataset {
-        let file_kind = matches!(d.kind, DatasetKind::Tokens | DatasetKind::Npy);
+        let file_kind = d.kind.reads_files();
         let table = |v: Result<toml::Table, toml::ser::Error>| v.ok();
         RawDataset {
             kind: Some(d.kind),
@@ -318,6 +577,18 @@ impl From<DatasetConfig> for RawDataset {
                 .as_ref()
                 .and_then(|t| table(toml::Table::try_from(t))),
             npy: d.npy.as_ref().and_then(|t| table(toml::Table::try_from(t))),
+            webdataset: d
+                .webdataset
+                .as_ref()
+                .and_then(|t| table(toml::Table::try_from(t))),
+            imagefolder: d
+                .imagefolder
+                .as_ref()
+                .and_then(|t| table(toml::Table::try_from(t))),
+            image: d
+                .image
+                .as_ref()
+                .and_then(|t| table(toml::Table::try_from(t))),
         }
     }
 }

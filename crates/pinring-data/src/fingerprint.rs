@@ -16,6 +16,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
 use crate::config::{Config, DatasetKind};
+use crate::dataset::ImageTransform;
 
 /// Appends `path` as written (u32 length, bytes).
 fn push_path(b: &mut Vec<u8>, path: &Path) {
@@ -34,8 +35,10 @@ fn push_path(b: &mut Vec<u8>, path: &Path) {
 /// (bool, i8, i16, u16, u32, u64) extend the metadata's dtype enum. Version 5:
 /// the file kinds (`tokens`, `npy`): their fields are hashed like declared ones,
 /// followed by what else decides their bytes (files as written, token dtype,
-/// seq_len, stride, shift, arrays, `on_bad_sample`).
-pub const FINGERPRINT_VERSION: u32 = 5;
+/// seq_len, stride, shift, arrays, `on_bad_sample`). Version 6: the image kinds
+/// (`webdataset`, `imagefolder`): shards or root as written, `shuffle_buffer`, extensions and
+/// every `[dataset.image]` key (pinring-image's decode and transform decide the bytes).
+pub const FINGERPRINT_VERSION: u32 = 6;
 
 const MAGIC: &[u8; 8] = b"pinrngfp";
 
@@ -53,8 +56,14 @@ impl Config {
     /// `on_bad_sample` (u8: 0 fail, 1 skip) and, for `tokens`: file count (u32), each path as
     /// written (u32 length, bytes), token dtype code (u8), seq_len (u32), stride in effect
     /// (u32), shift (u8); for `npy`: the path as written, then labels (u8 0 none, 1 and the
-    /// path). The sample count is `samples`, the source's length once opened; the shifted
-    /// windows' seed is the plan seed.
+    /// path); for `webdataset` (version 6, kind 4): shard count (u32), each path as written,
+    /// shuffle_buffer (u64); for `imagefolder` (kind 5): root as written, extension count
+    /// (u32), each extension (u32 length, UTF-8); then for both `[dataset.image]`: transform (u8:
+    /// 0 train, 1 eval), crop, resize (u32 each), scale and ratio (f64 bits, 2 each), flip (u8),
+    /// output dtype code (u8), mean and std (f32 bits, 3 each), reduced_decode (u8), every value
+    /// in effect (defaults included). The sample count is `samples`, the source's length once
+    /// opened; the shifted windows' seed is the plan seed, and so is the seed of the train
+    /// transform's crops and flips.
     /// The fields of a sample follow from the dataset kind, shape and dtype; their payload
     /// format is the version's (version 3: field-major images and i64 labels).
     pub fn fingerprint_bytes(&self) -> Vec<u8> {
@@ -68,6 +77,8 @@ impl Config {
             DatasetKind::External => 1,
             DatasetKind::Tokens => 2,
             DatasetKind::Npy => 3,
+            DatasetKind::WebDataset => 4,
+            DatasetKind::ImageFolder => 5,
         });
         b.extend_from_slice(&d.samples.to_le_bytes());
         b.extend_from_slice(&(d.sample_shape.len() as u32).to_le_bytes());
@@ -130,6 +141,38 @@ impl Config {
                 None => b.push(0),
             }
         }
+        if let Some(w) = &d.webdataset {
+            b.extend_from_slice(&(w.shards.len() as u32).to_le_bytes());
+            for f in &w.shards {
+                push_path(&mut b, f);
+            }
+            b.extend_from_slice(&w.shuffle_buffer.to_le_bytes());
+        }
+        if let Some(f) = &d.imagefolder {
+            push_path(&mut b, &f.root);
+            b.extend_from_slice(&(f.extensions.len() as u32).to_le_bytes());
+            for e in &f.extensions {
+                b.extend_from_slice(&(e.len() as u32).to_le_bytes());
+                b.extend_from_slice(e.as_bytes());
+            }
+        }
+        if let Some(i) = &d.image {
+            b.push(match i.transform {
+                ImageTransform::Train => 0,
+                ImageTransform::Eval => 1,
+            });
+            b.extend_from_slice(&i.crop().to_le_bytes());
+            b.extend_from_slice(&i.resize().to_le_bytes());
+            for v in i.scale().into_iter().chain(i.ratio()) {
+                b.extend_from_slice(&v.to_bits().to_le_bytes());
+            }
+            b.push(u8::from(i.flip()));
+            b.push(i.output.dtype().code());
+            for v in i.mean().into_iter().chain(i.std()) {
+                b.extend_from_slice(&v.to_bits().to_le_bytes());
+            }
+            b.push(u8::from(i.reduced_decode));
+        }
         b
     }
 
@@ -187,7 +230,7 @@ mod tests {
         // A loader of another payload format (version 2: images only) has another fingerprint
         // for the same config, so the daemon refuses it.
         let bytes = Config::default().fingerprint_bytes();
-        assert_eq!(bytes[8..12], 5u32.to_le_bytes());
+        assert_eq!(bytes[8..12], 6u32.to_le_bytes());
         let mut v2 = bytes.clone();
         v2[8..12].copy_from_slice(&2u32.to_le_bytes());
         assert_ne!(

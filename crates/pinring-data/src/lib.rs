@@ -2,7 +2,8 @@
 //! and per-batch metadata shared by the pinring daemon and loaders.
 //!
 //! * [`config`] -- the TOML config file ([`Config`]).
-//! * [`dataset`] -- the keys of the file kinds (`[dataset.tokens]`, `[dataset.npy]`).
+//! * [`dataset`] -- the keys of the file kinds (`[dataset.tokens]`, `[dataset.npy]`,
+//!   `[dataset.webdataset]`, `[dataset.imagefolder]`, `[dataset.image]`).
 //! * [`fields`] -- the named fields of a sample and where each lies in a batch ([`Field`],
 //!   [`BatchLayout`]).
 //! * [`plan`] -- which samples go into batch `seq` ([`Plan`]).
@@ -24,7 +25,10 @@ pub use config::{
     AutoRing, BadBatchPolicy, Config, ConfigError, DaemonConfig, DatasetConfig, DatasetKind,
     PartLayout, PlanConfig, RingConfig, SegmentMode, SlotBytes, DEFAULT_CONFIG_TOML,
 };
-pub use dataset::{NpyDataset, OnBadSample, TokensDataset, INPUT_IDS, NPY_DEFAULT_FIELD, TARGETS};
+pub use dataset::{
+    ImageDataset, ImageFolderDataset, ImageOutput, ImageTransform, NpyDataset, OnBadSample,
+    TokensDataset, WebDatasetDataset, INPUT_IDS, NPY_DEFAULT_FIELD, TARGETS,
+};
 pub use fields::{BatchLayout, ChunkCopy, Field, FieldPlacement, FIELD_ALIGN, IMAGES, LABELS};
 pub use fingerprint::FINGERPRINT_VERSION;
 pub use meta::{max_encoded_len, BatchMeta, Dtype, MetaError, MAX_META_BYTES};

@@ -361,7 +361,11 @@ impl Part {
         let n = self.indices.len();
         let fallback = || match j.cfg.dataset.kind {
             DatasetKind::Synthetic => j.cfg.synthetic().labels(&self.indices),
-            DatasetKind::External | DatasetKind::Tokens | DatasetKind::Npy => Vec::new(),
+            DatasetKind::External
+            | DatasetKind::Tokens
+            | DatasetKind::Npy
+            | DatasetKind::WebDataset
+            | DatasetKind::ImageFolder => Vec::new(),
         };
         let Some(f) = j.layout.field(LABELS) else {
             return Ok(fallback());

@@ -5,11 +5,12 @@
 //! and repeats until the daemon closes the ring. Stateless: any number may run, join late, or
 //! leave; the daemon's sequencer decides what each one makes.
 //!
-//! For a file kind (`dataset.kind = "tokens"` / `"npy"`) the loader opens the dataset's source
-//! once ([`open_source`]); its length is `dataset.samples`, which the daemon resolved the same
-//! way (the fingerprint covers it). Each sample of a part is read into per-sample buffers and
-//! written at its field-major places; a sample that cannot be read follows
-//! `dataset.on_bad_sample`.
+//! For a file kind (`dataset.kind = "tokens"`, `"npy"`, `"webdataset"`, `"imagefolder"`) the
+//! loader opens the dataset's source once ([`open_source`]); its length is `dataset.samples`,
+//! which the daemon resolved the same way (the fingerprint covers it). Each sample of a part is
+//! read into per-sample buffers (for the image kinds: decoded and transformed there by the
+//! source's one `pinring_image::Pipeline`) and written at its field-major places; a sample that
+//! cannot be read (or decoded) follows `dataset.on_bad_sample`.
 
 use crate::exit::Exit;
 use crate::settings::{self, Overrides};
@@ -382,8 +383,8 @@ fn length_hint(cfg: &Config, ring: &Ring) -> String {
     }
 }
 
-/// Opens the source of a file kind (`dataset.kind = "tokens"` / `"npy"`; `None` for the other
-/// kinds) and records its length as `dataset.samples` ([`Config::set_source_len`]): the daemon
+/// Opens the source of a file kind (`dataset.kind = "tokens"`, `"npy"`, `"webdataset"`,
+/// `"imagefolder"`; `None` for the other kinds) and records its length as `dataset.samples` ([`Config::set_source_len`]): the daemon
 /// does so at start, before it makes the ring and its fingerprint, and each loader process
 /// once, before it checks its fingerprint against the ring's. An error names the file.
 pub fn open_source(cfg: &mut Config) -> Result<Option<Box<dyn Source>>, ConfigError> {

@@ -203,6 +203,11 @@ impl Source for ImageFolder {
         &self.fields
     }
 
+    fn locate(&self, id: u64) -> Option<String> {
+        let (path, _) = self.samples.get(usize::try_from(id).ok()?)?;
+        Some(format!("image file {}", show(path)))
+    }
+
     fn read(&mut self, _epoch: u32, id: u64, out: &mut [FieldBuf<'_>]) -> Result<(), SourceError> {
         check_bufs(&self.fields, out)?;
         let len = self.len();

@@ -10,6 +10,8 @@
 //! * [`npy`] -- one `.npy` array (first axis = samples) or a directory of per-sample `.npy` files.
 //! * [`webdataset`] -- WebDataset tar shards, with a per-rank streaming shuffle.
 //! * [`imagefolder`] -- `root/class/*.jpg`, in torchvision `ImageFolder`'s order.
+//! * [`images`] -- [`Decoded`]: the encoded images of the two above decoded and transformed by
+//!   pinring-image into the fixed `images` field (`[dataset.image]`).
 //!
 //! **Reading.** Every reader uses positioned reads (`pread`, [`std::os::unix::fs::FileExt`])
 //! rather than memory maps: a sample is copied into the caller's buffer either way, so a map
@@ -26,6 +28,7 @@
 #![forbid(unsafe_code)]
 
 pub mod imagefolder;
+pub mod images;
 pub mod npy;
 pub mod tokens;
 pub mod webdataset;
@@ -39,6 +42,7 @@ use pinring_data::{Dtype, Field};
 use serde::{Deserialize, Serialize};
 
 pub use imagefolder::{ImageFolder, ImageFolderConfig, ImageFolderError};
+pub use images::{sample_spec, Decoded};
 pub use npy::{NpyConfig, NpyDtype, NpyError, NpyHeader, NpySource};
 pub use tokens::{TokenDtype, TokenOutDtype, Tokens, TokensConfig, TokensError};
 pub use webdataset::{WdsConfig, WdsError, WebDataset};
@@ -112,6 +116,14 @@ pub trait Source: Send + std::fmt::Debug {
     /// An error concerns this sample only (unless it is [`SourceError::Buffers`], a caller
     /// bug): the source stays usable, and the caller applies its [`OnBadSample`] policy.
     fn read(&mut self, epoch: u32, id: u64, out: &mut [FieldBuf<'_>]) -> Result<(), SourceError>;
+
+    /// Where sample `id`'s encoded field lies, for messages ("shard a.tar, member \"k.jpg\" at
+    /// byte offset 1536", "image file root/cat/1.png"); `None` where the reader has no such field
+    /// or the id is out of range.
+    fn locate(&self, id: u64) -> Option<String> {
+        let _ = id;
+        None
+    }
 }
 
 /// A per-sample error of any [`Source`], or a caller mistake.
@@ -129,6 +141,15 @@ pub enum SourceError {
     /// From [`imagefolder`].
     #[error(transparent)]
     ImageFolder(#[from] ImageFolderError),
+    /// An encoded image could not be made into a sample ([`Decoded`]): corrupt, truncated,
+    /// unsupported or too large.
+    #[error("{at}: {source}")]
+    Image {
+        /// The file or shard member ([`Source::locate`]).
+        at: String,
+        /// What went wrong.
+        source: pinring_image::ImageError,
+    },
     /// The caller's buffers do not match [`Source::fields`].
     #[error("buffers do not match the source's fields: {problem}; pass one FieldBuf per field in fields() order, Fixed with exactly the field's per-sample bytes, Bytes for an encoded field")]
     Buffers {
@@ -177,10 +198,11 @@ impl SourceConfig {
     }
 }
 
-/// Opens the source of a file kind of `cfg` (`kind = "tokens"` or `"npy"`; `None` for the other
-/// kinds), with relative paths resolved against the config file's directory
-/// ([`pinring_data::Config::resolve_path`]) and, for tokens, the shifted windows seeded by
-/// `plan.seed`. The source's fields are checked against the config's
+/// Opens the source of a file kind of `cfg` (`kind = "tokens"`, `"npy"`, `"webdataset"` or
+/// `"imagefolder"`; `None` for the other kinds), with relative paths resolved against the config
+/// file's directory ([`pinring_data::Config::resolve_path`]) and, for tokens, the shifted windows
+/// seeded by `plan.seed`. The image kinds' images are decoded as `[dataset.image]` says
+/// ([`Decoded`], the train transform seeded by `plan.seed`). The source's fields are checked against the config's
 /// ([`pinring_data::Config::fields`]): npy's declared dtype and shape are checked against every
 /// file, and so are the labels'.
 pub fn open_dataset(cfg: &pinring_data::Config) -> Option<Result<Box<dyn Source>, SourceError>> {
@@ -217,6 +239,25 @@ pub fn open_dataset(cfg: &pinring_data::Config) -> Option<Result<Box<dyn Source>
         NpySource::open(&c)
             .map(|s| Box::new(s) as Box<dyn Source>)
             .map_err(Into::into)
+    } else if let (Some(w), Some(image)) = (&d.webdataset, &d.image) {
+        let c = WdsConfig {
+            shards: w.shards.iter().map(|f| cfg.resolve_path(f)).collect(),
+            fields: vec![webdataset::WdsField::Image, webdataset::WdsField::Cls],
+            shuffle_buffer: usize::try_from(w.shuffle_buffer).unwrap_or(usize::MAX),
+        };
+        WebDataset::open(&c)
+            .map_err(SourceError::from)
+            .and_then(|s| Decoded::new(Box::new(s), image, cfg.plan.seed))
+            .map(|s| Box::new(s) as Box<dyn Source>)
+    } else if let (Some(f), Some(image)) = (&d.imagefolder, &d.image) {
+        let c = ImageFolderConfig {
+            root: cfg.resolve_path(&f.root),
+            extensions: f.extensions.clone(),
+        };
+        ImageFolder::open(&c)
+            .map_err(SourceError::from)
+            .and_then(|s| Decoded::new(Box::new(s), image, cfg.plan.seed))
+            .map(|s| Box::new(s) as Box<dyn Source>)
     } else {
         return None;
     };

@@ -605,6 +605,25 @@ impl Source for WebDataset {
         &self.fields
     }
 
+    fn locate(&self, id: u64) -> Option<String> {
+        let s = self.samples.get(usize::try_from(id).ok()?)?;
+        let shard = show(&self.shards[s.shard as usize].path);
+        let k = self
+            .config_fields
+            .iter()
+            .position(|f| matches!(f, WdsField::Image | WdsField::Json | WdsField::Npy));
+        Some(match k.and_then(|k| s.parts[k].as_ref()) {
+            Some(p) => format!(
+                "shard {shard}, member {:?} at byte offset {}",
+                p.member, p.offset
+            ),
+            None => format!(
+                "shard {shard}, sample {:?} at byte offset {}",
+                s.key, s.offset
+            ),
+        })
+    }
+
     fn read(&mut self, _epoch: u32, id: u64, out: &mut [FieldBuf<'_>]) -> Result<(), SourceError> {
         check_bufs(&self.fields, out)?;
         let len = self.len();

@@ -167,3 +167,41 @@ fn opens_from_toml() {
         .unwrap();
     assert_eq!(src.len(), 8);
 }
+
+#[test]
+fn open_dataset_decodes_the_images_into_the_declared_field() {
+    use pinring_sources::{FieldBuf, SourceError};
+    let dir = tree();
+    let text = "[dataset]\nkind = \"imagefolder\"\n[dataset.imagefolder]\nroot = \".\"\n\
+                [dataset.image]\ntransform = \"eval\"\ncrop = 8\nresize = 10\noutput = \"bf16\"\n";
+    let p = dir.path().join("pinring.toml");
+    std::fs::write(&p, text).unwrap();
+    let cfg = pinring_data::Config::load(&p).unwrap();
+    let mut src = pinring_sources::open_dataset(&cfg).unwrap().unwrap();
+    // The image field is the fixed one the config declares: bf16 [3, 8, 8], then the labels.
+    let fields: Vec<_> = src
+        .fields()
+        .iter()
+        .map(|f| f.fixed().unwrap().clone())
+        .collect();
+    assert_eq!(fields, cfg.fields());
+    assert_eq!(fields[0].sample_bytes(), 3 * 8 * 8 * 2);
+    // These files are text, not images: a per-sample error naming the file and the problem,
+    // and the source stays usable.
+    let (mut img, mut label) = (vec![0u8; 384], [0u8; 8]);
+    for (id, class) in [(0, "Zebra"), (1, "cat")] {
+        let e = src
+            .read(
+                0,
+                id,
+                &mut [FieldBuf::Fixed(&mut img), FieldBuf::Fixed(&mut label)],
+            )
+            .unwrap_err();
+        assert!(matches!(e, SourceError::Image { .. }), "{e:?}");
+        let msg = e.to_string();
+        assert!(
+            msg.contains("image file") && msg.contains(class) && msg.contains("not a JPEG or PNG"),
+            "{msg}"
+        );
+    }
+}

@@ -1,0 +1,309 @@
+//! Image datasets end to end: `dataset.kind = "imagefolder"` (a class directory per label) and
+//! `"webdataset"` (two tar shards of `.jpg`/`.png` + `.cls` members) made of JPEG and PNG files
+//! written here, a daemon with `--sink consumer` on the host backend, real loaders decoding and
+//! transforming the images into the ring, and a consumer in this process that takes every batch
+//! and compares each sample with what `pinring_image::Pipeline::process` makes in this process
+//! for the same file bytes and key (bit for bit: same code, same key), the labels exactly, every
+//! sample once per epoch, in the plan's order. A corrupt JPEG in a shard with
+//! `dataset.on_bad_sample = "skip"` (zeros, counted) and `"fail"` (exit 3 naming the member).
+
+mod common;
+
+use common::*;
+use pinring_client::{AttachOptions, Consumer};
+use pinring_image::{synth, Pipeline, SampleKey};
+use std::collections::HashSet;
+use std::path::Path;
+use std::time::Duration;
+
+/// One sample as written: its file bytes and label.
+struct Sample {
+    bytes: Vec<u8>,
+    label: i64,
+}
+
+fn jpeg(w: u32, h: u32, seed: u64) -> Vec<u8> {
+    let pixels = synth::photo(w, h, seed, 8);
+    let mut buf = Vec::new();
+    jpeg_encoder::Encoder::new(&mut buf, 90)
+        .encode(&pixels, w as u16, h as u16, jpeg_encoder::ColorType::Rgb)
+        .unwrap();
+    buf
+}
+
+fn png(w: u32, h: u32, seed: u64) -> Vec<u8> {
+    let pixels = synth::photo(w, h, seed, 8);
+    let mut buf = Vec::new();
+    {
+        let mut enc = png::Encoder::new(&mut buf, w, h);
+        enc.set_color(png::ColorType::Rgb);
+        enc.set_depth(png::BitDepth::Eight);
+        let mut wr = enc.write_header().unwrap();
+        wr.write_image_data(&pixels).unwrap();
+    }
+    buf
+}
+
+/// Image `k`: JPEG or PNG (every third one), of a size that varies with `k`.
+fn image(k: u64) -> (Vec<u8>, &'static str) {
+    let (w, h) = (40 + (k % 5) as u32 * 7, 30 + (k % 3) as u32 * 11);
+    if k % 3 == 2 {
+        (png(w, h, k), "png")
+    } else {
+        (jpeg(w, h, k), "jpg")
+    }
+}
+
+/// `root/<class>/<name>` for 3 classes; returns the samples in ImageFolder's order (classes
+/// sorted, files sorted by name).
+fn image_folder(root: &Path, per_class: &[u64]) -> Vec<Sample> {
+    let mut out = Vec::new();
+    let mut k = 0;
+    for (label, &n) in per_class.iter().enumerate() {
+        let dir = root.join(format!("class-{label}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        for i in 0..n {
+            let (bytes, ext) = image(k);
+            k += 1;
+            std::fs::write(dir.join(format!("img-{i:03}.{ext}")), &bytes).unwrap();
+            out.push(Sample {
+                bytes,
+                label: label as i64,
+            });
+        }
+    }
+    out
+}
+
+/// Tar shards `wds/shard-<i>.tar` of `sizes` samples each (`<key>.jpg|png` + `<key>.cls`);
+/// returns the samples in shard then member order. `corrupt`: the sample whose image is cut
+/// inside its JPEG headers.
+fn shards(dir: &Path, sizes: &[u64], corrupt: Option<u64>) -> Vec<Sample> {
+    std::fs::create_dir_all(dir.join("wds")).unwrap();
+    let mut out = Vec::new();
+    let mut k = 0;
+    for (s, &n) in sizes.iter().enumerate() {
+        let file = std::fs::File::create(dir.join(format!("wds/shard-{s}.tar"))).unwrap();
+        let mut b = tar::Builder::new(file);
+        for _ in 0..n {
+            let (mut bytes, mut ext) = image(k);
+            if corrupt == Some(k) {
+                bytes = jpeg(40, 30, k)[..40].to_vec();
+                ext = "jpg";
+            }
+            let label = (k * 7 % 5) as i64;
+            let key = format!("sample{k:05}");
+            for (name, data) in [
+                (format!("{key}.{ext}"), bytes.clone()),
+                (format!("{key}.cls"), label.to_string().into_bytes()),
+            ] {
+                let mut h = tar::Header::new_gnu();
+                h.set_size(data.len() as u64);
+                h.set_mode(0o644);
+                h.set_cksum();
+                b.append_data(&mut h, &name, data.as_slice()).unwrap();
+            }
+            out.push(Sample { bytes, label });
+            k += 1;
+        }
+        b.into_inner().unwrap();
+    }
+    out
+}
+
+/// Takes every batch through a consumer; checks seqs in order, labels exactly, and each image
+/// byte for byte against `Pipeline::process` of the same file and key (zeros for `bad`), every
+/// sample once per epoch. Returns the batches taken.
+fn consume_checked(fx: &Fixture, samples: &[Sample], bad: Option<u64>) -> u64 {
+    let mut c = Consumer::attach(&fx.ring, &AttachOptions::default()).unwrap();
+    let cfg = c.config().clone();
+    let mut plan = cfg.plan().unwrap();
+    let names: Vec<String> = cfg.fields().into_iter().map(|f| f.name).collect();
+    assert_eq!(names, ["images", "labels"]);
+    assert_eq!(cfg.dataset.samples, samples.len() as u64);
+    let image = cfg.dataset.image.clone().unwrap();
+    let spec = pinring_sources_spec(&image);
+    let mut pipeline = Pipeline::new(spec).unwrap();
+    let per = spec.sample_bytes();
+    let mut want = vec![0u8; per];
+    let mut ids = Vec::new();
+    let mut seen: HashSet<(u32, u64)> = HashSet::new();
+    let mut taken = 0;
+    loop {
+        let expected_seq = c.state().seq;
+        let Some(b) = c.next_batch(Some(LONG)).unwrap() else {
+            break;
+        };
+        assert_eq!(b.seq, expected_seq, "batches come in order, none skipped");
+        plan.batch_into(b.batch, &mut ids).unwrap();
+        assert_eq!(b.samples as usize, ids.len());
+        let images = b.host_bytes("images").unwrap();
+        let labels = b.host_bytes("labels").unwrap();
+        assert_eq!(images.len(), per * ids.len());
+        for (n, &id) in ids.iter().enumerate() {
+            let s = &samples[id as usize];
+            let got_label = i64::from_le_bytes(labels[n * 8..n * 8 + 8].try_into().unwrap());
+            if bad == Some(id) {
+                assert_eq!(got_label, 0, "a skipped sample's label is zero");
+                assert!(images[n * per..(n + 1) * per].iter().all(|&v| v == 0));
+                continue;
+            }
+            assert_eq!(got_label, s.label, "label of sample {id}");
+            let key = SampleKey {
+                seed: cfg.plan.seed,
+                epoch: u64::from(b.epoch),
+                sample_id: id,
+            };
+            pipeline.process(&s.bytes, key, &mut want).unwrap();
+            assert!(
+                images[n * per..(n + 1) * per] == want[..],
+                "batch {} (epoch {}): image of sample {id} (position {n}) differs",
+                b.batch,
+                b.epoch
+            );
+        }
+        for &id in &ids {
+            assert!(
+                seen.insert((b.epoch, id)),
+                "sample {id} twice in epoch {}",
+                b.epoch
+            );
+        }
+        taken += 1;
+    }
+    assert_eq!(
+        seen.len() as u64,
+        u64::from(cfg.plan.epochs) * cfg.dataset.samples,
+        "every sample once per epoch"
+    );
+    taken
+}
+
+/// pinring-sources' mapping of `[dataset.image]` to a `SampleSpec`, restated here so that the
+/// test checks it too: eval/train with the config's values, u8 HWC or normalised CHW.
+fn pinring_sources_spec(i: &pinring_data::ImageDataset) -> pinring_image::SampleSpec {
+    use pinring_data::{ImageOutput, ImageTransform};
+    use pinring_image::{Output, SampleSpec, Transform};
+    SampleSpec {
+        transform: match i.transform {
+            ImageTransform::Eval => Transform::Eval {
+                resize: i.resize(),
+                crop: i.crop(),
+            },
+            ImageTransform::Train => Transform::Train {
+                crop: i.crop(),
+                scale: (i.scale()[0], i.scale()[1]),
+                ratio: (i.ratio()[0], i.ratio()[1]),
+                flip_p: if i.flip() { 0.5 } else { 0.0 },
+            },
+        },
+        output: match i.output {
+            ImageOutput::U8 => Output::U8Hwc,
+            o => Output::Normalized {
+                dtype: o.dtype(),
+                mean: i.mean(),
+                std: i.std(),
+            },
+        },
+        reduced_decode: i.reduced_decode,
+    }
+}
+
+/// Runs the daemon and `loaders` loaders, checks every batch; returns the loaders' logs.
+fn run_checked(fx: &Fixture, loaders: usize, samples: &[Sample], bad: Option<u64>) -> Vec<String> {
+    let mut daemon = fx.daemon(&["--sink", "consumer"]);
+    let ring = fx.wait_ready(&mut daemon);
+    let kids = loaders_attached(fx, &daemon, &ring, loaders);
+    let taken = consume_checked(fx, samples, bad);
+    assert!(taken > 0);
+    let (status, log) = wait_for(daemon, "daemon", LONG);
+    assert!(status.success(), "daemon failed: {status}\n{log}");
+    let s = fx.summary();
+    assert_eq!(s.batches_delivered, taken, "{s:#?}");
+    kids.into_iter()
+        .map(|k| {
+            let (st, log) = wait_for(k, "loader", Duration::from_secs(10));
+            assert!(st.success(), "loader failed: {st}\n{log}");
+            log
+        })
+        .collect()
+}
+
+#[test]
+fn imagefolder_eval_u8() {
+    let config = "[ring]\nslots = 4\n[dataset]\nkind = \"imagefolder\"\n\
+                  [dataset.imagefolder]\nroot = \"train\"\n\
+                  [dataset.image]\ntransform = \"eval\"\ncrop = 24\nresize = 28\n\
+                  [plan]\nbatch_size = 4\nepochs = 2\nshuffle = true\nseed = 5\n";
+    let fx = Fixture::new("img-folder", config);
+    let samples = image_folder(&fx.dir.path().join("train"), &[4, 5, 3]);
+    run_checked(&fx, 2, &samples, None);
+}
+
+#[test]
+fn webdataset_train_f32() {
+    let config = "[ring]\nslots = 4\n[dataset]\nkind = \"webdataset\"\n\
+                  [dataset.webdataset]\nshards = [\"wds/shard-0.tar\", \"wds/shard-1.tar\"]\n\
+                  [dataset.image]\ntransform = \"train\"\ncrop = 16\noutput = \"f32\"\n\
+                  [plan]\nbatch_size = 5\nepochs = 2\nshuffle = true\nseed = 11\n";
+    let fx = Fixture::new("img-wds", config);
+    let samples = shards(fx.dir.path(), &[7, 6], None);
+    run_checked(&fx, 2, &samples, None);
+}
+
+fn bad_shard_config(policy: &str) -> String {
+    format!(
+        "[ring]\nslots = 4\n[dataset]\nkind = \"webdataset\"\non_bad_sample = \"{policy}\"\n\
+         [dataset.webdataset]\nshards = [\"wds/shard-0.tar\", \"wds/shard-1.tar\"]\n\
+         [dataset.image]\ntransform = \"eval\"\ncrop = 16\nresize = 20\n\
+         [plan]\nbatch_size = 3\nepochs = 2\n"
+    )
+}
+
+#[test]
+fn a_corrupt_jpeg_in_a_shard_is_zeros_with_skip() {
+    let fx = Fixture::new("img-skip", &bad_shard_config("skip"));
+    let samples = shards(fx.dir.path(), &[5, 4], Some(6));
+    let logs = run_checked(&fx, 2, &samples, Some(6));
+    let counted: u64 = logs
+        .iter()
+        .flat_map(|l| l.lines())
+        .filter(|l| l.contains("loader finished"))
+        .map(|l| {
+            let v = l.split("bad_samples=").nth(1).unwrap_or("0");
+            v.split(|c: char| !c.is_ascii_digit())
+                .next()
+                .unwrap()
+                .parse::<u64>()
+                .unwrap()
+        })
+        .sum();
+    assert_eq!(counted, 2, "once per epoch: {logs:#?}");
+    let all = logs.concat();
+    assert!(
+        all.contains("sample 6 replaced by zeros")
+            && all.contains("shard-1.tar")
+            && all.contains("sample00006.jpg"),
+        "{all}"
+    );
+}
+
+#[test]
+fn a_corrupt_jpeg_in_a_shard_stops_the_loader_with_fail() {
+    let fx = Fixture::new("img-fail", &bad_shard_config("fail"));
+    shards(fx.dir.path(), &[5, 4], Some(6));
+    let mut daemon = fx.daemon(&["--sink", "consumer"]);
+    fx.wait_ready(&mut daemon);
+    let (status, log) = wait_for(fx.loader(&fx.config), "loader", LONG);
+    assert_eq!(status.code(), Some(3), "{log}");
+    assert!(
+        log.contains("shard-1.tar")
+            && log.contains("sample00006.jpg")
+            && log.contains("byte offset")
+            && log.contains("sample 6"),
+        "{log}"
+    );
+    assert!(!log.contains("panicked"), "{log}");
+    let (status, daemon_log) = wait_for(daemon, "daemon", LONG);
+    assert_eq!(status.code(), Some(4), "{daemon_log}");
+}

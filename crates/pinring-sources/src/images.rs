@@ -1,0 +1,171 @@
+//! [`Decoded`]: a source of encoded images (`webdataset`, `imagefolder`) whose `images` field
+//! comes out decoded and transformed by pinring-image's [`Pipeline`], as the fixed field that
+//! `[dataset.image]` declares (docs/IMAGES.md).
+//!
+//! One [`Decoded`] per loader process: it owns the pipeline (decoder, resizer and their scratch)
+//! and one buffer for the encoded bytes, both reused from sample to sample. [`Source::read`]
+//! reads sample `id` from the inner source (the encoded image into that buffer, the other fields
+//! straight into the caller's buffers) and then writes the image sample, exactly
+//! [`SampleSpec::sample_bytes`], into the caller's `images` buffer. The train transform's
+//! randomness is `SampleKey { seed, epoch, sample_id }` with `seed` the plan's seed, so every
+//! process makes the same bytes for a sample in an epoch.
+
+use pinring_data::{Field, ImageDataset, ImageOutput, ImageTransform};
+use pinring_image::{Output, Pipeline, SampleKey, SampleSpec, Transform};
+
+use crate::{check_bufs, FieldBuf, Source, SourceError, SourceField};
+
+/// pinring-image's [`SampleSpec`] for a `[dataset.image]` table.
+pub fn sample_spec(i: &ImageDataset) -> SampleSpec {
+    let transform = match i.transform {
+        ImageTransform::Eval => Transform::Eval {
+            resize: i.resize(),
+            crop: i.crop(),
+        },
+        ImageTransform::Train => {
+            let ([s0, s1], [r0, r1]) = (i.scale(), i.ratio());
+            Transform::Train {
+                crop: i.crop(),
+                scale: (s0, s1),
+                ratio: (r0, r1),
+                flip_p: if i.flip() { 0.5 } else { 0.0 },
+            }
+        }
+    };
+    let output = match i.output {
+        ImageOutput::U8 => Output::U8Hwc,
+        o => Output::Normalized {
+            dtype: o.dtype(),
+            mean: i.mean(),
+            std: i.std(),
+        },
+    };
+    SampleSpec {
+        transform,
+        output,
+        reduced_decode: i.reduced_decode,
+    }
+}
+
+/// A source whose encoded `images` field is decoded into the fixed field of [`sample_spec`].
+#[derive(Debug)]
+pub struct Decoded {
+    inner: Box<dyn Source>,
+    pipeline: Pipeline,
+    seed: u64,
+    /// Index of the encoded images field in the inner source's fields.
+    image_at: usize,
+    encoded: Vec<u8>,
+    fields: Vec<SourceField>,
+}
+
+impl Decoded {
+    /// Wraps `inner`, whose field `images` must be encoded (and the only encoded one), with the
+    /// pipeline of `image`; `seed` is the plan's seed (the train transform's randomness).
+    pub fn new(
+        inner: Box<dyn Source>,
+        image: &ImageDataset,
+        seed: u64,
+    ) -> Result<Decoded, SourceError> {
+        let spec = sample_spec(image);
+        let pipeline = Pipeline::new(spec).map_err(|e| SourceError::Declared {
+            problem: format!("[dataset.image]: {e}"),
+        })?;
+        let mut image_at = None;
+        let mut fields = Vec::with_capacity(inner.fields().len());
+        for (k, f) in inner.fields().iter().enumerate() {
+            match f {
+                SourceField::Encoded { name } if name == pinring_data::IMAGES => {
+                    image_at = Some(k);
+                    let shape = spec.shape().iter().map(|&d| d as u32).collect();
+                    fields.push(SourceField::Fixed(Field::new(
+                        pinring_data::IMAGES,
+                        spec.dtype(),
+                        shape,
+                    )));
+                }
+                SourceField::Encoded { name } => {
+                    return Err(SourceError::Declared {
+                        problem: format!(
+                            "field {name:?} is encoded and only the images are decoded; leave \
+                             it out of the dataset's fields"
+                        ),
+                    })
+                }
+                f => fields.push(f.clone()),
+            }
+        }
+        let Some(image_at) = image_at else {
+            return Err(SourceError::Declared {
+                problem: "the source has no encoded images field to decode".into(),
+            });
+        };
+        Ok(Decoded {
+            inner,
+            pipeline,
+            seed,
+            image_at,
+            encoded: Vec::new(),
+            fields,
+        })
+    }
+
+    /// The pipeline's spec.
+    pub fn spec(&self) -> &SampleSpec {
+        self.pipeline.spec()
+    }
+}
+
+impl Source for Decoded {
+    fn len(&self) -> u64 {
+        self.inner.len()
+    }
+
+    fn fields(&self) -> &[SourceField] {
+        &self.fields
+    }
+
+    fn locate(&self, id: u64) -> Option<String> {
+        self.inner.locate(id)
+    }
+
+    fn read(&mut self, epoch: u32, id: u64, out: &mut [FieldBuf<'_>]) -> Result<(), SourceError> {
+        check_bufs(&self.fields, out)?;
+        {
+            let mut encoded = Some(&mut self.encoded);
+            let mut inner_out: Vec<FieldBuf<'_>> = Vec::with_capacity(out.len());
+            for (k, b) in out.iter_mut().enumerate() {
+                match (
+                    k == self.image_at,
+                    encoded.take_if(|_| k == self.image_at),
+                    b,
+                ) {
+                    (true, Some(e), _) => inner_out.push(FieldBuf::Bytes(e)),
+                    (_, _, FieldBuf::Fixed(b)) => inner_out.push(FieldBuf::Fixed(b)),
+                    (_, _, FieldBuf::Bytes(v)) => inner_out.push(FieldBuf::Bytes(v)),
+                }
+            }
+            self.inner.read(epoch, id, &mut inner_out)?;
+        }
+        let FieldBuf::Fixed(dst) = &mut out[self.image_at] else {
+            return Err(SourceError::Buffers {
+                problem: "the images field takes a Fixed buffer".into(),
+            });
+        };
+        let key = SampleKey {
+            seed: self.seed,
+            epoch: u64::from(epoch),
+            sample_id: id,
+        };
+        match self.pipeline.process(&self.encoded, key, dst) {
+            Ok(_) => Ok(()),
+            Err(e) => Err(SourceError::Image {
+                at: self
+                    .inner
+                    .locate(id)
+                    .unwrap_or_else(|| format!("sample {id}")),
+                source: e,
+            }),
+        }
+    }
+}

@@ -1,0 +1,147 @@
+"""``dataset.kind = "imagefolder"`` against PIL: JPEG and PNG files written with PIL, a daemon
+embedded in this process (``pinring.Loader(embedded=True)``, host backend) and real
+``pinring-loader`` processes decoding them with ``transform = "eval"`` and u8 output; each
+delivered image is compared with PIL's ``Image.open(f).convert("RGB")`` resized so that its
+shorter side is 256 (BILINEAR, as torchvision's ``Resize(256)``) and center-cropped to 224.
+
+Tolerance: mean absolute difference below 3 levels (of 255) per image, and labels exact. What
+differs: the JPEG decoder (zune-jpeg in pinring, libjpeg-turbo in PIL: IDCT and chroma
+upsampling round differently), and the resampling (pinring resamples the crop box of the
+original image in one pass with fast_image_resize's bilinear convolution; PIL resizes the whole
+image and then crops; both use the same antialiased bilinear kernel but round their fixed-point
+arithmetic differently). PNG files have no decoder difference. Measured here (Pillow 13.0,
+7 images of 280x280 to 500x375): 0.18 to 0.22 levels for PNG, 0.30 to 0.39 for JPEG (quality 90);
+the tolerance leaves room for other libjpeg-turbo builds. docs/IMAGES.md measures both steps.
+"""
+
+import os
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+import pinring
+
+np = pytest.importorskip("numpy")
+PIL_Image = pytest.importorskip("PIL.Image")
+
+ROOT = Path(__file__).resolve().parents[2]
+MAX_MEAN_ABS_DIFF = 3.0
+CROP, RESIZE, BATCH = 224, 256, 4
+
+
+def binary(name):
+    """A pinring binary: $PINRING_BIN_DIR, else the workspace's debug build."""
+    d = os.environ.get("PINRING_BIN_DIR")
+    target = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
+    for path in ([Path(d) / name] if d else []) + [target / "debug" / name, target / "release" / name]:
+        if path.exists():
+            return str(path)
+    pytest.fail(f"{name} is not built: run `cargo build` first (or set PINRING_BIN_DIR)")
+
+
+def photo(w, h, seed):
+    """Smooth colour gradients plus a little noise, like a photo to a JPEG encoder."""
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:h, 0:w].astype(np.float64)
+    chans = []
+    for c in range(3):
+        p = rng.uniform(0, 6.28)
+        v = 128 + 90 * np.sin(x / w * (2 + c) + y / h * 3 + p) + 30 * np.cos(x / w * 17 - y / h * (11 + c) + p)
+        chans.append(v + rng.integers(-6, 7, size=v.shape))
+    return PIL_Image.fromarray(np.clip(np.stack(chans, axis=-1), 0, 255).astype(np.uint8), "RGB")
+
+
+def pil_eval(path):
+    """torchvision Resize(256) + CenterCrop(224) with PIL: the reference."""
+    img = PIL_Image.open(path).convert("RGB")
+    w, h = img.size
+    if w <= h:
+        nw, nh = RESIZE, int(RESIZE * h / w)
+    else:
+        nw, nh = int(RESIZE * w / h), RESIZE
+    img = img.resize((nw, nh), PIL_Image.BILINEAR)
+    left, top = int(round((nw - CROP) / 2.0)), int(round((nh - CROP) / 2.0))
+    return np.asarray(img.crop((left, top, left + CROP, top + CROP)), dtype=np.uint8)
+
+
+def make_folder(root):
+    """root/<class>/<file>, 2 classes, JPEG and PNG; returns (path, label) in ImageFolder order."""
+    sizes = [(320, 300), (300, 410), (500, 375), (280, 280), (333, 290), (400, 260), (290, 350)]
+    out = []
+    for k, (w, h) in enumerate(sizes):
+        label = k % 2
+        ext = "png" if k % 3 == 2 else "jpg"
+        d = root / f"class{label}"
+        d.mkdir(parents=True, exist_ok=True)
+        p = d / f"img{k:02d}.{ext}"
+        img = photo(w, h, k)
+        if ext == "jpg":
+            img.save(p, quality=90)
+        else:
+            img.save(p)
+        out.append((p, label))
+    return sorted(out, key=lambda s: (s[1], s[0].name))
+
+
+def test_eval_u8_matches_pil_within_tolerance(tmp_path):
+    samples = make_folder(tmp_path / "train")
+    config = tmp_path / "pinring.toml"
+    config.write_text(
+        f"""
+[ring]
+name = "py-img-{uuid.uuid4().hex[:10]}"
+slots = 4
+[dataset]
+kind = "imagefolder"
+[dataset.imagefolder]
+root = "train"
+[dataset.image]
+transform = "eval"
+crop = {CROP}
+resize = {RESIZE}
+output = "u8"
+[plan]
+batch_size = {BATCH}
+shuffle = false
+epochs = 1
+"""
+    )
+    loader = pinring.Loader(embedded=True, config=str(config), backend="host", as_numpy=True)
+    procs = [
+        subprocess.Popen(
+            [binary("pinring-loader"), "--ring", loader.ring, "--wait-secs", "30", "--config", str(config)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        for _ in range(2)
+    ]
+    try:
+        seen = []
+        diffs = []
+        for b in loader.batches():
+            images = np.from_dlpack(b.fields["images"])
+            labels = np.from_dlpack(b.fields["labels"])
+            assert images.shape[1:] == (CROP, CROP, 3) and images.dtype == np.uint8
+            for n in range(images.shape[0]):
+                i = b.batch * BATCH + n  # shuffle = false: the plan's order is the folder's
+                path, label = samples[i]
+                assert int(labels[n]) == label, f"label of {path}"
+                d = np.abs(images[n].astype(np.int16) - pil_eval(path).astype(np.int16)).mean()
+                diffs.append((path.name, float(d)))
+                assert d < MAX_MEAN_ABS_DIFF, f"{path.name}: mean abs difference {d:.2f} from PIL"
+                seen.append(i)
+        del b
+        assert seen == list(range(len(samples))), seen
+    finally:
+        loader.close()
+        for p in procs:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+    print("mean abs difference from PIL per image:", diffs)
