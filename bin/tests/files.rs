@@ -351,6 +351,8 @@ fn a_truncated_per_sample_file_is_zeros_with_skip() {
         })
         .sum();
     assert_eq!(counted, 2, "{logs:#?}");
+    // The ring counts them too, for `pinring status`, the metrics and the daemon's summary.
+    assert_eq!(fx.summary().bad_samples_skipped, 2);
     let all = logs.concat();
     assert!(
         all.contains("sample 5 replaced by zeros") && all.contains("0005.npy"),

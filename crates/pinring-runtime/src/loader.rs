@@ -630,6 +630,7 @@ impl Worker<'_> {
                                 bufs: &mut self.sample_bufs,
                                 labels: &mut self.labels,
                                 bad: &mut self.report.bad_samples,
+                                shared_bad: &self.ring.header().bad_samples_skipped,
                                 ring: &self.cfg.ring.name,
                                 seq,
                             },
@@ -763,6 +764,8 @@ struct FileFill<'s, 'w> {
     bufs: &'s mut Vec<Vec<u8>>,
     labels: &'s mut Vec<u32>,
     bad: &'s mut u64,
+    /// The ring's count of skipped samples (all loaders'), for `pinring status` and the summary.
+    shared_bad: &'s std::sync::atomic::AtomicU64,
     ring: &'s str,
     seq: u64,
 }
@@ -806,6 +809,7 @@ fn fill_from_source(
                 return Err((id, e));
             }
             *f.bad += 1;
+            f.shared_bad.fetch_add(1, Relaxed);
             tracing::warn!(ring = %f.ring, seq = f.seq, sample = id, epoch = f.epoch, "sample {id} replaced by zeros (dataset.on_bad_sample = \"skip\"): {e}");
             for b in f.bufs.iter_mut() {
                 b.fill(0);
