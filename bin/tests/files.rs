@@ -337,19 +337,7 @@ fn a_truncated_per_sample_file_is_zeros_with_skip() {
     };
     let logs = run_checked(&fx, 2, &["data"], &expect);
     // Read once per epoch, by whichever loader: counted and logged, naming the sample and file.
-    let counted: u64 = logs
-        .iter()
-        .flat_map(|l| l.lines())
-        .filter(|l| l.contains("loader finished"))
-        .map(|l| {
-            let v = l.split("bad_samples=").nth(1).unwrap_or("0");
-            v.split(|c: char| !c.is_ascii_digit())
-                .next()
-                .unwrap()
-                .parse::<u64>()
-                .unwrap()
-        })
-        .sum();
+    let counted = bad_samples_logged(&logs);
     assert_eq!(counted, 2, "{logs:#?}");
     // The ring counts them too, for `pinring status`, the metrics and the daemon's summary.
     assert_eq!(fx.summary().bad_samples_skipped, 2);

@@ -265,20 +265,10 @@ fn a_corrupt_jpeg_in_a_shard_is_zeros_with_skip() {
     let fx = Fixture::new("img-skip", &bad_shard_config("skip"));
     let samples = shards(fx.dir.path(), &[5, 4], Some(6));
     let logs = run_checked(&fx, 2, &samples, Some(6));
-    let counted: u64 = logs
-        .iter()
-        .flat_map(|l| l.lines())
-        .filter(|l| l.contains("loader finished"))
-        .map(|l| {
-            let v = l.split("bad_samples=").nth(1).unwrap_or("0");
-            v.split(|c: char| !c.is_ascii_digit())
-                .next()
-                .unwrap()
-                .parse::<u64>()
-                .unwrap()
-        })
-        .sum();
+    let counted = bad_samples_logged(&logs);
     assert_eq!(counted, 2, "once per epoch: {logs:#?}");
+    // The ring counts them too, for `pinring status`, the metrics and the daemon's summary.
+    assert_eq!(fx.summary().bad_samples_skipped, 2);
     let all = logs.concat();
     assert!(
         all.contains("sample 6 replaced by zeros")

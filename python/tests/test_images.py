@@ -14,32 +14,19 @@ arithmetic differently). PNG files have no decoder difference. Measured here (Pi
 the tolerance leaves room for other libjpeg-turbo builds. docs/IMAGES.md measures both steps.
 """
 
-import os
 import subprocess
-import time
 import uuid
-from pathlib import Path
 
 import pytest
 
 import pinring
+from test_consumer import binary
 
 np = pytest.importorskip("numpy")
 PIL_Image = pytest.importorskip("PIL.Image")
 
-ROOT = Path(__file__).resolve().parents[2]
 MAX_MEAN_ABS_DIFF = 3.0
 CROP, RESIZE, BATCH = 224, 256, 4
-
-
-def binary(name):
-    """A pinring binary: $PINRING_BIN_DIR, else the workspace's debug build."""
-    d = os.environ.get("PINRING_BIN_DIR")
-    target = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
-    for path in ([Path(d) / name] if d else []) + [target / "debug" / name, target / "release" / name]:
-        if path.exists():
-            return str(path)
-    pytest.fail(f"{name} is not built: run `cargo build` first (or set PINRING_BIN_DIR)")
 
 
 def photo(w, h, seed):

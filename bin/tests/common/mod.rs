@@ -460,3 +460,20 @@ pub fn status_json(ring: &str, interval: &str) -> serde_json::Value {
     );
     serde_json::from_slice(&out.stdout).expect("status --json prints JSON")
 }
+
+/// The samples loaders replaced with zeros (`dataset.on_bad_sample = "skip"`), summed over the
+/// `bad_samples=N` of their `loader finished` lines.
+pub fn bad_samples_logged(logs: &[String]) -> u64 {
+    logs.iter()
+        .flat_map(|l| l.lines())
+        .filter(|l| l.contains("loader finished"))
+        .map(|l| {
+            let v = l.split("bad_samples=").nth(1).unwrap_or("0");
+            v.split(|c: char| !c.is_ascii_digit())
+                .next()
+                .unwrap_or("0")
+                .parse::<u64>()
+                .unwrap_or(0)
+        })
+        .sum()
+}
