@@ -76,3 +76,13 @@ def test_check_config_reports_the_plan_or_pinrings_error():
     assert info["fields"] == [("x", "f32", [3]), ("y", "i64", [])]
     with pytest.raises(pinring.ConfigError, match="dataset.fields"):
         _native.check_config('[dataset]\nkind = "external"\n', "mine.toml")
+
+
+def test_an_embedded_daemon_with_a_bad_config_raises_config_error(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[ring]\nname = "py-badcfg"\n[plan]\nbatch_size = 0\n')
+    with pytest.raises(pinring.ConfigError, match="plan.batch_size"):
+        pinring.EmbeddedDaemon(config=str(bad), backend="host")
+    bad.write_text('[ring]\nname = "py-badcfg"\nno_such_key = 1\n')
+    with pytest.raises(pinring.ConfigError, match="no_such_key"):
+        pinring.EmbeddedDaemon(config=str(bad), backend="host")

@@ -10,6 +10,7 @@ use pinring_runtime::settings::{self, Overrides};
 use pinring_runtime::shutdown::Shutdown;
 use pinring_runtime::sink::SinkKind;
 use pinring_runtime::summary::Summary;
+use pinring_runtime::Exit;
 use std::path::PathBuf;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -55,6 +56,7 @@ impl EmbeddedDaemon {
             ClientError::Daemon {
                 ring: opts.ring.clone().unwrap_or_default(),
                 message: e.to_string(),
+                exit: Exit::Config,
             }
         })?;
         let ring = cfg.ring.name.clone();
@@ -84,6 +86,7 @@ impl EmbeddedDaemon {
                 .map_err(|e| ClientError::Daemon {
                     ring: ring.clone(),
                     message: format!("cannot start the daemon thread: {e}"),
+                    exit: Exit::Internal,
                 })?
         };
         let mut d = EmbeddedDaemon {
@@ -101,13 +104,17 @@ impl EmbeddedDaemon {
         loop {
             if self.thread.as_ref().is_some_and(|t| t.is_finished()) {
                 let outcome = self.join();
-                let message = match outcome.map(|o| o.result) {
-                    Some(Err(e)) => e.to_string(),
-                    _ => "the daemon stopped before its ring was ready".into(),
+                let (message, exit) = match outcome.map(|o| o.result) {
+                    Some(Err(e)) => (e.to_string(), e.exit()),
+                    _ => (
+                        "the daemon stopped before its ring was ready".into(),
+                        Exit::Internal,
+                    ),
                 };
                 return Err(ClientError::Daemon {
                     ring: self.ring.clone(),
                     message,
+                    exit,
                 });
             }
             if let Ok(ring) = pinring_ring::Ring::open(
@@ -126,6 +133,7 @@ impl EmbeddedDaemon {
                         "its ring was not ready within {} ms",
                         start.elapsed().as_millis()
                     ),
+                    exit: Exit::PeerDied,
                 });
             }
             std::thread::sleep(Duration::from_millis(5));

@@ -84,6 +84,8 @@ pub enum ClientError {
         ring: String,
         /// The daemon's message.
         message: String,
+        /// The exit code the daemon binary would end with (a bad config is `Config`).
+        exit: Exit,
     },
     /// A CUDA call on the consumer's side failed, or CUDA IPC is unavailable.
     #[error("ring {ring:?}: {source}")]
@@ -109,7 +111,7 @@ impl ClientError {
             | ClientError::Stopped { .. }
             | ClientError::Timeout { .. } => Exit::PeerDied,
             ClientError::Backend { .. } => Exit::Backend,
-            ClientError::Daemon { .. } => Exit::Internal,
+            ClientError::Daemon { exit, .. } => *exit,
         }
     }
 }
