@@ -530,6 +530,7 @@ class DataLoader:
         self._consumer: Optional[_native.Consumer] = None
         self._workers: List[_Worker] = []
         self._errors: Any = None
+        self._stop_flag: Any = None
         self._tmp: Optional[str] = None
         self._restarts = 0
         self._ring_name: Optional[str] = None
@@ -588,6 +589,16 @@ class DataLoader:
 
     def _start(self, start_seq: int) -> None:
         layout = self._infer()
+        # Whatever fails on the way, what was started is stopped again (_stop takes each piece
+        # that exists).
+        self._started = True
+        try:
+            self._start_pieces(layout, start_seq)
+        except BaseException:
+            self._stop()
+            raise
+
+    def _start_pieces(self, layout: _Layout, start_seq: int) -> None:
         self._tmp = tempfile.mkdtemp(prefix="pinring-torch-")
         if self._attached_ring is None:
             name = f"torch-{os.getpid()}-{id(self) & 0xFFFFFF:x}"
@@ -618,7 +629,7 @@ class DataLoader:
         self._config_path = path
         if self.num_workers == 0:
             self._errors = _queue.SimpleQueue()
-            self._stop_flag: Any = threading.Event()
+            self._stop_flag = threading.Event()
             ctx = None
         else:
             ctx = multiprocessing.get_context("spawn")
@@ -626,7 +637,6 @@ class DataLoader:
             self._stop_flag = ctx.Event()
         self._ctx = ctx
         self._workers = [self._spawn(i) for i in range(max(1, self.num_workers))]
-        self._started = True
         self._last_check = time.monotonic()
 
     def _spawn(self, worker_id: int) -> _Worker:
@@ -643,7 +653,8 @@ class DataLoader:
         if not self._started:
             return
         self._started = False
-        self._stop_flag.set()
+        if self._stop_flag is not None:
+            self._stop_flag.set()
         if self._consumer is not None:
             try:
                 self._stood = self._consumer.state()[0] // (self._ppb or 1)
@@ -777,7 +788,9 @@ class DataLoader:
                     "world_size are needed"
                 )
         assert self._consumer is not None
-        end = (target // bpe + 1) * bpe
+        # Where the consumer stands: the target, or (attached to a ring other consumers took
+        # batches from) right after the batches taken.
+        end = (self._consumer.state()[0] // ppb // bpe + 1) * bpe
         while self._consumer.state()[0] // ppb < end:
             b = self._next()
             if b is None:

@@ -227,6 +227,11 @@ def test_an_attached_daemon_with_the_datasets_fields(tmp_path):
             assert ids(pl) == [list(range(i, i + 6)) for i in range(0, 48, 6)]
         with pytest.raises(pinring.RefusedError, match="fields"):
             list(loader(ds.Mixed(48), batch_size=6, ring=name))
+        # Another training process on the same ring goes on where the first one stopped: the
+        # ring's second epoch.
+        with loader(data, batch_size=6, ring=name) as pl:
+            assert ids(pl) == [list(range(i, i + 6)) for i in range(0, 48, 6)]
+            assert ids(pl) == [], "the ring's plan has two epochs"
     finally:
         daemon.terminate()
         daemon.wait(30)
