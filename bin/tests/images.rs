@@ -10,11 +10,10 @@
 mod common;
 
 use common::*;
-use pinring_client::{AttachOptions, Consumer};
 use pinring_image::{synth, Pipeline, SampleKey};
+use std::cell::RefCell;
 use std::collections::HashSet;
 use std::path::Path;
-use std::time::Duration;
 
 /// One sample as written: its file bytes and label.
 struct Sample {
@@ -111,74 +110,6 @@ fn shards(dir: &Path, sizes: &[u64], corrupt: Option<u64>) -> Vec<Sample> {
     out
 }
 
-/// Takes every batch through a consumer; checks seqs in order, labels exactly, and each image
-/// byte for byte against `Pipeline::process` of the same file and key (zeros for `bad`), every
-/// sample once per epoch. Returns the batches taken.
-fn consume_checked(fx: &Fixture, samples: &[Sample], bad: Option<u64>) -> u64 {
-    let mut c = Consumer::attach(&fx.ring, &AttachOptions::default()).unwrap();
-    let cfg = c.config().clone();
-    let mut plan = cfg.plan().unwrap();
-    let names: Vec<String> = cfg.fields().into_iter().map(|f| f.name).collect();
-    assert_eq!(names, ["images", "labels"]);
-    assert_eq!(cfg.dataset.samples, samples.len() as u64);
-    let image = cfg.dataset.image.clone().unwrap();
-    let spec = pinring_sources_spec(&image);
-    let mut pipeline = Pipeline::new(spec).unwrap();
-    let per = spec.sample_bytes();
-    let mut want = vec![0u8; per];
-    let mut ids = Vec::new();
-    let mut seen: HashSet<(u32, u64)> = HashSet::new();
-    let mut taken = 0;
-    loop {
-        let expected_seq = c.state().seq;
-        let Some(b) = c.next_batch(Some(LONG)).unwrap() else {
-            break;
-        };
-        assert_eq!(b.seq, expected_seq, "batches come in order, none skipped");
-        plan.batch_into(b.batch, &mut ids).unwrap();
-        assert_eq!(b.samples as usize, ids.len());
-        let images = b.host_bytes("images").unwrap();
-        let labels = b.host_bytes("labels").unwrap();
-        assert_eq!(images.len(), per * ids.len());
-        for (n, &id) in ids.iter().enumerate() {
-            let s = &samples[id as usize];
-            let got_label = i64::from_le_bytes(labels[n * 8..n * 8 + 8].try_into().unwrap());
-            if bad == Some(id) {
-                assert_eq!(got_label, 0, "a skipped sample's label is zero");
-                assert!(images[n * per..(n + 1) * per].iter().all(|&v| v == 0));
-                continue;
-            }
-            assert_eq!(got_label, s.label, "label of sample {id}");
-            let key = SampleKey {
-                seed: cfg.plan.seed,
-                epoch: u64::from(b.epoch),
-                sample_id: id,
-            };
-            pipeline.process(&s.bytes, key, &mut want).unwrap();
-            assert!(
-                images[n * per..(n + 1) * per] == want[..],
-                "batch {} (epoch {}): image of sample {id} (position {n}) differs",
-                b.batch,
-                b.epoch
-            );
-        }
-        for &id in &ids {
-            assert!(
-                seen.insert((b.epoch, id)),
-                "sample {id} twice in epoch {}",
-                b.epoch
-            );
-        }
-        taken += 1;
-    }
-    assert_eq!(
-        seen.len() as u64,
-        u64::from(cfg.plan.epochs) * cfg.dataset.samples,
-        "every sample once per epoch"
-    );
-    taken
-}
-
 /// pinring-sources' mapping of `[dataset.image]` to a `SampleSpec`, restated here so that the
 /// test checks it too: eval/train with the config's values, u8 HWC or normalised CHW.
 fn pinring_sources_spec(i: &pinring_data::ImageDataset) -> pinring_image::SampleSpec {
@@ -209,24 +140,39 @@ fn pinring_sources_spec(i: &pinring_data::ImageDataset) -> pinring_image::Sample
     }
 }
 
-/// Runs the daemon and `loaders` loaders, checks every batch; returns the loaders' logs.
-fn run_checked(fx: &Fixture, loaders: usize, samples: &[Sample], bad: Option<u64>) -> Vec<String> {
-    let mut daemon = fx.daemon(&["--sink", "consumer"]);
-    let ring = fx.wait_ready(&mut daemon);
-    let kids = loaders_attached(fx, &daemon, &ring, loaders);
-    let taken = consume_checked(fx, samples, bad);
-    assert!(taken > 0);
-    let (status, log) = wait_for(daemon, "daemon", LONG);
-    assert!(status.success(), "daemon failed: {status}\n{log}");
-    let s = fx.summary();
-    assert_eq!(s.batches_delivered, taken, "{s:#?}");
-    kids.into_iter()
-        .map(|k| {
-            let (st, log) = wait_for(k, "loader", Duration::from_secs(10));
-            assert!(st.success(), "loader failed: {st}\n{log}");
-            log
-        })
-        .collect()
+/// Runs the daemon and `loaders` loaders and checks every batch (`run_checked`): each sample's
+/// image is what `Pipeline::process` makes here for its file bytes and key (zeros for `bad`),
+/// its label exact, and every sample written is delivered. Returns the loaders' logs.
+fn run_images(fx: &Fixture, loaders: usize, samples: &[Sample], bad: Option<u64>) -> Vec<String> {
+    let cfg = pinring_data::Config::load(&fx.config).unwrap();
+    let spec = pinring_sources_spec(cfg.dataset.image.as_ref().unwrap());
+    let pipeline = RefCell::new(Pipeline::new(spec).unwrap());
+    let delivered = RefCell::new(HashSet::new());
+    let expect = |epoch: u32, id: u64| {
+        delivered.borrow_mut().insert(id);
+        let mut image = vec![0u8; spec.sample_bytes()];
+        if bad == Some(id) {
+            return vec![image, vec![0u8; 8]];
+        }
+        let s = &samples[id as usize];
+        let key = SampleKey {
+            seed: cfg.plan.seed,
+            epoch: u64::from(epoch),
+            sample_id: id,
+        };
+        pipeline
+            .borrow_mut()
+            .process(&s.bytes, key, &mut image)
+            .unwrap();
+        vec![image, s.label.to_le_bytes().to_vec()]
+    };
+    let logs = run_checked(fx, loaders, &["images", "labels"], &expect);
+    assert_eq!(
+        delivered.borrow().len(),
+        samples.len(),
+        "every sample written is delivered"
+    );
+    logs
 }
 
 #[test]
@@ -237,7 +183,7 @@ fn imagefolder_eval_u8() {
                   [plan]\nbatch_size = 4\nepochs = 2\nshuffle = true\nseed = 5\n";
     let fx = Fixture::new("img-folder", config);
     let samples = image_folder(&fx.dir.path().join("train"), &[4, 5, 3]);
-    run_checked(&fx, 2, &samples, None);
+    run_images(&fx, 2, &samples, None);
 }
 
 #[test]
@@ -248,7 +194,7 @@ fn webdataset_train_f32() {
                   [plan]\nbatch_size = 5\nepochs = 2\nshuffle = true\nseed = 11\n";
     let fx = Fixture::new("img-wds", config);
     let samples = shards(fx.dir.path(), &[7, 6], None);
-    run_checked(&fx, 2, &samples, None);
+    run_images(&fx, 2, &samples, None);
 }
 
 fn bad_shard_config(policy: &str) -> String {
@@ -264,7 +210,7 @@ fn bad_shard_config(policy: &str) -> String {
 fn a_corrupt_jpeg_in_a_shard_is_zeros_with_skip() {
     let fx = Fixture::new("img-skip", &bad_shard_config("skip"));
     let samples = shards(fx.dir.path(), &[5, 4], Some(6));
-    let logs = run_checked(&fx, 2, &samples, Some(6));
+    let logs = run_images(&fx, 2, &samples, Some(6));
     let counted = bad_samples_logged(&logs);
     assert_eq!(counted, 2, "once per epoch: {logs:#?}");
     // The ring counts them too, for `pinring status`, the metrics and the daemon's summary.

@@ -477,3 +477,94 @@ pub fn bad_samples_logged(logs: &[String]) -> u64 {
         })
         .sum()
 }
+
+/// What a dataset's files hold for sample `id` of `epoch`: each field's bytes, in field order.
+pub type Expect<'a> = &'a dyn Fn(u32, u64) -> Vec<Vec<u8>>;
+
+/// Takes every batch of the ring through a consumer and checks each against `expect`: seqs in
+/// order, each batch once, every field byte for byte, every sample once per epoch. Returns the
+/// batches taken.
+pub fn consume_checked(fx: &Fixture, fields: &[&str], expect: Expect<'_>) -> u64 {
+    let mut c =
+        pinring_client::Consumer::attach(&fx.ring, &pinring_client::AttachOptions::default())
+            .unwrap();
+    let cfg = c.config().clone();
+    let mut plan = cfg.plan().unwrap();
+    let names: Vec<String> = cfg.fields().into_iter().map(|f| f.name).collect();
+    assert_eq!(names, fields);
+    let mut ids = Vec::new();
+    let mut seen: std::collections::HashSet<(u32, u64)> = std::collections::HashSet::new();
+    let mut taken = 0;
+    loop {
+        let expected_seq = c.state().seq;
+        let Some(b) = c.next_batch(Some(LONG)).unwrap() else {
+            break;
+        };
+        assert_eq!(b.seq, expected_seq, "batches come in order, none skipped");
+        plan.batch_into(b.batch, &mut ids).unwrap();
+        assert_eq!(b.samples as usize, ids.len());
+        for (k, name) in fields.iter().enumerate() {
+            let want: Vec<u8> = ids
+                .iter()
+                .flat_map(|&id| expect(b.epoch, id).swap_remove(k))
+                .collect();
+            let got = b.host_bytes(name).unwrap();
+            if got != want.as_slice() {
+                let per = want.len() / ids.len();
+                let n = (0..ids.len())
+                    .find(|&n| got[n * per..(n + 1) * per] != want[n * per..(n + 1) * per])
+                    .unwrap_or(0);
+                panic!(
+                    "batch {} (epoch {}), field {name}: sample {} (position {n}) differs",
+                    b.batch, b.epoch, ids[n]
+                );
+            }
+        }
+        for &id in &ids {
+            assert!(
+                seen.insert((b.epoch, id)),
+                "sample {id} twice in epoch {}",
+                b.epoch
+            );
+        }
+        taken += 1;
+    }
+    let epochs = u64::from(cfg.plan.epochs);
+    assert_eq!(
+        seen.len() as u64,
+        epochs * cfg.dataset.samples,
+        "every sample once per epoch"
+    );
+    taken
+}
+
+/// Runs the daemon (`--sink consumer`) and `loaders` loaders on `fx`'s config, checks every
+/// batch, and returns the loaders' output after a clean end.
+pub fn run_checked(
+    fx: &Fixture,
+    loaders: usize,
+    fields: &[&str],
+    expect: Expect<'_>,
+) -> Vec<String> {
+    let mut daemon = fx.daemon(&["--sink", "consumer"]);
+    let ring = fx.wait_ready(&mut daemon);
+    let kids = loaders_attached(fx, &daemon, &ring, loaders);
+    let taken = consume_checked(fx, fields, expect);
+    assert!(taken > 0);
+    let (status, log) = wait_for(daemon, "daemon", LONG);
+    assert!(status.success(), "daemon failed: {status}\n{log}");
+    let s = fx.summary();
+    assert_eq!(s.batches_delivered, taken, "{s:#?}");
+    assert_eq!(
+        (s.verify_failures, s.duplicates, s.out_of_order, s.missing),
+        (0, 0, 0, 0),
+        "{s:#?}"
+    );
+    kids.into_iter()
+        .map(|k| {
+            let (st, log) = wait_for(k, "loader", Duration::from_secs(10));
+            assert!(st.success(), "loader failed: {st}\n{log}");
+            log
+        })
+        .collect()
+}
