@@ -39,6 +39,14 @@ def _to_framework(fields: Dict[str, Any], as_numpy: bool, stream: Optional[int])
     return out
 
 
+def checked_state(state: Dict[str, int]) -> Dict[str, int]:
+    """A saved ``{"seq", "fingerprint"}`` state as ints; ``UsageError`` naming a missing key."""
+    missing = {"seq", "fingerprint"} - set(state)
+    if missing:
+        raise _native.UsageError(f"a pinring state needs the keys seq and fingerprint; missing {sorted(missing)}")
+    return {"seq": int(state["seq"]), "fingerprint": int(state["fingerprint"])}
+
+
 class Loader:
     """Iterates over one epoch of a ring's batches per ``for`` loop, in order.
 
@@ -169,13 +177,11 @@ class Loader:
         """Resumes at a saved state: the next batch is the one at ``state["seq"]``. A state
         saved under another plan (dataset or plan settings) is refused when the loader attaches.
         """
-        missing = {"seq", "fingerprint"} - set(state)
-        if missing:
-            raise _native.UsageError(f"a pinring state needs the keys seq and fingerprint; missing {sorted(missing)}")
+        resume = checked_state(state)
         if self._consumer is not None:
             self._consumer.close()
             self._consumer = None
-        self._resume = {"seq": int(state["seq"]), "fingerprint": int(state["fingerprint"])}
+        self._resume = resume
         self._attach()
 
     # -- the end ---------------------------------------------------------------------------

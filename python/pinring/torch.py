@@ -43,6 +43,7 @@ import numpy as np
 import torch
 
 from pinring import _native
+from pinring.loader import checked_state
 
 __all__ = ["DataLoader", "WorkerInfo", "get_worker_info"]
 
@@ -157,7 +158,6 @@ class _Layout:
         leaves: List[Any] = []
         paths: List[str] = []
         self.tree = _flatten(sample, "", leaves, paths)
-        self.collated = collated
         self.leaves: List[_Leaf] = []
         for value, path in zip(leaves, paths):
             where = path or "the sample"
@@ -828,13 +828,9 @@ class DataLoader:
     def load_state_dict(self, state: Dict[str, int]) -> None:
         """Resumes at a saved state: the next batch is the one at ``state["seq"]``; a state of
         another plan is refused when the loader starts."""
-        missing = {"seq", "fingerprint"} - set(state)
-        if missing:
-            raise _native.UsageError(
-                f"a pinring state needs the keys seq and fingerprint; missing {sorted(missing)}"
-            )
+        resume = checked_state(state)
         self._stop()
-        self._resume = {"seq": int(state["seq"]), "fingerprint": int(state["fingerprint"])}
+        self._resume = resume
 
 
 def _from_sampler(sampler: Any, drop_last: bool) -> Dict[str, Any]:
