@@ -8,20 +8,27 @@ Cases (each a Dataset class that both loaders take as it is):
          so the loader's own transport is what is measured.
   jpeg   JPEG files (500x375, quality 90, made by this script first), decoded with PIL,
          torchvision's RandomResizedCrop(224) and RandomHorizontalFlip, returned as u8 HWC
-         224x224x3 arrays with an int label; batch 256.
+         224x224x3 arrays with an int label; batch 256. The epoch is 400 batches long (index i
+         reads file i % --images), so no run crosses an epoch's end.
 
 For each --workers value: torch's DataLoader at every (pin_memory, prefetch_factor) pair of
 --pin x --prefetch, with ``persistent_workers=True`` and ``.to(device, non_blocking=True)``; then
 ``pinring.torch.DataLoader`` with the same ``num_workers`` (embedded daemon, CUDA), whose batches
-are already on the device. Each run takes --warmup batches, then times --batches batches
-between two ``torch.cuda.synchronize()`` calls. Measured: samples/s, GB/s of batch data, and the
-trainer process's CPU seconds per batch (``time.process_time()``: all its threads, the
-DataLoader's pin thread or pinring's embedded daemon).
+are already on the device. Each run takes warm-up batches, then times measured batches between
+two ``torch.cuda.synchronize()`` calls: seed 40 and 400; jpeg 2w and --waves x w for w workers
+(each of torch's w workers makes one whole batch per "wave", so the window holds whole waves: a
+window of a few batches would time one burst of ready batches). --batches and --warmup override.
+Measured: samples/s, GB/s of batch data, and the trainer process's CPU seconds per batch
+(``time.process_time()``: all its threads, the DataLoader's pin thread or pinring's embedded
+daemon). --repeat N runs the whole sweep N times, alternating the loaders.
 
-Output: a table, OUT/torch_loader_CASE.csv, and one JSON line per case (the best of each loader).
+Output: a table of every run, OUT/torch_loader_CASE.csv (a row per run), a table of medians per
+worker count (torch's best configuration by median against pinring's median, with min-max), and
+one JSON line of it.
 
 Usage: torch_loader.py --case seed|jpeg [--workers 4,8,12] [--pin 1,0] [--prefetch 2,4]
-                       [--batches N] [--warmup N] [--images N] [--out DIR] [--device cuda]
+                       [--batches N] [--warmup N] [--waves 3] [--repeat 1] [--images N]
+                       [--out DIR] [--device cuda]
 """
 
 import argparse
@@ -29,6 +36,7 @@ import csv
 import io
 import json
 import os
+import statistics
 import tempfile
 import time
 
@@ -51,15 +59,17 @@ class SeedSamples(torch.utils.data.Dataset):
 
 
 class JpegSamples(torch.utils.data.Dataset):
-    """JPEG files decoded with PIL, RandomResizedCrop(224) + flip, u8 HWC, and a label."""
+    """JPEG files decoded with PIL, RandomResizedCrop(224) + flip, u8 HWC, and a label. With
+    `length` > len(files), index i reads file i % len(files) (a long epoch over few files)."""
 
-    def __init__(self, files, size=224):
+    def __init__(self, files, size=224, length=None):
         self.files = files
         self.size = size
+        self.length = length or len(files)
         self.tf = None
 
     def __len__(self):
-        return len(self.files)
+        return self.length
 
     def __getitem__(self, i):
         from PIL import Image
@@ -69,25 +79,36 @@ class JpegSamples(torch.utils.data.Dataset):
             self.tf = transforms.Compose(
                 [transforms.RandomResizedCrop(self.size), transforms.RandomHorizontalFlip()]
             )
-        with Image.open(self.files[i]) as im:
+        with Image.open(self.files[i % len(self.files)]) as im:
             img = self.tf(im.convert("RGB"))
         return np.asarray(img, dtype=np.uint8), i % 1000
 
 
-def make_jpegs(d, n):
-    """n 500x375 JPEGs (smooth gradients plus noise, about ImageNet's 100 KB), in d."""
+def make_jpeg(path, i):
+    """JPEG number i: 500x375, smooth gradients plus noise, quality 90 (about ImageNet's
+    100 KB); the same bytes for the same i."""
     from PIL import Image
 
-    rng = np.random.default_rng(1)
+    rng = np.random.default_rng(i)
     y, x = np.mgrid[0:375, 0:500]
-    files = []
+    base = np.stack([(x * (i % 7 + 1)) % 256, (y * (i % 5 + 1)) % 256, (x + y + i) % 256], -1)
+    img = np.clip(base + rng.normal(0, 24, base.shape), 0, 255).astype(np.uint8)
+    Image.fromarray(img).save(path, quality=90)
+    return path
+
+
+def make_jpegs(d, n, classes=1, procs=None):
+    """n JPEGs (make_jpeg) in d, made by a process pool; with classes > 1, image i goes into
+    d/class_{i % classes}/ (torchvision's ImageFolder layout)."""
+    import multiprocessing
+
+    paths = []
     for i in range(n):
-        base = np.stack([(x * (i % 7 + 1)) % 256, (y * (i % 5 + 1)) % 256, (x + y + i) % 256], -1)
-        img = np.clip(base + rng.normal(0, 24, base.shape), 0, 255).astype(np.uint8)
-        path = os.path.join(d, f"{i:06d}.jpg")
-        Image.fromarray(img).save(path, quality=90)
-        files.append(path)
-    return files
+        sub = d if classes <= 1 else os.path.join(d, f"class_{i % classes:03d}")
+        os.makedirs(sub, exist_ok=True)
+        paths.append(os.path.join(sub, f"{i:06d}.jpg"))
+    with multiprocessing.get_context("spawn").Pool(procs or os.cpu_count()) as pool:
+        return pool.starmap(make_jpeg, [(p, i) for i, p in enumerate(paths)], chunksize=16)
 
 
 def run(make_iter, batches, warmup, device):
@@ -125,6 +146,8 @@ def main():
     ap.add_argument("--prefetch", default="2,4")
     ap.add_argument("--batches", type=int, default=0)
     ap.add_argument("--warmup", type=int, default=0)
+    ap.add_argument("--waves", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--images", type=int, default=3072)
     ap.add_argument("--out", default=".")
     ap.add_argument("--device", default="cuda")
@@ -135,56 +158,85 @@ def main():
     tmp = tempfile.mkdtemp(prefix="pinring-bench-")
     if a.case == "seed":
         data, batch_size = SeedSamples(), 32
-        batches, warmup = a.batches or 400, a.warmup or 40
     else:
         t = time.perf_counter()
-        data, batch_size = JpegSamples(make_jpegs(tmp, a.images)), 256
+        files = make_jpegs(tmp, a.images)
         print(f"made {a.images} JPEGs in {time.perf_counter() - t:.1f} s", flush=True)
-        batches, warmup = a.batches or 40, a.warmup or 6
+        batch_size = 256
+        data = JpegSamples(files, length=400 * batch_size)
+
+    def window(w):
+        """(warm-up, measured) batches for w workers. jpeg: whole waves (each of torch's workers
+        makes one whole batch per wave, so a window of part of a wave would time a burst)."""
+        if a.case == "seed":
+            return a.warmup or 40, a.batches or 400
+        return a.warmup or 2 * w, a.batches or a.waves * w
+
     rows = []
-    for w in [int(v) for v in a.workers.split(",")]:
-        for pin in [bool(int(v)) for v in a.pin.split(",")]:
-            for pf in [int(v) for v in a.prefetch.split(",")]:
-                dl = torch.utils.data.DataLoader(
-                    data, batch_size=batch_size, shuffle=True, num_workers=w, pin_memory=pin,
-                    prefetch_factor=pf, persistent_workers=True, drop_last=True,
-                    multiprocessing_context="spawn",
-                )
-                try:
-                    r = run(lambda: endless(dl), batches, warmup, device)
-                except RuntimeError as e:  # a DataLoader worker died: recorded, not fatal
-                    print(f"torch DataLoader workers={w} pin={pin} prefetch={pf} failed: {e}")
-                    continue
-                finally:
-                    del dl
-                rows.append({"case": a.case, "loader": "torch", "workers": w, "pin": int(pin),
-                             "prefetch": pf, **r})
-                print(rows[-1], flush=True)
-        pl = PinringLoader(data, batch_size=batch_size, shuffle=True, num_workers=w,
-                           drop_last=True, device=device)
-        r = run(lambda: endless(pl), batches, warmup, device)
-        pl.close()
-        rows.append({"case": a.case, "loader": "pinring", "workers": w, "pin": 1, "prefetch": 0,
-                     **r, "restarts": pl.worker_restarts})
-        print(rows[-1], flush=True)
+    for run_no in range(a.repeat):
+        for w in [int(v) for v in a.workers.split(",")]:
+            warmup, batches = window(w)
+            for pin in [bool(int(v)) for v in a.pin.split(",")]:
+                for pf in [int(v) for v in a.prefetch.split(",")]:
+                    dl = torch.utils.data.DataLoader(
+                        data, batch_size=batch_size, shuffle=True, num_workers=w, pin_memory=pin,
+                        prefetch_factor=pf, persistent_workers=True, drop_last=True,
+                        multiprocessing_context="spawn",
+                    )
+                    try:
+                        r = run(lambda: endless(dl), batches, warmup, device)
+                    except RuntimeError as e:  # a DataLoader worker died: recorded, not fatal
+                        print(f"torch DataLoader workers={w} pin={pin} prefetch={pf} failed: {e}")
+                        continue
+                    finally:
+                        del dl
+                    rows.append({"case": a.case, "run": run_no, "loader": "torch", "workers": w,
+                                 "pin": int(pin), "prefetch": pf, "batches": batches, **r})
+                    print(rows[-1], flush=True)
+            pl = PinringLoader(data, batch_size=batch_size, shuffle=True, num_workers=w,
+                               drop_last=True, device=device)
+            r = run(lambda: endless(pl), batches, warmup, device)
+            pl.close()
+            rows.append({"case": a.case, "run": run_no, "loader": "pinring", "workers": w, "pin": 1,
+                         "prefetch": 0, "batches": batches, **r, "restarts": pl.worker_restarts})
+            print(rows[-1], flush=True)
     os.makedirs(a.out, exist_ok=True)
     path = os.path.join(a.out, f"torch_loader_{a.case}.csv")
-    keys = ["case", "loader", "workers", "pin", "prefetch", "samples_per_s", "gb_per_s",
-            "cpu_s_per_batch"]
+    keys = ["case", "run", "loader", "workers", "pin", "prefetch", "batches", "samples_per_s",
+            "gb_per_s", "cpu_s_per_batch"]
     with open(path, "w", newline="") as f:
         wr = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
         wr.writeheader()
         wr.writerows(rows)
-    print(f"{'loader':8} {'workers':>7} {'pin':>3} {'pf':>3} {'samples/s':>10} {'GB/s':>6} {'cpu ms/batch':>12}")
+    print(f"{'run':>3} {'loader':8} {'workers':>7} {'pin':>3} {'pf':>3} {'samples/s':>10} {'GB/s':>6} "
+          f"{'cpu ms/batch':>12}")
     for r in rows:
-        print(f"{r['loader']:8} {r['workers']:7} {r['pin']:3} {r['prefetch']:3} "
+        print(f"{r['run']:3} {r['loader']:8} {r['workers']:7} {r['pin']:3} {r['prefetch']:3} "
               f"{r['samples_per_s']:10.1f} {r['gb_per_s']:6.2f} {r['cpu_s_per_batch'] * 1e3:12.2f}")
-    best = {}
+    # Medians over the runs of each configuration; per worker count, pinring's median against
+    # the best torch configuration's median.
+    groups = {}
     for r in rows:
-        if r["samples_per_s"] > best.get(r["loader"], {}).get("samples_per_s", 0):
-            best[r["loader"]] = r
-    print(json.dumps({"case": a.case, "best": best,
-                      "ratio": best["pinring"]["samples_per_s"] / best["torch"]["samples_per_s"]}))
+        groups.setdefault((r["workers"], r["loader"], r["pin"], r["prefetch"]), []).append(r)
+    medians = {k: statistics.median(x["samples_per_s"] for x in v) for k, v in groups.items()}
+    summary = {}
+    print(f"{'workers':>7} {'torch best (pin/pf): median [min-max]':>40} {'pinring: median [min-max]':>28} {'ratio':>6}")
+    for w in sorted({k[0] for k in groups}):
+        torch_keys = [k for k in groups if k[0] == w and k[1] == "torch"]
+        pk = (w, "pinring", 1, 0)
+        if not torch_keys or pk not in groups:
+            continue
+        tk = max(torch_keys, key=lambda k: medians[k])
+        spread = lambda k: (min(x["samples_per_s"] for x in groups[k]),
+                            max(x["samples_per_s"] for x in groups[k]))
+        ratio = medians[pk] / medians[tk]
+        summary[w] = {"torch": medians[tk], "torch_pin": tk[2], "torch_prefetch": tk[3],
+                      "pinring": medians[pk], "ratio": ratio, "runs": len(groups[pk])}
+        t_lo, t_hi = spread(tk)
+        p_lo, p_hi = spread(pk)
+        print(f"{w:7} {medians[tk]:12.1f} ({tk[2]}/{tk[3]}) [{t_lo:.0f}-{t_hi:.0f}]{'':10} "
+              f"{medians[pk]:10.1f} [{p_lo:.0f}-{p_hi:.0f}] {ratio:6.2f}")
+    print(json.dumps({"case": a.case, "by_workers": summary}))
 
 
 if __name__ == "__main__":

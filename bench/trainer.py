@@ -140,8 +140,9 @@ def pct(sorted_values, q):
     return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (k - lo)
 
 
-def measure(step, fetch, dev, warmup, steps):
-    """Runs warm-up steps, then `steps` measured steps; `fetch()` returns (images, labels).
+def measure(step, fetch, dev, warmup, steps, batch=BATCH):
+    """Runs warm-up steps, then `steps` measured steps of `batch` samples; `fetch()` returns
+    (images, labels).
 
     The device is synchronised only before and after the measured window. On CUDA, events are
     recorded on the current stream right after each fetch (`got`) and after each step (`done`);
@@ -192,7 +193,7 @@ def measure(step, fetch, dev, warmup, steps):
         "step_ms_mean": sum(step_ms) / steps,
         "step_ms_p50": pct(s, 50),
         "step_ms_p90": pct(s, 90),
-        "samples_per_s": steps * BATCH / wall,
+        "samples_per_s": steps * batch / wall,
         "data_wait_fraction": wait / wall,
         "cpu_s_per_step": cpu / steps,
         "gpu_idle_fraction": gpu_idle,
@@ -288,16 +289,21 @@ class PinringRing:
     """One ring for one configuration: its config file, its daemon (unless embedded), its
     loaders, their logs; everything stopped and removed by close()."""
 
-    def __init__(self, args, tmp, tag, batches_needed):
+    def __init__(self, args, tmp, tag, batches_needed, config_text=None):
+        """`config_text`: the ring's config (`ring.name` is given on the command lines); None:
+        the synthetic config of this script, with enough epochs for `batches_needed`."""
         self.args = args
         self.name = f"trainer-{os.getpid()}-{tag}"
-        per_epoch = args.samples // BATCH
-        if per_epoch < 1:
-            raise SystemExit(f"--samples {args.samples} is less than one batch of {BATCH}")
-        self.epochs = math.ceil(batches_needed / per_epoch) + 1
         self.config = os.path.join(tmp, f"{self.name}.toml")
-        text = PINRING_CONFIG.format(samples=args.samples, size=args.size, classes=CLASSES,
-                                     batch=BATCH, epochs=self.epochs)
+        if config_text is None:
+            per_epoch = args.samples // BATCH
+            if per_epoch < 1:
+                raise SystemExit(f"--samples {args.samples} is less than one batch of {BATCH}")
+            epochs = math.ceil(batches_needed / per_epoch) + 1
+            text = PINRING_CONFIG.format(samples=args.samples, size=args.size, classes=CLASSES,
+                                         batch=BATCH, epochs=epochs)
+        else:
+            text = config_text
         if args.ring_prefetch:
             text += f"[daemon]\nprefetch = {args.ring_prefetch}\n"
         with open(self.config, "w") as f:
@@ -388,11 +394,12 @@ class PinringRing:
         return rc
 
 
-def open_pinring(args, tmp, embedded, loaders, tag, batches_needed):
-    """Starts a ring for one configuration; returns (ring, pinring.Loader)."""
+def open_pinring(args, tmp, embedded, loaders, tag, batches_needed, config_text=None):
+    """Starts a ring for one configuration (see PinringRing for `config_text`); returns
+    (ring, pinring.Loader)."""
     import pinring
 
-    ring = PinringRing(args, tmp, tag, batches_needed)
+    ring = PinringRing(args, tmp, tag, batches_needed, config_text)
     device = args.device_index if args.backend == "cuda" else None
     try:
         if embedded:
