@@ -111,12 +111,40 @@ def make_jpegs(d, n, classes=1, procs=None):
         return pool.starmap(make_jpeg, [(p, i) for i, p in enumerate(paths)], chunksize=16)
 
 
+def children_cpu():
+    """CPU seconds (user + system) of this process's live child processes (the loaders'
+    workers), from /proc."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    pid = os.getpid()
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return 0.0
+    kids = set()
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                kids.update(int(k) for k in f.read().split())
+        except OSError:
+            pass
+    for kid in kids:
+        try:
+            with open(f"/proc/{kid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
+        except (OSError, IndexError, ValueError):
+            pass
+    return total / tick
+
+
 def run(make_iter, batches, warmup, device):
     it = make_iter()
     for _ in range(warmup):
         batch = next(it)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda d: None)
     sync(device)
+    k0 = children_cpu()
     t0, c0 = time.perf_counter(), time.process_time()
     samples = nbytes = 0
     for _ in range(batches):
@@ -128,9 +156,11 @@ def run(make_iter, batches, warmup, device):
         batch = (x, y)
     sync(device)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    workers_cpu = children_cpu() - k0
     del batch
     return {"samples_per_s": samples / wall, "gb_per_s": nbytes / wall / 1e9,
-            "cpu_s_per_batch": cpu / batches}
+            "cpu_s_per_batch": cpu / batches, "workers_cpu_ms_per_sample": workers_cpu / samples * 1e3,
+            "workers_busy": workers_cpu / wall}
 
 
 def endless(loader):
@@ -203,16 +233,17 @@ def main():
     os.makedirs(a.out, exist_ok=True)
     path = os.path.join(a.out, f"torch_loader_{a.case}.csv")
     keys = ["case", "run", "loader", "workers", "pin", "prefetch", "batches", "samples_per_s",
-            "gb_per_s", "cpu_s_per_batch"]
+            "gb_per_s", "cpu_s_per_batch", "workers_cpu_ms_per_sample", "workers_busy"]
     with open(path, "w", newline="") as f:
         wr = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
         wr.writeheader()
         wr.writerows(rows)
     print(f"{'run':>3} {'loader':8} {'workers':>7} {'pin':>3} {'pf':>3} {'samples/s':>10} {'GB/s':>6} "
-          f"{'cpu ms/batch':>12}")
+          f"{'cpu ms/batch':>12} {'worker cpu ms/sample':>20} {'workers busy':>12}")
     for r in rows:
         print(f"{r['run']:3} {r['loader']:8} {r['workers']:7} {r['pin']:3} {r['prefetch']:3} "
-              f"{r['samples_per_s']:10.1f} {r['gb_per_s']:6.2f} {r['cpu_s_per_batch'] * 1e3:12.2f}")
+              f"{r['samples_per_s']:10.1f} {r['gb_per_s']:6.2f} {r['cpu_s_per_batch'] * 1e3:12.2f} "
+              f"{r['workers_cpu_ms_per_sample']:20.2f} {r['workers_busy']:12.2f}")
     # Medians over the runs of each configuration; per worker count, pinring's median against
     # the best torch configuration's median.
     groups = {}
