@@ -62,11 +62,16 @@ class JpegSamples(torch.utils.data.Dataset):
     """JPEG files decoded with PIL, RandomResizedCrop(224) + flip, u8 HWC, and a label. With
     `length` > len(files), index i reads file i % len(files) (a long epoch over few files)."""
 
-    def __init__(self, files, size=224, length=None):
+    def __init__(self, files, size=224, length=None, log_dir=None):
         self.files = files
         self.size = size
         self.length = length or len(files)
         self.tf = None
+        # With log_dir: each process appends "samples cpu_seconds" (CPU inside __getitem__)
+        # to log_dir/PID every 64 samples (getitem_cpu() sums them).
+        self.log_dir = log_dir
+        self._n = 0
+        self._cpu = 0.0
 
     def __len__(self):
         return self.length
@@ -79,9 +84,30 @@ class JpegSamples(torch.utils.data.Dataset):
             self.tf = transforms.Compose(
                 [transforms.RandomResizedCrop(self.size), transforms.RandomHorizontalFlip()]
             )
+        c0 = time.process_time()
         with Image.open(self.files[i % len(self.files)]) as im:
             img = self.tf(im.convert("RGB"))
-        return np.asarray(img, dtype=np.uint8), i % 1000
+        out = np.asarray(img, dtype=np.uint8), i % 1000
+        if self.log_dir is not None:
+            self._n += 1
+            self._cpu += time.process_time() - c0
+            if self._n % 64 == 0:
+                with open(os.path.join(self.log_dir, str(os.getpid())), "a") as f:
+                    f.write(f"{self._n} {self._cpu}\n")
+        return out
+
+
+def getitem_cpu(log_dir):
+    """{pid: (samples, cpu seconds inside __getitem__)} from the last line of each log."""
+    out = {}
+    for name in os.listdir(log_dir):
+        with open(os.path.join(log_dir, name)) as f:
+            last = f.read().split("\n")[-2:]
+        line = [x for x in last if x.strip()]
+        if line:
+            n, cpu = line[-1].split()
+            out[name] = (int(n), float(cpu))
+    return out
 
 
 def make_jpeg(path, i):
@@ -138,12 +164,13 @@ def children_cpu():
     return total / tick
 
 
-def run(make_iter, batches, warmup, device):
+def run(make_iter, batches, warmup, device, log_dir=None):
     it = make_iter()
     for _ in range(warmup):
         batch = next(it)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda d: None)
     sync(device)
+    g0 = getitem_cpu(log_dir) if log_dir else {}
     k0 = children_cpu()
     t0, c0 = time.perf_counter(), time.process_time()
     samples = nbytes = 0
@@ -157,10 +184,16 @@ def run(make_iter, batches, warmup, device):
     sync(device)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     workers_cpu = children_cpu() - k0
+    g1 = getitem_cpu(log_dir) if log_dir else {}
     del batch
-    return {"samples_per_s": samples / wall, "gb_per_s": nbytes / wall / 1e9,
-            "cpu_s_per_batch": cpu / batches, "workers_cpu_ms_per_sample": workers_cpu / samples * 1e3,
-            "workers_busy": workers_cpu / wall}
+    r = {"samples_per_s": samples / wall, "gb_per_s": nbytes / wall / 1e9,
+         "cpu_s_per_batch": cpu / batches, "workers_cpu_ms_per_sample": workers_cpu / samples * 1e3,
+         "workers_busy": workers_cpu / wall}
+    if log_dir:
+        made = sum(n - g0.get(pid, (0, 0.0))[0] for pid, (n, _) in g1.items())
+        spent = sum(c - g0.get(pid, (0, 0.0))[1] for pid, (_, c) in g1.items())
+        r["getitem_cpu_ms"] = spent / made * 1e3 if made else float("nan")
+    return r
 
 
 def endless(loader):
@@ -186,6 +219,7 @@ def main():
 
     device = torch.device(a.device)
     tmp = tempfile.mkdtemp(prefix="pinring-bench-")
+    log_dir = None
     if a.case == "seed":
         data, batch_size = SeedSamples(), 32
     else:
@@ -193,7 +227,9 @@ def main():
         files = make_jpegs(tmp, a.images)
         print(f"made {a.images} JPEGs in {time.perf_counter() - t:.1f} s", flush=True)
         batch_size = 256
-        data = JpegSamples(files, length=400 * batch_size)
+        log_dir = os.path.join(tmp, "getitem")
+        os.makedirs(log_dir)
+        data = JpegSamples(files, length=400 * batch_size, log_dir=log_dir)
 
     def window(w):
         """(warm-up, measured) batches for w workers. jpeg: whole waves (each of torch's workers
@@ -214,7 +250,7 @@ def main():
                         multiprocessing_context="spawn",
                     )
                     try:
-                        r = run(lambda: endless(dl), batches, warmup, device)
+                        r = run(lambda: endless(dl), batches, warmup, device, log_dir)
                     except RuntimeError as e:  # a DataLoader worker died: recorded, not fatal
                         print(f"torch DataLoader workers={w} pin={pin} prefetch={pf} failed: {e}")
                         continue
@@ -225,7 +261,7 @@ def main():
                     print(rows[-1], flush=True)
             pl = PinringLoader(data, batch_size=batch_size, shuffle=True, num_workers=w,
                                drop_last=True, device=device)
-            r = run(lambda: endless(pl), batches, warmup, device)
+            r = run(lambda: endless(pl), batches, warmup, device, log_dir)
             pl.close()
             rows.append({"case": a.case, "run": run_no, "loader": "pinring", "workers": w, "pin": 1,
                          "prefetch": 0, "batches": batches, **r, "restarts": pl.worker_restarts})
@@ -233,17 +269,20 @@ def main():
     os.makedirs(a.out, exist_ok=True)
     path = os.path.join(a.out, f"torch_loader_{a.case}.csv")
     keys = ["case", "run", "loader", "workers", "pin", "prefetch", "batches", "samples_per_s",
-            "gb_per_s", "cpu_s_per_batch", "workers_cpu_ms_per_sample", "workers_busy"]
+            "gb_per_s", "cpu_s_per_batch", "workers_cpu_ms_per_sample", "workers_busy",
+            "getitem_cpu_ms"]
     with open(path, "w", newline="") as f:
         wr = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
         wr.writeheader()
         wr.writerows(rows)
     print(f"{'run':>3} {'loader':8} {'workers':>7} {'pin':>3} {'pf':>3} {'samples/s':>10} {'GB/s':>6} "
-          f"{'cpu ms/batch':>12} {'worker cpu ms/sample':>20} {'workers busy':>12}")
+          f"{'cpu ms/batch':>12} {'worker cpu ms/sample':>20} {'workers busy':>12} "
+          f"{'getitem cpu ms':>14}")
     for r in rows:
         print(f"{r['run']:3} {r['loader']:8} {r['workers']:7} {r['pin']:3} {r['prefetch']:3} "
               f"{r['samples_per_s']:10.1f} {r['gb_per_s']:6.2f} {r['cpu_s_per_batch'] * 1e3:12.2f} "
-              f"{r['workers_cpu_ms_per_sample']:20.2f} {r['workers_busy']:12.2f}")
+              f"{r['workers_cpu_ms_per_sample']:20.2f} {r['workers_busy']:12.2f} "
+              f"{r.get('getitem_cpu_ms', float('nan')):14.2f}")
     # Medians over the runs of each configuration; per worker count, pinring's median against
     # the best torch configuration's median.
     groups = {}
