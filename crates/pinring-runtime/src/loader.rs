@@ -384,8 +384,10 @@ fn length_hint(cfg: &Config, ring: &Ring) -> String {
 }
 
 /// Opens the source of a file kind (`dataset.kind = "tokens"`, `"npy"`, `"webdataset"`,
-/// `"imagefolder"`; `None` for the other kinds) and records its length as `dataset.samples` ([`Config::set_source_len`]): the daemon
-/// does so at start, before it makes the ring and its fingerprint, and each loader process
+/// `"imagefolder"`; `None` for the other kinds) and records its length as `dataset.samples`
+/// ([`Config::set_source_len`]), and for `"webdataset"` its shards' sample counts as
+/// `dataset.webdataset.shard_samples` ([`Config::set_shard_samples`], the plan's shard order
+/// follows them): the daemon does so at start, before it makes the ring and its fingerprint, and each loader process
 /// once, before it checks its fingerprint against the ring's. An error names the file.
 pub fn open_source(cfg: &mut Config) -> Result<Option<Box<dyn Source>>, ConfigError> {
     let Some(opened) = pinring_sources::open_dataset(cfg) else {
@@ -396,6 +398,9 @@ pub fn open_source(cfg: &mut Config) -> Result<Option<Box<dyn Source>>, ConfigEr
         kind: cfg.dataset.kind,
         message: e.to_string(),
     })?;
+    if let Some(sizes) = src.shard_sizes() {
+        cfg.set_shard_samples(sizes)?;
+    }
     cfg.set_source_len(src.len())?;
     Ok(Some(src))
 }
