@@ -429,6 +429,26 @@ fn webdataset_ranks_deliver_their_shard_orders_disjoint_and_covering() {
         );
         let fx = Fixture::new(&format!("files-wds-r{rank}"), &config);
         labelled_shards(fx.dir.path(), &sizes);
+        // config check reports the evened-out counts: 13 samples, 5 batches of 3, on both ranks.
+        let out = std::process::Command::new(exe(CLI))
+            .args(["config", "check"])
+            .arg(&fx.config)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{text}");
+        let held = if rank == 0 {
+            "13 samples in 3"
+        } else {
+            "7 samples in 2"
+        };
+        for needle in [
+            "# plan: 5 batches per epoch",
+            &format!("rank {rank} of 2 holds {held} of the 5 shards"),
+            "every rank delivers 13 samples per epoch",
+        ] {
+            assert!(text.contains(needle), "{text} lacks {needle:?}");
+        }
         let got = delivered_labels(&fx, epochs);
         for (e, labels) in got.iter().enumerate() {
             let order = epoch_order_for(&sizes, seed, e as u32, rank, 2, buffer);
