@@ -2,13 +2,17 @@
 //! with `--sink consumer` on the host backend, real loaders reading the files into the ring, and
 //! a consumer in this process that takes every batch and compares every byte of every field with
 //! what the files hold for the plan's sample ids, in order, each once. Bad per-sample files with
-//! `dataset.on_bad_sample = "fail"` and `"skip"`.
+//! `dataset.on_bad_sample = "fail"` and `"skip"`. WebDataset shards on two ranks: each delivers
+//! its shard order, and the ranks are disjoint and cover the dataset.
 
 mod common;
 
 use common::*;
 use pinring_data::plan::mix64;
+use pinring_data::shard_order::epoch_order_for;
+use std::collections::HashSet;
 use std::path::Path;
+use std::time::Duration;
 
 /// A `.npy` file (version 1.0) of `descr` and `shape` holding `data`.
 fn npy_bytes(descr: &str, shape: &[u64], data: &[u8]) -> Vec<u8> {
@@ -342,4 +346,122 @@ fn a_loader_whose_files_have_another_length_is_refused_naming_both() {
     );
     signal(&daemon, nix::sys::signal::Signal::SIGTERM);
     let _ = wait_for(daemon, "daemon", LONG);
+}
+
+/// Tar shards `wds/shard-<i>.tar` of `sizes` samples each: sample `k` (ids in shard, then member
+/// order) is an 8x8 PNG and the label `k`, so a delivered label names its sample.
+fn labelled_shards(dir: &Path, sizes: &[u64]) {
+    std::fs::create_dir_all(dir.join("wds")).unwrap();
+    let mut k = 0u64;
+    for (s, &n) in sizes.iter().enumerate() {
+        let file = std::fs::File::create(dir.join(format!("wds/shard-{s}.tar"))).unwrap();
+        let mut b = tar::Builder::new(file);
+        for _ in 0..n {
+            let mut image = Vec::new();
+            {
+                let mut enc = png::Encoder::new(&mut image, 8, 8);
+                enc.set_color(png::ColorType::Rgb);
+                enc.set_depth(png::BitDepth::Eight);
+                let mut w = enc.write_header().unwrap();
+                w.write_image_data(&bytes(k, 8 * 8 * 3)).unwrap();
+            }
+            let key = format!("s{k:04}");
+            for (name, data) in [
+                (format!("{key}.png"), image),
+                (format!("{key}.cls"), k.to_string().into_bytes()),
+            ] {
+                let mut h = tar::Header::new_gnu();
+                h.set_size(data.len() as u64);
+                h.set_mode(0o644);
+                h.set_cksum();
+                b.append_data(&mut h, &name, data.as_slice()).unwrap();
+            }
+            k += 1;
+        }
+        b.into_inner().unwrap();
+    }
+}
+
+/// Runs the daemon (`--sink consumer`) and two loaders on `fx` and returns the labels of every
+/// batch taken, per epoch, in delivery order.
+fn delivered_labels(fx: &Fixture, epochs: u32) -> Vec<Vec<u64>> {
+    let mut daemon = fx.daemon(&["--sink", "consumer"]);
+    let ring = fx.wait_ready(&mut daemon);
+    let kids = loaders_attached(fx, &daemon, &ring, 2);
+    let mut c =
+        pinring_client::Consumer::attach(&fx.ring, &pinring_client::AttachOptions::default())
+            .unwrap();
+    let mut out = vec![Vec::new(); epochs as usize];
+    while let Some(b) = c.next_batch(Some(LONG)).unwrap() {
+        let labels = b.host_bytes("labels").unwrap();
+        out[b.epoch as usize].extend(
+            labels
+                .chunks_exact(8)
+                .map(|l| i64::from_le_bytes(l.try_into().unwrap()) as u64),
+        );
+    }
+    drop(c);
+    let (status, log) = wait_for(daemon, "daemon", LONG);
+    assert!(status.success(), "daemon failed: {status}\n{log}");
+    for k in kids {
+        let (st, log) = wait_for(k, "loader", Duration::from_secs(10));
+        assert!(st.success(), "loader failed: {st}\n{log}");
+    }
+    out
+}
+
+#[test]
+fn webdataset_ranks_deliver_their_shard_orders_disjoint_and_covering() {
+    // Rank 0 of 2 has shards 0, 2, 4 (5 + 6 + 2 = 13 samples), rank 1 shards 1, 3 (3 + 4 = 7),
+    // padded to 13 by repeating from the start of its own order.
+    let sizes = [5u64, 3, 6, 4, 2];
+    let total: u64 = sizes.iter().sum();
+    let (seed, buffer, epochs) = (9u64, 4usize, 2u32);
+    let mut firsts: Vec<Vec<u64>> = Vec::new();
+    for rank in 0..2u32 {
+        let config = format!(
+            "[ring]\nslots = 4\n[dataset]\nkind = \"webdataset\"\n[dataset.webdataset]\n\
+             shards = [\"wds/shard-0.tar\", \"wds/shard-1.tar\", \"wds/shard-2.tar\", \
+             \"wds/shard-3.tar\", \"wds/shard-4.tar\"]\nshuffle_buffer = {buffer}\n\
+             [dataset.image]\ntransform = \"eval\"\ncrop = 8\nresize = 8\n\
+             [plan]\nbatch_size = 3\nepochs = {epochs}\nshuffle = true\nseed = {seed}\n\
+             world_size = 2\nrank = {rank}\n"
+        );
+        let fx = Fixture::new(&format!("files-wds-r{rank}"), &config);
+        labelled_shards(fx.dir.path(), &sizes);
+        // config check reports the evened-out counts: 13 samples, 5 batches of 3, on both ranks.
+        let out = std::process::Command::new(exe(CLI))
+            .args(["config", "check"])
+            .arg(&fx.config)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{text}");
+        let held = if rank == 0 {
+            "13 samples in 3"
+        } else {
+            "7 samples in 2"
+        };
+        for needle in [
+            "# plan: 5 batches per epoch",
+            &format!("rank {rank} of 2 holds {held} of the 5 shards"),
+            "every rank delivers 13 samples per epoch",
+        ] {
+            assert!(text.contains(needle), "{text} lacks {needle:?}");
+        }
+        let got = delivered_labels(&fx, epochs);
+        for (e, labels) in got.iter().enumerate() {
+            let order = epoch_order_for(&sizes, seed, e as u32, rank, 2, buffer);
+            let want: Vec<u64> = (0..13).map(|k| order[k % order.len()]).collect();
+            assert_eq!(labels, &want, "rank {rank}, epoch {e}: the shard order");
+        }
+        assert_ne!(got[0], got[1], "the epochs are shuffled differently");
+        firsts.push(got.into_iter().next().unwrap());
+    }
+    // Disjoint and covering (rank 1's padding repeats its own samples only).
+    let r0: HashSet<u64> = firsts[0].iter().copied().collect();
+    let r1: HashSet<u64> = firsts[1].iter().copied().collect();
+    assert_eq!((r0.len(), r1.len()), (13, 7));
+    assert!(r0.is_disjoint(&r1), "{r0:?} and {r1:?} share samples");
+    assert_eq!(r0.len() + r1.len(), total as usize);
 }

@@ -22,6 +22,7 @@ use crate::dataset::{
 use crate::fields::{BatchLayout, Field, IMAGES, LABELS};
 use crate::meta::{max_encoded_len, Dtype};
 use crate::plan::{Plan, PlanError, PlanParams, MAX_PLAN_SAMPLES};
+use crate::shard_order::ShardOrder;
 use crate::size::ByteSize;
 use crate::synthetic::Synthetic;
 
@@ -128,8 +129,9 @@ mode = "0600"
 # labels, decoded by pinring-loader; fields images and labels (i64), e.g.
 #   [dataset.webdataset]
 #   shards = ["train-000000.tar", "train-000001.tar"]  # ids in this order
-#   shuffle_buffer = 1000  # of the shard-aware order (not used yet: the
-#                          # delivery order is the plan's)
+#   shuffle_buffer = 1000  # samples; with plan.shuffle, each rank's shards
+#                          # (shard i is rank i % world_size's) are shuffled
+#                          # and streamed through a buffer of this many
 # "imagefolder": torchvision's ImageFolder layout, root/<class>/<file>;
 # labels are the class indices (sorted class directory names), e.g.
 #   [dataset.imagefolder]
@@ -754,6 +756,36 @@ impl Config {
         self.dataset.samples != 0
     }
 
+    /// Records the sample counts of the opened shards of `dataset.kind = "webdataset"` as
+    /// `dataset.webdataset.shard_samples` (the plan's shard order needs them; call it before
+    /// [`Config::set_source_len`], which validates). Counts given in the file (or recorded before,
+    /// by the daemon) must equal them. Does nothing for the other kinds.
+    pub fn set_shard_samples(&mut self, sizes: &[u64]) -> Result<(), ConfigError> {
+        let source = self.source.clone();
+        let Some(w) = self
+            .dataset
+            .webdataset
+            .as_mut()
+            .filter(|_| self.dataset.kind == DatasetKind::WebDataset)
+        else {
+            return Ok(());
+        };
+        if !w.shard_samples.is_empty() && w.shard_samples != sizes {
+            return Err(ConfigError::Invalid {
+                source_name: source,
+                key: "dataset.webdataset.shard_samples",
+                value: format!("{:?}", w.shard_samples),
+                allowed: format!(
+                    "the shards hold {sizes:?} samples: leave \
+                     dataset.webdataset.shard_samples out (it is the shards' counts) or make the \
+                     shards match"
+                ),
+            });
+        }
+        w.shard_samples = sizes.to_vec();
+        Ok(())
+    }
+
     /// Records the length of the opened source of a file kind as `dataset.samples` and validates
     /// the whole config again (the plan needs it). A `dataset.samples` given in the file (or
     /// resolved before, by the daemon) must equal it.
@@ -916,9 +948,46 @@ impl Config {
                 format!("must be less than plan.world_size ({})", p.world_size),
             ));
         }
-        match Plan::new(&self.plan_params()) {
+        if let Some(w) = d
+            .webdataset
+            .as_ref()
+            .filter(|_| d.kind == DatasetKind::WebDataset)
+        {
+            // Known from the config alone: refused before the shards are opened.
+            if (w.shards.len() as u64) < u64::from(p.world_size) {
+                let e = PlanError::TooFewShards {
+                    shards: w.shards.len() as u64,
+                    world_size: p.world_size,
+                };
+                return Err(self.invalid("plan.world_size", p.world_size, e.to_string()));
+            }
+            if !w.shard_samples.is_empty() && w.shard_samples.len() != w.shards.len() {
+                return Err(self.invalid(
+                    "dataset.webdataset.shard_samples",
+                    format!("{:?}", w.shard_samples),
+                    format!(
+                        "one count per shard ({} shards): leave it out, it is recorded from the \
+                         shards when they are opened",
+                        w.shards.len()
+                    ),
+                ));
+            }
+        }
+        // The shard order needs the shards' sizes too.
+        let unresolved = unresolved
+            || d.kind == DatasetKind::WebDataset
+                && d.webdataset
+                    .as_ref()
+                    .is_none_or(|w| w.shard_samples.is_empty());
+        match self.plan() {
             _ if unresolved => {}
             Ok(_) => {}
+            Err(
+                e @ (PlanError::TooFewShards { world_size, .. }
+                | PlanError::EmptyRank { world_size, .. }),
+            ) => {
+                return Err(self.invalid("plan.world_size", world_size, e.to_string()));
+            }
             Err(PlanError::InvalidParam {
                 key,
                 value,
@@ -1696,9 +1765,29 @@ impl Config {
         }
     }
 
-    /// The plan of this config.
+    /// The shard order of `dataset.kind = "webdataset"` (`None` for the other kinds): the
+    /// shards' sample counts (`dataset.webdataset.shard_samples`, empty until the shards are
+    /// opened) and `shuffle_buffer`.
+    pub fn shard_order(&self) -> Option<ShardOrder> {
+        let w = self
+            .dataset
+            .webdataset
+            .as_ref()
+            .filter(|_| self.dataset.kind == DatasetKind::WebDataset)?;
+        Some(ShardOrder::new(
+            w.shard_samples.as_slice(),
+            w.shuffle_buffer,
+        ))
+    }
+
+    /// The plan of this config: for `dataset.kind = "webdataset"` the shard order
+    /// ([`Plan::with_shards`]), which needs the shards' sample counts; for the other kinds the
+    /// global order ([`Plan::new`]).
     pub fn plan(&self) -> Result<Plan, PlanError> {
-        Plan::new(&self.plan_params())
+        match self.shard_order() {
+            Some(order) => Plan::with_shards(&self.plan_params(), order),
+            None => Plan::new(&self.plan_params()),
+        }
     }
 
     /// The synthetic dataset of this config.
@@ -2649,10 +2738,14 @@ mean = [0.5, 0.5, 0.5]
             assert_ne!(c.fingerprint(), base.fingerprint(), "image edit {k}");
         }
         let mut base = parse(WDS).unwrap();
+        base.set_shard_samples(&[4, 6]).unwrap();
         base.set_source_len(10).unwrap();
         let edits: Vec<Edit> = vec![
             Box::new(|c| c.dataset.webdataset.as_mut().unwrap().shards.reverse()),
             Box::new(|c| c.dataset.webdataset.as_mut().unwrap().shuffle_buffer = 7),
+            // Same length, other shard sizes: another order.
+            Box::new(|c| c.dataset.webdataset.as_mut().unwrap().shard_samples = vec![6, 4]),
+            Box::new(|c| c.dataset.webdataset.as_mut().unwrap().shard_samples.clear()),
             Box::new(|c| {
                 c.dataset.kind = DatasetKind::ImageFolder;
                 c.dataset.webdataset = None;
@@ -2667,6 +2760,84 @@ mean = [0.5, 0.5, 0.5]
             e(&mut c);
             assert_ne!(c.fingerprint(), base.fingerprint(), "webdataset edit {k}");
         }
+    }
+
+    #[test]
+    fn webdataset_plans_follow_the_recorded_shard_sizes() {
+        let with = |extra: &str| parse(&format!("{WDS}[plan]\nbatch_size = 2\n{extra}"));
+        let mut c = with("world_size = 2\nrank = 1\n").unwrap();
+        assert!(c.plan().is_err(), "no plan before the shards are opened");
+        assert!(c.shard_order().unwrap().shard_sizes().is_empty());
+        c.set_shard_samples(&[4, 7]).unwrap();
+        c.set_source_len(11).unwrap();
+        let plan = c.plan().unwrap();
+        assert_eq!(plan.shard_order().unwrap().shard_sizes(), [4, 7]);
+        // Rank 1 has shard 1 (7 samples); rank 0 has 4: padded to the largest.
+        assert_eq!((plan.samples_per_rank(), plan.batches_per_epoch()), (7, 4));
+        c.plan.drop_last = true;
+        let plan = c.plan().unwrap();
+        assert_eq!((plan.samples_per_rank(), plan.batches_per_epoch()), (4, 2));
+        // The config stored for consumers carries the sizes, so theirs is the same plan.
+        let again = parse(&c.to_toml()).unwrap();
+        assert_eq!(again, c);
+        assert_eq!(again.fingerprint(), c.fingerprint());
+        assert_eq!(again.plan().unwrap().shard_order(), plan.shard_order());
+        // Recorded (or given) sizes must be the shards'.
+        let e = again
+            .clone()
+            .set_shard_samples(&[5, 6])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("dataset.webdataset.shard_samples") && e.contains("[5, 6]"),
+            "{e}"
+        );
+        let e = parse(&WDS.replace("shards = [", "shard_samples = [3, 3, 3]\nshards = ["))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("one count per shard (2 shards)"), "{e}");
+        let e = c.clone().set_source_len(12).unwrap_err().to_string();
+        assert!(e.contains("dataset.samples"), "{e}");
+        // Other kinds ignore shard sizes.
+        let mut t = parse(TOKENS).unwrap();
+        t.set_shard_samples(&[1, 2]).unwrap();
+        assert!(t.shard_order().is_none());
+    }
+
+    #[test]
+    fn webdataset_ranks_without_shards_or_samples_are_refused() {
+        // Three ranks, two shards: refused from the config alone, before the shards are opened.
+        let e = parse(&format!("{WDS}[plan]\nworld_size = 3\n"))
+            .unwrap_err()
+            .to_string();
+        for needle in [
+            "plan.world_size = 3",
+            "2 shards",
+            "at most 2 ranks",
+            "at least 3 shards",
+        ] {
+            assert!(e.contains(needle), "{e:?} lacks {needle:?}");
+        }
+        // Rank 1's only shard is empty.
+        let mut c = parse(&format!("{WDS}[plan]\nworld_size = 2\nbatch_size = 2\n")).unwrap();
+        c.set_shard_samples(&[5, 0]).unwrap();
+        let e = c.set_source_len(5).unwrap_err().to_string();
+        for needle in [
+            "plan.world_size",
+            "rank 1 of 2",
+            "no sample",
+            "drop the empty shards",
+        ] {
+            assert!(e.contains(needle), "{e:?} lacks {needle:?}");
+        }
+        // drop_last with the smallest rank below one batch: no batches.
+        let mut c = parse(&format!(
+            "{WDS}[plan]\nworld_size = 2\nbatch_size = 4\ndrop_last = true\n"
+        ))
+        .unwrap();
+        c.set_shard_samples(&[9, 3]).unwrap();
+        let e = c.set_source_len(12).unwrap_err().to_string();
+        assert!(e.contains("no batches"), "{e}");
     }
 
     #[test]

@@ -116,11 +116,15 @@ pub struct NpyDataset {
 pub struct WebDatasetDataset {
     /// The tar shards, in order (sample ids: shard order, then member order).
     pub shards: Vec<PathBuf>,
-    /// Samples in the shuffle buffer of the shard-aware order (default 1000; 0 or 1: none).
-    /// Recorded (and fingerprinted) for that order; the delivery order is the plan's for now
-    /// (docs/FORMATS.md).
+    /// Samples in the shuffle buffer of the shard order (default 1000; 0 or 1: none; used
+    /// with `plan.shuffle`), docs/FORMATS.md.
     #[serde(default = "default_shuffle_buffer")]
     pub shuffle_buffer: u64,
+    /// Samples in each shard, in shard order: like `dataset.samples`, left out (empty) until
+    /// the shards are opened ([`crate::Config::set_shard_samples`]); one given must equal the
+    /// shards'. The plan's shard order needs it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shard_samples: Vec<u64>,
 }
 
 /// Default `[dataset.webdataset] shuffle_buffer`.
@@ -324,7 +328,7 @@ const NPY_KEYS: &[&str] = &[
 ];
 
 /// Keys of `[dataset.webdataset]`.
-const WDS_KEYS: &[&str] = &["shards", "shuffle_buffer"];
+const WDS_KEYS: &[&str] = &["shards", "shuffle_buffer", "shard_samples"];
 /// Keys of `[dataset.imagefolder]`.
 const IMAGEFOLDER_KEYS: &[&str] = &["root", "extensions"];
 /// Keys of `[dataset.image]`.

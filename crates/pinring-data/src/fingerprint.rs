@@ -38,7 +38,10 @@ fn push_path(b: &mut Vec<u8>, path: &Path) {
 /// seq_len, stride, shift, arrays, `on_bad_sample`). Version 6: the image kinds
 /// (`webdataset`, `imagefolder`): shards or root as written, `shuffle_buffer`, extensions and
 /// every `[dataset.image]` key (pinring-image's decode and transform decide the bytes).
-pub const FINGERPRINT_VERSION: u32 = 6;
+/// Version 7: `webdataset` delivers in its shard order (shard `i` to rank `i % world_size`,
+/// shards shuffled per rank, a shuffle buffer, counts evened out across ranks), so the shards'
+/// sample counts are hashed after `shuffle_buffer`.
+pub const FINGERPRINT_VERSION: u32 = 7;
 
 const MAGIC: &[u8; 8] = b"pinrngfp";
 
@@ -57,7 +60,8 @@ impl Config {
     /// written (u32 length, bytes), token dtype code (u8), seq_len (u32), stride in effect
     /// (u32), shift (u8); for `npy`: the path as written, then labels (u8 0 none, 1 and the
     /// path); for `webdataset` (version 6, kind 4): shard count (u32), each path as written,
-    /// shuffle_buffer (u64); for `imagefolder` (kind 5): root as written, extension count
+    /// shuffle_buffer (u64), then (version 7) the count of recorded shard sizes (u32, 0 before the
+    /// shards are opened) and each size (u64); for `imagefolder` (kind 5): root as written, extension count
     /// (u32), each extension (u32 length, UTF-8); then for both `[dataset.image]`: transform (u8:
     /// 0 train, 1 eval), crop, resize (u32 each), scale and ratio (f64 bits, 2 each), flip (u8),
     /// output dtype code (u8), mean and std (f32 bits, 3 each), reduced_decode (u8), every value
@@ -147,6 +151,10 @@ impl Config {
                 push_path(&mut b, f);
             }
             b.extend_from_slice(&w.shuffle_buffer.to_le_bytes());
+            b.extend_from_slice(&(w.shard_samples.len() as u32).to_le_bytes());
+            for n in &w.shard_samples {
+                b.extend_from_slice(&n.to_le_bytes());
+            }
         }
         if let Some(f) = &d.imagefolder {
             push_path(&mut b, &f.root);
@@ -230,7 +238,7 @@ mod tests {
         // A loader of another payload format (version 2: images only) has another fingerprint
         // for the same config, so the daemon refuses it.
         let bytes = Config::default().fingerprint_bytes();
-        assert_eq!(bytes[8..12], 6u32.to_le_bytes());
+        assert_eq!(bytes[8..12], 7u32.to_le_bytes());
         let mut v2 = bytes.clone();
         v2[8..12].copy_from_slice(&2u32.to_le_bytes());
         assert_ne!(

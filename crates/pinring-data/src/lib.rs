@@ -7,6 +7,8 @@
 //! * [`fields`] -- the named fields of a sample and where each lies in a batch ([`Field`],
 //!   [`BatchLayout`]).
 //! * [`plan`] -- which samples go into batch `seq` ([`Plan`]).
+//! * [`shard_order`] -- the per-rank shard order of `dataset.kind = "webdataset"`
+//!   ([`ShardOrder`]).
 //! * [`synthetic`] -- the generated dataset ([`Synthetic`]).
 //! * [`meta`] -- per-batch metadata stored in a slot ([`BatchMeta`]).
 //! * [`fingerprint`] -- [`Config::fingerprint`].
@@ -18,6 +20,7 @@ pub mod fields;
 pub mod fingerprint;
 pub mod meta;
 pub mod plan;
+pub mod shard_order;
 pub mod size;
 pub mod synthetic;
 
@@ -33,5 +36,6 @@ pub use fields::{BatchLayout, ChunkCopy, Field, FieldPlacement, FIELD_ALIGN, IMA
 pub use fingerprint::FINGERPRINT_VERSION;
 pub use meta::{max_encoded_len, BatchMeta, Dtype, MetaError, MAX_META_BYTES};
 pub use plan::{BatchIndices, Part, Plan, PlanError, PlanParams};
+pub use shard_order::ShardOrder;
 pub use size::{ByteSize, SizeError};
 pub use synthetic::{generator_throughput, Synthetic, SyntheticError, LABEL_BYTES};

@@ -23,10 +23,22 @@
 //!    every batch has the same number of parts and seqs map to parts by
 //!    arithmetic alone.
 //!
+//! **`dataset.kind = "webdataset"`** ([`Plan::with_shards`], a [`ShardOrder`]) replaces steps 1
+//! and 2: rank `r`'s samples of epoch `e` are the shard order of [`crate::shard_order`] (shard
+//! `i` belongs to rank `i % W`; with `shuffle` the rank's shards are shuffled by `(seed, e, r)`
+//! and streamed through the shuffle buffer, without it they stay in order). Ranks' counts differ
+//! with their shards' sizes, and every rank must have the same number of batches: with
+//! `drop_last` every rank truncates its order to the smallest rank's count, otherwise every rank
+//! pads its order to the largest rank's count by repeating from the start of its own order. A
+//! rank without shards (`W` > shards) or whose shards hold no sample is an error. Steps 3 and 4
+//! are unchanged.
+//!
 //! Batch number `b` is batch `b % bpe` of epoch `start_epoch + b / bpe`,
 //! where `bpe` is [`Plan::batches_per_epoch`]. The ring carries one seq per
 //! part: seq `s` is part `s % P` of batch `s / P` ([`Plan::part_into`]). With
 //! `P = 1` (a whole batch per slot) seq and batch number coincide.
+
+use crate::shard_order::ShardOrder;
 
 /// Largest dataset a plan supports (permutations are stored as `u32`).
 pub const MAX_PLAN_SAMPLES: u64 = 1 << 32;
@@ -57,6 +69,24 @@ pub enum PlanError {
         batch_size: u32,
         /// drop_last flag.
         drop_last: bool,
+    },
+    /// `dataset.kind = "webdataset"` with more ranks than shards: some rank gets none.
+    #[error("plan.world_size = {world_size} is more than the {shards} shards of dataset.webdataset.shards: shard i goes to rank i % world_size, so rank {shards} would get none; use at most {shards} ranks, or cut the dataset into at least {world_size} shards")]
+    TooFewShards {
+        /// Number of shards.
+        shards: u64,
+        /// World size.
+        world_size: u32,
+    },
+    /// `dataset.kind = "webdataset"`: a rank's shards hold no sample.
+    #[error("rank {rank} of {world_size} gets {shards} shards of dataset.webdataset.shards (shard i goes to rank i % world_size) and they hold no sample; drop the empty shards or change plan.world_size")]
+    EmptyRank {
+        /// The rank.
+        rank: u32,
+        /// World size.
+        world_size: u32,
+        /// Its number of shards.
+        shards: u64,
     },
     /// `seq` is past the end of the plan.
     #[error("seq {seq} is out of range: the plan has {total} (seq 0..{total}, one per part of each batch); the ring and the plan disagree, check that daemon and loaders use the same config")]
@@ -222,6 +252,8 @@ pub fn epoch_permutation(n: u64, seed: u64, epoch: u32) -> Vec<u32> {
 #[derive(Debug, Clone)]
 pub struct Plan {
     params: PlanParams,
+    /// The shard order (`dataset.kind = "webdataset"`) and this rank's count in it.
+    shards: Option<(ShardOrder, u64)>,
     per_rank: u64,
     bpe: u64,
     /// Parts per batch.
@@ -231,9 +263,8 @@ pub struct Plan {
 }
 
 impl Plan {
-    /// Checks `params` and builds the plan (no permutation is computed yet).
-    pub fn new(params: &PlanParams) -> Result<Plan, PlanError> {
-        let p = *params;
+    /// Checks the ranges of `p`.
+    fn check(p: &PlanParams) -> Result<(), PlanError> {
         let bad = |key, value: String, allowed: &str| {
             Err(PlanError::InvalidParam {
                 key,
@@ -278,13 +309,78 @@ impl Plan {
                 "start_epoch + epochs - 1 must fit in 32 bits",
             );
         }
+        Ok(())
+    }
+
+    /// Checks `params` and builds the plan (no permutation is computed yet): the global order
+    /// of steps 1 and 2 of the module docs.
+    pub fn new(params: &PlanParams) -> Result<Plan, PlanError> {
+        let p = *params;
+        Plan::check(&p)?;
         let w = u64::from(p.world_size);
-        let bs = u64::from(p.batch_size);
         let per_rank = if p.drop_last {
             p.samples / w
         } else {
             p.samples.div_ceil(w)
         };
+        Plan::build(p, None, per_rank)
+    }
+
+    /// Checks `params` and builds the plan of `dataset.kind = "webdataset"`: this rank's samples
+    /// are the shard order of `shards` (see the module docs), whose sizes must add up to
+    /// `params.samples`.
+    pub fn with_shards(params: &PlanParams, shards: ShardOrder) -> Result<Plan, PlanError> {
+        let p = *params;
+        Plan::check(&p)?;
+        let sum = shards.samples();
+        if sum != p.samples {
+            let allowed = if shards.shards() == 0 {
+                "unknown: the shards' sample counts are recorded when the shards are opened"
+                    .to_string()
+            } else {
+                format!(
+                    "must add up to dataset.samples ({}); leave it out, it is recorded from the \
+                     shards when they are opened",
+                    p.samples
+                )
+            };
+            return Err(PlanError::InvalidParam {
+                key: "dataset.webdataset.shard_samples",
+                value: format!("{:?} (sum {sum})", shards.shard_sizes()),
+                allowed,
+            });
+        }
+        if shards.shards() < u64::from(p.world_size) {
+            return Err(PlanError::TooFewShards {
+                shards: shards.shards(),
+                world_size: p.world_size,
+            });
+        }
+        let mut min = u64::MAX;
+        let mut max = 0;
+        for r in 0..p.world_size {
+            let n = shards.rank_samples(r, p.world_size);
+            if n == 0 {
+                return Err(PlanError::EmptyRank {
+                    rank: r,
+                    world_size: p.world_size,
+                    shards: shards.rank_shards(r, p.world_size),
+                });
+            }
+            min = min.min(n);
+            max = max.max(n);
+        }
+        let own = shards.rank_samples(p.rank, p.world_size);
+        let per_rank = if p.drop_last { min } else { max };
+        Plan::build(p, Some((shards, own)), per_rank)
+    }
+
+    fn build(
+        p: PlanParams,
+        shards: Option<(ShardOrder, u64)>,
+        per_rank: u64,
+    ) -> Result<Plan, PlanError> {
+        let bs = u64::from(p.batch_size);
         let bpe = if p.drop_last {
             per_rank / bs
         } else {
@@ -301,6 +397,7 @@ impl Plan {
         }
         Ok(Plan {
             params: p,
+            shards,
             per_rank,
             bpe,
             parts: u64::from(p.batch_size.div_ceil(p.samples_per_part)),
@@ -311,6 +408,11 @@ impl Plan {
     /// The parameters of this plan.
     pub fn params(&self) -> &PlanParams {
         &self.params
+    }
+
+    /// The shard order of a `dataset.kind = "webdataset"` plan ([`Plan::with_shards`]).
+    pub fn shard_order(&self) -> Option<&ShardOrder> {
+        self.shards.as_ref().map(|(o, _)| o)
     }
 
     /// Samples this rank sees per epoch (after padding/truncation).
@@ -414,7 +516,12 @@ impl Plan {
         let n = p.samples;
         let w = u64::from(p.world_size);
         let r = u64::from(p.rank);
-        if p.shuffle {
+        if let Some(own) = self.shards.as_ref().map(|&(_, own)| own) {
+            // The rank's shard order, padded by repeating from its start (positions past the
+            // smallest rank's count are never asked for with drop_last).
+            let order = self.shard(epoch);
+            out.extend((start..end).map(|k| u64::from(order[(k % own) as usize])));
+        } else if p.shuffle {
             let shard = self.shard(epoch);
             out.extend(
                 shard[start as usize..end as usize]
@@ -428,13 +535,19 @@ impl Plan {
         }
     }
 
-    /// This rank's sample order for `epoch` (shuffled case), cached.
+    /// This rank's sample order for `epoch` (shuffled case, or the shard order), cached.
     fn shard(&mut self, epoch: u32) -> &[u32] {
         let fresh = !matches!(&self.cache, Some((e, _)) if *e == epoch);
         if fresh {
             // Drop the old epoch's memory before allocating the new one.
             self.cache = None;
             let p = self.params;
+            if let Some((order, _)) = &self.shards {
+                // Ids < samples <= 2^32, so they fit u32.
+                let ids = order.order(p.seed, epoch, p.rank, p.world_size, p.shuffle);
+                self.cache = Some((epoch, ids.into_iter().map(|id| id as u32).collect()));
+                return self.cached();
+            }
             let perm = epoch_permutation(p.samples, p.seed, epoch);
             let n = p.samples;
             let shard = if p.world_size == 1 && self.per_rank == n {
@@ -448,6 +561,10 @@ impl Plan {
             };
             self.cache = Some((epoch, shard));
         }
+        self.cached()
+    }
+
+    fn cached(&self) -> &[u32] {
         match &self.cache {
             Some((_, s)) => s,
             None => &[],
@@ -637,8 +754,198 @@ mod tests {
         assert!(b.samples.iter().all(|&s| s < 5_000_000));
     }
 
+    fn wds(p: &PlanParams, sizes: &[u64], buffer: u64) -> Result<Plan, PlanError> {
+        Plan::with_shards(p, ShardOrder::new(sizes, buffer))
+    }
+
+    #[test]
+    fn shard_order_is_bit_stable() {
+        // Pinned so an accidental change of the webdataset order is caught (these are the
+        // values of the order as pinring-sources computed it before it moved here).
+        let o = ShardOrder::new(&[3u64, 2, 4, 5, 1][..], 3);
+        assert_eq!(o.order(7, 1, 0, 2, true), [1, 2, 6, 7, 5, 8, 0, 14]);
+        assert_eq!(o.order(7, 1, 1, 2, true), [11, 10, 12, 3, 4, 9, 13]);
+    }
+
+    #[test]
+    fn unshuffled_shard_plans_pad_or_truncate_the_rank_order() {
+        // Shards of 3, 2, 4 samples: ids 0..3, 3..5, 5..9; rank 0 has shards 0 and 2 (7
+        // samples), rank 1 shard 1 (2 samples).
+        let sizes = [3u64, 2, 4];
+        let mut p = params(9, 2);
+        p.shuffle = false;
+        p.epochs = 1;
+        p.world_size = 2;
+        let mut r0 = wds(&p, &sizes, 100).unwrap();
+        assert_eq!(epoch_samples(&mut r0, 0), [0, 1, 2, 5, 6, 7, 8]);
+        p.rank = 1;
+        let mut r1 = wds(&p, &sizes, 100).unwrap();
+        // Padded to rank 0's 7 by repeating from the start of its own order.
+        assert_eq!(epoch_samples(&mut r1, 0), [3, 4, 3, 4, 3, 4, 3]);
+        assert_eq!(r1.batches_per_epoch(), r0.batches_per_epoch());
+        p.drop_last = true;
+        let mut r1 = wds(&p, &sizes, 100).unwrap();
+        assert_eq!(epoch_samples(&mut r1, 0), [3, 4]);
+        p.rank = 0;
+        let mut r0 = wds(&p, &sizes, 100).unwrap();
+        // Truncated to rank 1's 2.
+        assert_eq!(epoch_samples(&mut r0, 0), [0, 1]);
+        assert_eq!(r0.samples_per_rank(), 2);
+    }
+
+    #[test]
+    fn shard_plan_errors() {
+        let mut p = params(9, 2);
+        p.world_size = 4;
+        let e = wds(&p, &[3, 2, 4], 0).unwrap_err();
+        assert_eq!(
+            e,
+            PlanError::TooFewShards {
+                shards: 3,
+                world_size: 4
+            }
+        );
+        assert!(e.to_string().contains("use at most 3 ranks"), "{e}");
+        p.world_size = 2;
+        let e = wds(&p, &[9, 0, 0, 0], 0).unwrap_err();
+        assert_eq!(
+            e,
+            PlanError::EmptyRank {
+                rank: 1,
+                world_size: 2,
+                shards: 2
+            }
+        );
+        let e = wds(&p, &[3, 2], 0).unwrap_err().to_string();
+        assert!(
+            e.contains("dataset.webdataset.shard_samples") && e.contains("sum 5"),
+            "{e}"
+        );
+        let e = wds(&p, &[], 0).unwrap_err().to_string();
+        assert!(e.contains("recorded when the shards are opened"), "{e}");
+        // The smallest rank has 1 sample: no full batch of 2 with drop_last.
+        p.drop_last = true;
+        assert!(matches!(wds(&p, &[8, 1], 0), Err(PlanError::Empty { .. })));
+    }
+
+    /// The ids of the shards of rank `r` of `w`, in shard order.
+    fn rank_ids(sizes: &[u64], r: u32, w: u32) -> Vec<u64> {
+        let mut start = 0;
+        let mut out = Vec::new();
+        for (i, &n) in sizes.iter().enumerate() {
+            if i as u64 % u64::from(w) == u64::from(r) {
+                out.extend(start..start + n);
+            }
+            start += n;
+        }
+        out
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(64))]
+
+        #[test]
+        fn shard_orders_are_disjoint_cover_deterministic_and_bounded(
+            sizes in proptest::collection::vec(0u64..30, 1..14),
+            w in 1u32..7,
+            buffer in 0u64..40,
+            seed: u64,
+            epoch: u32,
+            shuffle: bool,
+        ) {
+            let o = ShardOrder::new(sizes.as_slice(), buffer);
+            let total: u64 = sizes.iter().sum();
+            let mut seen = vec![false; total as usize];
+            for r in 0..w {
+                let order = o.order(seed, epoch, r, w, shuffle);
+                prop_assert_eq!(&order, &o.order(seed, epoch, r, w, shuffle));
+                prop_assert_eq!(order.len() as u64, o.rank_samples(r, w));
+                // A permutation of its shards' samples.
+                let mut sorted = order.clone();
+                sorted.sort_unstable();
+                prop_assert_eq!(sorted, rank_ids(&sizes, r, w));
+                for &id in &order {
+                    prop_assert!(!seen[id as usize], "id {} on two ranks", id);
+                    seen[id as usize] = true;
+                }
+                if !shuffle {
+                    prop_assert_eq!(&order, &rank_ids(&sizes, r, w));
+                    continue;
+                }
+                // Never more than buffer - 1 places ahead of its position in the stream.
+                let stream = crate::shard_order::rank_stream(&sizes, seed, epoch, r, w);
+                let mut at = vec![0usize; total as usize];
+                for (q, &id) in stream.iter().enumerate() {
+                    at[id as usize] = q;
+                }
+                for (q, &id) in order.iter().enumerate() {
+                    prop_assert!(q + buffer.max(1) as usize > at[id as usize],
+                        "id {} leaves at {}, streamed at {}", id, q, at[id as usize]);
+                }
+            }
+            prop_assert!(seen.iter().all(|&s| s), "every sample on some rank");
+        }
+
+        #[test]
+        fn shard_plans_give_every_rank_the_same_batches(
+            sizes in proptest::collection::vec(0u64..30, 1..14),
+            w in 1u32..7,
+            bs in 1u32..9,
+            buffer in 0u64..40,
+            seed: u64,
+            drop_last: bool,
+            shuffle: bool,
+        ) {
+            let total: u64 = sizes.iter().sum();
+            let o = ShardOrder::new(sizes.as_slice(), buffer);
+            let counts: Vec<u64> = (0..w).map(|r| o.rank_samples(r, w)).collect();
+            let mut p = params(total.max(1), bs);
+            p.seed = seed;
+            p.world_size = w;
+            p.drop_last = drop_last;
+            p.shuffle = shuffle;
+            p.start_epoch = 3;
+            let mut bpes = Vec::new();
+            let mut all = HashSet::new();
+            for r in 0..w {
+                p.rank = r;
+                let plan = Plan::with_shards(&p, o.clone());
+                let Ok(mut plan) = plan else {
+                    let e = plan.unwrap_err();
+                    match e {
+                        PlanError::InvalidParam { .. } => prop_assert_eq!(total, 0),
+                        PlanError::TooFewShards { .. } => prop_assert!(sizes.len() < w as usize),
+                        PlanError::EmptyRank { rank, .. } => prop_assert_eq!(counts[rank as usize], 0),
+                        PlanError::Empty { .. } => {
+                            prop_assert!(drop_last && counts.iter().min().copied().unwrap_or(0) < u64::from(bs));
+                        }
+                        e => prop_assert!(false, "unexpected {}", e),
+                    }
+                    return Ok(());
+                };
+                let per = if drop_last { *counts.iter().min().unwrap() } else { *counts.iter().max().unwrap() };
+                prop_assert_eq!(plan.samples_per_rank(), per);
+                bpes.push(plan.batches_per_epoch());
+                for e in 0..2u64 {
+                    let got = epoch_samples(&mut plan, e);
+                    let order = o.order(seed, 3 + e as u32, r, w, shuffle);
+                    let want: Vec<u64> = if drop_last {
+                        order[..(per / u64::from(bs) * u64::from(bs)) as usize].to_vec()
+                    } else {
+                        (0..per).map(|k| order[(k % order.len() as u64) as usize]).collect()
+                    };
+                    prop_assert_eq!(&got, &want);
+                    if e == 0 {
+                        all.extend(got);
+                    }
+                }
+            }
+            // Every rank has the same number of batches; without drop_last every sample is seen.
+            prop_assert!(bpes.windows(2).all(|b| b[0] == b[1]), "{:?}", bpes);
+            if !drop_last {
+                prop_assert_eq!(all.len() as u64, total);
+            }
+        }
 
         #[test]
         fn epoch_is_permutation(n in 1u64..500, bs in 1u32..40, seed: u64, shuffle: bool) {

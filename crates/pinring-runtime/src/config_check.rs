@@ -108,6 +108,24 @@ pub fn run(args: &CheckArgs) -> Result<(), CheckError> {
         plan.total_batches(),
         cfg.fingerprint()
     );
+    if let Some(order) = plan.shard_order() {
+        let p = plan.params();
+        println!(
+            "# shard order: rank {} of {} holds {} samples in {} of the {} shards; every rank \
+             delivers {} samples per epoch ({})",
+            p.rank,
+            p.world_size,
+            order.rank_samples(p.rank, p.world_size),
+            order.rank_shards(p.rank, p.world_size),
+            order.shards(),
+            plan.samples_per_rank(),
+            if p.drop_last {
+                "truncated to the smallest rank's count"
+            } else {
+                "padded to the largest rank's count from the start of each rank's order"
+            }
+        );
+    }
     print!("{}", cfg.to_toml());
     Ok(())
 }

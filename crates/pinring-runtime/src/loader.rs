@@ -363,16 +363,35 @@ fn length_hint(cfg: &Config, ring: &Ring) -> String {
     if !cfg.dataset.kind.reads_files() {
         return String::new();
     }
+    let shard_samples = |c: &Config| {
+        c.dataset
+            .webdataset
+            .as_ref()
+            .map(|w| w.shard_samples.clone())
+            .unwrap_or_default()
+    };
     let theirs = ring
         .handoff_config()
         .and_then(|b| String::from_utf8(b).ok())
         .and_then(|t| Config::from_toml_str(&t, "ring").ok())
-        .map(|c| c.dataset.samples);
+        .map(|c| (c.dataset.samples, shard_samples(&c)));
+    let mine = shard_samples(cfg);
     match theirs {
-        Some(n) if n != cfg.dataset.samples => format!(
+        Some((n, _)) if n != cfg.dataset.samples => format!(
             "; the daemon's {} dataset has {n} samples, the files this loader opened have {}: \
              the loader reads other or changed files than the daemon (relative paths are \
              resolved against the config file's directory)",
+            cfg.dataset.kind, cfg.dataset.samples
+        ),
+        Some((_, shards)) if shards != mine => format!(
+            "; the daemon's shards hold {shards:?} samples, the shards this loader opened hold \
+             {mine:?} (the plan's shard order follows them): the loader reads other or changed \
+             shards than the daemon"
+        ),
+        _ if !mine.is_empty() => format!(
+            " (the {} files' length, {} samples here, and the shards' sample counts, {mine:?} \
+             here, are part of it: a loader reading other or changed files than the daemon \
+             differs)",
             cfg.dataset.kind, cfg.dataset.samples
         ),
         _ => format!(
@@ -384,8 +403,10 @@ fn length_hint(cfg: &Config, ring: &Ring) -> String {
 }
 
 /// Opens the source of a file kind (`dataset.kind = "tokens"`, `"npy"`, `"webdataset"`,
-/// `"imagefolder"`; `None` for the other kinds) and records its length as `dataset.samples` ([`Config::set_source_len`]): the daemon
-/// does so at start, before it makes the ring and its fingerprint, and each loader process
+/// `"imagefolder"`; `None` for the other kinds) and records its length as `dataset.samples`
+/// ([`Config::set_source_len`]), and for `"webdataset"` its shards' sample counts as
+/// `dataset.webdataset.shard_samples` ([`Config::set_shard_samples`], the plan's shard order
+/// follows them): the daemon does so at start, before it makes the ring and its fingerprint, and each loader process
 /// once, before it checks its fingerprint against the ring's. An error names the file.
 pub fn open_source(cfg: &mut Config) -> Result<Option<Box<dyn Source>>, ConfigError> {
     let Some(opened) = pinring_sources::open_dataset(cfg) else {
@@ -396,6 +417,9 @@ pub fn open_source(cfg: &mut Config) -> Result<Option<Box<dyn Source>>, ConfigEr
         kind: cfg.dataset.kind,
         message: e.to_string(),
     })?;
+    if let Some(sizes) = src.shard_sizes() {
+        cfg.set_shard_samples(sizes)?;
+    }
     cfg.set_source_len(src.len())?;
     Ok(Some(src))
 }

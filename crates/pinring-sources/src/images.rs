@@ -129,6 +129,10 @@ impl Source for Decoded {
         self.inner.locate(id)
     }
 
+    fn shard_sizes(&self) -> Option<&[u64]> {
+        self.inner.shard_sizes()
+    }
+
     fn read(&mut self, epoch: u32, id: u64, out: &mut [FieldBuf<'_>]) -> Result<(), SourceError> {
         check_bufs(&self.fields, out)?;
         {

@@ -124,6 +124,13 @@ pub trait Source: Send + std::fmt::Debug {
         let _ = id;
         None
     }
+
+    /// Samples in each shard, in shard order, for a source whose plan follows its shards
+    /// ([`WebDataset`]; the config records them, `dataset.webdataset.shard_samples`); `None`
+    /// for the others.
+    fn shard_sizes(&self) -> Option<&[u64]> {
+        None
+    }
 }
 
 /// A per-sample error of any [`Source`], or a caller mistake.

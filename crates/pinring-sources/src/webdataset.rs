@@ -23,16 +23,24 @@
 //! it is a per-sample error ([`WdsError::Incomplete`], [`WdsError::Duplicate`]);
 //! [`WebDataset::bad_samples`] lists them at open.
 //!
-//! **Epoch order** ([`WebDataset::epoch_order`]). Shard `i` belongs to rank `i % world`. For
+//! **Epoch order** (the delivery order: [`pinring_data::Plan::with_shards`], computed in
+//! [`pinring_data::shard_order`] and re-exported here as [`ShardOrder`], [`epoch_order_for`]
+//! and [`rank_stream`]). Shard `i` belongs to rank `i % world`. With `plan.shuffle`, for
 //! `(seed, epoch, rank)` the rank's shards are put in a Fisher-Yates order drawn from
-//! [`SplitMix64`] seeded by `(seed, epoch, rank)`, their samples are streamed in that order
-//! (each shard's in member order), and the stream goes through a shuffle buffer of `buffer`
-//! samples: once the buffer is full, each incoming sample evicts a uniformly drawn one (the same
-//! generator), and at the end the rest leave in random order. The orders of all ranks are
-//! disjoint and cover every sample; a sample never leaves more than `buffer - 1` places before
-//! its position in the stream (it may leave later: a shuffle buffer bounds the lead, not the
-//! delay). Ranks may get different counts (shards differ in size; with more ranks than shards
-//! some get none): the caller evens them out (e.g. stops at the shortest rank).
+//! `SplitMix64` seeded by `(seed, epoch, rank)`, their samples are streamed in that order (each
+//! shard's in member order), and the stream goes through a shuffle buffer of `buffer` samples
+//! (`dataset.webdataset.shuffle_buffer`): once the buffer is full, each incoming sample evicts a
+//! uniformly drawn one (the same generator), and at the end the rest leave in random order.
+//! Without `plan.shuffle` the rank's shards stream in index order, with no buffer. The orders of
+//! all ranks are disjoint and cover every sample; a sample never leaves more than `buffer - 1`
+//! places before its position in the stream (it may leave later: a shuffle buffer bounds the
+//! lead, not the delay). Ranks get different counts (shards differ in size), and the plan evens
+//! them out so that every rank has the same number of batches: with `plan.drop_last` each rank
+//! truncates its order to the smallest rank's count, otherwise each pads its order to the
+//! largest rank's count by repeating from the start of its own order. More ranks than shards, or
+//! a rank whose shards hold no sample, is a config error. The loader records
+//! [`WebDataset::shard_sizes`] in the config (`dataset.webdataset.shard_samples`, part of the
+//! fingerprint), so daemon, loaders and consumers compute the same plan.
 //!
 //! **Bad data.** A shard that cannot be opened, a corrupt header, or a member cut short by a
 //! truncated file fails the open with an error naming the shard, the member and the byte
@@ -42,11 +50,12 @@ use std::fs::File;
 use std::io::{self, Read, Seek};
 use std::path::PathBuf;
 
-use pinring_data::plan::{mix64, SplitMix64};
 use pinring_data::Dtype;
 use serde::{Deserialize, Serialize};
 
 use crate::{check_bufs, fixed, pread, show, FieldBuf, Source, SourceError, SourceField};
+
+pub use pinring_data::shard_order::{epoch_order_for, rank_stream, ShardOrder};
 
 /// Longest `.cls` member read (an integer with some whitespace).
 pub const MAX_CLS_BYTES: u64 = 64;
@@ -406,80 +415,6 @@ fn group(shard: u32, members: Vec<Member>, fields: &[WdsField], out: &mut Vec<Sa
     finish(current, out);
 }
 
-/// Seed of rank `rank`'s order in `epoch`.
-fn rank_seed(seed: u64, epoch: u32, rank: u32) -> u64 {
-    mix64(seed ^ mix64((u64::from(epoch) << 32 | u64::from(rank)) ^ 0x7764_7368_7566_666c))
-}
-
-/// The sample ids rank `rank` of `world` streams in `epoch` before the shuffle buffer, for
-/// shards of `shard_sizes` samples (ids numbered in shard order), and the generator that
-/// shuffled them.
-fn rank_stream_rng(
-    shard_sizes: &[u64],
-    seed: u64,
-    epoch: u32,
-    rank: u32,
-    world: u32,
-) -> (Vec<u64>, SplitMix64) {
-    let world = world.max(1);
-    let mut starts = Vec::with_capacity(shard_sizes.len());
-    let mut next = 0u64;
-    for &n in shard_sizes {
-        starts.push(next);
-        next = next.saturating_add(n);
-    }
-    let mut mine: Vec<usize> = (0..shard_sizes.len())
-        .filter(|&i| (i as u64) % u64::from(world) == u64::from(rank))
-        .collect();
-    let mut rng = SplitMix64::new(rank_seed(seed, epoch, rank));
-    for i in (1..mine.len()).rev() {
-        let j = rng.below(i as u64 + 1) as usize;
-        mine.swap(i, j);
-    }
-    let mut stream = Vec::new();
-    for i in mine {
-        stream.extend(starts[i]..starts[i] + shard_sizes[i]);
-    }
-    (stream, rng)
-}
-
-/// The sample ids rank `rank` of `world` streams in `epoch`, before the shuffle buffer (see
-/// the module docs).
-pub fn rank_stream(shard_sizes: &[u64], seed: u64, epoch: u32, rank: u32, world: u32) -> Vec<u64> {
-    rank_stream_rng(shard_sizes, seed, epoch, rank, world).0
-}
-
-/// The sample ids rank `rank` of `world` delivers in `epoch`, for shards of `shard_sizes`
-/// samples, through a shuffle buffer of `buffer` samples (0 or 1: no shuffle buffer). See the
-/// module docs.
-pub fn epoch_order_for(
-    shard_sizes: &[u64],
-    seed: u64,
-    epoch: u32,
-    rank: u32,
-    world: u32,
-    buffer: usize,
-) -> Vec<u64> {
-    let (stream, mut rng) = rank_stream_rng(shard_sizes, seed, epoch, rank, world);
-    if buffer <= 1 {
-        return stream;
-    }
-    let mut out = Vec::with_capacity(stream.len());
-    let mut buf = Vec::with_capacity(buffer.min(stream.len()));
-    for id in stream {
-        buf.push(id);
-        if buf.len() >= buffer {
-            let j = rng.below(buf.len() as u64) as usize;
-            out.push(buf.swap_remove(j));
-        }
-    }
-    while !buf.is_empty() {
-        let j = rng.below(buf.len() as u64) as usize;
-        out.push(buf.swap_remove(j));
-    }
-    out
-}
-
 impl WebDataset {
     /// Opens and indexes every shard of `config`.
     pub fn open(config: &WdsConfig) -> Result<WebDataset, WdsError> {
@@ -559,8 +494,8 @@ impl WebDataset {
         Some((&s.key, s.shard as usize))
     }
 
-    /// The sample ids rank `rank` of `world` delivers in `epoch` (see the module docs and
-    /// [`epoch_order_for`]).
+    /// The sample ids rank `rank` of `world` streams in `epoch` with shuffling, before the plan
+    /// evens the ranks' counts out (see the module docs and [`epoch_order_for`]).
     pub fn epoch_order(
         &self,
         seed: u64,
@@ -603,6 +538,10 @@ impl Source for WebDataset {
 
     fn fields(&self) -> &[SourceField] {
         &self.fields
+    }
+
+    fn shard_sizes(&self) -> Option<&[u64]> {
+        Some(&self.shard_sizes)
     }
 
     fn locate(&self, id: u64) -> Option<String> {

@@ -88,6 +88,8 @@ fn tar_crate_shards_read_back() {
     .unwrap();
     assert_eq!(src.len(), expect.len() as u64);
     assert_eq!(src.shard_sizes(), &[4, 5, 6]);
+    // Through the trait too: the loader records them as dataset.webdataset.shard_samples.
+    assert_eq!(Source::shard_sizes(&src), Some(&[4u64, 5, 6][..]));
     assert!(src.bad_samples().is_empty());
     let names: Vec<&str> = src.fields().iter().map(|f| f.name()).collect();
     assert_eq!(names, ["images", "labels", "json"]);
