@@ -79,10 +79,14 @@ name = "default"
 # cut into parts of the most whole samples whose largest field fits 4 MiB
 # (labels ride along). The daemon resolves
 # "auto" at start and publishes the slot size in the ring; loaders with
-# "auto" adopt it. An explicit size must be a multiple of 4096, at most
-# 1 GiB, and hold at least one sample with its metadata. A batch that does
-# not fit one slot is cut into parts of whole samples, one slot each,
-# uploaded into one device buffer and delivered whole.
+# "auto" adopt it. An explicit size must be a multiple of 4096 and at
+# most 1 GiB. A batch that does not fit one slot is cut into parts of whole
+# samples, one slot each, uploaded into one device buffer and delivered
+# whole. A sample that does not fit one part (with "auto": its largest
+# field is over 4 MiB) is cut into byte parts of that field, one slot
+# each, its other fields riding with its first part (kinds "synthetic"
+# and "npy"; the other kinds keep whole samples, "auto" then sizes the
+# slot for one, and an explicit size must hold one with its metadata).
 slot_bytes = "auto"
 # Deliver batches in seq order (false: deliver any ready slot first).
 in_order = true
@@ -1817,6 +1821,25 @@ impl Config {
         true
     }
 
+    /// The part layout in words, for `pinring config check` and the daemon's log: "8 part(s)
+    /// of up to 4 samples per batch", or for byte parts "6 byte parts per batch (6 per sample,
+    /// 4194304 bytes of its largest field each)".
+    pub fn parts_described(&self) -> String {
+        let l = self.part_layout();
+        match l.cut {
+            Some(cut) => format!(
+                "{} byte parts per batch ({} per sample, {} bytes of its largest field each)",
+                l.parts_per_batch,
+                cut.chunks(),
+                cut.chunk_bytes
+            ),
+            None => format!(
+                "{} part(s) of up to {} samples per batch",
+                l.parts_per_batch, l.samples_per_part
+            ),
+        }
+    }
+
     /// Samples in each part of a batch ([`Config::part_layout`]).
     pub fn samples_per_part(&self) -> u32 {
         self.part_layout().samples_per_part
@@ -2154,6 +2177,18 @@ mod tests {
             dir.path().join("y.npy").display(),
         );
         Config::from_toml_str(&text, "t").unwrap()
+    }
+
+    #[test]
+    fn the_parts_are_described_in_words() {
+        assert_eq!(
+            sized(32, MIB as u32).parts_described(),
+            "8 part(s) of up to 4 samples per batch"
+        );
+        assert_eq!(
+            sized(2, 24 * MIB as u32).parts_described(),
+            "12 byte parts per batch (6 per sample, 4194304 bytes of its largest field each)"
+        );
     }
 
     #[test]

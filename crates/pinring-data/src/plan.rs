@@ -642,7 +642,8 @@ mod tests {
         assert_eq!(plan.parts_per_batch(), 6);
         assert_eq!(plan.total_seqs(), 12);
         let mut ids = Vec::new();
-        let got: Vec<(u64, u64, Vec<u64>, Option<(u64, u64)>)> = (0..12)
+        type Row = (u64, u64, Vec<u64>, Option<(u64, u64)>);
+        let got: Vec<Row> = (0..12)
             .map(|s| {
                 let part = plan.part_into(s, &mut ids).unwrap();
                 let r = part.bytes.map(|r| (r.offset, r.len));
