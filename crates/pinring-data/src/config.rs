@@ -988,9 +988,13 @@ impl Config {
         let one = self.part_need(1);
         let cuts = self.dataset.kind.cuts_samples();
         if !cuts && self.max_samples_in(MAX_SLOT_BYTES) == 0 {
+            let key = match self.dataset.kind {
+                DatasetKind::External => "dataset.fields",
+                _ => "dataset.kind",
+            };
             return Err(self.invalid(
-                "dataset.sample_shape",
-                format!("{:?} x {}", self.dataset.sample_shape, self.dataset.dtype),
+                key,
+                format!("{} bytes a sample", self.record_bytes()),
                 format!(
                     "one sample of {} bytes (all its fields) plus its metadata is more than the \
                      largest slot ({MAX_SLOT_BYTES} bytes, {}) holds, and kind = \"{}\" cannot \
@@ -2248,7 +2252,7 @@ mod tests {
                     shape = [1073741824] }]\n";
         let e = Config::from_toml_str(text, "t").unwrap_err().to_string();
         assert!(
-            e.contains("dataset.sample_shape")
+            e.contains("dataset.fields = 1073741824 bytes a sample")
                 && e.contains("more than the largest slot")
                 && e.contains("cannot make part of a sample")
                 && e.contains("use smaller samples"),
