@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Run on a GPU host: bash big_batches.sh BIN_DIR. Big batches through the discard sink, 8 loaders:
-# a 256 MiB batch of 64 x 4 MiB samples, and a batch of one 64 MiB sample, twice each.
+# a 256 MiB batch of 64 x 4 MiB samples, a batch of one 64 MiB sample (16 byte parts) and a batch
+# of one 1 GiB sample (256 byte parts of 4 MiB), twice each.
 set -u
 bin=$1; shift
 run() {
@@ -19,4 +20,5 @@ run() {
 for r in 1 2; do
     run "256MiB-batch(64x4MiB)" "[1024, 1024]" 64 2048 8
     run "64MiB-sample(batch1)" "[4096, 4096]" 1 64 16
+    run "1GiB-sample(batch1)" "[16384, 16384]" 1 8 2
 done

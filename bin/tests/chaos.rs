@@ -80,6 +80,14 @@ fn sigkilled_loaders_lose_and_duplicate_no_part_of_a_batch_that_spans_slots() {
     );
 }
 
+#[test]
+fn sigkilled_loaders_lose_and_duplicate_no_byte_part_of_a_sample() {
+    // Batches of 4 samples of 64 KiB in 16 KiB slots: each sample is cut into 6 byte parts (5 of
+    // 12 KiB and one of 4 KiB), 24 parts a batch, filled by different loaders.
+    let toml = CHAOS.replace("batch_size = 32", "batch_size = 4");
+    sigkill_loaders("chaos-kill-bytes", &in_slots_of(&toml, 16384), 24);
+}
+
 /// Kills loaders (mid-part and at any moment) while a run of `toml` goes on, drains it, and
 /// checks every batch up to the resume point was delivered whole, once, in order, every byte
 /// verified; `parts` is the config's parts per batch.

@@ -141,17 +141,21 @@ fn config_check_refuses_a_ring_geometry_the_daemon_cannot_make_and_names_the_fix
             "a size up to 1073741824",
         ),
         (
-            // A batch larger than a slot is cut into parts, but one sample is never split.
+            // A batch larger than a slot is cut into parts; a sample of a kind that cannot make
+            // part of a sample (Python producers) is never split.
             "huge-sample.toml",
-            "[dataset]\nsample_shape = [1073741824]\ndtype = \"u8\"\n",
-            "dataset.sample_shape = [1073741824] x u8",
+            "[dataset]\nkind = \"external\"\n\
+             fields = [{ name = \"images\", dtype = \"u8\", shape = [1073741824] }]\n",
+            "dataset.fields = 1073741824 bytes a sample",
             "more than the largest slot",
-            "not split across slots",
+            "use smaller samples",
         ),
         (
-            // The default 64 KiB sample with its metadata needs 65664 bytes.
+            // A 64 KiB sample and its label with their metadata need 65664 bytes.
             "tiny-slot.toml",
-            "[ring]\nslot_bytes = 4096\n",
+            "[ring]\nslot_bytes = 4096\n[dataset]\nkind = \"external\"\n\
+             fields = [{ name = \"images\", dtype = \"f32\", shape = [128, 128] }, \
+             { name = \"labels\", dtype = \"i64\" }]\n",
             "ring.slot_bytes = 4096",
             "too small",
             "at least 69632",
@@ -170,6 +174,19 @@ fn config_check_refuses_a_ring_geometry_the_daemon_cannot_make_and_names_the_fix
             assert!(err.contains(text), "{name}: no {text:?} in: {err}");
         }
     }
+    // A synthetic sample of 1 GiB in a batch of one is cut into 256 byte parts of 4 MiB.
+    let (code, out, err) = config_check(
+        &fx,
+        "one-gib.toml",
+        "[dataset]\nsample_shape = [1073741824]\ndtype = \"u8\"\nsamples = 8\n\
+         [plan]\nbatch_size = 1\n",
+    );
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        out.contains("256 byte parts per batch (256 per sample, 4194304 bytes")
+            && out.contains(&format!("# slot bytes: {}", (4 << 20) + 4096)),
+        "{out}"
+    );
     // The daemon refuses the same configs at start with the same message, not a ring error.
     let (st, log) = wait_for(
         Command::new(exe(DAEMON))

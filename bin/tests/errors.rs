@@ -292,3 +292,25 @@ fn pinring_run_verifies_and_prints_a_summary() {
     assert!(text.contains("GB/s") && text.contains("verdict"), "{text}");
     assert!(!fx.segment().exists());
 }
+
+#[test]
+fn a_kind_that_cannot_cut_a_sample_refuses_a_slot_smaller_than_one() {
+    // Python producers (kind = "external") write whole samples: a 64 KiB sample in 16 KiB slots
+    // is refused at the daemon's start, naming the sample's size, what the slot holds and the
+    // fixes; nothing is made.
+    let toml = "[ring]\nslot_bytes = 16384\n[dataset]\nkind = \"external\"\n\
+                fields = [{ name = \"images\", dtype = \"f32\", shape = [128, 128] }, \
+                { name = \"labels\", dtype = \"i64\" }]\n[plan]\nbatch_size = 4\n";
+    let fx = Fixture::new("nocut", toml);
+    let (st, log) = wait_for(fx.daemon(&[]), "daemon", Duration::from_secs(20));
+    assert_eq!(st.code(), Some(CONFIG), "{log}");
+    assert!(
+        log.contains("ring.slot_bytes")
+            && log.contains("one sample of 65544 bytes")
+            && log.contains("kind = \"external\" cannot make part of a sample")
+            && log.contains("at least 69632")
+            && log.contains("smaller samples"),
+        "{log}"
+    );
+    assert!(!fx.segment().exists());
+}

@@ -171,6 +171,52 @@ fn npy_one_array_with_labels() {
     run_checked(&fx, 2, &["x", "labels"], &expect);
 }
 
+/// 7 samples of 3000 f32 (12000 bytes) with i32 labels in 8 KiB slots: no slot holds a sample,
+/// so each is cut into byte parts (4096, 4096 and 3808 bytes, the label in the first), which the
+/// loaders read with a `pread` each; batches of 2 are 6 parts, the last batch of an epoch one
+/// sample and 3 empty parts.
+#[test]
+fn npy_samples_larger_than_a_slot_are_cut_into_byte_parts() {
+    let config = "[ring]\nslots = 8\nslot_bytes = 8192\n[dataset]\nkind = \"npy\"\n[dataset.npy]\n\
+                  path = \"x.npy\"\nfield = \"x\"\ndtype = \"f32\"\nshape = [3000]\n\
+                  labels = \"y.npy\"\nlabels_dtype = \"i32\"\n\
+                  [plan]\nbatch_size = 2\nepochs = 2\n[daemon]\nprefetch = 3\n";
+    let fx = Fixture::new("files-npybytes", config);
+    let n = 7usize;
+    let x = bytes(3, n * 12000);
+    let y: Vec<u8> = (0..n as i32)
+        .flat_map(|i| (i * 3 + 1).to_le_bytes())
+        .collect();
+    std::fs::write(
+        fx.dir.path().join("x.npy"),
+        npy_bytes("<f4", &[n as u64, 3000], &x),
+    )
+    .unwrap();
+    std::fs::write(
+        fx.dir.path().join("y.npy"),
+        npy_bytes("<i4", &[n as u64], &y),
+    )
+    .unwrap();
+    let mut cfg = pinring_data::Config::load(&fx.config).unwrap();
+    cfg.set_source_len(n as u64).unwrap();
+    let layout = cfg.part_layout();
+    assert_eq!(
+        (layout.parts_per_batch, layout.cut.unwrap().chunk_bytes),
+        (6, 4096)
+    );
+    let expect = |_: u32, id: u64| {
+        let i = id as usize;
+        vec![
+            x[i * 12000..(i + 1) * 12000].to_vec(),
+            y[i * 4..(i + 1) * 4].to_vec(),
+        ]
+    };
+    run_checked(&fx, 3, &["x", "labels"], &expect);
+    let s = fx.summary();
+    assert_eq!(s.parts_per_batch, 6, "{s:#?}");
+    assert_eq!(s.batches_delivered, 8, "{s:#?}");
+}
+
 /// Writes `n` per-sample files of 2x3 u16 into `dir/samples` (names sorted = sample order);
 /// returns each sample's bytes.
 fn per_sample_files(dir: &Path, n: usize) -> Vec<Vec<u8>> {

@@ -13,6 +13,20 @@ fn run_with_loaders(tag: &str, loaders: usize, extra: &[&str], in_order: bool) {
 /// Runs `toml` (2 epochs of 64 batches of `parts` parts each) with `loaders` loaders and checks
 /// that every batch was delivered once (in order when `in_order`), every byte verified.
 fn run_config(tag: &str, toml: &str, parts: u64, loaders: usize, extra: &[&str], in_order: bool) {
+    run_batches(tag, toml, 128, parts, loaders, extra, in_order);
+}
+
+/// Runs `toml` (`batches` batches of `parts` parts each) with `loaders` loaders and checks that
+/// every batch was delivered once (in order when `in_order`), every byte verified.
+fn run_batches(
+    tag: &str,
+    toml: &str,
+    batches: u64,
+    parts: u64,
+    loaders: usize,
+    extra: &[&str],
+    in_order: bool,
+) -> pinring_runtime::summary::Summary {
     let fx = Fixture::new(tag, toml);
     let mut daemon = fx.daemon(extra);
     let ring = fx.wait_ready(&mut daemon);
@@ -30,14 +44,52 @@ fn run_config(tag: &str, toml: &str, parts: u64, loaders: usize, extra: &[&str],
     assert_eq!(s.parts_per_batch, parts, "{s:#?}");
     assert_eq!(
         s.end_seq,
-        128 * parts,
-        "2 epochs of 64 batches of {parts} parts"
+        batches * parts,
+        "{batches} batches of {parts} parts"
     );
-    assert_eq!(s.batches_delivered, 128, "{s:#?}");
+    assert_eq!(s.batches_delivered, batches, "{s:#?}");
     assert!(
         !fx.segment().exists(),
         "the daemon removes its segment at exit"
     );
+    s
+}
+
+/// 6 samples of 24 MiB (u8), one per batch, every slot setting automatic: over the 4 MiB part
+/// limit, so each sample is cut into 6 byte parts of 4 MiB, in slots of 4 MiB + 4 KiB.
+const ONE_HUGE_SAMPLE: &str = r#"
+[dataset]
+samples = 6
+sample_shape = [24, 1048576]
+dtype = "u8"
+seed = 5
+[plan]
+batch_size = 1
+epochs = 2
+"#;
+
+#[test]
+fn a_sample_cut_into_byte_parts_by_several_loaders_is_delivered_whole_once_in_order() {
+    let s = run_batches("bytes1", ONE_HUGE_SAMPLE, 12, 6, 4, &[], true);
+    // Every byte of every sample and its label, once.
+    assert_eq!(s.bytes, 12 * ((24 << 20) + 8), "{s:#?}");
+}
+
+#[test]
+fn samples_cut_into_byte_parts_unordered_are_delivered_whole_exactly_once() {
+    run_batches("bytesu", ONE_HUGE_SAMPLE, 12, 6, 4, &["--unordered"], false);
+}
+
+#[test]
+fn batches_of_several_cut_samples_and_a_short_last_batch_are_delivered_whole() {
+    // 5 samples of 5 MiB in batches of 2: each sample in a 4 MiB and a 1 MiB byte part, 4 parts
+    // a batch; the last batch of each epoch has one sample and 2 empty parts.
+    let toml = ONE_HUGE_SAMPLE
+        .replace("samples = 6", "samples = 5")
+        .replace("[24, 1048576]", "[5, 1048576]")
+        .replace("batch_size = 1", "batch_size = 2");
+    let s = run_batches("bytesb", &toml, 6, 4, 3, &[], true);
+    assert_eq!(s.bytes, 2 * 5 * ((5 << 20) + 8), "{s:#?}");
 }
 
 #[test]

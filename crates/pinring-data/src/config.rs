@@ -21,7 +21,7 @@ use crate::dataset::{
 };
 use crate::fields::{BatchLayout, Field, IMAGES, LABELS};
 use crate::meta::{max_encoded_len, Dtype};
-use crate::plan::{Plan, PlanError, PlanParams, MAX_PLAN_SAMPLES};
+use crate::plan::{Plan, PlanError, PlanParams, SampleCut, MAX_PLAN_SAMPLES};
 use crate::shard_order::ShardOrder;
 use crate::size::ByteSize;
 use crate::synthetic::Synthetic;
@@ -80,10 +80,14 @@ name = "default"
 # cut into parts of the most whole samples whose largest field fits 4 MiB
 # (labels ride along). The daemon resolves
 # "auto" at start and publishes the slot size in the ring; loaders with
-# "auto" adopt it. An explicit size must be a multiple of 4096, at most
-# 1 GiB, and hold at least one sample with its metadata. A batch that does
-# not fit one slot is cut into parts of whole samples, one slot each,
-# uploaded into one device buffer and delivered whole.
+# "auto" adopt it. An explicit size must be a multiple of 4096 and at
+# most 1 GiB. A batch that does not fit one slot is cut into parts of whole
+# samples, one slot each, uploaded into one device buffer and delivered
+# whole. A sample that does not fit one part (with "auto": its largest
+# field is over 4 MiB) is cut into byte parts of that field, one slot
+# each, its other fields riding with its first part (kinds "synthetic"
+# and "npy"; the other kinds keep whole samples, "auto" then sizes the
+# slot for one, and an explicit size must hold one with its metadata).
 slot_bytes = "auto"
 # Deliver batches in seq order (false: deliver any ready slot first).
 in_order = true
@@ -426,6 +430,14 @@ impl DatasetKind {
     pub const fn decodes_images(self) -> bool {
         matches!(self, DatasetKind::WebDataset | DatasetKind::ImageFolder)
     }
+
+    /// Whether a loader can make a byte range of a sample, so that a sample too large for one
+    /// part is cut into byte parts ([`crate::plan::SampleCut`]): `synthetic` (its bytes are
+    /// generated per word) and `npy` (read with `pread`). The others make whole samples only
+    /// (decoders, token windows, Python producers).
+    pub const fn cuts_samples(self) -> bool {
+        matches!(self, DatasetKind::Synthetic | DatasetKind::Npy)
+    }
 }
 
 impl fmt::Display for DatasetKind {
@@ -683,6 +695,9 @@ pub struct PartLayout {
     pub parts_per_batch: u32,
     /// Bytes per slot.
     pub slot_bytes: u64,
+    /// Byte parts: a sample too large for one part is cut into parts of this many bytes of its
+    /// largest field (`samples_per_part` is then 1 and `parts_per_batch` is `batch_size × k`).
+    pub cut: Option<SampleCut>,
 }
 
 /// What `"auto"` picks ([`Config::auto_ring`]).
@@ -979,6 +994,9 @@ impl Config {
                 && d.webdataset
                     .as_ref()
                     .is_none_or(|w| w.shard_samples.is_empty());
+        if !unresolved {
+            self.validate_cut()?;
+        }
         match self.plan() {
             _ if unresolved => {}
             Ok(_) => {}
@@ -1005,25 +1023,55 @@ impl Config {
         self.validate_geometry()
     }
 
-    /// The ring's geometry: one sample with its metadata fits the largest slot (a batch larger
-    /// than a slot is cut into parts of whole samples, [`Config::part_layout`]; a sample is never
-    /// split across slots, so one larger than a slot is refused); an explicit `ring.slot_bytes`
-    /// is page aligned, holds at least one sample with its metadata and is at most the largest
-    /// slot; and pinring-ring accepts (slots, slot bytes). Each error names the value that fixes
-    /// it.
+    /// Byte parts ([`Config::part_layout`]): a slot must hold a byte part of at least 8 bytes
+    /// with the sample's other fields and its metadata.
+    fn validate_cut(&self) -> Result<(), ConfigError> {
+        let Some(cut) = self.part_layout().cut else {
+            return Ok(());
+        };
+        if cut.chunk_bytes == 0 {
+            let (_, others) = self.cut_sizes();
+            let least = round_up(self.cut_need(8, others), SLOT_ALIGN);
+            return Err(self.invalid(
+                "ring.slot_bytes",
+                self.ring.slot_bytes,
+                format!(
+                    "too small: one sample ({} bytes, all its fields) does not fit, so it is cut \
+                     into byte parts, and a slot must hold a byte part of its largest field with \
+                     its other fields ({others} bytes) and its metadata; use \"auto\" or at least \
+                     {least}",
+                    self.record_bytes()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The ring's geometry: one sample with its metadata fits the largest slot unless the kind
+    /// cuts samples into byte parts ([`DatasetKind::cuts_samples`]; a batch larger than a slot
+    /// is cut into parts of whole samples, [`Config::part_layout`]); an explicit
+    /// `ring.slot_bytes` is page aligned, holds at least one sample with its metadata (or, for a
+    /// kind that cuts samples, a byte part) and is at most the largest slot; and pinring-ring
+    /// accepts (slots, slot bytes). Each error names the value that fixes it.
     fn validate_geometry(&self) -> Result<(), ConfigError> {
         let one = self.part_need(1);
-        if self.max_samples_in(MAX_SLOT_BYTES) == 0 {
+        let cuts = self.dataset.kind.cuts_samples();
+        if !cuts && self.max_samples_in(MAX_SLOT_BYTES) == 0 {
+            let key = match self.dataset.kind {
+                DatasetKind::External => "dataset.fields",
+                _ => "dataset.kind",
+            };
             return Err(self.invalid(
-                "dataset.sample_shape",
-                format!("{:?} x {}", self.dataset.sample_shape, self.dataset.dtype),
+                key,
+                format!("{} bytes a sample", self.record_bytes()),
                 format!(
                     "one sample of {} bytes (all its fields) plus its metadata is more than the \
-                     largest slot ({MAX_SLOT_BYTES} bytes, {}) holds, and samples are not split \
-                     across slots (batches are cut into parts of whole samples); use smaller \
-                     samples",
+                     largest slot ({MAX_SLOT_BYTES} bytes, {}) holds, and kind = \"{}\" cannot \
+                     make part of a sample (only \"synthetic\" and \"npy\" samples are cut \
+                     into byte parts); use smaller samples",
                     self.record_bytes(),
                     ByteSize(MAX_SLOT_BYTES),
+                    self.dataset.kind,
                 ),
             ));
         }
@@ -1068,14 +1116,25 @@ impl Config {
                     ),
                 ));
             }
-            if self.max_samples_in(b) == 0 {
+            if !cuts && self.max_samples_in(b) == 0 {
+                let fix = if smallest <= MAX_SLOT_BYTES {
+                    format!(
+                        "use \"auto\" ({whole} bytes, a whole batch per slot) or at least \
+                         {smallest}, or smaller samples"
+                    )
+                } else {
+                    "use smaller samples".to_string()
+                };
                 return Err(self.invalid(
                     "ring.slot_bytes",
                     value,
                     format!(
-                        "too small: a slot holds a part of a batch, at least one whole sample \
-                         with its metadata ({one} bytes; samples are not split across slots); \
-                         use \"auto\" ({whole} bytes, a whole batch per slot) or at least {smallest}",
+                        "too small: one sample of {} bytes (all its fields) with its metadata \
+                         needs {one} bytes, more than this slot holds, and kind = \"{}\" cannot \
+                         make part of a sample (only \"synthetic\" and \"npy\" samples are cut \
+                         into byte parts); {fix}",
+                        self.record_bytes(),
+                        self.dataset.kind,
                     ),
                 ));
             }
@@ -1628,6 +1687,9 @@ impl Config {
     /// [`Config::validate`]; here it gives one sample per part.
     pub fn part_layout(&self) -> PartLayout {
         let bs = self.plan.batch_size.max(1);
+        if let Some(cut) = self.byte_part_layout(bs) {
+            return cut;
+        }
         let most = match self.ring.slot_bytes {
             SlotBytes::Auto => {
                 let largest = self
@@ -1651,6 +1713,123 @@ impl Config {
             samples_per_part,
             parts_per_batch: parts,
             slot_bytes,
+            cut: None,
+        }
+    }
+
+    /// The part layout of byte parts, when samples are cut (else `None`): only for a kind that
+    /// cuts samples ([`DatasetKind::cuts_samples`]), and only when one sample does not fit a
+    /// part: with `"auto"`, its largest field is over [`AUTO_PART_PAYLOAD_BYTES`] and the whole
+    /// sample needs more than the slot of a 4 MiB byte part; with an explicit `ring.slot_bytes`,
+    /// not even one sample fits it. The slot is then `"auto"`'s (a 4 MiB byte part with the
+    /// other fields and the metadata reserve, rounded up to [`SLOT_ALIGN`]) or the explicit one,
+    /// and the byte part is the most of the largest field that slot holds
+    /// ([`Config::chunk_in`]), so `"auto"` and its resolved slot size give the same layout.
+    fn byte_part_layout(&self, bs: u32) -> Option<PartLayout> {
+        if !self.dataset.kind.cuts_samples() {
+            return None;
+        }
+        let slot_bytes = match self.ring.slot_bytes {
+            SlotBytes::Auto => {
+                let (largest, others) = self.cut_sizes();
+                if largest <= AUTO_PART_PAYLOAD_BYTES {
+                    return None;
+                }
+                let slot = round_up(self.cut_need(AUTO_PART_PAYLOAD_BYTES, others), SLOT_ALIGN);
+                if self.part_need(1) <= slot {
+                    return None;
+                }
+                slot
+            }
+            SlotBytes::Fixed(ByteSize(b)) => {
+                if self.max_samples_in(b) > 0 {
+                    return None;
+                }
+                b
+            }
+        };
+        let (largest, others) = self.cut_sizes();
+        let cut = SampleCut {
+            field_bytes: largest,
+            chunk_bytes: self.chunk_in(slot_bytes, others),
+        };
+        Some(PartLayout {
+            samples_per_part: 1,
+            parts_per_batch: u32::try_from(u64::from(bs).saturating_mul(cut.chunks()))
+                .unwrap_or(u32::MAX),
+            slot_bytes,
+            cut: Some(cut),
+        })
+    }
+
+    /// Refuses `who`, a producer that writes whole samples only (a Python producer), when this
+    /// config cuts samples into byte parts ([`Config::part_layout`]): the error names the
+    /// sample's size, what a part holds and the fix.
+    pub fn whole_samples_only(&self, who: &str) -> Result<(), ConfigError> {
+        let layout = self.part_layout();
+        let Some(cut) = layout.cut else {
+            return Ok(());
+        };
+        let smallest = round_up(self.part_need(1), SLOT_ALIGN);
+        let slot = if smallest <= MAX_SLOT_BYTES {
+            format!(
+                ", or a ring.slot_bytes that holds one sample with its metadata (at least \
+                 {smallest}) in the daemon's and the producers' config"
+            )
+        } else {
+            String::new()
+        };
+        Err(self.invalid(
+            "ring.slot_bytes",
+            self.ring.slot_bytes,
+            format!(
+                "{who} writes whole samples, but one sample of {} bytes (all its fields) is more \
+                 than a part holds ({} bytes of its largest field in slots of {} bytes), so the \
+                 plan cuts each sample into {} byte parts, which only pinring-loader makes (kind \
+                 = \"synthetic\" or \"npy\"); use smaller samples{slot}",
+                self.record_bytes(),
+                cut.chunk_bytes,
+                layout.slot_bytes,
+                cut.chunks(),
+            ),
+        ))
+    }
+
+    /// Per-sample bytes of the largest field (the one byte parts cut, the first of equals:
+    /// [`BatchLayout::cut_field`]) and of all the other fields together.
+    fn cut_sizes(&self) -> (u64, u64) {
+        let largest = self
+            .fields()
+            .iter()
+            .map(Field::sample_bytes)
+            .max()
+            .unwrap_or(0);
+        (largest, self.record_bytes().saturating_sub(largest))
+    }
+
+    /// Bytes a slot needs for a byte part of `chunk` bytes of the largest field in a sample's
+    /// first part (which also carries the `others` bytes of the other fields) with the
+    /// metadata reserve of one sample.
+    fn cut_need(&self, chunk: u64, others: u64) -> u64 {
+        round_up(
+            chunk.saturating_add(others),
+            pinring_ring::layout::META_ALIGN,
+        )
+        .saturating_add(self.meta_reserve_for(1))
+    }
+
+    /// The largest byte part of the largest field that a slot of `slot_bytes` holds with the
+    /// other fields (`others` bytes) and the metadata reserve of one sample: a multiple of
+    /// [`SLOT_ALIGN`] when it is at least that (whole pages copy fastest), else of 8 (the
+    /// synthetic generator's word); 0 when the slot cannot hold 8 bytes of it.
+    fn chunk_in(&self, slot_bytes: u64, others: u64) -> u64 {
+        let align = pinring_ring::layout::META_ALIGN;
+        let payload = slot_bytes.saturating_sub(self.meta_reserve_for(1)) / align * align;
+        let chunk = payload.saturating_sub(others);
+        if chunk >= SLOT_ALIGN {
+            chunk / SLOT_ALIGN * SLOT_ALIGN
+        } else {
+            chunk / 8 * 8
         }
     }
 
@@ -1715,6 +1894,25 @@ impl Config {
         true
     }
 
+    /// The part layout in words, for `pinring config check` and the daemon's log: "8 part(s)
+    /// of up to 4 samples per batch", or for byte parts "6 byte parts per batch (6 per sample,
+    /// 4194304 bytes of its largest field each)".
+    pub fn parts_described(&self) -> String {
+        let l = self.part_layout();
+        match l.cut {
+            Some(cut) => format!(
+                "{} byte parts per batch ({} per sample, {} bytes of its largest field each)",
+                l.parts_per_batch,
+                cut.chunks(),
+                cut.chunk_bytes
+            ),
+            None => format!(
+                "{} part(s) of up to {} samples per batch",
+                l.parts_per_batch, l.samples_per_part
+            ),
+        }
+    }
+
     /// Samples in each part of a batch ([`Config::part_layout`]).
     pub fn samples_per_part(&self) -> u32 {
         self.part_layout().samples_per_part
@@ -1725,9 +1923,14 @@ impl Config {
         self.part_layout().parts_per_batch
     }
 
-    /// Payload bytes of a full part (`samples_per_part * record_bytes`, all fields).
+    /// Payload bytes of a full part (`samples_per_part * record_bytes`, all fields; for byte
+    /// parts a sample's first part: a byte part of its largest field and its other fields).
     pub fn part_payload_bytes_max(&self) -> u64 {
-        u64::from(self.samples_per_part()).saturating_mul(self.record_bytes())
+        let layout = self.part_layout();
+        match layout.cut {
+            Some(cut) => cut.chunk_bytes.saturating_add(self.cut_sizes().1),
+            None => u64::from(layout.samples_per_part).saturating_mul(self.record_bytes()),
+        }
     }
 
     /// Bytes per slot: explicit, or for `"auto"` one part (a whole batch when its payload is at
@@ -1751,6 +1954,7 @@ impl Config {
     /// Plan parameters for [`Plan::new`].
     pub fn plan_params(&self) -> PlanParams {
         let p = &self.plan;
+        let layout = self.part_layout();
         PlanParams {
             samples: self.dataset.samples,
             batch_size: p.batch_size,
@@ -1761,7 +1965,8 @@ impl Config {
             drop_last: p.drop_last,
             rank: p.rank,
             world_size: p.world_size,
-            samples_per_part: self.samples_per_part(),
+            samples_per_part: layout.samples_per_part,
+            cut: layout.cut,
         }
     }
 
@@ -2011,28 +2216,137 @@ mod tests {
     }
 
     #[test]
-    fn explicit_slot_smaller_than_a_batch_cuts_parts_and_too_small_for_a_sample_is_refused() {
+    fn explicit_slot_smaller_than_a_batch_cuts_parts_and_smaller_than_a_sample_cuts_bytes() {
         let mut c = Config::default();
         // Smaller than a batch: parts.
         c.ring.slot_bytes = SlotBytes::Fixed(ByteSize(1 << 20));
         c.validate().unwrap();
         assert_eq!(c.parts_per_batch(), 3);
-        // Smaller than one sample with its metadata: refused, naming the sizes that work.
+        assert_eq!(c.part_layout().cut, None);
+        // Smaller than one sample (64 KiB of images) with its metadata: byte parts of the most
+        // whole pages of images that fit with the label and the metadata, 2 per sample.
         c.ring.slot_bytes = SlotBytes::Fixed(ByteSize(64 << 10));
-        let e = c.validate().unwrap_err().to_string();
+        c.validate().unwrap();
+        let l = c.part_layout();
+        let cut = l.cut.unwrap();
+        assert_eq!((cut.field_bytes, cut.chunk_bytes), (64 << 10, 60 << 10));
+        assert_eq!((l.samples_per_part, l.parts_per_batch), (1, 64));
+        assert!(c.cut_need(cut.chunk_bytes, 8) <= 64 << 10);
+        assert!(c.cut_need(cut.chunk_bytes + SLOT_ALIGN, 8) > 64 << 10);
+        assert_eq!(c.part_payload_bytes_max(), (60 << 10) + 8);
         let smallest = round_up(c.part_need(1), SLOT_ALIGN);
-        assert!(
-            e.contains("ring.slot_bytes")
-                && e.contains("too small")
-                && e.contains(&c.part_need(1).to_string())
-                && e.contains(&format!("at least {smallest}"))
-                && e.contains("not split across slots"),
-            "{e}"
-        );
         c.ring.slot_bytes = SlotBytes::Fixed(ByteSize(smallest));
         c.validate().unwrap();
         assert_eq!(c.slot_bytes(), smallest);
         assert_eq!(c.parts_per_batch(), 32);
+        assert_eq!(c.part_layout().cut, None);
+        // A slot too small for a byte part beside the other fields and the metadata (an npy
+        // sample whose labels field is 64 KiB beside 100 KiB of data): refused, with the fix.
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = npy_config(&dir, &[25600], &[16384]);
+        c.ring.slot_bytes = SlotBytes::Fixed(ByteSize(64 << 10));
+        let e = c.validate().unwrap_err().to_string();
+        let least = round_up(c.cut_need(8, 64 << 10), SLOT_ALIGN);
+        assert!(
+            e.contains("ring.slot_bytes")
+                && e.contains("too small")
+                && e.contains("byte parts")
+                && e.contains(&format!("at least {least}")),
+            "{e}"
+        );
+        c.ring.slot_bytes = SlotBytes::Fixed(ByteSize(least));
+        c.validate().unwrap();
+        assert!(c.part_layout().cut.unwrap().chunk_bytes >= 8);
+    }
+
+    /// An npy config (not opened: 10 samples declared) whose data field is `shape` of f32 and
+    /// whose labels are `labels_shape` of f32.
+    fn npy_config(dir: &tempfile::TempDir, shape: &[u32], labels_shape: &[u32]) -> Config {
+        let text = format!(
+            "[dataset]\nkind = \"npy\"\nsamples = 10\n[dataset.npy]\npath = \"{}\"\n\
+             field = \"data\"\ndtype = \"f32\"\nshape = {shape:?}\nlabels = \"{}\"\n\
+             labels_dtype = \"f32\"\nlabels_shape = {labels_shape:?}\n[plan]\nbatch_size = 2\n",
+            dir.path().join("x.npy").display(),
+            dir.path().join("y.npy").display(),
+        );
+        Config::from_toml_str(&text, "t").unwrap()
+    }
+
+    #[test]
+    fn the_parts_are_described_in_words() {
+        assert_eq!(
+            sized(32, MIB as u32).parts_described(),
+            "8 part(s) of up to 4 samples per batch"
+        );
+        assert_eq!(
+            sized(2, 24 * MIB as u32).parts_described(),
+            "12 byte parts per batch (6 per sample, 4194304 bytes of its largest field each)"
+        );
+    }
+
+    #[test]
+    fn a_producer_of_whole_samples_is_refused_with_the_sizes_and_the_fix() {
+        let c = sized(1, 24 * MIB as u32);
+        let e = c
+            .whole_samples_only("pinring.Producer")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("pinring.Producer writes whole samples")
+                && e.contains(&format!("one sample of {} bytes", 24 * MIB + 8))
+                && e.contains(&format!("{} bytes of its largest field", 4 * MIB))
+                && e.contains("6 byte parts")
+                && e.contains("smaller samples")
+                && e.contains(&format!(
+                    "at least {}",
+                    round_up(c.part_need(1), SLOT_ALIGN)
+                )),
+            "{e}"
+        );
+        sized(32, MIB as u32)
+            .whole_samples_only("pinring.Producer")
+            .unwrap();
+    }
+
+    #[test]
+    fn a_kind_that_cannot_cut_a_sample_keeps_whole_samples_and_refuses_a_smaller_slot() {
+        // kind = "external" (Python producers write whole samples): a 24 MiB sample with
+        // "auto" is one sample per part in a slot of its own size, as before byte parts.
+        let text =
+            "[dataset]\nkind = \"external\"\nfields = [{ name = \"images\", dtype = \"u8\", \
+                    shape = [25165824] }, { name = \"labels\", dtype = \"i64\" }]\n\
+                    [plan]\nbatch_size = 2\n";
+        let c = Config::from_toml_str(text, "t").unwrap();
+        let l = c.part_layout();
+        assert_eq!((l.samples_per_part, l.parts_per_batch, l.cut), (1, 2, None));
+        assert!(l.slot_bytes > 24 * MIB);
+        // An explicit slot smaller than one sample: refused, naming the sample's size, what the
+        // slot must hold, and the fixes.
+        let text = format!("{text}[ring]\nslot_bytes = \"4MiB\"\n");
+        let e = Config::from_toml_str(&text, "t").unwrap_err().to_string();
+        let one = c.part_need(1);
+        assert!(
+            e.contains("ring.slot_bytes")
+                && e.contains("too small")
+                && e.contains(&format!("one sample of {} bytes", 24 * MIB + 8))
+                && e.contains(&one.to_string())
+                && e.contains("kind = \"external\" cannot make part of a sample")
+                && e.contains(&format!("at least {}", round_up(one, SLOT_ALIGN)))
+                && e.contains("smaller samples"),
+            "{e}"
+        );
+        // A sample no slot holds: only smaller samples help.
+        let text =
+            "[dataset]\nkind = \"external\"\nfields = [{ name = \"images\", dtype = \"u8\", \
+                    shape = [1073741824] }]\n";
+        let e = Config::from_toml_str(text, "t").unwrap_err().to_string();
+        assert!(
+            e.contains("dataset.fields = 1073741824 bytes a sample")
+                && e.contains("more than the largest slot")
+                && e.contains("cannot make part of a sample")
+                && e.contains("use smaller samples"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -2080,14 +2394,19 @@ mod tests {
         let c = parse("[ring]\nslot_bytes = \"1GiB\"\n[plan]\nbatch_size = 100000\n").unwrap();
         assert_eq!(c.slot_bytes(), MAX_SLOT_BYTES);
         assert!(c.parts_per_batch() > 1);
-        // One sample that no slot holds: samples are not split (yet).
-        let e = parse("[dataset]\nsample_shape = [1073741824]\ndtype = \"u8\"\n")
-            .unwrap_err()
-            .to_string();
-        assert!(
-            e.contains("dataset.sample_shape") && e.contains("not split across slots"),
-            "{e}"
-        );
+        // One sample that no slot holds (1 GiB): cut into 256 byte parts of 4 MiB, in slots of
+        // 4 MiB + 4 KiB.
+        let c = parse(
+            "[dataset]\nsample_shape = [1073741824]\ndtype = \"u8\"\nsamples = 4\n\
+             [plan]\nbatch_size = 1\n",
+        )
+        .unwrap();
+        let l = c.part_layout();
+        let cut = l.cut.unwrap();
+        assert_eq!((cut.field_bytes, cut.chunk_bytes), (1 << 30, 4 * MIB));
+        assert_eq!((l.samples_per_part, l.parts_per_batch), (1, 256));
+        assert_eq!(l.slot_bytes, 4 * MIB + 4096);
+        assert_eq!(c.plan().unwrap().total_seqs(), 256 * 4 * 2);
     }
 
     #[test]
@@ -2241,9 +2560,15 @@ mod tests {
         assert_eq!((a.slots, a.slot_bytes), (DEFAULT_SLOTS, 16 * MIB));
         assert_eq!((layout(&c), c.fingerprint()), before);
         assert_eq!(layout(&c), (11, 3, 16 * MIB));
-        // A sample over 4 MiB: one per part, in a slot of its own size.
+        // A sample over 4 MiB: byte parts of 4 MiB, 2 per sample, the second 1 MiB.
         let c = sized(4, 5 * MIB as u32);
-        assert_eq!(layout(&c), (1, 4, 5 * MIB + 4096));
+        assert_eq!(layout(&c), (1, 8, 4 * MIB + 4096));
+        let cut = c.part_layout().cut.unwrap();
+        assert_eq!((cut.chunk_bytes, cut.range(1).len), (4 * MIB, MIB));
+        // Just over 4 MiB, a whole sample still fits the slot of a 4 MiB byte part: whole.
+        let c = sized(4, 4 * MIB as u32 + 64);
+        assert_eq!(layout(&c), (1, 4, 4 * MIB + 4096));
+        assert_eq!(c.part_layout().cut, None);
     }
 
     #[test]
@@ -2258,6 +2583,11 @@ mod tests {
             (100, (1 << 20) - 100),
             (300, 12_345),
             (4096, 4097),
+            (4, 5 << 20),
+            (1, 24 << 20),
+            (3, (4 << 20) + 64),
+            (2, (4 << 20) + 4000),
+            (1, 1 << 30),
         ] {
             let mut daemon = sized(batch, sample);
             let loader = daemon.clone();
@@ -2283,10 +2613,20 @@ mod tests {
         let mut b = Config::default();
         b.ring.slot_bytes = SlotBytes::Fixed(ByteSize(1 << 20));
         assert_ne!(a.fingerprint(), b.fingerprint());
-        // Samples per part, then the (empty) list of declared fields.
+        // Samples per part, the byte part size (none), then the (empty) list of declared fields.
         let bytes = b.fingerprint_bytes();
-        assert_eq!(bytes[bytes.len() - 8..bytes.len() - 4], 11u32.to_le_bytes());
-        assert_eq!(bytes[bytes.len() - 4..], 0u32.to_le_bytes());
+        let n = bytes.len();
+        assert_eq!(bytes[n - 16..n - 12], 11u32.to_le_bytes());
+        assert_eq!(bytes[n - 12..n - 4], 0u64.to_le_bytes());
+        assert_eq!(bytes[n - 4..], 0u32.to_le_bytes());
+        // Byte parts of another size are another layout.
+        let mut c = sized(1, 24 * MIB as u32);
+        let auto = c.fingerprint();
+        let bytes = c.fingerprint_bytes();
+        let n = bytes.len();
+        assert_eq!(bytes[n - 12..n - 4], (4 * MIB).to_le_bytes());
+        c.ring.slot_bytes = SlotBytes::Fixed(ByteSize(2 * MIB));
+        assert_ne!(c.fingerprint(), auto);
     }
 
     #[test]

@@ -20,8 +20,15 @@
 //! per-sample bytes` of its field. A batch with fewer samples than `B` (the tail batch with
 //! `plan.drop_last = false`) keeps the offsets of a full batch; only its shapes and byte counts
 //! shrink ([`BatchLayout::placements`]).
+//!
+//! **A byte part** (a sample too large for one part, cut by the plan: [`crate::plan::SampleCut`])
+//! carries one sample's byte range of its *cut field* (the largest, [`BatchLayout::cut_field`]),
+//! and the sample's first byte part carries the sample's other fields whole as well: its payload
+//! is field-major like any part's, with the cut field's chunk being that range. The daemon
+//! copies the range to `offset + sample × sample_bytes + range offset` of the cut field.
 
 use crate::meta::Dtype;
+use crate::plan::ByteRange;
 
 /// Name of the sample field (`dataset.sample_shape` of `dataset.dtype`).
 pub const IMAGES: &str = "images";
@@ -137,6 +144,9 @@ pub struct BatchLayout {
     pub record_bytes: u64,
     /// Bytes of the device buffer of one batch: the end of the last field of a full batch.
     pub total_bytes: u64,
+    /// Index of the field byte parts cut: the largest per sample, the first of equals (0 with
+    /// no fields).
+    pub cut_field: usize,
 }
 
 impl BatchLayout {
@@ -166,11 +176,18 @@ impl BatchLayout {
             end = offset.saturating_add(bytes);
             record = record.saturating_add(sample_bytes);
         }
+        let mut cut_field = 0;
+        for (k, f) in placed.iter().enumerate() {
+            if f.sample_bytes > placed[cut_field].sample_bytes {
+                cut_field = k;
+            }
+        }
         BatchLayout {
             batch_size,
             fields: placed,
             record_bytes: record,
             total_bytes: end,
+            cut_field,
         }
     }
 
@@ -192,19 +209,56 @@ impl BatchLayout {
 
     /// The copies that move a part of `samples` samples, whose first sample is sample `first` of
     /// its batch, from its field-major payload into the batch's device buffer: one per field, in
-    /// field order (a part of 0 samples gives copies of 0 bytes). Offsets saturate; for a part
-    /// of a batch of this layout (`first + samples <= batch_size`) every copy lies inside its
-    /// field's tensor.
-    pub fn part_copies(&self, samples: u64, first: u64) -> impl Iterator<Item = ChunkCopy> + '_ {
+    /// field order (a part of 0 samples gives copies of 0 bytes). For a byte part (`bytes`, of
+    /// one sample) the cut field's copy is that range, to its place in the sample, and the other
+    /// fields are copied whole from the sample's first byte part and not at all (0 bytes) from
+    /// the others. Offsets saturate; for a part of a batch of this layout (`first + samples <=
+    /// batch_size`, a range inside the cut field) every copy lies inside its field's tensor.
+    pub fn part_copies(
+        &self,
+        samples: u64,
+        first: u64,
+        bytes: Option<ByteRange>,
+    ) -> impl Iterator<Item = ChunkCopy> + '_ {
+        let mut src = 0u64;
         self.fields.iter().enumerate().map(move |(field, f)| {
-            let (src_offset, len) = f.chunk_in_part(samples);
-            ChunkCopy {
+            let at = f.sample_offset(first);
+            let (len, dst_offset) = match bytes {
+                None => (samples.saturating_mul(f.sample_bytes), at),
+                Some(r) if field == self.cut_field => (r.len, at.saturating_add(r.offset)),
+                Some(r) if r.is_first() => (f.sample_bytes, at),
+                Some(_) => (0, at),
+            };
+            let copy = ChunkCopy {
                 field,
-                src_offset,
+                src_offset: src,
                 len,
-                dst_offset: f.sample_offset(first),
-            }
+                dst_offset,
+            };
+            src = src.saturating_add(len);
+            copy
         })
+    }
+
+    /// Payload bytes of a part: `samples × record_bytes`, or for a byte part of a sample
+    /// (`bytes`) its range of the cut field, plus the sample's other fields in its first byte
+    /// part ([`BatchLayout::part_copies`]). Saturating.
+    pub fn part_payload_bytes(&self, samples: u64, bytes: Option<ByteRange>) -> u64 {
+        match bytes {
+            None => self.payload_bytes(samples),
+            Some(r) if r.is_first() => r.len.saturating_add(self.others_bytes()),
+            Some(r) => r.len,
+        }
+    }
+
+    /// Per-sample bytes of the fields other than the cut field (what a sample's first byte part
+    /// carries besides its range).
+    pub fn others_bytes(&self) -> u64 {
+        let cut = self
+            .fields
+            .get(self.cut_field)
+            .map_or(0, |f| f.sample_bytes);
+        self.record_bytes.saturating_sub(cut)
     }
 
     /// The field called `name` (of a full batch).
@@ -328,7 +382,7 @@ mod tests {
                 }
             }
             assert_eq!(payload.len() as u64, layout.payload_bytes(n));
-            for c in layout.part_copies(n, first) {
+            for c in layout.part_copies(n, first, None) {
                 let (src, dst, len) =
                     (c.src_offset as usize, c.dst_offset as usize, c.len as usize);
                 buffer[dst..dst + len].copy_from_slice(&payload[src..src + len]);
@@ -354,7 +408,7 @@ mod tests {
             // A tail batch of 7 samples, in the parts of a full one.
             assemble(&l, 7, spp);
         }
-        let copies: Vec<ChunkCopy> = l.part_copies(4, 8).collect();
+        let copies: Vec<ChunkCopy> = l.part_copies(4, 8, None).collect();
         assert_eq!(
             copies,
             [
@@ -373,7 +427,88 @@ mod tests {
             ]
         );
         // An empty part past a short batch's end copies nothing.
-        assert!(l.part_copies(0, 28).all(|c| c.len == 0));
+        assert!(l.part_copies(0, 28, None).all(|c| c.len == 0));
+    }
+
+    /// A batch of `b` samples, each cut into byte parts of `chunk` bytes of its cut field, each
+    /// part's payload built as the loader builds it (field-major, the cut field's range, the
+    /// other fields in the sample's first part), copied with `part_copies`: the buffer is the
+    /// whole batch, each field one tensor.
+    fn assemble_bytes(layout: &BatchLayout, b: u64, chunk: u64) {
+        let value = |f: usize, i: u64, k: u64| (f as u64 * 131 + i * 7 + k * 3) as u8 | 1;
+        let cut = crate::plan::SampleCut {
+            field_bytes: layout.fields[layout.cut_field].sample_bytes,
+            chunk_bytes: chunk,
+        };
+        let mut buffer = vec![0u8; layout.total_bytes as usize];
+        for i in 0..b {
+            for j in 0..cut.chunks() {
+                let r = cut.range(j);
+                let mut payload = Vec::new();
+                for (f, field) in layout.fields.iter().enumerate() {
+                    let range = if f == layout.cut_field {
+                        r.offset..r.offset + r.len
+                    } else if r.is_first() {
+                        0..field.sample_bytes
+                    } else {
+                        0..0
+                    };
+                    payload.extend(range.map(|k| value(f, i, k)));
+                }
+                assert_eq!(payload.len() as u64, layout.part_payload_bytes(1, Some(r)));
+                for c in layout.part_copies(1, i, Some(r)) {
+                    let (src, dst, len) =
+                        (c.src_offset as usize, c.dst_offset as usize, c.len as usize);
+                    buffer[dst..dst + len].copy_from_slice(&payload[src..src + len]);
+                }
+            }
+        }
+        let mut want = vec![0u8; layout.total_bytes as usize];
+        for (f, p) in layout.placements(b).iter().enumerate() {
+            for i in 0..b {
+                for k in 0..p.sample_bytes {
+                    want[(p.offset + i * p.sample_bytes + k) as usize] = value(f, i, k);
+                }
+            }
+        }
+        assert!(buffer == want, "b {b} chunk {chunk}");
+    }
+
+    #[test]
+    fn byte_parts_assemble_each_field_as_one_tensor() {
+        let l = BatchLayout::new(&synthetic_fields(Dtype::U8, vec![10, 7]), 3);
+        assert_eq!(l.cut_field, 0);
+        assert_eq!(l.others_bytes(), 8);
+        for chunk in [1, 8, 24, 69, 70] {
+            assemble_bytes(&l, 3, chunk);
+            assemble_bytes(&l, 2, chunk);
+        }
+        // The cut field is the largest, wherever it is; the others ride in the first part.
+        let fields = vec![
+            Field::new("small", Dtype::U8, vec![3]),
+            Field::new("big", Dtype::F32, vec![25]),
+            Field::new("labels", Dtype::I64, vec![]),
+        ];
+        let l = BatchLayout::new(&fields, 2);
+        assert_eq!(l.cut_field, 1);
+        for chunk in [7, 32, 100] {
+            assemble_bytes(&l, 2, chunk);
+        }
+        // A middle part of sample 1: only the cut field's range, to its place in the sample.
+        let r = ByteRange {
+            offset: 32,
+            len: 32,
+        };
+        let copies: Vec<_> = l.part_copies(1, 1, Some(r)).collect();
+        assert_eq!(
+            copies.iter().map(|c| c.len).collect::<Vec<_>>(),
+            vec![0, 32, 0]
+        );
+        assert_eq!(copies[1].src_offset, 0);
+        assert_eq!(copies[1].dst_offset, l.fields[1].offset + 100 + 32);
+        assert_eq!(l.part_payload_bytes(1, Some(r)), 32);
+        let first = ByteRange { offset: 0, len: 32 };
+        assert_eq!(l.part_payload_bytes(1, Some(first)), 3 + 32 + 8);
     }
 
     #[test]

@@ -41,7 +41,10 @@ fn push_path(b: &mut Vec<u8>, path: &Path) {
 /// Version 7: `webdataset` delivers in its shard order (shard `i` to rank `i % world_size`,
 /// shards shuffled per rank, a shuffle buffer, counts evened out across ranks), so the shards'
 /// sample counts are hashed after `shuffle_buffer`.
-pub const FINGERPRINT_VERSION: u32 = 7;
+/// Version 8: byte parts (a sample too large for one part is cut into byte ranges of its
+/// largest field, [`crate::plan::SampleCut`]): the byte part size is hashed, and the metadata
+/// ends with the part's byte range ([`crate::BatchMeta::byte_range`]).
+pub const FINGERPRINT_VERSION: u32 = 8;
 
 const MAGIC: &[u8; 8] = b"pinrngfp";
 
@@ -53,6 +56,8 @@ impl Config {
     /// plan seed (u64), start_epoch (u32), drop_last (u8),
     /// rank (u32), world_size (u32), resolved slot_bytes (u64), samples per part (u32;
     /// version 2: with the slot size and batch size it fixes which samples each seq carries),
+    /// bytes of the largest field in each byte part (u64, 0 for parts of whole samples; version
+    /// 7),
     /// then the declared fields (version 4; count (u32), then per field its name (u32 length,
     /// UTF-8), dtype code (u8), ndims (u32) and dims (u32 each)); for the file kinds
     /// (version 5; kind 2 `tokens`, 3 `npy`) these are the fields of [`Config::fields`], then
@@ -102,6 +107,8 @@ impl Config {
         let parts = self.part_layout();
         b.extend_from_slice(&parts.slot_bytes.to_le_bytes());
         b.extend_from_slice(&parts.samples_per_part.to_le_bytes());
+        let chunk = parts.cut.map_or(0, |c| c.chunk_bytes);
+        b.extend_from_slice(&chunk.to_le_bytes());
         // Declared fields (kind = "external"; none for synthetic, whose fields follow from the
         // kind, shape and dtype): count, then each name (length, UTF-8), dtype code, ndims, dims.
         let fields = if d.kind.reads_files() {
@@ -238,7 +245,7 @@ mod tests {
         // A loader of another payload format (version 2: images only) has another fingerprint
         // for the same config, so the daemon refuses it.
         let bytes = Config::default().fingerprint_bytes();
-        assert_eq!(bytes[8..12], 7u32.to_le_bytes());
+        assert_eq!(bytes[8..12], 8u32.to_le_bytes());
         let mut v2 = bytes.clone();
         v2[8..12].copy_from_slice(&2u32.to_le_bytes());
         assert_ne!(

@@ -35,7 +35,7 @@ pub use dataset::{
 pub use fields::{BatchLayout, ChunkCopy, Field, FieldPlacement, FIELD_ALIGN, IMAGES, LABELS};
 pub use fingerprint::FINGERPRINT_VERSION;
 pub use meta::{max_encoded_len, BatchMeta, Dtype, MetaError, MAX_META_BYTES};
-pub use plan::{BatchIndices, Part, Plan, PlanError, PlanParams};
+pub use plan::{BatchIndices, ByteRange, Part, Plan, PlanError, PlanParams, SampleCut};
 pub use shard_order::ShardOrder;
 pub use size::{ByteSize, SizeError};
 pub use synthetic::{generator_throughput, Synthetic, SyntheticError, LABEL_BYTES};

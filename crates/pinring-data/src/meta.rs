@@ -12,7 +12,7 @@ use bincode::config::{Configuration, Limit, LittleEndian, Varint};
 use bincode::enc::write::SizeWriter;
 use serde::{Deserialize, Serialize};
 
-use crate::plan::BatchIndices;
+use crate::plan::{BatchIndices, ByteRange};
 
 /// Hard upper bound (bytes) on an encoded [`BatchMeta`]; [`BatchMeta::decode`]
 /// never reads more than this, whatever limit the caller passes.
@@ -193,8 +193,11 @@ pub struct BatchMeta {
     /// Element type of the first field.
     pub dtype: Dtype,
     /// Bytes of payload in the slot: samples × record bytes (all fields, field-major;
-    /// [`crate::Config::record_bytes`]).
+    /// [`crate::Config::record_bytes`]), or a byte part's ([`crate::BatchLayout::part_payload_bytes`]).
     pub payload_bytes: u64,
+    /// For a byte part of a sample: the range of the sample's cut field it carries (the plan's,
+    /// [`crate::Part::bytes`]); `None` for a part of whole samples.
+    pub byte_range: Option<ByteRange>,
 }
 
 /// Upper bound on the encoded size of a [`BatchMeta`] with `batch_size`
@@ -203,8 +206,9 @@ pub struct BatchMeta {
 /// Varint bounds: u64 <= 9 bytes, u32 <= 5 bytes, lengths <= 9 bytes, the
 /// enum tag <= 5 bytes.
 pub const fn max_encoded_len(batch_size: u64, ndims: u64) -> u64 {
-    // seq + epoch + index_in_epoch + 3 vec lengths + dtype + payload_bytes
-    let fixed = 9 + 5 + 9 + 3 * 9 + 5 + 9;
+    // seq + epoch + index_in_epoch + 3 vec lengths + dtype + payload_bytes + byte_range (option
+    // tag and two u64)
+    let fixed = 9 + 5 + 9 + 3 * 9 + 5 + 9 + (1 + 9 + 9);
     fixed + batch_size.saturating_mul(9 + 5) + ndims.saturating_mul(5)
 }
 
@@ -227,7 +231,16 @@ impl BatchMeta {
             sample_shape,
             dtype,
             payload_bytes: (indices.samples.len() as u64).saturating_mul(record_bytes),
+            byte_range: None,
         }
+    }
+
+    /// This metadata for a byte part carrying `range` of its sample's cut field, with
+    /// `payload_bytes` of payload ([`crate::BatchLayout::part_payload_bytes`]).
+    pub fn with_byte_range(mut self, range: ByteRange, payload_bytes: u64) -> Self {
+        self.byte_range = Some(range);
+        self.payload_bytes = payload_bytes;
+        self
     }
 
     /// Exact encoded size in bytes.
@@ -277,15 +290,17 @@ impl BatchMeta {
         })
     }
 
-    /// Checks that this metadata describes exactly the batch the plan
-    /// expects (`expected`) with samples whose `images` field has `sample_bytes` bytes and whose
-    /// fields together have `record_bytes`: seq, epoch, index in epoch, sample ids, label count,
-    /// shape and payload size (samples × `record_bytes`).
+    /// Checks that this metadata describes exactly the batch (part) the plan
+    /// expects (`expected`, and for a byte part the range `bytes` of its sample's cut field)
+    /// with samples whose first field has `sample_bytes` bytes and a payload of `payload_bytes`
+    /// (all fields; [`crate::BatchLayout::part_payload_bytes`]): seq, epoch, index in epoch,
+    /// sample ids, label count, shape, byte range and payload size.
     pub fn validate_against(
         &self,
         expected: &BatchIndices,
+        bytes: Option<ByteRange>,
         sample_bytes: u64,
-        record_bytes: u64,
+        payload_bytes: u64,
     ) -> Result<(), MetaError> {
         let mismatch = |field: &str, exp: String, found: String| MetaError::Mismatch {
             seq: expected.seq,
@@ -356,7 +371,18 @@ impl BatchMeta {
                 ),
             ));
         }
-        let want_payload = (expected.samples.len() as u64).saturating_mul(record_bytes);
+        if self.byte_range != bytes {
+            let show = |r: Option<ByteRange>| match r {
+                Some(r) => format!(
+                    "bytes {}..{} of the sample's cut field",
+                    r.offset,
+                    r.offset.saturating_add(r.len)
+                ),
+                None => "whole samples".to_string(),
+            };
+            return Err(mismatch("byte_range", show(bytes), show(self.byte_range)));
+        }
+        let want_payload = payload_bytes;
         if self.payload_bytes != want_payload {
             return Err(mismatch(
                 "payload_bytes",
@@ -394,7 +420,8 @@ mod tests {
         assert!(n as u64 <= max_encoded_len(32, 2));
         let back = BatchMeta::decode(&buf, 4096).unwrap();
         assert_eq!(back, m);
-        back.validate_against(&idx, 48, 56).unwrap();
+        back.validate_against(&idx, None, 48, 56 * idx.samples.len() as u64)
+            .unwrap();
         assert_eq!(back.payload_bytes, 32 * 56, "images and labels");
     }
 
@@ -427,6 +454,10 @@ mod tests {
             sample_shape: vec![u32::MAX; 5],
             dtype: Dtype::F64,
             payload_bytes: u64::MAX,
+            byte_range: Some(ByteRange {
+                offset: u64::MAX,
+                len: u64::MAX,
+            }),
         };
         assert!(m.encoded_len() as u64 <= max_encoded_len(n as u64, 5));
     }
@@ -436,23 +467,73 @@ mod tests {
         let (m, idx) = sample_meta(4);
         let mut bad = m.clone();
         bad.sample_ids[2] += 1;
-        let e = bad.validate_against(&idx, 48, 56).unwrap_err().to_string();
+        let e = bad
+            .validate_against(&idx, None, 48, 56 * idx.samples.len() as u64)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("sample_ids[2]"), "{e}");
         let mut bad = m.clone();
         bad.seq = 8;
-        assert!(bad.validate_against(&idx, 48, 56).is_err());
+        assert!(bad
+            .validate_against(&idx, None, 48, 56 * idx.samples.len() as u64)
+            .is_err());
         let mut bad = m.clone();
         bad.payload_bytes = 1;
-        assert!(bad.validate_against(&idx, 48, 56).is_err());
+        assert!(bad
+            .validate_against(&idx, None, 48, 56 * idx.samples.len() as u64)
+            .is_err());
         let mut bad = m.clone();
         bad.labels.pop();
-        assert!(bad.validate_against(&idx, 48, 56).is_err());
-        assert!(m.validate_against(&idx, 40, 48).is_err());
+        assert!(bad
+            .validate_against(&idx, None, 48, 56 * idx.samples.len() as u64)
+            .is_err());
+        assert!(m.validate_against(&idx, None, 40, 48 * 4).is_err());
         // A payload of the images alone (the format before fields) is refused.
         let mut old = m.clone();
         old.payload_bytes = 4 * 48;
-        let e = old.validate_against(&idx, 48, 56).unwrap_err().to_string();
+        let e = old
+            .validate_against(&idx, None, 48, 56 * idx.samples.len() as u64)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("payload_bytes"), "{e}");
+    }
+
+    #[test]
+    fn a_byte_part_must_carry_the_planned_range() {
+        let (m, idx) = sample_meta(1);
+        let r = ByteRange {
+            offset: 4096,
+            len: 4096,
+        };
+        let part = m.with_byte_range(r, 4096);
+        let mut buf = vec![0u8; 4096];
+        let n = part.encode_into(&mut buf).unwrap();
+        assert!(n as u64 <= max_encoded_len(1, 2));
+        let back = BatchMeta::decode(&buf, 4096).unwrap();
+        back.validate_against(&idx, Some(r), 48, 4096).unwrap();
+        // Another range, a whole sample where a range is planned, and the reverse: refused,
+        // each naming the byte range.
+        let other = ByteRange {
+            offset: 0,
+            len: 4096,
+        };
+        let e = back
+            .validate_against(&idx, Some(other), 48, 4096)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("byte_range") && e.contains("bytes 0..4096"),
+            "{e}"
+        );
+        assert!(back.validate_against(&idx, None, 48, 4096).is_err());
+        let (whole, _) = sample_meta(1);
+        let e = whole
+            .validate_against(&idx, Some(r), 48, 56)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("whole samples"), "{e}");
+        // The right range with the wrong payload length.
+        assert!(back.validate_against(&idx, Some(r), 48, 4104).is_err());
     }
 
     #[test]
@@ -477,7 +558,8 @@ mod tests {
                      dt in 0usize..7, payload: u64) {
             let labels = ids.iter().map(|&i| i as u32).collect::<Vec<_>>();
             let m = BatchMeta { seq, epoch, index_in_epoch, sample_ids: ids.clone(), labels,
-                sample_shape: shape.clone(), dtype: Dtype::ALL[dt], payload_bytes: payload };
+                sample_shape: shape.clone(), dtype: Dtype::ALL[dt], payload_bytes: payload,
+                byte_range: (payload % 2 == 1).then_some(ByteRange { offset: seq, len: payload }) };
             let cap = max_encoded_len(ids.len() as u64, shape.len() as u64) as usize;
             let mut buf = vec![0u8; cap];
             let n = m.encode_into(&mut buf).unwrap();

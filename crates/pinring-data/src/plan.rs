@@ -23,6 +23,14 @@
 //!    every batch has the same number of parts and seqs map to parts by
 //!    arithmetic alone.
 //!
+//! 5. A sample too large for one part is cut into *byte parts*
+//!    ([`PlanParams::cut`], [`SampleCut`]): each sample of the batch becomes
+//!    `k = ceil(field_bytes / chunk_bytes)` parts, part `j` of a sample holding
+//!    the byte range `j * chunk_bytes .. min((j + 1) * chunk_bytes, field_bytes)`
+//!    of the sample's cut field ([`ByteRange`]). Then `P = batch_size * k`, and
+//!    part `i * k + j` of a batch is byte part `j` of its sample `i`; the parts
+//!    of the samples past the end of a short last batch are empty.
+//!
 //! **`dataset.kind = "webdataset"`** ([`Plan::with_shards`], a [`ShardOrder`]) replaces steps 1
 //! and 2: rank `r`'s samples of epoch `e` are the shard order of [`crate::shard_order`] (shard
 //! `i` belongs to rank `i % W`; with `shuffle` the rank's shards are shuffled by `(seed, e, r)`
@@ -121,6 +129,54 @@ pub struct PlanParams {
     pub world_size: u32,
     /// Samples in each part of a batch (1..=batch_size); `batch_size` means one part per batch.
     pub samples_per_part: u32,
+    /// Byte parts: each sample is cut into parts of `chunk_bytes` of its cut field
+    /// (`samples_per_part` must then be 1). `None`: parts of whole samples.
+    pub cut: Option<SampleCut>,
+}
+
+/// How a sample too large for one part is cut into byte parts ([`PlanParams::cut`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SampleCut {
+    /// Bytes of the cut field (the sample's largest) per sample (>= 1).
+    pub field_bytes: u64,
+    /// Bytes of the cut field in each byte part (>= 1); the last part of a sample is shorter
+    /// when `field_bytes` is not a multiple of it.
+    pub chunk_bytes: u64,
+}
+
+impl SampleCut {
+    /// Byte parts per sample: `ceil(field_bytes / chunk_bytes)`.
+    pub fn chunks(&self) -> u64 {
+        self.field_bytes.div_ceil(self.chunk_bytes.max(1))
+    }
+
+    /// The byte range of the cut field that byte part `chunk` (< [`SampleCut::chunks`]) of a
+    /// sample carries.
+    pub fn range(&self, chunk: u64) -> ByteRange {
+        let offset = chunk.saturating_mul(self.chunk_bytes).min(self.field_bytes);
+        ByteRange {
+            offset,
+            len: self.chunk_bytes.min(self.field_bytes - offset),
+        }
+    }
+}
+
+/// The bytes of a sample's cut field that a byte part carries: `offset .. offset + len`
+/// ([`SampleCut::range`]). The part's metadata records it ([`crate::BatchMeta::byte_range`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct ByteRange {
+    /// Offset of the first byte in the sample's cut field.
+    pub offset: u64,
+    /// Bytes carried.
+    pub len: u64,
+}
+
+impl ByteRange {
+    /// Whether this is a sample's first byte part, the one that also carries the sample's other
+    /// fields whole.
+    pub fn is_first(&self) -> bool {
+        self.offset == 0
+    }
 }
 
 /// Where a seq's part lies: in which batch, which part of it, and which of the batch's samples.
@@ -144,6 +200,9 @@ pub struct Part {
     pub samples: u64,
     /// Samples in the whole batch.
     pub batch_samples: u64,
+    /// For a byte part of a sample ([`PlanParams::cut`]; then `samples` is 1): the range of the
+    /// sample's cut field it carries. `None` for a part of whole samples and for an empty part.
+    pub bytes: Option<ByteRange>,
 }
 
 impl Part {
@@ -285,6 +344,34 @@ impl Plan {
         if p.epochs == 0 {
             return bad("plan.epochs", "0".into(), "must be >= 1");
         }
+        if let Some(cut) = p.cut {
+            if p.samples_per_part != 1 {
+                return bad(
+                    "samples per part",
+                    p.samples_per_part.to_string(),
+                    "must be 1 when samples are cut into byte parts",
+                );
+            }
+            if cut.field_bytes == 0 || cut.chunk_bytes == 0 {
+                return bad(
+                    "byte part size",
+                    format!("{} of {}", cut.chunk_bytes, cut.field_bytes),
+                    "the cut field and its byte parts must be at least 1 byte",
+                );
+            }
+            if u64::from(p.batch_size).saturating_mul(cut.chunks()) > u64::from(u32::MAX) {
+                return bad(
+                    "plan.batch_size",
+                    p.batch_size.to_string(),
+                    &format!(
+                        "batch_size x {} byte parts per sample must be at most {}; use a \
+                         smaller batch or larger slots",
+                        cut.chunks(),
+                        u32::MAX
+                    ),
+                );
+            }
+        }
         if p.samples_per_part == 0 || p.samples_per_part > p.batch_size {
             return bad(
                 "samples per part",
@@ -400,7 +487,10 @@ impl Plan {
             shards,
             per_rank,
             bpe,
-            parts: u64::from(p.batch_size.div_ceil(p.samples_per_part)),
+            parts: match p.cut {
+                Some(cut) => u64::from(p.batch_size) * cut.chunks(),
+                None => u64::from(p.batch_size.div_ceil(p.samples_per_part)),
+            },
             cache: None,
         })
     }
@@ -430,7 +520,8 @@ impl Plan {
         u64::from(self.params.epochs) * self.bpe
     }
 
-    /// Parts per batch (`ceil(batch_size / samples_per_part)`, at least 1).
+    /// Parts per batch (`ceil(batch_size / samples_per_part)`, or `batch_size × k` with byte
+    /// parts; at least 1).
     pub fn parts_per_batch(&self) -> u64 {
         self.parts
     }
@@ -449,13 +540,26 @@ impl Plan {
             return Err(PlanError::SeqOutOfRange { seq, total });
         }
         let batch = seq / self.parts;
-        // < parts <= batch_size, a u32.
+        // < parts, which Plan::new keeps within a u32.
         let part = (seq % self.parts) as u32;
         let (epoch, index_in_epoch, start, end) = self.batch_range(batch);
         let batch_samples = end - start;
-        let spp = u64::from(self.params.samples_per_part);
-        let lo = (u64::from(part) * spp).min(batch_samples);
-        let hi = (lo + spp).min(batch_samples);
+        let (lo, hi, bytes) = match self.params.cut {
+            None => {
+                let spp = u64::from(self.params.samples_per_part);
+                let lo = (u64::from(part) * spp).min(batch_samples);
+                (lo, (lo + spp).min(batch_samples), None)
+            }
+            Some(cut) => {
+                // Part i·k + j: byte part j of the batch's sample i.
+                let k = cut.chunks();
+                let i = u64::from(part) / k;
+                let lo = i.min(batch_samples);
+                let hi = (i + 1).min(batch_samples);
+                let bytes = (hi > lo).then(|| cut.range(u64::from(part) % k));
+                (lo, hi, bytes)
+            }
+        };
         self.fill(epoch, start + lo, start + hi, out);
         Ok(Part {
             seq,
@@ -467,6 +571,7 @@ impl Plan {
             first_in_batch: lo,
             samples: hi - lo,
             batch_samples,
+            bytes,
         })
     }
 
@@ -590,6 +695,7 @@ mod tests {
             rank: 0,
             world_size: 1,
             samples_per_part: batch_size.max(1),
+            cut: None,
         }
     }
 
@@ -636,6 +742,71 @@ mod tests {
             .contains("samples per part"));
         p.samples_per_part = 0;
         assert!(Plan::new(&p).is_err());
+    }
+
+    #[test]
+    fn a_sample_of_24_bytes_in_parts_of_10_is_cut_into_three_the_last_short() {
+        // 3 samples, batches of 2, each sample's field of 24 bytes in byte parts of 10.
+        let mut p = params(3, 2);
+        p.shuffle = false;
+        p.epochs = 1;
+        p.samples_per_part = 1;
+        p.cut = Some(SampleCut {
+            field_bytes: 24,
+            chunk_bytes: 10,
+        });
+        let mut plan = Plan::new(&p).unwrap();
+        assert_eq!(plan.parts_per_batch(), 6);
+        assert_eq!(plan.total_seqs(), 12);
+        let mut ids = Vec::new();
+        type Row = (u64, u64, Vec<u64>, Option<(u64, u64)>);
+        let got: Vec<Row> = (0..12)
+            .map(|s| {
+                let part = plan.part_into(s, &mut ids).unwrap();
+                let r = part.bytes.map(|r| (r.offset, r.len));
+                (part.batch, part.first_in_batch, ids.clone(), r)
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (0, 0, vec![0], Some((0, 10))),
+                (0, 0, vec![0], Some((10, 10))),
+                (0, 0, vec![0], Some((20, 4))),
+                (0, 1, vec![1], Some((0, 10))),
+                (0, 1, vec![1], Some((10, 10))),
+                (0, 1, vec![1], Some((20, 4))),
+                (1, 0, vec![2], Some((0, 10))),
+                (1, 0, vec![2], Some((10, 10))),
+                (1, 0, vec![2], Some((20, 4))),
+                // The short last batch has one sample: its second sample's parts are empty.
+                (1, 1, vec![], None),
+                (1, 1, vec![], None),
+                (1, 1, vec![], None),
+            ]
+        );
+        // Byte parts hold one sample each.
+        p.samples_per_part = 2;
+        assert!(Plan::new(&p)
+            .unwrap_err()
+            .to_string()
+            .contains("byte parts"));
+        p.samples_per_part = 1;
+        p.cut = Some(SampleCut {
+            field_bytes: 24,
+            chunk_bytes: 0,
+        });
+        assert!(Plan::new(&p).is_err());
+        // batch_size × parts per sample must fit the part index.
+        p.batch_size = u32::MAX / 2;
+        p.cut = Some(SampleCut {
+            field_bytes: 24,
+            chunk_bytes: 10,
+        });
+        assert!(Plan::new(&p)
+            .unwrap_err()
+            .to_string()
+            .contains("byte parts"));
     }
 
     fn epoch_samples(plan: &mut Plan, epoch_idx: u64) -> Vec<u64> {
@@ -1067,6 +1238,63 @@ mod tests {
             let total = parts.total_seqs();
             let past_the_end = parts.part_into(total, &mut ids);
             prop_assert!(matches!(past_the_end, Err(PlanError::SeqOutOfRange { .. })), "{:?}", past_the_end);
+        }
+
+        #[test]
+        fn byte_parts_are_disjoint_in_order_and_cover_every_byte_of_every_sample(
+            n in 1u64..60, bs in 1u32..6, field in 1u64..5000, chunk in 1u64..1200,
+            drop_last: bool, shuffle: bool, seed: u64,
+        ) {
+            let mut p = params(n, bs);
+            p.seed = seed;
+            p.drop_last = drop_last;
+            p.shuffle = shuffle;
+            p.samples_per_part = 1;
+            let cut = SampleCut { field_bytes: field, chunk_bytes: chunk };
+            p.cut = Some(cut);
+            let (Ok(mut parts), Ok(mut whole)) = (Plan::new(&p), Plan::new(&PlanParams { cut: None, ..params_like(&p) })) else {
+                return Ok(());
+            };
+            let k = field.div_ceil(chunk);
+            prop_assert_eq!(cut.chunks(), k);
+            prop_assert_eq!(parts.parts_per_batch(), u64::from(bs) * k);
+            let mut ids = Vec::new();
+            for b in 0..parts.total_batches() {
+                let batch = whole.batch(b).unwrap();
+                // Per sample of the batch: the ranges its parts carried, in order.
+                let mut covered = vec![0u64; batch.samples.len()];
+                for j in 0..parts.parts_per_batch() {
+                    let seq = b * parts.parts_per_batch() + j;
+                    let part = parts.part_into(seq, &mut ids).unwrap();
+                    prop_assert_eq!((part.batch, u64::from(part.part)), (b, j));
+                    prop_assert_eq!((part.epoch, part.index_in_epoch), (batch.epoch, batch.index_in_epoch));
+                    let i = j / k;
+                    if i >= batch.samples.len() as u64 {
+                        // Past the end of a short batch: empty.
+                        prop_assert_eq!(part.samples, 0);
+                        prop_assert!(ids.is_empty() && part.bytes.is_none());
+                        continue;
+                    }
+                    prop_assert_eq!(part.samples, 1);
+                    prop_assert_eq!(&ids, &vec![batch.samples[i as usize]]);
+                    prop_assert_eq!(part.first_in_batch, i);
+                    let r = part.bytes.unwrap();
+                    // In order and disjoint: each starts where the sample's previous one ended.
+                    prop_assert_eq!(r.offset, covered[i as usize]);
+                    prop_assert!(r.len >= 1 && r.len <= chunk);
+                    prop_assert_eq!(r.is_first(), j % k == 0);
+                    if j % k + 1 < k {
+                        prop_assert_eq!(r.len, chunk);
+                    } else {
+                        // The last part of a sample ends the field, short when chunk does not divide it.
+                        prop_assert_eq!(r.offset + r.len, field);
+                        prop_assert_eq!(r.len, field - (k - 1) * chunk);
+                    }
+                    covered[i as usize] = r.offset + r.len;
+                }
+                // Every byte of every sample.
+                prop_assert!(covered.iter().all(|&c| c == field), "{:?}", covered);
+            }
         }
 
         #[test]

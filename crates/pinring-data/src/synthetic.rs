@@ -160,6 +160,42 @@ impl Synthetic {
         }
     }
 
+    /// The words of sample `index` from word `word` on (bytes `8 × word..` of the sample): the
+    /// generator of a byte part that starts mid-sample ([`crate::plan::ByteRange`]). Word `k` is
+    /// a function of `k` alone, so any range can be made (and checked) without the words before.
+    #[inline]
+    pub fn sample_words_from(&self, index: u64, word: u64) -> SampleWords {
+        SampleWords {
+            ctr: self
+                .key(index)
+                .wrapping_add(word.wrapping_mul(GOLDEN_GAMMA)),
+        }
+    }
+
+    /// Writes bytes `offset..offset + out.len()` of sample `index` into `out` (any offset and
+    /// length; bytes past the sample's end follow the same sequence, so a caller keeps within
+    /// [`Synthetic::sample_bytes`]).
+    pub fn fill_sample_range(&self, index: u64, offset: u64, out: &mut [u8]) {
+        let mut words = self.sample_words_from(index, offset / 8);
+        let skip = (offset % 8) as usize;
+        let mut at = 0;
+        if skip != 0 && !out.is_empty() {
+            let w = words.next_word().to_le_bytes();
+            let n = (8 - skip).min(out.len());
+            out[..n].copy_from_slice(&w[skip..skip + n]);
+            at = n;
+        }
+        let mut chunks = out[at..].chunks_exact_mut(8);
+        for c in &mut chunks {
+            c.copy_from_slice(&words.next_word().to_le_bytes());
+        }
+        let rem = chunks.into_remainder();
+        if !rem.is_empty() {
+            let n = rem.len();
+            rem.copy_from_slice(&words.next_word().to_le_bytes()[..n]);
+        }
+    }
+
     /// Label of sample `index`, in `0..classes`.
     pub fn label(&self, index: u64) -> u32 {
         (mix64(self.key(index) ^ LABEL_SALT) % u64::from(self.classes)) as u32
@@ -446,6 +482,30 @@ mod tests {
                 .collect();
             assert_eq!(got, want, "{bytes} bytes");
         }
+    }
+
+    #[test]
+    fn any_byte_range_of_a_sample_is_the_sample_s_bytes_there() {
+        let g = Synthetic::new(7, 203, 10);
+        let mut whole = vec![0u8; 203];
+        g.fill_sample(31, &mut whole);
+        for offset in [0usize, 1, 7, 8, 9, 64, 100, 199, 203] {
+            for len in [0usize, 1, 5, 8, 16, 57] {
+                let len = len.min(203 - offset);
+                let mut part = vec![0u8; len];
+                g.fill_sample_range(31, offset as u64, &mut part);
+                assert_eq!(
+                    part,
+                    whole[offset..offset + len],
+                    "offset {offset} len {len}"
+                );
+            }
+        }
+        // The words from word k are the sample's words k, k + 1, ...
+        let mut all = g.sample_words(31);
+        let _ = (all.next_word(), all.next_word());
+        let mut from = g.sample_words_from(31, 2);
+        assert_eq!(all.next_word(), from.next_word());
     }
 
     #[test]

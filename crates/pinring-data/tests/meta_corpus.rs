@@ -48,7 +48,8 @@ fn a_valid_encoding_decodes_and_validates() {
     let mut buf = vec![0u8; LIMIT];
     let n = meta.encode_into(&mut buf).unwrap();
     let back = BatchMeta::decode(&buf[..n], LIMIT).unwrap();
-    back.validate_against(&indices, sb, rb).unwrap();
+    back.validate_against(&indices, None, sb, rb * indices.samples.len() as u64)
+        .unwrap();
 }
 
 proptest! {
@@ -72,7 +73,7 @@ proptest! {
         }
         bytes.truncate(cut % (bytes.len() + 1));
         if let Ok(decoded) = BatchMeta::decode(&bytes, limit) {
-            if decoded.validate_against(&indices, sb, rb).is_ok() {
+            if decoded.validate_against(&indices, None, sb, rb * indices.samples.len() as u64).is_ok() {
                 prop_assert_eq!(decoded.seq, meta.seq);
                 prop_assert_eq!(&decoded.sample_ids, &meta.sample_ids);
                 prop_assert_eq!(decoded.payload_bytes, meta.payload_bytes);

@@ -172,6 +172,11 @@ impl Producer {
             })
         });
         let state = state.map_err(|e| e.to_pyerr())?;
+        // A producer writes whole samples: a ring whose samples are cut into byte parts is
+        // pinring-loader's alone.
+        if let Err(e) = state.joined.cfg.whole_samples_only("pinring.Producer") {
+            return Err(exit_error(Exit::Config, e.to_string()));
+        }
         Ok(Producer {
             state: Mutex::new(Some(state)),
             ring,

@@ -72,13 +72,12 @@ pub fn run(args: &CheckArgs) -> Result<(), CheckError> {
     println!("# found by: {}", origin.describe());
     println!("# segment: {}", cfg.segment_path());
     println!(
-        "# slot bytes: {} ({} payload max + {} metadata reserve; {} part(s) of up to {} samples \
-         per batch); ring data: {} bytes ({:.1} MiB)",
+        "# slot bytes: {} ({} payload max + {} metadata reserve; {}); ring data: {} bytes \
+         ({:.1} MiB)",
         cfg.slot_bytes(),
         cfg.part_payload_bytes_max(),
         cfg.meta_reserve_bytes(),
-        cfg.parts_per_batch(),
-        cfg.samples_per_part(),
+        cfg.parts_described(),
         cfg.ring_bytes(),
         cfg.ring_bytes() as f64 / (1u64 << 20) as f64
     );

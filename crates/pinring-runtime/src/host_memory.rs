@@ -77,13 +77,12 @@ impl HostMemory {
             return None;
         }
         Some(format!(
-            "ring.slot_bytes = \"auto\" resolved to {} slots x {} = {} ({} part(s) of up to {} \
-             samples per batch; ring aimed at {}, {})",
+            "ring.slot_bytes = \"auto\" resolved to {} slots x {} = {} ({}; ring aimed at {}, \
+             {})",
             a.slots,
             ByteSize(a.slot_bytes),
             ByteSize(u64::from(a.slots) * a.slot_bytes),
-            cfg.parts_per_batch(),
-            cfg.samples_per_part(),
+            cfg.parts_described(),
             ByteSize(a.target_bytes),
             self.cache_origin(),
         ))

@@ -16,8 +16,8 @@ use crate::exit::Exit;
 use crate::settings::{self, Overrides};
 use crate::shutdown::Shutdown;
 use pinring_data::{
-    BatchIndices, BatchLayout, BatchMeta, Config, ConfigError, DatasetKind, Dtype, OnBadSample,
-    Plan, IMAGES, LABELS,
+    BatchIndices, BatchLayout, BatchMeta, ByteRange, Config, ConfigError, DatasetKind, Dtype,
+    OnBadSample, Plan, IMAGES, LABELS,
 };
 use pinring_ring::layout::{align_up, META_ALIGN};
 use pinring_ring::{
@@ -626,7 +626,7 @@ impl Worker<'_> {
             let made = self
                 .plan
                 .part_into(seq, &mut self.samples)
-                .map(|p| (p.epoch, p.index_in_epoch));
+                .map(|p| (p.epoch, p.index_in_epoch, p.bytes));
             let mut slot = self.ring.slot_writer(&mut claim);
             // A sample that cannot be read with on_bad_sample = "fail": the part is committed
             // with ERR_SAMPLE, then the loader stops with this error.
@@ -636,9 +636,9 @@ impl Worker<'_> {
                     tracing::error!(ring = %self.cfg.ring.name, seq, "cannot make this batch: {e}");
                     (0, 0, ERR_PLAN)
                 }
-                Ok((epoch, index_in_epoch)) if self.source.is_some() => {
+                Ok((epoch, index_in_epoch, bytes)) if self.source.is_some() => {
                     let count = self.samples.len() as u64;
-                    let payload_len = layout.payload_bytes(count) as usize;
+                    let payload_len = layout.part_payload_bytes(count, bytes) as usize;
                     let fits = payload_len <= slot.len();
                     let src = self.source.as_deref_mut();
                     let filled = src.map(|src| {
@@ -653,6 +653,7 @@ impl Worker<'_> {
                                 label_field,
                                 bufs: &mut self.sample_bufs,
                                 labels: &mut self.labels,
+                                bytes,
                                 bad: &mut self.report.bad_samples,
                                 shared_bad: &self.ring.header().bad_samples_skipped,
                                 ring: &self.cfg.ring.name,
@@ -668,13 +669,16 @@ impl Worker<'_> {
                                 index_in_epoch,
                                 samples: std::mem::take(&mut self.samples),
                             };
-                            let meta = BatchMeta::new(
+                            let mut meta = BatchMeta::new(
                                 &indices,
                                 std::mem::take(&mut self.labels),
                                 shape.clone(),
                                 dtype,
                                 layout.record_bytes,
                             );
+                            if let Some(r) = bytes {
+                                meta = meta.with_byte_range(r, payload_len as u64);
+                            }
                             self.samples = indices.samples;
                             let written = write_meta(
                                 &mut slot,
@@ -700,7 +704,65 @@ impl Worker<'_> {
                         None => (0, 0, ERR_PLAN),
                     }
                 }
-                Ok((epoch, index_in_epoch)) => {
+                Ok((epoch, index_in_epoch, Some(r))) => {
+                    // A byte part of one sample: its range of the images, and the sample's label
+                    // in its first part ([`BatchLayout::part_copies`] says where each goes).
+                    let payload_len = layout.part_payload_bytes(1, Some(r)) as usize;
+                    let mut fits = payload_len <= slot.len() && self.samples.len() == 1;
+                    let id = self.samples.first().copied().unwrap_or(0);
+                    for copy in layout.part_copies(1, 0, Some(r)) {
+                        let field = &layout.fields[copy.field];
+                        let (at, len) = (copy.src_offset as usize, copy.len as usize);
+                        if len == 0 {
+                            continue;
+                        }
+                        if copy.field == layout.cut_field && field.name == IMAGES {
+                            // Straight into the slot from word offset / 8 of the sample on.
+                            if r.offset % 8 == 0 {
+                                let mut words = synthetic.sample_words_from(id, r.offset / 8);
+                                fits &= slot.write_words(at, len, || words.next_word()).is_ok();
+                            } else {
+                                self.field_buf.resize(len, 0);
+                                synthetic.fill_sample_range(id, r.offset, &mut self.field_buf);
+                                fits &= slot.write(at, &self.field_buf).is_ok();
+                            }
+                            continue;
+                        }
+                        self.field_buf.resize(len, 0);
+                        match synthetic.fill_field(&field.name, &self.samples, &mut self.field_buf)
+                        {
+                            Ok(()) => fits &= slot.write(at, &self.field_buf).is_ok(),
+                            Err(e) => {
+                                tracing::error!(ring = %self.cfg.ring.name, seq, "{e}");
+                                fits = false;
+                            }
+                        }
+                    }
+                    let indices = BatchIndices {
+                        seq,
+                        epoch,
+                        index_in_epoch,
+                        samples: std::mem::take(&mut self.samples),
+                    };
+                    let meta = BatchMeta::new(
+                        &indices,
+                        synthetic.labels(&indices.samples),
+                        shape.clone(),
+                        dtype,
+                        layout.record_bytes,
+                    )
+                    .with_byte_range(r, payload_len as u64);
+                    self.samples = indices.samples;
+                    write_meta(
+                        &mut slot,
+                        self.cfg,
+                        &meta,
+                        payload_len,
+                        fits,
+                        &mut self.meta_buf,
+                    )
+                }
+                Ok((epoch, index_in_epoch, None)) => {
                     let count = self.samples.len() as u64;
                     let payload_len = layout.payload_bytes(count) as usize;
                     let mut fits = payload_len <= slot.len();
@@ -787,6 +849,9 @@ struct FileFill<'s, 'w> {
     label_field: Option<usize>,
     bufs: &'s mut Vec<Vec<u8>>,
     labels: &'s mut Vec<u32>,
+    /// A byte part's range of the sample's cut field (the part has one sample); `None`: whole
+    /// samples.
+    bytes: Option<ByteRange>,
     bad: &'s mut u64,
     /// The ring's count of skipped samples (all loaders'), for `pinring status` and the summary.
     shared_bad: &'s std::sync::atomic::AtomicU64,
@@ -804,6 +869,9 @@ fn fill_from_source(
     src: &mut dyn Source,
     f: &mut FileFill<'_, '_>,
 ) -> Result<bool, (u64, SourceError)> {
+    if let Some(r) = f.bytes {
+        return fill_range_from_source(src, f, r);
+    }
     let count = f.samples.len() as u64;
     let fields = &f.layout.fields;
     f.bufs.resize_with(fields.len(), Vec::new);
@@ -855,6 +923,68 @@ fn fill_from_source(
         // A label outside 0..2^32 (the metadata's labels are u32): the part's metadata records
         // none; the labels field itself holds the exact values.
         f.labels.clear();
+    }
+    Ok(fits)
+}
+
+/// A byte part of one sample from `src`: its range `r` of the cut field, and in the sample's
+/// first part the other fields whole, each read with [`Source::read_range`] (a `pread` of just
+/// those bytes) and written where [`BatchLayout::part_copies`] puts it in the payload. A range
+/// that cannot be read follows `on_bad_sample` like a whole sample: `"skip"` writes zeros for
+/// this part (counted once per byte part), `"fail"` ends the part with the error.
+fn fill_range_from_source(
+    src: &mut dyn Source,
+    f: &mut FileFill<'_, '_>,
+    r: ByteRange,
+) -> Result<bool, (u64, SourceError)> {
+    let fields = &f.layout.fields;
+    f.bufs.resize_with(fields.len(), Vec::new);
+    f.labels.clear();
+    let Some(&id) = f.samples.first() else {
+        return Ok(true);
+    };
+    let mut read = Ok(());
+    for copy in f.layout.part_copies(1, 0, Some(r)) {
+        let buf = &mut f.bufs[copy.field];
+        buf.resize(copy.len as usize, 0);
+        if copy.len == 0 || read.is_err() {
+            continue;
+        }
+        let at = if copy.field == f.layout.cut_field {
+            r.offset
+        } else {
+            0
+        };
+        read = src.read_range(f.epoch, id, copy.field, at, buf);
+    }
+    if let Err(e) = read {
+        let data = !matches!(
+            e,
+            SourceError::Buffers { .. } | SourceError::OutOfRange { .. }
+        );
+        if f.policy == OnBadSample::Fail || !data {
+            tracing::error!(ring = %f.ring, seq = f.seq, sample = id, epoch = f.epoch, "{e}");
+            return Err((id, e));
+        }
+        *f.bad += 1;
+        f.shared_bad.fetch_add(1, Relaxed);
+        tracing::warn!(ring = %f.ring, seq = f.seq, sample = id, epoch = f.epoch, "bytes {}..{} of sample {id} replaced by zeros (dataset.on_bad_sample = \"skip\"): {e}", r.offset, r.offset + r.len);
+        for b in f.bufs.iter_mut() {
+            b.fill(0);
+        }
+    }
+    let mut fits = true;
+    for copy in f.layout.part_copies(1, 0, Some(r)) {
+        if copy.len == 0 {
+            continue;
+        }
+        let buf = &f.bufs[copy.field];
+        fits &= f.slot.write(copy.src_offset as usize, buf).is_ok();
+        if f.label_field == Some(copy.field) {
+            if let Some(v) = integer_label(fields[copy.field].dtype, buf) {
+                f.labels.push(v);
+            }
+        }
     }
     Ok(fits)
 }

@@ -300,7 +300,7 @@ mod tests {
             let mut payload = vec![0u8; layout.payload_bytes(part.len() as u64) as usize];
             make(part, &mut payload);
             let copies: Vec<_> = layout
-                .part_copies(part.len() as u64, (j * spp) as u64)
+                .part_copies(part.len() as u64, (j * spp) as u64, None)
                 .collect();
             for c in &copies {
                 let job = UploadJob {

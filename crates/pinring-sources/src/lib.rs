@@ -117,6 +117,31 @@ pub trait Source: Send + std::fmt::Debug {
     /// bug): the source stays usable, and the caller applies its [`OnBadSample`] policy.
     fn read(&mut self, epoch: u32, id: u64, out: &mut [FieldBuf<'_>]) -> Result<(), SourceError>;
 
+    /// Writes bytes `offset .. offset + out.len()` of field `field` (an index in
+    /// [`Source::fields`]) of sample `id` as seen in `epoch` into `out`: a byte part of a sample
+    /// too large for one ring slot (pinring-data's `SampleCut`). Only sources of a kind whose
+    /// config cuts samples implement it (`npy`, with one `pread` of just those bytes); the
+    /// others make whole samples only, and their configs never ask for a byte part, so the
+    /// default refuses with [`SourceError::Buffers`] (a caller's mistake).
+    fn read_range(
+        &mut self,
+        epoch: u32,
+        id: u64,
+        field: usize,
+        offset: u64,
+        out: &mut [u8],
+    ) -> Result<(), SourceError> {
+        let _ = (epoch, id, offset);
+        Err(SourceError::Buffers {
+            problem: format!(
+                "a byte range ({} bytes) of field {field} was asked of a source that makes whole \
+                 samples only; only kind = \"npy\" (and \"synthetic\") samples are cut into \
+                 byte parts",
+                out.len()
+            ),
+        })
+    }
+
     /// Where sample `id`'s encoded field lies, for messages ("shard a.tar, member \"k.jpg\" at
     /// byte offset 1536", "image file root/cat/1.png"); `None` where the reader has no such field
     /// or the id is out of range.

@@ -988,4 +988,66 @@ impl Source for NpySource {
         }
         Ok(())
     }
+
+    fn read_range(
+        &mut self,
+        _epoch: u32,
+        id: u64,
+        field: usize,
+        offset: u64,
+        out: &mut [u8],
+    ) -> Result<(), SourceError> {
+        if id >= self.len {
+            return Err(SourceError::OutOfRange { id, len: self.len });
+        }
+        let Some(f) = self.fields.get(field).and_then(SourceField::fixed) else {
+            return Err(SourceError::Buffers {
+                problem: format!(
+                    "field {field} asked of a source with {} fields",
+                    self.fields.len()
+                ),
+            });
+        };
+        let sample_bytes = f.sample_bytes();
+        if offset
+            .checked_add(out.len() as u64)
+            .is_none_or(|end| end > sample_bytes)
+        {
+            return Err(SourceError::Buffers {
+                problem: format!(
+                    "bytes {offset}..{} of field {:?} asked, but a sample's field has {sample_bytes}",
+                    offset.saturating_add(out.len() as u64),
+                    f.name
+                ),
+            });
+        }
+        if field == 1 {
+            // Checked: a second field is the labels array.
+            if let Some(a) = &self.labels {
+                let at = a.header.data_offset + id * a.sample_bytes + offset;
+                read_exact(&a.path, &a.file, at, out)?;
+            }
+            return Ok(());
+        }
+        match &self.data {
+            Data::One(a) => {
+                let at = a.header.data_offset + id * a.sample_bytes + offset;
+                read_exact(&a.path, &a.file, at, out)?;
+            }
+            Data::Dir {
+                files,
+                dtype,
+                shape,
+            } => {
+                let (path, start) = &files[id as usize];
+                let start = match start {
+                    Some(o) => *o,
+                    None => check_sample_file(path, *dtype, shape)?,
+                };
+                let file = open_file(path)?;
+                read_exact(path, &file, start + offset, out)?;
+            }
+        }
+        Ok(())
+    }
 }

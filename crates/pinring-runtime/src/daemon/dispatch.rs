@@ -271,9 +271,15 @@ impl Daemon {
                 index_in_epoch,
                 samples,
             };
+            // Every field of every sample, field-major; for a byte part its range of the cut
+            // field (and the sample's other fields in its first part). The daemon's own plan
+            // decides it: the metadata's range is only compared with it, never used.
+            let expected_len = self
+                .layout
+                .part_payload_bytes(expected.samples.len() as u64, part.bytes);
             let meta_ok = BatchMeta::decode(&self.meta_buf, self.cfg.meta_reserve_bytes() as usize)
                 .and_then(|m| {
-                    m.validate_against(&expected, self.cfg.sample_bytes(), self.layout.record_bytes)
+                    m.validate_against(&expected, part.bytes, self.cfg.sample_bytes(), expected_len)
                 });
             if let Err(e) = meta_ok {
                 self.spare_samples.push(expected.samples);
@@ -287,8 +293,6 @@ impl Daemon {
             }
             let samples = expected.samples;
             let count = samples.len() as u64;
-            // Every field of every sample, field-major.
-            let expected_len = self.layout.payload_bytes(count);
             if taken.payload_len != expected_len {
                 let what = format!(
                     "slot {slot}, seq {seq}: payload is {} bytes, the plan says {expected_len}",
@@ -364,9 +368,13 @@ impl Daemon {
                 },
             );
             // One copy per field: the part's chunk of the field (its samples' values of it,
-            // contiguous in the slot) to where those samples' values go in the field's tensor.
+            // contiguous in the slot; for a byte part, its range of the cut field) to where
+            // those values go in the field's tensor.
             let base = self.ring.slot_ptr(slot);
-            for copy in self.layout.part_copies(count, part.first_in_batch) {
+            for copy in self
+                .layout
+                .part_copies(count, part.first_in_batch, part.bytes)
+            {
                 let job = UploadJob {
                     tag: upload_tag(slot, copy.field),
                     // Inside the slot: the chunks together are the payload, whose length was
