@@ -94,6 +94,24 @@ pub struct DecodedImage<'a> {
     pub rgb: &'a [u8],
 }
 
+/// Decoded pixels as [`crate::Pipeline`] takes them: RGB, or RGBX where
+/// [`Decoder::decode_raster`] was allowed to give it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Raster<'a> {
+    /// Width of `pixels` in pixels.
+    pub width: u32,
+    /// Height of `pixels` in pixels.
+    pub height: u32,
+    /// The file's own width.
+    pub full_width: u32,
+    /// The file's own height.
+    pub full_height: u32,
+    /// Bytes a pixel: 3 (RGB) or 4 (RGBX, X = 255).
+    pub channels: usize,
+    /// `pixels[(y * width + x) * channels + c]`, c = 0 (R), 1 (G), 2 (B).
+    pub pixels: &'a [u8],
+}
+
 /// Decodes JPEG and PNG files; owns the pixel buffer it decodes into and reuses it.
 #[derive(Debug)]
 pub struct Decoder {
@@ -162,6 +180,26 @@ impl Decoder {
         data: &[u8],
         max_reduction: u32,
     ) -> Result<DecodedImage<'_>, ImageError> {
+        let r = self.decode_raster(data, max_reduction, false)?;
+        debug_assert_eq!(r.channels, 3);
+        Ok(DecodedImage {
+            width: r.width,
+            height: r.height,
+            full_width: r.full_width,
+            full_height: r.full_height,
+            rgb: r.pixels,
+        })
+    }
+
+    /// As [`Decoder::decode`], but where `rgbx` is set a colour JPEG decoded at full size
+    /// comes as RGBX (4 bytes a pixel, X = 255): zune-jpeg writes that as fast as RGB, and
+    /// the resampler works faster on 4-byte pixels. Every other image comes as RGB.
+    pub(crate) fn decode_raster(
+        &mut self,
+        data: &[u8],
+        max_reduction: u32,
+        rgbx: bool,
+    ) -> Result<Raster<'_>, ImageError> {
         let format = sniff(data)?;
         let reduction = match max_reduction {
             8.. => 8,
@@ -171,22 +209,26 @@ impl Decoder {
         };
         let max_pixels = self.max_pixels;
         let (rgb, tmp) = (&mut self.rgb, &mut self.tmp);
-        let (w, h, fw, fh) = guarded(format, data.len(), || match format {
+        let (w, h, fw, fh, channels) = guarded(format, data.len(), || match format {
             Format::Jpeg if reduction > 1 => {
                 match decode_jpeg_reduced(data, reduction, max_pixels, rgb)? {
-                    Some(dims) => Ok(dims),
-                    None => decode_jpeg(data, max_pixels, rgb, tmp),
+                    Some((w, h, fw, fh)) => Ok((w, h, fw, fh, 3)),
+                    None => decode_jpeg(data, max_pixels, rgbx, rgb, tmp),
                 }
             }
-            Format::Jpeg => decode_jpeg(data, max_pixels, rgb, tmp),
-            Format::Png => decode_png(data, max_pixels, rgb, tmp),
+            Format::Jpeg => decode_jpeg(data, max_pixels, rgbx, rgb, tmp),
+            Format::Png => {
+                let (w, h, fw, fh) = decode_png(data, max_pixels, rgb, tmp)?;
+                Ok((w, h, fw, fh, 3))
+            }
         })?;
-        Ok(DecodedImage {
+        Ok(Raster {
             width: w,
             height: h,
             full_width: fw,
             full_height: fh,
-            rgb: &self.rgb[..w as usize * h as usize * 3],
+            channels,
+            pixels: &self.rgb[..w as usize * h as usize * channels],
         })
     }
 
@@ -264,24 +306,46 @@ fn guarded<T>(
 }
 
 fn zune_decoder(data: &[u8], max_pixels: u64) -> zune_jpeg::JpegDecoder<ZCursor<&[u8]>> {
+    zune_decoder_to(data, max_pixels, ColorSpace::RGB)
+}
+
+/// A zune-jpeg decoder that writes `out` (RGB or RGBA): zune-jpeg picks its colour
+/// conversion before it reads the headers, so the output colour space is fixed here.
+fn zune_decoder_to(
+    data: &[u8],
+    max_pixels: u64,
+    out: ColorSpace,
+) -> zune_jpeg::JpegDecoder<ZCursor<&[u8]>> {
     let side = max_pixels.min(u16::MAX as u64 * 2) as usize;
     let options = DecoderOptions::default()
-        .jpeg_set_out_colorspace(ColorSpace::RGB)
+        .jpeg_set_out_colorspace(out)
         .set_max_width(side)
         .set_max_height(side);
     zune_jpeg::JpegDecoder::new_with_options(ZCursor::new(data), options)
 }
 
-/// Full-size JPEG decode into `rgb`; returns (width, height, width, height).
+/// Full-size JPEG decode into `rgb`; returns (width, height, width, height, channels): RGBX
+/// (4 channels) where `rgbx` is set and the JPEG is YCbCr, else RGB.
 fn decode_jpeg(
     data: &[u8],
     max_pixels: u64,
+    rgbx: bool,
     rgb: &mut Vec<u8>,
     tmp: &mut Vec<u8>,
-) -> Result<(u32, u32, u32, u32), ImageError> {
+) -> Result<(u32, u32, u32, u32, usize), ImageError> {
     let format = Format::Jpeg;
-    let mut d = zune_decoder(data, max_pixels);
+    let out = if rgbx {
+        ColorSpace::RGBA
+    } else {
+        ColorSpace::RGB
+    };
+    let mut d = zune_decoder_to(data, max_pixels, out);
     d.decode_headers().map_err(|e| corrupt(format, data, e))?;
+    if rgbx && d.input_colorspace() != Some(ColorSpace::YCbCr) {
+        // Grayscale, CMYK, YCCK, RGB: the plain RGB path, the one `Decoder::decode` takes.
+        d = zune_decoder(data, max_pixels);
+        d.decode_headers().map_err(|e| corrupt(format, data, e))?;
+    }
     let (w, h) = d
         .dimensions()
         .ok_or_else(|| corrupt(format, data, "no frame header (SOF) before the image data"))?;
@@ -294,16 +358,19 @@ fn decode_jpeg(
     let needed = d
         .output_buffer_size()
         .ok_or_else(|| corrupt(format, data, "no output size after the headers"))?;
-    match out_cs {
-        ColorSpace::RGB => {
-            resize_buf(rgb, needed.max(pixels * 3));
+    let channels = match out_cs {
+        ColorSpace::RGB | ColorSpace::RGBA => {
+            let channels = out_cs.num_components();
+            resize_buf(rgb, needed.max(pixels * channels));
             d.decode_into(rgb).map_err(|e| corrupt(format, data, e))?;
+            channels
         }
         ColorSpace::Luma => {
             resize_buf(tmp, needed.max(pixels));
             d.decode_into(tmp).map_err(|e| corrupt(format, data, e))?;
             resize_buf(rgb, pixels * 3);
             gray_to_rgb(&tmp[..pixels], &mut rgb[..pixels * 3]);
+            3
         }
         other => {
             return Err(ImageError::Unsupported {
@@ -311,8 +378,8 @@ fn decode_jpeg(
                 what: format!("output colour space {other:?}"),
             })
         }
-    }
-    Ok((w as u32, h as u32, w as u32, h as u32))
+    };
+    Ok((w as u32, h as u32, w as u32, h as u32, channels))
 }
 
 /// Reduced-size JPEG decode into `rgb`; `None` when this JPEG is not one to decode this way
@@ -488,6 +555,40 @@ mod tests {
         assert_eq!(sniff(b""), Err(ImageError::Empty));
         let e = Decoder::new().decode(b"GIF89a....", 1).unwrap_err();
         assert!(e.to_string().contains("47 49 46 38 39 61 2e 2e"), "{e}");
+    }
+
+    #[test]
+    fn rgbx_is_rgb_plus_255_for_colour_jpegs_and_rgb_otherwise() {
+        let rgb = synth::photo(W, H, 12, 20);
+        let gray: Vec<u8> = rgb.iter().step_by(3).copied().collect();
+        let cmyk: Vec<u8> = rgb.chunks(3).flat_map(|p| [p[0], p[1], p[2], 40]).collect();
+        let cases = [
+            (jpeg(&rgb, W, H, J::Rgb, 90, true), 4),
+            (jpeg(&rgb, W, H, J::Rgb, 90, false), 4),
+            (jpeg(&gray, W, H, J::Luma, 90, false), 3),
+            (jpeg(&cmyk, W, H, J::Cmyk, 90, false), 3),
+            (png(&rgb, W, H, P::Rgb, BitDepth::Eight), 3),
+        ];
+        for (i, (file, channels)) in cases.iter().enumerate() {
+            let want = decode_all(file).2;
+            let mut d = Decoder::new();
+            let r = d.decode_raster(file, 1, true).unwrap();
+            assert_eq!(
+                (r.width, r.height, r.channels),
+                (W, H, *channels),
+                "case {i}"
+            );
+            let got: Vec<u8> = if r.channels == 4 {
+                assert!(r.pixels.chunks_exact(4).all(|p| p[3] == 255), "case {i}");
+                r.pixels
+                    .chunks_exact(4)
+                    .flat_map(|p| p[..3].to_vec())
+                    .collect()
+            } else {
+                r.pixels.to_vec()
+            };
+            assert_eq!(got, want, "case {i}");
+        }
     }
 
     #[test]
