@@ -327,10 +327,14 @@ impl Pipeline {
                 1
             };
         }
-        let img = self.decoder.decode_raster(data, reduction, true)?;
+        // The rows the resampling reads: down to the box's bottom plus the filter's reach
+        // (its support, 1, times the shrink factor when shrinking), and one for rounding.
+        let reach = (crop.height / side as f64).max(1.0);
+        let rows = (crop.top + crop.height + reach).ceil() as u32 + 1;
+        let img = self.decoder.decode_raster(data, reduction, true, rows)?;
         let (fx, fy) = (
             img.width as f64 / img.full_width as f64,
-            img.height as f64 / img.full_height as f64,
+            img.scaled_height as f64 / img.full_height as f64,
         );
         let reduction = (img.full_width / img.width.max(1)).max(1);
         let ch = img.channels;
