@@ -73,6 +73,7 @@ for line in sys.stdin:
 "#;
 
 type Task = Box<dyn FnMut(&[u8])>;
+type Stage<'a> = Box<dyn FnMut(usize) + 'a>;
 type Candidate = (String, &'static str, Task);
 
 fn main() {
@@ -257,7 +258,7 @@ fn stages(secs: f64, jpegs: &[Vec<u8>]) {
     })
     .expect("spec");
     let mut sample = vec![0u8; p.spec().sample_bytes()];
-    let mut rows: Vec<(&str, Box<dyn FnMut(usize) + '_>)> = vec![
+    let mut rows: Vec<(&str, Stage<'_>)> = vec![
         (
             "headers (Decoder::info)",
             Box::new(|n| {
