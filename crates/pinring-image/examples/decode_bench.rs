@@ -8,8 +8,9 @@
 //! (default `target/decode_bench`), then in each of 5 rounds times each Rust candidate, on
 //! one thread, for SECONDS (default 1), right after timing PIL (in a `python3` child) on the
 //! same task for as long; prints the median images/s and the median of the paired ratios. Then the same for 2000×1500
-//! JPEGs, where a reduced-size decode pays, against zune-jpeg at full size. Compare
-//! ratios, not absolute figures, across machines.
+//! JPEGs, where a reduced-size decode pays, against zune-jpeg at full size; and the stages
+//! of the u8 train pipeline timed one by one. Compare ratios, not absolute figures, across
+//! machines.
 
 use std::hint::black_box;
 use std::io::{BufRead, BufReader, Write};
@@ -72,6 +73,7 @@ for line in sys.stdin:
 "#;
 
 type Task = Box<dyn FnMut(&[u8])>;
+type Stage<'a> = Box<dyn FnMut(usize) + 'a>;
 type Candidate = (String, &'static str, Task);
 
 fn main() {
@@ -211,6 +213,7 @@ fn main() {
             median(&ratios)
         );
     }
+    stages(secs, &jpegs);
     let big_base = median(&big_rates[0]);
     println!("\n| candidate ({BIG_W}x{BIG_H}) | images/s | vs zune-jpeg full |");
     println!("| --- | ---: | ---: |");
@@ -224,6 +227,93 @@ fn main() {
 }
 
 const ROUNDS: usize = 5;
+
+/// The u8 train pipeline's stages, each timed alone on the same files and keys: microseconds
+/// an image, median of the rounds.
+fn stages(secs: f64, jpegs: &[Vec<u8>]) {
+    use fast_image_resize as fir;
+    let mut dec = Decoder::new();
+    let keys = |n: usize| SampleKey {
+        seed: 1,
+        epoch: 0,
+        sample_id: n as u64,
+    };
+    // The decoded images as RGBX, the pipeline's layout for colour JPEGs.
+    let rgbx: Vec<Vec<u8>> = jpegs
+        .iter()
+        .map(|d| {
+            let img = dec.decode(d, 1).expect("decode");
+            img.rgb
+                .chunks_exact(3)
+                .flat_map(|p| [p[0], p[1], p[2], 255])
+                .collect()
+        })
+        .collect();
+    let mut resizer = fir::Resizer::new();
+    let mut dst = vec![0u8; 224 * 224 * 4];
+    let mut p = Pipeline::new(SampleSpec {
+        transform: Transform::TRAIN_DEFAULT,
+        output: Output::U8Hwc,
+        reduced_decode: true,
+    })
+    .expect("spec");
+    let mut sample = vec![0u8; p.spec().sample_bytes()];
+    let mut rows: Vec<(&str, Stage<'_>)> = vec![
+        (
+            "headers (Decoder::info)",
+            Box::new(|n| {
+                black_box(Decoder::new().info(&jpegs[n % N]).expect("info"));
+            }),
+        ),
+        (
+            "whole decode to RGB (Decoder::decode)",
+            Box::new(move |n| {
+                black_box(dec.decode(&jpegs[n % N], 1).expect("decode").rgb.len());
+            }),
+        ),
+        (
+            "resample the box, RGBX (fast_image_resize U8x4)",
+            Box::new(|n| {
+                let (b, _) = Transform::TRAIN_DEFAULT.plan(W, H, keys(n));
+                let src = fir::images::ImageRef::new(W, H, &rgbx[n % N], fir::PixelType::U8x4)
+                    .expect("src");
+                let mut d =
+                    fir::images::Image::from_slice_u8(224, 224, &mut dst, fir::PixelType::U8x4)
+                        .expect("dst");
+                let o = fir::ResizeOptions::new()
+                    .resize_alg(fir::ResizeAlg::Convolution(fir::FilterType::Bilinear))
+                    .use_alpha(false)
+                    .crop(b.left, b.top, b.width, b.height);
+                resizer.resize(&src, &mut d, &o).expect("resize");
+            }),
+        ),
+        (
+            "whole pipeline (train, u8 HWC)",
+            Box::new(|n| {
+                black_box(
+                    p.process(&jpegs[n % N], keys(n), &mut sample)
+                        .expect("process"),
+                );
+            }),
+        ),
+    ];
+    let mut us = vec![Vec::new(); rows.len()];
+    for _ in 0..ROUNDS {
+        for (i, (_, f)) in rows.iter_mut().enumerate() {
+            let (mut n, t0) = (0usize, Instant::now());
+            while t0.elapsed() < Duration::from_secs_f64(secs) {
+                f(n);
+                n += 1;
+            }
+            us[i].push(t0.elapsed().as_secs_f64() * 1e6 / n as f64);
+        }
+    }
+    println!("\n| stage of the u8 train pipeline ({W}x{H}) | µs per image (median of {ROUNDS}) |");
+    println!("| --- | ---: |");
+    for ((name, _), u) in rows.iter().zip(&us) {
+        println!("| {name} | {:.0} |", median(u));
+    }
+}
 const BIG_W: u32 = 2000;
 const BIG_H: u32 = 1500;
 

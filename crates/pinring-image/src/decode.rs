@@ -94,12 +94,35 @@ pub struct DecodedImage<'a> {
     pub rgb: &'a [u8],
 }
 
+/// Decoded pixels as [`crate::Pipeline`] takes them: RGB, or RGBX where
+/// [`Decoder::decode_raster`] was allowed to give it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Raster<'a> {
+    /// Width of `pixels` in pixels.
+    pub width: u32,
+    /// Height of `pixels` in pixels.
+    pub height: u32,
+    /// The file's own width.
+    pub full_width: u32,
+    /// The file's own height.
+    pub full_height: u32,
+    /// The height of the whole image at the size decoded: `height`, or more where only the
+    /// top rows were decoded.
+    pub scaled_height: u32,
+    /// Bytes a pixel: 3 (RGB) or 4 (RGBX, X = 255).
+    pub channels: usize,
+    /// `pixels[(y * width + x) * channels + c]`, c = 0 (R), 1 (G), 2 (B).
+    pub pixels: &'a [u8],
+}
+
 /// Decodes JPEG and PNG files; owns the pixel buffer it decodes into and reuses it.
 #[derive(Debug)]
 pub struct Decoder {
     max_pixels: u64,
     rgb: Vec<u8>,
     tmp: Vec<u8>,
+    /// A copy of the file with its frame height lowered ([`Decoder::decode_raster`]).
+    file: Vec<u8>,
 }
 
 impl Default for Decoder {
@@ -115,6 +138,7 @@ impl Decoder {
             max_pixels: DEFAULT_MAX_PIXELS,
             rgb: Vec::new(),
             tmp: Vec::new(),
+            file: Vec::new(),
         }
     }
 
@@ -162,6 +186,31 @@ impl Decoder {
         data: &[u8],
         max_reduction: u32,
     ) -> Result<DecodedImage<'_>, ImageError> {
+        let r = self.decode_raster(data, max_reduction, false, u32::MAX)?;
+        debug_assert_eq!(r.channels, 3);
+        Ok(DecodedImage {
+            width: r.width,
+            height: r.height,
+            full_width: r.full_width,
+            full_height: r.full_height,
+            rgb: r.pixels,
+        })
+    }
+
+    /// As [`Decoder::decode`], but where `rgbx` is set a colour JPEG decoded at full size
+    /// comes as RGBX (4 bytes a pixel, X = 255): zune-jpeg writes that as fast as RGB, and
+    /// the resampler works faster on 4-byte pixels. Every other image comes as RGB.
+    ///
+    /// Only the rows from the top to `rows` (in the file's pixels) are needed: a baseline JPEG
+    /// decoded at full size may then be decoded down to a little beyond that row only
+    /// ([`stop_row`]), its rows being those of a whole decode.
+    pub(crate) fn decode_raster(
+        &mut self,
+        data: &[u8],
+        max_reduction: u32,
+        rgbx: bool,
+        rows: u32,
+    ) -> Result<Raster<'_>, ImageError> {
         let format = sniff(data)?;
         let reduction = match max_reduction {
             8.. => 8,
@@ -170,23 +219,46 @@ impl Decoder {
             _ => 1,
         };
         let max_pixels = self.max_pixels;
-        let (rgb, tmp) = (&mut self.rgb, &mut self.tmp);
-        let (w, h, fw, fh) = guarded(format, data.len(), || match format {
+        let (rgb, tmp, file) = (&mut self.rgb, &mut self.tmp, &mut self.file);
+        let mut whole = (0, 0);
+        let (w, h, fw, fh, channels) = guarded(format, data.len(), || match format {
             Format::Jpeg if reduction > 1 => {
                 match decode_jpeg_reduced(data, reduction, max_pixels, rgb)? {
-                    Some(dims) => Ok(dims),
-                    None => decode_jpeg(data, max_pixels, rgb, tmp),
+                    Some((w, h, fw, fh)) => Ok((w, h, fw, fh, 3)),
+                    None => decode_jpeg(data, max_pixels, rgbx, rgb, tmp),
                 }
             }
-            Format::Jpeg => decode_jpeg(data, max_pixels, rgb, tmp),
-            Format::Png => decode_png(data, max_pixels, rgb, tmp),
+            Format::Jpeg => {
+                // A baseline JPEG that needs fewer rows than it has: decode a copy whose frame
+                // header says it has only those rows. The decoder then stops there.
+                if let Some(frame) = baseline_frame(data) {
+                    let stop = stop_row(rows, frame.mcu_rows);
+                    if stop < frame.height as u32 {
+                        check_size(format, frame.width as u64, frame.height as u64, max_pixels)?;
+                        file.clear();
+                        file.extend_from_slice(data);
+                        file[frame.height_at..frame.height_at + 2]
+                            .copy_from_slice(&(stop as u16).to_be_bytes());
+                        let (w, h, _, _, ch) = decode_jpeg(file, max_pixels, rgbx, rgb, tmp)?;
+                        whole = (frame.width as u32, frame.height as u32);
+                        return Ok((w, h, whole.0, whole.1, ch));
+                    }
+                }
+                decode_jpeg(data, max_pixels, rgbx, rgb, tmp)
+            }
+            Format::Png => {
+                let (w, h, fw, fh) = decode_png(data, max_pixels, rgb, tmp)?;
+                Ok((w, h, fw, fh, 3))
+            }
         })?;
-        Ok(DecodedImage {
+        Ok(Raster {
             width: w,
             height: h,
             full_width: fw,
             full_height: fh,
-            rgb: &self.rgb[..w as usize * h as usize * 3],
+            scaled_height: if whole.1 > 0 { whole.1 } else { h },
+            channels,
+            pixels: &self.rgb[..w as usize * h as usize * channels],
         })
     }
 
@@ -264,24 +336,46 @@ fn guarded<T>(
 }
 
 fn zune_decoder(data: &[u8], max_pixels: u64) -> zune_jpeg::JpegDecoder<ZCursor<&[u8]>> {
+    zune_decoder_to(data, max_pixels, ColorSpace::RGB)
+}
+
+/// A zune-jpeg decoder that writes `out` (RGB or RGBA): zune-jpeg picks its colour
+/// conversion before it reads the headers, so the output colour space is fixed here.
+fn zune_decoder_to(
+    data: &[u8],
+    max_pixels: u64,
+    out: ColorSpace,
+) -> zune_jpeg::JpegDecoder<ZCursor<&[u8]>> {
     let side = max_pixels.min(u16::MAX as u64 * 2) as usize;
     let options = DecoderOptions::default()
-        .jpeg_set_out_colorspace(ColorSpace::RGB)
+        .jpeg_set_out_colorspace(out)
         .set_max_width(side)
         .set_max_height(side);
     zune_jpeg::JpegDecoder::new_with_options(ZCursor::new(data), options)
 }
 
-/// Full-size JPEG decode into `rgb`; returns (width, height, width, height).
+/// Full-size JPEG decode into `rgb`; returns (width, height, width, height, channels): RGBX
+/// (4 channels) where `rgbx` is set and the JPEG is YCbCr, else RGB.
 fn decode_jpeg(
     data: &[u8],
     max_pixels: u64,
+    rgbx: bool,
     rgb: &mut Vec<u8>,
     tmp: &mut Vec<u8>,
-) -> Result<(u32, u32, u32, u32), ImageError> {
+) -> Result<(u32, u32, u32, u32, usize), ImageError> {
     let format = Format::Jpeg;
-    let mut d = zune_decoder(data, max_pixels);
+    let out = if rgbx {
+        ColorSpace::RGBA
+    } else {
+        ColorSpace::RGB
+    };
+    let mut d = zune_decoder_to(data, max_pixels, out);
     d.decode_headers().map_err(|e| corrupt(format, data, e))?;
+    if rgbx && d.input_colorspace() != Some(ColorSpace::YCbCr) {
+        // Grayscale, CMYK, YCCK, RGB: the plain RGB path, the one `Decoder::decode` takes.
+        d = zune_decoder(data, max_pixels);
+        d.decode_headers().map_err(|e| corrupt(format, data, e))?;
+    }
     let (w, h) = d
         .dimensions()
         .ok_or_else(|| corrupt(format, data, "no frame header (SOF) before the image data"))?;
@@ -294,16 +388,19 @@ fn decode_jpeg(
     let needed = d
         .output_buffer_size()
         .ok_or_else(|| corrupt(format, data, "no output size after the headers"))?;
-    match out_cs {
-        ColorSpace::RGB => {
-            resize_buf(rgb, needed.max(pixels * 3));
+    let channels = match out_cs {
+        ColorSpace::RGB | ColorSpace::RGBA => {
+            let channels = out_cs.num_components();
+            resize_buf(rgb, needed.max(pixels * channels));
             d.decode_into(rgb).map_err(|e| corrupt(format, data, e))?;
+            channels
         }
         ColorSpace::Luma => {
             resize_buf(tmp, needed.max(pixels));
             d.decode_into(tmp).map_err(|e| corrupt(format, data, e))?;
             resize_buf(rgb, pixels * 3);
             gray_to_rgb(&tmp[..pixels], &mut rgb[..pixels * 3]);
+            3
         }
         other => {
             return Err(ImageError::Unsupported {
@@ -311,8 +408,8 @@ fn decode_jpeg(
                 what: format!("output colour space {other:?}"),
             })
         }
-    }
-    Ok((w as u32, h as u32, w as u32, h as u32))
+    };
+    Ok((w as u32, h as u32, w as u32, h as u32, channels))
 }
 
 /// Reduced-size JPEG decode into `rgb`; `None` when this JPEG is not one to decode this way
@@ -367,6 +464,84 @@ fn decode_jpeg_reduced(
         gray_to_rgb(&pixels_out[..w * h], &mut rgb[..w * h * 3]);
     }
     Ok(Some((w as u32, h as u32, fw, fh)))
+}
+
+/// The frame of a JPEG that can be decoded down to a given row only: baseline or extended
+/// sequential Huffman (SOF0, SOF1), whose first scan holds every component (so that each row
+/// of MCUs is complete when decoded). Read from the marker segments up to the first SOS.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct BaselineFrame {
+    /// Offset of the frame header's 2-byte height in the file.
+    height_at: usize,
+    width: u16,
+    height: u16,
+    /// Rows of pixels in one row of MCUs: 8 × the largest vertical sampling factor.
+    mcu_rows: u32,
+}
+
+fn baseline_frame(data: &[u8]) -> Option<BaselineFrame> {
+    let mut i = 2; // after SOI
+    let mut frame: Option<(BaselineFrame, u8)> = None;
+    loop {
+        if *data.get(i)? != 0xff {
+            return None;
+        }
+        while *data.get(i)? == 0xff {
+            i += 1; // fill bytes
+        }
+        let marker = data[i];
+        let len = u16::from_be_bytes([*data.get(i + 1)?, *data.get(i + 2)?]) as usize;
+        let seg = data.get(i + 3..i + 1 + len)?;
+        match marker {
+            0xc0 | 0xc1 => {
+                // P, Y (2), X (2), Nf, then Nf × (id, HV, Tq).
+                let nf = *seg.get(5)?;
+                let comps = seg.get(6..6 + 3 * nf as usize)?;
+                let vmax = comps.chunks_exact(3).map(|c| c[1] & 0x0f).max()?;
+                let height = u16::from_be_bytes([seg[1], seg[2]]);
+                if !(1..=4).contains(&vmax) || height == 0 || frame.is_some() {
+                    return None;
+                }
+                frame = Some((
+                    BaselineFrame {
+                        height_at: i + 4,
+                        width: u16::from_be_bytes([seg[3], seg[4]]),
+                        height,
+                        mcu_rows: 8 * vmax as u32,
+                    },
+                    nf,
+                ));
+            }
+            // Any other frame type (progressive, lossless, arithmetic, hierarchical).
+            0xc2 | 0xc3 | 0xc5..=0xc7 | 0xc9..=0xcb | 0xcd..=0xcf => return None,
+            0xda => {
+                let (f, nf) = frame?;
+                // One component: the scan is not interleaved and its rows of blocks are 8
+                // pixels high, whatever the sampling factor says.
+                let f = if nf == 1 {
+                    BaselineFrame { mcu_rows: 8, ..f }
+                } else {
+                    f
+                };
+                return (*seg.first()? == nf).then_some(f);
+            }
+            0xd0..=0xd9 | 0x01 => return None,
+            _ => {}
+        }
+        if len < 2 {
+            return None;
+        }
+        i += 1 + len;
+    }
+}
+
+/// The height to decode a JPEG to when rows down to `rows` are needed: rounded up to a whole
+/// row of MCUs, plus one more, so that the rows needed get the chroma upsampling of a whole
+/// decode (which looks at the next MCU row).
+fn stop_row(rows: u32, mcu_rows: u32) -> u32 {
+    (rows.saturating_add(mcu_rows - 1) / mcu_rows)
+        .saturating_add(1)
+        .saturating_mul(mcu_rows)
 }
 
 fn png_reader(data: &[u8], max_pixels: u64) -> Result<png::Reader<Cursor<&[u8]>>, ImageError> {
@@ -488,6 +663,80 @@ mod tests {
         assert_eq!(sniff(b""), Err(ImageError::Empty));
         let e = Decoder::new().decode(b"GIF89a....", 1).unwrap_err();
         assert!(e.to_string().contains("47 49 46 38 39 61 2e 2e"), "{e}");
+    }
+
+    #[test]
+    fn rgbx_is_rgb_plus_255_for_colour_jpegs_and_rgb_otherwise() {
+        let rgb = synth::photo(W, H, 12, 20);
+        let gray: Vec<u8> = rgb.iter().step_by(3).copied().collect();
+        let cmyk: Vec<u8> = rgb.chunks(3).flat_map(|p| [p[0], p[1], p[2], 40]).collect();
+        let cases = [
+            (jpeg(&rgb, W, H, J::Rgb, 90, true), 4),
+            (jpeg(&rgb, W, H, J::Rgb, 90, false), 4),
+            (jpeg(&gray, W, H, J::Luma, 90, false), 3),
+            (jpeg(&cmyk, W, H, J::Cmyk, 90, false), 3),
+            (png(&rgb, W, H, P::Rgb, BitDepth::Eight), 3),
+        ];
+        for (i, (file, channels)) in cases.iter().enumerate() {
+            let want = decode_all(file).2;
+            let mut d = Decoder::new();
+            let r = d.decode_raster(file, 1, true, u32::MAX).unwrap();
+            assert_eq!(
+                (r.width, r.height, r.channels),
+                (W, H, *channels),
+                "case {i}"
+            );
+            let got: Vec<u8> = if r.channels == 4 {
+                assert!(r.pixels.chunks_exact(4).all(|p| p[3] == 255), "case {i}");
+                r.pixels
+                    .chunks_exact(4)
+                    .flat_map(|p| p[..3].to_vec())
+                    .collect()
+            } else {
+                r.pixels.to_vec()
+            };
+            assert_eq!(got, want, "case {i}");
+        }
+    }
+
+    #[test]
+    fn decoding_down_to_a_row_gives_the_rows_of_a_whole_decode() {
+        use jpeg_encoder::{Encoder, SamplingFactor as S};
+        let (w, h) = (101u32, 203u32);
+        let rgb = synth::photo(w, h, 13, 20);
+        let gray: Vec<u8> = rgb.iter().step_by(3).copied().collect();
+        let enc = |pixels: &[u8], color, sampling, progressive, restart| {
+            let mut buf = Vec::new();
+            let mut e = Encoder::new(&mut buf, 90);
+            e.set_sampling_factor(sampling);
+            e.set_progressive(progressive);
+            e.set_restart_interval(restart);
+            e.encode(pixels, w as u16, h as u16, color).unwrap();
+            buf
+        };
+        for (i, (file, cut)) in [
+            (enc(&rgb, J::Rgb, S::F_2_2, false, 0), true),
+            (enc(&rgb, J::Rgb, S::F_1_1, false, 0), true),
+            (enc(&rgb, J::Rgb, S::F_1_2, false, 0), true),
+            (enc(&rgb, J::Rgb, S::F_2_1, false, 3), true),
+            (enc(&gray, J::Luma, S::F_1_1, false, 0), true),
+            (enc(&rgb, J::Rgb, S::F_2_2, true, 0), false),
+        ]
+        .iter()
+        .enumerate()
+        {
+            assert_eq!(baseline_frame(file).is_some(), *cut, "case {i}");
+            let whole = decode_all(file).2;
+            for rows in [1u32, 7, 16, 17, 100, 170, 186, 203, 1000] {
+                let mut d = Decoder::new();
+                let r = d.decode_raster(file, 1, false, rows).unwrap();
+                assert_eq!((r.width, r.full_height, r.scaled_height), (w, h, h));
+                assert!(r.height >= rows.min(h), "case {i}, rows {rows}");
+                assert!(*cut || r.height == h, "case {i}");
+                let n = (rows.min(h) * w * 3) as usize;
+                assert_eq!(r.pixels[..n], whole[..n], "case {i}, rows {rows}");
+            }
+        }
     }
 
     #[test]

@@ -24,9 +24,7 @@ use pinring_data::meta::Dtype;
 
 use crate::decode::{Decoder, Format};
 use crate::error::ImageError;
-use crate::transform::{
-    center_crop_box, flip_horizontal, random_resized_crop_box, CropBox, SampleKey, SampleRng,
-};
+use crate::transform::{center_crop_box, random_resized_crop_box, CropBox, SampleKey, SampleRng};
 
 /// ImageNet's per-channel mean (R, G, B), on the 0..1 scale.
 pub const IMAGENET_MEAN: [f32; 3] = [0.485, 0.456, 0.406];
@@ -329,46 +327,63 @@ impl Pipeline {
                 1
             };
         }
-        let img = self.decoder.decode(data, reduction)?;
+        // The rows the resampling reads: down to the box's bottom plus the filter's reach
+        // (its support, 1, times the shrink factor when shrinking), and one for rounding.
+        let reach = (crop.height / side as f64).max(1.0);
+        let rows = (crop.top + crop.height + reach).ceil() as u32 + 1;
+        let img = self.decoder.decode_raster(data, reduction, true, rows)?;
         let (fx, fy) = (
             img.width as f64 / img.full_width as f64,
-            img.height as f64 / img.full_height as f64,
+            img.scaled_height as f64 / img.full_height as f64,
         );
         let reduction = (img.full_width / img.width.max(1)).max(1);
-        let src = fir::images::ImageRef::new(img.width, img.height, img.rgb, fir::PixelType::U8x3)
+        let ch = img.channels;
+        let pixel_type = if ch == 4 {
+            fir::PixelType::U8x4
+        } else {
+            fir::PixelType::U8x3
+        };
+        let src = fir::images::ImageRef::new(img.width, img.height, img.pixels, pixel_type)
             .map_err(|e| resample_error(info.format, e))?;
         let (l, t) = (crop.left * fx, crop.top * fy);
         let w = (crop.width * fx).min(img.width as f64 - l);
         let h = (crop.height * fy).min(img.height as f64 - t);
         let options = fir::ResizeOptions::new()
             .resize_alg(fir::ResizeAlg::Convolution(fir::FilterType::Bilinear))
+            .use_alpha(false)
             .crop(l, t, w, h);
         let n = side as usize;
-        let dst_buf: &mut [u8] = match self.spec.output {
-            Output::U8Hwc => out,
-            Output::Normalized { .. } => {
-                if self.scratch.len() != n * n * 3 {
-                    self.scratch.resize(n * n * 3, 0);
-                }
-                &mut self.scratch
+        // RGB, unflipped, u8: resampled straight into `out`; else into the scratch, from
+        // which one pass writes `out` (dropping X, mirroring, normalising as needed).
+        let direct = ch == 3 && !flipped && self.spec.output == Output::U8Hwc;
+        let dst_buf: &mut [u8] = if direct {
+            out
+        } else {
+            if self.scratch.len() != n * n * ch {
+                self.scratch.resize(n * n * ch, 0);
             }
+            &mut self.scratch
         };
         {
-            let mut dst =
-                fir::images::Image::from_slice_u8(side, side, dst_buf, fir::PixelType::U8x3)
-                    .map_err(|e| resample_error(info.format, e))?;
+            let mut dst = fir::images::Image::from_slice_u8(side, side, dst_buf, pixel_type)
+                .map_err(|e| resample_error(info.format, e))?;
             self.resizer
                 .resize(&src, &mut dst, &options)
                 .map_err(|e| resample_error(info.format, e))?;
         }
         match self.spec.output {
-            Output::U8Hwc => {
-                if flipped {
-                    flip_horizontal(out, n);
-                }
-            }
+            Output::U8Hwc if direct => {}
+            Output::U8Hwc => write_u8_hwc(&self.scratch, ch, n, flipped, out),
             Output::Normalized { dtype, .. } => {
-                write_normalized(&self.scratch, n, flipped, &self.lut, dtype.size_of(), out);
+                write_normalized(
+                    &self.scratch,
+                    ch,
+                    n,
+                    flipped,
+                    &self.lut,
+                    dtype.size_of(),
+                    out,
+                );
             }
         }
         Ok(Applied {
@@ -389,22 +404,105 @@ fn resample_error(format: Format, e: impl std::fmt::Display) -> ImageError {
     }
 }
 
-/// HWC u8 `src` (`n`×`n`) to CHW elements through the per-channel tables.
+/// `n`×`n` pixels of `ch` bytes (RGB or RGBX) to u8 RGB HWC, mirrored if `flip`.
+fn write_u8_hwc(src: &[u8], ch: usize, n: usize, flip: bool, out: &mut [u8]) {
+    match (ch, flip) {
+        (4, false) => rgbx_rows_to_rgb::<false>(src, n, out),
+        (4, true) => rgbx_rows_to_rgb::<true>(src, n, out),
+        (_, false) => out.copy_from_slice(&src[..out.len()]),
+        (_, true) => {
+            for (dst_row, src_row) in out.chunks_exact_mut(n * 3).zip(src.chunks_exact(n * 3)) {
+                for (d, s) in dst_row
+                    .chunks_exact_mut(3)
+                    .zip(src_row.chunks_exact(3).rev())
+                {
+                    d.copy_from_slice(s);
+                }
+            }
+        }
+    }
+}
+
+/// Rows of `n` RGBX pixels to rows of RGB, in reverse order within the row if `FLIP`: eight
+/// pixels (four little-endian u64 of two pixels each) at a time become three u64 (24 bytes).
+fn rgbx_rows_to_rgb<const FLIP: bool>(src: &[u8], n: usize, out: &mut [u8]) {
+    // Two RGBX pixels (in memory order if `!FLIP`, swapped if `FLIP`) as 6 RGB bytes.
+    let pair = |s: &[u8]| {
+        let p = u64::from_le_bytes(s.try_into().expect("8 bytes"));
+        let (a, b) = (p & 0xff_ffff, (p >> 32) & 0xff_ffff);
+        if FLIP {
+            b | a << 24
+        } else {
+            a | b << 24
+        }
+    };
+    for (dst_row, src_row) in out.chunks_exact_mut(n * 3).zip(src.chunks_exact(n * 4)) {
+        let octets = n / 8;
+        let (dst_octets, dst_rest) = dst_row.split_at_mut(octets * 24);
+        let write = |d: &mut [u8], v: [u64; 4]| {
+            d[..8].copy_from_slice(&(v[0] | v[1] << 48).to_le_bytes());
+            d[8..16].copy_from_slice(&(v[1] >> 16 | v[2] << 32).to_le_bytes());
+            d[16..24].copy_from_slice(&(v[2] >> 32 | v[3] << 16).to_le_bytes());
+        };
+        if FLIP {
+            // Source octets from the row's end; the last `n % 8` output pixels are the row's
+            // first pixels, reversed.
+            let src_octets = src_row.rchunks_exact(32);
+            let src_rest = src_octets.remainder();
+            for (d, s) in dst_octets.chunks_exact_mut(24).zip(src_octets) {
+                let v = [
+                    pair(&s[24..32]),
+                    pair(&s[16..24]),
+                    pair(&s[8..16]),
+                    pair(&s[..8]),
+                ];
+                write(d, v);
+            }
+            for (d, s) in dst_rest
+                .chunks_exact_mut(3)
+                .zip(src_rest.chunks_exact(4).rev())
+            {
+                d.copy_from_slice(&s[..3]);
+            }
+        } else {
+            let src_octets = src_row.chunks_exact(32);
+            let src_rest = src_octets.remainder();
+            for (d, s) in dst_octets.chunks_exact_mut(24).zip(src_octets) {
+                let v = [
+                    pair(&s[..8]),
+                    pair(&s[8..16]),
+                    pair(&s[16..24]),
+                    pair(&s[24..32]),
+                ];
+                write(d, v);
+            }
+            for (d, s) in dst_rest.chunks_exact_mut(3).zip(src_rest.chunks_exact(4)) {
+                d.copy_from_slice(&s[..3]);
+            }
+        }
+    }
+}
+
+/// HWC `src` (`n`×`n` pixels of `ch` bytes, RGB or RGBX) to CHW elements through the
+/// per-channel tables.
 fn write_normalized(
     src: &[u8],
+    ch: usize,
     n: usize,
     flip: bool,
     lut: &[[[u8; 4]; 256]],
     esize: usize,
     out: &mut [u8],
 ) {
-    match esize {
-        2 => write_planes::<2>(src, n, flip, lut, out),
-        _ => write_planes::<4>(src, n, flip, lut, out),
+    match (esize, ch) {
+        (2, 4) => write_planes::<2, 4>(src, n, flip, lut, out),
+        (2, _) => write_planes::<2, 3>(src, n, flip, lut, out),
+        (_, 4) => write_planes::<4, 4>(src, n, flip, lut, out),
+        _ => write_planes::<4, 3>(src, n, flip, lut, out),
     }
 }
 
-fn write_planes<const E: usize>(
+fn write_planes<const E: usize, const S: usize>(
     src: &[u8],
     n: usize,
     flip: bool,
@@ -418,15 +516,15 @@ fn write_planes<const E: usize>(
         }
         for (dst_row, src_row) in dst_plane
             .chunks_exact_mut(n * E)
-            .zip(src.chunks_exact(n * 3))
+            .zip(src.chunks_exact(n * S))
         {
             let dst_row = dst_row.chunks_exact_mut(E);
             if flip {
-                for (e, p) in dst_row.zip(src_row.chunks_exact(3).rev()) {
+                for (e, p) in dst_row.zip(src_row.chunks_exact(S).rev()) {
                     e.copy_from_slice(&t[p[c] as usize]);
                 }
             } else {
-                for (e, p) in dst_row.zip(src_row.chunks_exact(3)) {
+                for (e, p) in dst_row.zip(src_row.chunks_exact(S)) {
                     e.copy_from_slice(&t[p[c] as usize]);
                 }
             }
@@ -730,6 +828,60 @@ mod tests {
                     );
                     assert_eq!((a.width, a.height), (w, h));
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn rgbx_to_rgb_drops_x_and_mirrors_for_any_width() {
+        for n in [1usize, 3, 7, 8, 9, 15, 16, 17, 224] {
+            let src: Vec<u8> = (0..n * n * 4).map(|i| (i * 7 + i / 5) as u8).collect();
+            let want = |flip: bool| -> Vec<u8> {
+                (0..n * n)
+                    .flat_map(|i| {
+                        let (y, x) = (i / n, i % n);
+                        let x = if flip { n - 1 - x } else { x };
+                        src[(y * n + x) * 4..(y * n + x) * 4 + 3].to_vec()
+                    })
+                    .collect()
+            };
+            for flip in [false, true] {
+                let mut out = vec![0u8; n * n * 3];
+                write_u8_hwc(&src, 4, n, flip, &mut out);
+                assert_eq!(out, want(flip), "n {n}, flip {flip}");
+                // The same from RGB.
+                let rgb: Vec<u8> = src.chunks_exact(4).flat_map(|p| p[..3].to_vec()).collect();
+                let mut out3 = vec![0u8; n * n * 3];
+                write_u8_hwc(&rgb, 3, n, flip, &mut out3);
+                assert_eq!(out3, want(flip), "RGB, n {n}, flip {flip}");
+            }
+        }
+    }
+
+    #[test]
+    fn rgbx_and_rgb_decodes_give_the_same_samples() {
+        // Colour JPEGs are resampled as RGBX, the rest as RGB: the samples must not depend on
+        // which (the convolution is per channel).
+        let rgb = synth::photo(300, 200, 9, 20);
+        let file = jpeg(&rgb, 300, 200, jpeg_encoder::ColorType::Rgb, 90, true);
+        let decoded = Decoder::new().decode(&file, 1).unwrap().rgb.to_vec();
+        let as_png = png_of(&decoded, 300, 200);
+        for output in [U8, Output::imagenet(Dtype::F16)] {
+            for id in 0..20 {
+                let spec = SampleSpec {
+                    transform: Transform::TRAIN_DEFAULT,
+                    output,
+                    reduced_decode: false,
+                };
+                let key = SampleKey {
+                    seed: 5,
+                    epoch: 0,
+                    sample_id: id,
+                };
+                let (a, pa) = run(spec, &file, key);
+                let (b, pb) = run(spec, &as_png, key);
+                assert_eq!((pa.crop, pa.flipped), (pb.crop, pb.flipped));
+                assert!(a == b, "{output:?}, sample {id}");
             }
         }
     }
