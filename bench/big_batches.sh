@@ -17,8 +17,8 @@ run() {
     python3 -c "import json,sys; s=json.load(open('$d/s.json')); print('$name', 'gbps %.2f' % s['gbps'], 'batches', s['batches_delivered'], 'parts', s['parts_per_batch'], 'slot', s.get('slot_bytes'), 'bound', s['bound'])"
     grep -m1 "resolved" "$d/d.log" | sed 's/.*INFO //'
 }
-for r in 1 2; do
+for r in 1 2 3; do
     run "256MiB-batch(64x4MiB)" "[1024, 1024]" 64 2048 8
     run "64MiB-sample(batch1)" "[4096, 4096]" 1 64 16
-    run "1GiB-sample(batch1)" "[16384, 16384]" 1 8 2
+    run "1GiB-sample(batch1)" "[16384, 16384]" 1 8 4
 done
