@@ -136,6 +136,10 @@ mode = "0600"
 #   shuffle_buffer = 1000  # samples; with plan.shuffle, each rank's shards
 #                          # (shard i is rank i % world_size's) are shuffled
 #                          # and streamed through a buffer of this many
+#   npy = { field = "features", dtype = "f32", shape = [16, 8] }
+#                          # optional: each sample's .npy member, one array
+#                          # of this dtype and shape -> field "features"
+#   images = true          # false: no image member, no images field
 # "imagefolder": torchvision's ImageFolder layout, root/<class>/<file>;
 # labels are the class indices (sorted class directory names), e.g.
 #   [dataset.imagefolder]
@@ -390,8 +394,8 @@ pub enum DatasetKind {
     /// a second array.
     Npy,
     /// WebDataset tar shards of JPEG/PNG images and `.cls` labels ([`WebDatasetDataset`],
-    /// `[dataset.webdataset]`, images made as `[dataset.image]` says): fields `images` and
-    /// `labels`.
+    /// `[dataset.webdataset]`, images made as `[dataset.image]` says): fields `images` (unless
+    /// `images = false`), `labels` and, with `npy`, the `.npy` members' field.
     #[serde(rename = "webdataset")]
     WebDataset,
     /// torchvision `ImageFolder`'s layout ([`ImageFolderDataset`], `[dataset.imagefolder]`,
@@ -426,7 +430,8 @@ impl DatasetKind {
     }
 
     /// Whether the samples are encoded images decoded by the loaders (`webdataset`,
-    /// `imagefolder`; `[dataset.image]`).
+    /// `imagefolder`; `[dataset.image]`), unless the config says otherwise
+    /// ([`DatasetConfig::decodes_images`]: `[dataset.webdataset] images = false`).
     pub const fn decodes_images(self) -> bool {
         matches!(self, DatasetKind::WebDataset | DatasetKind::ImageFolder)
     }
@@ -519,6 +524,14 @@ pub struct DatasetConfig {
     /// `[dataset.image]`, for `kind = "webdataset"` and `"imagefolder"` (their defaults when the
     /// table is left out).
     pub image: Option<ImageDataset>,
+}
+
+impl DatasetConfig {
+    /// Whether the loaders decode images into an `images` field as `[dataset.image]` says:
+    /// `kind = "imagefolder"`, and `"webdataset"` unless `[dataset.webdataset] images = false`.
+    pub fn decodes_images(&self) -> bool {
+        self.kind.decodes_images() && self.webdataset.as_ref().is_none_or(|w| w.images)
+    }
 }
 
 impl Default for DatasetConfig {
@@ -1372,7 +1385,7 @@ impl Config {
                 }
             }
         }
-        if d.image.is_some() != d.kind.decodes_images() {
+        if d.image.is_some() != d.decodes_images() {
             return Err(self.invalid(
                 "dataset.image",
                 if d.image.is_some() {
@@ -1382,7 +1395,8 @@ impl Config {
                 },
                 format!(
                     "[dataset.image] belongs to dataset.kind = \"webdataset\" and \
-                     \"imagefolder\" (this dataset has kind = \"{}\")",
+                     \"imagefolder\", and not beside dataset.webdataset.images = false (this \
+                     dataset has kind = \"{}\")",
                     d.kind
                 ),
             ));
@@ -1395,6 +1409,44 @@ impl Config {
                     "one or more tar shards (paths relative to the config file's directory, or \
                      absolute), in order",
                 ));
+            }
+            if let Some(n) = &w.npy {
+                let taken = if w.images {
+                    "\"labels\" or \"images\" (the kind's other fields)"
+                } else {
+                    "\"labels\" (the kind's other field)"
+                };
+                if !valid_field_name(&n.field)
+                    || n.field == LABELS
+                    || (w.images && n.field == IMAGES)
+                {
+                    return Err(self.invalid(
+                        "dataset.webdataset.npy.field",
+                        format!("{:?}", n.field),
+                        format!(
+                            "1 to 64 characters from A-Z a-z 0-9 _ - ., and not {taken}: field \
+                             names must differ"
+                        ),
+                    ));
+                }
+                if n.dtype == Dtype::Bf16 {
+                    return Err(self.invalid(
+                        "dataset.webdataset.npy.dtype",
+                        n.dtype,
+                        "a dtype numpy has: u8, i8, i16, u16, i32, u32, i64, u64, f16, f32, f64, \
+                         bool",
+                    ));
+                }
+                if !dims_ok(&n.shape) {
+                    return Err(self.invalid(
+                        "dataset.webdataset.npy.shape",
+                        format!("{:?}", n.shape),
+                        format!(
+                            "the shape of each .npy member: at most {MAX_SAMPLE_DIMS} dimensions, \
+                             each >= 1 ([] is one value per sample)"
+                        ),
+                    ));
+                }
             }
         }
         if let Some(f) = &d.imagefolder {
@@ -1535,7 +1587,9 @@ impl Config {
     /// `images` (`dataset.dtype`, `dataset.sample_shape`) and `labels` (`i64`, one per sample);
     /// for `"external"`, `dataset.fields`; for `"tokens"`, `input_ids` and `targets`
     /// (`[dataset.tokens] dtype`, `[seq_len]`); for `"npy"`, `[dataset.npy] field` (its `dtype`
-    /// and `shape`) and, with `labels`, `labels` (`labels_dtype`, `labels_shape`).
+    /// and `shape`) and, with `labels`, `labels` (`labels_dtype`, `labels_shape`); for
+    /// `"webdataset"`, `images` (unless `images = false`), `labels` and, with `npy`, its field;
+    /// for `"imagefolder"`, `images` and `labels`.
     pub fn fields(&self) -> Vec<Field> {
         let d = &self.dataset;
         match d.kind {
@@ -1561,16 +1615,19 @@ impl Config {
                 }
                 None => Vec::new(),
             },
-            DatasetKind::WebDataset | DatasetKind::ImageFolder => match &d.image {
-                Some(i) => {
+            DatasetKind::WebDataset | DatasetKind::ImageFolder => {
+                // [dataset.image] is there exactly when images are decoded (validated).
+                let mut f = Vec::with_capacity(3);
+                if let Some(i) = &d.image {
                     let (dtype, shape) = i.images();
-                    vec![
-                        Field::new(IMAGES, dtype, shape),
-                        Field::new(LABELS, Dtype::I64, Vec::new()),
-                    ]
+                    f.push(Field::new(IMAGES, dtype, shape));
                 }
-                None => Vec::new(),
-            },
+                f.push(Field::new(LABELS, Dtype::I64, Vec::new()));
+                if let Some(n) = d.webdataset.as_ref().and_then(|w| w.npy.as_ref()) {
+                    f.push(Field::new(n.field.clone(), n.dtype, n.shape.clone()));
+                }
+                f
+            }
         }
     }
 
@@ -1588,9 +1645,22 @@ impl Config {
             return Some((one, one.saturating_mul(2)));
         }
         if d.kind.decodes_images() {
-            let (dtype, shape) = d.image.as_ref()?.images();
-            let one = bytes(dtype, &shape);
-            return Some((one, one.saturating_add(Dtype::I64.size_of() as u64)));
+            // [images], labels, [npy field], as `fields` lists them.
+            let images = d.image.as_ref().map(|i| {
+                let (dtype, shape) = i.images();
+                bytes(dtype, &shape)
+            });
+            let labels = Dtype::I64.size_of() as u64;
+            let npy = d
+                .webdataset
+                .as_ref()
+                .and_then(|w| w.npy.as_ref())
+                .map_or(0, |n| bytes(n.dtype, &n.shape));
+            let all = images
+                .unwrap_or(0)
+                .saturating_add(labels)
+                .saturating_add(npy);
+            return Some((images.unwrap_or(labels), all));
         }
         let n = d.npy.as_ref()?;
         let data = bytes(n.dtype, &n.shape);
@@ -1611,7 +1681,14 @@ impl Config {
             DatasetKind::External => d.fields.first().map_or(0, |f| f.shape.len()),
             DatasetKind::Tokens => 1,
             DatasetKind::Npy => d.npy.as_ref().map_or(0, |n| n.shape.len()),
-            DatasetKind::WebDataset | DatasetKind::ImageFolder => 3,
+            // `images` (3 dimensions), or `labels` (none) with `images = false`.
+            DatasetKind::WebDataset | DatasetKind::ImageFolder => {
+                if d.image.is_some() {
+                    3
+                } else {
+                    0
+                }
+            }
         }
     }
 

@@ -110,12 +110,21 @@ pub struct NpyDataset {
 }
 
 /// `[dataset.webdataset]`: WebDataset tar shards (`kind = "webdataset"`, docs/FORMATS.md), each
-/// sample an image member (`.jpg`, `.jpeg`, `.png`) and a `.cls` label.
+/// sample an image member (`.jpg`, `.jpeg`, `.png`; unless `images = false`), a `.cls` label and,
+/// with `npy`, a `.npy` array.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WebDatasetDataset {
     /// The tar shards, in order (sample ids: shard order, then member order).
     pub shards: Vec<PathBuf>,
+    /// Whether each sample has an image member, decoded into the field `images` as
+    /// `[dataset.image]` says (default true; false: no image member is read, no `images` field,
+    /// no `[dataset.image]`).
+    #[serde(default = "yes", skip_serializing_if = "is_true")]
+    pub images: bool,
+    /// The array of each sample's `.npy` member, a fixed field after `labels` (none by default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub npy: Option<WebDatasetNpy>,
     /// Samples in the shuffle buffer of the shard order (default 1000; 0 or 1: none; used
     /// with `plan.shuffle`), docs/FORMATS.md.
     #[serde(default = "default_shuffle_buffer")]
@@ -125,6 +134,36 @@ pub struct WebDatasetDataset {
     /// shards'. The plan's shard order needs it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub shard_samples: Vec<u64>,
+}
+
+/// `[dataset.webdataset] npy`: every sample's `.npy` member holds one array of this dtype and
+/// shape (little-endian, C order), copied into the field `field`. Declared, so that the fields
+/// (and slot sizes) follow from the config alone; each member is checked when read.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WebDatasetNpy {
+    /// Name of the field (default `"npy"`, the members' extension).
+    #[serde(default = "default_wds_npy_field")]
+    pub field: String,
+    /// The arrays' dtype (pinring name, as in `[dataset.npy]`: `f32`, `u8`, `bool`, ...).
+    pub dtype: Dtype,
+    /// The arrays' shape (`[]`: one value).
+    pub shape: Vec<u32>,
+}
+
+/// Default `[dataset.webdataset] npy.field`.
+pub const WDS_NPY_DEFAULT_FIELD: &str = "npy";
+
+fn default_wds_npy_field() -> String {
+    WDS_NPY_DEFAULT_FIELD.into()
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn is_true(b: &bool) -> bool {
+    *b
 }
 
 /// Default `[dataset.webdataset] shuffle_buffer`.
@@ -328,7 +367,7 @@ const NPY_KEYS: &[&str] = &[
 ];
 
 /// Keys of `[dataset.webdataset]`.
-const WDS_KEYS: &[&str] = &["shards", "shuffle_buffer", "shard_samples"];
+const WDS_KEYS: &[&str] = &["shards", "shuffle_buffer", "shard_samples", "images", "npy"];
 /// Keys of `[dataset.imagefolder]`.
 const IMAGEFOLDER_KEYS: &[&str] = &["root", "extensions"];
 /// Keys of `[dataset.image]`.
@@ -537,10 +576,18 @@ impl TryFrom<RawDataset> for DatasetConfig {
             }
             None => None,
         };
+        // `[dataset.webdataset] images = false`: no image member, so nothing to decode.
+        let no_images = webdataset.as_ref().is_some_and(|w| !w.images);
         let image = match r.image {
+            Some(_) if no_images => {
+                return Err("[dataset.image] says how to decode the image members, and \
+                     dataset.webdataset.images = false reads none: remove the table or set \
+                     images = true"
+                    .into())
+            }
             Some(t) => Some(sub_table::<ImageDataset>(t, "image", kind)?),
             // The image kinds' defaults: train, 224, u8.
-            None if kind.decodes_images() => Some(ImageDataset::default()),
+            None if kind.decodes_images() && !no_images => Some(ImageDataset::default()),
             None => None,
         };
         Ok(DatasetConfig {

@@ -44,7 +44,9 @@ fn push_path(b: &mut Vec<u8>, path: &Path) {
 /// Version 8: byte parts (a sample too large for one part is cut into byte ranges of its
 /// largest field, [`crate::plan::SampleCut`]): the byte part size is hashed, and the metadata
 /// ends with the part's byte range ([`crate::BatchMeta::byte_range`]).
-pub const FINGERPRINT_VERSION: u32 = 8;
+/// Version 9: `webdataset` may read each sample's `.npy` member into a declared field and may
+/// read no image (`[dataset.webdataset] npy` and `images`), both hashed after the shard sizes.
+pub const FINGERPRINT_VERSION: u32 = 9;
 
 const MAGIC: &[u8; 8] = b"pinrngfp";
 
@@ -66,7 +68,9 @@ impl Config {
     /// (u32), shift (u8); for `npy`: the path as written, then labels (u8 0 none, 1 and the
     /// path); for `webdataset` (version 6, kind 4): shard count (u32), each path as written,
     /// shuffle_buffer (u64), then (version 7) the count of recorded shard sizes (u32, 0 before the
-    /// shards are opened) and each size (u64); for `imagefolder` (kind 5): root as written, extension count
+    /// shards are opened) and each size (u64), then (version 9) `images` (u8) and `npy` (u8: 0
+    /// none; 1, then its field name (u32 length, UTF-8), dtype code (u8), ndims (u32) and dims
+    /// (u32 each)); for `imagefolder` (kind 5): root as written, extension count
     /// (u32), each extension (u32 length, UTF-8); then for both `[dataset.image]`: transform (u8:
     /// 0 train, 1 eval), crop, resize (u32 each), scale and ratio (f64 bits, 2 each), flip (u8),
     /// output dtype code (u8), mean and std (f32 bits, 3 each), reduced_decode (u8), every value
@@ -162,6 +166,20 @@ impl Config {
             for n in &w.shard_samples {
                 b.extend_from_slice(&n.to_le_bytes());
             }
+            b.push(u8::from(w.images));
+            match &w.npy {
+                Some(n) => {
+                    b.push(1);
+                    b.extend_from_slice(&(n.field.len() as u32).to_le_bytes());
+                    b.extend_from_slice(n.field.as_bytes());
+                    b.push(n.dtype.code());
+                    b.extend_from_slice(&(n.shape.len() as u32).to_le_bytes());
+                    for dim in &n.shape {
+                        b.extend_from_slice(&dim.to_le_bytes());
+                    }
+                }
+                None => b.push(0),
+            }
         }
         if let Some(f) = &d.imagefolder {
             push_path(&mut b, &f.root);
@@ -245,7 +263,7 @@ mod tests {
         // A loader of another payload format (version 2: images only) has another fingerprint
         // for the same config, so the daemon refuses it.
         let bytes = Config::default().fingerprint_bytes();
-        assert_eq!(bytes[8..12], 8u32.to_le_bytes());
+        assert_eq!(bytes[8..12], 9u32.to_le_bytes());
         let mut v2 = bytes.clone();
         v2[8..12].copy_from_slice(&2u32.to_le_bytes());
         assert_ne!(

@@ -30,7 +30,8 @@ pub use config::{
 };
 pub use dataset::{
     ImageDataset, ImageFolderDataset, ImageOutput, ImageTransform, NpyDataset, OnBadSample,
-    TokensDataset, WebDatasetDataset, INPUT_IDS, NPY_DEFAULT_FIELD, TARGETS,
+    TokensDataset, WebDatasetDataset, WebDatasetNpy, INPUT_IDS, NPY_DEFAULT_FIELD, TARGETS,
+    WDS_NPY_DEFAULT_FIELD,
 };
 pub use fields::{BatchLayout, ChunkCopy, Field, FieldPlacement, FIELD_ALIGN, IMAGES, LABELS};
 pub use fingerprint::FINGERPRINT_VERSION;

@@ -45,7 +45,7 @@ pub use imagefolder::{ImageFolder, ImageFolderConfig, ImageFolderError};
 pub use images::{sample_spec, Decoded};
 pub use npy::{NpyConfig, NpyDtype, NpyError, NpyHeader, NpySource};
 pub use tokens::{TokenDtype, TokenOutDtype, Tokens, TokensConfig, TokensError};
-pub use webdataset::{WdsConfig, WdsError, WebDataset};
+pub use webdataset::{WdsConfig, WdsError, WdsNpy, WebDataset};
 
 /// One named field of every sample of a [`Source`].
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -271,16 +271,44 @@ pub fn open_dataset(cfg: &pinring_data::Config) -> Option<Result<Box<dyn Source>
         NpySource::open(&c)
             .map(|s| Box::new(s) as Box<dyn Source>)
             .map_err(Into::into)
-    } else if let (Some(w), Some(image)) = (&d.webdataset, &d.image) {
+    } else if let Some(w) = &d.webdataset {
+        // The config's fields: [images], labels, [npy field] (`Config::fields`).
+        let mut fields = Vec::with_capacity(3);
+        if w.images {
+            fields.push(webdataset::WdsField::Image);
+        }
+        fields.push(webdataset::WdsField::Cls);
+        let mut npy = None;
+        if let Some(n) = &w.npy {
+            let Some(dtype) = NpyDtype::from_dtype(n.dtype) else {
+                return Some(Err(SourceError::Declared {
+                    problem: format!(
+                        "dataset.webdataset.npy.dtype = \"{}\" has no numpy dtype; declare the \
+                         members' dtype (u8, i8, ..., f16, f32, f64, bool)",
+                        n.dtype
+                    ),
+                }));
+            };
+            fields.push(webdataset::WdsField::Npy);
+            npy = Some(webdataset::WdsNpy {
+                field: n.field.clone(),
+                dtype,
+                shape: n.shape.clone(),
+            });
+        }
         let c = WdsConfig {
             shards: w.shards.iter().map(|f| cfg.resolve_path(f)).collect(),
-            fields: vec![webdataset::WdsField::Image, webdataset::WdsField::Cls],
+            fields,
             shuffle_buffer: usize::try_from(w.shuffle_buffer).unwrap_or(usize::MAX),
+            npy,
         };
         WebDataset::open(&c)
             .map_err(SourceError::from)
-            .and_then(|s| Decoded::new(Box::new(s), image, cfg.plan.seed))
-            .map(|s| Box::new(s) as Box<dyn Source>)
+            .and_then(|s| match &d.image {
+                Some(image) if w.images => Decoded::new(Box::new(s), image, cfg.plan.seed)
+                    .map(|s| Box::new(s) as Box<dyn Source>),
+                _ => Ok(Box::new(s) as Box<dyn Source>),
+            })
     } else if let (Some(f), Some(image)) = (&d.imagefolder, &d.image) {
         let c = ImageFolderConfig {
             root: cfg.resolve_path(&f.root),

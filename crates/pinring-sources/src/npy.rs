@@ -61,6 +61,8 @@ pub const DEFAULT_FIELD: &str = "data";
 pub const LABELS: &str = "labels";
 /// Largest header accepted (numpy writes a few hundred bytes).
 pub const MAX_HEADER_BYTES: u64 = 1 << 20;
+/// Bytes read at first for a header (numpy writes 128 or so; a longer one takes a second read).
+const HEADER_PREFIX_BYTES: u64 = 256;
 /// Nesting depth accepted in the header's dict literal.
 const MAX_DEPTH: usize = 8;
 
@@ -620,6 +622,45 @@ impl NpyHeader {
         })
     }
 
+    /// Reads and parses the header of the `.npy` bytes that start at byte `offset` of `file` and
+    /// span `size` bytes (a whole file, or a member of a tar shard), reading no byte past them;
+    /// `name` names them in errors, `buf` is scratch (reused). Offsets in errors are relative to
+    /// `offset`. The size is not checked against the header: [`NpyHeader::read`] does that for a
+    /// file, the webdataset reader for a member.
+    pub fn read_at(
+        name: &str,
+        file: &File,
+        offset: u64,
+        size: u64,
+        buf: &mut Vec<u8>,
+    ) -> Result<NpyHeader, NpyError> {
+        let read = |buf: &mut Vec<u8>, len: u64| {
+            buf.clear();
+            buf.resize(len.min(size) as usize, 0);
+            let n = pread_some(file, buf, offset).map_err(|source| NpyError::Read {
+                file: name.into(),
+                offset,
+                len: buf.len() as u64,
+                source,
+            })?;
+            buf.truncate(n);
+            Ok::<_, NpyError>(())
+        };
+        // numpy's headers take 128 bytes or so: one read holds the preamble and the dict.
+        read(buf, HEADER_PREFIX_BYTES)?;
+        let header_len = match buf.get(6) {
+            Some(1) if buf.len() >= 10 => u64::from(u16::from_le_bytes([buf[8], buf[9]])) + 10,
+            Some(2 | 3) if buf.len() >= 12 => {
+                u64::from(u32::from_le_bytes([buf[8], buf[9], buf[10], buf[11]])) + 12
+            }
+            _ => 0,
+        };
+        if header_len > buf.len() as u64 && header_len <= MAX_HEADER_BYTES + 12 {
+            read(buf, header_len)?;
+        }
+        NpyHeader::parse(name, buf)
+    }
+
     /// Reads and parses the header of `path`, and checks the file's size against it.
     pub fn read(path: &Path, file: &File) -> Result<NpyHeader, NpyError> {
         let name = show(path);
@@ -630,30 +671,7 @@ impl NpyHeader {
                 source,
             })?
             .len();
-        let read = |buf: &mut [u8]| {
-            pread_some(file, buf, 0).map_err(|source| NpyError::Read {
-                file: name.clone(),
-                offset: 0,
-                len: buf.len() as u64,
-                source,
-            })
-        };
-        let mut buf = vec![0u8; 12];
-        let n = read(&mut buf)?;
-        buf.truncate(n);
-        let header_len = match buf.get(6) {
-            Some(1) if n >= 10 => u64::from(u16::from_le_bytes([buf[8], buf[9]])) + 10,
-            Some(2 | 3) if n >= 12 => {
-                u64::from(u32::from_le_bytes([buf[8], buf[9], buf[10], buf[11]])) + 12
-            }
-            _ => 12,
-        };
-        if header_len > 12 && header_len <= MAX_HEADER_BYTES + 12 {
-            buf.resize(header_len as usize, 0);
-            let n = read(&mut buf)?;
-            buf.truncate(n);
-        }
-        let h = NpyHeader::parse(&name, &buf)?;
+        let h = NpyHeader::read_at(&name, file, 0, size, &mut Vec::new())?;
         let expected = h.data_offset.saturating_add(h.data_bytes);
         if size < expected {
             return Err(NpyError::Truncated {

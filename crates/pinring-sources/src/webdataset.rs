@@ -53,6 +53,7 @@ use std::path::PathBuf;
 use pinring_data::Dtype;
 use serde::{Deserialize, Serialize};
 
+use crate::npy::{NpyDtype, NpyError, NpyHeader};
 use crate::{check_bufs, fixed, pread, show, FieldBuf, Source, SourceError, SourceField};
 
 pub use pinring_data::shard_order::{epoch_order_for, rank_stream, ShardOrder};
@@ -70,7 +71,8 @@ pub enum WdsField {
     Cls,
     /// `json` bytes, field `json`.
     Json,
-    /// `npy` bytes, field `npy`.
+    /// `npy` member: with [`WdsConfig::npy`] the fixed field it declares (the array's data),
+    /// otherwise the member's bytes, field `npy`.
     Npy,
 }
 
@@ -95,7 +97,7 @@ impl WdsField {
         }
     }
 
-    fn source_field(self) -> SourceField {
+    fn source_field(self, npy: Option<&WdsNpy>) -> SourceField {
         match self {
             WdsField::Image => SourceField::Encoded {
                 name: pinring_data::IMAGES.into(),
@@ -104,7 +106,86 @@ impl WdsField {
             WdsField::Json => SourceField::Encoded {
                 name: "json".into(),
             },
-            WdsField::Npy => SourceField::Encoded { name: "npy".into() },
+            WdsField::Npy => match npy {
+                Some(n) => fixed(&n.field, n.dtype.field_dtype(), n.shape.clone()),
+                None => SourceField::Encoded { name: "npy".into() },
+            },
+        }
+    }
+}
+
+/// The array every `npy` member holds ([`WdsConfig::npy`]): the member's data becomes a fixed
+/// field of this name, dtype and shape.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WdsNpy {
+    /// The field's name.
+    pub field: String,
+    /// The members' dtype (little-endian, or one byte).
+    pub dtype: NpyDtype,
+    /// The members' shape (`[]`: one value), in C order.
+    pub shape: Vec<u32>,
+}
+
+/// What is wrong with an `npy` member ([`WdsError::Npy`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NpyProblem {
+    /// The header is corrupt, cut short, or describes data pinring does not read (Fortran
+    /// order): the parser's message.
+    Header {
+        /// Byte offset of the problem in the shard.
+        offset: u64,
+        /// What the parser found.
+        problem: String,
+    },
+    /// Another dtype (or a big-endian or non-numeric one).
+    Dtype {
+        /// The header's dtype.
+        found: String,
+        /// The configured dtype (numpy's name).
+        expected: &'static str,
+    },
+    /// Another shape.
+    Shape {
+        /// The header's shape.
+        found: Vec<u64>,
+        /// The configured shape.
+        expected: Vec<u64>,
+    },
+    /// The member is shorter (truncated) or longer than its header and data.
+    Size {
+        /// The member's bytes.
+        found: u64,
+        /// Header plus data.
+        expected: u64,
+    },
+}
+
+impl std::fmt::Display for NpyProblem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NpyProblem::Header { offset, problem } => write!(
+                f,
+                "has no valid .npy header (at byte offset {offset}: {problem}), expected a \
+                 .npy header of version 1.0, 2.0 or 3.0 for a little-endian C-order array"
+            ),
+            NpyProblem::Dtype { found, expected } => write!(
+                f,
+                "holds dtype {found}, expected {expected} (dataset.webdataset.npy.dtype)"
+            ),
+            NpyProblem::Shape { found, expected } => write!(
+                f,
+                "holds shape {found:?}, expected {expected:?} (dataset.webdataset.npy.shape)"
+            ),
+            NpyProblem::Size { found, expected } => write!(
+                f,
+                "is {found} bytes long, expected {expected} (its header and data){}",
+                if found < expected {
+                    ": it is truncated"
+                } else {
+                    ": it has bytes after its array"
+                }
+            ),
         }
     }
 }
@@ -125,6 +206,10 @@ pub struct WdsConfig {
     /// Samples in the shuffle buffer of [`WebDataset::epoch_order`] (0 or 1: none).
     #[serde(default = "default_shuffle_buffer")]
     pub shuffle_buffer: usize,
+    /// The array of the `npy` members, making [`WdsField::Npy`] a fixed field; `None`: the
+    /// members' bytes (an encoded field named `npy`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub npy: Option<WdsNpy>,
 }
 
 /// Default `shuffle_buffer`.
@@ -226,6 +311,18 @@ pub enum WdsError {
         offset: u64,
         /// The first bytes of the member.
         text: String,
+    },
+    /// An `npy` member does not hold the configured array (per sample).
+    #[error("shard {shard}: member {member:?} at byte offset {offset} {problem}; rewrite it with numpy.save of a C-order array of the dtype and shape of dataset.webdataset.npy (or fix those), or set dataset.on_bad_sample = \"skip\"")]
+    Npy {
+        /// The shard.
+        shard: String,
+        /// The member.
+        member: String,
+        /// Its data offset.
+        offset: u64,
+        /// What was found and what was expected.
+        problem: NpyProblem,
     },
     /// A read failed (the shard changed since open; per sample).
     #[error("reading member {member:?} ({len} bytes at byte offset {offset}) of shard {shard} failed: {source}; the shard changed or became unreadable since the source was opened: restore it")]
@@ -363,6 +460,8 @@ pub struct WebDataset {
     config_fields: Vec<WdsField>,
     shuffle_buffer: usize,
     fields: Vec<SourceField>,
+    /// The configured array of the `npy` members (a fixed field), if any.
+    npy: Option<WdsNpy>,
     scratch: Vec<u8>,
 }
 
@@ -438,6 +537,39 @@ impl WebDataset {
                 });
             }
         }
+        if let Some(n) = &config.npy {
+            if !config.fields.contains(&WdsField::Npy) {
+                return Err(WdsError::Param {
+                    key: "npy",
+                    problem: "declares the npy members' array, and dataset.fields has no \"npy\"; \
+                              add it or drop dataset.npy"
+                        .into(),
+                });
+            }
+            if n.field.is_empty() {
+                return Err(WdsError::Param {
+                    key: "npy.field",
+                    problem: "the field needs a name".into(),
+                });
+            }
+        }
+        let fields: Vec<SourceField> = config
+            .fields
+            .iter()
+            .map(|f| f.source_field(config.npy.as_ref()))
+            .collect();
+        for (i, f) in fields.iter().enumerate() {
+            if fields[..i].iter().any(|g| g.name() == f.name()) {
+                return Err(WdsError::Param {
+                    key: "npy.field",
+                    problem: format!(
+                        "{:?} is also the name of another field; field names must differ, \
+                         rename the npy field",
+                        f.name()
+                    ),
+                });
+            }
+        }
         let mut shards = Vec::with_capacity(config.shards.len());
         let mut samples = Vec::new();
         let mut shard_sizes = Vec::with_capacity(config.shards.len());
@@ -461,9 +593,10 @@ impl WebDataset {
             shards,
             shard_sizes,
             samples,
-            fields: config.fields.iter().map(|f| f.source_field()).collect(),
+            fields,
             config_fields: config.fields.clone(),
             shuffle_buffer: config.shuffle_buffer,
+            npy: config.npy.clone(),
             scratch: Vec::new(),
         })
     }
@@ -600,6 +733,10 @@ impl Source for WebDataset {
                         })?;
                     o.copy_from_slice(&v.to_le_bytes());
                 }
+                (WdsField::Npy, FieldBuf::Fixed(o)) => {
+                    let Some(want) = &self.npy else { continue }; // check_bufs: fixed with npy
+                    read_npy_member(&shard.path, &shard.file, part, want, o, &mut self.scratch)?;
+                }
                 (_, FieldBuf::Bytes(v)) => {
                     v.clear();
                     v.resize(part.size as usize, 0);
@@ -610,4 +747,86 @@ impl Source for WebDataset {
         }
         Ok(())
     }
+}
+
+/// Reads `npy` member `part` of `file` (shard `shard`) into `out`: parses its header (the npy
+/// parser's [`NpyHeader::read_at`], reading only the member's bytes), checks its dtype, shape and
+/// size against `want`, and reads its data straight into `out` (whose length is then the data's).
+fn read_npy_member(
+    shard: &std::path::Path,
+    file: &File,
+    part: &Part,
+    want: &WdsNpy,
+    out: &mut [u8],
+    scratch: &mut Vec<u8>,
+) -> Result<(), WdsError> {
+    let bad = |problem| WdsError::Npy {
+        shard: show(shard),
+        member: part.member.clone(),
+        offset: part.offset,
+        problem,
+    };
+    let read_err = |len: u64, source| WdsError::Read {
+        shard: show(shard),
+        member: part.member.clone(),
+        offset: part.offset,
+        len,
+        source,
+    };
+    let expected = want.dtype.name();
+    let h = match NpyHeader::read_at(&part.member, file, part.offset, part.size, scratch) {
+        Ok(h) => h,
+        Err(e) => {
+            return Err(match e {
+                NpyError::Read { len, source, .. } => read_err(len, source),
+                NpyError::Header {
+                    offset, problem, ..
+                } => bad(NpyProblem::Header {
+                    offset: part.offset.saturating_add(offset),
+                    problem,
+                }),
+                NpyError::BigEndian { descr, .. } => bad(NpyProblem::Dtype {
+                    found: format!("{descr:?} (big-endian)"),
+                    expected,
+                }),
+                NpyError::UnsupportedDtype { descr, .. } => bad(NpyProblem::Dtype {
+                    found: format!("{descr:?} (not a number pinring reads)"),
+                    expected,
+                }),
+                NpyError::FortranOrder { .. } => bad(NpyProblem::Header {
+                    offset: part.offset,
+                    problem: "the array is in Fortran order".into(),
+                }),
+                e => bad(NpyProblem::Header {
+                    offset: part.offset,
+                    problem: e.to_string(),
+                }),
+            })
+        }
+    };
+    if h.dtype != want.dtype {
+        return Err(bad(NpyProblem::Dtype {
+            found: h.dtype.name().into(),
+            expected,
+        }));
+    }
+    if !h
+        .shape
+        .iter()
+        .copied()
+        .eq(want.shape.iter().map(|&d| u64::from(d)))
+    {
+        return Err(bad(NpyProblem::Shape {
+            found: h.shape,
+            expected: want.shape.iter().map(|&d| u64::from(d)).collect(),
+        }));
+    }
+    let need = h.data_offset.saturating_add(h.data_bytes);
+    if part.size != need || h.data_bytes != out.len() as u64 {
+        return Err(bad(NpyProblem::Size {
+            found: part.size,
+            expected: need,
+        }));
+    }
+    pread(file, out, part.offset + h.data_offset).map_err(|e| read_err(h.data_bytes, e))
 }

@@ -34,6 +34,7 @@ fn cfg(shards: Vec<PathBuf>, fields: Vec<WdsField>) -> WdsConfig {
         shards,
         fields,
         shuffle_buffer: 8,
+        npy: None,
     }
 }
 
