@@ -6,9 +6,14 @@ mod common;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use common::{read, run_python};
-use pinring_sources::webdataset::{epoch_order_for, rank_stream, split_key, WdsField};
-use pinring_sources::{Source, SourceConfig, SourceError, WdsConfig, WdsError, WebDataset};
+use common::{npy_bytes, read, run_python};
+use pinring_sources::npy::NpyDtype;
+use pinring_sources::webdataset::{
+    epoch_order_for, index_tar, rank_stream, split_key, NpyProblem, WdsField,
+};
+use pinring_sources::{
+    Source, SourceConfig, SourceError, SourceField, WdsConfig, WdsError, WdsNpy, WebDataset,
+};
 use proptest::prelude::*;
 
 /// Deterministic content of member `name`.
@@ -260,6 +265,245 @@ fn opens_from_toml_and_splits_keys_as_webdataset() {
     );
     assert_eq!(split_key("dir/.hidden"), None);
     assert_eq!(split_key("noext"), None);
+}
+
+/// The config of `.cls` and `.npy` members, the latter `f32` arrays of shape `[2, 3]` into the
+/// field `feat` (with an image first when `image`).
+fn npy_cfg(shards: Vec<PathBuf>, image: bool) -> WdsConfig {
+    let mut fields = vec![WdsField::Cls, WdsField::Npy];
+    if image {
+        fields.insert(0, WdsField::Image);
+    }
+    WdsConfig {
+        npy: Some(WdsNpy {
+            field: "feat".into(),
+            dtype: NpyDtype::Float32,
+            shape: vec![2, 3],
+        }),
+        ..cfg(shards, fields)
+    }
+}
+
+/// 24 bytes of sample `i`'s `f32` array.
+fn feat(i: usize) -> Vec<u8> {
+    (0..6)
+        .flat_map(|k| ((i * 10 + k) as f32 * 0.5 - 3.0).to_le_bytes())
+        .collect()
+}
+
+#[test]
+fn npy_members_are_read_exactly_into_the_declared_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("s.tar");
+    let mut members = Vec::new();
+    for i in 0..6usize {
+        let k = format!("k{i}");
+        members.push((format!("{k}.jpg"), content(&k)));
+        members.push((format!("{k}.cls"), i.to_string().into_bytes()));
+        // Header versions 1.0, 2.0 and 3.0; '<' and '=' byte orders.
+        let descr = if i % 2 == 0 { "<f4" } else { "=f4" };
+        let v = (i % 3) as u8 + 1;
+        members.push((
+            format!("{k}.NPY"),
+            npy_bytes(v, descr, false, &[2, 3], &feat(i)),
+        ));
+        // A json member beside them: not asked for, ignored.
+        members.push((format!("{k}.json"), b"{}".to_vec()));
+    }
+    write_tar(&p, &members);
+    let mut src = WebDataset::open(&npy_cfg(vec![p], true)).unwrap();
+    let names: Vec<&str> = src.fields().iter().map(|f| f.name()).collect();
+    assert_eq!(names, ["images", "labels", "feat"]);
+    let SourceField::Fixed(f) = &src.fields()[2] else {
+        panic!("the npy field is fixed");
+    };
+    assert_eq!(
+        (f.dtype, f.shape.as_slice()),
+        (pinring_data::Dtype::F32, &[2u32, 3][..])
+    );
+    assert_eq!(src.len(), 6);
+    for i in 0..6usize {
+        let got = read(&mut src, 0, i as u64).unwrap();
+        assert_eq!(got[0], content(&format!("k{i}")), "image of {i}");
+        assert_eq!(got[1], (i as i64).to_le_bytes(), "label of {i}");
+        assert_eq!(got[2], feat(i), "array of {i}");
+    }
+}
+
+#[test]
+fn bad_npy_members_are_typed_per_sample_errors_naming_shard_member_and_offset() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("bad.tar");
+    let good = npy_bytes(1, "<f4", false, &[2, 3], &feat(0));
+    let mut truncated = good.clone();
+    truncated.truncate(good.len() - 5);
+    let mut long = good.clone();
+    long.push(0);
+    let mut corrupt = good.clone();
+    corrupt[1] = b'X'; // no \x93NUMPY magic
+    let cut_header = good[..40].to_vec(); // ends inside the header
+    let samples: Vec<(&str, Vec<u8>)> = vec![
+        ("good", good.clone()),
+        ("dtype", npy_bytes(1, "<f8", false, &[2, 3], &[0; 48])),
+        ("shape", npy_bytes(1, "<f4", false, &[3, 2], &feat(0))),
+        ("scalar", npy_bytes(1, "<f4", false, &[], &[0; 4])),
+        ("big", npy_bytes(1, ">f4", false, &[2, 3], &feat(0))),
+        ("fortran", npy_bytes(1, "<f4", true, &[2, 3], &feat(0))),
+        ("corrupt", corrupt),
+        ("cut", cut_header),
+        ("truncated", truncated),
+        ("long", long),
+        ("empty", Vec::new()),
+        ("last", good.clone()),
+    ];
+    let mut members = Vec::new();
+    for (i, (k, npy)) in samples.iter().enumerate() {
+        members.push((format!("{k}.cls"), i.to_string().into_bytes()));
+        members.push((format!("{k}.npy"), npy.clone()));
+    }
+    write_tar(&p, &members);
+    let len = std::fs::metadata(&p).unwrap().len();
+    let index = index_tar("bad.tar", std::fs::File::open(&p).unwrap(), len).unwrap();
+    let offset_of = |member: &str| index.iter().find(|m| m.path == member).unwrap().offset;
+    let mut src = WebDataset::open(&npy_cfg(vec![p.clone()], false)).unwrap();
+    assert_eq!(src.len(), samples.len() as u64);
+    assert!(
+        src.bad_samples().is_empty(),
+        "npy members are checked when read"
+    );
+    let err = |src: &mut WebDataset, id: u64| -> (String, NpyProblem, String) {
+        let e = read(src, 0, id).unwrap_err();
+        let text = e.to_string();
+        let SourceError::WebDataset(WdsError::Npy {
+            shard,
+            member,
+            offset,
+            problem,
+        }) = e
+        else {
+            panic!("sample {id}: not an npy error: {e:?}");
+        };
+        assert_eq!(shard, p.display().to_string());
+        assert_eq!(
+            offset,
+            offset_of(&member),
+            "{member}: the member's data offset"
+        );
+        for needle in [
+            p.display().to_string(),
+            format!("{member:?}"),
+            format!("byte offset {offset}"),
+            "dataset.on_bad_sample".into(),
+        ] {
+            assert!(text.contains(&needle), "{text} lacks {needle}");
+        }
+        (member, problem, text)
+    };
+    let (m, problem, text) = err(&mut src, 1);
+    assert_eq!(m, "dtype.npy");
+    assert_eq!(
+        problem,
+        NpyProblem::Dtype {
+            found: "float64".into(),
+            expected: "float32"
+        }
+    );
+    assert!(
+        text.contains("float64") && text.contains("float32"),
+        "{text}"
+    );
+    let (_, problem, text) = err(&mut src, 2);
+    assert_eq!(
+        problem,
+        NpyProblem::Shape {
+            found: vec![3, 2],
+            expected: vec![2, 3]
+        }
+    );
+    assert!(text.contains("[3, 2]") && text.contains("[2, 3]"), "{text}");
+    let (_, problem, _) = err(&mut src, 3);
+    assert!(matches!(problem, NpyProblem::Shape { found, .. } if found.is_empty()));
+    let (_, problem, _) = err(&mut src, 4);
+    assert!(
+        matches!(&problem, NpyProblem::Dtype { found, .. } if found.contains(">f4") && found.contains("big-endian")),
+        "{problem:?}"
+    );
+    let (_, problem, _) = err(&mut src, 5);
+    assert!(
+        matches!(&problem, NpyProblem::Header { problem, .. } if problem.contains("Fortran")),
+        "{problem:?}"
+    );
+    // Corrupt headers: the offset of the problem is in the shard (the magic: the member's start).
+    let (m, problem, _) = err(&mut src, 6);
+    assert!(
+        matches!(&problem, NpyProblem::Header { offset, problem } if *offset == offset_of(&m) && problem.contains("magic")),
+        "{problem:?}"
+    );
+    let (_, problem, _) = err(&mut src, 7);
+    assert!(
+        matches!(&problem, NpyProblem::Header { problem, .. } if problem.contains("ends inside the header")),
+        "{problem:?}"
+    );
+    let (_, problem, text) = err(&mut src, 8);
+    let need = good.len() as u64;
+    assert_eq!(
+        problem,
+        NpyProblem::Size {
+            found: need - 5,
+            expected: need
+        }
+    );
+    assert!(text.contains("truncated"), "{text}");
+    let (_, problem, _) = err(&mut src, 9);
+    assert_eq!(
+        problem,
+        NpyProblem::Size {
+            found: need + 1,
+            expected: need
+        }
+    );
+    let (_, problem, _) = err(&mut src, 10);
+    assert!(matches!(problem, NpyProblem::Header { .. }), "{problem:?}");
+    // The source stays usable: the good samples around the bad ones read exactly.
+    for id in [0u64, 11] {
+        let got = read(&mut src, 0, id).unwrap();
+        assert_eq!(got[0], (id as i64).to_le_bytes());
+        assert_eq!(got[1], feat(0));
+    }
+}
+
+#[test]
+fn a_declared_npy_field_must_be_asked_for_and_named_apart() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("s.tar");
+    write_tar(&p, &sample_members(&["x".into()]));
+    let mut c = npy_cfg(vec![p.clone()], true);
+    c.fields = vec![WdsField::Image, WdsField::Cls];
+    let e = WebDataset::open(&c).unwrap_err();
+    assert!(
+        matches!(e, WdsError::Param { key: "npy", .. }) && e.to_string().contains("\"npy\""),
+        "{e}"
+    );
+    for clash in ["labels", "images"] {
+        let mut c = npy_cfg(vec![p.clone()], true);
+        c.npy.as_mut().unwrap().field = clash.into();
+        let e = WebDataset::open(&c).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                WdsError::Param {
+                    key: "npy.field",
+                    ..
+                }
+            ) && e.to_string().contains(clash)
+                && e.to_string().contains("must differ"),
+            "{e}"
+        );
+    }
+    // Without a declared array the npy member stays encoded bytes named "npy".
+    let c = cfg(vec![p], vec![WdsField::Npy]);
+    let src = WebDataset::open(&c).unwrap();
+    assert_eq!(src.fields(), &[SourceField::Encoded { name: "npy".into() }]);
 }
 
 #[test]
