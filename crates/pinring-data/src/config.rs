@@ -2798,7 +2798,7 @@ fields = [
 #[cfg(test)]
 mod file_kinds {
     use super::*;
-    use crate::dataset::OnBadSample;
+    use crate::dataset::{OnBadSample, WebDatasetNpy, WDS_NPY_DEFAULT_FIELD};
 
     const TOKENS: &str = r#"
 [dataset]
@@ -3058,6 +3058,144 @@ mean = [0.5, 0.5, 0.5]
         );
     }
 
+    const WDS_NPY: &str = r#"
+[dataset]
+kind = "webdataset"
+[dataset.webdataset]
+shards = ["a.tar", "b.tar"]
+npy = { field = "features", dtype = "f32", shape = [16, 8] }
+[dataset.image]
+crop = 32
+"#;
+
+    #[test]
+    fn webdataset_npy_members_are_a_declared_field_and_images_optional() {
+        let c = parse(WDS_NPY).unwrap();
+        let w = c.dataset.webdataset.as_ref().unwrap();
+        assert!(w.images);
+        assert_eq!(
+            c.fields(),
+            vec![
+                Field::new(IMAGES, Dtype::U8, vec![32, 32, 3]),
+                Field::new(LABELS, Dtype::I64, vec![]),
+                Field::new("features", Dtype::F32, vec![16, 8]),
+            ]
+        );
+        // The same as a sub-table; the field's name defaults to the extension's.
+        let t = parse(&WDS_NPY.replace(
+            "npy = { field = \"features\", dtype = \"f32\", shape = [16, 8] }",
+            "[dataset.webdataset.npy]\ndtype = \"u8\"\nshape = []",
+        ))
+        .unwrap();
+        assert_eq!(
+            t.fields()[2],
+            Field::new(WDS_NPY_DEFAULT_FIELD, Dtype::U8, vec![])
+        );
+        // Features-only shards: no image member, no images field, no [dataset.image].
+        let n = parse(
+            &WDS_NPY
+                .replace("[dataset.image]\ncrop = 32\n", "")
+                .replace("shards =", "images = false\nshards ="),
+        )
+        .unwrap();
+        assert!(n.dataset.image.is_none() && !n.dataset.decodes_images());
+        assert_eq!(
+            n.fields(),
+            vec![
+                Field::new(LABELS, Dtype::I64, vec![]),
+                Field::new("features", Dtype::F32, vec![16, 8]),
+            ]
+        );
+        assert_eq!(n.first_field(), (vec![], Dtype::I64));
+        for c in [&c, &t, &n] {
+            let sum: u64 = c.fields().iter().map(Field::sample_bytes).sum();
+            assert_eq!(c.record_bytes(), sum);
+            assert_eq!(c.batch_layout().record_bytes, sum);
+            assert_eq!(c.sample_bytes(), c.fields()[0].sample_bytes());
+            assert_eq!(parse(&c.to_toml()).unwrap(), *c, "{}", c.to_toml());
+        }
+        // Without images the npy field may be called images (pre-decoded arrays).
+        let i = parse(
+            &WDS_NPY
+                .replace("[dataset.image]\ncrop = 32\n", "")
+                .replace("shards =", "images = false\nshards =")
+                .replace("\"features\"", "\"images\""),
+        )
+        .unwrap();
+        assert_eq!(i.fields()[1].name, IMAGES);
+    }
+
+    #[test]
+    fn bad_webdataset_npy_keys_and_clashing_names_are_refused() {
+        let npy_line = "npy = { field = \"features\", dtype = \"f32\", shape = [16, 8] }";
+        let no_images = |t: &str| {
+            t.replace("[dataset.image]\ncrop = 32\n", "")
+                .replace("shards =", "images = false\nshards =")
+        };
+        for (text, needles) in [
+            (
+                WDS_NPY.replace("\"features\"", "\"labels\""),
+                &["dataset.webdataset.npy.field", "\"labels\"", "must differ"][..],
+            ),
+            (
+                WDS_NPY.replace("\"features\"", "\"images\""),
+                &["dataset.webdataset.npy.field", "\"images\"", "must differ"],
+            ),
+            (
+                no_images(&WDS_NPY).replace("\"features\"", "\"labels\""),
+                &["dataset.webdataset.npy.field", "\"labels\""],
+            ),
+            (
+                WDS_NPY.replace("\"features\"", "\"a b\""),
+                &["dataset.webdataset.npy.field", "A-Z"],
+            ),
+            (
+                WDS_NPY.replace("\"f32\"", "\"bf16\""),
+                &["dataset.webdataset.npy.dtype", "numpy"],
+            ),
+            (
+                WDS_NPY.replace("[16, 8]", "[16, 0]"),
+                &["dataset.webdataset.npy.shape", ">= 1"],
+            ),
+            (
+                WDS_NPY.replace("[16, 8]", &format!("{:?}", [1; MAX_SAMPLE_DIMS + 1])),
+                &["dataset.webdataset.npy.shape", "dimensions"],
+            ),
+            (
+                WDS_NPY.replace(npy_line, "npy = { dtype = \"f32\" }"),
+                &["[dataset.webdataset]", "shape"],
+            ),
+            (
+                WDS_NPY.replace(
+                    npy_line,
+                    "npy = { path = \"x.npy\", dtype = \"f32\", shape = [2] }",
+                ),
+                &["[dataset.webdataset]", "path"],
+            ),
+            (
+                WDS_NPY.replace(npy_line, "npy = \"features\""),
+                &["[dataset.webdataset]"],
+            ),
+            (
+                WDS_NPY.replace("shards =", "images = false\nshards ="),
+                &["[dataset.image]", "images = false"],
+            ),
+            (
+                WDS_NPY.replace("shards =", "images = 0\nshards ="),
+                &["[dataset.webdataset]", "bool"],
+            ),
+            (
+                TOKENS.replace("[dataset.tokens]", "[dataset.tokens]\nimages = false"),
+                &["dataset.tokens.images", "[dataset.webdataset]"],
+            ),
+        ] {
+            let e = parse(&text).unwrap_err().to_string();
+            for n in needles {
+                assert!(e.contains(n), "{e:?} lacks {n:?}\n{text}");
+            }
+        }
+    }
+
     #[test]
     fn image_keys_of_another_transform_output_or_kind_are_refused() {
         for (text, needles) in [
@@ -3163,6 +3301,12 @@ mean = [0.5, 0.5, 0.5]
             // Same length, other shard sizes: another order.
             Box::new(|c| c.dataset.webdataset.as_mut().unwrap().shard_samples = vec![6, 4]),
             Box::new(|c| c.dataset.webdataset.as_mut().unwrap().shard_samples.clear()),
+            // The npy members' field, each of its keys, and images = false.
+            Box::new(|c| c.dataset.webdataset.as_mut().unwrap().npy = Some(wds_npy())),
+            Box::new(|c| {
+                c.dataset.webdataset.as_mut().unwrap().images = false;
+                c.dataset.image = None;
+            }),
             Box::new(|c| {
                 c.dataset.kind = DatasetKind::ImageFolder;
                 c.dataset.webdataset = None;
@@ -3176,6 +3320,44 @@ mean = [0.5, 0.5, 0.5]
             let mut c = base.clone();
             e(&mut c);
             assert_ne!(c.fingerprint(), base.fingerprint(), "webdataset edit {k}");
+        }
+        let mut base = base.clone();
+        base.dataset.webdataset.as_mut().unwrap().npy = Some(wds_npy());
+        let npy = |f: fn(&mut WebDatasetNpy)| -> Edit {
+            Box::new(move |c: &mut Config| {
+                f(c.dataset.webdataset.as_mut().unwrap().npy.as_mut().unwrap())
+            })
+        };
+        let edits: Vec<Edit> = vec![
+            npy(|n| n.field = "other".into()),
+            npy(|n| n.dtype = Dtype::F16),
+            npy(|n| n.shape = vec![8, 16]),
+            npy(|n| n.shape = vec![128]),
+            Box::new(|c| {
+                c.dataset.webdataset.as_mut().unwrap().images = false;
+                c.dataset.image = None;
+            }),
+        ];
+        for (k, e) in edits.iter().enumerate() {
+            let mut c = base.clone();
+            e(&mut c);
+            c.validate().unwrap();
+            assert_ne!(
+                c.fingerprint(),
+                base.fingerprint(),
+                "webdataset npy edit {k}"
+            );
+        }
+        let mut same = base.clone();
+        same.dataset.webdataset.as_mut().unwrap().npy = Some(wds_npy());
+        assert_eq!(same.fingerprint(), base.fingerprint());
+    }
+
+    fn wds_npy() -> WebDatasetNpy {
+        WebDatasetNpy {
+            field: "features".into(),
+            dtype: Dtype::F32,
+            shape: vec![16, 8],
         }
     }
 
