@@ -3,7 +3,10 @@
 //! a consumer in this process that takes every batch and compares every byte of every field with
 //! what the files hold for the plan's sample ids, in order, each once. Bad per-sample files with
 //! `dataset.on_bad_sample = "fail"` and `"skip"`. WebDataset shards on two ranks: each delivers
-//! its shard order, and the ranks are disjoint and cover the dataset.
+//! its shard order, and the ranks are disjoint and cover the dataset. WebDataset shards written
+//! by Python (`tarfile`, `numpy.save`, Pillow's JPEG) whose `.npy` members are a declared field
+//! (`[dataset.webdataset] npy`), with images and without (`images = false`), a wrong-shape member
+//! skipped as zeros.
 
 mod common;
 
@@ -510,4 +513,161 @@ fn webdataset_ranks_deliver_their_shard_orders_disjoint_and_covering() {
     assert_eq!((r0.len(), r1.len()), (13, 7));
     assert!(r0.is_disjoint(&r1), "{r0:?} and {r1:?} share samples");
     assert_eq!(r0.len() + r1.len(), total as usize);
+}
+
+/// Writes `wds/shard-<i>.tar` of `sizes` samples with Python: sample `k` (the global position,
+/// so its id) is `sample<k>.jpg` (an 8x8 JPEG, with `images`), `.cls` (`1000 + k`), `.npy` (a
+/// float32 array of shape (4, 3) saved by `numpy.save`; sample `bad`'s transposed to (3, 4))
+/// and `.json` (ignored). `features.bin` holds numpy's bytes of every sample's (4, 3) array, in
+/// id order.
+fn python_npy_shards(py: &str, dir: &Path, sizes: &[u64], bad: Option<u64>, images: bool) {
+    let sizes: Vec<String> = sizes.iter().map(u64::to_string).collect();
+    let bad = bad.map_or("-1".to_string(), |b| b.to_string());
+    let dir = dir.display().to_string();
+    let images = if images { "1" } else { "0" };
+    run_python(
+        py,
+        r#"
+import io, os, sys, tarfile
+import numpy as np
+from PIL import Image
+d, sizes, bad, images = sys.argv[1], [int(x) for x in sys.argv[2].split(',')], int(sys.argv[3]), sys.argv[4] == '1'
+rng = np.random.default_rng(7)
+os.makedirs(os.path.join(d, 'wds'), exist_ok=True)
+def add(t, name, data):
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    t.addfile(info, io.BytesIO(data))
+feats, k = [], 0
+for s, n in enumerate(sizes):
+    with tarfile.open(os.path.join(d, f'wds/shard-{s}.tar'), 'w') as t:
+        for _ in range(n):
+            key = f'sample{k:05d}'
+            if images:
+                b = io.BytesIO()
+                Image.fromarray(rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)).save(b, format='JPEG', quality=90)
+                add(t, key + '.jpg', b.getvalue())
+            add(t, key + '.cls', str(1000 + k).encode())
+            arr = rng.standard_normal((4, 3)).astype(np.float32)
+            feats.append(arr)
+            b = io.BytesIO()
+            np.save(b, np.ascontiguousarray(arr.T) if k == bad else arr)
+            add(t, key + '.npy', b.getvalue())
+            add(t, key + '.json', b'{"k": %d}' % k)
+            k += 1
+np.stack(feats).tofile(os.path.join(d, 'features.bin'))
+"#,
+        &[&dir, &sizes.join(","), &bad, images],
+    );
+}
+
+/// The `.jpg` members of the shards `wds/shard-<i>.tar`, by sample id (`sample<k>.jpg`).
+fn jpegs_of_shards(dir: &Path, shards: usize) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    for s in 0..shards {
+        let file = std::fs::File::open(dir.join(format!("wds/shard-{s}.tar"))).unwrap();
+        for e in tar::Archive::new(file).entries().unwrap() {
+            let mut e = e.unwrap();
+            let path = e.path().unwrap().display().to_string();
+            if let Some(k) = path
+                .strip_prefix("sample")
+                .and_then(|p| p.strip_suffix(".jpg"))
+            {
+                assert_eq!(
+                    k.parse::<usize>().unwrap(),
+                    out.len(),
+                    "ids in member order"
+                );
+                let mut data = Vec::new();
+                std::io::Read::read_to_end(&mut e, &mut data).unwrap();
+                out.push(data);
+            }
+        }
+    }
+    out
+}
+
+const WDS_NPY_CONFIG: &str = "[ring]\nslots = 8\n[dataset]\nkind = \"webdataset\"\n\
+     [dataset.webdataset]\nshards = [\"wds/shard-0.tar\", \"wds/shard-1.tar\"]\nshuffle_buffer = 4\n\
+     npy = { field = \"features\", dtype = \"f32\", shape = [4, 3] }\n";
+
+#[test]
+fn webdataset_npy_members_reach_the_batch_as_numpy_wrote_them() {
+    let Some(py) = python_numpy("webdataset_npy_members_reach_the_batch_as_numpy_wrote_them")
+    else {
+        return;
+    };
+    let config = format!(
+        "{WDS_NPY_CONFIG}[dataset.image]\ntransform = \"eval\"\ncrop = 8\nresize = 8\n\
+         [plan]\nbatch_size = 5\nepochs = 2\nshuffle = true\nseed = 3\n[daemon]\nprefetch = 3\n"
+    );
+    let fx = Fixture::new("files-wds-npy", &config);
+    python_npy_shards(&py, fx.dir.path(), &[7, 6], None, true);
+    let features = std::fs::read(fx.dir.path().join("features.bin")).unwrap();
+    assert_eq!(features.len(), 13 * 48);
+    let jpegs = jpegs_of_shards(fx.dir.path(), 2);
+    assert_eq!(jpegs.len(), 13);
+    let cfg = pinring_data::Config::load(&fx.config).unwrap();
+    let spec = pinring_sources_spec(cfg.dataset.image.as_ref().unwrap());
+    let pipeline = std::cell::RefCell::new(pinring_image::Pipeline::new(spec).unwrap());
+    let expect = |epoch: u32, id: u64| {
+        let i = id as usize;
+        let mut image = vec![0u8; spec.sample_bytes()];
+        let key = pinring_image::SampleKey {
+            seed: cfg.plan.seed,
+            epoch: u64::from(epoch),
+            sample_id: id,
+        };
+        pipeline
+            .borrow_mut()
+            .process(&jpegs[i], key, &mut image)
+            .unwrap();
+        vec![
+            image,
+            (1000 + id as i64).to_le_bytes().to_vec(),
+            features[i * 48..(i + 1) * 48].to_vec(),
+        ]
+    };
+    run_checked(&fx, 2, &["images", "labels", "features"], &expect);
+}
+
+#[test]
+fn webdataset_npy_features_only_with_a_wrong_shape_member_is_zeros_with_skip() {
+    let Some(py) =
+        python_numpy("webdataset_npy_features_only_with_a_wrong_shape_member_is_zeros_with_skip")
+    else {
+        return;
+    };
+    // No image member and no [dataset.image]: labels and features only.
+    let config = WDS_NPY_CONFIG
+        .replace("[dataset]\n", "[dataset]\non_bad_sample = \"skip\"\n")
+        .replace("shards =", "images = false\nshards =")
+        + "[plan]\nbatch_size = 4\nepochs = 2\nshuffle = true\nseed = 5\n[daemon]\nprefetch = 3\n";
+    let fx = Fixture::new("files-wds-npy-skip", &config);
+    python_npy_shards(&py, fx.dir.path(), &[5, 6], Some(3), false);
+    let features = std::fs::read(fx.dir.path().join("features.bin")).unwrap();
+    let expect = |_: u32, id: u64| {
+        let i = id as usize;
+        if id == 3 {
+            return vec![vec![0u8; 8], vec![0u8; 48]];
+        }
+        vec![
+            (1000 + id as i64).to_le_bytes().to_vec(),
+            features[i * 48..(i + 1) * 48].to_vec(),
+        ]
+    };
+    let logs = run_checked(&fx, 2, &["labels", "features"], &expect);
+    // Read once per epoch, by whichever loader: counted, and logged naming the member, its
+    // offset, the shape found and the shape expected.
+    assert_eq!(bad_samples_logged(&logs), 2, "{logs:#?}");
+    assert_eq!(fx.summary().bad_samples_skipped, 2);
+    let all = logs.concat();
+    for needle in [
+        "sample 3 replaced by zeros",
+        "shard-0.tar",
+        "\"sample00003.npy\" at byte offset",
+        "shape [3, 4], expected [4, 3]",
+    ] {
+        assert!(all.contains(needle), "{all} lacks {needle:?}");
+    }
 }

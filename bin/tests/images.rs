@@ -110,36 +110,6 @@ fn shards(dir: &Path, sizes: &[u64], corrupt: Option<u64>) -> Vec<Sample> {
     out
 }
 
-/// pinring-sources' mapping of `[dataset.image]` to a `SampleSpec`, restated here so that the
-/// test checks it too: eval/train with the config's values, u8 HWC or normalised CHW.
-fn pinring_sources_spec(i: &pinring_data::ImageDataset) -> pinring_image::SampleSpec {
-    use pinring_data::{ImageOutput, ImageTransform};
-    use pinring_image::{Output, SampleSpec, Transform};
-    SampleSpec {
-        transform: match i.transform {
-            ImageTransform::Eval => Transform::Eval {
-                resize: i.resize(),
-                crop: i.crop(),
-            },
-            ImageTransform::Train => Transform::Train {
-                crop: i.crop(),
-                scale: (i.scale()[0], i.scale()[1]),
-                ratio: (i.ratio()[0], i.ratio()[1]),
-                flip_p: if i.flip() { 0.5 } else { 0.0 },
-            },
-        },
-        output: match i.output {
-            ImageOutput::U8 => Output::U8Hwc,
-            o => Output::Normalized {
-                dtype: o.dtype(),
-                mean: i.mean(),
-                std: i.std(),
-            },
-        },
-        reduced_decode: i.reduced_decode,
-    }
-}
-
 /// Runs the daemon and `loaders` loaders and checks every batch (`run_checked`): each sample's
 /// image is what `Pipeline::process` makes here for its file bytes and key (zeros for `bad`),
 /// its label exact, and every sample written is delivered. Returns the loaders' logs.

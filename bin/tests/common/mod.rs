@@ -568,3 +568,68 @@ pub fn run_checked(
         })
         .collect()
 }
+
+/// pinring-sources' mapping of `[dataset.image]` to a `SampleSpec`, restated here so that the
+/// test checks it too: eval/train with the config's values, u8 HWC or normalised CHW.
+pub fn pinring_sources_spec(i: &pinring_data::ImageDataset) -> pinring_image::SampleSpec {
+    use pinring_data::{ImageOutput, ImageTransform};
+    use pinring_image::{Output, SampleSpec, Transform};
+    SampleSpec {
+        transform: match i.transform {
+            ImageTransform::Eval => Transform::Eval {
+                resize: i.resize(),
+                crop: i.crop(),
+            },
+            ImageTransform::Train => Transform::Train {
+                crop: i.crop(),
+                scale: (i.scale()[0], i.scale()[1]),
+                ratio: (i.ratio()[0], i.ratio()[1]),
+                flip_p: if i.flip() { 0.5 } else { 0.0 },
+            },
+        },
+        output: match i.output {
+            ImageOutput::U8 => Output::U8Hwc,
+            o => Output::Normalized {
+                dtype: o.dtype(),
+                mean: i.mean(),
+                std: i.std(),
+            },
+        },
+        reduced_decode: i.reduced_decode,
+    }
+}
+
+/// The interpreter named by `PINRING_TEST_PYTHON` (default `python3`) if it imports numpy and
+/// PIL; otherwise `None` after printing why the test is skipped. An interpreter named on purpose
+/// (scripts/test names its venv's) must import them: the test is then required, not skipped.
+pub fn python_numpy(test: &str) -> Option<String> {
+    let named = std::env::var("PINRING_TEST_PYTHON").ok();
+    let py = named.clone().unwrap_or_else(|| "python3".into());
+    let probe = "import numpy, PIL, tarfile";
+    match Command::new(&py).args(["-c", probe]).output() {
+        Ok(o) if o.status.success() => Some(py),
+        _ if named.is_some() => panic!("{test}: PINRING_TEST_PYTHON={py} cannot run {probe:?}"),
+        _ => {
+            println!(
+                "{test}: skipped: {py} cannot run {probe:?} (set PINRING_TEST_PYTHON to an \
+                 interpreter with numpy and Pillow)"
+            );
+            None
+        }
+    }
+}
+
+/// Runs `script` with `py` and arguments `args`; panics with its stderr on failure.
+pub fn run_python(py: &str, script: &str, args: &[&str]) {
+    let out = Command::new(py)
+        .arg("-c")
+        .arg(script)
+        .args(args)
+        .output()
+        .expect("run python");
+    assert!(
+        out.status.success(),
+        "python failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
