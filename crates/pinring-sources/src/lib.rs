@@ -234,9 +234,10 @@ impl SourceConfig {
 /// `"imagefolder"`; `None` for the other kinds), with relative paths resolved against the config
 /// file's directory ([`pinring_data::Config::resolve_path`]) and, for tokens, the shifted windows
 /// seeded by `plan.seed`. The image kinds' images are decoded as `[dataset.image]` says
-/// ([`Decoded`], the train transform seeded by `plan.seed`). The source's fields are checked against the config's
-/// ([`pinring_data::Config::fields`]): npy's declared dtype and shape are checked against every
-/// file, and so are the labels'.
+/// ([`Decoded`], the train transform seeded by `plan.seed`; none with `[dataset.webdataset]
+/// images = false`), and webdataset's `npy` members are read into the field `npy` declares. The
+/// source's fields are checked against the config's ([`pinring_data::Config::fields`]): npy's
+/// declared dtype and shape are checked against every file, and so are the labels'.
 pub fn open_dataset(cfg: &pinring_data::Config) -> Option<Result<Box<dyn Source>, SourceError>> {
     let d = &cfg.dataset;
     let opened: Result<Box<dyn Source>, SourceError> = if let Some(t) = &d.tokens {

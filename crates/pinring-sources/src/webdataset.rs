@@ -16,7 +16,23 @@
 //! | `image` | `jpg`, `jpeg`, `png` | `images` | encoded bytes |
 //! | `cls` | `cls` | `labels` | `i64`, shape `[]` (ASCII integer, whitespace trimmed) |
 //! | `json` | `json` | `json` | encoded bytes |
-//! | `npy` | `npy` | `npy` | encoded bytes (the whole `.npy` member) |
+//! | `npy` | `npy` | [`WdsConfig::npy`]'s `field` | fixed: its `dtype` and `shape` (the array's data) |
+//! | `npy` without [`WdsConfig::npy`] | `npy` | `npy` | encoded bytes (the whole `.npy` member) |
+//!
+//! **`.npy` members** (pinring's config: `[dataset.webdataset] npy = { field, dtype, shape }`).
+//! With [`WdsConfig::npy`] each sample's `npy` member must hold one array of that dtype and
+//! shape, so the field is fixed and known before a shard is opened. Reading the sample parses
+//! the member's header with the npy parser of [`crate::npy`] ([`NpyHeader::read_at`], which
+//! reads only the member's bytes), checks it (little-endian or one byte, C order, the dtype,
+//! the shape, and a member exactly as long as header plus data), and `pread`s the data straight
+//! into the caller's field buffer. A member that fails is a per-sample [`WdsError::Npy`] naming
+//! the shard, the member, its byte offset and the [`NpyProblem`] (what was found, what was
+//! expected), so the caller's `on_bad_sample` applies. The index does not read members, so
+//! [`WebDataset::bad_samples`] does not list bad `npy` members.
+//!
+//! **`json` members** are not fields of pinring's config kind: a batch field has a dtype and
+//! per-sample shape known before any file is read (the slot layout depends on it), and a JSON
+//! document has neither. The reader hands them to Rust callers as encoded bytes.
 //!
 //! **Ids.** Samples are numbered in shard order, then member order: id = global position. A
 //! group that lacks a field, or has two members for one field, is still numbered, but reading
@@ -44,7 +60,9 @@
 //!
 //! **Bad data.** A shard that cannot be opened, a corrupt header, or a member cut short by a
 //! truncated file fails the open with an error naming the shard, the member and the byte
-//! offset (the caller may drop the shard and open again).
+//! offset (the caller may drop the shard and open again). A bad sample (incomplete, duplicate
+//! members, a `.cls` that is not an integer, a bad `.npy` member) is an error of that sample's
+//! read only.
 
 use std::fs::File;
 use std::io::{self, Read, Seek};
