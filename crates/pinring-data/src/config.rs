@@ -3142,7 +3142,7 @@ crop = 32
                 &["dataset.webdataset.npy.field", "\"images\"", "must differ"],
             ),
             (
-                no_images(&WDS_NPY).replace("\"features\"", "\"labels\""),
+                no_images(WDS_NPY).replace("\"features\"", "\"labels\""),
                 &["dataset.webdataset.npy.field", "\"labels\""],
             ),
             (
