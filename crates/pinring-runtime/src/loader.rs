@@ -704,107 +704,98 @@ impl Worker<'_> {
                         None => (0, 0, ERR_PLAN),
                     }
                 }
-                Ok((epoch, index_in_epoch, Some(r))) => {
-                    // A byte part of one sample: its range of the images, and the sample's label
-                    // in its first part ([`BatchLayout::part_copies`] says where each goes).
-                    let payload_len = layout.part_payload_bytes(1, Some(r)) as usize;
-                    let mut fits = payload_len <= slot.len() && self.samples.len() == 1;
-                    let id = self.samples.first().copied().unwrap_or(0);
-                    for copy in layout.part_copies(1, 0, Some(r)) {
-                        let field = &layout.fields[copy.field];
-                        let (at, len) = (copy.src_offset as usize, copy.len as usize);
-                        if len == 0 {
-                            continue;
-                        }
-                        if copy.field == layout.cut_field && field.name == IMAGES {
-                            // Straight into the slot from word offset / 8 of the sample on.
-                            if r.offset % 8 == 0 {
-                                let mut words = synthetic.sample_words_from(id, r.offset / 8);
-                                fits &= slot.write_words(at, len, || words.next_word()).is_ok();
-                            } else {
-                                self.field_buf.resize(len, 0);
-                                synthetic.fill_sample_range(id, r.offset, &mut self.field_buf);
-                                fits &= slot.write(at, &self.field_buf).is_ok();
+                Ok((epoch, index_in_epoch, range)) => {
+                    // A byte part of one sample (its range of the images, and the sample's label
+                    // in its first part), or a part of whole samples.
+                    let (payload_len, fits) = if let Some(r) = range {
+                        let payload_len = layout.part_payload_bytes(1, Some(r)) as usize;
+                        let mut fits = payload_len <= slot.len() && self.samples.len() == 1;
+                        let id = self.samples.first().copied().unwrap_or(0);
+                        for copy in layout.part_copies(1, 0, Some(r)) {
+                            let field = &layout.fields[copy.field];
+                            let (at, len) = (copy.src_offset as usize, copy.len as usize);
+                            if len == 0 {
+                                continue;
                             }
-                            continue;
-                        }
-                        self.field_buf.resize(len, 0);
-                        match synthetic.fill_field(&field.name, &self.samples, &mut self.field_buf)
-                        {
-                            Ok(()) => fits &= slot.write(at, &self.field_buf).is_ok(),
-                            Err(e) => {
-                                tracing::error!(ring = %self.cfg.ring.name, seq, "{e}");
-                                fits = false;
+                            if copy.field == layout.cut_field && field.name == IMAGES {
+                                // Straight into the slot from word offset / 8 of the sample on.
+                                if r.offset % 8 == 0 {
+                                    let mut words = synthetic.sample_words_from(id, r.offset / 8);
+                                    fits &= slot.write_words(at, len, || words.next_word()).is_ok();
+                                } else {
+                                    self.field_buf.resize(len, 0);
+                                    synthetic.fill_sample_range(id, r.offset, &mut self.field_buf);
+                                    fits &= slot.write(at, &self.field_buf).is_ok();
+                                }
+                                continue;
+                            }
+                            self.field_buf.resize(len, 0);
+                            match synthetic.fill_field(
+                                &field.name,
+                                &self.samples,
+                                &mut self.field_buf,
+                            ) {
+                                Ok(()) => fits &= slot.write(at, &self.field_buf).is_ok(),
+                                Err(e) => {
+                                    tracing::error!(ring = %self.cfg.ring.name, seq, "{e}");
+                                    fits = false;
+                                }
                             }
                         }
-                    }
+                        (payload_len, fits)
+                    } else {
+                        let count = self.samples.len() as u64;
+                        let payload_len = layout.payload_bytes(count) as usize;
+                        let mut fits = payload_len <= slot.len();
+                        // Field-major: each field's chunk holds that field of every sample, in order.
+                        for field in &layout.fields {
+                            let (offset, len) = field.chunk_in_part(count);
+                            let offset = offset as usize;
+                            if field.name == IMAGES {
+                                // Straight into the slot: no intermediate payload buffer.
+                                for (n, &i) in self.samples.iter().enumerate() {
+                                    let mut words = synthetic.sample_words(i);
+                                    fits &= slot
+                                        .write_words(
+                                            offset + n * sample_bytes,
+                                            sample_bytes,
+                                            || words.next_word(),
+                                        )
+                                        .is_ok();
+                                }
+                                continue;
+                            }
+                            self.field_buf.resize(len as usize, 0);
+                            match synthetic.fill_field(
+                                &field.name,
+                                &self.samples,
+                                &mut self.field_buf,
+                            ) {
+                                Ok(()) => fits &= slot.write(offset, &self.field_buf).is_ok(),
+                                Err(e) => {
+                                    tracing::error!(ring = %self.cfg.ring.name, seq, "{e}");
+                                    fits = false;
+                                }
+                            }
+                        }
+                        (payload_len, fits)
+                    };
                     let indices = BatchIndices {
                         seq,
                         epoch,
                         index_in_epoch,
                         samples: std::mem::take(&mut self.samples),
                     };
-                    let meta = BatchMeta::new(
-                        &indices,
-                        synthetic.labels(&indices.samples),
-                        shape.clone(),
-                        dtype,
-                        layout.record_bytes,
-                    )
-                    .with_byte_range(r, payload_len as u64);
-                    self.samples = indices.samples;
-                    write_meta(
-                        &mut slot,
-                        self.cfg,
-                        &meta,
-                        payload_len,
-                        fits,
-                        &mut self.meta_buf,
-                    )
-                }
-                Ok((epoch, index_in_epoch, None)) => {
-                    let count = self.samples.len() as u64;
-                    let payload_len = layout.payload_bytes(count) as usize;
-                    let mut fits = payload_len <= slot.len();
-                    // Field-major: each field's chunk holds that field of every sample, in order.
-                    for field in &layout.fields {
-                        let (offset, len) = field.chunk_in_part(count);
-                        let offset = offset as usize;
-                        if field.name == IMAGES {
-                            // Straight into the slot: no intermediate payload buffer.
-                            for (n, &i) in self.samples.iter().enumerate() {
-                                let mut words = synthetic.sample_words(i);
-                                fits &= slot
-                                    .write_words(offset + n * sample_bytes, sample_bytes, || {
-                                        words.next_word()
-                                    })
-                                    .is_ok();
-                            }
-                            continue;
-                        }
-                        self.field_buf.resize(len as usize, 0);
-                        match synthetic.fill_field(&field.name, &self.samples, &mut self.field_buf)
-                        {
-                            Ok(()) => fits &= slot.write(offset, &self.field_buf).is_ok(),
-                            Err(e) => {
-                                tracing::error!(ring = %self.cfg.ring.name, seq, "{e}");
-                                fits = false;
-                            }
-                        }
-                    }
-                    let indices = BatchIndices {
-                        seq,
-                        epoch,
-                        index_in_epoch,
-                        samples: std::mem::take(&mut self.samples),
-                    };
-                    let meta = BatchMeta::new(
+                    let mut meta = BatchMeta::new(
                         &indices,
                         synthetic.labels(&indices.samples),
                         shape.clone(),
                         dtype,
                         layout.record_bytes,
                     );
+                    if let Some(r) = range {
+                        meta = meta.with_byte_range(r, payload_len as u64);
+                    }
                     self.samples = indices.samples;
                     write_meta(
                         &mut slot,
