@@ -41,8 +41,6 @@ const LOADERS: usize = 6;
 const MID_BATCH_KILLS: u64 = 40;
 /// Kills at any moment (waiting, claiming, filling, committing).
 const ANY_MOMENT_KILLS: u64 = 400;
-/// Picks of a victim outside a claim allowed per kill before the kill test gives up.
-const MISSED_PICKS_PER_KILL: u64 = 50;
 
 fn is_running(child: &mut Child) -> bool {
     child.try_wait().unwrap().is_none()
@@ -111,35 +109,38 @@ fn sigkill_loaders_n(tag: &str, toml: &str, parts: u64, mid_kills: u64, any_kill
     }
     let (mut mid_batch, mut any_moment) = (0, 0);
     // Driven by events, not by a time budget for the kills: each step waits for its own event
-    // (deliveries, an attach), each with its deadline. A victim found outside a claim is
-    // resumed and another is picked: a bounded number of picks, not of seconds.
-    let mut picks_left = MISSED_PICKS_PER_KILL * (mid_kills + any_kills);
+    // (deliveries, a loader stopped inside a claim, an attach), each with its deadline.
     while mid_batch < mid_kills || any_moment < any_kills {
-        assert!(
-            picks_left > 0,
-            "{mid_batch} of {mid_kills} mid-batch kills: no loader was inside a claim in \
-             {MISSED_PICKS_PER_KILL} picks per kill"
-        );
-        picks_left -= 1;
         assert!(is_running(&mut daemon), "the daemon stopped during the run");
         // A few batches between kills: the run goes on with the replacements.
         wait_progress(&ring, rng.range(1, 4));
-        let i = rng.range(0, LOADERS as u64) as usize;
-        if mid_batch < mid_kills && rng.range(0, 2) == 0 {
-            // Stopped, the victim cannot commit: if it holds a claim now, the kill lands
-            // mid-batch (mid-fill, or between fill and commit) for certain.
-            let paused = Paused::new(&loaders[i]);
-            if claim_of(&ring, loaders[i].id()).is_none() {
-                drop(paused); // not inside a claim: resume it, pick again
-                continue;
-            }
+        let i = if mid_batch < mid_kills && rng.range(0, 2) == 0 {
+            // Stopped, the victim cannot commit: if it holds a claim once stopped, the kill
+            // lands mid-batch (mid-fill, or between fill and commit) for certain.
+            let mut caught = None;
+            wait_until("a loader stopped inside a claim", LONG, || {
+                let Some(i) = (0..LOADERS).find(|&i| claim_of(&ring, loaders[i].id()).is_some())
+                else {
+                    return false;
+                };
+                let paused = Paused::new(&loaders[i]);
+                if claim_of(&ring, loaders[i].id()).is_none() {
+                    return false; // it committed before it stopped: `paused` resumes it
+                }
+                caught = Some((i, paused));
+                true
+            });
+            let (i, paused) = caught.expect("wait_until returned: a loader was caught");
             loaders[i].kill().unwrap();
             std::mem::forget(paused); // dead: nothing to resume
             mid_batch += 1;
+            i
         } else {
+            let i = rng.range(0, LOADERS as u64) as usize;
             loaders[i].kill().unwrap();
             any_moment += 1;
-        }
+            i
+        };
         loaders[i].wait().unwrap();
         loaders[i] = fx.loader(&fx.config);
         wait_attached(&ring, &loaders[i]);
