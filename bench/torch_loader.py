@@ -33,7 +33,7 @@ Usage: torch_loader.py --case seed|jpeg [--workers 4,8,12] [--pin 1,0] [--prefet
 
 import argparse
 import csv
-import io
+import functools
 import json
 import os
 import statistics
@@ -67,11 +67,12 @@ class JpegSamples(torch.utils.data.Dataset):
         self.size = size
         self.length = length or len(files)
         self.tf = None
-        # With log_dir: each process appends "samples cpu_seconds" (CPU inside __getitem__)
-        # to log_dir/PID every 64 samples (getitem_cpu() sums them).
+        # With log_dir: each process appends "samples cpu_seconds wall_seconds" (CPU and wall
+        # time inside __getitem__) to log_dir/PID every 64 samples (getitem_cpu() sums them).
         self.log_dir = log_dir
         self._n = 0
         self._cpu = 0.0
+        self._wall = 0.0
 
     def __len__(self):
         return self.length
@@ -84,30 +85,37 @@ class JpegSamples(torch.utils.data.Dataset):
             self.tf = transforms.Compose(
                 [transforms.RandomResizedCrop(self.size), transforms.RandomHorizontalFlip()]
             )
-        c0 = time.process_time()
+        c0, w0 = time.process_time(), time.perf_counter()
         with Image.open(self.files[i % len(self.files)]) as im:
             img = self.tf(im.convert("RGB"))
         out = np.asarray(img, dtype=np.uint8), i % 1000
         if self.log_dir is not None:
             self._n += 1
             self._cpu += time.process_time() - c0
+            self._wall += time.perf_counter() - w0
             if self._n % 64 == 0:
                 with open(os.path.join(self.log_dir, str(os.getpid())), "a") as f:
-                    f.write(f"{self._n} {self._cpu}\n")
+                    f.write(f"{self._n} {self._cpu} {self._wall}\n")
         return out
 
 
 def getitem_cpu(log_dir):
-    """{pid: (samples, cpu seconds inside __getitem__)} from the last line of each log."""
+    """{pid: (samples, cpu seconds, wall seconds inside __getitem__)} from the last line of
+    each log."""
     out = {}
     for name in os.listdir(log_dir):
         with open(os.path.join(log_dir, name)) as f:
             last = f.read().split("\n")[-2:]
         line = [x for x in last if x.strip()]
         if line:
-            n, cpu = line[-1].split()
-            out[name] = (int(n), float(cpu))
+            n, cpu, wall = line[-1].split()
+            out[name] = (int(n), float(cpu), float(wall))
     return out
+
+
+def pin_worker(cpus, worker_id):
+    """worker_init_fn of --affinity: worker k runs on CPU cpus[k % len(cpus)] alone."""
+    os.sched_setaffinity(0, {cpus[worker_id % len(cpus)]})
 
 
 def make_jpeg(path, i):
@@ -190,9 +198,12 @@ def run(make_iter, batches, warmup, device, log_dir=None):
          "cpu_s_per_batch": cpu / batches, "workers_cpu_ms_per_sample": workers_cpu / samples * 1e3,
          "workers_busy": workers_cpu / wall}
     if log_dir:
-        made = sum(n - g0.get(pid, (0, 0.0))[0] for pid, (n, _) in g1.items())
-        spent = sum(c - g0.get(pid, (0, 0.0))[1] for pid, (_, c) in g1.items())
+        z = (0, 0.0, 0.0)
+        made = sum(v[0] - g0.get(pid, z)[0] for pid, v in g1.items())
+        spent = sum(v[1] - g0.get(pid, z)[1] for pid, v in g1.items())
+        wall = sum(v[2] - g0.get(pid, z)[2] for pid, v in g1.items())
         r["getitem_cpu_ms"] = spent / made * 1e3 if made else float("nan")
+        r["getitem_wall_ms"] = wall / made * 1e3 if made else float("nan")
     return r
 
 
@@ -214,6 +225,7 @@ def main():
     ap.add_argument("--images", type=int, default=3072)
     ap.add_argument("--out", default=".")
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--affinity", action="store_true")
     a = ap.parse_args()
     from pinring.torch import DataLoader as PinringLoader
 
@@ -238,16 +250,36 @@ def main():
             return a.warmup or 40, a.batches or 400
         return a.warmup or 2 * w, a.batches or a.waves * w
 
+    os.makedirs(a.out, exist_ok=True)
+    path = os.path.join(a.out, f"torch_loader_{a.case}.csv")
+    keys = ["case", "run", "loader", "workers", "pin", "prefetch", "batches", "affinity",
+            "samples_per_s", "gb_per_s", "cpu_s_per_batch", "workers_cpu_ms_per_sample",
+            "workers_busy", "getitem_cpu_ms", "getitem_wall_ms"]
+
+    def save():  # after every run, so a run cut short by a time limit keeps what it measured
+        with open(path, "w", newline="") as f:
+            wr = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
+            wr.writeheader()
+            wr.writerows(rows)
+
+    cpus = sorted(os.sched_getaffinity(0))
     rows = []
     for run_no in range(a.repeat):
         for w in [int(v) for v in a.workers.split(",")]:
             warmup, batches = window(w)
+            init = None
+            if a.affinity:
+                # The same placement for both loaders: worker k alone on one of the last w CPUs,
+                # the training process (its pin thread or pinring's daemon threads) on the rest.
+                worker_cpus = cpus[-w:]
+                os.sched_setaffinity(0, cpus[:-w] or cpus)
+                init = functools.partial(pin_worker, worker_cpus)
             for pin in [bool(int(v)) for v in a.pin.split(",")]:
                 for pf in [int(v) for v in a.prefetch.split(",")]:
                     dl = torch.utils.data.DataLoader(
                         data, batch_size=batch_size, shuffle=True, num_workers=w, pin_memory=pin,
                         prefetch_factor=pf, persistent_workers=True, drop_last=True,
-                        multiprocessing_context="spawn",
+                        multiprocessing_context="spawn", worker_init_fn=init,
                     )
                     try:
                         r = run(lambda: endless(dl), batches, warmup, device, log_dir)
@@ -257,24 +289,20 @@ def main():
                     finally:
                         del dl
                     rows.append({"case": a.case, "run": run_no, "loader": "torch", "workers": w,
-                                 "pin": int(pin), "prefetch": pf, "batches": batches, **r})
+                                 "pin": int(pin), "prefetch": pf, "batches": batches,
+                                 "affinity": int(a.affinity), **r})
                     print(rows[-1], flush=True)
+                    save()
             pl = PinringLoader(data, batch_size=batch_size, shuffle=True, num_workers=w,
-                               drop_last=True, device=device)
+                               drop_last=True, device=device, worker_init_fn=init)
             r = run(lambda: endless(pl), batches, warmup, device, log_dir)
             pl.close()
             rows.append({"case": a.case, "run": run_no, "loader": "pinring", "workers": w, "pin": 1,
-                         "prefetch": 0, "batches": batches, **r, "restarts": pl.worker_restarts})
+                         "prefetch": 0, "batches": batches, "affinity": int(a.affinity), **r,
+                         "restarts": pl.worker_restarts})
             print(rows[-1], flush=True)
-    os.makedirs(a.out, exist_ok=True)
-    path = os.path.join(a.out, f"torch_loader_{a.case}.csv")
-    keys = ["case", "run", "loader", "workers", "pin", "prefetch", "batches", "samples_per_s",
-            "gb_per_s", "cpu_s_per_batch", "workers_cpu_ms_per_sample", "workers_busy",
-            "getitem_cpu_ms"]
-    with open(path, "w", newline="") as f:
-        wr = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
-        wr.writeheader()
-        wr.writerows(rows)
+            save()
+            os.sched_setaffinity(0, cpus)
     print(f"{'run':>3} {'loader':8} {'workers':>7} {'pin':>3} {'pf':>3} {'samples/s':>10} {'GB/s':>6} "
           f"{'cpu ms/batch':>12} {'worker cpu ms/sample':>20} {'workers busy':>12} "
           f"{'getitem cpu ms':>14}")
@@ -306,6 +334,27 @@ def main():
         p_lo, p_hi = spread(pk)
         print(f"{w:7} {medians[tk]:12.1f} ({tk[2]}/{tk[3]}) [{t_lo:.0f}-{t_hi:.0f}]{'':10} "
               f"{medians[pk]:10.1f} [{p_lo:.0f}-{p_hi:.0f}] {ratio:6.2f}")
+    # Alternated pairs: within each run, pinring against every torch configuration of the same
+    # run and worker count (samples/s, and CPU per sample inside __getitem__).
+    pairs = {}
+    for r in rows:
+        if r["loader"] != "pinring":
+            continue
+        for t in rows:
+            if t["loader"] == "torch" and t["run"] == r["run"] and t["workers"] == r["workers"]:
+                k = (r["workers"], t["pin"], t["prefetch"])
+                pairs.setdefault(k, []).append(
+                    (r["samples_per_s"] / t["samples_per_s"],
+                     r.get("getitem_cpu_ms", float("nan")) / t.get("getitem_cpu_ms", float("nan"))))
+    for (w, pin, pf), v in sorted(pairs.items()):
+        speed = sorted(x[0] for x in v)
+        cpu = sorted(x[1] for x in v)
+        print(f"pairs workers={w} torch pin={pin} prefetch={pf}: {len(v)} pairs, pinring/torch "
+              f"samples/s median {statistics.median(speed):.3f} [{speed[0]:.3f}-{speed[-1]:.3f}]"
+              f", __getitem__ CPU median {statistics.median(cpu):.3f} [{cpu[0]:.3f}-{cpu[-1]:.3f}]")
+        summary.setdefault(w, {})[f"pairs_pin{pin}_pf{pf}"] = {
+            "n": len(v), "speed_ratio": statistics.median(speed),
+            "getitem_cpu_ratio": statistics.median(cpu)}
     print(json.dumps({"case": a.case, "by_workers": summary}))
 
 
