@@ -220,16 +220,18 @@ def write_csv(path, rows, keys):
 def part_sweep(a, tmp, root, files, dev):
     rows = []
     step = noop_step(dev)
-    for n in [int(v) for v in a.sweep_workers.split(",") if v]:
-        r = run_dataloader(a, files, n, dev, step)
-        rows.append({"loader": "torch-pil", "procs": n, **r})
-        print(f"sweep torch-pil workers={n}: {r['samples_per_s']:.0f} images/s", flush=True)
-    for n in [int(v) for v in a.sweep_loaders.split(",") if v]:
-        r = run_pinring(a, tmp, root, n, dev, step, f"sweep{n}")
-        rows.append({"loader": "pinring", "procs": n, **r})
-        print(f"sweep pinring loaders={n}: {r['samples_per_s']:.0f} images/s", flush=True)
-    write_csv(os.path.join(a.out, "images_sweep.csv"), rows,
-              ["loader", "procs", "samples_per_s", "cpu_s_per_step", "steps", "wall_s"])
+    runs = [("torch-pil", int(v)) for v in a.sweep_workers.split(",") if v]
+    runs += [("pinring", int(v)) for v in a.sweep_loaders.split(",") if v]
+    for loader, n in runs:
+        if loader == "torch-pil":
+            r = run_dataloader(a, files, n, dev, step)
+        else:
+            r = run_pinring(a, tmp, root, n, dev, step, f"sweep{n}")
+        rows.append({"loader": loader, "procs": n, **r})
+        print(f"sweep {loader} procs={n}: {r['samples_per_s']:.0f} images/s", flush=True)
+        # After every point, so a sweep cut short by a time limit keeps what it measured.
+        write_csv(os.path.join(a.out, "images_sweep.csv"), rows,
+                  ["loader", "procs", "samples_per_s", "cpu_s_per_step", "steps", "wall_s"])
     print(f"{'loader':10} {'procs':>5} {'images/s':>9} {'per process':>11}")
     for r in rows:
         print(f"{r['loader']:10} {r['procs']:5} {r['samples_per_s']:9.0f} "
