@@ -68,7 +68,8 @@ class JpegSamples(torch.utils.data.Dataset):
         self.length = length or len(files)
         self.tf = None
         # With log_dir: each process appends "samples cpu_seconds wall_seconds" (CPU and wall
-        # time inside __getitem__) to log_dir/PID every 64 samples (getitem_cpu() sums them).
+        # time inside __getitem__) to log_dir/PID after its first sample and then every 64
+        # (getitem_cpu() sums them; run() counts the processes that have started).
         self.log_dir = log_dir
         self._n = 0
         self._cpu = 0.0
@@ -93,7 +94,7 @@ class JpegSamples(torch.utils.data.Dataset):
             self._n += 1
             self._cpu += time.process_time() - c0
             self._wall += time.perf_counter() - w0
-            if self._n % 64 == 0:
+            if self._n % 64 == 0 or self._n == 1:
                 with open(os.path.join(self.log_dir, str(os.getpid())), "a") as f:
                     f.write(f"{self._n} {self._cpu} {self._wall}\n")
         return out
@@ -172,10 +173,18 @@ def children_cpu():
     return total / tick
 
 
-def run(make_iter, batches, warmup, device, log_dir=None):
+def run(make_iter, batches, warmup, device, log_dir=None, workers=0):
+    """Times `batches` batches after `warmup` ones. With log_dir, the warm-up also goes on until
+    `workers` new processes have run __getitem__ (at most 50x `warmup` batches): pinring's first
+    batches can be made by the workers that started first, so without this the window could
+    still hold the others' start-up (spawn, imports)."""
+    before = set(os.listdir(log_dir)) if log_dir else set()
     it = make_iter()
-    for _ in range(warmup):
+    for i in range(max(1, warmup) * 50):
         batch = next(it)
+        started = len(set(os.listdir(log_dir)) - before) if log_dir else workers
+        if i + 1 >= warmup and started >= workers:
+            break
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda d: None)
     sync(device)
     g0 = getitem_cpu(log_dir) if log_dir else {}
@@ -282,7 +291,7 @@ def main():
                         multiprocessing_context="spawn", worker_init_fn=init,
                     )
                     try:
-                        r = run(lambda: endless(dl), batches, warmup, device, log_dir)
+                        r = run(lambda: endless(dl), batches, warmup, device, log_dir, w)
                     except RuntimeError as e:  # a DataLoader worker died: recorded, not fatal
                         print(f"torch DataLoader workers={w} pin={pin} prefetch={pf} failed: {e}")
                         continue
@@ -295,7 +304,7 @@ def main():
                     save()
             pl = PinringLoader(data, batch_size=batch_size, shuffle=True, num_workers=w,
                                drop_last=True, device=device, worker_init_fn=init)
-            r = run(lambda: endless(pl), batches, warmup, device, log_dir)
+            r = run(lambda: endless(pl), batches, warmup, device, log_dir, w)
             pl.close()
             rows.append({"case": a.case, "run": run_no, "loader": "pinring", "workers": w, "pin": 1,
                          "prefetch": 0, "batches": batches, "affinity": int(a.affinity), **r,
