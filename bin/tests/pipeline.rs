@@ -48,6 +48,11 @@ fn run_batches(
         "{batches} batches of {parts} parts"
     );
     assert_eq!(s.batches_delivered, batches, "{s:#?}");
+    // The first batch's latency is reported, and lies within the run.
+    let first = s
+        .first_batch_seconds
+        .expect("a run that delivered reports its first batch");
+    assert!(first > 0.0 && first <= s.seconds, "{s:#?}");
     assert!(
         !fx.segment().exists(),
         "the daemon removes its segment at exit"

@@ -508,6 +508,17 @@ fn summary_text(s: &Summary, loaders: usize) -> String {
         "  moved     {gb:.3} GB in {:.3} s = {:.2} GB/s",
         s.seconds, s.gbps
     );
+    if let Some(first) = s.first_batch_seconds {
+        let _ = writeln!(
+            out,
+            "  first     batch delivered {:.1} ms after the ring was ready ({})",
+            first * 1e3,
+            match s.parts_per_batch {
+                0 | 1 => "one slot".to_string(),
+                n => format!("{n} parts, filled in parallel"),
+            }
+        );
+    }
     let _ = writeln!(
         out,
         "  time      daemon waited for loaders {:.3} s; loaders waited for slots {:.3} s, worked {:.3} s (summed); sink busy {:.3} s",

@@ -44,6 +44,11 @@ pub struct Summary {
     pub bytes: u64,
     /// Wall time from ring ready to the last delivery.
     pub seconds: f64,
+    /// Wall time from ring ready to the first batch delivered (all its parts on the device and
+    /// handed to the sink): the latency a job sees before its first step. It includes the
+    /// loaders' attach after the ring is ready. `None` when no batch was delivered.
+    #[serde(default)]
+    pub first_batch_seconds: Option<f64>,
     /// Payload GB/s (1e9 bytes per second).
     pub gbps: f64,
     /// Highest seq delivered, if any (in order mode: every seq up to it was delivered).

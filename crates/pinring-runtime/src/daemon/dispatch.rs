@@ -209,6 +209,7 @@ impl Daemon {
             self.verified += 1;
         }
         self.last_delivery = Instant::now();
+        self.first_delivery.get_or_insert(self.last_delivery);
         let h = self.ring.header();
         h.delivered.fetch_add(1, Relaxed);
         // The daemon's published resume point, for status; never read back.

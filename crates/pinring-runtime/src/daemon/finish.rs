@@ -85,6 +85,9 @@ impl Daemon {
             missing: s.missing(),
             bytes: self.bytes,
             seconds,
+            first_batch_seconds: self
+                .first_delivery
+                .map(|t| t.saturating_duration_since(self.started).as_secs_f64()),
             gbps: if seconds > 0.0 {
                 self.bytes as f64 / seconds / 1e9
             } else {

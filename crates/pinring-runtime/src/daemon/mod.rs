@@ -291,6 +291,8 @@ struct Daemon {
     /// CPU seconds used before the ring was ready (start-up, registration).
     cpu_at_ready: f64,
     last_delivery: Instant,
+    /// When the first batch was delivered (the first batch's latency, from `started`).
+    first_delivery: Option<Instant>,
     verified: u64,
     verify_failures: u64,
     first_failure: Option<String>,

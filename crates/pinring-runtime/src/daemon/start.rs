@@ -212,6 +212,7 @@ impl Daemon {
             started: now,
             cpu_at_ready: 0.0,
             last_delivery: now,
+            first_delivery: None,
             verified: 0,
             verify_failures: 0,
             first_failure: None,
