@@ -574,6 +574,31 @@ mod tests {
     }
 
     #[test]
+    fn a_group_of_copies_is_one_completion_per_copy_on_the_host() {
+        let up = HostUploader::new(1, 4096).unwrap();
+        let s = pattern(4, 3000);
+        let jobs = [(0, 1000, 0), (1000, 2000, 1024)].map(|(from, len, dst_offset)| UploadJob {
+            tag: from as u64,
+            src: s[from..].as_ptr(),
+            len,
+            buffer: 0,
+            dst_offset,
+        });
+        // SAFETY: `s` outlives the completions received below and is not written.
+        assert_eq!(unsafe { up.submit_group(&jobs) }.unwrap(), 2);
+        for (tag, len) in [(0, 1000), (1000, 2000)] {
+            let c = up
+                .completions()
+                .recv_timeout(Duration::from_secs(10))
+                .unwrap();
+            assert_eq!((c.tag, c.len), (tag, len));
+            c.result.unwrap();
+        }
+        assert_eq!(view(&up, 0, 1000), s[..1000]);
+        assert_eq!(up.checksum(0, 1024, 2000).unwrap(), checksum(&s[1000..]));
+    }
+
+    #[test]
     fn many_jobs_reusing_buffers() {
         let up = HostUploader::new(2, 256).unwrap();
         let srcs: Vec<Vec<u8>> = (0..50).map(|i| pattern(i as u8, 256)).collect();

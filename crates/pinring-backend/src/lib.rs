@@ -302,6 +302,25 @@ pub trait Uploader: Send + Sync {
     /// [`Uploader::checksum`], [`Uploader::compute`]) at that moment.
     unsafe fn submit(&self, job: UploadJob) -> Result<(), BackendError>;
 
+    /// Starts the copies of `jobs` (a part's fields, each to its place in one device buffer)
+    /// and returns how many [`Completion`]s they will produce. This default submits each job
+    /// ([`Uploader::submit`]): one completion per job. A backend may instead queue them as one
+    /// upload with one completion for the group (tag and buffer of `jobs[0]`, `len` the sum),
+    /// which the CUDA backend does when every job names the same buffer: one event to record
+    /// and one completion to wait for per part instead of one per field. On an error some
+    /// jobs may have been queued already; a caller treats it as fatal, as a failed `submit`.
+    ///
+    /// # Safety
+    /// As [`Uploader::submit`], for each job: its source stays valid and unwritten until every
+    /// completion the call announced has been received.
+    unsafe fn submit_group(&self, jobs: &[UploadJob]) -> Result<usize, BackendError> {
+        for &job in jobs {
+            // SAFETY: forwarded from our caller, job by job.
+            unsafe { self.submit(job) }?;
+        }
+        Ok(jobs.len())
+    }
+
     /// Where completions arrive.
     fn completions(&self) -> &crossbeam_channel::Receiver<Completion>;
 

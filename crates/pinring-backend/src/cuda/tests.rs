@@ -275,3 +275,56 @@ fn cudarc_context_is_set_up_as_documented() {
     assert!(up.checksum(1, 4, 8).is_err());
     assert!(up.checksum(1, 4088, 16).is_err());
 }
+
+#[test]
+fn a_group_of_copies_into_one_buffer_is_one_upload_with_one_completion() {
+    if crate::testing::gpu().is_none() {
+        return;
+    }
+    let b = CudaBackend::new(0).unwrap();
+    let up = b.cuda_uploader(2, 1 << 16).unwrap();
+    let data = pattern(11, 8192);
+    // A part's copies: a field's chunk, an empty copy (a byte part's other field) and the next
+    // field's chunk at its aligned place.
+    let job = |tag: u64, from: usize, len: usize, dst_offset: usize| UploadJob {
+        tag,
+        src: data[from..].as_ptr(),
+        len,
+        buffer: 1,
+        dst_offset,
+    };
+    let jobs = [
+        job(5, 0, 5000, 0),
+        job(6, 5000, 0, 5120),
+        job(7, 5000, 3192, 5120),
+    ];
+    // SAFETY: `data` outlives the completion received next.
+    let n = unsafe { up.submit_group(&jobs) }.unwrap();
+    assert_eq!(n, 1, "one completion announced for the group");
+    let c = up
+        .completions()
+        .recv_timeout(Duration::from_secs(30))
+        .unwrap();
+    c.result.unwrap();
+    assert_eq!((c.tag, c.buffer, c.len), (5, 1, 8192));
+    assert!(up.completions().try_recv().is_err(), "one completion only");
+    assert_eq!(up.checksum(1, 0, 5000).unwrap(), checksum(&data[..5000]));
+    assert_eq!(up.checksum(1, 5120, 3192).unwrap(), checksum(&data[5000..]));
+    // Copies into two buffers are refused before anything is queued: no upload is pending on
+    // either buffer afterwards (a read would be refused with BufferBusy otherwise).
+    let mixed = [
+        jobs[0],
+        UploadJob {
+            buffer: 0,
+            ..jobs[2]
+        },
+    ];
+    // SAFETY: refused before any copy is enqueued.
+    let e = unsafe { up.submit_group(&mixed) }.unwrap_err();
+    assert!(e.to_string().contains("one buffer"), "{e}");
+    assert_eq!(up.checksum(1, 0, 5000).unwrap(), checksum(&data[..5000]));
+    up.checksum(0, 0, 8).unwrap();
+    // An empty group queues nothing and announces no completion.
+    // SAFETY: no job, no source.
+    assert_eq!(unsafe { up.submit_group(&[]) }.unwrap(), 0);
+}

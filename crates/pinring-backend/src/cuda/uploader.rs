@@ -1,7 +1,7 @@
 //! The upload engine: [`CudaUploader`] owns the device buffers, the copy stream and the
-//! per-buffer guards. `submit` is the hot path: one `cuMemcpyHtoDAsync` per registered chunk the
-//! source touches (usually one) and one event record; the completion thread (`completion.rs`)
-//! waits on the events.
+//! per-buffer guards. `submit_group` is the hot path: for each of a part's copies one
+//! `cuMemcpyHtoDAsync` per registered chunk its source touches (usually one), then one event
+//! record for the whole group; the completion thread (`completion.rs`) waits on the events.
 //!
 //! # The device-buffer guard
 //! Each buffer is guarded by `crate::guard`, as on the host backend: a copy into a buffer and a
@@ -288,7 +288,29 @@ impl Drop for DeviceBuffer {
 
 impl Uploader for CudaUploader {
     unsafe fn submit(&self, job: UploadJob) -> Result<(), BackendError> {
-        check_job(&job, self.buffers.len(), self.buffer_bytes)?;
+        // SAFETY: forwarded from our caller (a group of one job, one completion).
+        unsafe { self.submit_group(std::slice::from_ref(&job)) }.map(|_| ())
+    }
+
+    /// The jobs' copies, then one event after the last: one completion for the group, whose
+    /// tag and buffer are `jobs[0]`'s and whose `len` is the jobs' sum. Every job must name the
+    /// same device buffer (`InvalidArgument`, nothing queued, otherwise).
+    unsafe fn submit_group(&self, jobs: &[UploadJob]) -> Result<usize, BackendError> {
+        let Some(first) = jobs.first() else {
+            return Ok(0);
+        };
+        for job in jobs {
+            check_job(job, self.buffers.len(), self.buffer_bytes)?;
+            if job.buffer != first.buffer {
+                return Err(BackendError::InvalidArgument {
+                    call: "submit_group",
+                    what: format!(
+                        "copies into device buffers {} and {} (tags {} and {}): one group's copies go into one buffer",
+                        first.buffer, job.buffer, first.tag, job.tag
+                    ),
+                });
+            }
+        }
         let gone = BackendError::WorkerGone {
             backend: "cuda",
             call: "submit",
@@ -297,7 +319,9 @@ impl Uploader for CudaUploader {
             return Err(gone);
         };
         let device = self.device;
-        let b = job.buffer;
+        let b = first.buffer;
+        // Each length fits the buffer (checked), and a group is a part's few fields.
+        let len = jobs.iter().fold(0usize, |sum, j| sum.saturating_add(j.len));
         // Store-load against readers (module docs): announce the upload, then look for readers.
         self.guards.begin_upload(b)?;
         let event = match self.free_events.try_recv() {
@@ -310,48 +334,58 @@ impl Uploader for CudaUploader {
                 }
             },
         };
-        let object = || {
+        let object = |i: usize| {
+            let job = &jobs[i];
             format!(
-                "{} bytes from host {:p} into device buffer {} at offset {} (tag {}) on device {device}",
-                job.len, job.src, job.buffer, job.dst_offset, job.tag
+                "{} bytes from host {:p} into device buffer {} at offset {} (tag {}, copy {} of {}) on device {device}",
+                job.len,
+                job.src,
+                job.buffer,
+                job.dst_offset,
+                job.tag,
+                i + 1,
+                jobs.len()
             )
         };
         let submitted = Instant::now();
-        // One copy per registered chunk the source touches (usually exactly one).
-        let start = job.src as usize;
-        let end = start + job.len;
         let mut enqueued = Ok(());
-        let mut cur = start;
-        while cur < end {
-            let next = self.chunks.next_boundary(cur, end);
-            // SAFETY: [cur, next) is a piece of src..src+len, and dst_offset + (cur - start) +
-            // (next - cur) <= dst_offset + len <= buffer size (checked above); the caller of `submit` guarantees
-            // src..src+len stays valid and unwritten until the Completion is received, and the
-            // completion thread sends it only after the event recorded below (which follows
-            // these copies on the same stream) has completed. Device buffers are freed only
-            // after that thread has drained (Drop).
-            let r = unsafe {
-                self.buffers[b].copy_in_async(
-                    job.dst_offset + (cur - start),
-                    cur as *const u8,
-                    next - cur,
-                    &self.copy_stream,
-                )
-            };
-            if let Err(e) = r {
-                enqueued = Err(cuda_error("cuMemcpyHtoDAsync", object(), e.0));
-                break;
+        'jobs: for (i, job) in jobs.iter().enumerate() {
+            // One copy per registered chunk the source touches (usually exactly one).
+            let start = job.src as usize;
+            let end = start + job.len;
+            let mut cur = start;
+            while cur < end {
+                let next = self.chunks.next_boundary(cur, end);
+                // SAFETY: [cur, next) is a piece of src..src+len, and dst_offset + (cur - start)
+                // + (next - cur) <= dst_offset + len <= buffer size (checked above); the caller
+                // guarantees src..src+len stays valid and unwritten until the group's
+                // Completion is received, and the completion thread sends it only after the
+                // event recorded below (which follows every copy of the group on the same
+                // stream) has completed. Device buffers are freed only after that thread has
+                // drained (Drop).
+                let r = unsafe {
+                    self.buffers[b].copy_in_async(
+                        job.dst_offset + (cur - start),
+                        cur as *const u8,
+                        next - cur,
+                        &self.copy_stream,
+                    )
+                };
+                if let Err(e) = r {
+                    enqueued = Err(cuda_error("cuMemcpyHtoDAsync", object(i), e.0));
+                    break 'jobs;
+                }
+                cur = next;
             }
-            cur = next;
         }
         let recorded = enqueued.and_then(|()| {
             event
                 .record(&self.copy_stream)
-                .map_err(|e| cuda_error("cuEventRecord", object(), e.0))
+                .map_err(|e| cuda_error("cuEventRecord", object(jobs.len() - 1), e.0))
         });
         if let Err(e) = recorded {
-            // The copy may have been enqueued even though recording failed: wait for the
-            // stream so the source is no longer read when we return an error.
+            // Copies may have been enqueued even though a later call failed: wait for the
+            // stream so no source is still read when we return an error.
             if let Ok(ev) = raw::Event::new(&self.ctx) {
                 let _ = ev.record(&self.copy_stream).and_then(|()| ev.synchronize());
             }
@@ -359,19 +393,19 @@ impl Uploader for CudaUploader {
             return Err(e);
         }
         let flight = InFlight {
-            tag: job.tag,
+            tag: first.tag,
             buffer: b,
-            len: job.len,
+            len,
             submitted,
             event,
         };
         if let Err(crossbeam_channel::SendError(f)) = tx.send(flight) {
-            // Completion thread gone: wait for the copy ourselves before reporting.
+            // Completion thread gone: wait for the copies ourselves before reporting.
             let _ = f.event.synchronize();
             self.guards.end_upload(b);
             return Err(gone);
         }
-        Ok(())
+        Ok(1)
     }
 
     fn completions(&self) -> &Receiver<Completion> {

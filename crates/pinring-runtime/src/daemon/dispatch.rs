@@ -55,7 +55,7 @@ impl Daemon {
             let first_submitted = *part.submitted.get_or_insert(c.submitted);
             part.jobs_left = part.jobs_left.saturating_sub(1);
             if part.jobs_left > 0 {
-                // Another field of the part is still on its way: the slot stays UPLOADING.
+                // Another completion of the part is still to come: the slot stays UPLOADING.
                 continue;
             }
             let Some(InFlight {
@@ -364,33 +364,41 @@ impl Daemon {
                     batch: part.batch,
                     len,
                     commit_ns: taken.commit_ns,
+                    // Set from the backend's answer when the jobs are submitted (below).
                     jobs_left: self.layout.fields.len(),
                     submitted: None,
                 },
             );
             // One copy per field: the part's chunk of the field (its samples' values of it,
             // contiguous in the slot; for a byte part, its range of the cut field) to where
-            // those values go in the field's tensor.
+            // those values go in the field's tensor. Submitted as one group: the backend
+            // says how many completions will come (one per part on CUDA, one per copy on host).
             let base = self.ring.slot_ptr(slot);
-            for copy in self
-                .layout
-                .part_copies(count, part.first_in_batch, part.bytes)
-            {
-                let job = UploadJob {
-                    tag: upload_tag(slot, copy.field),
-                    // Inside the slot: the chunks together are the payload, whose length was
-                    // checked against the slot when it was taken and against the plan above.
-                    src: base.wrapping_add(copy.src_offset as usize),
-                    len: copy.len as usize,
-                    buffer,
-                    dst_offset: copy.dst_offset as usize,
-                };
-                // SAFETY: the slot is UPLOADING, owned by this loop: no loader may claim it until
-                // `hand_out` runs for it, which happens only after the completions of all its
-                // jobs have arrived. The job's source lies inside the slot's payload (above). The
-                // mapping outlives the uploader (the ring Arc is held by self and the sink's
-                // doorbell).
-                unsafe { self.uploader.submit(job) }?;
+            let mut jobs = std::mem::take(&mut self.jobs_buf);
+            jobs.clear();
+            jobs.extend(
+                self.layout
+                    .part_copies(count, part.first_in_batch, part.bytes)
+                    .map(|copy| UploadJob {
+                        tag: upload_tag(slot, copy.field),
+                        // Inside the slot: the chunks together are the payload, whose length was
+                        // checked against the slot when it was taken and against the plan above.
+                        src: base.wrapping_add(copy.src_offset as usize),
+                        len: copy.len as usize,
+                        buffer,
+                        dst_offset: copy.dst_offset as usize,
+                    }),
+            );
+            // SAFETY: the slot is UPLOADING, owned by this loop: no loader may claim it until
+            // `hand_out` runs for it, which happens only after every completion the backend
+            // announced for its jobs has arrived. Each job's source lies inside the slot's
+            // payload (above). The mapping outlives the uploader (the ring Arc is held by self
+            // and the sink's doorbell).
+            let submitted = unsafe { self.uploader.submit_group(&jobs) };
+            self.jobs_buf = jobs;
+            let completions = submitted?;
+            if let Some(f) = self.inflight.get_mut(&slot) {
+                f.jobs_left = completions;
             }
         }
         Ok(progressed)

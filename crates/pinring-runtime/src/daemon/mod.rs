@@ -226,7 +226,8 @@ struct InFlight {
     len: usize,
     /// When the loader committed it.
     commit_ns: u64,
-    /// Upload jobs of the part not completed yet; the slot is handed out again at 0.
+    /// Completions still to come for the part's upload (as many as the backend announced for its
+    /// group of copies, `Uploader::submit_group`); the slot is handed out again at 0.
     jobs_left: usize,
     /// When the part's first job was submitted (taken from its completion).
     submitted: Option<Instant>,
@@ -303,6 +304,8 @@ struct Daemon {
     spare_samples: Vec<Vec<u64>>,
     /// A taken batch's metadata, copied out of its slot before it is decoded.
     meta_buf: Vec<u8>,
+    /// The upload jobs of the part being submitted (reused: no allocation per part).
+    jobs_buf: Vec<pinring_backend::UploadJob>,
     /// Batches handed to a consumer (`--sink consumer`, daemon/handoff.rs).
     handoff_books: handoff::HandoffBooks,
     // Fault handling (daemon/recovery.rs).

@@ -223,6 +223,7 @@ impl Daemon {
             spare_samples: Vec::new(),
             handoff_books: Default::default(),
             meta_buf: Vec::new(),
+            jobs_buf: Vec::new(),
             reap_every: Duration::from_millis(cfg.daemon.reap_interval_ms),
             recovery: recovery::Recovery::new(
                 slots,
