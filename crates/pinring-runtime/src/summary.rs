@@ -83,6 +83,15 @@ pub struct Summary {
     pub registration_seconds: f64,
     /// Seconds the daemon waited for a ready slot while it could have uploaded.
     pub daemon_wait_seconds: f64,
+    /// Seconds the daemon's main loop spent inside the backend's submit calls (queuing a part's
+    /// copies and its event): a driver that blocks the caller while its queue is full shows
+    /// here.
+    #[serde(default)]
+    pub submit_seconds: f64,
+    /// Seconds the daemon's main loop slept on the doorbell (for any reason: nothing to do, or
+    /// waiting for a loader or an upload). The rest of its wall time it was running.
+    #[serde(default)]
+    pub doorbell_wait_seconds: f64,
     /// Seconds loaders waited for a free slot (summed over loaders).
     pub loader_wait_seconds: f64,
     /// Seconds loaders spent producing batches (summed over loaders).

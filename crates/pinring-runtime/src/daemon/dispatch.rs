@@ -389,12 +389,14 @@ impl Daemon {
                         dst_offset: copy.dst_offset as usize,
                     }),
             );
+            let t = Instant::now();
             // SAFETY: the slot is UPLOADING, owned by this loop: no loader may claim it until
             // `hand_out` runs for it, which happens only after every completion the backend
             // announced for its jobs has arrived. Each job's source lies inside the slot's
             // payload (above). The mapping outlives the uploader (the ring Arc is held by self
             // and the sink's doorbell).
             let submitted = unsafe { self.uploader.submit_group(&jobs) };
+            self.submit_ns += t.elapsed().as_nanos() as u64;
             self.jobs_buf = jobs;
             let completions = submitted?;
             if let Some(f) = self.inflight.get_mut(&slot) {

@@ -105,6 +105,8 @@ impl Daemon {
             corrupt_descriptors: self.ring.health().corrupt_descriptors.load(Relaxed),
             registration_seconds: self.registration.as_ref().map_or(0.0, |r| r.seconds()),
             daemon_wait_seconds: daemon_wait,
+            submit_seconds: self.submit_ns as f64 / 1e9,
+            doorbell_wait_seconds: self.doorbell_ns as f64 / 1e9,
             loader_wait_seconds: loader_wait,
             loader_busy_seconds: loader_busy,
             sink_busy_seconds: sink_busy,

@@ -300,6 +300,9 @@ struct Daemon {
     bytes: u64,
     sink_busy_ns: u64,
     daemon_wait_ns: u64,
+    /// Time the main loop spent inside the backend's submit calls, and asleep on the doorbell.
+    submit_ns: u64,
+    doorbell_ns: u64,
     interrupted: bool,
     spare_samples: Vec<Vec<u64>>,
     /// A taken batch's metadata, copied out of its slot before it is decoded.
@@ -397,8 +400,9 @@ impl Daemon {
                 }
                 let t = Instant::now();
                 self.ring.wait_doorbell(seen, wait);
+                let ns = t.elapsed().as_nanos() as u64;
+                self.doorbell_ns += ns;
                 if could_upload {
-                    let ns = t.elapsed().as_nanos() as u64;
                     self.daemon_wait_ns += ns;
                     self.ring.header().daemon_wait_ns.fetch_add(ns, Relaxed);
                 }

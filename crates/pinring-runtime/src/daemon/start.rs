@@ -219,6 +219,8 @@ impl Daemon {
             bytes: 0,
             sink_busy_ns: 0,
             daemon_wait_ns: 0,
+            submit_ns: 0,
+            doorbell_ns: 0,
             interrupted: false,
             spare_samples: Vec::new(),
             handoff_books: Default::default(),
