@@ -17,6 +17,23 @@ pub(super) fn upload_tag(slot: u32, field: usize) -> u64 {
     u64::from(slot) | (field as u64) << 32
 }
 
+/// Appends `job` to a part's jobs, or grows the last job when `job` continues it in both the
+/// slot and the device buffer (a whole batch whose fields' tensors need no alignment padding:
+/// its payload is laid out as the device buffer is, so its fields go up in one copy). Only
+/// the source address and destination offset decide; the grown job keeps its own tag.
+fn push_coalesced(jobs: &mut Vec<UploadJob>, job: UploadJob) {
+    if let Some(last) = jobs.last_mut() {
+        if last.buffer == job.buffer
+            && last.src.wrapping_add(last.len) == job.src
+            && last.dst_offset.checked_add(last.len) == Some(job.dst_offset)
+        {
+            last.len += job.len;
+            return;
+        }
+    }
+    jobs.push(job);
+}
+
 /// The slot and field of an upload tag ([`upload_tag`]).
 fn tag_parts(tag: u64) -> (u32, u64) {
     (tag as u32, tag >> 32)
@@ -376,10 +393,13 @@ impl Daemon {
             let base = self.ring.slot_ptr(slot);
             let mut jobs = std::mem::take(&mut self.jobs_buf);
             jobs.clear();
-            jobs.extend(
-                self.layout
-                    .part_copies(count, part.first_in_batch, part.bytes)
-                    .map(|copy| UploadJob {
+            for copy in self
+                .layout
+                .part_copies(count, part.first_in_batch, part.bytes)
+            {
+                push_coalesced(
+                    &mut jobs,
+                    UploadJob {
                         tag: upload_tag(slot, copy.field),
                         // Inside the slot: the chunks together are the payload, whose length was
                         // checked against the slot when it was taken and against the plan above.
@@ -387,8 +407,9 @@ impl Daemon {
                         len: copy.len as usize,
                         buffer,
                         dst_offset: copy.dst_offset as usize,
-                    }),
-            );
+                    },
+                );
+            }
             let t = Instant::now();
             // SAFETY: the slot is UPLOADING, owned by this loop: no loader may claim it until
             // `hand_out` runs for it, which happens only after every completion the backend
@@ -430,6 +451,45 @@ impl Daemon {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn copies_that_continue_each_other_in_slot_and_buffer_become_one() {
+        let slot = [0u8; 64];
+        let base = slot.as_ptr();
+        let job = |field: usize, src: usize, len: usize, dst_offset: usize| UploadJob {
+            tag: upload_tag(7, field),
+            src: base.wrapping_add(src),
+            len,
+            buffer: 2,
+            dst_offset,
+        };
+        // Aligned fields: the second continues the first in both places.
+        let mut jobs = Vec::new();
+        push_coalesced(&mut jobs, job(0, 0, 32, 0));
+        push_coalesced(&mut jobs, job(1, 32, 8, 32));
+        assert_eq!(jobs.len(), 1);
+        assert_eq!((jobs[0].tag, jobs[0].len, jobs[0].dst_offset), (7, 40, 0));
+        // Padding before the next tensor (dst 48, src 40): a copy of its own.
+        push_coalesced(&mut jobs, job(2, 40, 8, 48));
+        assert_eq!(jobs.len(), 2);
+        // A gap in the slot, or another buffer: never merged.
+        push_coalesced(&mut jobs, job(3, 50, 4, 56));
+        assert_eq!(jobs.len(), 3);
+        push_coalesced(
+            &mut jobs,
+            UploadJob {
+                buffer: 3,
+                ..job(4, 54, 4, 60)
+            },
+        );
+        assert_eq!(jobs.len(), 4);
+        // An empty copy that continues the last one adds nothing; a part of empty copies (the
+        // empty parts of a short last batch) still has one job, so one completion frees it.
+        let mut empty = Vec::new();
+        push_coalesced(&mut empty, job(0, 0, 0, 0));
+        push_coalesced(&mut empty, job(1, 0, 0, 0));
+        assert_eq!((empty.len(), empty[0].len), (1, 0));
+    }
 
     #[test]
     fn upload_tags_tell_the_fields_of_one_slot_apart() {
