@@ -374,18 +374,6 @@ impl Daemon {
             } else {
                 self.spare_samples.push(samples);
             }
-            self.inflight.insert(
-                slot,
-                InFlight {
-                    seq,
-                    batch: part.batch,
-                    len,
-                    commit_ns: taken.commit_ns,
-                    // Set from the backend's answer when the jobs are submitted (below).
-                    jobs_left: self.layout.fields.len(),
-                    submitted: None,
-                },
-            );
             // One copy per field: the part's chunk of the field (its samples' values of it,
             // contiguous in the slot; for a byte part, its range of the cut field) to where
             // those values go in the field's tensor. Submitted as one group: the backend
@@ -419,10 +407,18 @@ impl Daemon {
             let submitted = unsafe { self.uploader.submit_group(&jobs) };
             self.submit_ns += t.elapsed().as_nanos() as u64;
             self.jobs_buf = jobs;
-            let completions = submitted?;
-            if let Some(f) = self.inflight.get_mut(&slot) {
-                f.jobs_left = completions;
-            }
+            // Completions are read on this thread only, so none is looked for before this.
+            self.inflight.insert(
+                slot,
+                InFlight {
+                    seq,
+                    batch: part.batch,
+                    len,
+                    commit_ns: taken.commit_ns,
+                    jobs_left: submitted?,
+                    submitted: None,
+                },
+            );
         }
         Ok(progressed)
     }
