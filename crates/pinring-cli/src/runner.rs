@@ -560,6 +560,24 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_summary_names_the_first_batchs_latency_and_layout_when_one_was_delivered() {
+        let mut s = Summary {
+            first_batch_seconds: Some(0.0123),
+            parts_per_batch: 8,
+            ..Summary::default()
+        };
+        let text = summary_text(&s, 8);
+        assert!(
+            text.contains("first     batch delivered 12.3 ms after the ring was ready (8 parts, filled in parallel)"),
+            "{text}"
+        );
+        s.parts_per_batch = 1;
+        assert!(summary_text(&s, 8).contains("ready (one slot)"));
+        s.first_batch_seconds = None;
+        assert!(!summary_text(&s, 8).contains("first "));
+    }
+
+    #[test]
     fn a_daemon_killed_by_a_signal_is_named_with_it_and_is_peer_died() {
         let killed = Ended::of(ExitStatus::from_raw(9));
         assert_eq!(
