@@ -60,7 +60,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from torch_loader import JpegSamples, make_jpegs  # noqa: E402
-from trainer import binary, measure, open_pinring, close_pinring  # noqa: E402
+from trainer import binary, close_pinring, make_step, measure, open_pinring  # noqa: E402
 
 BATCH = 256
 CROP = 224
@@ -113,26 +113,13 @@ class Normalise:
 
 
 def resnet_step(dev):
+    """A ResNet-50 training step (trainer.py's make_step) on u8 NHWC batches, normalised on the
+    device, channels_last."""
     from torchvision.models import resnet50
 
     model = resnet50(weights=None, num_classes=1000).to(dev).to(memory_format=torch.channels_last)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    loss_fn = torch.nn.CrossEntropyLoss()
-    norm = Normalise(dev)
-
-    def step(images, labels):
-        if images.device != dev:
-            images = images.to(dev, non_blocking=True)
-            labels = labels.to(dev, non_blocking=True)
-        x = norm(images).contiguous(memory_format=torch.channels_last)
-        with torch.autocast(device_type=dev.type, dtype=torch.bfloat16):
-            loss = loss_fn(model(x), labels)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        return loss
-
-    return step
+    return make_step(model, opt, dev, True, prepare=Normalise(dev))
 
 
 def noop_step(dev):

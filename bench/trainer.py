@@ -101,16 +101,17 @@ def build_model(args, dev):
     return model, opt
 
 
-def make_step(model, opt, dev, channels_last):
-    """One training step on a batch of images [B, H, W] and labels [B]; returns the loss
-    (a device tensor: reading it would synchronise)."""
+def make_step(model, opt, dev, channels_last, prepare=lambda images: images.unsqueeze(1)):
+    """One training step (bf16 autocast, SGD) on a batch of images and labels [B]; returns the
+    loss (a device tensor: reading it would synchronise). `prepare` turns the batch's images
+    into the model's input (by default [B, H, W] -> [B, 1, H, W])."""
     loss_fn = nn.CrossEntropyLoss()
 
     def step(images, labels):
         if images.device != dev:  # DataLoader's pinned batches; a host-backend ring on a GPU
             images = images.to(dev, non_blocking=True)
             labels = labels.to(dev, non_blocking=True)
-        x = images.unsqueeze(1)
+        x = prepare(images)
         if channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
         with torch.autocast(device_type=dev.type, dtype=torch.bfloat16):
