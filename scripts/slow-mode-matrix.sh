@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs one pipeline point (8 loaders, discard sink, 256 KiB samples) under several daemon settings
 # (upload buffers, CPU affinity, slot size), three rounds alternated, and prints GB/s, the bound
-# verdict, latency and per-thread CPU of each run. From a bundle made by scripts/gpu-bundle.sh, on
+# verdict, latency, the daemon main loop's time inside submit calls and asleep, and per-thread
+# CPU of each run. From a bundle made by scripts/gpu-bundle.sh, on
 # a GPU host: bash DIR/slow-mode-matrix.sh OUT
 set -u
 here=$(cd "$(dirname "$0")" && pwd); B=$here/bin; out=${1:-/tmp/sm}; mkdir -p $out
@@ -25,7 +26,7 @@ T
   local d=$!
   for i in $(seq 8); do $lts $B/pinring-loader --config $out/$name.toml --wait-secs 20 2>/dev/null & done
   wait $d; wait
-  python3 -c "import json,sys;d=json.load(open('$out/$name.json'));print('%-28s %6.1f GB/s bound=%-9s p50=%5d p99=%5d cpu=%s'%('$name',d['gbps'],d['bound'],d['latency_p50_us'],d['latency_p99_us'],{k:round(v,2) for k,v in d['thread_cpu_seconds'].items()}))"
+  python3 -c "import json,sys;d=json.load(open('$out/$name.json'));print('%-28s %6.1f GB/s bound=%-9s p50=%5d p99=%5d run=%.2fs submit=%.3fs asleep=%.3fs cpu=%s'%('$name',d['gbps'],d['bound'],d['latency_p50_us'],d['latency_p99_us'],d['seconds'],d.get('submit_seconds',-1),d.get('doorbell_wait_seconds',-1),{k:round(v,2) for k,v in d['thread_cpu_seconds'].items()}))"
 }
 for rep in 1 2 3; do
   for bufs in 4 8 16 64; do point "1M-buf$bufs-r$rep" 4 32 $bufs "" ""; done
