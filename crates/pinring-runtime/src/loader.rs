@@ -705,6 +705,24 @@ impl Worker<'_> {
                     }
                 }
                 Ok((epoch, index_in_epoch, range)) => {
+                    // A field other than the images (the labels): made into `buf`, written at
+                    // byte `at` of the slot; false if it does not fit or cannot be made.
+                    let ring_name = &self.cfg.ring.name;
+                    let other_field = |name: &str,
+                                       samples: &[u64],
+                                       buf: &mut Vec<u8>,
+                                       slot: &mut pinring_ring::SlotWriter<'_>,
+                                       at: usize,
+                                       len: usize| {
+                        buf.resize(len, 0);
+                        match synthetic.fill_field(name, samples, buf) {
+                            Ok(()) => slot.write(at, buf).is_ok(),
+                            Err(e) => {
+                                tracing::error!(ring = %ring_name, seq, "{e}");
+                                false
+                            }
+                        }
+                    };
                     // A byte part of one sample (its range of the images, and the sample's label
                     // in its first part), or a part of whole samples.
                     let (payload_len, fits) = if let Some(r) = range {
@@ -729,18 +747,14 @@ impl Worker<'_> {
                                 }
                                 continue;
                             }
-                            self.field_buf.resize(len, 0);
-                            match synthetic.fill_field(
+                            fits &= other_field(
                                 &field.name,
                                 &self.samples,
                                 &mut self.field_buf,
-                            ) {
-                                Ok(()) => fits &= slot.write(at, &self.field_buf).is_ok(),
-                                Err(e) => {
-                                    tracing::error!(ring = %self.cfg.ring.name, seq, "{e}");
-                                    fits = false;
-                                }
-                            }
+                                &mut slot,
+                                at,
+                                len,
+                            );
                         }
                         (payload_len, fits)
                     } else {
@@ -765,18 +779,14 @@ impl Worker<'_> {
                                 }
                                 continue;
                             }
-                            self.field_buf.resize(len as usize, 0);
-                            match synthetic.fill_field(
+                            fits &= other_field(
                                 &field.name,
                                 &self.samples,
                                 &mut self.field_buf,
-                            ) {
-                                Ok(()) => fits &= slot.write(offset, &self.field_buf).is_ok(),
-                                Err(e) => {
-                                    tracing::error!(ring = %self.cfg.ring.name, seq, "{e}");
-                                    fits = false;
-                                }
-                            }
+                                &mut slot,
+                                offset,
+                                len as usize,
+                            );
                         }
                         (payload_len, fits)
                     };
@@ -850,6 +860,39 @@ struct FileFill<'s, 'w> {
     seq: u64,
 }
 
+impl FileFill<'_, '_> {
+    /// Sample `id` (or its byte `range`) could not be read. Under `on_bad_sample = "fail"`, and
+    /// for a caller's mistake (buffers, an id past the end: never a bad sample to skip), the
+    /// error that ends the part. Under `"skip"`: counted, logged, and every field's buffer
+    /// zeroed as the substitute.
+    fn bad_read(
+        &mut self,
+        id: u64,
+        e: SourceError,
+        range: Option<ByteRange>,
+    ) -> Result<(), (u64, SourceError)> {
+        let data = !matches!(
+            e,
+            SourceError::Buffers { .. } | SourceError::OutOfRange { .. }
+        );
+        if self.policy == OnBadSample::Fail || !data {
+            tracing::error!(ring = %self.ring, seq = self.seq, sample = id, epoch = self.epoch, "{e}");
+            return Err((id, e));
+        }
+        *self.bad += 1;
+        self.shared_bad.fetch_add(1, Relaxed);
+        let what = match range {
+            Some(r) => format!("bytes {}..{} of sample {id}", r.offset, r.offset + r.len),
+            None => format!("sample {id}"),
+        };
+        tracing::warn!(ring = %self.ring, seq = self.seq, sample = id, epoch = self.epoch, "{what} replaced by zeros (dataset.on_bad_sample = \"skip\"): {e}");
+        for b in self.bufs.iter_mut() {
+            b.fill(0);
+        }
+        Ok(())
+    }
+}
+
 /// Reads the part's samples from `src`, each into per-sample buffers (one per field), and writes
 /// every field at its field-major place in the slot: field `f` of sample `n` at
 /// `chunk_in_part(count).0 + n × sample_bytes`. Collects the labels for the metadata. A sample
@@ -863,8 +906,9 @@ fn fill_from_source(
     if let Some(r) = f.bytes {
         return fill_range_from_source(src, f, r);
     }
-    let count = f.samples.len() as u64;
-    let fields = &f.layout.fields;
+    let (layout, samples) = (f.layout, f.samples);
+    let count = samples.len() as u64;
+    let fields = &layout.fields;
     f.bufs.resize_with(fields.len(), Vec::new);
     for (buf, field) in f.bufs.iter_mut().zip(fields) {
         buf.resize(field.sample_bytes as usize, 0);
@@ -872,7 +916,7 @@ fn fill_from_source(
     f.labels.clear();
     let mut fits = true;
     let mut labels_fit = true;
-    for (n, &id) in f.samples.iter().enumerate() {
+    for (n, &id) in samples.iter().enumerate() {
         let read = {
             let mut out: Vec<FieldBuf<'_>> = f
                 .bufs
@@ -882,21 +926,7 @@ fn fill_from_source(
             src.read(f.epoch, id, &mut out)
         };
         if let Err(e) = read {
-            // A caller's mistake (buffers, an id past the end) is never a bad sample to skip.
-            let data = !matches!(
-                e,
-                SourceError::Buffers { .. } | SourceError::OutOfRange { .. }
-            );
-            if f.policy == OnBadSample::Fail || !data {
-                tracing::error!(ring = %f.ring, seq = f.seq, sample = id, epoch = f.epoch, "{e}");
-                return Err((id, e));
-            }
-            *f.bad += 1;
-            f.shared_bad.fetch_add(1, Relaxed);
-            tracing::warn!(ring = %f.ring, seq = f.seq, sample = id, epoch = f.epoch, "sample {id} replaced by zeros (dataset.on_bad_sample = \"skip\"): {e}");
-            for b in f.bufs.iter_mut() {
-                b.fill(0);
-            }
+            f.bad_read(id, e, None)?;
         }
         for (buf, field) in f.bufs.iter().zip(fields) {
             let (offset, _) = field.chunk_in_part(count);
@@ -949,20 +979,7 @@ fn fill_range_from_source(
         read = src.read_range(f.epoch, id, copy.field, at, buf);
     }
     if let Err(e) = read {
-        let data = !matches!(
-            e,
-            SourceError::Buffers { .. } | SourceError::OutOfRange { .. }
-        );
-        if f.policy == OnBadSample::Fail || !data {
-            tracing::error!(ring = %f.ring, seq = f.seq, sample = id, epoch = f.epoch, "{e}");
-            return Err((id, e));
-        }
-        *f.bad += 1;
-        f.shared_bad.fetch_add(1, Relaxed);
-        tracing::warn!(ring = %f.ring, seq = f.seq, sample = id, epoch = f.epoch, "bytes {}..{} of sample {id} replaced by zeros (dataset.on_bad_sample = \"skip\"): {e}", r.offset, r.offset + r.len);
-        for b in f.bufs.iter_mut() {
-            b.fill(0);
-        }
+        f.bad_read(id, e, Some(r))?;
     }
     let mut fits = true;
     for copy in f.layout.part_copies(1, 0, Some(r)) {
