@@ -724,6 +724,44 @@ pub struct NpySource {
     fields: Vec<SourceField>,
 }
 
+impl NpySource {
+    /// Bytes `offset .. offset + out.len()` of sample `id`'s data (`id < len`, the range inside
+    /// one sample: checked by the callers).
+    fn read_data(&self, id: u64, offset: u64, out: &mut [u8]) -> Result<(), SourceError> {
+        match &self.data {
+            Data::One(a) => {
+                let at = a.header.data_offset + id * a.sample_bytes + offset;
+                Ok(read_exact(&a.path, &a.file, at, out)?)
+            }
+            Data::Dir {
+                files,
+                dtype,
+                shape,
+            } => {
+                let (path, start) = &files[id as usize];
+                // A file bad at open is examined again: its error names the file and the problem.
+                let start = match start {
+                    Some(o) => *o,
+                    None => check_sample_file(path, *dtype, shape)?,
+                };
+                let file = open_file(path)?;
+                Ok(read_exact(path, &file, start + offset, out)?)
+            }
+        }
+    }
+
+    /// Bytes `offset .. offset + out.len()` of sample `id`'s labels, if the dataset has labels.
+    fn read_labels(&self, id: u64, offset: u64, out: &mut [u8]) -> Result<(), SourceError> {
+        match &self.labels {
+            Some(a) => {
+                let at = a.header.data_offset + id * a.sample_bytes + offset;
+                Ok(read_exact(&a.path, &a.file, at, out)?)
+            }
+            None => Ok(()),
+        }
+    }
+}
+
 fn open_file(path: &Path) -> Result<File, NpyError> {
     File::open(path).map_err(|source| NpyError::Open {
         file: show(path),
@@ -980,29 +1018,9 @@ impl Source for NpySource {
             [FieldBuf::Fixed(d), FieldBuf::Fixed(l)] => (d, Some(l)),
             _ => return Ok(()), // check_bufs matched the fields
         };
-        match &self.data {
-            Data::One(a) => {
-                let offset = a.header.data_offset + id * a.sample_bytes;
-                read_exact(&a.path, &a.file, offset, data_out)?;
-            }
-            Data::Dir {
-                files,
-                dtype,
-                shape,
-            } => {
-                let (path, offset) = &files[id as usize];
-                // A file bad at open is examined again: its error names the file and the problem.
-                let offset = match offset {
-                    Some(o) => *o,
-                    None => check_sample_file(path, *dtype, shape)?,
-                };
-                let file = open_file(path)?;
-                read_exact(path, &file, offset, data_out)?;
-            }
-        }
-        if let (Some(a), Some(l)) = (&self.labels, labels_out) {
-            let offset = a.header.data_offset + id * a.sample_bytes;
-            read_exact(&a.path, &a.file, offset, l)?;
+        self.read_data(id, 0, data_out)?;
+        if let Some(l) = labels_out {
+            self.read_labels(id, 0, l)?;
         }
         Ok(())
     }
@@ -1041,31 +1059,9 @@ impl Source for NpySource {
         }
         if field == 1 {
             // Checked: a second field is the labels array.
-            if let Some(a) = &self.labels {
-                let at = a.header.data_offset + id * a.sample_bytes + offset;
-                read_exact(&a.path, &a.file, at, out)?;
-            }
-            return Ok(());
+            self.read_labels(id, offset, out)
+        } else {
+            self.read_data(id, offset, out)
         }
-        match &self.data {
-            Data::One(a) => {
-                let at = a.header.data_offset + id * a.sample_bytes + offset;
-                read_exact(&a.path, &a.file, at, out)?;
-            }
-            Data::Dir {
-                files,
-                dtype,
-                shape,
-            } => {
-                let (path, start) = &files[id as usize];
-                let start = match start {
-                    Some(o) => *o,
-                    None => check_sample_file(path, *dtype, shape)?,
-                };
-                let file = open_file(path)?;
-                read_exact(path, &file, start + offset, out)?;
-            }
-        }
-        Ok(())
     }
 }
