@@ -382,11 +382,10 @@ impl BatchMeta {
             };
             return Err(mismatch("byte_range", show(bytes), show(self.byte_range)));
         }
-        let want_payload = payload_bytes;
-        if self.payload_bytes != want_payload {
+        if self.payload_bytes != payload_bytes {
             return Err(mismatch(
                 "payload_bytes",
-                want_payload.to_string(),
+                payload_bytes.to_string(),
                 self.payload_bytes.to_string(),
             ));
         }

@@ -700,9 +700,11 @@ mod tests {
     }
 
     /// The same plan with one part per batch.
+    /// The same plan with one part per batch (whole samples, no byte parts).
     fn params_like(p: &PlanParams) -> PlanParams {
         PlanParams {
             samples_per_part: p.batch_size,
+            cut: None,
             ..*p
         }
     }
@@ -1252,7 +1254,7 @@ mod tests {
             p.samples_per_part = 1;
             let cut = SampleCut { field_bytes: field, chunk_bytes: chunk };
             p.cut = Some(cut);
-            let (Ok(mut parts), Ok(mut whole)) = (Plan::new(&p), Plan::new(&PlanParams { cut: None, ..params_like(&p) })) else {
+            let (Ok(mut parts), Ok(mut whole)) = (Plan::new(&p), Plan::new(&params_like(&p))) else {
                 return Ok(());
             };
             let k = field.div_ceil(chunk);
