@@ -265,6 +265,10 @@ struct Daemon {
     plan: Plan,
     /// Where each field of a batch goes in its device buffer.
     layout: BatchLayout,
+    /// The config's metadata reserve and first field's bytes per sample, worked out once: every
+    /// taken part's metadata is decoded within the one and checked against the other.
+    meta_reserve: usize,
+    sample_bytes: u64,
     service: crate::service::DaemonService,
     completions: Receiver<Completion>,
     sink_tx: Option<crossbeam_channel::Sender<SinkJob>>,

@@ -193,6 +193,8 @@ impl Daemon {
             backend_reason: selected.reason.clone(),
             plan,
             layout,
+            meta_reserve: cfg.meta_reserve_bytes() as usize,
+            sample_bytes: cfg.sample_bytes(),
             uploader,
             service,
             registration,
