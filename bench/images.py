@@ -60,7 +60,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from torch_loader import JpegSamples, make_jpegs  # noqa: E402
-from trainer import binary, close_pinring, make_step, measure, open_pinring  # noqa: E402
+from trainer import binary, close_pinring, make_step, measure, measure_ring, open_pinring  # noqa: E402
 
 BATCH = 256
 CROP = 224
@@ -174,25 +174,8 @@ def run_pinring(a, tmp, root, loaders, dev, step, tag):
     epochs = (warmup + batches) // per_epoch + 2
     text = IMAGE_CONFIG.format(root=root, crop=CROP, batch=BATCH, epochs=epochs)
     ring, loader = open_pinring(a, tmp, True, loaders, tag, warmup + batches, config_text=text)
-    try:
-        state = {"it": iter(loader)}
-
-        def fetch():
-            try:
-                b = next(state["it"])
-            except StopIteration:
-                state["it"] = iter(loader)
-                b = next(state["it"])
-            return b["images"], b["labels"]
-
-        r = measure(step, fetch, dev, warmup, batches, batch=BATCH)
-        del state, fetch
-    except BaseException:
-        gc.collect()
-        loader.close()
-        ring.close()
-        raise
-    summary = close_pinring(ring, loader, True) or {}
+    r, summary = measure_ring(ring, loader, True, step, dev, warmup, batches, batch=BATCH)
+    summary = summary or {}
     r["bad_samples_skipped"] = summary.get("bad_samples_skipped")
     return r
 

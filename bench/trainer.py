@@ -431,9 +431,9 @@ def close_pinring(ring, loader, embedded):
     return summary
 
 
-def run_pinring(step, dev, args, tmp, embedded, loaders):
-    tag = f"{'emb' if embedded else 'att'}{loaders}"
-    ring, loader = open_pinring(args, tmp, embedded, loaders, tag, args.warmup + args.steps)
+def measure_ring(ring, loader, embedded, step, dev, warmup, batches, **kw):
+    """Times `step` (`measure`) over the batches of `loader`, one epoch after another, then
+    closes the ring (`close_pinring`); returns (measure's result, the daemon's summary)."""
     try:
         state = {"it": iter(loader)}
 
@@ -445,14 +445,20 @@ def run_pinring(step, dev, args, tmp, embedded, loaders):
                 b = next(state["it"])
             return b["images"], b["labels"]
 
-        r = measure(step, fetch, dev, args.warmup, args.steps)
+        r = measure(step, fetch, dev, warmup, batches, **kw)
         del state, fetch
     except BaseException:
         gc.collect()
         loader.close()
         ring.close()
         raise
-    summary = close_pinring(ring, loader, embedded)
+    return r, close_pinring(ring, loader, embedded)
+
+
+def run_pinring(step, dev, args, tmp, embedded, loaders):
+    tag = f"{'emb' if embedded else 'att'}{loaders}"
+    ring, loader = open_pinring(args, tmp, embedded, loaders, tag, args.warmup + args.steps)
+    r, summary = measure_ring(ring, loader, embedded, step, dev, args.warmup, args.steps)
     if summary:
         keys = ["bound", "gbps", "batches_delivered", "parts_per_batch", "latency_p50_us",
                 "latency_p99_us", "error"]
