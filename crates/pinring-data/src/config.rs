@@ -1806,9 +1806,9 @@ impl Config {
         if !self.dataset.kind.cuts_samples() {
             return None;
         }
+        let (largest, others) = self.cut_sizes();
         let slot_bytes = match self.ring.slot_bytes {
             SlotBytes::Auto => {
-                let (largest, others) = self.cut_sizes();
                 if largest <= AUTO_PART_PAYLOAD_BYTES {
                     return None;
                 }
@@ -1825,7 +1825,6 @@ impl Config {
                 b
             }
         };
-        let (largest, others) = self.cut_sizes();
         let cut = SampleCut {
             field_bytes: largest,
             chunk_bytes: self.chunk_in(slot_bytes, others),
