@@ -321,6 +321,31 @@ pub trait Uploader: Send + Sync {
         Ok(jobs.len())
     }
 
+    /// As [`Uploader::submit_group`], but the backend may hold the group's completion signal
+    /// back to share it with the groups submitted after it. On CUDA a signal is an event on the
+    /// copy stream: each one stalls the copy engine between copies and costs the driver an
+    /// interrupt and a wake-up, which caps small copies far below the link (64 KiB copies:
+    /// 17 GB/s without events, 11 with one per copy, on an H200). The CUDA backend records one
+    /// event for several deferred groups (docs/ARCHITECTURE.md, "Upload signals"); the default
+    /// signals every group at once.
+    ///
+    /// A deferred group's completion may not come until [`Uploader::flush`] is called: a caller
+    /// that submits deferred groups flushes before it waits for their completions.
+    ///
+    /// # Safety
+    /// As [`Uploader::submit_group`].
+    unsafe fn submit_group_deferred(&self, jobs: &[UploadJob]) -> Result<usize, BackendError> {
+        // SAFETY: forwarded from our caller.
+        unsafe { self.submit_group(jobs) }
+    }
+
+    /// Signals every group submitted so far, so that all their completions come: on CUDA one
+    /// event after them when [`Uploader::submit_group_deferred`] left some without one; nothing
+    /// to do otherwise, or on backends that never defer.
+    fn flush(&self) -> Result<(), BackendError> {
+        Ok(())
+    }
+
     /// Where completions arrive.
     fn completions(&self) -> &crossbeam_channel::Receiver<Completion>;
 

@@ -274,6 +274,27 @@ pub fn run(args: &BenchArgs) -> Result<Vec<Point>, BenchError> {
         },
     };
 
+    // The upload engine alone on each point's ring: no writers, no protocol, every slot full.
+    println!(
+        "\nupload engine alone (the pipeline's ring, device buffers and one upload group per \
+         slot; no writers):"
+    );
+    println!(
+        "{:>10} {:>10} {:>8} {:>16} {:>8}",
+        "slot", "GB/s", "of raw", "submit us/slot", "cores"
+    );
+    for (slot, raw, _) in &ceilings {
+        let m = bench.reference(*slot, 0)?;
+        println!(
+            "{:>10} {:>10.2} {:>7.0}% {:>16.2} {:>8.2}",
+            ByteSize(*slot).to_string(),
+            m.gbps,
+            100.0 * m.gbps / raw.max(1e-9),
+            m.submit_seconds / m.batches.max(1) as f64 * 1e6,
+            m.cpu_seconds / m.seconds.max(1e-9)
+        );
+    }
+
     let mut points = Vec::new();
     // The first pipeline run after the GPU sat idle is slower (seen on the H200: 36 GB/s, then
     // 43-44 GB/s for the same point): run one, unreported, so every reported run starts warm.
@@ -395,7 +416,10 @@ impl Bench<'_> {
     /// One run of the reference pipeline at the pipeline point's ring, writers and bytes.
     fn reference(&self, slot: u64, writers: usize) -> Result<reference::Measured, BenchError> {
         let args = self.args;
-        let what = format!("{} slots, {writers} writers", ByteSize(slot));
+        let what = match writers {
+            0 => format!("{} slots, the upload engine alone", ByteSize(slot)),
+            n => format!("{} slots, {n} writers", ByteSize(slot)),
+        };
         let name = format!("bench-ref-{}", std::process::id());
         let cfg = run_config(slot, args.ring_bytes.bytes(), args.run_bytes.bytes(), &name);
         let geom = reference::Geometry::of(&cfg);

@@ -8,7 +8,8 @@
 //! daemon uses) and hands the slot back when its copies have completed. A slot holds a batch
 //! field-major, as a pinring slot does (the samples' images, then their labels as little-endian
 //! i64), and is uploaded as the daemon uploads it: one copy per field, the labels to their
-//! aligned offset in the device buffer ([`pinring_data::BatchLayout`]). Each slot has one 32-bit
+//! aligned offset in the device buffer ([`pinring_data::BatchLayout`]), submitted as one deferred
+//! group per slot and flushed before the upload thread sleeps, as the daemon does. Each slot has one 32-bit
 //! flag word (`EMPTY` → `FILLING` by the writer's CAS, `FULL` by its store, `UPLOADING` when the
 //! upload thread submits the copy, `EMPTY` again once the copy has completed); slots are split round-robin (writer `w` owns slots `w`, `w + N`, …), so no
 //! two writers ever race for a slot. Writers fill with the synthetic generator, the same words
@@ -227,6 +228,10 @@ pub struct Measured {
     pub seconds: f64,
     /// `bytes / seconds`, in 10⁹ bytes per second.
     pub gbps: f64,
+    /// Seconds the upload thread spent inside the backend's submit calls.
+    pub submit_seconds: f64,
+    /// CPU seconds of this process (upload thread, driver threads) during the run.
+    pub cpu_seconds: f64,
 }
 
 /// Why the reference run (or one of its writers) failed.
@@ -516,7 +521,8 @@ impl Writers {
 
 /// Runs the reference pipeline once: makes the segment `name` (`/dev/shm/pinring.NAME`, removed
 /// at the end on every path), registers its slots with `backend`, starts `writers` writers and
-/// uploads `geom.batches` slots.
+/// uploads `geom.batches` slots. With no writers it measures the upload engine alone: every slot
+/// is full from the start and full again as soon as its upload completes.
 pub fn run(
     backend: &dyn Backend,
     geom: &Geometry,
@@ -527,11 +533,10 @@ pub fn run(
     if let Some(problem) = geom.problem() {
         return Err(ReferenceError::Geometry { problem });
     }
-    if writers == 0 {
-        return Err(ReferenceError::Geometry {
-            problem: "a run without writers".into(),
-        });
-    }
+    // No writers: the upload engine alone. Every slot starts FULL and is FULL again as soon as
+    // its upload has read it, so the copy engine and the driver are measured with nothing
+    // competing for cores or memory bandwidth.
+    let alone = writers == 0;
     let seg_err = |source| ReferenceError::Segment {
         name: name.to_string(),
         source,
@@ -572,6 +577,11 @@ pub fn run(
             futex::bump_and_wake_counted(&h.doorbell, &h.doorbell_waiters, 1);
         }));
     }
+    if alone {
+        for slot in 0..geom.slots {
+            flag(&seg, slot).state.store(FULL, Relaxed);
+        }
+    }
     let mut kids = Writers::start(spawn, name, writers)?;
     // Declared after the writers: dropped first, so they are told to stop before being reaped.
     let finish = Finish(Arc::clone(&seg));
@@ -594,6 +604,8 @@ pub fn run(
         futex::wait(&h.attached, attached, WAIT_SLICE);
     }
 
+    let cpu_at_start = process_cpu_seconds();
+    let mut submit_seconds = 0.0;
     let start = Instant::now();
     h.phase.store(GO, SeqCst);
     futex::wake_all(&h.phase);
@@ -621,8 +633,8 @@ pub fn run(
             }
             let f = flag(&seg, slot);
             // Release (and SeqCst against the waiter count): the copy has read the slot; its
-            // writer may fill it again.
-            f.state.store(EMPTY, SeqCst);
+            // writer may fill it again (the engine alone: it is full again at once).
+            f.state.store(if alone { FULL } else { EMPTY }, SeqCst);
             if f.waiters.load(SeqCst) != 0 {
                 futex::wake_all(&f.state);
             }
@@ -649,23 +661,26 @@ pub fn run(
                     geom.labels_offset() as usize,
                 ),
             ];
-            copies_left[slot as usize] = fields.len() as u8;
-            for (k, (src, len, dst_offset)) in fields.into_iter().enumerate() {
-                let job = UploadJob {
-                    tag: u64::from(slot) | (k as u64) << 32,
-                    src: base.wrapping_add(src),
-                    len,
-                    buffer,
-                    dst_offset,
-                };
-                // SAFETY: the slot was FULL: its writer wrote it before that store (Release,
-                // seen by the Acquire load above) and will not touch it again until this thread
-                // stores EMPTY, which it does only after the completions of all the slot's jobs
-                // have arrived. The job's source is inside the slot's payload (images, then
-                // labels: `payload` bytes, at most `slot_bytes`, checked by `problem`). The
-                // mapping (held by `seg`) outlives the uploader, which is dropped first.
-                unsafe { uploader.submit(job) }?;
-            }
+            let jobs = fields.map(|(src, len, dst_offset)| UploadJob {
+                tag: u64::from(slot),
+                src: base.wrapping_add(src),
+                len,
+                buffer,
+                dst_offset,
+            });
+            let t = Instant::now();
+            // One group per slot, deferred, as the daemon submits a part: the backend says how
+            // many completions free it, and may signal several groups with one event (flushed
+            // before the wait below).
+            // SAFETY: the slot was FULL: its writer wrote it before that store (Release,
+            // seen by the Acquire load above) and will not touch it again until this thread
+            // stores EMPTY, which it does only after the completions of all the slot's jobs
+            // have arrived. The job's source is inside the slot's payload (images, then
+            // labels: `payload` bytes, at most `slot_bytes`, checked by `problem`). The
+            // mapping (held by `seg`) outlives the uploader, which is dropped first.
+            let completions_due = unsafe { uploader.submit_group_deferred(&jobs) }?;
+            submit_seconds += t.elapsed().as_secs_f64();
+            copies_left[slot as usize] = completions_due as u8;
             next += 1;
             progressed = true;
         }
@@ -692,12 +707,14 @@ pub fn run(
                 secs: last_progress.elapsed().as_secs(),
             });
         }
+        uploader.flush()?;
         if futex::wait_counted(&h.doorbell, &h.doorbell_waiters, seen, WAIT_SLICE) == Wake::TimedOut
         {
             kids.check_alive()?;
         }
     }
     let seconds = start.elapsed().as_secs_f64();
+    let cpu_seconds = process_cpu_seconds() - cpu_at_start;
     drop(finish);
     kids.finish()?;
     Ok(Measured {
@@ -705,6 +722,18 @@ pub fn run(
         batches: done,
         seconds,
         gbps: bytes as f64 / seconds.max(1e-9) / 1e9,
+        submit_seconds,
+        cpu_seconds,
+    })
+}
+
+/// CPU seconds (user and system) of this process so far, every thread's: the upload thread's
+/// and the driver's, not the writers' (other processes).
+fn process_cpu_seconds() -> f64 {
+    use nix::sys::resource::{getrusage, UsageWho};
+    getrusage(UsageWho::RUSAGE_SELF).map_or(0.0, |u| {
+        let t = |tv: nix::sys::time::TimeVal| tv.tv_sec() as f64 + tv.tv_usec() as f64 / 1e6;
+        t(u.user_time()) + t(u.system_time())
     })
 }
 

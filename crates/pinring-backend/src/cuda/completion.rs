@@ -1,11 +1,13 @@
-//! The completion thread: it waits on the uploads' events in submission order, turns them into
-//! [`Completion`]s, hands the events back for reuse and rings the consumer's hook.
+//! The completion thread: it waits on the uploads' events in submission order, turns the groups
+//! each event covers into [`Completion`]s, hands the events back for reuse and rings the
+//! consumer's hook.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use crossbeam_channel::{Receiver, Sender};
+use crossbeam_channel::{Receiver, Sender, TryRecvError};
 use cudarc::driver::CudaContext;
 
 use super::raw;
@@ -13,22 +15,33 @@ use crate::error::cuda_error;
 use crate::guard::Guards;
 use crate::{BackendError, Completion};
 
-/// A copy in flight, as handed to the completion thread.
+/// An entry of the completion thread's queue: a group of copies, an event, or both.
 #[derive(Debug)]
 pub(super) struct InFlight {
+    /// The group this entry completes; `None` for a flush (`Uploader::flush`): an event alone.
+    pub(super) group: Option<Group>,
+    /// Recorded on the copy stream after this entry's copies, so after every earlier entry's
+    /// too: the entries before it that have none complete with it. `None`: a deferred group
+    /// (`Uploader::submit_group_deferred`), signalled by a later entry's event.
+    pub(super) event: Option<raw::Event>,
+}
+
+/// A group of copies into one device buffer: one completion.
+#[derive(Debug)]
+pub(super) struct Group {
     pub(super) tag: u64,
     pub(super) buffer: usize,
     pub(super) len: usize,
     pub(super) submitted: Instant,
-    /// Recorded on the copy stream right after the copy.
-    pub(super) event: raw::Event,
 }
 
-/// How many uploads the completion thread waits for at once: it sleeps on the event of the newest
-/// of up to this many queued uploads and then completes them all (copies on one stream finish in
-/// order). Fewer sleeps and driver wake-ups per batch, at the cost of completing the first ones
-/// up to three copies late.
-const COMPLETION_WINDOW: usize = 4;
+/// How many groups one wait of the completion thread may complete: it sleeps on the newest
+/// event whose groups, with those queued before it, are at most this many (or on the oldest
+/// event, when it alone signals more), then completes them all (copies on one stream finish in
+/// order). Fewer sleeps and driver wake-ups per group, at the cost of completing the first ones
+/// a few copies late; bounded so that slots and device buffers come back in time to keep the
+/// copy engine fed.
+const COMPLETION_GROUPS: usize = 16;
 
 /// Starts the completion thread of device `device`'s uploader. It runs until `inflight`'s sender
 /// is dropped and every upload queued before that has completed.
@@ -55,6 +68,24 @@ pub(super) fn spawn(
         })
 }
 
+/// Which entry to wait on, of a window given as (has a group, has an event) per entry: the
+/// newest one with an event whose groups, counted from the window's start, stay within
+/// [`COMPLETION_GROUPS`], else the first one with an event. `None` when no entry has an event.
+fn awaited(entries: impl Iterator<Item = (bool, bool)>) -> Option<usize> {
+    let mut groups = 0;
+    let mut pick = None;
+    for (i, (group, event)) in entries.enumerate() {
+        groups += usize::from(group);
+        if event {
+            if pick.is_some() && groups > COMPLETION_GROUPS {
+                break;
+            }
+            pick = Some(i);
+        }
+    }
+    pick
+}
+
 fn completion_loop(
     ctx: &Arc<CudaContext>,
     device: usize,
@@ -68,55 +99,120 @@ fn completion_loop(
     if let Err(e) = &bound {
         tracing::error!(code = ?e.0, device, "completion thread: cuCtxSetCurrent failed");
     }
-    let mut window: std::collections::VecDeque<InFlight> = std::collections::VecDeque::new();
+    let mut window: VecDeque<InFlight> = VecDeque::new();
+    let mut open = true;
     loop {
-        if window.is_empty() {
+        // Until an entry with an event is queued, nothing can complete: block for more.
+        while open && !window.iter().any(|f| f.event.is_some()) {
             match inflight.recv() {
                 Ok(f) => window.push_back(f),
-                Err(_) => break,
+                Err(_) => open = false,
             }
         }
-        while window.len() < COMPLETION_WINDOW {
+        if window.is_empty() {
+            break;
+        }
+        loop {
             match inflight.try_recv() {
                 Ok(f) => window.push_back(f),
-                Err(_) => break,
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) => {
+                    open = false;
+                    break;
+                }
             }
         }
-        let newest = window.back().map(|f| (f.tag, f.buffer, f.len));
-        let waited = match (&bound, window.back()) {
+        let target = awaited(
+            window
+                .iter()
+                .map(|f| (f.group.is_some(), f.event.is_some())),
+        );
+        let waited = match (&bound, target) {
             (Err(e), _) => Err(("cuCtxSetCurrent", e.0)),
-            (Ok(()), Some(f)) => f
+            (Ok(()), Some(i)) => window[i]
                 .event
-                .synchronize()
+                .as_ref()
+                .map_or(Ok(()), |e| e.synchronize())
                 .map_err(|e| ("cuEventSynchronize", e.0)),
-            (Ok(()), None) => Ok(()),
+            // The uploader is gone and left groups without an event (a failed flush): wait for
+            // everything the context has queued.
+            (Ok(()), None) => ctx.synchronize().map_err(|e| ("cuCtxSynchronize", e.0)),
         };
-        for f in window.drain(..) {
-            let result = waited.map_err(|(call, code)| {
-                let (tag, buffer, len) = newest.unwrap_or((f.tag, f.buffer, f.len));
-                cuda_error(
-                    call,
-                    format!(
-                        "upload of {} bytes into device buffer {} (tag {}) on device {device}, waited for with the upload of {len} bytes into buffer {buffer} (tag {tag})",
-                        f.len, f.buffer, f.tag
-                    ),
-                    code,
-                )
-            });
-            // After the wait: a reader that sees the count drop launches after the copy.
-            guards.end_upload(f.buffer);
-            let completion = Completion {
-                tag: f.tag,
-                buffer: f.buffer,
-                len: f.len,
-                result,
-                submitted: f.submitted,
-                completed: Instant::now(),
-            };
-            // The uploader owns the receivers; if it is gone we just keep draining.
-            let _ = done.send(completion);
-            let _ = free.send(f.event);
+        let end = target.map_or(window.len(), |i| i + 1);
+        let newest = window
+            .range(..end)
+            .rev()
+            .find_map(|f| f.group.as_ref())
+            .map(|g| (g.tag, g.buffer, g.len));
+        for f in window.drain(..end) {
+            if let Some(g) = f.group {
+                let result = waited.map_err(|(call, code)| {
+                    let with = match newest {
+                        Some((tag, buffer, len)) => format!(
+                            "the upload of {len} bytes into buffer {buffer} (tag {tag})"
+                        ),
+                        None => "a flush".to_string(),
+                    };
+                    cuda_error(
+                        call,
+                        format!(
+                            "upload of {} bytes into device buffer {} (tag {}) on device {device}, waited for with {with}",
+                            g.len, g.buffer, g.tag
+                        ),
+                        code,
+                    )
+                });
+                // After the wait: a reader that sees the count drop launches after the copy.
+                guards.end_upload(g.buffer);
+                let completion = Completion {
+                    tag: g.tag,
+                    buffer: g.buffer,
+                    len: g.len,
+                    result,
+                    submitted: g.submitted,
+                    completed: Instant::now(),
+                };
+                // The uploader owns the receivers; if it is gone we just keep draining.
+                let _ = done.send(completion);
+            }
+            if let Some(e) = f.event {
+                let _ = free.send(e);
+            }
         }
         hook.call();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(group: bool, event: bool) -> (bool, bool) {
+        (group, event)
+    }
+
+    fn pick(entries: &[(bool, bool)]) -> Option<usize> {
+        awaited(entries.iter().copied())
+    }
+
+    #[test]
+    fn the_wait_covers_at_most_the_bound_of_groups_but_always_one_event() {
+        // No event: nothing to wait on.
+        assert_eq!(pick(&[entry(true, false); 3]), None);
+        // Events every 4 groups: the newest within 16 groups is the 4th.
+        let mut w = Vec::new();
+        for i in 0..40 {
+            w.push(entry(true, i % 4 == 3));
+        }
+        assert_eq!(pick(&w), Some(15));
+        // One event after 20 groups: waited on, though it passes the bound.
+        let mut w = vec![entry(true, false); 19];
+        w.push(entry(true, true));
+        w.push(entry(true, true));
+        assert_eq!(pick(&w), Some(19));
+        // A flush marker (no group) counts no group.
+        let mut w = vec![entry(true, false); 16];
+        w.push(entry(false, true));
+        assert_eq!(pick(&w), Some(16));
     }
 }

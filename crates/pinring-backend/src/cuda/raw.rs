@@ -222,6 +222,27 @@ impl Event {
         unsafe { result::event::record(self.raw, stream.cu_stream()) }
     }
 
+    /// Whether the captured work has completed (`cuEventQuery`; an error reads as done).
+    #[cfg(test)]
+    pub fn query(&self) -> bool {
+        if make_current(&self.ctx).is_err() {
+            return true;
+        }
+        // SAFETY: the event is live (owned by self); its context is current.
+        let r = unsafe { sys::cuEventQuery(self.raw) };
+        r != CUresult::CUDA_ERROR_NOT_READY
+    }
+
+    /// Makes `stream` wait (on the device) until the work this event captured has completed.
+    pub fn wait_on(&self, stream: &CudaStream) -> Result<(), DriverError> {
+        if stream.context().cu_ctx() != self.ctx.cu_ctx() {
+            return Err(DriverError(CUresult::CUDA_ERROR_INVALID_CONTEXT));
+        }
+        make_current(&self.ctx)?;
+        // SAFETY: the event and the stream are live and belong to the current context.
+        unsafe { sys::cuStreamWaitEvent(stream.cu_stream(), self.raw, 0) }.result()
+    }
+
     /// Blocks (sleeping) until the captured work has completed.
     pub fn synchronize(&self) -> Result<(), DriverError> {
         make_current(&self.ctx)?;

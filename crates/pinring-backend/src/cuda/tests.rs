@@ -328,3 +328,160 @@ fn a_group_of_copies_into_one_buffer_is_one_upload_with_one_completion() {
     // SAFETY: no job, no source.
     assert_eq!(unsafe { up.submit_group(&[]) }.unwrap(), 0);
 }
+
+/// Copy patterns, timed on the GPU: what the copy engine and the driver give for one copy per
+/// slot of a registered 64 MiB ring, with an event after every `k`-th copy, a thread that waits
+/// on the events, and at most `bound` copies in flight. A measurement, not a check: `cargo test
+/// -p pinring-backend --release --lib copy_patterns -- --ignored --nocapture` on a GPU host.
+#[test]
+#[ignore = "a measurement for GPU hosts"]
+fn copy_patterns() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    if crate::testing::gpu().is_none() {
+        return;
+    }
+    let cpu = || {
+        let mut u = std::mem::MaybeUninit::<[i64; 18]>::zeroed();
+        // SAFETY: getrusage writes one struct rusage (18 longs on x86-64 Linux) into `u`.
+        unsafe { getrusage(0, u.as_mut_ptr().cast()) };
+        // SAFETY: zero-initialised, then written by getrusage.
+        let u = unsafe { u.assume_init() };
+        (u[0] + u[2]) as f64 + (u[1] + u[3]) as f64 / 1e6
+    };
+    extern "C" {
+        fn getrusage(who: i32, usage: *mut i64) -> i32;
+    }
+    let b = CudaBackend::new(0).unwrap();
+    const RING: usize = 64 << 20;
+    let ring = AlignedBuf::new(RING, "pattern ring").unwrap();
+    // SAFETY: `ring` outlives `reg` (dropped explicitly below).
+    let reg = unsafe { b.register_chunked(ring.as_mut_ptr(), RING, false, RING) }.unwrap();
+    let stream = b.new_stream("patterns").unwrap();
+    let dev = uploader::DeviceBuffer::alloc(&stream, 68 << 20).unwrap();
+    // PATTERN_LABELS=1: a second copy of 32 bytes per slot, from the slot's end (a batch's
+    // labels); PATTERN_BUFS=N: slot i goes to buffer i % N, each its own allocation.
+    // PATTERN_LABELS=2: the 32-byte copies on a second stream, which the first waits for
+    // before each of its events; 3: the second copy is 4 KiB.
+    let mode: u8 = std::env::var("PATTERN_LABELS").map_or(0, |v| v.parse().unwrap());
+    let labels = mode > 0;
+    let side = b.new_stream("patterns side").unwrap();
+    let side_done = raw::Event::new(&b.ctx).unwrap();
+    let small = if mode == 3 { 4096 } else { 32 };
+    let nbufs: usize = std::env::var("PATTERN_BUFS").map_or(0, |v| v.parse().unwrap());
+    let done = raw::Event::new(&b.ctx).unwrap();
+    let sizes: Vec<usize> = std::env::var("PATTERN_SIZES")
+        .map(|v| {
+            v.split(',')
+                .map(|x| x.parse::<usize>().unwrap() << 10)
+                .collect()
+        })
+        .unwrap_or(vec![64 << 10, 256 << 10, 1 << 20, 4 << 20]);
+    // (event every k copies, waiter: 0 none, 1 blocking sync, 2 query polling; copies in flight)
+    let variants: Vec<(usize, u8, usize)> = std::env::var("PATTERN_VARIANTS")
+        .map(|v| {
+            v.split(' ')
+                .map(|t| {
+                    let f: Vec<usize> = t.split(':').map(|x| x.parse().unwrap()).collect();
+                    (f[0], f[1] as u8, f[2])
+                })
+                .collect()
+        })
+        .unwrap_or(vec![(0, 0, 0), (1, 0, 0), (1, 1, 64), (1, 1, 16)]);
+    for slot in sizes {
+        let slots = RING / slot;
+        let bufs: Vec<uploader::DeviceBuffer> = (0..nbufs)
+            .map(|_| uploader::DeviceBuffer::alloc(&stream, slot + 4096).unwrap())
+            .collect();
+        let n = ((8usize << 30) / slot).min(60_000);
+        for &(k, waiter, bound) in &variants {
+            let events: Vec<raw::Event> = (0..(bound / k.max(1)).max(1) + 1)
+                .map(|_| raw::Event::new(&b.ctx).unwrap())
+                .collect();
+            let completed = AtomicUsize::new(0);
+            let submitted = AtomicUsize::new(0);
+            let mut submit = Duration::ZERO;
+            let c0 = cpu();
+            let t0 = std::time::Instant::now();
+            std::thread::scope(|s| {
+                if waiter > 0 {
+                    s.spawn(|| {
+                        raw::make_current(&b.ctx).unwrap();
+                        let mut e_i = 0;
+                        let mut covered = 0;
+                        while covered < n {
+                            // Event e_i covers copies up to min((e_i+1)*k, n).
+                            let upto = ((e_i + 1) * k).min(n);
+                            while submitted.load(Ordering::Acquire) < upto {
+                                std::hint::spin_loop();
+                            }
+                            let e = &events[e_i % events.len()];
+                            if waiter == 1 {
+                                e.synchronize().unwrap();
+                            } else {
+                                while !e.query() {
+                                    std::thread::yield_now();
+                                }
+                            }
+                            covered = upto;
+                            completed.store(upto, Ordering::Release);
+                            e_i += 1;
+                        }
+                    });
+                }
+                for i in 0..n {
+                    if waiter > 0 {
+                        while i >= completed.load(Ordering::Acquire) + bound {
+                            std::hint::spin_loop();
+                        }
+                    }
+                    let src = (i % slots) * slot;
+                    let dst = (i % 64) * slot % (64 << 20);
+                    let t = std::time::Instant::now();
+                    let (d, dst) = match bufs.get(i % nbufs.max(1)) {
+                        Some(d) => (d, 0),
+                        None => (&dev, dst),
+                    };
+                    let len = if labels { slot - small } else { slot };
+                    // SAFETY: the ring and the device buffers outlive every copy (synchronized
+                    // below); the ring is not written during the run.
+                    unsafe { d.copy_in_async(dst, ring.as_ptr().wrapping_add(src), len, &stream) }
+                        .unwrap();
+                    if labels {
+                        // SAFETY: as above; the label bytes end the slot.
+                        unsafe {
+                            d.copy_in_async(
+                                dst + slot,
+                                ring.as_ptr().wrapping_add(src + slot - small),
+                                small,
+                                if mode == 2 { &side } else { &stream },
+                            )
+                        }
+                        .unwrap();
+                    }
+                    if k > 0 && ((i + 1) % k == 0 || i + 1 == n) {
+                        if mode == 2 {
+                            side_done.record(&side).unwrap();
+                            side_done.wait_on(&stream).unwrap();
+                        }
+                        events[(i / k) % events.len()].record(&stream).unwrap();
+                    }
+                    submit += t.elapsed();
+                    submitted.store(i + 1, Ordering::Release);
+                }
+                side_done.record(&side).unwrap();
+                side_done.wait_on(&stream).unwrap();
+                done.record(&stream).unwrap();
+                done.synchronize().unwrap();
+            });
+            let secs = t0.elapsed().as_secs_f64();
+            println!(
+                "{:>6} KiB event every {k:>2} waiter {waiter} in flight {bound:>3}: {:6.2} GB/s  submit {:5.2} us/copy  {:.2} cores",
+                slot >> 10,
+                (n * slot) as f64 / secs / 1e9,
+                submit.as_secs_f64() / n as f64 * 1e6,
+                (cpu() - c0) / secs
+            );
+        }
+    }
+    drop(reg);
+}

@@ -1,7 +1,10 @@
-//! The upload engine: [`CudaUploader`] owns the device buffers, the copy stream and the
-//! per-buffer guards. `submit_group` is the hot path: for each of a part's copies one
-//! `cuMemcpyHtoDAsync` per registered chunk its source touches (usually one), then one event
-//! record for the whole group; the completion thread (`completion.rs`) waits on the events.
+//! The upload engine: [`CudaUploader`] owns the device buffers, the copy streams and the
+//! per-buffer guards. `submit_group_deferred` is the hot path: for each of a part's copies one
+//! `cuMemcpyHtoDAsync` per registered chunk its source touches (usually one), on the copy stream
+//! or, under [`SMALL_COPY_BYTES`], the small-copy stream; then, once [`EVENT_GROUPS`] groups or
+//! [`EVENT_BYTES`] bytes have gone without one (or at `flush`), one event record that covers
+//! every group before it, both streams' copies. The completion thread (`completion.rs`) waits on
+//! the events. docs/ARCHITECTURE.md, "Upload signals", has the measurements behind both.
 //!
 //! # The device-buffer guard
 //! Each buffer is guarded by `crate::guard`, as on the host backend: a copy into a buffer and a
@@ -21,7 +24,7 @@ use std::time::Instant;
 use crossbeam_channel::{Receiver, Sender};
 use cudarc::driver::{sys, CudaContext, CudaSlice, CudaStream, DriverError};
 
-use super::completion::{self, InFlight};
+use super::completion::{self, Group, InFlight};
 use super::ipc::Exported;
 use super::kernels::{KernelState, Span};
 use super::{gib, raw, ChunkTable, CudaBackend};
@@ -44,6 +47,11 @@ pub struct CudaUploader {
     /// thread, which ends uploads.
     pub(super) guards: Arc<Guards>,
     pub(super) copy_stream: Arc<CudaStream>,
+    /// Where copies under [`SMALL_COPY_BYTES`] go; the copy stream waits for it before each
+    /// of its events, so an event covers the small copies queued before it too.
+    pub(super) small_stream: Arc<CudaStream>,
+    /// Recorded on the small-copy stream for the copy stream to wait on.
+    small_mark: raw::Event,
     pub(super) kernel_stream: Arc<CudaStream>,
     pub(super) inflight: Option<Sender<InFlight>>,
     /// Events the completion thread has finished with, for reuse.
@@ -53,6 +61,9 @@ pub struct CudaUploader {
     pub(super) kernel_state: Mutex<KernelState>,
     /// Called by the completion thread after it sent completions.
     pub(super) hook: Arc<crate::HookCell>,
+    /// Groups queued since the last event on the copy stream. Held from a group's first copy
+    /// to its entry in the completion queue, so the queue's order is the stream's.
+    pub(super) unsignalled: Mutex<Unsignalled>,
     /// Each buffer's CUDA IPC handles and events, made by its first `export` (`ipc::export`).
     pub(super) ipc: Vec<OnceLock<Exported>>,
     /// Held while a buffer's IPC state is made, so it is made once.
@@ -76,6 +87,7 @@ impl CudaUploader {
         let ctx = Arc::clone(&backend.ctx);
         let device = backend.device;
         let copy_stream = backend.new_stream("copy")?;
+        let small_stream = backend.new_stream("small copy")?;
         let kernel_stream = backend.new_stream("kernel")?;
         let mut bufs = Vec::with_capacity(buffers);
         for i in 0..buffers {
@@ -109,6 +121,8 @@ impl CudaUploader {
         })?;
         let done = raw::Event::new(&ctx)
             .map_err(|e| cuda_error("cuEventCreate", format!("device {device}"), e.0))?;
+        let small_mark = raw::Event::new(&ctx)
+            .map_err(|e| cuda_error("cuEventCreate", format!("device {device}"), e.0))?;
         let guards = Arc::new(Guards::new(buffers));
         let (inflight_tx, inflight_rx) = crossbeam_channel::unbounded::<InFlight>();
         let (done_tx, done_rx) = crossbeam_channel::unbounded::<Completion>();
@@ -125,6 +139,8 @@ impl CudaUploader {
             chunks: Arc::clone(&backend.chunks),
             guards,
             copy_stream,
+            small_stream,
+            small_mark,
             kernel_stream,
             inflight: Some(inflight_tx),
             free_events: free_rx,
@@ -136,6 +152,7 @@ impl CudaUploader {
                 done,
             }),
             hook,
+            unsignalled: Mutex::new(Unsignalled::default()),
             ipc: (0..buffers).map(|_| OnceLock::new()).collect(),
             ipc_init: Mutex::new(()),
         })
@@ -174,6 +191,187 @@ impl CudaUploader {
     }
 }
 
+impl CudaUploader {
+    /// The queue of groups without an event; a poisoned lock (a panic while holding it) is taken
+    /// over: its counts are at worst an event early or late, never unsound.
+    fn lock_unsignalled(&self) -> std::sync::MutexGuard<'_, Unsignalled> {
+        self.unsignalled
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// An event (reused, or new) recorded on the copy stream now: after every copy queued so
+    /// far, the small-copy stream's too when `small` (small copies since the last event).
+    /// `object` names what it follows, for the error.
+    fn event_after(&self, object: &str, small: bool) -> Result<raw::Event, BackendError> {
+        if small {
+            self.small_mark
+                .record(&self.small_stream)
+                .and_then(|()| self.small_mark.wait_on(&self.copy_stream))
+                .map_err(|e| {
+                    cuda_error(
+                        "cuStreamWaitEvent",
+                        format!("the copy stream waiting for the small copies before {object}"),
+                        e.0,
+                    )
+                })?;
+        }
+        let event = match self.free_events.try_recv() {
+            Ok(e) => e,
+            Err(_) => raw::Event::new(&self.ctx)
+                .map_err(|e| cuda_error("cuEventCreate", format!("device {}", self.device), e.0))?,
+        };
+        event
+            .record(&self.copy_stream)
+            .map_err(|e| cuda_error("cuEventRecord", object.to_string(), e.0))?;
+        Ok(event)
+    }
+
+    /// Blocks until every copy queued on either copy stream has finished (error paths: no
+    /// source may still be read when an error is returned).
+    fn wait_for_streams(&self) {
+        for stream in [&self.small_stream, &self.copy_stream] {
+            if let Ok(ev) = raw::Event::new(&self.ctx) {
+                let _ = ev.record(stream).and_then(|()| ev.synchronize());
+            }
+        }
+    }
+
+    /// `submit_group` (`deferred` false: an event after the group) and `submit_group_deferred`
+    /// (an event only when [`EVENT_GROUPS`] or [`EVENT_BYTES`] is reached).
+    ///
+    /// # Safety
+    /// As `Uploader::submit_group`.
+    unsafe fn enqueue_group(
+        &self,
+        jobs: &[UploadJob],
+        deferred: bool,
+    ) -> Result<usize, BackendError> {
+        let Some(first) = jobs.first() else {
+            return Ok(0);
+        };
+        for job in jobs {
+            check_job(job, self.buffers.len(), self.buffer_bytes)?;
+            if job.buffer != first.buffer {
+                return Err(BackendError::InvalidArgument {
+                    call: "submit_group",
+                    what: format!(
+                        "copies into device buffers {} and {} (tags {} and {}): one group's copies go into one buffer",
+                        first.buffer, job.buffer, first.tag, job.tag
+                    ),
+                });
+            }
+        }
+        let gone = BackendError::WorkerGone {
+            backend: "cuda",
+            call: "submit",
+        };
+        let Some(tx) = self.inflight.as_ref() else {
+            return Err(gone);
+        };
+        let device = self.device;
+        let b = first.buffer;
+        // Each length fits the buffer (checked), and a group is a part's few fields.
+        let len = jobs.iter().fold(0usize, |sum, j| sum.saturating_add(j.len));
+        let object = |i: usize| {
+            let job = &jobs[i];
+            format!(
+                "{} bytes from host {:p} into device buffer {} at offset {} (tag {}, copy {} of {}) on device {device}",
+                job.len,
+                job.src,
+                job.buffer,
+                job.dst_offset,
+                job.tag,
+                i + 1,
+                jobs.len()
+            )
+        };
+        // Held until the group is in the completion queue: the queue's order is the stream's.
+        let mut unsignalled = self.lock_unsignalled();
+        // Store-load against readers (module docs): announce the upload, then look for readers.
+        self.guards.begin_upload(b)?;
+        let submitted = Instant::now();
+        let mut enqueued = Ok(());
+        'jobs: for (i, job) in jobs.iter().enumerate() {
+            // One copy per registered chunk the source touches (usually exactly one).
+            let start = job.src as usize;
+            let end = start + job.len;
+            let mut cur = start;
+            while cur < end {
+                let next = self.chunks.next_boundary(cur, end);
+                let small = next - cur < SMALL_COPY_BYTES;
+                unsignalled.small |= small;
+                // SAFETY: [cur, next) is a piece of src..src+len, and dst_offset + (cur - start)
+                // + (next - cur) <= dst_offset + len <= buffer size (checked above); the caller
+                // guarantees src..src+len stays valid and unwritten until the group's
+                // Completion is received, and the completion thread sends it only after an
+                // event recorded after every copy of the group on the same stream (this
+                // group's, or a later group's or flush's) has completed. Device buffers are
+                // freed only after that thread has drained (Drop).
+                let r = unsafe {
+                    self.buffers[b].copy_in_async(
+                        job.dst_offset + (cur - start),
+                        cur as *const u8,
+                        next - cur,
+                        if small {
+                            &self.small_stream
+                        } else {
+                            &self.copy_stream
+                        },
+                    )
+                };
+                if let Err(e) = r {
+                    enqueued = Err(cuda_error("cuMemcpyHtoDAsync", object(i), e.0));
+                    break 'jobs;
+                }
+                cur = next;
+            }
+        }
+        let signal = !deferred
+            || unsignalled.groups + 1 >= EVENT_GROUPS
+            || unsignalled.bytes.saturating_add(len) >= EVENT_BYTES;
+        let recorded = enqueued.and_then(|()| {
+            signal
+                .then(|| self.event_after(&object(jobs.len() - 1), unsignalled.small))
+                .transpose()
+        });
+        let event = match recorded {
+            Ok(event) => event,
+            Err(e) => {
+                // Copies may have been enqueued even though a later call failed: wait for the
+                // streams so no source is still read when we return an error.
+                self.wait_for_streams();
+                self.guards.end_upload(b);
+                return Err(e);
+            }
+        };
+        *unsignalled = match event {
+            Some(_) => Unsignalled::default(),
+            None => Unsignalled {
+                groups: unsignalled.groups + 1,
+                bytes: unsignalled.bytes.saturating_add(len),
+                small: unsignalled.small,
+            },
+        };
+        let flight = InFlight {
+            group: Some(Group {
+                tag: first.tag,
+                buffer: b,
+                len,
+                submitted,
+            }),
+            event,
+        };
+        if tx.send(flight).is_err() {
+            // Completion thread gone: wait for the copies ourselves before reporting.
+            self.wait_for_streams();
+            self.guards.end_upload(b);
+            return Err(gone);
+        }
+        Ok(1)
+    }
+}
+
 /// The driver call that allocates device memory through cudarc in `ctx` (for error messages).
 fn alloc_call(ctx: &CudaContext) -> &'static str {
     if ctx.has_async_alloc() {
@@ -181,6 +379,32 @@ fn alloc_call(ctx: &CudaContext) -> &'static str {
     } else {
         "cuMemAlloc"
     }
+}
+
+/// Deferred groups (`Uploader::submit_group_deferred`) share one event until this many are
+/// queued after the last one,
+pub(super) const EVENT_GROUPS: usize = 16;
+/// or until they copy this many bytes. An event stalls the copy engine between two copies
+/// for about 2 µs, about a 64 KiB copy's time at PCIe Gen5 speed (docs/BENCHMARKS.md, "Upload
+/// signals"): one event per 4 MiB of copies keeps that small at every slot size (64 KiB copies
+/// moved 15.6 GB/s with an event per 16, against 17.2 with none and 11 with one each), while a
+/// group of 4 MiB or more still gets an event of its own.
+pub(super) const EVENT_BYTES: usize = 4 << 20;
+
+/// Copies shorter than this go on a stream of their own. On one stream, each tiny copy (a
+/// batch's labels: 32 bytes) held the copy engine about 8 µs, as long as a 256 KiB copy: with
+/// one per slot, 256 KiB slots reached 16 GB/s instead of 34, 1 MiB slots 34 instead of 48
+/// (H200, docs/BENCHMARKS.md, "Upload signals"). On their own stream they overlap the large
+/// copies.
+pub(super) const SMALL_COPY_BYTES: usize = 16 << 10;
+
+/// Groups and bytes queued since the copy stream's last event, and whether small copies were
+/// among them.
+#[derive(Debug, Default)]
+pub(super) struct Unsignalled {
+    groups: usize,
+    bytes: usize,
+    small: bool,
 }
 
 /// One device buffer: a `cuMemAlloc` allocation ([`raw::DeviceAlloc`], which CUDA IPC can
@@ -296,116 +520,44 @@ impl Uploader for CudaUploader {
     /// tag and buffer are `jobs[0]`'s and whose `len` is the jobs' sum. Every job must name the
     /// same device buffer (`InvalidArgument`, nothing queued, otherwise).
     unsafe fn submit_group(&self, jobs: &[UploadJob]) -> Result<usize, BackendError> {
-        let Some(first) = jobs.first() else {
-            return Ok(0);
-        };
-        for job in jobs {
-            check_job(job, self.buffers.len(), self.buffer_bytes)?;
-            if job.buffer != first.buffer {
-                return Err(BackendError::InvalidArgument {
-                    call: "submit_group",
-                    what: format!(
-                        "copies into device buffers {} and {} (tags {} and {}): one group's copies go into one buffer",
-                        first.buffer, job.buffer, first.tag, job.tag
-                    ),
-                });
-            }
+        // SAFETY: forwarded from our caller.
+        unsafe { self.enqueue_group(jobs, false) }
+    }
+
+    /// As `submit_group`, but the event is recorded only once [`EVENT_GROUPS`] groups or
+    /// [`EVENT_BYTES`] bytes have been queued without one; `flush` records it otherwise.
+    unsafe fn submit_group_deferred(&self, jobs: &[UploadJob]) -> Result<usize, BackendError> {
+        // SAFETY: forwarded from our caller.
+        unsafe { self.enqueue_group(jobs, true) }
+    }
+
+    fn flush(&self) -> Result<(), BackendError> {
+        let mut unsignalled = self.lock_unsignalled();
+        if unsignalled.groups == 0 {
+            return Ok(());
         }
-        let gone = BackendError::WorkerGone {
-            backend: "cuda",
-            call: "submit",
-        };
         let Some(tx) = self.inflight.as_ref() else {
-            return Err(gone);
+            return Err(BackendError::WorkerGone {
+                backend: "cuda",
+                call: "flush",
+            });
         };
-        let device = self.device;
-        let b = first.buffer;
-        // Each length fits the buffer (checked), and a group is a part's few fields.
-        let len = jobs.iter().fold(0usize, |sum, j| sum.saturating_add(j.len));
-        // Store-load against readers (module docs): announce the upload, then look for readers.
-        self.guards.begin_upload(b)?;
-        let event = match self.free_events.try_recv() {
-            Ok(e) => e,
-            Err(_) => match raw::Event::new(&self.ctx) {
-                Ok(e) => e,
-                Err(e) => {
-                    self.guards.end_upload(b);
-                    return Err(cuda_error("cuEventCreate", format!("device {device}"), e.0));
-                }
-            },
-        };
-        let object = |i: usize| {
-            let job = &jobs[i];
-            format!(
-                "{} bytes from host {:p} into device buffer {} at offset {} (tag {}, copy {} of {}) on device {device}",
-                job.len,
-                job.src,
-                job.buffer,
-                job.dst_offset,
-                job.tag,
-                i + 1,
-                jobs.len()
-            )
-        };
-        let submitted = Instant::now();
-        let mut enqueued = Ok(());
-        'jobs: for (i, job) in jobs.iter().enumerate() {
-            // One copy per registered chunk the source touches (usually exactly one).
-            let start = job.src as usize;
-            let end = start + job.len;
-            let mut cur = start;
-            while cur < end {
-                let next = self.chunks.next_boundary(cur, end);
-                // SAFETY: [cur, next) is a piece of src..src+len, and dst_offset + (cur - start)
-                // + (next - cur) <= dst_offset + len <= buffer size (checked above); the caller
-                // guarantees src..src+len stays valid and unwritten until the group's
-                // Completion is received, and the completion thread sends it only after the
-                // event recorded below (which follows every copy of the group on the same
-                // stream) has completed. Device buffers are freed only after that thread has
-                // drained (Drop).
-                let r = unsafe {
-                    self.buffers[b].copy_in_async(
-                        job.dst_offset + (cur - start),
-                        cur as *const u8,
-                        next - cur,
-                        &self.copy_stream,
-                    )
-                };
-                if let Err(e) = r {
-                    enqueued = Err(cuda_error("cuMemcpyHtoDAsync", object(i), e.0));
-                    break 'jobs;
-                }
-                cur = next;
-            }
-        }
-        let recorded = enqueued.and_then(|()| {
-            event
-                .record(&self.copy_stream)
-                .map_err(|e| cuda_error("cuEventRecord", object(jobs.len() - 1), e.0))
-        });
-        if let Err(e) = recorded {
-            // Copies may have been enqueued even though a later call failed: wait for the
-            // stream so no source is still read when we return an error.
-            if let Ok(ev) = raw::Event::new(&self.ctx) {
-                let _ = ev.record(&self.copy_stream).and_then(|()| ev.synchronize());
-            }
-            self.guards.end_upload(b);
-            return Err(e);
-        }
-        let flight = InFlight {
-            tag: first.tag,
-            buffer: b,
-            len,
-            submitted,
-            event,
-        };
-        if let Err(crossbeam_channel::SendError(f)) = tx.send(flight) {
-            // Completion thread gone: wait for the copies ourselves before reporting.
-            let _ = f.event.synchronize();
-            self.guards.end_upload(b);
-            return Err(gone);
-        }
-        Ok(1)
+        let event = self.event_after(
+            &format!(
+                "{} groups of copies ({} bytes) on device {}",
+                unsignalled.groups, unsignalled.bytes, self.device
+            ),
+            unsignalled.small,
+        )?;
+        *unsignalled = Unsignalled::default();
+        tx.send(InFlight {
+            group: None,
+            event: Some(event),
+        })
+        .map_err(|_| BackendError::WorkerGone {
+            backend: "cuda",
+            call: "flush",
+        })
     }
 
     fn completions(&self) -> &Receiver<Completion> {
@@ -415,7 +567,6 @@ impl Uploader for CudaUploader {
     fn set_completion_hook(&self, hook: crate::CompletionHook) {
         self.hook.set(hook);
     }
-
     fn buffer_count(&self) -> usize {
         self.buffers.len()
     }
@@ -492,8 +643,15 @@ impl Uploader for CudaUploader {
 
 impl Drop for CudaUploader {
     fn drop(&mut self) {
-        // Closing the channel lets the completion thread drain: it waits for every copy still
-        // in flight, so device buffers (freed after this) and callers' source ranges are safe.
+        // Deferred groups get their event, then closing the channel lets the completion thread
+        // drain: it waits for every copy still in flight (the whole context, should this flush
+        // have failed), so device buffers (freed after this) and callers' source ranges are safe.
+        if let Err(e) = Uploader::flush(self) {
+            tracing::warn!(
+                device = self.device,
+                "flushing the copy stream on drop: {e}"
+            );
+        }
         self.inflight.take();
         if let Some(t) = self.thread.take() {
             if t.join().is_err() {
@@ -502,9 +660,7 @@ impl Drop for CudaUploader {
                     "pinring CUDA completion thread panicked"
                 );
                 // Make sure no copy is still running before the buffers are freed.
-                if let Ok(ev) = raw::Event::new(&self.ctx) {
-                    let _ = ev.record(&self.copy_stream).and_then(|()| ev.synchronize());
-                }
+                self.wait_for_streams();
             }
         }
         // Kernels are waited for by the calls that launch them, except after a failed wait.

@@ -402,8 +402,9 @@ impl Daemon {
             // `hand_out` runs for it, which happens only after every completion the backend
             // announced for its jobs has arrived. Each job's source lies inside the slot's
             // payload (above). The mapping outlives the uploader (the ring Arc is held by self
-            // and the sink's doorbell).
-            let submitted = unsafe { self.uploader.submit_group(&jobs) };
+            // and the sink's doorbell). Deferred: the backend may signal several parts with one
+            // event; the main loop flushes before it sleeps, so every part's completion comes.
+            let submitted = unsafe { self.uploader.submit_group_deferred(&jobs) };
             self.submit_ns += t.elapsed().as_nanos() as u64;
             self.jobs_buf = jobs;
             // Completions are read on this thread only, so none is looked for before this.

@@ -402,6 +402,9 @@ impl Daemon {
                 if let Some(deadline) = drain_deadline {
                     wait = wait.min(deadline.saturating_duration_since(Instant::now()));
                 }
+                // Parts submitted deferred get their upload signal now: their completions are
+                // what may wake this wait.
+                self.uploader.flush()?;
                 let t = Instant::now();
                 self.ring.wait_doorbell(seen, wait);
                 let ns = t.elapsed().as_nanos() as u64;

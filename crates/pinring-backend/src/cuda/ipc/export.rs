@@ -270,15 +270,22 @@ impl CudaUploader {
             // Its process, and with it its context and the work it recorded, is gone.
             return Ok(());
         }
-        e.wait_release(&self.copy_stream).map_err(|err| {
-            cuda_error(
-                "cuStreamWaitEvent",
-                format!(
-                    "the copy stream of device {} waiting for the consumer's release event of device buffer {buffer}",
-                    self.device
-                ),
-                err.0,
-            )
-        })
+        // Both copy streams: a buffer's next upload may put copies on either.
+        for (stream, name) in [
+            (&self.copy_stream, "copy"),
+            (&self.small_stream, "small-copy"),
+        ] {
+            e.wait_release(stream).map_err(|err| {
+                cuda_error(
+                    "cuStreamWaitEvent",
+                    format!(
+                        "the {name} stream of device {} waiting for the consumer's release event of device buffer {buffer}",
+                        self.device
+                    ),
+                    err.0,
+                )
+            })?;
+        }
+        Ok(())
     }
 }
