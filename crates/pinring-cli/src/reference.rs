@@ -975,10 +975,10 @@ mod tests {
         }
         .problem()
         .is_some());
-        // The device buffer: images, then the labels at the next multiple of 256, as the daemon
+        // The device buffer: images, then the labels at the next multiple of 16, as the daemon
         // places them.
         let g = geometry(4, 1);
-        assert_eq!((g.labels_offset(), g.buffer_bytes()), (8448, 8448 + 16));
+        assert_eq!((g.labels_offset(), g.buffer_bytes()), (8208, 8208 + 16));
         let layout = {
             let mut c = Config::default();
             c.dataset.sample_shape = vec![4100];

@@ -15,7 +15,7 @@
 //! ([`FieldPlacement::chunk_in_part`]); no padding, no alignment. Labels are little-endian `i64`.
 //!
 //! **In a device buffer** each field of a batch is one contiguous tensor, batch dimension first
-//! (`[B, ...shape]`), starting at a multiple of [`FIELD_ALIGN`] (256 bytes) ([`BatchLayout`]).
+//! (`[B, ...shape]`), starting at a multiple of [`FIELD_ALIGN`] (16 bytes) ([`BatchLayout`]).
 //! The daemon copies each field chunk of each part to `offset + first sample of the part ×
 //! per-sample bytes` of its field. A batch with fewer samples than `B` (the tail batch with
 //! `plan.drop_last = false`) keeps the offsets of a full batch; only its shapes and byte counts
@@ -34,9 +34,15 @@ use crate::plan::ByteRange;
 pub const IMAGES: &str = "images";
 /// Name of the label field (one `i64` per sample).
 pub const LABELS: &str = "labels";
-/// Alignment of every field's start in a batch's device buffer (256 bytes: what device memory
-/// allocators guarantee, and enough for any vector load).
-pub const FIELD_ALIGN: u64 = 256;
+/// Alignment of every field's start in a batch's device buffer: 16 bytes, the widest vector
+/// load (a `float4`), so kernels over any field keep their vectorized path. Small on purpose:
+/// a whole batch's payload is field-major and unpadded in its slot, so when every field but the
+/// last fills a multiple of 16 bytes (most shapes: 65,504 bytes of images, 2,049 u16 tokens × 8)
+/// the fields lie in the device buffer exactly as in the slot and the batch goes up in one copy.
+/// With 256 most batches needed a second, tiny copy for their labels, and each tiny copy cost
+/// the copy engine as much as a 256 KiB one (docs/ARCHITECTURE.md, "Upload signals"). The
+/// first field, and the buffer, stay 256-byte aligned (`cuMemAlloc`).
+pub const FIELD_ALIGN: u64 = 16;
 
 /// One named field of every sample: its element type and per-sample shape (in a config:
 /// `{ name = "images", dtype = "u8", shape = [224, 224, 3] }`).
@@ -300,7 +306,8 @@ mod tests {
 
     #[test]
     fn fields_are_contiguous_tensors_at_aligned_offsets() {
-        // 32 samples of 3 x 5 u8: images 480 bytes at 0, labels at 512 (480 rounded up to 256).
+        // 32 samples of 3 x 5 u8: images 480 bytes at 0, labels right after them at 480 (a
+        // multiple of 16: no padding; `three_fields_each_start_aligned` pads).
         let l = BatchLayout::new(&synthetic_fields(Dtype::U8, vec![3, 5]), 32);
         assert_eq!(l.record_bytes, 15 + 8);
         let [images, labels] = &l.fields[..] else {
@@ -314,9 +321,9 @@ mod tests {
         assert_eq!(labels.name, LABELS);
         assert_eq!(labels.dtype, Dtype::I64);
         assert_eq!(labels.shape, vec![32]);
-        assert_eq!((labels.offset, labels.bytes), (512, 256));
+        assert_eq!((labels.offset, labels.bytes), (480, 256));
         assert_eq!((labels.sample_bytes, labels.record_offset), (8, 15));
-        assert_eq!(l.total_bytes, 512 + 256);
+        assert_eq!(l.total_bytes, 480 + 256);
         assert_eq!(l.field(LABELS), Some(labels));
         assert_eq!(l.field("masks"), None);
         for f in &l.fields {
@@ -361,7 +368,7 @@ mod tests {
         assert_eq!(l.payload_bytes(4), 92);
         // The part's first sample is sample 8 of its batch: where its chunks land.
         assert_eq!(l.fields[0].sample_offset(8), 120);
-        assert_eq!(l.fields[1].sample_offset(8), 512 + 64);
+        assert_eq!(l.fields[1].sample_offset(8), 480 + 64);
     }
 
     /// A batch of `b` samples cut into parts of `spp`, each part's payload built field-major
@@ -422,7 +429,7 @@ mod tests {
                     field: 1,
                     src_offset: 60,
                     len: 32,
-                    dst_offset: 512 + 64
+                    dst_offset: 480 + 64
                 },
             ]
         );
@@ -520,11 +527,12 @@ mod tests {
         ];
         let l = BatchLayout::new(&fields, 100);
         let offsets: Vec<u64> = l.fields.iter().map(|f| f.offset).collect();
-        assert_eq!(offsets, vec![0, 256, 1024]);
+        // a: 100 bytes, padded to 112; b: 600 bytes from 112, padded to 720.
+        assert_eq!(offsets, vec![0, 112, 720]);
         let record: Vec<u64> = l.fields.iter().map(|f| f.record_offset).collect();
         assert_eq!(record, vec![0, 1, 7]);
         assert_eq!(l.record_bytes, 1 + 6 + 32);
-        assert_eq!(l.total_bytes, 1024 + 3200);
+        assert_eq!(l.total_bytes, 720 + 3200);
         // No fields, no bytes.
         let empty = BatchLayout::new(&[], 8);
         assert_eq!((empty.record_bytes, empty.total_bytes), (0, 0));

@@ -46,7 +46,10 @@ fn push_path(b: &mut Vec<u8>, path: &Path) {
 /// ends with the part's byte range ([`crate::BatchMeta::byte_range`]).
 /// Version 9: `webdataset` may read each sample's `.npy` member into a declared field and may
 /// read no image (`[dataset.webdataset] npy` and `images`), both hashed after the shard sizes.
-pub const FINGERPRINT_VERSION: u32 = 9;
+/// Version 10: a batch's fields start at multiples of 16 bytes in its device buffer, not 256
+/// ([`crate::FIELD_ALIGN`]): a consumer of version 9 would read the later fields at the wrong
+/// offsets.
+pub const FINGERPRINT_VERSION: u32 = 10;
 
 const MAGIC: &[u8; 8] = b"pinrngfp";
 
@@ -263,7 +266,7 @@ mod tests {
         // A loader of another payload format (version 2: images only) has another fingerprint
         // for the same config, so the daemon refuses it.
         let bytes = Config::default().fingerprint_bytes();
-        assert_eq!(bytes[8..12], 9u32.to_le_bytes());
+        assert_eq!(bytes[8..12], 10u32.to_le_bytes());
         let mut v2 = bytes.clone();
         v2[8..12].copy_from_slice(&2u32.to_le_bytes());
         assert_ne!(

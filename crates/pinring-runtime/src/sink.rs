@@ -338,7 +338,10 @@ mod tests {
     fn verify_checks_every_field_of_the_device_copy() {
         let c = config();
         let (layout, synthetic) = (c.batch_layout(), c.synthetic());
-        assert_eq!(layout.fields[1].offset, 256);
+        assert_eq!(
+            layout.fields[1].offset, 80,
+            "65 bytes of images, padded to 16"
+        );
         let up = HostUploader::new(1, layout.total_bytes as usize).unwrap();
         let good = |s: &[u64], out: &mut [u8]| synthetic.fill_part(s, out);
         let mut scratch = Vec::new();
