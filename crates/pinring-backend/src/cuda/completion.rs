@@ -35,13 +35,14 @@ pub(super) struct Group {
     pub(super) submitted: Instant,
 }
 
-/// How many groups one wait of the completion thread may complete: it sleeps on the newest
-/// event whose groups, with those queued before it, are at most this many (or on the oldest
-/// event, when it alone signals more), then completes them all (copies on one stream finish in
-/// order). Fewer sleeps and driver wake-ups per group, at the cost of completing the first ones
-/// a few copies late; bounded so that slots and device buffers come back in time to keep the
-/// copy engine fed.
+/// How many groups, and bytes, one wait of the completion thread may complete: it sleeps on the
+/// newest event whose groups, with those queued before it, are at most this many and this
+/// large (or on the oldest event, when it alone signals more), then completes them all (copies
+/// on one stream finish in order). Fewer sleeps and driver wake-ups per group, at the cost of
+/// completing the first ones a few copies late; bounded so that slots and device buffers come
+/// back in time to keep the loaders and the copy engine fed (4 MiB parts come back one by one).
 const COMPLETION_GROUPS: usize = 16;
+const COMPLETION_BYTES: usize = 4 << 20;
 
 /// Starts the completion thread of device `device`'s uploader. It runs until `inflight`'s sender
 /// is dropped and every upload queued before that has completed.
@@ -68,16 +69,20 @@ pub(super) fn spawn(
         })
 }
 
-/// Which entry to wait on, of a window given as (has a group, has an event) per entry: the
-/// newest one with an event whose groups, counted from the window's start, stay within
-/// [`COMPLETION_GROUPS`], else the first one with an event. `None` when no entry has an event.
-fn awaited(entries: impl Iterator<Item = (bool, bool)>) -> Option<usize> {
-    let mut groups = 0;
+/// Which entry to wait on, of a window given as (the group's bytes if it has one, has an event)
+/// per entry: the newest one with an event whose groups, counted from the window's start, stay
+/// within [`COMPLETION_GROUPS`] and [`COMPLETION_BYTES`], else the first one with an event.
+/// `None` when no entry has an event.
+fn awaited(entries: impl Iterator<Item = (Option<usize>, bool)>) -> Option<usize> {
+    let (mut groups, mut bytes) = (0, 0usize);
     let mut pick = None;
     for (i, (group, event)) in entries.enumerate() {
-        groups += usize::from(group);
+        if let Some(len) = group {
+            groups += 1;
+            bytes = bytes.saturating_add(len);
+        }
         if event {
-            if pick.is_some() && groups > COMPLETION_GROUPS {
+            if pick.is_some() && (groups > COMPLETION_GROUPS || bytes > COMPLETION_BYTES) {
                 break;
             }
             pick = Some(i);
@@ -125,7 +130,7 @@ fn completion_loop(
         let target = awaited(
             window
                 .iter()
-                .map(|f| (f.group.is_some(), f.event.is_some())),
+                .map(|f| (f.group.as_ref().map(|g| g.len), f.event.is_some())),
         );
         let waited = match (&bound, target) {
             (Err(e), _) => Err(("cuCtxSetCurrent", e.0)),
@@ -187,32 +192,37 @@ fn completion_loop(
 mod tests {
     use super::*;
 
-    fn entry(group: bool, event: bool) -> (bool, bool) {
-        (group, event)
+    /// An entry of `len` bytes (`None`: a flush marker, no group), with an event or not.
+    fn entry(len: Option<usize>, event: bool) -> (Option<usize>, bool) {
+        (len, event)
     }
 
-    fn pick(entries: &[(bool, bool)]) -> Option<usize> {
+    fn pick(entries: &[(Option<usize>, bool)]) -> Option<usize> {
         awaited(entries.iter().copied())
     }
 
     #[test]
-    fn the_wait_covers_at_most_the_bound_of_groups_but_always_one_event() {
+    fn the_wait_covers_at_most_the_bounds_but_always_one_event() {
+        let small = Some(64 << 10);
         // No event: nothing to wait on.
-        assert_eq!(pick(&[entry(true, false); 3]), None);
-        // Events every 4 groups: the newest within 16 groups is the 4th.
-        let mut w = Vec::new();
-        for i in 0..40 {
-            w.push(entry(true, i % 4 == 3));
-        }
+        assert_eq!(pick(&[entry(small, false); 3]), None);
+        // Events every 4 groups of 64 KiB: the newest within 16 groups is the 16th entry.
+        let w: Vec<_> = (0..40).map(|i| entry(small, i % 4 == 3)).collect();
         assert_eq!(pick(&w), Some(15));
         // One event after 20 groups: waited on, though it passes the bound.
-        let mut w = vec![entry(true, false); 19];
-        w.push(entry(true, true));
-        w.push(entry(true, true));
+        let mut w = vec![entry(small, false); 19];
+        w.push(entry(small, true));
+        w.push(entry(small, true));
         assert_eq!(pick(&w), Some(19));
-        // A flush marker (no group) counts no group.
-        let mut w = vec![entry(true, false); 16];
-        w.push(entry(false, true));
+        // A flush marker counts no group.
+        let mut w = vec![entry(small, false); 16];
+        w.push(entry(None, true));
         assert_eq!(pick(&w), Some(16));
+        // 4 MiB groups, each with its event: one at a time, so each slot comes back at once.
+        let w = vec![entry(Some(4 << 20), true); 8];
+        assert_eq!(pick(&w), Some(0));
+        // 1 MiB groups: four per wait.
+        let w = vec![entry(Some(1 << 20), true); 8];
+        assert_eq!(pick(&w), Some(3));
     }
 }
