@@ -4,8 +4,9 @@
 //! uploads batches straight from ring slots into device buffers with an [`Uploader`]. Two
 //! backends implement this:
 //!
-//! - [`cuda::CudaBackend`]: `cuMemHostRegister` + `cuMemcpyHtoDAsync` on one copy stream, with a
-//!   completion thread waiting on blocking-sync events; checksum/compute kernels from embedded
+//! - [`cuda::CudaBackend`]: `cuMemHostRegister` + `cuMemcpyHtoDAsync` on a copy stream (and a
+//!   second one for copies under 16 KiB), with a completion thread waiting on blocking-sync
+//!   events, each shared by several uploads; checksum/compute kernels from embedded
 //!   PTX. `libcuda` is loaded dynamically and probed first, so nothing panics on a machine
 //!   without a driver.
 //! - [`host::HostBackend`]: heap buffers and `memcpy`, for machines without a GPU and for tests.
@@ -425,7 +426,7 @@ pub trait Uploader: Send + Sync {
     /// ([`cuda::ipc::Imported::record_release`]), so a copy never overwrites a batch the
     /// consumer's kernels still read. With `consumer_alive == false` (the consumer's process is
     /// gone, and its context with it) nothing is waited for. Every copy submitted afterwards
-    /// waits, into any buffer (one copy stream, in order). A no-op for a buffer never exported,
+    /// waits, into any buffer (both copy streams wait, each in order). A no-op for a buffer never exported,
     /// and on the host backend.
     fn wait_release(&self, buffer: usize, consumer_alive: bool) -> Result<(), BackendError>;
 

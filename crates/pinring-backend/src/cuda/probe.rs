@@ -121,7 +121,7 @@ impl CudaBackend {
                 .map_err(|e| cuda_error("cuDevicePrimaryCtxRetain", object(), e.0))?;
             // cudarc's event tracking would add a cuStreamWaitEvent and a cuEventRecord to every
             // use of a CudaSlice from a second stream, and wait on those events before each free.
-            // pinring orders the uses of its device memory itself (one copy stream, one kernel
+            // pinring orders the uses of its device memory itself (the copy streams, one kernel
             // stream, the device-buffer guard), so it is turned off for this context before any
             // stream or slice exists.
             //
@@ -133,8 +133,9 @@ impl CudaBackend {
             // stream only, and the bench's buffer on its own stream only; (2) not used on
             // another stream before its allocation has finished: the uploader synchronizes the
             // copy stream after allocating the buffers; (3) never written by two streams at
-            // once: the device-buffer guard keeps copies (copy stream) and kernels (kernel
-            // stream) over one buffer apart. `CudaBackend::context` documents this for callers.
+            // once where they overlap: the device-buffer guard keeps copies (copy streams) and
+            // kernels (kernel stream) over one buffer apart, and the two copy streams write
+            // disjoint bytes (each byte of a batch's buffer is the destination of one copy). `CudaBackend::context` documents this for callers.
             unsafe { ctx.disable_event_tracking() };
             let name = ctx
                 .name()

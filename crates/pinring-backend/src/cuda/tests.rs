@@ -340,17 +340,6 @@ fn copy_patterns() {
     if crate::testing::gpu().is_none() {
         return;
     }
-    let cpu = || {
-        let mut u = std::mem::MaybeUninit::<[i64; 18]>::zeroed();
-        // SAFETY: getrusage writes one struct rusage (18 longs on x86-64 Linux) into `u`.
-        unsafe { getrusage(0, u.as_mut_ptr().cast()) };
-        // SAFETY: zero-initialised, then written by getrusage.
-        let u = unsafe { u.assume_init() };
-        (u[0] + u[2]) as f64 + (u[1] + u[3]) as f64 / 1e6
-    };
-    extern "C" {
-        fn getrusage(who: i32, usage: *mut i64) -> i32;
-    }
     let b = CudaBackend::new(0).unwrap();
     const RING: usize = 64 << 20;
     let ring = AlignedBuf::new(RING, "pattern ring").unwrap();
@@ -400,7 +389,6 @@ fn copy_patterns() {
             let completed = AtomicUsize::new(0);
             let submitted = AtomicUsize::new(0);
             let mut submit = Duration::ZERO;
-            let c0 = cpu();
             let t0 = std::time::Instant::now();
             std::thread::scope(|s| {
                 if waiter > 0 {
@@ -475,11 +463,10 @@ fn copy_patterns() {
             });
             let secs = t0.elapsed().as_secs_f64();
             println!(
-                "{:>6} KiB event every {k:>2} waiter {waiter} in flight {bound:>3}: {:6.2} GB/s  submit {:5.2} us/copy  {:.2} cores",
+                "{:>6} KiB event every {k:>2} waiter {waiter} in flight {bound:>3}: {:6.2} GB/s  submit {:5.2} us/copy",
                 slot >> 10,
                 (n * slot) as f64 / secs / 1e9,
-                submit.as_secs_f64() / n as f64 * 1e6,
-                (cpu() - c0) / secs
+                submit.as_secs_f64() / n as f64 * 1e6
             );
         }
     }

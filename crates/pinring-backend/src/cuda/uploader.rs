@@ -305,9 +305,11 @@ impl CudaUploader {
                 // + (next - cur) <= dst_offset + len <= buffer size (checked above); the caller
                 // guarantees src..src+len stays valid and unwritten until the group's
                 // Completion is received, and the completion thread sends it only after an
-                // event recorded after every copy of the group on the same stream (this
-                // group's, or a later group's or flush's) has completed. Device buffers are
-                // freed only after that thread has drained (Drop).
+                // event recorded on the copy stream after every copy of the group (this
+                // group's event, or a later group's or flush's; a copy on the small-copy stream
+                // is joined into the copy stream before that event, `event_after`) has
+                // completed. Device buffers are freed only after that thread has drained
+                // (Drop).
                 let r = unsafe {
                     self.buffers[b].copy_in_async(
                         job.dst_offset + (cur - start),
