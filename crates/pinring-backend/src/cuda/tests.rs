@@ -329,6 +329,81 @@ fn a_group_of_copies_into_one_buffer_is_one_upload_with_one_completion() {
     assert_eq!(unsafe { up.submit_group(&[]) }.unwrap(), 0);
 }
 
+#[test]
+fn deferred_groups_complete_at_a_full_run_or_a_flush_and_land_whole() {
+    if crate::testing::gpu().is_none() {
+        return;
+    }
+    let b = CudaBackend::new(0).unwrap();
+    const SLOT: usize = 64 << 10;
+    let groups = uploader::EVENT_GROUPS + 3;
+    let up = b.cuda_uploader(groups, SLOT).unwrap();
+    let data = pattern(23, groups * SLOT);
+    // Group i: a large copy (the copy stream) and a 32-byte one (the small-copy stream, as a
+    // batch's labels), into buffer i, the small one right after the large one.
+    let big = SLOT - 4096;
+    let group = |i: usize| {
+        let at = i * SLOT;
+        [
+            UploadJob {
+                tag: i as u64,
+                src: data[at..].as_ptr(),
+                len: big,
+                buffer: i,
+                dst_offset: 0,
+            },
+            UploadJob {
+                tag: i as u64,
+                src: data[at + SLOT - 32..].as_ptr(),
+                len: 32,
+                buffer: i,
+                dst_offset: big,
+            },
+        ]
+    };
+    let want = |i: usize| {
+        let at = i * SLOT;
+        let mut w = data[at..at + big].to_vec();
+        w.extend_from_slice(&data[at + SLOT - 32..at + SLOT]);
+        checksum(&w)
+    };
+    let receive = |from: usize, to: usize| {
+        for i in from..to {
+            let c = up
+                .completions()
+                .recv_timeout(Duration::from_secs(30))
+                .unwrap_or_else(|e| panic!("completion of group {i}: {e}"));
+            c.result.unwrap();
+            assert_eq!((c.tag, c.buffer, c.len), (i as u64, i, big + 32));
+            assert_eq!(up.checksum(i, 0, big + 32).unwrap(), want(i), "group {i}");
+        }
+    };
+    // A full run of deferred groups is signalled by the last one's event: no flush needed.
+    for i in 0..uploader::EVENT_GROUPS {
+        // SAFETY: `data` outlives every completion received below.
+        assert_eq!(unsafe { up.submit_group_deferred(&group(i)) }.unwrap(), 1);
+    }
+    receive(0, uploader::EVENT_GROUPS);
+    // Fewer groups than a run: `flush` signals them.
+    for i in uploader::EVENT_GROUPS..groups - 1 {
+        // SAFETY: as above.
+        unsafe { up.submit_group_deferred(&group(i)) }.unwrap();
+    }
+    up.flush().unwrap();
+    receive(uploader::EVENT_GROUPS, groups - 1);
+    assert!(
+        up.completions().try_recv().is_err(),
+        "one completion per group"
+    );
+    // Nothing unsignalled: a flush queues nothing.
+    up.flush().unwrap();
+    // An unflushed group when the uploader is dropped: the drop signals and waits for it,
+    // so `data` may go after it.
+    // SAFETY: as above; the drop below waits for the copy.
+    unsafe { up.submit_group_deferred(&group(groups - 1)) }.unwrap();
+    drop(up);
+}
+
 /// Copy patterns, timed on the GPU: what the copy engine and the driver give for one copy per
 /// slot of a registered 64 MiB ring, with an event after every `k`-th copy, a thread that waits
 /// on the events, and at most `bound` copies in flight. A measurement, not a check: `cargo test
