@@ -62,6 +62,10 @@ pub struct Ring {
     /// The loader seat this handle holds, if any: locks belong to the open file description, so
     /// one handle can hold one seat (a second would re-take its own locks and share an entry).
     seat: std::sync::Mutex<Option<Seat>>,
+    /// Waiters on the doorbell that only this handle's [`Ring::ring_doorbell`] wakes, not a
+    /// loader's commit ([`Ring::wait_doorbell_quiet`]); in this process's memory, not the
+    /// segment's.
+    quiet_waiters: crate::sync::atomic::AtomicU32,
 }
 
 /// A slot claimed by a loader; only the claimant writes the slot's data until it commits.
@@ -330,6 +334,7 @@ impl Ring {
             geom,
             seal: None,
             seat: std::sync::Mutex::new(None),
+            quiet_waiters: crate::sync::atomic::AtomicU32::new(0),
         };
         ring.initialise(opts);
         let replaced = ring.seg.publish(opts.replace)?;
@@ -632,6 +637,7 @@ impl Ring {
             geom,
             seal: None,
             seat: std::sync::Mutex::new(None),
+            quiet_waiters: crate::sync::atomic::AtomicU32::new(0),
         })
     }
 
@@ -774,13 +780,28 @@ impl Ring {
     /// Rings the daemon's doorbell (commits, completions): a wake only if a daemon thread sleeps.
     pub fn ring_doorbell(&self) {
         let h = self.header();
-        futex::bump_and_wake_counted(&h.doorbell_futex, &h.doorbell_waiters, 1);
+        futex::bump_and_wake_counted_either(
+            &h.doorbell_futex,
+            &h.doorbell_waiters,
+            &self.quiet_waiters,
+            1,
+        );
     }
 
     /// The daemon's wait for its doorbell, from `seen` (loaded before it looked for work).
     pub fn wait_doorbell(&self, seen: u32, timeout: Duration) -> futex::Wake {
         let h = self.header();
         futex::wait_counted(&h.doorbell_futex, &h.doorbell_waiters, seen, timeout)
+    }
+
+    /// The daemon's wait for its doorbell that a loader's commit does not end: only
+    /// [`Ring::ring_doorbell`] on this same handle does (the daemon's completion and sink
+    /// threads), or the deadline. For a daemon with enough uploads in flight that the next
+    /// completion comes before the copy engine runs dry: it then takes every part committed
+    /// meanwhile in one pass, and loaders commit without a wake-up system call.
+    pub fn wait_doorbell_quiet(&self, seen: u32, timeout: Duration) -> futex::Wake {
+        let h = self.header();
+        futex::wait_counted(&h.doorbell_futex, &self.quiet_waiters, seen, timeout)
     }
 
     /// Wakes up to `n` loaders waiting for a free slot (none if none waits).

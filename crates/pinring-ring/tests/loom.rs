@@ -35,7 +35,7 @@ use pinring_ring::futex;
 use pinring_ring::layout::{abandon_word, LoaderEntry, SlotDesc};
 use pinring_ring::slot::{Batch, Round, Seat, SlotState};
 use pinring_ring::sync::atomic::AtomicU32;
-use pinring_ring::sync::atomic::Ordering::{Acquire, Relaxed};
+use pinring_ring::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 use std::time::Duration;
 
 /// Every interleaving of the model's actors.
@@ -467,5 +467,53 @@ fn one_wake_per_freed_slot_leaves_no_loader_asleep() {
         let mut seqs: Vec<u64> = loaders.into_iter().map(|l| l.join().unwrap()).collect();
         seqs.sort();
         assert_eq!(seqs, [0, 1]);
+    });
+}
+
+/// (d'') The daemon's quiet wait: with enough uploads in flight its main loop waits on the
+/// doorbell counted only in a count of its own (`Ring::wait_doorbell_quiet`), so a loader's
+/// commit bumps the word without a wake call, while the completion thread's ring checks both
+/// counts. The completion is never missed, the commit's bump notwithstanding.
+#[test]
+fn a_quiet_wait_never_misses_the_completion_that_ends_it() {
+    check(Some(3), || {
+        let word = Arc::new(AtomicU32::new(0));
+        let shared = Arc::new(AtomicU32::new(0));
+        let quiet = Arc::new(AtomicU32::new(0));
+        let completed = Arc::new(AtomicU32::new(0));
+        let main_loop = {
+            let (word, quiet, completed) = (
+                Arc::clone(&word),
+                Arc::clone(&quiet),
+                Arc::clone(&completed),
+            );
+            thread::spawn(move || loop {
+                let seen = word.load(Acquire);
+                if completed.load(Acquire) == 1 {
+                    return;
+                }
+                futex::wait_counted(&word, &quiet, seen, Duration::from_millis(100));
+            })
+        };
+        let loader = {
+            let (word, shared) = (Arc::clone(&word), Arc::clone(&shared));
+            thread::spawn(move || futex::bump_and_wake_counted(&word, &shared, 1))
+        };
+        let completion = {
+            let (word, shared, quiet, completed) = (
+                Arc::clone(&word),
+                Arc::clone(&shared),
+                Arc::clone(&quiet),
+                Arc::clone(&completed),
+            );
+            thread::spawn(move || {
+                completed.store(1, Release);
+                futex::bump_and_wake_counted_either(&word, &shared, &quiet, 1);
+            })
+        };
+        loader.join().unwrap();
+        completion.join().unwrap();
+        main_loop.join().unwrap();
+        assert_eq!(quiet.load(Relaxed), 0);
     });
 }

@@ -85,6 +85,7 @@ impl Daemon {
             else {
                 continue;
             };
+            self.inflight_bytes = self.inflight_bytes.saturating_sub(len);
             let upload_ns = c
                 .completed
                 .saturating_duration_since(first_submitted)
@@ -407,7 +408,9 @@ impl Daemon {
             let submitted = unsafe { self.uploader.submit_group_deferred(&jobs) };
             self.submit_ns += t.elapsed().as_nanos() as u64;
             self.jobs_buf = jobs;
+            let jobs_left = submitted?;
             // Completions are read on this thread only, so none is looked for before this.
+            self.inflight_bytes += len;
             self.inflight.insert(
                 slot,
                 InFlight {
@@ -415,7 +418,7 @@ impl Daemon {
                     batch: part.batch,
                     len,
                     commit_ns: taken.commit_ns,
-                    jobs_left: submitted?,
+                    jobs_left,
                     submitted: None,
                 },
             );

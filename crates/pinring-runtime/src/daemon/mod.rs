@@ -44,6 +44,11 @@ pub use start::default_upload_buffers;
 pub const DRAIN_DEADLINE: Duration = Duration::from_millis(1500);
 /// Longest single futex wait of the main loop.
 const MAX_WAIT: Duration = Duration::from_millis(100);
+/// Payload bytes in flight from which the main loop sleeps without being woken by commits
+/// (`Ring::wait_doorbell_quiet`): at least two of the completion thread's waits (4 MiB each), so
+/// when the next completion wakes the loop the copy engine still has work queued while the loop
+/// takes every part committed meanwhile. Below it each commit wakes the loop at once.
+const QUIET_IN_FLIGHT: usize = 8 << 20;
 
 /// Why the daemon stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -280,6 +285,8 @@ struct Daemon {
     /// Parts whose uploads are in flight, by slot (an upload's tag is its slot and field,
     /// `dispatch::upload_tag`).
     inflight: BTreeMap<u32, InFlight>,
+    /// Their payload bytes.
+    inflight_bytes: usize,
     /// Parts (seqs) per batch.
     parts: u64,
     /// Batches with parts on their way to the device, by batch number.
@@ -406,7 +413,11 @@ impl Daemon {
                 // what may wake this wait.
                 self.uploader.flush()?;
                 let t = Instant::now();
-                self.ring.wait_doorbell(seen, wait);
+                if self.inflight_bytes >= QUIET_IN_FLIGHT {
+                    self.ring.wait_doorbell_quiet(seen, wait);
+                } else {
+                    self.ring.wait_doorbell(seen, wait);
+                }
                 let ns = t.elapsed().as_nanos() as u64;
                 self.doorbell_ns += ns;
                 if could_upload {

@@ -204,6 +204,7 @@ impl Daemon {
             sink_thread: Some(sink_thread),
             sequencer: Sequencer::new(slots, args.start_seq, end_seq, cfg.ring.in_order),
             inflight: BTreeMap::new(),
+            inflight_bytes: 0,
             parts,
             assembling: BTreeMap::new(),
             zero_copy_commits: BTreeMap::new(),
