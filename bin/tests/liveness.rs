@@ -162,6 +162,13 @@ fn truncating_the_segment_under_load_ends_the_daemon_with_exit_4_and_removes_it(
     let ring = fx.wait_ready(&mut daemon);
     let loaders: Vec<_> = (0..2).map(|_| fx.loader(&fx.config)).collect();
     wait_until("deliveries", LONG, || delivered(&ring) >= 20);
+    // Both loaders attached before the fault: one that had not would wait for a ring that no
+    // longer exists, for its whole --wait-secs, which this test does not mean to check.
+    wait_until("both loaders attached", LONG, || {
+        loaders
+            .iter()
+            .all(|l| loader_index(&ring, l.id()).is_some())
+    });
     drop(ring);
     std::fs::OpenOptions::new()
         .write(true)
