@@ -9,8 +9,8 @@
 //! field-major, as a pinring slot does (the samples' images, then their labels as little-endian
 //! i64), and is uploaded as the daemon uploads it: one copy per field, the labels to their
 //! aligned offset in the device buffer ([`pinring_data::BatchLayout`]), submitted as one deferred
-//! group per slot and flushed before the upload thread sleeps, as the daemon does. Each slot has one 32-bit
-//! flag word (`EMPTY` → `FILLING` by the writer's CAS, `FULL` by its store, `UPLOADING` when the
+//! group per slot and flushed before the upload thread sleeps, as the daemon does. Each slot has
+//! one 32-bit flag word (`EMPTY` → `FILLING` by the writer's CAS, `FULL` by its store, `UPLOADING` when the
 //! upload thread submits the copy, `EMPTY` again once the copy has completed); slots are split round-robin (writer `w` owns slots `w`, `w + N`, …), so no
 //! two writers ever race for a slot. Writers fill with the synthetic generator, the same words
 //! the loaders write. Nothing else: no sequencer, no batch metadata, no verification, no
@@ -33,6 +33,7 @@ use pinring_backend::{Backend, BackendError, UploadJob};
 use pinring_data::{Config, Synthetic, FIELD_ALIGN, LABEL_BYTES};
 use pinring_ring::futex::{self, Wake};
 use pinring_ring::{Access, Segment};
+use pinring_runtime::daemon::cpu_seconds;
 use pinring_runtime::Exit;
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -604,7 +605,7 @@ pub fn run(
         futex::wait(&h.attached, attached, WAIT_SLICE);
     }
 
-    let cpu_at_start = process_cpu_seconds();
+    let cpu_at_start = cpu_seconds();
     let mut submit_seconds = 0.0;
     let start = Instant::now();
     h.phase.store(GO, SeqCst);
@@ -714,7 +715,7 @@ pub fn run(
         }
     }
     let seconds = start.elapsed().as_secs_f64();
-    let cpu_seconds = process_cpu_seconds() - cpu_at_start;
+    let cpu_seconds = cpu_seconds() - cpu_at_start;
     drop(finish);
     kids.finish()?;
     Ok(Measured {
@@ -724,16 +725,6 @@ pub fn run(
         gbps: bytes as f64 / seconds.max(1e-9) / 1e9,
         submit_seconds,
         cpu_seconds,
-    })
-}
-
-/// CPU seconds (user and system) of this process so far, every thread's: the upload thread's
-/// and the driver's, not the writers' (other processes).
-fn process_cpu_seconds() -> f64 {
-    use nix::sys::resource::{getrusage, UsageWho};
-    getrusage(UsageWho::RUSAGE_SELF).map_or(0.0, |u| {
-        let t = |tv: nix::sys::time::TimeVal| tv.tv_sec() as f64 + tv.tv_usec() as f64 / 1e6;
-        t(u.user_time()) + t(u.system_time())
     })
 }
 

@@ -132,8 +132,9 @@ impl Daemon {
     }
 }
 
-/// CPU seconds (user + system) this process has used so far.
-pub(super) fn cpu_seconds() -> f64 {
+/// CPU seconds (user + system) this process has used so far, every thread's (the GPU driver's
+/// included; child processes' not).
+pub fn cpu_seconds() -> f64 {
     use nix::sys::resource::{getrusage, UsageWho};
     match getrusage(UsageWho::RUSAGE_SELF) {
         Ok(u) => {

@@ -35,7 +35,7 @@ mod sequencer;
 mod start;
 
 pub use args::{parse_backend_kind, DaemonArgs};
-use finish::cpu_seconds;
+pub use finish::cpu_seconds;
 pub use finish::{failed_at_start, judge};
 use sequencer::{HandOut, Sequencer};
 pub use start::default_upload_buffers;
