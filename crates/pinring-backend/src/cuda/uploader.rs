@@ -202,19 +202,25 @@ impl CudaUploader {
 
     /// An event (reused, or new) recorded on the copy stream now: after every copy queued so
     /// far, the small-copy stream's too when `small` (small copies since the last event).
-    /// `object` names what it follows, for the error.
-    fn event_after(&self, object: &str, small: bool) -> Result<raw::Event, BackendError> {
+    /// `object` names what it follows, for an error: called only when a call failed, so the
+    /// hot path formats nothing.
+    fn event_after(
+        &self,
+        object: impl Fn() -> String,
+        small: bool,
+    ) -> Result<raw::Event, BackendError> {
         if small {
-            self.small_mark
-                .record(&self.small_stream)
-                .and_then(|()| self.small_mark.wait_on(&self.copy_stream))
-                .map_err(|e| {
-                    cuda_error(
-                        "cuStreamWaitEvent",
-                        format!("the copy stream waiting for the small copies before {object}"),
-                        e.0,
-                    )
-                })?;
+            let mark = || format!("the small copies before {}", object());
+            self.small_mark.record(&self.small_stream).map_err(|e| {
+                cuda_error("cuEventRecord", format!("a mark after {}", mark()), e.0)
+            })?;
+            self.small_mark.wait_on(&self.copy_stream).map_err(|e| {
+                cuda_error(
+                    "cuStreamWaitEvent",
+                    format!("the copy stream waiting for {}", mark()),
+                    e.0,
+                )
+            })?;
         }
         let event = match self.free_events.try_recv() {
             Ok(e) => e,
@@ -223,7 +229,7 @@ impl CudaUploader {
         };
         event
             .record(&self.copy_stream)
-            .map_err(|e| cuda_error("cuEventRecord", object.to_string(), e.0))?;
+            .map_err(|e| cuda_error("cuEventRecord", object(), e.0))?;
         Ok(event)
     }
 
@@ -334,7 +340,7 @@ impl CudaUploader {
             || unsignalled.bytes.saturating_add(len) >= EVENT_BYTES;
         let recorded = enqueued.and_then(|()| {
             signal
-                .then(|| self.event_after(&object(jobs.len() - 1), unsignalled.small))
+                .then(|| self.event_after(|| object(jobs.len() - 1), unsignalled.small))
                 .transpose()
         });
         let event = match recorded {
@@ -544,11 +550,14 @@ impl Uploader for CudaUploader {
                 call: "flush",
             });
         };
+        let (groups, bytes) = (unsignalled.groups, unsignalled.bytes);
         let event = self.event_after(
-            &format!(
-                "{} groups of copies ({} bytes) on device {}",
-                unsignalled.groups, unsignalled.bytes, self.device
-            ),
+            || {
+                format!(
+                    "{groups} groups of copies ({bytes} bytes) on device {}",
+                    self.device
+                )
+            },
             unsignalled.small,
         )?;
         *unsignalled = Unsignalled::default();
