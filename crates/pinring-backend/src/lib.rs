@@ -426,8 +426,8 @@ pub trait Uploader: Send + Sync {
     /// ([`cuda::ipc::Imported::record_release`]), so a copy never overwrites a batch the
     /// consumer's kernels still read. With `consumer_alive == false` (the consumer's process is
     /// gone, and its context with it) nothing is waited for. Every copy submitted afterwards
-    /// waits, into any buffer (both copy streams wait, each in order). A no-op for a buffer never exported,
-    /// and on the host backend.
+    /// waits, into any buffer (both copy streams wait, each in order). A no-op for a buffer
+    /// never exported, and on the host backend.
     fn wait_release(&self, buffer: usize, consumer_alive: bool) -> Result<(), BackendError>;
 
     /// The address of device buffer `buffer`, for a consumer in the same process (embedded

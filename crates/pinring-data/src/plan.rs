@@ -699,7 +699,6 @@ mod tests {
         }
     }
 
-    /// The same plan with one part per batch.
     /// The same plan with one part per batch (whole samples, no byte parts).
     fn params_like(p: &PlanParams) -> PlanParams {
         PlanParams {

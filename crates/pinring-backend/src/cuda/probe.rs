@@ -135,7 +135,8 @@ impl CudaBackend {
             // copy stream after allocating the buffers; (3) never written by two streams at
             // once where they overlap: the device-buffer guard keeps copies (copy streams) and
             // kernels (kernel stream) over one buffer apart, and the two copy streams write
-            // disjoint bytes (each byte of a batch's buffer is the destination of one copy). `CudaBackend::context` documents this for callers.
+            // disjoint bytes (each byte of a batch's buffer is the destination of one copy).
+            // `CudaBackend::context` documents this for callers.
             unsafe { ctx.disable_event_tracking() };
             let name = ctx
                 .name()
