@@ -15,11 +15,11 @@ use crate::error::cuda_error;
 use crate::guard::Guards;
 use crate::{BackendError, Completion};
 
-/// An entry of the completion thread's queue: a group of copies, an event, or both.
+/// An entry of the completion thread's queue: a group of copies, and maybe an event.
 #[derive(Debug)]
 pub(super) struct InFlight {
-    /// The group this entry completes; `None` for a flush (`Uploader::flush`): an event alone.
-    pub(super) group: Option<Group>,
+    /// The group this entry completes.
+    pub(super) group: Group,
     /// Recorded on the copy stream after this entry's copies, so after every earlier entry's
     /// too: the entries before it that have none complete with it. `None`: a deferred group
     /// (`Uploader::submit_group_deferred`), signalled by a later entry's event.
@@ -69,18 +69,15 @@ pub(super) fn spawn(
         })
 }
 
-/// Which entry to wait on, of a window given as (the group's bytes if it has one, has an event)
-/// per entry: the newest one with an event whose groups, counted from the window's start, stay
+/// Which entry to wait on, of a window given as (the group's bytes, has an event) per entry: the newest one with an event whose groups, counted from the window's start, stay
 /// within [`COMPLETION_GROUPS`] and [`COMPLETION_BYTES`], else the first one with an event.
 /// `None` when no entry has an event.
-fn awaited(entries: impl Iterator<Item = (Option<usize>, bool)>) -> Option<usize> {
+fn awaited(entries: impl Iterator<Item = (usize, bool)>) -> Option<usize> {
     let (mut groups, mut bytes) = (0, 0usize);
     let mut pick = None;
-    for (i, (group, event)) in entries.enumerate() {
-        if let Some(len) = group {
-            groups += 1;
-            bytes = bytes.saturating_add(len);
-        }
+    for (i, (len, event)) in entries.enumerate() {
+        groups += 1;
+        bytes = bytes.saturating_add(len);
         if event {
             if pick.is_some() && (groups > COMPLETION_GROUPS || bytes > COMPLETION_BYTES) {
                 break;
@@ -127,11 +124,7 @@ fn completion_loop(
                 }
             }
         }
-        let target = awaited(
-            window
-                .iter()
-                .map(|f| (f.group.as_ref().map(|g| g.len), f.event.is_some())),
-        );
+        let target = awaited(window.iter().map(|f| (f.group.len, f.event.is_some())));
         let waited = match (&bound, target) {
             (Err(e), _) => Err(("cuCtxSetCurrent", e.0)),
             (Ok(()), Some(i)) => window[i]
@@ -139,47 +132,39 @@ fn completion_loop(
                 .as_ref()
                 .map_or(Ok(()), |e| e.synchronize())
                 .map_err(|e| ("cuEventSynchronize", e.0)),
-            // The uploader is gone and left groups without an event (a failed flush): wait for
-            // everything the context has queued.
+            // The uploader is gone and left groups without an event (it sends a run of groups
+            // with the event on the last, so only a send cut short could): wait for everything
+            // the context has queued.
             (Ok(()), None) => ctx.synchronize().map_err(|e| ("cuCtxSynchronize", e.0)),
         };
         let end = target.map_or(window.len(), |i| i + 1);
-        let newest = window
-            .range(..end)
-            .rev()
-            .find_map(|f| f.group.as_ref())
-            .map(|g| (g.tag, g.buffer, g.len));
+        // The group whose event was waited on (the window is not empty here).
+        let newest = &window[end - 1].group;
+        let (tag, buffer, len) = (newest.tag, newest.buffer, newest.len);
         for f in window.drain(..end) {
-            if let Some(g) = f.group {
-                let result = waited.map_err(|(call, code)| {
-                    let with = match newest {
-                        Some((tag, buffer, len)) => format!(
-                            "the upload of {len} bytes into buffer {buffer} (tag {tag})"
-                        ),
-                        None => "a flush".to_string(),
-                    };
-                    cuda_error(
-                        call,
-                        format!(
-                            "upload of {} bytes into device buffer {} (tag {}) on device {device}, waited for with {with}",
-                            g.len, g.buffer, g.tag
-                        ),
-                        code,
-                    )
-                });
-                // After the wait: a reader that sees the count drop launches after the copy.
-                guards.end_upload(g.buffer);
-                let completion = Completion {
-                    tag: g.tag,
-                    buffer: g.buffer,
-                    len: g.len,
-                    result,
-                    submitted: g.submitted,
-                    completed: Instant::now(),
-                };
-                // The uploader owns the receivers; if it is gone we just keep draining.
-                let _ = done.send(completion);
-            }
+            let g = f.group;
+            let result = waited.map_err(|(call, code)| {
+                cuda_error(
+                    call,
+                    format!(
+                        "upload of {} bytes into device buffer {} (tag {}) on device {device}, waited for with the upload of {len} bytes into buffer {buffer} (tag {tag})",
+                        g.len, g.buffer, g.tag
+                    ),
+                    code,
+                )
+            });
+            // After the wait: a reader that sees the count drop launches after the copy.
+            guards.end_upload(g.buffer);
+            let completion = Completion {
+                tag: g.tag,
+                buffer: g.buffer,
+                len: g.len,
+                result,
+                submitted: g.submitted,
+                completed: Instant::now(),
+            };
+            // The uploader owns the receivers; if it is gone we just keep draining.
+            let _ = done.send(completion);
             if let Some(e) = f.event {
                 let _ = free.send(e);
             }
@@ -192,18 +177,18 @@ fn completion_loop(
 mod tests {
     use super::*;
 
-    /// An entry of `len` bytes (`None`: a flush marker, no group), with an event or not.
-    fn entry(len: Option<usize>, event: bool) -> (Option<usize>, bool) {
+    /// An entry of `len` bytes, with an event or not.
+    fn entry(len: usize, event: bool) -> (usize, bool) {
         (len, event)
     }
 
-    fn pick(entries: &[(Option<usize>, bool)]) -> Option<usize> {
+    fn pick(entries: &[(usize, bool)]) -> Option<usize> {
         awaited(entries.iter().copied())
     }
 
     #[test]
     fn the_wait_covers_at_most_the_bounds_but_always_one_event() {
-        let small = Some(64 << 10);
+        let small = 64 << 10;
         // No event: nothing to wait on.
         assert_eq!(pick(&[entry(small, false); 3]), None);
         // Events every 4 groups of 64 KiB: the newest within 16 groups is the 16th entry.
@@ -214,15 +199,11 @@ mod tests {
         w.push(entry(small, true));
         w.push(entry(small, true));
         assert_eq!(pick(&w), Some(19));
-        // A flush marker counts no group.
-        let mut w = vec![entry(small, false); 16];
-        w.push(entry(None, true));
-        assert_eq!(pick(&w), Some(16));
         // 4 MiB groups, each with its event: one at a time, so each slot comes back at once.
-        let w = vec![entry(Some(4 << 20), true); 8];
+        let w = vec![entry(4 << 20, true); 8];
         assert_eq!(pick(&w), Some(0));
         // 1 MiB groups: four per wait.
-        let w = vec![entry(Some(1 << 20), true); 8];
+        let w = vec![entry(1 << 20, true); 8];
         assert_eq!(pick(&w), Some(3));
     }
 }

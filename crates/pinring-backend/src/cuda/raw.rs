@@ -121,6 +121,67 @@ pub unsafe fn memcpy_htod_async(
         .result()
 }
 
+/// Whether the driver has `cuMemcpyBatchAsync` (CUDA 12.8 and later drivers; CUDA 13 drivers
+/// keep the 12.8 entry point beside its `_v2`). Asked once, without calling it: cudarc panics
+/// on a call to a missing symbol.
+pub fn has_memcpy_batch() -> bool {
+    type F = unsafe extern "C" fn();
+    // SAFETY: the driver library is loaded (the caller made a context first); a reference to
+    // cudarc's handle of it, which lives for the process.
+    let lib = unsafe { sys::culib() };
+    // SAFETY: only looks the symbol up; the address is neither called nor kept.
+    unsafe { lib.get::<F>(b"cuMemcpyBatchAsync") }.is_ok()
+}
+
+/// `cuMemcpyBatchAsync`: host-to-device copies `srcs[i]..+sizes[i]` to `dsts[i]`, all on
+/// `stream` in one driver call, ordered with the stream's other work as one copy would be
+/// (`CU_MEMCPY_SRC_ACCESS_ORDER_STREAM`). The three slices have one entry per copy. On an
+/// error, also the index of the copy the driver names (`failIdx`).
+///
+/// # Safety
+/// As [`memcpy_htod_async`], for every copy; and [`has_memcpy_batch`] said yes.
+pub unsafe fn memcpy_htod_batch_async(
+    dsts: &mut [sys::CUdeviceptr],
+    srcs: &mut [sys::CUdeviceptr],
+    sizes: &mut [usize],
+    device: i32,
+    stream: &CudaStream,
+) -> Result<(), (DriverError, usize)> {
+    assert!(
+        dsts.len() == srcs.len() && srcs.len() == sizes.len(),
+        "one destination, source and size per copy"
+    );
+    make_current(stream.context()).map_err(|e| (e, 0))?;
+    // SAFETY: the attributes are plain data; an all-zero CUmemcpyAttributes is a valid value
+    // whose fields are set below.
+    let mut attrs: sys::CUmemcpyAttributes = unsafe { std::mem::zeroed() };
+    attrs.srcAccessOrder = sys::CUmemcpySrcAccessOrder::CU_MEMCPY_SRC_ACCESS_ORDER_STREAM;
+    attrs.srcLocHint.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST;
+    attrs.dstLocHint.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+    attrs.dstLocHint.id = device;
+    let mut attrs_idx: usize = 0;
+    let mut fail_idx: usize = 0;
+    // SAFETY: the arrays hold `dsts.len()` entries each (asserted) and are only read by the
+    // driver; one attribute set applies from copy 0 on; `fail_idx` is a valid out-parameter.
+    // The caller guarantees every copy's ranges as for `memcpy_htod_async` and that the symbol
+    // exists.
+    unsafe {
+        sys::cuMemcpyBatchAsync(
+            dsts.as_mut_ptr(),
+            srcs.as_mut_ptr(),
+            sizes.as_mut_ptr(),
+            dsts.len(),
+            &mut attrs,
+            &mut attrs_idx,
+            1,
+            &mut fail_idx,
+            stream.cu_stream(),
+        )
+    }
+    .result()
+    .map_err(|e| (e, fail_idx))
+}
+
 /// Device memory from `cuMemAlloc`, freed with `cuMemFree` on drop.
 ///
 /// Device buffers are allocated this way rather than through cudarc (`alloc_zeros`), which takes

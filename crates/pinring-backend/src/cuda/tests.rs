@@ -432,6 +432,15 @@ fn copy_patterns() {
     let side_done = raw::Event::new(&b.ctx).unwrap();
     let small = if mode == 3 { 4096 } else { 32 };
     let nbufs: usize = std::env::var("PATTERN_BUFS").map_or(0, |v| v.parse().unwrap());
+    // PATTERN_BATCH=m: m copies per cuMemcpyBatchAsync call (issued early at an event).
+    let batch: usize = std::env::var("PATTERN_BATCH").map_or(0, |v| v.parse().unwrap());
+    if batch > 0 {
+        assert!(
+            raw::has_memcpy_batch(),
+            "the driver has no cuMemcpyBatchAsync"
+        );
+    }
+    let (mut dsts, mut srcs, mut lens) = (Vec::new(), Vec::new(), Vec::new());
     let done = raw::Event::new(&b.ctx).unwrap();
     let sizes: Vec<usize> = std::env::var("PATTERN_SIZES")
         .map(|v| {
@@ -505,10 +514,31 @@ fn copy_patterns() {
                         None => (&dev, dst),
                     };
                     let len = if labels { slot - small } else { slot };
-                    // SAFETY: the ring and the device buffers outlive every copy (synchronized
-                    // below); the ring is not written during the run.
-                    unsafe { d.copy_in_async(dst, ring.as_ptr().wrapping_add(src), len, &stream) }
+                    let event_due = k > 0 && ((i + 1) % k == 0 || i + 1 == n);
+                    if batch > 0 {
+                        dsts.push(d.ptr() + dst as u64);
+                        srcs.push(ring.as_ptr() as u64 + src as u64);
+                        lens.push(len);
+                        if dsts.len() == batch || event_due || i + 1 == n {
+                            // SAFETY: as for the single copies below.
+                            unsafe {
+                                raw::memcpy_htod_batch_async(
+                                    &mut dsts, &mut srcs, &mut lens, 0, &stream,
+                                )
+                            }
+                            .unwrap();
+                            dsts.clear();
+                            srcs.clear();
+                            lens.clear();
+                        }
+                    } else {
+                        // SAFETY: the ring and the device buffers outlive every copy
+                        // (synchronized below); the ring is not written during the run.
+                        unsafe {
+                            d.copy_in_async(dst, ring.as_ptr().wrapping_add(src), len, &stream)
+                        }
                         .unwrap();
+                    }
                     if labels {
                         // SAFETY: as above; the label bytes end the slot.
                         unsafe {
@@ -521,7 +551,7 @@ fn copy_patterns() {
                         }
                         .unwrap();
                     }
-                    if k > 0 && ((i + 1) % k == 0 || i + 1 == n) {
+                    if event_due {
                         if mode == 2 {
                             side_done.record(&side).unwrap();
                             side_done.wait_on(&stream).unwrap();

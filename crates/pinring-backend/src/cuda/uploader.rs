@@ -1,10 +1,13 @@
 //! The upload engine: [`CudaUploader`] owns the device buffers, the copy streams and the
-//! per-buffer guards. `submit_group_deferred` is the hot path: for each of a part's copies one
-//! `cuMemcpyHtoDAsync` per registered chunk its source touches (usually one), on the copy stream
-//! or, under [`SMALL_COPY_BYTES`], the small-copy stream; then, once [`EVENT_GROUPS`] groups or
-//! [`EVENT_BYTES`] bytes have gone without one (or at `flush`), one event record that covers
-//! every group before it, both streams' copies. The completion thread (`completion.rs`) waits on
-//! the events. docs/ARCHITECTURE.md, "Upload signals", has the measurements behind both.
+//! per-buffer guards. `submit_group_deferred` is the hot path: each of a part's copies, one per
+//! registered chunk its source touches (usually one), is held for the copy stream or, under
+//! [`SMALL_COPY_BYTES`], the small-copy stream. Once [`EVENT_GROUPS`] groups or [`EVENT_BYTES`]
+//! bytes are held (or at `flush`), each stream's held copies go to the driver in one
+//! `cuMemcpyBatchAsync` call, then one event record covers every group before it, both streams'
+//! copies, and the groups enter the completion queue. Where the driver lacks the batch call
+//! (before CUDA 12.8), each copy is a `cuMemcpyHtoDAsync` of its own, issued at once. The
+//! completion thread (`completion.rs`) waits on the events. docs/ARCHITECTURE.md, "Upload
+//! signals", has the measurements behind all three.
 //!
 //! # The device-buffer guard
 //! Each buffer is guarded by `crate::guard`, as on the host backend: a copy into a buffer and a
@@ -61,9 +64,12 @@ pub struct CudaUploader {
     pub(super) kernel_state: Mutex<KernelState>,
     /// Called by the completion thread after it sent completions.
     pub(super) hook: Arc<crate::HookCell>,
-    /// Groups queued since the last event on the copy stream. Held from a group's first copy
-    /// to its entry in the completion queue, so the queue's order is the stream's.
+    /// Groups queued since the last event on the copy stream, and their held copies. Locked
+    /// from a group's first copy to its entry in the completion queue, so the queue's order is
+    /// the streams'.
     pub(super) unsignalled: Mutex<Unsignalled>,
+    /// Whether the driver has `cuMemcpyBatchAsync`: copies are then held and issued together.
+    batch_copies: bool,
     /// Each buffer's CUDA IPC handles and events, made by its first `export` (`ipc::export`).
     pub(super) ipc: Vec<OnceLock<Exported>>,
     /// Held while a buffer's IPC state is made, so it is made once.
@@ -153,6 +159,7 @@ impl CudaUploader {
             }),
             hook,
             unsignalled: Mutex::new(Unsignalled::default()),
+            batch_copies: raw::has_memcpy_batch(),
             ipc: (0..buffers).map(|_| OnceLock::new()).collect(),
             ipc_init: Mutex::new(()),
         })
@@ -268,13 +275,6 @@ impl CudaUploader {
                 });
             }
         }
-        let gone = BackendError::WorkerGone {
-            backend: "cuda",
-            call: "submit",
-        };
-        let Some(tx) = self.inflight.as_ref() else {
-            return Err(gone);
-        };
         let device = self.device;
         let b = first.buffer;
         // Each length fits the buffer (checked), and a group is a part's few fields.
@@ -292,13 +292,19 @@ impl CudaUploader {
                 jobs.len()
             )
         };
-        // Held until the group is in the completion queue: the queue's order is the stream's.
         let mut unsignalled = self.lock_unsignalled();
         // Store-load against readers (module docs): announce the upload, then look for readers.
         self.guards.begin_upload(b)?;
-        let submitted = Instant::now();
-        let mut enqueued = Ok(());
-        'jobs: for (i, job) in jobs.iter().enumerate() {
+        let u = &mut *unsignalled;
+        u.groups.push(Group {
+            tag: first.tag,
+            buffer: b,
+            len,
+            submitted: Instant::now(),
+        });
+        u.bytes = u.bytes.saturating_add(len);
+        let dst = self.buffers[b].ptr();
+        for (i, job) in jobs.iter().enumerate() {
             // One copy per registered chunk the source touches (usually exactly one).
             let start = job.src as usize;
             let end = start + job.len;
@@ -306,19 +312,24 @@ impl CudaUploader {
             while cur < end {
                 let next = self.chunks.next_boundary(cur, end);
                 let small = next - cur < SMALL_COPY_BYTES;
-                unsignalled.small |= small;
-                // SAFETY: [cur, next) is a piece of src..src+len, and dst_offset + (cur - start)
-                // + (next - cur) <= dst_offset + len <= buffer size (checked above); the caller
-                // guarantees src..src+len stays valid and unwritten until the group's
-                // Completion is received, and the completion thread sends it only after an
-                // event recorded on the copy stream after every copy of the group (this
-                // group's event, or a later group's or flush's; a copy on the small-copy stream
-                // is joined into the copy stream before that event, `event_after`) has
-                // completed. Device buffers are freed only after that thread has drained
+                u.small |= small;
+                let at = job.dst_offset + (cur - start);
+                if self.batch_copies {
+                    u.held[usize::from(small)].push(dst + at as u64, cur, next - cur);
+                    cur = next;
+                    continue;
+                }
+                // SAFETY: [cur, next) is a piece of src..src+len, and at + (next - cur) <=
+                // dst_offset + len <= buffer size (checked above); the caller guarantees
+                // src..src+len stays valid and unwritten until the group's Completion is
+                // received, and the completion thread sends it only after an event recorded on
+                // the copy stream after every copy of the group has completed (`signal`; a copy
+                // on the small-copy stream is joined into the copy stream before that event,
+                // `event_after`). Device buffers are freed only after that thread has drained
                 // (Drop).
                 let r = unsafe {
                     self.buffers[b].copy_in_async(
-                        job.dst_offset + (cur - start),
+                        at,
                         cur as *const u8,
                         next - cur,
                         if small {
@@ -329,54 +340,125 @@ impl CudaUploader {
                     )
                 };
                 if let Err(e) = r {
-                    enqueued = Err(cuda_error("cuMemcpyHtoDAsync", object(i), e.0));
-                    break 'jobs;
+                    let err = cuda_error("cuMemcpyHtoDAsync", object(i), e.0);
+                    return Err(self.fail_held(u, err));
                 }
                 cur = next;
             }
         }
-        let signal = !deferred
-            || unsignalled.groups + 1 >= EVENT_GROUPS
-            || unsignalled.bytes.saturating_add(len) >= EVENT_BYTES;
-        let recorded = enqueued.and_then(|()| {
-            signal
-                .then(|| self.event_after(|| object(jobs.len() - 1), unsignalled.small))
-                .transpose()
-        });
-        let event = match recorded {
-            Ok(event) => event,
-            Err(e) => {
-                // Copies may have been enqueued even though a later call failed: wait for the
-                // streams so no source is still read when we return an error.
-                self.wait_for_streams();
-                self.guards.end_upload(b);
-                return Err(e);
-            }
-        };
-        *unsignalled = match event {
-            Some(_) => Unsignalled::default(),
-            None => Unsignalled {
-                groups: unsignalled.groups + 1,
-                bytes: unsignalled.bytes.saturating_add(len),
-                small: unsignalled.small,
-            },
-        };
-        let flight = InFlight {
-            group: Some(Group {
-                tag: first.tag,
-                buffer: b,
-                len,
-                submitted,
-            }),
-            event,
-        };
-        if tx.send(flight).is_err() {
-            // Completion thread gone: wait for the copies ourselves before reporting.
-            self.wait_for_streams();
-            self.guards.end_upload(b);
-            return Err(gone);
+        if !deferred || u.groups.len() >= EVENT_GROUPS || u.bytes >= EVENT_BYTES {
+            self.signal(u, &|| object(jobs.len() - 1))?;
         }
         Ok(1)
+    }
+
+    /// Issues the held copies (one `cuMemcpyBatchAsync` per stream that has some), records one
+    /// event after them and every copy before, and puts the unsignalled groups in the completion
+    /// queue, the event with the last. `object` names what the event follows, for an error.
+    /// On an error no held group will complete (`fail_held`).
+    fn signal(&self, u: &mut Unsignalled, object: &dyn Fn() -> String) -> Result<(), BackendError> {
+        if u.groups.is_empty() {
+            return Ok(());
+        }
+        let gone = |call| BackendError::WorkerGone {
+            backend: "cuda",
+            call,
+        };
+        let Some(tx) = self.inflight.as_ref() else {
+            return Err(self.fail_held(u, gone("submit")));
+        };
+        if let Err(e) = self.issue_held(u, object) {
+            return Err(self.fail_held(u, e));
+        }
+        let event = match self.event_after(object, u.small) {
+            Ok(event) => event,
+            Err(e) => return Err(self.fail_held(u, e)),
+        };
+        let last = u.groups.len() - 1;
+        let mut event = Some(event);
+        for (i, group) in u.groups.drain(..).enumerate() {
+            let flight = InFlight {
+                group,
+                event: if i == last { event.take() } else { None },
+            };
+            if tx.send(flight).is_err() {
+                // Completion thread gone: wait for the copies ourselves before reporting.
+                self.wait_for_streams();
+                return Err(gone("submit"));
+            }
+        }
+        u.bytes = 0;
+        u.small = false;
+        Ok(())
+    }
+
+    /// Gives the held copies to the driver: one `cuMemcpyBatchAsync` per stream that has some.
+    /// `object` names what the last one follows, for an error.
+    fn issue_held(
+        &self,
+        u: &mut Unsignalled,
+        object: &dyn Fn() -> String,
+    ) -> Result<(), BackendError> {
+        for (held, stream, name) in [
+            (0, &self.copy_stream, "copy"),
+            (1, &self.small_stream, "small-copy"),
+        ] {
+            let held = &mut u.held[held];
+            if held.dsts.is_empty() {
+                continue;
+            }
+            // SAFETY: every held copy is a piece of a job checked by `enqueue_group` (inside
+            // its device buffer, its source inside the caller's range, which stays valid and
+            // unwritten until the group's completion: sent below only with or before an event
+            // recorded after these copies). The driver has the call (`batch_copies`).
+            let r = unsafe {
+                raw::memcpy_htod_batch_async(
+                    &mut held.dsts,
+                    &mut held.srcs,
+                    &mut held.sizes,
+                    self.device as i32,
+                    stream,
+                )
+            };
+            if let Err((e, failed)) = r {
+                let what = format!(
+                    "{} held copies on the {name} stream of device {} (copy {failed} failed), issued for {}",
+                    held.dsts.len(),
+                    self.device,
+                    object()
+                );
+                return Err(cuda_error("cuMemcpyBatchAsync", what, e.0));
+            }
+            held.clear();
+        }
+        Ok(())
+    }
+
+    /// [`Self::issue_held`] under the lock, for the calls that order the streams' work against
+    /// another event (`object` names it, for an error).
+    fn issue_held_now(&self, object: impl Fn() -> String) -> Result<(), BackendError> {
+        let mut unsignalled = self.lock_unsignalled();
+        let u = &mut *unsignalled;
+        match self.issue_held(u, &object) {
+            Ok(()) => Ok(()),
+            Err(e) => Err(self.fail_held(u, e)),
+        }
+    }
+
+    /// After a failed driver call: waits until no copy already issued still reads a source,
+    /// ends the unsignalled groups' uploads and drops them with their held copies (they will
+    /// not complete: the caller treats the error as fatal), and returns `err`.
+    fn fail_held(&self, u: &mut Unsignalled, err: BackendError) -> BackendError {
+        self.wait_for_streams();
+        for group in u.groups.drain(..) {
+            self.guards.end_upload(group.buffer);
+        }
+        for held in &mut u.held {
+            held.clear();
+        }
+        u.bytes = 0;
+        u.small = false;
+        err
     }
 }
 
@@ -406,13 +488,37 @@ pub(super) const EVENT_BYTES: usize = 4 << 20;
 /// copies.
 pub(super) const SMALL_COPY_BYTES: usize = 16 << 10;
 
-/// Groups and bytes queued since the copy stream's last event, and whether small copies were
-/// among them.
+/// The groups queued since the copy stream's last event, their bytes, whether small copies were
+/// among them, and the copies not yet issued (`cuMemcpyBatchAsync` drivers): for the copy
+/// stream, then the small-copy stream.
 #[derive(Debug, Default)]
 pub(super) struct Unsignalled {
-    groups: usize,
+    groups: Vec<Group>,
     bytes: usize,
     small: bool,
+    held: [HeldCopies; 2],
+}
+
+/// Copies held for one `cuMemcpyBatchAsync` call: destination, source and size of each.
+#[derive(Debug, Default)]
+struct HeldCopies {
+    dsts: Vec<sys::CUdeviceptr>,
+    srcs: Vec<sys::CUdeviceptr>,
+    sizes: Vec<usize>,
+}
+
+impl HeldCopies {
+    fn push(&mut self, dst: sys::CUdeviceptr, src: usize, len: usize) {
+        self.dsts.push(dst);
+        self.srcs.push(src as sys::CUdeviceptr);
+        self.sizes.push(len);
+    }
+
+    fn clear(&mut self) {
+        self.dsts.clear();
+        self.srcs.clear();
+        self.sizes.clear();
+    }
 }
 
 /// One device buffer: a `cuMemAlloc` allocation ([`raw::DeviceAlloc`], which CUDA IPC can
@@ -541,33 +647,13 @@ impl Uploader for CudaUploader {
 
     fn flush(&self) -> Result<(), BackendError> {
         let mut unsignalled = self.lock_unsignalled();
-        if unsignalled.groups == 0 {
-            return Ok(());
-        }
-        let Some(tx) = self.inflight.as_ref() else {
-            return Err(BackendError::WorkerGone {
-                backend: "cuda",
-                call: "flush",
-            });
-        };
-        let (groups, bytes) = (unsignalled.groups, unsignalled.bytes);
-        let event = self.event_after(
-            || {
-                format!(
-                    "{groups} groups of copies ({bytes} bytes) on device {}",
-                    self.device
-                )
-            },
-            unsignalled.small,
-        )?;
-        *unsignalled = Unsignalled::default();
-        tx.send(InFlight {
-            group: None,
-            event: Some(event),
-        })
-        .map_err(|_| BackendError::WorkerGone {
-            backend: "cuda",
-            call: "flush",
+        let u = &mut *unsignalled;
+        let (groups, bytes) = (u.groups.len(), u.bytes);
+        self.signal(u, &|| {
+            format!(
+                "{groups} groups of copies ({bytes} bytes) on device {}",
+                self.device
+            )
         })
     }
 
@@ -622,10 +708,15 @@ impl Uploader for CudaUploader {
     }
 
     fn record_ready(&self, buffer: usize) -> Result<(), BackendError> {
+        // The ready event follows every copy submitted so far: held ones go to the driver first.
+        self.issue_held_now(|| format!("the ready event of device buffer {buffer}"))?;
         self.record_ready_on_copy_stream(buffer)
     }
 
     fn wait_release(&self, buffer: usize, consumer_alive: bool) -> Result<(), BackendError> {
+        // Only copies submitted after this wait for the release: held ones go to the driver
+        // before the wait.
+        self.issue_held_now(|| format!("the wait for the release of device buffer {buffer}"))?;
         self.wait_release_on_copy_stream(buffer, consumer_alive)
     }
 
