@@ -1,5 +1,7 @@
 //! The copy ceilings `pinring bench` prints next to the pipeline's throughput: one host buffer
-//! (page-locked or pageable) copied into one device buffer on one stream, no pipeline.
+//! (page-locked or pageable) copied into one device buffer on one stream, no pipeline. From
+//! page-locked memory the copies go to the driver as the upload engine gives them:
+//! [`RAW_BATCH`] to a `cuMemcpyBatchAsync` call where the driver has it.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -17,7 +19,10 @@ use crate::BackendError;
 impl CudaBackend {
     /// The raw host-to-device ceiling: times `iters` copies of `bytes` from one host buffer
     /// (page-locked with `cuMemHostRegister` when `registered`, else plain pageable memory) into
-    /// one device buffer on one stream; returns GB/s (1e9 bytes per second).
+    /// one device buffer on one stream; returns GB/s (1e9 bytes per second). Registered copies
+    /// go [`RAW_BATCH`] to a driver call where the driver batches copies (each copy of a call
+    /// writes the same bytes to the same place, so their order does not matter), one per call
+    /// otherwise.
     pub fn raw_h2d_gbps(
         &self,
         bytes: usize,
@@ -66,12 +71,35 @@ impl CudaBackend {
                 host.as_ptr()
             )
         };
+        let batch = if registered && raw::has_memcpy_batch() {
+            RAW_BATCH
+        } else {
+            1
+        };
         let run = |n: usize| -> Result<(), BackendError> {
-            for _ in 0..n {
-                // SAFETY: `host` and `dst` stay alive, and `host` unwritten, until `done` below
-                // has completed, which covers every copy enqueued on `stream` before it.
-                unsafe { dst.copy_in_async(0, host.as_ptr(), bytes, &stream) }
-                    .map_err(|e| cuda_error("cuMemcpyHtoDAsync", object(), e.0))?;
+            let mut left = n;
+            while left > 0 {
+                let k = left.min(batch);
+                left -= k;
+                if batch == 1 {
+                    // SAFETY: `host` and `dst` stay alive, and `host` unwritten, until `done`
+                    // below has completed, which covers every copy enqueued on `stream` before
+                    // it.
+                    unsafe { dst.copy_in_async(0, host.as_ptr(), bytes, &stream) }
+                        .map_err(|e| cuda_error("cuMemcpyHtoDAsync", object(), e.0))?;
+                    continue;
+                }
+                let mut dsts = vec![dst.ptr(); k];
+                let mut srcs = vec![host.as_ptr() as sys::CUdeviceptr; k];
+                let mut sizes = vec![bytes; k];
+                // SAFETY: as for one copy above, for each of the `k` (all the same range of
+                // `dst`, inside it); the driver has the call (`has_memcpy_batch`).
+                unsafe {
+                    raw::memcpy_htod_batch_async(
+                        &mut dsts, &mut srcs, &mut sizes, dev as i32, &stream,
+                    )
+                }
+                .map_err(|(e, _)| cuda_error("cuMemcpyBatchAsync", object(), e.0))?;
             }
             done.record(&stream)
                 .and_then(|()| done.synchronize())
@@ -87,3 +115,7 @@ impl CudaBackend {
         Ok(bytes as f64 * iters as f64 / secs.max(1e-12) / 1e9)
     }
 }
+
+/// Copies per driver call in the registered ceiling: what the upload engine gives one
+/// `cuMemcpyBatchAsync` call at small slots (`EVENT_GROUPS` parts of one copy each).
+const RAW_BATCH: usize = super::uploader::EVENT_GROUPS;
