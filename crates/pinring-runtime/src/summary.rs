@@ -114,8 +114,8 @@ pub struct Summary {
     /// CPU seconds the daemon used (user + system, all its threads) from ring ready to the end:
     /// the steady-state cost, without start-up and registration.
     pub daemon_cpu_seconds: f64,
-    /// CPU seconds of each daemon thread since it started, by thread name (the daemon's own and
-    /// the GPU driver's).
+    /// CPU seconds of the daemon's threads from ring ready to the end (a thread started later:
+    /// all of it), by thread name (the daemon's own and the GPU driver's).
     #[serde(default)]
     pub thread_cpu_seconds: std::collections::BTreeMap<String, f64>,
     /// The error that ended the run, if any.

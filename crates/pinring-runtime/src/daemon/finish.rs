@@ -117,7 +117,7 @@ impl Daemon {
             latency_p50_us: self.latencies.quantile_us(0.50),
             latency_p99_us: self.latencies.quantile_us(0.99),
             daemon_cpu_seconds: (cpu_seconds() - self.cpu_at_ready).max(0.0),
-            thread_cpu_seconds: thread_cpu_seconds(),
+            thread_cpu_seconds: thread_cpu_since(&self.threads_at_ready),
             error: result.as_ref().err().map(|e| e.to_string()),
             exit_code: 0,
         };
@@ -145,9 +145,9 @@ pub fn cpu_seconds() -> f64 {
     }
 }
 
-/// CPU seconds (user + system) of each thread of this process, by thread name, from
-/// /proc/self/task: where the daemon's CPU goes (its own threads and the GPU driver's).
-fn thread_cpu_seconds() -> std::collections::BTreeMap<String, f64> {
+/// CPU seconds (user + system) of each thread of this process, by thread id, with its name,
+/// from /proc/self/task: where the daemon's CPU goes (its own threads and the GPU driver's).
+pub(super) fn thread_cpu() -> std::collections::BTreeMap<i32, (String, f64)> {
     let mut out = std::collections::BTreeMap::new();
     let ticks = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
         .ok()
@@ -157,13 +157,29 @@ fn thread_cpu_seconds() -> std::collections::BTreeMap<String, f64> {
         return out;
     };
     for entry in dir.flatten() {
+        let Some(tid) = entry.file_name().to_str().and_then(|t| t.parse().ok()) else {
+            continue;
+        };
         let Some(stat) = std::fs::read_to_string(entry.path().join("stat"))
             .ok()
             .and_then(|text| pinring_ring::process::parse_stat(&text))
         else {
             continue;
         };
-        *out.entry(stat.comm).or_insert(0.0) += (stat.utime + stat.stime) as f64 / ticks;
+        out.insert(tid, (stat.comm, (stat.utime + stat.stime) as f64 / ticks));
+    }
+    out
+}
+
+/// CPU seconds of each thread since `at_ready` ([`thread_cpu`] when the ring became ready; a
+/// thread started later counts whole), summed by thread name.
+fn thread_cpu_since(
+    at_ready: &std::collections::BTreeMap<i32, (String, f64)>,
+) -> std::collections::BTreeMap<String, f64> {
+    let mut out = std::collections::BTreeMap::new();
+    for (tid, (name, now)) in thread_cpu() {
+        let before = at_ready.get(&tid).map_or(0.0, |(_, s)| *s);
+        *out.entry(name).or_insert(0.0) += (now - before).max(0.0);
     }
     out
 }

@@ -302,6 +302,8 @@ struct Daemon {
     started: Instant,
     /// CPU seconds used before the ring was ready (start-up, registration).
     cpu_at_ready: f64,
+    /// Each thread's CPU seconds when the ring became ready (`finish::thread_cpu`).
+    threads_at_ready: std::collections::BTreeMap<i32, (String, f64)>,
     last_delivery: Instant,
     /// When the first batch was delivered (the first batch's latency, from `started`).
     first_delivery: Option<Instant>,

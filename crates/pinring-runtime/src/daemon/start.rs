@@ -214,6 +214,7 @@ impl Daemon {
             sink_pending: 0,
             started: now,
             cpu_at_ready: 0.0,
+            threads_at_ready: Default::default(),
             last_delivery: now,
             first_delivery: None,
             verified: 0,
@@ -243,6 +244,7 @@ impl Daemon {
         }
         d.started = Instant::now();
         d.cpu_at_ready = cpu_seconds();
+        d.threads_at_ready = super::finish::thread_cpu();
         d.ring.set_state(ring_state::READY);
         tracing::info!(
             ring = %d.cfg.ring.name,
