@@ -5,9 +5,13 @@
 //! ([`tar::Entry::raw_file_position`]) and size are kept; reads are `pread`s of those bytes
 //! later. As in WebDataset, a member `dir/key.ext` has the key `dir/key` (the path up to the
 //! first dot of the base name) and the extension `ext` (the rest, lower-cased); consecutive
-//! members with the same key form one sample. Members whose base name has no dot (or starts with
-//! one) belong to no sample and are skipped, as WebDataset does; so are directories, links and
-//! extensions that no configured field asks for.
+//! members with the same key form one sample. Regular members whose base name has no dot (or
+//! starts with one: `README`, `__meta__`, macOS's `._key.jpg`) belong to no sample and are
+//! skipped, as WebDataset does, and reported: [`WebDataset::unowned_members`] counts them per
+//! shard, naming the first, and the open logs that as a warning. Directories and links are
+//! skipped, and so are members of an extension no configured field asks for (they still belong
+//! to their key's sample: a key whose members are all of such extensions is an incomplete
+//! sample).
 //!
 //! The fields (`dataset.fields`, default `["image", "cls"]`), each required in every sample:
 //!
@@ -58,9 +62,12 @@
 //! [`WebDataset::shard_sizes`] in the config (`dataset.webdataset.shard_samples`, part of the
 //! fingerprint), so daemon, loaders and consumers compute the same plan.
 //!
-//! **Bad data.** A shard that cannot be opened, a corrupt header, or a member cut short by a
-//! truncated file fails the open with an error naming the shard, the member and the byte
-//! offset (the caller may drop the shard and open again). A bad sample (incomplete, duplicate
+//! **Bad data.** A shard that cannot be opened, a corrupt header, a member cut short by a
+//! truncated file, or a shard that ends without tar's end-of-archive marker (two zero blocks:
+//! cut between members, [`WdsError::NoEndMarker`]) fails the open with an error naming the
+//! shard, the member and the byte offset (the caller may drop the shard and open again). These
+//! fail the open whatever the caller's `on_bad_sample`: the shard's sample count (which the
+//! plan's shard order follows) is not known, and the missing samples have no ids to skip. A bad sample (incomplete, duplicate
 //! members, a `.cls` that is not an integer, a bad `.npy` member) is an error of that sample's
 //! read only.
 
@@ -282,6 +289,19 @@ pub enum WdsError {
         /// Bytes past the end of the file.
         missing: u64,
     },
+    /// The shard ends without tar's end-of-archive marker: it was cut short between members
+    /// (on a 512-byte block boundary), so members past the cut are missing.
+    #[error("shard {shard} is truncated: it ends at byte offset {offset}, {after}, without tar's end-of-archive marker (two 512-byte zero blocks; {found}), so the members after that point are missing; copy (or download) the shard again, or re-write it (tar and Python's tarfile end an archive with the marker), or drop it from dataset.shards", after = after_member(member), found = end_found(*tail))]
+    NoEndMarker {
+        /// The shard.
+        shard: String,
+        /// The last member ("" if none).
+        member: String,
+        /// Where the shard ends (its length).
+        offset: u64,
+        /// Zero bytes after the last member's data and padding (fewer than 1024).
+        tail: u64,
+    },
     /// A member of a kind pinring does not read (a sparse file).
     #[error("shard {shard}: member {member:?} at byte offset {offset} is a sparse file, which pinring does not read; rewrite the shard without --sparse")]
     Sparse {
@@ -358,6 +378,25 @@ pub enum WdsError {
     },
 }
 
+fn after_member(member: &str) -> String {
+    if member.is_empty() {
+        "before any member".into()
+    } else {
+        format!("after member {member:?}")
+    }
+}
+
+fn end_found(tail: u64) -> String {
+    match tail {
+        0 => "it has none".into(),
+        512 => "it has one".into(),
+        n => format!("it has {n} zero bytes"),
+    }
+}
+
+/// tar's end-of-archive marker: two zero blocks after the last member.
+const END_MARKER: usize = 1024;
+
 /// One regular member of a shard, as indexed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Member {
@@ -370,7 +409,11 @@ pub struct Member {
 }
 
 /// Indexes the regular members of the tar archive in `reader` (`len` bytes; `shard` names it in
-/// errors). Never panics on any input.
+/// errors). The archive must end with tar's end-of-archive marker (two 512-byte zero blocks
+/// after the last member, as tar and Python's `tarfile` write it): a shard that ends without it
+/// was cut short between members ([`WdsError::NoEndMarker`]), and one zero block followed by
+/// anything but a second one is a corrupt archive ([`WdsError::Corrupt`]); what follows the
+/// marker is ignored, as tar does. Never panics on any input.
 pub fn index_tar<R: Read + Seek>(
     shard: &str,
     reader: R,
@@ -416,6 +459,37 @@ pub fn index_tar<R: Read + Seek>(
             });
         }
         members.push(Member { path, offset, size });
+    }
+    // The entries end at the first zero block (or at the end of the file): check that the
+    // marker's two zero blocks are there.
+    let mut reader = archive.into_inner();
+    let mut tail = Vec::with_capacity(END_MARKER);
+    let read_tail = reader
+        .seek(io::SeekFrom::Start(next))
+        .and_then(|_| (&mut reader).take(END_MARKER as u64).read_to_end(&mut tail));
+    read_tail.map_err(|e| corrupt(&last, next, e))?;
+    if let Some(at) = tail.iter().position(|&b| b != 0) {
+        let at = next.saturating_add(at as u64);
+        return Err(corrupt(
+            &last,
+            next,
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "the zero block at byte offset {next} ends the archive, but byte offset \
+                     {at} holds data, not tar's second zero block: a header was overwritten \
+                     with zeros, and the members after it would be lost"
+                ),
+            ),
+        ));
+    }
+    if tail.len() < END_MARKER {
+        return Err(WdsError::NoEndMarker {
+            shard: shard.into(),
+            member: last,
+            offset: next.saturating_add(tail.len() as u64).min(len),
+            tail: tail.len() as u64,
+        });
     }
     Ok(members)
 }
@@ -480,10 +554,54 @@ pub struct WebDataset {
     fields: Vec<SourceField>,
     /// The configured array of the `npy` members (a fixed field), if any.
     npy: Option<WdsNpy>,
+    /// Per shard with any: the members that belong to no sample.
+    unowned: Vec<Unowned>,
     scratch: Vec<u8>,
 }
 
-fn group(shard: u32, members: Vec<Member>, fields: &[WdsField], out: &mut Vec<Sample>) {
+/// Members of one shard that belong to no sample: regular files whose base name has no dot, or
+/// starts with one ([`split_key`] gives no key), e.g. `README`, `__meta__` or macOS's `._x.jpg`.
+/// They are skipped, as WebDataset skips them, and reported ([`WebDataset::unowned_members`], and
+/// a warning at open).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unowned {
+    /// The shard.
+    pub shard: String,
+    /// How many such members it has.
+    pub count: u64,
+    /// The first one.
+    pub member: String,
+    /// Its data offset.
+    pub offset: u64,
+}
+
+impl std::fmt::Display for Unowned {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "shard {}: {} member{} belong{} to no sample and {} skipped (a base name without an \
+             extension, or starting with a dot, has no sample key), the first {:?} at byte offset \
+             {}; if one holds a sample's data, re-write the shard with it named key.ext",
+            self.shard,
+            self.count,
+            if self.count == 1 { "" } else { "s" },
+            if self.count == 1 { "s" } else { "" },
+            if self.count == 1 { "is" } else { "are" },
+            self.member,
+            self.offset
+        )
+    }
+}
+
+/// Groups `members` of shard `shard` into samples (appended to `out`); returns the members that
+/// belong to no sample, as `(count, first)`.
+fn group(
+    shard: u32,
+    members: Vec<Member>,
+    fields: &[WdsField],
+    out: &mut Vec<Sample>,
+) -> Option<(u64, Member)> {
+    let mut unowned: Option<(u64, Member)> = None;
     let mut current: Option<Sample> = None;
     let finish = |s: Option<Sample>, out: &mut Vec<Sample>| {
         if let Some(mut s) = s {
@@ -497,6 +615,10 @@ fn group(shard: u32, members: Vec<Member>, fields: &[WdsField], out: &mut Vec<Sa
     };
     for m in members {
         let Some((key, ext)) = split_key(&m.path) else {
+            match &mut unowned {
+                Some((n, _)) => *n += 1,
+                None => unowned = Some((1, m)),
+            }
             continue;
         };
         if current.as_ref().is_none_or(|s| s.key != key) {
@@ -530,6 +652,7 @@ fn group(shard: u32, members: Vec<Member>, fields: &[WdsField], out: &mut Vec<Sa
         });
     }
     finish(current, out);
+    unowned
 }
 
 impl WebDataset {
@@ -591,6 +714,7 @@ impl WebDataset {
         let mut shards = Vec::with_capacity(config.shards.len());
         let mut samples = Vec::new();
         let mut shard_sizes = Vec::with_capacity(config.shards.len());
+        let mut unowned = Vec::new();
         for (i, path) in config.shards.iter().enumerate() {
             let open_err = |source| WdsError::Open {
                 shard: show(path),
@@ -600,7 +724,16 @@ impl WebDataset {
             let len = file.metadata().map_err(open_err)?.len();
             let members = index_tar(&show(path), &file, len)?;
             let before = samples.len();
-            group(i as u32, members, &config.fields, &mut samples);
+            if let Some((count, first)) = group(i as u32, members, &config.fields, &mut samples) {
+                let u = Unowned {
+                    shard: show(path),
+                    count,
+                    member: first.path,
+                    offset: first.offset,
+                };
+                tracing::warn!("{u}");
+                unowned.push(u);
+            }
             shard_sizes.push((samples.len() - before) as u64);
             shards.push(Shard {
                 path: path.clone(),
@@ -615,8 +748,15 @@ impl WebDataset {
             config_fields: config.fields.clone(),
             shuffle_buffer: config.shuffle_buffer,
             npy: config.npy.clone(),
+            unowned,
             scratch: Vec::new(),
         })
+    }
+
+    /// The members that belong to no sample ([`Unowned`]), one entry per shard that has any;
+    /// each was also logged as a warning when the shard was opened.
+    pub fn unowned_members(&self) -> &[Unowned] {
+        &self.unowned
     }
 
     /// `shuffle_buffer` of the config (the `buffer` to pass [`WebDataset::epoch_order`]).

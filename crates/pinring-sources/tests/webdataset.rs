@@ -4,6 +4,7 @@
 mod common;
 
 use std::collections::BTreeSet;
+use std::io::Cursor;
 use std::path::{Path, PathBuf};
 
 use common::{npy_bytes, read, run_python};
@@ -97,6 +98,13 @@ fn tar_crate_shards_read_back() {
     // Through the trait too: the loader records them as dataset.webdataset.shard_samples.
     assert_eq!(Source::shard_sizes(&src), Some(&[4u64, 5, 6][..]));
     assert!(src.bad_samples().is_empty());
+    // The README of each shard is reported, not a sample.
+    let unowned: Vec<(u64, &str, u64)> = src
+        .unowned_members()
+        .iter()
+        .map(|u| (u.count, u.member.as_str(), u.offset))
+        .collect();
+    assert_eq!(unowned, [(1, "README", 512); 3]);
     let names: Vec<&str> = src.fields().iter().map(|f| f.name()).collect();
     assert_eq!(names, ["images", "labels", "json"]);
     for (id, (key, img, label, json)) in expect.iter().enumerate() {
@@ -215,21 +223,89 @@ fn truncated_and_missing_shards_fail_the_open() {
     let keys: Vec<String> = (0..3).map(|i| format!("k{i}")).collect();
     write_tar(&p, &sample_members(&keys));
     let full = std::fs::read(&p).unwrap();
-    // Every cut: the open fails with a typed error or succeeds on the members that are whole.
-    for cut in (0..full.len()).step_by(97) {
+    // The tar crate ends the archive with the marker alone: two zero blocks.
+    assert!(full[full.len() - 1024..].iter().all(|&b| b == 0));
+    let index = index_tar(
+        "full.tar",
+        std::fs::File::open(&p).unwrap(),
+        full.len() as u64,
+    )
+    .unwrap();
+    // Where each member's data ends, padded to a block: a cut there is between whole members.
+    let ends: Vec<(String, usize)> = index
+        .iter()
+        .map(|m| {
+            (
+                m.path.clone(),
+                (m.offset + m.size).next_multiple_of(512) as usize,
+            )
+        })
+        .collect();
+    // Every cut, on a block boundary or not, fails the open with a typed error naming the shard:
+    // none opens with fewer samples.
+    let cuts = (0..full.len())
+        .step_by(97)
+        .chain((0..full.len()).step_by(512));
+    for cut in cuts {
         let t = dir.path().join("cut.tar");
         std::fs::write(&t, &full[..cut]).unwrap();
-        match WebDataset::open(&cfg(vec![t], vec![WdsField::Image, WdsField::Cls])) {
-            Ok(src) => assert!(src.len() <= 3),
-            Err(e) => {
-                assert!(
-                    matches!(e, WdsError::Truncated { .. } | WdsError::Corrupt { .. }),
-                    "{e}"
-                );
-                assert!(e.to_string().contains("cut.tar"), "{e}");
-            }
+        let e = WebDataset::open(&cfg(vec![t], vec![WdsField::Image, WdsField::Cls]))
+            .map(|s| s.len())
+            .expect_err(&format!("the shard cut at {cut} of {} opened", full.len()));
+        assert!(
+            matches!(
+                e,
+                WdsError::Truncated { .. }
+                    | WdsError::Corrupt { .. }
+                    | WdsError::NoEndMarker { .. }
+            ),
+            "{e}"
+        );
+        assert!(e.to_string().contains("cut.tar"), "{e}");
+    }
+    // Cut between whole members, or inside the marker: NoEndMarker, naming the last member,
+    // where the shard ends, and the fix.
+    let mut boundaries: Vec<(String, usize, u64)> =
+        ends.iter().map(|(m, end)| (m.clone(), *end, 0)).collect();
+    boundaries.push(("k2.json".into(), full.len() - 512, 512));
+    boundaries.push(("k2.json".into(), full.len() - 100, 924));
+    boundaries.push((String::new(), 0, 0));
+    for (member, cut, tail) in boundaries {
+        let t = dir.path().join("cut.tar");
+        std::fs::write(&t, &full[..cut]).unwrap();
+        let e = WebDataset::open(&cfg(vec![t], vec![WdsField::Image])).unwrap_err();
+        assert!(
+            matches!(&e, WdsError::NoEndMarker { member: m, offset, tail: z, .. }
+                if *m == member && *offset == cut as u64 && *z == tail),
+            "cut at {cut}: {e:?}"
+        );
+        let text = e.to_string();
+        for needle in [
+            "cut.tar".to_string(),
+            format!("byte offset {cut}"),
+            "end-of-archive marker".into(),
+            "copy (or download) the shard again".into(),
+            if member.is_empty() {
+                "before any member".into()
+            } else {
+                format!("after member {member:?}")
+            },
+        ] {
+            assert!(text.contains(&needle), "{text} lacks {needle}");
         }
     }
+    // Bytes after the marker (a tar record's padding, or anything) are ignored, as tar does.
+    let t = dir.path().join("padded.tar");
+    let mut padded = full.clone();
+    padded.extend_from_slice(&[0; 8192]);
+    padded.extend_from_slice(b"not a header");
+    std::fs::write(&t, &padded).unwrap();
+    assert_eq!(
+        WebDataset::open(&cfg(vec![t], vec![WdsField::Image]))
+            .unwrap()
+            .len(),
+        3
+    );
     // Cut inside the first member's data: Truncated, naming the member and offset.
     let t = dir.path().join("cut.tar");
     std::fs::write(&t, &full[..512 + 10]).unwrap();
@@ -244,6 +320,146 @@ fn truncated_and_missing_shards_fail_the_open() {
     ))
     .unwrap_err();
     assert!(matches!(e, WdsError::Open { .. }) && e.to_string().contains("nope.tar"));
+}
+
+#[test]
+fn a_zeroed_header_between_members_is_corrupt_not_the_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("full.tar");
+    let keys: Vec<String> = (0..3).map(|i| format!("k{i}")).collect();
+    write_tar(&p, &sample_members(&keys));
+    let mut bytes = std::fs::read(&p).unwrap();
+    let index = index_tar("full.tar", Cursor::new(&bytes), bytes.len() as u64).unwrap();
+    // Zero the header of k1.PNG: tar's end-of-archive marker would be this block and the next,
+    // and the next is k1.PNG's data, so the members from k1 on would be lost.
+    let k1 = index.iter().find(|m| m.path == "k1.PNG").unwrap().offset as usize;
+    bytes[k1 - 512..k1].fill(0);
+    std::fs::write(&p, &bytes).unwrap();
+    let e = WebDataset::open(&cfg(vec![p], vec![WdsField::Image])).unwrap_err();
+    assert!(
+        matches!(&e, WdsError::Corrupt { member, offset, .. } if member == "k0.json" && *offset == k1 as u64 - 512),
+        "{e:?}"
+    );
+    let text = e.to_string();
+    assert!(
+        text.contains("full.tar")
+            && text.contains(&format!("byte offset {k1}"))
+            && text.contains("second zero block"),
+        "{text}"
+    );
+}
+
+#[test]
+fn members_of_no_sample_are_skipped_and_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("s.tar");
+    let mut members = sample_members(&["a".into(), "b".into()]);
+    // Between two samples, inside one (between its members), and after the last: none of them
+    // splits or changes a sample.
+    members.insert(3, ("README".into(), b"about".to_vec()));
+    members.insert(1, ("meta/__index__".into(), b"{}".to_vec()));
+    members.push(("dir/._b.jpg".into(), b"AppleDouble".to_vec()));
+    write_tar(&p, &members);
+    let q = dir.path().join("clean.tar");
+    write_tar(&q, &sample_members(&["c".into()]));
+    let len = std::fs::metadata(&p).unwrap().len();
+    let index = index_tar("s.tar", std::fs::File::open(&p).unwrap(), len).unwrap();
+    let mut src = WebDataset::open(&cfg(
+        vec![q, p.clone()],
+        vec![WdsField::Image, WdsField::Cls, WdsField::Json],
+    ))
+    .unwrap();
+    assert_eq!(src.shard_sizes(), &[1, 2]);
+    assert!(src.bad_samples().is_empty());
+    for (id, (key, label)) in [(1u64, ("a", 0i64)), (2, ("b", 7))] {
+        assert_eq!(src.key(id).unwrap().0, key);
+        assert_eq!(read(&mut src, 0, id).unwrap()[1], label.to_le_bytes());
+    }
+    let u = src.unowned_members();
+    assert_eq!(u.len(), 1, "{u:?}");
+    let first = index.iter().find(|m| m.path == "meta/__index__").unwrap();
+    assert_eq!(
+        (
+            u[0].shard.as_str(),
+            u[0].count,
+            u[0].member.as_str(),
+            u[0].offset
+        ),
+        (
+            p.display().to_string().as_str(),
+            3,
+            "meta/__index__",
+            first.offset
+        )
+    );
+    let text = u[0].to_string();
+    for needle in [
+        p.display().to_string(),
+        "3 members belong to no sample".into(),
+        format!("\"meta/__index__\" at byte offset {}", first.offset),
+        "key.ext".into(),
+    ] {
+        assert!(text.contains(&needle), "{text} lacks {needle}");
+    }
+}
+
+#[test]
+fn python_tarfile_shards_end_with_the_marker_and_report_members_of_no_sample() {
+    let Some(py) = common::python("python_tarfile_shards_end_with_the_marker") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    run_python(
+        &py,
+        r#"
+import tarfile, io, sys, os
+d = sys.argv[1]
+with tarfile.open(os.path.join(d, 'py.tar'), 'w', format=tarfile.GNU_FORMAT) as t:
+    for name, data in [('LICENSE', b'cc-by'), ('s0.jpg', b'J0'), ('s0.cls', b'3'),
+                       ('s1.jpg', b'J1'), ('s1.cls', b'4'), ('s1', b'no extension')]:
+        info = tarfile.TarInfo(name)
+        info.size = len(data)
+        t.addfile(info, io.BytesIO(data))
+"#,
+        &[dir.path()],
+    );
+    let p = dir.path().join("py.tar");
+    let full = std::fs::read(&p).unwrap();
+    // tarfile pads the archive to a record of 20 blocks after the marker.
+    assert_eq!(full.len() % 10240, 0);
+    let src =
+        WebDataset::open(&cfg(vec![p.clone()], vec![WdsField::Image, WdsField::Cls])).unwrap();
+    assert_eq!(src.len(), 2);
+    let u = src.unowned_members();
+    assert_eq!(
+        (u.len(), u[0].count, u[0].member.as_str()),
+        (1, 2, "LICENSE"),
+        "{u:?}"
+    );
+    let index = index_tar("py.tar", Cursor::new(&full), full.len() as u64).unwrap();
+    let last = index.last().unwrap();
+    assert_eq!(last.path, "s1");
+    let end = (last.offset + last.size).next_multiple_of(512) as usize;
+    // Cut right after the last member (the marker and the padding gone), or inside the marker.
+    for (cut, tail) in [(end, 0u64), (end + 512, 512)] {
+        let t = dir.path().join("cut.tar");
+        std::fs::write(&t, &full[..cut]).unwrap();
+        let e = WebDataset::open(&cfg(vec![t], vec![WdsField::Image, WdsField::Cls])).unwrap_err();
+        assert!(
+            matches!(&e, WdsError::NoEndMarker { member, offset, tail: z, .. }
+                if member == "s1" && *offset == cut as u64 && *z == tail),
+            "{e:?}"
+        );
+    }
+    // Cut inside the record's padding, after the marker: whole.
+    let t = dir.path().join("cut.tar");
+    std::fs::write(&t, &full[..end + 1024 + 512]).unwrap();
+    assert_eq!(
+        WebDataset::open(&cfg(vec![t], vec![WdsField::Image, WdsField::Cls]))
+            .unwrap()
+            .len(),
+        2
+    );
 }
 
 #[test]
