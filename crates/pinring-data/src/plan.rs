@@ -1000,6 +1000,62 @@ mod tests {
         assert!(matches!(wds(&p, &[8, 1], 0), Err(PlanError::Empty { .. })));
     }
 
+    /// What the loaders of every rank deliver when they claim the seqs in any interleaving:
+    /// each rank's seqs are claimed in an order drawn from `claims`, each by one of `loaders`
+    /// loader processes drawn from `claims` too, and each loader asks its own copy of its
+    /// rank's plan (as every process builds its own), so the copies' caches see the epochs in
+    /// any order. Checks that every position of every rank's epoch is delivered exactly once,
+    /// and returns the samples at those positions, per epoch (from `start_epoch`) and rank.
+    fn deliver(
+        plans: &[Plan],
+        loaders: usize,
+        claims: u64,
+    ) -> Result<Vec<Vec<Vec<u64>>>, TestCaseError> {
+        let mut rng = SplitMix64::new(claims);
+        let epochs = plans[0].params().epochs as usize;
+        let mut out = vec![Vec::new(); epochs];
+        let mut ids = Vec::new();
+        for plan in plans {
+            let p = *plan.params();
+            let bs = u64::from(p.batch_size);
+            let per_epoch = (plan.batches_per_epoch() * bs).min(plan.samples_per_rank());
+            let mut copies = vec![plan.clone(); loaders];
+            let mut seqs: Vec<u64> = (0..plan.total_seqs()).collect();
+            for i in (1..seqs.len()).rev() {
+                seqs.swap(i, rng.below(i as u64 + 1) as usize);
+            }
+            let mut at = vec![vec![None; per_epoch as usize]; epochs];
+            for seq in seqs {
+                let loader = rng.below(loaders as u64) as usize;
+                let part = copies[loader].part_into(seq, &mut ids).unwrap();
+                let e = (part.epoch - p.start_epoch) as usize;
+                let first = part.index_in_epoch * bs + part.first_in_batch;
+                for (k, &id) in ids.iter().enumerate() {
+                    let slot = &mut at[e][(first + k as u64) as usize];
+                    prop_assert!(
+                        slot.is_none(),
+                        "rank {} epoch {} position {} twice",
+                        p.rank,
+                        e,
+                        first + k as u64
+                    );
+                    *slot = Some(id);
+                }
+            }
+            for (e, positions) in at.into_iter().enumerate() {
+                let got: Option<Vec<u64>> = positions.into_iter().collect();
+                prop_assert!(
+                    got.is_some(),
+                    "rank {} epoch {}: a position was never delivered",
+                    p.rank,
+                    e
+                );
+                out[e].push(got.unwrap_or_default());
+            }
+        }
+        Ok(out)
+    }
+
     /// The ids of the shards of rank `r` of `w`, in shard order.
     fn rank_ids(sizes: &[u64], r: u32, w: u32) -> Vec<u64> {
         let mut start = 0;
@@ -1133,24 +1189,119 @@ mod tests {
         }
 
         #[test]
-        fn shards_disjoint_and_cover(per in 1u64..60, w in 1u32..8, bs in 1u32..20, seed: u64) {
-            // n a multiple of world_size: no padding, no truncation.
-            let n = per * u64::from(w);
-            let mut all = Vec::new();
+        fn loaders_in_any_interleaving_deliver_disjoint_covering_samples(
+            n in 1u64..200, w in 1u32..=6, loaders in 1usize..=8, bs in 1u32..9,
+            spp_raw in 1u32..9, epochs in 1u32..4, drop_last: bool, shuffle: bool,
+            seed: u64, claims: u64,
+        ) {
+            let mut p = params(n, bs);
+            p.seed = seed;
+            p.world_size = w;
+            p.drop_last = drop_last;
+            p.shuffle = shuffle;
+            p.epochs = epochs;
+            p.start_epoch = 5;
+            p.samples_per_part = spp_raw.min(bs);
+            let mut plans = Vec::new();
             for r in 0..w {
-                let mut p = params(n, bs);
-                p.seed = seed;
-                p.world_size = w;
                 p.rank = r;
-                let mut plan = Plan::new(&p).unwrap();
-                let s = epoch_samples(&mut plan, 1);
-                prop_assert_eq!(s.len() as u64, per);
-                all.extend(s);
+                let Ok(plan) = Plan::new(&p) else {
+                    // Only when a rank would get no batch (padding_and_drop_last_sizes).
+                    prop_assert!(drop_last && n / u64::from(w) < u64::from(bs));
+                    return Ok(());
+                };
+                plans.push(plan);
             }
-            let set: HashSet<u64> = all.iter().copied().collect();
-            prop_assert_eq!(set.len() as u64, n);
-            all.sort_unstable();
-            prop_assert_eq!(all, (0..n).collect::<Vec<u64>>());
+            let per = plans[0].samples_per_rank();
+            let w64 = u64::from(w);
+            for (e, ranks) in deliver(&plans, loaders, claims)?.iter().enumerate() {
+                let mut count = vec![0u32; n as usize];
+                for ids in ranks {
+                    for &id in ids {
+                        count[id as usize] += 1;
+                    }
+                }
+                // Rank r's position k is the global position r + k·W of the epoch's order
+                // (padded by wrapping), so the ranks are disjoint unless padding wraps.
+                let order = if shuffle {
+                    epoch_permutation(n, seed, 5 + e as u32)
+                } else {
+                    (0..n as u32).collect()
+                };
+                if drop_last {
+                    // Disjoint: no sample twice, over all ranks and loaders.
+                    prop_assert!(count.iter().all(|&c| c <= 1), "epoch {}: {:?}", e, count);
+                    let delivered = per / u64::from(bs) * u64::from(bs) * w64;
+                    prop_assert_eq!(count.iter().map(|&c| u64::from(c)).sum::<u64>(), delivered);
+                } else {
+                    // Cover: every sample, and the only repeats are the padding: the samples at
+                    // global positions pos, pos + n, ... below per·W (with n >= W, the first
+                    // per·W − n samples of the order once more), as DistributedSampler pads.
+                    for (pos, &id) in order.iter().enumerate() {
+                        let want = (per * w64 - 1 - pos as u64) / n + 1;
+                        prop_assert_eq!(u64::from(count[id as usize]), want, "epoch {}: sample {}", e, id);
+                    }
+                }
+                if n % w64 == 0 && (!drop_last || per % u64::from(bs) == 0) {
+                    // No padding, no truncation: every sample exactly once.
+                    prop_assert!(count.iter().all(|&c| c == 1), "epoch {}: {:?}", e, count);
+                }
+            }
+        }
+
+        #[test]
+        fn loaders_in_any_interleaving_deliver_disjoint_covering_shard_samples(
+            sizes in proptest::collection::vec(0u64..30, 1..14), w in 1u32..=6,
+            loaders in 1usize..=8, bs in 1u32..9, spp_raw in 1u32..9, buffer in 0u64..40,
+            epochs in 1u32..4, drop_last: bool, shuffle: bool, seed: u64, claims: u64,
+        ) {
+            let total: u64 = sizes.iter().sum();
+            let o = ShardOrder::new(sizes.as_slice(), buffer);
+            let mut p = params(total.max(1), bs);
+            p.seed = seed;
+            p.world_size = w;
+            p.drop_last = drop_last;
+            p.shuffle = shuffle;
+            p.epochs = epochs;
+            p.start_epoch = 5;
+            p.samples_per_part = spp_raw.min(bs);
+            let mut plans = Vec::new();
+            for r in 0..w {
+                p.rank = r;
+                // Errors (no samples, too few shards, an empty rank, no full batch) are
+                // shard_plans_give_every_rank_the_same_batches' business.
+                let Ok(plan) = Plan::with_shards(&p, o.clone()) else { return Ok(()); };
+                plans.push(plan);
+            }
+            let per = plans[0].samples_per_rank();
+            for (e, ranks) in deliver(&plans, loaders, claims)?.iter().enumerate() {
+                let mut count = vec![0u64; total as usize];
+                for (r, ids) in ranks.iter().enumerate() {
+                    let own: HashSet<u64> = rank_ids(&sizes, r as u32, w).into_iter().collect();
+                    for &id in ids {
+                        // Disjoint: a rank delivers its own shards' samples only.
+                        prop_assert!(own.contains(&id), "epoch {}: rank {} delivered {}", e, r, id);
+                        count[id as usize] += 1;
+                    }
+                    // Padding repeats the rank's own order: at most ceil(per / own) times.
+                    let most = per.div_ceil(own.len() as u64);
+                    prop_assert!(ids.iter().all(|&id| count[id as usize] <= most));
+                }
+                if drop_last {
+                    // Truncated: no sample twice, over all ranks and loaders.
+                    prop_assert!(count.iter().all(|&c| c <= 1), "epoch {}: {:?}", e, count);
+                } else {
+                    // Padded: every sample of every shard.
+                    prop_assert!(count.iter().all(|&c| c >= 1), "epoch {}: {:?}", e, count);
+                }
+                if o.rank_samples(0, w) * u64::from(w) == total
+                    && (0..w).all(|r| o.rank_samples(r, w) == per)
+                    && (!drop_last || per % u64::from(bs) == 0)
+                {
+                    // Ranks of equal counts and whole batches: every sample exactly once.
+                    prop_assert!(count.iter().all(|&c| c == 1), "epoch {}: {:?}", e, count);
+                }
+            }
         }
 
         #[test]
