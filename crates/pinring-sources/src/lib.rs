@@ -3,8 +3,9 @@
 //! A [`Source`] is opened from its `[dataset]` config section ([`SourceConfig`], keys in
 //! `docs/FORMATS.md`), reports how many samples it has ([`Source::len`]) and their named fields
 //! ([`Source::fields`]), and writes sample `id`'s fields into buffers the caller provides
-//! ([`Source::read`]): a fixed-size field straight into the slot bytes it belongs to, an encoded
-//! field (image file bytes, JSON text) into a reused `Vec<u8>`.
+//! ([`Source::read`]): a fixed-size field into a buffer of exactly its per-sample bytes
+//! (pinring's loader passes a per-sample buffer, then copies it into the sample's place in the
+//! slot), an encoded field (image file bytes, JSON text) into a reused `Vec<u8>`.
 //!
 //! * [`tokens`] -- flat binary token files (`u16`/`u32`), windows of `seq_len + 1` tokens.
 //! * [`npy`] -- one `.npy` array (first axis = samples) or a directory of per-sample `.npy` files.
@@ -82,8 +83,8 @@ impl SourceField {
 /// Where [`Source::read`] puts one field of a sample; one per field, in [`Source::fields`] order.
 #[derive(Debug)]
 pub enum FieldBuf<'a> {
-    /// For a [`SourceField::Fixed`] field: exactly its per-sample bytes (typically the sample's
-    /// place in a slot).
+    /// For a [`SourceField::Fixed`] field: exactly its per-sample bytes (pinring's loader passes
+    /// a per-sample buffer, then copies it into the sample's place in the slot).
     Fixed(&'a mut [u8]),
     /// For a [`SourceField::Encoded`] field: cleared and filled (its capacity is reused).
     Bytes(&'a mut Vec<u8>),
