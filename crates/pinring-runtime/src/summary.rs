@@ -83,9 +83,9 @@ pub struct Summary {
     pub registration_seconds: f64,
     /// Seconds the daemon waited for a ready slot while it could have uploaded.
     pub daemon_wait_seconds: f64,
-    /// Seconds the daemon's main loop spent inside the backend's submit calls (queuing a part's
-    /// copies and its event): a driver that blocks the caller while its queue is full shows
-    /// here.
+    /// Seconds the daemon's main loop spent inside the backend's upload calls (submitting a
+    /// part, signalling the parts submitted before a sleep): a driver that blocks the
+    /// caller while its queue is full shows here.
     #[serde(default)]
     pub submit_seconds: f64,
     /// Seconds the daemon's main loop slept on the doorbell (for any reason: nothing to do, or

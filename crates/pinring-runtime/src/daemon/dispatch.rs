@@ -59,7 +59,7 @@ impl Daemon {
             };
             progressed = true;
             let (slot, field) = tag_parts(c.tag);
-            let Some(part) = self.inflight.get_mut(&slot) else {
+            let Some(part) = self.inflight.get_mut(slot) else {
                 return Err(DaemonError::Internal {
                     ring: self.cfg.ring.name.clone(),
                     what: format!(
@@ -81,7 +81,7 @@ impl Daemon {
                 len,
                 commit_ns,
                 ..
-            }) = self.inflight.remove(&slot)
+            }) = self.inflight.remove(slot)
             else {
                 continue;
             };

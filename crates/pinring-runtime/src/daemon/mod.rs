@@ -255,6 +255,51 @@ struct Assembly {
     index_in_epoch: u64,
 }
 
+/// A value per ring slot, for the few slots that have one: indexed by slot number, since the
+/// main loop looks one up for every part it takes and every upload that completes.
+#[derive(Debug)]
+struct SlotTable<T> {
+    by_slot: Vec<Option<T>>,
+    len: usize,
+}
+
+impl<T> SlotTable<T> {
+    fn new(slots: usize) -> Self {
+        Self {
+            by_slot: std::iter::repeat_with(|| None).take(slots).collect(),
+            len: 0,
+        }
+    }
+
+    fn get_mut(&mut self, slot: u32) -> Option<&mut T> {
+        self.by_slot.get_mut(slot as usize)?.as_mut()
+    }
+
+    /// Stores `value` for `slot`, returning the value it replaces.
+    ///
+    /// # Panics
+    /// If `slot` is not a slot of the ring (the daemon only stores slots it took from it).
+    fn insert(&mut self, slot: u32, value: T) -> Option<T> {
+        let old = self.by_slot[slot as usize].replace(value);
+        if old.is_none() {
+            self.len += 1;
+        }
+        old
+    }
+
+    fn remove(&mut self, slot: u32) -> Option<T> {
+        let old = self.by_slot.get_mut(slot as usize)?.take();
+        if old.is_some() {
+            self.len -= 1;
+        }
+        old
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
 struct Daemon {
     // Fields drop top to bottom, and these three must go in this order: the upload engine first
     // (its drop waits for copies still running), then the registration (unregistering memory no
@@ -284,7 +329,7 @@ struct Daemon {
     sequencer: Sequencer,
     /// Parts whose uploads are in flight, by slot (an upload's tag is its slot and field,
     /// `dispatch::upload_tag`).
-    inflight: BTreeMap<u32, InFlight>,
+    inflight: SlotTable<InFlight>,
     /// Their payload bytes.
     inflight_bytes: usize,
     /// Parts (seqs) per batch.
@@ -413,7 +458,10 @@ impl Daemon {
                 }
                 // Parts submitted deferred get their upload signal now: their completions are
                 // what may wake this wait.
-                self.uploader.flush()?;
+                let t = Instant::now();
+                let flushed = self.uploader.flush();
+                self.submit_ns += t.elapsed().as_nanos() as u64;
+                flushed?;
                 let t = Instant::now();
                 if self.inflight_bytes >= QUIET_IN_FLIGHT {
                     self.ring.wait_doorbell_quiet(seen, wait);

@@ -1,7 +1,7 @@
 //! Start-up: load the plan, create and register the ring, start the upload engine and the sink
 //! thread, hand every slot its first seq, and set the ring READY.
 
-use super::{cpu_seconds, recovery, Daemon, DaemonArgs, DaemonError, Sequencer};
+use super::{cpu_seconds, recovery, Daemon, DaemonArgs, DaemonError, Sequencer, SlotTable};
 use crate::ring_wake::Doorbell;
 use crate::sink;
 use crossbeam_channel::unbounded;
@@ -203,7 +203,7 @@ impl Daemon {
             sink_rx,
             sink_thread: Some(sink_thread),
             sequencer: Sequencer::new(slots, args.start_seq, end_seq, cfg.ring.in_order),
-            inflight: BTreeMap::new(),
+            inflight: SlotTable::new(slots),
             inflight_bytes: 0,
             parts,
             assembling: BTreeMap::new(),
