@@ -37,6 +37,7 @@ cp bench/*.py scripts/gpu-consumer-check.py "$dir/bench/"
 # (default target/pyenv).
 maturin=${MATURIN:-$(command -v maturin || echo "${PINRING_PYENV:-target/pyenv}/bin/maturin")}
 if [ -x "$maturin" ]; then
+    maturin=$(realpath "$maturin") # the build below runs in python/
     py=$(dirname "$maturin")/python
     [ -x "$py" ] || py=${PYTHON:-python3}
     wheels=$(realpath -m "$dir/wheels")
