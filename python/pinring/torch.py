@@ -258,7 +258,14 @@ class _WorkerArgs(NamedTuple):
 def _worker_main(args: _WorkerArgs, errors: Any, stop: Any) -> None:
     """A worker process (or the thread of ``num_workers=0``): claims parts of the ring's
     batches until the plan ends, fills them from the dataset, commits them. An exception in the
-    user's code is sent to the training process with its traceback, and the worker ends."""
+    user's code is sent to the training process with its traceback, and the worker ends.
+
+    Reports to the training process (``errors``), as ``(worker_id, kind, index, type, text)``:
+    ``"error"`` (an exception; the loop raises it), ``"reclaimed"`` (a commit refused because
+    the daemon took the part back after the lease; the worker goes on claiming, as the Rust
+    loader does, and the part is made again), ``"ring"`` (the ring failed under a claim; the
+    worker ends) and ``"done"`` (the plan ended; the worker ends). A worker that ends without
+    ``"done"`` while the loader runs is restarted (``DataLoader._check_workers``)."""
     global _worker_info
     index = -1
     stage = "starting"
@@ -282,7 +289,9 @@ def _worker_main(args: _WorkerArgs, errors: Any, stop: Any) -> None:
                 except _native.Timeout:
                     continue  # no free slot yet: look at the stop flag, wait again
                 if part is None:
+                    errors.put((args.worker_id, "done", -1, None, ""))
                     return
+                claimed = time.monotonic()
                 views = [_view(part.fields[name]) for name in layout.names]
                 if args.collate_fn is None:
                     for j, index in enumerate(part.indices):
@@ -297,13 +306,27 @@ def _worker_main(args: _WorkerArgs, errors: Any, stop: Any) -> None:
                     _write(layout, args.collate_fn(samples), views, None, index, len(samples))
                 del views
                 stage = "committing"
-                part.commit()
+                try:
+                    part.commit()
+                except _native.RingError as e:
+                    if stop.is_set():
+                        return  # the loader is closing: the ring ended under the commit
+                    # The lease ran out before the commit: the daemon has taken the part back
+                    # and has it made again. As the Rust loader: say so, go on claiming.
+                    first = part.indices[0] if len(part.indices) else -1
+                    errors.put((
+                        args.worker_id, "reclaimed", first, None,
+                        f"part {part.seq} (batch {part.batch}, {len(part.indices)} samples from "
+                        f"sample {first}) took {time.monotonic() - claimed:.1f} s from claim to "
+                        f"commit: {e}",
+                    ))
                 index = -1
         finally:
             producer.close()
     except BaseException as e:  # noqa: BLE001 - everything reaches the training loop
-        if isinstance(e, _native.PinringError) and stage in ("claiming", "committing"):
-            # The ring ended under the worker (the loader is closing): nothing to report.
+        if isinstance(e, _native.PinringError) and stage == "claiming":
+            # The ring ended or failed under the claim (the loader is closing, the daemon is
+            # gone): the consumer sees the same; the report says why this worker ended.
             errors.put((args.worker_id, "ring", index, None, f"{type(e).__name__}: {e}"))
             return
         text = "".join(traceback.format_exception(type(e), e, e.__traceback__))
@@ -361,6 +384,41 @@ def _write(layout: _Layout, value: Any, views: List[Any], j: Optional[int], inde
 
 
 # -- the loader ------------------------------------------------------------------------------
+
+
+class _Default:
+    """An argument's default value, told apart from the same value passed: with ``ring=`` a
+    default gives way to the ring's setting, a value passed must agree with it."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __repr__(self) -> str:
+        return repr(self.value)
+
+
+# Defaults of arguments a ring's config may decide (typed Any: each stands for its value).
+_ONE: Any = _Default(1)
+_FALSE: Any = _Default(False)
+_TRUE: Any = _Default(True)
+_EPOCHS: Any = _Default(DEFAULT_EPOCHS)
+
+# Where the ring's config holds what an argument sets: argument -> (section, key).
+_RING_KEYS: Dict[str, Tuple[str, str]] = {
+    "batch_size": ("plan", "batch_size"),
+    "shuffle": ("plan", "shuffle"),
+    "seed": ("plan", "seed"),
+    "drop_last": ("plan", "drop_last"),
+    "rank": ("plan", "rank"),
+    "world_size": ("plan", "world_size"),
+    "epochs": ("plan", "epochs"),
+    "in_order": ("ring", "in_order"),
+    "prefetch": ("daemon", "prefetch"),
+    "prefetch_factor": ("daemon", "prefetch"),
+    "lease_ms": ("daemon", "lease_ms"),
+}
 
 
 class _Worker:
@@ -427,22 +485,30 @@ class DataLoader:
             (default: the current CUDA device if there is one, else the CPU).
         ring: attach to this ring's daemon (``pinring-daemon --sink consumer``, a config of
             ``dataset.kind = "external"`` with the dataset's fields) instead of running one here.
+            The ring's config then decides batch_size, shuffle, seed, drop_last, rank,
+            world_size, epochs, in_order, prefetch, lease_ms and device: an argument left out
+            takes the ring's value, and one passed with another value raises ``UsageError``
+            naming both (as does a dataset of another length than the ring's).
         epochs: epochs the plan covers (each ``for`` takes one).
-        max_worker_restarts: deaths of workers tolerated over the loader's life before it
-            raises ``PeerDied``.
+        lease_ms: how long a worker may take over one batch part, from claim to commit, before
+            the daemon takes the part back and has it made again (``daemon.lease_ms``, at least
+            10; default 30000). A worker whose part outlived it goes on with other parts, and
+            the loop logs a warning naming the part.
+        max_worker_restarts: deaths of workers (or workers leaving while the ring runs)
+            tolerated over the loader's life before it raises ``PeerDied``.
     """
 
     def __init__(
         self,
         dataset: Any,
-        batch_size: Optional[int] = 1,
+        batch_size: Optional[int] = _ONE,
         shuffle: Optional[bool] = None,
         sampler: Any = None,
         batch_sampler: Any = None,
         num_workers: int = 0,
         collate_fn: Optional[Callable[[List[Any]], Any]] = None,
         pin_memory: bool = False,
-        drop_last: bool = False,
+        drop_last: bool = _FALSE,
         timeout: float = 0,
         worker_init_fn: Optional[Callable[[int], None]] = None,
         multiprocessing_context: Any = None,
@@ -451,14 +517,15 @@ class DataLoader:
         prefetch_factor: Optional[int] = None,
         persistent_workers: bool = False,
         pin_memory_device: str = "",
-        in_order: bool = True,
+        in_order: bool = _TRUE,
         seed: Optional[int] = None,
         rank: Optional[int] = None,
         world_size: Optional[int] = None,
         prefetch: Optional[int] = None,
         device: Any = None,
         ring: Optional[str] = None,
-        epochs: int = DEFAULT_EPOCHS,
+        epochs: int = _EPOCHS,
+        lease_ms: Optional[int] = None,
         max_worker_restarts: int = 3,
         wait_for_ring: float = 30.0,
     ) -> None:
@@ -475,8 +542,27 @@ class DataLoader:
                 "batch_sampler is not supported: pinring's plan makes the batches; pass "
                 "batch_size, shuffle, drop_last (and a DistributedSampler or rank/world_size)"
             )
+        # What the caller passed (not left at its default): with ring=, the ring's config
+        # decides, and an argument passed must agree with it (_check_ring).
+        given = {
+            name: value for name, value in (
+                ("batch_size", batch_size), ("shuffle", shuffle), ("seed", seed),
+                ("drop_last", drop_last), ("rank", rank), ("world_size", world_size),
+                ("epochs", epochs), ("in_order", in_order), ("prefetch", prefetch),
+                ("lease_ms", lease_ms), ("device", device),
+            ) if value is not None and not isinstance(value, _Default)
+        }
+        batch_size, drop_last, in_order, epochs = (
+            v.value if isinstance(v, _Default) else v
+            for v in (batch_size, drop_last, in_order, epochs)
+        )
         if batch_size is None or int(batch_size) < 1:
             raise _native.UsageError(f"batch_size must be a positive integer, not {batch_size!r}")
+        if lease_ms is not None and int(lease_ms) < 10:
+            raise _native.UsageError(
+                f"lease_ms={lease_ms}: a worker's lease on a batch part must be at least 10 ms; "
+                "pass more than the slowest part takes to load (default 30000)"
+            )
         if num_workers < 0:
             raise _native.UsageError(f"num_workers must be >= 0, not {num_workers}")
         if timeout < 0:
@@ -492,8 +578,15 @@ class DataLoader:
         if sampler is not None and shuffle:
             raise _native.UsageError("sampler option is mutually exclusive with shuffle")
         sharded: Dict[str, Any] = {}
+        from_sampler = set()
         if sampler is not None:
             sharded = _from_sampler(sampler, drop_last)
+            for key, value in sharded.items():
+                if key not in given:
+                    given[key] = value
+                    from_sampler.add(key)
+        if prefetch is None and prefetch_factor is not None:
+            given["prefetch_factor"] = prefetch_factor
         self.dataset = dataset
         self.batch_size = int(batch_size)
         self.shuffle = bool(sharded.get("shuffle", shuffle or False))
@@ -515,6 +608,9 @@ class DataLoader:
             prefetch = min(64, max(2, int(prefetch_factor) * max(1, self.num_workers)))
         self.prefetch = prefetch
         self.epochs = int(epochs)
+        self.lease_ms = None if lease_ms is None else int(lease_ms)
+        self._given: Dict[str, Any] = given
+        self._from_sampler = (None if sampler is None else type(sampler).__name__, from_sampler)
         self.max_worker_restarts = int(max_worker_restarts)
         self.wait_for_ring = float(wait_for_ring)
         self._attached_ring = ring
@@ -533,6 +629,9 @@ class DataLoader:
         self._stop_flag: Any = None
         self._tmp: Optional[str] = None
         self._restarts = 0
+        self._done: set = set()  # ids of workers that saw the plan end
+        self._left: Dict[int, str] = {}  # why a worker left: the ring's error under its claim
+        self._ring_settings: Dict[Tuple[str, str], Any] = {}
         self._ring_name: Optional[str] = None
         self._config_path: Optional[str] = None
         self.summary: Optional[Dict[str, Any]] = None
@@ -552,7 +651,9 @@ class DataLoader:
 
     def _config(self, ring: str) -> str:
         layout = self._infer()
-        prefetch = "" if self.prefetch is None else f"prefetch = {int(self.prefetch)}\n"
+        daemon = "" if self.prefetch is None else f"prefetch = {int(self.prefetch)}\n"
+        if self.lease_ms is not None:
+            daemon += f"lease_ms = {self.lease_ms}\n"
         return (
             "# Made by pinring.torch.DataLoader.\n"
             f'[ring]\nname = "{ring}"\nslot_bytes = "auto"\n'
@@ -563,7 +664,7 @@ class DataLoader:
             f"seed = {self.seed}\nepochs = {self.epochs}\n"
             f"drop_last = {str(self.drop_last).lower()}\nrank = {self.rank}\n"
             f"world_size = {self.world_size}\n\n"
-            f"[daemon]\n{prefetch}"
+            f"[daemon]\n{daemon}"
         )
 
     def _shape(self) -> Tuple[int, int]:
@@ -574,6 +675,7 @@ class DataLoader:
             else:
                 c = _native.Consumer(self._attached_ring, wait_for_ring=self.wait_for_ring)
                 try:
+                    self._check_ring(c.config, c.device)
                     info = _native.check_config(c.config, f"ring {self._attached_ring!r}")
                 finally:
                     c.close()
@@ -621,12 +723,14 @@ class DataLoader:
             text = self._consumer.config
             info = _native.check_config(text, f"ring {self._attached_ring!r}")
             _check_ring_fields(self._attached_ring, info["fields"], layout)
+            self._check_ring(text, self._consumer.device)
             path = os.path.join(self._tmp, "pinring.toml")
             with open(path, "w") as f:
                 f.write(text)
-            if self._consumer.device != "cpu" and self._device.type == "cpu":
-                self._device = torch.device(self._consumer.device)
         self._config_path = path
+        self._ring_settings = _settings(self._consumer.config)
+        self._done = set()
+        self._left = {}
         if self.num_workers == 0:
             self._errors = _queue.SimpleQueue()
             self._stop_flag = threading.Event()
@@ -639,6 +743,72 @@ class DataLoader:
         self._workers = [self._spawn(i) for i in range(max(1, self.num_workers))]
         self._last_check = time.monotonic()
 
+    def _check_ring(self, text: str, device: str) -> None:
+        """With ``ring=``: raises ``UsageError`` naming each argument passed that the ring's
+        config (``text``, delivering to ``device``) contradicts, and a dataset of another length
+        than the ring's; then takes the ring's settings as the loader's own."""
+        settings = _settings(text)
+        sampler, from_sampler = self._from_sampler
+        wrong = []
+        for arg, value in self._given.items():
+            if arg == "device":
+                if str(self._device) != device:
+                    wrong.append(
+                        f"device={value!r} (batches on {self._device}), but the ring delivers to "
+                        f"{device}: pass device={device!r} or leave device out to take the ring's"
+                    )
+                continue
+            section, key = _RING_KEYS[arg]
+            have = settings.get((section, key))
+            mine = self.prefetch if arg == "prefetch_factor" else value
+            if isinstance(have, bool) or arg in ("shuffle", "drop_last", "in_order"):
+                mine = bool(mine)
+            elif arg == "seed":
+                mine = int(mine) & (2**64 - 1)
+            else:
+                mine = int(mine)
+            if have == mine:
+                continue
+            ring_has = (
+                f"the ring's {section}.{key} is "
+                + ("not set (pinring's default)" if have is None else repr(have))
+            )
+            if arg in from_sampler:
+                wrong.append(
+                    f"the {sampler}'s {arg} is {mine!r}, but {ring_has}: pass a sampler whose "
+                    f"{arg} is {have!r}, or leave sampler out to take the ring's"
+                )
+            elif arg == "prefetch_factor":
+                wrong.append(
+                    f"prefetch_factor={value!r} asks for prefetch={mine}, but {ring_has}: leave "
+                    "prefetch_factor out to take the ring's"
+                )
+            else:
+                fix = "leave it out" if have is None else f"pass {arg}={have!r} or leave it out"
+                wrong.append(f"{arg}={value!r}, but {ring_has}: {fix} to take the ring's")
+        samples = settings.get(("dataset", "samples"))
+        if samples is not None and samples != len(self.dataset):
+            wrong.append(
+                f"the dataset has {len(self.dataset)} samples, but the ring's dataset.samples is "
+                f"{samples}: pass the dataset the ring was started for, or start its daemon with "
+                f"dataset.samples = {len(self.dataset)}"
+            )
+        if wrong:
+            raise _native.UsageError(
+                f"ring {self._attached_ring!r} was started with other settings than this "
+                "DataLoader was given (an attached loader takes the ring's): " + "; ".join(wrong)
+            )
+        # The arguments left out: the ring's.
+        for arg in ("batch_size", "rank", "world_size", "epochs", "seed"):
+            if (("plan", arg)) in settings:
+                setattr(self, arg, int(settings[("plan", arg)]))
+        for section, arg in (("plan", "shuffle"), ("plan", "drop_last"), ("ring", "in_order")):
+            if (section, arg) in settings:
+                setattr(self, arg, bool(settings[(section, arg)]))
+        self.prefetch = settings.get(("daemon", "prefetch"))
+        self.lease_ms = settings.get(("daemon", "lease_ms"))
+        self._device = torch.device(device)
+
     def _spawn(self, worker_id: int) -> _Worker:
         args = _WorkerArgs(
             ring=self._ring_name or "", config=self._config_path or "", dataset=self.dataset,
@@ -646,6 +816,8 @@ class DataLoader:
             worker_id=worker_id, num_workers=self.num_workers,
             seed=(self.seed + worker_id) & (2**63 - 1), wait=self.wait_for_ring,
         )
+        self._done.discard(worker_id)
+        self._left.pop(worker_id, None)
         return _Worker(self._ctx, args, self._errors, self._stop_flag)
 
     def _stop(self) -> None:
@@ -696,22 +868,48 @@ class DataLoader:
 
     # -- the workers ---------------------------------------------------------------------
 
-    def _check_workers(self) -> None:
+    def _check_workers(self, restart: bool = True) -> None:
+        """Raises a worker's exception; logs parts taken back after the lease; restarts workers
+        that died, and workers that left while the ring still runs (``restart=False``: the ring
+        has just ended under the loop, so a worker's leaving is no news)."""
         self._last_check = time.monotonic()
         while not self._errors.empty():
             worker_id, kind, index, exc_type, message = self._errors.get()
+            if kind == "done":
+                self._done.add(worker_id)
+                continue
             if kind == "ring":
-                continue  # the ring ended under a worker; the consumer says why
+                self._left[worker_id] = message
+                continue
+            if kind == "reclaimed":
+                log.warning(
+                    "pinring DataLoader worker %d: %s. Loading it took longer than the ring's "
+                    "lease (%s), so its samples are loaded again; each time a part outlives the "
+                    "lease its work is lost: pass lease_ms= longer than the slowest part takes "
+                    "(or raise daemon.lease_ms in the ring's config with ring=)",
+                    worker_id, message, self._lease_text(),
+                )
+                continue
             self._stop()
             _reraise(exc_type, message)
+        if not restart:
+            return
         for i, w in enumerate(self._workers):
             code = w.exitcode()
-            if code is None or code == 0:
+            if code is None or (code == 0 and w.args.worker_id in self._done):
                 continue
+            if code == 0:
+                why = self._left.pop(
+                    w.args.worker_id, "no error reported; os._exit(0) in the dataset's code "
+                    "does this"
+                )
+                how = f"left while the ring still runs ({why})"
+            else:
+                how = _how(code)
             if self._restarts >= self.max_worker_restarts:
                 self._stop()
                 raise _native.PeerDied(
-                    f"pinring DataLoader worker {w.args.worker_id} {_how(code)}, after "
+                    f"pinring DataLoader worker {w.args.worker_id} {how}, after "
                     f"{self._restarts} restarts of workers (max_worker_restarts="
                     f"{self.max_worker_restarts}); a dataset that crashes the interpreter at "
                     "some index does this: run it with num_workers=0 to see where"
@@ -719,14 +917,19 @@ class DataLoader:
             self._restarts += 1
             log.warning(
                 "pinring DataLoader worker %d %s; restarted it (%d of %d restarts); the batch "
-                "part it held is made again", w.args.worker_id, _how(code), self._restarts,
+                "part it held is made again", w.args.worker_id, how, self._restarts,
                 self.max_worker_restarts,
             )
             self._workers[i] = self._spawn(w.args.worker_id)
 
+    def _lease_text(self) -> str:
+        lease = self._ring_settings.get(("daemon", "lease_ms"))
+        return "daemon.lease_ms" if lease is None else f"daemon.lease_ms = {lease} ms"
+
     @property
     def worker_restarts(self) -> int:
-        """Workers restarted after they died, over the loader's life."""
+        """Workers restarted after they died (or left while the ring ran), over the loader's
+        life."""
         return self._restarts
 
     def _next(self) -> Optional[_native.Batch]:
@@ -743,11 +946,12 @@ class DataLoader:
                 if self.timeout and waited >= self.timeout:
                     raise _native.Timeout(
                         f"pinring DataLoader: no batch within timeout={self.timeout} s (ring "
-                        f"{self._ring_name!r}, {len(self._workers)} workers alive)"
+                        f"{self._ring_name!r}, "
+                        f"{sum(w.exitcode() is None for w in self._workers)} workers alive)"
                     ) from None
             except _native.PinringError:
                 # The ring ended under the loop: a worker's report says why, if there is one.
-                self._check_workers()
+                self._check_workers(restart=False)
                 raise
 
     # -- epochs --------------------------------------------------------------------------
@@ -791,9 +995,11 @@ class DataLoader:
         # Where the consumer stands: the target, or (attached to a ring other consumers took
         # batches from) right after the batches taken.
         end = (self._consumer.state()[0] // ppb // bpe + 1) * bpe
+        ended = False
         while self._consumer.state()[0] // ppb < end:
             b = self._next()
             if b is None:
+                ended = True  # the plan's end: workers leave, as they should
                 break
             box = [b]
             del b
@@ -801,7 +1007,7 @@ class DataLoader:
             # the batch, so its buffer goes back as soon as the caller's tensors are gone.
             yield self._convert(box)
         # The epoch's end: report a worker's error, restart a dead worker for the next epoch.
-        self._check_workers()
+        self._check_workers(restart=not ended)
 
     def _convert(self, box: List[_native.Batch]) -> Any:
         b = box.pop()
@@ -854,6 +1060,52 @@ def _from_sampler(sampler: Any, drop_last: bool) -> Dict[str, Any]:
         f"sampler {type(sampler).__name__} is not supported: pinring's plan decides the order; "
         "pass shuffle=True/False (and seed), or a DistributedSampler, or rank/world_size"
     )
+
+
+def _settings(text: str) -> Dict[Tuple[str, str], Any]:
+    """The settings of a resolved config (a ring's): (section, key) -> value, for the numbers,
+    booleans and strings of its top-level tables."""
+    try:
+        import tomllib
+    except ImportError:  # Python < 3.11
+        return _scalar_lines(text)
+    out: Dict[Tuple[str, str], Any] = {}
+    for section, table in tomllib.loads(text).items():
+        if isinstance(table, dict):
+            for key, value in table.items():
+                if isinstance(value, (bool, int, float, str)):
+                    out[(section, key)] = value
+    return out
+
+
+def _scalar_lines(text: str) -> Dict[Tuple[str, str], Any]:
+    """``_settings`` without tomllib: a resolved config, as pinring's daemon writes it, has one
+    ``key = value`` a line, each number, boolean and plain string on the line of its key."""
+    out: Dict[Tuple[str, str], Any] = {}
+    section = ""
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("["):
+            section = line.strip("[]").strip()
+            continue
+        key, eq, raw = (part.strip() for part in line.partition("="))
+        if not eq or not key.replace("_", "").isalnum() or "." in section:
+            continue
+        value: Any
+        if raw in ("true", "false"):
+            value = raw == "true"
+        elif len(raw) >= 2 and raw[0] == raw[-1] == '"' and "\\" not in raw:
+            value = raw[1:-1]
+        else:
+            try:
+                value = int(raw.replace("_", ""))
+            except ValueError:
+                try:
+                    value = float(raw)
+                except ValueError:
+                    continue  # an array or a table: not a setting _settings returns
+        out[(section, key)] = value
+    return out
 
 
 def _parse_device(device: Any) -> torch.device:

@@ -4,6 +4,7 @@ that spawned worker processes can import them by name."""
 import collections
 import os
 import signal
+import time
 
 import numpy as np
 import torch
@@ -111,3 +112,68 @@ def stack_and_double(samples):
 def no_batch_dim(samples):
     """A collate_fn whose output lacks the batch dimension."""
     return torch.tensor(len(samples))
+
+
+class ExitsOnce(Ids):
+    """Sample ``at`` ends its worker process with status 0 the first time it is loaded (a
+    marker file records that it did), as a library calling ``os._exit(0)`` would."""
+
+    def __init__(self, n, at, marker):
+        super().__init__(n)
+        self.at, self.marker = at, marker
+
+    def __getitem__(self, i):
+        if i == self.at and _mark(self.marker):
+            os._exit(0)
+        return super().__getitem__(i)
+
+
+class OutlivesLease(Ids):
+    """In the workers, the first load of sample ``at`` outlives the ring's lease: it returns
+    only once another worker loads sample ``at`` again, which happens after the daemon took the
+    part back and handed it out anew; so its worker's commit comes too late. That second load
+    returns only once some worker loads another sample after the first load returned: once the
+    worker whose commit was refused goes on with other parts (``at`` must be the last sample of
+    its part, so that the next sample that worker loads is of a part it claimed after the
+    refused commit). Each wait ends with TimeoutError
+    after ``deadline`` seconds, so a worker that stopped makes the test fail instead of hang.
+    The markers (files in the directory ``markers``) say how far it got."""
+
+    def __init__(self, n, at, markers, deadline=30.0):
+        super().__init__(n)
+        self.at, self.markers, self.deadline = at, markers, deadline
+
+    def _path(self, name):
+        return os.path.join(self.markers, name)
+
+    def _wait_for(self, name, what):
+        end = time.monotonic() + self.deadline
+        while not os.path.exists(self._path(name)):
+            if time.monotonic() > end:
+                raise TimeoutError(f"no {what} within {self.deadline} s")
+            time.sleep(0.01)
+
+    def __getitem__(self, i):
+        from pinring.torch import get_worker_info
+
+        if get_worker_info() is None:  # dataset[0] in the training process
+            return super().__getitem__(i)
+        if i == self.at:
+            if _mark(self._path("first")):
+                self._wait_for("second", f"second load of sample {i} (the part was not taken back)")
+                _mark(self._path("first-returned"))
+            elif _mark(self._path("second")):
+                self._wait_for("after", "load of another sample (the late worker did not go on)")
+        elif os.path.exists(self._path("first-returned")):
+            _mark(self._path("after"))
+        return super().__getitem__(i)
+
+
+def _mark(path):
+    """Creates the file ``path``; True if this call made it, False if it was there."""
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return False
+    os.close(fd)
+    return True

@@ -116,6 +116,59 @@ def test_a_dead_worker_is_restarted_and_its_batch_made_again(tmp_path):
     assert got == [list(range(i, min(i + 8, 120))) for i in range(0, 120, 8)]
 
 
+def test_a_worker_that_exits_0_mid_epoch_is_restarted(tmp_path, caplog):
+    """A worker process that ends with status 0 while the ring still runs (a library calling
+    os._exit(0)) is restarted like one that died: with a single worker, not noticing it would
+    leave the loop waiting for ever (here: until the timeout fails the test)."""
+    data = ds.ExitsOnce(40, at=13, marker=str(tmp_path / "exited"))
+    with caplog.at_level("WARNING", logger="pinring.torch"):
+        with loader(data, batch_size=4, num_workers=1, timeout=30) as pl:
+            got = ids(pl)
+            assert pl.worker_restarts == 1
+    assert (tmp_path / "exited").exists(), "the worker exited"
+    assert got == [list(range(i, i + 4)) for i in range(0, 40, 4)]
+    assert "left while the ring still runs" in caplog.text, caplog.text
+
+
+def test_a_part_that_outlives_its_lease_is_made_again_and_its_worker_goes_on(tmp_path, caplog):
+    """A worker whose part takes longer than the lease (lease_ms) has its commit refused: the
+    daemon took the part back and another worker made it. The late worker goes on with other
+    parts (the dataset's second load of the sample waits for that), the loop logs which part,
+    and the epoch has every batch once, in order."""
+    data = ds.OutlivesLease(64, at=23, markers=str(tmp_path))  # the last sample of batch 5
+    with caplog.at_level("WARNING", logger="pinring.torch"):
+        # One epoch: sample 23 is loaded a second time only when its part is handed out anew.
+        with loader(data, batch_size=4, num_workers=2, lease_ms=300, epochs=1, timeout=60) as pl:
+            got = ids(pl)
+            assert pl.worker_restarts == 0, "no worker left"
+            assert pl.lease_ms == 300
+    assert got == [list(range(i, i + 4)) for i in range(0, 64, 4)]
+    assert (tmp_path / "after").exists(), "the late worker went on"
+    assert "longer than the ring's lease (daemon.lease_ms = 300 ms)" in caplog.text, caplog.text
+    assert "samples from sample 20" in caplog.text, caplog.text
+    with pytest.raises(pinring.UsageError, match="lease_ms=5"):
+        loader(ds.Ids(8), lease_ms=5)
+
+
+def test_prefetch_sets_the_device_batch_buffers():
+    """prefetch= (or prefetch_factor × num_workers) is the number of batch buffers: a loop that
+    keeps that many batches alive gets an error naming the count at the next one, while a loop
+    that lets them go runs through."""
+    cases = (({"prefetch": 3, "num_workers": 0}, 3), ({"prefetch_factor": 2, "num_workers": 2}, 4))
+    for kw, buffers in cases:
+        with loader(ds.Ids(40), batch_size=4, **kw) as pl:
+            kept = []
+            with pytest.raises(pinring.UsageError, match=f"holds all {buffers} batch buffers"):
+                for b in pl:
+                    kept.append(b)
+            assert len(kept) == buffers
+            del kept, b
+    with loader(ds.Ids(40), batch_size=4, prefetch=3, num_workers=0) as pl:
+        assert len(ids(b.clone() for b in pl)) == 10, "batches not kept: the buffers come back"
+    with loader(ds.Ids(40), batch_size=4, prefetch=12, num_workers=0) as pl:
+        assert len(list(pl)) == 10
+
+
 def test_an_exception_in_getitem_reaches_the_loop_with_its_traceback():
     with loader(ds.Raises(64, at=13), batch_size=4) as pl:
         with pytest.raises(ValueError) as e:
@@ -147,6 +200,8 @@ def test_resume_from_state_dict():
         del it
     assert first == full[0][:5]
     b = loader(data, **kw)
+    with pytest.raises(pinring.UsageError, match="not running"):
+        b.state_dict()
     b.load_state_dict(state)
     try:
         assert ids(b) == full[0][5:], "the rest of the epoch"
@@ -222,14 +277,58 @@ def test_an_attached_daemon_with_the_datasets_fields(tmp_path):
         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )
     try:
-        with loader(data, batch_size=6, ring=name) as pl:
+        # The ring's resolved config, read without tomllib as with it (Python < 3.11).
+        c = pinring.Consumer(name, wait_for_ring=30)
+        text = c.config
+        c.close()
+        assert pinring.torch._scalar_lines(text) == pinring.torch._settings(text)
+        assert pinring.torch._settings(text)[("plan", "batch_size")] == 6
+        # What is left out comes from the ring; what is passed must agree with it.
+        with loader(data, ring=name, device=None) as pl:
             assert len(pl) == 8
-            assert ids(pl) == [list(range(i, i + 6)) for i in range(0, 48, 6)]
+            assert (pl.batch_size, pl.shuffle, pl.epochs, pl.lease_ms) == (6, False, 2, 30000)
+            got = list(pl)
+            assert ids(got) == [list(range(i, i + 6)) for i in range(0, 48, 6)]
+            assert {b.device for b in got} == {torch.device("cpu")}, "where the ring delivers"
+            del got  # the ring's buffers back: the next loader is the ring's consumer
+        with pytest.raises(pinring.UsageError, match=(
+            r"ring '.*' was started with other settings than this DataLoader was given.*"
+            r"batch_size=8, but the ring's plan.batch_size is 6: pass batch_size=6 or leave it "
+            r"out to take the ring's"
+        )):
+            len(loader(data, batch_size=8, ring=name, device=None))
+        with pytest.raises(pinring.UsageError) as e:
+            len(loader(data, batch_size=6, shuffle=True, drop_last=True, seed=3, prefetch=4,
+                       in_order=False, epochs=5, lease_ms=1000, ring=name, device=None))
+        text = str(e.value)
+        for said in ("shuffle=True, but the ring's plan.shuffle is False: pass shuffle=False",
+                     "drop_last=True, but", "seed=3, but", "epochs=5, but the ring's plan.epochs is 2",
+                     "in_order=False, but the ring's ring.in_order is True",
+                     "prefetch=4, but the ring's daemon.prefetch is not set (pinring's default): "
+                     "leave it out", "lease_ms=1000, but the ring's daemon.lease_ms is 30000"):
+            assert said in text, text
+        assert "batch_size" not in text, "an argument that agrees is not named"
+        sampler = torch.utils.data.DistributedSampler(data, num_replicas=2, rank=1, shuffle=False)
+        with pytest.raises(pinring.UsageError, match=(
+            "the DistributedSampler's rank is 1, but the ring's plan.rank is 0: pass a sampler "
+            "whose rank is 0, or leave sampler out"
+        )):
+            len(loader(data, sampler=sampler, ring=name, device=None))
+        with pytest.raises(pinring.UsageError, match="prefetch_factor=2 asks for prefetch=4"):
+            len(loader(data, prefetch_factor=2, num_workers=2, ring=name, device=None))
+        with pytest.raises(pinring.UsageError, match=(
+            "device='cuda:0' .*, but the ring delivers to cpu: pass device='cpu' or leave device out"
+        )):
+            len(loader(data, device="cuda:0", ring=name))
+        with pytest.raises(pinring.UsageError, match=(
+            "the dataset has 50 samples, but the ring's dataset.samples is 48"
+        )):
+            list(loader(ds.Ids(50), ring=name, device=None))
         with pytest.raises(pinring.RefusedError, match="fields"):
-            list(loader(ds.Mixed(48), batch_size=6, ring=name))
+            list(loader(ds.Mixed(48), batch_size=6, ring=name, device=None))
         # Another training process on the same ring goes on where the first one stopped: the
         # ring's second epoch.
-        with loader(data, batch_size=6, ring=name) as pl:
+        with loader(data, batch_size=6, ring=name, device=None) as pl:
             assert ids(pl) == [list(range(i, i + 6)) for i in range(0, 48, 6)]
             assert ids(pl) == [], "the ring's plan has two epochs"
     finally:
