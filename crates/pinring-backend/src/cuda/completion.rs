@@ -5,7 +5,7 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use crossbeam_channel::{Receiver, Sender, TryRecvError};
 use cudarc::driver::CudaContext;
@@ -43,38 +43,6 @@ pub(super) struct Group {
 /// back in time to keep the loaders and the copy engine fed (4 MiB parts come back one by one).
 const COMPLETION_GROUPS: usize = 16;
 const COMPLETION_BYTES: usize = 4 << 20;
-
-/// The link speed the first look at an event assumes, bytes per second: the copies ahead of it
-/// take at least their bytes at this rate (PCIe Gen5 x16 moves about 53 GB/s).
-const LINK_BYTES_PER_S: u64 = 55_000_000_000;
-/// The first look comes no sooner than this, the later ones this far apart, doubling up to
-/// [`LONGEST_NAP`] (a copy stream held behind a consumer's release is looked at 1000 times a
-/// second at most).
-const FIRST_NAP: Duration = Duration::from_micros(10);
-const LONGEST_NAP: Duration = Duration::from_millis(1);
-/// The completion thread's timer slack: its naps end on time.
-const TIMER_SLACK_NS: u64 = 1_000;
-
-/// Waits for `event`, behind which `ahead` bytes of copies were queued when the wait began, by
-/// looking at it (`cuEventQuery`) after naps: the first as long as the link needs for those
-/// bytes, then [`FIRST_NAP`] doubling up to [`LONGEST_NAP`]. A blocking-sync wait
-/// (`cuEventSynchronize`) costs a wake-up of the driver's event thread and of this one per event,
-/// which measured about twice the CPU of this on the H200 (docs/BENCHMARKS.md, "Completion
-/// waits"). Fails with the driver's error if the copies failed.
-fn wait_polling(event: &raw::Event, ahead: usize) -> Result<(), cudarc::driver::DriverError> {
-    if event.is_done()? {
-        return Ok(());
-    }
-    let link =
-        Duration::from_nanos((ahead as u64).saturating_mul(1_000_000_000) / LINK_BYTES_PER_S);
-    std::thread::sleep(link.max(FIRST_NAP));
-    let mut nap = FIRST_NAP;
-    while !event.is_done()? {
-        std::thread::sleep(nap);
-        nap = (nap * 2).min(LONGEST_NAP);
-    }
-    Ok(())
-}
 
 /// Starts the completion thread of device `device`'s uploader. It runs until `inflight`'s sender
 /// is dropped and every upload queued before that has completed.
@@ -133,11 +101,6 @@ fn completion_loop(
     if let Err(e) = &bound {
         tracing::error!(code = ?e.0, device, "completion thread: cuCtxSetCurrent failed");
     }
-    // The waits below sleep for tens of microseconds: the default slack of 50 µs would make
-    // each one that much late.
-    if let Err(e) = nix::sys::prctl::set_timerslack(TIMER_SLACK_NS) {
-        tracing::debug!(device, "completion thread: PR_SET_TIMERSLACK failed: {e}");
-    }
     let mut window: VecDeque<InFlight> = VecDeque::new();
     let mut open = true;
     loop {
@@ -164,14 +127,11 @@ fn completion_loop(
         let target = awaited(window.iter().map(|f| (f.group.len, f.event.is_some())));
         let waited = match (&bound, target) {
             (Err(e), _) => Err(("cuCtxSetCurrent", e.0)),
-            (Ok(()), Some(i)) => {
-                let ahead = window.range(..=i).map(|f| f.group.len).sum();
-                window[i]
-                    .event
-                    .as_ref()
-                    .map_or(Ok(()), |e| wait_polling(e, ahead))
-                    .map_err(|e| ("cuEventQuery", e.0))
-            }
+            (Ok(()), Some(i)) => window[i]
+                .event
+                .as_ref()
+                .map_or(Ok(()), |e| e.synchronize())
+                .map_err(|e| ("cuEventSynchronize", e.0)),
             // The uploader is gone and left groups without an event (it sends a run of groups
             // with the event on the last, so only a send cut short could): wait for everything
             // the context has queued.

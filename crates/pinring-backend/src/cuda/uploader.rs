@@ -231,7 +231,7 @@ impl CudaUploader {
         }
         let event = match self.free_events.try_recv() {
             Ok(e) => e,
-            Err(_) => raw::Event::new_polled(&self.ctx)
+            Err(_) => raw::Event::new(&self.ctx)
                 .map_err(|e| cuda_error("cuEventCreate", format!("device {}", self.device), e.0))?,
         };
         event
