@@ -76,7 +76,13 @@ impl CudaBackend {
         } else {
             1
         };
-        let run = |n: usize| -> Result<(), BackendError> {
+        // The same copy `batch` times: one set of arrays serves every call.
+        let (mut dsts, mut srcs, mut sizes) = (
+            vec![dst.ptr(); batch],
+            vec![host.as_ptr() as sys::CUdeviceptr; batch],
+            vec![bytes; batch],
+        );
+        let mut run = |n: usize| -> Result<(), BackendError> {
             let mut left = n;
             while left > 0 {
                 let k = left.min(batch);
@@ -89,14 +95,15 @@ impl CudaBackend {
                         .map_err(|e| cuda_error("cuMemcpyHtoDAsync", object(), e.0))?;
                     continue;
                 }
-                let mut dsts = vec![dst.ptr(); k];
-                let mut srcs = vec![host.as_ptr() as sys::CUdeviceptr; k];
-                let mut sizes = vec![bytes; k];
                 // SAFETY: as for one copy above, for each of the `k` (all the same range of
                 // `dst`, inside it); the driver has the call (`has_memcpy_batch`).
                 unsafe {
                     raw::memcpy_htod_batch_async(
-                        &mut dsts, &mut srcs, &mut sizes, dev as i32, &stream,
+                        &mut dsts[..k],
+                        &mut srcs[..k],
+                        &mut sizes[..k],
+                        dev as i32,
+                        &stream,
                     )
                 }
                 .map_err(|(e, _)| cuda_error("cuMemcpyBatchAsync", object(), e.0))?;

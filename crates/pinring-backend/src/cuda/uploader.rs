@@ -376,14 +376,20 @@ impl CudaUploader {
         };
         let last = u.groups.len() - 1;
         let mut event = Some(event);
-        for (i, group) in u.groups.drain(..).enumerate() {
+        let mut groups = u.groups.drain(..).enumerate();
+        while let Some((i, group)) = groups.next() {
             let flight = InFlight {
                 group,
                 event: if i == last { event.take() } else { None },
             };
-            if tx.send(flight).is_err() {
-                // Completion thread gone: wait for the copies ourselves before reporting.
+            if let Err(unsent) = tx.send(flight) {
+                // Completion thread gone: wait for the copies ourselves, end the uploads it
+                // will not end, and report.
                 self.wait_for_streams();
+                self.guards.end_upload(unsent.into_inner().group.buffer);
+                for (_, group) in groups {
+                    self.guards.end_upload(group.buffer);
+                }
                 return Err(gone("submit"));
             }
         }
