@@ -206,3 +206,53 @@ pub fn judge(summary: &Summary, sink: SinkKind) -> Result<(), DaemonError> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{thread_cpu, thread_cpu_since};
+    use std::time::{Duration, Instant};
+
+    /// CPU seconds of the calling thread, as `thread_cpu` reads it.
+    fn own(name: &str) -> f64 {
+        thread_cpu()
+            .into_values()
+            .filter(|(n, _)| n == name)
+            .map(|(_, s)| s)
+            .sum()
+    }
+
+    #[test]
+    fn thread_cpu_counts_from_the_snapshot_not_from_thread_start() {
+        let name = "pinring-cputest";
+        std::thread::Builder::new()
+            .name(name.into())
+            .spawn(move || {
+                // Burn CPU until the kernel has counted some (a few clock ticks), take the
+                // snapshot, then burn until it has counted more.
+                let burn_until = |above: f64| {
+                    let deadline = Instant::now() + Duration::from_secs(60);
+                    let mut x = 0u64;
+                    while own(name) <= above {
+                        assert!(Instant::now() < deadline, "no CPU time counted in 60 s");
+                        for i in 0..100_000u64 {
+                            x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(i));
+                        }
+                    }
+                };
+                burn_until(0.02);
+                let snapshot = thread_cpu();
+                let before = own(name);
+                burn_until(before + 0.02);
+                let total = own(name);
+                let since = thread_cpu_since(&snapshot)[name];
+                // What was burned before the snapshot is left out.
+                assert!(
+                    since > 0.0 && since <= total - before + 1e-9,
+                    "since {since}, total {total}, before {before}"
+                );
+            })
+            .unwrap()
+            .join()
+            .unwrap();
+    }
+}

@@ -478,3 +478,29 @@ impl Daemon {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::SlotTable;
+
+    #[test]
+    fn a_slot_table_keeps_one_value_per_slot_and_counts_them() {
+        let mut t = SlotTable::new(4);
+        assert!(t.is_empty());
+        assert_eq!(t.insert(3, "a"), None);
+        assert_eq!(t.insert(0, "b"), None);
+        assert!(!t.is_empty());
+        // A second value for a slot replaces the first and counts once.
+        assert_eq!(t.insert(3, "c"), Some("a"));
+        assert_eq!(t.get_mut(3).map(|v| *v), Some("c"));
+        assert_eq!(t.get_mut(1), None);
+        // Slots outside the table hold nothing.
+        assert_eq!(t.get_mut(4), None);
+        assert_eq!(t.remove(9), None);
+        assert_eq!(t.remove(3), Some("c"));
+        assert_eq!(t.remove(3), None);
+        assert!(!t.is_empty());
+        assert_eq!(t.remove(0), Some("b"));
+        assert!(t.is_empty());
+    }
+}
