@@ -67,9 +67,9 @@
 //! cut between members, [`WdsError::NoEndMarker`]) fails the open with an error naming the
 //! shard, the member and the byte offset (the caller may drop the shard and open again). These
 //! fail the open whatever the caller's `on_bad_sample`: the shard's sample count (which the
-//! plan's shard order follows) is not known, and the missing samples have no ids to skip. A bad sample (incomplete, duplicate
-//! members, a `.cls` that is not an integer, a bad `.npy` member) is an error of that sample's
-//! read only.
+//! plan's shard order follows) is not known, and the missing samples have no ids to skip. A bad
+//! sample (incomplete, duplicate members, a `.cls` that is not an integer, a bad `.npy` member)
+//! is an error of that sample's read only.
 
 use std::fs::File;
 use std::io::{self, Read, Seek};
