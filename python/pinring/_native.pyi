@@ -27,6 +27,10 @@ class ConfigError(PinringError):
 class RingError(PinringError):
     """A ring or segment error (exit code 4)."""
 
+class PartReclaimed(RingError):
+    """A commit refused because the daemon took the part back first (its lease ran out); the
+    part is made again elsewhere, and the producer may go on claiming (exit code 4)."""
+
 class PeerDied(PinringError):
     """The ring's daemon is gone (exit code 5)."""
 
@@ -217,8 +221,9 @@ class Part:
     def committed(self) -> bool: ...
     def commit(self) -> None:
         """Writes the part's metadata (labels: the ``labels`` field's values) and publishes the
-        slot. Raises ``RingError`` if the daemon took the slot back first, ``UsageError`` if
-        already committed."""
+        slot. Raises ``PartReclaimed`` (a ``RingError``) if the daemon took the slot back
+        first, ``RingError`` if the metadata does not fit the slot, ``UsageError`` if already
+        committed."""
     def __len__(self) -> int: ...
 
 class Producer:

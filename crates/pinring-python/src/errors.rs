@@ -46,6 +46,14 @@ pyo3::create_exception!(
 );
 pyo3::create_exception!(
     pinring,
+    PartReclaimed,
+    RingError,
+    "A commit refused because the daemon took the part back first: its lease ran out (or its \
+     producer was presumed dead), and the part is made again by another loader. A `RingError` \
+     (exit code 4); a producer may go on claiming."
+);
+pyo3::create_exception!(
+    pinring,
     PeerDied,
     PinringError,
     "A peer died: the ring's daemon is gone (exit code 5)."
@@ -153,6 +161,15 @@ impl ToPyErr for pinring_ring::CommitError {
     fn exit(&self) -> Exit {
         Exit::Ring
     }
+
+    /// `PartReclaimed` (a `RingError`) for a part the daemon took back, which the producer may
+    /// shrug off; `RingError` for the others (a part that does not fit its slot).
+    fn to_pyerr(&self) -> PyErr {
+        match self {
+            pinring_ring::CommitError::Reclaimed { .. } => PartReclaimed::new_err(self.to_string()),
+            _ => exit_error(self.exit(), self.to_string()),
+        }
+    }
 }
 
 impl ToPyErr for pinring_ring::SlotFault {
@@ -243,5 +260,6 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m.add(ty.name()?, ty)?;
     }
     m.add("Timeout", py.get_type::<Timeout>())?;
+    m.add("PartReclaimed", py.get_type::<PartReclaimed>())?;
     Ok(())
 }

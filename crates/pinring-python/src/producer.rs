@@ -410,9 +410,10 @@ impl Part {
 #[pymethods]
 impl Part {
     /// Writes the part's metadata after its payload and publishes the slot READY. Raises
-    /// `RingError` if the daemon took the slot back first (the lease ran out, or the producer
-    /// closed), `UsageError` if already committed. Do not write into the fields (or arrays made
-    /// from them) after this: the slot is the daemon's again.
+    /// `PartReclaimed` (a `RingError`) if the daemon took the slot back first (the lease ran
+    /// out, or the producer closed), `RingError` if the part's metadata does not fit its slot,
+    /// `UsageError` if already committed. Do not write into the fields (or arrays made from
+    /// them) after this: the slot is the daemon's again.
     fn commit(&self, py: Python<'_>) -> PyResult<()> {
         let mut g = self.claim.lock().unwrap_or_else(|p| p.into_inner());
         let Some(claim) = g.as_ref() else {
