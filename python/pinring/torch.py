@@ -261,11 +261,12 @@ def _worker_main(args: _WorkerArgs, errors: Any, stop: Any) -> None:
     user's code is sent to the training process with its traceback, and the worker ends.
 
     Reports to the training process (``errors``), as ``(worker_id, kind, index, type, text)``:
-    ``"error"`` (an exception; the loop raises it), ``"reclaimed"`` (a commit refused because
-    the daemon took the part back after the lease; the worker goes on claiming, as the Rust
-    loader does, and the part is made again), ``"ring"`` (the ring failed under a claim; the
-    worker ends) and ``"done"`` (the plan ended; the worker ends). A worker that ends without
-    ``"done"`` while the loader runs is restarted (``DataLoader._check_workers``)."""
+    ``"error"`` (an exception, or a commit refused for another reason than a reclaim; the loop
+    raises it), ``"reclaimed"`` (a commit refused with ``PartReclaimed`` because the daemon took
+    the part back after the lease; the worker goes on claiming, as the Rust loader does, and the
+    part is made again), ``"ring"`` (the ring failed under a claim; the worker ends and is not
+    restarted) and ``"done"`` (the plan ended; the worker ends). A worker that ends without a
+    report while the loader runs is restarted (``DataLoader._check_workers``)."""
     global _worker_info
     index = -1
     stage = "starting"
@@ -308,11 +309,12 @@ def _worker_main(args: _WorkerArgs, errors: Any, stop: Any) -> None:
                 stage = "committing"
                 try:
                     part.commit()
-                except _native.RingError as e:
+                except _native.PartReclaimed as e:
                     if stop.is_set():
                         return  # the loader is closing: the ring ended under the commit
                     # The lease ran out before the commit: the daemon has taken the part back
-                    # and has it made again. As the Rust loader: say so, go on claiming.
+                    # and has it made again. As the Rust loader: say so, go on claiming. (Any
+                    # other error of the commit, a part too large for its slot, is an "error".)
                     first = part.indices[0] if len(part.indices) else -1
                     errors.put((
                         args.worker_id, "reclaimed", first, None,
@@ -327,7 +329,7 @@ def _worker_main(args: _WorkerArgs, errors: Any, stop: Any) -> None:
         if isinstance(e, _native.PinringError) and stage == "claiming":
             # The ring ended or failed under the claim (the loader is closing, the daemon is
             # gone): the consumer sees the same; the report says why this worker ended.
-            errors.put((args.worker_id, "ring", index, None, f"{type(e).__name__}: {e}"))
+            _put(errors, (args.worker_id, "ring", index, type(e), f"{type(e).__name__}: {e}"))
             return
         text = "".join(traceback.format_exception(type(e), e, e.__traceback__))
         where = {
@@ -340,10 +342,15 @@ def _worker_main(args: _WorkerArgs, errors: Any, stop: Any) -> None:
             f"Caught {type(e).__name__} in pinring DataLoader worker {args.worker_id}{where}.\n"
             f"Original {text}"
         )
-        try:
-            errors.put((args.worker_id, "error", index, type(e), message))
-        except Exception:  # the exception's type does not pickle
-            errors.put((args.worker_id, "error", index, None, message))
+        _put(errors, (args.worker_id, "error", index, type(e), message))
+
+
+def _put(errors: Any, report: Tuple[int, str, int, Any, str]) -> None:
+    """Sends a worker's report; without the exception's type where that does not pickle."""
+    try:
+        errors.put(report)
+    except Exception:
+        errors.put(report[:3] + (None,) + report[4:])
 
 
 def _view(field: Any) -> Any:
@@ -471,14 +478,16 @@ class DataLoader:
         timeout: seconds to wait for one batch (0: as long as the workers live).
         worker_init_fn: called with the worker id in each worker, after seeding.
         multiprocessing_context: None or ``"spawn"`` (workers always start with spawn).
-        generator: where the shuffle seed comes from when ``seed`` is not given.
+        generator: where the shuffle seed comes from when ``seed`` is not given (not drawn
+            from with ``ring=``: the ring's seed is used).
         prefetch_factor: batches per worker to keep ready; sets ``prefetch`` when that is not
             given (``prefetch_factor × num_workers``, within 2..64).
         persistent_workers: accepted; workers always live across epochs.
         in_order: False delivers batches as they are ready instead of in order.
 
     pinring's own:
-        seed: the shuffle seed (default: drawn from torch's RNG, like torch's sampler).
+        seed: the shuffle seed (default: drawn from torch's RNG, like torch's sampler; with
+            ``ring=``, the ring's).
         rank, world_size: this process's shard (as ``DistributedSampler``).
         prefetch: device batch buffers (2..64; default: pinring's, ~64 MiB in flight).
         device: where batches go: ``"cuda"``, ``"cuda:N"``, ``"cpu"`` or a ``torch.device``
@@ -600,7 +609,10 @@ class DataLoader:
         self.world_size = int(world_size if world_size is not None else sharded.get("world_size", 1))
         if seed is None:
             seed = sharded.get("seed")
-        if seed is None:
+        if seed is None and ring is not None:
+            # The ring's plan.seed is taken at the start; the user's RNG is left as it is.
+            seed = 0
+        elif seed is None:
             # As torch's RandomSampler: one draw from the given generator or torch's RNG.
             seed = int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
         self.seed = int(seed) & (2**64 - 1)
@@ -630,7 +642,8 @@ class DataLoader:
         self._tmp: Optional[str] = None
         self._restarts = 0
         self._done: set = set()  # ids of workers that saw the plan end
-        self._left: Dict[int, str] = {}  # why a worker left: the ring's error under its claim
+        # Why a worker left: the ring's error under its claim (its type, its report).
+        self._left: Dict[int, Tuple[Any, str]] = {}
         self._ring_settings: Dict[Tuple[str, str], Any] = {}
         self._ring_name: Optional[str] = None
         self._config_path: Optional[str] = None
@@ -868,18 +881,79 @@ class DataLoader:
 
     # -- the workers ---------------------------------------------------------------------
 
-    def _check_workers(self, restart: bool = True) -> None:
+    def _check_workers(self, restart: bool = True, idle: bool = False) -> None:
         """Raises a worker's exception; logs parts taken back after the lease; restarts workers
-        that died, and workers that left while the ring still runs (``restart=False``: the ring
-        has just ended under the loop, so a worker's leaving is no news)."""
+        that died, and workers that ended with no report while the ring still runs
+        (``restart=False``: the ring has just ended under the loop, so a worker's leaving is no
+        news). A worker that ended because the ring failed under its claim is not restarted:
+        the loop's own wait fails the same way; ``idle`` (the loop has just waited for a batch
+        in vain) with every worker ended and one of them so, that failure is raised.
+
+        Exit codes are read before the reports: a worker reports, then ends, so one seen ended
+        has its report in the queue already. The other way round, a worker that reports and
+        ends between the two looks would seem to have ended with no report."""
         self._last_check = time.monotonic()
+        codes = [w.exitcode() for w in self._workers]
+        self._read_reports()
+        if not restart:
+            return
+        for i, (w, code) in enumerate(zip(self._workers, codes)):
+            worker_id = w.args.worker_id
+            ended = worker_id in self._done or worker_id in self._left
+            if code is None or (code == 0 and ended):
+                continue
+            if code == 0:
+                how = (
+                    "exited with status 0 while the ring still needed it, with no error reported "
+                    "(os._exit() in the dataset's code or in worker_init_fn, or in a library "
+                    "they call, does this)"
+                )
+                fix = (
+                    "a worker's process must live until the loader stops it: remove the call "
+                    "that ends it"
+                )
+            else:
+                how = _how(code)
+                fix = (
+                    "a dataset that crashes the interpreter at some index does this: run it "
+                    "with num_workers=0 to see where"
+                )
+            if self._restarts >= self.max_worker_restarts:
+                self._stop()
+                raise _native.PeerDied(
+                    f"pinring DataLoader worker {worker_id} {how}, after {self._restarts} "
+                    f"restarts of workers (max_worker_restarts={self.max_worker_restarts}); "
+                    f"{fix}"
+                )
+            self._restarts += 1
+            log.warning(
+                "pinring DataLoader worker %d %s; restarted it (%d of %d restarts); the batch "
+                "part it held is made again", worker_id, how, self._restarts,
+                self.max_worker_restarts,
+            )
+            self._workers[i] = self._spawn(worker_id)
+        reported = self._done.union(self._left)
+        if idle and self._left and all(
+            code is not None and w.args.worker_id in reported
+            for w, code in zip(self._workers, codes)
+        ):
+            worker_id, (exc_type, why) = next(iter(self._left.items()))
+            self._stop()
+            _reraise(exc_type, (
+                f"pinring DataLoader worker {worker_id} ended because ring {self._ring_name!r} "
+                f"failed under its claim ({why}), and no worker is left to make batches; that "
+                "failure (the ring's daemon gone or stopped) must be fixed first"
+            ))
+
+    def _read_reports(self) -> None:
+        """Takes every report the workers sent; raises a worker's exception."""
         while not self._errors.empty():
             worker_id, kind, index, exc_type, message = self._errors.get()
             if kind == "done":
                 self._done.add(worker_id)
                 continue
             if kind == "ring":
-                self._left[worker_id] = message
+                self._left[worker_id] = (exc_type, message)
                 continue
             if kind == "reclaimed":
                 log.warning(
@@ -892,35 +966,6 @@ class DataLoader:
                 continue
             self._stop()
             _reraise(exc_type, message)
-        if not restart:
-            return
-        for i, w in enumerate(self._workers):
-            code = w.exitcode()
-            if code is None or (code == 0 and w.args.worker_id in self._done):
-                continue
-            if code == 0:
-                why = self._left.pop(
-                    w.args.worker_id, "no error reported; os._exit(0) in the dataset's code "
-                    "does this"
-                )
-                how = f"left while the ring still runs ({why})"
-            else:
-                how = _how(code)
-            if self._restarts >= self.max_worker_restarts:
-                self._stop()
-                raise _native.PeerDied(
-                    f"pinring DataLoader worker {w.args.worker_id} {how}, after "
-                    f"{self._restarts} restarts of workers (max_worker_restarts="
-                    f"{self.max_worker_restarts}); a dataset that crashes the interpreter at "
-                    "some index does this: run it with num_workers=0 to see where"
-                )
-            self._restarts += 1
-            log.warning(
-                "pinring DataLoader worker %d %s; restarted it (%d of %d restarts); the batch "
-                "part it held is made again", w.args.worker_id, how, self._restarts,
-                self.max_worker_restarts,
-            )
-            self._workers[i] = self._spawn(w.args.worker_id)
 
     def _lease_text(self) -> str:
         lease = self._ring_settings.get(("daemon", "lease_ms"))
@@ -928,8 +973,8 @@ class DataLoader:
 
     @property
     def worker_restarts(self) -> int:
-        """Workers restarted after they died (or left while the ring ran), over the loader's
-        life."""
+        """Workers restarted after they died (or ended with status 0 and no report while the
+        ring ran), over the loader's life."""
         return self._restarts
 
     def _next(self) -> Optional[_native.Batch]:
@@ -942,7 +987,7 @@ class DataLoader:
                 return self._consumer.next_batch(_POLL)
             except _native.Timeout:
                 waited += _POLL
-                self._check_workers()
+                self._check_workers(idle=True)
                 if self.timeout and waited >= self.timeout:
                     raise _native.Timeout(
                         f"pinring DataLoader: no batch within timeout={self.timeout} s (ring "

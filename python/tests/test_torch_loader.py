@@ -6,7 +6,12 @@ behave as a training loop needs. Workers are real spawned processes writing into
 with a pinring daemon on a thread of this process."""
 
 import os
+import queue
+import threading
+import types
 import uuid
+
+import numpy as np
 
 import pytest
 
@@ -127,7 +132,180 @@ def test_a_worker_that_exits_0_mid_epoch_is_restarted(tmp_path, caplog):
             assert pl.worker_restarts == 1
     assert (tmp_path / "exited").exists(), "the worker exited"
     assert got == [list(range(i, i + 4)) for i in range(0, 40, 4)]
-    assert "left while the ring still runs" in caplog.text, caplog.text
+    assert "exited with status 0 while the ring still needed it" in caplog.text, caplog.text
+
+
+class _RacingWorker:
+    """A worker process, as the loop sees it (``exitcode()``), with its report queue: it sends
+    ``report`` (none if None) and ends with status ``code`` right after the loop's first look
+    at either, whichever the loop looks at first: the race between a worker's last report and
+    its exit."""
+
+    def __init__(self, report, code=0, worker_id=0):
+        self.args = types.SimpleNamespace(worker_id=worker_id)
+        self.report, self.end_code, self.code = report, code, None
+        self.reports = queue.SimpleQueue()
+        self.looked = False
+
+    def _look(self, seen):
+        if not self.looked:
+            self.looked = True
+            if self.report is not None:
+                self.reports.put(self.report)
+            self.code = self.end_code
+        return seen
+
+    def exitcode(self):
+        return self._look(self.code)
+
+    def stop(self, deadline):
+        pass
+
+    # The queue's side.
+    def empty(self):
+        return self._look(self.reports.empty())
+
+    def get(self):
+        return self.reports.get_nowait()
+
+
+def racing(report, code=0, max_worker_restarts=3):
+    """A loader (not started) whose one worker is a ``_RacingWorker``; ``spawned`` lists the
+    ids of the workers it restarts."""
+    pl = DataLoader(ds.Ids(8), num_workers=1, max_worker_restarts=max_worker_restarts,
+                    device="cpu")
+    w = _RacingWorker(report, code)
+    pl._workers, pl._errors, pl._ring_name = [w], w, "r"
+    pl.spawned = []
+    pl._spawn = lambda worker_id: pl.spawned.append(worker_id) or _RacingWorker(None)
+    return pl
+
+
+def test_a_report_sent_as_its_worker_exits_is_read_with_the_exit():
+    """A worker that reports and exits between the loop's look at the reports and its look at
+    the exit codes is not taken for a worker that left with no report: exit codes are read
+    first, so its report is read at the same look."""
+    pl = racing((0, "error", 3, ValueError, "Caught ValueError: sample 3 is broken"),
+                max_worker_restarts=0)
+    with pytest.raises(ValueError, match="sample 3 is broken"):
+        pl._check_workers()
+    assert pl.spawned == [] and pl.worker_restarts == 0
+    pl = racing((0, "done", -1, None, ""))
+    pl._check_workers()
+    pl._check_workers(idle=True)
+    assert pl.spawned == [] and pl._done == {0}, "a worker that saw the plan end stays ended"
+
+
+def test_a_worker_the_ring_failed_under_is_not_restarted():
+    """A worker whose claim failed because the ring did (its daemon gone) is not restarted:
+    the loop's own wait fails the same way; and once the loop waits in vain with no worker
+    left, the worker's report is raised."""
+    report = (0, "ring", -1, pinring.PeerDied, "PeerDied: the daemon of ring 'r' is gone")
+    pl = racing(report)
+    pl._check_workers()
+    pl._check_workers()
+    assert pl.spawned == [] and pl.worker_restarts == 0
+    with pytest.raises(pinring.PeerDied) as e:
+        pl._check_workers(idle=True)
+    text = str(e.value)
+    assert "worker 0 ended because ring 'r' failed under its claim" in text, text
+    assert "PeerDied: the daemon of ring 'r' is gone" in text and "still runs" not in text, text
+
+
+def test_a_worker_that_exits_0_or_dies_is_named_with_the_fix():
+    pl = racing(None, code=0, max_worker_restarts=0)
+    pl._check_workers()  # the worker ends after this first look
+    with pytest.raises(pinring.PeerDied) as e:
+        pl._check_workers()
+    text = str(e.value)
+    assert "worker 0 exited with status 0 while the ring still needed it" in text, text
+    assert "os._exit()" in text and "remove the call that ends it" in text, text
+    assert "crashes the interpreter" not in text and "num_workers=0" not in text, text
+    pl = racing(None, code=-9, max_worker_restarts=0)
+    pl._check_workers()
+    with pytest.raises(pinring.PeerDied) as e:
+        pl._check_workers()
+    text = str(e.value)
+    assert "worker 0 was killed by SIGKILL" in text and "num_workers=0" in text, text
+
+
+class _Field:
+    """A part's field over a NumPy array."""
+
+    dtype = "i64"
+
+    def __init__(self, array):
+        self.array = array
+
+    def __dlpack__(self, **kw):
+        return self.array.__dlpack__(**kw)
+
+    def __dlpack_device__(self):
+        return self.array.__dlpack_device__()
+
+
+class _Part:
+    def __init__(self, seq, error):
+        self.seq = self.batch = seq
+        self.indices = [2 * seq, 2 * seq + 1]
+        self.fields = {"f0": _Field(np.zeros((2, 1), dtype=np.int64))}
+        self.error = error
+
+    def commit(self):
+        if self.error is not None:
+            raise self.error
+
+
+def test_only_a_reclaimed_commit_lets_the_worker_go_on(monkeypatch):
+    """A commit refused with ``PartReclaimed`` (the lease ran out) is reported as a part taken
+    back and the worker goes on claiming; any other ``RingError`` of a commit (a part too large
+    for its slot) is the worker's error, raised in the loop."""
+    assert issubclass(pinring.PartReclaimed, pinring.RingError)
+    assert pinring.PartReclaimed.exit_code == pinring.RingError.exit_code == 4
+    parts = [
+        _Part(0, pinring.PartReclaimed("slot 0 (seq 0) was reclaimed by the daemon")),
+        _Part(1, None),
+        _Part(2, pinring.RingError("slot 2: payload of 16 bytes ... does not fit in 8 bytes")),
+        _Part(3, None),
+    ]
+
+    class Producer:
+        def __init__(self, ring, config, wait):
+            pass
+
+        def claim(self, timeout):
+            return parts.pop(0) if parts else None
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(pinring.torch._native, "Producer", Producer)
+    pl = DataLoader(ds.Ids(8), num_workers=0, device="cpu")
+    args = pinring.torch._WorkerArgs(
+        ring="r", config="", dataset=pl.dataset, layout=pl._infer(), collate_fn=None,
+        worker_init_fn=None, worker_id=0, num_workers=0, seed=0, wait=1.0,
+    )
+    reports = queue.SimpleQueue()
+    pinring.torch._worker_main(args, reports, threading.Event())
+    got = []
+    while not reports.empty():
+        got.append(reports.get_nowait())
+    assert [(r[1], r[3]) for r in got] == [("reclaimed", None), ("error", pinring.RingError)], got
+    assert "part 0 (batch 0, 2 samples from sample 0)" in got[0][4], got[0][4]
+    assert "does not fit in 8 bytes" in got[1][4], got[1][4]
+    assert [p.seq for p in parts] == [3], "the worker ended at the refused commit"
+
+
+def test_ring_leaves_the_users_rng_alone():
+    """With ``ring=`` the ring's seed is used: no seed is drawn from ``generator`` or torch's
+    RNG (without ``ring=`` one is, as torch's RandomSampler)."""
+    g = torch.Generator().manual_seed(3)
+    before, global_before = g.get_state(), torch.get_rng_state()
+    DataLoader(ds.Ids(8), ring="no-such-ring", generator=g)
+    DataLoader(ds.Ids(8), ring="no-such-ring")
+    assert torch.equal(g.get_state(), before) and torch.equal(torch.get_rng_state(), global_before)
+    DataLoader(ds.Ids(8), generator=g)
+    assert not torch.equal(g.get_state(), before), "without ring=, the seed is drawn"
 
 
 def test_a_part_that_outlives_its_lease_is_made_again_and_its_worker_goes_on(tmp_path, caplog):
@@ -141,7 +319,8 @@ def test_a_part_that_outlives_its_lease_is_made_again_and_its_worker_goes_on(tmp
         with loader(data, batch_size=4, num_workers=2, lease_ms=300, epochs=1, timeout=60) as pl:
             got = ids(pl)
             assert pl.worker_restarts == 0, "no worker left"
-            assert pl.lease_ms == 300
+            # The lease the daemon runs with: its resolved config, as its consumer reads it.
+            assert pl._ring_settings[("daemon", "lease_ms")] == 300
     assert got == [list(range(i, i + 4)) for i in range(0, 64, 4)]
     assert (tmp_path / "after").exists(), "the late worker went on"
     assert "longer than the ring's lease (daemon.lease_ms = 300 ms)" in caplog.text, caplog.text
@@ -277,16 +456,29 @@ def test_an_attached_daemon_with_the_datasets_fields(tmp_path):
         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )
     try:
-        # The ring's resolved config, read without tomllib as with it (Python < 3.11).
+        # The ring's resolved config, read without tomllib (Python < 3.11) as tomllib reads it.
         c = pinring.Consumer(name, wait_for_ring=30)
         text = c.config
         c.close()
-        assert pinring.torch._scalar_lines(text) == pinring.torch._settings(text)
-        assert pinring.torch._settings(text)[("plan", "batch_size")] == 6
+        lines = pinring.torch._scalar_lines(text)
+        assert lines[("plan", "batch_size")] == 6 and lines[("plan", "shuffle")] is False
+        assert lines[("ring", "name")] == name and lines[("daemon", "lease_ms")] == 30000
+        try:
+            import tomllib
+        except ImportError:
+            tomllib = None  # Python < 3.11: nothing to compare with
+        if tomllib is not None:
+            read = {
+                (section, key): value
+                for section, table in tomllib.loads(text).items() if isinstance(table, dict)
+                for key, value in table.items() if isinstance(value, (bool, int, float, str))
+            }
+            assert lines == read
         # What is left out comes from the ring; what is passed must agree with it.
         with loader(data, ring=name, device=None) as pl:
             assert len(pl) == 8
             assert (pl.batch_size, pl.shuffle, pl.epochs, pl.lease_ms) == (6, False, 2, 30000)
+            assert pl.seed == lines[("plan", "seed")], "the ring's seed, not a draw"
             got = list(pl)
             assert ids(got) == [list(range(i, i + 6)) for i in range(0, 48, 6)]
             assert {b.device for b in got} == {torch.device("cpu")}, "where the ring delivers"
