@@ -4,9 +4,10 @@
 //! uploads batches straight from ring slots into device buffers with an [`Uploader`]. Two
 //! backends implement this:
 //!
-//! - [`cuda::CudaBackend`]: `cuMemHostRegister` + `cuMemcpyHtoDAsync` on a copy stream (and a
-//!   second one for copies under 16 KiB), with a completion thread waiting on blocking-sync
-//!   events, each shared by several uploads; checksum/compute kernels from embedded
+//! - [`cuda::CudaBackend`]: `cuMemHostRegister`, then copies straight from the slots on a copy
+//!   stream (and a second one for copies under 16 KiB), given to the driver many to a
+//!   `cuMemcpyBatchAsync` call where it has one, with a completion thread waiting on
+//!   blocking-sync events, each shared by several uploads; checksum/compute kernels from embedded
 //!   PTX. `libcuda` is loaded dynamically and probed first, so nothing panics on a machine
 //!   without a driver.
 //! - [`host::HostBackend`]: heap buffers and `memcpy`, for machines without a GPU and for tests.
@@ -323,15 +324,17 @@ pub trait Uploader: Send + Sync {
     }
 
     /// As [`Uploader::submit_group`], but the backend may hold the group's completion signal
-    /// back to share it with the groups submitted after it. On CUDA a signal is an event on the
+    /// back to share it with the groups submitted after it, and its copies too, to hand them to
+    /// the driver with theirs (CUDA: `cuMemcpyBatchAsync` where the driver has it). On CUDA a signal is an event on the
     /// copy stream: each one stalls the copy engine between copies and costs the driver an
     /// interrupt and a wake-up, which caps small copies far below the link (64 KiB copies:
     /// 17 GB/s without events, 11 with one per copy, on an H200). The CUDA backend records one
     /// event for several deferred groups (docs/ARCHITECTURE.md, "Upload signals"); the default
     /// signals every group at once.
     ///
-    /// A deferred group's completion may not come until [`Uploader::flush`] is called: a caller
-    /// that submits deferred groups flushes before it waits for their completions.
+    /// A deferred group's copies may not start, and its completion may not come, until
+    /// [`Uploader::flush`] is called: a caller that submits deferred groups flushes before it
+    /// waits for their completions.
     ///
     /// # Safety
     /// As [`Uploader::submit_group`].

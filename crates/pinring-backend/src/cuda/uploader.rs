@@ -199,8 +199,10 @@ impl CudaUploader {
 }
 
 impl CudaUploader {
-    /// The queue of groups without an event; a poisoned lock (a panic while holding it) is taken
-    /// over: its counts are at worst an event early or late, never unsound.
+    /// The groups without an event and their held copies; a poisoned lock (a panic while holding
+    /// it, such as a failed bounds assert) is taken over: a group pushed before the panic may lack
+    /// copies, but the panic was in the thread that submits, the daemon's main loop, which is
+    /// also the one that takes completions: none of that group's is taken for a landed batch.
     fn lock_unsignalled(&self) -> std::sync::MutexGuard<'_, Unsignalled> {
         self.unsignalled
             .lock()

@@ -185,7 +185,7 @@ impl Daemon {
         self.free_buffers.push(done.buffer);
         if let sink::Source::Mapped { slot, .. } = done.source {
             // Zero-copy: the sink's kernel has finished reading the slot; hand it out again.
-            if let Some(commit_ns) = self.zero_copy_commits.remove(&slot) {
+            if let Some(commit_ns) = self.zero_copy_commits.remove(slot) {
                 self.record_latency(commit_ns, done.done_ns);
             }
             self.hand_out(slot);

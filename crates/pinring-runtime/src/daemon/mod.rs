@@ -337,7 +337,7 @@ struct Daemon {
     /// Batches with parts on their way to the device, by batch number.
     assembling: BTreeMap<u64, Assembly>,
     /// Commit time of each zero-copy batch at the sink, by slot.
-    zero_copy_commits: BTreeMap<u32, u64>,
+    zero_copy_commits: SlotTable<u64>,
     zero_copy: bool,
     /// Commit-to-on-device latencies (bounded memory, however long the daemon runs).
     latencies: crate::histogram::Quantiles,

@@ -207,7 +207,7 @@ impl Daemon {
             inflight_bytes: 0,
             parts,
             assembling: BTreeMap::new(),
-            zero_copy_commits: BTreeMap::new(),
+            zero_copy_commits: SlotTable::new(slots),
             zero_copy: args.zero_copy,
             latencies: crate::histogram::Quantiles::default(),
             free_buffers: (0..buffers).rev().collect(),
