@@ -7,14 +7,16 @@
 //! uploads each filled slot with the backend's [`Uploader`] (as many device buffers as the
 //! daemon uses) and hands the slot back when its copies have completed. A slot holds a batch
 //! field-major, as a pinring slot does (the samples' images, then their labels as little-endian
-//! i64), and is uploaded as the daemon uploads it: one copy per field, the labels to their
-//! aligned offset in the device buffer ([`pinring_data::BatchLayout`]), submitted as one deferred
-//! group per slot and flushed before the upload thread sleeps, as the daemon does. Each slot has
-//! one 32-bit flag word (`EMPTY` → `FILLING` by the writer's CAS, `FULL` by its store, `UPLOADING` when the
-//! upload thread submits the copy, `EMPTY` again once the copy has completed); slots are split round-robin (writer `w` owns slots `w`, `w + N`, …), so no
-//! two writers ever race for a slot. Writers fill with the synthetic generator, the same words
-//! the loaders write. Nothing else: no sequencer, no batch metadata, no verification, no
-//! liveness locks or leases, no loader table. It is the upper bound the protocol is compared to.
+//! i64). It is uploaded as one deferred group per slot, flushed before the upload thread sleeps,
+//! as the daemon does, but always as two copies, one per field, the labels to their aligned
+//! offset in the device buffer ([`pinring_data::BatchLayout`]); the daemon makes one copy of
+//! fields that continue each other in the slot and the buffer. Each slot has one 32-bit flag word
+//! (`EMPTY` → `FILLING` by the writer's CAS, `FULL` by its store, `UPLOADING` when the upload
+//! thread submits the copy, `EMPTY` again once the copy has completed); slots are split
+//! round-robin (writer `w` owns slots `w`, `w + N`, …), so no two writers ever race for a slot.
+//! Writers fill with the synthetic generator, the same words the loaders write. Nothing else: no
+//! sequencer, no batch metadata, no verification, no liveness locks or leases, no loader table.
+//! It is the upper bound the protocol is compared to.
 //!
 //! Segment: one page-aligned header (the run's geometry, a phase word, the upload thread's
 //! doorbell, then one cache line per slot holding its flag word and a waiter count), then the
