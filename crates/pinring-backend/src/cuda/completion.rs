@@ -5,7 +5,7 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender, TryRecvError};
 use cudarc::driver::CudaContext;
@@ -20,6 +20,9 @@ use crate::{BackendError, Completion};
 pub(super) struct InFlight {
     /// The group this entry completes.
     pub(super) group: Group,
+    /// When its copies went to the driver (a deferred group's are held until its event is due,
+    /// so this may be well after the group was submitted).
+    pub(super) issued: Instant,
     /// Recorded on the copy stream after this entry's copies, so after every earlier entry's
     /// too: the entries before it that have none complete with it. `None`: a deferred group
     /// (`Uploader::submit_group_deferred`), signalled by a later entry's event.
@@ -44,6 +47,72 @@ pub(super) struct Group {
 const COMPLETION_GROUPS: usize = 16;
 const COMPLETION_BYTES: usize = 4 << 20;
 
+/// The link speed the first look at an event assumes, bytes per second: the copies ahead of it
+/// take at least their bytes at this rate (PCIe Gen5 x16 moves about 53-55 GB/s). On a slower
+/// link the first look is early and the later ones ([`next_nap`]) find the event.
+const LINK_BYTES_PER_S: u64 = 55_000_000_000;
+/// Looks after the expected end are this far apart at least, and at most
+/// [`LONGEST_NAP`] (a copy stream held behind a consumer's release is looked at 1000 times a
+/// second).
+const SHORTEST_NAP: Duration = Duration::from_micros(5);
+const LATE_NAP: Duration = Duration::from_micros(25);
+const LONGEST_NAP: Duration = Duration::from_millis(1);
+/// The completion thread's timer slack: its naps end on time (the default is 50 µs).
+const TIMER_SLACK_NS: u64 = 1_000;
+
+/// How long to nap before the next look at an event expected `expected` after the wait began,
+/// `waited` into the wait. Before the expected end: until it. After it: an eighth of the
+/// expected time (within [`SHORTEST_NAP`]..=[`LATE_NAP`]), so that a copy a little slower than
+/// expected is seen within a few percent of its time; and once the event is late by more than
+/// that, a quarter of its lateness (up to [`LONGEST_NAP`]), so that a stream held up for long
+/// costs few looks while each look is at most 25% later than the event.
+fn next_nap(waited: Duration, expected: Duration) -> Duration {
+    if let Some(left) = expected.checked_sub(waited).filter(|d| !d.is_zero()) {
+        return left.max(SHORTEST_NAP);
+    }
+    let late = waited - expected;
+    let step = (expected / 8).clamp(SHORTEST_NAP, LATE_NAP);
+    (late / 4).clamp(step, LONGEST_NAP)
+}
+
+/// Waits for `event`, expected to complete `expected` after `began`, by looking at it
+/// (`cuEventQuery`) after naps ([`next_nap`]). A blocking-sync wait (`cuEventSynchronize`)
+/// costs a wake-up of the driver's event thread and of this one per event: 0.2-0.3 cores each
+/// at 10,000-20,000 events a second on the H200 (docs/BENCHMARKS.md, "Completion waits").
+/// Returns the last moment the event was seen not done (`began` if the first look found it
+/// done): it completed after that. Fails with the driver's error if the copies failed.
+fn wait_polling(
+    event: &raw::Event,
+    began: Instant,
+    expected: Duration,
+) -> Result<Instant, cudarc::driver::DriverError> {
+    let mut not_done = began;
+    loop {
+        let looked = Instant::now();
+        if event.is_done()? {
+            return Ok(not_done);
+        }
+        not_done = looked;
+        std::thread::sleep(next_nap(looked - began, expected));
+    }
+}
+
+/// When the copies of `ahead` bytes, the first of them queued at `first_queued`, are expected to
+/// be done, measured from `now`: the copy engine starts them no sooner than they were queued nor
+/// before the previous awaited event completed (no sooner than `engine_free`), and moves
+/// [`LINK_BYTES_PER_S`].
+fn expected_done(
+    now: Instant,
+    first_queued: Instant,
+    engine_free: Instant,
+    ahead: usize,
+) -> Duration {
+    let start = first_queued.max(engine_free);
+    let link =
+        Duration::from_nanos((ahead as u64).saturating_mul(1_000_000_000) / LINK_BYTES_PER_S);
+    (start + link).saturating_duration_since(now)
+}
+
 /// Starts the completion thread of device `device`'s uploader. It runs until `inflight`'s sender
 /// is dropped and every upload queued before that has completed.
 pub(super) fn spawn(
@@ -52,7 +121,7 @@ pub(super) fn spawn(
     guards: &Arc<Guards>,
     inflight: Receiver<InFlight>,
     done: Sender<Completion>,
-    free: Sender<raw::Event>,
+    free: [Sender<raw::Event>; 2],
     hook: &Arc<crate::HookCell>,
 ) -> Result<JoinHandle<()>, BackendError> {
     let ctx = Arc::clone(ctx);
@@ -94,15 +163,23 @@ fn completion_loop(
     guards: &Guards,
     inflight: &Receiver<InFlight>,
     done: &Sender<Completion>,
-    free: &Sender<raw::Event>,
+    free: &[Sender<raw::Event>; 2],
     hook: &crate::HookCell,
 ) {
     let bound = raw::make_current(ctx);
     if let Err(e) = &bound {
         tracing::error!(code = ?e.0, device, "completion thread: cuCtxSetCurrent failed");
     }
+    // The waits below sleep for tens of microseconds: the default slack of 50 µs would make
+    // each one that much late.
+    if let Err(e) = nix::sys::prctl::set_timerslack(TIMER_SLACK_NS) {
+        tracing::debug!(device, "completion thread: PR_SET_TIMERSLACK failed: {e}");
+    }
     let mut window: VecDeque<InFlight> = VecDeque::new();
     let mut open = true;
+    // No sooner than this the last awaited event completed: the copies after it had the engine
+    // no sooner.
+    let mut engine_free = Instant::now();
     loop {
         // Until an entry with an event is queued, nothing can complete: block for more.
         while open && !window.iter().any(|f| f.event.is_some()) {
@@ -127,11 +204,21 @@ fn completion_loop(
         let target = awaited(window.iter().map(|f| (f.group.len, f.event.is_some())));
         let waited = match (&bound, target) {
             (Err(e), _) => Err(("cuCtxSetCurrent", e.0)),
-            (Ok(()), Some(i)) => window[i]
-                .event
-                .as_ref()
-                .map_or(Ok(()), |e| e.synchronize())
-                .map_err(|e| ("cuEventSynchronize", e.0)),
+            (Ok(()), Some(i)) => {
+                let now = Instant::now();
+                let ahead = window.range(..=i).map(|f| f.group.len).sum();
+                let expected = expected_done(now, window[0].issued, engine_free, ahead);
+                match window[i].event.as_ref() {
+                    Some(e) if e.is_polled() => wait_polling(e, now, expected)
+                        .map(|seen| engine_free = seen)
+                        .map_err(|e| ("cuEventQuery", e.0)),
+                    Some(e) => e
+                        .synchronize()
+                        .map(|()| engine_free = now)
+                        .map_err(|e| ("cuEventSynchronize", e.0)),
+                    None => Ok(()),
+                }
+            }
             // The uploader is gone and left groups without an event (it sends a run of groups
             // with the event on the last, so only a send cut short could): wait for everything
             // the context has queued.
@@ -166,7 +253,7 @@ fn completion_loop(
             // The uploader owns the receivers; if it is gone we just keep draining.
             let _ = done.send(completion);
             if let Some(e) = f.event {
-                let _ = free.send(e);
+                let _ = free[usize::from(e.is_polled())].send(e);
             }
         }
         hook.call();
@@ -184,6 +271,56 @@ mod tests {
 
     fn pick(entries: &[(usize, bool)]) -> Option<usize> {
         awaited(entries.iter().copied())
+    }
+
+    #[test]
+    fn looks_come_at_the_expected_end_then_close_behind_then_spaced_by_lateness() {
+        let us = Duration::from_micros;
+        // Before the expected end: a nap until it (never shorter than the shortest nap).
+        assert_eq!(next_nap(us(0), us(77)), us(77));
+        assert_eq!(next_nap(us(70), us(77)), us(7));
+        assert_eq!(next_nap(us(76), us(77)), SHORTEST_NAP);
+        // Just past it: an eighth of the expected time, within 5..=25 µs.
+        assert_eq!(next_nap(us(81), us(80)), us(10));
+        assert_eq!(next_nap(us(85), us(80)), us(10));
+        assert_eq!(next_nap(us(20), us(16)), SHORTEST_NAP);
+        assert_eq!(next_nap(us(1000), us(800)), us(50));
+        // Long past it: a quarter of the lateness, so each look is at most 25% late, up to 1 ms.
+        assert_eq!(next_nap(us(477), us(77)), us(100));
+        assert_eq!(next_nap(us(60_000), us(77)), LONGEST_NAP);
+        // An event expected at once (nothing ahead): looked at every few microseconds at first.
+        assert_eq!(next_nap(us(3), us(0)), SHORTEST_NAP);
+        // The naps of a wait that is never done grow, but never past the longest.
+        let (mut t, mut naps) = (us(0), 0);
+        while t < Duration::from_secs(1) {
+            let n = next_nap(t, us(77));
+            assert!(n >= SHORTEST_NAP && n <= LONGEST_NAP);
+            t += n;
+            naps += 1;
+        }
+        assert!(naps < 1100, "{naps} looks in a second");
+    }
+
+    #[test]
+    fn the_expected_end_counts_from_when_the_engine_could_start() {
+        let t0 = Instant::now();
+        let us = Duration::from_micros;
+        let four_mib = 4 << 20;
+        // 4 MiB at 55 GB/s: 76 µs after the first copy was queued, if the engine was free.
+        let link = us(76);
+        let e = expected_done(t0, t0, t0 - us(500), four_mib);
+        assert!(e >= link && e <= link + us(1), "{e:?}");
+        // Queued 50 µs ago: 26 µs left.
+        let e = expected_done(t0 + us(50), t0, t0, four_mib);
+        assert!(e >= us(26) && e <= us(27), "{e:?}");
+        // The engine was busy with earlier copies until 30 µs after these were queued.
+        let e = expected_done(t0 + us(50), t0, t0 + us(30), four_mib);
+        assert!(e >= us(56) && e <= us(57), "{e:?}");
+        // Long overdue: no nap before the first look.
+        assert_eq!(
+            expected_done(t0 + us(500), t0, t0, four_mib),
+            Duration::ZERO
+        );
     }
 
     #[test]

@@ -241,12 +241,14 @@ impl Drop for DeviceAlloc {
     }
 }
 
-/// A CUDA event created with `BLOCKING_SYNC | DISABLE_TIMING`: waiting on it puts the thread to
-/// sleep instead of spinning a core.
+/// A CUDA event without timing: created with `BLOCKING_SYNC` ([`Event::new`]), so that waiting on
+/// it puts the thread to sleep instead of spinning a core, or without ([`Event::new_polled`]), to
+/// be looked at only.
 #[derive(Debug)]
 pub struct Event {
     raw: sys::CUevent,
     ctx: Arc<CudaContext>,
+    polled: bool,
 }
 
 // SAFETY: a CUevent handle may be used from any thread once its context is current there, which
@@ -259,9 +261,27 @@ unsafe impl Sync for Event {}
 impl Event {
     /// A new blocking-sync event without timing.
     pub fn new(ctx: &Arc<CudaContext>) -> Result<Self, DriverError> {
+        Self::with_flags(
+            ctx,
+            sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC as u32
+                | sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32,
+        )
+    }
+
+    /// Whether the event was made by [`Event::new_polled`]: to be looked at, not waited on.
+    pub fn is_polled(&self) -> bool {
+        self.polled
+    }
+
+    /// A new event without timing, for looking at with [`Event::is_done`] only: without
+    /// `BLOCKING_SYNC` the driver arranges no wake-up when it completes (its event thread's work
+    /// per event). [`Event::synchronize`] on it would spin.
+    pub fn new_polled(ctx: &Arc<CudaContext>) -> Result<Self, DriverError> {
+        Self::with_flags(ctx, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32)
+    }
+
+    fn with_flags(ctx: &Arc<CudaContext>, flags: u32) -> Result<Self, DriverError> {
         make_current(ctx)?;
-        let flags = sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC as u32
-            | sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
         let mut raw: sys::CUevent = std::ptr::null_mut();
         // SAFETY: `raw` is a valid out-parameter, the flags are valid CUevent_flags bits and the
         // context is current.
@@ -269,6 +289,7 @@ impl Event {
         Ok(Self {
             raw,
             ctx: Arc::clone(ctx),
+            polled: flags & sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC as u32 == 0,
         })
     }
 
@@ -283,15 +304,22 @@ impl Event {
         unsafe { result::event::record(self.raw, stream.cu_stream()) }
     }
 
-    /// Whether the captured work has completed (`cuEventQuery`; an error reads as done).
+    /// Whether the captured work has completed (`cuEventQuery`): `Ok(false)` while it runs, the
+    /// driver's error if the work failed.
+    pub fn is_done(&self) -> Result<bool, DriverError> {
+        make_current(&self.ctx)?;
+        // SAFETY: the event is live (owned by self); its context is current.
+        match unsafe { sys::cuEventQuery(self.raw) } {
+            CUresult::CUDA_SUCCESS => Ok(true),
+            CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+            e => Err(DriverError(e)),
+        }
+    }
+
+    /// Whether the captured work has completed (an error reads as done).
     #[cfg(test)]
     pub fn query(&self) -> bool {
-        if make_current(&self.ctx).is_err() {
-            return true;
-        }
-        // SAFETY: the event is live (owned by self); its context is current.
-        let r = unsafe { sys::cuEventQuery(self.raw) };
-        r != CUresult::CUDA_ERROR_NOT_READY
+        self.is_done().unwrap_or(true)
     }
 
     /// Makes `stream` wait (on the device) until the work this event captured has completed.

@@ -58,7 +58,8 @@ pub struct CudaUploader {
     pub(super) kernel_stream: Arc<CudaStream>,
     pub(super) inflight: Option<Sender<InFlight>>,
     /// Events the completion thread has finished with, for reuse.
-    pub(super) free_events: Receiver<raw::Event>,
+    /// Events handed back by the completion thread for reuse: blocking-sync ones, polled ones.
+    pub(super) free_events: [Receiver<raw::Event>; 2],
     pub(super) completions: Receiver<Completion>,
     pub(super) thread: Option<JoinHandle<()>>,
     pub(super) kernel_state: Mutex<KernelState>,
@@ -133,9 +134,17 @@ impl CudaUploader {
         let (inflight_tx, inflight_rx) = crossbeam_channel::unbounded::<InFlight>();
         let (done_tx, done_rx) = crossbeam_channel::unbounded::<Completion>();
         let (free_tx, free_rx) = crossbeam_channel::unbounded::<raw::Event>();
+        let (free_polled_tx, free_polled_rx) = crossbeam_channel::unbounded::<raw::Event>();
         let hook: Arc<crate::HookCell> = Arc::new(crate::HookCell::default());
-        let thread =
-            completion::spawn(&ctx, device, &guards, inflight_rx, done_tx, free_tx, &hook)?;
+        let thread = completion::spawn(
+            &ctx,
+            device,
+            &guards,
+            inflight_rx,
+            done_tx,
+            [free_tx, free_polled_tx],
+            &hook,
+        )?;
         Ok(Self {
             ctx,
             device,
@@ -149,7 +158,7 @@ impl CudaUploader {
             small_mark,
             kernel_stream,
             inflight: Some(inflight_tx),
-            free_events: free_rx,
+            free_events: [free_rx, free_polled_rx],
             completions: done_rx,
             thread: Some(thread),
             kernel_state: Mutex::new(KernelState {
@@ -210,13 +219,15 @@ impl CudaUploader {
     }
 
     /// An event (reused, or new) recorded on the copy stream now: after every copy queued so
-    /// far, the small-copy stream's too when `small` (small copies since the last event).
+    /// far, the small-copy stream's too when `small` (small copies since the last event); one to
+    /// be looked at rather than waited on when `polled` ([`POLLED_GROUP_BYTES`]).
     /// `object` names what it follows, for an error: called only when a call failed, so the
     /// hot path formats nothing.
     fn event_after(
         &self,
         object: impl Fn() -> String,
         small: bool,
+        polled: bool,
     ) -> Result<raw::Event, BackendError> {
         if small {
             let mark = || format!("the small copies before {}", object());
@@ -231,10 +242,14 @@ impl CudaUploader {
                 )
             })?;
         }
-        let event = match self.free_events.try_recv() {
+        let event = match self.free_events[usize::from(polled)].try_recv() {
             Ok(e) => e,
-            Err(_) => raw::Event::new(&self.ctx)
-                .map_err(|e| cuda_error("cuEventCreate", format!("device {}", self.device), e.0))?,
+            Err(_) => if polled {
+                raw::Event::new_polled(&self.ctx)
+            } else {
+                raw::Event::new(&self.ctx)
+            }
+            .map_err(|e| cuda_error("cuEventCreate", format!("device {}", self.device), e.0))?,
         };
         event
             .record(&self.copy_stream)
@@ -321,6 +336,7 @@ impl CudaUploader {
                     cur = next;
                     continue;
                 }
+                u.issued.get_or_insert_with(Instant::now);
                 // SAFETY: [cur, next) is a piece of src..src+len, and at + (next - cur) <=
                 // dst_offset + len <= buffer size (checked above); the caller guarantees
                 // src..src+len stays valid and unwritten until the group's Completion is
@@ -372,7 +388,9 @@ impl CudaUploader {
         if let Err(e) = self.issue_held(u, object) {
             return Err(self.fail_held(u, e));
         }
-        let event = match self.event_after(object, u.small) {
+        let issued = u.issued.take().unwrap_or_else(Instant::now);
+        let polled = u.bytes / u.groups.len() >= POLLED_GROUP_BYTES;
+        let event = match self.event_after(object, u.small, polled) {
             Ok(event) => event,
             Err(e) => return Err(self.fail_held(u, e)),
         };
@@ -382,6 +400,7 @@ impl CudaUploader {
         while let Some((i, group)) = groups.next() {
             let flight = InFlight {
                 group,
+                issued,
                 event: if i == last { event.take() } else { None },
             };
             if let Err(unsent) = tx.send(flight) {
@@ -415,6 +434,7 @@ impl CudaUploader {
             if held.dsts.is_empty() {
                 continue;
             }
+            u.issued.get_or_insert_with(Instant::now);
             // SAFETY: every held copy is a piece of a job checked by `enqueue_group` (inside
             // its device buffer, its source inside the caller's range, which stays valid and
             // unwritten until the group's completion: sent below only with or before an event
@@ -466,6 +486,7 @@ impl CudaUploader {
         }
         u.bytes = 0;
         u.small = false;
+        u.issued = None;
         err
     }
 }
@@ -489,6 +510,16 @@ pub(super) const EVENT_GROUPS: usize = 16;
 /// group of 4 MiB or more still gets an event of its own.
 pub(super) const EVENT_BYTES: usize = 4 << 20;
 
+/// An event whose groups average at least this many bytes is looked at by the completion thread
+/// after naps (`cuEventQuery`), not waited on with a blocking-sync wait. A blocking wait costs a
+/// wake-up of the driver's event thread and of the completion thread per event (0.2-0.3 cores
+/// each at 10,000 events a second), and its wake-up comes late: with 1 and 4 MiB slots, looks
+/// timed by the link's speed gave slots back sooner (4 MiB × 8 loaders: 49.5-50.7 GB/s against
+/// 46-48) for less CPU. With smaller groups the daemon's main loop is the limit and looks
+/// timed ahead of it cost throughput (256 KiB: 34-47.6 GB/s against 44.9-47.6; 64 KiB: 18.3
+/// against 22), so their events are waited on (docs/BENCHMARKS.md, "Completion waits").
+pub(super) const POLLED_GROUP_BYTES: usize = 1 << 20;
+
 /// Copies shorter than this go on a stream of their own. On one stream, each tiny copy (a
 /// batch's labels: 32 bytes) held the copy engine about 8 µs, as long as a 256 KiB copy: with
 /// one per slot, 256 KiB slots reached 16 GB/s instead of 34, 1 MiB slots 34 instead of 48
@@ -505,6 +536,9 @@ pub(super) struct Unsignalled {
     bytes: usize,
     small: bool,
     held: [HeldCopies; 2],
+    /// When the first of these groups' copies went to the driver: the copy engine starts them
+    /// no sooner (the completion thread's first look at their event counts from it).
+    issued: Option<Instant>,
 }
 
 /// Copies held for one `cuMemcpyBatchAsync` call: destination, source and size of each.
