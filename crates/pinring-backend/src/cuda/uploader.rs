@@ -2,12 +2,14 @@
 //! per-buffer guards. `submit_group_deferred` is the hot path: each of a part's copies, one per
 //! registered chunk its source touches (usually one), is held for the copy stream or, under
 //! [`SMALL_COPY_BYTES`], the small-copy stream. Once [`EVENT_GROUPS`] groups or [`EVENT_BYTES`]
-//! bytes are held (or at `flush`), each stream's held copies go to the driver in one
-//! `cuMemcpyBatchAsync` call, then one event record covers every group before it, both streams'
-//! copies, and the groups enter the completion queue. Where the driver lacks the batch call
-//! (before CUDA 12.8), each copy is a `cuMemcpyHtoDAsync` of its own, issued at once. The
-//! completion thread (`completion.rs`) waits on the events. docs/ARCHITECTURE.md, "Upload
-//! signals", has the measurements behind all three.
+//! bytes are held ([`POLLED_EVENT_BYTES`] for groups of [`POLLED_GROUP_BYTES`] or more), or at
+//! `flush`, each stream's held copies go to the driver in one `cuMemcpyBatchAsync` call, then
+//! one event record covers every group before it, both streams' copies, and the groups enter the
+//! completion queue. Where the driver lacks the batch call (before CUDA 12.8), each copy is a
+//! `cuMemcpyHtoDAsync` of its own, issued at once. The completion thread (`completion.rs`) waits
+//! on the events: a blocking-sync wait for small groups, looks after naps timed by the link for
+//! groups of [`POLLED_GROUP_BYTES`] or more. docs/ARCHITECTURE.md, "Upload signals", has the
+//! measurements behind each of these.
 //!
 //! # The device-buffer guard
 //! Each buffer is guarded by `crate::guard`, as on the host backend: a copy into a buffer and a
@@ -364,7 +366,12 @@ impl CudaUploader {
                 cur = next;
             }
         }
-        if !deferred || u.groups.len() >= EVENT_GROUPS || u.bytes >= EVENT_BYTES {
+        let event_bytes = if u.bytes / u.groups.len() >= POLLED_GROUP_BYTES {
+            POLLED_EVENT_BYTES
+        } else {
+            EVENT_BYTES
+        };
+        if !deferred || u.groups.len() >= EVENT_GROUPS || u.bytes >= event_bytes {
             self.signal(u, &|| object(jobs.len() - 1))?;
         }
         Ok(1)
@@ -502,22 +509,30 @@ fn alloc_call(ctx: &CudaContext) -> &'static str {
 
 /// Deferred groups (`Uploader::submit_group_deferred`) share one event until this many are
 /// queued after the last one,
-pub(super) const EVENT_GROUPS: usize = 16;
-/// or until they copy this many bytes. An event stalls the copy engine between two copies
-/// for about 2 µs, about a 64 KiB copy's time at PCIe Gen5 speed (docs/BENCHMARKS.md, "Upload
-/// signals"): one event per 4 MiB of copies keeps that small at every slot size (64 KiB copies
-/// moved 15.6 GB/s with an event per 16, against 17.2 with none and 11 with one each), while a
-/// group of 4 MiB or more still gets an event of its own.
-pub(super) const EVENT_BYTES: usize = 4 << 20;
+pub(super) const EVENT_GROUPS: usize = 32;
+/// or until they copy this many bytes ([`POLLED_EVENT_BYTES`] for groups of 1 MiB or more). An
+/// event stalls the copy engine between two copies for about 2 µs, about a 64 KiB copy's time at
+/// PCIe Gen5 speed (docs/BENCHMARKS.md, "Upload signals"), and each one costs the daemon a
+/// wake-up of the driver's event thread and of the completion thread. One event per 32 groups
+/// or 8 MiB took 256 KiB slots × 8 loaders from 43.0-45.8 GB/s at 1.15-1.43 daemon cores (an
+/// event per 16 groups or 4 MiB) to 46.7-46.8 GB/s at 0.88-0.98 cores, and 64 KiB slots were no
+/// slower (20.3-24.0 GB/s against 17.5-20.3); one per 64 groups halved 64 KiB's throughput,
+/// because slots then come back in bunches too large (docs/BENCHMARKS.md, "Copies in batches").
+pub(super) const EVENT_BYTES: usize = 8 << 20;
+/// The event bytes of groups of [`POLLED_GROUP_BYTES`] or more: 1 MiB parts are signalled four
+/// at a time, and a 4 MiB part or larger has an event of its own, so that its slot comes back
+/// as soon as it is copied.
+pub(super) const POLLED_EVENT_BYTES: usize = 4 << 20;
 
 /// An event whose groups average at least this many bytes is looked at by the completion thread
 /// after naps (`cuEventQuery`), not waited on with a blocking-sync wait. A blocking wait costs a
 /// wake-up of the driver's event thread and of the completion thread per event (0.2-0.3 cores
 /// each at 10,000 events a second), and its wake-up comes late: with 1 and 4 MiB slots, looks
-/// timed by the link's speed gave slots back sooner (4 MiB × 8 loaders: 49.5-50.7 GB/s against
-/// 46-48) for less CPU. With smaller groups the daemon's main loop is the limit and looks
-/// timed ahead of it cost throughput (256 KiB: 34-47.6 GB/s against 44.9-47.6; 64 KiB: 18.3
-/// against 22), so their events are waited on (docs/BENCHMARKS.md, "Completion waits").
+/// timed by the link's speed gave slots back sooner (4 MiB × 8 loaders: 49.3-49.8 GB/s against
+/// 47.4-48.9; 1 MiB: 50.9-51.2 against 49.8-50.0) for less CPU. With smaller groups the daemon's
+/// main loop is the limit, and looks cost throughput there (256 KiB: 34-47.6 GB/s against
+/// 44.9-47.6; 64 KiB: 18.3 against 22), so their events are waited on (docs/BENCHMARKS.md,
+/// "Completion waits").
 pub(super) const POLLED_GROUP_BYTES: usize = 1 << 20;
 
 /// Copies shorter than this go on a stream of their own. On one stream, each tiny copy (a
