@@ -78,7 +78,8 @@ fn next_nap(waited: Duration, expected: Duration) -> Duration {
 /// Waits for `event`, expected to complete `expected` after `began`, by looking at it
 /// (`cuEventQuery`) after naps ([`next_nap`]). A blocking-sync wait (`cuEventSynchronize`)
 /// costs a wake-up of the driver's event thread and of this one per event: 0.2-0.3 cores each
-/// at 10,000-20,000 events a second on the H200 (docs/BENCHMARKS.md, "Completion waits").
+/// at 10,000-20,000 events a second on the H200 (docs/BENCHMARKS.md, "Completion waits and
+/// fewer events").
 /// Returns the last moment the event was seen not done (`began` if the first look found it
 /// done): it completed after that. Fails with the driver's error if the copies failed.
 fn wait_polling(

@@ -404,6 +404,58 @@ fn deferred_groups_complete_at_a_full_run_or_a_flush_and_land_whole() {
     drop(up);
 }
 
+#[test]
+fn parts_of_a_mebibyte_share_an_event_per_four_and_complete_by_looks() {
+    if crate::testing::gpu().is_none() {
+        return;
+    }
+    let b = CudaBackend::new(0).unwrap();
+    const PART: usize = uploader::POLLED_GROUP_BYTES;
+    let runs = uploader::POLLED_EVENT_BYTES / PART;
+    assert!(runs > 1, "a run of parts shares one event");
+    let groups = runs + 1;
+    let up = b.cuda_uploader(groups, PART).unwrap();
+    let data = pattern(29, groups * PART);
+    let group = |i: usize| {
+        [UploadJob {
+            tag: i as u64,
+            src: data[i * PART..].as_ptr(),
+            len: PART,
+            buffer: i,
+            dst_offset: 0,
+        }]
+    };
+    let receive = |from: usize, to: usize| {
+        for i in from..to {
+            let c = up
+                .completions()
+                .recv_timeout(Duration::from_secs(30))
+                .unwrap_or_else(|e| panic!("completion of part {i}: {e}"));
+            c.result.unwrap();
+            assert_eq!((c.tag, c.buffer, c.len), (i as u64, i, PART));
+            let want = checksum(&data[i * PART..(i + 1) * PART]);
+            assert_eq!(up.checksum(i, 0, PART).unwrap(), want, "part {i}");
+        }
+    };
+    // A run of 4 MiB of 1 MiB parts gets its event with its last part: all complete, no flush.
+    for i in 0..runs {
+        // SAFETY: `data` outlives every completion received below.
+        assert_eq!(unsafe { up.submit_group_deferred(&group(i)) }.unwrap(), 1);
+    }
+    receive(0, runs);
+    // Its event was one to be looked at, handed back to that pool, not the blocking-sync one.
+    let event = up.free_events[1]
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the run's event comes back for reuse");
+    assert!(event.is_polled());
+    assert!(up.free_events[0].try_recv().is_err());
+    // A part short of a run: the flush signals it.
+    // SAFETY: as above.
+    unsafe { up.submit_group_deferred(&group(runs)) }.unwrap();
+    up.flush().unwrap();
+    receive(runs, groups);
+}
+
 /// Copy patterns, timed on the GPU: what the copy engine and the driver give for one copy per
 /// slot of a registered 64 MiB ring, with an event after every `k`-th copy, a thread that waits
 /// on the events, and at most `bound` copies in flight. A measurement, not a check: `cargo test

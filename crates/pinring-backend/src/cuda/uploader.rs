@@ -517,7 +517,8 @@ pub(super) const EVENT_GROUPS: usize = 32;
 /// or 8 MiB took 256 KiB slots × 8 loaders from 43.0-45.8 GB/s at 1.15-1.43 daemon cores (an
 /// event per 16 groups or 4 MiB) to 46.7-46.8 GB/s at 0.88-0.98 cores, and 64 KiB slots were no
 /// slower (20.3-24.0 GB/s against 17.5-20.3); one per 64 groups halved 64 KiB's throughput,
-/// because slots then come back in bunches too large (docs/BENCHMARKS.md, "Copies in batches").
+/// because slots then come back in bunches too large (docs/BENCHMARKS.md, "Completion waits and
+/// fewer events", "Copies in batches").
 pub(super) const EVENT_BYTES: usize = 8 << 20;
 /// The event bytes of groups of [`POLLED_GROUP_BYTES`] or more: 1 MiB parts are signalled four
 /// at a time, and a 4 MiB part or larger has an event of its own, so that its slot comes back
@@ -532,7 +533,7 @@ pub(super) const POLLED_EVENT_BYTES: usize = 4 << 20;
 /// 47.4-48.9; 1 MiB: 50.9-51.2 against 49.8-50.0) for less CPU. With smaller groups the daemon's
 /// main loop is the limit, and looks cost throughput there (256 KiB: 34-47.6 GB/s against
 /// 44.9-47.6; 64 KiB: 18.3 against 22), so their events are waited on (docs/BENCHMARKS.md,
-/// "Completion waits").
+/// "Completion waits and fewer events").
 pub(super) const POLLED_GROUP_BYTES: usize = 1 << 20;
 
 /// Copies shorter than this go on a stream of their own. On one stream, each tiny copy (a
