@@ -4,7 +4,7 @@
 //!
 //! N writer processes (this executable's hidden `bench-writer` subcommand) fill the slots of one
 //! segment that the bench made and registered once with the backend; the bench's upload thread
-//! uploads each filled slot with the backend's [`Uploader`] (as many device buffers as the
+//! uploads each filled slot with the backend's [`Uploader`](pinring_backend::Uploader) (as many device buffers as the
 //! daemon uses) and hands the slot back when its copies have completed. A slot holds a batch
 //! field-major, as a pinring slot does (the samples' images, then their labels as little-endian
 //! i64). It is uploaded as one deferred group per slot, flushed before the upload thread sleeps,
@@ -291,7 +291,7 @@ pub enum ReferenceError {
         /// How it ended.
         ended: String,
     },
-    /// Nothing moved for [`STALL`].
+    /// Nothing moved for `STALL` (60 s).
     #[error(
         "reference run stalled: {what} for {secs} s; the host may be overloaded or a writer \
          stuck: rerun `pinring bench`, with fewer --loaders if it happens again"

@@ -3,7 +3,7 @@
 //! `loader` subcommands, so `cargo run --bin pinring -- run` needs no other binary built.
 //!
 //! The children live and die with `run`: each is started with a parent-death signal (SIGTERM,
-//! [`stop_with_parent`]), so a `run` killed outright (SIGKILL, OOM killer) leaves no daemon or
+//! `stop_with_parent`), so a `run` killed outright (SIGKILL, OOM killer) leaves no daemon or
 //! loader behind: the daemon drains and removes its segment, the loaders detach. A daemon child
 //! that dies under `run` is named with its signal or exit code, its loaders are stopped, and the
 //! segment it left behind is removed through `pinring clean`'s check ([`clean::clean_one`]).

@@ -106,7 +106,7 @@ pub struct DLTensor {
 pub struct DLManagedTensor {
     /// The tensor.
     pub dl_tensor: DLTensor,
-    /// The producer's context (here: the [`Holder`] this tensor lives in).
+    /// The producer's context (here: the `Holder` this tensor lives in).
     pub manager_ctx: *mut c_void,
     /// Frees the tensor and its context; called once by whoever owns the tensor.
     pub deleter: Option<unsafe extern "C" fn(*mut DLManagedTensor)>,
@@ -118,7 +118,7 @@ pub struct DLManagedTensor {
 pub struct DLManagedTensorVersioned {
     /// The ABI version of this struct.
     pub version: DLPackVersion,
-    /// The producer's context (here: the [`Holder`] this tensor lives in).
+    /// The producer's context (here: the `Holder` this tensor lives in).
     pub manager_ctx: *mut c_void,
     /// Frees the tensor and its context; called once by whoever owns the tensor.
     pub deleter: Option<unsafe extern "C" fn(*mut DLManagedTensorVersioned)>,

@@ -20,7 +20,7 @@ pub struct CheckArgs {
     /// Config file; without it, the file the lookup finds for --ring (or the built-in default).
     #[arg(value_name = "FILE")]
     pub file: Option<PathBuf>,
-    /// Ring name (overrides ring.name; also picks <ring>.toml in the lookup).
+    /// Ring name (overrides ring.name; also picks `<ring>.toml` in the lookup).
     #[arg(long, value_name = "NAME")]
     pub ring: Option<String>,
 }

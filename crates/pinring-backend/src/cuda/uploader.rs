@@ -696,8 +696,9 @@ impl Uploader for CudaUploader {
         unsafe { self.enqueue_group(jobs, false) }
     }
 
-    /// As `submit_group`, but the event is recorded only once [`EVENT_GROUPS`] groups or
-    /// [`EVENT_BYTES`] bytes have been queued without one; `flush` records it otherwise.
+    /// As `submit_group`, but the event is recorded only once `EVENT_GROUPS` groups or
+    /// `EVENT_BYTES` bytes (`POLLED_EVENT_BYTES` for parts of 1 MiB or more) have been queued
+    /// without one; `flush` records it otherwise.
     unsafe fn submit_group_deferred(&self, jobs: &[UploadJob]) -> Result<usize, BackendError> {
         // SAFETY: forwarded from our caller.
         unsafe { self.enqueue_group(jobs, true) }
