@@ -254,3 +254,51 @@ fn one_handle_holds_one_seat() {
     ring.detach_loader(seat);
     ring.attach_loader(ProcessId::current()).unwrap();
 }
+
+#[test]
+fn loaders_keep_to_their_own_share_of_the_slots_and_take_any_when_theirs_are_busy() {
+    let (o, _u) = opts("share");
+    let daemon = Ring::create(&o).unwrap();
+    daemon.set_state(ring_state::READY);
+    let a = Ring::open(&o.name, Access::ReadWrite, T).unwrap();
+    let b = Ring::open(&o.name, Access::ReadWrite, T).unwrap();
+    let seat_a = a.attach_loader(ProcessId::current()).unwrap();
+    let seat_b = b.attach_loader(ProcessId::current()).unwrap();
+    assert_eq!(daemon.attached_loaders(), 2);
+    let slots = daemon.geometry().slot_count;
+    for slot in 0..slots {
+        daemon.assign(slot, 100 + u64::from(slot));
+    }
+    let (own_a, own_b) = (u32::from(seat_a.index) % 2, u32::from(seat_b.index) % 2);
+    assert_ne!(own_a, own_b, "two loaders, two shares");
+    // Whatever the hint, A takes its own slots first, lowest first, each with the seq there.
+    let mine: Vec<u32> = (own_a..slots).step_by(2).collect();
+    for &want in &mine {
+        let c = a.try_claim_preferring(seat_a, 2, slots - 1).unwrap();
+        assert_eq!((c.slot(), c.seq()), (want, 100 + u64::from(want)));
+    }
+    // Its share all busy, A takes another free slot, from its hint.
+    let hint = own_b + 2;
+    let c = a.try_claim_preferring(seat_a, 2, hint).unwrap();
+    assert_eq!(c.slot(), hint);
+    // B keeps to its own share, less the slot A took.
+    let mut got = Vec::new();
+    while let Some(c) = b.try_claim_preferring(seat_b, 2, 0) {
+        got.push(c.slot());
+    }
+    let rest: Vec<u32> = (own_b..slots).step_by(2).filter(|&s| s != hint).collect();
+    assert_eq!(got, rest);
+    b.detach_loader(seat_b);
+    assert_eq!(daemon.attached_loaders(), 1);
+
+    // One loader: no share, the next free slot from the hint.
+    let (o, _u) = opts("share-one");
+    let daemon = Ring::create(&o).unwrap();
+    daemon.set_state(ring_state::READY);
+    let a = Ring::open(&o.name, Access::ReadWrite, T).unwrap();
+    let seat = a.attach_loader(ProcessId::current()).unwrap();
+    daemon.assign(0, 7);
+    daemon.assign(3, 8);
+    let c = a.try_claim_preferring(seat, 1, 2).unwrap();
+    assert_eq!((c.slot(), c.seq()), (3, 8));
+}

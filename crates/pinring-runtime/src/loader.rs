@@ -590,6 +590,10 @@ impl Worker<'_> {
             .position(|f| f.name == LABELS && f.shape.len() == 1 && is_integer(f.dtype));
         let policy = self.cfg.dataset.on_bad_sample;
         let mut hint = u32::from(self.seat.index) % self.ring.geometry().slot_count;
+        // Each loader keeps to its own share of the slots where it can
+        // (`Ring::try_claim_preferring`); the share follows the loaders attached, counted again
+        // with each look at the daemon.
+        let mut share = self.ring.attached_loaders();
         let mut last_daemon_check = Instant::now();
         loop {
             self.service.tick(self.report.batches);
@@ -604,11 +608,12 @@ impl Worker<'_> {
             if last_daemon_check.elapsed() >= DAEMON_CHECK_EVERY {
                 last_daemon_check = Instant::now();
                 check_daemon(self.ring)?;
+                share = self.ring.attached_loaders();
             }
             // Acquire: pairs with the daemon's Release bump after it frees a slot, so a slot freed
             // after this load makes the wait below return at once.
             let seen = h.work_futex.load(Acquire);
-            let Some(mut claim) = self.ring.try_claim(self.seat, hint) else {
+            let Some(mut claim) = self.ring.try_claim_preferring(self.seat, share, hint) else {
                 let t = Instant::now();
                 let r = self.ring.wait_for_work(seen, MAX_WAIT);
                 note_wait(self.ring, self.seat, t.elapsed().as_nanos() as u64);
