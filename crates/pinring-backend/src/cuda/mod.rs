@@ -4,10 +4,11 @@
 //!   after probing that `libcuda` can be loaded, so a machine without a driver gets an error
 //!   (or, with `--backend auto`, the host backend) instead of cudarc's load panic.
 //! - `register` pins the ring with `cuMemHostRegister` in chunks of at most 256 GiB.
-//! - [`CudaUploader`] owns N device buffers, a copy stream and a kernel stream. `submit` enqueues
-//!   `cuMemcpyHtoDAsync` from the raw (registered) host pointer and records a blocking-sync event;
-//!   a completion thread waits on the events in submission order and sends
-//!   [`crate::Completion`]s.
+//! - [`CudaUploader`] owns N device buffers, a copy stream, a small-copy stream and a kernel
+//!   stream. `submit` copies from the raw (registered) host pointer (`cuMemcpyBatchAsync` for
+//!   held copies where the driver has it, else `cuMemcpyHtoDAsync`) and records an event shared
+//!   by several uploads; a completion thread waits on the events in submission order (asleep,
+//!   or by looks after naps for parts of 1 MiB or more) and sends [`crate::Completion`]s.
 //! - `checksum` / `compute` run embedded PTX kernels (see `ptx.rs`) on the kernel stream.
 //!
 //! The modules, one seam each:
@@ -27,7 +28,7 @@
 //! Contexts, streams and kernels are cudarc's safe types; device buffers are `cuMemAlloc`
 //! allocations (CUDA IPC cannot export cudarc's pool allocations) seen through cudarc slices.
 //! The raw driver calls that remain (registration, mapped pointers, the upload copy,
-//! blocking-sync events, the device buffers' allocation; the reasons are in
+//! events, the device buffers' allocation; the reasons are in
 //! docs/ARCHITECTURE.md) all live in `raw.rs`, those of CUDA IPC in `ipc/raw.rs`, and the other
 //! modules only sequence them.
 
