@@ -20,9 +20,9 @@ impl CudaBackend {
     /// The raw host-to-device ceiling: times `iters` copies of `bytes` from one host buffer
     /// (page-locked with `cuMemHostRegister` when `registered`, else plain pageable memory) into
     /// one device buffer on one stream; returns GB/s (1e9 bytes per second). Registered copies
-    /// go `RAW_BATCH` (the engine's `EVENT_GROUPS`) to a driver call where the driver batches copies (each copy of a call
-    /// writes the same bytes to the same place, so their order does not matter), one per call
-    /// otherwise.
+    /// go `RAW_BATCH` (the engine's `EVENT_GROUPS`) to a driver call where the driver batches
+    /// copies (each copy of a call writes the same bytes to the same place, so their order does
+    /// not matter), one per call otherwise.
     pub fn raw_h2d_gbps(
         &self,
         bytes: usize,

@@ -207,12 +207,14 @@ fn completion_loop(
             (Err(e), _) => Err(("cuCtxSetCurrent", e.0)),
             (Ok(()), Some(i)) => {
                 let now = Instant::now();
-                let ahead = window.range(..=i).map(|f| f.group.len).sum();
-                let expected = expected_done(now, window[0].issued, engine_free, ahead);
                 match window[i].event.as_ref() {
-                    Some(e) if e.is_polled() => wait_polling(e, now, expected)
-                        .map(|seen| engine_free = seen)
-                        .map_err(|e| ("cuEventQuery", e.0)),
+                    Some(e) if e.is_polled() => {
+                        let ahead = window.range(..=i).map(|f| f.group.len).sum();
+                        let expected = expected_done(now, window[0].issued, engine_free, ahead);
+                        wait_polling(e, now, expected)
+                            .map(|seen| engine_free = seen)
+                            .map_err(|e| ("cuEventQuery", e.0))
+                    }
                     Some(e) => e
                         .synchronize()
                         .map(|()| engine_free = now)

@@ -366,7 +366,7 @@ impl CudaUploader {
                 cur = next;
             }
         }
-        let event_bytes = if u.bytes / u.groups.len() >= POLLED_GROUP_BYTES {
+        let event_bytes = if u.large_parts() {
             POLLED_EVENT_BYTES
         } else {
             EVENT_BYTES
@@ -396,8 +396,7 @@ impl CudaUploader {
             return Err(self.fail_held(u, e));
         }
         let issued = u.issued.take().unwrap_or_else(Instant::now);
-        let polled = u.bytes / u.groups.len() >= POLLED_GROUP_BYTES;
-        let event = match self.event_after(object, u.small, polled) {
+        let event = match self.event_after(object, u.small, u.large_parts()) {
             Ok(event) => event,
             Err(e) => return Err(self.fail_held(u, e)),
         };
@@ -555,6 +554,14 @@ pub(super) struct Unsignalled {
     /// When the first of these groups' copies went to the driver: the copy engine starts them
     /// no sooner (the completion thread's first look at their event counts from it).
     issued: Option<Instant>,
+}
+
+impl Unsignalled {
+    /// Whether these groups average [`POLLED_GROUP_BYTES`] or more: their event is signalled
+    /// per [`POLLED_EVENT_BYTES`] and looked at rather than waited on. False with no group.
+    fn large_parts(&self) -> bool {
+        self.bytes / self.groups.len().max(1) >= POLLED_GROUP_BYTES
+    }
 }
 
 /// Copies held for one `cuMemcpyBatchAsync` call: destination, source and size of each.
