@@ -728,6 +728,7 @@ class DataLoader:
             )
             self._ring_name = self._daemon.ring
             self._consumer = _native.Consumer(self._ring_name, wait_for_ring=self.wait_for_ring)
+            self._ring_settings = _settings(self._consumer.config)
         else:
             self._ring_name = self._attached_ring
             self._consumer = _native.Consumer(
@@ -736,12 +737,11 @@ class DataLoader:
             text = self._consumer.config
             info = _native.check_config(text, f"ring {self._attached_ring!r}")
             _check_ring_fields(self._attached_ring, info["fields"], layout)
-            self._check_ring(text, self._consumer.device)
+            self._ring_settings = self._check_ring(text, self._consumer.device)
             path = os.path.join(self._tmp, "pinring.toml")
             with open(path, "w") as f:
                 f.write(text)
         self._config_path = path
-        self._ring_settings = _settings(self._consumer.config)
         self._done = set()
         self._left = {}
         if self.num_workers == 0:
@@ -756,10 +756,11 @@ class DataLoader:
         self._workers = [self._spawn(i) for i in range(max(1, self.num_workers))]
         self._last_check = time.monotonic()
 
-    def _check_ring(self, text: str, device: str) -> None:
+    def _check_ring(self, text: str, device: str) -> Dict[Tuple[str, str], Any]:
         """With ``ring=``: raises ``UsageError`` naming each argument passed that the ring's
         config (``text``, delivering to ``device``) contradicts, and a dataset of another length
-        than the ring's; then takes the ring's settings as the loader's own."""
+        than the ring's; then takes the ring's settings as the loader's own, and returns them
+        (``_settings``)."""
         settings = _settings(text)
         sampler, from_sampler = self._from_sampler
         wrong = []
@@ -821,6 +822,7 @@ class DataLoader:
         self.prefetch = settings.get(("daemon", "prefetch"))
         self.lease_ms = settings.get(("daemon", "lease_ms"))
         self._device = torch.device(device)
+        return settings
 
     def _spawn(self, worker_id: int) -> _Worker:
         args = _WorkerArgs(
