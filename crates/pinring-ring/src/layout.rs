@@ -269,9 +269,10 @@ pub struct SlotDesc {
     pub claim_ns: AtomicU64,
     /// CLOCK_MONOTONIC ns when the slot was committed.
     pub commit_ns: AtomicU64,
-    /// CLOCK_MONOTONIC ns when the upload was submitted.
+    /// CLOCK_MONOTONIC ns when the upload was submitted (informational; the daemon stamps every
+    /// slot of one pass of its loop with the pass's start).
     pub upload_ns: AtomicU64,
-    /// CLOCK_MONOTONIC ns when the slot was last freed.
+    /// CLOCK_MONOTONIC ns when the slot was last freed (informational; as `upload_ns`).
     pub free_ns: AtomicU64,
     _pad: [u64; 7],
 }

@@ -1187,7 +1187,13 @@ impl Ring {
 
     /// Hands slot `i` out for `seq` (from IDLE or UPLOADING). Returns the new ticket.
     pub fn assign(&self, i: u32, seq: u64) -> u32 {
-        self.desc(i).assign(seq)
+        self.assign_at(i, seq, monotonic_ns())
+    }
+
+    /// [`Ring::assign`], with the time it is freed at (the slot's `free_ns`) read by the caller:
+    /// a daemon that frees many slots in one pass reads the clock once.
+    pub fn assign_at(&self, i: u32, seq: u64, free_ns: u64) -> u32 {
+        self.desc(i).assign(seq, free_ns)
     }
 
     /// Parks slot `i` with no work (end of plan, or draining).

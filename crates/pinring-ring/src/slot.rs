@@ -246,9 +246,9 @@ impl SlotDesc {
             .is_ok()
     }
 
-    /// Daemon: hands the slot out for `seq` (from IDLE or UPLOADING, both the daemon's). Returns
-    /// the new ticket.
-    pub fn assign(&self, seq: u64) -> u32 {
+    /// Daemon: hands the slot out for `seq` (from IDLE or UPLOADING, both the daemon's), at
+    /// `free_ns` on the monotonic clock (informational: `free_ns`). Returns the new ticket.
+    pub fn assign(&self, seq: u64, free_ns: u64) -> u32 {
         let ticket = SlotWord::unpack(self.word.load(Relaxed))
             .ticket
             .wrapping_add(1);
@@ -257,7 +257,7 @@ impl SlotDesc {
         self.meta_len.store(0, Relaxed);
         self.error.store(0, Relaxed);
         self.owner_pid.store(0, Relaxed);
-        self.free_ns.store(monotonic_ns(), Relaxed);
+        self.free_ns.store(free_ns, Relaxed);
         // (B)/(D): Release publishes the seq, and orders every read of the slot's previous
         // contents (the upload finished before this call) before a loader may overwrite it.
         self.word

@@ -137,7 +137,7 @@ fn two_loaders_race_for_one_free_slot() {
             let slot = Arc::clone(&slot);
             thread::spawn(move || {
                 assert_eq!(slot.read(), OLD);
-                slot.desc.assign(7)
+                slot.desc.assign(7, 0)
             })
         };
         let ticket = daemon.join().unwrap();
@@ -169,7 +169,7 @@ fn two_loaders_race_for_one_free_slot() {
 fn a_draining_unassign_and_a_claim_never_both_win() {
     check(EXHAUSTIVE, || {
         let slot = Arc::new(Slot::new());
-        let ticket = slot.desc.assign(3);
+        let ticket = slot.desc.assign(3, 0);
         let loader = {
             let slot = Arc::clone(&slot);
             thread::spawn(move || {
@@ -205,7 +205,7 @@ fn a_draining_unassign_and_a_claim_never_both_win() {
 fn a_commit_and_a_dead_owner_reclaim_never_both_land() {
     check(EXHAUSTIVE, || {
         let slot = Arc::new(Slot::new());
-        let ticket = slot.desc.assign(5);
+        let ticket = slot.desc.assign(5, 0);
         let seat = Seat {
             index: 0,
             tenure: 1,
@@ -276,7 +276,7 @@ fn a_quarantined_slot_is_released_only_by_the_abandon_word() {
     check(EXHAUSTIVE, || {
         let slot = Arc::new(Slot::new());
         let entry = Arc::new(LoaderEntry::new_active(1));
-        slot.desc.assign(9);
+        slot.desc.assign(9, 0);
         let seat = Seat {
             index: 0,
             tenure: 1,
@@ -309,7 +309,7 @@ fn a_quarantined_slot_is_released_only_by_the_abandon_word() {
                         }
                         assert_eq!(entry.abandoned.load(Relaxed), abandon_word(0, e.ticket));
                         // Released: handed out again; the next claimant writes into it.
-                        let ticket = slot.desc.assign(9);
+                        let ticket = slot.desc.assign(9, 0);
                         let next = slot.desc.try_claim(Seat {
                             index: 1,
                             tenure: 1,
@@ -347,11 +347,11 @@ fn an_earlier_abandon_word_does_not_release_a_later_slot() {
             tenure: 1,
         };
         // Before: the loader claimed slot 0, and the daemon took it back when its lease ran out.
-        earlier.desc.assign(3);
+        earlier.desc.assign(3, 0);
         let stale = earlier.desc.try_claim(seat).unwrap();
         let w = earlier.desc.word_acquire().raw;
         earlier.desc.expire(0, w, Some(&entry), None).unwrap();
-        slot.desc.assign(4);
+        slot.desc.assign(4, 0);
         let loader = {
             let (earlier, slot, entry) =
                 (Arc::clone(&earlier), Arc::clone(&slot), Arc::clone(&entry));
@@ -376,7 +376,7 @@ fn an_earlier_abandon_word_does_not_release_a_later_slot() {
                         while !entry.has_abandoned(&e) {
                             thread::yield_now();
                         }
-                        slot.desc.assign(4);
+                        slot.desc.assign(4, 0);
                         slot.write(NEXT);
                     }
                     None => {
@@ -420,7 +420,7 @@ fn a_counted_wait_never_misses_the_wake_for_a_freed_slot() {
             let (slot, word, waiters) =
                 (Arc::clone(&slot), Arc::clone(&word), Arc::clone(&waiters));
             thread::spawn(move || {
-                let ticket = slot.desc.assign(2);
+                let ticket = slot.desc.assign(2, 0);
                 futex::bump_and_wake_counted(&word, &waiters, 1);
                 ticket
             })
@@ -458,7 +458,7 @@ fn one_wake_per_freed_slot_leaves_no_loader_asleep() {
                 (Arc::clone(&slots), Arc::clone(&word), Arc::clone(&waiters));
             thread::spawn(move || {
                 for (i, slot) in slots.iter().enumerate() {
-                    slot.desc.assign(i as u64);
+                    slot.desc.assign(i as u64, 0);
                     futex::bump_and_wake_counted(&word, &waiters, 1);
                 }
             })

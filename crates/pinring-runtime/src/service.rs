@@ -218,15 +218,16 @@ impl DaemonService {
         Ok(())
     }
 
-    /// Called from every turn of the main loop (at least every 100 ms).
-    pub fn tick(&mut self, ring: &Ring) {
+    /// Called from every turn of the main loop (at least every 100 ms), `now` being the turn's
+    /// start.
+    pub fn tick(&mut self, ring: &Ring, now: Instant) {
         let mut states = Vec::new();
         if self.watchdog.due() {
             states.push(NotifyState::Watchdog);
         }
         let status;
-        if !self.stopping && self.last_status.elapsed() >= STATUS_EVERY {
-            self.last_status = Instant::now();
+        if !self.stopping && now.saturating_duration_since(self.last_status) >= STATUS_EVERY {
+            self.last_status = now;
             let now = Snapshot::take(ring);
             if let Some(prev) = &self.last {
                 let r = Rates::between(prev, &now);

@@ -85,7 +85,8 @@ pub struct Summary {
     pub daemon_wait_seconds: f64,
     /// Seconds the daemon's main loop spent inside the backend's upload calls (submitting a
     /// part, signalling the parts submitted before a sleep): a driver that blocks the
-    /// caller while its queue is full shows here.
+    /// caller while its queue is full shows here. Parts' submit calls are timed one in 8 and
+    /// counted 8 times, so a short run's figure is an estimate.
     #[serde(default)]
     pub submit_seconds: f64,
     /// Seconds the daemon's main loop slept on the doorbell (for any reason: nothing to do, or

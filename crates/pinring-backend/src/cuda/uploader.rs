@@ -400,25 +400,22 @@ impl CudaUploader {
             Ok(event) => event,
             Err(e) => return Err(self.fail_held(u, e)),
         };
-        let last = u.groups.len() - 1;
-        let mut event = Some(event);
-        let mut groups = u.groups.drain(..).enumerate();
-        while let Some((i, group)) = groups.next() {
-            let flight = InFlight {
-                group,
-                issued,
-                event: if i == last { event.take() } else { None },
-            };
-            if let Err(unsent) = tx.send(flight) {
-                // Completion thread gone: wait for the copies ourselves, end the uploads it
-                // will not end, and report.
-                self.wait_for_streams();
-                self.guards.end_upload(unsent.into_inner().group.buffer);
-                for (_, group) in groups {
-                    self.guards.end_upload(group.buffer);
-                }
-                return Err(gone("submit"));
+        let flight = InFlight {
+            groups: std::mem::replace(&mut u.groups, Vec::with_capacity(EVENT_GROUPS)),
+            bytes: u.bytes,
+            issued,
+            event,
+        };
+        if let Err(unsent) = tx.send(flight) {
+            // Completion thread gone: wait for the copies ourselves, end the uploads it will
+            // not end, and report.
+            self.wait_for_streams();
+            for group in unsent.into_inner().groups {
+                self.guards.end_upload(group.buffer);
             }
+            u.bytes = 0;
+            u.small = false;
+            return Err(gone("submit"));
         }
         u.bytes = 0;
         u.small = false;

@@ -92,8 +92,7 @@ impl Daemon {
                 .as_nanos() as u64;
             self.ring.header().upload_ns.fetch_add(upload_ns, Relaxed);
             // When the batch was on the device, on the clock loaders stamp commits with.
-            let on_device_ns = pinring_ring::clock::monotonic_ns()
-                .saturating_sub(c.completed.elapsed().as_nanos() as u64);
+            let on_device_ns = self.now.ns_of(c.completed);
             self.record_latency(commit_ns, on_device_ns);
             self.service
                 .upload_done(&self.ring, slot, upload_ns, commit_ns, on_device_ns);
@@ -150,7 +149,7 @@ impl Daemon {
             let done = SinkDone {
                 seq: job.seq,
                 source: job.source,
-                done_ns: pinring_ring::clock::monotonic_ns(),
+                done_ns: self.now.ns,
                 buffer: job.buffer,
                 verified: false,
                 failure: None,
@@ -226,8 +225,9 @@ impl Daemon {
         } else if verified {
             self.verified += 1;
         }
-        self.last_delivery = Instant::now();
-        self.first_delivery.get_or_insert(self.last_delivery);
+        self.last_delivery = self.now.at;
+        // The first batch's latency is a figure of its own: read, not the pass's start.
+        self.first_delivery.get_or_insert_with(Instant::now);
         let h = self.ring.header();
         h.delivered.fetch_add(1, Relaxed);
         // The daemon's published resume point, for status; never read back.
@@ -345,10 +345,7 @@ impl Daemon {
                 .header()
                 .bytes_delivered
                 .fetch_add(taken.payload_len, Relaxed);
-            self.ring
-                .desc(slot)
-                .upload_ns
-                .store(pinring_ring::clock::monotonic_ns(), Relaxed);
+            self.ring.desc(slot).upload_ns.store(self.now.ns, Relaxed);
             progressed = true;
             if self.zero_copy {
                 // No upload: the sink reads the slot in place; the slot stays UPLOADING (owned
@@ -398,7 +395,8 @@ impl Daemon {
                     },
                 );
             }
-            let t = Instant::now();
+            self.submits += 1;
+            let t = (self.submits % super::SUBMIT_TIMED_EVERY == 0).then(Instant::now);
             // SAFETY: the slot is UPLOADING, owned by this loop: no loader may claim it until
             // `hand_out` runs for it, which happens only after every completion the backend
             // announced for its jobs has arrived. Each job's source lies inside the slot's
@@ -406,7 +404,9 @@ impl Daemon {
             // and the sink's doorbell). Deferred: the backend may signal several parts with one
             // event; the main loop flushes before it sleeps, so every part's completion comes.
             let submitted = unsafe { self.uploader.submit_group_deferred(&jobs) };
-            self.submit_ns += t.elapsed().as_nanos() as u64;
+            if let Some(t) = t {
+                self.submit_ns += t.elapsed().as_nanos() as u64 * super::SUBMIT_TIMED_EVERY;
+            }
             self.jobs_buf = jobs;
             let jobs_left = submitted?;
             // Completions are read on this thread only, so none is looked for before this.

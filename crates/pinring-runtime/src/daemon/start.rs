@@ -226,6 +226,8 @@ impl Daemon {
             submit_ns: 0,
             doorbell_ns: 0,
             interrupted: false,
+            now: super::PassClock::read(),
+            submits: 0,
             spare_samples: Vec::new(),
             handoff_books: Default::default(),
             meta_buf: Vec::new(),
