@@ -42,8 +42,10 @@ pub struct BenchArgs {
     /// Loader process counts, comma separated.
     #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,12")]
     pub loaders: Vec<usize>,
-    /// Payload bytes each pipeline run moves (fewer for small slots: at most 100000 batches).
-    #[arg(long, default_value = "16GiB")]
+    /// Payload bytes each pipeline run moves (fewer for small slots: at most 400000 batches).
+    /// The default makes a run at the link's speed last over a second, so the ramp at its start
+    /// (loaders attaching, the first fills) weighs little against the steady rate.
+    #[arg(long, default_value = "64GiB")]
     pub run_bytes: ByteSize,
     /// Target ring size: slots = ring_bytes / slot size, clamped to 8..=256. The default keeps
     /// the ring in a server's last-level cache.
@@ -619,7 +621,7 @@ fn print_flag_note(points: &[Point]) {
 }
 
 /// The config of one run: `slot` payload bytes per batch in 4 samples (each its u8 images and
-/// an 8-byte label), enough batches for `run_bytes` (64 to 100000), a ring of about
+/// an 8-byte label), enough batches for `run_bytes` (64 to 400000), a ring of about
 /// `ring_bytes`; the slot holds a whole batch (an explicit size: `"auto"` would cut batches over
 /// 4 MiB into parts).
 pub fn run_config(slot: u64, ring_bytes: u64, run_bytes: u64, name: &str) -> Config {
@@ -627,7 +629,7 @@ pub fn run_config(slot: u64, ring_bytes: u64, run_bytes: u64, name: &str) -> Con
     let sample = (slot / batch)
         .saturating_sub(pinring_data::LABEL_BYTES as u64)
         .max(1);
-    let batches = (run_bytes / slot.max(1)).clamp(64, 100_000);
+    let batches = (run_bytes / slot.max(1)).clamp(64, 400_000);
     let slots = (ring_bytes / slot.max(1)).clamp(8, 256) as u32;
     let mut cfg = Config {
         ring: RingConfig {
