@@ -218,16 +218,15 @@ impl DaemonService {
         Ok(())
     }
 
-    /// Called from every turn of the main loop (at least every 100 ms), `now` being the turn's
-    /// start.
-    pub fn tick(&mut self, ring: &Ring, now: Instant) {
+    /// Called from every turn of the main loop (at least every 100 ms), which started at `turn`.
+    pub fn tick(&mut self, ring: &Ring, turn: Instant) {
         let mut states = Vec::new();
         if self.watchdog.due() {
             states.push(NotifyState::Watchdog);
         }
         let status;
-        if !self.stopping && now.saturating_duration_since(self.last_status) >= STATUS_EVERY {
-            self.last_status = now;
+        if !self.stopping && turn.saturating_duration_since(self.last_status) >= STATUS_EVERY {
+            self.last_status = turn;
             let now = Snapshot::take(ring);
             if let Some(prev) = &self.last {
                 let r = Rates::between(prev, &now);

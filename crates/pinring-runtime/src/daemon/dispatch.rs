@@ -146,10 +146,16 @@ impl Daemon {
     fn send_to_sink(&mut self, job: SinkJob) -> Result<(), DaemonError> {
         self.sink_pending += 1;
         if self.sink_kind == SinkKind::Discard {
+            // Only a zero-copy batch's latency ends here, and its slot may have been committed
+            // after this pass began: read the clock for it.
+            let done_ns = match job.source {
+                sink::Source::Mapped { .. } => pinring_ring::clock::monotonic_ns(),
+                sink::Source::Buffer(_) => self.now.ns,
+            };
             let done = SinkDone {
                 seq: job.seq,
                 source: job.source,
-                done_ns: self.now.ns,
+                done_ns,
                 buffer: job.buffer,
                 verified: false,
                 failure: None,
