@@ -329,6 +329,26 @@ fn a_group_of_copies_into_one_buffer_is_one_upload_with_one_completion() {
     assert_eq!(unsafe { up.submit_group(&[]) }.unwrap(), 0);
 }
 
+/// Receives the completions of groups `from..to`, in order, each `len` bytes into buffer `i`
+/// with tag `i`, and checks the buffer's checksum against `want(i)`.
+fn receive_whole(
+    up: &CudaUploader,
+    from: usize,
+    to: usize,
+    len: usize,
+    want: impl Fn(usize) -> u64,
+) {
+    for i in from..to {
+        let c = up
+            .completions()
+            .recv_timeout(Duration::from_secs(30))
+            .unwrap_or_else(|e| panic!("completion of group {i}: {e}"));
+        c.result.unwrap();
+        assert_eq!((c.tag, c.buffer, c.len), (i as u64, i, len));
+        assert_eq!(up.checksum(i, 0, len).unwrap(), want(i), "group {i}");
+    }
+}
+
 #[test]
 fn deferred_groups_complete_at_a_full_run_or_a_flush_and_land_whole() {
     if crate::testing::gpu().is_none() {
@@ -367,17 +387,7 @@ fn deferred_groups_complete_at_a_full_run_or_a_flush_and_land_whole() {
         w.extend_from_slice(&data[at + SLOT - 32..at + SLOT]);
         checksum(&w)
     };
-    let receive = |from: usize, to: usize| {
-        for i in from..to {
-            let c = up
-                .completions()
-                .recv_timeout(Duration::from_secs(30))
-                .unwrap_or_else(|e| panic!("completion of group {i}: {e}"));
-            c.result.unwrap();
-            assert_eq!((c.tag, c.buffer, c.len), (i as u64, i, big + 32));
-            assert_eq!(up.checksum(i, 0, big + 32).unwrap(), want(i), "group {i}");
-        }
-    };
+    let receive = |from: usize, to: usize| receive_whole(&up, from, to, big + 32, want);
     // A full run of deferred groups is signalled by the last one's event: no flush needed.
     for i in 0..uploader::EVENT_GROUPS {
         // SAFETY: `data` outlives every completion received below.
@@ -425,18 +435,8 @@ fn parts_of_a_mebibyte_share_an_event_per_four_and_complete_by_looks() {
             dst_offset: 0,
         }]
     };
-    let receive = |from: usize, to: usize| {
-        for i in from..to {
-            let c = up
-                .completions()
-                .recv_timeout(Duration::from_secs(30))
-                .unwrap_or_else(|e| panic!("completion of part {i}: {e}"));
-            c.result.unwrap();
-            assert_eq!((c.tag, c.buffer, c.len), (i as u64, i, PART));
-            let want = checksum(&data[i * PART..(i + 1) * PART]);
-            assert_eq!(up.checksum(i, 0, PART).unwrap(), want, "part {i}");
-        }
-    };
+    let want = |i: usize| checksum(&data[i * PART..(i + 1) * PART]);
+    let receive = |from: usize, to: usize| receive_whole(&up, from, to, PART, want);
     // A run of 4 MiB of 1 MiB parts gets its event with its last part: all complete, no flush.
     for i in 0..runs {
         // SAFETY: `data` outlives every completion received below.

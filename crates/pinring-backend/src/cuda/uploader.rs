@@ -59,7 +59,6 @@ pub struct CudaUploader {
     small_mark: raw::Event,
     pub(super) kernel_stream: Arc<CudaStream>,
     pub(super) inflight: Option<Sender<InFlight>>,
-    /// Events the completion thread has finished with, for reuse.
     /// Events handed back by the completion thread for reuse: blocking-sync ones, polled ones.
     pub(super) free_events: [Receiver<raw::Event>; 2],
     pub(super) completions: Receiver<Completion>,
@@ -379,7 +378,7 @@ impl CudaUploader {
 
     /// Issues the held copies (one `cuMemcpyBatchAsync` per stream that has some), records one
     /// event after them and every copy before, and puts the unsignalled groups in the completion
-    /// queue, the event with the last. `object` names what the event follows, for an error.
+    /// queue as one entry with the event. `object` names what the event follows, for an error.
     /// On an error no held group will complete (`fail_held`).
     fn signal(&self, u: &mut Unsignalled, object: &dyn Fn() -> String) -> Result<(), BackendError> {
         if u.groups.is_empty() {
@@ -402,10 +401,11 @@ impl CudaUploader {
         };
         let flight = InFlight {
             groups: std::mem::replace(&mut u.groups, Vec::with_capacity(EVENT_GROUPS)),
-            bytes: u.bytes,
+            bytes: std::mem::take(&mut u.bytes),
             issued,
             event,
         };
+        u.small = false;
         if let Err(unsent) = tx.send(flight) {
             // Completion thread gone: wait for the copies ourselves, end the uploads it will
             // not end, and report.
@@ -413,12 +413,8 @@ impl CudaUploader {
             for group in unsent.into_inner().groups {
                 self.guards.end_upload(group.buffer);
             }
-            u.bytes = 0;
-            u.small = false;
             return Err(gone("submit"));
         }
-        u.bytes = 0;
-        u.small = false;
         Ok(())
     }
 
