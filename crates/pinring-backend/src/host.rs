@@ -19,7 +19,9 @@ use crossbeam_channel::{Receiver, Sender};
 use crate::buf::AlignedBuf;
 use crate::checksum::checksum;
 use crate::guard::{check_job, Guards};
-use crate::{Backend, BackendError, BufferExport, Completion, Registration, UploadJob, Uploader};
+use crate::{
+    Backend, BackendError, BufferExport, Completion, Placement, Registration, UploadJob, Uploader,
+};
 
 /// The backend without a GPU.
 #[derive(Debug, Default, Clone)]
@@ -92,6 +94,7 @@ impl Backend for HostBackend {
         &self,
         buffers: usize,
         buffer_bytes: usize,
+        _placement: Placement,
     ) -> Result<Box<dyn Uploader>, BackendError> {
         Ok(Box::new(HostUploader::new(buffers, buffer_bytes)?))
     }

@@ -163,12 +163,32 @@ pub trait Backend: Send + Sync + fmt::Debug {
         registered: bool,
     ) -> Result<f64, BackendError>;
 
-    /// An upload engine with `buffers` device buffers of `buffer_bytes` each.
+    /// An upload engine with `buffers` device buffers of `buffer_bytes` each, laid out as
+    /// `placement` says (the host backend's buffers are heap memory either way).
     fn uploader(
         &self,
         buffers: usize,
         buffer_bytes: usize,
+        placement: Placement,
     ) -> Result<Box<dyn Uploader>, BackendError>;
+}
+
+/// How an upload engine lays out its device buffers ([`Backend::uploader`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Placement {
+    /// Each buffer is an allocation of its own, which CUDA IPC can export to a consumer in
+    /// another process ([`Uploader::export`]): a legacy IPC handle names a whole allocation and
+    /// opens once per process.
+    #[default]
+    Separate,
+    /// All buffers in one allocation, side by side at a constant stride (the buffer size
+    /// rounded up to [`cuda::BUFFER_ALIGN`]). Parts taken from consecutive slots into
+    /// consecutive buffers then have sources and destinations at constant strides, and the
+    /// CUDA backend gives a run of them to the driver as one two-dimensional copy
+    /// (docs/ARCHITECTURE.md, "Runs of parts as one copy"). Its buffers cannot be exported
+    /// through CUDA IPC ([`Uploader::export`] refuses); a consumer in the same process uses
+    /// them through [`Uploader::device_ptr`] and [`Uploader::share_local`].
+    Contiguous,
 }
 
 /// RAII guard of a registered host range; dropping it unregisters (cuda) or does nothing (host).

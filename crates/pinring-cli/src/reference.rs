@@ -31,7 +31,7 @@
 //! are outside the daemon's.
 
 use crate::runner::{Children, Ended};
-use pinring_backend::{Backend, BackendError, UploadJob};
+use pinring_backend::{Backend, BackendError, Placement, UploadJob};
 use pinring_data::{Config, Synthetic, FIELD_ALIGN, LABEL_BYTES};
 use pinring_ring::futex::{self, Wake};
 use pinring_ring::{Access, Segment};
@@ -572,7 +572,9 @@ pub fn run(
     let _registration =
         unsafe { backend.register(seg.base().wrapping_add(data), data_len, false) }?;
     let buffers = pinring_runtime::daemon::default_upload_buffers(geom.buffer_bytes());
-    let uploader = backend.uploader(buffers, geom.buffer_bytes() as usize)?;
+    // Buffers of their own, a copy per slot: the minimal pipeline does not gather runs of
+    // slots into one copy as the daemon does (`Placement::Contiguous`).
+    let uploader = backend.uploader(buffers, geom.buffer_bytes() as usize, Placement::Separate)?;
     {
         let seg = Arc::clone(&seg);
         uploader.set_completion_hook(Arc::new(move || {
@@ -1032,9 +1034,10 @@ mod tests {
             &self,
             buffers: usize,
             buffer_bytes: usize,
+            placement: Placement,
         ) -> Result<Box<dyn Uploader>, BackendError> {
             Ok(Box::new(RecordingUploader {
-                inner: self.host.uploader(buffers, buffer_bytes)?,
+                inner: self.host.uploader(buffers, buffer_bytes, placement)?,
                 firsts: Arc::clone(&self.firsts),
             }))
         }

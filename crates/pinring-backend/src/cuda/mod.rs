@@ -51,12 +51,17 @@ use std::sync::Arc;
 use cudarc::driver::{CudaContext, CudaStream};
 
 use crate::error::cuda_error;
-use crate::{Backend, BackendError, Registration, Uploader};
+use crate::{Backend, BackendError, Placement, Registration, Uploader};
 
 pub(crate) use probe::probe;
 pub use raw::{describe, driver_library_present};
 pub use register::{ChunkTable, HostRegistration, MAX_REGISTER_CHUNK};
 pub use uploader::CudaUploader;
+
+/// The alignment of each buffer of a [`Placement::Contiguous`] uploader: buffers lie this many
+/// bytes apart or a multiple of it (512, the alignment PyTorch's caching allocator gives its own
+/// blocks, so a tensor at a buffer's start is aligned as a tensor of PyTorch's own would be).
+pub const BUFFER_ALIGN: usize = 512;
 
 fn gib(bytes: usize) -> u64 {
     (bytes as f64 / (1u64 << 30) as f64).round() as u64
@@ -118,8 +123,9 @@ impl CudaBackend {
         &self,
         buffers: usize,
         buffer_bytes: usize,
+        placement: Placement,
     ) -> Result<CudaUploader, BackendError> {
-        CudaUploader::new(self, buffers, buffer_bytes)
+        CudaUploader::new(self, buffers, buffer_bytes, placement)
     }
 }
 
@@ -160,8 +166,13 @@ impl Backend for CudaBackend {
         &self,
         buffers: usize,
         buffer_bytes: usize,
+        placement: Placement,
     ) -> Result<Box<dyn Uploader>, BackendError> {
-        Ok(Box::new(self.cuda_uploader(buffers, buffer_bytes)?))
+        Ok(Box::new(self.cuda_uploader(
+            buffers,
+            buffer_bytes,
+            placement,
+        )?))
     }
 }
 

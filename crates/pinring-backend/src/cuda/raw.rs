@@ -121,6 +121,48 @@ pub unsafe fn memcpy_htod_async(
         .result()
 }
 
+/// `cuMemcpy2DAsync`: `rows` host-to-device copies of `width` bytes each on `stream`, row `r`
+/// from host address `src + r * src_pitch` to device address `dst + r * dst_pitch`, in one
+/// driver call: one copy for the copy engine, however many rows.
+///
+/// # Safety
+/// As [`memcpy_htod_async`], for every row; `rows >= 1`, and both pitches are at least `width`
+/// and at most `CU_DEVICE_ATTRIBUTE_MAX_PITCH`. The rows' sources lie in one mapping, page-locked
+/// (registered) for the copy to be asynchronous.
+pub unsafe fn memcpy_htod_2d_async(
+    dst: sys::CUdeviceptr,
+    src: usize,
+    src_pitch: usize,
+    dst_pitch: usize,
+    width: usize,
+    rows: usize,
+    stream: &CudaStream,
+) -> Result<(), DriverError> {
+    make_current(stream.context())?;
+    let copy = sys::CUDA_MEMCPY2D_st {
+        srcXInBytes: 0,
+        srcY: 0,
+        srcMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_HOST,
+        srcHost: src as *const c_void,
+        srcDevice: 0,
+        srcArray: std::ptr::null_mut(),
+        srcPitch: src_pitch,
+        dstXInBytes: 0,
+        dstY: 0,
+        dstMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+        dstHost: std::ptr::null_mut(),
+        dstDevice: dst,
+        dstArray: std::ptr::null_mut(),
+        dstPitch: dst_pitch,
+        WidthInBytes: width,
+        Height: rows,
+    };
+    // SAFETY: `copy` is a fully initialised descriptor the driver only reads during the call;
+    // the caller guarantees every row's source and destination as for `memcpy_htod_async`, and
+    // the stream belongs to the current context.
+    unsafe { sys::cuMemcpy2DAsync_v2(&copy, stream.cu_stream()) }.result()
+}
+
 /// Whether the driver has `cuMemcpyBatchAsync` (CUDA 12.8 and later drivers; CUDA 13 drivers
 /// keep the 12.8 entry point beside its `_v2`). Asked once, without calling it: cudarc panics
 /// on a call to a missing symbol.

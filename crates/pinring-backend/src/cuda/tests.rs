@@ -5,7 +5,7 @@ use super::*;
 use crate::buf::AlignedBuf;
 use crate::checksum::checksum;
 use crate::{select, BackendKind};
-use crate::{UploadJob, Uploader};
+use crate::{Placement, UploadJob, Uploader};
 use std::time::Duration;
 
 /// `n` pseudo-random bytes from `seed` (an xorshift stream): test data whose every byte counts.
@@ -62,7 +62,7 @@ fn gpu_smoke() {
     println!("double register: {e}");
 
     // Uploads from the registered ring, on another thread (fresh thread: no current ctx).
-    let up = b.uploader(4, 16 << 20).unwrap();
+    let up = b.uploader(4, 16 << 20, Placement::Separate).unwrap();
     let ring_addr = ring.as_ptr() as usize;
     let content_ref = &content;
     std::thread::scope(|s| {
@@ -130,7 +130,7 @@ fn gpu_smoke() {
     drop(up);
 
     // compute: sin in place, read back with a raw copy.
-    let cu = b.cuda_uploader(1, 1 << 20).unwrap();
+    let cu = b.cuda_uploader(1, 1 << 20, Placement::Separate).unwrap();
     let xs: Vec<f32> = (0..(1 << 18))
         .map(|i| (i as f32 / (1 << 18) as f32) * 6.0 - 3.0)
         .collect();
@@ -181,7 +181,7 @@ fn a_buffer_being_read_refuses_uploads() {
         return;
     }
     let b = CudaBackend::new(0).unwrap();
-    let up = b.cuda_uploader(1, 64).unwrap();
+    let up = b.cuda_uploader(1, 64, Placement::Separate).unwrap();
     let src = pattern(3, 8);
     let job = UploadJob {
         tag: 0,
@@ -231,7 +231,7 @@ fn cudarc_context_is_set_up_as_documented() {
     let b = CudaBackend::new(0).unwrap();
     // No CudaSlice of this context may carry event tracking (docs/ARCHITECTURE.md).
     assert!(!b.context().is_event_tracking());
-    let up = b.cuda_uploader(2, 4096).unwrap();
+    let up = b.cuda_uploader(2, 4096, Placement::Separate).unwrap();
     assert!(!b.context().is_managing_stream_synchronization());
     for i in 0..2 {
         assert_eq!(up.buffer_device_ptr(i), Some(up.buffers[i].ptr()));
@@ -282,7 +282,7 @@ fn a_group_of_copies_into_one_buffer_is_one_upload_with_one_completion() {
         return;
     }
     let b = CudaBackend::new(0).unwrap();
-    let up = b.cuda_uploader(2, 1 << 16).unwrap();
+    let up = b.cuda_uploader(2, 1 << 16, Placement::Separate).unwrap();
     let data = pattern(11, 8192);
     // A part's copies: a field's chunk, an empty copy (a byte part's other field) and the next
     // field's chunk at its aligned place.
@@ -357,7 +357,7 @@ fn deferred_groups_complete_at_a_full_run_or_a_flush_and_land_whole() {
     let b = CudaBackend::new(0).unwrap();
     const SLOT: usize = 64 << 10;
     let groups = uploader::EVENT_GROUPS + 3;
-    let up = b.cuda_uploader(groups, SLOT).unwrap();
+    let up = b.cuda_uploader(groups, SLOT, Placement::Separate).unwrap();
     let data = pattern(23, groups * SLOT);
     // Group i: a large copy (the copy stream) and a 32-byte one (the small-copy stream, as a
     // batch's labels), into buffer i, the small one right after the large one.
@@ -424,7 +424,7 @@ fn parts_of_a_mebibyte_share_an_event_per_four_and_complete_by_looks() {
     let runs = uploader::POLLED_EVENT_BYTES / PART;
     assert!(runs > 1, "a run of parts shares one event");
     let groups = runs + 1;
-    let up = b.cuda_uploader(groups, PART).unwrap();
+    let up = b.cuda_uploader(groups, PART, Placement::Separate).unwrap();
     let data = pattern(29, groups * PART);
     let group = |i: usize| {
         [UploadJob {
@@ -454,6 +454,167 @@ fn parts_of_a_mebibyte_share_an_event_per_four_and_complete_by_looks() {
     unsafe { up.submit_group_deferred(&group(runs)) }.unwrap();
     up.flush().unwrap();
     receive(runs, groups);
+}
+
+#[test]
+fn parts_from_consecutive_slots_into_contiguous_buffers_land_whole_through_runs() {
+    if crate::testing::gpu().is_none() {
+        return;
+    }
+    let b = CudaBackend::new(0).unwrap();
+    // 64 KiB parts in slots 68 KiB apart, registered in 1 MiB chunks: slots 0 to 14 lie in the
+    // first chunk, slot 15 straddles the boundary (its copy is cut in two there), and 16 on
+    // are a second run.
+    const PART: usize = 64 << 10;
+    const STRIDE: usize = PART + 4096;
+    const SLOTS: usize = 40;
+    let up = b.cuda_uploader(SLOTS, PART, Placement::Contiguous).unwrap();
+    for i in 1..SLOTS {
+        assert_eq!(up.device_ptr(i) - up.device_ptr(i - 1), PART as u64);
+    }
+    let e = up.export(3).unwrap_err();
+    let msg = e.to_string();
+    assert!(
+        msg.contains("device buffer 3") && msg.contains("Placement::Separate"),
+        "{msg}"
+    );
+    let ring = AlignedBuf::new(SLOTS * STRIDE, "test ring").unwrap();
+    let content = pattern(31, SLOTS * STRIDE);
+    // SAFETY: `content` has as many bytes as the ring, which is not shared.
+    unsafe { ring.write_from(0, content.as_ptr(), content.len()) };
+    // SAFETY: `ring` outlives `reg` (dropped explicitly at the end).
+    let reg =
+        unsafe { b.register_chunked(ring.as_mut_ptr(), SLOTS * STRIDE, false, 1 << 20) }.unwrap();
+    let part = |slot: usize, buffer: usize, len: usize| {
+        [UploadJob {
+            tag: slot as u64,
+            src: ring.as_ptr().wrapping_add(slot * STRIDE),
+            len,
+            buffer,
+            dst_offset: 0,
+        }]
+    };
+    let check = |pairs: &[(usize, usize, usize)]| {
+        up.flush().unwrap();
+        for &(slot, buffer, len) in pairs {
+            let c = up
+                .completions()
+                .recv_timeout(Duration::from_secs(30))
+                .unwrap_or_else(|e| panic!("completion of slot {slot}: {e}"));
+            c.result.unwrap();
+            assert_eq!((c.tag, c.buffer, c.len), (slot as u64, buffer, len));
+            let want = checksum(&content[slot * STRIDE..slot * STRIDE + len]);
+            assert_eq!(up.checksum(buffer, 0, len).unwrap(), want, "slot {slot}");
+        }
+    };
+    // Slot k into buffer k: runs of 15 and 24 around the straddling slot.
+    let pairs: Vec<_> = (0..SLOTS).map(|k| (k, k, PART)).collect();
+    for &(slot, buffer, len) in &pairs {
+        // SAFETY: the ring outlives every completion, received by `check`.
+        unsafe { up.submit_group_deferred(&part(slot, buffer, len)) }.unwrap();
+    }
+    check(&pairs);
+    // Against the ring's order (descending buffers), wrapped buffers, and a short part ending
+    // a run of three: single copies and runs in one set of held copies.
+    let pairs = [
+        (20, 5, PART),
+        (21, 4, PART),
+        (22, 3, PART),
+        (30, 38, PART),
+        (31, 39, PART),
+        (32, 0, PART),
+        (1, 10, PART),
+        (2, 11, PART),
+        (3, 12, PART),
+        (4, 13, PART),
+        (5, 14, 1000),
+    ];
+    for &(slot, buffer, len) in &pairs {
+        // SAFETY: as above.
+        unsafe { up.submit_group_deferred(&part(slot, buffer, len)) }.unwrap();
+    }
+    check(&pairs);
+    drop(up);
+    drop(reg);
+}
+
+/// Copies as rows, timed on the GPU: rows of 16, 64 and 256 KiB from the slots of a registered
+/// 64 MiB ring (slots 4 KiB longer than a row, as a ring's are) into 64 buffers side by side,
+/// one copy per driver call against two-dimensional copies of 4, 16 and 64 rows, with an event
+/// every 16 rows. Prints GB/s and the issuing thread's CPU per row (its calls only). A
+/// measurement, not a check: `cargo test -p pinring-backend --release --lib copy_rows --
+/// --ignored --nocapture` on a GPU host.
+#[test]
+#[ignore = "a measurement for GPU hosts"]
+fn copy_rows() {
+    if crate::testing::gpu().is_none() {
+        return;
+    }
+    let cpu = || nix::time::clock_gettime(nix::time::ClockId::CLOCK_THREAD_CPUTIME_ID).unwrap();
+    let b = CudaBackend::new(0).unwrap();
+    const RING: usize = 64 << 20;
+    const BUFFERS: usize = 64;
+    let ring = AlignedBuf::new(RING, "row ring").unwrap();
+    // SAFETY: `ring` outlives `reg` (dropped explicitly below).
+    let reg = unsafe { b.register_chunked(ring.as_mut_ptr(), RING, false, RING) }.unwrap();
+    let stream = b.new_stream("rows").unwrap();
+    let event = raw::Event::new(&b.ctx).unwrap();
+    for row in [16usize << 10, 64 << 10, 256 << 10] {
+        let stride = row + 4096;
+        let slots = RING / stride;
+        let bufs = uploader::DeviceBuffer::carve(&stream, BUFFERS, row, row).unwrap();
+        let n = ((16usize << 30) / row).min(400_000);
+        for height in [1usize, 4, 16, 64] {
+            let (mut slot, mut buf, mut done, mut since_event) = (0, 0, 0, 0);
+            let mut calls = Duration::ZERO;
+            let t0 = std::time::Instant::now();
+            while done < n {
+                let rows = height.min(slots - slot).min(BUFFERS - buf).min(n - done);
+                let src = ring.as_ptr().wrapping_add(slot * stride);
+                let c0 = cpu();
+                let dst = bufs[buf].ptr();
+                // Every row's source lies in the registered ring and its destination in buffer
+                // `buf + r` (the buffers are `row` apart in one allocation); both outlive the
+                // copies, which the stream's synchronisation below waits for.
+                let r = if height == 1 {
+                    // SAFETY: as above, one row.
+                    unsafe { raw::memcpy_htod_async(dst, src, row, &stream) }
+                } else {
+                    // SAFETY: as above, for each of the `rows` rows.
+                    unsafe {
+                        raw::memcpy_htod_2d_async(
+                            dst,
+                            src as usize,
+                            stride,
+                            row,
+                            row,
+                            rows,
+                            &stream,
+                        )
+                    }
+                };
+                r.unwrap();
+                since_event += rows;
+                if since_event >= 16 {
+                    event.record(&stream).unwrap();
+                    since_event = 0;
+                }
+                calls += Duration::from(cpu()) - Duration::from(c0);
+                done += rows;
+                slot = (slot + rows) % slots;
+                buf = (buf + rows) % BUFFERS;
+            }
+            stream.synchronize().unwrap();
+            let secs = t0.elapsed().as_secs_f64();
+            println!(
+                "rows of {:>3} KiB, {height:>2} per copy: {:6.2} GB/s, {:.2} us of CPU per row",
+                row >> 10,
+                (row * n) as f64 / secs / 1e9,
+                calls.as_secs_f64() * 1e6 / n as f64
+            );
+        }
+    }
+    drop(reg);
 }
 
 /// Copy patterns, timed on the GPU: what the copy engine and the driver give for one copy per

@@ -36,7 +36,7 @@ use super::{gib, raw, ChunkTable, CudaBackend};
 use crate::error::cuda_error;
 use crate::guard::{check_job, Guards, Reading};
 use crate::host::{check_checksum_offset, check_range};
-use crate::{BackendError, BufferExport, Completion, UploadJob, Uploader};
+use crate::{BackendError, BufferExport, Completion, Placement, UploadJob, Uploader};
 
 /// Upload engine of the CUDA backend.
 #[derive(Debug)]
@@ -72,6 +72,12 @@ pub struct CudaUploader {
     pub(super) unsignalled: Mutex<Unsignalled>,
     /// Whether the driver has `cuMemcpyBatchAsync`: copies are then held and issued together.
     batch_copies: bool,
+    /// How the buffers lie in device memory.
+    pub(super) placement: Placement,
+    /// `Placement::Contiguous` with two buffers or more: the bytes from one buffer's start to
+    /// the next's. Held copies into consecutive buffers from sources at a constant stride go to
+    /// the driver as one two-dimensional copy (`issue_runs`).
+    buffer_stride: Option<usize>,
     /// Each buffer's CUDA IPC handles and events, made by its first `export` (`ipc::export`).
     pub(super) ipc: Vec<OnceLock<Exported>>,
     /// Held while a buffer's IPC state is made, so it is made once.
@@ -83,6 +89,7 @@ impl CudaUploader {
         backend: &CudaBackend,
         buffers: usize,
         buffer_bytes: usize,
+        placement: Placement,
     ) -> Result<Self, BackendError> {
         if buffers == 0 || buffer_bytes == 0 {
             return Err(BackendError::InvalidArgument {
@@ -97,20 +104,36 @@ impl CudaUploader {
         let copy_stream = backend.new_stream("copy")?;
         let small_stream = backend.new_stream("small copy")?;
         let kernel_stream = backend.new_stream("kernel")?;
-        let mut bufs = Vec::with_capacity(buffers);
-        for i in 0..buffers {
-            let b = DeviceBuffer::alloc(&copy_stream, buffer_bytes).map_err(|e| {
-                cuda_error(
-                    "cuMemAlloc",
-                    format!(
-                        "device buffer {i} of {buffers} ({buffer_bytes} bytes each, {} GiB device) on device {device}",
-                        gib(backend.total_mem)
-                    ),
-                    e.0,
-                )
-            })?;
-            bufs.push(b);
+        let object = || {
+            format!(
+                "{buffers} device buffers of {buffer_bytes} bytes ({placement:?}, {} GiB device) on device {device}",
+                gib(backend.total_mem)
+            )
+        };
+        let bufs = match placement {
+            Placement::Separate => (0..buffers)
+                .map(|_| DeviceBuffer::alloc(&copy_stream, buffer_bytes))
+                .collect::<Result<Vec<_>, _>>(),
+            Placement::Contiguous => {
+                let stride = buffer_bytes
+                    .checked_next_multiple_of(super::BUFFER_ALIGN)
+                    .filter(|stride| stride.checked_mul(buffers).is_some())
+                    .ok_or_else(|| BackendError::InvalidArgument {
+                        call: "CudaBackend::uploader",
+                        what: format!("{} do not fit the address space", object()),
+                    })?;
+                DeviceBuffer::carve(&copy_stream, buffers, buffer_bytes, stride)
+            }
         }
+        .map_err(|e| cuda_error("cuMemAlloc", object(), e.0))?;
+        // The constant distance between consecutive buffers, for copies in runs.
+        let buffer_stride = match placement {
+            Placement::Contiguous if buffers > 1 => {
+                let stride = bufs[1].ptr() - bufs[0].ptr();
+                usize::try_from(stride).ok()
+            }
+            _ => None,
+        };
         // The buffers are zeroed on the copy stream: finish that before the kernel stream may
         // touch a buffer (event tracking is off, see `CudaBackend::new`). Once, at set-up.
         copy_stream.synchronize().map_err(|e| {
@@ -170,6 +193,8 @@ impl CudaUploader {
             hook,
             unsignalled: Mutex::new(Unsignalled::default()),
             batch_copies: raw::has_memcpy_batch(),
+            placement,
+            buffer_stride,
             ipc: (0..buffers).map(|_| OnceLock::new()).collect(),
             ipc_init: Mutex::new(()),
         })
@@ -429,11 +454,20 @@ impl CudaUploader {
             (0, &self.copy_stream, "copy"),
             (1, &self.small_stream, "small-copy"),
         ] {
+            let runs = held == 0;
             let held = &mut u.held[held];
             if held.dsts.is_empty() {
                 continue;
             }
             u.issued.get_or_insert_with(Instant::now);
+            if runs {
+                if let Some(stride) = self.buffer_stride {
+                    self.issue_runs(held, stride, stream, object)?;
+                    if held.dsts.is_empty() {
+                        continue;
+                    }
+                }
+            }
             // SAFETY: every held copy is a piece of a job checked by `enqueue_group` (inside
             // its device buffer, its source inside the caller's range, which stays valid and
             // unwritten until the group's completion: sent below only with or before an event
@@ -458,6 +492,74 @@ impl CudaUploader {
             }
             held.clear();
         }
+        Ok(())
+    }
+
+    /// Gives the driver each run of [`MIN_RUN`] or more held copies that are one
+    /// two-dimensional copy (`HeldCopies::runs`: equal lengths, sources a constant stride
+    /// apart, destinations `stride` apart: parts from consecutive slots into consecutive
+    /// buffers) as one `cuMemcpy2DAsync` on `stream`, and keeps the other copies held, in their
+    /// order, for the batch call. A run's sources lie in one registered chunk. `object` names
+    /// what the copies were issued for, for an error.
+    fn issue_runs(
+        &self,
+        held: &mut HeldCopies,
+        stride: usize,
+        stream: &CudaStream,
+        object: &dyn Fn() -> String,
+    ) -> Result<(), BackendError> {
+        let mut kept = 0;
+        let mut i = 0;
+        while i < held.dsts.len() {
+            let run = held.run_at(i, stride);
+            let (src, len) = (held.srcs[i] as usize, held.sizes[i]);
+            let span_end = run
+                .pitch
+                .checked_mul(run.rows - 1)
+                .and_then(|s| s.checked_add(src + len));
+            let one_chunk = span_end.is_some_and(|end| self.chunks.next_boundary(src, end) == end);
+            if run.rows < MIN_RUN || !one_chunk {
+                // Held as single copies, moved down over the runs issued before them.
+                for k in i..i + run.rows {
+                    held.dsts[kept] = held.dsts[k];
+                    held.srcs[kept] = held.srcs[k];
+                    held.sizes[kept] = held.sizes[k];
+                    kept += 1;
+                }
+                i += run.rows;
+                continue;
+            }
+            // SAFETY: each row is a held copy (a piece of a job checked by `enqueue_group`:
+            // inside its device buffer, its source inside the caller's range, which stays valid
+            // and unwritten until the group's completion, sent only with or after an event
+            // recorded after this copy); the rows are exactly those copies (`run_at`: row r is
+            // copy i + r), and the whole source span lies in one registered chunk (above).
+            let r = unsafe {
+                raw::memcpy_htod_2d_async(
+                    held.dsts[i],
+                    src,
+                    run.pitch,
+                    stride,
+                    len,
+                    run.rows,
+                    stream,
+                )
+            };
+            if let Err(e) = r {
+                let what = format!(
+                    "{} copies of {len} bytes as one two-dimensional copy (source pitch {}, destination pitch {stride}) on device {}, issued for {}",
+                    run.rows,
+                    run.pitch,
+                    self.device,
+                    object()
+                );
+                return Err(cuda_error("cuMemcpy2DAsync", what, e.0));
+            }
+            i += run.rows;
+        }
+        held.dsts.truncate(kept);
+        held.srcs.truncate(kept);
+        held.sizes.truncate(kept);
         Ok(())
     }
 
@@ -577,40 +679,140 @@ impl HeldCopies {
         self.srcs.clear();
         self.sizes.clear();
     }
+
+    /// The run of copies from copy `i` on that one two-dimensional copy can make, with
+    /// destinations `stride` apart: each of the same length as copy `i`, each source the same
+    /// distance (`pitch`, at least the length) after the one before, each destination `stride`
+    /// after the one before. One row (`rows == 1`) when copy `i + 1` does not continue it.
+    ///
+    /// # Panics
+    /// If `i` is not a held copy.
+    fn run_at(&self, i: usize, stride: usize) -> Run {
+        let len = self.sizes[i];
+        let mut run = Run { rows: 1, pitch: 0 };
+        let next = i + 1;
+        if next >= self.sizes.len() || stride < len {
+            return run;
+        }
+        let pitch = self.srcs[next].wrapping_sub(self.srcs[i]) as usize;
+        let continues = |k: usize| {
+            self.sizes[k] == len
+                && self.srcs[k].wrapping_sub(self.srcs[k - 1]) as usize == pitch
+                && self.dsts[k].wrapping_sub(self.dsts[k - 1]) as usize == stride
+        };
+        if pitch < len || pitch > MAX_PITCH || stride > MAX_PITCH {
+            return run;
+        }
+        while i + run.rows < self.sizes.len() && continues(i + run.rows) {
+            run.rows += 1;
+        }
+        if run.rows > 1 {
+            run.pitch = pitch;
+        }
+        run
+    }
 }
 
+/// A run of held copies that one two-dimensional copy makes ([`HeldCopies::run_at`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Run {
+    /// Copies in the run (rows of the 2D copy).
+    rows: usize,
+    /// Bytes from one row's source to the next's (0 for a single copy).
+    pitch: usize,
+}
+
+/// The fewest held copies given to the driver as one two-dimensional copy rather than in the
+/// batch call. 64 KiB rows from ring slots 68 KiB apart moved 17 GB/s as one copy per call, 36
+/// as 2D copies of 4 rows, 48 of 16 and 53 of 64 (H200, docs/BENCHMARKS.md, "Runs of parts as
+/// one copy").
+const MIN_RUN: usize = 4;
+
+/// The largest pitch a two-dimensional copy takes (`CU_DEVICE_ATTRIBUTE_MAX_PITCH` is 2^31 - 1
+/// on the devices this runs on; larger strides are left to single copies).
+const MAX_PITCH: usize = i32::MAX as usize;
+
 /// One device buffer: a `cuMemAlloc` allocation ([`raw::DeviceAlloc`], which CUDA IPC can
-/// export; cudarc's own allocations come from the stream-ordered pool, which it cannot) and a
-/// cudarc [`CudaSlice`] view of it for cudarc's safe calls (read-backs). cudarc never frees the
-/// memory: dropping the buffer takes the view back with [`CudaSlice::leak`] before the
-/// allocation is freed. The device address is read once, here, so `submit` hands it to the copy
-/// without going through the slice.
+/// export; cudarc's own allocations come from the stream-ordered pool, which it cannot), or a
+/// stretch of one shared by every buffer of a [`Placement::Contiguous`] uploader, and a cudarc
+/// [`CudaSlice`] view of it for cudarc's safe calls (read-backs). cudarc never frees the memory:
+/// dropping the buffer takes the view back with [`CudaSlice::leak`] before the allocation is
+/// released. The device address is read once, here, so `submit` hands it to the copy without
+/// going through the slice.
 #[derive(Debug)]
 pub(super) struct DeviceBuffer {
     /// `Some` until dropped.
     view: Option<CudaSlice<u8>>,
-    /// Declared after `view`: freed after the view has been taken back.
-    alloc: raw::DeviceAlloc,
+    /// Device address of the buffer's first byte.
+    ptr: sys::CUdeviceptr,
+    /// Bytes of the buffer.
+    bytes: usize,
+    /// The allocation the buffer lies in. Declared after `view`: released after the view has
+    /// been taken back (freed when the last buffer in it is dropped).
+    _alloc: Arc<raw::DeviceAlloc>,
 }
 
 impl DeviceBuffer {
-    /// `bytes` (at least 1) of device memory, zeroed on `stream` (the zeroing is stream-ordered:
-    /// synchronize `stream` before another stream uses the buffer).
+    /// `bytes` (at least 1) of device memory, an allocation of its own, zeroed on `stream` (the
+    /// zeroing is stream-ordered: synchronize `stream` before another stream uses the buffer).
     pub(super) fn alloc(stream: &Arc<CudaStream>, bytes: usize) -> Result<Self, DriverError> {
-        let alloc = raw::DeviceAlloc::new(stream.context(), bytes)?;
-        // SAFETY: `alloc` is a live allocation of `alloc.bytes()` bytes in the stream's context.
-        // The view never frees it (Drop leaks the view back first) and does not outlive it (both
-        // are fields of this buffer; `view` is taken in Drop before `alloc` is dropped). Event
-        // tracking is off in the backend's context (`CudaBackend::new`), so no events are
-        // created for the view.
-        let mut view = unsafe { stream.upgrade_device_ptr::<u8>(alloc.ptr(), alloc.bytes()) };
+        let alloc = Arc::new(raw::DeviceAlloc::new(stream.context(), bytes)?);
+        let bytes = alloc.bytes();
+        Self::view(stream, alloc, 0, bytes)
+    }
+
+    /// `count` buffers of `bytes` each (at least 1) in one allocation, buffer `i` at byte
+    /// `i * stride`, zeroed on `stream` as [`DeviceBuffer::alloc`]'s.
+    ///
+    /// # Panics
+    /// If `stride < bytes` or `count * stride` overflows (the caller checks both).
+    pub(super) fn carve(
+        stream: &Arc<CudaStream>,
+        count: usize,
+        bytes: usize,
+        stride: usize,
+    ) -> Result<Vec<Self>, DriverError> {
+        assert!(
+            stride >= bytes.max(1),
+            "stride {stride} under the buffer's {bytes} bytes"
+        );
+        let total = count.checked_mul(stride).expect("checked by the caller");
+        let alloc = Arc::new(raw::DeviceAlloc::new(stream.context(), total)?);
+        (0..count)
+            .map(|i| Self::view(stream, Arc::clone(&alloc), i * stride, bytes.max(1)))
+            .collect()
+    }
+
+    /// The buffer of bytes `offset..offset + bytes` of `alloc`, zeroed on `stream`.
+    fn view(
+        stream: &Arc<CudaStream>,
+        alloc: Arc<raw::DeviceAlloc>,
+        offset: usize,
+        bytes: usize,
+    ) -> Result<Self, DriverError> {
+        assert!(
+            offset
+                .checked_add(bytes)
+                .is_some_and(|end| end <= alloc.bytes()),
+            "buffer of {bytes} bytes at offset {offset} of a {}-byte allocation",
+            alloc.bytes()
+        );
+        let ptr = alloc.ptr() + offset as u64;
+        // SAFETY: `ptr..ptr + bytes` lies inside `alloc` (asserted), a live allocation in the
+        // stream's context. The view never frees it (Drop leaks the view back first) and does
+        // not outlive it (the buffer holds the allocation, and `view` is taken in Drop before
+        // the buffer's handle on it is released). Event tracking is off in the backend's
+        // context (`CudaBackend::new`), so no events are created for the view.
+        let mut view = unsafe { stream.upgrade_device_ptr::<u8>(ptr, bytes) };
         if let Err(e) = stream.memset_zeros(&mut view) {
             view.leak();
             return Err(e);
         }
         Ok(Self {
             view: Some(view),
-            alloc,
+            ptr,
+            bytes,
+            _alloc: alloc,
         })
     }
 
@@ -624,7 +826,7 @@ impl DeviceBuffer {
 
     /// Device address.
     pub(super) fn ptr(&self) -> sys::CUdeviceptr {
-        self.alloc.ptr()
+        self.ptr
     }
 
     /// Bytes `offset..offset + len` as a kernel's [`Span`].
@@ -633,11 +835,9 @@ impl DeviceBuffer {
     /// If the range passes the buffer's end.
     pub(super) fn span(&self, offset: usize, len: usize) -> Span {
         assert!(
-            offset
-                .checked_add(len)
-                .is_some_and(|end| end <= self.alloc.bytes()),
+            offset.checked_add(len).is_some_and(|end| end <= self.bytes),
             "span of {len} bytes at offset {offset} of a {}-byte device buffer",
-            self.alloc.bytes()
+            self.bytes
         );
         Span {
             ptr: self.ptr() + offset as u64,
@@ -661,7 +861,7 @@ impl DeviceBuffer {
         len: usize,
         stream: &CudaStream,
     ) -> Result<(), DriverError> {
-        let bytes = self.alloc.bytes();
+        let bytes = self.bytes;
         assert!(
             offset.checked_add(len).is_some_and(|end| end <= bytes),
             "copy of {len} bytes at offset {offset} into a {bytes}-byte device buffer"
@@ -674,8 +874,8 @@ impl DeviceBuffer {
 
 impl Drop for DeviceBuffer {
     fn drop(&mut self) {
-        // cudarc must not free memory it did not allocate: take the view back; `alloc`, dropped
-        // next, frees it with cuMemFree.
+        // cudarc must not free memory it did not allocate: take the view back; `_alloc`, dropped
+        // next, frees it with cuMemFree once no buffer holds it.
         if let Some(v) = self.view.take() {
             v.leak();
         }
@@ -763,6 +963,17 @@ impl Uploader for CudaUploader {
     }
 
     fn export(&self, buffer: usize) -> Result<Option<BufferExport>, BackendError> {
+        if self.placement == Placement::Contiguous {
+            return Err(BackendError::InvalidArgument {
+                call: "export",
+                what: format!(
+                    "device buffer {buffer} shares one allocation with the upload engine's other \
+                     buffers (Placement::Contiguous), and a CUDA IPC handle opens a whole \
+                     allocation: make the engine with Placement::Separate to hand its buffers \
+                     to another process"
+                ),
+            });
+        }
         self.export_buffer(buffer).map(Some)
     }
 
@@ -832,5 +1043,80 @@ impl Drop for CudaUploader {
                 .record(&self.kernel_stream)
                 .and_then(|()| ev.synchronize());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Held copies of `len` bytes, one per (source, destination).
+    fn held(len: usize, copies: &[(u64, u64)]) -> HeldCopies {
+        let mut h = HeldCopies::default();
+        for &(src, dst) in copies {
+            h.push(dst, src as usize, len);
+        }
+        h
+    }
+
+    #[test]
+    fn a_run_is_copies_of_one_length_at_constant_source_and_destination_strides() {
+        const SLOT: u64 = 68 << 10;
+        const BUF: u64 = 64 << 10;
+        // Five parts from consecutive slots into consecutive buffers, then a part whose buffer
+        // wraps to the first.
+        let mut copies: Vec<(u64, u64)> =
+            (0..5).map(|k| (k * SLOT, (1 << 30) | (k * BUF))).collect();
+        copies.push((5 * SLOT, 1 << 30));
+        let h = held(BUF as usize, &copies);
+        let run = h.run_at(0, BUF as usize);
+        assert_eq!(
+            run,
+            Run {
+                rows: 5,
+                pitch: SLOT as usize
+            }
+        );
+        // The wrapped part is a run of one, as is the last copy.
+        assert_eq!(h.run_at(5, BUF as usize), Run { rows: 1, pitch: 0 });
+        assert_eq!(h.run_at(3, BUF as usize).rows, 2);
+        assert_eq!(h.run_at(4, BUF as usize).rows, 1);
+        // Destinations must be exactly `stride` apart.
+        assert_eq!(h.run_at(0, 2 * BUF as usize), Run { rows: 1, pitch: 0 });
+    }
+
+    #[test]
+    fn a_run_ends_where_length_order_or_overlap_breaks_it() {
+        const BUF: usize = 4096;
+        // Descending sources (slots taken against the ring's order): no run.
+        let h = held(
+            BUF,
+            &[
+                (3 * 8192, 0),
+                (2 * 8192, BUF as u64),
+                (8192, 2 * BUF as u64),
+            ],
+        );
+        assert_eq!(h.run_at(0, BUF), Run { rows: 1, pitch: 0 });
+        // Sources closer than a copy's length would overlap as rows: no run.
+        let h = held(BUF, &[(0, 0), (100, BUF as u64)]);
+        assert_eq!(h.run_at(0, BUF), Run { rows: 1, pitch: 0 });
+        // A shorter copy (a short last batch) ends the run before it.
+        let mut h = held(BUF, &[(0, 0), (8192, BUF as u64), (16384, 2 * BUF as u64)]);
+        h.sizes[2] = 100;
+        assert_eq!(
+            h.run_at(0, BUF),
+            Run {
+                rows: 2,
+                pitch: 8192
+            }
+        );
+        // A stride under the copy's length (buffers smaller than the copy) makes no run.
+        let h = held(BUF, &[(0, 0), (8192, 100)]);
+        assert_eq!(h.run_at(0, 100), Run { rows: 1, pitch: 0 });
+        // Pitches past what a 2D copy takes are left to single copies.
+        let far = MAX_PITCH as u64 + 1;
+        let h = held(BUF, &[(0, 0), (far, BUF as u64), (2 * far, 2 * BUF as u64)]);
+        assert_eq!(h.run_at(0, BUF), Run { rows: 1, pitch: 0 });
     }
 }

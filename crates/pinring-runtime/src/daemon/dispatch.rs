@@ -187,7 +187,7 @@ impl Daemon {
     /// counts as delivered.
     fn deliver(&mut self, done: SinkDone) {
         self.sink_pending -= 1;
-        self.free_buffers.push(done.buffer);
+        self.free_buffers.push_back(done.buffer);
         if let sink::Source::Mapped { slot, .. } = done.source {
             // Zero-copy: the sink's kernel has finished reading the slot; hand it out again.
             if let Some(commit_ns) = self.zero_copy_commits.remove(slot) {
@@ -330,7 +330,10 @@ impl Daemon {
             let buffer = match self.assembling.get(&part.batch) {
                 Some(a) => a.buffer,
                 None => {
-                    let buffer = self.free_buffers.pop().expect("checked: a buffer is free");
+                    let buffer = self
+                        .free_buffers
+                        .pop_front()
+                        .expect("checked: a buffer is free");
                     if self.parts > 1 {
                         // The whole batch's sample ids, for the sink, from the daemon's plan.
                         let mut whole = self.spare_samples.pop().unwrap_or_default();

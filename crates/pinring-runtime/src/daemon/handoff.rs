@@ -54,7 +54,7 @@ impl Daemon {
     /// buffer is free again.
     pub(super) fn hand_over(&mut self, r: Ready) -> Result<(), DaemonError> {
         if self.interrupted {
-            self.free_buffers.push(r.buffer);
+            self.free_buffers.push_back(r.buffer);
             let mut samples = r.samples;
             samples.clear();
             self.spare_samples.push(samples);
@@ -149,7 +149,7 @@ impl Daemon {
             // The next copy into the buffer waits (on the device) for the consumer's last use.
             self.uploader.wait_release(buffer, consumer_released)?;
             self.ring.buffer_desc(buffer as u32).reset(h.round);
-            self.free_buffers.push(buffer);
+            self.free_buffers.push_back(buffer);
             self.sink_pending -= 1;
             progressed = true;
         }
@@ -180,7 +180,7 @@ impl Daemon {
             .collect();
         for seq in untaken {
             if let Some((buffer, h)) = self.handoff_books.handed.remove(&seq) {
-                self.free_buffers.push(buffer);
+                self.free_buffers.push_back(buffer);
                 self.sink_pending -= 1;
                 let mut samples = h.samples;
                 samples.clear();

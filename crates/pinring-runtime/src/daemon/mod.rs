@@ -375,7 +375,10 @@ struct Daemon {
     zero_copy: bool,
     /// Commit-to-on-device latencies (bounded memory, however long the daemon runs).
     latencies: crate::histogram::Quantiles,
-    free_buffers: Vec<usize>,
+    /// Device buffers free for a batch, oldest freed first: batches delivered in order free
+    /// their buffers in order, so the next batches take consecutive buffers, and parts from
+    /// consecutive slots go up as one copy (`Placement::Contiguous`).
+    free_buffers: std::collections::VecDeque<usize>,
     sink_pending: usize,
     // Results.
     started: Instant,

@@ -5,7 +5,7 @@ use super::{cpu_seconds, recovery, Daemon, DaemonArgs, DaemonError, Sequencer, S
 use crate::ring_wake::Doorbell;
 use crate::sink;
 use crossbeam_channel::unbounded;
-use pinring_backend::Uploader;
+use pinring_backend::{Placement, Uploader};
 use pinring_data::Config;
 use pinring_ring::{ring_state, CreateOptions, Ring};
 use std::collections::BTreeMap;
@@ -139,7 +139,17 @@ impl Daemon {
                     buffer_bytes as usize,
                 )
             },
-            None => selected.backend.uploader(buffers, buffer_bytes as usize),
+            // A consumer in another process opens the buffers through CUDA IPC, a handle per
+            // allocation; every other sink takes them side by side, for copies in runs.
+            None => selected.backend.uploader(
+                buffers,
+                buffer_bytes as usize,
+                if consumer && !args.embedded {
+                    Placement::Separate
+                } else {
+                    Placement::Contiguous
+                },
+            ),
         };
         let uploader: Arc<dyn Uploader> = match made.and_then(|u| {
             if consumer {
@@ -210,7 +220,7 @@ impl Daemon {
             zero_copy_commits: SlotTable::new(slots),
             zero_copy: args.zero_copy,
             latencies: crate::histogram::Quantiles::default(),
-            free_buffers: (0..buffers).rev().collect(),
+            free_buffers: (0..buffers).collect(),
             sink_pending: 0,
             started: now,
             cpu_at_ready: 0.0,

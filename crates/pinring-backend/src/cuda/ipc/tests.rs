@@ -19,7 +19,7 @@ use super::Imported;
 use crate::buf::AlignedBuf;
 use crate::checksum::checksum;
 use crate::cuda::{CudaBackend, CudaUploader};
-use crate::{Backend, BackendError, BufferExport, UploadJob, Uploader};
+use crate::{Backend, BackendError, BufferExport, Placement, UploadJob, Uploader};
 
 /// Set (to anything) in the child's environment: run as the consumer.
 const CHILD_ENV: &str = "PINRING_IPC_TEST_CHILD";
@@ -201,7 +201,9 @@ fn a_consumer_process_reads_batches_in_place_and_holds_off_the_next_copy() {
     // SAFETY: `batches` outlives `_pinned` (declared after it, so dropped before it).
     let _pinned = unsafe { b.register(batches.as_mut_ptr(), 2 * BYTES, false) }.unwrap();
     let (at_a, at_b) = (batches.as_ptr(), batches.as_ptr().wrapping_add(BYTES));
-    let up = b.cuda_uploader(BUFFERS, BYTES).unwrap();
+    let up = b
+        .cuda_uploader(BUFFERS, BYTES, Placement::Separate)
+        .unwrap();
     let exports: Vec<BufferExport> = (0..BUFFERS)
         .map(|i| up.export(i).unwrap().expect("cuda exports its buffers"))
         .collect();
@@ -345,7 +347,7 @@ fn the_exporting_side_of_ipc() {
         return;
     }
     let b = CudaBackend::new(0).unwrap();
-    let up = b.cuda_uploader(2, 4096).unwrap();
+    let up = b.cuda_uploader(2, 4096, Placement::Separate).unwrap();
     // Before a buffer is exported there is nothing to record or wait for.
     up.record_ready(1).unwrap();
     up.wait_release(1, true).unwrap();
