@@ -78,6 +78,7 @@ impl Daemon {
             let Some(InFlight {
                 seq,
                 batch,
+                buffer,
                 len,
                 commit_ns,
                 ..
@@ -100,10 +101,13 @@ impl Daemon {
             self.hand_out(slot);
             freed += 1;
             tracing::trace!(ring = %self.cfg.ring.name, seq, batch, len, "part on the device");
-            let Some(assembly) = self.assembling.get_mut(&batch) else {
+            let Some(assembly) = self.assemblies.get_mut(buffer).filter(|a| a.batch == batch)
+            else {
                 return Err(DaemonError::Internal {
                     ring: self.cfg.ring.name.clone(),
-                    what: format!("part seq {seq} landed for batch {batch}, which has no buffer"),
+                    what: format!(
+                        "part seq {seq} landed for batch {batch}, which is not assembled in device buffer {buffer}"
+                    ),
                 });
             };
             assembly.landed += 1;
@@ -111,7 +115,7 @@ impl Daemon {
                 continue;
             }
             // Every part of the batch is on the device: the sink gets the whole batch.
-            let Some(done) = self.assembling.remove(&batch) else {
+            let Some(done) = self.assemblies.close(buffer) else {
                 continue;
             };
             if self.sink_kind == SinkKind::Consumer {
@@ -250,7 +254,7 @@ impl Daemon {
             // A part can go up if its batch already has a device buffer, or a buffer is free.
             let parts = self.parts;
             let has_buffer = |seq: u64| {
-                !self.free_buffers.is_empty() || self.assembling.contains_key(&(seq / parts))
+                !self.free_buffers.is_empty() || self.assemblies.buffer_of(seq / parts).is_some()
             };
             // In order the sequencer offers at most the lowest seq not taken (none while an
             // earlier seq waits for a slot); unordered, every waiting seq: take one that is READY.
@@ -327,8 +331,8 @@ impl Daemon {
                 progressed = true;
                 continue;
             }
-            let buffer = match self.assembling.get(&part.batch) {
-                Some(a) => a.buffer,
+            let buffer = match self.assemblies.buffer_of(part.batch) {
+                Some(buffer) => buffer,
                 None => {
                     let buffer = self
                         .free_buffers
@@ -425,6 +429,7 @@ impl Daemon {
                 InFlight {
                     seq,
                     batch: part.batch,
+                    buffer,
                     len,
                     commit_ns: taken.commit_ns,
                     jobs_left,
@@ -439,6 +444,7 @@ impl Daemon {
     /// sample ids (for the sink), its payload length, epoch and index, no part landed yet.
     fn start_assembly(&mut self, part: &pinring_data::Part, buffer: usize, samples: Vec<u64>) {
         let assembly = Assembly {
+            batch: part.batch,
             buffer,
             landed: 0,
             samples,
@@ -446,7 +452,7 @@ impl Daemon {
             epoch: part.epoch,
             index_in_epoch: part.index_in_epoch,
         };
-        self.assembling.insert(part.batch, assembly);
+        self.assemblies.open(assembly);
     }
 
     fn record_latency(&mut self, commit_ns: u64, on_device_ns: u64) {

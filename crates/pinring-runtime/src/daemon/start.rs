@@ -8,7 +8,6 @@ use crossbeam_channel::unbounded;
 use pinring_backend::{Placement, Uploader};
 use pinring_data::Config;
 use pinring_ring::{ring_state, CreateOptions, Ring};
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -216,7 +215,7 @@ impl Daemon {
             inflight: SlotTable::new(slots),
             inflight_bytes: 0,
             parts,
-            assembling: BTreeMap::new(),
+            assemblies: super::Assemblies::new(buffers, parts),
             zero_copy_commits: SlotTable::new(slots),
             zero_copy: args.zero_copy,
             latencies: crate::histogram::Quantiles::default(),
