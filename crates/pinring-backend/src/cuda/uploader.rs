@@ -496,7 +496,7 @@ impl CudaUploader {
     }
 
     /// Gives the driver each run of [`MIN_RUN`] or more held copies that are one
-    /// two-dimensional copy (`HeldCopies::runs`: equal lengths, sources a constant stride
+    /// two-dimensional copy (`HeldCopies::run_at`: equal lengths, sources a constant pitch
     /// apart, destinations `stride` apart: parts from consecutive slots into consecutive
     /// buffers) as one `cuMemcpy2DAsync` on `stream`, and keeps the other copies held, in their
     /// order, for the batch call. A run's sources lie in one registered chunk. `object` names
