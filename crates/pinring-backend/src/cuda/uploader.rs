@@ -110,10 +110,15 @@ impl CudaUploader {
                 gib(backend.total_mem)
             )
         };
-        let bufs = match placement {
-            Placement::Separate => (0..buffers)
-                .map(|_| DeviceBuffer::alloc(&copy_stream, buffer_bytes))
-                .collect::<Result<Vec<_>, _>>(),
+        // The constant distance between consecutive buffers (contiguous, two or more), for
+        // copies in runs.
+        let (bufs, buffer_stride) = match placement {
+            Placement::Separate => (
+                (0..buffers)
+                    .map(|_| DeviceBuffer::alloc(&copy_stream, buffer_bytes))
+                    .collect::<Result<Vec<_>, _>>(),
+                None,
+            ),
             Placement::Contiguous => {
                 let stride = buffer_bytes
                     .checked_next_multiple_of(super::BUFFER_ALIGN)
@@ -122,18 +127,13 @@ impl CudaUploader {
                         call: "CudaBackend::uploader",
                         what: format!("{} do not fit the address space", object()),
                     })?;
-                DeviceBuffer::carve(&copy_stream, buffers, buffer_bytes, stride)
+                (
+                    DeviceBuffer::carve(&copy_stream, buffers, buffer_bytes, stride),
+                    (buffers > 1).then_some(stride),
+                )
             }
-        }
-        .map_err(|e| cuda_error("cuMemAlloc", object(), e.0))?;
-        // The constant distance between consecutive buffers, for copies in runs.
-        let buffer_stride = match placement {
-            Placement::Contiguous if buffers > 1 => {
-                let stride = bufs[1].ptr() - bufs[0].ptr();
-                usize::try_from(stride).ok()
-            }
-            _ => None,
         };
+        let bufs = bufs.map_err(|e| cuda_error("cuMemAlloc", object(), e.0))?;
         // The buffers are zeroed on the copy stream: finish that before the kernel stream may
         // touch a buffer (event tracking is off, see `CudaBackend::new`). Once, at set-up.
         copy_stream.synchronize().map_err(|e| {
@@ -513,12 +513,14 @@ impl CudaUploader {
         while i < held.dsts.len() {
             let run = held.run_at(i, stride);
             let (src, len) = (held.srcs[i] as usize, held.sizes[i]);
-            let span_end = run
-                .pitch
-                .checked_mul(run.rows - 1)
-                .and_then(|s| s.checked_add(src + len));
-            let one_chunk = span_end.is_some_and(|end| self.chunks.next_boundary(src, end) == end);
-            if run.rows < MIN_RUN || !one_chunk {
+            // Only a run long enough to go as one copy looks at the registered chunks.
+            let one_copy = run.rows >= MIN_RUN
+                && run
+                    .pitch
+                    .checked_mul(run.rows - 1)
+                    .and_then(|s| s.checked_add(src + len))
+                    .is_some_and(|end| self.chunks.next_boundary(src, end) == end);
+            if !one_copy {
                 // Held as single copies, moved down over the runs issued before them.
                 for k in i..i + run.rows {
                     held.dsts[kept] = held.dsts[k];
