@@ -290,6 +290,26 @@ impl BatchMeta {
         })
     }
 
+    /// [`BatchMeta::decode`] then [`BatchMeta::validate_against`], without building the
+    /// metadata: the encoding is walked field by field and compared with the plan as it is
+    /// read, so a part that matches costs no allocation (the daemon checks every part it
+    /// takes; at 64 KiB slots the decode's three vectors were a tenth of its main loop).
+    /// Whenever the walk meets anything other than the expected value, the two-step path runs
+    /// and its error is returned, so the answer and the message are always theirs.
+    pub fn check_encoded(
+        bytes: &[u8],
+        limit: usize,
+        expected: &BatchIndices,
+        range: Option<ByteRange>,
+        sample_bytes: u64,
+        payload_bytes: u64,
+    ) -> Result<(), MetaError> {
+        if matches_encoded(bytes, limit, expected, range, sample_bytes, payload_bytes) {
+            return Ok(());
+        }
+        Self::decode(bytes, limit)?.validate_against(expected, range, sample_bytes, payload_bytes)
+    }
+
     /// Checks that this metadata describes exactly the batch (part) the plan
     /// expects (`expected`, and for a byte part the range `bytes` of its sample's cut field)
     /// with samples whose first field has `sample_bytes` bytes and a payload of `payload_bytes`
@@ -391,6 +411,81 @@ impl BatchMeta {
         }
         Ok(())
     }
+}
+
+/// Whether `bytes` (at most `limit` of them, and [`MAX_META_BYTES`]) hold the encoding of a
+/// [`BatchMeta`] that [`BatchMeta::validate_against`] accepts for these arguments. Reads
+/// bincode's own encodings of the fields in declaration order (what the serde encoding of
+/// the struct is, byte for byte: varint integers, a varint length before each vector, a
+/// varint variant index, a one-byte option tag); false at the first byte that is not the
+/// expected value, or could not be decoded.
+fn matches_encoded(
+    bytes: &[u8],
+    limit: usize,
+    expected: &BatchIndices,
+    range: Option<ByteRange>,
+    sample_bytes: u64,
+    payload_bytes: u64,
+) -> bool {
+    use bincode::de::{read::SliceReader, DecoderImpl};
+    use bincode::Decode;
+
+    let input = &bytes[..bytes.len().min(limit.min(MAX_META_BYTES))];
+    let mut d = DecoderImpl::new(SliceReader::new(input), bincode_config(), ());
+    let mut walk = || -> Result<bool, bincode::error::DecodeError> {
+        let n = expected.samples.len() as u64;
+        if u64::decode(&mut d)? != expected.seq
+            || u32::decode(&mut d)? != expected.epoch
+            || u64::decode(&mut d)? != expected.index_in_epoch
+            || u64::decode(&mut d)? != n
+        {
+            return Ok(false);
+        }
+        for &id in &expected.samples {
+            if u64::decode(&mut d)? != id {
+                return Ok(false);
+            }
+        }
+        // Labels: none, or one per sample (their values are the loader's).
+        let labels = u64::decode(&mut d)?;
+        if labels != 0 && labels != n {
+            return Ok(false);
+        }
+        for _ in 0..labels {
+            u32::decode(&mut d)?;
+        }
+        // The shape's dimensions times the dtype's size: the first field's bytes per sample.
+        // Multiplied in another order than `validate_against`'s, so only a nonzero size is
+        // answered here: then no dimension is 0 and neither order overflows. A size of 0, a
+        // product that overflows, or more dimensions than bytes left: the two-step path says.
+        let dims = u64::decode(&mut d)?;
+        if dims > input.len() as u64 || sample_bytes == 0 {
+            return Ok(false);
+        }
+        let mut product = Some(1u64);
+        for _ in 0..dims {
+            let dim = u32::decode(&mut d)?;
+            product = product.and_then(|p| p.checked_mul(u64::from(dim)));
+        }
+        let Some(dtype) = Dtype::ALL.get(u32::decode(&mut d)? as usize) else {
+            return Ok(false);
+        };
+        if product.and_then(|p| p.checked_mul(dtype.size_of() as u64)) != Some(sample_bytes)
+            || u64::decode(&mut d)? != payload_bytes
+        {
+            return Ok(false);
+        }
+        let found = match u8::decode(&mut d)? {
+            0 => None,
+            1 => Some(ByteRange {
+                offset: u64::decode(&mut d)?,
+                len: u64::decode(&mut d)?,
+            }),
+            _ => return Ok(false),
+        };
+        Ok(found == range)
+    };
+    walk().unwrap_or(false)
 }
 
 #[cfg(test)]
@@ -544,7 +639,97 @@ mod tests {
         assert!(BatchMeta::decode(&bytes, 1 << 20).is_err());
     }
 
+    /// The two-step check `check_encoded` must always agree with.
+    fn two_step(
+        bytes: &[u8],
+        limit: usize,
+        idx: &BatchIndices,
+        range: Option<ByteRange>,
+        sample_bytes: u64,
+        payload: u64,
+    ) -> Result<(), MetaError> {
+        BatchMeta::decode(bytes, limit)?.validate_against(idx, range, sample_bytes, payload)
+    }
+
+    #[test]
+    fn the_check_without_decoding_accepts_the_planned_part_and_refuses_with_the_same_message() {
+        let (m, idx) = sample_meta(32);
+        let mut buf = vec![0u8; 4096];
+        m.encode_into(&mut buf).unwrap();
+        BatchMeta::check_encoded(&buf, 4096, &idx, None, 48, 56 * 32).unwrap();
+        let mut bad = m.clone();
+        bad.sample_ids[5] += 1;
+        bad.encode_into(&mut buf).unwrap();
+        let e = BatchMeta::check_encoded(&buf, 4096, &idx, None, 48, 56 * 32).unwrap_err();
+        assert_eq!(
+            Err(e.clone()),
+            two_step(&buf, 4096, &idx, None, 48, 56 * 32)
+        );
+        assert!(e.to_string().contains("sample_ids[5]"), "{e}");
+        // Cut short by the limit: the decode's error.
+        let e = BatchMeta::check_encoded(&buf, 10, &idx, None, 48, 56 * 32).unwrap_err();
+        assert!(matches!(e, MetaError::Decode { limit: 10, .. }), "{e:?}");
+    }
+
     proptest! {
+        #[test]
+        fn the_check_without_decoding_agrees_with_decode_and_validate(
+            n in 0usize..12,
+            ids_seed: u64,
+            with_labels: bool,
+            shape in proptest::collection::vec(0u32..70_000, 0..4),
+            dt in 0usize..13,
+            ranged: bool,
+            change in 0usize..12,
+            delta in 1u64..300,
+            flip in proptest::option::of((any::<usize>(), any::<u8>())),
+            cut in proptest::option::of(any::<usize>()),
+            limit_cut in proptest::option::of(0usize..200),
+        ) {
+            let idx = BatchIndices {
+                seq: ids_seed % 1_000,
+                epoch: (ids_seed % 7) as u32,
+                index_in_epoch: ids_seed % 250,
+                samples: (0..n as u64).map(|i| ids_seed.wrapping_mul(i + 1) >> 3).collect(),
+            };
+            let dtype = Dtype::ALL[dt];
+            let sample_bytes = shape.iter().fold(dtype.size_of() as u64, |a, &d| a * u64::from(d));
+            let range = ranged.then_some(ByteRange { offset: delta, len: 4096 });
+            let payload = sample_bytes * n as u64 + 8;
+            let labels = if with_labels { (0..n as u32).collect() } else { Vec::new() };
+            let mut m = BatchMeta::new(&idx, labels, shape.clone(), dtype, 0);
+            m.payload_bytes = payload;
+            m.byte_range = range;
+            // One field away from the plan (or none).
+            match change {
+                0 => m.seq += delta,
+                1 => m.epoch = m.epoch.wrapping_add(delta as u32),
+                2 => m.index_in_epoch += delta,
+                3 if n > 0 => m.sample_ids[(delta as usize) % n] ^= delta,
+                4 => m.sample_ids.push(delta),
+                5 if n > 0 => { m.labels.pop(); }
+                6 => m.sample_shape.push(delta as u32),
+                7 => m.dtype = Dtype::ALL[(dt + delta as usize) % 13],
+                8 => m.payload_bytes += delta,
+                9 => m.byte_range = if ranged { None } else { Some(ByteRange { offset: 0, len: delta }) },
+                _ => {}
+            }
+            let mut buf = vec![0u8; 4096];
+            let mut len = m.encode_into(&mut buf).unwrap();
+            if let Some((at, x)) = flip {
+                buf[at % len.max(1)] ^= x;
+            }
+            if let Some(c) = cut {
+                len = c % (len + 1);
+            }
+            let limit = limit_cut.unwrap_or(4096);
+            let bytes = &buf[..len];
+            prop_assert_eq!(
+                BatchMeta::check_encoded(bytes, limit, &idx, range, sample_bytes, payload),
+                two_step(bytes, limit, &idx, range, sample_bytes, payload)
+            );
+        }
+
         #[test]
         fn decode_garbage_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..512), limit in 0usize..1024) {
             let _ = BatchMeta::decode(&bytes, limit);

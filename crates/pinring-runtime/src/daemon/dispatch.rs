@@ -306,9 +306,14 @@ impl Daemon {
             let expected_len = self
                 .layout
                 .part_payload_bytes(expected.samples.len() as u64, part.bytes);
-            let meta_ok = BatchMeta::decode(&self.meta_buf, self.meta_reserve).and_then(|m| {
-                m.validate_against(&expected, part.bytes, self.sample_bytes, expected_len)
-            });
+            let meta_ok = BatchMeta::check_encoded(
+                &self.meta_buf,
+                self.meta_reserve,
+                &expected,
+                part.bytes,
+                self.sample_bytes,
+                expected_len,
+            );
             if let Err(e) = meta_ok {
                 self.spare_samples.push(expected.samples);
                 self.bad_batch(
