@@ -70,6 +70,8 @@ fn dispatch() -> Exit {
         }
         Cmd::Daemon(args) => {
             logging::init_with("daemon", args.service.log_level.as_deref());
+            #[cfg(feature = "profile")]
+            let _profile = profile::Profile::start();
             pinring_runtime::main_daemon(&args, shutdown)
         }
         Cmd::Loader(args) => {
@@ -87,6 +89,57 @@ fn dispatch() -> Exit {
         Cmd::Config(cmd) => {
             logging::init("config");
             pinring_runtime::main_config(&cmd)
+        }
+    }
+}
+
+/// The developers' sampling profile (`--features profile`, `PINRING_PROF=FILE`): 2,000 samples a
+/// second of every thread; when the daemon ends, FILE gets one line per distinct stack, "COUNT
+/// THREAD;OUTERMOST;...;INNERMOST" (the folded format flame-graph tools read).
+#[cfg(feature = "profile")]
+mod profile {
+    use std::io::Write;
+
+    pub struct Profile {
+        guard: pprof::ProfilerGuard<'static>,
+        path: std::path::PathBuf,
+    }
+
+    impl Profile {
+        pub fn start() -> Option<Profile> {
+            let path = std::env::var_os("PINRING_PROF")?.into();
+            match pprof::ProfilerGuardBuilder::default()
+                .frequency(2000)
+                .build()
+            {
+                Ok(guard) => Some(Profile { guard, path }),
+                Err(e) => {
+                    eprintln!("PINRING_PROF: the profiler did not start: {e}");
+                    None
+                }
+            }
+        }
+    }
+
+    impl Drop for Profile {
+        fn drop(&mut self) {
+            let write = || -> Result<(), Box<dyn std::error::Error>> {
+                let report = self.guard.report().build()?;
+                let mut out = std::io::BufWriter::new(std::fs::File::create(&self.path)?);
+                for (frames, count) in &report.data {
+                    let stack: Vec<String> = frames
+                        .frames
+                        .iter()
+                        .rev()
+                        .flat_map(|f| f.iter().rev().map(|s| s.name()))
+                        .collect();
+                    writeln!(out, "{count} {};{}", frames.thread_name, stack.join(";"))?;
+                }
+                Ok(())
+            };
+            if let Err(e) = write() {
+                eprintln!("PINRING_PROF {}: {e}", self.path.display());
+            }
         }
     }
 }
