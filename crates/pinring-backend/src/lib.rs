@@ -7,8 +7,8 @@
 //! - [`cuda::CudaBackend`]: `cuMemHostRegister`, then copies straight from the slots on a copy
 //!   stream (and a second one for copies under 16 KiB), given to the driver many to a
 //!   `cuMemcpyBatchAsync` call where it has one, with a completion thread waiting on events
-//!   each shared by several uploads (asleep on blocking-sync events, or looking at the events of
-//!   parts of 1 MiB or more after naps timed by the link); checksum/compute kernels from embedded
+//!   each shared by several uploads (looking at them after naps timed by the copy engine's
+//!   pace, as it learns it); checksum/compute kernels from embedded
 //!   PTX. `libcuda` is loaded dynamically and probed first, so nothing panics on a machine
 //!   without a driver.
 //! - [`host::HostBackend`]: heap buffers and `memcpy`, for machines without a GPU and for tests.

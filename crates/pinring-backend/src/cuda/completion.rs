@@ -49,9 +49,8 @@ pub(super) struct Group {
 const COMPLETION_GROUPS: usize = 16;
 const COMPLETION_BYTES: usize = 4 << 20;
 
-/// The link speed the first look at an event assumes, bytes per second: the copies ahead of it
-/// take at least their bytes at this rate (PCIe Gen5 x16 moves about 53-55 GB/s). On a slower
-/// link the first look is early and the later ones ([`next_nap`]) find the event.
+/// The fastest pace the first look at an event assumes ([`Pace`]), bytes per second: the copies
+/// ahead of it take at least their bytes at this rate (PCIe Gen5 x16 moves about 53-55 GB/s).
 const LINK_BYTES_PER_S: u64 = 55_000_000_000;
 /// Looks after the expected end are this far apart at least, and at most
 /// [`LONGEST_NAP`] (a copy stream held behind a consumer's release is looked at 1000 times a
@@ -78,42 +77,101 @@ fn next_nap(waited: Duration, expected: Duration) -> Duration {
 }
 
 /// Waits for `event`, expected to complete `expected` after `began`, by looking at it
-/// (`cuEventQuery`) after naps ([`next_nap`]). A blocking-sync wait (`cuEventSynchronize`)
-/// costs a wake-up of the driver's event thread and of this one per event: 0.2-0.3 cores each
-/// at 10,000-20,000 events a second on the H200 (docs/BENCHMARKS.md, "Completion waits and
-/// fewer events").
-/// Returns the last moment the event was seen not done (`began` if the first look found it
-/// done): it completed after that. Fails with the driver's error if the copies failed.
+/// (`cuEventQuery`) after naps ([`next_nap`]). Every upload event is looked at, none waited on
+/// with a blocking-sync wait (`cuEventSynchronize`): that costs a wake-up of the driver's event
+/// thread and of this one per event (the event thread alone took 0.2-0.3 cores at 64 KiB
+/// slots), and its wake-up comes late. Looks gave 64 KiB slots 25% more throughput for a
+/// quarter less CPU per byte, and 1 and 4 MiB slots a third less daemon CPU (H200,
+/// docs/BENCHMARKS.md, "Every event looked at").
+/// Returns what the looks saw: the last moment the event was seen not done, if any look found
+/// it so. Fails with the driver's error if the copies failed.
 fn wait_polling(
     event: &raw::Event,
     began: Instant,
     expected: Duration,
-) -> Result<Instant, cudarc::driver::DriverError> {
-    let mut not_done = began;
+) -> Result<Looks, cudarc::driver::DriverError> {
+    let mut busy = None;
     loop {
         let looked = Instant::now();
         if event.is_done()? {
-            return Ok(not_done);
+            return Ok(Looks { busy });
         }
-        not_done = looked;
+        busy = Some(looked);
         std::thread::sleep(next_nap(looked - began, expected));
     }
 }
 
+/// What the looks at one event saw ([`wait_polling`]).
+#[derive(Debug, Clone, Copy)]
+struct Looks {
+    /// The last look that found the event not done (None: the first look found it done).
+    busy: Option<Instant>,
+}
+
+/// The copy engine's pace as the looks have found it, bytes per second, which times the first
+/// look at the next event. It starts at [`LINK_BYTES_PER_S`] and stays within
+/// [`SLOWEST_PACE`]..=that. An event still busy at a moment shows the engine slower than its
+/// bytes over the time since they started: the pace moves a quarter of the way down to that.
+/// An event done at the first look shows nothing but that the look may have come late: the pace
+/// rises by a sixteenth. So first looks settle around the moment events complete, where with the
+/// link's speed alone they came early for copies the engine runs slower (64 KiB rows: 35-45
+/// GB/s), and each early look cost a nap and a look more.
+#[derive(Debug, Clone, Copy)]
+struct Pace {
+    bytes_per_s: f64,
+}
+
+/// The slowest pace [`Pace`] assumes: a quarter of the link's (a stream held behind a consumer
+/// teaches no slower pace than this, so looks recover within a few events once it moves).
+const SLOWEST_PACE: f64 = LINK_BYTES_PER_S as f64 / 4.0;
+
+impl Pace {
+    fn new() -> Pace {
+        Pace {
+            bytes_per_s: LINK_BYTES_PER_S as f64,
+        }
+    }
+
+    /// How long the engine takes for `bytes` at this pace.
+    fn time_for(&self, bytes: usize) -> Duration {
+        Duration::from_secs_f64(bytes as f64 / self.bytes_per_s)
+    }
+
+    /// Learns from the looks at an event after `bytes` of copies that had the engine from
+    /// `start`.
+    fn learn(&mut self, bytes: usize, start: Instant, looks: Looks) {
+        let pace = match looks.busy {
+            Some(busy) => {
+                let busy_for = busy.saturating_duration_since(start).as_secs_f64();
+                let at_most = bytes as f64 / busy_for;
+                if busy_for > 0.0 && at_most < self.bytes_per_s {
+                    self.bytes_per_s - (self.bytes_per_s - at_most) / 4.0
+                } else {
+                    self.bytes_per_s
+                }
+            }
+            None => self.bytes_per_s * 17.0 / 16.0,
+        };
+        self.bytes_per_s = pace.clamp(SLOWEST_PACE, LINK_BYTES_PER_S as f64);
+    }
+}
+
 /// When the copies of `ahead` bytes, the first of them queued at `first_queued`, are expected to
-/// be done, measured from `now`: the copy engine starts them no sooner than they were queued nor
-/// before the previous awaited event completed (no sooner than `engine_free`), and moves
-/// [`LINK_BYTES_PER_S`].
+/// be done, measured from `now`, and when they could start: the copy engine starts them no
+/// sooner than they were queued nor before the previous awaited event completed (no sooner than
+/// `engine_free`), and moves them at `pace`.
 fn expected_done(
     now: Instant,
     first_queued: Instant,
     engine_free: Instant,
     ahead: usize,
-) -> Duration {
+    pace: &Pace,
+) -> (Duration, Instant) {
     let start = first_queued.max(engine_free);
-    let link =
-        Duration::from_nanos((ahead as u64).saturating_mul(1_000_000_000) / LINK_BYTES_PER_S);
-    (start + link).saturating_duration_since(now)
+    (
+        (start + pace.time_for(ahead)).saturating_duration_since(now),
+        start,
+    )
 }
 
 /// Starts the completion thread of device `device`'s uploader. It runs until `inflight`'s sender
@@ -124,7 +182,7 @@ pub(super) fn spawn(
     guards: &Arc<Guards>,
     inflight: Receiver<InFlight>,
     done: Sender<Completion>,
-    free: [Sender<raw::Event>; 2],
+    free: Sender<raw::Event>,
     hook: &Arc<crate::HookCell>,
 ) -> Result<JoinHandle<()>, BackendError> {
     let ctx = Arc::clone(ctx);
@@ -164,7 +222,7 @@ fn completion_loop(
     guards: &Guards,
     inflight: &Receiver<InFlight>,
     done: &Sender<Completion>,
-    free: &[Sender<raw::Event>; 2],
+    free: &Sender<raw::Event>,
     hook: &crate::HookCell,
 ) {
     let bound = raw::make_current(ctx);
@@ -180,6 +238,7 @@ fn completion_loop(
     // No sooner than this the last awaited event completed: the copies after it had the engine
     // no sooner.
     let mut engine_free = Instant::now();
+    let mut pace = Pace::new();
     loop {
         // Until a run is queued, nothing can complete: block for one.
         if window.is_empty() {
@@ -198,18 +257,15 @@ fn completion_loop(
             Err(e) => Err(("cuCtxSetCurrent", e.0)),
             Ok(()) => {
                 let now = Instant::now();
-                let e = &window[end - 1].event;
-                if e.is_polled() {
-                    let ahead = window.range(..end).map(|f| f.bytes).sum();
-                    let expected = expected_done(now, window[0].issued, engine_free, ahead);
-                    wait_polling(e, now, expected)
-                        .map(|seen| engine_free = seen)
-                        .map_err(|e| ("cuEventQuery", e.0))
-                } else {
-                    e.synchronize()
-                        .map(|()| engine_free = now)
-                        .map_err(|e| ("cuEventSynchronize", e.0))
-                }
+                let ahead = window.range(..end).map(|f| f.bytes).sum();
+                let (expected, start) =
+                    expected_done(now, window[0].issued, engine_free, ahead, &pace);
+                wait_polling(&window[end - 1].event, now, expected)
+                    .map(|looks| {
+                        pace.learn(ahead, start, looks);
+                        engine_free = looks.busy.unwrap_or(now);
+                    })
+                    .map_err(|e| ("cuEventQuery", e.0))
             }
         };
         // The last group of the run whose event was waited on (a run has at least one).
@@ -243,7 +299,7 @@ fn completion_loop(
                 let _ = done.send(completion);
             }
             let e = f.event;
-            let _ = free[usize::from(e.is_polled())].send(e);
+            let _ = free.send(e);
         }
         hook.call();
     }
@@ -297,19 +353,71 @@ mod tests {
         let four_mib = 4 << 20;
         // 4 MiB at 55 GB/s: 76 µs after the first copy was queued, if the engine was free.
         let link = us(76);
-        let e = expected_done(t0, t0, t0 - us(500), four_mib);
+        let e = expected_done(t0, t0, t0 - us(500), four_mib, &Pace::new()).0;
         assert!(e >= link && e <= link + us(1), "{e:?}");
         // Queued 50 µs ago: 26 µs left.
-        let e = expected_done(t0 + us(50), t0, t0, four_mib);
+        let e = expected_done(t0 + us(50), t0, t0, four_mib, &Pace::new()).0;
         assert!(e >= us(26) && e <= us(27), "{e:?}");
         // The engine was busy with earlier copies until 30 µs after these were queued.
-        let e = expected_done(t0 + us(50), t0, t0 + us(30), four_mib);
+        let e = expected_done(t0 + us(50), t0, t0 + us(30), four_mib, &Pace::new()).0;
         assert!(e >= us(56) && e <= us(57), "{e:?}");
         // Long overdue: no nap before the first look.
         assert_eq!(
-            expected_done(t0 + us(500), t0, t0, four_mib),
+            expected_done(t0 + us(500), t0, t0, four_mib, &Pace::new()).0,
             Duration::ZERO
         );
+    }
+
+    #[test]
+    fn the_pace_settles_where_first_looks_meet_the_end_of_the_copies() {
+        let t0 = Instant::now();
+        let us = Duration::from_micros;
+        let two_mib = 2 << 20;
+        // The engine moves 2 MiB in 60 µs (35 GB/s). Each event: the first look at the time the
+        // pace expects, then looks 5 µs apart until one finds it done.
+        let mut pace = Pace::new();
+        let mut looks_per_event = Vec::new();
+        for _ in 0..200 {
+            let mut at = pace.time_for(two_mib);
+            let mut busy = None;
+            let mut looks = 1;
+            while at < us(60) {
+                busy = Some(t0 + at);
+                at += us(5);
+                looks += 1;
+            }
+            pace.learn(two_mib, t0, Looks { busy });
+            looks_per_event.push(looks);
+        }
+        // From the link's speed (3 looks) down to the engine's: at most 2 looks an event, and
+        // a first look at most ~6% late (a sixteenth: the rise after a look that found it done).
+        assert!(looks_per_event[0] >= 3, "{looks_per_event:?}");
+        assert!(
+            looks_per_event[20..].iter().all(|&l| l <= 2),
+            "{looks_per_event:?}"
+        );
+        let first = pace.time_for(two_mib);
+        assert!(first >= us(52) && first <= us(64), "{first:?}");
+        // A stream held for 10 ms teaches no slower than a quarter of the link, and a few
+        // events at the engine's speed bring the first look back.
+        for _ in 0..20 {
+            let busy = Some(t0 + us(10_000));
+            pace.learn(two_mib, t0, Looks { busy });
+        }
+        assert_eq!(pace.bytes_per_s, SLOWEST_PACE);
+        for _ in 0..20 {
+            pace.learn(two_mib, t0, Looks { busy: None });
+        }
+        assert!(
+            pace.time_for(two_mib) <= us(60),
+            "{:?}",
+            pace.time_for(two_mib)
+        );
+        // Never faster than the link.
+        for _ in 0..100 {
+            pace.learn(two_mib, t0, Looks { busy: None });
+        }
+        assert_eq!(pace.bytes_per_s, LINK_BYTES_PER_S as f64);
     }
 
     #[test]

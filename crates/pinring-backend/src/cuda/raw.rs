@@ -290,7 +290,6 @@ impl Drop for DeviceAlloc {
 pub struct Event {
     raw: sys::CUevent,
     ctx: Arc<CudaContext>,
-    polled: bool,
 }
 
 // SAFETY: a CUevent handle may be used from any thread once its context is current there, which
@@ -310,11 +309,6 @@ impl Event {
         )
     }
 
-    /// Whether the event was made by [`Event::new_polled`]: to be looked at, not waited on.
-    pub fn is_polled(&self) -> bool {
-        self.polled
-    }
-
     /// A new event without timing, for looking at with [`Event::is_done`] only: without
     /// `BLOCKING_SYNC` the driver arranges no wake-up when it completes (its event thread's work
     /// per event). [`Event::synchronize`] on it would spin.
@@ -331,7 +325,6 @@ impl Event {
         Ok(Self {
             raw,
             ctx: Arc::clone(ctx),
-            polled: flags & sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC as u32 == 0,
         })
     }
 

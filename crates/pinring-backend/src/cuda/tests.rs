@@ -420,8 +420,8 @@ fn parts_of_a_mebibyte_share_an_event_per_four_and_complete_by_looks() {
         return;
     }
     let b = CudaBackend::new(0).unwrap();
-    const PART: usize = uploader::POLLED_GROUP_BYTES;
-    let runs = uploader::POLLED_EVENT_BYTES / PART;
+    const PART: usize = uploader::LARGE_GROUP_BYTES;
+    let runs = uploader::LARGE_EVENT_BYTES / PART;
     assert!(runs > 1, "a run of parts shares one event");
     let groups = runs + 1;
     let up = b.cuda_uploader(groups, PART, Placement::Separate).unwrap();
@@ -443,12 +443,11 @@ fn parts_of_a_mebibyte_share_an_event_per_four_and_complete_by_looks() {
         assert_eq!(unsafe { up.submit_group_deferred(&group(i)) }.unwrap(), 1);
     }
     receive(0, runs);
-    // Its event was one to be looked at, handed back to that pool, not the blocking-sync one.
-    let event = up.free_events[1]
+    // Its event comes back for reuse: one event for the whole run.
+    up.free_events
         .recv_timeout(Duration::from_secs(30))
         .expect("the run's event comes back for reuse");
-    assert!(event.is_polled());
-    assert!(up.free_events[0].try_recv().is_err());
+    assert!(up.free_events.try_recv().is_err());
     // A part short of a run: the flush signals it.
     // SAFETY: as above.
     unsafe { up.submit_group_deferred(&group(runs)) }.unwrap();

@@ -2,14 +2,14 @@
 //! per-buffer guards. `submit_group_deferred` is the hot path: each of a part's copies, one per
 //! registered chunk its source touches (usually one), is held for the copy stream or, under
 //! [`SMALL_COPY_BYTES`], the small-copy stream. Once [`EVENT_GROUPS`] groups or [`EVENT_BYTES`]
-//! bytes are held ([`POLLED_EVENT_BYTES`] for groups of [`POLLED_GROUP_BYTES`] or more), or at
+//! bytes are held ([`LARGE_EVENT_BYTES`] for groups of [`LARGE_GROUP_BYTES`] or more), or at
 //! `flush`, each stream's held copies go to the driver in one `cuMemcpyBatchAsync` call, then
 //! one event record covers every group before it, both streams' copies, and the groups enter the
 //! completion queue. Where the driver lacks the batch call (before CUDA 12.8), each copy is a
-//! `cuMemcpyHtoDAsync` of its own, issued at once. The completion thread (`completion.rs`) waits
-//! on the events: a blocking-sync wait for small groups, looks after naps timed by the link for
-//! groups of [`POLLED_GROUP_BYTES`] or more. docs/ARCHITECTURE.md, "Upload signals", has the
-//! measurements behind each of these.
+//! `cuMemcpyHtoDAsync` of its own, issued at once. The completion thread (`completion.rs`) looks
+//! at the events after naps timed by the copy engine's pace (no blocking-sync waits: see
+//! `completion::wait_polling`). docs/ARCHITECTURE.md, "Upload signals", has the measurements
+//! behind each of these.
 //!
 //! # The device-buffer guard
 //! Each buffer is guarded by `crate::guard`, as on the host backend: a copy into a buffer and a
@@ -59,8 +59,8 @@ pub struct CudaUploader {
     small_mark: raw::Event,
     pub(super) kernel_stream: Arc<CudaStream>,
     pub(super) inflight: Option<Sender<InFlight>>,
-    /// Events handed back by the completion thread for reuse: blocking-sync ones, polled ones.
-    pub(super) free_events: [Receiver<raw::Event>; 2],
+    /// Events handed back by the completion thread for reuse (all to be looked at).
+    pub(super) free_events: Receiver<raw::Event>,
     pub(super) completions: Receiver<Completion>,
     pub(super) thread: Option<JoinHandle<()>>,
     pub(super) kernel_state: Mutex<KernelState>,
@@ -158,17 +158,9 @@ impl CudaUploader {
         let (inflight_tx, inflight_rx) = crossbeam_channel::unbounded::<InFlight>();
         let (done_tx, done_rx) = crossbeam_channel::unbounded::<Completion>();
         let (free_tx, free_rx) = crossbeam_channel::unbounded::<raw::Event>();
-        let (free_polled_tx, free_polled_rx) = crossbeam_channel::unbounded::<raw::Event>();
         let hook: Arc<crate::HookCell> = Arc::new(crate::HookCell::default());
-        let thread = completion::spawn(
-            &ctx,
-            device,
-            &guards,
-            inflight_rx,
-            done_tx,
-            [free_tx, free_polled_tx],
-            &hook,
-        )?;
+        let thread =
+            completion::spawn(&ctx, device, &guards, inflight_rx, done_tx, free_tx, &hook)?;
         Ok(Self {
             ctx,
             device,
@@ -182,7 +174,7 @@ impl CudaUploader {
             small_mark,
             kernel_stream,
             inflight: Some(inflight_tx),
-            free_events: [free_rx, free_polled_rx],
+            free_events: free_rx,
             completions: done_rx,
             thread: Some(thread),
             kernel_state: Mutex::new(KernelState {
@@ -245,15 +237,13 @@ impl CudaUploader {
     }
 
     /// An event (reused, or new) recorded on the copy stream now: after every copy queued so
-    /// far, the small-copy stream's too when `small` (small copies since the last event); one to
-    /// be looked at rather than waited on when `polled` ([`POLLED_GROUP_BYTES`]).
-    /// `object` names what it follows, for an error: called only when a call failed, so the
-    /// hot path formats nothing.
+    /// far, the small-copy stream's too when `small` (small copies since the last event). It is
+    /// one to be looked at (`raw::Event::new_polled`). `object` names what it follows, for an
+    /// error: called only when a call failed, so the hot path formats nothing.
     fn event_after(
         &self,
         object: impl Fn() -> String,
         small: bool,
-        polled: bool,
     ) -> Result<raw::Event, BackendError> {
         if small {
             let mark = || format!("the small copies before {}", object());
@@ -268,14 +258,10 @@ impl CudaUploader {
                 )
             })?;
         }
-        let event = match self.free_events[usize::from(polled)].try_recv() {
+        let event = match self.free_events.try_recv() {
             Ok(e) => e,
-            Err(_) => if polled {
-                raw::Event::new_polled(&self.ctx)
-            } else {
-                raw::Event::new(&self.ctx)
-            }
-            .map_err(|e| cuda_error("cuEventCreate", format!("device {}", self.device), e.0))?,
+            Err(_) => raw::Event::new_polled(&self.ctx)
+                .map_err(|e| cuda_error("cuEventCreate", format!("device {}", self.device), e.0))?,
         };
         event
             .record(&self.copy_stream)
@@ -391,7 +377,7 @@ impl CudaUploader {
             }
         }
         let event_bytes = if u.large_parts() {
-            POLLED_EVENT_BYTES
+            LARGE_EVENT_BYTES
         } else {
             EVENT_BYTES
         };
@@ -420,7 +406,7 @@ impl CudaUploader {
             return Err(self.fail_held(u, e));
         }
         let issued = u.issued.take().unwrap_or_else(Instant::now);
-        let event = match self.event_after(object, u.small, u.large_parts()) {
+        let event = match self.event_after(object, u.small) {
             Ok(event) => event,
             Err(e) => return Err(self.fail_held(u, e)),
         };
@@ -606,7 +592,7 @@ fn alloc_call(ctx: &CudaContext) -> &'static str {
 /// Deferred groups (`Uploader::submit_group_deferred`) share one event until this many are
 /// queued after the last one,
 pub(super) const EVENT_GROUPS: usize = 32;
-/// or until they copy this many bytes ([`POLLED_EVENT_BYTES`] for groups of 1 MiB or more). An
+/// or until they copy this many bytes ([`LARGE_EVENT_BYTES`] for groups of 1 MiB or more). An
 /// event stalls the copy engine between two copies for about 2 µs, about a 64 KiB copy's time at
 /// PCIe Gen5 speed (docs/BENCHMARKS.md, "Upload signals"), and each one costs the daemon a
 /// wake-up of the driver's event thread and of the completion thread. One event per 32 groups
@@ -616,21 +602,14 @@ pub(super) const EVENT_GROUPS: usize = 32;
 /// because slots then come back in bunches too large (docs/BENCHMARKS.md, "Completion waits and
 /// fewer events", "Copies in batches").
 pub(super) const EVENT_BYTES: usize = 8 << 20;
-/// The event bytes of groups of [`POLLED_GROUP_BYTES`] or more: 1 MiB parts are signalled four
+/// The event bytes of groups of [`LARGE_GROUP_BYTES`] or more: 1 MiB parts are signalled four
 /// at a time, and a 4 MiB part or larger has an event of its own, so that its slot comes back
 /// as soon as it is copied.
-pub(super) const POLLED_EVENT_BYTES: usize = 4 << 20;
+pub(super) const LARGE_EVENT_BYTES: usize = 4 << 20;
 
-/// An event whose groups average at least this many bytes is looked at by the completion thread
-/// after naps (`cuEventQuery`), not waited on with a blocking-sync wait. A blocking wait costs a
-/// wake-up of the driver's event thread and of the completion thread per event (0.2-0.3 cores
-/// each at 10,000 events a second), and its wake-up comes late: with 1 and 4 MiB slots, looks
-/// timed by the link's speed gave slots back sooner (4 MiB × 8 loaders: 49.3-49.8 GB/s against
-/// 47.4-48.9; 1 MiB: 50.9-51.2 against 49.8-50.0) for less CPU. With smaller groups the daemon's
-/// main loop is the limit, and looks cost throughput there (256 KiB: 34-47.6 GB/s against
-/// 44.9-47.6; 64 KiB: 18.3 against 22), so their events are waited on (docs/BENCHMARKS.md,
-/// "Completion waits and fewer events").
-pub(super) const POLLED_GROUP_BYTES: usize = 1 << 20;
+/// Groups that average at least this many bytes get an event per [`LARGE_EVENT_BYTES`], not
+/// per [`EVENT_BYTES`].
+pub(super) const LARGE_GROUP_BYTES: usize = 1 << 20;
 
 /// Copies shorter than this go on a stream of their own. On one stream, each tiny copy (a
 /// batch's labels: 32 bytes) held the copy engine about 8 µs, as long as a 256 KiB copy: with
@@ -654,10 +633,10 @@ pub(super) struct Unsignalled {
 }
 
 impl Unsignalled {
-    /// Whether these groups average [`POLLED_GROUP_BYTES`] or more: their event is signalled
-    /// per [`POLLED_EVENT_BYTES`] and looked at rather than waited on. False with no group.
+    /// Whether these groups average [`LARGE_GROUP_BYTES`] or more: their event is signalled
+    /// per [`LARGE_EVENT_BYTES`]. False with no group.
     fn large_parts(&self) -> bool {
-        self.bytes / self.groups.len().max(1) >= POLLED_GROUP_BYTES
+        self.bytes / self.groups.len().max(1) >= LARGE_GROUP_BYTES
     }
 }
 
@@ -899,7 +878,7 @@ impl Uploader for CudaUploader {
     }
 
     /// As `submit_group`, but the event is recorded only once `EVENT_GROUPS` groups or
-    /// `EVENT_BYTES` bytes (`POLLED_EVENT_BYTES` for parts of 1 MiB or more) have been queued
+    /// `EVENT_BYTES` bytes (`LARGE_EVENT_BYTES` for parts of 1 MiB or more) have been queued
     /// without one; `flush` records it otherwise.
     unsafe fn submit_group_deferred(&self, jobs: &[UploadJob]) -> Result<usize, BackendError> {
         // SAFETY: forwarded from our caller.
