@@ -357,7 +357,11 @@ fn deferred_groups_complete_at_a_full_run_or_a_flush_and_land_whole() {
     let b = CudaBackend::new(0).unwrap();
     const SLOT: usize = 64 << 10;
     let groups = uploader::EVENT_GROUPS + 3;
-    let up = b.cuda_uploader(groups, SLOT, Placement::Separate).unwrap();
+    // Buffers enough for an event per EVENT_GROUPS groups (at most half the buffers).
+    let up = b
+        .cuda_uploader(2 * uploader::EVENT_GROUPS, SLOT, Placement::Separate)
+        .unwrap();
+    assert_eq!(up.event_groups, uploader::EVENT_GROUPS);
     let data = pattern(23, groups * SLOT);
     // Group i: a large copy (the copy stream) and a 32-byte one (the small-copy stream, as a
     // batch's labels), into buffer i, the small one right after the large one.
@@ -412,6 +416,37 @@ fn deferred_groups_complete_at_a_full_run_or_a_flush_and_land_whole() {
     // SAFETY: as above; the drop below waits for the copy.
     unsafe { up.submit_group_deferred(&group(groups - 1)) }.unwrap();
     drop(up);
+}
+
+#[test]
+fn an_event_covers_at_most_half_the_buffers() {
+    if crate::testing::gpu().is_none() {
+        return;
+    }
+    let b = CudaBackend::new(0).unwrap();
+    const SLOT: usize = 64 << 10;
+    // 8 buffers: an event per 4 groups, so 4 more can be filled while its copies run.
+    let up = b.cuda_uploader(8, SLOT, Placement::Separate).unwrap();
+    assert_eq!(up.event_groups, 4);
+    let data = pattern(31, 8 * SLOT);
+    let group = |i: usize| {
+        [UploadJob {
+            tag: i as u64,
+            src: data[i * SLOT..].as_ptr(),
+            len: SLOT,
+            buffer: i,
+            dst_offset: 0,
+        }]
+    };
+    let want = |i: usize| checksum(&data[i * SLOT..(i + 1) * SLOT]);
+    // Four deferred groups complete with no flush; the next four too.
+    for i in 0..8 {
+        // SAFETY: `data` outlives every completion received below.
+        unsafe { up.submit_group_deferred(&group(i)) }.unwrap();
+        if i % 4 == 3 {
+            receive_whole(&up, i - 3, i + 1, SLOT, want);
+        }
+    }
 }
 
 #[test]

@@ -46,6 +46,9 @@ pub struct CudaUploader {
     pub(super) sm_count: u32,
     pub(super) buffer_bytes: usize,
     pub(super) buffers: Vec<DeviceBuffer>,
+    /// Deferred groups per event: [`EVENT_GROUPS`], or half the buffers when that is fewer (an
+    /// event over every buffer would leave none to fill while its copies run).
+    pub(super) event_groups: usize,
     /// The backend's registered chunks: copies are split at their boundaries.
     pub(super) chunks: Arc<ChunkTable>,
     /// The per-buffer pending and reader counts (module docs); shared with the completion
@@ -166,6 +169,7 @@ impl CudaUploader {
             device,
             sm_count: backend.sm_count,
             buffer_bytes,
+            event_groups: EVENT_GROUPS.min(bufs.len() / 2).max(1),
             buffers: bufs,
             chunks: Arc::clone(&backend.chunks),
             guards,
@@ -381,7 +385,7 @@ impl CudaUploader {
         } else {
             EVENT_BYTES
         };
-        if !deferred || u.groups.len() >= EVENT_GROUPS || u.bytes >= event_bytes {
+        if !deferred || u.groups.len() >= self.event_groups || u.bytes >= event_bytes {
             self.signal(u, &|| object(jobs.len() - 1))?;
         }
         Ok(1)
@@ -411,7 +415,7 @@ impl CudaUploader {
             Err(e) => return Err(self.fail_held(u, e)),
         };
         let flight = InFlight {
-            groups: std::mem::replace(&mut u.groups, Vec::with_capacity(EVENT_GROUPS)),
+            groups: std::mem::replace(&mut u.groups, Vec::with_capacity(self.event_groups)),
             bytes: std::mem::take(&mut u.bytes),
             issued,
             event,
@@ -590,17 +594,19 @@ fn alloc_call(ctx: &CudaContext) -> &'static str {
 }
 
 /// Deferred groups (`Uploader::submit_group_deferred`) share one event until this many are
-/// queued after the last one,
-pub(super) const EVENT_GROUPS: usize = 32;
+/// queued after the last one (or half the engine's buffers, when fewer),
+pub(super) const EVENT_GROUPS: usize = 64;
 /// or until they copy this many bytes ([`LARGE_EVENT_BYTES`] for groups of 1 MiB or more). An
 /// event stalls the copy engine between two copies for about 2 µs, about a 64 KiB copy's time at
-/// PCIe Gen5 speed (docs/BENCHMARKS.md, "Upload signals"), and each one costs the daemon a
-/// wake-up of the driver's event thread and of the completion thread. One event per 32 groups
-/// or 8 MiB took 256 KiB slots × 8 loaders from 43.0-45.8 GB/s at 1.15-1.43 daemon cores (an
-/// event per 16 groups or 4 MiB) to 46.7-46.8 GB/s at 0.88-0.98 cores, and 64 KiB slots were no
-/// slower (20.3-24.0 GB/s against 17.5-20.3); one per 64 groups halved 64 KiB's throughput,
-/// because slots then come back in bunches too large (docs/BENCHMARKS.md, "Completion waits and
-/// fewer events", "Copies in batches").
+/// PCIe Gen5 speed (docs/BENCHMARKS.md, "Upload signals"), and each one costs the completion
+/// thread its looks and the daemon's main loop a wake-up. One event per 32 groups or 8 MiB took
+/// 256 KiB slots × 8 loaders from 43.0-45.8 GB/s at 1.15-1.43 daemon cores (an event per 16
+/// groups or 4 MiB) to 46.7-46.8 GB/s at 0.88-0.98 cores (docs/BENCHMARKS.md, "Completion waits
+/// and fewer events", "Copies in batches"). With every event looked at, one per 64 groups took
+/// 64 KiB slots with 128 buffers from 1.19-1.21 daemon cores (one per 32) to 0.99-1.01 at the
+/// same 29-32 GB/s (docs/BENCHMARKS.md, "Every event looked at"); with 64 buffers an event
+/// covered every buffer and throughput fell to 16-19 GB/s, hence the cap at half the buffers.
+/// At 256 KiB and larger the bytes decide first.
 pub(super) const EVENT_BYTES: usize = 8 << 20;
 /// The event bytes of groups of [`LARGE_GROUP_BYTES`] or more: 1 MiB parts are signalled four
 /// at a time, and a 4 MiB part or larger has an event of its own, so that its slot comes back

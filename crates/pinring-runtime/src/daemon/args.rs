@@ -32,7 +32,7 @@ pub struct DaemonArgs {
     #[arg(long, default_value_t = 0)]
     pub start_seq: u64,
     /// Device buffers (uploads in flight plus batches held by the sink). Default: enough for
-    /// 64 MiB in flight, 4 to 64 buffers.
+    /// 64 MiB in flight, 4 to 128 buffers.
     #[arg(long)]
     pub upload_buffers: Option<usize>,
     /// Write a JSON summary here at exit.

@@ -308,8 +308,11 @@ fn export_buffers(
 }
 
 /// Device buffers the daemon uses without `--upload-buffers`: enough to keep 64 MiB of uploads
-/// in flight (4 to 64 buffers of `buffer_bytes`, a whole batch each), so the copy engine stays
-/// busy while completions travel back. `pinring bench`'s reference pipeline uses the same number.
+/// in flight (4 to 128 buffers of `buffer_bytes`, a whole batch each), so the copy engine stays
+/// busy while completions travel back. At small batches the count decides instead: 128, so that
+/// two events of 64 parts each (the upload engine's) are in flight with buffers to spare (64
+/// KiB slots: 29-32 GB/s with 128, 27-29 with 64, 23-25 with 256, docs/BENCHMARKS.md, "Every
+/// event looked at"). `pinring bench`'s reference pipeline uses the same number.
 pub fn default_upload_buffers(buffer_bytes: u64) -> usize {
-    (64u64 << 20).div_ceil(buffer_bytes.max(1)).clamp(4, 64) as usize
+    (64u64 << 20).div_ceil(buffer_bytes.max(1)).clamp(4, 128) as usize
 }
