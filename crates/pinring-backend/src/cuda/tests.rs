@@ -361,7 +361,7 @@ fn deferred_groups_complete_at_a_full_run_or_a_flush_and_land_whole() {
     let up = b
         .cuda_uploader(2 * uploader::EVENT_GROUPS, SLOT, Placement::Separate)
         .unwrap();
-    assert_eq!(up.event_groups, uploader::EVENT_GROUPS);
+    assert_eq!(up.event_buffers, uploader::EVENT_GROUPS);
     let data = pattern(23, groups * SLOT);
     // Group i: a large copy (the copy stream) and a 32-byte one (the small-copy stream, as a
     // batch's labels), into buffer i, the small one right after the large one.
@@ -425,9 +425,10 @@ fn an_event_covers_at_most_half_the_buffers() {
     }
     let b = CudaBackend::new(0).unwrap();
     const SLOT: usize = 64 << 10;
-    // 8 buffers: an event per 4 groups, so 4 more can be filled while its copies run.
+    // 8 buffers: an event per 4 groups into 4 buffers, so 4 more can be filled while its
+    // copies run.
     let up = b.cuda_uploader(8, SLOT, Placement::Separate).unwrap();
-    assert_eq!(up.event_groups, 4);
+    assert_eq!(up.event_buffers, 4);
     let data = pattern(31, 8 * SLOT);
     let group = |i: usize| {
         [UploadJob {
@@ -447,6 +448,37 @@ fn an_event_covers_at_most_half_the_buffers() {
             receive_whole(&up, i - 3, i + 1, SLOT, want);
         }
     }
+    // Parts of one batch (six groups into buffer 0) count as one buffer: the event comes with
+    // the group that makes four buffers, the ninth group, and completes all nine, no flush.
+    const PART: usize = 8 << 10;
+    let jobs: Vec<(usize, usize)> = (0..6)
+        .map(|k| (0, k * PART))
+        .chain((1..4).map(|b| (b, 0)))
+        .collect();
+    for (i, &(buffer, dst_offset)) in jobs.iter().enumerate() {
+        let job = [UploadJob {
+            tag: 100 + i as u64,
+            src: data[i * PART..].as_ptr(),
+            len: PART,
+            buffer,
+            dst_offset,
+        }];
+        // SAFETY: as above.
+        unsafe { up.submit_group_deferred(&job) }.unwrap();
+    }
+    for (i, &(buffer, _)) in jobs.iter().enumerate() {
+        let c = up
+            .completions()
+            .recv_timeout(Duration::from_secs(30))
+            .unwrap_or_else(|e| panic!("completion of group {i}: {e}"));
+        c.result.unwrap();
+        assert_eq!((c.tag, c.buffer, c.len), (100 + i as u64, buffer, PART));
+    }
+    assert_eq!(
+        up.checksum(0, 0, 6 * PART).unwrap(),
+        checksum(&data[..6 * PART]),
+        "the batch's six parts"
+    );
 }
 
 #[test]

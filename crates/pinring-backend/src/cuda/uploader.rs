@@ -46,9 +46,9 @@ pub struct CudaUploader {
     pub(super) sm_count: u32,
     pub(super) buffer_bytes: usize,
     pub(super) buffers: Vec<DeviceBuffer>,
-    /// Deferred groups per event: [`EVENT_GROUPS`], or half the buffers when that is fewer (an
-    /// event over every buffer would leave none to fill while its copies run).
-    pub(super) event_groups: usize,
+    /// Device buffers an event's groups may copy into: half the buffers (an event over every
+    /// buffer would leave none to fill while its copies run), at least one.
+    pub(super) event_buffers: usize,
     /// The backend's registered chunks: copies are split at their boundaries.
     pub(super) chunks: Arc<ChunkTable>,
     /// The per-buffer pending and reader counts (module docs); shared with the completion
@@ -169,7 +169,7 @@ impl CudaUploader {
             device,
             sm_count: backend.sm_count,
             buffer_bytes,
-            event_groups: EVENT_GROUPS.min(bufs.len() / 2).max(1),
+            event_buffers: (bufs.len() / 2).max(1),
             buffers: bufs,
             chunks: Arc::clone(&backend.chunks),
             guards,
@@ -329,6 +329,9 @@ impl CudaUploader {
         // Store-load against readers (module docs): announce the upload, then look for readers.
         self.guards.begin_upload(b)?;
         let u = &mut *unsignalled;
+        if u.groups.last().map(|g| g.buffer) != Some(b) {
+            u.buffers += 1;
+        }
         u.groups.push(Group {
             tag: first.tag,
             buffer: b,
@@ -385,7 +388,11 @@ impl CudaUploader {
         } else {
             EVENT_BYTES
         };
-        if !deferred || u.groups.len() >= self.event_groups || u.bytes >= event_bytes {
+        if !deferred
+            || u.groups.len() >= EVENT_GROUPS
+            || u.buffers >= self.event_buffers
+            || u.bytes >= event_bytes
+        {
             self.signal(u, &|| object(jobs.len() - 1))?;
         }
         Ok(1)
@@ -415,11 +422,12 @@ impl CudaUploader {
             Err(e) => return Err(self.fail_held(u, e)),
         };
         let flight = InFlight {
-            groups: std::mem::replace(&mut u.groups, Vec::with_capacity(self.event_groups)),
+            groups: std::mem::replace(&mut u.groups, Vec::with_capacity(EVENT_GROUPS)),
             bytes: std::mem::take(&mut u.bytes),
             issued,
             event,
         };
+        u.buffers = 0;
         u.small = false;
         if let Err(unsent) = tx.send(flight) {
             // Completion thread gone: wait for the copies ourselves, end the uploads it will
@@ -578,6 +586,7 @@ impl CudaUploader {
             held.clear();
         }
         u.bytes = 0;
+        u.buffers = 0;
         u.small = false;
         u.issued = None;
         err
@@ -594,7 +603,8 @@ fn alloc_call(ctx: &CudaContext) -> &'static str {
 }
 
 /// Deferred groups (`Uploader::submit_group_deferred`) share one event until this many are
-/// queued after the last one (or half the engine's buffers, when fewer),
+/// queued after the last one, or groups into half the engine's buffers (the parts of a batch
+/// share one; a batch per part, at small slots, is a buffer per group),
 pub(super) const EVENT_GROUPS: usize = 64;
 /// or until they copy this many bytes ([`LARGE_EVENT_BYTES`] for groups of 1 MiB or more). An
 /// event stalls the copy engine between two copies for about 2 µs, about a 64 KiB copy's time at
@@ -605,7 +615,8 @@ pub(super) const EVENT_GROUPS: usize = 64;
 /// and fewer events", "Copies in batches"). With every event looked at, one per 64 groups took
 /// 64 KiB slots with 128 buffers from 1.19-1.21 daemon cores (one per 32) to 0.99-1.01 at the
 /// same 29-32 GB/s (docs/BENCHMARKS.md, "Every event looked at"); with 64 buffers an event
-/// covered every buffer and throughput fell to 16-19 GB/s, hence the cap at half the buffers.
+/// covered every buffer and throughput fell to 16-19 GB/s, hence the cap at half the buffers,
+/// counted as buffers so that a batch of many small parts in few buffers still shares events.
 /// At 256 KiB and larger the bytes decide first.
 pub(super) const EVENT_BYTES: usize = 8 << 20;
 /// The event bytes of groups of [`LARGE_GROUP_BYTES`] or more: 1 MiB parts are signalled four
@@ -630,6 +641,9 @@ pub(super) const SMALL_COPY_BYTES: usize = 16 << 10;
 #[derive(Debug, Default)]
 pub(super) struct Unsignalled {
     groups: Vec<Group>,
+    /// The device buffers they copy into (consecutive groups into one buffer, the parts of one
+    /// batch, count once).
+    buffers: usize,
     bytes: usize,
     small: bool,
     held: [HeldCopies; 2],
