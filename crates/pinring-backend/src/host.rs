@@ -147,7 +147,7 @@ pub struct HostUploader {
     shared: Arc<Shared>,
     buffer_bytes: usize,
     jobs: Option<Sender<Queued>>,
-    completions: Receiver<Completion>,
+    completions: crate::Completions,
     thread: Option<JoinHandle<()>>,
     /// Output of `compute` (the buffers themselves are never written through `&self`).
     scratch: Mutex<Vec<f32>>,
@@ -219,7 +219,7 @@ impl HostUploader {
             buffers: bufs,
         });
         let (jobs_tx, jobs_rx) = crossbeam_channel::unbounded::<Queued>();
-        let (done_tx, done_rx) = crossbeam_channel::unbounded::<Completion>();
+        let (done_tx, done_rx) = crate::Completions::channel();
         let worker_shared = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
             .name("pinring-host-upload".into())
@@ -320,7 +320,7 @@ pub(crate) fn check_checksum_offset(buffer: usize, offset: usize) -> Result<(), 
     Ok(())
 }
 
-fn upload_loop(shared: &Shared, jobs: &Receiver<Queued>, done: &Sender<Completion>) {
+fn upload_loop(shared: &Shared, jobs: &Receiver<Queued>, done: &crate::CompletionSender) {
     for Queued { job, submitted } in jobs.iter() {
         let buf = &shared.buffers[job.buffer];
         if job.len > 0 {
@@ -340,7 +340,7 @@ fn upload_loop(shared: &Shared, jobs: &Receiver<Queued>, done: &Sender<Completio
             submitted,
             completed: Instant::now(),
         };
-        if done.send(completion).is_err() {
+        if done.send(vec![completion]).is_err() {
             // The uploader (holding the receiver) is gone; nothing left to report to.
             break;
         }
@@ -374,7 +374,7 @@ impl Uploader for HostUploader {
         Ok(())
     }
 
-    fn completions(&self) -> &Receiver<Completion> {
+    fn completions(&self) -> &crate::Completions {
         &self.completions
     }
 

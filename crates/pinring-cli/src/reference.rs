@@ -986,7 +986,7 @@ mod tests {
         assert_eq!(layout.payload_bytes(2), g.payload);
     }
 
-    use pinring_backend::{BufferExport, Completion, CompletionHook, Registration, Uploader};
+    use pinring_backend::{BufferExport, CompletionHook, Registration, Uploader};
     use std::sync::Mutex;
 
     /// The host backend, recording the first word of every upload's source bytes: it names the
@@ -1056,7 +1056,7 @@ mod tests {
             unsafe { self.inner.submit(job) }
         }
 
-        fn completions(&self) -> &crossbeam_channel::Receiver<Completion> {
+        fn completions(&self) -> &pinring_backend::Completions {
             self.inner.completions()
         }
 

@@ -181,7 +181,7 @@ pub(super) fn spawn(
     device: usize,
     guards: &Arc<Guards>,
     inflight: Receiver<InFlight>,
-    done: Sender<Completion>,
+    done: crate::CompletionSender,
     free: Sender<raw::Event>,
     hook: &Arc<crate::HookCell>,
 ) -> Result<JoinHandle<()>, BackendError> {
@@ -221,7 +221,7 @@ fn completion_loop(
     device: usize,
     guards: &Guards,
     inflight: &Receiver<InFlight>,
-    done: &Sender<Completion>,
+    done: &crate::CompletionSender,
     free: &Sender<raw::Event>,
     hook: &crate::HookCell,
 ) {
@@ -271,8 +271,9 @@ fn completion_loop(
         // The last group of the run whose event was waited on (a run has at least one).
         let newest = window[end - 1].groups.last();
         let (tag, buffer, len) = newest.map_or((0, 0, 0), |g| (g.tag, g.buffer, g.len));
-        // Every group of these runs was seen done now.
+        // Every group of these runs was seen done now: their completions go as one message.
         let completed = Instant::now();
+        let mut run = Vec::with_capacity(window.range(..end).map(|f| f.groups.len()).sum());
         for f in window.drain(..end) {
             for g in f.groups {
                 let result = waited.map_err(|(call, code)| {
@@ -295,12 +296,13 @@ fn completion_loop(
                     submitted: g.submitted,
                     completed,
                 };
-                // The uploader owns the receivers; if it is gone we just keep draining.
-                let _ = done.send(completion);
+                run.push(completion);
             }
             let e = f.event;
             let _ = free.send(e);
         }
+        // The uploader owns the receiver; if it is gone we just keep draining.
+        let _ = done.send(run);
         hook.call();
     }
 }

@@ -36,7 +36,7 @@ use super::{gib, raw, ChunkTable, CudaBackend};
 use crate::error::cuda_error;
 use crate::guard::{check_job, Guards, Reading};
 use crate::host::{check_checksum_offset, check_range};
-use crate::{BackendError, BufferExport, Completion, Placement, UploadJob, Uploader};
+use crate::{BackendError, BufferExport, Placement, UploadJob, Uploader};
 
 /// Upload engine of the CUDA backend.
 #[derive(Debug)]
@@ -64,7 +64,7 @@ pub struct CudaUploader {
     pub(super) inflight: Option<Sender<InFlight>>,
     /// Events handed back by the completion thread for reuse (all to be looked at).
     pub(super) free_events: Receiver<raw::Event>,
-    pub(super) completions: Receiver<Completion>,
+    pub(super) completions: crate::Completions,
     pub(super) thread: Option<JoinHandle<()>>,
     pub(super) kernel_state: Mutex<KernelState>,
     /// Called by the completion thread after it sent completions.
@@ -159,7 +159,7 @@ impl CudaUploader {
             .map_err(|e| cuda_error("cuEventCreate", format!("device {device}"), e.0))?;
         let guards = Arc::new(Guards::new(buffers));
         let (inflight_tx, inflight_rx) = crossbeam_channel::unbounded::<InFlight>();
-        let (done_tx, done_rx) = crossbeam_channel::unbounded::<Completion>();
+        let (done_tx, done_rx) = crate::Completions::channel();
         let (free_tx, free_rx) = crossbeam_channel::unbounded::<raw::Event>();
         let hook: Arc<crate::HookCell> = Arc::new(crate::HookCell::default());
         let thread =
@@ -917,7 +917,7 @@ impl Uploader for CudaUploader {
         })
     }
 
-    fn completions(&self) -> &Receiver<Completion> {
+    fn completions(&self) -> &crate::Completions {
         &self.completions
     }
 

@@ -5,8 +5,8 @@
 
 use super::{Assembly, Daemon, DaemonError, InFlight};
 use crate::sink::{self, SinkDone, SinkJob, SinkKind};
-use crossbeam_channel::TryRecvError;
-use pinring_backend::UploadJob;
+
+use pinring_backend::{Completion, UploadJob};
 use pinring_data::BatchMeta;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
@@ -42,21 +42,39 @@ fn tag_parts(tag: u64) -> (u32, u64) {
 impl Daemon {
     /// Upload completions: free the slot (next seq), pass the buffer to the sink.
     pub(super) fn collect_completions(&mut self) -> Result<bool, DaemonError> {
-        let mut progressed = false;
         // Loaders are woken once per pass, for all the slots it freed: one system call, not one
         // per batch.
         let mut freed = 0;
-        loop {
-            let c = match self.completions.try_recv() {
-                Ok(c) => c,
-                Err(TryRecvError::Empty) => break,
-                Err(TryRecvError::Disconnected) => {
-                    return Err(DaemonError::Internal {
-                        ring: self.cfg.ring.name.clone(),
-                        what: "the upload thread stopped".into(),
-                    })
-                }
-            };
+        // Every completion that has arrived, taken at once (the engine sends them in runs).
+        let mut arrived = std::mem::take(&mut self.completion_buf);
+        arrived.clear();
+        if self
+            .uploader
+            .completions()
+            .drain_into(&mut arrived)
+            .is_err()
+        {
+            return Err(DaemonError::Internal {
+                ring: self.cfg.ring.name.clone(),
+                what: "the upload thread stopped".into(),
+            });
+        }
+        let result = self.complete_all(&mut arrived, &mut freed);
+        self.completion_buf = arrived;
+        if freed > 0 {
+            self.ring.wake_loaders(freed);
+        }
+        result
+    }
+
+    /// Books the completions in `arrived`, in order (taking them out), counting the slots freed.
+    fn complete_all(
+        &mut self,
+        arrived: &mut Vec<Completion>,
+        freed: &mut i32,
+    ) -> Result<bool, DaemonError> {
+        let mut progressed = false;
+        for c in arrived.drain(..) {
             progressed = true;
             let (slot, field) = tag_parts(c.tag);
             let Some(part) = self.inflight.get_mut(slot) else {
@@ -99,7 +117,7 @@ impl Daemon {
                 .upload_done(&self.ring, slot, upload_ns, commit_ns, on_device_ns);
             // (D): every upload of the part has finished reading the slot; hand it out again.
             self.hand_out(slot);
-            freed += 1;
+            *freed += 1;
             tracing::trace!(ring = %self.cfg.ring.name, seq, batch, len, "part on the device");
             let Some(assembly) = self.assemblies.get_mut(buffer).filter(|a| a.batch == batch)
             else {
@@ -138,9 +156,6 @@ impl Daemon {
                 samples: done.samples,
             };
             self.send_to_sink(job)?;
-        }
-        if freed > 0 {
-            self.ring.wake_loaders(freed);
         }
         Ok(progressed)
     }

@@ -422,7 +422,8 @@ struct Daemon {
     meta_reserve: usize,
     sample_bytes: u64,
     service: crate::service::DaemonService,
-    completions: Receiver<Completion>,
+    /// The completions taken in a pass (reused: no allocation per pass).
+    completion_buf: Vec<Completion>,
     sink_tx: Option<crossbeam_channel::Sender<SinkJob>>,
     sink_rx: Receiver<SinkDone>,
     sink_thread: Option<std::thread::JoinHandle<()>>,

@@ -173,7 +173,6 @@ impl Daemon {
         let doorbell = Doorbell::new(Arc::clone(&ring));
         // The upload engine's completion thread rings the doorbell itself after sending
         // completions, so the main loop sleeps on one futex word for everything.
-        let completions = uploader.completions().clone();
         {
             let bell = doorbell.clone();
             uploader.set_completion_hook(Arc::new(move || bell.ring()));
@@ -207,7 +206,7 @@ impl Daemon {
             uploader,
             service,
             registration,
-            completions,
+            completion_buf: Vec::new(),
             sink_tx: Some(sink_tx),
             sink_rx,
             sink_thread: Some(sink_thread),
