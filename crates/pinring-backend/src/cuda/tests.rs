@@ -331,6 +331,25 @@ fn a_group_of_copies_into_one_buffer_is_one_upload_with_one_completion() {
 
 /// Receives the completions of groups `from..to`, in order, each `len` bytes into buffer `i`
 /// with tag `i`, and checks the buffer's checksum against `want(i)`.
+/// Group `i` as one copy of `data`'s `i`-th chunk of `len` bytes, tagged `i`, to the start of
+/// buffer `i`.
+fn whole_chunk(data: &[u8], len: usize) -> impl Fn(usize) -> [UploadJob; 1] + Copy + '_ {
+    move |i| {
+        [UploadJob {
+            tag: i as u64,
+            src: data[i * len..].as_ptr(),
+            len,
+            buffer: i,
+            dst_offset: 0,
+        }]
+    }
+}
+
+/// The checksum of `data`'s `i`-th chunk of `len` bytes.
+fn chunk_checksum(data: &[u8], len: usize) -> impl Fn(usize) -> u64 + Copy + '_ {
+    move |i| checksum(&data[i * len..(i + 1) * len])
+}
+
 fn receive_whole(
     up: &CudaUploader,
     from: usize,
@@ -430,16 +449,7 @@ fn an_event_covers_at_most_half_the_buffers() {
     let up = b.cuda_uploader(8, SLOT, Placement::Separate).unwrap();
     assert_eq!(up.event_buffers, 4);
     let data = pattern(31, 8 * SLOT);
-    let group = |i: usize| {
-        [UploadJob {
-            tag: i as u64,
-            src: data[i * SLOT..].as_ptr(),
-            len: SLOT,
-            buffer: i,
-            dst_offset: 0,
-        }]
-    };
-    let want = |i: usize| checksum(&data[i * SLOT..(i + 1) * SLOT]);
+    let (group, want) = (whole_chunk(&data, SLOT), chunk_checksum(&data, SLOT));
     // Four deferred groups complete with no flush; the next four too.
     for i in 0..8 {
         // SAFETY: `data` outlives every completion received below.
@@ -493,16 +503,7 @@ fn parts_of_a_mebibyte_share_an_event_per_four_and_complete_by_looks() {
     let groups = runs + 1;
     let up = b.cuda_uploader(groups, PART, Placement::Separate).unwrap();
     let data = pattern(29, groups * PART);
-    let group = |i: usize| {
-        [UploadJob {
-            tag: i as u64,
-            src: data[i * PART..].as_ptr(),
-            len: PART,
-            buffer: i,
-            dst_offset: 0,
-        }]
-    };
-    let want = |i: usize| checksum(&data[i * PART..(i + 1) * PART]);
+    let (group, want) = (whole_chunk(&data, PART), chunk_checksum(&data, PART));
     let receive = |from: usize, to: usize| receive_whole(&up, from, to, PART, want);
     // A run of 4 MiB of 1 MiB parts gets its event with its last part: all complete, no flush.
     for i in 0..runs {
