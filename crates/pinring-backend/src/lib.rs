@@ -329,13 +329,21 @@ impl Completions {
         &self,
         timeout: std::time::Duration,
     ) -> Result<Completion, crossbeam_channel::RecvTimeoutError> {
-        let deadline = Instant::now() + timeout;
+        // A timeout too long to be a deadline is no deadline.
+        let deadline = Instant::now().checked_add(timeout);
         let mut left = self.left();
         loop {
             if let Some(c) = left.pop_front() {
                 return Ok(c);
             }
-            left.extend(self.runs.recv_deadline(deadline)?);
+            let run = match deadline {
+                Some(d) => self.runs.recv_deadline(d)?,
+                None => self
+                    .runs
+                    .recv()
+                    .map_err(|_| crossbeam_channel::RecvTimeoutError::Disconnected)?,
+            };
+            left.extend(run);
         }
     }
 

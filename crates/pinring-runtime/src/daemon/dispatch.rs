@@ -5,7 +5,6 @@
 
 use super::{Assembly, Daemon, DaemonError, InFlight};
 use crate::sink::{self, SinkDone, SinkJob, SinkKind};
-
 use pinring_backend::{Completion, UploadJob};
 use pinring_data::BatchMeta;
 use std::sync::atomic::Ordering::Relaxed;
