@@ -81,10 +81,10 @@ pub struct Sequencer {
     waiting: Waiting,
     /// Seqs that lost their slot and wait for another.
     reissue: BTreeSet<u64>,
-    /// Taken, not delivered yet: one bit per seq of the plan, from `start`.
-    taken: Vec<u64>,
-    /// Delivered seqs of the plan, one bit each from `start`.
-    delivered: Vec<u64>,
+    /// Taken, not delivered yet.
+    taken: SeqBits,
+    /// Delivered seqs of the plan.
+    delivered: SeqBits,
     /// Lowest seq of the plan not delivered (`end` when all were).
     low: u64,
     /// Distinct seqs of the plan delivered.
@@ -165,6 +165,51 @@ impl Waiting {
     }
 }
 
+/// A set of the plan's seqs `[start, end)`, one bit each (the delivered ones, the taken ones).
+/// A seq outside the plan is never in it.
+#[derive(Debug)]
+struct SeqBits {
+    start: u64,
+    end: u64,
+    words: Vec<u64>,
+}
+
+impl SeqBits {
+    fn new(start: u64, end: u64) -> SeqBits {
+        SeqBits {
+            start,
+            end,
+            words: vec![0; (end - start).div_ceil(64) as usize],
+        }
+    }
+
+    /// The word and bit of `seq`, if it is one of the plan's.
+    fn at(&self, seq: u64) -> Option<(usize, u64)> {
+        let idx = seq.checked_sub(self.start).filter(|_| seq < self.end)?;
+        Some(((idx / 64) as usize, 1u64 << (idx % 64)))
+    }
+
+    fn contains(&self, seq: u64) -> bool {
+        self.at(seq)
+            .is_some_and(|(word, bit)| self.words[word] & bit != 0)
+    }
+
+    /// Puts `seq` in the set or takes it out (a seq outside the plan: no change); returns
+    /// whether it was in.
+    fn set(&mut self, seq: u64, on: bool) -> bool {
+        let Some((word, bit)) = self.at(seq) else {
+            return false;
+        };
+        let was = self.words[word] & bit != 0;
+        if on {
+            self.words[word] |= bit;
+        } else {
+            self.words[word] &= !bit;
+        }
+        was
+    }
+}
+
 impl Sequencer {
     /// Books for `slots` slots and the seqs `[start, end)`, delivered in seq order or not.
     pub fn new(slots: usize, start: u64, end: u64, in_order: bool) -> Sequencer {
@@ -180,8 +225,8 @@ impl Sequencer {
             quarantined: vec![false; slots],
             waiting: Waiting::default(),
             reissue: BTreeSet::new(),
-            taken: vec![0; (end - start).div_ceil(64) as usize],
-            delivered: vec![0; (end - start).div_ceil(64) as usize],
+            taken: SeqBits::new(start, end),
+            delivered: SeqBits::new(start, end),
             low: start,
             distinct: 0,
             deliveries: 0,
@@ -292,7 +337,7 @@ impl Sequencer {
         debug_assert_eq!(self.carried[slot as usize], Some(seq));
         self.waiting.remove(seq);
         self.held[slot as usize] = true;
-        self.set_taken(seq, true);
+        self.taken.set(seq, true);
     }
 
     /// `seq`'s batch in `slot` was bad: the same slot carries it again, to be made again
@@ -301,7 +346,7 @@ impl Sequencer {
     pub fn remade(&mut self, slot: u32, seq: u64) -> HandOut {
         let i = slot as usize;
         self.held[i] = false;
-        let was_taken = self.set_taken(seq, false);
+        let was_taken = self.taken.set(seq, false);
         let was_waiting = self.waiting.get(seq) == Some(slot);
         if self.draining && !was_taken && !was_waiting {
             self.carried[i] = None;
@@ -316,18 +361,15 @@ impl Sequencer {
     /// order, if anything did (the delivery is counted all the same).
     pub fn delivered(&mut self, seq: u64) -> Result<(), DeliveryProblem> {
         self.deliveries += 1;
-        self.set_taken(seq, false);
+        self.taken.set(seq, false);
         let mut problem = None;
         if (self.start..self.end).contains(&seq) {
-            let idx = seq - self.start;
-            let (word, bit) = ((idx / 64) as usize, 1u64 << (idx % 64));
-            if self.delivered[word] & bit != 0 {
+            if self.delivered.set(seq, true) {
                 self.duplicates += 1;
                 problem = Some(DeliveryProblem::Duplicate { seq });
             } else {
-                self.delivered[word] |= bit;
                 self.distinct += 1;
-                while self.low < self.end && self.is_delivered(self.low) {
+                while self.low < self.end && self.delivered.contains(self.low) {
                     self.low += 1;
                 }
             }
@@ -343,27 +385,6 @@ impl Sequencer {
         }
         self.highest = Some(self.highest.map_or(seq, |h| h.max(seq)));
         problem.map_or(Ok(()), Err)
-    }
-
-    /// Marks `seq` taken or not (a seq outside the plan never is); returns whether it was.
-    fn set_taken(&mut self, seq: u64, taken: bool) -> bool {
-        if !(self.start..self.end).contains(&seq) {
-            return false;
-        }
-        let idx = seq - self.start;
-        let (word, bit) = ((idx / 64) as usize, 1u64 << (idx % 64));
-        let was = self.taken[word] & bit != 0;
-        if taken {
-            self.taken[word] |= bit;
-        } else {
-            self.taken[word] &= !bit;
-        }
-        was
-    }
-
-    fn is_delivered(&self, seq: u64) -> bool {
-        let idx = seq - self.start;
-        self.delivered[(idx / 64) as usize] & (1u64 << (idx % 64)) != 0
     }
 
     /// The lease on `slot`'s claim expired (a live, hung loader): the slot is quarantined and its
@@ -481,6 +502,22 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
     use std::collections::VecDeque;
+
+    #[test]
+    fn a_seq_set_holds_the_plans_seqs_only_and_says_what_each_one_was() {
+        let mut b = SeqBits::new(10, 140);
+        for seq in [10, 73, 74, 139] {
+            assert!(!b.contains(seq));
+            assert!(!b.set(seq, true), "seq {seq} was not in");
+            assert!(b.contains(seq) && b.set(seq, true), "seq {seq} is in");
+        }
+        assert!(!b.contains(75) && !b.contains(11));
+        assert!(b.set(73, false) && !b.contains(73) && b.contains(74));
+        // Outside the plan: never in, no change.
+        for seq in [0, 9, 140, u64::MAX] {
+            assert!(!b.set(seq, true) && !b.contains(seq));
+        }
+    }
 
     #[test]
     fn waiting_seqs_stay_in_seq_order_however_they_come_and_go() {
