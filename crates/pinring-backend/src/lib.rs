@@ -312,16 +312,7 @@ impl Completions {
 
     /// The next completion, if one has arrived.
     pub fn try_recv(&self) -> Result<Completion, crossbeam_channel::TryRecvError> {
-        let mut left = self.left();
-        if let Some(c) = left.pop_front() {
-            return Ok(c);
-        }
-        loop {
-            left.extend(self.runs.try_recv()?);
-            if let Some(c) = left.pop_front() {
-                return Ok(c);
-            }
-        }
+        self.next(|runs| runs.try_recv())
     }
 
     /// The next completion, waiting for it up to `timeout`.
@@ -331,19 +322,27 @@ impl Completions {
     ) -> Result<Completion, crossbeam_channel::RecvTimeoutError> {
         // A timeout too long to be a deadline is no deadline.
         let deadline = Instant::now().checked_add(timeout);
+        self.next(|runs| match deadline {
+            Some(d) => runs.recv_deadline(d),
+            None => runs
+                .recv()
+                .map_err(|_| crossbeam_channel::RecvTimeoutError::Disconnected),
+        })
+    }
+
+    /// The first completion not taken yet, receiving runs with `receive` until one holds one.
+    fn next<E>(
+        &self,
+        mut receive: impl FnMut(
+            &crossbeam_channel::Receiver<Vec<Completion>>,
+        ) -> Result<Vec<Completion>, E>,
+    ) -> Result<Completion, E> {
         let mut left = self.left();
         loop {
             if let Some(c) = left.pop_front() {
                 return Ok(c);
             }
-            let run = match deadline {
-                Some(d) => self.runs.recv_deadline(d)?,
-                None => self
-                    .runs
-                    .recv()
-                    .map_err(|_| crossbeam_channel::RecvTimeoutError::Disconnected)?,
-            };
-            left.extend(run);
+            left.extend(receive(&self.runs)?);
         }
     }
 
