@@ -125,7 +125,7 @@ mod profile {
         fn drop(&mut self) {
             let write = || -> Result<(), Box<dyn std::error::Error>> {
                 let report = self.guard.report().build()?;
-                let mut out = std::io::BufWriter::new(std::fs::File::create(&self.path)?);
+                let mut out = Vec::new();
                 for (frames, count) in &report.data {
                     let stack: Vec<String> = frames
                         .frames
@@ -135,6 +135,7 @@ mod profile {
                         .collect();
                     writeln!(out, "{count} {};{}", frames.thread_name, stack.join(";"))?;
                 }
+                pinring_runtime::output::write_file("the profile", &self.path, &out)?;
                 Ok(())
             };
             if let Err(e) = write() {

@@ -17,6 +17,7 @@ use crate::stats::{self, Stats, SPREAD_FLAG};
 use pinring_backend::BackendKind;
 use pinring_data::{ByteSize, Config, DatasetConfig, Dtype, PlanConfig, RingConfig, SlotBytes};
 use pinring_runtime::daemon::parse_backend_kind;
+use pinring_runtime::output::write_file;
 use pinring_runtime::summary::Summary;
 use pinring_runtime::Exit;
 use std::path::{Path, PathBuf};
@@ -101,6 +102,9 @@ pub enum BenchError {
         /// What happened.
         why: String,
     },
+    /// An output file could not be written.
+    #[error(transparent)]
+    Output(#[from] pinring_runtime::output::OutputError),
     /// The plot could not be drawn.
     #[error("cannot draw {path}: {why}")]
     Plot {
@@ -125,7 +129,7 @@ impl BenchError {
     pub fn exit(&self) -> Exit {
         match self {
             BenchError::Backend(_) => Exit::Backend,
-            BenchError::Io { .. } | BenchError::Plot { .. } => Exit::Output,
+            BenchError::Io { .. } | BenchError::Plot { .. } | BenchError::Output(_) => Exit::Output,
             BenchError::Run { .. } => Exit::PeerDied,
             BenchError::Reference { source, .. } => source.exit(),
         }
@@ -363,7 +367,11 @@ pub fn run(args: &BenchArgs) -> Result<Vec<Point>, BenchError> {
     }
 
     let csv = args.out.join("bench.csv");
-    std::fs::write(&csv, to_csv(kind, &ceilings, &points)).map_err(io(&csv))?;
+    write_file(
+        "the bench's CSV",
+        &csv,
+        to_csv(kind, &ceilings, &points).as_bytes(),
+    )?;
     let svg = args.out.join("bench.svg");
     plot(&svg, kind, &ceilings, &points, &args.loaders)?;
     println!("\nwrote {} and {}", csv.display(), svg.display());
@@ -464,7 +472,7 @@ impl Bench<'_> {
             .collect();
         let tag = format!("{slot}-{loaders}-{mode_tag}-{index}");
         let cfg_path = args.out.join(format!("run-{tag}.toml"));
-        std::fs::write(&cfg_path, cfg.to_toml()).map_err(io(&cfg_path))?;
+        write_file("a bench run's config", &cfg_path, cfg.to_toml().as_bytes())?;
         let summary_path = args.out.join(format!("run-{tag}.json"));
         let _ = std::fs::remove_file(&summary_path);
         let mut extra: Vec<&str> = extra.to_vec();
@@ -942,112 +950,119 @@ fn plot(
         path: path.display().to_string(),
         why: e,
     };
-    let root = SVGBackend::new(path, (960, 600)).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| err(e.to_string()))?;
-    // x is log2 of the slot size, so each power of two gets a tick labelled with its size.
-    let lg = |bytes: u64| (bytes.max(1) as f64).log2();
-    let xmin = ceilings
-        .iter()
-        .map(|c| lg(c.0))
-        .fold(f64::INFINITY, f64::min);
-    let xmax = ceilings
-        .iter()
-        .map(|c| lg(c.0))
-        .fold(f64::NEG_INFINITY, f64::max);
-    let (xmin, xmax) = if xmin.is_finite() && xmax.is_finite() {
-        (xmin.floor() - 0.3, xmax.ceil() + 0.3)
-    } else {
-        (15.7, 26.3)
-    };
-    // Medians: the lines go through the value the table reports.
-    let median = |p: &Point| p.gbps().map_or(0.0, |s| s.median);
-    let ref_median = |p: &Point| p.reference().map(|s| s.median).filter(|m| m.is_finite());
-    let ymax = ceilings
-        .iter()
-        .map(|c| c.1.max(c.2))
-        .chain(points.iter().map(median))
-        .chain(points.iter().filter_map(ref_median))
-        .fold(1.0f64, f64::max)
-        * 1.1;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(
-            format!("pinring bench ({kind} backend): GB/s by slot size"),
-            ("sans-serif", 22),
-        )
-        .margin(15)
-        .x_label_area_size(45)
-        .y_label_area_size(55)
-        .build_cartesian_2d(xmin..xmax, 0.0..ymax)
-        .map_err(|e| err(e.to_string()))?;
-    chart
-        .configure_mesh()
-        .x_desc("slot (batch payload) size")
-        .y_desc("GB/s")
-        .x_labels(((xmax - xmin).round() as usize).max(2) + 1)
-        .x_label_formatter(&|v| {
-            if (v - v.round()).abs() < 0.05 {
-                ByteSize(2f64.powf(v.round()) as u64).to_string()
-            } else {
-                String::new()
-            }
-        })
-        .draw()
-        .map_err(|e| err(e.to_string()))?;
-    let series: Vec<(String, Vec<(f64, f64)>)> = std::iter::once((
-        "raw ceiling (registered)".to_string(),
-        ceilings.iter().map(|c| (lg(c.0), c.1)).collect(),
-    ))
-    .chain(std::iter::once((
-        "pageable ceiling".to_string(),
-        ceilings.iter().map(|c| (lg(c.0), c.2)).collect(),
-    )))
-    .chain(loaders.iter().map(|&n| {
-        (
-            format!("pipeline, {n} loaders"),
-            points
-                .iter()
-                .filter(|p| p.mode == "pipeline" && p.loaders == n)
-                .map(|p| (lg(p.slot), median(p)))
-                .collect(),
-        )
-    }))
-    // The reference at the most loaders only: one line per loader count would hide the rest.
-    .chain(loaders.iter().max().map(|&n| {
-        (
-            format!("reference (no protocol), {n} writers"),
-            points
-                .iter()
-                .filter(|p| p.mode == "pipeline" && p.loaders == n)
-                .filter_map(|p| Some((lg(p.slot), ref_median(p)?)))
-                .collect(),
-        )
-    }))
-    .filter(|(_, pts): &(String, Vec<(f64, f64)>)| !pts.is_empty())
-    .collect();
-    for (i, (label, pts)) in series.into_iter().enumerate() {
-        let color = Palette99::pick(i).to_rgba();
-        let style = if i < 2 {
-            color.stroke_width(3)
+    // Drawn into memory, then written through `output::write_file` (no link followed, no
+    // special file replaced).
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (960, 600)).into_drawing_area();
+        root.fill(&WHITE).map_err(|e| err(e.to_string()))?;
+        // x is log2 of the slot size, so each power of two gets a tick labelled with its size.
+        let lg = |bytes: u64| (bytes.max(1) as f64).log2();
+        let xmin = ceilings
+            .iter()
+            .map(|c| lg(c.0))
+            .fold(f64::INFINITY, f64::min);
+        let xmax = ceilings
+            .iter()
+            .map(|c| lg(c.0))
+            .fold(f64::NEG_INFINITY, f64::max);
+        let (xmin, xmax) = if xmin.is_finite() && xmax.is_finite() {
+            (xmin.floor() - 0.3, xmax.ceil() + 0.3)
         } else {
-            color.stroke_width(2)
+            (15.7, 26.3)
         };
-        chart
-            .draw_series(LineSeries::new(pts.clone(), style))
-            .map_err(|e| err(e.to_string()))?
-            .label(label)
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
-        chart
-            .draw_series(pts.into_iter().map(|p| Circle::new(p, 3, color.filled())))
+        // Medians: the lines go through the value the table reports.
+        let median = |p: &Point| p.gbps().map_or(0.0, |s| s.median);
+        let ref_median = |p: &Point| p.reference().map(|s| s.median).filter(|m| m.is_finite());
+        let ymax = ceilings
+            .iter()
+            .map(|c| c.1.max(c.2))
+            .chain(points.iter().map(median))
+            .chain(points.iter().filter_map(ref_median))
+            .fold(1.0f64, f64::max)
+            * 1.1;
+        let mut chart = ChartBuilder::on(&root)
+            .caption(
+                format!("pinring bench ({kind} backend): GB/s by slot size"),
+                ("sans-serif", 22),
+            )
+            .margin(15)
+            .x_label_area_size(45)
+            .y_label_area_size(55)
+            .build_cartesian_2d(xmin..xmax, 0.0..ymax)
             .map_err(|e| err(e.to_string()))?;
+        chart
+            .configure_mesh()
+            .x_desc("slot (batch payload) size")
+            .y_desc("GB/s")
+            .x_labels(((xmax - xmin).round() as usize).max(2) + 1)
+            .x_label_formatter(&|v| {
+                if (v - v.round()).abs() < 0.05 {
+                    ByteSize(2f64.powf(v.round()) as u64).to_string()
+                } else {
+                    String::new()
+                }
+            })
+            .draw()
+            .map_err(|e| err(e.to_string()))?;
+        let series: Vec<(String, Vec<(f64, f64)>)> = std::iter::once((
+            "raw ceiling (registered)".to_string(),
+            ceilings.iter().map(|c| (lg(c.0), c.1)).collect(),
+        ))
+        .chain(std::iter::once((
+            "pageable ceiling".to_string(),
+            ceilings.iter().map(|c| (lg(c.0), c.2)).collect(),
+        )))
+        .chain(loaders.iter().map(|&n| {
+            (
+                format!("pipeline, {n} loaders"),
+                points
+                    .iter()
+                    .filter(|p| p.mode == "pipeline" && p.loaders == n)
+                    .map(|p| (lg(p.slot), median(p)))
+                    .collect(),
+            )
+        }))
+        // The reference at the most loaders only: one line per loader count would hide the rest.
+        .chain(loaders.iter().max().map(|&n| {
+            (
+                format!("reference (no protocol), {n} writers"),
+                points
+                    .iter()
+                    .filter(|p| p.mode == "pipeline" && p.loaders == n)
+                    .filter_map(|p| Some((lg(p.slot), ref_median(p)?)))
+                    .collect(),
+            )
+        }))
+        .filter(|(_, pts): &(String, Vec<(f64, f64)>)| !pts.is_empty())
+        .collect();
+        for (i, (label, pts)) in series.into_iter().enumerate() {
+            let color = Palette99::pick(i).to_rgba();
+            let style = if i < 2 {
+                color.stroke_width(3)
+            } else {
+                color.stroke_width(2)
+            };
+            chart
+                .draw_series(LineSeries::new(pts.clone(), style))
+                .map_err(|e| err(e.to_string()))?
+                .label(label)
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+            chart
+                .draw_series(pts.into_iter().map(|p| Circle::new(p, 3, color.filled())))
+                .map_err(|e| err(e.to_string()))?;
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperLeft)
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK)
+            .draw()
+            .map_err(|e| err(e.to_string()))?;
+        root.present().map_err(|e| err(e.to_string()))?;
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .draw()
-        .map_err(|e| err(e.to_string()))?;
-    root.present().map_err(|e| err(e.to_string()))
+    write_file("the bench's plot", path, svg.as_bytes())?;
+    Ok(())
 }
 
 fn now_utc() -> String {

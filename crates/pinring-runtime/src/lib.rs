@@ -16,6 +16,7 @@ pub mod host_memory;
 pub mod loader;
 pub mod logging;
 pub mod metrics;
+pub mod output;
 pub mod ring_wake;
 pub mod service;
 pub mod settings;
@@ -75,11 +76,8 @@ pub fn main_daemon(args: &daemon::DaemonArgs, shutdown: std::io::Result<Shutdown
     let mut exit = Exit::Ok;
     if let Some(path) = &args.summary {
         if let Err(e) = s.write(path) {
-            tracing::error!(
-                "cannot write the summary {}: {e}; check the path and free space",
-                path.display()
-            );
-            exit = Exit::Output;
+            tracing::error!("{e}");
+            exit = e.exit();
         }
     }
     match result {

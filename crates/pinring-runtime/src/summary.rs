@@ -1,6 +1,7 @@
 //! The machine-readable result of a daemon run (`pinring-daemon --summary PATH`), one JSON object,
 //! written at exit whether the run finished, drained, failed, or never started.
 
+use crate::output::write_file;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 
@@ -126,12 +127,16 @@ pub struct Summary {
 }
 
 impl Summary {
-    /// Writes the summary as JSON (atomically: a temp file renamed over `path`).
-    pub fn write(&self, path: &Path) -> std::io::Result<()> {
-        let json = serde_json::to_string_pretty(self).map_err(std::io::Error::other)?;
-        let tmp = path.with_extension("json.tmp");
-        std::fs::write(&tmp, json + "\n")?;
-        std::fs::rename(&tmp, path)
+    /// Writes the summary as JSON to `path` ([`crate::output::write_file`]: a regular file is
+    /// replaced atomically, no link is followed, `-` is standard output, a FIFO is written into).
+    pub fn write(&self, path: &Path) -> Result<(), crate::output::OutputError> {
+        write_file("the summary", path, self.to_json().as_bytes())
+    }
+
+    /// The summary as pretty JSON, with a final newline.
+    pub fn to_json(&self) -> String {
+        // A struct of plain fields and string-keyed maps always serialises.
+        serde_json::to_string_pretty(self).unwrap_or_default() + "\n"
     }
 
     /// Reads a summary written by [`Summary::write`].
