@@ -283,10 +283,22 @@ fn a_truncated_per_sample_file_stops_the_loader_with_fail() {
         "{log}"
     );
     assert!(!log.contains("panicked"), "{log}");
-    // The part committed with the error stops the daemon (daemon.on_bad_batch = "fail").
+    // The part committed with the error stops the daemon with the loader's exit code and its
+    // message (the file, the problem), and the summary keeps the resume point.
     let (status, daemon_log) = wait_for(daemon, "daemon", LONG);
-    assert_eq!(status.code(), Some(4), "{daemon_log}");
+    assert_eq!(status.code(), Some(3), "{daemon_log}");
+    assert!(
+        daemon_log.contains("0005.npy") && daemon_log.contains("sample 5"),
+        "{daemon_log}"
+    );
     assert!(daemon_log.contains("dataset.on_bad_sample"), "{daemon_log}");
+    let s = fx.summary();
+    assert_eq!(s.exit_code, 3, "{s:#?}");
+    assert!(
+        s.error.as_deref().unwrap_or("").contains("0005.npy"),
+        "{s:#?}"
+    );
+    assert_eq!(s.resume_seq, s.start_seq + s.parts_delivered, "{s:#?}");
 }
 
 #[test]

@@ -14,12 +14,12 @@ use pinring_runtime::clean::{self, Cleaned};
 use pinring_runtime::daemon::parse_backend_kind;
 use pinring_runtime::exit::Exit;
 use pinring_runtime::loader::attach;
+use pinring_runtime::outln;
 use pinring_runtime::settings::{self, Overrides};
 use pinring_runtime::shutdown::Shutdown;
 use pinring_runtime::sink::SinkKind;
 use pinring_runtime::summary::Summary;
 use std::fmt::Write as _;
-use std::io::Write as _;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -309,10 +309,18 @@ pub fn run(args: &RunArgs, shutdown: &Shutdown) -> Result<Exit, RunError> {
         exe: "<current executable>".into(),
         source,
     })?;
-    let summary_path = args.summary.clone().unwrap_or_else(|| {
-        std::env::temp_dir().join(format!("pinring-run-{}.json", std::process::id()))
-    });
-    let _ = std::fs::remove_file(&summary_path);
+    // The daemon child writes its summary into a directory private to this run (mode 0700, a
+    // random name): nobody else can plant a file or a link there. The user's --summary path is
+    // written by this process afterwards, through `output::write_file`.
+    let private = tempfile::Builder::new()
+        .prefix("pinring-run-")
+        .tempdir()
+        .map_err(|source| RunError::Spawn {
+            what: "the daemon",
+            exe: "<a private directory for its summary>".into(),
+            source,
+        })?;
+    let summary_path = private.path().join("summary.json");
     let mut common: Vec<String> = vec!["--ring".into(), cfg.ring.name.clone()];
     // The children get the file this process found, so that their own lookup (which also sees
     // --ring) cannot pick another one.
@@ -388,12 +396,11 @@ pub fn run(args: &RunArgs, shutdown: &Shutdown) -> Result<Exit, RunError> {
         }
     };
     let ready_at = Instant::now();
-    for _ in 0..args.loaders {
+    let spawn_loader = || -> Result<Child, RunError> {
         let mut cmd = Command::new(&exe);
         child_env(&mut cmd);
         stop_with_parent(&mut cmd);
-        let child = cmd
-            .arg("loader")
+        cmd.arg("loader")
             .args(&common)
             .stdin(Stdio::null())
             .spawn()
@@ -401,9 +408,12 @@ pub fn run(args: &RunArgs, shutdown: &Shutdown) -> Result<Exit, RunError> {
                 what: "a loader",
                 exe: exe.display().to_string(),
                 source,
-            })?;
-        children.0.push(child);
+            })
+    };
+    for _ in 0..args.loaders {
+        children.0.push(spawn_loader()?);
     }
+    let mut supervisor = Supervisor::new(args.loaders);
 
     let h = ring.header();
     let total = h.end_seq.load(Relaxed) - h.start_seq.load(Relaxed);
@@ -421,9 +431,35 @@ pub fn run(args: &RunArgs, shutdown: &Shutdown) -> Result<Exit, RunError> {
     let t0 = Instant::now();
     let status = loop {
         // The daemon drains on its own SIGINT/SIGTERM (a terminal's Ctrl-C reaches the whole
-        // process group); this loop only watches.
+        // process group); this loop watches it and supervises the loaders.
         if let Ok(Some(status)) = children.0[0].try_wait() {
             break status;
+        }
+        for i in 0..args.loaders {
+            let Ok(Some(status)) = children.0[i + 1].try_wait() else {
+                continue;
+            };
+            let pid = children.0[i + 1].id();
+            match supervisor.ended(i, pid, Ended::of(status), Instant::now()) {
+                Next::Restart => {
+                    let child = spawn_loader()?;
+                    tracing::warn!(
+                        ring = %cfg.ring.name, loader = i, old_pid = pid, pid = child.id(),
+                        "loader {i} (pid {pid}) {}: restarted", Ended::of(status)
+                    );
+                    children.0[i + 1] = child;
+                }
+                Next::Leave => {}
+                Next::StopRun => {
+                    if let Some(f) = &supervisor.failure {
+                        tracing::error!(ring = %cfg.ring.name, "{f}; stopping the run");
+                    }
+                    let _ = nix::sys::signal::kill(
+                        nix::unistd::Pid::from_raw(daemon_pid as i32),
+                        nix::sys::signal::Signal::SIGTERM,
+                    );
+                }
+            }
         }
         let delivered = h.delivered.load(Relaxed);
         let gb = h.bytes_delivered.load(Relaxed) as f64 / 1e9;
@@ -439,7 +475,9 @@ pub fn run(args: &RunArgs, shutdown: &Shutdown) -> Result<Exit, RunError> {
                 nix::sys::signal::Signal::SIGTERM,
             );
         }
-        std::thread::sleep(Duration::from_millis(100));
+        // The daemon and every loader are looked at ten times a second: a child that ends is
+        // reaped (no zombie) and acted on within 100 ms.
+        std::thread::sleep(SUPERVISE_EVERY);
     };
     bar.finish_and_clear();
     let running = ready_at.elapsed();
@@ -448,9 +486,6 @@ pub fn run(args: &RunArgs, shutdown: &Shutdown) -> Result<Exit, RunError> {
     drop(children);
     let ended = Ended::of(status);
     let summary = Summary::read(&summary_path);
-    if args.summary.is_none() {
-        let _ = std::fs::remove_file(&summary_path);
-    }
     let summary = match (ended, summary) {
         (Ended::Code(_), Ok(s)) => s,
         (Ended::Code(0), Err(source)) => {
@@ -471,15 +506,145 @@ pub fn run(args: &RunArgs, shutdown: &Shutdown) -> Result<Exit, RunError> {
         }
     };
     print_summary(&summary, args.loaders);
-    Ok(ended.exit())
+    // The run's code: the daemon's own when it failed; else that of a loader that failed (the
+    // daemon then drained on the SIGTERM this loop sent it, and its summary has the resume
+    // point).
+    let mut exit = ended.exit();
+    if let (Exit::Ok, Some(f)) = (exit, &supervisor.failure) {
+        outln!(
+            "  error     {f}; the run was stopped (resume with --start-seq {})",
+            summary.resume_seq
+        );
+        exit = f.exit();
+    }
+    if let Some(path) = &args.summary {
+        if let Err(e) = summary.write(path) {
+            tracing::error!("{e}");
+            if exit == Exit::Ok {
+                exit = e.exit();
+            }
+        }
+    }
+    Ok(exit)
+}
+
+/// How often `run` looks at its children.
+const SUPERVISE_EVERY: Duration = Duration::from_millis(100);
+/// A loader killed more often than this within [`RESTART_WINDOW`] is not restarted again: the
+/// run stops, naming it (something kills it as fast as it starts).
+const MAX_RESTARTS: usize = 5;
+/// The window [`MAX_RESTARTS`] counts in.
+const RESTART_WINDOW: Duration = Duration::from_secs(60);
+
+/// A loader child that ended in a way that stops the run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoaderFailed {
+    /// Its index among `run`'s loaders.
+    pub index: usize,
+    /// Its pid.
+    pub pid: u32,
+    /// How it ended.
+    pub ended: Ended,
+    /// Whether it was killed too often to be restarted again.
+    pub gave_up: bool,
+}
+
+impl LoaderFailed {
+    /// The run's exit code: the loader's own (3 for bad data, 8 refused, ...), or "peer died"
+    /// for a loader killed too often.
+    pub fn exit(&self) -> Exit {
+        if self.gave_up {
+            Exit::PeerDied
+        } else {
+            self.ended.exit()
+        }
+    }
+}
+
+impl std::fmt::Display for LoaderFailed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (i, pid, ended) = (self.index, self.pid, self.ended);
+        if self.gave_up {
+            write!(
+                f,
+                "loader {i} (pid {pid}) {ended}, its {MAX_RESTARTS}th restart within {} s: not \
+                 restarted again (look for what kills it: the OOM killer, a watchdog)",
+                RESTART_WINDOW.as_secs()
+            )
+        } else {
+            write!(f, "loader {i} (pid {pid}) {ended}{}", ended.hint())
+        }
+    }
+}
+
+/// What `run` does about a loader child that ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Next {
+    /// Start it again.
+    Restart,
+    /// Nothing: it finished (the ring closed) or its daemon is gone (the daemon's end decides).
+    Leave,
+    /// Stop the run (SIGTERM to the daemon, which drains and writes its summary).
+    StopRun,
+}
+
+/// `run`'s books of its loaders: restarts per loader, and the failure that stops the run.
+#[derive(Debug)]
+struct Supervisor {
+    restarts: Vec<std::collections::VecDeque<Instant>>,
+    failure: Option<LoaderFailed>,
+}
+
+impl Supervisor {
+    fn new(loaders: usize) -> Self {
+        Self {
+            restarts: vec![Default::default(); loaders],
+            failure: None,
+        }
+    }
+
+    /// Loader `index` (pid `pid`) ended this way at `now`.
+    /// - Killed by a signal (SIGKILL, the OOM killer, a crash): restarted; the daemon has put
+    ///   its slot back with the same seq, so nothing is lost.
+    /// - Exited 0 (the ring closed) or 5 (its daemon is gone): left; the daemon's end decides.
+    /// - Any other code (3: a sample it cannot read, 8: refused, ...): the run stops with it.
+    fn ended(&mut self, index: usize, pid: u32, ended: Ended, now: Instant) -> Next {
+        let fail = |gave_up| LoaderFailed {
+            index,
+            pid,
+            ended,
+            gave_up,
+        };
+        match ended {
+            Ended::Signal { .. } => {
+                let r = &mut self.restarts[index];
+                while r
+                    .front()
+                    .is_some_and(|&t| now.duration_since(t) > RESTART_WINDOW)
+                {
+                    r.pop_front();
+                }
+                if r.len() >= MAX_RESTARTS {
+                    self.failure.get_or_insert(fail(true));
+                    return Next::StopRun;
+                }
+                r.push_back(now);
+                Next::Restart
+            }
+            Ended::Code(0) => Next::Leave,
+            Ended::Code(c) if c == i32::from(Exit::PeerDied.code()) => Next::Leave,
+            Ended::Code(_) => {
+                self.failure.get_or_insert(fail(false));
+                Next::StopRun
+            }
+        }
+    }
 }
 
 /// Prints the human summary of a run on stdout; a stdout that cannot be written (a closed pipe)
 /// loses the text, never the exit code.
 pub fn print_summary(s: &Summary, loaders: usize) {
-    let _ = std::io::stdout()
-        .lock()
-        .write_all(summary_text(s, loaders).as_bytes());
+    pinring_runtime::out!("{}", summary_text(s, loaders));
 }
 
 /// The human summary of a run.
@@ -558,6 +723,60 @@ fn summary_text(s: &Summary, loaders: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const KILLED: Ended = Ended::Signal {
+        signal: 9,
+        core: false,
+    };
+
+    #[test]
+    fn a_killed_loader_is_restarted_until_it_is_killed_too_often() {
+        let mut s = Supervisor::new(2);
+        let t0 = Instant::now();
+        for n in 0..MAX_RESTARTS {
+            let at = t0 + Duration::from_secs(n as u64);
+            assert_eq!(s.ended(1, 100, KILLED, at), Next::Restart);
+        }
+        // The other loader has its own count.
+        assert_eq!(s.ended(0, 200, KILLED, t0), Next::Restart);
+        assert!(s.failure.is_none());
+        assert_eq!(
+            s.ended(1, 101, KILLED, t0 + Duration::from_secs(10)),
+            Next::StopRun
+        );
+        let f = s.failure.clone().unwrap();
+        assert!(f.gave_up && f.index == 1, "{f:?}");
+        assert_eq!(f.exit(), Exit::PeerDied);
+        assert!(f.to_string().contains("not restarted again"), "{f}");
+    }
+
+    #[test]
+    fn restarts_older_than_the_window_are_forgotten() {
+        let mut s = Supervisor::new(1);
+        let t0 = Instant::now();
+        for n in 0..(3 * MAX_RESTARTS) as u64 {
+            let at = t0 + RESTART_WINDOW / 2 * (n as u32);
+            assert_eq!(s.ended(0, 1, KILLED, at), Next::Restart, "kill {n}");
+        }
+    }
+
+    #[test]
+    fn a_loader_that_fails_on_the_data_stops_the_run_with_its_code() {
+        let mut s = Supervisor::new(2);
+        let t0 = Instant::now();
+        assert_eq!(s.ended(0, 7, Ended::Code(0), t0), Next::Leave);
+        assert_eq!(s.ended(1, 8, Ended::Code(5), t0), Next::Leave);
+        assert!(s.failure.is_none());
+        assert_eq!(s.ended(1, 9, Ended::Code(3), t0), Next::StopRun);
+        // The first failure is the one reported.
+        assert_eq!(s.ended(0, 10, Ended::Code(8), t0), Next::StopRun);
+        let f = s.failure.unwrap();
+        assert_eq!((f.index, f.pid, f.exit()), (1, 9, Exit::Config));
+        assert_eq!(
+            f.to_string(),
+            "loader 1 (pid 9) exited with code 3 (config) (its error is printed above)"
+        );
+    }
 
     #[test]
     fn the_summary_names_the_first_batchs_latency_and_layout_when_one_was_delivered() {

@@ -203,6 +203,10 @@ lease_ms = 30000
 # How often (ms) the daemon looks for dead or hung loaders and checks the
 # segment file (10..=1000).
 reap_interval_ms = 200
+# With work left and no loader attached for this long (ms), the daemon
+# logs a warning naming the seq that waits, again at this interval, and
+# `pinring status` shows the ring as stalled (100..=3600000).
+idle_warn_ms = 10000
 # What a batch the daemon must not upload (bad lengths, wrong seq,
 # undecodable or wrong metadata) does: "fail" stops the daemon (exit 4);
 # "skip" counts it and has the same seq made again.
@@ -616,6 +620,8 @@ impl BadBatchPolicy {
 pub const MIN_LEASE_MS: u64 = 10;
 /// Allowed range of `daemon.reap_interval_ms`.
 pub const REAP_INTERVAL_MS: std::ops::RangeInclusive<u64> = 10..=1000;
+/// Allowed range of `daemon.idle_warn_ms`.
+pub const IDLE_WARN_MS: std::ops::RangeInclusive<u64> = 100..=3_600_000;
 
 /// `[daemon]` section: crash and fault handling. Not part of the fingerprint (it does not change
 /// batch contents), and read by the daemon only.
@@ -626,6 +632,9 @@ pub struct DaemonConfig {
     pub lease_ms: u64,
     /// How often dead/hung loaders and the segment file are checked (ms).
     pub reap_interval_ms: u64,
+    /// With work left and no loader attached for this long (ms), the daemon warns (and again
+    /// at this interval) and shows the ring as stalled.
+    pub idle_warn_ms: u64,
     /// What a bad batch does.
     pub on_bad_batch: BadBatchPolicy,
     /// Batch buffers handed to a consumer (`--sink consumer`): how many whole batches may be
@@ -643,6 +652,7 @@ impl Default for DaemonConfig {
         DaemonConfig {
             lease_ms: 30_000,
             reap_interval_ms: 200,
+            idle_warn_ms: 10_000,
             on_bad_batch: BadBatchPolicy::Fail,
             prefetch: None,
         }
@@ -905,6 +915,18 @@ impl Config {
                     "must be between {} and {} (dead loaders are noticed within this time)",
                     REAP_INTERVAL_MS.start(),
                     REAP_INTERVAL_MS.end()
+                ),
+            ));
+        }
+        if !IDLE_WARN_MS.contains(&dm.idle_warn_ms) {
+            return Err(self.invalid(
+                "daemon.idle_warn_ms",
+                dm.idle_warn_ms,
+                format!(
+                    "must be between {} and {} (how long a ring with work left may have no \
+                     loader before the daemon warns)",
+                    IDLE_WARN_MS.start(),
+                    IDLE_WARN_MS.end()
                 ),
             ));
         }

@@ -233,7 +233,12 @@ pub struct Health {
     /// Times the daemon found its own header fields changed by another process and restored
     /// them.
     pub header_repairs: AtomicU64,
-    _reserved: [u64; 7],
+    /// CLOCK_MONOTONIC ns since when the ring has had work left and no loader attached, once
+    /// that has lasted `daemon.idle_warn_ms` (0 = not stalled; `pinring status` shows it).
+    pub stalled_since_ns: AtomicU64,
+    /// The lowest undelivered seq while stalled: the one that waits for a loader.
+    pub stalled_seq: AtomicU64,
+    _reserved: [u64; 5],
 }
 
 /// Loader table entry states.
@@ -287,6 +292,8 @@ mod pinned {
     const _: () = assert!(size_of::<Header>() <= HEALTH_OFFSET);
     const _: () = assert!(size_of::<Health>() == 128);
     const _: () = assert!(offset_of!(Health, header_repairs) == 64);
+    const _: () = assert!(offset_of!(Health, stalled_since_ns) == 72);
+    const _: () = assert!(offset_of!(Health, stalled_seq) == 80);
     const _: () = assert!(DAEMON_PID_OFFSET == 72);
     const _: () = assert!(offset_of!(LoaderEntry, state) == 4);
     const _: () = assert!(offset_of!(LoaderEntry, tenure) == 6);

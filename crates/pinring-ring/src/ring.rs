@@ -273,6 +273,8 @@ pub struct SlotView {
     pub owner: u16,
     /// Owner pid.
     pub owner_pid: u32,
+    /// The loader's error code (0: none; meaningful in READY).
+    pub error: u32,
 }
 
 /// A snapshot of one loader-table entry.
@@ -888,6 +890,7 @@ impl Ring {
             seq: d.seq.load(Relaxed),
             owner: w.owner,
             owner_pid: d.owner_pid.load(Relaxed),
+            error: d.error.load(Relaxed),
         }
     }
 

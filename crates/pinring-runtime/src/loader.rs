@@ -41,6 +41,45 @@ pub const ERR_META: u32 = 2;
 /// `dataset.on_bad_sample = "fail"` (the loader then exits with code 3).
 pub const ERR_SAMPLE: u32 = 3;
 
+/// Longest message a loader leaves in a part it commits with [`ERR_SAMPLE`] (the daemon reads
+/// no more than this, however long the descriptor says it is).
+pub const MAX_FAILURE_MESSAGE: usize = 2048;
+
+/// Writes `message` (cut to [`MAX_FAILURE_MESSAGE`] bytes at a character boundary, and to the
+/// slot) at byte 0 of a part that failed; returns the length to commit as its `meta_len`, with
+/// a payload of 0 bytes and the error code (docs/PROTOCOL.md, "A part that failed").
+pub fn write_failure(slot: &mut SlotWriter<'_>, message: &str) -> u64 {
+    let mut n = message.len().min(MAX_FAILURE_MESSAGE).min(slot.len());
+    while !message.is_char_boundary(n) {
+        n -= 1;
+    }
+    match slot.write(0, &message.as_bytes()[..n]) {
+        Ok(()) => n as u64,
+        Err(_) => 0,
+    }
+}
+
+/// The daemon's reading of a failed part's message (the slot is taken: the daemon's). The
+/// length comes from the segment, so it is cut to [`MAX_FAILURE_MESSAGE`] and the slot; the
+/// bytes may be anything, so they are decoded lossily and control characters are replaced: a
+/// hostile loader can make the message say nothing useful, never forge log lines.
+pub fn read_failure(ring: &Ring, slot: u32) -> String {
+    let len = u64::from(ring.desc(slot).meta_len.load(Relaxed))
+        .min(MAX_FAILURE_MESSAGE as u64)
+        .min(ring.geometry().slot_bytes);
+    let mut buf = Vec::new();
+    ring.copy_out(slot, 0, len, &mut buf);
+    let text: String = String::from_utf8_lossy(&buf)
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    if text.trim().is_empty() {
+        "the loader left no message; its log names the file and the problem".into()
+    } else {
+        text
+    }
+}
+
 /// Loader settings (from flags).
 #[derive(Debug, Clone, clap::Args)]
 pub struct LoaderArgs {
@@ -134,6 +173,25 @@ pub enum LoaderError {
 }
 
 impl LoaderError {
+    /// For a [`LoaderError::BadSample`]: what the daemon reports of it (the sample, the part
+    /// and the reader's error: file, member, offset), without the ring's name, which the
+    /// daemon's message has.
+    pub fn sample_message(&self) -> String {
+        match self {
+            LoaderError::BadSample {
+                seq,
+                id,
+                epoch,
+                source,
+                ..
+            } => format!(
+                "sample {id} (epoch {epoch}, seq {seq}) cannot be read (loader pid {}): {source}",
+                std::process::id()
+            ),
+            other => other.to_string(),
+        }
+    }
+
     /// The exit code for this error.
     pub fn exit(&self) -> Exit {
         match self {
@@ -697,14 +755,17 @@ impl Worker<'_> {
                             written
                         }
                         Some(Err((id, e))) => {
-                            fatal = Some(LoaderError::BadSample {
+                            let err = LoaderError::BadSample {
                                 ring: self.cfg.ring.name.clone(),
                                 seq,
                                 id,
                                 epoch,
                                 source: Box::new(e),
-                            });
-                            (0, 0, ERR_SAMPLE)
+                            };
+                            // The daemon ends the run with this message (exit 3).
+                            let n = write_failure(&mut slot, &err.sample_message());
+                            fatal = Some(err);
+                            (0, n, ERR_SAMPLE)
                         }
                         None => (0, 0, ERR_PLAN),
                     }

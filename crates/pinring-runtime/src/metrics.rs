@@ -155,6 +155,14 @@ pub fn render(ring: &Ring, m: &DaemonMetrics) -> String {
     );
     line(
         &mut out,
+        "pinring_stalled_seconds",
+        "gauge",
+        "Seconds the ring has had work left and no loader attached (0: not stalled; set once it lasted daemon.idle_warn_ms).",
+        &l,
+        s.stalled.map_or(0.0, |st| st.seconds),
+    );
+    line(
+        &mut out,
         "pinring_corrupt_descriptors_total",
         "counter",
         "Slot descriptors found in a state the daemon never left them in.",

@@ -200,8 +200,30 @@ pub struct Snapshot {
     pub corrupt_descriptors: u64,
     /// The trainer's end, for a ring whose daemon hands batches to a consumer.
     pub consumer: Option<ConsumerView>,
+    /// Set while the ring has work left and no loader, once that has lasted
+    /// `daemon.idle_warn_ms` (the daemon also logs a warning).
+    pub stalled: Option<Stalled>,
     #[serde(skip)]
     taken: Option<Instant>,
+}
+
+/// A ring with work left and no loader attached.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Stalled {
+    /// For how long, as of the snapshot.
+    pub seconds: f64,
+    /// The lowest undelivered seq: the one that waits for a loader.
+    pub seq: u64,
+}
+
+impl Stalled {
+    fn of(ring: &Ring) -> Option<Stalled> {
+        let since = ring.health().stalled_since_ns.load(Relaxed);
+        (since != 0 && ring.daemon_alive().unwrap_or(false)).then(|| Stalled {
+            seconds: secs(pinring_ring::clock::monotonic_ns().saturating_sub(since)),
+            seq: ring.health().stalled_seq.load(Relaxed),
+        })
+    }
 }
 
 /// The handoff as a status view sees it (`--sink consumer`).
@@ -315,6 +337,7 @@ impl Snapshot {
             bad_samples_skipped: h.bad_samples_skipped.load(Relaxed),
             corrupt_descriptors: ring.health().corrupt_descriptors.load(Relaxed),
             consumer: ConsumerView::of(ring),
+            stalled: Stalled::of(ring),
             taken: Some(Instant::now()),
         }
     }
@@ -446,6 +469,13 @@ pub fn render(reports: &[RingReport]) -> String {
             snap.slot_count,
             snap.slot_bytes / 1024
         );
+        if let Some(st) = snap.stalled {
+            let _ = writeln!(
+                s,
+                "  STALLED: work left and no loader attached for {:.1} s; seq {} waits (start loaders: pinring-loader --ring {})",
+                st.seconds, st.seq, snap.ring
+            );
+        }
         let total = snap.end_seq.saturating_sub(snap.start_seq);
         let _ = writeln!(
             s,

@@ -237,6 +237,7 @@ impl Daemon {
         // Every part is booked, even after one reports a problem; the first problem is kept.
         let mut order_problem = None;
         for s in seq..seq + parts {
+            self.recovery.delivered(s);
             if let Err(p) = self.sequencer.delivered(s) {
                 order_problem.get_or_insert(p);
             }
@@ -288,6 +289,11 @@ impl Daemon {
             let taken = match self.ring.take_ready(slot, seq) {
                 Ok(Some(t)) => t,
                 Ok(None) => break,
+                Err(pinring_ring::SlotFault::LoaderError { code, .. })
+                    if code == crate::loader::ERR_SAMPLE =>
+                {
+                    return Err(self.data_failed(slot, seq));
+                }
                 Err(fault) => {
                     self.bad_batch(slot, seq, fault.to_string())?;
                     progressed = true;

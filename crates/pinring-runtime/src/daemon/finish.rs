@@ -63,8 +63,19 @@ impl Daemon {
         // Where to resume comes from the daemon's own books, never from the header (any process
         // that maps the ring can write `next_deliver`).
         let s = &self.sequencer;
-        let loader_wait = h.loader_wait_ns.load(Relaxed) as f64 / 1e9;
-        let loader_busy = h.loader_busy_ns.load(Relaxed) as f64 / 1e9;
+        let counts = self.recovery.counts;
+        // What loaders report through the ring (their wait and busy time, the samples they
+        // substituted) only they know; any process can write it, so it is cut to what could
+        // be true: every loader the table holds busy for the whole run, at most every sample
+        // delivered.
+        let wall = self.started.elapsed().as_secs_f64();
+        let loader_seconds =
+            |ns: u64| (ns as f64 / 1e9).min(wall * pinring_ring::MAX_LOADERS as f64);
+        let loader_wait = loader_seconds(h.loader_wait_ns.load(Relaxed));
+        let loader_busy = loader_seconds(h.loader_busy_ns.load(Relaxed));
+        let samples_delivered = s
+            .deliveries()
+            .saturating_mul(u64::from(self.cfg.plan.batch_size));
         let daemon_wait = self.daemon_wait_ns as f64 / 1e9;
         let sink_busy = self.sink_busy_ns as f64 / 1e9;
         let mut summary = Summary {
@@ -96,13 +107,15 @@ impl Daemon {
             last_delivered_seq: s.highest_delivered(),
             resume_seq: s.resume_seq(),
             delivered_past_resume: s.delivered_past_resume(),
-            reclaimed: h.reclaimed.load(Relaxed),
-            rejected: h.rejected.load(Relaxed),
-            leases_expired: self.ring.health().leases_expired.load(Relaxed),
-            bad_batches_skipped: self.ring.health().bad_batches_skipped.load(Relaxed),
-            bad_samples_skipped: h.bad_samples_skipped.load(Relaxed),
-            reissued: self.ring.health().reissued.load(Relaxed),
-            corrupt_descriptors: self.ring.health().corrupt_descriptors.load(Relaxed),
+            // The daemon's own counts, never the ring's copies (any process can write those).
+            reclaimed: counts.reclaimed,
+            rejected: counts.rejected,
+            leases_expired: counts.leases_expired,
+            bad_batches_skipped: counts.bad_batches_skipped,
+            // Loaders count what they substituted; only they know it (advisory).
+            bad_samples_skipped: h.bad_samples_skipped.load(Relaxed).min(samples_delivered),
+            reissued: counts.reissued,
+            corrupt_descriptors: counts.corrupt_descriptors,
             registration_seconds: self.registration.as_ref().map_or(0.0, |r| r.seconds()),
             daemon_wait_seconds: daemon_wait,
             submit_seconds: self.submit_ns as f64 / 1e9,

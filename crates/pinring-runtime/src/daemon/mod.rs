@@ -101,6 +101,16 @@ pub enum DaemonError {
         /// What was wrong.
         what: String,
     },
+    /// A loader could not read a sample of the plan (`dataset.on_bad_sample = "fail"`).
+    #[error("ring {ring:?}: a loader cannot make seq {seq} from the dataset: {message}; the run stops (resume at the summary's resume_seq once the data is fixed, or set dataset.on_bad_sample = \"skip\" to substitute zeros)")]
+    DataFailed {
+        /// Ring name.
+        ring: String,
+        /// The part's seq.
+        seq: u64,
+        /// The loader's message, as it wrote it into the slot (sanitised).
+        message: String,
+    },
     /// Verification failed.
     #[error("ring {ring:?}: verification failed: {first} ({failures} batches failed, {duplicates} duplicates, {out_of_order} out of order, {missing} missing)")]
     Verify {
@@ -140,7 +150,9 @@ impl DaemonError {
     /// The exit code for this error.
     pub fn exit(&self) -> Exit {
         match self {
-            DaemonError::Config(_) | DaemonError::Plan { .. } => Exit::Config,
+            DaemonError::Config(_) | DaemonError::Plan { .. } | DaemonError::DataFailed { .. } => {
+                Exit::Config
+            }
             DaemonError::StartSeq { .. } | DaemonError::StartSeqInBatch { .. } => Exit::Usage,
             DaemonError::Ring(RingError::UnknownGroup { .. }) => Exit::Config,
             DaemonError::Service { .. } => Exit::Config,

@@ -7,6 +7,7 @@
 //! Runs on the daemon's main loop, like every other slot transition the daemon makes.
 
 use super::{Daemon, DaemonError, HandOut};
+use crate::loader::ERR_SAMPLE;
 use pinring_data::BadBatchPolicy;
 use pinring_ring::{Expired, SlotState};
 use std::sync::atomic::Ordering::Relaxed;
@@ -26,18 +27,117 @@ pub(super) struct Recovery {
     /// Per slot: the expired claim it was taken from, while the sequencer keeps it quarantined
     /// (whose lock and abandon word say when it may come back).
     expired: Vec<Option<Expired>>,
-    /// Bad batches seen per seq (skip policy).
+    /// Bad batches seen per seq (skip policy), for the seqs in the window of slots only: a seq
+    /// is forgotten once delivered ([`Recovery::delivered`]), so the books never outgrow the
+    /// ring, however long the plan.
     bad: std::collections::HashMap<u64, u32>,
+    /// What the daemon counted of faults, in its own memory (the summary's figures).
+    pub(super) counts: FaultCounts,
+    /// How long the ring may have work left and no loader before the daemon warns.
+    idle_warn: Duration,
+    /// Since when the ring has had work left and no live loader (None: it has one, or no work).
+    idle_since: Option<Instant>,
+    /// When the last stall warning was logged.
+    idle_warned: Option<Instant>,
+}
+
+/// The fault counts the daemon keeps in its own memory: its summary reports these, never the
+/// ring's copies, which any process that maps the ring can write. The copies in the header and
+/// health block are published from these at every reap ([`FaultCounts::publish`]), for
+/// `pinring status` and `/metrics`.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(super) struct FaultCounts {
+    /// Slots taken back from dead or hung loaders.
+    pub(super) reclaimed: u64,
+    /// Batches refused (bad descriptor, metadata or length, a loader's error code).
+    pub(super) rejected: u64,
+    /// Slots taken back from live loaders past the lease.
+    pub(super) leases_expired: u64,
+    /// Bad batches skipped under `on_bad_batch = "skip"`.
+    pub(super) bad_batches_skipped: u64,
+    /// Seqs moved to another slot.
+    pub(super) reissued: u64,
+    /// Descriptors found in a state the daemon never left them in.
+    pub(super) corrupt_descriptors: u64,
+}
+
+impl FaultCounts {
+    /// Writes the counts into the ring for status views (overwriting whatever another process
+    /// wrote there since).
+    pub(super) fn publish(&self, ring: &pinring_ring::Ring) {
+        let (h, health) = (ring.header(), ring.health());
+        h.reclaimed.store(self.reclaimed, Relaxed);
+        h.rejected.store(self.rejected, Relaxed);
+        health.leases_expired.store(self.leases_expired, Relaxed);
+        health
+            .bad_batches_skipped
+            .store(self.bad_batches_skipped, Relaxed);
+        health.reissued.store(self.reissued, Relaxed);
+        health
+            .corrupt_descriptors
+            .store(self.corrupt_descriptors, Relaxed);
+    }
 }
 
 impl Recovery {
-    pub(super) fn new(slots: usize, lease: Duration, policy: BadBatchPolicy) -> Recovery {
+    pub(super) fn new(
+        slots: usize,
+        lease: Duration,
+        policy: BadBatchPolicy,
+        idle_warn: Duration,
+    ) -> Recovery {
         Recovery {
             lease,
             policy,
             claims: vec![None; slots],
             expired: vec![None; slots],
             bad: Default::default(),
+            counts: FaultCounts::default(),
+            idle_warn,
+            idle_since: None,
+            idle_warned: None,
+        }
+    }
+
+    /// Seq `seq` was delivered: its bad-batch count, if any, is forgotten.
+    pub(super) fn delivered(&mut self, seq: u64) {
+        if !self.bad.is_empty() {
+            self.bad.remove(&seq);
+        }
+    }
+}
+
+/// What [`Recovery::idle`] says to do about a ring with no loader.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Idle {
+    /// Nothing: a loader is attached, or no seq waits for one, or not for long enough yet.
+    Fine,
+    /// Stalled since this long ago and not warned about for `idle_warn`: warn now.
+    Warn(Duration),
+    /// Stalled, warned about recently.
+    Stalled(Duration),
+}
+
+impl Recovery {
+    /// The ring at `now`: `waiting` says whether some seq waits in a FREE slot for a loader to
+    /// make it, `loaders` how many live loaders are attached.
+    pub(super) fn idle(&mut self, now: Instant, waiting: bool, loaders: usize) -> Idle {
+        if !waiting || loaders > 0 {
+            self.idle_since = None;
+            self.idle_warned = None;
+            return Idle::Fine;
+        }
+        let since = *self.idle_since.get_or_insert(now);
+        let idle = now.saturating_duration_since(since);
+        if idle < self.idle_warn {
+            return Idle::Fine;
+        }
+        match self.idle_warned {
+            Some(t) if now.saturating_duration_since(t) < self.idle_warn => Idle::Stalled(idle),
+            _ => {
+                self.idle_warned = Some(now);
+                Idle::Warn(idle)
+            }
         }
     }
 }
@@ -55,10 +155,12 @@ impl Daemon {
         }
         for slot in 0..self.sequencer.slots() {
             if let Some(seq) = self.ring.reclaim_if_owner_dead(slot) {
+                self.recovery.counts.reclaimed += 1;
                 tracing::warn!(ring = %self.cfg.ring.name, slot, seq, "loader died holding a slot: slot handed out again with the same seq");
                 self.ring.wake_loaders(1);
             }
         }
+        self.find_data_failures()?;
         // Republish the resume point, in case another process wrote over it since the last
         // delivery (status shows it; the daemon never reads it back).
         self.ring
@@ -70,7 +172,99 @@ impl Daemon {
         if reaped > 0 {
             tracing::warn!(ring = %self.cfg.ring.name, loaders = reaped, "removed dead loaders from the table");
         }
-        self.recover()
+        self.recover()?;
+        self.watch_idle();
+        self.recovery.counts.publish(&self.ring);
+        Ok(())
+    }
+
+    /// A part a loader committed with [`ERR_SAMPLE`] (a sample it cannot read under
+    /// `dataset.on_bad_sample = "fail"`; the loader exits 3 after it) ends the run, wherever
+    /// the part lies: in order the daemon takes only the lowest seq, and with every loader gone
+    /// that seq would never be made. Looked for among READY slots at every reap.
+    fn find_data_failures(&mut self) -> Result<(), DaemonError> {
+        for slot in 0..self.sequencer.slots() {
+            let Some(seq) = self.sequencer.carried(slot) else {
+                continue;
+            };
+            if self.sequencer.is_held(slot) {
+                continue;
+            }
+            let view = self.ring.slot_view(slot);
+            if view.state != Some(SlotState::Ready) || view.error != ERR_SAMPLE {
+                continue;
+            }
+            match self.ring.take_ready(slot, seq) {
+                Err(pinring_ring::SlotFault::LoaderError { code, .. }) if code == ERR_SAMPLE => {
+                    return Err(self.data_failed(slot, seq));
+                }
+                // Changed under the daemon (a commit between the look and the take, a
+                // scribble): the slot is the daemon's now; the bad-batch policy decides.
+                Err(fault) => self.bad_batch(slot, seq, fault.to_string())?,
+                // Not READY any more: a racing writer; the audit looks at it.
+                Ok(None) => {}
+                Ok(Some(_)) => {
+                    let what = format!(
+                        "slot {slot}, seq {seq}: its error code changed while the daemon took it"
+                    );
+                    self.bad_batch(slot, seq, what)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The error that ends the run for the part in `slot` (taken, committed with
+    /// [`ERR_SAMPLE`]): the loader's message from the slot, sanitised.
+    pub(super) fn data_failed(&mut self, slot: u32, seq: u64) -> DaemonError {
+        self.recovery.counts.rejected += 1;
+        let message = crate::loader::read_failure(&self.ring, slot);
+        DaemonError::DataFailed {
+            ring: self.cfg.ring.name.clone(),
+            seq,
+            message,
+        }
+    }
+
+    /// Warns, every `daemon.idle_warn_ms`, while seqs wait in FREE slots and no live loader is
+    /// attached; publishes the stall for `pinring status` and `/metrics`.
+    fn watch_idle(&mut self) {
+        let waiting = (0..self.sequencer.slots()).any(|slot| {
+            self.sequencer.carried(slot).is_some()
+                && !self.sequencer.is_held(slot)
+                && self.ring.slot_view(slot).state == Some(SlotState::Free)
+        });
+        let loaders = if waiting {
+            self.ring.loaders().iter().filter(|l| l.alive).count()
+        } else {
+            0
+        };
+        let now = Instant::now();
+        let health = self.ring.health();
+        let seq = self.sequencer.resume_seq();
+        match self.recovery.idle(now, waiting, loaders) {
+            Idle::Fine => {
+                health.stalled_since_ns.store(0, Relaxed);
+                health.stalled_seq.store(0, Relaxed);
+            }
+            state @ (Idle::Warn(idle) | Idle::Stalled(idle)) => {
+                let since = pinring_ring::clock::monotonic_ns()
+                    .saturating_sub(idle.as_nanos() as u64)
+                    .max(1);
+                health.stalled_since_ns.store(since, Relaxed);
+                health.stalled_seq.store(seq, Relaxed);
+                if matches!(state, Idle::Warn(_)) {
+                    let name = &self.cfg.ring.name;
+                    tracing::warn!(
+                        ring = %name, seq, idle_s = idle.as_secs(),
+                        "ring {name:?} has work left and no loader attached for {:.1} s: seq {seq} \
+                         (the lowest undelivered) waits; start loaders (`pinring-loader --ring \
+                         {name}`), or look at why they exited",
+                        idle.as_secs_f64()
+                    );
+                }
+            }
+        }
     }
 
     /// Every reap interval: leases, quarantine, descriptor audit, re-issued seqs, gauges.
@@ -127,7 +321,8 @@ impl Daemon {
                 continue;
             };
             let health = self.ring.health();
-            health.leases_expired.fetch_add(1, Relaxed);
+            self.recovery.counts.leases_expired += 1;
+            self.recovery.counts.reclaimed += 1;
             let pid = expired.owner_id.map_or(0, |id| id.pid);
             health.last_hung_pid.store(u64::from(pid), Relaxed);
             tracing::warn!(
@@ -191,7 +386,7 @@ impl Daemon {
                 },
             };
             let Some(what) = problem else { continue };
-            self.ring.health().corrupt_descriptors.fetch_add(1, Relaxed);
+            self.recovery.counts.corrupt_descriptors += 1;
             let what = format!(
                 "slot {slot}: descriptor corrupted by a writer outside the protocol: {what}"
             );
@@ -222,7 +417,7 @@ impl Daemon {
             }
             if self.sequencer.unused(slot) {
                 self.hand_out(slot);
-                self.ring.health().reissued.fetch_add(1, Relaxed);
+                self.recovery.counts.reissued += 1;
                 self.ring.wake_loaders(1);
             }
         }
@@ -249,7 +444,7 @@ impl Daemon {
             }
             self.sequencer.swap_out(slot);
             self.hand_out(slot);
-            self.ring.health().reissued.fetch_add(1, Relaxed);
+            self.recovery.counts.reissued += 1;
             self.ring.wake_loaders(1);
         }
     }
@@ -269,7 +464,7 @@ impl Daemon {
         seq: u64,
         what: String,
     ) -> Result<(), DaemonError> {
-        self.ring.header().rejected.fetch_add(1, Relaxed);
+        self.recovery.counts.rejected += 1;
         if self.recovery.policy == BadBatchPolicy::Fail {
             return Err(self.bad_batch_error(what));
         }
@@ -282,7 +477,7 @@ impl Daemon {
                  retries a seq at most {MAX_BAD_PER_SEQ} times)"
             )));
         }
-        self.ring.health().bad_batches_skipped.fetch_add(1, Relaxed);
+        self.recovery.counts.bad_batches_skipped += 1;
         self.ring.reset_to_idle(slot);
         match self.sequencer.remade(slot, seq) {
             HandOut::Assign(seq) => {

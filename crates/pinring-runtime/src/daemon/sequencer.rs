@@ -165,48 +165,92 @@ impl Waiting {
     }
 }
 
-/// A set of the plan's seqs `[start, end)`, one bit each (the delivered ones, the taken ones).
-/// A seq outside the plan is never in it.
+/// A set of the plan's seqs `[start, end)`, one bit each (the delivered ones, the taken ones),
+/// kept for a window only: the words from the lowest seq not yet settled to the highest seq put
+/// in. Words below the window are dropped once every seq in them has the value `below` (all
+/// delivered; none taken any more), and a seq below the window reads as `below`. So the books
+/// grow with the seqs in flight, never with the plan: a plan of billions of seqs costs what
+/// its window of slots does. A seq outside the plan is never in the set.
 #[derive(Debug)]
 struct SeqBits {
     start: u64,
     end: u64,
-    words: Vec<u64>,
+    /// What every seq below `base` is.
+    below: bool,
+    /// The seq of bit 0 of `words[0]`.
+    base: u64,
+    words: std::collections::VecDeque<u64>,
 }
 
 impl SeqBits {
-    fn new(start: u64, end: u64) -> SeqBits {
+    fn new(start: u64, end: u64, below: bool) -> SeqBits {
         SeqBits {
             start,
             end,
-            words: vec![0; (end - start).div_ceil(64) as usize],
+            below,
+            base: start,
+            words: Default::default(),
         }
     }
 
-    /// The word and bit of `seq`, if it is one of the plan's.
-    fn at(&self, seq: u64) -> Option<(usize, u64)> {
-        let idx = seq.checked_sub(self.start).filter(|_| seq < self.end)?;
-        Some(((idx / 64) as usize, 1u64 << (idx % 64)))
+    /// Where `seq` is: `Err(value)` for a seq the set knows without a bit (outside the plan:
+    /// false; below the window: `below`), else its word (maybe past the last one) and bit.
+    fn at(&self, seq: u64) -> Result<(usize, u64), bool> {
+        if seq < self.start || seq >= self.end {
+            return Err(false);
+        }
+        let idx = seq.checked_sub(self.base).ok_or(self.below)?;
+        Ok(((idx / 64) as usize, 1u64 << (idx % 64)))
     }
 
     fn contains(&self, seq: u64) -> bool {
-        self.at(seq)
-            .is_some_and(|(word, bit)| self.words[word] & bit != 0)
+        match self.at(seq) {
+            Ok((word, bit)) => self.words.get(word).is_some_and(|w| w & bit != 0),
+            Err(value) => value,
+        }
     }
 
     /// Puts `seq` in the set or takes it out (a seq outside the plan: no change); returns
-    /// whether it was in.
+    /// whether it was in. A seq below the window keeps its value `below`.
     fn set(&mut self, seq: u64, on: bool) -> bool {
-        let Some((word, bit)) = self.at(seq) else {
-            return false;
+        let (word, bit) = match self.at(seq) {
+            Ok(at) => at,
+            Err(value) => return value,
         };
-        let was = self.words[word] & bit != 0;
+        if word >= self.words.len() {
+            if !on {
+                return false;
+            }
+            self.words.resize(word + 1, 0);
+        }
+        let w = &mut self.words[word];
+        let was = *w & bit != 0;
         if on {
-            self.words[word] |= bit;
+            *w |= bit;
         } else {
-            self.words[word] &= !bit;
+            *w &= !bit;
         }
         was
+    }
+
+    /// Drops the words wholly below `low` whose every seq is `below`: the caller says that
+    /// every seq below `low` is settled.
+    fn forget_below(&mut self, low: u64) {
+        let fill = if self.below { u64::MAX } else { 0 };
+        while self.base.saturating_add(64) <= low && self.words.front() == Some(&fill) {
+            self.words.pop_front();
+            self.base += 64;
+        }
+        if self.words.is_empty() && !self.below && self.base < low {
+            // Nothing kept and nothing below `low` set: the window starts at `low`'s word.
+            self.base += (low - self.base) / 64 * 64;
+        }
+    }
+
+    /// Words kept (memory used is 8 bytes each).
+    #[cfg(test)]
+    fn words_kept(&self) -> usize {
+        self.words.len()
     }
 }
 
@@ -225,8 +269,8 @@ impl Sequencer {
             quarantined: vec![false; slots],
             waiting: Waiting::default(),
             reissue: BTreeSet::new(),
-            taken: SeqBits::new(start, end),
-            delivered: SeqBits::new(start, end),
+            taken: SeqBits::new(start, end, false),
+            delivered: SeqBits::new(start, end, true),
             low: start,
             distinct: 0,
             deliveries: 0,
@@ -372,6 +416,8 @@ impl Sequencer {
                 while self.low < self.end && self.delivered.contains(self.low) {
                     self.low += 1;
                 }
+                self.delivered.forget_below(self.low);
+                self.taken.forget_below(self.low);
             }
         } else {
             problem = Some(DeliveryProblem::OutsidePlan { seq });
@@ -505,7 +551,7 @@ mod tests {
 
     #[test]
     fn a_seq_set_holds_the_plans_seqs_only_and_says_what_each_one_was() {
-        let mut b = SeqBits::new(10, 140);
+        let mut b = SeqBits::new(10, 140, true);
         for seq in [10, 73, 74, 139] {
             assert!(!b.contains(seq));
             assert!(!b.set(seq, true), "seq {seq} was not in");
@@ -517,6 +563,53 @@ mod tests {
         for seq in [0, 9, 140, u64::MAX] {
             assert!(!b.set(seq, true) && !b.contains(seq));
         }
+    }
+
+    #[test]
+    fn a_seq_set_keeps_a_window_and_seqs_below_it_read_as_settled() {
+        let mut d = SeqBits::new(5, 1 << 40, true);
+        let mut t = SeqBits::new(5, 1 << 40, false);
+        let mut low = 5;
+        // Seqs delivered in order, a few in flight above the lowest: the window never grows
+        // past the span in flight, however many seqs go through.
+        for seq in 5..200_000u64 {
+            t.set(seq, true);
+            if seq >= 5 + 8 {
+                let done = seq - 8;
+                t.set(done, false);
+                assert!(!d.set(done, true));
+                low = done + 1;
+                d.forget_below(low);
+                t.forget_below(low);
+            }
+            assert!(d.words_kept() <= 2 && t.words_kept() <= 2, "seq {seq}");
+        }
+        assert!(d.contains(5) && d.contains(low - 1) && !d.contains(low));
+        assert!(!t.contains(5) && t.contains(low));
+        // A seq below the window delivered again is seen as a duplicate.
+        assert!(d.set(6, true));
+    }
+
+    #[test]
+    fn the_sequencers_books_do_not_grow_with_the_plan() {
+        let slots = 16;
+        let mut q = Sequencer::new(slots, 0, 1 << 40, true);
+        for slot in 0..slots as u32 {
+            assert!(matches!(q.hand_out(slot), HandOut::Assign(_)));
+        }
+        for n in 0..100_000u64 {
+            let slot = (n % slots as u64) as u32;
+            q.taken(slot, n);
+            q.delivered(n).unwrap();
+            assert!(matches!(q.hand_out(slot), HandOut::Assign(_)));
+        }
+        assert_eq!(q.resume_seq(), 100_000);
+        assert!(
+            q.taken.words_kept() <= 2 && q.delivered.words_kept() <= 2,
+            "{} and {} words kept after 100000 seqs",
+            q.taken.words_kept(),
+            q.delivered.words_kept()
+        );
     }
 
     #[test]

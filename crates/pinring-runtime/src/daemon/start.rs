@@ -245,6 +245,7 @@ impl Daemon {
                 slots,
                 Duration::from_millis(cfg.daemon.lease_ms),
                 cfg.daemon.on_bad_batch,
+                Duration::from_millis(cfg.daemon.idle_warn_ms),
             ),
             ring,
             cfg,
