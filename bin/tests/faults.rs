@@ -503,3 +503,53 @@ fn an_unknown_group_is_a_clear_error() {
     );
     assert!(!fx.segment().exists());
 }
+
+#[test]
+fn counters_scribbled_in_the_segment_never_reach_the_summary() {
+    let fx = Fixture::small("scribcount");
+    let mut daemon = fx.daemon(&["--epochs", "20"]);
+    fx.wait_ready(&mut daemon);
+    let ring = Ring::open(&fx.ring, Access::ReadWrite, Duration::from_secs(5)).unwrap();
+    let loader = fx.loader(&fx.config);
+    // Another process writes nonsense into every fault counter of the header and the health
+    // block while the run goes on, over and over, until the daemon has finished.
+    const JUNK: u64 = 4_702_111_234_474_983_745;
+    let (h, health) = (ring.header(), ring.health());
+    while daemon.try_wait().unwrap().is_none() {
+        for c in [
+            &h.rejected,
+            &h.reclaimed,
+            &health.leases_expired,
+            &health.bad_batches_skipped,
+            &health.reissued,
+            &health.corrupt_descriptors,
+            &h.bad_samples_skipped,
+            &h.loader_wait_ns,
+            &h.loader_busy_ns,
+        ] {
+            c.store(JUNK, Relaxed);
+        }
+        std::thread::yield_now();
+    }
+    let (st, log) = wait_for(daemon, "daemon", LONG);
+    assert!(st.success(), "{log}");
+    let _ = wait_for(loader, "loader", LONG);
+    let s = fx.summary();
+    assert_complete(&s, true);
+    assert_eq!(
+        (
+            s.rejected,
+            s.reclaimed,
+            s.leases_expired,
+            s.bad_batches_skipped,
+            s.reissued,
+            s.corrupt_descriptors
+        ),
+        (0, 0, 0, 0, 0, 0),
+        "{s:#?}"
+    );
+    // What only loaders know is cut to what could be true.
+    let samples = s.parts_delivered * 8;
+    assert!(s.bad_samples_skipped <= samples, "{s:#?}");
+    assert!(s.loader_wait_seconds <= s.seconds.max(1.0) * 1e3, "{s:#?}");
+}

@@ -185,6 +185,17 @@ fn truncating_the_segment_under_load_ends_the_daemon_with_exit_4_and_removes_it(
     wait_until("the segment removed", Duration::from_secs(5), || {
         !fx.segment().exists()
     });
+    // The run ended after the ring was ready: its summary is written, with the resume point,
+    // and stderr says where to resume too.
+    let s = fx.summary();
+    assert_eq!(s.exit_code, RING_ERROR as u8, "{s:#?}");
+    assert!(s.parts_delivered >= 20, "{s:#?}");
+    assert_eq!(s.resume_seq, s.start_seq + s.parts_delivered, "{s:#?}");
+    assert_eq!((s.duplicates, s.verify_failures), (0, 0), "{s:#?}");
+    assert!(
+        log.contains(&format!("resume with --start-seq {}", s.resume_seq)),
+        "{log}"
+    );
     for l in loaders {
         let (st, log) = wait_for(l, "loader", Duration::from_secs(20));
         // A loader faults on the truncated pages itself (4) or sees its daemon gone first (5);

@@ -235,7 +235,10 @@ fn a_ring_with_work_left_and_no_loader_is_warned_about_and_shown_stalled() {
     assert!(text.contains(&fx.ring) && text.contains("seq 0"), "{text}");
     let st = status_json(&fx.ring, "0.05");
     assert_eq!(st[0]["snapshot"]["stalled"]["seq"], 0, "{st}");
-    assert!(st[0]["snapshot"]["stalled"]["seconds"].as_f64().unwrap() >= 0.3, "{st}");
+    assert!(
+        st[0]["snapshot"]["stalled"]["seconds"].as_f64().unwrap() >= 0.3,
+        "{st}"
+    );
     // A loader ends the stall.
     let loader = fx.loader(&fx.config);
     wait_until("the stall to clear", LONG, || {

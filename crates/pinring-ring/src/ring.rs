@@ -857,6 +857,14 @@ impl Ring {
     /// Checks the segment file still has the size it had at open/create (the daemon must not
     /// upload from pages of a file that was truncated or replaced).
     pub fn check_file(&self) -> Result<(), RingError> {
+        if self.seg.faulted() {
+            return Err(RingError::SizeMismatch {
+                name: self.name().into(),
+                path: object_path(self.name()),
+                expected: self.geom.total_bytes,
+                actual: self.seg.file_size().unwrap_or(0),
+            });
+        }
         if !self.seg.still_named()? {
             return Err(RingError::Replaced {
                 name: self.name().into(),
@@ -892,6 +900,13 @@ impl Ring {
             owner_pid: d.owner_pid.load(Relaxed),
             error: d.error.load(Relaxed),
         }
+    }
+
+    /// Whether the segment was truncated under this process (the daemon's: its mapping now
+    /// holds zero pages, [`crate::fault`]); one atomic load. [`Ring::check_file`] returns the
+    /// error.
+    pub fn truncated_here(&self) -> bool {
+        self.seg.faulted()
     }
 
     /// Snapshots of every attached loader.

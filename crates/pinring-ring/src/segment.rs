@@ -207,6 +207,12 @@ impl Segment {
         }
     }
 
+    /// Whether the file was truncated under this process and the mapping now holds zero pages
+    /// (the creator's only: [`crate::fault`]).
+    pub fn faulted(&self) -> bool {
+        self.watch.is_some_and(fault::faulted)
+    }
+
     /// Looks at the file now at this segment's path, for [`Segment::publish`].
     fn judge_occupant(&self, replace: bool) -> Result<Occupant, RingError> {
         let name = self.name.as_str();

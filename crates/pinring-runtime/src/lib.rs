@@ -82,6 +82,13 @@ pub fn main_daemon(args: &daemon::DaemonArgs, shutdown: std::io::Result<Shutdown
     }
     match result {
         Ok(()) => exit,
+        Err(e) if started => {
+            tracing::error!(
+                "{e}; resume with --start-seq {} (the summary's resume_seq)",
+                s.resume_seq
+            );
+            e.exit()
+        }
         Err(e) => {
             tracing::error!("{e}");
             e.exit()

@@ -55,7 +55,7 @@ pub enum OutputError {
     },
     /// A system call failed.
     #[error(
-        "{what} {path}: cannot {op}: {source}; check the path, its permissions and free space"
+        "cannot write {what} {path}: {op} failed: {source}; check the path, its permissions and free space"
     )]
     Io {
         /// What the file is for.
@@ -97,7 +97,7 @@ pub fn write_file(what: &'static str, path: &Path, bytes: &[u8]) -> Result<(), O
         return out
             .write_all(bytes)
             .and_then(|()| out.flush())
-            .map_err(io("write it to standard output"));
+            .map_err(io("writing to standard output"));
     }
     let refuse = |kind: &'static str, fix: &'static str| OutputError::Refused {
         what,
@@ -108,7 +108,7 @@ pub fn write_file(what: &'static str, path: &Path, bytes: &[u8]) -> Result<(), O
     let kind = match std::fs::symlink_metadata(path) {
         Ok(m) => Some(m.file_type()),
         Err(e) if e.kind() == ErrorKind::NotFound => None,
-        Err(e) => return Err(io("look at it")(e)),
+        Err(e) => return Err(io("looking at the path")(e)),
     };
     match kind {
         None => replace(what, path, bytes),
@@ -121,10 +121,10 @@ pub fn write_file(what: &'static str, path: &Path, bytes: &[u8]) -> Result<(), O
                         path: path.to_path_buf(),
                     }
                 } else {
-                    io("open it for writing")(e)
+                    io("opening it for writing")(e)
                 }
             })?;
-            f.write_all(bytes).map_err(io("write it"))
+            f.write_all(bytes).map_err(io("writing"))
         }
         Some(t) if t.is_symlink() => Err(refuse(
             "a symbolic link",
@@ -188,16 +188,16 @@ fn replace(what: &'static str, path: &Path, bytes: &[u8]) -> Result<(), OutputEr
         .suffix(".tmp")
         .permissions(std::fs::Permissions::from_mode(NEW_FILE_MODE))
         .tempfile_in(dir)
-        .map_err(io("create a temporary file beside it"))?;
-    tmp.write_all(bytes).map_err(io("write it"))?;
+        .map_err(io("creating a temporary file beside it"))?;
+    tmp.write_all(bytes).map_err(io("writing"))?;
     // The temporary file was created with `permissions` before the umask; apply the umask as a
     // plain `File::create` would (tempfile sets the mode explicitly).
     let umask = current_umask();
     tmp.as_file()
         .set_permissions(std::fs::Permissions::from_mode(NEW_FILE_MODE & !umask))
-        .map_err(io("set its mode"))?;
+        .map_err(io("setting the mode"))?;
     tmp.persist(path)
-        .map_err(|e| io("rename the temporary file over it")(e.error))?;
+        .map_err(|e| io("renaming the temporary file over it")(e.error))?;
     Ok(())
 }
 

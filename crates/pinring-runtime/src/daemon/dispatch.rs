@@ -58,6 +58,13 @@ impl Daemon {
                 what: "the upload thread stopped".into(),
             });
         }
+        // A segment truncated under the daemon: the copies that completed may have read the
+        // zero pages put in its place (crate::fault); none of them is booked.
+        if self.ring.truncated_here() {
+            self.completion_buf = arrived;
+            self.ring.check_file()?;
+            return Ok(false);
+        }
         let result = self.complete_all(&mut arrived, &mut freed);
         self.completion_buf = arrived;
         if freed > 0 {
@@ -192,13 +199,17 @@ impl Daemon {
         }
     }
 
-    pub(super) fn collect_sink_results(&mut self) -> bool {
+    pub(super) fn collect_sink_results(&mut self) -> Result<bool, DaemonError> {
         let mut progressed = false;
+        // As for completions: a zero-copy sink may have read the zero pages.
+        if self.ring.truncated_here() {
+            self.ring.check_file()?;
+        }
         while let Ok(done) = self.sink_rx.try_recv() {
             progressed = true;
             self.deliver(done);
         }
-        progressed
+        Ok(progressed)
     }
 
     /// A batch the sink is done with: its buffer (or zero-copy slot) is free again, and it

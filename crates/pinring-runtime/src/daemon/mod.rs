@@ -530,7 +530,7 @@ impl Daemon {
             self.now = PassClock::read();
             self.service.tick(&self.ring, self.now.at);
             let mut progressed = self.collect_completions()?;
-            progressed |= self.collect_sink_results();
+            progressed |= self.collect_sink_results()?;
             progressed |= self.collect_returns()?;
             progressed |= self.dispatch()?;
 
