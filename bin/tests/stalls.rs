@@ -253,3 +253,86 @@ fn a_ring_with_work_left_and_no_loader_is_warned_about_and_shown_stalled() {
     assert!(status.success(), "{out}");
     let _ = wait_for(loader, "loader", LONG);
 }
+
+fn consume(args: &[&str]) -> std::process::Child {
+    Command::new(exe(CLI))
+        .arg("consume")
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+#[test]
+fn consume_gives_up_on_a_missing_ring_after_its_timeout() {
+    let t = Instant::now();
+    let name = format!("it-stall-noring-{}", std::process::id());
+    let (status, log) = wait_for(
+        consume(&["--ring", &name, "--timeout-secs", "1"]),
+        "consume",
+        LONG,
+    );
+    let took = t.elapsed();
+    assert!(!status.success(), "{log}");
+    assert!(log.contains(&name), "{log}");
+    assert!(took < Duration::from_secs(10), "took {took:?}: {log}");
+}
+
+#[test]
+fn consume_stops_on_sigterm_and_sigint_while_it_waits() {
+    // Waiting for a ring that does not exist yet.
+    let name = format!("it-stall-termring-{}", std::process::id());
+    for sig in [Signal::SIGTERM, Signal::SIGINT] {
+        let c = consume(&["--ring", &name]);
+        // A signal before the handlers are installed would kill it by default: wait until the
+        // process has them (its SigCgt mask in /proc shows the signal caught).
+        wait_until("consume's handlers", LONG, || catches(c.id(), sig));
+        let t = Instant::now();
+        signal(&c, sig);
+        let (status, log) = wait_for(c, "consume", LONG);
+        assert_eq!(status.code(), Some(0), "{sig}: {log}");
+        assert!(
+            t.elapsed() < Duration::from_secs(2),
+            "{sig}: {:?}",
+            t.elapsed()
+        );
+    }
+    // Attached, waiting for a batch no loader makes: stops, printing where it stopped.
+    let fx = Fixture::small("stall-consume");
+    let mut daemon = fx.daemon(&["--sink", "consumer"]);
+    let ring = fx.wait_ready(&mut daemon);
+    let c = consume(&["--ring", &fx.ring]);
+    wait_until("the consumer attached", LONG, || {
+        ring.consumer_alive().unwrap_or(false)
+    });
+    let t = Instant::now();
+    signal(&c, Signal::SIGTERM);
+    let (status, out) = wait_for(c, "consume", LONG);
+    assert_eq!(status.code(), Some(0), "{out}");
+    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+    let line = out
+        .lines()
+        .find(|l| l.starts_with('{'))
+        .expect("a JSON line");
+    let v: serde_json::Value = serde_json::from_str(line).unwrap();
+    assert_eq!(
+        (v["seq"].as_u64(), v["finished"].as_bool()),
+        (Some(0), Some(false)),
+        "{v}"
+    );
+    signal(&daemon, Signal::SIGTERM);
+    let _ = wait_for(daemon, "daemon", LONG);
+}
+
+/// Whether process `pid` has a handler for `sig` (its SigCgt mask).
+fn catches(pid: u32, sig: Signal) -> bool {
+    let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+        return false;
+    };
+    text.lines()
+        .find_map(|l| l.strip_prefix("SigCgt:"))
+        .and_then(|m| u64::from_str_radix(m.trim(), 16).ok())
+        .is_some_and(|mask| mask & (1 << (sig as i32 - 1)) != 0)
+}

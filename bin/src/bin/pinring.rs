@@ -58,7 +58,7 @@ fn dispatch() -> Exit {
         }
         Cmd::Consume(args) => {
             logging::init("consume");
-            pinring_cli::main_consume(&args)
+            pinring_cli::main_consume(&args, shutdown)
         }
         Cmd::Bench(args) => {
             logging::init("bench");

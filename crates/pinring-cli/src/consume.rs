@@ -4,6 +4,7 @@
 //! where it stopped as one JSON line, the state a restarted consumer resumes from.
 
 use pinring_client::{AttachOptions, ClientError, Consumer};
+use pinring_runtime::shutdown::Shutdown;
 use pinring_runtime::Exit;
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -30,7 +31,8 @@ pub struct ConsumeArgs {
     /// Check every byte of every batch against the synthetic generator (host memory).
     #[arg(long)]
     pub verify: bool,
-    /// Give up waiting for one batch after this many seconds.
+    /// Give up waiting for the ring, or for one batch, after this many seconds (default: 30 s
+    /// for the ring, as long as the daemon lives for a batch).
     #[arg(long)]
     pub timeout_secs: Option<f64>,
 }
@@ -83,14 +85,22 @@ impl ConsumeError {
     }
 }
 
-/// Runs `pinring consume`.
-pub fn run(args: &ConsumeArgs) -> Result<Consumed, ConsumeError> {
+/// Runs `pinring consume`. SIGTERM or SIGINT (`shutdown`) stops it within 100 ms: before the
+/// ring is attached with `Ok(None)`, after with the state reached (`finished` false), which a
+/// restarted consumer resumes from.
+pub fn run(args: &ConsumeArgs, shutdown: &Shutdown) -> Result<Option<Consumed>, ConsumeError> {
+    let timeout = args.timeout_secs.map(Duration::from_secs_f64);
+    let stop = || shutdown.requested();
     let opts = AttachOptions {
         start_seq: args.start_seq,
         fingerprint: args.fingerprint,
-        ..AttachOptions::default()
+        wait_for_ring: timeout.unwrap_or(AttachOptions::default().wait_for_ring),
     };
-    let mut c = Consumer::attach(&args.ring, &opts)?;
+    let mut c = match Consumer::attach_until(&args.ring, &opts, &stop) {
+        Ok(c) => c,
+        Err(ClientError::Interrupted { .. }) => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
     let cfg = c.config().clone();
     if args.verify && cfg.dataset.kind != pinring_data::DatasetKind::Synthetic {
         return Err(ConsumeError::Verify {
@@ -108,14 +118,18 @@ pub fn run(args: &ConsumeArgs) -> Result<Consumed, ConsumeError> {
         ring: args.ring.clone(),
         what: format!("the stored config has no valid plan: {e}"),
     })?;
-    let timeout = args.timeout_secs.map(Duration::from_secs_f64);
     let mut held = VecDeque::new();
     let (mut taken, mut verified, mut finished) = (0, 0, false);
     let mut ids = Vec::new();
     while args.batches.is_none_or(|n| taken < n) {
-        let Some(batch) = c.next_batch(timeout)? else {
-            finished = true;
-            break;
+        let batch = match c.next_batch_until(timeout, &stop) {
+            Ok(Some(b)) => b,
+            Ok(None) => {
+                finished = true;
+                break;
+            }
+            Err(ClientError::Interrupted { .. }) => break,
+            Err(e) => return Err(e.into()),
         };
         taken += 1;
         if args.verify {
@@ -142,11 +156,11 @@ pub fn run(args: &ConsumeArgs) -> Result<Consumed, ConsumeError> {
         }
     }
     let st = c.state();
-    Ok(Consumed {
+    Ok(Some(Consumed {
         seq: st.seq,
         fingerprint: format!("{:#018x}", st.fingerprint),
         batches: taken,
         verified,
         finished,
-    })
+    }))
 }

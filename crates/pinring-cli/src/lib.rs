@@ -41,11 +41,19 @@ pub fn main_bench(args: &bench::BenchArgs) -> Exit {
 }
 
 /// Body of `pinring consume`: prints the resume state as one JSON line on stdout.
-pub fn main_consume(args: &consume::ConsumeArgs) -> Exit {
-    match consume::run(args) {
-        Ok(done) => match serde_json::to_string(&done) {
+pub fn main_consume(args: &consume::ConsumeArgs, shutdown: std::io::Result<Shutdown>) -> Exit {
+    let shutdown = match installed(shutdown) {
+        Ok(s) => s,
+        Err(e) => return e,
+    };
+    match consume::run(args, &shutdown) {
+        Ok(None) => {
+            tracing::info!(ring = %args.ring, "stopped before the ring was attached");
+            Exit::Ok
+        }
+        Ok(Some(done)) => match serde_json::to_string(&done) {
             Ok(line) => {
-                println!("{line}");
+                pinring_runtime::outln!("{line}");
                 Exit::Ok
             }
             Err(e) => {

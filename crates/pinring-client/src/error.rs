@@ -77,6 +77,12 @@ pub enum ClientError {
         /// How long.
         waited_ms: u64,
     },
+    /// The caller's stop check asked to give up a wait (a signal: SIGTERM, Ctrl-C).
+    #[error("ring {ring:?}: the wait was interrupted (a stop was requested); nothing was taken")]
+    Interrupted {
+        /// Ring name.
+        ring: String,
+    },
     /// An embedded daemon could not start, or failed.
     #[error("ring {ring:?}: the embedded daemon: {message}")]
     Daemon {
@@ -111,6 +117,8 @@ impl ClientError {
             | ClientError::Stopped { .. }
             | ClientError::Timeout { .. } => Exit::PeerDied,
             ClientError::Backend { .. } => Exit::Backend,
+            // Asked for: a stop, not a failure.
+            ClientError::Interrupted { .. } => Exit::Ok,
             ClientError::Daemon { exit, .. } => *exit,
         }
     }

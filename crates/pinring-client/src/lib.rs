@@ -109,7 +109,18 @@ impl Consumer {
     /// or if `opts.start_seq` is a batch this ring can no longer give (already taken, or not the
     /// first seq of a batch).
     pub fn attach(name: &str, opts: &AttachOptions) -> Result<Consumer, ClientError> {
-        let ring = open_ready(name, opts.wait_for_ring)?;
+        Consumer::attach_until(name, opts, &|| false)
+    }
+
+    /// [`Consumer::attach`], giving up with [`ClientError::Interrupted`] as soon as `stop` says
+    /// so while it waits for the ring: `stop` is asked at least every 100 ms (a command's
+    /// SIGTERM flag; Python's `PyErr_CheckSignals`).
+    pub fn attach_until(
+        name: &str,
+        opts: &AttachOptions,
+        stop: &dyn Fn() -> bool,
+    ) -> Result<Consumer, ClientError> {
+        let ring = open_ready(name, opts.wait_for_ring, stop)?;
         let h = ring.header();
         let cfg = ring_config(&ring)?;
         let fields = fields::Fields::of(&cfg).map_err(|what| ClientError::Corrupt {
@@ -175,6 +186,16 @@ impl Consumer {
     /// the end of the plan. Waits for it up to `timeout` (`None`: as long as the daemon lives);
     /// fails if the daemon dies or stops first.
     pub fn next_batch(&mut self, timeout: Option<Duration>) -> Result<Option<Batch>, ClientError> {
+        self.next_batch_until(timeout, &|| false)
+    }
+
+    /// [`Consumer::next_batch`], giving up with [`ClientError::Interrupted`] as soon as `stop`
+    /// says so: it is asked before every wait, at least every 100 ms.
+    pub fn next_batch_until(
+        &mut self,
+        timeout: Option<Duration>,
+        stop: &dyn Fn() -> bool,
+    ) -> Result<Option<Batch>, ClientError> {
         let start = Instant::now();
         let shared = Arc::clone(&self.shared);
         let ring = &shared.ring;
@@ -212,6 +233,11 @@ impl Consumer {
                     ring: ring.name().into(),
                     pid: ring.daemon().pid,
                     seq: self.next,
+                });
+            }
+            if stop() {
+                return Err(ClientError::Interrupted {
+                    ring: ring.name().into(),
                 });
             }
             let mut wait = MAX_WAIT;
@@ -503,8 +529,11 @@ impl Drop for Lease {
 
 /// Opens ring `name` once it exists, is READY and has a live daemon (the loaders' own attach,
 /// waiting up to `wait`), and checks that it hands batches over.
-fn open_ready(name: &str, wait: Duration) -> Result<Ring, ClientError> {
-    let ring = pinring_runtime::loader::attach(name, Access::ReadWrite, wait)?;
+fn open_ready(name: &str, wait: Duration, stop: &dyn Fn() -> bool) -> Result<Ring, ClientError> {
+    let Some(ring) = pinring_runtime::loader::attach_unless(name, Access::ReadWrite, wait, stop)?
+    else {
+        return Err(ClientError::Interrupted { ring: name.into() });
+    };
     if ring.handoff().exported.load(Acquire) != 1 {
         return Err(ClientError::Ring(pinring_ring::RingError::NoHandoff {
             name: name.into(),
