@@ -538,3 +538,19 @@ fn the_reference_writer_is_hidden_and_refuses_a_segment_the_bench_did_not_make()
         .unwrap();
     assert_eq!(out.status.code(), Some(2), "{out:?}");
 }
+
+#[test]
+fn config_check_refuses_what_the_daemon_refuses_a_group_that_does_not_exist() {
+    let fx = Fixture::small("cfg-group");
+    let toml = format!("{SMALL}\n[ring]\nmode = \"0660\"\ngroup = \"nosuchgroup\"\n")
+        .replacen("[ring]\nslots = 8\n", "", 1)
+        .replace("[ring]\nmode", "[ring]\nslots = 8\nmode");
+    let (code, _, err) = config_check(&fx, "group.toml", &toml);
+    assert_eq!(code, Some(3), "{err}");
+    assert!(err.contains("nosuchgroup") && err.contains("groupadd"), "{err}");
+    // The daemon refuses the same config with the same code and message.
+    std::fs::write(&fx.config, &toml).unwrap();
+    let (st, log) = wait_for(fx.daemon(&[]), "daemon", LONG);
+    assert_eq!(st.code(), Some(3), "{log}");
+    assert!(log.contains("nosuchgroup"), "{log}");
+}

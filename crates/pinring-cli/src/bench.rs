@@ -232,20 +232,20 @@ pub fn run(args: &BenchArgs) -> Result<Vec<Point>, BenchError> {
     let selected = pinring_backend::select(args.backend, args.device)?;
     let backend = selected.backend;
     let kind = backend.name();
-    println!("pinring bench: backend {kind} ({})", selected.reason);
+    pinring_runtime::outln!("pinring bench: backend {kind} ({})", selected.reason);
     if kind == "host" {
-        println!("  no GPU in use: device memory is host memory, an upload is a memcpy; these numbers measure the protocol and memory bandwidth, not PCIe");
+        pinring_runtime::outln!("  no GPU in use: device memory is host memory, an upload is a memcpy; these numbers measure the protocol and memory bandwidth, not PCIe");
     }
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    println!("  host: {cores} CPUs; date {}", now_utc());
+    pinring_runtime::outln!("  host: {cores} CPUs; date {}", now_utc());
 
     let gen = pinring_data::generator_throughput(1 << 20, 0.5);
-    println!("  synthetic generator alone: {gen:.1} GB/s on one core (1 MiB samples)");
+    pinring_runtime::outln!("  synthetic generator alone: {gen:.1} GB/s on one core (1 MiB samples)");
 
     if args.register_bytes.bytes() > 0 {
         let (secs, what) = time_registration(&*backend, args.register_bytes.bytes())?;
         let gib = args.register_bytes.bytes() as f64 / (1u64 << 30) as f64;
-        println!(
+        pinring_runtime::outln!(
             "  registration of a prefaulted {} ring segment: {secs:.3} s = {:.3} s/GiB ({what})",
             args.register_bytes,
             secs / gib
@@ -254,8 +254,8 @@ pub fn run(args: &BenchArgs) -> Result<Vec<Point>, BenchError> {
 
     // Ceilings per slot size.
     let mut ceilings = Vec::new();
-    println!("\nceilings (one stream, no pipeline):");
-    println!(
+    pinring_runtime::outln!("\nceilings (one stream, no pipeline):");
+    pinring_runtime::outln!(
         "{:>10} {:>16} {:>16}",
         "slot", "registered GB/s", "pageable GB/s"
     );
@@ -264,7 +264,7 @@ pub fn run(args: &BenchArgs) -> Result<Vec<Point>, BenchError> {
         let iters = ((4u64 << 30) / size.bytes().max(1)).clamp(20, 20_000) as usize;
         let reg = backend.raw_copy_gbps(bytes, iters, true)?;
         let page = backend.raw_copy_gbps(bytes, (iters / 4).max(10), false)?;
-        println!("{:>10} {:>16.2} {:>16.2}", size.to_string(), reg, page);
+        pinring_runtime::outln!("{:>10} {:>16.2} {:>16.2}", size.to_string(), reg, page);
         ceilings.push((size.bytes(), reg, page));
     }
     drop(backend);
@@ -281,17 +281,17 @@ pub fn run(args: &BenchArgs) -> Result<Vec<Point>, BenchError> {
     };
 
     // The upload engine alone on each point's ring: no writers, no protocol, every slot full.
-    println!(
+    pinring_runtime::outln!(
         "\nupload engine alone (the pipeline's ring, device buffers and one upload group per \
          slot; no writers):"
     );
-    println!(
+    pinring_runtime::outln!(
         "{:>10} {:>10} {:>8} {:>16} {:>8}",
         "slot", "GB/s", "of raw", "submit us/slot", "cores"
     );
     for (slot, raw, _) in &ceilings {
         let m = bench.reference(*slot, 0)?;
-        println!(
+        pinring_runtime::outln!(
             "{:>10} {:>10.2} {:>7.0}% {:>16.2} {:>8.2}",
             ByteSize(*slot).to_string(),
             m.gbps,
@@ -306,13 +306,13 @@ pub fn run(args: &BenchArgs) -> Result<Vec<Point>, BenchError> {
     // 43-44 GB/s for the same point): run one, unreported, so every reported run starts warm.
     if let (Some(&(slot, _, _)), Some(&n)) = (ceilings.first(), args.loaders.iter().max()) {
         let warm = bench.pipeline("warm-up", slot, n, &[], 0)?;
-        println!("\nwarm-up run (not reported): {:.2} GB/s", warm.gbps);
+        pinring_runtime::outln!("\nwarm-up run (not reported): {:.2} GB/s", warm.gbps);
     }
     let runs = match args.repeat {
         1 => "1 run per point (--repeat N for more, with their spread)".to_string(),
         n => format!("{n} runs per point: median, min-max and spread"),
     };
-    println!(
+    pinring_runtime::outln!(
         "\npipeline (daemon + N loader processes, discard sink) next to the reference (N writer \
          processes, no protocol); {runs}:"
     );
@@ -339,7 +339,7 @@ pub fn run(args: &BenchArgs) -> Result<Vec<Point>, BenchError> {
                 },
                 |c| Ok(c.1),
             )?;
-        println!(
+        pinring_runtime::outln!(
             "\nmodes side by side ({}, {} loaders), each next to the reference:",
             args.mode_slot, args.mode_loaders
         );
@@ -374,7 +374,7 @@ pub fn run(args: &BenchArgs) -> Result<Vec<Point>, BenchError> {
     )?;
     let svg = args.out.join("bench.svg");
     plot(&svg, kind, &ceilings, &points, &args.loaders)?;
-    println!("\nwrote {} and {}", csv.display(), svg.display());
+    pinring_runtime::outln!("\nwrote {} and {}", csv.display(), svg.display());
     Ok(points)
 }
 
@@ -405,7 +405,7 @@ impl Bench<'_> {
             run.ref_gbps = reference.gbps;
             run.ref_bytes = reference.bytes;
             if repeat > 1 {
-                println!(
+                pinring_runtime::outln!(
                     "  run {index}/{repeat}: pinring {:.2} GB/s, reference {:.2} GB/s ({:.0}% of it)",
                     run.gbps,
                     run.ref_gbps,
@@ -565,7 +565,7 @@ fn time_registration(
 }
 
 fn print_header() {
-    println!(
+    pinring_runtime::outln!(
         "{:<30} {:>9} {:>7} {:>8} {:>13} {:>6} {:>8} {:>10} {:>6} {:>6} {:>10} {:>8} {:>8} {:>8} {:>9} !",
         "mode",
         "slot",
@@ -596,7 +596,7 @@ fn print_point(p: &Point) {
     let reference = p.reference();
     let median = gbps.map_or(0.0, |s| s.median);
     let range = gbps.map_or_else(|| "-".to_string(), |s| format!("{:.2}-{:.2}", s.min, s.max));
-    println!(
+    pinring_runtime::outln!(
         "{:<30} {:>9} {:>7} {:>8.2} {:>13} {:>6} {:>8} {:>10} {:>6} {:>6} {:>10.0} {:>8.3} {:>8.0} {:>8.0} {:>9} {}",
         p.mode,
         ByteSize(p.slot).to_string(),
@@ -620,7 +620,7 @@ fn print_point(p: &Point) {
 /// Under a table: what `!` means, when a point has it.
 fn print_flag_note(points: &[Point]) {
     if points.iter().any(Point::flagged) {
-        println!(
+        pinring_runtime::outln!(
             "! marks a point whose runs (pinring's or the reference's) spread more than {:.0}% \
              ((max - min) / median): rerun it before quoting it",
             100.0 * SPREAD_FLAG
@@ -844,7 +844,7 @@ fn replot(csv: &Path, out: &Path) -> Result<Vec<Point>, BenchError> {
     loaders.dedup();
     let svg = out.join("bench.svg");
     plot(&svg, &kind, &ceilings, &points, &loaders)?;
-    println!("wrote {}", svg.display());
+    pinring_runtime::outln!("wrote {}", svg.display());
     Ok(points)
 }
 

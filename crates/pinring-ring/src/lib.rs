@@ -43,5 +43,7 @@ pub use ring::{
     write_words_at, Claim, CreateOptions, LoaderView, OutOfSlot, Ring, SlotView, SlotWriter,
 };
 #[cfg(not(loom))]
-pub use segment::{object_path, Access, Segment};
+pub use ring::resolve_group;
+#[cfg(not(loom))]
+pub use segment::{object_path, validate_name, Access, Segment};
 pub use slot::{fit_in_slot, Seat, SlotState, SlotWord, Taken};

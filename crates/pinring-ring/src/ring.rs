@@ -1308,7 +1308,9 @@ fn check_admitted(seg: &Segment) -> Result<(), RingError> {
     })
 }
 
-fn resolve_group(ring: &str, group: &str) -> Result<u32, RingError> {
+/// The gid of `ring.group` `group` for ring `ring`, or the error the daemon starts with
+/// (`pinring config check` runs the same check).
+pub fn resolve_group(ring: &str, group: &str) -> Result<u32, RingError> {
     match nix::unistd::Group::from_name(group) {
         Ok(Some(g)) => Ok(g.gid.as_raw()),
         _ => Err(RingError::UnknownGroup {

@@ -61,7 +61,7 @@ pub fn run(args: &CleanArgs) -> Result<(), CleanError> {
     let names = if args.rings.is_empty() {
         let all = ring_names()?;
         if all.is_empty() {
-            println!("no pinring rings in /dev/shm");
+            crate::outln!("no pinring rings in /dev/shm");
         }
         all
     } else {
@@ -71,30 +71,30 @@ pub fn run(args: &CleanArgs) -> Result<(), CleanError> {
     for name in names {
         let path = pinring_ring::object_path(&name);
         match clean_if_stale(&name, !args.dry_run) {
-            Ok(Cleaning::Live { daemon_pid }) => println!(
+            Ok(Cleaning::Live { daemon_pid }) => crate::outln!(
                 "keep    {}: its daemon (pid {daemon_pid}) is running",
                 path.display()
             ),
-            Ok(Cleaning::Kept(why)) => println!("keep    {}: {why}", path.display()),
+            Ok(Cleaning::Kept(why)) => crate::outln!("keep    {}: {why}", path.display()),
             Ok(Cleaning::Stale {
                 daemon_pid,
                 removed: false,
-            }) => println!(
+            }) => crate::outln!(
                 "stale   {}: its daemon (pid {daemon_pid}) is gone (dry run: not removed)",
                 path.display()
             ),
-            Ok(Cleaning::Stale { daemon_pid, .. }) => println!(
+            Ok(Cleaning::Stale { daemon_pid, .. }) => crate::outln!(
                 "removed {}: its daemon (pid {daemon_pid}) was gone",
                 path.display()
             ),
             Err(RingError::NotFound { .. }) => {
-                println!("absent  {}: no such ring", path.display())
+                crate::outln!("absent  {}: no such ring", path.display())
             }
             Err(e @ RingError::PermissionDenied { .. }) => {
                 failed += 1;
                 tracing::error!("{e}");
             }
-            Err(e) => println!("keep    {}: {e}", path.display()),
+            Err(e) => crate::outln!("keep    {}: {e}", path.display()),
         }
     }
     if failed > 0 {

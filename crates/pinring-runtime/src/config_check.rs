@@ -40,12 +40,19 @@ pub enum CheckError {
         #[source]
         source: pinring_data::PlanError,
     },
+    /// The ring the daemon would make from it is refused (its name, `ring.group`).
+    #[error(transparent)]
+    Ring(#[from] pinring_ring::RingError),
 }
 
 impl CheckError {
-    /// The exit code for this error.
+    /// The exit code for this error: the daemon's for the same config (3, or 4 for a ring name
+    /// the daemon refuses).
     pub fn exit(&self) -> Exit {
-        Exit::Config
+        match self {
+            CheckError::Ring(pinring_ring::RingError::InvalidName { .. }) => Exit::Ring,
+            _ => Exit::Config,
+        }
     }
 }
 
@@ -64,14 +71,19 @@ pub fn run(args: &CheckArgs) -> Result<(), CheckError> {
     let host = crate::host_memory::HostMemory::read();
     let auto = host.resolve_auto(&mut cfg);
     cfg.validate()?;
+    // What the daemon checks when it makes the ring, beyond the config's own rules.
+    pinring_ring::validate_name(&cfg.ring.name)?;
+    if let Some(group) = &cfg.ring.group {
+        pinring_ring::resolve_group(&cfg.ring.name, group)?;
+    }
     let plan = cfg.plan().map_err(|source| CheckError::Plan {
         source_name: cfg.source.clone(),
         source,
     })?;
-    println!("# config OK: {}", cfg.source);
-    println!("# found by: {}", origin.describe());
-    println!("# segment: {}", cfg.segment_path());
-    println!(
+    crate::outln!("# config OK: {}", cfg.source);
+    crate::outln!("# found by: {}", origin.describe());
+    crate::outln!("# segment: {}", cfg.segment_path());
+    crate::outln!(
         "# slot bytes: {} ({} payload max + {} metadata reserve; {}); ring data: {} bytes \
          ({:.1} MiB)",
         cfg.slot_bytes(),
@@ -87,21 +99,21 @@ pub fn run(args: &CheckArgs) -> Result<(), CheckError> {
         .iter()
         .map(|f| format!("{} {} {:?} at byte {}", f.name, f.dtype, f.shape, f.offset))
         .collect();
-    println!(
+    crate::outln!(
         "# fields: {} of a {}-byte device buffer per batch; {} bytes per sample, field-major in \
          slots",
         fields.join(", "),
         layout.total_bytes,
         layout.record_bytes
     );
-    println!("# host: {}", host.describe());
+    crate::outln!("# host: {}", host.describe());
     if let Some(line) = auto {
-        println!("# auto: {line}");
+        crate::outln!("# auto: {line}");
     }
     for w in host.ring_warnings(&cfg.ring.name, cfg.slots(), cfg.slot_bytes()) {
-        println!("# warning: {w}");
+        crate::outln!("# warning: {w}");
     }
-    println!(
+    crate::outln!(
         "# plan: {} batches per epoch, {} batches in all; fingerprint {:#018x}",
         plan.batches_per_epoch(),
         plan.total_batches(),
@@ -109,7 +121,7 @@ pub fn run(args: &CheckArgs) -> Result<(), CheckError> {
     );
     if let Some(order) = plan.shard_order() {
         let p = plan.params();
-        println!(
+        crate::outln!(
             "# shard order: rank {} of {} holds {} samples in {} of the {} shards; every rank \
              delivers {} samples per epoch ({})",
             p.rank,
@@ -125,6 +137,6 @@ pub fn run(args: &CheckArgs) -> Result<(), CheckError> {
             }
         );
     }
-    print!("{}", cfg.to_toml());
+    crate::out!("{}", cfg.to_toml());
     Ok(())
 }

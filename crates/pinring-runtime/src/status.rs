@@ -13,7 +13,6 @@ use crate::exit::Exit;
 use pinring_ring::{ring_state, Access, Ring, RingError, SlotState};
 use serde::Serialize;
 use std::fmt::Write as _;
-use std::io::Write as _;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
@@ -607,7 +606,6 @@ fn measure(names: &[String], interval: Duration) -> Vec<RingReport> {
 pub fn run(args: &StatusArgs, shutdown: &crate::shutdown::Shutdown) -> Result<(), StatusError> {
     let interval = Duration::from_secs_f64(args.interval);
     let live = !(args.json || args.once);
-    let mut out = std::io::stdout().lock();
     loop {
         let names = match &args.ring {
             Some(n) => {
@@ -625,18 +623,18 @@ pub fn run(args: &StatusArgs, shutdown: &crate::shutdown::Shutdown) -> Result<()
         if args.json {
             let json = serde_json::to_string_pretty(&reports)
                 .map_err(|e| StatusError::Output(std::io::Error::other(e)))?;
-            writeln!(out, "{json}").map_err(StatusError::Output)?;
+            crate::outln!("{json}");
             return Ok(());
         }
         let text = render(&reports);
         if live {
             // Clear the screen and home the cursor, like top.
-            write!(out, "\x1b[2J\x1b[H{text}").map_err(StatusError::Output)?;
+            crate::out!("\x1b[2J\x1b[H{text}");
         } else {
-            write!(out, "{text}").map_err(StatusError::Output)?;
+            crate::out!("{text}");
         }
-        out.flush().map_err(StatusError::Output)?;
-        if !live || shutdown.requested() {
+        // A reader that went away (`pinring status | head`) ends the view quietly.
+        if !live || shutdown.requested() || crate::output::stdout_closed() {
             return Ok(());
         }
     }
