@@ -47,6 +47,16 @@ impl EmbeddedDaemon {
     /// Starts the daemon with the consumer sink and waits (up to `wait`) until its ring is
     /// READY. A daemon that fails at start is reported with its own message.
     pub fn start(opts: &EmbeddedOptions, wait: Duration) -> Result<EmbeddedDaemon, ClientError> {
+        EmbeddedDaemon::start_until(opts, wait, &|| false)
+    }
+
+    /// [`EmbeddedDaemon::start`], giving up with [`ClientError::Interrupted`] (the daemon
+    /// stopped again) as soon as `stop` says so; it is asked at least every 50 ms.
+    pub fn start_until(
+        opts: &EmbeddedOptions,
+        wait: Duration,
+        stop: &dyn Fn() -> bool,
+    ) -> Result<EmbeddedDaemon, ClientError> {
         let overrides = Overrides {
             ring: opts.ring.clone(),
             epochs: opts.epochs,
@@ -94,11 +104,11 @@ impl EmbeddedDaemon {
             shutdown,
             thread: Some(thread),
         };
-        d.wait_ready(wait)?;
+        d.wait_ready(wait, stop)?;
         Ok(d)
     }
 
-    fn wait_ready(&mut self, wait: Duration) -> Result<(), ClientError> {
+    fn wait_ready(&mut self, wait: Duration, stop: &dyn Fn() -> bool) -> Result<(), ClientError> {
         let start = Instant::now();
         let me = std::process::id();
         loop {
@@ -125,6 +135,11 @@ impl EmbeddedDaemon {
                 if ring.daemon().pid == me && ring.state() != pinring_ring::ring_state::INIT {
                     return Ok(());
                 }
+            }
+            if stop() {
+                return Err(ClientError::Interrupted {
+                    ring: self.ring.clone(),
+                });
             }
             if start.elapsed() >= wait {
                 return Err(ClientError::Daemon {

@@ -78,9 +78,10 @@ impl Consumer {
             fingerprint,
             wait_for_ring: seconds("wait_for_ring", wait_for_ring)?,
         };
-        let c = py
-            .detach(|| pinring_client::Consumer::attach(&ring, &opts))
-            .map_err(|e| e.to_pyerr())?;
+        let c = crate::signals::detach_interruptible(py, |stop| {
+            pinring_client::Consumer::attach_until(&ring, &opts, stop)
+        })?
+        .map_err(|e| e.to_pyerr())?;
         Ok(Consumer {
             inner: Mutex::new(Some(c)),
             ring,
@@ -99,10 +100,12 @@ impl Consumer {
                 format!("the consumer of ring {:?} is closed", self.ring),
             ));
         };
-        let got = py.detach(|| c.next_batch(timeout)).map_err(|e| match e {
-            ClientError::Timeout { .. } => crate::errors::Timeout::new_err(e.to_string()),
-            e => e.to_pyerr(),
-        })?;
+        let got =
+            crate::signals::detach_interruptible(py, |stop| c.next_batch_until(timeout, stop))?
+                .map_err(|e| match e {
+                    ClientError::Timeout { .. } => crate::errors::Timeout::new_err(e.to_string()),
+                    e => e.to_pyerr(),
+                })?;
         let Some(b) = got else {
             return Ok(None);
         };
@@ -274,9 +277,10 @@ impl EmbeddedDaemon {
             replace,
         };
         let wait = seconds("wait", wait)?;
-        let d = py
-            .detach(|| pinring_client::EmbeddedDaemon::start(&opts, wait))
-            .map_err(|e| e.to_pyerr())?;
+        let d = crate::signals::detach_interruptible(py, |stop| {
+            pinring_client::EmbeddedDaemon::start_until(&opts, wait, stop)
+        })?
+        .map_err(|e| e.to_pyerr())?;
         let ring = d.ring().to_string();
         Ok(EmbeddedDaemon {
             inner: Mutex::new(Some(d)),

@@ -11,6 +11,7 @@ pub mod dlpack;
 pub mod errors;
 pub mod field;
 pub mod producer;
+mod signals;
 mod testing;
 
 use pyo3::prelude::*;

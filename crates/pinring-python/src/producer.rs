@@ -76,17 +76,22 @@ fn closed(ring: &str) -> PyErr {
 
 impl Producer {
     /// Waits for a FREE slot until `deadline`: `Ok(None)` once the daemon ended the run.
-    fn claim_slot(st: &mut State, deadline: Option<Instant>) -> Result<Option<Claim>, ClaimError> {
+    fn claim_slot(
+        st: &mut State,
+        deadline: Option<Instant>,
+        stop: &dyn Fn() -> bool,
+    ) -> Result<Option<Claim>, ClaimError> {
         let ring = &st.joined.ring;
         let h = ring.header();
         let past = || deadline.is_some_and(|d| Instant::now() >= d);
         let mut last_check = Instant::now();
         loop {
             if ring.state() != ring_state::READY {
-                match loader::confirm_end(ring, past)? {
+                match loader::confirm_end(ring, || past() || stop())? {
                     EndCheck::Ended => return Ok(None),
                     EndCheck::Resumed => continue,
-                    EndCheck::Stopped => return Err(ClaimError::Timeout),
+                    EndCheck::Stopped if past() => return Err(ClaimError::Timeout),
+                    EndCheck::Stopped => return Err(ClaimError::Interrupted),
                 }
             }
             if last_check.elapsed() >= MAX_WAIT {
@@ -100,6 +105,9 @@ impl Producer {
             }
             if past() {
                 return Err(ClaimError::Timeout);
+            }
+            if stop() {
+                return Err(ClaimError::Interrupted);
             }
             let slice = deadline.map_or(MAX_WAIT, |d| {
                 d.saturating_duration_since(Instant::now()).min(MAX_WAIT)
@@ -117,6 +125,8 @@ impl Producer {
 
 enum ClaimError {
     Timeout,
+    /// A signal handler raised (its exception is the caller's to raise).
+    Interrupted,
     Loader(loader::LoaderError),
 }
 
@@ -151,26 +161,38 @@ impl Producer {
             ring: Some(ring.clone()),
             ..Default::default()
         };
-        let state = py.detach(|| -> Result<State, loader::LoaderError> {
-            let mut cfg = settings::load(config.as_deref(), &overrides)?;
-            // A file kind: its length is the files' (as the daemon and pinring-loader find it).
-            loader::open_source(&mut cfg)?;
-            let r = loader::attach(&cfg.ring.name, Access::ReadWrite, wait)?;
-            let plan = loader::check_ring(&mut cfg, &r)?;
-            let seat = r.attach_loader(ProcessId::current())?;
-            let layout = cfg.batch_layout();
-            let hint = u32::from(seat.index) % r.geometry().slot_count;
-            Ok(State {
-                joined: Arc::new(Joined {
-                    ring: r,
-                    cfg,
-                    layout,
-                }),
-                plan,
-                seat,
-                hint,
-            })
-        });
+        let state = crate::signals::detach_interruptible(
+            py,
+            |stop| -> Result<State, loader::LoaderError> {
+                let mut cfg = settings::load(config.as_deref(), &overrides)?;
+                // A file kind: its length is the files' (as the daemon and pinring-loader find it).
+                loader::open_source(&mut cfg)?;
+                let Some(r) = loader::attach_unless(&cfg.ring.name, Access::ReadWrite, wait, stop)?
+                else {
+                    // Stopped by a signal handler: its exception is raised instead of this.
+                    return Err(pinring_ring::RingError::NotReady {
+                        name: cfg.ring.name.clone(),
+                        waited_ms: 0,
+                        state: "interrupted",
+                    }
+                    .into());
+                };
+                let plan = loader::check_ring(&mut cfg, &r)?;
+                let seat = r.attach_loader(ProcessId::current())?;
+                let layout = cfg.batch_layout();
+                let hint = u32::from(seat.index) % r.geometry().slot_count;
+                Ok(State {
+                    joined: Arc::new(Joined {
+                        ring: r,
+                        cfg,
+                        layout,
+                    }),
+                    plan,
+                    seat,
+                    hint,
+                })
+            },
+        )?;
         let state = state.map_err(|e| e.to_pyerr())?;
         // A producer writes whole samples: a ring whose samples are cut into byte parts is
         // pinring-loader's alone.
@@ -196,10 +218,19 @@ impl Producer {
         let Some(st) = g.as_mut() else {
             return Err(closed(&self.ring));
         };
-        let got = py.detach(|| Producer::claim_slot(st, deadline));
+        let got = crate::signals::detach_interruptible(py, |stop| {
+            Producer::claim_slot(st, deadline, stop)
+        })?;
         let claim = match got {
             Ok(Some(c)) => c,
             Ok(None) => return Ok(None),
+            // detach_interruptible returned the handler's exception above.
+            Err(ClaimError::Interrupted) => {
+                return Err(exit_error(
+                    Exit::Internal,
+                    "interrupted without an exception",
+                ))
+            }
             Err(ClaimError::Timeout) => {
                 return Err(crate::errors::Timeout::new_err(format!(
                     "ring {:?}: no free slot within {:.3} s",
