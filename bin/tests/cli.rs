@@ -547,7 +547,10 @@ fn config_check_refuses_what_the_daemon_refuses_a_group_that_does_not_exist() {
         .replace("[ring]\nmode", "[ring]\nslots = 8\nmode");
     let (code, _, err) = config_check(&fx, "group.toml", &toml);
     assert_eq!(code, Some(3), "{err}");
-    assert!(err.contains("nosuchgroup") && err.contains("groupadd"), "{err}");
+    assert!(
+        err.contains("nosuchgroup") && err.contains("groupadd"),
+        "{err}"
+    );
     // The daemon refuses the same config with the same code and message.
     std::fs::write(&fx.config, &toml).unwrap();
     let (st, log) = wait_for(fx.daemon(&[]), "daemon", LONG);

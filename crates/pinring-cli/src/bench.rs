@@ -240,7 +240,9 @@ pub fn run(args: &BenchArgs) -> Result<Vec<Point>, BenchError> {
     pinring_runtime::outln!("  host: {cores} CPUs; date {}", now_utc());
 
     let gen = pinring_data::generator_throughput(1 << 20, 0.5);
-    pinring_runtime::outln!("  synthetic generator alone: {gen:.1} GB/s on one core (1 MiB samples)");
+    pinring_runtime::outln!(
+        "  synthetic generator alone: {gen:.1} GB/s on one core (1 MiB samples)"
+    );
 
     if args.register_bytes.bytes() > 0 {
         let (secs, what) = time_registration(&*backend, args.register_bytes.bytes())?;
@@ -257,7 +259,9 @@ pub fn run(args: &BenchArgs) -> Result<Vec<Point>, BenchError> {
     pinring_runtime::outln!("\nceilings (one stream, no pipeline):");
     pinring_runtime::outln!(
         "{:>10} {:>16} {:>16}",
-        "slot", "registered GB/s", "pageable GB/s"
+        "slot",
+        "registered GB/s",
+        "pageable GB/s"
     );
     for size in &args.slot_sizes {
         let bytes = size.bytes() as usize;
@@ -287,7 +291,11 @@ pub fn run(args: &BenchArgs) -> Result<Vec<Point>, BenchError> {
     );
     pinring_runtime::outln!(
         "{:>10} {:>10} {:>8} {:>16} {:>8}",
-        "slot", "GB/s", "of raw", "submit us/slot", "cores"
+        "slot",
+        "GB/s",
+        "of raw",
+        "submit us/slot",
+        "cores"
     );
     for (slot, raw, _) in &ceilings {
         let m = bench.reference(*slot, 0)?;
@@ -341,7 +349,8 @@ pub fn run(args: &BenchArgs) -> Result<Vec<Point>, BenchError> {
             )?;
         pinring_runtime::outln!(
             "\nmodes side by side ({}, {} loaders), each next to the reference:",
-            args.mode_slot, args.mode_loaders
+            args.mode_slot,
+            args.mode_loaders
         );
         print_header();
         let first = points.len();

@@ -861,6 +861,12 @@ mod tests {
             let mut d = Decoder::new().with_max_pixels(100);
             let e = d.decode(&file, 1).unwrap_err();
             assert!(matches!(e, ImageError::TooLarge { .. }), "{e}");
+            // The fix it names exists: no key to raise, a policy to skip.
+            let msg = e.to_string();
+            assert!(
+                !msg.contains("max_pixels") && msg.contains("on_bad_sample"),
+                "{msg}"
+            );
             assert!(matches!(d.info(&file), Err(ImageError::TooLarge { .. })));
             assert_eq!(Decoder::new().info(&file).unwrap().width, W);
         }

@@ -41,7 +41,7 @@ pub enum ImageError {
         what: String,
     },
     /// The image is larger than the decoder's pixel limit.
-    #[error("{format} of {width}x{height} pixels exceeds the limit of {max_pixels} pixels; raise the decoder's max_pixels or shrink the file")]
+    #[error("{format} of {width}x{height} pixels exceeds the limit of {max_pixels} pixels; the limit guards against decompression bombs and is not configurable: shrink or re-encode the file, or set dataset.on_bad_sample = \"skip\" to replace it with zeros")]
     TooLarge {
         /// Format detected from the magic bytes.
         format: Format,

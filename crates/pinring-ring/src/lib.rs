@@ -39,11 +39,11 @@ pub use layout::{ring_state, Geometry, Header, MAX_LOADERS};
 pub use process::ProcessId;
 pub use recovery::Expired;
 #[cfg(not(loom))]
+pub use ring::resolve_group;
+#[cfg(not(loom))]
 pub use ring::{
     write_words_at, Claim, CreateOptions, LoaderView, OutOfSlot, Ring, SlotView, SlotWriter,
 };
-#[cfg(not(loom))]
-pub use ring::resolve_group;
 #[cfg(not(loom))]
 pub use segment::{object_path, validate_name, Access, Segment};
 pub use slot::{fit_in_slot, Seat, SlotState, SlotWord, Taken};

@@ -555,6 +555,10 @@ pub enum Cleaning {
         daemon_pid: u32,
         /// Whether it was removed (false: a dry run).
         removed: bool,
+        /// What is wrong with its header, if anything (a ring's magic and version over
+        /// impossible geometry: scribbled, or cut short); removed all the same, no daemon
+        /// holds it.
+        corrupt: Option<String>,
     },
     /// Not something clean removes: kept, with the reason.
     Kept(String),
@@ -590,10 +594,12 @@ pub fn clean_if_stale(name: &str, remove: bool) -> Result<Cleaning, RingError> {
              cannot be checked from here: remove it by hand once that daemon is stopped"
         )));
     }
+    let corrupt = header_problem(&file, size);
     if !remove {
         return Ok(Cleaning::Stale {
             daemon_pid,
             removed: false,
+            corrupt,
         });
     }
     match nix::sys::stat::lstat(&path) {
@@ -607,6 +613,7 @@ pub fn clean_if_stale(name: &str, remove: bool) -> Result<Cleaning, RingError> {
         Ok(()) | Err(nix::Error::ENOENT) => Ok(Cleaning::Stale {
             daemon_pid,
             removed: true,
+            corrupt,
         }),
         Err(nix::Error::EACCES) | Err(nix::Error::EPERM) => Err(RingError::PermissionDenied {
             name: name.to_string(),
@@ -691,6 +698,39 @@ fn read_identity(file: &File) -> (u64, u32, u64) {
     (magic, version, size)
 }
 
+/// What is wrong with the geometry a ring's header records, read with `pread` (for `pinring
+/// clean`'s report; a daemon opening the ring checks much more).
+fn header_problem(file: &File, size: u64) -> Option<String> {
+    let mut b = [0u8; 40];
+    if file.read_exact_at(&mut b, 0).is_err() {
+        return Some(format!("the file ({size} bytes) is shorter than a header"));
+    }
+    let u32_at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().expect("4 bytes"));
+    let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().expect("8 bytes"));
+    let (header_bytes, total, slots, desc_bytes, slot_bytes) =
+        (u32_at(12), u64_at(16), u32_at(24), u32_at(28), u64_at(32));
+    if header_bytes as usize != HEADER_BYTES {
+        return Some(format!(
+            "header_bytes is {header_bytes}, not {HEADER_BYTES}"
+        ));
+    }
+    if desc_bytes as usize != crate::layout::DESC_BYTES {
+        return Some(format!(
+            "desc_bytes is {desc_bytes}, not {}",
+            crate::layout::DESC_BYTES
+        ));
+    }
+    if total != size {
+        return Some(format!("total_bytes is {total}, the file has {size}"));
+    }
+    if crate::layout::Geometry::new(slots, slot_bytes).is_none() {
+        return Some(format!(
+            "{slots} slots of {slot_bytes} bytes is out of range"
+        ));
+    }
+    None
+}
+
 /// The daemon pid recorded in a ring's header (informational only: for messages).
 pub fn read_daemon_pid(file: &File) -> u32 {
     let mut b = [0u8; 4];
@@ -736,6 +776,28 @@ fn check_space(name: &str, len: u64) -> Result<(), RingError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn clean_says_when_the_stale_ring_it_removes_had_a_corrupt_header() {
+        let name = format!("test-cleancorrupt-{}", std::process::id());
+        let path = object_path(&name);
+        // A ring's magic and layout version over a header of zeros, in 8 KiB.
+        let mut bytes = vec![0u8; 8192];
+        bytes[..8].copy_from_slice(&MAGIC.to_le_bytes());
+        bytes[8..12].copy_from_slice(&LAYOUT_VERSION.to_le_bytes());
+        std::fs::write(&path, &bytes).unwrap();
+        let c = clean_if_stale(&name, true).unwrap();
+        let Cleaning::Stale {
+            removed: true,
+            corrupt: Some(what),
+            ..
+        } = c
+        else {
+            panic!("{c:?}");
+        };
+        assert!(what.contains("header_bytes"), "{what}");
+        assert!(!path.exists());
+    }
 
     #[test]
     fn names_are_validated() {

@@ -13,6 +13,13 @@ use crate::status::{ring_names, StatusError};
 use pinring_ring::segment::{clean_if_stale, validate_name, Cleaning};
 use pinring_ring::RingError;
 
+/// The tail of a clean line for a ring whose header is corrupt.
+fn corrupt_note(corrupt: Option<&str>) -> String {
+    corrupt.map_or(String::new(), |what| {
+        format!("; its header was corrupt ({what}): some process wrote into it")
+    })
+}
+
 /// `pinring clean` flags.
 #[derive(Debug, Clone, clap::Args)]
 pub struct CleanArgs {
@@ -79,13 +86,20 @@ pub fn run(args: &CleanArgs) -> Result<(), CleanError> {
             Ok(Cleaning::Stale {
                 daemon_pid,
                 removed: false,
+                corrupt,
             }) => crate::outln!(
-                "stale   {}: its daemon (pid {daemon_pid}) is gone (dry run: not removed)",
-                path.display()
+                "stale   {}: its daemon (pid {daemon_pid}) is gone{} (dry run: not removed)",
+                path.display(),
+                corrupt_note(corrupt.as_deref())
             ),
-            Ok(Cleaning::Stale { daemon_pid, .. }) => crate::outln!(
-                "removed {}: its daemon (pid {daemon_pid}) was gone",
-                path.display()
+            Ok(Cleaning::Stale {
+                daemon_pid,
+                corrupt,
+                ..
+            }) => crate::outln!(
+                "removed {}: its daemon (pid {daemon_pid}) was gone{}",
+                path.display(),
+                corrupt_note(corrupt.as_deref())
             ),
             Err(RingError::NotFound { .. }) => {
                 crate::outln!("absent  {}: no such ring", path.display())
