@@ -233,13 +233,13 @@ pub fn print(args: std::fmt::Arguments<'_>) {
     }
 }
 
-/// `print!` through [`print`]: quiet on a closed pipe.
+/// `print!` through [`output::print`](crate::output::print()): quiet on a closed pipe.
 #[macro_export]
 macro_rules! out {
     ($($arg:tt)*) => { $crate::output::print(format_args!($($arg)*)) };
 }
 
-/// `println!` through [`print`]: quiet on a closed pipe.
+/// `println!` through [`output::print`](crate::output::print()): quiet on a closed pipe.
 #[macro_export]
 macro_rules! outln {
     () => { $crate::output::print(format_args!("\n")) };
