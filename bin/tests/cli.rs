@@ -31,15 +31,18 @@ fn status_json_reports_a_running_ring_without_disturbing_it() {
     assert_eq!(snap["state"], "READY", "{v:#}");
     assert_eq!(snap["daemon_pid"], daemon.id(), "{v:#}");
     assert_eq!(snap["loaders"].as_array().map(Vec::len), Some(1), "{v:#}");
+    // The rate is measured over the interval: a loaded machine may deliver nothing in 0.2 s,
+    // so only its being a number is asserted; the count shows the run is going.
     assert!(
-        report["rates"]["batches_per_second"].as_f64().unwrap() > 0.0,
+        report["rates"]["batches_per_second"].as_f64().unwrap() >= 0.0,
         "{v:#}"
     );
+    assert!(snap["delivered"].as_u64().unwrap() >= 5, "{v:#}");
     // The run goes on and ends cleanly: status only read the segment.
     signal(&daemon, Signal::SIGTERM);
-    let (st, log) = wait_for(daemon, "daemon", Duration::from_secs(10));
+    let (st, log) = wait_for(daemon, "daemon", LONG);
     assert!(st.success(), "{log}");
-    let (st, _) = wait_for(loader, "loader", Duration::from_secs(10));
+    let (st, _) = wait_for(loader, "loader", LONG);
     assert!(st.success());
     let s = fx.summary();
     assert_eq!((s.verify_failures, s.duplicates, s.out_of_order), (0, 0, 0));
@@ -76,7 +79,7 @@ fn clean_removes_a_dead_daemons_ring_and_keeps_a_live_one() {
     assert!(live.segment().exists(), "{text}");
     assert!(text.contains("removed") && text.contains("keep"), "{text}");
     signal(&a, Signal::SIGTERM);
-    let (st, log) = wait_for(a, "daemon", Duration::from_secs(10));
+    let (st, log) = wait_for(a, "daemon", LONG);
     assert!(st.success(), "{log}");
 }
 
@@ -327,9 +330,10 @@ fn sigterm_to_pinring_run_drains_and_tells_where_to_resume() {
     wait_delivered(&ring, 10);
     signal(&run, Signal::SIGTERM);
     let t = Instant::now();
-    let (st, text) = wait_for(run, "pinring run", Duration::from_secs(10));
+    let (st, text) = wait_for(run, "pinring run", LONG);
     assert!(st.success(), "{text}");
-    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    // The drain takes at most 1.5 s (DRAIN_DEADLINE); 20 s allows a loaded machine.
+    assert!(t.elapsed() < Duration::from_secs(20), "{:?}", t.elapsed());
     assert!(text.contains("resume with --start-seq"), "{text}");
     assert!(
         text.contains("0 failed, 0 duplicates, 0 out of order"),

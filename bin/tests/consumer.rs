@@ -90,7 +90,7 @@ fn finish(fx: &Fixture, daemon: std::process::Child, loaders: Vec<std::process::
     let (status, log) = wait_for(daemon, "daemon", LONG);
     assert!(status.success(), "daemon failed: {status}\n{log}");
     for k in loaders {
-        let (st, log) = wait_for(k, "loader", Duration::from_secs(10));
+        let (st, log) = wait_for(k, "loader", LONG);
         assert!(st.success(), "loader failed: {st}\n{log}");
     }
     // The daemon's books: every batch delivered (taken) once, in order; the bytes were checked
@@ -316,6 +316,14 @@ fn an_embedded_daemon_feeds_its_own_process() {
     .unwrap();
     assert_eq!(daemon.ring(), fx.ring);
     let kids: Vec<_> = (0..3).map(|_| fx.loader(&fx.config)).collect();
+    // Every loader attached before batches are taken: one still starting when the plan ends
+    // would wait its whole --wait-secs for a ring that is gone.
+    let view =
+        pinring_runtime::loader::attach(&fx.ring, pinring_ring::Access::ReadOnly, LONG).unwrap();
+    for k in &kids {
+        wait_attached(&view, k);
+    }
+    drop(view);
     let mut c = attach(&fx, None).unwrap();
     assert_eq!(
         c.ring().daemon().pid,
@@ -332,7 +340,7 @@ fn an_embedded_daemon_feeds_its_own_process() {
         0
     );
     for k in kids {
-        let (st, log) = wait_for(k, "loader", Duration::from_secs(10));
+        let (st, log) = wait_for(k, "loader", LONG);
         assert!(st.success(), "loader failed: {st}\n{log}");
     }
     assert!(
@@ -418,6 +426,6 @@ fn a_consumer_of_a_stopped_daemon_is_told_where_to_restart() {
     // The daemon's own resume point agrees: the first batch no consumer took.
     assert_eq!(fx.summary().resume_seq, 5);
     for k in kids {
-        let _ = wait_for(k, "loader", Duration::from_secs(10));
+        let _ = wait_for(k, "loader", LONG);
     }
 }

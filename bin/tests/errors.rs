@@ -19,14 +19,14 @@ fn a_loader_with_another_config_is_refused() {
     fx.wait_ready(&mut daemon);
     let other = fx.dir.path().join("other.toml");
     std::fs::write(&other, SMALL.replace("batch_size = 8", "batch_size = 4")).unwrap();
-    let (st, log) = wait_for(fx.loader(&other), "loader", Duration::from_secs(20));
+    let (st, log) = wait_for(fx.loader(&other), "loader", LONG);
     assert_eq!(st.code(), Some(8), "{log}");
     assert!(
         log.contains("fingerprint") && log.contains(&fx.ring),
         "{log}"
     );
     signal(&daemon, Signal::SIGTERM);
-    let (st, _) = wait_for(daemon, "daemon", Duration::from_secs(5));
+    let (st, _) = wait_for(daemon, "daemon", LONG);
     assert!(st.success());
 }
 
@@ -51,7 +51,7 @@ fn a_segment_of_another_layout_version_is_refused() {
     bytes[..8].copy_from_slice(b"PINRING\0");
     bytes[8..12].copy_from_slice(&99u32.to_le_bytes());
     std::fs::write(fx.segment(), bytes).unwrap();
-    let (st, log) = wait_for(fx.loader(&fx.config), "loader", Duration::from_secs(10));
+    let (st, log) = wait_for(fx.loader(&fx.config), "loader", LONG);
     assert_eq!(st.code(), Some(RING_ERROR), "{log}");
     assert!(
         log.contains("layout version 99") && log.contains(&fx.ring),
@@ -69,11 +69,11 @@ fn a_truncated_segment_is_refused_and_stops_the_daemon() {
         .open(fx.segment())
         .unwrap();
     f.set_len(4096 * 3).unwrap();
-    let (st, log) = wait_for(fx.loader(&fx.config), "loader", Duration::from_secs(10));
+    let (st, log) = wait_for(fx.loader(&fx.config), "loader", LONG);
     assert_eq!(st.code(), Some(RING_ERROR), "{log}");
     assert!(log.contains("truncated"), "{log}");
     // The daemon stops rather than upload from a file that changed under it.
-    let (st, log) = wait_for(daemon, "daemon", Duration::from_secs(10));
+    let (st, log) = wait_for(daemon, "daemon", LONG);
     assert_eq!(st.code(), Some(RING_ERROR), "{log}");
     assert!(log.contains("truncated"), "{log}");
 }
@@ -83,7 +83,7 @@ fn a_live_daemons_ring_is_refused_and_a_dead_ones_replaced() {
     let fx = Fixture::small("held");
     let mut first = fx.daemon(&["--epochs", "1000"]);
     fx.wait_ready(&mut first);
-    let (st, log) = wait_for(fx.daemon(&[]), "second daemon", Duration::from_secs(10));
+    let (st, log) = wait_for(fx.daemon(&[]), "second daemon", LONG);
     assert_eq!(st.code(), Some(RING_ERROR), "{log}");
     assert!(log.contains("held by a running daemon"), "{log}");
     // Kill the owner without letting it clean up: the segment stays behind.
@@ -96,7 +96,7 @@ fn a_live_daemons_ring_is_refused_and_a_dead_ones_replaced() {
     let (st, log) = wait_for(daemon, "replacing daemon", LONG);
     assert!(st.success(), "{log}");
     assert!(log.contains("stale segment"), "{log}");
-    let (st, _) = wait_for(loader, "loader", Duration::from_secs(10));
+    let (st, _) = wait_for(loader, "loader", LONG);
     assert!(st.success());
     assert_complete(&fx.summary(), true);
 }
@@ -235,7 +235,7 @@ fn a_daemon_that_fails_at_start_still_writes_its_summary_with_the_error_and_exit
         assert_eq!(s.bound, "none", "{s:#?}");
     }
     signal(&live, Signal::SIGTERM);
-    let (st, log) = wait_for(live, "live daemon", Duration::from_secs(10));
+    let (st, log) = wait_for(live, "live daemon", LONG);
     assert!(
         st.success(),
         "the failed starts left the live ring alone: {log}"
@@ -245,7 +245,7 @@ fn a_daemon_that_fails_at_start_still_writes_its_summary_with_the_error_and_exit
 #[test]
 fn an_unknown_config_key_names_file_and_key() {
     let fx = Fixture::new("badkey", "[ring]\nslotz = 4\n");
-    let (st, log) = wait_for(fx.daemon(&[]), "daemon", Duration::from_secs(10));
+    let (st, log) = wait_for(fx.daemon(&[]), "daemon", LONG);
     assert_eq!(st.code(), Some(3), "{log}");
     assert!(
         log.contains("pinring.toml") && log.contains("slotz"),
@@ -256,7 +256,7 @@ fn an_unknown_config_key_names_file_and_key() {
 #[test]
 fn an_out_of_range_value_names_the_key_and_what_is_allowed() {
     let fx = Fixture::new("badval", "[plan]\nrank = 3\nworld_size = 2\n");
-    let (st, log) = wait_for(fx.daemon(&[]), "daemon", Duration::from_secs(10));
+    let (st, log) = wait_for(fx.daemon(&[]), "daemon", LONG);
     assert_eq!(st.code(), Some(3), "{log}");
     assert!(log.contains("plan.rank"), "{log}");
 }
@@ -302,7 +302,7 @@ fn a_kind_that_cannot_cut_a_sample_refuses_a_slot_smaller_than_one() {
                 fields = [{ name = \"images\", dtype = \"f32\", shape = [128, 128] }, \
                 { name = \"labels\", dtype = \"i64\" }]\n[plan]\nbatch_size = 4\n";
     let fx = Fixture::new("nocut", toml);
-    let (st, log) = wait_for(fx.daemon(&[]), "daemon", Duration::from_secs(20));
+    let (st, log) = wait_for(fx.daemon(&[]), "daemon", LONG);
     assert_eq!(st.code(), Some(CONFIG), "{log}");
     assert!(
         log.contains("ring.slot_bytes")

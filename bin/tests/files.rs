@@ -465,7 +465,7 @@ fn delivered_labels(fx: &Fixture, epochs: u32) -> Vec<Vec<u64>> {
     let (status, log) = wait_for(daemon, "daemon", LONG);
     assert!(status.success(), "daemon failed: {status}\n{log}");
     for k in kids {
-        let (st, log) = wait_for(k, "loader", Duration::from_secs(10));
+        let (st, log) = wait_for(k, "loader", LONG);
         assert!(st.success(), "loader failed: {st}\n{log}");
     }
     out

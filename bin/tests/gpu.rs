@@ -25,7 +25,7 @@ fn cuda_run(tag: &str, extra: &[&str]) -> pinring_runtime::summary::Summary {
     let (status, log) = wait_for(daemon, "daemon", LONG);
     assert!(status.success(), "{tag}: {log}");
     for l in loaders {
-        let (st, log) = wait_for(l, "loader", Duration::from_secs(10));
+        let (st, log) = wait_for(l, "loader", LONG);
         assert!(st.success(), "{log}");
     }
     let s = fx.summary();

@@ -210,6 +210,11 @@ fn a_corrupt_jpeg_in_a_shard_stops_the_loader_with_fail() {
         "{log}"
     );
     assert!(!log.contains("panicked"), "{log}");
+    // The daemon stops on the failed part with the loader's code and message (file, member).
     let (status, daemon_log) = wait_for(daemon, "daemon", LONG);
-    assert_eq!(status.code(), Some(4), "{daemon_log}");
+    assert_eq!(status.code(), Some(3), "{daemon_log}");
+    assert!(
+        daemon_log.contains("shard-1.tar") && daemon_log.contains("sample00006.jpg"),
+        "{daemon_log}"
+    );
 }

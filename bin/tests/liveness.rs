@@ -89,11 +89,11 @@ fn header_scribbles_on_a_live_ring_fool_no_loader_status_clean_or_second_daemon(
         serde_json::from_str(log.trim_start_matches(|c| c != '[' && c != '{')).unwrap();
     let report = if json.is_array() { &json[0] } else { &json };
     assert_eq!(report["snapshot"]["daemon_alive"], true, "{log}");
-    let (st, log) = wait_for(cli(&["clean", &fx.ring]), "clean", Duration::from_secs(10));
+    let (st, log) = wait_for(cli(&["clean", &fx.ring]), "clean", LONG);
     assert_eq!(st.code(), Some(0), "{log}");
     assert!(log.contains("keep"), "{log}");
     assert!(fx.segment().exists(), "clean kept the live ring");
-    let (st, log) = wait_for(fx.daemon(&[]), "second daemon", Duration::from_secs(10));
+    let (st, log) = wait_for(fx.daemon(&[]), "second daemon", LONG);
     assert_eq!(st.code(), Some(RING_ERROR), "{log}");
     assert!(log.contains("held by a running daemon"), "{log}");
 
@@ -176,7 +176,7 @@ fn truncating_the_segment_under_load_ends_the_daemon_with_exit_4_and_removes_it(
         .unwrap()
         .set_len(4096)
         .unwrap();
-    let (st, log) = wait_for(daemon, "daemon", Duration::from_secs(20));
+    let (st, log) = wait_for(daemon, "daemon", LONG);
     assert_eq!(st.code(), Some(RING_ERROR), "{st:?}: {log}");
     assert!(
         log.contains("truncated"),
@@ -197,7 +197,7 @@ fn truncating_the_segment_under_load_ends_the_daemon_with_exit_4_and_removes_it(
         "{log}"
     );
     for l in loaders {
-        let (st, log) = wait_for(l, "loader", Duration::from_secs(20));
+        let (st, log) = wait_for(l, "loader", LONG);
         // A loader faults on the truncated pages itself (4) or sees its daemon gone first (5);
         // never a signal.
         assert!(matches!(st.code(), Some(4) | Some(5)), "{st:?}: {log}");
@@ -207,7 +207,7 @@ fn truncating_the_segment_under_load_ends_the_daemon_with_exit_4_and_removes_it(
 #[test]
 fn clean_refuses_invalid_names_with_exit_4() {
     for bad in ["a/b", "..", ""] {
-        let (st, log) = wait_for(cli(&["clean", bad]), "clean", Duration::from_secs(10));
+        let (st, log) = wait_for(cli(&["clean", bad]), "clean", LONG);
         assert_eq!(st.code(), Some(RING_ERROR), "{bad:?}: {log}");
         assert!(log.contains("is invalid"), "{bad:?}: {log}");
     }

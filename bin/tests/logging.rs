@@ -27,7 +27,7 @@ fn a_daemon_and_a_loader_whose_stderr_pipe_was_closed_finish_the_plan_and_exit_0
         Some(0),
         "the daemon must finish its plan although its stderr pipe is closed: {status}"
     );
-    let (status, _) = wait_for(loader, "loader", Duration::from_secs(10));
+    let (status, _) = wait_for(loader, "loader", LONG);
     assert_eq!(
         status.code(),
         Some(0),

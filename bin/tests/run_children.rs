@@ -142,7 +142,7 @@ fn a_daemon_child_killed_mid_run_is_named_with_its_signal_and_its_segment_remove
         Signal::SIGKILL,
     )
     .unwrap();
-    let (status, log) = wait_for(run, "pinring run", Duration::from_secs(20));
+    let (status, log) = wait_for(run, "pinring run", LONG);
 
     assert_eq!(status.code(), Some(5), "exit 5 (peer-died):\n{log}");
     assert!(

@@ -316,14 +316,14 @@ def test_a_part_that_outlives_its_lease_is_made_again_and_its_worker_goes_on(tmp
     data = ds.OutlivesLease(64, at=23, markers=str(tmp_path))  # the last sample of batch 5
     with caplog.at_level("WARNING", logger="pinring.torch"):
         # One epoch: sample 23 is loaded a second time only when its part is handed out anew.
-        with loader(data, batch_size=4, num_workers=2, lease_ms=300, epochs=1, timeout=60) as pl:
+        with loader(data, batch_size=4, num_workers=2, lease_ms=1500, epochs=1, timeout=60) as pl:
             got = ids(pl)
             assert pl.worker_restarts == 0, "no worker left"
             # The lease the daemon runs with: its resolved config, as its consumer reads it.
-            assert pl._ring_settings[("daemon", "lease_ms")] == 300
+            assert pl._ring_settings[("daemon", "lease_ms")] == 1500
     assert got == [list(range(i, i + 4)) for i in range(0, 64, 4)]
     assert (tmp_path / "after").exists(), "the late worker went on"
-    assert "longer than the ring's lease (daemon.lease_ms = 300 ms)" in caplog.text, caplog.text
+    assert "longer than the ring's lease (daemon.lease_ms = 1500 ms)" in caplog.text, caplog.text
     assert "samples from sample 20" in caplog.text, caplog.text
     with pytest.raises(pinring.UsageError, match="lease_ms=5"):
         loader(ds.Ids(8), lease_ms=5)

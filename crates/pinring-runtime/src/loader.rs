@@ -1131,6 +1131,7 @@ mod tests {
         let start = Instant::now();
         let outcome = attach_unless(&name, Access::ReadOnly, Duration::from_secs(30), || true);
         assert!(matches!(outcome, Ok(None)), "{outcome:?}");
-        assert!(start.elapsed() < Duration::from_secs(1));
+        // It returns at the first look (the wait was 30 s); 10 s allows a loaded machine.
+        assert!(start.elapsed() < Duration::from_secs(10));
     }
 }

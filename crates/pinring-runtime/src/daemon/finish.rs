@@ -253,11 +253,14 @@ mod tests {
                     }
                 };
                 burn_until(0.02);
-                let snapshot = thread_cpu();
+                // Read in an order that brackets the snapshot: `before` no later than the
+                // snapshot, `total` no earlier than `since` (a clock tick may fall between
+                // any two reads).
                 let before = own(name);
+                let snapshot = thread_cpu();
                 burn_until(before + 0.02);
-                let total = own(name);
                 let since = thread_cpu_since(&snapshot)[name];
+                let total = own(name);
                 // What was burned before the snapshot is left out.
                 assert!(
                     since > 0.0 && since <= total - before + 1e-9,
