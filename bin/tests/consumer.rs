@@ -7,7 +7,6 @@ mod common;
 use common::*;
 use pinring_client::{AttachOptions, ClientError, Consumer};
 use std::process::{Command, Stdio};
-use std::time::Duration;
 
 /// [`SMALL`] with a prefetch depth of 3 batch buffers.
 fn config() -> String {

@@ -15,7 +15,6 @@ use pinring_data::plan::mix64;
 use pinring_data::shard_order::epoch_order_for;
 use std::collections::HashSet;
 use std::path::Path;
-use std::time::Duration;
 
 /// A `.npy` file (version 1.0) of `descr` and `shape` holding `data`.
 fn npy_bytes(descr: &str, shape: &[u64], data: &[u8]) -> Vec<u8> {

@@ -6,7 +6,6 @@ mod common;
 
 use common::*;
 use std::process::{Command, Stdio};
-use std::time::Duration;
 
 #[test]
 fn a_daemon_and_a_loader_whose_stderr_pipe_was_closed_finish_the_plan_and_exit_0() {
