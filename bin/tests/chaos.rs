@@ -195,11 +195,33 @@ fn a_loader_stopped_past_its_lease_is_declared_hung_and_its_late_writes_never_re
         };
         let expired = health.leases_expired.load(Relaxed);
         // Status shows it: a lease expired, a live loader is hung, a slot is quarantined.
-        wait_until("the lease to expire", LONG, || {
-            health.leases_expired.load(Relaxed) > expired
-                && health.hung_loaders.load(Relaxed) >= 1
-                && health.quarantined.load(Relaxed) >= 1
-        });
+        let asked = Instant::now();
+        loop {
+            let (now_expired, hung, quarantined) = (
+                health.leases_expired.load(Relaxed),
+                health.hung_loaders.load(Relaxed),
+                health.quarantined.load(Relaxed),
+            );
+            if now_expired > expired && hung >= 1 && quarantined >= 1 {
+                break;
+            }
+            assert!(
+                is_running(&mut daemon),
+                "the daemon stopped while loader {pid} was stopped in slot {slot}"
+            );
+            assert!(
+                asked.elapsed() < LONG,
+                "the lease of loader {pid} (slot {slot}, seq {seq}) never expired: leases \
+                 expired {now_expired} (was {expired}), hung {hung}, quarantined {quarantined}, \
+                 its claim now {:?}, slot word {:?}, daemon heartbeat age {} ms",
+                claim_of(&ring, pid),
+                ring.word(slot),
+                pinring_ring::clock::monotonic_ns()
+                    .saturating_sub(health.daemon_heartbeat_ns.load(Relaxed))
+                    / 1_000_000
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
         assert_eq!(health.last_hung_pid.load(Relaxed), u64::from(pid));
         // The run does not wait for it: its seq is made in another slot and delivered.
         wait_until(

@@ -14,16 +14,6 @@ use std::time::Duration;
 
 const RING_ERROR: i32 = 4;
 
-fn cli(args: &[&str]) -> std::process::Child {
-    Command::new(exe(CLI))
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap()
-}
-
 #[test]
 fn a_fifo_at_the_ring_path_stalls_no_tool_and_each_refuses_it_with_exit_4() {
     let fx = Fixture::small("fifo");

@@ -254,15 +254,9 @@ fn a_ring_with_work_left_and_no_loader_is_warned_about_and_shown_stalled() {
     let _ = wait_for(loader, "loader", LONG);
 }
 
+/// `pinring consume ARGS`.
 fn consume(args: &[&str]) -> std::process::Child {
-    Command::new(exe(CLI))
-        .arg("consume")
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap()
+    cli(&[&["consume"], args].concat())
 }
 
 #[test]

@@ -21,6 +21,17 @@ pub fn exe(built: &'static str) -> PathBuf {
     }
 }
 
+/// `pinring ARGS`, its output piped (read it with [`wait_for`]).
+pub fn cli(args: &[&str]) -> Child {
+    Command::new(exe(CLI))
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
 /// A test's private ring name, config file and scratch dir; removes the segment at the end.
 pub struct Fixture {
     pub ring: String,

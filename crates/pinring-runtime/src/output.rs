@@ -84,14 +84,7 @@ const NEW_FILE_MODE: u32 = 0o644;
 /// Writes `bytes` to `path` as described in the module docs; `what` names the file in errors
 /// ("the summary", "the bench's CSV").
 pub fn write_file(what: &'static str, path: &Path, bytes: &[u8]) -> Result<(), OutputError> {
-    let io = |op: &'static str| {
-        move |source: std::io::Error| OutputError::Io {
-            what,
-            path: path.to_path_buf(),
-            op,
-            source,
-        }
-    };
+    let io = |op| io_error(what, path, op);
     if path.as_os_str() == "-" {
         let mut out = std::io::stdout().lock();
         return out
@@ -143,6 +136,20 @@ pub fn write_file(what: &'static str, path: &Path, bytes: &[u8]) -> Result<(), O
     }
 }
 
+/// The error of a failed `op` on output file `path`, as a `map_err` argument.
+fn io_error<'a>(
+    what: &'static str,
+    path: &'a Path,
+    op: &'static str,
+) -> impl FnOnce(std::io::Error) -> OutputError + 'a {
+    move |source| OutputError::Io {
+        what,
+        path: path.to_path_buf(),
+        op,
+        source,
+    }
+}
+
 /// Opens an existing FIFO or character device for writing: no create, no truncate, no link
 /// followed. A FIFO is opened non-blocking, so one with no reader fails with ENXIO at once
 /// instead of waiting for a reader for ever; the writes are then blocking again.
@@ -168,14 +175,7 @@ fn open_existing(path: &Path, fifo: bool) -> std::io::Result<File> {
 /// followed, no existing file reused) and renames it over `path`. On any failure the temporary
 /// file is removed and `path` is untouched.
 fn replace(what: &'static str, path: &Path, bytes: &[u8]) -> Result<(), OutputError> {
-    let io = |op: &'static str| {
-        move |source: std::io::Error| OutputError::Io {
-            what,
-            path: path.to_path_buf(),
-            op,
-            source,
-        }
-    };
+    let io = |op| io_error(what, path, op);
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
