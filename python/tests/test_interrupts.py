@@ -17,9 +17,14 @@ import pytest
 
 from test_consumer import Ring
 
+# Python turns SIGINT into KeyboardInterrupt only if SIGINT was not ignored when it started,
+# and a process started in the background by a non-interactive shell (as CI may start this
+# suite) inherits it ignored: the child installs the default handler itself, as an interactive
+# session has it.
 PRELUDE = textwrap.dedent(
     """
-    import sys, time
+    import signal, sys, time
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     import pinring
     ring = sys.argv[1]
     """
