@@ -341,9 +341,7 @@ impl Paused {
     pub fn new(child: &Child) -> Paused {
         signal(child, nix::sys::signal::Signal::SIGSTOP);
         let pid = child.id();
-        wait_until("the process to stop", Duration::from_secs(10), || {
-            all_threads_stopped(pid)
-        });
+        wait_until("the process to stop", LONG, || all_threads_stopped(pid));
         Paused(pid)
     }
 }
