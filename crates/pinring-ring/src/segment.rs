@@ -701,14 +701,21 @@ fn read_identity(file: &File) -> (u64, u32, u64) {
 /// What is wrong with the geometry a ring's header records, read with `pread` (for `pinring
 /// clean`'s report; a daemon opening the ring checks much more).
 fn header_problem(file: &File, size: u64) -> Option<String> {
-    let mut b = [0u8; 40];
+    use crate::layout::Header;
+    use std::mem::offset_of;
+    let mut b = [0u8; offset_of!(Header, desc_offset)];
     if file.read_exact_at(&mut b, 0).is_err() {
         return Some(format!("the file ({size} bytes) is shorter than a header"));
     }
     let u32_at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().expect("4 bytes"));
     let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().expect("8 bytes"));
-    let (header_bytes, total, slots, desc_bytes, slot_bytes) =
-        (u32_at(12), u64_at(16), u32_at(24), u32_at(28), u64_at(32));
+    let (header_bytes, total, slots, desc_bytes, slot_bytes) = (
+        u32_at(offset_of!(Header, header_bytes)),
+        u64_at(offset_of!(Header, total_bytes)),
+        u32_at(offset_of!(Header, slot_count)),
+        u32_at(offset_of!(Header, desc_bytes)),
+        u64_at(offset_of!(Header, slot_bytes)),
+    );
     if header_bytes as usize != HEADER_BYTES {
         return Some(format!(
             "header_bytes is {header_bytes}, not {HEADER_BYTES}"

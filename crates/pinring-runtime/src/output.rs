@@ -77,8 +77,8 @@ impl OutputError {
     }
 }
 
-/// Mode of a file [`write_file`] creates (before the umask): readable by all, like a file a
-/// shell redirection makes.
+/// Mode of a file [`write_file`] creates, passed to `open(2)`, so the umask applies as to a
+/// file a shell redirection makes.
 const NEW_FILE_MODE: u32 = 0o644;
 
 /// Writes `bytes` to `path` as described in the module docs; `what` names the file in errors
@@ -190,24 +190,9 @@ fn replace(what: &'static str, path: &Path, bytes: &[u8]) -> Result<(), OutputEr
         .tempfile_in(dir)
         .map_err(io("creating a temporary file beside it"))?;
     tmp.write_all(bytes).map_err(io("writing"))?;
-    // The temporary file was created with `permissions` before the umask; apply the umask as a
-    // plain `File::create` would (tempfile sets the mode explicitly).
-    let umask = current_umask();
-    tmp.as_file()
-        .set_permissions(std::fs::Permissions::from_mode(NEW_FILE_MODE & !umask))
-        .map_err(io("setting the mode"))?;
     tmp.persist(path)
         .map_err(|e| io("renaming the temporary file over it")(e.error))?;
     Ok(())
-}
-
-/// This process's umask (read by setting it and putting it back: there is no call that only
-/// reads it, and nothing else in pinring changes it).
-fn current_umask() -> u32 {
-    use nix::sys::stat::{umask, Mode};
-    let old = umask(Mode::from_bits_truncate(0o022));
-    umask(old);
-    old.bits()
 }
 
 static STDOUT_CLOSED: AtomicBool = AtomicBool::new(false);

@@ -201,11 +201,12 @@ impl Daemon {
 
     pub(super) fn collect_sink_results(&mut self) -> Result<bool, DaemonError> {
         let mut progressed = false;
-        // As for completions: a zero-copy sink may have read the zero pages.
-        if self.ring.truncated_here() {
-            self.ring.check_file()?;
-        }
         while let Ok(done) = self.sink_rx.try_recv() {
+            // As for completions, looked at after the result arrived (the sink thread marks a
+            // fault before it sends): a zero-copy sink may have read the zero pages.
+            if self.ring.truncated_here() {
+                self.ring.check_file()?;
+            }
             progressed = true;
             self.deliver(done);
         }
