@@ -194,6 +194,7 @@ fn a_loader_stopped_past_its_lease_is_declared_hung_and_its_late_writes_never_re
             continue; // not inside a claim: `paused` resumes it
         };
         let expired = health.leases_expired.load(Relaxed);
+        let reclaimed_before = reclaimed(&ring);
         // Status shows it: a lease expired, a live loader is hung, a slot is quarantined.
         let asked = Instant::now();
         loop {
@@ -209,17 +210,23 @@ fn a_loader_stopped_past_its_lease_is_declared_hung_and_its_late_writes_never_re
                 is_running(&mut daemon),
                 "the daemon stopped while loader {pid} was stopped in slot {slot}"
             );
-            assert!(
-                asked.elapsed() < LONG,
-                "the lease of loader {pid} (slot {slot}, seq {seq}) never expired: leases \
-                 expired {now_expired} (was {expired}), hung {hung}, quarantined {quarantined}, \
-                 its claim now {:?}, slot word {:?}, daemon heartbeat age {} ms",
-                claim_of(&ring, pid),
-                ring.word(slot),
-                pinring_ring::clock::monotonic_ns()
-                    .saturating_sub(health.daemon_heartbeat_ns.load(Relaxed))
-                    / 1_000_000
-            );
+            if asked.elapsed() >= LONG {
+                let what = format!(
+                    "the lease of loader {pid} (slot {slot}, seq {seq}) never expired: leases \
+                     expired {now_expired} (was {expired}), hung {hung}, quarantined \
+                     {quarantined}, reclaimed {} (was {reclaimed_before}), its claim now {:?}, \
+                     slot word {:?}, daemon heartbeat age {} ms",
+                    reclaimed(&ring),
+                    claim_of(&ring, pid),
+                    ring.word(slot),
+                    pinring_ring::clock::monotonic_ns()
+                        .saturating_sub(health.daemon_heartbeat_ns.load(Relaxed))
+                        / 1_000_000
+                );
+                signal(&daemon, Signal::SIGKILL);
+                let (_, log) = wait_for(daemon, "daemon", LONG);
+                panic!("{what}; the daemon's log:\n{log}");
+            }
             std::thread::sleep(Duration::from_millis(10));
         }
         assert_eq!(health.last_hung_pid.load(Relaxed), u64::from(pid));
