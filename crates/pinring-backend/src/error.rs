@@ -248,3 +248,9 @@ fn hint(call: &'static str, code: CUresult) -> &'static str {
         _ => "check the GPU and driver with nvidia-smi; if it persists, use --backend host",
     }
 }
+
+impl pinring_exit::Coded for BackendError {
+    fn exit(&self) -> pinring_exit::Exit {
+        pinring_exit::Exit::Backend
+    }
+}

@@ -16,10 +16,10 @@ use crate::runner::Children;
 use crate::stats::{self, Stats, SPREAD_FLAG};
 use pinring_backend::BackendKind;
 use pinring_data::{ByteSize, Config, DatasetConfig, Dtype, PlanConfig, RingConfig, SlotBytes};
+use pinring_exit::Exit;
 use pinring_runtime::daemon::parse_backend_kind;
 use pinring_runtime::output::write_file;
 use pinring_runtime::summary::Summary;
-use pinring_runtime::Exit;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -124,9 +124,9 @@ pub enum BenchError {
     },
 }
 
-impl BenchError {
+impl pinring_exit::Coded for BenchError {
     /// Exit code.
-    pub fn exit(&self) -> Exit {
+    fn exit(&self) -> pinring_exit::Exit {
         match self {
             BenchError::Backend(_) => Exit::Backend,
             BenchError::Io { .. } | BenchError::Plot { .. } | BenchError::Output(_) => Exit::Output,

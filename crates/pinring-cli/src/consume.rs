@@ -4,8 +4,8 @@
 //! where it stopped as one JSON line, the state a restarted consumer resumes from.
 
 use pinring_client::{AttachOptions, ClientError, Consumer};
+use pinring_exit::Exit;
 use pinring_runtime::shutdown::Shutdown;
-use pinring_runtime::Exit;
 use std::collections::VecDeque;
 use std::time::Duration;
 
@@ -75,9 +75,9 @@ pub enum ConsumeError {
     },
 }
 
-impl ConsumeError {
+impl pinring_exit::Coded for ConsumeError {
     /// The exit code.
-    pub fn exit(&self) -> Exit {
+    fn exit(&self) -> pinring_exit::Exit {
         match self {
             ConsumeError::Client(e) => e.exit(),
             ConsumeError::Verify { .. } => Exit::Verify,

@@ -11,6 +11,7 @@ pub mod reference;
 pub mod runner;
 pub mod stats;
 
+use pinring_exit::Coded;
 use pinring_runtime::shutdown::Shutdown;
 use pinring_runtime::{installed, Exit};
 

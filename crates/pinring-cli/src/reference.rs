@@ -33,10 +33,10 @@
 use crate::runner::{Children, Ended};
 use pinring_backend::{Backend, BackendError, Placement, UploadJob};
 use pinring_data::{Config, Synthetic, FIELD_ALIGN, LABEL_BYTES};
+use pinring_exit::Exit;
 use pinring_ring::futex::{self, Wake};
 use pinring_ring::{Access, Segment};
 use pinring_runtime::daemon::cpu_seconds;
-use pinring_runtime::Exit;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
@@ -307,9 +307,9 @@ pub enum ReferenceError {
     Backend(#[from] BackendError),
 }
 
-impl ReferenceError {
+impl pinring_exit::Coded for ReferenceError {
     /// Exit code (of `pinring bench-writer`, and of `pinring bench` when its reference fails).
-    pub fn exit(&self) -> Exit {
+    fn exit(&self) -> pinring_exit::Exit {
         match self {
             ReferenceError::Segment { .. } | ReferenceError::BadSegment { .. } => Exit::Ring,
             ReferenceError::Backend(_) => Exit::Backend,
@@ -922,6 +922,7 @@ pub fn writer_main(
 
 #[cfg(test)]
 mod tests {
+    use pinring_exit::Coded;
     use super::*;
     use pinring_backend::HostBackend;
 

@@ -8,11 +8,12 @@
 //! that dies under `run` is named with its signal or exit code, its loaders are stopped, and the
 //! segment it left behind is removed through `pinring clean`'s check ([`clean::clean_one`]).
 
+use pinring_exit::Coded;
 use pinring_backend::BackendKind;
+use pinring_exit::Exit;
 use pinring_ring::{ring_state, Access};
 use pinring_runtime::clean::{self, Cleaned};
 use pinring_runtime::daemon::parse_backend_kind;
-use pinring_runtime::exit::Exit;
 use pinring_runtime::loader::attach;
 use pinring_runtime::outln;
 use pinring_runtime::settings::{self, Overrides};
@@ -143,9 +144,9 @@ pub enum RunError {
     },
 }
 
-impl RunError {
+impl pinring_exit::Coded for RunError {
     /// Exit code.
-    pub fn exit(&self) -> Exit {
+    fn exit(&self) -> pinring_exit::Exit {
         match self {
             RunError::Config(_) => Exit::Config,
             RunError::Spawn { .. } => Exit::Internal,
@@ -549,10 +550,10 @@ pub struct LoaderFailed {
     pub gave_up: bool,
 }
 
-impl LoaderFailed {
+impl pinring_exit::Coded for LoaderFailed {
     /// The run's exit code: the loader's own (3 for bad data, 8 refused, ...), or "peer died"
     /// for a loader killed too often.
-    pub fn exit(&self) -> Exit {
+    fn exit(&self) -> pinring_exit::Exit {
         if self.gave_up {
             Exit::PeerDied
         } else {

@@ -4,13 +4,14 @@
 //! batch buffers directly (no CUDA IPC, which some container runtimes refuse) because they were
 //! allocated in this very process.
 
+use pinring_exit::Coded;
 use crate::ClientError;
+use pinring_exit::Exit;
 use pinring_runtime::daemon::{self, DaemonArgs};
 use pinring_runtime::settings::{self, Overrides};
 use pinring_runtime::shutdown::Shutdown;
 use pinring_runtime::sink::SinkKind;
 use pinring_runtime::summary::Summary;
-use pinring_runtime::Exit;
 use std::path::PathBuf;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};

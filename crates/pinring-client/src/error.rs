@@ -1,7 +1,7 @@
 //! The client's errors: each names the ring, what went wrong and what to do.
 
+use pinring_exit::Exit;
 use pinring_ring::RingError;
-use pinring_runtime::Exit;
 
 /// Why a consumer could not attach or get its next batch.
 #[derive(Debug, thiserror::Error)]
@@ -104,13 +104,12 @@ pub enum ClientError {
     },
 }
 
-impl ClientError {
+impl pinring_exit::Coded for ClientError {
     /// The exit code a binary ends with for this error (and the Python exception's class).
-    pub fn exit(&self) -> Exit {
+    fn exit(&self) -> pinring_exit::Exit {
         match self {
-            ClientError::Ring(RingError::ConsumerPresent { .. }) => Exit::Refused,
-            ClientError::Ring(RingError::UnknownGroup { .. }) => Exit::Config,
-            ClientError::Ring(_) | ClientError::Corrupt { .. } => Exit::Ring,
+            ClientError::Ring(e) => e.exit(),
+            ClientError::Corrupt { .. } => Exit::Ring,
             ClientError::Resume { .. } | ClientError::AllHeld { .. } => Exit::Usage,
             ClientError::OtherPlan { .. } => Exit::Refused,
             ClientError::DaemonGone { .. }

@@ -14,6 +14,8 @@
 //! * [`fingerprint`] -- [`Config::fingerprint`].
 //! * [`size`] -- [`ByteSize`].
 
+#![forbid(unsafe_code)]
+
 pub mod config;
 pub mod dataset;
 pub mod fields;
@@ -40,3 +42,39 @@ pub use plan::{BatchIndices, ByteRange, Part, Plan, PlanError, PlanParams, Sampl
 pub use shard_order::ShardOrder;
 pub use size::{ByteSize, SizeError};
 pub use synthetic::{generator_throughput, Synthetic, SyntheticError, LABEL_BYTES};
+
+mod coded {
+    use pinring_exit::{Coded, Exit};
+
+    impl Coded for crate::ConfigError {
+        fn exit(&self) -> Exit {
+            Exit::Config
+        }
+    }
+
+    impl Coded for crate::PlanError {
+        fn exit(&self) -> Exit {
+            Exit::Config
+        }
+    }
+
+    impl Coded for crate::SizeError {
+        fn exit(&self) -> Exit {
+            Exit::Config
+        }
+    }
+
+    impl Coded for crate::MetaError {
+        /// Metadata that does not decode or does not match the plan: a bad slot.
+        fn exit(&self) -> Exit {
+            Exit::Ring
+        }
+    }
+
+    impl Coded for crate::SyntheticError {
+        /// Bytes that are not what the generator makes.
+        fn exit(&self) -> Exit {
+            Exit::Verify
+        }
+    }
+}

@@ -10,6 +10,8 @@
 //!
 //! docs/IMAGES.md gives the choice of decoder and resizer, and the speed against PIL.
 
+#![forbid(unsafe_code)]
+
 pub mod decode;
 pub mod error;
 pub mod pipeline;

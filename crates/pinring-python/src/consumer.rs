@@ -14,12 +14,6 @@ use crate::convert::{seconds, synthetic_fields};
 use crate::errors::{exit_error, ToPyErr};
 use crate::field::{Device, Field, FieldOwner};
 
-impl ToPyErr for ClientError {
-    fn exit(&self) -> pinring_runtime::Exit {
-        ClientError::exit(self)
-    }
-}
-
 /// A batch's lease as the owner of its fields: the buffer goes back to the daemon when the
 /// batch object and every array or tensor made from its fields are gone.
 struct LeaseOwner(Arc<Lease>);
@@ -53,7 +47,7 @@ impl Consumer {
         match g.as_mut() {
             Some(c) => Ok(f(c)),
             None => Err(exit_error(
-                pinring_runtime::Exit::Usage,
+                pinring_exit::Exit::Usage,
                 format!("the consumer of ring {:?} is closed", self.ring),
             )),
         }
@@ -96,7 +90,7 @@ impl Consumer {
         let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         let Some(c) = g.as_mut() else {
             return Err(exit_error(
-                pinring_runtime::Exit::Usage,
+                pinring_exit::Exit::Usage,
                 format!("the consumer of ring {:?} is closed", self.ring),
             ));
         };
@@ -266,7 +260,7 @@ impl EmbeddedDaemon {
     ) -> PyResult<Self> {
         let backend = backend
             .parse::<pinring_backend::BackendKind>()
-            .map_err(|e| exit_error(pinring_runtime::Exit::Usage, e.to_string()))?;
+            .map_err(|e| exit_error(pinring_exit::Exit::Usage, e.to_string()))?;
         let opts = EmbeddedOptions {
             config,
             ring,
@@ -313,7 +307,7 @@ impl EmbeddedDaemon {
         };
         let Some((summary, result)) = py.detach(|| d.stop()) else {
             return Err(exit_error(
-                pinring_runtime::Exit::Internal,
+                pinring_exit::Exit::Internal,
                 format!(
                     "ring {:?}: the embedded daemon's thread panicked",
                     self.ring
@@ -322,13 +316,13 @@ impl EmbeddedDaemon {
         };
         if let Err(e) = result {
             return Err(exit_error(
-                pinring_runtime::Exit::Internal,
+                pinring_exit::Exit::Internal,
                 format!("ring {:?}: the embedded daemon failed: {e}", self.ring),
             ));
         }
         serde_json::to_string(&summary)
             .map(Some)
-            .map_err(|e| exit_error(pinring_runtime::Exit::Output, e.to_string()))
+            .map_err(|e| exit_error(pinring_exit::Exit::Output, e.to_string()))
     }
 }
 

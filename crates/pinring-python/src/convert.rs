@@ -60,10 +60,7 @@ pub fn check_config<'py>(
     pinring_runtime::host_memory::HostMemory::read().resolve_auto(&mut cfg);
     cfg.validate().map_err(|e| e.to_pyerr())?;
     let plan = cfg.plan().map_err(|e| {
-        crate::exit_error(
-            pinring_runtime::Exit::Config,
-            format!("config {source}: {e}"),
-        )
+        crate::exit_error(pinring_exit::Exit::Config, format!("config {source}: {e}"))
     })?;
     let out = PyDict::new(py);
     out.set_item("batches_per_epoch", plan.batches_per_epoch())?;

@@ -1,5 +1,5 @@
 //! pinring's exceptions: one class per exit code of the binaries (README, "Exit codes";
-//! `pinring_runtime::Exit`), all under `pinring.PinringError`, each carrying pinring's own
+//! `pinring_exit::Exit`), all under `pinring.PinringError`, each carrying pinring's own
 //! message. The class attributes `exit_code` and `exit_name` say which code it stands for, so a
 //! Python program can `sys.exit(e.exit_code)` as the binaries would.
 //!
@@ -7,7 +7,7 @@
 //! [`OrRaise::or_raise`] on a `Result`), and an exit code with a message of its own with
 //! [`exit_error`].
 
-use pinring_runtime::Exit;
+use pinring_exit::{Coded, Exit};
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
 use pyo3::types::PyType;
@@ -123,12 +123,14 @@ pub fn exit_error(exit: Exit, message: impl Into<String>) -> PyErr {
     }
 }
 
-/// An error of the workspace that has an exit code, and so a pinring exception.
-pub trait ToPyErr: std::fmt::Display {
-    /// The exit code the binaries would end with for this error.
-    fn exit(&self) -> Exit;
+/// An error of the workspace that has an exit code ([`Coded`], declared once by each error
+/// type where it is defined), and so a pinring exception.
+pub trait ToPyErr {
+    /// The exception: the class for the error's exit code, the error's own message.
+    fn to_pyerr(&self) -> PyErr;
+}
 
-    /// The exception: the class for [`ToPyErr::exit`], the error's own message.
+impl<E: Coded + std::fmt::Display + ?Sized> ToPyErr for E {
     fn to_pyerr(&self) -> PyErr {
         exit_error(self.exit(), self.to_string())
     }
@@ -146,103 +148,12 @@ impl<T, E: ToPyErr> OrRaise<T> for Result<T, E> {
     }
 }
 
-impl ToPyErr for pinring_ring::RingError {
-    fn exit(&self) -> Exit {
-        // As the loader and the daemon map them (`LoaderError::exit`, `DaemonError::exit`).
-        match self {
-            pinring_ring::RingError::LoaderTableFull { .. } => Exit::Refused,
-            pinring_ring::RingError::UnknownGroup { .. } => Exit::Config,
-            _ => Exit::Ring,
-        }
-    }
-}
-
-impl ToPyErr for pinring_ring::CommitError {
-    fn exit(&self) -> Exit {
-        Exit::Ring
-    }
-
-    /// `PartReclaimed` (a `RingError`) for a part the daemon took back, which the producer may
-    /// shrug off; `RingError` for the others (a part that does not fit its slot).
-    fn to_pyerr(&self) -> PyErr {
-        match self {
-            pinring_ring::CommitError::Reclaimed { .. } => PartReclaimed::new_err(self.to_string()),
-            _ => exit_error(self.exit(), self.to_string()),
-        }
-    }
-}
-
-impl ToPyErr for pinring_ring::SlotFault {
-    fn exit(&self) -> Exit {
-        // A slot holding something that must not be used, as the daemon's `BadBatch`.
-        Exit::Ring
-    }
-}
-
-impl ToPyErr for pinring_data::ConfigError {
-    fn exit(&self) -> Exit {
-        Exit::Config
-    }
-}
-
-impl ToPyErr for pinring_data::PlanError {
-    fn exit(&self) -> Exit {
-        Exit::Config
-    }
-}
-
-impl ToPyErr for pinring_data::SizeError {
-    fn exit(&self) -> Exit {
-        Exit::Config
-    }
-}
-
-impl ToPyErr for pinring_data::MetaError {
-    fn exit(&self) -> Exit {
-        // Metadata that does not decode or does not match the plan: a bad slot.
-        Exit::Ring
-    }
-}
-
-impl ToPyErr for pinring_data::SyntheticError {
-    fn exit(&self) -> Exit {
-        Exit::Verify
-    }
-}
-
-impl ToPyErr for pinring_backend::BackendError {
-    fn exit(&self) -> Exit {
-        Exit::Backend
-    }
-}
-
-impl ToPyErr for pinring_runtime::loader::LoaderError {
-    fn exit(&self) -> Exit {
-        pinring_runtime::loader::LoaderError::exit(self)
-    }
-}
-
-impl ToPyErr for pinring_runtime::daemon::DaemonError {
-    fn exit(&self) -> Exit {
-        pinring_runtime::daemon::DaemonError::exit(self)
-    }
-}
-
-impl ToPyErr for pinring_runtime::config_check::CheckError {
-    fn exit(&self) -> Exit {
-        pinring_runtime::config_check::CheckError::exit(self)
-    }
-}
-
-impl ToPyErr for pinring_runtime::status::StatusError {
-    fn exit(&self) -> Exit {
-        pinring_runtime::status::StatusError::exit(self)
-    }
-}
-
-impl ToPyErr for pinring_runtime::clean::CleanError {
-    fn exit(&self) -> Exit {
-        pinring_runtime::clean::CleanError::exit(self)
+/// A refused commit: `PartReclaimed` (a `RingError`) for a part the daemon took back, which the
+/// producer may shrug off; `RingError` for the others (a part that does not fit its slot).
+pub fn commit_error(e: &pinring_ring::CommitError) -> PyErr {
+    match e {
+        pinring_ring::CommitError::Reclaimed { .. } => PartReclaimed::new_err(e.to_string()),
+        _ => e.to_pyerr(),
     }
 }
 

@@ -20,10 +20,10 @@ use std::time::{Duration, Instant};
 use pinring_data::{
     BatchIndices, BatchLayout, BatchMeta, Config, DatasetKind, Dtype, Plan, LABELS,
 };
+use pinring_exit::Exit;
 use pinring_ring::{futex, ring_state, Access, Claim, CommitError, ProcessId, Ring, Seat};
 use pinring_runtime::loader::{self, EndCheck};
 use pinring_runtime::settings::{self, Overrides};
-use pinring_runtime::Exit;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -480,7 +480,7 @@ impl Part {
                 loader::write_meta(&mut slot, &j.cfg, &meta, payload_len, fits, &mut buf);
             loader::commit_part(&j.ring, claim, payload, meta_len, n as u32, error, started)
         })
-        .map_err(|e: CommitError| e.to_pyerr())
+        .map_err(|e: CommitError| crate::errors::commit_error(&e))
     }
 
     /// Whether `commit()` has been called.

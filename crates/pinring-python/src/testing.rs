@@ -154,7 +154,7 @@ pub fn test_exit_error(
     code: i32,
     message: String,
 ) -> PyResult<Py<pyo3::exceptions::PyBaseException>> {
-    let exit = pinring_runtime::Exit::from_code(code)
+    let exit = pinring_exit::Exit::from_code(code)
         .ok_or_else(|| PyValueError::new_err(format!("{code} is no pinring exit code")))?;
     Ok(crate::errors::exit_error(exit, message).into_value(py))
 }

@@ -348,3 +348,29 @@ fn loader_code_meaning(code: u32) -> &'static str {
         _ => "",
     }
 }
+
+impl pinring_exit::Coded for RingError {
+    fn exit(&self) -> pinring_exit::Exit {
+        use pinring_exit::Exit;
+        match self {
+            // Another loader or consumer holds what this one asked for: refused, not broken.
+            RingError::LoaderTableFull { .. } | RingError::ConsumerPresent { .. } => Exit::Refused,
+            // `ring.group` names no group of this host: a config error.
+            RingError::UnknownGroup { .. } => Exit::Config,
+            _ => Exit::Ring,
+        }
+    }
+}
+
+impl pinring_exit::Coded for CommitError {
+    fn exit(&self) -> pinring_exit::Exit {
+        pinring_exit::Exit::Ring
+    }
+}
+
+impl pinring_exit::Coded for SlotFault {
+    /// A slot holding something that must not be used.
+    fn exit(&self) -> pinring_exit::Exit {
+        pinring_exit::Exit::Ring
+    }
+}

@@ -50,9 +50,8 @@ pub enum CleanError {
     },
 }
 
-impl CleanError {
-    /// The exit code for this error.
-    pub fn exit(&self) -> Exit {
+impl pinring_exit::Coded for CleanError {
+    fn exit(&self) -> pinring_exit::Exit {
         match self {
             CleanError::List(e) => e.exit(),
             CleanError::Name(_) | CleanError::Remove { .. } => Exit::Ring,

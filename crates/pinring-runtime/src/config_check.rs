@@ -45,12 +45,12 @@ pub enum CheckError {
     Ring(#[from] pinring_ring::RingError),
 }
 
-impl CheckError {
+impl pinring_exit::Coded for CheckError {
     /// The exit code for this error: the daemon's for the same config (3, or 4 for a ring name
     /// the daemon refuses).
-    pub fn exit(&self) -> Exit {
+    fn exit(&self) -> pinring_exit::Exit {
         match self {
-            CheckError::Ring(pinring_ring::RingError::InvalidName { .. }) => Exit::Ring,
+            CheckError::Ring(e) => e.exit(),
             _ => Exit::Config,
         }
     }

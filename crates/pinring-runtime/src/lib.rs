@@ -10,7 +10,6 @@ pub mod config_lookup;
 pub mod crash;
 pub mod daemon;
 pub mod embedded;
-pub mod exit;
 pub mod histogram;
 pub mod host_memory;
 pub mod loader;
@@ -25,7 +24,9 @@ pub mod sink;
 pub mod status;
 pub mod summary;
 
-pub use exit::Exit;
+/// The exit codes (pinring-exit), re-exported for the binaries.
+pub use pinring_exit as exit;
+pub use pinring_exit::{Coded, Exit};
 
 use shutdown::Shutdown;
 

@@ -191,15 +191,15 @@ impl LoaderError {
             other => other.to_string(),
         }
     }
+}
 
-    /// The exit code for this error.
-    pub fn exit(&self) -> Exit {
+impl pinring_exit::Coded for LoaderError {
+    fn exit(&self) -> pinring_exit::Exit {
         match self {
             LoaderError::Config(_) | LoaderError::Plan { .. } | LoaderError::BadSample { .. } => {
                 Exit::Config
             }
-            LoaderError::Ring(RingError::LoaderTableFull { .. }) => Exit::Refused,
-            LoaderError::Ring(_) => Exit::Ring,
+            LoaderError::Ring(e) => e.exit(),
             LoaderError::Mismatch { .. } => Exit::Refused,
             LoaderError::DaemonGone { .. } => Exit::PeerDied,
         }

@@ -70,9 +70,9 @@ pub enum OutputError {
     },
 }
 
-impl OutputError {
+impl pinring_exit::Coded for OutputError {
     /// The exit code: every output failure is "output" (9); the data path was not affected.
-    pub fn exit(&self) -> crate::Exit {
+    fn exit(&self) -> pinring_exit::Exit {
         crate::Exit::Output
     }
 }
@@ -235,6 +235,7 @@ macro_rules! outln {
 
 #[cfg(test)]
 mod tests {
+    use pinring_exit::Coded;
     use super::*;
     use std::os::unix::fs::symlink;
 

@@ -62,11 +62,11 @@ pub enum StatusError {
     Output(#[source] std::io::Error),
 }
 
-impl StatusError {
-    /// The exit code for this error.
-    pub fn exit(&self) -> Exit {
+impl pinring_exit::Coded for StatusError {
+    fn exit(&self) -> pinring_exit::Exit {
         match self {
-            StatusError::Ring(_) | StatusError::List { .. } => Exit::Ring,
+            StatusError::Ring(e) => e.exit(),
+            StatusError::List { .. } => Exit::Ring,
             StatusError::Output(_) => Exit::Output,
         }
     }

@@ -146,17 +146,16 @@ pub enum DaemonError {
     },
 }
 
-impl DaemonError {
-    /// The exit code for this error.
-    pub fn exit(&self) -> Exit {
+impl pinring_exit::Coded for DaemonError {
+    fn exit(&self) -> pinring_exit::Exit {
         match self {
             DaemonError::Config(_) | DaemonError::Plan { .. } | DaemonError::DataFailed { .. } => {
                 Exit::Config
             }
             DaemonError::StartSeq { .. } | DaemonError::StartSeqInBatch { .. } => Exit::Usage,
-            DaemonError::Ring(RingError::UnknownGroup { .. }) => Exit::Config,
+            DaemonError::Ring(e) => e.exit(),
             DaemonError::Service { .. } => Exit::Config,
-            DaemonError::Ring(_) | DaemonError::BadBatch { .. } => Exit::Ring,
+            DaemonError::BadBatch { .. } => Exit::Ring,
             DaemonError::Backend(_) => Exit::Backend,
             DaemonError::Verify { .. } => Exit::Verify,
             DaemonError::Internal { .. } => Exit::Internal,

@@ -1,5 +1,11 @@
 //! Exit codes shared by every pinring binary, so that systemd units and scripts can tell "bad
 //! config" from "GPU gone" from "peer died". The README's table is generated from the same list.
+//!
+//! Every error type of the workspace declares its code once, where it is defined, by
+//! implementing [`Coded`]; the binaries and the Python exceptions read it from there. The crate
+//! depends on nothing, so the lowest crate (pinring-ring) can use it.
+
+#![forbid(unsafe_code)]
 
 use std::process::ExitCode;
 
@@ -77,5 +83,35 @@ impl Exit {
 impl From<Exit> for ExitCode {
     fn from(e: Exit) -> ExitCode {
         ExitCode::from(e.code())
+    }
+}
+
+/// An error that knows the exit code a binary ends with for it (and so the Python exception it
+/// becomes). Implemented once per error type, in the crate that defines it.
+pub trait Coded {
+    /// The exit code for this error.
+    fn exit(&self) -> Exit;
+}
+
+impl<T: Coded + ?Sized> Coded for Box<T> {
+    fn exit(&self) -> Exit {
+        (**self).exit()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_code_round_trips_and_names_are_distinct() {
+        for e in Exit::ALL {
+            assert_eq!(Exit::from_code(i32::from(e.code())), Some(e));
+        }
+        let mut names: Vec<_> = Exit::ALL.iter().map(|e| e.name()).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), Exit::ALL.len());
+        assert_eq!(Exit::from_code(10), None);
     }
 }
