@@ -321,7 +321,7 @@ fn sigterm_to_pinring_run_drains_and_tells_where_to_resume() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let ring = pinring_runtime::loader::attach(
+    let ring = pinring_ring::attach(
         &fx.ring,
         pinring_ring::Access::ReadOnly,
         Duration::from_secs(20),

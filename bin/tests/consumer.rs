@@ -317,8 +317,7 @@ fn an_embedded_daemon_feeds_its_own_process() {
     let kids: Vec<_> = (0..3).map(|_| fx.loader(&fx.config)).collect();
     // Every loader attached before batches are taken: one still starting when the plan ends
     // would wait its whole --wait-secs for a ring that is gone.
-    let view =
-        pinring_runtime::loader::attach(&fx.ring, pinring_ring::Access::ReadOnly, LONG).unwrap();
+    let view = pinring_ring::attach(&fx.ring, pinring_ring::Access::ReadOnly, LONG).unwrap();
     for k in &kids {
         wait_attached(&view, k);
     }

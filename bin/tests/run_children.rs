@@ -109,7 +109,7 @@ fn wait_flowing(
             "pinring run's ring never delivered batches with {loaders} loaders"
         );
         let kids = children_of(run.id());
-        let attached = pinring_runtime::loader::attach(
+        let attached = pinring_ring::attach(
             &fx.ring,
             pinring_ring::Access::ReadOnly,
             Duration::from_millis(200),

@@ -23,8 +23,8 @@ fn commit_failed_part(ring_name: &str, seq: u64, message: &str) {
     let mut claim = ring.try_claim(seat, slot).expect("the slot is FREE");
     assert_eq!(claim.seq(), seq);
     let mut w = ring.slot_writer(&mut claim);
-    let n = pinring_runtime::loader::write_failure(&mut w, message);
-    ring.commit(claim, 0, n, 0, pinring_runtime::loader::ERR_SAMPLE)
+    let n = pinring_ring::failure::write_failure(&mut w, message);
+    ring.commit(claim, 0, n, 0, pinring_ring::failure::ERR_SAMPLE)
         .unwrap();
     ring.detach_loader(seat);
 }
@@ -115,8 +115,7 @@ fn pinring_run_restarts_killed_loaders_at_once_and_leaves_no_zombie() {
     let mut child = run(&fx, 2, &["--epochs", "100000"]);
     let start = Instant::now();
     let ring = loop {
-        if let Ok(r) =
-            pinring_runtime::loader::attach(&fx.ring, Access::ReadOnly, Duration::from_millis(200))
+        if let Ok(r) = pinring_ring::attach(&fx.ring, Access::ReadOnly, Duration::from_millis(200))
         {
             break r;
         }

@@ -123,7 +123,7 @@ impl Fixture {
                 }
                 panic!("the daemon exited ({status}) before its ring was ready:\n{err}");
             }
-            let attached = pinring_runtime::loader::attach(
+            let attached = pinring_ring::attach(
                 &self.ring,
                 pinring_ring::Access::ReadOnly,
                 Duration::from_millis(200),

@@ -922,9 +922,9 @@ pub fn writer_main(
 
 #[cfg(test)]
 mod tests {
-    use pinring_exit::Coded;
     use super::*;
     use pinring_backend::HostBackend;
+    use pinring_exit::Coded;
 
     fn geometry(slots: u32, batches: u64) -> Geometry {
         Geometry {

@@ -8,13 +8,13 @@
 //! that dies under `run` is named with its signal or exit code, its loaders are stopped, and the
 //! segment it left behind is removed through `pinring clean`'s check ([`clean::clean_one`]).
 
-use pinring_exit::Coded;
 use pinring_backend::BackendKind;
+use pinring_exit::Coded;
 use pinring_exit::Exit;
+use pinring_ring::attach;
 use pinring_ring::{ring_state, Access};
 use pinring_runtime::clean::{self, Cleaned};
 use pinring_runtime::daemon::parse_backend_kind;
-use pinring_runtime::loader::attach;
 use pinring_runtime::outln;
 use pinring_runtime::settings::{self, Overrides};
 use pinring_runtime::shutdown::Shutdown;

@@ -4,8 +4,8 @@
 //! batch buffers directly (no CUDA IPC, which some container runtimes refuse) because they were
 //! allocated in this very process.
 
-use pinring_exit::Coded;
 use crate::ClientError;
+use pinring_exit::Coded;
 use pinring_exit::Exit;
 use pinring_runtime::daemon::{self, DaemonArgs};
 use pinring_runtime::settings::{self, Overrides};

@@ -530,8 +530,7 @@ impl Drop for Lease {
 /// Opens ring `name` once it exists, is READY and has a live daemon (the loaders' own attach,
 /// waiting up to `wait`), and checks that it hands batches over.
 fn open_ready(name: &str, wait: Duration, stop: &dyn Fn() -> bool) -> Result<Ring, ClientError> {
-    let Some(ring) = pinring_runtime::loader::attach_unless(name, Access::ReadWrite, wait, stop)?
-    else {
+    let Some(ring) = pinring_ring::attach_unless(name, Access::ReadWrite, wait, stop)? else {
         return Err(ClientError::Interrupted { ring: name.into() });
     };
     if ring.handoff().exported.load(Acquire) != 1 {

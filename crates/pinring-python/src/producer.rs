@@ -1,10 +1,10 @@
-//! A loader in Python: [`Producer`] joins a ring's loader table exactly as `pinring-loader`
-//! does (pinring-runtime's `loader::attach`, `check_ring`, `Ring::attach_loader`), claims FREE
-//! slots and hands each one to Python as a [`Part`]: the part's seq, batch and sample ids, and
-//! one writable [`Field`] per batch field viewing that field's chunk of the part in the slot
-//! (field-major, `FieldPlacement::chunk_in_part`). `Part.commit()` writes the part's metadata
-//! and commits the slot READY through the same functions as the Rust loader (`write_meta`,
-//! `commit_part`). Nothing of the protocol lives in Python.
+//! A loader in Python: [`Producer`] is a pinring-producer `Session`, the one `pinring-loader`
+//! runs: it joins a ring's loader table the same way (`Session::join`), claims FREE slots in the
+//! same loop (`Session::claim`) and hands each one to Python as a [`Part`]: the part's seq,
+//! batch and sample ids, and one writable [`Field`] per batch field viewing that field's chunk
+//! of the part in the slot (field-major, `FieldPlacement::chunk_in_part`). `Part.commit()`
+//! writes the part's metadata and commits the slot READY through the session
+//! (`Session::write_meta`, `Session::commit`). Nothing of the protocol lives in Python.
 //!
 //! Leases: the daemon takes back a slot whose claim has not changed for `daemon.lease_ms`
 //! (default 30 s), whatever the loader's heartbeat says; a part must be committed within it.
@@ -15,14 +15,14 @@
 //! and the daemon puts the slot back with the same seq for another loader.
 
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use pinring_data::{
-    BatchIndices, BatchLayout, BatchMeta, Config, DatasetKind, Dtype, Plan, LABELS,
-};
+use pinring_data::{BatchIndices, BatchMeta, DatasetKind, Dtype, LABELS};
 use pinring_exit::Exit;
-use pinring_ring::{futex, ring_state, Access, Claim, CommitError, ProcessId, Ring, Seat};
-use pinring_runtime::loader::{self, EndCheck};
+use pinring_producer::{Joined, Next, Session};
+use pinring_ring::failure::ERR_PLAN;
+use pinring_ring::{Claim, CommitError};
+use pinring_runtime::loader;
 use pinring_runtime::settings::{self, Overrides};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -32,31 +32,12 @@ use crate::convert::{seconds, synthetic_fields};
 use crate::errors::{exit_error, ToPyErr};
 use crate::field::{Device, Field, KeepAlive};
 
-/// Longest single wait for a free slot (between two looks at the daemon and the deadline).
-const MAX_WAIT: Duration = Duration::from_millis(100);
-
-/// The ring, mapped, with this process's seat: shared by the producer and every part and field
-/// made from it, so the mapping outlives all of them. The seat goes when the producer closes.
-struct Joined {
-    ring: Ring,
-    cfg: Config,
-    layout: BatchLayout,
-}
-
-impl std::fmt::Debug for Joined {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Joined")
-            .field("ring", &self.ring.name())
-            .finish_non_exhaustive()
-    }
-}
-
+/// The session, and the ring, config and layout it joined with: shared by the producer and
+/// every part and field made from it, so the mapping outlives all of them. The seat goes when
+/// the producer closes.
 #[derive(Debug)]
 struct State {
-    joined: Arc<Joined>,
-    plan: Plan,
-    seat: Seat,
-    hint: u32,
+    session: Session,
 }
 
 /// A loader process's end of a ring, in Python.
@@ -72,74 +53,6 @@ fn closed(ring: &str) -> PyErr {
         Exit::Usage,
         format!("the producer of ring {ring:?} is closed"),
     )
-}
-
-impl Producer {
-    /// Waits for a FREE slot until `deadline`: `Ok(None)` once the daemon ended the run.
-    fn claim_slot(
-        st: &mut State,
-        deadline: Option<Instant>,
-        stop: &dyn Fn() -> bool,
-    ) -> Result<Option<Claim>, ClaimError> {
-        let ring = &st.joined.ring;
-        let h = ring.header();
-        let past = || deadline.is_some_and(|d| Instant::now() >= d);
-        let mut last_check = Instant::now();
-        loop {
-            if ring.state() != ring_state::READY {
-                match loader::confirm_end(ring, || past() || stop())? {
-                    EndCheck::Ended => return Ok(None),
-                    EndCheck::Resumed => continue,
-                    EndCheck::Stopped if past() => return Err(ClaimError::Timeout),
-                    EndCheck::Stopped => return Err(ClaimError::Interrupted),
-                }
-            }
-            if last_check.elapsed() >= MAX_WAIT {
-                last_check = Instant::now();
-                loader::check_daemon(ring)?;
-            }
-            let seen = h.work_futex.load(std::sync::atomic::Ordering::Acquire);
-            if let Some(claim) = ring.try_claim(st.seat, st.hint) {
-                st.hint = (claim.slot() + 1) % ring.geometry().slot_count;
-                return Ok(Some(claim));
-            }
-            if past() {
-                return Err(ClaimError::Timeout);
-            }
-            if stop() {
-                return Err(ClaimError::Interrupted);
-            }
-            let slice = deadline.map_or(MAX_WAIT, |d| {
-                d.saturating_duration_since(Instant::now()).min(MAX_WAIT)
-            });
-            let t = Instant::now();
-            let woke = ring.wait_for_work(seen, slice);
-            loader::note_wait(ring, st.seat, t.elapsed().as_nanos() as u64);
-            if woke == futex::Wake::TimedOut {
-                last_check = Instant::now();
-                loader::check_daemon(ring)?;
-            }
-        }
-    }
-}
-
-enum ClaimError {
-    Timeout,
-    /// A signal handler raised (its exception is the caller's to raise).
-    Interrupted,
-    Loader(loader::LoaderError),
-}
-
-impl From<loader::LoaderError> for ClaimError {
-    fn from(e: loader::LoaderError) -> Self {
-        ClaimError::Loader(e)
-    }
-}
-
-impl From<pinring_ring::RingError> for ClaimError {
-    fn from(e: pinring_ring::RingError) -> Self {
-        ClaimError::Loader(e.into())
-    }
 }
 
 #[pymethods]
@@ -167,36 +80,27 @@ impl Producer {
                 let mut cfg = settings::load(config.as_deref(), &overrides)?;
                 // A file kind: its length is the files' (as the daemon and pinring-loader find it).
                 loader::open_source(&mut cfg)?;
-                let Some(r) = loader::attach_unless(&cfg.ring.name, Access::ReadWrite, wait, stop)?
-                else {
+                let name = cfg.ring.name.clone();
+                let Some(session) = Session::join(cfg, wait, stop)? else {
                     // Stopped by a signal handler: its exception is raised instead of this.
                     return Err(pinring_ring::RingError::NotReady {
-                        name: cfg.ring.name.clone(),
+                        name,
                         waited_ms: 0,
                         state: "interrupted",
                     }
                     .into());
                 };
-                let plan = loader::check_ring(&mut cfg, &r)?;
-                let seat = r.attach_loader(ProcessId::current())?;
-                let layout = cfg.batch_layout();
-                let hint = u32::from(seat.index) % r.geometry().slot_count;
-                Ok(State {
-                    joined: Arc::new(Joined {
-                        ring: r,
-                        cfg,
-                        layout,
-                    }),
-                    plan,
-                    seat,
-                    hint,
-                })
+                Ok(State { session })
             },
         )?;
         let state = state.map_err(|e| e.to_pyerr())?;
         // A producer writes whole samples: a ring whose samples are cut into byte parts is
         // pinring-loader's alone.
-        if let Err(e) = state.joined.cfg.whole_samples_only("pinring.Producer") {
+        if let Err(e) = state
+            .session
+            .config()
+            .whole_samples_only("pinring.Producer")
+        {
             return Err(exit_error(Exit::Config, e.to_string()));
         }
         Ok(Producer {
@@ -218,41 +122,40 @@ impl Producer {
         let Some(st) = g.as_mut() else {
             return Err(closed(&self.ring));
         };
+        let session = &mut st.session;
         let got = crate::signals::detach_interruptible(py, |stop| {
-            Producer::claim_slot(st, deadline, stop)
+            session.claim(deadline, &mut || stop())
         })?;
-        let claim = match got {
-            Ok(Some(c)) => c,
-            Ok(None) => return Ok(None),
+        let claim = match got.map_err(|e| e.to_pyerr())? {
+            Next::Part(c) => c,
+            Next::Ended => return Ok(None),
             // detach_interruptible returned the handler's exception above.
-            Err(ClaimError::Interrupted) => {
+            Next::Stopped => {
                 return Err(exit_error(
                     Exit::Internal,
                     "interrupted without an exception",
                 ))
             }
-            Err(ClaimError::Timeout) => {
+            Next::TimedOut => {
                 return Err(crate::errors::Timeout::new_err(format!(
                     "ring {:?}: no free slot within {:.3} s",
                     self.ring,
                     timeout.unwrap_or_default()
                 )))
             }
-            Err(ClaimError::Loader(e)) => return Err(e.to_pyerr()),
         };
         let started = Instant::now();
         let seq = claim.seq();
         let mut samples = Vec::new();
-        let part = match st.plan.part_into(seq, &mut samples) {
+        let part = match st.session.part_into(seq, &mut samples) {
             Ok(p) => p,
             Err(e) => {
                 // The Rust loader's answer to a seq it cannot make: commit it as an error.
-                let _ =
-                    loader::commit_part(&st.joined.ring, claim, 0, 0, 0, loader::ERR_PLAN, started);
+                let _ = st.session.commit(claim, 0, 0, 0, ERR_PLAN, started);
                 return Err(e.to_pyerr());
             }
         };
-        let joined = &st.joined;
+        let joined = st.session.joined();
         let base = joined.ring.slot_ptr(claim.slot());
         let slot_bytes = joined.ring.geometry().slot_bytes;
         let n = samples.len() as u64;
@@ -323,7 +226,7 @@ impl Producer {
     fn loader_index(&self) -> PyResult<u16> {
         let g = self.state.lock().unwrap_or_else(|p| p.into_inner());
         g.as_ref()
-            .map(|s| s.seat.index)
+            .map(|s| s.session.seat().index)
             .ok_or_else(|| closed(&self.ring))
     }
 
@@ -332,20 +235,7 @@ impl Producer {
     fn close(&self, py: Python<'_>) {
         let st = self.state.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(st) = st {
-            py.detach(|| st.joined.ring.detach_loader(st.seat));
-        }
-    }
-}
-
-impl Drop for Producer {
-    fn drop(&mut self) {
-        if let Some(st) = self
-            .state
-            .get_mut()
-            .unwrap_or_else(|p| p.into_inner())
-            .take()
-        {
-            st.joined.ring.detach_loader(st.seat);
+            py.detach(|| st.session.leave());
         }
     }
 }
@@ -477,8 +367,8 @@ impl Part {
             let fits = payload_len <= slot.len();
             let mut buf = Vec::new();
             let (payload, meta_len, error) =
-                loader::write_meta(&mut slot, &j.cfg, &meta, payload_len, fits, &mut buf);
-            loader::commit_part(&j.ring, claim, payload, meta_len, n as u32, error, started)
+                j.write_meta(&mut slot, &meta, payload_len, fits, &mut buf);
+            j.commit(claim, payload, meta_len, n as u32, error, started)
         })
         .map_err(|e: CommitError| crate::errors::commit_error(&e))
     }

@@ -16,8 +16,12 @@
 //! ([`futex`]) on `loom`'s atomics ([`sync`]). The segment and everything mapped from it
 //! (segment, ring, lock, fault) exist only in the normal build.
 
+#[cfg(not(loom))]
+pub mod attach;
 pub mod clock;
 pub mod error;
+#[cfg(not(loom))]
+pub mod failure;
 #[cfg(not(loom))]
 pub mod fault;
 pub mod futex;
@@ -34,6 +38,8 @@ pub mod segment;
 pub mod slot;
 pub mod sync;
 
+#[cfg(not(loom))]
+pub use attach::{attach, attach_unless};
 pub use error::{CommitError, RingError, SlotFault};
 pub use layout::{ring_state, Geometry, Header, MAX_LOADERS};
 pub use process::ProcessId;

@@ -17,68 +17,16 @@ use crate::settings::{self, Overrides};
 use crate::shutdown::Shutdown;
 use pinring_data::{
     BatchIndices, BatchLayout, BatchMeta, ByteRange, Config, ConfigError, DatasetKind, Dtype,
-    OnBadSample, Plan, IMAGES, LABELS,
+    OnBadSample, IMAGES, LABELS,
 };
-use pinring_ring::layout::{align_up, META_ALIGN};
-use pinring_ring::{
-    futex, ring_state, Access, Claim, CommitError, ProcessId, Ring, RingError, Seat, SlotWriter,
-};
+use pinring_producer::{Next, Session, SessionError};
+use pinring_ring::failure::{write_failure, ERR_PLAN, ERR_SAMPLE};
+use pinring_ring::{CommitError, Ring, RingError, SlotWriter};
 use pinring_sources::{FieldBuf, Source, SourceError};
 use std::path::PathBuf;
-use std::sync::atomic::Ordering::{Acquire, Relaxed};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-/// Longest single wait for a free slot.
-const MAX_WAIT: Duration = Duration::from_millis(100);
-/// How often a busy loader checks that its daemon is still running (an idle one checks on every
-/// wait timeout).
-const DAEMON_CHECK_EVERY: Duration = Duration::from_millis(250);
-/// Error code a loader commits when it cannot make the batch of a slot.
-pub const ERR_PLAN: u32 = 1;
-/// Error code for metadata that does not fit the slot.
-pub const ERR_META: u32 = 2;
-/// Error code a loader commits when a sample of its part cannot be read and
-/// `dataset.on_bad_sample = "fail"` (the loader then exits with code 3).
-pub const ERR_SAMPLE: u32 = 3;
-
-/// Longest message a loader leaves in a part it commits with [`ERR_SAMPLE`] (the daemon reads
-/// no more than this, however long the descriptor says it is).
-pub const MAX_FAILURE_MESSAGE: usize = 2048;
-
-/// Writes `message` (cut to [`MAX_FAILURE_MESSAGE`] bytes at a character boundary, and to the
-/// slot) at byte 0 of a part that failed; returns the length to commit as its `meta_len`, with
-/// a payload of 0 bytes and the error code (docs/PROTOCOL.md, "A part that failed").
-pub fn write_failure(slot: &mut SlotWriter<'_>, message: &str) -> u64 {
-    let mut n = message.len().min(MAX_FAILURE_MESSAGE).min(slot.len());
-    while !message.is_char_boundary(n) {
-        n -= 1;
-    }
-    match slot.write(0, &message.as_bytes()[..n]) {
-        Ok(()) => n as u64,
-        Err(_) => 0,
-    }
-}
-
-/// The daemon's reading of a failed part's message (the slot is taken: the daemon's). The
-/// length comes from the segment, so it is cut to [`MAX_FAILURE_MESSAGE`] and the slot; the
-/// bytes may be anything, so they are decoded lossily and control characters are replaced: a
-/// hostile loader can make the message say nothing useful, never forge log lines.
-pub fn read_failure(ring: &Ring, slot: u32) -> String {
-    let len = u64::from(ring.desc(slot).meta_len.load(Relaxed))
-        .min(MAX_FAILURE_MESSAGE as u64)
-        .min(ring.geometry().slot_bytes);
-    let mut buf = Vec::new();
-    ring.copy_out(slot, 0, len, &mut buf);
-    let text: String = String::from_utf8_lossy(&buf)
-        .chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .collect();
-    if text.trim().is_empty() {
-        "the loader left no message; its log names the file and the problem".into()
-    } else {
-        text
-    }
-}
 
 /// Loader settings (from flags).
 #[derive(Debug, Clone, clap::Args)]
@@ -121,32 +69,12 @@ pub enum LoaderError {
     /// Bad config.
     #[error(transparent)]
     Config(#[from] pinring_data::ConfigError),
-    /// Bad plan.
-    #[error("config {source_name}: {source}")]
-    Plan {
-        /// Config source.
-        source_name: String,
-        /// The error.
-        #[source]
-        source: pinring_data::PlanError,
-    },
     /// Ring error.
     #[error(transparent)]
     Ring(#[from] RingError),
-    /// The config differs from the daemon's.
-    #[error("ring {ring:?}: this loader's config ({source_name}, fingerprint {mine:#018x}) describes another dataset or plan than the daemon's (fingerprint {theirs:#018x}): start the loader with the daemon's config file{hint}")]
-    Mismatch {
-        /// More on the cause, when known (a file dataset of another length).
-        hint: Box<str>,
-        /// Ring name.
-        ring: String,
-        /// Config source.
-        source_name: String,
-        /// Our fingerprint.
-        mine: u64,
-        /// The ring's.
-        theirs: u64,
-    },
+    /// Joining the ring, or the claim loop (pinring-producer).
+    #[error(transparent)]
+    Session(#[from] SessionError),
     /// A sample could not be read and `dataset.on_bad_sample` is `"fail"`.
     #[error("ring {ring:?}: sample {id} (epoch {epoch}, seq {seq}) cannot be read: {source}; dataset.on_bad_sample = \"fail\" stops the loader (\"skip\" substitutes zeros and goes on)")]
     BadSample {
@@ -161,14 +89,6 @@ pub enum LoaderError {
         /// The reader's error (file, offset, problem).
         #[source]
         source: Box<SourceError>,
-    },
-    /// The daemon died.
-    #[error("ring {ring:?}: its daemon (pid {pid}) is gone; restart the daemon, then the loaders")]
-    DaemonGone {
-        /// Ring name.
-        ring: String,
-        /// Daemon pid.
-        pid: u32,
     },
 }
 
@@ -196,91 +116,10 @@ impl LoaderError {
 impl pinring_exit::Coded for LoaderError {
     fn exit(&self) -> pinring_exit::Exit {
         match self {
-            LoaderError::Config(_) | LoaderError::Plan { .. } | LoaderError::BadSample { .. } => {
-                Exit::Config
-            }
+            LoaderError::Config(_) | LoaderError::BadSample { .. } => Exit::Config,
             LoaderError::Ring(e) => e.exit(),
-            LoaderError::Mismatch { .. } => Exit::Refused,
-            LoaderError::DaemonGone { .. } => Exit::PeerDied,
+            LoaderError::Session(e) => e.exit(),
         }
-    }
-}
-
-/// Longest single wait inside [`attach`] between two looks at the stop request.
-const ATTACH_SLICE: Duration = Duration::from_millis(100);
-
-/// Opens the ring, waiting up to `wait` for it to appear and become ready. A segment whose
-/// daemon is no longer running (left behind by a crash, about to be replaced by the next daemon)
-/// is not attached to: the wait goes on for a live one.
-pub fn attach(name: &str, access: Access, wait: Duration) -> Result<Ring, RingError> {
-    match attach_unless(name, access, wait, || false)? {
-        Some(ring) => Ok(ring),
-        // Cannot happen (`|| false` never asks to stop); an error all the same, not a panic.
-        None => Err(RingError::NotReady {
-            name: name.to_string(),
-            waited_ms: 0,
-            state: "stop requested",
-        }),
-    }
-}
-
-/// [`attach`], giving up (`Ok(None)`) as soon as `stop` says so: it is asked at least every
-/// 100 ms, so a SIGTERM reaches a loader that waits for its ring as quickly as a working one.
-pub fn attach_unless(
-    name: &str,
-    access: Access,
-    wait: Duration,
-    stop: impl Fn() -> bool,
-) -> Result<Option<Ring>, RingError> {
-    let start = Instant::now();
-    loop {
-        if stop() {
-            return Ok(None);
-        }
-        let slice = wait.saturating_sub(start.elapsed()).min(ATTACH_SLICE);
-        let outcome = Ring::open(name, access, slice).and_then(|ring| {
-            ring.wait_ready(slice)?;
-            Ok(ring)
-        });
-        // The daemon may not have created the ring yet, or not replaced a stale one: retry
-        // until the deadline. There is no futex to wait on before the segment exists, so this
-        // polls the name.
-        let daemon_alive = |ring: &Ring| ring.daemon_alive().unwrap_or(false);
-        let retry = match &outcome {
-            Ok(ring) => !daemon_alive(ring) || ring.state() == ring_state::CLOSED,
-            Err(RingError::NotFound { .. }) => true,
-            // A version word another process scribbled (the daemon restores it), or a ring not
-            // READY within this slice (the daemon is registering it): the deadline decides. A
-            // file that is too short is never a daemon mid-creation (a segment gets its name
-            // only once it is complete), so it is an error at once, like any other.
-            Err(RingError::NotInitialised { .. } | RingError::NotReady { .. }) => true,
-            Err(_) => false,
-        };
-        if !retry || start.elapsed() >= wait {
-            let waited_ms = start.elapsed().as_millis() as u64;
-            return match outcome {
-                Ok(ring) if !daemon_alive(&ring) => Err(RingError::NotReady {
-                    name: name.to_string(),
-                    waited_ms,
-                    state: "stale: its daemon is not running",
-                }),
-                // The last slice's error, with the whole wait.
-                Err(RingError::NotInitialised { name, path, .. }) => {
-                    Err(RingError::NotInitialised {
-                        name,
-                        path,
-                        waited_ms,
-                    })
-                }
-                Err(RingError::NotReady { name, state, .. }) => Err(RingError::NotReady {
-                    name,
-                    waited_ms,
-                    state,
-                }),
-                other => other.map(Some),
-            };
-        }
-        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
@@ -311,13 +150,13 @@ pub fn run(args: &LoaderArgs, shutdown: &Shutdown) -> Result<LoaderReport, Loade
     let mut service = crate::service::LoaderService::waiting(&cfg.ring.name);
     let mut total = LoaderReport::default();
     loop {
-        let outcome = run_attached(&mut cfg.clone(), wait, shutdown, &mut service, &mut source);
+        let outcome = run_attached(cfg.clone(), wait, shutdown, &mut service, &mut source);
         match outcome.map_err(|b| *b) {
             Ok(report) => {
                 total.add(&report);
                 return Ok(total);
             }
-            Err((report, e @ LoaderError::DaemonGone { .. }))
+            Err((report, e @ LoaderError::Session(SessionError::DaemonGone { .. })))
                 if args.wait_for_daemon && !shutdown.requested() =>
             {
                 total.add(&report);
@@ -340,33 +179,34 @@ impl LoaderReport {
 /// One attachment: attach to the ring's current daemon and work until the ring closes, a stop is
 /// requested, or the daemon dies.
 fn run_attached(
-    cfg: &mut Config,
+    cfg: Config,
     wait: Duration,
     shutdown: &Shutdown,
     service: &mut crate::service::LoaderService,
     source: &mut Option<Box<dyn Source>>,
 ) -> Result<LoaderReport, Box<(LoaderReport, LoaderError)>> {
     let none = |e: LoaderError| Box::new((LoaderReport::default(), e));
+    let name = cfg.ring.name.clone();
     let stop = || shutdown.requested();
-    let ring = match attach_unless(&cfg.ring.name, Access::ReadWrite, wait, stop) {
-        Ok(Some(ring)) => ring,
+    let mut session = match Session::join(cfg, wait, stop) {
+        Ok(Some(session)) => session,
         Ok(None) => {
-            tracing::info!(ring = %cfg.ring.name, "stop requested while waiting for the ring: not attached");
+            tracing::info!(ring = %name, "stop requested while waiting for the ring: not attached");
             return Ok(LoaderReport::default());
         }
         Err(e) => return Err(none(e.into())),
     };
-    let plan = check_ring(cfg, &ring).map_err(none)?;
-    let me = ProcessId::current();
-    let seat = ring.attach_loader(me).map_err(|e| none(e.into()))?;
+    let seat = session.seat();
     let index = seat.index;
-    tracing::info!(ring = %cfg.ring.name, loader = index, tenure = seat.tenure, pid = me.pid, "attached");
+    tracing::info!(ring = %name, loader = index, tenure = seat.tenure, pid = std::process::id(), "attached");
     service.attached(index);
+    // The ring and config, shared with the session: the worker reads them while the session
+    // claims.
+    let joined = Arc::clone(session.joined());
     let mut worker = Worker {
-        ring: &ring,
-        cfg,
-        plan,
-        seat,
+        ring: &joined.ring,
+        cfg: &joined.cfg,
+        session: &mut session,
         samples: Vec::new(),
         meta_buf: Vec::new(),
         field_buf: Vec::new(),
@@ -377,87 +217,14 @@ fn run_attached(
         labels: Vec::new(),
     };
     let result = worker.work(shutdown);
-    ring.detach_loader(seat);
     let report = worker.report;
     worker.service.stopping(report.batches);
+    session.leave();
     if report.bad_samples > 0 {
-        tracing::warn!(ring = %cfg.ring.name, loader = index, bad_samples = report.bad_samples, "{} samples could not be read and were replaced by zeros (dataset.on_bad_sample = \"skip\")", report.bad_samples);
+        tracing::warn!(ring = %name, loader = index, bad_samples = report.bad_samples, "{} samples could not be read and were replaced by zeros (dataset.on_bad_sample = \"skip\")", report.bad_samples);
     }
-    tracing::info!(ring = %cfg.ring.name, loader = index, batches = report.batches, bytes = report.bytes, bad_samples = report.bad_samples, "detached");
+    tracing::info!(ring = %name, loader = index, batches = report.batches, bytes = report.bytes, bad_samples = report.bad_samples, "detached");
     result.map(|()| report).map_err(|e| Box::new((report, e)))
-}
-
-/// Checks an attached ring against a loader's config and makes the plan the daemon's seqs come
-/// from: a config whose slot size is "auto" adopts the size (and count) the daemon resolved and
-/// published (the part layout, the seq -> samples mapping, follows from it identically on both
-/// sides); the fingerprints must match (`Mismatch`); the plan covers every seq up to the ring's
-/// end seq (the daemon decides how many epochs run). Every loader, Rust or Python, joins through
-/// this.
-pub fn check_ring(cfg: &mut Config, ring: &Ring) -> Result<Plan, LoaderError> {
-    let h = ring.header();
-    let g = ring.geometry();
-    if cfg.adopt_slot_bytes(g.slot_bytes, g.slot_count) {
-        tracing::debug!(ring = %cfg.ring.name, slot_bytes = g.slot_bytes, slots = g.slot_count, "ring.slot_bytes = \"auto\": adopted the daemon's slot size");
-    }
-    let theirs = h.fingerprint.load(Relaxed);
-    if cfg.fingerprint() != theirs {
-        let hint = length_hint(cfg, ring).into_boxed_str();
-        return Err(LoaderError::Mismatch {
-            hint,
-            ring: cfg.ring.name.clone(),
-            source_name: cfg.source.clone(),
-            mine: cfg.fingerprint(),
-            theirs,
-        });
-    }
-    let end_seq = h.end_seq.load(Relaxed);
-    plan_covering(cfg, end_seq)
-}
-
-/// Why a file dataset's fingerprint may differ: the daemon's source has another length than this
-/// loader's (known when the daemon stored its config in the ring, `--sink consumer`), or a
-/// general note that the files' length is part of the fingerprint.
-fn length_hint(cfg: &Config, ring: &Ring) -> String {
-    if !cfg.dataset.kind.reads_files() {
-        return String::new();
-    }
-    let shard_samples = |c: &Config| {
-        c.dataset
-            .webdataset
-            .as_ref()
-            .map(|w| w.shard_samples.clone())
-            .unwrap_or_default()
-    };
-    let theirs = ring
-        .handoff_config()
-        .and_then(|b| String::from_utf8(b).ok())
-        .and_then(|t| Config::from_toml_str(&t, "ring").ok())
-        .map(|c| (c.dataset.samples, shard_samples(&c)));
-    let mine = shard_samples(cfg);
-    match theirs {
-        Some((n, _)) if n != cfg.dataset.samples => format!(
-            "; the daemon's {} dataset has {n} samples, the files this loader opened have {}: \
-             the loader reads other or changed files than the daemon (relative paths are \
-             resolved against the config file's directory)",
-            cfg.dataset.kind, cfg.dataset.samples
-        ),
-        Some((_, shards)) if shards != mine => format!(
-            "; the daemon's shards hold {shards:?} samples, the shards this loader opened hold \
-             {mine:?} (the plan's shard order follows them): the loader reads other or changed \
-             shards than the daemon"
-        ),
-        _ if !mine.is_empty() => format!(
-            " (the {} files' length, {} samples here, and the shards' sample counts, {mine:?} \
-             here, are part of it: a loader reading other or changed files than the daemon \
-             differs)",
-            cfg.dataset.kind, cfg.dataset.samples
-        ),
-        _ => format!(
-            " (the {} files' length, {} samples here, is part of it: a loader reading other or \
-             changed files than the daemon differs)",
-            cfg.dataset.kind, cfg.dataset.samples
-        ),
-    }
 }
 
 /// Opens the source of a file kind (`dataset.kind = "tokens"`, `"npy"`, `"webdataset"`,
@@ -482,142 +249,11 @@ pub fn open_source(cfg: &mut Config) -> Result<Option<Box<dyn Source>>, ConfigEr
     Ok(Some(src))
 }
 
-/// `DaemonGone` if the ring's daemon no longer holds its lock (it exited or died).
-pub fn check_daemon(ring: &Ring) -> Result<(), LoaderError> {
-    if ring.daemon_alive()? {
-        Ok(())
-    } else {
-        Err(LoaderError::DaemonGone {
-            ring: ring.name().to_string(),
-            pid: ring.daemon().pid,
-        })
-    }
-}
-
-/// What [`confirm_end`] found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EndCheck {
-    /// The daemon ended the run (the ring is draining or closed and its daemon is gone).
-    Ended,
-    /// The ring is READY again (the daemon restored a scribbled header): carry on.
-    Resumed,
-    /// `stop` asked to give up first.
-    Stopped,
-}
-
-/// The ring says it is draining or closed. Only the daemon may end a run, and any process that
-/// maps the ring can write its state, so a loader believes it when the daemon's lock is gone too
-/// (a daemon exits right after it closes the ring). `stop` is asked at least every 100 ms.
-pub fn confirm_end(ring: &Ring, stop: impl Fn() -> bool) -> Result<EndCheck, RingError> {
-    let h = ring.header();
-    loop {
-        if stop() {
-            return Ok(EndCheck::Stopped);
-        }
-        if !ring.daemon_alive()? {
-            return Ok(EndCheck::Ended);
-        }
-        let seen = h.work_futex.load(Acquire);
-        if ring.state() == ring_state::READY {
-            return Ok(EndCheck::Resumed);
-        }
-        ring.wait_for_work(seen, MAX_WAIT);
-    }
-}
-
-/// Books `ns` of waiting for a free slot on loader `seat` and refreshes its heartbeat.
-pub fn note_wait(ring: &Ring, seat: Seat, ns: u64) {
-    let entry = ring.loader(seat.index as usize);
-    entry.wait_ns.fetch_add(ns, Relaxed);
-    ring.header().loader_wait_ns.fetch_add(ns, Relaxed);
-    entry
-        .heartbeat_ns
-        .store(pinring_ring::clock::monotonic_ns(), Relaxed);
-}
-
-/// Encodes `meta` into `buf` and writes it into the slot after a payload of `payload_len` bytes
-/// (at the next [`META_ALIGN`] boundary, within the config's metadata reserve). Returns what
-/// to commit: `(payload_len, meta_len, error)`, with [`ERR_META`] and no bytes when the payload
-/// did not fit (`fits` false) or the metadata does not.
-pub fn write_meta(
-    slot: &mut SlotWriter<'_>,
-    cfg: &Config,
-    meta: &BatchMeta,
-    payload_len: usize,
-    fits: bool,
-    buf: &mut Vec<u8>,
-) -> (u64, u64, u32) {
-    let meta_off = align_up(payload_len as u64, META_ALIGN).unwrap_or(u64::MAX) as usize;
-    let room = slot
-        .len()
-        .saturating_sub(meta_off)
-        .min(cfg.meta_reserve_bytes() as usize);
-    buf.resize(room, 0);
-    match meta.encode_into(buf) {
-        Ok(n) if fits && slot.write(meta_off, &buf[..n]).is_ok() => {
-            (payload_len as u64, n as u64, 0)
-        }
-        Ok(_) => (0, 0, ERR_META),
-        Err(e) => {
-            tracing::error!(ring = %cfg.ring.name, seq = meta.seq, "{e}");
-            (0, 0, ERR_META)
-        }
-    }
-}
-
-/// Commits a filled part and keeps loader `seat`'s books (batches, bytes, busy time since
-/// `started`, heartbeat). A commit refused because the daemon took the slot back abandons it
-/// (the daemon keeps a slot taken from a live loader out of use until it sees that, or the
-/// loader's exit) and returns `Reclaimed`.
-pub fn commit_part(
-    ring: &Ring,
-    claim: Claim,
-    payload_len: u64,
-    meta_len: u64,
-    sample_count: u32,
-    error: u32,
-    started: Instant,
-) -> Result<(), CommitError> {
-    let (seat, slot, ticket) = (claim.seat(), claim.slot(), claim.ticket());
-    match ring.commit(claim, payload_len, meta_len, sample_count, error) {
-        Ok(()) => {
-            let ns = started.elapsed().as_nanos() as u64;
-            let entry = ring.loader(seat.index as usize);
-            entry.batches.fetch_add(1, Relaxed);
-            entry.bytes.fetch_add(payload_len, Relaxed);
-            entry.busy_ns.fetch_add(ns, Relaxed);
-            entry
-                .heartbeat_ns
-                .store(pinring_ring::clock::monotonic_ns(), Relaxed);
-            ring.header().loader_busy_ns.fetch_add(ns, Relaxed);
-            Ok(())
-        }
-        Err(e @ CommitError::Reclaimed { .. }) => {
-            ring.abandon(seat, slot, ticket);
-            Err(e)
-        }
-        Err(e) => Err(e),
-    }
-}
-
-fn plan_covering(cfg: &mut Config, end_seq: u64) -> Result<Plan, LoaderError> {
-    let plan_err = |cfg: &Config, source| LoaderError::Plan {
-        source_name: cfg.source.clone(),
-        source,
-    };
-    // Seqs are parts: an epoch has batches_per_epoch * parts_per_batch of them.
-    let plan = cfg.plan().map_err(|e| plan_err(cfg, e))?;
-    let per_epoch = (plan.batches_per_epoch() * plan.parts_per_batch()).max(1);
-    let epochs = end_seq.div_ceil(per_epoch).clamp(1, u64::from(u32::MAX)) as u32;
-    cfg.plan.epochs = epochs;
-    cfg.plan().map_err(|e| plan_err(cfg, e))
-}
-
 struct Worker<'a> {
     ring: &'a Ring,
     cfg: &'a Config,
-    plan: Plan,
-    seat: Seat,
+    /// The seat and the claim loop.
+    session: &'a mut Session,
     samples: Vec<u64>,
     /// The batch metadata, encoded here and then copied into the slot.
     meta_buf: Vec<u8>,
@@ -635,7 +271,6 @@ struct Worker<'a> {
 
 impl Worker<'_> {
     fn work(&mut self, shutdown: &Shutdown) -> Result<(), LoaderError> {
-        let h = self.ring.header();
         let synthetic = self.cfg.synthetic();
         let sample_bytes = self.cfg.sample_bytes() as usize;
         let layout = self.cfg.batch_layout();
@@ -647,47 +282,26 @@ impl Worker<'_> {
             .iter()
             .position(|f| f.name == LABELS && f.shape.len() == 1 && is_integer(f.dtype));
         let policy = self.cfg.dataset.on_bad_sample;
-        let mut hint = u32::from(self.seat.index) % self.ring.geometry().slot_count;
-        // Each loader keeps to its own share of the slots where it can
-        // (`Ring::try_claim_preferring`); the share follows the loaders attached, counted again
-        // with each look at the daemon.
-        let mut share = self.ring.attached_loaders();
-        let mut last_daemon_check = Instant::now();
         loop {
-            self.service.tick(self.report.batches);
             if shutdown.requested() {
                 return Ok(());
             }
-            if self.ring.state() != ring_state::READY
-                && confirm_end(self.ring, || shutdown.requested())? != EndCheck::Resumed
-            {
-                return Ok(());
-            }
-            if last_daemon_check.elapsed() >= DAEMON_CHECK_EVERY {
-                last_daemon_check = Instant::now();
-                check_daemon(self.ring)?;
-                share = self.ring.attached_loaders();
-            }
-            // Acquire: pairs with the daemon's Release bump after it frees a slot, so a slot freed
-            // after this load makes the wait below return at once.
-            let seen = h.work_futex.load(Acquire);
-            let Some(mut claim) = self.ring.try_claim_preferring(self.seat, share, hint) else {
-                let t = Instant::now();
-                let r = self.ring.wait_for_work(seen, MAX_WAIT);
-                note_wait(self.ring, self.seat, t.elapsed().as_nanos() as u64);
-                if r == futex::Wake::TimedOut {
-                    last_daemon_check = Instant::now();
-                    check_daemon(self.ring)?;
-                }
-                continue;
+            self.service.tick(self.report.batches);
+            let (service, batches) = (&mut *self.service, self.report.batches);
+            let mut stop = || {
+                service.tick(batches);
+                shutdown.requested()
+            };
+            let mut claim = match self.session.claim(None, &mut stop)? {
+                Next::Part(claim) => claim,
+                Next::Ended | Next::Stopped | Next::TimedOut => return Ok(()),
             };
             let t = Instant::now();
-            hint = (claim.slot() + 1) % self.ring.geometry().slot_count;
             let seq = claim.seq();
             // The seq names one part of a batch: its samples, its metadata (the part's seq and
             // sample ids, the batch's epoch and index), into this slot.
             let made = self
-                .plan
+                .session
                 .part_into(seq, &mut self.samples)
                 .map(|p| (p.epoch, p.index_in_epoch, p.bytes));
             let mut slot = self.ring.slot_writer(&mut claim);
@@ -743,9 +357,8 @@ impl Worker<'_> {
                                 meta = meta.with_byte_range(r, payload_len as u64);
                             }
                             self.samples = indices.samples;
-                            let written = write_meta(
+                            let written = self.session.write_meta(
                                 &mut slot,
-                                self.cfg,
                                 &meta,
                                 payload_len,
                                 fits && ok,
@@ -873,18 +486,15 @@ impl Worker<'_> {
                         meta = meta.with_byte_range(r, payload_len as u64);
                     }
                     self.samples = indices.samples;
-                    write_meta(
-                        &mut slot,
-                        self.cfg,
-                        &meta,
-                        payload_len,
-                        fits,
-                        &mut self.meta_buf,
-                    )
+                    self.session
+                        .write_meta(&mut slot, &meta, payload_len, fits, &mut self.meta_buf)
                 }
             };
             let count = self.samples.len() as u32;
-            match commit_part(self.ring, claim, payload_len, meta_len, count, error, t) {
+            match self
+                .session
+                .commit(claim, payload_len, meta_len, count, error, t)
+            {
                 Ok(()) => {
                     self.report.batches += 1;
                     self.report.bytes += payload_len;
@@ -1092,27 +702,6 @@ fn integer_label(dtype: Dtype, bytes: &[u8]) -> Option<u32> {
 mod tests {
     use super::*;
 
-    /// A segment a daemon has created but not yet published (all zeros, as right after
-    /// `fallocate`) is waited for until the deadline, not given up on after one slice.
-    #[test]
-    fn attach_waits_the_whole_deadline_for_a_segment_still_being_created() {
-        let name = format!("ut-attach-init-{}", std::process::id());
-        let path = pinring_ring::object_path(&name);
-        std::fs::write(&path, vec![0u8; pinring_ring::layout::HEADER_BYTES]).unwrap();
-        let wait = Duration::from_millis(600);
-        let start = Instant::now();
-        let outcome = attach(&name, Access::ReadOnly, wait);
-        let took = start.elapsed();
-        let _ = std::fs::remove_file(&path);
-        match outcome {
-            Err(RingError::NotInitialised { waited_ms, .. }) => {
-                assert!(waited_ms >= 600, "reports the whole wait: {waited_ms} ms")
-            }
-            other => panic!("expected NotInitialised, got {other:?}"),
-        }
-        assert!(took >= wait, "gave up after {took:?}");
-    }
-
     #[test]
     fn labels_of_integer_fields_that_fit_a_u32() {
         assert_eq!(integer_label(Dtype::I64, &7i64.to_le_bytes()), Some(7));
@@ -1123,15 +712,5 @@ mod tests {
         assert_eq!(integer_label(Dtype::I32, &5i32.to_le_bytes()), Some(5));
         assert_eq!(integer_label(Dtype::F32, &[0; 4]), None);
         assert!(is_integer(Dtype::U8) && !is_integer(Dtype::Bool));
-    }
-
-    #[test]
-    fn attach_unless_gives_up_at_once_when_asked_to_stop() {
-        let name = format!("ut-attach-stop-{}", std::process::id());
-        let start = Instant::now();
-        let outcome = attach_unless(&name, Access::ReadOnly, Duration::from_secs(30), || true);
-        assert!(matches!(outcome, Ok(None)), "{outcome:?}");
-        // It returns at the first look (the wait was 30 s); 10 s allows a loaded machine.
-        assert!(start.elapsed() < Duration::from_secs(10));
     }
 }

@@ -235,8 +235,8 @@ macro_rules! outln {
 
 #[cfg(test)]
 mod tests {
-    use pinring_exit::Coded;
     use super::*;
+    use pinring_exit::Coded;
     use std::os::unix::fs::symlink;
 
     #[test]

@@ -302,7 +302,7 @@ impl Daemon {
                 Ok(Some(t)) => t,
                 Ok(None) => break,
                 Err(pinring_ring::SlotFault::LoaderError { code, .. })
-                    if code == crate::loader::ERR_SAMPLE =>
+                    if code == pinring_ring::failure::ERR_SAMPLE =>
                 {
                     return Err(self.data_failed(slot, seq));
                 }

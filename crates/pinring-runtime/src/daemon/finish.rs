@@ -1,11 +1,11 @@
 //! The end of a run: close and unlink the ring, build the [`Summary`] (also for a daemon that
 //! failed at start), and judge it.
 
-use pinring_exit::Coded;
 use super::{Daemon, DaemonArgs, DaemonError, Outcome};
 use crate::sink::SinkKind;
 use crate::summary::{verdict, Summary};
 use pinring_data::Config;
+use pinring_exit::Coded;
 use pinring_ring::ring_state;
 use std::sync::atomic::Ordering::Relaxed;
 

@@ -7,8 +7,8 @@
 //! Runs on the daemon's main loop, like every other slot transition the daemon makes.
 
 use super::{Daemon, DaemonError, HandOut};
-use crate::loader::ERR_SAMPLE;
 use pinring_data::BadBatchPolicy;
+use pinring_ring::failure::ERR_SAMPLE;
 use pinring_ring::{Expired, SlotState};
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
@@ -218,7 +218,7 @@ impl Daemon {
     /// [`ERR_SAMPLE`]): the loader's message from the slot, sanitised.
     pub(super) fn data_failed(&mut self, slot: u32, seq: u64) -> DaemonError {
         self.recovery.counts.rejected += 1;
-        let message = crate::loader::read_failure(&self.ring, slot);
+        let message = pinring_ring::failure::read_failure(&self.ring, slot);
         DaemonError::DataFailed {
             ring: self.cfg.ring.name.clone(),
             seq,

@@ -1,0 +1,520 @@
+//! [`Session`]: one seat in one ring's loader table, and the claim loop.
+
+use pinring_data::{BatchLayout, BatchMeta, Config, Plan};
+use pinring_exit::{Coded, Exit};
+use pinring_ring::failure::ERR_META;
+use pinring_ring::layout::{align_up, META_ALIGN};
+use pinring_ring::{
+    futex, ring_state, Access, Claim, CommitError, ProcessId, Ring, RingError, Seat, SlotWriter,
+};
+use std::sync::atomic::Ordering::{Acquire, Relaxed};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Longest single wait for a free slot (between two looks at the stop check, the deadline and
+/// the daemon).
+const MAX_WAIT: Duration = Duration::from_millis(100);
+/// How often a busy loader checks that its daemon is still running (an idle one checks on every
+/// wait that times out).
+const DAEMON_CHECK_EVERY: Duration = Duration::from_millis(250);
+
+/// Why a session could not join, or stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    /// Ring error.
+    #[error(transparent)]
+    Ring(#[from] RingError),
+    /// The plan the ring's end seq asks for cannot be made from this config.
+    #[error("config {source_name}: {source}")]
+    Plan {
+        /// Config source.
+        source_name: String,
+        /// The error.
+        #[source]
+        source: pinring_data::PlanError,
+    },
+    /// The config differs from the daemon's.
+    #[error("ring {ring:?}: this loader's config ({source_name}, fingerprint {mine:#018x}) describes another dataset or plan than the daemon's (fingerprint {theirs:#018x}): start the loader with the daemon's config file{hint}")]
+    Mismatch {
+        /// More on the cause, when known (a file dataset of another length).
+        hint: Box<str>,
+        /// Ring name.
+        ring: String,
+        /// Config source.
+        source_name: String,
+        /// Our fingerprint.
+        mine: u64,
+        /// The ring's.
+        theirs: u64,
+    },
+    /// The daemon died.
+    #[error("ring {ring:?}: its daemon (pid {pid}) is gone; restart the daemon, then the loaders")]
+    DaemonGone {
+        /// Ring name.
+        ring: String,
+        /// Daemon pid.
+        pid: u32,
+    },
+}
+
+impl Coded for SessionError {
+    fn exit(&self) -> Exit {
+        match self {
+            SessionError::Ring(e) => e.exit(),
+            SessionError::Plan { .. } => Exit::Config,
+            SessionError::Mismatch { .. } => Exit::Refused,
+            SessionError::DaemonGone { .. } => Exit::PeerDied,
+        }
+    }
+}
+
+/// The ring a session joined, with the config it joined with (its "auto" slot size adopted from
+/// the ring) and that config's batch layout. Shared (`Arc`) with whatever must keep the mapping
+/// alive beyond the session, such as the Python fields viewing a claimed slot.
+#[derive(Debug)]
+pub struct Joined {
+    /// The mapped ring.
+    pub ring: Ring,
+    /// The config, checked against the ring's fingerprint.
+    pub cfg: Config,
+    /// Its batch layout (fields, part sizes).
+    pub layout: BatchLayout,
+}
+
+impl Joined {
+    /// Encodes `meta` into `buf` and writes it into the slot after a payload of `payload_len`
+    /// bytes (at the next [`META_ALIGN`] boundary, within the config's metadata reserve).
+    /// Returns what to commit: `(payload_len, meta_len, error)`, with [`ERR_META`] and no bytes
+    /// when the payload did not fit (`fits` false) or the metadata does not.
+    pub fn write_meta(
+        &self,
+        slot: &mut SlotWriter<'_>,
+        meta: &BatchMeta,
+        payload_len: usize,
+        fits: bool,
+        buf: &mut Vec<u8>,
+    ) -> (u64, u64, u32) {
+        write_meta(slot, &self.cfg, meta, payload_len, fits, buf)
+    }
+
+    /// Commits a filled part and keeps the claiming seat's books (batches, bytes, busy time since
+    /// `started`, heartbeat). A commit refused because the daemon took the slot back abandons it
+    /// (the daemon keeps a slot taken from a live loader out of use until it sees that, or the
+    /// loader's exit) and returns `Reclaimed`.
+    pub fn commit(
+        &self,
+        claim: Claim,
+        payload_len: u64,
+        meta_len: u64,
+        sample_count: u32,
+        error: u32,
+        started: Instant,
+    ) -> Result<(), CommitError> {
+        commit_part(
+            &self.ring,
+            claim,
+            payload_len,
+            meta_len,
+            sample_count,
+            error,
+            started,
+        )
+    }
+}
+
+/// What [`Session::claim`] found.
+#[derive(Debug)]
+pub enum Next {
+    /// A FREE slot, claimed: make the part of its seq and commit it.
+    Part(Claim),
+    /// The daemon ended the run (the ring is draining or closed, and its daemon is gone).
+    Ended,
+    /// The stop check asked to give up.
+    Stopped,
+    /// The deadline passed with no free slot.
+    TimedOut,
+}
+
+/// One seat in one ring's loader table. Leaves the table on drop (or [`Session::leave`]).
+#[derive(Debug)]
+pub struct Session {
+    joined: Arc<Joined>,
+    plan: Plan,
+    seat: Seat,
+    /// Where the next claim starts looking.
+    hint: u32,
+    /// Loaders attached, counted again with each look at the daemon: each keeps to its own
+    /// share of the slots where it can (`Ring::try_claim_preferring`).
+    share: u32,
+    last_daemon_check: Instant,
+    left: bool,
+}
+
+impl Session {
+    /// Joins ring `cfg.ring.name`: waits up to `wait` for a live daemon's READY ring (giving up,
+    /// `Ok(None)`, as soon as `stop` says so; it is asked at least every 100 ms), checks `cfg`
+    /// against it ([`Session::check_ring`]) and takes a seat in the loader table. A file kind's
+    /// `cfg` must have its source opened (its length recorded) first, as the daemon did.
+    pub fn join(
+        mut cfg: Config,
+        wait: Duration,
+        stop: impl Fn() -> bool,
+    ) -> Result<Option<Session>, SessionError> {
+        let Some(ring) =
+            pinring_ring::attach_unless(&cfg.ring.name, Access::ReadWrite, wait, stop)?
+        else {
+            return Ok(None);
+        };
+        let plan = Session::check_ring(&mut cfg, &ring)?;
+        let seat = ring.attach_loader(ProcessId::current())?;
+        let layout = cfg.batch_layout();
+        let hint = u32::from(seat.index) % ring.geometry().slot_count;
+        let share = ring.attached_loaders();
+        Ok(Some(Session {
+            joined: Arc::new(Joined { ring, cfg, layout }),
+            plan,
+            seat,
+            hint,
+            share,
+            last_daemon_check: Instant::now(),
+            left: false,
+        }))
+    }
+
+    /// Checks an attached ring against a loader's config and makes the plan the daemon's seqs
+    /// come from: a config whose slot size is "auto" adopts the size (and count) the daemon
+    /// resolved and published (the part layout, the seq -> samples mapping, follows from it
+    /// identically on both sides); the fingerprints must match (`Mismatch`); the plan covers
+    /// every seq up to the ring's end seq (the daemon decides how many epochs run).
+    pub fn check_ring(cfg: &mut Config, ring: &Ring) -> Result<Plan, SessionError> {
+        let h = ring.header();
+        let g = ring.geometry();
+        if cfg.adopt_slot_bytes(g.slot_bytes, g.slot_count) {
+            tracing::debug!(ring = %cfg.ring.name, slot_bytes = g.slot_bytes, slots = g.slot_count, "ring.slot_bytes = \"auto\": adopted the daemon's slot size");
+        }
+        let theirs = h.fingerprint.load(Relaxed);
+        if cfg.fingerprint() != theirs {
+            let hint = length_hint(cfg, ring).into_boxed_str();
+            return Err(SessionError::Mismatch {
+                hint,
+                ring: cfg.ring.name.clone(),
+                source_name: cfg.source.clone(),
+                mine: cfg.fingerprint(),
+                theirs,
+            });
+        }
+        let end_seq = h.end_seq.load(Relaxed);
+        plan_covering(cfg, end_seq)
+    }
+
+    /// The ring, config and layout this session joined with.
+    pub fn joined(&self) -> &Arc<Joined> {
+        &self.joined
+    }
+
+    /// The ring.
+    pub fn ring(&self) -> &Ring {
+        &self.joined.ring
+    }
+
+    /// The config, as checked against the ring.
+    pub fn config(&self) -> &Config {
+        &self.joined.cfg
+    }
+
+    /// The plan covering every seq of the ring.
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    /// The part seq `seq` names: its batch, epoch and place, and its sample ids into `out`.
+    pub fn part_into(
+        &mut self,
+        seq: u64,
+        out: &mut Vec<u64>,
+    ) -> Result<pinring_data::Part, pinring_data::PlanError> {
+        self.plan.part_into(seq, out)
+    }
+
+    /// This session's seat in the loader table.
+    pub fn seat(&self) -> Seat {
+        self.seat
+    }
+
+    /// Claims a FREE slot: the part its seq names is this session's to make and commit.
+    ///
+    /// Waits (on the ring's work futex, at most 100 ms at a time) until a slot is free, the
+    /// daemon ends the run ([`Next::Ended`]), `deadline` passes ([`Next::TimedOut`]) or `stop`
+    /// says to give up ([`Next::Stopped`]). `stop` is asked before every wait, so at least every
+    /// 100 ms while waiting, and never when a slot is free at once: a caller may do its own
+    /// periodic work in it (a service's watchdog, Python's signal handlers). A ring that is not
+    /// READY is believed ended only once its daemon is gone too (any process that maps the
+    /// ring can write its state). A daemon that dies is `DaemonGone`.
+    pub fn claim(
+        &mut self,
+        deadline: Option<Instant>,
+        stop: &mut dyn FnMut() -> bool,
+    ) -> Result<Next, SessionError> {
+        let past = |deadline: Option<Instant>| deadline.is_some_and(|d| Instant::now() >= d);
+        loop {
+            let ring = &self.joined.ring;
+            if ring.state() != ring_state::READY {
+                match self.confirm_end(&mut || stop() || past(deadline))? {
+                    EndCheck::Ended => return Ok(Next::Ended),
+                    EndCheck::Resumed => continue,
+                    EndCheck::Stopped if past(deadline) => return Ok(Next::TimedOut),
+                    EndCheck::Stopped => return Ok(Next::Stopped),
+                }
+            }
+            if self.last_daemon_check.elapsed() >= DAEMON_CHECK_EVERY {
+                self.check_daemon()?;
+            }
+            let ring = &self.joined.ring;
+            // Acquire: pairs with the daemon's Release bump after it frees a slot, so a slot
+            // freed after this load makes the wait below return at once.
+            let seen = ring.header().work_futex.load(Acquire);
+            if let Some(claim) = ring.try_claim_preferring(self.seat, self.share, self.hint) {
+                self.hint = (claim.slot() + 1) % ring.geometry().slot_count;
+                return Ok(Next::Part(claim));
+            }
+            if past(deadline) {
+                return Ok(Next::TimedOut);
+            }
+            if stop() {
+                return Ok(Next::Stopped);
+            }
+            let slice = deadline.map_or(MAX_WAIT, |d| {
+                d.saturating_duration_since(Instant::now()).min(MAX_WAIT)
+            });
+            let t = Instant::now();
+            let woke = ring.wait_for_work(seen, slice);
+            self.note_wait(t.elapsed().as_nanos() as u64);
+            if woke == futex::Wake::TimedOut {
+                self.check_daemon()?;
+            }
+        }
+    }
+
+    /// [`Joined::write_meta`] on this session's ring.
+    pub fn write_meta(
+        &self,
+        slot: &mut SlotWriter<'_>,
+        meta: &BatchMeta,
+        payload_len: usize,
+        fits: bool,
+        buf: &mut Vec<u8>,
+    ) -> (u64, u64, u32) {
+        self.joined.write_meta(slot, meta, payload_len, fits, buf)
+    }
+
+    /// [`Joined::commit`] on this session's ring.
+    pub fn commit(
+        &self,
+        claim: Claim,
+        payload_len: u64,
+        meta_len: u64,
+        sample_count: u32,
+        error: u32,
+        started: Instant,
+    ) -> Result<(), CommitError> {
+        self.joined
+            .commit(claim, payload_len, meta_len, sample_count, error, started)
+    }
+
+    /// Leaves the loader table. A part still claimed can no longer be committed (the daemon
+    /// takes its slot back and has the part made elsewhere).
+    pub fn leave(mut self) {
+        self.detach();
+    }
+
+    fn detach(&mut self) {
+        if !self.left {
+            self.left = true;
+            self.joined.ring.detach_loader(self.seat);
+        }
+    }
+
+    /// `DaemonGone` if the ring's daemon no longer holds its lock (it exited or died); counts
+    /// the loaders attached again.
+    fn check_daemon(&mut self) -> Result<(), SessionError> {
+        self.last_daemon_check = Instant::now();
+        let ring = &self.joined.ring;
+        if !ring.daemon_alive()? {
+            return Err(SessionError::DaemonGone {
+                ring: ring.name().to_string(),
+                pid: ring.daemon().pid,
+            });
+        }
+        self.share = ring.attached_loaders();
+        Ok(())
+    }
+
+    /// The ring says it is draining or closed. Only the daemon may end a run, and any process
+    /// that maps the ring can write its state, so a loader believes it when the daemon's lock is
+    /// gone too (a daemon exits right after it closes the ring). `stop` is asked at least every
+    /// 100 ms.
+    fn confirm_end(&self, stop: &mut dyn FnMut() -> bool) -> Result<EndCheck, RingError> {
+        let ring = &self.joined.ring;
+        let h = ring.header();
+        loop {
+            if stop() {
+                return Ok(EndCheck::Stopped);
+            }
+            if !ring.daemon_alive()? {
+                return Ok(EndCheck::Ended);
+            }
+            let seen = h.work_futex.load(Acquire);
+            if ring.state() == ring_state::READY {
+                return Ok(EndCheck::Resumed);
+            }
+            ring.wait_for_work(seen, MAX_WAIT);
+        }
+    }
+
+    /// Books `ns` of waiting for a free slot and refreshes this seat's heartbeat.
+    fn note_wait(&self, ns: u64) {
+        let ring = &self.joined.ring;
+        let entry = ring.loader(self.seat.index as usize);
+        entry.wait_ns.fetch_add(ns, Relaxed);
+        ring.header().loader_wait_ns.fetch_add(ns, Relaxed);
+        entry
+            .heartbeat_ns
+            .store(pinring_ring::clock::monotonic_ns(), Relaxed);
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        self.detach();
+    }
+}
+
+/// What [`Session::confirm_end`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum EndCheck {
+    /// The daemon ended the run.
+    Ended,
+    /// The ring is READY again (the daemon restored a scribbled header): carry on.
+    Resumed,
+    /// `stop` asked to give up first.
+    Stopped,
+}
+
+/// [`Joined::write_meta`] for a slot of a ring joined with `cfg`.
+fn write_meta(
+    slot: &mut SlotWriter<'_>,
+    cfg: &Config,
+    meta: &BatchMeta,
+    payload_len: usize,
+    fits: bool,
+    buf: &mut Vec<u8>,
+) -> (u64, u64, u32) {
+    let meta_off = align_up(payload_len as u64, META_ALIGN).unwrap_or(u64::MAX) as usize;
+    let room = slot
+        .len()
+        .saturating_sub(meta_off)
+        .min(cfg.meta_reserve_bytes() as usize);
+    buf.resize(room, 0);
+    match meta.encode_into(buf) {
+        Ok(n) if fits && slot.write(meta_off, &buf[..n]).is_ok() => {
+            (payload_len as u64, n as u64, 0)
+        }
+        Ok(_) => (0, 0, ERR_META),
+        Err(e) => {
+            tracing::error!(ring = %cfg.ring.name, seq = meta.seq, "{e}");
+            (0, 0, ERR_META)
+        }
+    }
+}
+
+/// [`Joined::commit`] on `ring`.
+fn commit_part(
+    ring: &Ring,
+    claim: Claim,
+    payload_len: u64,
+    meta_len: u64,
+    sample_count: u32,
+    error: u32,
+    started: Instant,
+) -> Result<(), CommitError> {
+    let (seat, slot, ticket) = (claim.seat(), claim.slot(), claim.ticket());
+    match ring.commit(claim, payload_len, meta_len, sample_count, error) {
+        Ok(()) => {
+            let ns = started.elapsed().as_nanos() as u64;
+            let entry = ring.loader(seat.index as usize);
+            entry.batches.fetch_add(1, Relaxed);
+            entry.bytes.fetch_add(payload_len, Relaxed);
+            entry.busy_ns.fetch_add(ns, Relaxed);
+            entry
+                .heartbeat_ns
+                .store(pinring_ring::clock::monotonic_ns(), Relaxed);
+            ring.header().loader_busy_ns.fetch_add(ns, Relaxed);
+            Ok(())
+        }
+        Err(e @ CommitError::Reclaimed { .. }) => {
+            ring.abandon(seat, slot, ticket);
+            Err(e)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Why a file dataset's fingerprint may differ: the daemon's source has another length than this
+/// loader's (known when the daemon stored its config in the ring, `--sink consumer`), or a
+/// general note that the files' length is part of the fingerprint.
+fn length_hint(cfg: &Config, ring: &Ring) -> String {
+    if !cfg.dataset.kind.reads_files() {
+        return String::new();
+    }
+    let shard_samples = |c: &Config| {
+        c.dataset
+            .webdataset
+            .as_ref()
+            .map(|w| w.shard_samples.clone())
+            .unwrap_or_default()
+    };
+    let theirs = ring
+        .handoff_config()
+        .and_then(|b| String::from_utf8(b).ok())
+        .and_then(|t| Config::from_toml_str(&t, "ring").ok())
+        .map(|c| (c.dataset.samples, shard_samples(&c)));
+    let mine = shard_samples(cfg);
+    match theirs {
+        Some((n, _)) if n != cfg.dataset.samples => format!(
+            "; the daemon's {} dataset has {n} samples, the files this loader opened have {}: \
+             the loader reads other or changed files than the daemon (relative paths are \
+             resolved against the config file's directory)",
+            cfg.dataset.kind, cfg.dataset.samples
+        ),
+        Some((_, shards)) if shards != mine => format!(
+            "; the daemon's shards hold {shards:?} samples, the shards this loader opened hold \
+             {mine:?} (the plan's shard order follows them): the loader reads other or changed \
+             shards than the daemon"
+        ),
+        _ if !mine.is_empty() => format!(
+            " (the {} files' length, {} samples here, and the shards' sample counts, {mine:?} \
+             here, are part of it: a loader reading other or changed files than the daemon \
+             differs)",
+            cfg.dataset.kind, cfg.dataset.samples
+        ),
+        _ => format!(
+            " (the {} files' length, {} samples here, is part of it: a loader reading other or \
+             changed files than the daemon differs)",
+            cfg.dataset.kind, cfg.dataset.samples
+        ),
+    }
+}
+
+/// The plan of `cfg` with enough epochs to cover every seq below `end_seq`.
+fn plan_covering(cfg: &mut Config, end_seq: u64) -> Result<Plan, SessionError> {
+    let plan_err = |cfg: &Config, source| SessionError::Plan {
+        source_name: cfg.source.clone(),
+        source,
+    };
+    // Seqs are parts: an epoch has batches_per_epoch * parts_per_batch of them.
+    let plan = cfg.plan().map_err(|e| plan_err(cfg, e))?;
+    let per_epoch = (plan.batches_per_epoch() * plan.parts_per_batch()).max(1);
+    let epochs = end_seq.div_ceil(per_epoch).clamp(1, u64::from(u32::MAX)) as u32;
+    cfg.plan.epochs = epochs;
+    cfg.plan().map_err(|e| plan_err(cfg, e))
+}

@@ -1,0 +1,119 @@
+//! Opening a ring as its daemon's peer: [`attach`] waits for a ring of that name to exist, be
+//! READY and have a live daemon, which every loader, consumer and status view does first.
+
+use crate::{ring_state, Access, Ring, RingError};
+use std::time::{Duration, Instant};
+
+/// Longest single wait inside [`attach`] between two looks at the stop request.
+const ATTACH_SLICE: Duration = Duration::from_millis(100);
+
+/// Opens the ring, waiting up to `wait` for it to appear and become ready. A segment whose
+/// daemon is no longer running (left behind by a crash, about to be replaced by the next daemon)
+/// is not attached to: the wait goes on for a live one.
+pub fn attach(name: &str, access: Access, wait: Duration) -> Result<Ring, RingError> {
+    match attach_unless(name, access, wait, || false)? {
+        Some(ring) => Ok(ring),
+        // Cannot happen (`|| false` never asks to stop); an error all the same, not a panic.
+        None => Err(RingError::NotReady {
+            name: name.to_string(),
+            waited_ms: 0,
+            state: "stop requested",
+        }),
+    }
+}
+
+/// [`attach`], giving up (`Ok(None)`) as soon as `stop` says so: it is asked at least every
+/// 100 ms, so a SIGTERM reaches a loader that waits for its ring as quickly as a working one.
+pub fn attach_unless(
+    name: &str,
+    access: Access,
+    wait: Duration,
+    stop: impl Fn() -> bool,
+) -> Result<Option<Ring>, RingError> {
+    let start = Instant::now();
+    loop {
+        if stop() {
+            return Ok(None);
+        }
+        let slice = wait.saturating_sub(start.elapsed()).min(ATTACH_SLICE);
+        let outcome = Ring::open(name, access, slice).and_then(|ring| {
+            ring.wait_ready(slice)?;
+            Ok(ring)
+        });
+        // The daemon may not have created the ring yet, or not replaced a stale one: retry
+        // until the deadline. There is no futex to wait on before the segment exists, so this
+        // polls the name.
+        let daemon_alive = |ring: &Ring| ring.daemon_alive().unwrap_or(false);
+        let retry = match &outcome {
+            Ok(ring) => !daemon_alive(ring) || ring.state() == ring_state::CLOSED,
+            Err(RingError::NotFound { .. }) => true,
+            // A version word another process scribbled (the daemon restores it), or a ring not
+            // READY within this slice (the daemon is registering it): the deadline decides. A
+            // file that is too short is never a daemon mid-creation (a segment gets its name
+            // only once it is complete), so it is an error at once, like any other.
+            Err(RingError::NotInitialised { .. } | RingError::NotReady { .. }) => true,
+            Err(_) => false,
+        };
+        if !retry || start.elapsed() >= wait {
+            let waited_ms = start.elapsed().as_millis() as u64;
+            return match outcome {
+                Ok(ring) if !daemon_alive(&ring) => Err(RingError::NotReady {
+                    name: name.to_string(),
+                    waited_ms,
+                    state: "stale: its daemon is not running",
+                }),
+                // The last slice's error, with the whole wait.
+                Err(RingError::NotInitialised { name, path, .. }) => {
+                    Err(RingError::NotInitialised {
+                        name,
+                        path,
+                        waited_ms,
+                    })
+                }
+                Err(RingError::NotReady { name, state, .. }) => Err(RingError::NotReady {
+                    name,
+                    waited_ms,
+                    state,
+                }),
+                other => other.map(Some),
+            };
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A segment a daemon has created but not yet published (all zeros, as right after
+    /// `fallocate`) is waited for until the deadline, not given up on after one slice.
+    #[test]
+    fn attach_waits_the_whole_deadline_for_a_segment_still_being_created() {
+        let name = format!("ut-attach-init-{}", std::process::id());
+        let path = crate::object_path(&name);
+        std::fs::write(&path, vec![0u8; crate::layout::HEADER_BYTES]).unwrap();
+        let wait = Duration::from_millis(600);
+        let start = Instant::now();
+        let outcome = attach(&name, Access::ReadOnly, wait);
+        let took = start.elapsed();
+        let _ = std::fs::remove_file(&path);
+        match outcome {
+            Err(RingError::NotInitialised { waited_ms, .. }) => {
+                assert!(waited_ms >= 600, "reports the whole wait: {waited_ms} ms")
+            }
+            other => panic!("expected NotInitialised, got {other:?}"),
+        }
+        assert!(took >= wait, "gave up after {took:?}");
+    }
+
+    #[test]
+    fn attach_unless_gives_up_at_once_when_asked_to_stop() {
+        let name = format!("ut-attach-stop-{}", std::process::id());
+        let start = Instant::now();
+        let outcome = attach_unless(&name, Access::ReadOnly, Duration::from_secs(30), || true);
+        assert!(matches!(outcome, Ok(None)), "{outcome:?}");
+        // It returns at the first look (the wait was 30 s); 10 s allows a loaded machine.
+        assert!(start.elapsed() < Duration::from_secs(10));
+    }
+}
