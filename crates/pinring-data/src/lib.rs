@@ -22,6 +22,7 @@ pub mod fields;
 pub mod fingerprint;
 pub mod meta;
 pub mod plan;
+pub mod resolve;
 pub mod shard_order;
 pub mod size;
 pub mod synthetic;
@@ -39,6 +40,7 @@ pub use fields::{BatchLayout, ChunkCopy, Field, FieldPlacement, FIELD_ALIGN, IMA
 pub use fingerprint::FINGERPRINT_VERSION;
 pub use meta::{max_encoded_len, BatchMeta, Dtype, MetaError, MAX_META_BYTES};
 pub use plan::{BatchIndices, ByteRange, Part, Plan, PlanError, PlanParams, SampleCut};
+pub use resolve::{DatasetOpener, NoFiles, OpenedDataset, ResolveError, Resolved};
 pub use shard_order::ShardOrder;
 pub use size::{ByteSize, SizeError};
 pub use synthetic::{generator_throughput, Synthetic, SyntheticError, LABEL_BYTES};

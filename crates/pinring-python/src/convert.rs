@@ -52,16 +52,15 @@ pub fn check_config<'py>(
     toml: &str,
     source: &str,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let mut cfg = Config::from_toml_str(toml, source).map_err(|e| e.to_pyerr())?;
-    // A file kind: its files are opened (relative paths: the working directory) and their
-    // length is dataset.samples, as the daemon finds it.
-    pinring_runtime::loader::open_source(&mut cfg).map_err(|e| e.to_pyerr())?;
-    // As a daemon on this host would resolve "auto" (the part layout follows from it).
-    pinring_runtime::host_memory::HostMemory::read().resolve_auto(&mut cfg);
-    cfg.validate().map_err(|e| e.to_pyerr())?;
-    let plan = cfg.plan().map_err(|e| {
-        crate::exit_error(pinring_exit::Exit::Config, format!("config {source}: {e}"))
-    })?;
+    let cfg = Config::from_toml_str(toml, source).map_err(|e| e.to_pyerr())?;
+    // The daemon's own resolution (`Config::resolve`): a file kind's files are opened (relative
+    // paths: the working directory) and their length is dataset.samples, "auto" is resolved as
+    // a daemon on this host resolves it (the part layout follows from it), every rule checked.
+    let host = pinring_runtime::host_memory::HostMemory::read();
+    let resolved = cfg
+        .resolve(&pinring_sources::Files, host.cache_bytes())
+        .map_err(|e| e.to_pyerr())?;
+    let (cfg, plan) = (resolved.config(), resolved.plan());
     let out = PyDict::new(py);
     out.set_item("batches_per_epoch", plan.batches_per_epoch())?;
     out.set_item("samples_per_rank", plan.samples_per_rank())?;

@@ -79,7 +79,7 @@ impl Producer {
             |stop| -> Result<State, loader::LoaderError> {
                 let mut cfg = settings::load(config.as_deref(), &overrides)?;
                 // A file kind: its length is the files' (as the daemon and pinring-loader find it).
-                loader::open_source(&mut cfg)?;
+                pinring_sources::open_source(&mut cfg)?;
                 let name = cfg.ring.name.clone();
                 let Some(session) = Session::join(cfg, wait, stop)? else {
                     // Stopped by a signal handler: its exception is raised instead of this.

@@ -45,6 +45,22 @@ pub enum CheckError {
     Ring(#[from] pinring_ring::RingError),
 }
 
+impl From<pinring_data::ResolveError> for CheckError {
+    fn from(e: pinring_data::ResolveError) -> Self {
+        match e {
+            pinring_data::ResolveError::Config(e) => CheckError::Config(e),
+            pinring_data::ResolveError::Plan {
+                source_name,
+                source,
+            } => CheckError::Plan {
+                source_name,
+                source,
+            },
+            pinring_data::ResolveError::Ring(e) => CheckError::Ring(e),
+        }
+    }
+}
+
 impl pinring_exit::Coded for CheckError {
     /// The exit code for this error: the daemon's for the same config (3, or 4 for a ring name
     /// the daemon refuses).
@@ -63,23 +79,18 @@ pub fn run(args: &CheckArgs) -> Result<(), CheckError> {
         ring: args.ring.clone(),
         ..Default::default()
     };
-    let mut cfg = settings::load(origin.path(), &overrides)?;
-    // A file kind: open its files as the daemon does (checking them against the declared
-    // fields); their length is dataset.samples.
-    crate::loader::open_source(&mut cfg)?;
-    // Resolve "auto" as a daemon on this host would (loaders adopt the daemon's values).
+    let cfg = settings::load(origin.path(), &overrides)?;
+    // The daemon's own resolution (`Config::resolve`): its files opened and checked against
+    // the declared fields (their length is dataset.samples), "auto" resolved as a daemon on
+    // this host would (loaders adopt the daemon's values), every rule the daemon checks
+    // (ring.group among them), the plan.
     let host = crate::host_memory::HostMemory::read();
-    let auto = host.resolve_auto(&mut cfg);
-    cfg.validate()?;
-    // What the daemon checks when it makes the ring, beyond the config's own rules.
-    pinring_ring::validate_name(&cfg.ring.name)?;
-    if let Some(group) = &cfg.ring.group {
-        pinring_ring::resolve_group(&cfg.ring.name, group)?;
-    }
-    let plan = cfg.plan().map_err(|source| CheckError::Plan {
-        source_name: cfg.source.clone(),
-        source,
-    })?;
+    let resolved = cfg.resolve(&pinring_sources::Files, host.cache_bytes())?;
+    let auto = resolved
+        .auto()
+        .map(|a| host.auto_line(resolved.config(), a));
+    let plan = resolved.plan();
+    let cfg = resolved.config();
     crate::outln!("# config OK: {}", cfg.source);
     crate::outln!("# found by: {}", origin.describe());
     crate::outln!("# segment: {}", cfg.segment_path());

@@ -72,11 +72,22 @@ impl HostMemory {
         if !auto_bytes && cfg.ring.slots.is_some() {
             return None;
         }
-        let a = cfg.resolve_auto(self.last_level_cache.map(|c| c.bytes));
+        let a = cfg.resolve_auto(self.cache_bytes());
         if !auto_bytes {
             return None;
         }
-        Some(format!(
+        Some(self.auto_line(cfg, &a))
+    }
+
+    /// The last-level cache's size, what `"auto"` sizes a ring from (`None`: unknown).
+    pub fn cache_bytes(&self) -> Option<u64> {
+        self.last_level_cache.map(|c| c.bytes)
+    }
+
+    /// The line that says what `"auto"` picked for `cfg` (resolved to `a`) and where the cache
+    /// size came from.
+    pub fn auto_line(&self, cfg: &Config, a: &pinring_data::AutoRing) -> String {
+        format!(
             "ring.slot_bytes = \"auto\" resolved to {} slots x {} = {} ({}; ring aimed at {}, \
              {})",
             a.slots,
@@ -85,7 +96,7 @@ impl HostMemory {
             cfg.parts_described(),
             ByteSize(a.target_bytes),
             self.cache_origin(),
-        ))
+        )
     }
 
     /// Where the cache size used by [`HostMemory::resolve_auto`] came from, in words.

@@ -6,7 +6,7 @@
 //! leave; the daemon's sequencer decides what each one makes.
 //!
 //! For a file kind (`dataset.kind = "tokens"`, `"npy"`, `"webdataset"`, `"imagefolder"`) the
-//! loader opens the dataset's source once ([`open_source`]); its length is `dataset.samples`,
+//! loader opens the dataset's source once ([`pinring_sources::open_source`]); its length is `dataset.samples`,
 //! which the daemon resolved the same way (the fingerprint covers it). Each sample of a part is
 //! read into per-sample buffers (for the image kinds: decoded and transformed there by the
 //! source's one `pinring_image::Pipeline`) and written at its field-major places; a sample that
@@ -16,8 +16,8 @@ use crate::exit::Exit;
 use crate::settings::{self, Overrides};
 use crate::shutdown::Shutdown;
 use pinring_data::{
-    BatchIndices, BatchLayout, BatchMeta, ByteRange, Config, ConfigError, DatasetKind, Dtype,
-    OnBadSample, IMAGES, LABELS,
+    BatchIndices, BatchLayout, BatchMeta, ByteRange, Config, DatasetKind, Dtype, OnBadSample,
+    IMAGES, LABELS,
 };
 use pinring_producer::{Next, Session, SessionError};
 use pinring_ring::failure::{write_failure, ERR_PLAN, ERR_SAMPLE};
@@ -142,7 +142,7 @@ pub fn run(args: &LoaderArgs, shutdown: &Shutdown) -> Result<LoaderReport, Loade
         }));
     }
     // A file kind: the source is opened once per loader process, for every attachment.
-    let mut source = open_source(&mut cfg)?;
+    let mut source = pinring_sources::open_source(&mut cfg)?;
     if let Some(src) = &source {
         tracing::info!(ring = %cfg.ring.name, kind = %cfg.dataset.kind, samples = src.len(), "dataset opened");
     }
@@ -225,28 +225,6 @@ fn run_attached(
     }
     tracing::info!(ring = %name, loader = index, batches = report.batches, bytes = report.bytes, bad_samples = report.bad_samples, "detached");
     result.map(|()| report).map_err(|e| Box::new((report, e)))
-}
-
-/// Opens the source of a file kind (`dataset.kind = "tokens"`, `"npy"`, `"webdataset"`,
-/// `"imagefolder"`; `None` for the other kinds) and records its length as `dataset.samples`
-/// ([`Config::set_source_len`]), and for `"webdataset"` its shards' sample counts as
-/// `dataset.webdataset.shard_samples` ([`Config::set_shard_samples`], the plan's shard order
-/// follows them): the daemon does so at start, before it makes the ring and its fingerprint, and each loader process
-/// once, before it checks its fingerprint against the ring's. An error names the file.
-pub fn open_source(cfg: &mut Config) -> Result<Option<Box<dyn Source>>, ConfigError> {
-    let Some(opened) = pinring_sources::open_dataset(cfg) else {
-        return Ok(None);
-    };
-    let src = opened.map_err(|e| ConfigError::Dataset {
-        source_name: cfg.source.clone(),
-        kind: cfg.dataset.kind,
-        message: e.to_string(),
-    })?;
-    if let Some(sizes) = src.shard_sizes() {
-        cfg.set_shard_samples(sizes)?;
-    }
-    cfg.set_source_len(src.len())?;
-    Ok(Some(src))
 }
 
 struct Worker<'a> {

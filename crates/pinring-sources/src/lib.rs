@@ -463,3 +463,53 @@ mod tests {
         assert_eq!(s.on_bad_sample, OnBadSample::Skip);
     }
 }
+
+/// Opens the source of a file kind ([`open_dataset`]; `None` for the other kinds) and records
+/// its length as `dataset.samples` ([`pinring_data::Config::set_source_len`]), and for
+/// `"webdataset"` its shards' sample counts as `dataset.webdataset.shard_samples`
+/// ([`pinring_data::Config::set_shard_samples`], the plan's shard order follows them): each
+/// loader process does so once, before it checks its fingerprint against the ring's. An error
+/// names the file.
+pub fn open_source(
+    cfg: &mut pinring_data::Config,
+) -> Result<Option<Box<dyn Source>>, pinring_data::ConfigError> {
+    let Some(opened) = open_dataset(cfg) else {
+        return Ok(None);
+    };
+    let src = opened.map_err(|e| pinring_data::ConfigError::Dataset {
+        source_name: cfg.source.clone(),
+        kind: cfg.dataset.kind,
+        message: e.to_string(),
+    })?;
+    if let Some(sizes) = src.shard_sizes() {
+        cfg.set_shard_samples(sizes)?;
+    }
+    cfg.set_source_len(src.len())?;
+    Ok(Some(src))
+}
+
+/// The dataset's files, opened to resolve a config ([`pinring_data::Config::resolve`]): what
+/// the daemon, `pinring config check` and Python's `check_config` resolve with, so all three
+/// find the same length and shard sizes.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Files;
+
+impl pinring_data::DatasetOpener for Files {
+    fn open(
+        &self,
+        cfg: &pinring_data::Config,
+    ) -> Result<Option<pinring_data::OpenedDataset>, pinring_data::ConfigError> {
+        let Some(opened) = open_dataset(cfg) else {
+            return Ok(None);
+        };
+        let src = opened.map_err(|e| pinring_data::ConfigError::Dataset {
+            source_name: cfg.source.clone(),
+            kind: cfg.dataset.kind,
+            message: e.to_string(),
+        })?;
+        Ok(Some(pinring_data::OpenedDataset {
+            len: src.len(),
+            shard_sizes: src.shard_sizes().map(<[u64]>::to_vec),
+        }))
+    }
+}

@@ -146,6 +146,22 @@ pub enum DaemonError {
     },
 }
 
+impl From<pinring_data::ResolveError> for DaemonError {
+    fn from(e: pinring_data::ResolveError) -> Self {
+        match e {
+            pinring_data::ResolveError::Config(e) => DaemonError::Config(e),
+            pinring_data::ResolveError::Plan {
+                source_name,
+                source,
+            } => DaemonError::Plan {
+                source_name,
+                source,
+            },
+            pinring_data::ResolveError::Ring(e) => DaemonError::Ring(e),
+        }
+    }
+}
+
 impl pinring_exit::Coded for DaemonError {
     fn exit(&self) -> pinring_exit::Exit {
         match self {
@@ -182,30 +198,28 @@ pub fn run(args: &DaemonArgs, shutdown: &Shutdown) -> Outcome {
         epochs: args.epochs,
         unordered: args.unordered,
     };
-    let mut cfg = match settings::load(args.config.as_deref(), &overrides) {
+    let cfg = match settings::load(args.config.as_deref(), &overrides) {
         Ok(c) => c,
         Err(e) => return failed_at_start(args, None, e.into()),
     };
-    // A file kind: the daemon opens the source once, here, and its length becomes
-    // dataset.samples (in the fingerprint, and in the config stored for consumers); each loader
-    // opens its own and must find the same. Unreadable or mismatched files stop the start.
-    if cfg.dataset.kind.reads_files() {
-        match crate::loader::open_source(&mut cfg) {
-            Ok(src) => {
-                let n = src.as_ref().map_or(0, |s| s.len());
-                tracing::info!(ring = %cfg.ring.name, kind = %cfg.dataset.kind, samples = n, "dataset opened");
-            }
-            Err(e) => return failed_at_start(args, Some(&cfg), e.into()),
-        }
+    // The one resolution that config check and Python's check_config make too
+    // (`Config::resolve`): a file kind's source is opened once, here, and its length becomes
+    // dataset.samples (in the fingerprint, and in the config stored for consumers; each loader
+    // opens its own and must find the same); "auto" is resolved for this host's cache, once,
+    // and published in the ring header (loaders adopt it from there instead of reading their
+    // own host's cache); every rule is checked. Unreadable or mismatched files stop the start.
+    let host = crate::host_memory::HostMemory::read();
+    let resolved = match cfg.resolve(&pinring_sources::Files, host.cache_bytes()) {
+        Ok(r) => r,
+        Err(e) => return failed_at_start(args, Some(&cfg), e.into()),
+    };
+    if let Some(n) = resolved.source_len() {
+        tracing::info!(ring = %cfg.ring.name, kind = %cfg.dataset.kind, samples = n, "dataset opened");
     }
-    // "auto" is resolved here, once, and published in the ring header (slot size and count);
-    // loaders adopt it from there instead of reading their own host's cache.
-    if let Some(line) = crate::host_memory::HostMemory::read().resolve_auto(&mut cfg) {
-        tracing::info!(ring = %cfg.ring.name, "{line}");
+    if let Some(a) = resolved.auto() {
+        tracing::info!(ring = %cfg.ring.name, "{}", host.auto_line(resolved.config(), a));
     }
-    if let Err(e) = cfg.validate() {
-        return failed_at_start(args, Some(&cfg), e.into());
-    }
+    let cfg = resolved.into_config();
     if args.sink == SinkKind::Verify && cfg.dataset.kind != pinring_data::DatasetKind::Synthetic {
         let e = pinring_data::ConfigError::Invalid {
             source_name: cfg.source.clone(),

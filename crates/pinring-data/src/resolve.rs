@@ -1,0 +1,237 @@
+//! One resolved config: [`Config::resolve`] is the one function that turns a config as loaded
+//! into the config a daemon runs, for the daemon itself, `pinring config check` and Python's
+//! `check_config` alike: the dataset's files opened (their length is `dataset.samples`, a
+//! WebDataset's shard sizes order its plan), `"auto"` resolved for the host's cache, every rule
+//! checked (the config's own, and `ring.group` against the host's groups, as the daemon checks
+//! when it makes the ring), and the plan and batch layout made. A check that passes here is a
+//! daemon that starts.
+
+use crate::{AutoRing, BatchLayout, Config, ConfigError, Plan, PlanError, SlotBytes};
+use pinring_exit::{Coded, Exit};
+
+/// A dataset's files, as opened to resolve a config.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OpenedDataset {
+    /// Samples in the files.
+    pub len: u64,
+    /// For a WebDataset: each shard's sample count, in shard order.
+    pub shard_sizes: Option<Vec<u64>>,
+}
+
+/// Opens the dataset a config names (pinring-sources implements it; pinring-data reads no
+/// files).
+pub trait DatasetOpener {
+    /// The dataset of `cfg` opened: `None` for a kind that reads no files (synthetic,
+    /// external); an error names the file and the problem.
+    fn open(&self, cfg: &Config) -> Result<Option<OpenedDataset>, ConfigError>;
+}
+
+/// An opener for configs whose kind reads no files (tests, tools that never open data).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoFiles;
+
+impl DatasetOpener for NoFiles {
+    fn open(&self, cfg: &Config) -> Result<Option<OpenedDataset>, ConfigError> {
+        if cfg.dataset.kind.reads_files() {
+            return Err(ConfigError::Dataset {
+                source_name: cfg.source.clone(),
+                kind: cfg.dataset.kind,
+                message: "this tool opens no dataset files".to_string(),
+            });
+        }
+        Ok(None)
+    }
+}
+
+/// Why a config does not resolve.
+#[derive(Debug, thiserror::Error)]
+pub enum ResolveError {
+    /// A rule of the config, or its dataset's files.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The plan cannot be made.
+    #[error("config {source_name}: {source}")]
+    Plan {
+        /// Config source.
+        source_name: String,
+        /// The error.
+        #[source]
+        source: PlanError,
+    },
+    /// The ring the daemon would make from it is refused (`ring.group`).
+    #[error(transparent)]
+    Ring(#[from] pinring_ring::RingError),
+}
+
+impl Coded for ResolveError {
+    fn exit(&self) -> Exit {
+        match self {
+            ResolveError::Config(_) | ResolveError::Plan { .. } => Exit::Config,
+            ResolveError::Ring(e) => e.exit(),
+        }
+    }
+}
+
+/// A config resolved for this host: immutable, with what was derived from the files and the
+/// host beside it.
+#[derive(Debug, Clone)]
+pub struct Resolved {
+    config: Config,
+    plan: Plan,
+    layout: BatchLayout,
+    source_len: Option<u64>,
+    auto: Option<AutoRing>,
+}
+
+impl Resolved {
+    /// The config, with the files' length and the resolved geometry written into it.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The plan.
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    /// The batch layout (fields, part sizes).
+    pub fn layout(&self) -> &BatchLayout {
+        &self.layout
+    }
+
+    /// Samples in the dataset's files (`None`: a kind that reads no files).
+    pub fn source_len(&self) -> Option<u64> {
+        self.source_len
+    }
+
+    /// What `ring.slot_bytes = "auto"` resolved to (`None`: the slot size was given).
+    pub fn auto(&self) -> Option<&AutoRing> {
+        self.auto.as_ref()
+    }
+
+    /// The config, taken out.
+    pub fn into_config(self) -> Config {
+        self.config
+    }
+}
+
+impl Config {
+    /// Resolves this config for a host whose last-level cache holds `cache_bytes` (`None`:
+    /// unknown): the module's one sequence (open, auto, validate, group, plan, layout).
+    pub fn resolve(
+        &self,
+        opener: &dyn DatasetOpener,
+        cache_bytes: Option<u64>,
+    ) -> Result<Resolved, ResolveError> {
+        let mut cfg = self.clone();
+        let opened = opener.open(&cfg)?;
+        if let Some(o) = &opened {
+            if let Some(sizes) = &o.shard_sizes {
+                cfg.set_shard_samples(sizes)?;
+            }
+            cfg.set_source_len(o.len)?;
+        }
+        let auto_bytes = cfg.ring.slot_bytes == SlotBytes::Auto;
+        let mut auto = None;
+        if auto_bytes || cfg.ring.slots.is_none() {
+            let a = cfg.resolve_auto(cache_bytes);
+            auto = auto_bytes.then_some(a);
+        }
+        cfg.validate()?;
+        if let Some(group) = &cfg.ring.group {
+            pinring_ring::resolve_group(&cfg.ring.name, group)?;
+        }
+        let plan = cfg.plan().map_err(|source| ResolveError::Plan {
+            source_name: cfg.source.clone(),
+            source,
+        })?;
+        let layout = cfg.batch_layout();
+        Ok(Resolved {
+            config: cfg,
+            plan,
+            layout,
+            source_len: opened.map(|o| o.len),
+            auto,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::DEFAULT_CONFIG_TOML;
+
+    fn default_config() -> Config {
+        Config::from_toml_str(DEFAULT_CONFIG_TOML, "default").unwrap()
+    }
+
+    #[test]
+    fn auto_slots_are_resolved_for_the_cache_and_the_plan_and_layout_follow_from_them() {
+        let cfg = default_config();
+        assert_eq!(cfg.ring.slot_bytes, SlotBytes::Auto);
+        let r = cfg.resolve(&NoFiles, Some(64 << 20)).unwrap();
+        let a = *r.auto().expect("slot_bytes = \"auto\" was resolved");
+        assert_eq!(
+            r.config().ring.slot_bytes,
+            SlotBytes::Fixed(crate::ByteSize(a.slot_bytes))
+        );
+        assert_eq!(r.config().ring.slots, Some(a.slots));
+        assert_eq!(r.layout(), &r.config().batch_layout());
+        assert_eq!(
+            r.plan().total_seqs(),
+            r.config().plan().unwrap().total_seqs()
+        );
+        assert_eq!(r.source_len(), None, "synthetic samples read no files");
+        // The config it came from is left as it was: resolving is not a change in place.
+        assert_eq!(cfg.ring.slot_bytes, SlotBytes::Auto);
+        // Another host's cache resolves the same config to its own geometry.
+        let small = cfg.resolve(&NoFiles, Some(4 << 20)).unwrap();
+        assert!(small.config().ring_bytes() <= r.config().ring_bytes());
+    }
+
+    #[test]
+    fn a_given_slot_size_is_not_auto() {
+        let mut cfg = default_config();
+        cfg.ring.slot_bytes = SlotBytes::Fixed(crate::ByteSize(16 << 20));
+        cfg.ring.slots = Some(4);
+        let r = cfg.resolve(&NoFiles, Some(64 << 20)).unwrap();
+        assert!(r.auto().is_none());
+        assert_eq!(r.config().ring.slots, Some(4));
+    }
+
+    #[test]
+    fn an_unknown_group_is_refused_as_the_daemon_refuses_it() {
+        let mut cfg = default_config();
+        cfg.ring.mode = crate::SegmentMode::Group;
+        cfg.ring.group = Some("pinring-no-such-group".into());
+        match cfg.resolve(&NoFiles, None) {
+            Err(e @ ResolveError::Ring(pinring_ring::RingError::UnknownGroup { .. })) => {
+                assert_eq!(e.exit(), Exit::Config);
+                assert!(e.to_string().contains("pinring-no-such-group"), "{e}");
+            }
+            other => panic!("expected UnknownGroup, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_opened_files_length_becomes_dataset_samples_and_a_mismatch_is_refused() {
+        struct Opened(u64);
+        impl DatasetOpener for Opened {
+            fn open(&self, _: &Config) -> Result<Option<OpenedDataset>, ConfigError> {
+                Ok(Some(OpenedDataset {
+                    len: self.0,
+                    shard_sizes: None,
+                }))
+            }
+        }
+        let mut cfg = default_config();
+        cfg.dataset.samples = 0;
+        let r = cfg.resolve(&Opened(4096), None).unwrap();
+        assert_eq!(r.config().dataset.samples, 4096);
+        assert_eq!(r.source_len(), Some(4096));
+        cfg.dataset.samples = 100;
+        let e = cfg.resolve(&Opened(4096), None).unwrap_err();
+        assert!(matches!(e, ResolveError::Config(_)), "{e:?}");
+        assert_eq!(e.exit(), Exit::Config);
+    }
+}
