@@ -425,7 +425,7 @@ fn bench_repeats_each_point_next_to_the_reference_and_keeps_every_run() {
     let csv = std::fs::read_to_string(out.path().join("bench.csv")).unwrap();
     assert_eq!(
         csv.lines().next().unwrap(),
-        pinring_cli::bench::CSV_COLUMNS.join(",")
+        pinring_bench::bench::CSV_COLUMNS.join(",")
     );
     let rows = csv_rows(&csv);
     let modes: Vec<(&str, &str, &str)> = rows

@@ -3,7 +3,8 @@
 //! `status`, `clean` and `config check` are the operator's tools.
 
 use clap::{Parser, Subcommand};
-use pinring_cli::{bench, consume, reference, runner};
+use pinring_bench::{bench, reference};
+use pinring_cli::{consume, runner};
 use pinring_runtime::{
     clean, config_check, crash, daemon, loader, logging, shutdown::Shutdown, status, Exit,
 };
@@ -62,11 +63,11 @@ fn dispatch() -> Exit {
         }
         Cmd::Bench(args) => {
             logging::init("bench");
-            pinring_cli::main_bench(&args)
+            pinring_bench::main_bench(&args)
         }
         Cmd::BenchWriter(args) => {
             logging::init("bench-writer");
-            pinring_cli::main_bench_writer(&args, shutdown)
+            pinring_bench::main_bench_writer(&args, shutdown)
         }
         Cmd::Daemon(args) => {
             logging::init_with("daemon", args.service.log_level.as_deref());

@@ -255,7 +255,7 @@ fn segment_note(ring: &str, segment: Option<&Cleaned>) -> String {
 /// the process: spawn such commands only from a thread that lives as long as this process
 /// (`run` and `bench` spawn every child from the thread that called them, the main thread of
 /// `pinring`).
-pub(crate) fn stop_with_parent(cmd: &mut Command) {
+pub fn stop_with_parent(cmd: &mut Command) {
     let parent = nix::unistd::getpid();
     let in_child = move || -> std::io::Result<()> {
         nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGTERM)?;
@@ -276,7 +276,8 @@ pub(crate) fn stop_with_parent(cmd: &mut Command) {
 
 /// Child processes that are stopped (SIGTERM, which every pinring process handles within
 /// 100 ms) and reaped when this goes out of scope, on every path.
-pub(crate) struct Children(pub(crate) Vec<Child>);
+#[derive(Debug)]
+pub struct Children(pub Vec<Child>);
 
 impl Drop for Children {
     fn drop(&mut self) {

@@ -12,9 +12,9 @@
 //! runs spread by more than 10% is flagged. The CSV keeps every run and the per-point summary.
 
 use crate::reference::{self, ReferenceError};
-use crate::runner::Children;
 use crate::stats::{self, Stats, SPREAD_FLAG};
 use pinring_backend::BackendKind;
+use pinring_cli::runner::Children;
 use pinring_data::{ByteSize, Config, DatasetConfig, Dtype, PlanConfig, RingConfig, SlotBytes};
 use pinring_exit::Exit;
 use pinring_runtime::daemon::parse_backend_kind;
@@ -505,7 +505,7 @@ impl Bench<'_> {
             .arg(&summary_path)
             .env("RUST_LOG", "warn")
             .stdin(Stdio::null());
-        crate::runner::stop_with_parent(&mut daemon_cmd);
+        pinring_cli::runner::stop_with_parent(&mut daemon_cmd);
         let daemon = daemon_cmd
             .spawn()
             .map_err(|e| fail(format!("cannot start the daemon: {e}")))?;
@@ -519,7 +519,7 @@ impl Bench<'_> {
                 .args(["--ring", &name, "--wait-secs", "60"])
                 .env("RUST_LOG", "warn")
                 .stdin(Stdio::null());
-            crate::runner::stop_with_parent(&mut loader_cmd);
+            pinring_cli::runner::stop_with_parent(&mut loader_cmd);
             let l = loader_cmd
                 .spawn()
                 .map_err(|e| fail(format!("cannot start a loader: {e}")))?;

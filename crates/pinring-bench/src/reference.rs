@@ -30,8 +30,8 @@
 //! phase word to GO) to the last completion: start-up and registration are outside it, as they
 //! are outside the daemon's.
 
-use crate::runner::{Children, Ended};
 use pinring_backend::{Backend, BackendError, Placement, UploadJob};
+use pinring_cli::runner::{Children, Ended};
 use pinring_data::{Config, Synthetic, FIELD_ALIGN, LABEL_BYTES};
 use pinring_exit::Exit;
 use pinring_ring::futex::{self, Wake};
@@ -408,7 +408,7 @@ impl Writers {
                         .args(["--segment", name, "--index", &index.to_string()])
                         .env("RUST_LOG", "warn")
                         .stdin(Stdio::null());
-                    crate::runner::stop_with_parent(&mut cmd);
+                    pinring_cli::runner::stop_with_parent(&mut cmd);
                     let child = cmd.spawn().map_err(|source| ReferenceError::Spawn {
                         index,
                         exe: exe.display().to_string(),
