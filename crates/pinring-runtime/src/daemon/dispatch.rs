@@ -142,7 +142,7 @@ impl Daemon {
             let Some(done) = self.assemblies.close(buffer) else {
                 continue;
             };
-            if self.sink_kind == SinkKind::Consumer {
+            if self.sink.kind == SinkKind::Consumer {
                 self.hand_over(super::handoff::Ready {
                     buffer: done.buffer,
                     seq: batch * self.parts,
@@ -169,8 +169,8 @@ impl Daemon {
     /// Hands a batch to the sink thread; the discard sink is done at once, here, which saves a
     /// thread round trip per batch.
     fn send_to_sink(&mut self, job: SinkJob) -> Result<(), DaemonError> {
-        self.sink_pending += 1;
-        if self.sink_kind == SinkKind::Discard {
+        self.sink.pending += 1;
+        if self.sink.kind == SinkKind::Discard {
             // Only a zero-copy batch's latency ends here, and its slot may have been committed
             // after this pass began: read the clock for it.
             let done_ns = match job.source {
@@ -190,7 +190,7 @@ impl Daemon {
             self.deliver(done);
             return Ok(());
         }
-        match &self.sink_tx {
+        match &self.sink.tx {
             Some(tx) => tx.send(job).map_err(|_| DaemonError::Internal {
                 ring: self.cfg.ring.name.clone(),
                 what: "the sink thread stopped".into(),
@@ -201,7 +201,7 @@ impl Daemon {
 
     pub(super) fn collect_sink_results(&mut self) -> Result<bool, DaemonError> {
         let mut progressed = false;
-        while let Ok(done) = self.sink_rx.try_recv() {
+        while let Ok(done) = self.sink.rx.try_recv() {
             // As for completions, looked at after the result arrived (the sink thread marks a
             // fault before it sends): a zero-copy sink may have read the zero pages.
             if self.ring.truncated_here() {
@@ -216,7 +216,7 @@ impl Daemon {
     /// A batch the sink is done with: its buffer (or zero-copy slot) is free again, and it
     /// counts as delivered.
     fn deliver(&mut self, done: SinkDone) {
-        self.sink_pending -= 1;
+        self.sink.pending -= 1;
         self.free_buffers.push_back(done.buffer);
         if let sink::Source::Mapped { slot, .. } = done.source {
             // Zero-copy: the sink's kernel has finished reading the slot; hand it out again.
@@ -226,7 +226,7 @@ impl Daemon {
             self.hand_out(slot);
             self.ring.wake_loaders(1);
         }
-        self.sink_busy_ns += done.busy_ns;
+        self.tally.sink_busy_ns += done.busy_ns;
         // Zero-copy batches are one part.
         let parts = if matches!(done.source, sink::Source::Mapped { .. }) {
             1
@@ -256,15 +256,15 @@ impl Daemon {
         }
         let problem = failure.or(order_problem.map(|p| p.to_string()));
         if let Some(msg) = problem {
-            self.verify_failures += 1;
+            self.tally.verify_failures += 1;
             tracing::error!(ring = %self.cfg.ring.name, seq, "{msg}");
-            self.first_failure.get_or_insert(msg);
+            self.tally.first_failure.get_or_insert(msg);
         } else if verified {
-            self.verified += 1;
+            self.tally.verified += 1;
         }
-        self.last_delivery = self.now.at;
+        self.tally.last_delivery = self.now.at;
         // The first batch's latency is a figure of its own: read, not the pass's start.
-        self.first_delivery.get_or_insert_with(Instant::now);
+        self.tally.first_delivery.get_or_insert_with(Instant::now);
         let h = self.ring.header();
         h.delivered.fetch_add(1, Relaxed);
         // The daemon's published resume point, for status; never read back.
@@ -390,7 +390,7 @@ impl Daemon {
                 }
             };
             let len = taken.payload_len as usize;
-            self.bytes += taken.payload_len;
+            self.tally.bytes += taken.payload_len;
             self.ring
                 .header()
                 .bytes_delivered
@@ -455,7 +455,7 @@ impl Daemon {
             // event; the main loop flushes before it sleeps, so every part's completion comes.
             let submitted = unsafe { self.uploader.submit_group_deferred(&jobs) };
             if let Some(t) = t {
-                self.submit_ns += t.elapsed().as_nanos() as u64 * super::SUBMIT_TIMED_EVERY;
+                self.tally.submit_ns += t.elapsed().as_nanos() as u64 * super::SUBMIT_TIMED_EVERY;
             }
             self.jobs_buf = jobs;
             let jobs_left = submitted?;
@@ -494,7 +494,9 @@ impl Daemon {
 
     fn record_latency(&mut self, commit_ns: u64, on_device_ns: u64) {
         if commit_ns != 0 && on_device_ns >= commit_ns {
-            self.latencies.record_us((on_device_ns - commit_ns) / 1000);
+            self.tally
+                .latencies
+                .record_us((on_device_ns - commit_ns) / 1000);
         }
     }
 }

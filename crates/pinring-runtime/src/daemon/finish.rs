@@ -55,11 +55,12 @@ impl Daemon {
         }
         // Stop the sink (joined below); the uploader's own thread stops when the last Arc is
         // dropped with the Daemon.
-        self.sink_tx = None;
+        self.sink.tx = None;
         let h = self.ring.header();
         let seconds = self
+            .tally
             .last_delivery
-            .saturating_duration_since(self.started)
+            .saturating_duration_since(self.tally.started)
             .as_secs_f64();
         // Where to resume comes from the daemon's own books, never from the header (any process
         // that maps the ring can write `next_deliver`).
@@ -69,7 +70,7 @@ impl Daemon {
         // substituted) only they know; any process can write it, so it is cut to what could
         // be true: every loader the table holds busy for the whole run, at most every sample
         // delivered.
-        let wall = self.started.elapsed().as_secs_f64();
+        let wall = self.tally.started.elapsed().as_secs_f64();
         let loader_seconds =
             |ns: u64| (ns as f64 / 1e9).min(wall * pinring_ring::MAX_LOADERS as f64);
         let loader_wait = loader_seconds(h.loader_wait_ns.load(Relaxed));
@@ -77,31 +78,32 @@ impl Daemon {
         let samples_delivered = s
             .deliveries()
             .saturating_mul(u64::from(self.cfg.plan.batch_size));
-        let daemon_wait = self.daemon_wait_ns as f64 / 1e9;
-        let sink_busy = self.sink_busy_ns as f64 / 1e9;
+        let daemon_wait = self.tally.daemon_wait_ns as f64 / 1e9;
+        let sink_busy = self.tally.sink_busy_ns as f64 / 1e9;
         let mut summary = Summary {
             ring: self.cfg.ring.name.clone(),
             backend: self.backend_name.clone(),
             backend_reason: self.backend_reason.clone(),
-            sink: self.sink_kind.name().into(),
+            sink: self.sink.kind.name().into(),
             in_order: self.cfg.ring.in_order,
             start_seq: s.start(),
             end_seq: s.end(),
             batches_delivered: s.deliveries() / self.parts,
             parts_per_batch: self.parts,
             parts_delivered: s.deliveries(),
-            batches_verified: self.verified,
-            verify_failures: self.verify_failures,
+            batches_verified: self.tally.verified,
+            verify_failures: self.tally.verify_failures,
             duplicates: s.duplicates(),
             out_of_order: s.out_of_order(),
             missing: s.missing(),
-            bytes: self.bytes,
+            bytes: self.tally.bytes,
             seconds,
-            first_batch_seconds: self
-                .first_delivery
-                .map(|t| t.saturating_duration_since(self.started).as_secs_f64()),
+            first_batch_seconds: self.tally.first_delivery.map(|t| {
+                t.saturating_duration_since(self.tally.started)
+                    .as_secs_f64()
+            }),
             gbps: if seconds > 0.0 {
-                self.bytes as f64 / seconds / 1e9
+                self.tally.bytes as f64 / seconds / 1e9
             } else {
                 0.0
             },
@@ -119,8 +121,8 @@ impl Daemon {
             corrupt_descriptors: counts.corrupt_descriptors,
             registration_seconds: self.registration.as_ref().map_or(0.0, |r| r.seconds()),
             daemon_wait_seconds: daemon_wait,
-            submit_seconds: self.submit_ns as f64 / 1e9,
-            doorbell_wait_seconds: self.doorbell_ns as f64 / 1e9,
+            submit_seconds: self.tally.submit_ns as f64 / 1e9,
+            doorbell_wait_seconds: self.tally.doorbell_ns as f64 / 1e9,
             loader_wait_seconds: loader_wait,
             loader_busy_seconds: loader_busy,
             sink_busy_seconds: sink_busy,
@@ -128,14 +130,14 @@ impl Daemon {
             interrupted: self.interrupted,
             zero_copy: self.zero_copy,
             registered: self.registration.is_some(),
-            latency_p50_us: self.latencies.quantile_us(0.50),
-            latency_p99_us: self.latencies.quantile_us(0.99),
-            daemon_cpu_seconds: (cpu_seconds() - self.cpu_at_ready).max(0.0),
-            thread_cpu_seconds: thread_cpu_since(&self.threads_at_ready),
+            latency_p50_us: self.tally.latencies.quantile_us(0.50),
+            latency_p99_us: self.tally.latencies.quantile_us(0.99),
+            daemon_cpu_seconds: (cpu_seconds() - self.tally.cpu_at_ready).max(0.0),
+            thread_cpu_seconds: thread_cpu_since(&self.tally.threads_at_ready),
             error: result.as_ref().err().map(|e| e.to_string()),
             exit_code: 0,
         };
-        if let Some(t) = self.sink_thread.take() {
+        if let Some(t) = self.sink.thread.take() {
             let _ = t.join();
         }
         summary.exit_code = match result {

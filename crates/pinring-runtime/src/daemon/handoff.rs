@@ -76,7 +76,7 @@ impl Daemon {
         // Release: a consumer that reads this sees the FILLED words of every batch below it.
         b.filled_next
             .fetch_max(r.seq + self.parts, std::sync::atomic::Ordering::Release);
-        self.sink_pending += 1;
+        self.sink.pending += 1;
         self.handoff_books.handed.insert(
             r.seq,
             (
@@ -150,7 +150,7 @@ impl Daemon {
             self.uploader.wait_release(buffer, consumer_released)?;
             self.ring.buffer_desc(buffer as u32).reset(h.round);
             self.free_buffers.push_back(buffer);
-            self.sink_pending -= 1;
+            self.sink.pending -= 1;
             progressed = true;
         }
         Ok(progressed)
@@ -181,7 +181,7 @@ impl Daemon {
         for seq in untaken {
             if let Some((buffer, h)) = self.handoff_books.handed.remove(&seq) {
                 self.free_buffers.push_back(buffer);
-                self.sink_pending -= 1;
+                self.sink.pending -= 1;
                 let mut samples = h.samples;
                 samples.clear();
                 self.spare_samples.push(samples);

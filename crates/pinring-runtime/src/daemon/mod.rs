@@ -246,6 +246,63 @@ pub fn run(args: &DaemonArgs, shutdown: &Shutdown) -> Outcome {
     }
 }
 
+/// The daemon's end of its sink: which sink, the thread that runs it and the channels to it.
+struct SinkLink {
+    kind: SinkKind,
+    /// Jobs to the sink thread (None once closed, at finish).
+    tx: Option<crossbeam_channel::Sender<SinkJob>>,
+    /// Its results.
+    rx: Receiver<SinkDone>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    /// Batches at the sink (or handed to a consumer) not yet back.
+    pending: usize,
+}
+
+/// What a run did, for its summary: clocks, counts and times the main loop keeps. Only the
+/// main loop writes it; nothing in it is read back from the segment.
+struct Tally {
+    started: Instant,
+    /// CPU seconds used before the ring was ready (start-up, registration).
+    cpu_at_ready: f64,
+    /// Each thread's CPU seconds when the ring became ready (`finish::thread_cpu`).
+    threads_at_ready: std::collections::BTreeMap<i32, (String, f64)>,
+    last_delivery: Instant,
+    /// When the first batch was delivered (the first batch's latency, from `started`).
+    first_delivery: Option<Instant>,
+    verified: u64,
+    verify_failures: u64,
+    first_failure: Option<String>,
+    bytes: u64,
+    sink_busy_ns: u64,
+    daemon_wait_ns: u64,
+    /// Time the main loop spent inside the backend's submit calls, and asleep on the doorbell.
+    submit_ns: u64,
+    doorbell_ns: u64,
+    /// Commit-to-on-device latencies (bounded memory, however long the daemon runs).
+    latencies: crate::histogram::Quantiles,
+}
+
+impl Tally {
+    fn new(now: Instant) -> Tally {
+        Tally {
+            started: now,
+            cpu_at_ready: 0.0,
+            threads_at_ready: Default::default(),
+            last_delivery: now,
+            first_delivery: None,
+            verified: 0,
+            verify_failures: 0,
+            first_failure: None,
+            bytes: 0,
+            sink_busy_ns: 0,
+            daemon_wait_ns: 0,
+            submit_ns: 0,
+            doorbell_ns: 0,
+            latencies: crate::histogram::Quantiles::default(),
+        }
+    }
+}
+
 /// A part whose uploads (one per field of the batch layout) are in flight.
 struct InFlight {
     /// The part's seq.
@@ -436,7 +493,6 @@ struct Daemon {
     registration: Option<pinring_backend::Registration>,
     ring: Arc<Ring>,
     cfg: Config,
-    sink_kind: SinkKind,
     backend_name: String,
     backend_reason: String,
     plan: Plan,
@@ -449,9 +505,8 @@ struct Daemon {
     service: crate::service::DaemonService,
     /// The completions taken in a pass (reused: no allocation per pass).
     completion_buf: Vec<Completion>,
-    sink_tx: Option<crossbeam_channel::Sender<SinkJob>>,
-    sink_rx: Receiver<SinkDone>,
-    sink_thread: Option<std::thread::JoinHandle<()>>,
+    /// The sink thread and the channels to it.
+    sink: SinkLink,
     // Protocol state, owned by the main loop.
     /// Which seq each slot carries, what comes next, what was delivered (daemon/sequencer.rs).
     sequencer: Sequencer,
@@ -467,31 +522,12 @@ struct Daemon {
     /// Commit time of each zero-copy batch at the sink, by slot.
     zero_copy_commits: SlotTable<u64>,
     zero_copy: bool,
-    /// Commit-to-on-device latencies (bounded memory, however long the daemon runs).
-    latencies: crate::histogram::Quantiles,
     /// Device buffers free for a batch, oldest freed first: batches delivered in order free
     /// their buffers in order, so the next batches take consecutive buffers, and parts from
     /// consecutive slots go up as one copy (`Placement::Contiguous`).
     free_buffers: std::collections::VecDeque<usize>,
-    sink_pending: usize,
-    // Results.
-    started: Instant,
-    /// CPU seconds used before the ring was ready (start-up, registration).
-    cpu_at_ready: f64,
-    /// Each thread's CPU seconds when the ring became ready (`finish::thread_cpu`).
-    threads_at_ready: std::collections::BTreeMap<i32, (String, f64)>,
-    last_delivery: Instant,
-    /// When the first batch was delivered (the first batch's latency, from `started`).
-    first_delivery: Option<Instant>,
-    verified: u64,
-    verify_failures: u64,
-    first_failure: Option<String>,
-    bytes: u64,
-    sink_busy_ns: u64,
-    daemon_wait_ns: u64,
-    /// Time the main loop spent inside the backend's submit calls, and asleep on the doorbell.
-    submit_ns: u64,
-    doorbell_ns: u64,
+    /// What the run did, for the summary.
+    tally: Tally,
     interrupted: bool,
     /// This pass's clock (`PassClock`).
     now: PassClock,
@@ -547,7 +583,7 @@ impl Daemon {
             progressed |= self.collect_returns()?;
             progressed |= self.dispatch()?;
 
-            if self.sequencer.complete() && self.inflight.is_empty() && self.sink_pending == 0 {
+            if self.sequencer.complete() && self.inflight.is_empty() && self.sink.pending == 0 {
                 return Ok(());
             }
             if shutdown.requested() && drain_deadline.is_none() {
@@ -569,7 +605,7 @@ impl Daemon {
                 // Batches a consumer still holds are waited for until the deadline only.
                 let held = self.handoff_books.outstanding();
                 let nothing_in_flight = self.inflight.is_empty()
-                    && (self.sink_pending == 0 || (past && self.sink_pending == held));
+                    && (self.sink.pending == 0 || (past && self.sink.pending == held));
                 if nothing_in_flight && (!self.sequencer.any_waiting() || past) {
                     self.settle_handoff()?;
                     let held = self.handoff_books.outstanding();
@@ -597,7 +633,7 @@ impl Daemon {
                 // what may wake this wait.
                 let t = Instant::now();
                 let flushed = self.uploader.flush();
-                self.submit_ns += t.elapsed().as_nanos() as u64;
+                self.tally.submit_ns += t.elapsed().as_nanos() as u64;
                 flushed?;
                 let t = Instant::now();
                 if self.inflight_bytes >= QUIET_IN_FLIGHT {
@@ -606,9 +642,9 @@ impl Daemon {
                     self.ring.wait_doorbell(seen, wait);
                 }
                 let ns = t.elapsed().as_nanos() as u64;
-                self.doorbell_ns += ns;
+                self.tally.doorbell_ns += ns;
                 if could_upload {
-                    self.daemon_wait_ns += ns;
+                    self.tally.daemon_wait_ns += ns;
                     self.ring.header().daemon_wait_ns.fetch_add(ns, Relaxed);
                 }
             }

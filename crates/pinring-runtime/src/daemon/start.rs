@@ -196,7 +196,6 @@ impl Daemon {
         let slots = cfg.slots() as usize;
         let now = Instant::now();
         let mut d = Daemon {
-            sink_kind: args.sink,
             backend_name: selected.backend.name().to_string(),
             backend_reason: selected.reason.clone(),
             plan,
@@ -207,9 +206,13 @@ impl Daemon {
             service,
             registration,
             completion_buf: Vec::new(),
-            sink_tx: Some(sink_tx),
-            sink_rx,
-            sink_thread: Some(sink_thread),
+            sink: super::SinkLink {
+                kind: args.sink,
+                tx: Some(sink_tx),
+                rx: sink_rx,
+                thread: Some(sink_thread),
+                pending: 0,
+            },
             sequencer: Sequencer::new(slots, args.start_seq, end_seq, cfg.ring.in_order),
             inflight: SlotTable::new(slots),
             inflight_bytes: 0,
@@ -217,22 +220,8 @@ impl Daemon {
             assemblies: super::Assemblies::new(buffers, parts),
             zero_copy_commits: SlotTable::new(slots),
             zero_copy: args.zero_copy,
-            latencies: crate::histogram::Quantiles::default(),
             free_buffers: (0..buffers).collect(),
-            sink_pending: 0,
-            started: now,
-            cpu_at_ready: 0.0,
-            threads_at_ready: Default::default(),
-            last_delivery: now,
-            first_delivery: None,
-            verified: 0,
-            verify_failures: 0,
-            first_failure: None,
-            bytes: 0,
-            sink_busy_ns: 0,
-            daemon_wait_ns: 0,
-            submit_ns: 0,
-            doorbell_ns: 0,
+            tally: super::Tally::new(now),
             interrupted: false,
             now: super::PassClock::read(),
             submits: 0,
@@ -253,9 +242,9 @@ impl Daemon {
         for slot in 0..slots as u32 {
             d.hand_out(slot);
         }
-        d.started = Instant::now();
-        d.cpu_at_ready = cpu_seconds();
-        d.threads_at_ready = super::finish::thread_cpu();
+        d.tally.started = Instant::now();
+        d.tally.cpu_at_ready = cpu_seconds();
+        d.tally.threads_at_ready = super::finish::thread_cpu();
         d.ring.set_state(ring_state::READY);
         tracing::info!(
             ring = %d.cfg.ring.name,
@@ -264,7 +253,7 @@ impl Daemon {
             slot_bytes = d.cfg.slot_bytes(),
             batches = end_seq - args.start_seq,
             in_order = d.cfg.ring.in_order,
-            sink = d.sink_kind.name(),
+            sink = d.sink.kind.name(),
             "ring ready"
         );
         if let Err(source) = d.service.ready(&d.ring, registration_seconds) {
