@@ -1,6 +1,6 @@
 """Type stubs of the compiled module ``pinring._native`` (crates/pinring-python)."""
 
-from typing import Any, ClassVar, Dict, Literal, Optional, Tuple
+from typing import Any, ClassVar, Dict, Literal, Optional, Tuple, Union
 
 DType = Literal["u8", "i8", "i16", "u16", "i32", "u32", "i64", "u64", "f16", "bf16", "f32", "f64", "bool"]
 
@@ -96,12 +96,24 @@ class OwnerProbe:
     def streams(self) -> list[Optional[int]]: ...
     def fail_next_prepare(self, message: str) -> None: ...
 
-def check_config(toml: str, source: str = "<config>") -> Dict[str, Any]:
-    """Parses and validates a config (TOML text) as the binaries do, raising ``ConfigError``
-    with pinring's message; returns ``batches_per_epoch`` (this rank's), ``samples_per_rank``,
+def check_config(
+    config: Union[str, Dict[str, Dict[str, Any]]], source: str = "<config>"
+) -> Dict[str, Any]:
+    """Parses and validates a config, TOML text or settings as data (a dict of sections, each a
+    dict of keys, the config file's shape), as the binaries do, raising ``ConfigError`` with
+    pinring's message; returns ``batches_per_epoch`` (this rank's), ``samples_per_rank``,
     ``record_bytes`` (one sample over all its fields), ``parts_per_batch`` (seqs per batch, with
-    ``"auto"`` resolved as a daemon on this host would) and ``fields`` (a list of ``(name,
-    dtype, per-sample shape)``)."""
+    ``"auto"`` resolved as a daemon on this host would), ``fields`` (a list of ``(name, dtype,
+    per-sample shape)``), ``toml`` (the config as pinring writes it, for a daemon or a producer
+    to load) and ``settings`` (as ``config_settings``)."""
+
+def config_settings(config: Union[str, Dict[str, Dict[str, Any]]]) -> Dict[Tuple[str, str], Any]:
+    """The scalar settings of a config (TOML text, such as a ring's ``Consumer.config``, or a
+    dict of sections): ``(section, key) -> value`` for every boolean, integer, float and string
+    key, read by pinring's own parser."""
+
+PREFETCH_RANGE: Tuple[int, int]
+"""The allowed range of ``daemon.prefetch`` (device batch buffers): ``(2, 64)``."""
 
 def _test_host_field(
     data: bytes, dtype: DType, shape: list[int], readonly: bool = False

@@ -279,14 +279,14 @@ def test_only_a_reclaimed_commit_lets_the_worker_go_on(monkeypatch):
         def close(self):
             pass
 
-    monkeypatch.setattr(pinring.torch._native, "Producer", Producer)
+    monkeypatch.setattr(pinring.torch._worker._native, "Producer", Producer)
     pl = DataLoader(ds.Ids(8), num_workers=0, device="cpu")
-    args = pinring.torch._WorkerArgs(
+    args = pinring.torch._worker._WorkerArgs(
         ring="r", config="", dataset=pl.dataset, layout=pl._infer(), collate_fn=None,
         worker_init_fn=None, worker_id=0, num_workers=0, seed=0, wait=1.0,
     )
     reports = queue.SimpleQueue()
-    pinring.torch._worker_main(args, reports, threading.Event())
+    pinring.torch._worker._worker_main(args, reports, threading.Event())
     got = []
     while not reports.empty():
         got.append(reports.get_nowait())
@@ -456,11 +456,11 @@ def test_an_attached_daemon_with_the_datasets_fields(tmp_path):
         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )
     try:
-        # The ring's resolved config, read without tomllib (Python < 3.11) as tomllib reads it.
+        # The ring's resolved config, read by pinring's own parser as tomllib reads it.
         c = pinring.Consumer(name, wait_for_ring=30)
         text = c.config
         c.close()
-        lines = pinring.torch._scalar_lines(text)
+        lines = pinring._native.config_settings(text)
         assert lines[("plan", "batch_size")] == 6 and lines[("plan", "shuffle")] is False
         assert lines[("ring", "name")] == name and lines[("daemon", "lease_ms")] == 30000
         try:

@@ -762,6 +762,23 @@ impl Config {
         Ok(cfg)
     }
 
+    /// A config from settings given as data in any serde format (the TOML file's shape:
+    /// sections of keys), read by the same rules as a file: unknown keys refused, every value
+    /// validated. Python hands its DataLoader's settings over this way, as a dict, so no TOML is
+    /// written outside pinring-data.
+    pub fn from_settings<'de, D>(settings: D, source_name: &str) -> Result<Config, ConfigError>
+    where
+        D: Deserializer<'de>,
+    {
+        let mut cfg = Config::deserialize(settings).map_err(|e| ConfigError::Parse {
+            source_name: source_name.to_string(),
+            message: e.to_string().trim_end().to_string(),
+        })?;
+        cfg.source = source_name.to_string();
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
     /// Reads, parses and validates the file at `path`.
     pub fn load(path: impl AsRef<Path>) -> Result<Config, ConfigError> {
         let path = path.as_ref();

@@ -235,3 +235,43 @@ mod tests {
         assert_eq!(e.exit(), Exit::Config);
     }
 }
+
+#[cfg(test)]
+mod settings_tests {
+    use crate::{Config, ConfigError};
+
+    #[test]
+    fn settings_given_as_data_read_as_the_same_file_would() {
+        let toml =
+            "[ring]\nname = \"data\"\nslot_bytes = \"auto\"\n[dataset]\nkind = \"external\"\n\
+                    samples = 48\nfields = [{ name = \"f0\", dtype = \"i64\", shape = [1] }]\n\
+                    [plan]\nbatch_size = 6\nshuffle = false\nseed = 7\n";
+        let json = r#"{"ring": {"name": "data", "slot_bytes": "auto"},
+            "dataset": {"kind": "external", "samples": 48,
+                        "fields": [{"name": "f0", "dtype": "i64", "shape": [1]}]},
+            "plan": {"batch_size": 6, "shuffle": false, "seed": 7}}"#;
+        let from_file = Config::from_toml_str(toml, "file").unwrap();
+        let mut de = serde_json::Deserializer::from_str(json);
+        let from_data = Config::from_settings(&mut de, "data").unwrap();
+        assert_eq!(from_data.to_toml(), from_file.to_toml());
+        assert_eq!(from_data.source, "data");
+    }
+
+    #[test]
+    fn an_unknown_key_given_as_data_is_refused_as_in_a_file() {
+        let mut de = serde_json::Deserializer::from_str(r#"{"plan": {"batch_sise": 6}}"#);
+        match Config::from_settings(&mut de, "data") {
+            Err(ConfigError::Parse {
+                source_name,
+                message,
+            }) => {
+                assert_eq!(source_name, "data");
+                assert!(message.contains("batch_sise"), "{message}");
+            }
+            other => panic!("expected a parse error, got {other:?}"),
+        }
+        // And a value out of range is the config's own error, as from a file.
+        let mut de = serde_json::Deserializer::from_str(r#"{"plan": {"batch_size": 0}}"#);
+        assert!(Config::from_settings(&mut de, "data").is_err());
+    }
+}

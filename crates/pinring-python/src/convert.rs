@@ -40,19 +40,24 @@ pub(crate) fn synthetic_fields<'py>(
     Ok(out)
 }
 
-/// `check_config(toml, source)`: parses and validates a config as the binaries do (errors are
-/// `ConfigError` with pinring's message) and returns what a trainer needs before any ring
-/// exists: `batches_per_epoch` (this rank's), `samples_per_rank`, `record_bytes` (bytes of
-/// one sample over all its fields), `parts_per_batch` (seqs per batch, with `"auto"` resolved
-/// as a daemon on this host resolves it) and `fields` (each `(name, dtype, per-sample shape)`).
+/// `check_config(config, source)`: parses and validates a config (TOML text, or a dict of
+/// sections: settings as data) as the binaries do (errors are `ConfigError` with pinring's
+/// message) and returns what a trainer needs before any ring exists: `batches_per_epoch`
+/// (this rank's), `samples_per_rank`, `record_bytes` (bytes of one sample over all its
+/// fields), `parts_per_batch` (seqs per batch, with `"auto"` resolved as a daemon on this host
+/// resolves it), `fields` (each `(name, dtype, per-sample shape)`), `toml` (the config as
+/// pinring writes it, for a daemon or a producer to load) and `settings` (its scalar settings,
+/// as [`config_settings`]).
 #[pyfunction]
-#[pyo3(signature = (toml, source="<config>"))]
+#[pyo3(signature = (config, source="<config>"))]
 pub fn check_config<'py>(
     py: Python<'py>,
-    toml: &str,
+    config: &Bound<'py, PyAny>,
     source: &str,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let cfg = Config::from_toml_str(toml, source).map_err(|e| e.to_pyerr())?;
+    let cfg = config_from(py, config, source)?;
+    let toml = cfg.to_toml();
+    let settings = settings_of(py, &cfg)?;
     // The daemon's own resolution (`Config::resolve`): a file kind's files are opened (relative
     // paths: the working directory) and their length is dataset.samples, "auto" is resolved as
     // a daemon on this host resolves it (the part layout follows from it), every rule checked.
@@ -72,5 +77,78 @@ pub fn check_config<'py>(
         .map(|f| (f.name, f.dtype.name(), f.shape))
         .collect();
     out.set_item("fields", fields)?;
+    out.set_item("toml", toml)?;
+    out.set_item("settings", settings)?;
     Ok(out)
+}
+
+/// A config given as TOML text (a file's, or the one a ring holds) or as data: a dict of
+/// sections, each a dict of keys (`{"plan": {"batch_size": 32}, ...}`, the TOML file's shape;
+/// `fields` a list of dicts), read by the same rules as a file (unknown keys refused, every
+/// value checked), without any TOML written in Python.
+fn config_from(py: Python<'_>, config: &Bound<'_, PyAny>, source: &str) -> PyResult<Config> {
+    if let Ok(text) = config.extract::<String>() {
+        return Config::from_toml_str(&text, source).map_err(|e| e.to_pyerr());
+    }
+    if !config.is_instance_of::<PyDict>() {
+        return Err(PyValueError::new_err(format!(
+            "a config is TOML text or a dict of sections, not {}",
+            config.get_type().name()?
+        )));
+    }
+    // The dict becomes JSON by Python's own encoder (its numbers exact, its strings escaped),
+    // and the config is read from that as from a file's table.
+    let json: String = py
+        .import("json")?
+        .call_method1("dumps", (config,))?
+        .extract()?;
+    let mut de = serde_json::Deserializer::from_str(&json);
+    Config::from_settings(&mut de, source).map_err(|e| e.to_pyerr())
+}
+
+/// The scalar settings of `cfg`: `(section, key) -> value` for every boolean, integer, float
+/// and string key (arrays and tables, such as `dataset.fields`, left out).
+fn settings_of<'py>(py: Python<'py>, cfg: &Config) -> PyResult<Bound<'py, PyDict>> {
+    let value = serde_json::to_value(cfg).map_err(|e| {
+        crate::exit_error(
+            pinring_exit::Exit::Internal,
+            format!("config {}: cannot be written out: {e}", cfg.source),
+        )
+    })?;
+    let out = PyDict::new(py);
+    let Some(sections) = value.as_object() else {
+        return Ok(out);
+    };
+    for (section, table) in sections {
+        let Some(table) = table.as_object() else {
+            continue;
+        };
+        for (key, v) in table {
+            let key = (section.as_str(), key.as_str());
+            match v {
+                serde_json::Value::Bool(b) => out.set_item(key, *b)?,
+                serde_json::Value::Number(n) => match (n.as_u64(), n.as_i64(), n.as_f64()) {
+                    (Some(u), _, _) => out.set_item(key, u)?,
+                    (None, Some(i), _) => out.set_item(key, i)?,
+                    (None, None, Some(f)) => out.set_item(key, f)?,
+                    _ => {}
+                },
+                serde_json::Value::String(s) => out.set_item(key, s)?,
+                _ => {}
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// `config_settings(config)`: the scalar settings of a config (TOML text, such as the one a
+/// ring holds, or a dict of sections) as `(section, key) -> value`, read by pinring's own
+/// parser: Python parses no TOML.
+#[pyfunction]
+pub fn config_settings<'py>(
+    py: Python<'py>,
+    config: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let cfg = config_from(py, config, "ring")?;
+    settings_of(py, &cfg)
 }

@@ -32,6 +32,11 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<producer::Part>()?;
     m.add_class::<testing::OwnerProbe>()?;
     m.add_function(wrap_pyfunction!(convert::check_config, m)?)?;
+    m.add_function(wrap_pyfunction!(convert::config_settings, m)?)?;
+    // The one statement of daemon.prefetch's range (pinring-data), for the Python side's
+    // prefetch_factor arithmetic.
+    let prefetch = pinring_data::config::PREFETCH;
+    m.add("PREFETCH_RANGE", (*prefetch.start(), *prefetch.end()))?;
     m.add_function(wrap_pyfunction!(testing::test_host_field, m)?)?;
     m.add_function(wrap_pyfunction!(testing::test_load_config, m)?)?;
     m.add_function(wrap_pyfunction!(testing::test_check_ring_name, m)?)?;

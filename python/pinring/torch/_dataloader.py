@@ -1,396 +1,32 @@
-"""``pinring.torch.DataLoader``: keep your ``Dataset``, drop the DataLoader around it.
-
-    from pinring.torch import DataLoader          # instead of torch.utils.data.DataLoader
-    loader = DataLoader(dataset, batch_size=256, shuffle=True, num_workers=8)
-    for images, labels in loader:                 # CUDA tensors, already on the device
-        ...
-
-It takes ``torch.utils.data.DataLoader``'s arguments and yields what the default collate would
-yield (lists for tuples, dicts, namedtuples, tensors for numbers and arrays), as tensors on
-``device``. Underneath:
-
-- ``num_workers`` worker processes (started with ``spawn``, so CUDA is safe) run the dataset's
-  ``__getitem__`` and write each sample straight into a slot of a pinring ring, through NumPy
-  views of the slot (``pinring.Producer``): no pickling, no queue, no pin-memory thread.
-- A pinring daemon on a thread of this process (embedded mode) uploads the slots into device
-  batch buffers; with ``ring=`` the loader attaches to a daemon running as a service instead.
-- The sample layout (fields, dtypes, shapes) is inferred from ``dataset[0]``; every other sample
-  must match it, and the error names the index and both shapes when it does not.
-- A worker that dies is restarted, and the batch part it held is made again (the ring's leases);
-  an exception in ``__getitem__`` reaches the loop with the worker's traceback.
-
-The order of samples is pinring's plan (``docs/PYTHON.md``, "Order"): the same batches as
-PyTorch's with ``shuffle=False``; with ``shuffle=True`` every epoch is a permutation of the
-dataset, reproducible from ``seed`` and the epoch, but not PyTorch's permutation.
-"""
+"""``pinring.torch.DataLoader`` itself: its arguments (torch's, and a ring's settings), the
+embedded daemon or the attached ring, the workers' lives, the loop that yields the batches as
+the sample's tree of tensors, and its state for resuming."""
 
 from __future__ import annotations
 
-import collections.abc
 import logging
 import multiprocessing
 import os
 import queue as _queue
-import random
 import shutil
 import tempfile
 import threading
 import time
-import traceback
-from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
-import numpy as np
 import torch
 
 from pinring import _native
 from pinring.loader import checked_state
-
-__all__ = ["DataLoader", "WorkerInfo", "get_worker_info"]
+from pinring.torch._layout import _Layout, _rebuild
+from pinring.torch._worker import _POLL, _Worker, _WorkerArgs
 
 log = logging.getLogger("pinring.torch")
 
 # Epochs a loader's plan covers unless told otherwise: each ``for`` takes one.
 DEFAULT_EPOCHS = 100_000
-# How long the loop waits for a batch before it looks at the workers again (seconds). Batches
-# arrive as soon as they are made; this only bounds how late a worker's error or death is seen.
-_POLL = 0.1
 # Workers are looked at after this long even while batches flow (seconds).
 _CHECK_EVERY = 0.5
-
-_NUMPY_DTYPES: Dict[np.dtype, str] = {
-    np.dtype(np.uint8): "u8",
-    np.dtype(np.int8): "i8",
-    np.dtype(np.int16): "i16",
-    np.dtype(np.uint16): "u16",
-    np.dtype(np.int32): "i32",
-    np.dtype(np.uint32): "u32",
-    np.dtype(np.int64): "i64",
-    np.dtype(np.uint64): "u64",
-    np.dtype(np.float16): "f16",
-    np.dtype(np.float32): "f32",
-    np.dtype(np.float64): "f64",
-    np.dtype(np.bool_): "bool",
-}
-_TORCH_DTYPES: Dict[Any, str] = {
-    torch.uint8: "u8",
-    torch.int8: "i8",
-    torch.int16: "i16",
-    torch.int32: "i32",
-    torch.int64: "i64",
-    torch.float16: "f16",
-    torch.bfloat16: "bf16",
-    torch.float32: "f32",
-    torch.float64: "f64",
-    torch.bool: "bool",
-}
-for _name, _code in (("uint16", "u16"), ("uint32", "u32"), ("uint64", "u64")):
-    if hasattr(torch, _name):
-        _TORCH_DTYPES[getattr(torch, _name)] = _code
-_ITEMSIZE = {"u8": 1, "i8": 1, "bool": 1, "i16": 2, "u16": 2, "f16": 2, "bf16": 2,
-             "i32": 4, "u32": 4, "f32": 4, "i64": 8, "u64": 8, "f64": 8}
-
-
-# -- the sample layout -----------------------------------------------------------------------
-
-
-class _Leaf(NamedTuple):
-    path: str  # where it sits in the sample, for messages: "[0]", "['image']"
-    dtype: str  # pinring's dtype name
-    shape: Tuple[int, ...]  # per sample
-
-
-def _describe(value: Any) -> Optional[Tuple[str, Tuple[int, ...]]]:
-    """(dtype, shape) of a value that can be a leaf of a batch; None if it cannot."""
-    if isinstance(value, torch.Tensor):
-        dt = _TORCH_DTYPES.get(value.dtype)
-        return None if dt is None else (dt, tuple(value.shape))
-    if isinstance(value, (np.ndarray, np.generic)):
-        dt = _NUMPY_DTYPES.get(value.dtype)
-        return None if dt is None else (dt, tuple(value.shape))
-    # bool before int: bool is an int. As torch's default collate: bool, int64, float64.
-    if isinstance(value, bool):
-        return "bool", ()
-    if isinstance(value, int):
-        return "i64", ()
-    if isinstance(value, float):
-        return "f64", ()
-    return None
-
-
-def _flatten(value: Any, path: str, leaves: List[Any], paths: List[str]) -> Any:
-    """Appends the leaves of ``value`` in order; returns the tree to rebuild it with."""
-    if isinstance(value, collections.abc.Mapping):
-        keys = list(value.keys())
-        kids = [_flatten(value[k], f"{path}[{k!r}]", leaves, paths) for k in keys]
-        return ("map", type(value), keys, kids)
-    if isinstance(value, tuple) and hasattr(value, "_fields"):
-        kids = [_flatten(v, f"{path}.{f}", leaves, paths) for f, v in zip(value._fields, value)]
-        return ("namedtuple", type(value), kids)
-    if isinstance(value, (tuple, list)):
-        kids = [_flatten(v, f"{path}[{i}]", leaves, paths) for i, v in enumerate(value)]
-        return ("seq", kids)
-    leaves.append(value)
-    paths.append(path)
-    return ("leaf", len(leaves) - 1)
-
-
-def _rebuild(tree: Any, tensors: Sequence[Any]) -> Any:
-    kind = tree[0]
-    if kind == "leaf":
-        return tensors[tree[1]]
-    if kind == "seq":
-        # As torch's default collate: a tuple or a list of fields becomes a list.
-        return [_rebuild(t, tensors) for t in tree[1]]
-    if kind == "namedtuple":
-        return tree[1](*(_rebuild(t, tensors) for t in tree[2]))
-    _, cls, keys, kids = tree
-    items = {k: _rebuild(t, tensors) for k, t in zip(keys, kids)}
-    try:
-        return cls(items)
-    except TypeError:
-        return items
-
-
-class _Layout:
-    """Fields of a batch as inferred from one sample (or one collated part of one sample)."""
-
-    def __init__(self, sample: Any, collated: bool) -> None:
-        leaves: List[Any] = []
-        paths: List[str] = []
-        self.tree = _flatten(sample, "", leaves, paths)
-        self.leaves: List[_Leaf] = []
-        for value, path in zip(leaves, paths):
-            where = path or "the sample"
-            d = _describe(value)
-            if d is None:
-                raise _native.UsageError(
-                    f"{where} of {'collate_fn([dataset[0]])' if collated else 'dataset[0]'} is a "
-                    f"{type(value).__name__}{_dtype_note(value)}; pinring batches hold fixed-shape "
-                    "numbers, NumPy arrays and tensors: return one of those (or leave the field "
-                    "out)"
-                )
-            dtype, shape = d
-            if collated:
-                if len(shape) == 0 or shape[0] != 1:
-                    raise _native.UsageError(
-                        f"{where} of collate_fn([dataset[0]]) has shape {list(shape)}; collate_fn "
-                        "runs in the workers on the samples of a batch part, and each array it "
-                        "returns must have the part's samples as its first dimension (1 here)"
-                    )
-                shape = shape[1:]
-            self.leaves.append(_Leaf(path, dtype, tuple(int(s) for s in shape)))
-        if not self.leaves:
-            raise _native.UsageError("dataset[0] holds no arrays or numbers: nothing to batch")
-        # Field names in the ring: leaf numbers. Fields are declared largest element first, so
-        # every field's chunk in a slot starts aligned to its element size.
-        order = sorted(range(len(self.leaves)), key=lambda i: -_ITEMSIZE[self.leaves[i].dtype])
-        self.names = [f"f{i}" for i in range(len(self.leaves))]
-        self.declared = [(self.names[i], self.leaves[i]) for i in order]
-
-    def toml_fields(self) -> str:
-        rows = ",\n".join(
-            f'  {{ name = "{name}", dtype = "{leaf.dtype}", shape = {list(leaf.shape)} }}'
-            for name, leaf in self.declared
-        )
-        return f"fields = [\n{rows},\n]"
-
-    def check(self, index: int, value: Any, leaf: _Leaf, n: Optional[int]) -> None:
-        """Raises ``UsageError`` when ``value`` (of sample ``index``, or of a collated part of
-        ``n`` samples) does not match the layout."""
-        d = _describe(value)
-        # A sample's element has the leaf's shape; a collated part's has n rows of it.
-        want_shape = leaf.shape if n is None else (n, *leaf.shape)
-        if d is not None and d == (leaf.dtype, want_shape):
-            return
-        where = leaf.path or "the sample"
-        what = f"sample {index}" if n is None else f"collate_fn's output for a part from sample {index}"
-        if d is None:
-            got = f"a {type(value).__name__}{_dtype_note(value)}"
-        else:
-            got = f"{d[0]} of shape {list(d[1])}"
-        want = f"{leaf.dtype} of shape {list(want_shape)}"
-        raise _native.UsageError(
-            f"{where} of {what} is {got}, but dataset[0] made it {want}: every sample must have "
-            "the same fields, dtypes and shapes (pad, crop or resize in the dataset, or batch "
-            "them in a collate_fn that returns fixed shapes)"
-        )
-
-
-def _dtype_note(value: Any) -> str:
-    dt = getattr(value, "dtype", None)
-    return "" if dt is None else f" of dtype {dt}"
-
-
-# -- the workers -----------------------------------------------------------------------------
-
-
-class WorkerInfo(NamedTuple):
-    """What ``get_worker_info()`` returns inside a worker (as torch's ``WorkerInfo``)."""
-
-    id: int
-    num_workers: int
-    seed: int
-    dataset: Any
-
-
-_worker_info: Optional[WorkerInfo] = None
-
-
-def get_worker_info() -> Optional[WorkerInfo]:
-    """Inside a pinring worker: its id, the number of workers, its seed and its dataset copy.
-    None in the training process."""
-    return _worker_info
-
-
-class _WorkerArgs(NamedTuple):
-    ring: str
-    config: str
-    dataset: Any
-    layout: _Layout
-    collate_fn: Optional[Callable[[List[Any]], Any]]
-    worker_init_fn: Optional[Callable[[int], None]]
-    worker_id: int
-    num_workers: int
-    seed: int
-    wait: float
-
-
-def _worker_main(args: _WorkerArgs, errors: Any, stop: Any) -> None:
-    """A worker process (or the thread of ``num_workers=0``): claims parts of the ring's
-    batches until the plan ends, fills them from the dataset, commits them. An exception in the
-    user's code is sent to the training process with its traceback, and the worker ends.
-
-    Reports to the training process (``errors``), as ``(worker_id, kind, index, type, text)``:
-    ``"error"`` (an exception, or a commit refused for another reason than a reclaim; the loop
-    raises it), ``"reclaimed"`` (a commit refused with ``PartReclaimed`` because the daemon took
-    the part back after the lease; the worker goes on claiming, as the Rust loader does, and the
-    part is made again), ``"ring"`` (the ring failed under a claim; the worker ends and is not
-    restarted) and ``"done"`` (the plan ended; the worker ends). A worker that ends without a
-    report while the loader runs is restarted (``DataLoader._check_workers``)."""
-    global _worker_info
-    index = -1
-    stage = "starting"
-    try:
-        if args.num_workers > 0:
-            _worker_info = WorkerInfo(args.worker_id, args.num_workers, args.seed, args.dataset)
-            random.seed(args.seed)
-            torch.manual_seed(args.seed)
-            torch.set_num_threads(1)
-        if args.worker_init_fn is not None:
-            stage = "worker_init_fn"
-            args.worker_init_fn(args.worker_id)
-        stage = "attaching"
-        producer = _native.Producer(args.ring, config=args.config, wait=args.wait)
-        layout = args.layout
-        try:
-            while not stop.is_set():
-                stage = "claiming"
-                try:
-                    part = producer.claim(_POLL * 5)
-                except _native.Timeout:
-                    continue  # no free slot yet: look at the stop flag, wait again
-                if part is None:
-                    errors.put((args.worker_id, "done", -1, None, ""))
-                    return
-                claimed = time.monotonic()
-                views = [_view(part.fields[name]) for name in layout.names]
-                if args.collate_fn is None:
-                    for j, index in enumerate(part.indices):
-                        stage = "loading"
-                        sample = args.dataset[index]
-                        _write(layout, sample, views, j, index, None)
-                else:
-                    index = part.indices[0]
-                    stage = "loading"
-                    samples = [args.dataset[i] for i in part.indices]
-                    stage = "collating"
-                    _write(layout, args.collate_fn(samples), views, None, index, len(samples))
-                del views
-                stage = "committing"
-                try:
-                    part.commit()
-                except _native.PartReclaimed as e:
-                    if stop.is_set():
-                        return  # the loader is closing: the ring ended under the commit
-                    # The lease ran out before the commit: the daemon has taken the part back
-                    # and has it made again. As the Rust loader: say so, go on claiming. (Any
-                    # other error of the commit, a part too large for its slot, is an "error".)
-                    first = part.indices[0] if len(part.indices) else -1
-                    errors.put((
-                        args.worker_id, "reclaimed", first, None,
-                        f"part {part.seq} (batch {part.batch}, {len(part.indices)} samples from "
-                        f"sample {first}) took {time.monotonic() - claimed:.1f} s from claim to "
-                        f"commit: {e}",
-                    ))
-                index = -1
-        finally:
-            producer.close()
-    except BaseException as e:  # noqa: BLE001 - everything reaches the training loop
-        if isinstance(e, _native.PinringError) and stage == "claiming":
-            # The ring ended or failed under the claim (the loader is closing, the daemon is
-            # gone): the consumer sees the same; the report says why this worker ended.
-            _put(errors, (args.worker_id, "ring", index, type(e), f"{type(e).__name__}: {e}"))
-            return
-        text = "".join(traceback.format_exception(type(e), e, e.__traceback__))
-        where = {
-            "loading": f" while loading sample {index}",
-            "collating": f" in collate_fn for a part from sample {index}",
-            "worker_init_fn": " in worker_init_fn",
-            "attaching": " while joining the ring",
-        }.get(stage, "")
-        message = (
-            f"Caught {type(e).__name__} in pinring DataLoader worker {args.worker_id}{where}.\n"
-            f"Original {text}"
-        )
-        _put(errors, (args.worker_id, "error", index, type(e), message))
-
-
-def _put(errors: Any, report: Tuple[int, str, int, Any, str]) -> None:
-    """Sends a worker's report; without the exception's type where that does not pickle."""
-    try:
-        errors.put(report)
-    except Exception:
-        errors.put(report[:3] + (None,) + report[4:])
-
-
-def _view(field: Any) -> Any:
-    """A writable view of a part's field: NumPy, or torch for bf16 (NumPy has no bf16)."""
-    if field.dtype == "bf16":
-        return torch.from_dlpack(field)
-    return np.from_dlpack(field)
-
-
-def _write(layout: _Layout, value: Any, views: List[Any], j: Optional[int], index: int,
-           n: Optional[int]) -> None:
-    """Writes one sample (at row ``j``) or one collated part (``n`` rows) into the part."""
-    leaves: List[Any] = []
-    _flatten(value, "", leaves, [])
-    if len(leaves) != len(layout.leaves):
-        raise _native.UsageError(
-            f"sample {index} has {len(leaves)} arrays or numbers, but dataset[0] has "
-            f"{len(layout.leaves)}: every sample must have the same structure"
-        )
-    for value, leaf, view in zip(leaves, layout.leaves, views):
-        layout.check(index, value, leaf, n)
-        if isinstance(value, torch.Tensor):
-            if value.device.type != "cpu":
-                raise _native.UsageError(
-                    f"{leaf.path or 'the sample'} of sample {index} is on {value.device}; a "
-                    "worker's samples must be CPU tensors (the upload is pinring's job)"
-                )
-            if isinstance(view, torch.Tensor):
-                src = value
-            else:
-                src = value.detach().numpy()
-        else:
-            src = torch.as_tensor(value) if isinstance(view, torch.Tensor) else value
-        if j is None:
-            view[...] = src
-        else:
-            view[j] = src
-
-
-# -- the loader ------------------------------------------------------------------------------
 
 
 class _Default:
@@ -426,37 +62,6 @@ _RING_KEYS: Dict[str, Tuple[str, str]] = {
     "prefetch_factor": ("daemon", "prefetch"),
     "lease_ms": ("daemon", "lease_ms"),
 }
-
-
-class _Worker:
-    """One worker: a spawned process, or the thread of ``num_workers=0``."""
-
-    def __init__(self, ctx: Any, args: _WorkerArgs, errors: Any, stop: Any) -> None:
-        self.args = args
-        if args.num_workers == 0:
-            self.proc: Any = threading.Thread(
-                target=_worker_main, args=(args, errors, stop), name="pinring-worker",
-                daemon=True,
-            )
-        else:
-            self.proc = ctx.Process(
-                target=_worker_main, args=(args, errors, stop),
-                name=f"pinring-worker-{args.worker_id}", daemon=True,
-            )
-        self.proc.start()
-
-    def exitcode(self) -> Optional[int]:
-        if isinstance(self.proc, threading.Thread):
-            return None if self.proc.is_alive() else 0
-        return self.proc.exitcode
-
-    def stop(self, deadline: float) -> None:
-        self.proc.join(max(0.0, deadline - time.monotonic()))
-        if isinstance(self.proc, threading.Thread) or self.proc.exitcode is not None:
-            return
-        # Still inside the user's __getitem__ after the ring ended: not worth waiting for.
-        self.proc.kill()
-        self.proc.join(5.0)
 
 
 class DataLoader:
@@ -617,7 +222,8 @@ class DataLoader:
             seed = int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
         self.seed = int(seed) & (2**64 - 1)
         if prefetch is None and prefetch_factor is not None:
-            prefetch = min(64, max(2, int(prefetch_factor) * max(1, self.num_workers)))
+            lo, hi = _native.PREFETCH_RANGE
+            prefetch = min(hi, max(lo, int(prefetch_factor) * max(1, self.num_workers)))
         self.prefetch = prefetch
         self.epochs = int(epochs)
         self.lease_ms = None if lease_ms is None else int(lease_ms)
@@ -662,23 +268,25 @@ class DataLoader:
                 self._layout = _Layout(sample, collated=False)
         return self._layout
 
-    def _config(self, ring: str) -> str:
+    def _config(self, ring: str) -> Dict[str, Any]:
+        """The config of this loader's ring, as data (the config file's shape: sections of
+        keys), which pinring reads by the file's rules (``_native.check_config``)."""
         layout = self._infer()
-        daemon = "" if self.prefetch is None else f"prefetch = {int(self.prefetch)}\n"
+        daemon: Dict[str, Any] = {}
+        if self.prefetch is not None:
+            daemon["prefetch"] = int(self.prefetch)
         if self.lease_ms is not None:
-            daemon += f"lease_ms = {self.lease_ms}\n"
-        return (
-            "# Made by pinring.torch.DataLoader.\n"
-            f'[ring]\nname = "{ring}"\nslot_bytes = "auto"\n'
-            f"in_order = {str(self.in_order).lower()}\n\n"
-            f'[dataset]\nkind = "external"\nsamples = {len(self.dataset)}\n'
-            f"{layout.toml_fields()}\n\n"
-            f"[plan]\nbatch_size = {self.batch_size}\nshuffle = {str(self.shuffle).lower()}\n"
-            f"seed = {self.seed}\nepochs = {self.epochs}\n"
-            f"drop_last = {str(self.drop_last).lower()}\nrank = {self.rank}\n"
-            f"world_size = {self.world_size}\n\n"
-            f"[daemon]\n{daemon}"
-        )
+            daemon["lease_ms"] = int(self.lease_ms)
+        return {
+            "ring": {"name": ring, "slot_bytes": "auto", "in_order": bool(self.in_order)},
+            "dataset": {"kind": "external", "samples": len(self.dataset),
+                        "fields": layout.fields_data()},
+            "plan": {"batch_size": int(self.batch_size), "shuffle": bool(self.shuffle),
+                     "seed": int(self.seed), "epochs": int(self.epochs),
+                     "drop_last": bool(self.drop_last), "rank": int(self.rank),
+                     "world_size": int(self.world_size)},
+            "daemon": daemon,
+        }
 
     def _shape(self) -> Tuple[int, int]:
         """(batches per epoch, seqs per batch) of the plan, before anything starts."""
@@ -717,7 +325,7 @@ class DataLoader:
         self._tmp = tempfile.mkdtemp(prefix="pinring-torch-")
         if self._attached_ring is None:
             name = f"torch-{os.getpid()}-{id(self) & 0xFFFFFF:x}"
-            text = self._config(name)
+            text = _native.check_config(self._config(name), "pinring.torch.DataLoader")["toml"]
             path = os.path.join(self._tmp, "pinring.toml")
             with open(path, "w") as f:
                 f.write(text)
@@ -728,7 +336,7 @@ class DataLoader:
             )
             self._ring_name = self._daemon.ring
             self._consumer = _native.Consumer(self._ring_name, wait_for_ring=self.wait_for_ring)
-            self._ring_settings = _settings(self._consumer.config)
+            self._ring_settings = _native.config_settings(self._consumer.config)
         else:
             self._ring_name = self._attached_ring
             self._consumer = _native.Consumer(
@@ -760,8 +368,8 @@ class DataLoader:
         """With ``ring=``: raises ``UsageError`` naming each argument passed that the ring's
         config (``text``, delivering to ``device``) contradicts, and a dataset of another length
         than the ring's; then takes the ring's settings as the loader's own, and returns them
-        (``_settings``)."""
-        settings = _settings(text)
+        (``_native.config_settings``)."""
+        settings = _native.config_settings(text)
         sampler, from_sampler = self._from_sampler
         wrong = []
         for arg, value in self._given.items():
@@ -1107,52 +715,6 @@ def _from_sampler(sampler: Any, drop_last: bool) -> Dict[str, Any]:
         f"sampler {type(sampler).__name__} is not supported: pinring's plan decides the order; "
         "pass shuffle=True/False (and seed), or a DistributedSampler, or rank/world_size"
     )
-
-
-def _settings(text: str) -> Dict[Tuple[str, str], Any]:
-    """The settings of a resolved config (a ring's): (section, key) -> value, for the numbers,
-    booleans and strings of its top-level tables."""
-    try:
-        import tomllib
-    except ImportError:  # Python < 3.11
-        return _scalar_lines(text)
-    out: Dict[Tuple[str, str], Any] = {}
-    for section, table in tomllib.loads(text).items():
-        if isinstance(table, dict):
-            for key, value in table.items():
-                if isinstance(value, (bool, int, float, str)):
-                    out[(section, key)] = value
-    return out
-
-
-def _scalar_lines(text: str) -> Dict[Tuple[str, str], Any]:
-    """``_settings`` without tomllib: a resolved config, as pinring's daemon writes it, has one
-    ``key = value`` a line, each number, boolean and plain string on the line of its key."""
-    out: Dict[Tuple[str, str], Any] = {}
-    section = ""
-    for line in text.splitlines():
-        line = line.strip()
-        if line.startswith("["):
-            section = line.strip("[]").strip()
-            continue
-        key, eq, raw = (part.strip() for part in line.partition("="))
-        if not eq or not key.replace("_", "").isalnum() or "." in section:
-            continue
-        value: Any
-        if raw in ("true", "false"):
-            value = raw == "true"
-        elif len(raw) >= 2 and raw[0] == raw[-1] == '"' and "\\" not in raw:
-            value = raw[1:-1]
-        else:
-            try:
-                value = int(raw.replace("_", ""))
-            except ValueError:
-                try:
-                    value = float(raw)
-                except ValueError:
-                    continue  # an array or a table: not a setting _settings returns
-        out[(section, key)] = value
-    return out
 
 
 def _parse_device(device: Any) -> torch.device:

@@ -1,0 +1,30 @@
+"""``pinring.torch.DataLoader``: keep your ``Dataset``, drop the DataLoader around it.
+
+    from pinring.torch import DataLoader          # instead of torch.utils.data.DataLoader
+    loader = DataLoader(dataset, batch_size=256, shuffle=True, num_workers=8)
+    for images, labels in loader:                 # CUDA tensors, already on the device
+        ...
+
+It takes ``torch.utils.data.DataLoader``'s arguments and yields what the default collate would
+yield (lists for tuples, dicts, namedtuples, tensors for numbers and arrays), as tensors on
+``device``. Underneath:
+
+- ``num_workers`` worker processes (started with ``spawn``, so CUDA is safe) run the dataset's
+  ``__getitem__`` and write each sample straight into a slot of a pinring ring, through NumPy
+  views of the slot (``pinring.Producer``): no pickling, no queue, no pin-memory thread.
+- A pinring daemon on a thread of this process (embedded mode) uploads the slots into device
+  batch buffers; with ``ring=`` the loader attaches to a daemon running as a service instead.
+- The sample layout (fields, dtypes, shapes) is inferred from ``dataset[0]``; every other sample
+  must match it, and the error names the index and both shapes when it does not.
+- A worker that dies is restarted, and the batch part it held is made again (the ring's leases);
+  an exception in ``__getitem__`` reaches the loop with the worker's traceback.
+
+The order of samples is pinring's plan (``docs/PYTHON.md``, "Order"): the same batches as
+PyTorch's with ``shuffle=False``; with ``shuffle=True`` every epoch is a permutation of the
+dataset, reproducible from ``seed`` and the epoch, but not PyTorch's permutation.
+"""
+
+from pinring.torch._dataloader import DEFAULT_EPOCHS, DataLoader
+from pinring.torch._worker import WorkerInfo, get_worker_info
+
+__all__ = ["DataLoader", "WorkerInfo", "get_worker_info", "DEFAULT_EPOCHS"]

@@ -1,0 +1,214 @@
+"""The sample layout of ``pinring.torch.DataLoader``: what ``dataset[0]`` (or the collated
+batch) holds, flattened into fixed-shape fields (dtype, shape, path in the sample tree), the
+check of every later sample against it, the rebuilding of a batch's tensors into the sample's
+tree, and the writes of a sample into a part's fields."""
+
+from __future__ import annotations
+
+import collections.abc
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+
+from pinring import _native
+
+_NUMPY_DTYPES: Dict[np.dtype, str] = {
+    np.dtype(np.uint8): "u8",
+    np.dtype(np.int8): "i8",
+    np.dtype(np.int16): "i16",
+    np.dtype(np.uint16): "u16",
+    np.dtype(np.int32): "i32",
+    np.dtype(np.uint32): "u32",
+    np.dtype(np.int64): "i64",
+    np.dtype(np.uint64): "u64",
+    np.dtype(np.float16): "f16",
+    np.dtype(np.float32): "f32",
+    np.dtype(np.float64): "f64",
+    np.dtype(np.bool_): "bool",
+}
+_TORCH_DTYPES: Dict[Any, str] = {
+    torch.uint8: "u8",
+    torch.int8: "i8",
+    torch.int16: "i16",
+    torch.int32: "i32",
+    torch.int64: "i64",
+    torch.float16: "f16",
+    torch.bfloat16: "bf16",
+    torch.float32: "f32",
+    torch.float64: "f64",
+    torch.bool: "bool",
+}
+for _name, _code in (("uint16", "u16"), ("uint32", "u32"), ("uint64", "u64")):
+    if hasattr(torch, _name):
+        _TORCH_DTYPES[getattr(torch, _name)] = _code
+_ITEMSIZE = {"u8": 1, "i8": 1, "bool": 1, "i16": 2, "u16": 2, "f16": 2, "bf16": 2,
+             "i32": 4, "u32": 4, "f32": 4, "i64": 8, "u64": 8, "f64": 8}
+
+
+# -- the sample layout -----------------------------------------------------------------------
+
+
+class _Leaf(NamedTuple):
+    path: str  # where it sits in the sample, for messages: "[0]", "['image']"
+    dtype: str  # pinring's dtype name
+    shape: Tuple[int, ...]  # per sample
+
+
+def _describe(value: Any) -> Optional[Tuple[str, Tuple[int, ...]]]:
+    """(dtype, shape) of a value that can be a leaf of a batch; None if it cannot."""
+    if isinstance(value, torch.Tensor):
+        dt = _TORCH_DTYPES.get(value.dtype)
+        return None if dt is None else (dt, tuple(value.shape))
+    if isinstance(value, (np.ndarray, np.generic)):
+        dt = _NUMPY_DTYPES.get(value.dtype)
+        return None if dt is None else (dt, tuple(value.shape))
+    # bool before int: bool is an int. As torch's default collate: bool, int64, float64.
+    if isinstance(value, bool):
+        return "bool", ()
+    if isinstance(value, int):
+        return "i64", ()
+    if isinstance(value, float):
+        return "f64", ()
+    return None
+
+
+def _flatten(value: Any, path: str, leaves: List[Any], paths: List[str]) -> Any:
+    """Appends the leaves of ``value`` in order; returns the tree to rebuild it with."""
+    if isinstance(value, collections.abc.Mapping):
+        keys = list(value.keys())
+        kids = [_flatten(value[k], f"{path}[{k!r}]", leaves, paths) for k in keys]
+        return ("map", type(value), keys, kids)
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        kids = [_flatten(v, f"{path}.{f}", leaves, paths) for f, v in zip(value._fields, value)]
+        return ("namedtuple", type(value), kids)
+    if isinstance(value, (tuple, list)):
+        kids = [_flatten(v, f"{path}[{i}]", leaves, paths) for i, v in enumerate(value)]
+        return ("seq", kids)
+    leaves.append(value)
+    paths.append(path)
+    return ("leaf", len(leaves) - 1)
+
+
+def _rebuild(tree: Any, tensors: Sequence[Any]) -> Any:
+    kind = tree[0]
+    if kind == "leaf":
+        return tensors[tree[1]]
+    if kind == "seq":
+        # As torch's default collate: a tuple or a list of fields becomes a list.
+        return [_rebuild(t, tensors) for t in tree[1]]
+    if kind == "namedtuple":
+        return tree[1](*(_rebuild(t, tensors) for t in tree[2]))
+    _, cls, keys, kids = tree
+    items = {k: _rebuild(t, tensors) for k, t in zip(keys, kids)}
+    try:
+        return cls(items)
+    except TypeError:
+        return items
+
+
+class _Layout:
+    """Fields of a batch as inferred from one sample (or one collated part of one sample)."""
+
+    def __init__(self, sample: Any, collated: bool) -> None:
+        leaves: List[Any] = []
+        paths: List[str] = []
+        self.tree = _flatten(sample, "", leaves, paths)
+        self.leaves: List[_Leaf] = []
+        for value, path in zip(leaves, paths):
+            where = path or "the sample"
+            d = _describe(value)
+            if d is None:
+                raise _native.UsageError(
+                    f"{where} of {'collate_fn([dataset[0]])' if collated else 'dataset[0]'} is a "
+                    f"{type(value).__name__}{_dtype_note(value)}; pinring batches hold fixed-shape "
+                    "numbers, NumPy arrays and tensors: return one of those (or leave the field "
+                    "out)"
+                )
+            dtype, shape = d
+            if collated:
+                if len(shape) == 0 or shape[0] != 1:
+                    raise _native.UsageError(
+                        f"{where} of collate_fn([dataset[0]]) has shape {list(shape)}; collate_fn "
+                        "runs in the workers on the samples of a batch part, and each array it "
+                        "returns must have the part's samples as its first dimension (1 here)"
+                    )
+                shape = shape[1:]
+            self.leaves.append(_Leaf(path, dtype, tuple(int(s) for s in shape)))
+        if not self.leaves:
+            raise _native.UsageError("dataset[0] holds no arrays or numbers: nothing to batch")
+        # Field names in the ring: leaf numbers. Fields are declared largest element first, so
+        # every field's chunk in a slot starts aligned to its element size.
+        order = sorted(range(len(self.leaves)), key=lambda i: -_ITEMSIZE[self.leaves[i].dtype])
+        self.names = [f"f{i}" for i in range(len(self.leaves))]
+        self.declared = [(self.names[i], self.leaves[i]) for i in order]
+
+    def fields_data(self) -> List[Dict[str, Any]]:
+        """The fields as the config's ``dataset.fields`` holds them."""
+        return [
+            {"name": name, "dtype": leaf.dtype, "shape": [int(d) for d in leaf.shape]}
+            for name, leaf in self.declared
+        ]
+
+    def check(self, index: int, value: Any, leaf: _Leaf, n: Optional[int]) -> None:
+        """Raises ``UsageError`` when ``value`` (of sample ``index``, or of a collated part of
+        ``n`` samples) does not match the layout."""
+        d = _describe(value)
+        # A sample's element has the leaf's shape; a collated part's has n rows of it.
+        want_shape = leaf.shape if n is None else (n, *leaf.shape)
+        if d is not None and d == (leaf.dtype, want_shape):
+            return
+        where = leaf.path or "the sample"
+        what = f"sample {index}" if n is None else f"collate_fn's output for a part from sample {index}"
+        if d is None:
+            got = f"a {type(value).__name__}{_dtype_note(value)}"
+        else:
+            got = f"{d[0]} of shape {list(d[1])}"
+        want = f"{leaf.dtype} of shape {list(want_shape)}"
+        raise _native.UsageError(
+            f"{where} of {what} is {got}, but dataset[0] made it {want}: every sample must have "
+            "the same fields, dtypes and shapes (pad, crop or resize in the dataset, or batch "
+            "them in a collate_fn that returns fixed shapes)"
+        )
+
+
+def _dtype_note(value: Any) -> str:
+    dt = getattr(value, "dtype", None)
+    return "" if dt is None else f" of dtype {dt}"
+
+
+def _view(field: Any) -> Any:
+    """A writable view of a part's field: NumPy, or torch for bf16 (NumPy has no bf16)."""
+    if field.dtype == "bf16":
+        return torch.from_dlpack(field)
+    return np.from_dlpack(field)
+
+
+def _write(layout: _Layout, value: Any, views: List[Any], j: Optional[int], index: int,
+           n: Optional[int]) -> None:
+    """Writes one sample (at row ``j``) or one collated part (``n`` rows) into the part."""
+    leaves: List[Any] = []
+    _flatten(value, "", leaves, [])
+    if len(leaves) != len(layout.leaves):
+        raise _native.UsageError(
+            f"sample {index} has {len(leaves)} arrays or numbers, but dataset[0] has "
+            f"{len(layout.leaves)}: every sample must have the same structure"
+        )
+    for value, leaf, view in zip(leaves, layout.leaves, views):
+        layout.check(index, value, leaf, n)
+        if isinstance(value, torch.Tensor):
+            if value.device.type != "cpu":
+                raise _native.UsageError(
+                    f"{leaf.path or 'the sample'} of sample {index} is on {value.device}; a "
+                    "worker's samples must be CPU tensors (the upload is pinring's job)"
+                )
+            if isinstance(view, torch.Tensor):
+                src = value
+            else:
+                src = value.detach().numpy()
+        else:
+            src = torch.as_tensor(value) if isinstance(view, torch.Tensor) else value
+        if j is None:
+            view[...] = src
+        else:
+            view[j] = src

@@ -1,0 +1,182 @@
+"""The workers of ``pinring.torch.DataLoader``: each a process (or the thread of
+``num_workers=0``) that joins the ring as a ``pinring.Producer``, claims parts, fills them from
+the dataset through the sample layout, and commits them; what ``get_worker_info()`` says inside
+one."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+import traceback
+from typing import Any, Callable, List, NamedTuple, Optional, Tuple
+
+import torch
+
+from pinring import _native
+from pinring.torch._layout import _Layout, _view, _write
+
+# How long a wait lasts before the waiter looks again (seconds): a worker's claim waits five of
+# these; the loop waits one for a batch before it looks at the workers. Batches arrive as soon
+# as they are made; this only bounds how late a worker's error or death is seen.
+_POLL = 0.1
+
+
+class WorkerInfo(NamedTuple):
+    """What ``get_worker_info()`` returns inside a worker (as torch's ``WorkerInfo``)."""
+
+    id: int
+    num_workers: int
+    seed: int
+    dataset: Any
+
+
+_worker_info: Optional[WorkerInfo] = None
+
+
+def get_worker_info() -> Optional[WorkerInfo]:
+    """Inside a pinring worker: its id, the number of workers, its seed and its dataset copy.
+    None in the training process."""
+    return _worker_info
+
+
+class _WorkerArgs(NamedTuple):
+    ring: str
+    config: str
+    dataset: Any
+    layout: _Layout
+    collate_fn: Optional[Callable[[List[Any]], Any]]
+    worker_init_fn: Optional[Callable[[int], None]]
+    worker_id: int
+    num_workers: int
+    seed: int
+    wait: float
+
+
+def _worker_main(args: _WorkerArgs, errors: Any, stop: Any) -> None:
+    """A worker process (or the thread of ``num_workers=0``): claims parts of the ring's
+    batches until the plan ends, fills them from the dataset, commits them. An exception in the
+    user's code is sent to the training process with its traceback, and the worker ends.
+
+    Reports to the training process (``errors``), as ``(worker_id, kind, index, type, text)``:
+    ``"error"`` (an exception, or a commit refused for another reason than a reclaim; the loop
+    raises it), ``"reclaimed"`` (a commit refused with ``PartReclaimed`` because the daemon took
+    the part back after the lease; the worker goes on claiming, as the Rust loader does, and the
+    part is made again), ``"ring"`` (the ring failed under a claim; the worker ends and is not
+    restarted) and ``"done"`` (the plan ended; the worker ends). A worker that ends without a
+    report while the loader runs is restarted (``DataLoader._check_workers``)."""
+    global _worker_info
+    index = -1
+    stage = "starting"
+    try:
+        if args.num_workers > 0:
+            _worker_info = WorkerInfo(args.worker_id, args.num_workers, args.seed, args.dataset)
+            random.seed(args.seed)
+            torch.manual_seed(args.seed)
+            torch.set_num_threads(1)
+        if args.worker_init_fn is not None:
+            stage = "worker_init_fn"
+            args.worker_init_fn(args.worker_id)
+        stage = "attaching"
+        producer = _native.Producer(args.ring, config=args.config, wait=args.wait)
+        layout = args.layout
+        try:
+            while not stop.is_set():
+                stage = "claiming"
+                try:
+                    part = producer.claim(_POLL * 5)
+                except _native.Timeout:
+                    continue  # no free slot yet: look at the stop flag, wait again
+                if part is None:
+                    errors.put((args.worker_id, "done", -1, None, ""))
+                    return
+                claimed = time.monotonic()
+                views = [_view(part.fields[name]) for name in layout.names]
+                if args.collate_fn is None:
+                    for j, index in enumerate(part.indices):
+                        stage = "loading"
+                        sample = args.dataset[index]
+                        _write(layout, sample, views, j, index, None)
+                else:
+                    index = part.indices[0]
+                    stage = "loading"
+                    samples = [args.dataset[i] for i in part.indices]
+                    stage = "collating"
+                    _write(layout, args.collate_fn(samples), views, None, index, len(samples))
+                del views
+                stage = "committing"
+                try:
+                    part.commit()
+                except _native.PartReclaimed as e:
+                    if stop.is_set():
+                        return  # the loader is closing: the ring ended under the commit
+                    # The lease ran out before the commit: the daemon has taken the part back
+                    # and has it made again. As the Rust loader: say so, go on claiming. (Any
+                    # other error of the commit, a part too large for its slot, is an "error".)
+                    first = part.indices[0] if len(part.indices) else -1
+                    errors.put((
+                        args.worker_id, "reclaimed", first, None,
+                        f"part {part.seq} (batch {part.batch}, {len(part.indices)} samples from "
+                        f"sample {first}) took {time.monotonic() - claimed:.1f} s from claim to "
+                        f"commit: {e}",
+                    ))
+                index = -1
+        finally:
+            producer.close()
+    except BaseException as e:  # noqa: BLE001 - everything reaches the training loop
+        if isinstance(e, _native.PinringError) and stage == "claiming":
+            # The ring ended or failed under the claim (the loader is closing, the daemon is
+            # gone): the consumer sees the same; the report says why this worker ended.
+            _put(errors, (args.worker_id, "ring", index, type(e), f"{type(e).__name__}: {e}"))
+            return
+        text = "".join(traceback.format_exception(type(e), e, e.__traceback__))
+        where = {
+            "loading": f" while loading sample {index}",
+            "collating": f" in collate_fn for a part from sample {index}",
+            "worker_init_fn": " in worker_init_fn",
+            "attaching": " while joining the ring",
+        }.get(stage, "")
+        message = (
+            f"Caught {type(e).__name__} in pinring DataLoader worker {args.worker_id}{where}.\n"
+            f"Original {text}"
+        )
+        _put(errors, (args.worker_id, "error", index, type(e), message))
+
+
+def _put(errors: Any, report: Tuple[int, str, int, Any, str]) -> None:
+    """Sends a worker's report; without the exception's type where that does not pickle."""
+    try:
+        errors.put(report)
+    except Exception:
+        errors.put(report[:3] + (None,) + report[4:])
+
+
+class _Worker:
+    """One worker: a spawned process, or the thread of ``num_workers=0``."""
+
+    def __init__(self, ctx: Any, args: _WorkerArgs, errors: Any, stop: Any) -> None:
+        self.args = args
+        if args.num_workers == 0:
+            self.proc: Any = threading.Thread(
+                target=_worker_main, args=(args, errors, stop), name="pinring-worker",
+                daemon=True,
+            )
+        else:
+            self.proc = ctx.Process(
+                target=_worker_main, args=(args, errors, stop),
+                name=f"pinring-worker-{args.worker_id}", daemon=True,
+            )
+        self.proc.start()
+
+    def exitcode(self) -> Optional[int]:
+        if isinstance(self.proc, threading.Thread):
+            return None if self.proc.is_alive() else 0
+        return self.proc.exitcode
+
+    def stop(self, deadline: float) -> None:
+        self.proc.join(max(0.0, deadline - time.monotonic()))
+        if isinstance(self.proc, threading.Thread) or self.proc.exitcode is not None:
+            return
+        # Still inside the user's __getitem__ after the ring ended: not worth waiting for.
+        self.proc.kill()
+        self.proc.join(5.0)
