@@ -28,6 +28,7 @@ use std::time::Instant;
 mod buf;
 pub mod checksum;
 pub mod cuda;
+pub mod engines;
 mod error;
 mod guard;
 pub mod host;

@@ -22,11 +22,13 @@
 //!
 //! docs/CONSUMER.md draws the protocol.
 
+#[cfg(feature = "embedded")]
 mod embedded;
 mod error;
 mod fields;
 mod memory;
 
+#[cfg(feature = "embedded")]
 pub use embedded::{EmbeddedDaemon, EmbeddedOptions};
 pub use error::ClientError;
 pub use fields::{FieldView, Location};

@@ -54,7 +54,7 @@ impl Memory {
             }),
             backend_code::CUDA if ring.daemon().pid == std::process::id() => {
                 let generation = ring.header().generation.load(Relaxed);
-                let uploader = pinring_runtime::embedded::engine(generation).ok_or_else(|| {
+                let uploader = pinring_backend::engines::engine(generation).ok_or_else(|| {
                     ClientError::Corrupt {
                         ring: ring.name().into(),
                         what: "the ring's daemon runs in this process, but no upload engine of \

@@ -9,7 +9,6 @@ pub mod config_check;
 pub mod config_lookup;
 pub mod crash;
 pub mod daemon;
-pub mod embedded;
 pub mod histogram;
 pub mod host_memory;
 pub mod loader;

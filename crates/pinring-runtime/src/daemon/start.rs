@@ -163,7 +163,7 @@ impl Daemon {
             }
         };
         if consumer && args.embedded {
-            crate::embedded::register(
+            pinring_backend::engines::register(
                 ring.header()
                     .generation
                     .load(std::sync::atomic::Ordering::Relaxed),

@@ -1,9 +1,10 @@
 //! The daemon's upload engines of this process, by ring generation, for a consumer in the same
 //! process (embedded mode, pinring-client's `EmbeddedDaemon`): it reaches the device buffers
 //! through the engine itself instead of CUDA IPC, which a process cannot use on its own exports
-//! (and some container runtimes refuse altogether).
+//! (and some container runtimes refuse altogether). Here, beside the `Uploader` trait, so a
+//! consumer finds the engine without linking the daemon.
 
-use pinring_backend::Uploader;
+use crate::Uploader;
 use std::sync::{Arc, Mutex, Weak};
 
 static ENGINES: Mutex<Vec<(u64, Weak<dyn Uploader>)>> = Mutex::new(Vec::new());
