@@ -78,6 +78,33 @@ def test_check_config_reports_the_plan_or_pinrings_error():
         _native.check_config('[dataset]\nkind = "external"\n', "mine.toml")
 
 
+def test_settings_given_as_data_read_as_the_same_file_would():
+    text = (
+        '[dataset]\nkind = "external"\nsamples = 100\n'
+        'fields = [{ name = "x", dtype = "f32", shape = [3] }, { name = "y", dtype = "i64" }]\n'
+        "[plan]\nbatch_size = 8\ndrop_last = true\n"
+    )
+    data = {
+        "dataset": {"kind": "external", "samples": 100,
+                    "fields": [{"name": "x", "dtype": "f32", "shape": [3]}, {"name": "y", "dtype": "i64"}]},
+        "plan": {"batch_size": 8, "drop_last": True},
+    }
+    from_text, from_data = _native.check_config(text), _native.check_config(data)
+    assert from_data == from_text
+    assert from_data["settings"][("plan", "batch_size")] == 8
+    # The TOML it hands back is the same config again.
+    assert _native.check_config(from_data["toml"])["settings"] == from_data["settings"]
+    assert _native.config_settings(data) == from_data["settings"]
+    # A key the file would refuse is refused as data, by name; so is a seed TOML cannot hold.
+    with pytest.raises(pinring.ConfigError, match="batch_sise"):
+        _native.check_config({"plan": {"batch_sise": 8}})
+    with pytest.raises(pinring.ConfigError, match="plan.seed"):
+        _native.check_config({**data, "plan": {"batch_size": 8, "seed": 2**63}})
+    with pytest.raises(ValueError, match="TOML text or a dict"):
+        _native.check_config(42)
+    assert _native.PREFETCH_RANGE == (2, 64)
+
+
 def test_an_embedded_daemon_with_a_bad_config_raises_config_error(tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text('[ring]\nname = "py-badcfg"\n[plan]\nbatch_size = 0\n')

@@ -859,7 +859,15 @@ impl Config {
         self.validate()
     }
 
-    /// Serializes to TOML (e.g. to print the effective config).
+    /// Serializes to TOML (e.g. to print the effective config, or to hand it to a process).
+    pub fn try_to_toml(&self) -> Result<String, ConfigError> {
+        toml::to_string_pretty(self).map_err(|e| ConfigError::Parse {
+            source_name: self.source.clone(),
+            message: format!("cannot be written as TOML: {e}"),
+        })
+    }
+
+    /// [`Config::try_to_toml`], or a comment saying why not (for reports).
     pub fn to_toml(&self) -> String {
         toml::to_string_pretty(self).unwrap_or_else(|e| format!("# cannot serialize config: {e}\n"))
     }
@@ -880,6 +888,21 @@ impl Config {
 
     /// Checks every value range; call again after applying overrides.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        // A config is written as TOML (for loaders, consumers, the ring), whose integers are
+        // signed 64-bit: a seed given as data (Python) above that could not be written out.
+        for (key, seed) in [
+            ("plan.seed", self.plan.seed),
+            ("dataset.seed", self.dataset.seed),
+        ] {
+            if seed > i64::MAX as u64 {
+                return Err(self.invalid(
+                    key,
+                    seed,
+                    "0 to 9223372036854775807 (2^63 - 1): a config is written as TOML, whose \
+                     integers are signed 64-bit; pass a smaller seed",
+                ));
+            }
+        }
         let r = &self.ring;
         // The one rule for ring names, shared with the segment code.
         if pinring_ring::segment::validate_name(&r.name).is_err() {

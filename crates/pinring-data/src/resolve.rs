@@ -270,6 +270,17 @@ mod settings_tests {
             }
             other => panic!("expected a parse error, got {other:?}"),
         }
+        // A seed a TOML file cannot hold (given as data, as Python may) names its key.
+        let mut de =
+            serde_json::Deserializer::from_str(r#"{"plan": {"seed": 9223372036854775808}}"#);
+        match Config::from_settings(&mut de, "data") {
+            Err(ConfigError::Invalid { key, .. }) => assert_eq!(key, "plan.seed"),
+            other => panic!("expected plan.seed refused, got {other:?}"),
+        }
+        let mut de =
+            serde_json::Deserializer::from_str(r#"{"plan": {"seed": 9223372036854775807}}"#);
+        let cfg = Config::from_settings(&mut de, "data").unwrap();
+        assert!(cfg.try_to_toml().is_ok());
         // And a value out of range is the config's own error, as from a file.
         let mut de = serde_json::Deserializer::from_str(r#"{"plan": {"batch_size": 0}}"#);
         assert!(Config::from_settings(&mut de, "data").is_err());

@@ -56,7 +56,7 @@ pub fn check_config<'py>(
     source: &str,
 ) -> PyResult<Bound<'py, PyDict>> {
     let cfg = config_from(py, config, source)?;
-    let toml = cfg.to_toml();
+    let toml = cfg.try_to_toml().map_err(|e| e.to_pyerr())?;
     let settings = settings_of(py, &cfg)?;
     // The daemon's own resolution (`Config::resolve`): a file kind's files are opened (relative
     // paths: the working directory) and their length is dataset.samples, "auto" is resolved as
