@@ -753,13 +753,7 @@ impl Config {
     /// Parses and validates `text`; `source_name` (usually the file path)
     /// appears in error messages.
     pub fn from_toml_str(text: &str, source_name: &str) -> Result<Config, ConfigError> {
-        let mut cfg: Config = toml::from_str(text).map_err(|e| ConfigError::Parse {
-            source_name: source_name.to_string(),
-            message: e.to_string().trim_end().to_string(),
-        })?;
-        cfg.source = source_name.to_string();
-        cfg.validate()?;
-        Ok(cfg)
+        Config::from_settings(toml::Deserializer::new(text), source_name)
     }
 
     /// A config from settings given as data in any serde format (the TOML file's shape:

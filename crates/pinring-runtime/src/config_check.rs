@@ -31,34 +31,9 @@ pub enum CheckError {
     /// The config is invalid.
     #[error(transparent)]
     Config(#[from] ConfigError),
-    /// The plan cannot be built from it.
-    #[error("config {source_name}: {source}")]
-    Plan {
-        /// Config source.
-        source_name: String,
-        /// The error.
-        #[source]
-        source: pinring_data::PlanError,
-    },
-    /// The ring the daemon would make from it is refused (its name, `ring.group`).
+    /// It does not resolve as the daemon would resolve it (its files, the plan, `ring.group`).
     #[error(transparent)]
-    Ring(#[from] pinring_ring::RingError),
-}
-
-impl From<pinring_data::ResolveError> for CheckError {
-    fn from(e: pinring_data::ResolveError) -> Self {
-        match e {
-            pinring_data::ResolveError::Config(e) => CheckError::Config(e),
-            pinring_data::ResolveError::Plan {
-                source_name,
-                source,
-            } => CheckError::Plan {
-                source_name,
-                source,
-            },
-            pinring_data::ResolveError::Ring(e) => CheckError::Ring(e),
-        }
-    }
+    Resolve(#[from] pinring_data::ResolveError),
 }
 
 impl pinring_exit::Coded for CheckError {
@@ -66,8 +41,8 @@ impl pinring_exit::Coded for CheckError {
     /// the daemon refuses).
     fn exit(&self) -> pinring_exit::Exit {
         match self {
-            CheckError::Ring(e) => e.exit(),
-            _ => Exit::Config,
+            CheckError::Resolve(e) => e.exit(),
+            CheckError::Config(_) => Exit::Config,
         }
     }
 }

@@ -464,6 +464,20 @@ mod tests {
     }
 }
 
+/// [`open_dataset`], its error a config error naming the config, the kind, the file and the
+/// problem.
+fn open_as_config(
+    cfg: &pinring_data::Config,
+) -> Result<Option<Box<dyn Source>>, pinring_data::ConfigError> {
+    open_dataset(cfg)
+        .transpose()
+        .map_err(|e| pinring_data::ConfigError::Dataset {
+            source_name: cfg.source.clone(),
+            kind: cfg.dataset.kind,
+            message: e.to_string(),
+        })
+}
+
 /// Opens the source of a file kind ([`open_dataset`]; `None` for the other kinds) and records
 /// its length as `dataset.samples` ([`pinring_data::Config::set_source_len`]), and for
 /// `"webdataset"` its shards' sample counts as `dataset.webdataset.shard_samples`
@@ -473,14 +487,9 @@ mod tests {
 pub fn open_source(
     cfg: &mut pinring_data::Config,
 ) -> Result<Option<Box<dyn Source>>, pinring_data::ConfigError> {
-    let Some(opened) = open_dataset(cfg) else {
+    let Some(src) = open_as_config(cfg)? else {
         return Ok(None);
     };
-    let src = opened.map_err(|e| pinring_data::ConfigError::Dataset {
-        source_name: cfg.source.clone(),
-        kind: cfg.dataset.kind,
-        message: e.to_string(),
-    })?;
     if let Some(sizes) = src.shard_sizes() {
         cfg.set_shard_samples(sizes)?;
     }
@@ -499,14 +508,9 @@ impl pinring_data::DatasetOpener for Files {
         &self,
         cfg: &pinring_data::Config,
     ) -> Result<Option<pinring_data::OpenedDataset>, pinring_data::ConfigError> {
-        let Some(opened) = open_dataset(cfg) else {
+        let Some(src) = open_as_config(cfg)? else {
             return Ok(None);
         };
-        let src = opened.map_err(|e| pinring_data::ConfigError::Dataset {
-            source_name: cfg.source.clone(),
-            kind: cfg.dataset.kind,
-            message: e.to_string(),
-        })?;
         Ok(Some(pinring_data::OpenedDataset {
             len: src.len(),
             shard_sizes: src.shard_sizes().map(<[u64]>::to_vec),
