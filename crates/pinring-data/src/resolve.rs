@@ -109,9 +109,9 @@ impl Resolved {
         self.auto.as_ref()
     }
 
-    /// The config, taken out.
-    pub fn into_config(self) -> Config {
-        self.config
+    /// The config, the plan and the layout, taken out.
+    pub fn into_parts(self) -> (Config, Plan, BatchLayout) {
+        (self.config, self.plan, self.layout)
     }
 }
 

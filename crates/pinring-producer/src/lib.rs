@@ -3,7 +3,7 @@
 //! A [`Session`] joins a ring ([`Session::join`]: wait for a live daemon's READY ring, adopt its
 //! resolved slot size, compare fingerprints, make the plan that covers its end seq, take a seat
 //! in the loader table), then loops on [`Session::claim`] (a FREE slot, with a deadline and a
-//! stop check), fills the part the slot's seq names, and [`Session::commit`]s it. The Rust
+//! stop check), fills the part the slot's seq names, and commits it ([`Joined::commit`]). The Rust
 //! loader (`pinring-loader`: synthetic samples or a file source) and `pinring.Producer` (bytes
 //! from Python) both run this one loop; the fill is the only difference between them.
 //!

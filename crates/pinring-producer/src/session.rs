@@ -94,7 +94,22 @@ impl Joined {
         fits: bool,
         buf: &mut Vec<u8>,
     ) -> (u64, u64, u32) {
-        write_meta(slot, &self.cfg, meta, payload_len, fits, buf)
+        let meta_off = align_up(payload_len as u64, META_ALIGN).unwrap_or(u64::MAX) as usize;
+        let room = slot
+            .len()
+            .saturating_sub(meta_off)
+            .min(self.cfg.meta_reserve_bytes() as usize);
+        buf.resize(room, 0);
+        match meta.encode_into(buf) {
+            Ok(n) if fits && slot.write(meta_off, &buf[..n]).is_ok() => {
+                (payload_len as u64, n as u64, 0)
+            }
+            Ok(_) => (0, 0, ERR_META),
+            Err(e) => {
+                tracing::error!(ring = %self.cfg.ring.name, seq = meta.seq, "{e}");
+                (0, 0, ERR_META)
+            }
+        }
     }
 
     /// Commits a filled part and keeps the claiming seat's books (batches, bytes, busy time since
@@ -110,15 +125,27 @@ impl Joined {
         error: u32,
         started: Instant,
     ) -> Result<(), CommitError> {
-        commit_part(
-            &self.ring,
-            claim,
-            payload_len,
-            meta_len,
-            sample_count,
-            error,
-            started,
-        )
+        let ring = &self.ring;
+        let (seat, slot, ticket) = (claim.seat(), claim.slot(), claim.ticket());
+        match ring.commit(claim, payload_len, meta_len, sample_count, error) {
+            Ok(()) => {
+                let ns = started.elapsed().as_nanos() as u64;
+                let entry = ring.loader(seat.index as usize);
+                entry.batches.fetch_add(1, Relaxed);
+                entry.bytes.fetch_add(payload_len, Relaxed);
+                entry.busy_ns.fetch_add(ns, Relaxed);
+                entry
+                    .heartbeat_ns
+                    .store(pinring_ring::clock::monotonic_ns(), Relaxed);
+                ring.header().loader_busy_ns.fetch_add(ns, Relaxed);
+                Ok(())
+            }
+            Err(e @ CommitError::Reclaimed { .. }) => {
+                ring.abandon(seat, slot, ticket);
+                Err(e)
+            }
+            Err(e) => Err(e),
+        }
     }
 }
 
@@ -295,32 +322,6 @@ impl Session {
         }
     }
 
-    /// [`Joined::write_meta`] on this session's ring.
-    pub fn write_meta(
-        &self,
-        slot: &mut SlotWriter<'_>,
-        meta: &BatchMeta,
-        payload_len: usize,
-        fits: bool,
-        buf: &mut Vec<u8>,
-    ) -> (u64, u64, u32) {
-        self.joined.write_meta(slot, meta, payload_len, fits, buf)
-    }
-
-    /// [`Joined::commit`] on this session's ring.
-    pub fn commit(
-        &self,
-        claim: Claim,
-        payload_len: u64,
-        meta_len: u64,
-        sample_count: u32,
-        error: u32,
-        started: Instant,
-    ) -> Result<(), CommitError> {
-        self.joined
-            .commit(claim, payload_len, meta_len, sample_count, error, started)
-    }
-
     /// Leaves the loader table. A part still claimed can no longer be committed (the daemon
     /// takes its slot back and has the part made elsewhere).
     pub fn leave(mut self) {
@@ -398,65 +399,6 @@ enum EndCheck {
     Resumed,
     /// `stop` asked to give up first.
     Stopped,
-}
-
-/// [`Joined::write_meta`] for a slot of a ring joined with `cfg`.
-fn write_meta(
-    slot: &mut SlotWriter<'_>,
-    cfg: &Config,
-    meta: &BatchMeta,
-    payload_len: usize,
-    fits: bool,
-    buf: &mut Vec<u8>,
-) -> (u64, u64, u32) {
-    let meta_off = align_up(payload_len as u64, META_ALIGN).unwrap_or(u64::MAX) as usize;
-    let room = slot
-        .len()
-        .saturating_sub(meta_off)
-        .min(cfg.meta_reserve_bytes() as usize);
-    buf.resize(room, 0);
-    match meta.encode_into(buf) {
-        Ok(n) if fits && slot.write(meta_off, &buf[..n]).is_ok() => {
-            (payload_len as u64, n as u64, 0)
-        }
-        Ok(_) => (0, 0, ERR_META),
-        Err(e) => {
-            tracing::error!(ring = %cfg.ring.name, seq = meta.seq, "{e}");
-            (0, 0, ERR_META)
-        }
-    }
-}
-
-/// [`Joined::commit`] on `ring`.
-fn commit_part(
-    ring: &Ring,
-    claim: Claim,
-    payload_len: u64,
-    meta_len: u64,
-    sample_count: u32,
-    error: u32,
-    started: Instant,
-) -> Result<(), CommitError> {
-    let (seat, slot, ticket) = (claim.seat(), claim.slot(), claim.ticket());
-    match ring.commit(claim, payload_len, meta_len, sample_count, error) {
-        Ok(()) => {
-            let ns = started.elapsed().as_nanos() as u64;
-            let entry = ring.loader(seat.index as usize);
-            entry.batches.fetch_add(1, Relaxed);
-            entry.bytes.fetch_add(payload_len, Relaxed);
-            entry.busy_ns.fetch_add(ns, Relaxed);
-            entry
-                .heartbeat_ns
-                .store(pinring_ring::clock::monotonic_ns(), Relaxed);
-            ring.header().loader_busy_ns.fetch_add(ns, Relaxed);
-            Ok(())
-        }
-        Err(e @ CommitError::Reclaimed { .. }) => {
-            ring.abandon(seat, slot, ticket);
-            Err(e)
-        }
-        Err(e) => Err(e),
-    }
 }
 
 /// Why a file dataset's fingerprint may differ: the daemon's source has another length than this

@@ -3,8 +3,8 @@
 //! same loop (`Session::claim`) and hands each one to Python as a [`Part`]: the part's seq,
 //! batch and sample ids, and one writable [`Field`] per batch field viewing that field's chunk
 //! of the part in the slot (field-major, `FieldPlacement::chunk_in_part`). `Part.commit()`
-//! writes the part's metadata and commits the slot READY through the session
-//! (`Session::write_meta`, `Session::commit`). Nothing of the protocol lives in Python.
+//! writes the part's metadata and commits the slot READY through what the session joined
+//! (`Joined::write_meta`, `Joined::commit`). Nothing of the protocol lives in Python.
 //!
 //! Leases: the daemon takes back a slot whose claim has not changed for `daemon.lease_ms`
 //! (default 30 s), whatever the loader's heartbeat says; a part must be committed within it.
@@ -151,7 +151,10 @@ impl Producer {
             Ok(p) => p,
             Err(e) => {
                 // The Rust loader's answer to a seq it cannot make: commit it as an error.
-                let _ = st.session.commit(claim, 0, 0, 0, ERR_PLAN, started);
+                let _ = st
+                    .session
+                    .joined()
+                    .commit(claim, 0, 0, 0, ERR_PLAN, started);
                 return Err(e.to_pyerr());
             }
         };

@@ -37,8 +37,7 @@ pub enum CheckError {
 }
 
 impl pinring_exit::Coded for CheckError {
-    /// The exit code for this error: the daemon's for the same config (3, or 4 for a ring name
-    /// the daemon refuses).
+    /// The exit code for this error: the daemon's for the same config (`ResolveError`'s code).
     fn exit(&self) -> pinring_exit::Exit {
         match self {
             CheckError::Resolve(e) => e.exit(),

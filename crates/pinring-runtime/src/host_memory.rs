@@ -3,7 +3,7 @@
 //! up front and a ring that does not fit fails at start with exit 4), so `pinring config check`
 //! and the daemon at start print warnings.
 //!
-//! The cache size also sizes an automatic ring ([`HostMemory::resolve_auto`]): the daemon (and
+//! The cache size also sizes an automatic ring ([`pinring_data::Config::resolve`] with [`HostMemory::cache_bytes`]): the daemon (and
 //! `pinring config check`, to show it) resolves `ring.slot_bytes = "auto"` once, here, and
 //! publishes the result in the ring header; loaders never read the cache, they adopt the ring's
 //! slot size ([`pinring_data::Config::adopt_slot_bytes`]).
@@ -63,22 +63,6 @@ impl HostMemory {
         self
     }
 
-    /// Resolves `"auto"` in `cfg` (`ring.slot_bytes`, an unset `ring.slots`) for this host's
-    /// last-level cache ([`Config::resolve_auto`]: a ring of about `min(cache / 2, 128 MiB)`,
-    /// 32 MiB when the cache is unknown). Returns a line that says what was picked and where
-    /// the cache size came from; `None` when nothing was automatic.
-    pub fn resolve_auto(&self, cfg: &mut Config) -> Option<String> {
-        let auto_bytes = cfg.ring.slot_bytes == pinring_data::SlotBytes::Auto;
-        if !auto_bytes && cfg.ring.slots.is_some() {
-            return None;
-        }
-        let a = cfg.resolve_auto(self.cache_bytes());
-        if !auto_bytes {
-            return None;
-        }
-        Some(self.auto_line(cfg, &a))
-    }
-
     /// The last-level cache's size, what `"auto"` sizes a ring from (`None`: unknown).
     pub fn cache_bytes(&self) -> Option<u64> {
         self.last_level_cache.map(|c| c.bytes)
@@ -99,7 +83,7 @@ impl HostMemory {
         )
     }
 
-    /// Where the cache size used by [`HostMemory::resolve_auto`] came from, in words.
+    /// Where the cache size given to `"auto"` ([`HostMemory::cache_bytes`]) came from, in words.
     pub fn cache_origin(&self) -> String {
         match self.last_level_cache {
             Some(c) if self.cache_from_env => {

@@ -335,7 +335,7 @@ impl Worker<'_> {
                                 meta = meta.with_byte_range(r, payload_len as u64);
                             }
                             self.samples = indices.samples;
-                            let written = self.session.write_meta(
+                            let written = self.session.joined().write_meta(
                                 &mut slot,
                                 &meta,
                                 payload_len,
@@ -464,13 +464,19 @@ impl Worker<'_> {
                         meta = meta.with_byte_range(r, payload_len as u64);
                     }
                     self.samples = indices.samples;
-                    self.session
-                        .write_meta(&mut slot, &meta, payload_len, fits, &mut self.meta_buf)
+                    self.session.joined().write_meta(
+                        &mut slot,
+                        &meta,
+                        payload_len,
+                        fits,
+                        &mut self.meta_buf,
+                    )
                 }
             };
             let count = self.samples.len() as u32;
             match self
                 .session
+                .joined()
                 .commit(claim, payload_len, meta_len, count, error, t)
             {
                 Ok(()) => {

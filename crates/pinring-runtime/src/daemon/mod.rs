@@ -56,15 +56,9 @@ pub enum DaemonError {
     /// Bad config.
     #[error(transparent)]
     Config(#[from] pinring_data::ConfigError),
-    /// Bad plan parameters.
-    #[error("config {source_name}: {source}")]
-    Plan {
-        /// Config source.
-        source_name: String,
-        /// The plan error.
-        #[source]
-        source: pinring_data::PlanError,
-    },
+    /// The config does not resolve (its files, the plan, `ring.group`: `Config::resolve`).
+    #[error(transparent)]
+    Resolve(#[from] pinring_data::ResolveError),
     /// `--start-seq` lies past the end of the plan.
     #[error("ring {ring:?}: --start-seq {start_seq} is past the end of the plan ({end_seq} seqs, 0 to {last}, one per batch part, from {source_name}); pass a --start-seq of at most {end_seq} (a summary's resume_seq), or run more epochs (--epochs)", last = .end_seq.saturating_sub(1))]
     StartSeq {
@@ -146,28 +140,11 @@ pub enum DaemonError {
     },
 }
 
-impl From<pinring_data::ResolveError> for DaemonError {
-    fn from(e: pinring_data::ResolveError) -> Self {
-        match e {
-            pinring_data::ResolveError::Config(e) => DaemonError::Config(e),
-            pinring_data::ResolveError::Plan {
-                source_name,
-                source,
-            } => DaemonError::Plan {
-                source_name,
-                source,
-            },
-            pinring_data::ResolveError::Ring(e) => DaemonError::Ring(e),
-        }
-    }
-}
-
 impl pinring_exit::Coded for DaemonError {
     fn exit(&self) -> pinring_exit::Exit {
         match self {
-            DaemonError::Config(_) | DaemonError::Plan { .. } | DaemonError::DataFailed { .. } => {
-                Exit::Config
-            }
+            DaemonError::Config(_) | DaemonError::DataFailed { .. } => Exit::Config,
+            DaemonError::Resolve(e) => e.exit(),
             DaemonError::StartSeq { .. } | DaemonError::StartSeqInBatch { .. } => Exit::Usage,
             DaemonError::Ring(e) => e.exit(),
             DaemonError::Service { .. } => Exit::Config,
@@ -219,7 +196,7 @@ pub fn run(args: &DaemonArgs, shutdown: &Shutdown) -> Outcome {
     if let Some(a) = resolved.auto() {
         tracing::info!(ring = %cfg.ring.name, "{}", host.auto_line(resolved.config(), a));
     }
-    let cfg = resolved.into_config();
+    let cfg = resolved.config().clone();
     if args.sink == SinkKind::Verify && cfg.dataset.kind != pinring_data::DatasetKind::Synthetic {
         let e = pinring_data::ConfigError::Invalid {
             source_name: cfg.source.clone(),
@@ -232,7 +209,7 @@ pub fn run(args: &DaemonArgs, shutdown: &Shutdown) -> Outcome {
         };
         return failed_at_start(args, Some(&cfg), e.into());
     }
-    match Daemon::start(args, cfg.clone()) {
+    match Daemon::start(args, resolved) {
         Ok(mut d) => {
             let result = d.main_loop(shutdown);
             let summary = d.finish(&result);

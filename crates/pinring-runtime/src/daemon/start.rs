@@ -6,18 +6,15 @@ use crate::ring_wake::Doorbell;
 use crate::sink;
 use crossbeam_channel::unbounded;
 use pinring_backend::{Placement, Uploader};
-use pinring_data::Config;
+use pinring_data::Resolved;
 use pinring_ring::{ring_state, CreateOptions, Ring};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 impl Daemon {
-    pub(super) fn start(args: &DaemonArgs, cfg: Config) -> Result<Daemon, DaemonError> {
-        let plan_err = |source| DaemonError::Plan {
-            source_name: cfg.source.clone(),
-            source,
-        };
-        let plan = cfg.plan().map_err(plan_err)?;
+    /// Starts the daemon on a resolved config: its plan and layout are the resolution's.
+    pub(super) fn start(args: &DaemonArgs, resolved: Resolved) -> Result<Daemon, DaemonError> {
+        let (cfg, plan, layout) = resolved.into_parts();
         let end_seq = plan.total_seqs();
         let parts = plan.parts_per_batch();
         if parts > 1 && args.zero_copy {
@@ -67,7 +64,6 @@ impl Daemon {
         // Enough buffers to keep the copy engine busy while completions travel back: with small
         // batches, a handful of uploads in flight drain faster than a completion round trip.
         // Handed to a consumer, they are its prefetch depth (daemon.prefetch).
-        let layout = cfg.batch_layout();
         let consumer = args.sink == sink::SinkKind::Consumer;
         // Handed over, buffers are whole pages, so that on the host backend (buffers side by
         // side in the ring) every buffer and so every field starts aligned.
