@@ -2,8 +2,9 @@
 ``PINRING_TEST_DEVICE=cuda``, on a GPU): the same Dataset through
 ``torch.utils.data.DataLoader`` and through pinring gives the same batches; worker death,
 exceptions in ``__getitem__``, wrong shapes, resuming from ``state_dict`` and rank sharding
-behave as a training loop needs. Workers are real spawned processes writing into a real ring,
-with a pinring daemon on a thread of this process."""
+behave as a training loop needs. Workers are real processes (forked, and spawned: each test
+runs under both start methods) writing into a real ring, with a pinring daemon on a thread of
+this process."""
 
 import os
 import queue
@@ -52,9 +53,23 @@ if DEVICE.type == "cuda" and DEVICE.index is None:
     DEVICE = torch.device("cuda", 0)
 
 
+# The start method of the workers that ``loader`` makes: every test that uses it runs under
+# ``fork`` (the default on Linux, the workers forked from a zygote that inherited the dataset)
+# and under ``spawn`` (a spawned zygote that unpickled it once).
+START = {"method": "fork"}
+
+
+@pytest.fixture(autouse=True, params=["fork", "spawn"])
+def start_method(request):
+    START["method"] = request.param
+    yield request.param
+    START["method"] = "fork"
+
+
 def loader(dataset, **kw):
     kw.setdefault("device", DEVICE)
     kw.setdefault("num_workers", 2)
+    kw.setdefault("multiprocessing_context", START["method"])
     return DataLoader(dataset, **kw)
 
 
@@ -432,8 +447,8 @@ def test_what_pinring_cannot_batch_is_refused_clearly():
         loader(ds.Ids(10), batch_sampler=[[0, 1]])
     with pytest.raises(pinring.UsageError, match="not supported"):
         loader(ds.Ids(10), sampler=torch.utils.data.SubsetRandomSampler([1, 2]))
-    with pytest.raises(pinring.UsageError, match="spawn"):
-        loader(ds.Ids(10), multiprocessing_context="fork")
+    with pytest.raises(pinring.UsageError, match="'fork', 'spawn' or 'forkserver'"):
+        loader(ds.Ids(10), multiprocessing_context="threads")
 
 
 def test_an_attached_daemon_with_the_datasets_fields(tmp_path):

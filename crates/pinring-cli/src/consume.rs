@@ -95,6 +95,7 @@ pub fn run(args: &ConsumeArgs, shutdown: &Shutdown) -> Result<Option<Consumed>, 
         start_seq: args.start_seq,
         fingerprint: args.fingerprint,
         wait_for_ring: timeout.unwrap_or(AttachOptions::default().wait_for_ring),
+        path: None,
     };
     let mut c = match Consumer::attach_until(&args.ring, &opts, &stop) {
         Ok(c) => c,

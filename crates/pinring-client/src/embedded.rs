@@ -12,7 +12,8 @@ use pinring_runtime::settings::{self, Overrides};
 use pinring_runtime::shutdown::Shutdown;
 use pinring_runtime::sink::SinkKind;
 use pinring_runtime::summary::Summary;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -33,6 +34,10 @@ pub struct EmbeddedOptions {
     pub start_seq: u64,
     /// Replace a stale ring of the same name.
     pub replace: bool,
+    /// Make the ring anonymous: a memfd with no name in /dev/shm, gone with the last process
+    /// holding it (so a killed trainer leaves nothing behind, and /dev/shm's size does not
+    /// matter). Consumers and loaders open it at [`EmbeddedDaemon::path`], not by name.
+    pub anonymous: bool,
 }
 
 /// A daemon running on a thread of this process. Dropping it stops the daemon (a drain, as at
@@ -40,6 +45,7 @@ pub struct EmbeddedOptions {
 #[derive(Debug)]
 pub struct EmbeddedDaemon {
     ring: String,
+    address: Option<Arc<OnceLock<PathBuf>>>,
     shutdown: Shutdown,
     thread: Option<JoinHandle<daemon::Outcome>>,
 }
@@ -71,6 +77,7 @@ impl EmbeddedDaemon {
             }
         })?;
         let ring = cfg.ring.name.clone();
+        let address = opts.anonymous.then(|| Arc::new(OnceLock::new()));
         let args = DaemonArgs {
             config: opts.config.clone(),
             ring: opts.ring.clone(),
@@ -87,6 +94,7 @@ impl EmbeddedDaemon {
             zero_copy: false,
             service: Default::default(),
             embedded: true,
+            address: address.clone(),
         };
         let shutdown = Shutdown::never();
         let thread = {
@@ -102,6 +110,7 @@ impl EmbeddedDaemon {
         };
         let mut d = EmbeddedDaemon {
             ring,
+            address,
             shutdown,
             thread: Some(thread),
         };
@@ -128,13 +137,18 @@ impl EmbeddedDaemon {
                     exit,
                 });
             }
-            if let Ok(ring) = pinring_ring::Ring::open(
-                &self.ring,
-                pinring_ring::Access::ReadOnly,
-                Duration::from_millis(50),
-            ) {
-                if ring.daemon().pid == me && ring.state() != pinring_ring::ring_state::INIT {
-                    return Ok(());
+            // An anonymous ring can be opened once the daemon has said where it is.
+            let at = self.address.as_ref().map(|a| a.get());
+            if at != Some(None) {
+                if let Ok(ring) = pinring_ring::Ring::open_at(
+                    &self.ring,
+                    at.flatten().map(PathBuf::as_path),
+                    pinring_ring::Access::ReadOnly,
+                    Duration::from_millis(50),
+                ) {
+                    if ring.daemon().pid == me && ring.state() != pinring_ring::ring_state::INIT {
+                        return Ok(());
+                    }
                 }
             }
             if stop() {
@@ -159,6 +173,15 @@ impl EmbeddedDaemon {
     /// The ring's name (for [`crate::Consumer::attach`] and for the loaders).
     pub fn ring(&self) -> &str {
         &self.ring
+    }
+
+    /// Where an anonymous ring is opened (`/proc/<pid>/fd/<fd>` of this process), for
+    /// [`crate::AttachOptions::path`] and the loaders; `None` for a ring named in /dev/shm.
+    pub fn path(&self) -> Option<&Path> {
+        self.address
+            .as_ref()
+            .and_then(|a| a.get())
+            .map(PathBuf::as_path)
     }
 
     /// Whether the daemon is still running.

@@ -54,6 +54,9 @@ pub struct AttachOptions {
     pub fingerprint: Option<u64>,
     /// How long to wait for the ring to exist and be READY.
     pub wait_for_ring: Duration,
+    /// Where an anonymous ring is (its daemon's `/proc/<pid>/fd/<fd>`, as
+    /// [`EmbeddedDaemon::path`] gives it); `None`: the ring named in /dev/shm.
+    pub path: Option<std::path::PathBuf>,
 }
 
 impl Default for AttachOptions {
@@ -62,6 +65,7 @@ impl Default for AttachOptions {
             start_seq: None,
             fingerprint: None,
             wait_for_ring: Duration::from_secs(30),
+            path: None,
         }
     }
 }
@@ -122,7 +126,7 @@ impl Consumer {
         opts: &AttachOptions,
         stop: &dyn Fn() -> bool,
     ) -> Result<Consumer, ClientError> {
-        let ring = open_ready(name, opts.wait_for_ring, stop)?;
+        let ring = open_ready(name, opts.path.as_deref(), opts.wait_for_ring, stop)?;
         let h = ring.header();
         let cfg = ring_config(&ring)?;
         let fields = fields::Fields::of(&cfg).map_err(|what| ClientError::Corrupt {
@@ -531,8 +535,14 @@ impl Drop for Lease {
 
 /// Opens ring `name` once it exists, is READY and has a live daemon (the loaders' own attach,
 /// waiting up to `wait`), and checks that it hands batches over.
-fn open_ready(name: &str, wait: Duration, stop: &dyn Fn() -> bool) -> Result<Ring, ClientError> {
-    let Some(ring) = pinring_ring::attach_unless(name, Access::ReadWrite, wait, stop)? else {
+fn open_ready(
+    name: &str,
+    at: Option<&std::path::Path>,
+    wait: Duration,
+    stop: &dyn Fn() -> bool,
+) -> Result<Ring, ClientError> {
+    let Some(ring) = pinring_ring::attach_at_unless(name, at, Access::ReadWrite, wait, stop)?
+    else {
         return Err(ClientError::Interrupted { ring: name.into() });
     };
     if ring.handoff().exported.load(Acquire) != 1 {

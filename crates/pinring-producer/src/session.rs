@@ -183,12 +183,23 @@ impl Session {
     /// against it ([`Session::check_ring`]) and takes a seat in the loader table. A file kind's
     /// `cfg` must have its source opened (its length recorded) first, as the daemon did.
     pub fn join(
+        cfg: Config,
+        wait: Duration,
+        stop: impl Fn() -> bool,
+    ) -> Result<Option<Session>, SessionError> {
+        Session::join_at(cfg, None, wait, stop)
+    }
+
+    /// [`Session::join`]; with `at`, the anonymous ring there (its daemon's
+    /// `/proc/<pid>/fd/<fd>`) instead of the one named in /dev/shm.
+    pub fn join_at(
         mut cfg: Config,
+        at: Option<&std::path::Path>,
         wait: Duration,
         stop: impl Fn() -> bool,
     ) -> Result<Option<Session>, SessionError> {
         let Some(ring) =
-            pinring_ring::attach_unless(&cfg.ring.name, Access::ReadWrite, wait, stop)?
+            pinring_ring::attach_at_unless(&cfg.ring.name, at, Access::ReadWrite, wait, stop)?
         else {
             return Ok(None);
         };

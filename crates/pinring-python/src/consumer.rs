@@ -39,6 +39,7 @@ fn device_of(location: Location) -> Device {
 pub struct Consumer {
     inner: Mutex<Option<pinring_client::Consumer>>,
     ring: String,
+    live: crate::process::Live,
 }
 
 impl Consumer {
@@ -59,18 +60,20 @@ impl Consumer {
     /// Attaches to ring `ring` as its one consumer; `start_seq` (with the `fingerprint` it was
     /// saved under) resumes at a saved state. Waits up to `wait_for_ring` seconds for the ring.
     #[new]
-    #[pyo3(signature = (ring, start_seq=None, fingerprint=None, wait_for_ring=30.0))]
+    #[pyo3(signature = (ring, start_seq=None, fingerprint=None, wait_for_ring=30.0, path=None))]
     fn new(
         py: Python<'_>,
         ring: String,
         start_seq: Option<u64>,
         fingerprint: Option<u64>,
         wait_for_ring: f64,
+        path: Option<std::path::PathBuf>,
     ) -> PyResult<Self> {
         let opts = AttachOptions {
             start_seq,
             fingerprint,
             wait_for_ring: seconds("wait_for_ring", wait_for_ring)?,
+            path,
         };
         let c = crate::signals::detach_interruptible(py, |stop| {
             pinring_client::Consumer::attach_until(&ring, &opts, stop)
@@ -79,6 +82,7 @@ impl Consumer {
         Ok(Consumer {
             inner: Mutex::new(Some(c)),
             ring,
+            live: crate::process::Live::new(),
         })
     }
 
@@ -194,6 +198,7 @@ impl Consumer {
     fn close(&self, py: Python<'_>) {
         let c = self.inner.lock().unwrap_or_else(|p| p.into_inner()).take();
         py.detach(|| drop(c));
+        self.live.end();
     }
 }
 
@@ -238,6 +243,8 @@ impl Batch {
 pub struct EmbeddedDaemon {
     inner: Mutex<Option<pinring_client::EmbeddedDaemon>>,
     ring: String,
+    path: Option<String>,
+    live: crate::process::Live,
 }
 
 #[pymethods]
@@ -245,7 +252,7 @@ impl EmbeddedDaemon {
     /// Starts the daemon (sink: this process's consumer) and waits up to `wait` seconds for its
     /// ring to be ready.
     #[new]
-    #[pyo3(signature = (config=None, ring=None, backend="auto", device=0, start_seq=0, epochs=None, replace=false, wait=60.0))]
+    #[pyo3(signature = (config=None, ring=None, backend="auto", device=0, start_seq=0, epochs=None, replace=false, wait=60.0, anonymous=false))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -257,6 +264,7 @@ impl EmbeddedDaemon {
         epochs: Option<u32>,
         replace: bool,
         wait: f64,
+        anonymous: bool,
     ) -> PyResult<Self> {
         let backend = backend
             .parse::<pinring_backend::BackendKind>()
@@ -269,6 +277,7 @@ impl EmbeddedDaemon {
             device,
             start_seq,
             replace,
+            anonymous,
         };
         let wait = seconds("wait", wait)?;
         let d = crate::signals::detach_interruptible(py, |stop| {
@@ -276,9 +285,12 @@ impl EmbeddedDaemon {
         })?
         .map_err(|e| e.to_pyerr())?;
         let ring = d.ring().to_string();
+        let path = d.path().map(|p| p.to_string_lossy().into_owned());
         Ok(EmbeddedDaemon {
             inner: Mutex::new(Some(d)),
             ring,
+            path,
+            live: crate::process::Live::new(),
         })
     }
 
@@ -286,6 +298,13 @@ impl EmbeddedDaemon {
     #[getter]
     fn ring(&self) -> &str {
         &self.ring
+    }
+
+    /// Where an anonymous ring is opened (this process's `/proc/<pid>/fd/<fd>`): pass it as
+    /// `path=` to `Consumer` and `Producer`. None for a ring named in /dev/shm.
+    #[getter]
+    fn path(&self) -> Option<&str> {
+        self.path.as_deref()
     }
 
     /// Whether the daemon still runs.
@@ -305,7 +324,9 @@ impl EmbeddedDaemon {
         let Some(d) = d else {
             return Ok(None);
         };
-        let Some((summary, result)) = py.detach(|| d.stop()) else {
+        let stopped = py.detach(|| d.stop());
+        self.live.end();
+        let Some((summary, result)) = stopped else {
             return Err(exit_error(
                 pinring_exit::Exit::Internal,
                 format!(

@@ -10,6 +10,7 @@ mod convert;
 pub mod dlpack;
 pub mod errors;
 pub mod field;
+pub mod process;
 pub mod producer;
 mod signals;
 mod testing;
@@ -32,6 +33,8 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<producer::Part>()?;
     m.add_class::<testing::OwnerProbe>()?;
     m.add_function(wrap_pyfunction!(convert::check_config, m)?)?;
+    m.add_function(wrap_pyfunction!(process::live_rings, m)?)?;
+    m.add_function(wrap_pyfunction!(process::die_with_parent, m)?)?;
     m.add_function(wrap_pyfunction!(convert::config_settings, m)?)?;
     // The one statement of daemon.prefetch's range (pinring-data), for the Python side's
     // prefetch_factor arithmetic.

@@ -46,6 +46,7 @@ struct State {
 pub struct Producer {
     state: Mutex<Option<State>>,
     ring: String,
+    live: crate::process::Live,
 }
 
 fn closed(ring: &str) -> PyErr {
@@ -60,14 +61,15 @@ impl Producer {
     /// Joins ring `ring` as a loader: loads `config` (the same lookup as `pinring-loader
     /// --config`; None: `$PINRING_CONFIG`, ./config, ... else the built-in default), waits up to
     /// `wait` seconds for the ring, checks the config's fingerprint against the daemon's, and
-    /// takes a seat in the loader table.
+    /// takes a seat in the loader table. `path`: where an anonymous ring is (`EmbeddedDaemon.path`).
     #[new]
-    #[pyo3(signature = (ring, config=None, wait=30.0))]
+    #[pyo3(signature = (ring, config=None, wait=30.0, path=None))]
     fn new(
         py: Python<'_>,
         ring: String,
         config: Option<std::path::PathBuf>,
         wait: f64,
+        path: Option<std::path::PathBuf>,
     ) -> PyResult<Self> {
         let wait = seconds("wait", wait)?;
         let overrides = Overrides {
@@ -81,7 +83,7 @@ impl Producer {
                 // A file kind: its length is the files' (as the daemon and pinring-loader find it).
                 pinring_sources::open_source(&mut cfg)?;
                 let name = cfg.ring.name.clone();
-                let Some(session) = Session::join(cfg, wait, stop)? else {
+                let Some(session) = Session::join_at(cfg, path.as_deref(), wait, stop)? else {
                     // Stopped by a signal handler: its exception is raised instead of this.
                     return Err(pinring_ring::RingError::NotReady {
                         name,
@@ -106,6 +108,7 @@ impl Producer {
         Ok(Producer {
             state: Mutex::new(Some(state)),
             ring,
+            live: crate::process::Live::new(),
         })
     }
 
@@ -240,6 +243,7 @@ impl Producer {
         if let Some(st) = st {
             py.detach(|| st.session.leave());
         }
+        self.live.end();
     }
 }
 

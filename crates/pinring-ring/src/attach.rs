@@ -30,13 +30,25 @@ pub fn attach_unless(
     wait: Duration,
     stop: impl Fn() -> bool,
 ) -> Result<Option<Ring>, RingError> {
+    attach_at_unless(name, None, access, wait, stop)
+}
+
+/// [`attach_unless`]; with `at`, the anonymous ring there (its daemon's
+/// `/proc/<pid>/fd/<fd>`, [`crate::Segment::open_at`]) instead of the one named in /dev/shm.
+pub fn attach_at_unless(
+    name: &str,
+    at: Option<&std::path::Path>,
+    access: Access,
+    wait: Duration,
+    stop: impl Fn() -> bool,
+) -> Result<Option<Ring>, RingError> {
     let start = Instant::now();
     loop {
         if stop() {
             return Ok(None);
         }
         let slice = wait.saturating_sub(start.elapsed()).min(ATTACH_SLICE);
-        let outcome = Ring::open(name, access, slice).and_then(|ring| {
+        let outcome = Ring::open_at(name, at, access, slice).and_then(|ring| {
             ring.wait_ready(slice)?;
             Ok(ring)
         });

@@ -168,6 +168,18 @@ pub enum RingError {
         /// Same in MiB.
         available_mib: u64,
     },
+    /// An anonymous ring's memory could not be reserved.
+    #[error("ring {name:?}: an anonymous ring of {asked} bytes ({asked_mib} MiB) could not be reserved ({source}): it takes memory, not /dev/shm space; free memory, raise this process's cgroup memory limit, or make the ring smaller (ring.slots, ring.slot_bytes)")]
+    NoMemory {
+        /// Ring name.
+        name: String,
+        /// Bytes the segment needs.
+        asked: u64,
+        /// Same in MiB.
+        asked_mib: u64,
+        /// What fallocate said.
+        source: nix::Error,
+    },
     /// The file is not a pinring segment.
     #[error("ring {name:?} ({path}) is not a pinring segment (bad magic {found:#018x}): {fix}")]
     NotARing {

@@ -39,7 +39,7 @@ pub mod slot;
 pub mod sync;
 
 #[cfg(not(loom))]
-pub use attach::{attach, attach_unless};
+pub use attach::{attach, attach_at_unless, attach_unless};
 pub use error::{CommitError, RingError, SlotFault};
 pub use layout::{ring_state, Geometry, Header, MAX_LOADERS};
 pub use process::ProcessId;
@@ -51,5 +51,5 @@ pub use ring::{
     write_words_at, Claim, CreateOptions, LoaderView, OutOfSlot, Ring, SlotView, SlotWriter,
 };
 #[cfg(not(loom))]
-pub use segment::{object_path, validate_name, Access, Segment};
+pub use segment::{find_anonymous, object_path, validate_name, Access, AnonymousRing, Segment};
 pub use slot::{fit_in_slot, Seat, SlotState, SlotWord, Taken};

@@ -47,6 +47,10 @@ pub struct CreateOptions {
     /// Hand whole batches to a consumer through a handoff area (`None`: the daemon's own sink
     /// takes every batch).
     pub handoff: Option<HandoffSpec>,
+    /// Make the segment anonymous ([`Segment::create_anonymous`]: a memfd, never named in
+    /// /dev/shm, gone with the last process that holds it); `mode`, `group` and `replace` do
+    /// not apply.
+    pub anonymous: bool,
 }
 
 /// Error code published for a commit whose lengths did not fit the slot.
@@ -330,7 +334,11 @@ impl Ring {
             .as_deref()
             .map(|g| resolve_group(&opts.name, g))
             .transpose()?;
-        let seg = Segment::create_unnamed(&opts.name, geom.total_bytes, opts.mode, gid)?;
+        let seg = if opts.anonymous {
+            Segment::create_anonymous(&opts.name, geom.total_bytes)?
+        } else {
+            Segment::create_unnamed(&opts.name, geom.total_bytes, opts.mode, gid)?
+        };
         let mut ring = Ring {
             seg,
             geom,
@@ -339,6 +347,9 @@ impl Ring {
             quiet_waiters: crate::sync::atomic::AtomicU32::new(0),
         };
         ring.initialise(opts);
+        if opts.anonymous {
+            return Ok(ring);
+        }
         let replaced = ring.seg.publish(opts.replace)?;
         if let Some(what) = replaced {
             tracing::warn!(ring = %opts.name, path = %object_path(&opts.name).display(),
@@ -358,7 +369,7 @@ impl Ring {
     fn sys(&self, call: &'static str, source: nix::Error) -> RingError {
         RingError::Sys {
             name: self.name().to_string(),
-            path: object_path(self.name()),
+            path: self.seg.path(),
             call,
             source,
         }
@@ -485,9 +496,23 @@ impl Ring {
     /// Opens an existing ring (loader: read-write; status: read-only) and validates its header
     /// against the file. Waits up to `timeout` for a ring that is still initialising.
     pub fn open(name: &str, access: Access, timeout: Duration) -> Result<Ring, RingError> {
+        Ring::open_at(name, None, access, timeout)
+    }
+
+    /// [`Ring::open`]; with `at`, the anonymous ring there ([`Segment::open_at`]) instead of
+    /// the one named in /dev/shm.
+    pub fn open_at(
+        name: &str,
+        at: Option<&std::path::Path>,
+        access: Access,
+        timeout: Duration,
+    ) -> Result<Ring, RingError> {
         let start = Instant::now();
-        let seg = Segment::open(name, access)?;
-        let path = object_path(name);
+        let seg = match at {
+            Some(path) => Segment::open_at(name, path, access)?,
+            None => Segment::open(name, access)?,
+        };
+        let path = seg.path();
         // SAFETY: open checked the mapping holds at least HEADER_BYTES; offset 0 is page-aligned;
         // Header is atomics only.
         let h: &Header = unsafe { seg.at(0) };
@@ -532,7 +557,7 @@ impl Ring {
         }
         let corrupt = |what: String| RingError::CorruptHeader {
             name: name.into(),
-            path: object_path(name),
+            path: path.clone(),
             what,
         };
         let hb = h.header_bytes.load(Relaxed);
@@ -626,7 +651,7 @@ impl Ring {
         if seg.len() as u64 != geom.total_bytes {
             return Err(RingError::SizeMismatch {
                 name: name.into(),
-                path: object_path(name),
+                path: path.clone(),
                 expected: geom.total_bytes,
                 actual: seg.len() as u64,
             });
@@ -860,7 +885,7 @@ impl Ring {
         if self.seg.faulted() {
             return Err(RingError::SizeMismatch {
                 name: self.name().into(),
-                path: object_path(self.name()),
+                path: self.seg.path(),
                 expected: self.geom.total_bytes,
                 actual: self.seg.file_size().unwrap_or(0),
             });
@@ -868,14 +893,14 @@ impl Ring {
         if !self.seg.still_named()? {
             return Err(RingError::Replaced {
                 name: self.name().into(),
-                path: object_path(self.name()),
+                path: self.seg.path(),
             });
         }
         let actual = self.seg.file_size()?;
         if actual != self.geom.total_bytes {
             return Err(RingError::SizeMismatch {
                 name: self.name().into(),
-                path: object_path(self.name()),
+                path: self.seg.path(),
                 expected: self.geom.total_bytes,
                 actual,
             });
@@ -1300,7 +1325,7 @@ fn check_admitted(seg: &Segment) -> Result<(), RingError> {
     }
     Err(RingError::ForeignRing {
         name: seg.name().to_string(),
-        path: object_path(seg.name()),
+        path: seg.path(),
         owner,
         gid,
         mode,

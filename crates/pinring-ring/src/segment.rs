@@ -9,7 +9,14 @@
 //!
 //! A daemon's segment is made unnamed (`O_TMPFILE` in /dev/shm), built, locked
 //! ([`crate::lock`]) and only then linked under its name, so every file at a ring's path either is
-//! a complete ring or is not pinring's. Openers use `O_NONBLOCK | O_NOFOLLOW` and refuse anything
+//! a complete ring or is not pinring's.
+//!
+//! An **anonymous** segment ([`Segment::create_anonymous`]) is a `memfd` that is never linked
+//! anywhere: it lives exactly as long as a process holds it open or mapped, so a creator that is
+//! killed leaves nothing behind, and /dev/shm's size does not bound it. Other processes reach it
+//! through its creator's descriptor, `/proc/<pid>/fd/<fd>` ([`Segment::path`],
+//! [`Segment::open_at`]); its memfd label is `pinring.<name>`, by which [`find_anonymous`]
+//! finds every anonymous ring on the host. Openers use `O_NONBLOCK | O_NOFOLLOW` and refuse anything
 //! but a regular file, so a FIFO or a symbolic link planted at a ring's path cannot stall or
 //! redirect them.
 
@@ -82,6 +89,9 @@ pub struct Segment {
     identity: (u64, u64),
     /// Entry in the SIGBUS watch table (see [`crate::fault`]).
     watch: Option<usize>,
+    /// Where other processes open it: `Some` for an anonymous segment (its creator's
+    /// `/proc/<pid>/fd/<fd>`), `None` for a named one (its [`object_path`]).
+    at: Option<PathBuf>,
 }
 
 // SAFETY: the mapping is plain shared memory that any process may access concurrently anyway;
@@ -142,6 +152,45 @@ impl Segment {
             return Err(sys_error(name, "fcntl(F_OFD_SETLK)", nix::Error::EAGAIN));
         }
         map(name, File::from(fd), len, Access::ReadWrite, true)
+    }
+
+    /// Creates an anonymous segment for ring `name`: a `memfd` (label `pinring.<name>`) of `len`
+    /// bytes, reserved with `fallocate` (so a lack of memory fails here, not later with SIGBUS),
+    /// the daemon's lock taken and every page mapped and populated. It is never given a name:
+    /// other processes open it at [`Segment::path`] while this process holds it.
+    pub fn create_anonymous(name: &str, len: u64) -> Result<Segment, RingError> {
+        validate_name(name)?;
+        let label = format!("{NAME_PREFIX}{name}");
+        let fd =
+            nix::sys::memfd::memfd_create(label.as_str(), nix::sys::memfd::MFdFlags::MFD_CLOEXEC)
+                .map_err(|e| sys_error(name, "memfd_create", e))?;
+        match nix::fcntl::fallocate(&fd, nix::fcntl::FallocateFlags::empty(), 0, len as i64) {
+            Ok(()) => {}
+            Err(e @ (nix::Error::ENOSPC | nix::Error::ENOMEM)) => {
+                return Err(RingError::NoMemory {
+                    name: name.to_string(),
+                    asked: len,
+                    asked_mib: len >> 20,
+                    source: e,
+                })
+            }
+            Err(e) => return Err(sys_error(name, "fallocate", e)),
+        }
+        // A fresh inode: nobody else can hold a lock on it.
+        if !lock::try_lock_exclusive(&fd, lock::DAEMON_LOCK)
+            .map_err(|e| sys_error(name, "fcntl(F_OFD_SETLK) on the daemon byte", e))?
+        {
+            return Err(sys_error(name, "fcntl(F_OFD_SETLK)", nix::Error::EAGAIN));
+        }
+        let at = PathBuf::from(format!(
+            "/proc/{}/fd/{}",
+            std::process::id(),
+            fd.as_raw_fd()
+        ));
+        let mut seg = map(name, File::from(fd), len, Access::ReadWrite, true)?;
+        seg.at = Some(at);
+        seg.owned();
+        Ok(seg)
     }
 
     /// Gives a segment made by [`Segment::create_unnamed`] its name, atomically. If the name is
@@ -388,6 +437,71 @@ impl Segment {
         map(name, file, size, access, false)
     }
 
+    /// Opens the anonymous segment of ring `name` at `path` (its creator's
+    /// `/proc/<pid>/fd/<fd>`, which [`Segment::path`] gave there) and maps all of it. The path is
+    /// a link the kernel resolves to the memfd itself, so it is followed; what it leads to must
+    /// be a regular file labelled `pinring.<name>`.
+    pub fn open_at(
+        name: &str,
+        path: &std::path::Path,
+        access: Access,
+    ) -> Result<Segment, RingError> {
+        validate_name(name)?;
+        let not_found = || RingError::NotFound {
+            name: name.to_string(),
+            path: path.to_path_buf(),
+        };
+        let target = std::fs::read_link(path).map_err(|_| not_found())?;
+        if !anonymous_label_is(&target.to_string_lossy(), name) {
+            return Err(not_found());
+        }
+        let oflag = match access {
+            Access::ReadOnly => OFlag::O_RDONLY,
+            Access::ReadWrite => OFlag::O_RDWR,
+        } | OFlag::O_NONBLOCK
+            | OFlag::O_CLOEXEC;
+        let fd = match nix::fcntl::open(path, oflag, Mode::empty()) {
+            Ok(fd) => fd,
+            Err(nix::Error::ENOENT) => return Err(not_found()),
+            Err(nix::Error::EACCES | nix::Error::EPERM) => {
+                return Err(RingError::PermissionDenied {
+                    name: name.to_string(),
+                    path: path.to_path_buf(),
+                    uid: nix::unistd::geteuid().as_raw(),
+                })
+            }
+            Err(e) => return Err(sys_error(name, "open (an anonymous ring)", e)),
+        };
+        let file = File::from(fd);
+        let st = fstat(&file).map_err(|e| sys_error(name, "fstat", e))?;
+        if file_kind(st.st_mode) != "a regular file" {
+            return Err(not_regular(name, file_kind(st.st_mode), false));
+        }
+        let size = st.st_size.max(0) as u64;
+        if size < HEADER_BYTES as u64 {
+            return Err(RingError::SizeMismatch {
+                name: name.to_string(),
+                path: path.to_path_buf(),
+                expected: HEADER_BYTES as u64,
+                actual: size,
+            });
+        }
+        let mut seg = map(name, file, size, access, false)?;
+        seg.at = Some(path.to_path_buf());
+        Ok(seg)
+    }
+
+    /// Where other processes open this segment: its name's file in /dev/shm, or (anonymous)
+    /// its creator's `/proc/<pid>/fd/<fd>`.
+    pub fn path(&self) -> PathBuf {
+        self.at.clone().unwrap_or_else(|| object_path(&self.name))
+    }
+
+    /// Whether the segment is anonymous (a memfd with no name in /dev/shm).
+    pub fn is_anonymous(&self) -> bool {
+        self.at.is_some()
+    }
+
     /// Removes the object's name; mappings stay valid until unmapped. Missing is not an error.
     pub fn unlink(name: &str) -> Result<(), RingError> {
         match shm_unlink(object_name(name).as_str()) {
@@ -430,6 +544,10 @@ impl Segment {
     /// Whether the segment's path still names the object this mapping came from. `Ok(false)`:
     /// the name is gone or now names another file (replaced behind our back).
     pub fn still_named(&self) -> Result<bool, RingError> {
+        if self.at.is_some() {
+            // Anonymous: no name that could be taken away or given to another file.
+            return Ok(true);
+        }
         match nix::sys::stat::lstat(&object_path(&self.name)) {
             Ok(st) => Ok((st.st_dev, st.st_ino) == self.identity),
             Err(nix::Error::ENOENT) => Ok(false),
@@ -441,7 +559,7 @@ impl Segment {
     /// another process put there). Returns whether it unlinked. Race-free for a caller holding
     /// the daemon lock (or a shared lock on it): nobody replaces a locked file.
     pub fn unlink_if_ours(&self) -> Result<bool, RingError> {
-        if self.still_named()? {
+        if self.at.is_none() && self.still_named()? {
             Segment::unlink(&self.name)?;
             Ok(true)
         } else {
@@ -538,7 +656,68 @@ fn map(
         access,
         identity,
         watch,
+        at: None,
     })
+}
+
+/// Whether a memfd's link text (`/memfd:pinring.<name> (deleted)`) is ring `name`'s.
+fn anonymous_label_is(link: &str, name: &str) -> bool {
+    anonymous_name(link) == Some(name)
+}
+
+/// The ring name in a memfd's link text, if it is an anonymous ring's.
+fn anonymous_name(link: &str) -> Option<&str> {
+    let rest = link.strip_prefix("/memfd:")?.strip_prefix(NAME_PREFIX)?;
+    let name = rest.strip_suffix(" (deleted)").unwrap_or(rest);
+    validate_name(name).ok().map(|()| name)
+}
+
+/// An anonymous ring found in a process's descriptors.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AnonymousRing {
+    /// The ring's name.
+    pub name: String,
+    /// The process holding it (its daemon, a loader or a consumer).
+    pub pid: u32,
+    /// Where to open it (`/proc/<pid>/fd/<fd>`).
+    pub path: PathBuf,
+}
+
+/// Every anonymous ring this user can see: each (ring name, process) once, from the
+/// descriptors in `/proc/*/fd` whose memfd label is `pinring.<name>`. Processes this user may not
+/// look into are skipped.
+pub fn find_anonymous() -> Vec<AnonymousRing> {
+    let mut found = Vec::new();
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return found;
+    };
+    for p in procs.flatten() {
+        let Some(pid) = p.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        let Ok(fds) = std::fs::read_dir(p.path().join("fd")) else {
+            continue;
+        };
+        for fd in fds.flatten() {
+            let Ok(link) = std::fs::read_link(fd.path()) else {
+                continue;
+            };
+            if let Some(name) = anonymous_name(&link.to_string_lossy()) {
+                if !found
+                    .iter()
+                    .any(|r: &AnonymousRing| r.name == name && r.pid == pid)
+                {
+                    found.push(AnonymousRing {
+                        name: name.to_string(),
+                        pid,
+                        path: fd.path(),
+                    });
+                }
+            }
+        }
+    }
+    found.sort_by(|a, b| (&a.name, a.pid).cmp(&(&b.name, b.pid)));
+    found
 }
 
 /// What [`clean_if_stale`] found at a ring's path.

@@ -31,6 +31,7 @@ fn ring(tag: &str) -> (Ring, Unlink) {
         in_order: true,
         replace: false,
         handoff: None,
+        anonymous: false,
     })
     .unwrap();
     (ring, Unlink(name))

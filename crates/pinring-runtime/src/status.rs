@@ -19,7 +19,8 @@ use std::time::{Duration, Instant};
 /// `pinring status` flags.
 #[derive(Debug, Clone, clap::Args)]
 pub struct StatusArgs {
-    /// Ring to show (default: every ring in /dev/shm).
+    /// Ring to show (default: every ring in /dev/shm, and every anonymous ring of an embedded
+    /// daemon, found through the descriptors of the processes holding it).
     #[arg(value_name = "RING")]
     pub ring: Option<String>,
     /// Print one JSON document (one measurement interval) and exit.
@@ -93,6 +94,76 @@ pub fn ring_names() -> Result<Vec<String>, StatusError> {
 /// Opens a ring read-only, without waiting for one that is still being created.
 pub fn open_read_only(name: &str) -> Result<Ring, RingError> {
     Ring::open(name, Access::ReadOnly, Duration::from_millis(200))
+}
+
+/// A ring to show: named in /dev/shm (`at` None), or anonymous (an embedded daemon's memfd,
+/// opened at `at`, `/proc/<pid>/fd/<fd>` of a process holding it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    /// The ring's name.
+    pub name: String,
+    /// Where an anonymous ring is opened.
+    pub at: Option<std::path::PathBuf>,
+}
+
+impl Target {
+    fn open(&self) -> Result<Ring, RingError> {
+        Ring::open_at(
+            &self.name,
+            self.at.as_deref(),
+            Access::ReadOnly,
+            Duration::from_millis(200),
+        )
+    }
+}
+
+/// The anonymous rings on this host ([`pinring_ring::find_anonymous`]), one per ring: each is
+/// opened through its daemon's descriptor where that process is one of those holding it (its
+/// loaders and consumer hold it too).
+pub fn anonymous_rings() -> Vec<Target> {
+    let mut out: Vec<Target> = Vec::new();
+    let found = pinring_ring::find_anonymous();
+    for a in &found {
+        if out.iter().any(|t| t.name == a.name) {
+            continue;
+        }
+        let holders: Vec<_> = found.iter().filter(|b| b.name == a.name).collect();
+        let daemon_pid = Ring::open_at(&a.name, Some(&a.path), Access::ReadOnly, Duration::ZERO)
+            .map(|r| r.daemon().pid)
+            .ok();
+        let best = holders
+            .iter()
+            .find(|b| Some(b.pid) == daemon_pid)
+            .unwrap_or(&holders[0]);
+        out.push(Target {
+            name: a.name.clone(),
+            at: Some(best.path.clone()),
+        });
+    }
+    out
+}
+
+/// Every ring to show: those named in /dev/shm, then the anonymous ones.
+pub fn targets() -> Result<Vec<Target>, StatusError> {
+    let mut all: Vec<Target> = ring_names()?
+        .into_iter()
+        .map(|name| Target { name, at: None })
+        .collect();
+    all.extend(anonymous_rings());
+    Ok(all)
+}
+
+/// Ring `name`: named in /dev/shm if it is there, else an anonymous ring of that name.
+fn target(name: &str) -> Target {
+    if !pinring_ring::object_path(name).exists() {
+        if let Some(t) = anonymous_rings().into_iter().find(|t| t.name == name) {
+            return t;
+        }
+    }
+    Target {
+        name: name.to_string(),
+        at: None,
+    }
 }
 
 /// Slot counts by state.
@@ -424,6 +495,10 @@ pub fn bound(
 pub struct RingReport {
     /// Ring name.
     pub ring: String,
+    /// Where an anonymous ring was opened (`/proc/<pid>/fd/<fd>`); absent for a ring named in
+    /// /dev/shm.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub anonymous: Option<String>,
     /// The latest snapshot.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub snapshot: Option<Snapshot>,
@@ -439,7 +514,7 @@ pub struct RingReport {
 pub fn render(reports: &[RingReport]) -> String {
     let mut s = String::new();
     if reports.is_empty() {
-        s.push_str("no pinring rings in /dev/shm\n");
+        s.push_str("no pinring rings (none in /dev/shm, no anonymous ones)\n");
     }
     for r in reports {
         let (Some(snap), Some(rates)) = (&r.snapshot, &r.rates) else {
@@ -461,12 +536,16 @@ pub fn render(reports: &[RingReport]) -> String {
         };
         let _ = writeln!(
             s,
-            "ring {}  {}  {}  {} slots x {} KiB",
+            "ring {}  {}  {}  {} slots x {} KiB{}",
             snap.ring,
             snap.state,
             daemon,
             snap.slot_count,
-            snap.slot_bytes / 1024
+            snap.slot_bytes / 1024,
+            r.anonymous
+                .as_deref()
+                .map(|at| format!("  anonymous ({at})"))
+                .unwrap_or_default()
         );
         if let Some(st) = snap.stalled {
             let _ = writeln!(
@@ -566,12 +645,10 @@ pub fn render(reports: &[RingReport]) -> String {
     s
 }
 
-/// Takes one interval's view of `names` (or of every ring).
-fn measure(names: &[String], interval: Duration) -> Vec<RingReport> {
-    let opened: Vec<(String, Result<Ring, RingError>)> = names
-        .iter()
-        .map(|n| (n.clone(), open_read_only(n)))
-        .collect();
+/// Takes one interval's view of `targets`.
+fn measure(targets: &[Target], interval: Duration) -> Vec<RingReport> {
+    let opened: Vec<(&Target, Result<Ring, RingError>)> =
+        targets.iter().map(|t| (t, t.open())).collect();
     let first: Vec<Option<Snapshot>> = opened
         .iter()
         .map(|(_, r)| r.as_ref().ok().map(Snapshot::take))
@@ -581,23 +658,29 @@ fn measure(names: &[String], interval: Duration) -> Vec<RingReport> {
     opened
         .into_iter()
         .zip(first)
-        .map(|((ring, opened), first)| match (opened, first) {
-            (Ok(r), Some(a)) => {
-                let b = Snapshot::take(&r);
-                RingReport {
-                    ring,
-                    rates: Some(Rates::between(&a, &b)),
-                    snapshot: Some(b),
-                    error: None,
+        .map(|((target, opened), first)| {
+            let ring = target.name.clone();
+            let anonymous = target.at.as_ref().map(|p| p.display().to_string());
+            match (opened, first) {
+                (Ok(r), Some(a)) => {
+                    let b = Snapshot::take(&r);
+                    RingReport {
+                        ring,
+                        anonymous,
+                        rates: Some(Rates::between(&a, &b)),
+                        snapshot: Some(b),
+                        error: None,
+                    }
                 }
+                (Err(e), _) => RingReport {
+                    ring,
+                    anonymous,
+                    snapshot: None,
+                    rates: None,
+                    error: Some(e.to_string()),
+                },
+                (Ok(_), None) => unreachable!("a snapshot is taken of every opened ring"),
             }
-            (Err(e), _) => RingReport {
-                ring,
-                snapshot: None,
-                rates: None,
-                error: Some(e.to_string()),
-            },
-            (Ok(_), None) => unreachable!("a snapshot is taken of every opened ring"),
         })
         .collect()
 }
@@ -607,19 +690,18 @@ pub fn run(args: &StatusArgs, shutdown: &crate::shutdown::Shutdown) -> Result<()
     let interval = Duration::from_secs_f64(args.interval);
     let live = !(args.json || args.once);
     loop {
-        let names = match &args.ring {
+        let targets = match &args.ring {
             Some(n) => {
+                let t = target(n);
                 // A named ring that does not exist is an error (not an empty view).
-                if live {
-                    vec![n.clone()]
-                } else {
-                    open_read_only(n)?;
-                    vec![n.clone()]
+                if !live {
+                    t.open()?;
                 }
+                vec![t]
             }
-            None => ring_names()?,
+            None => targets()?,
         };
-        let reports = measure(&names, interval);
+        let reports = measure(&targets, interval);
         if args.json {
             let json = serde_json::to_string_pretty(&reports)
                 .map_err(|e| StatusError::Output(std::io::Error::other(e)))?;
@@ -672,9 +754,42 @@ mod tests {
             in_order,
             replace: false,
             handoff: None,
+            anonymous: false,
         })
         .unwrap();
         (name, ring)
+    }
+
+    #[test]
+    fn an_anonymous_ring_is_found_shown_and_opened_by_name() {
+        let name = format!("status-anon-{}", std::process::id());
+        let ring = Ring::create(&pinring_ring::CreateOptions {
+            name: name.clone(),
+            slots: 2,
+            slot_bytes: 4096,
+            mode: 0o600,
+            group: None,
+            fingerprint: 1,
+            start_seq: 0,
+            end_seq: 8,
+            in_order: true,
+            replace: false,
+            handoff: None,
+            anonymous: true,
+        })
+        .unwrap();
+        let all = targets().unwrap();
+        let t = all.iter().find(|t| t.name == name).expect("listed");
+        assert_eq!(t.at.as_deref(), Some(ring.segment().path().as_path()));
+        // `pinring status NAME` finds it without /dev/shm.
+        assert_eq!(&target(&name), t);
+        let reports = measure(std::slice::from_ref(t), Duration::from_millis(1));
+        assert!(reports[0].error.is_none(), "{:?}", reports[0].error);
+        let text = render(&reports);
+        assert!(text.contains(&format!("ring {name}")), "{text}");
+        assert!(text.contains("anonymous (/proc/"), "{text}");
+        let json = serde_json::to_string(&reports).unwrap();
+        assert!(json.contains("\"anonymous\":\"/proc/"), "{json}");
     }
 
     #[test]
@@ -682,6 +797,7 @@ mod tests {
         let (name, ring) = test_ring("health", 0..4, true);
         let report = |snap: Snapshot| RingReport {
             ring: name.clone(),
+            anonymous: None,
             rates: Some(Rates::between(&snap, &snap)),
             snapshot: Some(snap),
             error: None,
@@ -716,6 +832,7 @@ mod tests {
         assert_eq!(json["resume_seq"], 17);
         let text = render(&[RingReport {
             ring: name.clone(),
+            anonymous: None,
             rates: Some(Rates::between(&snap, &snap)),
             snapshot: Some(snap),
             error: None,

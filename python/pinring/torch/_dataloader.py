@@ -5,7 +5,6 @@ the sample's tree of tensors, and its state for resuming."""
 from __future__ import annotations
 
 import logging
-import multiprocessing
 import os
 import queue as _queue
 import shutil
@@ -18,6 +17,7 @@ import torch
 
 from pinring import _native
 from pinring.loader import checked_state
+from pinring.torch import _procs
 from pinring.torch._layout import _Layout, _rebuild
 from pinring.torch._worker import _POLL, _Worker, _WorkerArgs
 
@@ -27,6 +27,8 @@ log = logging.getLogger("pinring.torch")
 DEFAULT_EPOCHS = 100_000
 # Workers are looked at after this long even while batches flow (seconds).
 _CHECK_EVERY = 0.5
+# How long a stopping worker is given to leave by itself before it is killed (seconds).
+_STOP_GRACE = 0.4
 
 
 class _Default:
@@ -82,7 +84,12 @@ class DataLoader:
         pin_memory: accepted; pinring's slots are always registered (pinned) memory.
         timeout: seconds to wait for one batch (0: as long as the workers live).
         worker_init_fn: called with the worker id in each worker, after seeding.
-        multiprocessing_context: None or ``"spawn"`` (workers always start with spawn).
+        multiprocessing_context: how workers start: None (the start method torch's DataLoader
+            would use: multiprocessing's default, ``fork`` on Linux up to Python 3.13),
+            ``"fork"``, ``"spawn"``, ``"forkserver"`` or a multiprocessing context. With
+            ``fork`` the workers inherit the dataset; with ``spawn``/``forkserver`` it is pickled
+            once, and the script needs ``if __name__ == "__main__":`` (docs/PYTHON.md,
+            "Workers").
         generator: where the shuffle seed comes from when ``seed`` is not given (not drawn
             from with ``ring=``: the ring's seed is used).
         prefetch_factor: batches per worker to keep ready; sets ``prefetch`` when that is not
@@ -181,14 +188,7 @@ class DataLoader:
             raise _native.UsageError(f"num_workers must be >= 0, not {num_workers}")
         if timeout < 0:
             raise _native.UsageError(f"timeout must be >= 0 seconds, not {timeout}")
-        start = multiprocessing_context
-        if start is not None and not isinstance(start, str):
-            start = start.get_start_method()
-        if start not in (None, "spawn"):
-            raise _native.UsageError(
-                f"multiprocessing_context {start!r}: pinring's workers start with 'spawn' (a "
-                "forked worker cannot use CUDA); pass None or 'spawn'"
-            )
+        self.start_method = _procs.start_method(multiprocessing_context)
         if sampler is not None and shuffle:
             raise _native.UsageError("sampler option is mutually exclusive with shuffle")
         sharded: Dict[str, Any] = {}
@@ -243,6 +243,7 @@ class DataLoader:
         self._daemon: Optional[_native.EmbeddedDaemon] = None
         self._consumer: Optional[_native.Consumer] = None
         self._workers: List[_Worker] = []
+        self._zygote: Optional[_procs.Zygote] = None
         self._errors: Any = None
         self._stop_flag: Any = None
         self._tmp: Optional[str] = None
@@ -252,6 +253,7 @@ class DataLoader:
         self._left: Dict[int, Tuple[Any, str]] = {}
         self._ring_settings: Dict[Tuple[str, str], Any] = {}
         self._ring_name: Optional[str] = None
+        self._ring_path: Optional[str] = None  # an anonymous ring's /proc/<pid>/fd/<fd>
         self._config_path: Optional[str] = None
         self.summary: Optional[Dict[str, Any]] = None
 
@@ -311,6 +313,7 @@ class DataLoader:
     # -- starting and stopping -----------------------------------------------------------
 
     def _start(self, start_seq: int) -> None:
+        _procs.refuse_in_zygote_import()
         layout = self._infer()
         # Whatever fails on the way, what was started is stopped again (_stop takes each piece
         # that exists).
@@ -322,6 +325,13 @@ class DataLoader:
             raise
 
     def _start_pieces(self, layout: _Layout, start_seq: int) -> None:
+        if self.num_workers > 0 and (self._zygote is None or self._zygote.dead):
+            # Before this loader's daemon starts: the workers are forked from a process that
+            # has none of its threads.
+            self._zygote = _procs.Zygote(
+                _procs.Payload(self.dataset, layout, self.collate_fn, self.worker_init_fn),
+                self.start_method,
+            )
         self._tmp = tempfile.mkdtemp(prefix="pinring-torch-")
         if self._attached_ring is None:
             name = f"torch-{os.getpid()}-{id(self) & 0xFFFFFF:x}"
@@ -330,15 +340,21 @@ class DataLoader:
             with open(path, "w") as f:
                 f.write(text)
             backend = "host" if self._device.type == "cpu" else "cuda"
+            # Anonymous: a memfd, not a name in /dev/shm, so nothing is left behind however
+            # this process ends, and /dev/shm's size does not matter.
             self._daemon = _native.EmbeddedDaemon(
                 config=path, backend=backend, device=self._device.index or 0,
-                start_seq=start_seq,
+                start_seq=start_seq, anonymous=True,
             )
             self._ring_name = self._daemon.ring
-            self._consumer = _native.Consumer(self._ring_name, wait_for_ring=self.wait_for_ring)
+            self._ring_path = self._daemon.path
+            self._consumer = _native.Consumer(
+                self._ring_name, wait_for_ring=self.wait_for_ring, path=self._ring_path,
+            )
             self._ring_settings = _native.config_settings(self._consumer.config)
         else:
             self._ring_name = self._attached_ring
+            self._ring_path = None
             self._consumer = _native.Consumer(
                 self._attached_ring, start_seq=start_seq or None, wait_for_ring=self.wait_for_ring,
             )
@@ -352,15 +368,13 @@ class DataLoader:
         self._config_path = path
         self._done = set()
         self._left = {}
-        if self.num_workers == 0:
+        if self._zygote is None:
             self._errors = _queue.SimpleQueue()
             self._stop_flag = threading.Event()
-            ctx = None
         else:
-            ctx = multiprocessing.get_context("spawn")
-            self._errors = ctx.SimpleQueue()
-            self._stop_flag = ctx.Event()
-        self._ctx = ctx
+            self._errors = _procs.Reports()
+            self._stop_flag = _procs.StopFlag()
+            self._zygote.session(self._errors, self._stop_flag)
         self._workers = [self._spawn(i) for i in range(max(1, self.num_workers))]
         self._last_check = time.monotonic()
 
@@ -434,22 +448,38 @@ class DataLoader:
 
     def _spawn(self, worker_id: int) -> _Worker:
         args = _WorkerArgs(
-            ring=self._ring_name or "", config=self._config_path or "", dataset=self.dataset,
+            ring=self._ring_name or "", path=self._ring_path, config=self._config_path or "",
+            dataset=self.dataset,
             layout=self._infer(), collate_fn=self.collate_fn, worker_init_fn=self.worker_init_fn,
             worker_id=worker_id, num_workers=self.num_workers,
             seed=(self.seed + worker_id) & (2**63 - 1), wait=self.wait_for_ring,
         )
         self._done.discard(worker_id)
         self._left.pop(worker_id, None)
-        return _Worker(self._ctx, args, self._errors, self._stop_flag)
+        return _Worker(self._zygote, args, self._errors, self._stop_flag)
 
     def _stop(self) -> None:
-        """Detaches, stops the daemon and the workers; keeps where the loader stands."""
+        """Stops the workers, detaches, stops the daemon; keeps where the loader stands."""
         if not self._started:
             return
         self._started = False
         if self._stop_flag is not None:
             self._stop_flag.set()
+        # Workers look at the flag between parts; one still inside the dataset's code after
+        # _STOP_GRACE is killed (it only writes host memory, and a part it held is the ring's to
+        # make again).
+        deadline = time.monotonic() + _STOP_GRACE
+        for w in self._workers:
+            w.wait(deadline)
+        for w in self._workers:
+            w.kill()
+        for w in self._workers:
+            w.wait(time.monotonic() + _STOP_GRACE)
+        self._workers = []
+        if isinstance(self._errors, _procs.Reports):
+            self._errors.close()
+            self._stop_flag.close()
+        self._errors = self._stop_flag = None
         if self._consumer is not None:
             try:
                 self._stood = self._consumer.state()[0] // (self._ppb or 1)
@@ -464,22 +494,24 @@ class DataLoader:
                 import json
 
                 self.summary = json.loads(text)
-        deadline = time.monotonic() + 10.0
-        for w in self._workers:
-            w.stop(deadline)
-        self._workers = []
         if self._tmp is not None:
             shutil.rmtree(self._tmp, ignore_errors=True)
             self._tmp = None
 
     def close(self) -> None:
-        """Stops the workers and the embedded daemon. Tensors of batches still alive stay
-        valid. A later ``for`` starts them again where the loader stood."""
-        self._stop()
+        """Stops the workers (and the zygote they are forked from) and the embedded daemon,
+        within a second whatever they were doing. Tensors of batches still alive stay valid. A
+        later ``for`` starts them again where the loader stood."""
+        try:
+            self._stop()
+        finally:
+            if self._zygote is not None:
+                self._zygote.close()
+                self._zygote = None
 
     def __del__(self) -> None:
         try:
-            self._stop()
+            self.close()
         except Exception:
             pass
 
@@ -652,7 +684,11 @@ class DataLoader:
         end = (self._consumer.state()[0] // ppb // bpe + 1) * bpe
         ended = False
         while self._consumer.state()[0] // ppb < end:
-            b = self._next()
+            try:
+                b = self._next()
+            except KeyboardInterrupt:
+                self._stop()  # Ctrl-C while waiting: the workers stop with it
+                raise
             if b is None:
                 ended = True  # the plan's end: workers leave, as they should
                 break

@@ -16,8 +16,9 @@ import torch
 from pinring import _native
 from pinring.torch._layout import _Layout, _view, _write
 
-# How long a wait lasts before the waiter looks again (seconds): a worker's claim waits five of
-# these; the loop waits one for a batch before it looks at the workers. Batches arrive as soon
+# How long a wait lasts before the waiter looks again (seconds): a worker's claim waits one of
+# these before it looks at the stop flag; the loop waits one for a batch before it looks at the
+# workers. Batches arrive as soon
 # as they are made; this only bounds how late a worker's error or death is seen.
 _POLL = 0.1
 
@@ -51,6 +52,8 @@ class _WorkerArgs(NamedTuple):
     num_workers: int
     seed: int
     wait: float
+    # Where an anonymous ring is (its daemon's /proc/<pid>/fd/<fd>); None: the ring's name.
+    path: Optional[str] = None
 
 
 def _worker_main(args: _WorkerArgs, errors: Any, stop: Any) -> None:
@@ -78,13 +81,14 @@ def _worker_main(args: _WorkerArgs, errors: Any, stop: Any) -> None:
             stage = "worker_init_fn"
             args.worker_init_fn(args.worker_id)
         stage = "attaching"
-        producer = _native.Producer(args.ring, config=args.config, wait=args.wait)
+        where = {} if args.path is None else {"path": args.path}
+        producer = _native.Producer(args.ring, config=args.config, wait=args.wait, **where)
         layout = args.layout
         try:
             while not stop.is_set():
                 stage = "claiming"
                 try:
-                    part = producer.claim(_POLL * 5)
+                    part = producer.claim(_POLL)
                 except _native.Timeout:
                     continue  # no free slot yet: look at the stop flag, wait again
                 if part is None:
@@ -140,6 +144,14 @@ def _worker_main(args: _WorkerArgs, errors: Any, stop: Any) -> None:
             f"Caught {type(e).__name__} in pinring DataLoader worker {args.worker_id}{where}.\n"
             f"Original {text}"
         )
+        if "forked subprocess" in str(e):
+            # torch refuses CUDA in a process forked after CUDA was initialised.
+            message += (
+                "pinring's workers are forked and only write host memory: the dataset must not "
+                "use CUDA in __getitem__ (the batches reach the device through the ring), or "
+                "pass multiprocessing_context=\"spawn\" to start the workers in a process that "
+                "never initialised CUDA\n"
+            )
         _put(errors, (args.worker_id, "error", index, type(e), message))
 
 
@@ -152,31 +164,42 @@ def _put(errors: Any, report: Tuple[int, str, int, Any, str]) -> None:
 
 
 class _Worker:
-    """One worker: a spawned process, or the thread of ``num_workers=0``."""
+    """One worker: a process forked from the loader's zygote (``_procs.Zygote``), or the thread
+    of ``num_workers=0`` (``zygote`` None)."""
 
-    def __init__(self, ctx: Any, args: _WorkerArgs, errors: Any, stop: Any) -> None:
+    def __init__(self, zygote: Any, args: _WorkerArgs, errors: Any, stop: Any) -> None:
         self.args = args
-        if args.num_workers == 0:
-            self.proc: Any = threading.Thread(
+        self.zygote = zygote
+        self.pid = 0
+        if zygote is None:
+            self.thread: Optional[threading.Thread] = threading.Thread(
                 target=_worker_main, args=(args, errors, stop), name="pinring-worker",
                 daemon=True,
             )
+            self.thread.start()
         else:
-            self.proc = ctx.Process(
-                target=_worker_main, args=(args, errors, stop),
-                name=f"pinring-worker-{args.worker_id}", daemon=True,
-            )
-        self.proc.start()
+            self.thread = None
+            self.pid = zygote.fork({
+                "ring": args.ring, "path": args.path, "config": args.config,
+                "worker_id": args.worker_id,
+                "num_workers": args.num_workers, "seed": args.seed, "wait": args.wait,
+            })
 
     def exitcode(self) -> Optional[int]:
-        if isinstance(self.proc, threading.Thread):
-            return None if self.proc.is_alive() else 0
-        return self.proc.exitcode
+        if self.thread is not None:
+            return None if self.thread.is_alive() else 0
+        return self.zygote.exitcode(self.pid)
 
-    def stop(self, deadline: float) -> None:
-        self.proc.join(max(0.0, deadline - time.monotonic()))
-        if isinstance(self.proc, threading.Thread) or self.proc.exitcode is not None:
-            return
-        # Still inside the user's __getitem__ after the ring ended: not worth waiting for.
-        self.proc.kill()
-        self.proc.join(5.0)
+    def wait(self, deadline: float) -> bool:
+        """Waits until the worker has ended or `deadline` (time.monotonic) passes; whether it
+        ended."""
+        if self.thread is not None:
+            self.thread.join(max(0.0, deadline - time.monotonic()))
+            return not self.thread.is_alive()
+        return self.zygote.wait(self.pid, deadline) is not None
+
+    def kill(self) -> None:
+        """Kills a worker process (a thread cannot be killed: it ends at its next look at the
+        stop flag, or with the process)."""
+        if self.thread is None:
+            self.zygote.kill(self.pid)

@@ -33,6 +33,7 @@ pub fn opts(tag: &str, end_seq: u64) -> (CreateOptions, Unlink) {
         in_order: true,
         replace: false,
         handoff: None,
+        anonymous: false,
     };
     (o, Unlink(name))
 }

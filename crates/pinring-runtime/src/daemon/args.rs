@@ -58,6 +58,11 @@ pub struct DaemonArgs {
     /// CUDA IPC. Not a flag: set by the embedding code.
     #[arg(skip)]
     pub embedded: bool,
+    /// Make the ring anonymous (a memfd, no name in /dev/shm; pinring-ring's
+    /// `Segment::create_anonymous`) and publish where it can be opened here once it exists.
+    /// Not a flag: set by the embedding code.
+    #[arg(skip)]
+    pub address: Option<std::sync::Arc<std::sync::OnceLock<PathBuf>>>,
 }
 
 /// Parses `--backend`.

@@ -98,7 +98,12 @@ impl Daemon {
             in_order: cfg.ring.in_order,
             replace: args.replace,
             handoff,
+            anonymous: args.address.is_some(),
         })?);
+        if let Some(address) = &args.address {
+            // The embedding process's consumer and workers open the ring there.
+            let _ = address.set(ring.segment().path());
+        }
         let registration = if args.no_register {
             None
         } else {

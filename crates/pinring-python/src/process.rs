@@ -1,0 +1,59 @@
+//! What `pinring.torch` needs to start worker processes soundly (docs/PYTHON.md, "Workers"):
+//! whether this process holds pinring rings or threads now ([`live_rings`]: a process that does
+//! must not be forked into a worker factory, since its threads' locks and its rings' file locks
+//! would be copied), and a worker's tie to its parent's life ([`die_with_parent`]).
+
+use pyo3::prelude::*;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+/// Ring handles (embedded daemons with their threads, consumers, producers) open in this process.
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+
+/// One ring handle, counted in [`LIVE`] from its making until [`Live::end`] or its drop.
+#[derive(Debug)]
+pub(crate) struct Live(AtomicBool);
+
+impl Live {
+    pub(crate) fn new() -> Live {
+        // Relaxed: a count read by this process's own Python code, ordered by the GIL.
+        LIVE.fetch_add(1, Ordering::Relaxed);
+        Live(AtomicBool::new(true))
+    }
+
+    /// The handle was closed: no longer counted (once, however often it is called).
+    pub(crate) fn end(&self) {
+        if self.0.swap(false, Ordering::Relaxed) {
+            LIVE.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        self.end();
+    }
+}
+
+/// How many pinring ring handles (`EmbeddedDaemon`, `Consumer`, `Producer`) are open in this
+/// process. 0 means no pinring thread runs and no ring's file is open here, so a `fork` copies
+/// none of them.
+#[pyfunction]
+#[pyo3(name = "_live_rings")]
+pub fn live_rings() -> usize {
+    LIVE.load(Ordering::Relaxed)
+}
+
+/// Asks the kernel to send `signal` to this process when its parent ends
+/// (`prctl(PR_SET_PDEATHSIG)`); returns False if the parent had already ended (the process has
+/// been re-parented: `getppid()` is no longer `parent`), in which case the caller should end.
+#[pyfunction]
+#[pyo3(name = "_die_with_parent")]
+pub fn die_with_parent(signal: i32, parent: i32) -> PyResult<bool> {
+    let sig = nix::sys::signal::Signal::try_from(signal)
+        .map_err(|e| pyo3::exceptions::PyValueError::new_err(format!("signal {signal}: {e}")))?;
+    nix::sys::prctl::set_pdeathsig(sig).map_err(|e| {
+        pyo3::exceptions::PyOSError::new_err(format!("prctl(PR_SET_PDEATHSIG): {e}"))
+    })?;
+    // The parent may have ended between the fork and the prctl: then no signal comes.
+    Ok(nix::unistd::getppid().as_raw() == parent)
+}
