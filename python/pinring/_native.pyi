@@ -115,6 +115,14 @@ def config_settings(config: Union[str, Dict[str, Dict[str, Any]]]) -> Dict[Tuple
 PREFETCH_RANGE: Tuple[int, int]
 """The allowed range of ``daemon.prefetch`` (device batch buffers): ``(2, 64)``."""
 
+def _live_rings() -> int:
+    """Ring handles (embedded daemons, consumers, producers) open in this process: 0 means a
+    fork copies none of pinring's threads or ring files."""
+
+def _die_with_parent(signal: int, parent: int) -> bool:
+    """``prctl(PR_SET_PDEATHSIG, signal)``; False if the parent (pid ``parent``) has already
+    ended."""
+
 def _test_host_field(
     data: bytes, dtype: DType, shape: list[int], readonly: bool = False
 ) -> Tuple[Field, OwnerProbe]: ...
@@ -154,13 +162,20 @@ class Consumer:
         start_seq: Optional[int] = None,
         fingerprint: Optional[int] = None,
         wait_for_ring: float = 30.0,
-    ) -> None: ...
+        path: Optional[str] = None,
+    ) -> None:
+        """``path``: where an anonymous ring is (``EmbeddedDaemon.path``); None: the ring
+        named in /dev/shm."""
     def next_batch(self, timeout: Optional[float] = None) -> Optional[Batch]:
         """The next batch in seq order (None at the end of the plan); waits with the GIL
         released. Raises ``PeerDied`` if the daemon dies or stops first, and ``Timeout`` (a
         ``PeerDied``) when ``timeout`` passes."""
     def state(self) -> Tuple[int, int]:
         """``(seq, fingerprint)`` to resume from."""
+    @property
+    def leases_expired(self) -> int:
+        """Batch parts the daemon took back because a loader held them past the lease, over
+        the ring's life."""
     def expected(self, batch: int) -> Dict[str, bytes]:
         """The synthetic generator's bytes of each field of batch number ``batch`` (for
         checking every byte)."""
@@ -184,7 +199,9 @@ class Consumer:
 
 class EmbeddedDaemon:
     """The daemon's code on a thread of this process (no service, no CUDA IPC). Loaders join
-    its ring with ``pinring-loader --ring NAME``."""
+    its ring with ``pinring-loader --ring NAME``; with ``anonymous=True`` the ring is a memfd
+    with no name in /dev/shm (gone with the last process holding it), which consumers and
+    producers open at ``path``."""
 
     def __init__(
         self,
@@ -196,9 +213,14 @@ class EmbeddedDaemon:
         epochs: Optional[int] = None,
         replace: bool = False,
         wait: float = 60.0,
+        anonymous: bool = False,
     ) -> None: ...
     @property
     def ring(self) -> str: ...
+    @property
+    def path(self) -> Optional[str]:
+        """Where an anonymous ring is opened (``/proc/<pid>/fd/<fd>`` of this process); None
+        for a ring named in /dev/shm."""
     @property
     def running(self) -> bool: ...
     def stop(self) -> Optional[str]:
@@ -241,9 +263,13 @@ class Part:
 class Producer:
     """A loader process's end of a ring, in Python: claims parts, lets Python fill them."""
 
-    def __init__(self, ring: str, config: Optional[str] = None, wait: float = 30.0) -> None:
+    def __init__(
+        self, ring: str, config: Optional[str] = None, wait: float = 30.0,
+        path: Optional[str] = None,
+    ) -> None:
         """Joins ring ``ring`` as a loader (the config lookup of ``pinring-loader``; refused
-        with ``RefusedError`` if its fingerprint is not the daemon's)."""
+        with ``RefusedError`` if its fingerprint is not the daemon's). ``path``: where an
+        anonymous ring is (``EmbeddedDaemon.path``)."""
     def claim(self, timeout: Optional[float] = None) -> Optional[Part]:
         """The next part to make, or None once the daemon has ended the run. Raises
         ``PeerDied`` if the daemon dies, and ``Timeout`` (a ``PeerDied``) if no slot comes free

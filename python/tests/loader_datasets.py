@@ -177,3 +177,24 @@ def _mark(path):
         return False
     os.close(fd)
     return True
+
+
+class Hangs(torch.utils.data.Dataset):
+    """Every sample hangs in ``__getitem__`` (a remote read that never returns) in a worker;
+    in the process that made the dataset (where the loader reads sample 0 for its layout) it
+    loads."""
+
+    def __init__(self, n, pid_dir=None):
+        self.n = n
+        self.owner = os.getpid()
+        self.pid_dir = pid_dir  # where a hanging worker leaves a file named by its pid
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if os.getpid() != self.owner:
+            if self.pid_dir is not None:
+                open(os.path.join(self.pid_dir, str(os.getpid())), "w").close()
+            time.sleep(3600)
+        return np.zeros(2, dtype=np.int64)

@@ -146,6 +146,18 @@ impl Consumer {
         })
     }
 
+    /// How many batch parts the ring's daemon has taken back because their loader held them past
+    /// the lease (`daemon.lease_ms`), over the ring's life (its health block's count).
+    #[getter]
+    fn leases_expired(&self) -> PyResult<u64> {
+        self.with(|c| {
+            c.ring()
+                .health()
+                .leases_expired
+                .load(std::sync::atomic::Ordering::Relaxed)
+        })
+    }
+
     /// What the synthetic generator says each field of batch number `batch` holds: field name
     /// -> bytes, computed from the ring's own config and plan (for checking every byte a
     /// consumer got).

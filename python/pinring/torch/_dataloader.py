@@ -248,6 +248,7 @@ class DataLoader:
         self._stop_flag: Any = None
         self._tmp: Optional[str] = None
         self._restarts = 0
+        self._leases_seen = 0  # the ring's count of parts taken back after their lease, seen
         self._done: set = set()  # ids of workers that saw the plan end
         # Why a worker left: the ring's error under its claim (its type, its report).
         self._left: Dict[int, Tuple[Any, str]] = {}
@@ -366,6 +367,7 @@ class DataLoader:
             with open(path, "w") as f:
                 f.write(text)
         self._config_path = path
+        self._leases_seen = self._consumer.leases_expired
         self._done = set()
         self._left = {}
         if self._zygote is None:
@@ -476,6 +478,12 @@ class DataLoader:
         for w in self._workers:
             w.wait(time.monotonic() + _STOP_GRACE)
         self._workers = []
+        try:
+            # Late news is still news: a part taken back after its lease is logged.
+            self._look_at_leases()
+            self._read_reports()
+        except Exception:  # noqa: BLE001 - a worker's error after the loop ended is not raised
+            pass
         if isinstance(self._errors, _procs.Reports):
             self._errors.close()
             self._stop_flag.close()
@@ -537,6 +545,7 @@ class DataLoader:
         self._last_check = time.monotonic()
         codes = [w.exitcode() for w in self._workers]
         self._read_reports()
+        self._look_at_leases()
         if not restart:
             return
         for i, (w, code) in enumerate(zip(self._workers, codes)):
@@ -608,6 +617,27 @@ class DataLoader:
                 continue
             self._stop()
             _reraise(exc_type, message)
+
+    def _look_at_leases(self) -> None:
+        """Warns of parts the daemon took back after their lease since the last look: the
+        event itself, seen in the ring, not only the late worker's report (which comes when,
+        if ever, its ``__getitem__`` returns)."""
+        if self._consumer is None:
+            return
+        try:
+            expired = self._consumer.leases_expired
+        except _native.PinringError:
+            return
+        if expired > self._leases_seen:
+            log.warning(
+                "pinring DataLoader: %d batch part(s) of ring %r took longer than the ring's "
+                "lease (%s) to load: the daemon took them back and has them made again (the late "
+                "worker's commit is refused; its report names the part when it comes); pass "
+                "lease_ms= longer than the slowest part takes (or raise daemon.lease_ms in the "
+                "ring's config with ring=)",
+                expired - self._leases_seen, self._ring_name, self._lease_text(),
+            )
+            self._leases_seen = expired
 
     def _lease_text(self) -> str:
         lease = self._ring_settings.get(("daemon", "lease_ms"))
