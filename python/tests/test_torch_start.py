@@ -421,3 +421,78 @@ def test_the_lease_warning_reaches_stderr_with_default_logging(tmp_path):
     r = run_script(LEASE, str(tmp_path / "slow"))
     assert r.returncode == 0 and r.stdout.split() == ["ok"], r.stderr
     assert "longer than the ring's lease (daemon.lease_ms = 500 ms)" in r.stderr, r.stderr
+
+
+CUDA_IN_WORKER = """
+import numpy as np, torch
+from pinring.torch import DataLoader
+
+class UsesCuda(torch.utils.data.Dataset):
+    def __len__(self):
+        return 16
+    def __getitem__(self, i):
+        if torch.utils.data.get_worker_info() is None and os.getpid() != OWNER:
+            torch.zeros(1, device="cuda")  # a worker touching CUDA
+        return np.full(2, i, dtype=np.int64)
+
+import os
+OWNER = os.getpid()
+torch.zeros(1, device="cuda")  # the trainer has initialised CUDA, as a training script has
+loader = DataLoader(UsesCuda(), batch_size=4, num_workers=2, epochs=1)
+list(loader)
+"""
+
+
+def test_a_forked_worker_that_uses_cuda_fails_with_a_clear_message():
+    """The workers are forked after the trainer initialised CUDA (as torch's are): one that
+    uses CUDA gets torch's refusal, raised in the loop with pinring's note and the fix."""
+    if not torch.cuda.is_available():
+        pytest.skip("SKIPPED: needs a CUDA device")
+    r = run_script(CUDA_IN_WORKER)
+    assert r.returncode != 0
+    assert "forked subprocess" in r.stderr, r.stderr
+    assert 'multiprocessing_context="spawn"' in r.stderr, r.stderr
+    assert "Segmentation fault" not in r.stderr and "core dumped" not in r.stderr
+
+
+TWO_LOADERS = """
+import json, os, numpy as np, torch
+from pinring.torch import DataLoader
+from pinring import _native
+
+class Ids(torch.utils.data.Dataset):
+    def __init__(self, n, scale):
+        self.n, self.scale = n, scale
+    def __len__(self):
+        return self.n
+    def __getitem__(self, i):
+        return np.full(2, i * self.scale, dtype=np.int64)
+
+train = DataLoader(Ids(64, 1), batch_size=8, num_workers=2, device="cpu")
+val = DataLoader(Ids(24, 10), batch_size=8, num_workers=2, device="cpu")
+seen = {}
+for epoch in range(2):
+    got = []
+    for batch in train:
+        got += batch[:, 0].tolist()
+        if len(got) == 8:
+            # The training loader's daemon runs now: the validation loader's zygote must not
+            # be forked from this process.
+            assert _native._live_rings() > 0
+            if epoch == 0:
+                vgot = sorted(x for b in val for x in b[:, 0].tolist())
+                assert vgot == [i * 10 for i in range(24)], vgot
+                seen = {"train": train._zygote.pid, "val": val._zygote.pid}
+    assert sorted(got) == list(range(64)), got
+with open(f"/proc/{seen['val']}/stat") as f:
+    seen["val_parent"] = int(f.read().rsplit(")", 1)[1].split()[1])
+print(json.dumps(seen))
+"""
+
+
+def test_a_second_loader_started_beside_a_running_one_forks_from_a_clean_zygote():
+    r = run_script(TWO_LOADERS)
+    assert r.returncode == 0, r.stderr
+    seen = json.loads(r.stdout)
+    assert seen["val_parent"] == seen["train"], seen
+    assert wait_gone([seen["train"], seen["val"]]) == []
