@@ -14,6 +14,7 @@
 
 Scripts run in child processes (``python -c``) with this directory on ``sys.path``."""
 
+import contextlib
 import json
 import os
 import pathlib
@@ -42,17 +43,38 @@ HUNG = 120
 GONE_WITHIN = 5.0
 
 
-def run_script(body, *args, env=None, timeout=HUNG):
-    """Runs `body` as a script file with no main guard (as the seed's is) in a child."""
+@contextlib.contextmanager
+def script_file(body):
+    """`body` as a script file (with no main guard, as the seed's has none), removed after."""
     path = HERE / f"_script_{os.getpid()}_{time.monotonic_ns()}.py"
     path.write_text(textwrap.dedent(body))
     try:
-        return subprocess.run(
-            [sys.executable, str(path), *args], cwd=HERE, capture_output=True, text=True,
-            timeout=timeout, env=env,
-        )
+        yield path
     finally:
         path.unlink()
+
+
+@contextlib.contextmanager
+def child_running(body, *args, command=None):
+    """A child running `body` (or `command`, given the script's path) with pipes to it; killed
+    if the test leaves it running."""
+    with script_file(body) as path:
+        argv = command(path) if command else [sys.executable, str(path), *args]
+        child = subprocess.Popen(argv, cwd=HERE, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True)
+        try:
+            yield child
+        finally:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+
+
+def run_script(body, *args, timeout=HUNG):
+    """Runs `body` as a script in a child, to its end."""
+    with script_file(body) as path:
+        return subprocess.run([sys.executable, str(path), *args], cwd=HERE,
+                              capture_output=True, text=True, timeout=timeout)
 
 
 def pinring_in_dev_shm():
@@ -78,7 +100,8 @@ def wait_gone(pids, within=GONE_WITHIN):
     return [p for p in pids if alive(p)]
 
 
-SAMPLES = """
+# A dataset of 96 ids, defined at the top level of a script (where spawned processes find it).
+IDS = """
 import sys, numpy as np, torch
 from pinring.torch import DataLoader
 
@@ -87,7 +110,9 @@ class Ids(torch.utils.data.Dataset):
         return 96
     def __getitem__(self, i):
         return np.full(3, i, dtype=np.int64)
+"""
 
+SAMPLES = IDS + """
 loader = DataLoader(Ids(), batch_size=8, shuffle=True, num_workers=2, device="cpu",
                     multiprocessing_context=None if sys.argv[1] == "default" else sys.argv[1])
 got = sorted(x for b in loader for x in b[:, 0].tolist())
@@ -96,16 +121,7 @@ print("ok", loader.start_method)
 """
 
 
-GUARDED = """
-import sys, numpy as np, torch
-from pinring.torch import DataLoader
-
-class Ids(torch.utils.data.Dataset):
-    def __len__(self):
-        return 96
-    def __getitem__(self, i):
-        return np.full(3, i, dtype=np.int64)
-
+GUARDED = IDS + """
 if __name__ == "__main__":
     loader = DataLoader(Ids(), batch_size=8, shuffle=True, num_workers=2, device="cpu",
                         multiprocessing_context=sys.argv[1])
@@ -231,11 +247,7 @@ for batch in it:  # waits for sample 40's batch, which never comes
 @pytest.mark.parametrize("how", ["exit", "exception", "sigint", "sigterm", "sigkill"])
 def test_a_trainer_that_ends_in_any_way_leaves_nothing_behind(how):
     before = pinring_in_dev_shm()
-    path = HERE / f"_script_{os.getpid()}_{how}.py"
-    path.write_text(textwrap.dedent(LEFT_BEHIND))
-    child = subprocess.Popen([sys.executable, str(path), how], cwd=HERE,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
+    with child_running(LEFT_BEHIND, how) as child:
         line = child.stdout.readline()
         assert line, child.stderr.read()
         seen = json.loads(line)
@@ -252,11 +264,6 @@ def test_a_trainer_that_ends_in_any_way_leaves_nothing_behind(how):
         assert pinring_in_dev_shm() == before
         if how == "sigint":
             assert "KeyboardInterrupt" in child.stderr.read()
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
-        path.unlink()
 
 
 SMALL_SHM = """
@@ -293,22 +300,22 @@ for batch in it:
 def test_the_seed_workload_runs_in_a_64_mib_dev_shm_and_leaves_nothing_when_killed():
     if os.geteuid() != 0 or shutil.which("unshare") is None:
         pytest.skip("SKIPPED: needs root and unshare(1) to mount a 64 MiB /dev/shm of its own")
-    path = HERE / f"_script_{os.getpid()}_shm.py"
-    path.write_text(textwrap.dedent(SMALL_SHM))
-    # The shell stays in the mount namespace after the trainer dies and lists its /dev/shm.
-    shell = (
-        "mount -t tmpfs -o size=64m tmpfs /dev/shm || exit 99; "
-        f"{sys.executable} {path} & pid=$!; echo trainer $pid; wait $pid; "
-        "echo status $?; read go; echo shm; ls -A /dev/shm; echo end"
-    )
-    child = subprocess.Popen(["unshare", "-m", "--propagation", "private", "sh", "-c", shell],
-                             cwd=HERE, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
-    def fail(what):
-        child.kill()
-        return f"{what}; stderr: {child.communicate()[1]}"
 
-    try:
+    def command(path):
+        # The shell stays in the mount namespace after the trainer dies and lists its /dev/shm.
+        shell = (
+            "mount -t tmpfs -o size=64m tmpfs /dev/shm || exit 99; "
+            f"{sys.executable} {path} & pid=$!; echo trainer $pid; wait $pid; "
+            "echo status $?; read go; echo shm; ls -A /dev/shm; echo end"
+        )
+        return ["unshare", "-m", "--propagation", "private", "sh", "-c", shell]
+
+    with child_running(SMALL_SHM, command=command) as child:
+
+        def fail(what):
+            child.kill()
+            return f"{what}; stderr: {child.communicate()[1]}"
+
         first = child.stdout.readline().split()
         assert first[:1] == ["trainer"], fail(first)
         trainer = int(first[1])
@@ -322,11 +329,6 @@ def test_the_seed_workload_runs_in_a_64_mib_dev_shm_and_leaves_nothing_when_kill
         assert left == [], f"still running after the trainer's SIGKILL: {left}"
         out, err = child.communicate("go\n", timeout=HUNG)
         assert out.split() == ["shm", "end"], (out, err)
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
-        path.unlink()
 
 
 def test_close_after_a_timeout_returns_at_once_and_ends_the_workers():
@@ -365,11 +367,7 @@ def parent_of(pid):
 
 
 def test_ctrl_c_in_the_loop_raises_keyboard_interrupt_and_stops_the_workers(tmp_path):
-    path = HERE / f"_script_{os.getpid()}_ctrlc.py"
-    path.write_text(textwrap.dedent(CTRL_C))
-    child = subprocess.Popen([sys.executable, str(path), str(tmp_path)], cwd=HERE,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
+    with child_running(CTRL_C, str(tmp_path)) as child:
         # Both workers are inside __getitem__, and the loop waits for a batch.
         deadline = time.monotonic() + HUNG
         while len(os.listdir(tmp_path)) < 2:
@@ -388,11 +386,6 @@ def test_ctrl_c_in_the_loop_raises_keyboard_interrupt_and_stops_the_workers(tmp_
         assert wait_gone(workers) == []
         child.wait(HUNG)
         assert wait_gone(workers + [zygote]) == []
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
-        path.unlink()
 
 
 LEASE = """

@@ -741,6 +741,16 @@ mod tests {
 
     /// A private two-slot ring for seqs `seqs`, and its name (the test removes it).
     fn test_ring(tag: &str, seqs: std::ops::Range<u64>, in_order: bool) -> (String, Ring) {
+        ring_of(tag, seqs, in_order, false)
+    }
+
+    /// [`test_ring`], named in /dev/shm or `anonymous`.
+    fn ring_of(
+        tag: &str,
+        seqs: std::ops::Range<u64>,
+        in_order: bool,
+        anonymous: bool,
+    ) -> (String, Ring) {
         let name = format!("status-{tag}-{}", std::process::id());
         let ring = Ring::create(&pinring_ring::CreateOptions {
             name: name.clone(),
@@ -754,7 +764,7 @@ mod tests {
             in_order,
             replace: false,
             handoff: None,
-            anonymous: false,
+            anonymous,
         })
         .unwrap();
         (name, ring)
@@ -762,22 +772,7 @@ mod tests {
 
     #[test]
     fn an_anonymous_ring_is_found_shown_and_opened_by_name() {
-        let name = format!("status-anon-{}", std::process::id());
-        let ring = Ring::create(&pinring_ring::CreateOptions {
-            name: name.clone(),
-            slots: 2,
-            slot_bytes: 4096,
-            mode: 0o600,
-            group: None,
-            fingerprint: 1,
-            start_seq: 0,
-            end_seq: 8,
-            in_order: true,
-            replace: false,
-            handoff: None,
-            anonymous: true,
-        })
-        .unwrap();
+        let (name, ring) = ring_of("anon", 0..8, true, true);
         let all = targets().unwrap();
         let t = all.iter().find(|t| t.name == name).expect("listed");
         assert_eq!(t.at.as_deref(), Some(ring.segment().path().as_path()));
