@@ -489,3 +489,20 @@ def test_a_second_loader_started_beside_a_running_one_forks_from_a_clean_zygote(
     seen = json.loads(r.stdout)
     assert seen["val_parent"] == seen["train"], seen
     assert wait_gone([seen["train"], seen["val"]]) == []
+
+
+def test_close_with_a_batch_still_held_returns_at_once_and_the_batch_stays_valid():
+    """The loop left mid-plan with the last batch's tensor still referenced: the embedded daemon
+    does not wait for it (its memory is kept alive by the tensor itself), so close() takes no
+    drain deadline (it took 1.6 s), and the tensor still reads right afterwards."""
+    loader = DataLoader(ds.Ids(64), batch_size=8, num_workers=2, device=os.environ.get(
+        "PINRING_TEST_DEVICE", "cpu"))
+    for batch in loader:
+        pass
+    t = time.monotonic()
+    loader.close()
+    took = time.monotonic() - t
+    assert batch.reshape(-1).tolist() == list(range(56, 64))
+    # About 0.1 s (0.4 s at most for the workers); under the daemon's 1.5 s drain deadline,
+    # which a wait for the held batch would run into.
+    assert took < 1.4, f"close() took {took:.2f} s"

@@ -37,6 +37,7 @@ import socket
 import sys
 import threading
 import time
+import warnings
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 from pinring import _native
@@ -249,7 +250,14 @@ class Zygote:
         if _native._live_rings() == 0:
             # Nothing of pinring's runs here: fork this process (the dataset is inherited).
             others = [z.ctl.fileno() for z in Zygote._alive]
-            pid = os.fork()
+            with warnings.catch_warnings():
+                # Python 3.12 warns of any fork of a process with threads (torch's, CUDA's).
+                # The child runs only the zygote's loop (sockets, select, fork, pickle): no lock
+                # of those threads is taken there, and os.fork holds the import lock across the
+                # fork; what must not be copied, pinring's threads and rings, is not running
+                # (_live_rings() is 0).
+                warnings.simplefilter("ignore", DeprecationWarning)
+                pid = os.fork()
             if pid == 0:
                 try:
                     _child_of_trainer(ours, others)

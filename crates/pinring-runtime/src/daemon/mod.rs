@@ -499,6 +499,10 @@ struct Daemon {
     /// Commit time of each zero-copy batch at the sink, by slot.
     zero_copy_commits: SlotTable<u64>,
     zero_copy: bool,
+    /// The consumer runs in this process (embedded) and keeps the memory of the batches it
+    /// holds alive itself (it holds the upload engine, or the ring's mapping): a drain does not
+    /// wait for them.
+    holds_own_buffers: bool,
     /// Device buffers free for a batch, oldest freed first: batches delivered in order free
     /// their buffers in order, so the next batches take consecutive buffers, and parts from
     /// consecutive slots go up as one copy (`Placement::Contiguous`).
@@ -582,11 +586,12 @@ impl Daemon {
                 // Batches a consumer still holds are waited for until the deadline only.
                 let held = self.handoff_books.outstanding();
                 let nothing_in_flight = self.inflight.is_empty()
-                    && (self.sink.pending == 0 || (past && self.sink.pending == held));
+                    && (self.sink.pending == 0
+                        || ((past || self.holds_own_buffers) && self.sink.pending == held));
                 if nothing_in_flight && (!self.sequencer.any_waiting() || past) {
                     self.settle_handoff()?;
                     let held = self.handoff_books.outstanding();
-                    if held > 0 {
+                    if held > 0 && !self.holds_own_buffers {
                         tracing::warn!(ring = %self.cfg.ring.name, buffers = held,
                             "stopping while the consumer still holds batch buffers: its tensors \
                              of those batches become invalid");

@@ -221,6 +221,7 @@ impl Daemon {
             assemblies: super::Assemblies::new(buffers, parts),
             zero_copy_commits: SlotTable::new(slots),
             zero_copy: args.zero_copy,
+            holds_own_buffers: args.embedded,
             free_buffers: (0..buffers).collect(),
             tally: super::Tally::new(now),
             interrupted: false,
