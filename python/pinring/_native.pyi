@@ -103,7 +103,8 @@ def check_config(
     dict of keys, the config file's shape), as the binaries do, raising ``ConfigError`` with
     pinring's message; returns ``batches_per_epoch`` (this rank's), ``samples_per_rank``,
     ``record_bytes`` (one sample over all its fields), ``parts_per_batch`` (seqs per batch, with
-    ``"auto"`` resolved as a daemon on this host would), ``fields`` (a list of ``(name, dtype,
+    ``"auto"`` resolved as a daemon on this host would), ``slots`` and ``slot_bytes`` (the
+    ring's, likewise resolved), ``fields`` (a list of ``(name, dtype,
     per-sample shape)``), ``toml`` (the config as pinring writes it, for a daemon or a producer
     to load) and ``settings`` (as ``config_settings``)."""
 

@@ -506,3 +506,46 @@ def test_close_with_a_batch_still_held_returns_at_once_and_the_batch_stays_valid
     # About 0.1 s (0.4 s at most for the workers); under the daemon's 1.5 s drain deadline,
     # which a wait for the held batch would run into.
     assert took < 1.4, f"close() took {took:.2f} s"
+
+
+def test_a_forked_childs_copies_of_pinring_objects_are_never_torn_down_there(tmp_path):
+    """A fork of a process that runs a loader (the user's own, or a library's) holds copies of
+    its daemon, consumer, producer and batches. Freed there (by the child's garbage collector,
+    or when the fork drops the other threads' frames), none of them may run the parent's
+    teardown: join the daemon's thread (which does not exist in the child: a hang or a panic),
+    leave the parent's seat in the loader table, free its buffers. The child ends cleanly and the
+    parent's loader goes on."""
+    import gc
+
+    loader = DataLoader(ds.Ids(64), batch_size=8, num_workers=0, device="cpu")
+    it = iter(loader)
+    first = next(it)
+    log = open(tmp_path / "child.log", "w")
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.dup2(log.fileno(), 2)  # what the child's teardown says (a panic) is kept
+            del first
+            loader._daemon = loader._consumer = None
+            loader._workers = []
+            gc.collect()
+            code = 0
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + HUNG
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail("the child hung tearing down its copies")
+        time.sleep(0.01)
+    assert os.waitstatus_to_exitcode(status) == 0
+    log.close()
+    said = (tmp_path / "child.log").read_text()
+    assert "panicked" not in said and "Exception ignored" not in said, said
+    assert [b.reshape(-1).tolist() for b in it] == [list(range(i, i + 8)) for i in range(8, 64, 8)]
+    loader.close()

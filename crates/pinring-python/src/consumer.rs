@@ -367,7 +367,26 @@ impl Drop for EmbeddedDaemon {
             .unwrap_or_else(|p| p.into_inner())
             .take()
         {
+            if self.live.forked_copy() {
+                // A forked child's copy: the daemon's thread is the parent's.
+                std::mem::forget(d);
+                return;
+            }
             let _ = d.stop();
+        }
+    }
+}
+
+impl Drop for Consumer {
+    fn drop(&mut self) {
+        if self.live.forked_copy() {
+            // A forked child's copy: its ring lock and batch buffers are the parent's.
+            std::mem::forget(
+                self.inner
+                    .get_mut()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .take(),
+            );
         }
     }
 }

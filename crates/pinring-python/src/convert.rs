@@ -71,6 +71,8 @@ pub fn check_config<'py>(
     out.set_item("samples_per_rank", plan.samples_per_rank())?;
     out.set_item("record_bytes", cfg.record_bytes())?;
     out.set_item("parts_per_batch", cfg.parts_per_batch())?;
+    out.set_item("slots", cfg.slots())?;
+    out.set_item("slot_bytes", cfg.slot_bytes())?;
     let fields: Vec<(String, &str, Vec<u32>)> = cfg
         .fields()
         .into_iter()

@@ -193,6 +193,9 @@ struct Holder<M> {
     _shape: Box<[i64]>,
     _strides: Box<[i64]>,
     _owner: Arc<dyn FieldOwner>,
+    /// The process that made the tensor: a copy of it in a forked child is never torn down
+    /// there (see [`delete`]).
+    pid: u32,
 }
 
 /// The two managed-tensor structs, for the code they share.
@@ -272,6 +275,7 @@ fn into_managed<M: Managed>(export: Export) -> *mut M {
         _shape: shape,
         _strides: strides,
         _owner: owner,
+        pid: std::process::id(),
     }));
     // SAFETY: `holder` came from `Box::into_raw` just above, so it is valid, aligned and not
     // aliased; the managed tensor inside it records the holder's address as its context.
@@ -293,6 +297,14 @@ unsafe extern "C" fn delete<M: Managed>(managed: *mut M) {
     // SAFETY: `manager_ctx` is the `Box<Holder<M>>` the tensor lives in (`into_managed`), not
     // freed before, since the deleter is called exactly once.
     let holder = unsafe { Box::from_raw(ctx.cast::<Holder<M>>()) };
+    if holder.pid != std::process::id() {
+        // A forked child freeing its copy of the parent's tensor (its garbage collector found a
+        // copied reference cycle): the owner's teardown is the parent's (join the upload
+        // engine's thread, which does not exist here; free memory of the parent's CUDA
+        // context), so the copy is left as it is.
+        std::mem::forget(holder);
+        return;
+    }
     // An owner whose drop panics must not unwind into C: the panic is reported by the hook and
     // the owner is gone either way.
     let _ = catch_unwind(AssertUnwindSafe(move || drop(holder)));

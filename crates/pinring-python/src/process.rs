@@ -9,15 +9,23 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 /// Ring handles (embedded daemons with their threads, consumers, producers) open in this process.
 static LIVE: AtomicUsize = AtomicUsize::new(0);
 
-/// One ring handle, counted in [`LIVE`] from its making until [`Live::end`] or its drop.
+/// One ring handle, counted in [`LIVE`] from its making until [`Live::end`] or its drop, and
+/// the process that made it.
 #[derive(Debug)]
-pub(crate) struct Live(AtomicBool);
+pub(crate) struct Live(AtomicBool, u32);
 
 impl Live {
     pub(crate) fn new() -> Live {
         // Relaxed: a count read by this process's own Python code, ordered by the GIL.
         LIVE.fetch_add(1, Ordering::Relaxed);
-        Live(AtomicBool::new(true))
+        Live(AtomicBool::new(true), std::process::id())
+    }
+
+    /// Whether this is a forked child's copy of the handle (its garbage collector freeing a
+    /// copied object): its teardown (joining threads, releasing locks and CUDA memory) is the
+    /// parent's, and must not run here.
+    pub(crate) fn forked_copy(&self) -> bool {
+        self.1 != std::process::id()
     }
 
     /// The handle was closed: no longer counted (once, however often it is called).
@@ -35,8 +43,8 @@ impl Drop for Live {
 }
 
 /// How many pinring ring handles (`EmbeddedDaemon`, `Consumer`, `Producer`) are open in this
-/// process. 0 means no pinring thread runs and no ring's file is open here, so a `fork` copies
-/// none of them.
+/// process. 0 means no pinring daemon thread runs and no ring's file is open here, so a `fork`
+/// copies none of them.
 #[pyfunction]
 #[pyo3(name = "_live_rings")]
 pub fn live_rings() -> usize {

@@ -247,6 +247,20 @@ impl Producer {
     }
 }
 
+impl Drop for Producer {
+    fn drop(&mut self) {
+        if self.live.forked_copy() {
+            // A forked child's copy: its seat in the loader table is the parent's.
+            std::mem::forget(
+                self.state
+                    .get_mut()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .take(),
+            );
+        }
+    }
+}
+
 /// One claimed part: fill `fields` (views of the slot), then `commit()`.
 #[pyclass(module = "pinring._native", name = "Part")]
 pub struct Part {

@@ -255,7 +255,7 @@ pub fn serve(
     metrics: Arc<DaemonMetrics>,
 ) -> std::io::Result<()> {
     std::thread::Builder::new()
-        .name("metrics".into())
+        .name("pinring-metrics".into())
         .spawn(move || {
             for conn in listener.incoming() {
                 match conn {

@@ -291,6 +291,17 @@ class DataLoader:
             "daemon": daemon,
         }
 
+    def _ring_toml(self, name: str) -> str:
+        """The embedded ring's config as TOML: "auto"'s slots, but no more than the workers can
+        keep busy (``_ring_slots``): a smaller ring is made and registered sooner."""
+        config = self._config(name)
+        info = _native.check_config(config, "pinring.torch.DataLoader")
+        slots = _ring_slots(int(info["slots"]), self.num_workers, int(info["parts_per_batch"]))
+        if slots < int(info["slots"]):
+            config["ring"]["slots"] = slots
+            info = _native.check_config(config, "pinring.torch.DataLoader")
+        return str(info["toml"])
+
     def _shape(self) -> Tuple[int, int]:
         """(batches per epoch, seqs per batch) of the plan, before anything starts."""
         if self._bpe is None or self._ppb is None:
@@ -336,7 +347,7 @@ class DataLoader:
         self._tmp = tempfile.mkdtemp(prefix="pinring-torch-")
         if self._attached_ring is None:
             name = f"torch-{os.getpid()}-{id(self) & 0xFFFFFF:x}"
-            text = _native.check_config(self._config(name), "pinring.torch.DataLoader")["toml"]
+            text = self._ring_toml(name)
             path = os.path.join(self._tmp, "pinring.toml")
             with open(path, "w") as f:
                 f.write(text)
@@ -758,6 +769,21 @@ class DataLoader:
         resume = checked_state(state)
         self._stop()
         self._resume = resume
+
+
+# The fewest slots a DataLoader's embedded ring gets, and how many it gets per worker.
+_MIN_SLOTS = 16
+_SLOTS_PER_WORKER = 4
+
+
+def _ring_slots(auto: int, workers: int, parts_per_batch: int) -> int:
+    """Slots of a DataLoader's embedded ring: what "auto" picks for this host (sized for many
+    loaders and the last-level cache), cut to what the workers can keep filled: 4 per worker,
+    two batches' parts (so in-order delivery never waits on the ring), and at least 16. On the
+    H200, 0 workers with "auto"'s 32 slots of 4 MiB took 72-125 ms to start the daemon, 36-62 ms
+    with 16 (docs/BENCHMARKS.md, "The DataLoader's start")."""
+    want = max(_MIN_SLOTS, _SLOTS_PER_WORKER * workers, 2 * parts_per_batch)
+    return min(auto, want)
 
 
 def _from_sampler(sampler: Any, drop_last: bool) -> Dict[str, Any]:

@@ -27,6 +27,8 @@ object.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import mmap
 import multiprocessing
 import os
@@ -38,7 +40,7 @@ import sys
 import threading
 import time
 import warnings
-from typing import Any, Dict, List, NamedTuple, Optional, Tuple
+from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Tuple
 
 from pinring import _native
 
@@ -250,7 +252,7 @@ class Zygote:
         if _native._live_rings() == 0:
             # Nothing of pinring's runs here: fork this process (the dataset is inherited).
             others = [z.ctl.fileno() for z in Zygote._alive]
-            with warnings.catch_warnings():
+            with warnings.catch_warnings(), _frozen():
                 # Python 3.12 warns of any fork of a process with threads (torch's, CUDA's).
                 # The child runs only the zygote's loop (sockets, select, fork, pickle): no lock
                 # of those threads is taken there, and os.fork holds the import lock across the
@@ -418,6 +420,21 @@ class Zygote:
             _reap(self.child_pid, 2.0)
 
 
+@contextlib.contextmanager
+def _frozen() -> Iterator[None]:
+    """Around a fork: every object of this process moves to the garbage collector's permanent
+    generation (``gc.freeze``), so a child never collects its copy of one. A copied object whose
+    finaliser ran in a worker (a batch tensor of an earlier loader, in a reference cycle that was
+    garbage) would run the parent's teardown there: join a thread that does not exist in the
+    child (a panic, then SIGSEGV, seen on the H200) or free CUDA memory of the parent's context.
+    The parent's objects are collectable again after the fork (``gc.unfreeze``)."""
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()  # in the parent: a child never comes back here (it ends in os._exit)
+
+
 def _reap(pid: int, wait: float) -> None:
     deadline = time.monotonic() + wait
     fd = os.pidfd_open(pid)
@@ -479,6 +496,9 @@ def _serve(ctl: socket.socket, trainer: int, payload: Payload) -> None:
     workers) when the training process ends (`trainer`, its pidfd, is readable), when told, or
     when its socket closes. Never returns."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # What this zygote holds now (the training process's copies, the payload) is never collected
+    # here or in a worker: see _frozen.
+    gc.freeze()
     workers: Dict[int, int] = {}  # pidfd -> pid
     siblings: Dict[int, int] = {}  # pidfd -> pid (zygotes forked from this one)
     session: List[int] = []

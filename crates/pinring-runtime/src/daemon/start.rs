@@ -187,7 +187,7 @@ impl Daemon {
             let kind = args.sink;
             let bell = doorbell.clone();
             std::thread::Builder::new()
-                .name("sink".into())
+                .name("pinring-sink".into())
                 .spawn(move || sink::run(kind, up, synth, fields, sink_jobs, sink_done_tx, bell))
                 .map_err(|e| DaemonError::Internal {
                     ring: cfg.ring.name.clone(),
