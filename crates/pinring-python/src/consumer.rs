@@ -361,17 +361,16 @@ impl EmbeddedDaemon {
 
 impl Drop for EmbeddedDaemon {
     fn drop(&mut self) {
+        // A forked child's copy: the daemon's thread is the parent's.
+        if self.live.forget_if_copy(&mut self.inner) {
+            return;
+        }
         if let Some(d) = self
             .inner
             .get_mut()
             .unwrap_or_else(|p| p.into_inner())
             .take()
         {
-            if self.live.forked_copy() {
-                // A forked child's copy: the daemon's thread is the parent's.
-                std::mem::forget(d);
-                return;
-            }
             let _ = d.stop();
         }
     }
@@ -379,14 +378,7 @@ impl Drop for EmbeddedDaemon {
 
 impl Drop for Consumer {
     fn drop(&mut self) {
-        if self.live.forked_copy() {
-            // A forked child's copy: its ring lock and batch buffers are the parent's.
-            std::mem::forget(
-                self.inner
-                    .get_mut()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .take(),
-            );
-        }
+        // A forked child's copy: its ring lock and batch buffers are the parent's.
+        self.live.forget_if_copy(&mut self.inner);
     }
 }

@@ -28,6 +28,17 @@ impl Live {
         self.1 != std::process::id()
     }
 
+    /// In a forked child's copy of a handle, takes what `inner` holds and forgets it, so none of
+    /// the parent's teardown runs here; returns whether it did (then the caller's drop has
+    /// nothing left to do).
+    pub(crate) fn forget_if_copy<T>(&self, inner: &mut std::sync::Mutex<Option<T>>) -> bool {
+        if !self.forked_copy() {
+            return false;
+        }
+        std::mem::forget(inner.get_mut().unwrap_or_else(|p| p.into_inner()).take());
+        true
+    }
+
     /// The handle was closed: no longer counted (once, however often it is called).
     pub(crate) fn end(&self) {
         if self.0.swap(false, Ordering::Relaxed) {

@@ -249,15 +249,8 @@ impl Producer {
 
 impl Drop for Producer {
     fn drop(&mut self) {
-        if self.live.forked_copy() {
-            // A forked child's copy: its seat in the loader table is the parent's.
-            std::mem::forget(
-                self.state
-                    .get_mut()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .take(),
-            );
-        }
+        // A forked child's copy: its seat in the loader table is the parent's.
+        self.live.forget_if_copy(&mut self.state);
     }
 }
 

@@ -145,12 +145,7 @@ impl Segment {
             Err(nix::Error::ENOSPC) => return Err(no_space(name, len)),
             Err(e) => return Err(sys_error(name, "fallocate", e)),
         }
-        // A fresh inode: nobody else can hold a lock on it.
-        if !lock::try_lock_exclusive(&fd, lock::DAEMON_LOCK)
-            .map_err(|e| sys_error(name, "fcntl(F_OFD_SETLK) on the daemon byte", e))?
-        {
-            return Err(sys_error(name, "fcntl(F_OFD_SETLK)", nix::Error::EAGAIN));
-        }
+        take_daemon_lock(name, &fd)?;
         map(name, File::from(fd), len, Access::ReadWrite, true)
     }
 
@@ -176,12 +171,7 @@ impl Segment {
             }
             Err(e) => return Err(sys_error(name, "fallocate", e)),
         }
-        // A fresh inode: nobody else can hold a lock on it.
-        if !lock::try_lock_exclusive(&fd, lock::DAEMON_LOCK)
-            .map_err(|e| sys_error(name, "fcntl(F_OFD_SETLK) on the daemon byte", e))?
-        {
-            return Err(sys_error(name, "fcntl(F_OFD_SETLK)", nix::Error::EAGAIN));
-        }
+        take_daemon_lock(name, &fd)?;
         let at = PathBuf::from(format!(
             "/proc/{}/fd/{}",
             std::process::id(),
@@ -418,23 +408,7 @@ impl Segment {
     /// page long; the caller validates the header against the returned file size.
     pub fn open(name: &str, access: Access) -> Result<Segment, RingError> {
         validate_name(name)?;
-        let path = object_path(name);
-        let oflag = match access {
-            Access::ReadOnly => OFlag::O_RDONLY,
-            Access::ReadWrite => OFlag::O_RDWR,
-        };
-        let (file, st) =
-            open_ring_path(name, oflag)?.map_err(|kind| not_regular(name, kind, false))?;
-        let size = st.st_size.max(0) as u64;
-        if size < HEADER_BYTES as u64 {
-            return Err(RingError::SizeMismatch {
-                name: name.to_string(),
-                path,
-                expected: HEADER_BYTES as u64,
-                actual: size,
-            });
-        }
-        map(name, file, size, access, false)
+        Segment::open_path(name, &object_path(name), access, OFlag::O_NOFOLLOW)
     }
 
     /// Opens the anonymous segment of ring `name` at `path` (its creator's
@@ -447,36 +421,34 @@ impl Segment {
         access: Access,
     ) -> Result<Segment, RingError> {
         validate_name(name)?;
-        let not_found = || RingError::NotFound {
-            name: name.to_string(),
-            path: path.to_path_buf(),
-        };
-        let target = std::fs::read_link(path).map_err(|_| not_found())?;
-        if !anonymous_label_is(&target.to_string_lossy(), name) {
-            return Err(not_found());
+        let labelled = std::fs::read_link(path)
+            .is_ok_and(|target| anonymous_name(&target.to_string_lossy()) == Some(name));
+        if !labelled {
+            return Err(RingError::NotFound {
+                name: name.to_string(),
+                path: path.to_path_buf(),
+            });
         }
+        let mut seg = Segment::open_path(name, path, access, OFlag::empty())?;
+        seg.at = Some(path.to_path_buf());
+        Ok(seg)
+    }
+
+    /// [`Segment::open`] and [`Segment::open_at`]: opens `path` (with `follow` flags:
+    /// `O_NOFOLLOW` for a name in /dev/shm), refuses anything but a regular file at least a
+    /// header page long, and maps all of it. The caller validates the header against the size.
+    fn open_path(
+        name: &str,
+        path: &std::path::Path,
+        access: Access,
+        follow: OFlag,
+    ) -> Result<Segment, RingError> {
         let oflag = match access {
             Access::ReadOnly => OFlag::O_RDONLY,
             Access::ReadWrite => OFlag::O_RDWR,
-        } | OFlag::O_NONBLOCK
-            | OFlag::O_CLOEXEC;
-        let fd = match nix::fcntl::open(path, oflag, Mode::empty()) {
-            Ok(fd) => fd,
-            Err(nix::Error::ENOENT) => return Err(not_found()),
-            Err(nix::Error::EACCES | nix::Error::EPERM) => {
-                return Err(RingError::PermissionDenied {
-                    name: name.to_string(),
-                    path: path.to_path_buf(),
-                    uid: nix::unistd::geteuid().as_raw(),
-                })
-            }
-            Err(e) => return Err(sys_error(name, "open (an anonymous ring)", e)),
         };
-        let file = File::from(fd);
-        let st = fstat(&file).map_err(|e| sys_error(name, "fstat", e))?;
-        if file_kind(st.st_mode) != "a regular file" {
-            return Err(not_regular(name, file_kind(st.st_mode), false));
-        }
+        let (file, st) = open_ring_path(name, path, oflag | follow)?
+            .map_err(|kind| not_regular(name, kind, false))?;
         let size = st.st_size.max(0) as u64;
         if size < HEADER_BYTES as u64 {
             return Err(RingError::SizeMismatch {
@@ -486,9 +458,7 @@ impl Segment {
                 actual: size,
             });
         }
-        let mut seg = map(name, file, size, access, false)?;
-        seg.at = Some(path.to_path_buf());
-        Ok(seg)
+        map(name, file, size, access, false)
     }
 
     /// Where other processes open this segment: its name's file in /dev/shm, or (anonymous)
@@ -660,11 +630,6 @@ fn map(
     })
 }
 
-/// Whether a memfd's link text (`/memfd:pinring.<name> (deleted)`) is ring `name`'s.
-fn anonymous_label_is(link: &str, name: &str) -> bool {
-    anonymous_name(link) == Some(name)
-}
-
 /// The ring name in a memfd's link text, if it is an anonymous ring's.
 fn anonymous_name(link: &str) -> Option<&str> {
     let rest = link.strip_prefix("/memfd:")?.strip_prefix(NAME_PREFIX)?;
@@ -751,7 +716,7 @@ pub enum Cleaning {
 pub fn clean_if_stale(name: &str, remove: bool) -> Result<Cleaning, RingError> {
     validate_name(name)?;
     let path = object_path(name);
-    let (file, st) = match open_ring_path(name, OFlag::O_RDONLY)? {
+    let (file, st) = match open_ring_path(name, &path, OFlag::O_RDONLY | OFlag::O_NOFOLLOW)? {
         Ok(opened) => opened,
         Err(kind) => return Ok(Cleaning::Kept(format!("{kind}, not a ring"))),
     };
@@ -803,27 +768,28 @@ pub fn clean_if_stale(name: &str, remove: bool) -> Result<Cleaning, RingError> {
     }
 }
 
-/// Opens a ring's path without blocking or following links, and `fstat`s it. `Ok(Err(kind))`:
-/// the path holds something that is not a regular file (what it is, for messages).
+/// Opens a ring's path without blocking (and, with `O_NOFOLLOW` in `flags`, without following
+/// links), and `fstat`s it. `Ok(Err(kind))`: the path holds something that is not a regular file
+/// (what it is, for messages).
 fn open_ring_path(
     name: &str,
+    path: &std::path::Path,
     flags: OFlag,
 ) -> Result<Result<(File, FileStat), &'static str>, RingError> {
-    let path = object_path(name);
-    let flags = flags | OFlag::O_NONBLOCK | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
-    let fd = match nix::fcntl::open(&path, flags, Mode::empty()) {
+    let flags = flags | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC;
+    let fd = match nix::fcntl::open(path, flags, Mode::empty()) {
         Ok(fd) => fd,
         Err(nix::Error::ENOENT) => {
             return Err(RingError::NotFound {
                 name: name.to_string(),
-                path,
+                path: path.to_path_buf(),
             })
         }
         Err(nix::Error::ELOOP) => return Ok(Err("a symbolic link")),
         Err(nix::Error::EACCES) | Err(nix::Error::EPERM) => {
             return Err(RingError::PermissionDenied {
                 name: name.to_string(),
-                path,
+                path: path.to_path_buf(),
                 uid: nix::unistd::geteuid().as_raw(),
             })
         }
@@ -835,6 +801,17 @@ fn open_ring_path(
         "a regular file" => Ok(Ok((file, st))),
         kind => Ok(Err(kind)),
     }
+}
+
+/// Takes the daemon's lock on a segment just made (a fresh inode: nobody else can hold a lock
+/// on it).
+fn take_daemon_lock(name: &str, fd: &std::os::fd::OwnedFd) -> Result<(), RingError> {
+    if !lock::try_lock_exclusive(fd, lock::DAEMON_LOCK)
+        .map_err(|e| sys_error(name, "fcntl(F_OFD_SETLK) on the daemon byte", e))?
+    {
+        return Err(sys_error(name, "fcntl(F_OFD_SETLK)", nix::Error::EAGAIN));
+    }
+    Ok(())
 }
 
 /// What kind of file a `st_mode` describes, for messages.
