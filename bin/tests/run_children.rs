@@ -213,11 +213,36 @@ fn killing_pinring_bench_stops_its_daemon_and_loaders_and_the_segment_is_removed
         .arg(out.path())
         .env_remove("RUST_LOG")
         .stdin(Stdio::null())
-        .stdout(Stdio::null())
+        .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
     let ring_name = format!("bench-{}", bench.id());
+    // The bench measures the engine alone and a warm-up run before its pipeline: a fixed amount
+    // of work, whose time grows with the machine's load. The event to wait for is the pipeline
+    // table's header; only from there does the wait for a flowing pipeline count.
+    let (started, pipeline) = std::sync::mpsc::channel();
+    let stdout = bench.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if line.starts_with("pipeline (") {
+                let _ = started.send(());
+            }
+        }
+    });
+    // A guard against a hang only (the measurements before the pipeline take 30-40 s on two
+    // idle cores).
+    if pipeline.recv_timeout(LONG * 6).is_err() {
+        panic!(
+            "pinring bench printed no pipeline table within {:?} (exited: {:?})",
+            LONG * 6,
+            bench.try_wait().unwrap()
+        );
+    }
     let start = Instant::now();
     let kids = loop {
         if let Some(status) = bench.try_wait().unwrap() {
