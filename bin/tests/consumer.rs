@@ -347,6 +347,54 @@ fn an_embedded_daemon_feeds_its_own_process() {
     );
 }
 
+/// A loader told how many loaders start with it keeps to its own share of the slots from its
+/// first claim (a DataLoader's workers: which slots a worker writes decides which of the ring's
+/// pages count in its memory); one not told takes the next free slot until it has counted the
+/// others.
+#[test]
+fn a_loader_told_its_peers_keeps_to_its_share_from_its_first_claim() {
+    use pinring_client::{EmbeddedDaemon, EmbeddedOptions};
+    use pinring_producer::{Next, Session};
+    let fx = Fixture::new("cons-peers", &config());
+    let daemon = EmbeddedDaemon::start(
+        &EmbeddedOptions {
+            config: Some(fx.config.clone()),
+            ring: Some(fx.ring.clone()),
+            backend: pinring_backend::BackendKind::Host,
+            ..EmbeddedOptions::default()
+        },
+        LONG,
+    )
+    .unwrap();
+    let mut cfg = pinring_data::Config::load(&fx.config).unwrap();
+    cfg.ring.name = fx.ring.clone();
+    let claims = |s: &mut Session, n: usize| -> Vec<u32> {
+        (0..n)
+            .map(
+                |_| match s.claim(Some(std::time::Instant::now() + LONG), &mut || false) {
+                    Ok(Next::Part(c)) => c.slot(),
+                    other => panic!("no part: {other:?}"),
+                },
+            )
+            .collect()
+    };
+    // Told that 4 start together, though it is alone so far: slots of its own quarter of the 8
+    // (its seat's index modulo 4), where alone and not told it would take the next free ones
+    // (0 and 1).
+    let mut told = Session::join(cfg.clone(), LONG, || false).unwrap().unwrap();
+    told.expect_peers(4);
+    let own = u32::from(told.seat().index) % 4;
+    assert_eq!(claims(&mut told, 2), [own, own + 4]);
+    // Not told, it counts the loaders attached when it joins: two, so every other slot.
+    let mut counted = Session::join(cfg, LONG, || false).unwrap().unwrap();
+    let own2 = u32::from(counted.seat().index) % 2;
+    assert_ne!(own2, own % 2, "two seats, two halves");
+    assert_eq!(claims(&mut counted, 2), [own2, own2 + 2]);
+    drop((told, counted));
+    let (_, result) = daemon.stop().expect("the daemon thread ran");
+    result.expect("a daemon stopped mid-run drains and ends cleanly");
+}
+
 #[test]
 fn an_embedded_daemon_that_cannot_start_says_why() {
     use pinring_client::{EmbeddedDaemon, EmbeddedOptions};

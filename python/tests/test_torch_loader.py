@@ -73,11 +73,14 @@ def loader(dataset, **kw):
     return DataLoader(dataset, **kw)
 
 
+# 0 workers: the loader's thread writes through torch views (its copies on torch's threads),
+# workers through NumPy's; every kind of leaf either way.
+@pytest.mark.parametrize("workers", [0, 2])
 @pytest.mark.parametrize("drop_last", [False, True])
-def test_the_same_batches_as_torch_without_shuffle(drop_last):
+def test_the_same_batches_as_torch_without_shuffle(drop_last, workers):
     data = ds.Mixed(103)
     want = list(torch.utils.data.DataLoader(data, batch_size=8, drop_last=drop_last))
-    with loader(data, batch_size=8, drop_last=drop_last) as pl:
+    with loader(data, batch_size=8, drop_last=drop_last, num_workers=workers) as pl:
         assert len(pl) == len(want) == (12 if drop_last else 13)
         got = list(pl)
         # A second epoch: the same batches again.
@@ -89,10 +92,11 @@ def test_the_same_batches_as_torch_without_shuffle(drop_last):
         same(g, w, f"epoch 1 batch {i}")
 
 
-def test_collate_fn_runs_in_the_workers():
+@pytest.mark.parametrize("workers", [0, 2])
+def test_collate_fn_runs_in_the_workers(workers):
     data = ds.Ids(50)
     want = list(torch.utils.data.DataLoader(data, batch_size=6, collate_fn=ds.stack_and_double))
-    with loader(data, batch_size=6, collate_fn=ds.stack_and_double) as pl:
+    with loader(data, batch_size=6, collate_fn=ds.stack_and_double, num_workers=workers) as pl:
         got = list(pl)
     assert len(got) == len(want) == 9
     for i, (g, w) in enumerate(zip(got, want)):

@@ -170,9 +170,12 @@ pub struct Session {
     seat: Seat,
     /// Where the next claim starts looking.
     hint: u32,
-    /// Loaders attached, counted again with each look at the daemon: each keeps to its own
-    /// share of the slots where it can (`Ring::try_claim_preferring`).
+    /// Loaders attached, counted again with each look at the daemon, and at least
+    /// [`Session::expect_peers`]'s: each keeps to its own share of the slots where it can
+    /// (`Ring::try_claim_preferring`).
     share: u32,
+    /// How many loaders the caller starts together ([`Session::expect_peers`]); 0: unknown.
+    peers: u32,
     last_daemon_check: Instant,
     left: bool,
 }
@@ -214,6 +217,7 @@ impl Session {
             seat,
             hint,
             share,
+            peers: 0,
             last_daemon_check: Instant::now(),
             left: false,
         }))
@@ -333,6 +337,16 @@ impl Session {
         }
     }
 
+    /// Says that `n` loaders are started together with this one (a DataLoader's workers), so
+    /// it keeps to its own `1 / n` of the slots from its first claim, instead of taking any free
+    /// slot until the others have joined and been counted (at the next look at the daemon,
+    /// 250 ms on). Which slots a loader writes decides which pages of the ring it touches, and
+    /// so its share of them in its PSS. The preference never decides whether a slot is taken.
+    pub fn expect_peers(&mut self, n: u32) {
+        self.peers = n;
+        self.share = self.share.max(n);
+    }
+
     /// Leaves the loader table. A part still claimed can no longer be committed (the daemon
     /// takes its slot back and has the part made elsewhere).
     pub fn leave(mut self) {
@@ -357,7 +371,7 @@ impl Session {
                 pid: ring.daemon().pid,
             });
         }
-        self.share = ring.attached_loaders();
+        self.share = ring.attached_loaders().max(self.peers);
         Ok(())
     }
 

@@ -62,14 +62,16 @@ impl Producer {
     /// --config`; None: `$PINRING_CONFIG`, ./config, ... else the built-in default), waits up to
     /// `wait` seconds for the ring, checks the config's fingerprint against the daemon's, and
     /// takes a seat in the loader table. `path`: where an anonymous ring is (`EmbeddedDaemon.path`).
+    /// `peers`: how many producers are started together with this one (`Session::expect_peers`).
     #[new]
-    #[pyo3(signature = (ring, config=None, wait=30.0, path=None))]
+    #[pyo3(signature = (ring, config=None, wait=30.0, path=None, peers=None))]
     fn new(
         py: Python<'_>,
         ring: String,
         config: Option<std::path::PathBuf>,
         wait: f64,
         path: Option<std::path::PathBuf>,
+        peers: Option<u32>,
     ) -> PyResult<Self> {
         let wait = seconds("wait", wait)?;
         let overrides = Overrides {
@@ -95,7 +97,10 @@ impl Producer {
                 Ok(State { session })
             },
         )?;
-        let state = state.map_err(|e| e.to_pyerr())?;
+        let mut state = state.map_err(|e| e.to_pyerr())?;
+        if let Some(n) = peers {
+            state.session.expect_peers(n);
+        }
         // A producer writes whole samples: a ring whose samples are cut into byte parts is
         // pinring-loader's alone.
         if let Err(e) = state

@@ -771,18 +771,29 @@ class DataLoader:
         self._resume = resume
 
 
-# The fewest slots a DataLoader's embedded ring gets, and how many it gets per worker.
+# The fewest slots a DataLoader's embedded ring gets with workers, and how many it gets per
+# worker; the fewest with the one thread of num_workers=0.
 _MIN_SLOTS = 16
-_SLOTS_PER_WORKER = 4
+_SLOTS_PER_WORKER = 2
+_MIN_SLOTS_THREAD = 4
 
 
 def _ring_slots(auto: int, workers: int, parts_per_batch: int) -> int:
     """Slots of a DataLoader's embedded ring: what "auto" picks for this host (sized for many
-    loaders and the last-level cache), cut to what the workers can keep filled: 4 per worker,
-    two batches' parts (so in-order delivery never waits on the ring), and at least 16. On the
-    H200, 0 workers with "auto"'s 32 slots of 4 MiB took 72-125 ms to start the daemon, 36-62 ms
-    with 16 (docs/BENCHMARKS.md, "The DataLoader's start")."""
-    want = max(_MIN_SLOTS, _SLOTS_PER_WORKER * workers, 2 * parts_per_batch)
+    loaders and the last-level cache), cut to what the workers can keep filled.
+
+    * With workers: 2 per worker (torch's own depth, ``prefetch_factor=2`` batches per worker),
+      two batches' parts (so in-order delivery never waits on the ring), and at least 16. Each
+      worker writes into its own share of the slots, and the pages it wrote count in its PSS:
+      4 per worker put a forked worker up to 8% above torch's on the H200.
+    * With ``num_workers=0``: one batch's parts, at least 4. The one thread fills the parts in
+      order, and the daemon frees each slot as soon as its part is on the device, so a deeper
+      ring only costs start-up: the ring is made, prefaulted and registered before the first
+      batch (docs/BENCHMARKS.md, "The DataLoader on first contact")."""
+    if workers == 0:
+        want = max(_MIN_SLOTS_THREAD, parts_per_batch)
+    else:
+        want = max(_MIN_SLOTS, _SLOTS_PER_WORKER * workers, 2 * parts_per_batch)
     return min(auto, want)
 
 

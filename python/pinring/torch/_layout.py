@@ -177,9 +177,21 @@ def _dtype_note(value: Any) -> str:
     return "" if dt is None else f" of dtype {dt}"
 
 
-def _view(field: Any) -> Any:
-    """A writable view of a part's field: NumPy, or torch for bf16 (NumPy has no bf16)."""
-    if field.dtype == "bf16":
+# The dtypes torch copies (with its intra-op threads, as its own collate does); u16, u32 and
+# u64 have few torch ops, so their writes go through NumPy.
+_TORCH_COPIES = {"u8", "i8", "i16", "i32", "i64", "f16", "bf16", "f32", "f64", "bool"}
+
+
+def _view(field: Any, torch_copies: bool = False) -> Any:
+    """A writable view of a part's field: NumPy, or torch for bf16 (NumPy has no bf16) and, with
+    ``torch_copies``, for every dtype torch copies (``_TORCH_COPIES``).
+
+    The thread of ``num_workers=0`` asks for torch views: its copies of torch samples then run on
+    torch's intra-op threads with the GIL released, as torch's ``default_collate`` does in the
+    same loop (``torch.stack``), where one NumPy copy per sample runs on one core. A worker
+    process has one intra-op thread (``torch.set_num_threads(1)``, as torch's workers), so
+    NumPy serves it as well."""
+    if field.dtype == "bf16" or (torch_copies and field.dtype in _TORCH_COPIES):
         return torch.from_dlpack(field)
     return np.from_dlpack(field)
 
@@ -203,11 +215,20 @@ def _write(layout: _Layout, value: Any, views: List[Any], j: Optional[int], inde
                     "worker's samples must be CPU tensors (the upload is pinring's job)"
                 )
             if isinstance(view, torch.Tensor):
+                # copy_ releases the GIL, and a large copy runs on torch's intra-op threads.
+                (view if j is None else view[j]).copy_(value.detach())
+                continue
+            src = value.detach().numpy()
+        elif isinstance(view, torch.Tensor):
+            if view.dtype != torch.bfloat16:
+                # NumPy arrays and numbers are NumPy's to write, as in a worker (torch would
+                # warn about each read-only array).
+                view = view.numpy()
                 src = value
             else:
-                src = value.detach().numpy()
+                src = torch.as_tensor(value)
         else:
-            src = torch.as_tensor(value) if isinstance(view, torch.Tensor) else value
+            src = value
         if j is None:
             view[...] = src
         else:

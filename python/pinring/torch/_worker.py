@@ -82,7 +82,12 @@ def _worker_main(args: _WorkerArgs, errors: Any, stop: Any) -> None:
             args.worker_init_fn(args.worker_id)
         stage = "attaching"
         where = {} if args.path is None else {"path": args.path}
-        producer = _native.Producer(args.ring, config=args.config, wait=args.wait, **where)
+        # The workers start together: each keeps to its own share of the slots from its first
+        # claim, so it writes (and counts in its PSS) only those pages of the ring.
+        peers = {"peers": args.num_workers} if args.num_workers > 1 else {}
+        producer = _native.Producer(args.ring, config=args.config, wait=args.wait, **where,
+                                    **peers)
+        thread = args.num_workers == 0
         layout = args.layout
         try:
             while not stop.is_set():
@@ -95,7 +100,7 @@ def _worker_main(args: _WorkerArgs, errors: Any, stop: Any) -> None:
                     errors.put((args.worker_id, "done", -1, None, ""))
                     return
                 claimed = time.monotonic()
-                views = [_view(part.fields[name]) for name in layout.names]
+                views = [_view(part.fields[name], thread) for name in layout.names]
                 if args.collate_fn is None:
                     for j, index in enumerate(part.indices):
                         stage = "loading"
