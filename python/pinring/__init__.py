@@ -32,9 +32,12 @@ from pinring._native import (
     UsageError,
     VerifyError,
 )
+from pinring._native import __version__
+from pinring._programs import program
 from pinring.loader import Loader
 
 __all__ = [
+    "__version__",
     "DLPACK_VERSION",
     "BackendError",
     "Batch",
@@ -55,4 +58,5 @@ __all__ = [
     "Timeout",
     "UsageError",
     "VerifyError",
+    "program",
 ]

@@ -1,10 +1,11 @@
 """Type stubs of the compiled module ``pinring._native`` (crates/pinring-python)."""
 
-from typing import Any, ClassVar, Dict, Literal, Optional, Tuple, Union
+from typing import Any, ClassVar, Dict, List, Literal, Optional, Tuple, Union
 
 DType = Literal["u8", "i8", "i16", "u16", "i32", "u32", "i64", "u64", "f16", "bf16", "f32", "f64", "bool"]
 
 DLPACK_VERSION: Tuple[int, int]
+__version__: str
 """The highest DLPack version ``Field.__dlpack__`` exports."""
 
 class PinringError(Exception):
@@ -115,6 +116,11 @@ def config_settings(config: Union[str, Dict[str, Dict[str, Any]]]) -> Dict[Tuple
 
 PREFETCH_RANGE: Tuple[int, int]
 """The allowed range of ``daemon.prefetch`` (device batch buffers): ``(2, 64)``."""
+
+def _main(name: str, args: List[str], exe: str, prefix: List[str]) -> int:
+    """Runs program ``name`` (pinring, pinring-daemon, pinring-loader) on ``args`` (the first
+    is its name) with the GIL released; its exit code. ``exe`` and ``prefix`` start it again
+    (its children). The console scripts' (``pinring._programs``)."""
 
 def _live_rings() -> int:
     """Ring handles (embedded daemons, consumers, producers) open in this process: 0 means a

@@ -38,14 +38,16 @@ BATCHES = 128
 
 
 def binary(name):
-    """A pinring binary: $PINRING_BIN_DIR, else the workspace's debug build (scripts/test builds
-    it before the Python tests)."""
+    """A pinring program's command line (a list; its arguments follow): the native binary in
+    $PINRING_BIN_DIR, else the workspace's build (scripts/test builds it before the Python
+    tests), else the installed package's (``pinring.program``: the same program run by the
+    extension, as a pip install gives it, on a host with no Rust build)."""
     d = os.environ.get("PINRING_BIN_DIR")
     target = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
     for path in ([Path(d) / name] if d else []) + [target / "debug" / name, target / "release" / name]:
         if path.exists():
-            return str(path)
-    pytest.fail(f"{name} is not built: run `cargo build` first (or set PINRING_BIN_DIR)")
+            return [str(path)]
+    return pinring.program(name)
 
 
 class Ring:
@@ -60,7 +62,7 @@ class Ring:
         self.procs = []
         if daemon:
             self.daemon = self.spawn(
-                binary("pinring-daemon"), "--ring", self.name, "--backend", "host", "--sink", "consumer",
+                *binary("pinring-daemon"), "--ring", self.name, "--backend", "host", "--sink", "consumer",
                 "--config", str(self.config), "--summary", str(self.summary),
             )
         for _ in range(loaders):
@@ -72,7 +74,7 @@ class Ring:
         return p
 
     def loader(self):
-        return self.spawn(binary("pinring-loader"), "--ring", self.name, "--wait-secs", "30", "--config", str(self.config))
+        return self.spawn(*binary("pinring-loader"), "--ring", self.name, "--wait-secs", "30", "--config", str(self.config))
 
     def wait_attached(self, n):
         """Waits until `n` loaders are in the ring's loader table, so none of them can start
@@ -82,7 +84,7 @@ class Ring:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             out = subprocess.run(
-                [binary("pinring"), "status", self.name, "--json", "--interval", "0.1"],
+                [*binary("pinring"), "status", self.name, "--json", "--interval", "0.1"],
                 capture_output=True,
                 text=True,
             )

@@ -99,7 +99,7 @@ epochs = 1
     loader = pinring.Loader(embedded=True, config=str(config), backend="host", as_numpy=True)
     procs = [
         subprocess.Popen(
-            [binary("pinring-loader"), "--ring", loader.ring, "--wait-secs", "30", "--config", str(config)],
+            [*binary("pinring-loader"), "--ring", loader.ring, "--wait-secs", "30", "--config", str(config)],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

@@ -471,7 +471,7 @@ def test_an_attached_daemon_with_the_datasets_fields(tmp_path):
         "[plan]\nbatch_size = 6\nshuffle = false\nepochs = 2\n"
     )
     daemon = subprocess.Popen(
-        [binary("pinring-daemon"), "--config", str(config), "--backend", "host", "--sink", "consumer"],
+        [*binary("pinring-daemon"), "--config", str(config), "--backend", "host", "--sink", "consumer"],
         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )
     try:
@@ -548,12 +548,12 @@ def test_an_attached_daemon_with_the_datasets_fields(tmp_path):
     # pinring-loader cannot make external samples, and the verify sink cannot check them: both
     # say so and exit 3.
     out = subprocess.run(
-        [binary("pinring-loader"), "--config", str(config), "--wait-secs", "1"],
+        [*binary("pinring-loader"), "--config", str(config), "--wait-secs", "1"],
         capture_output=True, text=True, timeout=60,
     )
     assert out.returncode == 3 and "Python producers" in out.stderr, out.stderr
     out = subprocess.run(
-        [binary("pinring-daemon"), "--config", str(config), "--backend", "host", "--sink", "verify"],
+        [*binary("pinring-daemon"), "--config", str(config), "--backend", "host", "--sink", "verify"],
         capture_output=True, text=True, timeout=60,
     )
     assert out.returncode == 3 and "no reference" in out.stderr, out.stderr

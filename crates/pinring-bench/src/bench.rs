@@ -20,8 +20,9 @@ use pinring_exit::Exit;
 use pinring_runtime::daemon::parse_backend_kind;
 use pinring_runtime::output::write_file;
 use pinring_runtime::summary::Summary;
+use pinring_runtime::this_program::ThisProgram;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 /// `pinring bench` flags.
@@ -276,7 +277,7 @@ pub fn run(args: &BenchArgs) -> Result<Vec<Point>, BenchError> {
     // `auto` is not resolved (and logged) again for every run.
     let bench = Bench {
         args,
-        exe: std::env::current_exe().map_err(io(Path::new("<current executable>")))?,
+        exe: pinring_runtime::this_program::get().map_err(io(Path::new("<current executable>")))?,
         backend: if kind == "cuda" {
             BackendKind::Cuda
         } else {
@@ -390,8 +391,8 @@ pub fn run(args: &BenchArgs) -> Result<Vec<Point>, BenchError> {
 /// What every run of one bench shares.
 struct Bench<'a> {
     args: &'a BenchArgs,
-    /// This executable: the daemon, the loaders and the reference writers are its subcommands.
-    exe: PathBuf,
+    /// This program: the daemon, the loaders and the reference writers are its subcommands.
+    exe: ThisProgram,
     /// The backend the reference runs on (`cuda` or `host`, as resolved at the start).
     backend: BackendKind,
 }
@@ -494,7 +495,7 @@ impl Bench<'_> {
         let backend = args.backend.to_string();
         let device = args.device.to_string();
         // Every child stops with the bench, even one killed outright (see `stop_with_parent`).
-        let mut daemon_cmd = Command::new(exe);
+        let mut daemon_cmd = exe.command();
         daemon_cmd
             .arg("daemon")
             .arg("--config")
@@ -511,7 +512,7 @@ impl Bench<'_> {
             .map_err(|e| fail(format!("cannot start the daemon: {e}")))?;
         let mut kids = Children(vec![daemon]);
         for _ in 0..loaders {
-            let mut loader_cmd = Command::new(exe);
+            let mut loader_cmd = exe.command();
             loader_cmd
                 .arg("loader")
                 .arg("--config")

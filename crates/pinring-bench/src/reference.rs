@@ -37,8 +37,8 @@ use pinring_exit::Exit;
 use pinring_ring::futex::{self, Wake};
 use pinring_ring::{Access, Segment};
 use pinring_runtime::daemon::cpu_seconds;
-use std::path::Path;
-use std::process::{Command, Stdio};
+use pinring_runtime::this_program::ThisProgram;
+use std::process::Stdio;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
 use std::sync::atomic::{AtomicU32, AtomicU64};
 use std::sync::Arc;
@@ -383,8 +383,8 @@ impl Drop for Finish {
 /// How the writers run.
 #[derive(Debug, Clone, Copy)]
 pub enum Spawn<'a> {
-    /// As processes of this executable (`EXE bench-writer …`).
-    Processes(&'a Path),
+    /// As processes of this program (`pinring bench-writer …`).
+    Processes(&'a ThisProgram),
     /// As threads of this process (unit tests, whose executable is the test harness).
     #[cfg(test)]
     Threads,
@@ -403,7 +403,7 @@ impl Writers {
             Spawn::Processes(exe) => {
                 let mut kids = Children(Vec::new());
                 for index in 0..writers {
-                    let mut cmd = Command::new(exe);
+                    let mut cmd = exe.command();
                     cmd.arg("bench-writer")
                         .args(["--segment", name, "--index", &index.to_string()])
                         .env("RUST_LOG", "warn")
@@ -411,7 +411,7 @@ impl Writers {
                     pinring_cli::runner::stop_with_parent(&mut cmd);
                     let child = cmd.spawn().map_err(|source| ReferenceError::Spawn {
                         index,
-                        exe: exe.display().to_string(),
+                        exe: exe.display(),
                         source,
                     })?;
                     kids.0.push(child);
@@ -1167,13 +1167,13 @@ mod tests {
     #[test]
     fn a_failed_run_names_the_writer_and_removes_its_segment_too() {
         let name = format!("test-ref-nospawn-{}", std::process::id());
-        let missing = Path::new("/nonexistent/pinring");
+        let missing = ThisProgram::at("/nonexistent/pinring".into());
         let e = run(
             &HostBackend::new(),
             &geometry(4, 8),
             2,
             &name,
-            Spawn::Processes(missing),
+            Spawn::Processes(&missing),
         )
         .unwrap_err();
         let msg = e.to_string();
@@ -1187,7 +1187,7 @@ mod tests {
             &geometry(4, 8),
             1,
             &name,
-            Spawn::Processes(Path::new("true")),
+            Spawn::Processes(&ThisProgram::at("true".into())),
         )
         .unwrap_err();
         let msg = e.to_string();

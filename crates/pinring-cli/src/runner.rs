@@ -306,7 +306,7 @@ pub fn run(args: &RunArgs, shutdown: &Shutdown) -> Result<Exit, RunError> {
         unordered: args.unordered,
     };
     let cfg = settings::load(args.config.as_deref(), &overrides)?;
-    let exe = std::env::current_exe().map_err(|source| RunError::Spawn {
+    let exe = pinring_runtime::this_program::get().map_err(|source| RunError::Spawn {
         what: "the daemon",
         exe: "<current executable>".into(),
         source,
@@ -338,7 +338,7 @@ pub fn run(args: &RunArgs, shutdown: &Shutdown) -> Result<Exit, RunError> {
             cmd.env("RUST_LOG", "warn");
         }
     };
-    let mut daemon_cmd = Command::new(&exe);
+    let mut daemon_cmd = exe.command();
     child_env(&mut daemon_cmd);
     daemon_cmd
         .arg("daemon")
@@ -358,7 +358,7 @@ pub fn run(args: &RunArgs, shutdown: &Shutdown) -> Result<Exit, RunError> {
     stop_with_parent(&mut daemon_cmd);
     let daemon = daemon_cmd.spawn().map_err(|source| RunError::Spawn {
         what: "the daemon",
-        exe: exe.display().to_string(),
+        exe: exe.display(),
         source,
     })?;
     let daemon_pid = daemon.id();
@@ -399,7 +399,7 @@ pub fn run(args: &RunArgs, shutdown: &Shutdown) -> Result<Exit, RunError> {
     };
     let ready_at = Instant::now();
     let spawn_loader = || -> Result<Child, RunError> {
-        let mut cmd = Command::new(&exe);
+        let mut cmd = exe.command();
         child_env(&mut cmd);
         stop_with_parent(&mut cmd);
         cmd.arg("loader")
@@ -408,7 +408,7 @@ pub fn run(args: &RunArgs, shutdown: &Shutdown) -> Result<Exit, RunError> {
             .spawn()
             .map_err(|source| RunError::Spawn {
                 what: "a loader",
-                exe: exe.display().to_string(),
+                exe: exe.display(),
                 source,
             })
     };

@@ -2,7 +2,7 @@
 //! exceptions ([`errors`]), the DLPack export of batch fields ([`field`], [`dlpack`]), and the
 //! trainer's end ([`consumer`]), and a loader's ([`producer`]).
 //!
-//! Built by maturin (python/pyproject.toml) as an abi3 extension module for CPython 3.9 and
+//! Built by maturin (python/pyproject.toml) as an abi3 extension module for CPython 3.10 and
 //! later; the Rust tests of the workspace do not build or link it against Python.
 
 pub mod consumer;
@@ -12,6 +12,7 @@ pub mod errors;
 pub mod field;
 pub mod process;
 pub mod producer;
+mod programs;
 mod signals;
 mod testing;
 
@@ -36,6 +37,8 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(process::live_rings, m)?)?;
     m.add_function(wrap_pyfunction!(process::die_with_parent, m)?)?;
     m.add_function(wrap_pyfunction!(convert::config_settings, m)?)?;
+    m.add_function(wrap_pyfunction!(programs::main, m)?)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     // The one statement of daemon.prefetch's range (pinring-data), for the Python side's
     // prefetch_factor arithmetic.
     let prefetch = pinring_data::config::PREFETCH;

@@ -23,9 +23,15 @@ use std::process::ExitCode;
 /// Runs a binary's body: ignores SIGPIPE, installs the panic hook, and maps a panic of `body`
 /// to [`Exit::Internal`].
 pub fn guard(body: impl FnOnce() -> Exit) -> ExitCode {
+    guarded(body).into()
+}
+
+/// [`guard`], returning the [`Exit`] itself (for a caller that is not `main`: the Python
+/// package's console scripts).
+pub fn guarded(body: impl FnOnce() -> Exit) -> Exit {
     ignore_sigpipe();
     std::panic::set_hook(Box::new(report_panic));
-    caught(body).into()
+    caught(body)
 }
 
 /// `body`'s exit, or [`Exit::Internal`] (with a line saying so) when it panicked.
@@ -97,6 +103,9 @@ fn panic_message(payload: &(dyn std::any::Any + Send)) -> &str {
 
 /// This executable's file name, for reports.
 fn program() -> String {
+    if let Some(name) = crate::this_program::name() {
+        return name.to_string();
+    }
     std::env::args_os()
         .next()
         .as_deref()

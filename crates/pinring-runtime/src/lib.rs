@@ -22,6 +22,7 @@ pub mod shutdown;
 pub mod sink;
 pub mod status;
 pub mod summary;
+pub mod this_program;
 
 /// The exit codes (pinring-exit), re-exported for the binaries.
 pub use pinring_exit as exit;
