@@ -13,7 +13,10 @@ safe (it only holds one of the ring's ``daemon.prefetch`` buffers).
 from __future__ import annotations
 
 import json
-from typing import Any, Dict, Iterator, Optional
+import os
+import tempfile
+import time
+from typing import Any, Dict, Iterator, Optional, Sequence
 
 from pinring import _native
 
@@ -54,7 +57,13 @@ class Loader:
         ring: the ring's name (its daemon runs ``--sink consumer``).
         device: the CUDA device the ring's daemon uploads to, for checking (None: any).
         embedded: run the daemon inside this process (no service, no CUDA IPC); loaders are
-            still separate processes (``pinring-loader --ring NAME``).
+            still separate processes (``pinring-loader --ring NAME``), or ``loaders=``'s.
+        loaders: start this many ``pinring-loader`` processes for an embedded daemon (implies
+            ``embedded=True``) and supervise them: one killed by a signal is started again, one
+            that fails raises its error, with its message, in the loop; they stop with the
+            loader, and with this process however it ends. The ring is anonymous (nothing in
+            /dev/shm).
+        loaders_cpus: CPUs to pin the loaders to, one each in turn (None: no pinning).
         config: the config file of an embedded daemon (None: pinring's config lookup).
         backend: an embedded daemon's backend: ``"auto"``, ``"cuda"`` or ``"host"``.
         timeout: seconds to wait for one batch (None: as long as the daemon lives).
@@ -69,6 +78,8 @@ class Loader:
         device: Optional[int] = None,
         *,
         embedded: bool = False,
+        loaders: int = 0,
+        loaders_cpus: Optional[Sequence[int]] = None,
         config: Optional[str] = None,
         backend: str = "auto",
         epochs: Optional[int] = None,
@@ -78,15 +89,25 @@ class Loader:
         stream: Optional[int] = None,
     ) -> None:
         self._daemon: Optional[_native.EmbeddedDaemon] = None
-        if embedded:
+        self._loaders: Optional[Any] = None
+        self._path: Optional[str] = None
+        self._failed = False
+        if loaders < 0:
+            raise _native.UsageError(f"loaders={loaders}: pass a number of loaders, or 0")
+        if loaders_cpus is not None and not loaders:
+            raise _native.UsageError("loaders_cpus= pins the loaders that loaders=N starts: "
+                                     "pass loaders=N too")
+        if embedded or loaders:
             self._daemon = _native.EmbeddedDaemon(
                 config=config,
                 ring=ring,
                 backend=backend,
                 device=0 if device is None else device,
                 epochs=epochs,
+                anonymous=bool(loaders),
             )
             ring = self._daemon.ring
+            self._path = self._daemon.path
         elif ring is None:
             ring = "default"
         self.ring: str = ring
@@ -97,6 +118,68 @@ class Loader:
         self._stream = stream
         self._consumer: Optional[_native.Consumer] = None
         self._resume: Optional[Dict[str, int]] = None
+        if loaders:
+            self._start_loaders(loaders, loaders_cpus)
+
+    def _start_loaders(self, n: int, cpus: Optional[Sequence[int]]) -> None:
+        from pinring._loaders import _Loaders
+
+        # The loaders read the daemon's own resolved config, so their plan is the ring's.
+        c = self._attach()
+        fd, path = tempfile.mkstemp(prefix="pinring-loader-", suffix=".toml")
+        with os.fdopen(fd, "w") as f:
+            f.write(c.config)
+        try:
+            self._loaders = _Loaders(n, self.ring, self._path, path, cpus)
+        except BaseException:
+            os.unlink(path)
+            self.close()
+            raise
+        self._loader_config = path
+        self._last_check = time.monotonic()
+
+    @property
+    def loader_pids(self) -> "list[int]":
+        """The pids of the ``pinring-loader`` processes ``loaders=`` started and still running."""
+        return [] if self._loaders is None else self._loaders.pids()
+
+    def _next(self, c: _native.Consumer) -> Optional[_native.Batch]:
+        """The next batch; with loaders of its own, looks at them every 0.1 s meanwhile."""
+        if self._loaders is None:
+            return c.next_batch(self._timeout)
+        deadline = None if self._timeout is None else time.monotonic() + self._timeout
+        while True:
+            now = time.monotonic()
+            if now - self._last_check >= 0.1:
+                self._loaders.check()
+                self._last_check = now
+            wait = 0.1 if deadline is None else min(0.1, max(0.0, deadline - now))
+            try:
+                return c.next_batch(wait)
+            except _native.Timeout:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise
+            except _native.PeerDied:
+                # The daemon ended the run early: a loader that failed (bad data) made it stop.
+                # Its own error, with its message, is the one to raise.
+                self._failed = True
+                self._raise_loader_failure()
+                raise
+
+    def _raise_loader_failure(self) -> None:
+        """After the daemon stopped the run: raises the error of the loader that failed, as the
+        loader said it (up to a second for it to exit), else the embedded daemon's."""
+        assert self._loaders is not None
+        end = time.monotonic() + 1.0
+        while time.monotonic() < end:
+            self._loaders.check()
+            if all(p is None or p.poll() is not None for p in self._loaders.procs):
+                break
+            time.sleep(0.02)
+        self._loaders.check()
+        if self._daemon is not None and not self._daemon.running:
+            daemon, self._daemon = self._daemon, None
+            daemon.stop()  # raises the daemon's error, which names the loader's
 
     # -- attaching -------------------------------------------------------------------------
 
@@ -105,7 +188,9 @@ class Loader:
             seq = fp = None
             if self._resume is not None:
                 seq, fp = self._resume["seq"], self._resume["fingerprint"]
-            c = _native.Consumer(self.ring, start_seq=seq, fingerprint=fp, wait_for_ring=self._wait_for_ring)
+            where = {} if self._path is None else {"path": self._path}
+            c = _native.Consumer(self.ring, start_seq=seq, fingerprint=fp,
+                                 wait_for_ring=self._wait_for_ring, **where)
             if self._device is not None and c.device not in ("cpu", f"cuda:{self._device}"):
                 c.close()
                 raise _native.UsageError(
@@ -131,7 +216,7 @@ class Loader:
         """The raw batches (``Batch.fields`` are DLPack fields) to the end of the plan."""
         c = self._attach()
         while True:
-            b = c.next_batch(self._timeout)
+            b = self._next(c)
             if b is None:
                 return
             # Yielded out of a list, so this suspended generator keeps no reference to the
@@ -144,7 +229,7 @@ class Loader:
         c = self._attach()
         per_epoch = c.batches_per_epoch
         while True:
-            b = c.next_batch(self._timeout)
+            b = self._next(c)
             if b is None:
                 return
             last = b.index_in_epoch + 1 >= per_epoch
@@ -187,14 +272,27 @@ class Loader:
     # -- the end ---------------------------------------------------------------------------
 
     def close(self) -> Optional[Dict[str, Any]]:
-        """Detaches; stops an embedded daemon and returns its summary. Batches and tensors
-        still alive stay valid, and keep the ring's consumer seat until they are gone."""
+        """Detaches; stops the loaders ``loaders=`` started and an embedded daemon, and returns
+        the daemon's summary. Batches and tensors still alive stay valid, and keep the ring's
+        consumer seat until they are gone."""
+        if self._loaders is not None:
+            self._loaders.stop()
+            self._loaders = None
+            try:
+                os.unlink(self._loader_config)
+            except OSError:
+                pass
         if self._consumer is not None:
             self._consumer.close()
             self._consumer = None
         if self._daemon is not None:
-            text = self._daemon.stop()
-            self._daemon = None
+            daemon, self._daemon = self._daemon, None
+            try:
+                text = daemon.stop()
+            except _native.PinringError:
+                if self._failed:
+                    return None  # the loop has raised this failure already
+                raise
             return json.loads(text) if text else None
         return None
 

@@ -30,7 +30,7 @@ def test_hierarchy_and_exit_codes(name):
 @pytest.mark.parametrize("name", sorted(EXIT_CODES))
 def test_exit_error_picks_the_class(name):
     code = EXIT_CODES[name][0]
-    err = _native._test_exit_error(code, "what went wrong")
+    err = _native._error_for_exit(code, "what went wrong")
     assert type(err) is getattr(pinring, name)
     assert str(err) == "what went wrong"
     assert err.exit_code == code

@@ -174,3 +174,18 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("PartReclaimed", py.get_type::<PartReclaimed>())?;
     Ok(())
 }
+
+/// `_error_for_exit(code, message)`: the exception for a pinring program's exit code, carrying
+/// `message` (a loader that `pinring.Loader` started ended with that code).
+#[pyfunction]
+#[pyo3(name = "_error_for_exit")]
+pub fn error_for_exit(
+    py: Python<'_>,
+    code: i32,
+    message: String,
+) -> PyResult<Py<pyo3::exceptions::PyBaseException>> {
+    let exit = Exit::from_code(code).ok_or_else(|| {
+        pyo3::exceptions::PyValueError::new_err(format!("{code} is no pinring exit code"))
+    })?;
+    Ok(exit_error(exit, message).into_value(py))
+}

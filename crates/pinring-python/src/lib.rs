@@ -46,7 +46,7 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(testing::test_host_field, m)?)?;
     m.add_function(wrap_pyfunction!(testing::test_load_config, m)?)?;
     m.add_function(wrap_pyfunction!(testing::test_check_ring_name, m)?)?;
-    m.add_function(wrap_pyfunction!(testing::test_exit_error, m)?)?;
+    m.add_function(wrap_pyfunction!(errors::error_for_exit, m)?)?;
     m.add(
         "DLPACK_VERSION",
         (dlpack::DLPACK_MAJOR, dlpack::DLPACK_MINOR),

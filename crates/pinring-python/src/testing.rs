@@ -145,16 +145,3 @@ pub fn test_check_ring_name(name: &str) -> PyResult<()> {
     use crate::errors::OrRaise;
     pinring_ring::segment::validate_name(name).or_raise()
 }
-
-/// `_test_exit_error(code, message)`: the exception `exit_error` makes for an exit code.
-#[pyfunction]
-#[pyo3(name = "_test_exit_error")]
-pub fn test_exit_error(
-    py: Python<'_>,
-    code: i32,
-    message: String,
-) -> PyResult<Py<pyo3::exceptions::PyBaseException>> {
-    let exit = pinring_exit::Exit::from_code(code)
-        .ok_or_else(|| PyValueError::new_err(format!("{code} is no pinring exit code")))?;
-    Ok(crate::errors::exit_error(exit, message).into_value(py))
-}

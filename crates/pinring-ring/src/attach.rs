@@ -56,9 +56,13 @@ pub fn attach_at_unless(
         // until the deadline. There is no futex to wait on before the segment exists, so this
         // polls the name.
         let daemon_alive = |ring: &Ring| ring.daemon_alive().unwrap_or(false);
+        // An anonymous ring (`at`) is handed out only once it exists, and no other daemon can
+        // take its place: gone, or with its daemon gone, it never comes back, and waiting for it
+        // would keep a loader of a dead training process alive for the whole wait.
+        let named = at.is_none();
         let retry = match &outcome {
-            Ok(ring) => !daemon_alive(ring) || ring.state() == ring_state::CLOSED,
-            Err(RingError::NotFound { .. }) => true,
+            Ok(ring) => named && (!daemon_alive(ring) || ring.state() == ring_state::CLOSED),
+            Err(RingError::NotFound { .. }) => named,
             // A version word another process scribbled (the daemon restores it), or a ring not
             // READY within this slice (the daemon is registering it): the deadline decides. A
             // file that is too short is never a daemon mid-creation (a segment gets its name

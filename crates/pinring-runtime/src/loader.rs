@@ -37,6 +37,10 @@ pub struct LoaderArgs {
     /// Ring name (overrides ring.name).
     #[arg(long, value_name = "NAME")]
     pub ring: Option<String>,
+    /// An anonymous ring, opened where its daemon holds it (`/proc/PID/fd/FD`) instead of by
+    /// its name in /dev/shm: an embedded daemon's (`pinring.Loader(loaders=N)` passes it).
+    #[arg(long, value_name = "PATH")]
+    pub ring_path: Option<PathBuf>,
     /// How long to wait for the ring to exist and become ready, in seconds.
     #[arg(long, default_value_t = 30.0)]
     pub wait_secs: f64,
@@ -150,7 +154,14 @@ pub fn run(args: &LoaderArgs, shutdown: &Shutdown) -> Result<LoaderReport, Loade
     let mut service = crate::service::LoaderService::waiting(&cfg.ring.name);
     let mut total = LoaderReport::default();
     loop {
-        let outcome = run_attached(cfg.clone(), wait, shutdown, &mut service, &mut source);
+        let outcome = run_attached(
+            cfg.clone(),
+            args.ring_path.as_deref(),
+            wait,
+            shutdown,
+            &mut service,
+            &mut source,
+        );
         match outcome.map_err(|b| *b) {
             Ok(report) => {
                 total.add(&report);
@@ -180,6 +191,7 @@ impl LoaderReport {
 /// requested, or the daemon dies.
 fn run_attached(
     cfg: Config,
+    at: Option<&std::path::Path>,
     wait: Duration,
     shutdown: &Shutdown,
     service: &mut crate::service::LoaderService,
@@ -188,7 +200,7 @@ fn run_attached(
     let none = |e: LoaderError| Box::new((LoaderReport::default(), e));
     let name = cfg.ring.name.clone();
     let stop = || shutdown.requested();
-    let mut session = match Session::join(cfg, wait, stop) {
+    let mut session = match Session::join_at(cfg, at, wait, stop) {
         Ok(Some(session)) => session,
         Ok(None) => {
             tracing::info!(ring = %name, "stop requested while waiting for the ring: not attached");

@@ -1,0 +1,137 @@
+"""The ``pinring-loader`` processes that ``pinring.Loader(loaders=N)`` starts beside its
+embedded daemon, and their supervision: a loader killed by a signal is started again (up to
+``_RESTARTS`` times a minute), a loader that fails (bad data: exit 3, and every other code) is
+raised in the training loop with its own message, and all of them stop with the loader.
+
+They die with the training process without help: their daemon is a thread of it, and a loader
+whose daemon is gone exits (``PeerDied``, exit 5) within a quarter of a second
+(docs/RELIABILITY.md)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import tempfile
+import time
+from collections import deque
+from typing import Deque, List, Optional, Sequence
+
+from pinring import _native
+from pinring._programs import program
+
+# Restarts of killed loaders allowed in any minute, as ``pinring run`` allows.
+_RESTARTS = 5
+# How long close() waits for loaders to leave after SIGTERM before it kills them.
+_STOP_GRACE = 1.0
+
+
+class _Loaders:
+    def __init__(self, n: int, ring: str, path: Optional[str], config: str,
+                 cpus: Optional[Sequence[int]]) -> None:
+        if n < 1:
+            raise _native.UsageError(f"loaders={n}: start at least 1 loader, or pass loaders=0")
+        self._cpus = list(cpus) if cpus is not None else None
+        if self._cpus is not None and not self._cpus:
+            raise _native.UsageError("loaders_cpus=[]: name at least one CPU, or leave it out")
+        self._dir = tempfile.mkdtemp(prefix="pinring-loaders-")
+        self._argv = program("pinring-loader") + ["--ring", ring, "--config", config,
+                                                   "--wait-secs", "60"]
+        if path is not None:
+            self._argv += ["--ring-path", path]
+        self._restarts: Deque[float] = deque()
+        self.procs: List[Optional[subprocess.Popen]] = [None] * n
+        self.finished = [False] * n
+        for i in range(n):
+            self._start(i)
+
+    def _start(self, i: int) -> None:
+        log = open(os.path.join(self._dir, f"loader-{i}.log"), "wb")
+        try:
+            p = subprocess.Popen(self._argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                 env={**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "warn")})
+        finally:
+            log.close()
+        if self._cpus is not None:
+            try:
+                os.sched_setaffinity(p.pid, {self._cpus[i % len(self._cpus)]})
+            except OSError as e:
+                p.kill()
+                p.wait()
+                raise _native.UsageError(
+                    f"loaders_cpus={self._cpus}: cannot pin loader {i} to CPU "
+                    f"{self._cpus[i % len(self._cpus)]} ({e}); name CPUs this process may use "
+                    f"({sorted(os.sched_getaffinity(0))})"
+                ) from None
+        self.procs[i] = p
+
+    def _log_tail(self, i: int, lines: int = 12) -> str:
+        try:
+            with open(os.path.join(self._dir, f"loader-{i}.log"), "rb") as f:
+                text = f.read()[-8192:].decode("utf-8", "replace")
+        except OSError:
+            return ""
+        return "\n".join(text.strip().splitlines()[-lines:])
+
+    def check(self) -> None:
+        """Looks at every loader: restarts one killed by a signal, raises for one that failed."""
+        for i, p in enumerate(self.procs):
+            if p is None or self.finished[i]:
+                continue
+            code = p.poll()
+            if code is None:
+                continue
+            if code == 0:
+                self.finished[i] = True  # the daemon ended the run
+                continue
+            if code < 0:
+                now = time.monotonic()
+                while self._restarts and now - self._restarts[0] > 60.0:
+                    self._restarts.popleft()
+                name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ \
+                    else f"signal {-code}"
+                if len(self._restarts) >= _RESTARTS:
+                    raise _native.PeerDied(
+                        f"loader {i} (pid {p.pid}) was killed by {name}, and {_RESTARTS} loaders "
+                        "were restarted in the last minute already: not restarting it again; "
+                        f"its last lines:\n{self._log_tail(i)}"
+                    )
+                self._restarts.append(now)
+                self._start(i)
+                continue
+            tail = self._log_tail(i)
+            try:
+                err = _native._error_for_exit(code, f"loader {i} (pid {p.pid}) failed with exit "
+                                              f"code {code}:\n{tail}")
+            except ValueError:
+                err = _native.InternalError(f"loader {i} (pid {p.pid}) ended with exit code "
+                                            f"{code}:\n{tail}")
+            raise err
+
+    def pids(self) -> List[int]:
+        return [p.pid for p in self.procs if p is not None and p.poll() is None]
+
+    def stop(self) -> None:
+        """SIGTERM to every loader; SIGKILL to those still there after ``_STOP_GRACE``."""
+        live = [p for p in self.procs if p is not None and p.poll() is None]
+        for p in live:
+            try:
+                p.terminate()
+            except OSError:
+                pass
+        deadline = time.monotonic() + _STOP_GRACE
+        for p in live:
+            try:
+                p.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        for name in os.listdir(self._dir):
+            try:
+                os.unlink(os.path.join(self._dir, name))
+            except OSError:
+                pass
+        try:
+            os.rmdir(self._dir)
+        except OSError:
+            pass
