@@ -74,7 +74,11 @@ class _Loaders:
         return "\n".join(text.strip().splitlines()[-lines:])
 
     def check(self) -> None:
-        """Looks at every loader: restarts one killed by a signal, raises for one that failed."""
+        """Looks at every loader: restarts one killed by a signal, raises for one that failed.
+        Of several failed loaders, one that failed for its own reason (bad data, exit 3) is
+        raised before those that only saw their daemon stop the run (exit 5, or 4 for one that
+        was starting and found the ring gone)."""
+        failed = []
         for i, p in enumerate(self.procs):
             if p is None or self.finished[i]:
                 continue
@@ -83,30 +87,36 @@ class _Loaders:
                 continue
             if code == 0:
                 self.finished[i] = True  # the daemon ended the run
-                continue
-            if code < 0:
-                now = time.monotonic()
-                while self._restarts and now - self._restarts[0] > 60.0:
-                    self._restarts.popleft()
-                name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ \
-                    else f"signal {-code}"
-                if len(self._restarts) >= _RESTARTS:
-                    raise _native.PeerDied(
-                        f"loader {i} (pid {p.pid}) was killed by {name}, and {_RESTARTS} loaders "
-                        "were restarted in the last minute already: not restarting it again; "
-                        f"its last lines:\n{self._log_tail(i)}"
-                    )
-                self._restarts.append(now)
-                self._start(i)
-                continue
+            elif code < 0:
+                self._restart(i, p, code)
+            else:
+                failed.append((code in (4, 5), i, p, code))
+        if failed:
+            _, i, p, code = min(failed)
             tail = self._log_tail(i)
+            message = f"loader {i} (pid {p.pid}) failed with exit code {code}:\n{tail}"
             try:
-                err = _native._error_for_exit(code, f"loader {i} (pid {p.pid}) failed with exit "
-                                              f"code {code}:\n{tail}")
+                err = _native._error_for_exit(code, message)
             except ValueError:
-                err = _native.InternalError(f"loader {i} (pid {p.pid}) ended with exit code "
-                                            f"{code}:\n{tail}")
+                err = _native.InternalError(message)
             raise err
+
+    def _restart(self, i: int, p: subprocess.Popen, code: int) -> None:
+        now = time.monotonic()
+        while self._restarts and now - self._restarts[0] > 60.0:
+            self._restarts.popleft()
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        if len(self._restarts) >= _RESTARTS:
+            raise _native.PeerDied(
+                f"loader {i} (pid {p.pid}) was killed by {name}, and {_RESTARTS} loaders were "
+                "restarted in the last minute already: not restarting it again; its last "
+                f"lines:\n{self._log_tail(i)}"
+            )
+        self._restarts.append(now)
+        self._start(i)
 
     def pids(self) -> List[int]:
         return [p.pid for p in self.procs if p is not None and p.poll() is None]

@@ -168,18 +168,18 @@ class Loader:
 
     def _raise_loader_failure(self) -> None:
         """After the daemon stopped the run: raises the error of the loader that failed, as the
-        loader said it (up to a second for it to exit), else the embedded daemon's."""
+        loader said it (once the loaders have ended, up to 3 s), else the embedded daemon's."""
         assert self._loaders is not None
-        end = time.monotonic() + 1.0
+        # Every loader ends once the run has stopped (its daemon gone: within 250 ms).
+        end = time.monotonic() + 3.0
         while time.monotonic() < end:
-            self._loaders.check()
             if all(p is None or p.poll() is not None for p in self._loaders.procs):
                 break
             time.sleep(0.02)
         self._loaders.check()
-        if self._daemon is not None and not self._daemon.running:
+        if self._daemon is not None:
             daemon, self._daemon = self._daemon, None
-            daemon.stop()  # raises the daemon's error, which names the loader's
+            daemon.stop()  # raises the daemon's error, which names the loader's, if it has one
 
     # -- attaching -------------------------------------------------------------------------
 

@@ -88,10 +88,12 @@ def test_a_loader_failing_on_bad_data_raises_its_message_in_the_loop(tmp_path):
         f'[dataset.npy]\npath = "{data}"\ndtype = "f32"\nshape = [4, 4]\n'
         "[plan]\nbatch_size = 8\nepochs = 1\n"
     )
-    loader = pinring.Loader(config=config(tmp_path, text), loaders=1, backend="host",
+    # Two loaders: the one that read the bad file is raised, not the other, which only saw
+    # its daemon stop the run (exit 5).
+    loader = pinring.Loader(config=config(tmp_path, text), loaders=2, backend="host",
                             as_numpy=True, timeout=30)
     try:
-        with pytest.raises(pinring.ConfigError, match="loader 0 .*failed with exit code 3") as e:
+        with pytest.raises(pinring.ConfigError, match="loader . .*failed with exit code 3") as e:
             for _ in loader:
                 pass
         assert "037.npy" in str(e.value), str(e.value)
