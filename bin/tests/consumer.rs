@@ -299,20 +299,24 @@ fn state_resumes_where_it_was_saved_and_refuses_what_cannot_be() {
     finish(&fx, daemon, kids);
 }
 
-#[test]
-fn an_embedded_daemon_feeds_its_own_process() {
-    use pinring_client::{EmbeddedDaemon, EmbeddedOptions};
-    let fx = Fixture::new("cons-emb", &config());
-    let daemon = EmbeddedDaemon::start(
-        &EmbeddedOptions {
+/// The daemon of `fx`'s ring on a thread of this process, host backend.
+fn embedded_host_daemon(fx: &Fixture) -> pinring_client::EmbeddedDaemon {
+    pinring_client::EmbeddedDaemon::start(
+        &pinring_client::EmbeddedOptions {
             config: Some(fx.config.clone()),
             ring: Some(fx.ring.clone()),
             backend: pinring_backend::BackendKind::Host,
-            ..EmbeddedOptions::default()
+            ..pinring_client::EmbeddedOptions::default()
         },
         LONG,
     )
-    .unwrap();
+    .unwrap()
+}
+
+#[test]
+fn an_embedded_daemon_feeds_its_own_process() {
+    let fx = Fixture::new("cons-emb", &config());
+    let daemon = embedded_host_daemon(&fx);
     assert_eq!(daemon.ring(), fx.ring);
     let kids: Vec<_> = (0..3).map(|_| fx.loader(&fx.config)).collect();
     // Every loader attached before batches are taken: one still starting when the plan ends
@@ -353,19 +357,9 @@ fn an_embedded_daemon_feeds_its_own_process() {
 /// others.
 #[test]
 fn a_loader_told_its_peers_keeps_to_its_share_from_its_first_claim() {
-    use pinring_client::{EmbeddedDaemon, EmbeddedOptions};
     use pinring_producer::{Next, Session};
     let fx = Fixture::new("cons-peers", &config());
-    let daemon = EmbeddedDaemon::start(
-        &EmbeddedOptions {
-            config: Some(fx.config.clone()),
-            ring: Some(fx.ring.clone()),
-            backend: pinring_backend::BackendKind::Host,
-            ..EmbeddedOptions::default()
-        },
-        LONG,
-    )
-    .unwrap();
+    let daemon = embedded_host_daemon(&fx);
     let mut cfg = pinring_data::Config::load(&fx.config).unwrap();
     cfg.ring.name = fx.ring.clone();
     let claims = |s: &mut Session, n: usize| -> Vec<u32> {
