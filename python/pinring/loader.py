@@ -16,7 +16,7 @@ import json
 import os
 import tempfile
 import time
-from typing import Any, Dict, Iterator, Optional, Sequence
+from typing import Any, Dict, Iterator, Optional, Sequence, Union
 
 from pinring import _native
 
@@ -64,7 +64,14 @@ class Loader:
             loader, and with this process however it ends. The ring is anonymous (nothing in
             /dev/shm).
         loaders_cpus: CPUs to pin the loaders to, one each in turn (None: no pinning).
-        config: the config file of an embedded daemon (None: pinring's config lookup).
+        config: the config of an embedded daemon: a TOML file's path, or the settings as data
+            (a dict of sections, the file's shape); None: pinring's config lookup, or the
+            settings ``dataset=``, ``image=`` and the plan's keywords give.
+        dataset, image: an embedded daemon's ``[dataset]`` and ``[dataset.image]`` tables as
+            dicts (``dataset={"kind": "webdataset", "shards": [...]}, image={"crop": 224}``),
+            instead of a file.
+        batch_size, shuffle, seed, drop_last: the ``[plan]`` keys, with ``dataset=`` or a dict
+            ``config``. Every setting is validated by pinring's own parser, with its messages.
         backend: an embedded daemon's backend: ``"auto"``, ``"cuda"`` or ``"host"``.
         timeout: seconds to wait for one batch (None: as long as the daemon lives).
         wait_for_ring: seconds to wait for an attached ring to appear.
@@ -80,7 +87,13 @@ class Loader:
         embedded: bool = False,
         loaders: int = 0,
         loaders_cpus: Optional[Sequence[int]] = None,
-        config: Optional[str] = None,
+        config: Optional[Union[str, Dict[str, Any]]] = None,
+        dataset: Optional[Dict[str, Any]] = None,
+        image: Optional[Dict[str, Any]] = None,
+        batch_size: Optional[int] = None,
+        shuffle: Optional[bool] = None,
+        seed: Optional[int] = None,
+        drop_last: Optional[bool] = None,
         backend: str = "auto",
         epochs: Optional[int] = None,
         timeout: Optional[float] = None,
@@ -97,6 +110,17 @@ class Loader:
         if loaders_cpus is not None and not loaders:
             raise _native.UsageError("loaders_cpus= pins the loaders that loaders=N starts: "
                                      "pass loaders=N too")
+        plan = {k: v for k, v in (("batch_size", batch_size), ("shuffle", shuffle),
+                                  ("seed", seed), ("drop_last", drop_last)) if v is not None}
+        self._config_file: Optional[str] = None
+        if isinstance(config, dict) or dataset is not None or image is not None or plan:
+            if isinstance(config, str):
+                raise _native.UsageError(
+                    "config= names a file, and dataset=/image=/plan keywords give settings too: "
+                    "pass the file's settings as a dict (config={...}) or leave config out"
+                )
+            config = self._config_from_data(config, dataset, image, plan)
+            embedded = True
         if embedded or loaders:
             self._daemon = _native.EmbeddedDaemon(
                 config=config,
@@ -120,6 +144,31 @@ class Loader:
         self._resume: Optional[Dict[str, int]] = None
         if loaders:
             self._start_loaders(loaders, loaders_cpus)
+
+    def _config_from_data(self, config: Optional[Dict[str, Any]], dataset: Optional[Dict[str, Any]],
+                          image: Optional[Dict[str, Any]], plan: Dict[str, Any]) -> str:
+        """A config given as data (a dict of sections, and the keyword tables), checked by
+        pinring's parser and written as pinring writes it; the file's path."""
+        sections: Dict[str, Any] = {k: dict(v) if isinstance(v, dict) else v
+                                    for k, v in (config or {}).items()}
+        for name, table in (("dataset", dataset), ("plan", plan)):
+            if table:
+                given = sections.setdefault(name, {})
+                twice = sorted(set(given) & set(table))
+                if twice:
+                    raise _native.UsageError(
+                        f"{name}.{twice[0]} is given both in config= and as an argument: give "
+                        "it once"
+                    )
+                given.update(table)
+        if image is not None:
+            sections.setdefault("dataset", {})["image"] = dict(image)
+        text = str(_native.check_config(sections, "pinring.Loader")["toml"])
+        fd, path = tempfile.mkstemp(prefix="pinring-config-", suffix=".toml")
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        self._config_file = path
+        return path
 
     def _start_loaders(self, n: int, cpus: Optional[Sequence[int]]) -> None:
         from pinring._loaders import _Loaders
@@ -285,6 +334,12 @@ class Loader:
         if self._consumer is not None:
             self._consumer.close()
             self._consumer = None
+        if self._config_file is not None:
+            try:
+                os.unlink(self._config_file)
+            except OSError:
+                pass
+            self._config_file = None
         if self._daemon is not None:
             daemon, self._daemon = self._daemon, None
             try:

@@ -139,3 +139,28 @@ def test_bad_arguments_are_refused_with_the_fix(tmp_path):
         pinring.Loader(config=config(tmp_path), loaders=-1)
     with pytest.raises(pinring.UsageError, match="loaders_cpus"):
         pinring.Loader(config=config(tmp_path), loaders=1, backend="host", loaders_cpus=[10**6])
+
+
+def test_the_config_as_data_and_keywords_no_file(tmp_path):
+    # The same settings as CONFIG, given as data: sections in config=, the dataset table and
+    # the plan as keywords; checked by pinring's parser and fed by loaders started here.
+    with pinring.Loader(config={"ring": {"slots": 8}, "daemon": {"prefetch": 3}},
+                        dataset={"samples": 512, "sample_shape": [16, 32], "dtype": "f32",
+                                 "seed": 7},
+                        batch_size=8, epochs=1, loaders=2, backend="host", as_numpy=True,
+                        timeout=60) as loader:
+        c = loader._attach()
+        got = 0
+        for b in loader.batches():
+            check(c, b)
+            got += 1
+        assert got == 64 == len(loader)
+    # Bad settings get pinring's own message, naming the key and what is allowed.
+    with pytest.raises(pinring.ConfigError, match="batch_size"):
+        pinring.Loader(dataset={"samples": 64}, batch_size=0, backend="host")
+    with pytest.raises(pinring.ConfigError, match="colour"):
+        pinring.Loader(dataset={"samples": 64, "colour": "red"}, backend="host")
+    with pytest.raises(pinring.UsageError, match="both in config= and as an argument"):
+        pinring.Loader(config={"plan": {"batch_size": 4}}, batch_size=8, backend="host")
+    with pytest.raises(pinring.UsageError, match="names a file"):
+        pinring.Loader(config=config(tmp_path), batch_size=8, backend="host")
