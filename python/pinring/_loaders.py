@@ -29,21 +29,31 @@ _STOP_GRACE = 1.0
 class _Loaders:
     def __init__(self, n: int, ring: str, path: Optional[str], config: str,
                  cpus: Optional[Sequence[int]]) -> None:
+        """Starts ``n`` loaders of ring ``ring`` (at ``path``, an anonymous ring's) on the
+        config text ``config`` (the daemon's own, resolved), written into this supervisor's
+        directory with the loaders' logs; on any failure, stops those already started."""
         if n < 1:
             raise _native.UsageError(f"loaders={n}: start at least 1 loader, or pass loaders=0")
         self._cpus = list(cpus) if cpus is not None else None
         if self._cpus is not None and not self._cpus:
             raise _native.UsageError("loaders_cpus=[]: name at least one CPU, or leave it out")
         self._dir = tempfile.mkdtemp(prefix="pinring-loaders-")
-        self._argv = program("pinring-loader") + ["--ring", ring, "--config", config,
+        config_path = os.path.join(self._dir, "config.toml")
+        with open(config_path, "w") as f:
+            f.write(config)
+        self._argv = program("pinring-loader") + ["--ring", ring, "--config", config_path,
                                                    "--wait-secs", "60"]
         if path is not None:
             self._argv += ["--ring-path", path]
         self._restarts: Deque[float] = deque()
         self.procs: List[Optional[subprocess.Popen]] = [None] * n
         self.finished = [False] * n
-        for i in range(n):
-            self._start(i)
+        try:
+            for i in range(n):
+                self._start(i)
+        except BaseException:
+            self.stop()
+            raise
 
     def _start(self, i: int) -> None:
         log = open(os.path.join(self._dir, f"loader-{i}.log"), "wb")

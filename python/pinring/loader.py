@@ -174,17 +174,11 @@ class Loader:
         from pinring._loaders import _Loaders
 
         # The loaders read the daemon's own resolved config, so their plan is the ring's.
-        c = self._attach()
-        fd, path = tempfile.mkstemp(prefix="pinring-loader-", suffix=".toml")
-        with os.fdopen(fd, "w") as f:
-            f.write(c.config)
         try:
-            self._loaders = _Loaders(n, self.ring, self._path, path, cpus)
+            self._loaders = _Loaders(n, self.ring, self._path, self._attach().config, cpus)
         except BaseException:
-            os.unlink(path)
             self.close()
             raise
-        self._loader_config = path
         self._last_check = time.monotonic()
 
     @property
@@ -327,10 +321,6 @@ class Loader:
         if self._loaders is not None:
             self._loaders.stop()
             self._loaders = None
-            try:
-                os.unlink(self._loader_config)
-            except OSError:
-                pass
         if self._consumer is not None:
             self._consumer.close()
             self._consumer = None
