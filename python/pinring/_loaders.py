@@ -46,7 +46,7 @@ class _Loaders:
         if path is not None:
             self._argv += ["--ring-path", path]
         self._restarts: Deque[float] = deque()
-        self.procs: List[Optional[subprocess.Popen]] = [None] * n
+        self.procs: List[Optional["subprocess.Popen[bytes]"]] = [None] * n
         self.finished = [False] * n
         try:
             for i in range(n):
@@ -111,7 +111,7 @@ class _Loaders:
                 err = _native.InternalError(message)
             raise err
 
-    def _restart(self, i: int, p: subprocess.Popen, code: int) -> None:
+    def _restart(self, i: int, p: "subprocess.Popen[bytes]", code: int) -> None:
         now = time.monotonic()
         while self._restarts and now - self._restarts[0] > 60.0:
             self._restarts.popleft()

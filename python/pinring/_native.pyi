@@ -1,8 +1,17 @@
 """Type stubs of the compiled module ``pinring._native`` (crates/pinring-python)."""
 
-from typing import Any, ClassVar, Dict, List, Literal, Optional, Tuple, Union
+from typing import Any, ClassVar, Dict, List, Literal, Optional, Tuple, Union, final
 
 DType = Literal["u8", "i8", "i16", "u16", "i32", "u32", "i64", "u64", "f16", "bf16", "f32", "f64", "bool"]
+
+__all__ = [
+    "PinringError", "InternalError", "UsageError", "ConfigError", "RingError", "PeerDied",
+    "VerifyError", "BackendError", "RefusedError", "OutputError", "Timeout", "PartReclaimed",
+    "Field", "Consumer", "Batch", "EmbeddedDaemon", "Producer", "Part", "OwnerProbe",
+    "check_config", "bound", "_live_rings", "_die_with_parent", "config_settings", "_main",
+    "__version__", "PREFETCH_RANGE", "_test_host_field", "_test_load_config",
+    "_test_check_ring_name", "_error_for_exit", "DLPACK_VERSION",
+]
 
 DLPACK_VERSION: Tuple[int, int]
 __version__: str
@@ -50,6 +59,7 @@ class RefusedError(PinringError):
 class OutputError(PinringError):
     """An output file could not be written (exit code 9)."""
 
+@final
 class Field:
     """One C-contiguous array of a batch, on the host or a CUDA device.
 
@@ -90,6 +100,7 @@ class Field:
 
 # Test support (python/tests): not part of the API.
 
+@final
 class OwnerProbe:
     @property
     def drops(self) -> int: ...
@@ -113,6 +124,14 @@ def config_settings(config: Union[str, Dict[str, Dict[str, Any]]]) -> Dict[Tuple
     """The scalar settings of a config (TOML text, such as a ring's ``Consumer.config``, or a
     dict of sections): ``(section, key) -> value`` for every boolean, integer, float and string
     key, read by pinring's own parser."""
+
+def bound(
+    seconds: float, delivered: int, daemon_wait: float, loader_wait: float, loader_busy: float,
+    upload: float,
+) -> Literal["loaders", "upload", "consumer", "balanced", "idle"]:
+    """Where a pipeline was bound over an interval of ``seconds`` in which ``delivered``
+    batches went out, from the growth of the ring's wait counters (``Consumer.status()``'s),
+    as ``pinring status`` judges it."""
 
 PREFETCH_RANGE: Tuple[int, int]
 """The allowed range of ``daemon.prefetch`` (device batch buffers): ``(2, 64)``."""
@@ -138,6 +157,7 @@ def _test_check_ring_name(name: str) -> None: ...
 def _error_for_exit(code: int, message: str) -> PinringError:
     """The exception for a pinring program's exit code, carrying ``message``."""
 
+@final
 class Batch:
     """One whole batch taken from a ring: ``fields`` maps each field's name (``"images"``,
     ``"labels"``, ...) to a ``Field`` with the batch dimension first. The batch's buffer goes
@@ -156,6 +176,7 @@ class Batch:
     def release(self) -> None:
         """Drops this object's hold on the buffer (arrays and tensors keep theirs)."""
 
+@final
 class Consumer:
     """The one consumer of a ring whose daemon runs ``--sink consumer``.
 
@@ -164,14 +185,14 @@ class Consumer:
     and ``RefusedError`` for a ``fingerprint`` of another plan.
     """
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
         ring: str,
         start_seq: Optional[int] = None,
         fingerprint: Optional[int] = None,
         wait_for_ring: float = 30.0,
         path: Optional[str] = None,
-    ) -> None:
+    ) -> "Consumer":
         """``path``: where an anonymous ring is (``EmbeddedDaemon.path``); None: the ring
         named in /dev/shm."""
     def next_batch(self, timeout: Optional[float] = None) -> Optional[Batch]:
@@ -184,6 +205,9 @@ class Consumer:
     def leases_expired(self) -> int:
         """Batch parts the daemon took back because a loader held them past the lease, over
         the ring's life."""
+    def status(self) -> str:
+        """The ring as ``pinring status --json`` reads it, as JSON text: slot counts, loaders,
+        batches committed and delivered, bytes in and out, and the wait counters."""
     def expected(self, batch: int) -> Dict[str, bytes]:
         """The synthetic generator's bytes of each field of batch number ``batch`` (for
         checking every byte)."""
@@ -205,14 +229,15 @@ class Consumer:
         """Detaches. Batches and tensors still alive stay valid, and keep the ring's consumer
         seat until the last of them is gone."""
 
+@final
 class EmbeddedDaemon:
     """The daemon's code on a thread of this process (no service, no CUDA IPC). Loaders join
     its ring with ``pinring-loader --ring NAME``; with ``anonymous=True`` the ring is a memfd
     with no name in /dev/shm (gone with the last process holding it), which consumers and
     producers open at ``path``."""
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
         config: Optional[str] = None,
         ring: Optional[str] = None,
         backend: Literal["auto", "cuda", "host"] = "auto",
@@ -222,7 +247,7 @@ class EmbeddedDaemon:
         replace: bool = False,
         wait: float = 60.0,
         anonymous: bool = False,
-    ) -> None: ...
+    ) -> "EmbeddedDaemon": ...
     @property
     def ring(self) -> str: ...
     @property
@@ -234,6 +259,7 @@ class EmbeddedDaemon:
     def stop(self) -> Optional[str]:
         """Stops (drains) the daemon; its summary as JSON text."""
 
+@final
 class Part:
     """One claimed part of a batch (a whole batch when it fits one slot). Fill every field,
     then ``commit()`` within the daemon's lease (``daemon.lease_ms``, 30 s by default)."""
@@ -268,13 +294,14 @@ class Part:
         committed."""
     def __len__(self) -> int: ...
 
+@final
 class Producer:
     """A loader process's end of a ring, in Python: claims parts, lets Python fill them."""
 
-    def __init__(
-        self, ring: str, config: Optional[str] = None, wait: float = 30.0,
+    def __new__(
+        cls, ring: str, config: Optional[str] = None, wait: float = 30.0,
         path: Optional[str] = None, peers: Optional[int] = None,
-    ) -> None:
+    ) -> "Producer":
         """Joins ring ``ring`` as a loader (the config lookup of ``pinring-loader``; refused
         with ``RefusedError`` if its fingerprint is not the daemon's). ``path``: where an
         anonymous ring is (``EmbeddedDaemon.path``). ``peers``: how many producers are started

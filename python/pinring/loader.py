@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import tempfile
 import time
 from typing import Any, Dict, Iterator, Optional, Sequence, Union
 
 from pinring import _native
+from pinring._progress import Progress
 
 
 def _to_framework(fields: Dict[str, Any], as_numpy: bool, stream: Optional[int]) -> Dict[str, Any]:
@@ -38,7 +40,7 @@ def _to_framework(fields: Dict[str, Any], as_numpy: bool, stream: Optional[int])
             # the same way: it waits on the upload's event, on the device.
             out[name] = torch.utils.dlpack.from_dlpack(f.__dlpack__(stream=stream))
         else:
-            out[name] = torch.from_dlpack(f)
+            out[name] = torch.utils.dlpack.from_dlpack(f)
     return out
 
 
@@ -48,6 +50,32 @@ def checked_state(state: Dict[str, int]) -> Dict[str, int]:
     if missing:
         raise _native.UsageError(f"a pinring state needs the keys seq and fingerprint; missing {sorted(missing)}")
     return {"seq": int(state["seq"]), "fingerprint": int(state["fingerprint"])}
+
+
+# The kinds read from files, each with its own table ([dataset.tokens], ...), and the keys of
+# [dataset] itself beside such a table.
+_FILE_KINDS = ("tokens", "npy", "webdataset", "imagefolder")
+_DATASET_OWN = ("kind", "on_bad_sample", "image")
+
+
+def _nested_dataset(dataset: Dict[str, Any]) -> Dict[str, Any]:
+    """``dataset=`` as the config's shape. A file kind's keys may be given flat, beside
+    ``kind`` (``{"kind": "webdataset", "shards": [...]}``): they go into the kind's table
+    (``[dataset.webdataset]``), the only place they can be."""
+    kind = dataset.get("kind")
+    if kind not in _FILE_KINDS:
+        return dict(dataset)
+    flat = {k: v for k, v in dataset.items() if k not in _DATASET_OWN and k != kind}
+    if not flat:
+        return dict(dataset)
+    if kind in dataset:
+        raise _native.UsageError(
+            f"dataset= gives {sorted(flat)} beside its {kind!r} table: put every "
+            f"[dataset.{kind}] key in dataset[{kind!r}], or give them all flat"
+        )
+    nested = {k: v for k, v in dataset.items() if k in _DATASET_OWN}
+    nested[kind] = flat
+    return nested
 
 
 class Loader:
@@ -69,7 +97,8 @@ class Loader:
             settings ``dataset=``, ``image=`` and the plan's keywords give.
         dataset, image: an embedded daemon's ``[dataset]`` and ``[dataset.image]`` tables as
             dicts (``dataset={"kind": "webdataset", "shards": [...]}, image={"crop": 224}``),
-            instead of a file.
+            instead of a file. A file kind's keys may be given flat beside ``kind``, as there,
+            or in its own table (``{"kind": "webdataset", "webdataset": {"shards": [...]}}``).
         batch_size, shuffle, seed, drop_last: the ``[plan]`` keys, with ``dataset=`` or a dict
             ``config``. Every setting is validated by pinring's own parser, with its messages.
         backend: an embedded daemon's backend: ``"auto"``, ``"cuda"`` or ``"host"``.
@@ -77,6 +106,8 @@ class Loader:
         wait_for_ring: seconds to wait for an attached ring to appear.
         as_numpy: yield NumPy arrays instead of torch tensors.
         stream: a CUDA stream handle the tensors are used on (None: torch's current stream).
+        progress: a one-line progress view on stderr (epoch, batches, batches/s, GB/s and
+            where the pipeline is bound); None: only when stderr is a terminal.
     """
 
     def __init__(
@@ -100,6 +131,7 @@ class Loader:
         wait_for_ring: float = 30.0,
         as_numpy: bool = False,
         stream: Optional[int] = None,
+        progress: Optional[bool] = None,
     ) -> None:
         self._daemon: Optional[_native.EmbeddedDaemon] = None
         self._loaders: Optional[Any] = None
@@ -121,15 +153,12 @@ class Loader:
                 )
             config = self._config_from_data(config, dataset, image, plan)
             embedded = True
+        self._daemon_args: Optional[Dict[str, Any]] = None
         if embedded or loaders:
-            self._daemon = _native.EmbeddedDaemon(
-                config=config,
-                ring=ring,
-                backend=backend,
-                device=0 if device is None else device,
-                epochs=epochs,
-                anonymous=bool(loaders),
-            )
+            self._daemon_args = dict(config=config, backend=backend,
+                                     device=0 if device is None else device, epochs=epochs,
+                                     anonymous=bool(loaders))
+            self._daemon = _native.EmbeddedDaemon(ring=ring, **self._daemon_args)
             ring = self._daemon.ring
             self._path = self._daemon.path
         elif ring is None:
@@ -142,6 +171,11 @@ class Loader:
         self._stream = stream
         self._consumer: Optional[_native.Consumer] = None
         self._resume: Optional[Dict[str, int]] = None
+        self._epoch_wanted: Optional[int] = None
+        self._loader_args = (loaders, loaders_cpus)
+        if progress is None:
+            progress = bool(getattr(sys.stderr, "isatty", lambda: False)())
+        self._progress: Optional[Progress] = Progress() if progress else None
         if loaders:
             self._start_loaders(loaders, loaders_cpus)
 
@@ -151,6 +185,8 @@ class Loader:
         pinring's parser and written as pinring writes it; the file's path."""
         sections: Dict[str, Any] = {k: dict(v) if isinstance(v, dict) else v
                                     for k, v in (config or {}).items()}
+        if dataset is not None:
+            dataset = _nested_dataset(dataset)
         for name, table in (("dataset", dataset), ("plan", plan)):
             if table:
                 given = sections.setdefault(name, {})
@@ -262,6 +298,7 @@ class Loader:
             b = self._next(c)
             if b is None:
                 return
+            self._took(c, b, c.batches_per_epoch)
             # Yielded out of a list, so this suspended generator keeps no reference to the
             # batch: the caller's last reference is the last one.
             box = [b]
@@ -269,6 +306,9 @@ class Loader:
             yield box.pop()
 
     def __iter__(self) -> Iterator[Dict[str, Any]]:
+        if self._epoch_wanted is not None:
+            epoch, self._epoch_wanted = self._epoch_wanted, None
+            self._move_to_epoch(epoch)
         c = self._attach()
         per_epoch = c.batches_per_epoch
         while True:
@@ -276,6 +316,7 @@ class Loader:
             if b is None:
                 return
             last = b.index_in_epoch + 1 >= per_epoch
+            self._took(c, b, per_epoch)
             box = [b]
             del b
             # Converted and yielded in one expression, so this suspended generator keeps no
@@ -284,6 +325,66 @@ class Loader:
             yield self._convert(box)
             if last:
                 return
+
+    def _took(self, c: _native.Consumer, b: _native.Batch, per_epoch: int) -> None:
+        if self._progress is not None:
+            self._progress.update(c, b.epoch, b.index_in_epoch, per_epoch)
+            if b.index_in_epoch + 1 >= per_epoch:
+                self._progress.end_epoch()
+
+    # -- epochs ----------------------------------------------------------------------------
+
+    def set_epoch(self, epoch: int) -> None:
+        """The next ``for`` yields epoch ``epoch`` (as ``DistributedSampler.set_epoch``); the
+        loader moves to the next epoch by itself after each ``for``, so this is only needed to
+        jump. With ``loaders=N`` the daemon and its loaders start again at the epoch (forward
+        or back, seconds of start-up); otherwise the loader can only move forward, taking and
+        dropping the batches up to the epoch, and a ring already past it is a ``UsageError``."""
+        if int(epoch) < 0:
+            raise _native.UsageError(f"set_epoch({epoch}): epochs count from 0")
+        self._epoch_wanted = int(epoch)
+
+    def _move_to_epoch(self, epoch: int) -> None:
+        c = self._attach()
+        per_epoch, ppb = c.batches_per_epoch, c.parts_per_batch
+        seq, fingerprint = c.state()
+        if seq // ppb // per_epoch == epoch:
+            return  # at the epoch's start, or where a loop left it
+        target = epoch * per_epoch * ppb
+        if target >= c.end_seq:
+            raise _native.UsageError(
+                f"set_epoch({epoch}): ring {self.ring!r} runs {c.end_seq // ppb // per_epoch} "
+                "epochs (plan.epochs): give an epoch below that, or more epochs"
+            )
+        if self._loaders is not None:
+            self._restart_at(target)
+            return
+        c.close()
+        self._consumer = None
+        self._resume = {"seq": target, "fingerprint": fingerprint}
+        try:
+            self._attach()
+        except _native.UsageError as e:
+            raise _native.UsageError(
+                f"set_epoch({epoch}): ring {self.ring!r} cannot go back to batch "
+                f"{target // ppb} ({e}); only a Loader with loaders=N starts its daemon again "
+                "at an earlier epoch"
+            ) from None
+
+    def _restart_at(self, seq: int) -> None:
+        """Stops the loaders and the embedded daemon, and starts both again at ``seq``."""
+        assert self._daemon is not None and self._daemon_args is not None
+        if self._loaders is not None:
+            self._loaders.stop()
+            self._loaders = None
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None
+        daemon, self._daemon = self._daemon, None
+        daemon.stop()
+        self._daemon = _native.EmbeddedDaemon(start_seq=seq, **self._daemon_args)
+        self.ring, self._path = self._daemon.ring, self._daemon.path
+        self._start_loaders(*self._loader_args)
 
     def _convert(self, box: "list[_native.Batch]") -> Dict[str, Any]:
         b = box.pop()
@@ -318,6 +419,8 @@ class Loader:
         """Detaches; stops the loaders ``loaders=`` started and an embedded daemon, and returns
         the daemon's summary. Batches and tensors still alive stay valid, and keep the ring's
         consumer seat until they are gone."""
+        if self._progress is not None:
+            self._progress.end_epoch()  # a line left mid-epoch ends before what follows
         if self._loaders is not None:
             self._loaders.stop()
             self._loaders = None

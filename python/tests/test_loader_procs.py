@@ -164,3 +164,135 @@ def test_the_config_as_data_and_keywords_no_file(tmp_path):
         pinring.Loader(config={"plan": {"batch_size": 4}}, batch_size=8, backend="host")
     with pytest.raises(pinring.UsageError, match="names a file"):
         pinring.Loader(config=config(tmp_path), batch_size=8, backend="host")
+
+
+
+def epoch_batches(loader):
+    """One ``for`` over ``loader``: the number of each batch it yielded, found by matching its
+    every byte against the generator's batches (``Consumer.expected``)."""
+    per_epoch = len(loader)
+    out = []
+    for fields in loader:
+        c = loader._consumer  # the loop's own: a jump starts a new one
+        got = {name: a.tobytes() for name, a in fields.items()}
+        # A batch of epoch e at index i is batch e * per_epoch + i: look in each epoch at the
+        # index this one has.
+        i = len(out)
+        match = [e * per_epoch + i for e in range(4) if c.expected(e * per_epoch + i) == got]
+        assert len(match) == 1, f"batch {i} of the for matches {match}"
+        out.append(match[0])
+    return out
+
+
+def test_set_epoch_starts_the_daemon_and_loaders_again_at_that_epoch(tmp_path):
+    # 64 batches per epoch, 4 epochs (shuffled: each epoch's batches differ). Each for is one
+    # epoch; set_epoch jumps back and forth, and each jump yields that epoch's batches.
+    text = CONFIG.replace("[plan]", "[plan]\nshuffle = true")
+    with pinring.Loader(config=config(tmp_path, text, epochs=4), loaders=2, backend="host",
+                        as_numpy=True, timeout=60) as loader:
+        n = len(loader)
+        assert epoch_batches(loader) == list(range(n))
+        loader.set_epoch(2)
+        pids = loader.loader_pids
+        assert epoch_batches(loader) == list(range(2 * n, 3 * n))
+        assert loader.loader_pids and not set(loader.loader_pids) & set(pids), \
+            "the jump started new loaders"
+        loader.set_epoch(1)  # back: the daemon starts again there
+        assert epoch_batches(loader) == list(range(n, 2 * n))
+        loader.set_epoch(2)  # the next epoch anyway: no restart
+        pids = loader.loader_pids
+        assert epoch_batches(loader) == list(range(2 * n, 3 * n))
+        assert loader.loader_pids == pids
+        loader.set_epoch(4)
+        with pytest.raises(pinring.UsageError, match="runs 4 epochs"):
+            next(iter(loader))
+        with pytest.raises(pinring.UsageError, match="epochs count from 0"):
+            loader.set_epoch(-1)
+
+
+class Terminal:
+    """A stderr that says it is a terminal, keeping what is written."""
+
+    def __init__(self):
+        self.text = ""
+
+    def isatty(self):
+        return True
+
+    def write(self, s):
+        self.text += s
+
+    def flush(self):
+        pass
+
+
+def test_the_progress_line(tmp_path, capsys):
+    from pinring._progress import Progress
+
+    # Not a terminal and not asked for: nothing on stderr.
+    with pinring.Loader(config=config(tmp_path, epochs=1), loaders=1, backend="host",
+                        as_numpy=True, timeout=60) as loader:
+        assert sum(1 for _ in loader) == 64
+    assert "pinring epoch" not in capsys.readouterr().err
+    # Asked for, stderr a pipe: a line now and then, and one at each epoch's end.
+    with pinring.Loader(config=config(tmp_path, epochs=2), loaders=1, backend="host",
+                        as_numpy=True, timeout=60, progress=True) as loader:
+        for _ in range(2):
+            assert sum(1 for _ in loader) == 64
+    lines = capsys.readouterr().err.splitlines()
+    ends = [line for line in lines if " 64/64 100% " in line]
+    assert [line.split()[2] for line in ends] == ["0", "1"], lines
+    assert all("batch/s" in line and "B/s " in line and "bound: " in line for line in ends)
+    # On a terminal: redrawn in place, one finished line per epoch, the verdict one of
+    # pinring status's.
+    term = Terminal()
+    with pinring.Loader(config=config(tmp_path, epochs=1), loaders=2, backend="host",
+                        as_numpy=True, timeout=60) as loader:
+        loader._progress = Progress(stream=term, interval=0.0)
+        assert sum(1 for _ in loader) == 64
+    assert term.text.endswith("\n") and term.text.count("\n") == 1, repr(term.text[-200:])
+    draws = term.text.rstrip("\n").split("\r")[1:]
+    assert len(draws) == 64, "every batch redraws with interval 0"
+    assert draws[-1].startswith("pinring epoch 0  64/64 100% ")
+    verdicts = {d.split("bound: ")[1].removesuffix("\x1b[K") for d in draws}
+    assert verdicts <= {"loaders", "upload", "trainer", "balanced", "idle"}, verdicts
+
+
+def test_a_file_kinds_keys_may_be_given_flat(tmp_path):
+    tokens = tmp_path / "train.bin"
+    np.arange(4097, dtype=np.uint16).tofile(tokens)
+    flat = {"kind": "tokens", "files": [str(tokens)], "seq_len": 64}
+    with pinring.Loader(dataset=flat, batch_size=8, epochs=1, loaders=1, backend="host",
+                        as_numpy=True, timeout=60) as loader:
+        batches = list(loader)
+    assert len(batches) == 8  # 64 windows of 64 tokens, 8 a batch
+    starts = sorted(int(b["input_ids"][i, 0]) for b in batches for i in range(8))
+    assert starts == list(range(0, 4096, 64)), "every window once"
+    assert all((b["targets"][:, :-1] == b["input_ids"][:, 1:]).all() for b in batches)
+    nested = {"kind": "tokens", "tokens": {"files": [str(tokens)]}, "seq_len": 64}
+    with pytest.raises(pinring.UsageError, match=r"beside its 'tokens' table"):
+        pinring.Loader(dataset=nested, backend="host")
+
+
+def test_relative_paths_reach_loaders_started_from_python(tmp_path, monkeypatch):
+    # The loaders read the ring's config from a directory of their own: a relative path is
+    # resolved where the user meant it (the file's directory, or the working directory for
+    # settings given as data) and stored absolute.
+    data = tmp_path / "data"
+    data.mkdir()
+    np.arange(4097, dtype=np.uint16).tofile(data / "train.bin")
+    (data / "train.toml").write_text(
+        '[dataset]\nkind = "tokens"\n[dataset.tokens]\nfiles = ["train.bin"]\nseq_len = 64\n'
+        "[plan]\nbatch_size = 8\nepochs = 1\n"
+    )
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    with pinring.Loader(config="../data/train.toml", loaders=2, backend="host", as_numpy=True,
+                        timeout=60) as loader:
+        assert sum(1 for _ in loader) == 8
+    monkeypatch.chdir(data)
+    with pinring.Loader(dataset={"kind": "tokens", "files": ["train.bin"], "seq_len": 64},
+                        batch_size=8, epochs=1, loaders=2, backend="host", as_numpy=True,
+                        timeout=60) as loader:
+        assert sum(1 for _ in loader) == 8

@@ -789,6 +789,42 @@ impl Config {
         Ok(cfg)
     }
 
+    /// Rewrites every path of a file kind as the absolute path it resolves to
+    /// ([`Config::resolve_path`], a relative base taken from the working directory), so the
+    /// config reads the same files wherever it is written next. For configs that travel
+    /// without their file: an anonymous ring's (its loaders read it from the ring, not from the
+    /// file) and settings given as data (relative to the working directory of the process that
+    /// gave them). The fingerprint then covers the absolute paths.
+    pub fn make_paths_absolute(&mut self) -> Result<(), ConfigError> {
+        let base = self.base_dir.take();
+        let absolute = |p: &mut PathBuf| -> Result<(), ConfigError> {
+            let joined = match &base {
+                Some(dir) if p.is_relative() => dir.join(&*p),
+                _ => p.clone(),
+            };
+            *p = std::path::absolute(&joined).map_err(|source| ConfigError::Read {
+                path: joined.display().to_string(),
+                source,
+            })?;
+            Ok(())
+        };
+        let d = &mut self.dataset;
+        if let Some(t) = &mut d.tokens {
+            t.files.iter_mut().try_for_each(absolute)?;
+        }
+        if let Some(n) = &mut d.npy {
+            absolute(&mut n.path)?;
+            n.labels.iter_mut().try_for_each(absolute)?;
+        }
+        if let Some(w) = &mut d.webdataset {
+            w.shards.iter_mut().try_for_each(absolute)?;
+        }
+        if let Some(f) = &mut d.imagefolder {
+            absolute(&mut f.root)?;
+        }
+        Ok(())
+    }
+
     /// `path` of a file kind (as written in the config) resolved: an absolute path as it is, a
     /// relative one against the directory of the config file ([`Config::base_dir`]), or the
     /// working directory for a config that is not from a file.
@@ -3507,6 +3543,31 @@ crop = 32
         );
         let c = parse(TOKENS).unwrap();
         assert_eq!(c.resolve_path(Path::new("a.bin")), Path::new("a.bin"));
+    }
+
+    #[test]
+    fn paths_made_absolute_read_the_same_files_from_anywhere() {
+        // From a file: against its directory, and the TOML written out keeps them so.
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("pinring.toml");
+        std::fs::write(&p, TOKENS).unwrap();
+        let mut c = Config::load(&p).unwrap();
+        c.make_paths_absolute().unwrap();
+        let files = [dir.path().join("a.bin"), PathBuf::from("/data/b.bin")];
+        assert_eq!(c.dataset.tokens.as_ref().unwrap().files, files);
+        let again = parse(&c.to_toml()).unwrap();
+        assert_eq!(again.dataset.tokens.as_ref().unwrap().files, files);
+        assert_ne!(
+            again.fingerprint(),
+            Config::load(&p).unwrap().fingerprint(),
+            "the fingerprint covers the paths as written"
+        );
+        // Not from a file (settings given as data): against the working directory.
+        let mut c = parse(NPY).unwrap();
+        c.make_paths_absolute().unwrap();
+        let npy = c.dataset.npy.unwrap();
+        let cwd = std::env::current_dir().unwrap();
+        assert!(npy.path.is_absolute() && npy.path.starts_with(&cwd), "{npy:?}");
     }
 }
 

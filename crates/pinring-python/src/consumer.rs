@@ -158,6 +158,18 @@ impl Consumer {
         })
     }
 
+    /// The ring as `pinring status --json` reads it, as JSON text: slot counts, loaders, batches
+    /// committed and delivered, bytes in and out, and the wait counters the verdict reads.
+    fn status(&self) -> PyResult<String> {
+        let snap = self.with(|c| pinring_runtime::status::Snapshot::take(c.ring()))?;
+        serde_json::to_string(&snap).map_err(|e| {
+            exit_error(
+                pinring_exit::Exit::Internal,
+                format!("ring {:?}: its status as JSON: {e}", self.ring),
+            )
+        })
+    }
+
     /// What the synthetic generator says each field of batch number `batch` holds: field name
     /// -> bytes, computed from the ring's own config and plan (for checking every byte a
     /// consumer got).
@@ -381,4 +393,27 @@ impl Drop for Consumer {
         // A forked child's copy: its ring lock and batch buffers are the parent's.
         self.live.forget_if_copy(&mut self.inner);
     }
+}
+
+/// Where a pipeline was bound over an interval of `seconds` in which `delivered` batches went
+/// out, from the growth of the ring's wait counters (`Consumer.status()`'s): `"loaders"`,
+/// `"upload"`, `"consumer"`, `"balanced"` or `"idle"`, as `pinring status` says it.
+#[pyfunction]
+#[pyo3(signature = (seconds, delivered, daemon_wait, loader_wait, loader_busy, upload))]
+pub fn bound(
+    seconds: f64,
+    delivered: u64,
+    daemon_wait: f64,
+    loader_wait: f64,
+    loader_busy: f64,
+    upload: f64,
+) -> &'static str {
+    pinring_runtime::status::bound(
+        seconds,
+        delivered,
+        daemon_wait,
+        loader_wait,
+        loader_busy,
+        upload,
+    )
 }

@@ -55,7 +55,13 @@ pub fn check_config<'py>(
     config: &Bound<'py, PyAny>,
     source: &str,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let cfg = config_from(py, config, source)?;
+    let mut cfg = config_from(py, config, source)?;
+    if config.is_instance_of::<PyDict>() {
+        // Settings given as data have no file: their relative paths are this process's
+        // working directory's, written out absolute so that a daemon or loader reading the
+        // TOML from another directory opens the same files.
+        cfg.make_paths_absolute().map_err(|e| e.to_pyerr())?;
+    }
     let toml = cfg.try_to_toml().map_err(|e| e.to_pyerr())?;
     let settings = settings_of(py, &cfg)?;
     // The daemon's own resolution (`Config::resolve`): a file kind's files are opened (relative

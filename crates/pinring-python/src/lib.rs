@@ -34,6 +34,7 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<producer::Part>()?;
     m.add_class::<testing::OwnerProbe>()?;
     m.add_function(wrap_pyfunction!(convert::check_config, m)?)?;
+    m.add_function(wrap_pyfunction!(consumer::bound, m)?)?;
     m.add_function(wrap_pyfunction!(process::live_rings, m)?)?;
     m.add_function(wrap_pyfunction!(process::die_with_parent, m)?)?;
     m.add_function(wrap_pyfunction!(convert::config_settings, m)?)?;

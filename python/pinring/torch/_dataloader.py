@@ -11,7 +11,7 @@ import shutil
 import tempfile
 import threading
 import time
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Literal, Optional, Set, Tuple
 
 import torch
 
@@ -174,8 +174,7 @@ class DataLoader:
             ) if value is not None and not isinstance(value, _Default)
         }
         batch_size, drop_last, in_order, epochs = (
-            v.value if isinstance(v, _Default) else v
-            for v in (batch_size, drop_last, in_order, epochs)
+            _unwrapped(v) for v in (batch_size, drop_last, in_order, epochs)
         )
         if batch_size is None or int(batch_size) < 1:
             raise _native.UsageError(f"batch_size must be a positive integer, not {batch_size!r}")
@@ -249,7 +248,7 @@ class DataLoader:
         self._tmp: Optional[str] = None
         self._restarts = 0
         self._leases_seen = 0  # the ring's count of parts taken back after their lease, seen
-        self._done: set = set()  # ids of workers that saw the plan end
+        self._done: Set[int] = set()  # ids of workers that saw the plan end
         # Why a worker left: the ring's error under its claim (its type, its report).
         self._left: Dict[int, Tuple[Any, str]] = {}
         self._ring_settings: Dict[Tuple[str, str], Any] = {}
@@ -351,7 +350,7 @@ class DataLoader:
             path = os.path.join(self._tmp, "pinring.toml")
             with open(path, "w") as f:
                 f.write(text)
-            backend = "host" if self._device.type == "cpu" else "cuda"
+            backend: Literal["host", "cuda"] = "host" if self._device.type == "cpu" else "cuda"
             # Anonymous: a memfd, not a name in /dev/shm, so nothing is left behind however
             # this process ends, and /dev/shm's size does not matter.
             self._daemon = _native.EmbeddedDaemon(
@@ -409,7 +408,7 @@ class DataLoader:
                 continue
             section, key = _RING_KEYS[arg]
             have = settings.get((section, key))
-            mine = self.prefetch if arg == "prefetch_factor" else value
+            mine: Any = self.prefetch if arg == "prefetch_factor" else value
             if isinstance(have, bool) or arg in ("shuffle", "drop_last", "in_order"):
                 mine = bool(mine)
             elif arg == "seed":
@@ -745,7 +744,7 @@ class DataLoader:
         b = box.pop()
         layout = self._infer()
         fields = b.fields
-        tensors = [torch.from_dlpack(fields[name]) for name in layout.names]
+        tensors = [torch.utils.dlpack.from_dlpack(fields[name]) for name in layout.names]
         b.release()
         del b, fields
         return _rebuild(layout.tree, tensors)
@@ -776,6 +775,11 @@ class DataLoader:
 _MIN_SLOTS = 16
 _SLOTS_PER_WORKER = 2
 _MIN_SLOTS_THREAD = 4
+
+
+def _unwrapped(value: Any) -> Any:
+    """An argument's value, a default's as it is."""
+    return value.value if isinstance(value, _Default) else value
 
 
 def _ring_slots(auto: int, workers: int, parts_per_batch: int) -> int:

@@ -192,7 +192,7 @@ def _view(field: Any, torch_copies: bool = False) -> Any:
     process has one intra-op thread (``torch.set_num_threads(1)``, as torch's workers), so
     NumPy serves it as well."""
     if field.dtype == "bf16" or (torch_copies and field.dtype in _TORCH_COPIES):
-        return torch.from_dlpack(field)
+        return torch.utils.dlpack.from_dlpack(field)
     return np.from_dlpack(field)
 
 
@@ -218,7 +218,7 @@ def _write(layout: _Layout, value: Any, views: List[Any], j: Optional[int], inde
                 # copy_ releases the GIL, and a large copy runs on torch's intra-op threads.
                 (view if j is None else view[j]).copy_(value.detach())
                 continue
-            src = value.detach().numpy()
+            src: Any = value.detach().numpy()
         elif isinstance(view, torch.Tensor):
             if view.dtype != torch.bfloat16:
                 # NumPy arrays and numbers are NumPy's to write, as in a worker (torch would

@@ -286,7 +286,7 @@ class Zygote:
     def _spawn(self, payload: Payload, ours: socket.socket, theirs: socket.socket, me: int) -> None:
         memfd = _pickled(payload)
         try:
-            ctx = multiprocessing.get_context(self.method)
+            ctx: Any = multiprocessing.get_context(self.method)
             self.proc = ctx.Process(
                 target=_spawned_zygote, args=(_Fd(theirs.fileno()), _Fd(memfd), _Fd(me)),
                 name=_ZYGOTE_NAME, daemon=True,
@@ -468,7 +468,8 @@ def _unpickled(fd: int) -> Payload:
         f.seek(0)
         size = os.fstat(f.fileno()).st_size
         with mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ) as m:
-            return pickle.loads(m)
+            payload: Payload = pickle.loads(m)
+            return payload
 
 
 # -- the zygote, inside ----------------------------------------------------------------------
@@ -506,7 +507,8 @@ def _serve(ctl: socket.socket, trainer: int, payload: Payload) -> None:
     try:
         _send(ctl, ("ready", me))
         while True:
-            ready, _, _ = select.select([ctl, trainer, *workers, *siblings], [], [])
+            watched: List[Any] = [ctl, trainer, *workers, *siblings]
+            ready, _, _ = select.select(watched, [], [])
             if trainer in ready:
                 return
             for pfd in ready:

@@ -81,12 +81,11 @@ def _worker_main(args: _WorkerArgs, errors: Any, stop: Any) -> None:
             stage = "worker_init_fn"
             args.worker_init_fn(args.worker_id)
         stage = "attaching"
-        where = {} if args.path is None else {"path": args.path}
         # The workers start together: each keeps to its own share of the slots from its first
         # claim, so it writes (and counts in its PSS) only those pages of the ring.
-        peers = {"peers": args.num_workers} if args.num_workers > 1 else {}
-        producer = _native.Producer(args.ring, config=args.config, wait=args.wait, **where,
-                                    **peers)
+        producer = _native.Producer(args.ring, config=args.config, wait=args.wait,
+                                    path=args.path,
+                                    peers=args.num_workers if args.num_workers > 1 else None)
         thread = args.num_workers == 0
         layout = args.layout
         try:
@@ -139,14 +138,14 @@ def _worker_main(args: _WorkerArgs, errors: Any, stop: Any) -> None:
             _put(errors, (args.worker_id, "ring", index, type(e), f"{type(e).__name__}: {e}"))
             return
         text = "".join(traceback.format_exception(type(e), e, e.__traceback__))
-        where = {
+        place = {
             "loading": f" while loading sample {index}",
             "collating": f" in collate_fn for a part from sample {index}",
             "worker_init_fn": " in worker_init_fn",
             "attaching": " while joining the ring",
         }.get(stage, "")
         message = (
-            f"Caught {type(e).__name__} in pinring DataLoader worker {args.worker_id}{where}.\n"
+            f"Caught {type(e).__name__} in pinring DataLoader worker {args.worker_id}{place}.\n"
             f"Original {text}"
         )
         if "forked subprocess" in str(e):
@@ -193,7 +192,8 @@ class _Worker:
     def exitcode(self) -> Optional[int]:
         if self.thread is not None:
             return None if self.thread.is_alive() else 0
-        return self.zygote.exitcode(self.pid)
+        code: Optional[int] = self.zygote.exitcode(self.pid)
+        return code
 
     def wait(self, deadline: float) -> bool:
         """Waits until the worker has ended or `deadline` (time.monotonic) passes; whether it

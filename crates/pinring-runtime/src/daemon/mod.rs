@@ -175,10 +175,17 @@ pub fn run(args: &DaemonArgs, shutdown: &Shutdown) -> Outcome {
         epochs: args.epochs,
         unordered: args.unordered,
     };
-    let cfg = match settings::load(args.config.as_deref(), &overrides) {
+    let mut cfg = match settings::load(args.config.as_deref(), &overrides) {
         Ok(c) => c,
         Err(e) => return failed_at_start(args, None, e.into()),
     };
+    if args.address.is_some() {
+        // An anonymous ring's loaders are given the config the ring holds, written elsewhere
+        // (`pinring.Loader(loaders=N)`), not this file: its paths are stored absolute.
+        if let Err(e) = cfg.make_paths_absolute() {
+            return failed_at_start(args, Some(&cfg), e.into());
+        }
+    }
     // The one resolution that config check and Python's check_config make too
     // (`Config::resolve`): a file kind's source is opened once, here, and its length becomes
     // dataset.samples (in the fingerprint, and in the config stored for consumers; each loader
