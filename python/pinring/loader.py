@@ -404,9 +404,13 @@ class Loader:
 
     def load_state_dict(self, state: Dict[str, int]) -> None:
         """Resumes at a saved state: the next batch is the one at ``state["seq"]``. A state
-        saved under another plan (dataset or plan settings) is refused when the loader attaches.
+        saved under another plan (dataset or plan settings) is refused (``RefusedError``).
+        With ``loaders=N`` the daemon and its loaders start again at that batch, so nothing
+        before it is made again; attached, the consumer moves forward to it.
         """
         resume = checked_state(state)
+        if self._loaders is not None:
+            self._restart_at(resume["seq"])
         if self._consumer is not None:
             self._consumer.close()
             self._consumer = None

@@ -296,3 +296,32 @@ def test_relative_paths_reach_loaders_started_from_python(tmp_path, monkeypatch)
                         batch_size=8, epochs=1, loaders=2, backend="host", as_numpy=True,
                         timeout=60) as loader:
         assert sum(1 for _ in loader) == 8
+
+
+def test_a_saved_state_resumes_with_nothing_made_again(tmp_path):
+    path = config(tmp_path, epochs=2)
+    with pinring.Loader(config=path, loaders=2, backend="host", as_numpy=True,
+                        timeout=60) as loader:
+        it = loader.batches()
+        taken = [next(it).batch for _ in range(70)]
+        state = loader.state_dict()
+        del it
+    assert taken == list(range(70))
+    # A new training process: the daemon and loaders start at the saved batch, so the run
+    # makes only what is left, each batch once and in order, every byte the generator's.
+    with pinring.Loader(config=path, loaders=2, backend="host", as_numpy=True,
+                        timeout=60) as loader:
+        loader.load_state_dict(state)
+        c = loader._attach()
+        rest = []
+        for b in loader.batches():
+            check(c, b)
+            rest.append(b.batch)
+        summary = loader.close()
+    assert rest == list(range(70, 128))
+    assert summary["batches_delivered"] == 128 - 70, summary
+    # A state of another plan is refused, naming the fingerprints.
+    other = config(tmp_path, CONFIG.replace("seed = 7", "seed = 8"))
+    with pinring.Loader(config=other, loaders=1, backend="host", as_numpy=True) as loader:
+        with pytest.raises(pinring.RefusedError, match="fingerprint"):
+            loader.load_state_dict(state)
