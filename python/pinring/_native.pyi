@@ -247,7 +247,11 @@ class EmbeddedDaemon:
         replace: bool = False,
         wait: float = 60.0,
         anonymous: bool = False,
-    ) -> "EmbeddedDaemon": ...
+        rank: Optional[int] = None,
+        world_size: Optional[int] = None,
+    ) -> "EmbeddedDaemon":
+        """``rank`` and ``world_size`` (both or neither) replace the config's ``plan.rank``
+        and ``plan.world_size``."""
     @property
     def ring(self) -> str: ...
     @property

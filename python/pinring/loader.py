@@ -19,7 +19,7 @@ import tempfile
 import time
 from typing import Any, Dict, Iterator, Optional, Sequence, Union
 
-from pinring import _native
+from pinring import _dist, _native
 from pinring._progress import Progress
 
 
@@ -78,6 +78,19 @@ def _nested_dataset(dataset: Dict[str, Any]) -> Dict[str, Any]:
     return nested
 
 
+def _ring_name_of(config: Optional[Union[str, Dict[str, Any]]]) -> str:
+    """ring.name of a config (a file or settings as data), or the default's."""
+    if isinstance(config, dict):
+        return str(config.get("ring", {}).get("name", "default"))
+    if isinstance(config, str):
+        try:
+            with open(config) as f:
+                return str(_native.config_settings(f.read()).get(("ring", "name"), "default"))
+        except (OSError, _native.PinringError):
+            return "default"  # the daemon reports the file's problem itself
+    return "default"
+
+
 class Loader:
     """Iterates over one epoch of a ring's batches per ``for`` loop, in order.
 
@@ -101,6 +114,10 @@ class Loader:
             or in its own table (``{"kind": "webdataset", "webdataset": {"shards": [...]}}``).
         batch_size, shuffle, seed, drop_last: the ``[plan]`` keys, with ``dataset=`` or a dict
             ``config``. Every setting is validated by pinring's own parser, with its messages.
+        rank, world_size: an embedded daemon's shard (``plan.rank``, ``plan.world_size``, over
+            the config's). Under torchrun, or with a ``torch.distributed`` process group, they
+            are the job's when left out, and one given that contradicts the job is a
+            ``UsageError``; an attached ring must serve this process's shard.
         backend: an embedded daemon's backend: ``"auto"``, ``"cuda"`` or ``"host"``.
         timeout: seconds to wait for one batch (None: as long as the daemon lives).
         wait_for_ring: seconds to wait for an attached ring to appear.
@@ -125,6 +142,8 @@ class Loader:
         shuffle: Optional[bool] = None,
         seed: Optional[int] = None,
         drop_last: Optional[bool] = None,
+        rank: Optional[int] = None,
+        world_size: Optional[int] = None,
         backend: str = "auto",
         epochs: Optional[int] = None,
         timeout: Optional[float] = None,
@@ -154,13 +173,29 @@ class Loader:
             config = self._config_from_data(config, dataset, image, plan)
             embedded = True
         self._daemon_args: Optional[Dict[str, Any]] = None
+        if (rank is None) != (world_size is None):
+            raise _native.UsageError(
+                f"rank={rank}, world_size={world_size}: give both, or neither (the job's, or "
+                "the config's plan)"
+            )
         if embedded or loaders:
+            rank, world_size = _dist.shard(rank, world_size, "pinring.Loader")
+            local = _dist.local_rank()
+            if ring is None and local is not None:
+                ring = f"{_ring_name_of(config)}-rank{local}"  # one per rank on the host
             self._daemon_args = dict(config=config, backend=backend,
-                                     device=0 if device is None else device, epochs=epochs,
-                                     anonymous=bool(loaders))
-            self._daemon = _native.EmbeddedDaemon(ring=ring, **self._daemon_args)
+                                     device=_dist.default_ordinal() if device is None else device,
+                                     epochs=epochs, anonymous=bool(loaders), rank=rank,
+                                     world_size=world_size)
+            self._daemon_args["ring"] = ring
+            self._daemon = _native.EmbeddedDaemon(**self._daemon_args)
             ring = self._daemon.ring
             self._path = self._daemon.path
+        elif rank is not None:
+            raise _native.UsageError(
+                "rank= and world_size= set an embedded daemon's shard; an attached ring's "
+                "daemon decides its own (plan.rank, or $PINRING_RANK)"
+            )
         elif ring is None:
             ring = "default"
         self.ring: str = ring
@@ -270,6 +305,8 @@ class Loader:
             where = {} if self._path is None else {"path": self._path}
             c = _native.Consumer(self.ring, start_seq=seq, fingerprint=fp,
                                  wait_for_ring=self._wait_for_ring, **where)
+            if self._daemon is None:
+                _dist.check_ring_shard(self.ring, _native.config_settings(c.config))
             if self._device is not None and c.device not in ("cpu", f"cuda:{self._device}"):
                 c.close()
                 raise _native.UsageError(

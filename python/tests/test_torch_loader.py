@@ -289,7 +289,7 @@ def test_only_a_reclaimed_commit_lets_the_worker_go_on(monkeypatch):
     ]
 
     class Producer:
-        def __init__(self, ring, config, wait):
+        def __init__(self, ring, config, wait, path=None, peers=None):
             pass
 
         def claim(self, timeout):

@@ -304,6 +304,7 @@ pub fn run(args: &RunArgs, shutdown: &Shutdown) -> Result<Exit, RunError> {
         ring: args.ring.clone(),
         epochs: args.epochs,
         unordered: args.unordered,
+        ..Default::default()
     };
     let cfg = settings::load(args.config.as_deref(), &overrides)?;
     let exe = pinring_runtime::this_program::get().map_err(|source| RunError::Spawn {

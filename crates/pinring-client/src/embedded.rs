@@ -38,6 +38,8 @@ pub struct EmbeddedOptions {
     /// holding it (so a killed trainer leaves nothing behind, and /dev/shm's size does not
     /// matter). Consumers and loaders open it at [`EmbeddedDaemon::path`], not by name.
     pub anonymous: bool,
+    /// `(plan.rank, plan.world_size)` over the config's: this process's shard of the job.
+    pub shard: Option<(u32, u32)>,
 }
 
 /// A daemon running on a thread of this process. Dropping it stops the daemon (a drain, as at
@@ -68,6 +70,7 @@ impl EmbeddedDaemon {
             ring: opts.ring.clone(),
             epochs: opts.epochs,
             unordered: false,
+            shard: opts.shard,
         };
         let cfg = settings::load(opts.config.as_deref(), &overrides).map_err(|e| {
             ClientError::Daemon {
@@ -95,6 +98,7 @@ impl EmbeddedDaemon {
             service: Default::default(),
             embedded: true,
             address: address.clone(),
+            shard: opts.shard,
         };
         let shutdown = Shutdown::never();
         let thread = {

@@ -3567,7 +3567,10 @@ crop = 32
         c.make_paths_absolute().unwrap();
         let npy = c.dataset.npy.unwrap();
         let cwd = std::env::current_dir().unwrap();
-        assert!(npy.path.is_absolute() && npy.path.starts_with(&cwd), "{npy:?}");
+        assert!(
+            npy.path.is_absolute() && npy.path.starts_with(&cwd),
+            "{npy:?}"
+        );
     }
 }
 

@@ -274,9 +274,10 @@ pub struct EmbeddedDaemon {
 #[pymethods]
 impl EmbeddedDaemon {
     /// Starts the daemon (sink: this process's consumer) and waits up to `wait` seconds for its
-    /// ring to be ready.
+    /// ring to be ready. `rank` and `world_size` (both or neither) replace the config's
+    /// `plan.rank` and `plan.world_size`.
     #[new]
-    #[pyo3(signature = (config=None, ring=None, backend="auto", device=0, start_seq=0, epochs=None, replace=false, wait=60.0, anonymous=false))]
+    #[pyo3(signature = (config=None, ring=None, backend="auto", device=0, start_seq=0, epochs=None, replace=false, wait=60.0, anonymous=false, rank=None, world_size=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -289,7 +290,22 @@ impl EmbeddedDaemon {
         replace: bool,
         wait: f64,
         anonymous: bool,
+        rank: Option<u32>,
+        world_size: Option<u32>,
     ) -> PyResult<Self> {
+        let shard = match (rank, world_size) {
+            (Some(r), Some(w)) => Some((r, w)),
+            (None, None) => None,
+            _ => {
+                return Err(exit_error(
+                    pinring_exit::Exit::Usage,
+                    format!(
+                        "rank={rank:?}, world_size={world_size:?}: give both, or neither (the \
+                         config's plan then decides)"
+                    ),
+                ))
+            }
+        };
         let backend = backend
             .parse::<pinring_backend::BackendKind>()
             .map_err(|e| exit_error(pinring_exit::Exit::Usage, e.to_string()))?;
@@ -302,6 +318,7 @@ impl EmbeddedDaemon {
             start_seq,
             replace,
             anonymous,
+            shard,
         };
         let wait = seconds("wait", wait)?;
         let d = crate::signals::detach_interruptible(py, |stop| {

@@ -22,6 +22,9 @@ pub struct Overrides {
     pub epochs: Option<u32>,
     /// `--unordered`.
     pub unordered: bool,
+    /// `plan.rank` and `plan.world_size` as the embedding code found them (under torchrun,
+    /// Python's `pinring.Loader`): applied after `$PINRING_RANK` and `$PINRING_WORLD_SIZE`.
+    pub shard: Option<(u32, u32)>,
 }
 
 /// The config found by the lookup (or the built-in default) with the environment's and
@@ -66,6 +69,11 @@ pub fn resolve(
             cfg.plan.world_size = value;
         }
         cfg.source = format!("{} (with ${var}={value})", cfg.source);
+    }
+    if let Some((rank, world_size)) = overrides.shard {
+        cfg.plan.rank = rank;
+        cfg.plan.world_size = world_size;
+        cfg.source = format!("{} (rank {rank} of {world_size})", cfg.source);
     }
     if let Some(name) = &overrides.ring {
         cfg.ring.name = name.clone();

@@ -15,7 +15,7 @@ from typing import Any, Callable, Dict, Iterator, List, Literal, Optional, Set, 
 
 import torch
 
-from pinring import _native
+from pinring import _dist, _native
 from pinring.loader import checked_state
 from pinring.torch import _procs
 from pinring.torch._layout import _Layout, _rebuild
@@ -163,6 +163,10 @@ class DataLoader:
                 "batch_sampler is not supported: pinring's plan makes the batches; pass "
                 "batch_size, shuffle, drop_last (and a DistributedSampler or rank/world_size)"
             )
+        # Under torchrun (or a torch.distributed process group), rank and world_size left out
+        # are the job's; one passed that contradicts the job is an error naming both.
+        if sampler is None:
+            rank, world_size = _dist.shard(rank, world_size, "pinring.torch.DataLoader")
         # What the caller passed (not left at its default): with ring=, the ring's config
         # decides, and an argument passed must agree with it (_check_ring).
         given = {
@@ -215,6 +219,10 @@ class DataLoader:
             seed = sharded.get("seed")
         if seed is None and ring is not None:
             # The ring's plan.seed is taken at the start; the user's RNG is left as it is.
+            seed = 0
+        elif seed is None and _dist.job() is not None:
+            # Every rank must shuffle alike for the shards to be disjoint: DistributedSampler's
+            # default seed, not a draw from each rank's own RNG.
             seed = 0
         elif seed is None:
             # As torch's RandomSampler: one draw from the given generator or torch's RNG.
@@ -345,7 +353,9 @@ class DataLoader:
             )
         self._tmp = tempfile.mkdtemp(prefix="pinring-torch-")
         if self._attached_ring is None:
-            name = f"torch-{os.getpid()}-{id(self) & 0xFFFFFF:x}"
+            local = _dist.local_rank()
+            rank = "" if local is None else f"rank{local}-"
+            name = f"torch-{rank}{os.getpid()}-{id(self) & 0xFFFFFF:x}"
             text = self._ring_toml(name)
             path = os.path.join(self._tmp, "pinring.toml")
             with open(path, "w") as f:
@@ -827,11 +837,11 @@ def _from_sampler(sampler: Any, drop_last: bool) -> Dict[str, Any]:
 def _parse_device(device: Any) -> torch.device:
     if device is None:
         if torch.cuda.is_available():
-            return torch.device("cuda", torch.cuda.current_device())
+            return torch.device("cuda", _dist.device_index())
         return torch.device("cpu")
     d = torch.device(device)
     if d.type == "cuda" and d.index is None:
-        d = torch.device("cuda", torch.cuda.current_device())
+        d = torch.device("cuda", _dist.device_index())
     if d.type not in ("cuda", "cpu"):
         raise _native.UsageError(f"device {device!r}: pinring delivers to 'cuda:N' or 'cpu'")
     return d

@@ -63,6 +63,10 @@ pub struct DaemonArgs {
     /// Not a flag: set by the embedding code.
     #[arg(skip)]
     pub address: Option<std::sync::Arc<std::sync::OnceLock<PathBuf>>>,
+    /// `(plan.rank, plan.world_size)` over the config's (and `$PINRING_RANK`'s). Not a flag:
+    /// set by the embedding code, from the job it runs in.
+    #[arg(skip)]
+    pub shard: Option<(u32, u32)>,
 }
 
 /// Parses `--backend`.

@@ -174,6 +174,7 @@ pub fn run(args: &DaemonArgs, shutdown: &Shutdown) -> Outcome {
         ring: args.ring.clone(),
         epochs: args.epochs,
         unordered: args.unordered,
+        shard: args.shard,
     };
     let mut cfg = match settings::load(args.config.as_deref(), &overrides) {
         Ok(c) => c,
