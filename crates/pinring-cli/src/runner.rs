@@ -48,9 +48,9 @@ pub struct RunArgs {
     /// GPU backend: auto, cuda or host.
     #[arg(long, default_value = "auto", value_parser = parse_backend_kind)]
     pub backend: BackendKind,
-    /// CUDA device ordinal.
-    #[arg(long, default_value_t = 0)]
-    pub device: usize,
+    /// CUDA device ordinal (default: the config's daemon.device, else 0).
+    #[arg(long)]
+    pub device: Option<usize>,
     /// Deliver batches in any order.
     #[arg(long)]
     pub unordered: bool,
@@ -346,7 +346,7 @@ pub fn run(args: &RunArgs, shutdown: &Shutdown) -> Result<Exit, RunError> {
         .args(&common)
         .args(["--sink", args.sink.name()])
         .args(["--backend", &args.backend.to_string()])
-        .args(["--device", &args.device.to_string()])
+        .args(args.device.map(|d| format!("--device={d}")))
         .args(["--epochs", &cfg.plan.epochs.to_string()])
         .arg("--summary")
         .arg(&summary_path)

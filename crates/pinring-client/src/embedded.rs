@@ -85,7 +85,7 @@ impl EmbeddedDaemon {
             config: opts.config.clone(),
             ring: opts.ring.clone(),
             backend: opts.backend,
-            device: opts.device,
+            device: Some(opts.device),
             sink: SinkKind::Consumer,
             epochs: opts.epochs,
             unordered: false,

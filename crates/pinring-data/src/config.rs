@@ -215,6 +215,10 @@ on_bad_batch = "fail"
 # held by, the training process (its device buffers, 2..=64). Unset: enough
 # to keep 64 MiB in flight (4 to 64).
 # prefetch = 4
+# The CUDA device the daemon uploads to (its ordinal), one ring per GPU:
+# /etc/pinring/gpu3.toml holds device = 3. Overridden by $PINRING_DEVICE
+# and by pinring-daemon --device. Unset: 0.
+# device = 0
 "#;
 
 /// Errors from loading or validating a config.
@@ -642,6 +646,10 @@ pub struct DaemonConfig {
     /// flight, 4 to 64.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub prefetch: Option<u32>,
+    /// The CUDA device ordinal the daemon uploads to (one ring per GPU); `$PINRING_DEVICE` and
+    /// `pinring-daemon --device` override it. `None`: 0.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device: Option<u32>,
 }
 
 /// Allowed range of `daemon.prefetch`.
@@ -655,6 +663,7 @@ impl Default for DaemonConfig {
             idle_warn_ms: 10_000,
             on_bad_batch: BadBatchPolicy::Fail,
             prefetch: None,
+            device: None,
         }
     }
 }

@@ -1,8 +1,9 @@
 //! Loading the config a process runs on: the file found by the documented lookup
 //! ([`crate::config_lookup`]: `--config`, `$PINRING_CONFIG`, ./config, the user's config dir,
-//! /etc/pinring, else the built-in synthetic default), then the rank overrides from the
-//! environment (`$PINRING_RANK`, `$PINRING_WORLD_SIZE`), then command-line overrides, then
-//! validation (again) so an override can never smuggle in a value the file could not hold.
+//! /etc/pinring, else the built-in synthetic default), then the overrides from the
+//! environment (`$PINRING_RANK`, `$PINRING_WORLD_SIZE`, `$PINRING_DEVICE`), then command-line
+//! overrides, then validation (again) so an override can never smuggle in a value the file
+//! could not hold.
 
 use crate::config_lookup::{self, Origin, Places};
 use pinring_data::{Config, ConfigError};
@@ -12,6 +13,8 @@ use std::path::Path;
 pub const ENV_RANK: &str = "PINRING_RANK";
 /// Environment variable overriding `plan.world_size`.
 pub const ENV_WORLD_SIZE: &str = "PINRING_WORLD_SIZE";
+/// Environment variable overriding `daemon.device`.
+pub const ENV_DEVICE: &str = "PINRING_DEVICE";
 
 /// Overrides shared by the binaries' flags.
 #[derive(Debug, Default, Clone)]
@@ -55,7 +58,11 @@ pub fn resolve(
         Some(p) => Config::load(p)?,
         None => Config::default(),
     };
-    for (var, key) in [(ENV_RANK, "plan.rank"), (ENV_WORLD_SIZE, "plan.world_size")] {
+    for (var, key) in [
+        (ENV_RANK, "plan.rank"),
+        (ENV_WORLD_SIZE, "plan.world_size"),
+        (ENV_DEVICE, "daemon.device"),
+    ] {
         let Some(text) = env(var) else { continue };
         let value: u32 = text.trim().parse().map_err(|_| ConfigError::Invalid {
             source_name: format!("${var}"),
@@ -63,10 +70,10 @@ pub fn resolve(
             value: format!("{text:?}"),
             allowed: "a non-negative integer (unset the variable to use the file's value)".into(),
         })?;
-        if var == ENV_RANK {
-            cfg.plan.rank = value;
-        } else {
-            cfg.plan.world_size = value;
+        match var {
+            ENV_RANK => cfg.plan.rank = value,
+            ENV_WORLD_SIZE => cfg.plan.world_size = value,
+            _ => cfg.daemon.device = Some(value),
         }
         cfg.source = format!("{} (with ${var}={value})", cfg.source);
     }
@@ -150,5 +157,40 @@ mod tests {
         assert_eq!(origin, Origin::Searched(dir.path().join("gpu3.toml")));
         assert_eq!(cfg.ring.slots, Some(5));
         assert_eq!(cfg.ring.name, "gpu3");
+    }
+
+    #[test]
+    fn a_rings_device_and_shard_come_from_its_file_then_the_environment_then_the_embedder() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("gpu3.toml"),
+            "[daemon]\ndevice = 3\n[plan]\nrank = 3\nworld_size = 8\n",
+        )
+        .unwrap();
+        let places = Places {
+            system_dir: dir.path().to_path_buf(),
+            ..Default::default()
+        };
+        let gpu3 = Overrides {
+            ring: Some("gpu3".into()),
+            ..Default::default()
+        };
+        let (cfg, _) = resolve(None, &gpu3, &places, &no_env).unwrap();
+        assert_eq!(cfg.daemon.device, Some(3));
+        assert_eq!((cfg.plan.rank, cfg.plan.world_size), (3, 8));
+        let device5 = |k: &str| (k == ENV_DEVICE).then(|| "5".to_string());
+        let (cfg, _) = resolve(None, &gpu3, &places, &device5).unwrap();
+        assert_eq!(cfg.daemon.device, Some(5));
+        let job = Overrides {
+            shard: Some((1, 2)),
+            ..gpu3
+        };
+        let (cfg, _) = resolve(None, &job, &places, &no_env).unwrap();
+        assert_eq!((cfg.plan.rank, cfg.plan.world_size), (1, 2));
+        assert!(cfg.source.contains("rank 1 of 2"), "{}", cfg.source);
+        // The default config has no device: 0, unwritten.
+        let (cfg, _) = resolve(None, &Overrides::default(), &Places::default(), &no_env).unwrap();
+        assert_eq!(cfg.daemon.device, None);
+        assert!(!cfg.to_toml().contains("device"));
     }
 }

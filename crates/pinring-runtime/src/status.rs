@@ -215,6 +215,11 @@ pub struct Snapshot {
     pub daemon_pid: u32,
     /// Whether the daemon runs.
     pub daemon_alive: bool,
+    /// Where the ring's batches go, for a ring whose daemon hands them to a consumer
+    /// (`--sink consumer`): `cuda:N` or `host`. Absent for other sinks, which the ring does not
+    /// record.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device: Option<String>,
     /// Slots.
     pub slot_count: u32,
     /// Bytes per slot.
@@ -336,6 +341,18 @@ impl ConsumerView {
     }
 }
 
+/// The device a consumer ring delivers to, as its handoff block records it.
+fn device_of(ring: &Ring) -> Option<String> {
+    use pinring_ring::handoff::backend_code;
+    ring.geometry().handoff?;
+    let b = ring.handoff();
+    match b.backend.load(Relaxed) {
+        backend_code::HOST => Some("host".into()),
+        backend_code::CUDA => Some(format!("cuda:{}", b.device.load(Relaxed))),
+        _ => None,
+    }
+}
+
 fn secs(ns: u64) -> f64 {
     ns as f64 / 1e9
 }
@@ -381,6 +398,7 @@ impl Snapshot {
             state: ring_state::name(ring.state()),
             daemon_pid: ring.daemon().pid,
             daemon_alive: ring.daemon_alive().unwrap_or(false),
+            device: device_of(ring),
             slot_count: g.slot_count,
             slot_bytes: g.slot_bytes,
             slots,
@@ -510,6 +528,77 @@ pub struct RingReport {
     pub error: Option<String>,
 }
 
+/// Renders every ring of the host one line each (`pinring status` with no ring named): its
+/// name, state, device, daemon, live loaders, rates, progress and where it is bound.
+pub fn render_table(reports: &[RingReport]) -> String {
+    let mut s = String::new();
+    if reports.is_empty() {
+        s.push_str("no pinring rings (none in /dev/shm, no anonymous ones)\n");
+        return s;
+    }
+    let width = reports
+        .iter()
+        .map(|r| r.ring.len())
+        .max()
+        .unwrap_or(4)
+        .max(4);
+    let _ = writeln!(
+        s,
+        "{:width$}  {:8}  {:7}  {:>8}  {:>7}  {:>8}  {:>8}  {:>9}  {:>17}  BOUND",
+        "RING",
+        "STATE",
+        "DEVICE",
+        "DAEMON",
+        "LOADERS",
+        "IN GB/s",
+        "OUT GB/s",
+        "BATCHES/S",
+        "DELIVERED"
+    );
+    for r in reports {
+        let (Some(snap), Some(rates)) = (&r.snapshot, &r.rates) else {
+            let _ = writeln!(
+                s,
+                "{:width$}  unreadable: {}",
+                r.ring,
+                r.error.as_deref().unwrap_or("?")
+            );
+            continue;
+        };
+        let daemon = if snap.daemon_alive {
+            snap.daemon_pid.to_string()
+        } else {
+            "gone".into()
+        };
+        let bound = if !snap.daemon_alive {
+            "stale (pinring clean)"
+        } else if snap.stalled.is_some() {
+            "STALLED (no loader)"
+        } else {
+            rates.bound
+        };
+        let _ = writeln!(
+            s,
+            "{:width$}  {:8}  {:7}  {:>8}  {:>7}  {:>8.2}  {:>8.2}  {:>9.0}  {:>17}  {}",
+            snap.ring,
+            snap.state,
+            snap.device.as_deref().unwrap_or("-"),
+            daemon,
+            snap.loaders.iter().filter(|l| l.alive).count(),
+            rates.gbps_in,
+            rates.gbps_out,
+            rates.batches_per_second,
+            format!(
+                "{}/{}",
+                snap.delivered,
+                snap.end_seq.saturating_sub(snap.start_seq)
+            ),
+            bound
+        );
+    }
+    s
+}
+
 /// Renders a report as the text view.
 pub fn render(reports: &[RingReport]) -> String {
     let mut s = String::new();
@@ -536,10 +625,14 @@ pub fn render(reports: &[RingReport]) -> String {
         };
         let _ = writeln!(
             s,
-            "ring {}  {}  {}  {} slots x {} KiB{}",
+            "ring {}  {}  {}{}  {} slots x {} KiB{}",
             snap.ring,
             snap.state,
             daemon,
+            snap.device
+                .as_deref()
+                .map(|d| format!("  device {d}"))
+                .unwrap_or_default(),
             snap.slot_count,
             snap.slot_bytes / 1024,
             r.anonymous
@@ -708,7 +801,11 @@ pub fn run(args: &StatusArgs, shutdown: &crate::shutdown::Shutdown) -> Result<()
             crate::outln!("{json}");
             return Ok(());
         }
-        let text = render(&reports);
+        let text = if args.ring.is_some() {
+            render(&reports)
+        } else {
+            render_table(&reports)
+        };
         if live {
             // Clear the screen and home the cursor, like top.
             crate::out!("\x1b[2J\x1b[H{text}");
@@ -783,6 +880,18 @@ mod tests {
         let text = render(&reports);
         assert!(text.contains(&format!("ring {name}")), "{text}");
         assert!(text.contains("anonymous (/proc/"), "{text}");
+        // Every ring of the host, one line each.
+        let table = render_table(&reports);
+        let lines: Vec<&str> = table.lines().collect();
+        assert_eq!(lines.len(), 2, "{table}");
+        assert!(
+            lines[0].starts_with("RING") && lines[0].contains("DEVICE"),
+            "{table}"
+        );
+        assert!(
+            lines[1].starts_with(&name) && lines[1].contains(" 0/"),
+            "{table}"
+        );
         let json = serde_json::to_string(&reports).unwrap();
         assert!(json.contains("\"anonymous\":\"/proc/"), "{json}");
     }

@@ -16,9 +16,9 @@ pub struct DaemonArgs {
     /// GPU backend: cuda, host (ordinary memory), or auto (cuda when a driver and device exist).
     #[arg(long, default_value = "auto", value_parser = parse_backend_kind)]
     pub backend: BackendKind,
-    /// CUDA device ordinal.
-    #[arg(long, default_value_t = 0)]
-    pub device: usize,
+    /// CUDA device ordinal (overrides daemon.device and $PINRING_DEVICE; default 0).
+    #[arg(long)]
+    pub device: Option<usize>,
     /// What consumes uploaded batches.
     #[arg(long, value_enum, default_value = "discard")]
     pub sink: SinkKind,

@@ -57,7 +57,12 @@ impl Daemon {
         ) {
             tracing::warn!("{w}");
         }
-        let selected = pinring_backend::select(args.backend, args.device)?;
+        // --device, else daemon.device (which $PINRING_DEVICE overrides), else 0.
+        let device = args
+            .device
+            .unwrap_or(cfg.daemon.device.map_or(0, |d| d as usize));
+        tracing::info!(device, "device");
+        let selected = pinring_backend::select(args.backend, device)?;
         tracing::info!(backend = selected.backend.name(), reason = %selected.reason, "backend selected");
         // One device buffer per batch, sized for a whole batch: each field one tensor at its
         // aligned offset, where the parts' chunks of that field land.
@@ -84,7 +89,7 @@ impl Daemon {
             buffer_bytes,
             config: cfg.to_toml(),
             host: host_buffers,
-            device: args.device as u32,
+            device: device as u32,
         });
         let ring = Arc::new(Ring::create(&CreateOptions {
             name: cfg.ring.name.clone(),
