@@ -207,6 +207,10 @@ class Loader:
         self._consumer: Optional[_native.Consumer] = None
         self._resume: Optional[Dict[str, int]] = None
         self._epoch_wanted: Optional[int] = None
+        # A state at the plan's end loaded with loaders=N: the daemon and loaders are stopped,
+        # and this is the state; with (batches per epoch, parts per batch, end seq).
+        self._ended: Optional[Dict[str, int]] = None
+        self._shape = (0, 1, 0)
         self._loader_args = (loaders, loaders_cpus)
         if progress is None:
             progress = bool(getattr(sys.stderr, "isatty", lambda: False)())
@@ -324,12 +328,16 @@ class Loader:
 
     def __len__(self) -> int:
         """Batches per epoch."""
+        if self._ended is not None:
+            return self._shape[0]
         return self._attach().batches_per_epoch
 
     # -- iterating -------------------------------------------------------------------------
 
     def batches(self) -> Iterator[_native.Batch]:
         """The raw batches (``Batch.fields`` are DLPack fields) to the end of the plan."""
+        if self._ended is not None:
+            return
         c = self._attach()
         while True:
             b = self._next(c)
@@ -346,6 +354,8 @@ class Loader:
         if self._epoch_wanted is not None:
             epoch, self._epoch_wanted = self._epoch_wanted, None
             self._move_to_epoch(epoch)
+        if self._ended is not None:
+            return
         c = self._attach()
         per_epoch = c.batches_per_epoch
         while True:
@@ -382,18 +392,22 @@ class Loader:
         self._epoch_wanted = int(epoch)
 
     def _move_to_epoch(self, epoch: int) -> None:
-        c = self._attach()
-        per_epoch, ppb = c.batches_per_epoch, c.parts_per_batch
-        seq, fingerprint = c.state()
+        if self._ended is None:
+            c = self._attach()
+            self._shape = (c.batches_per_epoch, c.parts_per_batch, c.end_seq)
+            seq, fingerprint = c.state()
+        else:
+            seq, fingerprint = self._ended["seq"], self._ended["fingerprint"]
+        per_epoch, ppb, end_seq = self._shape
         if seq // ppb // per_epoch == epoch:
             return  # at the epoch's start, or where a loop left it
         target = epoch * per_epoch * ppb
-        if target >= c.end_seq:
+        if target >= end_seq:
             raise _native.UsageError(
-                f"set_epoch({epoch}): ring {self.ring!r} runs {c.end_seq // ppb // per_epoch} "
+                f"set_epoch({epoch}): ring {self.ring!r} runs {end_seq // ppb // per_epoch} "
                 "epochs (plan.epochs): give an epoch below that, or more epochs"
             )
-        if self._loaders is not None:
+        if self._daemon_args is not None and (self._loaders is not None or self._ended):
             self._restart_at(target)
             return
         c.close()
@@ -408,9 +422,8 @@ class Loader:
                 "at an earlier epoch"
             ) from None
 
-    def _restart_at(self, seq: int) -> None:
-        """Stops the loaders and the embedded daemon, and starts both again at ``seq``."""
-        assert self._daemon is not None and self._daemon_args is not None
+    def _stop_pieces(self) -> None:
+        """Stops the loaders, the consumer and the embedded daemon."""
         if self._loaders is not None:
             self._loaders.stop()
             self._loaders = None
@@ -418,7 +431,14 @@ class Loader:
             self._consumer.close()
             self._consumer = None
         daemon, self._daemon = self._daemon, None
-        daemon.stop()
+        if daemon is not None:
+            daemon.stop()
+
+    def _restart_at(self, seq: int) -> None:
+        """Stops the loaders and the embedded daemon, and starts both again at ``seq``."""
+        assert self._daemon_args is not None
+        self._stop_pieces()
+        self._ended = None
         self._daemon = _native.EmbeddedDaemon(start_seq=seq, **self._daemon_args)
         self.ring, self._path = self._daemon.ring, self._daemon.path
         self._start_loaders(*self._loader_args)
@@ -434,6 +454,8 @@ class Loader:
 
     def state_dict(self) -> Dict[str, int]:
         """Where the next batch comes from: ``{"seq": ..., "fingerprint": ...}``."""
+        if self._ended is not None:
+            return dict(self._ended)
         if self._consumer is None and self._resume is not None:
             return dict(self._resume)
         seq, fp = self._attach().state()
@@ -446,7 +468,24 @@ class Loader:
         before it is made again; attached, the consumer moves forward to it.
         """
         resume = checked_state(state)
-        if self._loaders is not None:
+        if self._loaders is not None or self._ended is not None:
+            if self._ended is None:
+                c = self._attach()
+                self._shape = (c.batches_per_epoch, c.parts_per_batch, c.end_seq)
+                fingerprint = c.state()[1]
+            else:
+                fingerprint = self._ended["fingerprint"]
+            if resume["fingerprint"] != fingerprint:
+                raise _native.RefusedError(
+                    f"the state to resume from was saved under another plan (fingerprint "
+                    f"{resume['fingerprint']:#x}, this loader's is {fingerprint:#x}): the same "
+                    "dataset, plan settings, rank and world_size are needed"
+                )
+            if resume["seq"] >= self._shape[2]:
+                # Saved after the plan's last batch: nothing is left to make, so nothing runs.
+                self._stop_pieces()
+                self._ended = resume
+                return
             self._restart_at(resume["seq"])
         if self._consumer is not None:
             self._consumer.close()

@@ -325,3 +325,21 @@ def test_a_saved_state_resumes_with_nothing_made_again(tmp_path):
     with pinring.Loader(config=other, loaders=1, backend="host", as_numpy=True) as loader:
         with pytest.raises(pinring.RefusedError, match="fingerprint"):
             loader.load_state_dict(state)
+
+
+def test_a_state_saved_after_the_last_batch_resumes_to_nothing(tmp_path):
+    # A job killed after its last batch (waiting at a barrier, say) and started again: the
+    # loader has nothing left to make, and says so by ending, not by failing.
+    path = config(tmp_path, epochs=1)
+    with pinring.Loader(config=path, loaders=1, backend="host", as_numpy=True,
+                        timeout=60) as loader:
+        assert sum(1 for _ in loader.batches()) == 64
+        state = loader.state_dict()
+    with pinring.Loader(config=path, loaders=1, backend="host", as_numpy=True,
+                        timeout=60) as loader:
+        loader.load_state_dict(state)
+        assert loader.loader_pids == [], "nothing left to make: no loader runs"
+        assert list(loader) == [] and list(loader.batches()) == []
+        assert len(loader) == 64 and loader.state_dict() == state
+        loader.set_epoch(0)  # and it can still go back
+        assert sum(1 for _ in loader) == 64

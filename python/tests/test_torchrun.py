@@ -54,7 +54,8 @@ RANK_SCRIPT = textwrap.dedent(
                 rings.append(loader.ring)
         rank = dist.get_rank()
         with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
-            json.dump({"rank": rank, "seen": seen, "rings": rings}, f)
+            json.dump({"rank": rank, "local_rank": int(os.environ["LOCAL_RANK"]), "seen": seen,
+                       "rings": rings}, f)
         dist.barrier()
         dist.destroy_process_group()
 
@@ -64,19 +65,27 @@ RANK_SCRIPT = textwrap.dedent(
 )
 
 
-def torchrun(tmp_path, *args, nproc=4):
-    script = tmp_path / "rank.py"
-    script.write_text(RANK_SCRIPT)
+def torchrun(tmp_path, *args, nproc=4, script=RANK_SCRIPT, launch=("--standalone",), agents=1):
+    """Runs ``script`` under torchrun (``agents`` agents, each with ``launch`` arguments and
+    ``nproc`` ranks) and returns each rank's report."""
+    path = tmp_path / "rank.py"
+    path.write_text(script)
     out = tmp_path / "out"
-    out.mkdir()
+    out.mkdir(exist_ok=True)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    r = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone",
-         f"--nproc-per-node={nproc}", str(script), args[0], str(out), str(SAMPLES), *args[1:]],
-        capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path,
-    )
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-6000:]
-    return [json.loads((out / f"rank{i}.json").read_text()) for i in range(nproc)]
+    cmd = [sys.executable, "-m", "torch.distributed.run", *launch, f"--nproc-per-node={nproc}",
+           str(path), args[0], str(out), str(SAMPLES), *args[1:]]
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=env, cwd=tmp_path) for _ in range(agents)]
+    try:
+        results = [p.communicate(timeout=300) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    for p, (stdout, stderr) in zip(procs, results):
+        assert p.returncode == 0, stdout[-3000:] + stderr[-6000:]
+    return [json.loads((out / f"rank{i}.json").read_text()) for i in range(nproc * agents)]
 
 
 def check_disjoint_and_covering(ranks):
@@ -88,7 +97,7 @@ def check_disjoint_and_covering(ranks):
     assert ranks[0]["seen"]["0"] != ranks[0]["seen"]["1"], "shuffled per epoch"
     names = [n for r in ranks for n in r["rings"]]
     assert len(set(names)) == len(names), f"one ring per rank: {names}"
-    assert all(f"rank{r['rank']}" in n for r in ranks for n in r["rings"]), names
+    assert all(f"rank{r['local_rank']}" in n for r in ranks for n in r["rings"]), names
 
 
 def test_dataloader_ranks_take_their_shards_from_torchrun(tmp_path):
@@ -128,3 +137,83 @@ def test_an_argument_that_contradicts_the_job_is_refused(tmp_path, monkeypatch):
     monkeypatch.setenv("RANK", "x")
     with pytest.raises(pinring.UsageError, match=r"\$RANK='x' is not an integer"):
         DataLoader(data, batch_size=2, device="cpu")
+
+
+def test_two_hosts_of_two_ranks_take_disjoint_shards(tmp_path):
+    # Two torchrun agents on this machine, as two hosts would run them: a c10d rendezvous on
+    # loopback, 2 ranks each; local ranks repeat across the "hosts", global ranks do not.
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    launch = ("--nnodes=2", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
+              "--rdzv-id=pinring-test", "--max-restarts=0")
+    ranks = torchrun(tmp_path, "dataloader", nproc=2, launch=launch, agents=2)
+    assert sorted(r["local_rank"] for r in ranks) == [0, 0, 1, 1]
+    check_disjoint_and_covering(ranks)
+
+
+RESUME_SCRIPT = textwrap.dedent(
+    """
+    import json, os, signal, sys
+    import pinring
+
+    def save(path, data):
+        with open(path + ".tmp", "w") as f:
+            json.dump(data, f)
+        os.replace(path + ".tmp", path)
+
+    def main():
+        # No process group: torchrun's environment alone places the rank (and a gloo group
+        # would have to reconnect across the restart).
+        out, config = sys.argv[2], sys.argv[4]
+        rank = int(os.environ["RANK"])
+        ckpt = os.path.join(out, f"ckpt{rank}.json")
+        saved = {"state": None, "seen": []}
+        if os.path.exists(ckpt):
+            with open(ckpt) as f:
+                saved = json.load(f)
+        seen = saved["seen"]
+        with pinring.Loader(config=config, loaders=1, backend="host", as_numpy=True,
+                            timeout=120) as loader:
+            if saved["state"] is not None:
+                loader.load_state_dict(saved["state"])
+            for b in loader.batches():
+                seen.append([b.epoch, [int(x) for x in b.fields["data"].numpy()]])
+                del b
+                # The checkpoint: what was trained on and where the loader stands, together.
+                save(ckpt, {"state": loader.state_dict(), "seen": seen})
+                marker = os.path.join(out, "killed")
+                if rank == 1 and len(seen) == 5 and not os.path.exists(marker):
+                    open(marker, "w").close()
+                    os.kill(os.getpid(), signal.SIGKILL)
+        with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+            by_epoch = {}
+            for epoch, ids in seen:
+                by_epoch.setdefault(str(epoch), []).extend(ids)
+            json.dump({"rank": rank, "local_rank": int(os.environ["LOCAL_RANK"]),
+                       "seen": by_epoch, "rings": [loader.ring]}, f)
+
+    if __name__ == "__main__":
+        main()
+    """
+)
+
+
+def test_a_rank_killed_and_the_job_restarted_resumes_every_rank_exactly(tmp_path):
+    # Rank 1 SIGKILLs itself after 5 batches of epoch 0; torchrun stops rank 0 (or finds it
+    # done) and starts both again (--max-restarts=1); each resumes from its own checkpoint (loader state and the ids
+    # trained on, saved together after every batch). Over the two lives, each epoch's ids are
+    # the dataset, each once.
+    ids = tmp_path / "ids.npy"
+    np.save(ids, np.arange(SAMPLES, dtype=np.int64))
+    config = tmp_path / "ids.toml"
+    config.write_text(
+        f'[dataset]\nkind = "npy"\n[dataset.npy]\npath = "{ids}"\ndtype = "i64"\nshape = []\n'
+        "[plan]\nbatch_size = 4\nshuffle = true\nepochs = 2\n"
+    )
+    ranks = torchrun(tmp_path, "resume", str(config), nproc=2, script=RESUME_SCRIPT,
+                     launch=("--standalone", "--max-restarts=1"))
+    assert (tmp_path / "out" / "killed").exists(), "rank 1 was killed once"
+    check_disjoint_and_covering(ranks)
