@@ -217,3 +217,28 @@ def test_a_rank_killed_and_the_job_restarted_resumes_every_rank_exactly(tmp_path
                      launch=("--standalone", "--max-restarts=1"))
     assert (tmp_path / "out" / "killed").exists(), "rank 1 was killed once"
     check_disjoint_and_covering(ranks)
+
+
+def test_each_ranks_order_is_the_same_run_to_run_whatever_its_loaders(tmp_path):
+    # The order is the plan's, a function of (seed, epoch, rank, world_size): loaders only
+    # fill it. Each rank of 3 gets the same ids in the same order with 1 loader and with 3.
+    ids = tmp_path / "ids.npy"
+    np.save(ids, np.arange(SAMPLES, dtype=np.int64))
+    config = tmp_path / "ids.toml"
+    config.write_text(
+        f'[dataset]\nkind = "npy"\n[dataset.npy]\npath = "{ids}"\ndtype = "i64"\nshape = []\n'
+        "[plan]\nbatch_size = 4\nshuffle = true\nepochs = 2\nseed = 5\n"
+    )
+
+    def order(rank, loaders):
+        with pinring.Loader(config=str(config), loaders=loaders, rank=rank, world_size=3,
+                            backend="host", as_numpy=True, timeout=60) as loader:
+            return [int(x) for b in loader.batches() for x in b.fields["data"].numpy()]
+
+    orders = [order(r, 1) for r in range(3)]
+    assert [order(r, 3) for r in range(3)] == orders
+    for epoch in range(EPOCHS):
+        per = len(orders[0]) // EPOCHS
+        union = [i for o in orders for i in o[epoch * per:(epoch + 1) * per]]
+        # 104 over 3 ranks: 35 each, the last rank's share wrapping around by one sample.
+        assert set(union) == set(range(SAMPLES)) and len(union) == 105
