@@ -59,7 +59,7 @@ def test_loaders_started_from_python_deliver_every_batch_once_in_order(tmp_path)
 
 
 def test_a_loader_killed_mid_epoch_is_restarted_and_nothing_is_lost(tmp_path):
-    with pinring.Loader(config=config(tmp_path, epochs=4), loaders=2, backend="host",
+    with pinring.Loader(config=config(tmp_path, epochs=4), loaders=4, backend="host",
                         as_numpy=True, timeout=60) as loader:
         c = loader._attach()
         seqs = []
