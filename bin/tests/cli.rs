@@ -561,3 +561,57 @@ fn config_check_refuses_what_the_daemon_refuses_a_group_that_does_not_exist() {
     assert_eq!(st.code(), Some(3), "{log}");
     assert!(log.contains("nosuchgroup"), "{log}");
 }
+
+/// The CPUs process `pid` (its main thread) may run on, as /proc lists them.
+fn cpus_allowed(pid: u32) -> String {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+/// Waits (up to [`LONG`]) for process `pid` to be allowed exactly `want`.
+fn wait_cpus(pid: u32, want: usize, what: &str) {
+    let start = Instant::now();
+    while cpus_allowed(pid) != want.to_string() {
+        assert!(
+            start.elapsed() < LONG,
+            "{what} (pid {pid}) runs on {:?}, not CPU {want}",
+            cpus_allowed(pid)
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn daemon_cpus_pin_the_daemon_and_its_loaders_follow_it_unless_told_otherwise() {
+    let all = pinring_runtime::numa::cpus_of(0).unwrap();
+    if all.len() < 2 {
+        eprintln!("SKIPPED: this process may use one CPU; the test needs two");
+        return;
+    }
+    let (a, b) = (all[0], all[1]);
+    let fx = Fixture::new("cpus", &format!("{SMALL}[daemon]\ncpus = [{a}]\n"));
+    let mut daemon = fx.daemon(&["--epochs", "100000"]);
+    let _ring = fx.wait_ready(&mut daemon);
+    wait_cpus(daemon.id(), a, "the daemon with daemon.cpus");
+    // A loader of it follows its CPUs (fewer than its own) once attached.
+    let mut follower = fx.loader(&fx.config);
+    wait_cpus(follower.id(), a, "a loader with no loader_cpus");
+    // daemon.loader_cpus in a loader's config is where it runs (the daemon section is not
+    // part of the fingerprint: the loader is accepted).
+    let told = fx.dir.path().join("told.toml");
+    std::fs::write(
+        &told,
+        format!("{SMALL}[daemon]\ncpus = [{a}]\nloader_cpus = [{b}]\n"),
+    )
+    .unwrap();
+    let mut loader = fx.loader(&told);
+    wait_cpus(loader.id(), b, "a loader with daemon.loader_cpus");
+    for c in [&mut follower, &mut loader, &mut daemon] {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+}

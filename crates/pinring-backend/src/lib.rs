@@ -137,6 +137,12 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// One line for logs, e.g. `"cuda: NVIDIA H200 (device 0, 139 GiB)"`.
     fn describe(&self) -> String;
 
+    /// The device's PCI address as sysfs names it (`"0000:1a:00.0"`), for placing the ring
+    /// and the threads that feed it on the device's NUMA node; `None` for the host backend.
+    fn pci_bus_id(&self) -> Option<String> {
+        None
+    }
+
     /// Makes `[base, base+len)` DMA-able for the lifetime of the returned guard.
     ///
     /// cuda: `cuMemHostRegister` in chunks of at most 256 GiB with `PORTABLE` (`| DEVICEMAP` when

@@ -219,6 +219,12 @@ on_bad_batch = "fail"
 # /etc/pinring/gpu3.toml holds device = 3. Overridden by $PINRING_DEVICE
 # and by pinring-daemon --device. Unset: 0.
 # device = 0
+# CPUs for the daemon's threads and for the ring's loaders. Unset: on a
+# host of several NUMA nodes the daemon runs on its GPU's node's CPUs and
+# prefers that node for the ring's memory, and loaders follow their
+# daemon's CPUs; on one node nothing is pinned.
+# cpus = [0, 1]
+# loader_cpus = [2, 3, 4, 5]
 "#;
 
 /// Errors from loading or validating a config.
@@ -650,6 +656,13 @@ pub struct DaemonConfig {
     /// `pinring-daemon --device` override it. `None`: 0.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub device: Option<u32>,
+    /// CPUs for the daemon's threads. `None`: its GPU's NUMA node's, on a host of several
+    /// nodes (pinring-runtime's `numa`), else not pinned.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cpus: Option<Vec<u32>>,
+    /// CPUs for the ring's loaders. `None`: their daemon's, where those are fewer than theirs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub loader_cpus: Option<Vec<u32>>,
 }
 
 /// Allowed range of `daemon.prefetch`.
@@ -664,6 +677,8 @@ impl Default for DaemonConfig {
             on_bad_batch: BadBatchPolicy::Fail,
             prefetch: None,
             device: None,
+            cpus: None,
+            loader_cpus: None,
         }
     }
 }
@@ -1008,6 +1023,21 @@ impl Config {
                     IDLE_WARN_MS.end()
                 ),
             ));
+        }
+        for (key, cpus) in [
+            ("daemon.cpus", &dm.cpus),
+            ("daemon.loader_cpus", &dm.loader_cpus),
+        ] {
+            if let Some(list) = cpus {
+                if list.is_empty() || list.iter().any(|&c| c >= 1024) {
+                    return Err(self.invalid(
+                        key,
+                        format!("{list:?}"),
+                        "a list of one or more CPU numbers below 1024 (leave it out to place \
+                         by the GPU's NUMA node)",
+                    ));
+                }
+            }
         }
         if let Some(p) = dm.prefetch {
             if !PREFETCH.contains(&p) {

@@ -95,6 +95,10 @@ pub fn run(args: &CheckArgs) -> Result<(), CheckError> {
     if let Some(line) = auto {
         crate::outln!("# auto: {line}");
     }
+    crate::outln!(
+        "# placement: {}",
+        placement_line(std::path::Path::new("/sys"), cfg)
+    );
     for w in host.ring_warnings(&cfg.ring.name, cfg.slots(), cfg.slot_bytes()) {
         crate::outln!("# warning: {w}");
     }
@@ -124,4 +128,32 @@ pub fn run(args: &CheckArgs) -> Result<(), CheckError> {
     }
     crate::out!("{}", cfg.to_toml());
     Ok(())
+}
+
+/// Where the daemon of `cfg` would put its ring and threads on this host, without touching the
+/// GPU (the device's node needs its PCI bus id, which the daemon reads from the driver at start).
+fn placement_line(sys: &std::path::Path, cfg: &pinring_data::Config) -> String {
+    let list = |c: &Option<Vec<u32>>| {
+        c.as_ref()
+            .map(|c| crate::numa::format_list(&c.iter().map(|&x| x as usize).collect::<Vec<_>>()))
+    };
+    let nodes = crate::numa::online_nodes(sys).len();
+    let base = if nodes <= 1 {
+        "one NUMA node on this host: nothing to place".to_string()
+    } else {
+        format!(
+            "{nodes} NUMA nodes: the daemon reads GPU {}'s node from the driver at start, \
+             prefers it for the ring's memory and runs its threads on its CPUs; loaders follow \
+             the daemon's CPUs",
+            cfg.daemon.device.unwrap_or(0)
+        )
+    };
+    match (list(&cfg.daemon.cpus), list(&cfg.daemon.loader_cpus)) {
+        (None, None) => base,
+        (d, l) => format!(
+            "{base}; daemon.cpus {}, daemon.loader_cpus {}",
+            d.as_deref().unwrap_or("(by node)"),
+            l.as_deref().unwrap_or("(the daemon's)")
+        ),
+    }
 }

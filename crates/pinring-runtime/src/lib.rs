@@ -14,6 +14,7 @@ pub mod host_memory;
 pub mod loader;
 pub mod logging;
 pub mod metrics;
+pub mod numa;
 pub mod output;
 pub mod ring_wake;
 pub mod service;

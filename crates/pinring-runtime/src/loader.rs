@@ -187,6 +187,26 @@ impl LoaderReport {
     }
 }
 
+/// Runs this loader on `daemon.loader_cpus`, else on its daemon's CPUs where those are fewer
+/// than its own (the GPU's NUMA node's, docs/ARCHITECTURE.md "NUMA placement"); logged.
+fn place(ring: &pinring_ring::Ring, cfg: &Config) {
+    let wanted: Option<Vec<usize>> = cfg
+        .daemon
+        .loader_cpus
+        .as_ref()
+        .map(|c| c.iter().map(|&x| x as usize).collect());
+    let daemon = ring.daemon().pid as i32;
+    match crate::numa::follow(daemon, wanted.as_deref()) {
+        Ok(Some(cpus)) => {
+            tracing::info!(ring = %cfg.ring.name, cpus = %crate::numa::format_list(&cpus), "loader pinned")
+        }
+        Ok(None) => {}
+        Err(e) => {
+            tracing::warn!(ring = %cfg.ring.name, error = %e, "cannot pin this loader to its CPUs; it runs where the kernel puts it")
+        }
+    }
+}
+
 /// One attachment: attach to the ring's current daemon and work until the ring closes, a stop is
 /// requested, or the daemon dies.
 fn run_attached(
@@ -215,6 +235,7 @@ fn run_attached(
     // The ring and config, shared with the session: the worker reads them while the session
     // claims.
     let joined = Arc::clone(session.joined());
+    place(&joined.ring, &joined.cfg);
     let mut worker = Worker {
         ring: &joined.ring,
         cfg: &joined.cfg,

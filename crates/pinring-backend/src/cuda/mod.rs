@@ -143,6 +143,15 @@ impl Backend for CudaBackend {
         )
     }
 
+    fn pci_bus_id(&self) -> Option<String> {
+        use cudarc::driver::sys::CUdevice_attribute as A;
+        let get = |a| self.ctx.attribute(a).ok();
+        let domain = get(A::CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID)?;
+        let bus = get(A::CU_DEVICE_ATTRIBUTE_PCI_BUS_ID)?;
+        let device = get(A::CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID)?;
+        Some(format!("{domain:04x}:{bus:02x}:{device:02x}.0"))
+    }
+
     unsafe fn register(
         &self,
         base: *mut u8,

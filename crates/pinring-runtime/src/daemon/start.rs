@@ -64,6 +64,28 @@ impl Daemon {
         tracing::info!(device, "device");
         let selected = pinring_backend::select(args.backend, device)?;
         tracing::info!(backend = selected.backend.name(), reason = %selected.reason, "backend selected");
+        // On the GPU's NUMA node: this thread (and so every thread it starts), and the ring's
+        // pages while it is made and prefaulted below.
+        let cpus: Option<Vec<usize>> = cfg
+            .daemon
+            .cpus
+            .as_ref()
+            .map(|c| c.iter().map(|&x| x as usize).collect());
+        let placement = crate::numa::plan(
+            std::path::Path::new("/sys"),
+            selected.backend.pci_bus_id().as_deref(),
+            cpus.as_deref(),
+        );
+        tracing::info!(ring = %cfg.ring.name, "placement: {}", placement.note);
+        if !placement.cpus.is_empty() {
+            if let Err(e) = crate::numa::pin_this_thread(&placement.cpus) {
+                tracing::warn!(ring = %cfg.ring.name, error = %e, "cannot pin the daemon's threads; they run where the kernel puts them");
+            }
+        }
+        let prefer = crate::numa::prefer_node(placement.node).unwrap_or_else(|e| {
+            tracing::warn!(ring = %cfg.ring.name, error = %e, "cannot prefer the GPU's node for the ring's memory");
+            crate::numa::prefer_node(None).expect("no policy to set")
+        });
         // One device buffer per batch, sized for a whole batch: each field one tensor at its
         // aligned offset, where the parts' chunks of that field land.
         // Enough buffers to keep the copy engine busy while completions travel back: with small
@@ -105,6 +127,7 @@ impl Daemon {
             handoff,
             anonymous: args.address.is_some(),
         })?);
+        drop(prefer); // the ring's pages are in; the daemon's later allocations are the kernel's
         if let Some(address) = &args.address {
             // The embedding process's consumer and workers open the ring there.
             let _ = address.set(ring.segment().path());
