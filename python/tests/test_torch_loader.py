@@ -414,6 +414,18 @@ def test_resume_from_state_dict():
     c.close()
 
 
+def test_a_state_saved_after_the_last_batch_resumes_to_nothing():
+    # A job killed after its last batch and started again: no daemon, no worker, an empty for.
+    data = ds.Ids(20)
+    with loader(data, batch_size=4, epochs=1) as a:
+        assert len(ids(a)) == 5
+        state = a.state_dict()
+    with loader(data, batch_size=4, epochs=1) as b:
+        b.load_state_dict(state)
+        assert list(b) == [] and list(b) == []
+        assert b._daemon is None and b.state_dict() == state
+
+
 def test_a_loop_left_mid_epoch_starts_the_next_epoch():
     with loader(ds.Ids(40), batch_size=4, shuffle=True, seed=1) as ref:
         full = [ids(ref), ids(ref)]

@@ -175,25 +175,58 @@ RESUME_SCRIPT = textwrap.dedent(
             with open(ckpt) as f:
                 saved = json.load(f)
         seen = saved["seen"]
-        with pinring.Loader(config=config, loaders=1, backend="host", as_numpy=True,
-                            timeout=120) as loader:
+
+        def took(epoch, ids, state):
+            seen.append([epoch, ids])
+            # The checkpoint: what was trained on and where the loader stands, together.
+            save(ckpt, {"state": state, "seen": seen})
+            marker = os.path.join(out, "killed")
+            if rank == 1 and len(seen) == 5 and not os.path.exists(marker):
+                open(marker, "w").close()
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        if sys.argv[1] == "loader":
+            with pinring.Loader(config=config, loaders=1, backend="host", as_numpy=True,
+                                timeout=120) as loader:
+                if saved["state"] is not None:
+                    loader.load_state_dict(saved["state"])
+                for b in loader.batches():
+                    epoch, ids = b.epoch, [int(x) for x in b.fields["data"].numpy()]
+                    del b
+                    took(epoch, ids, loader.state_dict())
+                ring = loader.ring
+        else:
+            import torch
+            from pinring.torch import DataLoader
+
+            class Ids(torch.utils.data.Dataset):
+                def __len__(self):
+                    return int(sys.argv[3])
+
+                def __getitem__(self, i):
+                    return torch.tensor(i, dtype=torch.int64)
+
+            loader = DataLoader(Ids(), batch_size=4, shuffle=True, num_workers=1, epochs=2,
+                                device="cpu", timeout=120)
             if saved["state"] is not None:
                 loader.load_state_dict(saved["state"])
-            for b in loader.batches():
-                seen.append([b.epoch, [int(x) for x in b.fields["data"].numpy()]])
-                del b
-                # The checkpoint: what was trained on and where the loader stands, together.
-                save(ckpt, {"state": loader.state_dict(), "seen": seen})
-                marker = os.path.join(out, "killed")
-                if rank == 1 and len(seen) == 5 and not os.path.exists(marker):
-                    open(marker, "w").close()
-                    os.kill(os.getpid(), signal.SIGKILL)
+            while True:  # each for is the rest of an epoch; one that yields nothing: the end
+                got = False
+                for b in loader:
+                    got = True
+                    state = loader.state_dict()
+                    bpe, ppb = loader._shape()
+                    took((state["seq"] // ppb - 1) // bpe, [int(x) for x in b], state)
+                if not got:
+                    break
+            ring = loader._ring_name  # None if this life had nothing left to run
+            loader.close()
         with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
             by_epoch = {}
             for epoch, ids in seen:
                 by_epoch.setdefault(str(epoch), []).extend(ids)
             json.dump({"rank": rank, "local_rank": int(os.environ["LOCAL_RANK"]),
-                       "seen": by_epoch, "rings": [loader.ring]}, f)
+                       "seen": by_epoch, "rings": [ring] if ring else []}, f)
 
     if __name__ == "__main__":
         main()
@@ -201,11 +234,12 @@ RESUME_SCRIPT = textwrap.dedent(
 )
 
 
-def test_a_rank_killed_and_the_job_restarted_resumes_every_rank_exactly(tmp_path):
+@pytest.mark.parametrize("mode", ["loader", "dataloader"])
+def test_a_rank_killed_and_the_job_restarted_resumes_every_rank_exactly(tmp_path, mode):
     # Rank 1 SIGKILLs itself after 5 batches of epoch 0; torchrun stops rank 0 (or finds it
-    # done) and starts both again (--max-restarts=1); each resumes from its own checkpoint (loader state and the ids
-    # trained on, saved together after every batch). Over the two lives, each epoch's ids are
-    # the dataset, each once.
+    # done) and starts both again (--max-restarts=1); each resumes from its own checkpoint
+    # (loader state and the ids trained on, saved together after every batch), with either
+    # loader. Over the two lives, each epoch's ids are the dataset, each once.
     ids = tmp_path / "ids.npy"
     np.save(ids, np.arange(SAMPLES, dtype=np.int64))
     config = tmp_path / "ids.toml"
@@ -213,7 +247,7 @@ def test_a_rank_killed_and_the_job_restarted_resumes_every_rank_exactly(tmp_path
         f'[dataset]\nkind = "npy"\n[dataset.npy]\npath = "{ids}"\ndtype = "i64"\nshape = []\n'
         "[plan]\nbatch_size = 4\nshuffle = true\nepochs = 2\n"
     )
-    ranks = torchrun(tmp_path, "resume", str(config), nproc=2, script=RESUME_SCRIPT,
+    ranks = torchrun(tmp_path, mode, str(config), nproc=2, script=RESUME_SCRIPT,
                      launch=("--standalone", "--max-restarts=1"))
     assert (tmp_path / "out" / "killed").exists(), "rank 1 was killed once"
     check_disjoint_and_covering(ranks)

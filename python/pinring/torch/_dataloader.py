@@ -715,6 +715,10 @@ class DataLoader:
             target = (batch // bpe + 1) * bpe  # a loop left mid-epoch: the next epoch
         if self._started and target != batch:
             self._stop()
+        if not self._started and self._attached_ring is None and target >= self.epochs * bpe:
+            # At the plan's end (a state saved after its last batch, or set_epoch past it):
+            # nothing is left to make, so nothing starts, and the for ends at once.
+            return
         if not self._started:
             resume, self._resume = self._resume, None
             self._start(target * ppb)
