@@ -391,13 +391,18 @@ class Loader:
             raise _native.UsageError(f"set_epoch({epoch}): epochs count from 0")
         self._epoch_wanted = int(epoch)
 
+    def _position(self) -> "tuple[int, int]":
+        """``(seq, fingerprint)`` where the loader stands, from its consumer (which also sets
+        ``_shape``), or the state an ended loader holds."""
+        if self._ended is not None:
+            return self._ended["seq"], self._ended["fingerprint"]
+        c = self._attach()
+        self._shape = (c.batches_per_epoch, c.parts_per_batch, c.end_seq)
+        seq, fingerprint = c.state()
+        return seq, fingerprint
+
     def _move_to_epoch(self, epoch: int) -> None:
-        if self._ended is None:
-            c = self._attach()
-            self._shape = (c.batches_per_epoch, c.parts_per_batch, c.end_seq)
-            seq, fingerprint = c.state()
-        else:
-            seq, fingerprint = self._ended["seq"], self._ended["fingerprint"]
+        seq, fingerprint = self._position()
         per_epoch, ppb, end_seq = self._shape
         if seq // ppb // per_epoch == epoch:
             return  # at the epoch's start, or where a loop left it
@@ -410,7 +415,8 @@ class Loader:
         if self._daemon_args is not None and (self._loaders is not None or self._ended):
             self._restart_at(target)
             return
-        c.close()
+        assert self._consumer is not None
+        self._consumer.close()
         self._consumer = None
         self._resume = {"seq": target, "fingerprint": fingerprint}
         try:
@@ -422,8 +428,9 @@ class Loader:
                 "at an earlier epoch"
             ) from None
 
-    def _stop_pieces(self) -> None:
-        """Stops the loaders, the consumer and the embedded daemon."""
+    def _stop_pieces(self) -> Optional[str]:
+        """Stops the loaders, the consumer and the embedded daemon; the daemon's summary (JSON
+        text), if there was one."""
         if self._loaders is not None:
             self._loaders.stop()
             self._loaders = None
@@ -431,8 +438,7 @@ class Loader:
             self._consumer.close()
             self._consumer = None
         daemon, self._daemon = self._daemon, None
-        if daemon is not None:
-            daemon.stop()
+        return None if daemon is None else daemon.stop()
 
     def _restart_at(self, seq: int) -> None:
         """Stops the loaders and the embedded daemon, and starts both again at ``seq``."""
@@ -469,12 +475,7 @@ class Loader:
         """
         resume = checked_state(state)
         if self._loaders is not None or self._ended is not None:
-            if self._ended is None:
-                c = self._attach()
-                self._shape = (c.batches_per_epoch, c.parts_per_batch, c.end_seq)
-                fingerprint = c.state()[1]
-            else:
-                fingerprint = self._ended["fingerprint"]
+            fingerprint = self._position()[1]
             if resume["fingerprint"] != fingerprint:
                 raise _native.RefusedError(
                     f"the state to resume from was saved under another plan (fingerprint "
@@ -501,28 +502,19 @@ class Loader:
         consumer seat until they are gone."""
         if self._progress is not None:
             self._progress.end_epoch()  # a line left mid-epoch ends before what follows
-        if self._loaders is not None:
-            self._loaders.stop()
-            self._loaders = None
-        if self._consumer is not None:
-            self._consumer.close()
-            self._consumer = None
         if self._config_file is not None:
             try:
-                os.unlink(self._config_file)
+                os.unlink(self._config_file)  # the daemon read it when it started
             except OSError:
                 pass
             self._config_file = None
-        if self._daemon is not None:
-            daemon, self._daemon = self._daemon, None
-            try:
-                text = daemon.stop()
-            except _native.PinringError:
-                if self._failed:
-                    return None  # the loop has raised this failure already
-                raise
-            return json.loads(text) if text else None
-        return None
+        try:
+            text = self._stop_pieces()
+        except _native.PinringError:
+            if self._failed:
+                return None  # the loop has raised this failure already
+            raise
+        return json.loads(text) if text else None
 
     def __enter__(self) -> "Loader":
         return self

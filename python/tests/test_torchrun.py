@@ -18,6 +18,7 @@ torch = pytest.importorskip("torch")
 np = pytest.importorskip("numpy")
 
 SAMPLES = 104  # 26 a rank of 4: no rank pads its share
+TESTS = os.path.dirname(os.path.abspath(__file__))
 EPOCHS = 2
 
 RANK_SCRIPT = textwrap.dedent(
@@ -27,21 +28,15 @@ RANK_SCRIPT = textwrap.dedent(
     import torch.distributed as dist
     import pinring
     from pinring.torch import DataLoader
-
-    class Ids(torch.utils.data.Dataset):
-        def __len__(self):
-            return int(sys.argv[3])
-
-        def __getitem__(self, i):
-            return torch.tensor(i, dtype=torch.int64)
+    from loader_datasets import Ids
 
     def main():
         mode, out = sys.argv[1], sys.argv[2]
         dist.init_process_group("gloo")
         seen, rings = {}, []
         if mode == "dataloader":
-            loader = DataLoader(Ids(), batch_size=4, shuffle=True, num_workers=2, epochs=2,
-                                device="cpu", timeout=120)
+            loader = DataLoader(Ids(int(sys.argv[3])), batch_size=4, shuffle=True,
+                                num_workers=2, epochs=2, device="cpu", timeout=120)
             for epoch in range(2):
                 seen[epoch] = [int(x) for b in loader for x in b]
             rings.append(loader._ring_name)
@@ -72,7 +67,9 @@ def torchrun(tmp_path, *args, nproc=4, script=RANK_SCRIPT, launch=("--standalone
     path.write_text(script)
     out = tmp_path / "out"
     out.mkdir(exist_ok=True)
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    # The ranks import the tests' datasets (loader_datasets.Ids) from this directory.
+    path_var = os.pathsep.join(p for p in (TESTS, os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path_var}
     cmd = [sys.executable, "-m", "torch.distributed.run", *launch, f"--nproc-per-node={nproc}",
            str(path), args[0], str(out), str(SAMPLES), *args[1:]]
     procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -86,6 +83,19 @@ def torchrun(tmp_path, *args, nproc=4, script=RANK_SCRIPT, launch=("--standalone
     for p, (stdout, stderr) in zip(procs, results):
         assert p.returncode == 0, stdout[-3000:] + stderr[-6000:]
     return [json.loads((out / f"rank{i}.json").read_text()) for i in range(nproc * agents)]
+
+
+def ids_config(tmp_path, plan=""):
+    """A config of the samples' ids (``kind = "npy"``, field ``data``), batches of 4, shuffled,
+    2 epochs, with ``plan`` lines added to its ``[plan]``."""
+    ids = tmp_path / "ids.npy"
+    np.save(ids, np.arange(SAMPLES, dtype=np.int64))
+    config = tmp_path / "ids.toml"
+    config.write_text(
+        f'[dataset]\nkind = "npy"\n[dataset.npy]\npath = "{ids}"\ndtype = "i64"\nshape = []\n'
+        f"[plan]\nbatch_size = 4\nshuffle = true\nepochs = {EPOCHS}\n{plan}"
+    )
+    return config
 
 
 def check_disjoint_and_covering(ranks):
@@ -105,13 +115,7 @@ def test_dataloader_ranks_take_their_shards_from_torchrun(tmp_path):
 
 
 def test_loader_ranks_with_their_own_loaders_take_their_shards(tmp_path):
-    ids = tmp_path / "ids.npy"
-    np.save(ids, np.arange(SAMPLES, dtype=np.int64))
-    config = tmp_path / "ids.toml"
-    config.write_text(
-        f'[dataset]\nkind = "npy"\n[dataset.npy]\npath = "{ids}"\ndtype = "i64"\nshape = []\n'
-        "[plan]\nbatch_size = 4\nshuffle = true\nepochs = 2\n"
-    )
+    config = ids_config(tmp_path)
     check_disjoint_and_covering(torchrun(tmp_path, "loader", str(config)))
 
 
@@ -196,18 +200,11 @@ RESUME_SCRIPT = textwrap.dedent(
                     took(epoch, ids, loader.state_dict())
                 ring = loader.ring
         else:
-            import torch
             from pinring.torch import DataLoader
+            from loader_datasets import Ids
 
-            class Ids(torch.utils.data.Dataset):
-                def __len__(self):
-                    return int(sys.argv[3])
-
-                def __getitem__(self, i):
-                    return torch.tensor(i, dtype=torch.int64)
-
-            loader = DataLoader(Ids(), batch_size=4, shuffle=True, num_workers=1, epochs=2,
-                                device="cpu", timeout=120)
+            loader = DataLoader(Ids(int(sys.argv[3])), batch_size=4, shuffle=True,
+                                num_workers=1, epochs=2, device="cpu", timeout=120)
             if saved["state"] is not None:
                 loader.load_state_dict(saved["state"])
             while True:  # each for is the rest of an epoch; one that yields nothing: the end
@@ -240,13 +237,7 @@ def test_a_rank_killed_and_the_job_restarted_resumes_every_rank_exactly(tmp_path
     # done) and starts both again (--max-restarts=1); each resumes from its own checkpoint
     # (loader state and the ids trained on, saved together after every batch), with either
     # loader. Over the two lives, each epoch's ids are the dataset, each once.
-    ids = tmp_path / "ids.npy"
-    np.save(ids, np.arange(SAMPLES, dtype=np.int64))
-    config = tmp_path / "ids.toml"
-    config.write_text(
-        f'[dataset]\nkind = "npy"\n[dataset.npy]\npath = "{ids}"\ndtype = "i64"\nshape = []\n'
-        "[plan]\nbatch_size = 4\nshuffle = true\nepochs = 2\n"
-    )
+    config = ids_config(tmp_path)
     ranks = torchrun(tmp_path, mode, str(config), nproc=2, script=RESUME_SCRIPT,
                      launch=("--standalone", "--max-restarts=1"))
     assert (tmp_path / "out" / "killed").exists(), "rank 1 was killed once"
@@ -256,13 +247,7 @@ def test_a_rank_killed_and_the_job_restarted_resumes_every_rank_exactly(tmp_path
 def test_each_ranks_order_is_the_same_run_to_run_whatever_its_loaders(tmp_path):
     # The order is the plan's, a function of (seed, epoch, rank, world_size): loaders only
     # fill it. Each rank of 3 gets the same ids in the same order with 1 loader and with 3.
-    ids = tmp_path / "ids.npy"
-    np.save(ids, np.arange(SAMPLES, dtype=np.int64))
-    config = tmp_path / "ids.toml"
-    config.write_text(
-        f'[dataset]\nkind = "npy"\n[dataset.npy]\npath = "{ids}"\ndtype = "i64"\nshape = []\n'
-        "[plan]\nbatch_size = 4\nshuffle = true\nepochs = 2\nseed = 5\n"
-    )
+    config = ids_config(tmp_path, "seed = 5\n")
 
     def order(rank, loaders):
         with pinring.Loader(config=str(config), loaders=loaders, rank=rank, world_size=3,

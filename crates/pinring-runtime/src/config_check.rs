@@ -133,10 +133,8 @@ pub fn run(args: &CheckArgs) -> Result<(), CheckError> {
 /// Where the daemon of `cfg` would put its ring and threads on this host, without touching the
 /// GPU (the device's node needs its PCI bus id, which the daemon reads from the driver at start).
 fn placement_line(sys: &std::path::Path, cfg: &pinring_data::Config) -> String {
-    let list = |c: &Option<Vec<u32>>| {
-        c.as_ref()
-            .map(|c| crate::numa::format_list(&c.iter().map(|&x| x as usize).collect::<Vec<_>>()))
-    };
+    let list =
+        |c: &Option<Vec<u32>>| crate::numa::cpus(c.as_ref()).map(|c| crate::numa::format_list(&c));
     let nodes = crate::numa::online_nodes(sys).len();
     let base = if nodes <= 1 {
         "one NUMA node on this host: nothing to place".to_string()

@@ -190,13 +190,8 @@ impl LoaderReport {
 /// Runs this loader on `daemon.loader_cpus`, else on its daemon's CPUs where those are fewer
 /// than its own (the GPU's NUMA node's, docs/ARCHITECTURE.md "NUMA placement"); logged.
 fn place(ring: &pinring_ring::Ring, cfg: &Config) {
-    let wanted: Option<Vec<usize>> = cfg
-        .daemon
-        .loader_cpus
-        .as_ref()
-        .map(|c| c.iter().map(|&x| x as usize).collect());
-    let daemon = ring.daemon().pid as i32;
-    match crate::numa::follow(daemon, wanted.as_deref()) {
+    let wanted = crate::numa::cpus(cfg.daemon.loader_cpus.as_ref());
+    match crate::numa::follow(ring.daemon().pid as i32, wanted.as_deref()) {
         Ok(Some(cpus)) => {
             tracing::info!(ring = %cfg.ring.name, cpus = %crate::numa::format_list(&cpus), "loader pinned")
         }

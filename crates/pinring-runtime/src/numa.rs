@@ -41,6 +41,11 @@ pub fn parse_list(text: &str) -> Option<Vec<usize>> {
     Some(out)
 }
 
+/// A config's CPU list (`daemon.cpus`, `daemon.loader_cpus`) as CPU numbers.
+pub fn cpus(list: Option<&Vec<u32>>) -> Option<Vec<usize>> {
+    list.map(|c| c.iter().map(|&x| x as usize).collect())
+}
+
 /// A list as a sysfs cpulist writes it (`0-3,8`).
 pub fn format_list(items: &[usize]) -> String {
     let mut out: Vec<String> = Vec::new();

@@ -66,15 +66,10 @@ impl Daemon {
         tracing::info!(backend = selected.backend.name(), reason = %selected.reason, "backend selected");
         // On the GPU's NUMA node: this thread (and so every thread it starts), and the ring's
         // pages while it is made and prefaulted below.
-        let cpus: Option<Vec<usize>> = cfg
-            .daemon
-            .cpus
-            .as_ref()
-            .map(|c| c.iter().map(|&x| x as usize).collect());
         let placement = crate::numa::plan(
             std::path::Path::new("/sys"),
             selected.backend.pci_bus_id().as_deref(),
-            cpus.as_deref(),
+            crate::numa::cpus(cfg.daemon.cpus.as_ref()).as_deref(),
         );
         tracing::info!(ring = %cfg.ring.name, "placement: {}", placement.note);
         if !placement.cpus.is_empty() {
@@ -82,10 +77,9 @@ impl Daemon {
                 tracing::warn!(ring = %cfg.ring.name, error = %e, "cannot pin the daemon's threads; they run where the kernel puts them");
             }
         }
-        let prefer = crate::numa::prefer_node(placement.node).unwrap_or_else(|e| {
-            tracing::warn!(ring = %cfg.ring.name, error = %e, "cannot prefer the GPU's node for the ring's memory");
-            crate::numa::prefer_node(None).expect("no policy to set")
-        });
+        let prefer = crate::numa::prefer_node(placement.node)
+            .map_err(|e| tracing::warn!(ring = %cfg.ring.name, error = %e, "cannot prefer the GPU's node for the ring's memory"))
+            .ok();
         // One device buffer per batch, sized for a whole batch: each field one tensor at its
         // aligned offset, where the parts' chunks of that field land.
         // Enough buffers to keep the copy engine busy while completions travel back: with small
