@@ -248,17 +248,28 @@ fn config_check_prints_the_resolved_auto_layout_and_where_the_cache_size_came_fr
         )),
         "{out}"
     );
-    // An explicit slot size is kept, and nothing says "auto".
+    // An explicit slot size and count are kept, and nothing says "auto".
     let (code, out, err) = config_check(
         &fx,
         "fixed.toml",
-        &format!("[ring]\nslot_bytes = \"16MiB\"\n{toml}"),
+        &format!("[ring]\nslot_bytes = \"16MiB\"\nslots = 4\n{toml}"),
     );
     assert_eq!(code, Some(0), "{err}");
     assert!(
-        !out.contains("# auto:") && out.contains("slot_bytes = 16777216"),
+        !out.contains("# auto:")
+            && out.contains("slot_bytes = 16777216")
+            && out.contains("slots = 4"),
         "{out}"
     );
+    // An explicit slot size without a count gets the count "auto" gives that size, and the
+    // check says so: 256 KiB slots in a ring aimed at 8 MiB (half a 16 MiB cache) are 32.
+    std::fs::write(&path, format!("[ring]\nslot_bytes = \"256KiB\"\n{toml}")).unwrap();
+    let out = check("16MiB");
+    assert!(
+        out.contains("# auto: ring.slots unset: the given slot size gets 32 slots x 256.0 KiB"),
+        "{out}"
+    );
+    assert!(out.contains("slots = 32"), "{out}");
 }
 
 #[test]

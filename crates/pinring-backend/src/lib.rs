@@ -180,6 +180,13 @@ pub trait Backend: Send + Sync + fmt::Debug {
     ) -> Result<Box<dyn Uploader>, BackendError>;
 }
 
+/// One upload signal covers at most this fraction of the source ring
+/// ([`Uploader::set_source_ring`]). An event that covered a 32-slot ring of 256 KiB slots whole
+/// (its 8 MiB were one event's bytes) left the loaders nothing to fill while it ran: 13.9-14.6
+/// GB/s; a quarter of the ring per event, 20.4-20.6, the same as an eighth (20.0-20.3), and as
+/// the bench's reference pipeline at that ring (H200, docs/BENCHMARKS.md, "Small rings").
+pub const SIGNAL_SPAN_DIVISOR: usize = 4;
+
 /// How an upload engine lays out its device buffers ([`Backend::uploader`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Placement {
@@ -455,6 +462,15 @@ pub trait Uploader: Send + Sync {
     unsafe fn submit_group_deferred(&self, jobs: &[UploadJob]) -> Result<usize, BackendError> {
         // SAFETY: forwarded from our caller.
         unsafe { self.submit_group(jobs) }
+    }
+
+    /// Tells the engine the ring its deferred groups come from: `slots` slots of `slot_bytes`.
+    /// One upload signal then covers at most [`SIGNAL_SPAN_DIVISOR`]th of that ring, so that
+    /// while one signal's copies run, the rest of the ring is free for the loaders to fill. Call
+    /// it before the first submit; without it (or on backends that never defer) groups share
+    /// signals by the engine's own counts alone.
+    fn set_source_ring(&self, slots: usize, slot_bytes: usize) {
+        let _ = (slots, slot_bytes);
     }
 
     /// Signals every group submitted so far, so that all their completions come: on CUDA one

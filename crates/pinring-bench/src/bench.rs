@@ -49,10 +49,12 @@ pub struct BenchArgs {
     /// (loaders attaching, the first fills) weighs little against the steady rate.
     #[arg(long, default_value = "64GiB")]
     pub run_bytes: ByteSize,
-    /// Target ring size: slots = ring_bytes / slot size, clamped to 8..=256. The default keeps
-    /// the ring in a server's last-level cache.
-    #[arg(long, default_value = "64MiB")]
-    pub ring_bytes: ByteSize,
+    /// Ring sizes, comma separated: each slot size runs in a ring of ring_bytes / slot size
+    /// slots, at least 8 and at most 4096 (a size that gives a slot count already run at that
+    /// slot size is skipped). The default keeps the ring in a server's last-level cache. More
+    /// than one size also draws `bench-rings.svg`: GB/s against ring size, a line per slot size.
+    #[arg(long, value_delimiter = ',', default_value = "64MiB")]
+    pub ring_bytes: Vec<ByteSize>,
     /// Slot size and loader count of the side-by-side mode comparison.
     #[arg(long, default_value = "4MiB")]
     pub mode_slot: ByteSize,
@@ -176,6 +178,8 @@ pub struct Point {
     pub mode: String,
     /// Payload bytes per batch.
     pub slot: u64,
+    /// Slots in the ring (0: not recorded, a CSV of an older bench).
+    pub slots: u32,
     /// Loader processes (and reference writers).
     pub loaders: usize,
     /// Raw registered ceiling at this size, GB/s.
@@ -299,7 +303,7 @@ pub fn run(args: &BenchArgs) -> Result<Vec<Point>, BenchError> {
         "cores"
     );
     for (slot, raw, _) in &ceilings {
-        let m = bench.reference(*slot, 0)?;
+        let m = bench.reference(*slot, ring_slots(*slot, args.ring_bytes[0].bytes()), 0)?;
         pinring_runtime::outln!(
             "{:>10} {:>10.2} {:>7.0}% {:>16.2} {:>8.2}",
             ByteSize(*slot).to_string(),
@@ -314,7 +318,8 @@ pub fn run(args: &BenchArgs) -> Result<Vec<Point>, BenchError> {
     // The first pipeline run after the GPU sat idle is slower (seen on the H200: 36 GB/s, then
     // 43-44 GB/s for the same point): run one, unreported, so every reported run starts warm.
     if let (Some(&(slot, _, _)), Some(&n)) = (ceilings.first(), args.loaders.iter().max()) {
-        let warm = bench.pipeline("warm-up", slot, n, &[], 0)?;
+        let slots = ring_slots(slot, args.ring_bytes[0].bytes());
+        let warm = bench.pipeline("warm-up", slot, slots, n, &[], 0)?;
         pinring_runtime::outln!("\nwarm-up run (not reported): {:.2} GB/s", warm.gbps);
     }
     let runs = match args.repeat {
@@ -328,10 +333,12 @@ pub fn run(args: &BenchArgs) -> Result<Vec<Point>, BenchError> {
     print_header();
     let first = points.len();
     for (slot, raw, _) in &ceilings {
-        for &n in &args.loaders {
-            let point = bench.point("pipeline", *slot, n, *raw, &[])?;
-            print_point(&point);
-            points.push(point);
+        for slots in geometries(*slot, &args.ring_bytes) {
+            for &n in &args.loaders {
+                let point = bench.point("pipeline", *slot, slots, n, *raw, &[])?;
+                print_point(&point);
+                points.push(point);
+            }
         }
     }
     print_flag_note(&points[first..]);
@@ -369,7 +376,8 @@ pub fn run(args: &BenchArgs) -> Result<Vec<Point>, BenchError> {
             ("upload + verify", &["--sink", "verify"]),
         ];
         for (mode, extra) in modes {
-            let point = bench.point(mode, mode_slot, args.mode_loaders, mode_raw, extra)?;
+            let slots = ring_slots(mode_slot, args.ring_bytes[0].bytes());
+            let point = bench.point(mode, mode_slot, slots, args.mode_loaders, mode_raw, extra)?;
             print_point(&point);
             points.push(point);
         }
@@ -385,6 +393,11 @@ pub fn run(args: &BenchArgs) -> Result<Vec<Point>, BenchError> {
     let svg = args.out.join("bench.svg");
     plot(&svg, kind, &ceilings, &points, &args.loaders)?;
     pinring_runtime::outln!("\nwrote {} and {}", csv.display(), svg.display());
+    if args.ring_bytes.len() > 1 {
+        let rings = args.out.join("bench-rings.svg");
+        plot_rings(&rings, kind, &points)?;
+        pinring_runtime::outln!("wrote {}", rings.display());
+    }
     Ok(points)
 }
 
@@ -403,6 +416,7 @@ impl Bench<'_> {
         &self,
         mode: &str,
         slot: u64,
+        slots: u32,
         loaders: usize,
         raw: f64,
         extra: &[&str],
@@ -410,8 +424,8 @@ impl Bench<'_> {
         let repeat = self.args.repeat;
         let mut runs = Vec::new();
         for index in 1..=repeat {
-            let mut run = self.pipeline(mode, slot, loaders, extra, index)?;
-            let reference = self.reference(slot, loaders)?;
+            let mut run = self.pipeline(mode, slot, slots, loaders, extra, index)?;
+            let reference = self.reference(slot, slots, loaders)?;
             run.ref_gbps = reference.gbps;
             run.ref_bytes = reference.bytes;
             if repeat > 1 {
@@ -427,6 +441,7 @@ impl Bench<'_> {
         Ok(Point {
             mode: mode.to_string(),
             slot,
+            slots,
             loaders,
             raw_gbps: raw,
             runs,
@@ -434,14 +449,22 @@ impl Bench<'_> {
     }
 
     /// One run of the reference pipeline at the pipeline point's ring, writers and bytes.
-    fn reference(&self, slot: u64, writers: usize) -> Result<reference::Measured, BenchError> {
+    fn reference(
+        &self,
+        slot: u64,
+        slots: u32,
+        writers: usize,
+    ) -> Result<reference::Measured, BenchError> {
         let args = self.args;
         let what = match writers {
-            0 => format!("{} slots, the upload engine alone", ByteSize(slot)),
-            n => format!("{} slots, {n} writers", ByteSize(slot)),
+            0 => format!(
+                "{slots} x {} slots, the upload engine alone",
+                ByteSize(slot)
+            ),
+            n => format!("{slots} x {} slots, {n} writers", ByteSize(slot)),
         };
         let name = format!("bench-ref-{}", std::process::id());
-        let cfg = run_config(slot, args.ring_bytes.bytes(), args.run_bytes.bytes(), &name);
+        let cfg = run_config(slot, slots, args.run_bytes.bytes(), &name);
         let geom = reference::Geometry::of(&cfg);
         // A fresh backend per run, as each pipeline run's daemon has.
         let selected = pinring_backend::select(self.backend, args.device)?;
@@ -463,24 +486,28 @@ impl Bench<'_> {
         &self,
         mode: &str,
         slot: u64,
+        slots: u32,
         loaders: usize,
         extra: &[&str],
         index: u32,
     ) -> Result<Run, BenchError> {
         let args = self.args;
         let exe = &self.exe;
-        let what = format!("{mode}, {} slots, {loaders} loaders", ByteSize(slot));
+        let what = format!(
+            "{mode}, {slots} x {} slots, {loaders} loaders",
+            ByteSize(slot)
+        );
         let fail = |why: String| BenchError::Run {
             what: what.clone(),
             why,
         };
         let name = format!("bench-{}", std::process::id());
-        let cfg = run_config(slot, args.ring_bytes.bytes(), args.run_bytes.bytes(), &name);
+        let cfg = run_config(slot, slots, args.run_bytes.bytes(), &name);
         let mode_tag: String = mode
             .chars()
             .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
             .collect();
-        let tag = format!("{slot}-{loaders}-{mode_tag}-{index}");
+        let tag = format!("{slot}x{slots}-{loaders}-{mode_tag}-{index}");
         let cfg_path = args.out.join(format!("run-{tag}.toml"));
         write_file("a bench run's config", &cfg_path, cfg.to_toml().as_bytes())?;
         let summary_path = args.out.join(format!("run-{tag}.json"));
@@ -576,9 +603,10 @@ fn time_registration(
 
 fn print_header() {
     pinring_runtime::outln!(
-        "{:<30} {:>9} {:>7} {:>8} {:>13} {:>6} {:>8} {:>10} {:>6} {:>6} {:>10} {:>8} {:>8} {:>8} {:>9} !",
+        "{:<30} {:>9} {:>5} {:>7} {:>8} {:>13} {:>6} {:>8} {:>10} {:>6} {:>6} {:>10} {:>8} {:>8} {:>8} {:>9} !",
         "mode",
         "slot",
+        "slots",
         "loaders",
         "GB/s",
         "min-max",
@@ -607,9 +635,10 @@ fn print_point(p: &Point) {
     let median = gbps.map_or(0.0, |s| s.median);
     let range = gbps.map_or_else(|| "-".to_string(), |s| format!("{:.2}-{:.2}", s.min, s.max));
     pinring_runtime::outln!(
-        "{:<30} {:>9} {:>7} {:>8.2} {:>13} {:>6} {:>8} {:>10} {:>6} {:>6} {:>10.0} {:>8.3} {:>8.0} {:>8.0} {:>9} {}",
+        "{:<30} {:>9} {:>5} {:>7} {:>8.2} {:>13} {:>6} {:>8} {:>10} {:>6} {:>6} {:>10.0} {:>8.3} {:>8.0} {:>8.0} {:>9} {}",
         p.mode,
         ByteSize(p.slot).to_string(),
+        p.slots,
         p.loaders,
         median,
         range,
@@ -638,17 +667,39 @@ fn print_flag_note(points: &[Point]) {
     }
 }
 
+/// Fewest slots a bench ring has.
+pub const MIN_RING_SLOTS: u32 = 8;
+
+/// The slots of a ring of about `ring_bytes` in `slot`-byte slots: at least
+/// [`MIN_RING_SLOTS`], at most the ring's own limit.
+pub fn ring_slots(slot: u64, ring_bytes: u64) -> u32 {
+    let most = u64::from(pinring_data::config::MAX_SLOTS);
+    (ring_bytes / slot.max(1)).clamp(u64::from(MIN_RING_SLOTS), most) as u32
+}
+
+/// The slot counts that `slot`-byte slots run at for the asked ring sizes, in the order asked,
+/// each once.
+pub fn geometries(slot: u64, rings: &[ByteSize]) -> Vec<u32> {
+    let mut out: Vec<u32> = Vec::new();
+    for ring in rings {
+        let slots = ring_slots(slot, ring.bytes());
+        if !out.contains(&slots) {
+            out.push(slots);
+        }
+    }
+    out
+}
+
 /// The config of one run: `slot` payload bytes per batch in 4 samples (each its u8 images and
-/// an 8-byte label), enough batches for `run_bytes` (64 to 400000), a ring of about
-/// `ring_bytes`; the slot holds a whole batch (an explicit size: `"auto"` would cut batches over
-/// 4 MiB into parts).
-pub fn run_config(slot: u64, ring_bytes: u64, run_bytes: u64, name: &str) -> Config {
+/// an 8-byte label), enough batches for `run_bytes` (64 to 400000), a ring of `slots` slots;
+/// the slot holds a whole batch (an explicit size: `"auto"` would cut batches over 4 MiB into
+/// parts).
+pub fn run_config(slot: u64, slots: u32, run_bytes: u64, name: &str) -> Config {
     let batch = 4u64;
     let sample = (slot / batch)
         .saturating_sub(pinring_data::LABEL_BYTES as u64)
         .max(1);
     let batches = (run_bytes / slot.max(1)).clamp(64, 400_000);
-    let slots = (ring_bytes / slot.max(1)).clamp(8, 256) as u32;
     let mut cfg = Config {
         ring: RingConfig {
             name: name.to_string(),
@@ -704,10 +755,11 @@ fn run_of(index: u32, s: &Summary) -> Run {
 /// The columns of `bench.csv`. A point has one row per run (`run` = 1, 2, …) and a summary row
 /// (`run` = `median`: medians of the runs, GB/s with its min, max and spread, `flagged` 1 when
 /// either spread exceeds 10%); the ceilings have one row each, `run` empty.
-pub const CSV_COLUMNS: [&str; 22] = [
+pub const CSV_COLUMNS: [&str; 23] = [
     "backend",
     "mode",
     "slot_bytes",
+    "slots",
     "loaders",
     "run",
     "gbps",
@@ -775,6 +827,7 @@ fn to_csv(kind: &str, ceilings: &[(u64, f64, f64)], points: &[Point]) -> String 
             ("backend", kind.to_string()),
             ("mode", p.mode.clone()),
             ("slot_bytes", p.slot.to_string()),
+            ("slots", p.slots.to_string()),
             ("loaders", p.loaders.to_string()),
             ("raw_gbps", num(Some(p.raw_gbps), 3)),
         ];
@@ -855,6 +908,18 @@ fn replot(csv: &Path, out: &Path) -> Result<Vec<Point>, BenchError> {
     let svg = out.join("bench.svg");
     plot(&svg, &kind, &ceilings, &points, &loaders)?;
     pinring_runtime::outln!("wrote {}", svg.display());
+    let mut geometries: Vec<(u64, u32)> = points
+        .iter()
+        .filter(|p| p.mode == "pipeline" && p.slots > 0)
+        .map(|p| (p.slot, p.slots))
+        .collect();
+    geometries.sort_unstable();
+    geometries.dedup();
+    if geometries.windows(2).any(|w| w[0].0 == w[1].0) {
+        let rings = out.join("bench-rings.svg");
+        plot_rings(&rings, &kind, &points)?;
+        pinring_runtime::outln!("wrote {}", rings.display());
+    }
     Ok(points)
 }
 
@@ -929,14 +994,15 @@ fn parse_csv(text: &str) -> Result<(String, Vec<(u64, f64, f64)>, Vec<Point>), (
                     ref_bytes: field(col("ref_bytes")).parse().unwrap_or(0),
                 };
                 let raw = optional("raw_gbps").unwrap_or(0.0);
-                match points
-                    .iter_mut()
-                    .find(|p| p.mode == mode && p.slot == slot && p.loaders == loaders)
-                {
+                let slots: u32 = field(col("slots")).parse().unwrap_or(0);
+                match points.iter_mut().find(|p| {
+                    p.mode == mode && p.slot == slot && p.slots == slots && p.loaders == loaders
+                }) {
                     Some(p) => p.runs.push(run),
                     None => points.push(Point {
                         mode: mode.to_string(),
                         slot,
+                        slots,
                         loaders,
                         raw_gbps: raw,
                         runs: vec![run],
@@ -1075,6 +1141,112 @@ fn plot(
     Ok(())
 }
 
+/// `bench-rings.svg`: the pipeline's GB/s (median) against the ring's size, one line per slot
+/// size and loader count, with the reference's median beside each as a thin line of the same
+/// colour. Points of an older CSV (no slot count) are left out.
+fn plot_rings(path: &Path, kind: &str, points: &[Point]) -> Result<(), BenchError> {
+    use plotters::prelude::*;
+    let err = |e: String| BenchError::Plot {
+        path: path.display().to_string(),
+        why: e,
+    };
+    let pipeline: Vec<&Point> = points
+        .iter()
+        .filter(|p| p.mode == "pipeline" && p.slots > 0)
+        .collect();
+    let ring = |p: &Point| p.slot.saturating_mul(u64::from(p.slots));
+    let lg = |bytes: u64| (bytes.max(1) as f64).log2();
+    let (xmin, xmax) = pipeline
+        .iter()
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), p| {
+            (a.min(lg(ring(p))), b.max(lg(ring(p))))
+        });
+    let (xmin, xmax) = if xmin.is_finite() {
+        (xmin.floor() - 0.3, xmax.ceil() + 0.3)
+    } else {
+        (20.7, 30.3)
+    };
+    let median = |p: &Point| p.gbps().map_or(0.0, |s| s.median);
+    let ref_median = |p: &Point| p.reference().map(|s| s.median).filter(|m| m.is_finite());
+    let ymax = pipeline
+        .iter()
+        .map(|p| median(p).max(ref_median(p).unwrap_or(0.0)))
+        .fold(1.0f64, f64::max)
+        * 1.1;
+    let mut lines: Vec<(u64, usize)> = pipeline.iter().map(|p| (p.slot, p.loaders)).collect();
+    lines.sort_unstable();
+    lines.dedup();
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (960, 600)).into_drawing_area();
+        root.fill(&WHITE).map_err(|e| err(e.to_string()))?;
+        let mut chart = ChartBuilder::on(&root)
+            .caption(
+                format!("pinring bench ({kind} backend): GB/s by ring size"),
+                ("sans-serif", 22),
+            )
+            .margin(15)
+            .x_label_area_size(45)
+            .y_label_area_size(55)
+            .build_cartesian_2d(xmin..xmax, 0.0..ymax)
+            .map_err(|e| err(e.to_string()))?;
+        chart
+            .configure_mesh()
+            .x_desc("ring size (slots x slot size)")
+            .y_desc("GB/s")
+            .x_labels(((xmax - xmin).round() as usize).max(2) + 1)
+            .x_label_formatter(&|v| {
+                if (v - v.round()).abs() < 0.05 {
+                    ByteSize(2f64.powf(v.round()) as u64).to_string()
+                } else {
+                    String::new()
+                }
+            })
+            .draw()
+            .map_err(|e| err(e.to_string()))?;
+        for (i, &(slot, loaders)) in lines.iter().enumerate() {
+            let color = Palette99::pick(i).to_rgba();
+            let mut of_line: Vec<&&Point> = pipeline
+                .iter()
+                .filter(|p| p.slot == slot && p.loaders == loaders)
+                .collect();
+            of_line.sort_by_key(|p| ring(p));
+            let ours: Vec<(f64, f64)> = of_line.iter().map(|p| (lg(ring(p)), median(p))).collect();
+            let theirs: Vec<(f64, f64)> = of_line
+                .iter()
+                .filter_map(|p| Some((lg(ring(p)), ref_median(p)?)))
+                .collect();
+            chart
+                .draw_series(LineSeries::new(ours.clone(), color.stroke_width(2)))
+                .map_err(|e| err(e.to_string()))?
+                .label(format!("{} slots, {loaders} loaders", ByteSize(slot)))
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+            chart
+                .draw_series(ours.into_iter().map(|p| Circle::new(p, 3, color.filled())))
+                .map_err(|e| err(e.to_string()))?;
+            chart
+                .draw_series(LineSeries::new(theirs, color.mix(0.5).stroke_width(1)))
+                .map_err(|e| err(e.to_string()))?;
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::LowerRight)
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK)
+            .draw()
+            .map_err(|e| err(e.to_string()))?;
+        root.draw(&Text::new(
+            "thin lines: the reference pipeline (no protocol) at the same geometry",
+            (70, 40),
+            ("sans-serif", 14),
+        ))
+        .map_err(|e| err(e.to_string()))?;
+        root.present().map_err(|e| err(e.to_string()))?;
+    }
+    write_file("the bench's ring plot", path, svg.as_bytes())?;
+    Ok(())
+}
+
 fn now_utc() -> String {
     let secs = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -1099,13 +1271,26 @@ mod tests {
 
     #[test]
     fn run_configs_are_valid_and_sized_as_asked() {
-        for slot in [64 << 10, 1 << 20, 64 << 20] {
-            let c = run_config(slot, 64 << 20, 16 << 30, "bench-test");
+        for (slot, slots) in [(64 << 10, 1024), (1 << 20, 64), (64 << 20, 8)] {
+            assert_eq!(ring_slots(slot, 64 << 20), slots);
+            let c = run_config(slot, slots, 16 << 30, "bench-test");
             c.validate().unwrap();
             assert_eq!(c.batch_payload_bytes_max(), slot);
             assert!(c.slot_bytes() >= slot && c.slot_bytes() < slot + (8 << 10));
-            assert!((8..=256).contains(&c.slots()));
+            assert_eq!(c.slots(), slots);
         }
+    }
+
+    #[test]
+    fn a_ring_sweep_runs_each_slot_count_once_within_the_rings_limits() {
+        let rings: Vec<ByteSize> = [2 << 20, 8 << 20, 8 << 20, 1 << 30, 4 << 30]
+            .into_iter()
+            .map(ByteSize)
+            .collect();
+        // 64 KiB: 32, 128, then 16384 and 65536 slots, both held to the ring's 4096.
+        assert_eq!(geometries(64 << 10, &rings), vec![32, 128, 4096]);
+        // 4 MiB: 0 and 2 slots, held to 8; then 256 and 1024.
+        assert_eq!(geometries(4 << 20, &rings), vec![8, 256, 1024]);
     }
 
     #[test]
@@ -1133,6 +1318,7 @@ mod tests {
         Point {
             mode: "pipeline".into(),
             slot: 1 << 20,
+            slots: 64,
             loaders: 8,
             raw_gbps: 50.0,
             runs: vec![
@@ -1176,12 +1362,12 @@ mod tests {
         assert_eq!(
             &lines[1..],
             [
-                "host,raw registered,1048576,0,,50.000,,,,,,,,50.000,1.000,,,,,,,",
-                "host,raw pageable,1048576,0,,20.000,,,,,,,,50.000,0.400,,,,,,,",
-                "host,pipeline,1048576,8,1,40.000,,,,52.000,,0.769,,50.000,0.800,40000.0,0.0100,100,1000,upload,1073741824,1073741824",
-                "host,pipeline,1048576,8,2,44.000,,,,50.000,,0.880,,50.000,0.880,44000.0,0.0200,200,2000,loaders,1073741824,1073741824",
-                "host,pipeline,1048576,8,3,45.000,,,,50.000,,0.900,,50.000,0.900,45000.0,0.0300,300,3000,upload,1073741824,1073741824",
-                "host,pipeline,1048576,8,median,44.000,40.000,45.000,0.114,50.000,0.040,0.880,1,50.000,0.880,44000.0,0.0200,200,2000,upload,,",
+                "host,raw registered,1048576,,0,,50.000,,,,,,,,50.000,1.000,,,,,,,",
+                "host,raw pageable,1048576,,0,,20.000,,,,,,,,50.000,0.400,,,,,,,",
+                "host,pipeline,1048576,64,8,1,40.000,,,,52.000,,0.769,,50.000,0.800,40000.0,0.0100,100,1000,upload,1073741824,1073741824",
+                "host,pipeline,1048576,64,8,2,44.000,,,,50.000,,0.880,,50.000,0.880,44000.0,0.0200,200,2000,loaders,1073741824,1073741824",
+                "host,pipeline,1048576,64,8,3,45.000,,,,50.000,,0.900,,50.000,0.900,45000.0,0.0300,300,3000,upload,1073741824,1073741824",
+                "host,pipeline,1048576,64,8,median,44.000,40.000,45.000,0.114,50.000,0.040,0.880,1,50.000,0.880,44000.0,0.0200,200,2000,upload,,",
             ]
         );
     }

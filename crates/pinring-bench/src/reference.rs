@@ -575,6 +575,7 @@ pub fn run(
     // Buffers of their own, a copy per slot: the minimal pipeline does not gather runs of
     // slots into one copy as the daemon does (`Placement::Contiguous`).
     let uploader = backend.uploader(buffers, geom.buffer_bytes() as usize, Placement::Separate)?;
+    uploader.set_source_ring(geom.slots as usize, geom.slot_bytes as usize);
     {
         let seg = Arc::clone(&seg);
         uploader.set_completion_hook(Arc::new(move || {
@@ -941,7 +942,7 @@ mod tests {
 
     #[test]
     fn the_reference_of_a_pipeline_point_has_its_ring_and_moves_its_bytes() {
-        let cfg = crate::bench::run_config(1 << 20, 64 << 20, 1 << 30, "ref-geom");
+        let cfg = crate::bench::run_config(1 << 20, 64, 1 << 30, "ref-geom");
         let g = Geometry::of(&cfg);
         assert_eq!(g.slots, cfg.slots());
         assert_eq!(g.slot_bytes, cfg.slot_bytes());

@@ -664,7 +664,7 @@ fn summary_text(s: &Summary, loaders: usize) -> String {
         out,
         "  batches   {} delivered of {} ({} verified, {} failed, {} duplicates, {} out of order, {} missing)",
         s.batches_delivered,
-        s.end_seq - s.start_seq,
+        (s.end_seq - s.start_seq).div_ceil(s.parts_per_batch.max(1)),
         s.batches_verified,
         s.verify_failures,
         s.duplicates,

@@ -44,8 +44,9 @@ pub const MAX_SAMPLE_DIMS: usize = 16;
 pub const MAX_IMAGE_SIDE: u32 = 16384;
 /// Granularity of [`Config::meta_reserve_bytes`].
 pub const META_RESERVE_ALIGN: u64 = 64;
-/// Slots in a ring whose `ring.slots` is unset and whose `ring.slot_bytes` is explicit (or not
-/// yet resolved, [`Config::resolve_auto`]).
+/// Slots counted for a ring whose `ring.slots` is unset until the daemon resolves it
+/// ([`Config::resolve_auto`]): validation before that, and loaders, which take the count from
+/// the ring.
 pub const DEFAULT_SLOTS: u32 = 16;
 /// `"auto"`: the most bytes of a part's largest field (4 MiB). A batch whose largest field is at
 /// most this much goes whole into one slot; a larger one is cut into parts of the most whole
@@ -59,6 +60,10 @@ pub const AUTO_RING_MAX_BYTES: u64 = 128 << 20;
 pub const AUTO_RING_FALLBACK_BYTES: u64 = 32 << 20;
 /// `"auto"`: the fewest slots it picks, enough for 8 loaders with two slots each.
 pub const AUTO_MIN_SLOTS: u32 = 16;
+/// `"auto"`: the smallest slot it cuts a batch's parts down to so that [`AUTO_MIN_SLOTS`] of
+/// them fit the ring it aims for. From 256 KiB up the copy engine moves batches at the link's
+/// speed (docs/BENCHMARKS.md); below it, every part costs the daemon's loop more than its copy.
+pub const AUTO_MIN_SLOT_BYTES: u64 = 256 << 10;
 
 /// The defaults, as a commented TOML file (parses to [`Config::default`]).
 pub const DEFAULT_CONFIG_TOML: &str = r#"# pinring configuration, shared by the GPU daemon and all loader processes.
@@ -69,16 +74,17 @@ pub const DEFAULT_CONFIG_TOML: &str = r#"# pinring configuration, shared by the 
 # Ring name: the shared-memory segment is /dev/shm/pinring.<name>.
 # 1 to 64 characters from A-Z a-z 0-9 _ -
 name = "default"
-# Number of slots in the ring (2..=4096). Unset: with slot_bytes = "auto"
-# the daemon picks it to keep the ring inside the CPU's last-level cache
-# (ring of min(cache / 2, 128 MiB), or 32 MiB when the cache size is
-# unknown; at least 16 slots); with an explicit slot_bytes, 16.
+# Number of slots in the ring (2..=4096). Unset: the daemon picks it to
+# keep the ring inside the CPU's last-level cache (ring of
+# min(cache / 2, 128 MiB), or 32 MiB when the cache size is unknown; at
+# least 16 slots), for "auto" and explicit slot sizes alike.
 # slots = 16
 # Bytes per slot: "auto" or a size such as "16MiB" / 16777216. "auto": a
 # batch whose largest field (images) is at most 4 MiB goes whole into one
 # slot (payload + metadata reserve, rounded up to 4096); a larger batch is
 # cut into parts of the most whole samples whose largest field fits 4 MiB
-# (labels ride along). The daemon resolves
+# (labels ride along); where 16 such slots would not fit half the
+# last-level cache, into smaller parts (down to 256 KiB). The daemon resolves
 # "auto" at start and publishes the slot size in the ring; loaders with
 # "auto" adopt it. An explicit size must be a multiple of 4096 and at
 # most 1 GiB. A batch that does not fit one slot is cut into parts of whole
@@ -474,8 +480,8 @@ pub const MAX_FIELDS: usize = 64;
 pub struct RingConfig {
     /// Segment name suffix (`/dev/shm/pinring.<name>`).
     pub name: String,
-    /// Number of slots (2..=4096); `None`: picked by [`Config::resolve_auto`] with `"auto"`
-    /// slots, else [`DEFAULT_SLOTS`] ([`Config::slots`]).
+    /// Number of slots (2..=4096); `None`: picked by [`Config::resolve_auto`] for the host
+    /// ([`Config::auto_ring`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub slots: Option<u32>,
     /// Bytes per slot.
@@ -756,6 +762,8 @@ pub struct AutoRing {
     pub slots: u32,
     /// The ring size aimed for: `min(cache / 2, 128 MiB)`, or 32 MiB with the cache unknown.
     pub target_bytes: u64,
+    /// Whether the slot size was `"auto"` too (false: given, and only the count was picked).
+    pub slot_bytes_auto: bool,
 }
 
 /// A field name: 1 to 64 characters from A-Z a-z 0-9 _ - .
@@ -2050,34 +2058,65 @@ impl Config {
     /// the slot size of [`Config::part_layout`], and a slot count that keeps the ring (data
     /// area) near `min(cache / 2, 128 MiB)` (32 MiB when the cache is unknown): that target over
     /// the slot size, rounded to the nearest, and at least [`AUTO_MIN_SLOTS`] and at most
-    /// [`MAX_SLOTS`]. An explicit `ring.slots` is kept; so is an explicit `ring.slot_bytes`
-    /// (then an unset `ring.slots` is [`DEFAULT_SLOTS`], as before).
+    /// [`MAX_SLOTS`]. An explicit `ring.slots` is kept; so is an explicit `ring.slot_bytes`,
+    /// whose ring, with `ring.slots` unset, gets the same slot count for its size (a small
+    /// explicit slot used to get [`DEFAULT_SLOTS`], a ring too small to keep the copy engine
+    /// busy: docs/BENCHMARKS.md, "Small rings").
     pub fn auto_ring(&self, cache_bytes: Option<u64>) -> AutoRing {
         let target = cache_bytes.map_or(AUTO_RING_FALLBACK_BYTES, |c| {
             (c / 2).min(AUTO_RING_MAX_BYTES)
         });
-        let slot_bytes = self.slot_bytes();
-        let slots = match (self.ring.slots, self.ring.slot_bytes) {
-            (Some(n), _) => n,
-            (None, SlotBytes::Fixed(_)) => DEFAULT_SLOTS,
-            (None, SlotBytes::Auto) => {
-                let s = slot_bytes.max(1);
-                let n = (target + s / 2) / s;
-                u32::try_from(n)
-                    .unwrap_or(u32::MAX)
-                    .clamp(AUTO_MIN_SLOTS, MAX_SLOTS)
-            }
-        };
+        // Only a cache that was read is small for sure: the fallback's 32 MiB is a guess.
+        let slot_bytes = (self.ring.slots.is_none() && cache_bytes.is_some())
+            .then(|| self.slot_for_small_cache(target))
+            .flatten()
+            .unwrap_or_else(|| self.slot_bytes());
+        let slots = self.ring.slots.unwrap_or_else(|| {
+            let s = slot_bytes.max(1);
+            let n = (target + s / 2) / s;
+            u32::try_from(n)
+                .unwrap_or(u32::MAX)
+                .clamp(AUTO_MIN_SLOTS, MAX_SLOTS)
+        });
         AutoRing {
             slot_bytes,
             slots,
             target_bytes: target,
+            slot_bytes_auto: self.ring.slot_bytes == SlotBytes::Auto,
         }
+    }
+
+    /// The smaller `"auto"` slot for a ring that aims at `target` bytes, when
+    /// [`AUTO_MIN_SLOTS`] of the usual slots (a 4 MiB part) would not fit it: parts of the most
+    /// whole samples that fit `target / AUTO_MIN_SLOTS` (at least [`AUTO_MIN_SLOT_BYTES`]),
+    /// evened out over the batch, as an explicit slot size gives them. `None` when the usual
+    /// slot fits, when the slot size was given, or when samples are cut into byte parts or do
+    /// not fit that size whole. The built-in default (2 MiB batches) on a host with a 16 MiB
+    /// last-level cache gets 16 slots of 512 KiB instead of 16 of 2 MiB, twice the cache.
+    fn slot_for_small_cache(&self, target: u64) -> Option<u64> {
+        if self.ring.slot_bytes != SlotBytes::Auto || self.part_layout().cut.is_some() {
+            return None;
+        }
+        let usual = self.slot_bytes();
+        let cap =
+            (target / u64::from(AUTO_MIN_SLOTS)).max(AUTO_MIN_SLOT_BYTES) / SLOT_ALIGN * SLOT_ALIGN;
+        if usual.saturating_mul(u64::from(AUTO_MIN_SLOTS)) <= target || cap >= usual {
+            return None;
+        }
+        let most = self.max_samples_in(cap);
+        if most == 0 {
+            return None;
+        }
+        let bs = self.plan.batch_size.max(1);
+        let samples_per_part = bs.div_ceil(bs.div_ceil(most));
+        Some(round_up(self.part_need(samples_per_part), SLOT_ALIGN))
     }
 
     /// Resolves `"auto"` once, for the daemon (and `pinring config check`, to show it): an
     /// automatic `ring.slot_bytes` and an unset `ring.slots` become the explicit values of
-    /// [`Config::auto_ring`], which keeps the part layout and so the fingerprint. Loaders do
+    /// [`Config::auto_ring`], which keeps the part layout and so the fingerprint (except on a
+    /// cache too small for 16 of the usual slots, [`Config::slot_for_small_cache`]: the parts are
+    /// then the smaller slot's, and loaders adopting that slot compute the same). Loaders do
     /// not call this: they take the slot size from the daemon's ring
     /// ([`Config::adopt_slot_bytes`]), since their cache (or host) may differ.
     pub fn resolve_auto(&mut self, cache_bytes: Option<u64>) -> AutoRing {
@@ -2759,7 +2798,7 @@ mod tests {
         c.ring.slots = Some(6);
         let a = c.resolve_auto(Some(300 * MIB));
         assert_eq!((a.slots, a.slot_bytes), (6, 4 * MIB + 4096));
-        // An explicit slot size behaves as before: its own layout, 16 slots when unset.
+        // An explicit slot size keeps its own layout; its unset count is auto's for its size.
         let mut c = sized(32, MIB as u32);
         c.ring.slot_bytes = SlotBytes::Fixed(ByteSize(16 * MIB));
         let before = (layout(&c), c.fingerprint());
@@ -2767,6 +2806,17 @@ mod tests {
         assert_eq!((a.slots, a.slot_bytes), (DEFAULT_SLOTS, 16 * MIB));
         assert_eq!((layout(&c), c.fingerprint()), before);
         assert_eq!(layout(&c), (11, 3, 16 * MIB));
+        // A small explicit slot gets the ring "auto" would give for the cache, not 16 slots.
+        for (cache, slots) in [(300 * MIB, 512), (16 * MIB, 32), (MIB, AUTO_MIN_SLOTS)] {
+            let mut c = sized(4, 60_000);
+            c.ring.slot_bytes = SlotBytes::Fixed(ByteSize(256 << 10));
+            let a = c.resolve_auto(Some(cache));
+            assert_eq!(
+                (a.slots, a.slot_bytes, a.slot_bytes_auto),
+                (slots, 256 << 10, false)
+            );
+            assert_eq!(c.ring.slots, Some(slots));
+        }
         // A sample over 4 MiB: byte parts of 4 MiB, 2 per sample, the second 1 MiB.
         let c = sized(4, 5 * MIB as u32);
         assert_eq!(layout(&c), (1, 8, 4 * MIB + 4096));
@@ -2776,6 +2826,35 @@ mod tests {
         let c = sized(4, 4 * MIB as u32 + 64);
         assert_eq!(layout(&c), (1, 4, 4 * MIB + 4096));
         assert_eq!(c.part_layout().cut, None);
+    }
+
+    #[test]
+    fn the_default_ring_fits_half_a_small_cache_in_smaller_parts() {
+        let default = Config::default();
+        // 64 KiB samples, 32 a batch: the most whole samples that fit the cap, evened out.
+        for (cache, samples, parts) in [
+            (300 * MIB, 32, 1),
+            (32 * MIB, 11, 3),
+            (16 * MIB, 7, 5),
+            // 256 KiB parts at the least: a 4 MiB ring is over half a 4 MiB cache.
+            (4 * MIB, 3, 11),
+        ] {
+            let mut c = default.clone();
+            let a = c.resolve_auto(Some(cache));
+            assert_eq!(
+                (layout(&c).0, layout(&c).1),
+                (samples, parts),
+                "cache {cache}"
+            );
+            assert!(a.slots >= AUTO_MIN_SLOTS);
+            if cache >= 16 * MIB {
+                assert!(c.ring_bytes() <= cache / 2, "cache {cache}");
+            }
+            c.validate().unwrap();
+        }
+        // An unknown cache keeps the usual slot (the fallback's 32 MiB holds 16 of them).
+        let a = default.auto_ring(None);
+        assert_eq!((a.slot_bytes, a.slots), (2 * MIB + 4096, 16));
     }
 
     #[test]
@@ -2796,16 +2875,21 @@ mod tests {
             (2, (4 << 20) + 4000),
             (1, 1 << 30),
         ] {
-            let mut daemon = sized(batch, sample);
-            let loader = daemon.clone();
-            daemon.resolve_auto(Some(300 * MIB));
-            let mut adopted = loader.clone();
-            assert!(adopted.adopt_slot_bytes(daemon.slot_bytes(), daemon.slots()));
-            assert_eq!(layout(&adopted), layout(&daemon), "{batch} x {sample}");
-            assert_eq!(layout(&adopted), layout(&loader), "{batch} x {sample}");
-            assert_eq!(adopted.fingerprint(), daemon.fingerprint());
-            assert_eq!(adopted.slots(), daemon.slots());
-            adopted.validate().unwrap();
+            // A large cache keeps the usual parts; small ones may cut smaller parts.
+            for cache in [300 * MIB, 16 * MIB, 4 * MIB] {
+                let mut daemon = sized(batch, sample);
+                let loader = daemon.clone();
+                daemon.resolve_auto(Some(cache));
+                let mut adopted = loader.clone();
+                assert!(adopted.adopt_slot_bytes(daemon.slot_bytes(), daemon.slots()));
+                assert_eq!(layout(&adopted), layout(&daemon), "{batch} x {sample}");
+                if cache == 300 * MIB {
+                    assert_eq!(layout(&adopted), layout(&loader), "{batch} x {sample}");
+                }
+                assert_eq!(adopted.fingerprint(), daemon.fingerprint());
+                assert_eq!(adopted.slots(), daemon.slots());
+                adopted.validate().unwrap();
+            }
         }
         // An explicit slot size is not replaced: a different one is a fingerprint mismatch.
         let mut c = sized(32, MIB as u32);

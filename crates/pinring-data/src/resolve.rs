@@ -104,7 +104,8 @@ impl Resolved {
         self.source_len
     }
 
-    /// What `ring.slot_bytes = "auto"` resolved to (`None`: the slot size was given).
+    /// What `"auto"` resolved: the slot size and count, or only the count of a given slot size
+    /// (`None`: both were given).
     pub fn auto(&self) -> Option<&AutoRing> {
         self.auto.as_ref()
     }
@@ -131,12 +132,8 @@ impl Config {
             }
             cfg.set_source_len(o.len)?;
         }
-        let auto_bytes = cfg.ring.slot_bytes == SlotBytes::Auto;
-        let mut auto = None;
-        if auto_bytes || cfg.ring.slots.is_none() {
-            let a = cfg.resolve_auto(cache_bytes);
-            auto = auto_bytes.then_some(a);
-        }
+        let auto = (cfg.ring.slot_bytes == SlotBytes::Auto || cfg.ring.slots.is_none())
+            .then(|| cfg.resolve_auto(cache_bytes));
         cfg.validate()?;
         if let Some(group) = &cfg.ring.group {
             pinring_ring::resolve_group(&cfg.ring.name, group)?;
@@ -197,6 +194,13 @@ mod tests {
         let r = cfg.resolve(&NoFiles, Some(64 << 20)).unwrap();
         assert!(r.auto().is_none());
         assert_eq!(r.config().ring.slots, Some(4));
+        // Without a count, the count is auto's for the given size, and says so.
+        cfg.ring.slot_bytes = SlotBytes::Fixed(crate::ByteSize(256 << 10));
+        cfg.ring.slots = None;
+        let r = cfg.resolve(&NoFiles, Some(64 << 20)).unwrap();
+        let a = r.auto().expect("the slot count was picked");
+        assert_eq!((a.slots, a.slot_bytes_auto), (128, false));
+        assert_eq!(r.config().ring.slots, Some(128));
     }
 
     #[test]

@@ -71,9 +71,13 @@ impl HostMemory {
     /// The line that says what `"auto"` picked for `cfg` (resolved to `a`) and where the cache
     /// size came from.
     pub fn auto_line(&self, cfg: &Config, a: &pinring_data::AutoRing) -> String {
+        let what = if a.slot_bytes_auto {
+            "ring.slot_bytes = \"auto\" resolved to"
+        } else {
+            "ring.slots unset: the given slot size gets"
+        };
         format!(
-            "ring.slot_bytes = \"auto\" resolved to {} slots x {} = {} ({}; ring aimed at {}, \
-             {})",
+            "{what} {} slots x {} = {} ({}; ring aimed at {}, {})",
             a.slots,
             ByteSize(a.slot_bytes),
             ByteSize(u64::from(a.slots) * a.slot_bytes),

@@ -369,6 +369,52 @@ fn receive_whole(
 }
 
 #[test]
+fn a_small_source_ring_gets_an_event_per_quarter_of_its_slots_without_a_flush() {
+    if crate::testing::gpu().is_none() {
+        return;
+    }
+    let b = CudaBackend::new(0).unwrap();
+    const SLOT: usize = 64 << 10;
+    const SLOTS: usize = 16;
+    let up = b.cuda_uploader(128, SLOT, Placement::Separate).unwrap();
+    up.set_source_ring(SLOTS, SLOT);
+    let span = SLOTS / crate::SIGNAL_SPAN_DIVISOR;
+    assert_eq!(
+        up.event_groups.load(std::sync::atomic::Ordering::Relaxed),
+        span
+    );
+    let data = pattern(29, SLOTS * SLOT);
+    let group = |i: usize| {
+        [UploadJob {
+            tag: i as u64,
+            src: data[i * SLOT..].as_ptr(),
+            len: SLOT,
+            buffer: i,
+            dst_offset: 0,
+        }]
+    };
+    let want = |i: usize| checksum(&data[i * SLOT..(i + 1) * SLOT]);
+    // A quarter of the ring is signalled by its last group's event: no flush, while the rest
+    // of the ring is still free to fill.
+    for i in 0..span {
+        // SAFETY: `data` outlives every completion received below.
+        unsafe { up.submit_group_deferred(&group(i)) }.unwrap();
+    }
+    receive_whole(&up, 0, span, SLOT, want);
+    // A larger ring keeps the engine's own count.
+    up.set_source_ring(4096, SLOT);
+    assert_eq!(
+        up.event_groups.load(std::sync::atomic::Ordering::Relaxed),
+        uploader::EVENT_GROUPS
+    );
+    up.set_source_ring(1, SLOT);
+    assert_eq!(
+        up.event_groups.load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
+}
+
+#[test]
 fn deferred_groups_complete_at_a_full_run_or_a_flush_and_land_whole() {
     if crate::testing::gpu().is_none() {
         return;

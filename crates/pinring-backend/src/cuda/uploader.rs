@@ -22,6 +22,7 @@
 //! device memory), and the zero-copy calls read ring slots, not device buffers, so neither takes
 //! a count.
 
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::Instant;
@@ -49,6 +50,9 @@ pub struct CudaUploader {
     /// Device buffers an event's groups may copy into: half the buffers (an event over every
     /// buffer would leave none to fill while its copies run), at least one.
     pub(super) event_buffers: usize,
+    /// Deferred groups an event may cover: [`EVENT_GROUPS`], or fewer for a small source ring
+    /// (`Uploader::set_source_ring`).
+    pub(super) event_groups: AtomicUsize,
     /// The backend's registered chunks: copies are split at their boundaries.
     pub(super) chunks: Arc<ChunkTable>,
     /// The per-buffer pending and reader counts (module docs); shared with the completion
@@ -170,6 +174,7 @@ impl CudaUploader {
             sm_count: backend.sm_count,
             buffer_bytes,
             event_buffers: (bufs.len() / 2).max(1),
+            event_groups: AtomicUsize::new(EVENT_GROUPS),
             buffers: bufs,
             chunks: Arc::clone(&backend.chunks),
             guards,
@@ -389,7 +394,7 @@ impl CudaUploader {
             EVENT_BYTES
         };
         if !deferred
-            || u.groups.len() >= EVENT_GROUPS
+            || u.groups.len() >= self.event_groups.load(Relaxed)
             || u.buffers >= self.event_buffers
             || u.bytes >= event_bytes
         {
@@ -603,7 +608,8 @@ fn alloc_call(ctx: &CudaContext) -> &'static str {
 }
 
 /// Deferred groups (`Uploader::submit_group_deferred`) share one event until this many are
-/// queued after the last one, or groups into half the engine's buffers (the parts of a batch
+/// queued after the last one (fewer in a ring of fewer than 256 slots: a quarter of its slots,
+/// `Uploader::set_source_ring`), or groups into half the engine's buffers (the parts of a batch
 /// share one; a batch per part, at small slots, is a buffer per group),
 pub(super) const EVENT_GROUPS: usize = 64;
 /// or until they copy this many bytes ([`LARGE_EVENT_BYTES`] for groups of 1 MiB or more). An
@@ -903,6 +909,13 @@ impl Uploader for CudaUploader {
     unsafe fn submit_group_deferred(&self, jobs: &[UploadJob]) -> Result<usize, BackendError> {
         // SAFETY: forwarded from our caller.
         unsafe { self.enqueue_group(jobs, true) }
+    }
+
+    fn set_source_ring(&self, slots: usize, _slot_bytes: usize) {
+        // Each group is one part, at most one slot: counting groups bounds the event's share of
+        // the ring in bytes too.
+        let groups = (slots / crate::SIGNAL_SPAN_DIVISOR).clamp(1, EVENT_GROUPS);
+        self.event_groups.store(groups, Relaxed);
     }
 
     fn flush(&self) -> Result<(), BackendError> {

@@ -179,7 +179,10 @@ impl Daemon {
             }
             Ok(u)
         }) {
-            Ok(u) => Arc::from(u),
+            Ok(u) => {
+                u.set_source_ring(cfg.slots() as usize, cfg.slot_bytes() as usize);
+                Arc::from(u)
+            }
             Err(e) => {
                 let _ = ring.unlink();
                 return Err(e.into());
