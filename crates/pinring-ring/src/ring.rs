@@ -1130,17 +1130,30 @@ impl Ring {
 
     /// Tries to claim one FREE slot: first among the slots this loader keeps to, those whose
     /// index is its seat's index modulo `share` (with `share` loaders attached, each keeps to
-    /// its own `1 / share` of the ring, lowest index first), then any ([`Ring::try_claim`] from
-    /// `hint`). The preference changes which free slot is taken, never whether one is: a loader
-    /// whose own slots are all busy takes another's. With 8 loaders on 64 slots of 1 MiB this
-    /// moved 51.5-52.2 GB/s to the GPU in ten runs, where taking the next free slot after the
-    /// last moved 49.3-50.0 (docs/BENCHMARKS.md, "Loaders keep to their own slots").
+    /// its own `1 / share` of the ring), in turn from the first of them at or after `hint`
+    /// (the slot after its last claim), then any ([`Ring::try_claim`] from `hint`). The
+    /// preference changes which free slot is taken, never whether one is: a loader whose own
+    /// slots are all busy takes another's. With 8 loaders on 64 slots of 1 MiB this moved
+    /// 51.5-52.2 GB/s to the GPU in ten runs, where taking the next free slot after the last
+    /// moved 49.3-50.0 (docs/BENCHMARKS.md, "Loaders keep to their own slots").
+    ///
+    /// In turn, not lowest index first: the daemon hands slots out again in the order it takes
+    /// them, which in order is seq order, so a loader that goes round its own slots fills them
+    /// in seq order too. Lowest index first filled a later seq while an earlier one waited in a
+    /// free slot further on; in a large ring the daemon, which takes seqs in order, then waited
+    /// with the ring full: 1 MiB slots in a 1 GiB ring moved 24.6 GB/s in order against 44.1
+    /// unordered (docs/BENCHMARKS.md, "Small rings, large rings").
     pub fn try_claim_preferring(&self, seat: Seat, share: u32, hint: u32) -> Option<Claim> {
         let n = self.geom.slot_count;
-        let own = (share > 1)
+        let first = u32::from(seat.index) % share.max(1);
+        let own = (share > 1 && first < n)
             .then(|| {
-                (u32::from(seat.index) % share..n)
-                    .step_by(share as usize)
+                // Own slots are first, first + share, ...: `count` of them, the k-th at
+                // first + k * share; start at the first one at or after `hint`.
+                let count = (n - first).div_ceil(share);
+                let start = hint.saturating_sub(first).div_ceil(share) % count;
+                (0..count)
+                    .map(|k| first + (start + k) % count * share)
                     .find_map(|i| self.claim_slot(seat, i))
             })
             .flatten();

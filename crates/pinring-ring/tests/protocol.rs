@@ -271,12 +271,21 @@ fn loaders_keep_to_their_own_share_of_the_slots_and_take_any_when_theirs_are_bus
     }
     let (own_a, own_b) = (u32::from(seat_a.index) % 2, u32::from(seat_b.index) % 2);
     assert_ne!(own_a, own_b, "two loaders, two shares");
-    // Whatever the hint, A takes its own slots first, lowest first, each with the seq there.
+    // A takes its own slots first, in turn from its hint (the slot after its last claim, as
+    // the loader session passes it), wrapping round, each with the seq there: started at its
+    // second own slot, the first comes last.
     let mine: Vec<u32> = (own_a..slots).step_by(2).collect();
-    for &want in &mine {
-        let c = a.try_claim_preferring(seat_a, 2, slots - 1).unwrap();
-        assert_eq!((c.slot(), c.seq()), (want, 100 + u64::from(want)));
+    let mut hint = mine[1];
+    let mut got = Vec::new();
+    for _ in &mine {
+        let c = a.try_claim_preferring(seat_a, 2, hint).unwrap();
+        assert_eq!(c.seq(), 100 + u64::from(c.slot()));
+        got.push(c.slot());
+        hint = (c.slot() + 1) % slots;
     }
+    let mut want = mine[1..].to_vec();
+    want.push(mine[0]);
+    assert_eq!(got, want);
     // Its share all busy, A takes another free slot, from its hint.
     let hint = own_b + 2;
     let c = a.try_claim_preferring(seat_a, 2, hint).unwrap();
