@@ -7,6 +7,8 @@
 //! `daemon` and `loader` are the same programs as `pinring-daemon` and `pinring-loader`;
 //! `status`, `clean` and `config check` are the operator's tools.
 
+#![forbid(unsafe_code)]
+
 use clap::{Parser, Subcommand};
 use pinring_bench::{bench, reference};
 use pinring_cli::{consume, runner};
