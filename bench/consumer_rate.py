@@ -69,18 +69,19 @@ def stop(procs, timeout=30):
 def consume(loader, batch_bytes):
     import torch
 
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     it = iter(loader.batches())
     first = next(it)
     fields = {k: torch.from_dlpack(f) for k, f in first.fields.items()}
     del first, fields
-    torch.cuda.synchronize()
+    sync()
     t0 = time.perf_counter()
     n = 0
     for b in it:
         fields = {k: torch.from_dlpack(f) for k, f in b.fields.items()}
         del b, fields
         n += 1
-    torch.cuda.synchronize()
+    sync()
     dt = time.perf_counter() - t0
     return n * batch_bytes / dt / 1e9, n
 
@@ -92,11 +93,11 @@ def run_one(mode, args, cfg_path, batch_bytes):
     loader = None
     try:
         if mode == "embedded":
-            loader = pinring.Loader(ring=ring, embedded=True, config=str(cfg_path), backend="cuda")
+            loader = pinring.Loader(ring=ring, embedded=True, config=str(cfg_path), backend=args.backend)
         else:
             sink = "discard" if mode == "discard" else "consumer"
             procs.append(
-                spawn(f"{args.bin_dir}/pinring-daemon", "--ring", ring, "--backend", "cuda", "--sink", sink,
+                spawn(f"{args.bin_dir}/pinring-daemon", "--ring", ring, "--backend", args.backend, "--sink", sink,
                       "--config", str(cfg_path), "--summary", str(summary))
             )
         loaders = [spawn(f"{args.bin_dir}/pinring-loader", "--ring", ring, "--config", str(cfg_path),
@@ -124,6 +125,7 @@ def run_one(mode, args, cfg_path, batch_bytes):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bin-dir", default=os.environ.get("PINRING_BIN_DIR", "bin"))
+    ap.add_argument("--backend", default="cuda", help="cuda, or host for a dry run without a GPU")
     ap.add_argument("--loaders", type=int, default=8)
     ap.add_argument("--batches", type=int, default=2048)
     ap.add_argument("--repeat", type=int, default=3)
