@@ -1057,30 +1057,14 @@ fn plot(
             .chain(points.iter().filter_map(ref_median))
             .fold(1.0f64, f64::max)
             * 1.1;
-        let mut chart = ChartBuilder::on(&root)
-            .caption(
-                format!("pinring bench ({kind} backend): GB/s by slot size"),
-                ("sans-serif", 22),
-            )
-            .margin(15)
-            .x_label_area_size(45)
-            .y_label_area_size(55)
-            .build_cartesian_2d(xmin..xmax, 0.0..ymax)
-            .map_err(|e| err(e.to_string()))?;
-        chart
-            .configure_mesh()
-            .x_desc("slot (batch payload) size")
-            .y_desc("GB/s")
-            .x_labels(((xmax - xmin).round() as usize).max(2) + 1)
-            .x_label_formatter(&|v| {
-                if (v - v.round()).abs() < 0.05 {
-                    ByteSize(2f64.powf(v.round()) as u64).to_string()
-                } else {
-                    String::new()
-                }
-            })
-            .draw()
-            .map_err(|e| err(e.to_string()))?;
+        let mut chart = bytes_chart(
+            &root,
+            format!("pinring bench ({kind} backend): GB/s by slot size"),
+            "slot (batch payload) size",
+            (xmin, xmax),
+            ymax,
+        )
+        .map_err(err)?;
         let series: Vec<(String, Vec<(f64, f64)>)> = std::iter::once((
             "raw ceiling (registered)".to_string(),
             ceilings.iter().map(|c| (lg(c.0), c.1)).collect(),
@@ -1141,6 +1125,54 @@ fn plot(
     Ok(())
 }
 
+/// A chart of GB/s (0 to `ymax`) against a size on a log2 axis (`x`: its range in log2 of
+/// bytes), each power of two ticked with its size: the frame both plots draw into.
+fn bytes_chart<'a, 'b>(
+    root: &'a plotters::drawing::DrawingArea<
+        plotters::prelude::SVGBackend<'b>,
+        plotters::coord::Shift,
+    >,
+    caption: String,
+    x_desc: &str,
+    x: (f64, f64),
+    ymax: f64,
+) -> Result<
+    plotters::chart::ChartContext<
+        'a,
+        plotters::prelude::SVGBackend<'b>,
+        plotters::coord::cartesian::Cartesian2d<
+            plotters::coord::types::RangedCoordf64,
+            plotters::coord::types::RangedCoordf64,
+        >,
+    >,
+    String,
+> {
+    use plotters::prelude::*;
+    let (xmin, xmax) = x;
+    let mut chart = ChartBuilder::on(root)
+        .caption(caption, ("sans-serif", 22))
+        .margin(15)
+        .x_label_area_size(45)
+        .y_label_area_size(55)
+        .build_cartesian_2d(xmin..xmax, 0.0..ymax)
+        .map_err(|e| e.to_string())?;
+    chart
+        .configure_mesh()
+        .x_desc(x_desc)
+        .y_desc("GB/s")
+        .x_labels(((xmax - xmin).round() as usize).max(2) + 1)
+        .x_label_formatter(&|v| {
+            if (v - v.round()).abs() < 0.05 {
+                ByteSize(2f64.powf(v.round()) as u64).to_string()
+            } else {
+                String::new()
+            }
+        })
+        .draw()
+        .map_err(|e| e.to_string())?;
+    Ok(chart)
+}
+
 /// `bench-rings.svg`: the pipeline's GB/s (median) against the ring's size, one line per slot
 /// size and loader count, with the reference's median beside each as a thin line of the same
 /// colour. Points of an older CSV (no slot count) are left out.
@@ -1180,30 +1212,14 @@ fn plot_rings(path: &Path, kind: &str, points: &[Point]) -> Result<(), BenchErro
     {
         let root = SVGBackend::with_string(&mut svg, (960, 600)).into_drawing_area();
         root.fill(&WHITE).map_err(|e| err(e.to_string()))?;
-        let mut chart = ChartBuilder::on(&root)
-            .caption(
-                format!("pinring bench ({kind} backend): GB/s by ring size"),
-                ("sans-serif", 22),
-            )
-            .margin(15)
-            .x_label_area_size(45)
-            .y_label_area_size(55)
-            .build_cartesian_2d(xmin..xmax, 0.0..ymax)
-            .map_err(|e| err(e.to_string()))?;
-        chart
-            .configure_mesh()
-            .x_desc("ring size (slots x slot size)")
-            .y_desc("GB/s")
-            .x_labels(((xmax - xmin).round() as usize).max(2) + 1)
-            .x_label_formatter(&|v| {
-                if (v - v.round()).abs() < 0.05 {
-                    ByteSize(2f64.powf(v.round()) as u64).to_string()
-                } else {
-                    String::new()
-                }
-            })
-            .draw()
-            .map_err(|e| err(e.to_string()))?;
+        let mut chart = bytes_chart(
+            &root,
+            format!("pinring bench ({kind} backend): GB/s by ring size"),
+            "ring size (slots x slot size)",
+            (xmin, xmax),
+            ymax,
+        )
+        .map_err(err)?;
         for (i, &(slot, loaders)) in lines.iter().enumerate() {
             let color = Palette99::pick(i).to_rgba();
             let mut of_line: Vec<&&Point> = pipeline
