@@ -2115,7 +2115,7 @@ impl Config {
     /// Resolves `"auto"` once, for the daemon (and `pinring config check`, to show it): an
     /// automatic `ring.slot_bytes` and an unset `ring.slots` become the explicit values of
     /// [`Config::auto_ring`], which keeps the part layout and so the fingerprint (except on a
-    /// cache too small for 16 of the usual slots, [`Config::slot_for_small_cache`]: the parts are
+    /// cache too small for 16 of the usual slots, `Config::slot_for_small_cache`: the parts are
     /// then the smaller slot's, and loaders adopting that slot compute the same). Loaders do
     /// not call this: they take the slot size from the daemon's ring
     /// ([`Config::adopt_slot_bytes`]), since their cache (or host) may differ.
