@@ -464,13 +464,14 @@ pub trait Uploader: Send + Sync {
         unsafe { self.submit_group(jobs) }
     }
 
-    /// Tells the engine the ring its deferred groups come from: `slots` slots of `slot_bytes`.
-    /// One upload signal then covers at most [`SIGNAL_SPAN_DIVISOR`]th of that ring, so that
+    /// Tells the engine how many slots the ring its deferred groups come from has (a group is
+    /// one part, at most one slot). One upload signal then covers at most
+    /// [`SIGNAL_SPAN_DIVISOR`]th of that ring, so that
     /// while one signal's copies run, the rest of the ring is free for the loaders to fill. Call
     /// it before the first submit; without it (or on backends that never defer) groups share
     /// signals by the engine's own counts alone.
-    fn set_source_ring(&self, slots: usize, slot_bytes: usize) {
-        let _ = (slots, slot_bytes);
+    fn set_source_ring(&self, slots: usize) {
+        let _ = slots;
     }
 
     /// Signals every group submitted so far, so that all their completions come: on CUDA one

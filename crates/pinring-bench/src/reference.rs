@@ -575,7 +575,7 @@ pub fn run(
     // Buffers of their own, a copy per slot: the minimal pipeline does not gather runs of
     // slots into one copy as the daemon does (`Placement::Contiguous`).
     let uploader = backend.uploader(buffers, geom.buffer_bytes() as usize, Placement::Separate)?;
-    uploader.set_source_ring(geom.slots as usize, geom.slot_bytes as usize);
+    uploader.set_source_ring(geom.slots as usize);
     {
         let seg = Arc::clone(&seg);
         uploader.set_completion_hook(Arc::new(move || {

@@ -377,7 +377,7 @@ fn a_small_source_ring_gets_an_event_per_quarter_of_its_slots_without_a_flush() 
     const SLOT: usize = 64 << 10;
     const SLOTS: usize = 16;
     let up = b.cuda_uploader(128, SLOT, Placement::Separate).unwrap();
-    up.set_source_ring(SLOTS, SLOT);
+    up.set_source_ring(SLOTS);
     let span = SLOTS / crate::SIGNAL_SPAN_DIVISOR;
     assert_eq!(
         up.event_groups.load(std::sync::atomic::Ordering::Relaxed),
@@ -402,12 +402,12 @@ fn a_small_source_ring_gets_an_event_per_quarter_of_its_slots_without_a_flush() 
     }
     receive_whole(&up, 0, span, SLOT, want);
     // A larger ring keeps the engine's own count.
-    up.set_source_ring(4096, SLOT);
+    up.set_source_ring(4096);
     assert_eq!(
         up.event_groups.load(std::sync::atomic::Ordering::Relaxed),
         uploader::EVENT_GROUPS
     );
-    up.set_source_ring(1, SLOT);
+    up.set_source_ring(1);
     assert_eq!(
         up.event_groups.load(std::sync::atomic::Ordering::Relaxed),
         1

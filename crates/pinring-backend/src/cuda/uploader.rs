@@ -911,7 +911,7 @@ impl Uploader for CudaUploader {
         unsafe { self.enqueue_group(jobs, true) }
     }
 
-    fn set_source_ring(&self, slots: usize, _slot_bytes: usize) {
+    fn set_source_ring(&self, slots: usize) {
         // Each group is one part, at most one slot: counting groups bounds the event's share of
         // the ring in bytes too.
         let groups = (slots / crate::SIGNAL_SPAN_DIVISOR).clamp(1, EVENT_GROUPS);

@@ -180,7 +180,7 @@ impl Daemon {
             Ok(u)
         }) {
             Ok(u) => {
-                u.set_source_ring(cfg.slots() as usize, cfg.slot_bytes() as usize);
+                u.set_source_ring(cfg.slots() as usize);
                 Arc::from(u)
             }
             Err(e) => {
