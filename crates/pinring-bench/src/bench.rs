@@ -199,6 +199,16 @@ impl Point {
         Stats::of(&self.runs.iter().map(|r| r.ref_gbps).collect::<Vec<_>>())
     }
 
+    /// pinring's median GB/s (0 with no run): what the table reports and the plots draw.
+    pub fn median_gbps(&self) -> f64 {
+        self.gbps().map_or(0.0, |s| s.median)
+    }
+
+    /// The reference's median GB/s, where it was measured (an older CSV has none).
+    pub fn reference_median(&self) -> Option<f64> {
+        self.reference().map(|s| s.median).filter(|m| m.is_finite())
+    }
+
     /// Median pinring GB/s over median reference GB/s.
     pub fn ratio_to_ref(&self) -> Option<f64> {
         let (p, r) = (self.gbps()?, self.reference()?);
@@ -302,8 +312,10 @@ pub fn run(args: &BenchArgs) -> Result<Vec<Point>, BenchError> {
         "submit us/slot",
         "cores"
     );
+    // The engine alone, the warm-up and the modes run at the first ring size asked.
+    let first_ring = |slot: u64| ring_slots(slot, args.ring_bytes[0].bytes());
     for (slot, raw, _) in &ceilings {
-        let m = bench.reference(*slot, ring_slots(*slot, args.ring_bytes[0].bytes()), 0)?;
+        let m = bench.reference(*slot, first_ring(*slot), 0)?;
         pinring_runtime::outln!(
             "{:>10} {:>10.2} {:>7.0}% {:>16.2} {:>8.2}",
             ByteSize(*slot).to_string(),
@@ -318,8 +330,7 @@ pub fn run(args: &BenchArgs) -> Result<Vec<Point>, BenchError> {
     // The first pipeline run after the GPU sat idle is slower (seen on the H200: 36 GB/s, then
     // 43-44 GB/s for the same point): run one, unreported, so every reported run starts warm.
     if let (Some(&(slot, _, _)), Some(&n)) = (ceilings.first(), args.loaders.iter().max()) {
-        let slots = ring_slots(slot, args.ring_bytes[0].bytes());
-        let warm = bench.pipeline("warm-up", slot, slots, n, &[], 0)?;
+        let warm = bench.pipeline("warm-up", slot, first_ring(slot), n, &[], 0)?;
         pinring_runtime::outln!("\nwarm-up run (not reported): {:.2} GB/s", warm.gbps);
     }
     let runs = match args.repeat {
@@ -376,7 +387,7 @@ pub fn run(args: &BenchArgs) -> Result<Vec<Point>, BenchError> {
             ("upload + verify", &["--sink", "verify"]),
         ];
         for (mode, extra) in modes {
-            let slots = ring_slots(mode_slot, args.ring_bytes[0].bytes());
+            let slots = first_ring(mode_slot);
             let point = bench.point(mode, mode_slot, slots, args.mode_loaders, mode_raw, extra)?;
             print_point(&point);
             points.push(point);
@@ -393,11 +404,7 @@ pub fn run(args: &BenchArgs) -> Result<Vec<Point>, BenchError> {
     let svg = args.out.join("bench.svg");
     plot(&svg, kind, &ceilings, &points, &args.loaders)?;
     pinring_runtime::outln!("\nwrote {} and {}", csv.display(), svg.display());
-    if args.ring_bytes.len() > 1 {
-        let rings = args.out.join("bench-rings.svg");
-        plot_rings(&rings, kind, &points)?;
-        pinring_runtime::outln!("wrote {}", rings.display());
-    }
+    plot_rings_if(args.ring_bytes.len() > 1, &args.out, kind, &points)?;
     Ok(points)
 }
 
@@ -908,6 +915,7 @@ fn replot(csv: &Path, out: &Path) -> Result<Vec<Point>, BenchError> {
     let svg = out.join("bench.svg");
     plot(&svg, &kind, &ceilings, &points, &loaders)?;
     pinring_runtime::outln!("wrote {}", svg.display());
+    // A CSV holds no ring list: it swept rings if a slot size ran at more than one slot count.
     let mut geometries: Vec<(u64, u32)> = points
         .iter()
         .filter(|p| p.mode == "pipeline" && p.slots > 0)
@@ -915,11 +923,8 @@ fn replot(csv: &Path, out: &Path) -> Result<Vec<Point>, BenchError> {
         .collect();
     geometries.sort_unstable();
     geometries.dedup();
-    if geometries.windows(2).any(|w| w[0].0 == w[1].0) {
-        let rings = out.join("bench-rings.svg");
-        plot_rings(&rings, &kind, &points)?;
-        pinring_runtime::outln!("wrote {}", rings.display());
-    }
+    let swept = geometries.windows(2).any(|w| w[0].0 == w[1].0);
+    plot_rings_if(swept, out, &kind, &points)?;
     Ok(points)
 }
 
@@ -1048,8 +1053,7 @@ fn plot(
             (15.7, 26.3)
         };
         // Medians: the lines go through the value the table reports.
-        let median = |p: &Point| p.gbps().map_or(0.0, |s| s.median);
-        let ref_median = |p: &Point| p.reference().map(|s| s.median).filter(|m| m.is_finite());
+        let (median, ref_median) = (Point::median_gbps, Point::reference_median);
         let ymax = ceilings
             .iter()
             .map(|c| c.1.max(c.2))
@@ -1173,6 +1177,16 @@ fn bytes_chart<'a, 'b>(
     Ok(chart)
 }
 
+/// Draws `bench-rings.svg` in `out` when the run `swept` ring sizes, and says so.
+fn plot_rings_if(swept: bool, out: &Path, kind: &str, points: &[Point]) -> Result<(), BenchError> {
+    if swept {
+        let rings = out.join("bench-rings.svg");
+        plot_rings(&rings, kind, points)?;
+        pinring_runtime::outln!("wrote {}", rings.display());
+    }
+    Ok(())
+}
+
 /// `bench-rings.svg`: the pipeline's GB/s (median) against the ring's size, one line per slot
 /// size and loader count, with the reference's median beside each as a thin line of the same
 /// colour. Points of an older CSV (no slot count) are left out.
@@ -1198,8 +1212,7 @@ fn plot_rings(path: &Path, kind: &str, points: &[Point]) -> Result<(), BenchErro
     } else {
         (20.7, 30.3)
     };
-    let median = |p: &Point| p.gbps().map_or(0.0, |s| s.median);
-    let ref_median = |p: &Point| p.reference().map(|s| s.median).filter(|m| m.is_finite());
+    let (median, ref_median) = (Point::median_gbps, Point::reference_median);
     let ymax = pipeline
         .iter()
         .map(|p| median(p).max(ref_median(p).unwrap_or(0.0)))
