@@ -10,7 +10,13 @@ use std::process::{Command, Stdio};
 
 /// [`SMALL`] with a prefetch depth of 3 batch buffers.
 fn config() -> String {
-    format!("{SMALL}\n[daemon]\nprefetch = 3\n")
+    copies_config("consumer")
+}
+
+/// The test ring with `daemon.copies = copies`: "consumer" (the default: the consumer copies out
+/// of the slots) or "daemon" (into buffers the daemon hands over).
+fn copies_config(copies: &str) -> String {
+    format!("{SMALL}\n[daemon]\nprefetch = 3\ncopies = \"{copies}\"\n")
 }
 
 fn consumer_daemon(fx: &Fixture) -> (std::process::Child, pinring_ring::Ring) {
@@ -111,7 +117,16 @@ fn finish(fx: &Fixture, daemon: std::process::Child, loaders: Vec<std::process::
 
 #[test]
 fn the_consumer_gets_every_batch_once_in_order_byte_for_byte() {
-    let fx = Fixture::new("cons-all", &config());
+    every_batch_once_in_order("cons-all", "consumer");
+}
+
+#[test]
+fn a_daemon_that_copies_hands_every_batch_once_in_order_byte_for_byte() {
+    every_batch_once_in_order("cons-all-d", "daemon");
+}
+
+fn every_batch_once_in_order(tag: &str, copies: &str) {
+    let fx = Fixture::new(tag, &copies_config(copies));
     let (daemon, ring) = consumer_daemon(&fx);
     let kids = loaders_attached(&fx, &daemon, &ring, 4);
     let mut c = attach(&fx, None).unwrap();
@@ -134,7 +149,16 @@ fn the_consumer_gets_every_batch_once_in_order_byte_for_byte() {
 
 #[test]
 fn held_batches_are_never_overwritten() {
-    let fx = Fixture::new("cons-hold", &config());
+    held_never_overwritten("cons-hold", "consumer");
+}
+
+#[test]
+fn held_batches_of_a_daemon_that_copies_are_never_overwritten() {
+    held_never_overwritten("cons-hold-d", "daemon");
+}
+
+fn held_never_overwritten(tag: &str, copies: &str) {
+    let fx = Fixture::new(tag, &copies_config(copies));
     let (daemon, ring) = consumer_daemon(&fx);
     let kids = loaders_attached(&fx, &daemon, &ring, 2);
     let mut c = attach(&fx, None).unwrap();
@@ -163,6 +187,7 @@ fn held_batches_are_never_overwritten() {
     assert_eq!(cv["attached"], true, "{v:#}");
     assert_eq!(cv["pid"], std::process::id(), "{v:#}");
     assert_eq!(cv["buffers"], 3, "{v:#}");
+    assert_eq!(cv["copies"], copies, "{v:#}");
     assert!(
         cv["held"].as_u64().unwrap() >= 1,
         "the kept batch is held: {v:#}"
@@ -234,7 +259,16 @@ fn consumed(child: std::process::Child) -> serde_json::Value {
 
 #[test]
 fn a_killed_consumer_is_replaced_and_nothing_is_lost_or_repeated() {
-    let fx = Fixture::new("cons-kill", &config());
+    killed_consumer_replaced("cons-kill", "consumer");
+}
+
+#[test]
+fn a_killed_consumer_of_a_daemon_that_copies_is_replaced_and_nothing_is_lost_or_repeated() {
+    killed_consumer_replaced("cons-kill-d", "daemon");
+}
+
+fn killed_consumer_replaced(tag: &str, copies: &str) {
+    let fx = Fixture::new(tag, &copies_config(copies));
     let (daemon, ring) = consumer_daemon(&fx);
     let kids = loaders_attached(&fx, &daemon, &ring, 3);
     // A consumer that holds every batch it takes (so it dies holding buffers) is killed once it
@@ -261,13 +295,18 @@ fn a_killed_consumer_is_replaced_and_nothing_is_lost_or_repeated() {
     );
     assert_eq!(take_verified(&mut c, None), 128 - taken_before);
     drop(c);
-    assert!(
-        ring.handoff()
-            .reclaimed
-            .load(std::sync::atomic::Ordering::Relaxed)
-            >= 1,
-        "the dead consumer's held buffers were taken back"
-    );
+    let reclaimed = ring
+        .handoff()
+        .reclaimed
+        .load(std::sync::atomic::Ordering::Relaxed);
+    if copies == "daemon" {
+        assert!(
+            reclaimed >= 1,
+            "the dead consumer's held buffers were taken back"
+        );
+    }
+    // A consumer that copies holds the daemon's descriptors only while its copies run: the
+    // batches it kept were in its own memory, which died with it.
     finish(&fx, daemon, kids);
 }
 

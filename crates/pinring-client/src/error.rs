@@ -102,6 +102,15 @@ pub enum ClientError {
         #[source]
         source: pinring_backend::BackendError,
     },
+    /// A copy of a batch out of the ring's slots failed on this process's side (the consumer
+    /// copies: `daemon.copies = "consumer"`).
+    #[error("ring {ring:?}: {what}; the batches after it are not given out: check the GPU (nvidia-smi, the kernel log) and restart the training process, which resumes from its last state")]
+    Copy {
+        /// Ring name.
+        ring: String,
+        /// What failed.
+        what: String,
+    },
 }
 
 impl pinring_exit::Coded for ClientError {
@@ -115,7 +124,7 @@ impl pinring_exit::Coded for ClientError {
             ClientError::DaemonGone { .. }
             | ClientError::Stopped { .. }
             | ClientError::Timeout { .. } => Exit::PeerDied,
-            ClientError::Backend { .. } => Exit::Backend,
+            ClientError::Backend { .. } | ClientError::Copy { .. } => Exit::Backend,
             // Asked for: a stop, not a failure.
             ClientError::Interrupted { .. } => Exit::Ok,
             ClientError::Daemon { exit, .. } => *exit,

@@ -43,6 +43,11 @@ impl Fields {
         Ok(Fields(layout))
     }
 
+    /// Where each field of a batch lies.
+    pub(crate) fn layout(&self) -> &BatchLayout {
+        &self.0
+    }
+
     /// The views of a batch of `samples` in `buffer`; fails if a field would leave the buffer.
     pub(crate) fn views(
         &self,

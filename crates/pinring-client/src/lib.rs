@@ -22,6 +22,7 @@
 //!
 //! docs/CONSUMER.md draws the protocol.
 
+mod copier;
 #[cfg(feature = "embedded")]
 mod embedded;
 mod error;
@@ -96,13 +97,20 @@ pub struct Consumer {
     run_batches: u64,
     /// Batch buffers of the ring.
     buffers: u32,
+    /// The plan (the consumer copies: where each part of a batch goes).
+    plan: pinring_data::Plan,
+    /// The consumer copies: the thread that gives descriptors back as their copies complete,
+    /// and its stop flag.
+    releaser: Option<(std::thread::JoinHandle<()>, Arc<std::sync::atomic::AtomicBool>)>,
 }
 
-/// What every lease of a consumer shares: the ring handle (its consumer lock) and the memory.
+/// What every lease of a consumer shares: the memory and the ring handle (its consumer lock).
+/// The memory is declared first, so it drops first: an engine of this process waits for its
+/// copies out of the ring's slots, and unregisters them, before the ring is unmapped.
 #[derive(Debug)]
 struct Shared {
-    ring: Ring,
     memory: Memory,
+    ring: Ring,
     cfg: Config,
     fields: fields::Fields,
 }
@@ -170,17 +178,35 @@ impl Consumer {
         };
         ring.handoff().taken_next.store(next, Relaxed);
         let buffers = ring.geometry().handoff.map_or(0, |h| h.buffers);
+        let copies = matches!(memory, Memory::Own(_));
+        let shared = Arc::new(Shared {
+            memory,
+            ring,
+            cfg,
+            fields,
+        });
+        let releaser = if copies {
+            let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let (sh, st) = (Arc::clone(&shared), Arc::clone(&stop));
+            let handle = std::thread::Builder::new()
+                .name("pinring-release".into())
+                .spawn(move || copier::run_releaser(sh, st))
+                .map_err(|e| ClientError::Copy {
+                    ring: name.into(),
+                    what: format!("cannot start the thread that gives copied batches back: {e}"),
+                })?;
+            Some((handle, stop))
+        } else {
+            None
+        };
         Ok(Consumer {
-            shared: Arc::new(Shared {
-                ring,
-                memory,
-                cfg,
-                fields,
-            }),
+            shared,
+            releaser,
             next,
             end_seq,
             parts,
             batches_per_epoch: plan.batches_per_epoch(),
+            plan,
             in_order,
             fingerprint,
             run_batches: end_seq.saturating_sub(start) / parts.max(1),
@@ -206,6 +232,14 @@ impl Consumer {
         let shared = Arc::clone(&self.shared);
         let ring = &shared.ring;
         loop {
+            if let Memory::Own(c) = &shared.memory {
+                if let Some(what) = c.failure() {
+                    return Err(ClientError::Copy {
+                        ring: ring.name().into(),
+                        what,
+                    });
+                }
+            }
             if self.in_order && self.next >= self.end_seq {
                 return Ok(None);
             }
@@ -298,16 +332,51 @@ impl Consumer {
             return Ok(None);
         }
         let d = ring.buffer_desc(i);
-        let Some(f) = d.take(round) else {
+        let Memory::Own(copier) = &shared.memory else {
+            let Some(f) = d.take(round) else {
+                return Ok(None);
+            };
+            let batch = self.validated(i, i, f)?;
+            self.count_take(f.seq);
+            return Ok(Some(batch));
+        };
+        // The consumer copies: into one of its own buffers, free once its last lease dropped.
+        let Some(local) = copier.take_free(ring) else {
             return Ok(None);
         };
-        let batch = self.validated(i, f)?;
+        let Some(f) = d.take(round) else {
+            copier.give_back(ring, local);
+            return Ok(None);
+        };
+        // Taken: the daemon books it delivered from now on, whatever happens below.
         self.count_take(f.seq);
+        // Checked before any copy: the seq decides which parts are read.
+        let batch = match self.validated(i, local, f) {
+            Ok(b) => b,
+            Err(e) => {
+                copier.give_back(ring, local);
+                return Err(e);
+            }
+        };
+        // On an error the batch drops, and its lease gives the buffer back.
+        copier.copy_batch(
+            ring,
+            &mut self.plan,
+            shared.fields.layout(),
+            i,
+            round,
+            f.seq,
+            local,
+        )?;
         Ok(Some(batch))
     }
 
-    /// Buffers this consumer holds now (taken, not released).
+    /// Buffers this consumer holds now (taken, not released; the consumer copies: its own
+    /// buffers with a lease alive).
     fn held(&self) -> u32 {
+        if let Memory::Own(c) = &self.shared.memory {
+            return self.buffers - c.free_count() as u32;
+        }
         let ring = &self.shared.ring;
         (0..self.buffers)
             .filter(|&i| ring.buffer_desc(i).load_word().state == buffer_state::TAKEN)
@@ -323,12 +392,13 @@ impl Consumer {
         b.taken_next.store(self.next, Relaxed);
     }
 
-    /// Checks what a taken descriptor says against the plan, and makes the batch.
-    fn validated(&self, buffer: u32, f: Filled) -> Result<Batch, ClientError> {
+    /// Checks what taken descriptor `desc` says against the plan, and makes the batch in
+    /// `buffer` (the descriptor's own, or, when the consumer copies, one of its own buffers).
+    fn validated(&self, desc: u32, buffer: u32, f: Filled) -> Result<Batch, ClientError> {
         let s = &self.shared;
         let corrupt = |what: String| ClientError::Corrupt {
             ring: s.ring.name().into(),
-            what: format!("batch buffer {buffer}: {what}"),
+            what: format!("batch buffer {desc}: {what}"),
         };
         let batch_size = u64::from(s.cfg.plan.batch_size);
         if f.seq % self.parts != 0 || f.seq >= self.end_seq || f.batch != f.seq / self.parts {
@@ -517,7 +587,13 @@ impl Drop for Lease {
     fn drop(&mut self) {
         let ring = &self.shared.ring;
         let stream = self.stream.load(Relaxed);
-        if let Err(e) = self.shared.memory.record_release(self.buffer, stream) {
+        let released = self.shared.memory.record_release(self.buffer, stream);
+        if let (Memory::Own(c), Ok(())) = (&self.shared.memory, &released) {
+            // The consumer's own buffer: the next copy into it waits for that release.
+            c.give_back(ring, self.buffer);
+            return;
+        }
+        if let Err(e) = released {
             // The daemon would wait on an event that was never recorded, which fires at once:
             // the buffer could be overwritten while the stream still reads it. Keep the buffer.
             tracing::error!(ring = %ring.name(), buffer = self.buffer, error = %e,
@@ -638,6 +714,11 @@ impl Drop for Consumer {
             .handoff()
             .taken_next
             .store(self.next, Relaxed);
+        if let Some((handle, stop)) = self.releaser.take() {
+            // It gives back what is still being copied, then stops.
+            stop.store(true, Relaxed);
+            let _ = handle.join();
+        }
     }
 }
 

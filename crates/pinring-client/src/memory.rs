@@ -27,6 +27,9 @@ pub enum Memory {
         /// Bytes per buffer.
         buffer_bytes: u64,
     },
+    /// The consumer copies (`daemon.copies = "consumer"`): its own buffers, filled by its own
+    /// engine out of the ring's slots (crate::copier).
+    Own(crate::copier::Copier),
     /// CUDA: the daemon's device buffers, opened through their IPC handles.
     Cuda {
         /// The opened buffers and events.
@@ -45,7 +48,22 @@ impl Memory {
                 name: ring.name().into(),
             })
         })?;
-        match b.backend.load(Relaxed) {
+        let backend = b.backend.load(Relaxed);
+        if hg.part_slots > 0 {
+            let cuda = match backend {
+                backend_code::HOST => None,
+                backend_code::CUDA => Some(b.device.load(Relaxed)),
+                other => {
+                    return Err(ClientError::Corrupt {
+                        ring: ring.name().into(),
+                        what: format!("handoff backend code {other} is not one this consumer opens"),
+                    })
+                }
+            };
+            return crate::copier::Copier::open(ring, cuda, hg.buffers, hg.buffer_bytes)
+                .map(Memory::Own);
+        }
+        match backend {
             backend_code::HOST => Ok(Memory::Host {
                 ptrs: (0..hg.buffers)
                     .map(|i| ring.host_buffer_ptr(i).map_or(0, |p| p as u64))
@@ -103,6 +121,7 @@ impl Memory {
             Memory::Host { ptrs, .. } => ptrs[i as usize],
             Memory::Cuda { imported, .. } => imported.device_ptr(i as usize),
             Memory::Local { uploader, .. } => uploader.0.device_ptr(i as usize),
+            Memory::Own(c) => c.engine().device_ptr(i as usize),
         }
     }
 
@@ -112,6 +131,7 @@ impl Memory {
             Memory::Host { buffer_bytes, .. }
             | Memory::Cuda { buffer_bytes, .. }
             | Memory::Local { buffer_bytes, .. } => *buffer_bytes,
+            Memory::Own(c) => c.engine().buffer_bytes() as u64,
         }
     }
 
@@ -121,6 +141,7 @@ impl Memory {
             Memory::Host { .. } => Location::Host,
             Memory::Cuda { imported, .. } => Location::Cuda(imported.device() as u32),
             Memory::Local { device, .. } => Location::Cuda(*device),
+            Memory::Own(c) => c.location(),
         }
     }
 
@@ -138,6 +159,8 @@ impl Memory {
             Memory::Local { uploader, .. } => unsafe {
                 uploader.0.local_wait_ready(i as usize, stream)
             },
+            // SAFETY: as above.
+            Memory::Own(c) => unsafe { c.engine().local_wait_ready(i as usize, stream) },
         }
     }
 
@@ -152,6 +175,8 @@ impl Memory {
             Memory::Local { uploader, .. } => unsafe {
                 uploader.0.local_record_release(i as usize, stream)
             },
+            // SAFETY: as above.
+            Memory::Own(c) => unsafe { c.engine().local_record_release(i as usize, stream) },
         }
     }
 }

@@ -221,6 +221,12 @@ on_bad_batch = "fail"
 # held by, the training process (its device buffers, 2..=64). Unset: enough
 # to keep 64 MiB in flight (4 to 64).
 # prefetch = 4
+# With --sink consumer, who copies each batch to the GPU: "consumer" (the
+# training process, in its own CUDA context, straight from the ring's
+# slots: no second context works on the GPU) or "daemon" (into device
+# buffers it hands over through CUDA IPC). A daemon inside the training
+# process always copies itself.
+# copies = "consumer"
 # The CUDA device the daemon uploads to (its ordinal), one ring per GPU:
 # /etc/pinring/gpu3.toml holds device = 3. Overridden by $PINRING_DEVICE
 # and by pinring-daemon --device. Unset: 0.
@@ -632,6 +638,28 @@ impl BadBatchPolicy {
     }
 }
 
+/// `[daemon].copies`: who copies a batch handed to a training process onto its GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Copies {
+    /// The training process, from the ring's slots, in its own CUDA context (the daemon lists
+    /// each batch's slots and holds them until the copies are done).
+    #[default]
+    Consumer,
+    /// The daemon, into device buffers the training process opens through CUDA IPC.
+    Daemon,
+}
+
+impl Copies {
+    /// The config spelling.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Copies::Consumer => "consumer",
+            Copies::Daemon => "daemon",
+        }
+    }
+}
+
 /// Shortest allowed `daemon.lease_ms`.
 pub const MIN_LEASE_MS: u64 = 10;
 /// Allowed range of `daemon.reap_interval_ms`.
@@ -658,6 +686,8 @@ pub struct DaemonConfig {
     /// flight, 4 to 64.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub prefetch: Option<u32>,
+    /// Who copies a batch handed to a training process onto the GPU (`--sink consumer` only).
+    pub copies: Copies,
     /// The CUDA device ordinal the daemon uploads to (one ring per GPU); `$PINRING_DEVICE` and
     /// `pinring-daemon --device` override it. `None`: 0.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -682,6 +712,7 @@ impl Default for DaemonConfig {
             idle_warn_ms: 10_000,
             on_bad_batch: BadBatchPolicy::Fail,
             prefetch: None,
+            copies: Copies::Consumer,
             device: None,
             cpus: None,
             loader_cpus: None,

@@ -28,7 +28,7 @@ pub mod size;
 pub mod synthetic;
 
 pub use config::{
-    AutoRing, BadBatchPolicy, Config, ConfigError, DaemonConfig, DatasetConfig, DatasetKind,
+    AutoRing, BadBatchPolicy, Config, Copies, ConfigError, DaemonConfig, DatasetConfig, DatasetKind,
     PartLayout, PlanConfig, RingConfig, SegmentMode, SlotBytes, DEFAULT_CONFIG_TOML,
 };
 pub use dataset::{

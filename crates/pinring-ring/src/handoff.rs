@@ -41,6 +41,8 @@ pub const BUFFER_DESC_BYTES: usize = 256;
 pub const HANDOFF_OFFSET: usize = 512;
 /// Longest config text a ring carries.
 pub const MAX_CONFIG_BYTES: u64 = 64 << 10;
+/// Most parts a batch handed over by its slots may have (the part table's row length).
+pub const MAX_PART_SLOTS: u32 = 1 << 16;
 /// Alignment of the host buffers (the first; the daemon makes their size a multiple of it) and
 /// of the handoff area's end.
 pub const HOST_BUFFER_ALIGN: u64 = 4096;
@@ -106,7 +108,9 @@ pub struct HandoffBlock {
     pub host_offset: AtomicU64,
     /// CUDA device ordinal of the buffers.
     pub device: AtomicU32,
-    _pad0: u32,
+    /// Slots listed per buffer in the part table; nonzero: the consumer copies each batch out of
+    /// its slots itself (the daemon only lists them), 0: the daemon copies into the buffers.
+    pub part_slots: AtomicU32,
     // --- line 1: written by the daemon ---
     /// 1 once every descriptor's handles are written (Release; before the ring is READY).
     pub exported: AtomicU32,
@@ -122,7 +126,9 @@ pub struct HandoffBlock {
     // --- line 2: written by consumers ---
     /// Pid of the consumer in its own PID namespace (informational: liveness is its lock).
     pub consumer_pid: AtomicU32,
-    _pad2: u32,
+    /// When the consumer copies: its own buffers holding a batch (being copied, or with a lease
+    /// alive); the descriptors do not show them. Informational.
+    pub own_held: AtomicU32,
     /// Consumers that attached so far.
     pub attaches: AtomicU64,
     /// Batches taken.
@@ -200,6 +206,10 @@ pub struct HandoffSpec {
     pub host: bool,
     /// CUDA device ordinal (0 for host).
     pub device: u32,
+    /// Nonzero: the consumer copies each batch out of its slots (the parts per batch; each
+    /// buffer's row of the part table lists the slot of each part). 0: the daemon copies into
+    /// its buffers.
+    pub part_slots: u32,
 }
 
 /// Where the parts of a handoff area lie, computed from its parameters.
@@ -217,30 +227,43 @@ pub struct HandoffGeometry {
     pub config_offset: u64,
     /// Bytes of the config text.
     pub config_len: u64,
-    /// Host backend: start of buffer 0's bytes; 0 when the buffers are device memory.
+    /// Host backend: start of buffer 0's bytes; 0 when the buffers are device memory (or the
+    /// consumer's own).
     pub host_offset: u64,
+    /// Slots listed per buffer (0: no part table).
+    pub part_slots: u32,
+    /// Start of the part table (right after the descriptors): buffer `i`'s row of
+    /// `part_slots` u32 slot indices.
+    pub parts_offset: u64,
 }
 
 impl HandoffGeometry {
-    /// Lays out a handoff area at `area_offset`; `None` when a value is out of range.
+    /// Lays out a handoff area at `area_offset`; `None` when a value is out of range. With
+    /// `part_slots > 0` the buffers are the consumer's own: the area holds a part table and no
+    /// host buffers, whatever `host` says.
     pub fn new(
         area_offset: u64,
         buffers: u32,
         buffer_bytes: u64,
         config_len: u64,
         host: bool,
+        part_slots: u32,
     ) -> Option<HandoffGeometry> {
         if buffers == 0
             || buffers > MAX_BUFFERS
             || buffer_bytes == 0
             || config_len == 0
             || config_len > MAX_CONFIG_BYTES
+            || part_slots > MAX_PART_SLOTS
             || area_offset % HOST_BUFFER_ALIGN != 0
         {
             return None;
         }
-        let config_offset =
+        let host = host && part_slots == 0;
+        let parts_offset =
             area_offset.checked_add(u64::from(buffers) * BUFFER_DESC_BYTES as u64)?;
+        let table = (u64::from(buffers) * u64::from(part_slots) * 4).next_multiple_of(8);
+        let config_offset = parts_offset.checked_add(table)?;
         let config_end = config_offset.checked_add(config_len)?;
         let (host_offset, end) = if host {
             let host_offset = align_up(config_end, HOST_BUFFER_ALIGN)?;
@@ -258,7 +281,14 @@ impl HandoffGeometry {
             config_offset,
             config_len,
             host_offset,
+            part_slots,
+            parts_offset,
         })
+    }
+
+    /// Offset of the part table's entry for part `part` of buffer `i`.
+    pub fn part_slot_offset(&self, i: u32, part: u32) -> u64 {
+        self.parts_offset + (u64::from(i) * u64::from(self.part_slots) + u64::from(part)) * 4
     }
 
     /// End of the area: the segment's size.
@@ -544,21 +574,34 @@ mod tests {
 
     #[test]
     fn geometry_places_buffers_on_pages() {
-        let g = HandoffGeometry::new(1 << 20, 4, 10_000, 300, true).unwrap();
+        let g = HandoffGeometry::new(1 << 20, 4, 10_000, 300, true, 0).unwrap();
         assert_eq!(g.config_offset, (1 << 20) + 4 * 256);
         assert_eq!(g.host_offset % 4096, 0);
         assert!(g.host_offset >= g.config_offset + 300);
         assert_eq!(g.host_stride(), 10_000);
         assert_eq!(g.end(), (g.host_offset + 40_000).next_multiple_of(4096));
         assert_eq!(g.host_buffer_offset(1), Some(g.host_offset + 10_000));
-        let d = HandoffGeometry::new(1 << 20, 4, 10_000, 300, false).unwrap();
+        let d = HandoffGeometry::new(1 << 20, 4, 10_000, 300, false, 0).unwrap();
         assert_eq!(d.host_offset, 0);
         assert_eq!(d.host_buffer_offset(0), None);
         assert_eq!(d.end() % 4096, 0);
-        assert!(HandoffGeometry::new(1 << 20, 0, 1, 1, true).is_none());
-        assert!(HandoffGeometry::new(1 << 20, MAX_BUFFERS + 1, 1, 1, true).is_none());
-        assert!(HandoffGeometry::new(1 << 20, 1, 1, MAX_CONFIG_BYTES + 1, true).is_none());
-        assert!(HandoffGeometry::new(100, 1, 1, 1, true).is_none());
-        assert!(HandoffGeometry::new(u64::MAX - 4095, 64, u64::MAX / 2, 1, true).is_none());
+        assert!(HandoffGeometry::new(1 << 20, 0, 1, 1, true, 0).is_none());
+        assert!(HandoffGeometry::new(1 << 20, MAX_BUFFERS + 1, 1, 1, true, 0).is_none());
+        assert!(HandoffGeometry::new(1 << 20, 1, 1, MAX_CONFIG_BYTES + 1, true, 0).is_none());
+        assert!(HandoffGeometry::new(100, 1, 1, 1, true, 0).is_none());
+        assert!(HandoffGeometry::new(u64::MAX - 4095, 64, u64::MAX / 2, 1, true, 0).is_none());
+    }
+
+    #[test]
+    fn a_part_table_lies_between_the_descriptors_and_the_config_and_drops_host_buffers() {
+        let g = HandoffGeometry::new(1 << 20, 3, 10_000, 300, true, 5).unwrap();
+        assert_eq!(g.parts_offset, (1 << 20) + 3 * 256);
+        assert_eq!(g.part_slot_offset(0, 0), g.parts_offset);
+        assert_eq!(g.part_slot_offset(1, 2), g.parts_offset + (5 + 2) * 4);
+        assert_eq!(g.config_offset, g.parts_offset + (3 * 5 * 4u64).next_multiple_of(8));
+        assert_eq!(g.host_offset, 0, "the consumer's buffers are its own");
+        assert_eq!(g.end() % 4096, 0);
+        assert!(g.end() >= g.config_offset + 300);
+        assert!(HandoffGeometry::new(1 << 20, 3, 1, 1, false, MAX_PART_SLOTS + 1).is_none());
     }
 }

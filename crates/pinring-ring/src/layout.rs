@@ -427,13 +427,16 @@ impl Geometry {
     }
 
     /// The same ring with a handoff area of `buffers` buffers of `buffer_bytes` and a config text
-    /// of `config_len` bytes after its data area (page aligned); `None` if out of range.
+    /// of `config_len` bytes after its data area (page aligned), with a part table of
+    /// `part_slots` slots per buffer when the consumer copies ([`crate::handoff::HandoffGeometry`]);
+    /// `None` if out of range.
     pub fn with_handoff(
         self,
         buffers: u32,
         buffer_bytes: u64,
         config_len: u64,
         host: bool,
+        part_slots: u32,
     ) -> Option<Geometry> {
         let area_offset = align_up(self.data_offset + self.data_bytes(), SLOT_ALIGN as u64)?;
         let h = crate::handoff::HandoffGeometry::new(
@@ -442,6 +445,7 @@ impl Geometry {
             buffer_bytes,
             config_len,
             host,
+            part_slots,
         )?;
         Some(Geometry {
             total_bytes: h.end(),

@@ -321,7 +321,13 @@ impl Ring {
         let mut geom = Geometry::new(opts.slots, opts.slot_bytes).ok_or_else(invalid)?;
         if let Some(h) = &opts.handoff {
             geom = geom
-                .with_handoff(h.buffers, h.buffer_bytes, h.config.len() as u64, h.host)
+                .with_handoff(
+                    h.buffers,
+                    h.buffer_bytes,
+                    h.config.len() as u64,
+                    h.host,
+                    h.part_slots,
+                )
                 .ok_or_else(|| RingError::InvalidHandoff {
                     name: opts.name.clone(),
                     buffers: h.buffers,
@@ -433,6 +439,7 @@ impl Ring {
             );
             b.host_offset.store(hg.host_offset, Relaxed);
             b.device.store(spec.device, Relaxed);
+            b.part_slots.store(hg.part_slots, Relaxed);
             b.taken_next.store(opts.start_seq, Relaxed);
             b.filled_next.store(opts.start_seq, Relaxed);
             // SAFETY: config_offset lies inside the handoff area, inside the mapping (the
@@ -589,11 +596,12 @@ impl Ring {
         // which open checked the mapping holds; it is 64-byte aligned and atomics only.
         let hb: &HandoffBlock = unsafe { seg.at(HANDOFF_OFFSET) };
         if hb.area_offset.load(Relaxed) != 0 {
-            let (buffers, buffer_bytes, config_len, backend) = (
+            let (buffers, buffer_bytes, config_len, backend, part_slots) = (
                 hb.buffers.load(Relaxed),
                 hb.buffer_bytes.load(Relaxed),
                 u64::from(hb.config_len.load(Relaxed)),
                 hb.backend.load(Relaxed),
+                hb.part_slots.load(Relaxed),
             );
             let host = match backend {
                 crate::handoff::backend_code::HOST => true,
@@ -601,11 +609,12 @@ impl Ring {
                 other => return Err(corrupt(format!("handoff backend code {other} is unknown"))),
             };
             geom = geom
-                .with_handoff(buffers, buffer_bytes, config_len, host)
+                .with_handoff(buffers, buffer_bytes, config_len, host, part_slots)
                 .ok_or_else(|| {
                     corrupt(format!(
-                        "handoff of {buffers} buffers of {buffer_bytes} bytes and a config of \
-                         {config_len} bytes is out of range"
+                        "handoff of {buffers} buffers of {buffer_bytes} bytes, a part table of \
+                         {part_slots} slots per buffer and a config of {config_len} bytes is out \
+                         of range"
                     ))
                 })?;
             let hg = geom.handoff.expect("with_handoff sets it");
@@ -756,6 +765,21 @@ impl Ring {
         // only the creator writes them, before the ring is published.
         unsafe { std::ptr::copy_nonoverlapping(src, out.as_mut_ptr(), out.len()) };
         Some(out)
+    }
+
+    /// The part table's entry for part `part` of batch buffer `i`: the slot the daemon lists for
+    /// it (an untrusted value: check it before use). `None` for a ring whose daemon copies, or a
+    /// part past the table's row. Panics if `i` is out of range (caller bug).
+    pub fn part_slot(&self, i: u32, part: u32) -> Option<&AtomicU32> {
+        let hg = self.geom.handoff?;
+        assert!(i < hg.buffers, "buffer index {i} out of range");
+        if part >= hg.part_slots {
+            return None;
+        }
+        // SAFETY: the entry lies in the part table, inside the validated handoff area, inside
+        // the mapping; it is 4-aligned (the table starts after whole 256-byte descriptors); an
+        // AtomicU32 accepts any bits.
+        Some(unsafe { self.seg.at(hg.part_slot_offset(i, part) as usize) })
     }
 
     /// Host backend: start of batch buffer `i`'s bytes in the mapping (`None` for device buffers

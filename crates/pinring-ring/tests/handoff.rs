@@ -15,6 +15,7 @@ fn with_handoff(tag: &str) -> (Ring, Unlink) {
         config: "[plan]\nbatch_size = 4\n".into(),
         host: true,
         device: 0,
+        part_slots: 0,
     });
     (Ring::create(&o).unwrap(), u)
 }

@@ -314,6 +314,9 @@ pub struct ConsumerView {
     pub waiting: u32,
     /// Buffers the consumer holds.
     pub held: u32,
+    /// Who copies the batches to the GPU (`daemon.copies`): "consumer" (the training process,
+    /// out of the ring's slots, in its own CUDA context) or "daemon" (into buffers it hands over).
+    pub copies: &'static str,
     /// Batches taken.
     pub taken: u64,
     /// Buffers taken back from dead consumers.
@@ -329,12 +332,24 @@ impl ConsumerView {
             .map(|i| ring.buffer_desc(i).load_word().state)
             .collect();
         let count = |s: u8| states.iter().filter(|&&x| x == s).count() as u32;
+        let consumer_copies = g.part_slots > 0;
+        let attached = ring.consumer_alive().unwrap_or(false);
         Some(ConsumerView {
-            attached: ring.consumer_alive().unwrap_or(false),
+            attached,
             pid: b.consumer_pid.load(Relaxed),
             buffers: g.buffers,
             waiting: count(buffer_state::FILLED),
-            held: count(buffer_state::TAKEN),
+            // The consumer's own buffers, as it publishes them (none once it is gone).
+            held: if consumer_copies {
+                if attached {
+                    b.own_held.load(Relaxed).min(g.buffers)
+                } else {
+                    0
+                }
+            } else {
+                count(buffer_state::TAKEN)
+            },
+            copies: if consumer_copies { "consumer" } else { "daemon" },
             taken: b.taken.load(Relaxed),
             reclaimed: b.reclaimed.load(Relaxed),
         })
@@ -692,12 +707,14 @@ pub fn render(reports: &[RingReport]) -> String {
         if let Some(cv) = &snap.consumer {
             let _ = writeln!(
                 s,
-                "  consumer: {}  taken {}  buffers {}: {} waiting, {} held  reclaimed {}",
+                "  consumer: {}  copies by the {}  taken {}  buffers {}: {} waiting, {} held  \
+                 reclaimed {}",
                 if cv.attached {
                     format!("pid {} attached", cv.pid)
                 } else {
                     "none attached".to_string()
                 },
+                cv.copies,
                 cv.taken,
                 cv.buffers,
                 cv.waiting,

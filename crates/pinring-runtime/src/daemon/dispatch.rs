@@ -125,45 +125,49 @@ impl Daemon {
             self.hand_out(slot);
             *freed += 1;
             tracing::trace!(ring = %self.cfg.ring.name, seq, batch, len, "part on the device");
-            let Some(assembly) = self.assemblies.get_mut(buffer).filter(|a| a.batch == batch)
-            else {
-                return Err(DaemonError::Internal {
-                    ring: self.cfg.ring.name.clone(),
-                    what: format!(
-                        "part seq {seq} landed for batch {batch}, which is not assembled in device buffer {buffer}"
-                    ),
-                });
-            };
-            assembly.landed += 1;
-            if assembly.landed < self.parts {
-                continue;
-            }
-            // Every part of the batch is on the device: the sink gets the whole batch.
-            let Some(done) = self.assemblies.close(buffer) else {
-                continue;
-            };
-            if self.sink.kind == SinkKind::Consumer {
-                self.hand_over(super::handoff::Ready {
-                    buffer: done.buffer,
-                    seq: batch * self.parts,
-                    batch,
-                    epoch: done.epoch,
-                    index_in_epoch: done.index_in_epoch,
-                    bytes: done.len,
-                    samples: done.samples,
-                })?;
-                continue;
-            }
-            let job = SinkJob {
-                seq: batch * self.parts,
-                source: sink::Source::Buffer(done.buffer),
-                buffer: done.buffer,
-                len: done.len,
-                samples: done.samples,
-            };
-            self.send_to_sink(job)?;
+            self.part_landed(seq, batch, buffer)?;
         }
         Ok(progressed)
+    }
+
+    /// Part `seq` of batch `batch` is in device buffer `buffer` (or, when the consumer copies,
+    /// listed in its row of the part table): after the batch's last part, the sink gets the
+    /// whole batch.
+    fn part_landed(&mut self, seq: u64, batch: u64, buffer: usize) -> Result<(), DaemonError> {
+        let Some(assembly) = self.assemblies.get_mut(buffer).filter(|a| a.batch == batch) else {
+            return Err(DaemonError::Internal {
+                ring: self.cfg.ring.name.clone(),
+                what: format!(
+                    "part seq {seq} landed for batch {batch}, which is not assembled in device buffer {buffer}"
+                ),
+            });
+        };
+        assembly.landed += 1;
+        if assembly.landed < self.parts {
+            return Ok(());
+        }
+        let Some(done) = self.assemblies.close(buffer) else {
+            return Ok(());
+        };
+        if self.sink.kind == SinkKind::Consumer {
+            return self.hand_over(super::handoff::Ready {
+                buffer: done.buffer,
+                seq: batch * self.parts,
+                batch,
+                epoch: done.epoch,
+                index_in_epoch: done.index_in_epoch,
+                bytes: done.len,
+                samples: done.samples,
+            });
+        }
+        let job = SinkJob {
+            seq: batch * self.parts,
+            source: sink::Source::Buffer(done.buffer),
+            buffer: done.buffer,
+            len: done.len,
+            samples: done.samples,
+        };
+        self.send_to_sink(job)
     }
 
     /// Hands a batch to the sink thread; the discard sink is done at once, here, which saves a
@@ -420,6 +424,18 @@ impl Daemon {
                 self.start_assembly(&part, buffer, samples);
             } else {
                 self.spare_samples.push(samples);
+            }
+            if self.consumer_copies {
+                // No copy here: the consumer copies the part out of its slot, which stays
+                // UPLOADING (the daemon's) until the consumer gives the batch back. The part
+                // table's entry is published by the fill's Release store (H1).
+                if let Some(entry) = self.ring.part_slot(buffer as u32, (seq % parts) as u32) {
+                    entry.store(slot, Relaxed);
+                }
+                self.lent[buffer].push(slot);
+                self.record_latency(taken.commit_ns, self.now.ns);
+                self.part_landed(seq, part.batch, buffer)?;
+                continue;
             }
             // One copy per field: the part's chunk of the field (its samples' values of it,
             // contiguous in the slot; for a byte part, its range of the cut field) to where

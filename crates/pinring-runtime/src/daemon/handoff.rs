@@ -54,6 +54,7 @@ impl Daemon {
     /// buffer is free again.
     pub(super) fn hand_over(&mut self, r: Ready) -> Result<(), DaemonError> {
         if self.interrupted {
+            self.give_back_lent(r.buffer);
             self.free_buffers.push_back(r.buffer);
             let mut samples = r.samples;
             samples.clear();
@@ -148,12 +149,29 @@ impl Daemon {
             };
             // The next copy into the buffer waits (on the device) for the consumer's last use.
             self.uploader.wait_release(buffer, consumer_released)?;
+            // Consumer copies: its copies out of the batch's slots are done (released), or its
+            // process is gone (reclaimed); either way nothing reads them any more.
+            self.give_back_lent(buffer);
             self.ring.buffer_desc(buffer as u32).reset(h.round);
             self.free_buffers.push_back(buffer);
             self.sink.pending -= 1;
             progressed = true;
         }
         Ok(progressed)
+    }
+
+    /// Consumer copies: hands out again the slots the batch in `buffer` was copied from.
+    fn give_back_lent(&mut self, buffer: usize) {
+        let mut slots = std::mem::take(&mut self.lent[buffer]);
+        if slots.is_empty() {
+            return;
+        }
+        for &slot in &slots {
+            self.hand_out(slot);
+        }
+        self.ring.wake_loaders(slots.len() as i32);
+        slots.clear();
+        self.lent[buffer] = slots;
     }
 
     /// A take seen: the batch whose first seq is `seq` counts as delivered.
@@ -180,6 +198,7 @@ impl Daemon {
             .collect();
         for seq in untaken {
             if let Some((buffer, h)) = self.handoff_books.handed.remove(&seq) {
+                self.give_back_lent(buffer);
                 self.free_buffers.push_back(buffer);
                 self.sink.pending -= 1;
                 let mut samples = h.samples;

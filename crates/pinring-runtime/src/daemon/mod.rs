@@ -507,6 +507,12 @@ struct Daemon {
     /// Commit time of each zero-copy batch at the sink, by slot.
     zero_copy_commits: SlotTable<u64>,
     zero_copy: bool,
+    /// The consumer copies each batch out of its slots (`daemon.copies = "consumer"`): the
+    /// daemon uploads nothing, lists each batch's slots in the part table, and holds them until
+    /// the batch's buffer comes back.
+    consumer_copies: bool,
+    /// Consumer copies: the slots of the batch in each buffer, by buffer.
+    lent: Vec<Vec<u32>>,
     /// The consumer runs in this process (embedded) and keeps the memory of the batches it
     /// holds alive itself (it holds the upload engine, or the ring's mapping): a drain does not
     /// wait for them.

@@ -5,7 +5,7 @@ use super::{cpu_seconds, recovery, Daemon, DaemonArgs, DaemonError, Sequencer, S
 use crate::ring_wake::Doorbell;
 use crate::sink;
 use crossbeam_channel::unbounded;
-use pinring_backend::{Placement, Uploader};
+use pinring_backend::{Backend, Placement, Uploader};
 use pinring_data::Resolved;
 use pinring_ring::{ring_state, CreateOptions, Ring};
 use std::sync::Arc;
@@ -100,12 +100,25 @@ impl Daemon {
             .unwrap_or_else(|| default_upload_buffers(buffer_bytes))
             .clamp(1, if consumer { 64 } else { 256 });
         let host_buffers = selected.backend.name() == "host";
+        // The training process copies each batch out of its slots itself, in its own CUDA
+        // context: a second context copying on the GPU would be time-sliced against the
+        // trainer's (docs/ARCHITECTURE.md, "Who copies for an attached trainer"). Embedded, the
+        // daemon's context is the trainer's, so the daemon copies.
+        let consumer_copies = consumer
+            && !args.embedded
+            && !args.zero_copy
+            && cfg.daemon.copies == pinring_data::Copies::Consumer;
         let handoff = consumer.then(|| pinring_ring::handoff::HandoffSpec {
             buffers: buffers as u32,
             buffer_bytes,
             config: cfg.to_toml(),
             host: host_buffers,
             device: device as u32,
+            part_slots: if consumer_copies {
+                u32::try_from(parts).unwrap_or(u32::MAX)
+            } else {
+                0
+            },
         });
         let ring = Arc::new(Ring::create(&CreateOptions {
             name: cfg.ring.name.clone(),
@@ -126,7 +139,9 @@ impl Daemon {
             // The embedding process's consumer and workers open the ring there.
             let _ = address.set(ring.segment().path());
         }
-        let registration = if args.no_register {
+        // The consumer that copies registers the ring in its own process; the daemon reads no
+        // slot on the GPU.
+        let registration = if args.no_register || consumer_copies {
             None
         } else {
             // SAFETY: the data area is a live shared mapping owned by `ring`, which outlives the
@@ -150,6 +165,13 @@ impl Daemon {
             tracing::info!(ring = %cfg.ring.name, bytes = r.bytes(), seconds = r.seconds(), registered = r.registered(), "ring memory registered");
         }
         let made = match ring.host_buffer_ptr(0).filter(|_| consumer) {
+            // Consumer copies: the engine is never given a copy; a host engine of page-sized
+            // buffers keeps the main loop's books without device memory or a GPU stream.
+            _ if consumer_copies => pinring_backend::HostBackend::new().uploader(
+                buffers,
+                4096,
+                Placement::Contiguous,
+            ),
             // SAFETY: the handoff area holds `buffers` host buffers of `buffer_bytes` each (a
             // multiple of the page size), side by side from this page-aligned address, inside
             // the ring's mapping, which outlives the uploader (the daemon drops its uploader
@@ -175,7 +197,7 @@ impl Daemon {
         };
         let uploader: Arc<dyn Uploader> = match made.and_then(|u| {
             if consumer {
-                export_buffers(&ring, &*u, buffers, args.embedded)?;
+                export_buffers(&ring, &*u, buffers, args.embedded, consumer_copies)?;
             }
             Ok(u)
         }) {
@@ -246,6 +268,8 @@ impl Daemon {
             assemblies: super::Assemblies::new(buffers, parts),
             zero_copy_commits: SlotTable::new(slots),
             zero_copy: args.zero_copy,
+            consumer_copies,
+            lent: vec![Vec::new(); buffers],
             holds_own_buffers: args.embedded,
             free_buffers: (0..buffers).collect(),
             tally: super::Tally::new(now),
@@ -296,15 +320,17 @@ impl Daemon {
 
 /// Writes each buffer's exported handles (CUDA IPC; nothing on the host backend) into its
 /// descriptor and marks the handoff exported, before the ring is READY. Embedded, the buffers
-/// are shared with this process's consumer instead (no IPC, no handles in the ring).
+/// are shared with this process's consumer instead (no IPC, no handles in the ring). When the
+/// consumer copies, its buffers are its own: there is nothing to export.
 fn export_buffers(
     ring: &Ring,
     uploader: &dyn Uploader,
     buffers: usize,
     embedded: bool,
+    consumer_copies: bool,
 ) -> Result<(), pinring_backend::BackendError> {
     use pinring_ring::handoff::BufferDesc;
-    for i in 0..buffers {
+    for i in (0..buffers).filter(|_| !consumer_copies) {
         if embedded {
             uploader.share_local(i)?;
             continue;

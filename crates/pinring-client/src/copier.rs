@@ -1,0 +1,371 @@
+//! Consumer copies (`daemon.copies = "consumer"`, the default for an attached trainer): this
+//! process copies each batch out of the ring's slots into batch buffers of its own, with an
+//! upload engine of its own, in its own CUDA context (the device's primary context, torch's).
+//!
+//! The daemon lists each batch's slots in its buffer's row of the part table and holds them
+//! (UPLOADING) from the fill until the buffer's descriptor comes back. The consumer takes the
+//! descriptor, copies every part into one of its own buffers, and gives the descriptor back
+//! (RELEASED) as soon as the copies have completed: the slots go back to the loaders then, not
+//! when the trainer is done with the batch. Its own buffer stays the trainer's while a lease on
+//! it lives, exactly as a daemon's buffer would.
+//!
+//! Why: two CUDA contexts on one GPU are time-sliced, so a daemon copying in its context while
+//! the trainer computes in its own cost the trainer a third of the copy rate
+//! (docs/ARCHITECTURE.md, "Who copies for an attached trainer"). Here only the trainer's
+//! context works on the GPU.
+
+use crate::{ClientError, Location};
+use pinring_backend::{BackendKind, Completion, Registration, UploadJob, Uploader};
+use pinring_data::{BatchLayout, Plan};
+use pinring_ring::{Ring, SlotState};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// Longest wait of the release thread before it looks at its stop flag again.
+const RELEASE_POLL: Duration = Duration::from_millis(100);
+/// How long dropping a consumer waits for its copies in flight to finish.
+const DRAIN_ON_DROP: Duration = Duration::from_secs(5);
+
+/// The copies in flight, shared with the release thread.
+#[derive(Debug, Default)]
+struct Books {
+    /// By descriptor: the batch being copied out of its slots.
+    copying: Vec<Option<Copying>>,
+    /// The first copy that failed.
+    failed: Option<String>,
+}
+
+/// A batch whose copies are in flight.
+#[derive(Debug, Clone, Copy)]
+struct Copying {
+    /// Round of the descriptor's fill (its release names it).
+    round: u32,
+    /// Completions the engine announced (`None` until the submit returned).
+    announced: Option<usize>,
+    /// Completions arrived.
+    arrived: usize,
+}
+
+/// This process's copies out of the ring.
+pub struct Copier {
+    engine: Arc<dyn Uploader>,
+    /// The ring's slots, registered with this process's context (CUDA); dropped before the
+    /// engine's buffers and the ring's mapping (the `Shared` field order).
+    registration: Option<Registration>,
+    location: Location,
+    /// Own buffers whose last lease dropped (their release recorded), oldest first.
+    free: Mutex<VecDeque<u32>>,
+    books: Mutex<Books>,
+    copied: Condvar,
+    /// The jobs of the batch being submitted (reused).
+    jobs: Mutex<Vec<UploadJob>>,
+}
+
+impl std::fmt::Debug for Copier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Copier")
+            .field("location", &self.location)
+            .field("buffers", &self.engine.buffer_count())
+            .field("registered", &self.registration.is_some())
+            .finish()
+    }
+}
+
+impl Copier {
+    /// Opens an engine of `buffers` buffers of `buffer_bytes` on the ring's device (host
+    /// memory on the host backend) and registers the ring's slots with it.
+    pub(crate) fn open(
+        ring: &Ring,
+        cuda: Option<u32>,
+        buffers: u32,
+        buffer_bytes: u64,
+    ) -> Result<Copier, ClientError> {
+        let backend_err = |source| ClientError::Backend {
+            ring: ring.name().into(),
+            source,
+        };
+        let (kind, device) = match cuda {
+            Some(d) => (BackendKind::Cuda, d),
+            None => (BackendKind::Host, 0),
+        };
+        let selected = pinring_backend::select(kind, device as usize).map_err(backend_err)?;
+        // SAFETY: the data area is the ring's live shared mapping; the registration is dropped
+        // before the mapping (Shared's field order puts the memory before the ring).
+        let registration = unsafe {
+            selected
+                .backend
+                .register(ring.data_base(), ring.data_len(), false)
+        }
+        .map_err(backend_err)?;
+        let engine: Arc<dyn Uploader> = Arc::from(
+            selected
+                .backend
+                .uploader(
+                    buffers as usize,
+                    buffer_bytes as usize,
+                    pinring_backend::Placement::Contiguous,
+                )
+                .map_err(backend_err)?,
+        );
+        engine.set_source_ring(ring.geometry().slot_count as usize);
+        for i in 0..buffers as usize {
+            engine.share_local(i).map_err(backend_err)?;
+        }
+        let descs = ring.geometry().handoff.map_or(0, |h| h.buffers) as usize;
+        Ok(Copier {
+            engine,
+            registration: Some(registration),
+            location: cuda.map_or(Location::Host, Location::Cuda),
+            free: Mutex::new((0..buffers).collect()),
+            books: Mutex::new(Books {
+                copying: vec![None; descs],
+                failed: None,
+            }),
+            copied: Condvar::new(),
+            jobs: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// The engine (its buffers' addresses and events).
+    pub(crate) fn engine(&self) -> &dyn Uploader {
+        &*self.engine
+    }
+
+    /// Where the buffers are.
+    pub(crate) fn location(&self) -> Location {
+        self.location
+    }
+
+    /// An own buffer free for the next batch, if any.
+    pub(crate) fn take_free(&self, ring: &Ring) -> Option<u32> {
+        let mut free = lock(&self.free);
+        let got = free.pop_front();
+        self.publish_held(ring, free.len());
+        got
+    }
+
+    /// Shows `pinring status` how many own buffers hold a batch.
+    fn publish_held(&self, ring: &Ring, free: usize) {
+        let held = self.engine.buffer_count().saturating_sub(free);
+        ring.handoff().own_held.store(held as u32, Relaxed);
+    }
+
+    /// Own buffers free now.
+    pub(crate) fn free_count(&self) -> usize {
+        lock(&self.free).len()
+    }
+
+    /// A lease on own buffer `i` dropped (its release already recorded on the trainer's stream).
+    pub(crate) fn give_back(&self, ring: &Ring, i: u32) {
+        let mut free = lock(&self.free);
+        free.push_back(i);
+        self.publish_held(ring, free.len());
+    }
+
+    /// The first copy that failed, as the error to report.
+    pub(crate) fn failure(&self) -> Option<String> {
+        lock(&self.books).failed.clone()
+    }
+
+    /// Copies the batch that descriptor `desc` (taken in `round`) lists into own buffer `local`:
+    /// every part from the slot the part table names, after checking that the daemon holds that
+    /// slot for that part's seq. The descriptor goes back to the daemon when the copies are done
+    /// (the release thread). Returns once the copies are queued; on the host backend, once they
+    /// are done.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn copy_batch(
+        &self,
+        ring: &Ring,
+        plan: &mut Plan,
+        layout: &BatchLayout,
+        desc: u32,
+        round: u32,
+        seq: u64,
+        local: u32,
+    ) -> Result<(), ClientError> {
+        let corrupt = |what: String| ClientError::Corrupt {
+            ring: ring.name().into(),
+            what: format!("batch buffer {desc}: {what}"),
+        };
+        let backend_err = |source| ClientError::Backend {
+            ring: ring.name().into(),
+            source,
+        };
+        let g = ring.geometry();
+        let parts = plan.parts_per_batch();
+        let mut jobs = lock(&self.jobs);
+        jobs.clear();
+        let mut samples = Vec::new();
+        for p in 0..parts {
+            let part_seq = seq + p;
+            let part = plan
+                .part_into(part_seq, &mut samples)
+                .map_err(|e| corrupt(format!("seq {part_seq} is not in the plan: {e}")))?;
+            let slot = ring
+                .part_slot(desc, p as u32)
+                .ok_or_else(|| {
+                    corrupt(format!(
+                        "part {p} has no entry in the part table ({parts} parts per batch)"
+                    ))
+                })?
+                .load(Relaxed);
+            if slot >= g.slot_count {
+                return Err(corrupt(format!(
+                    "part {p} names slot {slot}, the ring has {}",
+                    g.slot_count
+                )));
+            }
+            let view = ring.slot_view(slot);
+            if view.state != Some(SlotState::Uploading) || view.seq != part_seq {
+                return Err(corrupt(format!(
+                    "part {p} names slot {slot}, which holds seq {} in state {:?}, not seq \
+                     {part_seq} held by the daemon",
+                    view.seq, view.state
+                )));
+            }
+            let base = ring.slot_ptr(slot);
+            for c in layout.part_copies(part.samples, part.first_in_batch, part.bytes) {
+                if c.len == 0 {
+                    continue;
+                }
+                if c.src_offset.saturating_add(c.len) > g.slot_bytes {
+                    return Err(corrupt(format!(
+                        "part {p}'s field {} would be read past its slot's {} bytes",
+                        c.field, g.slot_bytes
+                    )));
+                }
+                jobs.push(UploadJob {
+                    tag: u64::from(desc),
+                    // Inside the slot: checked against the slot size just above.
+                    src: base.wrapping_add(c.src_offset as usize),
+                    len: c.len as usize,
+                    buffer: local as usize,
+                    dst_offset: c.dst_offset as usize,
+                });
+            }
+        }
+        lock(&self.books).copying[desc as usize] = Some(Copying {
+            round,
+            announced: None,
+            arrived: 0,
+        });
+        // The next copies into the buffer wait (on the device) for the trainer's last use of it.
+        self.engine
+            .wait_release(local as usize, true)
+            .map_err(backend_err)?;
+        // SAFETY: every source lies inside a slot the daemon holds for this batch (checked
+        // above) and does not hand out again until this descriptor is released, which the
+        // release thread does only after every completion announced here has arrived. The
+        // mapping outlives the engine (Shared's field order).
+        let announced = unsafe { self.engine.submit_group_deferred(&jobs) };
+        drop(jobs);
+        let announced = announced.map_err(backend_err)?;
+        self.engine
+            .record_ready(local as usize)
+            .map_err(backend_err)?;
+        self.engine.flush().map_err(backend_err)?;
+        {
+            let mut books = lock(&self.books);
+            if let Some(c) = books.copying[desc as usize].as_mut() {
+                c.announced = Some(announced);
+            }
+            finish_if_done(&mut books, ring, desc);
+        }
+        self.copied.notify_all();
+        if self.location == Location::Host {
+            self.wait_copied(ring, desc)?;
+        }
+        Ok(())
+    }
+
+    /// Waits until the copies out of descriptor `desc` are done.
+    fn wait_copied(&self, ring: &Ring, desc: u32) -> Result<(), ClientError> {
+        let mut books = lock(&self.books);
+        while books.copying[desc as usize].is_some() {
+            if let Some(f) = &books.failed {
+                return Err(ClientError::Copy {
+                    ring: ring.name().into(),
+                    what: f.clone(),
+                });
+            }
+            books = self
+                .copied
+                .wait_timeout(books, RELEASE_POLL)
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .0;
+        }
+        Ok(())
+    }
+
+    /// Books one completion: the last of a batch gives its descriptor back.
+    fn arrived(&self, ring: &Ring, c: Completion) {
+        let desc = c.tag as u32;
+        {
+            let mut books = lock(&self.books);
+            if let Err(e) = &c.result {
+                books.failed.get_or_insert_with(|| {
+                    format!("copying a batch out of the ring's slots failed: {e}")
+                });
+            }
+            let Some(copying) = books.copying.get_mut(desc as usize).and_then(Option::as_mut)
+            else {
+                return;
+            };
+            copying.arrived += 1;
+            finish_if_done(&mut books, ring, desc);
+        }
+        self.copied.notify_all();
+    }
+
+    /// Whether no copy is in flight.
+    fn idle(&self) -> bool {
+        lock(&self.books).copying.iter().all(Option::is_none)
+    }
+}
+
+/// Gives descriptor `desc` back once every completion its copies announced has arrived.
+fn finish_if_done(books: &mut Books, ring: &Ring, desc: u32) {
+    let Some(c) = books.copying[desc as usize] else {
+        return;
+    };
+    if c.announced != Some(c.arrived) {
+        return;
+    }
+    books.copying[desc as usize] = None;
+    if !ring.buffer_desc(desc).release(c.round) {
+        tracing::warn!(ring = %ring.name(), buffer = desc,
+            "batch buffer was taken back before its copies were done (the ring thought this \
+             consumer dead)");
+    }
+    ring.ring_doorbell();
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Each critical section leaves the books consistent; a panic in one leaves them usable.
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The release thread: takes the engine's completions and gives each batch's descriptor back
+/// to the daemon as soon as its copies are done, whatever the trainer is doing meanwhile. It
+/// stops when `stop` is set and no copy is in flight (or `DRAIN_ON_DROP` after `stop`).
+pub(crate) fn run_releaser(shared: Arc<crate::Shared>, stop: Arc<AtomicBool>) {
+    let crate::Memory::Own(copier) = &shared.memory else {
+        return;
+    };
+    let mut stopping: Option<Instant> = None;
+    loop {
+        match copier.engine.completions().recv_timeout(RELEASE_POLL) {
+            Ok(c) => copier.arrived(&shared.ring, c),
+            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => return,
+            Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
+        }
+        if stop.load(Relaxed) {
+            let since = *stopping.get_or_insert_with(Instant::now);
+            if copier.idle() || since.elapsed() >= DRAIN_ON_DROP {
+                return;
+            }
+        }
+    }
+}
