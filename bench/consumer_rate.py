@@ -7,7 +7,10 @@ discard, ...):
 
 * ``discard``: ``pinring-daemon --sink discard`` (the pipeline's ceiling, no consumer);
 * ``attached``: ``pinring-daemon --sink consumer`` and ``pinring.Loader(ring=...)`` in this
-  process (CUDA IPC);
+  process, which copies each batch out of the ring's slots itself (``daemon.copies =
+  "consumer"``, the default);
+* ``attached-daemon``: the same with ``daemon.copies = "daemon"``: the daemon copies into device
+  buffers the trainer opens through CUDA IPC (two CUDA contexts on the GPU);
 * ``embedded``: ``pinring.Loader(embedded=True)``, the daemon on a thread of this process.
 
 Each run: the seed workload (32 x 512x512 f32 batches, synthetic), N loader processes. The
@@ -47,6 +50,7 @@ shuffle = true
 epochs = {epochs}
 [daemon]
 prefetch = {prefetch}
+copies = "{copies}"
 """
 
 
@@ -86,7 +90,8 @@ def consume(loader, batch_bytes):
     return n * batch_bytes / dt / 1e9, n
 
 
-def run_one(mode, args, cfg_path, batch_bytes):
+def run_one(mode, args, cfgs, batch_bytes):
+    cfg_path = cfgs["daemon" if mode == "attached-daemon" else "consumer"]
     ring = f"rate-{uuid.uuid4().hex[:8]}"
     summary = Path(tempfile.mkdtemp()) / "summary.json"
     procs = []
@@ -112,7 +117,7 @@ def run_one(mode, args, cfg_path, batch_bytes):
         consumer_gbps, n = consume(loader, batch_bytes)
         s = loader.close()
         loader = None
-        if mode == "attached":
+        if mode.startswith("attached"):
             procs[0].wait(60)
             s = json.loads(summary.read_text())
         return s["gbps"], consumer_gbps, n
@@ -130,29 +135,32 @@ def main():
     ap.add_argument("--batches", type=int, default=2048)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--prefetch", type=int, default=8)
-    ap.add_argument("--modes", default="discard,attached,embedded")
+    ap.add_argument("--modes", default="discard,attached,attached-daemon,embedded")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
 
     samples = 4096
     epochs = max(1, -(-args.batches * 32 // samples))
-    cfg = Path(tempfile.mkdtemp()) / "rate.toml"
-    cfg.write_text(CONFIG.format(samples=samples, epochs=epochs, prefetch=args.prefetch))
+    cfgs = {}
+    for copies in ("consumer", "daemon"):
+        cfgs[copies] = Path(tempfile.mkdtemp()) / f"rate-{copies}.toml"
+        cfgs[copies].write_text(CONFIG.format(samples=samples, epochs=epochs, prefetch=args.prefetch,
+                                              copies=copies))
     batch_bytes = 32 * (512 * 512 * 4 + 8)
     modes = args.modes.split(",")
     results = {m: [] for m in modes}
     own = {m: [] for m in modes}
     for r in range(args.repeat):
         for m in modes:
-            gbps, consumer_gbps, n = run_one(m, args, cfg, batch_bytes)
+            gbps, consumer_gbps, n = run_one(m, args, cfgs, batch_bytes)
             results[m].append(gbps)
             extra = ""
             if consumer_gbps is not None:
                 own[m].append(consumer_gbps)
                 extra = f", consumer's clock {consumer_gbps:6.2f} GB/s"
-            print(f"run {r + 1} {m:9s} {gbps:6.2f} GB/s ({n} batches{extra})", flush=True)
+            print(f"run {r + 1} {m:15s} {gbps:6.2f} GB/s ({n} batches{extra})", flush=True)
     print()
-    print(f"{'mode':10s} {'median':>8s} {'min':>7s} {'max':>7s}  vs discard")
+    print(f"{'mode':16s} {'median':>8s} {'min':>7s} {'max':>7s}  vs discard")
     base = statistics.median(results["discard"]) if "discard" in results else None
     summary = {}
     for m in modes:
@@ -160,7 +168,7 @@ def main():
         med = statistics.median(v)
         ratio = med / base if base else float("nan")
         summary[m] = {"runs": v, "median": med, "ratio_to_discard": ratio, "consumer_clock": own[m]}
-        print(f"{m:10s} {med:8.2f} {min(v):7.2f} {max(v):7.2f}  {ratio:6.1%}")
+        print(f"{m:16s} {med:8.2f} {min(v):7.2f} {max(v):7.2f}  {ratio:6.1%}")
     print(json.dumps(summary))
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)

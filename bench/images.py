@@ -168,13 +168,19 @@ def run_dataloader(a, files, workers, dev, step):
         close()
 
 
-def run_pinring(a, tmp, root, loaders, dev, step, tag):
+def run_pinring(a, tmp, root, loaders, dev, step, tag, mode="embedded"):
+    """`mode`: embedded (the daemon on threads of this process), attached (a pinring-daemon
+    process, the trainer copying out of the ring: daemon.copies = "consumer") or attached-daemon
+    (daemon.copies = "daemon": the daemon copies, the trainer opens its buffers through CUDA IPC)."""
     warmup, batches = window(a, loaders)
     per_epoch = a.images // BATCH
     epochs = (warmup + batches) // per_epoch + 2
     text = IMAGE_CONFIG.format(root=root, crop=CROP, batch=BATCH, epochs=epochs)
-    ring, loader = open_pinring(a, tmp, True, loaders, tag, warmup + batches, config_text=text)
-    r, summary = measure_ring(ring, loader, True, step, dev, warmup, batches, batch=BATCH)
+    embedded = mode == "embedded"
+    copies = "daemon" if mode == "attached-daemon" else None
+    ring, loader = open_pinring(a, tmp, embedded, loaders, f"{tag}{mode}", warmup + batches, config_text=text,
+                                copies=copies)
+    r, summary = measure_ring(ring, loader, embedded, step, dev, warmup, batches, batch=BATCH)
     summary = summary or {}
     r["bad_samples_skipped"] = summary.get("bad_samples_skipped")
     return r
@@ -232,20 +238,23 @@ def part_resnet(a, tmp, root, files, dev):
             rows.append({"config": "dataloader", "procs": n, **r})
             print(f"resnet dataloader workers={n}: {r['samples_per_s']:.0f} images/s, data wait "
                   f"{r['data_wait_fraction']:.0%}", flush=True)
-        for n in [int(v) for v in a.loaders.split(",") if v]:
-            r = run_pinring(a, tmp, root, n, dev, step, f"resnet{n}")
-            rows.append({"config": "pinring", "procs": n, **r})
-            print(f"resnet pinring loaders={n}: {r['samples_per_s']:.0f} images/s, data wait "
-                  f"{r['data_wait_fraction']:.0%}", flush=True)
+        for _ in range(a.rounds):
+            for n in [int(v) for v in a.loaders.split(",") if v]:
+                for mode in a.pinring_modes.split(","):
+                    r = run_pinring(a, tmp, root, n, dev, step, f"resnet{n}", mode)
+                    config = "pinring" if mode == "embedded" else f"pinring-{mode}"
+                    rows.append({"config": config, "procs": n, **r})
+                    print(f"resnet {config} loaders={n}: {r['samples_per_s']:.0f} images/s, data wait "
+                          f"{r['data_wait_fraction']:.0%}", flush=True)
     finally:
         a.min_batches = old
     keys = ["config", "procs", "samples_per_s", "step_ms_p50", "step_ms_p90",
             "data_wait_fraction", "gpu_idle_fraction", "cpu_s_per_step", "steps"]
     write_csv(os.path.join(a.out, "images_resnet.csv"), rows, keys)
-    print(f"{'config':11} {'procs':>5} {'images/s':>9} {'step p50 ms':>11} {'data wait':>9} "
+    print(f"{'config':24} {'procs':>5} {'images/s':>9} {'step p50 ms':>11} {'data wait':>9} "
           f"{'gpu idle':>8} {'cpu ms/step':>11}")
     for r in rows:
-        print(f"{r['config']:11} {r['procs']:5} {r['samples_per_s']:9.0f} {r['step_ms_p50']:11.1f} "
+        print(f"{r['config']:24} {r['procs']:5} {r['samples_per_s']:9.0f} {r['step_ms_p50']:11.1f} "
               f"{r['data_wait_fraction']:9.0%} {r['gpu_idle_fraction']:8.0%} "
               f"{r['cpu_s_per_step'] * 1e3:11.1f}")
     return {"rows": [(r["config"], r["procs"], round(r["samples_per_s"], 1)) for r in rows]}
@@ -338,6 +347,10 @@ def main():
     ap.add_argument("--sweep-loaders", default="1,2,4,8,12")
     ap.add_argument("--dl-workers", default="15")
     ap.add_argument("--loaders", default="8,12")
+    ap.add_argument("--pinring-modes", default="embedded",
+                    help="resnet: pinring's daemon, a list: embedded, attached (the trainer copies), "
+                         "attached-daemon (the daemon copies, CUDA IPC); alternated")
+    ap.add_argument("--rounds", type=int, default=1, help="resnet: rounds of the pinring modes")
     ap.add_argument("--waves", type=int, default=3)
     ap.add_argument("--min-batches", type=int, default=8)
     ap.add_argument("--steps", type=int, default=60)

@@ -15,7 +15,11 @@ Configurations:
                      every (--workers x --prefetch) pair is run and the best (samples/s) is kept.
   pinring-attached   pinring-daemon --backend cuda --sink consumer and N pinring-loader processes
                      on a config this script writes; pinring.Loader(ring=NAME) yields
-                     {"images": [32,512,512] f32, "labels": [32] i64}, already on the device.
+                     {"images": [32,512,512] f32, "labels": [32] i64}, already on the device: the
+                     trainer copies each batch out of the ring itself (daemon.copies = "consumer").
+  pinring-attached-daemon
+                     the same with daemon.copies = "daemon": the daemon copies into device buffers
+                     the trainer opens through CUDA IPC (a second CUDA context on the GPU).
   pinring-embedded   the same with pinring.Loader(embedded=True, ...): the daemon runs on threads
                      of this process; the loaders are started after it.
 
@@ -63,7 +67,7 @@ from torch.utils.data import DataLoader, Dataset
 
 BATCH = 32
 CLASSES = 1000
-CONFIGS = ("on-device", "dataloader", "pinring-attached", "pinring-embedded")
+CONFIGS = ("on-device", "dataloader", "pinring-attached", "pinring-attached-daemon", "pinring-embedded")
 CSV_COLUMNS = ["config", "workers", "prefetch", "step_ms_mean", "step_ms_p50", "step_ms_p90",
                "samples_per_s", "data_wait_fraction", "cpu_s_per_step", "gpu_idle_fraction"]
 
@@ -290,7 +294,7 @@ class PinringRing:
     """One ring for one configuration: its config file, its daemon (unless embedded), its
     loaders, their logs; everything stopped and removed by close()."""
 
-    def __init__(self, args, tmp, tag, batches_needed, config_text=None):
+    def __init__(self, args, tmp, tag, batches_needed, config_text=None, copies=None):
         """`config_text`: the ring's config (`ring.name` is given on the command lines); None:
         the synthetic config of this script, with enough epochs for `batches_needed`."""
         self.args = args
@@ -305,8 +309,13 @@ class PinringRing:
                                          batch=BATCH, epochs=epochs)
         else:
             text = config_text
+        daemon = ""
         if args.ring_prefetch:
-            text += f"[daemon]\nprefetch = {args.ring_prefetch}\n"
+            daemon += f"prefetch = {args.ring_prefetch}\n"
+        if copies:
+            daemon += f'copies = "{copies}"\n'
+        if daemon:
+            text += "[daemon]\n" + daemon
         with open(self.config, "w") as f:
             f.write(text)
         self.summary_path = os.path.join(args.out, f"{self.name}-daemon.json")
@@ -395,12 +404,12 @@ class PinringRing:
         return rc
 
 
-def open_pinring(args, tmp, embedded, loaders, tag, batches_needed, config_text=None):
-    """Starts a ring for one configuration (see PinringRing for `config_text`); returns
-    (ring, pinring.Loader)."""
+def open_pinring(args, tmp, embedded, loaders, tag, batches_needed, config_text=None, copies=None):
+    """Starts a ring for one configuration (see PinringRing for `config_text` and `copies`);
+    returns (ring, pinring.Loader)."""
     import pinring
 
-    ring = PinringRing(args, tmp, tag, batches_needed, config_text)
+    ring = PinringRing(args, tmp, tag, batches_needed, config_text, copies)
     device = args.device_index if args.backend == "cuda" else None
     try:
         if embedded:
@@ -455,9 +464,9 @@ def measure_ring(ring, loader, embedded, step, dev, warmup, batches, **kw):
     return r, close_pinring(ring, loader, embedded)
 
 
-def run_pinring(step, dev, args, tmp, embedded, loaders):
-    tag = f"{'emb' if embedded else 'att'}{loaders}"
-    ring, loader = open_pinring(args, tmp, embedded, loaders, tag, args.warmup + args.steps)
+def run_pinring(step, dev, args, tmp, embedded, loaders, copies=None):
+    tag = f"{'emb' if embedded else 'att'}{loaders}{copies or ''}"
+    ring, loader = open_pinring(args, tmp, embedded, loaders, tag, args.warmup + args.steps, copies=copies)
     r, summary = measure_ring(ring, loader, embedded, step, dev, args.warmup, args.steps)
     if summary:
         keys = ["bound", "gbps", "batches_delivered", "parts_per_batch", "latency_p50_us",
@@ -613,11 +622,11 @@ def main(argv=None):
         def report(config, workers, prefetch, r):
             r.update(config=config, workers=workers, prefetch=prefetch)
             rows.append(r)
-            print(f"{config:<18} {workers:>7} {str(prefetch):>8} {r['step_ms_mean']:>9.2f} {r['step_ms_p50']:>8.2f} "
+            print(f"{config:<23} {workers:>7} {str(prefetch):>8} {r['step_ms_mean']:>9.2f} {r['step_ms_p50']:>8.2f} "
                   f"{r['step_ms_p90']:>8.2f} {r['samples_per_s']:>10.1f} {r['data_wait_fraction']:>9.3f} "
                   f"{r['gpu_idle_fraction']:>8.3f} {r['cpu_s_per_step'] * 1e3:>9.2f}", flush=True)
 
-        print(f"\n{'config':<18} {'workers':>7} {'prefetch':>8} {'step ms':>9} {'p50':>8} {'p90':>8} "
+        print(f"\n{'config':<23} {'workers':>7} {'prefetch':>8} {'step ms':>9} {'p50':>8} {'p90':>8} "
               f"{'samples/s':>10} {'data wait':>9} {'GPU idle':>8} {'CPU ms/st':>9}")
         print("(workers: DataLoader workers or pinring loaders; prefetch: prefetch_factor or the ring's "
               "batch buffers; CPU: this process per step)")
@@ -628,14 +637,16 @@ def main(argv=None):
                 for prefetch in ints(args.prefetch) if workers else [""]:  # no workers: no prefetch_factor
                     r = run_dataloader(step, dev, args, workers, prefetch)
                     report("dataloader", workers, prefetch, r)
-        for config, embedded in (("pinring-attached", False), ("pinring-embedded", True)):
+        for config, embedded, copies in (("pinring-attached", False, None),
+                                         ("pinring-attached-daemon", False, "daemon"),
+                                         ("pinring-embedded", True, None)):
             if config not in args.configs:
                 continue
             if not pinring_ok:
-                print(f"{config:<18} skipped: no CUDA device here (pinring without a GPU: --backend host)")
+                print(f"{config:<23} skipped: no CUDA device here (pinring without a GPU: --backend host)")
                 continue
             for n in ints(args.loaders):
-                r = run_pinring(step, dev, args, tmp, embedded, n)
+                r = run_pinring(step, dev, args, tmp, embedded, n, copies)
                 report(config, n, r["prefetch"], r)
 
     with open(os.path.join(args.out, "trainer.csv"), "w", newline="") as f:
@@ -660,7 +671,7 @@ def main(argv=None):
             continue
         keep = {k: b[k] for k in CSV_COLUMNS + ["loss"] + (["daemon"] if "daemon" in b else [])}
         summary[config.replace("-", "_")] = keep
-        line = f"{config:<18} {b['samples_per_s']:>10.1f} samples/s"
+        line = f"{config:<23} {b['samples_per_s']:>10.1f} samples/s"
         if ceiling and config != "on-device":
             line += f", {b['samples_per_s'] / ceiling['samples_per_s']:.0%} of on-device"
             summary[config.replace("-", "_")]["of_on_device"] = b["samples_per_s"] / ceiling["samples_per_s"]

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """The trainer's end on a GPU host, checked: every byte of every batch, on the device, in order,
-in attached mode (CUDA IPC) and embedded mode; a tensor kept for many batches stays intact; a
+in attached mode (the trainer copying out of the ring's slots, daemon.copies = "consumer"; and the
+daemon copying into buffers opened through CUDA IPC, daemon.copies = "daemon") and embedded mode; a tensor kept for many batches stays intact; a
 consumer killed while holding buffers is replaced and the next one resumes after what it took.
 
 Usage: gpu-consumer-check.py --bin-dir DIR   (exit 0: every check passed)
@@ -137,17 +138,20 @@ def main():
     args = ap.parse_args()
     cfg = Path(tempfile.mkdtemp()) / "check.toml"
     cfg.write_text(CONFIG)
+    cfgs = {"consumer": cfg, "daemon": cfg.with_name("check-daemon-copies.toml")}
+    cfgs["daemon"].write_text(CONFIG + 'copies = "daemon"\n')
     results = {}
 
-    r = Ring(args.bin_dir, cfg)
-    try:
-        loader = pinring.Loader(ring=r.name)
-        assert loader.device == "cuda:0", loader.device
-        results["attached_batches_verified"] = check_all(loader)
-        loader.close()
-    finally:
-        r.close()
-    assert results["attached_batches_verified"] == BATCHES, results
+    for copies, c in cfgs.items():
+        r = Ring(args.bin_dir, c)
+        try:
+            loader = pinring.Loader(ring=r.name)
+            assert loader.device == "cuda:0", loader.device
+            results[f"attached_{copies}_copies_batches_verified"] = check_all(loader)
+            loader.close()
+        finally:
+            r.close()
+        assert results[f"attached_{copies}_copies_batches_verified"] == BATCHES, results
 
     r = Ring(args.bin_dir, cfg, daemon=False, loaders=0)
     try:
@@ -161,22 +165,23 @@ def main():
         r.close()
     assert results["embedded_batches_verified"] == BATCHES, results
 
-    # A consumer killed while it holds every buffer: the daemon takes them back (no event to wait
-    # on: its context died with it) and the next consumer resumes right after its takes.
-    r = Ring(args.bin_dir, cfg)
-    try:
-        child = subprocess.Popen([sys.executable, "-c", CHILD, r.name], stdout=subprocess.PIPE, text=True)
-        taken = [int(child.stdout.readline()) for _ in range(4)]
-        child.send_signal(signal.SIGKILL)
-        child.wait()
-        # The next consumer's attach takes the dead one's buffers back (RECLAIMED).
-        loader = pinring.Loader(ring=r.name)
-        results["after_kill_verified"] = check_all(loader, start=taken[-1] + 1, keep_at=-1)
-        results["killed_consumer_took"] = taken
-        loader.close()
-    finally:
-        r.close()
-    assert results["after_kill_verified"] == BATCHES - 4, results
+    # A consumer killed while it holds every buffer: the daemon takes back what it held (no event
+    # to wait on: its context died with it) and the next consumer resumes right after its takes.
+    for copies, c in cfgs.items():
+        r = Ring(args.bin_dir, c)
+        try:
+            child = subprocess.Popen([sys.executable, "-c", CHILD, r.name], stdout=subprocess.PIPE, text=True)
+            taken = [int(child.stdout.readline()) for _ in range(4)]
+            child.send_signal(signal.SIGKILL)
+            child.wait()
+            # The next consumer's attach takes the dead one's buffers back (RECLAIMED).
+            loader = pinring.Loader(ring=r.name)
+            results[f"after_kill_{copies}_copies_verified"] = check_all(loader, start=taken[-1] + 1, keep_at=-1)
+            results[f"killed_consumer_{copies}_copies_took"] = taken
+            loader.close()
+        finally:
+            r.close()
+        assert results[f"after_kill_{copies}_copies_verified"] == BATCHES - 4, results
     print(json.dumps(results))
     print("gpu consumer check: OK")
 

@@ -159,7 +159,15 @@ fn held_batches_of_a_daemon_that_copies_are_never_overwritten() {
 
 fn held_never_overwritten(tag: &str, copies: &str) {
     let fx = Fixture::new(tag, &copies_config(copies));
-    let (daemon, ring) = consumer_daemon(&fx);
+    // A port free a moment ago, for the daemon's metrics.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut daemon = fx.daemon(&["--sink", "consumer", "--metrics-listen", &listen]);
+    let ring = fx.wait_ready(&mut daemon);
     let kids = loaders_attached(&fx, &daemon, &ring, 2);
     let mut c = attach(&fx, None).unwrap();
     let mut checker = Checker::of(&c);
@@ -191,6 +199,20 @@ fn held_never_overwritten(tag: &str, copies: &str) {
     assert!(
         cv["held"].as_u64().unwrap() >= 1,
         "the kept batch is held: {v:#}"
+    );
+    // So does a monitoring system: who copies, and what the consumer holds.
+    let metrics = http_get(&listen, "/metrics");
+    let series = format!(
+        "pinring_consumer_copies{{ring=\"{}\",copies=\"{copies}\"}} 1",
+        fx.ring
+    );
+    assert!(metrics.contains(&series), "no {series} in:\n{metrics}");
+    assert!(
+        metrics.contains(&format!(
+            "pinring_consumer_attached{{ring=\"{}\"}} 1",
+            fx.ring
+        )),
+        "{metrics}"
     );
     checker.check(&kept); // the kept batch is intact
     drop(kept);
@@ -507,4 +529,14 @@ fn a_consumer_of_a_stopped_daemon_is_told_where_to_restart() {
     for k in kids {
         let _ = wait_for(k, "loader", LONG);
     }
+}
+
+/// The body of `GET path` from `addr` (HTTP/1.0, the whole answer read).
+fn http_get(addr: &str, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut conn = std::net::TcpStream::connect(addr).unwrap();
+    write!(conn, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut answer = String::new();
+    conn.read_to_string(&mut answer).unwrap();
+    answer
 }

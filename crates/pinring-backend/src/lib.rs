@@ -84,6 +84,38 @@ pub struct Selected {
     pub reason: String,
 }
 
+/// Where a daemon's batches go when it copies none of them itself (a consumer that copies): the
+/// backend [`select`] would pick, found without opening it (CUDA: no context).
+#[derive(Debug, Clone)]
+pub struct Located {
+    /// `"cuda"` or `"host"`, as [`Backend::name`].
+    pub name: &'static str,
+    /// As [`Selected::reason`].
+    pub reason: String,
+    /// The device's PCI address, as [`Backend::pci_bus_id`].
+    pub pci_bus_id: Option<String>,
+}
+
+/// [`select`]'s choice, made without opening the backend: the same errors and fallback.
+pub fn locate(kind: BackendKind, device: usize) -> Result<Located, BackendError> {
+    let host = |reason: String| Located {
+        name: "host",
+        reason,
+        pci_bus_id: None,
+    };
+    match kind {
+        BackendKind::Host => Ok(host("host: selected with --backend host".to_string())),
+        BackendKind::Cuda => cuda::probe::locate(device),
+        BackendKind::Auto => match cuda::probe::locate(device) {
+            Ok(l) => Ok(l),
+            Err(e) => {
+                tracing::info!(error = %e, "CUDA backend unavailable, using host backend");
+                Ok(host(format!("host: {}", e.fallback_reason())))
+            }
+        },
+    }
+}
+
 /// Picks a backend.
 ///
 /// - `Auto`: CUDA if the driver loads, `cuInit` succeeds and `device` exists; otherwise host,

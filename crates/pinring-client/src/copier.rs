@@ -309,7 +309,10 @@ impl Copier {
                     format!("copying a batch out of the ring's slots failed: {e}")
                 });
             }
-            let Some(copying) = books.copying.get_mut(desc as usize).and_then(Option::as_mut)
+            let Some(copying) = books
+                .copying
+                .get_mut(desc as usize)
+                .and_then(Option::as_mut)
             else {
                 return;
             };

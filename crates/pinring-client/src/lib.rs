@@ -101,7 +101,10 @@ pub struct Consumer {
     plan: pinring_data::Plan,
     /// The consumer copies: the thread that gives descriptors back as their copies complete,
     /// and its stop flag.
-    releaser: Option<(std::thread::JoinHandle<()>, Arc<std::sync::atomic::AtomicBool>)>,
+    releaser: Option<(
+        std::thread::JoinHandle<()>,
+        Arc<std::sync::atomic::AtomicBool>,
+    )>,
 }
 
 /// What every lease of a consumer shares: the memory and the ring handle (its consumer lock).

@@ -56,7 +56,9 @@ impl Memory {
                 other => {
                     return Err(ClientError::Corrupt {
                         ring: ring.name().into(),
-                        what: format!("handoff backend code {other} is not one this consumer opens"),
+                        what: format!(
+                            "handoff backend code {other} is not one this consumer opens"
+                        ),
                     })
                 }
             };

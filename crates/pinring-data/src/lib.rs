@@ -28,8 +28,8 @@ pub mod size;
 pub mod synthetic;
 
 pub use config::{
-    AutoRing, BadBatchPolicy, Config, Copies, ConfigError, DaemonConfig, DatasetConfig, DatasetKind,
-    PartLayout, PlanConfig, RingConfig, SegmentMode, SlotBytes, DEFAULT_CONFIG_TOML,
+    AutoRing, BadBatchPolicy, Config, ConfigError, Copies, DaemonConfig, DatasetConfig,
+    DatasetKind, PartLayout, PlanConfig, RingConfig, SegmentMode, SlotBytes, DEFAULT_CONFIG_TOML,
 };
 pub use dataset::{
     ImageDataset, ImageFolderDataset, ImageOutput, ImageTransform, NpyDataset, OnBadSample,

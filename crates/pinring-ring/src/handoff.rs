@@ -598,7 +598,10 @@ mod tests {
         assert_eq!(g.parts_offset, (1 << 20) + 3 * 256);
         assert_eq!(g.part_slot_offset(0, 0), g.parts_offset);
         assert_eq!(g.part_slot_offset(1, 2), g.parts_offset + (5 + 2) * 4);
-        assert_eq!(g.config_offset, g.parts_offset + (3 * 5 * 4u64).next_multiple_of(8));
+        assert_eq!(
+            g.config_offset,
+            g.parts_offset + (3 * 5 * 4u64).next_multiple_of(8)
+        );
         assert_eq!(g.host_offset, 0, "the consumer's buffers are its own");
         assert_eq!(g.end() % 4096, 0);
         assert!(g.end() >= g.config_offset + 300);

@@ -185,6 +185,50 @@ pub fn render(ring: &Ring, m: &DaemonMetrics) -> String {
         &l,
         s.loaders.len(),
     );
+    if let Some(cv) = &s.consumer {
+        // Which path the consumer's batches take: one series per value, 1 for the ring's.
+        let _ = writeln!(out, "# HELP pinring_consumer_copies Who copies the batches handed to the training process onto the GPU (daemon.copies): 1 for this ring's value.");
+        let _ = writeln!(out, "# TYPE pinring_consumer_copies gauge");
+        for who in ["consumer", "daemon"] {
+            let _ = writeln!(
+                out,
+                "pinring_consumer_copies{{{l},copies=\"{who}\"}} {}",
+                u8::from(cv.copies == who)
+            );
+        }
+        line(
+            &mut out,
+            "pinring_consumer_attached",
+            "gauge",
+            "1 while a training process is attached as the ring's consumer.",
+            &l,
+            u8::from(cv.attached),
+        );
+        line(
+            &mut out,
+            "pinring_consumer_batches_taken_total",
+            "counter",
+            "Batches the consumers took.",
+            &l,
+            cv.taken,
+        );
+        line(
+            &mut out,
+            "pinring_consumer_buffers_waiting",
+            "gauge",
+            "Batches handed over and not taken yet.",
+            &l,
+            cv.waiting,
+        );
+        line(
+            &mut out,
+            "pinring_consumer_buffers_held",
+            "gauge",
+            "Batch buffers the consumer holds.",
+            &l,
+            cv.held,
+        );
+    }
     let _ = writeln!(out, "# HELP pinring_wait_seconds_total Seconds each stage waited for the next: daemon = had a free device buffer and nothing READY; loaders = found no FREE slot (summed over loaders).");
     let _ = writeln!(out, "# TYPE pinring_wait_seconds_total counter");
     let _ = writeln!(

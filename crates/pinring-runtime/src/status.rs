@@ -349,7 +349,11 @@ impl ConsumerView {
             } else {
                 count(buffer_state::TAKEN)
             },
-            copies: if consumer_copies { "consumer" } else { "daemon" },
+            copies: if consumer_copies {
+                "consumer"
+            } else {
+                "daemon"
+            },
             taken: b.taken.load(Relaxed),
             reclaimed: b.reclaimed.load(Relaxed),
         })

@@ -36,7 +36,7 @@ mod bandwidth;
 mod completion;
 pub mod ipc;
 mod kernels;
-mod probe;
+pub(crate) mod probe;
 mod ptx;
 mod raw;
 mod register;

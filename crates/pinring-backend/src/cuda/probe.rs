@@ -91,6 +91,41 @@ pub(crate) fn probe() -> Result<String, BackendError> {
     })
 }
 
+/// Loads the driver (probing first) and checks that `device` exists, without creating a context
+/// (no GPU memory, nothing scheduled on the GPU): its description as [`crate::Backend::describe`]
+/// gives it, and its PCI address.
+pub(crate) fn locate(device: usize) -> Result<crate::Located, BackendError> {
+    use sys::CUdevice_attribute as A;
+    init_driver()?;
+    guarded("locate", || {
+        let count = device_count()?;
+        if device >= count {
+            return Err(BackendError::NoSuchDevice { device, count });
+        }
+        let object = || format!("device {device}");
+        let dev = result::device::get(device as i32)
+            .map_err(|e| cuda_error("cuDeviceGet", object(), e.0))?;
+        let name = result::device::get_name(dev)
+            .map_err(|e| cuda_error("cuDeviceGetName", object(), e.0))?;
+        // SAFETY: `dev` is a device handle the driver just gave for an ordinal it counts.
+        let total = unsafe { result::device::total_mem(dev) }
+            .map_err(|e| cuda_error("cuDeviceTotalMem", object(), e.0))?;
+        // SAFETY: as above; the attributes are ones every device reports.
+        let get = |a| unsafe { result::device::get_attribute(dev, a) }.ok();
+        let pci_bus_id = (|| {
+            let domain = get(A::CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID)?;
+            let bus = get(A::CU_DEVICE_ATTRIBUTE_PCI_BUS_ID)?;
+            let slot = get(A::CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID)?;
+            Some(format!("{domain:04x}:{bus:02x}:{slot:02x}.0"))
+        })();
+        Ok(crate::Located {
+            name: "cuda",
+            reason: format!("cuda: {name} (device {device}, {} GiB)", super::gib(total)),
+            pci_bus_id,
+        })
+    })
+}
+
 /// Loads the driver (probing first), checks that `device` exists, retains its primary context
 /// and makes it current on the calling thread: the consumer's side of CUDA IPC
 /// (`ipc::Imported`), which needs none of the backend's set-up.

@@ -62,13 +62,35 @@ impl Daemon {
             .device
             .unwrap_or(cfg.daemon.device.map_or(0, |d| d as usize));
         tracing::info!(device, "device");
-        let selected = pinring_backend::select(args.backend, device)?;
-        tracing::info!(backend = selected.backend.name(), reason = %selected.reason, "backend selected");
+        let consumer = args.sink == sink::SinkKind::Consumer;
+        // The training process copies each batch out of its slots itself, in its own CUDA
+        // context: a second context copying on the GPU would be time-sliced against the
+        // trainer's (docs/ARCHITECTURE.md, "Who copies for an attached trainer"). Embedded, the
+        // daemon's context is the trainer's, so the daemon copies.
+        let consumer_copies = consumer
+            && !args.embedded
+            && !args.zero_copy
+            && cfg.daemon.copies == pinring_data::Copies::Consumer;
+        // A daemon that copies nothing opens no context on the GPU (no device memory, nothing
+        // scheduled there, untouched by a fault in the trainer's context): it only finds the
+        // device, for the consumer and for the ring's NUMA placement.
+        let (selected, located) = if consumer_copies {
+            (None, pinring_backend::locate(args.backend, device)?)
+        } else {
+            let s = pinring_backend::select(args.backend, device)?;
+            let l = pinring_backend::Located {
+                name: s.backend.name(),
+                reason: s.reason.clone(),
+                pci_bus_id: s.backend.pci_bus_id(),
+            };
+            (Some(s), l)
+        };
+        tracing::info!(backend = located.name, reason = %located.reason, "backend selected");
         // On the GPU's NUMA node: this thread (and so every thread it starts), and the ring's
         // pages while it is made and prefaulted below.
         let placement = crate::numa::plan(
             std::path::Path::new("/sys"),
-            selected.backend.pci_bus_id().as_deref(),
+            located.pci_bus_id.as_deref(),
             crate::numa::cpus(cfg.daemon.cpus.as_ref()).as_deref(),
         );
         tracing::info!(ring = %cfg.ring.name, "placement: {}", placement.note);
@@ -85,7 +107,6 @@ impl Daemon {
         // Enough buffers to keep the copy engine busy while completions travel back: with small
         // batches, a handful of uploads in flight drain faster than a completion round trip.
         // Handed to a consumer, they are its prefetch depth (daemon.prefetch).
-        let consumer = args.sink == sink::SinkKind::Consumer;
         // Handed over, buffers are whole pages, so that on the host backend (buffers side by
         // side in the ring) every buffer and so every field starts aligned.
         let buffer_bytes = if consumer {
@@ -99,15 +120,7 @@ impl Daemon {
             .or(prefetch)
             .unwrap_or_else(|| default_upload_buffers(buffer_bytes))
             .clamp(1, if consumer { 64 } else { 256 });
-        let host_buffers = selected.backend.name() == "host";
-        // The training process copies each batch out of its slots itself, in its own CUDA
-        // context: a second context copying on the GPU would be time-sliced against the
-        // trainer's (docs/ARCHITECTURE.md, "Who copies for an attached trainer"). Embedded, the
-        // daemon's context is the trainer's, so the daemon copies.
-        let consumer_copies = consumer
-            && !args.embedded
-            && !args.zero_copy
-            && cfg.daemon.copies == pinring_data::Copies::Consumer;
+        let host_buffers = located.name == "host";
         let handoff = consumer.then(|| pinring_ring::handoff::HandoffSpec {
             buffers: buffers as u32,
             buffer_bytes,
@@ -141,9 +154,7 @@ impl Daemon {
         }
         // The consumer that copies registers the ring in its own process; the daemon reads no
         // slot on the GPU.
-        let registration = if args.no_register || consumer_copies {
-            None
-        } else {
+        let registration = if let Some(selected) = selected.as_ref().filter(|_| !args.no_register) {
             // SAFETY: the data area is a live shared mapping owned by `ring`, which outlives the
             // guard: here the guard drops first (declared later), and in `Daemon` the field
             // order drops the registration before the ring.
@@ -159,24 +170,24 @@ impl Daemon {
                     return Err(e.into());
                 }
             }
+        } else {
+            None
         };
         let registration_seconds = registration.as_ref().map_or(0.0, |r| r.seconds());
         if let Some(r) = &registration {
             tracing::info!(ring = %cfg.ring.name, bytes = r.bytes(), seconds = r.seconds(), registered = r.registered(), "ring memory registered");
         }
-        let made = match ring.host_buffer_ptr(0).filter(|_| consumer) {
+        let made = match (&selected, ring.host_buffer_ptr(0).filter(|_| consumer)) {
             // Consumer copies: the engine is never given a copy; a host engine of page-sized
             // buffers keeps the main loop's books without device memory or a GPU stream.
-            _ if consumer_copies => pinring_backend::HostBackend::new().uploader(
-                buffers,
-                4096,
-                Placement::Contiguous,
-            ),
+            (None, _) => {
+                pinring_backend::HostBackend::new().uploader(buffers, 4096, Placement::Contiguous)
+            }
             // SAFETY: the handoff area holds `buffers` host buffers of `buffer_bytes` each (a
             // multiple of the page size), side by side from this page-aligned address, inside
             // the ring's mapping, which outlives the uploader (the daemon drops its uploader
             // before its ring). Only the uploader touches them in this process.
-            Some(base) => unsafe {
+            (Some(_), Some(base)) => unsafe {
                 pinring_backend::HostBackend::new().uploader_in(
                     base,
                     buffers,
@@ -185,7 +196,7 @@ impl Daemon {
             },
             // A consumer in another process opens the buffers through CUDA IPC, a handle per
             // allocation; every other sink takes them side by side, for copies in runs.
-            None => selected.backend.uploader(
+            (Some(selected), None) => selected.backend.uploader(
                 buffers,
                 buffer_bytes as usize,
                 if consumer && !args.embedded {
@@ -244,8 +255,8 @@ impl Daemon {
         let slots = cfg.slots() as usize;
         let now = Instant::now();
         let mut d = Daemon {
-            backend_name: selected.backend.name().to_string(),
-            backend_reason: selected.reason.clone(),
+            backend_name: located.name.to_string(),
+            backend_reason: located.reason.clone(),
             plan,
             layout,
             meta_reserve: cfg.meta_reserve_bytes() as usize,
