@@ -21,7 +21,7 @@ use std::mem::offset_of;
 /// `b"PINRING\0"` as a little-endian u64.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"PINRING\0");
 /// Version of this layout. A segment whose version differs is refused.
-pub const LAYOUT_VERSION: u32 = 3;
+pub const LAYOUT_VERSION: u32 = 4;
 /// Bytes of the header page (header + loader table).
 pub const HEADER_BYTES: usize = 4096;
 /// Bytes of one slot descriptor (two cache lines).
