@@ -540,3 +540,43 @@ fn http_get(addr: &str, path: &str) -> String {
     conn.read_to_string(&mut answer).unwrap();
     answer
 }
+
+#[test]
+fn a_part_table_entry_naming_another_slot_is_refused_before_anything_is_read() {
+    let fx = Fixture::new("cons-scribble", &config());
+    let (mut daemon, ring) = consumer_daemon(&fx);
+    let mut kids = loaders_attached(&fx, &daemon, &ring, 2);
+    // The first batch handed over, before any consumer took it.
+    let buffers = ring.geometry().handoff.unwrap().buffers;
+    let mut first = None;
+    wait_until("the first batch is handed over", LONG, || {
+        first = (0..buffers).find(|&i| {
+            let d = ring.buffer_desc(i);
+            d.load_word().state == pinring_ring::handoff::buffer_state::FILLED
+                && d.seq.load(std::sync::atomic::Ordering::Relaxed) == 0
+        });
+        first.is_some()
+    });
+    let i = first.unwrap();
+    // Another process scribbles its part table: part 0 now names the next slot, which holds
+    // another seq (or none).
+    let entry = ring.part_slot(i, 0).unwrap();
+    let listed = entry.load(std::sync::atomic::Ordering::Relaxed);
+    let other = (listed + 1) % ring.geometry().slot_count;
+    entry.store(other, std::sync::atomic::Ordering::Relaxed);
+    let mut c = attach(&fx, None).unwrap();
+    let e = c.next_batch(Some(LONG)).unwrap_err();
+    assert!(matches!(e, ClientError::Corrupt { .. }), "{e}");
+    let msg = e.to_string();
+    assert!(
+        msg.contains(&format!("names slot {other}")) && msg.contains("not seq 0"),
+        "{msg}"
+    );
+    drop(c);
+    daemon.kill().unwrap();
+    let _ = daemon.wait();
+    for k in &mut kids {
+        let _ = k.kill();
+        let _ = k.wait();
+    }
+}

@@ -227,7 +227,7 @@ struct HeaderSeal {
 /// The header fields only the daemon writes, which it watches for changes by others.
 type SealedFields<'a> = (
     [(&'static str, &'a AtomicU64); 15],
-    [(&'static str, &'a AtomicU32); 12],
+    [(&'static str, &'a AtomicU32); 13],
 );
 
 fn sealed_fields<'a>(h: &'a Header, b: &'a HandoffBlock) -> SealedFields<'a> {
@@ -262,6 +262,7 @@ fn sealed_fields<'a>(h: &'a Header, b: &'a HandoffBlock) -> SealedFields<'a> {
             ("handoff.config_len", &b.config_len),
             ("handoff.backend", &b.backend),
             ("handoff.device", &b.device),
+            ("handoff.part_slots", &b.part_slots),
         ],
     )
 }

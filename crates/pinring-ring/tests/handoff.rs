@@ -135,3 +135,52 @@ fn the_daemon_restores_scribbled_handoff_fields() {
     assert_eq!(other.handoff().buffers.load(Relaxed), 3);
     Ring::open(daemon.name(), Access::ReadOnly, T).expect("opens again once restored");
 }
+
+#[test]
+fn a_ring_whose_consumer_copies_lists_each_batchs_slots_for_an_opener() {
+    let (mut o, _u) = opts("ho-parts", 100);
+    o.handoff = Some(HandoffSpec {
+        buffers: 3,
+        buffer_bytes: 8192,
+        config: "[plan]\nbatch_size = 4\n".into(),
+        host: true,
+        device: 0,
+        part_slots: 5,
+    });
+    let daemon = Ring::create(&o).unwrap();
+    let c = Ring::open(daemon.name(), Access::ReadWrite, T).unwrap();
+    assert_eq!(c.geometry(), daemon.geometry());
+    let g = c.geometry().handoff.unwrap();
+    assert_eq!(g.part_slots, 5);
+    assert_eq!(c.handoff().part_slots.load(Relaxed), 5);
+    // The consumer's buffers are its own: none lies in the ring.
+    assert_eq!(c.host_buffer_ptr(0), None);
+    assert_eq!(c.handoff_config().unwrap(), b"[plan]\nbatch_size = 4\n");
+    daemon.part_slot(2, 4).unwrap().store(77, Relaxed);
+    daemon.part_slot(0, 0).unwrap().store(3, Relaxed);
+    assert_eq!(c.part_slot(2, 4).unwrap().load(Relaxed), 77);
+    assert_eq!(c.part_slot(0, 0).unwrap().load(Relaxed), 3);
+    assert!(c.part_slot(0, 5).is_none(), "past the row");
+    // A ring whose daemon copies has no table.
+    let (plain, _u2) = with_handoff("ho-noparts");
+    assert!(plain.part_slot(0, 0).is_none());
+}
+
+#[test]
+fn a_part_table_size_changed_under_the_ring_is_refused_at_open() {
+    let (mut o, _u) = opts("ho-parts-bad", 100);
+    o.handoff = Some(HandoffSpec {
+        buffers: 3,
+        buffer_bytes: 8192,
+        config: "[plan]\nbatch_size = 4\n".into(),
+        host: false,
+        device: 0,
+        part_slots: 5,
+    });
+    let daemon = Ring::create(&o).unwrap();
+    // Another row length moves the config: the stored offsets no longer match.
+    daemon.handoff().part_slots.store(6, Relaxed);
+    let e = Ring::open(daemon.name(), Access::ReadWrite, T).unwrap_err();
+    assert!(matches!(e, RingError::CorruptHeader { .. }), "{e}");
+    assert!(e.to_string().contains("do not match"), "{e}");
+}
