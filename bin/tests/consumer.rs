@@ -560,7 +560,8 @@ fn a_part_table_entry_naming_another_slot_is_refused_before_anything_is_read() {
     let i = first.unwrap();
     // Another process scribbles its part table: part 0 now names the next slot, which holds
     // another seq (or none).
-    let entry = ring.part_slot(i, 0).unwrap();
+    let rogue = pinring_ring::Ring::open(&fx.ring, pinring_ring::Access::ReadWrite, LONG).unwrap();
+    let entry = rogue.part_slot(i, 0).unwrap();
     let listed = entry.load(std::sync::atomic::Ordering::Relaxed);
     let other = (listed + 1) % ring.geometry().slot_count;
     entry.store(other, std::sync::atomic::Ordering::Relaxed);
@@ -573,6 +574,7 @@ fn a_part_table_entry_naming_another_slot_is_refused_before_anything_is_read() {
         "{msg}"
     );
     drop(c);
+    drop(rogue);
     daemon.kill().unwrap();
     let _ = daemon.wait();
     for k in &mut kids {

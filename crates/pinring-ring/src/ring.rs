@@ -220,7 +220,7 @@ pub struct OutOfSlot {
 #[derive(Debug, Clone)]
 struct HeaderSeal {
     words64: [u64; 15],
-    words32: [u32; 12],
+    words32: [u32; 13],
     state: u32,
 }
 
