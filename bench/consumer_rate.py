@@ -20,7 +20,12 @@ The consumer's own clock (first batch to last, a synchronize at both ends) is re
 The consumer does what a trainer that only receives does: takes each batch as torch tensors
 (``torch.from_dlpack``, its stream waits on the upload's event) and drops them.
 
-Usage: consumer_rate.py --bin-dir DIR [--loaders 8] [--batches 2048] [--repeat 3] [--out DIR]
+Then, unless ``--no-step``, the training-step comparison: bench/trainer.py's seed-shaped ResNet-18
+step (bf16, 32 x 512x512) on the device alone, fed attached (the trainer copying, then the daemon
+copying) and fed embedded, each as samples/s and as a share of the embedded step's.
+
+Usage: consumer_rate.py --bin-dir DIR [--loaders 8] [--batches 2048] [--repeat 3] [--no-step]
+                        [--out DIR]
 """
 
 import argparse
@@ -127,6 +132,30 @@ def run_one(mode, args, cfgs, batch_bytes):
         stop(procs)
 
 
+def training_step(args):
+    """bench/trainer.py's step fed every way, in one run; returns samples/s per config and the
+    attached configs' share of the embedded one."""
+    import sys
+
+    out = tempfile.mkdtemp()
+    configs = "on-device,pinring-attached,pinring-attached-daemon,pinring-embedded"
+    run = subprocess.run([sys.executable, str(Path(__file__).with_name("trainer.py")), "--configs", configs,
+                          "--bin-dir", args.bin_dir, "--loaders", str(args.loaders), "--out", out],
+                         capture_output=True, text=True)
+    if run.returncode != 0:
+        print(f"training step: trainer.py failed ({run.returncode}): {run.stderr.strip()[-500:]}")
+        return None
+    r = json.loads(run.stdout.strip().splitlines()[-1])
+    rates = {c: r[c.replace("-", "_")]["samples_per_s"] for c in configs.split(",")
+             if r.get(c.replace("-", "_"))}
+    emb = rates.get("pinring-embedded")
+    print()
+    print(f"{'training step':24s} {'samples/s':>10s}  vs embedded")
+    for c, v in rates.items():
+        print(f"{c:24s} {v:10.1f}  {v / emb:6.1%}" if emb else f"{c:24s} {v:10.1f}")
+    return {"samples_per_s": rates, "vs_embedded": {c: v / emb for c, v in rates.items()} if emb else None}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bin-dir", default=os.environ.get("PINRING_BIN_DIR", "bin"))
@@ -136,6 +165,7 @@ def main():
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--prefetch", type=int, default=8)
     ap.add_argument("--modes", default="discard,attached,attached-daemon,embedded")
+    ap.add_argument("--no-step", action="store_true", help="skip the training-step comparison (bench/trainer.py)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
 
@@ -169,6 +199,8 @@ def main():
         ratio = med / base if base else float("nan")
         summary[m] = {"runs": v, "median": med, "ratio_to_discard": ratio, "consumer_clock": own[m]}
         print(f"{m:16s} {med:8.2f} {min(v):7.2f} {max(v):7.2f}  {ratio:6.1%}")
+    if not args.no_step and args.backend == "cuda":
+        summary["training_step"] = training_step(args)
     print(json.dumps(summary))
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
