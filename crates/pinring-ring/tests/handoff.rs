@@ -136,18 +136,23 @@ fn the_daemon_restores_scribbled_handoff_fields() {
     Ring::open(daemon.name(), Access::ReadOnly, T).expect("opens again once restored");
 }
 
-#[test]
-fn a_ring_whose_consumer_copies_lists_each_batchs_slots_for_an_opener() {
-    let (mut o, _u) = opts("ho-parts", 100);
+/// A ring whose consumer copies: 3 buffers, a part table of 5 slots each.
+fn with_part_table(tag: &str, host: bool) -> (Ring, Unlink) {
+    let (mut o, u) = opts(tag, 100);
     o.handoff = Some(HandoffSpec {
         buffers: 3,
         buffer_bytes: 8192,
         config: "[plan]\nbatch_size = 4\n".into(),
-        host: true,
+        host,
         device: 0,
         part_slots: 5,
     });
-    let daemon = Ring::create(&o).unwrap();
+    (Ring::create(&o).unwrap(), u)
+}
+
+#[test]
+fn a_ring_whose_consumer_copies_lists_each_batchs_slots_for_an_opener() {
+    let (daemon, _u) = with_part_table("ho-parts", true);
     let c = Ring::open(daemon.name(), Access::ReadWrite, T).unwrap();
     assert_eq!(c.geometry(), daemon.geometry());
     let g = c.geometry().handoff.unwrap();
@@ -168,16 +173,7 @@ fn a_ring_whose_consumer_copies_lists_each_batchs_slots_for_an_opener() {
 
 #[test]
 fn a_part_table_size_changed_under_the_ring_is_refused_at_open() {
-    let (mut o, _u) = opts("ho-parts-bad", 100);
-    o.handoff = Some(HandoffSpec {
-        buffers: 3,
-        buffer_bytes: 8192,
-        config: "[plan]\nbatch_size = 4\n".into(),
-        host: false,
-        device: 0,
-        part_slots: 5,
-    });
-    let daemon = Ring::create(&o).unwrap();
+    let (daemon, _u) = with_part_table("ho-parts-bad", false);
     // Another row length moves the config: the stored offsets no longer match.
     daemon.handoff().part_slots.store(6, Relaxed);
     let e = Ring::open(daemon.name(), Access::ReadWrite, T).unwrap_err();

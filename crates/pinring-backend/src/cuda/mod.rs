@@ -63,6 +63,11 @@ pub use uploader::CudaUploader;
 /// blocks, so a tensor at a buffer's start is aligned as a tensor of PyTorch's own would be).
 pub const BUFFER_ALIGN: usize = 512;
 
+/// A device as [`Backend::describe`] and [`crate::locate`] name it.
+fn description(name: &str, device: usize, total_mem: usize) -> String {
+    format!("cuda: {name} (device {device}, {} GiB)", gib(total_mem))
+}
+
 fn gib(bytes: usize) -> u64 {
     (bytes as f64 / (1u64 << 30) as f64).round() as u64
 }
@@ -135,12 +140,7 @@ impl Backend for CudaBackend {
     }
 
     fn describe(&self) -> String {
-        format!(
-            "cuda: {} (device {}, {} GiB)",
-            self.name,
-            self.device,
-            gib(self.total_mem)
-        )
+        description(&self.name, self.device, self.total_mem)
     }
 
     fn pci_bus_id(&self) -> Option<String> {

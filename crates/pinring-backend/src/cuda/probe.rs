@@ -61,6 +61,15 @@ fn device_count() -> Result<usize, BackendError> {
         .map_err(|e| cuda_error("cuDeviceGetCount", "the driver".to_string(), e.0))
 }
 
+/// Fails with [`BackendError::NoSuchDevice`] unless the driver counts `device`.
+fn check_device(device: usize) -> Result<(), BackendError> {
+    let count = device_count()?;
+    if device >= count {
+        return Err(BackendError::NoSuchDevice { device, count });
+    }
+    Ok(())
+}
+
 /// Probes the driver without creating a context: `Ok("NVIDIA H200 x1, driver 13.0")`.
 pub(crate) fn probe() -> Result<String, BackendError> {
     init_driver()?;
@@ -98,10 +107,7 @@ pub(crate) fn locate(device: usize) -> Result<crate::Located, BackendError> {
     use sys::CUdevice_attribute as A;
     init_driver()?;
     guarded("locate", || {
-        let count = device_count()?;
-        if device >= count {
-            return Err(BackendError::NoSuchDevice { device, count });
-        }
+        check_device(device)?;
         let object = || format!("device {device}");
         let dev = result::device::get(device as i32)
             .map_err(|e| cuda_error("cuDeviceGet", object(), e.0))?;
@@ -120,7 +126,7 @@ pub(crate) fn locate(device: usize) -> Result<crate::Located, BackendError> {
         })();
         Ok(crate::Located {
             name: "cuda",
-            reason: format!("cuda: {name} (device {device}, {} GiB)", super::gib(total)),
+            reason: super::description(&name, device, total),
             pci_bus_id,
         })
     })
@@ -132,10 +138,7 @@ pub(crate) fn locate(device: usize) -> Result<crate::Located, BackendError> {
 pub(super) fn primary_context(device: usize) -> Result<Arc<CudaContext>, BackendError> {
     init_driver()?;
     guarded("Imported::open", || {
-        let count = device_count()?;
-        if device >= count {
-            return Err(BackendError::NoSuchDevice { device, count });
-        }
+        check_device(device)?;
         CudaContext::new(device)
             .map_err(|e| cuda_error("cuDevicePrimaryCtxRetain", format!("device {device}"), e.0))
     })
@@ -147,10 +150,7 @@ impl CudaBackend {
     pub fn new(device: usize) -> Result<Self, BackendError> {
         init_driver()?;
         guarded("CudaBackend::new", || {
-            let count = device_count()?;
-            if device >= count {
-                return Err(BackendError::NoSuchDevice { device, count });
-            }
+            check_device(device)?;
             let object = || format!("device {device}");
             let ctx = CudaContext::new(device)
                 .map_err(|e| cuda_error("cuDevicePrimaryCtxRetain", object(), e.0))?;
