@@ -45,7 +45,7 @@ impl Daemon {
         // per batch.
         let mut freed = 0;
         // Every completion that has arrived, taken at once (the engine sends them in runs).
-        let mut arrived = std::mem::take(&mut self.completion_buf);
+        let mut arrived = std::mem::take(&mut self.up.completion_buf);
         arrived.clear();
         if self
             .uploader
@@ -61,12 +61,12 @@ impl Daemon {
         // A segment truncated under the daemon: the copies that completed may have read the
         // zero pages put in its place (crate::fault); none of them is booked.
         if self.ring.truncated_here() {
-            self.completion_buf = arrived;
+            self.up.completion_buf = arrived;
             self.ring.check_file()?;
             return Ok(false);
         }
         let result = self.complete_all(&mut arrived, &mut freed);
-        self.completion_buf = arrived;
+        self.up.completion_buf = arrived;
         if freed > 0 {
             self.ring.wake_loaders(freed);
         }
@@ -83,7 +83,7 @@ impl Daemon {
         for c in arrived.drain(..) {
             progressed = true;
             let (slot, field) = tag_parts(c.tag);
-            let Some(part) = self.inflight.get_mut(slot) else {
+            let Some(part) = self.up.inflight.get_mut(slot) else {
                 return Err(DaemonError::Internal {
                     ring: self.cfg.ring.name.clone(),
                     what: format!(
@@ -106,11 +106,11 @@ impl Daemon {
                 len,
                 commit_ns,
                 ..
-            }) = self.inflight.remove(slot)
+            }) = self.up.inflight.remove(slot)
             else {
                 continue;
             };
-            self.inflight_bytes = self.inflight_bytes.saturating_sub(len);
+            self.up.inflight_bytes = self.up.inflight_bytes.saturating_sub(len);
             let upload_ns = c
                 .completed
                 .saturating_duration_since(first_submitted)
@@ -134,7 +134,12 @@ impl Daemon {
     /// listed in its row of the part table): after the batch's last part, the sink gets the
     /// whole batch.
     fn part_landed(&mut self, seq: u64, batch: u64, buffer: usize) -> Result<(), DaemonError> {
-        let Some(assembly) = self.assemblies.get_mut(buffer).filter(|a| a.batch == batch) else {
+        let Some(assembly) = self
+            .up
+            .assemblies
+            .get_mut(buffer)
+            .filter(|a| a.batch == batch)
+        else {
             return Err(DaemonError::Internal {
                 ring: self.cfg.ring.name.clone(),
                 what: format!(
@@ -146,7 +151,7 @@ impl Daemon {
         if assembly.landed < self.parts {
             return Ok(());
         }
-        let Some(done) = self.assemblies.close(buffer) else {
+        let Some(done) = self.up.assemblies.close(buffer) else {
             return Ok(());
         };
         if self.sink.kind == SinkKind::Consumer {
@@ -221,10 +226,10 @@ impl Daemon {
     /// counts as delivered.
     fn deliver(&mut self, done: SinkDone) {
         self.sink.pending -= 1;
-        self.free_buffers.push_back(done.buffer);
+        self.up.free_buffers.push_back(done.buffer);
         if let sink::Source::Mapped { slot, .. } = done.source {
             // Zero-copy: the sink's kernel has finished reading the slot; hand it out again.
-            if let Some(commit_ns) = self.zero_copy_commits.remove(slot) {
+            if let Some(commit_ns) = self.up.zero_copy_commits.remove(slot) {
                 self.record_latency(commit_ns, done.done_ns);
             }
             self.hand_out(slot);
@@ -285,7 +290,8 @@ impl Daemon {
             // A part can go up if its batch already has a device buffer, or a buffer is free.
             let parts = self.parts;
             let has_buffer = |seq: u64| {
-                !self.free_buffers.is_empty() || self.assemblies.buffer_of(seq / parts).is_some()
+                !self.up.free_buffers.is_empty()
+                    || self.up.assemblies.buffer_of(seq / parts).is_some()
             };
             // In order the sequencer offers at most the lowest seq not taken (none while an
             // earlier seq waits for a slot); unordered, every waiting seq: take one that is READY.
@@ -372,10 +378,11 @@ impl Daemon {
                 progressed = true;
                 continue;
             }
-            let buffer = match self.assemblies.buffer_of(part.batch) {
+            let buffer = match self.up.assemblies.buffer_of(part.batch) {
                 Some(buffer) => buffer,
                 None => {
                     let buffer = self
+                        .up
                         .free_buffers
                         .pop_front()
                         .expect("checked: a buffer is free");
@@ -404,7 +411,7 @@ impl Daemon {
             if self.zero_copy {
                 // No upload: the sink reads the slot in place; the slot stays UPLOADING (owned
                 // by the daemon) until the sink reports back.
-                self.zero_copy_commits.insert(slot, taken.commit_ns);
+                self.up.zero_copy_commits.insert(slot, taken.commit_ns);
 
                 let job = SinkJob {
                     seq,
@@ -432,7 +439,7 @@ impl Daemon {
                 if let Some(entry) = self.ring.part_slot(buffer as u32, (seq % parts) as u32) {
                     entry.store(slot, Relaxed);
                 }
-                self.lent[buffer].push(slot);
+                self.up.lent[buffer].push(slot);
                 self.record_latency(taken.commit_ns, self.now.ns);
                 self.part_landed(seq, part.batch, buffer)?;
                 continue;
@@ -442,7 +449,7 @@ impl Daemon {
             // those values go in the field's tensor. Submitted as one group: the backend
             // says how many completions will come (one per part on CUDA, one per copy on host).
             let base = self.ring.slot_ptr(slot);
-            let mut jobs = std::mem::take(&mut self.jobs_buf);
+            let mut jobs = std::mem::take(&mut self.up.jobs_buf);
             jobs.clear();
             for copy in self
                 .layout
@@ -461,8 +468,8 @@ impl Daemon {
                     },
                 );
             }
-            self.submits += 1;
-            let t = (self.submits % super::SUBMIT_TIMED_EVERY == 0).then(Instant::now);
+            self.up.submits += 1;
+            let t = (self.up.submits % super::SUBMIT_TIMED_EVERY == 0).then(Instant::now);
             // SAFETY: the slot is UPLOADING, owned by this loop: no loader may claim it until
             // `hand_out` runs for it, which happens only after every completion the backend
             // announced for its jobs has arrived. Each job's source lies inside the slot's
@@ -473,11 +480,11 @@ impl Daemon {
             if let Some(t) = t {
                 self.tally.submit_ns += t.elapsed().as_nanos() as u64 * super::SUBMIT_TIMED_EVERY;
             }
-            self.jobs_buf = jobs;
+            self.up.jobs_buf = jobs;
             let jobs_left = submitted?;
             // Completions are read on this thread only, so none is looked for before this.
-            self.inflight_bytes += len;
-            self.inflight.insert(
+            self.up.inflight_bytes += len;
+            self.up.inflight.insert(
                 slot,
                 InFlight {
                     seq,
@@ -505,7 +512,7 @@ impl Daemon {
             epoch: part.epoch,
             index_in_epoch: part.index_in_epoch,
         };
-        self.assemblies.open(assembly);
+        self.up.assemblies.open(assembly);
     }
 
     fn record_latency(&mut self, commit_ns: u64, on_device_ns: u64) {

@@ -55,7 +55,7 @@ impl Daemon {
     pub(super) fn hand_over(&mut self, r: Ready) -> Result<(), DaemonError> {
         if self.interrupted {
             self.give_back_lent(r.buffer);
-            self.free_buffers.push_back(r.buffer);
+            self.up.free_buffers.push_back(r.buffer);
             let mut samples = r.samples;
             samples.clear();
             self.spare_samples.push(samples);
@@ -153,7 +153,7 @@ impl Daemon {
             // process is gone (reclaimed); either way nothing reads them any more.
             self.give_back_lent(buffer);
             self.ring.buffer_desc(buffer as u32).reset(h.round);
-            self.free_buffers.push_back(buffer);
+            self.up.free_buffers.push_back(buffer);
             self.sink.pending -= 1;
             progressed = true;
         }
@@ -162,7 +162,7 @@ impl Daemon {
 
     /// Consumer copies: hands out again the slots the batch in `buffer` was copied from.
     fn give_back_lent(&mut self, buffer: usize) {
-        let mut slots = std::mem::take(&mut self.lent[buffer]);
+        let mut slots = std::mem::take(&mut self.up.lent[buffer]);
         if slots.is_empty() {
             return;
         }
@@ -171,7 +171,7 @@ impl Daemon {
         }
         self.ring.wake_loaders(slots.len() as i32);
         slots.clear();
-        self.lent[buffer] = slots;
+        self.up.lent[buffer] = slots;
     }
 
     /// A take seen: the batch whose first seq is `seq` counts as delivered.
@@ -199,7 +199,7 @@ impl Daemon {
         for seq in untaken {
             if let Some((buffer, h)) = self.handoff_books.handed.remove(&seq) {
                 self.give_back_lent(buffer);
-                self.free_buffers.push_back(buffer);
+                self.up.free_buffers.push_back(buffer);
                 self.sink.pending -= 1;
                 let mut samples = h.samples;
                 samples.clear();

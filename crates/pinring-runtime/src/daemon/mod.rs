@@ -469,6 +469,49 @@ impl PassClock {
 /// times): two clock reads per part were more than the driver's share of a 64 KiB part.
 const SUBMIT_TIMED_EVERY: u64 = 8;
 
+/// The upload state: what is on its way out of the ring, and the batch buffers it goes to.
+struct Uploads {
+    /// Parts whose uploads are in flight, by slot (an upload's tag is its slot and field,
+    /// `dispatch::upload_tag`).
+    inflight: SlotTable<InFlight>,
+    /// Their payload bytes.
+    inflight_bytes: usize,
+    /// Batches with parts on their way to the device.
+    assemblies: Assemblies,
+    /// Commit time of each zero-copy batch at the sink, by slot.
+    zero_copy_commits: SlotTable<u64>,
+    /// Consumer copies: the slots of the batch in each buffer, by buffer.
+    lent: Vec<Vec<u32>>,
+    /// Device buffers free for a batch, oldest freed first: batches delivered in order free
+    /// their buffers in order, so the next batches take consecutive buffers, and parts from
+    /// consecutive slots go up as one copy (`Placement::Contiguous`).
+    free_buffers: std::collections::VecDeque<usize>,
+    /// Submit calls made, for timing one in [`SUBMIT_TIMED_EVERY`].
+    submits: u64,
+    /// The upload jobs of the part being submitted (reused: no allocation per part).
+    jobs_buf: Vec<pinring_backend::UploadJob>,
+    /// The completions taken in a pass (reused: no allocation per pass).
+    completion_buf: Vec<Completion>,
+}
+
+impl Uploads {
+    /// Nothing on its way, `buffers` free batch buffers, books for `slots` slots and batches of
+    /// `parts` parts.
+    fn new(slots: usize, buffers: usize, parts: u64) -> Uploads {
+        Uploads {
+            inflight: SlotTable::new(slots),
+            inflight_bytes: 0,
+            assemblies: Assemblies::new(buffers, parts),
+            zero_copy_commits: SlotTable::new(slots),
+            lent: vec![Vec::new(); buffers],
+            free_buffers: (0..buffers).collect(),
+            submits: 0,
+            jobs_buf: Vec::new(),
+            completion_buf: Vec::new(),
+        }
+    }
+}
+
 struct Daemon {
     // Fields drop top to bottom, and these three must go in this order: the upload engine first
     // (its drop waits for copies still running), then the registration (unregistering memory no
@@ -488,51 +531,33 @@ struct Daemon {
     meta_reserve: usize,
     sample_bytes: u64,
     service: crate::service::DaemonService,
-    /// The completions taken in a pass (reused: no allocation per pass).
-    completion_buf: Vec<Completion>,
     /// The sink thread and the channels to it.
     sink: SinkLink,
     // Protocol state, owned by the main loop.
     /// Which seq each slot carries, what comes next, what was delivered (daemon/sequencer.rs).
     sequencer: Sequencer,
-    /// Parts whose uploads are in flight, by slot (an upload's tag is its slot and field,
-    /// `dispatch::upload_tag`).
-    inflight: SlotTable<InFlight>,
-    /// Their payload bytes.
-    inflight_bytes: usize,
+    /// Parts on their way to the device (or, when the consumer copies, to the consumer) and the
+    /// batch buffers they go to.
+    up: Uploads,
     /// Parts (seqs) per batch.
     parts: u64,
-    /// Batches with parts on their way to the device.
-    assemblies: Assemblies,
-    /// Commit time of each zero-copy batch at the sink, by slot.
-    zero_copy_commits: SlotTable<u64>,
     zero_copy: bool,
     /// The consumer copies each batch out of its slots (`daemon.copies = "consumer"`): the
     /// daemon uploads nothing, lists each batch's slots in the part table, and holds them until
     /// the batch's buffer comes back.
     consumer_copies: bool,
-    /// Consumer copies: the slots of the batch in each buffer, by buffer.
-    lent: Vec<Vec<u32>>,
     /// The consumer runs in this process (embedded) and keeps the memory of the batches it
     /// holds alive itself (it holds the upload engine, or the ring's mapping): a drain does not
     /// wait for them.
     holds_own_buffers: bool,
-    /// Device buffers free for a batch, oldest freed first: batches delivered in order free
-    /// their buffers in order, so the next batches take consecutive buffers, and parts from
-    /// consecutive slots go up as one copy (`Placement::Contiguous`).
-    free_buffers: std::collections::VecDeque<usize>,
     /// What the run did, for the summary.
     tally: Tally,
     interrupted: bool,
     /// This pass's clock (`PassClock`).
     now: PassClock,
-    /// Submit calls made, for timing one in [`SUBMIT_TIMED_EVERY`].
-    submits: u64,
     spare_samples: Vec<Vec<u64>>,
     /// A taken batch's metadata, copied out of its slot before it is decoded.
     meta_buf: Vec<u8>,
-    /// The upload jobs of the part being submitted (reused: no allocation per part).
-    jobs_buf: Vec<pinring_backend::UploadJob>,
     /// Batches handed to a consumer (`--sink consumer`, daemon/handoff.rs).
     handoff_books: handoff::HandoffBooks,
     // Fault handling (daemon/recovery.rs).
@@ -578,7 +603,7 @@ impl Daemon {
             progressed |= self.collect_returns()?;
             progressed |= self.dispatch()?;
 
-            if self.sequencer.complete() && self.inflight.is_empty() && self.sink.pending == 0 {
+            if self.sequencer.complete() && self.up.inflight.is_empty() && self.sink.pending == 0 {
                 return Ok(());
             }
             if shutdown.requested() && drain_deadline.is_none() {
@@ -599,7 +624,7 @@ impl Daemon {
                 let past = Instant::now() >= deadline;
                 // Batches a consumer still holds are waited for until the deadline only.
                 let held = self.handoff_books.outstanding();
-                let nothing_in_flight = self.inflight.is_empty()
+                let nothing_in_flight = self.up.inflight.is_empty()
                     && (self.sink.pending == 0
                         || ((past || self.holds_own_buffers) && self.sink.pending == held));
                 if nothing_in_flight && (!self.sequencer.any_waiting() || past) {
@@ -618,8 +643,8 @@ impl Daemon {
                 self.reap()?;
             }
             if !progressed {
-                let could_upload = (!self.free_buffers.is_empty()
-                    || self.assemblies.any_open_for_parts())
+                let could_upload = (!self.up.free_buffers.is_empty()
+                    || self.up.assemblies.any_open_for_parts())
                     && self.sequencer.any_waiting();
                 let mut wait = MAX_WAIT;
                 if let Some(deadline) = drain_deadline {
@@ -632,7 +657,7 @@ impl Daemon {
                 self.tally.submit_ns += t.elapsed().as_nanos() as u64;
                 flushed?;
                 let t = Instant::now();
-                if self.inflight_bytes >= QUIET_IN_FLIGHT {
+                if self.up.inflight_bytes >= QUIET_IN_FLIGHT {
                     self.ring.wait_doorbell_quiet(seen, wait);
                 } else {
                     self.ring.wait_doorbell(seen, wait);

@@ -1,7 +1,7 @@
 //! Start-up: load the plan, create and register the ring, start the upload engine and the sink
 //! thread, hand every slot its first seq, and set the ring READY.
 
-use super::{cpu_seconds, recovery, Daemon, DaemonArgs, DaemonError, Sequencer, SlotTable};
+use super::{cpu_seconds, recovery, Daemon, DaemonArgs, DaemonError, Sequencer};
 use crate::ring_wake::Doorbell;
 use crate::sink;
 use crossbeam_channel::unbounded;
@@ -264,7 +264,6 @@ impl Daemon {
             uploader,
             service,
             registration,
-            completion_buf: Vec::new(),
             sink: super::SinkLink {
                 kind: args.sink,
                 tx: Some(sink_tx),
@@ -273,24 +272,17 @@ impl Daemon {
                 pending: 0,
             },
             sequencer: Sequencer::new(slots, args.start_seq, end_seq, cfg.ring.in_order),
-            inflight: SlotTable::new(slots),
-            inflight_bytes: 0,
+            up: super::Uploads::new(slots, buffers, parts),
             parts,
-            assemblies: super::Assemblies::new(buffers, parts),
-            zero_copy_commits: SlotTable::new(slots),
             zero_copy: args.zero_copy,
             consumer_copies,
-            lent: vec![Vec::new(); buffers],
             holds_own_buffers: args.embedded,
-            free_buffers: (0..buffers).collect(),
             tally: super::Tally::new(now),
             interrupted: false,
             now: super::PassClock::read(),
-            submits: 0,
             spare_samples: Vec::new(),
             handoff_books: Default::default(),
             meta_buf: Vec::new(),
-            jobs_buf: Vec::new(),
             reap_every: Duration::from_millis(cfg.daemon.reap_interval_ms),
             recovery: recovery::Recovery::new(
                 slots,
