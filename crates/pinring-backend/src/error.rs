@@ -158,7 +158,7 @@ pub enum BackendError {
     #[error(
         "cuIpcOpenMemHandle not attempted for device buffer {buffer}: it was exported by this \
          process, and a process cannot open its own CUDA IPC handles: in the process that \
-         uploads, use Uploader::device_ptr (embedded mode: pinring.Loader(..., embedded=True))"
+         uploads, use CopyEngine::device_ptr (embedded mode: pinring.Loader(..., embedded=True))"
     )]
     IpcOwnExport {
         /// Index of the buffer in the exports passed to `Imported::open`.
@@ -230,7 +230,7 @@ fn hint(call: &'static str, code: CUresult) -> &'static str {
         ("cuIpcOpenMemHandle" | "cuIpcOpenEventHandle", CUDA_ERROR_INVALID_CONTEXT | CUDA_ERROR_INVALID_DEVICE) => {
             "open the handles on the device the buffers live on (CUDA_VISIBLE_DEVICES may number \
              it differently in each process), in another process than the one that exported \
-             them; in the exporting process use Uploader::device_ptr (embedded mode)"
+             them; in the exporting process use CopyEngine::device_ptr (embedded mode)"
         }
         ("cuStreamWaitEvent" | "cuEventRecord", CUDA_ERROR_INVALID_HANDLE | CUDA_ERROR_INVALID_CONTEXT) => {
             "the stream must be 0 (the legacy default stream) or a stream of the device's primary \

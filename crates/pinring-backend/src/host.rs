@@ -3,7 +3,7 @@
 //! ([`HostBackend::uploader_in`]), and an upload is a `memcpy` done by a background thread, so
 //! the whole pipeline (ring, loaders, daemon, sinks) can run and be verified on any machine.
 //!
-//! # Soundness of [`Uploader::read_host`]
+//! # Soundness of [`DeviceKernels::read_host`]
 //! Each buffer is guarded by `crate::guard` (a `pending` count of uploads queued or running, a
 //! `readers` count, and the store-load argument for why a copy into a buffer and a read of it
 //! never overlap). Here the upload thread ends an upload right after its copy, so a reader that
@@ -20,7 +20,8 @@ use crate::buf::AlignedBuf;
 use crate::checksum::checksum;
 use crate::guard::{check_job, Guards};
 use crate::{
-    Backend, BackendError, BufferExport, Completion, Placement, Registration, UploadJob, Uploader,
+    Backend, BackendError, BufferExport, BufferHandoff, Completion, CopyEngine, DeviceKernels,
+    Placement, Registration, UploadJob, Uploader,
 };
 
 /// The backend without a GPU.
@@ -37,7 +38,7 @@ impl HostBackend {
     /// caller's memory at `base` instead of on the heap, so that another process that maps the
     /// same memory (a shared-memory segment) can read the batches in place. Buffer `i` occupies
     /// `base + i * buffer_bytes .. base + (i + 1) * buffer_bytes`
-    /// ([`HostBackend::placement_bytes`] in all); [`Uploader::device_ptr`] gives its address.
+    /// ([`HostBackend::placement_bytes`] in all); [`CopyEngine::device_ptr`] gives its address.
     /// The memory is not zeroed. Reads of such buffers in this process (`read_host`,
     /// `checksum`, `compute`) copy the bytes out first, so no Rust reference to them is made.
     ///
@@ -305,7 +306,7 @@ pub(crate) fn check_range(
     Ok(())
 }
 
-/// [`Uploader::checksum`]'s range must start at a whole word (the CUDA kernel reads aligned
+/// [`DeviceKernels::checksum`]'s range must start at a whole word (the CUDA kernel reads aligned
 /// 8-byte words; the host backend refuses the same ranges, so code tested here runs there).
 pub(crate) fn check_checksum_offset(buffer: usize, offset: usize) -> Result<(), BackendError> {
     if offset % 8 != 0 {
@@ -348,7 +349,7 @@ fn upload_loop(shared: &Shared, jobs: &Receiver<Queued>, done: &crate::Completio
     }
 }
 
-impl Uploader for HostUploader {
+impl CopyEngine for HostUploader {
     unsafe fn submit(&self, job: UploadJob) -> Result<(), BackendError> {
         check_job(&job, self.shared.buffers.len(), self.buffer_bytes)?;
         let Some(jobs) = self.jobs.as_ref() else {
@@ -390,6 +391,34 @@ impl Uploader for HostUploader {
         self.buffer_bytes
     }
 
+    fn device_ptr(&self, buffer: usize) -> u64 {
+        let count = self.shared.buffers.len();
+        match self.shared.buffers.get(buffer) {
+            Some(b) => b.as_ptr() as u64,
+            None => panic!("device buffer {buffer} out of range: the uploader has {count}"),
+        }
+    }
+}
+
+impl BufferHandoff for HostUploader {
+    fn export(&self, buffer: usize) -> Result<Option<BufferExport>, BackendError> {
+        self.check_buffer("export", buffer)?;
+        Ok(None)
+    }
+
+    fn record_ready(&self, buffer: usize) -> Result<(), BackendError> {
+        // A copy is complete when its Completion is sent: nothing to record.
+        self.check_buffer("record_ready", buffer)
+    }
+
+    fn wait_release(&self, buffer: usize, _consumer_alive: bool) -> Result<(), BackendError> {
+        // The daemon hands a buffer out again only after the consumer gave it back (ring
+        // protocol): there is no device-side queue to order.
+        self.check_buffer("wait_release", buffer)
+    }
+}
+
+impl DeviceKernels for HostUploader {
     fn read_host(
         &self,
         buffer: usize,
@@ -423,30 +452,6 @@ impl Uploader for HostUploader {
         let bytes = unsafe { mapped_copy(host_ptr, len) }?;
         self.sin_into_scratch(&bytes);
         Ok(())
-    }
-
-    fn export(&self, buffer: usize) -> Result<Option<BufferExport>, BackendError> {
-        self.check_buffer("export", buffer)?;
-        Ok(None)
-    }
-
-    fn record_ready(&self, buffer: usize) -> Result<(), BackendError> {
-        // A copy is complete when its Completion is sent: nothing to record.
-        self.check_buffer("record_ready", buffer)
-    }
-
-    fn wait_release(&self, buffer: usize, _consumer_alive: bool) -> Result<(), BackendError> {
-        // The daemon hands a buffer out again only after the consumer gave it back (ring
-        // protocol): there is no device-side queue to order.
-        self.check_buffer("wait_release", buffer)
-    }
-
-    fn device_ptr(&self, buffer: usize) -> u64 {
-        let count = self.shared.buffers.len();
-        match self.shared.buffers.get(buffer) {
-            Some(b) => b.as_ptr() as u64,
-            None => panic!("device buffer {buffer} out of range: the uploader has {count}"),
-        }
     }
 }
 

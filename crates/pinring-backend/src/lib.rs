@@ -16,10 +16,10 @@
 //! [`select`] picks one from a [`BackendKind`] (`--backend auto|cuda|host`).
 //!
 //! A training process in another process can use the device buffers in place: the cuda
-//! uploader exports each buffer's CUDA IPC handles and events ([`Uploader::export`],
-//! [`Uploader::record_ready`], [`Uploader::wait_release`]), which the consumer opens with
+//! uploader exports each buffer's CUDA IPC handles and events ([`BufferHandoff::export`],
+//! [`BufferHandoff::record_ready`], [`BufferHandoff::wait_release`]), which the consumer opens with
 //! [`cuda::ipc::Imported`]; the host backend can place its buffers in a shared-memory segment
-//! ([`HostBackend::uploader_in`]). A consumer in the same process uses [`Uploader::device_ptr`].
+//! ([`HostBackend::uploader_in`]). A consumer in the same process uses [`CopyEngine::device_ptr`].
 
 use std::fmt;
 use std::str::FromStr;
@@ -213,7 +213,7 @@ pub trait Backend: Send + Sync + fmt::Debug {
 }
 
 /// One upload signal covers at most this fraction of the source ring
-/// ([`Uploader::set_source_ring`]). An event that covered a 32-slot ring of 256 KiB slots whole
+/// ([`CopyEngine::set_source_ring`]). An event that covered a 32-slot ring of 256 KiB slots whole
 /// (its 8 MiB were one event's bytes) left the loaders nothing to fill while it ran: 13.9-14.6
 /// GB/s; a quarter of the ring per event, 20.4-20.6, the same as an eighth (20.0-20.3), and as
 /// the bench's reference pipeline at that ring (H200, docs/BENCHMARKS.md, "Small rings").
@@ -223,7 +223,7 @@ pub const SIGNAL_SPAN_DIVISOR: usize = 4;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Placement {
     /// Each buffer is an allocation of its own, which CUDA IPC can export to a consumer in
-    /// another process ([`Uploader::export`]): a legacy IPC handle names a whole allocation and
+    /// another process ([`BufferHandoff::export`]): a legacy IPC handle names a whole allocation and
     /// opens once per process.
     #[default]
     Separate,
@@ -232,8 +232,8 @@ pub enum Placement {
     /// consecutive buffers then have sources and destinations at constant strides, and the
     /// CUDA backend gives a run of them to the driver as one two-dimensional copy
     /// (docs/ARCHITECTURE.md, "Runs of parts as one copy"). Its buffers cannot be exported
-    /// through CUDA IPC ([`Uploader::export`] refuses); a consumer in the same process uses
-    /// them through [`Uploader::device_ptr`] and [`Uploader::share_local`].
+    /// through CUDA IPC ([`BufferHandoff::export`] refuses); a consumer in the same process uses
+    /// them through [`CopyEngine::device_ptr`] and [`BufferHandoff::share_local`].
     Contiguous,
 }
 
@@ -288,7 +288,7 @@ impl Registration {
 ///
 /// A device buffer may be larger than one slot (a batch cut into parts, each part a slot, lands
 /// part by part at its offset in the batch's buffer): `dst_offset + len` must not exceed
-/// [`Uploader::buffer_bytes`], or `submit` refuses the job.
+/// [`CopyEngine::buffer_bytes`], or `submit` refuses the job.
 #[derive(Debug, Clone, Copy)]
 pub struct UploadJob {
     /// Caller's tag, returned in the [`Completion`] (e.g. ring slot and sequence).
@@ -304,7 +304,7 @@ pub struct UploadJob {
 }
 
 // SAFETY: UploadJob is plain data; `src` is only dereferenced by the uploader's copy, and
-// `Uploader::submit` (an unsafe fn) makes the caller guarantee the pointed-to bytes stay valid
+// `CopyEngine::submit` (an unsafe fn) makes the caller guarantee the pointed-to bytes stay valid
 // and unwritten until the completion is received, from whichever thread the copy runs on.
 unsafe impl Send for UploadJob {}
 
@@ -441,32 +441,33 @@ impl fmt::Debug for HookCell {
     }
 }
 
-/// Asynchronous upload engine with a fixed set of device buffers.
-pub trait Uploader: Send + Sync {
+/// An upload engine's copies: from host memory (a ring's slots) into its fixed set of batch
+/// buffers, each signalled by a [`Completion`].
+pub trait CopyEngine: Send + Sync {
     /// Starts copying `job.src[..job.len]` into device buffer `job.buffer`, starting at byte
     /// `job.dst_offset` of it, and returns at once. Fails with `InvalidArgument` (nothing
     /// queued) if the buffer index is out of range or `dst_offset + len` exceeds
-    /// [`Uploader::buffer_bytes`].
-    /// A [`Completion`] for the job arrives on [`Uploader::completions`] when the copy has
+    /// [`CopyEngine::buffer_bytes`].
+    /// A [`Completion`] for the job arrives on [`CopyEngine::completions`] when the copy has
     /// finished; completions arrive in submission order.
     ///
     /// # Safety
     /// `src..src+len` stays valid and is not written until that completion has been received
     /// (or the uploader has been dropped, which waits for all copies).
-    /// Fails with `BufferBusy` if the buffer is being read ([`Uploader::read_host`],
-    /// [`Uploader::checksum`], [`Uploader::compute`]) at that moment.
+    /// Fails with `BufferBusy` if the buffer is being read ([`DeviceKernels::read_host`],
+    /// [`DeviceKernels::checksum`], [`DeviceKernels::compute`]) at that moment.
     unsafe fn submit(&self, job: UploadJob) -> Result<(), BackendError>;
 
     /// Starts the copies of `jobs` (a part's fields, each to its place in one device buffer)
     /// and returns how many [`Completion`]s they will produce. This default submits each job
-    /// ([`Uploader::submit`]): one completion per job. A backend may instead queue them as one
+    /// ([`CopyEngine::submit`]): one completion per job. A backend may instead queue them as one
     /// upload with one completion for the group (tag and buffer of `jobs[0]`, `len` the sum),
     /// which the CUDA backend does when every job names the same buffer: one event to record
     /// and one completion to wait for per part instead of one per field. On an error some
     /// jobs may have been queued already; a caller treats it as fatal, as a failed `submit`.
     ///
     /// # Safety
-    /// As [`Uploader::submit`], for each job: its source stays valid and unwritten until every
+    /// As [`CopyEngine::submit`], for each job: its source stays valid and unwritten until every
     /// completion the call announced has been received.
     unsafe fn submit_group(&self, jobs: &[UploadJob]) -> Result<usize, BackendError> {
         for &job in jobs {
@@ -476,7 +477,7 @@ pub trait Uploader: Send + Sync {
         Ok(jobs.len())
     }
 
-    /// As [`Uploader::submit_group`], but the backend may hold the group's completion signal
+    /// As [`CopyEngine::submit_group`], but the backend may hold the group's completion signal
     /// back to share it with the groups submitted after it, and its copies too, to hand them to
     /// the driver with theirs (CUDA: `cuMemcpyBatchAsync` where the driver has it). On CUDA a signal is an event on the
     /// copy stream: each one stalls the copy engine between copies and costs the driver an
@@ -486,11 +487,11 @@ pub trait Uploader: Send + Sync {
     /// signals every group at once.
     ///
     /// A deferred group's copies may not start, and its completion may not come, until
-    /// [`Uploader::flush`] is called: a caller that submits deferred groups flushes before it
+    /// [`CopyEngine::flush`] is called: a caller that submits deferred groups flushes before it
     /// waits for their completions.
     ///
     /// # Safety
-    /// As [`Uploader::submit_group`].
+    /// As [`CopyEngine::submit_group`].
     unsafe fn submit_group_deferred(&self, jobs: &[UploadJob]) -> Result<usize, BackendError> {
         // SAFETY: forwarded from our caller.
         unsafe { self.submit_group(jobs) }
@@ -507,7 +508,7 @@ pub trait Uploader: Send + Sync {
     }
 
     /// Signals every group submitted so far, so that all their completions come: on CUDA one
-    /// event after them when [`Uploader::submit_group_deferred`] left some without one; nothing
+    /// event after them when [`CopyEngine::submit_group_deferred`] left some without one; nothing
     /// to do otherwise, or on backends that never defer.
     fn flush(&self) -> Result<(), BackendError> {
         Ok(())
@@ -526,6 +527,80 @@ pub trait Uploader: Send + Sync {
     /// Size of each device buffer in bytes.
     fn buffer_bytes(&self) -> usize;
 
+    /// The address of device buffer `buffer`, for a consumer in the same process (embedded
+    /// mode): cuda: its device address; host: its host address.
+    ///
+    /// # Panics
+    /// If `buffer >= buffer_count()`.
+    fn device_ptr(&self, buffer: usize) -> u64;
+}
+
+/// An upload engine's batch buffers handed to a consumer: exported to another process (CUDA
+/// IPC) or shared with one in this process, and the ready and release events that order the
+/// two sides' streams.
+pub trait BufferHandoff: Send + Sync {
+    /// What a consumer in another process needs to use device buffer `buffer` in place (CUDA
+    /// IPC; docs/ARCHITECTURE.md, "Handing device buffers to a training process").
+    ///
+    /// cuda: the buffer's memory handle (`cuIpcGetMemHandle`) and the handles of its "ready" and
+    /// "release" interprocess events, created by the first call for the buffer; later calls
+    /// return the same handles. Until a buffer has been exported, [`BufferHandoff::record_ready`]
+    /// and [`BufferHandoff::wait_release`] do nothing for it (no consumer can hold its events).
+    /// Fails with [`BackendError::IpcUnavailable`] where the driver refuses CUDA IPC (some
+    /// container runtimes do). host: `Ok(None)` (see [`HostBackend::uploader_in`] for buffers
+    /// another process can map).
+    fn export(&self, buffer: usize) -> Result<Option<BufferExport>, BackendError>;
+
+    /// Marks the end of a batch in `buffer`: cuda: records the buffer's ready event on the copy
+    /// stream, after every copy submitted so far, so a consumer's stream that waits on it
+    /// ([`cuda::ipc::Imported::wait_ready`]) runs after the batch has landed. Call it from the
+    /// thread that submitted the batch, after its last `submit`. A no-op for a buffer never
+    /// exported, and on the host backend.
+    fn record_ready(&self, buffer: usize) -> Result<(), BackendError>;
+
+    /// Call before the first copy of the next batch into `buffer`: cuda: makes the copy stream
+    /// wait (`cuStreamWaitEvent`, no host wait) for the consumer's last release of the buffer
+    /// ([`cuda::ipc::Imported::record_release`]), so a copy never overwrites a batch the
+    /// consumer's kernels still read. With `consumer_alive == false` (the consumer's process is
+    /// gone, and its context with it) nothing is waited for. Every copy submitted afterwards
+    /// waits, into any buffer (both copy streams wait, each in order). A no-op for a buffer
+    /// never exported, and on the host backend.
+    fn wait_release(&self, buffer: usize, consumer_alive: bool) -> Result<(), BackendError>;
+
+    /// Prepares device buffer `buffer` for a consumer in this same process (embedded mode):
+    /// cuda: creates its ready and release events as plain events (no CUDA IPC, which some
+    /// container runtimes refuse), after which [`BufferHandoff::record_ready`] and
+    /// [`BufferHandoff::wait_release`] use them as for an exported buffer. host: nothing to do.
+    fn share_local(&self, buffer: usize) -> Result<(), BackendError> {
+        let _ = buffer;
+        Ok(())
+    }
+
+    /// A consumer in this process: makes `stream` wait (on the device) for the batch now in
+    /// `buffer` (its ready event). host: nothing to wait for.
+    ///
+    /// # Safety
+    /// cuda: `stream` is 0, `CU_STREAM_LEGACY` (1), `CU_STREAM_PER_THREAD` (2) or a live stream
+    /// of the device's primary context.
+    unsafe fn local_wait_ready(&self, buffer: usize, stream: u64) -> Result<(), BackendError> {
+        let _ = (buffer, stream);
+        Ok(())
+    }
+
+    /// A consumer in this process: records `buffer`'s release event on `stream`, after the
+    /// consumer's last use of the batch. host: nothing to record.
+    ///
+    /// # Safety
+    /// As for [`BufferHandoff::local_wait_ready`].
+    unsafe fn local_record_release(&self, buffer: usize, stream: u64) -> Result<(), BackendError> {
+        let _ = (buffer, stream);
+        Ok(())
+    }
+}
+
+/// Work over an upload engine's batch buffers other than copies into them: reading them on the
+/// host, checksums and compute kernels (the verifying and compute sinks, zero copy).
+pub trait DeviceKernels: Send + Sync {
     /// Host backend: calls `f` with bytes `offset..offset + len` of a device buffer (for
     /// verifying sinks: one field of a batch) and returns `Ok(true)`; `BufferBusy` if uploads
     /// into it are pending, `InvalidArgument` if the range passes the buffer's end. Backends
@@ -550,7 +625,7 @@ pub trait Uploader: Send + Sync {
     /// buffer and waits. cuda: in place; host: into a scratch vector.
     fn compute(&self, buffer: usize, len: usize) -> Result<(), BackendError>;
 
-    /// Zero-copy: [`Uploader::checksum`] computed straight over host memory that was registered
+    /// Zero-copy: [`DeviceKernels::checksum`] computed straight over host memory that was registered
     /// with `devicemap` (cuda: the kernel reads it across the bus through its mapped device
     /// address; no copy into device memory). host: over the bytes themselves.
     ///
@@ -559,82 +634,24 @@ pub trait Uploader: Send + Sync {
     /// with `devicemap = true` (host: a live mapping), and is not written until this returns.
     unsafe fn checksum_mapped(&self, host_ptr: *const u8, len: usize) -> Result<u64, BackendError>;
 
-    /// Zero-copy: [`Uploader::compute`] straight over registered host memory (cuda: the kernel
+    /// Zero-copy: [`DeviceKernels::compute`] straight over registered host memory (cuda: the kernel
     /// reads the f32s through the mapped address and writes sin(x) back in place; host: into a
     /// scratch vector).
     ///
     /// # Safety
-    /// As for [`Uploader::checksum_mapped`]; in addition the caller gives up the range's
+    /// As for [`DeviceKernels::checksum_mapped`]; in addition the caller gives up the range's
     /// contents (cuda overwrites them) and no other thread reads it until this returns.
     unsafe fn compute_mapped(&self, host_ptr: *mut u8, len: usize) -> Result<(), BackendError>;
-
-    /// What a consumer in another process needs to use device buffer `buffer` in place (CUDA
-    /// IPC; docs/ARCHITECTURE.md, "Handing device buffers to a training process").
-    ///
-    /// cuda: the buffer's memory handle (`cuIpcGetMemHandle`) and the handles of its "ready" and
-    /// "release" interprocess events, created by the first call for the buffer; later calls
-    /// return the same handles. Until a buffer has been exported, [`Uploader::record_ready`]
-    /// and [`Uploader::wait_release`] do nothing for it (no consumer can hold its events).
-    /// Fails with [`BackendError::IpcUnavailable`] where the driver refuses CUDA IPC (some
-    /// container runtimes do). host: `Ok(None)` (see [`HostBackend::uploader_in`] for buffers
-    /// another process can map).
-    fn export(&self, buffer: usize) -> Result<Option<BufferExport>, BackendError>;
-
-    /// Marks the end of a batch in `buffer`: cuda: records the buffer's ready event on the copy
-    /// stream, after every copy submitted so far, so a consumer's stream that waits on it
-    /// ([`cuda::ipc::Imported::wait_ready`]) runs after the batch has landed. Call it from the
-    /// thread that submitted the batch, after its last `submit`. A no-op for a buffer never
-    /// exported, and on the host backend.
-    fn record_ready(&self, buffer: usize) -> Result<(), BackendError>;
-
-    /// Call before the first copy of the next batch into `buffer`: cuda: makes the copy stream
-    /// wait (`cuStreamWaitEvent`, no host wait) for the consumer's last release of the buffer
-    /// ([`cuda::ipc::Imported::record_release`]), so a copy never overwrites a batch the
-    /// consumer's kernels still read. With `consumer_alive == false` (the consumer's process is
-    /// gone, and its context with it) nothing is waited for. Every copy submitted afterwards
-    /// waits, into any buffer (both copy streams wait, each in order). A no-op for a buffer
-    /// never exported, and on the host backend.
-    fn wait_release(&self, buffer: usize, consumer_alive: bool) -> Result<(), BackendError>;
-
-    /// The address of device buffer `buffer`, for a consumer in the same process (embedded
-    /// mode): cuda: its device address; host: its host address.
-    ///
-    /// # Panics
-    /// If `buffer >= buffer_count()`.
-    fn device_ptr(&self, buffer: usize) -> u64;
-
-    /// Prepares device buffer `buffer` for a consumer in this same process (embedded mode):
-    /// cuda: creates its ready and release events as plain events (no CUDA IPC, which some
-    /// container runtimes refuse), after which [`Uploader::record_ready`] and
-    /// [`Uploader::wait_release`] use them as for an exported buffer. host: nothing to do.
-    fn share_local(&self, buffer: usize) -> Result<(), BackendError> {
-        let _ = buffer;
-        Ok(())
-    }
-
-    /// A consumer in this process: makes `stream` wait (on the device) for the batch now in
-    /// `buffer` (its ready event). host: nothing to wait for.
-    ///
-    /// # Safety
-    /// cuda: `stream` is 0, `CU_STREAM_LEGACY` (1), `CU_STREAM_PER_THREAD` (2) or a live stream
-    /// of the device's primary context.
-    unsafe fn local_wait_ready(&self, buffer: usize, stream: u64) -> Result<(), BackendError> {
-        let _ = (buffer, stream);
-        Ok(())
-    }
-
-    /// A consumer in this process: records `buffer`'s release event on `stream`, after the
-    /// consumer's last use of the batch. host: nothing to record.
-    ///
-    /// # Safety
-    /// As for [`Uploader::local_wait_ready`].
-    unsafe fn local_record_release(&self, buffer: usize, stream: u64) -> Result<(), BackendError> {
-        let _ = (buffer, stream);
-        Ok(())
-    }
 }
 
-/// The CUDA IPC handles of one device buffer ([`Uploader::export`]): each is the driver's opaque
+/// Asynchronous upload engine with a fixed set of device buffers: its copies
+/// ([`CopyEngine`]), the handing of its buffers to a consumer ([`BufferHandoff`]) and the work
+/// over them ([`DeviceKernels`]). Every type that is all three is one.
+pub trait Uploader: CopyEngine + BufferHandoff + DeviceKernels {}
+
+impl<T: CopyEngine + BufferHandoff + DeviceKernels + ?Sized> Uploader for T {}
+
+/// The CUDA IPC handles of one device buffer ([`BufferHandoff::export`]): each is the driver's opaque
 /// 64-byte handle, valid in other processes for as long as the exporting uploader lives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct BufferExport {

@@ -988,7 +988,10 @@ mod tests {
         assert_eq!(layout.payload_bytes(2), g.payload);
     }
 
-    use pinring_backend::{BufferExport, CompletionHook, Registration, Uploader};
+    use pinring_backend::{
+        BufferExport, BufferHandoff, CompletionHook, CopyEngine, DeviceKernels, Registration,
+        Uploader,
+    };
     use std::sync::Mutex;
 
     /// The host backend, recording the first word of every upload's source bytes: it names the
@@ -1045,7 +1048,7 @@ mod tests {
         }
     }
 
-    impl Uploader for RecordingUploader {
+    impl CopyEngine for RecordingUploader {
         unsafe fn submit(&self, job: UploadJob) -> Result<(), BackendError> {
             let mut first = [0u8; 8];
             if job.len >= 8 {
@@ -1074,6 +1077,26 @@ mod tests {
             self.inner.buffer_bytes()
         }
 
+        fn device_ptr(&self, buffer: usize) -> u64 {
+            self.inner.device_ptr(buffer)
+        }
+    }
+
+    impl BufferHandoff for RecordingUploader {
+        fn export(&self, buffer: usize) -> Result<Option<BufferExport>, BackendError> {
+            self.inner.export(buffer)
+        }
+
+        fn record_ready(&self, buffer: usize) -> Result<(), BackendError> {
+            self.inner.record_ready(buffer)
+        }
+
+        fn wait_release(&self, buffer: usize, consumer_alive: bool) -> Result<(), BackendError> {
+            self.inner.wait_release(buffer, consumer_alive)
+        }
+    }
+
+    impl DeviceKernels for RecordingUploader {
         fn read_host(
             &self,
             buffer: usize,
@@ -1104,22 +1127,6 @@ mod tests {
         unsafe fn compute_mapped(&self, host_ptr: *mut u8, len: usize) -> Result<(), BackendError> {
             // SAFETY: the caller's guarantee is passed on unchanged.
             unsafe { self.inner.compute_mapped(host_ptr, len) }
-        }
-
-        fn export(&self, buffer: usize) -> Result<Option<BufferExport>, BackendError> {
-            self.inner.export(buffer)
-        }
-
-        fn record_ready(&self, buffer: usize) -> Result<(), BackendError> {
-            self.inner.record_ready(buffer)
-        }
-
-        fn wait_release(&self, buffer: usize, consumer_alive: bool) -> Result<(), BackendError> {
-            self.inner.wait_release(buffer, consumer_alive)
-        }
-
-        fn device_ptr(&self, buffer: usize) -> u64 {
-            self.inner.device_ptr(buffer)
         }
     }
 

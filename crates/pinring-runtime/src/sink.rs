@@ -273,7 +273,7 @@ fn compare(seq: u64, field: &str, got: u64, want: u64) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use pinring_backend::{HostUploader, UploadJob};
+    use pinring_backend::{CopyEngine, HostUploader, UploadJob};
     use pinring_data::{Config, Dtype};
     use std::time::Duration;
 

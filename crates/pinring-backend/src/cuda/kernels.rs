@@ -182,7 +182,7 @@ impl CudaUploader {
         )
     }
 
-    /// [`crate::Uploader::checksum`] over bytes `offset..offset + len` of device buffer `buffer`
+    /// [`crate::DeviceKernels::checksum`] over bytes `offset..offset + len` of device buffer `buffer`
     /// (`offset` a multiple of 8, checked by the caller).
     pub(super) fn checksum_buffer(
         &self,
@@ -207,7 +207,7 @@ impl CudaUploader {
         }
     }
 
-    /// [`crate::Uploader::compute`] over device buffer `buffer`.
+    /// [`crate::DeviceKernels::compute`] over device buffer `buffer`.
     pub(super) fn compute_buffer(&self, buffer: usize, len: usize) -> Result<(), BackendError> {
         // Held until we return, which is after the kernel has been waited for.
         let (buf, _reading) = self.begin_read("compute", buffer, 0, len)?;

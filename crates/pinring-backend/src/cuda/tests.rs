@@ -5,7 +5,7 @@ use super::*;
 use crate::buf::AlignedBuf;
 use crate::checksum::checksum;
 use crate::{select, BackendKind};
-use crate::{Placement, UploadJob, Uploader};
+use crate::{BufferHandoff, CopyEngine, DeviceKernels, Placement, UploadJob};
 use std::time::Duration;
 
 /// `n` pseudo-random bytes from `seed` (an xorshift stream): test data whose every byte counts.

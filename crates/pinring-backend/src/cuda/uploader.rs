@@ -37,7 +37,9 @@ use super::{gib, raw, ChunkTable, CudaBackend};
 use crate::error::cuda_error;
 use crate::guard::{check_job, Guards, Reading};
 use crate::host::{check_checksum_offset, check_range};
-use crate::{BackendError, BufferExport, Placement, UploadJob, Uploader};
+use crate::{
+    BackendError, BufferExport, BufferHandoff, CopyEngine, DeviceKernels, Placement, UploadJob,
+};
 
 /// Upload engine of the CUDA backend.
 #[derive(Debug)]
@@ -51,7 +53,7 @@ pub struct CudaUploader {
     /// buffer would leave none to fill while its copies run), at least one.
     pub(super) event_buffers: usize,
     /// Deferred groups an event may cover: [`EVENT_GROUPS`], or fewer for a small source ring
-    /// (`Uploader::set_source_ring`).
+    /// (`CopyEngine::set_source_ring`).
     pub(super) event_groups: AtomicUsize,
     /// The backend's registered chunks: copies are split at their boundaries.
     pub(super) chunks: Arc<ChunkTable>,
@@ -292,7 +294,7 @@ impl CudaUploader {
     /// (an event only when [`EVENT_GROUPS`] or [`EVENT_BYTES`] is reached).
     ///
     /// # Safety
-    /// As `Uploader::submit_group`.
+    /// As `CopyEngine::submit_group`.
     unsafe fn enqueue_group(
         &self,
         jobs: &[UploadJob],
@@ -607,9 +609,9 @@ fn alloc_call(ctx: &CudaContext) -> &'static str {
     }
 }
 
-/// Deferred groups (`Uploader::submit_group_deferred`) share one event until this many are
+/// Deferred groups (`CopyEngine::submit_group_deferred`) share one event until this many are
 /// queued after the last one (fewer in a ring of fewer than 256 slots: a quarter of its slots,
-/// `Uploader::set_source_ring`), or groups into half the engine's buffers (the parts of a batch
+/// `CopyEngine::set_source_ring`), or groups into half the engine's buffers (the parts of a batch
 /// share one; a batch per part, at small slots, is a buffer per group),
 pub(super) const EVENT_GROUPS: usize = 64;
 /// or until they copy this many bytes ([`LARGE_EVENT_BYTES`] for groups of 1 MiB or more). An
@@ -889,7 +891,7 @@ impl Drop for DeviceBuffer {
     }
 }
 
-impl Uploader for CudaUploader {
+impl CopyEngine for CudaUploader {
     unsafe fn submit(&self, job: UploadJob) -> Result<(), BackendError> {
         // SAFETY: forwarded from our caller (a group of one job, one completion).
         unsafe { self.submit_group(std::slice::from_ref(&job)) }.map(|_| ())
@@ -937,6 +939,7 @@ impl Uploader for CudaUploader {
     fn set_completion_hook(&self, hook: crate::CompletionHook) {
         self.hook.set(hook);
     }
+
     fn buffer_count(&self) -> usize {
         self.buffers.len()
     }
@@ -945,37 +948,16 @@ impl Uploader for CudaUploader {
         self.buffer_bytes
     }
 
-    fn read_host(
-        &self,
-        _buffer: usize,
-        _offset: usize,
-        _len: usize,
-        _f: &mut dyn FnMut(&[u8]),
-    ) -> Result<bool, BackendError> {
-        // Device memory is not readable from the host: verifying sinks use `checksum`. Nothing
-        // is read, so no reader count is taken (module docs).
-        Ok(false)
+    fn device_ptr(&self, buffer: usize) -> u64 {
+        let count = self.buffers.len();
+        match self.buffers.get(buffer) {
+            Some(b) => b.ptr(),
+            None => panic!("device buffer {buffer} out of range: the uploader has {count}"),
+        }
     }
+}
 
-    fn checksum(&self, buffer: usize, offset: usize, len: usize) -> Result<u64, BackendError> {
-        check_checksum_offset(buffer, offset)?;
-        self.checksum_buffer(buffer, offset, len)
-    }
-
-    fn compute(&self, buffer: usize, len: usize) -> Result<(), BackendError> {
-        self.compute_buffer(buffer, len)
-    }
-
-    unsafe fn checksum_mapped(&self, host_ptr: *const u8, len: usize) -> Result<u64, BackendError> {
-        // SAFETY: forwarded from the caller of `Uploader::checksum_mapped`.
-        unsafe { self.checksum_mapped_range(host_ptr, len) }
-    }
-
-    unsafe fn compute_mapped(&self, host_ptr: *mut u8, len: usize) -> Result<(), BackendError> {
-        // SAFETY: forwarded from the caller of `Uploader::compute_mapped`.
-        unsafe { self.compute_mapped_range(host_ptr, len) }
-    }
-
+impl BufferHandoff for CudaUploader {
     fn export(&self, buffer: usize) -> Result<Option<BufferExport>, BackendError> {
         if self.placement == Placement::Contiguous {
             return Err(BackendError::InvalidArgument {
@@ -1004,14 +986,6 @@ impl Uploader for CudaUploader {
         self.wait_release_on_copy_stream(buffer, consumer_alive)
     }
 
-    fn device_ptr(&self, buffer: usize) -> u64 {
-        let count = self.buffers.len();
-        match self.buffers.get(buffer) {
-            Some(b) => b.ptr(),
-            None => panic!("device buffer {buffer} out of range: the uploader has {count}"),
-        }
-    }
-
     fn share_local(&self, buffer: usize) -> Result<(), BackendError> {
         self.share_local_buffer(buffer)
     }
@@ -1027,12 +1001,45 @@ impl Uploader for CudaUploader {
     }
 }
 
+impl DeviceKernels for CudaUploader {
+    fn read_host(
+        &self,
+        _buffer: usize,
+        _offset: usize,
+        _len: usize,
+        _f: &mut dyn FnMut(&[u8]),
+    ) -> Result<bool, BackendError> {
+        // Device memory is not readable from the host: verifying sinks use `checksum`. Nothing
+        // is read, so no reader count is taken (module docs).
+        Ok(false)
+    }
+
+    fn checksum(&self, buffer: usize, offset: usize, len: usize) -> Result<u64, BackendError> {
+        check_checksum_offset(buffer, offset)?;
+        self.checksum_buffer(buffer, offset, len)
+    }
+
+    fn compute(&self, buffer: usize, len: usize) -> Result<(), BackendError> {
+        self.compute_buffer(buffer, len)
+    }
+
+    unsafe fn checksum_mapped(&self, host_ptr: *const u8, len: usize) -> Result<u64, BackendError> {
+        // SAFETY: forwarded from the caller of `DeviceKernels::checksum_mapped`.
+        unsafe { self.checksum_mapped_range(host_ptr, len) }
+    }
+
+    unsafe fn compute_mapped(&self, host_ptr: *mut u8, len: usize) -> Result<(), BackendError> {
+        // SAFETY: forwarded from the caller of `DeviceKernels::compute_mapped`.
+        unsafe { self.compute_mapped_range(host_ptr, len) }
+    }
+}
+
 impl Drop for CudaUploader {
     fn drop(&mut self) {
         // Deferred groups get their event, then closing the channel lets the completion thread
         // drain: it waits for every copy still in flight (the whole context, should this flush
         // have failed), so device buffers (freed after this) and callers' source ranges are safe.
-        if let Err(e) = Uploader::flush(self) {
+        if let Err(e) = CopyEngine::flush(self) {
             tracing::warn!(
                 device = self.device,
                 "flushing the copy stream on drop: {e}"

@@ -64,10 +64,10 @@ impl CudaUploader {
         )
     }
 
-    /// [`crate::Uploader::checksum_mapped`].
+    /// [`crate::DeviceKernels::checksum_mapped`].
     ///
     /// # Safety
-    /// As for [`crate::Uploader::checksum_mapped`].
+    /// As for [`crate::DeviceKernels::checksum_mapped`].
     pub(super) unsafe fn checksum_mapped_range(
         &self,
         host_ptr: *const u8,
@@ -92,10 +92,10 @@ impl CudaUploader {
         unsafe { self.checksum_span(span, len, &err, &mut read_tail) }
     }
 
-    /// [`crate::Uploader::compute_mapped`].
+    /// [`crate::DeviceKernels::compute_mapped`].
     ///
     /// # Safety
-    /// As for [`crate::Uploader::compute_mapped`].
+    /// As for [`crate::DeviceKernels::compute_mapped`].
     pub(super) unsafe fn compute_mapped_range(
         &self,
         host_ptr: *mut u8,

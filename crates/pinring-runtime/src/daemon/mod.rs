@@ -301,7 +301,7 @@ struct InFlight {
     /// When the loader committed it.
     commit_ns: u64,
     /// Completions still to come for the part's upload (as many as the backend announced for its
-    /// group of copies, `Uploader::submit_group`); the slot is handed out again at 0.
+    /// group of copies, `CopyEngine::submit_group`); the slot is handed out again at 0.
     jobs_left: usize,
     /// When the part's first job was submitted (taken from its completion).
     submitted: Option<Instant>,

@@ -138,7 +138,7 @@ impl CudaUploader {
         Ok(self.ipc[buffer].get_or_init(|| e))
     }
 
-    /// [`crate::Uploader::share_local`].
+    /// [`crate::BufferHandoff::share_local`].
     pub(crate) fn share_local_buffer(&self, buffer: usize) -> Result<(), BackendError> {
         check_range(
             "share_local",
@@ -169,7 +169,7 @@ impl CudaUploader {
             })
     }
 
-    /// [`crate::Uploader::local_wait_ready`].
+    /// [`crate::BufferHandoff::local_wait_ready`].
     ///
     /// # Safety
     /// `stream` is 0, `CU_STREAM_LEGACY` (1), `CU_STREAM_PER_THREAD` (2) or a live stream of
@@ -191,7 +191,7 @@ impl CudaUploader {
         })
     }
 
-    /// [`crate::Uploader::local_record_release`].
+    /// [`crate::BufferHandoff::local_record_release`].
     ///
     /// # Safety
     /// As for [`CudaUploader::local_wait_ready`].
@@ -211,7 +211,7 @@ impl CudaUploader {
         })
     }
 
-    /// [`crate::Uploader::export`].
+    /// [`crate::BufferHandoff::export`].
     pub(crate) fn export_buffer(&self, buffer: usize) -> Result<BufferExport, BackendError> {
         check_range(
             "export",
@@ -224,7 +224,7 @@ impl CudaUploader {
         Ok(self.exported(buffer)?.handles)
     }
 
-    /// [`crate::Uploader::record_ready`].
+    /// [`crate::BufferHandoff::record_ready`].
     pub(crate) fn record_ready_on_copy_stream(&self, buffer: usize) -> Result<(), BackendError> {
         check_range(
             "record_ready",
@@ -249,7 +249,7 @@ impl CudaUploader {
         })
     }
 
-    /// [`crate::Uploader::wait_release`].
+    /// [`crate::BufferHandoff::wait_release`].
     pub(crate) fn wait_release_on_copy_stream(
         &self,
         buffer: usize,

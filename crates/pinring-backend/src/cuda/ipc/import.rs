@@ -20,12 +20,12 @@ use crate::{BackendError, BufferExport};
 /// `b`: [`Imported::wait_ready`] on the stream that will read it, the reads (kernels on
 /// [`Imported::device_ptr`]), then [`Imported::record_release`] on the stream of the last read.
 /// Neither call waits on the host. The daemon's next copy into `b` waits on the GPU for that
-/// release ([`crate::Uploader::wait_release`]).
+/// release ([`crate::BufferHandoff::wait_release`]).
 ///
 /// Legacy CUDA IPC handles can be opened once per process and device: a second `Imported` of
 /// the same buffers in one process is refused ([`BackendError::IpcAlreadyOpen`]) while the
 /// first lives; share the first. The process that exported the buffers cannot open them at all
-/// ([`BackendError::IpcOwnExport`]): it uses [`crate::Uploader::device_ptr`].
+/// ([`BackendError::IpcOwnExport`]): it uses [`crate::CopyEngine::device_ptr`].
 ///
 /// Dropping it closes the memory handles and the events and releases the primary context. Work
 /// that reads the buffers must have completed by then (e.g. synchronize the streams that read

@@ -1,12 +1,12 @@
 //! CUDA IPC: handing the daemon's device buffers to a training process in another process,
 //! without a copy (docs/ARCHITECTURE.md, "Handing device buffers to a training process").
 //!
-//! Per device buffer the daemon exports, once ([`crate::Uploader::export`]): the memory handle
+//! Per device buffer the daemon exports, once ([`crate::BufferHandoff::export`]): the memory handle
 //! of the buffer's `cuMemAlloc` allocation and the handles of two interprocess events, "ready"
 //! (recorded by the daemon on its copy stream after a batch's last copy,
-//! [`crate::Uploader::record_ready`]) and "release" (recorded by the consumer on its stream
+//! [`crate::BufferHandoff::record_ready`]) and "release" (recorded by the consumer on its stream
 //! after its last use of the batch, [`Imported::record_release`]; the daemon's copy stream waits
-//! on it before the next copy into the buffer, [`crate::Uploader::wait_release`]). So a buffer
+//! on it before the next copy into the buffer, [`crate::BufferHandoff::wait_release`]). So a buffer
 //! is never overwritten while the consumer's kernels still read it, and nobody waits on the host.
 //! The consumer opens them with [`Imported::open`].
 //!
@@ -102,7 +102,7 @@ mod no_gpu_tests {
     fn opening_own_exports_says_to_use_device_ptr() {
         let msg = BackendError::IpcOwnExport { buffer: 1 }.to_string();
         assert!(msg.contains("device buffer 1"), "{msg}");
-        assert!(msg.contains("Uploader::device_ptr"), "{msg}");
+        assert!(msg.contains("CopyEngine::device_ptr"), "{msg}");
         assert!(msg.contains("embedded=True"), "{msg}");
     }
 }

@@ -19,7 +19,10 @@ use super::Imported;
 use crate::buf::AlignedBuf;
 use crate::checksum::checksum;
 use crate::cuda::{CudaBackend, CudaUploader};
-use crate::{Backend, BackendError, BufferExport, Placement, UploadJob, Uploader};
+use crate::{
+    Backend, BackendError, BufferExport, BufferHandoff, CopyEngine, DeviceKernels, Placement,
+    UploadJob,
+};
 
 /// Set (to anything) in the child's environment: run as the consumer.
 const CHILD_ENV: &str = "PINRING_IPC_TEST_CHILD";
