@@ -48,6 +48,17 @@ struct Copying {
     arrived: usize,
 }
 
+/// What one batch's copies are worked out with (reused).
+#[derive(Debug)]
+struct Scratch {
+    /// The ring's plan: which samples, and so which bytes, each part holds.
+    plan: Plan,
+    /// A part's sample ids (unused: the plan fills them).
+    samples: Vec<u64>,
+    /// The jobs of the batch being submitted.
+    jobs: Vec<UploadJob>,
+}
+
 /// This process's copies out of the ring.
 pub struct Copier {
     engine: Arc<dyn Uploader>,
@@ -59,8 +70,9 @@ pub struct Copier {
     free: Mutex<VecDeque<u32>>,
     books: Mutex<Books>,
     copied: Condvar,
-    /// The jobs of the batch being submitted (reused).
-    jobs: Mutex<Vec<UploadJob>>,
+    /// Where each field of a batch lies in a buffer (and each part's chunks in its slot).
+    layout: BatchLayout,
+    scratch: Mutex<Scratch>,
 }
 
 impl std::fmt::Debug for Copier {
@@ -75,12 +87,15 @@ impl std::fmt::Debug for Copier {
 
 impl Copier {
     /// Opens an engine of `buffers` buffers of `buffer_bytes` on the ring's device (host
-    /// memory on the host backend) and registers the ring's slots with it.
+    /// memory on the host backend) and registers the ring's slots with it; `plan` and `layout`
+    /// (the ring's) say where each part's bytes lie.
     pub(crate) fn open(
         ring: &Ring,
         cuda: Option<u32>,
         buffers: u32,
         buffer_bytes: u64,
+        plan: &Plan,
+        layout: &BatchLayout,
     ) -> Result<Copier, ClientError> {
         let backend_err = |source| ClientError::Backend {
             ring: ring.name().into(),
@@ -124,7 +139,12 @@ impl Copier {
                 failed: None,
             }),
             copied: Condvar::new(),
-            jobs: Mutex::new(Vec::new()),
+            layout: layout.clone(),
+            scratch: Mutex::new(Scratch {
+                plan: plan.clone(),
+                samples: Vec::new(),
+                jobs: Vec::new(),
+            }),
         })
     }
 
@@ -174,12 +194,9 @@ impl Copier {
     /// slot for that part's seq. The descriptor goes back to the daemon when the copies are done
     /// (the release thread). Returns once the copies are queued; on the host backend, once they
     /// are done.
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn copy_batch(
         &self,
         ring: &Ring,
-        plan: &mut Plan,
-        layout: &BatchLayout,
         desc: u32,
         round: u32,
         seq: u64,
@@ -194,14 +211,18 @@ impl Copier {
             source,
         };
         let g = ring.geometry();
+        let mut scratch = lock(&self.scratch);
+        let Scratch {
+            plan,
+            samples,
+            jobs,
+        } = &mut *scratch;
         let parts = plan.parts_per_batch();
-        let mut jobs = lock(&self.jobs);
         jobs.clear();
-        let mut samples = Vec::new();
         for p in 0..parts {
             let part_seq = seq + p;
             let part = plan
-                .part_into(part_seq, &mut samples)
+                .part_into(part_seq, samples)
                 .map_err(|e| corrupt(format!("seq {part_seq} is not in the plan: {e}")))?;
             let slot = ring
                 .part_slot(desc, p as u32)
@@ -226,7 +247,10 @@ impl Copier {
                 )));
             }
             let base = ring.slot_ptr(slot);
-            for c in layout.part_copies(part.samples, part.first_in_batch, part.bytes) {
+            for c in self
+                .layout
+                .part_copies(part.samples, part.first_in_batch, part.bytes)
+            {
                 if c.len == 0 {
                     continue;
                 }
@@ -259,8 +283,8 @@ impl Copier {
         // above) and does not hand out again until this descriptor is released, which the
         // release thread does only after every completion announced here has arrived. The
         // mapping outlives the engine (Shared's field order).
-        let announced = unsafe { self.engine.submit_group_deferred(&jobs) };
-        drop(jobs);
+        let announced = unsafe { self.engine.submit_group_deferred(jobs) };
+        drop(scratch);
         let announced = announced.map_err(backend_err)?;
         self.engine
             .record_ready(local as usize)

@@ -97,8 +97,6 @@ pub struct Consumer {
     run_batches: u64,
     /// Batch buffers of the ring.
     buffers: u32,
-    /// The plan (the consumer copies: where each part of a batch goes).
-    plan: pinring_data::Plan,
     /// The consumer copies: the thread that gives descriptors back as their copies complete,
     /// and its stop flag.
     releaser: Option<(
@@ -169,7 +167,8 @@ impl Consumer {
         let parts = plan.parts_per_batch();
         let (start, end_seq) = (h.start_seq.load(Relaxed), h.end_seq.load(Relaxed));
         ring.attach_consumer(ProcessId::current())?;
-        let memory = Memory::open(&ring)?;
+        // When this process copies, its engine reads each part from its slot by the plan.
+        let memory = Memory::open(&ring, &plan, fields.layout())?;
         let in_order = ring.in_order();
         let available = first_available(&ring);
         let next = match opts.start_seq {
@@ -209,7 +208,6 @@ impl Consumer {
             end_seq,
             parts,
             batches_per_epoch: plan.batches_per_epoch(),
-            plan,
             in_order,
             fingerprint,
             run_batches: end_seq.saturating_sub(start) / parts.max(1),
@@ -362,15 +360,7 @@ impl Consumer {
             }
         };
         // On an error the batch drops, and its lease gives the buffer back.
-        copier.copy_batch(
-            ring,
-            &mut self.plan,
-            shared.fields.layout(),
-            i,
-            round,
-            f.seq,
-            local,
-        )?;
+        copier.copy_batch(ring, i, round, f.seq, local)?;
         Ok(Some(batch))
     }
 

@@ -29,7 +29,7 @@ pub enum Memory {
     },
     /// The consumer copies (`daemon.copies = "consumer"`): its own buffers, filled by its own
     /// engine out of the ring's slots (crate::copier).
-    Own(crate::copier::Copier),
+    Own(Box<crate::copier::Copier>),
     /// CUDA: the daemon's device buffers, opened through their IPC handles.
     Cuda {
         /// The opened buffers and events.
@@ -41,7 +41,11 @@ pub enum Memory {
 
 impl Memory {
     /// Opens the ring's buffers.
-    pub(crate) fn open(ring: &Ring) -> Result<Memory, ClientError> {
+    pub(crate) fn open(
+        ring: &Ring,
+        plan: &pinring_data::Plan,
+        layout: &pinring_data::BatchLayout,
+    ) -> Result<Memory, ClientError> {
         let b = ring.handoff();
         let hg = ring.geometry().handoff.ok_or_else(|| {
             ClientError::Ring(pinring_ring::RingError::NoHandoff {
@@ -62,8 +66,15 @@ impl Memory {
                     })
                 }
             };
-            return crate::copier::Copier::open(ring, cuda, hg.buffers, hg.buffer_bytes)
-                .map(Memory::Own);
+            return crate::copier::Copier::open(
+                ring,
+                cuda,
+                hg.buffers,
+                hg.buffer_bytes,
+                plan,
+                layout,
+            )
+            .map(|c| Memory::Own(Box::new(c)));
         }
         match backend {
             backend_code::HOST => Ok(Memory::Host {
