@@ -4,10 +4,12 @@
         x, y = batch["images"], batch["labels"]
 
 Each batch is a dict of field name -> tensor (torch, when torch is importable; NumPy arrays
-otherwise, or with ``as_numpy=True``). On a CUDA ring the tensors are device memory the daemon
-uploaded into; on the host backend they are host memory inside the ring. A batch's memory goes
-back to the daemon only when every tensor made from it is gone, so keeping a tensor is always
-safe (it only holds one of the ring's ``daemon.prefetch`` buffers).
+otherwise, or with ``as_numpy=True``). On a CUDA ring the tensors are device memory: attached
+to a daemon running as a service, this process copies each batch out of the ring's slots itself,
+in its own CUDA context (``daemon.copies = "consumer"``, the default); embedded, the daemon's
+thread uploads into its buffers. On the host backend they are host memory. A batch's memory is
+reused only when every tensor made from it is gone, so keeping a tensor is always safe (it only
+holds one of the ring's ``daemon.prefetch`` buffers).
 """
 
 from __future__ import annotations
