@@ -12,9 +12,10 @@
 use clap::{Parser, Subcommand};
 use pinring_bench::{bench, reference};
 use pinring_cli::{consume, runner};
-use pinring_runtime::{
-    clean, config_check, crash, daemon, loader, logging, shutdown::Shutdown, status, Exit,
-};
+use pinring_exit::Exit;
+use pinring_ops::{clean, config_check, status};
+use pinring_producer::loader;
+use pinring_runtime::{crash, logging, shutdown::Shutdown};
 use std::ffi::OsString;
 
 /// One of the three programs.
@@ -51,14 +52,14 @@ pub fn main(program: Program, args: Vec<OsString>) -> Exit {
             |e| e,
             |cli| {
                 logging::init_with("daemon", cli.args.service.log_level.as_deref());
-                pinring_runtime::main_daemon(&cli.args, Shutdown::install())
+                pinring_daemon::main(&cli.args, Shutdown::install())
             },
         ),
         Program::Loader => parsed::<LoaderCli>(args).map_or_else(
             |e| e,
             |cli| {
                 logging::init_with("loader", cli.args.service.log_level.as_deref());
-                pinring_runtime::main_loader(&cli.args, Shutdown::install())
+                pinring_producer::loader::main(&cli.args, Shutdown::install())
             },
         ),
     })
@@ -81,7 +82,7 @@ fn parsed<C: Parser>(args: Vec<OsString>) -> Result<C, Exit> {
 #[command(name = "pinring-daemon", version, about)]
 struct DaemonCli {
     #[command(flatten)]
-    args: daemon::DaemonArgs,
+    args: pinring_daemon::DaemonArgs,
 }
 
 /// A pinring loader: fills slots of a ring with the batches its daemon assigns.
@@ -105,7 +106,7 @@ enum Cmd {
     /// Run a daemon and N loaders on one config, show progress, print a summary.
     Run(runner::RunArgs),
     /// Run the GPU daemon (same as pinring-daemon).
-    Daemon(daemon::DaemonArgs),
+    Daemon(pinring_daemon::DaemonArgs),
     /// Run a loader (same as pinring-loader).
     Loader(loader::LoaderArgs),
     /// Be the trainer's end of a ring (its daemon runs --sink consumer): take its batches in
@@ -150,23 +151,23 @@ fn dispatch(cli: Cli) -> Exit {
             logging::init_with("daemon", args.service.log_level.as_deref());
             #[cfg(feature = "profile")]
             let _profile = profile::Profile::start();
-            pinring_runtime::main_daemon(&args, shutdown)
+            pinring_daemon::main(&args, shutdown)
         }
         Cmd::Loader(args) => {
             logging::init_with("loader", args.service.log_level.as_deref());
-            pinring_runtime::main_loader(&args, shutdown)
+            pinring_producer::loader::main(&args, shutdown)
         }
         Cmd::Status(args) => {
             logging::init("status");
-            pinring_runtime::main_status(&args, shutdown)
+            pinring_ops::main_status(&args, shutdown)
         }
         Cmd::Clean(args) => {
             logging::init("clean");
-            pinring_runtime::main_clean(&args)
+            pinring_ops::main_clean(&args)
         }
         Cmd::Config(cmd) => {
             logging::init("config");
-            pinring_runtime::main_config(&cmd)
+            pinring_ops::main_config(&cmd)
         }
     }
 }

@@ -218,7 +218,7 @@ fn a_daemon_that_fails_at_start_still_writes_its_summary_with_the_error_and_exit
         let path = fx.dir.path().join(format!("summary-{i}.json"));
         let (st, log) = daemon_with_summary(&fx, config, &path, flags);
         assert_eq!(st.code(), Some(code), "{flags:?}: {log}");
-        let s = pinring_runtime::summary::Summary::read(&path)
+        let s = pinring_daemon::summary::Summary::read(&path)
             .unwrap_or_else(|e| panic!("{flags:?}: no summary ({e}): {log}"));
         assert_eq!(i32::from(s.exit_code), code, "{flags:?}: {s:#?}");
         let error = s.error.as_deref().unwrap_or_default();

@@ -6,8 +6,8 @@ mod common;
 
 use common::*;
 use nix::sys::signal::Signal;
+use pinring_daemon::summary::Summary;
 use pinring_ring::{Access, ProcessId, Ring, SlotState};
-use pinring_runtime::summary::Summary;
 use std::collections::BTreeSet;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;

@@ -16,7 +16,7 @@ fn gpu() -> Option<String> {
     pinring_backend::testing::gpu()
 }
 
-fn cuda_run(tag: &str, extra: &[&str]) -> pinring_runtime::summary::Summary {
+fn cuda_run(tag: &str, extra: &[&str]) -> pinring_daemon::summary::Summary {
     let fx = Fixture::small(tag);
     let mut daemon = fx.daemon_on("cuda", extra);
     let ring = fx.wait_ready(&mut daemon);

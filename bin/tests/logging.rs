@@ -73,7 +73,7 @@ fn pinring_run_with_closed_stdout_and_stderr_pipes_finishes_and_exits_0() {
         Some(0),
         "pinring run must finish although nobody reads its output: {status}"
     );
-    let s = pinring_runtime::summary::Summary::read(&summary).expect("summary written");
+    let s = pinring_daemon::summary::Summary::read(&summary).expect("summary written");
     assert_complete(&s, true);
     assert!(!fx.segment().exists(), "the segment is removed at exit");
 }

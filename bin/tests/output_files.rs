@@ -82,7 +82,7 @@ fn a_summary_written_as_root_never_follows_a_link_another_user_planted() {
     assert_eq!(std::fs::read(&victim).unwrap(), b"root's secret\n");
     let meta = std::fs::symlink_metadata(&summary).unwrap();
     assert!(meta.file_type().is_file());
-    let s = pinring_runtime::summary::Summary::read(&summary).unwrap();
+    let s = pinring_daemon::summary::Summary::read(&summary).unwrap();
     assert_eq!(s.missing, 0, "{s:#?}");
 
     // The summary's own name planted as a link: refused with exit 9, naming the path; the
@@ -147,7 +147,7 @@ fn a_summary_naming_a_fifo_is_written_into_it_for_the_script_reading_it() {
     let (status, log) = run_with_summary(&fx, &fifo);
     assert_eq!(status.code(), Some(0), "{log}");
     let text = reader.join().unwrap();
-    let s: pinring_runtime::summary::Summary = serde_json::from_str(&text).unwrap();
+    let s: pinring_daemon::summary::Summary = serde_json::from_str(&text).unwrap();
     assert_eq!(s.ring, fx.ring);
     assert!(std::fs::symlink_metadata(&fifo)
         .unwrap()

@@ -26,7 +26,7 @@ fn run_batches(
     loaders: usize,
     extra: &[&str],
     in_order: bool,
-) -> pinring_runtime::summary::Summary {
+) -> pinring_daemon::summary::Summary {
     let fx = Fixture::new(tag, toml);
     let mut daemon = fx.daemon(extra);
     let ring = fx.wait_ready(&mut daemon);

@@ -1,4 +1,4 @@
-//! `pinring-daemon`: one per ring (usually one per GPU). See `pinring_runtime::daemon`.
+//! `pinring-daemon`: one per ring (usually one per GPU). See `pinring_daemon`.
 
 #![forbid(unsafe_code)]
 

@@ -1,4 +1,4 @@
-//! `pinring-loader`: any number per ring. See `pinring_runtime::loader`.
+//! `pinring-loader`: any number per ring. See `pinring_producer::loader`.
 
 #![forbid(unsafe_code)]
 

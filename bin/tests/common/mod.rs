@@ -3,7 +3,7 @@
 
 #![allow(dead_code)]
 
-use pinring_runtime::summary::Summary;
+use pinring_daemon::summary::Summary;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::time::{Duration, Instant};

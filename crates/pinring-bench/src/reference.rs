@@ -32,11 +32,11 @@
 
 use pinring_backend::{Backend, BackendError, Placement, UploadJob};
 use pinring_cli::runner::{Children, Ended};
+use pinring_daemon::cpu_seconds;
 use pinring_data::{Config, Synthetic, FIELD_ALIGN, LABEL_BYTES};
 use pinring_exit::Exit;
 use pinring_ring::futex::{self, Wake};
 use pinring_ring::{Access, Segment};
-use pinring_runtime::daemon::cpu_seconds;
 use pinring_runtime::this_program::ThisProgram;
 use std::process::Stdio;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
@@ -571,7 +571,7 @@ pub fn run(
     // range lies inside the mapping (`geom.len()` bytes were mapped).
     let _registration =
         unsafe { backend.register(seg.base().wrapping_add(data), data_len, false) }?;
-    let buffers = pinring_runtime::daemon::default_upload_buffers(geom.buffer_bytes());
+    let buffers = pinring_daemon::default_upload_buffers(geom.buffer_bytes());
     // Buffers of their own, a copy per slot: the minimal pipeline does not gather runs of
     // slots into one copy as the daemon does (`Placement::Contiguous`).
     let uploader = backend.uploader(buffers, geom.buffer_bytes() as usize, Placement::Separate)?;

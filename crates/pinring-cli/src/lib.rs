@@ -8,8 +8,9 @@ pub mod consume;
 pub mod runner;
 
 use pinring_exit::Coded;
+use pinring_exit::Exit;
+use pinring_runtime::installed;
 use pinring_runtime::shutdown::Shutdown;
-use pinring_runtime::{installed, Exit};
 
 /// Body of `pinring run`.
 pub fn main_run(args: &runner::RunArgs, shutdown: std::io::Result<Shutdown>) -> Exit {

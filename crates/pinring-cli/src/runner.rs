@@ -9,17 +9,17 @@
 //! segment it left behind is removed through `pinring clean`'s check ([`clean::clean_one`]).
 
 use pinring_backend::BackendKind;
+use pinring_daemon::parse_backend_kind;
+use pinring_daemon::sink::SinkKind;
+use pinring_daemon::summary::Summary;
 use pinring_exit::Coded;
 use pinring_exit::Exit;
+use pinring_ops::clean::{self, Cleaned};
 use pinring_ring::attach;
 use pinring_ring::{ring_state, Access};
-use pinring_runtime::clean::{self, Cleaned};
-use pinring_runtime::daemon::parse_backend_kind;
 use pinring_runtime::outln;
 use pinring_runtime::settings::{self, Overrides};
 use pinring_runtime::shutdown::Shutdown;
-use pinring_runtime::sink::SinkKind;
-use pinring_runtime::summary::Summary;
 use std::fmt::Write as _;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::PathBuf;

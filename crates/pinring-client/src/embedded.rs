@@ -5,13 +5,13 @@
 //! allocated in this very process.
 
 use crate::ClientError;
+use pinring_daemon::sink::SinkKind;
+use pinring_daemon::summary::Summary;
+use pinring_daemon::{self as daemon, DaemonArgs};
 use pinring_exit::Coded;
 use pinring_exit::Exit;
-use pinring_runtime::daemon::{self, DaemonArgs};
 use pinring_runtime::settings::{self, Overrides};
 use pinring_runtime::shutdown::Shutdown;
-use pinring_runtime::sink::SinkKind;
-use pinring_runtime::summary::Summary;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;

@@ -7,10 +7,14 @@
 //! loader (`pinring-loader`: synthetic samples or a file source) and `pinring.Producer` (bytes
 //! from Python) both run this one loop; the fill is the only difference between them.
 //!
+//! [`loader`] is that program: the `pinring-loader` binary's body, its flags, its service side
+//! under systemd, and the fill from synthetic samples or a file source.
+//!
 //! The crate holds no unsafe code: the slot writes go through pinring-ring's `SlotWriter`.
 
 #![forbid(unsafe_code)]
 
+pub mod loader;
 mod session;
 
 pub use session::{Joined, Next, Session, SessionError};

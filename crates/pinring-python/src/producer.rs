@@ -19,10 +19,10 @@ use std::time::Instant;
 
 use pinring_data::{BatchIndices, BatchMeta, DatasetKind, Dtype, LABELS};
 use pinring_exit::Exit;
+use pinring_producer::loader;
 use pinring_producer::{Joined, Next, Session};
 use pinring_ring::failure::ERR_PLAN;
 use pinring_ring::{Claim, CommitError};
-use pinring_runtime::loader;
 use pinring_runtime::settings::{self, Overrides};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;

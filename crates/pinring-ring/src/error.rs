@@ -348,7 +348,7 @@ pub enum SlotFault {
     },
 }
 
-/// What a loader's error code means (pinring-runtime's `ERR_PLAN`, `ERR_META`, `ERR_SAMPLE`).
+/// What a loader's error code means (pinring-ring's `failure::ERR_PLAN`, `ERR_META`, `ERR_SAMPLE`).
 fn loader_code_meaning(code: u32) -> &'static str {
     match code {
         1 => " (it cannot make this part of the plan)",

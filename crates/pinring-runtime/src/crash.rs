@@ -15,7 +15,7 @@
 //!   head`) is an `EPIPE` error, which the log writer (`logging.rs`) drops, never a signal that
 //!   kills the daemon and leaves its segment behind.
 
-use crate::exit::Exit;
+use pinring_exit::Exit;
 use std::io::Write;
 use std::panic::{catch_unwind, AssertUnwindSafe, PanicHookInfo};
 use std::process::ExitCode;

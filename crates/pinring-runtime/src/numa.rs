@@ -2,7 +2,7 @@
 //! the GPU it feeds.
 //!
 //! The GPU's node is sysfs's (`/sys/bus/pci/devices/<bus id>/numa_node`, the bus id from the
-//! driver: [`pinring_backend::Backend::pci_bus_id`]), its CPUs the node's `cpulist`. The daemon
+//! driver: `pinring_backend::Backend::pci_bus_id`), its CPUs the node's `cpulist`. The daemon
 //! pins its own thread there before it starts the others (they inherit it), and makes the ring
 //! with that node preferred for its pages (`set_mempolicy(MPOL_PREFERRED)` while the segment is
 //! created and prefaulted, then back to the default). Loaders follow their daemon: each takes

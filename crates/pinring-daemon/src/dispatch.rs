@@ -59,7 +59,7 @@ impl Daemon {
             });
         }
         // A segment truncated under the daemon: the copies that completed may have read the
-        // zero pages put in its place (crate::fault); none of them is booked.
+        // zero pages put in its place (pinring_ring::fault); none of them is booked.
         if self.ring.truncated_here() {
             self.up.completion_buf = arrived;
             self.ring.check_file()?;

@@ -12,21 +12,46 @@
 //! source's one `pinring_image::Pipeline`) and written at its field-major places; a sample that
 //! cannot be read (or decoded) follows `dataset.on_bad_sample`.
 
-use crate::exit::Exit;
-use crate::settings::{self, Overrides};
-use crate::shutdown::Shutdown;
+use crate::{Next, Session, SessionError};
 use pinring_data::{
     BatchIndices, BatchLayout, BatchMeta, ByteRange, Config, DatasetKind, Dtype, OnBadSample,
     IMAGES, LABELS,
 };
-use pinring_producer::{Next, Session, SessionError};
+use pinring_exit::{Coded, Exit};
 use pinring_ring::failure::{write_failure, ERR_PLAN, ERR_SAMPLE};
 use pinring_ring::{CommitError, Ring, RingError, SlotWriter};
+use pinring_runtime::settings::{self, Overrides};
+use pinring_runtime::shutdown::Shutdown;
 use pinring_sources::{FieldBuf, Source, SourceError};
 use std::path::PathBuf;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+pub mod service;
+
+/// Body of `pinring-loader` / `pinring loader`.
+pub fn main(args: &LoaderArgs, shutdown: std::io::Result<Shutdown>) -> Exit {
+    let shutdown = match pinring_runtime::installed(shutdown) {
+        Ok(s) => s,
+        Err(e) => return e,
+    };
+    match run(args, &shutdown) {
+        Ok(r) => {
+            tracing::info!(
+                batches = r.batches,
+                bytes = r.bytes,
+                bad_samples = r.bad_samples,
+                "loader finished"
+            );
+            Exit::Ok
+        }
+        Err(e) => {
+            tracing::error!("{e}");
+            e.exit()
+        }
+    }
+}
 
 /// Loader settings (from flags).
 #[derive(Debug, Clone, clap::Args)]
@@ -50,7 +75,7 @@ pub struct LoaderArgs {
     pub wait_for_daemon: bool,
     /// Running as a service: systemd instance, log level.
     #[command(flatten)]
-    pub service: crate::service::LoaderServiceArgs,
+    pub service: service::LoaderServiceArgs,
 }
 
 /// What a loader did.
@@ -151,7 +176,7 @@ pub fn run(args: &LoaderArgs, shutdown: &Shutdown) -> Result<LoaderReport, Loade
         tracing::info!(ring = %cfg.ring.name, kind = %cfg.dataset.kind, samples = src.len(), "dataset opened");
     }
     let wait = Duration::from_secs_f64(args.wait_secs.max(0.0));
-    let mut service = crate::service::LoaderService::waiting(&cfg.ring.name);
+    let mut service = service::LoaderService::waiting(&cfg.ring.name);
     let mut total = LoaderReport::default();
     loop {
         let outcome = run_attached(
@@ -190,10 +215,10 @@ impl LoaderReport {
 /// Runs this loader on `daemon.loader_cpus`, else on its daemon's CPUs where those are fewer
 /// than its own (the GPU's NUMA node's, docs/ARCHITECTURE.md "NUMA placement"); logged.
 fn place(ring: &pinring_ring::Ring, cfg: &Config) {
-    let wanted = crate::numa::cpus(cfg.daemon.loader_cpus.as_ref());
-    match crate::numa::follow(ring.daemon().pid as i32, wanted.as_deref()) {
+    let wanted = pinring_runtime::numa::cpus(cfg.daemon.loader_cpus.as_ref());
+    match pinring_runtime::numa::follow(ring.daemon().pid as i32, wanted.as_deref()) {
         Ok(Some(cpus)) => {
-            tracing::info!(ring = %cfg.ring.name, cpus = %crate::numa::format_list(&cpus), "loader pinned")
+            tracing::info!(ring = %cfg.ring.name, cpus = %pinring_runtime::numa::format_list(&cpus), "loader pinned")
         }
         Ok(None) => {}
         Err(e) => {
@@ -209,7 +234,7 @@ fn run_attached(
     at: Option<&std::path::Path>,
     wait: Duration,
     shutdown: &Shutdown,
-    service: &mut crate::service::LoaderService,
+    service: &mut service::LoaderService,
     source: &mut Option<Box<dyn Source>>,
 ) -> Result<LoaderReport, Box<(LoaderReport, LoaderError)>> {
     let none = |e: LoaderError| Box::new((LoaderReport::default(), e));
@@ -266,7 +291,7 @@ struct Worker<'a> {
     /// A field other than the images (the labels), made here and then copied into the slot.
     field_buf: Vec<u8>,
     report: LoaderReport,
-    service: &'a mut crate::service::LoaderService,
+    service: &'a mut service::LoaderService,
     /// The dataset's source (file kinds), opened once per process.
     source: Option<&'a mut (dyn Source + 'static)>,
     /// One sample's fields (file kinds), read here and then copied into the slot.

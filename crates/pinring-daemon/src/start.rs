@@ -50,7 +50,7 @@ impl Daemon {
                 ring: cfg.ring.name.clone(),
                 source,
             })?;
-        for w in crate::host_memory::HostMemory::read().ring_warnings(
+        for w in pinring_runtime::host_memory::HostMemory::read().ring_warnings(
             &cfg.ring.name,
             cfg.slots(),
             cfg.slot_bytes(),
@@ -88,18 +88,18 @@ impl Daemon {
         tracing::info!(backend = located.name, reason = %located.reason, "backend selected");
         // On the GPU's NUMA node: this thread (and so every thread it starts), and the ring's
         // pages while it is made and prefaulted below.
-        let placement = crate::numa::plan(
+        let placement = pinring_runtime::numa::plan(
             std::path::Path::new("/sys"),
             located.pci_bus_id.as_deref(),
-            crate::numa::cpus(cfg.daemon.cpus.as_ref()).as_deref(),
+            pinring_runtime::numa::cpus(cfg.daemon.cpus.as_ref()).as_deref(),
         );
         tracing::info!(ring = %cfg.ring.name, "placement: {}", placement.note);
         if !placement.cpus.is_empty() {
-            if let Err(e) = crate::numa::pin_this_thread(&placement.cpus) {
+            if let Err(e) = pinring_runtime::numa::pin_this_thread(&placement.cpus) {
                 tracing::warn!(ring = %cfg.ring.name, error = %e, "cannot pin the daemon's threads; they run where the kernel puts them");
             }
         }
-        let prefer = crate::numa::prefer_node(placement.node)
+        let prefer = pinring_runtime::numa::prefer_node(placement.node)
             .map_err(|e| tracing::warn!(ring = %cfg.ring.name, error = %e, "cannot prefer the GPU's node for the ring's memory"))
             .ok();
         // One device buffer per batch, sized for a whole batch: each field one tensor at its

@@ -54,7 +54,7 @@ pub struct DaemonArgs {
     #[command(flatten)]
     pub service: crate::service::DaemonServiceArgs,
     /// Runs inside the training process (pinring-client's `EmbeddedDaemon`): the consumer sink's
-    /// buffers are shared with this process's consumer (crate::embedded), not exported through
+    /// buffers are shared with this process's consumer (pinring_client::embedded), not exported through
     /// CUDA IPC. Not a flag: set by the embedding code.
     #[arg(skip)]
     pub embedded: bool,

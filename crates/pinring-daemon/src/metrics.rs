@@ -9,7 +9,7 @@
 //! 127.0.0.1 and let the local Prometheus agent scrape it).
 
 use crate::histogram::Histogram;
-use crate::status::Snapshot;
+use crate::observe::Snapshot;
 use pinring_ring::Ring;
 use std::fmt::Write as _;
 use std::io::{Read, Write};

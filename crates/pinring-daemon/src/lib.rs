@@ -11,16 +11,31 @@
 //! (dead and hung loaders, quarantine, re-issue, bad batches, the descriptor audit), `finish.rs`
 //! (the summary and its verdict); this module holds the error type, the daemon's state and its
 //! main loop.
+//!
+//! Beside the main loop, the parts only the daemon runs: the sink thread (`sink`), the doorbell
+//! the completion thread rings (`ring_wake`), the latency histograms (`histogram`), the run
+//! summary (`summary`), the service side under systemd and the metrics endpoint (`service`,
+//! `metrics`), and the reading of a ring's counters that the metrics, `pinring status` and the
+//! Python consumer share (`observe`). An embedded daemon (pinring-client's `EmbeddedDaemon`) is
+//! this main loop on a thread of the training process.
 
-use crate::exit::Exit;
-use crate::settings::{self, Overrides};
-use crate::shutdown::Shutdown;
+pub mod histogram;
+pub mod metrics;
+pub mod observe;
+pub mod ring_wake;
+pub mod service;
+pub mod sink;
+pub mod summary;
+
 use crate::sink::{SinkDone, SinkJob, SinkKind};
 use crate::summary::Summary;
 use crossbeam_channel::Receiver;
 use pinring_backend::{Completion, Uploader};
 use pinring_data::{BatchLayout, Config, Plan};
+use pinring_exit::{Coded, Exit};
 use pinring_ring::{ring_state, Ring, RingError};
+use pinring_runtime::settings::{self, Overrides};
+use pinring_runtime::shutdown::Shutdown;
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering::{Acquire, Relaxed};
 use std::sync::Arc;
@@ -39,6 +54,65 @@ pub use finish::cpu_seconds;
 pub use finish::{failed_at_start, judge};
 use sequencer::{HandOut, Sequencer};
 pub use start::default_upload_buffers;
+
+/// Body of `pinring-daemon` / `pinring daemon`: runs, writes the summary (also when start-up
+/// failed: with `error` and `exit_code`), logs the outcome.
+pub fn main(args: &DaemonArgs, shutdown: std::io::Result<Shutdown>) -> Exit {
+    let outcome = match shutdown {
+        Ok(shutdown) => run(args, &shutdown),
+        Err(e) => failed_at_start(
+            args,
+            None,
+            DaemonError::Internal {
+                ring: args.ring.clone().unwrap_or_default(),
+                what: format!("cannot install the SIGTERM/SIGINT handlers: {e}"),
+            },
+        ),
+    };
+    let Outcome {
+        summary: mut s,
+        started,
+        mut result,
+    } = outcome;
+    if started && result.is_ok() {
+        result = judge(&s, args.sink);
+    }
+    if let Err(e) = &result {
+        s.error = Some(e.to_string());
+        s.exit_code = e.exit().code();
+    }
+    if started {
+        tracing::info!(
+            ring = %s.ring,
+            batches = s.batches_delivered,
+            verified = s.batches_verified,
+            gbps = format!("{:.2}", s.gbps),
+            bound = %s.bound,
+            "run finished"
+        );
+    }
+    let mut exit = Exit::Ok;
+    if let Some(path) = &args.summary {
+        if let Err(e) = s.write(path) {
+            tracing::error!("{e}");
+            exit = e.exit();
+        }
+    }
+    match result {
+        Ok(()) => exit,
+        Err(e) if started => {
+            tracing::error!(
+                "{e}; resume with --start-seq {} (the summary's resume_seq)",
+                s.resume_seq
+            );
+            e.exit()
+        }
+        Err(e) => {
+            tracing::error!("{e}");
+            e.exit()
+        }
+    }
+}
 
 /// How long a drain may take before the daemon closes the ring anyway.
 pub const DRAIN_DEADLINE: Duration = Duration::from_millis(1500);
@@ -160,7 +234,7 @@ impl pinring_exit::Coded for DaemonError {
 #[derive(Debug)]
 pub struct Outcome {
     /// What the run did; for a start-up failure, what was known (ring, sink, seqs), zero
-    /// counters, `bound` "none". `error` and `exit_code` are filled by [`crate::main_daemon`].
+    /// counters, `bound` "none". `error` and `exit_code` are filled by [`crate::main`].
     pub summary: Summary,
     /// Whether the ring was made and the main loop ran (false: start-up failed).
     pub started: bool,
@@ -193,7 +267,7 @@ pub fn run(args: &DaemonArgs, shutdown: &Shutdown) -> Outcome {
     // opens its own and must find the same); "auto" is resolved for this host's cache, once,
     // and published in the ring header (loaders adopt it from there instead of reading their
     // own host's cache); every rule is checked. Unreadable or mismatched files stop the start.
-    let host = crate::host_memory::HostMemory::read();
+    let host = pinring_runtime::host_memory::HostMemory::read();
     let resolved = match cfg.resolve(&pinring_sources::Files, host.cache_bytes()) {
         Ok(r) => r,
         Err(e) => return failed_at_start(args, Some(&cfg), e.into()),

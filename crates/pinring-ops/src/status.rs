@@ -2,19 +2,16 @@
 //! segment header, the loader table and the slot descriptors. It maps the segment read-only
 //! ([`Access::ReadOnly`]): it cannot write a byte of the ring, so it never disturbs the run.
 //!
-//! Rates and the verdict come from the difference between two snapshots one interval apart.
-//! The verdict reads the wait counters (docs/ARCHITECTURE.md, "Where time goes"):
-//! * the daemon waited with a free device buffer and nothing READY → **loaders** are too slow;
-//! * loaders waited for a FREE slot and the upload engine was busy → **upload** bound;
-//! * loaders waited for a FREE slot and the upload engine was mostly idle → the daemon was
-//!   waiting for device buffers held by the **consumer**.
+//! Rates and the verdict come from the difference between two snapshots one interval apart
+//! (pinring-daemon's `observe`, which the daemon's metrics read too).
 
-use crate::exit::Exit;
-use pinring_ring::{ring_state, Access, Ring, RingError, SlotState};
+pub use pinring_daemon::observe::{open_read_only, Rates, Snapshot};
+use pinring_exit::Exit;
+use pinring_ring::{Access, Ring, RingError};
 use serde::Serialize;
 use std::fmt::Write as _;
-use std::sync::atomic::Ordering::Relaxed;
-use std::time::{Duration, Instant};
+
+use std::time::Duration;
 
 /// `pinring status` flags.
 #[derive(Debug, Clone, clap::Args)]
@@ -91,11 +88,6 @@ pub fn ring_names() -> Result<Vec<String>, StatusError> {
     Ok(names)
 }
 
-/// Opens a ring read-only, without waiting for one that is still being created.
-pub fn open_read_only(name: &str) -> Result<Ring, RingError> {
-    Ring::open(name, Access::ReadOnly, Duration::from_millis(200))
-}
-
 /// A ring to show: named in /dev/shm (`at` None), or anonymous (an embedded daemon's memfd,
 /// opened at `at`, `/proc/<pid>/fd/<fd>` of a process holding it).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -163,367 +155,6 @@ fn target(name: &str) -> Target {
     Target {
         name: name.to_string(),
         at: None,
-    }
-}
-
-/// Slot counts by state.
-#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq)]
-pub struct SlotCounts {
-    /// No work assigned.
-    pub idle: u32,
-    /// Waiting for a loader.
-    pub free: u32,
-    /// Being filled by a loader.
-    pub claimed: u32,
-    /// Filled, waiting for the daemon.
-    pub ready: u32,
-    /// Being uploaded.
-    pub uploading: u32,
-    /// Holding a state word no valid writer produces.
-    pub invalid: u32,
-}
-
-/// One loader-table entry.
-#[derive(Debug, Clone, Serialize)]
-pub struct LoaderStatus {
-    /// Table index.
-    pub index: usize,
-    /// Pid.
-    pub pid: u32,
-    /// Whether that exact process (pid and start time) still runs.
-    pub alive: bool,
-    /// Batches committed.
-    pub batches: u64,
-    /// Payload bytes committed.
-    pub bytes: u64,
-    /// Seconds spent producing batches.
-    pub busy_seconds: f64,
-    /// Seconds spent waiting for a free slot.
-    pub wait_seconds: f64,
-    /// Whether it holds a slot right now (producing) rather than waiting.
-    pub busy_now: bool,
-}
-
-/// A point-in-time reading of a ring.
-#[derive(Debug, Clone, Serialize)]
-pub struct Snapshot {
-    /// Ring name.
-    pub ring: String,
-    /// State name (INIT, READY, DRAINING, CLOSED).
-    pub state: &'static str,
-    /// Daemon pid.
-    pub daemon_pid: u32,
-    /// Whether the daemon runs.
-    pub daemon_alive: bool,
-    /// Where the ring's batches go, for a ring whose daemon hands them to a consumer
-    /// (`--sink consumer`): `cuda:N` or `host`. Absent for other sinks, which the ring does not
-    /// record.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub device: Option<String>,
-    /// Slots.
-    pub slot_count: u32,
-    /// Bytes per slot.
-    pub slot_bytes: u64,
-    /// Slot counts by state.
-    pub slots: SlotCounts,
-    /// Attached loaders.
-    pub loaders: Vec<LoaderStatus>,
-    /// First and one-past-last seq of the run.
-    pub start_seq: u64,
-    /// One past the last seq.
-    pub end_seq: u64,
-    /// Batches committed by loaders.
-    pub committed: u64,
-    /// Batches delivered to the consumer.
-    pub delivered: u64,
-    /// Where a run resumes (`--start-seq`), as the daemon publishes it (header `next_deliver`):
-    /// the lowest seq not delivered, every seq below it delivered. Unordered, some batches above
-    /// it may have been delivered too (the daemon's summary counts them).
-    pub resume_seq: u64,
-    /// Payload bytes committed (into the ring).
-    pub bytes_in: u64,
-    /// Payload bytes uploaded (out of the ring).
-    pub bytes_out: u64,
-    /// Slots taken back from dead loaders.
-    pub reclaimed: u64,
-    /// Batches the daemon refused.
-    pub rejected: u64,
-    /// Seconds the daemon waited for a READY slot with a free device buffer.
-    pub daemon_wait_seconds: f64,
-    /// Seconds loaders waited for a FREE slot (summed).
-    pub loader_wait_seconds: f64,
-    /// Seconds loaders spent producing (summed).
-    pub loader_busy_seconds: f64,
-    /// Seconds uploads were in flight (summed).
-    pub upload_seconds: f64,
-    /// Claims that outlived `daemon.lease_ms` (hung loaders' slots taken back).
-    pub leases_expired: u64,
-    /// Live loaders now holding a slot past the lease, or a quarantined one.
-    pub hung_loaders: u64,
-    /// Pid of the loader declared hung last (0: none).
-    pub last_hung_pid: u64,
-    /// Slots now held in quarantine until a hung loader exits or acknowledges.
-    pub quarantined: u64,
-    /// Seqs handed out again in another slot.
-    pub reissued: u64,
-    /// Bad batches skipped and made again (`on_bad_batch = "skip"`).
-    pub bad_batches_skipped: u64,
-    /// Unreadable samples replaced with zeros by loaders (`dataset.on_bad_sample = "skip"`).
-    #[serde(default)]
-    pub bad_samples_skipped: u64,
-    /// Descriptors found in a state the daemon never left them in.
-    pub corrupt_descriptors: u64,
-    /// The trainer's end, for a ring whose daemon hands batches to a consumer.
-    pub consumer: Option<ConsumerView>,
-    /// Set while the ring has work left and no loader, once that has lasted
-    /// `daemon.idle_warn_ms` (the daemon also logs a warning).
-    pub stalled: Option<Stalled>,
-    #[serde(skip)]
-    taken: Option<Instant>,
-}
-
-/// A ring with work left and no loader attached.
-#[derive(Debug, Clone, Copy, Serialize)]
-pub struct Stalled {
-    /// For how long, as of the snapshot.
-    pub seconds: f64,
-    /// The lowest undelivered seq: the one that waits for a loader.
-    pub seq: u64,
-}
-
-impl Stalled {
-    fn of(ring: &Ring) -> Option<Stalled> {
-        let since = ring.health().stalled_since_ns.load(Relaxed);
-        (since != 0 && ring.daemon_alive().unwrap_or(false)).then(|| Stalled {
-            seconds: secs(pinring_ring::clock::monotonic_ns().saturating_sub(since)),
-            seq: ring.health().stalled_seq.load(Relaxed),
-        })
-    }
-}
-
-/// The handoff as a status view sees it (`--sink consumer`).
-#[derive(Debug, Clone, Serialize)]
-pub struct ConsumerView {
-    /// Whether a consumer is attached (its lock is held).
-    pub attached: bool,
-    /// The last consumer's pid, as it recorded it.
-    pub pid: u32,
-    /// Batch buffers.
-    pub buffers: u32,
-    /// Buffers holding a batch no consumer took yet.
-    pub waiting: u32,
-    /// Buffers the consumer holds.
-    pub held: u32,
-    /// Who copies the batches to the GPU (`daemon.copies`): "consumer" (the training process,
-    /// out of the ring's slots, in its own CUDA context) or "daemon" (into buffers it hands over).
-    pub copies: &'static str,
-    /// Batches taken.
-    pub taken: u64,
-    /// Buffers taken back from dead consumers.
-    pub reclaimed: u64,
-}
-
-impl ConsumerView {
-    fn of(ring: &Ring) -> Option<ConsumerView> {
-        use pinring_ring::handoff::buffer_state;
-        let g = ring.geometry().handoff?;
-        let b = ring.handoff();
-        let states: Vec<u8> = (0..g.buffers)
-            .map(|i| ring.buffer_desc(i).load_word().state)
-            .collect();
-        let count = |s: u8| states.iter().filter(|&&x| x == s).count() as u32;
-        let consumer_copies = g.part_slots > 0;
-        let attached = ring.consumer_alive().unwrap_or(false);
-        Some(ConsumerView {
-            attached,
-            pid: b.consumer_pid.load(Relaxed),
-            buffers: g.buffers,
-            waiting: count(buffer_state::FILLED),
-            // The consumer's own buffers, as it publishes them (none once it is gone).
-            held: if consumer_copies {
-                if attached {
-                    b.own_held.load(Relaxed).min(g.buffers)
-                } else {
-                    0
-                }
-            } else {
-                count(buffer_state::TAKEN)
-            },
-            copies: if consumer_copies {
-                "consumer"
-            } else {
-                "daemon"
-            },
-            taken: b.taken.load(Relaxed),
-            reclaimed: b.reclaimed.load(Relaxed),
-        })
-    }
-}
-
-/// The device a consumer ring delivers to, as its handoff block records it.
-fn device_of(ring: &Ring) -> Option<String> {
-    use pinring_ring::handoff::backend_code;
-    ring.geometry().handoff?;
-    let b = ring.handoff();
-    match b.backend.load(Relaxed) {
-        backend_code::HOST => Some("host".into()),
-        backend_code::CUDA => Some(format!("cuda:{}", b.device.load(Relaxed))),
-        _ => None,
-    }
-}
-
-fn secs(ns: u64) -> f64 {
-    ns as f64 / 1e9
-}
-
-impl Snapshot {
-    /// Reads `ring` (every field is a single atomic load; the snapshot is not one instant but
-    /// each counter is exact).
-    pub fn take(ring: &Ring) -> Snapshot {
-        let h = ring.header();
-        let g = ring.geometry();
-        let mut slots = SlotCounts::default();
-        let mut busy_owners = std::collections::HashSet::new();
-        for i in 0..g.slot_count {
-            let v = ring.slot_view(i);
-            match v.state {
-                Some(SlotState::Idle) => slots.idle += 1,
-                Some(SlotState::Free) => slots.free += 1,
-                Some(SlotState::Claimed) => {
-                    slots.claimed += 1;
-                    busy_owners.insert(v.owner as usize);
-                }
-                Some(SlotState::Ready) => slots.ready += 1,
-                Some(SlotState::Uploading) => slots.uploading += 1,
-                None => slots.invalid += 1,
-            }
-        }
-        let loaders = ring
-            .loaders()
-            .into_iter()
-            .map(|l| LoaderStatus {
-                index: l.index,
-                pid: l.pid,
-                alive: l.alive,
-                batches: l.batches,
-                bytes: l.bytes,
-                busy_seconds: secs(l.busy_ns),
-                wait_seconds: secs(l.wait_ns),
-                busy_now: busy_owners.contains(&l.index),
-            })
-            .collect();
-        Snapshot {
-            ring: ring.name().to_string(),
-            state: ring_state::name(ring.state()),
-            daemon_pid: ring.daemon().pid,
-            daemon_alive: ring.daemon_alive().unwrap_or(false),
-            device: device_of(ring),
-            slot_count: g.slot_count,
-            slot_bytes: g.slot_bytes,
-            slots,
-            loaders,
-            start_seq: h.start_seq.load(Relaxed),
-            end_seq: h.end_seq.load(Relaxed),
-            committed: h.committed.load(Relaxed),
-            delivered: h.delivered.load(Relaxed),
-            resume_seq: h.next_deliver.load(Relaxed),
-            bytes_in: h.bytes_committed.load(Relaxed),
-            bytes_out: h.bytes_delivered.load(Relaxed),
-            reclaimed: h.reclaimed.load(Relaxed),
-            rejected: h.rejected.load(Relaxed),
-            daemon_wait_seconds: secs(h.daemon_wait_ns.load(Relaxed)),
-            loader_wait_seconds: secs(h.loader_wait_ns.load(Relaxed)),
-            loader_busy_seconds: secs(h.loader_busy_ns.load(Relaxed)),
-            upload_seconds: secs(h.upload_ns.load(Relaxed)),
-            leases_expired: ring.health().leases_expired.load(Relaxed),
-            hung_loaders: ring.health().hung_loaders.load(Relaxed),
-            last_hung_pid: ring.health().last_hung_pid.load(Relaxed),
-            quarantined: ring.health().quarantined.load(Relaxed),
-            reissued: ring.health().reissued.load(Relaxed),
-            bad_batches_skipped: ring.health().bad_batches_skipped.load(Relaxed),
-            bad_samples_skipped: h.bad_samples_skipped.load(Relaxed),
-            corrupt_descriptors: ring.health().corrupt_descriptors.load(Relaxed),
-            consumer: ConsumerView::of(ring),
-            stalled: Stalled::of(ring),
-            taken: Some(Instant::now()),
-        }
-    }
-}
-
-/// What changed between two snapshots of the same ring.
-#[derive(Debug, Clone, Serialize)]
-pub struct Rates {
-    /// Length of the interval.
-    pub seconds: f64,
-    /// GB/s committed into the ring by loaders (1e9 bytes/s).
-    pub gbps_in: f64,
-    /// GB/s uploaded out of the ring.
-    pub gbps_out: f64,
-    /// Batches delivered per second.
-    pub batches_per_second: f64,
-    /// Where the pipeline is bound in this interval: loaders, upload, consumer, balanced, idle.
-    pub bound: &'static str,
-}
-
-impl Rates {
-    /// Rates from `a` (earlier) to `b`.
-    pub fn between(a: &Snapshot, b: &Snapshot) -> Rates {
-        let seconds = match (a.taken, b.taken) {
-            (Some(x), Some(y)) => y.saturating_duration_since(x).as_secs_f64(),
-            _ => 0.0,
-        };
-        let per_s = |x: u64, y: u64| {
-            if seconds > 0.0 {
-                y.saturating_sub(x) as f64 / seconds
-            } else {
-                0.0
-            }
-        };
-        let d = |x: f64, y: f64| (y - x).max(0.0);
-        Rates {
-            seconds,
-            gbps_in: per_s(a.bytes_in, b.bytes_in) / 1e9,
-            gbps_out: per_s(a.bytes_out, b.bytes_out) / 1e9,
-            batches_per_second: per_s(a.delivered, b.delivered),
-            bound: bound(
-                seconds,
-                b.delivered.saturating_sub(a.delivered),
-                d(a.daemon_wait_seconds, b.daemon_wait_seconds),
-                d(a.loader_wait_seconds, b.loader_wait_seconds),
-                d(a.loader_busy_seconds, b.loader_busy_seconds),
-                d(a.upload_seconds, b.upload_seconds),
-            ),
-        }
-    }
-}
-
-/// The verdict for one interval of `seconds` in which `delivered` batches went out, from the
-/// growth of each wait counter.
-pub fn bound(
-    seconds: f64,
-    delivered: u64,
-    daemon_wait: f64,
-    loader_wait: f64,
-    loader_busy: f64,
-    upload: f64,
-) -> &'static str {
-    if seconds <= 0.0 || (delivered == 0 && loader_busy == 0.0) {
-        return "idle";
-    }
-    let (daemon_starved, loaders_blocked) =
-        crate::summary::wait_fractions(seconds, daemon_wait, loader_wait, loader_busy);
-    if daemon_starved > 0.5 {
-        "loaders"
-    } else if loaders_blocked > 0.5 {
-        // Loaders wait for FREE slots: slots are stuck behind uploads, or behind device
-        // buffers the consumer has not released.
-        if upload / seconds > 0.5 {
-            "upload"
-        } else {
-            "consumer"
-        }
-    } else {
-        "balanced"
     }
 }
 
@@ -800,7 +431,10 @@ fn measure(targets: &[Target], interval: Duration) -> Vec<RingReport> {
 }
 
 /// Runs `pinring status`.
-pub fn run(args: &StatusArgs, shutdown: &crate::shutdown::Shutdown) -> Result<(), StatusError> {
+pub fn run(
+    args: &StatusArgs,
+    shutdown: &pinring_runtime::shutdown::Shutdown,
+) -> Result<(), StatusError> {
     let interval = Duration::from_secs_f64(args.interval);
     let live = !(args.json || args.once);
     loop {
@@ -819,7 +453,7 @@ pub fn run(args: &StatusArgs, shutdown: &crate::shutdown::Shutdown) -> Result<()
         if args.json {
             let json = serde_json::to_string_pretty(&reports)
                 .map_err(|e| StatusError::Output(std::io::Error::other(e)))?;
-            crate::outln!("{json}");
+            pinring_runtime::outln!("{json}");
             return Ok(());
         }
         let text = if args.ring.is_some() {
@@ -829,12 +463,12 @@ pub fn run(args: &StatusArgs, shutdown: &crate::shutdown::Shutdown) -> Result<()
         };
         if live {
             // Clear the screen and home the cursor, like top.
-            crate::out!("\x1b[2J\x1b[H{text}");
+            pinring_runtime::out!("\x1b[2J\x1b[H{text}");
         } else {
-            crate::out!("{text}");
+            pinring_runtime::out!("{text}");
         }
         // A reader that went away (`pinring status | head`) ends the view quietly.
-        if !live || shutdown.requested() || crate::output::stdout_closed() {
+        if !live || shutdown.requested() || pinring_runtime::output::stdout_closed() {
             return Ok(());
         }
     }
@@ -843,19 +477,7 @@ pub fn run(args: &StatusArgs, shutdown: &crate::shutdown::Shutdown) -> Result<()
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_verdict_names_the_stage_that_makes_others_wait() {
-        // Daemon starved most of the interval: loaders are the bottleneck.
-        assert_eq!(bound(1.0, 10, 0.8, 0.0, 4.0, 0.1), "loaders");
-        // Loaders blocked, uploads busy: upload bound.
-        assert_eq!(bound(1.0, 10, 0.0, 3.0, 1.0, 0.9), "upload");
-        // Loaders blocked, uploads idle: the consumer holds the buffers.
-        assert_eq!(bound(1.0, 10, 0.0, 3.0, 1.0, 0.1), "consumer");
-        assert_eq!(bound(1.0, 10, 0.1, 1.0, 3.0, 0.3), "balanced");
-        assert_eq!(bound(1.0, 0, 0.0, 0.0, 0.0, 0.0), "idle");
-        assert_eq!(bound(0.0, 5, 0.0, 0.0, 1.0, 0.0), "idle");
-    }
+    use std::sync::atomic::Ordering::Relaxed;
 
     /// A private two-slot ring for seqs `seqs`, and its name (the test removes it).
     fn test_ring(tag: &str, seqs: std::ops::Range<u64>, in_order: bool) -> (String, Ring) {

@@ -1,7 +1,7 @@
 //! The machine-readable result of a daemon run (`pinring-daemon --summary PATH`), one JSON object,
 //! written at exit whether the run finished, drained, failed, or never started.
 
-use crate::output::write_file;
+use pinring_runtime::output::write_file;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 
@@ -127,9 +127,9 @@ pub struct Summary {
 }
 
 impl Summary {
-    /// Writes the summary as JSON to `path` ([`crate::output::write_file`]: a regular file is
+    /// Writes the summary as JSON to `path` ([`pinring_runtime::output::write_file`]: a regular file is
     /// replaced atomically, no link is followed, `-` is standard output, a FIFO is written into).
-    pub fn write(&self, path: &Path) -> Result<(), crate::output::OutputError> {
+    pub fn write(&self, path: &Path) -> Result<(), pinring_runtime::output::OutputError> {
         write_file("the summary", path, self.to_json().as_bytes())
     }
 
@@ -164,7 +164,7 @@ pub fn wait_fractions(
 }
 
 /// A plain verdict of where time went over a whole run, from the wait counters and the sink's
-/// busy time (`pinring status` judges an interval with [`crate::status::bound`], which sees upload
+/// busy time (`pinring status` judges an interval with [`crate::observe::bound`], which sees upload
 /// time instead of the sink's).
 pub fn verdict(
     seconds: f64,

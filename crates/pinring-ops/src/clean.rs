@@ -8,8 +8,8 @@
 //! only the file that was checked is unlinked, so a daemon starting on the same name at that
 //! moment never loses its segment.
 
-use crate::exit::Exit;
 use crate::status::{ring_names, StatusError};
+use pinring_exit::Exit;
 use pinring_ring::segment::{clean_if_stale, validate_name, Cleaning};
 use pinring_ring::RingError;
 
@@ -67,7 +67,7 @@ pub fn run(args: &CleanArgs) -> Result<(), CleanError> {
     let names = if args.rings.is_empty() {
         let all = ring_names()?;
         if all.is_empty() {
-            crate::outln!("no pinring rings in /dev/shm");
+            pinring_runtime::outln!("no pinring rings in /dev/shm");
         }
         all
     } else {
@@ -77,16 +77,16 @@ pub fn run(args: &CleanArgs) -> Result<(), CleanError> {
     for name in names {
         let path = pinring_ring::object_path(&name);
         match clean_if_stale(&name, !args.dry_run) {
-            Ok(Cleaning::Live { daemon_pid }) => crate::outln!(
+            Ok(Cleaning::Live { daemon_pid }) => pinring_runtime::outln!(
                 "keep    {}: its daemon (pid {daemon_pid}) is running",
                 path.display()
             ),
-            Ok(Cleaning::Kept(why)) => crate::outln!("keep    {}: {why}", path.display()),
+            Ok(Cleaning::Kept(why)) => pinring_runtime::outln!("keep    {}: {why}", path.display()),
             Ok(Cleaning::Stale {
                 daemon_pid,
                 removed: false,
                 corrupt,
-            }) => crate::outln!(
+            }) => pinring_runtime::outln!(
                 "stale   {}: its daemon (pid {daemon_pid}) is gone{} (dry run: not removed)",
                 path.display(),
                 corrupt_note(corrupt.as_deref())
@@ -95,19 +95,19 @@ pub fn run(args: &CleanArgs) -> Result<(), CleanError> {
                 daemon_pid,
                 corrupt,
                 ..
-            }) => crate::outln!(
+            }) => pinring_runtime::outln!(
                 "removed {}: its daemon (pid {daemon_pid}) was gone{}",
                 path.display(),
                 corrupt_note(corrupt.as_deref())
             ),
             Err(RingError::NotFound { .. }) => {
-                crate::outln!("absent  {}: no such ring", path.display())
+                pinring_runtime::outln!("absent  {}: no such ring", path.display())
             }
             Err(e @ RingError::PermissionDenied { .. }) => {
                 failed += 1;
                 tracing::error!("{e}");
             }
-            Err(e) => crate::outln!("keep    {}: {e}", path.display()),
+            Err(e) => pinring_runtime::outln!("keep    {}: {e}", path.display()),
         }
     }
     if failed > 0 {

@@ -2,9 +2,9 @@
 //! finds) and prints the settings a daemon or loader would run on, with the derived sizes and
 //! warnings where the ring is larger than this host's last-level cache or available memory.
 
-use crate::exit::Exit;
-use crate::settings::{self, Overrides};
 use pinring_data::ConfigError;
+use pinring_exit::Exit;
+use pinring_runtime::settings::{self, Overrides};
 use std::path::PathBuf;
 
 /// `pinring config` subcommands.
@@ -58,17 +58,17 @@ pub fn run(args: &CheckArgs) -> Result<(), CheckError> {
     // the declared fields (their length is dataset.samples), "auto" resolved as a daemon on
     // this host would (loaders adopt the daemon's values), every rule the daemon checks
     // (ring.group among them), the plan.
-    let host = crate::host_memory::HostMemory::read();
+    let host = pinring_runtime::host_memory::HostMemory::read();
     let resolved = cfg.resolve(&pinring_sources::Files, host.cache_bytes())?;
     let auto = resolved
         .auto()
         .map(|a| host.auto_line(resolved.config(), a));
     let plan = resolved.plan();
     let cfg = resolved.config();
-    crate::outln!("# config OK: {}", cfg.source);
-    crate::outln!("# found by: {}", origin.describe());
-    crate::outln!("# segment: {}", cfg.segment_path());
-    crate::outln!(
+    pinring_runtime::outln!("# config OK: {}", cfg.source);
+    pinring_runtime::outln!("# found by: {}", origin.describe());
+    pinring_runtime::outln!("# segment: {}", cfg.segment_path());
+    pinring_runtime::outln!(
         "# slot bytes: {} ({} payload max + {} metadata reserve; {}); ring data: {} bytes \
          ({:.1} MiB)",
         cfg.slot_bytes(),
@@ -84,25 +84,25 @@ pub fn run(args: &CheckArgs) -> Result<(), CheckError> {
         .iter()
         .map(|f| format!("{} {} {:?} at byte {}", f.name, f.dtype, f.shape, f.offset))
         .collect();
-    crate::outln!(
+    pinring_runtime::outln!(
         "# fields: {} of a {}-byte device buffer per batch; {} bytes per sample, field-major in \
          slots",
         fields.join(", "),
         layout.total_bytes,
         layout.record_bytes
     );
-    crate::outln!("# host: {}", host.describe());
+    pinring_runtime::outln!("# host: {}", host.describe());
     if let Some(line) = auto {
-        crate::outln!("# auto: {line}");
+        pinring_runtime::outln!("# auto: {line}");
     }
-    crate::outln!(
+    pinring_runtime::outln!(
         "# placement: {}",
         placement_line(std::path::Path::new("/sys"), cfg)
     );
     for w in host.ring_warnings(&cfg.ring.name, cfg.slots(), cfg.slot_bytes()) {
-        crate::outln!("# warning: {w}");
+        pinring_runtime::outln!("# warning: {w}");
     }
-    crate::outln!(
+    pinring_runtime::outln!(
         "# plan: {} batches per epoch, {} batches in all; fingerprint {:#018x}",
         plan.batches_per_epoch(),
         plan.total_batches(),
@@ -110,7 +110,7 @@ pub fn run(args: &CheckArgs) -> Result<(), CheckError> {
     );
     if let Some(order) = plan.shard_order() {
         let p = plan.params();
-        crate::outln!(
+        pinring_runtime::outln!(
             "# shard order: rank {} of {} holds {} samples in {} of the {} shards; every rank \
              delivers {} samples per epoch ({})",
             p.rank,
@@ -126,16 +126,17 @@ pub fn run(args: &CheckArgs) -> Result<(), CheckError> {
             }
         );
     }
-    crate::out!("{}", cfg.to_toml());
+    pinring_runtime::out!("{}", cfg.to_toml());
     Ok(())
 }
 
 /// Where the daemon of `cfg` would put its ring and threads on this host, without touching the
 /// GPU (the device's node needs its PCI bus id, which the daemon reads from the driver at start).
 fn placement_line(sys: &std::path::Path, cfg: &pinring_data::Config) -> String {
-    let list =
-        |c: &Option<Vec<u32>>| crate::numa::cpus(c.as_ref()).map(|c| crate::numa::format_list(&c));
-    let nodes = crate::numa::online_nodes(sys).len();
+    let list = |c: &Option<Vec<u32>>| {
+        pinring_runtime::numa::cpus(c.as_ref()).map(|c| pinring_runtime::numa::format_list(&c))
+    };
+    let nodes = pinring_runtime::numa::online_nodes(sys).len();
     let base = if nodes <= 1 {
         "one NUMA node on this host: nothing to place".to_string()
     } else {
