@@ -315,8 +315,11 @@ impl Session {
             // Acquire: pairs with the daemon's Release bump after it frees a slot, so a slot
             // freed after this load makes the wait below return at once.
             let seen = ring.header().work_futex.load(Acquire);
-            if let Some(claim) = ring.try_claim_preferring(self.seat, self.share, self.hint) {
+            if let Some(mut claim) = ring.try_claim_preferring(self.seat, self.share, self.hint) {
                 self.hint = (claim.slot() + 1) % ring.geometry().slot_count;
+                if self.peers > 0 && claim.foreign() {
+                    claim.forget_pages();
+                }
                 return Ok(Next::Part(claim));
             }
             if past(deadline) {
@@ -341,7 +344,12 @@ impl Session {
     /// it keeps to its own `1 / n` of the slots from its first claim, instead of taking any free
     /// slot until the others have joined and been counted (at the next look at the daemon,
     /// 250 ms on). Which slots a loader writes decides which pages of the ring it touches, and
-    /// so its share of them in its PSS. The preference never decides whether a slot is taken.
+    /// so its share of them in its PSS. The preference never decides whether a slot is taken:
+    /// a loader whose own slots are all busy fills another's, and then, once the part is
+    /// committed, drops its pages of that slot (`Ring::forget_slot_pages`), so only its own
+    /// slots stay in its resident memory. The next write to a dropped slot faults its pages in
+    /// again, which is why only loaders started together do this (the DataLoader's workers,
+    /// whose memory a user compares with torch's), not every loader.
     pub fn expect_peers(&mut self, n: u32) {
         self.peers = n;
         self.share = self.share.max(n);

@@ -18,6 +18,7 @@ pub use crate::slot::{fit_in_slot, Seat, Taken};
 use crate::slot::{Batch, SlotState, SlotWord};
 use crate::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 use crate::sync::atomic::{AtomicU32, AtomicU64};
+use nix::sys::mman::{madvise, MmapAdvise};
 use std::time::{Duration, Instant};
 
 /// What the daemon asks for when it creates a ring.
@@ -81,6 +82,10 @@ pub struct Claim {
     seq: u64,
     ticket: u32,
     seat: Seat,
+    /// Taken outside the claimant's own share of the slots ([`Ring::try_claim_preferring`]).
+    foreign: bool,
+    /// Drop this process's pages of the slot once committed ([`Claim::forget_pages`]).
+    forget: bool,
 }
 
 impl Claim {
@@ -102,6 +107,19 @@ impl Claim {
     /// The loader seat that claimed the slot.
     pub fn seat(&self) -> Seat {
         self.seat
+    }
+
+    /// Whether the slot lies outside the claimant's own share ([`Ring::try_claim_preferring`]
+    /// found none of its own free and took another loader's).
+    pub fn foreign(&self) -> bool {
+        self.foreign
+    }
+
+    /// Asks [`Ring::commit`] to drop this process's pages of the slot once the part is published
+    /// ([`Ring::forget_slot_pages`]), so the bytes written here stop counting in this process's
+    /// resident memory. For a slot this loader rarely writes (another's share).
+    pub fn forget_pages(&mut self) {
+        self.forget = true;
     }
 }
 
@@ -904,6 +922,37 @@ impl Ring {
         }
     }
 
+    /// Drops this process's page-table entries for slot `i`'s bytes (`MADV_DONTNEED` over the
+    /// slot's whole pages): they stop counting in its resident memory (RSS, PSS), and the next
+    /// access maps the same bytes again from the segment, which keeps them (the mapping is
+    /// shared). Only this process's mapping changes: the daemon's registration and every other
+    /// mapping are untouched. Skipped in the daemon's own process, whose mapping is the one
+    /// registered for uploads, and for a read-only mapping. Best effort: a refusal is logged at
+    /// debug level and changes nothing else.
+    pub fn forget_slot_pages(&self, i: u32) {
+        if self.seg.access() != Access::ReadWrite || self.daemon().pid == std::process::id() {
+            return;
+        }
+        let ptr = self.slot_ptr(i);
+        // Slots start on a page boundary (SLOT_ALIGN); only whole pages of the slot.
+        let len = self.geom.slot_bytes as usize / SLOT_ALIGN * SLOT_ALIGN;
+        let Some(addr) = std::ptr::NonNull::new(ptr.cast::<std::ffi::c_void>()) else {
+            return;
+        };
+        if len == 0 {
+            return;
+        }
+        // SAFETY: [addr, addr + len) lies inside this ring's mapping (slot_ptr checked the index,
+        // the slot is slot_bytes long) and is a MAP_SHARED mapping of the segment file, so
+        // MADV_DONTNEED only unmaps this process's pages: the bytes stay in the file and a later
+        // access maps them again. No Rust reference into slot data exists (slot bytes are only
+        // reached through raw pointers), so none can observe the pages go.
+        let r = unsafe { madvise(addr, len, MmapAdvise::MADV_DONTNEED) };
+        if let Err(e) = r {
+            tracing::debug!(ring = %self.name(), slot = i, "cannot drop the slot's pages: {e}");
+        }
+    }
+
     /// Checks the segment file still has the size it had at open/create (the daemon must not
     /// upload from pages of a file that was truncated or replaced).
     pub fn check_file(&self) -> Result<(), RingError> {
@@ -1182,7 +1231,12 @@ impl Ring {
                     .find_map(|i| self.claim_slot(seat, i))
             })
             .flatten();
-        own.or_else(|| self.try_claim(seat, hint))
+        own.or_else(|| {
+            self.try_claim(seat, hint).map(|c| Claim {
+                foreign: share > 1 && c.slot % share != first,
+                ..c
+            })
+        })
     }
 
     /// One CAS on slot `i` ([`SlotDesc::try_claim`]): the claim if it was FREE.
@@ -1192,6 +1246,8 @@ impl Ring {
             seq: round.seq,
             ticket: round.ticket,
             seat,
+            foreign: false,
+            forget: false,
         })
     }
 
@@ -1255,6 +1311,9 @@ impl Ring {
             h.committed.fetch_add(1, Relaxed);
             h.bytes_committed.fetch_add(payload_len, Relaxed);
             futex::bump_and_wake_counted(&h.doorbell_futex, &h.doorbell_waiters, 1);
+            if claim.forget {
+                self.forget_slot_pages(claim.slot);
+            }
             too_large.map_or(Ok(()), Err)
         } else {
             Err(CommitError::Reclaimed {

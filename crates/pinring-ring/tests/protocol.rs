@@ -280,6 +280,7 @@ fn loaders_keep_to_their_own_share_of_the_slots_and_take_any_when_theirs_are_bus
     for _ in &mine {
         let c = a.try_claim_preferring(seat_a, 2, hint).unwrap();
         assert_eq!(c.seq(), 100 + u64::from(c.slot()));
+        assert!(!c.foreign(), "slot {} is A's own", c.slot());
         got.push(c.slot());
         hint = (c.slot() + 1) % slots;
     }
@@ -290,6 +291,7 @@ fn loaders_keep_to_their_own_share_of_the_slots_and_take_any_when_theirs_are_bus
     let hint = own_b + 2;
     let c = a.try_claim_preferring(seat_a, 2, hint).unwrap();
     assert_eq!(c.slot(), hint);
+    assert!(c.foreign(), "slot {hint} is B's");
     // B keeps to its own share, less the slot A took.
     let mut got = Vec::new();
     while let Some(c) = b.try_claim_preferring(seat_b, 2, 0) {
@@ -310,4 +312,68 @@ fn loaders_keep_to_their_own_share_of_the_slots_and_take_any_when_theirs_are_bus
     daemon.assign(3, 8);
     let c = a.try_claim_preferring(seat, 1, 2).unwrap();
     assert_eq!((c.slot(), c.seq()), (3, 8));
+    assert!(!c.foreign(), "one loader: every slot is its own");
+}
+
+/// Whether this process has the page at `addr` mapped (/proc/self/pagemap's present bit).
+fn page_present(addr: *const u8) -> bool {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut f = std::fs::File::open("/proc/self/pagemap").unwrap();
+    f.seek(SeekFrom::Start(addr as u64 / 4096 * 8)).unwrap();
+    let mut entry = [0u8; 8];
+    f.read_exact(&mut entry).unwrap();
+    u64::from_le_bytes(entry) >> 63 == 1
+}
+
+#[test]
+fn a_slot_filled_for_another_loader_leaves_this_processs_resident_memory_and_keeps_its_bytes() {
+    let (o, _u) = opts("forget");
+    let daemon = Ring::create(&o).unwrap();
+    daemon.set_state(ring_state::READY);
+    let loader = Ring::open(&o.name, Access::ReadWrite, T).unwrap();
+    let seat = loader.attach_loader(ProcessId::current()).unwrap();
+    // The pages are dropped only outside the daemon's process (its mapping is the registered
+    // one): as a loader process sees the ring, the daemon is another process.
+    loader
+        .header()
+        .daemon_pid
+        .store(std::process::id() + 1, Relaxed);
+    let slot_bytes = loader.geometry().slot_bytes as usize;
+    let fill = |slot: u32, seq: u64, forget: bool| {
+        daemon.assign(slot, seq);
+        let mut claim = loader.try_claim(seat, slot).expect("a FREE slot");
+        assert_eq!(claim.slot(), slot);
+        if forget {
+            claim.forget_pages();
+        }
+        let mut w = loader.slot_writer(&mut claim);
+        let bytes = vec![seq as u8; slot_bytes];
+        w.write(0, &bytes).unwrap();
+        let base = w.as_mut_ptr().cast_const();
+        assert!(page_present(base) && page_present(base.wrapping_add(4096)));
+        loader.commit(claim, slot_bytes as u64, 0, 1, 0).unwrap();
+        (base, bytes)
+    };
+    // Kept: a slot committed without the ask stays mapped here.
+    let (kept, _) = fill(0, 0, false);
+    assert!(page_present(kept));
+    // Forgotten: none of the slot's pages is mapped here after the commit, and the daemon reads
+    // every byte the loader wrote, through its own mapping and through this one again.
+    let (gone, bytes) = fill(1, 1, true);
+    assert!(!page_present(gone) && !page_present(gone.wrapping_add(4096)));
+    let taken = daemon.take_ready(1, 1).unwrap().expect("ready");
+    assert_eq!(taken.payload_len, slot_bytes as u64);
+    let mut out = Vec::new();
+    daemon.copy_out(1, 0, slot_bytes as u64, &mut out);
+    assert_eq!(out, bytes);
+    out.clear();
+    loader.copy_out(1, 0, slot_bytes as u64, &mut out);
+    assert_eq!(out, bytes);
+    // In the daemon's own process the ask changes nothing (its mapping stays whole).
+    loader
+        .header()
+        .daemon_pid
+        .store(std::process::id(), Relaxed);
+    let (still, _) = fill(2, 2, true);
+    assert!(page_present(still));
 }
