@@ -7,7 +7,7 @@ mod common;
 use common::*;
 use nix::sys::signal::Signal;
 use pinring_daemon::summary::Summary;
-use pinring_ring::{Access, ProcessId, Ring, SlotState};
+use pinring_ring::{Access, LoaderRing, ProcessId, Ring, SlotState};
 use std::collections::BTreeSet;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
@@ -336,9 +336,11 @@ fn a_loader_beyond_the_loader_table_is_refused_with_exit_8() {
     // one handle per seat, as one loader process each.
     let ring = Ring::open(&fx.ring, Access::ReadWrite, Duration::from_secs(5)).unwrap();
     let me = ProcessId::current();
-    let mut taken: Vec<(Ring, pinring_ring::Seat)> = (0..pinring_ring::MAX_LOADERS)
+    let mut taken: Vec<(LoaderRing, pinring_ring::Seat)> = (0..pinring_ring::MAX_LOADERS)
         .map(|_| {
-            let r = Ring::open(&fx.ring, Access::ReadWrite, Duration::from_secs(5)).unwrap();
+            let r = LoaderRing::from(
+                Ring::open(&fx.ring, Access::ReadWrite, Duration::from_secs(5)).unwrap(),
+            );
             let seat = r.attach_loader(me).unwrap();
             (r, seat)
         })

@@ -7,14 +7,15 @@ mod common;
 
 use common::*;
 use nix::sys::signal::Signal;
-use pinring_ring::{Access, ProcessId, Ring};
+use pinring_ring::{Access, LoaderRing, ProcessId, Ring};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// A part committed with the "sample cannot be read" code (3) and a message, by a loader that
 /// then leaves, in the slot carrying `seq`.
 fn commit_failed_part(ring_name: &str, seq: u64, message: &str) {
-    let ring = Ring::open(ring_name, Access::ReadWrite, Duration::from_secs(5)).unwrap();
+    let ring =
+        LoaderRing::from(Ring::open(ring_name, Access::ReadWrite, Duration::from_secs(5)).unwrap());
     let seat = ring.attach_loader(ProcessId::current()).unwrap();
     let slots = ring.geometry().slot_count;
     let slot = (0..slots)

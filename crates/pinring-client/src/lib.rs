@@ -37,7 +37,7 @@ pub use memory::Memory;
 
 use pinring_data::Config;
 use pinring_ring::handoff::{buffer_state, BufferWord, Filled};
-use pinring_ring::{ring_state, Access, ProcessId, Ring};
+use pinring_ring::{ring_state, Access, ConsumerRing, ProcessId, Ring};
 use std::sync::atomic::Ordering::{Acquire, Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -111,7 +111,7 @@ pub struct Consumer {
 #[derive(Debug)]
 struct Shared {
     memory: Memory,
-    ring: Ring,
+    ring: ConsumerRing,
     cfg: Config,
     fields: fields::Fields,
 }
@@ -472,7 +472,7 @@ impl Consumer {
     }
 
     /// The ring.
-    pub fn ring(&self) -> &Ring {
+    pub fn ring(&self) -> &ConsumerRing {
         &self.shared.ring
     }
 
@@ -609,7 +609,7 @@ fn open_ready(
     at: Option<&std::path::Path>,
     wait: Duration,
     stop: &dyn Fn() -> bool,
-) -> Result<Ring, ClientError> {
+) -> Result<ConsumerRing, ClientError> {
     let Some(ring) = pinring_ring::attach_at_unless(name, at, Access::ReadWrite, wait, stop)?
     else {
         return Err(ClientError::Interrupted { ring: name.into() });
@@ -619,7 +619,7 @@ fn open_ready(
             name: name.into(),
         }));
     }
-    Ok(ring)
+    Ok(ConsumerRing::from(ring))
 }
 
 /// The config the daemon stored in the ring, parsed and validated.

@@ -33,7 +33,7 @@ use crossbeam_channel::Receiver;
 use pinring_backend::{Completion, Uploader};
 use pinring_data::{BatchLayout, Config, Plan};
 use pinring_exit::{Coded, Exit};
-use pinring_ring::{ring_state, Ring, RingError};
+use pinring_ring::{ring_state, DaemonRing, RingError};
 use pinring_runtime::settings::{self, Overrides};
 use pinring_runtime::shutdown::Shutdown;
 use std::collections::BTreeMap;
@@ -119,7 +119,7 @@ pub const DRAIN_DEADLINE: Duration = Duration::from_millis(1500);
 /// Longest single futex wait of the main loop.
 const MAX_WAIT: Duration = Duration::from_millis(100);
 /// Payload bytes in flight from which the main loop sleeps without being woken by commits
-/// (`Ring::wait_doorbell_quiet`): at least two of the completion thread's waits (4 MiB each), so
+/// (`DaemonRing::wait_doorbell_quiet`): at least two of the completion thread's waits (4 MiB each), so
 /// when the next completion wakes the loop the copy engine still has work queued while the loop
 /// takes every part committed meanwhile. Below it each commit wakes the loop at once.
 const QUIET_IN_FLIGHT: usize = 8 << 20;
@@ -593,7 +593,7 @@ struct Daemon {
     uploader: Arc<dyn Uploader>,
     /// The ring's registration with the backend (None: --no-register).
     registration: Option<pinring_backend::Registration>,
-    ring: Arc<Ring>,
+    ring: Arc<DaemonRing>,
     cfg: Config,
     backend_name: String,
     backend_reason: String,

@@ -10,7 +10,7 @@
 
 use crate::histogram::Histogram;
 use crate::observe::Snapshot;
-use pinring_ring::Ring;
+use pinring_ring::{DaemonRing, Ring};
 use std::fmt::Write as _;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -295,7 +295,7 @@ pub fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
 /// Serves `/metrics` on `listener` from a background thread for the rest of the process.
 pub fn serve(
     listener: TcpListener,
-    ring: Arc<Ring>,
+    ring: Arc<DaemonRing>,
     metrics: Arc<DaemonMetrics>,
 ) -> std::io::Result<()> {
     std::thread::Builder::new()

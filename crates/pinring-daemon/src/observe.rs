@@ -1,6 +1,6 @@
 //! A ring's counters read without disturbing it: a [`Snapshot`] of the segment header, the
 //! loader table and the slot descriptors, the [`Rates`] between two snapshots, and the
-//! [`bound`] verdict. A view maps the segment read-only ([`Access::ReadOnly`]): it cannot write a
+//! [`bound`] verdict. A view maps the segment read-only ([`RingView`]): it cannot write a
 //! byte of the ring. The daemon's metrics endpoint and service status, `pinring status` and the
 //! Python consumer's `stats()` all read a ring through this module.
 //!
@@ -10,14 +10,14 @@
 //! * loaders waited for a FREE slot and the upload engine was mostly idle → the daemon was
 //!   waiting for device buffers held by the **consumer**.
 
-use pinring_ring::{ring_state, Access, Ring, RingError, SlotState};
+use pinring_ring::{ring_state, Ring, RingError, RingView, SlotState};
 use serde::Serialize;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
-/// Opens a ring read-only, without waiting for one that is still being created.
-pub fn open_read_only(name: &str) -> Result<Ring, RingError> {
-    Ring::open(name, Access::ReadOnly, Duration::from_millis(200))
+/// Opens a ring read-only (a [`RingView`]), without waiting for one that is still being created.
+pub fn open_read_only(name: &str) -> Result<RingView, RingError> {
+    RingView::open(name, None, Duration::from_millis(200))
 }
 
 /// Slot counts by state.

@@ -2,7 +2,7 @@
 //! daemon's own threads (upload completions, sink) ring when they have something for the main
 //! loop, so the main loop sleeps on exactly one word with a deadline.
 
-use pinring_ring::Ring;
+use pinring_ring::DaemonRing;
 use std::sync::{Arc, Weak};
 
 /// A handle that rings the daemon's doorbell. It does not keep the ring mapped: the upload
@@ -10,11 +10,11 @@ use std::sync::{Arc, Weak};
 /// same process holds it while tensors of its buffers live), which must not keep the daemon's
 /// ring handle, and with it the daemon's liveness lock, open.
 #[derive(Debug, Clone)]
-pub struct Doorbell(Weak<Ring>);
+pub struct Doorbell(Weak<DaemonRing>);
 
 impl Doorbell {
     /// For `ring`.
-    pub fn new(ring: Arc<Ring>) -> Doorbell {
+    pub fn new(ring: Arc<DaemonRing>) -> Doorbell {
         Doorbell(Arc::downgrade(&ring))
     }
 

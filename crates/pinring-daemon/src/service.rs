@@ -6,7 +6,7 @@
 
 use crate::metrics::{self, DaemonMetrics};
 use crate::observe::{Rates, Snapshot};
-use pinring_ring::Ring;
+use pinring_ring::{DaemonRing, Ring};
 use pinring_runtime::service::{parse_log_level, Notifier, Watchdog, STATUS_EVERY};
 use sd_notify::NotifyState;
 use std::net::{SocketAddr, TcpListener};
@@ -106,7 +106,7 @@ impl DaemonService {
     /// Called once the ring is READY: starts the metrics endpoint, tells systemd.
     pub fn ready(
         &mut self,
-        ring: &Arc<Ring>,
+        ring: &Arc<DaemonRing>,
         registration_seconds: f64,
     ) -> Result<(), ServiceError> {
         self.metrics.set_registration_seconds(registration_seconds);

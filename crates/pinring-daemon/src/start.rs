@@ -7,7 +7,7 @@ use crate::sink;
 use crossbeam_channel::unbounded;
 use pinring_backend::{Backend, Placement, Uploader};
 use pinring_data::Resolved;
-use pinring_ring::{ring_state, CreateOptions, Ring};
+use pinring_ring::{ring_state, CreateOptions, DaemonRing};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -133,7 +133,7 @@ impl Daemon {
                 0
             },
         });
-        let ring = Arc::new(Ring::create(&CreateOptions {
+        let ring = Arc::new(DaemonRing::create(&CreateOptions {
             name: cfg.ring.name.clone(),
             slots: cfg.slots(),
             slot_bytes: cfg.slot_bytes(),
@@ -326,7 +326,7 @@ impl Daemon {
 /// are shared with this process's consumer instead (no IPC, no handles in the ring). When the
 /// consumer copies, its buffers are its own: there is nothing to export.
 fn export_buffers(
-    ring: &Ring,
+    ring: &DaemonRing,
     uploader: &dyn Uploader,
     buffers: usize,
     embedded: bool,

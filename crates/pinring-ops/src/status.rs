@@ -1,13 +1,13 @@
 //! `pinring status [RING]`: a live view of one ring or of every ring on the host, read from the
 //! segment header, the loader table and the slot descriptors. It maps the segment read-only
-//! ([`Access::ReadOnly`]): it cannot write a byte of the ring, so it never disturbs the run.
+//! ([`RingView`]): it cannot write a byte of the ring, so it never disturbs the run.
 //!
 //! Rates and the verdict come from the difference between two snapshots one interval apart
 //! (pinring-daemon's `observe`, which the daemon's metrics read too).
 
 pub use pinring_daemon::observe::{open_read_only, Rates, Snapshot};
 use pinring_exit::Exit;
-use pinring_ring::{Access, Ring, RingError};
+use pinring_ring::{RingError, RingView};
 use serde::Serialize;
 use std::fmt::Write as _;
 
@@ -99,13 +99,8 @@ pub struct Target {
 }
 
 impl Target {
-    fn open(&self) -> Result<Ring, RingError> {
-        Ring::open_at(
-            &self.name,
-            self.at.as_deref(),
-            Access::ReadOnly,
-            Duration::from_millis(200),
-        )
+    fn open(&self) -> Result<RingView, RingError> {
+        RingView::open(&self.name, self.at.as_deref(), Duration::from_millis(200))
     }
 }
 
@@ -120,7 +115,7 @@ pub fn anonymous_rings() -> Vec<Target> {
             continue;
         }
         let holders: Vec<_> = found.iter().filter(|b| b.name == a.name).collect();
-        let daemon_pid = Ring::open_at(&a.name, Some(&a.path), Access::ReadOnly, Duration::ZERO)
+        let daemon_pid = RingView::open(&a.name, Some(&a.path), Duration::ZERO)
             .map(|r| r.daemon().pid)
             .ok();
         let best = holders
@@ -392,11 +387,11 @@ pub fn render(reports: &[RingReport]) -> String {
 
 /// Takes one interval's view of `targets`.
 fn measure(targets: &[Target], interval: Duration) -> Vec<RingReport> {
-    let opened: Vec<(&Target, Result<Ring, RingError>)> =
+    let opened: Vec<(&Target, Result<RingView, RingError>)> =
         targets.iter().map(|t| (t, t.open())).collect();
     let first: Vec<Option<Snapshot>> = opened
         .iter()
-        .map(|(_, r)| r.as_ref().ok().map(Snapshot::take))
+        .map(|(_, r)| r.as_ref().ok().map(|v| Snapshot::take(v)))
         .collect();
     // The measurement window of the rates; nothing is waited for.
     std::thread::sleep(interval);
@@ -480,7 +475,11 @@ mod tests {
     use std::sync::atomic::Ordering::Relaxed;
 
     /// A private two-slot ring for seqs `seqs`, and its name (the test removes it).
-    fn test_ring(tag: &str, seqs: std::ops::Range<u64>, in_order: bool) -> (String, Ring) {
+    fn test_ring(
+        tag: &str,
+        seqs: std::ops::Range<u64>,
+        in_order: bool,
+    ) -> (String, pinring_ring::DaemonRing) {
         ring_of(tag, seqs, in_order, false)
     }
 
@@ -490,9 +489,9 @@ mod tests {
         seqs: std::ops::Range<u64>,
         in_order: bool,
         anonymous: bool,
-    ) -> (String, Ring) {
+    ) -> (String, pinring_ring::DaemonRing) {
         let name = format!("status-{tag}-{}", std::process::id());
-        let ring = Ring::create(&pinring_ring::CreateOptions {
+        let ring = pinring_ring::DaemonRing::create(&pinring_ring::CreateOptions {
             name: name.clone(),
             slots: 2,
             slot_bytes: 4096,

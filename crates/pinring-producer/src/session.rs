@@ -5,7 +5,8 @@ use pinring_exit::{Coded, Exit};
 use pinring_ring::failure::ERR_META;
 use pinring_ring::layout::{align_up, META_ALIGN};
 use pinring_ring::{
-    futex, ring_state, Access, Claim, CommitError, ProcessId, Ring, RingError, Seat, SlotWriter,
+    futex, ring_state, Access, Claim, CommitError, LoaderRing, ProcessId, Ring, RingError, Seat,
+    SlotWriter,
 };
 use std::sync::atomic::Ordering::{Acquire, Relaxed};
 use std::sync::Arc;
@@ -73,8 +74,8 @@ impl Coded for SessionError {
 /// alive beyond the session, such as the Python fields viewing a claimed slot.
 #[derive(Debug)]
 pub struct Joined {
-    /// The mapped ring.
-    pub ring: Ring,
+    /// The mapped ring, in the loader's role.
+    pub ring: LoaderRing,
     /// The config, checked against the ring's fingerprint.
     pub cfg: Config,
     /// Its batch layout (fields, part sizes).
@@ -172,7 +173,7 @@ pub struct Session {
     hint: u32,
     /// Loaders attached, counted again with each look at the daemon, and at least
     /// [`Session::expect_peers`]'s: each keeps to its own share of the slots where it can
-    /// (`Ring::try_claim_preferring`).
+    /// (`LoaderRing::try_claim_preferring`).
     share: u32,
     /// How many loaders the caller starts together ([`Session::expect_peers`]); 0: unknown.
     peers: u32,
@@ -206,6 +207,7 @@ impl Session {
         else {
             return Ok(None);
         };
+        let ring = LoaderRing::from(ring);
         let plan = Session::check_ring(&mut cfg, &ring)?;
         let seat = ring.attach_loader(ProcessId::current())?;
         let layout = cfg.batch_layout();
@@ -255,7 +257,7 @@ impl Session {
     }
 
     /// The ring.
-    pub fn ring(&self) -> &Ring {
+    pub fn ring(&self) -> &LoaderRing {
         &self.joined.ring
     }
 
@@ -346,7 +348,7 @@ impl Session {
     /// 250 ms on). Which slots a loader writes decides which pages of the ring it touches, and
     /// so its share of them in its PSS. The preference never decides whether a slot is taken:
     /// a loader whose own slots are all busy fills another's, and then, once the part is
-    /// committed, drops its pages of that slot (`Ring::forget_slot_pages`), so only its own
+    /// committed, drops its pages of that slot (`LoaderRing::forget_slot_pages`), so only its own
     /// slots stay in its resident memory. The next write to a dropped slot faults its pages in
     /// again, which is why only loaders started together do this (the DataLoader's workers,
     /// whose memory a user compares with torch's), not every loader.

@@ -111,7 +111,7 @@ pub fn bump_and_wake_counted(word: &AtomicU32, waiters: &AtomicU32, n: i32) {
 /// threads ring its doorbell this way: its main loop may wait counted in a count of the
 /// daemon's private memory, which loaders never read, so that their commits do not wake it
 /// while it has enough uploads in flight, while the daemon's completion and sink threads still
-/// do (`Ring::wait_doorbell_quiet`).
+/// do (`DaemonRing::wait_doorbell_quiet`).
 pub fn bump_and_wake_counted_either(word: &AtomicU32, a: &AtomicU32, b: &AtomicU32, n: i32) {
     word.fetch_add(1, Ordering::SeqCst);
     if a.load(Ordering::SeqCst) != 0 || b.load(Ordering::SeqCst) != 0 {

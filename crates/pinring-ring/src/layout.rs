@@ -342,7 +342,7 @@ mod model {
     use super::*;
 
     impl SlotDesc {
-        /// A descriptor as [`crate::ring::Ring::create`] leaves it: IDLE, ticket 0, no seq.
+        /// A descriptor as [`crate::ring::DaemonRing::create`] leaves it: IDLE, ticket 0, no seq.
         pub fn new_idle() -> SlotDesc {
             let zero = || AtomicU64::new(0);
             SlotDesc {

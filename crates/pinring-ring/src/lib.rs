@@ -3,15 +3,15 @@
 //! and the sequencer; cross-process futex wake-ups. No CUDA in here.
 //!
 //! Roles:
-//! * the daemon [`Ring::create`]s the ring, [`Ring::assign`]s seqs to slots, [`Ring::take_ready`]s
+//! * the daemon [`DaemonRing::create`]s the ring, [`DaemonRing::assign`]s seqs to slots, [`DaemonRing::take_ready`]s
 //!   committed batches, and assigns the next seq when an upload is done;
-//! * loaders [`Ring::open`] it, [`Ring::attach_loader`], [`Ring::try_claim`] a FREE slot, fill
-//!   [`Ring::slot_writer`], and [`Ring::commit`];
+//! * loaders [`Ring::open`] it, [`LoaderRing::attach_loader`], [`LoaderRing::try_claim`] a FREE slot, fill
+//!   [`LoaderRing::slot_writer`], and [`LoaderRing::commit`];
 //! * status views open it read-only.
 //!
 //! docs/PROTOCOL.md draws the layout and the state machine.
 //!
-//! The model-checking build (`RUSTFLAGS="--cfg loom"`, tests/loom.rs) keeps only what the
+//! The model-checking build (`RUSTFLAGS="--cfg loom"`, src/loom_tests.rs) keeps only what the
 //! checker runs: the slot transitions ([`slot`], [`recovery`]) and the counted futex wake-ups
 //! ([`futex`]) on `loom`'s atomics ([`sync`]). The segment and everything mapped from it
 //! (segment, ring, lock, fault) exist only in the normal build.
@@ -29,6 +29,8 @@ pub mod handoff;
 pub mod layout;
 #[cfg(not(loom))]
 pub mod lock;
+#[cfg(all(test, loom))]
+mod loom_tests;
 pub mod process;
 pub mod recovery;
 #[cfg(not(loom))]
@@ -48,7 +50,8 @@ pub use recovery::Expired;
 pub use ring::resolve_group;
 #[cfg(not(loom))]
 pub use ring::{
-    write_words_at, Claim, CreateOptions, LoaderView, OutOfSlot, Ring, SlotView, SlotWriter,
+    write_words_at, Claim, ConsumerRing, CreateOptions, DaemonRing, LoaderRing, LoaderView,
+    OutOfSlot, Ring, RingView, SlotView, SlotWriter,
 };
 #[cfg(not(loom))]
 pub use segment::{find_anonymous, object_path, validate_name, Access, AnonymousRing, Segment};

@@ -3,15 +3,15 @@
 //! A loader that was stopped (SIGSTOP, a stuck NFS read, a debugger) while it held a CLAIMED
 //! slot is still alive: it can resume at any time and go on writing payload bytes into the slot
 //! before its commit CAS fails. So a slot taken back from a *live* owner is not handed out again
-//! at once. [`Ring::reclaim_expired`] moves it CLAIMED → IDLE (new ticket: the late commit
+//! at once. [`DaemonRing::reclaim_expired`] moves it CLAIMED → IDLE (new ticket: the late commit
 //! fails) and the daemon keeps it out of use ("quarantined") until the old owner is dead or has
-//! written [`abandon_word`] into its loader-table entry ([`Ring::abandon`], done right after its
+//! written [`abandon_word`] into its loader-table entry ([`LoaderRing::abandon`], done right after its
 //! refused commit, after which it never touches the slot again). The seq it carried is made in
 //! another slot meanwhile. A zombie's bytes therefore only ever land in a slot that nobody will
 //! upload from, and the consumer can never see them.
 //!
 //! The transitions and the handshake are methods of [`SlotDesc`] and [`LoaderEntry`] (pure
-//! operations on their atomics, which the model checker runs too, see tests/loom.rs); [`Ring`]'s
+//! operations on their atomics, which the model checker runs too, see src/loom_tests.rs); [`Ring`]'s
 //! methods find the descriptor and the entry and add the kernel's word on liveness.
 //!
 //! No unsafe code here: everything goes through the typed views of [`Ring`].
@@ -21,7 +21,7 @@ use crate::layout::{abandon_word, LoaderEntry, SlotDesc};
 use crate::layout::{loader_state, MAX_LOADERS};
 use crate::process::ProcessId;
 #[cfg(not(loom))]
-use crate::ring::Ring;
+use crate::ring::{DaemonRing, LoaderRing, Ring};
 use crate::slot::{SlotState, SlotWord};
 use crate::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
 
@@ -53,7 +53,7 @@ impl SlotDesc {
     /// `owner_id` its identity for messages. The caller keeps the slot out of use until
     /// [`LoaderEntry::has_abandoned`] (or the owner's exit) says the owner can no longer write
     /// into it.
-    pub fn expire(
+    pub(crate) fn expire(
         &self,
         slot: u32,
         observed: u64,
@@ -90,7 +90,7 @@ impl SlotDesc {
     /// another seq. Returns the state it was taken from; `None` if it was in neither (a loader
     /// claimed it meanwhile, or it is the daemon's). A READY batch taken back is simply made
     /// again later; its loader finished writing when it committed.
-    pub fn take_back(&self) -> Option<SlotState> {
+    pub(crate) fn take_back(&self) -> Option<SlotState> {
         let w = SlotWord::unpack(self.word.load(Acquire));
         let state = w.state?;
         if !matches!(state, SlotState::Free | SlotState::Ready) {
@@ -105,7 +105,7 @@ impl SlotDesc {
 
     /// Daemon side: forces a slot whose descriptor holds a state the daemon never left it in
     /// (garbage, IDLE or UPLOADING while assigned) back to IDLE with a new ticket.
-    pub fn reset_to_idle(&self) {
+    pub(crate) fn reset_to_idle(&self) {
         let w = SlotWord::unpack(self.word.load(Acquire));
         self.word.store(
             SlotWord::pack(SlotState::Idle, w.ticket.wrapping_add(1)),
@@ -117,14 +117,14 @@ impl SlotDesc {
 impl LoaderEntry {
     /// Loader side: after a refused commit, promises never to touch `slot` of round `ticket`
     /// again, so the daemon may hand the slot out once more.
-    pub fn abandon(&self, slot: u32, ticket: u32) {
+    pub(crate) fn abandon(&self, slot: u32, ticket: u32) {
         // Release: every write this loader made into the slot happens before the daemon, which
         // loads this word with Acquire, re-issues the slot.
         self.abandoned.store(abandon_word(slot, ticket), Release);
     }
 
     /// Daemon side: whether this entry's occupant, the owner of the expired claim `e`, has
-    /// acknowledged it with [`LoaderEntry::abandon`] (this slot, or a later one: a loader holds
+    /// acknowledged it with `LoaderEntry::abandon` (this slot, or a later one: a loader holds
     /// one claim at a time, so it abandons slots in order). Liveness is the caller's business:
     /// an owner that is gone needs no acknowledgement.
     pub fn has_abandoned(&self, e: &Expired) -> bool {
@@ -155,23 +155,8 @@ impl Ring {
         self.desc(i).word_acquire()
     }
 
-    /// If slot `i` still holds exactly the CLAIMED word `observed` (from [`Ring::word`]), takes it
-    /// back ([`SlotDesc::expire`]). The caller keeps the slot out of use until
-    /// [`Ring::released_by`] says the owner can no longer write into it.
-    pub fn reclaim_expired(&self, i: u32, observed: u64) -> Option<Expired> {
-        let w = SlotWord::unpack(observed);
-        if w.state != Some(SlotState::Claimed) {
-            return None;
-        }
-        let owner_id = self.owner_identity(w.owner);
-        let entry = ((w.owner as usize) < MAX_LOADERS).then(|| self.loader(w.owner as usize));
-        let expired = self.desc(i).expire(i, observed, entry, owner_id)?;
-        self.header().reclaimed.fetch_add(1, Relaxed);
-        Some(expired)
-    }
-
     /// Whether the owner of an expired claim can no longer write into the slot: its tenure lock
-    /// is free (it exited or died), or it has acknowledged with [`Ring::abandon`]
+    /// is free (it exited or died), or it has acknowledged with [`LoaderRing::abandon`]
     /// ([`LoaderEntry::has_abandoned`]).
     pub fn released_by(&self, e: &Expired) -> bool {
         if e.owner as usize >= MAX_LOADERS {
@@ -188,21 +173,42 @@ impl Ring {
     pub fn expired_owner_alive(&self, e: &Expired) -> bool {
         self.claimant_alive(e.owner, e.tenure).unwrap_or(true)
     }
+}
 
-    /// Loader side: after a refused commit, promises never to touch `slot` of round `ticket`
-    /// again ([`LoaderEntry::abandon`]), and rings the daemon's doorbell.
-    pub fn abandon(&self, seat: crate::slot::Seat, slot: u32, ticket: u32) {
-        self.loader(seat.index as usize).abandon(slot, ticket);
-        self.ring_doorbell();
+#[cfg(not(loom))]
+impl DaemonRing {
+    /// If slot `i` still holds exactly the CLAIMED word `observed` (from [`Ring::word`]), takes it
+    /// back (`SlotDesc::expire`). The caller keeps the slot out of use until
+    /// [`Ring::released_by`] says the owner can no longer write into it.
+    pub fn reclaim_expired(&self, i: u32, observed: u64) -> Option<Expired> {
+        let w = SlotWord::unpack(observed);
+        if w.state != Some(SlotState::Claimed) {
+            return None;
+        }
+        let owner_id = self.owner_identity(w.owner);
+        let entry = ((w.owner as usize) < MAX_LOADERS).then(|| self.loader(w.owner as usize));
+        let expired = self.desc(i).expire(i, observed, entry, owner_id)?;
+        self.header().reclaimed.fetch_add(1, Relaxed);
+        Some(expired)
     }
 
-    /// Daemon side: takes a FREE or READY slot back to IDLE ([`SlotDesc::take_back`]).
+    /// Daemon side: takes a FREE or READY slot back to IDLE (`SlotDesc::take_back`).
     pub fn take_back(&self, i: u32) -> Option<SlotState> {
         self.desc(i).take_back()
     }
 
-    /// Daemon side: forces slot `i` back to IDLE ([`SlotDesc::reset_to_idle`]).
+    /// Daemon side: forces slot `i` back to IDLE (`SlotDesc::reset_to_idle`).
     pub fn reset_to_idle(&self, i: u32) {
         self.desc(i).reset_to_idle()
+    }
+}
+
+#[cfg(not(loom))]
+impl LoaderRing {
+    /// Loader side: after a refused commit, promises never to touch `slot` of round `ticket`
+    /// again (`LoaderEntry::abandon`), and rings the daemon's doorbell.
+    pub fn abandon(&self, seat: crate::slot::Seat, slot: u32, ticket: u32) {
+        self.loader(seat.index as usize).abandon(slot, ticket);
+        self.ring_doorbell();
     }
 }

@@ -68,13 +68,109 @@ pub struct Ring {
     /// one handle can hold one seat (a second would re-take its own locks and share an entry).
     seat: std::sync::Mutex<Option<Seat>>,
     /// Waiters on the doorbell that only this handle's [`Ring::ring_doorbell`] wakes, not a
-    /// loader's commit ([`Ring::wait_doorbell_quiet`]); in this process's memory, not the
+    /// loader's commit ([`DaemonRing::wait_doorbell_quiet`]); in this process's memory, not the
     /// segment's.
     quiet_waiters: crate::sync::atomic::AtomicU32,
 }
 
+/// The daemon's handle on its ring, made only by [`DaemonRing::create`]: the one role that
+/// hands slots out, takes committed ones, frees and takes them back, changes the ring's state,
+/// reaps dead loaders and consumers, and removes the ring's name. Everything any role may read
+/// is [`Ring`]'s, through `Deref`.
+#[derive(Debug)]
+pub struct DaemonRing(Ring);
+
+/// A loader's handle: takes a seat in the loader table, claims FREE slots, writes a claimed
+/// slot and commits it, and abandons a claim taken back. It cannot hand out, take, free or
+/// take back a slot, nor change the ring's state: those are [`DaemonRing`]'s, and the compiler
+/// refuses them here:
+///
+/// ```compile_fail,E0599
+/// fn free_a_slot(ring: &pinring_ring::LoaderRing) {
+///     ring.assign(0, 1); // only the daemon hands slots out
+/// }
+/// ```
+///
+/// ```compile_fail,E0599
+/// fn close(ring: &pinring_ring::LoaderRing) {
+///     ring.set_state(pinring_ring::ring_state::CLOSED); // only the daemon ends a run
+/// }
+/// ```
+///
+/// ```compile_fail,E0624
+/// fn free_through_the_descriptor(ring: &pinring_ring::LoaderRing) {
+///     ring.desc(0).assign(1, 0); // the slot transitions are the role handles' only
+/// }
+/// ```
+///
+/// What it may do compiles:
+///
+/// ```
+/// fn claim_one(ring: &pinring_ring::LoaderRing, seat: pinring_ring::Seat) -> Option<u32> {
+///     ring.try_claim(seat, 0).map(|c| c.slot())
+/// }
+/// ```
+#[derive(Debug)]
+pub struct LoaderRing(Ring);
+
+/// The consumer's handle (a trainer attached to a daemon's ring): becomes the ring's one
+/// consumer and waits for batches; the buffers it takes and releases are the handoff's. Neither
+/// a slot's nor a loader's transitions are its:
+///
+/// ```compile_fail,E0599
+/// fn claim(ring: &pinring_ring::ConsumerRing, seat: pinring_ring::Seat) {
+///     ring.try_claim(seat, 0);
+/// }
+/// ```
+#[derive(Debug)]
+pub struct ConsumerRing(Ring);
+
+/// A read-only view (`pinring status`, the metrics): the segment mapped read-only, so no write
+/// through it can reach the ring, and none of the roles' calls.
+#[derive(Debug)]
+pub struct RingView(Ring);
+
+macro_rules! role_handle {
+    ($($role:ident),*) => {$(
+        impl std::ops::Deref for $role {
+            type Target = Ring;
+            fn deref(&self) -> &Ring {
+                &self.0
+            }
+        }
+    )*};
+}
+role_handle!(DaemonRing, LoaderRing, ConsumerRing, RingView);
+
+impl From<Ring> for LoaderRing {
+    /// Takes the loader's role on an opened ring (a read-only one cannot take a seat).
+    fn from(ring: Ring) -> LoaderRing {
+        LoaderRing(ring)
+    }
+}
+
+impl From<Ring> for ConsumerRing {
+    /// Takes the consumer's role on an opened ring.
+    fn from(ring: Ring) -> ConsumerRing {
+        ConsumerRing(ring)
+    }
+}
+
+impl RingView {
+    /// Opens ring `name` read-only ([`Access::ReadOnly`]), where it is named in /dev/shm or, with
+    /// `at`, where its daemon holds an anonymous one; waits up to `timeout` for one still being
+    /// created.
+    pub fn open(
+        name: &str,
+        at: Option<&std::path::Path>,
+        timeout: Duration,
+    ) -> Result<RingView, RingError> {
+        Ring::open_at(name, at, Access::ReadOnly, timeout).map(RingView)
+    }
+}
+
 /// A slot claimed by a loader; only the claimant writes the slot's data until it commits.
-/// Made only by [`Ring::try_claim`] and consumed by [`Ring::commit`]: safe code cannot forge one
+/// Made only by [`LoaderRing::try_claim`] and consumed by [`LoaderRing::commit`]: safe code cannot forge one
 /// or hold two for one round of a slot.
 #[derive(Debug)]
 pub struct Claim {
@@ -82,7 +178,7 @@ pub struct Claim {
     seq: u64,
     ticket: u32,
     seat: Seat,
-    /// Taken outside the claimant's own share of the slots ([`Ring::try_claim_preferring`]).
+    /// Taken outside the claimant's own share of the slots ([`LoaderRing::try_claim_preferring`]).
     foreign: bool,
     /// Drop this process's pages of the slot once committed ([`Claim::forget_pages`]).
     forget: bool,
@@ -109,14 +205,14 @@ impl Claim {
         self.seat
     }
 
-    /// Whether the slot lies outside the claimant's own share ([`Ring::try_claim_preferring`]
+    /// Whether the slot lies outside the claimant's own share ([`LoaderRing::try_claim_preferring`]
     /// found none of its own free and took another loader's).
     pub fn foreign(&self) -> bool {
         self.foreign
     }
 
-    /// Asks [`Ring::commit`] to drop this process's pages of the slot once the part is published
-    /// ([`Ring::forget_slot_pages`]), so the bytes written here stop counting in this process's
+    /// Asks [`LoaderRing::commit`] to drop this process's pages of the slot once the part is published
+    /// ([`LoaderRing::forget_slot_pages`]), so the bytes written here stop counting in this process's
     /// resident memory. For a slot this loader rarely writes (another's share).
     pub fn forget_pages(&mut self) {
         self.forget = true;
@@ -330,7 +426,7 @@ impl Ring {
     /// its name ([`Segment::publish`]): a file already there is replaced only if no daemon holds
     /// it and it is a ring of this layout (or `replace` is set); a live daemon's ring, another
     /// user's file, or (without `replace`) anything that is not a stale ring, is refused.
-    pub fn create(opts: &CreateOptions) -> Result<Ring, RingError> {
+    fn create(opts: &CreateOptions) -> Result<Ring, RingError> {
         let invalid = || RingError::InvalidGeometry {
             name: opts.name.clone(),
             slots: opts.slots,
@@ -484,39 +580,6 @@ impl Ring {
             words32: f32s.map(|(_, f)| f.load(Relaxed)),
             state: self.header().state.load(Relaxed),
         }
-    }
-
-    /// Daemon side: compares the header with the daemon's own record of what it wrote, restores
-    /// every field another process changed, and names them (empty: nothing was touched). A
-    /// ring opened rather than created has no record and reports nothing.
-    pub fn repair_header(&self) -> Vec<&'static str> {
-        let Some(seal) = &self.seal else {
-            return Vec::new();
-        };
-        let seal = seal.lock().unwrap_or_else(|p| p.into_inner());
-        let h = self.header();
-        let (f64s, f32s) = sealed_fields(h, self.handoff());
-        let mut changed = Vec::new();
-        for ((name, f), want) in f64s.into_iter().zip(seal.words64) {
-            if f.swap(want, Relaxed) != want {
-                changed.push(name);
-            }
-        }
-        for ((name, f), want) in f32s.into_iter().zip(seal.words32) {
-            if f.swap(want, Relaxed) != want {
-                changed.push(name);
-            }
-        }
-        if h.state.load(Acquire) != seal.state {
-            changed.push("state");
-            h.state.store(seal.state, Release);
-            futex::bump_and_wake_all(&h.work_futex);
-            futex::bump_and_wake_all(&h.doorbell_futex);
-        }
-        if !changed.is_empty() {
-            self.health().header_repairs.fetch_add(1, Relaxed);
-        }
-        changed
     }
 
     /// Opens an existing ring (loader: read-write; status: read-only) and validates its header
@@ -836,17 +899,6 @@ impl Ring {
         self.header().state.load(Acquire)
     }
 
-    /// Sets the ring state and wakes every waiter on both futex words.
-    pub fn set_state(&self, state: u32) {
-        if let Some(seal) = &self.seal {
-            seal.lock().unwrap_or_else(|p| p.into_inner()).state = state;
-        }
-        self.header().state.store(state, Release);
-        futex::bump_and_wake_all(&self.header().work_futex);
-        futex::bump_and_wake_all(&self.header().doorbell_futex);
-        futex::bump_and_wake_all(&self.handoff().deliver_futex);
-    }
-
     /// Rings the daemon's doorbell (commits, completions): a wake only if a daemon thread sleeps.
     pub fn ring_doorbell(&self) {
         let h = self.header();
@@ -856,34 +908,6 @@ impl Ring {
             &self.quiet_waiters,
             1,
         );
-    }
-
-    /// The daemon's wait for its doorbell, from `seen` (loaded before it looked for work).
-    pub fn wait_doorbell(&self, seen: u32, timeout: Duration) -> futex::Wake {
-        let h = self.header();
-        futex::wait_counted(&h.doorbell_futex, &h.doorbell_waiters, seen, timeout)
-    }
-
-    /// The daemon's wait for its doorbell that a loader's commit does not end: only
-    /// [`Ring::ring_doorbell`] on this same handle does (the daemon's completion and sink
-    /// threads), or the deadline. For a daemon with enough uploads in flight that the next
-    /// completion comes before the copy engine runs dry: it then takes every part committed
-    /// meanwhile in one pass, and loaders commit without a wake-up system call.
-    pub fn wait_doorbell_quiet(&self, seen: u32, timeout: Duration) -> futex::Wake {
-        let h = self.header();
-        futex::wait_counted(&h.doorbell_futex, &self.quiet_waiters, seen, timeout)
-    }
-
-    /// Wakes up to `n` loaders waiting for a free slot (none if none waits).
-    pub fn wake_loaders(&self, n: i32) {
-        let h = self.header();
-        futex::bump_and_wake_counted(&h.work_futex, &h.work_waiters, n);
-    }
-
-    /// A loader's wait for a free slot, from `seen` (loaded before it looked for one).
-    pub fn wait_for_work(&self, seen: u32, timeout: Duration) -> futex::Wake {
-        let h = self.header();
-        futex::wait_counted(&h.work_futex, &h.work_waiters, seen, timeout)
     }
 
     /// Whether batches are delivered in order.
@@ -922,37 +946,6 @@ impl Ring {
         }
     }
 
-    /// Drops this process's page-table entries for slot `i`'s bytes (`MADV_DONTNEED` over the
-    /// slot's whole pages): they stop counting in its resident memory (RSS, PSS), and the next
-    /// access maps the same bytes again from the segment, which keeps them (the mapping is
-    /// shared). Only this process's mapping changes: the daemon's registration and every other
-    /// mapping are untouched. Skipped in the daemon's own process, whose mapping is the one
-    /// registered for uploads, and for a read-only mapping. Best effort: a refusal is logged at
-    /// debug level and changes nothing else.
-    pub fn forget_slot_pages(&self, i: u32) {
-        if self.seg.access() != Access::ReadWrite || self.daemon().pid == std::process::id() {
-            return;
-        }
-        let ptr = self.slot_ptr(i);
-        // Slots start on a page boundary (SLOT_ALIGN); only whole pages of the slot.
-        let len = self.geom.slot_bytes as usize / SLOT_ALIGN * SLOT_ALIGN;
-        let Some(addr) = std::ptr::NonNull::new(ptr.cast::<std::ffi::c_void>()) else {
-            return;
-        };
-        if len == 0 {
-            return;
-        }
-        // SAFETY: [addr, addr + len) lies inside this ring's mapping (slot_ptr checked the index,
-        // the slot is slot_bytes long) and is a MAP_SHARED mapping of the segment file, so
-        // MADV_DONTNEED only unmaps this process's pages: the bytes stay in the file and a later
-        // access maps them again. No Rust reference into slot data exists (slot bytes are only
-        // reached through raw pointers), so none can observe the pages go.
-        let r = unsafe { madvise(addr, len, MmapAdvise::MADV_DONTNEED) };
-        if let Err(e) = r {
-            tracing::debug!(ring = %self.name(), slot = i, "cannot drop the slot's pages: {e}");
-        }
-    }
-
     /// Checks the segment file still has the size it had at open/create (the daemon must not
     /// upload from pages of a file that was truncated or replaced).
     pub fn check_file(&self) -> Result<(), RingError> {
@@ -980,12 +973,6 @@ impl Ring {
             });
         }
         Ok(())
-    }
-
-    /// Removes the segment's name (daemon, at exit), unless the name now refers to another
-    /// file (a replacement is never removed by the daemon it replaced).
-    pub fn unlink(&self) -> Result<(), RingError> {
-        self.seg.unlink_if_ours().map(|_| ())
     }
 
     /// A snapshot of slot `i`.
@@ -1028,12 +1015,232 @@ impl Ring {
             .collect()
     }
 
-    // ------------------------------------------------------------------ loader side
+    /// Daemon: whether a consumer is attached (the kernel's word: its lock).
+    pub fn consumer_alive(&self) -> Result<bool, RingError> {
+        lock::holder(self.seg.file(), lock::CONSUMER_LOCK)
+            .map(|h| h == lock::Holder::Writer)
+            .map_err(|e| self.sys("fcntl(F_OFD_GETLK) on the consumer byte", e))
+    }
 
+    /// Whether the loader that claimed a slot as (`owner`, `tenure`) is still attached: the
+    /// kernel's word (its tenure lock). `None` if the kernel could not be asked; callers then
+    /// assume it lives (the lease still catches a loader that never finishes).
+    pub fn claimant_alive(&self, owner: u16, tenure: u16) -> Option<bool> {
+        if owner as usize >= MAX_LOADERS {
+            return Some(false);
+        }
+        lock::holder(self.seg.file(), lock::tenure_lock(owner, tenure))
+            .ok()
+            .map(|h| h == lock::Holder::Writer)
+    }
+
+    /// Whether loader-table entry `index` has a live occupant (its entry lock is held).
+    pub fn entry_occupied(&self, index: u16) -> Option<bool> {
+        lock::holder(self.seg.file(), lock::entry_lock(index))
+            .ok()
+            .map(|h| h == lock::Holder::Writer)
+    }
+
+    /// How many loaders are attached (loader-table entries ACTIVE): a count of atomic loads,
+    /// no system call.
+    pub fn attached_loaders(&self) -> u32 {
+        (0..MAX_LOADERS)
+            .filter(|&i| self.loader(i).state.load(Acquire) == loader_state::ACTIVE)
+            .count() as u32
+    }
+
+    /// Copies bytes `[offset, offset+len)` of slot `i` (a taken slot's metadata) into `out`
+    /// (replacing its contents), so they can be decoded in private memory: no Rust reference is
+    /// ever formed over bytes another process can write. Panics if the range leaves the slot (a
+    /// caller bug: lengths from the segment are checked by `take_ready` first).
+    pub fn copy_out(&self, i: u32, offset: u64, len: u64, out: &mut Vec<u8>) {
+        let sb = self.geom.slot_bytes;
+        assert!(offset <= sb && len <= sb - offset, "range outside slot {i}");
+        out.clear();
+        out.reserve(len as usize);
+        // SAFETY: offset <= slot_bytes (asserted above), so the pointer stays inside slot i.
+        let src = unsafe { self.slot_ptr(i).add(offset as usize) };
+        // SAFETY: the source range lies inside slot i, inside the mapping; the destination has
+        // capacity for `len` bytes and is private memory, so the ranges do not overlap. The copy
+        // reads the bytes as untrusted data (any value is a valid u8); the daemon reads a slot
+        // only while it is UPLOADING, when no conforming process writes it.
+        unsafe { std::ptr::copy_nonoverlapping(src, out.as_mut_ptr(), len as usize) };
+        // SAFETY: the copy above initialised the first `len` bytes, within the capacity.
+        unsafe { out.set_len(len as usize) };
+    }
+}
+
+impl DaemonRing {
+    /// Creates the ring: the daemon's handle ([`DaemonRing::create`]'s checks and publication).
+    pub fn create(opts: &CreateOptions) -> Result<DaemonRing, RingError> {
+        Ring::create(opts).map(DaemonRing)
+    }
+
+    /// Daemon side: compares the header with the daemon's own record of what it wrote, restores
+    /// every field another process changed, and names them (empty: nothing was touched). A
+    /// ring opened rather than created has no record and reports nothing.
+    pub fn repair_header(&self) -> Vec<&'static str> {
+        let Some(seal) = &self.seal else {
+            return Vec::new();
+        };
+        let seal = seal.lock().unwrap_or_else(|p| p.into_inner());
+        let h = self.header();
+        let (f64s, f32s) = sealed_fields(h, self.handoff());
+        let mut changed = Vec::new();
+        for ((name, f), want) in f64s.into_iter().zip(seal.words64) {
+            if f.swap(want, Relaxed) != want {
+                changed.push(name);
+            }
+        }
+        for ((name, f), want) in f32s.into_iter().zip(seal.words32) {
+            if f.swap(want, Relaxed) != want {
+                changed.push(name);
+            }
+        }
+        if h.state.load(Acquire) != seal.state {
+            changed.push("state");
+            h.state.store(seal.state, Release);
+            futex::bump_and_wake_all(&h.work_futex);
+            futex::bump_and_wake_all(&h.doorbell_futex);
+        }
+        if !changed.is_empty() {
+            self.health().header_repairs.fetch_add(1, Relaxed);
+        }
+        changed
+    }
+
+    /// Sets the ring state and wakes every waiter on both futex words.
+    pub fn set_state(&self, state: u32) {
+        if let Some(seal) = &self.seal {
+            seal.lock().unwrap_or_else(|p| p.into_inner()).state = state;
+        }
+        self.header().state.store(state, Release);
+        futex::bump_and_wake_all(&self.header().work_futex);
+        futex::bump_and_wake_all(&self.header().doorbell_futex);
+        futex::bump_and_wake_all(&self.handoff().deliver_futex);
+    }
+
+    /// Wakes up to `n` loaders waiting for a free slot (none if none waits).
+    pub fn wake_loaders(&self, n: i32) {
+        let h = self.header();
+        futex::bump_and_wake_counted(&h.work_futex, &h.work_waiters, n);
+    }
+
+    /// The daemon's wait for its doorbell, from `seen` (loaded before it looked for work).
+    pub fn wait_doorbell(&self, seen: u32, timeout: Duration) -> futex::Wake {
+        let h = self.header();
+        futex::wait_counted(&h.doorbell_futex, &h.doorbell_waiters, seen, timeout)
+    }
+
+    /// The daemon's wait for its doorbell that a loader's commit does not end: only
+    /// [`Ring::ring_doorbell`] on this same handle does (the daemon's completion and sink
+    /// threads), or the deadline. For a daemon with enough uploads in flight that the next
+    /// completion comes before the copy engine runs dry: it then takes every part committed
+    /// meanwhile in one pass, and loaders commit without a wake-up system call.
+    pub fn wait_doorbell_quiet(&self, seen: u32, timeout: Duration) -> futex::Wake {
+        let h = self.header();
+        futex::wait_counted(&h.doorbell_futex, &self.quiet_waiters, seen, timeout)
+    }
+
+    /// Removes the segment's name (daemon, at exit), unless the name now refers to another
+    /// file (a replacement is never removed by the daemon it replaced).
+    pub fn unlink(&self) -> Result<(), RingError> {
+        self.seg.unlink_if_ours().map(|_| ())
+    }
+
+    /// Daemon: if no consumer holds the ring, marks RECLAIMED every buffer a dead one still held;
+    /// returns how many.
+    pub fn reclaim_from_dead_consumer(&self) -> Result<u64, RingError> {
+        let Some(hg) = self.geom.handoff else {
+            return Ok(0);
+        };
+        if self.consumer_alive()? {
+            return Ok(0);
+        }
+        let mut n = 0;
+        for i in 0..hg.buffers {
+            n += u64::from(self.buffer_desc(i).reclaim());
+        }
+        if n > 0 {
+            self.handoff().reclaimed.fetch_add(n, Relaxed);
+        }
+        Ok(n)
+    }
+
+    /// Daemon: wakes the consumer waiting for a batch (a wake only if one sleeps); `all`: state
+    /// changes, which wake unconditionally.
+    pub fn wake_consumer(&self, all: bool) {
+        let b = self.handoff();
+        if all {
+            futex::bump_and_wake_all(&b.deliver_futex);
+        } else {
+            futex::bump_and_wake_counted(&b.deliver_futex, &b.deliver_waiters, 1);
+        }
+    }
+
+    /// Hands slot `i` out for `seq` (from IDLE or UPLOADING). Returns the new ticket.
+    pub fn assign(&self, i: u32, seq: u64) -> u32 {
+        self.assign_at(i, seq, monotonic_ns())
+    }
+
+    /// [`DaemonRing::assign`], with the time it is freed at (the slot's `free_ns`) read by the caller:
+    /// a daemon that frees many slots in one pass reads the clock once.
+    pub fn assign_at(&self, i: u32, seq: u64, free_ns: u64) -> u32 {
+        self.desc(i).assign(seq, free_ns)
+    }
+
+    /// Parks slot `i` with no work (end of plan, or draining).
+    pub fn park(&self, i: u32) {
+        self.desc(i).park()
+    }
+
+    /// Takes a FREE slot back so no loader claims it (draining). True if it was FREE.
+    pub fn unassign_if_free(&self, i: u32) -> bool {
+        self.desc(i).unassign_if_free()
+    }
+
+    /// If slot `i` is READY, validates its descriptor against the seq the daemon assigned and
+    /// takes it (READY → UPLOADING). `Ok(None)`: not ready yet.
+    pub fn take_ready(&self, i: u32, assigned_seq: u64) -> Result<Option<Taken>, SlotFault> {
+        self.desc(i)
+            .take_ready(i, assigned_seq, self.geom.slot_bytes)
+    }
+
+    /// If slot `i` is CLAIMED by a loader that is no longer attached (its tenure lock is free:
+    /// it exited or died, whatever pid namespace it ran in), puts it back to FREE with the same seq
+    /// (a new ticket, so the dead owner's commit could never land). Returns the reclaimed seq.
+    pub fn reclaim_if_owner_dead(&self, i: u32) -> Option<u64> {
+        let seq = self
+            .desc(i)
+            .reclaim_if_owner_dead(|owner, tenure| self.claimant_alive(owner, tenure))?;
+        self.header().reclaimed.fetch_add(1, Relaxed);
+        Some(seq)
+    }
+
+    /// Clears loader-table entries whose occupant is gone (it died without detaching: its entry
+    /// lock is free).
+    pub fn reap_dead_loaders(&self) -> usize {
+        let mut n = 0;
+        for i in 0..MAX_LOADERS as u16 {
+            let e = self.loader(i as usize);
+            if e.state.load(Acquire) == loader_state::EMPTY {
+                continue;
+            }
+            if self.entry_occupied(i) == Some(false) {
+                e.state.store(loader_state::EMPTY, Release);
+                e.pid.store(0, Release);
+                n += 1;
+            }
+        }
+        n
+    }
+}
+
+impl LoaderRing {
     /// Enters this process in the loader table: takes the lock of the first entry no live loader
     /// holds, then a lock for a new tenure of it, and records itself there. The locks are this
     /// handle's: they go when it drops or the process dies, which is how the daemon learns that
-    /// the loader is gone ([`Ring::reclaim_if_owner_dead`]). A ring opened read-only cannot take
+    /// the loader is gone ([`DaemonRing::reclaim_if_owner_dead`]). A ring opened read-only cannot take
     /// them.
     pub fn attach_loader(&self, me: ProcessId) -> Result<Seat, RingError> {
         let mut held = self.seat.lock().unwrap_or_else(|p| p.into_inner());
@@ -1087,81 +1294,6 @@ impl Ring {
         })
     }
 
-    /// Consumer: becomes the ring's one consumer. Takes [`lock::CONSUMER_LOCK`] (held until this
-    /// handle drops or the process dies), marks RECLAIMED every buffer a dead predecessor still
-    /// held, and records the pid. Fails with `NoHandoff` for a ring that hands nothing over and
-    /// with `ConsumerPresent` while another consumer lives.
-    pub fn attach_consumer(&self, me: ProcessId) -> Result<(), RingError> {
-        let Some(hg) = self.geom.handoff else {
-            return Err(RingError::NoHandoff {
-                name: self.name().into(),
-            });
-        };
-        if !lock::try_lock_exclusive(self.seg.file(), lock::CONSUMER_LOCK)
-            .map_err(|e| self.sys("fcntl(F_OFD_SETLK) on the consumer byte", e))?
-        {
-            return Err(RingError::ConsumerPresent {
-                name: self.name().into(),
-                pid: self.handoff().consumer_pid.load(Relaxed),
-            });
-        }
-        let b = self.handoff();
-        let mut reclaimed = 0;
-        for i in 0..hg.buffers {
-            reclaimed += u64::from(self.buffer_desc(i).reclaim());
-        }
-        if reclaimed > 0 {
-            b.reclaimed.fetch_add(reclaimed, Relaxed);
-            self.ring_doorbell();
-        }
-        b.consumer_pid.store(me.pid, Relaxed);
-        b.attaches.fetch_add(1, Relaxed);
-        Ok(())
-    }
-
-    /// Daemon: whether a consumer is attached (the kernel's word: its lock).
-    pub fn consumer_alive(&self) -> Result<bool, RingError> {
-        lock::holder(self.seg.file(), lock::CONSUMER_LOCK)
-            .map(|h| h == lock::Holder::Writer)
-            .map_err(|e| self.sys("fcntl(F_OFD_GETLK) on the consumer byte", e))
-    }
-
-    /// Daemon: if no consumer holds the ring, marks RECLAIMED every buffer a dead one still held;
-    /// returns how many.
-    pub fn reclaim_from_dead_consumer(&self) -> Result<u64, RingError> {
-        let Some(hg) = self.geom.handoff else {
-            return Ok(0);
-        };
-        if self.consumer_alive()? {
-            return Ok(0);
-        }
-        let mut n = 0;
-        for i in 0..hg.buffers {
-            n += u64::from(self.buffer_desc(i).reclaim());
-        }
-        if n > 0 {
-            self.handoff().reclaimed.fetch_add(n, Relaxed);
-        }
-        Ok(n)
-    }
-
-    /// Daemon: wakes the consumer waiting for a batch (a wake only if one sleeps); `all`: state
-    /// changes, which wake unconditionally.
-    pub fn wake_consumer(&self, all: bool) {
-        let b = self.handoff();
-        if all {
-            futex::bump_and_wake_all(&b.deliver_futex);
-        } else {
-            futex::bump_and_wake_counted(&b.deliver_futex, &b.deliver_waiters, 1);
-        }
-    }
-
-    /// Consumer: waits for a fill or a state change, from `seen` (loaded before it looked).
-    pub fn wait_delivery(&self, seen: u32, timeout: Duration) -> futex::Wake {
-        let b = self.handoff();
-        futex::wait_counted(&b.deliver_futex, &b.deliver_waiters, seen, timeout)
-    }
-
     /// Removes a loader from the table (at clean exit) and releases its locks.
     pub fn detach_loader(&self, seat: Seat) {
         let e = self.loader(seat.index as usize);
@@ -1176,27 +1308,8 @@ impl Ring {
         }
     }
 
-    /// Whether the loader that claimed a slot as (`owner`, `tenure`) is still attached: the
-    /// kernel's word (its tenure lock). `None` if the kernel could not be asked; callers then
-    /// assume it lives (the lease still catches a loader that never finishes).
-    pub fn claimant_alive(&self, owner: u16, tenure: u16) -> Option<bool> {
-        if owner as usize >= MAX_LOADERS {
-            return Some(false);
-        }
-        lock::holder(self.seg.file(), lock::tenure_lock(owner, tenure))
-            .ok()
-            .map(|h| h == lock::Holder::Writer)
-    }
-
-    /// Whether loader-table entry `index` has a live occupant (its entry lock is held).
-    pub fn entry_occupied(&self, index: u16) -> Option<bool> {
-        lock::holder(self.seg.file(), lock::entry_lock(index))
-            .ok()
-            .map(|h| h == lock::Holder::Writer)
-    }
-
     /// Tries to claim one FREE slot, scanning from `hint`. One CAS per candidate
-    /// ([`SlotDesc::try_claim`]).
+    /// (`SlotDesc::try_claim`).
     pub fn try_claim(&self, seat: Seat, hint: u32) -> Option<Claim> {
         let n = self.geom.slot_count;
         (0..n).find_map(|k| self.claim_slot(seat, (hint + k) % n))
@@ -1205,7 +1318,7 @@ impl Ring {
     /// Tries to claim one FREE slot: first among the slots this loader keeps to, those whose
     /// index is its seat's index modulo `share` (with `share` loaders attached, each keeps to
     /// its own `1 / share` of the ring), in turn from the first of them at or after `hint`
-    /// (the slot after its last claim), then any ([`Ring::try_claim`] from `hint`). The
+    /// (the slot after its last claim), then any ([`LoaderRing::try_claim`] from `hint`). The
     /// preference changes which free slot is taken, never whether one is: a loader whose own
     /// slots are all busy takes another's. With 8 loaders on 64 slots of 1 MiB this moved
     /// 51.5-52.2 GB/s to the GPU in ten runs, where taking the next free slot after the last
@@ -1239,7 +1352,7 @@ impl Ring {
         })
     }
 
-    /// One CAS on slot `i` ([`SlotDesc::try_claim`]): the claim if it was FREE.
+    /// One CAS on slot `i` (`SlotDesc::try_claim`): the claim if it was FREE.
     fn claim_slot(&self, seat: Seat, i: u32) -> Option<Claim> {
         self.desc(i).try_claim(seat).map(|round| Claim {
             slot: i,
@@ -1249,14 +1362,6 @@ impl Ring {
             foreign: false,
             forget: false,
         })
-    }
-
-    /// How many loaders are attached (loader-table entries ACTIVE): a count of atomic loads,
-    /// no system call.
-    pub fn attached_loaders(&self) -> u32 {
-        (0..MAX_LOADERS)
-            .filter(|&i| self.loader(i).state.load(Acquire) == loader_state::ACTIVE)
-            .count() as u32
     }
 
     /// Write access to the claimed slot's bytes, for the claimant to fill. The `&mut Claim`
@@ -1323,83 +1428,81 @@ impl Ring {
         }
     }
 
-    // ------------------------------------------------------------------ daemon side
-
-    /// Hands slot `i` out for `seq` (from IDLE or UPLOADING). Returns the new ticket.
-    pub fn assign(&self, i: u32, seq: u64) -> u32 {
-        self.assign_at(i, seq, monotonic_ns())
-    }
-
-    /// [`Ring::assign`], with the time it is freed at (the slot's `free_ns`) read by the caller:
-    /// a daemon that frees many slots in one pass reads the clock once.
-    pub fn assign_at(&self, i: u32, seq: u64, free_ns: u64) -> u32 {
-        self.desc(i).assign(seq, free_ns)
-    }
-
-    /// Parks slot `i` with no work (end of plan, or draining).
-    pub fn park(&self, i: u32) {
-        self.desc(i).park()
-    }
-
-    /// Takes a FREE slot back so no loader claims it (draining). True if it was FREE.
-    pub fn unassign_if_free(&self, i: u32) -> bool {
-        self.desc(i).unassign_if_free()
-    }
-
-    /// If slot `i` is READY, validates its descriptor against the seq the daemon assigned and
-    /// takes it (READY → UPLOADING). `Ok(None)`: not ready yet.
-    pub fn take_ready(&self, i: u32, assigned_seq: u64) -> Result<Option<Taken>, SlotFault> {
-        self.desc(i)
-            .take_ready(i, assigned_seq, self.geom.slot_bytes)
-    }
-
-    /// Copies bytes `[offset, offset+len)` of slot `i` (a taken slot's metadata) into `out`
-    /// (replacing its contents), so they can be decoded in private memory: no Rust reference is
-    /// ever formed over bytes another process can write. Panics if the range leaves the slot (a
-    /// caller bug: lengths from the segment are checked by `take_ready` first).
-    pub fn copy_out(&self, i: u32, offset: u64, len: u64, out: &mut Vec<u8>) {
-        let sb = self.geom.slot_bytes;
-        assert!(offset <= sb && len <= sb - offset, "range outside slot {i}");
-        out.clear();
-        out.reserve(len as usize);
-        // SAFETY: offset <= slot_bytes (asserted above), so the pointer stays inside slot i.
-        let src = unsafe { self.slot_ptr(i).add(offset as usize) };
-        // SAFETY: the source range lies inside slot i, inside the mapping; the destination has
-        // capacity for `len` bytes and is private memory, so the ranges do not overlap. The copy
-        // reads the bytes as untrusted data (any value is a valid u8); the daemon reads a slot
-        // only while it is UPLOADING, when no conforming process writes it.
-        unsafe { std::ptr::copy_nonoverlapping(src, out.as_mut_ptr(), len as usize) };
-        // SAFETY: the copy above initialised the first `len` bytes, within the capacity.
-        unsafe { out.set_len(len as usize) };
-    }
-
-    /// If slot `i` is CLAIMED by a loader that is no longer attached (its tenure lock is free:
-    /// it exited or died, whatever pid namespace it ran in), puts it back to FREE with the same seq
-    /// (a new ticket, so the dead owner's commit could never land). Returns the reclaimed seq.
-    pub fn reclaim_if_owner_dead(&self, i: u32) -> Option<u64> {
-        let seq = self
-            .desc(i)
-            .reclaim_if_owner_dead(|owner, tenure| self.claimant_alive(owner, tenure))?;
-        self.header().reclaimed.fetch_add(1, Relaxed);
-        Some(seq)
-    }
-
-    /// Clears loader-table entries whose occupant is gone (it died without detaching: its entry
-    /// lock is free).
-    pub fn reap_dead_loaders(&self) -> usize {
-        let mut n = 0;
-        for i in 0..MAX_LOADERS as u16 {
-            let e = self.loader(i as usize);
-            if e.state.load(Acquire) == loader_state::EMPTY {
-                continue;
-            }
-            if self.entry_occupied(i) == Some(false) {
-                e.state.store(loader_state::EMPTY, Release);
-                e.pid.store(0, Release);
-                n += 1;
-            }
+    /// Drops this process's page-table entries for slot `i`'s bytes (`MADV_DONTNEED` over the
+    /// slot's whole pages): they stop counting in its resident memory (RSS, PSS), and the next
+    /// access maps the same bytes again from the segment, which keeps them (the mapping is
+    /// shared). Only this process's mapping changes: the daemon's registration and every other
+    /// mapping are untouched. Skipped in the daemon's own process, whose mapping is the one
+    /// registered for uploads, and for a read-only mapping. Best effort: a refusal is logged at
+    /// debug level and changes nothing else.
+    pub fn forget_slot_pages(&self, i: u32) {
+        if self.seg.access() != Access::ReadWrite || self.daemon().pid == std::process::id() {
+            return;
         }
-        n
+        let ptr = self.slot_ptr(i);
+        // Slots start on a page boundary (SLOT_ALIGN); only whole pages of the slot.
+        let len = self.geom.slot_bytes as usize / SLOT_ALIGN * SLOT_ALIGN;
+        let Some(addr) = std::ptr::NonNull::new(ptr.cast::<std::ffi::c_void>()) else {
+            return;
+        };
+        if len == 0 {
+            return;
+        }
+        // SAFETY: [addr, addr + len) lies inside this ring's mapping (slot_ptr checked the index,
+        // the slot is slot_bytes long) and is a MAP_SHARED mapping of the segment file, so
+        // MADV_DONTNEED only unmaps this process's pages: the bytes stay in the file and a later
+        // access maps them again. No Rust reference into slot data exists (slot bytes are only
+        // reached through raw pointers), so none can observe the pages go.
+        let r = unsafe { madvise(addr, len, MmapAdvise::MADV_DONTNEED) };
+        if let Err(e) = r {
+            tracing::debug!(ring = %self.name(), slot = i, "cannot drop the slot's pages: {e}");
+        }
+    }
+
+    /// A loader's wait for a free slot, from `seen` (loaded before it looked for one).
+    pub fn wait_for_work(&self, seen: u32, timeout: Duration) -> futex::Wake {
+        let h = self.header();
+        futex::wait_counted(&h.work_futex, &h.work_waiters, seen, timeout)
+    }
+}
+
+impl ConsumerRing {
+    /// Consumer: becomes the ring's one consumer. Takes [`lock::CONSUMER_LOCK`] (held until this
+    /// handle drops or the process dies), marks RECLAIMED every buffer a dead predecessor still
+    /// held, and records the pid. Fails with `NoHandoff` for a ring that hands nothing over and
+    /// with `ConsumerPresent` while another consumer lives.
+    pub fn attach_consumer(&self, me: ProcessId) -> Result<(), RingError> {
+        let Some(hg) = self.geom.handoff else {
+            return Err(RingError::NoHandoff {
+                name: self.name().into(),
+            });
+        };
+        if !lock::try_lock_exclusive(self.seg.file(), lock::CONSUMER_LOCK)
+            .map_err(|e| self.sys("fcntl(F_OFD_SETLK) on the consumer byte", e))?
+        {
+            return Err(RingError::ConsumerPresent {
+                name: self.name().into(),
+                pid: self.handoff().consumer_pid.load(Relaxed),
+            });
+        }
+        let b = self.handoff();
+        let mut reclaimed = 0;
+        for i in 0..hg.buffers {
+            reclaimed += u64::from(self.buffer_desc(i).reclaim());
+        }
+        if reclaimed > 0 {
+            b.reclaimed.fetch_add(reclaimed, Relaxed);
+            self.ring_doorbell();
+        }
+        b.consumer_pid.store(me.pid, Relaxed);
+        b.attaches.fetch_add(1, Relaxed);
+        Ok(())
+    }
+
+    /// Consumer: waits for a fill or a state change, from `seen` (loaded before it looked).
+    pub fn wait_delivery(&self, seen: u32, timeout: Duration) -> futex::Wake {
+        let b = self.handoff();
+        futex::wait_counted(&b.deliver_futex, &b.deliver_waiters, seen, timeout)
     }
 }
 

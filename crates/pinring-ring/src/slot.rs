@@ -32,7 +32,7 @@
 //! The transitions are methods of [`SlotDesc`] (here, and the lease expiry in
 //! [`crate::recovery`]): pure operations on the descriptor's atomics, with no segment, file or
 //! lock behind them. [`crate::ring::Ring`] calls them on descriptors in the mapping, with the
-//! kernel's answers (is the claimant alive?) passed in; the model checker (tests/loom.rs) calls
+//! kernel's answers (is the claimant alive?) passed in; the model checker (src/loom_tests.rs) calls
 //! the same code on `loom`'s atomics (see [`crate::sync`]).
 //!
 //! Orderings, stated once and referred to at each site:
@@ -209,7 +209,7 @@ impl SlotDesc {
 
     /// Loader: claims the slot if it is FREE (FREE → CLAIMED by `seat`, one CAS that also records
     /// the owner). `None`: not FREE, or another loader won the CAS.
-    pub fn try_claim(&self, seat: Seat) -> Option<Round> {
+    pub(crate) fn try_claim(&self, seat: Seat) -> Option<Round> {
         let w = SlotWord::unpack(self.word.load(Relaxed));
         if w.state != Some(SlotState::Free) {
             return None;
@@ -232,7 +232,7 @@ impl SlotDesc {
     /// Loader: publishes `batch` in the round `ticket` that `seat` claimed (CLAIMED → READY, a
     /// CAS expecting exactly that claim). False: the slot was taken back (the ticket moved on),
     /// and the batch is not published.
-    pub fn commit(&self, seat: Seat, ticket: u32, batch: Batch) -> bool {
+    pub(crate) fn commit(&self, seat: Seat, ticket: u32, batch: Batch) -> bool {
         self.payload_len.store(batch.payload_len, Relaxed);
         self.meta_len.store(batch.meta_len, Relaxed);
         self.sample_count.store(batch.sample_count, Relaxed);
@@ -248,7 +248,7 @@ impl SlotDesc {
 
     /// Daemon: hands the slot out for `seq` (from IDLE or UPLOADING, both the daemon's), at
     /// `free_ns` on the monotonic clock (informational: `free_ns`). Returns the new ticket.
-    pub fn assign(&self, seq: u64, free_ns: u64) -> u32 {
+    pub(crate) fn assign(&self, seq: u64, free_ns: u64) -> u32 {
         let ticket = SlotWord::unpack(self.word.load(Relaxed))
             .ticket
             .wrapping_add(1);
@@ -266,7 +266,7 @@ impl SlotDesc {
     }
 
     /// Daemon: parks the slot with no work (end of plan, or draining).
-    pub fn park(&self) {
+    pub(crate) fn park(&self) {
         let ticket = SlotWord::unpack(self.word.load(Relaxed))
             .ticket
             .wrapping_add(1);
@@ -277,7 +277,7 @@ impl SlotDesc {
 
     /// Daemon, draining: takes a FREE slot back (FREE → IDLE, new ticket) so no loader claims
     /// it. True if it was FREE and no claim beat the CAS.
-    pub fn unassign_if_free(&self) -> bool {
+    pub(crate) fn unassign_if_free(&self) -> bool {
         let w = SlotWord::unpack(self.word.load(Acquire));
         if w.state != Some(SlotState::Free) {
             return false;
@@ -290,7 +290,7 @@ impl SlotDesc {
 
     /// Daemon: if the slot (index `slot`) is READY, validates the descriptor against the seq the
     /// daemon assigned and takes it (READY → UPLOADING). `Ok(None)`: not ready yet.
-    pub fn take_ready(
+    pub(crate) fn take_ready(
         &self,
         slot: u32,
         assigned_seq: u64,
@@ -352,7 +352,7 @@ impl SlotDesc {
     /// Daemon: if the slot is CLAIMED by a claimant that `alive(owner, tenure)` says is gone
     /// (`Some(false)`; `None`, "could not ask", counts as alive), puts it back to FREE with the
     /// same seq and a new ticket, so the dead owner's commit could never land. Returns the seq.
-    pub fn reclaim_if_owner_dead(
+    pub(crate) fn reclaim_if_owner_dead(
         &self,
         alive: impl FnOnce(u16, u16) -> Option<bool>,
     ) -> Option<u64> {

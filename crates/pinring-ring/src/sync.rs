@@ -4,7 +4,7 @@
 //! A normal build re-exports `std::sync::atomic`: the segment's structs (layout.rs) are made of
 //! these very types, their sizes and offsets are pinned by compile-time asserts, and the futex
 //! calls take std's `AtomicU32`. The model-checking build (`RUSTFLAGS="--cfg loom"`, see
-//! `tests/loom.rs` and docs/ARCHITECTURE.md) swaps in `loom`'s atomics, which record every access
+//! `src/loom_tests.rs` and docs/ARCHITECTURE.md) swaps in `loom`'s atomics, which record every access
 //! and let `loom` run the slot transitions (slot.rs, recovery.rs) and the counted futex wake-ups
 //! (futex.rs) under every interleaving and every value the memory model allows a load to
 //! return. Those atomics are larger than std's, so that build has no segment: layout.rs drops its

@@ -5,7 +5,9 @@
 mod common;
 
 use common::{opts, T};
-use pinring_ring::{find_anonymous, object_path, Access, CreateOptions, Ring, RingError};
+use pinring_ring::{
+    find_anonymous, object_path, Access, CreateOptions, DaemonRing, Ring, RingError,
+};
 use std::path::Path;
 
 fn anonymous(tag: &str) -> (CreateOptions, common::Unlink) {
@@ -17,7 +19,7 @@ fn anonymous(tag: &str) -> (CreateOptions, common::Unlink) {
 #[test]
 fn an_anonymous_ring_is_opened_at_its_creators_descriptor_and_never_named() {
     let (o, _guard) = anonymous("anon-open");
-    let ring = Ring::create(&o).unwrap();
+    let ring = DaemonRing::create(&o).unwrap();
     let at = ring.segment().path();
     assert!(ring.segment().is_anonymous());
     assert!(
@@ -55,7 +57,7 @@ fn an_anonymous_ring_is_opened_at_its_creators_descriptor_and_never_named() {
 #[test]
 fn a_path_that_is_not_that_rings_memfd_is_refused() {
     let (o, _guard) = anonymous("anon-wrong");
-    let ring = Ring::create(&o).unwrap();
+    let ring = DaemonRing::create(&o).unwrap();
     let at = ring.segment().path();
     // The right descriptor under another ring's name.
     assert!(matches!(

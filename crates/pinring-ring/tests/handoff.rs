@@ -4,10 +4,10 @@ mod common;
 
 use common::*;
 use pinring_ring::handoff::{buffer_state, Filled, HandoffSpec, Returned};
-use pinring_ring::{Access, ProcessId, Ring, RingError};
+use pinring_ring::{Access, ConsumerRing, DaemonRing, ProcessId, Ring, RingError};
 use std::sync::atomic::Ordering::Relaxed;
 
-fn with_handoff(tag: &str) -> (Ring, Unlink) {
+fn with_handoff(tag: &str) -> (DaemonRing, Unlink) {
     let (mut o, u) = opts(tag, 100);
     o.handoff = Some(HandoffSpec {
         buffers: 3,
@@ -17,7 +17,7 @@ fn with_handoff(tag: &str) -> (Ring, Unlink) {
         device: 0,
         part_slots: 0,
     });
-    (Ring::create(&o).unwrap(), u)
+    (DaemonRing::create(&o).unwrap(), u)
 }
 
 fn batch(seq: u64) -> Filled {
@@ -35,7 +35,7 @@ fn batch(seq: u64) -> Filled {
 #[test]
 fn an_opener_sees_the_config_and_the_host_buffers() {
     let (daemon, _u) = with_handoff("ho-open");
-    let c = Ring::open(daemon.name(), Access::ReadWrite, T).unwrap();
+    let c = ConsumerRing::from(Ring::open(daemon.name(), Access::ReadWrite, T).unwrap());
     assert_eq!(c.handoff_config().unwrap(), b"[plan]\nbatch_size = 4\n");
     let g = c.geometry().handoff.unwrap();
     assert_eq!(g.buffers, 3);
@@ -54,10 +54,10 @@ fn an_opener_sees_the_config_and_the_host_buffers() {
 #[test]
 fn one_consumer_at_a_time_and_a_dead_ones_buffers_come_back() {
     let (daemon, _u) = with_handoff("ho-one");
-    let first = Ring::open(daemon.name(), Access::ReadWrite, T).unwrap();
+    let first = ConsumerRing::from(Ring::open(daemon.name(), Access::ReadWrite, T).unwrap());
     first.attach_consumer(ProcessId::current()).unwrap();
     assert!(daemon.consumer_alive().unwrap());
-    let second = Ring::open(daemon.name(), Access::ReadWrite, T).unwrap();
+    let second = ConsumerRing::from(Ring::open(daemon.name(), Access::ReadWrite, T).unwrap());
     let e = second.attach_consumer(ProcessId::current()).unwrap_err();
     assert!(matches!(e, RingError::ConsumerPresent { .. }), "{e}");
 
@@ -83,13 +83,13 @@ fn one_consumer_at_a_time_and_a_dead_ones_buffers_come_back() {
 #[test]
 fn a_new_consumer_reclaims_what_its_dead_predecessor_held() {
     let (daemon, _u) = with_handoff("ho-succ");
-    let first = Ring::open(daemon.name(), Access::ReadWrite, T).unwrap();
+    let first = ConsumerRing::from(Ring::open(daemon.name(), Access::ReadWrite, T).unwrap());
     first.attach_consumer(ProcessId::current()).unwrap();
     let r = daemon.buffer_desc(0).fill(&batch(3));
     first.buffer_desc(0).take(r).unwrap();
     let r2 = daemon.buffer_desc(2).fill(&batch(4));
     drop(first);
-    let next = Ring::open(daemon.name(), Access::ReadWrite, T).unwrap();
+    let next = ConsumerRing::from(Ring::open(daemon.name(), Access::ReadWrite, T).unwrap());
     next.attach_consumer(ProcessId::current()).unwrap();
     assert_eq!(daemon.buffer_desc(0).returned(r), Returned::Reclaimed);
     assert_eq!(
@@ -103,8 +103,8 @@ fn a_new_consumer_reclaims_what_its_dead_predecessor_held() {
 #[test]
 fn a_ring_without_a_handoff_refuses_consumers() {
     let (o, _u) = opts("ho-none", 10);
-    let daemon = Ring::create(&o).unwrap();
-    let c = Ring::open(daemon.name(), Access::ReadWrite, T).unwrap();
+    let daemon = DaemonRing::create(&o).unwrap();
+    let c = ConsumerRing::from(Ring::open(daemon.name(), Access::ReadWrite, T).unwrap());
     let e = c.attach_consumer(ProcessId::current()).unwrap_err();
     assert!(e.to_string().contains("--sink consumer"), "{e}");
     assert!(c.geometry().handoff.is_none());
@@ -126,7 +126,7 @@ fn scribbled_handoff_offsets_are_refused_at_open() {
 #[test]
 fn the_daemon_restores_scribbled_handoff_fields() {
     let (daemon, _u) = with_handoff("ho-seal");
-    let other = Ring::open(daemon.name(), Access::ReadWrite, T).unwrap();
+    let other = ConsumerRing::from(Ring::open(daemon.name(), Access::ReadWrite, T).unwrap());
     other.handoff().buffers.store(64, Relaxed);
     other.handoff().host_offset.store(0, Relaxed);
     let changed = daemon.repair_header();
@@ -137,7 +137,7 @@ fn the_daemon_restores_scribbled_handoff_fields() {
 }
 
 /// A ring whose consumer copies: 3 buffers, a part table of 5 slots each.
-fn with_part_table(tag: &str, host: bool) -> (Ring, Unlink) {
+fn with_part_table(tag: &str, host: bool) -> (DaemonRing, Unlink) {
     let (mut o, u) = opts(tag, 100);
     o.handoff = Some(HandoffSpec {
         buffers: 3,
@@ -147,13 +147,13 @@ fn with_part_table(tag: &str, host: bool) -> (Ring, Unlink) {
         device: 0,
         part_slots: 5,
     });
-    (Ring::create(&o).unwrap(), u)
+    (DaemonRing::create(&o).unwrap(), u)
 }
 
 #[test]
 fn a_ring_whose_consumer_copies_lists_each_batchs_slots_for_an_opener() {
     let (daemon, _u) = with_part_table("ho-parts", true);
-    let c = Ring::open(daemon.name(), Access::ReadWrite, T).unwrap();
+    let c = ConsumerRing::from(Ring::open(daemon.name(), Access::ReadWrite, T).unwrap());
     assert_eq!(c.geometry(), daemon.geometry());
     let g = c.geometry().handoff.unwrap();
     assert_eq!(g.part_slots, 5);

@@ -2,7 +2,7 @@
 //! daemon's take either refuses it or yields lengths that keep every read inside the slot.
 //! Fuzzed with proptest, plus a replayed corpus (tests/corpus/descriptors.txt).
 
-use pinring_ring::{fit_in_slot, CreateOptions, Ring, SlotState, SlotWord};
+use pinring_ring::{fit_in_slot, CreateOptions, DaemonRing, SlotState, SlotWord};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use std::sync::atomic::Ordering::Relaxed;
@@ -17,9 +17,9 @@ impl Drop for Unlink {
     }
 }
 
-fn ring(tag: &str) -> (Ring, Unlink) {
+fn ring(tag: &str) -> (DaemonRing, Unlink) {
     let name = format!("t-hostile-{tag}-{}", std::process::id());
-    let ring = Ring::create(&CreateOptions {
+    let ring = DaemonRing::create(&CreateOptions {
         name: name.clone(),
         slots: 2,
         slot_bytes: SLOT_BYTES,
@@ -48,7 +48,7 @@ struct Desc {
 }
 
 /// Publishes `d` as a READY commit of slot 0 (assigned `SEQ`), takes it, and checks the outcome.
-fn check(ring: &Ring, d: Desc) -> Result<(), TestCaseError> {
+fn check(ring: &DaemonRing, d: Desc) -> Result<(), TestCaseError> {
     ring.assign(0, SEQ);
     let desc = ring.desc(0);
     desc.seq.store(d.seq, Relaxed);

@@ -6,7 +6,9 @@
 
 use pinring_ring::layout::ring_state;
 use pinring_ring::segment::{clean_if_stale, Cleaning};
-use pinring_ring::{object_path, Access, CreateOptions, ProcessId, Ring, RingError};
+use pinring_ring::{
+    object_path, Access, CreateOptions, DaemonRing, LoaderRing, ProcessId, Ring, RingError,
+};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Barrier};
 
@@ -21,9 +23,9 @@ fn opts(tag: &str) -> (CreateOptions, Unlink) {
 #[test]
 fn header_scribbles_do_not_make_a_live_daemon_look_dead_and_the_daemon_restores_them() {
     let (o, _u) = opts("scribble");
-    let daemon = Ring::create(&o).unwrap();
+    let daemon = DaemonRing::create(&o).unwrap();
     daemon.set_state(ring_state::READY);
-    let rogue = Ring::open(&o.name, Access::ReadWrite, T).unwrap();
+    let rogue = LoaderRing::from(Ring::open(&o.name, Access::ReadWrite, T).unwrap());
     let h = rogue.header();
     h.daemon_pid.store(u32::MAX - 7, Relaxed);
     h.daemon_start_time.store(1, Relaxed);
@@ -40,7 +42,7 @@ fn header_scribbles_do_not_make_a_live_daemon_look_dead_and_the_daemon_restores_
         }
     );
     assert!(object_path(&o.name).exists(), "clean kept the live ring");
-    let err = Ring::create(&o).unwrap_err();
+    let err = DaemonRing::create(&o).unwrap_err();
     assert!(matches!(err, RingError::HeldByLiveDaemon { .. }), "{err}");
 
     // The daemon notices and puts its own fields back.
@@ -73,17 +75,17 @@ fn header_scribbles_do_not_make_a_live_daemon_look_dead_and_the_daemon_restores_
 #[test]
 fn a_reused_loader_entry_never_strands_the_dead_occupants_slot() {
     let (o, _u) = opts("reuse");
-    let daemon = Ring::create(&o).unwrap();
+    let daemon = DaemonRing::create(&o).unwrap();
     daemon.set_state(ring_state::READY);
     // Loader A takes entry 0, claims slot 1, and dies.
-    let a = Ring::open(&o.name, Access::ReadWrite, T).unwrap();
+    let a = LoaderRing::from(Ring::open(&o.name, Access::ReadWrite, T).unwrap());
     let seat_a = a.attach_loader(ProcessId::current()).unwrap();
     daemon.assign(1, 42);
     let claim = a.try_claim(seat_a, 1).unwrap();
     assert_eq!(claim.slot(), 1);
     drop(a);
     // Before the daemon's next reap pass, loader B takes over the same entry.
-    let b = Ring::open(&o.name, Access::ReadWrite, T).unwrap();
+    let b = LoaderRing::from(Ring::open(&o.name, Access::ReadWrite, T).unwrap());
     let seat_b = b.attach_loader(ProcessId::current()).unwrap();
     assert_eq!(seat_b.index, seat_a.index, "the entry was reused");
     assert_ne!(seat_b.tenure, seat_a.tenure);
@@ -101,13 +103,13 @@ fn a_reused_loader_entry_never_strands_the_dead_occupants_slot() {
 #[test]
 fn a_loader_entry_marked_empty_by_a_rogue_is_not_given_to_a_second_loader() {
     let (o, _u) = opts("steal");
-    let _daemon = Ring::create(&o).unwrap();
-    let a = Ring::open(&o.name, Access::ReadWrite, T).unwrap();
+    let _daemon = DaemonRing::create(&o).unwrap();
+    let a = LoaderRing::from(Ring::open(&o.name, Access::ReadWrite, T).unwrap());
     let seat_a = a.attach_loader(ProcessId::current()).unwrap();
     let e = a.loader(seat_a.index as usize);
     e.state.store(0, Relaxed);
     e.pid.store(0, Relaxed);
-    let b = Ring::open(&o.name, Access::ReadWrite, T).unwrap();
+    let b = LoaderRing::from(Ring::open(&o.name, Access::ReadWrite, T).unwrap());
     let seat_b = b.attach_loader(ProcessId::current()).unwrap();
     assert_ne!(seat_b.index, seat_a.index);
 }
@@ -117,7 +119,7 @@ fn daemons_racing_to_replace_a_stale_ring_end_with_exactly_one_owner() {
     let (o, _u) = opts("race");
     for round in 0..20 {
         // A daemon dies: its ring stays, its lock goes.
-        drop(Ring::create(&o).unwrap());
+        drop(DaemonRing::create(&o).unwrap());
         let n = 6;
         let barrier = Arc::new(Barrier::new(n));
         let handles: Vec<_> = (0..n)
@@ -125,12 +127,12 @@ fn daemons_racing_to_replace_a_stale_ring_end_with_exactly_one_owner() {
                 let (o, b) = (o.clone(), Arc::clone(&barrier));
                 std::thread::spawn(move || {
                     b.wait();
-                    Ring::create(&o)
+                    DaemonRing::create(&o)
                 })
             })
             .collect();
         let results: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
-        let winners: Vec<&Ring> = results.iter().filter_map(|r| r.as_ref().ok()).collect();
+        let winners: Vec<&DaemonRing> = results.iter().filter_map(|r| r.as_ref().ok()).collect();
         assert_eq!(winners.len(), 1, "round {round}: {results:?}");
         assert!(winners[0].segment().still_named().unwrap(), "round {round}");
         for r in &results {
@@ -154,7 +156,7 @@ fn files_that_are_not_rings_are_replaced_only_with_replace() {
     for (what, bytes) in [("empty", vec![]), ("garbage", vec![0x5au8; 16384])] {
         std::fs::write(&path, &bytes).unwrap();
         o.replace = false;
-        let err = Ring::create(&o).unwrap_err();
+        let err = DaemonRing::create(&o).unwrap_err();
         let msg = err.to_string();
         assert!(matches!(err, RingError::NotARing { .. }), "{what}: {msg}");
         assert!(msg.contains("--replace"), "{what}: {msg}");
@@ -164,7 +166,7 @@ fn files_that_are_not_rings_are_replaced_only_with_replace() {
             Cleaning::Kept(_)
         ));
         o.replace = true;
-        let ring = Ring::create(&o).unwrap();
+        let ring = DaemonRing::create(&o).unwrap();
         assert!(ring.segment().still_named().unwrap(), "{what}");
         drop(ring);
     }
@@ -180,7 +182,7 @@ fn a_fifo_or_a_link_at_the_ring_path_is_refused_at_once() {
         assert!(matches!(err, RingError::NotRegular { .. }), "{err}");
         assert!(err.to_string().contains("a FIFO"), "{err}");
     }
-    let err = Ring::create(&o).unwrap_err();
+    let err = DaemonRing::create(&o).unwrap_err();
     assert!(err.to_string().contains("a FIFO") && err.to_string().contains("--replace"));
     assert!(matches!(
         clean_if_stale(&o.name, true).unwrap(),
@@ -193,10 +195,10 @@ fn a_fifo_or_a_link_at_the_ring_path_is_refused_at_once() {
     std::os::unix::fs::symlink(&target, &path).unwrap();
     let err = Ring::open(&o.name, Access::ReadOnly, T).unwrap_err();
     assert!(err.to_string().contains("symbolic link"), "{err}");
-    let err = Ring::create(&o).unwrap_err();
+    let err = DaemonRing::create(&o).unwrap_err();
     assert!(err.to_string().contains("symbolic link"), "{err}");
     o.replace = true;
-    let ring = Ring::create(&o).unwrap();
+    let ring = DaemonRing::create(&o).unwrap();
     assert!(ring.segment().still_named().unwrap());
     assert_eq!(
         std::fs::read(&target).unwrap(),
@@ -213,7 +215,7 @@ fn another_users_ring_is_refused_to_loaders_unless_its_group_admits_them() {
         return;
     }
     let (o, _u) = opts("foreign");
-    let _daemon = Ring::create(&o).unwrap();
+    let _daemon = DaemonRing::create(&o).unwrap();
     let path = object_path(&o.name);
     let nobody = nix::unistd::Uid::from_raw(65534);
     nix::unistd::chown(&path, Some(nobody), Some(nix::unistd::Gid::from_raw(65534))).unwrap();

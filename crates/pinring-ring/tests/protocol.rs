@@ -3,8 +3,8 @@
 
 use pinring_ring::layout::{ring_state, LAYOUT_VERSION};
 use pinring_ring::{
-    object_path, Access, CommitError, CreateOptions, ProcessId, Ring, RingError, SlotFault,
-    SlotState,
+    object_path, Access, CommitError, CreateOptions, DaemonRing, LoaderRing, ProcessId, Ring,
+    RingError, SlotFault, SlotState,
 };
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
@@ -20,8 +20,8 @@ fn opts(tag: &str) -> (CreateOptions, Unlink) {
 #[test]
 fn a_batch_goes_free_claimed_ready_uploading_free() {
     let (o, _u) = opts("cycle");
-    let daemon = Ring::create(&o).unwrap();
-    let loader = Ring::open(&o.name, Access::ReadWrite, T).unwrap();
+    let daemon = DaemonRing::create(&o).unwrap();
+    let loader = LoaderRing::from(Ring::open(&o.name, Access::ReadWrite, T).unwrap());
     assert_eq!(loader.header().fingerprint.load(Relaxed), 0xabc);
 
     // Nothing to claim before the daemon hands out work.
@@ -73,10 +73,10 @@ fn a_batch_goes_free_claimed_ready_uploading_free() {
 #[test]
 fn a_commit_after_reclaim_is_rejected() {
     let (o, _u) = opts("zombie");
-    let daemon = Ring::create(&o).unwrap();
-    let loader = Ring::open(&o.name, Access::ReadWrite, T).unwrap();
+    let daemon = DaemonRing::create(&o).unwrap();
+    let loader = LoaderRing::from(Ring::open(&o.name, Access::ReadWrite, T).unwrap());
     // A loader that claims a slot and dies: its handle (and so its locks) goes away.
-    let doomed = Ring::open(&o.name, Access::ReadWrite, T).unwrap();
+    let doomed = LoaderRing::from(Ring::open(&o.name, Access::ReadWrite, T).unwrap());
     let dead = doomed.attach_loader(ProcessId::current()).unwrap();
     daemon.assign(0, 3);
     let claim = doomed.try_claim(dead, 0).unwrap();
@@ -101,8 +101,8 @@ fn a_commit_after_reclaim_is_rejected() {
 #[test]
 fn forged_descriptors_are_refused() {
     let (o, _u) = opts("forged");
-    let daemon = Ring::create(&o).unwrap();
-    let loader = Ring::open(&o.name, Access::ReadWrite, T).unwrap();
+    let daemon = DaemonRing::create(&o).unwrap();
+    let loader = LoaderRing::from(Ring::open(&o.name, Access::ReadWrite, T).unwrap());
     let me = loader.attach_loader(ProcessId::current()).unwrap();
 
     daemon.assign(1, 4);
@@ -159,7 +159,7 @@ fn opening_a_missing_ring_names_it() {
 #[test]
 fn another_layout_version_is_refused() {
     let (o, _u) = opts("version");
-    let daemon = Ring::create(&o).unwrap();
+    let daemon = DaemonRing::create(&o).unwrap();
     daemon.header().version.store(LAYOUT_VERSION + 1, Relaxed);
     let err = Ring::open(&o.name, Access::ReadOnly, T).unwrap_err();
     assert!(matches!(err, RingError::VersionMismatch { .. }), "{err}");
@@ -169,7 +169,7 @@ fn another_layout_version_is_refused() {
 #[test]
 fn a_truncated_segment_is_refused() {
     let (o, _u) = opts("trunc");
-    let daemon = Ring::create(&o).unwrap();
+    let daemon = DaemonRing::create(&o).unwrap();
     let path = object_path(&o.name);
     let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
     f.set_len(4096 + 100).unwrap();
@@ -197,19 +197,19 @@ fn garbage_is_not_a_ring() {
 #[test]
 fn a_live_daemon_keeps_its_ring_and_a_dead_ones_is_replaced() {
     let (o, _u) = opts("stale");
-    let first = Ring::create(&o).unwrap();
-    let err = Ring::create(&o).unwrap_err();
+    let first = DaemonRing::create(&o).unwrap();
+    let err = DaemonRing::create(&o).unwrap_err();
     assert!(matches!(err, RingError::HeldByLiveDaemon { .. }), "{err}");
     // Its header names a dead process: the lock still says it lives.
     first.header().daemon_pid.store(u32::MAX - 1, Relaxed);
     first.header().daemon_start_time.store(1, Relaxed);
     first.header().state.store(ring_state::CLOSED, Relaxed);
-    let err = Ring::create(&o).unwrap_err();
+    let err = DaemonRing::create(&o).unwrap_err();
     assert!(matches!(err, RingError::HeldByLiveDaemon { .. }), "{err}");
     // The owner dies (its handle, and so its lock, goes): the stale ring is replaced.
     let first_generation = first.header().generation.load(Relaxed);
     drop(first);
-    let second = Ring::create(&o).unwrap();
+    let second = DaemonRing::create(&o).unwrap();
     assert_ne!(first_generation, second.header().generation.load(Relaxed));
     assert!(second.segment().still_named().unwrap());
 }
@@ -217,7 +217,7 @@ fn a_live_daemon_keeps_its_ring_and_a_dead_ones_is_replaced() {
 #[test]
 fn a_ring_that_never_finishes_initialising_times_out() {
     let (o, _u) = opts("init");
-    let daemon = Ring::create(&o).unwrap();
+    let daemon = DaemonRing::create(&o).unwrap();
     daemon.header().version.store(0, Relaxed);
     let err = Ring::open(&o.name, Access::ReadOnly, Duration::from_millis(50)).unwrap_err();
     assert!(matches!(err, RingError::NotInitialised { .. }), "{err}");
@@ -226,8 +226,8 @@ fn a_ring_that_never_finishes_initialising_times_out() {
 #[test]
 fn the_loader_table_refuses_the_49th_loader() {
     let (o, _u) = opts("table");
-    let _daemon = Ring::create(&o).unwrap();
-    let open = || Ring::open(&o.name, Access::ReadWrite, T).unwrap();
+    let _daemon = DaemonRing::create(&o).unwrap();
+    let open = || LoaderRing::from(Ring::open(&o.name, Access::ReadWrite, T).unwrap());
     let mut seated = Vec::new();
     for i in 0..pinring_ring::MAX_LOADERS {
         let ring = open();
@@ -246,8 +246,8 @@ fn the_loader_table_refuses_the_49th_loader() {
 #[test]
 fn one_handle_holds_one_seat() {
     let (o, _u) = opts("oneseat");
-    let _daemon = Ring::create(&o).unwrap();
-    let ring = Ring::open(&o.name, Access::ReadWrite, T).unwrap();
+    let _daemon = DaemonRing::create(&o).unwrap();
+    let ring = LoaderRing::from(Ring::open(&o.name, Access::ReadWrite, T).unwrap());
     let seat = ring.attach_loader(ProcessId::current()).unwrap();
     let err = ring.attach_loader(ProcessId::current()).unwrap_err();
     assert!(matches!(err, RingError::AlreadyAttached { .. }), "{err}");
@@ -258,10 +258,10 @@ fn one_handle_holds_one_seat() {
 #[test]
 fn loaders_keep_to_their_own_share_of_the_slots_and_take_any_when_theirs_are_busy() {
     let (o, _u) = opts("share");
-    let daemon = Ring::create(&o).unwrap();
+    let daemon = DaemonRing::create(&o).unwrap();
     daemon.set_state(ring_state::READY);
-    let a = Ring::open(&o.name, Access::ReadWrite, T).unwrap();
-    let b = Ring::open(&o.name, Access::ReadWrite, T).unwrap();
+    let a = LoaderRing::from(Ring::open(&o.name, Access::ReadWrite, T).unwrap());
+    let b = LoaderRing::from(Ring::open(&o.name, Access::ReadWrite, T).unwrap());
     let seat_a = a.attach_loader(ProcessId::current()).unwrap();
     let seat_b = b.attach_loader(ProcessId::current()).unwrap();
     assert_eq!(daemon.attached_loaders(), 2);
@@ -304,9 +304,9 @@ fn loaders_keep_to_their_own_share_of_the_slots_and_take_any_when_theirs_are_bus
 
     // One loader: no share, the next free slot from the hint.
     let (o, _u) = opts("share-one");
-    let daemon = Ring::create(&o).unwrap();
+    let daemon = DaemonRing::create(&o).unwrap();
     daemon.set_state(ring_state::READY);
-    let a = Ring::open(&o.name, Access::ReadWrite, T).unwrap();
+    let a = LoaderRing::from(Ring::open(&o.name, Access::ReadWrite, T).unwrap());
     let seat = a.attach_loader(ProcessId::current()).unwrap();
     daemon.assign(0, 7);
     daemon.assign(3, 8);
@@ -328,9 +328,9 @@ fn page_present(addr: *const u8) -> bool {
 #[test]
 fn a_slot_filled_for_another_loader_leaves_this_processs_resident_memory_and_keeps_its_bytes() {
     let (o, _u) = opts("forget");
-    let daemon = Ring::create(&o).unwrap();
+    let daemon = DaemonRing::create(&o).unwrap();
     daemon.set_state(ring_state::READY);
-    let loader = Ring::open(&o.name, Access::ReadWrite, T).unwrap();
+    let loader = LoaderRing::from(Ring::open(&o.name, Access::ReadWrite, T).unwrap());
     let seat = loader.attach_loader(ProcessId::current()).unwrap();
     // The pages are dropped only outside the daemon's process (its mapping is the registered
     // one): as a loader process sees the ring, the daemon is another process.

@@ -3,7 +3,7 @@
 //! holds copies of the parent's open files (and so their locks) until it execs, which would
 //! disturb tests that watch ring locks if they ran in the same process.
 
-use pinring_ring::{object_path, Access, CreateOptions, Ring, RingError};
+use pinring_ring::{object_path, Access, CreateOptions, DaemonRing, Ring, RingError};
 use std::sync::atomic::Ordering::Relaxed;
 
 mod common;
@@ -21,14 +21,17 @@ fn opts(tag: &str) -> (CreateOptions, Unlink) {
 ///   of that (a failed check panics: 101).
 /// - Any other process never returns from the read: the handler ends it with exit 4.
 fn sigbus_child(name: &str, create: bool) {
-    let ring = if create {
+    let (created, opened);
+    let ring: &Ring = if create {
         let o = CreateOptions {
             name: name.to_string(),
             ..opts("unused").0
         };
-        Ring::create(&o).unwrap()
+        created = DaemonRing::create(&o).unwrap();
+        &created
     } else {
-        Ring::open(name, Access::ReadWrite, T).unwrap()
+        opened = Ring::open(name, Access::ReadWrite, T).unwrap();
+        &opened
     };
     std::fs::OpenOptions::new()
         .write(true)
@@ -83,7 +86,7 @@ fn a_fault_on_a_truncated_ring_is_contained_in_its_creator_and_exits_4_elsewhere
     // Another process (a loader) on this process's ring: exit 4 from the handler; the name
     // stays (only its creator removes it).
     let (o, _u) = opts("sigbus-peer");
-    let daemon = Ring::create(&o).unwrap();
+    let daemon = DaemonRing::create(&o).unwrap();
     let out = run_sigbus_child(&o.name, "open");
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(4), "{:?}: {err}", out.status);

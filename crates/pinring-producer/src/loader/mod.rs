@@ -19,7 +19,7 @@ use pinring_data::{
 };
 use pinring_exit::{Coded, Exit};
 use pinring_ring::failure::{write_failure, ERR_PLAN, ERR_SAMPLE};
-use pinring_ring::{CommitError, Ring, RingError, SlotWriter};
+use pinring_ring::{CommitError, LoaderRing, RingError, SlotWriter};
 use pinring_runtime::settings::{self, Overrides};
 use pinring_runtime::shutdown::Shutdown;
 use pinring_sources::{FieldBuf, Source, SourceError};
@@ -281,7 +281,7 @@ fn run_attached(
 }
 
 struct Worker<'a> {
-    ring: &'a Ring,
+    ring: &'a LoaderRing,
     cfg: &'a Config,
     /// The seat and the claim loop.
     session: &'a mut Session,

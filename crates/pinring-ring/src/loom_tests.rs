@@ -1,4 +1,6 @@
-//! Model checking of the slot protocol and of the counted futex wake-ups with `loom`.
+//! Model checking of the slot protocol and of the counted futex wake-ups with `loom`. The
+//! module is part of the crate (built only with `--cfg loom` for tests) because the transitions it
+//! drives are the crate's own: no other crate can call them, only the role handles' methods.
 //!
 //! Each test runs two or three actors (the daemon and one or two loaders, or a waiter and a
 //! waker) through every interleaving (within a preemption bound for the two three-actor models),
@@ -16,7 +18,7 @@
 //!
 //! ```text
 //! RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
-//!     cargo test -p pinring-ring --test loom --release
+//!     cargo test -p pinring-ring --lib --release loom_tests
 //! ```
 //!
 //! (`LOOM_MAX_PREEMPTIONS` overrides the bound; `LOOM_LOG=trace LOOM_LOCATION=1` explain a
@@ -26,16 +28,15 @@
 //! a `yield_now`, loom never lets a thread read again a value it saw before it (its rule for
 //! making spin loops progress), so an actor that had read values during the set-up could not
 //! read them stale later, which would hide bugs; a fresh thread has read nothing.
-#![cfg(loom)]
 
+use crate::futex;
+use crate::layout::{abandon_word, LoaderEntry, SlotDesc};
+use crate::slot::{Batch, Round, Seat, SlotState};
+use crate::sync::atomic::AtomicU32;
+use crate::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 use loom::cell::UnsafeCell;
 use loom::sync::Arc;
 use loom::thread;
-use pinring_ring::futex;
-use pinring_ring::layout::{abandon_word, LoaderEntry, SlotDesc};
-use pinring_ring::slot::{Batch, Round, Seat, SlotState};
-use pinring_ring::sync::atomic::AtomicU32;
-use pinring_ring::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 use std::time::Duration;
 
 /// Every interleaving of the model's actors.
@@ -471,7 +472,7 @@ fn one_wake_per_freed_slot_leaves_no_loader_asleep() {
 }
 
 /// (d'') The daemon's quiet wait: with enough uploads in flight its main loop waits on the
-/// doorbell counted only in a count of its own (`Ring::wait_doorbell_quiet`), so a loader's
+/// doorbell counted only in a count of its own (`DaemonRing::wait_doorbell_quiet`), so a loader's
 /// commit bumps the word without a wake call, while the completion thread's ring checks both
 /// counts. The completion is never missed, the commit's bump notwithstanding.
 #[test]
