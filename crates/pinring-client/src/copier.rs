@@ -17,7 +17,7 @@
 use crate::{ClientError, Location};
 use pinring_backend::{BackendKind, Completion, Registration, UploadJob, Uploader};
 use pinring_data::{BatchLayout, Plan};
-use pinring_ring::{Ring, SlotState};
+use pinring_ring::{ConsumerRing, SlotState};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -90,7 +90,7 @@ impl Copier {
     /// memory on the host backend) and registers the ring's slots with it; `plan` and `layout`
     /// (the ring's) say where each part's bytes lie.
     pub(crate) fn open(
-        ring: &Ring,
+        ring: &pinring_ring::Ring,
         cuda: Option<u32>,
         buffers: u32,
         buffer_bytes: u64,
@@ -159,7 +159,7 @@ impl Copier {
     }
 
     /// An own buffer free for the next batch, if any.
-    pub(crate) fn take_free(&self, ring: &Ring) -> Option<u32> {
+    pub(crate) fn take_free(&self, ring: &ConsumerRing) -> Option<u32> {
         let mut free = lock(&self.free);
         let got = free.pop_front();
         self.publish_held(ring, free.len());
@@ -167,7 +167,7 @@ impl Copier {
     }
 
     /// Shows `pinring status` how many own buffers hold a batch.
-    fn publish_held(&self, ring: &Ring, free: usize) {
+    fn publish_held(&self, ring: &ConsumerRing, free: usize) {
         let held = self.engine.buffer_count().saturating_sub(free);
         ring.handoff().own_held.store(held as u32, Relaxed);
     }
@@ -178,7 +178,7 @@ impl Copier {
     }
 
     /// A lease on own buffer `i` dropped (its release already recorded on the trainer's stream).
-    pub(crate) fn give_back(&self, ring: &Ring, i: u32) {
+    pub(crate) fn give_back(&self, ring: &ConsumerRing, i: u32) {
         let mut free = lock(&self.free);
         free.push_back(i);
         self.publish_held(ring, free.len());
@@ -196,7 +196,7 @@ impl Copier {
     /// are done.
     pub(crate) fn copy_batch(
         &self,
-        ring: &Ring,
+        ring: &ConsumerRing,
         desc: u32,
         round: u32,
         seq: u64,
@@ -305,7 +305,7 @@ impl Copier {
     }
 
     /// Waits until the copies out of descriptor `desc` are done.
-    fn wait_copied(&self, ring: &Ring, desc: u32) -> Result<(), ClientError> {
+    fn wait_copied(&self, ring: &ConsumerRing, desc: u32) -> Result<(), ClientError> {
         let mut books = lock(&self.books);
         while books.copying[desc as usize].is_some() {
             if let Some(f) = &books.failed {
@@ -324,7 +324,7 @@ impl Copier {
     }
 
     /// Books one completion: the last of a batch gives its descriptor back.
-    fn arrived(&self, ring: &Ring, c: Completion) {
+    fn arrived(&self, ring: &ConsumerRing, c: Completion) {
         let desc = c.tag as u32;
         {
             let mut books = lock(&self.books);
@@ -353,7 +353,7 @@ impl Copier {
 }
 
 /// Gives descriptor `desc` back once every completion its copies announced has arrived.
-fn finish_if_done(books: &mut Books, ring: &Ring, desc: u32) {
+fn finish_if_done(books: &mut Books, ring: &ConsumerRing, desc: u32) {
     let Some(c) = books.copying[desc as usize] else {
         return;
     };
@@ -361,7 +361,7 @@ fn finish_if_done(books: &mut Books, ring: &Ring, desc: u32) {
         return;
     }
     books.copying[desc as usize] = None;
-    if !ring.buffer_desc(desc).release(c.round) {
+    if !ring.release_buffer(desc, c.round) {
         tracing::warn!(ring = %ring.name(), buffer = desc,
             "batch buffer was taken back before its copies were done (the ring thought this \
              consumer dead)");

@@ -314,9 +314,9 @@ impl Consumer {
             let seq = d.seq.load(Relaxed);
             if self.in_order && seq < self.next {
                 // Below a named resume point: give it straight back.
-                if d.take(w.round).is_some() {
+                if ring.take_buffer(i, w.round).is_some() {
                     self.count_take(seq);
-                    d.release(w.round);
+                    ring.release_buffer(i, w.round);
                     ring.ring_doorbell();
                 }
                 continue;
@@ -332,9 +332,8 @@ impl Consumer {
             // The batch we wait for is not handed over yet.
             return Ok(None);
         }
-        let d = ring.buffer_desc(i);
         let Memory::Own(copier) = &shared.memory else {
-            let Some(f) = d.take(round) else {
+            let Some(f) = ring.take_buffer(i, round) else {
                 return Ok(None);
             };
             let batch = self.validated(i, i, f)?;
@@ -345,7 +344,7 @@ impl Consumer {
         let Some(local) = copier.take_free(ring) else {
             return Ok(None);
         };
-        let Some(f) = d.take(round) else {
+        let Some(f) = ring.take_buffer(i, round) else {
             copier.give_back(ring, local);
             return Ok(None);
         };
@@ -593,7 +592,7 @@ impl Drop for Lease {
                 "cannot record the release event of a batch buffer; keeping the buffer");
             return;
         }
-        if !ring.buffer_desc(self.buffer).release(self.round) {
+        if !ring.release_buffer(self.buffer, self.round) {
             tracing::warn!(ring = %ring.name(), buffer = self.buffer,
                 "batch buffer was taken back before its release (the ring thought this \
                  consumer dead)");

@@ -62,16 +62,18 @@ impl Daemon {
             return Ok(());
         }
         self.uploader.record_ready(r.buffer)?;
-        let desc = self.ring.buffer_desc(r.buffer as u32);
-        let round = desc.fill(&Filled {
-            round: 0,
-            seq: r.seq,
-            batch: r.batch,
-            bytes: r.bytes as u64,
-            samples: r.samples.len() as u32,
-            epoch: r.epoch,
-            index_in_epoch: r.index_in_epoch,
-        });
+        let round = self.ring.fill_buffer(
+            r.buffer as u32,
+            &Filled {
+                round: 0,
+                seq: r.seq,
+                batch: r.batch,
+                bytes: r.bytes as u64,
+                samples: r.samples.len() as u32,
+                epoch: r.epoch,
+                index_in_epoch: r.index_in_epoch,
+            },
+        );
         let b = self.ring.handoff();
         b.filled.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         // Release: a consumer that reads this sees the FILLED words of every batch below it.
@@ -107,7 +109,7 @@ impl Daemon {
                 let (b, h) = &self.handoff_books.handed[&seq];
                 (*b, h.round, h.booked)
             };
-            let state = self.ring.buffer_desc(buffer as u32).returned(round);
+            let state = self.ring.buffer_returned(buffer as u32, round);
             let taken = !matches!(state, Returned::Waiting);
             // In order, a batch is booked only after every earlier one was: the consumer takes
             // them in order, and this pass may see a later take before an earlier one's word.
@@ -152,7 +154,7 @@ impl Daemon {
             // Consumer copies: its copies out of the batch's slots are done (released), or its
             // process is gone (reclaimed); either way nothing reads them any more.
             self.give_back_lent(buffer);
-            self.ring.buffer_desc(buffer as u32).reset(h.round);
+            self.ring.reset_buffer(buffer as u32, h.round);
             self.up.free_buffers.push_back(buffer);
             self.sink.pending -= 1;
             progressed = true;
@@ -193,7 +195,7 @@ impl Daemon {
             .handoff_books
             .handed
             .iter()
-            .filter(|(_, (b, h))| !h.booked && self.ring.buffer_desc(*b as u32).withdraw(h.round))
+            .filter(|(_, (b, h))| !h.booked && self.ring.withdraw_buffer(*b as u32, h.round))
             .map(|(&seq, _)| seq)
             .collect();
         for seq in untaken {

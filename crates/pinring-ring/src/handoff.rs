@@ -377,7 +377,7 @@ impl BufferDesc {
     }
 
     /// Daemon: publishes a whole batch in an EMPTY buffer; returns the new round.
-    pub fn fill(&self, f: &Filled) -> u32 {
+    pub(crate) fn fill(&self, f: &Filled) -> u32 {
         let round = self.load_word().round.wrapping_add(1);
         self.seq.store(f.seq, Relaxed);
         self.batch.store(f.batch, Relaxed);
@@ -393,7 +393,7 @@ impl BufferDesc {
     }
 
     /// Daemon: what became of a buffer it filled in `round`.
-    pub fn returned(&self, round: u32) -> Returned {
+    pub(crate) fn returned(&self, round: u32) -> Returned {
         let w = self.load_word();
         if w.round != round {
             return Returned::Corrupt(w.state);
@@ -408,14 +408,14 @@ impl BufferDesc {
     }
 
     /// Daemon: marks a returned buffer EMPTY (its own again).
-    pub fn reset(&self, round: u32) {
+    pub(crate) fn reset(&self, round: u32) {
         self.word
             .store(BufferWord::pack(buffer_state::EMPTY, round), Relaxed);
     }
 
     /// Daemon (drain): takes back a FILLED buffer nobody took; false if the consumer took it
     /// first.
-    pub fn withdraw(&self, round: u32) -> bool {
+    pub(crate) fn withdraw(&self, round: u32) -> bool {
         self.word
             .compare_exchange(
                 BufferWord::pack(buffer_state::FILLED, round),
@@ -427,7 +427,7 @@ impl BufferDesc {
     }
 
     /// Consumer: takes a FILLED buffer of `round`; returns what the descriptor says it holds.
-    pub fn take(&self, round: u32) -> Option<Filled> {
+    pub(crate) fn take(&self, round: u32) -> Option<Filled> {
         // (H1): Acquire pairs with the daemon's Release store of FILLED.
         self.word
             .compare_exchange(
@@ -456,7 +456,7 @@ impl BufferDesc {
 
     /// Consumer: gives a TAKEN buffer of `round` back; false if it was not TAKEN in that round
     /// (a successor reclaimed it).
-    pub fn release(&self, round: u32) -> bool {
+    pub(crate) fn release(&self, round: u32) -> bool {
         // (H2): everything this consumer did with the buffer happens before this Release.
         self.word
             .compare_exchange(
@@ -469,7 +469,7 @@ impl BufferDesc {
     }
 
     /// Whoever found the consumer lock free: marks a TAKEN buffer RECLAIMED. True if it did.
-    pub fn reclaim(&self) -> bool {
+    pub(crate) fn reclaim(&self) -> bool {
         let w = self.load_word();
         w.state == buffer_state::TAKEN
             && self

@@ -9,7 +9,7 @@
 use crate::clock::{monotonic_ns, unix_ns};
 use crate::error::{CommitError, RingError, SlotFault};
 use crate::futex;
-use crate::handoff::{BufferDesc, HandoffBlock, HandoffSpec, HANDOFF_OFFSET};
+use crate::handoff::{BufferDesc, Filled, HandoffBlock, HandoffSpec, Returned, HANDOFF_OFFSET};
 use crate::layout::*;
 use crate::lock;
 use crate::process::ProcessId;
@@ -120,6 +120,18 @@ pub struct LoaderRing(Ring);
 /// ```compile_fail,E0599
 /// fn claim(ring: &pinring_ring::ConsumerRing, seat: pinring_ring::Seat) {
 ///     ring.try_claim(seat, 0);
+/// }
+/// ```
+///
+/// ```compile_fail,E0599
+/// fn hand_over(ring: &pinring_ring::ConsumerRing, f: &pinring_ring::handoff::Filled) {
+///     ring.fill_buffer(0, f); // only the daemon fills a batch buffer
+/// }
+/// ```
+///
+/// ```compile_fail,E0624
+/// fn release_for_it(ring: &pinring_ring::LoaderRing) {
+///     ring.buffer_desc(0).release(1); // a buffer's transitions are the role handles' only
 /// }
 /// ```
 #[derive(Debug)]
@@ -1076,6 +1088,28 @@ impl DaemonRing {
         Ring::create(opts).map(DaemonRing)
     }
 
+    /// Publishes a whole batch in EMPTY buffer `i` for the consumer; returns the new round.
+    pub fn fill_buffer(&self, i: u32, f: &Filled) -> u32 {
+        self.buffer_desc(i).fill(f)
+    }
+
+    /// What became of buffer `i`, filled in `round`: still FILLED or TAKEN, released, or
+    /// reclaimed from a dead consumer.
+    pub fn buffer_returned(&self, i: u32, round: u32) -> Returned {
+        self.buffer_desc(i).returned(round)
+    }
+
+    /// Marks returned buffer `i` of `round` EMPTY: the daemon's to fill again.
+    pub fn reset_buffer(&self, i: u32, round: u32) {
+        self.buffer_desc(i).reset(round)
+    }
+
+    /// Drain: takes back FILLED buffer `i` of `round` that nobody took; false if the consumer took
+    /// it first.
+    pub fn withdraw_buffer(&self, i: u32, round: u32) -> bool {
+        self.buffer_desc(i).withdraw(round)
+    }
+
     /// Daemon side: compares the header with the daemon's own record of what it wrote, restores
     /// every field another process changed, and names them (empty: nothing was touched). A
     /// ring opened rather than created has no record and reports nothing.
@@ -1467,6 +1501,18 @@ impl LoaderRing {
 }
 
 impl ConsumerRing {
+    /// Takes FILLED buffer `i` of `round`; returns what its descriptor says it holds (values
+    /// unchecked: the caller validates them), or None if it is not FILLED in that round.
+    pub fn take_buffer(&self, i: u32, round: u32) -> Option<Filled> {
+        self.buffer_desc(i).take(round)
+    }
+
+    /// Gives TAKEN buffer `i` of `round` back to the daemon; false if it was not TAKEN in that
+    /// round (the daemon reclaimed it after this consumer was believed gone).
+    pub fn release_buffer(&self, i: u32, round: u32) -> bool {
+        self.buffer_desc(i).release(round)
+    }
+
     /// Consumer: becomes the ring's one consumer. Takes [`lock::CONSUMER_LOCK`] (held until this
     /// handle drops or the process dies), marks RECLAIMED every buffer a dead predecessor still
     /// held, and records the pid. Fails with `NoHandoff` for a ring that hands nothing over and

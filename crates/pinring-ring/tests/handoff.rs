@@ -61,9 +61,8 @@ fn one_consumer_at_a_time_and_a_dead_ones_buffers_come_back() {
     let e = second.attach_consumer(ProcessId::current()).unwrap_err();
     assert!(matches!(e, RingError::ConsumerPresent { .. }), "{e}");
 
-    let d = daemon.buffer_desc(1);
-    let r = d.fill(&batch(7));
-    let taken = first.buffer_desc(1).take(r).unwrap();
+    let r = daemon.fill_buffer(1, &batch(7));
+    let taken = first.take_buffer(1, r).unwrap();
     assert_eq!(taken.seq, 7);
     assert_eq!(
         daemon.reclaim_from_dead_consumer().unwrap(),
@@ -74,7 +73,7 @@ fn one_consumer_at_a_time_and_a_dead_ones_buffers_come_back() {
     drop(first);
     assert!(!daemon.consumer_alive().unwrap());
     assert_eq!(daemon.reclaim_from_dead_consumer().unwrap(), 1);
-    assert_eq!(d.returned(r), Returned::Reclaimed);
+    assert_eq!(daemon.buffer_returned(1, r), Returned::Reclaimed);
     assert_eq!(daemon.handoff().reclaimed.load(Relaxed), 1);
     // Now the second one may attach.
     second.attach_consumer(ProcessId::current()).unwrap();
@@ -85,19 +84,19 @@ fn a_new_consumer_reclaims_what_its_dead_predecessor_held() {
     let (daemon, _u) = with_handoff("ho-succ");
     let first = ConsumerRing::from(Ring::open(daemon.name(), Access::ReadWrite, T).unwrap());
     first.attach_consumer(ProcessId::current()).unwrap();
-    let r = daemon.buffer_desc(0).fill(&batch(3));
-    first.buffer_desc(0).take(r).unwrap();
-    let r2 = daemon.buffer_desc(2).fill(&batch(4));
+    let r = daemon.fill_buffer(0, &batch(3));
+    first.take_buffer(0, r).unwrap();
+    let r2 = daemon.fill_buffer(2, &batch(4));
     drop(first);
     let next = ConsumerRing::from(Ring::open(daemon.name(), Access::ReadWrite, T).unwrap());
     next.attach_consumer(ProcessId::current()).unwrap();
-    assert_eq!(daemon.buffer_desc(0).returned(r), Returned::Reclaimed);
+    assert_eq!(daemon.buffer_returned(0, r), Returned::Reclaimed);
     assert_eq!(
         daemon.buffer_desc(2).load_word().state,
         buffer_state::FILLED,
         "a batch nobody took waits for the next consumer"
     );
-    assert_eq!(next.buffer_desc(2).take(r2).unwrap().seq, 4);
+    assert_eq!(next.take_buffer(2, r2).unwrap().seq, 4);
 }
 
 #[test]
