@@ -21,7 +21,7 @@ dtype = "u8"
 batch_size = $batch
 epochs = 1
 T
-  local extra=""; [ "$bufs" != "-" ] && extra="--upload-buffers $bufs"
+  local extra=""; [ "$bufs" != "-" ] && extra="--prefetch $bufs"
   $dts $B/pinring-daemon --config $out/$name.toml --backend cuda --sink discard --summary $out/$name.json $extra 2>$out/$name.dlog &
   local d=$!
   for i in $(seq 8); do $lts $B/pinring-loader --config $out/$name.toml --wait-secs 20 2>/dev/null & done

@@ -156,6 +156,49 @@ fn zero_copy_with_batches_that_span_slots_is_a_config_error() {
     assert!(!fx.segment().exists(), "refused before the ring was made");
 }
 
+#[test]
+fn a_prefetch_a_consumer_cannot_be_handed_is_a_config_error_naming_where_it_came_from() {
+    // The flag (and its former name) and the config key are one setting: the batch buffers.
+    for (config, flags, key, value) in [
+        (
+            "",
+            &["--sink", "consumer", "--prefetch", "65"][..],
+            "--prefetch",
+            "65",
+        ),
+        (
+            "",
+            &["--sink", "consumer", "--upload-buffers", "1"][..],
+            "--prefetch",
+            "1",
+        ),
+        (
+            "[daemon]\nprefetch = 1\n",
+            &["--sink", "consumer"][..],
+            "daemon.prefetch",
+            "1",
+        ),
+    ] {
+        let fx = Fixture::new("prefetch", config);
+        let (st, log) = wait_for(fx.daemon(flags), "daemon", Duration::from_secs(10));
+        assert_eq!(st.code(), Some(CONFIG), "{flags:?}: {log}");
+        assert!(
+            log.contains(&format!("{key} = {value}")) && log.contains("2 to 64"),
+            "{flags:?}: {log}"
+        );
+        assert!(!fx.segment().exists(), "refused before the ring was made");
+    }
+    // Outside the range of any sink, the flag is refused by the parser.
+    let fx = Fixture::new("prefetch-range", "");
+    let (st, log) = wait_for(
+        fx.daemon(&["--prefetch", "0"]),
+        "daemon",
+        Duration::from_secs(10),
+    );
+    assert_eq!(st.code(), Some(USAGE), "{log}");
+    assert!(log.contains("--prefetch"), "{log}");
+}
+
 /// Runs a daemon for `fx`'s ring with `extra` flags and its summary at `summary`.
 fn daemon_with_summary(
     fx: &Fixture,

@@ -90,7 +90,7 @@ impl EmbeddedDaemon {
             epochs: opts.epochs,
             unordered: false,
             start_seq: opts.start_seq,
-            upload_buffers: None,
+            prefetch: None,
             summary: None,
             replace: opts.replace,
             no_register: false,

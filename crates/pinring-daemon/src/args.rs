@@ -31,10 +31,13 @@ pub struct DaemonArgs {
     /// First seq to deliver (resume a run; the summary's resume_seq).
     #[arg(long, default_value_t = 0)]
     pub start_seq: u64,
-    /// Device buffers (uploads in flight plus batches held by the sink). Default: enough for
-    /// 64 MiB in flight, 4 to 128 buffers.
-    #[arg(long)]
-    pub upload_buffers: Option<usize>,
+    /// Batch buffers: whole batches uploaded ahead of the sink (1 to 256), or with --sink
+    /// consumer ahead of or held by the training process (2 to 64). Overrides daemon.prefetch.
+    /// Default: enough for 64 MiB in flight, 4 to 128 (at most 64 with --sink consumer).
+    /// (`--upload-buffers` is its former name.)
+    #[arg(long, value_name = "N", alias = "upload-buffers",
+          value_parser = clap::value_parser!(u32).range(*pinring_data::config::BATCH_BUFFERS.start() as i64..=*pinring_data::config::BATCH_BUFFERS.end() as i64))]
+    pub prefetch: Option<u32>,
     /// Write a JSON summary here at exit.
     #[arg(long, value_name = "PATH")]
     pub summary: Option<PathBuf>,

@@ -31,6 +31,7 @@ use crate::sink::{SinkDone, SinkJob, SinkKind};
 use crate::summary::Summary;
 use crossbeam_channel::Receiver;
 use pinring_backend::{Completion, Uploader};
+use pinring_data::config::PREFETCH;
 use pinring_data::{BatchLayout, Config, Plan};
 use pinring_exit::{Coded, Exit};
 use pinring_ring::{ring_state, DaemonRing, RingError};
@@ -156,6 +157,16 @@ pub enum DaemonError {
         /// Parts per batch.
         parts: u64,
     },
+    /// A prefetch a consumer cannot be handed.
+    #[error("ring {ring:?}: {key} = {value} cannot be handed to a consumer: --sink consumer takes {lo} to {hi} batch buffers (one is the trainer's current batch, the rest are uploaded ahead; the ring's handoff area holds at most {hi}); set {key} within that range", lo = PREFETCH.start(), hi = PREFETCH.end())]
+    Prefetch {
+        /// Ring name.
+        ring: String,
+        /// Where the value came from: `--prefetch` or `daemon.prefetch`.
+        key: &'static str,
+        /// The value.
+        value: u32,
+    },
     #[error(transparent)]
     Ring(#[from] RingError),
     /// Backend error.
@@ -217,7 +228,9 @@ pub enum DaemonError {
 impl pinring_exit::Coded for DaemonError {
     fn exit(&self) -> pinring_exit::Exit {
         match self {
-            DaemonError::Config(_) | DaemonError::DataFailed { .. } => Exit::Config,
+            DaemonError::Config(_)
+            | DaemonError::Prefetch { .. }
+            | DaemonError::DataFailed { .. } => Exit::Config,
             DaemonError::Resolve(e) => e.exit(),
             DaemonError::StartSeq { .. } | DaemonError::StartSeqInBatch { .. } => Exit::Usage,
             DaemonError::Ring(e) => e.exit(),

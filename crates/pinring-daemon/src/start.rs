@@ -6,6 +6,7 @@ use crate::ring_wake::Doorbell;
 use crate::sink;
 use crossbeam_channel::unbounded;
 use pinring_backend::{Backend, Placement, Uploader};
+use pinring_data::config::PREFETCH;
 use pinring_data::Resolved;
 use pinring_ring::{ring_state, CreateOptions, DaemonRing};
 use std::sync::Arc;
@@ -106,7 +107,8 @@ impl Daemon {
         // aligned offset, where the parts' chunks of that field land.
         // Enough buffers to keep the copy engine busy while completions travel back: with small
         // batches, a handful of uploads in flight drain faster than a completion round trip.
-        // Handed to a consumer, they are its prefetch depth (daemon.prefetch).
+        // Handed to a consumer, they are its prefetch depth: one name, `daemon.prefetch` and
+        // `--prefetch`, for every sink.
         // Handed over, buffers are whole pages, so that on the host backend (buffers side by
         // side in the ring) every buffer and so every field starts aligned.
         let buffer_bytes = if consumer {
@@ -114,12 +116,23 @@ impl Daemon {
         } else {
             layout.total_bytes.max(1)
         };
-        let prefetch = cfg.daemon.prefetch.map(|p| p as usize).filter(|_| consumer);
-        let buffers = args
-            .upload_buffers
-            .or(prefetch)
-            .unwrap_or_else(|| default_upload_buffers(buffer_bytes))
-            .clamp(1, if consumer { 64 } else { 256 });
+        let buffers = match args.prefetch.or(cfg.daemon.prefetch) {
+            Some(n) if consumer && !PREFETCH.contains(&n) => {
+                let key = if args.prefetch.is_some() {
+                    "--prefetch"
+                } else {
+                    "daemon.prefetch"
+                };
+                return Err(DaemonError::Prefetch {
+                    ring: cfg.ring.name.clone(),
+                    key,
+                    value: n,
+                });
+            }
+            Some(n) => n as usize,
+            None if consumer => default_upload_buffers(buffer_bytes).min(*PREFETCH.end() as usize),
+            None => default_upload_buffers(buffer_bytes),
+        };
         let host_buffers = located.name == "host";
         let handoff = consumer.then(|| pinring_ring::handoff::HandoffSpec {
             buffers: buffers as u32,
@@ -352,7 +365,7 @@ fn export_buffers(
     Ok(())
 }
 
-/// Device buffers the daemon uses without `--upload-buffers`: enough to keep 64 MiB of uploads
+/// Batch buffers the daemon uses without `--prefetch` or `daemon.prefetch`: enough to keep 64 MiB of uploads
 /// in flight (4 to 128 buffers of `buffer_bytes`, a whole batch each), so the copy engine stays
 /// busy while completions travel back. At small batches the count decides instead: 128, so that
 /// two events of 64 parts each (the upload engine's) are in flight with buffers to spare (64

@@ -220,9 +220,10 @@ idle_warn_ms = 10000
 # undecodable or wrong metadata) does: "fail" stops the daemon (exit 4);
 # "skip" counts it and has the same seq made again.
 on_bad_batch = "fail"
-# With --sink consumer: whole batches that may be uploaded ahead of, or be
-# held by, the training process (its device buffers, 2..=64). Unset: enough
-# to keep 64 MiB in flight (4 to 64).
+# The daemon's batch buffers (pinring-daemon --prefetch overrides it): whole
+# batches uploaded ahead of the sink (1..=256), or with --sink consumer, ahead
+# of or held by the training process (2..=64). Unset: enough to keep 64 MiB
+# in flight (4 to 128; at most 64 with --sink consumer).
 # prefetch = 4
 # With --sink consumer, who copies each batch to the GPU: "consumer" (the
 # training process, in its own CUDA context, straight from the ring's
@@ -684,9 +685,10 @@ pub struct DaemonConfig {
     pub idle_warn_ms: u64,
     /// What a bad batch does.
     pub on_bad_batch: BadBatchPolicy,
-    /// Batch buffers handed to a consumer (`--sink consumer`): how many whole batches may be
-    /// uploaded ahead of, or held by, the training process. `None`: enough to keep 64 MiB in
-    /// flight, 4 to 64.
+    /// The daemon's batch buffers (`pinring-daemon --prefetch` overrides it): how many whole
+    /// batches may be uploaded ahead of the sink, or, handed to a consumer (`--sink consumer`,
+    /// [`PREFETCH`]), ahead of or held by the training process. `None`: enough to keep 64 MiB in
+    /// flight (4 to 128 buffers; at most 64 handed to a consumer).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub prefetch: Option<u32>,
     /// Who copies a batch handed to a training process onto the GPU (`--sink consumer` only).
@@ -704,8 +706,14 @@ pub struct DaemonConfig {
     pub loader_cpus: Option<Vec<u32>>,
 }
 
-/// Allowed range of `daemon.prefetch`.
-pub const PREFETCH: std::ops::RangeInclusive<u32> = 2..=64;
+/// Allowed range of the daemon's batch buffers (`daemon.prefetch`, `pinring-daemon
+/// --prefetch`): uploads in flight to a discard, verify or compute sink.
+pub const BATCH_BUFFERS: std::ops::RangeInclusive<u32> = 1..=256;
+
+/// Allowed range of the batch buffers handed to a consumer (`--sink consumer`): one held by the
+/// training process and at least one uploaded ahead, at most what the ring's handoff area holds
+/// ([`pinring_ring::handoff::MAX_BUFFERS`]).
+pub const PREFETCH: std::ops::RangeInclusive<u32> = 2..=pinring_ring::handoff::MAX_BUFFERS;
 
 impl Default for DaemonConfig {
     fn default() -> Self {
@@ -1053,13 +1061,16 @@ impl Config {
             }
         }
         if let Some(p) = dm.prefetch {
-            if !PREFETCH.contains(&p) {
+            if !BATCH_BUFFERS.contains(&p) {
                 return Err(self.invalid(
                     "daemon.prefetch",
                     p,
                     format!(
-                        "must be between {} and {} batch buffers (one is the trainer's current \
-                         batch, the rest are uploaded ahead)",
+                        "must be between {} and {} batch buffers ({} to {} with --sink \
+                         consumer: one is the trainer's current batch, the rest are uploaded \
+                         ahead)",
+                        BATCH_BUFFERS.start(),
+                        BATCH_BUFFERS.end(),
                         PREFETCH.start(),
                         PREFETCH.end()
                     ),
