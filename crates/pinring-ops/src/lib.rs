@@ -5,6 +5,8 @@
 //! `observe`, clean only removes what no live process holds, and config check calls the same
 //! `Config::resolve` the daemon calls.
 
+#![forbid(unsafe_code)]
+
 pub mod clean;
 pub mod config_check;
 pub mod status;
