@@ -54,7 +54,7 @@ impl Daemon {
             .is_err()
         {
             return Err(DaemonError::Internal {
-                ring: self.cfg.ring.name.clone(),
+                ring: self.run.cfg.ring.name.clone(),
                 what: "the upload thread stopped".into(),
             });
         }
@@ -85,7 +85,7 @@ impl Daemon {
             let (slot, field) = tag_parts(c.tag);
             let Some(part) = self.up.inflight.get_mut(slot) else {
                 return Err(DaemonError::Internal {
-                    ring: self.cfg.ring.name.clone(),
+                    ring: self.run.cfg.ring.name.clone(),
                     what: format!(
                         "completion for field {field} of slot {slot}, which had no upload in flight"
                     ),
@@ -124,7 +124,7 @@ impl Daemon {
             // (D): every upload of the part has finished reading the slot; hand it out again.
             self.hand_out(slot);
             *freed += 1;
-            tracing::trace!(ring = %self.cfg.ring.name, seq, batch, len, "part on the device");
+            tracing::trace!(ring = %self.run.cfg.ring.name, seq, batch, len, "part on the device");
             self.part_landed(seq, batch, buffer)?;
         }
         Ok(progressed)
@@ -141,14 +141,14 @@ impl Daemon {
             .filter(|a| a.batch == batch)
         else {
             return Err(DaemonError::Internal {
-                ring: self.cfg.ring.name.clone(),
+                ring: self.run.cfg.ring.name.clone(),
                 what: format!(
                     "part seq {seq} landed for batch {batch}, which is not assembled in device buffer {buffer}"
                 ),
             });
         };
         assembly.landed += 1;
-        if assembly.landed < self.parts {
+        if assembly.landed < self.run.parts {
             return Ok(());
         }
         let Some(done) = self.up.assemblies.close(buffer) else {
@@ -157,7 +157,7 @@ impl Daemon {
         if self.sink.kind == SinkKind::Consumer {
             return self.hand_over(super::handoff::Ready {
                 buffer: done.buffer,
-                seq: batch * self.parts,
+                seq: batch * self.run.parts,
                 batch,
                 epoch: done.epoch,
                 index_in_epoch: done.index_in_epoch,
@@ -166,7 +166,7 @@ impl Daemon {
             });
         }
         let job = SinkJob {
-            seq: batch * self.parts,
+            seq: batch * self.run.parts,
             source: sink::Source::Buffer(done.buffer),
             buffer: done.buffer,
             len: done.len,
@@ -201,7 +201,7 @@ impl Daemon {
         }
         match &self.sink.tx {
             Some(tx) => tx.send(job).map_err(|_| DaemonError::Internal {
-                ring: self.cfg.ring.name.clone(),
+                ring: self.run.cfg.ring.name.clone(),
                 what: "the sink thread stopped".into(),
             }),
             None => Ok(()),
@@ -240,7 +240,7 @@ impl Daemon {
         let parts = if matches!(done.source, sink::Source::Mapped { .. }) {
             1
         } else {
-            self.parts
+            self.run.parts
         };
         self.book_delivery(done.seq, parts, done.failure, done.verified, done.samples);
     }
@@ -266,7 +266,7 @@ impl Daemon {
         let problem = failure.or(order_problem.map(|p| p.to_string()));
         if let Some(msg) = problem {
             self.tally.verify_failures += 1;
-            tracing::error!(ring = %self.cfg.ring.name, seq, "{msg}");
+            tracing::error!(ring = %self.run.cfg.ring.name, seq, "{msg}");
             self.tally.first_failure.get_or_insert(msg);
         } else if verified {
             self.tally.verified += 1;
@@ -278,7 +278,7 @@ impl Daemon {
         h.delivered.fetch_add(1, Relaxed);
         // The daemon's published resume point, for status; never read back.
         h.next_deliver.store(self.sequencer.resume_seq(), Relaxed);
-        tracing::debug!(ring = %self.cfg.ring.name, seq, "batch delivered");
+        tracing::debug!(ring = %self.run.cfg.ring.name, seq, "batch delivered");
         samples.clear();
         self.spare_samples.push(samples);
     }
@@ -288,14 +288,14 @@ impl Daemon {
         let mut progressed = false;
         loop {
             // A part can go up if its batch already has a device buffer, or a buffer is free.
-            let parts = self.parts;
+            let parts = self.run.parts;
             let has_buffer = |seq: u64| {
                 !self.up.free_buffers.is_empty()
                     || self.up.assemblies.buffer_of(seq / parts).is_some()
             };
             // In order the sequencer offers at most the lowest seq not taken (none while an
             // earlier seq waits for a slot); unordered, every waiting seq: take one that is READY.
-            let candidate = if self.cfg.ring.in_order {
+            let candidate = if self.run.cfg.ring.in_order {
                 self.sequencer
                     .dispatchable()
                     .next()
@@ -325,10 +325,11 @@ impl Daemon {
             self.sequencer.taken(slot, seq);
             let mut samples = self.spare_samples.pop().unwrap_or_default();
             let part =
-                self.plan
+                self.run
+                    .plan
                     .part_into(seq, &mut samples)
                     .map_err(|e| DaemonError::Internal {
-                        ring: self.cfg.ring.name.clone(),
+                        ring: self.run.cfg.ring.name.clone(),
                         what: format!("plan has no part {seq}: {e}"),
                     })?;
             let (epoch, index_in_epoch) = (part.epoch, part.index_in_epoch);
@@ -346,14 +347,15 @@ impl Daemon {
             // field (and the sample's other fields in its first part). The daemon's own plan
             // decides it: the metadata's range is only compared with it, never used.
             let expected_len = self
+                .run
                 .layout
                 .part_payload_bytes(expected.samples.len() as u64, part.bytes);
             let meta_ok = BatchMeta::check_encoded(
                 &self.meta_buf,
-                self.meta_reserve,
+                self.run.meta_reserve,
                 &expected,
                 part.bytes,
-                self.sample_bytes,
+                self.run.sample_bytes,
                 expected_len,
             );
             if let Err(e) = meta_ok {
@@ -386,15 +388,16 @@ impl Daemon {
                         .free_buffers
                         .pop_front()
                         .expect("checked: a buffer is free");
-                    if self.parts > 1 {
+                    if self.run.parts > 1 {
                         // The whole batch's sample ids, for the sink, from the daemon's plan.
                         let mut whole = self.spare_samples.pop().unwrap_or_default();
-                        self.plan.batch_into(part.batch, &mut whole).map_err(|e| {
-                            DaemonError::Internal {
-                                ring: self.cfg.ring.name.clone(),
+                        self.run
+                            .plan
+                            .batch_into(part.batch, &mut whole)
+                            .map_err(|e| DaemonError::Internal {
+                                ring: self.run.cfg.ring.name.clone(),
                                 what: format!("plan has no batch {}: {e}", part.batch),
-                            }
-                        })?;
+                            })?;
                         self.start_assembly(&part, buffer, whole);
                     }
                     buffer
@@ -408,7 +411,7 @@ impl Daemon {
                 .fetch_add(taken.payload_len, Relaxed);
             self.ring.desc(slot).upload_ns.store(self.now.ns, Relaxed);
             progressed = true;
-            if self.zero_copy {
+            if self.run.zero_copy {
                 // No upload: the sink reads the slot in place; the slot stays UPLOADING (owned
                 // by the daemon) until the sink reports back.
                 self.up.zero_copy_commits.insert(slot, taken.commit_ns);
@@ -426,13 +429,13 @@ impl Daemon {
                 self.send_to_sink(job)?;
                 continue;
             }
-            if self.parts == 1 {
+            if self.run.parts == 1 {
                 // The part is the whole batch: its sample ids are the batch's.
                 self.start_assembly(&part, buffer, samples);
             } else {
                 self.spare_samples.push(samples);
             }
-            if self.consumer_copies {
+            if self.run.consumer_copies {
                 // No copy here: the consumer copies the part out of its slot, which stays
                 // UPLOADING (the daemon's) until the consumer gives the batch back. The part
                 // table's entry is published by the fill's Release store (H1).
@@ -452,6 +455,7 @@ impl Daemon {
             let mut jobs = std::mem::take(&mut self.up.jobs_buf);
             jobs.clear();
             for copy in self
+                .run
                 .layout
                 .part_copies(count, part.first_in_batch, part.bytes)
             {
@@ -508,7 +512,7 @@ impl Daemon {
             buffer,
             landed: 0,
             samples,
-            len: self.layout.payload_bytes(part.batch_samples) as usize,
+            len: self.run.layout.payload_bytes(part.batch_samples) as usize,
             epoch: part.epoch,
             index_in_epoch: part.index_in_epoch,
         };

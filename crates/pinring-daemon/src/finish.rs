@@ -77,19 +77,19 @@ impl Daemon {
         let loader_busy = loader_seconds(h.loader_busy_ns.load(Relaxed));
         let samples_delivered = s
             .deliveries()
-            .saturating_mul(u64::from(self.cfg.plan.batch_size));
+            .saturating_mul(u64::from(self.run.cfg.plan.batch_size));
         let daemon_wait = self.tally.daemon_wait_ns as f64 / 1e9;
         let sink_busy = self.tally.sink_busy_ns as f64 / 1e9;
         let mut summary = Summary {
-            ring: self.cfg.ring.name.clone(),
-            backend: self.backend_name.clone(),
-            backend_reason: self.backend_reason.clone(),
+            ring: self.run.cfg.ring.name.clone(),
+            backend: self.run.backend_name.clone(),
+            backend_reason: self.run.backend_reason.clone(),
             sink: self.sink.kind.name().into(),
-            in_order: self.cfg.ring.in_order,
+            in_order: self.run.cfg.ring.in_order,
             start_seq: s.start(),
             end_seq: s.end(),
-            batches_delivered: s.deliveries() / self.parts,
-            parts_per_batch: self.parts,
+            batches_delivered: s.deliveries() / self.run.parts,
+            parts_per_batch: self.run.parts,
             parts_delivered: s.deliveries(),
             batches_verified: self.tally.verified,
             verify_failures: self.tally.verify_failures,
@@ -128,7 +128,7 @@ impl Daemon {
             sink_busy_seconds: sink_busy,
             bound: verdict(seconds, daemon_wait, loader_wait, loader_busy, sink_busy).into(),
             interrupted: self.interrupted,
-            zero_copy: self.zero_copy,
+            zero_copy: self.run.zero_copy,
             registered: self.registration.is_some(),
             latency_p50_us: self.tally.latencies.quantile_us(0.50),
             latency_p99_us: self.tally.latencies.quantile_us(0.99),

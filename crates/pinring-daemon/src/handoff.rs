@@ -78,7 +78,7 @@ impl Daemon {
         b.filled.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         // Release: a consumer that reads this sees the FILLED words of every batch below it.
         b.filled_next
-            .fetch_max(r.seq + self.parts, std::sync::atomic::Ordering::Release);
+            .fetch_max(r.seq + self.run.parts, std::sync::atomic::Ordering::Release);
         self.sink.pending += 1;
         self.handoff_books.handed.insert(
             r.seq,
@@ -113,7 +113,7 @@ impl Daemon {
             let taken = !matches!(state, Returned::Waiting);
             // In order, a batch is booked only after every earlier one was: the consumer takes
             // them in order, and this pass may see a later take before an earlier one's word.
-            if taken && !booked && (booking_open || !self.cfg.ring.in_order) {
+            if taken && !booked && (booking_open || !self.run.cfg.ring.in_order) {
                 self.book_take(seq);
                 progressed = true;
             }
@@ -134,7 +134,7 @@ impl Daemon {
                 Returned::Released => true,
                 Returned::Reclaimed => false,
                 Returned::Corrupt(s) => {
-                    tracing::error!(ring = %self.cfg.ring.name, buffer, seq,
+                    tracing::error!(ring = %self.run.cfg.ring.name, buffer, seq,
                         "batch buffer {buffer} holds state {} ({s}), which no consumer leaves it \
                          in; taking it back (find who writes into the ring)",
                         pinring_ring::handoff::buffer_state::name(s));
@@ -184,8 +184,8 @@ impl Daemon {
         h.booked = true;
         let buffer = *buffer;
         let samples = std::mem::take(&mut h.samples);
-        self.book_delivery(seq, self.parts, None, false, samples);
-        tracing::trace!(ring = %self.cfg.ring.name, seq, buffer, "batch taken by the consumer");
+        self.book_delivery(seq, self.run.parts, None, false, samples);
+        tracing::trace!(ring = %self.run.cfg.ring.name, seq, buffer, "batch taken by the consumer");
     }
 
     /// Drain: takes back every buffer nobody took (its batch stays undelivered, so the resume
@@ -221,7 +221,7 @@ impl Daemon {
     pub(super) fn reap_consumer(&mut self) -> Result<(), DaemonError> {
         let n = self.ring.reclaim_from_dead_consumer()?;
         if n > 0 {
-            tracing::warn!(ring = %self.cfg.ring.name, buffers = n,
+            tracing::warn!(ring = %self.run.cfg.ring.name, buffers = n,
                 "the consumer died holding batch buffers: taken back (a restarted consumer \
                  resumes after the batches it took)");
         }

@@ -599,15 +599,12 @@ impl Uploads {
     }
 }
 
-struct Daemon {
-    // Fields drop top to bottom, and these three must go in this order: the upload engine first
-    // (its drop waits for copies still running), then the registration (unregistering memory no
-    // copy reads any more), then this handle on the ring's mapping.
-    uploader: Arc<dyn Uploader>,
-    /// The ring's registration with the backend (None: --no-register).
-    registration: Option<pinring_backend::Registration>,
-    ring: Arc<DaemonRing>,
+/// What a run is, fixed when the daemon starts: the settings, the plan and the batch layout,
+/// what they work out to per part, and how the backend and the sink take the batches. Read by
+/// every part of the main loop, written by none.
+struct Run {
     cfg: Config,
+    /// The backend in use and why it was chosen (for the summary).
     backend_name: String,
     backend_reason: String,
     plan: Plan,
@@ -617,15 +614,6 @@ struct Daemon {
     /// taken part's metadata is decoded within the one and checked against the other.
     meta_reserve: usize,
     sample_bytes: u64,
-    service: crate::service::DaemonService,
-    /// The sink thread and the channels to it.
-    sink: SinkLink,
-    // Protocol state, owned by the main loop.
-    /// Which seq each slot carries, what comes next, what was delivered (daemon/sequencer.rs).
-    sequencer: Sequencer,
-    /// Parts on their way to the device (or, when the consumer copies, to the consumer) and the
-    /// batch buffers they go to.
-    up: Uploads,
     /// Parts (seqs) per batch.
     parts: u64,
     zero_copy: bool,
@@ -637,6 +625,27 @@ struct Daemon {
     /// holds alive itself (it holds the upload engine, or the ring's mapping): a drain does not
     /// wait for them.
     holds_own_buffers: bool,
+}
+
+struct Daemon {
+    // Fields drop top to bottom, and these three must go in this order: the upload engine first
+    // (its drop waits for copies still running), then the registration (unregistering memory no
+    // copy reads any more), then this handle on the ring's mapping.
+    uploader: Arc<dyn Uploader>,
+    /// The ring's registration with the backend (None: --no-register).
+    registration: Option<pinring_backend::Registration>,
+    ring: Arc<DaemonRing>,
+    /// What this run is: its settings, plan and layout, fixed at start.
+    run: Run,
+    service: crate::service::DaemonService,
+    /// The sink thread and the channels to it.
+    sink: SinkLink,
+    // Protocol state, owned by the main loop.
+    /// Which seq each slot carries, what comes next, what was delivered (daemon/sequencer.rs).
+    sequencer: Sequencer,
+    /// Parts on their way to the device (or, when the consumer copies, to the consumer) and the
+    /// batch buffers they go to.
+    up: Uploads,
     /// What the run did, for the summary.
     tally: Tally,
     interrupted: bool,
@@ -694,7 +703,7 @@ impl Daemon {
                 return Ok(());
             }
             if shutdown.requested() && drain_deadline.is_none() {
-                tracing::info!(ring = %self.cfg.ring.name, "stop requested: draining");
+                tracing::info!(ring = %self.run.cfg.ring.name, "stop requested: draining");
                 self.service.stopping("stop requested: draining");
                 self.interrupted = true;
                 drain_deadline = Some(Instant::now() + DRAIN_DEADLINE);
@@ -713,12 +722,12 @@ impl Daemon {
                 let held = self.handoff_books.outstanding();
                 let nothing_in_flight = self.up.inflight.is_empty()
                     && (self.sink.pending == 0
-                        || ((past || self.holds_own_buffers) && self.sink.pending == held));
+                        || ((past || self.run.holds_own_buffers) && self.sink.pending == held));
                 if nothing_in_flight && (!self.sequencer.any_waiting() || past) {
                     self.settle_handoff()?;
                     let held = self.handoff_books.outstanding();
-                    if held > 0 && !self.holds_own_buffers {
-                        tracing::warn!(ring = %self.cfg.ring.name, buffers = held,
+                    if held > 0 && !self.run.holds_own_buffers {
+                        tracing::warn!(ring = %self.run.cfg.ring.name, buffers = held,
                             "stopping while the consumer still holds batch buffers: its tensors \
                              of those batches become invalid");
                     }

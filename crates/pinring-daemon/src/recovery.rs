@@ -148,7 +148,7 @@ impl Daemon {
         self.ring.check_file()?;
         let changed = self.ring.repair_header();
         if !changed.is_empty() {
-            tracing::error!(ring = %self.cfg.ring.name, fields = %changed.join(", "),
+            tracing::error!(ring = %self.run.cfg.ring.name, fields = %changed.join(", "),
                 "another process changed this daemon's header fields; restored them (the daemon's \
                  liveness is its lock on the segment, so this fooled nobody, but find who writes \
                  into the ring)");
@@ -156,7 +156,7 @@ impl Daemon {
         for slot in 0..self.sequencer.slots() {
             if let Some(seq) = self.ring.reclaim_if_owner_dead(slot) {
                 self.recovery.counts.reclaimed += 1;
-                tracing::warn!(ring = %self.cfg.ring.name, slot, seq, "loader died holding a slot: slot handed out again with the same seq");
+                tracing::warn!(ring = %self.run.cfg.ring.name, slot, seq, "loader died holding a slot: slot handed out again with the same seq");
                 self.ring.wake_loaders(1);
             }
         }
@@ -170,7 +170,7 @@ impl Daemon {
         self.reap_consumer()?;
         let reaped = self.ring.reap_dead_loaders();
         if reaped > 0 {
-            tracing::warn!(ring = %self.cfg.ring.name, loaders = reaped, "removed dead loaders from the table");
+            tracing::warn!(ring = %self.run.cfg.ring.name, loaders = reaped, "removed dead loaders from the table");
         }
         self.recover()?;
         self.watch_idle();
@@ -220,7 +220,7 @@ impl Daemon {
         self.recovery.counts.rejected += 1;
         let message = pinring_ring::failure::read_failure(&self.ring, slot);
         DaemonError::DataFailed {
-            ring: self.cfg.ring.name.clone(),
+            ring: self.run.cfg.ring.name.clone(),
             seq,
             message,
         }
@@ -254,7 +254,7 @@ impl Daemon {
                 health.stalled_since_ns.store(since, Relaxed);
                 health.stalled_seq.store(seq, Relaxed);
                 if matches!(state, Idle::Warn(_)) {
-                    let name = &self.cfg.ring.name;
+                    let name = &self.run.cfg.ring.name;
                     tracing::warn!(
                         ring = %name, seq, idle_s = idle.as_secs(),
                         "ring {name:?} has work left and no loader attached for {:.1} s: seq {seq} \
@@ -326,7 +326,7 @@ impl Daemon {
             let pid = expired.owner_id.map_or(0, |id| id.pid);
             health.last_hung_pid.store(u64::from(pid), Relaxed);
             tracing::warn!(
-                ring = %self.cfg.ring.name, slot, seq = expired.seq, loader = expired.owner, pid,
+                ring = %self.run.cfg.ring.name, slot, seq = expired.seq, loader = expired.owner, pid,
                 lease_ms = self.recovery.lease.as_millis() as u64,
                 "loader made no progress on its slot within the lease: declared hung; the slot is \
                  taken back and kept out of use until that loader exits or acknowledges, and its \
@@ -347,7 +347,7 @@ impl Daemon {
                 continue;
             }
             self.recovery.expired[slot as usize] = None;
-            tracing::info!(ring = %self.cfg.ring.name, slot, loader = expired.owner,
+            tracing::info!(ring = %self.run.cfg.ring.name, slot, loader = expired.owner,
                 "the hung loader exited or acknowledged: slot back in use");
             let next = self.sequencer.release(slot);
             self.apply_hand_out(slot, next);
@@ -396,7 +396,7 @@ impl Daemon {
                     if self.recovery.policy == BadBatchPolicy::Fail {
                         return Err(self.bad_batch_error(what));
                     }
-                    tracing::warn!(ring = %self.cfg.ring.name, "{what}; reset");
+                    tracing::warn!(ring = %self.run.cfg.ring.name, "{what}; reset");
                     self.ring.reset_to_idle(slot);
                 }
             }
@@ -451,7 +451,7 @@ impl Daemon {
 
     fn bad_batch_error(&self, what: String) -> DaemonError {
         DaemonError::BadBatch {
-            ring: self.cfg.ring.name.clone(),
+            ring: self.run.cfg.ring.name.clone(),
             what,
         }
     }
@@ -481,12 +481,12 @@ impl Daemon {
         self.ring.reset_to_idle(slot);
         match self.sequencer.remade(slot, seq) {
             HandOut::Assign(seq) => {
-                tracing::warn!(ring = %self.cfg.ring.name, slot, seq, "bad batch skipped, to be made again: {what}");
+                tracing::warn!(ring = %self.run.cfg.ring.name, slot, seq, "bad batch skipped, to be made again: {what}");
                 self.ring.assign(slot, seq);
                 self.ring.wake_loaders(1);
             }
             HandOut::Park | HandOut::Quarantined => {
-                tracing::warn!(ring = %self.cfg.ring.name, slot, seq, "bad batch skipped; not made again: the daemon is draining and gave this seq up: {what}");
+                tracing::warn!(ring = %self.run.cfg.ring.name, slot, seq, "bad batch skipped; not made again: the daemon is draining and gave this seq up: {what}");
             }
         }
         Ok(())

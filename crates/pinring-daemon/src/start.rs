@@ -268,12 +268,6 @@ impl Daemon {
         let slots = cfg.slots() as usize;
         let now = Instant::now();
         let mut d = Daemon {
-            backend_name: located.name.to_string(),
-            backend_reason: located.reason.clone(),
-            plan,
-            layout,
-            meta_reserve: cfg.meta_reserve_bytes() as usize,
-            sample_bytes: cfg.sample_bytes(),
             uploader,
             service,
             registration,
@@ -286,10 +280,6 @@ impl Daemon {
             },
             sequencer: Sequencer::new(slots, args.start_seq, end_seq, cfg.ring.in_order),
             up: super::Uploads::new(slots, buffers, parts),
-            parts,
-            zero_copy: args.zero_copy,
-            consumer_copies,
-            holds_own_buffers: args.embedded,
             tally: super::Tally::new(now),
             interrupted: false,
             now: super::PassClock::read(),
@@ -304,7 +294,19 @@ impl Daemon {
                 Duration::from_millis(cfg.daemon.idle_warn_ms),
             ),
             ring,
-            cfg,
+            run: super::Run {
+                backend_name: located.name.to_string(),
+                backend_reason: located.reason.clone(),
+                plan,
+                layout,
+                meta_reserve: cfg.meta_reserve_bytes() as usize,
+                sample_bytes: cfg.sample_bytes(),
+                parts,
+                zero_copy: args.zero_copy,
+                consumer_copies,
+                holds_own_buffers: args.embedded,
+                cfg,
+            },
         };
         for slot in 0..slots as u32 {
             d.hand_out(slot);
@@ -314,19 +316,19 @@ impl Daemon {
         d.tally.threads_at_ready = super::finish::thread_cpu();
         d.ring.set_state(ring_state::READY);
         tracing::info!(
-            ring = %d.cfg.ring.name,
-            path = %pinring_ring::object_path(&d.cfg.ring.name).display(),
+            ring = %d.run.cfg.ring.name,
+            path = %pinring_ring::object_path(&d.run.cfg.ring.name).display(),
             slots = slots,
-            slot_bytes = d.cfg.slot_bytes(),
+            slot_bytes = d.run.cfg.slot_bytes(),
             batches = end_seq - args.start_seq,
-            in_order = d.cfg.ring.in_order,
+            in_order = d.run.cfg.ring.in_order,
             sink = d.sink.kind.name(),
             "ring ready"
         );
         if let Err(source) = d.service.ready(&d.ring, registration_seconds) {
             let _ = d.ring.unlink();
             return Err(DaemonError::Service {
-                ring: d.cfg.ring.name.clone(),
+                ring: d.run.cfg.ring.name.clone(),
                 source,
             });
         }
