@@ -21,6 +21,7 @@ torch = pytest.importorskip("torch")
 import pinring  # noqa: E402
 from pinring import _native  # noqa: E402
 from pinring.torch import DataLoader  # noqa: E402
+from pinring.torch._pool import WorkerPool  # noqa: E402
 
 import loader_datasets as ds  # noqa: E402
 
@@ -194,9 +195,14 @@ def racing(report, code=0, max_worker_restarts=3):
     pl = DataLoader(ds.Ids(8), num_workers=1, max_worker_restarts=max_worker_restarts,
                     device="cpu")
     w = _RacingWorker(report, code)
-    pl._workers, pl._errors, pl._ring_name = [w], w, "r"
+    pl._ring_name = "r"
     pl.spawned = []
-    pl._spawn = lambda worker_id: pl.spawned.append(worker_id) or _RacingWorker(None)
+    pl._pool = WorkerPool(
+        lambda worker_id, reports, stop_flag: pl.spawned.append(worker_id) or _RacingWorker(None),
+        w, None, ring_name="r", max_restarts=max_worker_restarts, restarts=0,
+        lease_text=lambda: "daemon.lease_ms",
+    )
+    pl._pool.workers = [w]
     return pl
 
 
@@ -212,7 +218,7 @@ def test_a_report_sent_as_its_worker_exits_is_read_with_the_exit():
     pl = racing((0, "done", -1, None, ""))
     pl._check_workers()
     pl._check_workers(idle=True)
-    assert pl.spawned == [] and pl._done == {0}, "a worker that saw the plan end stays ended"
+    assert pl.spawned == [] and pl._pool.done == {0}, "a worker that saw the plan end stays ended"
 
 
 def test_a_worker_the_ring_failed_under_is_not_restarted():

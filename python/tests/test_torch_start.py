@@ -231,7 +231,7 @@ loader = DataLoader(HangsAt(), batch_size=8, num_workers=2, device="cpu")
 it = iter(loader)
 next(it)
 print(json.dumps({
-    "workers": [w.pid for w in loader._workers],
+    "workers": [w.pid for w in loader._pool.workers],
     "zygote": loader._zygote.pid,
     "ring": loader._ring_path,
 }), flush=True)
@@ -290,7 +290,7 @@ loader = DataLoader(Seed(), batch_size=32, shuffle=True, num_workers=4, device="
 it = iter(loader)
 for _ in range(3):
     assert next(it).shape == (32, 512, 512)
-print(json.dumps({"workers": [w.pid for w in loader._workers], "zygote": loader._zygote.pid}),
+print(json.dumps({"workers": [w.pid for w in loader._pool.workers], "zygote": loader._zygote.pid}),
       flush=True)
 for batch in it:
     pass
@@ -343,7 +343,7 @@ def test_close_after_a_timeout_returns_at_once_and_ends_the_workers():
     it = iter(loader)
     with pytest.raises(pinring.Timeout):
         next(it)
-    pids = [w.pid for w in loader._workers] + [loader._zygote.pid]
+    pids = [w.pid for w in loader._pool.workers] + [loader._zygote.pid]
     t = time.monotonic()
     loader.close()
     took = time.monotonic() - t
@@ -361,7 +361,7 @@ loader = DataLoader(ds.Hangs(16, pid_dir=sys.argv[1]), batch_size=4, num_workers
 try:
     next(iter(loader))
 except KeyboardInterrupt:
-    print("interrupted", len(loader._workers), flush=True)
+    print("interrupted", len(loader._pool.workers) if loader._pool else 0, flush=True)
     sys.exit(0)
 """
 
@@ -533,7 +533,7 @@ def test_a_forked_childs_copies_of_pinring_objects_are_never_torn_down_there(tmp
             os.dup2(log.fileno(), 2)  # what the child's teardown says (a panic) is kept
             del first
             loader._daemon = loader._consumer = None
-            loader._workers = []
+            loader._pool.workers = []
             gc.collect()
             code = 0
         finally:

@@ -6,12 +6,10 @@ from __future__ import annotations
 
 import logging
 import os
-import queue as _queue
 import shutil
 import tempfile
-import threading
 import time
-from typing import Any, Callable, Dict, Iterator, List, Literal, Optional, Set, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Literal, Optional, Tuple
 
 import torch
 
@@ -19,6 +17,7 @@ from pinring import _dist, _native
 from pinring.loader import checked_state
 from pinring.torch import _procs
 from pinring.torch._layout import _Layout, _rebuild
+from pinring.torch._pool import WorkerPool
 from pinring.torch._worker import _POLL, _Worker, _WorkerArgs
 
 log = logging.getLogger("pinring.torch")
@@ -27,8 +26,6 @@ log = logging.getLogger("pinring.torch")
 DEFAULT_EPOCHS = 100_000
 # Workers are looked at after this long even while batches flow (seconds).
 _CHECK_EVERY = 0.5
-# How long a stopping worker is given to leave by itself before it is killed (seconds).
-_STOP_GRACE = 0.4
 
 
 class _Default:
@@ -249,16 +246,12 @@ class DataLoader:
         self._started = False
         self._daemon: Optional[_native.EmbeddedDaemon] = None
         self._consumer: Optional[_native.Consumer] = None
-        self._workers: List[_Worker] = []
+        # The workers of the pass under way (None between passes).
+        self._pool: Optional[WorkerPool] = None
         self._zygote: Optional[_procs.Zygote] = None
-        self._errors: Any = None
-        self._stop_flag: Any = None
         self._tmp: Optional[str] = None
-        self._restarts = 0
+        self._restarts = 0  # workers restarted over the loader's life, passes before this one
         self._leases_seen = 0  # the ring's count of parts taken back after their lease, seen
-        self._done: Set[int] = set()  # ids of workers that saw the plan end
-        # Why a worker left: the ring's error under its claim (its type, its report).
-        self._left: Dict[int, Tuple[Any, str]] = {}
         self._ring_settings: Dict[Tuple[str, str], Any] = {}
         self._ring_name: Optional[str] = None
         self._ring_path: Optional[str] = None  # an anonymous ring's /proc/<pid>/fd/<fd>
@@ -388,17 +381,11 @@ class DataLoader:
                 f.write(text)
         self._config_path = path
         self._leases_seen = self._consumer.leases_expired
-        self._done = set()
-        self._left = {}
-        if self._zygote is None:
-            self._errors = _queue.SimpleQueue()
-            self._stop_flag = threading.Event()
-        else:
-            self._errors = _procs.Reports()
-            self._stop_flag = _procs.StopFlag()
-            self._zygote.session(self._errors, self._stop_flag)
-        self._workers = [self._spawn(i) for i in range(max(1, self.num_workers))]
-        self._last_check = time.monotonic()
+        self._pool = WorkerPool.start(
+            self._zygote, max(1, self.num_workers), self._spawn,
+            ring_name=self._ring_name or "", max_restarts=self.max_worker_restarts,
+            restarts=self._restarts, lease_text=self._lease_text,
+        )
 
     def _check_ring(self, text: str, device: str) -> Dict[Tuple[str, str], Any]:
         """With ``ring=``: raises ``UsageError`` naming each argument passed that the ring's
@@ -468,7 +455,7 @@ class DataLoader:
         self._device = torch.device(device)
         return settings
 
-    def _spawn(self, worker_id: int) -> _Worker:
+    def _spawn(self, worker_id: int, reports: Any, stop_flag: Any) -> _Worker:
         args = _WorkerArgs(
             ring=self._ring_name or "", path=self._ring_path, config=self._config_path or "",
             dataset=self.dataset,
@@ -476,38 +463,18 @@ class DataLoader:
             worker_id=worker_id, num_workers=self.num_workers,
             seed=(self.seed + worker_id) & (2**63 - 1), wait=self.wait_for_ring,
         )
-        self._done.discard(worker_id)
-        self._left.pop(worker_id, None)
-        return _Worker(self._zygote, args, self._errors, self._stop_flag)
+        return _Worker(self._zygote, args, reports, stop_flag)
 
     def _stop(self) -> None:
         """Stops the workers, detaches, stops the daemon; keeps where the loader stands."""
         if not self._started:
             return
         self._started = False
-        if self._stop_flag is not None:
-            self._stop_flag.set()
-        # Workers look at the flag between parts; one still inside the dataset's code after
-        # _STOP_GRACE is killed (it only writes host memory, and a part it held is the ring's to
-        # make again).
-        deadline = time.monotonic() + _STOP_GRACE
-        for w in self._workers:
-            w.wait(deadline)
-        for w in self._workers:
-            w.kill()
-        for w in self._workers:
-            w.wait(time.monotonic() + _STOP_GRACE)
-        self._workers = []
-        try:
+        if self._pool is not None:
             # Late news is still news: a part taken back after its lease is logged.
-            self._look_at_leases()
-            self._read_reports()
-        except Exception:  # noqa: BLE001 - a worker's error after the loop ended is not raised
-            pass
-        if isinstance(self._errors, _procs.Reports):
-            self._errors.close()
-            self._stop_flag.close()
-        self._errors = self._stop_flag = None
+            self._pool.stop(late=self._look_at_leases)
+            self._restarts = self._pool.restarts
+            self._pool = None
         if self._consumer is not None:
             try:
                 self._stood = self._consumer.state()[0] // (self._ppb or 1)
@@ -552,91 +519,14 @@ class DataLoader:
     # -- the workers ---------------------------------------------------------------------
 
     def _check_workers(self, restart: bool = True, idle: bool = False) -> None:
-        """Raises a worker's exception; logs parts taken back after the lease; restarts workers
-        that died, and workers that ended with no report while the ring still runs
-        (``restart=False``: the ring has just ended under the loop, so a worker's leaving is no
-        news). A worker that ended because the ring failed under its claim is not restarted:
-        the loop's own wait fails the same way; ``idle`` (the loop has just waited for a batch
-        in vain) with every worker ended and one of them so, that failure is raised.
-
-        Exit codes are read before the reports: a worker reports, then ends, so one seen ended
-        has its report in the queue already. The other way round, a worker that reports and
-        ends between the two looks would seem to have ended with no report."""
-        self._last_check = time.monotonic()
-        codes = [w.exitcode() for w in self._workers]
-        self._read_reports()
-        self._look_at_leases()
-        if not restart:
-            return
-        for i, (w, code) in enumerate(zip(self._workers, codes)):
-            worker_id = w.args.worker_id
-            ended = worker_id in self._done or worker_id in self._left
-            if code is None or (code == 0 and ended):
-                continue
-            if code == 0:
-                how = (
-                    "exited with status 0 while the ring still needed it, with no error reported "
-                    "(os._exit() in the dataset's code or in worker_init_fn, or in a library "
-                    "they call, does this)"
-                )
-                fix = (
-                    "a worker's process must live until the loader stops it: remove the call "
-                    "that ends it"
-                )
-            else:
-                how = _how(code)
-                fix = (
-                    "a dataset that crashes the interpreter at some index does this: run it "
-                    "with num_workers=0 to see where"
-                )
-            if self._restarts >= self.max_worker_restarts:
-                self._stop()
-                raise _native.PeerDied(
-                    f"pinring DataLoader worker {worker_id} {how}, after {self._restarts} "
-                    f"restarts of workers (max_worker_restarts={self.max_worker_restarts}); "
-                    f"{fix}"
-                )
-            self._restarts += 1
-            log.warning(
-                "pinring DataLoader worker %d %s; restarted it (%d of %d restarts); the batch "
-                "part it held is made again", worker_id, how, self._restarts,
-                self.max_worker_restarts,
-            )
-            self._workers[i] = self._spawn(worker_id)
-        reported = self._done.union(self._left)
-        if idle and self._left and all(
-            code is not None and w.args.worker_id in reported
-            for w, code in zip(self._workers, codes)
-        ):
-            worker_id, (exc_type, why) = next(iter(self._left.items()))
+        """The pool's check (``WorkerPool.check``), with a look at the ring's leases between its
+        reading of the reports and its restarts; what it raises stops the loader first."""
+        assert self._pool is not None
+        try:
+            self._pool.check(restart, idle, between=self._look_at_leases)
+        except BaseException:
             self._stop()
-            _reraise(exc_type, (
-                f"pinring DataLoader worker {worker_id} ended because ring {self._ring_name!r} "
-                f"failed under its claim ({why}), and no worker is left to make batches; that "
-                "failure (the ring's daemon gone or stopped) must be fixed first"
-            ))
-
-    def _read_reports(self) -> None:
-        """Takes every report the workers sent; raises a worker's exception."""
-        while not self._errors.empty():
-            worker_id, kind, index, exc_type, message = self._errors.get()
-            if kind == "done":
-                self._done.add(worker_id)
-                continue
-            if kind == "ring":
-                self._left[worker_id] = (exc_type, message)
-                continue
-            if kind == "reclaimed":
-                log.warning(
-                    "pinring DataLoader worker %d: %s. Loading it took longer than the ring's "
-                    "lease (%s), so its samples are loaded again; each time a part outlives the "
-                    "lease its work is lost: pass lease_ms= longer than the slowest part takes "
-                    "(or raise daemon.lease_ms in the ring's config with ring=)",
-                    worker_id, message, self._lease_text(),
-                )
-                continue
-            self._stop()
-            _reraise(exc_type, message)
+            raise
 
     def _look_at_leases(self) -> None:
         """Warns of parts the daemon took back after their lease since the last look: the
@@ -667,12 +557,13 @@ class DataLoader:
     def worker_restarts(self) -> int:
         """Workers restarted after they died (or ended with status 0 and no report while the
         ring ran), over the loader's life."""
-        return self._restarts
+        return self._pool.restarts if self._pool is not None else self._restarts
 
     def _next(self) -> Optional[_native.Batch]:
         assert self._consumer is not None
         waited = 0.0
-        if time.monotonic() - self._last_check >= _CHECK_EVERY:
+        assert self._pool is not None
+        if time.monotonic() - self._pool.last_check >= _CHECK_EVERY:
             self._check_workers()
         while True:
             try:
@@ -684,7 +575,7 @@ class DataLoader:
                     raise _native.Timeout(
                         f"pinring DataLoader: no batch within timeout={self.timeout} s (ring "
                         f"{self._ring_name!r}, "
-                        f"{sum(w.exitcode() is None for w in self._workers)} workers alive)"
+                        f"{self._pool.alive()} workers alive)"
                     ) from None
             except _native.PinringError:
                 # The ring ended under the loop: a worker's report says why, if there is one.
@@ -859,33 +750,3 @@ def _check_ring_fields(ring: str, fields: List[Tuple[str, str, List[int]]], layo
             f"ring {ring!r} carries fields {got}, but this dataset's samples need {want}: start "
             "its daemon with a config of dataset.kind = \"external\" and these fields"
         )
-
-
-def _how(code: int) -> str:
-    if code < 0:
-        import signal
-
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = f"signal {-code}"
-        return f"was killed by {name}"
-    return f"exited with status {code}"
-
-
-def _reraise(exc_type: Any, message: str) -> None:
-    if exc_type is KeyError:
-        # KeyError's str() quotes its argument; keep the traceback readable, as torch does.
-        class _KeyErrorMessage(str):
-            def __repr__(self) -> str:
-                return self
-
-        message = _KeyErrorMessage(message)
-    if exc_type is not None:
-        try:
-            exc = exc_type(message)
-        except Exception:
-            exc = None
-        if isinstance(exc, BaseException):
-            raise exc
-    raise RuntimeError(message)
