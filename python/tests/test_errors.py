@@ -103,6 +103,11 @@ def test_settings_given_as_data_read_as_the_same_file_would():
     with pytest.raises(ValueError, match="TOML text or a dict"):
         _native.check_config(42)
     assert _native.PREFETCH_RANGE == (2, 64)
+    # Every ring Python makes hands its batches to a consumer: a prefetch outside that range is
+    # refused here, by name, before any daemon starts.
+    for prefetch in (1, 65):
+        with pytest.raises(pinring.ConfigError, match=f"daemon.prefetch = {prefetch}.*2 to 64"):
+            _native.check_config({**data, "daemon": {"prefetch": prefetch}})
 
 
 def test_an_embedded_daemon_with_a_bad_config_raises_config_error(tmp_path):

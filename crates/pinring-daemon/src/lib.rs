@@ -31,7 +31,6 @@ use crate::sink::{SinkDone, SinkJob, SinkKind};
 use crate::summary::Summary;
 use crossbeam_channel::Receiver;
 use pinring_backend::{Completion, Uploader};
-use pinring_data::config::PREFETCH;
 use pinring_data::{BatchLayout, Config, Plan};
 use pinring_exit::{Coded, Exit};
 use pinring_ring::{ring_state, DaemonRing, RingError};
@@ -157,13 +156,12 @@ pub enum DaemonError {
         /// Parts per batch.
         parts: u64,
     },
-    /// A prefetch a consumer cannot be handed.
-    #[error("ring {ring:?}: {key} = {value} cannot be handed to a consumer: --sink consumer takes {lo} to {hi} batch buffers (one is the trainer's current batch, the rest are uploaded ahead; the ring's handoff area holds at most {hi}); set {key} within that range", lo = PREFETCH.start(), hi = PREFETCH.end())]
+    /// A `--prefetch` a consumer cannot be handed (the config's `daemon.prefetch` is a
+    /// `Config` error: `Config::check_consumer_prefetch`).
+    #[error("ring {ring:?}: --prefetch = {value} is not allowed: {rule}; pass a --prefetch within that range", rule = pinring_data::config::consumer_prefetch_rule())]
     Prefetch {
         /// Ring name.
         ring: String,
-        /// Where the value came from: `--prefetch` or `daemon.prefetch`.
-        key: &'static str,
         /// The value.
         value: u32,
     },

@@ -15,9 +15,10 @@ use serde::Serialize;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
-/// Opens a ring read-only (a [`RingView`]), without waiting for one that is still being created.
-pub fn open_read_only(name: &str) -> Result<RingView, RingError> {
-    RingView::open(name, None, Duration::from_millis(200))
+/// Opens ring `name` read-only (a [`RingView`]): named in /dev/shm, or with `at` an anonymous
+/// one where a process holds it; without waiting for one that is still being created.
+pub fn open_read_only(name: &str, at: Option<&std::path::Path>) -> Result<RingView, RingError> {
+    RingView::open(name, at, Duration::from_millis(200))
 }
 
 /// Slot counts by state.

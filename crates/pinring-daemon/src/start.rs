@@ -116,16 +116,14 @@ impl Daemon {
         } else {
             layout.total_bytes.max(1)
         };
+        if consumer && args.prefetch.is_none() {
+            // The config's value is the one used: a Config error names the key.
+            cfg.check_consumer_prefetch()?;
+        }
         let buffers = match args.prefetch.or(cfg.daemon.prefetch) {
             Some(n) if consumer && !PREFETCH.contains(&n) => {
-                let key = if args.prefetch.is_some() {
-                    "--prefetch"
-                } else {
-                    "daemon.prefetch"
-                };
                 return Err(DaemonError::Prefetch {
                     ring: cfg.ring.name.clone(),
-                    key,
                     value: n,
                 });
             }

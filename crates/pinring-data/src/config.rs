@@ -715,6 +715,18 @@ pub const BATCH_BUFFERS: std::ops::RangeInclusive<u32> = 1..=256;
 /// ([`pinring_ring::handoff::MAX_BUFFERS`]).
 pub const PREFETCH: std::ops::RangeInclusive<u32> = 2..=pinring_ring::handoff::MAX_BUFFERS;
 
+/// What a consumer's prefetch may be, and why (one wording for the config key and the daemon's
+/// `--prefetch`).
+pub fn consumer_prefetch_rule() -> String {
+    format!(
+        "with --sink consumer it must be {} to {} batch buffers (one is the trainer's current \
+         batch, the rest are uploaded ahead; the ring's handoff area holds at most {})",
+        PREFETCH.start(),
+        PREFETCH.end(),
+        PREFETCH.end()
+    )
+}
+
 impl Default for DaemonConfig {
     fn default() -> Self {
         DaemonConfig {
@@ -958,6 +970,18 @@ impl Config {
             key,
             value: value.to_string(),
             allowed: allowed.into(),
+        }
+    }
+
+    /// Checks `daemon.prefetch` for a ring that hands its batches to a consumer (`--sink
+    /// consumer`, every ring Python makes): [`PREFETCH`], where [`Config::validate`] allows any
+    /// sink's [`BATCH_BUFFERS`].
+    pub fn check_consumer_prefetch(&self) -> Result<(), ConfigError> {
+        match self.daemon.prefetch {
+            Some(p) if !PREFETCH.contains(&p) => {
+                Err(self.invalid("daemon.prefetch", p, consumer_prefetch_rule()))
+            }
+            _ => Ok(()),
         }
     }
 

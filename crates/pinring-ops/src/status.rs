@@ -100,7 +100,7 @@ pub struct Target {
 
 impl Target {
     fn open(&self) -> Result<RingView, RingError> {
-        RingView::open(&self.name, self.at.as_deref(), Duration::from_millis(200))
+        open_read_only(&self.name, self.at.as_deref())
     }
 }
 

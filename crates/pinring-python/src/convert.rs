@@ -62,6 +62,8 @@ pub fn check_config<'py>(
         // TOML from another directory opens the same files.
         cfg.make_paths_absolute().map_err(|e| e.to_pyerr())?;
     }
+    // Every ring Python makes or reads hands its batches to a consumer.
+    cfg.check_consumer_prefetch().map_err(|e| e.to_pyerr())?;
     let toml = cfg.try_to_toml().map_err(|e| e.to_pyerr())?;
     let settings = settings_of(py, &cfg)?;
     // The daemon's own resolution (`Config::resolve`): a file kind's files are opened (relative
