@@ -64,6 +64,10 @@ pub struct BenchArgs {
     /// Deliver in any order (the daemon's --unordered) in every pipeline run.
     #[arg(long)]
     pub unordered: bool,
+    /// The daemon's --look-ahead in every pipeline run (in order: parts looked at past one
+    /// not READY yet; 0 uploads in seq order only). Default: the daemon's.
+    #[arg(long, value_name = "N")]
+    pub look_ahead: Option<u32>,
     /// Skip the side-by-side mode comparison.
     #[arg(long)]
     pub skip_modes: bool,
@@ -525,6 +529,10 @@ impl Bench<'_> {
         }
         if args.unordered {
             extra.push("--unordered");
+        }
+        let look_ahead = args.look_ahead.map(|n| n.to_string());
+        if let Some(n) = &look_ahead {
+            extra.extend(["--look-ahead", n]);
         }
         let backend = args.backend.to_string();
         let device = args.device.to_string();

@@ -91,6 +91,7 @@ impl EmbeddedDaemon {
             unordered: false,
             start_seq: opts.start_seq,
             prefetch: None,
+            look_ahead: None,
             summary: None,
             replace: opts.replace,
             no_register: false,

@@ -154,6 +154,17 @@ impl Daemon {
         let Some(done) = self.up.assemblies.close(buffer) else {
             return Ok(());
         };
+        // In its turn: a batch taken ahead waits for every earlier one.
+        self.up.order.landed(batch, done);
+        while let Some(done) = self.up.order.pop_due() {
+            self.send_batch(done)?;
+        }
+        Ok(())
+    }
+
+    /// A whole batch, in its turn, to the consumer or the sink.
+    fn send_batch(&mut self, done: Assembly) -> Result<(), DaemonError> {
+        let batch = done.batch;
         if self.sink.kind == SinkKind::Consumer {
             return self.hand_over(super::handoff::Ready {
                 buffer: done.buffer,
@@ -284,25 +295,41 @@ impl Daemon {
     }
 
     /// Takes READY slots (in seq order, or any when unordered) and starts their uploads.
+    ///
+    /// In order, the lowest seq not taken first; when its part is not READY yet, up to
+    /// `look_ahead` later ones are looked at and the first READY one whose batch may take a
+    /// buffer goes up ahead (daemon/reorder.rs holds its batch back for its turn).
     pub(super) fn dispatch(&mut self) -> Result<bool, DaemonError> {
         let mut progressed = false;
+        let ahead = self.run.look_ahead > 0;
+        // Waiting parts passed over in this pass because they were not READY.
+        let mut passed = 0usize;
         loop {
-            // A part can go up if its batch already has a device buffer, or a buffer is free.
+            // A part can go up if its batch already has a device buffer, or may take a free one.
             let parts = self.run.parts;
             let has_buffer = |seq: u64| {
-                !self.up.free_buffers.is_empty()
-                    || self.up.assemblies.buffer_of(seq / parts).is_some()
+                self.up.assemblies.buffer_of(seq / parts).is_some()
+                    || self
+                        .up
+                        .order
+                        .may_open(seq / parts, self.up.free_buffers.len())
             };
-            // In order the sequencer offers at most the lowest seq not taken (none while an
-            // earlier seq waits for a slot); unordered, every waiting seq: take one that is READY.
+            // In order the sequencer offers the lowest seq not taken (none while an earlier seq
+            // waits for a slot), and with a look-ahead the later ones too; unordered, every
+            // waiting seq: take one that is READY.
             let candidate = if self.run.cfg.ring.in_order {
+                if passed > self.run.look_ahead {
+                    break;
+                }
+                // A later seq's batch needs at least as many buffers: the first that may not
+                // take one ends the look.
                 self.sequencer
-                    .dispatchable()
-                    .next()
+                    .dispatchable(ahead)
+                    .nth(passed)
                     .filter(|&(seq, _)| has_buffer(seq))
             } else {
                 let ring = &self.ring;
-                self.sequencer.dispatchable().find(|&(seq, sl)| {
+                self.sequencer.dispatchable(false).find(|&(seq, sl)| {
                     has_buffer(seq)
                         && ring.slot_view(sl).state == Some(pinring_ring::SlotState::Ready)
                 })
@@ -310,6 +337,10 @@ impl Daemon {
             let Some((seq, slot)) = candidate else { break };
             let taken = match self.ring.take_ready(slot, seq) {
                 Ok(Some(t)) => t,
+                Ok(None) if ahead => {
+                    passed += 1;
+                    continue;
+                }
                 Ok(None) => break,
                 Err(pinring_ring::SlotFault::LoaderError { code, .. })
                     if code == pinring_ring::failure::ERR_SAMPLE =>
@@ -323,6 +354,9 @@ impl Daemon {
                 }
             };
             self.sequencer.taken(slot, seq);
+            if passed > 0 {
+                self.tally.taken_ahead += 1;
+            }
             let mut samples = self.spare_samples.pop().unwrap_or_default();
             let part =
                 self.run
@@ -388,6 +422,7 @@ impl Daemon {
                         .free_buffers
                         .pop_front()
                         .expect("checked: a buffer is free");
+                    self.up.order.opened(part.batch);
                     if self.run.parts > 1 {
                         // The whole batch's sample ids, for the sink, from the daemon's plan.
                         let mut whole = self.spare_samples.pop().unwrap_or_default();

@@ -122,6 +122,7 @@ impl Daemon {
             registration_seconds: self.registration.as_ref().map_or(0.0, |r| r.seconds()),
             daemon_wait_seconds: daemon_wait,
             submit_seconds: self.tally.submit_ns as f64 / 1e9,
+            parts_taken_ahead: self.tally.taken_ahead,
             doorbell_wait_seconds: self.tally.doorbell_ns as f64 / 1e9,
             loader_wait_seconds: loader_wait,
             loader_busy_seconds: loader_busy,

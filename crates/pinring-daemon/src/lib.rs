@@ -46,6 +46,7 @@ mod dispatch;
 mod finish;
 mod handoff;
 mod recovery;
+mod reorder;
 mod sequencer;
 mod start;
 
@@ -348,6 +349,8 @@ struct Tally {
     /// Time the main loop spent inside the backend's submit calls, and asleep on the doorbell.
     submit_ns: u64,
     doorbell_ns: u64,
+    /// Parts taken while an earlier one was not READY yet (`--look-ahead`).
+    taken_ahead: u64,
     /// Commit-to-on-device latencies (bounded memory, however long the daemon runs).
     latencies: crate::histogram::Quantiles,
 }
@@ -368,6 +371,7 @@ impl Tally {
             daemon_wait_ns: 0,
             submit_ns: 0,
             doorbell_ns: 0,
+            taken_ahead: 0,
             latencies: crate::histogram::Quantiles::default(),
         }
     }
@@ -577,12 +581,16 @@ struct Uploads {
     jobs_buf: Vec<pinring_backend::UploadJob>,
     /// The completions taken in a pass (reused: no allocation per pass).
     completion_buf: Vec<Completion>,
+    /// Landed batches held back until every earlier one went to the sink, and which batch
+    /// may take a buffer (daemon/reorder.rs).
+    order: reorder::Reorder<Assembly>,
 }
 
 impl Uploads {
     /// Nothing on its way, `buffers` free batch buffers, books for `slots` slots and batches of
-    /// `parts` parts.
-    fn new(slots: usize, buffers: usize, parts: u64) -> Uploads {
+    /// `parts` parts from batch `first` on; `ahead`: batches may be taken ahead and are sent in
+    /// order.
+    fn new(slots: usize, buffers: usize, parts: u64, first: u64, ahead: bool) -> Uploads {
         Uploads {
             inflight: SlotTable::new(slots),
             inflight_bytes: 0,
@@ -593,6 +601,7 @@ impl Uploads {
             submits: 0,
             jobs_buf: Vec::new(),
             completion_buf: Vec::new(),
+            order: reorder::Reorder::new(buffers, first, ahead),
         }
     }
 }
@@ -619,6 +628,9 @@ struct Run {
     /// daemon uploads nothing, lists each batch's slots in the part table, and holds them until
     /// the batch's buffer comes back.
     consumer_copies: bool,
+    /// In order: how many waiting parts past one not READY the daemon looks at for one to
+    /// take ahead (`--look-ahead`; 0 where batches are taken in seq order only).
+    look_ahead: usize,
     /// The consumer runs in this process (embedded) and keeps the memory of the batches it
     /// holds alive itself (it holds the upload engine, or the ring's mapping): a drain does not
     /// wait for them.

@@ -142,11 +142,6 @@ impl Waiting {
         self.0.remove(i).map(|(_, slot)| slot)
     }
 
-    /// The lowest seq.
-    fn first(&self) -> Option<u64> {
-        self.0.front().map(|&(seq, _)| seq)
-    }
-
     /// (seq, slot), lowest seq first.
     fn iter(&self) -> impl DoubleEndedIterator<Item = (u64, u32)> + '_ {
         self.0.iter().copied()
@@ -363,17 +358,32 @@ impl Sequencer {
         HandOut::Assign(seq)
     }
 
-    /// The (seq, slot) pairs that may be taken now, lowest seq first. In order: at most one, the
-    /// lowest seq not taken, once a slot carries it. Unordered: every waiting one (the daemon
-    /// takes the first whose slot is READY).
-    pub fn dispatchable(&self) -> impl Iterator<Item = (u64, u32)> + '_ {
-        let limit = if self.in_order { 1 } else { usize::MAX };
-        let blocked = self.in_order
-            && match (self.waiting.first(), self.reissue.first()) {
-                (Some(w), Some(&r)) => r < w,
-                _ => false,
-            };
-        self.waiting.iter().take(if blocked { 0 } else { limit })
+    /// The (seq, slot) pairs that may be taken now, lowest seq first.
+    ///
+    /// Unordered: every waiting one (the daemon takes the first whose slot is READY).
+    ///
+    /// In order, with `ahead` false (the daemon sends each batch on as soon as it lands): at
+    /// most one, the lowest seq not taken, once a slot carries it. With `ahead` (the daemon
+    /// holds landed batches back for their turn, `daemon/reorder.rs`): every waiting seq, so
+    /// that parts READY behind one still being made go up meanwhile; while draining, only those
+    /// below the first seq that waits for a slot, which will not get one and so is never
+    /// delivered, nor is anything after it.
+    pub fn dispatchable(&self, ahead: bool) -> impl Iterator<Item = (u64, u32)> + '_ {
+        let gap = self.reissue.first().copied().unwrap_or(u64::MAX);
+        let below = if !self.in_order || (ahead && !self.draining) {
+            u64::MAX
+        } else {
+            gap
+        };
+        let limit = if self.in_order && !ahead {
+            1
+        } else {
+            usize::MAX
+        };
+        self.waiting
+            .iter()
+            .take_while(move |&(seq, _)| seq < below)
+            .take(limit)
     }
 
     /// The daemon took `seq` from `slot` (READY → UPLOADING) and holds the slot.
@@ -546,6 +556,7 @@ impl Sequencer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::reorder::Reorder;
     use proptest::prelude::*;
     use std::collections::VecDeque;
 
@@ -615,7 +626,7 @@ mod tests {
     #[test]
     fn waiting_seqs_stay_in_seq_order_however_they_come_and_go() {
         let mut w = Waiting::default();
-        assert!(w.is_empty() && w.first().is_none());
+        assert!(w.is_empty() && w.iter().next().is_none());
         // Handed out in order: added at the back.
         for (seq, slot) in [(10, 0), (11, 1), (12, 2), (14, 3)] {
             w.insert(seq, slot);
@@ -631,7 +642,7 @@ mod tests {
         assert_eq!(w.remove(9), Some(8));
         assert_eq!(w.remove(12), Some(2));
         assert_eq!(w.remove(12), None);
-        assert_eq!(w.first(), Some(10));
+        assert_eq!(w.iter().next().map(|(s, _)| s), Some(10));
         assert_eq!(
             w.after(10).rev().collect::<Vec<_>>(),
             [(14, 3), (13, 7), (11, 5)]
@@ -700,18 +711,25 @@ mod tests {
         let mut s = Sequencer::new(2, 0, 10, true);
         assert_eq!(s.hand_out(0), HandOut::Assign(0));
         assert_eq!(s.hand_out(1), HandOut::Assign(1));
-        assert_eq!(s.dispatchable().collect::<Vec<_>>(), [(0, 0)]);
+        assert_eq!(s.dispatchable(false).collect::<Vec<_>>(), [(0, 0)]);
         // Slot 0's loader hangs: seq 0 waits for a slot, seq 1 must not go first.
         assert_eq!(s.quarantine(0), Some(0));
-        assert_eq!(s.dispatchable().count(), 0);
+        assert_eq!(s.dispatchable(false).count(), 0);
+        // Unless the daemon holds it back for its turn; not while draining (seq 0 never comes).
+        assert_eq!(s.dispatchable(true).collect::<Vec<_>>(), [(1, 1)]);
         assert!(s.reissue_pending());
         assert!(!s.unused(0));
         // Slot 1 gives seq 1 up for seq 0.
         assert_eq!(s.swap_candidates(), [(1, 1)]);
         s.swap_out(1);
         assert_eq!(s.hand_out(1), HandOut::Assign(0));
-        assert_eq!(s.dispatchable().collect::<Vec<_>>(), [(0, 1)]);
+        assert_eq!(s.dispatchable(false).collect::<Vec<_>>(), [(0, 1)]);
         assert_eq!(s.release(0), HandOut::Assign(1));
+        assert_eq!(s.dispatchable(true).collect::<Vec<_>>(), [(0, 1), (1, 0)]);
+        // Draining with a seq waiting for a slot: nothing past it is offered.
+        assert_eq!(s.quarantine(1), Some(0));
+        s.drain(&[]);
+        assert_eq!(s.dispatchable(true).count(), 0);
     }
 
     /// A slot's state in the simulated ring.
@@ -832,10 +850,22 @@ mod tests {
             w
         }
 
-        fn dispatchable(&self) -> Vec<(u64, u32)> {
+        fn dispatchable(&self, ahead: bool) -> Vec<(u64, u32)> {
             let waiting = self.waiting();
             if !self.in_order {
                 return waiting;
+            }
+            if ahead {
+                // Every waiting seq; draining, those before the first waiting for a slot.
+                let gap = if self.draining {
+                    self.reissue.iter().next().copied()
+                } else {
+                    None
+                };
+                return waiting
+                    .into_iter()
+                    .filter(|&(s, _)| gap.is_none_or(|g| s < g))
+                    .collect();
             }
             // The lowest seq neither taken nor delivered, when a slot carries it.
             let lowest = (self.start..self.end)
@@ -876,6 +906,13 @@ mod tests {
         model: Model,
         ring: Vec<(Ring, u64)>,
         zero_copy: bool,
+        /// Parts are taken ahead and held back for their turn (in order, not zero-copy).
+        ahead: bool,
+        /// Batch buffers, and those free (a batch per seq here).
+        buffers: usize,
+        free: usize,
+        /// Landed batches held back for their turn.
+        order: Reorder<u64>,
         uploads: VecDeque<(u32, u64)>,
         sink: VecDeque<(Option<u32>, u64)>,
         /// Every delivery, in order.
@@ -886,12 +923,24 @@ mod tests {
     }
 
     impl World {
-        fn new(slots: usize, start: u64, count: u64, in_order: bool, zero_copy: bool) -> World {
+        fn new(
+            slots: usize,
+            buffers: usize,
+            start: u64,
+            count: u64,
+            in_order: bool,
+            zero_copy: bool,
+        ) -> World {
+            let ahead = in_order && !zero_copy;
             let mut w = World {
                 seq: Sequencer::new(slots, start, start + count, in_order),
                 model: Model::new(slots, start, start + count, in_order),
                 ring: vec![(Ring::Idle, 0); slots],
                 zero_copy,
+                ahead,
+                buffers,
+                free: buffers,
+                order: Reorder::new(buffers, start, ahead),
                 uploads: VecDeque::new(),
                 sink: VecDeque::new(),
                 delivered: Vec::new(),
@@ -984,11 +1033,15 @@ mod tests {
                 Event::UploadDone => {
                     if let Some((slot, s)) = self.uploads.pop_front() {
                         self.hand_out(slot);
-                        self.sink.push_back((None, s));
+                        self.order.landed(s, s);
+                        while let Some(s) = self.order.pop_due() {
+                            self.sink.push_back((None, s));
+                        }
                     }
                 }
                 Event::SinkDone => {
                     if let Some((slot, s)) = self.sink.pop_front() {
+                        self.free += 1;
                         assert_eq!(self.seq.delivered(s), Ok(()), "delivered({s})");
                         self.model.taken.remove(&s);
                         self.model.delivered.insert(s);
@@ -1022,13 +1075,33 @@ mod tests {
 
         /// The daemon's dispatch step; whether a slot was taken.
         fn take(&mut self, bad: bool) -> bool {
-            let candidates: Vec<(u64, u32)> = self.seq.dispatchable().collect();
-            assert_eq!(candidates, self.model.dispatchable(), "dispatchable");
+            let candidates: Vec<(u64, u32)> = self.seq.dispatchable(self.ahead).collect();
+            assert_eq!(
+                candidates,
+                self.model.dispatchable(self.ahead),
+                "dispatchable"
+            );
             let ready = |&(_, sl): &(u64, u32)| self.ring[sl as usize].0 == Ring::Ready;
-            let pick = if self.seq.in_order {
-                candidates.first().copied().filter(ready)
+            // As the daemon: in order, seqs whose batch may not take a buffer end the look
+            // (later ones would need more); unordered, any with a free buffer.
+            let pick = if self.ahead {
+                candidates
+                    .iter()
+                    .copied()
+                    .take_while(|&(s, _)| self.order.may_open(s, self.free))
+                    .find(ready)
+            } else if self.seq.in_order {
+                candidates
+                    .first()
+                    .copied()
+                    .filter(ready)
+                    .filter(|_| self.free > 0)
             } else {
-                candidates.iter().copied().find(ready)
+                candidates
+                    .iter()
+                    .copied()
+                    .find(ready)
+                    .filter(|_| self.free > 0)
             };
             let Some((s, slot)) = pick else {
                 return false;
@@ -1043,7 +1116,11 @@ mod tests {
             self.ring[slot as usize].0 = Ring::Uploading;
             if bad {
                 self.remade(slot, s);
-            } else if self.zero_copy {
+                return true;
+            }
+            self.free -= 1;
+            self.order.opened(s);
+            if self.zero_copy {
                 self.sink.push_back((Some(slot), s));
             } else {
                 self.uploads.push_back((slot, s));
@@ -1135,8 +1212,8 @@ mod tests {
             assert_eq!(seq.next_assign(), m.next, "next_assign");
             assert_eq!(seq.any_waiting(), !m.waiting().is_empty(), "any_waiting");
             assert_eq!(
-                seq.dispatchable().collect::<Vec<_>>(),
-                m.dispatchable(),
+                seq.dispatchable(self.ahead).collect::<Vec<_>>(),
+                m.dispatchable(self.ahead),
                 "dispatchable"
             );
             let all = (m.start..m.end).all(|s| m.delivered.contains(&s));
@@ -1156,12 +1233,16 @@ mod tests {
                 "missing"
             );
             // Every seq handed out is in exactly one place.
+            let held: Vec<u64> = self.order.held().copied().collect();
             let in_pipeline: BTreeSet<u64> = self
                 .uploads
                 .iter()
                 .map(|&(_, s)| s)
                 .chain(self.sink.iter().map(|&(_, s)| s))
+                .chain(held)
                 .collect();
+            // Every batch buffer is free or holds a batch somewhere in the pipeline.
+            assert_eq!(self.free + in_pipeline.len(), self.buffers, "batch buffers");
             assert_eq!(in_pipeline, m.taken, "taken");
             let waiting: BTreeSet<u64> = m.waiting().into_iter().map(|(s, _)| s).collect();
             for s in m.start..m.next {
@@ -1197,6 +1278,7 @@ mod tests {
             let rounds = 4 * (self.seq.end() - self.seq.start()) + 4 * self.ring.len() as u64 + 8;
             for _ in 0..rounds {
                 if self.seq.complete() && self.uploads.is_empty() && self.sink.is_empty() {
+                    assert_eq!(self.order.waiting(), 0, "held back after the last delivery");
                     return;
                 }
                 let before = (
@@ -1239,6 +1321,7 @@ mod tests {
         #[test]
         fn the_sequencer_agrees_with_the_reference_and_delivers_every_seq_once(
             slots in 1usize..=8,
+            buffers in 1usize..=4,
             start in 0u64..50,
             count in 0u64..=200,
             in_order in any::<bool>(),
@@ -1246,7 +1329,7 @@ mod tests {
             events in prop::collection::vec(event(), 0..400),
             drain_at in prop::option::weighted(0.25, 0usize..400),
         ) {
-            let mut w = World::new(slots, start, count, in_order, zero_copy);
+            let mut w = World::new(slots, buffers, start, count, in_order, zero_copy);
             w.check();
             for (n, e) in events.iter().enumerate() {
                 if drain_at == Some(n) {

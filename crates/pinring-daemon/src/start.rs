@@ -264,6 +264,15 @@ impl Daemon {
                 })?
         };
         let slots = cfg.slots() as usize;
+        // In order, parts are taken ahead of one not yet READY only where each batch's slots are
+        // freed once its copies complete: zero-copy slots and a consumer's lent slots stay the
+        // daemon's until their batch is delivered, and a batch held back for its turn never
+        // would be.
+        let look_ahead = if cfg.ring.in_order && !args.zero_copy && !consumer_copies {
+            crate::args::look_ahead(args.look_ahead, cfg.slot_bytes()) as usize
+        } else {
+            0
+        };
         let now = Instant::now();
         let mut d = Daemon {
             uploader,
@@ -277,7 +286,13 @@ impl Daemon {
                 pending: 0,
             },
             sequencer: Sequencer::new(slots, args.start_seq, end_seq, cfg.ring.in_order),
-            up: super::Uploads::new(slots, buffers, parts),
+            up: super::Uploads::new(
+                slots,
+                buffers,
+                parts,
+                args.start_seq / parts,
+                look_ahead > 0,
+            ),
             tally: super::Tally::new(now),
             interrupted: false,
             now: super::PassClock::read(),
@@ -302,6 +317,7 @@ impl Daemon {
                 parts,
                 zero_copy: args.zero_copy,
                 consumer_copies,
+                look_ahead,
                 holds_own_buffers: args.embedded,
                 cfg,
             },

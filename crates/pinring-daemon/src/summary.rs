@@ -90,6 +90,10 @@ pub struct Summary {
     /// counted 8 times, so a short run's figure is an estimate.
     #[serde(default)]
     pub submit_seconds: f64,
+    /// In order: parts uploaded while an earlier part was not READY yet, their batches held
+    /// back for their turn (`pinring-daemon --look-ahead`).
+    #[serde(default)]
+    pub parts_taken_ahead: u64,
     /// Seconds the daemon's main loop slept on the doorbell (for any reason: nothing to do, or
     /// waiting for a loader or an upload). The rest of its wall time it was running.
     #[serde(default)]
