@@ -235,6 +235,63 @@ fn an_ordered_run_stopped_with_sigterm_resumes_where_it_stopped_and_delivers_not
 }
 
 #[test]
+fn in_order_parts_go_up_ahead_of_a_held_one_and_nothing_past_it_is_delivered() {
+    let fx = Fixture::small("ahead");
+    let log = fx.dir.path().join("first.log");
+    let mut daemon = fx.daemon_logged(&["--epochs", "100000", "--look-ahead", "8"], &log);
+    let ring = fx.wait_ready(&mut daemon);
+    let slots = u64::from(ring.geometry().slot_count);
+    let loaders: Vec<Child> = (0..3).map(|_| fx.loader(&fx.config)).collect();
+    for l in &loaders {
+        wait_attached(&ring, l);
+    }
+    wait_progress(&ring, 10);
+    // A loader stopped inside a claim holds its seq back.
+    let (paused, held) = loop {
+        let paused = Paused::new(&loaders[0]);
+        if let Some((_, seq)) = claim_of(&ring, loaders[0].id()) {
+            break (paused, seq);
+        }
+        drop(paused);
+        wait_progress(&ring, 1);
+    };
+    // Taken in seq order only, no slot would carry a seq past `held + slots`: none after
+    // `held` would be uploaded, so no slot would be freed for one. Uploaded ahead, the slots
+    // of later parts come back and carry later seqs.
+    wait_until("parts uploaded ahead of the held seq", LONG, || {
+        ring.header()
+            .next_assign
+            .load(std::sync::atomic::Ordering::Relaxed)
+            > held + slots
+    });
+    assert!(
+        next_deliver(&ring) <= held,
+        "{} > {held}",
+        next_deliver(&ring)
+    );
+    signal(&daemon, Signal::SIGTERM);
+    let (st, _) = wait_for(daemon, "daemon", LONG);
+    assert!(st.success(), "{}", std::fs::read_to_string(&log).unwrap());
+    drop(paused);
+    for l in loaders {
+        let (st, out) = wait_for(l, "loader", LONG);
+        assert!(st.success(), "{out}");
+    }
+    let s = fx.summary();
+    assert_drained(&s);
+    assert!(s.parts_taken_ahead >= 1, "{s:#?}");
+    // Batches that landed ahead of the held one were held back, never delivered.
+    assert_eq!((s.resume_seq, s.delivered_past_resume), (held, 0), "{s:#?}");
+    let first = delivered_seqs(&log);
+    assert_eq!(first, (s.start_seq..held).collect::<Vec<u64>>());
+    drop(ring);
+
+    let (s2, second) = resume_run(&fx, held, &["--look-ahead", "8"]);
+    assert_complete(&s2, true);
+    assert_eq!(second, (held..s2.end_seq).collect::<Vec<u64>>());
+}
+
+#[test]
 fn a_scribbled_next_deliver_in_the_header_does_not_move_the_summarys_resume_seq() {
     let fx = Fixture::small("resume-scribble");
     let mut daemon = fx.daemon(&["--epochs", "100000"]);
