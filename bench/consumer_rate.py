@@ -11,7 +11,10 @@ discard, ...):
   "consumer"``, the default);
 * ``attached-daemon``: the same with ``daemon.copies = "daemon"``: the daemon copies into device
   buffers the trainer opens through CUDA IPC (two CUDA contexts on the GPU);
-* ``embedded``: ``pinring.Loader(embedded=True)``, the daemon on a thread of this process.
+* ``embedded``: ``pinring.Loader(embedded=True)``, the daemon on a thread of this process;
+* ``rust`` (not in the default ``--modes``): ``pinring-daemon --sink consumer`` and ``pinring
+  consume``, the Rust client taking each batch (copied out of the ring's slots, as
+  ``attached``) and dropping it: the protocol's consumer side without Python's per-batch cost.
 
 Each run: the seed workload (32 x 512x512 f32 batches, synthetic), N loader processes. The
 comparison uses one measurement for all three: the daemon's summary GB/s (payload bytes, images
@@ -115,6 +118,14 @@ def run_one(mode, args, cfgs, batch_bytes):
         procs += loaders
         if mode == "discard":
             procs[0].wait(600)
+            s = json.loads(summary.read_text())
+            return s["gbps"], None, s["batches_delivered"]
+        if mode == "rust":
+            took = subprocess.run([f"{args.bin_dir}/pinring", "consume", "--ring", ring, "--timeout-secs", "60"],
+                                  stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=600)
+            if took.returncode != 0:
+                raise RuntimeError(f"pinring consume failed ({took.returncode}): {took.stderr.strip()[-500:]}")
+            procs[0].wait(60)
             s = json.loads(summary.read_text())
             return s["gbps"], None, s["batches_delivered"]
         if loader is None:

@@ -5,10 +5,11 @@ same config, alternated in one run.
 
 For each sequence length and batch size asked, a config reads one flat u16 token file (made once
 and read once before the runs, so it is in the page cache), ``plan.shuffle`` on, N loader
-processes. Each point runs ``discard`` (``pinring-daemon --sink discard``) and ``embedded``
-(``pinring.Loader(embedded=True)``: the daemon on a thread of this process, the loop takes each
-batch as torch tensors and drops them), ``--repeat`` times, alternating; ``--modes`` can add
-``attached``. The comparison is the daemon's summary GB/s for every mode (as
+processes. Each point runs ``discard`` (``pinring-daemon --sink discard``), ``rust``
+(``pinring-daemon --sink consumer`` and ``pinring consume``: the Rust client takes each batch
+and drops it) and ``embedded`` (``pinring.Loader(embedded=True)``: the daemon on a thread of
+this process, the loop takes each batch as torch tensors and drops them), ``--repeat`` times,
+alternating; ``--modes`` can add ``attached``. The comparison is the daemon's summary GB/s for every mode (as
 ``consumer_rate.py``, whose runner this uses); batches/s is the delivered batches over the
 summary's seconds. A batch is ``input_ids`` and ``targets``, ``batch x seq_len`` i64 each.
 
@@ -66,7 +67,7 @@ def main():
                     help="daemon.prefetch; unset: the daemon's own (64 MiB in flight, 4 to 64 batches)")
     ap.add_argument("--tokens", type=int, default=128 << 20, help="tokens in the file")
     ap.add_argument("--run-batches", type=int, default=40000, help="batches per run, at least")
-    ap.add_argument("--modes", default="discard,embedded")
+    ap.add_argument("--modes", default="discard,rust,embedded")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
 
@@ -87,7 +88,7 @@ def main():
             runs = {m: [] for m in modes}
             for _ in range(args.repeat):
                 for m in modes:
-                    gbps, _, _ = run_one(m, args, cfg, 2 * field)
+                    gbps, _, _ = run_one(m, args, {"consumer": cfg, "daemon": cfg}, 2 * field)
                     rate = gbps * 1e9 / (2 * field)
                     runs[m].append((gbps, rate))
                     print(f"{seq_len:7d} {batch:5d} {field >> 10:9d} {m:9s} {gbps:7.2f} {rate:10.0f}", flush=True)
