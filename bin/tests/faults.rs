@@ -90,6 +90,32 @@ fn wait_run(daemon: Child, log: &Path, loaders: Vec<Child>) {
     }
 }
 
+/// Stops `loader` inside a claim (its seq held back while others go on); returns the pause
+/// (dropping it resumes the loader) and the held seq.
+fn paused_in_a_claim(ring: &pinring_ring::Ring, loader: &Child) -> (Paused, u64) {
+    loop {
+        let paused = Paused::new(loader);
+        if let Some((_, seq)) = claim_of(ring, loader.id()) {
+            return (paused, seq);
+        }
+        drop(paused); // not inside a claim: resume it, try again after the next delivery
+        wait_progress(ring, 1);
+    }
+}
+
+/// Drains a run with a loader paused inside a claim: SIGTERM to the daemon, which must end
+/// well; then the loader resumes and every loader must end well.
+fn drain_with_a_paused_loader(daemon: Child, log: &Path, paused: Paused, loaders: Vec<Child>) {
+    signal(&daemon, Signal::SIGTERM);
+    let (st, _) = wait_for(daemon, "daemon", LONG);
+    assert!(st.success(), "{}", std::fs::read_to_string(log).unwrap());
+    drop(paused);
+    for l in loaders {
+        let (st, out) = wait_for(l, "loader", LONG);
+        assert!(st.success(), "{out}");
+    }
+}
+
 /// The seqs a stopped run delivered, from its log, checked against its summary: none twice,
 /// every seq below `resume_seq` delivered, `resume_seq` itself not, and exactly
 /// `delivered_past_resume` above it.
@@ -145,14 +171,7 @@ fn an_unordered_run_stopped_with_sigterm_resumes_at_its_lowest_undelivered_seq()
     }
     wait_progress(&ring, 10);
     // A loader stopped inside a claim holds its seq back while the others deliver past it.
-    let (paused, held) = loop {
-        let paused = Paused::new(&loaders[0]);
-        if let Some((_, seq)) = claim_of(&ring, loaders[0].id()) {
-            break (paused, seq);
-        }
-        drop(paused); // not inside a claim: resume it, try again after the next delivery
-        wait_progress(&ring, 1);
-    };
+    let (paused, held) = paused_in_a_claim(&ring, &loaders[0]);
     // More seqs delivered than there are below the held one: some delivered seq lies above it.
     wait_until("deliveries past the held seq", LONG, || {
         delivered(&ring) > held + 1
@@ -163,14 +182,7 @@ fn an_unordered_run_stopped_with_sigterm_resumes_at_its_lowest_undelivered_seq()
         "{} > {held}",
         next_deliver(&ring)
     );
-    signal(&daemon, Signal::SIGTERM);
-    let (st, _) = wait_for(daemon, "daemon", LONG);
-    assert!(st.success(), "{}", std::fs::read_to_string(&log).unwrap());
-    drop(paused);
-    for l in loaders {
-        let (st, out) = wait_for(l, "loader", LONG);
-        assert!(st.success(), "{out}");
-    }
+    drain_with_a_paused_loader(daemon, &log, paused, loaders);
     let first_summary = fx.summary();
     let s = &first_summary;
     assert!(s.interrupted && !s.in_order, "{s:#?}");
@@ -247,14 +259,7 @@ fn in_order_parts_go_up_ahead_of_a_held_one_and_nothing_past_it_is_delivered() {
     }
     wait_progress(&ring, 10);
     // A loader stopped inside a claim holds its seq back.
-    let (paused, held) = loop {
-        let paused = Paused::new(&loaders[0]);
-        if let Some((_, seq)) = claim_of(&ring, loaders[0].id()) {
-            break (paused, seq);
-        }
-        drop(paused);
-        wait_progress(&ring, 1);
-    };
+    let (paused, held) = paused_in_a_claim(&ring, &loaders[0]);
     // Taken in seq order only, no slot would carry a seq past `held + slots`: none after
     // `held` would be uploaded, so no slot would be freed for one. Uploaded ahead, the slots
     // of later parts come back and carry later seqs.
@@ -269,14 +274,7 @@ fn in_order_parts_go_up_ahead_of_a_held_one_and_nothing_past_it_is_delivered() {
         "{} > {held}",
         next_deliver(&ring)
     );
-    signal(&daemon, Signal::SIGTERM);
-    let (st, _) = wait_for(daemon, "daemon", LONG);
-    assert!(st.success(), "{}", std::fs::read_to_string(&log).unwrap());
-    drop(paused);
-    for l in loaders {
-        let (st, out) = wait_for(l, "loader", LONG);
-        assert!(st.success(), "{out}");
-    }
+    drain_with_a_paused_loader(daemon, &log, paused, loaders);
     let s = fx.summary();
     assert_drained(&s);
     assert!(s.parts_taken_ahead >= 1, "{s:#?}");
