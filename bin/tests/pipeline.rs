@@ -144,6 +144,21 @@ fn batches_spanning_four_slots_unordered_are_delivered_whole_exactly_once() {
 }
 
 #[test]
+fn batches_spanning_four_slots_uploaded_ahead_are_delivered_whole_once_in_order() {
+    // Slots below 256 KiB do not look ahead by default: asked for, parts of later batches go
+    // up while an earlier part is still being made, and their batches wait for their turn.
+    run_config(
+        "spanahead",
+        &spanning(),
+        4,
+        8,
+        &["--look-ahead", "16"],
+        true,
+    );
+    run_with_loaders("ahead8", 8, &["--look-ahead", "16"], true);
+}
+
+#[test]
 fn a_short_last_batch_spanning_slots_commits_its_empty_parts_and_is_delivered_whole() {
     // 509 samples: the last batch of each epoch has 5 samples, in parts of 2, 2, 1 and 0.
     let toml = spanning().replace("samples = 512", "samples = 509");
