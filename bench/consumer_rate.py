@@ -116,16 +116,13 @@ def run_one(mode, args, cfgs, batch_bytes):
         loaders = [spawn(f"{args.bin_dir}/pinring-loader", "--ring", ring, "--config", str(cfg_path),
                          "--wait-secs", "60") for _ in range(args.loaders)]
         procs += loaders
-        if mode == "discard":
+        if mode in ("discard", "rust"):
+            if mode == "rust":
+                took = subprocess.run([f"{args.bin_dir}/pinring", "consume", "--ring", ring, "--timeout-secs", "60"],
+                                      stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=600)
+                if took.returncode != 0:
+                    raise RuntimeError(f"pinring consume failed ({took.returncode}): {took.stderr.strip()[-500:]}")
             procs[0].wait(600)
-            s = json.loads(summary.read_text())
-            return s["gbps"], None, s["batches_delivered"]
-        if mode == "rust":
-            took = subprocess.run([f"{args.bin_dir}/pinring", "consume", "--ring", ring, "--timeout-secs", "60"],
-                                  stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=600)
-            if took.returncode != 0:
-                raise RuntimeError(f"pinring consume failed ({took.returncode}): {took.stderr.strip()[-500:]}")
-            procs[0].wait(60)
             s = json.loads(summary.read_text())
             return s["gbps"], None, s["batches_delivered"]
         if loader is None:

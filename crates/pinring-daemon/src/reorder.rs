@@ -37,10 +37,12 @@ pub struct Reorder<T> {
     /// By `batch % buffers`, for the batches in `[due, due + buffers)`: the batch holds a
     /// buffer and has not gone to the sink.
     buffered: Vec<bool>,
+    /// Every batch of `[due, run_end)` holds a buffer (`run_end` does not): batches taken in
+    /// order open `run_end` itself, and [`Reorder::may_open`] counts the batches without a
+    /// buffer from here only, not from `due` past every batch in flight.
+    run_end: u64,
     /// By `batch % buffers`: the batch landed and waits for its turn.
     landed: Vec<Option<T>>,
-    /// Landed batches waiting for their turn.
-    waiting: usize,
     /// Passed through (`holds` false): landed, not yet taken by [`Reorder::pop_due`].
     through: VecDeque<T>,
 }
@@ -54,8 +56,8 @@ impl<T> Reorder<T> {
             holds,
             due: first,
             buffered: vec![false; size],
+            run_end: first,
             landed: std::iter::repeat_with(|| None).take(size).collect(),
-            waiting: 0,
             through: VecDeque::new(),
         }
     }
@@ -79,7 +81,7 @@ impl<T> Reorder<T> {
         if ahead >= self.buffered.len() as u64 {
             return false;
         }
-        let unbuffered = (self.due..batch)
+        let unbuffered = (self.run_end..batch)
             .filter(|&b| !self.buffered[self.at(b)])
             .count();
         free > unbuffered
@@ -90,6 +92,11 @@ impl<T> Reorder<T> {
         if self.holds && batch >= self.due && batch - self.due < self.buffered.len() as u64 {
             let i = self.at(batch);
             self.buffered[i] = true;
+            while self.run_end - self.due < self.buffered.len() as u64
+                && self.buffered[self.at(self.run_end)]
+            {
+                self.run_end += 1;
+            }
         }
     }
 
@@ -105,9 +112,7 @@ impl<T> Reorder<T> {
             "batch {batch} landed outside the window from {}",
             self.due
         );
-        if self.landed[i].replace(item).is_none() {
-            self.waiting += 1;
-        }
+        self.landed[i] = Some(item);
     }
 
     /// The next batch to send, if it landed.
@@ -117,8 +122,8 @@ impl<T> Reorder<T> {
         }
         let i = self.at(self.due);
         let item = self.landed[i].take()?;
+        // The due batch held a buffer, so `run_end` was past it.
         self.buffered[i] = false;
-        self.waiting -= 1;
         self.due += 1;
         Some(item)
     }
@@ -126,7 +131,7 @@ impl<T> Reorder<T> {
     /// Landed batches waiting for an earlier one.
     #[cfg(test)]
     pub fn waiting(&self) -> usize {
-        self.waiting + self.through.len()
+        self.held().count()
     }
 
     /// The next batch to go to the sink (in order).
