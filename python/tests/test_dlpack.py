@@ -106,6 +106,41 @@ def test_owner_lives_until_the_last_numpy_array_dies():
     assert probe.drops == 1
 
 
+def test_a_forked_child_freeing_its_copy_of_a_tensor_leaves_the_owner_to_the_parent():
+    """A child forked while an array lives frees its copy without dropping the owner (the
+    parent's memory and threads); the parent's array keeps it until the parent frees it. The
+    module caches its process id, so this fails if a fork did not make the child read its own."""
+    import os
+
+    field, probe = host_field(sample("int64"))
+    array = numpy.from_dlpack(field)
+    del field
+    collect()
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.close(r)
+            del array  # the child's copy of the last reference
+            collect()
+            os.write(w, str(probe.drops).encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(w)
+    _, status = os.waitpid(pid, 0)
+    child_saw = os.read(r, 16)
+    os.close(r)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert child_saw == b"0", "the child dropped the parent's owner"
+    assert probe.drops == 0
+    assert array.sum() == sample("int64").sum()
+    del array
+    collect()
+    assert probe.drops == 1
+
+
 def test_owner_lives_until_the_last_torch_tensor_dies():
     field, probe = host_field(sample("float32"))
     t = torch.from_dlpack(field)

@@ -275,7 +275,7 @@ fn into_managed<M: Managed>(export: Export) -> *mut M {
         _shape: shape,
         _strides: strides,
         _owner: owner,
-        pid: std::process::id(),
+        pid: crate::process::pid(),
     }));
     // SAFETY: `holder` came from `Box::into_raw` just above, so it is valid, aligned and not
     // aliased; the managed tensor inside it records the holder's address as its context.
@@ -297,7 +297,7 @@ unsafe extern "C" fn delete<M: Managed>(managed: *mut M) {
     // SAFETY: `manager_ctx` is the `Box<Holder<M>>` the tensor lives in (`into_managed`), not
     // freed before, since the deleter is called exactly once.
     let holder = unsafe { Box::from_raw(ctx.cast::<Holder<M>>()) };
-    if holder.pid != std::process::id() {
+    if holder.pid != crate::process::pid() {
         // A forked child freeing its copy of the parent's tensor (its garbage collector found a
         // copied reference cycle): the owner's teardown is the parent's (join the upload
         // engine's thread, which does not exist here; free memory of the parent's CUDA

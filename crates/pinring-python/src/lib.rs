@@ -37,6 +37,13 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(consumer::bound, m)?)?;
     m.add_function(wrap_pyfunction!(process::live_rings, m)?)?;
     m.add_function(wrap_pyfunction!(process::die_with_parent, m)?)?;
+    // A forked child reads its own pid again (process::pid caches it).
+    let after_fork = wrap_pyfunction!(process::after_fork_in_child, m)?;
+    let kwargs = pyo3::types::PyDict::new(m.py());
+    kwargs.set_item("after_in_child", &after_fork)?;
+    m.py()
+        .import("os")?
+        .call_method("register_at_fork", (), Some(&kwargs))?;
     m.add_function(wrap_pyfunction!(convert::config_settings, m)?)?;
     m.add_function(wrap_pyfunction!(programs::main, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

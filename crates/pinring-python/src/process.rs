@@ -4,7 +4,35 @@
 //! would be copied), and a worker's tie to its parent's life ([`die_with_parent`]).
 
 use pyo3::prelude::*;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+
+/// This process's id, once read; 0 until then, and again in a forked child (`os.fork` runs
+/// [`after_fork_in_child`] there). `std::process::id()` is a system call each time (glibc keeps
+/// no copy), and every DLPack tensor asks twice, made and freed: with two fields a batch, a
+/// Python loop taking 64 KiB token batches spent 17% of its time in `getpid`.
+static PID: AtomicU32 = AtomicU32::new(0);
+
+/// This process's id (see [`PID`]).
+pub(crate) fn pid() -> u32 {
+    // Relaxed: the value is this process's own, the same whichever thread reads or writes it.
+    match PID.load(Ordering::Relaxed) {
+        0 => {
+            let pid = std::process::id();
+            PID.store(pid, Ordering::Relaxed);
+            pid
+        }
+        pid => pid,
+    }
+}
+
+/// Registered with `os.register_at_fork(after_in_child=...)` when the module loads: a forked
+/// child forgets its parent's id. Python's own `fork` is the one way a child of this process
+/// runs Python code (the `multiprocessing` fork start method and torch's workers use it).
+#[pyfunction]
+#[pyo3(name = "_after_fork_in_child")]
+pub(crate) fn after_fork_in_child() {
+    PID.store(0, Ordering::Relaxed);
+}
 
 /// Ring handles (embedded daemons with their threads, consumers, producers) open in this process.
 static LIVE: AtomicUsize = AtomicUsize::new(0);
@@ -18,14 +46,14 @@ impl Live {
     pub(crate) fn new() -> Live {
         // Relaxed: a count read by this process's own Python code, ordered by the GIL.
         LIVE.fetch_add(1, Ordering::Relaxed);
-        Live(AtomicBool::new(true), std::process::id())
+        Live(AtomicBool::new(true), pid())
     }
 
     /// Whether this is a forked child's copy of the handle (its garbage collector freeing a
     /// copied object): its teardown (joining threads, releasing locks and CUDA memory) is the
     /// parent's, and must not run here.
     pub(crate) fn forked_copy(&self) -> bool {
-        self.1 != std::process::id()
+        self.1 != pid()
     }
 
     /// In a forked child's copy of a handle, takes what `inner` holds and forgets it, so none of
