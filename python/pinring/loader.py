@@ -19,7 +19,7 @@ import os
 import sys
 import tempfile
 import time
-from typing import Any, Dict, Iterator, Optional, Sequence, Union
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Union
 
 from pinring import _dist, _native
 from pinring._progress import Progress
@@ -35,14 +35,25 @@ def _to_framework(fields: Dict[str, Any], as_numpy: bool, stream: Optional[int])
         import numpy as np
 
         return {name: np.from_dlpack(f) for name, f in fields.items()}
-    out = {}
-    for name, f in fields.items():
-        if stream is not None and f.device.startswith("cuda"):
-            # torch.from_dlpack passes torch's current stream; an explicit stream is honoured
-            # the same way: it waits on the upload's event, on the device.
-            out[name] = torch.utils.dlpack.from_dlpack(f.__dlpack__(stream=stream))
+    return dict(zip(fields, torch_tensors(torch, fields.values(), stream)))
+
+
+def torch_tensors(torch: Any, fields: Iterable[Any], stream: Optional[int] = None) -> List[Any]:
+    """The fields of one batch as torch tensors. On CUDA, ``stream`` (None: the current stream
+    of the fields' device, as ``torch.from_dlpack`` would pass it) waits on the device for the
+    batch's upload before any work queued on it after this; it is asked once per batch, not once
+    per field, since a batch's fields are on one device."""
+    from_dlpack = torch.utils.dlpack.from_dlpack
+    out = []
+    for f in fields:
+        device = f.device
+        if device.startswith("cuda"):
+            if stream is None:
+                # torch's default stream is the legacy stream (1) in DLPack's words.
+                stream = torch.cuda.current_stream(device).cuda_stream or 1
+            out.append(from_dlpack(f.__dlpack__(stream=stream)))
         else:
-            out[name] = torch.utils.dlpack.from_dlpack(f)
+            out.append(from_dlpack(f))
     return out
 
 

@@ -9,6 +9,13 @@
 //! when the trainer is done with the batch. Its own buffer stays the trainer's while a lease on
 //! it lives, exactly as a daemon's buffer would.
 //!
+//! Each batch has a ready event of its own (the trainer's stream waits for it), but the batches
+//! taken in a row share one completion event, as the daemon's parts do: it is recorded after a
+//! quarter of the ring's slots or 8 MiB of copies (the engine's bound), before the consumer
+//! waits for the daemon, or by the release thread [`FLUSH_AFTER`] after the oldest copy
+//! without one. The release thread gives back every descriptor the event completes and rings
+//! the daemon's doorbell once for them.
+//!
 //! Why: two CUDA contexts on one GPU are time-sliced, so a daemon copying in its context while
 //! the trainer computes in its own cost the trainer a third of the copy rate
 //! (docs/ARCHITECTURE.md, "Who copies for an attached trainer"). Here only the trainer's
@@ -25,6 +32,11 @@ use std::time::{Duration, Instant};
 
 /// Longest wait of the release thread before it looks at its stop flag again.
 const RELEASE_POLL: Duration = Duration::from_millis(100);
+/// Batches copied without a completion event of their own wait at most this long for one: the
+/// release thread then flushes them, so a trainer that takes a batch and computes for a while
+/// still gives its slots back within this time. A trainer taking batches faster shares one event
+/// among every batch it took in this time (or in a quarter of the ring, whichever comes first).
+const FLUSH_AFTER: Duration = Duration::from_micros(200);
 /// How long dropping a consumer waits for its copies in flight to finish.
 const DRAIN_ON_DROP: Duration = Duration::from_secs(5);
 
@@ -35,6 +47,13 @@ struct Books {
     copying: Vec<Option<Copying>>,
     /// The first copy that failed.
     failed: Option<String>,
+    /// Slots read by copies queued since the last flush (no completion event after them yet).
+    unflushed_parts: usize,
+    /// When the first of those copies was queued.
+    unflushed_since: Option<Instant>,
+    /// Threads waiting on `copied` (the host backend's copy_batch): completions notify only
+    /// when one does, which saves a system call per batch on CUDA.
+    waiters: usize,
 }
 
 /// A batch whose copies are in flight.
@@ -73,6 +92,9 @@ pub struct Copier {
     /// Where each field of a batch lies in a buffer (and each part's chunks in its slot).
     layout: BatchLayout,
     scratch: Mutex<Scratch>,
+    /// Slots whose copies may share one completion event: a quarter of the ring
+    /// (`pinring_backend::SIGNAL_SPAN_DIVISOR`), so the loaders always have the rest to fill.
+    flush_parts: usize,
 }
 
 impl std::fmt::Debug for Copier {
@@ -137,6 +159,9 @@ impl Copier {
             books: Mutex::new(Books {
                 copying: vec![None; descs],
                 failed: None,
+                unflushed_parts: 0,
+                unflushed_since: None,
+                waiters: 0,
             }),
             copied: Condvar::new(),
             layout: layout.clone(),
@@ -145,6 +170,9 @@ impl Copier {
                 samples: Vec::new(),
                 jobs: Vec::new(),
             }),
+            flush_parts: (ring.geometry().slot_count as usize
+                / pinring_backend::SIGNAL_SPAN_DIVISOR)
+                .max(1),
         })
     }
 
@@ -289,19 +317,56 @@ impl Copier {
         self.engine
             .record_ready(local as usize)
             .map_err(backend_err)?;
-        self.engine.flush().map_err(backend_err)?;
-        {
+        // The completion event that gives the descriptor back is shared with the batches taken
+        // next: the engine records one per quarter of the ring or 8 MiB of copies, this thread
+        // before it waits for the daemon, the release thread after FLUSH_AFTER. The ready event
+        // above is the batch's own, so the trainer never waits for a later batch.
+        let (flush, notify) = {
             let mut books = lock(&self.books);
             if let Some(c) = books.copying[desc as usize].as_mut() {
                 c.announced = Some(announced);
             }
-            finish_if_done(&mut books, ring, desc);
+            books.unflushed_parts += parts as usize;
+            books.unflushed_since.get_or_insert_with(Instant::now);
+            let done = finish_if_done(&mut books, ring, desc);
+            (
+                books.unflushed_parts >= self.flush_parts,
+                done && books.waiters > 0,
+            )
+        };
+        if notify {
+            self.copied.notify_all();
         }
-        self.copied.notify_all();
+        if flush {
+            self.flush(ring)?;
+        }
         if self.location == Location::Host {
             self.wait_copied(ring, desc)?;
         }
         Ok(())
+    }
+
+    /// Gives every copy queued so far a completion event, so that its descriptor comes back
+    /// once it is done.
+    pub(crate) fn flush(&self, ring: &ConsumerRing) -> Result<(), ClientError> {
+        {
+            let mut books = lock(&self.books);
+            if books.unflushed_since.take().is_none() {
+                return Ok(());
+            }
+            books.unflushed_parts = 0;
+        }
+        // Every copy counted before the reset above was queued before it, so this flush
+        // signals it; one counted after is flushed later.
+        self.engine.flush().map_err(|source| ClientError::Backend {
+            ring: ring.name().into(),
+            source,
+        })
+    }
+
+    /// When the oldest copy without a completion event was queued.
+    fn unflushed_since(&self) -> Option<Instant> {
+        lock(&self.books).unflushed_since
     }
 
     /// Waits until the copies out of descriptor `desc` are done.
@@ -314,36 +379,49 @@ impl Copier {
                     what: f.clone(),
                 });
             }
+            books.waiters += 1;
             books = self
                 .copied
                 .wait_timeout(books, RELEASE_POLL)
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .0;
+            books.waiters -= 1;
         }
         Ok(())
     }
 
-    /// Books one completion: the last of a batch gives its descriptor back.
-    fn arrived(&self, ring: &ConsumerRing, c: Completion) {
-        let desc = c.tag as u32;
-        {
+    /// Books the completions that arrived: the last of a batch gives its descriptor back, and
+    /// the daemon is rung once for all of them.
+    fn arrived(&self, ring: &ConsumerRing, arrived: &mut Vec<Completion>) {
+        let (released, notify) = {
             let mut books = lock(&self.books);
-            if let Err(e) = &c.result {
-                books.failed.get_or_insert_with(|| {
-                    format!("copying a batch out of the ring's slots failed: {e}")
-                });
+            let mut released = false;
+            for c in arrived.drain(..) {
+                let desc = c.tag as u32;
+                if let Err(e) = &c.result {
+                    books.failed.get_or_insert_with(|| {
+                        format!("copying a batch out of the ring's slots failed: {e}")
+                    });
+                    released = true;
+                }
+                let Some(copying) = books
+                    .copying
+                    .get_mut(desc as usize)
+                    .and_then(Option::as_mut)
+                else {
+                    continue;
+                };
+                copying.arrived += 1;
+                released |= finish_if_done(&mut books, ring, desc);
             }
-            let Some(copying) = books
-                .copying
-                .get_mut(desc as usize)
-                .and_then(Option::as_mut)
-            else {
-                return;
-            };
-            copying.arrived += 1;
-            finish_if_done(&mut books, ring, desc);
+            (released, released && books.waiters > 0)
+        };
+        if released {
+            ring.ring_doorbell();
         }
-        self.copied.notify_all();
+        if notify {
+            self.copied.notify_all();
+        }
     }
 
     /// Whether no copy is in flight.
@@ -352,13 +430,14 @@ impl Copier {
     }
 }
 
-/// Gives descriptor `desc` back once every completion its copies announced has arrived.
-fn finish_if_done(books: &mut Books, ring: &ConsumerRing, desc: u32) {
+/// Gives descriptor `desc` back once every completion its copies announced has arrived;
+/// whether it did (the caller rings the daemon's doorbell).
+fn finish_if_done(books: &mut Books, ring: &ConsumerRing, desc: u32) -> bool {
     let Some(c) = books.copying[desc as usize] else {
-        return;
+        return false;
     };
     if c.announced != Some(c.arrived) {
-        return;
+        return false;
     }
     books.copying[desc as usize] = None;
     if !ring.release_buffer(desc, c.round) {
@@ -366,7 +445,7 @@ fn finish_if_done(books: &mut Books, ring: &ConsumerRing, desc: u32) {
             "batch buffer was taken back before its copies were done (the ring thought this \
              consumer dead)");
     }
-    ring.ring_doorbell();
+    true
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -381,14 +460,38 @@ pub(crate) fn run_releaser(shared: Arc<crate::Shared>, stop: Arc<AtomicBool>) {
     let crate::Memory::Own(copier) = &shared.memory else {
         return;
     };
+    let ring = &shared.ring;
+    let completions = copier.engine.completions();
     let mut stopping: Option<Instant> = None;
+    let mut arrived = Vec::new();
     loop {
-        match copier.engine.completions().recv_timeout(RELEASE_POLL) {
-            Ok(c) => copier.arrived(&shared.ring, c),
+        // Copies without a completion event yet are flushed once FLUSH_AFTER old.
+        let wait = match copier.unflushed_since() {
+            Some(since) => FLUSH_AFTER.saturating_sub(since.elapsed()),
+            None => RELEASE_POLL,
+        };
+        match completions.recv_timeout(wait) {
+            Ok(c) => {
+                arrived.push(c);
+                // The rest of the run that came with it, and any other run already there.
+                let _ = completions.drain_into(&mut arrived);
+                copier.arrived(ring, &mut arrived);
+            }
             Err(crossbeam_channel::RecvTimeoutError::Disconnected) => return,
             Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
         }
-        if stop.load(Relaxed) {
+        let stopping_now = stop.load(Relaxed);
+        let due = copier
+            .unflushed_since()
+            .is_some_and(|since| stopping_now || since.elapsed() >= FLUSH_AFTER);
+        if due {
+            if let Err(e) = copier.flush(ring) {
+                lock(&copier.books)
+                    .failed
+                    .get_or_insert_with(|| e.to_string());
+            }
+        }
+        if stopping_now {
             let since = *stopping.get_or_insert_with(Instant::now);
             if copier.idle() || since.elapsed() >= DRAIN_ON_DROP {
                 return;

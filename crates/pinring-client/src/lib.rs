@@ -260,6 +260,11 @@ impl Consumer {
             if let Some(batch) = self.try_take()? {
                 return Ok(Some(batch));
             }
+            if let Memory::Own(c) = &shared.memory {
+                // Nothing to take: the batches copied so far get their completion event now,
+                // so their slots go back to the loaders while this thread waits.
+                c.flush(ring)?;
+            }
             let held = self.held();
             if held == self.buffers {
                 return Err(ClientError::AllHeld {
@@ -445,6 +450,7 @@ impl Consumer {
                 buffer,
                 round: f.round,
                 stream: std::sync::atomic::AtomicU64::new(0),
+                waited: std::sync::atomic::AtomicU64::new(u64::MAX),
             }),
         })
     }
@@ -570,6 +576,9 @@ pub struct Lease {
     round: u32,
     /// The stream of the batch's last use (raw CUstream; 0 = the legacy default stream).
     stream: std::sync::atomic::AtomicU64,
+    /// The last stream made to wait for the batch (`u64::MAX`: none yet): a batch's fields are
+    /// each asked for the same stream, and one wait orders everything after it on that stream.
+    waited: std::sync::atomic::AtomicU64,
 }
 
 impl Lease {
@@ -577,13 +586,21 @@ impl Lease {
     /// the stream the release is ordered after. Host memory: nothing to wait for.
     pub fn use_on_stream(&self, stream: u64) -> Result<(), ClientError> {
         self.stream.store(stream, Relaxed);
+        // Recorded only once the wait is queued: a thread that finds it has its stream ordered
+        // after the batch's copies already.
+        if self.waited.load(Acquire) == stream {
+            return Ok(());
+        }
         self.shared
             .memory
             .wait_ready(self.buffer, stream)
             .map_err(|source| ClientError::Backend {
                 ring: self.shared.ring.name().into(),
                 source,
-            })
+            })?;
+        self.waited
+            .store(stream, std::sync::atomic::Ordering::Release);
+        Ok(())
     }
 
     /// The buffer index (for messages and tests).

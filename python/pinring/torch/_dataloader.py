@@ -14,7 +14,7 @@ from typing import Any, Callable, Dict, Iterator, List, Literal, Optional, Tuple
 import torch
 
 from pinring import _dist, _native
-from pinring.loader import checked_state
+from pinring.loader import checked_state, torch_tensors
 from pinring.torch import _procs
 from pinring.torch._layout import _Layout, _rebuild
 from pinring.torch._pool import WorkerPool
@@ -649,7 +649,7 @@ class DataLoader:
         b = box.pop()
         layout = self._infer()
         fields = b.fields
-        tensors = [torch.utils.dlpack.from_dlpack(fields[name]) for name in layout.names]
+        tensors = torch_tensors(torch, [fields[name] for name in layout.names])
         b.release()
         del b, fields
         return _rebuild(layout.tree, tensors)
