@@ -126,3 +126,61 @@ fn backend_cuda_without_a_gpu_fails_clearly_and_auto_falls_back() {
         "{text}"
     );
 }
+
+/// A trainer that copies (`daemon.copies = "consumer"`) shares one completion event among the
+/// batches it takes in a row; one that takes a batch and then computes without asking for the
+/// next must still get the batch's slots back, from its release thread, not at its next call.
+#[test]
+fn a_trainer_holding_one_batch_gives_its_slots_back_without_asking_for_another() {
+    if gpu().is_none() {
+        return;
+    }
+    use pinring_client::{AttachOptions, Consumer};
+    use pinring_ring::handoff::buffer_state;
+    let fx = Fixture::new(
+        "gpu-hold1",
+        &format!("{SMALL}\n[daemon]\nprefetch = 4\ncopies = \"consumer\"\n"),
+    );
+    let mut daemon = fx.daemon_on("cuda", &["--sink", "consumer"]);
+    let ring = fx.wait_ready(&mut daemon);
+    let loaders = loaders_attached(&fx, &daemon, &ring, 4);
+    let mut c = Consumer::attach(&fx.ring, &AttachOptions::default()).unwrap();
+    let buffers = ring.geometry().handoff.unwrap().buffers;
+    let taken = |c: &Consumer| {
+        (0..buffers)
+            .filter(|&i| c.ring().buffer_desc(i).load_word().state == buffer_state::TAKEN)
+            .count()
+    };
+    // Three times: take one batch, keep it, ask for nothing: its descriptor comes back.
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        let b = c.next_batch(Some(LONG)).unwrap().expect("a batch");
+        wait_until(
+            "the held batch's descriptor to be given back",
+            Duration::from_secs(5),
+            || taken(&c) == 0,
+        );
+        held.push(b);
+    }
+    drop(held);
+    let mut n = 3;
+    while let Some(b) = c.next_batch(Some(LONG)).unwrap() {
+        drop(b);
+        n += 1;
+    }
+    assert_eq!(n, 128);
+    drop(c);
+    drop(ring);
+    let (status, log) = wait_for(daemon, "daemon", LONG);
+    assert!(status.success(), "{log}");
+    for l in loaders {
+        let (st, log) = wait_for(l, "loader", LONG);
+        assert!(st.success(), "{log}");
+    }
+    let s = fx.summary();
+    assert_eq!(
+        (s.batches_delivered, s.duplicates, s.out_of_order, s.missing),
+        (128, 0, 0, 0),
+        "{s:#?}"
+    );
+}
