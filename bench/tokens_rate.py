@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from consumer_rate import run_one
+from consumer_rate import cuda_ready, run_one
 
 CONFIG = """
 [ring]
@@ -70,6 +70,7 @@ def main():
     ap.add_argument("--modes", default="discard,rust,embedded")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    cuda_ready(args.backend)
 
     work = Path(tempfile.mkdtemp())
     path = token_file(work, args.tokens)
