@@ -326,8 +326,11 @@ impl Copier {
             if let Some(c) = books.copying[desc as usize].as_mut() {
                 c.announced = Some(announced);
             }
-            books.unflushed_parts += parts as usize;
-            books.unflushed_since.get_or_insert_with(Instant::now);
+            // The host engine signals every copy as it completes: nothing waits for a flush.
+            if self.location != Location::Host {
+                books.unflushed_parts += parts as usize;
+                books.unflushed_since.get_or_insert_with(Instant::now);
+            }
             let done = finish_if_done(&mut books, ring, desc);
             (
                 books.unflushed_parts >= self.flush_parts,
