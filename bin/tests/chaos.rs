@@ -53,13 +53,7 @@ fn reclaimed(ring: &Ring) -> u64 {
 /// SIGTERMs the daemon, waits for it and the loaders (all must exit 0), returns the daemon's log.
 fn drain(daemon: Child, loaders: Vec<Child>) -> String {
     signal(&daemon, Signal::SIGTERM);
-    let (st, log) = wait_for(daemon, "daemon", LONG);
-    assert!(st.success(), "{log}");
-    for l in loaders {
-        let (st, log) = wait_for(l, "loader", LONG);
-        assert!(st.success(), "{log}");
-    }
-    log
+    all_exit_cleanly(daemon, loaders)
 }
 
 /// [`CHAOS`] in slots of 516 KiB: each holds a part of 8 samples with its metadata, so every

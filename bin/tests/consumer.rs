@@ -92,12 +92,7 @@ fn take_verified(c: &mut Consumer, n: Option<u64>) -> u64 {
 }
 
 fn finish(fx: &Fixture, daemon: std::process::Child, loaders: Vec<std::process::Child>) {
-    let (status, log) = wait_for(daemon, "daemon", LONG);
-    assert!(status.success(), "daemon failed: {status}\n{log}");
-    for k in loaders {
-        let (st, log) = wait_for(k, "loader", LONG);
-        assert!(st.success(), "loader failed: {st}\n{log}");
-    }
+    all_exit_cleanly(daemon, loaders);
     // The daemon's books: every batch delivered (taken) once, in order; the bytes were checked
     // on the consumer's side.
     let s = fx.summary();

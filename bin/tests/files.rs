@@ -461,12 +461,7 @@ fn delivered_labels(fx: &Fixture, epochs: u32) -> Vec<Vec<u64>> {
         );
     }
     drop(c);
-    let (status, log) = wait_for(daemon, "daemon", LONG);
-    assert!(status.success(), "daemon failed: {status}\n{log}");
-    for k in kids {
-        let (st, log) = wait_for(k, "loader", LONG);
-        assert!(st.success(), "loader failed: {st}\n{log}");
-    }
+    all_exit_cleanly(daemon, kids);
     out
 }
 

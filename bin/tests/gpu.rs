@@ -22,12 +22,7 @@ fn cuda_run(tag: &str, extra: &[&str]) -> pinring_daemon::summary::Summary {
     let ring = fx.wait_ready(&mut daemon);
     let loaders = loaders_attached(&fx, &daemon, &ring, 4);
     drop(ring);
-    let (status, log) = wait_for(daemon, "daemon", LONG);
-    assert!(status.success(), "{tag}: {log}");
-    for l in loaders {
-        let (st, log) = wait_for(l, "loader", LONG);
-        assert!(st.success(), "{log}");
-    }
+    all_exit_cleanly(daemon, loaders);
     let s = fx.summary();
     assert_eq!(s.backend, "cuda", "{s:#?}");
     s
@@ -171,12 +166,7 @@ fn a_trainer_holding_one_batch_gives_its_slots_back_without_asking_for_another()
     assert_eq!(n, 128);
     drop(c);
     drop(ring);
-    let (status, log) = wait_for(daemon, "daemon", LONG);
-    assert!(status.success(), "{log}");
-    for l in loaders {
-        let (st, log) = wait_for(l, "loader", LONG);
-        assert!(st.success(), "{log}");
-    }
+    all_exit_cleanly(daemon, loaders);
     let s = fx.summary();
     assert_eq!(
         (s.batches_delivered, s.duplicates, s.out_of_order, s.missing),

@@ -213,6 +213,18 @@ pub fn wait_for(child: Child, what: &str, limit: Duration) -> (ExitStatus, Strin
     }
 }
 
+/// Waits for the daemon, then every loader, each to exit 0 within [`LONG`] (a failure shows
+/// the process's output); returns the daemon's output.
+pub fn all_exit_cleanly(daemon: Child, loaders: Vec<Child>) -> String {
+    let (status, log) = wait_for(daemon, "daemon", LONG);
+    assert!(status.success(), "daemon failed: {status}\n{log}");
+    for l in loaders {
+        let (st, out) = wait_for(l, "loader", LONG);
+        assert!(st.success(), "loader failed: {st}\n{out}");
+    }
+    log
+}
+
 pub fn signal(child: &Child, sig: nix::sys::signal::Signal) {
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), sig).unwrap();
 }
