@@ -115,7 +115,7 @@ impl Daemon {
                 .completed
                 .saturating_duration_since(first_submitted)
                 .as_nanos() as u64;
-            self.ring.header().upload_ns.fetch_add(upload_ns, Relaxed);
+            self.unpublished.upload_ns += upload_ns;
             // When the batch was on the device, on the clock loaders stamp commits with.
             let on_device_ns = self.now.ns_of(c.completed);
             self.record_latency(commit_ns, on_device_ns);
@@ -285,10 +285,12 @@ impl Daemon {
         self.tally.last_delivery = self.now.at;
         // The first batch's latency is a figure of its own: read, not the pass's start.
         self.tally.first_delivery.get_or_insert_with(Instant::now);
-        let h = self.ring.header();
-        h.delivered.fetch_add(1, Relaxed);
+        self.unpublished.delivered += 1;
         // The daemon's published resume point, for status; never read back.
-        h.next_deliver.store(self.sequencer.resume_seq(), Relaxed);
+        self.ring
+            .header()
+            .next_deliver
+            .store(self.sequencer.resume_seq(), Relaxed);
         tracing::debug!(ring = %self.run.cfg.ring.name, seq, "batch delivered");
         samples.clear();
         self.spare_samples.push(samples);
@@ -440,10 +442,7 @@ impl Daemon {
             };
             let len = taken.payload_len as usize;
             self.tally.bytes += taken.payload_len;
-            self.ring
-                .header()
-                .bytes_delivered
-                .fetch_add(taken.payload_len, Relaxed);
+            self.unpublished.bytes_delivered += taken.payload_len;
             self.ring.desc(slot).upload_ns.store(self.now.ns, Relaxed);
             progressed = true;
             if self.run.zero_copy {

@@ -306,6 +306,7 @@ pub fn run(args: &DaemonArgs, shutdown: &Shutdown) -> Outcome {
     match Daemon::start(args, resolved) {
         Ok(mut d) => {
             let result = d.main_loop(shutdown);
+            d.publish_counters();
             let summary = d.finish(&result);
             Outcome {
                 summary,
@@ -375,6 +376,17 @@ impl Tally {
             latencies: crate::histogram::Quantiles::default(),
         }
     }
+}
+
+/// What the main loop added to the header's counters since it last wrote them: it adds once per
+/// pass (`Daemon::publish_counters`), not once per part (each a locked instruction), so a reader
+/// (`pinring status`, the service's status line, the metrics) sees them at most one pass late.
+/// The seqs a restart reads (`next_deliver`, `next_assign`) are plain stores and stay immediate.
+#[derive(Debug, Default)]
+struct Unpublished {
+    delivered: u64,
+    bytes_delivered: u64,
+    upload_ns: u64,
 }
 
 /// A part whose uploads (one per field of the batch layout) are in flight.
@@ -658,6 +670,8 @@ struct Daemon {
     up: Uploads,
     /// What the run did, for the summary.
     tally: Tally,
+    /// The header's counters not yet published (`Daemon::publish_counters`).
+    unpublished: Unpublished,
     interrupted: bool,
     /// This pass's clock (`PassClock`).
     now: PassClock,
@@ -695,6 +709,21 @@ impl Daemon {
         }
     }
 
+    /// Writes the header's counters the main loop kept since it last did (`Unpublished`).
+    fn publish_counters(&mut self) {
+        let u = std::mem::take(&mut self.unpublished);
+        let h = self.ring.header();
+        if u.delivered > 0 {
+            h.delivered.fetch_add(u.delivered, Relaxed);
+        }
+        if u.bytes_delivered > 0 {
+            h.bytes_delivered.fetch_add(u.bytes_delivered, Relaxed);
+        }
+        if u.upload_ns > 0 {
+            h.upload_ns.fetch_add(u.upload_ns, Relaxed);
+        }
+    }
+
     fn main_loop(&mut self, shutdown: &Shutdown) -> Result<(), DaemonError> {
         let mut last_reap = Instant::now();
         let mut drain_deadline: Option<Instant> = None;
@@ -708,6 +737,7 @@ impl Daemon {
             progressed |= self.collect_sink_results()?;
             progressed |= self.collect_returns()?;
             progressed |= self.dispatch()?;
+            self.publish_counters();
 
             if self.sequencer.complete() && self.up.inflight.is_empty() && self.sink.pending == 0 {
                 return Ok(());
@@ -749,6 +779,8 @@ impl Daemon {
                 self.reap()?;
             }
             if !progressed {
+                // What a reap or a drain changed, before a sleep that may be long.
+                self.publish_counters();
                 let could_upload = (!self.up.free_buffers.is_empty()
                     || self.up.assemblies.any_open_for_parts())
                     && self.sequencer.any_waiting();

@@ -294,6 +294,7 @@ impl Daemon {
                 look_ahead > 0,
             ),
             tally: super::Tally::new(now),
+            unpublished: Default::default(),
             interrupted: false,
             now: super::PassClock::read(),
             spare_samples: Vec::new(),
