@@ -154,6 +154,10 @@ impl Daemon {
         let Some(done) = self.up.assemblies.close(buffer) else {
             return Ok(());
         };
+        if !self.up.order.holds() {
+            // Nothing is taken ahead, so nothing waits: the batch goes now.
+            return self.send_batch(done);
+        }
         // In its turn: a batch taken ahead waits for every earlier one.
         self.up.order.landed(batch, done);
         while let Some(done) = self.up.order.pop_due() {

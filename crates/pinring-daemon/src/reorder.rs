@@ -100,6 +100,12 @@ impl<T> Reorder<T> {
         }
     }
 
+    /// Whether landed batches may wait here for earlier ones (uploads ahead); if not, each goes
+    /// to the sink as it lands, in the order it lands.
+    pub fn holds(&self) -> bool {
+        self.holds
+    }
+
     /// Every part of `batch` landed: it goes to the sink in its turn ([`Reorder::pop_due`]).
     pub fn landed(&mut self, batch: u64, item: T) {
         if !self.holds {

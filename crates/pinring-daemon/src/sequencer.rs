@@ -330,9 +330,12 @@ impl Sequencer {
     /// seq it carried, if any, was taken (or moved elsewhere) before.
     pub fn hand_out(&mut self, slot: u32) -> HandOut {
         let i = slot as usize;
-        self.held[i] = false;
+        let was_held = std::mem::replace(&mut self.held[i], false);
         if let Some(old) = self.carried[i].take() {
-            if self.waiting.get(old) == Some(slot) {
+            // A held slot's seq was taken (`taken` took it out of the waiting seqs), so only a
+            // slot that was not held is looked for there: no search on the hot path, where every
+            // slot handed out comes back from an upload.
+            if !was_held && self.waiting.get(old) == Some(slot) {
                 // Never happens in the daemon; if it did, the seq must not be lost.
                 debug_assert!(false, "slot {slot} handed out while seq {old} waits in it");
                 self.waiting.remove(old);
