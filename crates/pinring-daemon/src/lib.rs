@@ -120,7 +120,8 @@ pub const DRAIN_DEADLINE: Duration = Duration::from_millis(1500);
 /// Longest single futex wait of the main loop.
 const MAX_WAIT: Duration = Duration::from_millis(100);
 /// Payload bytes in flight from which the main loop sleeps without being woken by commits
-/// (`DaemonRing::wait_doorbell_quiet`): at least two of the completion thread's waits (4 MiB each), so
+/// (`DaemonRing::wait_doorbell_quiet`), at most ([`quiet_in_flight`]): at least two of the
+/// completion thread's waits (4 MiB each), so
 /// when the next completion wakes the loop the copy engine still has work queued while the loop
 /// takes every part committed meanwhile. Below it each commit wakes the loop at once.
 const QUIET_IN_FLIGHT: usize = 8 << 20;
@@ -647,6 +648,21 @@ struct Run {
     /// holds alive itself (it holds the upload engine, or the ring's mapping): a drain does not
     /// wait for them.
     holds_own_buffers: bool,
+    /// Payload bytes in flight from which the main loop sleeps quietly ([`quiet_in_flight`]).
+    quiet_in_flight: usize,
+}
+
+/// Payload bytes in flight from which the main loop sleeps without being woken by commits:
+/// [`QUIET_IN_FLIGHT`], or half of what the device buffers hold when that is less. Small batches
+/// in 128 buffers of 64 KiB hold 8 MiB in all, so the fixed 8 MiB was reached only with every
+/// buffer in flight, and each commit woke the loop; with half the buffers in flight the next
+/// completion (an event covers at most half the buffers) still leaves copies queued.
+/// Never 0: with nothing in flight no completion would come to wake the loop (an engine with no
+/// buffers, as when the consumer copies, never sleeps quietly).
+fn quiet_in_flight(buffers: usize, buffer_bytes: usize) -> usize {
+    QUIET_IN_FLIGHT
+        .min(buffers.saturating_mul(buffer_bytes) / 2)
+        .max(1)
 }
 
 struct Daemon {
@@ -795,7 +811,7 @@ impl Daemon {
                 self.tally.submit_ns += t.elapsed().as_nanos() as u64;
                 flushed?;
                 let t = Instant::now();
-                if self.up.inflight_bytes >= QUIET_IN_FLIGHT {
+                if self.up.inflight_bytes >= self.run.quiet_in_flight {
                     self.ring.wait_doorbell_quiet(seen, wait);
                 } else {
                     self.ring.wait_doorbell(seen, wait);
@@ -862,6 +878,19 @@ mod tests {
         assert_eq!(a.get_mut(1).map(|x| x.batch), Some(5));
         assert_eq!(a.close(1).map(|x| x.samples.clone()), Some(vec![5]));
         assert!(a.get_mut(1).is_none());
+    }
+
+    #[test]
+    fn the_loop_sleeps_quietly_from_half_the_buffers_or_8_mib_and_never_with_nothing_in_flight() {
+        use super::{quiet_in_flight, QUIET_IN_FLIGHT};
+        // 64 KiB batches in 128 buffers: 8 MiB in all, quiet from half of it.
+        assert_eq!(quiet_in_flight(128, 64 << 10), 4 << 20);
+        // Larger buffers keep the fixed threshold.
+        assert_eq!(quiet_in_flight(128, 256 << 10), QUIET_IN_FLIGHT);
+        assert_eq!(quiet_in_flight(16, 4 << 20), QUIET_IN_FLIGHT);
+        // No buffers (the consumer copies): commits always wake the loop.
+        assert_eq!(quiet_in_flight(0, 0), 1);
+        assert_eq!(quiet_in_flight(0, 64 << 10), 1);
     }
 
     #[test]

@@ -273,6 +273,8 @@ impl Daemon {
         } else {
             0
         };
+        let quiet_in_flight =
+            super::quiet_in_flight(uploader.buffer_count(), uploader.buffer_bytes());
         let now = Instant::now();
         let mut d = Daemon {
             uploader,
@@ -320,6 +322,7 @@ impl Daemon {
                 consumer_copies,
                 look_ahead,
                 holds_own_buffers: args.embedded,
+                quiet_in_flight,
                 cfg,
             },
         };
