@@ -120,8 +120,8 @@ pub const DRAIN_DEADLINE: Duration = Duration::from_millis(1500);
 /// Longest single futex wait of the main loop.
 const MAX_WAIT: Duration = Duration::from_millis(100);
 /// Payload bytes in flight from which the main loop sleeps without being woken by commits
-/// (`DaemonRing::wait_doorbell_quiet`), at most ([`quiet_in_flight`]): at least two of the
-/// completion thread's waits (4 MiB each), so
+/// (`DaemonRing::wait_doorbell_quiet`), unless the device buffers hold less
+/// ([`quiet_in_flight`]): at least two of the completion thread's waits (4 MiB each), so
 /// when the next completion wakes the loop the copy engine still has work queued while the loop
 /// takes every part committed meanwhile. Below it each commit wakes the loop at once.
 const QUIET_IN_FLIGHT: usize = 8 << 20;
