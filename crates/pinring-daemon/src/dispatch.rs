@@ -154,12 +154,11 @@ impl Daemon {
         let Some(done) = self.up.assemblies.close(buffer) else {
             return Ok(());
         };
-        if !self.up.order.holds() {
-            // Nothing is taken ahead, so nothing waits: the batch goes now.
-            return self.send_batch(done);
-        }
         // In its turn: a batch taken ahead waits for every earlier one.
-        self.up.order.landed(batch, done);
+        let Some(done) = self.up.order.landed(batch, done) else {
+            return Ok(());
+        };
+        self.send_batch(done)?;
         while let Some(done) = self.up.order.pop_due() {
             self.send_batch(done)?;
         }

@@ -24,8 +24,6 @@
 //! Unordered, or when batches are taken in seq order only (zero-copy, and a consumer that
 //! copies the batches itself), the book passes each batch straight through.
 
-use std::collections::VecDeque;
-
 /// The batches between the due one and the last one holding a buffer (see the module
 /// documentation). `T` is what the daemon keeps of a landed batch until it is sent.
 #[derive(Debug)]
@@ -43,8 +41,6 @@ pub struct Reorder<T> {
     run_end: u64,
     /// By `batch % buffers`: the batch landed and waits for its turn.
     landed: Vec<Option<T>>,
-    /// Passed through (`holds` false): landed, not yet taken by [`Reorder::pop_due`].
-    through: VecDeque<T>,
 }
 
 impl<T> Reorder<T> {
@@ -58,7 +54,6 @@ impl<T> Reorder<T> {
             buffered: vec![false; size],
             run_end: first,
             landed: std::iter::repeat_with(|| None).take(size).collect(),
-            through: VecDeque::new(),
         }
     }
 
@@ -100,17 +95,12 @@ impl<T> Reorder<T> {
         }
     }
 
-    /// Whether landed batches may wait here for earlier ones (uploads ahead); if not, each goes
-    /// to the sink as it lands, in the order it lands.
-    pub fn holds(&self) -> bool {
-        self.holds
-    }
-
-    /// Every part of `batch` landed: it goes to the sink in its turn ([`Reorder::pop_due`]).
-    pub fn landed(&mut self, batch: u64, item: T) {
+    /// Every part of `batch` landed. Returns it when it goes to the sink now: passed through
+    /// (`holds` false), or the due batch, after which [`Reorder::pop_due`] gives the batches
+    /// held back behind it. A batch landed ahead of its turn is held (None).
+    pub fn landed(&mut self, batch: u64, item: T) -> Option<T> {
         if !self.holds {
-            self.through.push_back(item);
-            return;
+            return Some(item);
         }
         let i = self.at(batch);
         debug_assert!(
@@ -118,13 +108,20 @@ impl<T> Reorder<T> {
             "batch {batch} landed outside the window from {}",
             self.due
         );
+        if batch == self.due {
+            // The due batch held a buffer, so `run_end` was past it.
+            self.buffered[i] = false;
+            self.due += 1;
+            return Some(item);
+        }
         self.landed[i] = Some(item);
+        None
     }
 
-    /// The next batch to send, if it landed.
+    /// The next held batch to send, if its turn came and it landed.
     pub fn pop_due(&mut self) -> Option<T> {
         if !self.holds {
-            return self.through.pop_front();
+            return None;
         }
         let i = self.at(self.due);
         let item = self.landed[i].take()?;
@@ -146,10 +143,10 @@ impl<T> Reorder<T> {
         self.due
     }
 
-    /// The landed batches held back or passed through, not yet sent.
+    /// The landed batches held back, not yet sent.
     #[cfg(test)]
     pub fn held(&self) -> impl Iterator<Item = &T> {
-        self.landed.iter().flatten().chain(self.through.iter())
+        self.landed.iter().flatten()
     }
 }
 
@@ -167,12 +164,15 @@ mod tests {
             r.opened(b);
             free -= 1;
         }
-        r.landed(12, "c");
-        r.landed(11, "b");
+        assert_eq!(r.landed(12, "c"), None);
+        assert_eq!(r.landed(11, "b"), None);
         assert_eq!(r.pop_due(), None, "10 has not landed");
         assert_eq!(r.waiting(), 2);
-        r.landed(10, "a");
-        let sent: Vec<_> = std::iter::from_fn(|| r.pop_due()).collect();
+        let first = r.landed(10, "a");
+        let sent: Vec<_> = first
+            .into_iter()
+            .chain(std::iter::from_fn(|| r.pop_due()))
+            .collect();
         assert_eq!(sent, ["a", "b", "c"]);
         assert_eq!((r.due(), r.waiting()), (13, 0));
     }
@@ -190,8 +190,8 @@ mod tests {
         assert!(!r.may_open(4, 4));
         assert!(!r.may_open(0, 0));
         r.opened(0);
-        r.landed(0, ());
-        assert_eq!(r.pop_due(), Some(()));
+        assert_eq!(r.landed(0, ()), Some(()), "the due batch goes at once");
+        assert_eq!(r.pop_due(), None);
         assert!(!r.may_open(0, 4));
         assert!(r.may_open(4, 4));
     }
@@ -201,12 +201,8 @@ mod tests {
         let mut r = Reorder::new(2, 0, false);
         assert!(r.may_open(100, 1));
         assert!(!r.may_open(0, 0));
-        r.landed(7, 7);
-        r.landed(3, 3);
-        assert_eq!(r.waiting(), 2);
-        assert_eq!(
-            (r.pop_due(), r.pop_due(), r.pop_due()),
-            (Some(7), Some(3), None)
-        );
+        // Each goes as it lands, in the order it lands; nothing is kept.
+        assert_eq!((r.landed(7, 7), r.landed(3, 3)), (Some(7), Some(3)));
+        assert_eq!((r.waiting(), r.pop_due()), (0, None));
     }
 }

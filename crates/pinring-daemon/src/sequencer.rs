@@ -1036,9 +1036,11 @@ mod tests {
                 Event::UploadDone => {
                     if let Some((slot, s)) = self.uploads.pop_front() {
                         self.hand_out(slot);
-                        self.order.landed(s, s);
-                        while let Some(s) = self.order.pop_due() {
+                        if let Some(s) = self.order.landed(s, s) {
                             self.sink.push_back((None, s));
+                            while let Some(s) = self.order.pop_due() {
+                                self.sink.push_back((None, s));
+                            }
                         }
                     }
                 }
