@@ -753,7 +753,6 @@ impl Daemon {
             progressed |= self.collect_sink_results()?;
             progressed |= self.collect_returns()?;
             progressed |= self.dispatch()?;
-            self.publish_counters();
 
             if self.sequencer.complete() && self.up.inflight.is_empty() && self.sink.pending == 0 {
                 return Ok(());
@@ -794,9 +793,9 @@ impl Daemon {
                 last_reap = self.now.at;
                 self.reap()?;
             }
+            // Once a pass, after its reap; a pass that returns above leaves it to `run`.
+            self.publish_counters();
             if !progressed {
-                // What a reap or a drain changed, before a sleep that may be long.
-                self.publish_counters();
                 let could_upload = (!self.up.free_buffers.is_empty()
                     || self.up.assemblies.any_open_for_parts())
                     && self.sequencer.any_waiting();
