@@ -512,8 +512,5 @@ fn a_rogue_write_into_a_ready_payload_is_caught_by_the_verify_sink_with_exit_6()
     assert_eq!((s.exit_code, s.verify_failures), (6, 1), "{s:#?}");
     assert_eq!(s.batches_verified, s.batches_delivered - 1, "{s:#?}");
     assert_eq!((s.duplicates, s.out_of_order), (0, 0), "{s:#?}");
-    for l in loaders {
-        let (st, log) = wait_for(l, "loader", LONG);
-        assert!(st.success(), "{log}");
-    }
+    loaders_exit_cleanly(loaders);
 }

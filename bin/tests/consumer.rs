@@ -397,10 +397,7 @@ fn an_embedded_daemon_feeds_its_own_process() {
         summary.duplicates + summary.out_of_order + summary.missing,
         0
     );
-    for k in kids {
-        let (st, log) = wait_for(k, "loader", LONG);
-        assert!(st.success(), "loader failed: {st}\n{log}");
-    }
+    loaders_exit_cleanly(kids);
     assert!(
         !fx.segment().exists(),
         "the embedded daemon removes its ring"

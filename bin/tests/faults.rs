@@ -84,10 +84,7 @@ fn wait_run(daemon: Child, log: &Path, loaders: Vec<Child>) {
         "daemon: {st}\n{}",
         std::fs::read_to_string(log).unwrap()
     );
-    for l in loaders {
-        let (st, out) = wait_for(l, "loader", LONG);
-        assert!(st.success(), "{out}");
-    }
+    loaders_exit_cleanly(loaders);
 }
 
 /// Stops `loader` inside a claim (its seq held back while others go on); returns the pause
@@ -110,10 +107,7 @@ fn drain_with_a_paused_loader(daemon: Child, log: &Path, paused: Paused, loaders
     let (st, _) = wait_for(daemon, "daemon", LONG);
     assert!(st.success(), "{}", std::fs::read_to_string(log).unwrap());
     drop(paused);
-    for l in loaders {
-        let (st, out) = wait_for(l, "loader", LONG);
-        assert!(st.success(), "{out}");
-    }
+    loaders_exit_cleanly(loaders);
 }
 
 /// The seqs a stopped run delivered, from its log, checked against its summary: none twice,
@@ -339,10 +333,7 @@ fn a_scribbled_next_deliver_in_the_header_does_not_move_the_summarys_resume_seq(
     // And the daemon published its own value again, which status shows.
     assert_eq!(next_deliver(&ring), published);
     drop(paused);
-    for l in loaders {
-        let (st, out) = wait_for(l, "loader", LONG);
-        assert!(st.success(), "{out}");
-    }
+    loaders_exit_cleanly(loaders);
 }
 
 #[test]

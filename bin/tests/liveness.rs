@@ -102,10 +102,7 @@ fn header_scribbles_on_a_live_ring_fool_no_loader_status_clean_or_second_daemon(
     let (st, log) = wait_for(daemon, "daemon", LONG);
     assert_eq!(st.code(), Some(0), "{log}");
     assert!(log.contains("restored"), "the repair is logged: {log}");
-    for l in loaders {
-        let (st, log) = wait_for(l, "loader", LONG);
-        assert_eq!(st.code(), Some(0), "{log}");
-    }
+    loaders_exit_cleanly(loaders);
     let s = fx.summary();
     assert_eq!((s.duplicates, s.verify_failures, s.out_of_order), (0, 0, 0));
 }

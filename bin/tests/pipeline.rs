@@ -298,10 +298,7 @@ fn sigterm_drains_and_leaves_no_segment() {
         t.elapsed()
     );
     assert!(status.success(), "{log}");
-    for l in loaders {
-        let (st, log) = wait_for(l, "loader", LONG);
-        assert!(st.success(), "{log}");
-    }
+    loaders_exit_cleanly(loaders);
     assert!(!fx.segment().exists());
     let s = fx.summary();
     assert!(s.interrupted);

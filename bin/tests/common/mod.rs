@@ -218,11 +218,16 @@ pub fn wait_for(child: Child, what: &str, limit: Duration) -> (ExitStatus, Strin
 pub fn all_exit_cleanly(daemon: Child, loaders: Vec<Child>) -> String {
     let (status, log) = wait_for(daemon, "daemon", LONG);
     assert!(status.success(), "daemon failed: {status}\n{log}");
+    loaders_exit_cleanly(loaders);
+    log
+}
+
+/// Waits for every loader to exit 0 within [`LONG`] (a failure shows the loader's output).
+pub fn loaders_exit_cleanly(loaders: Vec<Child>) {
     for l in loaders {
         let (st, out) = wait_for(l, "loader", LONG);
         assert!(st.success(), "loader failed: {st}\n{out}");
     }
-    log
 }
 
 pub fn signal(child: &Child, sig: nix::sys::signal::Signal) {
