@@ -403,5 +403,12 @@ fn the_compute_sink_and_the_pageable_mode_run_the_whole_plan() {
             "{tag}"
         );
         assert!(s.latency_p99_us >= s.latency_p50_us, "{tag}");
+        // The main loop's books: it ran, and slept at most once a pass.
+        assert!(
+            s.main_loop_passes > 0 && s.main_loop_sleeps <= s.main_loop_passes,
+            "{tag}: {} passes, {} sleeps",
+            s.main_loop_passes,
+            s.main_loop_sleeps
+        );
     }
 }

@@ -135,6 +135,12 @@ impl Daemon {
             latency_p99_us: self.tally.latencies.quantile_us(0.99),
             daemon_cpu_seconds: (cpu_seconds() - self.tally.cpu_at_ready).max(0.0),
             thread_cpu_seconds: thread_cpu_since(&self.tally.threads_at_ready),
+            main_loop_passes: self.tally.passes,
+            main_loop_sleeps: self.tally.sleeps,
+            main_loop_preempted: match (self.tally.switches_at_ready, context_switches()) {
+                (Some((_, before)), Some((_, now))) => now.saturating_sub(before),
+                _ => 0,
+            },
             error: result.as_ref().err().map(|e| e.to_string()),
             exit_code: 0,
         };
@@ -186,6 +192,21 @@ pub(super) fn thread_cpu() -> std::collections::BTreeMap<i32, (String, f64)> {
         out.insert(tid, (stat.comm, (stat.utime + stat.stime) as f64 / ticks));
     }
     out
+}
+
+/// The calling thread's context switches so far, voluntary (it slept) and involuntary (it was
+/// preempted), from /proc/thread-self/status; None where that cannot be read.
+pub(super) fn context_switches() -> Option<(u64, u64)> {
+    let text = std::fs::read_to_string("/proc/thread-self/status").ok()?;
+    let count = |key: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+    };
+    Some((
+        count("voluntary_ctxt_switches:")?,
+        count("nonvoluntary_ctxt_switches:")?,
+    ))
 }
 
 /// CPU seconds of each thread since `at_ready` ([`thread_cpu`] when the ring became ready; a

@@ -353,6 +353,13 @@ struct Tally {
     doorbell_ns: u64,
     /// Parts taken while an earlier one was not READY yet (`--look-ahead`).
     taken_ahead: u64,
+    /// Passes of the main loop, and its waits on the doorbell that slept (a wait that found
+    /// the doorbell rung since the pass began returns at once and is not counted).
+    passes: u64,
+    sleeps: u64,
+    /// The main loop thread's context switches when the ring became ready, voluntary and
+    /// not (`finish::context_switches`).
+    switches_at_ready: Option<(u64, u64)>,
     /// Commit-to-on-device latencies (bounded memory, however long the daemon runs).
     latencies: crate::histogram::Quantiles,
 }
@@ -374,6 +381,9 @@ impl Tally {
             submit_ns: 0,
             doorbell_ns: 0,
             taken_ahead: 0,
+            passes: 0,
+            sleeps: 0,
+            switches_at_ready: None,
             latencies: crate::histogram::Quantiles::default(),
         }
     }
@@ -747,6 +757,7 @@ impl Daemon {
             // Acquire: pairs with the Release bump of whoever rings (loader commit, completion thread, sink),
             // so a ring after this load is never lost: the wait below returns at once.
             let seen = self.ring.header().doorbell_futex.load(Acquire);
+            self.tally.passes += 1;
             self.now = PassClock::read();
             self.service.tick(&self.ring, self.now.at);
             let mut progressed = self.collect_completions()?;
@@ -810,10 +821,13 @@ impl Daemon {
                 self.tally.submit_ns += t.elapsed().as_nanos() as u64;
                 flushed?;
                 let t = Instant::now();
-                if self.up.inflight_bytes >= self.run.quiet_in_flight {
-                    self.ring.wait_doorbell_quiet(seen, wait);
+                let woke = if self.up.inflight_bytes >= self.run.quiet_in_flight {
+                    self.ring.wait_doorbell_quiet(seen, wait)
                 } else {
-                    self.ring.wait_doorbell(seen, wait);
+                    self.ring.wait_doorbell(seen, wait)
+                };
+                if woke != pinring_ring::futex::Wake::Changed {
+                    self.tally.sleeps += 1;
                 }
                 let ns = t.elapsed().as_nanos() as u64;
                 self.tally.doorbell_ns += ns;

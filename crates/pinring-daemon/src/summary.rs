@@ -124,6 +124,18 @@ pub struct Summary {
     /// all of it), by thread name (the daemon's own and the GPU driver's).
     #[serde(default)]
     pub thread_cpu_seconds: std::collections::BTreeMap<String, f64>,
+    /// Passes of the daemon's main loop from ring ready to the end (each takes every
+    /// completion, returned buffer and READY slot it finds).
+    #[serde(default)]
+    pub main_loop_passes: u64,
+    /// Of those passes, the ones that ended in a sleep on the doorbell (a pass that found work
+    /// starts the next one at once, as does one that finds the doorbell rung since it began).
+    #[serde(default)]
+    pub main_loop_sleeps: u64,
+    /// Times the main loop's thread was preempted (involuntary context switches): other
+    /// threads wanted its CPU.
+    #[serde(default)]
+    pub main_loop_preempted: u64,
     /// The error that ended the run, if any.
     pub error: Option<String>,
     /// The exit code the daemon exits with.
