@@ -137,8 +137,8 @@ impl Daemon {
             thread_cpu_seconds: thread_cpu_since(&self.tally.threads_at_ready),
             main_loop_passes: self.tally.passes,
             main_loop_sleeps: self.tally.sleeps,
-            main_loop_preempted: match (self.tally.switches_at_ready, context_switches()) {
-                (Some((_, before)), Some((_, now))) => now.saturating_sub(before),
+            main_loop_preempted: match (self.tally.preempted_at_ready, preemptions()) {
+                (Some(before), Some(now)) => now.saturating_sub(before),
                 _ => 0,
             },
             error: result.as_ref().err().map(|e| e.to_string()),
@@ -194,19 +194,13 @@ pub(super) fn thread_cpu() -> std::collections::BTreeMap<i32, (String, f64)> {
     out
 }
 
-/// The calling thread's context switches so far, voluntary (it slept) and involuntary (it was
-/// preempted), from /proc/thread-self/status; None where that cannot be read.
-pub(super) fn context_switches() -> Option<(u64, u64)> {
+/// Times the calling thread has been preempted so far (its involuntary context switches, from
+/// /proc/thread-self/status); None where that cannot be read.
+pub(super) fn preemptions() -> Option<u64> {
     let text = std::fs::read_to_string("/proc/thread-self/status").ok()?;
-    let count = |key: &str| {
-        text.lines()
-            .find_map(|l| l.strip_prefix(key))
-            .and_then(|v| v.trim().parse::<u64>().ok())
-    };
-    Some((
-        count("voluntary_ctxt_switches:")?,
-        count("nonvoluntary_ctxt_switches:")?,
-    ))
+    text.lines()
+        .find_map(|l| l.strip_prefix("nonvoluntary_ctxt_switches:"))
+        .and_then(|v| v.trim().parse().ok())
 }
 
 /// CPU seconds of each thread since `at_ready` ([`thread_cpu`] when the ring became ready; a
@@ -247,7 +241,7 @@ pub fn judge(summary: &Summary, sink: SinkKind) -> Result<(), DaemonError> {
 
 #[cfg(test)]
 mod tests {
-    use super::{thread_cpu, thread_cpu_since};
+    use super::{preemptions, thread_cpu, thread_cpu_since};
     use std::time::{Duration, Instant};
 
     /// CPU seconds of the calling thread, as `thread_cpu` reads it.
@@ -257,6 +251,18 @@ mod tests {
             .filter(|(n, _)| n == name)
             .map(|(_, s)| s)
             .sum()
+    }
+
+    #[test]
+    fn a_threads_preemptions_are_read_and_never_go_back() {
+        // The summary's main_loop_preempted is the difference of two reads on one thread.
+        let before = preemptions().expect("/proc/thread-self/status has the count");
+        let mut x = 0u64;
+        for i in 0..1_000_000u64 {
+            x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(i));
+        }
+        let after = preemptions().expect("read again");
+        assert!(after >= before, "{before} then {after}");
     }
 
     #[test]

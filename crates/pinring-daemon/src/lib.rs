@@ -357,9 +357,9 @@ struct Tally {
     /// the doorbell rung since the pass began returns at once and is not counted).
     passes: u64,
     sleeps: u64,
-    /// The main loop thread's context switches when the ring became ready, voluntary and
-    /// not (`finish::context_switches`).
-    switches_at_ready: Option<(u64, u64)>,
+    /// The main loop thread's preemptions when the ring became ready (`finish::preemptions`;
+    /// the daemon starts, runs and finishes on one thread).
+    preempted_at_ready: Option<u64>,
     /// Commit-to-on-device latencies (bounded memory, however long the daemon runs).
     latencies: crate::histogram::Quantiles,
 }
@@ -383,7 +383,7 @@ impl Tally {
             taken_ahead: 0,
             passes: 0,
             sleeps: 0,
-            switches_at_ready: None,
+            preempted_at_ready: None,
             latencies: crate::histogram::Quantiles::default(),
         }
     }

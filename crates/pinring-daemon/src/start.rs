@@ -332,7 +332,7 @@ impl Daemon {
         d.tally.started = Instant::now();
         d.tally.cpu_at_ready = cpu_seconds();
         d.tally.threads_at_ready = super::finish::thread_cpu();
-        d.tally.switches_at_ready = super::finish::context_switches();
+        d.tally.preempted_at_ready = super::finish::preemptions();
         d.ring.set_state(ring_state::READY);
         tracing::info!(
             ring = %d.run.cfg.ring.name,
