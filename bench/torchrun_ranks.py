@@ -13,9 +13,17 @@ the ids, and reports its GB/s over the epochs after the first. The launcher then
 each epoch's ids over the ranks are the dataset, each once.
 
 Runs: --nproc ranks together, then one rank alone (world size 1), for the comparison.
+With --kill-after N, a last run (``killed``, --kill-epochs epochs) under torchrun's
+--max-restarts=1: each rank takes its batches through ``Loader.batches()``, checks every pixel
+of each batch against its ids on the GPU, and appends the ids and the loader's state to its own
+log after every batch (its checkpoint); rank 1 SIGKILLs itself after N batches of its first
+life. torchrun stops the other rank and starts both again; each resumes from its log's last
+state. The launcher checks that over both lives each epoch's ids over the ranks are the dataset,
+each once, and reports how long each life took to its first batch.
 Output: a table and OUT/torchrun_ranks.json.
 
-Usage: torchrun_ranks.py [--nproc 2] [--loaders 6] [--samples 2048] [--epochs 20] [--out DIR]
+Usage: torchrun_ranks.py [--nproc 2] [--loaders 6] [--samples 2048] [--epochs 20]
+                         [--kill-after N] [--kill-epochs 3] [--out DIR]
 """
 
 import argparse
@@ -70,6 +78,92 @@ def rank_main(args):
         json.dump(report, f)
 
 
+def rank_resume(args):
+    """A rank of the ``killed`` run: resumes from its log, checkpoints after every batch."""
+    import signal
+
+    import torch
+
+    import pinring
+
+    began = time.perf_counter()
+    rank = int(os.environ["RANK"])
+    life = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
+    log = os.path.join(args.out_dir, f"log{rank}.jsonl")
+    state = None
+    if os.path.exists(log):
+        with open(log) as f:
+            for line in f:
+                state = json.loads(line)["state"]
+    first = None
+    taken = 0
+    with pinring.Loader(config=args.config, loaders=args.loaders, timeout=120) as loader, \
+            open(log, "a", buffering=1) as f:
+        if state is not None:
+            loader.load_state_dict(state)
+        for b in loader.batches():
+            x = torch.from_dlpack(b.fields["images"])
+            y = torch.from_dlpack(b.fields["labels"])
+            want = (y % 251).to(torch.float32).view(-1, 1, 1)
+            bad = int((x != want).sum())
+            ids = y.cpu().tolist()
+            epoch = b.epoch
+            del x, y, b
+            if first is None:
+                first = time.perf_counter() - began
+            # One line, one write: a SIGKILL leaves whole lines only.
+            f.write(json.dumps({"life": life, "epoch": epoch, "ids": ids, "bad": bad,
+                                "state": loader.state_dict()}) + "\n")
+            taken += 1
+            if rank == 1 and life == 0 and taken == args.kill_after:
+                os.kill(os.getpid(), signal.SIGKILL)
+        device = loader.device
+    with open(os.path.join(args.out_dir, f"life{rank}-{life}.json"), "w") as f:
+        json.dump({"rank": rank, "life": life, "device": str(device), "taken": taken,
+                   "first_batch_s": first, "resumed_at": state}, f)
+
+
+def run_killed(a, d):
+    """The ``killed`` run: rank 1 killed once, the job restarted (--max-restarts=1)."""
+    out = os.path.join(d, "killed")
+    os.makedirs(out)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--max-restarts=1",
+           f"--nproc-per-node={a.nproc}", os.path.abspath(__file__), "--rank-mode",
+           "--config", os.path.join(d, "killed.toml"), "--loaders", str(a.loaders),
+           "--kill-after", str(a.kill_after), "--out-dir", out]
+    t0 = time.perf_counter()
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=500)
+    wall = time.perf_counter() - t0
+    if r.returncode != 0:
+        sys.stdout.write(r.stdout[-3000:] + r.stderr[-6000:])
+        raise SystemExit(f"torchrun --max-restarts=1 exited {r.returncode}")
+    seen = {}
+    bad = 0
+    per_life = {}  # (rank, life): batches taken and checkpointed
+    for rank in range(a.nproc):
+        with open(os.path.join(out, f"log{rank}.jsonl")) as f:
+            for line in f:
+                rec = json.loads(line)
+                seen.setdefault(rec["epoch"], []).extend(rec["ids"])
+                bad += rec["bad"]
+                key = f"rank{rank} life{rec['life']}"
+                per_life[key] = per_life.get(key, 0) + 1
+    for e in range(a.kill_epochs):
+        if sorted(seen.get(e, [])) != list(range(a.samples)):
+            raise SystemExit(f"killed: epoch {e}: the ranks' ids over both lives are not the "
+                             f"dataset, each once ({len(seen.get(e, []))} ids)")
+    if bad:
+        raise SystemExit(f"killed: {bad} pixels not their id's")
+    lives = []
+    for name in sorted(os.listdir(out)):
+        if name.startswith("life"):
+            lives.append(json.load(open(os.path.join(out, name))))
+    if not any(x["rank"] == 1 and x["life"] == 1 for x in lives):
+        raise SystemExit("killed: rank 1 has no second life: the kill did not happen")
+    return {"run": "killed", "wall_s": wall, "epochs": a.kill_epochs, "lives": lives,
+            "batches": per_life}
+
+
 def write_data(d, n):
     images = np.lib.format.open_memmap(os.path.join(d, "images.npy"), "w+", np.float32,
                                        (n, SIDE, SIDE))
@@ -112,10 +206,12 @@ def main():
     p.add_argument("--loaders", type=int, default=6)
     p.add_argument("--samples", type=int, default=2048)
     p.add_argument("--epochs", type=int, default=20)
+    p.add_argument("--kill-after", type=int, default=0)
+    p.add_argument("--kill-epochs", type=int, default=3)
     p.add_argument("--out", default=".")
     a = p.parse_args()
     if a.rank_mode:
-        return rank_main(a)
+        return rank_resume(a) if a.kill_after else rank_main(a)
     os.makedirs(a.out, exist_ok=True)
     rows = []
     with tempfile.TemporaryDirectory() as d:
@@ -128,12 +224,29 @@ def main():
                 "[plan]\nbatch_size = 32\nshuffle = true\ndrop_last = true\n"
                 f"epochs = {a.epochs}\n"
             )
-        for tag, n in ((f"together{a.nproc}", a.nproc), ("alone", 1), (f"together{a.nproc}b", a.nproc)):
+        if a.kill_after:
+            with open(os.path.join(d, "data.toml")) as f:
+                text = f.read()
+            with open(os.path.join(d, "killed.toml"), "w") as f:
+                f.write(text.replace(f"epochs = {a.epochs}", f"epochs = {a.kill_epochs}"))
+        runs = ((f"together{a.nproc}", a.nproc), ("alone", 1), (f"together{a.nproc}b", a.nproc))
+        for tag, n in runs if a.epochs else ():
             for rk in run(a, d, n, tag):
                 rows.append({"run": tag, **rk})
                 print(f"{tag:12} rank {rk['rank']} of {rk['world']}  {rk['device']}  ring "
                       f"{rk['ring']:16} {rk['gbps']:6.2f} GB/s  ({rk['batches_per_epoch']} "
                       f"batches/epoch, every id once per epoch, every pixel its id's)", flush=True)
+        if a.kill_after:
+            k = run_killed(a, d)
+            rows.append(k)
+            for x in sorted(k["lives"], key=lambda x: (x["life"], x["rank"])):
+                print(f"killed       rank {x['rank']} life {x['life']}  {x['device']}  "
+                      f"{x['taken']} batches, first after {x['first_batch_s']:.2f} s"
+                      + (f", resumed at seq {x['resumed_at']['seq']}" if x["resumed_at"] else ""),
+                      flush=True)
+            print(f"killed       batches checkpointed: {k['batches']}", flush=True)
+            print(f"killed       {k['wall_s']:.1f} s in all; over both lives every id once in "
+                  f"each of {a.kill_epochs} epochs, every pixel its id's", flush=True)
     with open(os.path.join(a.out, "torchrun_ranks.json"), "w") as f:
         json.dump(rows, f, indent=1)
     print(json.dumps(rows))
