@@ -232,6 +232,9 @@ class Loader:
         # and this is the state; with (batches per epoch, parts per batch, end seq).
         self._ended: Optional[Dict[str, int]] = None
         self._shape = (0, 1, 0)
+        # Where the last consumer's batches were: what ``device`` answers once the loader has
+        # ended and its ring is gone.
+        self._device_seen: Optional[str] = None
         self._loader_args = (loaders, loaders_cpus)
         if progress is None:
             progress = bool(getattr(sys.stderr, "isatty", lambda: False)())
@@ -340,11 +343,15 @@ class Loader:
                 )
             self._consumer = c
             self._resume = None
+            self._device_seen = c.device
         return self._consumer
 
     @property
     def device(self) -> str:
-        """Where batches are: ``"cpu"`` or ``"cuda:N"``."""
+        """Where batches are: ``"cpu"`` or ``"cuda:N"`` (for a loader resumed past its plan's
+        end, where they were)."""
+        if self._ended is not None and self._device_seen is not None:
+            return self._device_seen
         return self._attach().device
 
     def __len__(self) -> int:

@@ -341,5 +341,6 @@ def test_a_state_saved_after_the_last_batch_resumes_to_nothing(tmp_path):
         assert loader.loader_pids == [], "nothing left to make: no loader runs"
         assert list(loader) == [] and list(loader.batches()) == []
         assert len(loader) == 64 and loader.state_dict() == state
+        assert loader.device == "cpu", "where its batches were, though its ring has gone"
         loader.set_epoch(0)  # and it can still go back
         assert sum(1 for _ in loader) == 64
