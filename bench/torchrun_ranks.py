@@ -16,14 +16,14 @@ Runs: --nproc ranks together, then one rank alone (world size 1), for the compar
 With --kill-after N, a last run (``killed``, --kill-epochs epochs) under torchrun's
 --max-restarts=1: each rank takes its batches through ``Loader.batches()``, checks every pixel
 of each batch against its ids on the GPU, and appends the ids and the loader's state to its own
-log after every batch (its checkpoint); rank 1 SIGKILLs itself after N batches of its first
-life. torchrun stops the other rank and starts both again; each resumes from its log's last
+log after every batch (its checkpoint); rank --kill-rank (1) SIGKILLs itself after N batches
+of its first life. torchrun stops the other rank and starts both again; each resumes from its log's last
 state. The launcher checks that over both lives each epoch's ids over the ranks are the dataset,
 each once, and reports how long each life took to its first batch.
 Output: a table and OUT/torchrun_ranks.json.
 
 Usage: torchrun_ranks.py [--nproc 2] [--loaders 6] [--samples 2048] [--epochs 20]
-                         [--kill-after N] [--kill-epochs 3] [--out DIR]
+                         [--kill-after N] [--kill-epochs 3] [--kill-rank 1] [--out DIR]
 """
 
 import argparse
@@ -85,6 +85,7 @@ def rank_resume(args):
     import torch
 
     import pinring
+    from pinring.loader import torch_tensors
 
     began = time.perf_counter()
     rank = int(os.environ["RANK"])
@@ -95,19 +96,26 @@ def rank_resume(args):
         with open(log) as f:
             for line in f:
                 state = json.loads(line)["state"]
-    first = None
+    first = device = None
     taken = 0
+    # The first life keeps the ranks in step (a barrier after every batch, as a DDP step's
+    # all-reduce would), so that the kill finds every rank mid-plan; the second runs free.
+    group = None
+    if life == 0:
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
+        group = dist
     with pinring.Loader(config=args.config, loaders=args.loaders, timeout=120) as loader, \
             open(log, "a", buffering=1) as f:
         if state is not None:
             loader.load_state_dict(state)
         for b in loader.batches():
-            x = torch.from_dlpack(b.fields["images"])
-            y = torch.from_dlpack(b.fields["labels"])
+            x, y = torch_tensors(torch, [b.fields["images"], b.fields["labels"]])
             want = (y % 251).to(torch.float32).view(-1, 1, 1)
             bad = int((x != want).sum())
             ids = y.cpu().tolist()
-            epoch = b.epoch
+            epoch, device = b.epoch, x.device
             del x, y, b
             if first is None:
                 first = time.perf_counter() - began
@@ -115,9 +123,12 @@ def rank_resume(args):
             f.write(json.dumps({"life": life, "epoch": epoch, "ids": ids, "bad": bad,
                                 "state": loader.state_dict()}) + "\n")
             taken += 1
-            if rank == 1 and life == 0 and taken == args.kill_after:
+            if rank == args.kill_rank and life == 0 and taken == args.kill_after:
                 os.kill(os.getpid(), signal.SIGKILL)
-        device = loader.device
+            if group is not None:
+                group.barrier()
+    if group is not None:
+        group.destroy_process_group()
     with open(os.path.join(args.out_dir, f"life{rank}-{life}.json"), "w") as f:
         json.dump({"rank": rank, "life": life, "device": str(device), "taken": taken,
                    "first_batch_s": first, "resumed_at": state}, f)
@@ -130,7 +141,7 @@ def run_killed(a, d):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--max-restarts=1",
            f"--nproc-per-node={a.nproc}", os.path.abspath(__file__), "--rank-mode",
            "--config", os.path.join(d, "killed.toml"), "--loaders", str(a.loaders),
-           "--kill-after", str(a.kill_after), "--out-dir", out]
+           "--kill-after", str(a.kill_after), "--kill-rank", str(a.kill_rank), "--out-dir", out]
     t0 = time.perf_counter()
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=500)
     wall = time.perf_counter() - t0
@@ -158,8 +169,8 @@ def run_killed(a, d):
     for name in sorted(os.listdir(out)):
         if name.startswith("life"):
             lives.append(json.load(open(os.path.join(out, name))))
-    if not any(x["rank"] == 1 and x["life"] == 1 for x in lives):
-        raise SystemExit("killed: rank 1 has no second life: the kill did not happen")
+    if not any(x["rank"] == a.kill_rank and x["life"] == 1 for x in lives):
+        raise SystemExit(f"killed: rank {a.kill_rank} has no second life: the kill did not happen")
     return {"run": "killed", "wall_s": wall, "epochs": a.kill_epochs, "lives": lives,
             "batches": per_life}
 
@@ -208,6 +219,7 @@ def main():
     p.add_argument("--epochs", type=int, default=20)
     p.add_argument("--kill-after", type=int, default=0)
     p.add_argument("--kill-epochs", type=int, default=3)
+    p.add_argument("--kill-rank", type=int, default=1)
     p.add_argument("--out", default=".")
     a = p.parse_args()
     if a.rank_mode:
@@ -241,7 +253,8 @@ def main():
             rows.append(k)
             for x in sorted(k["lives"], key=lambda x: (x["life"], x["rank"])):
                 print(f"killed       rank {x['rank']} life {x['life']}  {x['device']}  "
-                      f"{x['taken']} batches, first after {x['first_batch_s']:.2f} s"
+                      + (f"{x['taken']} batches, first after {x['first_batch_s']:.2f} s"
+                         if x["taken"] else "nothing left to take")
                       + (f", resumed at seq {x['resumed_at']['seq']}" if x["resumed_at"] else ""),
                       flush=True)
             print(f"killed       batches checkpointed: {k['batches']}", flush=True)
