@@ -135,7 +135,7 @@ def rank_resume(args):
 
 
 def run_killed(a, d):
-    """The ``killed`` run: rank 1 killed once, the job restarted (--max-restarts=1)."""
+    """The ``killed`` run: rank --kill-rank killed once, the job restarted (--max-restarts=1)."""
     out = os.path.join(d, "killed")
     os.makedirs(out)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--max-restarts=1",
