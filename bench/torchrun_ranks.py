@@ -39,6 +39,12 @@ import numpy as np
 SIDE = 512
 
 
+def bad_pixels(torch, x, y):
+    """Pixels of images ``x`` that are not their ids' (``y``): a tensor on their device."""
+    want = (y % 251).to(torch.float32).view(-1, 1, 1)
+    return (x != want).sum()
+
+
 def rank_main(args):
     import torch
 
@@ -63,8 +69,7 @@ def rank_main(args):
             ids = []
             for b in loader:
                 x, y = b["images"], b["labels"]
-                want = (y % 251).to(torch.float32).view(-1, 1, 1)
-                bad += (x != want).sum()  # on the device: no wait per batch
+                bad += bad_pixels(torch, x, y)  # on the device: no wait per batch
                 ids.append(y.clone())  # a copy: a kept view would hold the batch buffer
                 if moved is not None:
                     moved += x.numel() * x.element_size()
@@ -112,8 +117,7 @@ def rank_resume(args):
             loader.load_state_dict(state)
         for b in loader.batches():
             x, y = torch_tensors(torch, [b.fields["images"], b.fields["labels"]])
-            want = (y % 251).to(torch.float32).view(-1, 1, 1)
-            bad = int((x != want).sum())
+            bad = int(bad_pixels(torch, x, y))
             ids = y.cpu().tolist()
             epoch, device = b.epoch, x.device
             del x, y, b
@@ -134,20 +138,35 @@ def rank_resume(args):
                    "first_batch_s": first, "resumed_at": state}, f)
 
 
+def torchrun(a, config, nproc, out, *extra, launch=()):
+    """Runs this script's ranks under ``torchrun --standalone`` (``launch``: more of torchrun's
+    arguments; ``extra``: the ranks'); returns its wall time, or exits with its output."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", *launch,
+           f"--nproc-per-node={nproc}", os.path.abspath(__file__), "--rank-mode",
+           "--config", config, "--loaders", str(a.loaders), "--out-dir", out, *extra]
+    t0 = time.perf_counter()
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=500)
+    if r.returncode != 0:
+        sys.stdout.write(r.stdout[-3000:] + r.stderr[-6000:])
+        raise SystemExit(f"torchrun {' '.join(launch)} with {nproc} ranks exited {r.returncode}")
+    return time.perf_counter() - t0
+
+
+def check_each_epoch_once(tag, ids_by_epoch, samples):
+    """Exits unless every epoch's ids (over the ranks) are the dataset, each once."""
+    for e, ids in enumerate(ids_by_epoch):
+        if sorted(ids) != list(range(samples)):
+            raise SystemExit(f"{tag}: epoch {e}: the ranks' ids are not the dataset, each once "
+                             f"({len(ids)} ids)")
+
+
 def run_killed(a, d):
     """The ``killed`` run: rank --kill-rank killed once, the job restarted (--max-restarts=1)."""
     out = os.path.join(d, "killed")
     os.makedirs(out)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--max-restarts=1",
-           f"--nproc-per-node={a.nproc}", os.path.abspath(__file__), "--rank-mode",
-           "--config", os.path.join(d, "killed.toml"), "--loaders", str(a.loaders),
-           "--kill-after", str(a.kill_after), "--kill-rank", str(a.kill_rank), "--out-dir", out]
-    t0 = time.perf_counter()
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=500)
-    wall = time.perf_counter() - t0
-    if r.returncode != 0:
-        sys.stdout.write(r.stdout[-3000:] + r.stderr[-6000:])
-        raise SystemExit(f"torchrun --max-restarts=1 exited {r.returncode}")
+    wall = torchrun(a, write_config(d, "killed", a.kill_epochs), a.nproc, out,
+                    "--kill-after", str(a.kill_after), "--kill-rank", str(a.kill_rank),
+                    launch=("--max-restarts=1",))
     seen = {}
     bad = 0
     per_life = {}  # (rank, life): batches taken and checkpointed
@@ -159,10 +178,8 @@ def run_killed(a, d):
                 bad += rec["bad"]
                 key = f"rank{rank} life{rec['life']}"
                 per_life[key] = per_life.get(key, 0) + 1
-    for e in range(a.kill_epochs):
-        if sorted(seen.get(e, [])) != list(range(a.samples)):
-            raise SystemExit(f"killed: epoch {e}: the ranks' ids over both lives are not the "
-                             f"dataset, each once ({len(seen.get(e, []))} ids)")
+    check_each_epoch_once("killed (both lives)", [seen.get(e, []) for e in range(a.kill_epochs)],
+                          a.samples)
     if bad:
         raise SystemExit(f"killed: {bad} pixels not their id's")
     lives = []
@@ -185,22 +202,27 @@ def write_data(d, n):
     np.save(os.path.join(d, "ids.npy"), np.arange(n, dtype=np.int64))
 
 
+def write_config(d, name, epochs):
+    """The config of the data in ``d`` (batches of 32, shuffled) for ``epochs`` epochs: its path."""
+    path = os.path.join(d, f"{name}.toml")
+    with open(path, "w") as f:
+        f.write(
+            '[dataset]\nkind = "npy"\n[dataset.npy]\n'
+            f'path = "{d}/images.npy"\nfield = "images"\ndtype = "f32"\nshape = [{SIDE}, {SIDE}]\n'
+            f'labels = "{d}/ids.npy"\n'
+            "[plan]\nbatch_size = 32\nshuffle = true\ndrop_last = true\n"
+            f"epochs = {epochs}\n"
+        )
+    return path
+
+
 def run(a, d, nproc, tag):
     out = os.path.join(d, tag)
     os.makedirs(out)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc-per-node={nproc}", os.path.abspath(__file__), "--rank-mode",
-           "--config", os.path.join(d, "data.toml"), "--loaders", str(a.loaders), "--epochs",
-           str(a.epochs), "--out-dir", out]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=500)
-    if r.returncode != 0:
-        sys.stdout.write(r.stdout[-3000:] + r.stderr[-6000:])
-        raise SystemExit(f"torchrun with {nproc} ranks exited {r.returncode}")
+    torchrun(a, os.path.join(d, "data.toml"), nproc, out, "--epochs", str(a.epochs))
     ranks = [json.load(open(os.path.join(out, f"rank{i}.json"))) for i in range(nproc)]
-    for e in range(a.epochs):
-        union = sorted(i for rk in ranks for i in rk["seen"][e])
-        if union != list(range(a.samples)):
-            raise SystemExit(f"{tag}: epoch {e}: the ranks' ids are not the dataset, each once")
+    check_each_epoch_once(tag, [[i for rk in ranks for i in rk["seen"][e]]
+                                for e in range(a.epochs)], a.samples)
     for rk in ranks:
         if rk["bad_pixels"]:
             raise SystemExit(f"{tag}: rank {rk['rank']}: {rk['bad_pixels']} pixels not its id's")
@@ -228,19 +250,8 @@ def main():
     rows = []
     with tempfile.TemporaryDirectory() as d:
         write_data(d, a.samples)
-        with open(os.path.join(d, "data.toml"), "w") as f:
-            f.write(
-                '[dataset]\nkind = "npy"\n[dataset.npy]\n'
-                f'path = "{d}/images.npy"\nfield = "images"\ndtype = "f32"\nshape = [{SIDE}, {SIDE}]\n'
-                f'labels = "{d}/ids.npy"\n'
-                "[plan]\nbatch_size = 32\nshuffle = true\ndrop_last = true\n"
-                f"epochs = {a.epochs}\n"
-            )
-        if a.kill_after:
-            with open(os.path.join(d, "data.toml")) as f:
-                text = f.read()
-            with open(os.path.join(d, "killed.toml"), "w") as f:
-                f.write(text.replace(f"epochs = {a.epochs}", f"epochs = {a.kill_epochs}"))
+        if a.epochs:
+            write_config(d, "data", a.epochs)
         runs = ((f"together{a.nproc}", a.nproc), ("alone", 1), (f"together{a.nproc}b", a.nproc))
         for tag, n in runs if a.epochs else ():
             for rk in run(a, d, n, tag):
