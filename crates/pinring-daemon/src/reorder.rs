@@ -109,9 +109,7 @@ impl<T> Reorder<T> {
             self.due
         );
         if batch == self.due {
-            // The due batch held a buffer, so `run_end` was past it.
-            self.buffered[i] = false;
-            self.due += 1;
+            self.advance(i);
             return Some(item);
         }
         self.landed[i] = Some(item);
@@ -125,10 +123,15 @@ impl<T> Reorder<T> {
         }
         let i = self.at(self.due);
         let item = self.landed[i].take()?;
-        // The due batch held a buffer, so `run_end` was past it.
+        self.advance(i);
+        Some(item)
+    }
+
+    /// The due batch, at `i`, goes to the sink: its place is free, the next batch is due. It
+    /// held a buffer, so `run_end` was past it.
+    fn advance(&mut self, i: usize) {
         self.buffered[i] = false;
         self.due += 1;
-        Some(item)
     }
 
     /// Landed batches waiting for an earlier one.
