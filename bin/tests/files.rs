@@ -365,6 +365,48 @@ fn config_check_opens_the_files_and_shows_their_length() {
 }
 
 #[test]
+fn a_fifo_or_a_directory_as_a_token_file_is_refused_at_once_by_check_and_daemon() {
+    let fx = small_tokens("files-fifo", &[50, 31]);
+    let part = fx.dir.path().join("tok/part-1.bin");
+    std::fs::remove_file(&part).unwrap();
+    // A FIFO blocked a plain open() until a writer came, and only SIGKILL ended the wait.
+    nix::unistd::mkfifo(&part, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    let check = std::process::Command::new(exe(CLI))
+        .args(["config", "check"])
+        .arg(&fx.config)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (status, text) = wait_for(check, "config check", LONG);
+    assert_eq!(status.code(), Some(3), "{text}");
+    assert!(
+        text.contains("part-1.bin") && text.contains("named pipe (FIFO), not a regular file"),
+        "{text}"
+    );
+    let (status, log) = wait_for(fx.daemon(&["--sink", "consumer"]), "daemon", LONG);
+    assert_eq!(status.code(), Some(3), "{log}");
+    assert!(log.contains("named pipe (FIFO)"), "{log}");
+
+    // A directory passed the check as 255 samples (its st_size, 4096 bytes) before.
+    std::fs::remove_file(&part).unwrap();
+    std::fs::create_dir(&part).unwrap();
+    let check = std::process::Command::new(exe(CLI))
+        .args(["config", "check"])
+        .arg(&fx.config)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (status, text) = wait_for(check, "config check", LONG);
+    assert_eq!(status.code(), Some(3), "{text}");
+    assert!(
+        text.contains("part-1.bin") && text.contains("a directory, not a regular file"),
+        "{text}"
+    );
+}
+
+#[test]
 fn the_daemon_does_not_start_on_missing_files() {
     let fx = small_tokens("files-missing", &[50, 31]);
     std::fs::remove_file(fx.dir.path().join("tok/part-0.bin")).unwrap();

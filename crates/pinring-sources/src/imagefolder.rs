@@ -18,7 +18,6 @@
 //! vanished or changed since open is a per-sample error.
 
 use std::ffi::OsString;
-use std::fs::File;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
@@ -77,6 +76,14 @@ pub enum ImageFolderError {
         /// The directory.
         dir: String,
     },
+    /// An entry named like an image is not a regular file (opening a FIFO would block).
+    #[error("{file} is {what}, not a regular file; an image folder holds image files: remove it or rename it to an extension not in dataset.extensions")]
+    NotAFile {
+        /// The entry.
+        file: String,
+        /// What it is ("a named pipe (FIFO)", "a socket", ...).
+        what: &'static str,
+    },
     /// A sample's file cannot be read (per sample).
     #[error("reading image file {file} at byte offset {offset} failed: {source}; the file changed or vanished since the source was opened: restore it")]
     Read {
@@ -97,7 +104,13 @@ pub struct ImageFolder {
     fields: Vec<SourceField>,
 }
 
-fn list(dir: &Path) -> Result<(Vec<OsString>, Vec<OsString>), ImageFolderError> {
+/// A directory's entries: its subdirectories, and its other entries with what each is when it
+/// is not a regular file (a FIFO, socket or device; see [`crate::not_a_file`]).
+/// A listed file: its name, and what it is when it is not a regular file.
+type Listed = (OsString, Option<&'static str>);
+type Listing = (Vec<OsString>, Vec<Listed>);
+
+fn list(dir: &Path) -> Result<Listing, ImageFolderError> {
     let list_err = |source| ImageFolderError::List {
         dir: show(dir),
         source,
@@ -106,10 +119,10 @@ fn list(dir: &Path) -> Result<(Vec<OsString>, Vec<OsString>), ImageFolderError> 
     for entry in std::fs::read_dir(dir).map_err(list_err)? {
         let entry = entry.map_err(list_err)?;
         // os.walk / DirEntry.is_dir() follow symlinks; a broken link counts as a file.
-        if entry.path().is_dir() {
-            dirs.push(entry.file_name());
-        } else {
-            files.push(entry.file_name());
+        match std::fs::metadata(entry.path()) {
+            Ok(m) if m.is_dir() => dirs.push(entry.file_name()),
+            Ok(m) => files.push((entry.file_name(), crate::not_a_file(m.file_type()))),
+            Err(_) => files.push((entry.file_name(), None)),
         }
     }
     Ok((dirs, files))
@@ -120,7 +133,7 @@ fn list(dir: &Path) -> Result<(Vec<OsString>, Vec<OsString>), ImageFolderError> 
 fn walk(
     top: &Path,
     depth: usize,
-    out: &mut Vec<(PathBuf, Vec<OsString>)>,
+    out: &mut Vec<(PathBuf, Vec<Listed>)>,
 ) -> Result<(), ImageFolderError> {
     if depth > MAX_DEPTH {
         return Err(ImageFolderError::TooDeep { dir: show(top) });
@@ -156,12 +169,19 @@ impl ImageFolder {
             dirs.sort_by(|a, b| a.0.as_os_str().as_bytes().cmp(b.0.as_os_str().as_bytes()));
             let before = samples.len();
             for (dir, mut files) in dirs {
-                files.sort_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
-                for f in files {
+                files.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+                for (f, special) in files {
                     let lower = f.to_string_lossy().to_lowercase();
-                    if exts.iter().any(|e| lower.ends_with(e.as_str())) {
-                        samples.push((dir.join(f), label as u32));
+                    if !exts.iter().any(|e| lower.ends_with(e.as_str())) {
+                        continue;
                     }
+                    if let Some(what) = special {
+                        return Err(ImageFolderError::NotAFile {
+                            file: show(&dir.join(f)),
+                            what,
+                        });
+                    }
+                    samples.push((dir.join(f), label as u32));
                 }
             }
             if samples.len() == before {
@@ -220,7 +240,7 @@ impl Source for ImageFolder {
             source,
         };
         if let [FieldBuf::Bytes(bytes), FieldBuf::Fixed(l)] = out {
-            let file = File::open(path).map_err(read_err)?;
+            let file = crate::open_data_file(path).map_err(read_err)?;
             let size = file.metadata().map_err(read_err)?.len();
             bytes.clear();
             bytes.resize(size as usize, 0);

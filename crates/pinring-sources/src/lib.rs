@@ -386,6 +386,66 @@ pub(crate) fn check_bufs(fields: &[SourceField], out: &[FieldBuf<'_>]) -> Result
     Ok(())
 }
 
+/// Opens a data file for reading so that opening cannot block, and refuses what is not a
+/// regular file.
+///
+/// A named pipe (FIFO) blocks a plain `open()` until a writer appears, and no signal ends that
+/// wait; a device or a socket is no dataset either. So the file is opened with `O_NONBLOCK`
+/// (which changes nothing for a regular file's reads), then `fstat` says what was opened: a
+/// directory, FIFO, socket or device is refused with an [`io::ErrorKind::InvalidInput`] error
+/// that says what it is, which each reader's open error then names with its file and key.
+/// Checking the opened file, not the path, leaves no window for a swap between check and use.
+pub fn open_data_file(path: &Path) -> io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let refuse = |what: &str| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("it is {what}, not a regular file"),
+        )
+    };
+    let file = match std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::fcntl::OFlag::O_NONBLOCK.bits())
+        .open(path)
+    {
+        Ok(file) => file,
+        // A socket cannot be opened at all (ENXIO): say what it is rather than
+        // "no such device or address".
+        Err(e) => {
+            return Err(
+                match std::fs::metadata(path).map(|m| not_a_file(m.file_type())) {
+                    Ok(Some(what)) => refuse(what),
+                    _ => e,
+                },
+            )
+        }
+    };
+    match not_a_file(file.metadata()?.file_type()) {
+        None => Ok(file),
+        Some(what) => Err(refuse(what)),
+    }
+}
+
+/// What a file of type `kind` is, in words, when it is not a regular file.
+pub(crate) fn not_a_file(kind: std::fs::FileType) -> Option<&'static str> {
+    use std::os::unix::fs::FileTypeExt;
+    if kind.is_file() {
+        None
+    } else if kind.is_dir() {
+        Some("a directory")
+    } else if kind.is_fifo() {
+        Some("a named pipe (FIFO)")
+    } else if kind.is_socket() {
+        Some("a socket")
+    } else if kind.is_char_device() {
+        Some("a character device")
+    } else if kind.is_block_device() {
+        Some("a block device")
+    } else {
+        Some("a special file")
+    }
+}
+
 /// Reads exactly `buf.len()` bytes at `offset` of `file`; a short file reads as
 /// [`io::ErrorKind::UnexpectedEof`].
 pub(crate) fn pread(file: &File, buf: &mut [u8], offset: u64) -> io::Result<()> {

@@ -763,7 +763,7 @@ impl NpySource {
 }
 
 fn open_file(path: &Path) -> Result<File, NpyError> {
-    File::open(path).map_err(|source| NpyError::Open {
+    crate::open_data_file(path).map_err(|source| NpyError::Open {
         file: show(path),
         source,
     })

@@ -248,7 +248,7 @@ impl Tokens {
                 file: show(path),
                 source,
             };
-            let file = File::open(path).map_err(open_err)?;
+            let file = crate::open_data_file(path).map_err(open_err)?;
             let bytes = file.metadata().map_err(open_err)?.len();
             if bytes % tsize != 0 {
                 return Err(TokensError::Size {

@@ -720,7 +720,7 @@ impl WebDataset {
                 shard: show(path),
                 source,
             };
-            let file = File::open(path).map_err(open_err)?;
+            let file = crate::open_data_file(path).map_err(open_err)?;
             let len = file.metadata().map_err(open_err)?.len();
             let members = index_tar(&show(path), &file, len)?;
             let before = samples.len();
