@@ -275,21 +275,35 @@ pub fn stop_with_parent(cmd: &mut Command) {
 }
 
 /// Child processes that are stopped (SIGTERM, which every pinring process handles within
-/// 100 ms) and reaped when this goes out of scope, on every path.
+/// 100 ms, and a loader blocked in a system call within its 0.9 s stop deadline) and reaped
+/// when this goes out of scope, on every path. One still there [`CHILD_STOP_GRACE`] after the
+/// SIGTERM is SIGKILLed, so that dropping this never waits forever.
 #[derive(Debug)]
 pub struct Children(pub Vec<Child>);
 
+/// How long [`Children`]' drop waits for its children after SIGTERM before it SIGKILLs them.
+pub const CHILD_STOP_GRACE: Duration = Duration::from_secs(3);
+
 impl Drop for Children {
     fn drop(&mut self) {
+        let signal = |c: &Child, sig| {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(c.id() as i32), sig);
+        };
         for c in &mut self.0 {
             if matches!(c.try_wait(), Ok(None)) {
-                let _ = nix::sys::signal::kill(
-                    nix::unistd::Pid::from_raw(c.id() as i32),
-                    nix::sys::signal::Signal::SIGTERM,
-                );
+                signal(c, nix::sys::signal::Signal::SIGTERM);
             }
         }
+        let deadline = Instant::now() + CHILD_STOP_GRACE;
         for c in &mut self.0 {
+            // Reaped as soon as it exits; looked at every 10 ms until the deadline.
+            while matches!(c.try_wait(), Ok(None)) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            if matches!(c.try_wait(), Ok(None)) {
+                tracing::warn!(pid = c.id(), "a child did not stop on SIGTERM: killing it");
+                signal(c, nix::sys::signal::Signal::SIGKILL);
+            }
             let _ = c.wait();
         }
     }

@@ -36,6 +36,13 @@ pub fn main(args: &LoaderArgs, shutdown: std::io::Result<Shutdown>) -> Exit {
         Ok(s) => s,
         Err(e) => return e,
     };
+    // A loader blocked where it cannot look at the flag still ends on a stop signal: its
+    // daemon puts back the slot it held, as after a SIGKILL (docs/RELIABILITY.md).
+    if let Err(e) =
+        pinring_runtime::shutdown::exit_if_stuck(STOP_DEADLINE, Exit::Ok.code(), "loader")
+    {
+        tracing::warn!("cannot watch for a stuck stop ({e}); SIGKILL ends a blocked loader");
+    }
     match run(args, &shutdown) {
         Ok(r) => {
             tracing::info!(
@@ -52,6 +59,10 @@ pub fn main(args: &LoaderArgs, shutdown: std::io::Result<Shutdown>) -> Exit {
         }
     }
 }
+
+/// How long after SIGTERM or SIGINT a loader that has not stopped by itself (blocked in a system
+/// call) is ended anyway.
+pub const STOP_DEADLINE: std::time::Duration = std::time::Duration::from_millis(900);
 
 /// Loader settings (from flags).
 #[derive(Debug, Clone, clap::Args)]
