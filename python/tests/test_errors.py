@@ -1,5 +1,9 @@
 """pinring's exceptions: one per exit code of the binaries, raised with pinring's messages."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 
 import pinring
@@ -76,6 +80,24 @@ def test_check_config_reports_the_plan_or_pinrings_error():
     assert info["fields"] == [("x", "f32", [3]), ("y", "i64", [])]
     with pytest.raises(pinring.ConfigError, match="dataset.fields"):
         _native.check_config('[dataset]\nkind = "external"\n', "mine.toml")
+
+
+def test_check_config_refuses_a_fifo_as_a_token_file_without_waiting_for_a_writer(tmp_path):
+    fifo = tmp_path / "tokens.bin"
+    os.mkfifo(fifo)
+    config = f'[dataset]\nkind = "tokens"\n[dataset.tokens]\nfiles = ["{fifo}"]\nseq_len = 8\n'
+    # In a child, so that a blocking open() fails this test on the timeout instead of hanging it.
+    code = (
+        "import sys, pinring\n"
+        "from pinring import _native\n"
+        "try:\n"
+        "    _native.check_config(sys.argv[1])\n"
+        "except pinring.ConfigError as e:\n"
+        "    print(e)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code, config], capture_output=True, text=True,
+                         timeout=60, check=True).stdout
+    assert str(fifo) in out and "named pipe (FIFO), not a regular file" in out, out
 
 
 def test_settings_given_as_data_read_as_the_same_file_would():
