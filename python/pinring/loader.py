@@ -286,7 +286,17 @@ class Loader:
         return [] if self._loaders is None else self._loaders.pids()
 
     def _next(self, c: _native.Consumer) -> Optional[_native.Batch]:
-        """The next batch; with loaders of its own, looks at them every 0.1 s meanwhile."""
+        """The next batch; with loaders of its own, looks at them every 0.1 s meanwhile. A
+        failure raised here (a loader's, the daemon's) is the loop's: ``close()`` does not raise
+        it again."""
+        try:
+            return self._next_or_fail(c)
+        except _native.PinringError as e:
+            if not isinstance(e, _native.Timeout):
+                self._failed = True
+            raise
+
+    def _next_or_fail(self, c: _native.Consumer) -> Optional[_native.Batch]:
         if self._loaders is None:
             return c.next_batch(self._timeout)
         deadline = None if self._timeout is None else time.monotonic() + self._timeout
@@ -304,7 +314,6 @@ class Loader:
             except _native.PeerDied:
                 # The daemon ended the run early: a loader that failed (bad data) made it stop.
                 # Its own error, with its message, is the one to raise.
-                self._failed = True
                 self._raise_loader_failure()
                 raise
 
@@ -473,6 +482,7 @@ class Loader:
         assert self._daemon_args is not None
         self._stop_pieces()
         self._ended = None
+        self._failed = False
         self._daemon = _native.EmbeddedDaemon(start_seq=seq, **self._daemon_args)
         self.ring, self._path = self._daemon.ring, self._daemon.path
         self._start_loaders(*self._loader_args)
