@@ -5,19 +5,19 @@ raised in the training loop with its own message, and all of them stop with the 
 
 They die with the training process without help: their daemon is a thread of it, and a loader
 whose daemon is gone exits (``PeerDied``, exit 5) within a quarter of a second
-(docs/RELIABILITY.md)."""
+(docs/RELIABILITY.md). Their config and their logs are memfds (``pinring._memfd``): nothing of
+theirs is on disk for a killed trainer to leave behind."""
 
 from __future__ import annotations
 
 import os
 import signal
 import subprocess
-import tempfile
 import time
 from collections import deque
 from typing import Deque, List, Optional, Sequence
 
-from pinring import _native
+from pinring import _memfd, _native
 from pinring._programs import program
 
 # Restarts of killed loaders allowed in any minute, as ``pinring run`` allows.
@@ -30,23 +30,23 @@ class _Loaders:
     def __init__(self, n: int, ring: str, path: Optional[str], config: str,
                  cpus: Optional[Sequence[int]]) -> None:
         """Starts ``n`` loaders of ring ``ring`` (at ``path``, an anonymous ring's) on the
-        config text ``config`` (the daemon's own, resolved), written into this supervisor's
-        directory with the loaders' logs; on any failure, stops those already started."""
+        config text ``config`` (the daemon's own, resolved), held in a memfd that every loader
+        gets as ``--config /proc/self/fd/N``; each loader's stdout and stderr go into a memfd of
+        its own. On any failure, stops those already started."""
         if n < 1:
             raise _native.UsageError(f"loaders={n}: start at least 1 loader, or pass loaders=0")
         self._cpus = list(cpus) if cpus is not None else None
         if self._cpus is not None and not self._cpus:
             raise _native.UsageError("loaders_cpus=[]: name at least one CPU, or leave it out")
-        self._dir = tempfile.mkdtemp(prefix="pinring-loaders-")
-        config_path = os.path.join(self._dir, "config.toml")
-        with open(config_path, "w") as f:
-            f.write(config)
-        self._argv = program("pinring-loader") + ["--ring", ring, "--config", config_path,
-                                                   "--wait-secs", "60"]
+        self.procs: List[Optional["subprocess.Popen[bytes]"]] = [None] * n
+        self._logs: List[Optional[int]] = [None] * n
+        self._config = _memfd.holding("pinring-loaders-config", config)
+        # The loaders' own descriptor of the same number (pass_fds keeps it).
+        self._argv = program("pinring-loader") + ["--ring", ring, "--config",
+                                                   _memfd.path(self._config), "--wait-secs", "60"]
         if path is not None:
             self._argv += ["--ring-path", path]
         self._restarts: Deque[float] = deque()
-        self.procs: List[Optional["subprocess.Popen[bytes]"]] = [None] * n
         self.finished = [False] * n
         try:
             for i in range(n):
@@ -56,12 +56,17 @@ class _Loaders:
             raise
 
     def _start(self, i: int) -> None:
-        log = open(os.path.join(self._dir, f"loader-{i}.log"), "wb")
+        log = _memfd.holding(f"pinring-loader-{i}-log")
         try:
             p = subprocess.Popen(self._argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                 pass_fds=(self._config,),
                                  env={**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "warn")})
-        finally:
-            log.close()
+        except BaseException:
+            os.close(log)
+            raise
+        old, self._logs[i] = self._logs[i], log
+        if old is not None:
+            os.close(old)
         if self._cpus is not None:
             try:
                 os.sched_setaffinity(p.pid, {self._cpus[i % len(self._cpus)]})
@@ -75,13 +80,9 @@ class _Loaders:
                 ) from None
         self.procs[i] = p
 
-    def _log_tail(self, i: int, lines: int = 12) -> str:
-        try:
-            with open(os.path.join(self._dir, f"loader-{i}.log"), "rb") as f:
-                text = f.read()[-8192:].decode("utf-8", "replace")
-        except OSError:
-            return ""
-        return "\n".join(text.strip().splitlines()[-lines:])
+    def _log_tail(self, i: int) -> str:
+        log = self._logs[i]
+        return "" if log is None else _memfd.tail(log)
 
     def check(self) -> None:
         """Looks at every loader: restarts one killed by a signal, raises for one that failed.
@@ -146,12 +147,11 @@ class _Loaders:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
-        for name in os.listdir(self._dir):
-            try:
-                os.unlink(os.path.join(self._dir, name))
-            except OSError:
-                pass
-        try:
-            os.rmdir(self._dir)
-        except OSError:
-            pass
+        for fd in [self._config, *self._logs]:
+            if fd is not None:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        self._logs = [None] * len(self._logs)
+        self._config = -1

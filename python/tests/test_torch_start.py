@@ -266,6 +266,52 @@ def test_a_trainer_that_ends_in_any_way_leaves_nothing_behind(how):
             assert "KeyboardInterrupt" in child.stderr.read()
 
 
+ON_DISK = IDS + """
+import json, time
+import pinring
+
+# The DataLoader first: its zygote is forked before any daemon runs here.
+loader = DataLoader(Ids(), batch_size=8, num_workers=2, device="cpu")
+next(iter(loader))
+files = pinring.Loader(config=sys.argv[1], loaders=2, backend="host", as_numpy=True)
+next(files.batches())
+data = pinring.Loader(dataset={"samples": 256, "sample_shape": [4], "dtype": "f32"},
+                      batch_size=8, loaders=1, backend="host", as_numpy=True)
+next(data.batches())
+print(json.dumps(files.loader_pids + data.loader_pids + [w.pid for w in loader._pool.workers]
+                 + [loader._zygote.pid]), flush=True)
+time.sleep(3600)  # SIGKILLed here
+"""
+
+
+def test_a_sigkilled_trainer_leaves_nothing_on_disk(tmp_path):
+    """pinring.Loader(loaders=N) (a config file, and a config given as data) and the
+    DataLoader keep their configs and the loaders' logs in memfds: a trainer SIGKILLed while
+    all three run leaves nothing in its $TMPDIR (a directory of configs and logs each, before)."""
+    from test_consumer import CONFIG
+
+    config = tmp_path / "pinring.toml"
+    config.write_text(CONFIG.replace("epochs = 2", "epochs = 100"))
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    with script_file(ON_DISK) as path:
+        child = subprocess.Popen([sys.executable, str(path), str(config)], cwd=HERE,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                 env={**os.environ, "TMPDIR": str(tmp)})
+        try:
+            line = child.stdout.readline()
+            assert line, child.stderr.read()
+            pids = json.loads(line)
+            child.kill()
+            child.wait(HUNG)
+            assert wait_gone(pids) == [], "the loaders, workers and zygote end with the trainer"
+            assert sorted(os.listdir(tmp)) == []
+        finally:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+
+
 SMALL_SHM = """
 import json, sys, numpy as np, torch
 from pinring.torch import DataLoader
