@@ -77,8 +77,36 @@ def run_script(body, *args, timeout=HUNG):
                               capture_output=True, text=True, timeout=timeout)
 
 
-def pinring_in_dev_shm():
-    return sorted(n for n in os.listdir("/dev/shm") if "pinring" in n or n.startswith("sem.mp"))
+def held_in_dev_shm(pids):
+    """The /dev/shm names processes `pids` have open or mapped now (a segment, a semaphore)."""
+    names = set()
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                names.update(line.split("/dev/shm/", 1)[1].split()[0]
+                             for line in f if "/dev/shm/" in line)
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith("/dev/shm/"):
+                names.add(target[len("/dev/shm/"):].split()[0])
+    return names
+
+
+def left_in_dev_shm(pids, held=()):
+    """What is in /dev/shm now of the names processes `pids` could have made: a name that
+    carries one of their pids (pinring's rings are named after their process) or one they held
+    (`held_in_dev_shm`, looked at while they ran). Names other processes of the machine make or
+    remove meanwhile are not looked at."""
+    import re
+
+    mine = re.compile(r"(?<![0-9])(" + "|".join(str(p) for p in pids) + r")(?![0-9])")
+    return sorted(n for n in os.listdir("/dev/shm") if n in held or mine.search(n))
 
 
 def alive(pid):
@@ -155,9 +183,10 @@ def test_a_script_without_a_main_guard_runs_under_fork():
 
 @pytest.mark.parametrize("method", ["spawn", "forkserver"])
 def test_a_script_without_a_main_guard_under_spawn_fails_at_once_with_the_fix(method):
-    before = pinring_in_dev_shm()
     t = time.monotonic()
-    r = run_script(SAMPLES, method)
+    with child_running(SAMPLES, method) as child:
+        out, err = child.communicate(timeout=HUNG)
+    r = subprocess.CompletedProcess(child.args, child.returncode, out, err)
     took = time.monotonic() - t
     assert r.returncode != 0
     last = r.stderr.strip().splitlines()[-1]
@@ -167,7 +196,7 @@ def test_a_script_without_a_main_guard_under_spawn_fails_at_once_with_the_fix(me
     # Once: the zygote that found the script unguarded ends, nothing is restarted (a guard
     # against a hang or a loop of restarts, not a speed figure).
     assert took < HUNG / 2, f"{took:.1f} s"
-    assert pinring_in_dev_shm() == before
+    assert left_in_dev_shm([child.pid]) == []
 
 
 FIRST_BATCH = """
@@ -246,13 +275,13 @@ for batch in it:  # waits for sample 40's batch, which never comes
 
 @pytest.mark.parametrize("how", ["exit", "exception", "sigint", "sigterm", "sigkill"])
 def test_a_trainer_that_ends_in_any_way_leaves_nothing_behind(how):
-    before = pinring_in_dev_shm()
     with child_running(LEFT_BEHIND, how) as child:
         line = child.stdout.readline()
         assert line, child.stderr.read()
         seen = json.loads(line)
         pids = seen["workers"] + [seen["zygote"]]
         assert all(alive(p) for p in pids)
+        held = held_in_dev_shm([child.pid, *pids])
         assert seen["ring"].startswith(f"/proc/{child.pid}/fd/"), seen
         if how.startswith("sig"):
             child.send_signal({"sigint": signal.SIGINT, "sigterm": signal.SIGTERM,
@@ -261,7 +290,7 @@ def test_a_trainer_that_ends_in_any_way_leaves_nothing_behind(how):
         t = time.monotonic()
         left = wait_gone(pids)
         assert left == [], f"still running {time.monotonic() - t:.1f} s after the trainer: {left}"
-        assert pinring_in_dev_shm() == before
+        assert left_in_dev_shm([child.pid, *pids], held) == []
         if how == "sigint":
             assert "KeyboardInterrupt" in child.stderr.read()
 
