@@ -205,11 +205,32 @@ def _reraise(exc_type: Any, message: str) -> None:
                 return self
 
         message = _KeyErrorMessage(message)
-    if exc_type is not None:
+    # The worker's own type, else the nearest builtin type it derives from that can be built
+    # from a message (NumPy's MemoryError takes a shape and a dtype: MemoryError).
+    for t in _own_then_builtin(exc_type):
         try:
-            exc = exc_type(message)
+            exc = t(message)
         except Exception:
-            exc = None
+            continue
         if isinstance(exc, BaseException):
             raise exc
     raise RuntimeError(message)
+
+
+def _own_then_builtin(exc_type: Any) -> List[Any]:
+    """``exc_type``, then its builtin bases (``MemoryError``, ``OSError``, ...) nearest first;
+    none for no type."""
+    if not isinstance(exc_type, type) or not issubclass(exc_type, BaseException):
+        return []
+    plain = (Exception, BaseException, object)
+    return [exc_type] + [t for t in exc_type.__mro__[1:]
+                         if t.__module__ == "builtins" and t not in plain]
+
+
+def builtin_base(exc_type: Any) -> Any:
+    """The nearest builtin exception type ``exc_type`` derives from (itself if builtin): what a
+    worker sends for a type that does not pickle."""
+    for t in _own_then_builtin(exc_type):
+        if t.__module__ == "builtins":
+            return t
+    return None
