@@ -1,6 +1,7 @@
 """The ``pinring-loader`` processes that ``pinring.Loader(loaders=N)`` starts beside its
-embedded daemon, and their supervision: a loader killed by a signal is started again (up to
-``_RESTARTS`` times a minute), a loader that fails (bad data: exit 3, and every other code) is
+embedded daemon, and their supervision: a loader killed by a signal is started again (each
+loader up to ``_RESTARTS`` times in any ``_RESTART_WINDOW`` seconds, as ``pinring run``'s), a
+loader that fails (bad data: exit 3, and every other code) is
 raised in the training loop with its own message, and all of them stop with the loader.
 
 They die with the training process without help: their daemon is a thread of it, and a loader
@@ -20,8 +21,10 @@ from typing import Deque, List, Optional, Sequence
 from pinring import _memfd, _native
 from pinring._programs import program
 
-# Restarts of killed loaders allowed in any minute, as ``pinring run`` allows.
+# Restarts of one killed loader allowed in any window of _RESTART_WINDOW seconds, as
+# ``pinring run`` allows each of its loaders (docs/RELIABILITY.md, "Restarts").
 _RESTARTS = 5
+_RESTART_WINDOW = 60.0
 # How long close() waits for loaders to leave after SIGTERM before it kills them.
 _STOP_GRACE = 1.0
 
@@ -46,7 +49,7 @@ class _Loaders:
                                                    _memfd.path(self._config), "--wait-secs", "60"]
         if path is not None:
             self._argv += ["--ring-path", path]
-        self._restarts: Deque[float] = deque()
+        self._restarts: List[Deque[float]] = [deque() for _ in range(n)]
         self.finished = [False] * n
         try:
             for i in range(n):
@@ -80,9 +83,12 @@ class _Loaders:
                 ) from None
         self.procs[i] = p
 
-    def _log_tail(self, i: int) -> str:
+    def _last_lines(self, i: int) -> str:
+        """What loader ``i`` printed last, as the end of a message: ``": its last lines:\n..."``,
+        or ``" (it printed nothing)"``."""
         log = self._logs[i]
-        return "" if log is None else _memfd.tail(log)
+        tail = "" if log is None else _memfd.tail(log)
+        return f"; its last lines:\n{tail}" if tail else " (it printed nothing)"
 
     def check(self) -> None:
         """Looks at every loader: restarts one killed by a signal, raises for one that failed.
@@ -104,8 +110,11 @@ class _Loaders:
                 failed.append((code in (4, 5), i, p, code))
         if failed:
             _, i, p, code = min(failed)
-            tail = self._log_tail(i)
-            message = f"loader {i} (pid {p.pid}) failed with exit code {code}:\n{tail}"
+            log = self._logs[i]
+            tail = "" if log is None else _memfd.tail(log)
+            message = (f"loader {i} (pid {p.pid}) failed with exit code {code}:\n{tail}" if tail
+                       else f"loader {i} (pid {p.pid}) failed with exit code {code} (it printed "
+                       "nothing)")
             try:
                 err = _native._error_for_exit(code, message)
             except ValueError:
@@ -114,19 +123,21 @@ class _Loaders:
 
     def _restart(self, i: int, p: "subprocess.Popen[bytes]", code: int) -> None:
         now = time.monotonic()
-        while self._restarts and now - self._restarts[0] > 60.0:
-            self._restarts.popleft()
+        restarts = self._restarts[i]
+        while restarts and now - restarts[0] > _RESTART_WINDOW:
+            restarts.popleft()
         try:
             name = signal.Signals(-code).name
         except ValueError:
             name = f"signal {-code}"
-        if len(self._restarts) >= _RESTARTS:
+        if len(restarts) >= _RESTARTS:
             raise _native.PeerDied(
-                f"loader {i} (pid {p.pid}) was killed by {name}, and {_RESTARTS} loaders were "
-                "restarted in the last minute already: not restarting it again; its last "
-                f"lines:\n{self._log_tail(i)}"
+                f"loader {i} (pid {p.pid}) was killed by {name}, its {_RESTARTS + 1}th death "
+                f"within {_RESTART_WINDOW:.0f} s after {_RESTARTS} restarts: not restarting it "
+                "again (look for what kills it: the OOM killer, a watchdog)"
+                f"{self._last_lines(i)}"
             )
-        self._restarts.append(now)
+        restarts.append(now)
         self._start(i)
 
     def pids(self) -> List[int]:

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import types
 import time
 
 import pytest
@@ -368,3 +369,48 @@ def test_a_state_saved_after_the_last_batch_resumes_to_nothing(tmp_path):
         loader.set_epoch(0)  # and it can still go back
         assert sum(1 for _ in loader) == 64
 
+
+def supervisor(n):
+    """A ``_Loaders`` of ``n`` loaders that starts nothing: each start only counts."""
+    from pinring import _loaders, _memfd
+
+    s = object.__new__(_loaders._Loaders)
+    s.procs = [None] * n
+    s._logs = [_memfd.holding(f"test-log-{i}") for i in range(n)]
+    s._restarts = [_loaders.deque() for _ in range(n)]
+    s.started = []
+    s._start = s.started.append
+    return s
+
+
+def test_each_loader_may_be_restarted_5_times_in_any_minute(monkeypatch):
+    # As pinring run: the budget is each loader's own, in any 60 s window.
+    from pinring import _loaders
+
+    now = [1000.0]
+    monkeypatch.setattr(_loaders.time, "monotonic", lambda: now[0])
+    s = supervisor(2)
+    killed = types.SimpleNamespace(pid=4242)
+    for _ in range(5):
+        s._restart(0, killed, -signal.SIGKILL)
+        now[0] += 1.0
+    # Loader 1 has its own budget, untouched by loader 0's restarts.
+    s._restart(1, killed, -signal.SIGKILL)
+    with pytest.raises(pinring.PeerDied, match="loader 0 .*SIGKILL.*after 5 restarts") as e:
+        s._restart(0, killed, -signal.SIGKILL)
+    assert str(e.value).endswith("(it printed nothing)"), str(e.value)
+    assert s.started == [0] * 5 + [1]
+    # 60 s after its first restart, loader 0 may be restarted once more.
+    now[0] = 1000.0 + 60.5
+    s._restart(0, killed, -signal.SIGKILL)
+    assert s.started[-1] == 0
+    os.write(s._logs[0], b"line one\nthe last line\n")
+    now[0] += 0.1
+    for _ in range(5):
+        try:
+            s._restart(0, killed, -signal.SIGKILL)
+        except pinring.PeerDied as e:
+            assert str(e).endswith("its last lines:\nline one\nthe last line"), str(e)
+            break
+    else:
+        pytest.fail("the sixth death within 60 s was restarted")
