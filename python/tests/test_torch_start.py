@@ -20,6 +20,7 @@ import os
 import pathlib
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -422,7 +423,9 @@ def test_close_after_a_timeout_returns_at_once_and_ends_the_workers():
     t = time.monotonic()
     loader.close()
     took = time.monotonic() - t
-    assert took < GONE_WITHIN, f"close() took {took:.2f} s"
+    # Documented: within a second (0.45-0.56 s measured under a load of 6 on 2 cores); it took
+    # 2 s while the daemon's drain waited 1.5 s for the killed workers' parts.
+    assert took < 1.5, f"close() took {took:.2f} s"
     assert wait_gone(pids) == []
 
 
@@ -439,6 +442,16 @@ except KeyboardInterrupt:
     print("interrupted", len(loader._pool.workers) if loader._pool else 0, flush=True)
     sys.exit(0)
 """
+
+
+def test_a_peer_that_closed_with_messages_unread_is_the_end_of_the_stream_not_an_error():
+    """A zygote's socket after the training process closed its end with exit reports unread
+    (Ctrl-C): ECONNRESET, which printed a ConnectionResetError traceback from the zygote."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    _procs._send(theirs, ("exit", 1, 0))
+    ours.close()
+    assert _procs._recv(theirs) == (None, [])
+    theirs.close()
 
 
 def parent_of(pid):
@@ -461,7 +474,9 @@ def test_ctrl_c_in_the_loop_raises_keyboard_interrupt_and_stops_the_workers(tmp_
         out = child.stdout.readline().split()
         took = time.monotonic() - t
         assert out == ["interrupted", "0"], (out, child.stderr.read())
-        assert took < GONE_WITHIN, f"{took:.2f} s"
+        # Documented: 0.1 s (0.04-0.13 s measured under a load of 6 on 2 cores); it took 2 s
+        # while the workers had 0.4 s to leave and the daemon drained for 1.5 s.
+        assert took < 1.0, f"{took:.2f} s"
         # The loop stopped (killed) the workers before the exception reached the script.
         assert wait_gone(workers) == []
         child.wait(HUNG)

@@ -158,15 +158,15 @@ class WorkerPool:
                 continue
             _reraise(exc_type, message)
 
-    def stop(self, late: Callable[[], None] = lambda: None) -> None:
+    def stop(self, late: Callable[[], None] = lambda: None, grace: float = STOP_GRACE) -> None:
         """Stops every worker: each looks at the flag between parts, and one still inside the
-        dataset's code after ``STOP_GRACE`` is killed (it only writes host memory, and a part it
+        dataset's code after ``grace`` (``STOP_GRACE``; 0 at Ctrl-C) is killed (it only writes host memory, and a part it
         held is the ring's to make again). Then ``late`` (the loader's last look at the leases)
         and the reports that came meanwhile are read, their errors dropped: a worker's error
         after the loop ended is not raised."""
         if self.stop_flag is not None:
             self.stop_flag.set()
-        deadline = time.monotonic() + STOP_GRACE
+        deadline = time.monotonic() + grace
         for w in self.workers:
             w.wait(deadline)
         for w in self.workers:
