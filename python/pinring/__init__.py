@@ -13,6 +13,7 @@ carries ``exit_code`` and ``exit_name`` (``ConfigError.exit_code == 3``).
 
 from pinring._native import (
     DLPACK_VERSION,
+    PREFETCH_RANGE,
     BackendError,
     Batch,
     ConfigError,
@@ -31,6 +32,9 @@ from pinring._native import (
     Timeout,
     UsageError,
     VerifyError,
+    bound,
+    check_config,
+    config_settings,
 )
 from pinring._native import __version__
 from pinring._programs import program
@@ -39,6 +43,7 @@ from pinring.loader import Loader
 __all__ = [
     "__version__",
     "DLPACK_VERSION",
+    "PREFETCH_RANGE",
     "BackendError",
     "Batch",
     "ConfigError",
@@ -58,5 +63,8 @@ __all__ = [
     "Timeout",
     "UsageError",
     "VerifyError",
+    "bound",
+    "check_config",
+    "config_settings",
     "program",
 ]

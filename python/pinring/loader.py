@@ -18,11 +18,10 @@ import functools
 import json
 import os
 import sys
-import tempfile
 import time
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Union
 
-from pinring import _dist, _native
+from pinring import _dist, _memfd, _native
 from pinring._progress import Progress
 
 
@@ -184,7 +183,7 @@ class Loader:
                                      "pass loaders=N too")
         plan = {k: v for k, v in (("batch_size", batch_size), ("shuffle", shuffle),
                                   ("seed", seed), ("drop_last", drop_last)) if v is not None}
-        self._config_file: Optional[str] = None
+        self._config_fd: Optional[int] = None
         if isinstance(config, dict) or dataset is not None or image is not None or plan:
             if isinstance(config, str):
                 raise _native.UsageError(
@@ -245,7 +244,8 @@ class Loader:
     def _config_from_data(self, config: Optional[Dict[str, Any]], dataset: Optional[Dict[str, Any]],
                           image: Optional[Dict[str, Any]], plan: Dict[str, Any]) -> str:
         """A config given as data (a dict of sections, and the keyword tables), checked by
-        pinring's parser and written as pinring writes it; the file's path."""
+        pinring's parser and written as pinring writes it, into a memfd (nothing on disk): the
+        path this process reads it at."""
         sections: Dict[str, Any] = {k: dict(v) if isinstance(v, dict) else v
                                     for k, v in (config or {}).items()}
         if dataset is not None:
@@ -263,11 +263,8 @@ class Loader:
         if image is not None:
             sections.setdefault("dataset", {})["image"] = dict(image)
         text = str(_native.check_config(sections, "pinring.Loader")["toml"])
-        fd, path = tempfile.mkstemp(prefix="pinring-config-", suffix=".toml")
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        self._config_file = path
-        return path
+        self._config_fd = _memfd.holding("pinring-config", text)
+        return _memfd.path(self._config_fd)
 
     def _start_loaders(self, n: int, cpus: Optional[Sequence[int]]) -> None:
         from pinring._loaders import _Loaders
@@ -286,7 +283,17 @@ class Loader:
         return [] if self._loaders is None else self._loaders.pids()
 
     def _next(self, c: _native.Consumer) -> Optional[_native.Batch]:
-        """The next batch; with loaders of its own, looks at them every 0.1 s meanwhile."""
+        """The next batch; with loaders of its own, looks at them every 0.1 s meanwhile. A
+        failure raised here (a loader's, the daemon's) is the loop's: ``close()`` does not raise
+        it again."""
+        try:
+            return self._next_or_fail(c)
+        except _native.PinringError as e:
+            if not isinstance(e, _native.Timeout):
+                self._failed = True
+            raise
+
+    def _next_or_fail(self, c: _native.Consumer) -> Optional[_native.Batch]:
         if self._loaders is None:
             return c.next_batch(self._timeout)
         deadline = None if self._timeout is None else time.monotonic() + self._timeout
@@ -304,7 +311,6 @@ class Loader:
             except _native.PeerDied:
                 # The daemon ended the run early: a loader that failed (bad data) made it stop.
                 # Its own error, with its message, is the one to raise.
-                self._failed = True
                 self._raise_loader_failure()
                 raise
 
@@ -473,6 +479,7 @@ class Loader:
         assert self._daemon_args is not None
         self._stop_pieces()
         self._ended = None
+        self._failed = False
         self._daemon = _native.EmbeddedDaemon(start_seq=seq, **self._daemon_args)
         self.ring, self._path = self._daemon.ring, self._daemon.path
         self._start_loaders(*self._loader_args)
@@ -530,18 +537,16 @@ class Loader:
         consumer seat until they are gone."""
         if self._progress is not None:
             self._progress.end_epoch()  # a line left mid-epoch ends before what follows
-        if self._config_file is not None:
-            try:
-                os.unlink(self._config_file)  # the daemon read it when it started
-            except OSError:
-                pass
-            self._config_file = None
         try:
             text = self._stop_pieces()
         except _native.PinringError:
             if self._failed:
                 return None  # the loop has raised this failure already
             raise
+        finally:
+            if self._config_fd is not None:
+                os.close(self._config_fd)  # the daemon read it when it started
+                self._config_fd = None
         return json.loads(text) if text else None
 
     def __enter__(self) -> "Loader":

@@ -80,6 +80,26 @@ class Raises(Ids):
         return super().__getitem__(i)
 
 
+class OutOfMemoryAt(Ids):
+    """Sample ``at`` asks NumPy for 64 TiB: NumPy's own MemoryError (``_ArrayMemoryError``,
+    which cannot be built from a message); ``local=True`` raises a MemoryError subclass that
+    cannot be pickled (defined in a function) instead."""
+
+    def __init__(self, n, at, local=False):
+        super().__init__(n)
+        self.at, self.local = at, local
+
+    def __getitem__(self, i):
+        if i == self.at and self.local:
+            class Local(MemoryError):
+                pass
+
+            raise Local(f"sample {i}: no memory for it")
+        if i == self.at:
+            np.empty(1 << 46, dtype=np.uint8)
+        return super().__getitem__(i)
+
+
 class Ragged(Ids):
     """Sample ``at`` has another shape."""
 

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import types
 import time
 
 import pytest
@@ -75,9 +76,9 @@ def test_a_loader_killed_mid_epoch_is_restarted_and_nothing_is_lost(tmp_path):
         assert killed not in loader.loader_pids
 
 
-def test_a_loader_failing_on_bad_data_raises_its_message_in_the_loop(tmp_path):
-    # A directory of per-sample .npy files, one of which is not a .npy file: the loader that
-    # reads it fails (on_bad_sample = "fail", exit 3) naming the file, and the loop raises that.
+def bad_npy_config(tmp_path):
+    """A directory of per-sample .npy files, one of which (037.npy) is not a .npy file; a
+    loader that reads it fails (on_bad_sample = "fail", exit 3) naming the file."""
     data = tmp_path / "samples"
     data.mkdir()
     for i in range(64):
@@ -88,17 +89,40 @@ def test_a_loader_failing_on_bad_data_raises_its_message_in_the_loop(tmp_path):
         f'[dataset.npy]\npath = "{data}"\ndtype = "f32"\nshape = [4, 4]\n'
         "[plan]\nbatch_size = 8\nepochs = 1\n"
     )
+    return config(tmp_path, text)
+
+
+def test_a_loader_failing_on_bad_data_raises_its_message_in_the_loop(tmp_path):
     # Two loaders: the one that read the bad file is raised, not the other, which only saw
-    # its daemon stop the run (exit 5).
-    loader = pinring.Loader(config=config(tmp_path, text), loaders=2, backend="host",
-                            as_numpy=True, timeout=30)
-    try:
-        with pytest.raises(pinring.ConfigError, match="loader . .*failed with exit code 3") as e:
+    # its daemon stop the run (exit 5). The error the loop raised is the one a with block
+    # lets out (its close() does not raise again), and a later close() is quiet too.
+    with pytest.raises(pinring.ConfigError, match="loader . .*failed with exit code 3") as e:
+        with pinring.Loader(config=bad_npy_config(tmp_path), loaders=2, backend="host",
+                            as_numpy=True, timeout=30) as loader:
             for _ in loader:
                 pass
-        assert "037.npy" in str(e.value), str(e.value)
+    assert "037.npy" in str(e.value), str(e.value)
+    assert loader.close() is None
+
+
+def test_an_embedded_daemon_stopped_by_a_failed_part_raises_config_error(tmp_path):
+    # The daemon stops the run at a part that failed on the data (pinring-daemon exits 3), and
+    # its stop() raises that error as its class, ConfigError, with the loader's message.
+    path = bad_npy_config(tmp_path)
+    daemon = pinring.EmbeddedDaemon(config=path, backend="host", anonymous=True)
+    try:
+        loader = subprocess.run(
+            pinring.program("pinring-loader") + ["--ring", daemon.ring, "--ring-path",
+                                                 daemon.path, "--config", path],
+            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
+        assert loader.returncode == 3, loader.stderr
+        deadline = time.monotonic() + 30
+        while daemon.running and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not daemon.running, "the daemon did not stop at the failed part"
     finally:
-        loader.close()
+        with pytest.raises(pinring.ConfigError, match="037.npy") as e:
+            daemon.stop()
 
 
 TRAINER = textwrap.dedent(
@@ -344,3 +368,49 @@ def test_a_state_saved_after_the_last_batch_resumes_to_nothing(tmp_path):
         assert loader.device == "cpu", "where its batches were, though its ring has gone"
         loader.set_epoch(0)  # and it can still go back
         assert sum(1 for _ in loader) == 64
+
+
+def supervisor(n):
+    """A ``_Loaders`` of ``n`` loaders that starts nothing: each start only counts."""
+    from pinring import _loaders, _memfd
+
+    s = object.__new__(_loaders._Loaders)
+    s.procs = [None] * n
+    s._logs = [_memfd.holding(f"test-log-{i}") for i in range(n)]
+    s._restarts = [_loaders.deque() for _ in range(n)]
+    s.started = []
+    s._start = s.started.append
+    return s
+
+
+def test_each_loader_may_be_restarted_5_times_in_any_minute(monkeypatch):
+    # As pinring run: the budget is each loader's own, in any 60 s window.
+    from pinring import _loaders
+
+    now = [1000.0]
+    monkeypatch.setattr(_loaders.time, "monotonic", lambda: now[0])
+    s = supervisor(2)
+    killed = types.SimpleNamespace(pid=4242)
+    for _ in range(5):
+        s._restart(0, killed, -signal.SIGKILL)
+        now[0] += 1.0
+    # Loader 1 has its own budget, untouched by loader 0's restarts.
+    s._restart(1, killed, -signal.SIGKILL)
+    with pytest.raises(pinring.PeerDied, match="loader 0 .*SIGKILL.*after 5 restarts") as e:
+        s._restart(0, killed, -signal.SIGKILL)
+    assert str(e.value).endswith("(it printed nothing)"), str(e.value)
+    assert s.started == [0] * 5 + [1]
+    # 60 s after its first restart, loader 0 may be restarted once more.
+    now[0] = 1000.0 + 60.5
+    s._restart(0, killed, -signal.SIGKILL)
+    assert s.started[-1] == 0
+    os.write(s._logs[0], b"line one\nthe last line\n")
+    now[0] += 0.1
+    for _ in range(5):
+        try:
+            s._restart(0, killed, -signal.SIGKILL)
+        except pinring.PeerDied as e:
+            assert str(e).endswith("its last lines:\nline one\nthe last line"), str(e)
+            break
+    else:
+        pytest.fail("the sixth death within 60 s was restarted")

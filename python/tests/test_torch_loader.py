@@ -384,6 +384,22 @@ def test_an_exception_in_getitem_reaches_the_loop_with_its_traceback():
     assert "while loading sample 13" in text, text
 
 
+@pytest.mark.parametrize("local", [False, True])
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_workers_memory_error_reaches_the_loop_as_memory_error(num_workers, local):
+    """A builtin exception type is kept when the worker's own type cannot be rebuilt from a
+    message (NumPy's MemoryError takes a shape and a dtype) or cannot be pickled: the loop
+    raises its nearest builtin base, with the worker's traceback (it was RuntimeError)."""
+    with loader(ds.OutOfMemoryAt(64, at=13, local=local), batch_size=4,
+                num_workers=num_workers) as pl:
+        with pytest.raises(MemoryError) as e:
+            for _ in pl:
+                pass
+    text = str(e.value)
+    assert "while loading sample 13" in text and "Original Traceback" in text, text
+    assert ("no memory for it" if local else "Unable to allocate 64.0 TiB") in text, text
+
+
 def test_a_sample_of_another_shape_is_named_with_both_shapes():
     with loader(ds.Ragged(40, at=21), batch_size=4) as pl:
         with pytest.raises(pinring.UsageError) as e:

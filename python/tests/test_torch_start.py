@@ -20,6 +20,7 @@ import os
 import pathlib
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -77,8 +78,36 @@ def run_script(body, *args, timeout=HUNG):
                               capture_output=True, text=True, timeout=timeout)
 
 
-def pinring_in_dev_shm():
-    return sorted(n for n in os.listdir("/dev/shm") if "pinring" in n or n.startswith("sem.mp"))
+def held_in_dev_shm(pids):
+    """The /dev/shm names processes `pids` have open or mapped now (a segment, a semaphore)."""
+    names = set()
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                names.update(line.split("/dev/shm/", 1)[1].split()[0]
+                             for line in f if "/dev/shm/" in line)
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith("/dev/shm/"):
+                names.add(target[len("/dev/shm/"):].split()[0])
+    return names
+
+
+def left_in_dev_shm(pids, held=()):
+    """What is in /dev/shm now of the names processes `pids` could have made: a name that
+    carries one of their pids (pinring's rings are named after their process) or one they held
+    (`held_in_dev_shm`, looked at while they ran). Names other processes of the machine make or
+    remove meanwhile are not looked at."""
+    import re
+
+    mine = re.compile(r"(?<![0-9])(" + "|".join(str(p) for p in pids) + r")(?![0-9])")
+    return sorted(n for n in os.listdir("/dev/shm") if n in held or mine.search(n))
 
 
 def alive(pid):
@@ -155,9 +184,10 @@ def test_a_script_without_a_main_guard_runs_under_fork():
 
 @pytest.mark.parametrize("method", ["spawn", "forkserver"])
 def test_a_script_without_a_main_guard_under_spawn_fails_at_once_with_the_fix(method):
-    before = pinring_in_dev_shm()
     t = time.monotonic()
-    r = run_script(SAMPLES, method)
+    with child_running(SAMPLES, method) as child:
+        out, err = child.communicate(timeout=HUNG)
+    r = subprocess.CompletedProcess(child.args, child.returncode, out, err)
     took = time.monotonic() - t
     assert r.returncode != 0
     last = r.stderr.strip().splitlines()[-1]
@@ -167,7 +197,7 @@ def test_a_script_without_a_main_guard_under_spawn_fails_at_once_with_the_fix(me
     # Once: the zygote that found the script unguarded ends, nothing is restarted (a guard
     # against a hang or a loop of restarts, not a speed figure).
     assert took < HUNG / 2, f"{took:.1f} s"
-    assert pinring_in_dev_shm() == before
+    assert left_in_dev_shm([child.pid]) == []
 
 
 FIRST_BATCH = """
@@ -246,13 +276,13 @@ for batch in it:  # waits for sample 40's batch, which never comes
 
 @pytest.mark.parametrize("how", ["exit", "exception", "sigint", "sigterm", "sigkill"])
 def test_a_trainer_that_ends_in_any_way_leaves_nothing_behind(how):
-    before = pinring_in_dev_shm()
     with child_running(LEFT_BEHIND, how) as child:
         line = child.stdout.readline()
         assert line, child.stderr.read()
         seen = json.loads(line)
         pids = seen["workers"] + [seen["zygote"]]
         assert all(alive(p) for p in pids)
+        held = held_in_dev_shm([child.pid, *pids])
         assert seen["ring"].startswith(f"/proc/{child.pid}/fd/"), seen
         if how.startswith("sig"):
             child.send_signal({"sigint": signal.SIGINT, "sigterm": signal.SIGTERM,
@@ -261,9 +291,55 @@ def test_a_trainer_that_ends_in_any_way_leaves_nothing_behind(how):
         t = time.monotonic()
         left = wait_gone(pids)
         assert left == [], f"still running {time.monotonic() - t:.1f} s after the trainer: {left}"
-        assert pinring_in_dev_shm() == before
+        assert left_in_dev_shm([child.pid, *pids], held) == []
         if how == "sigint":
             assert "KeyboardInterrupt" in child.stderr.read()
+
+
+ON_DISK = IDS + """
+import json, time
+import pinring
+
+# The DataLoader first: its zygote is forked before any daemon runs here.
+loader = DataLoader(Ids(), batch_size=8, num_workers=2, device="cpu")
+next(iter(loader))
+files = pinring.Loader(config=sys.argv[1], loaders=2, backend="host", as_numpy=True)
+next(files.batches())
+data = pinring.Loader(dataset={"samples": 256, "sample_shape": [4], "dtype": "f32"},
+                      batch_size=8, loaders=1, backend="host", as_numpy=True)
+next(data.batches())
+print(json.dumps(files.loader_pids + data.loader_pids + [w.pid for w in loader._pool.workers]
+                 + [loader._zygote.pid]), flush=True)
+time.sleep(3600)  # SIGKILLed here
+"""
+
+
+def test_a_sigkilled_trainer_leaves_nothing_on_disk(tmp_path):
+    """pinring.Loader(loaders=N) (a config file, and a config given as data) and the
+    DataLoader keep their configs and the loaders' logs in memfds: a trainer SIGKILLed while
+    all three run leaves nothing in its $TMPDIR (a directory of configs and logs each, before)."""
+    from test_consumer import CONFIG
+
+    config = tmp_path / "pinring.toml"
+    config.write_text(CONFIG.replace("epochs = 2", "epochs = 100"))
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    with script_file(ON_DISK) as path:
+        child = subprocess.Popen([sys.executable, str(path), str(config)], cwd=HERE,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                 env={**os.environ, "TMPDIR": str(tmp)})
+        try:
+            line = child.stdout.readline()
+            assert line, child.stderr.read()
+            pids = json.loads(line)
+            child.kill()
+            child.wait(HUNG)
+            assert wait_gone(pids) == [], "the loaders, workers and zygote end with the trainer"
+            assert sorted(os.listdir(tmp)) == []
+        finally:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
 
 
 SMALL_SHM = """
@@ -347,7 +423,9 @@ def test_close_after_a_timeout_returns_at_once_and_ends_the_workers():
     t = time.monotonic()
     loader.close()
     took = time.monotonic() - t
-    assert took < GONE_WITHIN, f"close() took {took:.2f} s"
+    # Documented: within a second (0.45-0.56 s measured under a load of 6 on 2 cores); it took
+    # 2 s while the daemon's drain waited 1.5 s for the killed workers' parts.
+    assert took < 1.5, f"close() took {took:.2f} s"
     assert wait_gone(pids) == []
 
 
@@ -364,6 +442,16 @@ except KeyboardInterrupt:
     print("interrupted", len(loader._pool.workers) if loader._pool else 0, flush=True)
     sys.exit(0)
 """
+
+
+def test_a_peer_that_closed_with_messages_unread_is_the_end_of_the_stream_not_an_error():
+    """A zygote's socket after the training process closed its end with exit reports unread
+    (Ctrl-C): ECONNRESET, which printed a ConnectionResetError traceback from the zygote."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    _procs._send(theirs, ("exit", 1, 0))
+    ours.close()
+    assert _procs._recv(theirs) == (None, [])
+    theirs.close()
 
 
 def parent_of(pid):
@@ -386,7 +474,9 @@ def test_ctrl_c_in_the_loop_raises_keyboard_interrupt_and_stops_the_workers(tmp_
         out = child.stdout.readline().split()
         took = time.monotonic() - t
         assert out == ["interrupted", "0"], (out, child.stderr.read())
-        assert took < GONE_WITHIN, f"{took:.2f} s"
+        # Documented: 0.1 s (0.04-0.13 s measured under a load of 6 on 2 cores); it took 2 s
+        # while the workers had 0.4 s to leave and the daemon drained for 1.5 s.
+        assert took < 1.0, f"{took:.2f} s"
         # The loop stopped (killed) the workers before the exception reached the script.
         assert wait_gone(workers) == []
         child.wait(HUNG)

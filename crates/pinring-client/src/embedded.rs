@@ -194,11 +194,12 @@ impl EmbeddedDaemon {
         self.thread.as_ref().is_some_and(|t| !t.is_finished())
     }
 
-    /// Stops the daemon (a drain) and returns its summary and how it ended.
-    pub fn stop(mut self) -> Option<(Summary, Result<(), String>)> {
+    /// Stops the daemon (a drain) and returns its summary and how it ended: the daemon's own
+    /// error, with its exit code (a part that failed on the data is `Exit::Config`, as the
+    /// binary's exit 3).
+    pub fn stop(mut self) -> Option<(Summary, Result<(), daemon::DaemonError>)> {
         self.shutdown.request();
-        self.join()
-            .map(|o| (o.summary, o.result.map_err(|e| e.to_string())))
+        self.join().map(|o| (o.summary, o.result))
     }
 
     fn join(&mut self) -> Option<daemon::Outcome> {

@@ -750,6 +750,14 @@ impl Daemon {
         }
     }
 
+    /// Whether no loader is attached that could still commit a part: the loader table is
+    /// empty once the entries of dead loaders are cleared (their entry locks are free). Asked
+    /// only while draining with seqs waiting.
+    fn no_live_loader(&self) -> bool {
+        self.ring.reap_dead_loaders();
+        self.ring.attached_loaders() == 0
+    }
+
     fn main_loop(&mut self, shutdown: &Shutdown) -> Result<(), DaemonError> {
         let mut last_reap = Instant::now();
         let mut drain_deadline: Option<Instant> = None;
@@ -789,7 +797,13 @@ impl Daemon {
                 let nothing_in_flight = self.up.inflight.is_empty()
                     && (self.sink.pending == 0
                         || ((past || self.run.holds_own_buffers) && self.sink.pending == held));
-                if nothing_in_flight && (!self.sequencer.any_waiting() || past) {
+                // A seq waiting for its part is waited for only while a loader lives to
+                // commit it: with every loader gone (detached, or dead: a trainer stopping its
+                // workers kills the hung ones) nothing can come, so the drain ends at once
+                // instead of at the deadline.
+                if nothing_in_flight
+                    && (!self.sequencer.any_waiting() || past || self.no_live_loader())
+                {
                     self.settle_handoff()?;
                     let held = self.handoff_books.outstanding();
                     if held > 0 && !self.run.holds_own_buffers {

@@ -377,10 +377,9 @@ impl EmbeddedDaemon {
             ));
         };
         if let Err(e) = result {
-            return Err(exit_error(
-                pinring_exit::Exit::Internal,
-                format!("ring {:?}: the embedded daemon failed: {e}", self.ring),
-            ));
+            // The daemon's own error, of its exit code's class: a part that failed on the data
+            // is a ConfigError (exit 3), as `pinring-daemon` exits with.
+            return Err(e.to_pyerr());
         }
         serde_json::to_string(&summary)
             .map(Some)

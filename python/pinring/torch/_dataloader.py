@@ -6,18 +6,16 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
-import tempfile
 import time
 from typing import Any, Callable, Dict, Iterator, List, Literal, Optional, Tuple
 
 import torch
 
-from pinring import _dist, _native
+from pinring import _dist, _memfd, _native
 from pinring.loader import checked_state, torch_tensors
 from pinring.torch import _procs
 from pinring.torch._layout import _Layout, _rebuild
-from pinring.torch._pool import WorkerPool
+from pinring.torch._pool import STOP_GRACE, WorkerPool
 from pinring.torch._worker import _POLL, _Worker, _WorkerArgs
 
 log = logging.getLogger("pinring.torch")
@@ -249,7 +247,9 @@ class DataLoader:
         # The workers of the pass under way (None between passes).
         self._pool: Optional[WorkerPool] = None
         self._zygote: Optional[_procs.Zygote] = None
-        self._tmp: Optional[str] = None
+        # The ring's config, in a memfd (nothing on disk), and where the daemon and the
+        # workers read it: this process's /proc/<pid>/fd/<fd>.
+        self._config_fd: Optional[int] = None
         self._restarts = 0  # workers restarted over the loader's life, passes before this one
         self._leases_seen = 0  # the ring's count of parts taken back after their lease, seen
         self._ring_settings: Dict[Tuple[str, str], Any] = {}
@@ -344,15 +344,11 @@ class DataLoader:
                 _procs.Payload(self.dataset, layout, self.collate_fn, self.worker_init_fn),
                 self.start_method,
             )
-        self._tmp = tempfile.mkdtemp(prefix="pinring-torch-")
         if self._attached_ring is None:
             local = _dist.local_rank()
             rank = "" if local is None else f"rank{local}-"
             name = f"torch-{rank}{os.getpid()}-{id(self) & 0xFFFFFF:x}"
-            text = self._ring_toml(name)
-            path = os.path.join(self._tmp, "pinring.toml")
-            with open(path, "w") as f:
-                f.write(text)
+            path = self._config_memfd(self._ring_toml(name))
             backend: Literal["host", "cuda"] = "host" if self._device.type == "cpu" else "cuda"
             # Anonymous: a memfd, not a name in /dev/shm, so nothing is left behind however
             # this process ends, and /dev/shm's size does not matter.
@@ -376,9 +372,7 @@ class DataLoader:
             info = _native.check_config(text, f"ring {self._attached_ring!r}")
             _check_ring_fields(self._attached_ring, info["fields"], layout)
             self._ring_settings = self._check_ring(text, self._consumer.device)
-            path = os.path.join(self._tmp, "pinring.toml")
-            with open(path, "w") as f:
-                f.write(text)
+            path = self._config_memfd(text)
         self._config_path = path
         self._leases_seen = self._consumer.leases_expired
         self._pool = WorkerPool.start(
@@ -386,6 +380,12 @@ class DataLoader:
             ring_name=self._ring_name or "", max_restarts=self.max_worker_restarts,
             restarts=self._restarts, lease_text=self._lease_text,
         )
+
+    def _config_memfd(self, text: str) -> str:
+        """The ring's config ``text`` in a memfd that the daemon and the workers read (at this
+        process's ``/proc/<pid>/fd/<fd>``, as the ring itself); a killed trainer leaves no file."""
+        self._config_fd = _memfd.holding("pinring-torch-config", text)
+        return _memfd.path(self._config_fd, os.getpid())
 
     def _check_ring(self, text: str, device: str) -> Dict[Tuple[str, str], Any]:
         """With ``ring=``: raises ``UsageError`` naming each argument passed that the ring's
@@ -465,14 +465,15 @@ class DataLoader:
         )
         return _Worker(self._zygote, args, reports, stop_flag)
 
-    def _stop(self) -> None:
-        """Stops the workers, detaches, stops the daemon; keeps where the loader stands."""
+    def _stop(self, grace: float = STOP_GRACE) -> None:
+        """Stops the workers (giving them ``grace`` seconds to leave between parts), detaches,
+        stops the daemon; keeps where the loader stands."""
         if not self._started:
             return
         self._started = False
         if self._pool is not None:
             # Late news is still news: a part taken back after its lease is logged.
-            self._pool.stop(late=self._look_at_leases)
+            self._pool.stop(late=self._look_at_leases, grace=grace)
             self._restarts = self._pool.restarts
             self._pool = None
         if self._consumer is not None:
@@ -482,16 +483,18 @@ class DataLoader:
                 pass
             self._consumer.close()
             self._consumer = None
-        if self._daemon is not None:
-            text = self._daemon.stop()
-            self._daemon = None
-            if text:
-                import json
+        try:
+            if self._daemon is not None:
+                daemon, self._daemon = self._daemon, None
+                text = daemon.stop()
+                if text:
+                    import json
 
-                self.summary = json.loads(text)
-        if self._tmp is not None:
-            shutil.rmtree(self._tmp, ignore_errors=True)
-            self._tmp = None
+                    self.summary = json.loads(text)
+        finally:
+            if self._config_fd is not None:
+                os.close(self._config_fd)
+                self._config_fd = None
 
     def close(self) -> None:
         """Stops the workers (and the zygote they are forked from) and the embedded daemon,
@@ -520,12 +523,14 @@ class DataLoader:
 
     def _check_workers(self, restart: bool = True, idle: bool = False) -> None:
         """The pool's check (``WorkerPool.check``), with a look at the ring's leases between its
-        reading of the reports and its restarts; what it raises stops the loader first."""
+        reading of the reports and its restarts; what it raises stops the loader first, with
+        no grace for the workers (they are killed at once: the loop is ending on an error or
+        Ctrl-C, and a graceful stop cost up to 0.4 s before the error reached the caller)."""
         assert self._pool is not None
         try:
             self._pool.check(restart, idle, between=self._look_at_leases)
         except BaseException:
-            self._stop()
+            self._stop(grace=0.0)
             raise
 
     def _look_at_leases(self) -> None:
@@ -632,7 +637,10 @@ class DataLoader:
             try:
                 b = self._next()
             except KeyboardInterrupt:
-                self._stop()  # Ctrl-C while waiting: the workers stop with it
+                # Ctrl-C while waiting: the workers are killed at once (no grace to leave
+                # between parts), so the interrupt reaches the caller within the 0.1 s of the
+                # loop's wait and a few milliseconds more.
+                self._stop(grace=0.0)
                 raise
             if b is None:
                 ended = True  # the plan's end: workers leave, as they should

@@ -158,15 +158,15 @@ class WorkerPool:
                 continue
             _reraise(exc_type, message)
 
-    def stop(self, late: Callable[[], None] = lambda: None) -> None:
+    def stop(self, late: Callable[[], None] = lambda: None, grace: float = STOP_GRACE) -> None:
         """Stops every worker: each looks at the flag between parts, and one still inside the
-        dataset's code after ``STOP_GRACE`` is killed (it only writes host memory, and a part it
+        dataset's code after ``grace`` (``STOP_GRACE``; 0 at Ctrl-C) is killed (it only writes host memory, and a part it
         held is the ring's to make again). Then ``late`` (the loader's last look at the leases)
         and the reports that came meanwhile are read, their errors dropped: a worker's error
         after the loop ended is not raised."""
         if self.stop_flag is not None:
             self.stop_flag.set()
-        deadline = time.monotonic() + STOP_GRACE
+        deadline = time.monotonic() + grace
         for w in self.workers:
             w.wait(deadline)
         for w in self.workers:
@@ -205,11 +205,32 @@ def _reraise(exc_type: Any, message: str) -> None:
                 return self
 
         message = _KeyErrorMessage(message)
-    if exc_type is not None:
+    # The worker's own type, else the nearest builtin type it derives from that can be built
+    # from a message (NumPy's MemoryError takes a shape and a dtype: MemoryError).
+    for t in _own_then_builtin(exc_type):
         try:
-            exc = exc_type(message)
+            exc = t(message)
         except Exception:
-            exc = None
+            continue
         if isinstance(exc, BaseException):
             raise exc
     raise RuntimeError(message)
+
+
+def _own_then_builtin(exc_type: Any) -> List[Any]:
+    """``exc_type``, then its builtin bases (``MemoryError``, ``OSError``, ...) nearest first;
+    none for no type."""
+    if not isinstance(exc_type, type) or not issubclass(exc_type, BaseException):
+        return []
+    plain = (Exception, BaseException, object)
+    return [exc_type] + [t for t in exc_type.__mro__[1:]
+                         if t.__module__ == "builtins" and t not in plain]
+
+
+def builtin_base(exc_type: Any) -> Any:
+    """The nearest builtin exception type ``exc_type`` derives from (itself if builtin): what a
+    worker sends for a type that does not pickle."""
+    for t in _own_then_builtin(exc_type):
+        if t.__module__ == "builtins":
+            return t
+    return None

@@ -189,8 +189,13 @@ def _send(sock: socket.socket, msg: Tuple[Any, ...], fds: Tuple[int, ...] = ()) 
 
 
 def _recv(sock: socket.socket) -> Tuple[Optional[Tuple[Any, ...]], List[int]]:
-    """(message, fds), or (None, []) at the end of the stream."""
-    data, fds, _, _ = socket.recv_fds(sock, 1 << 20, 8)
+    """(message, fds), or (None, []) at the end of the stream: the peer closed its end, with
+    messages it never read (ECONNRESET on a ``SOCK_SEQPACKET`` socket: a training process
+    interrupted while its zygote's exit reports were on the way) or without."""
+    try:
+        data, fds, _, _ = socket.recv_fds(sock, 1 << 20, 8)
+    except ConnectionResetError:
+        return None, []
     if not data:
         for fd in fds:
             os.close(fd)

@@ -160,11 +160,14 @@ def _worker_main(args: _WorkerArgs, errors: Any, stop: Any) -> None:
 
 
 def _put(errors: Any, report: Tuple[int, str, int, Any, str]) -> None:
-    """Sends a worker's report; without the exception's type where that does not pickle."""
+    """Sends a worker's report; where the exception's type does not pickle (a class defined in
+    a function), with the nearest builtin type it derives from instead (``MemoryError``)."""
     try:
         errors.put(report)
     except Exception:
-        errors.put(report[:3] + (None,) + report[4:])
+        from pinring.torch._pool import builtin_base
+
+        errors.put(report[:3] + (builtin_base(report[3]),) + report[4:])
 
 
 class _Worker:
