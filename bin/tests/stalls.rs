@@ -332,3 +332,45 @@ fn catches(pid: u32, sig: Signal) -> bool {
         .and_then(|m| u64::from_str_radix(m.trim(), 16).ok())
         .is_some_and(|mask| mask & (1 << (sig as i32 - 1)) != 0)
 }
+
+#[test]
+fn consume_stops_at_the_next_batch_on_sigterm_while_batches_flow() {
+    // A plan longer than the test, so batches are always there to take.
+    let toml = SMALL.replace("epochs = 2", "epochs = 100000");
+    let fx = Fixture::new("stall-consume-flow", &toml);
+    let mut daemon = fx.daemon(&["--sink", "consumer", "--prefetch", "6"]);
+    let ring = fx.wait_ready(&mut daemon);
+    let loaders: Vec<_> = (0..2).map(|_| fx.loader(&fx.config)).collect();
+    let c = consume(&["--ring", &fx.ring]);
+    let handoff = || ring.handoff();
+    let taken = || handoff().taken.load(std::sync::atomic::Ordering::Relaxed);
+    let filled = || handoff().filled.load(std::sync::atomic::Ordering::Relaxed);
+    wait_until("batches taken", LONG, || taken() >= 20);
+    // Stopped, the consumer takes nothing while the daemon fills every buffer it can: once it
+    // runs again there are batches ready to take, and more keep coming.
+    let paused = Paused::new(&c);
+    let at_stop = taken();
+    wait_until("batches waiting for the consumer", LONG, || {
+        filled() >= at_stop + 3
+    });
+    // Pending while it is stopped, the signal is handled before it runs on.
+    signal(&c, Signal::SIGTERM);
+    drop(paused);
+    let (status, out) = wait_for(c, "consume", LONG);
+    assert_eq!(status.code(), Some(0), "{out}");
+    let line = out
+        .lines()
+        .find(|l| l.starts_with('{'))
+        .expect("a JSON line");
+    let v: serde_json::Value = serde_json::from_str(line).unwrap();
+    assert_eq!(v["finished"].as_bool(), Some(false), "{v}");
+    // At most the batch it was taking when it was stopped; it used to take every ready batch
+    // and stop only when none was there, which a fast stream made seconds.
+    let batches = v["batches"].as_u64().unwrap();
+    assert!(
+        batches <= at_stop + 1,
+        "took {batches}, {at_stop} at the signal: {v}"
+    );
+    signal(&daemon, Signal::SIGTERM);
+    all_exit_cleanly(daemon, loaders);
+}

@@ -123,6 +123,11 @@ pub fn run(args: &ConsumeArgs, shutdown: &Shutdown) -> Result<Option<Consumed>, 
     let (mut taken, mut verified, mut finished) = (0, 0, false);
     let mut ids = Vec::new();
     while args.batches.is_none_or(|n| taken < n) {
+        // Looked at before every batch, not only in the waits: a stream that always has a batch
+        // ready never waits, and would keep a stopped consumer taking them.
+        if stop() {
+            break;
+        }
         let batch = match c.next_batch_until(timeout, &stop) {
             Ok(Some(b)) => b,
             Ok(None) => {
