@@ -1129,10 +1129,11 @@ impl Config {
         }
         let sb = self.sample_bytes_checked();
         if !matches!(sb, Some(1..=MAX_SAMPLE_BYTES)) {
+            let (key, value) = self.first_field_setting();
             return Err(self.invalid(
-                "dataset.sample_shape",
-                format!("{:?} x {}", d.sample_shape, d.dtype),
-                "one sample (product of dims x dtype size) must be at most 1 GiB",
+                key,
+                value,
+                "one sample's first field (product of dims x dtype size) must be at most 1 GiB",
             ));
         }
         if d.classes == 0 {
@@ -1586,6 +1587,49 @@ impl Config {
             ));
         }
         Ok(())
+    }
+
+    /// The key that sets the size of a sample's first field for this kind, and its value as the
+    /// size check words it (`dataset.tokens.seq_len = 4000000000 x u16`), so that a sample too
+    /// large is reported at the key the user wrote.
+    fn first_field_setting(&self) -> (&'static str, String) {
+        let d = &self.dataset;
+        match d.kind {
+            DatasetKind::Synthetic => (
+                "dataset.sample_shape",
+                format!("{:?} x {}", d.sample_shape, d.dtype),
+            ),
+            DatasetKind::External => (
+                "dataset.fields",
+                d.fields.first().map_or_else(String::new, |f| {
+                    format!(
+                        "[{{ name = {:?}, shape = {:?} x {} }}, ...]",
+                        f.name, f.shape, f.dtype
+                    )
+                }),
+            ),
+            DatasetKind::Tokens => match &d.tokens {
+                Some(t) => (
+                    "dataset.tokens.seq_len",
+                    format!("{} x {}", t.seq_len, t.dtype),
+                ),
+                None => ("dataset.tokens", String::new()),
+            },
+            DatasetKind::Npy => match &d.npy {
+                Some(n) => ("dataset.npy.shape", format!("{:?} x {}", n.shape, n.dtype)),
+                None => ("dataset.npy", String::new()),
+            },
+            DatasetKind::WebDataset | DatasetKind::ImageFolder => match &d.image {
+                Some(i) => {
+                    let (dtype, shape) = i.images();
+                    (
+                        "dataset.image.crop",
+                        format!("{} ({shape:?} x {dtype})", i.crop()),
+                    )
+                }
+                None => ("dataset.image", String::new()),
+            },
+        }
     }
 
     fn sample_bytes_checked(&self) -> Option<u64> {
@@ -2645,6 +2689,37 @@ labels_dtype = "i16"
             let sum: u64 = c.fields().iter().map(Field::sample_bytes).sum();
             assert_eq!(c.record_bytes(), sum);
             assert_eq!(c.sample_bytes(), c.fields()[0].sample_bytes());
+        }
+    }
+
+    #[test]
+    fn a_sample_too_large_is_reported_at_the_key_that_sets_its_size() {
+        let cases = [
+            (
+                TOKENS.replace("seq_len = 8", "seq_len = 4000000000"),
+                "dataset.tokens.seq_len = 4000000000 x i32",
+            ),
+            (
+                NPY.replace("shape = [3, 4]", "shape = [100000, 100000]"),
+                "dataset.npy.shape = [100000, 100000] x u8",
+            ),
+            (
+                "[dataset]\nkind = \"external\"\nsamples = 4\n\
+                 fields = [{ name = \"x\", dtype = \"f64\", shape = [65536, 65536] }]\n"
+                    .to_string(),
+                "dataset.fields = ",
+            ),
+            (
+                "[dataset]\nsample_shape = [65536, 65536]\n".to_string(),
+                "dataset.sample_shape = [65536, 65536] x f32",
+            ),
+        ];
+        for (text, said) in cases {
+            let e = parse(&text).unwrap_err().to_string();
+            assert!(
+                e.contains(said) && e.contains("at most 1 GiB"),
+                "{said}: {e}"
+            );
         }
     }
 
