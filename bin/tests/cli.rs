@@ -626,3 +626,44 @@ fn daemon_cpus_pin_the_daemon_and_its_loaders_follow_it_unless_told_otherwise() 
         let _ = c.wait();
     }
 }
+
+#[test]
+fn status_live_view_into_a_pipe_writes_no_terminal_codes() {
+    let fx = Fixture::small("status-pipe");
+    let mut daemon = fx.daemon(&["--epochs", "1000"]);
+    fx.wait_ready(&mut daemon);
+    let mut view = Command::new(exe(CLI))
+        .args(["status", &fx.ring, "--interval", "0.05"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdout = view.stdout.take().unwrap();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let reader = {
+        let seen = std::sync::Arc::clone(&seen);
+        std::thread::spawn(move || {
+            use std::io::Read;
+            let mut buf = [0u8; 4096];
+            while let Ok(n @ 1..) = stdout.read(&mut buf) {
+                seen.lock().unwrap().extend_from_slice(&buf[..n]);
+            }
+        })
+    };
+    // Three views of the ring, one after the other.
+    wait_until("three views", LONG, || {
+        String::from_utf8_lossy(&seen.lock().unwrap())
+            .matches(fx.ring.as_str())
+            .count()
+            >= 3
+    });
+    signal(&view, Signal::SIGTERM);
+    let status = view.wait().unwrap();
+    reader.join().unwrap();
+    assert!(status.success(), "{status}");
+    let text = String::from_utf8_lossy(&seen.lock().unwrap()).to_string();
+    assert!(!text.contains('\x1b'), "{text:?}");
+    signal(&daemon, Signal::SIGTERM);
+    let (st, log) = wait_for(daemon, "daemon", LONG);
+    assert!(st.success(), "{log}");
+}

@@ -602,3 +602,80 @@ fn counters_scribbled_in_the_segment_never_reach_the_summary() {
     assert!(s.bad_samples_skipped <= samples, "{s:#?}");
     assert!(s.loader_wait_seconds <= s.seconds.max(1.0) * 1e3, "{s:#?}");
 }
+
+/// `pinring clean ARGS` run as uid/gid 65534 (nobody): its exit code and output.
+fn clean_as_nobody(args: &[&str]) -> (Option<i32>, String) {
+    let out = Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            CLI,
+            "clean",
+        ])
+        .args(args)
+        .output()
+        .expect("setpriv (util-linux) runs");
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.code(), text)
+}
+
+#[test]
+fn clean_by_a_user_who_cannot_open_a_live_ring_does_not_call_it_stale() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: switching users needs root");
+        return;
+    }
+    let fx = Fixture::small("clean-unreadable");
+    let mut daemon = fx.daemon(&["--epochs", "1000"]);
+    fx.wait_ready(&mut daemon);
+    let path = fx.segment().display().to_string();
+    // Named: it cannot be checked, which is an error, and it is kept.
+    let (code, out) = clean_as_nobody(&[&fx.ring]);
+    assert_eq!(code, Some(RING_ERROR), "{out}");
+    let line = out
+        .lines()
+        .find(|l| l.contains(&path))
+        .expect("a line for the ring");
+    assert!(
+        line.starts_with("unknown") && line.contains("owned by uid 0 (root) with mode 0600"),
+        "{out}"
+    );
+    assert!(!out.contains("stale"), "{out}");
+    assert!(out.contains("could not be checked"), "{out}");
+    // Every ring: another user's is listed, not a failure.
+    let (code, out) = clean_as_nobody(&[]);
+    assert_eq!(code, Some(0), "{out}");
+    let line = out
+        .lines()
+        .find(|l| l.contains(&path))
+        .expect("a line for the ring");
+    assert!(line.starts_with("unknown"), "{out}");
+    assert!(fx.segment().exists());
+    signal(&daemon, Signal::SIGTERM);
+    let (st, log) = wait_for(daemon, "daemon", LONG);
+    assert!(st.success(), "{log}");
+}
+
+#[test]
+fn roots_clean_says_whose_stale_ring_it_removed() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: only root removes another user's ring");
+        return;
+    }
+    let fx = Fixture::small("clean-whose");
+    let mut daemon = fx.daemon(&["--epochs", "1000"]);
+    fx.wait_ready(&mut daemon);
+    signal(&daemon, Signal::SIGKILL);
+    let _ = daemon.wait();
+    nix::unistd::chown(&fx.segment(), Some(nix::unistd::Uid::from_raw(65534)), None).unwrap();
+    let (st, out) = wait_for(cli(&["clean", &fx.ring]), "pinring clean", LONG);
+    assert!(st.success(), "{out}");
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("removed"))
+        .expect("a removed line");
+    assert!(line.contains("(it belonged to uid 65534"), "{out}");
+    assert!(!fx.segment().exists());
+}

@@ -48,13 +48,25 @@ pub enum CleanError {
         /// How many.
         failed: usize,
     },
+    /// A ring named on the command line could not be opened, so whether it is live or stale
+    /// could not be told.
+    #[error(
+        "{unchecked} ring(s) named could not be checked: this user cannot open them (see above); \
+         run as their owner or as root"
+    )]
+    Unchecked {
+        /// How many.
+        unchecked: usize,
+    },
 }
 
 impl pinring_exit::Coded for CleanError {
     fn exit(&self) -> pinring_exit::Exit {
         match self {
             CleanError::List(e) => e.exit(),
-            CleanError::Name(_) | CleanError::Remove { .. } => Exit::Ring,
+            CleanError::Name(_) | CleanError::Remove { .. } | CleanError::Unchecked { .. } => {
+                Exit::Ring
+            }
         }
     }
 }
@@ -64,6 +76,9 @@ pub fn run(args: &CleanArgs) -> Result<(), CleanError> {
     for r in &args.rings {
         validate_name(r).map_err(CleanError::Name)?;
     }
+    // Every ring in /dev/shm is looked at when none is named: another user's there is theirs to
+    // clean, and is listed, not counted as a failure. One named that cannot be checked is.
+    let named = !args.rings.is_empty();
     let names = if args.rings.is_empty() {
         let all = ring_names()?;
         if all.is_empty() {
@@ -73,7 +88,7 @@ pub fn run(args: &CleanArgs) -> Result<(), CleanError> {
     } else {
         args.rings.clone()
     };
-    let mut failed = 0;
+    let (mut failed, mut unchecked) = (0, 0);
     for name in names {
         let path = pinring_ring::object_path(&name);
         match clean_if_stale(&name, !args.dry_run) {
@@ -86,20 +101,37 @@ pub fn run(args: &CleanArgs) -> Result<(), CleanError> {
                 daemon_pid,
                 removed: false,
                 corrupt,
+                owner,
             }) => pinring_runtime::outln!(
-                "stale   {}: its daemon (pid {daemon_pid}) is gone{} (dry run: not removed)",
+                "stale   {}: its daemon (pid {daemon_pid}) is gone{}{} (dry run: not removed)",
                 path.display(),
+                owner_note(owner),
                 corrupt_note(corrupt.as_deref())
             ),
             Ok(Cleaning::Stale {
                 daemon_pid,
                 corrupt,
+                owner,
                 ..
             }) => pinring_runtime::outln!(
-                "removed {}: its daemon (pid {daemon_pid}) was gone{}",
+                "removed {}: its daemon (pid {daemon_pid}) was gone{}{}",
                 path.display(),
+                owner_note(owner),
                 corrupt_note(corrupt.as_deref())
             ),
+            Ok(Cleaning::Unreadable { owner, mode }) => {
+                if named {
+                    unchecked += 1;
+                }
+                pinring_runtime::outln!(
+                    "unknown {}: owned by {} with mode {mode:04o}, which this user (uid {}) \
+                     cannot open, so whether its daemon runs cannot be told; kept (run as its \
+                     owner or as root to check it)",
+                    path.display(),
+                    user(owner),
+                    nix::unistd::geteuid().as_raw()
+                )
+            }
             Err(RingError::NotFound { .. }) => {
                 pinring_runtime::outln!("absent  {}: no such ring", path.display())
             }
@@ -113,7 +145,27 @@ pub fn run(args: &CleanArgs) -> Result<(), CleanError> {
     if failed > 0 {
         return Err(CleanError::Remove { failed });
     }
+    if unchecked > 0 {
+        return Err(CleanError::Unchecked { unchecked });
+    }
     Ok(())
+}
+
+/// `uid N (name)`, or `uid N` where the user database has no name for it.
+fn user(uid: u32) -> String {
+    match nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)) {
+        Ok(Some(u)) => format!("uid {uid} ({})", u.name),
+        _ => format!("uid {uid}"),
+    }
+}
+
+/// The tail of a stale ring's line when it belongs to another user (root cleaning): whose it was.
+fn owner_note(owner: u32) -> String {
+    if owner == nix::unistd::geteuid().as_raw() {
+        String::new()
+    } else {
+        format!(" (it belonged to {})", user(owner))
+    }
 }
 
 /// What [`clean_one`] did with one ring.
@@ -148,6 +200,10 @@ pub fn clean_one(name: &str) -> Cleaned {
         Ok(Cleaning::Live { daemon_pid }) => Cleaned::Live { daemon_pid },
         Ok(Cleaning::Stale { daemon_pid, .. }) => Cleaned::Removed { daemon_pid },
         Ok(Cleaning::Kept(why)) => Cleaned::Kept(why),
+        Ok(Cleaning::Unreadable { owner, mode }) => Cleaned::Kept(format!(
+            "owned by {} with mode {mode:04o}, which this user cannot open",
+            user(owner)
+        )),
         Err(RingError::NotFound { .. }) => Cleaned::Absent,
         Err(error) => Cleaned::Failed { error },
     }

@@ -432,6 +432,7 @@ pub fn run(
 ) -> Result<(), StatusError> {
     let interval = Duration::from_secs_f64(args.interval);
     let live = !(args.json || args.once);
+    let terminal = std::io::IsTerminal::is_terminal(&std::io::stdout());
     loop {
         let targets = match &args.ring {
             Some(n) => {
@@ -456,9 +457,13 @@ pub fn run(
         } else {
             render_table(&reports)
         };
-        if live {
+        if live && terminal {
             // Clear the screen and home the cursor, like top.
             pinring_runtime::out!("\x1b[2J\x1b[H{text}");
+        } else if live {
+            // Into a pipe or a file: one view after the other, a blank line between, with no
+            // terminal codes for the reader to strip.
+            pinring_runtime::out!("{text}\n");
         } else {
             pinring_runtime::out!("{text}");
         }

@@ -703,9 +703,19 @@ pub enum Cleaning {
         /// impossible geometry: scribbled, or cut short); removed all the same, no daemon
         /// holds it.
         corrupt: Option<String>,
+        /// The segment's owner (uid), so that root's clean can say whose ring it removed.
+        owner: u32,
     },
     /// Not something clean removes: kept, with the reason.
     Kept(String),
+    /// This user may not open the segment (another user's, mode 0600 or 0660), so whether its
+    /// daemon runs cannot be told: kept, neither live nor stale.
+    Unreadable {
+        /// The segment's owner (uid).
+        owner: u32,
+        /// Its permission bits.
+        mode: u32,
+    },
 }
 
 /// `pinring clean` for one ring: removes the segment at the ring's path if it is a ring of this
@@ -716,10 +726,24 @@ pub enum Cleaning {
 pub fn clean_if_stale(name: &str, remove: bool) -> Result<Cleaning, RingError> {
     validate_name(name)?;
     let path = object_path(name);
-    let (file, st) = match open_ring_path(name, &path, OFlag::O_RDONLY | OFlag::O_NOFOLLOW)? {
+    let opened = match open_ring_path(name, &path, OFlag::O_RDONLY | OFlag::O_NOFOLLOW) {
+        Err(denied @ RingError::PermissionDenied { .. }) => {
+            // The name's own inode tells whose it is without opening it.
+            return match nix::sys::stat::lstat(&path) {
+                Ok(st) => Ok(Cleaning::Unreadable {
+                    owner: st.st_uid,
+                    mode: st.st_mode & 0o7777,
+                }),
+                Err(_) => Err(denied),
+            };
+        }
+        other => other?,
+    };
+    let (file, st) = match opened {
         Ok(opened) => opened,
         Err(kind) => return Ok(Cleaning::Kept(format!("{kind}, not a ring"))),
     };
+    let owner = st.st_uid;
     let daemon_pid = read_daemon_pid(&file);
     if !lock::try_lock_shared(&file, lock::DAEMON_LOCK)
         .map_err(|e| sys_error(name, "fcntl(F_OFD_SETLK)", e))?
@@ -744,6 +768,7 @@ pub fn clean_if_stale(name: &str, remove: bool) -> Result<Cleaning, RingError> {
             daemon_pid,
             removed: false,
             corrupt,
+            owner,
         });
     }
     match nix::sys::stat::lstat(&path) {
@@ -758,6 +783,7 @@ pub fn clean_if_stale(name: &str, remove: bool) -> Result<Cleaning, RingError> {
             daemon_pid,
             removed: true,
             corrupt,
+            owner,
         }),
         Err(nix::Error::EACCES) | Err(nix::Error::EPERM) => Err(RingError::PermissionDenied {
             name: name.to_string(),
