@@ -43,7 +43,11 @@ fn stops_within(sig: Signal) {
     // Blocks until the child has its handlers; it prints "ready" after both are installed.
     loop {
         line.clear();
-        assert_ne!(out.read_line(&mut line).unwrap(), 0, "the child exited early");
+        assert_ne!(
+            out.read_line(&mut line).unwrap(),
+            0,
+            "the child exited early"
+        );
         if line.trim() == "ready" {
             break;
         }
@@ -64,7 +68,11 @@ fn stops_within(sig: Signal) {
         }
         std::thread::sleep(Duration::from_millis(10));
     };
-    assert!(t.elapsed() >= GRACE, "it exited before its grace: {:?}", t.elapsed());
+    assert!(
+        t.elapsed() >= GRACE,
+        "it exited before its grace: {:?}",
+        t.elapsed()
+    );
     assert_eq!(status.code(), Some(7), "{status:?}");
 }
 
