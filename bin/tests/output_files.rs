@@ -170,3 +170,29 @@ fn a_daemon_summary_at_a_planted_link_is_refused_with_exit_9_and_nothing_is_writ
     assert!(log.contains("symbolic link"), "{log}");
     assert_eq!(std::fs::read(&victim).unwrap(), b"keep me\n");
 }
+
+#[test]
+fn a_summary_under_a_directory_link_another_user_planted_is_refused() {
+    if !is_root() {
+        println!("SKIPPED: needs root to plant links as another uid and run pinring as root");
+        return;
+    }
+    let fx = Fixture::small("out-dirlink");
+    let dir = shared_dir(&fx);
+    // A root-only directory elsewhere: where the planted link points.
+    let victim = fx.dir.path().join("root-only");
+    std::fs::create_dir(&victim).unwrap();
+    std::fs::set_permissions(&victim, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let link = dir.join("out");
+    plant_link(&victim, &link);
+    let summary = link.join("s.json");
+    let (status, log) = run_with_summary(&fx, &summary);
+    assert_eq!(status.code(), Some(9), "{log}");
+    assert!(
+        log.contains(&link.display().to_string()) && log.contains("owned by uid 65534"),
+        "{log}"
+    );
+    assert_eq!(std::fs::read_dir(&victim).unwrap().count(), 0, "{log}");
+    // The run itself was fine: it printed its summary.
+    assert!(log.contains("delivered"), "{log}");
+}
