@@ -679,3 +679,33 @@ fn roots_clean_says_whose_stale_ring_it_removed() {
     assert!(line.contains("(it belonged to uid 65534"), "{out}");
     assert!(!fx.segment().exists());
 }
+
+#[test]
+fn a_stale_ring_of_the_wrong_size_is_replaced_saying_so() {
+    let fx = Fixture::small("stale-size");
+    let mut first = fx.daemon(&["--epochs", "1000"]);
+    fx.wait_ready(&mut first);
+    signal(&first, Signal::SIGKILL);
+    let _ = first.wait();
+    // A copy grown by a page: a ring's magic and version, but not the file its daemon left.
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(fx.segment())
+        .unwrap();
+    let size = f.metadata().unwrap().len();
+    f.set_len(size + 4096).unwrap();
+    drop(f);
+    let mut daemon = fx.daemon(&["--epochs", "1000"]);
+    fx.wait_ready(&mut daemon);
+    signal(&daemon, Signal::SIGTERM);
+    let (st, log) = wait_for(daemon, "daemon", LONG);
+    assert!(st.success(), "{log}");
+    assert!(
+        log.contains("replaced a stale segment")
+            && log.contains(&format!(
+                "total_bytes is {size}, the file has {}",
+                size + 4096
+            )),
+        "{log}"
+    );
+}

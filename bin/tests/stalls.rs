@@ -175,6 +175,48 @@ fn pinring_run_restarts_killed_loaders_at_once_and_leaves_no_zombie() {
 }
 
 #[test]
+fn pinring_run_gives_up_on_a_loader_killed_too_often_and_says_so_once() {
+    let fx = Fixture::small("stall-giveup");
+    let mut child = run(&fx, 1, &["--epochs", "100000"]);
+    let start = Instant::now();
+    let ring = loop {
+        if let Ok(r) = pinring_ring::attach(&fx.ring, Access::ReadOnly, Duration::from_millis(200))
+        {
+            break r;
+        }
+        assert!(child.try_wait().unwrap().is_none(), "pinring run ended");
+        assert!(
+            start.elapsed() < LONG,
+            "pinring run's ring never became ready"
+        );
+    };
+    let live = || -> Vec<u32> {
+        ring.loaders()
+            .iter()
+            .filter(|l| l.alive)
+            .map(|l| l.pid)
+            .collect()
+    };
+    // Five kills are restarted; the sixth within the minute is not, and the run stops.
+    let mut killed = Vec::new();
+    while child.try_wait().unwrap().is_none() && killed.len() < 6 {
+        let Some(&pid) = live().iter().find(|p| !killed.contains(*p)) else {
+            std::thread::sleep(Duration::from_millis(5));
+            assert!(start.elapsed() < LONG, "no new loader attached");
+            continue;
+        };
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), Signal::SIGKILL);
+        killed.push(pid);
+    }
+    let (status, log) = wait_for(child, "pinring run", LONG);
+    assert_eq!(killed.len(), 6, "{log}");
+    assert_eq!(status.code(), Some(5), "{log}");
+    assert_eq!(log.matches("not restarted again").count(), 1, "{log}");
+    assert!(log.contains("after 5 restarts within 60 s"), "{log}");
+    assert_eq!(log.matches("restarted ring=").count(), 5, "{log}");
+}
+
+#[test]
 fn pinring_run_stops_with_code_3_when_its_loaders_fail_on_the_data() {
     // An npy dataset whose per-sample file 5 is cut short, "fail" on a bad sample: the loader
     // that reads it exits 3; the run stops with code 3 and its summary has the resume point,

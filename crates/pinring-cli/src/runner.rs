@@ -468,9 +468,11 @@ pub fn run(args: &RunArgs, shutdown: &Shutdown) -> Result<Exit, RunError> {
                 }
                 Next::Leave => {}
                 Next::StopRun => {
-                    if let Some(f) = &supervisor.failure {
-                        tracing::error!(ring = %cfg.ring.name, "{f}; stopping the run");
-                    }
+                    // The failure itself is printed once, in the summary's error line, with
+                    // the resume point the drain gives.
+                    tracing::warn!(ring = %cfg.ring.name, loader = i, pid,
+                        "loader {i} (pid {pid}) failed: stopping the run (the daemon drains; \
+                         the summary says why)");
                     let _ = nix::sys::signal::kill(
                         nix::unistd::Pid::from_raw(daemon_pid as i32),
                         nix::sys::signal::Signal::SIGTERM,
@@ -584,8 +586,8 @@ impl std::fmt::Display for LoaderFailed {
         if self.gave_up {
             write!(
                 f,
-                "loader {i} (pid {pid}) {ended}, its {MAX_RESTARTS}th restart within {} s: not \
-                 restarted again (look for what kills it: the OOM killer, a watchdog)",
+                "loader {i} (pid {pid}) {ended}, after {MAX_RESTARTS} restarts within {} s: \
+                 not restarted again (look for what kills it: the OOM killer, a watchdog)",
                 RESTART_WINDOW.as_secs()
             )
         } else {
@@ -625,7 +627,12 @@ impl Supervisor {
     ///   its slot back with the same seq, so nothing is lost.
     /// - Exited 0 (the ring closed) or 5 (its daemon is gone): left; the daemon's end decides.
     /// - Any other code (3: a sample it cannot read, 8: refused, ...): the run stops with it.
+    /// - Once the run is stopping (a failure is booked), whatever else ends is left: nothing is
+    ///   restarted, and the stop is asked for (and logged) once.
     fn ended(&mut self, index: usize, pid: u32, ended: Ended, now: Instant) -> Next {
+        if self.failure.is_some() {
+            return Next::Leave;
+        }
         let fail = |gave_up| LoaderFailed {
             index,
             pid,
@@ -642,7 +649,7 @@ impl Supervisor {
                     r.pop_front();
                 }
                 if r.len() >= MAX_RESTARTS {
-                    self.failure.get_or_insert(fail(true));
+                    self.failure = Some(fail(true));
                     return Next::StopRun;
                 }
                 r.push_back(now);
@@ -651,7 +658,7 @@ impl Supervisor {
             Ended::Code(0) => Next::Leave,
             Ended::Code(c) if c == i32::from(Exit::PeerDied.code()) => Next::Leave,
             Ended::Code(_) => {
-                self.failure.get_or_insert(fail(false));
+                self.failure = Some(fail(false));
                 Next::StopRun
             }
         }
@@ -785,8 +792,9 @@ mod tests {
         assert_eq!(s.ended(1, 8, Ended::Code(5), t0), Next::Leave);
         assert!(s.failure.is_none());
         assert_eq!(s.ended(1, 9, Ended::Code(3), t0), Next::StopRun);
-        // The first failure is the one reported.
-        assert_eq!(s.ended(0, 10, Ended::Code(8), t0), Next::StopRun);
+        // The first failure is the one reported; once stopping, nothing more is asked for.
+        assert_eq!(s.ended(0, 10, Ended::Code(8), t0), Next::Leave);
+        assert_eq!(s.ended(0, 11, KILLED, t0), Next::Leave);
         let f = s.failure.unwrap();
         assert_eq!((f.index, f.pid, f.exit()), (1, 9, Exit::Config));
         assert_eq!(

@@ -342,8 +342,15 @@ impl Segment {
             }
             format!("a ring of layout version {version} (--replace)")
         } else {
+            // A copy cut short or grown, or a scribbled header, is replaced all the same (no
+            // daemon holds it), and said to be what it is.
+            let problem = header_problem(&file, size).map_or(String::new(), |p| {
+                format!(
+                    ", and not whole: {p} (a copy or a scribble, not a ring as a daemon left it)"
+                )
+            });
             format!(
-                "a stale segment left by a daemon that is no longer running (pid {})",
+                "a stale segment left by a daemon that is no longer running (pid {}){problem}",
                 read_daemon_pid(&file)
             )
         };
