@@ -709,3 +709,53 @@ fn a_stale_ring_of_the_wrong_size_is_replaced_saying_so() {
         "{log}"
     );
 }
+
+#[test]
+fn loader_figures_scribbled_into_the_ring_are_flagged_untrusted_in_the_summary() {
+    let fx = Fixture::small("untrusted");
+    let mut daemon = fx.daemon(&["--epochs", "1000"]);
+    let ring = fx.wait_ready(&mut daemon);
+    let loader = fx.loader(&fx.config);
+    wait_progress(&ring, 5);
+    // Another process writes the loaders' counters: 162 s of waiting and of work, and every
+    // sample skipped on a synthetic ring, which never skips.
+    let rogue = Ring::open(&fx.ring, Access::ReadWrite, Duration::from_secs(5)).unwrap();
+    let h = rogue.header();
+    h.loader_wait_ns.store(162_000_000_000, Relaxed);
+    h.loader_busy_ns.store(162_000_000_000, Relaxed);
+    h.bad_samples_skipped.store(163_840, Relaxed);
+    signal(&daemon, Signal::SIGTERM);
+    let log = all_exit_cleanly(daemon, vec![loader]);
+    let s = fx.summary();
+    assert_eq!(
+        s.untrusted,
+        [
+            "loader_wait_seconds",
+            "loader_busy_seconds",
+            "bad_samples_skipped"
+        ],
+        "{s:#?}"
+    );
+    assert_eq!(s.bound, "unknown", "{s:#?}");
+    assert_eq!(s.bad_samples_skipped, 0, "{s:#?}");
+    assert!(
+        s.loader_wait_seconds < 162.0 && s.loader_busy_seconds < 162.0,
+        "{s:#?}"
+    );
+    assert!(log.contains("untrusted"), "{log}");
+    // The run itself was not disturbed.
+    assert_drained(&s);
+}
+
+#[test]
+fn loader_figures_of_a_plain_run_are_trusted() {
+    let fx = Fixture::small("trusted");
+    let mut daemon = fx.daemon(&[]);
+    fx.wait_ready(&mut daemon);
+    let loaders: Vec<_> = (0..3).map(|_| fx.loader(&fx.config)).collect();
+    all_exit_cleanly(daemon, loaders);
+    let s = fx.summary();
+    assert!(s.untrusted.is_empty(), "{s:#?}");
+    assert_ne!(s.bound, "unknown", "{s:#?}");
+    assert!(s.loader_busy_seconds > 0.0, "{s:#?}");
+}

@@ -708,11 +708,31 @@ fn summary_text(s: &Summary, loaders: usize) -> String {
             }
         );
     }
+    let flag = |name: &str| {
+        if s.untrusted.iter().any(|u| u == name) {
+            " (untrusted)"
+        } else {
+            ""
+        }
+    };
     let _ = writeln!(
         out,
-        "  time      daemon waited for loaders {:.3} s; loaders waited for slots {:.3} s, worked {:.3} s (summed); sink busy {:.3} s",
-        s.daemon_wait_seconds, s.loader_wait_seconds, s.loader_busy_seconds, s.sink_busy_seconds
+        "  time      daemon waited for loaders {:.3} s; loaders waited for slots {:.3} s{}, worked {:.3} s{} (summed); sink busy {:.3} s",
+        s.daemon_wait_seconds,
+        s.loader_wait_seconds,
+        flag("loader_wait_seconds"),
+        s.loader_busy_seconds,
+        flag("loader_busy_seconds"),
+        s.sink_busy_seconds
     );
+    if !s.untrusted.is_empty() {
+        let _ = writeln!(
+            out,
+            "  untrusted {}: what the ring's loader table said is impossible for this run (another \
+             process wrote into it?); shown bounded to what could be true, not as reported",
+            s.untrusted.join(", ")
+        );
+    }
     let verdict = match s.bound.as_str() {
         "loaders" => {
             "loader-bound: the GPU side waited for batches; add loaders or make them faster"
@@ -721,6 +741,7 @@ fn summary_text(s: &Summary, loaders: usize) -> String {
             "upload-bound: loaders waited for free slots; the copy to the device is the limit"
         }
         "consumer" => "consumer-bound: the sink is the limit",
+        "unknown" => "unknown: the loaders' figures it weighs are untrusted",
         _ => "balanced: neither side waited much",
     };
     let _ = writeln!(out, "  verdict   {verdict}");

@@ -331,6 +331,9 @@ struct SinkLink {
     pending: usize,
 }
 
+/// How often the main loop counts the live loaders between reaps ([`Tally::count_loaders`]).
+const COUNT_LOADERS_EVERY: std::time::Duration = std::time::Duration::from_millis(10);
+
 /// What a run did, for its summary: clocks, counts and times the main loop keeps. Only the
 /// main loop writes it; nothing in it is read back from the segment.
 struct Tally {
@@ -362,6 +365,14 @@ struct Tally {
     preempted_at_ready: Option<u64>,
     /// Commit-to-on-device latencies (bounded memory, however long the daemon runs).
     latencies: crate::histogram::Quantiles,
+    /// Loader-seconds the daemon saw itself: the live loaders times the time since they were
+    /// last counted, the larger of the two counts taken; counted at every reap (entries whose
+    /// lock is held, after the dead ones are cleared: the kernel's word) and every 10 ms
+    /// between (the table's ACTIVE entries). What the loaders report of their
+    /// own time is checked against it ([`finish::checked_loader_figures`]).
+    loader_seconds_seen: f64,
+    /// When the live loaders were last counted, and how many there were.
+    loaders_counted: Option<(Instant, u32)>,
 }
 
 impl Tally {
@@ -385,7 +396,17 @@ impl Tally {
             sleeps: 0,
             preempted_at_ready: None,
             latencies: crate::histogram::Quantiles::default(),
+            loader_seconds_seen: 0.0,
+            loaders_counted: None,
         }
+    }
+
+    /// Books `live` loaders counted at `now` (see [`Tally::loader_seconds_seen`]).
+    fn count_loaders(&mut self, now: Instant, live: u32) {
+        let (since, before) = self.loaders_counted.unwrap_or((self.started, live));
+        let dt = now.saturating_duration_since(since).as_secs_f64();
+        self.loader_seconds_seen += dt * f64::from(before.max(live));
+        self.loaders_counted = Some((now, live));
     }
 }
 
@@ -817,6 +838,13 @@ impl Daemon {
             if self.now.at.saturating_duration_since(last_reap) >= self.reap_every {
                 last_reap = self.now.at;
                 self.reap()?;
+            } else if self.tally.loaders_counted.is_none_or(|(at, _)| {
+                self.now.at.saturating_duration_since(at) >= COUNT_LOADERS_EVERY
+            }) {
+                // Between reaps (which clear dead entries first), the table's ACTIVE entries:
+                // loads only, so a short run is counted as finely as a long one.
+                let live = self.ring.attached_loaders();
+                self.tally.count_loaders(self.now.at, live);
             }
             // Once a pass, after its reap; a pass that returns above leaves it to `run`.
             self.publish_counters();

@@ -172,6 +172,8 @@ impl Daemon {
         if reaped > 0 {
             tracing::warn!(ring = %self.run.cfg.ring.name, loaders = reaped, "removed dead loaders from the table");
         }
+        let live = self.ring.attached_loaders();
+        self.tally.count_loaders(Instant::now(), live);
         self.recover()?;
         self.watch_idle();
         self.recovery.counts.publish(&self.ring);

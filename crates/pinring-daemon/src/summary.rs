@@ -105,8 +105,15 @@ pub struct Summary {
     /// Seconds the sink spent consuming batches.
     pub sink_busy_seconds: f64,
     /// Where the pipeline was bound: "loaders", "upload", "consumer", or "balanced" ("none" when
-    /// the daemon failed at start).
+    /// the daemon failed at start; "unknown" when the loaders' figures it weighs are untrusted).
     pub bound: String,
+    /// Figures of this summary that the loaders report through the ring and that failed the
+    /// daemon's check against what it saw itself (`loader_wait_seconds`, `loader_busy_seconds`,
+    /// `bad_samples_skipped`): impossible for this run, so some process wrote into the ring's
+    /// loader table. Each is given bounded to what could be true, not as reported. Empty:
+    /// every figure is the daemon's own or passed its check.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub untrusted: Vec<String>,
     /// Whether the run stopped early on SIGTERM/SIGINT.
     pub interrupted: bool,
     /// Zero-copy mode (the sink read batches in their slots).
