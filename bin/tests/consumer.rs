@@ -154,13 +154,7 @@ fn held_batches_of_a_daemon_that_copies_are_never_overwritten() {
 
 fn held_never_overwritten(tag: &str, copies: &str) {
     let fx = Fixture::new(tag, &copies_config(copies));
-    // A port free a moment ago, for the daemon's metrics.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let listen = format!("127.0.0.1:{port}");
+    let listen = free_local_addr();
     let mut daemon = fx.daemon(&["--sink", "consumer", "--metrics-listen", &listen]);
     let ring = fx.wait_ready(&mut daemon);
     let kids = loaders_attached(&fx, &daemon, &ring, 2);
@@ -521,16 +515,6 @@ fn a_consumer_of_a_stopped_daemon_is_told_where_to_restart() {
     for k in kids {
         let _ = wait_for(k, "loader", LONG);
     }
-}
-
-/// The body of `GET path` from `addr` (HTTP/1.0, the whole answer read).
-fn http_get(addr: &str, path: &str) -> String {
-    use std::io::{Read, Write};
-    let mut conn = std::net::TcpStream::connect(addr).unwrap();
-    write!(conn, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
-    let mut answer = String::new();
-    conn.read_to_string(&mut answer).unwrap();
-    answer
 }
 
 #[test]

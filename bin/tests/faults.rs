@@ -713,17 +713,64 @@ fn a_stale_ring_of_the_wrong_size_is_replaced_saying_so() {
 #[test]
 fn loader_figures_scribbled_into_the_ring_are_flagged_untrusted_in_the_summary() {
     let fx = Fixture::small("untrusted");
-    let mut daemon = fx.daemon(&["--epochs", "1000"]);
+    let listen = free_local_addr();
+    let mut daemon = fx.daemon(&["--epochs", "1000", "--metrics-listen", &listen]);
     let ring = fx.wait_ready(&mut daemon);
     let loader = fx.loader(&fx.config);
     wait_progress(&ring, 5);
     // Another process writes the loaders' counters: 162 s of waiting and of work, and every
-    // sample skipped on a synthetic ring, which never skips.
+    // sample skipped on a synthetic ring, which never skips; and 162 s of waiting into the
+    // loader's own entry.
     let rogue = Ring::open(&fx.ring, Access::ReadWrite, Duration::from_secs(5)).unwrap();
     let h = rogue.header();
     h.loader_wait_ns.store(162_000_000_000, Relaxed);
     h.loader_busy_ns.store(162_000_000_000, Relaxed);
     h.bad_samples_skipped.store(163_840, Relaxed);
+    let entry = rogue.loaders()[0].index;
+    rogue.loader(entry).wait_ns.store(162_000_000_000, Relaxed);
+    let figures = [
+        "loader_wait_seconds",
+        "loader_busy_seconds",
+        "bad_samples_skipped",
+    ];
+    // An operator's status view flags them, shows them bounded, and gives no verdict.
+    let v = status_json(&fx.ring, "0.1");
+    let snap = &v[0]["snapshot"];
+    assert_eq!(snap["untrusted"], serde_json::json!(figures), "{v:#}");
+    assert_eq!(v[0]["rates"]["bound"], "unknown", "{v:#}");
+    assert_eq!(snap["bad_samples_skipped"], 0, "{v:#}");
+    assert!(
+        snap["loader_wait_seconds"].as_f64().unwrap() < 162.0,
+        "{v:#}"
+    );
+    assert!(
+        snap["loader_busy_seconds"].as_f64().unwrap() < 162.0,
+        "{v:#}"
+    );
+    let l = &snap["loaders"][0];
+    assert_eq!(l["untrusted"], true, "{v:#}");
+    assert!(l["wait_seconds"].as_f64().unwrap() < 162.0, "{v:#}");
+    let text = Command::new(exe(CLI))
+        .args(["status", &fx.ring, "--once", "--interval", "0.1"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(text.contains("untrusted: loader_wait_seconds"), "{text}");
+    assert!(text.contains("bound by: unknown"), "{text}");
+    // So does a monitoring system.
+    let metrics = http_get(&listen, "/metrics");
+    for f in figures {
+        let series = format!(
+            "pinring_untrusted_figure{{ring=\"{}\",figure=\"{f}\"}} 1",
+            fx.ring
+        );
+        assert!(metrics.contains(&series), "no {series} in:\n{metrics}");
+    }
+    let skipped = format!(
+        "pinring_bad_samples_skipped_total{{ring=\"{}\"}} 0",
+        fx.ring
+    );
+    assert!(metrics.contains(&skipped), "no {skipped} in:\n{metrics}");
     signal(&daemon, Signal::SIGTERM);
     let log = all_exit_cleanly(daemon, vec![loader]);
     let s = fx.summary();
@@ -750,9 +797,14 @@ fn loader_figures_scribbled_into_the_ring_are_flagged_untrusted_in_the_summary()
 #[test]
 fn loader_figures_of_a_plain_run_are_trusted() {
     let fx = Fixture::small("trusted");
-    let mut daemon = fx.daemon(&[]);
-    fx.wait_ready(&mut daemon);
+    let mut daemon = fx.daemon(&["--epochs", "50"]);
+    let ring = fx.wait_ready(&mut daemon);
     let loaders: Vec<_> = (0..3).map(|_| fx.loader(&fx.config)).collect();
+    wait_progress(&ring, 5);
+    // A status view mid-run believes them too.
+    let v = status_json(&fx.ring, "0.1");
+    assert!(v[0]["snapshot"].get("untrusted").is_none(), "{v:#}");
+    assert_ne!(v[0]["rates"]["bound"], "unknown", "{v:#}");
     all_exit_cleanly(daemon, loaders);
     let s = fx.summary();
     assert!(s.untrusted.is_empty(), "{s:#?}");

@@ -470,6 +470,26 @@ pub fn wait_progress(ring: &pinring_ring::Ring, n: u64) {
     wait_until("more deliveries", LONG, || delivered(ring) >= target);
 }
 
+/// The body of `GET path` from `addr` (HTTP/1.0, the whole answer read).
+pub fn http_get(addr: &str, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut conn = std::net::TcpStream::connect(addr).unwrap();
+    write!(conn, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut answer = String::new();
+    conn.read_to_string(&mut answer).unwrap();
+    answer
+}
+
+/// A port free a moment ago, as `127.0.0.1:PORT`, for a daemon's `--metrics-listen`.
+pub fn free_local_addr() -> String {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    format!("127.0.0.1:{port}")
+}
+
 /// `pinring status RING --json` (one measurement over `interval` seconds), parsed.
 pub fn status_json(ring: &str, interval: &str) -> serde_json::Value {
     let out = Command::new(exe(CLI))

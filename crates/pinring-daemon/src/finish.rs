@@ -2,6 +2,7 @@
 //! failed at start), and judge it.
 
 use super::{Daemon, DaemonArgs, DaemonError, Outcome};
+use crate::observe::{checked_loader_figures, DaemonSaw, LoaderReport};
 use crate::sink::SinkKind;
 use crate::summary::{verdict, Summary};
 use pinring_data::Config;
@@ -72,9 +73,6 @@ impl Daemon {
         let wall = self.tally.started.elapsed().as_secs_f64();
         self.tally
             .count_loaders(std::time::Instant::now(), self.ring.attached_loaders());
-        let samples_delivered = s
-            .deliveries()
-            .saturating_mul(u64::from(self.run.cfg.plan.batch_size));
         let checked = checked_loader_figures(
             &LoaderReport {
                 wait_ns: h.loader_wait_ns.load(Relaxed),
@@ -84,13 +82,12 @@ impl Daemon {
             &DaemonSaw {
                 wall,
                 loader_seconds: self.tally.loader_seconds_seen,
-                samples_possible: samples_delivered.saturating_add(
-                    u64::from(self.sequencer.slots())
-                        .saturating_mul(u64::from(self.run.cfg.plan.batch_size)),
-                ),
+                samples_possible: s
+                    .deliveries()
+                    .saturating_add(u64::from(self.sequencer.slots()))
+                    .saturating_mul(self.skippable_per_batch()),
                 slots: self.sequencer.slots(),
-                skipping: self.run.cfg.dataset.kind.reads_files()
-                    && self.run.cfg.dataset.on_bad_sample == pinring_data::OnBadSample::Skip,
+                skipping: self.skippable_per_batch() > 0,
             },
         );
         if !checked.untrusted.is_empty() {
@@ -325,167 +322,5 @@ mod tests {
             .unwrap()
             .join()
             .unwrap();
-    }
-}
-
-/// What the loaders reported through the ring's header (any process can write it).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct LoaderReport {
-    /// Their summed wait for free slots.
-    pub wait_ns: u64,
-    /// Their summed time producing.
-    pub busy_ns: u64,
-    /// Samples they substituted (`dataset.on_bad_sample = "skip"`).
-    pub bad_samples: u64,
-}
-
-/// What the daemon saw itself, to check a [`LoaderReport`] against.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct DaemonSaw {
-    /// Seconds since the ring was ready.
-    pub wall: f64,
-    /// Live loaders integrated over the run ([`super::Tally::count_loaders`]).
-    pub loader_seconds: f64,
-    /// Samples of every part the run could have filled: those delivered and a ringful more.
-    pub samples_possible: u64,
-    /// The ring's slots.
-    pub slots: u32,
-    /// Whether loaders may substitute samples at all (a file kind with `on_bad_sample = "skip"`).
-    pub skipping: bool,
-}
-
-/// The loaders' figures as the summary gives them, and the names of those that failed their
-/// check.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) struct Checked {
-    pub wait: f64,
-    pub busy: f64,
-    pub bad_samples: u64,
-    pub untrusted: Vec<String>,
-}
-
-/// Checks what loaders reported against what the daemon saw. Their wait cannot exceed the
-/// loader-seconds the daemon counted, plus one loader for the whole run (a loader that came and
-/// went between two counts is not seen) and half a second; their busy time (claim to commit,
-/// each claim holding its slot alone) cannot exceed every slot for the whole run; a substituted
-/// sample needs a file kind that skips, and at most every sample the run could have filled.
-/// A figure that fails is kept as reported, bounded to what could be true (so that no
-/// impossible number reaches a sum or a plot), and named in `untrusted`.
-pub(crate) fn checked_loader_figures(r: &LoaderReport, saw: &DaemonSaw) -> Checked {
-    let (wait, busy) = (r.wait_ns as f64 / 1e9, r.busy_ns as f64 / 1e9);
-    let mut untrusted = Vec::new();
-    let mut bounded = |name: &str, value: f64, limit: f64| {
-        if value > limit {
-            untrusted.push(name.to_string());
-            limit
-        } else {
-            value
-        }
-    };
-    // A seat waits for one slot at a time, while it is attached.
-    let wait = bounded(
-        "loader_wait_seconds",
-        wait,
-        saw.loader_seconds + saw.wall + 0.5,
-    );
-    // Busy is claim to commit, and a claim holds its slot alone: at most every slot all along.
-    let busy = bounded(
-        "loader_busy_seconds",
-        busy,
-        saw.wall * f64::from(saw.slots) + 0.5,
-    );
-    let bad_limit = if saw.skipping {
-        saw.samples_possible
-    } else {
-        0
-    };
-    let bad_samples = if r.bad_samples > bad_limit {
-        untrusted.push("bad_samples_skipped".to_string());
-        bad_limit
-    } else {
-        r.bad_samples
-    };
-    Checked {
-        wait,
-        busy,
-        bad_samples,
-        untrusted,
-    }
-}
-
-#[cfg(test)]
-mod checks {
-    use super::*;
-
-    const SAW: DaemonSaw = DaemonSaw {
-        wall: 3.4,
-        loader_seconds: 6.8,
-        samples_possible: 1000,
-        slots: 8,
-        skipping: false,
-    };
-
-    #[test]
-    fn what_loaders_could_have_reported_is_believed() {
-        let r = LoaderReport {
-            wait_ns: 10_000_000_000,
-            busy_ns: 20_000_000_000,
-            bad_samples: 0,
-        };
-        let c = checked_loader_figures(&r, &SAW);
-        assert_eq!((c.wait, c.busy, c.bad_samples), (10.0, 20.0, 0));
-        assert!(c.untrusted.is_empty(), "{c:?}");
-        let skipping = DaemonSaw {
-            skipping: true,
-            ..SAW
-        };
-        let r = LoaderReport {
-            bad_samples: 1000,
-            ..r
-        };
-        let c = checked_loader_figures(&r, &skipping);
-        assert_eq!((c.bad_samples, c.untrusted.len()), (1000, 0), "{c:?}");
-    }
-
-    #[test]
-    fn a_scribbled_loader_table_is_flagged_not_believed() {
-        // The figures a scribble made: 162 s of waiting and of work in a 3.4 s run of two
-        // loaders, and every sample "skipped" on a kind that never skips.
-        let r = LoaderReport {
-            wait_ns: 162_000_000_000,
-            busy_ns: 162_000_000_000,
-            bad_samples: 163_840,
-        };
-        let c = checked_loader_figures(&r, &SAW);
-        assert_eq!(
-            c.untrusted,
-            [
-                "loader_wait_seconds",
-                "loader_busy_seconds",
-                "bad_samples_skipped"
-            ]
-        );
-        assert!(
-            c.wait <= 6.8 + 3.4 + 0.5 && c.busy <= 8.0 * 3.4 + 0.5,
-            "{c:?}"
-        );
-        assert_eq!(c.bad_samples, 0);
-        // Skipping, more than the run could have filled is impossible too.
-        let skipping = DaemonSaw {
-            skipping: true,
-            ..SAW
-        };
-        let c = checked_loader_figures(
-            &LoaderReport {
-                bad_samples: 1001,
-                ..r
-            },
-            &skipping,
-        );
-        assert!(
-            c.untrusted.contains(&"bad_samples_skipped".to_string()),
-            "{c:?}"
-        );
-        assert_eq!(c.bad_samples, 1000);
     }
 }

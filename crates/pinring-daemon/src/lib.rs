@@ -369,7 +369,7 @@ struct Tally {
     /// last counted, the larger of the two counts taken; counted at every reap (entries whose
     /// lock is held, after the dead ones are cleared: the kernel's word) and every 10 ms
     /// between (the table's ACTIVE entries). What the loaders report of their
-    /// own time is checked against it ([`finish::checked_loader_figures`]).
+    /// own time is checked against it ([`observe::checked_loader_figures`]).
     loader_seconds_seen: f64,
     /// When the live loaders were last counted, and how many there were.
     loaders_counted: Option<(Instant, u32)>,

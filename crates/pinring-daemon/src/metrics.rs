@@ -93,9 +93,7 @@ pub fn render(ring: &Ring, m: &DaemonMetrics) -> String {
         "counter",
         "Unreadable samples loaders replaced with zeros (dataset.on_bad_sample = \"skip\").",
         &l,
-        ring.header()
-            .bad_samples_skipped
-            .load(std::sync::atomic::Ordering::Relaxed),
+        s.bad_samples_skipped,
     );
     line(
         &mut out,
@@ -253,6 +251,22 @@ pub fn render(ring: &Ring, m: &DaemonMetrics) -> String {
         "pinring_busy_seconds_total{{{l},stage=\"upload\"}} {}",
         s.upload_seconds
     );
+    // Figures only loaders report are checked against what the daemon saw before they are
+    // served (observe::checked_loader_figures); one that failed is served bounded, and named
+    // here, so an alert can tell a scribbled ring from a slow pipeline.
+    let _ = writeln!(out, "# HELP pinring_untrusted_figure Figures the loaders report through the ring that are impossible for what the daemon saw (another process wrote into the ring): 1 for each such figure, served bounded to what could be true.");
+    let _ = writeln!(out, "# TYPE pinring_untrusted_figure gauge");
+    for figure in [
+        "loader_wait_seconds",
+        "loader_busy_seconds",
+        "bad_samples_skipped",
+    ] {
+        let bad = u8::from(s.untrusted.iter().any(|u| u == figure));
+        let _ = writeln!(
+            out,
+            "pinring_untrusted_figure{{{l},figure=\"{figure}\"}} {bad}"
+        );
+    }
     let _ = writeln!(out, "# HELP pinring_slots Slots by state (occupancy).");
     let _ = writeln!(out, "# TYPE pinring_slots gauge");
     let c = s.slots;

@@ -57,6 +57,10 @@ pub struct LoaderStatus {
     pub wait_seconds: f64,
     /// Whether it holds a slot right now (producing) rather than waiting.
     pub busy_now: bool,
+    /// Its busy and wait seconds (written by the loader itself) add up to more than the ring
+    /// has existed: another process wrote them; both are shown bounded to the ring's age.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub untrusted: bool,
 }
 
 /// A point-in-time reading of a ring.
@@ -133,6 +137,12 @@ pub struct Snapshot {
     /// Set while the ring has work left and no loader, once that has lasted
     /// `daemon.idle_warn_ms` (the daemon also logs a warning).
     pub stalled: Option<Stalled>,
+    /// Figures only loaders report (`loader_wait_seconds`, `loader_busy_seconds`,
+    /// `bad_samples_skipped`) that failed the check against what the daemon saw
+    /// ([`checked_loader_figures`]): shown bounded to what could be true, not as the ring holds
+    /// them. Empty: every figure passed.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub untrusted: Vec<String>,
     #[serde(skip)]
     taken: Option<Instant>,
 }
@@ -253,20 +263,37 @@ impl Snapshot {
                 None => slots.invalid += 1,
             }
         }
+        let delivered = h.delivered.load(Relaxed);
+        let saw = DaemonSaw::published(ring, delivered);
         let loaders = ring
             .loaders()
             .into_iter()
-            .map(|l| LoaderStatus {
-                index: l.index,
-                pid: l.pid,
-                alive: l.alive,
-                batches: l.batches,
-                bytes: l.bytes,
-                busy_seconds: secs(l.busy_ns),
-                wait_seconds: secs(l.wait_ns),
-                busy_now: busy_owners.contains(&l.index),
+            .map(|l| {
+                // One loader waits or works, never both: together at most the ring's age.
+                let (busy, wait) = (secs(l.busy_ns), secs(l.wait_ns));
+                let limit = saw.wall + 0.5;
+                let untrusted = busy + wait > limit;
+                LoaderStatus {
+                    index: l.index,
+                    pid: l.pid,
+                    alive: l.alive,
+                    batches: l.batches,
+                    bytes: l.bytes,
+                    busy_seconds: busy.min(limit),
+                    wait_seconds: wait.min(limit),
+                    busy_now: busy_owners.contains(&l.index),
+                    untrusted,
+                }
             })
             .collect();
+        let checked = checked_loader_figures(
+            &LoaderReport {
+                wait_ns: h.loader_wait_ns.load(Relaxed),
+                busy_ns: h.loader_busy_ns.load(Relaxed),
+                bad_samples: h.bad_samples_skipped.load(Relaxed),
+            },
+            &saw,
+        );
         Snapshot {
             ring: ring.name().to_string(),
             state: ring_state::name(ring.state()),
@@ -280,15 +307,15 @@ impl Snapshot {
             start_seq: h.start_seq.load(Relaxed),
             end_seq: h.end_seq.load(Relaxed),
             committed: h.committed.load(Relaxed),
-            delivered: h.delivered.load(Relaxed),
+            delivered,
             resume_seq: h.next_deliver.load(Relaxed),
             bytes_in: h.bytes_committed.load(Relaxed),
             bytes_out: h.bytes_delivered.load(Relaxed),
             reclaimed: h.reclaimed.load(Relaxed),
             rejected: h.rejected.load(Relaxed),
             daemon_wait_seconds: secs(h.daemon_wait_ns.load(Relaxed)),
-            loader_wait_seconds: secs(h.loader_wait_ns.load(Relaxed)),
-            loader_busy_seconds: secs(h.loader_busy_ns.load(Relaxed)),
+            loader_wait_seconds: checked.wait,
+            loader_busy_seconds: checked.busy,
             upload_seconds: secs(h.upload_ns.load(Relaxed)),
             leases_expired: ring.health().leases_expired.load(Relaxed),
             hung_loaders: ring.health().hung_loaders.load(Relaxed),
@@ -296,10 +323,11 @@ impl Snapshot {
             quarantined: ring.health().quarantined.load(Relaxed),
             reissued: ring.health().reissued.load(Relaxed),
             bad_batches_skipped: ring.health().bad_batches_skipped.load(Relaxed),
-            bad_samples_skipped: h.bad_samples_skipped.load(Relaxed),
+            bad_samples_skipped: checked.bad_samples,
             corrupt_descriptors: ring.health().corrupt_descriptors.load(Relaxed),
             consumer: ConsumerView::of(ring),
             stalled: Stalled::of(ring),
+            untrusted: checked.untrusted,
             taken: Some(Instant::now()),
         }
     }
@@ -316,7 +344,8 @@ pub struct Rates {
     pub gbps_out: f64,
     /// Batches delivered per second.
     pub batches_per_second: f64,
-    /// Where the pipeline is bound in this interval: loaders, upload, consumer, balanced, idle.
+    /// Where the pipeline is bound in this interval: loaders, upload, consumer, balanced, idle,
+    /// or unknown (the loaders' figures it weighs are untrusted).
     pub bound: &'static str,
 }
 
@@ -340,15 +369,27 @@ impl Rates {
             gbps_in: per_s(a.bytes_in, b.bytes_in) / 1e9,
             gbps_out: per_s(a.bytes_out, b.bytes_out) / 1e9,
             batches_per_second: per_s(a.delivered, b.delivered),
-            bound: bound(
-                seconds,
-                b.delivered.saturating_sub(a.delivered),
-                d(a.daemon_wait_seconds, b.daemon_wait_seconds),
-                d(a.loader_wait_seconds, b.loader_wait_seconds),
-                d(a.loader_busy_seconds, b.loader_busy_seconds),
-                d(a.upload_seconds, b.upload_seconds),
-            ),
+            bound: if [a, b].iter().any(|s| s.loader_times_untrusted()) {
+                // The verdict weighs the loaders' time: with that untrusted, there is none.
+                "unknown"
+            } else {
+                bound(
+                    seconds,
+                    b.delivered.saturating_sub(a.delivered),
+                    d(a.daemon_wait_seconds, b.daemon_wait_seconds),
+                    d(a.loader_wait_seconds, b.loader_wait_seconds),
+                    d(a.loader_busy_seconds, b.loader_busy_seconds),
+                    d(a.upload_seconds, b.upload_seconds),
+                )
+            },
         }
+    }
+}
+
+impl Snapshot {
+    /// Whether the loaders' wait or busy time, which the verdict weighs, failed its check.
+    pub fn loader_times_untrusted(&self) -> bool {
+        self.untrusted.iter().any(|f| f.starts_with("loader_"))
     }
 }
 
@@ -379,6 +420,202 @@ pub fn bound(
         }
     } else {
         "balanced"
+    }
+}
+
+/// What the loaders reported through the ring's header (any process can write it).
+#[derive(Debug, Clone, Copy)]
+pub struct LoaderReport {
+    /// Their summed wait for free slots.
+    pub wait_ns: u64,
+    /// Their summed time producing.
+    pub busy_ns: u64,
+    /// Samples they substituted (`dataset.on_bad_sample = "skip"`).
+    pub bad_samples: u64,
+}
+
+/// What the daemon saw itself, to check a [`LoaderReport`] against.
+#[derive(Debug, Clone, Copy)]
+pub struct DaemonSaw {
+    /// Seconds since the ring was ready.
+    pub wall: f64,
+    /// Live loaders integrated over the run (the daemon's own count, or `Health::loader_ns_seen` for a view).
+    pub loader_seconds: f64,
+    /// Samples of every part the run could have filled: those delivered and a ringful more.
+    pub samples_possible: u64,
+    /// The ring's slots.
+    pub slots: u32,
+    /// Whether loaders may substitute samples at all (a file kind with `on_bad_sample = "skip"`).
+    pub skipping: bool,
+}
+
+impl DaemonSaw {
+    /// What the daemon published of what it saw ([`pinring_ring::Health::loader_ns_seen`],
+    /// `skippable_per_batch`, its heartbeat), for a view that reads `ring` from outside. The
+    /// published count lags by up to one reap: the live loaders times the time since the
+    /// daemon's heartbeat are added. Every allowance errs toward believing the loaders (a
+    /// scribbled heartbeat or creation time widens it, never narrows it below the truth).
+    pub fn published(ring: &Ring, delivered: u64) -> DaemonSaw {
+        let (h, health) = (ring.header(), ring.health());
+        let now_unix = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        let wall = secs(now_unix.saturating_sub(h.created_unix_ns.load(Relaxed)));
+        // Since the daemon last counted (no longer than the ring has existed: a daemon that
+        // has not reaped yet has a heartbeat of 0).
+        let lag = secs(
+            pinring_ring::clock::monotonic_ns()
+                .saturating_sub(health.daemon_heartbeat_ns.load(Relaxed)),
+        )
+        .min(wall);
+        let slots = ring.geometry().slot_count;
+        let per_batch = health.skippable_per_batch.load(Relaxed);
+        DaemonSaw {
+            wall,
+            loader_seconds: secs(health.loader_ns_seen.load(Relaxed))
+                + lag * f64::from(ring.attached_loaders()),
+            samples_possible: delivered
+                .saturating_add(u64::from(slots))
+                .saturating_mul(per_batch),
+            slots,
+            skipping: per_batch > 0,
+        }
+    }
+}
+
+/// The loaders' figures as the summary gives them, and the names of those that failed their
+/// check.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Checked {
+    pub wait: f64,
+    pub busy: f64,
+    pub bad_samples: u64,
+    pub untrusted: Vec<String>,
+}
+
+/// Checks what loaders reported against what the daemon saw. Their wait cannot exceed the
+/// loader-seconds the daemon counted, plus one loader for the whole run (a loader that came and
+/// went between two counts is not seen) and half a second; their busy time (claim to commit,
+/// each claim holding its slot alone) cannot exceed every slot for the whole run; a substituted
+/// sample needs a file kind that skips, and at most every sample the run could have filled.
+/// A figure that fails is kept as reported, bounded to what could be true (so that no
+/// impossible number reaches a sum or a plot), and named in `untrusted`.
+pub fn checked_loader_figures(r: &LoaderReport, saw: &DaemonSaw) -> Checked {
+    let (wait, busy) = (r.wait_ns as f64 / 1e9, r.busy_ns as f64 / 1e9);
+    let mut untrusted = Vec::new();
+    let mut bounded = |name: &str, value: f64, limit: f64| {
+        if value > limit {
+            untrusted.push(name.to_string());
+            limit
+        } else {
+            value
+        }
+    };
+    // A seat waits for one slot at a time, while it is attached.
+    let wait = bounded(
+        "loader_wait_seconds",
+        wait,
+        saw.loader_seconds + saw.wall + 0.5,
+    );
+    // Busy is claim to commit, and a claim holds its slot alone: at most every slot all along.
+    let busy = bounded(
+        "loader_busy_seconds",
+        busy,
+        saw.wall * f64::from(saw.slots) + 0.5,
+    );
+    let bad_limit = if saw.skipping {
+        saw.samples_possible
+    } else {
+        0
+    };
+    let bad_samples = if r.bad_samples > bad_limit {
+        untrusted.push("bad_samples_skipped".to_string());
+        bad_limit
+    } else {
+        r.bad_samples
+    };
+    Checked {
+        wait,
+        busy,
+        bad_samples,
+        untrusted,
+    }
+}
+
+#[cfg(test)]
+mod checks {
+    use super::*;
+
+    const SAW: DaemonSaw = DaemonSaw {
+        wall: 3.4,
+        loader_seconds: 6.8,
+        samples_possible: 1000,
+        slots: 8,
+        skipping: false,
+    };
+
+    #[test]
+    fn what_loaders_could_have_reported_is_believed() {
+        let r = LoaderReport {
+            wait_ns: 10_000_000_000,
+            busy_ns: 20_000_000_000,
+            bad_samples: 0,
+        };
+        let c = checked_loader_figures(&r, &SAW);
+        assert_eq!((c.wait, c.busy, c.bad_samples), (10.0, 20.0, 0));
+        assert!(c.untrusted.is_empty(), "{c:?}");
+        let skipping = DaemonSaw {
+            skipping: true,
+            ..SAW
+        };
+        let r = LoaderReport {
+            bad_samples: 1000,
+            ..r
+        };
+        let c = checked_loader_figures(&r, &skipping);
+        assert_eq!((c.bad_samples, c.untrusted.len()), (1000, 0), "{c:?}");
+    }
+
+    #[test]
+    fn a_scribbled_loader_table_is_flagged_not_believed() {
+        // The figures a scribble made: 162 s of waiting and of work in a 3.4 s run of two
+        // loaders, and every sample "skipped" on a kind that never skips.
+        let r = LoaderReport {
+            wait_ns: 162_000_000_000,
+            busy_ns: 162_000_000_000,
+            bad_samples: 163_840,
+        };
+        let c = checked_loader_figures(&r, &SAW);
+        assert_eq!(
+            c.untrusted,
+            [
+                "loader_wait_seconds",
+                "loader_busy_seconds",
+                "bad_samples_skipped"
+            ]
+        );
+        assert!(
+            c.wait <= 6.8 + 3.4 + 0.5 && c.busy <= 8.0 * 3.4 + 0.5,
+            "{c:?}"
+        );
+        assert_eq!(c.bad_samples, 0);
+        // Skipping, more than the run could have filled is impossible too.
+        let skipping = DaemonSaw {
+            skipping: true,
+            ..SAW
+        };
+        let c = checked_loader_figures(
+            &LoaderReport {
+                bad_samples: 1001,
+                ..r
+            },
+            &skipping,
+        );
+        assert!(
+            c.untrusted.contains(&"bad_samples_skipped".to_string()),
+            "{c:?}"
+        );
+        assert_eq!(c.bad_samples, 1000);
     }
 }
 

@@ -177,7 +177,26 @@ impl Daemon {
         self.recover()?;
         self.watch_idle();
         self.recovery.counts.publish(&self.ring);
+        // What views check the loaders' own figures against (observe::DaemonSaw::published).
+        let health = self.ring.health();
+        health
+            .loader_ns_seen
+            .store((self.tally.loader_seconds_seen * 1e9) as u64, Relaxed);
+        health
+            .skippable_per_batch
+            .store(self.skippable_per_batch(), Relaxed);
         Ok(())
+    }
+
+    /// Samples a batch may have replaced with zeros: the batch size where loaders substitute
+    /// unreadable samples (a file kind with `dataset.on_bad_sample = "skip"`), else 0.
+    pub(super) fn skippable_per_batch(&self) -> u64 {
+        let d = &self.run.cfg.dataset;
+        if d.kind.reads_files() && d.on_bad_sample == pinring_data::OnBadSample::Skip {
+            u64::from(self.run.cfg.plan.batch_size)
+        } else {
+            0
+        }
     }
 
     /// A part a loader committed with [`ERR_SAMPLE`] (a sample it cannot read under

@@ -353,6 +353,18 @@ pub fn render(reports: &[RingReport]) -> String {
             );
         }
         let _ = writeln!(s, "  bound by: {}", rates.bound);
+        if !snap.untrusted.is_empty() || snap.loaders.iter().any(|l| l.untrusted) {
+            let _ = writeln!(
+                s,
+                "  untrusted: {}: impossible for what the daemon saw (another process wrote into the ring's loader table?); shown bounded to what could be true",
+                snap.untrusted
+                    .iter()
+                    .map(String::as_str)
+                    .chain(snap.loaders.iter().any(|l| l.untrusted).then_some("loader entries marked !"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
         let _ = writeln!(
             s,
             "  {:>5} {:>8} {:>10} {:>10} {:>9} {:>9}  now",
@@ -361,13 +373,14 @@ pub fn render(reports: &[RingReport]) -> String {
         for l in &snap.loaders {
             let _ = writeln!(
                 s,
-                "  {:>5} {:>8} {:>10} {:>10.2} {:>9.1} {:>9.1}  {}",
+                "  {:>5} {:>8} {:>10} {:>10.2} {:>9.1} {:>9.1}{} {}",
                 l.index,
                 l.pid,
                 l.batches,
                 l.bytes as f64 / 1e9,
                 l.busy_seconds,
                 l.wait_seconds,
+                if l.untrusted { "!" } else { " " },
                 if !l.alive {
                     "dead"
                 } else if l.busy_now {

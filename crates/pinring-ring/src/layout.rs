@@ -238,7 +238,14 @@ pub struct Health {
     pub stalled_since_ns: AtomicU64,
     /// The lowest undelivered seq while stalled: the one that waits for a loader.
     pub stalled_seq: AtomicU64,
-    _reserved: [u64; 5],
+    /// Loader-seconds (in ns) the daemon counted itself: the live loaders integrated over the
+    /// run, updated at every reap. Views check the loaders' own wait figures against it.
+    pub loader_ns_seen: AtomicU64,
+    /// Samples a batch may have replaced with zeros: the batch size where the dataset kind
+    /// reads files and `dataset.on_bad_sample = "skip"`, else 0. Views check the loaders'
+    /// `bad_samples_skipped` against it.
+    pub skippable_per_batch: AtomicU64,
+    _reserved: [u64; 3],
 }
 
 /// Loader table entry states.
@@ -294,6 +301,8 @@ mod pinned {
     const _: () = assert!(offset_of!(Health, header_repairs) == 64);
     const _: () = assert!(offset_of!(Health, stalled_since_ns) == 72);
     const _: () = assert!(offset_of!(Health, stalled_seq) == 80);
+    const _: () = assert!(offset_of!(Health, loader_ns_seen) == 88);
+    const _: () = assert!(offset_of!(Health, skippable_per_batch) == 96);
     const _: () = assert!(DAEMON_PID_OFFSET == 72);
     const _: () = assert!(offset_of!(LoaderEntry, state) == 4);
     const _: () = assert!(offset_of!(LoaderEntry, tenure) == 6);
