@@ -141,7 +141,7 @@ fn dispatch(cli: Cli) -> Exit {
         }
         Cmd::Bench(args) => {
             logging::init("bench");
-            pinring_bench::main_bench(&args)
+            pinring_bench::main_bench(&args, shutdown)
         }
         Cmd::BenchWriter(args) => {
             logging::init("bench-writer");

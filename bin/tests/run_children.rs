@@ -275,3 +275,92 @@ fn killing_pinring_bench_stops_its_daemon_and_loaders_and_the_segment_is_removed
         || !pinring_ring::object_path(&ring_name).exists(),
     );
 }
+
+#[test]
+fn sigterm_stops_pinring_bench_at_once_and_writes_the_points_done() {
+    bench_stopped_by(Signal::SIGTERM, false);
+}
+
+#[test]
+fn ctrl_c_to_the_process_group_stops_pinring_bench_at_once_and_writes_the_points_done() {
+    // A terminal's Ctrl-C signals every process of the foreground group: the bench's children
+    // get SIGINT too, and their runs end under it before the bench looks at its flag.
+    bench_stopped_by(Signal::SIGINT, true);
+}
+
+/// Starts a bench of several short points, signals it (or its whole process group) once its
+/// first point is printed, and checks that it stops within a second or so (3 s allowed on a
+/// loaded machine), exits 0 saying it was interrupted, writes the point done to its CSV, and
+/// leaves no child and no segment behind.
+fn bench_stopped_by(sig: Signal, group: bool) {
+    use std::io::BufRead;
+    use std::os::unix::process::CommandExt;
+    let out = tempfile::tempdir().unwrap();
+    let mut cmd = Command::new(exe(CLI));
+    cmd.args(["bench", "--backend", "host", "--slot-sizes", "64KiB"])
+        .args(["--loaders", "1,1,1,1,1,1,1,1", "--run-bytes", "256MiB"])
+        .args(["--skip-modes", "--register-bytes", "0", "--out"])
+        .arg(out.path())
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    if group {
+        cmd.process_group(0);
+    }
+    let mut bench = cmd.spawn().unwrap();
+    let pid = nix::unistd::Pid::from_raw(bench.id() as i32);
+    let ring_name = format!("bench-{}", bench.id());
+    let mut lines = std::io::BufReader::new(bench.stdout.take().unwrap()).lines();
+    let mut text = String::new();
+    // A guard against a hang only: the engine alone and the warm-up run come first.
+    let deadline = Instant::now() + LONG * 6;
+    loop {
+        let line = lines
+            .next()
+            .unwrap_or_else(|| panic!("pinring bench ended before a point:\n{text}"))
+            .unwrap();
+        text.push_str(&line);
+        text.push('\n');
+        if line.contains("[1/8 points") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no point within {:?}:\n{text}",
+            LONG * 6
+        );
+    }
+    let kids = children_of(bench.id());
+    let _leftovers = KillLeftovers(kids.clone());
+    let signalled = Instant::now();
+    if group {
+        nix::sys::signal::killpg(pid, sig).unwrap();
+    } else {
+        nix::sys::signal::kill(pid, sig).unwrap();
+    }
+    for line in lines.map_while(Result::ok) {
+        text.push_str(&line);
+        text.push('\n');
+    }
+    let status = bench.wait().unwrap();
+    let took = signalled.elapsed();
+    assert!(status.success(), "{status}:\n{text}");
+    assert!(
+        took < Duration::from_secs(3),
+        "stopped {took:?} after {sig}:\n{text}"
+    );
+    assert!(text.contains("interrupted (SIGTERM or SIGINT)"), "{text}");
+    assert!(!text.contains("report it"), "{text}");
+    let csv = std::fs::read_to_string(out.path().join("bench.csv")).unwrap();
+    let points = csv
+        .lines()
+        .filter(|l| l.starts_with("host,pipeline,") && l.split(',').nth(5) == Some("median"))
+        .count();
+    assert!((1..8).contains(&points), "{points} points in:\n{csv}");
+    assert!(
+        kids.iter().all(|k| !k.running()),
+        "a child outlived the bench"
+    );
+    assert!(!pinring_ring::object_path(&ring_name).exists());
+}

@@ -20,6 +20,7 @@ use pinring_daemon::summary::Summary;
 use pinring_data::{ByteSize, Config, DatasetConfig, Dtype, PlanConfig, RingConfig, SlotBytes};
 use pinring_exit::Exit;
 use pinring_runtime::output::write_file;
+use pinring_runtime::shutdown::Shutdown;
 use pinring_runtime::this_program::ThisProgram;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -35,20 +36,22 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 0)]
     pub device: usize,
     /// Payload bytes per batch (= per slot), comma separated.
-    #[arg(
-        long,
-        value_delimiter = ',',
-        default_value = "64KiB,256KiB,1MiB,4MiB,16MiB,64MiB"
-    )]
+    #[arg(long, value_delimiter = ',', default_value = "64KiB,1MiB,4MiB")]
     pub slot_sizes: Vec<ByteSize>,
     /// Loader process counts, comma separated.
-    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,12")]
+    #[arg(long, value_delimiter = ',', default_value = "1,4,8")]
     pub loaders: Vec<usize>,
     /// Payload bytes each pipeline run moves (fewer for small slots: at most 400000 batches).
-    /// The default makes a run at the link's speed last over a second, so the ramp at its start
-    /// (loaders attaching, the first fills) weighs little against the steady rate.
-    #[arg(long, default_value = "64GiB")]
-    pub run_bytes: ByteSize,
+    /// Default: what the slot size's registered ceiling moves in --run-seconds.
+    #[arg(long)]
+    pub run_bytes: Option<ByteSize>,
+    /// Without --run-bytes, each run moves what the raw registered copy moves in this many
+    /// seconds at its slot size (at least 64 batches): at the link's speed a run lasts about
+    /// that long, so the ramp at its start (loaders attaching, the first fills) weighs little
+    /// against the steady rate. The defaults (3 slot sizes, 3 loader counts, 5 modes) finish in
+    /// about a minute on a GPU host; the time left is printed after each point.
+    #[arg(long, default_value_t = 0.5)]
+    pub run_seconds: f64,
     /// Ring sizes, comma separated: each slot size runs in a ring of ring_bytes / slot size
     /// slots, at least 8 and at most 4096 (a size that gives a slot count already run at that
     /// slot size is skipped). The default keeps the ring in a server's last-level cache. More
@@ -76,7 +79,7 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     pub repeat: u32,
     /// Size of the ring registered once to time registration (0: skip).
-    #[arg(long, default_value = "4GiB")]
+    #[arg(long, default_value = "1GiB")]
     pub register_bytes: ByteSize,
     /// Measure nothing: redraw `bench.svg` in --out from a `bench.csv` written earlier.
     #[arg(long, value_name = "CSV")]
@@ -120,6 +123,9 @@ pub enum BenchError {
         /// Cause.
         why: String,
     },
+    /// SIGTERM or SIGINT arrived: the bench stopped its runs and wrote what it had measured.
+    #[error("stopped by SIGTERM or SIGINT")]
+    Interrupted,
     /// A run of the reference pipeline failed.
     #[error("reference run ({what}) failed: {source}")]
     Reference {
@@ -139,6 +145,7 @@ impl pinring_exit::Coded for BenchError {
             BenchError::Io { .. } | BenchError::Plot { .. } | BenchError::Output(_) => Exit::Output,
             BenchError::Run { .. } => Exit::PeerDied,
             BenchError::Reference { source, .. } => source.exit(),
+            BenchError::Interrupted => Exit::Ok,
         }
     }
 }
@@ -242,15 +249,78 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> BenchError + '_ {
     }
 }
 
-/// Runs the benchmark; prints as it goes.
-pub fn run(args: &BenchArgs) -> Result<Vec<Point>, BenchError> {
+/// What a bench measured: every point done, and whether SIGTERM or SIGINT cut it short.
+#[derive(Debug, Clone)]
+pub struct Measured {
+    /// The points measured, in order.
+    pub points: Vec<Point>,
+    /// Whether the bench stopped early on SIGTERM or SIGINT (the CSV holds the points done).
+    pub interrupted: bool,
+}
+
+/// Runs the benchmark; prints as it goes. SIGTERM or SIGINT (`stop`) ends the run in progress
+/// within a second: its children are stopped, the CSV and plot are written with the points
+/// done, and the result says it was interrupted.
+pub fn run(args: &BenchArgs, stop: &Shutdown) -> Result<Measured, BenchError> {
     std::fs::create_dir_all(&args.out).map_err(io(&args.out))?;
     if let Some(csv) = &args.replot {
-        return replot(csv, &args.out);
+        return replot(csv, &args.out).map(|points| Measured {
+            points,
+            interrupted: false,
+        });
     }
+    let mut points = Vec::new();
+    let mut ceilings = Vec::new();
+    let mut kind = "host";
+    let measured = measure(args, stop, &mut kind, &mut ceilings, &mut points);
+    // A child killed by the same Ctrl-C (the terminal signals the whole process group) fails
+    // its run before this process looks at its flag: that too is the stop, not a failure.
+    let interrupted = match measured {
+        Ok(()) => false,
+        Err(_) if stop.requested() => true,
+        Err(e) => return Err(e),
+    };
+    if interrupted {
+        pinring_runtime::outln!(
+            "\ninterrupted (SIGTERM or SIGINT): {} point(s) measured; writing them",
+            points.len()
+        );
+    }
+    let csv = args.out.join("bench.csv");
+    write_file(
+        "the bench's CSV",
+        &csv,
+        to_csv(kind, &ceilings, &points).as_bytes(),
+    )?;
+    let svg = args.out.join("bench.svg");
+    plot(&svg, kind, &ceilings, &points, &args.loaders)?;
+    pinring_runtime::outln!("\nwrote {} and {}", csv.display(), svg.display());
+    plot_rings_if(args.ring_bytes.len() > 1, &args.out, kind, &points)?;
+    Ok(Measured {
+        points,
+        interrupted,
+    })
+}
+
+/// Measures into `points` (and `ceilings`, `kind`), so that what was done survives a stop.
+fn measure(
+    args: &BenchArgs,
+    stop: &Shutdown,
+    kind: &mut &'static str,
+    ceilings: &mut Vec<(u64, f64, f64)>,
+    points: &mut Vec<Point>,
+) -> Result<(), BenchError> {
+    let stopped = || {
+        if stop.requested() {
+            Err(BenchError::Interrupted)
+        } else {
+            Ok(())
+        }
+    };
     let selected = pinring_backend::select(args.backend, args.device)?;
     let backend = selected.backend;
-    let kind = backend.name();
+    *kind = backend.name();
+    let kind = *kind;
     pinring_runtime::outln!("pinring bench: backend {kind} ({})", selected.reason);
     if kind == "host" {
         pinring_runtime::outln!("  no GPU in use: device memory is host memory, an upload is a memcpy; these numbers measure the protocol and memory bandwidth, not PCIe");
@@ -263,6 +333,7 @@ pub fn run(args: &BenchArgs) -> Result<Vec<Point>, BenchError> {
         "  synthetic generator alone: {gen:.1} GB/s on one core (1 MiB samples)"
     );
 
+    stopped()?;
     if args.register_bytes.bytes() > 0 {
         let (secs, what) = time_registration(&*backend, args.register_bytes.bytes())?;
         let gib = args.register_bytes.bytes() as f64 / (1u64 << 30) as f64;
@@ -274,7 +345,6 @@ pub fn run(args: &BenchArgs) -> Result<Vec<Point>, BenchError> {
     }
 
     // Ceilings per slot size.
-    let mut ceilings = Vec::new();
     pinring_runtime::outln!("\nceilings (one stream, no pipeline):");
     pinring_runtime::outln!(
         "{:>10} {:>16} {:>16}",
@@ -283,6 +353,7 @@ pub fn run(args: &BenchArgs) -> Result<Vec<Point>, BenchError> {
         "pageable GB/s"
     );
     for size in &args.slot_sizes {
+        stopped()?;
         let bytes = size.bytes() as usize;
         let iters = ((4u64 << 30) / size.bytes().max(1)).clamp(20, 20_000) as usize;
         let reg = backend.raw_copy_gbps(bytes, iters, true)?;
@@ -291,6 +362,31 @@ pub fn run(args: &BenchArgs) -> Result<Vec<Point>, BenchError> {
         ceilings.push((size.bytes(), reg, page));
     }
     drop(backend);
+    let mode_raw = if args.skip_modes {
+        0.0
+    } else {
+        match ceilings
+            .iter()
+            .find(|(s, _, _)| *s == args.mode_slot.bytes())
+        {
+            Some(c) => c.1,
+            None => pinring_backend::select(args.backend, args.device)?
+                .backend
+                .raw_copy_gbps(args.mode_slot.bytes() as usize, 200, true)?,
+        }
+    };
+    let mut run_bytes: Vec<(u64, u64)> = ceilings
+        .iter()
+        .map(|&(slot, raw, _)| (slot, args.run_bytes_at(raw)))
+        .collect();
+    if !args.skip_modes {
+        run_bytes.push((args.mode_slot.bytes(), args.run_bytes_at(mode_raw)));
+    }
+    let total = ceilings
+        .iter()
+        .map(|&(slot, _, _)| geometries(slot, &args.ring_bytes).len() * args.loaders.len())
+        .sum::<usize>()
+        + if args.skip_modes { 0 } else { MODES.len() };
     // The reference runs in this process on the backend the daemons will pick: named, so that
     // `auto` is not resolved (and logged) again for every run.
     let bench = Bench {
@@ -301,6 +397,9 @@ pub fn run(args: &BenchArgs) -> Result<Vec<Point>, BenchError> {
         } else {
             BackendKind::Host
         },
+        stop,
+        run_bytes,
+        progress: std::cell::Cell::new((0, total, Instant::now())),
     };
 
     // The upload engine alone on each point's ring: no writers, no protocol, every slot full.
@@ -318,7 +417,7 @@ pub fn run(args: &BenchArgs) -> Result<Vec<Point>, BenchError> {
     );
     // The engine alone, the warm-up and the modes run at the first ring size asked.
     let first_ring = |slot: u64| ring_slots(slot, args.ring_bytes[0].bytes());
-    for (slot, raw, _) in &ceilings {
+    for (slot, raw, _) in ceilings.iter() {
         let m = bench.reference(*slot, first_ring(*slot), 0)?;
         pinring_runtime::outln!(
             "{:>10} {:>10.2} {:>7.0}% {:>16.2} {:>8.2}",
@@ -330,7 +429,6 @@ pub fn run(args: &BenchArgs) -> Result<Vec<Point>, BenchError> {
         );
     }
 
-    let mut points = Vec::new();
     // The first pipeline run after the GPU sat idle is slower (seen on the H200: 36 GB/s, then
     // 43-44 GB/s for the same point): run one, unreported, so every reported run starts warm.
     if let (Some(&(slot, _, _)), Some(&n)) = (ceilings.first(), args.loaders.iter().max()) {
@@ -346,12 +444,14 @@ pub fn run(args: &BenchArgs) -> Result<Vec<Point>, BenchError> {
          processes, no protocol); {runs}:"
     );
     print_header();
+    bench.restart_clock();
     let first = points.len();
-    for (slot, raw, _) in &ceilings {
+    for (slot, raw, _) in ceilings.iter() {
         for slots in geometries(*slot, &args.ring_bytes) {
             for &n in &args.loaders {
                 let point = bench.point("pipeline", *slot, slots, n, *raw, &[])?;
                 print_point(&point);
+                bench.point_done();
                 points.push(point);
             }
         }
@@ -360,16 +460,6 @@ pub fn run(args: &BenchArgs) -> Result<Vec<Point>, BenchError> {
 
     if !args.skip_modes {
         let mode_slot = args.mode_slot.bytes();
-        let mode_raw = ceilings
-            .iter()
-            .find(|(s, _, _)| *s == mode_slot)
-            .map_or_else(
-                || {
-                    pinring_backend::select(bench.backend, args.device)
-                        .and_then(|s| s.backend.raw_copy_gbps(mode_slot as usize, 200, true))
-                },
-                |c| Ok(c.1),
-            )?;
         pinring_runtime::outln!(
             "\nmodes side by side ({}, {} loaders), each next to the reference:",
             args.mode_slot,
@@ -377,39 +467,42 @@ pub fn run(args: &BenchArgs) -> Result<Vec<Point>, BenchError> {
         );
         print_header();
         let first = points.len();
-        let modes: [(&str, &[&str]); 5] = [
-            ("registered (discard)", &["--sink", "discard"]),
-            (
-                "pageable ring (--no-register)",
-                &["--sink", "discard", "--no-register"],
-            ),
-            ("upload + compute kernel", &["--sink", "compute"]),
-            (
-                "zero-copy compute kernel",
-                &["--sink", "compute", "--zero-copy"],
-            ),
-            ("upload + verify", &["--sink", "verify"]),
-        ];
-        for (mode, extra) in modes {
+        for (mode, extra) in MODES {
             let slots = first_ring(mode_slot);
             let point = bench.point(mode, mode_slot, slots, args.mode_loaders, mode_raw, extra)?;
             print_point(&point);
+            bench.point_done();
             points.push(point);
         }
         print_flag_note(&points[first..]);
     }
+    Ok(())
+}
 
-    let csv = args.out.join("bench.csv");
-    write_file(
-        "the bench's CSV",
-        &csv,
-        to_csv(kind, &ceilings, &points).as_bytes(),
-    )?;
-    let svg = args.out.join("bench.svg");
-    plot(&svg, kind, &ceilings, &points, &args.loaders)?;
-    pinring_runtime::outln!("\nwrote {} and {}", csv.display(), svg.display());
-    plot_rings_if(args.ring_bytes.len() > 1, &args.out, kind, &points)?;
-    Ok(points)
+/// The modes measured side by side, and the daemon flags of each.
+const MODES: [(&str, &[&str]); 5] = [
+    ("registered (discard)", &["--sink", "discard"]),
+    (
+        "pageable ring (--no-register)",
+        &["--sink", "discard", "--no-register"],
+    ),
+    ("upload + compute kernel", &["--sink", "compute"]),
+    (
+        "zero-copy compute kernel",
+        &["--sink", "compute", "--zero-copy"],
+    ),
+    ("upload + verify", &["--sink", "verify"]),
+];
+
+impl BenchArgs {
+    /// Payload bytes a run moves at a slot size whose registered ceiling is `raw_gbps`:
+    /// `--run-bytes`, or what that ceiling moves in `--run-seconds`.
+    pub fn run_bytes_at(&self, raw_gbps: f64) -> u64 {
+        self.run_bytes.map_or_else(
+            || (raw_gbps.max(0.0) * 1e9 * self.run_seconds.max(0.0)) as u64,
+            |b| b.bytes(),
+        )
+    }
 }
 
 /// What every run of one bench shares.
@@ -419,9 +512,41 @@ struct Bench<'a> {
     exe: ThisProgram,
     /// The backend the reference runs on (`cuda` or `host`, as resolved at the start).
     backend: BackendKind,
+    /// Set by SIGTERM or SIGINT: every wait looks at it.
+    stop: &'a Shutdown,
+    /// Payload bytes a run moves, per slot size.
+    run_bytes: Vec<(u64, u64)>,
+    /// Points done, points in all, and when the first began: the time left after each.
+    progress: std::cell::Cell<(usize, usize, Instant)>,
 }
 
 impl Bench<'_> {
+    /// Bytes a run at `slot` moves.
+    fn run_bytes(&self, slot: u64) -> u64 {
+        self.run_bytes
+            .iter()
+            .find(|(s, _)| *s == slot)
+            .map_or(0, |&(_, b)| b)
+    }
+
+    /// Starts the clock the time left is reckoned from (at the first reported point).
+    fn restart_clock(&self) {
+        let (done, total, _) = self.progress.get();
+        self.progress.set((done, total, Instant::now()));
+    }
+
+    /// Counts a point done and prints how many are left and about how long they take.
+    fn point_done(&self) {
+        let (done, total, since) = self.progress.get();
+        let done = done + 1;
+        self.progress.set((done, total, since));
+        let each = since.elapsed().as_secs_f64() / done as f64;
+        pinring_runtime::outln!(
+            "  [{done}/{total} points, about {:.0} s left]",
+            each * total.saturating_sub(done) as f64
+        );
+    }
+
     /// `--repeat` runs of one point, each pipeline run followed by a reference run.
     fn point(
         &self,
@@ -475,7 +600,7 @@ impl Bench<'_> {
             n => format!("{slots} x {} slots, {n} writers", ByteSize(slot)),
         };
         let name = format!("bench-ref-{}", std::process::id());
-        let cfg = run_config(slot, slots, args.run_bytes.bytes(), &name);
+        let cfg = run_config(slot, slots, self.run_bytes(slot), &name);
         let geom = reference::Geometry::of(&cfg);
         // A fresh backend per run, as each pipeline run's daemon has.
         let selected = pinring_backend::select(self.backend, args.device)?;
@@ -485,10 +610,14 @@ impl Bench<'_> {
             writers as u32,
             &name,
             reference::Spawn::Processes(&self.exe),
+            &|| self.stop.requested(),
         )
-        .map_err(|source| BenchError::Reference {
-            what,
-            source: Box::new(source),
+        .map_err(|source| match source {
+            reference::ReferenceError::Interrupted => BenchError::Interrupted,
+            source => BenchError::Reference {
+                what,
+                source: Box::new(source),
+            },
         })
     }
 
@@ -513,7 +642,7 @@ impl Bench<'_> {
             why,
         };
         let name = format!("bench-{}", std::process::id());
-        let cfg = run_config(slot, slots, args.run_bytes.bytes(), &name);
+        let cfg = run_config(slot, slots, self.run_bytes(slot), &name);
         let mode_tag: String = mode
             .chars()
             .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
@@ -572,6 +701,10 @@ impl Bench<'_> {
         let status = loop {
             if let Some(st) = kids.0[0].try_wait().map_err(|e| fail(e.to_string()))? {
                 break st;
+            }
+            if self.stop.requested() {
+                // `kids` stops the daemon (it drains and removes its ring) and the loaders.
+                return Err(BenchError::Interrupted);
             }
             if start.elapsed() > Duration::from_secs(300) {
                 return Err(fail("did not finish within 300 s".into()));

@@ -14,8 +14,12 @@ use pinring_runtime::installed;
 use pinring_runtime::shutdown::Shutdown;
 
 /// Body of `pinring bench`.
-pub fn main_bench(args: &bench::BenchArgs) -> Exit {
-    match bench::run(args) {
+pub fn main_bench(args: &bench::BenchArgs, shutdown: std::io::Result<Shutdown>) -> Exit {
+    let shutdown = match installed(shutdown) {
+        Ok(s) => s,
+        Err(e) => return e,
+    };
+    match bench::run(args, &shutdown) {
         Ok(_) => Exit::Ok,
         Err(e) => {
             tracing::error!("{e}");

@@ -240,6 +240,9 @@ pub struct Measured {
 /// Why the reference run (or one of its writers) failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ReferenceError {
+    /// The bench was asked to stop (SIGTERM or SIGINT) while this run went on.
+    #[error("stopped by SIGTERM or SIGINT")]
+    Interrupted,
     /// Creating, publishing or opening the segment failed.
     #[error("reference segment {name:?}: {source}")]
     Segment {
@@ -317,6 +320,7 @@ impl pinring_exit::Coded for ReferenceError {
             ReferenceError::Spawn { .. }
             | ReferenceError::WriterDied { .. }
             | ReferenceError::Stalled { .. } => Exit::PeerDied,
+            ReferenceError::Interrupted => Exit::Ok,
         }
     }
 }
@@ -532,6 +536,7 @@ pub fn run(
     writers: u32,
     name: &str,
     spawn: Spawn<'_>,
+    stop: &dyn Fn() -> bool,
 ) -> Result<Measured, ReferenceError> {
     if let Some(problem) = geom.problem() {
         return Err(ReferenceError::Geometry { problem });
@@ -600,6 +605,9 @@ pub fn run(
         if attached >= writers {
             break;
         }
+        if stop() {
+            return Err(ReferenceError::Interrupted);
+        }
         kids.check_alive()?;
         if waited.elapsed() > STALL {
             return Err(ReferenceError::Stalled {
@@ -622,6 +630,9 @@ pub fn run(
     let (mut next, mut done, mut bytes) = (0u64, 0u64, 0u64);
     let mut last_progress = Instant::now();
     while done < geom.batches {
+        if stop() {
+            return Err(ReferenceError::Interrupted);
+        }
         // Read before looking: a fill or a completion after this read changes the word, so the
         // wait below returns at once instead of sleeping through it.
         let seen = h.doorbell.load(SeqCst);
@@ -1136,7 +1147,7 @@ mod tests {
         // 3 writers over 8 slots (uneven shares), 50 batches: six laps and a bit.
         let geom = geometry(8, 50);
         let backend = Recording::default();
-        let m = run(&backend, &geom, 3, &name, Spawn::Threads).unwrap();
+        let m = run(&backend, &geom, 3, &name, Spawn::Threads, &|| false).unwrap();
         assert_eq!(m.batches, 50);
         assert_eq!(m.bytes, 50 * 8216);
         assert_eq!(m.bytes, geom.bytes());
@@ -1166,6 +1177,7 @@ mod tests {
             4,
             &name,
             Spawn::Threads,
+            &|| false,
         )
         .unwrap();
         assert_eq!(m.batches, 9);
@@ -1182,6 +1194,7 @@ mod tests {
             2,
             &name,
             Spawn::Processes(&missing),
+            &|| false,
         )
         .unwrap_err();
         let msg = e.to_string();
@@ -1196,6 +1209,7 @@ mod tests {
             1,
             &name,
             Spawn::Processes(&ThisProgram::at("true".into())),
+            &|| false,
         )
         .unwrap_err();
         let msg = e.to_string();
