@@ -1,7 +1,7 @@
 //! WebDataset tar shards (`kind = "webdataset"`).
 //!
-//! **Samples.** Each shard (`dataset.shards`, ustar, GNU or PAX tar, uncompressed) is indexed
-//! once at open: the `tar` crate walks the headers, and each regular member's data offset
+//! **Samples.** Each shard (`dataset.webdataset.shards`, its globs expanded by the caller;
+//! ustar, GNU or PAX tar, uncompressed) is indexed once at open: the `tar` crate walks the headers, and each regular member's data offset
 //! ([`tar::Entry::raw_file_position`]) and size are kept; reads are `pread`s of those bytes
 //! later. As in WebDataset, a member `dir/key.ext` has the key `dir/key` (the path up to the
 //! first dot of the base name) and the extension `ext` (the rest, lower-cased); consecutive
