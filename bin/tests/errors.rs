@@ -25,6 +25,36 @@ fn a_loader_with_another_config_is_refused() {
         log.contains("fingerprint") && log.contains(&fx.ring),
         "{log}"
     );
+    // The message names the setting that differs, with both values.
+    assert!(
+        log.contains("plan.batch_size (the daemon's 8, this loader's 4)"),
+        "{log}"
+    );
+    // Two at once, and the sample shape; each still exit 8.
+    for (edit, needles) in [
+        (
+            SMALL.replace("epochs = 2", "epochs = 2\nshuffle = false\nseed = 5"),
+            &[
+                "plan.seed (the daemon's 0, this loader's 5)",
+                "plan.shuffle (the daemon's true, this loader's false)",
+            ][..],
+        ),
+        (
+            SMALL.replace("[64, 64]", "[64, 32]"),
+            &["the sample's fields (dataset.sample_shape, dataset.dtype"],
+        ),
+        (
+            SMALL.replace("seed = 7", "seed = 8"),
+            &["another dataset or plan setting"],
+        ),
+    ] {
+        std::fs::write(&other, edit).unwrap();
+        let (st, log) = wait_for(fx.loader(&other), "loader", LONG);
+        assert_eq!(st.code(), Some(8), "{log}");
+        for n in needles {
+            assert!(log.contains(n), "{log} lacks {n:?}");
+        }
+    }
     signal(&daemon, Signal::SIGTERM);
     let (st, _) = wait_for(daemon, "daemon", LONG);
     assert!(st.success());

@@ -563,6 +563,30 @@ fn webdataset_ranks_deliver_their_shard_orders_disjoint_and_covering() {
     assert_eq!(r0.len() + r1.len(), total as usize);
 }
 
+#[test]
+fn webdataset_shards_given_as_a_glob_run_as_the_listed_shards() {
+    // The daemon and each loader expand the glob themselves: the same sorted list, so the same
+    // fingerprint, and the run delivers the shard order of the shards it matched.
+    let sizes = [4u64, 3, 5];
+    let (seed, buffer, epochs) = (3u64, 2usize, 2u32);
+    let config = format!(
+        "[ring]\nslots = 4\n[dataset]\nkind = \"webdataset\"\n[dataset.webdataset]\n\
+         shards = \"wds/shard-*.tar\"\nshuffle_buffer = {buffer}\n\
+         [dataset.image]\ntransform = \"eval\"\ncrop = 8\nresize = 8\n\
+         [plan]\nbatch_size = 3\nepochs = {epochs}\nshuffle = true\nseed = {seed}\n"
+    );
+    let fx = Fixture::new("files-wds-glob", &config);
+    labelled_shards(fx.dir.path(), &sizes);
+    let got = delivered_labels(&fx, epochs);
+    for (e, labels) in got.iter().enumerate() {
+        let order = epoch_order_for(&sizes, seed, e as u32, 0, 1, buffer);
+        assert_eq!(
+            labels, &order,
+            "epoch {e}: the shard order of the matched shards"
+        );
+    }
+}
+
 /// Writes `wds/shard-<i>.tar` of `sizes` samples with Python: sample `k` (the global position,
 /// so its id) is `sample<k>.jpg` (an 8x8 JPEG, with `images`), `.cls` (`1000 + k`), `.npy` (a
 /// float32 array of shape (4, 3) saved by `numpy.save`; sample `bad`'s transposed to (3, 4))

@@ -267,6 +267,9 @@ pub fn run(args: &DaemonArgs, shutdown: &Shutdown) -> Outcome {
         Ok(c) => c,
         Err(e) => return failed_at_start(args, None, e.into()),
     };
+    if let Some(w) = cfg.sets_nothing_warning() {
+        tracing::warn!(ring = %cfg.ring.name, "{w}");
+    }
     if args.address.is_some() {
         // An anonymous ring's loaders are given the config the ring holds, written elsewhere
         // (`pinring.Loader(loaders=N)`), not this file: its paths are stored absolute.

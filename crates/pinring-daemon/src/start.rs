@@ -151,6 +151,7 @@ impl Daemon {
             mode: cfg.ring.mode.bits(),
             group: cfg.ring.group.clone(),
             fingerprint: cfg.fingerprint(),
+            settings: cfg.settings_record(),
             start_seq: args.start_seq,
             end_seq,
             in_order: cfg.ring.in_order,

@@ -27,6 +27,7 @@ use crate::size::ByteSize;
 use crate::synthetic::Synthetic;
 
 mod geometry;
+pub(crate) mod keys;
 pub use geometry::{AutoRing, PartLayout};
 
 /// Alignment of every slot (a page), the segment layout's
@@ -142,6 +143,7 @@ mode = "0600"
 # labels, decoded by pinring-loader; fields images and labels (i64), e.g.
 #   [dataset.webdataset]
 #   shards = ["train-000000.tar", "train-000001.tar"]  # ids in this order
+#                          # (or a glob, "train-*.tar": its files, sorted)
 #   shuffle_buffer = 1000  # samples; with plan.shuffle, each rank's shards
 #                          # (shard i is rank i % world_size's) are shuffled
 #                          # and streamed through a buffer of this many
@@ -765,6 +767,13 @@ pub struct Config {
     /// are resolved against it ([`Config::resolve_path`]). `None`: the working directory.
     #[serde(skip)]
     pub base_dir: Option<PathBuf>,
+    /// Read from a file that sets nothing (only comments, blank lines or empty tables): every
+    /// setting is its built-in default. `pinring config check` and the daemon say so
+    /// ([`Config::sets_nothing_warning`]), since a file meant to say something that says
+    /// nothing is a likelier mistake than a wish for the synthetic default. Not part of the
+    /// file.
+    #[serde(skip)]
+    pub sets_nothing: bool,
 }
 
 impl PartialEq for Config {
@@ -787,6 +796,7 @@ impl Default for Config {
             daemon: DaemonConfig::default(),
             source: "<built-in defaults>".to_string(),
             base_dir: None,
+            sets_nothing: false,
         }
     }
 }
@@ -809,8 +819,28 @@ fn round_up(v: u64, align: u64) -> u64 {
 impl Config {
     /// Parses and validates `text`; `source_name` (usually the file path)
     /// appears in error messages.
+    ///
+    /// A key refused by the `[dataset]` table's checks is pointed at by its line and column, as
+    /// toml points at its own errors, and a key unknown to its table is told where it belongs
+    /// (`seq_len belongs in [dataset.tokens]`).
     pub fn from_toml_str(text: &str, source_name: &str) -> Result<Config, ConfigError> {
-        Config::from_settings(toml::Deserializer::new(text), source_name)
+        let mut cfg =
+            Config::from_settings_with(toml::Deserializer::new(text), source_name, |e| {
+                let (path, message) = keys::split(e.message());
+                let message = message.trim_end();
+                let span = path
+                    .as_deref()
+                    .and_then(|p| keys::locate(text, p))
+                    .or_else(|| e.span());
+                let message =
+                    keys::unknown_key_hint(message).unwrap_or_else(|| message.to_string());
+                match span {
+                    Some(span) => keys::render(text, span, &message),
+                    None => message,
+                }
+            })?;
+        cfg.sets_nothing = keys::sets_nothing(text).unwrap_or(false);
+        Ok(cfg)
     }
 
     /// A config from settings given as data in any serde format (the TOML file's shape:
@@ -821,13 +851,42 @@ impl Config {
     where
         D: Deserializer<'de>,
     {
+        Config::from_settings_with(settings, source_name, |e| {
+            let (_, message) = keys::split(&e.to_string());
+            let message = message.trim_end();
+            keys::unknown_key_hint(message).unwrap_or_else(|| message.to_string())
+        })
+    }
+
+    /// [`Config::from_settings`], its deserializer's error written by `message`.
+    fn from_settings_with<'de, D>(
+        settings: D,
+        source_name: &str,
+        message: impl FnOnce(&D::Error) -> String,
+    ) -> Result<Config, ConfigError>
+    where
+        D: Deserializer<'de>,
+    {
         let mut cfg = Config::deserialize(settings).map_err(|e| ConfigError::Parse {
             source_name: source_name.to_string(),
-            message: e.to_string().trim_end().to_string(),
+            message: message(&e).trim_end().to_string(),
         })?;
         cfg.source = source_name.to_string();
         cfg.validate()?;
         Ok(cfg)
+    }
+
+    /// The warning to give for a config read from a file that sets nothing
+    /// ([`Config::sets_nothing`]); `None` for any other.
+    pub fn sets_nothing_warning(&self) -> Option<String> {
+        self.sets_nothing.then(|| {
+            format!(
+                "{} sets nothing (only comments, blank lines or empty tables): every setting is \
+                 its built-in default, the synthetic dataset; if that is not what you meant, \
+                 check that this is the file you edited",
+                self.source
+            )
+        })
     }
 
     /// Reads, parses and validates the file at `path`.
@@ -839,10 +898,13 @@ impl Config {
             source,
         })?;
         let mut cfg = Self::from_toml_str(&text, &name)?;
-        cfg.base_dir = Some(match path.parent() {
+        // Absolute, so that a message naming a file of the dataset names the folder it is in,
+        // not "./" (the config's own path may be relative to the working directory).
+        let dir = match path.parent() {
             Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
             _ => PathBuf::from("."),
-        });
+        };
+        cfg.base_dir = Some(std::path::absolute(&dir).unwrap_or(dir));
         Ok(cfg)
     }
 
@@ -889,6 +951,65 @@ impl Config {
         match &self.base_dir {
             Some(dir) if path.is_relative() => dir.join(path),
             _ => path.to_path_buf(),
+        }
+    }
+
+    /// Replaces `dataset.webdataset.shards` with `shards`: its globs expanded (each in sorted
+    /// order, pinring-sources' opener expands them), before the length, the shard sizes and
+    /// the fingerprint are taken from them, so the fingerprint covers the shards read, not the
+    /// pattern. Does nothing for the other kinds.
+    pub fn set_shards(&mut self, shards: Vec<PathBuf>) -> Result<(), ConfigError> {
+        if let Some(w) = self
+            .dataset
+            .webdataset
+            .as_mut()
+            .filter(|_| self.dataset.kind == DatasetKind::WebDataset)
+        {
+            w.shards = shards;
+        }
+        self.validate()
+    }
+
+    /// The paths of the dataset's files as written, each with its key (`dataset.tokens.files`,
+    /// `dataset.npy.path`, `dataset.npy.labels`, `dataset.webdataset.shards`,
+    /// `dataset.imagefolder.root`).
+    pub fn dataset_paths(&self) -> Vec<(&'static str, &Path)> {
+        let d = &self.dataset;
+        let mut out = Vec::new();
+        if let Some(t) = &d.tokens {
+            out.extend(
+                t.files
+                    .iter()
+                    .map(|f| ("dataset.tokens.files", f.as_path())),
+            );
+        }
+        if let Some(n) = &d.npy {
+            out.push(("dataset.npy.path", n.path.as_path()));
+            out.extend(n.labels.iter().map(|l| ("dataset.npy.labels", l.as_path())));
+        }
+        if let Some(w) = &d.webdataset {
+            out.extend(
+                w.shards
+                    .iter()
+                    .map(|s| ("dataset.webdataset.shards", s.as_path())),
+            );
+        }
+        if let Some(f) = &d.imagefolder {
+            out.push(("dataset.imagefolder.root", f.root.as_path()));
+        }
+        out
+    }
+
+    /// The folder relative paths of the dataset are resolved against ([`Config::resolve_path`]),
+    /// in words: the config file's folder, or the working directory for a config not read from
+    /// a file.
+    pub fn paths_relative_to(&self) -> String {
+        match &self.base_dir {
+            Some(dir) => format!("{}, the folder of the config file", dir.display()),
+            None => match std::env::current_dir() {
+                Ok(cwd) => format!("{}, the working directory", cwd.display()),
+                Err(_) => "the working directory".to_string(),
+            },
         }
     }
 
@@ -1160,6 +1281,8 @@ impl Config {
             .webdataset
             .as_ref()
             .filter(|_| d.kind == DatasetKind::WebDataset)
+            // A glob's shards are counted when it is expanded ([`Config::set_shards`]).
+            .filter(|w| !w.shards.iter().any(|p| crate::dataset::is_glob(p)))
         {
             // Known from the config alone: refused before the shards are opened.
             if (w.shards.len() as u64) < u64::from(p.world_size) {
@@ -3351,5 +3474,206 @@ mod example_file {
     fn the_example_config_is_the_built_in_default() {
         let file = include_str!("../../../config/pinring.toml");
         assert_eq!(file, super::DEFAULT_CONFIG_TOML);
+    }
+}
+
+#[cfg(test)]
+mod hints {
+    use super::*;
+
+    fn err(text: &str) -> String {
+        Config::from_toml_str(text, "t.toml")
+            .unwrap_err()
+            .to_string()
+    }
+
+    #[test]
+    fn a_numpy_or_torch_dtype_name_is_told_pinrings_name() {
+        for (given, ours) in [
+            ("float32", "f32"),
+            ("float16", "f16"),
+            ("bfloat16", "bf16"),
+            ("torch.bfloat16", "bf16"),
+            ("np.float64", "f64"),
+            ("int64", "i64"),
+            ("long", "i64"),
+            ("uint8", "u8"),
+            ("int32", "i32"),
+            ("half", "f16"),
+            ("<f4", "f32"),
+        ] {
+            let e = err(&format!("[dataset]\ndtype = \"{given}\"\n"));
+            assert!(
+                e.contains(&format!("pinring calls it \"{ours}\"")),
+                "{given}: {e}"
+            );
+            assert!(e.contains("line 2, column 9"), "{e}");
+        }
+        // In every table that takes a dtype.
+        let e = err(
+            "[dataset]\nkind = \"npy\"\n[dataset.npy]\npath = \"x.npy\"\n\
+                     dtype = \"float32\"\nshape = [2]\n",
+        );
+        assert!(e.contains("pinring calls it \"f32\""), "{e}");
+        assert!(e.contains("line 5, column"), "{e}");
+        // No guess where the libraries disagree, or for what pinring has not.
+        for given in ["float", "complex64"] {
+            let e = err(&format!("[dataset]\ndtype = \"{given}\"\n"));
+            assert!(!e.contains("pinring calls it"), "{e}");
+            assert!(e.contains("the dtypes are u8, i32"), "{e}");
+        }
+    }
+
+    #[test]
+    fn a_key_in_the_wrong_table_names_its_table_and_points_at_its_line() {
+        let e = err(
+            "# data\n[dataset]\nkind = \"tokens\"\nseq_len = 8\n[dataset.tokens]\n\
+                     files = [\"a.bin\"]\nseq_len = 8\n",
+        );
+        assert!(e.contains("seq_len belongs in [dataset.tokens]"), "{e}");
+        assert!(e.contains("line 4, column 1"), "{e}");
+        let e = err("[dataset]\nbatch_size = 8\n");
+        assert!(e.contains("batch_size belongs in [plan]"), "{e}");
+        let e = err("batch_size = 8\n");
+        assert!(e.contains("batch_size belongs in [plan]"), "{e}");
+        let e = err("[plan]\n\nlease_ms = 5\n");
+        assert!(
+            e.contains("lease_ms belongs in [daemon]") && e.contains("line 3, column 1"),
+            "{e}"
+        );
+        // Keys the dataset's own check refuses: at their line, not at [dataset]'s.
+        let e = err(
+            "[dataset]\nkind = \"tokens\"\n[dataset.tokens]\nfiles = [\"a.bin\"]\n\
+                     seq_len = 8\n  crop = 3\n",
+        );
+        assert!(
+            e.contains("crop belongs in [dataset.image]") && e.contains("line 6, column 3"),
+            "{e}"
+        );
+        let e = err(
+            "[dataset]\nkind = \"tokens\"\n\nclasses = 3\n[dataset.tokens]\n\
+                     files = [\"a.bin\"]\nseq_len = 8\n",
+        );
+        assert!(
+            e.contains("dataset.classes") && e.contains("line 4, column 1"),
+            "{e}"
+        );
+        let e = err(
+            "[dataset]\nkind = \"tokens\"\n[dataset.tokens]\nfiles = \"a.bin\"\n\
+                     seq_len = 8\n",
+        );
+        assert!(e.contains("line 4, column 1"), "{e}");
+        let e = err(
+            "[dataset]\nkind = \"tokens\"\n[dataset.tokens]\nfiles = [\"a\"]\n\
+                     seq_len = 8\nbatch = 3\n",
+        );
+        assert!(
+            e.contains("unknown key dataset.tokens.batch") && e.contains("line 6, column 1"),
+            "{e}"
+        );
+        // Given as data (Python): the same words, no marks left in them.
+        let mut de = serde_json::Deserializer::from_str(
+            r#"{"dataset": {"kind": "tokens", "tokens": {"files": ["a"], "seq_len": 8, "crop": 3}}}"#,
+        );
+        let e = Config::from_settings(&mut de, "data")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("crop belongs in [dataset.image]"), "{e}");
+        assert!(!e.contains('\u{1}'), "{e:?}");
+    }
+
+    #[test]
+    fn one_shard_string_is_a_list_of_one_and_globs_are_counted_when_expanded() {
+        let c = Config::from_toml_str(
+            "[dataset]\nkind = \"webdataset\"\n[dataset.webdataset]\nshards = \"a.tar\"\n",
+            "t",
+        )
+        .unwrap();
+        assert_eq!(
+            c.dataset.webdataset.as_ref().unwrap().shards,
+            [PathBuf::from("a.tar")]
+        );
+        assert!(
+            c.to_toml().contains("shards = [\"a.tar\"]"),
+            "{}",
+            c.to_toml()
+        );
+        // Two ranks, one glob: the count is the expansion's, refused only after it.
+        let text = "[dataset]\nkind = \"webdataset\"\n[dataset.webdataset]\n\
+                    shards = \"train-*.tar\"\n[plan]\nworld_size = 2\n";
+        let mut c = Config::from_toml_str(text, "t").unwrap();
+        assert!(c.set_shards(vec!["train-0.tar".into()]).is_err());
+        c.set_shards(vec!["train-0.tar".into(), "train-1.tar".into()])
+            .unwrap();
+        let e = err("[dataset]\nkind = \"webdataset\"\n[dataset.webdataset]\nshards = 3\n");
+        assert!(e.contains("a list of shard paths"), "{e}");
+    }
+
+    #[test]
+    fn the_expanded_shards_are_what_the_fingerprint_covers() {
+        struct Expanded(Vec<PathBuf>);
+        impl crate::DatasetOpener for Expanded {
+            fn open(&self, _: &Config) -> Result<Option<crate::OpenedDataset>, ConfigError> {
+                Ok(Some(crate::OpenedDataset {
+                    len: self.0.len() as u64,
+                    shard_sizes: Some(vec![1; self.0.len()]),
+                    shards: Some(self.0.clone()),
+                }))
+            }
+        }
+        let c = Config::from_toml_str(
+            "[dataset]\nkind = \"webdataset\"\n[dataset.webdataset]\nshards = \"s-*.tar\"\n\
+             [plan]\nbatch_size = 1\n",
+            "t",
+        )
+        .unwrap();
+        let two = vec![PathBuf::from("s-0.tar"), PathBuf::from("s-1.tar")];
+        let a = c.resolve(&Expanded(two.clone()), None).unwrap();
+        assert_eq!(a.config().dataset.webdataset.as_ref().unwrap().shards, two);
+        let other = vec![PathBuf::from("s-0.tar"), PathBuf::from("s-2.tar")];
+        let b = c.resolve(&Expanded(other), None).unwrap();
+        assert_ne!(a.config().fingerprint(), b.config().fingerprint());
+        // The same shards named one by one: the same fingerprint as the glob's.
+        let named = Config::from_toml_str(
+            "[dataset]\nkind = \"webdataset\"\n[dataset.webdataset]\n\
+             shards = [\"s-0.tar\", \"s-1.tar\"]\n[plan]\nbatch_size = 1\n",
+            "t",
+        )
+        .unwrap()
+        .resolve(&Expanded(two), None)
+        .unwrap();
+        assert_eq!(named.config().fingerprint(), a.config().fingerprint());
+    }
+
+    #[test]
+    fn a_file_that_sets_nothing_says_so() {
+        for text in ["", "# nothing\n\n", "[plan]\n# batch_size = 4\n[dataset]\n"] {
+            let c = Config::from_toml_str(text, "empty.toml").unwrap();
+            assert!(c.sets_nothing, "{text:?}");
+            let w = c.sets_nothing_warning().unwrap();
+            assert!(w.contains("empty.toml") && w.contains("default"), "{w}");
+        }
+        for text in ["[plan]\nbatch_size = 4\n", DEFAULT_CONFIG_TOML] {
+            let c = Config::from_toml_str(text, "t").unwrap();
+            assert!(!c.sets_nothing && c.sets_nothing_warning().is_none());
+        }
+        assert!(!Config::default().sets_nothing);
+    }
+
+    #[test]
+    fn a_config_loaded_by_a_relative_name_resolves_against_an_absolute_folder() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("p.toml"), "").unwrap();
+        let c = Config::load(dir.path().join("p.toml")).unwrap();
+        assert_eq!(c.base_dir.as_deref(), Some(dir.path()));
+        assert!(c
+            .paths_relative_to()
+            .contains(&dir.path().display().to_string()));
+        let cwd = std::env::current_dir().unwrap();
+        let rel = dir.path().join("p.toml");
+        if let Ok(rel) = rel.strip_prefix(&cwd) {
+            let c = Config::load(rel).unwrap();
+            assert!(c.base_dir.unwrap().is_absolute());
+        }
     }
 }

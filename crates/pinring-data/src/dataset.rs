@@ -18,6 +18,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
+use crate::config::keys::at;
 use crate::config::{DatasetConfig, DatasetKind};
 use crate::fields::Field;
 use crate::meta::Dtype;
@@ -115,7 +116,10 @@ pub struct NpyDataset {
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WebDatasetDataset {
-    /// The tar shards, in order (sample ids: shard order, then member order).
+    /// The tar shards, in order (sample ids: shard order, then member order). An entry may be
+    /// a glob (`"train-*.tar"`), expanded in sorted order when the shards are opened
+    /// ([`crate::Config::set_shards`]); one string is read as a list of one entry.
+    #[serde(deserialize_with = "one_or_many")]
     pub shards: Vec<PathBuf>,
     /// Whether each sample has an image member, decoded into the field `images` as
     /// `[dataset.image]` says (default true; false: no image member is read, no `images` field,
@@ -134,6 +138,28 @@ pub struct WebDatasetDataset {
     /// shards'. The plan's shard order needs it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub shard_samples: Vec<u64>,
+}
+
+/// A list of paths, or one path given as a string (`shards = "train-*.tar"`).
+fn one_or_many<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<PathBuf>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(
+        untagged,
+        expecting = "a list of shard paths (or globs), or one path as a string"
+    )]
+    enum OneOrMany {
+        One(PathBuf),
+        Many(Vec<PathBuf>),
+    }
+    Ok(match OneOrMany::deserialize(d)? {
+        OneOrMany::One(p) => vec![p],
+        OneOrMany::Many(v) => v,
+    })
+}
+
+/// Whether a shard entry is a glob: it holds `*`, `?` or `[` (the `glob` crate's syntax).
+pub fn is_glob(path: &std::path::Path) -> bool {
+    path.to_str().is_some_and(|s| s.contains(['*', '?', '[']))
 }
 
 /// `[dataset.webdataset] npy`: every sample's `.npy` member holds one array of this dtype and
@@ -385,7 +411,7 @@ const IMAGE_KEYS: &[&str] = &[
 ];
 
 /// The tables of the file kinds: (table name, its keys, the kinds it belongs to).
-const TABLES: &[(&str, &[&str], &[DatasetKind])] = &[
+pub(crate) const TABLES: &[(&str, &[&str], &[DatasetKind])] = &[
     ("tokens", TOKENS_KEYS, &[DatasetKind::Tokens]),
     ("npy", NPY_KEYS, &[DatasetKind::Npy]),
     ("webdataset", WDS_KEYS, &[DatasetKind::WebDataset]),
@@ -450,26 +476,56 @@ fn sub_table<T: serde::de::DeserializeOwned>(
             .iter()
             .find(|t| t.0 != name && t.1.contains(&key.as_str()))
         {
-            return Err(format!(
-                "dataset.{name}.{key} is a key of [dataset.{o}] ({kinds}), not of {}; \
-                 [dataset.{name}] takes {}",
-                q(kind),
-                own.join(", "),
-                o = other.0,
-                kinds = other
-                    .2
-                    .iter()
-                    .map(|k| format!("kind = \"{k}\""))
-                    .collect::<Vec<_>>()
-                    .join(", "),
+            return Err(at(
+                &format!("dataset.{name}.{key}"),
+                format!(
+                    "{key} belongs in [dataset.{o}]: dataset.{name}.{key} is a key of \
+                 [dataset.{o}] ({kinds}), not of {}; [dataset.{name}] takes {}",
+                    q(kind),
+                    own.join(", "),
+                    o = other.0,
+                    kinds = other
+                        .2
+                        .iter()
+                        .map(|k| format!("kind = \"{k}\""))
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                ),
             ));
         }
-        return Err(format!(
-            "unknown key dataset.{name}.{key}; [dataset.{name}] takes {}",
-            own.join(", ")
+        let homes = crate::config::keys::homes(key);
+        return Err(at(
+            &format!("dataset.{name}.{key}"),
+            if homes.is_empty() {
+                format!(
+                    "unknown key dataset.{name}.{key}; [dataset.{name}] takes {}",
+                    own.join(", ")
+                )
+            } else {
+                format!(
+                    "{key} belongs in {}, not in [dataset.{name}]: move it there; \
+                     [dataset.{name}] takes {}",
+                    homes.join(" or "),
+                    own.join(", ")
+                )
+            },
         ));
     }
-    T::deserialize(toml::Value::Table(table)).map_err(|e| format!("[dataset.{name}]: {e}"))
+    T::deserialize(toml::Value::Table(table)).map_err(|e| {
+        // toml names the key of a value it refused on a last line, "in `key`".
+        let text = e.to_string();
+        let text = text.trim_end();
+        match text.rsplit_once("\nin `") {
+            Some((message, key)) if key.ends_with('`') => at(
+                &format!("dataset.{name}.{}", key.trim_end_matches('`')),
+                format!("[dataset.{name}]: {message}"),
+            ),
+            _ => at(
+                &format!("dataset.{name}"),
+                format!("[dataset.{name}]: {text}"),
+            ),
+        }
+    })
 }
 
 impl TryFrom<RawDataset> for DatasetConfig {
@@ -487,31 +543,40 @@ impl TryFrom<RawDataset> for DatasetConfig {
                 ("classes", r.classes.is_some()),
             ];
             if let Some((key, _)) = synthetic.iter().find(|(_, given)| *given) {
-                return Err(format!(
-                    "dataset.{key} is a key of kind = \"synthetic\", and this dataset has {}: \
-                     remove it (the fields of its samples come from [dataset.{}]{})",
-                    q(kind),
-                    kind.as_str(),
-                    if *key == "seed" {
-                        "; the shifted windows of kind = \"tokens\" use plan.seed"
-                    } else {
-                        ""
-                    }
+                return Err(at(
+                    &format!("dataset.{key}"),
+                    format!(
+                        "dataset.{key} is a key of kind = \"synthetic\", and this dataset has \
+                         {}: remove it (the fields of its samples come from [dataset.{}]{})",
+                        q(kind),
+                        kind.as_str(),
+                        if *key == "seed" {
+                            "; the shifted windows of kind = \"tokens\" use plan.seed"
+                        } else {
+                            ""
+                        }
+                    ),
                 ));
             }
             if r.fields.is_some() {
-                return Err(format!(
-                    "dataset.fields is a key of kind = \"external\", and this dataset has {}: \
-                     remove it (the fields of its samples come from [dataset.{}])",
-                    q(kind),
-                    kind.as_str()
+                return Err(at(
+                    "dataset.fields",
+                    format!(
+                        "dataset.fields is a key of kind = \"external\", and this dataset has \
+                         {}: remove it (the fields of its samples come from [dataset.{}])",
+                        q(kind),
+                        kind.as_str()
+                    ),
                 ));
             }
         } else if r.on_bad_sample.is_some() {
-            return Err(format!(
-                "dataset.on_bad_sample is a key of the file kinds (\"tokens\", \"npy\", \
-                 \"webdataset\", \"imagefolder\"), and this dataset has {}: remove it",
-                q(kind)
+            return Err(at(
+                "dataset.on_bad_sample",
+                format!(
+                    "dataset.on_bad_sample is a key of the file kinds (\"tokens\", \"npy\", \
+                     \"webdataset\", \"imagefolder\"), and this dataset has {}: remove it",
+                    q(kind)
+                ),
             ));
         }
         for (name, given) in [
@@ -524,55 +589,58 @@ impl TryFrom<RawDataset> for DatasetConfig {
             let owners = TABLES.iter().find(|t| t.0 == name).map_or(&[][..], |t| t.2);
             if given && !owners.contains(&kind) {
                 let names: Vec<String> = owners.iter().map(|k| format!("\"{k}\"")).collect();
-                return Err(format!(
-                    "[dataset.{name}] holds keys of kind = {}, and this dataset has {}: remove the \
-                     table or set dataset.kind = {}",
-                    names.join(" or "),
-                    q(kind),
-                    names.join(" or ")
+                return Err(at(
+                    &format!("dataset.{name}"),
+                    format!(
+                        "[dataset.{name}] holds keys of kind = {}, and this dataset has {}: \
+                         remove the table or set dataset.kind = {}",
+                        names.join(" or "),
+                        q(kind),
+                        names.join(" or ")
+                    ),
                 ));
             }
         }
         let tokens = match r.tokens {
             Some(t) => Some(sub_table::<TokensDataset>(t, "tokens", kind)?),
             None if kind == DatasetKind::Tokens => {
-                return Err(
+                return Err(at(
+                    "dataset.kind",
                     "kind = \"tokens\" needs a [dataset.tokens] table with at least files and \
-                     seq_len, e.g. files = [\"train.bin\"] and seq_len = 1024"
-                        .into(),
-                )
+                     seq_len, e.g. files = [\"train.bin\"] and seq_len = 1024",
+                ))
             }
             None => None,
         };
         let npy =
             match r.npy {
                 Some(t) => Some(sub_table::<NpyDataset>(t, "npy", kind)?),
-                None if kind == DatasetKind::Npy => return Err(
+                None if kind == DatasetKind::Npy => return Err(at(
+                    "dataset.kind",
                     "kind = \"npy\" needs a [dataset.npy] table with path, dtype and shape, e.g. \
-                     path = \"x_train.npy\", dtype = \"f32\" and shape = [3, 32, 32]"
-                        .into(),
-                ),
+                     path = \"x_train.npy\", dtype = \"f32\" and shape = [3, 32, 32]",
+                )),
                 None => None,
             };
         let webdataset = match r.webdataset {
             Some(t) => Some(sub_table::<WebDatasetDataset>(t, "webdataset", kind)?),
             None if kind == DatasetKind::WebDataset => {
-                return Err(
+                return Err(at(
+                    "dataset.kind",
                     "kind = \"webdataset\" needs a [dataset.webdataset] table with at \
-                            least shards, e.g. shards = [\"train-000000.tar\"]"
-                        .into(),
-                )
+                            least shards, e.g. shards = [\"train-000000.tar\"]",
+                ))
             }
             None => None,
         };
         let imagefolder = match r.imagefolder {
             Some(t) => Some(sub_table::<ImageFolderDataset>(t, "imagefolder", kind)?),
             None if kind == DatasetKind::ImageFolder => {
-                return Err(
+                return Err(at(
+                    "dataset.kind",
                     "kind = \"imagefolder\" needs a [dataset.imagefolder] table with \
-                            root, e.g. root = \"imagenet/train\""
-                        .into(),
-                )
+                            root, e.g. root = \"imagenet/train\"",
+                ))
             }
             None => None,
         };
@@ -580,10 +648,12 @@ impl TryFrom<RawDataset> for DatasetConfig {
         let no_images = webdataset.as_ref().is_some_and(|w| !w.images);
         let image = match r.image {
             Some(_) if no_images => {
-                return Err("[dataset.image] says how to decode the image members, and \
+                return Err(at(
+                    "dataset.image",
+                    "[dataset.image] says how to decode the image members, and \
                      dataset.webdataset.images = false reads none: remove the table or set \
-                     images = true"
-                    .into())
+                     images = true",
+                ))
             }
             Some(t) => Some(sub_table::<ImageDataset>(t, "image", kind)?),
             // The image kinds' defaults: train, 224, u8.

@@ -88,14 +88,7 @@ impl Config {
         let mut b = Vec::with_capacity(96 + 4 * d.sample_shape.len());
         b.extend_from_slice(MAGIC);
         b.extend_from_slice(&FINGERPRINT_VERSION.to_le_bytes());
-        b.push(match d.kind {
-            DatasetKind::Synthetic => 0,
-            DatasetKind::External => 1,
-            DatasetKind::Tokens => 2,
-            DatasetKind::Npy => 3,
-            DatasetKind::WebDataset => 4,
-            DatasetKind::ImageFolder => 5,
-        });
+        b.push(d.kind.code());
         b.extend_from_slice(&d.samples.to_le_bytes());
         b.extend_from_slice(&(d.sample_shape.len() as u32).to_le_bytes());
         for dim in &d.sample_shape {
@@ -218,6 +211,247 @@ impl Config {
     }
 }
 
+/// Words of the settings record a daemon stores in its ring beside the fingerprint
+/// ([`pinring_ring::layout::SETTINGS_WORDS`]).
+pub const SETTINGS_WORDS: usize = pinring_ring::layout::SETTINGS_WORDS;
+
+/// Version of [`Config::settings_record`]'s encoding, its word 0 (0: no record, a ring of an
+/// older daemon).
+pub const SETTINGS_VERSION: u64 = 1;
+
+/// The record's words (docs/PROTOCOL.md, "Settings record").
+mod word {
+    pub const VERSION: usize = 0;
+    pub const FINGERPRINT_VERSION: usize = 1;
+    pub const KIND: usize = 2;
+    pub const SAMPLES: usize = 3;
+    pub const PATHS: usize = 4;
+    pub const FIELDS: usize = 5;
+    pub const BATCH_SIZE: usize = 6;
+    pub const SEED: usize = 7;
+    pub const SHUFFLE: usize = 8;
+    pub const DROP_LAST: usize = 9;
+    pub const START_EPOCH: usize = 10;
+    pub const RANK: usize = 11;
+    pub const WORLD_SIZE: usize = 12;
+    pub const SLOT_BYTES: usize = 13;
+    pub const SAMPLES_PER_PART: usize = 14;
+    pub const SHARD_SAMPLES: usize = 15;
+}
+
+impl crate::config::DatasetKind {
+    /// The fingerprint's code of the kind.
+    const fn code(self) -> u8 {
+        match self {
+            DatasetKind::Synthetic => 0,
+            DatasetKind::External => 1,
+            DatasetKind::Tokens => 2,
+            DatasetKind::Npy => 3,
+            DatasetKind::WebDataset => 4,
+            DatasetKind::ImageFolder => 5,
+        }
+    }
+
+    const ALL: [DatasetKind; 6] = [
+        DatasetKind::Synthetic,
+        DatasetKind::External,
+        DatasetKind::Tokens,
+        DatasetKind::Npy,
+        DatasetKind::WebDataset,
+        DatasetKind::ImageFolder,
+    ];
+
+    /// The keys that decide a sample's fields, for a message.
+    const fn field_keys(self) -> &'static str {
+        match self {
+            DatasetKind::Synthetic => "dataset.sample_shape, dataset.dtype",
+            DatasetKind::External => "dataset.fields",
+            DatasetKind::Tokens => "dataset.tokens.seq_len, dataset.tokens.dtype",
+            DatasetKind::Npy => "dataset.npy.shape, dtype, field, labels_dtype, labels_shape",
+            DatasetKind::WebDataset => {
+                "[dataset.image] crop and output, dataset.webdataset.images and npy"
+            }
+            DatasetKind::ImageFolder => "[dataset.image] crop and output",
+        }
+    }
+
+    /// The key of the kind's file paths, for a message.
+    const fn path_keys(self) -> &'static str {
+        match self {
+            DatasetKind::Tokens => "dataset.tokens.files",
+            DatasetKind::Npy => "dataset.npy.path or dataset.npy.labels",
+            DatasetKind::WebDataset => "dataset.webdataset.shards",
+            DatasetKind::ImageFolder => "dataset.imagefolder.root",
+            DatasetKind::Synthetic | DatasetKind::External => "the dataset's paths",
+        }
+    }
+}
+
+impl Config {
+    /// The settings record a daemon stores in its ring beside the fingerprint: the values of
+    /// the settings a loader's config most often differs in (the plan's keys, the dataset's
+    /// kind and length, the slot size) and hashes of the dataset's paths as written, of its
+    /// fields and of its shards' sample counts, so that a loader refused for another
+    /// fingerprint can name what differs ([`Config::setting_differences`]).
+    pub fn settings_record(&self) -> [u64; SETTINGS_WORDS] {
+        let d = &self.dataset;
+        let p = &self.plan;
+        let mut w = [0u64; SETTINGS_WORDS];
+        w[word::VERSION] = SETTINGS_VERSION;
+        w[word::FINGERPRINT_VERSION] = u64::from(FINGERPRINT_VERSION);
+        w[word::KIND] = u64::from(d.kind.code());
+        w[word::SAMPLES] = d.samples;
+        let mut paths = Vec::new();
+        for (key, path) in self.dataset_paths() {
+            paths.extend_from_slice(key.as_bytes());
+            push_path(&mut paths, path);
+        }
+        w[word::PATHS] = xxh3_64(&paths);
+        let mut fields = Vec::new();
+        for f in self.fields() {
+            fields.extend_from_slice(&(f.name.len() as u32).to_le_bytes());
+            fields.extend_from_slice(f.name.as_bytes());
+            fields.push(f.dtype.code());
+            fields.extend_from_slice(&(f.shape.len() as u32).to_le_bytes());
+            for dim in &f.shape {
+                fields.extend_from_slice(&dim.to_le_bytes());
+            }
+        }
+        w[word::FIELDS] = xxh3_64(&fields);
+        w[word::BATCH_SIZE] = u64::from(p.batch_size);
+        w[word::SEED] = p.seed;
+        w[word::SHUFFLE] = u64::from(p.shuffle);
+        w[word::DROP_LAST] = u64::from(p.drop_last);
+        w[word::START_EPOCH] = u64::from(p.start_epoch);
+        w[word::RANK] = u64::from(p.rank);
+        w[word::WORLD_SIZE] = u64::from(p.world_size);
+        let parts = self.part_layout();
+        w[word::SLOT_BYTES] = parts.slot_bytes;
+        w[word::SAMPLES_PER_PART] = u64::from(parts.samples_per_part);
+        let shard_samples: Vec<u8> = d
+            .webdataset
+            .iter()
+            .flat_map(|w| w.shard_samples.iter().flat_map(|n| n.to_le_bytes()))
+            .collect();
+        w[word::SHARD_SAMPLES] = xxh3_64(&shard_samples);
+        w
+    }
+
+    /// The settings in which this config differs from the one whose record is `theirs` (a
+    /// daemon's, [`Config::settings_record`]), each named by its key with both values where the
+    /// record holds them ("plan.batch_size: the daemon's 8, this loader's 4"). `None`: `theirs`
+    /// is no record (an older daemon's ring). Empty: none of the recorded settings differ, so
+    /// another dataset or plan setting does (one the record holds no word for).
+    pub fn setting_differences(&self, theirs: &[u64; SETTINGS_WORDS]) -> Option<Vec<String>> {
+        if theirs[word::VERSION] != SETTINGS_VERSION {
+            return None;
+        }
+        let mine = self.settings_record();
+        let differs = |i: usize| mine[i] != theirs[i];
+        let mut out = Vec::new();
+        if differs(word::FINGERPRINT_VERSION) {
+            out.push(format!(
+                "the pinring version (the daemon's build hashes configs with fingerprint version                  {}, this loader's {}): run the loader of the daemon's build",
+                theirs[word::FINGERPRINT_VERSION],
+                mine[word::FINGERPRINT_VERSION]
+            ));
+        }
+        let their_kind = DatasetKind::ALL
+            .into_iter()
+            .find(|k| u64::from(k.code()) == theirs[word::KIND]);
+        let kind = self.dataset.kind;
+        if differs(word::KIND) {
+            out.push(format!(
+                "dataset.kind (the daemon's {}, this loader's \"{kind}\")",
+                their_kind.map_or_else(
+                    || format!("kind code {}", theirs[word::KIND]),
+                    |k| format!("\"{k}\"")
+                ),
+            ));
+        } else {
+            if differs(word::PATHS) {
+                out.push(format!(
+                    "{} (the daemon reads other files: compare the paths, and where relative, \
+                     the folders they are resolved against: {} here)",
+                    kind.path_keys(),
+                    self.paths_relative_to()
+                ));
+            }
+            if differs(word::FIELDS) {
+                out.push(format!(
+                    "the sample's fields ({}; this loader's: {})",
+                    kind.field_keys(),
+                    self.fields()
+                        .iter()
+                        .map(|f| format!("{} {} {:?}", f.name, f.dtype, f.shape))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ));
+            }
+            if differs(word::SAMPLES) && kind.reads_files() {
+                out.push(format!(
+                    "the dataset's length (the daemon's {kind} files hold {} samples, the files \
+                     this loader opened have {}: it reads other or changed files than the \
+                     daemon; its relative paths are resolved against {})",
+                    theirs[word::SAMPLES],
+                    mine[word::SAMPLES],
+                    self.paths_relative_to()
+                ));
+            } else if differs(word::SAMPLES) {
+                out.push(format!(
+                    "dataset.samples (the daemon's {}, this loader's {})",
+                    theirs[word::SAMPLES],
+                    mine[word::SAMPLES]
+                ));
+            }
+            if differs(word::SHARD_SAMPLES) && !differs(word::SAMPLES) {
+                out.push(
+                    "dataset.webdataset.shard_samples (the shards' sample counts: the loader \
+                     reads other or changed shards than the daemon)"
+                        .to_string(),
+                );
+            }
+        }
+        for (i, key) in [
+            (word::BATCH_SIZE, "plan.batch_size"),
+            (word::SEED, "plan.seed"),
+            (word::SHUFFLE, "plan.shuffle"),
+            (word::DROP_LAST, "plan.drop_last"),
+            (word::START_EPOCH, "plan.start_epoch"),
+            (word::RANK, "plan.rank"),
+            (word::WORLD_SIZE, "plan.world_size"),
+        ] {
+            if differs(i) {
+                let show = |v: u64| match i {
+                    word::SHUFFLE | word::DROP_LAST => (v != 0).to_string(),
+                    _ => v.to_string(),
+                };
+                out.push(format!(
+                    "{key} (the daemon's {}, this loader's {})",
+                    show(theirs[i]),
+                    show(mine[i])
+                ));
+            }
+        }
+        if differs(word::SLOT_BYTES) {
+            out.push(format!(
+                "ring.slot_bytes (the daemon's slots hold {} bytes, this loader's {}: leave it \
+                 \"auto\" in the loader's config to take the daemon's)",
+                theirs[word::SLOT_BYTES],
+                mine[word::SLOT_BYTES]
+            ));
+        } else if differs(word::SAMPLES_PER_PART) && out.is_empty() {
+            // Follows from the batch size and the fields: named only where they agree.
+            out.push(format!(
+                "the samples per part (the daemon's {}, this loader's {})",
+                theirs[word::SAMPLES_PER_PART],
+                mine[word::SAMPLES_PER_PART]
+            ));
+        }
+        Some(out)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use crate::config::{SegmentMode, SlotBytes};
@@ -292,5 +526,95 @@ mod tests {
         c.ring.mode = SegmentMode::Group;
         c.source = "elsewhere.toml".into();
         assert_eq!(c.fingerprint(), base);
+    }
+}
+
+#[cfg(test)]
+mod settings_record {
+    use crate::Config;
+
+    /// A config of `extra` with a fixed slot size (a loader's "auto" takes the daemon's).
+    fn config(extra: &str) -> Config {
+        Config::from_toml_str(
+            &format!("[ring]\nslot_bytes = \"4MiB\"\n[dataset]\nsamples = 64\n{extra}"),
+            "t",
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn the_settings_that_differ_are_named_with_both_values() {
+        let daemon = config("[plan]\nbatch_size = 8\n");
+        let theirs = daemon.settings_record();
+        assert_eq!(
+            config("[plan]\nbatch_size = 8\n").setting_differences(&theirs),
+            Some(vec![])
+        );
+        let d = config("[plan]\nbatch_size = 4\nshuffle = false\nseed = 3\n")
+            .setting_differences(&theirs)
+            .unwrap();
+        assert_eq!(
+            d,
+            [
+                "plan.batch_size (the daemon's 8, this loader's 4)",
+                "plan.seed (the daemon's 0, this loader's 3)",
+                "plan.shuffle (the daemon's true, this loader's false)",
+            ]
+        );
+        let d = config("sample_shape = [3, 4]\n[plan]\nbatch_size = 8\n")
+            .setting_differences(&theirs)
+            .unwrap();
+        assert!(
+            d.len() == 1 && d[0].contains("dataset.sample_shape") && d[0].contains("[3, 4]"),
+            "{d:?}"
+        );
+        let d = config("[plan]\nbatch_size = 8\nworld_size = 2\nrank = 1\n")
+            .setting_differences(&theirs)
+            .unwrap();
+        assert_eq!(d.len(), 2, "{d:?}");
+        // A dataset key the record has no word for: nothing named, the fingerprint differs.
+        let other = config("classes = 7\n[plan]\nbatch_size = 8\n");
+        assert_ne!(other.fingerprint(), daemon.fingerprint());
+        assert_eq!(other.setting_differences(&theirs), Some(vec![]));
+        // An explicit slot size of the loader's that is not the daemon's.
+        let d = Config::from_toml_str(
+            "[ring]\nslot_bytes = \"8MiB\"\n[dataset]\nsamples = 64\n[plan]\nbatch_size = 8\n",
+            "t",
+        )
+        .unwrap()
+        .setting_differences(&theirs)
+        .unwrap();
+        assert!(d.len() == 1 && d[0].starts_with("ring.slot_bytes"), "{d:?}");
+        // No record (an older daemon's ring): nothing to compare.
+        assert_eq!(
+            daemon.setting_differences(&[0; super::SETTINGS_WORDS]),
+            None
+        );
+    }
+
+    #[test]
+    fn file_paths_and_kinds_are_named_by_their_keys() {
+        let tokens = |files: &str| {
+            Config::from_toml_str(
+                &format!(
+                    "[dataset]\nkind = \"tokens\"\n[dataset.tokens]\nfiles = {files}\nseq_len = 4\n"
+                ),
+                "t",
+            )
+            .unwrap()
+        };
+        let theirs = tokens("[\"a.bin\"]").settings_record();
+        let d = tokens("[\"b.bin\"]").setting_differences(&theirs).unwrap();
+        assert!(
+            d.len() == 1 && d[0].starts_with("dataset.tokens.files"),
+            "{d:?}"
+        );
+        let d = config("").setting_differences(&theirs).unwrap();
+        // (and the slot size, which follows from the fields: a loader's "auto" takes the
+        // daemon's)
+        assert!(
+            d[0].contains("dataset.kind (the daemon's \"tokens\", this loader's \"synthetic\")"),
+            "{d:?}"
+        );
     }
 }

@@ -25,7 +25,11 @@ fn bincode_config() -> MetaConfig {
 }
 
 /// Element type of a sample.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+///
+/// Read from a config by its pinring name ([`Dtype::name`]); a NumPy or PyTorch spelling
+/// (`"float32"`, `"torch.bfloat16"`, `"int64"`, `"half"`) is refused with the pinring name that
+/// means the same type ([`Dtype::from_other_name`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Dtype {
     /// Unsigned 8-bit integer.
@@ -121,6 +125,96 @@ impl Dtype {
             Dtype::U32 => 11,
             Dtype::U64 => 12,
         }
+    }
+}
+
+impl Dtype {
+    /// The dtype a config names `name` by: its pinring name only.
+    pub fn from_name(name: &str) -> Option<Dtype> {
+        Dtype::ALL.into_iter().find(|d| d.name() == name)
+    }
+
+    /// The pinring dtype that a NumPy or PyTorch spelling means (`"float32"`, `"np.float32"`,
+    /// `"torch.float32"`, `"<f4"`, `"half"`, `"long"`, ...), for the hint of a refused name.
+    /// Names whose width differs between the two libraries (`"float"`, `"int"`) have none.
+    pub fn from_other_name(name: &str) -> Option<Dtype> {
+        let n = name.trim().to_ascii_lowercase();
+        let n = ["torch.", "numpy.", "np."]
+            .iter()
+            .find_map(|p| n.strip_prefix(p))
+            .unwrap_or(&n)
+            .to_string();
+        if let Some(d) = Dtype::from_name(&n) {
+            return Some(d);
+        }
+        Some(match n.as_str() {
+            "uint8" | "|u1" | "u1" | "ubyte" => Dtype::U8,
+            "int8" | "|i1" | "i1" | "byte" => Dtype::I8,
+            "int16" | "<i2" | "i2" | "short" => Dtype::I16,
+            "uint16" | "<u2" | "u2" | "ushort" => Dtype::U16,
+            "int32" | "<i4" | "i4" | "intc" => Dtype::I32,
+            "uint32" | "<u4" | "u4" | "uintc" => Dtype::U32,
+            "int64" | "<i8" | "long" | "int_" | "longlong" => Dtype::I64,
+            "uint64" | "<u8" | "ulonglong" => Dtype::U64,
+            "float16" | "<f2" | "f2" | "half" => Dtype::F16,
+            "bfloat16" => Dtype::Bf16,
+            "float32" | "<f4" | "f4" | "single" => Dtype::F32,
+            "float64" | "<f8" | "f8" | "double" | "float_" => Dtype::F64,
+            "bool_" | "|b1" | "b1" | "boolean" => Dtype::Bool,
+            _ => return None,
+        })
+    }
+
+    /// Why `name` is not a dtype, and which one it may mean.
+    fn refusal(name: &str) -> String {
+        let all: Vec<&str> = Dtype::ALL.iter().map(|d| d.name()).collect();
+        match Dtype::from_other_name(name) {
+            Some(d) => format!(
+                "unknown dtype {name:?}: pinring calls it \"{d}\" (write dtype = \"{d}\"); the \
+                 dtypes are {}",
+                all.join(", ")
+            ),
+            None => format!("unknown dtype {name:?}; the dtypes are {}", all.join(", ")),
+        }
+    }
+}
+
+/// [`Dtype`]'s derived form, for formats that are not human-readable (bincode's metadata:
+/// the variant's index): the same variants in the same order.
+#[derive(Deserialize)]
+#[serde(remote = "Dtype", rename_all = "lowercase")]
+enum DtypeIndex {
+    U8,
+    I32,
+    I64,
+    F16,
+    Bf16,
+    F32,
+    F64,
+    Bool,
+    I8,
+    I16,
+    U16,
+    U32,
+    U64,
+}
+
+impl<'de> Deserialize<'de> for Dtype {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        if !d.is_human_readable() {
+            return DtypeIndex::deserialize(d);
+        }
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = Dtype;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a dtype name such as \"f32\" or \"u8\"")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Dtype, E> {
+                Dtype::from_name(v).ok_or_else(|| E::custom(Dtype::refusal(v)))
+            }
+        }
+        d.deserialize_str(V)
     }
 }
 

@@ -16,6 +16,8 @@ pub struct OpenedDataset {
     pub len: u64,
     /// For a WebDataset: each shard's sample count, in shard order.
     pub shard_sizes: Option<Vec<u64>>,
+    /// For a WebDataset: the shards opened, its globs expanded (`None`: as written).
+    pub shards: Option<Vec<std::path::PathBuf>>,
 }
 
 /// Opens the dataset a config names (pinring-sources implements it; pinring-data reads no
@@ -127,6 +129,9 @@ impl Config {
         let mut cfg = self.clone();
         let opened = opener.open(&cfg)?;
         if let Some(o) = &opened {
+            if let Some(shards) = &o.shards {
+                cfg.set_shards(shards.clone())?;
+            }
             if let Some(sizes) = &o.shard_sizes {
                 cfg.set_shard_samples(sizes)?;
             }
@@ -225,6 +230,7 @@ mod tests {
                 Ok(Some(OpenedDataset {
                     len: self.0,
                     shard_sizes: None,
+                    shards: None,
                 }))
             }
         }

@@ -67,6 +67,9 @@ pub fn run(args: &CheckArgs) -> Result<(), CheckError> {
     let cfg = resolved.config();
     pinring_runtime::outln!("# config OK: {}", cfg.source);
     pinring_runtime::outln!("# found by: {}", origin.describe());
+    if let Some(w) = cfg.sets_nothing_warning() {
+        pinring_runtime::outln!("# warning: {w}");
+    }
     pinring_runtime::outln!("# segment: {}", cfg.segment_path());
     pinring_runtime::outln!(
         "# slot bytes: {} ({} payload max + {} metadata reserve; {}); ring data: {} bytes \

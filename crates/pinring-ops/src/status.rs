@@ -516,6 +516,7 @@ mod tests {
             mode: 0o600,
             group: None,
             fingerprint: 1,
+            settings: [0; pinring_ring::layout::SETTINGS_WORDS],
             start_seq: seqs.start,
             end_seq: seqs.end,
             in_order,

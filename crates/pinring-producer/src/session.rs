@@ -35,8 +35,11 @@ pub enum SessionError {
         source: pinring_data::PlanError,
     },
     /// The config differs from the daemon's.
-    #[error("ring {ring:?}: this loader's config ({source_name}, fingerprint {mine:#018x}) describes another dataset or plan than the daemon's (fingerprint {theirs:#018x}): start the loader with the daemon's config file{hint}")]
+    #[error("ring {ring:?}: this loader's config ({source_name}, fingerprint {mine:#018x}) describes another dataset or plan than the daemon's (fingerprint {theirs:#018x}); they differ in {differs}: start the loader with the daemon's config file{hint}")]
     Mismatch {
+        /// The settings that differ, each with both values where the ring's settings record
+        /// holds them; "another dataset or plan setting" where it names none.
+        differs: Box<str>,
         /// More on the cause, when known (a file dataset of another length).
         hint: Box<str>,
         /// Ring name.
@@ -238,9 +241,18 @@ impl Session {
         }
         let theirs = h.fingerprint.load(Relaxed);
         if cfg.fingerprint() != theirs {
-            let hint = length_hint(cfg, ring).into_boxed_str();
+            // The daemon's settings record names what differs; without a record (an older
+            // daemon's ring) or where it names nothing, the files' length is the likeliest.
+            let (differs, hint) = match cfg.setting_differences(&ring.settings_record()) {
+                Some(d) if !d.is_empty() => (d.join("; "), String::new()),
+                _ => (
+                    "another dataset or plan setting".to_string(),
+                    length_hint(cfg, ring),
+                ),
+            };
             return Err(SessionError::Mismatch {
-                hint,
+                differs: differs.into_boxed_str(),
+                hint: hint.into_boxed_str(),
                 ring: cfg.ring.name.clone(),
                 source_name: cfg.source.clone(),
                 mine: cfg.fingerprint(),

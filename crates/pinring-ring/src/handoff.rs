@@ -181,6 +181,8 @@ mod pinned {
     const _: () = assert!(size_of::<HandoffBlock>() == 256);
     const _: () =
         assert!(HANDOFF_OFFSET + size_of::<HandoffBlock>() <= crate::layout::LOADER_TABLE_OFFSET);
+    const _: () =
+        assert!(HANDOFF_OFFSET + size_of::<HandoffBlock>() <= crate::layout::SETTINGS_OFFSET);
     const _: () = assert!(HANDOFF_OFFSET >= crate::layout::HEALTH_OFFSET + 128);
     const _: () = assert!(offset_of!(HandoffBlock, exported) == 64);
     const _: () = assert!(offset_of!(HandoffBlock, consumer_pid) == 128);

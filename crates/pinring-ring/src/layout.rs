@@ -30,6 +30,10 @@ pub const DESC_BYTES: usize = 128;
 pub const HEALTH_OFFSET: usize = 384;
 /// Byte offset of [`Header::daemon_pid`] (read with `pread` by a daemon judging an old file).
 pub const DAEMON_PID_OFFSET: usize = offset_of!(Header, daemon_pid);
+/// Byte offset of the [`Settings`] record inside the header page (after the handoff block).
+pub const SETTINGS_OFFSET: usize = 768;
+/// Words of the [`Settings`] record.
+pub const SETTINGS_WORDS: usize = 32;
 /// Byte offset of the loader table inside the header page.
 pub const LOADER_TABLE_OFFSET: usize = 1024;
 /// Bytes of one loader table entry.
@@ -248,6 +252,18 @@ pub struct Health {
     _reserved: [u64; 3],
 }
 
+/// The settings record: the values (and hashes) of the dataset and plan settings the ring's
+/// fingerprint covers, written once by the creator (pinring-data's `Config::settings_record`
+/// says what each word is), so that a loader refused for another fingerprint can name the
+/// setting that differs. Informational: the fingerprint alone decides; all zero in a ring
+/// whose creator wrote none (the formerly reserved space of the header page).
+#[repr(C)]
+#[derive(Debug)]
+pub struct Settings {
+    /// The record's words.
+    pub words: [AtomicU64; SETTINGS_WORDS],
+}
+
 /// Loader table entry states.
 pub mod loader_state {
     /// Entry unused.
@@ -307,6 +323,9 @@ mod pinned {
     const _: () = assert!(offset_of!(LoaderEntry, state) == 4);
     const _: () = assert!(offset_of!(LoaderEntry, tenure) == 6);
     const _: () = assert!(HEALTH_OFFSET + size_of::<Health>() <= LOADER_TABLE_OFFSET);
+    const _: () = assert!(size_of::<Settings>() == 256);
+    const _: () = assert!(SETTINGS_OFFSET % 64 == 0);
+    const _: () = assert!(SETTINGS_OFFSET + size_of::<Settings>() <= LOADER_TABLE_OFFSET);
     const _: () = assert!(HEALTH_OFFSET % 64 == 0);
     const _: () = assert!(offset_of!(Health, leases_expired) == 0);
     const _: () = assert!(offset_of!(Health, bad_batches_skipped) == 32);

@@ -36,6 +36,8 @@ pub struct CreateOptions {
     pub group: Option<String>,
     /// Fingerprint of the dataset/plan config.
     pub fingerprint: u64,
+    /// The settings record beside it ([`crate::layout::Settings`]; all zero: none).
+    pub settings: [u64; crate::layout::SETTINGS_WORDS],
     /// First seq of the run.
     pub start_seq: u64,
     /// One past the last seq.
@@ -536,6 +538,9 @@ impl Ring {
         h.daemon_start_time.store(me.start_time, Relaxed);
         h.max_loaders.store(MAX_LOADERS as u32, Relaxed);
         h.fingerprint.store(opts.fingerprint, Relaxed);
+        for (w, &v) in self.settings().words.iter().zip(&opts.settings) {
+            w.store(v, Relaxed);
+        }
         h.start_seq.store(opts.start_seq, Relaxed);
         h.end_seq.store(opts.end_seq, Relaxed);
         h.next_assign.store(opts.start_seq, Relaxed);
@@ -826,6 +831,19 @@ impl Ring {
         // (const-asserted in layout.rs) and the mapping holds at least HEADER_BYTES; the offset
         // is 64-byte aligned; Health is atomics only.
         unsafe { self.seg.at(HEALTH_OFFSET) }
+    }
+
+    /// The settings record (in the header page; all zero where the creator wrote none).
+    pub fn settings(&self) -> &crate::layout::Settings {
+        // SAFETY: SETTINGS_OFFSET + size_of::<Settings>() <= LOADER_TABLE_OFFSET < HEADER_BYTES
+        // (const-asserted in layout.rs) and the mapping holds at least HEADER_BYTES; the offset
+        // is 64-byte aligned; Settings is atomics only.
+        unsafe { self.seg.at(crate::layout::SETTINGS_OFFSET) }
+    }
+
+    /// A copy of the settings record's words (untrusted values: for messages only).
+    pub fn settings_record(&self) -> [u64; crate::layout::SETTINGS_WORDS] {
+        std::array::from_fn(|i| self.settings().words[i].load(Relaxed))
     }
 
     /// The handoff control block (in the header page; all zero for a ring without a handoff).

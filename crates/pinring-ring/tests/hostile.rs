@@ -26,6 +26,7 @@ fn ring(tag: &str) -> (DaemonRing, Unlink) {
         mode: 0o600,
         group: None,
         fingerprint: 1,
+        settings: [0; pinring_ring::layout::SETTINGS_WORDS],
         start_seq: 0,
         end_seq: 100,
         in_order: true,

@@ -397,12 +397,8 @@ pub(crate) fn check_bufs(fields: &[SourceField], out: &[FieldBuf<'_>]) -> Result
 /// Checking the opened file, not the path, leaves no window for a swap between check and use.
 pub fn open_data_file(path: &Path) -> io::Result<File> {
     use std::os::unix::fs::OpenOptionsExt;
-    let refuse = |what: &str| {
-        io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!("it is {what}, not a regular file"),
-        )
-    };
+    let refuse =
+        |what: &'static str| io::Error::new(io::ErrorKind::InvalidInput, NotAFile { what });
     let file = match std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(nix::fcntl::OFlag::O_NONBLOCK.bits())
@@ -426,13 +422,38 @@ pub fn open_data_file(path: &Path) -> io::Result<File> {
     }
 }
 
+/// [`open_data_file`]'s refusal of what is not a regular file: the inner error of its
+/// [`io::ErrorKind::InvalidInput`] error ([`NotAFile::of`] finds it), so that a reader can say
+/// more where a directory was given for a file (a WebDataset shard).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("it is {what}, not a regular file")]
+pub struct NotAFile {
+    /// What it is, in words ("a directory", "a named pipe (FIFO)", ...).
+    pub what: &'static str,
+}
+
+impl NotAFile {
+    /// The refusal inside `e`, if [`open_data_file`] refused a file that is not a regular one.
+    pub fn of(e: &io::Error) -> Option<NotAFile> {
+        e.get_ref()?.downcast_ref::<NotAFile>().copied()
+    }
+
+    /// Whether it is a directory.
+    pub fn is_dir(self) -> bool {
+        self.what == DIRECTORY
+    }
+}
+
+/// [`not_a_file`]'s words for a directory.
+const DIRECTORY: &str = "a directory";
+
 /// What a file of type `kind` is, in words, when it is not a regular file.
 pub(crate) fn not_a_file(kind: std::fs::FileType) -> Option<&'static str> {
     use std::os::unix::fs::FileTypeExt;
     if kind.is_file() {
         None
     } else if kind.is_dir() {
-        Some("a directory")
+        Some(DIRECTORY)
     } else if kind.is_fifo() {
         Some("a named pipe (FIFO)")
     } else if kind.is_socket() {
@@ -513,6 +534,122 @@ mod tests {
         assert!(matches!(e, Err(SourceError::Buffers { .. })));
     }
 
+    fn config_in(dir: &Path, text: &str) -> pinring_data::Config {
+        let p = dir.join("pinring.toml");
+        std::fs::write(&p, text).unwrap();
+        pinring_data::Config::load(&p).unwrap()
+    }
+
+    #[test]
+    fn shard_globs_expand_sorted_relative_as_written_and_an_empty_one_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("wds")).unwrap();
+        for n in ["b-10.tar", "b-2.tar", "a.tar", "b-1.tar", "b.txt"] {
+            std::fs::write(dir.path().join("wds").join(n), "").unwrap();
+        }
+        let cfg = config_in(
+            dir.path(),
+            "[dataset]\nkind = \"webdataset\"\n[dataset.webdataset]\n\
+             shards = [\"wds/a.tar\", \"wds/b-*.tar\"]\n",
+        );
+        let got = expand_shard_globs(&cfg).unwrap().unwrap();
+        let want: Vec<std::path::PathBuf> =
+            ["wds/a.tar", "wds/b-1.tar", "wds/b-10.tar", "wds/b-2.tar"]
+                .iter()
+                .map(Into::into)
+                .collect();
+        assert_eq!(got, want);
+        let abs = format!("{}/wds/b-?.tar", dir.path().display());
+        let cfg = config_in(
+            dir.path(),
+            &format!(
+                "[dataset]\nkind = \"webdataset\"\n[dataset.webdataset]\nshards = \"{abs}\"\n"
+            ),
+        );
+        let got = expand_shard_globs(&cfg).unwrap().unwrap();
+        assert_eq!(
+            got,
+            [
+                dir.path().join("wds/b-1.tar"),
+                dir.path().join("wds/b-2.tar")
+            ]
+        );
+        let cfg = config_in(
+            dir.path(),
+            "[dataset]\nkind = \"webdataset\"\n[dataset.webdataset]\nshards = \"wds/c-*.tar\"\n",
+        );
+        let e = expand_shard_globs(&cfg).unwrap_err().to_string();
+        for needle in [
+            "\"wds/c-*.tar\"",
+            "matches no file",
+            &dir.path().display().to_string(),
+        ] {
+            assert!(e.contains(needle), "{e} lacks {needle:?}");
+        }
+        // No glob: nothing to expand.
+        let cfg = config_in(
+            dir.path(),
+            "[dataset]\nkind = \"webdataset\"\n[dataset.webdataset]\nshards = \"wds/a.tar\"\n",
+        );
+        assert!(expand_shard_globs(&cfg).unwrap().is_none());
+    }
+
+    #[test]
+    fn a_relative_path_in_a_message_is_named_as_written_with_its_folder() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = config_in(
+            dir.path(),
+            "[dataset]\nkind = \"tokens\"\n[dataset.tokens]\nfiles = [\"t/a.bin\", \"t/a.bin.1\", \"/abs/b.bin\"]\nseq_len = 2\n",
+        );
+        let d = dir.path().display();
+        let m = name_relative_paths(
+            &cfg,
+            &format!(
+                "cannot open token file {d}/t/a.bin.1: gone; and {d}/t/a.bin. Also /abs/b.bin"
+            ),
+        );
+        assert_eq!(
+            m,
+            format!(
+                "cannot open token file t/a.bin.1 (relative to {d}, the folder of the config \
+                 file): gone; and t/a.bin (relative to {d}, the folder of the config file). Also \
+                 /abs/b.bin"
+            )
+        );
+        let cfg = config_in(
+            dir.path(),
+            "[dataset]\nkind = \"imagefolder\"\n[dataset.imagefolder]\nroot = \"train\"\n",
+        );
+        let m = name_relative_paths(
+            &cfg,
+            &format!("cannot list directory {d}/train/cat: denied"),
+        );
+        assert_eq!(
+            m,
+            format!(
+                "cannot list directory train/cat: denied (dataset.imagefolder.root train \
+                 (relative to {d}, the folder of the config file))"
+            )
+        );
+    }
+
+    #[test]
+    fn a_shard_that_is_a_directory_says_so() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = WebDataset::open(&WdsConfig {
+            shards: vec![dir.path().to_path_buf()],
+            fields: vec![webdataset::WdsField::Cls],
+            shuffle_buffer: 0,
+            npy: None,
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("is a directory, not a tar file") && e.contains("/*.tar\""),
+            "{e}"
+        );
+    }
+
     #[test]
     fn on_bad_sample_parses() {
         #[derive(Deserialize)]
@@ -525,7 +662,8 @@ mod tests {
 }
 
 /// [`open_dataset`], its error a config error naming the config, the kind, the file and the
-/// problem.
+/// problem, and for a file given by a relative path, the folder it was resolved against
+/// ([`name_relative_paths`]).
 fn open_as_config(
     cfg: &pinring_data::Config,
 ) -> Result<Option<Box<dyn Source>>, pinring_data::ConfigError> {
@@ -534,8 +672,158 @@ fn open_as_config(
         .map_err(|e| pinring_data::ConfigError::Dataset {
             source_name: cfg.source.clone(),
             kind: cfg.dataset.kind,
-            message: e.to_string(),
+            message: name_relative_paths(cfg, &e.to_string()),
         })
+}
+
+/// `message` (a reader's error, naming files by the paths they were opened at) with each file
+/// that the config gives by a relative path named as written and with the folder it was
+/// resolved against: `data/train.bin (relative to /srv/run, the folder of the config file)`. A
+/// file inside such a path (an image under `dataset.imagefolder.root`) gets the same said of
+/// the path, once, at the end.
+pub fn name_relative_paths(cfg: &pinring_data::Config, message: &str) -> String {
+    let path_char = |c: char| c.is_alphanumeric() || matches!(c, '/' | '.' | '-' | '_' | '~');
+    let mut out = message.to_string();
+    let mut notes = Vec::new();
+    let mut paths: Vec<(&str, &Path)> = cfg
+        .dataset_paths()
+        .into_iter()
+        .filter(|(_, p)| p.is_relative() && !p.as_os_str().is_empty())
+        .collect();
+    // The longest first, so that "a/b.bin" is not found inside "a/b.bin.1".
+    paths.sort_by_key(|(_, p)| std::cmp::Reverse(p.as_os_str().len()));
+    let mut seen = std::collections::HashSet::new();
+    paths.retain(|(_, p)| seen.insert(*p));
+    for (key, written) in paths {
+        let resolved = cfg.resolve_path(written).display().to_string();
+        let named = format!(
+            "{} (relative to {})",
+            written.display(),
+            cfg.paths_relative_to()
+        );
+        let (mut from, mut named_once, mut inside) = (0, false, false);
+        while let Some(i) = out[from..].find(&resolved).map(|i| i + from) {
+            let end = i + resolved.len();
+            let before = out[..i].chars().next_back();
+            let after = out[end..].chars().next();
+            // A path followed by "." ends a sentence only when nothing of a path follows.
+            let ends = match after {
+                None => true,
+                Some('.') => !out[end + 1..].chars().next().is_some_and(path_char),
+                Some(c) => !path_char(c),
+            };
+            let with = if before.is_some_and(path_char) {
+                None
+            } else if ends {
+                named_once = true;
+                Some(named.clone())
+            } else if after == Some('/') {
+                // A file inside it: named under the path as written.
+                inside = true;
+                Some(written.display().to_string())
+            } else {
+                None
+            };
+            match with {
+                Some(w) => {
+                    out.replace_range(i..end, &w);
+                    from = i + w.len();
+                }
+                None => from = end,
+            }
+        }
+        if inside && !named_once {
+            notes.push(format!("{key} {named}"));
+        }
+    }
+    if !notes.is_empty() {
+        out = format!("{out} ({})", notes.join("; "));
+    }
+    out
+}
+
+/// The shards of a WebDataset config with every glob (`"train-*.tar"`) expanded, each into the
+/// files it matches in lexicographic order, resolved as relative paths are (against the config
+/// file's folder) and written back as the config wrote the pattern (relative stays relative).
+/// `None`: no glob (or not a WebDataset). A glob that matches nothing, or that is not a valid
+/// pattern, is an error naming it and the folder it was resolved against.
+pub fn expand_shard_globs(
+    cfg: &pinring_data::Config,
+) -> Result<Option<Vec<std::path::PathBuf>>, pinring_data::ConfigError> {
+    let Some(w) = cfg
+        .dataset
+        .webdataset
+        .as_ref()
+        .filter(|_| cfg.dataset.kind == pinring_data::DatasetKind::WebDataset)
+    else {
+        return Ok(None);
+    };
+    if !w.shards.iter().any(|p| pinring_data::dataset::is_glob(p)) {
+        return Ok(None);
+    }
+    let refuse = |message: String| pinring_data::ConfigError::Dataset {
+        source_name: cfg.source.clone(),
+        kind: cfg.dataset.kind,
+        message,
+    };
+    let mut out = Vec::new();
+    for entry in &w.shards {
+        if !pinring_data::dataset::is_glob(entry) {
+            out.push(entry.clone());
+            continue;
+        }
+        let pattern = cfg.resolve_path(entry);
+        let shown = || {
+            format!(
+                "the glob {:?} of dataset.webdataset.shards (relative to {})",
+                entry.display().to_string(),
+                cfg.paths_relative_to()
+            )
+        };
+        let text = pattern.to_str().ok_or_else(|| {
+            refuse(format!(
+                "{} is not UTF-8, which a glob must be: name the shards",
+                shown()
+            ))
+        })?;
+        let matches = glob::glob(text).map_err(|e| {
+            refuse(format!(
+                "{} is not a valid glob: {e}; use * ? and [...] as the shell does, or name the \
+                 shards",
+                shown()
+            ))
+        })?;
+        let mut found = Vec::new();
+        for m in matches {
+            let path = m.map_err(|e| {
+                refuse(format!(
+                    "{}: cannot read {}: {}; check the folder's permissions",
+                    shown(),
+                    e.path().display(),
+                    e.error()
+                ))
+            })?;
+            // As the pattern was written: a relative pattern's matches relative to the same
+            // folder.
+            let written = match &cfg.base_dir {
+                Some(base) if entry.is_relative() => path
+                    .strip_prefix(base)
+                    .map(Path::to_path_buf)
+                    .unwrap_or(path),
+                _ => path,
+            };
+            found.push(written);
+        }
+        if found.is_empty() {
+            return Err(refuse(format!(
+                "{} matches no file; fix the pattern or the folder, or name the shards",
+                shown()
+            )));
+        }
+        found.sort();
+        out.extend(found);
+    }
+    Ok(Some(out))
 }
 
 /// Opens the source of a file kind ([`open_dataset`]; `None` for the other kinds) and records
@@ -547,6 +835,9 @@ fn open_as_config(
 pub fn open_source(
     cfg: &mut pinring_data::Config,
 ) -> Result<Option<Box<dyn Source>>, pinring_data::ConfigError> {
+    if let Some(shards) = expand_shard_globs(cfg)? {
+        cfg.set_shards(shards)?;
+    }
     let Some(src) = open_as_config(cfg)? else {
         return Ok(None);
     };
@@ -568,12 +859,24 @@ impl pinring_data::DatasetOpener for Files {
         &self,
         cfg: &pinring_data::Config,
     ) -> Result<Option<pinring_data::OpenedDataset>, pinring_data::ConfigError> {
+        let shards = expand_shard_globs(cfg)?;
+        let expanded;
+        let cfg = match &shards {
+            Some(list) => {
+                let mut c = cfg.clone();
+                c.set_shards(list.clone())?;
+                expanded = c;
+                &expanded
+            }
+            None => cfg,
+        };
         let Some(src) = open_as_config(cfg)? else {
             return Ok(None);
         };
         Ok(Some(pinring_data::OpenedDataset {
             len: src.len(),
             shard_sizes: src.shard_sizes().map(<[u64]>::to_vec),
+            shards,
         }))
     }
 }

@@ -1,7 +1,7 @@
 //! WebDataset tar shards (`kind = "webdataset"`).
 //!
-//! **Samples.** Each shard (`dataset.shards`, ustar, GNU or PAX tar, uncompressed) is indexed
-//! once at open: the `tar` crate walks the headers, and each regular member's data offset
+//! **Samples.** Each shard (`dataset.webdataset.shards`, its globs expanded by the caller;
+//! ustar, GNU or PAX tar, uncompressed) is indexed once at open: the `tar` crate walks the headers, and each regular member's data offset
 //! ([`tar::Entry::raw_file_position`]) and size are kept; reads are `pread`s of those bytes
 //! later. As in WebDataset, a member `dir/key.ext` has the key `dir/key` (the path up to the
 //! first dot of the base name) and the extension `ext` (the rest, lower-cased); consecutive
@@ -256,12 +256,18 @@ pub enum WdsError {
         problem: String,
     },
     /// A shard cannot be opened.
-    #[error("cannot open shard {shard}: {source}; check dataset.shards")]
+    #[error("cannot open shard {shard}: {source}; check dataset.webdataset.shards")]
     Open {
         /// The shard.
         shard: String,
         /// The cause.
         source: io::Error,
+    },
+    /// A shard is a directory.
+    #[error("shard {shard} is a directory, not a tar file: name the .tar files in it in dataset.webdataset.shards, or give a glob such as \"{shard}/*.tar\"")]
+    Directory {
+        /// The shard, as opened.
+        shard: String,
     },
     /// The tar structure is corrupt.
     #[error("shard {shard} is not a valid tar file after member {member:?} (next header at byte offset {offset}): {source}; rewrite the shard or drop it from dataset.shards")]
@@ -720,7 +726,12 @@ impl WebDataset {
                 shard: show(path),
                 source,
             };
-            let file = crate::open_data_file(path).map_err(open_err)?;
+            let file = crate::open_data_file(path).map_err(|e| {
+                match crate::NotAFile::of(&e).filter(|n| n.is_dir()) {
+                    Some(_) => WdsError::Directory { shard: show(path) },
+                    None => open_err(e),
+                }
+            })?;
             let len = file.metadata().map_err(open_err)?.len();
             let members = index_tar(&show(path), &file, len)?;
             let before = samples.len();

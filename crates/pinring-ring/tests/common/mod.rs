@@ -28,6 +28,7 @@ pub fn opts(tag: &str, end_seq: u64) -> (CreateOptions, Unlink) {
         mode: 0o600,
         group: None,
         fingerprint: 0xabc,
+        settings: [0; pinring_ring::layout::SETTINGS_WORDS],
         start_seq: 0,
         end_seq,
         in_order: true,
