@@ -6,7 +6,9 @@ mod common;
 
 use common::*;
 use pinring_client::{AttachOptions, ClientError, Consumer};
+use nix::sys::signal::Signal;
 use std::process::{Command, Stdio};
+use std::sync::atomic::Ordering::Relaxed;
 
 /// [`SMALL`] with a prefetch depth of 3 batch buffers.
 fn config() -> String {
@@ -556,5 +558,38 @@ fn a_part_table_entry_naming_another_slot_is_refused_before_anything_is_read() {
     for k in &mut kids {
         let _ = k.kill();
         let _ = k.wait();
+    }
+}
+
+#[test]
+fn a_run_no_consumer_attached_to_is_called_consumer_bound() {
+    // The daemon hands batches to a consumer that never comes: the loaders fill the ring and
+    // then wait for slots, the copy engine idle. The one verdict every view gives says the
+    // consumer is the limit (it said "upload", and the run's text "balanced" when cut short).
+    let fx = Fixture::new("cons-absent", &config());
+    let (daemon, ring) = consumer_daemon(&fx);
+    let kids = loaders_attached(&fx, &daemon, &ring, 2);
+    let h = ring.header();
+    wait_until(
+        "the loaders to have waited for slots most of their time",
+        LONG,
+        || {
+            let (wait, busy) = (
+                h.loader_wait_ns.load(Relaxed),
+                h.loader_busy_ns.load(Relaxed),
+            );
+            wait >= 300_000_000 && wait >= 3 * busy
+        },
+    );
+    let v = status_json(&fx.ring, "0.3");
+    assert_eq!(v[0]["rates"]["bound"], "consumer", "{v:#}");
+    signal(&daemon, Signal::SIGTERM);
+    let (st, log) = wait_for(daemon, "daemon", LONG);
+    assert!(st.success(), "{log}");
+    let s = fx.summary();
+    assert_eq!(s.bound, "consumer", "{s:#?}");
+    assert!(s.upload_seconds < s.loader_wait_seconds / 2.0, "{s:#?}");
+    for k in kids {
+        let _ = wait_for(k, "loader", LONG);
     }
 }

@@ -8,9 +8,13 @@ the same code as ``pinring status`` (``_native.bound``):
 
 * ``loaders``: the daemon waited for batches: add loaders, or make them faster;
 * ``upload``: loaders waited for free slots while the copy to the device was busy;
-* ``trainer``: loaders waited for free slots held by batches the training step has not
-  released: the step is the limit, which is where a fed GPU should be;
-* ``balanced``: neither side waited much; ``idle``: nothing moved.
+* ``consumer``: loaders waited for free slots held by batches the training step (the ring's
+  consumer) has not released: the step is the limit, which is where a fed GPU should be;
+* ``balanced``: neither side waited much; ``idle``: nothing moved;
+* ``unknown``: the loaders' own figures the verdict weighs failed the daemon's check (another
+  process wrote into the ring), so there is no verdict.
+
+The words are the daemon summary's ``bound`` and ``pinring status``'s, one vocabulary.
 
 On a terminal the line is redrawn in place every 0.5 s, as tqdm's is; elsewhere (``progress=True``
 with stderr a file or a pipe) one line is written every 10 s.
@@ -24,9 +28,6 @@ import time
 from typing import Any, Dict, Optional, TextIO
 
 from pinring import _native
-
-_WORDS = {"consumer": "trainer"}
-
 
 def _clock(seconds: float) -> str:
     s = int(max(0.0, seconds))
@@ -74,10 +75,11 @@ class Progress:
                 return max(0.0, float(b[key]) - float(a[key]))
 
             self._gbps = d("bytes_out") / seconds / 1e9
-            verdict = _native.bound(seconds, int(d("delivered")), d("daemon_wait_seconds"),
-                                    d("loader_wait_seconds"), d("loader_busy_seconds"),
-                                    d("upload_seconds"))
-            self._bound = _WORDS.get(verdict, verdict)
+            untrusted = [f for s in (a, b) for f in s.get("untrusted", [])
+                         if f.startswith("loader_")]
+            self._bound = "unknown" if untrusted else _native.bound(
+                seconds, int(d("delivered")), d("daemon_wait_seconds"),
+                d("loader_wait_seconds"), d("loader_busy_seconds"), d("upload_seconds"))
             self._rate = (self._batches - self._last_batches) / seconds
         self._last, self._last_t, self._last_batches = snap, now, self._batches
         self._draw(epoch, index + 1, per_epoch, now)

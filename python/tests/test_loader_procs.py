@@ -279,7 +279,7 @@ def test_the_progress_line(tmp_path, capsys):
     assert len(draws) == 64, "every batch redraws with interval 0"
     assert draws[-1].startswith("pinring epoch 0  64/64 100% ")
     verdicts = {d.split("bound: ")[1].removesuffix("\x1b[K") for d in draws}
-    assert verdicts <= {"loaders", "upload", "trainer", "balanced", "idle"}, verdicts
+    assert verdicts <= {"loaders", "upload", "consumer", "balanced", "idle"}, verdicts
 
 
 def test_a_file_kinds_keys_may_be_given_flat(tmp_path):

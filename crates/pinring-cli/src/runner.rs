@@ -733,17 +733,7 @@ fn summary_text(s: &Summary, loaders: usize) -> String {
             s.untrusted.join(", ")
         );
     }
-    let verdict = match s.bound.as_str() {
-        "loaders" => {
-            "loader-bound: the GPU side waited for batches; add loaders or make them faster"
-        }
-        "upload" => {
-            "upload-bound: loaders waited for free slots; the copy to the device is the limit"
-        }
-        "consumer" => "consumer-bound: the sink is the limit",
-        "unknown" => "unknown: the loaders' figures it weighs are untrusted",
-        _ => "balanced: neither side waited much",
-    };
+    let verdict = pinring_daemon::observe::explain(&s.bound);
     let _ = writeln!(out, "  verdict   {verdict}");
     if s.interrupted {
         let _ = writeln!(

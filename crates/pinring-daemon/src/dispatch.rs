@@ -116,6 +116,7 @@ impl Daemon {
                 .saturating_duration_since(first_submitted)
                 .as_nanos() as u64;
             self.unpublished.upload_ns += upload_ns;
+            self.tally.upload_ns += upload_ns;
             // When the batch was on the device, on the clock loaders stamp commits with.
             let on_device_ns = self.now.ns_of(c.completed);
             self.record_latency(commit_ns, on_device_ns);

@@ -2,9 +2,9 @@
 //! failed at start), and judge it.
 
 use super::{Daemon, DaemonArgs, DaemonError, Outcome};
-use crate::observe::{checked_loader_figures, DaemonSaw, LoaderReport};
+use crate::observe::{bound, checked_loader_figures, DaemonSaw, LoaderReport};
 use crate::sink::SinkKind;
-use crate::summary::{verdict, Summary};
+use crate::summary::Summary;
 use pinring_data::Config;
 use pinring_exit::Coded;
 use pinring_ring::ring_state;
@@ -150,8 +150,19 @@ impl Daemon {
                 // The verdict weighs the loaders' time: with that untrusted, there is none.
                 "unknown".into()
             } else {
-                verdict(seconds, daemon_wait, loader_wait, loader_busy, sink_busy).into()
+                // Over the whole run, as the wait counters are: a run that delivered nothing
+                // still waited (its `seconds`, first to last delivery, are 0).
+                bound(
+                    wall,
+                    s.deliveries(),
+                    daemon_wait,
+                    loader_wait,
+                    loader_busy,
+                    self.tally.upload_ns as f64 / 1e9,
+                )
+                .into()
             },
+            upload_seconds: self.tally.upload_ns as f64 / 1e9,
             untrusted: checked.untrusted.clone(),
             interrupted: self.interrupted,
             zero_copy: self.run.zero_copy,

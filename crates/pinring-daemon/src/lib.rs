@@ -353,6 +353,8 @@ struct Tally {
     first_failure: Option<String>,
     bytes: u64,
     sink_busy_ns: u64,
+    /// Uploads in flight, summed over uploads (what the header's `upload_ns` gets).
+    upload_ns: u64,
     daemon_wait_ns: u64,
     /// Time the main loop spent inside the backend's submit calls, and asleep on the doorbell.
     submit_ns: u64,
@@ -391,6 +393,7 @@ impl Tally {
             first_failure: None,
             bytes: 0,
             sink_busy_ns: 0,
+            upload_ns: 0,
             daemon_wait_ns: 0,
             submit_ns: 0,
             doorbell_ns: 0,

@@ -393,8 +393,20 @@ impl Snapshot {
     }
 }
 
-/// The verdict for one interval of `seconds` in which `delivered` batches went out, from the
-/// growth of each wait counter.
+/// Where a pipeline is bound, over an interval or a whole run: the one verdict every view
+/// gives (the summary, `pinring run`'s text, `pinring status`, Python's progress line), from
+/// the time `seconds` and the batches `delivered` in it, and what each wait counter grew by:
+///
+/// * `"idle"`: no time, or nothing delivered and no loader worked;
+/// * `"loaders"`: the daemon waited with a free device buffer and nothing READY more than half
+///   the time: the loaders are too slow;
+/// * loaders waited for a FREE slot more than half their time: slots are stuck behind uploads
+///   (`"upload"`, uploads in flight more than half the time) or behind device buffers the
+///   consumer has not released (`"consumer"`: the trainer or the sink takes batches slower than
+///   they come, or no consumer is attached);
+/// * `"balanced"`: neither side waited much.
+///
+/// [`explain`] says each in a sentence.
 pub fn bound(
     seconds: f64,
     delivered: u64,
@@ -403,7 +415,7 @@ pub fn bound(
     loader_busy: f64,
     upload: f64,
 ) -> &'static str {
-    if seconds <= 0.0 || (delivered == 0 && loader_busy == 0.0) {
+    if seconds <= 0.0 || (delivered == 0 && loader_busy == 0.0 && loader_wait == 0.0) {
         return "idle";
     }
     let (daemon_starved, loaders_blocked) =
@@ -420,6 +432,28 @@ pub fn bound(
         }
     } else {
         "balanced"
+    }
+}
+
+/// A verdict of [`bound`] (or `"unknown"`, `"none"`) in one sentence with its remedy.
+pub fn explain(bound: &str) -> &'static str {
+    match bound {
+        "loaders" => {
+            "loader-bound: the GPU side waited for batches; add loaders or make them faster"
+        }
+        "upload" => {
+            "upload-bound: loaders waited for free slots while the copies to the device ran; \
+             the copy is the limit"
+        }
+        "consumer" => {
+            "consumer-bound: loaders waited for free slots while the copy engine was mostly \
+             idle; the consumer (the trainer, or the sink) takes batches slower than they come, \
+             or none is attached"
+        }
+        "balanced" => "balanced: neither side waited much",
+        "idle" => "idle: nothing was delivered and no loader worked",
+        "unknown" => "unknown: the loaders' figures it weighs are untrusted",
+        _ => "none: the run did not start",
     }
 }
 
@@ -634,5 +668,16 @@ mod tests {
         assert_eq!(bound(1.0, 10, 0.1, 1.0, 3.0, 0.3), "balanced");
         assert_eq!(bound(1.0, 0, 0.0, 0.0, 0.0, 0.0), "idle");
         assert_eq!(bound(0.0, 5, 0.0, 0.0, 1.0, 0.0), "idle");
+        // No consumer attached: nothing delivered, the loaders filled the ring and then waited
+        // the whole run for slots, the copy engine idle. The consumer is the limit, not the
+        // upload, and nothing is balanced about it.
+        assert_eq!(bound(60.0, 0, 0.0, 58.0, 0.5, 0.01), "consumer");
+        // Every verdict has its sentence.
+        for v in [
+            "loaders", "upload", "consumer", "balanced", "idle", "unknown",
+        ] {
+            assert_ne!(explain(v), explain("none"), "{v}");
+            assert!(explain(v).starts_with(&v[..4]), "{v}: {}", explain(v));
+        }
     }
 }

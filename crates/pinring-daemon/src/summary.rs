@@ -104,9 +104,15 @@ pub struct Summary {
     pub loader_busy_seconds: f64,
     /// Seconds the sink spent consuming batches.
     pub sink_busy_seconds: f64,
-    /// Where the pipeline was bound: "loaders", "upload", "consumer", or "balanced" ("none" when
-    /// the daemon failed at start; "unknown" when the loaders' figures it weighs are untrusted).
+    /// Where the pipeline was bound ([`crate::observe::bound`], the one verdict `pinring
+    /// status`, `/metrics`' readers and the Python progress line give too): "loaders",
+    /// "upload", "consumer", "balanced" or "idle" ("none" when the daemon failed at start;
+    /// "unknown" when the loaders' figures it weighs are untrusted).
     pub bound: String,
+    /// Seconds uploads were in flight, summed over uploads (the daemon's own count): the
+    /// verdict tells an upload-bound run from one whose consumer holds the buffers by it.
+    #[serde(default)]
+    pub upload_seconds: f64,
     /// Figures of this summary that the loaders report through the ring and that failed the
     /// daemon's check against what it saw itself (`loader_wait_seconds`, `loader_busy_seconds`,
     /// `bad_samples_skipped`): impossible for this run, so some process wrote into the ring's
@@ -184,30 +190,4 @@ pub fn wait_fractions(
         0.0
     };
     (daemon_wait / seconds, loaders_blocked)
-}
-
-/// A plain verdict of where time went over a whole run, from the wait counters and the sink's
-/// busy time (`pinring status` judges an interval with [`crate::observe::bound`], which sees upload
-/// time instead of the sink's).
-pub fn verdict(
-    seconds: f64,
-    daemon_wait: f64,
-    loader_wait: f64,
-    loader_busy: f64,
-    sink_busy: f64,
-) -> &'static str {
-    if seconds <= 0.0 {
-        return "balanced";
-    }
-    let (daemon_starved, loaders_blocked) =
-        wait_fractions(seconds, daemon_wait, loader_wait, loader_busy);
-    if sink_busy / seconds > 0.8 && loaders_blocked > 0.3 {
-        "consumer"
-    } else if daemon_starved > 0.5 {
-        "loaders"
-    } else if loaders_blocked > 0.5 {
-        "upload"
-    } else {
-        "balanced"
-    }
 }
