@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Train a small GPT on token files in nanoGPT's layout, fed by pinring's Rust loaders.
 
-    pip install "pinring[torch]"
+    pip install pinring-*.whl torch   # the wheel: README.md, "Install"
     python examples/train_gpt_tokens.py --data data/openwebtext --loaders 4
 
 ``--data DIR`` holds nanoGPT's ``train.bin`` (and ``val.bin``): the token ids as flat

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Train ResNet-50 on WebDataset shards of JPEGs, in bf16, fed by pinring's Rust loaders.
 
-    pip install "pinring[torch]" torchvision
+    pip install pinring-*.whl torch torchvision   # the wheel: README.md, "Install"
     python examples/train_resnet_webdataset.py --shards '/data/imagenet/train-*.tar' --loaders 14
 
 Each shard is a tar of samples ``KEY.jpg`` (or ``.jpeg``, ``.png``) and ``KEY.cls`` (the class
