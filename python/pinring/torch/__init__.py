@@ -24,6 +24,20 @@ PyTorch's with ``shuffle=False``; with ``shuffle=True`` every epoch is a permuta
 dataset, reproducible from ``seed`` and the epoch, but not PyTorch's permutation.
 """
 
+import sys
+
+try:
+    import torch as _torch  # noqa: F401  (imported here to say what is missing, once)
+except ModuleNotFoundError as _missing:
+    if _missing.name != "torch":
+        raise  # torch is there, but something it imports is not: torch's own error says what
+    raise ModuleNotFoundError(
+        "pinring.torch needs PyTorch, which this Python cannot import "
+        f"({sys.executable}): install it with `pip install torch` (or `pip install "
+        "\"pinring[torch]\"`); pinring.Loader and the rest of pinring need no torch",
+        name="torch",
+    ) from None
+
 from pinring.torch._dataloader import DEFAULT_EPOCHS, DataLoader
 from pinring.torch._worker import WorkerInfo, get_worker_info
 
