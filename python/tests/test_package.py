@@ -31,7 +31,7 @@ def test_every_native_name_the_docs_list_is_re_exported():
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 # Run before the code under test: torch (and torchvision) cannot be imported, as in an
-# environment where they were never installed, and any attempt is counted on stderr.
+# environment where they were never installed (an import raises ModuleNotFoundError).
 NO_TORCH = """
 import sys
 sys.modules["torch"] = None
@@ -74,3 +74,14 @@ assert pinring.Loader and pinring.Consumer
     assert "pip install torch" in said, said
     assert "import of torch halted" not in said, "the bare error is not what the user reads"
 
+
+def test_the_examples_help_runs_without_torch():
+    # --help is parsed before torch is imported: it takes a second, not the 8-16 s of importing
+    # torch and torchvision, and works where they are missing.
+    examples = sorted((ROOT / "examples").glob("*.py"))
+    assert [e.name for e in examples] == ["train_gpt_tokens.py", "train_resnet_webdataset.py"]
+    for example in examples:
+        r = without_torch(example, "--help")
+        assert r.returncode == 0, f"{example.name}: {r.stderr}"
+        assert r.stdout.startswith("usage: "), r.stdout
+        assert "--device" in r.stdout and "--steps" in r.stdout, r.stdout
