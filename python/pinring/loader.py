@@ -98,6 +98,32 @@ def _nested_dataset(dataset: Dict[str, Any]) -> Dict[str, Any]:
     return nested
 
 
+def _readable_config(path: str) -> None:
+    """Raises ``ConfigError`` in the caller's terms (``pinring.Loader(config="nope.toml"): cannot
+    read config file nope.toml: No such file or directory``) where the config file ``path``
+    cannot be read: missing, unreadable, or not a regular file (a FIFO is refused without
+    waiting for a writer)."""
+    import stat
+
+    def fail(why: str) -> _native.ConfigError:
+        return _native.ConfigError(
+            f"pinring.Loader(config={json.dumps(path)}): cannot read config file {path}: {why}"
+        )
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        raise fail(e.strerror or str(e)) from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise fail("not a regular file")
+        os.read(fd, 1)
+    except OSError as e:
+        raise fail(e.strerror or str(e)) from None
+    finally:
+        os.close(fd)
+
+
 def _ring_name_of(config: Optional[Union[str, Dict[str, Any]]]) -> str:
     """ring.name of a config (a file or settings as data), or the default's."""
     if isinstance(config, dict):
@@ -126,8 +152,10 @@ class Loader:
             /dev/shm).
         loaders_cpus: CPUs to pin the loaders to, one each in turn (None: no pinning).
         config: the config of an embedded daemon: a TOML file's path, or the settings as data
-            (a dict of sections, the file's shape); None: pinring's config lookup, or the
-            settings ``dataset=``, ``image=`` and the plan's keywords give.
+            (a dict of sections, the file's shape); given, the daemon runs in this process
+            (``embedded=True``: an attached ring's daemon has a config of its own). None:
+            pinring's config lookup, or the settings ``dataset=``, ``image=`` and the plan's
+            keywords give. A file that cannot be read is a ``ConfigError`` naming it.
         dataset, image: an embedded daemon's ``[dataset]`` and ``[dataset.image]`` tables as
             dicts (``dataset={"kind": "webdataset", "shards": [...]}, image={"crop": 224}``),
             instead of a file. A file kind's keys may be given flat beside ``kind``, as there,
@@ -184,6 +212,9 @@ class Loader:
         plan = {k: v for k, v in (("batch_size", batch_size), ("shuffle", shuffle),
                                   ("seed", seed), ("drop_last", drop_last)) if v is not None}
         self._config_fd: Optional[int] = None
+        if isinstance(config, str):
+            _readable_config(config)
+            embedded = True  # a config is an embedded daemon's: an attached ring has its own
         if isinstance(config, dict) or dataset is not None or image is not None or plan:
             if isinstance(config, str):
                 raise _native.UsageError(
@@ -295,7 +326,17 @@ class Loader:
 
     def _next_or_fail(self, c: _native.Consumer) -> Optional[_native.Batch]:
         if self._loaders is None:
-            return c.next_batch(self._timeout)
+            try:
+                return c.next_batch(self._timeout)
+            except _native.PeerDied as e:
+                if self._daemon is None or isinstance(e, _native.Timeout):
+                    raise
+                # This process's own daemon stopped the run (a loader started by hand failed
+                # on its data): its error says why; the consumer's would say to restart a
+                # daemon by a flag nobody here gave.
+                daemon, self._daemon = self._daemon, None
+                daemon.stop()
+                raise
         deadline = None if self._timeout is None else time.monotonic() + self._timeout
         while True:
             now = time.monotonic()
@@ -456,11 +497,18 @@ class Loader:
         try:
             self._attach()
         except _native.UsageError as e:
-            raise _native.UsageError(
-                f"set_epoch({epoch}): ring {self.ring!r} cannot go back to batch "
-                f"{target // ppb} ({e}); only a Loader with loaders=N starts its daemon again "
-                "at an earlier epoch"
-            ) from None
+            self._resume = {"seq": seq, "fingerprint": fingerprint}  # it stays where it stood
+            raise self._cannot_go_back(f"set_epoch({epoch})", target // ppb, e) from None
+
+    def _cannot_go_back(self, what: str, batch: int, e: _native.UsageError) -> _native.UsageError:
+        """The error of ``what`` (a jump back to ``batch``) refused by the consumer with ``e``:
+        attached, its message (how to restart the ring's daemon); an embedded daemon cannot be
+        restarted by its flags, so ``loaders=N`` is the way."""
+        why = "it has handed over every batch before" if self._daemon is not None else str(e)
+        return _native.UsageError(
+            f"{what}: ring {self.ring!r} cannot go back to batch {batch} ({why}); only a Loader "
+            "with loaders=N starts its daemon again at an earlier batch"
+        )
 
     def _stop_pieces(self) -> Optional[str]:
         """Stops the loaders, the consumer and the embedded daemon; the daemon's summary (JSON
@@ -523,11 +571,22 @@ class Loader:
                 self._ended = resume
                 return
             self._restart_at(resume["seq"])
+        # Where the loader stands now: where it stays if the ring cannot go to the state.
+        here = self._resume
         if self._consumer is not None:
+            seq, fingerprint = self._position()
+            here = {"seq": seq, "fingerprint": fingerprint}
             self._consumer.close()
             self._consumer = None
         self._resume = resume
-        self._attach()
+        try:
+            self._attach()
+        except _native.UsageError as e:
+            self._resume = here
+            if self._daemon is None or here is None or resume["seq"] >= here["seq"]:
+                raise
+            batch = resume["seq"] // max(1, self._shape[1])
+            raise self._cannot_go_back("load_state_dict", batch, e) from None
 
     # -- the end ---------------------------------------------------------------------------
 

@@ -125,6 +125,51 @@ def test_an_embedded_daemon_stopped_by_a_failed_part_raises_config_error(tmp_pat
             daemon.stop()
 
 
+def test_an_embedded_daemon_with_loaders_started_by_hand_raises_its_own_failure(tmp_path):
+    # embedded=True, the loader started by hand: the daemon stops at the part that failed, and
+    # the loop raises its error (the loader's message), not the consumer's "its daemon stopped;
+    # restart it with --start-seq", a flag this training process never had.
+    path = bad_npy_config(tmp_path)
+    name = f"py-hand-{os.getpid()}"
+    with pinring.Loader(config=path, embedded=True, ring=name, backend="host", as_numpy=True,
+                        timeout=60) as loader:
+        hand = subprocess.Popen(pinring.program("pinring-loader") + ["--ring", name, "--config",
+                                                                     path],
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        try:
+            with pytest.raises(pinring.ConfigError, match="037.npy") as e:
+                for _ in loader:
+                    pass
+        finally:
+            hand.wait(60)
+    assert "--" not in str(e.value), str(e.value)
+
+
+def test_an_embedded_daemon_with_loaders_started_by_hand_goes_only_forward_saying_so(tmp_path):
+    path = config(tmp_path, epochs=3)
+    name = f"py-fwd-{os.getpid()}"
+    with pinring.Loader(config=path, embedded=True, ring=name, backend="host", as_numpy=True,
+                        timeout=60) as loader:
+        hand = subprocess.Popen(pinring.program("pinring-loader") + ["--ring", name, "--config",
+                                                                     path],
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        try:
+            start = loader.state_dict()
+            assert sum(1 for _ in loader) == 64
+            loader.set_epoch(0)
+            with pytest.raises(pinring.UsageError, match="cannot go back") as e:
+                next(iter(loader))
+            assert "--" not in str(e.value) and "loaders=N" in str(e.value), str(e.value)
+            with pytest.raises(pinring.UsageError, match="cannot go back") as e:
+                loader.load_state_dict(start)
+            assert "--" not in str(e.value) and "loaders=N" in str(e.value), str(e.value)
+        finally:
+            loader.close()
+            hand.wait(60)
+
+
 TRAINER = textwrap.dedent(
     """
     import sys, time
@@ -414,3 +459,4 @@ def test_each_loader_may_be_restarted_5_times_in_any_minute(monkeypatch):
             break
     else:
         pytest.fail("the sixth death within 60 s was restarted")
+

@@ -10,7 +10,7 @@ use pinring_daemon::summary::Summary;
 use pinring_daemon::{self as daemon, DaemonArgs};
 use pinring_exit::Coded;
 use pinring_exit::Exit;
-use pinring_runtime::settings::{self, Overrides};
+use pinring_runtime::settings::{self, Overrides, Spelling};
 use pinring_runtime::shutdown::Shutdown;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
@@ -71,9 +71,12 @@ impl EmbeddedDaemon {
             epochs: opts.epochs,
             unordered: false,
             shard: opts.shard,
+            // Named as this struct's fields (and `pinring.EmbeddedDaemon`'s keywords) name them.
+            spelling: Spelling::Keywords,
         };
         let cfg = settings::load(opts.config.as_deref(), &overrides).map_err(|e| {
             ClientError::Daemon {
+                // Not known before the config is read: the message names none.
                 ring: opts.ring.clone().unwrap_or_default(),
                 message: e.to_string(),
                 exit: Exit::Config,

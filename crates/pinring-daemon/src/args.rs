@@ -80,6 +80,18 @@ pub struct DaemonArgs {
     pub shard: Option<(u32, u32)>,
 }
 
+impl DaemonArgs {
+    /// How the daemon's messages name its options: its flags, or, embedded in a Python
+    /// process, the keyword arguments of `pinring.EmbeddedDaemon` (`start_seq=8`).
+    pub fn spelling(&self) -> pinring_runtime::settings::Spelling {
+        if self.embedded {
+            pinring_runtime::settings::Spelling::Keywords
+        } else {
+            pinring_runtime::settings::Spelling::Flags
+        }
+    }
+}
+
 /// Parts the daemon looks at past the first not READY, in order (`--look-ahead`), from
 /// [`LOOK_AHEAD_FROM`] slots up.
 pub const DEFAULT_LOOK_AHEAD: u32 = 16;

@@ -293,6 +293,9 @@ impl EmbeddedDaemon {
         rank: Option<u32>,
         world_size: Option<u32>,
     ) -> PyResult<Self> {
+        if let Some(path) = &config {
+            crate::convert::readable_config("EmbeddedDaemon", path)?;
+        }
         let shard = match (rank, world_size) {
             (Some(r), Some(w)) => Some((r, w)),
             (None, None) => None,
@@ -309,6 +312,18 @@ impl EmbeddedDaemon {
         let backend = backend
             .parse::<pinring_backend::BackendKind>()
             .map_err(|e| exit_error(pinring_exit::Exit::Usage, e.to_string()))?;
+        if backend == pinring_backend::BackendKind::Cuda {
+            // Said here in this class's terms; the daemon's own message names its flag.
+            if let Some(why) = py.detach(|| crate::convert::cuda_unusable(device)) {
+                return Err(exit_error(
+                    pinring_exit::Exit::Backend,
+                    format!(
+                        "EmbeddedDaemon(backend=\"cuda\", device={device}): {why}, or pass \
+                         backend=\"host\""
+                    ),
+                ));
+            }
+        }
         let opts = EmbeddedOptions {
             config,
             ring,

@@ -623,7 +623,7 @@ impl Ring {
                 name: name.into(),
                 path,
                 found: magic,
-                fix: "remove the file or pick another --ring name",
+                fix: "remove the file or pick another ring name",
             });
         }
         // (A): Acquire pairs with the creator's Release store of the version.
@@ -645,7 +645,7 @@ impl Ring {
                 name: name.into(),
                 path,
                 found: h.magic.load(Relaxed),
-                fix: "remove the file or pick another --ring name",
+                fix: "remove the file or pick another ring name",
             });
         }
         if version != LAYOUT_VERSION {

@@ -16,6 +16,47 @@ pub const ENV_WORLD_SIZE: &str = "PINRING_WORLD_SIZE";
 /// Environment variable overriding `daemon.device`.
 pub const ENV_DEVICE: &str = "PINRING_DEVICE";
 
+/// How the options of a run are named in its messages: the binaries' command-line flags
+/// (`--epochs 5`), or the keyword arguments of the Python classes that run the same code in the
+/// training process (`epochs=5`: `pinring.EmbeddedDaemon`, `pinring.Producer` and the loaders
+/// built on them), whose callers never typed a flag.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub enum Spelling {
+    /// `--start-seq 8`.
+    #[default]
+    Flags,
+    /// `start_seq=8`.
+    Keywords,
+}
+
+impl Spelling {
+    /// The option whose flag is `flag` (`start-seq`), as this spelling names it: `--start-seq`
+    /// or `start_seq`.
+    pub fn option(self, flag: &str) -> String {
+        match self {
+            Spelling::Flags => format!("--{flag}"),
+            Spelling::Keywords => flag.replace('-', "_"),
+        }
+    }
+
+    /// The option `flag` given the number (or other unquoted) `value`: `--start-seq 8` or
+    /// `start_seq=8`.
+    pub fn set(self, flag: &str, value: impl std::fmt::Display) -> String {
+        match self {
+            Spelling::Flags => format!("--{flag} {value}"),
+            Spelling::Keywords => format!("{}={value}", self.option(flag)),
+        }
+    }
+
+    /// The option `flag` given the text `value`: `--ring gpu0` or `ring="gpu0"`.
+    pub fn set_text(self, flag: &str, value: &str) -> String {
+        match self {
+            Spelling::Flags => self.set(flag, value),
+            Spelling::Keywords => self.set(flag, format_args!("{value:?}")),
+        }
+    }
+}
+
 /// Overrides shared by the binaries' flags.
 #[derive(Debug, Default, Clone)]
 pub struct Overrides {
@@ -28,6 +69,8 @@ pub struct Overrides {
     /// `plan.rank` and `plan.world_size` as the embedding code found them (under torchrun,
     /// Python's `pinring.Loader`): applied after `$PINRING_RANK` and `$PINRING_WORLD_SIZE`.
     pub shard: Option<(u32, u32)>,
+    /// How the overrides are named in the config's source name (`(with --epochs 5)`).
+    pub spelling: Spelling,
 }
 
 /// The config found by the lookup (or the built-in default) with the environment's and
@@ -84,11 +127,13 @@ pub fn resolve(
     }
     if let Some(name) = &overrides.ring {
         cfg.ring.name = name.clone();
-        cfg.source = format!("{} (with --ring {name})", cfg.source);
+        let given = overrides.spelling.set_text("ring", name);
+        cfg.source = format!("{} (with {given})", cfg.source);
     }
     if let Some(epochs) = overrides.epochs {
         cfg.plan.epochs = epochs;
-        cfg.source = format!("{} (with --epochs {epochs})", cfg.source);
+        let given = overrides.spelling.set("epochs", epochs);
+        cfg.source = format!("{} (with {given})", cfg.source);
     }
     if overrides.unordered {
         cfg.ring.in_order = false;
@@ -192,5 +237,32 @@ mod tests {
         let (cfg, _) = resolve(None, &Overrides::default(), &Places::default(), &no_env).unwrap();
         assert_eq!(cfg.daemon.device, None);
         assert!(!cfg.to_toml().contains("device"));
+    }
+    #[test]
+    fn overrides_are_named_as_their_caller_spells_them() {
+        let o = Overrides {
+            ring: Some("gpu0".into()),
+            epochs: Some(5),
+            ..Default::default()
+        };
+        let (cfg, _) = resolve(None, &o, &Places::default(), &no_env).unwrap();
+        assert!(
+            cfg.source.contains("(with --ring gpu0) (with --epochs 5)"),
+            "{}",
+            cfg.source
+        );
+        let python = Overrides {
+            spelling: Spelling::Keywords,
+            ..o
+        };
+        let (cfg, _) = resolve(None, &python, &Places::default(), &no_env).unwrap();
+        assert!(
+            cfg.source.contains("(with ring=\"gpu0\") (with epochs=5)"),
+            "{}",
+            cfg.source
+        );
+        assert!(!cfg.source.contains("--"), "{}", cfg.source);
+        assert_eq!(Spelling::Keywords.set("start-seq", 8), "start_seq=8");
+        assert_eq!(Spelling::Flags.set("start-seq", 8), "--start-seq 8");
     }
 }

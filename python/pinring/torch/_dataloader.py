@@ -182,6 +182,18 @@ class DataLoader:
                 f"lease_ms={lease_ms}: a worker's lease on a batch part must be at least 10 ms; "
                 "pass more than the slowest part takes to load (default 30000)"
             )
+        lo, hi = _native.PREFETCH_RANGE
+        if prefetch is not None and not lo <= int(prefetch) <= hi:
+            raise _native.UsageError(
+                f"pinring.torch.DataLoader(prefetch={prefetch}): the device batch buffers must "
+                f"be {lo} to {hi} (one is the batch the loop holds, the rest are uploaded ahead): "
+                "pass a number in that range, or leave prefetch out"
+            )
+        if int(epochs) < 1:
+            raise _native.UsageError(
+                f"pinring.torch.DataLoader(epochs={epochs}): the plan covers at least one epoch: "
+                "pass epochs >= 1, or leave it out for a plan without end"
+            )
         if num_workers < 0:
             raise _native.UsageError(f"num_workers must be >= 0, not {num_workers}")
         if timeout < 0:
@@ -306,7 +318,7 @@ class DataLoader:
         """(batches per epoch, seqs per batch) of the plan, before anything starts."""
         if self._bpe is None or self._ppb is None:
             if self._attached_ring is None:
-                info = _native.check_config(self._config("plan"))
+                info = _native.check_config(self._config("plan"), "pinring.torch.DataLoader")
             else:
                 c = _native.Consumer(self._attached_ring, wait_for_ring=self.wait_for_ring)
                 try:
