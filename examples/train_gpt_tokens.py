@@ -146,7 +146,9 @@ def main(args: argparse.Namespace) -> None:
         batch_size=args.batch_size,
         shuffle=True,
         drop_last=True,
-        epochs=args.epochs,
+        # --steps runs that many steps, over as many epochs as they take (a plan without
+        # end); otherwise the plan covers --epochs, and the loop stops at its last batch.
+        epochs=None if args.steps else args.epochs,
         loaders=args.loaders,
         backend="cuda" if cuda else "host",
         device=(dev.index or 0) if cuda else None,
@@ -179,9 +181,7 @@ def main(args: argparse.Namespace) -> None:
             batch = next(it, None)
             if batch is None:  # an epoch's end: the next `for` is the next epoch
                 it = iter(loader)
-                batch = next(it, None)
-                if batch is None:
-                    break  # the plan's end
+                batch = next(it)
             if step == args.warmup:
                 if cuda:
                     torch.cuda.synchronize(dev)

@@ -253,9 +253,13 @@ class EmbeddedDaemon:
         anonymous: bool = False,
         rank: Optional[int] = None,
         world_size: Optional[int] = None,
+        default_epochs: Optional[int] = None,
     ) -> "EmbeddedDaemon":
         """``rank`` and ``world_size`` (both or neither) replace the config's ``plan.rank``
-        and ``plan.world_size``."""
+        and ``plan.world_size``. ``default_epochs``: ``plan.epochs`` where neither ``epochs``
+        nor the config file sets it (None: the config's default, 2). A ``config`` file that
+        cannot be read, and ``backend="cuda"`` where CUDA is unusable, raise at once, in this
+        class's terms."""
     @property
     def ring(self) -> str: ...
     @property

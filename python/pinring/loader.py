@@ -24,6 +24,12 @@ from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Unio
 from pinring import _dist, _memfd, _native
 from pinring._progress import Progress
 
+# Epochs the plan of a loader's embedded daemon covers where nobody set plan.epochs: a plan
+# without end in practice, as torch's DataLoader has none (each ``for`` takes one epoch).
+# pinring's config default, 2, is a service daemon's: it made a Python loop of 5 epochs get
+# 2 whole ones and 3 empty ones.
+DEFAULT_EPOCHS = 100_000
+
 
 @functools.lru_cache(maxsize=None)
 def _torch() -> Any:
@@ -167,6 +173,10 @@ class Loader:
             are the job's when left out, and one given that contradicts the job is a
             ``UsageError``; an attached ring must serve this process's shard.
         backend: an embedded daemon's backend: ``"auto"``, ``"cuda"`` or ``"host"``.
+        epochs: epochs an embedded daemon's plan covers (over ``plan.epochs``). Where neither
+            this nor the config sets them the plan has no end (``DEFAULT_EPOCHS``), as torch's
+            DataLoader; a ``for`` past the epochs that were set raises ``UsageError`` naming
+            ``plan.epochs``.
         timeout: seconds to wait for one batch (None: as long as the daemon lives).
         wait_for_ring: seconds to wait for an attached ring to appear.
         as_numpy: yield NumPy arrays instead of torch tensors.
@@ -223,6 +233,11 @@ class Loader:
                 )
             config = self._config_from_data(config, dataset, image, plan)
             embedded = True
+        if epochs is not None and (isinstance(epochs, bool) or int(epochs) < 1):
+            raise _native.UsageError(
+                f"pinring.Loader(epochs={epochs!r}): a plan covers at least one epoch: pass "
+                "epochs >= 1, or leave it out for a plan without end"
+            )
         self._daemon_args: Optional[Dict[str, Any]] = None
         if (rank is None) != (world_size is None):
             raise _native.UsageError(
@@ -237,7 +252,7 @@ class Loader:
             self._daemon_args = dict(config=config, backend=backend,
                                      device=_dist.default_ordinal() if device is None else device,
                                      epochs=epochs, anonymous=bool(loaders), rank=rank,
-                                     world_size=world_size)
+                                     world_size=world_size, default_epochs=DEFAULT_EPOCHS)
             self._daemon_args["ring"] = ring
             self._daemon = _native.EmbeddedDaemon(**self._daemon_args)
             ring = self._daemon.ring
@@ -258,6 +273,9 @@ class Loader:
         self._consumer: Optional[_native.Consumer] = None
         self._resume: Optional[Dict[str, int]] = None
         self._epoch_wanted: Optional[int] = None
+        # Set by load_state_dict: the next for yields the rest of the saved epoch (nothing,
+        # for a state saved at the plan's end) rather than a new one.
+        self._rest_of_state = False
         # A state at the plan's end loaded with loaders=N: the daemon and loaders are stopped,
         # and this is the state; with (batches per epoch, parts per batch, end seq).
         self._ended: Optional[Dict[str, int]] = None
@@ -293,6 +311,9 @@ class Loader:
                 given.update(table)
         if image is not None:
             sections.setdefault("dataset", {})["image"] = dict(image)
+        # Written out whole, the config sets every key: a plan whose epochs nobody set gets
+        # no end here, as a file that leaves them out does (EmbeddedDaemon's default_epochs).
+        sections.setdefault("plan", {}).setdefault("epochs", DEFAULT_EPOCHS)
         text = str(_native.check_config(sections, "pinring.Loader")["toml"])
         self._config_fd = _memfd.holding("pinring-config", text)
         return _memfd.path(self._config_fd)
@@ -429,10 +450,21 @@ class Loader:
         if self._epoch_wanted is not None:
             epoch, self._epoch_wanted = self._epoch_wanted, None
             self._move_to_epoch(epoch)
+        # The first for after load_state_dict yields the rest of the saved epoch, which is
+        # nothing for a state saved after the plan's last batch; any other for at the plan's
+        # end would be an epoch past it.
+        rest, self._rest_of_state = self._rest_of_state, False
         if self._ended is not None:
-            return
+            if rest:
+                return
+            per_epoch, ppb, end_seq = self._shape
+            raise self._past_the_plan(end_seq // ppb // per_epoch)
         c = self._attach()
         per_epoch = c.batches_per_epoch
+        if c.state()[0] >= c.end_seq:
+            if rest:
+                return
+            raise self._past_the_plan(c.end_seq // c.parts_per_batch // per_epoch)
         while True:
             b = self._next(c)
             if b is None:
@@ -447,6 +479,23 @@ class Loader:
             yield self._convert(box)
             if last:
                 return
+
+    def _plan_runs(self, epochs: int) -> str:
+        return f"ring {self.ring!r} runs {epochs} epochs (plan.epochs = {epochs})"
+
+    def _more_epochs(self) -> str:
+        """How to get a longer plan: this loader's own daemon's, or an attached ring's."""
+        if self._daemon_args is not None:
+            return ("set plan.epochs (or epochs=) to the epochs the training loop runs, or leave "
+                    "it unset for a plan without end")
+        return "start the ring's daemon with more epochs (plan.epochs in its config)"
+
+    def _past_the_plan(self, epochs: int) -> _native.UsageError:
+        """The error of a ``for`` after the plan's last epoch: not an empty epoch."""
+        return _native.UsageError(
+            f"this for would be epoch {epochs}, but {self._plan_runs(epochs)}, all of which "
+            f"were taken: {self._more_epochs()}"
+        )
 
     def _took(self, c: _native.Consumer, b: _native.Batch, per_epoch: int) -> None:
         if self._progress is not None:
@@ -484,8 +533,8 @@ class Loader:
         target = epoch * per_epoch * ppb
         if target >= end_seq:
             raise _native.UsageError(
-                f"set_epoch({epoch}): ring {self.ring!r} runs {end_seq // ppb // per_epoch} "
-                "epochs (plan.epochs): give an epoch below that, or more epochs"
+                f"set_epoch({epoch}): {self._plan_runs(end_seq // ppb // per_epoch)}: give an "
+                f"epoch below that, or {self._more_epochs()}"
             )
         if self._daemon_args is not None and (self._loaders is not None or self._ended):
             self._restart_at(target)
@@ -569,6 +618,7 @@ class Loader:
                 # Saved after the plan's last batch: nothing is left to make, so nothing runs.
                 self._stop_pieces()
                 self._ended = resume
+                self._rest_of_state = True
                 return
             self._restart_at(resume["seq"])
         # Where the loader stands now: where it stays if the ring cannot go to the state.
@@ -587,6 +637,7 @@ class Loader:
                 raise
             batch = resume["seq"] // max(1, self._shape[1])
             raise self._cannot_go_back("load_state_dict", batch, e) from None
+        self._rest_of_state = True
 
     # -- the end ---------------------------------------------------------------------------
 

@@ -410,6 +410,8 @@ def test_a_state_saved_after_the_last_batch_resumes_to_nothing(tmp_path):
         assert loader.loader_pids == [], "nothing left to make: no loader runs"
         assert list(loader) == [] and list(loader.batches()) == []
         assert len(loader) == 64 and loader.state_dict() == state
+        with pytest.raises(pinring.UsageError, match=r"plan.epochs = 1"):
+            list(loader)  # past the plan: the rest of the saved epoch was the for before
         assert loader.device == "cpu", "where its batches were, though its ring has gone"
         loader.set_epoch(0)  # and it can still go back
         assert sum(1 for _ in loader) == 64
@@ -460,3 +462,46 @@ def test_each_loader_may_be_restarted_5_times_in_any_minute(monkeypatch):
     else:
         pytest.fail("the sixth death within 60 s was restarted")
 
+
+# -- epochs -----------------------------------------------------------------------------------
+
+# 32 synthetic samples in batches of 8: 4 batches an epoch.
+SMALL = {"samples": 32, "sample_shape": [4], "dtype": "f32"}
+
+
+def small_file(tmp_path, epochs=None):
+    """SMALL as a config file, with plan.epochs only where ``epochs`` is given."""
+    path = tmp_path / f"small-{epochs}.toml"
+    path.write_text(
+        '[dataset]\nsamples = 32\nsample_shape = [4]\ndtype = "f32"\n[plan]\nbatch_size = 8\n'
+        + ("" if epochs is None else f"epochs = {epochs}\n")
+    )
+    return str(path)
+
+
+def test_a_plan_whose_epochs_are_not_set_has_no_end(tmp_path):
+    # As torch's DataLoader and pinring.torch.DataLoader: a training loop of any number of
+    # epochs gets every one of them whole (pinring's config default, 2, gave 4, 4, 0, 0, 0).
+    for given in (dict(dataset=SMALL, batch_size=8), dict(config=small_file(tmp_path))):
+        with pinring.Loader(**given, loaders=1, backend="host", as_numpy=True,
+                            timeout=60) as loader:
+            assert [sum(1 for _ in loader) for epoch in range(5)] == [4] * 5, given
+            loader.set_epoch(9)  # past the 2 of the default: a jump like any other
+            assert sum(1 for _ in loader) == 4
+            assert loader._attach().end_seq == pinring.loader.DEFAULT_EPOCHS * 4
+
+
+def test_a_for_past_the_epochs_that_were_set_names_plan_epochs(tmp_path):
+    for given in (dict(dataset=SMALL, batch_size=8, epochs=2),
+                  dict(config=small_file(tmp_path, epochs=2))):
+        with pinring.Loader(**given, loaders=1, backend="host", as_numpy=True,
+                            timeout=60) as loader:
+            assert [sum(1 for _ in loader) for epoch in range(2)] == [4, 4]
+            with pytest.raises(pinring.UsageError) as e:
+                for _ in loader:
+                    pass
+            text = str(e.value)
+            assert "runs 2 epochs (plan.epochs = 2)" in text and "epoch 2" in text, text
+            assert "or leave it unset" in text, text
+            # The raw batches run to the plan's end, and end there.
+            assert list(loader.batches()) == []

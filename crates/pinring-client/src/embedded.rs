@@ -26,6 +26,9 @@ pub struct EmbeddedOptions {
     pub ring: Option<String>,
     /// Epochs (overrides plan.epochs).
     pub epochs: Option<u32>,
+    /// Epochs where neither `epochs` nor the config file sets `plan.epochs` (None: the config's
+    /// default, 2). The Python loaders give a plan without end this way.
+    pub default_epochs: Option<u32>,
     /// `auto`, `cuda` or `host`.
     pub backend: pinring_backend::BackendKind,
     /// CUDA device ordinal.
@@ -69,6 +72,7 @@ impl EmbeddedDaemon {
         let overrides = Overrides {
             ring: opts.ring.clone(),
             epochs: opts.epochs,
+            default_epochs: opts.default_epochs,
             unordered: false,
             shard: opts.shard,
             // Named as this struct's fields (and `pinring.EmbeddedDaemon`'s keywords) name them.
@@ -103,6 +107,7 @@ impl EmbeddedDaemon {
             embedded: true,
             address: address.clone(),
             shard: opts.shard,
+            default_epochs: opts.default_epochs,
         };
         let shutdown = Shutdown::never();
         let thread = {

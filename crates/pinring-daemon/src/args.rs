@@ -78,6 +78,10 @@ pub struct DaemonArgs {
     /// set by the embedding code, from the job it runs in.
     #[arg(skip)]
     pub shard: Option<(u32, u32)>,
+    /// `plan.epochs` where neither `epochs` nor the config file sets it (the Python loaders'
+    /// plan without end: `Overrides::default_epochs`). Not a flag: set by the embedding code.
+    #[arg(skip)]
+    pub default_epochs: Option<u32>,
 }
 
 impl DaemonArgs {

@@ -264,6 +264,7 @@ pub fn run(args: &DaemonArgs, shutdown: &Shutdown) -> Outcome {
     let overrides = Overrides {
         ring: args.ring.clone(),
         epochs: args.epochs,
+        default_epochs: args.default_epochs,
         unordered: args.unordered,
         shard: args.shard,
         spelling: args.spelling(),

@@ -799,6 +799,17 @@ fn valid_field_name(name: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
 }
 
+/// Whether the config file text `text` sets `[section] key` itself, rather than leaving it to
+/// pinring's default (`toml_sets(text, "plan", "epochs")`). False for text that is not TOML:
+/// loading it reports that.
+pub fn toml_sets(text: &str, section: &str, key: &str) -> bool {
+    text.parse::<toml::Table>().is_ok_and(|t| {
+        t.get(section)
+            .and_then(toml::Value::as_table)
+            .is_some_and(|s| s.contains_key(key))
+    })
+}
+
 /// Rounds up to a multiple of `align` (a power of two), saturating: the segment layout's
 /// [`pinring_ring::layout::align_up`], with overflow pinned at the top (the caller compares the
 /// result with a limit, which a saturated value fails).

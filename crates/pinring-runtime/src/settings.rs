@@ -64,6 +64,10 @@ pub struct Overrides {
     pub ring: Option<String>,
     /// `--epochs N`.
     pub epochs: Option<u32>,
+    /// `plan.epochs` where neither `epochs` nor the config file sets it (the config's own
+    /// default, 2, otherwise). The Python loaders' embedded daemons run without end unless told
+    /// (docs/PYTHON.md, "Epochs"); not said in the config's source name, since nobody gave it.
+    pub default_epochs: Option<u32>,
     /// `--unordered`.
     pub unordered: bool,
     /// `plan.rank` and `plan.world_size` as the embedding code found them (under torchrun,
@@ -101,6 +105,17 @@ pub fn resolve(
         Some(p) => Config::load(p)?,
         None => Config::default(),
     };
+    if let (None, Some(epochs)) = (overrides.epochs, overrides.default_epochs) {
+        // The file was read whole a moment ago; one it no longer yields sets nothing here
+        // (the daemon that loads it next reports that).
+        let set_by_file = origin.path().is_some_and(|p| {
+            std::fs::read_to_string(p)
+                .is_ok_and(|text| pinring_data::config::toml_sets(&text, "plan", "epochs"))
+        });
+        if !set_by_file {
+            cfg.plan.epochs = epochs;
+        }
+    }
     for (var, key) in [
         (ENV_RANK, "plan.rank"),
         (ENV_WORLD_SIZE, "plan.world_size"),
@@ -238,6 +253,43 @@ mod tests {
         assert_eq!(cfg.daemon.device, None);
         assert!(!cfg.to_toml().contains("device"));
     }
+    #[test]
+    fn default_epochs_apply_only_where_neither_the_file_nor_an_override_sets_plan_epochs() {
+        let dir = tempfile::tempdir().unwrap();
+        let silent = dir.path().join("silent.toml");
+        std::fs::write(&silent, "[plan]\nbatch_size = 4\n").unwrap();
+        let sets = dir.path().join("sets.toml");
+        std::fs::write(&sets, "[plan]\nepochs = 3\n").unwrap();
+        let unbounded = Overrides {
+            default_epochs: Some(100_000),
+            ..Default::default()
+        };
+        let places = Places::default();
+        let epochs = |path: Option<&Path>, o: &Overrides| {
+            let (cfg, _) = resolve(path, o, &places, &no_env).unwrap();
+            (cfg.plan.epochs, cfg.source)
+        };
+        let (n, source) = epochs(Some(&silent), &unbounded);
+        assert_eq!(n, 100_000);
+        assert!(!source.contains("epochs"), "nobody gave it: {source}");
+        assert_eq!(epochs(Some(&sets), &unbounded).0, 3, "the file's own value");
+        assert_eq!(
+            epochs(None, &unbounded).0,
+            100_000,
+            "the built-in default sets none"
+        );
+        let given = Overrides {
+            epochs: Some(5),
+            ..unbounded.clone()
+        };
+        assert_eq!(epochs(Some(&sets), &given).0, 5, "an override beats both");
+        assert_eq!(
+            epochs(Some(&silent), &Overrides::default()).0,
+            2,
+            "pinring's default"
+        );
+    }
+
     #[test]
     fn overrides_are_named_as_their_caller_spells_them() {
         let o = Overrides {

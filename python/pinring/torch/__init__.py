@@ -38,7 +38,8 @@ except ModuleNotFoundError as _missing:
         name="torch",
     ) from None
 
-from pinring.torch._dataloader import DEFAULT_EPOCHS, DataLoader
+from pinring.loader import DEFAULT_EPOCHS
+from pinring.torch._dataloader import DataLoader
 from pinring.torch._worker import WorkerInfo, get_worker_info
 
 __all__ = ["DataLoader", "WorkerInfo", "get_worker_info", "DEFAULT_EPOCHS"]

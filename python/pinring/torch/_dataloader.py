@@ -12,7 +12,7 @@ from typing import Any, Callable, Dict, Iterator, List, Literal, Optional, Tuple
 import torch
 
 from pinring import _dist, _memfd, _native
-from pinring.loader import checked_state, torch_tensors
+from pinring.loader import DEFAULT_EPOCHS, checked_state, torch_tensors
 from pinring.torch import _procs
 from pinring.torch._layout import _Layout, _rebuild
 from pinring.torch._pool import STOP_GRACE, WorkerPool
@@ -20,8 +20,6 @@ from pinring.torch._worker import _POLL, _Worker, _WorkerArgs
 
 log = logging.getLogger("pinring.torch")
 
-# Epochs a loader's plan covers unless told otherwise: each ``for`` takes one.
-DEFAULT_EPOCHS = 100_000
 # Workers are looked at after this long even while batches flow (seconds).
 _CHECK_EVERY = 0.5
 
@@ -253,6 +251,7 @@ class DataLoader:
         self._stood = 0  # the batch number a stopped loader stood at
         self._epoch_wanted: Optional[int] = None
         self._resume: Optional[Dict[str, int]] = None
+        self._rest_of_state = False  # load_state_dict: the next for is the saved epoch's rest
         self._started = False
         self._daemon: Optional[_native.EmbeddedDaemon] = None
         self._consumer: Optional[_native.Consumer] = None
@@ -609,6 +608,10 @@ class DataLoader:
 
     def __iter__(self) -> Iterator[Any]:
         bpe, ppb = self._shape()
+        # The first for after load_state_dict yields the rest of the saved epoch, which is
+        # nothing for a state saved after the plan's last batch; any other for at the plan's
+        # end would be an epoch past it, and says so.
+        rest, self._rest_of_state = self._rest_of_state, False
         if self._started:
             assert self._consumer is not None
             batch = self._consumer.state()[0] // ppb
@@ -625,8 +628,10 @@ class DataLoader:
             self._stop()
         if not self._started and self._attached_ring is None and target >= self.epochs * bpe:
             # At the plan's end (a state saved after its last batch, or set_epoch past it):
-            # nothing is left to make, so nothing starts, and the for ends at once.
-            return
+            # nothing is left to make, so nothing starts.
+            if rest and target == batch:
+                return
+            raise self._past_the_plan(target // bpe)
         if not self._started:
             resume, self._resume = self._resume, None
             self._start(target * ppb)
@@ -643,7 +648,8 @@ class DataLoader:
         assert self._consumer is not None
         # Where the consumer stands: the target, or (attached to a ring other consumers took
         # batches from) right after the batches taken.
-        end = (self._consumer.state()[0] // ppb // bpe + 1) * bpe
+        first = self._consumer.state()[0] // ppb
+        end = (first // bpe + 1) * bpe
         ended = False
         while self._consumer.state()[0] // ppb < end:
             try:
@@ -664,6 +670,22 @@ class DataLoader:
             yield self._convert(box)
         # The epoch's end: report a worker's error, restart a dead worker for the next epoch.
         self._check_workers(restart=not ended)
+        if ended and self._consumer.state()[0] // ppb == first and not rest:
+            raise self._past_the_plan(first // bpe)  # the plan had ended before this for
+
+    def _past_the_plan(self, epoch: int) -> _native.UsageError:
+        """The error of a ``for`` after the plan's last epoch: not an empty epoch."""
+        if self._attached_ring is None:
+            covers = f"the loader's plan covers {self.epochs} epochs (epochs={self.epochs})"
+            fix = "pass a larger epochs=, or leave it out for a plan without end"
+        else:
+            covers = (f"ring {self._attached_ring!r} runs {self.epochs} epochs (plan.epochs = "
+                      f"{self.epochs})")
+            fix = "start the ring's daemon with more epochs (plan.epochs in its config)"
+        return _native.UsageError(
+            f"pinring.torch.DataLoader: this for would be epoch {epoch}, but {covers}, all of "
+            f"which were taken: {fix}"
+        )
 
     def _convert(self, box: List[_native.Batch]) -> Any:
         b = box.pop()
@@ -693,6 +715,7 @@ class DataLoader:
         resume = checked_state(state)
         self._stop()
         self._resume = resume
+        self._rest_of_state = True
 
 
 # The fewest slots a DataLoader's embedded ring gets with workers, and how many it gets per
