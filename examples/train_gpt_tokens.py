@@ -150,8 +150,7 @@ def main(args: argparse.Namespace) -> None:
         # end); otherwise the plan covers --epochs, and the loop stops at its last batch.
         epochs=None if args.steps else args.epochs,
         loaders=args.loaders,
-        backend="cuda" if cuda else "host",
-        device=(dev.index or 0) if cuda else None,
+        device=dev,  # a torch.device: "cuda" or "cuda:N" (the CUDA backend) or "cpu" (the host's)
     )
     step = 0
     if args.resume:

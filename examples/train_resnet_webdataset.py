@@ -156,8 +156,7 @@ def main(args: argparse.Namespace) -> None:
         epochs=args.epochs,
         loaders=args.loaders,
         loaders_cpus=cpu_list(args.loaders_cpus),
-        backend="cuda" if cuda else "host",
-        device=(dev.index or 0) if cuda else None,
+        device=dev,  # a torch.device: "cuda" or "cuda:N" (the CUDA backend) or "cpu" (the host's)
     )
     total = args.steps or len(loader) * args.epochs
     events: List[Tuple[torch.cuda.Event, torch.cuda.Event]] = []

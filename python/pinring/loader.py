@@ -21,7 +21,8 @@ import sys
 import time
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Union
 
-from pinring import _dist, _memfd, _native
+from pinring import _device, _dist, _memfd, _native
+from pinring._device import DeviceLike
 from pinring._progress import Progress
 
 # Epochs the plan of a loader's embedded daemon covers where nobody set plan.epochs: a plan
@@ -148,7 +149,16 @@ class Loader:
 
     Args:
         ring: the ring's name (its daemon runs ``--sink consumer``).
-        device: the CUDA device the ring's daemon uploads to, for checking (None: any).
+        device: where the batches go, in any form ``pinring.torch.DataLoader`` takes: an int
+            (a CUDA device number: the one an embedded daemon uploads to where it uses CUDA,
+            and the one an attached ring must deliver to unless it delivers to host memory),
+            ``"cuda"`` (the current CUDA device), ``"cuda:N"``, a ``torch.device``, or
+            ``"cpu"``/``"host"`` (the host backend: batches in host memory). A name asks for
+            that kind of device: an embedded daemon's backend follows it (``BackendError``,
+            saying to pass ``device="cpu"``, where CUDA cannot be used here), and an attached
+            ring must deliver there. None: anywhere (an embedded daemon: the current CUDA
+            device, or ``LOCAL_RANK``, where it uses CUDA). Anything else is a ``UsageError``
+            naming the forms.
         embedded: run the daemon inside this process (no service, no CUDA IPC); loaders are
             still separate processes (``pinring-loader --ring NAME``), or ``loaders=``'s.
         loaders: start this many ``pinring-loader`` processes for an embedded daemon (implies
@@ -188,7 +198,7 @@ class Loader:
     def __init__(
         self,
         ring: Optional[str] = None,
-        device: Optional[int] = None,
+        device: Optional[DeviceLike] = None,
         *,
         embedded: bool = False,
         loaders: int = 0,
@@ -219,6 +229,10 @@ class Loader:
         if loaders_cpus is not None and not loaders:
             raise _native.UsageError("loaders_cpus= pins the loaders that loaders=N starts: "
                                      "pass loaders=N too")
+        dev = _device.parse(device, "pinring.Loader")
+        # A name ("cuda", "cpu", a torch.device) asks for that kind of device; a bare number is
+        # the CUDA device where CUDA is used, and a host ring serves it too.
+        named = dev is not None and not _device.by_number(device)
         plan = {k: v for k, v in (("batch_size", batch_size), ("shuffle", shuffle),
                                   ("seed", seed), ("drop_last", drop_last)) if v is not None}
         self._config_fd: Optional[int] = None
@@ -249,8 +263,8 @@ class Loader:
             local = _dist.local_rank()
             if ring is None and local is not None:
                 ring = f"{_ring_name_of(config)}-rank{local}"  # one per rank on the host
-            self._daemon_args = dict(config=config, backend=backend,
-                                     device=_dist.default_ordinal() if device is None else device,
+            backend, ordinal = self._backend(device, dev, named, backend)
+            self._daemon_args = dict(config=config, backend=backend, device=ordinal,
                                      epochs=epochs, anonymous=bool(loaders), rank=rank,
                                      world_size=world_size, default_epochs=DEFAULT_EPOCHS)
             self._daemon_args["ring"] = ring
@@ -265,7 +279,13 @@ class Loader:
         elif ring is None:
             ring = "default"
         self.ring: str = ring
-        self._device = device
+        # Where the ring must deliver ("cuda:N", "cpu"; None: anywhere), and whether a host
+        # ring will do too (a bare number: the device a CUDA ring must use).
+        self._want: Optional[str] = None
+        self._lenient = not named
+        if dev is not None:
+            index = dev.number if dev.number is not None else _dist.default_ordinal()
+            self._want = "cpu" if dev.kind == "cpu" else f"cuda:{index}"
         self._timeout = timeout
         self._wait_for_ring = wait_for_ring
         self._as_numpy = as_numpy
@@ -289,6 +309,41 @@ class Loader:
         self._progress: Optional[Progress] = Progress() if progress else None
         if loaders:
             self._start_loaders(loaders, loaders_cpus)
+
+    @staticmethod
+    def _backend(device: Any, dev: Optional[_device.Device], named: bool,
+                 backend: str) -> "tuple[str, int]":
+        """An embedded daemon's backend and CUDA device number for ``device`` (parsed: ``dev``)
+        and ``backend``: "cpu" is the host backend, a CUDA device by name the CUDA backend; one
+        that contradicts ``backend``, and CUDA where it cannot be used, are refused here, in
+        this class's terms."""
+        if dev is not None and dev.kind == "cpu":
+            if backend == "cuda":
+                raise _native.UsageError(
+                    f'pinring.Loader(device={device!r}, backend="cuda"): device="cpu" runs the '
+                    'host backend (batches in host memory): pass one of them'
+                )
+            return "host", 0
+        if named and backend == "host":
+            raise _native.UsageError(
+                f'pinring.Loader(device={device!r}, backend="host"): a CUDA device needs the '
+                'CUDA backend: pass backend="cuda" or leave it out, or pass device="cpu"'
+            )
+        ordinal = dev.number if dev is not None and dev.number is not None else \
+            _dist.default_ordinal()
+        if named:
+            backend = "cuda"
+        if backend == "cuda":
+            why = _native._cuda_unusable(ordinal)
+            if why is not None:
+                arg, fix = (
+                    (f"device={device!r}",
+                     'pass device="cpu" to run on pinring\'s host backend (batches in host '
+                     'memory)') if named else
+                    ('backend="cuda"', 'pass backend="host"')
+                )
+                raise _native.BackendError(f"pinring.Loader({arg}): {why}, or {fix}")
+        return backend, ordinal
 
     def _config_from_data(self, config: Optional[Dict[str, Any]], dataset: Optional[Dict[str, Any]],
                           image: Optional[Dict[str, Any]], plan: Dict[str, Any]) -> str:
@@ -403,11 +458,15 @@ class Loader:
                                  wait_for_ring=self._wait_for_ring, **where)
             if self._daemon is None:
                 _dist.check_ring_shard(self.ring, _native.config_settings(c.config))
-            if self._device is not None and c.device not in ("cpu", f"cuda:{self._device}"):
+            there = c.device
+            if self._want is not None and there != self._want and not (
+                self._lenient and there == "cpu"
+            ):
                 c.close()
                 raise _native.UsageError(
-                    f"ring {self.ring!r} delivers to {c.device}, not cuda:{self._device}: pass device="
-                    f"{c.device.split(':')[-1]} or attach to the ring of device {self._device}"
+                    f"ring {self.ring!r} delivers to {there}, not {self._want}: pass "
+                    f"device={there!r} or leave device out, or attach to a ring that "
+                    f"delivers to {self._want}"
                 )
             self._consumer = c
             self._resume = None

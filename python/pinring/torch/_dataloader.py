@@ -11,7 +11,7 @@ from typing import Any, Callable, Dict, Iterator, List, Literal, Optional, Tuple
 
 import torch
 
-from pinring import _dist, _memfd, _native
+from pinring import _device, _dist, _memfd, _native
 from pinring.loader import DEFAULT_EPOCHS, checked_state, torch_tensors
 from pinring.torch import _procs
 from pinring.torch._layout import _Layout, _rebuild
@@ -773,16 +773,17 @@ def _from_sampler(sampler: Any, drop_last: bool) -> Dict[str, Any]:
 
 
 def _parse_device(device: Any) -> torch.device:
-    if device is None:
+    """``device=`` as a ``torch.device`` (pinring's parser, ``pinring._device``, shared with
+    ``pinring.Loader``); None: the current CUDA device where torch sees one, else the CPU."""
+    dev = _device.parse(device, "pinring.torch.DataLoader")
+    if dev is None:
         if torch.cuda.is_available():
             return torch.device("cuda", _dist.device_index())
         return torch.device("cpu")
-    d = torch.device(device)
-    if d.type == "cuda" and d.index is None:
-        d = torch.device("cuda", _dist.device_index())
-    if d.type not in ("cuda", "cpu"):
-        raise _native.UsageError(f"device {device!r}: pinring delivers to 'cuda:N' or 'cpu'")
-    return d
+    if dev.kind == "cpu":
+        return torch.device("cpu")
+    index = _dist.device_index() if dev.number is None else dev.number
+    return torch.device("cuda", index)
 
 
 def _check_ring_fields(ring: str, fields: List[Tuple[str, str, List[int]]], layout: _Layout) -> None:
