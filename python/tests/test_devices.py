@@ -129,3 +129,23 @@ def test_the_dataloader_takes_the_same_forms():
     text = str(e.value)
     assert text.startswith("pinring.torch.DataLoader(device='gpu'): ") and FORMS in text, text
 
+
+@pytest.mark.skipif(not no_gpu(), reason="for a host without a GPU")
+def test_the_dataloader_asked_for_cuda_without_a_gpu_raises_backend_error():
+    torch = pytest.importorskip("torch")
+    from pinring.torch import DataLoader
+
+    class Tiny(torch.utils.data.Dataset):
+        def __len__(self):
+            return 8
+
+        def __getitem__(self, i):
+            return torch.full((2,), i)
+
+    for device in ("cuda", "cuda:0", torch.device("cuda"), 0):
+        with pytest.raises(pinring.BackendError) as e:
+            DataLoader(Tiny(), device=device)
+        text = str(e.value)
+        assert text.startswith(f"pinring.torch.DataLoader(device={device!r}): "), text
+        assert "no CUDA device is usable" in text and 'pass device="cpu"' in text, text
+        assert "Found no NVIDIA driver" not in text, text

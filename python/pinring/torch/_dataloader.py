@@ -774,7 +774,9 @@ def _from_sampler(sampler: Any, drop_last: bool) -> Dict[str, Any]:
 
 def _parse_device(device: Any) -> torch.device:
     """``device=`` as a ``torch.device`` (pinring's parser, ``pinring._device``, shared with
-    ``pinring.Loader``); None: the current CUDA device where torch sees one, else the CPU."""
+    ``pinring.Loader``); None: the current CUDA device where torch sees one, else the CPU. A
+    CUDA device where torch sees none, or beyond those it sees, is a ``BackendError`` with the
+    fix, not torch's "Found no NVIDIA driver" from deep inside the first batch."""
     dev = _device.parse(device, "pinring.torch.DataLoader")
     if dev is None:
         if torch.cuda.is_available():
@@ -782,7 +784,21 @@ def _parse_device(device: Any) -> torch.device:
         return torch.device("cpu")
     if dev.kind == "cpu":
         return torch.device("cpu")
+    said = f"pinring.torch.DataLoader(device={device!r})"
+    if not torch.cuda.is_available():
+        raise _native.BackendError(
+            f"{said}: no CUDA device is usable in this process (torch.cuda.is_available() is "
+            "False: no NVIDIA driver, no GPU, or CUDA_VISIBLE_DEVICES hides them): pass "
+            'device="cpu" to run on pinring\'s host backend (batches as CPU tensors), or check '
+            "the driver with nvidia-smi"
+        )
     index = _dist.device_index() if dev.number is None else dev.number
+    count = torch.cuda.device_count()
+    if index >= count:
+        raise _native.BackendError(
+            f"{said}: CUDA device {index} does not exist: torch sees {count} (numbered from 0, "
+            f'after CUDA_VISIBLE_DEVICES): pass a device below {count}, or device="cpu"'
+        )
     return torch.device("cuda", index)
 
 
