@@ -273,7 +273,7 @@ class _Part:
     def __init__(self, seq, error):
         self.seq = self.batch = seq
         self.indices = [2 * seq, 2 * seq + 1]
-        self.fields = {"f0": _Field(np.zeros((2, 1), dtype=np.int64))}
+        self.fields = {"sample": _Field(np.zeros((2, 1), dtype=np.int64))}
         self.error = error
 
     def commit(self):
@@ -516,7 +516,7 @@ def test_an_attached_daemon_with_the_datasets_fields(tmp_path):
     config = tmp_path / "pinring.toml"
     config.write_text(
         f'[ring]\nname = "{name}"\n[dataset]\nkind = "external"\nsamples = 48\n'
-        'fields = [{ name = "f0", dtype = "i64", shape = [1] }]\n'
+        'fields = [{ name = "sample", dtype = "i64", shape = [1] }]\n'
         "[plan]\nbatch_size = 6\nshuffle = false\nepochs = 2\n"
     )
     daemon = subprocess.Popen(

@@ -98,7 +98,8 @@ class DataLoader:
         device: where batches go: ``"cuda"``, ``"cuda:N"``, ``"cpu"`` or a ``torch.device``
             (default: the current CUDA device if there is one, else the CPU).
         ring: attach to this ring's daemon (``pinring-daemon --sink consumer``, a config of
-            ``dataset.kind = "external"`` with the dataset's fields) instead of running one here.
+            ``dataset.kind = "external"`` with the dataset's fields: the ``[dataset]`` table
+            ``dataset_table(dataset)`` prints) instead of running one here.
             The ring's config then decides batch_size, shuffle, seed, drop_last, rank,
             world_size, epochs, in_order, prefetch, lease_ms and device: an argument left out
             takes the ring's value, and one passed with another value raises ``UsageError``
@@ -273,13 +274,7 @@ class DataLoader:
 
     def _infer(self) -> _Layout:
         if self._layout is None:
-            if len(self.dataset) == 0:
-                raise _native.UsageError("the dataset is empty: nothing to load")
-            sample = self.dataset[0]
-            if self.collate_fn is not None:
-                self._layout = _Layout(self.collate_fn([sample]), collated=True)
-            else:
-                self._layout = _Layout(sample, collated=False)
+            self._layout = _layout_of(self.dataset, self.collate_fn)
         return self._layout
 
     def _config(self, ring: str) -> Dict[str, Any]:
@@ -381,7 +376,7 @@ class DataLoader:
             )
             text = self._consumer.config
             info = _native.check_config(text, f"ring {self._attached_ring!r}")
-            _check_ring_fields(self._attached_ring, info["fields"], layout)
+            _check_ring_fields(self._attached_ring, info["fields"], layout, len(self.dataset))
             self._ring_settings = self._check_ring(text, self._consumer.device)
             path = self._config_memfd(text)
         self._config_path = path
@@ -725,6 +720,30 @@ _SLOTS_PER_WORKER = 2
 _MIN_SLOTS_THREAD = 4
 
 
+def _layout_of(dataset: Any, collate_fn: Optional[Callable[[List[Any]], Any]]) -> _Layout:
+    """The fields of ``dataset``'s batches, from ``dataset[0]`` (or ``collate_fn([it])``)."""
+    if len(dataset) == 0:
+        raise _native.UsageError("the dataset is empty: nothing to load")
+    sample = dataset[0]
+    if collate_fn is not None:
+        return _Layout(collate_fn([sample]), collated=True)
+    return _Layout(sample, collated=False)
+
+
+def dataset_table(dataset: Any, collate_fn: Optional[Callable[[List[Any]], Any]] = None) -> str:
+    """The ``[dataset]`` table of the config of a ``pinring-daemon --sink consumer`` service
+    whose ring ``DataLoader(dataset, ring=...)`` fills, as TOML text: ``kind = "external"``,
+    ``samples = len(dataset)`` and the ``fields`` of ``dataset[0]`` (or of
+    ``collate_fn([dataset[0]])``) as the loader names and orders them. The names are the
+    sample's dict keys, tuple positions and namedtuple fields (``image``, ``0``, ``meta.h``;
+    ``sample`` for one array), declared largest element first. Put it in the service's
+    config, beside its ``[ring]``, ``[plan]`` and ``[daemon]`` tables::
+
+        print(pinring.torch.dataset_table(train_set))
+    """
+    return _layout_of(dataset, collate_fn).dataset_table(len(dataset))
+
+
 def _unwrapped(value: Any) -> Any:
     """An argument's value, a default's as it is."""
     return value.value if isinstance(value, _Default) else value
@@ -802,11 +821,13 @@ def _parse_device(device: Any) -> torch.device:
     return torch.device("cuda", index)
 
 
-def _check_ring_fields(ring: str, fields: List[Tuple[str, str, List[int]]], layout: _Layout) -> None:
+def _check_ring_fields(ring: str, fields: List[Tuple[str, str, List[int]]], layout: _Layout,
+                       samples: int) -> None:
     want = [(name, leaf.dtype, list(leaf.shape)) for name, leaf in layout.declared]
     got = [(n, d, list(s)) for n, d, s in fields]
     if got != want:
         raise _native.RefusedError(
             f"ring {ring!r} carries fields {got}, but this dataset's samples need {want}: start "
-            "its daemon with a config of dataset.kind = \"external\" and these fields"
+            "its daemon with a config whose [dataset] table is "
+            "pinring.torch.dataset_table(dataset)'s:\n" + layout.dataset_table(samples)
         )
