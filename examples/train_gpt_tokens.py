@@ -35,11 +35,38 @@ import pickle
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
-import torch
-import torch.nn as nn
-import torch.nn.functional as F
 
-import pinring
+def parse() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--data", required=True, help="directory with nanoGPT's train.bin")
+    p.add_argument("--loaders", type=int, default=4, help="pinring-loader processes")
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--block-size", type=int, default=1024)
+    p.add_argument("--layers", type=int, default=12)
+    p.add_argument("--heads", type=int, default=12)
+    p.add_argument("--embd", type=int, default=768)
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--steps", type=int, default=0, help="stop after this many steps (0: epochs)")
+    p.add_argument("--lr", type=float, default=6e-4)
+    p.add_argument("--warmup", type=int, default=10, help="steps not counted in the figures")
+    p.add_argument("--device", default=None,
+                   help="cuda, cuda:N or cpu (default: cuda where torch sees a GPU, else cpu)")
+    p.add_argument("--checkpoint", default=None, help="where to save (and --resume from)")
+    p.add_argument("--save-every", type=int, default=0, help="save every N steps (0: at the end)")
+    p.add_argument("--resume", action="store_true", help="start from --checkpoint")
+    return p.parse_args()
+
+
+# The arguments are read before torch is imported: --help and a wrong argument answer at once,
+# not after the seconds that importing torch takes.
+if __name__ == "__main__":
+    ARGS = parse()
+
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import pinring  # noqa: E402
 
 
 class Block(nn.Module):
@@ -102,29 +129,8 @@ def lr_at(step: int, args: argparse.Namespace, total: int) -> float:
     return float(args.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, t)))))
 
 
-def parse() -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--data", required=True, help="directory with nanoGPT's train.bin")
-    p.add_argument("--loaders", type=int, default=4, help="pinring-loader processes")
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--block-size", type=int, default=1024)
-    p.add_argument("--layers", type=int, default=12)
-    p.add_argument("--heads", type=int, default=12)
-    p.add_argument("--embd", type=int, default=768)
-    p.add_argument("--epochs", type=int, default=1)
-    p.add_argument("--steps", type=int, default=0, help="stop after this many steps (0: epochs)")
-    p.add_argument("--lr", type=float, default=6e-4)
-    p.add_argument("--warmup", type=int, default=10, help="steps not counted in the figures")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--checkpoint", default=None, help="where to save (and --resume from)")
-    p.add_argument("--save-every", type=int, default=0, help="save every N steps (0: at the end)")
-    p.add_argument("--resume", action="store_true", help="start from --checkpoint")
-    return p.parse_args()
-
-
-def main() -> None:
-    args = parse()
-    dev = torch.device(args.device)
+def main(args: argparse.Namespace) -> None:
+    dev = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     cuda = dev.type == "cuda"
     torch.manual_seed(0)
     model = GPT(vocab_size(args.data), args.block_size, args.layers, args.heads, args.embd).to(dev)
@@ -140,10 +146,11 @@ def main() -> None:
         batch_size=args.batch_size,
         shuffle=True,
         drop_last=True,
-        epochs=args.epochs,
+        # --steps runs that many steps, over as many epochs as they take (a plan without
+        # end); otherwise the plan covers --epochs, and the loop stops at its last batch.
+        epochs=None if args.steps else args.epochs,
         loaders=args.loaders,
-        backend="cuda" if cuda else "host",
-        device=(dev.index or 0) if cuda else None,
+        device=dev,  # a torch.device: "cuda" or "cuda:N" (the CUDA backend) or "cpu" (the host's)
     )
     step = 0
     if args.resume:
@@ -173,9 +180,7 @@ def main() -> None:
             batch = next(it, None)
             if batch is None:  # an epoch's end: the next `for` is the next epoch
                 it = iter(loader)
-                batch = next(it, None)
-                if batch is None:
-                    break  # the plan's end
+                batch = next(it)
             if step == args.warmup:
                 if cuda:
                     torch.cuda.synchronize(dev)
@@ -222,4 +227,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(ARGS)

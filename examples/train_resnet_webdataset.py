@@ -31,11 +31,39 @@ import os
 import time
 from typing import Callable, List, Optional, Sequence, Tuple
 
-import torch
-import torch.nn as nn
-from torchvision.models import resnet50
 
-import pinring
+def parse() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--shards", nargs="+", required=True, help="tar shards: paths or globs")
+    # Decoding is the work: every core but the trainer's and the daemon's (on a 16-core H200
+    # host 14 loaders feed the step at its on-device rate, 12 reach 85-88% of it).
+    p.add_argument("--loaders", type=int, default=max(1, len(os.sched_getaffinity(0)) - 2),
+                   help="pinring-loader processes (default: the CPUs this process may use, less 2)")
+    p.add_argument("--loaders-cpus", default=None, help="CPUs to pin the loaders to: 0-11,16")
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--crop", type=int, default=224)
+    p.add_argument("--classes", type=int, default=1000)
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--steps", type=int, default=0, help="stop after this many steps (0: epochs)")
+    p.add_argument("--lr", type=float, default=0.1)
+    p.add_argument("--warmup", type=int, default=10, help="steps not counted in the figures")
+    p.add_argument("--on-device-steps", type=int, default=0,
+                   help="first time the step on a batch resident on the device")
+    p.add_argument("--device", default=None,
+                   help="cuda, cuda:N or cpu (default: cuda where torch sees a GPU, else cpu)")
+    return p.parse_args()
+
+
+# The arguments are read before torch and torchvision are imported: --help and a wrong argument
+# answer at once, not after the seconds that importing them takes.
+if __name__ == "__main__":
+    ARGS = parse()
+
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+from torchvision.models import resnet50  # noqa: E402
+
+import pinring  # noqa: E402
 
 Step = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -111,30 +139,8 @@ def cpu_list(text: Optional[str]) -> Optional[List[int]]:
     return cpus
 
 
-def parse() -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--shards", nargs="+", required=True, help="tar shards: paths or globs")
-    # Decoding is the work: every core but the trainer's and the daemon's (on a 16-core H200
-    # host 14 loaders feed the step at its on-device rate, 12 reach 85-88% of it).
-    p.add_argument("--loaders", type=int, default=max(1, len(os.sched_getaffinity(0)) - 2),
-                   help="pinring-loader processes (default: the CPUs this process may use, less 2)")
-    p.add_argument("--loaders-cpus", default=None, help="CPUs to pin the loaders to: 0-11,16")
-    p.add_argument("--batch-size", type=int, default=256)
-    p.add_argument("--crop", type=int, default=224)
-    p.add_argument("--classes", type=int, default=1000)
-    p.add_argument("--epochs", type=int, default=1)
-    p.add_argument("--steps", type=int, default=0, help="stop after this many steps (0: epochs)")
-    p.add_argument("--lr", type=float, default=0.1)
-    p.add_argument("--warmup", type=int, default=10, help="steps not counted in the figures")
-    p.add_argument("--on-device-steps", type=int, default=0,
-                   help="first time the step on a batch resident on the device")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    return p.parse_args()
-
-
-def main() -> None:
-    args = parse()
-    dev = torch.device(args.device)
+def main(args: argparse.Namespace) -> None:
+    dev = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     cuda = dev.type == "cuda"
     torch.manual_seed(0)
     if cuda:
@@ -155,8 +161,7 @@ def main() -> None:
         epochs=args.epochs,
         loaders=args.loaders,
         loaders_cpus=cpu_list(args.loaders_cpus),
-        backend="cuda" if cuda else "host",
-        device=(dev.index or 0) if cuda else None,
+        device=dev,  # a torch.device: "cuda" or "cuda:N" (the CUDA backend) or "cpu" (the host's)
     )
     total = args.steps or len(loader) * args.epochs
     events: List[Tuple[torch.cuda.Event, torch.cuda.Event]] = []
@@ -217,4 +222,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(ARGS)

@@ -168,7 +168,7 @@ fn config_check_refuses_a_ring_geometry_the_daemon_cannot_make_and_names_the_fix
             "[ring]\nslots = 5000\n",
             "ring.slots = 5000",
             "between 2 and 4096",
-            "fix it in the config file",
+            "fix it in the config",
         ),
     ] {
         let (code, _, err) = config_check(&fx, name, toml);

@@ -10,7 +10,7 @@ __all__ = [
     "Field", "Consumer", "Batch", "EmbeddedDaemon", "Producer", "Part", "OwnerProbe",
     "check_config", "bound", "_live_rings", "_die_with_parent", "config_settings", "_main",
     "__version__", "PREFETCH_RANGE", "_test_host_field", "_test_load_config",
-    "_test_check_ring_name", "_error_for_exit", "DLPACK_VERSION",
+    "_test_check_ring_name", "_error_for_exit", "_cuda_unusable", "DLPACK_VERSION",
 ]
 
 DLPACK_VERSION: Tuple[int, int]
@@ -157,6 +157,10 @@ def _test_check_ring_name(name: str) -> None: ...
 def _error_for_exit(code: int, message: str) -> PinringError:
     """The exception for a pinring program's exit code, carrying ``message``."""
 
+def _cuda_unusable(device: int) -> Optional[str]:
+    """Why CUDA device ``device`` cannot be used in this process (no driver, a driver that does
+    not start, no such device), without the programs' ``--backend host``; None where it can."""
+
 @final
 class Batch:
     """One whole batch taken from a ring: ``fields`` maps each field's name (``"images"``,
@@ -249,9 +253,13 @@ class EmbeddedDaemon:
         anonymous: bool = False,
         rank: Optional[int] = None,
         world_size: Optional[int] = None,
+        default_epochs: Optional[int] = None,
     ) -> "EmbeddedDaemon":
         """``rank`` and ``world_size`` (both or neither) replace the config's ``plan.rank``
-        and ``plan.world_size``."""
+        and ``plan.world_size``. ``default_epochs``: ``plan.epochs`` where neither ``epochs``
+        nor the config file sets it (None: the config's default, 2). A ``config`` file that
+        cannot be read, and ``backend="cuda"`` where CUDA is unusable, raise at once, in this
+        class's terms."""
     @property
     def ring(self) -> str: ...
     @property

@@ -21,8 +21,15 @@ import sys
 import time
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Union
 
-from pinring import _dist, _memfd, _native
+from pinring import _device, _dist, _memfd, _native
+from pinring._device import DeviceLike
 from pinring._progress import Progress
+
+# Epochs the plan of a loader's embedded daemon covers where nobody set plan.epochs: a plan
+# without end in practice, as torch's DataLoader has none (each ``for`` takes one epoch).
+# pinring's config default, 2, is a service daemon's: it made a Python loop of 5 epochs get
+# 2 whole ones and 3 empty ones.
+DEFAULT_EPOCHS = 100_000
 
 
 @functools.lru_cache(maxsize=None)
@@ -98,6 +105,32 @@ def _nested_dataset(dataset: Dict[str, Any]) -> Dict[str, Any]:
     return nested
 
 
+def _readable_config(path: str) -> None:
+    """Raises ``ConfigError`` in the caller's terms (``pinring.Loader(config="nope.toml"): cannot
+    read config file nope.toml: No such file or directory``) where the config file ``path``
+    cannot be read: missing, unreadable, or not a regular file (a FIFO is refused without
+    waiting for a writer)."""
+    import stat
+
+    def fail(why: str) -> _native.ConfigError:
+        return _native.ConfigError(
+            f"pinring.Loader(config={json.dumps(path)}): cannot read config file {path}: {why}"
+        )
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        raise fail(e.strerror or str(e)) from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise fail("not a regular file")
+        os.read(fd, 1)
+    except OSError as e:
+        raise fail(e.strerror or str(e)) from None
+    finally:
+        os.close(fd)
+
+
 def _ring_name_of(config: Optional[Union[str, Dict[str, Any]]]) -> str:
     """ring.name of a config (a file or settings as data), or the default's."""
     if isinstance(config, dict):
@@ -116,7 +149,16 @@ class Loader:
 
     Args:
         ring: the ring's name (its daemon runs ``--sink consumer``).
-        device: the CUDA device the ring's daemon uploads to, for checking (None: any).
+        device: where the batches go, in any form ``pinring.torch.DataLoader`` takes: an int
+            (a CUDA device number: the one an embedded daemon uploads to where it uses CUDA,
+            and the one an attached ring must deliver to unless it delivers to host memory),
+            ``"cuda"`` (the current CUDA device), ``"cuda:N"``, a ``torch.device``, or
+            ``"cpu"``/``"host"`` (the host backend: batches in host memory). A name asks for
+            that kind of device: an embedded daemon's backend follows it (``BackendError``,
+            saying to pass ``device="cpu"``, where CUDA cannot be used here), and an attached
+            ring must deliver there. None: anywhere (an embedded daemon: the current CUDA
+            device, or ``LOCAL_RANK``, where it uses CUDA). Anything else is a ``UsageError``
+            naming the forms.
         embedded: run the daemon inside this process (no service, no CUDA IPC); loaders are
             still separate processes (``pinring-loader --ring NAME``), or ``loaders=``'s.
         loaders: start this many ``pinring-loader`` processes for an embedded daemon (implies
@@ -126,8 +168,10 @@ class Loader:
             /dev/shm).
         loaders_cpus: CPUs to pin the loaders to, one each in turn (None: no pinning).
         config: the config of an embedded daemon: a TOML file's path, or the settings as data
-            (a dict of sections, the file's shape); None: pinring's config lookup, or the
-            settings ``dataset=``, ``image=`` and the plan's keywords give.
+            (a dict of sections, the file's shape); given, the daemon runs in this process
+            (``embedded=True``: an attached ring's daemon has a config of its own). None:
+            pinring's config lookup, or the settings ``dataset=``, ``image=`` and the plan's
+            keywords give. A file that cannot be read is a ``ConfigError`` naming it.
         dataset, image: an embedded daemon's ``[dataset]`` and ``[dataset.image]`` tables as
             dicts (``dataset={"kind": "webdataset", "shards": [...]}, image={"crop": 224}``),
             instead of a file. A file kind's keys may be given flat beside ``kind``, as there,
@@ -139,6 +183,10 @@ class Loader:
             are the job's when left out, and one given that contradicts the job is a
             ``UsageError``; an attached ring must serve this process's shard.
         backend: an embedded daemon's backend: ``"auto"``, ``"cuda"`` or ``"host"``.
+        epochs: epochs an embedded daemon's plan covers (over ``plan.epochs``). Where neither
+            this nor the config sets them the plan has no end (``DEFAULT_EPOCHS``), as torch's
+            DataLoader; a ``for`` past the epochs that were set raises ``UsageError`` naming
+            ``plan.epochs``.
         timeout: seconds to wait for one batch (None: as long as the daemon lives).
         wait_for_ring: seconds to wait for an attached ring to appear.
         as_numpy: yield NumPy arrays instead of torch tensors.
@@ -150,7 +198,7 @@ class Loader:
     def __init__(
         self,
         ring: Optional[str] = None,
-        device: Optional[int] = None,
+        device: Optional[DeviceLike] = None,
         *,
         embedded: bool = False,
         loaders: int = 0,
@@ -181,9 +229,16 @@ class Loader:
         if loaders_cpus is not None and not loaders:
             raise _native.UsageError("loaders_cpus= pins the loaders that loaders=N starts: "
                                      "pass loaders=N too")
+        dev = _device.parse(device, "pinring.Loader")
+        # A name ("cuda", "cpu", a torch.device) asks for that kind of device; a bare number is
+        # the CUDA device where CUDA is used, and a host ring serves it too.
+        named = dev is not None and not _device.by_number(device)
         plan = {k: v for k, v in (("batch_size", batch_size), ("shuffle", shuffle),
                                   ("seed", seed), ("drop_last", drop_last)) if v is not None}
         self._config_fd: Optional[int] = None
+        if isinstance(config, str):
+            _readable_config(config)
+            embedded = True  # a config is an embedded daemon's: an attached ring has its own
         if isinstance(config, dict) or dataset is not None or image is not None or plan:
             if isinstance(config, str):
                 raise _native.UsageError(
@@ -192,6 +247,11 @@ class Loader:
                 )
             config = self._config_from_data(config, dataset, image, plan)
             embedded = True
+        if epochs is not None and (isinstance(epochs, bool) or int(epochs) < 1):
+            raise _native.UsageError(
+                f"pinring.Loader(epochs={epochs!r}): a plan covers at least one epoch: pass "
+                "epochs >= 1, or leave it out for a plan without end"
+            )
         self._daemon_args: Optional[Dict[str, Any]] = None
         if (rank is None) != (world_size is None):
             raise _native.UsageError(
@@ -203,10 +263,10 @@ class Loader:
             local = _dist.local_rank()
             if ring is None and local is not None:
                 ring = f"{_ring_name_of(config)}-rank{local}"  # one per rank on the host
-            self._daemon_args = dict(config=config, backend=backend,
-                                     device=_dist.default_ordinal() if device is None else device,
+            backend, ordinal = self._backend(device, dev, named, backend)
+            self._daemon_args = dict(config=config, backend=backend, device=ordinal,
                                      epochs=epochs, anonymous=bool(loaders), rank=rank,
-                                     world_size=world_size)
+                                     world_size=world_size, default_epochs=DEFAULT_EPOCHS)
             self._daemon_args["ring"] = ring
             self._daemon = _native.EmbeddedDaemon(**self._daemon_args)
             ring = self._daemon.ring
@@ -219,7 +279,13 @@ class Loader:
         elif ring is None:
             ring = "default"
         self.ring: str = ring
-        self._device = device
+        # Where the ring must deliver ("cuda:N", "cpu"; None: anywhere), and whether a host
+        # ring will do too (a bare number: the device a CUDA ring must use).
+        self._want: Optional[str] = None
+        self._lenient = not named
+        if dev is not None:
+            index = dev.number if dev.number is not None else _dist.default_ordinal()
+            self._want = "cpu" if dev.kind == "cpu" else f"cuda:{index}"
         self._timeout = timeout
         self._wait_for_ring = wait_for_ring
         self._as_numpy = as_numpy
@@ -227,6 +293,9 @@ class Loader:
         self._consumer: Optional[_native.Consumer] = None
         self._resume: Optional[Dict[str, int]] = None
         self._epoch_wanted: Optional[int] = None
+        # Set by load_state_dict: the next for yields the rest of the saved epoch (nothing,
+        # for a state saved at the plan's end) rather than a new one.
+        self._rest_of_state = False
         # A state at the plan's end loaded with loaders=N: the daemon and loaders are stopped,
         # and this is the state; with (batches per epoch, parts per batch, end seq).
         self._ended: Optional[Dict[str, int]] = None
@@ -240,6 +309,41 @@ class Loader:
         self._progress: Optional[Progress] = Progress() if progress else None
         if loaders:
             self._start_loaders(loaders, loaders_cpus)
+
+    @staticmethod
+    def _backend(device: Any, dev: Optional[_device.Device], named: bool,
+                 backend: str) -> "tuple[str, int]":
+        """An embedded daemon's backend and CUDA device number for ``device`` (parsed: ``dev``)
+        and ``backend``: "cpu" is the host backend, a CUDA device by name the CUDA backend; one
+        that contradicts ``backend``, and CUDA where it cannot be used, are refused here, in
+        this class's terms."""
+        if dev is not None and dev.kind == "cpu":
+            if backend == "cuda":
+                raise _native.UsageError(
+                    f'pinring.Loader(device={device!r}, backend="cuda"): device="cpu" runs the '
+                    'host backend (batches in host memory): pass one of them'
+                )
+            return "host", 0
+        if named and backend == "host":
+            raise _native.UsageError(
+                f'pinring.Loader(device={device!r}, backend="host"): a CUDA device needs the '
+                'CUDA backend: pass backend="cuda" or leave it out, or pass device="cpu"'
+            )
+        ordinal = dev.number if dev is not None and dev.number is not None else \
+            _dist.default_ordinal()
+        if named:
+            backend = "cuda"
+        if backend == "cuda":
+            why = _native._cuda_unusable(ordinal)
+            if why is not None:
+                arg, fix = (
+                    (f"device={device!r}",
+                     'pass device="cpu" to run on pinring\'s host backend (batches in host '
+                     'memory)') if named else
+                    ('backend="cuda"', 'pass backend="host"')
+                )
+                raise _native.BackendError(f"pinring.Loader({arg}): {why}, or {fix}")
+        return backend, ordinal
 
     def _config_from_data(self, config: Optional[Dict[str, Any]], dataset: Optional[Dict[str, Any]],
                           image: Optional[Dict[str, Any]], plan: Dict[str, Any]) -> str:
@@ -262,6 +366,9 @@ class Loader:
                 given.update(table)
         if image is not None:
             sections.setdefault("dataset", {})["image"] = dict(image)
+        # Written out whole, the config sets every key: a plan whose epochs nobody set gets
+        # no end here, as a file that leaves them out does (EmbeddedDaemon's default_epochs).
+        sections.setdefault("plan", {}).setdefault("epochs", DEFAULT_EPOCHS)
         text = str(_native.check_config(sections, "pinring.Loader")["toml"])
         self._config_fd = _memfd.holding("pinring-config", text)
         return _memfd.path(self._config_fd)
@@ -295,7 +402,17 @@ class Loader:
 
     def _next_or_fail(self, c: _native.Consumer) -> Optional[_native.Batch]:
         if self._loaders is None:
-            return c.next_batch(self._timeout)
+            try:
+                return c.next_batch(self._timeout)
+            except _native.PeerDied as e:
+                if self._daemon is None or isinstance(e, _native.Timeout):
+                    raise
+                # This process's own daemon stopped the run (a loader started by hand failed
+                # on its data): its error says why; the consumer's would say to restart a
+                # daemon by a flag nobody here gave.
+                daemon, self._daemon = self._daemon, None
+                daemon.stop()
+                raise
         deadline = None if self._timeout is None else time.monotonic() + self._timeout
         while True:
             now = time.monotonic()
@@ -341,11 +458,15 @@ class Loader:
                                  wait_for_ring=self._wait_for_ring, **where)
             if self._daemon is None:
                 _dist.check_ring_shard(self.ring, _native.config_settings(c.config))
-            if self._device is not None and c.device not in ("cpu", f"cuda:{self._device}"):
+            there = c.device
+            if self._want is not None and there != self._want and not (
+                self._lenient and there == "cpu"
+            ):
                 c.close()
                 raise _native.UsageError(
-                    f"ring {self.ring!r} delivers to {c.device}, not cuda:{self._device}: pass device="
-                    f"{c.device.split(':')[-1]} or attach to the ring of device {self._device}"
+                    f"ring {self.ring!r} delivers to {there}, not {self._want}: pass "
+                    f"device={there!r} or leave device out, or attach to a ring that "
+                    f"delivers to {self._want}"
                 )
             self._consumer = c
             self._resume = None
@@ -388,10 +509,21 @@ class Loader:
         if self._epoch_wanted is not None:
             epoch, self._epoch_wanted = self._epoch_wanted, None
             self._move_to_epoch(epoch)
+        # The first for after load_state_dict yields the rest of the saved epoch, which is
+        # nothing for a state saved after the plan's last batch; any other for at the plan's
+        # end would be an epoch past it.
+        rest, self._rest_of_state = self._rest_of_state, False
         if self._ended is not None:
-            return
+            if rest:
+                return
+            per_epoch, ppb, end_seq = self._shape
+            raise self._past_the_plan(end_seq // ppb // per_epoch)
         c = self._attach()
         per_epoch = c.batches_per_epoch
+        if c.state()[0] >= c.end_seq:
+            if rest:
+                return
+            raise self._past_the_plan(c.end_seq // c.parts_per_batch // per_epoch)
         while True:
             b = self._next(c)
             if b is None:
@@ -406,6 +538,23 @@ class Loader:
             yield self._convert(box)
             if last:
                 return
+
+    def _plan_runs(self, epochs: int) -> str:
+        return f"ring {self.ring!r} runs {epochs} epochs (plan.epochs = {epochs})"
+
+    def _more_epochs(self) -> str:
+        """How to get a longer plan: this loader's own daemon's, or an attached ring's."""
+        if self._daemon_args is not None:
+            return ("set plan.epochs (or epochs=) to the epochs the training loop runs, or leave "
+                    "it unset for a plan without end")
+        return "start the ring's daemon with more epochs (plan.epochs in its config)"
+
+    def _past_the_plan(self, epochs: int) -> _native.UsageError:
+        """The error of a ``for`` after the plan's last epoch: not an empty epoch."""
+        return _native.UsageError(
+            f"this for would be epoch {epochs}, but {self._plan_runs(epochs)}, all of which "
+            f"were taken: {self._more_epochs()}"
+        )
 
     def _took(self, c: _native.Consumer, b: _native.Batch, per_epoch: int) -> None:
         if self._progress is not None:
@@ -443,8 +592,8 @@ class Loader:
         target = epoch * per_epoch * ppb
         if target >= end_seq:
             raise _native.UsageError(
-                f"set_epoch({epoch}): ring {self.ring!r} runs {end_seq // ppb // per_epoch} "
-                "epochs (plan.epochs): give an epoch below that, or more epochs"
+                f"set_epoch({epoch}): {self._plan_runs(end_seq // ppb // per_epoch)}: give an "
+                f"epoch below that, or {self._more_epochs()}"
             )
         if self._daemon_args is not None and (self._loaders is not None or self._ended):
             self._restart_at(target)
@@ -456,11 +605,18 @@ class Loader:
         try:
             self._attach()
         except _native.UsageError as e:
-            raise _native.UsageError(
-                f"set_epoch({epoch}): ring {self.ring!r} cannot go back to batch "
-                f"{target // ppb} ({e}); only a Loader with loaders=N starts its daemon again "
-                "at an earlier epoch"
-            ) from None
+            self._resume = {"seq": seq, "fingerprint": fingerprint}  # it stays where it stood
+            raise self._cannot_go_back(f"set_epoch({epoch})", target // ppb, e) from None
+
+    def _cannot_go_back(self, what: str, batch: int, e: _native.UsageError) -> _native.UsageError:
+        """The error of ``what`` (a jump back to ``batch``) refused by the consumer with ``e``:
+        attached, its message (how to restart the ring's daemon); an embedded daemon cannot be
+        restarted by its flags, so ``loaders=N`` is the way."""
+        why = "it has handed over every batch before" if self._daemon is not None else str(e)
+        return _native.UsageError(
+            f"{what}: ring {self.ring!r} cannot go back to batch {batch} ({why}); only a Loader "
+            "with loaders=N starts its daemon again at an earlier batch"
+        )
 
     def _stop_pieces(self) -> Optional[str]:
         """Stops the loaders, the consumer and the embedded daemon; the daemon's summary (JSON
@@ -521,13 +677,26 @@ class Loader:
                 # Saved after the plan's last batch: nothing is left to make, so nothing runs.
                 self._stop_pieces()
                 self._ended = resume
+                self._rest_of_state = True
                 return
             self._restart_at(resume["seq"])
+        # Where the loader stands now: where it stays if the ring cannot go to the state.
+        here = self._resume
         if self._consumer is not None:
+            seq, fingerprint = self._position()
+            here = {"seq": seq, "fingerprint": fingerprint}
             self._consumer.close()
             self._consumer = None
         self._resume = resume
-        self._attach()
+        try:
+            self._attach()
+        except _native.UsageError as e:
+            self._resume = here
+            if self._daemon is None or here is None or resume["seq"] >= here["seq"]:
+                raise
+            batch = resume["seq"] // max(1, self._shape[1])
+            raise self._cannot_go_back("load_state_dict", batch, e) from None
+        self._rest_of_state = True
 
     # -- the end ---------------------------------------------------------------------------
 

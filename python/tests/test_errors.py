@@ -140,3 +140,87 @@ def test_an_embedded_daemon_with_a_bad_config_raises_config_error(tmp_path):
     bad.write_text('[ring]\nname = "py-badcfg"\nno_such_key = 1\n')
     with pytest.raises(pinring.ConfigError, match="no_such_key"):
         pinring.EmbeddedDaemon(config=str(bad), backend="host")
+
+
+def no_flag_words(text):
+    """Asserts that a message a Python caller reads names no command-line flag and no empty
+    ring: the caller passed keyword arguments."""
+    import re
+
+    assert not re.search(r"(^|[\s(\"'])--[a-z]", text), f"a command-line flag in: {text}"
+    assert 'ring ""' not in text, text
+
+
+def test_a_config_file_that_cannot_be_read_is_named_in_the_callers_terms(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for call, make in (
+        ("pinring.Loader", lambda: pinring.Loader(config="nope.toml", loaders=1)),
+        ("pinring.Loader", lambda: pinring.Loader(config="nope.toml", embedded=True)),
+        ("EmbeddedDaemon", lambda: pinring.EmbeddedDaemon(config="nope.toml")),
+        ("Producer", lambda: pinring.Producer("py-nope", config="nope.toml", wait=0.1)),
+    ):
+        with pytest.raises(pinring.ConfigError) as e:
+            make()
+        assert str(e.value) == (
+            f'{call}(config="nope.toml"): cannot read config file nope.toml: No such file or '
+            "directory"
+        )
+    # A directory, and a FIFO (refused without waiting for a writer).
+    os.mkfifo(tmp_path / "fifo.toml")
+    for name in (".", "fifo.toml"):
+        with pytest.raises(pinring.ConfigError, match="not a regular file") as e:
+            pinring.Loader(config=name, loaders=1)
+        assert str(e.value).startswith(f'pinring.Loader(config="{name}"): '), str(e.value)
+
+
+def test_python_callers_read_no_command_line_flags(tmp_path):
+    # A missing ring, named as the caller named it.
+    with pytest.raises(pinring.RingError) as e:
+        pinring.Consumer("py-no-such-ring", wait_for_ring=0.1)
+    assert "check the ring name" in str(e.value)
+    no_flag_words(str(e.value))
+    # The prefetch of a ring that hands its batches to a training process (every ring Python
+    # makes), given as data.
+    data = {"dataset": {"samples": 64}, "plan": {"batch_size": 8}}
+    for prefetch in (65, 300):
+        with pytest.raises(pinring.ConfigError, match="2 to 64") as e:
+            _native.check_config({**data, "daemon": {"prefetch": prefetch}})
+        no_flag_words(str(e.value))
+    # An embedded daemon's own options: its keywords.
+    path = tmp_path / "four.toml"
+    path.write_text("[dataset]\nsamples = 32\n[plan]\nbatch_size = 8\nepochs = 1\n")
+    with pytest.raises(pinring.UsageError) as e:
+        pinring.EmbeddedDaemon(config=str(path), ring="py-past-end", backend="host", start_seq=9)
+    text = str(e.value)
+    assert "start_seq=9 is past the end of the plan" in text and '(with ring="py-past-end")' in text
+    no_flag_words(text)
+
+
+@pytest.mark.skipif(os.path.exists("/dev/nvidiactl"), reason="for a host without a GPU driver")
+def test_an_embedded_daemon_asked_for_cuda_without_a_driver_names_backend_host():
+    with pytest.raises(pinring.BackendError) as e:
+        pinring.EmbeddedDaemon(backend="cuda", ring="py-no-cuda")
+    text = str(e.value)
+    assert text.startswith('EmbeddedDaemon(backend="cuda", device=0): no NVIDIA driver found'), text
+    assert text.endswith(', or pass backend="host"'), text
+    no_flag_words(text)
+
+
+def test_the_dataloaders_settings_are_named_as_its_arguments():
+    torch = pytest.importorskip("torch")
+    from pinring.torch import DataLoader
+
+    class Tiny(torch.utils.data.Dataset):
+        def __len__(self):
+            return 8
+
+        def __getitem__(self, i):
+            return torch.full((2,), i)
+
+    for kw, said in ((dict(prefetch=100), "prefetch=100"), (dict(prefetch=1), "prefetch=1"),
+                     (dict(epochs=0), "epochs=0")):
+        with pytest.raises(pinring.UsageError) as e:
+            len(DataLoader(Tiny(), device="cpu", **kw))
+        text = str(e.value)
+        assert text.startswith(f"pinring.torch.DataLoader({said}): "), text
+        no_flag_words(text)

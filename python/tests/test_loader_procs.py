@@ -125,6 +125,51 @@ def test_an_embedded_daemon_stopped_by_a_failed_part_raises_config_error(tmp_pat
             daemon.stop()
 
 
+def test_an_embedded_daemon_with_loaders_started_by_hand_raises_its_own_failure(tmp_path):
+    # embedded=True, the loader started by hand: the daemon stops at the part that failed, and
+    # the loop raises its error (the loader's message), not the consumer's "its daemon stopped;
+    # restart it with --start-seq", a flag this training process never had.
+    path = bad_npy_config(tmp_path)
+    name = f"py-hand-{os.getpid()}"
+    with pinring.Loader(config=path, embedded=True, ring=name, backend="host", as_numpy=True,
+                        timeout=60) as loader:
+        hand = subprocess.Popen(pinring.program("pinring-loader") + ["--ring", name, "--config",
+                                                                     path],
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        try:
+            with pytest.raises(pinring.ConfigError, match="037.npy") as e:
+                for _ in loader:
+                    pass
+        finally:
+            hand.wait(60)
+    assert "--" not in str(e.value), str(e.value)
+
+
+def test_an_embedded_daemon_with_loaders_started_by_hand_goes_only_forward_saying_so(tmp_path):
+    path = config(tmp_path, epochs=3)
+    name = f"py-fwd-{os.getpid()}"
+    with pinring.Loader(config=path, embedded=True, ring=name, backend="host", as_numpy=True,
+                        timeout=60) as loader:
+        hand = subprocess.Popen(pinring.program("pinring-loader") + ["--ring", name, "--config",
+                                                                     path],
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        try:
+            start = loader.state_dict()
+            assert sum(1 for _ in loader) == 64
+            loader.set_epoch(0)
+            with pytest.raises(pinring.UsageError, match="cannot go back") as e:
+                next(iter(loader))
+            assert "--" not in str(e.value) and "loaders=N" in str(e.value), str(e.value)
+            with pytest.raises(pinring.UsageError, match="cannot go back") as e:
+                loader.load_state_dict(start)
+            assert "--" not in str(e.value) and "loaders=N" in str(e.value), str(e.value)
+        finally:
+            loader.close()
+            hand.wait(60)
+
+
 TRAINER = textwrap.dedent(
     """
     import sys, time
@@ -365,6 +410,8 @@ def test_a_state_saved_after_the_last_batch_resumes_to_nothing(tmp_path):
         assert loader.loader_pids == [], "nothing left to make: no loader runs"
         assert list(loader) == [] and list(loader.batches()) == []
         assert len(loader) == 64 and loader.state_dict() == state
+        with pytest.raises(pinring.UsageError, match=r"plan.epochs = 1"):
+            list(loader)  # past the plan: the rest of the saved epoch was the for before
         assert loader.device == "cpu", "where its batches were, though its ring has gone"
         loader.set_epoch(0)  # and it can still go back
         assert sum(1 for _ in loader) == 64
@@ -414,3 +461,47 @@ def test_each_loader_may_be_restarted_5_times_in_any_minute(monkeypatch):
             break
     else:
         pytest.fail("the sixth death within 60 s was restarted")
+
+
+# -- epochs -----------------------------------------------------------------------------------
+
+# 32 synthetic samples in batches of 8: 4 batches an epoch.
+SMALL = {"samples": 32, "sample_shape": [4], "dtype": "f32"}
+
+
+def small_file(tmp_path, epochs=None):
+    """SMALL as a config file, with plan.epochs only where ``epochs`` is given."""
+    path = tmp_path / f"small-{epochs}.toml"
+    path.write_text(
+        '[dataset]\nsamples = 32\nsample_shape = [4]\ndtype = "f32"\n[plan]\nbatch_size = 8\n'
+        + ("" if epochs is None else f"epochs = {epochs}\n")
+    )
+    return str(path)
+
+
+def test_a_plan_whose_epochs_are_not_set_has_no_end(tmp_path):
+    # As torch's DataLoader and pinring.torch.DataLoader: a training loop of any number of
+    # epochs gets every one of them whole (pinring's config default, 2, gave 4, 4, 0, 0, 0).
+    for given in (dict(dataset=SMALL, batch_size=8), dict(config=small_file(tmp_path))):
+        with pinring.Loader(**given, loaders=1, backend="host", as_numpy=True,
+                            timeout=60) as loader:
+            assert [sum(1 for _ in loader) for epoch in range(5)] == [4] * 5, given
+            loader.set_epoch(9)  # past the 2 of the default: a jump like any other
+            assert sum(1 for _ in loader) == 4
+            assert loader._attach().end_seq == pinring.loader.DEFAULT_EPOCHS * 4
+
+
+def test_a_for_past_the_epochs_that_were_set_names_plan_epochs(tmp_path):
+    for given in (dict(dataset=SMALL, batch_size=8, epochs=2),
+                  dict(config=small_file(tmp_path, epochs=2))):
+        with pinring.Loader(**given, loaders=1, backend="host", as_numpy=True,
+                            timeout=60) as loader:
+            assert [sum(1 for _ in loader) for epoch in range(2)] == [4, 4]
+            with pytest.raises(pinring.UsageError) as e:
+                for _ in loader:
+                    pass
+            text = str(e.value)
+            assert "runs 2 epochs (plan.epochs = 2)" in text and "epoch 2" in text, text
+            assert "or leave it unset" in text, text
+            # The raw batches run to the plan's end, and end there.
+            assert list(loader.batches()) == []

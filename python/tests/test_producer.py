@@ -12,7 +12,7 @@ import textwrap
 import pytest
 
 import pinring
-from test_consumer import CONFIG, Ring
+from test_consumer import CONFIG, ROOT, Ring
 
 np = pytest.importorskip("numpy")
 
@@ -154,3 +154,29 @@ def test_claim_times_out_and_commit_twice_is_refused(tmp_path):
             p.claim(timeout=0.1)
     finally:
         r.close()
+
+
+# -- the example in docs/PYTHON.md ------------------------------------------------------------
+
+DOC = ROOT / "docs" / "PYTHON.md"
+MARKER = "<!-- the Producer example: python/tests/test_producer.py runs it -->"
+
+
+def doc_example():
+    """The ``python`` code block right after MARKER in docs/PYTHON.md, as the reader sees it."""
+    text = DOC.read_text()
+    assert text.count(MARKER) == 1, f"docs/PYTHON.md holds {MARKER!r} {text.count(MARKER)} times"
+    after = text.split(MARKER, 1)[1].lstrip("\n")
+    if after.startswith("<!-- snippet: "):
+        after = after.split("\n", 1)[1]  # a line saying what the block needs (a host)
+    assert after.startswith("```python\n"), after[:80]
+    return after[len("```python\n"):].split("\n```\n", 1)[0]
+
+
+def test_the_producer_example_of_the_docs_runs_as_written(tmp_path):
+    code = doc_example()
+    assert "pinring.Producer(" in code and "pinring.Consumer(" in code, code
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert r.stdout == "64 samples in 8 batches, each as the producer wrote it, in order\n", r.stdout

@@ -273,7 +273,7 @@ class _Part:
     def __init__(self, seq, error):
         self.seq = self.batch = seq
         self.indices = [2 * seq, 2 * seq + 1]
-        self.fields = {"f0": _Field(np.zeros((2, 1), dtype=np.int64))}
+        self.fields = {"sample": _Field(np.zeros((2, 1), dtype=np.int64))}
         self.error = error
 
     def commit(self):
@@ -444,8 +444,23 @@ def test_a_state_saved_after_the_last_batch_resumes_to_nothing():
         state = a.state_dict()
     with loader(data, batch_size=4, epochs=1) as b:
         b.load_state_dict(state)
-        assert list(b) == [] and list(b) == []
+        assert list(b) == [], "the rest of the saved epoch: nothing"
         assert b._daemon is None and b.state_dict() == state
+        # A for after it would be an epoch past the plan: said, not an empty epoch.
+        with pytest.raises(pinring.UsageError, match=r"covers 1 epochs \(epochs=1\)"):
+            list(b)
+
+
+def test_epochs_have_no_end_unless_set_and_a_for_past_those_set_names_them():
+    with loader(ds.Ids(12), batch_size=4) as pl:
+        assert [len(ids(pl)) for epoch in range(4)] == [3] * 4
+    with loader(ds.Ids(12), batch_size=4, epochs=2) as pl:
+        assert [len(ids(pl)) for epoch in range(2)] == [3, 3]
+        with pytest.raises(pinring.UsageError) as e:
+            list(pl)
+    text = str(e.value)
+    assert "this for would be epoch 2" in text and "covers 2 epochs (epochs=2)" in text, text
+    assert "leave it out for a plan without end" in text, text
 
 
 def test_a_loop_left_mid_epoch_starts_the_next_epoch():
@@ -501,7 +516,7 @@ def test_an_attached_daemon_with_the_datasets_fields(tmp_path):
     config = tmp_path / "pinring.toml"
     config.write_text(
         f'[ring]\nname = "{name}"\n[dataset]\nkind = "external"\nsamples = 48\n'
-        'fields = [{ name = "f0", dtype = "i64", shape = [1] }]\n'
+        'fields = [{ name = "sample", dtype = "i64", shape = [1] }]\n'
         "[plan]\nbatch_size = 6\nshuffle = false\nepochs = 2\n"
     )
     daemon = subprocess.Popen(
@@ -561,10 +576,15 @@ def test_an_attached_daemon_with_the_datasets_fields(tmp_path):
             len(loader(data, sampler=sampler, ring=name, device=None))
         with pytest.raises(pinring.UsageError, match="prefetch_factor=2 asks for prefetch=4"):
             len(loader(data, prefetch_factor=2, num_workers=2, ring=name, device=None))
-        with pytest.raises(pinring.UsageError, match=(
-            "device='cuda:0' .*, but the ring delivers to cpu: pass device='cpu' or leave device out"
-        )):
-            len(loader(data, device="cuda:0", ring=name))
+        if torch.cuda.is_available():
+            with pytest.raises(pinring.UsageError, match=(
+                "device='cuda:0' .*, but the ring delivers to cpu: pass device='cpu' or leave "
+                "device out"
+            )):
+                len(loader(data, device="cuda:0", ring=name))
+        else:  # CUDA asked for where there is none: said at once, with the fix
+            with pytest.raises(pinring.BackendError, match='pass device="cpu"'):
+                loader(data, device="cuda:0", ring=name)
         with pytest.raises(pinring.UsageError, match=(
             "the dataset has 50 samples, but the ring's dataset.samples is 48"
         )):
@@ -575,7 +595,8 @@ def test_an_attached_daemon_with_the_datasets_fields(tmp_path):
         # ring's second epoch.
         with loader(data, batch_size=6, ring=name, device=None) as pl:
             assert ids(pl) == [list(range(i, i + 6)) for i in range(0, 48, 6)]
-            assert ids(pl) == [], "the ring's plan has two epochs"
+            with pytest.raises(pinring.UsageError, match=r"runs 2 epochs \(plan.epochs = 2\)"):
+                ids(pl)  # the ring's plan has two epochs: a third is said, not empty
     finally:
         daemon.terminate()
         daemon.wait(30)

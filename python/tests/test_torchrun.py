@@ -205,17 +205,15 @@ RESUME_SCRIPT = textwrap.dedent(
 
             loader = DataLoader(Ids(int(sys.argv[3])), batch_size=4, shuffle=True,
                                 num_workers=1, epochs=2, device="cpu", timeout=120)
+            bpe, ppb = loader._shape()
+            start = 0  # the epoch this life starts in: the first for is its rest
             if saved["state"] is not None:
                 loader.load_state_dict(saved["state"])
-            while True:  # each for is the rest of an epoch; one that yields nothing: the end
-                got = False
+                start = saved["state"]["seq"] // ppb // bpe
+            for epoch in range(start, 2):  # the plan's 2 epochs: a third for would raise
                 for b in loader:
-                    got = True
                     state = loader.state_dict()
-                    bpe, ppb = loader._shape()
                     took((state["seq"] // ppb - 1) // bpe, [int(x) for x in b], state)
-                if not got:
-                    break
             ring = loader._ring_name  # None if this life had nothing left to run
             loader.close()
         with open(os.path.join(out, f"rank{rank}.json"), "w") as f:

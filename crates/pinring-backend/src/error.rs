@@ -7,6 +7,11 @@
 
 use cudarc::driver::sys::CUresult;
 
+/// How the errors of finding a GPU ([`crate::locate`], [`crate::select`]) end for the binaries:
+/// the host backend, by its flag. [`BackendError::without_host_flag`] leaves it out for callers
+/// that name the host backend in their own terms (Python's `backend="host"`, `device="cpu"`).
+const OR_HOST_FLAG: &str = "or use --backend host";
+
 /// Everything that can go wrong in a backend.
 #[derive(Debug, thiserror::Error)]
 pub enum BackendError {
@@ -14,7 +19,8 @@ pub enum BackendError {
     #[error(
         "no NVIDIA driver found (libcuda.so.1 could not be loaded): install the NVIDIA driver \
          (and make libcuda.so.1 visible to the dynamic loader, e.g. via LD_LIBRARY_PATH) \
-         or use --backend host"
+         {or_host}",
+        or_host = OR_HOST_FLAG
     )]
     NoDriver,
 
@@ -22,7 +28,8 @@ pub enum BackendError {
     #[error(
         "cuInit(0) failed: {code:?} ({description}): the NVIDIA driver library loaded but the \
          driver is not usable (check `nvidia-smi`, permissions on /dev/nvidia*, that the kernel \
-         module matches libcuda, and CUDA_VISIBLE_DEVICES), or use --backend host"
+         module matches libcuda, and CUDA_VISIBLE_DEVICES), {or_host}",
+        or_host = OR_HOST_FLAG
     )]
     InitFailed {
         /// The driver's result code.
@@ -34,7 +41,8 @@ pub enum BackendError {
     /// The requested device index is not among the visible devices.
     #[error(
         "CUDA device {device} does not exist: the driver reports {count} visible device(s) \
-         (check --device and CUDA_VISIBLE_DEVICES), or use --backend host"
+         (check the device number and CUDA_VISIBLE_DEVICES), {or_host}",
+        or_host = OR_HOST_FLAG
     )]
     NoSuchDevice {
         /// The requested device index.
@@ -246,6 +254,25 @@ fn hint(call: &'static str, code: CUresult) -> &'static str {
             | CUDA_ERROR_ECC_UNCORRECTABLE,
         ) => "the CUDA context is broken by an earlier device fault: restart the daemon",
         _ => "check the GPU and driver with nvidia-smi; if it persists, use --backend host",
+    }
+}
+
+impl BackendError {
+    /// The message of an error of finding a GPU (no driver, a driver that does not start, no
+    /// such device) with its own remedy but without the binaries' last resort, "or use
+    /// --backend host": the caller adds the host backend as its users name it. None for the
+    /// other errors.
+    pub fn without_host_flag(&self) -> Option<String> {
+        match self {
+            BackendError::NoDriver
+            | BackendError::InitFailed { .. }
+            | BackendError::NoSuchDevice { .. } => {
+                let text = self.to_string();
+                let cut = text.strip_suffix(OR_HOST_FLAG)?;
+                Some(cut.trim_end_matches([',', ' ']).to_string())
+            }
+            _ => None,
+        }
     }
 }
 

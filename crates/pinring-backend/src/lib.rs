@@ -814,4 +814,26 @@ mod tests {
         assert!(msg.contains("libcuda.so.1"), "{msg}");
         assert!(msg.contains("--backend host"), "{msg}");
     }
+
+    #[test]
+    fn errors_of_finding_a_gpu_come_without_the_host_flag_for_other_callers() {
+        for e in [
+            BackendError::NoDriver,
+            BackendError::NoSuchDevice {
+                device: 3,
+                count: 1,
+            },
+        ] {
+            let full = e.to_string();
+            assert!(full.ends_with("or use --backend host"), "{full}");
+            let cut = e.without_host_flag().unwrap();
+            assert!(full.starts_with(&cut) && !cut.contains("--"), "{cut}");
+            assert!(!cut.ends_with(',') && !cut.ends_with(' '), "{cut:?}");
+        }
+        let other = BackendError::InvalidArgument {
+            call: "x",
+            what: "y".into(),
+        };
+        assert_eq!(other.without_host_flag(), None);
+    }
 }

@@ -10,7 +10,7 @@ use pinring_daemon::summary::Summary;
 use pinring_daemon::{self as daemon, DaemonArgs};
 use pinring_exit::Coded;
 use pinring_exit::Exit;
-use pinring_runtime::settings::{self, Overrides};
+use pinring_runtime::settings::{self, Overrides, Spelling};
 use pinring_runtime::shutdown::Shutdown;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
@@ -26,6 +26,9 @@ pub struct EmbeddedOptions {
     pub ring: Option<String>,
     /// Epochs (overrides plan.epochs).
     pub epochs: Option<u32>,
+    /// Epochs where neither `epochs` nor the config file sets `plan.epochs` (None: the config's
+    /// default, 2). The Python loaders give a plan without end this way.
+    pub default_epochs: Option<u32>,
     /// `auto`, `cuda` or `host`.
     pub backend: pinring_backend::BackendKind,
     /// CUDA device ordinal.
@@ -69,11 +72,15 @@ impl EmbeddedDaemon {
         let overrides = Overrides {
             ring: opts.ring.clone(),
             epochs: opts.epochs,
+            default_epochs: opts.default_epochs,
             unordered: false,
             shard: opts.shard,
+            // Named as this struct's fields (and `pinring.EmbeddedDaemon`'s keywords) name them.
+            spelling: Spelling::Keywords,
         };
         let cfg = settings::load(opts.config.as_deref(), &overrides).map_err(|e| {
             ClientError::Daemon {
+                // Not known before the config is read: the message names none.
                 ring: opts.ring.clone().unwrap_or_default(),
                 message: e.to_string(),
                 exit: Exit::Config,
@@ -100,6 +107,7 @@ impl EmbeddedDaemon {
             embedded: true,
             address: address.clone(),
             shard: opts.shard,
+            default_epochs: opts.default_epochs,
         };
         let shutdown = Shutdown::never();
         let thread = {

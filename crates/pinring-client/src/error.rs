@@ -84,9 +84,9 @@ pub enum ClientError {
         ring: String,
     },
     /// An embedded daemon could not start, or failed.
-    #[error("ring {ring:?}: the embedded daemon: {message}")]
+    #[error("{}the embedded daemon: {message}", ring_prefix(ring))]
     Daemon {
-        /// Ring name.
+        /// Ring name; empty where the daemon failed before its config named one.
         ring: String,
         /// The daemon's message.
         message: String,
@@ -129,5 +129,37 @@ impl pinring_exit::Coded for ClientError {
             ClientError::Interrupted { .. } => Exit::Ok,
             ClientError::Daemon { exit, .. } => *exit,
         }
+    }
+}
+
+/// `ring "NAME": `, the start of a message about a ring, or nothing where the name is not known
+/// (an embedded daemon whose config could not be read): never `ring "": `.
+fn ring_prefix(ring: &str) -> String {
+    if ring.is_empty() {
+        String::new()
+    } else {
+        format!("ring {ring:?}: ")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_embedded_daemons_error_names_its_ring_only_when_it_is_known() {
+        let e = |ring: &str| ClientError::Daemon {
+            ring: ring.into(),
+            message: "cannot read config file x.toml".into(),
+            exit: Exit::Config,
+        };
+        assert_eq!(
+            e("").to_string(),
+            "the embedded daemon: cannot read config file x.toml"
+        );
+        assert_eq!(
+            e("gpu0").to_string(),
+            "ring \"gpu0\": the embedded daemon: cannot read config file x.toml"
+        );
     }
 }

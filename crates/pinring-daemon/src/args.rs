@@ -78,6 +78,22 @@ pub struct DaemonArgs {
     /// set by the embedding code, from the job it runs in.
     #[arg(skip)]
     pub shard: Option<(u32, u32)>,
+    /// `plan.epochs` where neither `epochs` nor the config file sets it (the Python loaders'
+    /// plan without end: `Overrides::default_epochs`). Not a flag: set by the embedding code.
+    #[arg(skip)]
+    pub default_epochs: Option<u32>,
+}
+
+impl DaemonArgs {
+    /// How the daemon's messages name its options: its flags, or, embedded in a Python
+    /// process, the keyword arguments of `pinring.EmbeddedDaemon` (`start_seq=8`).
+    pub fn spelling(&self) -> pinring_runtime::settings::Spelling {
+        if self.embedded {
+            pinring_runtime::settings::Spelling::Keywords
+        } else {
+            pinring_runtime::settings::Spelling::Flags
+        }
+    }
 }
 
 /// Parts the daemon looks at past the first not READY, in order (`--look-ahead`), from

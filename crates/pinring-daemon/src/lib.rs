@@ -34,7 +34,7 @@ use pinring_backend::{Completion, Uploader};
 use pinring_data::{BatchLayout, Config, Plan};
 use pinring_exit::{Coded, Exit};
 use pinring_ring::{ring_state, DaemonRing, RingError};
-use pinring_runtime::settings::{self, Overrides};
+use pinring_runtime::settings::{self, Overrides, Spelling};
 use pinring_runtime::shutdown::Shutdown;
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering::{Acquire, Relaxed};
@@ -136,7 +136,7 @@ pub enum DaemonError {
     #[error(transparent)]
     Resolve(#[from] pinring_data::ResolveError),
     /// `--start-seq` lies past the end of the plan.
-    #[error("ring {ring:?}: --start-seq {start_seq} is past the end of the plan ({end_seq} seqs, 0 to {last}, one per batch part, from {source_name}); pass a --start-seq of at most {end_seq} (a summary's resume_seq), or run more epochs (--epochs)", last = .end_seq.saturating_sub(1))]
+    #[error("ring {ring:?}: {given} is past the end of the plan ({end_seq} seqs, 0 to {last}, one per batch part, from {source_name}); pass a {option} of at most {end_seq} (a summary's resume_seq), or run more epochs ({epochs})", given = .spelling.set("start-seq", .start_seq), option = .spelling.option("start-seq"), epochs = .spelling.option("epochs"), last = .end_seq.saturating_sub(1))]
     StartSeq {
         /// Ring name.
         ring: String,
@@ -146,10 +146,12 @@ pub enum DaemonError {
         end_seq: u64,
         /// Config source.
         source_name: String,
+        /// How the options are named: the daemon's flags, or an embedded daemon's keywords.
+        spelling: Spelling,
     },
     /// Ring error.
     /// `--start-seq` falls inside a batch that spans slots.
-    #[error("ring {ring:?}: --start-seq {start_seq} is part {part} of a batch cut into {parts} parts (seqs count parts); pass the first part of a batch, a multiple of {parts} such as {down} (a summary's resume_seq always is one)", part = .start_seq % .parts, down = .start_seq / .parts * .parts)]
+    #[error("ring {ring:?}: {given} is part {part} of a batch cut into {parts} parts (seqs count parts); pass the first part of a batch, a multiple of {parts} such as {down} (a summary's resume_seq always is one)", given = .spelling.set("start-seq", .start_seq), part = .start_seq % .parts, down = .start_seq / .parts * .parts)]
     StartSeqInBatch {
         /// Ring name.
         ring: String,
@@ -157,6 +159,8 @@ pub enum DaemonError {
         start_seq: u64,
         /// Parts per batch.
         parts: u64,
+        /// How the options are named: the daemon's flags, or an embedded daemon's keywords.
+        spelling: Spelling,
     },
     /// A `--prefetch` a consumer cannot be handed (the config's `daemon.prefetch` is a
     /// `Config` error: `Config::check_consumer_prefetch`).
@@ -260,8 +264,10 @@ pub fn run(args: &DaemonArgs, shutdown: &Shutdown) -> Outcome {
     let overrides = Overrides {
         ring: args.ring.clone(),
         epochs: args.epochs,
+        default_epochs: args.default_epochs,
         unordered: args.unordered,
         shard: args.shard,
+        spelling: args.spelling(),
     };
     let mut cfg = match settings::load(args.config.as_deref(), &overrides) {
         Ok(c) => c,

@@ -35,6 +35,7 @@ impl Daemon {
                 ring: cfg.ring.name.clone(),
                 start_seq: args.start_seq,
                 parts,
+                spelling: args.spelling(),
             });
         }
         if args.start_seq > end_seq {
@@ -43,6 +44,7 @@ impl Daemon {
                 start_seq: args.start_seq,
                 end_seq,
                 source_name: cfg.source.clone(),
+                spelling: args.spelling(),
             });
         }
         let service =

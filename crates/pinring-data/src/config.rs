@@ -249,9 +249,7 @@ on_bad_batch = "fail"
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     /// The file could not be read.
-    #[error(
-        "cannot read config file {path}: {source}; check the --config path and its permissions"
-    )]
+    #[error("cannot read config file {path}: {source}; check the path and its permissions")]
     Read {
         /// Path of the file.
         path: String,
@@ -279,7 +277,7 @@ pub enum ConfigError {
         message: String,
     },
     /// A value is out of range.
-    #[error("invalid config {source_name}: {key} = {value} is not allowed: {allowed}; fix it in the config file or the command-line override")]
+    #[error("invalid config {source_name}: {key} = {value} is not allowed: {allowed}; fix it in the config, or where it is overridden")]
     Invalid {
         /// File name (or other source description).
         source_name: String,
@@ -718,11 +716,13 @@ pub const BATCH_BUFFERS: std::ops::RangeInclusive<u32> = 1..=256;
 pub const PREFETCH: std::ops::RangeInclusive<u32> = 2..=pinring_ring::handoff::MAX_BUFFERS;
 
 /// What a consumer's prefetch may be, and why (one wording for the config key and the daemon's
-/// `--prefetch`).
+/// `--prefetch`). Said of the ring, not of the daemon's sink flag: it is read by callers who
+/// never give one (every ring of the Python loaders hands its batches to a training process).
 pub fn consumer_prefetch_rule() -> String {
     format!(
-        "with --sink consumer it must be {} to {} batch buffers (one is the trainer's current \
-         batch, the rest are uploaded ahead; the ring's handoff area holds at most {})",
+        "a ring that hands its batches to a training process needs {} to {} batch buffers (one \
+         is the trainer's current batch, the rest are uploaded ahead; the ring's handoff area \
+         holds at most {})",
         PREFETCH.start(),
         PREFETCH.end(),
         PREFETCH.end()
@@ -807,6 +807,17 @@ fn valid_field_name(name: &str) -> bool {
         && name
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
+}
+
+/// Whether the config file text `text` sets `[section] key` itself, rather than leaving it to
+/// pinring's default (`toml_sets(text, "plan", "epochs")`). False for text that is not TOML:
+/// loading it reports that.
+pub fn toml_sets(text: &str, section: &str, key: &str) -> bool {
+    text.parse::<toml::Table>().is_ok_and(|t| {
+        t.get(section)
+            .and_then(toml::Value::as_table)
+            .is_some_and(|s| s.contains_key(key))
+    })
 }
 
 /// Rounds up to a multiple of `align` (a power of two), saturating: the segment layout's
@@ -1211,9 +1222,9 @@ impl Config {
                     "daemon.prefetch",
                     p,
                     format!(
-                        "must be between {} and {} batch buffers ({} to {} with --sink \
-                         consumer: one is the trainer's current batch, the rest are uploaded \
-                         ahead)",
+                        "must be between {} and {} batch buffers ({} to {} for a ring that \
+                         hands its batches to a training process: one is the trainer's current \
+                         batch, the rest are uploaded ahead)",
                         BATCH_BUFFERS.start(),
                         BATCH_BUFFERS.end(),
                         PREFETCH.start(),

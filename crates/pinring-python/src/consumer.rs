@@ -275,9 +275,10 @@ pub struct EmbeddedDaemon {
 impl EmbeddedDaemon {
     /// Starts the daemon (sink: this process's consumer) and waits up to `wait` seconds for its
     /// ring to be ready. `rank` and `world_size` (both or neither) replace the config's
-    /// `plan.rank` and `plan.world_size`.
+    /// `plan.rank` and `plan.world_size`. `default_epochs`: `plan.epochs` where neither
+    /// `epochs` nor the config file sets it (None: the config's default, 2).
     #[new]
-    #[pyo3(signature = (config=None, ring=None, backend="auto", device=0, start_seq=0, epochs=None, replace=false, wait=60.0, anonymous=false, rank=None, world_size=None))]
+    #[pyo3(signature = (config=None, ring=None, backend="auto", device=0, start_seq=0, epochs=None, replace=false, wait=60.0, anonymous=false, rank=None, world_size=None, default_epochs=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -292,7 +293,11 @@ impl EmbeddedDaemon {
         anonymous: bool,
         rank: Option<u32>,
         world_size: Option<u32>,
+        default_epochs: Option<u32>,
     ) -> PyResult<Self> {
+        if let Some(path) = &config {
+            crate::convert::readable_config("EmbeddedDaemon", path)?;
+        }
         let shard = match (rank, world_size) {
             (Some(r), Some(w)) => Some((r, w)),
             (None, None) => None,
@@ -309,10 +314,23 @@ impl EmbeddedDaemon {
         let backend = backend
             .parse::<pinring_backend::BackendKind>()
             .map_err(|e| exit_error(pinring_exit::Exit::Usage, e.to_string()))?;
+        if backend == pinring_backend::BackendKind::Cuda {
+            // Said here in this class's terms; the daemon's own message names its flag.
+            if let Some(why) = py.detach(|| crate::convert::cuda_unusable(device)) {
+                return Err(exit_error(
+                    pinring_exit::Exit::Backend,
+                    format!(
+                        "EmbeddedDaemon(backend=\"cuda\", device={device}): {why}, or pass \
+                         backend=\"host\""
+                    ),
+                ));
+            }
+        }
         let opts = EmbeddedOptions {
             config,
             ring,
             epochs,
+            default_epochs,
             backend,
             device,
             start_seq,

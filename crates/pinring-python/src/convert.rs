@@ -162,3 +162,51 @@ pub fn config_settings<'py>(
     let cfg = config_from(py, config, "ring")?;
     settings_of(py, &cfg)
 }
+
+/// The reason an I/O error gives, as Python's `strerror` says it ("No such file or directory"),
+/// without Rust's "(os error 2)".
+fn reason(e: &std::io::Error) -> String {
+    match e.raw_os_error() {
+        Some(code) => nix::errno::Errno::from_raw(code).desc().to_string(),
+        None => e.to_string(),
+    }
+}
+
+/// Reads the config file a Python caller named (`call`: `EmbeddedDaemon`, `Producer`) once,
+/// before the daemon or the loader looks it up, so that a file that is missing, unreadable or
+/// not a regular file is said in the caller's terms (`EmbeddedDaemon(config="nope.toml"):
+/// cannot read config file nope.toml: No such file or directory`) instead of the binaries'
+/// (`--config`). A FIFO is refused without being opened for reading (nothing blocks).
+pub(crate) fn readable_config(call: &str, path: &std::path::Path) -> PyResult<()> {
+    let shown = path.display().to_string();
+    let fail = |why: String| {
+        crate::exit_error(
+            pinring_exit::Exit::Config,
+            format!("{call}(config={shown:?}): cannot read config file {shown}: {why}"),
+        )
+    };
+    let meta = std::fs::metadata(path).map_err(|e| fail(reason(&e)))?;
+    if !meta.is_file() {
+        return Err(fail("not a regular file".into()));
+    }
+    std::fs::read(path).map_err(|e| fail(reason(&e)))?;
+    Ok(())
+}
+
+/// Why CUDA device `device` cannot be used here (no driver, a driver that does not start, no
+/// such device), without the binaries' "or use --backend host": the caller names the host
+/// backend in its own terms. None where the device is usable.
+pub(crate) fn cuda_unusable(device: usize) -> Option<String> {
+    match pinring_backend::locate(pinring_backend::BackendKind::Cuda, device) {
+        Ok(_) => None,
+        Err(e) => Some(e.without_host_flag().unwrap_or_else(|| e.to_string())),
+    }
+}
+
+/// `_cuda_unusable(device)`: why CUDA device `device` cannot be used in this process, or None
+/// where it can: what `pinring.Loader` says before it asks for the CUDA backend.
+#[pyfunction]
+#[pyo3(name = "_cuda_unusable")]
+pub fn cuda_unusable_py(py: Python<'_>, device: usize) -> Option<String> {
+    py.detach(|| cuda_unusable(device))
+}

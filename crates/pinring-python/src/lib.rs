@@ -45,6 +45,7 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         .import("os")?
         .call_method("register_at_fork", (), Some(&kwargs))?;
     m.add_function(wrap_pyfunction!(convert::config_settings, m)?)?;
+    m.add_function(wrap_pyfunction!(convert::cuda_unusable_py, m)?)?;
     m.add_function(wrap_pyfunction!(programs::main, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     // The one statement of daemon.prefetch's range (pinring-data), for the Python side's

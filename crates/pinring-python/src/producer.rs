@@ -23,7 +23,7 @@ use pinring_producer::loader;
 use pinring_producer::{Joined, Next, Session};
 use pinring_ring::failure::ERR_PLAN;
 use pinring_ring::{Claim, CommitError};
-use pinring_runtime::settings::{self, Overrides};
+use pinring_runtime::settings::{self, Overrides, Spelling};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -74,8 +74,12 @@ impl Producer {
         peers: Option<u32>,
     ) -> PyResult<Self> {
         let wait = seconds("wait", wait)?;
+        if let Some(path) = &config {
+            crate::convert::readable_config("Producer", path)?;
+        }
         let overrides = Overrides {
             ring: Some(ring.clone()),
+            spelling: Spelling::Keywords,
             ..Default::default()
         };
         let state = crate::signals::detach_interruptible(

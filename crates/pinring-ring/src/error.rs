@@ -52,7 +52,7 @@ pub enum RingError {
     },
     /// No segment with that name exists.
     #[error(
-        "ring {name:?} does not exist ({path}): start pinring-daemon for it first, or check --ring"
+        "ring {name:?} does not exist ({path}): start pinring-daemon for it first, or check the ring name"
     )]
     NotFound {
         /// Ring name.
@@ -61,7 +61,7 @@ pub enum RingError {
         path: PathBuf,
     },
     /// A live daemon already owns the ring.
-    #[error("ring {name:?} ({path}) is held by a running daemon (pid {pid}): stop it first, or pick another --ring name")]
+    #[error("ring {name:?} ({path}) is held by a running daemon (pid {pid}): stop it first, or pick another ring name")]
     HeldByLiveDaemon {
         /// Ring name.
         name: String,
@@ -82,7 +82,7 @@ pub enum RingError {
         /// What to do.
         fix: &'static str,
     },
-    #[error("ring {name:?} ({path}) kept changing while this daemon tried to take the name (another daemon or a cleaner is working on it): try again, or pick another --ring name")]
+    #[error("ring {name:?} ({path}) kept changing while this daemon tried to take the name (another daemon or a cleaner is working on it): try again, or pick another ring name")]
     Contended {
         /// Ring name.
         name: String,
@@ -115,7 +115,7 @@ pub enum RingError {
         /// This process's uid.
         me: u32,
     },
-    #[error("ring {name:?} ({path}) is owned by uid {owner}, not by this process (uid {me}): remove it as its owner or as root, or pick another --ring name")]
+    #[error("ring {name:?} ({path}) is owned by uid {owner}, not by this process (uid {me}): remove it as its owner or as root, or pick another ring name")]
     ForeignOwner {
         /// Ring name.
         name: String,

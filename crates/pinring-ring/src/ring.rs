@@ -628,7 +628,7 @@ impl Ring {
                 name: name.into(),
                 path,
                 found: magic,
-                fix: "remove the file or pick another --ring name",
+                fix: "remove the file or pick another ring name",
             });
         }
         // (A): Acquire pairs with the creator's Release store of the version.
@@ -650,7 +650,7 @@ impl Ring {
                 name: name.into(),
                 path,
                 found: h.magic.load(Relaxed),
-                fix: "remove the file or pick another --ring name",
+                fix: "remove the file or pick another ring name",
             });
         }
         if version != LAYOUT_VERSION {

@@ -327,7 +327,7 @@ impl Segment {
                     name: name.to_string(),
                     path,
                     found: magic,
-                    fix: "remove the file, start the daemon with --replace, or pick another --ring name",
+                    fix: "remove the file, start the daemon with --replace, or pick another ring name",
                 });
             }
             format!("a file of {size} bytes that is not a ring (--replace)")

@@ -16,6 +16,47 @@ pub const ENV_WORLD_SIZE: &str = "PINRING_WORLD_SIZE";
 /// Environment variable overriding `daemon.device`.
 pub const ENV_DEVICE: &str = "PINRING_DEVICE";
 
+/// How the options of a run are named in its messages: the binaries' command-line flags
+/// (`--epochs 5`), or the keyword arguments of the Python classes that run the same code in the
+/// training process (`epochs=5`: `pinring.EmbeddedDaemon`, `pinring.Producer` and the loaders
+/// built on them), whose callers never typed a flag.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub enum Spelling {
+    /// `--start-seq 8`.
+    #[default]
+    Flags,
+    /// `start_seq=8`.
+    Keywords,
+}
+
+impl Spelling {
+    /// The option whose flag is `flag` (`start-seq`), as this spelling names it: `--start-seq`
+    /// or `start_seq`.
+    pub fn option(self, flag: &str) -> String {
+        match self {
+            Spelling::Flags => format!("--{flag}"),
+            Spelling::Keywords => flag.replace('-', "_"),
+        }
+    }
+
+    /// The option `flag` given the number (or other unquoted) `value`: `--start-seq 8` or
+    /// `start_seq=8`.
+    pub fn set(self, flag: &str, value: impl std::fmt::Display) -> String {
+        match self {
+            Spelling::Flags => format!("--{flag} {value}"),
+            Spelling::Keywords => format!("{}={value}", self.option(flag)),
+        }
+    }
+
+    /// The option `flag` given the text `value`: `--ring gpu0` or `ring="gpu0"`.
+    pub fn set_text(self, flag: &str, value: &str) -> String {
+        match self {
+            Spelling::Flags => self.set(flag, value),
+            Spelling::Keywords => self.set(flag, format_args!("{value:?}")),
+        }
+    }
+}
+
 /// Overrides shared by the binaries' flags.
 #[derive(Debug, Default, Clone)]
 pub struct Overrides {
@@ -23,11 +64,17 @@ pub struct Overrides {
     pub ring: Option<String>,
     /// `--epochs N`.
     pub epochs: Option<u32>,
+    /// `plan.epochs` where neither `epochs` nor the config file sets it (the config's own
+    /// default, 2, otherwise). The Python loaders' embedded daemons run without end unless told
+    /// (docs/PYTHON.md, "Epochs"); not said in the config's source name, since nobody gave it.
+    pub default_epochs: Option<u32>,
     /// `--unordered`.
     pub unordered: bool,
     /// `plan.rank` and `plan.world_size` as the embedding code found them (under torchrun,
     /// Python's `pinring.Loader`): applied after `$PINRING_RANK` and `$PINRING_WORLD_SIZE`.
     pub shard: Option<(u32, u32)>,
+    /// How the overrides are named in the config's source name (`(with --epochs 5)`).
+    pub spelling: Spelling,
 }
 
 /// The config found by the lookup (or the built-in default) with the environment's and
@@ -58,6 +105,17 @@ pub fn resolve(
         Some(p) => Config::load(p)?,
         None => Config::default(),
     };
+    if let (None, Some(epochs)) = (overrides.epochs, overrides.default_epochs) {
+        // The file was read whole a moment ago; one it no longer yields sets nothing here
+        // (the daemon that loads it next reports that).
+        let set_by_file = origin.path().is_some_and(|p| {
+            std::fs::read_to_string(p)
+                .is_ok_and(|text| pinring_data::config::toml_sets(&text, "plan", "epochs"))
+        });
+        if !set_by_file {
+            cfg.plan.epochs = epochs;
+        }
+    }
     for (var, key) in [
         (ENV_RANK, "plan.rank"),
         (ENV_WORLD_SIZE, "plan.world_size"),
@@ -84,11 +142,13 @@ pub fn resolve(
     }
     if let Some(name) = &overrides.ring {
         cfg.ring.name = name.clone();
-        cfg.source = format!("{} (with --ring {name})", cfg.source);
+        let given = overrides.spelling.set_text("ring", name);
+        cfg.source = format!("{} (with {given})", cfg.source);
     }
     if let Some(epochs) = overrides.epochs {
         cfg.plan.epochs = epochs;
-        cfg.source = format!("{} (with --epochs {epochs})", cfg.source);
+        let given = overrides.spelling.set("epochs", epochs);
+        cfg.source = format!("{} (with {given})", cfg.source);
     }
     if overrides.unordered {
         cfg.ring.in_order = false;
@@ -192,5 +252,69 @@ mod tests {
         let (cfg, _) = resolve(None, &Overrides::default(), &Places::default(), &no_env).unwrap();
         assert_eq!(cfg.daemon.device, None);
         assert!(!cfg.to_toml().contains("device"));
+    }
+    #[test]
+    fn default_epochs_apply_only_where_neither_the_file_nor_an_override_sets_plan_epochs() {
+        let dir = tempfile::tempdir().unwrap();
+        let silent = dir.path().join("silent.toml");
+        std::fs::write(&silent, "[plan]\nbatch_size = 4\n").unwrap();
+        let sets = dir.path().join("sets.toml");
+        std::fs::write(&sets, "[plan]\nepochs = 3\n").unwrap();
+        let unbounded = Overrides {
+            default_epochs: Some(100_000),
+            ..Default::default()
+        };
+        let places = Places::default();
+        let epochs = |path: Option<&Path>, o: &Overrides| {
+            let (cfg, _) = resolve(path, o, &places, &no_env).unwrap();
+            (cfg.plan.epochs, cfg.source)
+        };
+        let (n, source) = epochs(Some(&silent), &unbounded);
+        assert_eq!(n, 100_000);
+        assert!(!source.contains("epochs"), "nobody gave it: {source}");
+        assert_eq!(epochs(Some(&sets), &unbounded).0, 3, "the file's own value");
+        assert_eq!(
+            epochs(None, &unbounded).0,
+            100_000,
+            "the built-in default sets none"
+        );
+        let given = Overrides {
+            epochs: Some(5),
+            ..unbounded.clone()
+        };
+        assert_eq!(epochs(Some(&sets), &given).0, 5, "an override beats both");
+        assert_eq!(
+            epochs(Some(&silent), &Overrides::default()).0,
+            2,
+            "pinring's default"
+        );
+    }
+
+    #[test]
+    fn overrides_are_named_as_their_caller_spells_them() {
+        let o = Overrides {
+            ring: Some("gpu0".into()),
+            epochs: Some(5),
+            ..Default::default()
+        };
+        let (cfg, _) = resolve(None, &o, &Places::default(), &no_env).unwrap();
+        assert!(
+            cfg.source.contains("(with --ring gpu0) (with --epochs 5)"),
+            "{}",
+            cfg.source
+        );
+        let python = Overrides {
+            spelling: Spelling::Keywords,
+            ..o
+        };
+        let (cfg, _) = resolve(None, &python, &Places::default(), &no_env).unwrap();
+        assert!(
+            cfg.source.contains("(with ring=\"gpu0\") (with epochs=5)"),
+            "{}",
+            cfg.source
+        );
+        assert!(!cfg.source.contains("--"), "{}", cfg.source);
+        assert_eq!(Spelling::Keywords.set("start-seq", 8), "start_seq=8");
+        assert_eq!(Spelling::Flags.set("start-seq", 8), "--start-seq 8");
     }
 }

@@ -13,7 +13,8 @@ yield (lists for tuples, dicts, namedtuples, tensors for numbers and arrays), as
   ``__getitem__`` and write each sample straight into a slot of a pinring ring, through NumPy
   views of the slot (``pinring.Producer``): no pickling, no queue, no pin-memory thread.
 - A pinring daemon on a thread of this process (embedded mode) uploads the slots into device
-  batch buffers; with ``ring=`` the loader attaches to a daemon running as a service instead.
+  batch buffers; with ``ring=`` the loader attaches to a daemon running as a service instead,
+  whose config declares the dataset's fields: ``dataset_table(dataset)`` prints that table.
 - The sample layout (fields, dtypes, shapes) is inferred from ``dataset[0]``; every other sample
   must match it, and the error names the index and both shapes when it does not.
 - A worker that dies is restarted, and the batch part it held is made again (the ring's leases);
@@ -24,7 +25,22 @@ PyTorch's with ``shuffle=False``; with ``shuffle=True`` every epoch is a permuta
 dataset, reproducible from ``seed`` and the epoch, but not PyTorch's permutation.
 """
 
-from pinring.torch._dataloader import DEFAULT_EPOCHS, DataLoader
+import sys
+
+try:
+    import torch as _torch  # noqa: F401  (imported here to say what is missing, once)
+except ModuleNotFoundError as _missing:
+    if _missing.name != "torch":
+        raise  # torch is there, but something it imports is not: torch's own error says what
+    raise ModuleNotFoundError(
+        "pinring.torch needs PyTorch, which this Python cannot import "
+        f"({sys.executable}): install it with `pip install torch` (or `pip install "
+        "\"pinring[torch]\"`); pinring.Loader and the rest of pinring need no torch",
+        name="torch",
+    ) from None
+
+from pinring.loader import DEFAULT_EPOCHS
+from pinring.torch._dataloader import DataLoader, dataset_table
 from pinring.torch._worker import WorkerInfo, get_worker_info
 
-__all__ = ["DataLoader", "WorkerInfo", "get_worker_info", "DEFAULT_EPOCHS"]
+__all__ = ["DataLoader", "WorkerInfo", "get_worker_info", "DEFAULT_EPOCHS", "dataset_table"]

@@ -11,8 +11,8 @@ from typing import Any, Callable, Dict, Iterator, List, Literal, Optional, Tuple
 
 import torch
 
-from pinring import _dist, _memfd, _native
-from pinring.loader import checked_state, torch_tensors
+from pinring import _device, _dist, _memfd, _native
+from pinring.loader import DEFAULT_EPOCHS, checked_state, torch_tensors
 from pinring.torch import _procs
 from pinring.torch._layout import _Layout, _rebuild
 from pinring.torch._pool import STOP_GRACE, WorkerPool
@@ -20,8 +20,6 @@ from pinring.torch._worker import _POLL, _Worker, _WorkerArgs
 
 log = logging.getLogger("pinring.torch")
 
-# Epochs a loader's plan covers unless told otherwise: each ``for`` takes one.
-DEFAULT_EPOCHS = 100_000
 # Workers are looked at after this long even while batches flow (seconds).
 _CHECK_EVERY = 0.5
 
@@ -100,7 +98,8 @@ class DataLoader:
         device: where batches go: ``"cuda"``, ``"cuda:N"``, ``"cpu"`` or a ``torch.device``
             (default: the current CUDA device if there is one, else the CPU).
         ring: attach to this ring's daemon (``pinring-daemon --sink consumer``, a config of
-            ``dataset.kind = "external"`` with the dataset's fields) instead of running one here.
+            ``dataset.kind = "external"`` with the dataset's fields: the ``[dataset]`` table
+            ``dataset_table(dataset)`` prints) instead of running one here.
             The ring's config then decides batch_size, shuffle, seed, drop_last, rank,
             world_size, epochs, in_order, prefetch, lease_ms and device: an argument left out
             takes the ring's value, and one passed with another value raises ``UsageError``
@@ -182,6 +181,18 @@ class DataLoader:
                 f"lease_ms={lease_ms}: a worker's lease on a batch part must be at least 10 ms; "
                 "pass more than the slowest part takes to load (default 30000)"
             )
+        lo, hi = _native.PREFETCH_RANGE
+        if prefetch is not None and not lo <= int(prefetch) <= hi:
+            raise _native.UsageError(
+                f"pinring.torch.DataLoader(prefetch={prefetch}): the device batch buffers must "
+                f"be {lo} to {hi} (one is the batch the loop holds, the rest are uploaded ahead): "
+                "pass a number in that range, or leave prefetch out"
+            )
+        if int(epochs) < 1:
+            raise _native.UsageError(
+                f"pinring.torch.DataLoader(epochs={epochs}): the plan covers at least one epoch: "
+                "pass epochs >= 1, or leave it out for a plan without end"
+            )
         if num_workers < 0:
             raise _native.UsageError(f"num_workers must be >= 0, not {num_workers}")
         if timeout < 0:
@@ -241,6 +252,7 @@ class DataLoader:
         self._stood = 0  # the batch number a stopped loader stood at
         self._epoch_wanted: Optional[int] = None
         self._resume: Optional[Dict[str, int]] = None
+        self._rest_of_state = False  # load_state_dict: the next for is the saved epoch's rest
         self._started = False
         self._daemon: Optional[_native.EmbeddedDaemon] = None
         self._consumer: Optional[_native.Consumer] = None
@@ -262,13 +274,7 @@ class DataLoader:
 
     def _infer(self) -> _Layout:
         if self._layout is None:
-            if len(self.dataset) == 0:
-                raise _native.UsageError("the dataset is empty: nothing to load")
-            sample = self.dataset[0]
-            if self.collate_fn is not None:
-                self._layout = _Layout(self.collate_fn([sample]), collated=True)
-            else:
-                self._layout = _Layout(sample, collated=False)
+            self._layout = _layout_of(self.dataset, self.collate_fn)
         return self._layout
 
     def _config(self, ring: str) -> Dict[str, Any]:
@@ -306,7 +312,7 @@ class DataLoader:
         """(batches per epoch, seqs per batch) of the plan, before anything starts."""
         if self._bpe is None or self._ppb is None:
             if self._attached_ring is None:
-                info = _native.check_config(self._config("plan"))
+                info = _native.check_config(self._config("plan"), "pinring.torch.DataLoader")
             else:
                 c = _native.Consumer(self._attached_ring, wait_for_ring=self.wait_for_ring)
                 try:
@@ -370,7 +376,7 @@ class DataLoader:
             )
             text = self._consumer.config
             info = _native.check_config(text, f"ring {self._attached_ring!r}")
-            _check_ring_fields(self._attached_ring, info["fields"], layout)
+            _check_ring_fields(self._attached_ring, info["fields"], layout, len(self.dataset))
             self._ring_settings = self._check_ring(text, self._consumer.device)
             path = self._config_memfd(text)
         self._config_path = path
@@ -597,6 +603,10 @@ class DataLoader:
 
     def __iter__(self) -> Iterator[Any]:
         bpe, ppb = self._shape()
+        # The first for after load_state_dict yields the rest of the saved epoch, which is
+        # nothing for a state saved after the plan's last batch; any other for at the plan's
+        # end would be an epoch past it, and says so.
+        rest, self._rest_of_state = self._rest_of_state, False
         if self._started:
             assert self._consumer is not None
             batch = self._consumer.state()[0] // ppb
@@ -613,8 +623,10 @@ class DataLoader:
             self._stop()
         if not self._started and self._attached_ring is None and target >= self.epochs * bpe:
             # At the plan's end (a state saved after its last batch, or set_epoch past it):
-            # nothing is left to make, so nothing starts, and the for ends at once.
-            return
+            # nothing is left to make, so nothing starts.
+            if rest and target == batch:
+                return
+            raise self._past_the_plan(target // bpe)
         if not self._started:
             resume, self._resume = self._resume, None
             self._start(target * ppb)
@@ -631,7 +643,8 @@ class DataLoader:
         assert self._consumer is not None
         # Where the consumer stands: the target, or (attached to a ring other consumers took
         # batches from) right after the batches taken.
-        end = (self._consumer.state()[0] // ppb // bpe + 1) * bpe
+        first = self._consumer.state()[0] // ppb
+        end = (first // bpe + 1) * bpe
         ended = False
         while self._consumer.state()[0] // ppb < end:
             try:
@@ -652,6 +665,22 @@ class DataLoader:
             yield self._convert(box)
         # The epoch's end: report a worker's error, restart a dead worker for the next epoch.
         self._check_workers(restart=not ended)
+        if ended and self._consumer.state()[0] // ppb == first and not rest:
+            raise self._past_the_plan(first // bpe)  # the plan had ended before this for
+
+    def _past_the_plan(self, epoch: int) -> _native.UsageError:
+        """The error of a ``for`` after the plan's last epoch: not an empty epoch."""
+        if self._attached_ring is None:
+            covers = f"the loader's plan covers {self.epochs} epochs (epochs={self.epochs})"
+            fix = "pass a larger epochs=, or leave it out for a plan without end"
+        else:
+            covers = (f"ring {self._attached_ring!r} runs {self.epochs} epochs (plan.epochs = "
+                      f"{self.epochs})")
+            fix = "start the ring's daemon with more epochs (plan.epochs in its config)"
+        return _native.UsageError(
+            f"pinring.torch.DataLoader: this for would be epoch {epoch}, but {covers}, all of "
+            f"which were taken: {fix}"
+        )
 
     def _convert(self, box: List[_native.Batch]) -> Any:
         b = box.pop()
@@ -681,6 +710,7 @@ class DataLoader:
         resume = checked_state(state)
         self._stop()
         self._resume = resume
+        self._rest_of_state = True
 
 
 # The fewest slots a DataLoader's embedded ring gets with workers, and how many it gets per
@@ -688,6 +718,30 @@ class DataLoader:
 _MIN_SLOTS = 16
 _SLOTS_PER_WORKER = 2
 _MIN_SLOTS_THREAD = 4
+
+
+def _layout_of(dataset: Any, collate_fn: Optional[Callable[[List[Any]], Any]]) -> _Layout:
+    """The fields of ``dataset``'s batches, from ``dataset[0]`` (or ``collate_fn([it])``)."""
+    if len(dataset) == 0:
+        raise _native.UsageError("the dataset is empty: nothing to load")
+    sample = dataset[0]
+    if collate_fn is not None:
+        return _Layout(collate_fn([sample]), collated=True)
+    return _Layout(sample, collated=False)
+
+
+def dataset_table(dataset: Any, collate_fn: Optional[Callable[[List[Any]], Any]] = None) -> str:
+    """The ``[dataset]`` table of the config of a ``pinring-daemon --sink consumer`` service
+    whose ring ``DataLoader(dataset, ring=...)`` fills, as TOML text: ``kind = "external"``,
+    ``samples = len(dataset)`` and the ``fields`` of ``dataset[0]`` (or of
+    ``collate_fn([dataset[0]])``) as the loader names and orders them. The names are the
+    sample's dict keys, tuple positions and namedtuple fields (``image``, ``0``, ``meta.h``;
+    ``sample`` for one array), declared largest element first. Put it in the service's
+    config, beside its ``[ring]``, ``[plan]`` and ``[daemon]`` tables::
+
+        print(pinring.torch.dataset_table(train_set))
+    """
+    return _layout_of(dataset, collate_fn).dataset_table(len(dataset))
 
 
 def _unwrapped(value: Any) -> Any:
@@ -738,23 +792,42 @@ def _from_sampler(sampler: Any, drop_last: bool) -> Dict[str, Any]:
 
 
 def _parse_device(device: Any) -> torch.device:
-    if device is None:
+    """``device=`` as a ``torch.device`` (pinring's parser, ``pinring._device``, shared with
+    ``pinring.Loader``); None: the current CUDA device where torch sees one, else the CPU. A
+    CUDA device where torch sees none, or beyond those it sees, is a ``BackendError`` with the
+    fix, not torch's "Found no NVIDIA driver" from deep inside the first batch."""
+    dev = _device.parse(device, "pinring.torch.DataLoader")
+    if dev is None:
         if torch.cuda.is_available():
             return torch.device("cuda", _dist.device_index())
         return torch.device("cpu")
-    d = torch.device(device)
-    if d.type == "cuda" and d.index is None:
-        d = torch.device("cuda", _dist.device_index())
-    if d.type not in ("cuda", "cpu"):
-        raise _native.UsageError(f"device {device!r}: pinring delivers to 'cuda:N' or 'cpu'")
-    return d
+    if dev.kind == "cpu":
+        return torch.device("cpu")
+    said = f"pinring.torch.DataLoader(device={device!r})"
+    if not torch.cuda.is_available():
+        raise _native.BackendError(
+            f"{said}: no CUDA device is usable in this process (torch.cuda.is_available() is "
+            "False: no NVIDIA driver, no GPU, or CUDA_VISIBLE_DEVICES hides them): pass "
+            'device="cpu" to run on pinring\'s host backend (batches as CPU tensors), or check '
+            "the driver with nvidia-smi"
+        )
+    index = _dist.device_index() if dev.number is None else dev.number
+    count = torch.cuda.device_count()
+    if index >= count:
+        raise _native.BackendError(
+            f"{said}: CUDA device {index} does not exist: torch sees {count} (numbered from 0, "
+            f'after CUDA_VISIBLE_DEVICES): pass a device below {count}, or device="cpu"'
+        )
+    return torch.device("cuda", index)
 
 
-def _check_ring_fields(ring: str, fields: List[Tuple[str, str, List[int]]], layout: _Layout) -> None:
+def _check_ring_fields(ring: str, fields: List[Tuple[str, str, List[int]]], layout: _Layout,
+                       samples: int) -> None:
     want = [(name, leaf.dtype, list(leaf.shape)) for name, leaf in layout.declared]
     got = [(n, d, list(s)) for n, d, s in fields]
     if got != want:
         raise _native.RefusedError(
             f"ring {ring!r} carries fields {got}, but this dataset's samples need {want}: start "
-            "its daemon with a config of dataset.kind = \"external\" and these fields"
+            "its daemon with a config whose [dataset] table is "
+            "pinring.torch.dataset_table(dataset)'s:\n" + layout.dataset_table(samples)
         )

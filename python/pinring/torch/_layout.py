@@ -73,21 +73,50 @@ def _describe(value: Any) -> Optional[Tuple[str, Tuple[int, ...]]]:
     return None
 
 
-def _flatten(value: Any, path: str, leaves: List[Any], paths: List[str]) -> Any:
-    """Appends the leaves of ``value`` in order; returns the tree to rebuild it with."""
+def _flatten(value: Any, path: str, leaves: List[Any], paths: List[str],
+             keys: Optional[List[Tuple[str, ...]]] = None, key: Tuple[str, ...] = ()) -> Any:
+    """Appends the leaves of ``value`` in order (and, to ``keys``, each one's keys from the
+    sample's top: dict keys, tuple positions, namedtuple fields); returns the tree to rebuild
+    it with."""
     if isinstance(value, collections.abc.Mapping):
-        keys = list(value.keys())
-        kids = [_flatten(value[k], f"{path}[{k!r}]", leaves, paths) for k in keys]
-        return ("map", type(value), keys, kids)
+        names = list(value.keys())
+        kids = [_flatten(value[k], f"{path}[{k!r}]", leaves, paths, keys, (*key, str(k)))
+                for k in names]
+        return ("map", type(value), names, kids)
     if isinstance(value, tuple) and hasattr(value, "_fields"):
-        kids = [_flatten(v, f"{path}.{f}", leaves, paths) for f, v in zip(value._fields, value)]
+        kids = [_flatten(v, f"{path}.{f}", leaves, paths, keys, (*key, str(f)))
+                for f, v in zip(value._fields, value)]
         return ("namedtuple", type(value), kids)
     if isinstance(value, (tuple, list)):
-        kids = [_flatten(v, f"{path}[{i}]", leaves, paths) for i, v in enumerate(value)]
+        kids = [_flatten(v, f"{path}[{i}]", leaves, paths, keys, (*key, str(i)))
+                for i, v in enumerate(value)]
         return ("seq", kids)
     leaves.append(value)
     paths.append(path)
+    if keys is not None:
+        keys.append(key)
     return ("leaf", len(leaves) - 1)
+
+
+# A ring's field name: 1 to 64 of these (pinring-data's rule for dataset.fields).
+_NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-.")
+_NAME_MAX = 64
+
+
+def _field_names(keys: List[Tuple[str, ...]]) -> List[str]:
+    """The ring's name of each leaf: its keys joined by dots (``image``, ``0``, ``meta.h``;
+    ``sample`` for a sample that is one array or number), every character a field name cannot
+    hold made ``_``, cut to 64 characters, and made unique with the leaf's number
+    (``my_key_3``)."""
+    names: List[str] = []
+    for i, key in enumerate(keys):
+        base = "".join(c if c in _NAME_CHARS else "_" for c in ".".join(key)) or "sample"
+        name, n = base[:_NAME_MAX], i
+        while name in names:
+            tail = f"_{n}"
+            name, n = base[:_NAME_MAX - len(tail)] + tail, n + len(keys)
+        names.append(name)
+    return names
 
 
 def _rebuild(tree: Any, tensors: Sequence[Any]) -> Any:
@@ -113,7 +142,8 @@ class _Layout:
     def __init__(self, sample: Any, collated: bool) -> None:
         leaves: List[Any] = []
         paths: List[str] = []
-        self.tree = _flatten(sample, "", leaves, paths)
+        keys: List[Tuple[str, ...]] = []
+        self.tree = _flatten(sample, "", leaves, paths, keys)
         self.leaves: List[_Leaf] = []
         for value, path in zip(leaves, paths):
             where = path or "the sample"
@@ -137,10 +167,11 @@ class _Layout:
             self.leaves.append(_Leaf(path, dtype, tuple(int(s) for s in shape)))
         if not self.leaves:
             raise _native.UsageError("dataset[0] holds no arrays or numbers: nothing to batch")
-        # Field names in the ring: leaf numbers. Fields are declared largest element first, so
-        # every field's chunk in a slot starts aligned to its element size.
+        # Field names in the ring: the sample's keys and positions (_field_names). Fields are
+        # declared largest element first, so every field's chunk in a slot starts aligned to
+        # its element size.
         order = sorted(range(len(self.leaves)), key=lambda i: -_ITEMSIZE[self.leaves[i].dtype])
-        self.names = [f"f{i}" for i in range(len(self.leaves))]
+        self.names = _field_names(keys)
         self.declared = [(self.names[i], self.leaves[i]) for i in order]
 
     def fields_data(self) -> List[Dict[str, Any]]:
@@ -149,6 +180,23 @@ class _Layout:
             {"name": name, "dtype": leaf.dtype, "shape": [int(d) for d in leaf.shape]}
             for name, leaf in self.declared
         ]
+
+    def dataset_table(self, samples: int) -> str:
+        """The ``[dataset]`` table of a config whose ring these samples fit (``kind =
+        "external"``, ``samples``, ``fields``), as TOML text; read back by pinring's parser
+        before it is returned, so it is what a daemon reads."""
+        rows = "".join(
+            f'    {{ name = "{name}", dtype = "{leaf.dtype}", shape = '
+            f'[{", ".join(str(int(d)) for d in leaf.shape)}] }},\n'
+            for name, leaf in self.declared
+        )
+        text = f'[dataset]\nkind = "external"\nsamples = {int(samples)}\nfields = [\n{rows}]\n'
+        read = _native.check_config(text, "pinring.torch.dataset_table")["fields"]
+        want = [(name, leaf.dtype, list(leaf.shape)) for name, leaf in self.declared]
+        if [(n, d, list(s)) for n, d, s in read] != want:
+            raise _native.InternalError(f"the [dataset] table written reads back as {read}, not "
+                                        f"{want}: {text}")
+        return text
 
     def check(self, index: int, value: Any, leaf: _Leaf, n: Optional[int]) -> None:
         """Raises ``UsageError`` when ``value`` (of sample ``index``, or of a collated part of
