@@ -387,3 +387,95 @@ fn a_kind_that_cannot_cut_a_sample_refuses_a_slot_smaller_than_one() {
     );
     assert!(!fx.segment().exists());
 }
+
+/// The stderr of a one-shot command that failed: its last line is the error, plain
+/// (`error: ...`, no timestamp, level or target), and no line is a log line. Returns the
+/// error line.
+fn plain_error(stderr: &[u8]) -> String {
+    let err = String::from_utf8_lossy(stderr);
+    let lines: Vec<&str> = err.lines().collect();
+    let last = lines.last().copied().unwrap_or_default();
+    assert!(
+        last.starts_with("error: "),
+        "the last line is the error:\n{err}"
+    );
+    for l in &lines {
+        assert!(
+            !looks_logged(l),
+            "a log line where a plain one belongs:\n{err}"
+        );
+    }
+    last.to_string()
+}
+
+/// `pinring ARGS` run to its end: (exit code, stderr).
+fn pinring(args: &[&str]) -> (Option<i32>, Vec<u8>) {
+    let out = Command::new(CLI)
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    (out.status.code(), out.stderr)
+}
+
+#[test]
+fn a_one_shot_commands_usage_error_is_one_plain_line_and_its_exit_code() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("missing.toml");
+    let missing = missing.to_str().unwrap();
+    // `config check` takes the file as --config FILE, as every other command does, or as FILE.
+    for args in [
+        &["config", "check", "--config", missing][..],
+        &["config", "check", missing][..],
+    ] {
+        let (code, err) = pinring(args);
+        let line = plain_error(&err);
+        assert_eq!(code, Some(CONFIG), "{args:?}: {line}");
+        assert_eq!(err.iter().filter(|&&b| b == b'\n').count(), 1, "{line}");
+        assert!(
+            line.contains(missing) && line.contains("No such file"),
+            "{args:?}: {line}"
+        );
+    }
+
+    let ring = format!("it-plain-nosuch-{}", std::process::id());
+    let (code, err) = pinring(&["status", &ring, "--once"]);
+    let line = plain_error(&err);
+    assert_eq!(code, Some(RING_ERROR), "{line}");
+    assert_eq!(err.iter().filter(|&&b| b == b'\n').count(), 1, "{line}");
+    assert!(
+        line.contains(&ring) && line.contains("does not exist") && line.contains("pinring-daemon"),
+        "{line}"
+    );
+
+    let (code, err) = pinring(&["clean", "bad/name"]);
+    let line = plain_error(&err);
+    assert_eq!(code, Some(RING_ERROR), "{line}");
+    assert!(
+        line.contains("\"bad/name\"") && line.contains("is invalid: use 1-64 characters"),
+        "{line}"
+    );
+
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(&bad, "[ring]\nslots = 1\n").unwrap();
+    let (code, err) = pinring(&[
+        "run",
+        "--backend",
+        "host",
+        "--config",
+        bad.to_str().unwrap(),
+    ]);
+    let line = plain_error(&err);
+    assert_eq!(code, Some(CONFIG), "{line}");
+    assert_eq!(err.iter().filter(|&&b| b == b'\n').count(), 1, "{line}");
+    assert!(
+        line.contains("ring.slots") && line.contains("between 2 and 4096"),
+        "{line}"
+    );
+
+    // Before attaching: the wait is said first (a plain line too), then the error.
+    let (code, err) = pinring(&["consume", "--ring", &ring, "--timeout-secs", "0.3"]);
+    let line = plain_error(&err);
+    assert_eq!(code, Some(RING_ERROR), "{line}");
+    assert!(line.contains(&ring), "{line}");
+}

@@ -538,7 +538,7 @@ pub fn run(args: &RunArgs, shutdown: &Shutdown) -> Result<Exit, RunError> {
     }
     if let Some(path) = &args.summary {
         if let Err(e) = summary.write(path) {
-            tracing::error!("{e}");
+            pinring_runtime::logging::fail(&e);
             if exit == Exit::Ok {
                 exit = e.exit();
             }
