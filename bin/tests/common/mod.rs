@@ -698,3 +698,21 @@ pub fn looks_logged(line: &str) -> bool {
             .iter()
             .any(|l| line.contains(l))
 }
+
+/// Lines of a child's stderr as they arrive, each with the time it came.
+pub fn stderr_lines(
+    child: &mut std::process::Child,
+) -> std::sync::mpsc::Receiver<(String, std::time::Instant)> {
+    use std::io::BufRead;
+    let err = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(err).lines() {
+            let Ok(line) = line else { break };
+            if tx.send((line, std::time::Instant::now())).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
