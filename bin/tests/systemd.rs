@@ -93,6 +93,25 @@ fn every_unit_passes_systemd_analyze_verify() {
         ],
         "a new unit must be added to this test"
     );
+    // Every unit points at pinring's own deployment guide, where the documented install puts
+    // it (docs/DEPLOY.md installs it there).
+    let deploy =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/DEPLOY.md")).unwrap();
+    assert!(
+        deploy.contains("docs/DEPLOY.md /usr/share/doc/pinring/"),
+        "DEPLOY.md installs itself where the units point"
+    );
+    for unit in &shipped {
+        let text = std::fs::read_to_string(Path::new(UNITS).join(unit)).unwrap();
+        let docs: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("Documentation="))
+            .collect();
+        assert_eq!(docs, ["file:///usr/share/doc/pinring/DEPLOY.md"], "{unit}");
+        if unit.ends_with(".service") {
+            assert!(text.lines().any(|l| l == "ProtectHome=read-only"), "{unit}");
+        }
+    }
     for unit in [
         "pinring-daemon@gpu0.service",
         "pinring-loader@gpu0.service",
