@@ -39,7 +39,7 @@ pub struct RunArgs {
     /// Number of loader processes.
     #[arg(long, default_value_t = 4)]
     pub loaders: usize,
-    /// Epochs to run (overrides plan.epochs).
+    /// Epochs to run (overrides plan.epochs); 0: every epoch until stopped.
     #[arg(long)]
     pub epochs: Option<u32>,
     /// What consumes uploaded batches.

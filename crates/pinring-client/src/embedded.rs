@@ -69,6 +69,7 @@ impl EmbeddedDaemon {
         let overrides = Overrides {
             ring: opts.ring.clone(),
             epochs: opts.epochs,
+            ring_mode: None,
             unordered: false,
             shard: opts.shard,
         };
@@ -88,6 +89,7 @@ impl EmbeddedDaemon {
             device: Some(opts.device),
             sink: SinkKind::Consumer,
             epochs: opts.epochs,
+            ring_mode: None,
             unordered: false,
             start_seq: opts.start_seq,
             prefetch: None,

@@ -260,6 +260,7 @@ pub fn run(args: &DaemonArgs, shutdown: &Shutdown) -> Outcome {
     let overrides = Overrides {
         ring: args.ring.clone(),
         epochs: args.epochs,
+        ring_mode: args.ring_mode,
         unordered: args.unordered,
         shard: args.shard,
     };
