@@ -709,3 +709,102 @@ fn a_wrong_config_fails_the_daemon_unit_with_the_message_in_the_journal() {
     );
     assert!(!pinring_ring::object_path(&ring).exists());
 }
+
+#[test]
+fn the_deploy_guides_drop_in_hides_home_but_the_datasets_directory() {
+    let Some(sd) = Booted::boot("dropin") else {
+        return;
+    };
+    let Some(data) = HomeDataset::new("dropin", 2048) else {
+        return;
+    };
+    let ring = format!("sddropin{}", std::process::id());
+    let toml = format!(
+        "[ring]\nslots = 8\n[dataset]\nkind = \"tokens\"\n[dataset.tokens]\n\
+         files = [\"{}\"]\ntoken_dtype = \"u16\"\nseq_len = 15\nstride = 16\n",
+        data.0.join("tokens.bin").display()
+    );
+    std::fs::write(sd.etc().join(format!("pinring/{ring}.toml")), toml).unwrap();
+    let daemon = format!("pinring-daemon@{ring}.service");
+    let loader = format!("pinring-loader@{ring}:1.service");
+    // The drop-in docs/DEPLOY.md gives for a host that keeps /home hidden.
+    let drop_in = format!(
+        "[Service]\nProtectHome=tmpfs\nBindReadOnlyPaths={}\n",
+        data.0.display()
+    );
+    for u in [&daemon, &loader] {
+        let dir = sd.etc().join(format!("systemd/system/{u}.d"));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("home.conf"), &drop_in).unwrap();
+    }
+    let deploy =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/DEPLOY.md")).unwrap();
+    assert!(
+        deploy.contains("ProtectHome=tmpfs\nBindReadOnlyPaths="),
+        "the guide gives this drop-in"
+    );
+    let out = sd.ctl(&["daemon-reload"]);
+    assert!(out.status.success(), "{}", ok(&out));
+    let out = sd.ctl(&["start", &daemon, &loader]);
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        ok(&out),
+        sd.journal(&daemon)
+    );
+    let _cleanup = RemoveSegment(ring.clone());
+    for u in [&daemon, &loader] {
+        assert_eq!(sd.prop(u, "ProtectHome"), "tmpfs", "{u}");
+    }
+    let out = sd
+        .trainer(
+            4242,
+            &sd.gid("pinring").to_string(),
+            &["--ring", &ring, "--batches", "20"],
+        )
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}\n{}\n{}",
+        ok(&out),
+        sd.journal(&daemon),
+        sd.journal(&loader)
+    );
+    // The rest of /home is hidden from the units: a unit of the same settings sees only the
+    // dataset's directory there.
+    let look = "pinring-test-home.service";
+    std::fs::write(
+        sd.etc().join(format!("systemd/system/{look}")),
+        format!(
+            "[Service]\nType=oneshot\nUser=pinring\nExecStart=/bin/ls -A /home\n{}",
+            drop_in.trim_start_matches("[Service]\n")
+        ),
+    )
+    .unwrap();
+    let out = sd.ctl(&["daemon-reload"]);
+    assert!(out.status.success(), "{}", ok(&out));
+    let out = sd.ctl(&["start", look]);
+    assert!(out.status.success(), "{}\n{}", ok(&out), sd.journal(look));
+    // What ls printed, once the journal has it.
+    let seen = sd.until(
+        "ls's output in the journal",
+        Duration::from_secs(10),
+        || {
+            let out = sd.nsenter(
+                "journalctl",
+                &["--no-pager", "-o", "cat", "-u", look, "_COMM=ls"],
+            );
+            let text = String::from_utf8_lossy(&out.stdout).to_string();
+            (!text.trim().is_empty()).then_some(text)
+        },
+    );
+    assert_eq!(
+        seen.split_whitespace().collect::<Vec<_>>(),
+        [data.0.file_name().unwrap().to_str().unwrap()],
+        "{}",
+        sd.journal(look)
+    );
+    let out = sd.ctl(&["stop", &daemon]);
+    assert!(out.status.success(), "{}", ok(&out));
+}
