@@ -132,15 +132,15 @@ fn dispatch(cli: Cli) -> Exit {
     let shutdown = Shutdown::install();
     match cli.command {
         Cmd::Run(args) => {
-            logging::init("run");
+            logging::init_command("run");
             pinring_cli::main_run(&args, shutdown)
         }
         Cmd::Consume(args) => {
-            logging::init("consume");
+            logging::init_command("consume");
             pinring_cli::main_consume(&args, shutdown)
         }
         Cmd::Bench(args) => {
-            logging::init("bench");
+            logging::init_command("bench");
             pinring_bench::main_bench(&args, shutdown)
         }
         Cmd::BenchWriter(args) => {
@@ -158,15 +158,15 @@ fn dispatch(cli: Cli) -> Exit {
             pinring_producer::loader::main(&args, shutdown)
         }
         Cmd::Status(args) => {
-            logging::init("status");
+            logging::init_command("status");
             pinring_ops::main_status(&args, shutdown)
         }
         Cmd::Clean(args) => {
-            logging::init("clean");
+            logging::init_command("clean");
             pinring_ops::main_clean(&args)
         }
         Cmd::Config(cmd) => {
-            logging::init("config");
+            logging::init_command("config");
             pinring_ops::main_config(&cmd)
         }
     }

@@ -667,3 +667,90 @@ fn status_live_view_into_a_pipe_writes_no_terminal_codes() {
     let (st, log) = wait_for(daemon, "daemon", LONG);
     assert!(st.success(), "{log}");
 }
+
+/// A token dataset of 4096 u16 tokens in `dir` (255 windows of 16: 32 batches of 8 per epoch).
+fn token_config(dir: &std::path::Path) -> std::path::PathBuf {
+    let tokens: Vec<u8> = (0..4096u16).flat_map(|t| t.to_le_bytes()).collect();
+    std::fs::write(dir.join("tok.bin"), tokens).unwrap();
+    let config = dir.join("train.toml");
+    std::fs::write(
+        &config,
+        "[ring]\nslots = 8\n[dataset]\nkind = \"tokens\"\n[dataset.tokens]\nfiles = [\"tok.bin\"]\n\
+         token_dtype = \"u16\"\nseq_len = 15\nstride = 16\n[plan]\nbatch_size = 8\nepochs = 1\n",
+    )
+    .unwrap();
+    config
+}
+
+#[test]
+fn run_on_a_file_dataset_says_which_sink_works_before_starting_anything() {
+    let fx = Fixture::small("run-files-hint");
+    let config = token_config(fx.dir.path());
+    let out = Command::new(exe(CLI))
+        .args(["run", "--quiet", "--backend", "host", "--ring", &fx.ring])
+        .arg("--config")
+        .arg(&config)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{err}");
+    // One plain line, from run itself: no daemon was started to fail.
+    assert_eq!(err.lines().count(), 1, "{err}");
+    let line = err.trim_end();
+    assert!(line.starts_with("error: "), "{err}");
+    assert!(
+        line.contains("dataset.kind = \"tokens\"")
+            && line.contains("pinring run --sink discard")
+            && line.contains(&format!("pinring consume --ring {}", fx.ring))
+            && line.contains(&format!("pinring.Loader(ring=\"{}\")", fx.ring)),
+        "{line}"
+    );
+    assert!(!fx.segment().exists());
+}
+
+#[test]
+fn run_with_the_consumer_sink_says_it_waits_for_a_consumer_until_one_attaches() {
+    let fx = Fixture::small("run-consumer-wait");
+    let config = token_config(fx.dir.path());
+    let mut run = Command::new(exe(CLI))
+        .args(["run", "--quiet", "--backend", "host", "--loaders", "2"])
+        .args(["--sink", "consumer", "--ring", &fx.ring])
+        .arg("--config")
+        .arg(&config)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = stderr_lines(&mut run);
+    let want = format!(
+        "waiting for a consumer on ring \"{0}\": attach one with `pinring consume --ring {0}` \
+         or pinring.Loader(ring=\"{0}\")",
+        fx.ring
+    );
+    let start = Instant::now();
+    let mut seen = Vec::new();
+    let said = loop {
+        let left = Duration::from_secs(30).saturating_sub(start.elapsed());
+        match lines.recv_timeout(left) {
+            Ok((line, _)) if line.contains(&want) => break true,
+            Ok((line, _)) => seen.push(line),
+            Err(_) => break false,
+        }
+    };
+    if !said {
+        let _ = run.kill();
+        let _ = run.wait();
+        panic!("no waiting line within 30 s; stderr: {seen:?}");
+    }
+    assert!(!looks_logged(&want), "a plain line");
+    // Following the advice ends the run: the consumer takes the plan's 32 batches.
+    let (st, out) = wait_for(cli(&["consume", "--ring", &fx.ring]), "consume", LONG);
+    assert!(st.success(), "{out}");
+    assert!(out.contains("\"batches\":32"), "{out}");
+    let (st, text) = wait_for(run, "pinring run", LONG);
+    assert!(st.success(), "{text}");
+    assert!(text.contains("32 delivered of 32"), "{text}");
+    assert!(!fx.segment().exists());
+}

@@ -5,7 +5,7 @@ mod common;
 use common::*;
 use nix::sys::signal::Signal;
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 const USAGE: i32 = 2;
 const CONFIG: i32 = 3;
@@ -386,4 +386,176 @@ fn a_kind_that_cannot_cut_a_sample_refuses_a_slot_smaller_than_one() {
         "{log}"
     );
     assert!(!fx.segment().exists());
+}
+
+/// The stderr of a one-shot command that failed: its last line is the error, plain
+/// (`error: ...`, no timestamp, level or target), and no line is a log line. Returns the
+/// error line.
+fn plain_error(stderr: &[u8]) -> String {
+    let err = String::from_utf8_lossy(stderr);
+    let lines: Vec<&str> = err.lines().collect();
+    let last = lines.last().copied().unwrap_or_default();
+    assert!(
+        last.starts_with("error: "),
+        "the last line is the error:\n{err}"
+    );
+    for l in &lines {
+        assert!(
+            !looks_logged(l),
+            "a log line where a plain one belongs:\n{err}"
+        );
+    }
+    last.to_string()
+}
+
+/// `pinring ARGS` run to its end: (exit code, stderr).
+fn pinring(args: &[&str]) -> (Option<i32>, Vec<u8>) {
+    let out = Command::new(CLI)
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    (out.status.code(), out.stderr)
+}
+
+#[test]
+fn a_one_shot_commands_usage_error_is_one_plain_line_and_its_exit_code() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("missing.toml");
+    let missing = missing.to_str().unwrap();
+    // `config check` takes the file as --config FILE, as every other command does, or as FILE.
+    for args in [
+        &["config", "check", "--config", missing][..],
+        &["config", "check", missing][..],
+    ] {
+        let (code, err) = pinring(args);
+        let line = plain_error(&err);
+        assert_eq!(code, Some(CONFIG), "{args:?}: {line}");
+        assert_eq!(err.iter().filter(|&&b| b == b'\n').count(), 1, "{line}");
+        assert!(
+            line.contains(missing) && line.contains("No such file"),
+            "{args:?}: {line}"
+        );
+    }
+
+    let ring = format!("it-plain-nosuch-{}", std::process::id());
+    let (code, err) = pinring(&["status", &ring, "--once"]);
+    let line = plain_error(&err);
+    assert_eq!(code, Some(RING_ERROR), "{line}");
+    assert_eq!(err.iter().filter(|&&b| b == b'\n').count(), 1, "{line}");
+    assert!(
+        line.contains(&ring) && line.contains("does not exist") && line.contains("pinring-daemon"),
+        "{line}"
+    );
+
+    let (code, err) = pinring(&["clean", "bad/name"]);
+    let line = plain_error(&err);
+    assert_eq!(code, Some(RING_ERROR), "{line}");
+    assert!(
+        line.contains("\"bad/name\"") && line.contains("is invalid: use 1-64 characters"),
+        "{line}"
+    );
+
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(&bad, "[ring]\nslots = 1\n").unwrap();
+    let (code, err) = pinring(&[
+        "run",
+        "--backend",
+        "host",
+        "--config",
+        bad.to_str().unwrap(),
+    ]);
+    let line = plain_error(&err);
+    assert_eq!(code, Some(CONFIG), "{line}");
+    assert_eq!(err.iter().filter(|&&b| b == b'\n').count(), 1, "{line}");
+    assert!(
+        line.contains("ring.slots") && line.contains("between 2 and 4096"),
+        "{line}"
+    );
+
+    // Before attaching: the wait is said first (a plain line too), then the error.
+    let (code, err) = pinring(&["consume", "--ring", &ring, "--timeout-secs", "0.3"]);
+    let line = plain_error(&err);
+    assert_eq!(code, Some(RING_ERROR), "{line}");
+    assert!(line.contains(&ring), "{line}");
+}
+
+/// A command waiting for a ring that does not exist says so at once, and its final error names
+/// the same ring, path and wait.
+fn says_what_it_waits_for(mut child: std::process::Child, ring: &str, wait: &str, plain: bool) {
+    let start = Instant::now();
+    let lines = stderr_lines(&mut child);
+    let mut before = Vec::new();
+    let (first, at) = loop {
+        let (line, at) = lines.recv_timeout(LONG).expect("a waiting line on stderr");
+        if line.contains("waiting for ring") {
+            break (line, at);
+        }
+        before.push(line);
+    };
+    // The line came while the process was still waiting, not with its error at the end.
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "the waiting line came only at the exit: {first}"
+    );
+    if plain {
+        assert!(
+            before.is_empty(),
+            "the waiting line comes first: {before:?}"
+        );
+    }
+    assert!(
+        at - start < Duration::from_secs(5),
+        "the waiting line came after {:?}",
+        at - start
+    );
+    let path = pinring_ring::object_path(ring).display().to_string();
+    let waiting = format!("waiting for ring \"{ring}\" ({path}) to appear: start its daemon");
+    assert!(first.contains(&waiting), "{first}");
+    assert!(
+        first.contains(&format!("pinring-daemon --ring {ring}"))
+            && first.contains(&format!("giving up in {wait}")),
+        "{first}"
+    );
+    assert_eq!(looks_logged(&first), !plain, "{first}");
+    let status = child.wait().unwrap();
+    let rest: Vec<String> = lines.iter().map(|(l, _)| l).collect();
+    assert_eq!(status.code(), Some(RING_ERROR), "{rest:?}");
+    assert!(
+        !rest.iter().any(|l| l.contains("waiting for ring")),
+        "said once: {rest:?}"
+    );
+    let last = if plain {
+        rest.last().cloned().unwrap_or_default()
+    } else {
+        rest.iter()
+            .find(|l| l.contains("does not exist"))
+            .cloned()
+            .unwrap_or_default()
+    };
+    assert!(
+        last.contains(&format!("ring \"{ring}\" does not exist ({path})"))
+            && last.contains(&format!("waited {wait} for it to appear"))
+            && last.contains(&format!("pinring-daemon --ring {ring}")),
+        "{last}"
+    );
+    if plain {
+        assert!(last.starts_with("error: "), "{last}");
+    }
+}
+
+#[test]
+fn consume_and_a_loader_say_at_once_which_ring_they_wait_for() {
+    let ring = format!("it-waitsay-{}", std::process::id());
+    let consume = cli(&["consume", "--ring", &ring, "--timeout-secs", "8"]);
+    says_what_it_waits_for(consume, &ring, "8 s", true);
+    // A loader logs (it is a service): the same words, as a log line.
+    let loader = Command::new(LOADER)
+        .args(["--ring", &ring, "--wait-secs", "8", "--log-level", "info"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    says_what_it_waits_for(loader, &ring, "8 s", false);
 }

@@ -93,6 +93,25 @@ fn every_unit_passes_systemd_analyze_verify() {
         ],
         "a new unit must be added to this test"
     );
+    // Every unit points at pinring's own deployment guide, where the documented install puts
+    // it (docs/DEPLOY.md installs it there).
+    let deploy =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/DEPLOY.md")).unwrap();
+    assert!(
+        deploy.contains("docs/DEPLOY.md /usr/share/doc/pinring/"),
+        "DEPLOY.md installs itself where the units point"
+    );
+    for unit in &shipped {
+        let text = std::fs::read_to_string(Path::new(UNITS).join(unit)).unwrap();
+        let docs: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("Documentation="))
+            .collect();
+        assert_eq!(docs, ["file:///usr/share/doc/pinring/DEPLOY.md"], "{unit}");
+        if unit.ends_with(".service") {
+            assert!(text.lines().any(|l| l == "ProtectHome=read-only"), "{unit}");
+        }
+    }
     for unit in [
         "pinring-daemon@gpu0.service",
         "pinring-loader@gpu0.service",
@@ -179,7 +198,7 @@ impl Booted {
         std::fs::create_dir_all(etc.join("pinring")).unwrap();
         let bin = r.join("bin");
         std::fs::create_dir_all(&bin).unwrap();
-        for b in [common::DAEMON, common::LOADER] {
+        for b in [common::DAEMON, common::LOADER, common::CLI] {
             let name = Path::new(b).file_name().unwrap();
             std::fs::copy(b, bin.join(name)).unwrap();
         }
@@ -272,6 +291,50 @@ exec {SYSTEMD} --system --unit=pinring-test-boot.target",
             .args(args)
             .output()
             .unwrap()
+    }
+
+    /// `pinring consume ARGS` inside the namespace as uid and gid `uid`, a user that is not
+    /// pinring, with the supplementary groups `groups` (none: empty), as a trainer runs.
+    fn trainer(&self, uid: u32, groups: &str, args: &[&str]) -> Command {
+        let mut cmd = Command::new("timeout");
+        cmd.args([
+            "-s",
+            "KILL",
+            "120",
+            "nsenter",
+            "-t",
+            &self.pid.to_string(),
+            "-m",
+            "-p",
+        ])
+        .args([
+            "setpriv",
+            "--reuid",
+            &uid.to_string(),
+            "--regid",
+            &uid.to_string(),
+        ]);
+        if groups.is_empty() {
+            cmd.arg("--clear-groups");
+        } else {
+            cmd.args(["--groups", groups]);
+        }
+        cmd.args(["/usr/local/bin/pinring", "consume"])
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        cmd
+    }
+
+    /// The gid of group `name` inside the namespace.
+    fn gid(&self, name: &str) -> u32 {
+        let out = self.nsenter("getent", &["group", name]);
+        let line = String::from_utf8_lossy(&out.stdout).to_string();
+        line.split(':')
+            .nth(2)
+            .and_then(|g| g.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no group {name}: {line}"))
     }
 
     fn prop(&self, unit: &str, prop: &str) -> String {
@@ -388,6 +451,11 @@ fn the_units_run_the_pipeline_restart_a_killed_loader_and_drain_on_stop() {
         "READY before the ring existed"
     );
     let _cleanup = RemoveSegment(ring.clone());
+    // The service hands its batches to a trainer (--sink consumer): one takes them as they come.
+    let mut trainer = sd
+        .trainer(4242, &sd.gid("pinring").to_string(), &["--ring", &ring])
+        .spawn()
+        .unwrap();
     // The pipeline runs, and the daemon reports its rate.
     sd.until("batches delivered", Duration::from_secs(30), || {
         (delivered(&ring) > 100).then_some(())
@@ -470,6 +538,139 @@ fn the_units_run_the_pipeline_restart_a_killed_loader_and_drain_on_stop() {
         !pinring_ring::object_path(&ring).exists(),
         "segment left behind"
     );
+    let _ = trainer.kill();
+    let _ = trainer.wait();
+}
+
+/// A token file of `n` u16 tokens under /home (a dataset in a user's home directory), removed
+/// at the end of the test.
+struct HomeDataset(PathBuf);
+
+impl HomeDataset {
+    fn new(tag: &str, n: usize) -> Option<HomeDataset> {
+        if !Path::new("/home").is_dir() {
+            skip("no /home on this host");
+            return None;
+        }
+        let dir = PathBuf::from(format!("/home/pinring-it-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let d = HomeDataset(dir);
+        let tokens: Vec<u8> = (0..n as u32)
+            .flat_map(|t| (t as u16).to_le_bytes())
+            .collect();
+        std::fs::write(d.0.join("tokens.bin"), tokens).unwrap();
+        // Readable by the pinring user, as a dataset shared on a training host is.
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&d.0, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::set_permissions(
+            d.0.join("tokens.bin"),
+            std::fs::Permissions::from_mode(0o644),
+        )
+        .unwrap();
+        Some(d)
+    }
+}
+
+impl Drop for HomeDataset {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[test]
+fn the_service_as_shipped_feeds_a_trainer_of_the_pinring_group_from_home_until_stopped() {
+    let Some(sd) = Booted::boot("trainer") else {
+        return;
+    };
+    let Some(data) = HomeDataset::new("trainer", 2048) else {
+        return;
+    };
+    let ring = format!("sdtrain{}", std::process::id());
+    // One epoch in the file (127 windows of 16 tokens, 16 batches of 8): the service runs
+    // every epoch until it is stopped.
+    let toml = format!(
+        "[ring]\nslots = 8\n[dataset]\nkind = \"tokens\"\n[dataset.tokens]\n\
+         files = [\"{}\"]\ntoken_dtype = \"u16\"\nseq_len = 15\nstride = 16\n\
+         [plan]\nbatch_size = 8\nepochs = 1\n",
+        data.0.join("tokens.bin").display()
+    );
+    std::fs::write(sd.etc().join(format!("pinring/{ring}.toml")), toml).unwrap();
+    let daemon = format!("pinring-daemon@{ring}.service");
+    let loader = format!("pinring-loader@{ring}:1.service");
+    let out = sd.ctl(&["enable", &daemon, &loader]);
+    assert!(out.status.success(), "{}", ok(&out));
+    let out = sd.ctl(&["start", "pinring.target"]);
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        ok(&out),
+        sd.journal(&daemon)
+    );
+    let _cleanup = RemoveSegment(ring.clone());
+    // The daemon opened the dataset under /home (the target's start succeeds whatever its
+    // daemons do).
+    assert_eq!(
+        sd.prop(&daemon, "ActiveState"),
+        "active",
+        "{}",
+        sd.journal(&daemon)
+    );
+    // Datasets under /home are read (ProtectHome=read-only), never written.
+    for u in [&daemon, &loader] {
+        assert_eq!(sd.prop(u, "ProtectHome"), "read-only", "{u}");
+    }
+    // The ring is the pinring group's, mode 0660: the recipe for a trainer to attach.
+    let pinring_gid = sd.gid("pinring");
+    let st = nix::sys::stat::stat(&pinring_ring::object_path(&ring)).unwrap();
+    assert_eq!(
+        (st.st_mode & 0o777, st.st_gid),
+        (0o660, pinring_gid),
+        "mode and group of the ring"
+    );
+    // A trainer, a user of group pinring, takes 200 batches: 12.5 epochs of a plan whose file
+    // says 1.
+    let out = sd
+        .trainer(
+            4242,
+            &pinring_gid.to_string(),
+            &["--ring", &ring, "--batches", "200"],
+        )
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}\n{}\n{}",
+        ok(&out),
+        sd.journal(&daemon),
+        sd.journal(&loader)
+    );
+    let line = String::from_utf8_lossy(&out.stdout).to_string();
+    let v: serde_json::Value =
+        serde_json::from_str(line.trim()).unwrap_or_else(|e| panic!("{e}: {line}"));
+    assert_eq!(v["batches"].as_u64(), Some(200), "{line}");
+    assert_eq!(sd.prop(&daemon, "ActiveState"), "active", "still serving");
+    // A user outside the group is refused, told why and what to do.
+    let out = sd
+        .trainer(4243, "", &["--ring", &ring, "--timeout-secs", "5"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(4), "{err}");
+    assert!(
+        err.contains(&ring) && err.contains("permission denied for uid 4243"),
+        "{err}"
+    );
+    let out = sd.ctl(&["stop", "pinring.target"]);
+    assert!(out.status.success(), "{}", ok(&out));
+    sd.until("the daemon stopped", Duration::from_secs(30), || {
+        (sd.prop(&daemon, "ActiveState") == "inactive").then_some(())
+    });
+    assert_eq!(
+        sd.prop(&daemon, "Result"),
+        "success",
+        "{}",
+        sd.journal(&daemon)
+    );
 }
 
 #[test]
@@ -507,4 +708,103 @@ fn a_wrong_config_fails_the_daemon_unit_with_the_message_in_the_journal() {
         "the journal names the file and the key:\n{log}"
     );
     assert!(!pinring_ring::object_path(&ring).exists());
+}
+
+#[test]
+fn the_deploy_guides_drop_in_hides_home_but_the_datasets_directory() {
+    let Some(sd) = Booted::boot("dropin") else {
+        return;
+    };
+    let Some(data) = HomeDataset::new("dropin", 2048) else {
+        return;
+    };
+    let ring = format!("sddropin{}", std::process::id());
+    let toml = format!(
+        "[ring]\nslots = 8\n[dataset]\nkind = \"tokens\"\n[dataset.tokens]\n\
+         files = [\"{}\"]\ntoken_dtype = \"u16\"\nseq_len = 15\nstride = 16\n",
+        data.0.join("tokens.bin").display()
+    );
+    std::fs::write(sd.etc().join(format!("pinring/{ring}.toml")), toml).unwrap();
+    let daemon = format!("pinring-daemon@{ring}.service");
+    let loader = format!("pinring-loader@{ring}:1.service");
+    // The drop-in docs/DEPLOY.md gives for a host that keeps /home hidden.
+    let drop_in = format!(
+        "[Service]\nProtectHome=tmpfs\nBindReadOnlyPaths={}\n",
+        data.0.display()
+    );
+    for u in [&daemon, &loader] {
+        let dir = sd.etc().join(format!("systemd/system/{u}.d"));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("home.conf"), &drop_in).unwrap();
+    }
+    let deploy =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/DEPLOY.md")).unwrap();
+    assert!(
+        deploy.contains("ProtectHome=tmpfs\nBindReadOnlyPaths="),
+        "the guide gives this drop-in"
+    );
+    let out = sd.ctl(&["daemon-reload"]);
+    assert!(out.status.success(), "{}", ok(&out));
+    let out = sd.ctl(&["start", &daemon, &loader]);
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        ok(&out),
+        sd.journal(&daemon)
+    );
+    let _cleanup = RemoveSegment(ring.clone());
+    for u in [&daemon, &loader] {
+        assert_eq!(sd.prop(u, "ProtectHome"), "tmpfs", "{u}");
+    }
+    let out = sd
+        .trainer(
+            4242,
+            &sd.gid("pinring").to_string(),
+            &["--ring", &ring, "--batches", "20"],
+        )
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}\n{}\n{}",
+        ok(&out),
+        sd.journal(&daemon),
+        sd.journal(&loader)
+    );
+    // The rest of /home is hidden from the units: a unit of the same settings sees only the
+    // dataset's directory there.
+    let look = "pinring-test-home.service";
+    std::fs::write(
+        sd.etc().join(format!("systemd/system/{look}")),
+        format!(
+            "[Service]\nType=oneshot\nUser=pinring\nExecStart=/bin/ls -A /home\n{}",
+            drop_in.trim_start_matches("[Service]\n")
+        ),
+    )
+    .unwrap();
+    let out = sd.ctl(&["daemon-reload"]);
+    assert!(out.status.success(), "{}", ok(&out));
+    let out = sd.ctl(&["start", look]);
+    assert!(out.status.success(), "{}\n{}", ok(&out), sd.journal(look));
+    // What ls printed, once the journal has it.
+    let seen = sd.until(
+        "ls's output in the journal",
+        Duration::from_secs(10),
+        || {
+            let out = sd.nsenter(
+                "journalctl",
+                &["--no-pager", "-o", "cat", "-u", look, "_COMM=ls"],
+            );
+            let text = String::from_utf8_lossy(&out.stdout).to_string();
+            (!text.trim().is_empty()).then_some(text)
+        },
+    );
+    assert_eq!(
+        seen.split_whitespace().collect::<Vec<_>>(),
+        [data.0.file_name().unwrap().to_str().unwrap()],
+        "{}",
+        sd.journal(look)
+    );
+    let out = sd.ctl(&["stop", &daemon]);
+    assert!(out.status.success(), "{}", ok(&out));
 }

@@ -2,6 +2,7 @@
 pinring-loader processes, and ``pinring.Loader`` / ``pinring.Consumer`` in this process (or in a
 child that gets killed). Every byte of every batch is checked against the generator."""
 
+import logging
 import os
 import signal
 import subprocess
@@ -265,6 +266,18 @@ def test_a_killed_consumer_is_replaced_and_nothing_is_lost(ring):
 def test_errors_carry_pinrings_messages(tmp_path):
     with pytest.raises(pinring.RingError, match="does not exist"):
         pinring.Consumer(f"py-missing-{uuid.uuid4().hex[:8]}", wait_for_ring=0.2)
+
+
+def test_a_missing_ring_is_said_at_once_and_named_in_the_error(caplog):
+    name = f"py-waitsay-{uuid.uuid4().hex[:8]}"
+    with caplog.at_level(logging.WARNING, logger="pinring"):
+        with pytest.raises(pinring.RingError, match=r"waited 0\.3 s for it to appear") as e:
+            pinring.Consumer(name, wait_for_ring=0.3)
+    said = [r.getMessage() for r in caplog.records if r.name == "pinring"]
+    assert len(said) == 1, said
+    assert said[0].startswith(f'waiting for ring "{name}" (/dev/shm/pinring.{name}) to appear')
+    assert f"pinring-daemon --ring {name}" in said[0] and said[0].endswith("giving up in 0.3 s")
+    assert f'ring "{name}" does not exist' in str(e.value)
 
 
 def test_embedded_daemon_feeds_this_process(tmp_path):

@@ -676,3 +676,43 @@ pub fn run_python(py: &str, script: &str, args: &[&str]) {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// Whether `line` carries a log line's ISO timestamp (`2026-01-01T...`) or level word.
+pub fn looks_logged(line: &str) -> bool {
+    let b = line.as_bytes();
+    let stamped = b.windows(11).any(|w| {
+        let d = |i: usize| w[i].is_ascii_digit();
+        d(0) && d(1)
+            && d(2)
+            && d(3)
+            && w[4] == b'-'
+            && d(5)
+            && d(6)
+            && w[7] == b'-'
+            && d(8)
+            && d(9)
+            && w[10] == b'T'
+    });
+    stamped
+        || [" ERROR ", " WARN ", " INFO "]
+            .iter()
+            .any(|l| line.contains(l))
+}
+
+/// Lines of a child's stderr as they arrive, each with the time it came.
+pub fn stderr_lines(
+    child: &mut std::process::Child,
+) -> std::sync::mpsc::Receiver<(String, std::time::Instant)> {
+    use std::io::BufRead;
+    let err = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(err).lines() {
+            let Ok(line) = line else { break };
+            if tx.send((line, std::time::Instant::now())).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}

@@ -22,7 +22,7 @@ pub fn main_bench(args: &bench::BenchArgs, shutdown: std::io::Result<Shutdown>) 
     match bench::run(args, &shutdown) {
         Ok(_) => Exit::Ok,
         Err(e) => {
-            tracing::error!("{e}");
+            pinring_runtime::logging::fail(&e);
             e.exit()
         }
     }

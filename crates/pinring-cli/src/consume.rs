@@ -97,7 +97,9 @@ pub fn run(args: &ConsumeArgs, shutdown: &Shutdown) -> Result<Option<Consumed>, 
         wait_for_ring: timeout.unwrap_or(AttachOptions::default().wait_for_ring),
         path: None,
     };
-    let mut c = match Consumer::attach_until(&args.ring, &opts, &stop) {
+    // Said at once, as a plain line: a person waits for this command.
+    let mut tell = |w: &pinring_ring::Waiting| pinring_runtime::logging::say(&w.to_string());
+    let mut c = match Consumer::attach_telling(&args.ring, &opts, &stop, &mut tell) {
         Ok(c) => c,
         Err(ClientError::Interrupted { .. }) => return Ok(None),
         Err(e) => return Err(e.into()),

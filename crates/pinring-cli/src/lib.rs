@@ -21,7 +21,7 @@ pub fn main_run(args: &runner::RunArgs, shutdown: std::io::Result<Shutdown>) -> 
     match runner::run(args, &shutdown) {
         Ok(exit) => exit,
         Err(e) => {
-            tracing::error!("{e}");
+            pinring_runtime::logging::fail(&e);
             e.exit()
         }
     }
@@ -44,12 +44,12 @@ pub fn main_consume(args: &consume::ConsumeArgs, shutdown: std::io::Result<Shutd
                 Exit::Ok
             }
             Err(e) => {
-                tracing::error!("cannot print the consume result: {e}");
+                pinring_runtime::logging::fail(&format!("cannot print the consume result: {e}"));
                 Exit::Output
             }
         },
         Err(e) => {
-            tracing::error!("{e}");
+            pinring_runtime::logging::fail(&e);
             e.exit()
         }
     }

@@ -39,7 +39,7 @@ pub struct RunArgs {
     /// Number of loader processes.
     #[arg(long, default_value_t = 4)]
     pub loaders: usize,
-    /// Epochs to run (overrides plan.epochs).
+    /// Epochs to run (overrides plan.epochs); 0: every epoch until stopped.
     #[arg(long)]
     pub epochs: Option<u32>,
     /// What consumes uploaded batches.
@@ -68,6 +68,22 @@ pub enum RunError {
     /// Bad config.
     #[error(transparent)]
     Config(#[from] pinring_data::ConfigError),
+    /// The default sink (verify) on a dataset with nothing to verify against: said before
+    /// anything is started, with the two sinks that work from `pinring run`.
+    #[error(
+        "{source_name}: dataset.kind = \"{kind}\" has no reference to verify its samples \
+         against, and pinring run verifies by default: measure the pipeline with `pinring run \
+         --sink discard`, or feed a trainer with `pinring run --sink consumer` and attach one \
+         (`pinring consume --ring {ring}` or pinring.Loader(ring=\"{ring}\"))"
+    )]
+    NothingToVerify {
+        /// Where the config came from.
+        source_name: String,
+        /// Its dataset kind.
+        kind: String,
+        /// The ring.
+        ring: String,
+    },
     /// A child could not be started.
     #[error("cannot start {what} ({exe}): {source}")]
     Spawn {
@@ -148,7 +164,7 @@ impl pinring_exit::Coded for RunError {
     /// Exit code.
     fn exit(&self) -> pinring_exit::Exit {
         match self {
-            RunError::Config(_) => Exit::Config,
+            RunError::Config(_) | RunError::NothingToVerify { .. } => Exit::Config,
             RunError::Spawn { .. } => Exit::Internal,
             RunError::DaemonFailed { ended, .. } | RunError::DaemonDied { ended, .. } => {
                 ended.exit()
@@ -321,6 +337,13 @@ pub fn run(args: &RunArgs, shutdown: &Shutdown) -> Result<Exit, RunError> {
         ..Default::default()
     };
     let cfg = settings::load(args.config.as_deref(), &overrides)?;
+    if args.sink == SinkKind::Verify && cfg.dataset.kind != pinring_data::DatasetKind::Synthetic {
+        return Err(RunError::NothingToVerify {
+            source_name: cfg.source.clone(),
+            kind: cfg.dataset.kind.to_string(),
+            ring: cfg.ring.name.clone(),
+        });
+    }
     let exe = pinring_runtime::this_program::get().map_err(|source| RunError::Spawn {
         what: "the daemon",
         exe: "<current executable>".into(),
@@ -446,7 +469,23 @@ pub fn run(args: &RunArgs, shutdown: &Shutdown) -> Result<Exit, RunError> {
         .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
     let t0 = Instant::now();
+    // With the consumer sink the batches wait for a training process: until one attaches, say
+    // so, and how, at once and then every few seconds (the run would otherwise sit silent).
+    let mut consumer_told: Option<Instant> = None;
     let status = loop {
+        if args.sink == SinkKind::Consumer
+            && consumer_told.is_none_or(|t| t.elapsed() >= TELL_CONSUMER_EVERY)
+            && !ring.consumer_alive().unwrap_or(true)
+        {
+            let name = &cfg.ring.name;
+            bar.suspend(|| {
+                pinring_runtime::logging::say(&format!(
+                    "waiting for a consumer on ring {name:?}: attach one with `pinring consume \
+                     --ring {name}` or pinring.Loader(ring=\"{name}\")"
+                ))
+            });
+            consumer_told = Some(Instant::now());
+        }
         // The daemon drains on its own SIGINT/SIGTERM (a terminal's Ctrl-C reaches the whole
         // process group); this loop watches it and supervises the loaders.
         if let Ok(Some(status)) = children.0[0].try_wait() {
@@ -538,7 +577,7 @@ pub fn run(args: &RunArgs, shutdown: &Shutdown) -> Result<Exit, RunError> {
     }
     if let Some(path) = &args.summary {
         if let Err(e) = summary.write(path) {
-            tracing::error!("{e}");
+            pinring_runtime::logging::fail(&e);
             if exit == Exit::Ok {
                 exit = e.exit();
             }
@@ -547,6 +586,8 @@ pub fn run(args: &RunArgs, shutdown: &Shutdown) -> Result<Exit, RunError> {
     Ok(exit)
 }
 
+/// How often `run --sink consumer` says it waits for a consumer while none is attached.
+const TELL_CONSUMER_EVERY: Duration = Duration::from_secs(5);
 /// How often `run` looks at its children.
 const SUPERVISE_EVERY: Duration = Duration::from_millis(100);
 /// A loader killed more often than this within [`RESTART_WINDOW`] is not restarted again: the

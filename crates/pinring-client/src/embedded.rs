@@ -73,6 +73,7 @@ impl EmbeddedDaemon {
             ring: opts.ring.clone(),
             epochs: opts.epochs,
             default_epochs: opts.default_epochs,
+            ring_mode: None,
             unordered: false,
             shard: opts.shard,
             // Named as this struct's fields (and `pinring.EmbeddedDaemon`'s keywords) name them.
@@ -95,6 +96,7 @@ impl EmbeddedDaemon {
             device: Some(opts.device),
             sink: SinkKind::Consumer,
             epochs: opts.epochs,
+            ring_mode: None,
             unordered: false,
             start_seq: opts.start_seq,
             prefetch: None,

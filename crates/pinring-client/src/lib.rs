@@ -141,7 +141,30 @@ impl Consumer {
         opts: &AttachOptions,
         stop: &dyn Fn() -> bool,
     ) -> Result<Consumer, ClientError> {
-        let ring = open_ready(name, opts.path.as_deref(), opts.wait_for_ring, stop)?;
+        Consumer::attach_telling(
+            name,
+            opts,
+            stop,
+            &mut |w| tracing::info!(ring = %w.name, "{w}"),
+        )
+    }
+
+    /// [`Consumer::attach_until`], telling `waiting` what it waits for, once, when the ring does
+    /// not exist yet (or its daemon is gone) as the wait starts: a command prints it for the
+    /// person who started it, Python logs it. [`Consumer::attach_until`] logs it at info level.
+    pub fn attach_telling(
+        name: &str,
+        opts: &AttachOptions,
+        stop: &dyn Fn() -> bool,
+        waiting: &mut dyn FnMut(&pinring_ring::Waiting),
+    ) -> Result<Consumer, ClientError> {
+        let ring = open_ready(
+            name,
+            opts.path.as_deref(),
+            opts.wait_for_ring,
+            stop,
+            waiting,
+        )?;
         let h = ring.header();
         let cfg = ring_config(&ring)?;
         let fields = fields::Fields::of(&cfg).map_err(|what| ClientError::Corrupt {
@@ -636,14 +659,17 @@ impl Drop for Lease {
 }
 
 /// Opens ring `name` once it exists, is READY and has a live daemon (the loaders' own attach,
-/// waiting up to `wait`), and checks that it hands batches over.
+/// waiting up to `wait`, telling `waiting` what it waits for), and checks that it hands
+/// batches over.
 fn open_ready(
     name: &str,
     at: Option<&std::path::Path>,
     wait: Duration,
     stop: &dyn Fn() -> bool,
+    waiting: &mut dyn FnMut(&pinring_ring::Waiting),
 ) -> Result<ConsumerRing, ClientError> {
-    let Some(ring) = pinring_ring::attach_at_unless(name, at, Access::ReadWrite, wait, stop)?
+    let Some(ring) =
+        pinring_ring::attach_at_unless(name, at, Access::ReadWrite, wait, stop, |w| waiting(w))?
     else {
         return Err(ClientError::Interrupted { ring: name.into() });
     };

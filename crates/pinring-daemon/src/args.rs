@@ -22,9 +22,14 @@ pub struct DaemonArgs {
     /// What consumes uploaded batches.
     #[arg(long, value_enum, default_value = "discard")]
     pub sink: SinkKind,
-    /// Epochs to run (overrides plan.epochs).
+    /// Epochs to run (overrides plan.epochs); 0: every epoch until stopped (the service's).
     #[arg(long)]
     pub epochs: Option<u32>,
+    /// Permission of the ring's segment (overrides ring.mode): 0600, this user only, or 0660,
+    /// this user and the ring's group (ring.group, else the daemon's own group), so a trainer
+    /// of that group can attach.
+    #[arg(long, value_name = "MODE")]
+    pub ring_mode: Option<pinring_data::config::SegmentMode>,
     /// Deliver batches in any order (overrides ring.in_order = true).
     #[arg(long)]
     pub unordered: bool,

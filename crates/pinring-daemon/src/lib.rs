@@ -265,6 +265,7 @@ pub fn run(args: &DaemonArgs, shutdown: &Shutdown) -> Outcome {
         ring: args.ring.clone(),
         epochs: args.epochs,
         default_epochs: args.default_epochs,
+        ring_mode: args.ring_mode,
         unordered: args.unordered,
         shard: args.shard,
         spelling: args.spelling(),
@@ -306,10 +307,12 @@ pub fn run(args: &DaemonArgs, shutdown: &Shutdown) -> Outcome {
             source_name: cfg.source.clone(),
             key: "dataset.kind",
             value: format!("\"{}\"", cfg.dataset.kind),
-            allowed: "--sink verify checks synthetic samples against their generator; the \
-                      samples of other kinds have no reference here: use --sink consumer or \
-                      --sink discard"
-                .to_string(),
+            allowed: format!(
+                "--sink verify checks synthetic samples against their generator; the samples \
+                 of other kinds have no reference here: use --sink discard, or --sink consumer \
+                 and attach a trainer (pinring consume --ring {0} or pinring.Loader(ring=\"{0}\"))",
+                cfg.ring.name
+            ),
         };
         return failed_at_start(args, Some(&cfg), e.into());
     }

@@ -517,7 +517,9 @@ impl Plan {
 
     /// Batches in the whole plan (`epochs * batches_per_epoch`).
     pub fn total_batches(&self) -> u64 {
-        u64::from(self.params.epochs) * self.bpe
+        // Saturating: a plan run until stopped (over four billion epochs) of a dataset of
+        // billions of parts counts past u64; its end is then u64::MAX, never reached.
+        u64::from(self.params.epochs).saturating_mul(self.bpe)
     }
 
     /// Parts per batch (`ceil(batch_size / samples_per_part)`, or `batch_size × k` with byte
@@ -528,7 +530,7 @@ impl Plan {
 
     /// Seqs in the whole plan: one per part of each batch (`total_batches * parts_per_batch`).
     pub fn total_seqs(&self) -> u64 {
-        self.total_batches() * self.parts
+        self.total_batches().saturating_mul(self.parts)
     }
 
     /// The part with sequence number `seq`: fills `out` (cleared first) with its sample ids, in

@@ -1,4 +1,4 @@
-//! `pinring config check [FILE] [--ring NAME]`: validates a config file (or the one the lookup
+//! `pinring config check [FILE | --config FILE] [--ring NAME]`: validates a config file (or the one the lookup
 //! finds) and prints the settings a daemon or loader would run on, with the derived sizes and
 //! warnings where the ring is larger than this host's last-level cache or available memory.
 
@@ -20,6 +20,9 @@ pub struct CheckArgs {
     /// Config file; without it, the file the lookup finds for --ring (or the built-in default).
     #[arg(value_name = "FILE")]
     pub file: Option<PathBuf>,
+    /// The config file, named as every other command names it (the same as FILE).
+    #[arg(long = "config", value_name = "FILE", conflicts_with = "file")]
+    pub config: Option<PathBuf>,
     /// Ring name (overrides ring.name; also picks `<ring>.toml` in the lookup).
     #[arg(long, value_name = "NAME")]
     pub ring: Option<String>,
@@ -48,7 +51,8 @@ impl pinring_exit::Coded for CheckError {
 
 /// Runs `pinring config check`: prints the resolved settings to stdout.
 pub fn run(args: &CheckArgs) -> Result<(), CheckError> {
-    let origin = settings::locate(args.file.as_deref(), args.ring.as_deref())?;
+    let file = args.config.as_deref().or(args.file.as_deref());
+    let origin = settings::locate(file, args.ring.as_deref())?;
     let overrides = Overrides {
         ring: args.ring.clone(),
         ..Default::default()

@@ -23,7 +23,7 @@ pub fn main_status(args: &status::StatusArgs, shutdown: std::io::Result<Shutdown
     match status::run(args, &shutdown) {
         Ok(()) => Exit::Ok,
         Err(e) => {
-            tracing::error!("{e}");
+            pinring_runtime::logging::fail(&e);
             e.exit()
         }
     }
@@ -34,7 +34,7 @@ pub fn main_clean(args: &clean::CleanArgs) -> Exit {
     match clean::run(args) {
         Ok(()) => Exit::Ok,
         Err(e) => {
-            tracing::error!("{e}");
+            pinring_runtime::logging::fail(&e);
             e.exit()
         }
     }
@@ -46,7 +46,7 @@ pub fn main_config(cmd: &config_check::ConfigCmd) -> Exit {
         config_check::ConfigCmd::Check(args) => match config_check::run(args) {
             Ok(()) => Exit::Ok,
             Err(e) => {
-                tracing::error!("{e}");
+                pinring_runtime::logging::fail(&e);
                 e.exit()
             }
         },

@@ -205,8 +205,17 @@ impl Session {
         wait: Duration,
         stop: impl Fn() -> bool,
     ) -> Result<Option<Session>, SessionError> {
-        let Some(ring) =
-            pinring_ring::attach_at_unless(&cfg.ring.name, at, Access::ReadWrite, wait, stop)?
+        // A loader started before its daemon (by hand, or with --wait-for-daemon) says at once
+        // which ring it waits for and how to start it.
+        let tell = |w: &pinring_ring::Waiting| tracing::info!(ring = %w.name, "{w}");
+        let Some(ring) = pinring_ring::attach_at_unless(
+            &cfg.ring.name,
+            at,
+            Access::ReadWrite,
+            wait,
+            stop,
+            tell,
+        )?
         else {
             return Ok(None);
         };

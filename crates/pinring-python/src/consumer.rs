@@ -76,7 +76,21 @@ impl Consumer {
             path,
         };
         let c = crate::signals::detach_interruptible(py, |stop| {
-            pinring_client::Consumer::attach_until(&ring, &opts, stop)
+            // A ring that is not there yet is said at once, through Python's logging (logger
+            // "pinring", a warning: shown on stderr where logging is not configured).
+            let mut tell = |w: &pinring_ring::Waiting| {
+                Python::attach(|py| {
+                    let said = py.import("logging").and_then(|logging| {
+                        logging
+                            .call_method1("getLogger", ("pinring",))?
+                            .call_method1("warning", ("%s", w.to_string()))
+                    });
+                    if let Err(e) = said {
+                        e.print(py);
+                    }
+                })
+            };
+            pinring_client::Consumer::attach_telling(&ring, &opts, stop, &mut tell)
         })?
         .map_err(|e| e.to_pyerr())?;
         Ok(Consumer {

@@ -2,7 +2,60 @@
 //! READY and have a live daemon, which every loader, consumer and status view does first.
 
 use crate::{ring_state, Access, Ring, RingError};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
+
+/// What a wait for a ring waits for, told once as the wait starts ([`attach_at_unless`]'s
+/// `waiting`), so that a person does not watch a silent process for the whole wait: no ring of
+/// that name, or one whose daemon is gone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Waiting {
+    /// Ring name.
+    pub name: String,
+    /// Its segment's path.
+    pub path: PathBuf,
+    /// The whole wait.
+    pub wait: Duration,
+    /// A segment is there, but the daemon it names (this pid) is not running.
+    pub stale_daemon: Option<u32>,
+}
+
+impl std::fmt::Display for Waiting {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (name, path) = (&self.name, self.path.display());
+        match self.stale_daemon {
+            None => write!(f, "waiting for ring {name:?} ({path}) to appear: ")?,
+            Some(pid) => write!(
+                f,
+                "waiting for ring {name:?} ({path}): the segment there is stale, its daemon \
+                 (pid {pid}) is not running: "
+            )?,
+        }
+        write!(
+            f,
+            "{}; giving up in {}",
+            start_daemon(name),
+            seconds(self.wait.as_millis() as u64)
+        )
+    }
+}
+
+/// How a ring's daemon is started, for messages.
+pub(crate) fn start_daemon(name: &str) -> String {
+    format!(
+        "start its daemon (pinring-daemon --ring {name} ..., or systemctl start \
+         pinring-daemon@{name})"
+    )
+}
+
+/// `ms` as seconds for messages: "30 s", "0.3 s".
+pub(crate) fn seconds(ms: u64) -> String {
+    if ms % 1000 == 0 {
+        format!("{} s", ms / 1000)
+    } else {
+        format!("{} s", ms as f64 / 1000.0)
+    }
+}
 
 /// Longest single wait inside [`attach`] between two looks at the stop request.
 const ATTACH_SLICE: Duration = Duration::from_millis(100);
@@ -30,19 +83,24 @@ pub fn attach_unless(
     wait: Duration,
     stop: impl Fn() -> bool,
 ) -> Result<Option<Ring>, RingError> {
-    attach_at_unless(name, None, access, wait, stop)
+    attach_at_unless(name, None, access, wait, stop, |_| {})
 }
 
 /// [`attach_unless`]; with `at`, the anonymous ring there (its daemon's
 /// `/proc/<pid>/fd/<fd>`, [`crate::Segment::open_at`]) instead of the one named in /dev/shm.
+/// When the wait has to go on because no ring of that name exists, or its daemon is gone,
+/// `waiting` is told so, once, before the first pause. A ring that never appeared is
+/// [`RingError::NeverAppeared`], naming the wait.
 pub fn attach_at_unless(
     name: &str,
     at: Option<&std::path::Path>,
     access: Access,
     wait: Duration,
     stop: impl Fn() -> bool,
+    waiting: impl FnOnce(&Waiting),
 ) -> Result<Option<Ring>, RingError> {
     let start = Instant::now();
+    let mut waiting = Some(waiting);
     loop {
         if stop() {
             return Ok(None);
@@ -91,8 +149,30 @@ pub fn attach_at_unless(
                     waited_ms,
                     state,
                 }),
+                Err(RingError::NotFound { name, path }) if !wait.is_zero() => {
+                    Err(RingError::NeverAppeared {
+                        name,
+                        path,
+                        wait_ms: wait.as_millis() as u64,
+                    })
+                }
                 other => other.map(Some),
             };
+        }
+        let told = match &outcome {
+            Err(RingError::NotFound { .. }) => Some(None),
+            Ok(ring) if !daemon_alive(ring) => Some(Some(ring.daemon().pid)),
+            _ => None,
+        };
+        if let Some(stale_daemon) = told {
+            if let Some(tell) = waiting.take() {
+                tell(&Waiting {
+                    name: name.to_string(),
+                    path: crate::object_path(name),
+                    wait,
+                    stale_daemon,
+                });
+            }
         }
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -121,6 +201,39 @@ mod tests {
             other => panic!("expected NotInitialised, got {other:?}"),
         }
         assert!(took >= wait, "gave up after {took:?}");
+    }
+
+    /// A missing ring is said at once, once, and the error at the end names the same wait.
+    #[test]
+    fn a_missing_ring_is_told_once_as_the_wait_starts_and_named_at_its_end() {
+        let name = format!("ut-attach-told-{}", std::process::id());
+        let mut told = Vec::new();
+        let outcome = attach_at_unless(
+            &name,
+            None,
+            Access::ReadOnly,
+            Duration::from_millis(300),
+            || false,
+            |w| told.push(w.clone()),
+        );
+        assert_eq!(told.len(), 1, "{told:?}");
+        let path = crate::object_path(&name);
+        assert_eq!(
+            told[0].to_string(),
+            format!(
+                "waiting for ring \"{name}\" ({}) to appear: start its daemon (pinring-daemon \
+                 --ring {name} ..., or systemctl start pinring-daemon@{name}); giving up in 0.3 s",
+                path.display()
+            )
+        );
+        let e = outcome.expect_err("no ring").to_string();
+        assert!(
+            e.contains(&format!(
+                "ring \"{name}\" does not exist ({})",
+                path.display()
+            )) && e.contains("waited 0.3 s for it to appear"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -60,6 +60,21 @@ pub enum RingError {
         /// Segment file.
         path: PathBuf,
     },
+    /// No segment with that name appeared within the wait for it.
+    #[error(
+        "ring {name:?} does not exist ({path}): waited {} for it to appear; {}, or check the \
+         ring name",
+        crate::attach::seconds(*.wait_ms),
+        crate::attach::start_daemon(.name)
+    )]
+    NeverAppeared {
+        /// Ring name.
+        name: String,
+        /// Segment file.
+        path: PathBuf,
+        /// The wait, in milliseconds.
+        wait_ms: u64,
+    },
     /// A live daemon already owns the ring.
     #[error("ring {name:?} ({path}) is held by a running daemon (pid {pid}): stop it first, or pick another ring name")]
     HeldByLiveDaemon {

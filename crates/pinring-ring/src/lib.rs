@@ -41,7 +41,7 @@ pub mod slot;
 pub mod sync;
 
 #[cfg(not(loom))]
-pub use attach::{attach, attach_at_unless, attach_unless};
+pub use attach::{attach, attach_at_unless, attach_unless, Waiting};
 pub use error::{CommitError, RingError, SlotFault};
 pub use layout::{ring_state, Geometry, Header, MAX_LOADERS};
 pub use process::ProcessId;

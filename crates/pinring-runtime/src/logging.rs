@@ -1,6 +1,13 @@
 //! Logging through `tracing`, journald-friendly: plain text to stderr, no colour unless stderr is
 //! a terminal, level from `--log-level` (daemon and loaders), else `RUST_LOG`, else `info`.
 //!
+//! Two shapes. The daemon and the loaders are services and log for their whole life: each line
+//! has its timestamp and level ([`init`], [`init_with`]). A one-shot command run by a person
+//! (`pinring run`, `consume`, `status`, `clean`, `config check`, `bench`) speaks in plain lines
+//! ([`init_command`]): `error: ...`, `warning: ...`, an informational line as it is, with no
+//! timestamp, level column or target; its final error is [`fail`]'s one `error: ...` line,
+//! printed whatever the log level, before the command exits with its code.
+//!
 //! Logging never takes a process down: when stderr cannot be written (a pipe whose reader is
 //! gone, `pinring daemon 2>&1 | head`; a full non-blocking pipe; a closed descriptor) the line is
 //! dropped and the process carries on. tracing-subscriber's own report of a failed write (an
@@ -8,7 +15,10 @@
 //! ignored (`crash.rs`), so a closed pipe is an error code, not a signal.
 
 use std::io::{IsTerminal, Write};
-use tracing_subscriber::fmt::MakeWriter;
+use tracing::{Event, Level, Subscriber};
+use tracing_subscriber::fmt::format::Writer;
+use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields, MakeWriter};
+use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::EnvFilter;
 
 /// Installs the global subscriber once; later calls are no-ops. `tag` names the process kind.
@@ -32,6 +42,69 @@ pub fn init_with(tag: &'static str, level: Option<&str>) {
         .with_target(false)
         .try_init();
     tracing::debug!(process = tag, pid = std::process::id(), "logging started");
+}
+
+/// Installs the global subscriber of a one-shot command once (later calls are no-ops): plain
+/// lines for a person, `error: `/`warning: ` before an error or warning, nothing before an
+/// informational line, no timestamp. The level is `RUST_LOG`'s, else `info`.
+pub fn init_command(tag: &'static str) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(Stderr)
+        .log_internal_errors(false)
+        .with_ansi(false)
+        .event_format(Plain)
+        .try_init();
+    tracing::debug!(process = tag, pid = std::process::id(), "logging started");
+}
+
+/// Prints the final error of a one-shot command: one line, `error: ` and the message, on
+/// stderr, whatever the log level (it is the command's answer, not a log line). A stderr that
+/// cannot be written loses the line; the exit code still tells.
+pub fn fail(error: &dyn std::fmt::Display) {
+    say(&format!("error: {error}"));
+}
+
+/// Prints `line` as it is on stderr (a one-shot command's notice to the person running it),
+/// whatever the log level; dropped when stderr cannot be written.
+pub fn say(line: &str) {
+    let mut w = DropErrors(std::io::stderr().lock());
+    let _ = writeln!(w, "{line}");
+    let _ = w.flush();
+}
+
+/// The one-shot commands' line format: `error: `, `warning: `, `debug: ` or `trace: ` before
+/// the message (nothing before an informational one), then the event's other fields.
+#[derive(Debug, Clone, Copy)]
+struct Plain;
+
+impl<S, N> FormatEvent<S, N> for Plain
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    N: for<'a> FormatFields<'a> + 'static,
+{
+    fn format_event(
+        &self,
+        ctx: &FmtContext<'_, S, N>,
+        mut writer: Writer<'_>,
+        event: &Event<'_>,
+    ) -> std::fmt::Result {
+        write!(writer, "{}", level_prefix(*event.metadata().level()))?;
+        ctx.field_format().format_fields(writer.by_ref(), event)?;
+        writeln!(writer)
+    }
+}
+
+/// What a plain line starts with at `level`.
+fn level_prefix(level: Level) -> &'static str {
+    match level {
+        Level::ERROR => "error: ",
+        Level::WARN => "warning: ",
+        Level::INFO => "",
+        Level::DEBUG => "debug: ",
+        Level::TRACE => "trace: ",
+    }
 }
 
 /// The log writer: stderr, locked for one event at a time, with write errors dropped.

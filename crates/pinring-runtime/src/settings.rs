@@ -62,12 +62,14 @@ impl Spelling {
 pub struct Overrides {
     /// `--ring NAME`.
     pub ring: Option<String>,
-    /// `--epochs N`.
+    /// `--epochs N`; 0: every epoch until stopped ([`until_stopped`]).
     pub epochs: Option<u32>,
     /// `plan.epochs` where neither `epochs` nor the config file sets it (the config's own
     /// default, 2, otherwise). The Python loaders' embedded daemons run without end unless told
     /// (docs/PYTHON.md, "Epochs"); not said in the config's source name, since nobody gave it.
     pub default_epochs: Option<u32>,
+    /// `--ring-mode MODE` (the daemon's): overrides `ring.mode`.
+    pub ring_mode: Option<pinring_data::config::SegmentMode>,
     /// `--unordered`.
     pub unordered: bool,
     /// `plan.rank` and `plan.world_size` as the embedding code found them (under torchrun,
@@ -75,6 +77,13 @@ pub struct Overrides {
     pub shard: Option<(u32, u32)>,
     /// How the overrides are named in the config's source name (`(with --epochs 5)`).
     pub spelling: Spelling,
+}
+
+/// The epochs of a plan that runs until it is stopped (`--epochs 0`, the service's): every
+/// epoch the plan's 32-bit epoch number can count from `start_epoch` on, over four billion,
+/// which no run reaches.
+pub fn until_stopped(start_epoch: u32) -> u32 {
+    (u32::MAX - start_epoch).max(1)
 }
 
 /// The config found by the lookup (or the built-in default) with the environment's and
@@ -146,9 +155,16 @@ pub fn resolve(
         cfg.source = format!("{} (with {given})", cfg.source);
     }
     if let Some(epochs) = overrides.epochs {
-        cfg.plan.epochs = epochs;
+        cfg.plan.epochs = match epochs {
+            0 => until_stopped(cfg.plan.start_epoch),
+            n => n,
+        };
         let given = overrides.spelling.set("epochs", epochs);
         cfg.source = format!("{} (with {given})", cfg.source);
+    }
+    if let Some(mode) = overrides.ring_mode {
+        cfg.ring.mode = mode;
+        cfg.source = format!("{} (with --ring-mode {mode})", cfg.source);
     }
     if overrides.unordered {
         cfg.ring.in_order = false;
@@ -195,6 +211,39 @@ mod tests {
             e.contains("PINRING_WORLD_SIZE") && e.contains("four"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn epochs_0_runs_every_epoch_until_stopped_and_ring_mode_overrides_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("gpu0.toml");
+        std::fs::write(&file, "[plan]\nepochs = 2\nstart_epoch = 7\n").unwrap();
+        let service = Overrides {
+            epochs: Some(0),
+            ring_mode: Some(pinring_data::config::SegmentMode::Group),
+            ..Default::default()
+        };
+        let (cfg, _) = resolve(Some(&file), &service, &Places::default(), &no_env).unwrap();
+        assert_eq!(
+            cfg.plan.epochs,
+            u32::MAX - 7,
+            "the last epoch is u32::MAX - 1"
+        );
+        assert_eq!(cfg.ring.mode, pinring_data::config::SegmentMode::Group);
+        assert!(cfg.source.contains("--ring-mode 0660"), "{}", cfg.source);
+        let plan = cfg.plan().unwrap();
+        assert_eq!(
+            plan.total_batches(),
+            u64::from(u32::MAX - 7) * plan.batches_per_epoch()
+        );
+        let (cfg, _) = resolve(
+            Some(&file),
+            &Overrides::default(),
+            &Places::default(),
+            &no_env,
+        )
+        .unwrap();
+        assert_eq!(cfg.plan.epochs, 2, "without the flag, the file's");
     }
 
     #[test]
