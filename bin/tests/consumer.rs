@@ -5,8 +5,8 @@
 mod common;
 
 use common::*;
-use pinring_client::{AttachOptions, ClientError, Consumer};
 use nix::sys::signal::Signal;
+use pinring_client::{AttachOptions, ClientError, Consumer};
 use std::process::{Command, Stdio};
 use std::sync::atomic::Ordering::Relaxed;
 

@@ -929,20 +929,20 @@ pub const CSV_COLUMNS: [&str; 23] = [
     "ref_bytes",
 ];
 
-/// One CSV line from (column, value) pairs; columns not given are empty.
-fn csv_line(out: &mut String, fields: &[(&str, String)]) {
+/// One CSV record from (column, value) pairs, in [`CSV_COLUMNS`]' order; columns not given are
+/// empty. The `csv` writer quotes a value only when it needs it (a comma, a quote, a line end).
+fn csv_line(out: &mut csv::Writer<Vec<u8>>, fields: &[(&str, String)]) {
     debug_assert!(fields.iter().all(|(k, _)| CSV_COLUMNS.contains(k)));
-    let line: Vec<&str> = CSV_COLUMNS
-        .iter()
-        .map(|c| {
-            fields
-                .iter()
-                .find(|(k, _)| k == c)
-                .map_or("", |(_, v)| v.as_str())
-        })
-        .collect();
-    out.push_str(&line.join(","));
-    out.push('\n');
+    let record = CSV_COLUMNS.iter().map(|c| {
+        fields
+            .iter()
+            .find(|(k, _)| k == c)
+            .map_or("", |(_, v)| v.as_str())
+    });
+    // Writing into memory fails only when a record's length differs from the header's, which
+    // this record's cannot.
+    out.write_record(record)
+        .expect("a bench.csv record is CSV_COLUMNS long");
 }
 
 /// A number for the CSV: empty when it is not one (a ratio to a zero reference).
@@ -952,8 +952,11 @@ fn num(v: Option<f64>, decimals: usize) -> String {
 }
 
 fn to_csv(kind: &str, ceilings: &[(u64, f64, f64)], points: &[Point]) -> String {
-    let mut out = CSV_COLUMNS.join(",");
-    out.push('\n');
+    let mut out = csv::WriterBuilder::new()
+        .terminator(csv::Terminator::Any(b'\n'))
+        .from_writer(Vec::new());
+    out.write_record(CSV_COLUMNS)
+        .expect("the header is CSV_COLUMNS long");
     for &(slot, reg, page) in ceilings {
         for (mode, gbps) in [("raw registered", reg), ("raw pageable", page)] {
             csv_line(
@@ -1034,7 +1037,8 @@ fn to_csv(kind: &str, ceilings: &[(u64, f64, f64)], points: &[Point]) -> String 
         ]);
         csv_line(&mut out, &fields);
     }
-    out
+    let bytes = out.into_inner().expect("writing into memory cannot fail");
+    String::from_utf8(bytes).expect("every field is a String")
 }
 
 /// Rebuilds the points from a CSV written by [`to_csv`] (from its per-run rows; the summary rows
@@ -1069,15 +1073,21 @@ fn replot(csv: &Path, out: &Path) -> Result<Vec<Point>, BenchError> {
     Ok(points)
 }
 
-/// The ceilings and points of a bench CSV; an error is (line number, what is wrong).
+/// The ceilings and points of a bench CSV; an error is (line number, what is wrong). Fields are
+/// read as CSV is written (a quoted field may hold a comma, a quote or a line end; CRLF or LF).
 #[allow(clippy::type_complexity)]
 fn parse_csv(text: &str) -> Result<(String, Vec<(u64, f64, f64)>, Vec<Point>), (usize, String)> {
-    let mut lines = text.lines();
-    let header: Vec<&str> = lines
+    let mut reader = csv::ReaderBuilder::new()
+        .has_headers(false)
+        .flexible(true)
+        .from_reader(text.as_bytes());
+    let mut records = reader.records();
+    let line_of = |e: &csv::Error| e.position().map_or(1, |p| p.line() as usize);
+    let header = records
         .next()
         .ok_or((1, "empty file".to_string()))?
-        .split(',')
-        .collect();
+        .map_err(|e| (line_of(&e), e.to_string()))?;
+    let header: Vec<&str> = header.iter().collect();
     let col = |name: &str| header.iter().position(|h| *h == name);
     let required = |name: &str| col(name).ok_or((1, format!("no {name} column")));
     let (c_backend, c_mode, c_slot, c_loaders, c_gbps) = (
@@ -1090,9 +1100,10 @@ fn parse_csv(text: &str) -> Result<(String, Vec<(u64, f64, f64)>, Vec<Point>), (
     let mut kind = String::from("?");
     let mut ceilings: Vec<(u64, f64, f64)> = Vec::new();
     let mut points: Vec<Point> = Vec::new();
-    for (n, line) in lines.enumerate() {
-        let line_no = n + 2;
-        let f: Vec<&str> = line.split(',').collect();
+    for record in records {
+        let record = record.map_err(|e| (line_of(&e), e.to_string()))?;
+        let line_no = record.position().map_or(0, |p| p.line() as usize);
+        let f: Vec<&str> = record.iter().collect();
         if f.len() != header.len() {
             return Err((
                 line_no,
@@ -1560,6 +1571,29 @@ mod tests {
         assert_eq!(p.reference(), q.reference());
         assert_eq!(p.bound(), "upload");
         assert_eq!(p.runs[1].index, 2);
+    }
+
+    #[test]
+    fn a_field_with_a_comma_or_a_quote_is_quoted_and_reads_back() {
+        let mut p = point();
+        p.mode = "pipeline, \"pageable\"".to_string();
+        let csv = to_csv("host", &[], &[p]);
+        let lines: Vec<&str> = csv.lines().collect();
+        assert!(
+            lines[1].starts_with("host,\"pipeline, \"\"pageable\"\"\",1048576,64,8,1,40.000,"),
+            "{}",
+            lines[1]
+        );
+        let (_, _, points) = parse_csv(&csv).unwrap();
+        assert_eq!(points.len(), 1);
+        assert_eq!(points[0].mode, "pipeline, \"pageable\"");
+        assert_eq!(points[0].runs.len(), 3);
+        // A file a spreadsheet saved again (every field quoted, CRLF line ends) reads the same.
+        let saved = "\"backend\",\"mode\",\"slot_bytes\",\"loaders\",\"gbps\"\r\n\
+                     \"host\",\"pipeline\",\"65536\",\"2\",\"10.5\"\r\n";
+        let (kind, _, points) = parse_csv(saved).unwrap();
+        assert_eq!((kind.as_str(), points[0].loaders), ("host", 2));
+        assert_eq!(points[0].median_gbps(), 10.5);
     }
 
     #[test]

@@ -5,8 +5,9 @@
 //! live counters at scrape time (no writer loop, no file to go stale when the daemon dies: a dead
 //! daemon is a failed scrape, which is the alert one wants), the latency histograms live in the
 //! daemon's memory anyway, and nothing but the daemon is needed. The listener is one thread
-//! serving one short request at a time with a read timeout; it binds where it is told (keep it on
-//! 127.0.0.1 and let the local Prometheus agent scrape it).
+//! serving one short request at a time, whose head (parsed by `httparse`) must arrive within 2 s
+//! in all; it binds where it is told (keep it on 127.0.0.1 and let the local Prometheus agent
+//! scrape it).
 
 use crate::histogram::Histogram;
 use crate::observe::Snapshot;
@@ -16,7 +17,7 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// What the daemon measures itself, beside the ring's counters.
 #[derive(Debug, Default)]
@@ -312,6 +313,16 @@ pub fn serve(
     ring: Arc<DaemonRing>,
     metrics: Arc<DaemonMetrics>,
 ) -> std::io::Result<()> {
+    let name = ring.name().to_string();
+    serve_on(listener, name, move || render(&ring, &metrics))
+}
+
+/// The listener's thread: answers one request at a time, `/metrics` with `metrics()`.
+fn serve_on(
+    listener: TcpListener,
+    ring: String,
+    metrics: impl Fn() -> String + Send + 'static,
+) -> std::io::Result<()> {
     std::thread::Builder::new()
         .name("pinring-metrics".into())
         .spawn(move || {
@@ -319,11 +330,11 @@ pub fn serve(
                 match conn {
                     Ok(stream) => {
                         if let Err(e) = answer(stream, &ring, &metrics) {
-                            tracing::debug!(ring = %ring.name(), "metrics request failed: {e}");
+                            tracing::debug!(ring = %ring, "metrics request failed: {e}");
                         }
                     }
                     Err(e) => {
-                        tracing::warn!(ring = %ring.name(), "metrics listener: accept failed: {e}")
+                        tracing::warn!(ring = %ring, "metrics listener: accept failed: {e}")
                     }
                 }
             }
@@ -331,45 +342,69 @@ pub fn serve(
         .map(|_| ())
 }
 
-fn answer(mut stream: TcpStream, ring: &Ring, m: &DaemonMetrics) -> std::io::Result<()> {
-    // A client that sends nothing must not hold the only serving thread.
-    stream.set_read_timeout(Some(Duration::from_secs(2)))?;
-    stream.set_write_timeout(Some(Duration::from_secs(2)))?;
+/// How long a request has, in all, to arrive (and its answer to be taken).
+const REQUEST_DEADLINE: Duration = Duration::from_secs(2);
+/// The largest request head read.
+const MAX_HEAD: usize = 8192;
+
+/// Reads one request head (parsed by `httparse`) and answers it.
+fn answer(mut stream: TcpStream, ring: &str, metrics: &impl Fn() -> String) -> std::io::Result<()> {
+    // A client that sends nothing, or trickles its request a byte at a time, must not hold the
+    // only serving thread: the whole head must arrive within the deadline, not each read.
+    let deadline = Instant::now() + REQUEST_DEADLINE;
+    stream.set_write_timeout(Some(REQUEST_DEADLINE))?;
     let mut req = Vec::with_capacity(512);
     let mut buf = [0u8; 512];
-    while !req.windows(4).any(|w| w == b"\r\n\r\n") && req.len() < 8192 {
+    let request = loop {
+        let mut headers = [httparse::EMPTY_HEADER; 32];
+        let mut head = httparse::Request::new(&mut headers);
+        match head.parse(&req) {
+            Ok(httparse::Status::Complete(_)) => {
+                let (method, path) = (head.method.unwrap_or(""), head.path.unwrap_or(""));
+                break Some((method.to_string(), path.to_string()));
+            }
+            Ok(httparse::Status::Partial) if req.len() < MAX_HEAD => {}
+            Ok(httparse::Status::Partial) | Err(_) => break None,
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("the request did not arrive within {REQUEST_DEADLINE:?}"),
+            ));
+        }
+        stream.set_read_timeout(Some(left))?;
         let n = stream.read(&mut buf)?;
         if n == 0 {
-            break;
+            break None;
         }
         req.extend_from_slice(&buf[..n]);
-    }
-    let head = String::from_utf8_lossy(&req);
-    let mut parts = head.split_whitespace();
-    let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-    let (status, kind, body) = match (method, path) {
-        ("GET", "/metrics") => (
+    };
+    let (status, kind, body) = match request.as_ref().map(|(m, p)| (m.as_str(), p.as_str())) {
+        Some(("GET", "/metrics")) => (
             "200 OK",
             "text/plain; version=0.0.4; charset=utf-8",
-            render(ring, m),
+            metrics(),
         ),
-        ("GET", "/") => (
+        Some(("GET", "/")) => (
             "200 OK",
             "text/plain; charset=utf-8",
-            format!(
-                "pinring daemon of ring {}: metrics at /metrics\n",
-                ring.name()
-            ),
+            format!("pinring daemon of ring {ring}: metrics at /metrics\n"),
         ),
-        ("GET", _) => (
+        Some(("GET", _)) => (
             "404 Not Found",
             "text/plain",
             "not found; try /metrics\n".into(),
         ),
-        _ => (
+        Some(_) => (
             "405 Method Not Allowed",
             "text/plain",
             "only GET is served\n".into(),
+        ),
+        None => (
+            "400 Bad Request",
+            "text/plain",
+            "not an HTTP request; send GET /metrics\n".into(),
         ),
     };
     write!(
@@ -378,4 +413,85 @@ fn answer(mut stream: TcpStream, ring: &Ring, m: &DaemonMetrics) -> std::io::Res
         body.len()
     )?;
     stream.flush()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A server answering `/metrics` with one line, and its address.
+    fn server() -> SocketAddr {
+        let listener = bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = listener.local_addr().unwrap();
+        serve_on(listener, "r".into(), || "pinring_up 1\n".to_string()).unwrap();
+        addr
+    }
+
+    fn get(addr: SocketAddr, request: &str) -> String {
+        let mut conn = TcpStream::connect(addr).unwrap();
+        conn.set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        conn.write_all(request.as_bytes()).unwrap();
+        let mut answer = String::new();
+        conn.read_to_string(&mut answer).unwrap();
+        answer
+    }
+
+    #[test]
+    fn get_metrics_answers_the_text_and_anything_else_is_refused() {
+        let addr = server();
+        let ok = get(addr, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+        assert!(ok.starts_with("HTTP/1.1 200 OK\r\n"), "{ok}");
+        assert!(
+            ok.contains("Content-Type: text/plain; version=0.0.4; charset=utf-8\r\n"),
+            "{ok}"
+        );
+        assert!(ok.ends_with("\r\n\r\npinring_up 1\n"), "{ok}");
+        let root = get(addr, "GET / HTTP/1.0\r\n\r\n");
+        assert!(
+            root.starts_with("HTTP/1.1 200 OK\r\n")
+                && root.ends_with("pinring daemon of ring r: metrics at /metrics\n"),
+            "{root}"
+        );
+        let missing = get(addr, "GET /other HTTP/1.0\r\n\r\n");
+        assert!(
+            missing.starts_with("HTTP/1.1 404 Not Found\r\n"),
+            "{missing}"
+        );
+        let post = get(addr, "POST /metrics HTTP/1.0\r\nContent-Length: 0\r\n\r\n");
+        assert!(
+            post.starts_with("HTTP/1.1 405 Method Not Allowed\r\n"),
+            "{post}"
+        );
+        let junk = get(addr, "\x01\x02 nonsense\r\n\r\n");
+        assert!(junk.starts_with("HTTP/1.1 400 Bad Request\r\n"), "{junk}");
+    }
+
+    #[test]
+    fn a_client_that_trickles_its_request_does_not_hold_the_endpoint() {
+        let addr = server();
+        // A client that sends a byte every 200 ms and never ends its request: each read returns
+        // well within a per-read timeout.
+        let mut slow = TcpStream::connect(addr).unwrap();
+        std::thread::spawn(move || {
+            for b in b"GET /metrics HTTP/1.1\r\nX-Slow: "
+                .iter()
+                .chain([b'a'; 4096].iter())
+            {
+                if slow.write_all(&[*b]).is_err() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        });
+        // Connections are accepted in the order they were made: the slow one is served first.
+        let t = Instant::now();
+        let answer = get(addr, "GET /metrics HTTP/1.0\r\n\r\n");
+        assert!(answer.ends_with("pinring_up 1\n"), "{answer}");
+        assert!(
+            t.elapsed() < Duration::from_secs(4),
+            "a trickling client held the metrics endpoint for {:?}",
+            t.elapsed()
+        );
+    }
 }

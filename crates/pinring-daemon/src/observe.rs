@@ -484,7 +484,7 @@ pub struct DaemonSaw {
 }
 
 impl DaemonSaw {
-    /// What the daemon published of what it saw ([`pinring_ring::Health::loader_ns_seen`],
+    /// What the daemon published of what it saw ([`pinring_ring::layout::Health::loader_ns_seen`],
     /// `skippable_per_batch`, its heartbeat), for a view that reads `ring` from outside. The
     /// published count lags by up to one reap: the live loaders times the time since the
     /// daemon's heartbeat are added. Every allowance errs toward believing the loaders (a
