@@ -1,6 +1,7 @@
 //! Opening a ring as its daemon's peer: [`attach`] waits for a ring of that name to exist, be
 //! READY and have a live daemon, which every loader, consumer and status view does first.
 
+use crate::error::{seconds, start_daemon};
 use crate::{ring_state, Access, Ring, RingError};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -37,23 +38,6 @@ impl std::fmt::Display for Waiting {
             start_daemon(name),
             seconds(self.wait.as_millis() as u64)
         )
-    }
-}
-
-/// How a ring's daemon is started, for messages.
-pub(crate) fn start_daemon(name: &str) -> String {
-    format!(
-        "start its daemon (pinring-daemon --ring {name} ..., or systemctl start \
-         pinring-daemon@{name})"
-    )
-}
-
-/// `ms` as seconds for messages: "30 s", "0.3 s".
-pub(crate) fn seconds(ms: u64) -> String {
-    if ms % 1000 == 0 {
-        format!("{} s", ms / 1000)
-    } else {
-        format!("{} s", ms as f64 / 1000.0)
     }
 }
 

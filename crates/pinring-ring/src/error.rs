@@ -64,8 +64,8 @@ pub enum RingError {
     #[error(
         "ring {name:?} does not exist ({path}): waited {} for it to appear; {}, or check the \
          ring name",
-        crate::attach::seconds(*.wait_ms),
-        crate::attach::start_daemon(.name)
+        seconds(*.wait_ms),
+        start_daemon(.name)
     )]
     NeverAppeared {
         /// Ring name.
@@ -399,5 +399,22 @@ impl pinring_exit::Coded for SlotFault {
     /// A slot holding something that must not be used.
     fn exit(&self) -> pinring_exit::Exit {
         pinring_exit::Exit::Ring
+    }
+}
+
+/// How a ring's daemon is started, for messages.
+pub(crate) fn start_daemon(name: &str) -> String {
+    format!(
+        "start its daemon (pinring-daemon --ring {name} ..., or systemctl start \
+         pinring-daemon@{name})"
+    )
+}
+
+/// `ms` as seconds for messages: "30 s", "0.3 s".
+pub(crate) fn seconds(ms: u64) -> String {
+    if ms % 1000 == 0 {
+        format!("{} s", ms / 1000)
+    } else {
+        format!("{} s", ms as f64 / 1000.0)
     }
 }
