@@ -28,7 +28,7 @@ class PinringError(Exception):
 class InternalError(PinringError):
     """An unexpected internal error: a bug (exit code 1)."""
 
-class UsageError(PinringError):
+class UsageError(PinringError, ValueError, TypeError):
     """A bad argument (exit code 2)."""
 
 class ConfigError(PinringError):
@@ -41,7 +41,7 @@ class PartReclaimed(RingError):
     """A commit refused because the daemon took the part back first (its lease ran out); the
     part is made again elsewhere, and the producer may go on claiming (exit code 4)."""
 
-class PeerDied(PinringError):
+class PeerDied(PinringError, RuntimeError):
     """The ring's daemon is gone (exit code 5)."""
 
 class Timeout(PeerDied):

@@ -218,3 +218,33 @@ class Hangs(torch.utils.data.Dataset):
                 open(os.path.join(self.pid_dir, str(os.getpid())), "w").close()
             time.sleep(3600)
         return np.zeros(2, dtype=np.int64)
+
+
+class TorchWorkerInfo(torch.utils.data.Dataset):
+    """Sample i is [i, worker id, number of workers], as ``torch.utils.data.get_worker_info()``
+    says them inside the worker that loads it (-1, 0 in the training process)."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        info = torch.utils.data.get_worker_info()
+        if info is None:
+            return torch.tensor([i, -1, 0], dtype=torch.int64)
+        assert info.dataset is not self or info.num_workers > 0
+        return torch.tensor([i, info.id, info.num_workers], dtype=torch.int64)
+
+
+class Slow(Ids):
+    """Every sample takes ``delay`` seconds to load."""
+
+    def __init__(self, n, delay):
+        super().__init__(n)
+        self.delay = delay
+
+    def __getitem__(self, i):
+        time.sleep(self.delay)
+        return super().__getitem__(i)

@@ -172,7 +172,33 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     }
     m.add("Timeout", py.get_type::<Timeout>())?;
     m.add("PartReclaimed", py.get_type::<PartReclaimed>())?;
-    Ok(())
+    builtin_bases(py)
+}
+
+/// The builtin exception types each class also derives from, so that a script written against
+/// `torch.utils.data.DataLoader` catches pinring's errors where torch's would be raised:
+/// `UsageError` is a `ValueError` and a `TypeError` (torch raises one or the other for a bad
+/// argument), `PeerDied` (and so `Timeout`) a `RuntimeError` (torch's for a dead worker and a
+/// batch that timed out). Each keeps its own name and `PinringError` as its first base.
+///
+/// pyo3's `create_exception!` takes one base, so the others are added after the classes are
+/// made, by assigning `__bases__`, which CPython allows for heap types whose instance layouts
+/// agree: these builtins add no fields to `BaseException`'s.
+fn builtin_bases(py: Python<'_>) -> PyResult<()> {
+    use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
+    let with = |ty: Bound<'_, PyType>, extra: Vec<Bound<'_, PyType>>| -> PyResult<()> {
+        let mut bases: Vec<Bound<'_, PyType>> = vec![ty.getattr("__base__")?.cast_into()?];
+        bases.extend(extra);
+        ty.setattr("__bases__", pyo3::types::PyTuple::new(py, bases)?)
+    };
+    with(
+        py.get_type::<UsageError>(),
+        vec![py.get_type::<PyValueError>(), py.get_type::<PyTypeError>()],
+    )?;
+    with(
+        py.get_type::<PeerDied>(),
+        vec![py.get_type::<PyRuntimeError>()],
+    )
 }
 
 /// `_error_for_exit(code, message)`: the exception for a pinring program's exit code, carrying

@@ -7,7 +7,8 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Any, Callable, Dict, Iterator, List, Literal, Optional, Tuple
+import warnings
+from typing import Any, Callable, Dict, Generic, Iterator, List, Literal, Optional, Tuple, TypeVar
 
 import torch
 
@@ -59,7 +60,16 @@ _RING_KEYS: Dict[str, Tuple[str, str]] = {
 }
 
 
-class DataLoader:
+_T_co = TypeVar("_T_co", covariant=True)
+
+# The attributes torch's DataLoader refuses to have assigned after it is made: they decide the
+# plan (here, the ring's), which a later assignment would not reach.
+_FIXED_AFTER_INIT = frozenset(
+    ("batch_size", "batch_sampler", "sampler", "drop_last", "dataset", "persistent_workers")
+)
+
+
+class DataLoader(Generic[_T_co]):
     """``torch.utils.data.DataLoader``'s arguments and batches, fed through a pinring ring.
 
     Each ``for`` over the loader yields one epoch of batches whose tensors are on ``device``.
@@ -223,6 +233,7 @@ class DataLoader:
         self.world_size = int(world_size if world_size is not None else sharded.get("world_size", 1))
         if seed is None:
             seed = sharded.get("seed")
+        worker_seed: Optional[int] = None
         if seed is None and ring is not None:
             # The ring's plan.seed is taken at the start; the user's RNG is left as it is.
             seed = 0
@@ -230,10 +241,22 @@ class DataLoader:
             # Every rank must shuffle alike for the shards to be disjoint: DistributedSampler's
             # default seed, not a draw from each rank's own RNG.
             seed = 0
+        elif seed is None and not self.shuffle:
+            # No shuffle, no seed in the plan: a loader made the same way has the same plan
+            # (and fingerprint), so it loads the state of another without the RNG reseeded, as
+            # torchdata's StatefulDataLoader does. The workers' base seed is still drawn, as
+            # torch's DataLoader draws it, from the generator or torch's RNG.
+            seed = 0
+            worker_seed = int(
+                torch.empty((), dtype=torch.int64).random_(generator=generator).item()
+            )
         elif seed is None:
             # As torch's RandomSampler: one draw from the given generator or torch's RNG.
             seed = int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
         self.seed = int(seed) & (2**64 - 1)
+        # The workers' base seed (worker i seeds random and torch with base + i): the plan's
+        # seed, or the draw above where the plan has none.
+        self._worker_seed = self.seed if worker_seed is None else worker_seed
         if prefetch is None and prefetch_factor is not None:
             lo, hi = _native.PREFETCH_RANGE
             prefetch = min(hi, max(lo, int(prefetch_factor) * max(1, self.num_workers)))
@@ -269,6 +292,17 @@ class DataLoader:
         self._ring_path: Optional[str] = None  # an anonymous ring's /proc/<pid>/fd/<fd>
         self._config_path: Optional[str] = None
         self.summary: Optional[Dict[str, Any]] = None
+        _warn_on_workers_beyond_cpus(self.num_workers)
+        self._initialized = True
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _FIXED_AFTER_INIT and getattr(self, "_initialized", False):
+            raise _native.UsageError(
+                f"{name} attribute should not be set after DataLoader is initialized: it "
+                f"decides the plan the loader's ring was made for; make a new DataLoader with "
+                f"{name}={value!r}"
+            )
+        object.__setattr__(self, name, value)
 
     # -- the plan ------------------------------------------------------------------------
 
@@ -452,10 +486,10 @@ class DataLoader:
         # The arguments left out: the ring's.
         for arg in ("batch_size", "rank", "world_size", "epochs", "seed"):
             if (("plan", arg)) in settings:
-                setattr(self, arg, int(settings[("plan", arg)]))
+                object.__setattr__(self, arg, int(settings[("plan", arg)]))
         for section, arg in (("plan", "shuffle"), ("plan", "drop_last"), ("ring", "in_order")):
             if (section, arg) in settings:
-                setattr(self, arg, bool(settings[(section, arg)]))
+                object.__setattr__(self, arg, bool(settings[(section, arg)]))
         self.prefetch = settings.get(("daemon", "prefetch"))
         self.lease_ms = settings.get(("daemon", "lease_ms"))
         self._device = torch.device(device)
@@ -467,7 +501,7 @@ class DataLoader:
             dataset=self.dataset,
             layout=self._infer(), collate_fn=self.collate_fn, worker_init_fn=self.worker_init_fn,
             worker_id=worker_id, num_workers=self.num_workers,
-            seed=(self.seed + worker_id) & (2**63 - 1), wait=self.wait_for_ring,
+            seed=(self._worker_seed + worker_id) & (2**63 - 1), wait=self.wait_for_ring,
         )
         return _Worker(self._zygote, args, reports, stop_flag)
 
@@ -519,7 +553,7 @@ class DataLoader:
         except Exception:
             pass
 
-    def __enter__(self) -> "DataLoader":
+    def __enter__(self) -> "DataLoader[_T_co]":
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -742,6 +776,27 @@ def dataset_table(dataset: Any, collate_fn: Optional[Callable[[List[Any]], Any]]
         print(pinring.torch.dataset_table(train_set))
     """
     return _layout_of(dataset, collate_fn).dataset_table(len(dataset))
+
+
+def _warn_on_workers_beyond_cpus(num_workers: int) -> None:
+    """As torch's DataLoader: a warning when more workers are asked for than this process may
+    run on (its CPU affinity), since they would only take turns on the same cores."""
+    if num_workers <= 0:
+        return
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 0
+    if cpus and num_workers > cpus:
+        warnings.warn(
+            f"This DataLoader will create {num_workers} worker processes in total. Our "
+            f"suggested max number of worker in current system is {cpus}, which is smaller than "
+            f"what this DataLoader is going to create. Please be aware that excessive worker "
+            f"creation might get DataLoader running slow or even freeze, lower the worker "
+            f"number to avoid potential slowness/freeze if necessary.",
+            UserWarning,
+            stacklevel=3,
+        )
 
 
 def _unwrapped(value: Any) -> Any:

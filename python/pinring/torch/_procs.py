@@ -463,9 +463,32 @@ def _reap(pid: int, wait: float) -> None:
 def _pickled(payload: Payload) -> int:
     """The payload pickled once, in a memfd."""
     fd = os.memfd_create("pinring-dataset", os.MFD_CLOEXEC)
-    with os.fdopen(os.dup(fd), "wb") as f:
-        pickle.dump(payload, f, protocol=pickle.HIGHEST_PROTOCOL)
+    try:
+        with os.fdopen(os.dup(fd), "wb") as f:
+            pickle.dump(payload, f, protocol=pickle.HIGHEST_PROTOCOL)
+    except (pickle.PicklingError, AttributeError, TypeError) as e:
+        os.close(fd)
+        # The same type, so `except` clauses written for torch's DataLoader still match.
+        raise type(e)(f"{e}: {_unpicklable_note(payload)}") from e
     return fd
+
+
+def _unpicklable_note(payload: Payload) -> str:
+    """What to do about a payload that does not pickle, naming the part that does not."""
+    culprits = []
+    for name in Payload._fields:
+        try:
+            pickle.dumps(getattr(payload, name), protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception:  # noqa: BLE001 - any failure names the part
+            culprits.append("dataset" if name == "dataset" else name)
+    which = " and ".join(culprits) or "the dataset, collate_fn or worker_init_fn"
+    return (
+        f"pinring.torch.DataLoader could not pickle its {which} to start its workers (with the "
+        "'spawn' and 'forkserver' start methods, or a second loader in a process that runs "
+        "pinring threads, they are pickled once to a fresh zygote process): define them at a "
+        "module's top level, not in a function or as a lambda, or pass "
+        "multiprocessing_context='fork'"
+    )
 
 
 def _unpickled(fd: int) -> Payload:

@@ -41,6 +41,17 @@ def get_worker_info() -> Optional[WorkerInfo]:
     return _worker_info
 
 
+def _set_torch_worker_info(info: WorkerInfo) -> None:
+    """Makes ``torch.utils.data.get_worker_info()`` say what it says in one of torch's
+    workers: datasets that split their work or open per-worker files by worker id read it from
+    torch, not from pinring."""
+    from torch.utils.data._utils import worker as torch_worker
+
+    torch_worker._worker_info = torch_worker.WorkerInfo(
+        id=info.id, num_workers=info.num_workers, seed=info.seed, dataset=info.dataset
+    )
+
+
 class _WorkerArgs(NamedTuple):
     ring: str
     config: str
@@ -74,6 +85,7 @@ def _worker_main(args: _WorkerArgs, errors: Any, stop: Any) -> None:
     try:
         if args.num_workers > 0:
             _worker_info = WorkerInfo(args.worker_id, args.num_workers, args.seed, args.dataset)
+            _set_torch_worker_info(_worker_info)
             random.seed(args.seed)
             torch.manual_seed(args.seed)
             torch.set_num_threads(1)
