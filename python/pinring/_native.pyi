@@ -225,6 +225,11 @@ class Consumer:
     @property
     def end_seq(self) -> int: ...
     @property
+    def buffers_held(self) -> Tuple[int, int]:
+        """``(held, buffers)``: the batch buffers this consumer holds now (batches, or tensors
+        made from them, still alive) and how many the ring has; ``next_batch`` while all are
+        held raises ``UsageError``."""
+    @property
     def device(self) -> str:
         """``"cpu"`` or ``"cuda:N"``."""
     @property

@@ -114,3 +114,25 @@ def test_an_unpicklable_worker_init_fn_is_named_with_the_fix():
     text = str(e.value)
     assert "could not pickle its worker_init_fn" in text, text
     assert "top level" in text and "multiprocessing_context='fork'" in text, text
+
+
+def test_a_loop_may_keep_more_batches_than_the_ring_has_buffers():
+    # torch lets a script keep every batch (an evaluation collecting its outputs): past the
+    # ring's buffers, the oldest kept batches are copied out of it, said once.
+    with loader(ds.Ids(64), batch_size=4, prefetch=2, num_workers=1) as dl:
+        with pytest.warns(UserWarning, match="copied out of the ring") as caught:
+            kept = list(dl)
+        assert len([w for w in caught if "copied out" in str(w.message)]) == 1
+        assert [b.reshape(-1).tolist() for b in kept] == [
+            list(range(i, i + 4)) for i in range(0, 64, 4)
+        ]
+        kept2 = [b for b in dl]  # the next epoch, the same way
+        assert torch.equal(torch.cat(kept2), torch.cat(kept))
+
+
+def test_a_plain_loop_copies_nothing():
+    with loader(ds.Ids(64), batch_size=4, prefetch=2, num_workers=1) as dl:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            total = sum(int(b.sum()) for b in dl)
+    assert total == sum(range(64))

@@ -408,6 +408,13 @@ impl Consumer {
         Ok(Some(batch))
     }
 
+    /// `(held, buffers)`: the batch buffers this consumer holds now (batches, or tensors made
+    /// from them, still alive), and how many there are. A `next_batch` while it holds all of
+    /// them is [`ClientError::AllHeld`].
+    pub fn buffers_held(&self) -> (u32, u32) {
+        (self.held(), self.buffers)
+    }
+
     /// Buffers this consumer holds now (taken, not released; the consumer copies: its own
     /// buffers with a lease alive).
     fn held(&self) -> u32 {

@@ -219,6 +219,14 @@ impl Consumer {
         self.with(|c| c.end_seq())
     }
 
+    /// `(held, buffers)`: the batch buffers this consumer holds now (batches, or tensors made
+    /// from them, still alive) and how many the ring has; `next_batch` while all are held raises
+    /// `UsageError`.
+    #[getter]
+    fn buffers_held(&self) -> PyResult<(u32, u32)> {
+        self.with(|c| c.buffers_held())
+    }
+
     /// Where the batches are: "cpu" or "cuda:N".
     #[getter]
     fn device(&self) -> PyResult<String> {

@@ -8,6 +8,8 @@ import logging
 import os
 import time
 import warnings
+import weakref
+from collections import deque
 from typing import Any, Callable, Dict, Generic, Iterator, List, Literal, Optional, Tuple, TypeVar
 
 import torch
@@ -292,6 +294,10 @@ class DataLoader(Generic[_T_co]):
         self._ring_path: Optional[str] = None  # an anonymous ring's /proc/<pid>/fd/<fd>
         self._config_path: Optional[str] = None
         self.summary: Optional[Dict[str, Any]] = None
+        # The batches handed out that may still hold a buffer of the ring, oldest first: weak
+        # references to their tensors (_copy_out moves them out when every buffer is held).
+        self._lent: deque[List[weakref.ref[torch.Tensor]]] = deque()
+        self._warned_copy = False
         _warn_on_workers_beyond_cpus(self.num_workers)
         self._initialized = True
 
@@ -610,6 +616,9 @@ class DataLoader(Generic[_T_co]):
         assert self._pool is not None
         if time.monotonic() - self._pool.last_check >= _CHECK_EVERY:
             self._check_workers()
+        held, buffers = self._consumer.buffers_held
+        if held >= buffers:
+            self._copy_out(buffers)
         while True:
             try:
                 return self._consumer.next_batch(_POLL)
@@ -723,7 +732,42 @@ class DataLoader(Generic[_T_co]):
         tensors = torch_tensors(torch, [fields[name] for name in layout.names])
         b.release()
         del b, fields
+        while self._lent and not any(r() is not None for r in self._lent[0]):
+            self._lent.popleft()
+        self._lent.append([weakref.ref(t) for t in tensors])
         return _rebuild(layout.tree, tensors)
+
+    def _copy_out(self, buffers: int) -> None:
+        """The loop keeps every batch buffer of the ring (``list(loader)``, outputs collected
+        over an evaluation): the oldest batches it keeps are copied out of the ring, their
+        tensors moved to the copies in place (the same tensor objects, so the caller's lists
+        and dicts see them), until a buffer is free. torch's DataLoader lets a script keep every
+        batch; here that costs a copy per batch kept beyond the buffers, said once."""
+        assert self._consumer is not None
+        while self._lent and self._consumer.buffers_held[0] >= buffers:
+            tensors = [t for t in (r() for r in self._lent.popleft()) if t is not None]
+            if not tensors:
+                continue
+            with torch.no_grad():
+                copies = [t.clone() for t in tensors]
+                if copies[0].is_cuda:
+                    # The daemon may upload into the buffer as soon as it is back: the copies
+                    # must have read it first.
+                    torch.cuda.current_stream(copies[0].device).synchronize()
+                for t, c in zip(tensors, copies):
+                    t.data = c
+            del tensors, copies
+            if not self._warned_copy:
+                self._warned_copy = True
+                warnings.warn(
+                    f"pinring.torch.DataLoader: the loop keeps all {buffers} batch buffers of "
+                    "its ring (batches or tensors made from them are still alive), so the "
+                    "oldest batches it keeps are copied out of the ring, which costs a copy of "
+                    "each: drop batches once used, or pass a larger prefetch= to keep more in "
+                    "place",
+                    UserWarning,
+                    stacklevel=4,
+                )
 
     # -- checkpoints ---------------------------------------------------------------------
 
