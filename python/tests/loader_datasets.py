@@ -200,9 +200,9 @@ def _mark(path):
 
 
 class Hangs(torch.utils.data.Dataset):
-    """Every sample hangs in ``__getitem__`` (a remote read that never returns) in a worker;
-    in the process that made the dataset (where the loader reads sample 0 for its layout) it
-    loads."""
+    """Every sample but the first hangs in ``__getitem__`` (a remote read that never returns)
+    in a worker; sample 0 (which the loader reads for its layout) and every sample in the
+    process that made the dataset load."""
 
     def __init__(self, n, pid_dir=None):
         self.n = n
@@ -213,7 +213,7 @@ class Hangs(torch.utils.data.Dataset):
         return self.n
 
     def __getitem__(self, i):
-        if os.getpid() != self.owner:
+        if os.getpid() != self.owner and i != 0:
             if self.pid_dir is not None:
                 open(os.path.join(self.pid_dir, str(os.getpid())), "w").close()
             time.sleep(3600)
@@ -247,4 +247,25 @@ class Slow(Ids):
 
     def __getitem__(self, i):
         time.sleep(self.delay)
+        return super().__getitem__(i)
+
+
+class NotInTheTrainer(Ids):
+    """Refuses to load any sample in the process that made it (the training process), as a
+    dataset whose samples wait on its workers, or open a per-process resource, would fail."""
+
+    def __init__(self, n):
+        super().__init__(n)
+        self.trainer = os.getpid()
+
+    def __getitem__(self, i):
+        if os.getpid() == self.trainer:
+            raise AssertionError(f"sample {i} loaded in the training process")
+        return super().__getitem__(i)
+
+
+class FirstSampleFails(Ids):
+    def __getitem__(self, i):
+        if i == 0:
+            raise ValueError("sample 0 is broken")
         return super().__getitem__(i)

@@ -356,17 +356,23 @@ def test_a_part_that_outlives_its_lease_is_made_again_and_its_worker_goes_on(tmp
 
 def test_prefetch_sets_the_device_batch_buffers():
     """prefetch= (or prefetch_factor × num_workers) is the number of batch buffers: a loop that
-    keeps that many batches alive gets an error naming the count at the next one, while a loop
-    that lets them go runs through."""
+    keeps more batches than that has the oldest copied out of the ring (a warning naming the
+    count); one that keeps views of all of them, which cannot be moved, gets an error naming the
+    count at the next batch; a loop that lets them go runs through."""
     cases = (({"prefetch": 3, "num_workers": 0}, 3), ({"prefetch_factor": 2, "num_workers": 2}, 4))
     for kw, buffers in cases:
         with loader(ds.Ids(40), batch_size=4, **kw) as pl:
-            kept = []
+            with pytest.warns(UserWarning, match=f"keeps all {buffers} batch buffers"):
+                kept = list(pl)
+            assert ids(kept) == [list(range(i, i + 4)) for i in range(0, 40, 4)]
+            del kept
+        with loader(ds.Ids(40), batch_size=4, **kw) as pl:
+            views = []
             with pytest.raises(pinring.UsageError, match=f"holds all {buffers} batch buffers"):
                 for b in pl:
-                    kept.append(b)
-            assert len(kept) == buffers
-            del kept, b
+                    views.append(b[1:])
+            assert len(views) == buffers
+            del views, b
     with loader(ds.Ids(40), batch_size=4, prefetch=3, num_workers=0) as pl:
         assert len(ids(b.clone() for b in pl)) == 10, "batches not kept: the buffers come back"
     with loader(ds.Ids(40), batch_size=4, prefetch=12, num_workers=0) as pl:
@@ -496,10 +502,8 @@ def test_what_pinring_cannot_batch_is_refused_clearly():
         len(loader(ds.Strings(10), batch_size=2))
     with pytest.raises(pinring.UsageError, match="map-style"):
         loader(ds.Stream(), batch_size=2)
-    with pytest.raises(pinring.UsageError, match="batch_sampler"):
-        loader(ds.Ids(10), batch_sampler=[[0, 1]])
-    with pytest.raises(pinring.UsageError, match="not supported"):
-        loader(ds.Ids(10), sampler=torch.utils.data.SubsetRandomSampler([1, 2]))
+    with pytest.raises(pinring.UsageError, match="batch 1 of epoch 0 holds 3 samples"):
+        len(loader(ds.Ids(10), batch_sampler=[[0, 1], [2, 3, 4], [5, 6]]))
     with pytest.raises(pinring.UsageError, match="'fork', 'spawn' or 'forkserver'"):
         loader(ds.Ids(10), multiprocessing_context="threads")
 

@@ -136,3 +136,132 @@ def test_a_plain_loop_copies_nothing():
             warnings.simplefilter("error")
             total = sum(int(b.sum()) for b in dl)
     assert total == sum(range(64))
+
+
+def _batches(dl, epochs=3):
+    return [[b.reshape(-1).tolist() for b in dl] for _ in range(epochs)]
+
+
+def _samplers(n):
+    """Samplers pinring's plan cannot express, each made twice alike (the same seed)."""
+    g = lambda: torch.Generator().manual_seed(7)  # noqa: E731
+    data = ds.Ids(n)
+    return {
+        "replacement": lambda: torch.utils.data.RandomSampler(
+            data, replacement=True, num_samples=n // 2 + 3, generator=g()),
+        "num_samples": lambda: torch.utils.data.RandomSampler(
+            data, num_samples=n + 5, generator=g()),
+        "subset": lambda: torch.utils.data.SubsetRandomSampler(range(3, n, 2), generator=g()),
+        "weighted": lambda: torch.utils.data.WeightedRandomSampler(
+            [1.0 + (i % 3) for i in range(n)], n - 4, generator=g()),
+        "range": lambda: range(5, n - 2),
+        "list": lambda: [n - 1 - i for i in range(n)],
+        "sequential_of_a_part": lambda: torch.utils.data.SequentialSampler(range(n // 2)),
+    }
+
+
+@pytest.mark.parametrize("kind", list(_samplers(1)))
+def test_any_sampler_gives_torchs_batches(kind):
+    n = 26
+    make = _samplers(n)[kind]
+    data = ds.Ids(n)
+    want = _batches(torch.utils.data.DataLoader(data, batch_size=4, sampler=make()))
+    with loader(data, batch_size=4, sampler=make()) as dl:
+        assert len(dl) == len(want[0])
+        assert _batches(dl) == want
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_a_batch_sampler_gives_torchs_batches(method):
+    data = ds.Ids(30)
+
+    def make():
+        inner = torch.utils.data.RandomSampler(data, generator=torch.Generator().manual_seed(3))
+        return torch.utils.data.BatchSampler(inner, batch_size=4, drop_last=False)
+
+    want = _batches(torch.utils.data.DataLoader(data, batch_sampler=make()))
+    with loader(data, batch_sampler=make(), multiprocessing_context=method) as dl:
+        assert dl.batch_size is None and len(dl) == 8
+        assert _batches(dl) == want
+
+
+def test_a_distributed_sampler_padding_its_shard_with_the_loader_dropping_its_last_batch():
+    data = ds.Ids(23)
+    for rank in range(3):
+        def make():
+            return torch.utils.data.DistributedSampler(
+                data, num_replicas=3, rank=rank, shuffle=True, seed=4, drop_last=False)
+
+        ref = make()
+        want = []
+        for epoch in range(2):
+            ref.set_epoch(epoch)
+            want.append([b.reshape(-1).tolist() for b in torch.utils.data.DataLoader(
+                data, batch_size=3, sampler=ref, drop_last=True)])
+        with loader(data, batch_size=3, sampler=make(), drop_last=True) as dl:
+            got = [[b.reshape(-1).tolist() for b in dl] for _ in range(2)]
+        assert got == want, f"rank {rank}"
+
+
+def test_batch_size_none_yields_each_sample_as_torch_converts_it():
+    data = ds.Mixed(9)
+    want = list(torch.utils.data.DataLoader(data, batch_size=None))
+    with loader(data, batch_size=None) as dl:
+        got = list(dl)
+    assert len(got) == len(want) == 9
+
+    def same(a, b, where):
+        assert type(a) is type(b), f"{where}: {type(a).__name__} != {type(b).__name__}"
+        if isinstance(a, torch.Tensor):
+            assert a.dtype == b.dtype and torch.equal(a, b), where
+        elif isinstance(a, dict):
+            assert list(a) == list(b), where
+            for k in a:
+                same(a[k], b[k], f"{where}[{k!r}]")
+        elif isinstance(a, (list, tuple)):
+            assert len(a) == len(b), where
+            for i, (x, y) in enumerate(zip(a, b)):
+                same(x, y, f"{where}[{i}]")
+        else:
+            assert a == b, where
+
+    for i, (a, b) in enumerate(zip(got, want)):
+        same(a, b, f"sample {i}")
+    with pytest.raises(ValueError, match="mutually exclusive with drop_last"):
+        loader(data, batch_size=None, drop_last=True)
+
+
+def test_a_sampler_that_leaves_the_dataset_or_changes_length_is_named():
+    with pytest.raises(ValueError, match=r"index 12 \(position 2 of epoch 0\).*holds 10 samples"):
+        len(loader(ds.Ids(10), sampler=[0, 1, 12]))
+
+    class Growing(torch.utils.data.Sampler):
+        def __init__(self):
+            self.calls = 0
+
+        def __iter__(self):
+            self.calls += 1
+            return iter(range(4 + self.calls))
+
+    with loader(ds.Ids(10), batch_size=2, sampler=Growing(), num_workers=1) as dl:
+        with pytest.raises(ValueError, match="yielded 6 samples for epoch 1, where it yielded 5"):
+            for _ in range(3):
+                list(dl)
+    with pytest.raises(ValueError, match="cannot draw it"):
+        loader(ds.Ids(10), sampler=[1, 2], ring="some-ring")
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_the_training_process_runs_no_getitem_when_there_are_workers(method):
+    data = ds.NotInTheTrainer(20)
+    with loader(data, batch_size=4, multiprocessing_context=method) as dl:
+        assert len(dl) == 5
+        assert [b.reshape(-1).tolist() for b in dl][0] == [0, 1, 2, 3]
+    with pytest.raises(AssertionError, match="loaded in the training process"):
+        list(loader(data, batch_size=4, num_workers=0))  # no workers: this process loads
+
+
+def test_a_first_sample_that_fails_is_raised_as_the_workers_exception():
+    with pytest.raises(ValueError, match="worker 0 while loading sample 0") as e:
+        len(loader(ds.FirstSampleFails(8), batch_size=2))
+    assert "sample 0 is broken" in str(e.value)

@@ -22,7 +22,9 @@ yield (lists for tuples, dicts, namedtuples, tensors for numbers and arrays), as
 
 The order of samples is pinring's plan (``docs/PYTHON.md``, "Order"): the same batches as
 PyTorch's with ``shuffle=False``; with ``shuffle=True`` every epoch is a permutation of the
-dataset, reproducible from ``seed`` and the epoch, but not PyTorch's permutation.
+dataset, reproducible from ``seed`` and the epoch, but not PyTorch's permutation. Any other
+``sampler`` or a ``batch_sampler`` is iterated in the training process, as PyTorch's is, and
+gives PyTorch's batches.
 """
 
 import sys

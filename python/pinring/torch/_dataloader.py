@@ -18,7 +18,9 @@ from pinring import _device, _dist, _memfd, _native
 from pinring.loader import DEFAULT_EPOCHS, checked_state, torch_tensors
 from pinring.torch import _procs
 from pinring.torch._layout import _Layout, _rebuild
-from pinring.torch._pool import STOP_GRACE, WorkerPool
+from pinring.torch._layout import layout_of as _layout_of
+from pinring.torch._orders import OrderTable
+from pinring.torch._pool import STOP_GRACE, WorkerPool, _reraise
 from pinring.torch._worker import _POLL, _Worker, _WorkerArgs
 
 log = logging.getLogger("pinring.torch")
@@ -79,10 +81,15 @@ class DataLoader(Generic[_T_co]):
     Args (as torch's, with these differences):
         dataset: a map-style dataset (``__getitem__`` and ``__len__``); its samples must have
             the fields, dtypes and shapes of ``dataset[0]``.
-        batch_size, shuffle, drop_last: as torch's.
-        sampler: None, a ``SequentialSampler``, a ``RandomSampler`` (without replacement) or a
-            ``DistributedSampler`` (its rank, replicas, shuffle, seed and drop_last are used).
-            Other samplers and ``batch_sampler`` are refused: pinring's plan decides the order.
+        batch_size, shuffle, drop_last: as torch's (``batch_size=None``: each sample as
+            torch's ``default_convert`` gives it, no batch dimension).
+        sampler: None, or any sampler or iterable of indices. A ``SequentialSampler``, a
+            ``RandomSampler`` (without replacement, every sample) or a
+            ``DistributedSampler`` over the whole dataset is pinring's own plan (its rank,
+            replicas, shuffle and seed are used); any other is iterated in this process, as
+            torch's is, ahead of the loop (docs/PYTHON.md, "Samplers").
+        batch_sampler: iterated in this process likewise; its batches must have one size (the
+            last of an epoch may be smaller).
         num_workers: worker processes running the dataset (0: a thread of this process).
         collate_fn: run in the workers on the samples of a batch part; each array it returns
             must have the part's samples as its first dimension.
@@ -164,14 +171,22 @@ class DataLoader(Generic[_T_co]):
                 "pinring.torch.DataLoader takes a map-style dataset (__getitem__ and __len__); "
                 "pinring's plan picks the sample indices, so an IterableDataset cannot be fed"
             )
-        if batch_sampler is not None:
+        if batch_sampler is not None and (
+            not isinstance(batch_size, _Default) and batch_size != 1 or shuffle or
+            sampler is not None or not isinstance(drop_last, _Default) and drop_last
+        ):
             raise _native.UsageError(
-                "batch_sampler is not supported: pinring's plan makes the batches; pass "
-                "batch_size, shuffle, drop_last (and a DistributedSampler or rank/world_size)"
+                "batch_sampler option is mutually exclusive with batch_size, shuffle, sampler, "
+                "and drop_last"
+            )
+        if batch_size is None and not isinstance(drop_last, _Default) and drop_last:
+            raise _native.UsageError(
+                "batch_size=None option disables auto-batching and is mutually exclusive with "
+                "drop_last"
             )
         # Under torchrun (or a torch.distributed process group), rank and world_size left out
         # are the job's; one passed that contradicts the job is an error naming both.
-        if sampler is None:
+        if sampler is None and batch_sampler is None:
             rank, world_size = _dist.shard(rank, world_size, "pinring.torch.DataLoader")
         # What the caller passed (not left at its default): with ring=, the ring's config
         # decides, and an argument passed must agree with it (_check_ring).
@@ -186,8 +201,18 @@ class DataLoader(Generic[_T_co]):
         batch_size, drop_last, in_order, epochs = (
             _unwrapped(v) for v in (batch_size, drop_last, in_order, epochs)
         )
-        if batch_size is None or int(batch_size) < 1:
-            raise _native.UsageError(f"batch_size must be a positive integer, not {batch_size!r}")
+        # batch_size=None (no auto-batching): each sample is a batch of one, yielded without
+        # the batch dimension, as torch's default_convert would (_convert).
+        self._unbatched = batch_size is None and batch_sampler is None
+        if batch_sampler is not None:
+            batch_size = None
+        elif batch_size is not None and (
+            isinstance(batch_size, bool) or not hasattr(batch_size, "__index__")
+            or batch_size.__index__() < 1
+        ):
+            raise _native.UsageError(
+                f"batch_size should be a positive integer value, but got batch_size={batch_size!r}"
+            )
         if lease_ms is not None and int(lease_ms) < 10:
             raise _native.UsageError(
                 f"lease_ms={lease_ms}: a worker's lease on a batch part must be at least 10 ms; "
@@ -214,8 +239,23 @@ class DataLoader(Generic[_T_co]):
             raise _native.UsageError("sampler option is mutually exclusive with shuffle")
         sharded: Dict[str, Any] = {}
         from_sampler = set()
-        if sampler is not None:
-            sharded = _from_sampler(sampler, drop_last)
+        # A sampler or batch_sampler pinring's plan cannot express draws its order here, in
+        # the training process, as torch's does (_orders); the plan then runs over positions.
+        self._drawn_by: Any = batch_sampler
+        if sampler is not None and batch_sampler is None:
+            native = _from_sampler(sampler, bool(_unwrapped(drop_last)), len(dataset))
+            if native is None:
+                self._drawn_by = sampler
+            else:
+                sharded = native
+        if self._drawn_by is not None and ring is not None:
+            raise _native.UsageError(
+                f"pinring.torch.DataLoader(ring={ring!r}) takes its order from the ring's plan, "
+                f"so a {type(self._drawn_by).__name__} cannot draw it: leave "
+                f"{'batch_sampler' if batch_sampler is not None else 'sampler'} out, or run the "
+                "loader without ring= (its own daemon)"
+            )
+        if sharded:
             for key, value in sharded.items():
                 if key not in given:
                     given[key] = value
@@ -223,7 +263,9 @@ class DataLoader(Generic[_T_co]):
         if prefetch is None and prefetch_factor is not None:
             given["prefetch_factor"] = prefetch_factor
         self.dataset = dataset
-        self.batch_size = int(batch_size)
+        self.batch_size = None if batch_size is None else int(batch_size)
+        self.sampler = sampler
+        self.batch_sampler = batch_sampler
         self.shuffle = bool(sharded.get("shuffle", shuffle or False))
         self.drop_last = bool(drop_last)
         self.num_workers = int(num_workers)
@@ -294,6 +336,16 @@ class DataLoader(Generic[_T_co]):
         self._ring_path: Optional[str] = None  # an anonymous ring's /proc/<pid>/fd/<fd>
         self._config_path: Optional[str] = None
         self.summary: Optional[Dict[str, Any]] = None
+        # A drawn order (_drawn_by): its table, the last epoch published in it, the orders
+        # drawn before the table existed (the first, which sizes the plan), and the plan's
+        # positions per epoch and batch size.
+        self._orders: Optional[OrderTable] = None
+        self._orders_fd: Optional[int] = None
+        self._published = -1
+        self._drawn: Dict[int, Any] = {}
+        self._positions: Optional[int] = None
+        self._plan_batch: Optional[int] = None if self._drawn_by is not None else (
+            1 if self.batch_size is None else self.batch_size)
         # The batches handed out that may still hold a buffer of the ring, oldest first: weak
         # references to their tensors (_copy_out moves them out when every buffer is held).
         self._lent: deque[List[weakref.ref[torch.Tensor]]] = deque()
@@ -313,9 +365,46 @@ class DataLoader(Generic[_T_co]):
     # -- the plan ------------------------------------------------------------------------
 
     def _infer(self) -> _Layout:
+        """The fields of the batches, from ``dataset[0]``: read by a process set up as worker 0
+        (forked from the zygote) when the loader has workers, so that this process never runs
+        the dataset's code, as torch's DataLoader never does; by this process without."""
         if self._layout is None:
-            self._layout = _layout_of(self.dataset, self.collate_fn)
+            if self.num_workers == 0:
+                self._layout = _layout_of(self.dataset, self.collate_fn, self._unbatched)
+                return self._layout
+            zygote = self._ensure_zygote()
+            try:
+                kind, what, text = zygote.layout(
+                    {"num_workers": self.num_workers, "seed": self._worker_seed & (2**63 - 1),
+                     "unbatched": self._unbatched},
+                    wait=self.timeout or None,
+                )
+            except BaseException:
+                # Timed out or interrupted: the zygote ends, and the process reading sample 0
+                # with it (it dies with its zygote).
+                zygote.close()
+                self._zygote = None
+                raise
+            if kind == "ok":
+                self._layout = what
+            elif kind == "usage":
+                raise what(text)
+            else:
+                _reraise(what, text)
+        assert self._layout is not None
         return self._layout
+
+    def _ensure_zygote(self) -> _procs.Zygote:
+        """The zygote this loader's workers are forked from, made if there is none (before this
+        loader's daemon starts: the workers are forked from a process that has none of its
+        threads)."""
+        if self._zygote is None or self._zygote.dead:
+            _procs.refuse_in_zygote_import()
+            self._zygote = _procs.Zygote(
+                _procs.Payload(self.dataset, self._layout, self.collate_fn, self.worker_init_fn),
+                self.start_method,
+            )
+        return self._zygote
 
     def _config(self, ring: str) -> Dict[str, Any]:
         """The config of this loader's ring, as data (the config file's shape: sections of
@@ -326,16 +415,101 @@ class DataLoader(Generic[_T_co]):
             daemon["prefetch"] = int(self.prefetch)
         if self.lease_ms is not None:
             daemon["lease_ms"] = int(self.lease_ms)
+        samples, batch = self._plan_size()
         return {
             "ring": {"name": ring, "slot_bytes": "auto", "in_order": bool(self.in_order)},
-            "dataset": {"kind": "external", "samples": len(self.dataset),
+            "dataset": {"kind": "external", "samples": samples,
                         "fields": layout.fields_data()},
-            "plan": {"batch_size": int(self.batch_size), "shuffle": bool(self.shuffle),
+            "plan": {"batch_size": batch, "shuffle": bool(self.shuffle),
                      "seed": int(self.seed), "epochs": int(self.epochs),
                      "drop_last": bool(self.drop_last), "rank": int(self.rank),
                      "world_size": int(self.world_size)},
             "daemon": daemon,
         }
+
+    def _plan_size(self) -> Tuple[int, int]:
+        """(samples, batch_size) of the plan: the dataset's, or with a drawn order the
+        positions of one epoch and its batches' size (from the first epoch drawn)."""
+        if self._drawn_by is None:
+            assert self._plan_batch is not None
+            return len(self.dataset), self._plan_batch
+        if self._positions is None:
+            order = self._draw(0)
+            self._drawn[0] = order
+        assert self._positions is not None and self._plan_batch is not None
+        return self._positions, self._plan_batch
+
+    def _draw(self, epoch: int) -> Any:
+        """Epoch ``epoch``'s sample order, drawn from the sampler (or batch_sampler) as torch's
+        DataLoader iterates it, after ``set_epoch(epoch)`` where it (or a batch_sampler's
+        sampler) has one; checked against the plan's positions and batch size."""
+        import numpy as np
+
+        drawer = self._drawn_by
+        what = "batch_sampler" if self.batch_sampler is not None else "sampler"
+        for obj in (drawer, getattr(drawer, "sampler", None)):
+            if obj is not None and callable(getattr(obj, "set_epoch", None)):
+                obj.set_epoch(epoch)
+        n = len(self.dataset)
+        if self.batch_sampler is not None:
+            batches = [list(b) for b in drawer]
+            if not batches:
+                raise _native.UsageError(f"the {what} yielded no batches for epoch {epoch}")
+            size = self._plan_batch if self._plan_batch is not None else len(batches[0])
+            for k, b in enumerate(batches):
+                if len(b) != size and (k != len(batches) - 1 or not 0 < len(b) < size):
+                    raise _native.UsageError(
+                        f"the batch_sampler's batch {k} of epoch {epoch} holds {len(b)} "
+                        f"samples, where its first held {size}: pinring's batches have one size "
+                        "(the last of an epoch may be smaller), so a batch_sampler that groups "
+                        "samples into batches of different sizes (bucketing by length) cannot "
+                        "be fed; pad within a fixed batch size, or drop the batch_sampler"
+                    )
+            order = np.fromiter((int(i) for b in batches for i in b), dtype=np.int64)
+        else:
+            order = np.fromiter((int(i) for i in drawer), dtype=np.int64)
+            size = 1 if self.batch_size is None else self.batch_size
+        if len(order) == 0:
+            raise _native.UsageError(f"the {what} yielded no samples for epoch {epoch}")
+        bad = (order < 0) | (order >= n)
+        if bad.any():
+            at = int(np.argmax(bad))
+            raise _native.UsageError(
+                f"the {what} yielded index {int(order[at])} (position {at} of epoch {epoch}), "
+                f"but the dataset holds {n} samples: yield indices 0 to {n - 1}"
+            )
+        if self._positions is None:
+            self._positions, self._plan_batch = len(order), size
+        elif len(order) != self._positions:
+            raise _native.UsageError(
+                f"the {what} yielded {len(order)} samples for epoch {epoch}, where it yielded "
+                f"{self._positions} before: pinring's plan has one length for every epoch; "
+                "make the sampler yield the same number of samples each epoch"
+            )
+        return order
+
+    def _publish_orders(self, through_seq: int) -> None:
+        """Draws and publishes the orders of every epoch up to the one of seq ``through_seq``
+        (and no further than the plan's epochs)."""
+        if self._orders is None:
+            return
+        bpe, ppb = self._shape()
+        last = min(through_seq // (bpe * ppb), self.epochs - 1)
+        while self._published < last:
+            epoch = self._published + 1
+            order = self._drawn.pop(epoch, None)
+            self._orders.publish(epoch, self._draw(epoch) if order is None else order)
+            self._published = epoch
+
+    def _orders_ahead(self) -> int:
+        """How many seqs past the consumer's the orders are drawn: twice what the ring lets
+        workers run ahead of it (its slots, and the batches uploaded or held in its buffers),
+        and one epoch more."""
+        assert self._consumer is not None
+        bpe, ppb = self._shape()
+        slots = int(self._ring_settings.get(("ring", "slots"), 0) or 0) or 64
+        buffers = self._consumer.buffers_held[1]
+        return 2 * (slots + buffers * ppb) + bpe * ppb
 
     def _ring_toml(self, name: str) -> str:
         """The embedded ring's config as TOML: "auto"'s slots, but no more than the workers can
@@ -383,13 +557,8 @@ class DataLoader(Generic[_T_co]):
             raise
 
     def _start_pieces(self, layout: _Layout, start_seq: int) -> None:
-        if self.num_workers > 0 and (self._zygote is None or self._zygote.dead):
-            # Before this loader's daemon starts: the workers are forked from a process that
-            # has none of its threads.
-            self._zygote = _procs.Zygote(
-                _procs.Payload(self.dataset, layout, self.collate_fn, self.worker_init_fn),
-                self.start_method,
-            )
+        if self.num_workers > 0:
+            self._ensure_zygote()
         if self._attached_ring is None:
             local = _dist.local_rank()
             rank = "" if local is None else f"rank{local}-"
@@ -421,6 +590,15 @@ class DataLoader(Generic[_T_co]):
             path = self._config_memfd(text)
         self._config_path = path
         self._leases_seen = self._consumer.leases_expired
+        if self._drawn_by is not None:
+            # The orders the workers will read, drawn ahead of them before any starts.
+            bpe, ppb = self._shape()
+            positions, _ = self._plan_size()
+            depth = self._orders_ahead() // (bpe * ppb) + 3
+            self._orders, self._orders_fd = OrderTable.create(positions, depth)
+            self._published = start_seq // (bpe * ppb) - 1
+            self._drawn = {e: o for e, o in self._drawn.items() if e > self._published}
+            self._publish_orders(start_seq + self._orders_ahead())
         self._pool = WorkerPool.start(
             self._zygote, max(1, self.num_workers), self._spawn,
             ring_name=self._ring_name or "", max_restarts=self.max_worker_restarts,
@@ -508,6 +686,11 @@ class DataLoader(Generic[_T_co]):
             layout=self._infer(), collate_fn=self.collate_fn, worker_init_fn=self.worker_init_fn,
             worker_id=worker_id, num_workers=self.num_workers,
             seed=(self._worker_seed + worker_id) & (2**63 - 1), wait=self.wait_for_ring,
+            orders=None if self._orders is None or self._orders_fd is None else (
+                _memfd.path(self._orders_fd, os.getpid()), self._orders.positions,
+                self._orders.depth, self._shape()[0],
+            ),
+            unbatched=self._unbatched,
         )
         return _Worker(self._zygote, args, reports, stop_flag)
 
@@ -541,6 +724,9 @@ class DataLoader(Generic[_T_co]):
             if self._config_fd is not None:
                 os.close(self._config_fd)
                 self._config_fd = None
+            if self._orders_fd is not None:
+                os.close(self._orders_fd)
+                self._orders_fd, self._orders = None, None
 
     def close(self) -> None:
         """Stops the workers (and the zygote they are forked from) and the embedded daemon,
@@ -619,6 +805,8 @@ class DataLoader(Generic[_T_co]):
         held, buffers = self._consumer.buffers_held
         if held >= buffers:
             self._copy_out(buffers)
+        if self._orders is not None:
+            self._publish_orders(self._consumer.state()[0] + self._orders_ahead())
         while True:
             try:
                 return self._consumer.next_batch(_POLL)
@@ -735,6 +923,12 @@ class DataLoader(Generic[_T_co]):
         while self._lent and not any(r() is not None for r in self._lent[0]):
             self._lent.popleft()
         self._lent.append([weakref.ref(t) for t in tensors])
+        if self._unbatched:
+            # As torch's default_convert: the sample as it was, arrays as tensors, numbers as
+            # Python numbers, no batch dimension.
+            return _rebuild(layout.tree, [
+                t[0].item() if number else t[0] for t, number in zip(tensors, layout.numbers)
+            ])
         return _rebuild(layout.tree, tensors)
 
     def _copy_out(self, buffers: int) -> None:
@@ -744,6 +938,7 @@ class DataLoader(Generic[_T_co]):
         and dicts see them), until a buffer is free. torch's DataLoader lets a script keep every
         batch; here that costs a copy per batch kept beyond the buffers, said once."""
         assert self._consumer is not None
+        held = self._consumer.buffers_held[0]
         while self._lent and self._consumer.buffers_held[0] >= buffers:
             tensors = [t for t in (r() for r in self._lent.popleft()) if t is not None]
             if not tensors:
@@ -757,17 +952,17 @@ class DataLoader(Generic[_T_co]):
                 for t, c in zip(tensors, copies):
                     t.data = c
             del tensors, copies
-            if not self._warned_copy:
-                self._warned_copy = True
-                warnings.warn(
-                    f"pinring.torch.DataLoader: the loop keeps all {buffers} batch buffers of "
-                    "its ring (batches or tensors made from them are still alive), so the "
-                    "oldest batches it keeps are copied out of the ring, which costs a copy of "
-                    "each: drop batches once used, or pass a larger prefetch= to keep more in "
-                    "place",
-                    UserWarning,
-                    stacklevel=4,
-                )
+        if self._consumer.buffers_held[0] < held and not self._warned_copy:
+            self._warned_copy = True
+            warnings.warn(
+                f"pinring.torch.DataLoader: the loop keeps all {buffers} batch buffers of "
+                "its ring (batches or tensors made from them are still alive), so the "
+                "oldest batches it keeps are copied out of the ring, which costs a copy of "
+                "each: drop batches once used, or pass a larger prefetch= to keep more in "
+                "place",
+                UserWarning,
+                stacklevel=4,
+            )
 
     # -- checkpoints ---------------------------------------------------------------------
 
@@ -796,16 +991,6 @@ class DataLoader(Generic[_T_co]):
 _MIN_SLOTS = 16
 _SLOTS_PER_WORKER = 2
 _MIN_SLOTS_THREAD = 4
-
-
-def _layout_of(dataset: Any, collate_fn: Optional[Callable[[List[Any]], Any]]) -> _Layout:
-    """The fields of ``dataset``'s batches, from ``dataset[0]`` (or ``collate_fn([it])``)."""
-    if len(dataset) == 0:
-        raise _native.UsageError("the dataset is empty: nothing to load")
-    sample = dataset[0]
-    if collate_fn is not None:
-        return _Layout(collate_fn([sample]), collated=True)
-    return _Layout(sample, collated=False)
 
 
 def dataset_table(dataset: Any, collate_fn: Optional[Callable[[List[Any]], Any]] = None) -> str:
@@ -867,28 +1052,31 @@ def _ring_slots(auto: int, workers: int, parts_per_batch: int) -> int:
     return min(auto, want)
 
 
-def _from_sampler(sampler: Any, drop_last: bool) -> Dict[str, Any]:
+def _from_sampler(sampler: Any, drop_last: bool, samples: int) -> Optional[Dict[str, Any]]:
+    """The plan's settings that stand for ``sampler`` (over a dataset of ``samples``), where
+    pinring's own plan draws the same order the same way in every process (a sequential, a
+    shuffled or a DistributedSampler's sharded order, over the whole dataset); None for any
+    other sampler, whose order the loader draws from it (_orders)."""
     data = torch.utils.data
+    try:
+        whole = len(getattr(sampler, "data_source", getattr(sampler, "dataset", ()))) == samples
+    except TypeError:
+        whole = False
+    if not whole:
+        return None
     if isinstance(sampler, data.DistributedSampler):
         if bool(sampler.drop_last) != bool(drop_last):
-            raise _native.UsageError(
-                f"DistributedSampler(drop_last={sampler.drop_last}) with DataLoader(drop_last="
-                f"{drop_last}): pinring's plan has one drop_last for the rank's shard and the "
-                "last batch; pass the same value to both"
-            )
+            # A shard padded (or cut) otherwise than the batches: drawn from the sampler.
+            return None
         return {"rank": sampler.rank, "world_size": sampler.num_replicas,
                 "shuffle": sampler.shuffle, "seed": sampler.seed}
-    if isinstance(sampler, data.SequentialSampler):
+    if type(sampler) is data.SequentialSampler:
         return {"shuffle": False}
-    if isinstance(sampler, data.RandomSampler) and not sampler.replacement and (
+    if type(sampler) is data.RandomSampler and not sampler.replacement and (
         sampler._num_samples is None
     ):
         return {"shuffle": True}
-    raise _native.UsageError(
-        f"sampler {type(sampler).__name__} is not supported: pinring's plan decides the order; "
-        "pass shuffle=True/False (and seed), or a DistributedSampler, or rank/world_size"
-    )
-
+    return None
 
 def _parse_device(device: Any) -> torch.device:
     """``device=`` as a ``torch.device`` (pinring's parser, ``pinring._device``, shared with

@@ -6,7 +6,7 @@ tree, and the writes of a sample into a part's fields."""
 from __future__ import annotations
 
 import collections.abc
-from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -144,6 +144,10 @@ class _Layout:
         paths: List[str] = []
         keys: List[Tuple[str, ...]] = []
         self.tree = _flatten(sample, "", leaves, paths, keys)
+        # Which leaves are Python numbers (batch_size=None yields them as numbers again).
+        self.numbers = [
+            isinstance(v, (bool, int, float)) and not isinstance(v, np.generic) for v in leaves
+        ]
         self.leaves: List[_Leaf] = []
         for value, path in zip(leaves, paths):
             where = path or "the sample"
@@ -281,3 +285,17 @@ def _write(layout: _Layout, value: Any, views: List[Any], j: Optional[int], inde
             view[...] = src
         else:
             view[j] = src
+
+
+def layout_of(dataset: Any, collate_fn: Optional[Callable[[List[Any]], Any]],
+              unbatched: bool = False) -> _Layout:
+    """The fields of ``dataset``'s batches, from ``dataset[0]`` (or ``collate_fn([it])``;
+    ``collate_fn(it)`` for ``batch_size=None``, which converts one sample)."""
+    if len(dataset) == 0:
+        raise _native.UsageError("the dataset is empty: nothing to load")
+    sample = dataset[0]
+    if collate_fn is not None and unbatched:
+        return _Layout(collate_fn(sample), collated=False)
+    if collate_fn is not None:
+        return _Layout(collate_fn([sample]), collated=True)
+    return _Layout(sample, collated=False)

@@ -300,15 +300,19 @@ class Zygote:
         finally:
             os.close(memfd)
 
-    def _answer(self, kind: str) -> Tuple[Any, ...]:
-        """Reads messages until one of `kind` comes (taking the exit reports on the way)."""
-        deadline = time.monotonic() + _ANSWER_WAIT
+    def _answer(self, kind: str, wait: Optional[float] = _ANSWER_WAIT,
+                late: Optional[Exception] = None) -> Tuple[Any, ...]:
+        """Reads messages until one of `kind` comes (taking the exit reports on the way), for
+        `wait` seconds (None: as long as the zygote lives); then raises `late`, or PeerDied."""
+        deadline = None if wait is None else time.monotonic() + wait
         while True:
-            left = deadline - time.monotonic()
+            left = 0.1 if deadline is None else deadline - time.monotonic()
             if left <= 0:
+                if late is not None:
+                    raise late
                 raise _native.PeerDied(
                     f"pinring DataLoader's zygote (pid {self.pid}) did not answer within "
-                    f"{_ANSWER_WAIT:.0f} s"
+                    f"{wait:.0f} s"
                 )
             ready, _, _ = select.select([self.ctl], [], [], min(left, 0.1))
             if not ready:
@@ -375,6 +379,20 @@ class Zygote:
         """Hands the zygote this start's report socket and stop flag, which its next workers
         get."""
         _send(self.ctl, ("session",), (reports.writer.fileno(), stop.fd))
+
+    def layout(self, job: Dict[str, Any], wait: Optional[float]) -> Tuple[str, Any, str]:
+        """The dataset's layout, learned in a process the zygote forks and sets up as worker 0
+        (``_worker._layout_job``, whose result this is); the zygote keeps it for its workers.
+        Waits ``wait`` seconds (None: as long as the zygote and that process live)."""
+        if self.dead:
+            raise _native.PeerDied("pinring DataLoader's zygote has ended: no worker can be made")
+        _send(self.ctl, ("layout", job))
+        late = _native.Timeout(
+            f"pinring DataLoader: worker 0 did not load sample 0 (which tells the batches' "
+            f"fields) within timeout={wait} s"
+        )
+        result: Tuple[str, Any, str] = self._answer("layout", wait, late)[1]
+        return result
 
     def fork(self, args: Dict[str, Any]) -> int:
         if self.dead:
@@ -530,17 +548,30 @@ def _serve(ctl: socket.socket, trainer: int, payload: Payload) -> None:
     gc.freeze()
     workers: Dict[int, int] = {}  # pidfd -> pid
     siblings: Dict[int, int] = {}  # pidfd -> pid (zygotes forked from this one)
+    layouts: Dict[int, Tuple[int, List[bytes]]] = {}  # pipe -> (pid, what it sent so far)
     session: List[int] = []
     me = os.getpid()
     try:
         _send(ctl, ("ready", me))
         while True:
-            watched: List[Any] = [ctl, trainer, *workers, *siblings]
+            watched: List[Any] = [ctl, trainer, *workers, *siblings, *layouts]
             ready, _, _ = select.select(watched, [], [])
             if trainer in ready:
                 return
             for pfd in ready:
-                if pfd in siblings:
+                if pfd in layouts:
+                    chunk = os.read(pfd, 1 << 16)
+                    if chunk:
+                        layouts[pfd][1].append(chunk)
+                        continue
+                    pid, chunks = layouts.pop(pfd)
+                    os.close(pfd)
+                    _, status = os.waitpid(pid, 0)
+                    result = _layout_result(b"".join(chunks), status)
+                    if result[0] == "ok":
+                        payload = payload._replace(layout=result[1])
+                    _send(ctl, ("layout", result))
+                elif pfd in siblings:
                     os.waitpid(siblings.pop(pfd), 0)
                     os.close(pfd)
                 elif pfd in workers:
@@ -560,6 +591,17 @@ def _serve(ctl: socket.socket, trainer: int, payload: Payload) -> None:
             elif msg[0] == "kill":
                 if msg[1] in workers.values():
                     os.kill(msg[1], signal.SIGKILL)
+            elif msg[0] == "layout":
+                r, w = os.pipe2(os.O_CLOEXEC)
+                sys.stdout.flush()
+                sys.stderr.flush()
+                pid = os.fork()
+                if pid == 0:
+                    os.close(r)
+                    _layout_child(me, [ctl.fileno(), trainer, *workers, *siblings, *layouts,
+                                       *session], w, msg[1], payload)
+                os.close(w)
+                layouts[r] = (pid, [])
             elif msg[0] == "fork":
                 args = msg[1]
                 sys.stdout.flush()
@@ -601,6 +643,51 @@ def _serve(ctl: socket.socket, trainer: int, payload: Payload) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
+
+
+def _layout_child(zygote: int, inherited: List[int], out: int, job: Dict[str, Any],
+                  payload: Payload) -> None:
+    """The process that learns the layout (``_worker._layout_job``), right after its fork from
+    the zygote: writes the pickled result to ``out``. Never returns."""
+    code = 1
+    try:
+        if not _native._die_with_parent(int(signal.SIGKILL), zygote):
+            os._exit(1)
+        for fd in inherited:
+            os.close(fd)
+        from pinring.torch._worker import _layout_job
+
+        data = pickle.dumps(_layout_job(payload.dataset, payload.collate_fn,
+                                        payload.worker_init_fn, job))
+        with os.fdopen(out, "wb") as f:
+            f.write(data)
+        code = 0
+    except BaseException:  # noqa: BLE001
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def _layout_result(data: bytes, status: int) -> Tuple[str, Any, str]:
+    """What the layout's process sent, or why it sent nothing."""
+    if data:
+        try:
+            result: Tuple[str, Any, str] = pickle.loads(data)
+            return result
+        except Exception as e:  # noqa: BLE001 - a result that does not unpickle: say so
+            return "error", RuntimeError, f"the layout of the dataset could not be read: {e}"
+    code = os.waitstatus_to_exitcode(status)
+    how = f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
+    return "error", RuntimeError, (
+        f"pinring DataLoader worker 0 {how} while loading sample 0 (to learn the batches' "
+        "fields); the log above may say why"
+    )
 
 
 def _worker_child(zygote: int, inherited: List[int], session: List[int], args: Dict[str, Any],

@@ -5,16 +5,18 @@ one."""
 
 from __future__ import annotations
 
+import pickle
 import random
 import threading
 import time
 import traceback
-from typing import Any, Callable, List, NamedTuple, Optional, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 
 from pinring import _native
-from pinring.torch._layout import _Layout, _view, _write
+from pinring.torch._layout import _Layout, _view, _write, layout_of
+from pinring.torch._orders import OrderTable
 
 # How long a wait lasts before the waiter looks again (seconds): a worker's claim waits one of
 # these before it looks at the stop flag; the loop waits one for a batch before it looks at the
@@ -52,6 +54,30 @@ def _set_torch_worker_info(info: WorkerInfo) -> None:
     )
 
 
+class _Orders:
+    """A worker's reading of the sampler's drawn orders (``_orders.OrderTable``): the sample
+    indices of a part, from the order of its epoch (the last one read kept)."""
+
+    def __init__(self, path: str, positions: int, depth: int, batches_per_epoch: int) -> None:
+        self.table = OrderTable.open(path, positions, depth)
+        self.batches_per_epoch = batches_per_epoch
+        self.epoch = -1
+        self.order: Any = None
+
+    def indices(self, part: Any) -> List[int]:
+        epoch = part.batch // self.batches_per_epoch
+        if epoch != self.epoch:
+            order = self.table.order(epoch)
+            if order is None:
+                raise RuntimeError(
+                    f"the sampler's order of epoch {epoch} was not drawn when part {part.seq} "
+                    "of it was claimed: a bug in pinring (the training process draws every "
+                    "epoch the ring lets workers reach before they reach it)"
+                )
+            self.epoch, self.order = epoch, order
+        return [int(self.order[p]) for p in part.indices]
+
+
 class _WorkerArgs(NamedTuple):
     ring: str
     config: str
@@ -65,6 +91,11 @@ class _WorkerArgs(NamedTuple):
     wait: float
     # Where an anonymous ring is (its daemon's /proc/<pid>/fd/<fd>); None: the ring's name.
     path: Optional[str] = None
+    # A sampler's drawn order (_orders): the table's path, positions per epoch, depth and the
+    # plan's batches per epoch; None: the plan's indices are the samples'.
+    orders: Optional[Tuple[str, int, int, int]] = None
+    # batch_size=None: collate_fn (if any) converts each sample, as torch's does.
+    unbatched: bool = False
 
 
 def _worker_main(args: _WorkerArgs, errors: Any, stop: Any) -> None:
@@ -100,6 +131,7 @@ def _worker_main(args: _WorkerArgs, errors: Any, stop: Any) -> None:
                                     peers=args.num_workers if args.num_workers > 1 else None)
         thread = args.num_workers == 0
         layout = args.layout
+        orders = None if args.orders is None else _Orders(*args.orders)
         try:
             while not stop.is_set():
                 stage = "claiming"
@@ -112,15 +144,19 @@ def _worker_main(args: _WorkerArgs, errors: Any, stop: Any) -> None:
                     return
                 claimed = time.monotonic()
                 views = [_view(part.fields[name], thread) for name in layout.names]
-                if args.collate_fn is None:
-                    for j, index in enumerate(part.indices):
+                indices = part.indices if orders is None else orders.indices(part)
+                if args.collate_fn is None or args.unbatched:
+                    for j, index in enumerate(indices):
                         stage = "loading"
                         sample = args.dataset[index]
+                        if args.collate_fn is not None:
+                            stage = "collating"
+                            sample = args.collate_fn(sample)
                         _write(layout, sample, views, j, index, None)
                 else:
-                    index = part.indices[0]
+                    index = indices[0]
                     stage = "loading"
-                    samples = [args.dataset[i] for i in part.indices]
+                    samples = [args.dataset[i] for i in indices]
                     stage = "collating"
                     _write(layout, args.collate_fn(samples), views, None, index, len(samples))
                 del views
@@ -171,6 +207,46 @@ def _worker_main(args: _WorkerArgs, errors: Any, stop: Any) -> None:
         _put(errors, (args.worker_id, "error", index, type(e), message))
 
 
+def _layout_job(dataset: Any, collate_fn: Optional[Callable[[List[Any]], Any]],
+                worker_init_fn: Optional[Callable[[int], None]],
+                job: Dict[str, Any]) -> Tuple[str, Any, str]:
+    """In a process forked from the zygote, set up as worker 0 is (its worker info, seeds and
+    ``worker_init_fn``): the layout of the dataset's batches, from ``dataset[0]``, so that the
+    training process never runs ``__getitem__`` when it has workers, as torch's never does.
+    Returns ``("ok", layout, "")``, ``("usage", error type, message)`` for what pinring cannot
+    batch, or ``("error", type, message)`` for an exception of the dataset's code, as a
+    worker reports it."""
+    global _worker_info
+    stage = "starting"
+    try:
+        _worker_info = WorkerInfo(0, job["num_workers"], job["seed"], dataset)
+        _set_torch_worker_info(_worker_info)
+        random.seed(job["seed"])
+        torch.manual_seed(job["seed"])
+        if worker_init_fn is not None:
+            stage = "worker_init_fn"
+            worker_init_fn(0)
+        stage = "loading"
+        return "ok", layout_of(dataset, collate_fn, job["unbatched"]), ""
+    except _native.PinringError as e:
+        return "usage", type(e), str(e)
+    except BaseException as e:  # noqa: BLE001 - everything reaches the training loop
+        from pinring.torch._pool import builtin_base
+
+        text = "".join(traceback.format_exception(type(e), e, e.__traceback__))
+        place = " in worker_init_fn" if stage == "worker_init_fn" else " while loading sample 0"
+        message = (
+            f"Caught {type(e).__name__} in pinring DataLoader worker 0{place} (to learn the "
+            f"batches' fields).\nOriginal {text}"
+        )
+        exc_type: Any = type(e)
+        try:
+            pickle.dumps(exc_type)
+        except Exception:  # noqa: BLE001 - a type that does not pickle: its builtin base
+            exc_type = builtin_base(exc_type)
+        return "error", exc_type, message
+
+
 def _put(errors: Any, report: Tuple[int, str, int, Any, str]) -> None:
     """Sends a worker's report; where the exception's type does not pickle (a class defined in
     a function), with the nearest builtin type it derives from instead (``MemoryError``)."""
@@ -202,6 +278,7 @@ class _Worker:
                 "ring": args.ring, "path": args.path, "config": args.config,
                 "worker_id": args.worker_id,
                 "num_workers": args.num_workers, "seed": args.seed, "wait": args.wait,
+                "orders": args.orders, "unbatched": args.unbatched,
             })
 
     def exitcode(self) -> Optional[int]:
