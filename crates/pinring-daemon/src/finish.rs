@@ -2,11 +2,11 @@
 //! failed at start), and judge it.
 
 use super::{Daemon, DaemonArgs, DaemonError, Outcome};
-use crate::observe::{bound, checked_loader_figures, DaemonSaw, LoaderReport};
 use crate::sink::SinkKind;
 use crate::summary::Summary;
 use pinring_data::Config;
 use pinring_exit::Coded;
+use pinring_observe::{bound, checked_loader_figures, DaemonSaw, LoaderReport};
 use pinring_ring::ring_state;
 use std::sync::atomic::Ordering::Relaxed;
 

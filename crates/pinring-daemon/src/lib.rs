@@ -15,13 +15,12 @@
 //! Beside the main loop, the parts only the daemon runs: the sink thread (`sink`), the doorbell
 //! the completion thread rings (`ring_wake`), the latency histograms (`histogram`), the run
 //! summary (`summary`), the service side under systemd and the metrics endpoint (`service`,
-//! `metrics`), and the reading of a ring's counters that the metrics, `pinring status` and the
-//! Python consumer share (`observe`). An embedded daemon (pinring-client's `EmbeddedDaemon`) is
+//! `metrics`). The metrics read a ring's counters through pinring-observe, as `pinring status` and
+//! the Python consumer do. An embedded daemon (pinring-client's `EmbeddedDaemon`) is
 //! this main loop on a thread of the training process.
 
 pub mod histogram;
 pub mod metrics;
-pub mod observe;
 pub mod ring_wake;
 pub mod service;
 pub mod sink;
@@ -383,7 +382,7 @@ struct Tally {
     /// last counted, the larger of the two counts taken; counted at every reap (entries whose
     /// lock is held, after the dead ones are cleared: the kernel's word) and every 10 ms
     /// between (the table's ACTIVE entries). What the loaders report of their
-    /// own time is checked against it ([`observe::checked_loader_figures`]).
+    /// own time is checked against it ([`pinring_observe::checked_loader_figures`]).
     loader_seconds_seen: f64,
     /// When the live loaders were last counted, and how many there were.
     loaders_counted: Option<(Instant, u32)>,

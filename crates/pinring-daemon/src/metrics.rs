@@ -10,7 +10,7 @@
 //! scrape it).
 
 use crate::histogram::Histogram;
-use crate::observe::Snapshot;
+use pinring_observe::Snapshot;
 use pinring_ring::{DaemonRing, Ring};
 use std::fmt::Write as _;
 use std::io::{Read, Write};
@@ -253,7 +253,7 @@ pub fn render(ring: &Ring, m: &DaemonMetrics) -> String {
         s.upload_seconds
     );
     // Figures only loaders report are checked against what the daemon saw before they are
-    // served (observe::checked_loader_figures); one that failed is served bounded, and named
+    // served (pinring_observe::checked_loader_figures); one that failed is served bounded, and named
     // here, so an alert can tell a scribbled ring from a slow pipeline.
     let _ = writeln!(out, "# HELP pinring_untrusted_figure Figures the loaders report through the ring that are impossible for what the daemon saw (another process wrote into the ring): 1 for each such figure, served bounded to what could be true.");
     let _ = writeln!(out, "# TYPE pinring_untrusted_figure gauge");

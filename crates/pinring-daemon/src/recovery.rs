@@ -177,7 +177,7 @@ impl Daemon {
         self.recover()?;
         self.watch_idle();
         self.recovery.counts.publish(&self.ring);
-        // What views check the loaders' own figures against (observe::DaemonSaw::published).
+        // What views check the loaders' own figures against (pinring_observe::DaemonSaw::published).
         let health = self.ring.health();
         health
             .loader_ns_seen
