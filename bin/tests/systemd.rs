@@ -416,7 +416,7 @@ impl Drop for RemoveSegment {
 }
 
 fn delivered(ring: &str) -> u64 {
-    pinring_daemon::observe::open_read_only(ring, None)
+    pinring_observe::open_read_only(ring, None)
         .map(|r| {
             r.header()
                 .delivered
@@ -484,7 +484,7 @@ fn the_units_run_the_pipeline_restart_a_killed_loader_and_drain_on_stop() {
         },
     );
     assert_eq!(sd.prop(&l1, "NRestarts"), "1", "{}", sd.journal(&l1));
-    let ring_view = pinring_daemon::observe::open_read_only(&ring, None).unwrap();
+    let ring_view = pinring_observe::open_read_only(&ring, None).unwrap();
     sd.until(
         "the restarted loader attached and working",
         Duration::from_secs(30),

@@ -774,7 +774,7 @@ fn summary_text(s: &Summary, loaders: usize) -> String {
             s.untrusted.join(", ")
         );
     }
-    let verdict = pinring_daemon::observe::explain(&s.bound);
+    let verdict = pinring_observe::explain(&s.bound);
     let _ = writeln!(out, "  verdict   {verdict}");
     if s.interrupted {
         let _ = writeln!(

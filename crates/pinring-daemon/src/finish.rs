@@ -2,11 +2,11 @@
 //! failed at start), and judge it.
 
 use super::{Daemon, DaemonArgs, DaemonError, Outcome};
-use crate::observe::{bound, checked_loader_figures, DaemonSaw, LoaderReport};
 use crate::sink::SinkKind;
 use crate::summary::Summary;
 use pinring_data::Config;
 use pinring_exit::Coded;
+use pinring_observe::{bound, checked_loader_figures, Checked, DaemonSaw, LoaderReport};
 use pinring_ring::ring_state;
 use std::sync::atomic::Ordering::Relaxed;
 
@@ -44,20 +44,7 @@ pub fn failed_at_start(args: &DaemonArgs, cfg: Option<&Config>, error: DaemonErr
 
 impl Daemon {
     pub(super) fn finish(&mut self, result: &Result<(), DaemonError>) -> Summary {
-        self.service.stopping("run finished: closing the ring");
-        // The last resume point the daemon publishes: what a status of the closed ring shows.
-        self.ring
-            .header()
-            .next_deliver
-            .store(self.sequencer.resume_seq(), Relaxed);
-        self.ring.set_state(ring_state::CLOSED);
-        if let Err(e) = self.ring.unlink() {
-            tracing::warn!("{e}");
-        }
-        // Stop the sink (joined below); the uploader's own thread stops when the last Arc is
-        // dropped with the Daemon.
-        self.sink.tx = None;
-        let h = self.ring.header();
+        self.close_ring();
         let seconds = self
             .tally
             .last_delivery
@@ -65,37 +52,10 @@ impl Daemon {
             .as_secs_f64();
         // Where to resume comes from the daemon's own books, never from the header (any process
         // that maps the ring can write `next_deliver`).
-        let s = &self.sequencer;
         let counts = self.recovery.counts;
-        // What loaders report through the ring (their wait and busy time, the samples they
-        // substituted) only they know, and any process can write it: each figure is checked
-        // against what the daemon saw itself, and one that fails is listed as untrusted.
         let wall = self.tally.started.elapsed().as_secs_f64();
-        self.tally
-            .count_loaders(std::time::Instant::now(), self.ring.attached_loaders());
-        let checked = checked_loader_figures(
-            &LoaderReport {
-                wait_ns: h.loader_wait_ns.load(Relaxed),
-                busy_ns: h.loader_busy_ns.load(Relaxed),
-                bad_samples: h.bad_samples_skipped.load(Relaxed),
-            },
-            &DaemonSaw {
-                wall,
-                loader_seconds: self.tally.loader_seconds_seen,
-                samples_possible: s
-                    .deliveries()
-                    .saturating_add(u64::from(self.sequencer.slots()))
-                    .saturating_mul(self.skippable_per_batch()),
-                slots: self.sequencer.slots(),
-                skipping: self.skippable_per_batch() > 0,
-            },
-        );
-        if !checked.untrusted.is_empty() {
-            tracing::error!(ring = %self.run.cfg.ring.name, figures = %checked.untrusted.join(", "),
-                "figures the loaders report through the ring are impossible for what this daemon \
-                 saw (another process wrote into the loader table?): the summary lists them as \
-                 untrusted");
-        }
+        let checked = self.check_loader_figures(wall);
+        let s = &self.sequencer;
         let (loader_wait, loader_busy) = (checked.wait, checked.busy);
         let daemon_wait = self.tally.daemon_wait_ns as f64 / 1e9;
         let sink_busy = self.tally.sink_busy_ns as f64 / 1e9;
@@ -164,7 +124,7 @@ impl Daemon {
             },
             upload_seconds: self.tally.upload_ns as f64 / 1e9,
             untrusted: checked.untrusted.clone(),
-            interrupted: self.interrupted,
+            interrupted: self.drain.started(),
             zero_copy: self.run.zero_copy,
             registered: self.registration.is_some(),
             latency_p50_us: self.tally.latencies.quantile_us(0.50),
@@ -188,6 +148,57 @@ impl Daemon {
             Ok(()) => 0,
         };
         summary
+    }
+
+    /// Publishes the last resume point (what a status of the closed ring shows), closes and
+    /// unlinks the ring, and stops the sink (joined at the end of [`Daemon::finish`]; the
+    /// uploader's own thread stops when the last Arc is dropped with the Daemon).
+    fn close_ring(&mut self) {
+        self.service.stopping("run finished: closing the ring");
+        self.ring
+            .header()
+            .next_deliver
+            .store(self.sequencer.resume_seq(), Relaxed);
+        self.ring.set_state(ring_state::CLOSED);
+        if let Err(e) = self.ring.unlink() {
+            tracing::warn!("{e}");
+        }
+        self.sink.tx = None;
+    }
+
+    /// What loaders report through the ring (their wait and busy time, the samples they
+    /// substituted) only they know, and any process can write it: each figure is checked
+    /// against what the daemon saw itself in `wall` seconds, and one that fails is listed as
+    /// untrusted (and logged).
+    fn check_loader_figures(&mut self, wall: f64) -> Checked {
+        let h = self.ring.header();
+        self.tally
+            .count_loaders(std::time::Instant::now(), self.ring.attached_loaders());
+        let s = &self.sequencer;
+        let checked = checked_loader_figures(
+            &LoaderReport {
+                wait_ns: h.loader_wait_ns.load(Relaxed),
+                busy_ns: h.loader_busy_ns.load(Relaxed),
+                bad_samples: h.bad_samples_skipped.load(Relaxed),
+            },
+            &DaemonSaw {
+                wall,
+                loader_seconds: self.tally.loader_seconds_seen,
+                samples_possible: s
+                    .deliveries()
+                    .saturating_add(u64::from(s.slots()))
+                    .saturating_mul(self.skippable_per_batch()),
+                slots: s.slots(),
+                skipping: self.skippable_per_batch() > 0,
+            },
+        );
+        if !checked.untrusted.is_empty() {
+            tracing::error!(ring = %self.run.cfg.ring.name, figures = %checked.untrusted.join(", "),
+                "figures the loaders report through the ring are impossible for what this daemon \
+                 saw (another process wrote into the loader table?): the summary lists them as \
+                 untrusted");
+        }
+        checked
     }
 }
 

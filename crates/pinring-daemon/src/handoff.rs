@@ -37,6 +37,35 @@ impl HandoffBooks {
     }
 }
 
+/// Which takes one pass books, walking the handed batches in seq order: a batch taken and not
+/// booked yet is booked; in order, only while every earlier one was taken (the consumer takes
+/// them in order, and a pass may see a later take before an earlier one's word).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Booking {
+    in_order: bool,
+    /// No batch seen so far in this pass is still untaken.
+    open: bool,
+}
+
+impl Booking {
+    pub(super) fn new(in_order: bool) -> Booking {
+        Booking {
+            in_order,
+            open: true,
+        }
+    }
+
+    /// The next handed batch, `taken` by the consumer (or not), `booked` already (or not):
+    /// whether to book its take now.
+    pub(super) fn books(&mut self, taken: bool, booked: bool) -> bool {
+        let book = taken && !booked && (self.open || !self.in_order);
+        if !taken {
+            self.open = false;
+        }
+        book
+    }
+}
+
 /// A whole batch ready to hand over.
 pub(super) struct Ready {
     pub(super) buffer: usize,
@@ -53,12 +82,10 @@ impl Daemon {
     /// nothing over any more: the batch stays undelivered (below the resume point) and its
     /// buffer is free again.
     pub(super) fn hand_over(&mut self, r: Ready) -> Result<(), DaemonError> {
-        if self.interrupted {
+        if self.drain.started() {
             self.give_back_lent(r.buffer);
             self.up.free_buffers.push_back(r.buffer);
-            let mut samples = r.samples;
-            samples.clear();
-            self.spare_samples.push(samples);
+            self.intake.give_back(r.samples);
             return Ok(());
         }
         self.uploader.record_ready(r.buffer)?;
@@ -102,7 +129,7 @@ impl Daemon {
         }
         let mut progressed = false;
         let mut back = Vec::new();
-        let mut booking_open = true;
+        let mut booking = Booking::new(self.run.cfg.ring.in_order);
         let seqs: Vec<u64> = self.handoff_books.handed.keys().copied().collect();
         for seq in seqs {
             let (buffer, round, booked) = {
@@ -111,14 +138,9 @@ impl Daemon {
             };
             let state = self.ring.buffer_returned(buffer as u32, round);
             let taken = !matches!(state, Returned::Waiting);
-            // In order, a batch is booked only after every earlier one was: the consumer takes
-            // them in order, and this pass may see a later take before an earlier one's word.
-            if taken && !booked && (booking_open || !self.run.cfg.ring.in_order) {
+            if booking.books(taken, booked) {
                 self.book_take(seq);
                 progressed = true;
-            }
-            if !taken {
-                booking_open = false;
             }
             match state {
                 Returned::Released | Returned::Reclaimed | Returned::Corrupt(_) => {
@@ -203,9 +225,7 @@ impl Daemon {
                 self.give_back_lent(buffer);
                 self.up.free_buffers.push_back(buffer);
                 self.sink.pending -= 1;
-                let mut samples = h.samples;
-                samples.clear();
-                self.spare_samples.push(samples);
+                self.intake.give_back(h.samples);
             }
         }
     }
@@ -226,5 +246,41 @@ impl Daemon {
                  resumes after the batches it took)");
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Booking;
+
+    /// The takes a pass books, for batches in seq order given as (taken, booked).
+    fn booked(in_order: bool, batches: &[(bool, bool)]) -> Vec<bool> {
+        let mut b = Booking::new(in_order);
+        batches.iter().map(|&(t, k)| b.books(t, k)).collect()
+    }
+
+    #[test]
+    fn in_order_a_take_is_booked_only_after_every_earlier_one() {
+        // The second batch's take is not seen yet: the third's waits for it.
+        assert_eq!(
+            booked(true, &[(true, false), (false, false), (true, false)]),
+            [true, false, false]
+        );
+        // A take booked in an earlier pass is not booked again, and does not hold later ones.
+        assert_eq!(
+            booked(true, &[(true, true), (true, false), (true, false)]),
+            [false, true, true]
+        );
+    }
+
+    #[test]
+    fn unordered_every_take_seen_is_booked_at_once() {
+        assert_eq!(
+            booked(
+                false,
+                &[(false, false), (true, false), (true, true), (true, false)]
+            ),
+            [false, true, false, true]
+        );
     }
 }

@@ -7,54 +7,64 @@
 //! every slot transition the daemon makes, so the protocol needs no locks.
 //!
 //! Files: `args.rs` (the command line), `start.rs` (ring, registration, upload engine, sink
-//! thread), `sequencer.rs` (the books of seqs and slots, no I/O), `dispatch.rs` (taking READY slots, uploads, completions, the sink), `recovery.rs`
-//! (dead and hung loaders, quarantine, re-issue, bad batches, the descriptor audit), `finish.rs`
-//! (the summary and its verdict); this module holds the error type, the daemon's state and its
-//! main loop.
+//! thread), `sequencer.rs` (the books of seqs and slots, no I/O), the stages the main loop runs,
+//! each owning its state: `intake.rs` (taking READY slots, checking them against the plan),
+//! `uploads.rs` (submissions and completions), `delivery.rs` and `handoff.rs` (the sink, the
+//! consumer), `drain.rs` (a stop request), `recovery.rs` (dead and hung loaders, quarantine,
+//! re-issue, bad batches, the descriptor audit), `publish.rs` (the tally and the header's
+//! counters); `finish.rs` (the summary and its verdict). This module holds the error type, the
+//! daemon's state and its main loop. docs/ARCHITECTURE.md, "The daemon's stages", has the
+//! order of a pass.
 //!
 //! Beside the main loop, the parts only the daemon runs: the sink thread (`sink`), the doorbell
 //! the completion thread rings (`ring_wake`), the latency histograms (`histogram`), the run
 //! summary (`summary`), the service side under systemd and the metrics endpoint (`service`,
-//! `metrics`), and the reading of a ring's counters that the metrics, `pinring status` and the
-//! Python consumer share (`observe`). An embedded daemon (pinring-client's `EmbeddedDaemon`) is
+//! `metrics`). The metrics read a ring's counters through pinring-observe, as `pinring status` and
+//! the Python consumer do. An embedded daemon (pinring-client's `EmbeddedDaemon`) is
 //! this main loop on a thread of the training process.
 
 pub mod histogram;
 pub mod metrics;
-pub mod observe;
 pub mod ring_wake;
 pub mod service;
 pub mod sink;
 pub mod summary;
 
-use crate::sink::{SinkDone, SinkJob, SinkKind};
+use crate::sink::SinkKind;
 use crate::summary::Summary;
-use crossbeam_channel::Receiver;
-use pinring_backend::{Completion, Uploader};
+use pinring_backend::Uploader;
 use pinring_data::{BatchLayout, Config, Plan};
 use pinring_exit::{Coded, Exit};
-use pinring_ring::{ring_state, DaemonRing, RingError};
+use pinring_ring::{DaemonRing, RingError};
 use pinring_runtime::settings::{self, Overrides, Spelling};
 use pinring_runtime::shutdown::Shutdown;
-use std::collections::BTreeMap;
 use std::sync::atomic::Ordering::{Acquire, Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 mod args;
-mod dispatch;
+mod delivery;
+mod drain;
 mod finish;
 mod handoff;
+mod intake;
+mod publish;
 mod recovery;
 mod reorder;
 mod sequencer;
 mod start;
+mod uploads;
 
 pub use args::{parse_backend_kind, DaemonArgs};
+use delivery::SinkLink;
+pub use drain::DRAIN_DEADLINE;
 pub use finish::cpu_seconds;
 pub use finish::{failed_at_start, judge};
+use publish::{Tally, Unpublished};
+use recovery::Chore;
 use sequencer::{HandOut, Sequencer};
 pub use start::default_upload_buffers;
+use uploads::{Assembly, Uploads};
 
 /// Body of `pinring-daemon` / `pinring daemon`: runs, writes the summary (also when start-up
 /// failed: with `error` and `exit_code`), logs the outcome.
@@ -115,8 +125,6 @@ pub fn main(args: &DaemonArgs, shutdown: std::io::Result<Shutdown>) -> Exit {
     }
 }
 
-/// How long a drain may take before the daemon closes the ring anyway.
-pub const DRAIN_DEADLINE: Duration = Duration::from_millis(1500);
 /// Longest single futex wait of the main loop.
 const MAX_WAIT: Duration = Duration::from_millis(100);
 /// Payload bytes in flight from which the main loop sleeps without being woken by commits
@@ -331,258 +339,6 @@ pub fn run(args: &DaemonArgs, shutdown: &Shutdown) -> Outcome {
     }
 }
 
-/// The daemon's end of its sink: which sink, the thread that runs it and the channels to it.
-struct SinkLink {
-    kind: SinkKind,
-    /// Jobs to the sink thread (None once closed, at finish).
-    tx: Option<crossbeam_channel::Sender<SinkJob>>,
-    /// Its results.
-    rx: Receiver<SinkDone>,
-    thread: Option<std::thread::JoinHandle<()>>,
-    /// Batches at the sink (or handed to a consumer) not yet back.
-    pending: usize,
-}
-
-/// How often the main loop counts the live loaders between reaps ([`Tally::count_loaders`]).
-const COUNT_LOADERS_EVERY: std::time::Duration = std::time::Duration::from_millis(10);
-
-/// What a run did, for its summary: clocks, counts and times the main loop keeps. Only the
-/// main loop writes it; nothing in it is read back from the segment.
-struct Tally {
-    started: Instant,
-    /// CPU seconds used before the ring was ready (start-up, registration).
-    cpu_at_ready: f64,
-    /// Each thread's CPU seconds when the ring became ready (`finish::thread_cpu`).
-    threads_at_ready: std::collections::BTreeMap<i32, (String, f64)>,
-    last_delivery: Instant,
-    /// When the first batch was delivered (the first batch's latency, from `started`).
-    first_delivery: Option<Instant>,
-    verified: u64,
-    verify_failures: u64,
-    first_failure: Option<String>,
-    bytes: u64,
-    sink_busy_ns: u64,
-    /// Uploads in flight, summed over uploads (what the header's `upload_ns` gets).
-    upload_ns: u64,
-    daemon_wait_ns: u64,
-    /// Time the main loop spent inside the backend's submit calls, and asleep on the doorbell.
-    submit_ns: u64,
-    doorbell_ns: u64,
-    /// Parts taken while an earlier one was not READY yet (`--look-ahead`).
-    taken_ahead: u64,
-    /// Passes of the main loop, and its waits on the doorbell that slept (a wait that found
-    /// the doorbell rung since the pass began returns at once and is not counted).
-    passes: u64,
-    sleeps: u64,
-    /// The main loop thread's preemptions when the ring became ready (`finish::preemptions`;
-    /// the daemon starts, runs and finishes on one thread).
-    preempted_at_ready: Option<u64>,
-    /// Commit-to-on-device latencies (bounded memory, however long the daemon runs).
-    latencies: crate::histogram::Quantiles,
-    /// Loader-seconds the daemon saw itself: the live loaders times the time since they were
-    /// last counted, the larger of the two counts taken; counted at every reap (entries whose
-    /// lock is held, after the dead ones are cleared: the kernel's word) and every 10 ms
-    /// between (the table's ACTIVE entries). What the loaders report of their
-    /// own time is checked against it ([`observe::checked_loader_figures`]).
-    loader_seconds_seen: f64,
-    /// When the live loaders were last counted, and how many there were.
-    loaders_counted: Option<(Instant, u32)>,
-}
-
-impl Tally {
-    fn new(now: Instant) -> Tally {
-        Tally {
-            started: now,
-            cpu_at_ready: 0.0,
-            threads_at_ready: Default::default(),
-            last_delivery: now,
-            first_delivery: None,
-            verified: 0,
-            verify_failures: 0,
-            first_failure: None,
-            bytes: 0,
-            sink_busy_ns: 0,
-            upload_ns: 0,
-            daemon_wait_ns: 0,
-            submit_ns: 0,
-            doorbell_ns: 0,
-            taken_ahead: 0,
-            passes: 0,
-            sleeps: 0,
-            preempted_at_ready: None,
-            latencies: crate::histogram::Quantiles::default(),
-            loader_seconds_seen: 0.0,
-            loaders_counted: None,
-        }
-    }
-
-    /// Books `live` loaders counted at `now` (see [`Tally::loader_seconds_seen`]).
-    fn count_loaders(&mut self, now: Instant, live: u32) {
-        let (since, before) = self.loaders_counted.unwrap_or((self.started, live));
-        let dt = now.saturating_duration_since(since).as_secs_f64();
-        self.loader_seconds_seen += dt * f64::from(before.max(live));
-        self.loaders_counted = Some((now, live));
-    }
-}
-
-/// What the main loop added to the header's counters since it last wrote them: it adds once per
-/// pass (`Daemon::publish_counters`), not once per part (each a locked instruction), so a reader
-/// (`pinring status`, the service's status line, the metrics) sees them at most one pass late.
-/// The seqs a restart reads (`next_deliver`, `next_assign`) are plain stores and stay immediate.
-#[derive(Debug, Default)]
-struct Unpublished {
-    delivered: u64,
-    bytes_delivered: u64,
-    upload_ns: u64,
-}
-
-/// A part whose uploads (one per field of the batch layout) are in flight.
-struct InFlight {
-    /// The part's seq.
-    seq: u64,
-    /// The batch it belongs to.
-    batch: u64,
-    /// The batch's device buffer.
-    buffer: usize,
-    /// Payload bytes of the part (all fields).
-    len: usize,
-    /// When the loader committed it.
-    commit_ns: u64,
-    /// Completions still to come for the part's upload (as many as the backend announced for its
-    /// group of copies, `CopyEngine::submit_group`); the slot is handed out again at 0.
-    jobs_left: usize,
-    /// When the part's first job was submitted (taken from its completion).
-    submitted: Option<Instant>,
-}
-
-/// A batch whose parts are being uploaded into one device buffer, each field of each part at
-/// its offset.
-#[derive(Debug)]
-struct Assembly {
-    /// The batch's number.
-    batch: u64,
-    /// The batch's device buffer.
-    buffer: usize,
-    /// Parts whose upload has completed.
-    landed: u64,
-    /// The whole batch's sample ids, from the daemon's plan.
-    samples: Vec<u64>,
-    /// The whole batch's payload bytes (all fields).
-    len: usize,
-    /// The batch's epoch.
-    epoch: u32,
-    /// The batch's index in its epoch.
-    index_in_epoch: u64,
-}
-
-/// The batches being assembled, each in the device buffer it holds: kept by buffer (a part in
-/// flight names its buffer), and, for batches cut into parts, by batch number too (a part taken
-/// finds the buffer its batch already holds). A batch of one part is never looked up by number,
-/// so at small slots, a batch per part, this ordered map is not touched per part (ordered maps,
-/// this one and the sequencer's, were 7.5% of the main loop's samples at 64 KiB slots).
-#[derive(Debug)]
-struct Assemblies {
-    by_buffer: Vec<Option<Assembly>>,
-    /// Batch number to buffer; only for batches of more than one part.
-    by_batch: BTreeMap<u64, usize>,
-    parts: u64,
-}
-
-impl Assemblies {
-    fn new(buffers: usize, parts: u64) -> Self {
-        Self {
-            by_buffer: std::iter::repeat_with(|| None).take(buffers).collect(),
-            by_batch: BTreeMap::new(),
-            parts,
-        }
-    }
-
-    /// The buffer batch `batch` holds, if it is being assembled from several parts.
-    fn buffer_of(&self, batch: u64) -> Option<usize> {
-        if self.parts == 1 {
-            return None;
-        }
-        self.by_batch.get(&batch).copied()
-    }
-
-    /// Opens the books of a batch in its buffer.
-    ///
-    /// # Panics
-    /// If the buffer is not one of the uploader's (the daemon only opens buffers it took from
-    /// its free list).
-    fn open(&mut self, assembly: Assembly) {
-        if self.parts > 1 {
-            self.by_batch.insert(assembly.batch, assembly.buffer);
-        }
-        let buffer = assembly.buffer;
-        self.by_buffer[buffer] = Some(assembly);
-    }
-
-    /// The batch being assembled in `buffer`.
-    fn get_mut(&mut self, buffer: usize) -> Option<&mut Assembly> {
-        self.by_buffer.get_mut(buffer)?.as_mut()
-    }
-
-    /// Closes the books of the batch in `buffer` (all its parts landed).
-    fn close(&mut self, buffer: usize) -> Option<Assembly> {
-        let done = self.by_buffer.get_mut(buffer)?.take()?;
-        if self.parts > 1 {
-            self.by_batch.remove(&done.batch);
-        }
-        Some(done)
-    }
-
-    /// Whether a batch of several parts is open: a part of it could go up without a free buffer.
-    fn any_open_for_parts(&self) -> bool {
-        !self.by_batch.is_empty()
-    }
-}
-
-/// A value per ring slot, for the few slots that have one: indexed by slot number, since the
-/// main loop looks one up for every part it takes and every upload that completes.
-#[derive(Debug)]
-struct SlotTable<T> {
-    by_slot: Vec<Option<T>>,
-    len: usize,
-}
-
-impl<T> SlotTable<T> {
-    fn new(slots: usize) -> Self {
-        Self {
-            by_slot: std::iter::repeat_with(|| None).take(slots).collect(),
-            len: 0,
-        }
-    }
-
-    fn get_mut(&mut self, slot: u32) -> Option<&mut T> {
-        self.by_slot.get_mut(slot as usize)?.as_mut()
-    }
-
-    /// Stores `value` for `slot`, returning the value it replaces.
-    ///
-    /// # Panics
-    /// If `slot` is not a slot of the ring (the daemon only stores slots it took from it).
-    fn insert(&mut self, slot: u32, value: T) -> Option<T> {
-        let old = self.by_slot[slot as usize].replace(value);
-        if old.is_none() {
-            self.len += 1;
-        }
-        old
-    }
-
-    fn remove(&mut self, slot: u32) -> Option<T> {
-        let old = self.by_slot.get_mut(slot as usize)?.take();
-        if old.is_some() {
-            self.len -= 1;
-        }
-        old
-    }
-
-    fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-}
-
 /// The clock of one main-loop pass, read once at its start: the pass stamps every slot it frees
 /// or takes, and every batch it sees land or deliver, with it, instead of reading the clock for
 /// each (at 64 KiB slots the reads were a tenth of the loop's time). A pass lasts microseconds,
@@ -609,58 +365,6 @@ impl PassClock {
             None => self
                 .ns
                 .saturating_sub(self.at.duration_since(t).as_nanos() as u64),
-        }
-    }
-}
-
-/// One submit call in this many is timed for `submit_ns` (the estimate counts it this many
-/// times): two clock reads per part were more than the driver's share of a 64 KiB part.
-const SUBMIT_TIMED_EVERY: u64 = 8;
-
-/// The upload state: what is on its way out of the ring, and the batch buffers it goes to.
-struct Uploads {
-    /// Parts whose uploads are in flight, by slot (an upload's tag is its slot and field,
-    /// `dispatch::upload_tag`).
-    inflight: SlotTable<InFlight>,
-    /// Their payload bytes.
-    inflight_bytes: usize,
-    /// Batches with parts on their way to the device.
-    assemblies: Assemblies,
-    /// Commit time of each zero-copy batch at the sink, by slot.
-    zero_copy_commits: SlotTable<u64>,
-    /// Consumer copies: the slots of the batch in each buffer, by buffer.
-    lent: Vec<Vec<u32>>,
-    /// Device buffers free for a batch, oldest freed first: batches delivered in order free
-    /// their buffers in order, so the next batches take consecutive buffers, and parts from
-    /// consecutive slots go up as one copy (`Placement::Contiguous`).
-    free_buffers: std::collections::VecDeque<usize>,
-    /// Submit calls made, for timing one in [`SUBMIT_TIMED_EVERY`].
-    submits: u64,
-    /// The upload jobs of the part being submitted (reused: no allocation per part).
-    jobs_buf: Vec<pinring_backend::UploadJob>,
-    /// The completions taken in a pass (reused: no allocation per pass).
-    completion_buf: Vec<Completion>,
-    /// Landed batches held back until every earlier one went to the sink, and which batch
-    /// may take a buffer (daemon/reorder.rs).
-    order: reorder::Reorder<Assembly>,
-}
-
-impl Uploads {
-    /// Nothing on its way, `buffers` free batch buffers, books for `slots` slots and batches of
-    /// `parts` parts from batch `first` on; `ahead`: batches may be taken ahead and are sent in
-    /// order.
-    fn new(slots: usize, buffers: usize, parts: u64, first: u64, ahead: bool) -> Uploads {
-        Uploads {
-            inflight: SlotTable::new(slots),
-            inflight_bytes: 0,
-            assemblies: Assemblies::new(buffers, parts),
-            zero_copy_commits: SlotTable::new(slots),
-            lent: vec![Vec::new(); buffers],
-            free_buffers: (0..buffers).collect(),
-            submits: 0,
-            jobs_buf: Vec::new(),
-            completion_buf: Vec::new(),
-            order: reorder::Reorder::new(buffers, first, ahead),
         }
     }
 }
@@ -734,17 +438,17 @@ struct Daemon {
     tally: Tally,
     /// The header's counters not yet published (`Daemon::publish_counters`).
     unpublished: Unpublished,
-    interrupted: bool,
     /// This pass's clock (`PassClock`).
     now: PassClock,
-    spare_samples: Vec<Vec<u64>>,
-    /// A taken batch's metadata, copied out of its slot before it is decoded.
-    meta_buf: Vec<u8>,
+    /// The intake stage's own buffers (daemon/intake.rs).
+    intake: intake::Intake,
+    /// The drain, once one began (daemon/drain.rs).
+    drain: drain::Drain,
     /// Batches handed to a consumer (`--sink consumer`, daemon/handoff.rs).
     handoff_books: handoff::HandoffBooks,
     // Fault handling (daemon/recovery.rs).
-    /// How often dead/hung loaders and the segment file are checked (`daemon.reap_interval_ms`).
-    reap_every: Duration,
+    /// When dead/hung loaders and the segment file are checked (`daemon.reap_interval_ms`).
+    reaping: recovery::Reaping,
     recovery: recovery::Recovery,
 }
 
@@ -771,32 +475,10 @@ impl Daemon {
         }
     }
 
-    /// Writes the header's counters the main loop kept since it last did (`Unpublished`).
-    fn publish_counters(&mut self) {
-        let u = std::mem::take(&mut self.unpublished);
-        let h = self.ring.header();
-        if u.delivered > 0 {
-            h.delivered.fetch_add(u.delivered, Relaxed);
-        }
-        if u.bytes_delivered > 0 {
-            h.bytes_delivered.fetch_add(u.bytes_delivered, Relaxed);
-        }
-        if u.upload_ns > 0 {
-            h.upload_ns.fetch_add(u.upload_ns, Relaxed);
-        }
-    }
-
-    /// Whether no loader is attached that could still commit a part: the loader table is
-    /// empty once the entries of dead loaders are cleared (their entry locks are free). Asked
-    /// only while draining with seqs waiting.
-    fn no_live_loader(&self) -> bool {
-        self.ring.reap_dead_loaders();
-        self.ring.attached_loaders() == 0
-    }
-
+    /// The main loop: each pass runs the stages in the order a part travels back from the
+    /// device (so that what a pass frees is reused in the same pass), then the drain, the
+    /// recovery's chores and publishing, and sleeps on the doorbell when no stage moved.
     fn main_loop(&mut self, shutdown: &Shutdown) -> Result<(), DaemonError> {
-        let mut last_reap = Instant::now();
-        let mut drain_deadline: Option<Instant> = None;
         loop {
             // Acquire: pairs with the Release bump of whoever rings (loader commit, completion thread, sink),
             // so a ring after this load is never lost: the wait below returns at once.
@@ -804,152 +486,78 @@ impl Daemon {
             self.tally.passes += 1;
             self.now = PassClock::read();
             self.service.tick(&self.ring, self.now.at);
+            // Uploads: completions free slots and pass whole batches on to delivery.
             let mut progressed = self.collect_completions()?;
+            // Delivery: batches back from the sink thread, buffers back from the consumer.
             progressed |= self.collect_sink_results()?;
             progressed |= self.collect_returns()?;
+            // Intake: READY slots taken, checked and submitted.
             progressed |= self.dispatch()?;
 
             if self.sequencer.complete() && self.up.inflight.is_empty() && self.sink.pending == 0 {
                 return Ok(());
             }
-            if shutdown.requested() && drain_deadline.is_none() {
-                tracing::info!(ring = %self.run.cfg.ring.name, "stop requested: draining");
-                self.service.stopping("stop requested: draining");
-                self.interrupted = true;
-                drain_deadline = Some(Instant::now() + DRAIN_DEADLINE);
-                self.ring.set_state(ring_state::DRAINING);
-                // FREE slots are taken back (no new claim lands); their seqs are given up.
-                let taken_back: Vec<u32> = (0..self.sequencer.slots())
-                    .filter(|&slot| self.ring.unassign_if_free(slot))
-                    .collect();
-                self.sequencer.drain(&taken_back);
-                // Batches handed over but not taken go back undelivered.
-                self.withdraw_untaken();
+            if shutdown.requested() && !self.drain.started() {
+                self.begin_drain();
             }
-            if let Some(deadline) = drain_deadline {
-                let past = Instant::now() >= deadline;
-                // Batches a consumer still holds are waited for until the deadline only.
-                let held = self.handoff_books.outstanding();
-                let nothing_in_flight = self.up.inflight.is_empty()
-                    && (self.sink.pending == 0
-                        || ((past || self.run.holds_own_buffers) && self.sink.pending == held));
-                // A seq waiting for its part is waited for only while a loader lives to
-                // commit it: with every loader gone (detached, or dead: a trainer stopping its
-                // workers kills the hung ones) nothing can come, so the drain ends at once
-                // instead of at the deadline.
-                if nothing_in_flight
-                    && (!self.sequencer.any_waiting() || past || self.no_live_loader())
-                {
-                    self.settle_handoff()?;
-                    let held = self.handoff_books.outstanding();
-                    if held > 0 && !self.run.holds_own_buffers {
-                        tracing::warn!(ring = %self.run.cfg.ring.name, buffers = held,
-                            "stopping while the consumer still holds batch buffers: its tensors \
-                             of those batches become invalid");
-                    }
-                    return Ok(());
+            if self.drain.started() && self.drain_may_end() {
+                return self.end_drain();
+            }
+            // Recovery: a reap every reap interval, the live loaders counted between.
+            match self.reaping.chore(self.now.at, self.tally.loaders_counted) {
+                Chore::Reap => self.reap()?,
+                Chore::CountLoaders => {
+                    // Between reaps (which clear dead entries first), the table's ACTIVE
+                    // entries: loads only, so a short run is counted as finely as a long one.
+                    let live = self.ring.attached_loaders();
+                    self.tally.count_loaders(self.now.at, live);
                 }
+                Chore::Nothing => {}
             }
-            if self.now.at.saturating_duration_since(last_reap) >= self.reap_every {
-                last_reap = self.now.at;
-                self.reap()?;
-            } else if self.tally.loaders_counted.is_none_or(|(at, _)| {
-                self.now.at.saturating_duration_since(at) >= COUNT_LOADERS_EVERY
-            }) {
-                // Between reaps (which clear dead entries first), the table's ACTIVE entries:
-                // loads only, so a short run is counted as finely as a long one.
-                let live = self.ring.attached_loaders();
-                self.tally.count_loaders(self.now.at, live);
-            }
-            // Once a pass, after its reap; a pass that returns above leaves it to `run`.
+            // Publishing, once a pass, after its reap; a pass that returns above leaves it to
+            // `run`.
             self.publish_counters();
             if !progressed {
-                let could_upload = (!self.up.free_buffers.is_empty()
-                    || self.up.assemblies.any_open_for_parts())
-                    && self.sequencer.any_waiting();
-                let mut wait = MAX_WAIT;
-                if let Some(deadline) = drain_deadline {
-                    wait = wait.min(deadline.saturating_duration_since(Instant::now()));
-                }
-                // Parts submitted deferred get their upload signal now: their completions are
-                // what may wake this wait.
-                let t = Instant::now();
-                let flushed = self.uploader.flush();
-                self.tally.submit_ns += t.elapsed().as_nanos() as u64;
-                flushed?;
-                let t = Instant::now();
-                let woke = if self.up.inflight_bytes >= self.run.quiet_in_flight {
-                    self.ring.wait_doorbell_quiet(seen, wait)
-                } else {
-                    self.ring.wait_doorbell(seen, wait)
-                };
-                if woke != pinring_ring::futex::Wake::Changed {
-                    self.tally.sleeps += 1;
-                }
-                let ns = t.elapsed().as_nanos() as u64;
-                self.tally.doorbell_ns += ns;
-                if could_upload {
-                    self.tally.daemon_wait_ns += ns;
-                    self.ring.header().daemon_wait_ns.fetch_add(ns, Relaxed);
-                }
+                self.sleep(seen)?;
             }
         }
+    }
+
+    /// Sleeps on the doorbell (rung since `seen`: at once) for at most [`MAX_WAIT`], or what is
+    /// left of a drain; quietly (not woken by commits) while enough is in flight
+    /// ([`quiet_in_flight`]). The time counts as the daemon's wait where it could have uploaded.
+    fn sleep(&mut self, seen: u32) -> Result<(), DaemonError> {
+        let could_upload = (!self.up.free_buffers.is_empty()
+            || self.up.assemblies.any_open_for_parts())
+            && self.sequencer.any_waiting();
+        let wait = self.drain.longest_wait(MAX_WAIT, Instant::now);
+        // Parts submitted deferred get their upload signal now: their completions are
+        // what may wake this wait.
+        let t = Instant::now();
+        let flushed = self.uploader.flush();
+        self.tally.submit_ns += t.elapsed().as_nanos() as u64;
+        flushed?;
+        let t = Instant::now();
+        let woke = if self.up.inflight_bytes >= self.run.quiet_in_flight {
+            self.ring.wait_doorbell_quiet(seen, wait)
+        } else {
+            self.ring.wait_doorbell(seen, wait)
+        };
+        if woke != pinring_ring::futex::Wake::Changed {
+            self.tally.sleeps += 1;
+        }
+        let ns = t.elapsed().as_nanos() as u64;
+        self.tally.doorbell_ns += ns;
+        if could_upload {
+            self.tally.daemon_wait_ns += ns;
+            self.ring.header().daemon_wait_ns.fetch_add(ns, Relaxed);
+        }
+        Ok(())
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{Assemblies, Assembly, SlotTable};
-
-    fn assembly(batch: u64, buffer: usize) -> Assembly {
-        Assembly {
-            batch,
-            buffer,
-            landed: 0,
-            samples: vec![batch],
-            len: 64,
-            epoch: 0,
-            index_in_epoch: batch,
-        }
-    }
-
-    #[test]
-    fn batches_of_several_parts_are_found_by_number_and_by_buffer() {
-        let mut a = Assemblies::new(4, 3);
-        assert!(!a.any_open_for_parts());
-        a.open(assembly(7, 2));
-        a.open(assembly(9, 0));
-        // A part taken finds its batch's buffer; a part in flight its batch's books.
-        assert_eq!(a.buffer_of(7), Some(2));
-        assert_eq!(a.buffer_of(8), None);
-        assert!(a.any_open_for_parts());
-        a.get_mut(2).unwrap().landed += 1;
-        assert_eq!(a.get_mut(2).map(|x| (x.batch, x.landed)), Some((7, 1)));
-        assert!(a.get_mut(1).is_none());
-        assert!(
-            a.get_mut(4).is_none(),
-            "a buffer past the uploader's holds nothing"
-        );
-        // Closing takes the batch out of both.
-        assert_eq!(a.close(2).map(|x| x.batch), Some(7));
-        assert_eq!(a.buffer_of(7), None);
-        assert!(a.close(2).is_none());
-        assert_eq!(a.close(0).map(|x| x.batch), Some(9));
-        assert!(!a.any_open_for_parts());
-    }
-
-    #[test]
-    fn batches_of_one_part_are_kept_by_buffer_only() {
-        let mut a = Assemblies::new(2, 1);
-        a.open(assembly(5, 1));
-        // Nothing is ever looked up by number: every part is a batch of its own.
-        assert_eq!(a.buffer_of(5), None);
-        assert!(!a.any_open_for_parts());
-        assert_eq!(a.get_mut(1).map(|x| x.batch), Some(5));
-        assert_eq!(a.close(1).map(|x| x.samples.clone()), Some(vec![5]));
-        assert!(a.get_mut(1).is_none());
-    }
-
     #[test]
     fn the_loop_sleeps_quietly_from_half_the_buffers_or_8_mib_and_never_with_nothing_in_flight() {
         use super::{quiet_in_flight, QUIET_IN_FLIGHT};
@@ -961,26 +569,5 @@ mod tests {
         // No buffers (the consumer copies): commits always wake the loop.
         assert_eq!(quiet_in_flight(0, 0), 1);
         assert_eq!(quiet_in_flight(0, 64 << 10), 1);
-    }
-
-    #[test]
-    fn a_slot_table_keeps_one_value_per_slot_and_counts_them() {
-        let mut t = SlotTable::new(4);
-        assert!(t.is_empty());
-        assert_eq!(t.insert(3, "a"), None);
-        assert_eq!(t.insert(0, "b"), None);
-        assert!(!t.is_empty());
-        // A second value for a slot replaces the first and counts once.
-        assert_eq!(t.insert(3, "c"), Some("a"));
-        assert_eq!(t.get_mut(3).map(|v| *v), Some("c"));
-        assert_eq!(t.get_mut(1), None);
-        // Slots outside the table hold nothing.
-        assert_eq!(t.get_mut(4), None);
-        assert_eq!(t.remove(9), None);
-        assert_eq!(t.remove(3), Some("c"));
-        assert_eq!(t.remove(3), None);
-        assert!(!t.is_empty());
-        assert_eq!(t.remove(0), Some("b"));
-        assert!(t.is_empty());
     }
 }

@@ -10,7 +10,7 @@
 //! scrape it).
 
 use crate::histogram::Histogram;
-use crate::observe::Snapshot;
+use pinring_observe::{ConsumerView, Snapshot};
 use pinring_ring::{DaemonRing, Ring};
 use std::fmt::Write as _;
 use std::io::{Read, Write};
@@ -55,179 +55,219 @@ pub fn render(ring: &Ring, m: &DaemonMetrics) -> String {
     let s = Snapshot::take(ring);
     let l = format!("ring=\"{}\"", s.ring);
     let mut out = String::new();
+    ring_counters(&mut out, ring, m, &s, &l);
+    fault_counters(&mut out, &s, &l);
+    if let Some(cv) = &s.consumer {
+        consumer(&mut out, cv, &l);
+    }
+    stage_times(&mut out, &s, &l);
+    m.commit_to_upload_done.render(
+        &mut out,
+        "pinring_commit_to_upload_done_seconds",
+        "From a loader's commit to the end of the batch's upload.",
+        &l,
+    );
+    m.upload.render(
+        &mut out,
+        "pinring_upload_seconds",
+        "From upload submission to completion.",
+        &l,
+    );
+    m.fill.render(
+        &mut out,
+        "pinring_loader_fill_seconds",
+        "From a loader's claim of a slot to its commit.",
+        &l,
+    );
+    out
+}
+
+/// The ring's state and size, and what went in and out of it, as the snapshot `s` has it.
+fn ring_counters(out: &mut String, ring: &Ring, m: &DaemonMetrics, s: &Snapshot, l: &str) {
     let state = ring.state();
     line(
-        &mut out,
+        out,
         "pinring_ring_state",
         "gauge",
         "Ring state: 0 INIT, 1 READY, 2 DRAINING, 3 CLOSED.",
-        &l,
+        l,
         state,
     );
     line(
-        &mut out,
+        out,
         "pinring_ring_bytes",
         "gauge",
         "Bytes of the ring's data area.",
-        &l,
+        l,
         ring.geometry().data_bytes(),
     );
     line(
-        &mut out,
+        out,
         "pinring_registration_seconds",
         "gauge",
         "Seconds spent registering the ring with the GPU.",
-        &l,
+        l,
         m.registration_seconds(),
     );
     line(
-        &mut out,
+        out,
         "pinring_batches_committed_total",
         "counter",
         "Batches committed into the ring by loaders.",
-        &l,
+        l,
         s.committed,
     );
     line(
-        &mut out,
+        out,
         "pinring_bad_samples_skipped_total",
         "counter",
         "Unreadable samples loaders replaced with zeros (dataset.on_bad_sample = \"skip\").",
-        &l,
+        l,
         s.bad_samples_skipped,
     );
     line(
-        &mut out,
+        out,
         "pinring_batches_delivered_total",
         "counter",
         "Batches uploaded and delivered to the consumer.",
-        &l,
+        l,
         s.delivered,
     );
     line(
-        &mut out,
+        out,
         "pinring_bytes_committed_total",
         "counter",
         "Payload bytes committed into the ring by loaders.",
-        &l,
+        l,
         s.bytes_in,
     );
     line(
-        &mut out,
+        out,
         "pinring_bytes_uploaded_total",
         "counter",
         "Payload bytes uploaded out of the ring.",
-        &l,
+        l,
         s.bytes_out,
     );
+}
+
+/// The faults the daemon counted and what it sees of its loaders now.
+fn fault_counters(out: &mut String, s: &Snapshot, l: &str) {
     line(
-        &mut out,
+        out,
         "pinring_reclaimed_slots_total",
         "counter",
         "Slots taken back from dead loaders.",
-        &l,
+        l,
         s.reclaimed,
     );
     line(
-        &mut out,
+        out,
         "pinring_leases_expired_total",
         "counter",
         "Claims that outlived the lease (slots taken back from hung loaders).",
-        &l,
+        l,
         s.leases_expired,
     );
     line(
-        &mut out,
+        out,
         "pinring_hung_loaders",
         "gauge",
         "Live loaders now holding a slot past the lease, or a quarantined one.",
-        &l,
+        l,
         s.hung_loaders,
     );
     line(
-        &mut out,
+        out,
         "pinring_quarantined_slots",
         "gauge",
         "Slots now out of use because a hung loader may still write into them.",
-        &l,
+        l,
         s.quarantined,
     );
     line(
-        &mut out,
+        out,
         "pinring_stalled_seconds",
         "gauge",
         "Seconds the ring has had work left and no loader attached (0: not stalled; set once it lasted daemon.idle_warn_ms).",
-        &l,
+        l,
         s.stalled.map_or(0.0, |st| st.seconds),
     );
     line(
-        &mut out,
+        out,
         "pinring_corrupt_descriptors_total",
         "counter",
         "Slot descriptors found in a state the daemon never left them in.",
-        &l,
+        l,
         s.corrupt_descriptors,
     );
     line(
-        &mut out,
+        out,
         "pinring_rejected_batches_total",
         "counter",
         "Batches the daemon refused to upload.",
-        &l,
+        l,
         s.rejected,
     );
     line(
-        &mut out,
+        out,
         "pinring_loaders_attached",
         "gauge",
         "Loaders in the ring's loader table.",
-        &l,
+        l,
         s.loaders.len(),
     );
-    if let Some(cv) = &s.consumer {
-        // Which path the consumer's batches take: one series per value, 1 for the ring's.
-        let _ = writeln!(out, "# HELP pinring_consumer_copies Who copies the batches handed to the training process onto the GPU (daemon.copies): 1 for this ring's value.");
-        let _ = writeln!(out, "# TYPE pinring_consumer_copies gauge");
-        for who in ["consumer", "daemon"] {
-            let _ = writeln!(
-                out,
-                "pinring_consumer_copies{{{l},copies=\"{who}\"}} {}",
-                u8::from(cv.copies == who)
-            );
-        }
-        line(
-            &mut out,
-            "pinring_consumer_attached",
-            "gauge",
-            "1 while a training process is attached as the ring's consumer.",
-            &l,
-            u8::from(cv.attached),
-        );
-        line(
-            &mut out,
-            "pinring_consumer_batches_taken_total",
-            "counter",
-            "Batches the consumers took.",
-            &l,
-            cv.taken,
-        );
-        line(
-            &mut out,
-            "pinring_consumer_buffers_waiting",
-            "gauge",
-            "Batches handed over and not taken yet.",
-            &l,
-            cv.waiting,
-        );
-        line(
-            &mut out,
-            "pinring_consumer_buffers_held",
-            "gauge",
-            "Batch buffers the consumer holds.",
-            &l,
-            cv.held,
+}
+
+/// The trainer's end, for a ring whose daemon hands batches to a consumer.
+fn consumer(out: &mut String, cv: &ConsumerView, l: &str) {
+    // Which path the consumer's batches take: one series per value, 1 for the ring's.
+    let _ = writeln!(out, "# HELP pinring_consumer_copies Who copies the batches handed to the training process onto the GPU (daemon.copies): 1 for this ring's value.");
+    let _ = writeln!(out, "# TYPE pinring_consumer_copies gauge");
+    for who in ["consumer", "daemon"] {
+        let _ = writeln!(
+            out,
+            "pinring_consumer_copies{{{l},copies=\"{who}\"}} {}",
+            u8::from(cv.copies == who)
         );
     }
+    line(
+        out,
+        "pinring_consumer_attached",
+        "gauge",
+        "1 while a training process is attached as the ring's consumer.",
+        l,
+        u8::from(cv.attached),
+    );
+    line(
+        out,
+        "pinring_consumer_batches_taken_total",
+        "counter",
+        "Batches the consumers took.",
+        l,
+        cv.taken,
+    );
+    line(
+        out,
+        "pinring_consumer_buffers_waiting",
+        "gauge",
+        "Batches handed over and not taken yet.",
+        l,
+        cv.waiting,
+    );
+    line(
+        out,
+        "pinring_consumer_buffers_held",
+        "gauge",
+        "Batch buffers the consumer holds.",
+        l,
+        cv.held,
+    );
+}
+
+/// Where time went (waits and work by stage), the figures that failed their check, and the
+/// slots by state.
+fn stage_times(out: &mut String, s: &Snapshot, l: &str) {
     let _ = writeln!(out, "# HELP pinring_wait_seconds_total Seconds each stage waited for the next: daemon = had a free device buffer and nothing READY; loaders = found no FREE slot (summed over loaders).");
     let _ = writeln!(out, "# TYPE pinring_wait_seconds_total counter");
     let _ = writeln!(
@@ -253,7 +293,7 @@ pub fn render(ring: &Ring, m: &DaemonMetrics) -> String {
         s.upload_seconds
     );
     // Figures only loaders report are checked against what the daemon saw before they are
-    // served (observe::checked_loader_figures); one that failed is served bounded, and named
+    // served (pinring_observe::checked_loader_figures); one that failed is served bounded, and named
     // here, so an alert can tell a scribbled ring from a slow pipeline.
     let _ = writeln!(out, "# HELP pinring_untrusted_figure Figures the loaders report through the ring that are impossible for what the daemon saw (another process wrote into the ring): 1 for each such figure, served bounded to what could be true.");
     let _ = writeln!(out, "# TYPE pinring_untrusted_figure gauge");
@@ -281,25 +321,6 @@ pub fn render(ring: &Ring, m: &DaemonMetrics) -> String {
     ] {
         let _ = writeln!(out, "pinring_slots{{{l},state=\"{name}\"}} {v}");
     }
-    m.commit_to_upload_done.render(
-        &mut out,
-        "pinring_commit_to_upload_done_seconds",
-        "From a loader's commit to the end of the batch's upload.",
-        &l,
-    );
-    m.upload.render(
-        &mut out,
-        "pinring_upload_seconds",
-        "From upload submission to completion.",
-        &l,
-    );
-    m.fill.render(
-        &mut out,
-        "pinring_loader_fill_seconds",
-        "From a loader's claim of a slot to its commit.",
-        &l,
-    );
-    out
 }
 
 /// Binds the listener (at daemon start, so a bad address fails before the ring is made).

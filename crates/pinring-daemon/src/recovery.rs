@@ -17,6 +17,53 @@ use std::time::{Duration, Instant};
 /// cannot make it, and retrying for ever would hide that.
 pub(super) const MAX_BAD_PER_SEQ: u32 = 8;
 
+/// How often the main loop counts the live loaders between reaps
+/// ([`Tally::count_loaders`](super::Tally::count_loaders)).
+pub(super) const COUNT_LOADERS_EVERY: Duration = Duration::from_millis(10);
+
+/// What the recovery stage does in a pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Chore {
+    /// A reap ([`Daemon::reap`]): the segment, dead loaders and consumers, leases, the audit.
+    Reap,
+    /// Count the live loaders (the table's ACTIVE entries: loads only).
+    CountLoaders,
+    /// Neither.
+    Nothing,
+}
+
+/// When the recovery stage runs: a reap every `daemon.reap_interval_ms` from the first pass,
+/// and between reaps the live loaders counted every [`COUNT_LOADERS_EVERY`], so that a short
+/// run is counted as finely as a long one.
+#[derive(Debug)]
+pub(super) struct Reaping {
+    every: Duration,
+    /// The last reap (the first pass, before any).
+    last: Option<Instant>,
+}
+
+impl Reaping {
+    /// A reap every `every`.
+    pub(super) fn new(every: Duration) -> Reaping {
+        Reaping { every, last: None }
+    }
+
+    /// The chore of the pass at `now`, the live loaders last counted at `counted`.
+    pub(super) fn chore(&mut self, now: Instant, counted: Option<(Instant, u32)>) -> Chore {
+        let last = *self.last.get_or_insert(now);
+        if now.saturating_duration_since(last) >= self.every {
+            self.last = Some(now);
+            Chore::Reap
+        } else if counted
+            .is_none_or(|(at, _)| now.saturating_duration_since(at) >= COUNT_LOADERS_EVERY)
+        {
+            Chore::CountLoaders
+        } else {
+            Chore::Nothing
+        }
+    }
+}
+
 /// Fault-handling state, owned by the main loop.
 #[derive(Debug)]
 pub(super) struct Recovery {
@@ -177,7 +224,7 @@ impl Daemon {
         self.recover()?;
         self.watch_idle();
         self.recovery.counts.publish(&self.ring);
-        // What views check the loaders' own figures against (observe::DaemonSaw::published).
+        // What views check the loaders' own figures against (pinring_observe::DaemonSaw::published).
         let health = self.ring.health();
         health
             .loader_ns_seen
@@ -511,5 +558,38 @@ impl Daemon {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reap_comes_every_interval_and_the_loaders_are_counted_between() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let mut r = Reaping::new(ms(100));
+        // The first pass starts the interval; the loaders were never counted.
+        assert_eq!(r.chore(t0, None), Chore::CountLoaders);
+        assert_eq!(r.chore(t0 + ms(5), Some((t0, 2))), Chore::Nothing);
+        assert_eq!(r.chore(t0 + ms(10), Some((t0, 2))), Chore::CountLoaders);
+        assert_eq!(r.chore(t0 + ms(99), Some((t0 + ms(95), 2))), Chore::Nothing);
+        // The interval is up: a reap, whenever the loaders were counted, and the next interval
+        // starts at it.
+        assert_eq!(r.chore(t0 + ms(100), Some((t0 + ms(99), 2))), Chore::Reap);
+        assert_eq!(
+            r.chore(t0 + ms(150), Some((t0 + ms(145), 2))),
+            Chore::Nothing
+        );
+        assert_eq!(r.chore(t0 + ms(200), Some((t0 + ms(195), 2))), Chore::Reap);
+    }
+
+    #[test]
+    fn a_zero_interval_reaps_every_pass() {
+        let t0 = Instant::now();
+        let mut r = Reaping::new(Duration::ZERO);
+        assert_eq!(r.chore(t0, None), Chore::Reap);
+        assert_eq!(r.chore(t0, Some((t0, 1))), Chore::Reap);
     }
 }

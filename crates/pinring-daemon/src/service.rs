@@ -5,7 +5,7 @@
 //! The main loop calls the hooks here.
 
 use crate::metrics::{self, DaemonMetrics};
-use crate::observe::{Rates, Snapshot};
+use pinring_observe::{Rates, Snapshot};
 use pinring_ring::{DaemonRing, Ring};
 use pinring_runtime::service::{parse_log_level, Notifier, Watchdog, STATUS_EVERY};
 use sd_notify::NotifyState;

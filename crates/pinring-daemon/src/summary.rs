@@ -104,7 +104,7 @@ pub struct Summary {
     pub loader_busy_seconds: f64,
     /// Seconds the sink spent consuming batches.
     pub sink_busy_seconds: f64,
-    /// Where the pipeline was bound ([`crate::observe::bound`], the one verdict `pinring
+    /// Where the pipeline was bound ([`pinring_observe::bound`], the one verdict `pinring
     /// status`, `/metrics`' readers and the Python progress line give too): "loaders",
     /// "upload", "consumer", "balanced" or "idle" ("none" when the daemon failed at start;
     /// "unknown" when the loaders' figures it weighs are untrusted).
@@ -173,21 +173,4 @@ impl Summary {
         let text = std::fs::read_to_string(path)?;
         serde_json::from_str(&text).map_err(std::io::Error::other)
     }
-}
-
-/// The two fractions every verdict starts from: the share of `seconds` the daemon waited for a
-/// ready slot while it could have uploaded, and the share of loader time (waiting plus working)
-/// spent waiting for a free slot. `seconds` must be positive.
-pub fn wait_fractions(
-    seconds: f64,
-    daemon_wait: f64,
-    loader_wait: f64,
-    loader_busy: f64,
-) -> (f64, f64) {
-    let loaders_blocked = if loader_wait + loader_busy > 0.0 {
-        loader_wait / (loader_wait + loader_busy)
-    } else {
-        0.0
-    };
-    (daemon_wait / seconds, loaders_blocked)
 }

@@ -1,8 +1,8 @@
 //! The operator's tools: `pinring status` (a live view of every ring on the host, read-only),
 //! `pinring clean` (removes the segments of rings whose daemon is gone) and `pinring config
-//! check` (resolves a config as the daemon would and says what it would run). They sit above
-//! the daemon and the loader and change neither: status reads a ring through the daemon's
-//! `observe`, clean only removes what no live process holds, and config check calls the same
+//! check` (resolves a config as the daemon would and says what it would run). They sit beside
+//! the daemon and the loader, link neither, and change neither: status reads a ring through
+//! pinring-observe, clean only removes what no live process holds, and config check calls the same
 //! `Config::resolve` the daemon calls.
 
 #![forbid(unsafe_code)]

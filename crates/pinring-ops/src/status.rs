@@ -3,10 +3,10 @@
 //! ([`RingView`]): it cannot write a byte of the ring, so it never disturbs the run.
 //!
 //! Rates and the verdict come from the difference between two snapshots one interval apart
-//! (pinring-daemon's `observe`, which the daemon's metrics read too).
+//! (pinring-observe, which the daemon's metrics read too).
 
-pub use pinring_daemon::observe::{open_read_only, Rates, Snapshot};
 use pinring_exit::Exit;
+pub use pinring_observe::{open_read_only, Rates, Snapshot};
 use pinring_ring::{RingError, RingView};
 use serde::Serialize;
 use std::fmt::Write as _;

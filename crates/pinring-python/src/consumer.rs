@@ -175,7 +175,7 @@ impl Consumer {
     /// The ring as `pinring status --json` reads it, as JSON text: slot counts, loaders, batches
     /// committed and delivered, bytes in and out, and the wait counters the verdict reads.
     fn status(&self) -> PyResult<String> {
-        let snap = self.with(|c| pinring_daemon::observe::Snapshot::take(c.ring()))?;
+        let snap = self.with(|c| pinring_observe::Snapshot::take(c.ring()))?;
         serde_json::to_string(&snap).map_err(|e| {
             exit_error(
                 pinring_exit::Exit::Internal,
@@ -464,7 +464,7 @@ pub fn bound(
     loader_busy: f64,
     upload: f64,
 ) -> &'static str {
-    pinring_daemon::observe::bound(
+    pinring_observe::bound(
         seconds,
         delivered,
         daemon_wait,

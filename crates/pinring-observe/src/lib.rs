@@ -2,13 +2,16 @@
 //! loader table and the slot descriptors, the [`Rates`] between two snapshots, and the
 //! [`bound`] verdict. A view maps the segment read-only ([`RingView`]): it cannot write a
 //! byte of the ring. The daemon's metrics endpoint and service status, `pinring status` and the
-//! Python consumer's `stats()` all read a ring through this module.
+//! Python consumer's `stats()` all read a ring through this crate, which depends on the ring
+//! alone: a tool that only reads counters links no daemon, backend or reader.
 //!
 //! The verdict reads the wait counters (docs/ARCHITECTURE.md, "Where time goes"):
 //! * the daemon waited with a free device buffer and nothing READY → **loaders** are too slow;
 //! * loaders waited for a FREE slot and the upload engine was busy → **upload** bound;
 //! * loaders waited for a FREE slot and the upload engine was mostly idle → the daemon was
 //!   waiting for device buffers held by the **consumer**.
+
+#![forbid(unsafe_code)]
 
 use pinring_ring::{ring_state, Ring, RingError, RingView, SlotState};
 use serde::Serialize;
@@ -419,7 +422,7 @@ pub fn bound(
         return "idle";
     }
     let (daemon_starved, loaders_blocked) =
-        crate::summary::wait_fractions(seconds, daemon_wait, loader_wait, loader_busy);
+        wait_fractions(seconds, daemon_wait, loader_wait, loader_busy);
     if daemon_starved > 0.5 {
         "loaders"
     } else if loaders_blocked > 0.5 {
@@ -433,6 +436,23 @@ pub fn bound(
     } else {
         "balanced"
     }
+}
+
+/// The two fractions every verdict starts from: the share of `seconds` the daemon waited for a
+/// ready slot while it could have uploaded, and the share of loader time (waiting plus working)
+/// spent waiting for a free slot. `seconds` must be positive.
+pub fn wait_fractions(
+    seconds: f64,
+    daemon_wait: f64,
+    loader_wait: f64,
+    loader_busy: f64,
+) -> (f64, f64) {
+    let loaders_blocked = if loader_wait + loader_busy > 0.0 {
+        loader_wait / (loader_wait + loader_busy)
+    } else {
+        0.0
+    };
+    (daemon_wait / seconds, loaders_blocked)
 }
 
 /// A verdict of [`bound`] (or `"unknown"`, `"none"`) in one sentence with its remedy.
