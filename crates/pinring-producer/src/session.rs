@@ -1,14 +1,16 @@
 //! [`Session`]: one seat in one ring's loader table, and the claim loop.
 
+use crate::part::{LabelSource, PartBuffers, PartGuard, PlanFailed};
 use pinring_data::{BatchLayout, BatchMeta, Config, Plan};
 use pinring_exit::{Coded, Exit};
-use pinring_ring::failure::ERR_META;
+use pinring_ring::failure::{ERR_META, ERR_PLAN};
 use pinring_ring::layout::{align_up, META_ALIGN};
 use pinring_ring::{
     futex, ring_state, Access, Claim, CommitError, LoaderRing, ProcessId, Ring, RingError, Seat,
     SlotWriter,
 };
-use std::sync::atomic::Ordering::{Acquire, Relaxed};
+use std::borrow::Borrow;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -83,6 +85,8 @@ pub struct Joined {
     pub cfg: Config,
     /// Its batch layout (fields, part sizes).
     pub layout: BatchLayout,
+    /// Where a part's metadata labels come from (the labels rule, [`crate::part`]).
+    pub(crate) labels: LabelSource,
 }
 
 impl Joined {
@@ -90,7 +94,7 @@ impl Joined {
     /// bytes (at the next [`META_ALIGN`] boundary, within the config's metadata reserve).
     /// Returns what to commit: `(payload_len, meta_len, error)`, with [`ERR_META`] and no bytes
     /// when the payload did not fit (`fits` false) or the metadata does not.
-    pub fn write_meta(
+    pub(crate) fn write_meta(
         &self,
         slot: &mut SlotWriter<'_>,
         meta: &BatchMeta,
@@ -120,7 +124,7 @@ impl Joined {
     /// `started`, heartbeat). A commit refused because the daemon took the slot back abandons it
     /// (the daemon keeps a slot taken from a live loader out of use until it sees that, or the
     /// loader's exit) and returns `Reclaimed`.
-    pub fn commit(
+    pub(crate) fn commit(
         &self,
         claim: Claim,
         payload_len: u64,
@@ -133,15 +137,7 @@ impl Joined {
         let (seat, slot, ticket) = (claim.seat(), claim.slot(), claim.ticket());
         match ring.commit(claim, payload_len, meta_len, sample_count, error) {
             Ok(()) => {
-                let ns = started.elapsed().as_nanos() as u64;
-                let entry = ring.loader(seat.index as usize);
-                entry.batches.fetch_add(1, Relaxed);
-                entry.bytes.fetch_add(payload_len, Relaxed);
-                entry.busy_ns.fetch_add(ns, Relaxed);
-                entry
-                    .heartbeat_ns
-                    .store(pinring_ring::clock::monotonic_ns(), Relaxed);
-                ring.header().loader_busy_ns.fetch_add(ns, Relaxed);
+                ring.record_commit(seat, payload_len, started.elapsed().as_nanos() as u64);
                 Ok(())
             }
             Err(e @ CommitError::Reclaimed { .. }) => {
@@ -223,10 +219,16 @@ impl Session {
         let plan = Session::check_ring(&mut cfg, &ring)?;
         let seat = ring.attach_loader(ProcessId::current())?;
         let layout = cfg.batch_layout();
+        let labels = LabelSource::of(&cfg, &layout);
         let hint = u32::from(seat.index) % ring.geometry().slot_count;
         let share = ring.attached_loaders();
         Ok(Some(Session {
-            joined: Arc::new(Joined { ring, cfg, layout }),
+            joined: Arc::new(Joined {
+                ring,
+                cfg,
+                layout,
+                labels,
+            }),
             plan,
             seat,
             hint,
@@ -301,6 +303,36 @@ impl Session {
         self.plan.part_into(seq, out)
     }
 
+    /// The part `claim`'s seq names, as a guard that writes, commits or fails it (and gives it
+    /// back if dropped with neither), its sample ids in `bufs` (reused from the last part's
+    /// [`crate::Done`], or new). `joined` is this session's [`Session::joined`], held as the
+    /// guard needs it (`&Joined`, or an `Arc` for a part that outlives the call). A seq the plan
+    /// cannot make is committed failed (`ERR_PLAN`: the daemon reports it) and its error
+    /// returned.
+    pub fn part<J: Borrow<Joined>>(
+        &mut self,
+        joined: J,
+        claim: Claim,
+        mut bufs: PartBuffers,
+    ) -> Result<PartGuard<J>, PlanFailed> {
+        assert!(
+            std::ptr::eq(joined.borrow(), &*self.joined),
+            "a part is made with its own session's ring"
+        );
+        let started = Instant::now();
+        match self.plan.part_into(claim.seq(), bufs.samples_mut()) {
+            Ok(part) => Ok(PartGuard::new(joined, claim, part, bufs, started)),
+            Err(e) => {
+                tracing::error!(ring = %self.joined.cfg.ring.name, seq = claim.seq(), "cannot make this batch: {e}");
+                let committed = self.joined.commit(claim, 0, 0, 0, ERR_PLAN, started);
+                Err(PlanFailed {
+                    error: e,
+                    committed,
+                })
+            }
+        }
+    }
+
     /// This session's seat in the loader table.
     pub fn seat(&self) -> Seat {
         self.seat
@@ -337,7 +369,7 @@ impl Session {
             let ring = &self.joined.ring;
             // Acquire: pairs with the daemon's Release bump after it frees a slot, so a slot
             // freed after this load makes the wait below return at once.
-            let seen = ring.header().work_futex.load(Acquire);
+            let seen = ring.work_seen();
             if let Some(mut claim) = ring.try_claim_preferring(self.seat, self.share, self.hint) {
                 self.hint = (claim.slot() + 1) % ring.geometry().slot_count;
                 if self.peers > 0 && claim.foreign() {
@@ -412,7 +444,6 @@ impl Session {
     /// 100 ms.
     fn confirm_end(&self, stop: &mut dyn FnMut() -> bool) -> Result<EndCheck, RingError> {
         let ring = &self.joined.ring;
-        let h = ring.header();
         loop {
             if stop() {
                 return Ok(EndCheck::Stopped);
@@ -420,7 +451,7 @@ impl Session {
             if !ring.daemon_alive()? {
                 return Ok(EndCheck::Ended);
             }
-            let seen = h.work_futex.load(Acquire);
+            let seen = ring.work_seen();
             if ring.state() == ring_state::READY {
                 return Ok(EndCheck::Resumed);
             }
@@ -430,13 +461,7 @@ impl Session {
 
     /// Books `ns` of waiting for a free slot and refreshes this seat's heartbeat.
     fn note_wait(&self, ns: u64) {
-        let ring = &self.joined.ring;
-        let entry = ring.loader(self.seat.index as usize);
-        entry.wait_ns.fetch_add(ns, Relaxed);
-        ring.header().loader_wait_ns.fetch_add(ns, Relaxed);
-        entry
-            .heartbeat_ns
-            .store(pinring_ring::clock::monotonic_ns(), Relaxed);
+        self.joined.ring.record_wait(self.seat, ns);
     }
 }
 

@@ -245,7 +245,7 @@ pub struct SlotWriter<'a> {
     _claim: std::marker::PhantomData<&'a mut Claim>,
 }
 
-impl SlotWriter<'_> {
+impl<'a> SlotWriter<'a> {
     /// Bytes in the slot.
     pub fn len(&self) -> usize {
         self.len
@@ -294,6 +294,45 @@ impl SlotWriter<'_> {
         // SAFETY: offset + len <= the slot's length (checked above), so dst..dst + len lies in
         // the claimed slot, which the protocol gives this claimant alone until it commits.
         unsafe { write_words_at(dst, len, next) };
+        Ok(())
+    }
+
+    /// Cuts the slot into writers of the byte ranges `(offset, len)` of `ranges`, which must lie
+    /// in the slot in ascending order without overlapping (a part's field chunks), so each field
+    /// has its own writer. `OutOfSlot` names the first range that leaves the slot; ranges out of
+    /// order or overlapping are a caller bug (panic).
+    pub fn carve(self, ranges: &[(usize, usize)]) -> Result<Vec<SlotWriter<'a>>, OutOfSlot> {
+        let mut end = 0;
+        let mut out = Vec::with_capacity(ranges.len());
+        for &(offset, len) in ranges {
+            self.check(offset, len)?;
+            assert!(
+                offset >= end,
+                "ranges overlap or are out of order at offset {offset}"
+            );
+            end = offset + len;
+            out.push(SlotWriter {
+                // SAFETY: offset + len <= the slot's length (checked), so the pointer stays
+                // inside the slot; it is non-null as the slot's base is.
+                base: unsafe { self.base.add(offset) },
+                len,
+                _claim: std::marker::PhantomData,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Copies `out.len()` bytes at `offset` of the slot into `out`: the claimant reading back
+    /// what it wrote (a part's labels, for its metadata). A copy, never a reference over the
+    /// shared bytes.
+    pub fn read(&self, offset: usize, out: &mut [u8]) -> Result<(), OutOfSlot> {
+        self.check(offset, out.len())?;
+        // SAFETY: offset <= len of the slot (checked), so the pointer stays inside it.
+        let src = unsafe { self.base.as_ptr().add(offset) };
+        // SAFETY: offset + out.len() <= len (checked): the source range lies inside the claimed
+        // slot, which the protocol gives this claimant alone until it commits; `out` is private
+        // memory of this process, so the ranges cannot overlap; any byte is a valid u8.
+        unsafe { std::ptr::copy_nonoverlapping(src, out.as_mut_ptr(), out.len()) };
         Ok(())
     }
 
@@ -1509,6 +1548,42 @@ impl LoaderRing {
         if let Err(e) = r {
             tracing::debug!(ring = %self.name(), slot = i, "cannot drop the slot's pages: {e}");
         }
+    }
+
+    /// Books a committed part in seat `seat`'s loader-table entry (batches, payload bytes, busy
+    /// time, heartbeat) and the header's busy time: the loader's own counters, which `pinring
+    /// status` and the daemon's summary read.
+    #[inline]
+    pub fn record_commit(&self, seat: Seat, payload_len: u64, busy_ns: u64) {
+        let entry = self.loader(seat.index as usize);
+        entry.batches.fetch_add(1, Relaxed);
+        entry.bytes.fetch_add(payload_len, Relaxed);
+        entry.busy_ns.fetch_add(busy_ns, Relaxed);
+        entry.heartbeat_ns.store(monotonic_ns(), Relaxed);
+        self.header().loader_busy_ns.fetch_add(busy_ns, Relaxed);
+    }
+
+    /// Books `ns` of waiting for a free slot in seat `seat`'s entry and the header, and
+    /// refreshes the seat's heartbeat.
+    #[inline]
+    pub fn record_wait(&self, seat: Seat, ns: u64) {
+        let entry = self.loader(seat.index as usize);
+        entry.wait_ns.fetch_add(ns, Relaxed);
+        self.header().loader_wait_ns.fetch_add(ns, Relaxed);
+        entry.heartbeat_ns.store(monotonic_ns(), Relaxed);
+    }
+
+    /// Counts one sample replaced by zeros (`dataset.on_bad_sample = "skip"`) in the ring's
+    /// count of skipped samples (all loaders').
+    pub fn count_bad_sample(&self) {
+        self.header().bad_samples_skipped.fetch_add(1, Relaxed);
+    }
+
+    /// The work futex's value, loaded (Acquire) before looking for a free slot: the `seen` of
+    /// [`LoaderRing::wait_for_work`].
+    #[inline]
+    pub fn work_seen(&self) -> u32 {
+        self.header().work_futex.load(Acquire)
     }
 
     /// A loader's wait for a free slot, from `seen` (loaded before it looked for one).
