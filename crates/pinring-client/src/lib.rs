@@ -673,12 +673,7 @@ fn open_ready(
     else {
         return Err(ClientError::Interrupted { ring: name.into() });
     };
-    if ring.handoff().exported.load(Acquire) != 1 {
-        return Err(ClientError::Ring(pinring_ring::RingError::NoHandoff {
-            name: name.into(),
-        }));
-    }
-    Ok(ConsumerRing::from(ring))
+    Ok(ConsumerRing::attach(ring)?)
 }
 
 /// The config the daemon stored in the ring, parsed and validated.

@@ -382,10 +382,7 @@ fn export_buffers(
             BufferDesc::store_handle(&d.release_event, &x.release_event);
         }
     }
-    // Release: pairs with the consumer's Acquire load before it reads the handles.
-    ring.handoff()
-        .exported
-        .store(1, std::sync::atomic::Ordering::Release);
+    ring.mark_exported();
     Ok(())
 }
 

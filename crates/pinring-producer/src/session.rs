@@ -6,11 +6,10 @@ use pinring_exit::{Coded, Exit};
 use pinring_ring::failure::{ERR_META, ERR_PLAN};
 use pinring_ring::layout::{align_up, META_ALIGN};
 use pinring_ring::{
-    futex, ring_state, Access, Claim, CommitError, LoaderRing, ProcessId, Ring, RingError, Seat,
+    futex, ring_state, Access, Claim, CommitError, LoaderRing, ProcessId, RingError, Seat,
     SlotWriter,
 };
 use std::borrow::Borrow;
-use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -215,7 +214,7 @@ impl Session {
         else {
             return Ok(None);
         };
-        let ring = LoaderRing::from(ring);
+        let ring = LoaderRing::join(ring)?;
         let plan = Session::check_ring(&mut cfg, &ring)?;
         let seat = ring.attach_loader(ProcessId::current())?;
         let layout = cfg.batch_layout();
@@ -244,13 +243,12 @@ impl Session {
     /// resolved and published (the part layout, the seq -> samples mapping, follows from it
     /// identically on both sides); the fingerprints must match (`Mismatch`); the plan covers
     /// every seq up to the ring's end seq (the daemon decides how many epochs run).
-    pub fn check_ring(cfg: &mut Config, ring: &Ring) -> Result<Plan, SessionError> {
-        let h = ring.header();
+    pub fn check_ring(cfg: &mut Config, ring: &LoaderRing) -> Result<Plan, SessionError> {
         let g = ring.geometry();
         if cfg.adopt_slot_bytes(g.slot_bytes, g.slot_count) {
             tracing::debug!(ring = %cfg.ring.name, slot_bytes = g.slot_bytes, slots = g.slot_count, "ring.slot_bytes = \"auto\": adopted the daemon's slot size");
         }
-        let theirs = h.fingerprint.load(Relaxed);
+        let theirs = ring.fingerprint();
         if cfg.fingerprint() != theirs {
             // The daemon's settings record names what differs; without a record (an older
             // daemon's ring) or where it names nothing, the files' length is the likeliest.
@@ -270,7 +268,7 @@ impl Session {
                 theirs,
             });
         }
-        let end_seq = h.end_seq.load(Relaxed);
+        let end_seq = ring.end_seq();
         plan_covering(cfg, end_seq)
     }
 
@@ -485,7 +483,7 @@ enum EndCheck {
 /// Why a file dataset's fingerprint may differ: the daemon's source has another length than this
 /// loader's (known when the daemon stored its config in the ring, `--sink consumer`), or a
 /// general note that the files' length is part of the fingerprint.
-fn length_hint(cfg: &Config, ring: &Ring) -> String {
+fn length_hint(cfg: &Config, ring: &LoaderRing) -> String {
     if !cfg.dataset.kind.reads_files() {
         return String::new();
     }

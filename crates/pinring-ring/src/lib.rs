@@ -5,8 +5,10 @@
 //! Roles:
 //! * the daemon [`DaemonRing::create`]s the ring, [`DaemonRing::assign`]s seqs to slots, [`DaemonRing::take_ready`]s
 //!   committed batches, and assigns the next seq when an upload is done;
-//! * loaders [`Ring::open`] it, [`LoaderRing::attach_loader`], [`LoaderRing::try_claim`] a FREE slot, fill
+//! * loaders [`Ring::open`] it, take the loader's role ([`LoaderRing::join`], which checks
+//!   admission), [`LoaderRing::attach_loader`], [`LoaderRing::try_claim`] a FREE slot, fill
 //!   [`LoaderRing::slot_writer`], and [`LoaderRing::commit`];
+//! * a consumer takes its role with [`ConsumerRing::attach`];
 //! * status views open it read-only.
 //!
 //! docs/PROTOCOL.md draws the layout and the state machine.

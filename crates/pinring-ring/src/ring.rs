@@ -105,6 +105,50 @@ pub struct DaemonRing(Ring);
 /// }
 /// ```
 ///
+/// Nor can it write the ring's memory outside its claimed slot and its own counters: it has no
+/// header, no descriptor, no loader-table entry and no raw pointer into the data area to write
+/// through:
+///
+/// ```compile_fail,E0599
+/// fn close_by_hand(ring: &pinring_ring::LoaderRing) {
+///     use std::sync::atomic::Ordering::Release;
+///     ring.header().state.store(pinring_ring::ring_state::CLOSED, Release); // the daemon's field
+/// }
+/// ```
+///
+/// ```compile_fail,E0599
+/// fn forge_a_word(ring: &pinring_ring::LoaderRing) {
+///     ring.desc(0).word.store(0, std::sync::atomic::Ordering::Relaxed); // the slot's state word
+/// }
+/// ```
+///
+/// ```compile_fail,E0599
+/// fn bump_another(ring: &pinring_ring::LoaderRing) {
+///     ring.loader(3).batches.fetch_add(1, std::sync::atomic::Ordering::Relaxed); // not its entry
+/// }
+/// ```
+///
+/// ```compile_fail,E0599
+/// fn raw_data(ring: &pinring_ring::LoaderRing) -> *mut u8 {
+///     ring.data_base() // slot bytes come out only through a claim's SlotWriter
+/// }
+/// ```
+///
+/// ```compile_fail,E0599
+/// fn raw_slot(ring: &pinring_ring::LoaderRing) -> *mut u8 {
+///     ring.slot_ptr(0)
+/// }
+/// ```
+///
+/// And it is made only by [`LoaderRing::join`], which checks admission, never from any opened
+/// ring:
+///
+/// ```compile_fail,E0277
+/// fn take_the_role(ring: pinring_ring::Ring) -> pinring_ring::LoaderRing {
+///     pinring_ring::LoaderRing::from(ring)
+/// }
+/// ```
+///
 /// What it may do compiles:
 ///
 /// ```
@@ -112,8 +156,16 @@ pub struct DaemonRing(Ring);
 ///     ring.try_claim(seat, 0).map(|c| c.slot())
 /// }
 /// ```
+///
+/// ```
+/// fn fill_and_commit(ring: &pinring_ring::LoaderRing, mut claim: pinring_ring::Claim) {
+///     let mut w = ring.slot_writer(&mut claim);
+///     w.write(0, b"part").unwrap();
+///     let _ = ring.commit(claim, 4, 0, 1, 0);
+/// }
+/// ```
 #[derive(Debug)]
-pub struct LoaderRing(Ring);
+pub struct LoaderRing(pub(crate) Ring);
 
 /// The consumer's handle (a trainer attached to a daemon's ring): becomes the ring's one
 /// consumer and waits for batches; the buffers it takes and releases are the handoff's. Neither
@@ -128,6 +180,15 @@ pub struct LoaderRing(Ring);
 /// ```compile_fail,E0599
 /// fn hand_over(ring: &pinring_ring::ConsumerRing, f: &pinring_ring::handoff::Filled) {
 ///     ring.fill_buffer(0, f); // only the daemon fills a batch buffer
+/// }
+/// ```
+///
+/// It is made only by [`ConsumerRing::attach`], which checks admission and that the ring hands
+/// batches over:
+///
+/// ```compile_fail,E0277
+/// fn take_the_role(ring: pinring_ring::Ring) -> pinring_ring::ConsumerRing {
+///     pinring_ring::ConsumerRing::from(ring)
 /// }
 /// ```
 ///
@@ -154,19 +215,98 @@ macro_rules! role_handle {
         }
     )*};
 }
-role_handle!(DaemonRing, LoaderRing, ConsumerRing, RingView);
+role_handle!(DaemonRing, ConsumerRing, RingView);
 
-impl From<Ring> for LoaderRing {
-    /// Takes the loader's role on an opened ring (a read-only one cannot take a seat).
-    fn from(ring: Ring) -> LoaderRing {
-        LoaderRing(ring)
+/// What every role may read of the ring: its name, geometry, state and the daemon's identity,
+/// as values (nothing that can be written through).
+macro_rules! shared_reads {
+    ($($role:ident),*) => {$(
+        impl $role {
+            /// Ring name.
+            #[inline]
+            pub fn name(&self) -> &str {
+                self.0.name()
+            }
+
+            /// Geometry (validated).
+            #[inline]
+            pub fn geometry(&self) -> Geometry {
+                self.0.geom
+            }
+
+            /// Current ring state ([`ring_state`]).
+            #[inline]
+            pub fn state(&self) -> u32 {
+                self.0.state()
+            }
+
+            /// Whether batches are delivered in order.
+            pub fn in_order(&self) -> bool {
+                self.0.in_order()
+            }
+
+            /// The daemon owning the ring.
+            pub fn daemon(&self) -> ProcessId {
+                self.0.daemon()
+            }
+
+            /// Whether a live daemon holds this ring (the kernel's word: its lock).
+            pub fn daemon_alive(&self) -> Result<bool, RingError> {
+                self.0.daemon_alive()
+            }
+
+            /// How many loaders are attached (loader-table entries ACTIVE).
+            pub fn attached_loaders(&self) -> u32 {
+                self.0.attached_loaders()
+            }
+
+            /// The fingerprint of the daemon's dataset and plan config.
+            pub fn fingerprint(&self) -> u64 {
+                self.0.fingerprint()
+            }
+
+            /// One past the run's last seq.
+            pub fn end_seq(&self) -> u64 {
+                self.0.end_seq()
+            }
+
+            /// A copy of the settings record's words (untrusted values: for messages only).
+            pub fn settings_record(&self) -> [u64; crate::layout::SETTINGS_WORDS] {
+                self.0.settings_record()
+            }
+
+            /// The config text the daemon stored in the handoff area, copied out (untrusted);
+            /// `None` for a ring without a handoff.
+            pub fn handoff_config(&self) -> Option<Vec<u8>> {
+                self.0.handoff_config()
+            }
+        }
+    )*};
+}
+shared_reads!(LoaderRing);
+
+impl LoaderRing {
+    /// Takes the loader's role on an opened ring: refused for a ring opened read-only
+    /// (`ReadOnlyRole`) and, where this process may not write into it, as at open
+    /// (`ForeignRing`: the owner, or the group of a ring of mode 0660).
+    pub fn join(ring: Ring) -> Result<LoaderRing, RingError> {
+        ring.admit("a loader")?;
+        Ok(LoaderRing(ring))
     }
 }
 
-impl From<Ring> for ConsumerRing {
-    /// Takes the consumer's role on an opened ring.
-    fn from(ring: Ring) -> ConsumerRing {
-        ConsumerRing(ring)
+impl ConsumerRing {
+    /// Takes the consumer's role on an opened ring: refused as [`LoaderRing::join`] refuses,
+    /// and with `NoHandoff` for a ring whose daemon hands no batches over (it runs another
+    /// sink, or has not exported its buffers).
+    pub fn attach(ring: Ring) -> Result<ConsumerRing, RingError> {
+        ring.admit("a consumer")?;
+        if ring.geom.handoff.is_none() || ring.handoff().exported.load(Acquire) != 1 {
+            return Err(RingError::NoHandoff {
+                name: ring.name().into(),
+            });
+        }
+        Ok(ConsumerRing(ring))
     }
 }
 
@@ -538,6 +678,28 @@ impl Ring {
         lock::holder(self.seg.file(), lock::DAEMON_LOCK)
             .map(|h| h == lock::Holder::Writer)
             .map_err(|e| self.sys("fcntl(F_OFD_GETLK) on the daemon byte", e))
+    }
+
+    /// Whether this handle may take a writing role (`role`, for the message): opened
+    /// read-write, and this process admitted to the ring ([`check_admitted`]).
+    fn admit(&self, role: &'static str) -> Result<(), RingError> {
+        if self.seg.access() != Access::ReadWrite {
+            return Err(RingError::ReadOnlyRole {
+                name: self.name().into(),
+                role,
+            });
+        }
+        check_admitted(&self.seg)
+    }
+
+    /// The fingerprint of the daemon's dataset and plan config.
+    pub fn fingerprint(&self) -> u64 {
+        self.header().fingerprint.load(Relaxed)
+    }
+
+    /// One past the run's last seq.
+    pub fn end_seq(&self) -> u64 {
+        self.header().end_seq.load(Relaxed)
     }
 
     fn sys(&self, call: &'static str, source: nix::Error) -> RingError {
@@ -1145,6 +1307,13 @@ impl DaemonRing {
         Ring::create(opts).map(DaemonRing)
     }
 
+    /// Marks the handoff exported (every buffer's handles written, before the ring is READY):
+    /// from now on a consumer may attach ([`ConsumerRing::attach`]).
+    pub fn mark_exported(&self) {
+        // Release: pairs with the consumer's Acquire load before it reads the handles.
+        self.handoff().exported.store(1, Release);
+    }
+
     /// Publishes a whole batch in EMPTY buffer `i` for the consumer; returns the new round.
     pub fn fill_buffer(&self, i: u32, f: &Filled) -> u32 {
         self.buffer_desc(i).fill(f)
@@ -1334,27 +1503,27 @@ impl LoaderRing {
     /// the loader is gone ([`DaemonRing::reclaim_if_owner_dead`]). A ring opened read-only cannot take
     /// them.
     pub fn attach_loader(&self, me: ProcessId) -> Result<Seat, RingError> {
-        let mut held = self.seat.lock().unwrap_or_else(|p| p.into_inner());
+        let mut held = self.0.seat.lock().unwrap_or_else(|p| p.into_inner());
         if held.is_some() {
             return Err(RingError::AlreadyAttached {
-                name: self.name().into(),
+                name: self.0.name().into(),
             });
         }
-        let fd = self.seg.file();
+        let fd = self.0.seg.file();
         for i in 0..MAX_LOADERS as u16 {
             if !lock::try_lock_exclusive(fd, lock::entry_lock(i))
-                .map_err(|e| self.sys("fcntl(F_OFD_SETLK) on a loader entry", e))?
+                .map_err(|e| self.0.sys("fcntl(F_OFD_SETLK) on a loader entry", e))?
             {
                 continue;
             }
-            let e = self.loader(i as usize);
+            let e = self.0.loader(i as usize);
             // Any former occupant is dead (it held this lock while alive). A tenure whose lock
             // someone still holds could only come from a scribbled `tenure`: skip past it.
             let mut tenure = e.tenure.load(Relaxed).wrapping_add(1);
             let mut taken = false;
             for _ in 0..16 {
                 if lock::try_lock_exclusive(fd, lock::tenure_lock(i, tenure))
-                    .map_err(|e| self.sys("fcntl(F_OFD_SETLK) on a tenure", e))?
+                    .map_err(|e| self.0.sys("fcntl(F_OFD_SETLK) on a tenure", e))?
                 {
                     taken = true;
                     break;
@@ -1380,20 +1549,20 @@ impl LoaderRing {
             return Ok(seat);
         }
         Err(RingError::LoaderTableFull {
-            name: self.name().into(),
+            name: self.0.name().into(),
             max: MAX_LOADERS,
         })
     }
 
     /// Removes a loader from the table (at clean exit) and releases its locks.
     pub fn detach_loader(&self, seat: Seat) {
-        let e = self.loader(seat.index as usize);
+        let e = self.0.loader(seat.index as usize);
         e.state.store(loader_state::EMPTY, Release);
         e.pid.store(0, Release);
-        let fd = self.seg.file();
+        let fd = self.0.seg.file();
         let _ = lock::unlock(fd, lock::tenure_lock(seat.index, seat.tenure));
         let _ = lock::unlock(fd, lock::entry_lock(seat.index));
-        let mut held = self.seat.lock().unwrap_or_else(|p| p.into_inner());
+        let mut held = self.0.seat.lock().unwrap_or_else(|p| p.into_inner());
         if *held == Some(seat) {
             *held = None;
         }
@@ -1402,7 +1571,7 @@ impl LoaderRing {
     /// Tries to claim one FREE slot, scanning from `hint`. One CAS per candidate
     /// (`SlotDesc::try_claim`).
     pub fn try_claim(&self, seat: Seat, hint: u32) -> Option<Claim> {
-        let n = self.geom.slot_count;
+        let n = self.0.geom.slot_count;
         (0..n).find_map(|k| self.claim_slot(seat, (hint + k) % n))
     }
 
@@ -1422,7 +1591,7 @@ impl LoaderRing {
     /// with the ring full: 1 MiB slots in a 1 GiB ring moved 24.6 GB/s in order against 44.1
     /// unordered (docs/BENCHMARKS.md, "Small rings, large rings").
     pub fn try_claim_preferring(&self, seat: Seat, share: u32, hint: u32) -> Option<Claim> {
-        let n = self.geom.slot_count;
+        let n = self.0.geom.slot_count;
         let first = u32::from(seat.index) % share.max(1);
         let own = (share > 1 && first < n)
             .then(|| {
@@ -1445,7 +1614,7 @@ impl LoaderRing {
 
     /// One CAS on slot `i` (`SlotDesc::try_claim`): the claim if it was FREE.
     fn claim_slot(&self, seat: Seat, i: u32) -> Option<Claim> {
-        self.desc(i).try_claim(seat).map(|round| Claim {
+        self.0.desc(i).try_claim(seat).map(|round| Claim {
             slot: i,
             seq: round.seq,
             ticket: round.ticket,
@@ -1460,8 +1629,8 @@ impl LoaderRing {
     pub fn slot_writer<'a>(&'a self, claim: &'a mut Claim) -> SlotWriter<'a> {
         SlotWriter {
             // slot_ptr checks the index; the result lies inside the mapping, so it is non-null.
-            base: std::ptr::NonNull::new(self.slot_ptr(claim.slot)).expect("mapped"),
-            len: self.geom.slot_bytes as usize,
+            base: std::ptr::NonNull::new(self.0.slot_ptr(claim.slot)).expect("mapped"),
+            len: self.0.geom.slot_bytes as usize,
             _claim: std::marker::PhantomData,
         }
     }
@@ -1476,7 +1645,7 @@ impl LoaderRing {
         sample_count: u32,
         error: u32,
     ) -> Result<(), CommitError> {
-        let slot_bytes = self.geom.slot_bytes;
+        let slot_bytes = self.0.geom.slot_bytes;
         let meta_offset = align_up(payload_len, META_ALIGN).unwrap_or(u64::MAX);
         let too_large = (meta_offset.saturating_add(meta_len) > slot_bytes
             || meta_len > u64::from(u32::MAX))
@@ -1500,10 +1669,11 @@ impl LoaderRing {
             error,
         };
         if self
+            .0
             .desc(claim.slot)
             .commit(claim.seat, claim.ticket, batch)
         {
-            let h = self.header();
+            let h = self.0.header();
             h.committed.fetch_add(1, Relaxed);
             h.bytes_committed.fetch_add(payload_len, Relaxed);
             futex::bump_and_wake_counted(&h.doorbell_futex, &h.doorbell_waiters, 1);
@@ -1527,12 +1697,12 @@ impl LoaderRing {
     /// registered for uploads, and for a read-only mapping. Best effort: a refusal is logged at
     /// debug level and changes nothing else.
     pub fn forget_slot_pages(&self, i: u32) {
-        if self.seg.access() != Access::ReadWrite || self.daemon().pid == std::process::id() {
+        if self.0.seg.access() != Access::ReadWrite || self.0.daemon().pid == std::process::id() {
             return;
         }
-        let ptr = self.slot_ptr(i);
+        let ptr = self.0.slot_ptr(i);
         // Slots start on a page boundary (SLOT_ALIGN); only whole pages of the slot.
-        let len = self.geom.slot_bytes as usize / SLOT_ALIGN * SLOT_ALIGN;
+        let len = self.0.geom.slot_bytes as usize / SLOT_ALIGN * SLOT_ALIGN;
         let Some(addr) = std::ptr::NonNull::new(ptr.cast::<std::ffi::c_void>()) else {
             return;
         };
@@ -1546,7 +1716,7 @@ impl LoaderRing {
         // reached through raw pointers), so none can observe the pages go.
         let r = unsafe { madvise(addr, len, MmapAdvise::MADV_DONTNEED) };
         if let Err(e) = r {
-            tracing::debug!(ring = %self.name(), slot = i, "cannot drop the slot's pages: {e}");
+            tracing::debug!(ring = %self.0.name(), slot = i, "cannot drop the slot's pages: {e}");
         }
     }
 
@@ -1555,40 +1725,40 @@ impl LoaderRing {
     /// status` and the daemon's summary read.
     #[inline]
     pub fn record_commit(&self, seat: Seat, payload_len: u64, busy_ns: u64) {
-        let entry = self.loader(seat.index as usize);
+        let entry = self.0.loader(seat.index as usize);
         entry.batches.fetch_add(1, Relaxed);
         entry.bytes.fetch_add(payload_len, Relaxed);
         entry.busy_ns.fetch_add(busy_ns, Relaxed);
         entry.heartbeat_ns.store(monotonic_ns(), Relaxed);
-        self.header().loader_busy_ns.fetch_add(busy_ns, Relaxed);
+        self.0.header().loader_busy_ns.fetch_add(busy_ns, Relaxed);
     }
 
     /// Books `ns` of waiting for a free slot in seat `seat`'s entry and the header, and
     /// refreshes the seat's heartbeat.
     #[inline]
     pub fn record_wait(&self, seat: Seat, ns: u64) {
-        let entry = self.loader(seat.index as usize);
+        let entry = self.0.loader(seat.index as usize);
         entry.wait_ns.fetch_add(ns, Relaxed);
-        self.header().loader_wait_ns.fetch_add(ns, Relaxed);
+        self.0.header().loader_wait_ns.fetch_add(ns, Relaxed);
         entry.heartbeat_ns.store(monotonic_ns(), Relaxed);
     }
 
     /// Counts one sample replaced by zeros (`dataset.on_bad_sample = "skip"`) in the ring's
     /// count of skipped samples (all loaders').
     pub fn count_bad_sample(&self) {
-        self.header().bad_samples_skipped.fetch_add(1, Relaxed);
+        self.0.header().bad_samples_skipped.fetch_add(1, Relaxed);
     }
 
     /// The work futex's value, loaded (Acquire) before looking for a free slot: the `seen` of
     /// [`LoaderRing::wait_for_work`].
     #[inline]
     pub fn work_seen(&self) -> u32 {
-        self.header().work_futex.load(Acquire)
+        self.0.header().work_futex.load(Acquire)
     }
 
     /// A loader's wait for a free slot, from `seen` (loaded before it looked for one).
     pub fn wait_for_work(&self, seen: u32, timeout: Duration) -> futex::Wake {
-        let h = self.header();
+        let h = self.0.header();
         futex::wait_counted(&h.work_futex, &h.work_waiters, seen, timeout)
     }
 }

@@ -224,7 +224,7 @@ impl LoaderReport {
 
 /// Runs this loader on `daemon.loader_cpus`, else on its daemon's CPUs where those are fewer
 /// than its own (the GPU's NUMA node's, docs/ARCHITECTURE.md "NUMA placement"); logged.
-fn place(ring: &pinring_ring::Ring, cfg: &Config) {
+fn place(ring: &LoaderRing, cfg: &Config) {
     let wanted = pinring_runtime::numa::cpus(cfg.daemon.loader_cpus.as_ref());
     match pinring_runtime::numa::follow(ring.daemon().pid as i32, wanted.as_deref()) {
         Ok(Some(cpus)) => {
