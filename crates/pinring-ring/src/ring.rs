@@ -183,6 +183,29 @@ pub struct LoaderRing(pub(crate) Ring);
 /// }
 /// ```
 ///
+/// Nor can it write the ring's memory beyond its buffers' transitions and its own handoff
+/// fields, which it changes through named methods: it has no descriptor, header or handoff
+/// block to write through.
+///
+/// ```compile_fail,E0599
+/// fn forge_a_word(ring: &pinring_ring::ConsumerRing) {
+///     ring.desc(0).word.store(0, std::sync::atomic::Ordering::Relaxed); // a slot's word
+/// }
+/// ```
+///
+/// ```compile_fail,E0599
+/// fn reset_the_count(ring: &pinring_ring::ConsumerRing) {
+///     ring.handoff().taken.store(0, std::sync::atomic::Ordering::Relaxed); // count_taken only
+/// }
+/// ```
+///
+/// ```compile_fail,E0599
+/// fn close_by_hand(ring: &pinring_ring::ConsumerRing) {
+///     use std::sync::atomic::Ordering::Release;
+///     ring.header().state.store(pinring_ring::ring_state::CLOSED, Release);
+/// }
+/// ```
+///
 /// It is made only by [`ConsumerRing::attach`], which checks admission and that the ring hands
 /// batches over:
 ///
@@ -198,7 +221,7 @@ pub struct LoaderRing(pub(crate) Ring);
 /// }
 /// ```
 #[derive(Debug)]
-pub struct ConsumerRing(Ring);
+pub struct ConsumerRing(pub(crate) Ring);
 
 /// A read-only view (`pinring status`, the metrics): the segment mapped read-only, so no write
 /// through it can reach the ring, and none of the roles' calls.
@@ -215,7 +238,7 @@ macro_rules! role_handle {
         }
     )*};
 }
-role_handle!(DaemonRing, ConsumerRing, RingView);
+role_handle!(DaemonRing, RingView);
 
 /// What every role may read of the ring: its name, geometry, state and the daemon's identity,
 /// as values (nothing that can be written through).
@@ -270,6 +293,16 @@ macro_rules! shared_reads {
                 self.0.end_seq()
             }
 
+            /// The run's first seq.
+            pub fn start_seq(&self) -> u64 {
+                self.0.start_seq()
+            }
+
+            /// The ring's generation (drawn by its daemon at creation).
+            pub fn generation(&self) -> u64 {
+                self.0.header().generation.load(Relaxed)
+            }
+
             /// A copy of the settings record's words (untrusted values: for messages only).
             pub fn settings_record(&self) -> [u64; crate::layout::SETTINGS_WORDS] {
                 self.0.settings_record()
@@ -283,7 +316,7 @@ macro_rules! shared_reads {
         }
     )*};
 }
-shared_reads!(LoaderRing);
+shared_reads!(LoaderRing, ConsumerRing);
 
 impl LoaderRing {
     /// Takes the loader's role on an opened ring: refused for a ring opened read-only
@@ -700,6 +733,11 @@ impl Ring {
     /// One past the run's last seq.
     pub fn end_seq(&self) -> u64 {
         self.header().end_seq.load(Relaxed)
+    }
+
+    /// The run's first seq.
+    pub fn start_seq(&self) -> u64 {
+        self.header().start_seq.load(Relaxed)
     }
 
     fn sys(&self, call: &'static str, source: nix::Error) -> RingError {
@@ -1764,16 +1802,134 @@ impl LoaderRing {
 }
 
 impl ConsumerRing {
+    /// Buffer `i`'s word (state and round), loaded with Acquire.
+    #[inline]
+    pub fn buffer_word(&self, i: u32) -> crate::handoff::BufferWord {
+        self.0.buffer_desc(i).load_word()
+    }
+
+    /// The seq buffer `i`'s descriptor names (untrusted: check it against the word's round).
+    #[inline]
+    pub fn buffer_seq(&self, i: u32) -> u64 {
+        self.0.buffer_desc(i).seq.load(Relaxed)
+    }
+
+    /// Buffer `i`'s exported handles (CUDA IPC): its memory, its ready and its release event.
+    pub fn buffer_handles(&self, i: u32) -> [[u8; crate::handoff::HANDLE_BYTES]; 3] {
+        let d = self.0.buffer_desc(i);
+        [
+            BufferDesc::load_handle(&d.mem_handle),
+            BufferDesc::load_handle(&d.ready_event),
+            BufferDesc::load_handle(&d.release_event),
+        ]
+    }
+
+    /// The handoff's backend code ([`crate::handoff::backend_code`]) and device ordinal.
+    pub fn handoff_backend(&self) -> (u32, u32) {
+        let b = self.0.handoff();
+        (b.backend.load(Relaxed), b.device.load(Relaxed))
+    }
+
+    /// The next seq the daemon will hand over (Acquire: every batch below it is seen FILLED,
+    /// or taken).
+    pub fn filled_next(&self) -> u64 {
+        self.0.handoff().filled_next.load(Acquire)
+    }
+
+    /// Batches this ring's consumers have taken, over the run.
+    #[inline]
+    pub fn taken(&self) -> u64 {
+        self.0.handoff().taken.load(Relaxed)
+    }
+
+    /// The delivery futex's value, loaded (Acquire) before looking for a batch: the `seen` of
+    /// [`ConsumerRing::wait_delivery`].
+    #[inline]
+    pub fn delivery_seen(&self) -> u32 {
+        self.0.handoff().deliver_futex.load(Acquire)
+    }
+
+    /// Books one batch taken, the consumer's next seq now `next`.
+    #[inline]
+    pub fn count_taken(&self, next: u64) {
+        let b = self.0.handoff();
+        b.taken.fetch_add(1, Relaxed);
+        b.taken_next.store(next, Relaxed);
+    }
+
+    /// Publishes the consumer's next seq (for `pinring status` and a later consumer).
+    pub fn set_taken_next(&self, next: u64) {
+        self.0.handoff().taken_next.store(next, Relaxed);
+    }
+
+    /// Publishes how many of its own buffers hold a batch (a consumer that copies).
+    pub fn set_own_held(&self, held: u32) {
+        self.0.handoff().own_held.store(held, Relaxed);
+    }
+
+    /// The part table's entry for part `part` of batch buffer `i`: the slot the daemon lists
+    /// for it (untrusted: check it before use). `None` for a ring whose daemon copies, or a
+    /// part past the table's row.
+    #[inline]
+    pub fn part_slot(&self, i: u32, part: u32) -> Option<u32> {
+        self.0.part_slot(i, part).map(|e| e.load(Relaxed))
+    }
+
+    /// A snapshot of slot `i`.
+    pub fn slot_view(&self, i: u32) -> SlotView {
+        self.0.slot_view(i)
+    }
+
+    /// Slots the daemon has taken back because their loader held them past the lease, over
+    /// the ring's life (the health block's count).
+    pub fn leases_expired(&self) -> u64 {
+        self.0.health().leases_expired.load(Relaxed)
+    }
+
+    /// The whole data area, for a consumer that copies parts out of their slots itself: its
+    /// start and length, to register with the backend once. Reads through it only, and of a
+    /// slot only while the daemon holds it UPLOADING for a batch this consumer took (the part
+    /// table names it).
+    pub fn registration_span(&self) -> (*mut u8, usize) {
+        (self.0.data_base(), self.0.data_len())
+    }
+
+    /// Slot `i`'s first byte, as the source of a consumer's asynchronous copy of a part (within
+    /// [`ConsumerRing::registration_span`]). Panics if out of range (caller bug).
+    pub fn copy_source(&self, i: u32) -> *const u8 {
+        self.0.slot_ptr(i).cast_const()
+    }
+
+    /// Host backend: batch buffer `i`'s bytes in the mapping, for the consumer's view of a
+    /// batch it took (DLPack); `None` for device buffers or a ring without a handoff. Panics if
+    /// `i` is out of range (caller bug).
+    pub fn host_buffer_ptr(&self, i: u32) -> Option<*mut u8> {
+        self.0.host_buffer_ptr(i)
+    }
+
+    /// Rings the daemon's doorbell (a release, a buffer given back).
+    pub fn ring_doorbell(&self) {
+        self.0.ring_doorbell()
+    }
+
+    /// A read-only view of the same ring (what `pinring status` reads, for the consumer's own
+    /// status), through a mapping of its own, so this handle hands out no raw layout. Opens the
+    /// ring again where this handle found it (its name in /dev/shm, or the anonymous ring's
+    /// path): once the daemon has removed that, there is nothing to open (`NotFound`).
+    pub fn view(&self) -> Result<RingView, RingError> {
+        RingView::open(self.name(), self.0.seg.opened_at(), Duration::ZERO)
+    }
+
     /// Takes FILLED buffer `i` of `round`; returns what its descriptor says it holds (values
     /// unchecked: the caller validates them), or None if it is not FILLED in that round.
     pub fn take_buffer(&self, i: u32, round: u32) -> Option<Filled> {
-        self.buffer_desc(i).take(round)
+        self.0.buffer_desc(i).take(round)
     }
 
     /// Gives TAKEN buffer `i` of `round` back to the daemon; false if it was not TAKEN in that
     /// round (the daemon reclaimed it after this consumer was believed gone).
     pub fn release_buffer(&self, i: u32, round: u32) -> bool {
-        self.buffer_desc(i).release(round)
+        self.0.buffer_desc(i).release(round)
     }
 
     /// Consumer: becomes the ring's one consumer. Takes [`lock::CONSUMER_LOCK`] (held until this
@@ -1781,27 +1937,27 @@ impl ConsumerRing {
     /// held, and records the pid. Fails with `NoHandoff` for a ring that hands nothing over and
     /// with `ConsumerPresent` while another consumer lives.
     pub fn attach_consumer(&self, me: ProcessId) -> Result<(), RingError> {
-        let Some(hg) = self.geom.handoff else {
+        let Some(hg) = self.0.geom.handoff else {
             return Err(RingError::NoHandoff {
-                name: self.name().into(),
+                name: self.0.name().into(),
             });
         };
-        if !lock::try_lock_exclusive(self.seg.file(), lock::CONSUMER_LOCK)
-            .map_err(|e| self.sys("fcntl(F_OFD_SETLK) on the consumer byte", e))?
+        if !lock::try_lock_exclusive(self.0.seg.file(), lock::CONSUMER_LOCK)
+            .map_err(|e| self.0.sys("fcntl(F_OFD_SETLK) on the consumer byte", e))?
         {
             return Err(RingError::ConsumerPresent {
-                name: self.name().into(),
-                pid: self.handoff().consumer_pid.load(Relaxed),
+                name: self.0.name().into(),
+                pid: self.0.handoff().consumer_pid.load(Relaxed),
             });
         }
-        let b = self.handoff();
+        let b = self.0.handoff();
         let mut reclaimed = 0;
         for i in 0..hg.buffers {
-            reclaimed += u64::from(self.buffer_desc(i).reclaim());
+            reclaimed += u64::from(self.0.buffer_desc(i).reclaim());
         }
         if reclaimed > 0 {
             b.reclaimed.fetch_add(reclaimed, Relaxed);
-            self.ring_doorbell();
+            self.0.ring_doorbell();
         }
         b.consumer_pid.store(me.pid, Relaxed);
         b.attaches.fetch_add(1, Relaxed);
@@ -1810,7 +1966,7 @@ impl ConsumerRing {
 
     /// Consumer: waits for a fill or a state change, from `seen` (loaded before it looked).
     pub fn wait_delivery(&self, seen: u32, timeout: Duration) -> futex::Wake {
-        let b = self.handoff();
+        let b = self.0.handoff();
         futex::wait_counted(&b.deliver_futex, &b.deliver_waiters, seen, timeout)
     }
 }

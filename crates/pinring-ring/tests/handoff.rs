@@ -47,8 +47,9 @@ fn an_opener_sees_the_config_and_the_host_buffers() {
     let p1 = c.host_buffer_ptr(1).unwrap() as usize;
     assert_eq!(p0 % 4096, 0);
     assert_eq!(p1 - p0, 8192);
+    let file = Ring::open(daemon.name(), Access::ReadOnly, T).unwrap();
     assert_eq!(
-        c.segment().len() as u64,
+        file.segment().len() as u64,
         c.geometry().total_bytes,
         "the file holds the area"
     );
@@ -134,8 +135,8 @@ fn scribbled_handoff_offsets_are_refused_at_open() {
 #[test]
 fn the_daemon_restores_scribbled_handoff_fields() {
     let (daemon, _u) = with_handoff("ho-seal");
-    let other =
-        ConsumerRing::attach(Ring::open(daemon.name(), Access::ReadWrite, T).unwrap()).unwrap();
+    // A rogue: another process's raw read-write mapping (no role writes these fields).
+    let other = Ring::open(daemon.name(), Access::ReadWrite, T).unwrap();
     other.handoff().buffers.store(64, Relaxed);
     other.handoff().host_offset.store(0, Relaxed);
     let changed = daemon.repair_header();
@@ -168,14 +169,15 @@ fn a_ring_whose_consumer_copies_lists_each_batchs_slots_for_an_opener() {
     assert_eq!(c.geometry(), daemon.geometry());
     let g = c.geometry().handoff.unwrap();
     assert_eq!(g.part_slots, 5);
-    assert_eq!(c.handoff().part_slots.load(Relaxed), 5);
+    let raw = Ring::open(daemon.name(), Access::ReadOnly, T).unwrap();
+    assert_eq!(raw.handoff().part_slots.load(Relaxed), 5);
     // The consumer's buffers are its own: none lies in the ring.
     assert_eq!(c.host_buffer_ptr(0), None);
     assert_eq!(c.handoff_config().unwrap(), b"[plan]\nbatch_size = 4\n");
     daemon.part_slot(2, 4).unwrap().store(77, Relaxed);
     daemon.part_slot(0, 0).unwrap().store(3, Relaxed);
-    assert_eq!(c.part_slot(2, 4).unwrap().load(Relaxed), 77);
-    assert_eq!(c.part_slot(0, 0).unwrap().load(Relaxed), 3);
+    assert_eq!(c.part_slot(2, 4), Some(77));
+    assert_eq!(c.part_slot(0, 0), Some(3));
     assert!(c.part_slot(0, 5).is_none(), "past the row");
     // A ring whose daemon copies has no table.
     let (plain, _u2) = with_handoff("ho-noparts");
@@ -190,4 +192,15 @@ fn a_part_table_size_changed_under_the_ring_is_refused_at_open() {
     let e = Ring::open(daemon.name(), Access::ReadWrite, T).unwrap_err();
     assert!(matches!(e, RingError::CorruptHeader { .. }), "{e}");
     assert!(e.to_string().contains("do not match"), "{e}");
+}
+
+#[test]
+fn a_consumer_reads_its_ring_through_a_read_only_view_of_its_own() {
+    let (daemon, _u) = with_handoff("ho-view");
+    let c = ConsumerRing::attach(Ring::open(daemon.name(), Access::ReadWrite, T).unwrap()).unwrap();
+    let v = c.view().unwrap();
+    assert_eq!(v.geometry(), c.geometry());
+    assert_eq!(v.segment().access(), Access::ReadOnly);
+    daemon.fill_buffer(1, &batch(0));
+    assert_eq!(v.handoff().filled_next.load(Relaxed), c.filled_next());
 }
