@@ -224,7 +224,22 @@ pub struct LoaderRing(pub(crate) Ring);
 pub struct ConsumerRing(pub(crate) Ring);
 
 /// A read-only view (`pinring status`, the metrics): the segment mapped read-only, so no write
-/// through it can reach the ring, and none of the roles' calls.
+/// through it can reach the ring, and none of the roles' calls. No handle gives out a general
+/// raw pointer into the data area (each role has only its narrowly named ones: the daemon's
+/// `registration_span` and `upload_source`, the consumer's `host_buffer_ptr`,
+/// `registration_span` and `copy_source`, the loader's claim's `SlotWriter`):
+///
+/// ```compile_fail,E0624
+/// fn raw_data(view: &pinring_ring::RingView) -> *mut u8 {
+///     view.data_base()
+/// }
+/// ```
+///
+/// ```compile_fail,E0624
+/// fn raw_slot(view: &pinring_ring::RingView) -> *mut u8 {
+///     view.slot_ptr(0)
+/// }
+/// ```
 #[derive(Debug)]
 pub struct RingView(Ring);
 
@@ -1135,7 +1150,7 @@ impl Ring {
 
     /// Host backend: start of batch buffer `i`'s bytes in the mapping (`None` for device buffers
     /// or a ring without a handoff). Panics if `i` is out of range (caller bug).
-    pub fn host_buffer_ptr(&self, i: u32) -> Option<*mut u8> {
+    pub(crate) fn host_buffer_ptr(&self, i: u32) -> Option<*mut u8> {
         let hg = self.geom.handoff?;
         assert!(i < hg.buffers, "buffer index {i} out of range");
         let off = hg.host_buffer_offset(i)?;
@@ -1193,20 +1208,20 @@ impl Ring {
         }
     }
 
-    /// Base of the data area (for registration with the GPU).
-    pub fn data_base(&self) -> *mut u8 {
+    /// Base of the data area (the roles' registration spans).
+    pub(crate) fn data_base(&self) -> *mut u8 {
         // SAFETY: data_offset <= mapping length (validated geometry), so the pointer stays
         // within (or one past) the mapping.
         unsafe { self.seg.base().add(self.geom.data_offset as usize) }
     }
 
     /// Bytes of the data area.
-    pub fn data_len(&self) -> usize {
+    pub(crate) fn data_len(&self) -> usize {
         self.geom.data_bytes() as usize
     }
 
     /// Start of slot `i`'s data. Panics if out of range (caller bug).
-    pub fn slot_ptr(&self, i: u32) -> *mut u8 {
+    pub(crate) fn slot_ptr(&self, i: u32) -> *mut u8 {
         assert!(i < self.geom.slot_count, "slot index {i} out of range");
         // SAFETY: i < slot_count so the slot lies inside the validated data area.
         unsafe {
@@ -1343,6 +1358,27 @@ impl DaemonRing {
     /// Creates the ring: the daemon's handle ([`DaemonRing::create`]'s checks and publication).
     pub fn create(opts: &CreateOptions) -> Result<DaemonRing, RingError> {
         Ring::create(opts).map(DaemonRing)
+    }
+
+    /// The whole data area, to register with the backend for uploads: its start and length.
+    /// The daemon reads a slot through it only while the slot is UPLOADING.
+    pub fn registration_span(&self) -> (*mut u8, usize) {
+        (self.data_base(), self.data_len())
+    }
+
+    /// Slot `i`'s first byte, as the source of an upload of the part it holds (within
+    /// [`DaemonRing::registration_span`]; the slot taken, UPLOADING). Panics if out of range
+    /// (caller bug).
+    #[inline]
+    pub fn upload_source(&self, i: u32) -> *mut u8 {
+        self.slot_ptr(i)
+    }
+
+    /// Host backend: batch buffer `i`'s bytes in the mapping, which the daemon fills for the
+    /// consumer (`None` for device buffers or a ring without a handoff). Panics if `i` is out
+    /// of range (caller bug).
+    pub fn host_buffer_ptr(&self, i: u32) -> Option<*mut u8> {
+        self.0.host_buffer_ptr(i)
     }
 
     /// Marks the handoff exported (every buffer's handles written, before the ring is READY):
