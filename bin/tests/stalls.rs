@@ -18,10 +18,10 @@ fn commit_failed_part(ring_name: &str, seq: u64, message: &str) {
         LoaderRing::join(Ring::open(ring_name, Access::ReadWrite, Duration::from_secs(5)).unwrap())
             .unwrap();
     let seat = ring.attach_loader(ProcessId::current()).unwrap();
-    let slots = ring.geometry().slot_count;
     let view = pinring_ring::RingView::open(ring_name, None, Duration::from_secs(5)).unwrap();
-    let slot = (0..slots)
-        .find(|&s| view.slot_view(s).seq == seq)
+    let slots = view.snapshot().slots;
+    let slot = (0..slots.len() as u32)
+        .find(|&s| slots[s as usize].seq == seq)
         .expect("a slot carries the seq");
     let mut claim = ring.try_claim(seat, slot).expect("the slot is FREE");
     assert_eq!(claim.seq(), seq);

@@ -182,7 +182,7 @@ impl Consumer {
         };
         // A closed consumer has no status, however it was read before.
         self.with(|_| ())?;
-        let snap = pinring_daemon::observe::Snapshot::take(view);
+        let snap = pinring_daemon::observe::Snapshot::take(&view.snapshot());
         serde_json::to_string(&snap).map_err(|e| {
             exit_error(
                 pinring_exit::Exit::Internal,

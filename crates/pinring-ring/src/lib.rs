@@ -40,6 +40,8 @@ pub mod ring;
 #[cfg(not(loom))]
 pub mod segment;
 pub mod slot;
+#[cfg(not(loom))]
+pub mod snapshot;
 pub mod sync;
 
 #[cfg(not(loom))]
@@ -58,3 +60,5 @@ pub use ring::{
 #[cfg(not(loom))]
 pub use segment::{find_anonymous, object_path, validate_name, Access, AnonymousRing, Segment};
 pub use slot::{fit_in_slot, Seat, SlotState, SlotWord, Taken};
+#[cfg(not(loom))]
+pub use snapshot::{HandoffView, HeaderCounters, HealthCounters, RingSnapshot};

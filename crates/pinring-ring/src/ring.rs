@@ -224,18 +224,43 @@ pub struct LoaderRing(pub(crate) Ring);
 pub struct ConsumerRing(pub(crate) Ring);
 
 /// A read-only view (`pinring status`, the metrics): the segment mapped read-only, so no write
-/// through it can reach the ring, and none of the roles' calls. No handle gives out a general
-/// raw pointer into the data area (each role has only its narrowly named ones: the daemon's
+/// through it can reach the ring, and none of the roles' calls. It reads the ring as a
+/// [`RingView::snapshot`] of plain values (header counters, health, loader table, slot states,
+/// handoff), and has no header, block or descriptor to write through:
+///
+/// ```compile_fail,E0599
+/// fn bump(view: &pinring_ring::RingView) {
+///     view.header().committed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+/// }
+/// ```
+///
+/// ```compile_fail,E0599
+/// fn scribble(view: &pinring_ring::RingView) {
+///     view.health().quarantined.store(0, std::sync::atomic::Ordering::Relaxed);
+/// }
+/// ```
+///
+/// What it reads compiles:
+///
+/// ```
+/// fn delivered(view: &pinring_ring::RingView) -> (u64, usize) {
+///     let s = view.snapshot();
+///     (s.header.delivered, s.loaders.len())
+/// }
+/// ```
+///
+/// No handle gives out a general raw pointer into the data area (each role has only its
+/// narrowly named ones: the daemon's
 /// `registration_span` and `upload_source`, the consumer's `host_buffer_ptr`,
 /// `registration_span` and `copy_source`, the loader's claim's `SlotWriter`):
 ///
-/// ```compile_fail,E0624
+/// ```compile_fail,E0599
 /// fn raw_data(view: &pinring_ring::RingView) -> *mut u8 {
 ///     view.data_base()
 /// }
 /// ```
 ///
-/// ```compile_fail,E0624
+/// ```compile_fail,E0599
 /// fn raw_slot(view: &pinring_ring::RingView) -> *mut u8 {
 ///     view.slot_ptr(0)
 /// }
@@ -253,7 +278,7 @@ macro_rules! role_handle {
         }
     )*};
 }
-role_handle!(DaemonRing, RingView);
+role_handle!(DaemonRing);
 
 /// What every role may read of the ring: its name, geometry, state and the daemon's identity,
 /// as values (nothing that can be written through).
@@ -331,7 +356,7 @@ macro_rules! shared_reads {
         }
     )*};
 }
-shared_reads!(LoaderRing, ConsumerRing);
+shared_reads!(LoaderRing, ConsumerRing, RingView);
 
 impl LoaderRing {
     /// Takes the loader's role on an opened ring: refused for a ring opened read-only
@@ -368,6 +393,12 @@ impl RingView {
         timeout: Duration,
     ) -> Result<RingView, RingError> {
         Ring::open_at(name, at, Access::ReadOnly, timeout).map(RingView)
+    }
+
+    /// What `pinring status`, the metrics and the tests read of the ring, copied out as plain
+    /// values.
+    pub fn snapshot(&self) -> crate::snapshot::RingSnapshot {
+        self.0.snapshot()
     }
 }
 
@@ -1379,6 +1410,12 @@ impl DaemonRing {
     /// of range (caller bug).
     pub fn host_buffer_ptr(&self, i: u32) -> Option<*mut u8> {
         self.0.host_buffer_ptr(i)
+    }
+
+    /// What the daemon's own status and metrics read of its ring, copied out as plain values
+    /// (what a [`RingView`] reads from outside).
+    pub fn snapshot(&self) -> crate::snapshot::RingSnapshot {
+        self.0.snapshot()
     }
 
     /// Marks the handoff exported (every buffer's handles written, before the ring is READY):

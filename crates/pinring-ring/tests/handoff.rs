@@ -200,7 +200,15 @@ fn a_consumer_reads_its_ring_through_a_read_only_view_of_its_own() {
     let c = ConsumerRing::attach(Ring::open(daemon.name(), Access::ReadWrite, T).unwrap()).unwrap();
     let v = c.view().unwrap();
     assert_eq!(v.geometry(), c.geometry());
-    assert_eq!(v.segment().access(), Access::ReadOnly);
     daemon.fill_buffer(1, &batch(0));
-    assert_eq!(v.handoff().filled_next.load(Relaxed), c.filled_next());
+    let snap = v.snapshot();
+    assert_eq!(snap.geometry, c.geometry());
+    let words = snap.handoff.expect("a handoff").buffers;
+    assert_eq!(words.len(), 3);
+    assert_eq!(
+        words[1].state,
+        buffer_state::FILLED,
+        "the daemon's fill, seen by the view"
+    );
+    assert_eq!(words[1], c.buffer_word(1));
 }
