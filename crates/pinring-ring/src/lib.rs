@@ -38,11 +38,15 @@ pub mod recovery;
 #[cfg(not(loom))]
 pub mod ring;
 #[cfg(not(loom))]
+mod roles;
+#[cfg(not(loom))]
 pub mod segment;
 pub mod slot;
 #[cfg(not(loom))]
 pub mod snapshot;
 pub mod sync;
+#[cfg(not(loom))]
+pub mod writer;
 
 #[cfg(not(loom))]
 pub use attach::{attach, attach_at_unless, attach_unless, Waiting};
@@ -54,11 +58,12 @@ pub use recovery::Expired;
 pub use ring::resolve_group;
 #[cfg(not(loom))]
 pub use ring::{
-    write_words_at, Claim, ConsumerRing, CreateOptions, DaemonRing, LoaderRing, LoaderView,
-    OutOfSlot, Ring, RingView, SlotView, SlotWriter,
+    ConsumerRing, CreateOptions, DaemonRing, LoaderRing, LoaderView, Ring, RingView, SlotView,
 };
 #[cfg(not(loom))]
 pub use segment::{find_anonymous, object_path, validate_name, Access, AnonymousRing, Segment};
 pub use slot::{fit_in_slot, Seat, SlotState, SlotWord, Taken};
 #[cfg(not(loom))]
 pub use snapshot::{HandoffView, HeaderCounters, HealthCounters, RingSnapshot};
+#[cfg(not(loom))]
+pub use writer::{write_words_at, Claim, OutOfSlot, SlotWriter};
