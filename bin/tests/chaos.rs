@@ -490,7 +490,13 @@ fn a_rogue_write_into_a_ready_payload_is_caught_by_the_verify_sink_with_exit_6()
     let (fx, daemon, ring, loaders) = rogue_run("chaos-scribble-bytes", "skip");
     let rogue = Ring::open(&fx.ring, Access::ReadWrite, Duration::from_secs(5)).unwrap();
     let (paused, slot, seq) = ready_slot_with_daemon_stopped(&ring, &daemon);
-    let byte = rogue.slot_ptr(slot);
+    // The slot's first byte, found as any process that maps the file could (no role hands a
+    // raw pointer into the data area out).
+    let g = rogue.geometry();
+    let byte = rogue
+        .segment()
+        .base()
+        .wrapping_add(g.data_offset as usize + slot as usize * g.slot_bytes as usize);
     // SAFETY: `byte` is the first byte of slot `slot`, inside the read-write mapping `rogue`
     // holds for this whole block; any u8 value is valid. No loader writes a READY slot.
     let old = unsafe { byte.read_volatile() };

@@ -384,9 +384,10 @@ fn a_loader_beyond_the_loader_table_is_refused_with_exit_8() {
     let me = ProcessId::current();
     let mut taken: Vec<(LoaderRing, pinring_ring::Seat)> = (0..pinring_ring::MAX_LOADERS)
         .map(|_| {
-            let r = LoaderRing::from(
+            let r = LoaderRing::join(
                 Ring::open(&fx.ring, Access::ReadWrite, Duration::from_secs(5)).unwrap(),
-            );
+            )
+            .unwrap();
             let seat = r.attach_loader(me).unwrap();
             (r, seat)
         })

@@ -140,7 +140,8 @@ fn tokens_u32_across_two_files_shifted_overlapping() {
     tokens_run("files-tok32", "u32", "i64", 33, 20, &[700, 555], None, 2);
 }
 
-/// 37 samples of 3x5 f32 with i32 labels, in one array.
+/// 37 samples of 3x5 f32 with i32 labels, in one array (labels in 0..2^32, which a part's
+/// metadata records: one outside is refused, `an_npy_label_out_of_range_stops_the_loader`).
 #[test]
 fn npy_one_array_with_labels() {
     let config = "[ring]\nslots = 8\n[dataset]\nkind = \"npy\"\n[dataset.npy]\n\
@@ -151,7 +152,7 @@ fn npy_one_array_with_labels() {
     let n = 37usize;
     let x = bytes(1, n * 15 * 4);
     let y: Vec<u8> = (0..n as i32)
-        .flat_map(|i| (i * 7 - 100).to_le_bytes())
+        .flat_map(|i| (i * 7 + 100).to_le_bytes())
         .collect();
     std::fs::write(
         fx.dir.path().join("x.npy"),
@@ -252,6 +253,43 @@ fn npy_directory_of_per_sample_files() {
     let samples = per_sample_files(fx.dir.path(), 23);
     let expect = |_: u32, id: u64| vec![samples[id as usize].clone()];
     run_checked(&fx, 3, &["data"], &expect);
+}
+
+/// The labels rule (docs/FORMATS.md, "A part's labels"): an i32 label of -100 is outside the
+/// metadata's u32 range, so the loader that makes its part commits it failed and exits 3, and
+/// the daemon stops the run, both naming the sample, the label and the range.
+#[test]
+fn an_npy_label_out_of_range_stops_the_loader() {
+    let config = "[ring]\nslots = 8\n[dataset]\nkind = \"npy\"\n[dataset.npy]\n\
+                  path = \"x.npy\"\nfield = \"x\"\ndtype = \"f32\"\nshape = [4]\n\
+                  labels = \"y.npy\"\nlabels_dtype = \"i32\"\n\
+                  [plan]\nbatch_size = 4\nshuffle = false\nepochs = 1\n[daemon]\nprefetch = 2\n";
+    let fx = Fixture::new("files-npylabel", config);
+    let n = 8usize;
+    std::fs::write(
+        fx.dir.path().join("x.npy"),
+        npy_bytes("<f4", &[n as u64, 4], &bytes(1, n * 16)),
+    )
+    .unwrap();
+    let y: Vec<u8> = (0..n as i32)
+        .flat_map(|i| if i == 5 { -100 } else { i }.to_le_bytes())
+        .collect();
+    std::fs::write(
+        fx.dir.path().join("y.npy"),
+        npy_bytes("<i4", &[n as u64], &y),
+    )
+    .unwrap();
+    let mut daemon = fx.daemon(&["--sink", "consumer"]);
+    fx.wait_ready(&mut daemon);
+    let (status, log) = wait_for(fx.loader(&fx.config), "loader", LONG);
+    assert_eq!(status.code(), Some(3), "{log}");
+    let named = |log: &str| {
+        log.contains("label -100 of sample 5") && log.contains("outside 0..=4294967295")
+    };
+    assert!(named(&log) && !log.contains("panicked"), "{log}");
+    let (status, daemon_log) = wait_for(daemon, "daemon", LONG);
+    assert_eq!(status.code(), Some(3), "{daemon_log}");
+    assert!(named(&daemon_log), "{daemon_log}");
 }
 
 /// Per-sample file 0005.npy cut one byte short.

@@ -143,7 +143,7 @@ fn a_trainer_holding_one_batch_gives_its_slots_back_without_asking_for_another()
     let buffers = ring.geometry().handoff.unwrap().buffers;
     let taken = |c: &Consumer| {
         (0..buffers)
-            .filter(|&i| c.ring().buffer_desc(i).load_word().state == buffer_state::TAKEN)
+            .filter(|&i| c.ring().buffer_word(i).state == buffer_state::TAKEN)
             .count()
     };
     // Three times: take one batch, keep it, ask for nothing: its descriptor comes back.

@@ -15,11 +15,13 @@ use std::time::{Duration, Instant};
 /// then leaves, in the slot carrying `seq`.
 fn commit_failed_part(ring_name: &str, seq: u64, message: &str) {
     let ring =
-        LoaderRing::from(Ring::open(ring_name, Access::ReadWrite, Duration::from_secs(5)).unwrap());
+        LoaderRing::join(Ring::open(ring_name, Access::ReadWrite, Duration::from_secs(5)).unwrap())
+            .unwrap();
     let seat = ring.attach_loader(ProcessId::current()).unwrap();
-    let slots = ring.geometry().slot_count;
-    let slot = (0..slots)
-        .find(|&s| ring.slot_view(s).seq == seq)
+    let view = pinring_ring::RingView::open(ring_name, None, Duration::from_secs(5)).unwrap();
+    let slots = view.snapshot().slots;
+    let slot = (0..slots.len() as u32)
+        .find(|&s| slots[s as usize].seq == seq)
         .expect("a slot carries the seq");
     let mut claim = ring.try_claim(seat, slot).expect("the slot is FREE");
     assert_eq!(claim.seq(), seq);

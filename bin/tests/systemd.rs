@@ -417,11 +417,7 @@ impl Drop for RemoveSegment {
 
 fn delivered(ring: &str) -> u64 {
     pinring_observe::open_read_only(ring, None)
-        .map(|r| {
-            r.header()
-                .delivered
-                .load(std::sync::atomic::Ordering::Relaxed)
-        })
+        .map(|r| r.snapshot().header.delivered)
         .unwrap_or(0)
 }
 
@@ -490,7 +486,8 @@ fn the_units_run_the_pipeline_restart_a_killed_loader_and_drain_on_stop() {
         Duration::from_secs(30),
         || {
             ring_view
-                .loaders()
+                .snapshot()
+                .loaders
                 .iter()
                 // Pids in the table are the namespace's, as systemctl reports them.
                 .any(|l| l.pid == restarted && l.batches > 0)

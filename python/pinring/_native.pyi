@@ -279,7 +279,8 @@ class EmbeddedDaemon:
 @final
 class Part:
     """One claimed part of a batch (a whole batch when it fits one slot). Fill every field,
-    then ``commit()`` within the daemon's lease (``daemon.lease_ms``, 30 s by default)."""
+    then ``commit()`` within the daemon's lease (``daemon.lease_ms``, 30 s by default). A part
+    dropped uncommitted is given back: the daemon makes it again elsewhere once the lease ends."""
 
     @property
     def seq(self) -> int:
@@ -305,10 +306,12 @@ class Part:
     @property
     def committed(self) -> bool: ...
     def commit(self) -> None:
-        """Writes the part's metadata (labels: the ``labels`` field's values) and publishes the
-        slot. Raises ``PartReclaimed`` (a ``RingError``) if the daemon took the slot back
-        first, ``RingError`` if the metadata does not fit the slot, ``UsageError`` if already
-        committed."""
+        """Writes the part's metadata (labels: the values of an integer ``labels`` field of one
+        value per sample, any integer dtype) and publishes the slot. Raises ``ValueError``
+        naming the sample, the label and the range for a label outside ``0..=4294967295``
+        (nothing is published: fix it and commit again), ``PartReclaimed`` (a ``RingError``) if
+        the daemon took the slot back first, ``RingError`` if the metadata does not fit the
+        slot, ``UsageError`` if already committed."""
     def __len__(self) -> int: ...
 
 @final

@@ -156,6 +156,43 @@ def test_claim_times_out_and_commit_twice_is_refused(tmp_path):
         r.close()
 
 
+# -- the labels rule (docs/FORMATS.md, "A part's labels"), the same as pinring-loader's -------
+
+
+@pytest.mark.parametrize("dtype,bad", [("u8", None), ("i16", -1), ("u32", None), ("u64", 2**40), ("i64", -7)])
+def test_labels_of_every_integer_dtype_are_taken_and_one_out_of_range_is_refused(tmp_path, dtype, bad):
+    config = {
+        "dataset": {"kind": "external", "samples": 64,
+                    "fields": [{"name": "x", "dtype": "f32", "shape": [4]},
+                               {"name": "labels", "dtype": dtype, "shape": []}]},
+        "plan": {"batch_size": 8, "shuffle": False, "epochs": 1},
+    }
+    path = tmp_path / "ring.toml"
+    path.write_text(pinring.check_config(config)["toml"])
+    daemon = pinring.EmbeddedDaemon(config=str(path), backend="host", anonymous=True)
+    try:
+        p = pinring.Producer(daemon.ring, config=str(path), path=daemon.path)
+        part = p.claim(timeout=30)
+        labels = np.from_dlpack(part.fields["labels"])
+        assert labels.dtype == np.dtype({"u8": "uint8", "i16": "int16", "u32": "uint32",
+                                         "u64": "uint64", "i64": "int64"}[dtype])
+        labels[:] = 200 + np.arange(len(part))
+        if bad is not None:
+            labels[3] = bad
+            with pytest.raises(ValueError) as refused:
+                part.commit()
+            text = str(refused.value)
+            assert f"label {bad} of sample {part.indices[3]} " in text, text
+            assert "outside 0..=4294967295" in text and "labels field" in text, text
+            assert not part.committed, "a refused part is still the producer's to fix"
+            labels[3] = 5
+        part.commit()
+        assert part.committed
+        p.close()
+    finally:
+        daemon.stop()
+
+
 # -- the example in docs/PYTHON.md ------------------------------------------------------------
 
 DOC = ROOT / "docs" / "PYTHON.md"

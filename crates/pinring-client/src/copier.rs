@@ -112,7 +112,7 @@ impl Copier {
     /// memory on the host backend) and registers the ring's slots with it; `plan` and `layout`
     /// (the ring's) say where each part's bytes lie.
     pub(crate) fn open(
-        ring: &pinring_ring::Ring,
+        ring: &ConsumerRing,
         cuda: Option<u32>,
         buffers: u32,
         buffer_bytes: u64,
@@ -128,14 +128,11 @@ impl Copier {
             None => (BackendKind::Host, 0),
         };
         let selected = pinring_backend::select(kind, device as usize).map_err(backend_err)?;
+        let span = ring.registration_span();
         // SAFETY: the data area is the ring's live shared mapping; the registration is dropped
         // before the mapping (Shared's field order puts the memory before the ring).
-        let registration = unsafe {
-            selected
-                .backend
-                .register(ring.data_base(), ring.data_len(), false)
-        }
-        .map_err(backend_err)?;
+        let registration =
+            unsafe { selected.backend.register(span.0, span.1, false) }.map_err(backend_err)?;
         let engine: Arc<dyn Uploader> = Arc::from(
             selected
                 .backend
@@ -197,7 +194,7 @@ impl Copier {
     /// Shows `pinring status` how many own buffers hold a batch.
     fn publish_held(&self, ring: &ConsumerRing, free: usize) {
         let held = self.engine.buffer_count().saturating_sub(free);
-        ring.handoff().own_held.store(held as u32, Relaxed);
+        ring.set_own_held(held as u32);
     }
 
     /// Own buffers free now.
@@ -252,14 +249,11 @@ impl Copier {
             let part = plan
                 .part_into(part_seq, samples)
                 .map_err(|e| corrupt(format!("seq {part_seq} is not in the plan: {e}")))?;
-            let slot = ring
-                .part_slot(desc, p as u32)
-                .ok_or_else(|| {
-                    corrupt(format!(
-                        "part {p} has no entry in the part table ({parts} parts per batch)"
-                    ))
-                })?
-                .load(Relaxed);
+            let slot = ring.part_slot(desc, p as u32).ok_or_else(|| {
+                corrupt(format!(
+                    "part {p} has no entry in the part table ({parts} parts per batch)"
+                ))
+            })?;
             if slot >= g.slot_count {
                 return Err(corrupt(format!(
                     "part {p} names slot {slot}, the ring has {}",
@@ -274,7 +268,7 @@ impl Copier {
                     view.seq, view.state
                 )));
             }
-            let base = ring.slot_ptr(slot);
+            let base = ring.copy_source(slot);
             for c in self
                 .layout
                 .part_copies(part.samples, part.first_in_batch, part.bytes)

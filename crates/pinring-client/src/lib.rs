@@ -36,8 +36,8 @@ pub use fields::{FieldView, Location};
 pub use memory::Memory;
 
 use pinring_data::Config;
-use pinring_ring::handoff::{buffer_state, BufferWord, Filled};
-use pinring_ring::{ring_state, Access, ConsumerRing, ProcessId, Ring};
+use pinring_ring::handoff::{buffer_state, Filled};
+use pinring_ring::{ring_state, Access, ConsumerRing, ProcessId};
 use std::sync::atomic::Ordering::{Acquire, Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -165,13 +165,12 @@ impl Consumer {
             stop,
             waiting,
         )?;
-        let h = ring.header();
         let cfg = ring_config(&ring)?;
         let fields = fields::Fields::of(&cfg).map_err(|what| ClientError::Corrupt {
             ring: name.into(),
             what,
         })?;
-        let fingerprint = h.fingerprint.load(Relaxed);
+        let fingerprint = ring.fingerprint();
         if cfg.fingerprint() != fingerprint {
             return Err(ClientError::Corrupt {
                 ring: name.into(),
@@ -194,7 +193,7 @@ impl Consumer {
             what: format!("the config stored in the ring has no valid plan: {e}"),
         })?;
         let parts = plan.parts_per_batch();
-        let (start, end_seq) = (h.start_seq.load(Relaxed), h.end_seq.load(Relaxed));
+        let (start, end_seq) = (ring.start_seq(), ring.end_seq());
         ring.attach_consumer(ProcessId::current())?;
         // When this process copies, its engine reads each part from its slot by the plan.
         let memory = Memory::open(&ring, &plan, fields.layout())?;
@@ -207,7 +206,7 @@ impl Consumer {
                 seq
             }
         };
-        ring.handoff().taken_next.store(next, Relaxed);
+        ring.set_taken_next(next);
         let buffers = ring.geometry().handoff.map_or(0, |h| h.buffers);
         let copies = matches!(memory, Memory::Own(_));
         let shared = Arc::new(Shared {
@@ -274,12 +273,12 @@ impl Consumer {
             if self.in_order && self.next >= self.end_seq {
                 return Ok(None);
             }
-            if !self.in_order && ring.handoff().taken.load(Relaxed) >= self.run_batches {
+            if !self.in_order && ring.taken() >= self.run_batches {
                 return Ok(None);
             }
             // Acquire: pairs with the daemon's bump after a fill, so a fill after this load
             // makes the wait below return at once.
-            let seen = ring.handoff().deliver_futex.load(Acquire);
+            let seen = ring.delivery_seen();
             if let Some(batch) = self.try_take()? {
                 return Ok(Some(batch));
             }
@@ -342,20 +341,18 @@ impl Consumer {
         // when it does not hold `next` are they all.
         let mut best: Option<(u32, u32, u64)> = None;
         if self.in_order && self.hint < self.buffers {
-            let d = ring.buffer_desc(self.hint);
-            let w = d.load_word();
-            if w.state == buffer_state::FILLED && d.seq.load(Relaxed) == self.next {
+            let w = ring.buffer_word(self.hint);
+            if w.state == buffer_state::FILLED && ring.buffer_seq(self.hint) == self.next {
                 best = Some((self.hint, w.round, self.next));
             }
         }
         let scan = if best.is_none() { self.buffers } else { 0 };
         for i in 0..scan {
-            let d = ring.buffer_desc(i);
-            let w = d.load_word();
+            let w = ring.buffer_word(i);
             if w.state != buffer_state::FILLED {
                 continue;
             }
-            let seq = d.seq.load(Relaxed);
+            let seq = ring.buffer_seq(i);
             if self.in_order && seq < self.next {
                 // Below a named resume point: give it straight back.
                 if ring.take_buffer(i, w.round).is_some() {
@@ -423,17 +420,15 @@ impl Consumer {
         }
         let ring = &self.shared.ring;
         (0..self.buffers)
-            .filter(|&i| ring.buffer_desc(i).load_word().state == buffer_state::TAKEN)
+            .filter(|&i| ring.buffer_word(i).state == buffer_state::TAKEN)
             .count() as u32
     }
 
     fn count_take(&mut self, seq: u64) {
-        let b = self.shared.ring.handoff();
-        b.taken.fetch_add(1, Relaxed);
         if seq + self.parts > self.next {
             self.next = seq + self.parts;
         }
-        b.taken_next.store(self.next, Relaxed);
+        self.shared.ring.count_taken(self.next);
     }
 
     /// Checks what taken descriptor `desc` says against the plan, and makes the batch in
@@ -680,16 +675,11 @@ fn open_ready(
     else {
         return Err(ClientError::Interrupted { ring: name.into() });
     };
-    if ring.handoff().exported.load(Acquire) != 1 {
-        return Err(ClientError::Ring(pinring_ring::RingError::NoHandoff {
-            name: name.into(),
-        }));
-    }
-    Ok(ConsumerRing::from(ring))
+    Ok(ConsumerRing::attach(ring)?)
 }
 
 /// The config the daemon stored in the ring, parsed and validated.
-fn ring_config(ring: &Ring) -> Result<Config, ClientError> {
+fn ring_config(ring: &ConsumerRing) -> Result<Config, ClientError> {
     let corrupt = |what: String| ClientError::Corrupt {
         ring: ring.name().into(),
         what,
@@ -713,15 +703,13 @@ fn ring_config(ring: &Ring) -> Result<Config, ClientError> {
 
 /// The lowest seq a consumer attaching now can still get: the lowest handed over and not taken,
 /// else the next the daemon will hand over.
-fn first_available(ring: &Ring) -> u64 {
-    let b = ring.handoff();
+fn first_available(ring: &ConsumerRing) -> u64 {
     // Acquire: pairs with the daemon's Release of filled_next, so every batch below it is seen
     // FILLED (or taken: by nobody now, this consumer holds the lock).
-    let mut low = b.filled_next.load(Acquire);
+    let mut low = ring.filled_next();
     for i in 0..ring.geometry().handoff.map_or(0, |h| h.buffers) {
-        let d = ring.buffer_desc(i);
-        if BufferWord::unpack(d.word.load(Acquire)).state == buffer_state::FILLED {
-            low = low.min(d.seq.load(Relaxed));
+        if ring.buffer_word(i).state == buffer_state::FILLED {
+            low = low.min(ring.buffer_seq(i));
         }
     }
     low
@@ -768,11 +756,7 @@ fn check_resume(
 
 impl Drop for Consumer {
     fn drop(&mut self) {
-        self.shared
-            .ring
-            .handoff()
-            .taken_next
-            .store(self.next, Relaxed);
+        self.shared.ring.set_taken_next(self.next);
         if let Some((handle, stop)) = self.releaser.take() {
             // It gives back what is still being copied, then stops.
             stop.store(true, Relaxed);

@@ -3,9 +3,8 @@
 
 use crate::{ClientError, Location};
 use pinring_backend::{BackendError, BufferExport};
-use pinring_ring::handoff::{backend_code, BufferDesc};
-use pinring_ring::Ring;
-use std::sync::atomic::Ordering::Relaxed;
+use pinring_ring::handoff::backend_code;
+use pinring_ring::ConsumerRing;
 
 /// The batch buffers, as this process reaches them.
 #[derive(Debug)]
@@ -42,21 +41,20 @@ pub enum Memory {
 impl Memory {
     /// Opens the ring's buffers.
     pub(crate) fn open(
-        ring: &Ring,
+        ring: &ConsumerRing,
         plan: &pinring_data::Plan,
         layout: &pinring_data::BatchLayout,
     ) -> Result<Memory, ClientError> {
-        let b = ring.handoff();
         let hg = ring.geometry().handoff.ok_or_else(|| {
             ClientError::Ring(pinring_ring::RingError::NoHandoff {
                 name: ring.name().into(),
             })
         })?;
-        let backend = b.backend.load(Relaxed);
+        let (backend, device) = ring.handoff_backend();
         if hg.part_slots > 0 {
             let cuda = match backend {
                 backend_code::HOST => None,
-                backend_code::CUDA => Some(b.device.load(Relaxed)),
+                backend_code::CUDA => Some(device),
                 other => {
                     return Err(ClientError::Corrupt {
                         ring: ring.name().into(),
@@ -84,7 +82,7 @@ impl Memory {
                 buffer_bytes: hg.buffer_bytes,
             }),
             backend_code::CUDA if ring.daemon().pid == std::process::id() => {
-                let generation = ring.header().generation.load(Relaxed);
+                let generation = ring.generation();
                 let uploader = pinring_backend::engines::engine(generation).ok_or_else(|| {
                     ClientError::Corrupt {
                         ring: ring.name().into(),
@@ -95,22 +93,22 @@ impl Memory {
                 })?;
                 Ok(Memory::Local {
                     uploader: Engine(uploader),
-                    device: b.device.load(Relaxed),
+                    device,
                     buffer_bytes: hg.buffer_bytes,
                 })
             }
             backend_code::CUDA => {
                 let exports: Vec<BufferExport> = (0..hg.buffers)
                     .map(|i| {
-                        let d = ring.buffer_desc(i);
+                        let [mem, ready_event, release_event] = ring.buffer_handles(i);
                         BufferExport {
-                            mem: BufferDesc::load_handle(&d.mem_handle),
-                            ready_event: BufferDesc::load_handle(&d.ready_event),
-                            release_event: BufferDesc::load_handle(&d.release_event),
+                            mem,
+                            ready_event,
+                            release_event,
                         }
                     })
                     .collect();
-                let device = b.device.load(Relaxed) as usize;
+                let device = device as usize;
                 let imported = pinring_backend::cuda::ipc::Imported::open(device, &exports)
                     .map_err(|source| ClientError::Backend {
                         ring: ring.name().into(),

@@ -52,7 +52,7 @@ fn line(out: &mut String, name: &str, kind: &str, help: &str, labels: &str, valu
 
 /// The metrics in Prometheus text format (version 0.0.4).
 pub fn render(ring: &Ring, m: &DaemonMetrics) -> String {
-    let s = Snapshot::take(ring);
+    let s = Snapshot::take(&ring.snapshot());
     let l = format!("ring=\"{}\"", s.ring);
     let mut out = String::new();
     ring_counters(&mut out, ring, m, &s, &l);

@@ -122,7 +122,7 @@ impl DaemonService {
         );
         self.notifier
             .send(&[NotifyState::Ready, NotifyState::Status(&status)]);
-        self.last = Some(Snapshot::take(ring));
+        self.last = Some(Snapshot::take(&ring.snapshot()));
         self.last_status = Instant::now();
         Ok(())
     }
@@ -136,7 +136,7 @@ impl DaemonService {
         let status;
         if !self.stopping && turn.saturating_duration_since(self.last_status) >= STATUS_EVERY {
             self.last_status = turn;
-            let now = Snapshot::take(ring);
+            let now = Snapshot::take(&ring.snapshot());
             if let Some(prev) = &self.last {
                 let r = Rates::between(prev, &now);
                 status = format!(

@@ -169,14 +169,11 @@ impl Daemon {
         // The consumer that copies registers the ring in its own process; the daemon reads no
         // slot on the GPU.
         let registration = if let Some(selected) = selected.as_ref().filter(|_| !args.no_register) {
+            let span = ring.registration_span();
             // SAFETY: the data area is a live shared mapping owned by `ring`, which outlives the
             // guard: here the guard drops first (declared later), and in `Daemon` the field
             // order drops the registration before the ring.
-            let reg = unsafe {
-                selected
-                    .backend
-                    .register(ring.data_base(), ring.data_len(), args.zero_copy)
-            };
+            let reg = unsafe { selected.backend.register(span.0, span.1, args.zero_copy) };
             match reg {
                 Ok(r) => Some(r),
                 Err(e) => {
@@ -381,10 +378,7 @@ fn export_buffers(
             BufferDesc::store_handle(&d.release_event, &x.release_event);
         }
     }
-    // Release: pairs with the consumer's Acquire load before it reads the handles.
-    ring.handoff()
-        .exported
-        .store(1, std::sync::atomic::Ordering::Release);
+    ring.mark_exported();
     Ok(())
 }
 

@@ -165,7 +165,7 @@ impl Daemon {
                 seq,
                 source: sink::Source::Mapped {
                     slot,
-                    ptr: sink::SlotPtr(self.ring.slot_ptr(slot)),
+                    ptr: sink::SlotPtr(self.ring.upload_source(slot)),
                 },
                 buffer,
                 len,
@@ -239,7 +239,7 @@ impl Daemon {
         // contiguous in the slot; for a byte part, its range of the cut field) to where
         // those values go in the field's tensor. Submitted as one group: the backend
         // says how many completions will come (one per part on CUDA, one per copy on host).
-        let base = self.ring.slot_ptr(slot);
+        let base = self.ring.upload_source(slot);
         let mut jobs = std::mem::take(&mut self.up.jobs_buf);
         jobs.clear();
         for copy in self

@@ -13,9 +13,8 @@
 
 #![forbid(unsafe_code)]
 
-use pinring_ring::{ring_state, Ring, RingError, RingView, SlotState};
+use pinring_ring::{ring_state, RingError, RingSnapshot, RingView, SlotState};
 use serde::Serialize;
-use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
 /// Opens ring `name` read-only (a [`RingView`]): named in /dev/shm, or with `at` an anonymous
@@ -160,11 +159,11 @@ pub struct Stalled {
 }
 
 impl Stalled {
-    fn of(ring: &Ring) -> Option<Stalled> {
-        let since = ring.health().stalled_since_ns.load(Relaxed);
-        (since != 0 && ring.daemon_alive().unwrap_or(false)).then(|| Stalled {
+    fn of(ring: &RingSnapshot) -> Option<Stalled> {
+        let since = ring.health.stalled_since_ns;
+        (since != 0 && ring.daemon_alive).then(|| Stalled {
             seconds: secs(pinring_ring::clock::monotonic_ns().saturating_sub(since)),
-            seq: ring.health().stalled_seq.load(Relaxed),
+            seq: ring.health.stalled_seq,
         })
     }
 }
@@ -192,25 +191,22 @@ pub struct ConsumerView {
 }
 
 impl ConsumerView {
-    fn of(ring: &Ring) -> Option<ConsumerView> {
+    fn of(ring: &RingSnapshot) -> Option<ConsumerView> {
         use pinring_ring::handoff::buffer_state;
-        let g = ring.geometry().handoff?;
-        let b = ring.handoff();
-        let states: Vec<u8> = (0..g.buffers)
-            .map(|i| ring.buffer_desc(i).load_word().state)
-            .collect();
-        let count = |s: u8| states.iter().filter(|&&x| x == s).count() as u32;
+        let g = ring.geometry.handoff?;
+        let b = ring.handoff.as_ref()?;
+        let count = |s: u8| b.buffers.iter().filter(|w| w.state == s).count() as u32;
         let consumer_copies = g.part_slots > 0;
-        let attached = ring.consumer_alive().unwrap_or(false);
+        let attached = b.consumer_alive;
         Some(ConsumerView {
             attached,
-            pid: b.consumer_pid.load(Relaxed),
+            pid: b.consumer_pid,
             buffers: g.buffers,
             waiting: count(buffer_state::FILLED),
             // The consumer's own buffers, as it publishes them (none once it is gone).
             held: if consumer_copies {
                 if attached {
-                    b.own_held.load(Relaxed).min(g.buffers)
+                    b.own_held.min(g.buffers)
                 } else {
                     0
                 }
@@ -222,20 +218,20 @@ impl ConsumerView {
             } else {
                 "daemon"
             },
-            taken: b.taken.load(Relaxed),
-            reclaimed: b.reclaimed.load(Relaxed),
+            taken: b.taken,
+            reclaimed: b.reclaimed,
         })
     }
 }
 
 /// The device a consumer ring delivers to, as its handoff block records it.
-fn device_of(ring: &Ring) -> Option<String> {
+fn device_of(ring: &RingSnapshot) -> Option<String> {
     use pinring_ring::handoff::backend_code;
-    ring.geometry().handoff?;
-    let b = ring.handoff();
-    match b.backend.load(Relaxed) {
+    ring.geometry.handoff?;
+    let b = ring.handoff.as_ref()?;
+    match b.backend {
         backend_code::HOST => Some("host".into()),
-        backend_code::CUDA => Some(format!("cuda:{}", b.device.load(Relaxed))),
+        backend_code::CUDA => Some(format!("cuda:{}", b.device)),
         _ => None,
     }
 }
@@ -245,15 +241,14 @@ fn secs(ns: u64) -> f64 {
 }
 
 impl Snapshot {
-    /// Reads `ring` (every field is a single atomic load; the snapshot is not one instant but
-    /// each counter is exact).
-    pub fn take(ring: &Ring) -> Snapshot {
-        let h = ring.header();
-        let g = ring.geometry();
+    /// Reads `ring`, copied out of the ring ([`RingView::snapshot`]: every field a single
+    /// atomic load; the snapshot is not one instant but each counter is exact).
+    pub fn take(ring: &RingSnapshot) -> Snapshot {
+        let h = &ring.header;
+        let g = ring.geometry;
         let mut slots = SlotCounts::default();
         let mut busy_owners = std::collections::HashSet::new();
-        for i in 0..g.slot_count {
-            let v = ring.slot_view(i);
+        for v in &ring.slots {
             match v.state {
                 Some(SlotState::Idle) => slots.idle += 1,
                 Some(SlotState::Free) => slots.free += 1,
@@ -266,11 +261,11 @@ impl Snapshot {
                 None => slots.invalid += 1,
             }
         }
-        let delivered = h.delivered.load(Relaxed);
+        let delivered = h.delivered;
         let saw = DaemonSaw::published(ring, delivered);
         let loaders = ring
-            .loaders()
-            .into_iter()
+            .loaders
+            .iter()
             .map(|l| {
                 // One loader waits or works, never both: together at most the ring's age.
                 let (busy, wait) = (secs(l.busy_ns), secs(l.wait_ns));
@@ -291,43 +286,43 @@ impl Snapshot {
             .collect();
         let checked = checked_loader_figures(
             &LoaderReport {
-                wait_ns: h.loader_wait_ns.load(Relaxed),
-                busy_ns: h.loader_busy_ns.load(Relaxed),
-                bad_samples: h.bad_samples_skipped.load(Relaxed),
+                wait_ns: h.loader_wait_ns,
+                busy_ns: h.loader_busy_ns,
+                bad_samples: h.bad_samples_skipped,
             },
             &saw,
         );
         Snapshot {
-            ring: ring.name().to_string(),
-            state: ring_state::name(ring.state()),
-            daemon_pid: ring.daemon().pid,
-            daemon_alive: ring.daemon_alive().unwrap_or(false),
+            ring: ring.name.clone(),
+            state: ring_state::name(ring.state),
+            daemon_pid: ring.daemon.pid,
+            daemon_alive: ring.daemon_alive,
             device: device_of(ring),
             slot_count: g.slot_count,
             slot_bytes: g.slot_bytes,
             slots,
             loaders,
-            start_seq: h.start_seq.load(Relaxed),
-            end_seq: h.end_seq.load(Relaxed),
-            committed: h.committed.load(Relaxed),
+            start_seq: h.start_seq,
+            end_seq: h.end_seq,
+            committed: h.committed,
             delivered,
-            resume_seq: h.next_deliver.load(Relaxed),
-            bytes_in: h.bytes_committed.load(Relaxed),
-            bytes_out: h.bytes_delivered.load(Relaxed),
-            reclaimed: h.reclaimed.load(Relaxed),
-            rejected: h.rejected.load(Relaxed),
-            daemon_wait_seconds: secs(h.daemon_wait_ns.load(Relaxed)),
+            resume_seq: h.next_deliver,
+            bytes_in: h.bytes_committed,
+            bytes_out: h.bytes_delivered,
+            reclaimed: h.reclaimed,
+            rejected: h.rejected,
+            daemon_wait_seconds: secs(h.daemon_wait_ns),
             loader_wait_seconds: checked.wait,
             loader_busy_seconds: checked.busy,
-            upload_seconds: secs(h.upload_ns.load(Relaxed)),
-            leases_expired: ring.health().leases_expired.load(Relaxed),
-            hung_loaders: ring.health().hung_loaders.load(Relaxed),
-            last_hung_pid: ring.health().last_hung_pid.load(Relaxed),
-            quarantined: ring.health().quarantined.load(Relaxed),
-            reissued: ring.health().reissued.load(Relaxed),
-            bad_batches_skipped: ring.health().bad_batches_skipped.load(Relaxed),
+            upload_seconds: secs(h.upload_ns),
+            leases_expired: ring.health.leases_expired,
+            hung_loaders: ring.health.hung_loaders,
+            last_hung_pid: ring.health.last_hung_pid,
+            quarantined: ring.health.quarantined,
+            reissued: ring.health.reissued,
+            bad_batches_skipped: ring.health.bad_batches_skipped,
             bad_samples_skipped: checked.bad_samples,
-            corrupt_descriptors: ring.health().corrupt_descriptors.load(Relaxed),
+            corrupt_descriptors: ring.health.corrupt_descriptors,
             consumer: ConsumerView::of(ring),
             stalled: Stalled::of(ring),
             untrusted: checked.untrusted,
@@ -509,25 +504,22 @@ impl DaemonSaw {
     /// published count lags by up to one reap: the live loaders times the time since the
     /// daemon's heartbeat are added. Every allowance errs toward believing the loaders (a
     /// scribbled heartbeat or creation time widens it, never narrows it below the truth).
-    pub fn published(ring: &Ring, delivered: u64) -> DaemonSaw {
-        let (h, health) = (ring.header(), ring.health());
+    pub fn published(ring: &RingSnapshot, delivered: u64) -> DaemonSaw {
+        let (h, health) = (&ring.header, &ring.health);
         let now_unix = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as u64);
-        let wall = secs(now_unix.saturating_sub(h.created_unix_ns.load(Relaxed)));
+        let wall = secs(now_unix.saturating_sub(h.created_unix_ns));
         // Since the daemon last counted (no longer than the ring has existed: a daemon that
         // has not reaped yet has a heartbeat of 0).
-        let lag = secs(
-            pinring_ring::clock::monotonic_ns()
-                .saturating_sub(health.daemon_heartbeat_ns.load(Relaxed)),
-        )
-        .min(wall);
-        let slots = ring.geometry().slot_count;
-        let per_batch = health.skippable_per_batch.load(Relaxed);
+        let lag =
+            secs(pinring_ring::clock::monotonic_ns().saturating_sub(health.daemon_heartbeat_ns))
+                .min(wall);
+        let slots = ring.geometry.slot_count;
+        let per_batch = health.skippable_per_batch;
         DaemonSaw {
             wall,
-            loader_seconds: secs(health.loader_ns_seen.load(Relaxed))
-                + lag * f64::from(ring.attached_loaders()),
+            loader_seconds: secs(health.loader_ns_seen) + lag * f64::from(ring.attached_loaders),
             samples_possible: delivered
                 .saturating_add(u64::from(slots))
                 .saturating_mul(per_batch),

@@ -404,7 +404,7 @@ fn measure(targets: &[Target], interval: Duration) -> Vec<RingReport> {
         targets.iter().map(|t| (t, t.open())).collect();
     let first: Vec<Option<Snapshot>> = opened
         .iter()
-        .map(|(_, r)| r.as_ref().ok().map(|v| Snapshot::take(v)))
+        .map(|(_, r)| r.as_ref().ok().map(|v| Snapshot::take(&v.snapshot())))
         .collect();
     // The measurement window of the rates; nothing is waited for.
     std::thread::sleep(interval);
@@ -416,7 +416,7 @@ fn measure(targets: &[Target], interval: Duration) -> Vec<RingReport> {
             let anonymous = target.at.as_ref().map(|p| p.display().to_string());
             match (opened, first) {
                 (Ok(r), Some(a)) => {
-                    let b = Snapshot::take(&r);
+                    let b = Snapshot::take(&r.snapshot());
                     RingReport {
                         ring,
                         anonymous,
@@ -567,14 +567,14 @@ mod tests {
             snapshot: Some(snap),
             error: None,
         };
-        let clean = render(&[report(Snapshot::take(&ring))]);
+        let clean = render(&[report(Snapshot::take(&ring.snapshot()))]);
         assert!(!clean.contains("faults"), "{clean}");
         let h = ring.health();
         h.hung_loaders.store(1, Relaxed);
         h.last_hung_pid.store(4242, Relaxed);
         h.leases_expired.store(1, Relaxed);
         h.quarantined.store(1, Relaxed);
-        let snap = Snapshot::take(&ring);
+        let snap = Snapshot::take(&ring.snapshot());
         let json = serde_json::to_value(&snap).unwrap();
         assert_eq!(json["hung_loaders"], 1);
         assert_eq!(json["last_hung_pid"], 4242);
@@ -590,9 +590,9 @@ mod tests {
     fn the_resume_point_the_daemon_publishes_shows_in_the_view_and_in_the_json() {
         let (name, ring) = test_ring("resume", 5..40, false);
         // A new ring resumes at its first seq; then wherever the daemon says.
-        assert_eq!(Snapshot::take(&ring).resume_seq, 5);
+        assert_eq!(Snapshot::take(&ring.snapshot()).resume_seq, 5);
         ring.header().next_deliver.store(17, Relaxed);
-        let snap = Snapshot::take(&ring);
+        let snap = Snapshot::take(&ring.snapshot());
         let json = serde_json::to_value(&snap).unwrap();
         assert_eq!(json["resume_seq"], 17);
         let text = render(&[RingReport {

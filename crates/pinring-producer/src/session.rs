@@ -1,14 +1,15 @@
 //! [`Session`]: one seat in one ring's loader table, and the claim loop.
 
+use crate::part::{LabelSource, PartBuffers, PartGuard, PlanFailed};
 use pinring_data::{BatchLayout, BatchMeta, Config, Plan};
 use pinring_exit::{Coded, Exit};
-use pinring_ring::failure::ERR_META;
+use pinring_ring::failure::{ERR_META, ERR_PLAN};
 use pinring_ring::layout::{align_up, META_ALIGN};
 use pinring_ring::{
-    futex, ring_state, Access, Claim, CommitError, LoaderRing, ProcessId, Ring, RingError, Seat,
+    futex, ring_state, Access, Claim, CommitError, LoaderRing, ProcessId, RingError, Seat,
     SlotWriter,
 };
-use std::sync::atomic::Ordering::{Acquire, Relaxed};
+use std::borrow::Borrow;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -83,6 +84,8 @@ pub struct Joined {
     pub cfg: Config,
     /// Its batch layout (fields, part sizes).
     pub layout: BatchLayout,
+    /// Where a part's metadata labels come from (the labels rule, [`crate::part`]).
+    pub(crate) labels: LabelSource,
 }
 
 impl Joined {
@@ -90,7 +93,7 @@ impl Joined {
     /// bytes (at the next [`META_ALIGN`] boundary, within the config's metadata reserve).
     /// Returns what to commit: `(payload_len, meta_len, error)`, with [`ERR_META`] and no bytes
     /// when the payload did not fit (`fits` false) or the metadata does not.
-    pub fn write_meta(
+    pub(crate) fn write_meta(
         &self,
         slot: &mut SlotWriter<'_>,
         meta: &BatchMeta,
@@ -120,7 +123,7 @@ impl Joined {
     /// `started`, heartbeat). A commit refused because the daemon took the slot back abandons it
     /// (the daemon keeps a slot taken from a live loader out of use until it sees that, or the
     /// loader's exit) and returns `Reclaimed`.
-    pub fn commit(
+    pub(crate) fn commit(
         &self,
         claim: Claim,
         payload_len: u64,
@@ -133,15 +136,7 @@ impl Joined {
         let (seat, slot, ticket) = (claim.seat(), claim.slot(), claim.ticket());
         match ring.commit(claim, payload_len, meta_len, sample_count, error) {
             Ok(()) => {
-                let ns = started.elapsed().as_nanos() as u64;
-                let entry = ring.loader(seat.index as usize);
-                entry.batches.fetch_add(1, Relaxed);
-                entry.bytes.fetch_add(payload_len, Relaxed);
-                entry.busy_ns.fetch_add(ns, Relaxed);
-                entry
-                    .heartbeat_ns
-                    .store(pinring_ring::clock::monotonic_ns(), Relaxed);
-                ring.header().loader_busy_ns.fetch_add(ns, Relaxed);
+                ring.record_commit(seat, payload_len, started.elapsed().as_nanos() as u64);
                 Ok(())
             }
             Err(e @ CommitError::Reclaimed { .. }) => {
@@ -219,14 +214,20 @@ impl Session {
         else {
             return Ok(None);
         };
-        let ring = LoaderRing::from(ring);
+        let ring = LoaderRing::join(ring)?;
         let plan = Session::check_ring(&mut cfg, &ring)?;
         let seat = ring.attach_loader(ProcessId::current())?;
         let layout = cfg.batch_layout();
+        let labels = LabelSource::of(&cfg, &layout);
         let hint = u32::from(seat.index) % ring.geometry().slot_count;
         let share = ring.attached_loaders();
         Ok(Some(Session {
-            joined: Arc::new(Joined { ring, cfg, layout }),
+            joined: Arc::new(Joined {
+                ring,
+                cfg,
+                layout,
+                labels,
+            }),
             plan,
             seat,
             hint,
@@ -242,13 +243,12 @@ impl Session {
     /// resolved and published (the part layout, the seq -> samples mapping, follows from it
     /// identically on both sides); the fingerprints must match (`Mismatch`); the plan covers
     /// every seq up to the ring's end seq (the daemon decides how many epochs run).
-    pub fn check_ring(cfg: &mut Config, ring: &Ring) -> Result<Plan, SessionError> {
-        let h = ring.header();
+    pub fn check_ring(cfg: &mut Config, ring: &LoaderRing) -> Result<Plan, SessionError> {
         let g = ring.geometry();
         if cfg.adopt_slot_bytes(g.slot_bytes, g.slot_count) {
             tracing::debug!(ring = %cfg.ring.name, slot_bytes = g.slot_bytes, slots = g.slot_count, "ring.slot_bytes = \"auto\": adopted the daemon's slot size");
         }
-        let theirs = h.fingerprint.load(Relaxed);
+        let theirs = ring.fingerprint();
         if cfg.fingerprint() != theirs {
             // The daemon's settings record names what differs; without a record (an older
             // daemon's ring) or where it names nothing, the files' length is the likeliest.
@@ -268,7 +268,7 @@ impl Session {
                 theirs,
             });
         }
-        let end_seq = h.end_seq.load(Relaxed);
+        let end_seq = ring.end_seq();
         plan_covering(cfg, end_seq)
     }
 
@@ -299,6 +299,36 @@ impl Session {
         out: &mut Vec<u64>,
     ) -> Result<pinring_data::Part, pinring_data::PlanError> {
         self.plan.part_into(seq, out)
+    }
+
+    /// The part `claim`'s seq names, as a guard that writes, commits or fails it (and gives it
+    /// back if dropped with neither), its sample ids in `bufs` (reused from the last part's
+    /// [`crate::Done`], or new). `joined` is this session's [`Session::joined`], held as the
+    /// guard needs it (`&Joined`, or an `Arc` for a part that outlives the call). A seq the plan
+    /// cannot make is committed failed (`ERR_PLAN`: the daemon reports it) and its error
+    /// returned.
+    pub fn part<J: Borrow<Joined>>(
+        &mut self,
+        joined: J,
+        claim: Claim,
+        mut bufs: PartBuffers,
+    ) -> Result<PartGuard<J>, PlanFailed> {
+        assert!(
+            std::ptr::eq(joined.borrow(), &*self.joined),
+            "a part is made with its own session's ring"
+        );
+        let started = Instant::now();
+        match self.plan.part_into(claim.seq(), bufs.samples_mut()) {
+            Ok(part) => Ok(PartGuard::new(joined, claim, part, bufs, started)),
+            Err(e) => {
+                tracing::error!(ring = %self.joined.cfg.ring.name, seq = claim.seq(), "cannot make this batch: {e}");
+                let committed = self.joined.commit(claim, 0, 0, 0, ERR_PLAN, started);
+                Err(PlanFailed {
+                    error: e,
+                    committed,
+                })
+            }
+        }
     }
 
     /// This session's seat in the loader table.
@@ -337,7 +367,7 @@ impl Session {
             let ring = &self.joined.ring;
             // Acquire: pairs with the daemon's Release bump after it frees a slot, so a slot
             // freed after this load makes the wait below return at once.
-            let seen = ring.header().work_futex.load(Acquire);
+            let seen = ring.work_seen();
             if let Some(mut claim) = ring.try_claim_preferring(self.seat, self.share, self.hint) {
                 self.hint = (claim.slot() + 1) % ring.geometry().slot_count;
                 if self.peers > 0 && claim.foreign() {
@@ -412,7 +442,6 @@ impl Session {
     /// 100 ms.
     fn confirm_end(&self, stop: &mut dyn FnMut() -> bool) -> Result<EndCheck, RingError> {
         let ring = &self.joined.ring;
-        let h = ring.header();
         loop {
             if stop() {
                 return Ok(EndCheck::Stopped);
@@ -420,7 +449,7 @@ impl Session {
             if !ring.daemon_alive()? {
                 return Ok(EndCheck::Ended);
             }
-            let seen = h.work_futex.load(Acquire);
+            let seen = ring.work_seen();
             if ring.state() == ring_state::READY {
                 return Ok(EndCheck::Resumed);
             }
@@ -430,13 +459,7 @@ impl Session {
 
     /// Books `ns` of waiting for a free slot and refreshes this seat's heartbeat.
     fn note_wait(&self, ns: u64) {
-        let ring = &self.joined.ring;
-        let entry = ring.loader(self.seat.index as usize);
-        entry.wait_ns.fetch_add(ns, Relaxed);
-        ring.header().loader_wait_ns.fetch_add(ns, Relaxed);
-        entry
-            .heartbeat_ns
-            .store(pinring_ring::clock::monotonic_ns(), Relaxed);
+        self.joined.ring.record_wait(self.seat, ns);
     }
 }
 
@@ -460,7 +483,7 @@ enum EndCheck {
 /// Why a file dataset's fingerprint may differ: the daemon's source has another length than this
 /// loader's (known when the daemon stored its config in the ring, `--sink consumer`), or a
 /// general note that the files' length is part of the fingerprint.
-fn length_hint(cfg: &Config, ring: &Ring) -> String {
+fn length_hint(cfg: &Config, ring: &LoaderRing) -> String {
     if !cfg.dataset.kind.reads_files() {
         return String::new();
     }

@@ -40,6 +40,8 @@ pub struct Consumer {
     inner: Mutex<Option<pinring_client::Consumer>>,
     ring: String,
     live: crate::process::Live,
+    /// A read-only view of the ring for `status()`, opened at its first call.
+    view: std::sync::OnceLock<pinring_ring::RingView>,
 }
 
 impl Consumer {
@@ -97,6 +99,7 @@ impl Consumer {
             inner: Mutex::new(Some(c)),
             ring,
             live: crate::process::Live::new(),
+            view: std::sync::OnceLock::new(),
         })
     }
 
@@ -164,18 +167,22 @@ impl Consumer {
     /// the lease (`daemon.lease_ms`), over the ring's life (its health block's count).
     #[getter]
     fn leases_expired(&self) -> PyResult<u64> {
-        self.with(|c| {
-            c.ring()
-                .health()
-                .leases_expired
-                .load(std::sync::atomic::Ordering::Relaxed)
-        })
+        self.with(|c| c.ring().leases_expired())
     }
 
     /// The ring as `pinring status --json` reads it, as JSON text: slot counts, loaders, batches
     /// committed and delivered, bytes in and out, and the wait counters the verdict reads.
     fn status(&self) -> PyResult<String> {
-        let snap = self.with(|c| pinring_observe::Snapshot::take(c.ring()))?;
+        let view = match self.view.get() {
+            Some(v) => v,
+            None => {
+                let v = self.with(|c| c.ring().view())?.map_err(|e| e.to_pyerr())?;
+                self.view.get_or_init(|| v)
+            }
+        };
+        // A closed consumer has no status, however it was read before.
+        self.with(|_| ())?;
+        let snap = pinring_observe::Snapshot::take(&view.snapshot());
         serde_json::to_string(&snap).map_err(|e| {
             exit_error(
                 pinring_exit::Exit::Internal,

@@ -1,10 +1,12 @@
 //! A loader in Python: [`Producer`] is a pinring-producer `Session`, the one `pinring-loader`
 //! runs: it joins a ring's loader table the same way (`Session::join`), claims FREE slots in the
-//! same loop (`Session::claim`) and hands each one to Python as a [`Part`]: the part's seq,
-//! batch and sample ids, and one writable [`Field`] per batch field viewing that field's chunk
-//! of the part in the slot (field-major, `FieldPlacement::chunk_in_part`). `Part.commit()`
-//! writes the part's metadata and commits the slot READY through what the session joined
-//! (`Joined::write_meta`, `Joined::commit`). Nothing of the protocol lives in Python.
+//! same loop (`Session::claim`) and makes each into the session's part guard
+//! (`Session::part`, the one `pinring-loader` fills), handed to Python as a [`Part`]: the
+//! part's seq, batch and sample ids, and one writable [`Field`] per batch field over the guard's
+//! view of that field's chunk in the slot (`PartGuard::field_views`). `Part.commit()` is the
+//! guard's commit: the metadata with its labels by the one labels rule, then the slot READY. A
+//! part dropped uncommitted is given back (its claim abandoned). Nothing of the protocol lives
+//! in Python, and nothing here writes into the slot.
 //!
 //! Leases: the daemon takes back a slot whose claim has not changed for `daemon.lease_ms`
 //! (default 30 s), whatever the loader's heartbeat says; a part must be committed within it.
@@ -17,12 +19,9 @@
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use pinring_data::{BatchIndices, BatchMeta, DatasetKind, Dtype, LABELS};
 use pinring_exit::Exit;
 use pinring_producer::loader;
-use pinring_producer::{Joined, Next, Session};
-use pinring_ring::failure::ERR_PLAN;
-use pinring_ring::{Claim, CommitError};
+use pinring_producer::{Joined, Next, PartBuffers, PartError, PartGuard, Session};
 use pinring_runtime::settings::{self, Overrides, Spelling};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -156,71 +155,44 @@ impl Producer {
                 )))
             }
         };
-        let started = Instant::now();
-        let seq = claim.seq();
-        let mut samples = Vec::new();
-        let part = match st.session.part_into(seq, &mut samples) {
-            Ok(p) => p,
-            Err(e) => {
-                // The Rust loader's answer to a seq it cannot make: commit it as an error.
-                let _ = st
-                    .session
-                    .joined()
-                    .commit(claim, 0, 0, 0, ERR_PLAN, started);
-                return Err(e.to_pyerr());
-            }
-        };
-        let joined = st.session.joined();
-        let base = joined.ring.slot_ptr(claim.slot());
-        let slot_bytes = joined.ring.geometry().slot_bytes;
-        let n = samples.len() as u64;
-        let owner: Arc<dyn crate::FieldOwner> = Arc::new(KeepAlive(Arc::clone(joined)));
+        // The part the seq names, as the session's guard: a seq the plan cannot make is
+        // committed failed by the session (as pinring-loader's), and its error raised.
+        let joined = Arc::clone(st.session.joined());
+        let mut guard = st
+            .session
+            .part(Arc::clone(&joined), claim, PartBuffers::default())
+            .map_err(|failed| failed.error.to_pyerr())?;
+        let part = *guard.part();
+        let indices = guard.samples().to_vec();
+        let owner: Arc<dyn crate::FieldOwner> = Arc::new(KeepAlive(Arc::clone(&joined)));
         let fields = PyDict::new(py);
-        if joined.layout.payload_bytes(n) > slot_bytes {
-            return Err(exit_error(
-                Exit::Internal,
-                format!("ring {:?}: part {seq} does not fit its slot", self.ring),
-            ));
-        }
-        for f in &joined.layout.fields {
-            let (offset, _) = f.chunk_in_part(n);
-            let mut shape = vec![n as usize];
-            shape.extend(f.shape[1..].iter().map(|&d| d as usize));
-            // SAFETY: offset < payload_bytes(n) <= slot_bytes (checked above), so the pointer
-            // stays inside the slot.
-            let ptr = unsafe { base.add(offset as usize) };
-            if (ptr as usize) % f.dtype.size_of() != 0 {
-                return Err(exit_error(
-                    Exit::Internal,
-                    format!(
-                        "field {:?} ({}) of part {seq} starts at byte {offset} of its slot, not \
-                         a multiple of its element size: declare fields with larger elements \
-                         first (8-byte, then 4, 2, 1)",
-                        f.name, f.dtype
-                    ),
-                ));
-            }
-            // SAFETY: the chunk (n × sample_bytes bytes from `offset`) lies inside the claimed
-            // slot (payload_bytes(n) <= slot_bytes), which the protocol gives this claimant
-            // alone until it commits; `owner` keeps the ring mapped as long as the field or any
-            // array made from it lives. Writing after the commit is the caller's mistake (the
-            // part's documentation says so); it cannot leave the mapping.
+        for mut view in guard.field_views().map_err(|e| e.to_pyerr())? {
+            // SAFETY: the view is the field's chunk of the claimed slot (`len()` bytes, aligned
+            // for its dtype, checked by the guard), which the protocol gives this claimant alone
+            // until it commits; `owner` keeps the ring mapped as long as the field or any array
+            // made from it lives. Writing after the commit is the caller's mistake (the part's
+            // documentation says so); it cannot leave the mapping.
             let field = unsafe {
-                Field::new(ptr.cast(), f.dtype, &shape, Device::Cpu, Arc::clone(&owner))
+                Field::new(
+                    view.as_mut_ptr().cast(),
+                    view.dtype,
+                    &view.shape,
+                    Device::Cpu,
+                    Arc::clone(&owner),
+                )
             }?;
-            fields.set_item(&f.name, Py::new(py, field)?)?;
+            fields.set_item(view.name, Py::new(py, field)?)?;
         }
         Ok(Some(Part {
-            seq,
+            seq: part.seq,
             batch: part.batch,
             epoch: part.epoch,
             index_in_epoch: part.index_in_epoch,
             first_in_batch: part.first_in_batch,
-            indices: samples,
+            indices,
             fields: fields.unbind(),
-            claim: Mutex::new(Some(claim)),
-            joined: Arc::clone(joined),
-            started,
+            guard: Mutex::new(guard),
+            joined,
         }))
     }
 
@@ -287,9 +259,9 @@ pub struct Part {
     /// Field name -> writable Field of shape [samples in part, ...].
     #[pyo3(get)]
     fields: Py<PyDict>,
-    claim: Mutex<Option<Claim>>,
+    /// The claimed part: written through `fields`, committed, or given back when dropped.
+    guard: Mutex<PartGuard<Arc<Joined>>>,
     joined: Arc<Joined>,
-    started: Instant,
 }
 
 impl std::fmt::Debug for Part {
@@ -301,56 +273,6 @@ impl std::fmt::Debug for Part {
     }
 }
 
-impl Part {
-    /// The meta labels: the values of an integer `labels` field in the slot, if there is one
-    /// and they fit a u32; otherwise the generator's for synthetic samples (as the Rust loader
-    /// computes them), and none for others.
-    fn labels(&self, claim: &Claim) -> PyResult<Vec<u32>> {
-        let j = &self.joined;
-        let n = self.indices.len();
-        let fallback = || match j.cfg.dataset.kind {
-            DatasetKind::Synthetic => j.cfg.synthetic().labels(&self.indices),
-            DatasetKind::External
-            | DatasetKind::Tokens
-            | DatasetKind::Npy
-            | DatasetKind::WebDataset
-            | DatasetKind::ImageFolder => Vec::new(),
-        };
-        let Some(f) = j.layout.field(LABELS) else {
-            return Ok(fallback());
-        };
-        let width = match f.dtype {
-            Dtype::I64 | Dtype::I32 if f.shape.len() == 1 => f.dtype.size_of(),
-            _ => return Ok(fallback()),
-        };
-        let (offset, _) = f.chunk_in_part(n as u64);
-        let base = j.ring.slot_ptr(claim.slot());
-        (0..n)
-            .map(|i| {
-                let mut b = [0u8; 8];
-                // SAFETY: the labels chunk (n × width bytes at `offset`) lies inside the
-                // claimed slot (checked when the part was made), so the address stays in it.
-                let src = unsafe { base.add(offset as usize + i * width) };
-                // SAFETY: `src..src + width` lies inside the claimed slot (above), which this
-                // process filled; `b` is a local of 8 >= width bytes.
-                unsafe { std::ptr::copy_nonoverlapping(src, b.as_mut_ptr(), width) };
-                let v = if width == 8 {
-                    i64::from_le_bytes(b)
-                } else {
-                    i64::from(i32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                };
-                u32::try_from(v).map_err(|_| {
-                    PyValueError::new_err(format!(
-                        "part {}: label {v} of sample {i} is not in 0..2^32 (the metadata's labels \
-                         are u32)",
-                        self.seq
-                    ))
-                })
-            })
-            .collect()
-    }
-}
-
 #[pymethods]
 impl Part {
     /// Writes the part's metadata after its payload and publishes the slot READY. Raises
@@ -359,50 +281,21 @@ impl Part {
     /// `UsageError` if already committed. Do not write into the fields (or arrays made from
     /// them) after this: the slot is the daemon's again.
     fn commit(&self, py: Python<'_>) -> PyResult<()> {
-        let mut g = self.claim.lock().unwrap_or_else(|p| p.into_inner());
-        let Some(claim) = g.as_ref() else {
-            return Err(exit_error(
-                Exit::Usage,
-                format!("part {} is already committed", self.seq),
-            ));
-        };
-        let labels = self.labels(claim)?;
-        let (shape, dtype) = self.joined.cfg.first_field();
-        let Some(mut claim) = g.take() else {
-            return Err(exit_error(
-                Exit::Usage,
-                format!("part {} is already committed", self.seq),
-            ));
-        };
-        let j = &self.joined;
-        let indices = BatchIndices {
-            seq: self.seq,
-            epoch: self.epoch,
-            index_in_epoch: self.index_in_epoch,
-            samples: self.indices.clone(),
-        };
-        let meta = BatchMeta::new(&indices, labels, shape, dtype, j.layout.record_bytes);
-        let n = self.indices.len();
-        let payload_len = j.layout.payload_bytes(n as u64) as usize;
-        let started = self.started;
-        py.detach(|| {
-            let mut slot = j.ring.slot_writer(&mut claim);
-            let fits = payload_len <= slot.len();
-            let mut buf = Vec::new();
-            let (payload, meta_len, error) =
-                j.write_meta(&mut slot, &meta, payload_len, fits, &mut buf);
-            j.commit(claim, payload, meta_len, n as u32, error, started)
-        })
-        .map_err(|e: CommitError| crate::errors::commit_error(&e))
+        let mut guard = self.guard.lock().unwrap_or_else(|p| p.into_inner());
+        let guard = &mut *guard;
+        match py.detach(|| guard.commit()) {
+            Ok(_) => Ok(()),
+            // The labels rule: the part is not committed, and may be fixed and committed again.
+            Err(e @ PartError::Label { .. }) => Err(PyValueError::new_err(e.to_string())),
+            Err(PartError::Commit(e)) => Err(crate::errors::commit_error(&e)),
+            Err(e) => Err(e.to_pyerr()),
+        }
     }
 
     /// Whether `commit()` has been called.
     #[getter]
     fn committed(&self) -> bool {
-        self.claim
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .is_none()
+        !self.guard.lock().unwrap_or_else(|p| p.into_inner()).live()
     }
 
     /// Samples in the part.

@@ -36,6 +36,14 @@ pub enum RingError {
         /// Config text length.
         config_len: u64,
     },
+    /// A writing role taken on a ring opened read-only.
+    #[error("ring {name:?} was opened read-only, so {role} cannot write into it: open it with Access::ReadWrite")]
+    ReadOnlyRole {
+        /// Ring name.
+        name: String,
+        /// The role ("a loader", "a consumer").
+        role: &'static str,
+    },
     /// A consumer attached to a ring whose daemon hands nothing over.
     #[error("ring {name:?} hands no batches to a consumer: its daemon runs another sink; start the daemon with --sink consumer")]
     NoHandoff {

@@ -5,8 +5,10 @@
 //! Roles:
 //! * the daemon [`DaemonRing::create`]s the ring, [`DaemonRing::assign`]s seqs to slots, [`DaemonRing::take_ready`]s
 //!   committed batches, and assigns the next seq when an upload is done;
-//! * loaders [`Ring::open`] it, [`LoaderRing::attach_loader`], [`LoaderRing::try_claim`] a FREE slot, fill
+//! * loaders [`Ring::open`] it, take the loader's role ([`LoaderRing::join`], which checks
+//!   admission), [`LoaderRing::attach_loader`], [`LoaderRing::try_claim`] a FREE slot, fill
 //!   [`LoaderRing::slot_writer`], and [`LoaderRing::commit`];
+//! * a consumer takes its role with [`ConsumerRing::attach`];
 //! * status views open it read-only.
 //!
 //! docs/PROTOCOL.md draws the layout and the state machine.
@@ -36,9 +38,15 @@ pub mod recovery;
 #[cfg(not(loom))]
 pub mod ring;
 #[cfg(not(loom))]
+mod roles;
+#[cfg(not(loom))]
 pub mod segment;
 pub mod slot;
+#[cfg(not(loom))]
+pub mod snapshot;
 pub mod sync;
+#[cfg(not(loom))]
+pub mod writer;
 
 #[cfg(not(loom))]
 pub use attach::{attach, attach_at_unless, attach_unless, Waiting};
@@ -50,9 +58,12 @@ pub use recovery::Expired;
 pub use ring::resolve_group;
 #[cfg(not(loom))]
 pub use ring::{
-    write_words_at, Claim, ConsumerRing, CreateOptions, DaemonRing, LoaderRing, LoaderView,
-    OutOfSlot, Ring, RingView, SlotView, SlotWriter,
+    ConsumerRing, CreateOptions, DaemonRing, LoaderRing, LoaderView, Ring, RingView, SlotView,
 };
 #[cfg(not(loom))]
 pub use segment::{find_anonymous, object_path, validate_name, Access, AnonymousRing, Segment};
 pub use slot::{fit_in_slot, Seat, SlotState, SlotWord, Taken};
+#[cfg(not(loom))]
+pub use snapshot::{HandoffView, HeaderCounters, HealthCounters, RingSnapshot};
+#[cfg(not(loom))]
+pub use writer::{write_words_at, Claim, OutOfSlot, SlotWriter};

@@ -208,7 +208,7 @@ impl LoaderRing {
     /// Loader side: after a refused commit, promises never to touch `slot` of round `ticket`
     /// again (`LoaderEntry::abandon`), and rings the daemon's doorbell.
     pub fn abandon(&self, seat: crate::slot::Seat, slot: u32, ticket: u32) {
-        self.loader(seat.index as usize).abandon(slot, ticket);
-        self.ring_doorbell();
+        self.0.loader(seat.index as usize).abandon(slot, ticket);
+        self.0.ring_doorbell();
     }
 }

@@ -7,7 +7,7 @@
 //! (whether a claimant lives), and keeps the counters and wake-ups around them.
 
 use crate::clock::{monotonic_ns, unix_ns};
-use crate::error::{CommitError, RingError, SlotFault};
+use crate::error::{RingError, SlotFault};
 use crate::futex;
 use crate::handoff::{BufferDesc, Filled, HandoffBlock, HandoffSpec, Returned, HANDOFF_OFFSET};
 use crate::layout::*;
@@ -15,10 +15,9 @@ use crate::lock;
 use crate::process::ProcessId;
 use crate::segment::{object_path, Access, Segment};
 pub use crate::slot::{fit_in_slot, Seat, Taken};
-use crate::slot::{Batch, SlotState, SlotWord};
+use crate::slot::{SlotState, SlotWord};
 use crate::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 use crate::sync::atomic::{AtomicU32, AtomicU64};
-use nix::sys::mman::{madvise, MmapAdvise};
 use std::time::{Duration, Instant};
 
 /// What the daemon asks for when it creates a ring.
@@ -68,11 +67,11 @@ pub struct Ring {
     seal: Option<std::sync::Mutex<HeaderSeal>>,
     /// The loader seat this handle holds, if any: locks belong to the open file description, so
     /// one handle can hold one seat (a second would re-take its own locks and share an entry).
-    seat: std::sync::Mutex<Option<Seat>>,
+    pub(crate) seat: std::sync::Mutex<Option<Seat>>,
     /// Waiters on the doorbell that only this handle's [`Ring::ring_doorbell`] wakes, not a
     /// loader's commit ([`DaemonRing::wait_doorbell_quiet`]); in this process's memory, not the
     /// segment's.
-    quiet_waiters: crate::sync::atomic::AtomicU32,
+    pub(crate) quiet_waiters: crate::sync::atomic::AtomicU32,
 }
 
 /// The daemon's handle on its ring, made only by [`DaemonRing::create`]: the one role that
@@ -105,6 +104,50 @@ pub struct DaemonRing(Ring);
 /// }
 /// ```
 ///
+/// Nor can it write the ring's memory outside its claimed slot and its own counters: it has no
+/// header, no descriptor, no loader-table entry and no raw pointer into the data area to write
+/// through:
+///
+/// ```compile_fail,E0599
+/// fn close_by_hand(ring: &pinring_ring::LoaderRing) {
+///     use std::sync::atomic::Ordering::Release;
+///     ring.header().state.store(pinring_ring::ring_state::CLOSED, Release); // the daemon's field
+/// }
+/// ```
+///
+/// ```compile_fail,E0599
+/// fn forge_a_word(ring: &pinring_ring::LoaderRing) {
+///     ring.desc(0).word.store(0, std::sync::atomic::Ordering::Relaxed); // the slot's state word
+/// }
+/// ```
+///
+/// ```compile_fail,E0599
+/// fn bump_another(ring: &pinring_ring::LoaderRing) {
+///     ring.loader(3).batches.fetch_add(1, std::sync::atomic::Ordering::Relaxed); // not its entry
+/// }
+/// ```
+///
+/// ```compile_fail,E0599
+/// fn raw_data(ring: &pinring_ring::LoaderRing) -> *mut u8 {
+///     ring.data_base() // slot bytes come out only through a claim's SlotWriter
+/// }
+/// ```
+///
+/// ```compile_fail,E0599
+/// fn raw_slot(ring: &pinring_ring::LoaderRing) -> *mut u8 {
+///     ring.slot_ptr(0)
+/// }
+/// ```
+///
+/// And it is made only by [`LoaderRing::join`], which checks admission, never from any opened
+/// ring:
+///
+/// ```compile_fail,E0277
+/// fn take_the_role(ring: pinring_ring::Ring) -> pinring_ring::LoaderRing {
+///     pinring_ring::LoaderRing::from(ring)
+/// }
+/// ```
+///
 /// What it may do compiles:
 ///
 /// ```
@@ -112,8 +155,16 @@ pub struct DaemonRing(Ring);
 ///     ring.try_claim(seat, 0).map(|c| c.slot())
 /// }
 /// ```
+///
+/// ```
+/// fn fill_and_commit(ring: &pinring_ring::LoaderRing, mut claim: pinring_ring::Claim) {
+///     let mut w = ring.slot_writer(&mut claim);
+///     w.write(0, b"part").unwrap();
+///     let _ = ring.commit(claim, 4, 0, 1, 0);
+/// }
+/// ```
 #[derive(Debug)]
-pub struct LoaderRing(Ring);
+pub struct LoaderRing(pub(crate) Ring);
 
 /// The consumer's handle (a trainer attached to a daemon's ring): becomes the ring's one
 /// consumer and waits for batches; the buffers it takes and releases are the handoff's. Neither
@@ -131,18 +182,90 @@ pub struct LoaderRing(Ring);
 /// }
 /// ```
 ///
+/// Nor can it write the ring's memory beyond its buffers' transitions and its own handoff
+/// fields, which it changes through named methods: it has no descriptor, header or handoff
+/// block to write through.
+///
+/// ```compile_fail,E0599
+/// fn forge_a_word(ring: &pinring_ring::ConsumerRing) {
+///     ring.desc(0).word.store(0, std::sync::atomic::Ordering::Relaxed); // a slot's word
+/// }
+/// ```
+///
+/// ```compile_fail,E0599
+/// fn reset_the_count(ring: &pinring_ring::ConsumerRing) {
+///     ring.handoff().taken.store(0, std::sync::atomic::Ordering::Relaxed); // count_taken only
+/// }
+/// ```
+///
+/// ```compile_fail,E0599
+/// fn close_by_hand(ring: &pinring_ring::ConsumerRing) {
+///     use std::sync::atomic::Ordering::Release;
+///     ring.header().state.store(pinring_ring::ring_state::CLOSED, Release);
+/// }
+/// ```
+///
+/// It is made only by [`ConsumerRing::attach`], which checks admission and that the ring hands
+/// batches over:
+///
+/// ```compile_fail,E0277
+/// fn take_the_role(ring: pinring_ring::Ring) -> pinring_ring::ConsumerRing {
+///     pinring_ring::ConsumerRing::from(ring)
+/// }
+/// ```
+///
 /// ```compile_fail,E0624
 /// fn release_for_it(ring: &pinring_ring::LoaderRing) {
 ///     ring.buffer_desc(0).release(1); // a buffer's transitions are the role handles' only
 /// }
 /// ```
 #[derive(Debug)]
-pub struct ConsumerRing(Ring);
+pub struct ConsumerRing(pub(crate) Ring);
 
 /// A read-only view (`pinring status`, the metrics): the segment mapped read-only, so no write
-/// through it can reach the ring, and none of the roles' calls.
+/// through it can reach the ring, and none of the roles' calls. It reads the ring as a
+/// [`RingView::snapshot`] of plain values (header counters, health, loader table, slot states,
+/// handoff), and has no header, block or descriptor to write through:
+///
+/// ```compile_fail,E0599
+/// fn bump(view: &pinring_ring::RingView) {
+///     view.header().committed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+/// }
+/// ```
+///
+/// ```compile_fail,E0599
+/// fn scribble(view: &pinring_ring::RingView) {
+///     view.health().quarantined.store(0, std::sync::atomic::Ordering::Relaxed);
+/// }
+/// ```
+///
+/// What it reads compiles:
+///
+/// ```
+/// fn delivered(view: &pinring_ring::RingView) -> (u64, usize) {
+///     let s = view.snapshot();
+///     (s.header.delivered, s.loaders.len())
+/// }
+/// ```
+///
+/// No handle gives out a general raw pointer into the data area (each role has only its
+/// narrowly named ones: the daemon's
+/// `registration_span` and `upload_source`, the consumer's `host_buffer_ptr`,
+/// `registration_span` and `copy_source`, the loader's claim's `SlotWriter`):
+///
+/// ```compile_fail,E0599
+/// fn raw_data(view: &pinring_ring::RingView) -> *mut u8 {
+///     view.data_base()
+/// }
+/// ```
+///
+/// ```compile_fail,E0599
+/// fn raw_slot(view: &pinring_ring::RingView) -> *mut u8 {
+///     view.slot_ptr(0)
+/// }
+/// ```
 #[derive(Debug)]
-pub struct RingView(Ring);
+pub struct RingView(pub(crate) Ring);
 
 macro_rules! role_handle {
     ($($role:ident),*) => {$(
@@ -154,21 +277,7 @@ macro_rules! role_handle {
         }
     )*};
 }
-role_handle!(DaemonRing, LoaderRing, ConsumerRing, RingView);
-
-impl From<Ring> for LoaderRing {
-    /// Takes the loader's role on an opened ring (a read-only one cannot take a seat).
-    fn from(ring: Ring) -> LoaderRing {
-        LoaderRing(ring)
-    }
-}
-
-impl From<Ring> for ConsumerRing {
-    /// Takes the consumer's role on an opened ring.
-    fn from(ring: Ring) -> ConsumerRing {
-        ConsumerRing(ring)
-    }
-}
+role_handle!(DaemonRing);
 
 impl RingView {
     /// Opens ring `name` read-only ([`Access::ReadOnly`]), where it is named in /dev/shm or, with
@@ -181,166 +290,12 @@ impl RingView {
     ) -> Result<RingView, RingError> {
         Ring::open_at(name, at, Access::ReadOnly, timeout).map(RingView)
     }
-}
 
-/// A slot claimed by a loader; only the claimant writes the slot's data until it commits.
-/// Made only by [`LoaderRing::try_claim`] and consumed by [`LoaderRing::commit`]: safe code cannot forge one
-/// or hold two for one round of a slot.
-#[derive(Debug)]
-pub struct Claim {
-    slot: u32,
-    seq: u64,
-    ticket: u32,
-    seat: Seat,
-    /// Taken outside the claimant's own share of the slots ([`LoaderRing::try_claim_preferring`]).
-    foreign: bool,
-    /// Drop this process's pages of the slot once committed ([`Claim::forget_pages`]).
-    forget: bool,
-}
-
-impl Claim {
-    /// Slot index.
-    pub fn slot(&self) -> u32 {
-        self.slot
+    /// What `pinring status`, the metrics and the tests read of the ring, copied out as plain
+    /// values.
+    pub fn snapshot(&self) -> crate::snapshot::RingSnapshot {
+        self.0.snapshot()
     }
-
-    /// Seq of the batch to make.
-    pub fn seq(&self) -> u64 {
-        self.seq
-    }
-
-    /// Ticket of this round (the commit CAS expects it; an abandon names it).
-    pub fn ticket(&self) -> u32 {
-        self.ticket
-    }
-
-    /// The loader seat that claimed the slot.
-    pub fn seat(&self) -> Seat {
-        self.seat
-    }
-
-    /// Whether the slot lies outside the claimant's own share ([`LoaderRing::try_claim_preferring`]
-    /// found none of its own free and took another loader's).
-    pub fn foreign(&self) -> bool {
-        self.foreign
-    }
-
-    /// Asks [`LoaderRing::commit`] to drop this process's pages of the slot once the part is published
-    /// ([`LoaderRing::forget_slot_pages`]), so the bytes written here stop counting in this process's
-    /// resident memory. For a slot this loader rarely writes (another's share).
-    pub fn forget_pages(&mut self) {
-        self.forget = true;
-    }
-}
-
-/// Write access to a claimed slot's bytes. Deliberately not a `&mut [u8]`: the bytes are shared
-/// memory that another process could (against the protocol) touch at the same time, and a Rust
-/// reference would promise the compiler that nothing else does. Writes go through raw pointers
-/// into the mapping; the slot protocol makes the claimant the only conforming writer until it
-/// commits.
-#[derive(Debug)]
-pub struct SlotWriter<'a> {
-    base: std::ptr::NonNull<u8>,
-    len: usize,
-    _claim: std::marker::PhantomData<&'a mut Claim>,
-}
-
-impl SlotWriter<'_> {
-    /// Bytes in the slot.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Always false: a slot has at least one page.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    fn check(&self, offset: usize, len: usize) -> Result<(), OutOfSlot> {
-        match offset.checked_add(len) {
-            Some(end) if end <= self.len => Ok(()),
-            _ => Err(OutOfSlot {
-                offset,
-                len,
-                slot_bytes: self.len,
-            }),
-        }
-    }
-
-    /// Copies `src` into the slot at `offset`.
-    pub fn write(&mut self, offset: usize, src: &[u8]) -> Result<(), OutOfSlot> {
-        self.check(offset, src.len())?;
-        // SAFETY: offset <= len of the slot (checked), so the pointer stays inside it.
-        let dst = unsafe { self.base.as_ptr().add(offset) };
-        // SAFETY: offset + src.len() <= len (checked), so the destination range lies inside the
-        // claimed slot; `src` is private memory of this process, so the ranges cannot overlap.
-        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len()) };
-        Ok(())
-    }
-
-    /// Writes `len` bytes at `offset` as little-endian 64-bit words, taking each next word from
-    /// `next`, in order (a final partial word is cut short). For generators that compute their
-    /// bytes: the loop inlines and vectorises like a plain store loop (a generator that steps a
-    /// counter vectorises well; one that multiplies per word does not).
-    pub fn write_words(
-        &mut self,
-        offset: usize,
-        len: usize,
-        next: impl FnMut() -> u64,
-    ) -> Result<(), OutOfSlot> {
-        self.check(offset, len)?;
-        // SAFETY: offset <= len of the slot (checked above).
-        let dst = unsafe { self.base.as_ptr().add(offset) };
-        // SAFETY: offset + len <= the slot's length (checked above), so dst..dst + len lies in
-        // the claimed slot, which the protocol gives this claimant alone until it commits.
-        unsafe { write_words_at(dst, len, next) };
-        Ok(())
-    }
-
-    /// The slot's first byte, for foreign writers (a Python buffer, a decoder's output). Writing
-    /// through it is the caller's `unsafe` business, within [`SlotWriter::len`] bytes and only
-    /// while the claim lives.
-    pub fn as_mut_ptr(&mut self) -> *mut u8 {
-        self.base.as_ptr()
-    }
-}
-
-/// Writes `len` bytes at `dst` as little-endian 64-bit words taken from `next`, in order (a
-/// final partial word is cut short): [`SlotWriter::write_words`] without the slot, for writers of
-/// other shared regions (the benchmark's reference pipeline). Raw pointer writes, never a
-/// reference over the bytes.
-///
-/// # Safety
-/// `dst..dst + len` lies inside a live mapping (or allocation), and no other thread or process
-/// reads or writes it until this returns.
-pub unsafe fn write_words_at(dst: *mut u8, len: usize, mut next: impl FnMut() -> u64) {
-    let whole = len / 8;
-    for k in 0..whole {
-        // SAFETY: k * 8 + 8 <= len: inside the range the caller vouches for.
-        let at = unsafe { dst.add(k * 8) }.cast::<[u8; 8]>();
-        // SAFETY: `at` is valid for 8 bytes (above); unaligned writes are allowed.
-        unsafe { at.write_unaligned(next().to_le_bytes()) };
-    }
-    let rest = len % 8;
-    if rest > 0 {
-        let bytes = next().to_le_bytes();
-        // SAFETY: whole * 8 <= len: inside the caller's range.
-        let at = unsafe { dst.add(whole * 8) };
-        // SAFETY: whole * 8 + rest == len: inside the caller's range; `bytes` is a local.
-        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), at, rest) };
-    }
-}
-
-/// A write that would leave the claimed slot.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error("{len} bytes at offset {offset} do not fit in the {slot_bytes}-byte slot")]
-pub struct OutOfSlot {
-    /// Offset of the write.
-    pub offset: usize,
-    /// Bytes written.
-    pub len: usize,
-    /// Bytes in the slot.
-    pub slot_bytes: usize,
 }
 
 /// The header fields a daemon wrote and expects to find unchanged (its own record, in private
@@ -501,7 +456,34 @@ impl Ring {
             .map_err(|e| self.sys("fcntl(F_OFD_GETLK) on the daemon byte", e))
     }
 
-    fn sys(&self, call: &'static str, source: nix::Error) -> RingError {
+    /// Whether this handle may take a writing role (`role`, for the message): opened
+    /// read-write, and this process admitted to the ring ([`check_admitted`]).
+    pub(crate) fn admit(&self, role: &'static str) -> Result<(), RingError> {
+        if self.seg.access() != Access::ReadWrite {
+            return Err(RingError::ReadOnlyRole {
+                name: self.name().into(),
+                role,
+            });
+        }
+        check_admitted(&self.seg)
+    }
+
+    /// The fingerprint of the daemon's dataset and plan config.
+    pub fn fingerprint(&self) -> u64 {
+        self.header().fingerprint.load(Relaxed)
+    }
+
+    /// One past the run's last seq.
+    pub fn end_seq(&self) -> u64 {
+        self.header().end_seq.load(Relaxed)
+    }
+
+    /// The run's first seq.
+    pub fn start_seq(&self) -> u64 {
+        self.header().start_seq.load(Relaxed)
+    }
+
+    pub(crate) fn sys(&self, call: &'static str, source: nix::Error) -> RingError {
         RingError::Sys {
             name: self.name().to_string(),
             path: self.seg.path(),
@@ -896,7 +878,7 @@ impl Ring {
 
     /// Host backend: start of batch buffer `i`'s bytes in the mapping (`None` for device buffers
     /// or a ring without a handoff). Panics if `i` is out of range (caller bug).
-    pub fn host_buffer_ptr(&self, i: u32) -> Option<*mut u8> {
+    pub(crate) fn host_buffer_ptr(&self, i: u32) -> Option<*mut u8> {
         let hg = self.geom.handoff?;
         assert!(i < hg.buffers, "buffer index {i} out of range");
         let off = hg.host_buffer_offset(i)?;
@@ -954,20 +936,20 @@ impl Ring {
         }
     }
 
-    /// Base of the data area (for registration with the GPU).
-    pub fn data_base(&self) -> *mut u8 {
+    /// Base of the data area (the roles' registration spans).
+    pub(crate) fn data_base(&self) -> *mut u8 {
         // SAFETY: data_offset <= mapping length (validated geometry), so the pointer stays
         // within (or one past) the mapping.
         unsafe { self.seg.base().add(self.geom.data_offset as usize) }
     }
 
     /// Bytes of the data area.
-    pub fn data_len(&self) -> usize {
+    pub(crate) fn data_len(&self) -> usize {
         self.geom.data_bytes() as usize
     }
 
     /// Start of slot `i`'s data. Panics if out of range (caller bug).
-    pub fn slot_ptr(&self, i: u32) -> *mut u8 {
+    pub(crate) fn slot_ptr(&self, i: u32) -> *mut u8 {
         assert!(i < self.geom.slot_count, "slot index {i} out of range");
         // SAFETY: i < slot_count so the slot lies inside the validated data area.
         unsafe {
@@ -1104,6 +1086,40 @@ impl DaemonRing {
     /// Creates the ring: the daemon's handle ([`DaemonRing::create`]'s checks and publication).
     pub fn create(opts: &CreateOptions) -> Result<DaemonRing, RingError> {
         Ring::create(opts).map(DaemonRing)
+    }
+
+    /// The whole data area, to register with the backend for uploads: its start and length.
+    /// The daemon reads a slot through it only while the slot is UPLOADING.
+    pub fn registration_span(&self) -> (*mut u8, usize) {
+        (self.data_base(), self.data_len())
+    }
+
+    /// Slot `i`'s first byte, as the source of an upload of the part it holds (within
+    /// [`DaemonRing::registration_span`]; the slot taken, UPLOADING). Panics if out of range
+    /// (caller bug).
+    #[inline]
+    pub fn upload_source(&self, i: u32) -> *mut u8 {
+        self.slot_ptr(i)
+    }
+
+    /// Host backend: batch buffer `i`'s bytes in the mapping, which the daemon fills for the
+    /// consumer (`None` for device buffers or a ring without a handoff). Panics if `i` is out
+    /// of range (caller bug).
+    pub fn host_buffer_ptr(&self, i: u32) -> Option<*mut u8> {
+        self.0.host_buffer_ptr(i)
+    }
+
+    /// What the daemon's own status and metrics read of its ring, copied out as plain values
+    /// (what a [`RingView`] reads from outside).
+    pub fn snapshot(&self) -> crate::snapshot::RingSnapshot {
+        self.0.snapshot()
+    }
+
+    /// Marks the handoff exported (every buffer's handles written, before the ring is READY):
+    /// from now on a consumer may attach ([`ConsumerRing::attach`]).
+    pub fn mark_exported(&self) {
+        // Release: pairs with the consumer's Acquire load before it reads the handles.
+        self.handoff().exported.store(1, Release);
     }
 
     /// Publishes a whole batch in EMPTY buffer `i` for the consumer; returns the new round.
@@ -1285,288 +1301,6 @@ impl DaemonRing {
             }
         }
         n
-    }
-}
-
-impl LoaderRing {
-    /// Enters this process in the loader table: takes the lock of the first entry no live loader
-    /// holds, then a lock for a new tenure of it, and records itself there. The locks are this
-    /// handle's: they go when it drops or the process dies, which is how the daemon learns that
-    /// the loader is gone ([`DaemonRing::reclaim_if_owner_dead`]). A ring opened read-only cannot take
-    /// them.
-    pub fn attach_loader(&self, me: ProcessId) -> Result<Seat, RingError> {
-        let mut held = self.seat.lock().unwrap_or_else(|p| p.into_inner());
-        if held.is_some() {
-            return Err(RingError::AlreadyAttached {
-                name: self.name().into(),
-            });
-        }
-        let fd = self.seg.file();
-        for i in 0..MAX_LOADERS as u16 {
-            if !lock::try_lock_exclusive(fd, lock::entry_lock(i))
-                .map_err(|e| self.sys("fcntl(F_OFD_SETLK) on a loader entry", e))?
-            {
-                continue;
-            }
-            let e = self.loader(i as usize);
-            // Any former occupant is dead (it held this lock while alive). A tenure whose lock
-            // someone still holds could only come from a scribbled `tenure`: skip past it.
-            let mut tenure = e.tenure.load(Relaxed).wrapping_add(1);
-            let mut taken = false;
-            for _ in 0..16 {
-                if lock::try_lock_exclusive(fd, lock::tenure_lock(i, tenure))
-                    .map_err(|e| self.sys("fcntl(F_OFD_SETLK) on a tenure", e))?
-                {
-                    taken = true;
-                    break;
-                }
-                tenure = tenure.wrapping_add(1);
-            }
-            if !taken {
-                let _ = lock::unlock(fd, lock::entry_lock(i));
-                continue;
-            }
-            e.state.store(loader_state::ATTACHING, Relaxed);
-            e.tenure.store(tenure, Relaxed);
-            e.pid.store(me.pid, Relaxed);
-            e.start_time.store(me.start_time, Relaxed);
-            for c in [&e.batches, &e.busy_ns, &e.wait_ns, &e.bytes, &e.abandoned] {
-                c.store(0, Relaxed);
-            }
-            e.heartbeat_ns.store(monotonic_ns(), Relaxed);
-            // Release: the fields above are visible to whoever sees ACTIVE.
-            e.state.store(loader_state::ACTIVE, Release);
-            let seat = Seat { index: i, tenure };
-            *held = Some(seat);
-            return Ok(seat);
-        }
-        Err(RingError::LoaderTableFull {
-            name: self.name().into(),
-            max: MAX_LOADERS,
-        })
-    }
-
-    /// Removes a loader from the table (at clean exit) and releases its locks.
-    pub fn detach_loader(&self, seat: Seat) {
-        let e = self.loader(seat.index as usize);
-        e.state.store(loader_state::EMPTY, Release);
-        e.pid.store(0, Release);
-        let fd = self.seg.file();
-        let _ = lock::unlock(fd, lock::tenure_lock(seat.index, seat.tenure));
-        let _ = lock::unlock(fd, lock::entry_lock(seat.index));
-        let mut held = self.seat.lock().unwrap_or_else(|p| p.into_inner());
-        if *held == Some(seat) {
-            *held = None;
-        }
-    }
-
-    /// Tries to claim one FREE slot, scanning from `hint`. One CAS per candidate
-    /// (`SlotDesc::try_claim`).
-    pub fn try_claim(&self, seat: Seat, hint: u32) -> Option<Claim> {
-        let n = self.geom.slot_count;
-        (0..n).find_map(|k| self.claim_slot(seat, (hint + k) % n))
-    }
-
-    /// Tries to claim one FREE slot: first among the slots this loader keeps to, those whose
-    /// index is its seat's index modulo `share` (with `share` loaders attached, each keeps to
-    /// its own `1 / share` of the ring), in turn from the first of them at or after `hint`
-    /// (the slot after its last claim), then any ([`LoaderRing::try_claim`] from `hint`). The
-    /// preference changes which free slot is taken, never whether one is: a loader whose own
-    /// slots are all busy takes another's. With 8 loaders on 64 slots of 1 MiB this moved
-    /// 51.5-52.2 GB/s to the GPU in ten runs, where taking the next free slot after the last
-    /// moved 49.3-50.0 (docs/BENCHMARKS.md, "Loaders keep to their own slots").
-    ///
-    /// In turn, not lowest index first: the daemon hands slots out again in the order it takes
-    /// them, which in order is seq order, so a loader that goes round its own slots fills them
-    /// in seq order too. Lowest index first filled a later seq while an earlier one waited in a
-    /// free slot further on; in a large ring the daemon, which takes seqs in order, then waited
-    /// with the ring full: 1 MiB slots in a 1 GiB ring moved 24.6 GB/s in order against 44.1
-    /// unordered (docs/BENCHMARKS.md, "Small rings, large rings").
-    pub fn try_claim_preferring(&self, seat: Seat, share: u32, hint: u32) -> Option<Claim> {
-        let n = self.geom.slot_count;
-        let first = u32::from(seat.index) % share.max(1);
-        let own = (share > 1 && first < n)
-            .then(|| {
-                // Own slots are first, first + share, ...: `count` of them, the k-th at
-                // first + k * share; start at the first one at or after `hint`.
-                let count = (n - first).div_ceil(share);
-                let start = hint.saturating_sub(first).div_ceil(share) % count;
-                (0..count)
-                    .map(|k| first + (start + k) % count * share)
-                    .find_map(|i| self.claim_slot(seat, i))
-            })
-            .flatten();
-        own.or_else(|| {
-            self.try_claim(seat, hint).map(|c| Claim {
-                foreign: share > 1 && c.slot % share != first,
-                ..c
-            })
-        })
-    }
-
-    /// One CAS on slot `i` (`SlotDesc::try_claim`): the claim if it was FREE.
-    fn claim_slot(&self, seat: Seat, i: u32) -> Option<Claim> {
-        self.desc(i).try_claim(seat).map(|round| Claim {
-            slot: i,
-            seq: round.seq,
-            ticket: round.ticket,
-            seat,
-            foreign: false,
-            forget: false,
-        })
-    }
-
-    /// Write access to the claimed slot's bytes, for the claimant to fill. The `&mut Claim`
-    /// borrow keeps this process from taking two writers over one claim.
-    pub fn slot_writer<'a>(&'a self, claim: &'a mut Claim) -> SlotWriter<'a> {
-        SlotWriter {
-            // slot_ptr checks the index; the result lies inside the mapping, so it is non-null.
-            base: std::ptr::NonNull::new(self.slot_ptr(claim.slot)).expect("mapped"),
-            len: self.geom.slot_bytes as usize,
-            _claim: std::marker::PhantomData,
-        }
-    }
-
-    /// Publishes a filled slot (CLAIMED → READY) and rings the daemon's doorbell. Lengths that do
-    /// not fit the slot publish an error instead ([`ERR_TOO_LARGE`]) and return `TooLarge`.
-    pub fn commit(
-        &self,
-        claim: Claim,
-        payload_len: u64,
-        meta_len: u64,
-        sample_count: u32,
-        error: u32,
-    ) -> Result<(), CommitError> {
-        let slot_bytes = self.geom.slot_bytes;
-        let meta_offset = align_up(payload_len, META_ALIGN).unwrap_or(u64::MAX);
-        let too_large = (meta_offset.saturating_add(meta_len) > slot_bytes
-            || meta_len > u64::from(u32::MAX))
-        .then_some(CommitError::TooLarge {
-            slot: claim.slot,
-            payload: payload_len,
-            meta: meta_len,
-            slot_bytes,
-        });
-        // A batch that does not fit is still published, as an error with no bytes, so the slot
-        // never stays CLAIMED by a live loader that gave up on it.
-        let (payload_len, meta_len, error) = if too_large.is_some() {
-            (0, 0, ERR_TOO_LARGE)
-        } else {
-            (payload_len, meta_len, error)
-        };
-        let batch = Batch {
-            payload_len,
-            meta_len: meta_len as u32,
-            sample_count,
-            error,
-        };
-        if self
-            .desc(claim.slot)
-            .commit(claim.seat, claim.ticket, batch)
-        {
-            let h = self.header();
-            h.committed.fetch_add(1, Relaxed);
-            h.bytes_committed.fetch_add(payload_len, Relaxed);
-            futex::bump_and_wake_counted(&h.doorbell_futex, &h.doorbell_waiters, 1);
-            if claim.forget {
-                self.forget_slot_pages(claim.slot);
-            }
-            too_large.map_or(Ok(()), Err)
-        } else {
-            Err(CommitError::Reclaimed {
-                slot: claim.slot,
-                seq: claim.seq,
-            })
-        }
-    }
-
-    /// Drops this process's page-table entries for slot `i`'s bytes (`MADV_DONTNEED` over the
-    /// slot's whole pages): they stop counting in its resident memory (RSS, PSS), and the next
-    /// access maps the same bytes again from the segment, which keeps them (the mapping is
-    /// shared). Only this process's mapping changes: the daemon's registration and every other
-    /// mapping are untouched. Skipped in the daemon's own process, whose mapping is the one
-    /// registered for uploads, and for a read-only mapping. Best effort: a refusal is logged at
-    /// debug level and changes nothing else.
-    pub fn forget_slot_pages(&self, i: u32) {
-        if self.seg.access() != Access::ReadWrite || self.daemon().pid == std::process::id() {
-            return;
-        }
-        let ptr = self.slot_ptr(i);
-        // Slots start on a page boundary (SLOT_ALIGN); only whole pages of the slot.
-        let len = self.geom.slot_bytes as usize / SLOT_ALIGN * SLOT_ALIGN;
-        let Some(addr) = std::ptr::NonNull::new(ptr.cast::<std::ffi::c_void>()) else {
-            return;
-        };
-        if len == 0 {
-            return;
-        }
-        // SAFETY: [addr, addr + len) lies inside this ring's mapping (slot_ptr checked the index,
-        // the slot is slot_bytes long) and is a MAP_SHARED mapping of the segment file, so
-        // MADV_DONTNEED only unmaps this process's pages: the bytes stay in the file and a later
-        // access maps them again. No Rust reference into slot data exists (slot bytes are only
-        // reached through raw pointers), so none can observe the pages go.
-        let r = unsafe { madvise(addr, len, MmapAdvise::MADV_DONTNEED) };
-        if let Err(e) = r {
-            tracing::debug!(ring = %self.name(), slot = i, "cannot drop the slot's pages: {e}");
-        }
-    }
-
-    /// A loader's wait for a free slot, from `seen` (loaded before it looked for one).
-    pub fn wait_for_work(&self, seen: u32, timeout: Duration) -> futex::Wake {
-        let h = self.header();
-        futex::wait_counted(&h.work_futex, &h.work_waiters, seen, timeout)
-    }
-}
-
-impl ConsumerRing {
-    /// Takes FILLED buffer `i` of `round`; returns what its descriptor says it holds (values
-    /// unchecked: the caller validates them), or None if it is not FILLED in that round.
-    pub fn take_buffer(&self, i: u32, round: u32) -> Option<Filled> {
-        self.buffer_desc(i).take(round)
-    }
-
-    /// Gives TAKEN buffer `i` of `round` back to the daemon; false if it was not TAKEN in that
-    /// round (the daemon reclaimed it after this consumer was believed gone).
-    pub fn release_buffer(&self, i: u32, round: u32) -> bool {
-        self.buffer_desc(i).release(round)
-    }
-
-    /// Consumer: becomes the ring's one consumer. Takes [`lock::CONSUMER_LOCK`] (held until this
-    /// handle drops or the process dies), marks RECLAIMED every buffer a dead predecessor still
-    /// held, and records the pid. Fails with `NoHandoff` for a ring that hands nothing over and
-    /// with `ConsumerPresent` while another consumer lives.
-    pub fn attach_consumer(&self, me: ProcessId) -> Result<(), RingError> {
-        let Some(hg) = self.geom.handoff else {
-            return Err(RingError::NoHandoff {
-                name: self.name().into(),
-            });
-        };
-        if !lock::try_lock_exclusive(self.seg.file(), lock::CONSUMER_LOCK)
-            .map_err(|e| self.sys("fcntl(F_OFD_SETLK) on the consumer byte", e))?
-        {
-            return Err(RingError::ConsumerPresent {
-                name: self.name().into(),
-                pid: self.handoff().consumer_pid.load(Relaxed),
-            });
-        }
-        let b = self.handoff();
-        let mut reclaimed = 0;
-        for i in 0..hg.buffers {
-            reclaimed += u64::from(self.buffer_desc(i).reclaim());
-        }
-        if reclaimed > 0 {
-            b.reclaimed.fetch_add(reclaimed, Relaxed);
-            self.ring_doorbell();
-        }
-        b.consumer_pid.store(me.pid, Relaxed);
-        b.attaches.fetch_add(1, Relaxed);
-        Ok(())
-    }
-
-    /// Consumer: waits for a fill or a state change, from `seen` (loaded before it looked).
-    pub fn wait_delivery(&self, seen: u32, timeout: Duration) -> futex::Wake {
-        let b = self.handoff();
-        futex::wait_counted(&b.deliver_futex, &b.deliver_waiters, seen, timeout)
     }
 }
 

@@ -418,6 +418,12 @@ impl Segment {
         Segment::open_path(name, &object_path(name), access, OFlag::O_NOFOLLOW)
     }
 
+    /// Where [`Segment::open_at`] opened this segment (an anonymous ring's path); `None` for one
+    /// opened by its name or created here.
+    pub(crate) fn opened_at(&self) -> Option<&std::path::Path> {
+        self.at.as_deref()
+    }
+
     /// Opens the anonymous segment of ring `name` at `path` (its creator's
     /// `/proc/<pid>/fd/<fd>`, which [`Segment::path`] gave there) and maps all of it. The path is
     /// a link the kernel resolves to the memfd itself, so it is followed; what it leads to must

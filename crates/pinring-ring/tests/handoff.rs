@@ -17,7 +17,10 @@ fn with_handoff(tag: &str) -> (DaemonRing, Unlink) {
         device: 0,
         part_slots: 0,
     });
-    (DaemonRing::create(&o).unwrap(), u)
+    let daemon = DaemonRing::create(&o).unwrap();
+    // What a daemon does once its buffers' handles are written: consumers may attach.
+    daemon.mark_exported();
+    (daemon, u)
 }
 
 fn batch(seq: u64) -> Filled {
@@ -35,7 +38,7 @@ fn batch(seq: u64) -> Filled {
 #[test]
 fn an_opener_sees_the_config_and_the_host_buffers() {
     let (daemon, _u) = with_handoff("ho-open");
-    let c = ConsumerRing::from(Ring::open(daemon.name(), Access::ReadWrite, T).unwrap());
+    let c = ConsumerRing::attach(Ring::open(daemon.name(), Access::ReadWrite, T).unwrap()).unwrap();
     assert_eq!(c.handoff_config().unwrap(), b"[plan]\nbatch_size = 4\n");
     let g = c.geometry().handoff.unwrap();
     assert_eq!(g.buffers, 3);
@@ -44,8 +47,9 @@ fn an_opener_sees_the_config_and_the_host_buffers() {
     let p1 = c.host_buffer_ptr(1).unwrap() as usize;
     assert_eq!(p0 % 4096, 0);
     assert_eq!(p1 - p0, 8192);
+    let file = Ring::open(daemon.name(), Access::ReadOnly, T).unwrap();
     assert_eq!(
-        c.segment().len() as u64,
+        file.segment().len() as u64,
         c.geometry().total_bytes,
         "the file holds the area"
     );
@@ -54,10 +58,12 @@ fn an_opener_sees_the_config_and_the_host_buffers() {
 #[test]
 fn one_consumer_at_a_time_and_a_dead_ones_buffers_come_back() {
     let (daemon, _u) = with_handoff("ho-one");
-    let first = ConsumerRing::from(Ring::open(daemon.name(), Access::ReadWrite, T).unwrap());
+    let first =
+        ConsumerRing::attach(Ring::open(daemon.name(), Access::ReadWrite, T).unwrap()).unwrap();
     first.attach_consumer(ProcessId::current()).unwrap();
     assert!(daemon.consumer_alive().unwrap());
-    let second = ConsumerRing::from(Ring::open(daemon.name(), Access::ReadWrite, T).unwrap());
+    let second =
+        ConsumerRing::attach(Ring::open(daemon.name(), Access::ReadWrite, T).unwrap()).unwrap();
     let e = second.attach_consumer(ProcessId::current()).unwrap_err();
     assert!(matches!(e, RingError::ConsumerPresent { .. }), "{e}");
 
@@ -82,13 +88,15 @@ fn one_consumer_at_a_time_and_a_dead_ones_buffers_come_back() {
 #[test]
 fn a_new_consumer_reclaims_what_its_dead_predecessor_held() {
     let (daemon, _u) = with_handoff("ho-succ");
-    let first = ConsumerRing::from(Ring::open(daemon.name(), Access::ReadWrite, T).unwrap());
+    let first =
+        ConsumerRing::attach(Ring::open(daemon.name(), Access::ReadWrite, T).unwrap()).unwrap();
     first.attach_consumer(ProcessId::current()).unwrap();
     let r = daemon.fill_buffer(0, &batch(3));
     first.take_buffer(0, r).unwrap();
     let r2 = daemon.fill_buffer(2, &batch(4));
     drop(first);
-    let next = ConsumerRing::from(Ring::open(daemon.name(), Access::ReadWrite, T).unwrap());
+    let next =
+        ConsumerRing::attach(Ring::open(daemon.name(), Access::ReadWrite, T).unwrap()).unwrap();
     next.attach_consumer(ProcessId::current()).unwrap();
     assert_eq!(daemon.buffer_returned(0, r), Returned::Reclaimed);
     assert_eq!(
@@ -103,11 +111,13 @@ fn a_new_consumer_reclaims_what_its_dead_predecessor_held() {
 fn a_ring_without_a_handoff_refuses_consumers() {
     let (o, _u) = opts("ho-none", 10);
     let daemon = DaemonRing::create(&o).unwrap();
-    let c = ConsumerRing::from(Ring::open(daemon.name(), Access::ReadWrite, T).unwrap());
-    let e = c.attach_consumer(ProcessId::current()).unwrap_err();
+    // The consumer's role is refused when it is taken.
+    let ring = Ring::open(daemon.name(), Access::ReadWrite, T).unwrap();
+    assert!(ring.geometry().handoff.is_none());
+    assert!(ring.handoff_config().is_none());
+    let e = ConsumerRing::attach(ring).unwrap_err();
+    assert!(matches!(e, RingError::NoHandoff { .. }), "{e}");
     assert!(e.to_string().contains("--sink consumer"), "{e}");
-    assert!(c.geometry().handoff.is_none());
-    assert!(c.handoff_config().is_none());
 }
 
 #[test]
@@ -125,7 +135,8 @@ fn scribbled_handoff_offsets_are_refused_at_open() {
 #[test]
 fn the_daemon_restores_scribbled_handoff_fields() {
     let (daemon, _u) = with_handoff("ho-seal");
-    let other = ConsumerRing::from(Ring::open(daemon.name(), Access::ReadWrite, T).unwrap());
+    // A rogue: another process's raw read-write mapping (no role writes these fields).
+    let other = Ring::open(daemon.name(), Access::ReadWrite, T).unwrap();
     other.handoff().buffers.store(64, Relaxed);
     other.handoff().host_offset.store(0, Relaxed);
     let changed = daemon.repair_header();
@@ -146,24 +157,27 @@ fn with_part_table(tag: &str, host: bool) -> (DaemonRing, Unlink) {
         device: 0,
         part_slots: 5,
     });
-    (DaemonRing::create(&o).unwrap(), u)
+    let daemon = DaemonRing::create(&o).unwrap();
+    daemon.mark_exported();
+    (daemon, u)
 }
 
 #[test]
 fn a_ring_whose_consumer_copies_lists_each_batchs_slots_for_an_opener() {
     let (daemon, _u) = with_part_table("ho-parts", true);
-    let c = ConsumerRing::from(Ring::open(daemon.name(), Access::ReadWrite, T).unwrap());
+    let c = ConsumerRing::attach(Ring::open(daemon.name(), Access::ReadWrite, T).unwrap()).unwrap();
     assert_eq!(c.geometry(), daemon.geometry());
     let g = c.geometry().handoff.unwrap();
     assert_eq!(g.part_slots, 5);
-    assert_eq!(c.handoff().part_slots.load(Relaxed), 5);
+    let raw = Ring::open(daemon.name(), Access::ReadOnly, T).unwrap();
+    assert_eq!(raw.handoff().part_slots.load(Relaxed), 5);
     // The consumer's buffers are its own: none lies in the ring.
     assert_eq!(c.host_buffer_ptr(0), None);
     assert_eq!(c.handoff_config().unwrap(), b"[plan]\nbatch_size = 4\n");
     daemon.part_slot(2, 4).unwrap().store(77, Relaxed);
     daemon.part_slot(0, 0).unwrap().store(3, Relaxed);
-    assert_eq!(c.part_slot(2, 4).unwrap().load(Relaxed), 77);
-    assert_eq!(c.part_slot(0, 0).unwrap().load(Relaxed), 3);
+    assert_eq!(c.part_slot(2, 4), Some(77));
+    assert_eq!(c.part_slot(0, 0), Some(3));
     assert!(c.part_slot(0, 5).is_none(), "past the row");
     // A ring whose daemon copies has no table.
     let (plain, _u2) = with_handoff("ho-noparts");
@@ -178,4 +192,23 @@ fn a_part_table_size_changed_under_the_ring_is_refused_at_open() {
     let e = Ring::open(daemon.name(), Access::ReadWrite, T).unwrap_err();
     assert!(matches!(e, RingError::CorruptHeader { .. }), "{e}");
     assert!(e.to_string().contains("do not match"), "{e}");
+}
+
+#[test]
+fn a_consumer_reads_its_ring_through_a_read_only_view_of_its_own() {
+    let (daemon, _u) = with_handoff("ho-view");
+    let c = ConsumerRing::attach(Ring::open(daemon.name(), Access::ReadWrite, T).unwrap()).unwrap();
+    let v = c.view().unwrap();
+    assert_eq!(v.geometry(), c.geometry());
+    daemon.fill_buffer(1, &batch(0));
+    let snap = v.snapshot();
+    assert_eq!(snap.geometry, c.geometry());
+    let words = snap.handoff.expect("a handoff").buffers;
+    assert_eq!(words.len(), 3);
+    assert_eq!(
+        words[1].state,
+        buffer_state::FILLED,
+        "the daemon's fill, seen by the view"
+    );
+    assert_eq!(words[1], c.buffer_word(1));
 }

@@ -25,7 +25,8 @@ fn header_scribbles_do_not_make_a_live_daemon_look_dead_and_the_daemon_restores_
     let (o, _u) = opts("scribble");
     let daemon = DaemonRing::create(&o).unwrap();
     daemon.set_state(ring_state::READY);
-    let rogue = LoaderRing::from(Ring::open(&o.name, Access::ReadWrite, T).unwrap());
+    // A rogue: any process that maps the ring read-write, through no role.
+    let rogue = Ring::open(&o.name, Access::ReadWrite, T).unwrap();
     let h = rogue.header();
     h.daemon_pid.store(u32::MAX - 7, Relaxed);
     h.daemon_start_time.store(1, Relaxed);
@@ -78,14 +79,14 @@ fn a_reused_loader_entry_never_strands_the_dead_occupants_slot() {
     let daemon = DaemonRing::create(&o).unwrap();
     daemon.set_state(ring_state::READY);
     // Loader A takes entry 0, claims slot 1, and dies.
-    let a = LoaderRing::from(Ring::open(&o.name, Access::ReadWrite, T).unwrap());
+    let a = LoaderRing::join(Ring::open(&o.name, Access::ReadWrite, T).unwrap()).unwrap();
     let seat_a = a.attach_loader(ProcessId::current()).unwrap();
     daemon.assign(1, 42);
     let claim = a.try_claim(seat_a, 1).unwrap();
     assert_eq!(claim.slot(), 1);
     drop(a);
     // Before the daemon's next reap pass, loader B takes over the same entry.
-    let b = LoaderRing::from(Ring::open(&o.name, Access::ReadWrite, T).unwrap());
+    let b = LoaderRing::join(Ring::open(&o.name, Access::ReadWrite, T).unwrap()).unwrap();
     let seat_b = b.attach_loader(ProcessId::current()).unwrap();
     assert_eq!(seat_b.index, seat_a.index, "the entry was reused");
     assert_ne!(seat_b.tenure, seat_a.tenure);
@@ -104,12 +105,14 @@ fn a_reused_loader_entry_never_strands_the_dead_occupants_slot() {
 fn a_loader_entry_marked_empty_by_a_rogue_is_not_given_to_a_second_loader() {
     let (o, _u) = opts("steal");
     let _daemon = DaemonRing::create(&o).unwrap();
-    let a = LoaderRing::from(Ring::open(&o.name, Access::ReadWrite, T).unwrap());
+    let a = LoaderRing::join(Ring::open(&o.name, Access::ReadWrite, T).unwrap()).unwrap();
     let seat_a = a.attach_loader(ProcessId::current()).unwrap();
-    let e = a.loader(seat_a.index as usize);
+    // A rogue scribbles over the live loader's entry (through no role: a raw mapping).
+    let rogue = Ring::open(&o.name, Access::ReadWrite, T).unwrap();
+    let e = rogue.loader(seat_a.index as usize);
     e.state.store(0, Relaxed);
     e.pid.store(0, Relaxed);
-    let b = LoaderRing::from(Ring::open(&o.name, Access::ReadWrite, T).unwrap());
+    let b = LoaderRing::join(Ring::open(&o.name, Access::ReadWrite, T).unwrap()).unwrap();
     let seat_b = b.attach_loader(ProcessId::current()).unwrap();
     assert_ne!(seat_b.index, seat_a.index);
 }

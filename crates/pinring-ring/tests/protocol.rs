@@ -3,8 +3,8 @@
 
 use pinring_ring::layout::{ring_state, LAYOUT_VERSION};
 use pinring_ring::{
-    object_path, Access, CommitError, CreateOptions, DaemonRing, LoaderRing, ProcessId, Ring,
-    RingError, SlotFault, SlotState,
+    object_path, Access, CommitError, ConsumerRing, CreateOptions, DaemonRing, LoaderRing,
+    ProcessId, Ring, RingError, SlotFault, SlotState,
 };
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
@@ -21,8 +21,8 @@ fn opts(tag: &str) -> (CreateOptions, Unlink) {
 fn a_batch_goes_free_claimed_ready_uploading_free() {
     let (o, _u) = opts("cycle");
     let daemon = DaemonRing::create(&o).unwrap();
-    let loader = LoaderRing::from(Ring::open(&o.name, Access::ReadWrite, T).unwrap());
-    assert_eq!(loader.header().fingerprint.load(Relaxed), 0xabc);
+    let loader = LoaderRing::join(Ring::open(&o.name, Access::ReadWrite, T).unwrap()).unwrap();
+    assert_eq!(loader.fingerprint(), 0xabc);
 
     // Nothing to claim before the daemon hands out work.
     let me = loader.attach_loader(ProcessId::current()).unwrap();
@@ -74,9 +74,9 @@ fn a_batch_goes_free_claimed_ready_uploading_free() {
 fn a_commit_after_reclaim_is_rejected() {
     let (o, _u) = opts("zombie");
     let daemon = DaemonRing::create(&o).unwrap();
-    let loader = LoaderRing::from(Ring::open(&o.name, Access::ReadWrite, T).unwrap());
+    let loader = LoaderRing::join(Ring::open(&o.name, Access::ReadWrite, T).unwrap()).unwrap();
     // A loader that claims a slot and dies: its handle (and so its locks) goes away.
-    let doomed = LoaderRing::from(Ring::open(&o.name, Access::ReadWrite, T).unwrap());
+    let doomed = LoaderRing::join(Ring::open(&o.name, Access::ReadWrite, T).unwrap()).unwrap();
     let dead = doomed.attach_loader(ProcessId::current()).unwrap();
     daemon.assign(0, 3);
     let claim = doomed.try_claim(dead, 0).unwrap();
@@ -102,7 +102,7 @@ fn a_commit_after_reclaim_is_rejected() {
 fn forged_descriptors_are_refused() {
     let (o, _u) = opts("forged");
     let daemon = DaemonRing::create(&o).unwrap();
-    let loader = LoaderRing::from(Ring::open(&o.name, Access::ReadWrite, T).unwrap());
+    let loader = LoaderRing::join(Ring::open(&o.name, Access::ReadWrite, T).unwrap()).unwrap();
     let me = loader.attach_loader(ProcessId::current()).unwrap();
 
     daemon.assign(1, 4);
@@ -122,8 +122,10 @@ fn forged_descriptors_are_refused() {
     ));
     daemon.assign(1, 4);
     let _claim = loader.try_claim(me, 0).unwrap();
-    // A rogue writer forges a length past the slot and a seq outside the window.
-    let d = loader.desc(1);
+    // A rogue writer forges a length past the slot and a seq outside the window (through no
+    // role: a raw mapping of the ring).
+    let rogue = Ring::open(&o.name, Access::ReadWrite, T).unwrap();
+    let d = rogue.desc(1);
     d.payload_len.store(1 << 40, Relaxed);
     d.word.store(
         pinring_ring::SlotWord::pack_owned(SlotState::Ready, me.index, me.tenure, 2),
@@ -227,7 +229,7 @@ fn a_ring_that_never_finishes_initialising_times_out() {
 fn the_loader_table_refuses_the_49th_loader() {
     let (o, _u) = opts("table");
     let _daemon = DaemonRing::create(&o).unwrap();
-    let open = || LoaderRing::from(Ring::open(&o.name, Access::ReadWrite, T).unwrap());
+    let open = || LoaderRing::join(Ring::open(&o.name, Access::ReadWrite, T).unwrap()).unwrap();
     let mut seated = Vec::new();
     for i in 0..pinring_ring::MAX_LOADERS {
         let ring = open();
@@ -247,7 +249,7 @@ fn the_loader_table_refuses_the_49th_loader() {
 fn one_handle_holds_one_seat() {
     let (o, _u) = opts("oneseat");
     let _daemon = DaemonRing::create(&o).unwrap();
-    let ring = LoaderRing::from(Ring::open(&o.name, Access::ReadWrite, T).unwrap());
+    let ring = LoaderRing::join(Ring::open(&o.name, Access::ReadWrite, T).unwrap()).unwrap();
     let seat = ring.attach_loader(ProcessId::current()).unwrap();
     let err = ring.attach_loader(ProcessId::current()).unwrap_err();
     assert!(matches!(err, RingError::AlreadyAttached { .. }), "{err}");
@@ -260,8 +262,8 @@ fn loaders_keep_to_their_own_share_of_the_slots_and_take_any_when_theirs_are_bus
     let (o, _u) = opts("share");
     let daemon = DaemonRing::create(&o).unwrap();
     daemon.set_state(ring_state::READY);
-    let a = LoaderRing::from(Ring::open(&o.name, Access::ReadWrite, T).unwrap());
-    let b = LoaderRing::from(Ring::open(&o.name, Access::ReadWrite, T).unwrap());
+    let a = LoaderRing::join(Ring::open(&o.name, Access::ReadWrite, T).unwrap()).unwrap();
+    let b = LoaderRing::join(Ring::open(&o.name, Access::ReadWrite, T).unwrap()).unwrap();
     let seat_a = a.attach_loader(ProcessId::current()).unwrap();
     let seat_b = b.attach_loader(ProcessId::current()).unwrap();
     assert_eq!(daemon.attached_loaders(), 2);
@@ -306,7 +308,7 @@ fn loaders_keep_to_their_own_share_of_the_slots_and_take_any_when_theirs_are_bus
     let (o, _u) = opts("share-one");
     let daemon = DaemonRing::create(&o).unwrap();
     daemon.set_state(ring_state::READY);
-    let a = LoaderRing::from(Ring::open(&o.name, Access::ReadWrite, T).unwrap());
+    let a = LoaderRing::join(Ring::open(&o.name, Access::ReadWrite, T).unwrap()).unwrap();
     let seat = a.attach_loader(ProcessId::current()).unwrap();
     daemon.assign(0, 7);
     daemon.assign(3, 8);
@@ -330,12 +332,13 @@ fn a_slot_filled_for_another_loader_leaves_this_processs_resident_memory_and_kee
     let (o, _u) = opts("forget");
     let daemon = DaemonRing::create(&o).unwrap();
     daemon.set_state(ring_state::READY);
-    let loader = LoaderRing::from(Ring::open(&o.name, Access::ReadWrite, T).unwrap());
+    let loader = LoaderRing::join(Ring::open(&o.name, Access::ReadWrite, T).unwrap()).unwrap();
     let seat = loader.attach_loader(ProcessId::current()).unwrap();
     // The pages are dropped only outside the daemon's process (its mapping is the registered
-    // one): as a loader process sees the ring, the daemon is another process.
-    loader
-        .header()
+    // one): as a loader process sees the ring, the daemon is another process (written through
+    // a raw mapping: no role writes another's header fields).
+    let raw = Ring::open(&o.name, Access::ReadWrite, T).unwrap();
+    raw.header()
         .daemon_pid
         .store(std::process::id() + 1, Relaxed);
     let slot_bytes = loader.geometry().slot_bytes as usize;
@@ -366,14 +369,41 @@ fn a_slot_filled_for_another_loader_leaves_this_processs_resident_memory_and_kee
     let mut out = Vec::new();
     daemon.copy_out(1, 0, slot_bytes as u64, &mut out);
     assert_eq!(out, bytes);
-    out.clear();
-    loader.copy_out(1, 0, slot_bytes as u64, &mut out);
-    assert_eq!(out, bytes);
+    // Through this process's mapping: the slot handed out again, claimed, and read back.
+    daemon.assign(1, 3);
+    let mut again = loader.try_claim(seat, 1).expect("slot 1 FREE again");
+    assert_eq!(again.slot(), 1);
+    let mut here = vec![0u8; slot_bytes];
+    loader.slot_writer(&mut again).read(0, &mut here).unwrap();
+    assert_eq!(here, bytes);
+    loader.commit(again, 0, 0, 0, 0).unwrap();
     // In the daemon's own process the ask changes nothing (its mapping stays whole).
-    loader
-        .header()
-        .daemon_pid
-        .store(std::process::id(), Relaxed);
+    raw.header().daemon_pid.store(std::process::id(), Relaxed);
     let (still, _) = fill(2, 2, true);
     assert!(page_present(still));
+}
+
+#[test]
+fn a_ring_opened_read_only_takes_no_writing_role() {
+    let (o, _u) = opts("ro-role");
+    let _daemon = DaemonRing::create(&o).unwrap();
+    for (role, e) in [
+        (
+            "a loader",
+            LoaderRing::join(Ring::open(&o.name, Access::ReadOnly, T).unwrap()).unwrap_err(),
+        ),
+        (
+            "a consumer",
+            ConsumerRing::attach(Ring::open(&o.name, Access::ReadOnly, T).unwrap()).unwrap_err(),
+        ),
+    ] {
+        assert!(matches!(e, RingError::ReadOnlyRole { .. }), "{e}");
+        let text = e.to_string();
+        assert!(
+            text.contains(&o.name)
+                && text.contains(&format!("read-only, so {role} cannot write"))
+                && text.contains("Access::ReadWrite"),
+            "{text}"
+        );
+    }
 }

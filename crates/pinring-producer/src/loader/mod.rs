@@ -12,21 +12,16 @@
 //! source's one `pinring_image::Pipeline`) and written at its field-major places; a sample that
 //! cannot be read (or decoded) follows `dataset.on_bad_sample`.
 
-use crate::{Next, Session, SessionError};
-use pinring_data::{
-    BatchIndices, BatchLayout, BatchMeta, ByteRange, Config, DatasetKind, Dtype, OnBadSample,
-    IMAGES, LABELS,
-};
+use crate::{Failure, Joined, Next, PartBuffers, PartError, Session, SessionError};
+use pinring_data::{BatchLayout, ByteRange, Config, DatasetKind, OnBadSample, IMAGES};
 use pinring_exit::{Coded, Exit};
-use pinring_ring::failure::{write_failure, ERR_PLAN, ERR_SAMPLE};
 use pinring_ring::{CommitError, LoaderRing, RingError, SlotWriter};
 use pinring_runtime::settings::{self, Overrides};
 use pinring_runtime::shutdown::Shutdown;
 use pinring_sources::{FieldBuf, Source, SourceError};
 use std::path::PathBuf;
-use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 pub mod service;
 
@@ -130,6 +125,9 @@ pub enum LoaderError {
         #[source]
         source: Box<SourceError>,
     },
+    /// A part refused at its commit (a label outside the metadata's range).
+    #[error(transparent)]
+    Part(#[from] PartError),
 }
 
 impl LoaderError {
@@ -159,6 +157,7 @@ impl pinring_exit::Coded for LoaderError {
             LoaderError::Config(_) | LoaderError::BadSample { .. } => Exit::Config,
             LoaderError::Ring(e) => e.exit(),
             LoaderError::Session(e) => e.exit(),
+            LoaderError::Part(e) => e.exit(),
         }
     }
 }
@@ -225,7 +224,7 @@ impl LoaderReport {
 
 /// Runs this loader on `daemon.loader_cpus`, else on its daemon's CPUs where those are fewer
 /// than its own (the GPU's NUMA node's, docs/ARCHITECTURE.md "NUMA placement"); logged.
-fn place(ring: &pinring_ring::Ring, cfg: &Config) {
+fn place(ring: &LoaderRing, cfg: &Config) {
     let wanted = pinring_runtime::numa::cpus(cfg.daemon.loader_cpus.as_ref());
     match pinring_runtime::numa::follow(ring.daemon().pid as i32, wanted.as_deref()) {
         Ok(Some(cpus)) => {
@@ -268,17 +267,14 @@ fn run_attached(
     let joined = Arc::clone(session.joined());
     place(&joined.ring, &joined.cfg);
     let mut worker = Worker {
-        ring: &joined.ring,
-        cfg: &joined.cfg,
+        joined: &joined,
         session: &mut session,
-        samples: Vec::new(),
-        meta_buf: Vec::new(),
+        bufs: PartBuffers::default(),
         field_buf: Vec::new(),
         report: LoaderReport::default(),
         service,
         source: source.as_deref_mut(),
         sample_bufs: Vec::new(),
-        labels: Vec::new(),
     };
     let result = worker.work(shutdown);
     let report = worker.report;
@@ -292,13 +288,12 @@ fn run_attached(
 }
 
 struct Worker<'a> {
-    ring: &'a LoaderRing,
-    cfg: &'a Config,
+    /// The ring, config and layout the session joined with.
+    joined: &'a Joined,
     /// The seat and the claim loop.
     session: &'a mut Session,
-    samples: Vec<u64>,
-    /// The batch metadata, encoded here and then copied into the slot.
-    meta_buf: Vec<u8>,
+    /// A part's sample ids, labels and encoded metadata, reused from part to part.
+    bufs: PartBuffers,
     /// A field other than the images (the labels), made here and then copied into the slot.
     field_buf: Vec<u8>,
     report: LoaderReport,
@@ -307,23 +302,15 @@ struct Worker<'a> {
     source: Option<&'a mut (dyn Source + 'static)>,
     /// One sample's fields (file kinds), read here and then copied into the slot.
     sample_bufs: Vec<Vec<u8>>,
-    /// A part's labels for its metadata (file kinds with an integer `labels` field).
-    labels: Vec<u32>,
 }
 
 impl Worker<'_> {
     fn work(&mut self, shutdown: &Shutdown) -> Result<(), LoaderError> {
-        let synthetic = self.cfg.synthetic();
-        let sample_bytes = self.cfg.sample_bytes() as usize;
-        let layout = self.cfg.batch_layout();
-        // What a part's metadata records: the first field's shape and dtype.
-        let (shape, dtype) = self.cfg.first_field();
-        // Labels in the metadata: a file kind's integer `labels` field of one value per sample.
-        let label_field = layout
-            .fields
-            .iter()
-            .position(|f| f.name == LABELS && f.shape.len() == 1 && is_integer(f.dtype));
-        let policy = self.cfg.dataset.on_bad_sample;
+        let (cfg, ring_name) = (&self.joined.cfg, &self.joined.cfg.ring.name);
+        let synthetic = cfg.synthetic();
+        let sample_bytes = cfg.sample_bytes() as usize;
+        let layout = &self.joined.layout;
+        let policy = cfg.dataset.on_bad_sample;
         loop {
             if shutdown.requested() {
                 return Ok(());
@@ -334,103 +321,67 @@ impl Worker<'_> {
                 service.tick(batches);
                 shutdown.requested()
             };
-            let mut claim = match self.session.claim(None, &mut stop)? {
+            let claim = match self.session.claim(None, &mut stop)? {
                 Next::Part(claim) => claim,
                 Next::Ended | Next::Stopped | Next::TimedOut => return Ok(()),
             };
-            let t = Instant::now();
-            let seq = claim.seq();
             // The seq names one part of a batch: its samples, its metadata (the part's seq and
-            // sample ids, the batch's epoch and index), into this slot.
-            let made = self
-                .session
-                .part_into(seq, &mut self.samples)
-                .map(|p| (p.epoch, p.index_in_epoch, p.bytes));
-            let mut slot = self.ring.slot_writer(&mut claim);
-            // A sample that cannot be read with on_bad_sample = "fail": the part is committed
-            // with ERR_SAMPLE, then the loader stops with this error.
-            let mut fatal = None;
-            let (payload_len, meta_len, error) = match made {
-                Err(e) => {
-                    tracing::error!(ring = %self.cfg.ring.name, seq, "cannot make this batch: {e}");
-                    (0, 0, ERR_PLAN)
+            // sample ids, the batch's epoch and index), into this slot. A seq the plan cannot
+            // make is committed failed by the session.
+            let bufs = std::mem::take(&mut self.bufs);
+            let mut part = match self.session.part(self.joined, claim, bufs) {
+                Ok(part) => part,
+                Err(failed) => {
+                    self.book(failed.committed.map(|()| 0).map_err(PartError::from));
+                    continue;
                 }
-                Ok((epoch, index_in_epoch, bytes)) if self.source.is_some() => {
-                    let count = self.samples.len() as u64;
-                    let payload_len = layout.part_payload_bytes(count, bytes) as usize;
+            };
+            let seq = part.seq();
+            let (epoch, range) = (part.part().epoch, part.part().bytes);
+            let payload_len = part.payload_len() as usize;
+            // A sample that cannot be read with on_bad_sample = "fail", or a label out of
+            // range: the part is committed failed with its message, then the loader stops with
+            // this error.
+            let mut fatal = None;
+            let fits = match self.source.as_deref_mut() {
+                Some(src) => {
+                    let (mut slot, samples) = part.writer_and_samples().expect("a live part");
                     let fits = payload_len <= slot.len();
-                    let src = self.source.as_deref_mut();
-                    let filled = src.map(|src| {
-                        fill_from_source(
-                            src,
-                            &mut FileFill {
-                                slot: &mut slot,
-                                layout: &layout,
-                                samples: &self.samples,
-                                epoch,
-                                policy,
-                                label_field,
-                                bufs: &mut self.sample_bufs,
-                                labels: &mut self.labels,
-                                bytes,
-                                bad: &mut self.report.bad_samples,
-                                shared_bad: &self.ring.header().bad_samples_skipped,
-                                ring: &self.cfg.ring.name,
-                                seq,
-                            },
-                        )
-                    });
+                    let filled = fill_from_source(
+                        src,
+                        &mut FileFill {
+                            slot: &mut slot,
+                            layout,
+                            samples,
+                            epoch,
+                            policy,
+                            bufs: &mut self.sample_bufs,
+                            bytes: range,
+                            bad: &mut self.report.bad_samples,
+                            counter: &self.joined.ring,
+                            ring: ring_name,
+                            seq,
+                        },
+                    );
                     match filled {
-                        Some(Ok(ok)) => {
-                            let indices = BatchIndices {
-                                seq,
-                                epoch,
-                                index_in_epoch,
-                                samples: std::mem::take(&mut self.samples),
-                            };
-                            let mut meta = BatchMeta::new(
-                                &indices,
-                                std::mem::take(&mut self.labels),
-                                shape.clone(),
-                                dtype,
-                                layout.record_bytes,
-                            );
-                            if let Some(r) = bytes {
-                                meta = meta.with_byte_range(r, payload_len as u64);
-                            }
-                            self.samples = indices.samples;
-                            let written = self.session.joined().write_meta(
-                                &mut slot,
-                                &meta,
-                                payload_len,
-                                fits && ok,
-                                &mut self.meta_buf,
-                            );
-                            self.labels = meta.labels; // its capacity, for the next part
-                            written
-                        }
-                        Some(Err((id, e))) => {
-                            let err = LoaderError::BadSample {
-                                ring: self.cfg.ring.name.clone(),
+                        Ok(ok) => fits && ok,
+                        Err((id, e)) => {
+                            fatal = Some(LoaderError::BadSample {
+                                ring: ring_name.clone(),
                                 seq,
                                 id,
                                 epoch,
                                 source: Box::new(e),
-                            };
-                            // The daemon ends the run with this message (exit 3).
-                            let n = write_failure(&mut slot, &err.sample_message());
-                            fatal = Some(err);
-                            (0, n, ERR_SAMPLE)
+                            });
+                            false
                         }
-                        None => (0, 0, ERR_PLAN),
                     }
                 }
-                Ok((epoch, index_in_epoch, range)) => {
+                None => {
+                    let (mut slot, samples) = part.writer_and_samples().expect("a live part");
                     // A field other than the images (the labels): made into `buf`, written at
                     // byte `at` of the slot; false if it does not fit or cannot be made.
-                    let ring_name = &self.cfg.ring.name;
                     let other_field = |name: &str,
-                                       samples: &[u64],
                                        buf: &mut Vec<u8>,
                                        slot: &mut pinring_ring::SlotWriter<'_>,
                                        at: usize,
@@ -446,10 +397,9 @@ impl Worker<'_> {
                     };
                     // A byte part of one sample (its range of the images, and the sample's label
                     // in its first part), or a part of whole samples.
-                    let (payload_len, fits) = if let Some(r) = range {
-                        let payload_len = layout.part_payload_bytes(1, Some(r)) as usize;
-                        let mut fits = payload_len <= slot.len() && self.samples.len() == 1;
-                        let id = self.samples.first().copied().unwrap_or(0);
+                    if let Some(r) = range {
+                        let mut fits = payload_len <= slot.len() && samples.len() == 1;
+                        let id = samples.first().copied().unwrap_or(0);
                         for copy in layout.part_copies(1, 0, Some(r)) {
                             let field = &layout.fields[copy.field];
                             let (at, len) = (copy.src_offset as usize, copy.len as usize);
@@ -468,19 +418,12 @@ impl Worker<'_> {
                                 }
                                 continue;
                             }
-                            fits &= other_field(
-                                &field.name,
-                                &self.samples,
-                                &mut self.field_buf,
-                                &mut slot,
-                                at,
-                                len,
-                            );
+                            fits &=
+                                other_field(&field.name, &mut self.field_buf, &mut slot, at, len);
                         }
-                        (payload_len, fits)
+                        fits
                     } else {
-                        let count = self.samples.len() as u64;
-                        let payload_len = layout.payload_bytes(count) as usize;
+                        let count = samples.len() as u64;
                         let mut fits = payload_len <= slot.len();
                         // Field-major: each field's chunk holds that field of every sample, in order.
                         for field in &layout.fields {
@@ -488,7 +431,7 @@ impl Worker<'_> {
                             let offset = offset as usize;
                             if field.name == IMAGES {
                                 // Straight into the slot: no intermediate payload buffer.
-                                for (n, &i) in self.samples.iter().enumerate() {
+                                for (n, &i) in samples.iter().enumerate() {
                                     let mut words = synthetic.sample_words(i);
                                     fits &= slot
                                         .write_words(
@@ -502,63 +445,56 @@ impl Worker<'_> {
                             }
                             fits &= other_field(
                                 &field.name,
-                                &self.samples,
                                 &mut self.field_buf,
                                 &mut slot,
                                 offset,
                                 len as usize,
                             );
                         }
-                        (payload_len, fits)
-                    };
-                    let indices = BatchIndices {
-                        seq,
-                        epoch,
-                        index_in_epoch,
-                        samples: std::mem::take(&mut self.samples),
-                    };
-                    let mut meta = BatchMeta::new(
-                        &indices,
-                        synthetic.labels(&indices.samples),
-                        shape.clone(),
-                        dtype,
-                        layout.record_bytes,
-                    );
-                    if let Some(r) = range {
-                        meta = meta.with_byte_range(r, payload_len as u64);
+                        fits
                     }
-                    self.samples = indices.samples;
-                    self.session.joined().write_meta(
-                        &mut slot,
-                        &meta,
-                        payload_len,
-                        fits,
-                        &mut self.meta_buf,
-                    )
                 }
             };
-            let count = self.samples.len() as u32;
-            match self
-                .session
-                .joined()
-                .commit(claim, payload_len, meta_len, count, error, t)
-            {
-                Ok(()) => {
-                    self.report.batches += 1;
-                    self.report.bytes += payload_len;
-                }
-                Err(e @ CommitError::Reclaimed { .. }) => {
-                    self.report.reclaimed += 1;
-                    tracing::warn!(ring = %self.cfg.ring.name, "{e}");
-                }
-                Err(e @ CommitError::TooLarge { .. }) => {
-                    // Cannot happen with a validated config; report and move on.
-                    tracing::error!(ring = %self.cfg.ring.name, "{e}");
-                }
-            }
+            let done = match (&fatal, fits) {
+                // The daemon ends the run with this message (exit 3).
+                (Some(err), _) => part.fail(Failure::Sample(&err.sample_message())),
+                (None, false) => part.fail(Failure::Unfit),
+                (None, true) => match part.commit() {
+                    Err(e @ PartError::Label { .. }) => {
+                        let err = LoaderError::Part(e);
+                        let done = part.fail(Failure::Sample(&err.sample_message()));
+                        fatal = Some(err);
+                        done
+                    }
+                    other => other,
+                },
+            };
+            drop(part);
+            let done = done.map(|d| {
+                self.bufs = d.bufs;
+                d.payload_len
+            });
+            self.book(done);
             if let Some(e) = fatal {
                 return Err(e);
             }
+        }
+    }
+
+    /// Books what a part's commit (or fail) published.
+    fn book(&mut self, done: Result<u64, PartError>) {
+        let ring = &self.joined.cfg.ring.name;
+        match done {
+            Ok(payload_len) => {
+                self.report.batches += 1;
+                self.report.bytes += payload_len;
+            }
+            Err(PartError::Commit(e @ CommitError::Reclaimed { .. })) => {
+                self.report.reclaimed += 1;
+                tracing::warn!(ring = %ring, "{e}");
+            }
+            // Cannot happen with a validated config; report and move on.
+            Err(e) => tracing::error!(ring = %ring, "{e}"),
         }
     }
 }
@@ -570,16 +506,13 @@ struct FileFill<'s, 'w> {
     samples: &'s [u64],
     epoch: u32,
     policy: OnBadSample,
-    /// Index of the integer `labels` field whose values the metadata records, if any.
-    label_field: Option<usize>,
     bufs: &'s mut Vec<Vec<u8>>,
-    labels: &'s mut Vec<u32>,
     /// A byte part's range of the sample's cut field (the part has one sample); `None`: whole
     /// samples.
     bytes: Option<ByteRange>,
     bad: &'s mut u64,
     /// The ring's count of skipped samples (all loaders'), for `pinring status` and the summary.
-    shared_bad: &'s std::sync::atomic::AtomicU64,
+    counter: &'s LoaderRing,
     ring: &'s str,
     seq: u64,
 }
@@ -604,7 +537,7 @@ impl FileFill<'_, '_> {
             return Err((id, e));
         }
         *self.bad += 1;
-        self.shared_bad.fetch_add(1, Relaxed);
+        self.counter.count_bad_sample();
         let what = match range {
             Some(r) => format!("bytes {}..{} of sample {id}", r.offset, r.offset + r.len),
             None => format!("sample {id}"),
@@ -619,7 +552,7 @@ impl FileFill<'_, '_> {
 
 /// Reads the part's samples from `src`, each into per-sample buffers (one per field), and writes
 /// every field at its field-major place in the slot: field `f` of sample `n` at
-/// `chunk_in_part(count).0 + n × sample_bytes`. Collects the labels for the metadata. A sample
+/// `chunk_in_part(count).0 + n × sample_bytes`. A sample
 /// that cannot be read is, with `"skip"`, zeros in every field (counted, and logged naming the
 /// sample and the file); with `"fail"`, the error (its sample id) ends the part. Returns whether
 /// every write landed in the slot.
@@ -637,9 +570,7 @@ fn fill_from_source(
     for (buf, field) in f.bufs.iter_mut().zip(fields) {
         buf.resize(field.sample_bytes as usize, 0);
     }
-    f.labels.clear();
     let mut fits = true;
-    let mut labels_fit = true;
     for (n, &id) in samples.iter().enumerate() {
         let read = {
             let mut out: Vec<FieldBuf<'_>> = f
@@ -657,17 +588,6 @@ fn fill_from_source(
             let at = offset as usize + n * field.sample_bytes as usize;
             fits &= f.slot.write(at, buf).is_ok();
         }
-        if let Some(k) = f.label_field {
-            match integer_label(fields[k].dtype, &f.bufs[k]) {
-                Some(v) => f.labels.push(v),
-                None => labels_fit = false,
-            }
-        }
-    }
-    if !labels_fit {
-        // A label outside 0..2^32 (the metadata's labels are u32): the part's metadata records
-        // none; the labels field itself holds the exact values.
-        f.labels.clear();
     }
     Ok(fits)
 }
@@ -684,7 +604,6 @@ fn fill_range_from_source(
 ) -> Result<bool, (u64, SourceError)> {
     let fields = &f.layout.fields;
     f.bufs.resize_with(fields.len(), Vec::new);
-    f.labels.clear();
     let Some(&id) = f.samples.first() else {
         return Ok(true);
     };
@@ -712,53 +631,6 @@ fn fill_range_from_source(
         }
         let buf = &f.bufs[copy.field];
         fits &= f.slot.write(copy.src_offset as usize, buf).is_ok();
-        if f.label_field == Some(copy.field) {
-            if let Some(v) = integer_label(fields[copy.field].dtype, buf) {
-                f.labels.push(v);
-            }
-        }
     }
     Ok(fits)
-}
-
-/// Whether `dtype` is an integer type (its one-element field gives the metadata's labels).
-fn is_integer(dtype: Dtype) -> bool {
-    !matches!(
-        dtype,
-        Dtype::Bool | Dtype::F16 | Dtype::Bf16 | Dtype::F32 | Dtype::F64
-    )
-}
-
-/// The value of a one-element integer field as a metadata label: `None` for a non-integer dtype
-/// or a value outside `0..2^32`.
-fn integer_label(dtype: Dtype, bytes: &[u8]) -> Option<u32> {
-    let mut b = [0u8; 8];
-    let n = dtype.size_of().min(8).min(bytes.len());
-    b[..n].copy_from_slice(&bytes[..n]);
-    let v: i128 = match dtype {
-        Dtype::U8 | Dtype::U16 | Dtype::U32 | Dtype::U64 => i128::from(u64::from_le_bytes(b)),
-        Dtype::I8 => i128::from(b[0] as i8),
-        Dtype::I16 => i128::from(i16::from_le_bytes([b[0], b[1]])),
-        Dtype::I32 => i128::from(i32::from_le_bytes([b[0], b[1], b[2], b[3]])),
-        Dtype::I64 => i128::from(i64::from_le_bytes(b)),
-        Dtype::Bool | Dtype::F16 | Dtype::Bf16 | Dtype::F32 | Dtype::F64 => return None,
-    };
-    u32::try_from(v).ok()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn labels_of_integer_fields_that_fit_a_u32() {
-        assert_eq!(integer_label(Dtype::I64, &7i64.to_le_bytes()), Some(7));
-        assert_eq!(integer_label(Dtype::I64, &(-1i64).to_le_bytes()), None);
-        assert_eq!(integer_label(Dtype::U64, &(1u64 << 32).to_le_bytes()), None);
-        assert_eq!(integer_label(Dtype::I8, &[0xff]), None);
-        assert_eq!(integer_label(Dtype::U16, &[1, 2]), Some(0x201));
-        assert_eq!(integer_label(Dtype::I32, &5i32.to_le_bytes()), Some(5));
-        assert_eq!(integer_label(Dtype::F32, &[0; 4]), None);
-        assert!(is_integer(Dtype::U8) && !is_integer(Dtype::Bool));
-    }
 }
