@@ -66,13 +66,16 @@ pub fn check_config<'py>(
     cfg.check_consumer_prefetch().map_err(|e| e.to_pyerr())?;
     let toml = cfg.try_to_toml().map_err(|e| e.to_pyerr())?;
     let settings = settings_of(py, &cfg)?;
-    // The daemon's own resolution (`Config::resolve`): a file kind's files are opened (relative
+    // The daemon's own resolution (`Spec::resolve`): a file kind's files are opened (relative
     // paths: the working directory) and their length is dataset.samples, "auto" is resolved as
     // a daemon on this host resolves it (the part layout follows from it), every rule checked.
-    let host = pinring_runtime::host_memory::HostMemory::read();
-    let resolved = cfg
-        .resolve(&pinring_sources::Files, host.cache_bytes())
-        .map_err(|e| e.to_pyerr())?;
+    let resolved = pinring_data::Spec::resolve(
+        cfg,
+        &pinring_data::Overrides::default(),
+        &pinring_runtime::settings::host_facts(),
+        &pinring_sources::Files,
+    )
+    .map_err(|e| e.to_pyerr())?;
     let (cfg, plan) = (resolved.config(), resolved.plan());
     let out = PyDict::new(py);
     out.set_item("batches_per_epoch", plan.batches_per_epoch())?;
