@@ -46,7 +46,9 @@ pub use fingerprint::FINGERPRINT_VERSION;
 pub use meta::{max_encoded_len, BatchMeta, Dtype, MetaError, MAX_META_BYTES};
 pub use overrides::{until_stopped, EnvOverrides, Overrides, Spelling};
 pub use plan::{BatchIndices, ByteRange, Part, Plan, PlanError, PlanParams, SampleCut};
-pub use resolve::{DatasetOpener, HostFacts, NoFiles, OpenedDataset, ResolveError, Spec};
+pub use resolve::{
+    slots_for_workers, DatasetOpener, HostFacts, NoFiles, OpenedDataset, ResolveError, Spec,
+};
 pub use shard_order::ShardOrder;
 pub use size::{ByteSize, SizeError};
 pub use synthetic::{generator_throughput, Synthetic, SyntheticError, LABEL_BYTES};

@@ -77,6 +77,10 @@ pub struct Overrides {
     pub shard: Option<(u32, u32)>,
     /// The environment's values, applied before the others.
     pub env: EnvOverrides,
+    /// The ring's writers are this many worker processes of a `pinring.torch.DataLoader` (0:
+    /// the trainer's own thread): the resolver cuts the slot count to what they can keep filled
+    /// ([`crate::resolve::slots_for_workers`]).
+    pub workers: Option<u32>,
     /// How the overrides are named in the config's source name (`(with --epochs 5)`).
     pub spelling: Spelling,
 }
@@ -98,6 +102,7 @@ impl Overrides {
             && !self.unordered
             && self.shard.is_none()
             && self.env.values.is_empty()
+            && self.workers.is_none()
     }
 
     /// Writes the overrides into `cfg` and says each in its source name (`(with --epochs 5)`),

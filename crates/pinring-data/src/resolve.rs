@@ -95,6 +95,37 @@ pub struct Spec {
     auto: Option<AutoRing>,
     slots: u32,
     slot_bytes: u64,
+    workers_slots: Option<u32>,
+}
+
+/// The fewest slots a DataLoader's ring gets with workers, and how many per worker.
+pub const WORKERS_MIN_SLOTS: u32 = 16;
+/// Slots per worker of a DataLoader's ring: torch's own depth (`prefetch_factor=2`).
+pub const SLOTS_PER_WORKER: u32 = 2;
+/// The fewest slots a DataLoader's ring gets with `num_workers=0` (the trainer's one thread).
+pub const THREAD_MIN_SLOTS: u32 = 4;
+
+/// Slots of a DataLoader's embedded ring ([`Overrides::workers`]): what "auto" picked for this
+/// host (`auto`, sized for many loaders and the last-level cache), cut to what the workers can
+/// keep filled.
+///
+/// * With workers: 2 per worker (torch's own depth, `prefetch_factor=2` batches per worker),
+///   two batches' parts (so in-order delivery never waits on the ring), and at least 16. Each
+///   worker writes into its own share of the slots, and the pages it wrote count in its PSS:
+///   4 per worker put a forked worker up to 8% above torch's on the H200.
+/// * With `num_workers=0`: one batch's parts, at least 4. The one thread fills the parts in
+///   order, and the daemon frees each slot as soon as its part is on the device, so a deeper
+///   ring only costs start-up: the ring is made, prefaulted and registered before the first
+///   batch (docs/BENCHMARKS.md, "The DataLoader on first contact").
+pub fn slots_for_workers(auto: u32, workers: u32, parts_per_batch: u32) -> u32 {
+    let want = if workers == 0 {
+        THREAD_MIN_SLOTS.max(parts_per_batch)
+    } else {
+        WORKERS_MIN_SLOTS
+            .max(SLOTS_PER_WORKER.saturating_mul(workers))
+            .max(parts_per_batch.saturating_mul(2))
+    };
+    auto.min(want)
 }
 
 impl Spec {
@@ -114,6 +145,26 @@ impl Spec {
             overrides.apply(&mut cfg);
             cfg.validate()?;
         }
+        let spec = Spec::resolve_applied(cfg.clone(), host, opener)?;
+        let Some(workers) = overrides.workers else {
+            return Ok(spec);
+        };
+        let want = slots_for_workers(spec.slots, workers, spec.config.parts_per_batch());
+        if want >= spec.slots {
+            return Ok(spec);
+        }
+        cfg.ring.slots = Some(want);
+        let mut spec = Spec::resolve_applied(cfg, host, opener)?;
+        spec.workers_slots = Some(want);
+        Ok(spec)
+    }
+
+    /// [`Spec::resolve`] of settings with their overrides applied.
+    fn resolve_applied(
+        mut cfg: Config,
+        host: &HostFacts,
+        opener: &dyn DatasetOpener,
+    ) -> Result<Spec, ResolveError> {
         let opened = opener.open(&cfg)?;
         if let Some(o) = &opened {
             if let Some(shards) = &o.shards {
@@ -146,7 +197,14 @@ impl Spec {
             auto,
             slots,
             slot_bytes,
+            workers_slots: None,
         })
+    }
+
+    /// The slot count the resolver cut for a DataLoader's workers ([`Overrides::workers`]):
+    /// `ring.slots` of the settings the spec was made from (`None`: not cut).
+    pub fn workers_slots(&self) -> Option<u32> {
+        self.workers_slots
     }
 
     /// The settings as resolved: overrides applied, the files' length and the resolved
@@ -350,6 +408,36 @@ mod tests {
         let sets = Config::from_toml_str("[plan]\nepochs = 3\n", "sets").unwrap();
         let spec = Spec::resolve(sets, &unbounded, &host, &NoFiles).unwrap();
         assert_eq!(spec.config().plan.epochs, 3, "the file's own value");
+    }
+
+    #[test]
+    fn a_dataloaders_ring_is_cut_to_what_its_workers_keep_filled() {
+        assert_eq!(slots_for_workers(64, 0, 1), 4, "the one thread: at least 4");
+        assert_eq!(slots_for_workers(64, 0, 6), 6, "one batch's parts");
+        assert_eq!(slots_for_workers(64, 4, 1), 16, "at least 16 with workers");
+        assert_eq!(slots_for_workers(64, 12, 1), 24, "2 per worker");
+        assert_eq!(slots_for_workers(64, 2, 10), 20, "two batches' parts");
+        assert_eq!(slots_for_workers(8, 12, 1), 8, "never more than auto's");
+        let cfg = default_config();
+        let host = HostFacts {
+            cache_bytes: Some(256 << 20),
+        };
+        let auto = Spec::resolve(cfg.clone(), &Overrides::default(), &host, &NoFiles).unwrap();
+        assert!(auto.slots() > 16, "{}", auto.slots());
+        assert_eq!(auto.workers_slots(), None);
+        let workers = Overrides {
+            workers: Some(2),
+            ..Default::default()
+        };
+        let cut = Spec::resolve(cfg, &workers, &host, &NoFiles).unwrap();
+        assert_eq!(cut.slots(), 16);
+        assert_eq!(cut.workers_slots(), Some(16));
+        assert_eq!(
+            cut.slot_bytes(),
+            auto.slot_bytes(),
+            "the same slots, fewer of them"
+        );
+        assert_eq!(cut.config().fingerprint(), auto.config().fingerprint());
     }
 }
 
