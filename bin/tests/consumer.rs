@@ -353,10 +353,14 @@ fn state_resumes_where_it_was_saved_and_refuses_what_cannot_be() {
 
 /// The daemon of `fx`'s ring on a thread of this process, host backend.
 fn embedded_host_daemon(fx: &Fixture) -> pinring_client::EmbeddedDaemon {
+    let overrides = pinring_runtime::settings::Overrides {
+        ring: Some(fx.ring.clone()),
+        ..Default::default()
+    };
+    let spec = pinring_client::resolve_embedded(Some(&fx.config), &overrides, false).unwrap();
     pinring_client::EmbeddedDaemon::start(
+        spec,
         &pinring_client::EmbeddedOptions {
-            config: Some(fx.config.clone()),
-            ring: Some(fx.ring.clone()),
             backend: pinring_backend::BackendKind::Host,
             ..pinring_client::EmbeddedOptions::default()
         },
@@ -440,20 +444,53 @@ fn a_loader_told_its_peers_keeps_to_its_share_from_its_first_claim() {
 
 #[test]
 fn an_embedded_daemon_that_cannot_start_says_why() {
-    use pinring_client::{EmbeddedDaemon, EmbeddedOptions};
     let fx = Fixture::new("cons-emb-bad", "[plan]\nbatch_size = 0\n");
-    let e = EmbeddedDaemon::start(
-        &EmbeddedOptions {
-            config: Some(fx.config.clone()),
-            ring: Some(fx.ring.clone()),
+    let overrides = pinring_runtime::settings::Overrides {
+        ring: Some(fx.ring.clone()),
+        ..Default::default()
+    };
+    let e = pinring_client::resolve_embedded(Some(&fx.config), &overrides, false)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("batch_size"), "{e}");
+}
+
+#[test]
+fn an_embedded_daemon_runs_the_spec_it_is_handed_without_a_config_file() {
+    // Settings given as data (no file anywhere), resolved once here; the daemon's thread makes
+    // its ring from that very spec: its geometry is the spec's, "auto" resolved by the caller.
+    let ring = format!("cons-spec-{}", std::process::id());
+    let settings = pinring_data::Config::from_toml_str(SMALL, "given as data").unwrap();
+    assert_eq!(settings.ring.slot_bytes, pinring_data::SlotBytes::Auto);
+    let overrides = pinring_runtime::settings::Overrides {
+        ring: Some(ring.clone()),
+        ..Default::default()
+    };
+    let spec = pinring_data::Spec::resolve(
+        settings,
+        &overrides,
+        &pinring_runtime::settings::host_facts(),
+        &pinring_data::NoFiles,
+    )
+    .unwrap();
+    let (slots, slot_bytes) = (spec.slots(), spec.slot_bytes());
+    assert!(spec.config().source.starts_with("given as data"));
+    let daemon = pinring_client::EmbeddedDaemon::start(
+        spec,
+        &pinring_client::EmbeddedOptions {
             backend: pinring_backend::BackendKind::Host,
-            ..EmbeddedOptions::default()
+            ..Default::default()
         },
         LONG,
     )
-    .unwrap_err()
-    .to_string();
-    assert!(e.contains("batch_size"), "{e}");
+    .unwrap();
+    assert_eq!(daemon.ring(), ring);
+    let view = pinring_ring::attach(&ring, pinring_ring::Access::ReadOnly, LONG).unwrap();
+    let g = view.geometry();
+    assert_eq!((g.slot_count, g.slot_bytes), (slots, slot_bytes));
+    drop(view);
+    let (_, result) = daemon.stop().expect("the daemon thread ran");
+    result.expect("a daemon stopped before any loader came drains and ends cleanly");
 }
 
 #[test]

@@ -109,7 +109,9 @@ class OwnerProbe:
     def fail_next_prepare(self, message: str) -> None: ...
 
 def check_config(
-    config: Union[str, Dict[str, Dict[str, Any]]], source: str = "<config>"
+    config: Union[str, Dict[str, Dict[str, Any]]],
+    source: str = "<config>",
+    workers: Optional[int] = None,
 ) -> Dict[str, Any]:
     """Parses and validates a config, TOML text or settings as data (a dict of sections, each a
     dict of keys, the config file's shape), as the binaries do, raising ``ConfigError`` with
@@ -118,7 +120,9 @@ def check_config(
     ``"auto"`` resolved as a daemon on this host would), ``slots`` and ``slot_bytes`` (the
     ring's, likewise resolved), ``fields`` (a list of ``(name, dtype,
     per-sample shape)``), ``toml`` (the config as pinring writes it, for a daemon or a producer
-    to load) and ``settings`` (as ``config_settings``)."""
+    to load) and ``settings`` (as ``config_settings``). With ``workers`` (a DataLoader's
+    ``num_workers``), the ring's slot count is cut to what they keep filled, in ``slots`` and in
+    the TOML."""
 
 def config_settings(config: Union[str, Dict[str, Dict[str, Any]]]) -> Dict[Tuple[str, str], Any]:
     """The scalar settings of a config (TOML text, such as a ring's ``Consumer.config``, or a

@@ -7,28 +7,20 @@
 use crate::ClientError;
 use pinring_daemon::sink::SinkKind;
 use pinring_daemon::summary::Summary;
-use pinring_daemon::{self as daemon, DaemonArgs};
+use pinring_daemon::{self as daemon, RunOptions};
+use pinring_data::Spec;
 use pinring_exit::Coded;
 use pinring_exit::Exit;
-use pinring_runtime::settings::{self, Overrides, Spelling};
+use pinring_runtime::settings::Overrides;
 use pinring_runtime::shutdown::Shutdown;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// What an embedded daemon runs.
+/// How an embedded daemon runs its spec (the settings are the spec's: [`resolve`]).
 #[derive(Debug, Clone, Default)]
 pub struct EmbeddedOptions {
-    /// Config file; `None`: the lookup order of `pinring-daemon` (and the built-in default).
-    pub config: Option<PathBuf>,
-    /// Ring name (overrides ring.name).
-    pub ring: Option<String>,
-    /// Epochs (overrides plan.epochs).
-    pub epochs: Option<u32>,
-    /// Epochs where neither `epochs` nor the config file sets `plan.epochs` (None: the config's
-    /// default, 2). The Python loaders give a plan without end this way.
-    pub default_epochs: Option<u32>,
     /// `auto`, `cuda` or `host`.
     pub backend: pinring_backend::BackendKind,
     /// CUDA device ordinal.
@@ -40,9 +32,30 @@ pub struct EmbeddedOptions {
     /// Make the ring anonymous: a memfd with no name in /dev/shm, gone with the last process
     /// holding it (so a killed trainer leaves nothing behind, and /dev/shm's size does not
     /// matter). Consumers and loaders open it at [`EmbeddedDaemon::path`], not by name.
+    /// Resolve its spec with `anonymous` too ([`resolve`]).
     pub anonymous: bool,
-    /// `(plan.rank, plan.world_size)` over the config's: this process's shard of the job.
-    pub shard: Option<(u32, u32)>,
+}
+
+/// The spec an embedded daemon runs, resolved once, here: the settings of `config` (`None`:
+/// the lookup order of `pinring-daemon`, and the built-in default) with `overrides` (named as
+/// `pinring.EmbeddedDaemon`'s keywords name them) and the environment's, resolved for this host
+/// as the daemon resolves its own. `anonymous`: the ring will be anonymous, so the spec's paths
+/// are stored absolute. An error is the daemon's, with its exit code.
+pub fn resolve(
+    config: Option<&Path>,
+    overrides: &Overrides,
+    anonymous: bool,
+) -> Result<Spec, ClientError> {
+    daemon::resolve(config, overrides, anonymous).map_err(|n| ClientError::Daemon {
+        // The ring of the settings as far as they were read; a file not read names none.
+        ring: n
+            .known
+            .map(|c| c.ring.name)
+            .or_else(|| overrides.ring.clone())
+            .unwrap_or_default(),
+        message: n.error.to_string(),
+        exit: n.error.exit(),
+    })
 }
 
 /// A daemon running on a thread of this process. Dropping it stops the daemon (a drain, as at
@@ -56,67 +69,46 @@ pub struct EmbeddedDaemon {
 }
 
 impl EmbeddedDaemon {
-    /// Starts the daemon with the consumer sink and waits (up to `wait`) until its ring is
-    /// READY. A daemon that fails at start is reported with its own message.
-    pub fn start(opts: &EmbeddedOptions, wait: Duration) -> Result<EmbeddedDaemon, ClientError> {
-        EmbeddedDaemon::start_until(opts, wait, &|| false)
+    /// Starts the daemon of `spec` with the consumer sink and waits (up to `wait`) until its
+    /// ring is READY. A daemon that fails at start is reported with its own message.
+    pub fn start(
+        spec: Spec,
+        opts: &EmbeddedOptions,
+        wait: Duration,
+    ) -> Result<EmbeddedDaemon, ClientError> {
+        EmbeddedDaemon::start_until(spec, opts, wait, &|| false)
     }
 
     /// [`EmbeddedDaemon::start`], giving up with [`ClientError::Interrupted`] (the daemon
     /// stopped again) as soon as `stop` says so; it is asked at least every 50 ms.
     pub fn start_until(
+        spec: Spec,
         opts: &EmbeddedOptions,
         wait: Duration,
         stop: &dyn Fn() -> bool,
     ) -> Result<EmbeddedDaemon, ClientError> {
-        let overrides = Overrides {
-            ring: opts.ring.clone(),
-            epochs: opts.epochs,
-            default_epochs: opts.default_epochs,
-            ring_mode: None,
-            unordered: false,
-            shard: opts.shard,
-            // Named as this struct's fields (and `pinring.EmbeddedDaemon`'s keywords) name them.
-            spelling: Spelling::Keywords,
-        };
-        let cfg = settings::load(opts.config.as_deref(), &overrides).map_err(|e| {
-            ClientError::Daemon {
-                // Not known before the config is read: the message names none.
-                ring: opts.ring.clone().unwrap_or_default(),
-                message: e.to_string(),
-                exit: Exit::Config,
-            }
-        })?;
-        let ring = cfg.ring.name.clone();
+        let ring = spec.ring().to_string();
         let address = opts.anonymous.then(|| Arc::new(OnceLock::new()));
-        let args = DaemonArgs {
-            config: opts.config.clone(),
-            ring: opts.ring.clone(),
+        let run = RunOptions {
             backend: opts.backend,
             device: Some(opts.device),
             sink: SinkKind::Consumer,
-            epochs: opts.epochs,
-            ring_mode: None,
-            unordered: false,
             start_seq: opts.start_seq,
             prefetch: None,
             look_ahead: None,
-            summary: None,
             replace: opts.replace,
             no_register: false,
             zero_copy: false,
             service: Default::default(),
             embedded: true,
             address: address.clone(),
-            shard: opts.shard,
-            default_epochs: opts.default_epochs,
         };
         let shutdown = Shutdown::never();
         let thread = {
             let shutdown = shutdown.clone();
             std::thread::Builder::new()
                 .name("pinring-daemon".into())
-                .spawn(move || daemon::run(&args, &shutdown))
+                .spawn(move || daemon::serve(spec, &run, &shutdown))
                 .map_err(|e| ClientError::Daemon {
                     ring: ring.clone(),
                     message: format!("cannot start the daemon thread: {e}"),

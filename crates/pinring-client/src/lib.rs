@@ -30,7 +30,7 @@ mod fields;
 mod memory;
 
 #[cfg(feature = "embedded")]
-pub use embedded::{EmbeddedDaemon, EmbeddedOptions};
+pub use embedded::{resolve as resolve_embedded, EmbeddedDaemon, EmbeddedOptions};
 pub use error::ClientError;
 pub use fields::{FieldView, Location};
 pub use memory::Memory;

@@ -1,4 +1,6 @@
-//! The daemon's command line: [`DaemonArgs`] (clap) and the `--backend` parser.
+//! The daemon's command line: [`DaemonArgs`] (clap), what it says over the config
+//! ([`DaemonArgs::overrides`]) and how the daemon runs ([`RunOptions`]), and the `--backend`
+//! parser. The embedding API is [`RunOptions`] with a resolved spec, not these flags.
 
 use crate::sink::SinkKind;
 use pinring_backend::BackendKind;
@@ -69,27 +71,77 @@ pub struct DaemonArgs {
     /// Running as a service: metrics endpoint, log level.
     #[command(flatten)]
     pub service: crate::service::DaemonServiceArgs,
-    /// Runs inside the training process (pinring-client's `EmbeddedDaemon`): the consumer sink's
-    /// buffers are shared with this process's consumer (pinring_client::embedded), not exported through
-    /// CUDA IPC. Not a flag: set by the embedding code.
-    #[arg(skip)]
-    pub embedded: bool,
-    /// Make the ring anonymous (a memfd, no name in /dev/shm; pinring-ring's
-    /// `Segment::create_anonymous`) and publish where it can be opened here once it exists.
-    /// Not a flag: set by the embedding code.
-    #[arg(skip)]
-    pub address: Option<std::sync::Arc<std::sync::OnceLock<PathBuf>>>,
-    /// `(plan.rank, plan.world_size)` over the config's (and `$PINRING_RANK`'s). Not a flag:
-    /// set by the embedding code, from the job it runs in.
-    #[arg(skip)]
-    pub shard: Option<(u32, u32)>,
-    /// `plan.epochs` where neither `epochs` nor the config file sets it (the Python loaders'
-    /// plan without end: `Overrides::default_epochs`). Not a flag: set by the embedding code.
-    #[arg(skip)]
-    pub default_epochs: Option<u32>,
 }
 
 impl DaemonArgs {
+    /// What the flags say over the config's settings, named as flags (`--epochs 5`); the
+    /// environment's are added where the settings are read.
+    pub fn overrides(&self) -> pinring_runtime::settings::Overrides {
+        pinring_runtime::settings::Overrides {
+            ring: self.ring.clone(),
+            epochs: self.epochs,
+            ring_mode: self.ring_mode,
+            unordered: self.unordered,
+            spelling: pinring_runtime::settings::Spelling::Flags,
+            ..Default::default()
+        }
+    }
+
+    /// How the daemon runs its spec, as the flags say.
+    pub fn options(&self) -> RunOptions {
+        RunOptions {
+            backend: self.backend,
+            device: self.device,
+            sink: self.sink,
+            start_seq: self.start_seq,
+            prefetch: self.prefetch,
+            look_ahead: self.look_ahead,
+            replace: self.replace,
+            no_register: self.no_register,
+            zero_copy: self.zero_copy,
+            service: self.service.clone(),
+            embedded: false,
+            address: None,
+        }
+    }
+}
+
+/// How a daemon runs a resolved spec ([`crate::serve`]): what is not a setting of the config
+/// (the backend, the sink, where to start, registration), from the daemon's flags
+/// ([`DaemonArgs::options`]) or from the code that embeds the daemon in a training process
+/// (pinring-client's `EmbeddedDaemon`).
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    /// `--backend`.
+    pub backend: BackendKind,
+    /// `--device`: over `daemon.device` (and `$PINRING_DEVICE`); `None`: the spec's, else 0.
+    pub device: Option<usize>,
+    /// `--sink`.
+    pub sink: SinkKind,
+    /// `--start-seq`.
+    pub start_seq: u64,
+    /// `--prefetch`: over `daemon.prefetch`.
+    pub prefetch: Option<u32>,
+    /// `--look-ahead`.
+    pub look_ahead: Option<u32>,
+    /// `--replace`.
+    pub replace: bool,
+    /// `--no-register`.
+    pub no_register: bool,
+    /// `--zero-copy`.
+    pub zero_copy: bool,
+    /// The service's flags (metrics endpoint, log level).
+    pub service: crate::service::DaemonServiceArgs,
+    /// Runs inside the training process (pinring-client's `EmbeddedDaemon`): the consumer
+    /// sink's buffers are shared with this process's consumer, not exported through CUDA IPC,
+    /// and messages name options as `pinring.EmbeddedDaemon`'s keywords.
+    pub embedded: bool,
+    /// Make the ring anonymous (a memfd, no name in /dev/shm; pinring-ring's
+    /// `Segment::create_anonymous`) and publish where it can be opened here once it exists.
+    pub address: Option<std::sync::Arc<std::sync::OnceLock<PathBuf>>>,
+}
+
+impl RunOptions {
     /// How the daemon's messages name its options: its flags, or, embedded in a Python
     /// process, the keyword arguments of `pinring.EmbeddedDaemon` (`start_seq=8`).
     pub fn spelling(&self) -> pinring_runtime::settings::Spelling {

@@ -1,7 +1,7 @@
 //! The end of a run: close and unlink the ring, build the [`Summary`] (also for a daemon that
 //! failed at start), and judge it.
 
-use super::{Daemon, DaemonArgs, DaemonError, Outcome};
+use super::{Daemon, DaemonError, Outcome, RunOptions};
 use crate::sink::SinkKind;
 use crate::summary::Summary;
 use pinring_data::Config;
@@ -10,10 +10,24 @@ use pinring_observe::{bound, checked_loader_figures, Checked, DaemonSaw, LoaderR
 use pinring_ring::ring_state;
 use std::sync::atomic::Ordering::Relaxed;
 
+/// What is known of a daemon that stopped before its ring was ready: its settings (with their
+/// overrides), or only what its flags said.
+#[derive(Debug, Clone, Copy)]
+pub enum Known<'a> {
+    /// The settings, read and overridden.
+    Config(&'a Config),
+    /// The flags' overrides (the settings could not be read).
+    Flags(&'a pinring_runtime::settings::Overrides),
+}
+
 /// The outcome of a daemon that stopped before its ring was ready: a summary with what is known
 /// (the config when it loaded, else the flags), nothing delivered, and the error.
-pub fn failed_at_start(args: &DaemonArgs, cfg: Option<&Config>, error: DaemonError) -> Outcome {
-    let ring = match (cfg, &args.ring) {
+pub fn failed_at_start(opts: &RunOptions, known: Known<'_>, error: DaemonError) -> Outcome {
+    let (cfg, flags) = match known {
+        Known::Config(c) => (Some(c), None),
+        Known::Flags(o) => (None, Some(o)),
+    };
+    let ring = match (cfg, flags.and_then(|o| o.ring.as_ref())) {
         (Some(c), _) => c.ring.name.clone(),
         (None, Some(name)) => name.clone(),
         (None, None) => String::new(),
@@ -24,15 +38,15 @@ pub fn failed_at_start(args: &DaemonArgs, cfg: Option<&Config>, error: DaemonErr
     let summary = Summary {
         ring,
         backend: String::new(),
-        backend_reason: format!("not started (--backend {})", args.backend),
-        sink: args.sink.name().into(),
-        in_order: cfg.map_or(!args.unordered, |c| c.ring.in_order),
-        start_seq: args.start_seq,
+        backend_reason: format!("not started (--backend {})", opts.backend),
+        sink: opts.sink.name().into(),
+        in_order: cfg.map_or(!flags.is_some_and(|o| o.unordered), |c| c.ring.in_order),
+        start_seq: opts.start_seq,
         end_seq,
-        missing: end_seq.saturating_sub(args.start_seq),
-        resume_seq: args.start_seq,
+        missing: end_seq.saturating_sub(opts.start_seq),
+        resume_seq: opts.start_seq,
         bound: "none".into(),
-        zero_copy: args.zero_copy,
+        zero_copy: opts.zero_copy,
         ..Default::default()
     };
     Outcome {

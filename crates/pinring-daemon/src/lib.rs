@@ -55,11 +55,11 @@ mod sequencer;
 mod start;
 mod uploads;
 
-pub use args::{parse_backend_kind, DaemonArgs};
+pub use args::{parse_backend_kind, DaemonArgs, RunOptions};
 use delivery::SinkLink;
 pub use drain::DRAIN_DEADLINE;
 pub use finish::cpu_seconds;
-pub use finish::{failed_at_start, judge};
+pub use finish::{failed_at_start, judge, Known};
 use publish::{Tally, Unpublished};
 use recovery::Chore;
 use sequencer::{HandOut, Sequencer};
@@ -72,8 +72,8 @@ pub fn main(args: &DaemonArgs, shutdown: std::io::Result<Shutdown>) -> Exit {
     let outcome = match shutdown {
         Ok(shutdown) => run(args, &shutdown),
         Err(e) => failed_at_start(
-            args,
-            None,
+            &args.options(),
+            Known::Flags(&args.overrides()),
             DaemonError::Internal {
                 ring: args.ring.clone().unwrap_or_default(),
                 what: format!("cannot install the SIGTERM/SIGINT handlers: {e}"),
@@ -140,7 +140,7 @@ pub enum DaemonError {
     /// Bad config.
     #[error(transparent)]
     Config(#[from] pinring_data::ConfigError),
-    /// The config does not resolve (its files, the plan, `ring.group`: `Config::resolve`).
+    /// The config does not resolve (its files, the plan, `ring.group`: `Spec::resolve`).
     #[error(transparent)]
     Resolve(#[from] pinring_data::ResolveError),
     /// `--start-seq` lies past the end of the plan.
@@ -267,49 +267,22 @@ pub struct Outcome {
     pub result: Result<(), DaemonError>,
 }
 
-/// Runs the daemon to completion.
+/// Runs the daemon of `pinring-daemon`'s flags to completion: its spec resolved from the
+/// config file and the flags ([`resolve`]), then [`serve`]d.
 pub fn run(args: &DaemonArgs, shutdown: &Shutdown) -> Outcome {
-    let overrides = Overrides {
-        ring: args.ring.clone(),
-        epochs: args.epochs,
-        default_epochs: args.default_epochs,
-        ring_mode: args.ring_mode,
-        unordered: args.unordered,
-        shard: args.shard,
-        spelling: args.spelling(),
-    };
-    let mut cfg = match settings::load(args.config.as_deref(), &overrides) {
-        Ok(c) => c,
-        Err(e) => return failed_at_start(args, None, e.into()),
-    };
-    if let Some(w) = cfg.sets_nothing_warning() {
-        tracing::warn!(ring = %cfg.ring.name, "{w}");
-    }
-    if args.address.is_some() {
-        // An anonymous ring's loaders are given the config the ring holds, written elsewhere
-        // (`pinring.Loader(loaders=N)`), not this file: its paths are stored absolute.
-        if let Err(e) = cfg.make_paths_absolute() {
-            return failed_at_start(args, Some(&cfg), e.into());
+    let opts = args.options();
+    let overrides = args.overrides();
+    let spec = match resolve(args.config.as_deref(), &overrides, false) {
+        Ok(spec) => spec,
+        Err(n) => {
+            let known = n
+                .known
+                .as_ref()
+                .map_or(Known::Flags(&overrides), Known::Config);
+            return failed_at_start(&opts, known, n.error);
         }
-    }
-    // The one resolution that config check and Python's check_config make too
-    // (`Config::resolve`): a file kind's source is opened once, here, and its length becomes
-    // dataset.samples (in the fingerprint, and in the config stored for consumers; each loader
-    // opens its own and must find the same); "auto" is resolved for this host's cache, once,
-    // and published in the ring header (loaders adopt it from there instead of reading their
-    // own host's cache); every rule is checked. Unreadable or mismatched files stop the start.
-    let host = pinring_runtime::host_memory::HostMemory::read();
-    let resolved = match cfg.resolve(&pinring_sources::Files, host.cache_bytes()) {
-        Ok(r) => r,
-        Err(e) => return failed_at_start(args, Some(&cfg), e.into()),
     };
-    if let Some(n) = resolved.source_len() {
-        tracing::info!(ring = %cfg.ring.name, kind = %cfg.dataset.kind, samples = n, "dataset opened");
-    }
-    if let Some(a) = resolved.auto() {
-        tracing::info!(ring = %cfg.ring.name, "{}", host.auto_line(resolved.config(), a));
-    }
-    let cfg = resolved.config().clone();
+    let cfg = spec.config();
     if args.sink == SinkKind::Verify && cfg.dataset.kind != pinring_data::DatasetKind::Synthetic {
         let e = pinring_data::ConfigError::Invalid {
             source_name: cfg.source.clone(),
@@ -322,9 +295,89 @@ pub fn run(args: &DaemonArgs, shutdown: &Shutdown) -> Outcome {
                 cfg.ring.name
             ),
         };
-        return failed_at_start(args, Some(&cfg), e.into());
+        return failed_at_start(&opts, Known::Config(cfg), e.into());
     }
-    match Daemon::start(args, resolved) {
+    serve(spec, &opts, shutdown)
+}
+
+/// Why [`resolve`] gave no spec: the error, and the settings with their overrides applied
+/// where those are valid (what the summary of a daemon that failed at start reports).
+#[derive(Debug)]
+pub struct NotResolved {
+    /// The error.
+    pub error: DaemonError,
+    /// The settings with the overrides applied; `None` where they could not be read or the
+    /// overrides make them invalid.
+    pub known: Option<Config>,
+}
+
+/// Resolves the spec a daemon runs, once, at start: the settings of the config file found by
+/// the lookup (`config`, else `$PINRING_CONFIG`, ...), with `overrides` and the environment's,
+/// resolved by [`pinring_data::Spec::resolve`] (the one resolution that `pinring config check`
+/// and Python's `check_config` make too): a file kind's source is opened once, here, and its
+/// length becomes dataset.samples (in the fingerprint, and in the config stored for consumers;
+/// each loader opens its own and must find the same); "auto" is resolved for this host's cache,
+/// once, and published in the ring header (loaders adopt it from there instead of reading their
+/// own host's cache); every rule is checked. Unreadable or mismatched files stop the start.
+///
+/// `paths_absolute`: an anonymous ring's loaders are given the config the ring holds, written
+/// elsewhere (`pinring.Loader(loaders=N)`), not this file, so its paths are stored absolute.
+pub fn resolve(
+    config: Option<&std::path::Path>,
+    overrides: &Overrides,
+    paths_absolute: bool,
+) -> Result<pinring_data::Spec, Box<NotResolved>> {
+    let found = settings::find(config, overrides).map_err(|e| {
+        Box::new(NotResolved {
+            error: e.into(),
+            known: None,
+        })
+    })?;
+    let warn_sets_nothing = |ring: &str| {
+        if let Some(w) = found.settings.sets_nothing_warning() {
+            tracing::warn!(ring = %ring, "{w}");
+        }
+    };
+    let failed = |error: DaemonError| {
+        let mut known = found.applied().ok();
+        if let Some(cfg) = &mut known {
+            warn_sets_nothing(&cfg.ring.name);
+            if paths_absolute {
+                let _ = cfg.make_paths_absolute();
+            }
+        }
+        Box::new(NotResolved { error, known })
+    };
+    let mut given = found.settings.clone();
+    if paths_absolute {
+        if let Err(e) = given.make_paths_absolute() {
+            return Err(failed(e.into()));
+        }
+    }
+    let host = pinring_runtime::host_memory::HostMemory::read();
+    let facts = pinring_data::HostFacts {
+        cache_bytes: host.cache_bytes(),
+    };
+    let spec =
+        pinring_data::Spec::resolve(given, &found.overrides, &facts, &pinring_sources::Files)
+            .map_err(|e| failed(e.into()))?;
+    let cfg = spec.config();
+    warn_sets_nothing(&cfg.ring.name);
+    if let Some(n) = spec.source_len() {
+        tracing::info!(ring = %cfg.ring.name, kind = %cfg.dataset.kind, samples = n, "dataset opened");
+    }
+    if let Some(a) = spec.auto() {
+        tracing::info!(ring = %cfg.ring.name, "{}", host.auto_line(cfg, a));
+    }
+    Ok(spec)
+}
+
+/// Runs the daemon on a resolved spec to completion: start-up ([`RunOptions`] say how), the
+/// main loop until the plan ends or `shutdown` is requested, the summary. The daemon's binary
+/// and an embedded daemon (pinring-client) both run this.
+pub fn serve(spec: pinring_data::Spec, opts: &RunOptions, shutdown: &Shutdown) -> Outcome {
+    let cfg = spec.config().clone();
+    match Daemon::start(opts, spec) {
         Ok(mut d) => {
             let result = d.main_loop(shutdown);
             d.publish_counters();
@@ -335,7 +388,7 @@ pub fn run(args: &DaemonArgs, shutdown: &Shutdown) -> Outcome {
                 result,
             }
         }
-        Err(e) => failed_at_start(args, Some(&cfg), e),
+        Err(e) => failed_at_start(opts, Known::Config(&cfg), e),
     }
 }
 

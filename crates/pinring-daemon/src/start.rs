@@ -1,21 +1,21 @@
 //! Start-up: load the plan, create and register the ring, start the upload engine and the sink
 //! thread, hand every slot its first seq, and set the ring READY.
 
-use super::{cpu_seconds, recovery, Daemon, DaemonArgs, DaemonError, Sequencer};
+use super::{cpu_seconds, recovery, Daemon, DaemonError, RunOptions, Sequencer};
 use crate::ring_wake::Doorbell;
 use crate::sink;
 use crossbeam_channel::unbounded;
 use pinring_backend::{Backend, Placement, Uploader};
 use pinring_data::config::PREFETCH;
-use pinring_data::Resolved;
+use pinring_data::Spec;
 use pinring_ring::{ring_state, CreateOptions, DaemonRing};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 impl Daemon {
-    /// Starts the daemon on a resolved config: its plan and layout are the resolution's.
-    pub(super) fn start(args: &DaemonArgs, resolved: Resolved) -> Result<Daemon, DaemonError> {
-        let (cfg, plan, layout) = resolved.into_parts();
+    /// Starts the daemon on a resolved spec, as `args` say: its plan and layout are the spec's.
+    pub(super) fn start(args: &RunOptions, spec: Spec) -> Result<Daemon, DaemonError> {
+        let (cfg, plan, layout) = spec.into_parts();
         let end_seq = plan.total_seqs();
         let parts = plan.parts_per_batch();
         if parts > 1 && args.zero_copy {

@@ -1,7 +1,11 @@
 //! pinring-data: configuration, deterministic epoch plan, synthetic dataset
 //! and per-batch metadata shared by the pinring daemon and loaders.
 //!
-//! * [`config`] -- the TOML config file ([`Config`]).
+//! * [`config`] -- the TOML config file's settings ([`Config`]: its shape, with optional and
+//!   `"auto"` values).
+//! * [`overrides`] -- what flags, environment and Python keywords say over the file
+//!   ([`Overrides`]).
+//! * [`resolve`] -- the resolved spec a daemon runs ([`Spec`]: nothing optional, no `"auto"`).
 //! * [`dataset`] -- the keys of the file kinds (`[dataset.tokens]`, `[dataset.npy]`,
 //!   `[dataset.webdataset]`, `[dataset.imagefolder]`, `[dataset.image]`).
 //! * [`fields`] -- the named fields of a sample and where each lies in a batch ([`Field`],
@@ -21,6 +25,7 @@ pub mod dataset;
 pub mod fields;
 pub mod fingerprint;
 pub mod meta;
+pub mod overrides;
 pub mod plan;
 pub mod resolve;
 pub mod shard_order;
@@ -39,8 +44,11 @@ pub use dataset::{
 pub use fields::{BatchLayout, ChunkCopy, Field, FieldPlacement, FIELD_ALIGN, IMAGES, LABELS};
 pub use fingerprint::FINGERPRINT_VERSION;
 pub use meta::{max_encoded_len, BatchMeta, Dtype, MetaError, MAX_META_BYTES};
+pub use overrides::{until_stopped, EnvOverrides, Overrides, Spelling};
 pub use plan::{BatchIndices, ByteRange, Part, Plan, PlanError, PlanParams, SampleCut};
-pub use resolve::{DatasetOpener, NoFiles, OpenedDataset, ResolveError, Resolved};
+pub use resolve::{
+    slots_for_workers, DatasetOpener, HostFacts, NoFiles, OpenedDataset, ResolveError, Spec,
+};
 pub use shard_order::ShardOrder;
 pub use size::{ByteSize, SizeError};
 pub use synthetic::{generator_throughput, Synthetic, SyntheticError, LABEL_BYTES};

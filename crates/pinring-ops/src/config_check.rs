@@ -57,13 +57,21 @@ pub fn run(args: &CheckArgs) -> Result<(), CheckError> {
         ring: args.ring.clone(),
         ..Default::default()
     };
-    let cfg = settings::load(origin.path(), &overrides)?;
-    // The daemon's own resolution (`Config::resolve`): its files opened and checked against
+    let found = settings::find(origin.path(), &overrides)?;
+    // The daemon's own resolution (`Spec::resolve`): its files opened and checked against
     // the declared fields (their length is dataset.samples), "auto" resolved as a daemon on
     // this host would (loaders adopt the daemon's values), every rule the daemon checks
     // (ring.group among them), the plan.
     let host = pinring_runtime::host_memory::HostMemory::read();
-    let resolved = cfg.resolve(&pinring_sources::Files, host.cache_bytes())?;
+    let facts = pinring_data::HostFacts {
+        cache_bytes: host.cache_bytes(),
+    };
+    let resolved = pinring_data::Spec::resolve(
+        found.settings,
+        &found.overrides,
+        &facts,
+        &pinring_sources::Files,
+    )?;
     let auto = resolved
         .auto()
         .map(|a| host.auto_line(resolved.config(), a));

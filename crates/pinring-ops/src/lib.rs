@@ -3,7 +3,7 @@
 //! check` (resolves a config as the daemon would and says what it would run). They sit beside
 //! the daemon and the loader, link neither, and change neither: status reads a ring through
 //! pinring-observe, clean only removes what no live process holds, and config check calls the same
-//! `Config::resolve` the daemon calls.
+//! `Spec::resolve` the daemon calls.
 
 #![forbid(unsafe_code)]
 

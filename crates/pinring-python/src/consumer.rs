@@ -355,21 +355,26 @@ impl EmbeddedDaemon {
                 ));
             }
         }
-        let opts = EmbeddedOptions {
-            config,
+        // The keywords are this edge's overrides, named as the keywords name them.
+        let overrides = pinring_runtime::settings::Overrides {
             ring,
             epochs,
             default_epochs,
+            shard,
+            spelling: pinring_runtime::settings::Spelling::Keywords,
+            ..Default::default()
+        };
+        let opts = EmbeddedOptions {
             backend,
             device,
             start_seq,
             replace,
             anonymous,
-            shard,
         };
         let wait = seconds("wait", wait)?;
         let d = crate::signals::detach_interruptible(py, |stop| {
-            pinring_client::EmbeddedDaemon::start_until(&opts, wait, stop)
+            let spec = pinring_client::resolve_embedded(config.as_deref(), &overrides, anonymous)?;
+            pinring_client::EmbeddedDaemon::start_until(spec, &opts, wait, stop)
         })?
         .map_err(|e| e.to_pyerr())?;
         let ring = d.ring().to_string();

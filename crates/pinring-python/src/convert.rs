@@ -47,13 +47,16 @@ pub(crate) fn synthetic_fields<'py>(
 /// fields), `parts_per_batch` (seqs per batch, with `"auto"` resolved as a daemon on this host
 /// resolves it), `fields` (each `(name, dtype, per-sample shape)`), `toml` (the config as
 /// pinring writes it, for a daemon or a producer to load) and `settings` (its scalar settings,
-/// as [`config_settings`]).
+/// as [`config_settings`]). With `workers` (a `pinring.torch.DataLoader`'s `num_workers`), the
+/// ring's slot count is cut to what they keep filled (`pinring_data::slots_for_workers`), in
+/// `slots` and in the TOML.
 #[pyfunction]
-#[pyo3(signature = (config, source="<config>"))]
+#[pyo3(signature = (config, source="<config>", workers=None))]
 pub fn check_config<'py>(
     py: Python<'py>,
     config: &Bound<'py, PyAny>,
     source: &str,
+    workers: Option<u32>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let mut cfg = config_from(py, config, source)?;
     if config.is_instance_of::<PyDict>() {
@@ -64,15 +67,28 @@ pub fn check_config<'py>(
     }
     // Every ring Python makes or reads hands its batches to a consumer.
     cfg.check_consumer_prefetch().map_err(|e| e.to_pyerr())?;
-    let toml = cfg.try_to_toml().map_err(|e| e.to_pyerr())?;
-    let settings = settings_of(py, &cfg)?;
-    // The daemon's own resolution (`Config::resolve`): a file kind's files are opened (relative
+
+    // The daemon's own resolution (`Spec::resolve`): a file kind's files are opened (relative
     // paths: the working directory) and their length is dataset.samples, "auto" is resolved as
     // a daemon on this host resolves it (the part layout follows from it), every rule checked.
-    let host = pinring_runtime::host_memory::HostMemory::read();
-    let resolved = cfg
-        .resolve(&pinring_sources::Files, host.cache_bytes())
-        .map_err(|e| e.to_pyerr())?;
+    // A DataLoader's ring (`workers`): the resolver cuts "auto"'s slot count to what its
+    // workers keep filled, and the TOML says the count it cut to.
+    let overrides = pinring_data::Overrides {
+        workers,
+        ..Default::default()
+    };
+    let resolved = pinring_data::Spec::resolve(
+        cfg.clone(),
+        &overrides,
+        &pinring_runtime::settings::host_facts(),
+        &pinring_sources::Files,
+    )
+    .map_err(|e| e.to_pyerr())?;
+    if let Some(slots) = resolved.workers_slots() {
+        cfg.ring.slots = Some(slots);
+    }
+    let toml = cfg.try_to_toml().map_err(|e| e.to_pyerr())?;
+    let settings = settings_of(py, &cfg)?;
     let (cfg, plan) = (resolved.config(), resolved.plan());
     let out = PyDict::new(py);
     out.set_item("batches_per_epoch", plan.batches_per_epoch())?;

@@ -3,7 +3,7 @@
 //! up front and a ring that does not fit fails at start with exit 4), so `pinring config check`
 //! and the daemon at start print warnings.
 //!
-//! The cache size also sizes an automatic ring ([`pinring_data::Config::resolve`] with [`HostMemory::cache_bytes`]): the daemon (and
+//! The cache size also sizes an automatic ring ([`pinring_data::Spec::resolve`] with [`HostMemory::cache_bytes`]): the daemon (and
 //! `pinring config check`, to show it) resolves `ring.slot_bytes = "auto"` once, here, and
 //! publishes the result in the ring header; loaders never read the cache, they adopt the ring's
 //! slot size ([`pinring_data::Config::adopt_slot_bytes`]).

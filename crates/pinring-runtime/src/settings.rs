@@ -1,9 +1,10 @@
-//! Loading the config a process runs on: the file found by the documented lookup
-//! ([`crate::config_lookup`]: `--config`, `$PINRING_CONFIG`, ./config, the user's config dir,
-//! /etc/pinring, else the built-in synthetic default), then the overrides from the
-//! environment (`$PINRING_RANK`, `$PINRING_WORLD_SIZE`, `$PINRING_DEVICE`), then command-line
-//! overrides, then validation (again) so an override can never smuggle in a value the file
-//! could not hold.
+//! The edge where a process reads what it runs on: the settings of the file found by the
+//! documented lookup ([`crate::config_lookup`]: `--config`, `$PINRING_CONFIG`, ./config, the
+//! user's config dir, /etc/pinring, else the built-in synthetic default), and the overrides:
+//! the environment's (`$PINRING_RANK`, `$PINRING_WORLD_SIZE`, `$PINRING_DEVICE`) added to the
+//! command line's or the keywords' ([`find`]). The daemon resolves them into a
+//! [`pinring_data::Spec`]; [`load`] applies them and validates the result, so an override can
+//! never smuggle in a value the file could not hold.
 
 use crate::config_lookup::{self, Origin, Places};
 use pinring_data::{Config, ConfigError};
@@ -16,75 +17,7 @@ pub const ENV_WORLD_SIZE: &str = "PINRING_WORLD_SIZE";
 /// Environment variable overriding `daemon.device`.
 pub const ENV_DEVICE: &str = "PINRING_DEVICE";
 
-/// How the options of a run are named in its messages: the binaries' command-line flags
-/// (`--epochs 5`), or the keyword arguments of the Python classes that run the same code in the
-/// training process (`epochs=5`: `pinring.EmbeddedDaemon`, `pinring.Producer` and the loaders
-/// built on them), whose callers never typed a flag.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub enum Spelling {
-    /// `--start-seq 8`.
-    #[default]
-    Flags,
-    /// `start_seq=8`.
-    Keywords,
-}
-
-impl Spelling {
-    /// The option whose flag is `flag` (`start-seq`), as this spelling names it: `--start-seq`
-    /// or `start_seq`.
-    pub fn option(self, flag: &str) -> String {
-        match self {
-            Spelling::Flags => format!("--{flag}"),
-            Spelling::Keywords => flag.replace('-', "_"),
-        }
-    }
-
-    /// The option `flag` given the number (or other unquoted) `value`: `--start-seq 8` or
-    /// `start_seq=8`.
-    pub fn set(self, flag: &str, value: impl std::fmt::Display) -> String {
-        match self {
-            Spelling::Flags => format!("--{flag} {value}"),
-            Spelling::Keywords => format!("{}={value}", self.option(flag)),
-        }
-    }
-
-    /// The option `flag` given the text `value`: `--ring gpu0` or `ring="gpu0"`.
-    pub fn set_text(self, flag: &str, value: &str) -> String {
-        match self {
-            Spelling::Flags => self.set(flag, value),
-            Spelling::Keywords => self.set(flag, format_args!("{value:?}")),
-        }
-    }
-}
-
-/// Overrides shared by the binaries' flags.
-#[derive(Debug, Default, Clone)]
-pub struct Overrides {
-    /// `--ring NAME`.
-    pub ring: Option<String>,
-    /// `--epochs N`; 0: every epoch until stopped ([`until_stopped`]).
-    pub epochs: Option<u32>,
-    /// `plan.epochs` where neither `epochs` nor the config file sets it (the config's own
-    /// default, 2, otherwise). The Python loaders' embedded daemons run without end unless told
-    /// (docs/PYTHON.md, "Epochs"); not said in the config's source name, since nobody gave it.
-    pub default_epochs: Option<u32>,
-    /// `--ring-mode MODE` (the daemon's): overrides `ring.mode`.
-    pub ring_mode: Option<pinring_data::config::SegmentMode>,
-    /// `--unordered`.
-    pub unordered: bool,
-    /// `plan.rank` and `plan.world_size` as the embedding code found them (under torchrun,
-    /// Python's `pinring.Loader`): applied after `$PINRING_RANK` and `$PINRING_WORLD_SIZE`.
-    pub shard: Option<(u32, u32)>,
-    /// How the overrides are named in the config's source name (`(with --epochs 5)`).
-    pub spelling: Spelling,
-}
-
-/// The epochs of a plan that runs until it is stopped (`--epochs 0`, the service's): every
-/// epoch the plan's 32-bit epoch number can count from `start_epoch` on, over four billion,
-/// which no run reaches.
-pub fn until_stopped(start_epoch: u32) -> u32 {
-    (u32::MAX - start_epoch).max(1)
-}
+pub use pinring_data::overrides::{until_stopped, EnvOverrides, Overrides, Spelling};
 
 /// The config found by the lookup (or the built-in default) with the environment's and
 /// `overrides` applied and validated.
@@ -101,30 +34,61 @@ fn env_lookup(key: &str) -> Option<String> {
     std::env::var(key).ok().filter(|v| !v.is_empty())
 }
 
-/// [`load`] with its environment passed in: `places` for the lookup, `env` for the rank
-/// variables. Returns the config and where it came from.
-pub fn resolve(
+/// The settings of the config found by the lookup (or the built-in default), where they were
+/// found, and `overrides` with the environment's values added: what the resolver
+/// ([`pinring_data::Spec::resolve`]) takes, read at the process's edge.
+#[derive(Debug, Clone)]
+pub struct Found {
+    /// The file's settings, as read.
+    pub settings: Config,
+    /// The overrides given, with the environment's (`$PINRING_RANK`, ...).
+    pub overrides: Overrides,
+    /// Where the settings came from.
+    pub origin: Origin,
+}
+
+impl Found {
+    /// The settings with the overrides applied and checked (what a loader runs on, before it
+    /// adopts its ring's values).
+    pub fn applied(&self) -> Result<Config, ConfigError> {
+        let mut cfg = self.settings.clone();
+        self.overrides.apply(&mut cfg);
+        cfg.validate()?;
+        Ok(cfg)
+    }
+}
+
+/// Finds and reads the settings ([`Found`]) with the environment passed in: `places` for the
+/// lookup, `env` for the variables.
+pub fn find_with(
     path: Option<&Path>,
     overrides: &Overrides,
     places: &Places,
     env: &dyn Fn(&str) -> Option<String>,
-) -> Result<(Config, Origin), ConfigError> {
+) -> Result<Found, ConfigError> {
     let origin = config_lookup::locate(path, overrides.ring.as_deref(), places)?;
-    let mut cfg = match origin.path() {
+    let settings = match origin.path() {
         Some(p) => Config::load(p)?,
         None => Config::default(),
     };
-    if let (None, Some(epochs)) = (overrides.epochs, overrides.default_epochs) {
-        // The file was read whole a moment ago; one it no longer yields sets nothing here
-        // (the daemon that loads it next reports that).
-        let set_by_file = origin.path().is_some_and(|p| {
-            std::fs::read_to_string(p)
-                .is_ok_and(|text| pinring_data::config::toml_sets(&text, "plan", "epochs"))
-        });
-        if !set_by_file {
-            cfg.plan.epochs = epochs;
-        }
-    }
+    let mut overrides = overrides.clone();
+    overrides.env = env_overrides(env)?;
+    Ok(Found {
+        settings,
+        overrides,
+        origin,
+    })
+}
+
+/// [`find_with`] in this process's environment.
+pub fn find(path: Option<&Path>, overrides: &Overrides) -> Result<Found, ConfigError> {
+    find_with(path, overrides, &Places::from_env(), &env_lookup)
+}
+
+/// The environment's overrides: `$PINRING_RANK`, `$PINRING_WORLD_SIZE` and `$PINRING_DEVICE`,
+/// each a non-negative integer.
+pub fn env_overrides(env: &dyn Fn(&str) -> Option<String>) -> Result<EnvOverrides, ConfigError> {
+    let mut values = Vec::new();
     for (var, key) in [
         (ENV_RANK, "plan.rank"),
         (ENV_WORLD_SIZE, "plan.world_size"),
@@ -137,40 +101,28 @@ pub fn resolve(
             value: format!("{text:?}"),
             allowed: "a non-negative integer (unset the variable to use the file's value)".into(),
         })?;
-        match var {
-            ENV_RANK => cfg.plan.rank = value,
-            ENV_WORLD_SIZE => cfg.plan.world_size = value,
-            _ => cfg.daemon.device = Some(value),
-        }
-        cfg.source = format!("{} (with ${var}={value})", cfg.source);
+        values.push((var, key, value));
     }
-    if let Some((rank, world_size)) = overrides.shard {
-        cfg.plan.rank = rank;
-        cfg.plan.world_size = world_size;
-        cfg.source = format!("{} (rank {rank} of {world_size})", cfg.source);
+    Ok(EnvOverrides { values })
+}
+
+/// What the resolver needs to know of this host (its last-level cache).
+pub fn host_facts() -> pinring_data::HostFacts {
+    pinring_data::HostFacts {
+        cache_bytes: crate::host_memory::HostMemory::read().cache_bytes(),
     }
-    if let Some(name) = &overrides.ring {
-        cfg.ring.name = name.clone();
-        let given = overrides.spelling.set_text("ring", name);
-        cfg.source = format!("{} (with {given})", cfg.source);
-    }
-    if let Some(epochs) = overrides.epochs {
-        cfg.plan.epochs = match epochs {
-            0 => until_stopped(cfg.plan.start_epoch),
-            n => n,
-        };
-        let given = overrides.spelling.set("epochs", epochs);
-        cfg.source = format!("{} (with {given})", cfg.source);
-    }
-    if let Some(mode) = overrides.ring_mode {
-        cfg.ring.mode = mode;
-        cfg.source = format!("{} (with --ring-mode {mode})", cfg.source);
-    }
-    if overrides.unordered {
-        cfg.ring.in_order = false;
-    }
-    cfg.validate()?;
-    Ok((cfg, origin))
+}
+
+/// [`load`] with its environment passed in: `places` for the lookup, `env` for the rank
+/// variables. Returns the config and where it came from.
+pub fn resolve(
+    path: Option<&Path>,
+    overrides: &Overrides,
+    places: &Places,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<(Config, Origin), ConfigError> {
+    let found = find_with(path, overrides, places, env)?;
+    Ok((found.applied()?, found.origin))
 }
 
 #[cfg(test)]

@@ -848,7 +848,7 @@ pub fn open_source(
     Ok(Some(src))
 }
 
-/// The dataset's files, opened to resolve a config ([`pinring_data::Config::resolve`]): what
+/// The dataset's files, opened to resolve a config ([`pinring_data::Spec::resolve`]): what
 /// the daemon, `pinring config check` and Python's `check_config` resolve with, so all three
 /// find the same length and shard sizes.
 #[derive(Debug, Clone, Copy, Default)]

@@ -513,13 +513,11 @@ class DataLoader(Generic[_T_co]):
 
     def _ring_toml(self, name: str) -> str:
         """The embedded ring's config as TOML: "auto"'s slots, but no more than the workers can
-        keep busy (``_ring_slots``): a smaller ring is made and registered sooner."""
-        config = self._config(name)
-        info = _native.check_config(config, "pinring.torch.DataLoader")
-        slots = _ring_slots(int(info["slots"]), self.num_workers, int(info["parts_per_batch"]))
-        if slots < int(info["slots"]):
-            config["ring"]["slots"] = slots
-            info = _native.check_config(config, "pinring.torch.DataLoader")
+        keep busy (the resolver's ``slots_for_workers``): a smaller ring is made and registered
+        sooner."""
+        info = _native.check_config(
+            self._config(name), "pinring.torch.DataLoader", workers=self.num_workers
+        )
         return str(info["toml"])
 
     def _shape(self) -> Tuple[int, int]:
@@ -986,11 +984,6 @@ class DataLoader(Generic[_T_co]):
         self._rest_of_state = True
 
 
-# The fewest slots a DataLoader's embedded ring gets with workers, and how many it gets per
-# worker; the fewest with the one thread of num_workers=0.
-_MIN_SLOTS = 16
-_SLOTS_PER_WORKER = 2
-_MIN_SLOTS_THREAD = 4
 
 
 def dataset_table(dataset: Any, collate_fn: Optional[Callable[[List[Any]], Any]] = None) -> str:
@@ -1033,30 +1026,6 @@ def _unwrapped(value: Any) -> Any:
     return value.value if isinstance(value, _Default) else value
 
 
-def _ring_slots(auto: int, workers: int, parts_per_batch: int) -> int:
-    """Slots of a DataLoader's embedded ring: what "auto" picks for this host (sized for many
-    loaders and the last-level cache), cut to what the workers can keep filled.
-
-    * With workers: 2 per worker (torch's own depth, ``prefetch_factor=2`` batches per worker),
-      two batches' parts (so in-order delivery never waits on the ring), and at least 16. Each
-      worker writes into its own share of the slots, and the pages it wrote count in its PSS:
-      4 per worker put a forked worker up to 8% above torch's on the H200.
-    * With ``num_workers=0``: one batch's parts, at least 4. The one thread fills the parts in
-      order, and the daemon frees each slot as soon as its part is on the device, so a deeper
-      ring only costs start-up: the ring is made, prefaulted and registered before the first
-      batch (docs/BENCHMARKS.md, "The DataLoader on first contact")."""
-    if workers == 0:
-        want = max(_MIN_SLOTS_THREAD, parts_per_batch)
-    else:
-        want = max(_MIN_SLOTS, _SLOTS_PER_WORKER * workers, 2 * parts_per_batch)
-    return min(auto, want)
-
-
-def _from_sampler(sampler: Any, drop_last: bool, samples: int) -> Optional[Dict[str, Any]]:
-    """The plan's settings that stand for ``sampler`` (over a dataset of ``samples``), where
-    pinring's own plan draws the same order the same way in every process (a sequential, a
-    shuffled or a DistributedSampler's sharded order, over the whole dataset); None for any
-    other sampler, whose order the loader draws from it (_orders)."""
     data = torch.utils.data
     try:
         whole = len(getattr(sampler, "data_source", getattr(sampler, "dataset", ()))) == samples

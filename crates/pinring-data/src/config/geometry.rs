@@ -1,7 +1,7 @@
 //! The ring's geometry from a config: how a batch is cut into parts (one per slot), how big a
 //! slot is, how many slots the ring has, what `"auto"` resolves to on this host, and the checks
-//! that the geometry is one pinring-ring accepts. config.rs keeps the settings, their parsing
-//! and the other checks.
+//! that the geometry is one pinring-ring accepts. config.rs keeps the settings and their parsing,
+//! validate.rs the other checks.
 
 use super::*;
 
