@@ -984,8 +984,6 @@ class DataLoader(Generic[_T_co]):
         self._rest_of_state = True
 
 
-
-
 def dataset_table(dataset: Any, collate_fn: Optional[Callable[[List[Any]], Any]] = None) -> str:
     """The ``[dataset]`` table of the config of a ``pinring-daemon --sink consumer`` service
     whose ring ``DataLoader(dataset, ring=...)`` fills, as TOML text: ``kind = "external"``,
@@ -1026,6 +1024,11 @@ def _unwrapped(value: Any) -> Any:
     return value.value if isinstance(value, _Default) else value
 
 
+def _from_sampler(sampler: Any, drop_last: bool, samples: int) -> Optional[Dict[str, Any]]:
+    """The plan's settings that stand for ``sampler`` (over a dataset of ``samples``), where
+    pinring's own plan draws the same order the same way in every process (a sequential, a
+    shuffled or a DistributedSampler's sharded order, over the whole dataset); None for any
+    other sampler, whose order the loader draws from it (_orders)."""
     data = torch.utils.data
     try:
         whole = len(getattr(sampler, "data_source", getattr(sampler, "dataset", ()))) == samples
@@ -1046,6 +1049,7 @@ def _unwrapped(value: Any) -> Any:
     ):
         return {"shuffle": True}
     return None
+
 
 def _parse_device(device: Any) -> torch.device:
     """``device=`` as a ``torch.device`` (pinring's parser, ``pinring._device``, shared with
