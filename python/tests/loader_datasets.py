@@ -81,7 +81,8 @@ class Raises(Ids):
 
 
 class OutOfMemoryAt(Ids):
-    """Sample ``at`` asks NumPy for 64 TiB: NumPy's own MemoryError (``_ArrayMemoryError``,
+    """Sample ``at`` asks NumPy for 4 EiB, more than any process's address space (64 TiB was
+    granted by a host that overcommits memory): NumPy's own MemoryError (``_ArrayMemoryError``,
     which cannot be built from a message); ``local=True`` raises a MemoryError subclass that
     cannot be pickled (defined in a function) instead."""
 
@@ -96,7 +97,7 @@ class OutOfMemoryAt(Ids):
 
             raise Local(f"sample {i}: no memory for it")
         if i == self.at:
-            np.empty(1 << 46, dtype=np.uint8)
+            np.empty(1 << 62, dtype=np.uint8)
         return super().__getitem__(i)
 
 

@@ -196,14 +196,7 @@ def _worker_main(args: _WorkerArgs, errors: Any, stop: Any) -> None:
             f"Caught {type(e).__name__} in pinring DataLoader worker {args.worker_id}{place}.\n"
             f"Original {text}"
         )
-        if "forked subprocess" in str(e):
-            # torch refuses CUDA in a process forked after CUDA was initialised.
-            message += (
-                "pinring's workers are forked and only write host memory: the dataset must not "
-                "use CUDA in __getitem__ (the batches reach the device through the ring), or "
-                "pass multiprocessing_context=\"spawn\" to start the workers in a process that "
-                "never initialised CUDA\n"
-            )
+        message += _fork_note(e)
         _put(errors, (args.worker_id, "error", index, type(e), message))
 
 
@@ -238,13 +231,26 @@ def _layout_job(dataset: Any, collate_fn: Optional[Callable[[List[Any]], Any]],
         message = (
             f"Caught {type(e).__name__} in pinring DataLoader worker 0{place} (to learn the "
             f"batches' fields).\nOriginal {text}"
-        )
+        ) + _fork_note(e)
         exc_type: Any = type(e)
         try:
             pickle.dumps(exc_type)
         except Exception:  # noqa: BLE001 - a type that does not pickle: its builtin base
             exc_type = builtin_base(exc_type)
         return "error", exc_type, message
+
+
+def _fork_note(e: BaseException) -> str:
+    """pinring's note for torch's refusal of CUDA in a process forked after CUDA was
+    initialised (the workers and the process that reads sample 0 are forked); else ""."""
+    if "forked subprocess" not in str(e):
+        return ""
+    return (
+        "pinring's workers are forked and only write host memory: the dataset must not "
+        "use CUDA in __getitem__ (the batches reach the device through the ring), or "
+        "pass multiprocessing_context=\"spawn\" to start the workers in a process that "
+        "never initialised CUDA\n"
+    )
 
 
 def _put(errors: Any, report: Tuple[int, str, int, Any, str]) -> None:
