@@ -270,3 +270,17 @@ class FirstSampleFails(Ids):
         if i == 0:
             raise ValueError("sample 0 is broken")
         return super().__getitem__(i)
+
+
+class WithEmpty(Ids):
+    """Samples with arrays of no elements beside their values (a detection sample with no
+    boxes, shape [0, 4]); sample ``at`` has one box instead."""
+
+    def __init__(self, n, at=None):
+        super().__init__(n)
+        self.at = at
+
+    def __getitem__(self, i):
+        boxes = 1 if i == self.at else 0
+        return {"id": super().__getitem__(i), "boxes": torch.zeros((boxes, 4)),
+                "none": np.zeros(0, dtype=np.int32)}

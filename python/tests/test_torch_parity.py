@@ -265,3 +265,27 @@ def test_a_first_sample_that_fails_is_raised_as_the_workers_exception():
     with pytest.raises(ValueError, match="worker 0 while loading sample 0") as e:
         len(loader(ds.FirstSampleFails(8), batch_size=2))
     assert "sample 0 is broken" in str(e.value)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_empty_arrays_are_batched_as_torch_batches_them(workers):
+    """An array with no elements (no boxes in an image, shape [0, 4]) is no field of the ring;
+    the batch has it as torch's collate makes it: an empty tensor of the batch's rows."""
+    data = ds.WithEmpty(10)
+    want = list(torch.utils.data.DataLoader(data, batch_size=4))
+    with loader(data, batch_size=4, num_workers=workers) as dl:
+        got = list(dl)
+    assert len(got) == len(want) == 3
+    for g, w in zip(got, want):
+        assert list(g) == list(w)
+        for k in w:
+            assert g[k].dtype == w[k].dtype and g[k].shape == w[k].shape, k
+            assert torch.equal(g[k], w[k]), k
+
+
+def test_an_empty_array_that_fills_is_named():
+    with loader(ds.WithEmpty(10, at=6), batch_size=4) as dl:
+        with pytest.raises(ValueError) as e:
+            list(dl)
+    text = str(e.value)
+    assert "['boxes'] of sample 6" in text and "[1, 4]" in text and "[0, 4]" in text, text

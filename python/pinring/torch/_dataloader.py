@@ -915,7 +915,7 @@ class DataLoader(Generic[_T_co]):
         b = box.pop()
         layout = self._infer()
         fields = b.fields
-        tensors = torch_tensors(torch, [fields[name] for name in layout.names])
+        tensors = layout.tensors(fields, lambda carried: torch_tensors(torch, carried))
         b.release()
         del b, fields
         while self._lent and not any(r() is not None for r in self._lent[0]):

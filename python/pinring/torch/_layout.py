@@ -42,6 +42,7 @@ _TORCH_DTYPES: Dict[Any, str] = {
 for _name, _code in (("uint16", "u16"), ("uint32", "u32"), ("uint64", "u64")):
     if hasattr(torch, _name):
         _TORCH_DTYPES[getattr(torch, _name)] = _code
+_TORCH_OF: Dict[str, Any] = {code: dt for dt, code in _TORCH_DTYPES.items()}
 _ITEMSIZE = {"u8": 1, "i8": 1, "bool": 1, "i16": 2, "u16": 2, "f16": 2, "bf16": 2,
              "i32": 4, "u32": 4, "f32": 4, "i64": 8, "u64": 8, "f64": 8}
 
@@ -171,12 +172,36 @@ class _Layout:
             self.leaves.append(_Leaf(path, dtype, tuple(int(s) for s in shape)))
         if not self.leaves:
             raise _native.UsageError("dataset[0] holds no arrays or numbers: nothing to batch")
+        # An array with no elements (shape [0], [3, 0]) has no bytes to carry: it is not a
+        # field of the ring, and the trainer makes it (an empty tensor of the batch's rows,
+        # torch's collate's shape) beside the batch's other fields. Workers still check it.
+        self.empty = [0 in leaf.shape for leaf in self.leaves]
+        if all(self.empty):
+            raise _native.UsageError(
+                "every array of dataset[0] is empty (a dimension of 0): nothing to batch; "
+                "return at least one array or number with elements"
+            )
         # Field names in the ring: the sample's keys and positions (_field_names). Fields are
         # declared largest element first, so every field's chunk in a slot starts aligned to
         # its element size.
-        order = sorted(range(len(self.leaves)), key=lambda i: -_ITEMSIZE[self.leaves[i].dtype])
+        order = sorted((i for i in range(len(self.leaves)) if not self.empty[i]),
+                       key=lambda i: -_ITEMSIZE[self.leaves[i].dtype])
         self.names = _field_names(keys)
         self.declared = [(self.names[i], self.leaves[i]) for i in order]
+
+    def tensors(self, fields: Dict[str, Any], convert: Callable[[List[Any]], List[Any]]) -> List[Any]:
+        """The batch's tensors in leaf order: the ring's ``fields`` (by name) through
+        ``convert``, and an empty tensor for each empty leaf, with the batch's rows, on the
+        device of the others."""
+        carried = convert([fields[name] for name, e in zip(self.names, self.empty) if not e])
+        if not any(self.empty):
+            return carried
+        rows, device = carried[0].shape[0], carried[0].device
+        out, it = [], iter(carried)
+        for leaf, e in zip(self.leaves, self.empty):
+            out.append(torch.empty((rows, *leaf.shape), dtype=_TORCH_OF[leaf.dtype], device=device)
+                       if e else next(it))
+        return out
 
     def fields_data(self) -> List[Dict[str, Any]]:
         """The fields as the config's ``dataset.fields`` holds them."""
@@ -260,6 +285,8 @@ def _write(layout: _Layout, value: Any, views: List[Any], j: Optional[int], inde
         )
     for value, leaf, view in zip(leaves, layout.leaves, views):
         layout.check(index, value, leaf, n)
+        if view is None:
+            continue  # an empty array: nothing to write (_Layout.empty)
         if isinstance(value, torch.Tensor):
             if value.device.type != "cpu":
                 raise _native.UsageError(

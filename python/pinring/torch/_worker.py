@@ -143,7 +143,8 @@ def _worker_main(args: _WorkerArgs, errors: Any, stop: Any) -> None:
                     errors.put((args.worker_id, "done", -1, None, ""))
                     return
                 claimed = time.monotonic()
-                views = [_view(part.fields[name], thread) for name in layout.names]
+                views = [None if empty else _view(part.fields[name], thread)
+                         for name, empty in zip(layout.names, layout.empty)]
                 indices = part.indices if orders is None else orders.indices(part)
                 if args.collate_fn is None or args.unbatched:
                     for j, index in enumerate(indices):
