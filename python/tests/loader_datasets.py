@@ -114,9 +114,11 @@ class Ragged(Ids):
         return super().__getitem__(i)
 
 
-class Strings(Ids):
+class Nones(Ids):
+    """A field that is None: torch's collate refuses it too."""
+
     def __getitem__(self, i):
-        return super().__getitem__(i), f"name-{i}"
+        return super().__getitem__(i), None
 
 
 class Stream(torch.utils.data.IterableDataset):
@@ -284,3 +286,17 @@ class WithEmpty(Ids):
         boxes = 1 if i == self.at else 0
         return {"id": super().__getitem__(i), "boxes": torch.zeros((boxes, 4)),
                 "none": np.zeros(0, dtype=np.int32)}
+
+
+class Captioned(Ids):
+    """An image-like array, a caption of varying length (some of it not ASCII) and a file name;
+    sample ``long`` has a caption of 1000 bytes."""
+
+    def __init__(self, n, long=None):
+        super().__init__(n)
+        self.long = long
+
+    def __getitem__(self, i):
+        caption = "x" * 1000 if i == self.long else "a photo of " + "ünïcode " * (i % 5) + str(i)
+        return {"image": np.full((2, 3), i, dtype=np.uint8), "caption": caption,
+                "file": f"img_{i:04d}.jpg"}

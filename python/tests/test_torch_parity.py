@@ -289,3 +289,32 @@ def test_an_empty_array_that_fills_is_named():
             list(dl)
     text = str(e.value)
     assert "['boxes'] of sample 6" in text and "[1, 4]" in text and "[0, 4]" in text, text
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_str_fields_are_batched_as_torch_batches_them(workers):
+    """A str field (a caption, a file name) arrives as torch's collate makes it, a list of str,
+    of any length up to its row; with batch_size=None each sample's str as it was."""
+    data = ds.Captioned(11)
+    want = list(torch.utils.data.DataLoader(data, batch_size=4, shuffle=False))
+    with loader(data, batch_size=4, num_workers=workers) as dl:
+        got = list(dl)
+    assert len(got) == len(want) == 3
+    for g, w in zip(got, want):
+        assert g["caption"] == w["caption"] and g["file"] == w["file"]
+        assert torch.equal(g["image"], w["image"])
+    with loader(data, batch_size=None, num_workers=workers) as dl:
+        one = list(dl)
+    assert [s["caption"] for s in one] == [data[i]["caption"] for i in range(11)]
+
+
+def test_a_str_longer_than_its_row_is_named_with_the_setting():
+    with loader(ds.Captioned(11, long=7), batch_size=4) as dl:
+        with pytest.raises(ValueError) as e:
+            list(dl)
+    text = str(e.value)
+    assert "['caption'] of sample 7" in text and "1000 bytes" in text, text
+    assert "str_bytes=N" in text and "1004" in text, text
+    with loader(ds.Captioned(11, long=7), batch_size=4, str_bytes=1024) as dl:
+        got = [c for b in dl for c in b["caption"]]
+    assert got[7] == "x" * 1000 and got[6] == ds.Captioned(11)[6]["caption"]

@@ -162,6 +162,7 @@ class DataLoader(Generic[_T_co]):
         lease_ms: Optional[int] = None,
         max_worker_restarts: int = 3,
         wait_for_ring: float = 30.0,
+        str_bytes: Optional[int] = None,
     ) -> None:
         del pin_memory, persistent_workers, pin_memory_device  # always pinned, always persistent
         if isinstance(dataset, torch.utils.data.IterableDataset) or not (
@@ -230,6 +231,13 @@ class DataLoader(Generic[_T_co]):
                 f"pinring.torch.DataLoader(epochs={epochs}): the plan covers at least one epoch: "
                 "pass epochs >= 1, or leave it out for a plan without end"
             )
+        if str_bytes is not None and not 8 <= int(str_bytes) <= 1 << 24:
+            raise _native.UsageError(
+                f"pinring.torch.DataLoader(str_bytes={str_bytes}): a str field's row must be 8 "
+                "to 16777216 bytes (4 of them its length): pass a number in that range, or leave "
+                "str_bytes out for four times dataset[0]'s string (at least 256)"
+            )
+        self._str_bytes = None if str_bytes is None else int(str_bytes)
         if num_workers < 0:
             raise _native.UsageError(f"num_workers must be >= 0, not {num_workers}")
         if timeout < 0:
@@ -370,13 +378,14 @@ class DataLoader(Generic[_T_co]):
         the dataset's code, as torch's DataLoader never does; by this process without."""
         if self._layout is None:
             if self.num_workers == 0:
-                self._layout = _layout_of(self.dataset, self.collate_fn, self._unbatched)
+                self._layout = _layout_of(self.dataset, self.collate_fn, self._unbatched,
+                                          self._str_bytes)
                 return self._layout
             zygote = self._ensure_zygote()
             try:
                 kind, what, text = zygote.layout(
                     {"num_workers": self.num_workers, "seed": self._worker_seed & (2**63 - 1),
-                     "unbatched": self._unbatched},
+                     "unbatched": self._unbatched, "str_bytes": self._str_bytes},
                     wait=self.timeout or None,
                 )
             except BaseException:
@@ -920,7 +929,7 @@ class DataLoader(Generic[_T_co]):
         del b, fields
         while self._lent and not any(r() is not None for r in self._lent[0]):
             self._lent.popleft()
-        self._lent.append([weakref.ref(t) for t in tensors])
+        self._lent.append([weakref.ref(t) for t in tensors if isinstance(t, torch.Tensor)])
         if self._unbatched:
             # As torch's default_convert: the sample as it was, arrays as tensors, numbers as
             # Python numbers, no batch dimension.
@@ -984,18 +993,20 @@ class DataLoader(Generic[_T_co]):
         self._rest_of_state = True
 
 
-def dataset_table(dataset: Any, collate_fn: Optional[Callable[[List[Any]], Any]] = None) -> str:
+def dataset_table(dataset: Any, collate_fn: Optional[Callable[[List[Any]], Any]] = None,
+                  str_bytes: Optional[int] = None) -> str:
     """The ``[dataset]`` table of the config of a ``pinring-daemon --sink consumer`` service
     whose ring ``DataLoader(dataset, ring=...)`` fills, as TOML text: ``kind = "external"``,
     ``samples = len(dataset)`` and the ``fields`` of ``dataset[0]`` (or of
     ``collate_fn([dataset[0]])``) as the loader names and orders them. The names are the
     sample's dict keys, tuple positions and namedtuple fields (``image``, ``0``, ``meta.h``;
-    ``sample`` for one array), declared largest element first. Put it in the service's
-    config, beside its ``[ring]``, ``[plan]`` and ``[daemon]`` tables::
+    ``sample`` for one array), declared largest element first; a str is a ``u8`` field of
+    ``str_bytes`` per sample (pass the DataLoader the same ``str_bytes``). Put it in the
+    service's config, beside its ``[ring]``, ``[plan]`` and ``[daemon]`` tables::
 
         print(pinring.torch.dataset_table(train_set))
     """
-    return _layout_of(dataset, collate_fn).dataset_table(len(dataset))
+    return _layout_of(dataset, collate_fn, str_bytes=str_bytes).dataset_table(len(dataset))
 
 
 def _warn_on_workers_beyond_cpus(num_workers: int) -> None:
@@ -1083,7 +1094,7 @@ def _parse_device(device: Any) -> torch.device:
 
 def _check_ring_fields(ring: str, fields: List[Tuple[str, str, List[int]]], layout: _Layout,
                        samples: int) -> None:
-    want = [(name, leaf.dtype, list(leaf.shape)) for name, leaf in layout.declared]
+    want = [(name, leaf.ring[0], list(leaf.shape)) for name, leaf in layout.declared]
     got = [(n, d, list(s)) for n, d, s in fields]
     if got != want:
         raise _native.RefusedError(

@@ -52,8 +52,43 @@ _ITEMSIZE = {"u8": 1, "i8": 1, "bool": 1, "i16": 2, "u16": 2, "f16": 2, "bf16": 
 
 class _Leaf(NamedTuple):
     path: str  # where it sits in the sample, for messages: "[0]", "['image']"
-    dtype: str  # pinring's dtype name
-    shape: Tuple[int, ...]  # per sample
+    dtype: str  # pinring's dtype name; "str" for a str (carried as u8 [str_bytes])
+    shape: Tuple[int, ...]  # per sample; a str's: (str_bytes,)
+
+    @property
+    def ring(self) -> Tuple[str, Tuple[int, ...]]:
+        """The ring field's dtype and per-sample shape."""
+        return ("u8", self.shape) if self.dtype == "str" else (self.dtype, self.shape)
+
+
+# A str field's bytes in each sample's row: its UTF-8 length as a little-endian u32, then the
+# bytes; what follows the length is never read.
+_STR_HEAD = 4
+# The row a str field gets by default: at least this many bytes, and at least four times
+# dataset[0]'s string (rounded up to 64 bytes).
+_STR_BYTES_MIN = 256
+
+
+def default_str_bytes(first: str) -> int:
+    """The bytes of each sample's row of a str field whose value in dataset[0] is ``first``."""
+    want = max(_STR_BYTES_MIN, 4 * (_STR_HEAD + len(first.encode())))
+    return -(-want // 64) * 64
+
+
+def decode_strs(rows: Any, where: str, budget: int) -> List[str]:
+    """The strings of a str field's rows (a [B, budget] u8 array), each length checked against
+    its row before a byte is read."""
+    rows = np.asarray(rows)
+    lengths = np.ascontiguousarray(rows[:, :_STR_HEAD]).view("<u4").reshape(-1)
+    out = []
+    for i, n in enumerate(lengths.tolist()):
+        if n > budget - _STR_HEAD:
+            raise _native.VerifyError(
+                f"{where} of row {i} of a batch says {n} bytes, more than its row of {budget} "
+                "holds: the ring's bytes were changed under the batch; report it"
+            )
+        out.append(bytes(rows[i, _STR_HEAD:_STR_HEAD + n]).decode("utf-8", errors="replace"))
+    return out
 
 
 def _describe(value: Any) -> Optional[Tuple[str, Tuple[int, ...]]]:
@@ -71,6 +106,8 @@ def _describe(value: Any) -> Optional[Tuple[str, Tuple[int, ...]]]:
         return "i64", ()
     if isinstance(value, float):
         return "f64", ()
+    if isinstance(value, str):
+        return "str", ()
     return None
 
 
@@ -140,7 +177,7 @@ def _rebuild(tree: Any, tensors: Sequence[Any]) -> Any:
 class _Layout:
     """Fields of a batch as inferred from one sample (or one collated part of one sample)."""
 
-    def __init__(self, sample: Any, collated: bool) -> None:
+    def __init__(self, sample: Any, collated: bool, str_bytes: Optional[int] = None) -> None:
         leaves: List[Any] = []
         paths: List[str] = []
         keys: List[Tuple[str, ...]] = []
@@ -157,11 +194,19 @@ class _Layout:
                 raise _native.UsageError(
                     f"{where} of {'collate_fn([dataset[0]])' if collated else 'dataset[0]'} is a "
                     f"{type(value).__name__}{_dtype_note(value)}; pinring batches hold fixed-shape "
-                    "numbers, NumPy arrays and tensors: return one of those (or leave the field "
-                    "out)"
+                    "numbers, NumPy arrays, tensors and str: return one of those (or leave the "
+                    "field out)"
                 )
             dtype, shape = d
-            if collated:
+            if dtype == "str":
+                if collated:
+                    raise _native.UsageError(
+                        f"{where} of collate_fn([dataset[0]]) is a str; a collate_fn runs in the "
+                        "workers and must return arrays: return the strings without a "
+                        "collate_fn (they batch as torch's collate batches them, a list of str)"
+                    )
+                shape = (str_bytes if str_bytes is not None else default_str_bytes(value),)
+            elif collated:
                 if len(shape) == 0 or shape[0] != 1:
                     raise _native.UsageError(
                         f"{where} of collate_fn([dataset[0]]) has shape {list(shape)}; collate_fn "
@@ -185,7 +230,7 @@ class _Layout:
         # declared largest element first, so every field's chunk in a slot starts aligned to
         # its element size.
         order = sorted((i for i in range(len(self.leaves)) if not self.empty[i]),
-                       key=lambda i: -_ITEMSIZE[self.leaves[i].dtype])
+                       key=lambda i: -_ITEMSIZE[self.leaves[i].ring[0]])
         self.names = _field_names(keys)
         self.declared = [(self.names[i], self.leaves[i]) for i in order]
 
@@ -194,19 +239,27 @@ class _Layout:
         ``convert``, and an empty tensor for each empty leaf, with the batch's rows, on the
         device of the others."""
         carried = convert([fields[name] for name, e in zip(self.names, self.empty) if not e])
-        if not any(self.empty):
+        if not any(self.empty) and not any(leaf.dtype == "str" for leaf in self.leaves):
             return carried
         rows, device = carried[0].shape[0], carried[0].device
-        out, it = [], iter(carried)
+        out: List[Any] = []
+        it = iter(carried)
         for leaf, e in zip(self.leaves, self.empty):
-            out.append(torch.empty((rows, *leaf.shape), dtype=_TORCH_OF[leaf.dtype], device=device)
-                       if e else next(it))
+            if e:
+                out.append(torch.empty((rows, *leaf.shape), dtype=_TORCH_OF[leaf.dtype],
+                                       device=device))
+            elif leaf.dtype == "str":
+                # As torch's collate: a list of str (read back to the host: a small copy).
+                out.append(decode_strs(next(it).cpu().numpy(), leaf.path or "the sample",
+                                       leaf.shape[0]))
+            else:
+                out.append(next(it))
         return out
 
     def fields_data(self) -> List[Dict[str, Any]]:
         """The fields as the config's ``dataset.fields`` holds them."""
         return [
-            {"name": name, "dtype": leaf.dtype, "shape": [int(d) for d in leaf.shape]}
+            {"name": name, "dtype": leaf.ring[0], "shape": [int(d) for d in leaf.shape]}
             for name, leaf in self.declared
         ]
 
@@ -215,13 +268,13 @@ class _Layout:
         "external"``, ``samples``, ``fields``), as TOML text; read back by pinring's parser
         before it is returned, so it is what a daemon reads."""
         rows = "".join(
-            f'    {{ name = "{name}", dtype = "{leaf.dtype}", shape = '
+            f'    {{ name = "{name}", dtype = "{leaf.ring[0]}", shape = '
             f'[{", ".join(str(int(d)) for d in leaf.shape)}] }},\n'
             for name, leaf in self.declared
         )
         text = f'[dataset]\nkind = "external"\nsamples = {int(samples)}\nfields = [\n{rows}]\n'
         read = _native.check_config(text, "pinring.torch.dataset_table")["fields"]
-        want = [(name, leaf.dtype, list(leaf.shape)) for name, leaf in self.declared]
+        want = [(name, leaf.ring[0], list(leaf.shape)) for name, leaf in self.declared]
         if [(n, d, list(s)) for n, d, s in read] != want:
             raise _native.InternalError(f"the [dataset] table written reads back as {read}, not "
                                         f"{want}: {text}")
@@ -231,6 +284,16 @@ class _Layout:
         """Raises ``UsageError`` when ``value`` (of sample ``index``, or of a collated part of
         ``n`` samples) does not match the layout."""
         d = _describe(value)
+        if leaf.dtype == "str" and d == ("str", ()):
+            size = len(value.encode())
+            if size <= leaf.shape[0] - _STR_HEAD:
+                return
+            raise _native.UsageError(
+                f"{leaf.path or 'the sample'} of sample {index} is a str of {size} bytes "
+                f"(UTF-8), but its field holds {leaf.shape[0] - _STR_HEAD} (str_bytes="
+                f"{leaf.shape[0]}, 4 of them its length): pass pinring.torch.DataLoader(..., "
+                f"str_bytes=N) with N at least {size + _STR_HEAD}"
+            )
         # A sample's element has the leaf's shape; a collated part's has n rows of it.
         want_shape = leaf.shape if n is None else (n, *leaf.shape)
         if d is not None and d == (leaf.dtype, want_shape):
@@ -241,7 +304,7 @@ class _Layout:
             got = f"a {type(value).__name__}{_dtype_note(value)}"
         else:
             got = f"{d[0]} of shape {list(d[1])}"
-        want = f"{leaf.dtype} of shape {list(want_shape)}"
+        want = "a str" if leaf.dtype == "str" else f"{leaf.dtype} of shape {list(want_shape)}"
         raise _native.UsageError(
             f"{where} of {what} is {got}, but dataset[0] made it {want}: every sample must have "
             "the same fields, dtypes and shapes (pad, crop or resize in the dataset, or batch "
@@ -287,6 +350,13 @@ def _write(layout: _Layout, value: Any, views: List[Any], j: Optional[int], inde
         layout.check(index, value, leaf, n)
         if view is None:
             continue  # an empty array: nothing to write (_Layout.empty)
+        if leaf.dtype == "str":
+            raw = value.encode()
+            row = view.numpy() if isinstance(view, torch.Tensor) else view
+            row = row if j is None else row[j]
+            row[:_STR_HEAD] = np.frombuffer(len(raw).to_bytes(_STR_HEAD, "little"), np.uint8)
+            row[_STR_HEAD:_STR_HEAD + len(raw)] = np.frombuffer(raw, np.uint8)
+            continue
         if isinstance(value, torch.Tensor):
             if value.device.type != "cpu":
                 raise _native.UsageError(
@@ -315,14 +385,14 @@ def _write(layout: _Layout, value: Any, views: List[Any], j: Optional[int], inde
 
 
 def layout_of(dataset: Any, collate_fn: Optional[Callable[[List[Any]], Any]],
-              unbatched: bool = False) -> _Layout:
+              unbatched: bool = False, str_bytes: Optional[int] = None) -> _Layout:
     """The fields of ``dataset``'s batches, from ``dataset[0]`` (or ``collate_fn([it])``;
     ``collate_fn(it)`` for ``batch_size=None``, which converts one sample)."""
     if len(dataset) == 0:
         raise _native.UsageError("the dataset is empty: nothing to load")
     sample = dataset[0]
     if collate_fn is not None and unbatched:
-        return _Layout(collate_fn(sample), collated=False)
+        return _Layout(collate_fn(sample), collated=False, str_bytes=str_bytes)
     if collate_fn is not None:
-        return _Layout(collate_fn([sample]), collated=True)
-    return _Layout(sample, collated=False)
+        return _Layout(collate_fn([sample]), collated=True, str_bytes=str_bytes)
+    return _Layout(sample, collated=False, str_bytes=str_bytes)

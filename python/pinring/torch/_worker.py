@@ -221,7 +221,7 @@ def _layout_job(dataset: Any, collate_fn: Optional[Callable[[List[Any]], Any]],
             stage = "worker_init_fn"
             worker_init_fn(0)
         stage = "loading"
-        return "ok", layout_of(dataset, collate_fn, job["unbatched"]), ""
+        return "ok", layout_of(dataset, collate_fn, job["unbatched"], job["str_bytes"]), ""
     except _native.PinringError as e:
         return "usage", type(e), str(e)
     except BaseException as e:  # noqa: BLE001 - everything reaches the training loop
