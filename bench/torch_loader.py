@@ -6,6 +6,9 @@ Cases (each a Dataset class that both loaders take as it is):
   seed   512x512 f32 samples and an int label, batch 32 (the seed workload's shape). A sample is
          a row of a 16-sample base array picked by index: __getitem__ costs next to nothing,
          so the loader's own transport is what is measured.
+  captions  a text+image sample as a CLIP-style dataset returns it: a 3x224x224 u8 image (a
+         row of a 16-sample base array), a caption str of 4-23 words, and 77 int64 token ids;
+         batch 256. The captions reach the trainer as a list of str, with both loaders.
   jpeg   JPEG files (500x375, quality 90, made by this script first), decoded with PIL,
          torchvision's RandomResizedCrop(224) and RandomHorizontalFlip, returned as u8 HWC
          224x224x3 arrays with an int label; batch 256. The epoch is 400 batches long (index i
@@ -26,7 +29,7 @@ Output: a table of every run, OUT/torch_loader_CASE.csv (a row per run), a table
 worker count (torch's best configuration by median against pinring's median, with min-max), and
 one JSON line of it.
 
-Usage: torch_loader.py --case seed|jpeg [--workers 4,8,12] [--pin 1,0] [--prefetch 2,4]
+Usage: torch_loader.py --case seed|captions|jpeg [--workers 4,8,12] [--pin 1,0] [--prefetch 2,4]
                        [--batches N] [--warmup N] [--waves 3] [--repeat 1] [--images N]
                        [--out DIR] [--device cuda]
 """
@@ -98,6 +101,32 @@ class JpegSamples(torch.utils.data.Dataset):
                 with open(os.path.join(self.log_dir, str(os.getpid())), "a") as f:
                     f.write(f"{self._n} {self._cpu} {self._wall}\n")
         return out
+
+
+_WORDS = ("a photo of the small large red blue dog cat on in under grass street near tree "
+          "sky with two people walking running sitting table").split()
+
+
+class CaptionSamples(torch.utils.data.Dataset):
+    """A 3x224x224 u8 image, a caption of 4-23 words and 77 token ids per sample."""
+
+    def __init__(self, n=65536):
+        self.n = n
+        self.base = np.random.default_rng(0).integers(0, 256, (16, 3, 224, 224), dtype=np.uint8)
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        caption = " ".join(_WORDS[(i * 7 + k) % len(_WORDS)] for k in range(4 + i % 20))
+        return {"image": self.base[i % 16], "caption": caption,
+                "tokens": np.arange(77, dtype=np.int64) + i}
+
+
+def _tensors(batch):
+    """The batch's tensors (its str lists left out)."""
+    items = batch.values() if isinstance(batch, dict) else batch
+    return [t for t in items if isinstance(t, torch.Tensor)]
 
 
 def getitem_cpu(log_dir):
@@ -192,12 +221,9 @@ def run(make_iter, batches, warmup, device, log_dir=None, workers=0):
     t0, c0 = time.perf_counter(), time.process_time()
     samples = nbytes = 0
     for _ in range(batches):
-        x, y = next(it)
-        x = x.to(device, non_blocking=True)
-        y = y.to(device, non_blocking=True)
-        samples += x.shape[0]
-        nbytes += x.nbytes + y.nbytes
-        batch = (x, y)
+        batch = [t.to(device, non_blocking=True) for t in _tensors(next(it))]
+        samples += batch[0].shape[0]
+        nbytes += sum(t.nbytes for t in batch)
     sync(device)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     workers_cpu = children_cpu() - k0
@@ -223,7 +249,7 @@ def endless(loader):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--case", choices=["seed", "jpeg"], required=True)
+    ap.add_argument("--case", choices=["seed", "captions", "jpeg"], required=True)
     ap.add_argument("--workers", default="4,8,12")
     ap.add_argument("--pin", default="1,0")
     ap.add_argument("--prefetch", default="2,4")
@@ -243,6 +269,8 @@ def main():
     log_dir = None
     if a.case == "seed":
         data, batch_size = SeedSamples(), 32
+    elif a.case == "captions":
+        data, batch_size = CaptionSamples(), 256
     else:
         t = time.perf_counter()
         files = make_jpegs(tmp, a.images)
@@ -257,6 +285,8 @@ def main():
         makes one whole batch per wave, so a window of part of a wave would time a burst)."""
         if a.case == "seed":
             return a.warmup or 40, a.batches or 400
+        if a.case == "captions":
+            return a.warmup or 2 * w, a.batches or max(60, a.waves * w)
         return a.warmup or 2 * w, a.batches or a.waves * w
 
     os.makedirs(a.out, exist_ok=True)
