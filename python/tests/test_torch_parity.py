@@ -318,3 +318,19 @@ def test_a_str_longer_than_its_row_is_named_with_the_setting():
     with loader(ds.Captioned(11, long=7), batch_size=4, str_bytes=1024) as dl:
         got = [c for b in dl for c in b["caption"]]
     assert got[7] == "x" * 1000 and got[6] == ds.Captioned(11)[6]["caption"]
+
+
+def test_a_str_rows_length_is_checked_before_its_bytes_are_read():
+    """A row whose length word says more than the row holds (bytes changed under the batch) is
+    a VerifyError naming the field and the row, not a read past the row."""
+    import numpy as np
+
+    from pinring.torch._layout import decode_strs
+
+    rows = np.zeros((2, 16), dtype=np.uint8)
+    rows[0, :4] = np.frombuffer((3).to_bytes(4, "little"), np.uint8)
+    rows[0, 4:7] = np.frombuffer(b"abc", np.uint8)
+    assert decode_strs(rows[:1], "['caption']", 16) == ["abc"]
+    rows[1, :4] = np.frombuffer((13).to_bytes(4, "little"), np.uint8)
+    with pytest.raises(pinring.VerifyError, match=r"\['caption'\] of row 1 .* 13 bytes"):
+        decode_strs(rows, "['caption']", 16)
