@@ -289,7 +289,8 @@ class WithEmpty(Ids):
 
 
 class Captioned(Ids):
-    """An image-like array, a caption of varying length (some of it not ASCII) and a file name;
+    """An image-like array, a caption of varying length (some of it not ASCII), a file name and
+    raw bytes of varying length (as a JPEG file's);
     sample ``long`` has a caption of 1000 bytes."""
 
     def __init__(self, n, long=None):
@@ -299,4 +300,4 @@ class Captioned(Ids):
     def __getitem__(self, i):
         caption = "x" * 1000 if i == self.long else "a photo of " + "ünïcode " * (i % 5) + str(i)
         return {"image": np.full((2, 3), i, dtype=np.uint8), "caption": caption,
-                "file": f"img_{i:04d}.jpg"}
+                "file": f"img_{i:04d}.jpg", "raw": bytes(range(i % 7)) + b"\xff\x00"}

@@ -293,7 +293,8 @@ def test_an_empty_array_that_fills_is_named():
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_str_fields_are_batched_as_torch_batches_them(workers):
-    """A str field (a caption, a file name) arrives as torch's collate makes it, a list of str,
+    """A str field (a caption, a file name) arrives as torch's collate makes it, a list of str
+    (and a bytes field a list of bytes),
     of any length up to its row; with batch_size=None each sample's str as it was."""
     data = ds.Captioned(11)
     want = list(torch.utils.data.DataLoader(data, batch_size=4, shuffle=False))
@@ -301,7 +302,8 @@ def test_str_fields_are_batched_as_torch_batches_them(workers):
         got = list(dl)
     assert len(got) == len(want) == 3
     for g, w in zip(got, want):
-        assert g["caption"] == w["caption"] and g["file"] == w["file"]
+        assert g["caption"] == w["caption"] and g["file"] == w["file"] and g["raw"] == w["raw"]
+        assert all(type(r) is bytes for r in g["raw"])
         assert torch.equal(g["image"], w["image"])
     with loader(data, batch_size=None, num_workers=workers) as dl:
         one = list(dl)

@@ -52,13 +52,22 @@ _ITEMSIZE = {"u8": 1, "i8": 1, "bool": 1, "i16": 2, "u16": 2, "f16": 2, "bf16": 
 
 class _Leaf(NamedTuple):
     path: str  # where it sits in the sample, for messages: "[0]", "['image']"
-    dtype: str  # pinring's dtype name; "str" for a str (carried as u8 [str_bytes])
+    dtype: str  # pinring's dtype name; "str" or "bytes" for those (carried as u8 [str_bytes])
     shape: Tuple[int, ...]  # per sample; a str's: (str_bytes,)
 
     @property
     def ring(self) -> Tuple[str, Tuple[int, ...]]:
         """The ring field's dtype and per-sample shape."""
-        return ("u8", self.shape) if self.dtype == "str" else (self.dtype, self.shape)
+        return ("u8", self.shape) if self.dtype in _ROWS else (self.dtype, self.shape)
+
+
+# Leaves carried in a row of bytes per sample, as torch's collate batches them: lists.
+_ROWS = ("str", "bytes")
+
+
+def _raw(value: Any) -> bytes:
+    """A str's UTF-8 bytes, or the bytes themselves."""
+    return value.encode() if isinstance(value, str) else bytes(value)
 
 
 # A str field's bytes in each sample's row: its UTF-8 length as a little-endian u32, then the
@@ -69,15 +78,16 @@ _STR_HEAD = 4
 _STR_BYTES_MIN = 256
 
 
-def default_str_bytes(first: str) -> int:
-    """The bytes of each sample's row of a str field whose value in dataset[0] is ``first``."""
-    want = max(_STR_BYTES_MIN, 4 * (_STR_HEAD + len(first.encode())))
+def default_str_bytes(first: Any) -> int:
+    """The bytes of each sample's row of a str (or bytes) field whose value in dataset[0] is
+    ``first``."""
+    want = max(_STR_BYTES_MIN, 4 * (_STR_HEAD + len(_raw(first))))
     return -(-want // 64) * 64
 
 
-def decode_strs(rows: Any, where: str, budget: int) -> List[str]:
-    """The strings of a str field's rows (a [B, budget] u8 array), each length checked against
-    its row before a byte is read."""
+def decode_strs(rows: Any, where: str, budget: int, text: bool = True) -> List[Any]:
+    """The strings (``text``) or bytes of a field's rows (a [B, budget] u8 array), each length
+    checked against its row before a byte is read."""
     rows = np.asarray(rows)
     lengths = np.ascontiguousarray(rows[:, :_STR_HEAD]).view("<u4").reshape(-1)
     out = []
@@ -87,7 +97,8 @@ def decode_strs(rows: Any, where: str, budget: int) -> List[str]:
                 f"{where} of row {i} of a batch says {n} bytes, more than its row of {budget} "
                 "holds: the ring's bytes were changed under the batch; report it"
             )
-        out.append(bytes(rows[i, _STR_HEAD:_STR_HEAD + n]).decode("utf-8", errors="replace"))
+        raw = bytes(rows[i, _STR_HEAD:_STR_HEAD + n])
+        out.append(raw.decode("utf-8", errors="replace") if text else raw)
     return out
 
 
@@ -108,6 +119,8 @@ def _describe(value: Any) -> Optional[Tuple[str, Tuple[int, ...]]]:
         return "f64", ()
     if isinstance(value, str):
         return "str", ()
+    if isinstance(value, (bytes, bytearray)):
+        return "bytes", ()
     return None
 
 
@@ -194,16 +207,17 @@ class _Layout:
                 raise _native.UsageError(
                     f"{where} of {'collate_fn([dataset[0]])' if collated else 'dataset[0]'} is a "
                     f"{type(value).__name__}{_dtype_note(value)}; pinring batches hold fixed-shape "
-                    "numbers, NumPy arrays, tensors and str: return one of those (or leave the "
-                    "field out)"
+                    "numbers, NumPy arrays, tensors, str and bytes: return one of those (or leave "
+                    "the field out)"
                 )
             dtype, shape = d
-            if dtype == "str":
+            if dtype in _ROWS:
                 if collated:
                     raise _native.UsageError(
-                        f"{where} of collate_fn([dataset[0]]) is a str; a collate_fn runs in the "
-                        "workers and must return arrays: return the strings without a "
-                        "collate_fn (they batch as torch's collate batches them, a list of str)"
+                        f"{where} of collate_fn([dataset[0]]) is a {dtype}; a collate_fn runs in "
+                        "the workers and must return arrays: return the strings without a "
+                        f"collate_fn (they batch as torch's collate batches them, a list of "
+                        f"{dtype})"
                     )
                 shape = (str_bytes if str_bytes is not None else default_str_bytes(value),)
             elif collated:
@@ -239,7 +253,7 @@ class _Layout:
         ``convert``, and an empty tensor for each empty leaf, with the batch's rows, on the
         device of the others."""
         carried = convert([fields[name] for name, e in zip(self.names, self.empty) if not e])
-        if not any(self.empty) and not any(leaf.dtype == "str" for leaf in self.leaves):
+        if not any(self.empty) and not any(leaf.dtype in _ROWS for leaf in self.leaves):
             return carried
         rows, device = carried[0].shape[0], carried[0].device
         out: List[Any] = []
@@ -248,10 +262,10 @@ class _Layout:
             if e:
                 out.append(torch.empty((rows, *leaf.shape), dtype=_TORCH_OF[leaf.dtype],
                                        device=device))
-            elif leaf.dtype == "str":
-                # As torch's collate: a list of str (read back to the host: a small copy).
+            elif leaf.dtype in _ROWS:
+                # As torch's collate: a list of str or bytes (read back to the host).
                 out.append(decode_strs(next(it).cpu().numpy(), leaf.path or "the sample",
-                                       leaf.shape[0]))
+                                       leaf.shape[0], text=leaf.dtype == "str"))
             else:
                 out.append(next(it))
         return out
@@ -284,13 +298,13 @@ class _Layout:
         """Raises ``UsageError`` when ``value`` (of sample ``index``, or of a collated part of
         ``n`` samples) does not match the layout."""
         d = _describe(value)
-        if leaf.dtype == "str" and d == ("str", ()):
-            size = len(value.encode())
+        if leaf.dtype in _ROWS and d == (leaf.dtype, ()):
+            size = len(_raw(value))
             if size <= leaf.shape[0] - _STR_HEAD:
                 return
             raise _native.UsageError(
-                f"{leaf.path or 'the sample'} of sample {index} is a str of {size} bytes "
-                f"(UTF-8), but its field holds {leaf.shape[0] - _STR_HEAD} (str_bytes="
+                f"{leaf.path or 'the sample'} of sample {index} is a {leaf.dtype} of {size} "
+                f"bytes{' (UTF-8)' if leaf.dtype == 'str' else ''}, but its field holds {leaf.shape[0] - _STR_HEAD} (str_bytes="
                 f"{leaf.shape[0]}, 4 of them its length): pass pinring.torch.DataLoader(..., "
                 f"str_bytes=N) with N at least {size + _STR_HEAD}"
             )
@@ -304,7 +318,7 @@ class _Layout:
             got = f"a {type(value).__name__}{_dtype_note(value)}"
         else:
             got = f"{d[0]} of shape {list(d[1])}"
-        want = "a str" if leaf.dtype == "str" else f"{leaf.dtype} of shape {list(want_shape)}"
+        want = f"a {leaf.dtype}" if leaf.dtype in _ROWS else f"{leaf.dtype} of shape {list(want_shape)}"
         raise _native.UsageError(
             f"{where} of {what} is {got}, but dataset[0] made it {want}: every sample must have "
             "the same fields, dtypes and shapes (pad, crop or resize in the dataset, or batch "
@@ -350,8 +364,8 @@ def _write(layout: _Layout, value: Any, views: List[Any], j: Optional[int], inde
         layout.check(index, value, leaf, n)
         if view is None:
             continue  # an empty array: nothing to write (_Layout.empty)
-        if leaf.dtype == "str":
-            raw = value.encode()
+        if leaf.dtype in _ROWS:
+            raw = _raw(value)
             row = view.numpy() if isinstance(view, torch.Tensor) else view
             row = row if j is None else row[j]
             row[:_STR_HEAD] = np.frombuffer(len(raw).to_bytes(_STR_HEAD, "little"), np.uint8)
