@@ -40,7 +40,7 @@ import sys
 import threading
 import time
 import warnings
-from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Tuple
 
 from pinring import _native
 
@@ -649,29 +649,16 @@ def _layout_child(zygote: int, inherited: List[int], out: int, job: Dict[str, An
                   payload: Payload) -> None:
     """The process that learns the layout (``_worker._layout_job``), right after its fork from
     the zygote: writes the pickled result to ``out``. Never returns."""
-    code = 1
-    try:
-        if not _native._die_with_parent(int(signal.SIGKILL), zygote):
-            os._exit(1)
-        for fd in inherited:
-            os.close(fd)
+
+    def body() -> None:
         from pinring.torch._worker import _layout_job
 
         data = pickle.dumps(_layout_job(payload.dataset, payload.collate_fn,
                                         payload.worker_init_fn, job))
         with os.fdopen(out, "wb") as f:
             f.write(data)
-        code = 0
-    except BaseException:  # noqa: BLE001
-        import traceback
 
-        traceback.print_exc()
-    finally:
-        try:
-            sys.stdout.flush()
-            sys.stderr.flush()
-        finally:
-            os._exit(code)
+    _forked_child(zygote, inherited, body)
 
 
 def _layout_result(data: bytes, status: int) -> Tuple[str, Any, str]:
@@ -693,12 +680,8 @@ def _layout_result(data: bytes, status: int) -> Tuple[str, Any, str]:
 def _worker_child(zygote: int, inherited: List[int], session: List[int], args: Dict[str, Any],
                   payload: Payload) -> None:
     """A worker, right after its fork from the zygote. Never returns."""
-    code = 1
-    try:
-        if not _native._die_with_parent(int(signal.SIGKILL), zygote):
-            os._exit(1)
-        for fd in inherited:
-            os.close(fd)
+
+    def body() -> None:
         reports_fd, stop_fd = session
         from pinring.torch._worker import _WorkerArgs, _worker_main
 
@@ -706,6 +689,21 @@ def _worker_child(zygote: int, inherited: List[int], session: List[int], args: D
                            collate_fn=payload.collate_fn, worker_init_fn=payload.worker_init_fn,
                            **args)
         _worker_main(full, _ReportWriter(reports_fd), StopFlag(stop_fd))
+
+    _forked_child(zygote, inherited, body)
+
+
+def _forked_child(zygote: int, inherited: List[int], body: Callable[[], None]) -> None:
+    """Runs ``body`` in a process just forked from the zygote: dies with the zygote, closes the
+    zygote's own descriptors, and exits 0 after ``body`` returns, 1 (with the traceback on
+    stderr) after it raises. Never returns."""
+    code = 1
+    try:
+        if not _native._die_with_parent(int(signal.SIGKILL), zygote):
+            os._exit(1)
+        for fd in inherited:
+            os.close(fd)
+        body()
         code = 0
     except BaseException:  # noqa: BLE001
         import traceback
