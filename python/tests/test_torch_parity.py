@@ -327,12 +327,12 @@ def test_a_str_rows_length_is_checked_before_its_bytes_are_read():
     a VerifyError naming the field and the row, not a read past the row."""
     import numpy as np
 
-    from pinring.torch._layout import decode_strs
+    from pinring.torch._layout import decode_rows
 
     rows = np.zeros((2, 16), dtype=np.uint8)
     rows[0, :4] = np.frombuffer((3).to_bytes(4, "little"), np.uint8)
     rows[0, 4:7] = np.frombuffer(b"abc", np.uint8)
-    assert decode_strs(rows[:1], "['caption']", 16) == ["abc"]
+    assert decode_rows(rows[:1], "['caption']", 16) == ["abc"]
     rows[1, :4] = np.frombuffer((13).to_bytes(4, "little"), np.uint8)
     with pytest.raises(pinring.VerifyError, match=r"\['caption'\] of row 1 .* 13 bytes"):
-        decode_strs(rows, "['caption']", 16)
+        decode_rows(rows, "['caption']", 16)

@@ -1094,7 +1094,7 @@ def _parse_device(device: Any) -> torch.device:
 
 def _check_ring_fields(ring: str, fields: List[Tuple[str, str, List[int]]], layout: _Layout,
                        samples: int) -> None:
-    want = [(name, leaf.ring[0], list(leaf.shape)) for name, leaf in layout.declared]
+    want = layout.ring_fields()
     got = [(n, d, list(s)) for n, d, s in fields]
     if got != want:
         raise _native.RefusedError(

@@ -56,9 +56,9 @@ class _Leaf(NamedTuple):
     shape: Tuple[int, ...]  # per sample; a str's: (str_bytes,)
 
     @property
-    def ring(self) -> Tuple[str, Tuple[int, ...]]:
-        """The ring field's dtype and per-sample shape."""
-        return ("u8", self.shape) if self.dtype in _ROWS else (self.dtype, self.shape)
+    def ring_dtype(self) -> str:
+        """The ring field's dtype (its per-sample shape is ``shape``)."""
+        return "u8" if self.dtype in _ROWS else self.dtype
 
 
 # Leaves carried in a row of bytes per sample, as torch's collate batches them: lists.
@@ -85,7 +85,7 @@ def default_str_bytes(first: Any) -> int:
     return -(-want // 64) * 64
 
 
-def decode_strs(rows: Any, where: str, budget: int, text: bool = True) -> List[Any]:
+def decode_rows(rows: Any, where: str, budget: int, text: bool = True) -> List[Any]:
     """The strings (``text``) or bytes of a field's rows (a [B, budget] u8 array), each length
     checked against its row before a byte is read."""
     rows = np.asarray(rows)
@@ -244,11 +244,12 @@ class _Layout:
         # declared largest element first, so every field's chunk in a slot starts aligned to
         # its element size.
         order = sorted((i for i in range(len(self.leaves)) if not self.empty[i]),
-                       key=lambda i: -_ITEMSIZE[self.leaves[i].ring[0]])
+                       key=lambda i: -_ITEMSIZE[self.leaves[i].ring_dtype])
         self.names = _field_names(keys)
         self.declared = [(self.names[i], self.leaves[i]) for i in order]
 
-    def tensors(self, fields: Dict[str, Any], convert: Callable[[List[Any]], List[Any]]) -> List[Any]:
+    def tensors(self, fields: Dict[str, Any],
+                convert: Callable[[List[Any]], List[Any]]) -> List[Any]:
         """The batch's tensors in leaf order: the ring's ``fields`` (by name) through
         ``convert``, and an empty tensor for each empty leaf, with the batch's rows, on the
         device of the others."""
@@ -264,16 +265,20 @@ class _Layout:
                                        device=device))
             elif leaf.dtype in _ROWS:
                 # As torch's collate: a list of str or bytes (read back to the host).
-                out.append(decode_strs(next(it).cpu().numpy(), leaf.path or "the sample",
+                out.append(decode_rows(next(it).cpu().numpy(), leaf.path or "the sample",
                                        leaf.shape[0], text=leaf.dtype == "str"))
             else:
                 out.append(next(it))
         return out
 
+    def ring_fields(self) -> List[Tuple[str, str, List[int]]]:
+        """The ring's fields as (name, dtype, per-sample shape), in declared order."""
+        return [(name, leaf.ring_dtype, list(leaf.shape)) for name, leaf in self.declared]
+
     def fields_data(self) -> List[Dict[str, Any]]:
         """The fields as the config's ``dataset.fields`` holds them."""
         return [
-            {"name": name, "dtype": leaf.ring[0], "shape": [int(d) for d in leaf.shape]}
+            {"name": name, "dtype": leaf.ring_dtype, "shape": [int(d) for d in leaf.shape]}
             for name, leaf in self.declared
         ]
 
@@ -282,43 +287,46 @@ class _Layout:
         "external"``, ``samples``, ``fields``), as TOML text; read back by pinring's parser
         before it is returned, so it is what a daemon reads."""
         rows = "".join(
-            f'    {{ name = "{name}", dtype = "{leaf.ring[0]}", shape = '
+            f'    {{ name = "{name}", dtype = "{leaf.ring_dtype}", shape = '
             f'[{", ".join(str(int(d)) for d in leaf.shape)}] }},\n'
             for name, leaf in self.declared
         )
         text = f'[dataset]\nkind = "external"\nsamples = {int(samples)}\nfields = [\n{rows}]\n'
         read = _native.check_config(text, "pinring.torch.dataset_table")["fields"]
-        want = [(name, leaf.ring[0], list(leaf.shape)) for name, leaf in self.declared]
+        want = self.ring_fields()
         if [(n, d, list(s)) for n, d, s in read] != want:
             raise _native.InternalError(f"the [dataset] table written reads back as {read}, not "
                                         f"{want}: {text}")
         return text
 
-    def check(self, index: int, value: Any, leaf: _Leaf, n: Optional[int]) -> None:
+    def check(self, index: int, value: Any, leaf: _Leaf, n: Optional[int]) -> Optional[bytes]:
         """Raises ``UsageError`` when ``value`` (of sample ``index``, or of a collated part of
-        ``n`` samples) does not match the layout."""
+        ``n`` samples) does not match the layout; returns a str or bytes leaf's bytes."""
         d = _describe(value)
         if leaf.dtype in _ROWS and d == (leaf.dtype, ()):
-            size = len(_raw(value))
-            if size <= leaf.shape[0] - _STR_HEAD:
-                return
+            raw = _raw(value)
+            holds = leaf.shape[0] - _STR_HEAD
+            if len(raw) <= holds:
+                return raw
+            utf8 = " (UTF-8)" if leaf.dtype == "str" else ""
             raise _native.UsageError(
-                f"{leaf.path or 'the sample'} of sample {index} is a {leaf.dtype} of {size} "
-                f"bytes{' (UTF-8)' if leaf.dtype == 'str' else ''}, but its field holds {leaf.shape[0] - _STR_HEAD} (str_bytes="
-                f"{leaf.shape[0]}, 4 of them its length): pass pinring.torch.DataLoader(..., "
-                f"str_bytes=N) with N at least {size + _STR_HEAD}"
+                f"{leaf.path or 'the sample'} of sample {index} is a {leaf.dtype} of {len(raw)} "
+                f"bytes{utf8}, but its field holds {holds} (str_bytes={leaf.shape[0]}, 4 of them "
+                "its length): pass pinring.torch.DataLoader(..., str_bytes=N) with N at least "
+                f"{len(raw) + _STR_HEAD}"
             )
         # A sample's element has the leaf's shape; a collated part's has n rows of it.
         want_shape = leaf.shape if n is None else (n, *leaf.shape)
         if d is not None and d == (leaf.dtype, want_shape):
-            return
+            return None
         where = leaf.path or "the sample"
         what = f"sample {index}" if n is None else f"collate_fn's output for a part from sample {index}"
         if d is None:
             got = f"a {type(value).__name__}{_dtype_note(value)}"
         else:
             got = f"{d[0]} of shape {list(d[1])}"
-        want = f"a {leaf.dtype}" if leaf.dtype in _ROWS else f"{leaf.dtype} of shape {list(want_shape)}"
+        want = (f"a {leaf.dtype}" if leaf.dtype in _ROWS
+                else f"{leaf.dtype} of shape {list(want_shape)}")
         raise _native.UsageError(
             f"{where} of {what} is {got}, but dataset[0] made it {want}: every sample must have "
             "the same fields, dtypes and shapes (pad, crop or resize in the dataset, or batch "
@@ -361,11 +369,10 @@ def _write(layout: _Layout, value: Any, views: List[Any], j: Optional[int], inde
             f"{len(layout.leaves)}: every sample must have the same structure"
         )
     for value, leaf, view in zip(leaves, layout.leaves, views):
-        layout.check(index, value, leaf, n)
+        raw = layout.check(index, value, leaf, n)
         if view is None:
             continue  # an empty array: nothing to write (_Layout.empty)
-        if leaf.dtype in _ROWS:
-            raw = _raw(value)
+        if raw is not None:
             row = view.numpy() if isinstance(view, torch.Tensor) else view
             row = row if j is None else row[j]
             row[:_STR_HEAD] = np.frombuffer(len(raw).to_bytes(_STR_HEAD, "little"), np.uint8)
