@@ -562,9 +562,10 @@ mod ring_tests {
     use std::time::Duration;
 
     /// A daemon's ring of an external dataset whose `labels` field is of `dtype`, with slot 0
-    /// handed out for seq 0, and a session joined to it.
-    fn ring_and_session(dtype: &str) -> (DaemonRing, Session) {
-        let name = format!("part-labels-{}-{dtype}", std::process::id());
+    /// handed out for seq 0, and a session joined to it. `test` makes the name this test's own:
+    /// the tests of one process run side by side (`cargo test`'s threads).
+    fn ring_and_session(test: &str, dtype: &str) -> (DaemonRing, Session) {
+        let name = format!("part-{test}-{}-{dtype}", std::process::id());
         let text = format!(
             "[ring]\nname = \"{name}\"\nslots = 2\nslot_bytes = 65536\n\
              [dataset]\nkind = \"external\"\nsamples = 8\nfields = [\
@@ -641,7 +642,7 @@ mod ring_tests {
     #[test]
     fn labels_of_every_integer_dtype_are_recorded() {
         for (dtype, width) in [("u8", 1), ("i16", 2), ("u32", 4), ("u64", 8)] {
-            let (daemon, mut session) = ring_and_session(dtype);
+            let (daemon, mut session) = ring_and_session("every-dtype", dtype);
             let mut part = part_with_labels(&mut session, width, |n| 200 + n as i128);
             let done = part.commit().unwrap();
             assert_eq!(done.payload_len, 4 * (16 + width as u64), "{dtype}");
@@ -658,7 +659,7 @@ mod ring_tests {
     #[test]
     fn a_label_out_of_range_is_refused_naming_sample_label_and_range() {
         for (dtype, width, bad) in [("i16", 2, -1i128), ("u64", 8, 1 << 40), ("i64", 8, -7)] {
-            let (daemon, mut session) = ring_and_session(dtype);
+            let (daemon, mut session) = ring_and_session("out-of-range", dtype);
             let mut part = part_with_labels(&mut session, width, |n| if n == 2 { bad } else { 1 });
             let sample = part.samples()[2];
             let e = part.commit().unwrap_err();
@@ -684,7 +685,7 @@ mod ring_tests {
 
     #[test]
     fn a_part_dropped_uncommitted_is_abandoned() {
-        let (daemon, mut session) = ring_and_session("i64");
+        let (daemon, mut session) = ring_and_session("dropped", "i64");
         let part = part_with_labels(&mut session, 8, |_| 0);
         let seat = session.seat();
         drop(part);
