@@ -278,6 +278,11 @@ fn sigterm_drains_and_leaves_no_segment() {
     let mut daemon = fx.daemon(&["--epochs", "1000"]);
     let ring = fx.wait_ready(&mut daemon);
     let loaders: Vec<_> = (0..2).map(|_| fx.loader(&fx.config)).collect();
+    // Both loaders joined before the stop (on a loaded machine one may start after the other
+    // made 20 batches, and a loader that finds its ring already gone exits 4, rightly).
+    for l in &loaders {
+        wait_attached(&ring, l);
+    }
     let start = Instant::now();
     while ring
         .header()
