@@ -325,12 +325,16 @@ class Producer:
     def __new__(
         cls, ring: str, config: Optional[str] = None, wait: float = 30.0,
         path: Optional[str] = None, peers: Optional[int] = None,
+        only_batches: Optional[Tuple[int, int]] = None,
     ) -> "Producer":
         """Joins ring ``ring`` as a loader (the config lookup of ``pinring-loader``; refused
         with ``RefusedError`` if its fingerprint is not the daemon's). ``path``: where an
         anonymous ring is (``EmbeddedDaemon.path``). ``peers``: how many producers are started
         together with this one; each then keeps to its own share of the slots from its first
-        claim (which slots it writes decides which of the ring's pages count in its memory)."""
+        claim (which slots it writes decides which of the ring's pages count in its memory).
+        ``only_batches=(residue, modulus)``: claim only the parts of batches ``b`` with
+        ``b % modulus == residue``, lowest seq first (one of ``modulus`` streams, each made by
+        its own producer; a batch whose producer is gone waits for it)."""
     def claim(self, timeout: Optional[float] = None) -> Optional[Part]:
         """The next part to make, or None once the daemon has ended the run. Raises
         ``PeerDied`` if the daemon dies, and ``Timeout`` (a ``PeerDied``) if no slot comes free

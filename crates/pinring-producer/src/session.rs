@@ -175,6 +175,9 @@ pub struct Session {
     share: u32,
     /// How many loaders the caller starts together ([`Session::expect_peers`]); 0: unknown.
     peers: u32,
+    /// [`Session::keep_to_batches`]'s `(residue, modulus)`: only batches `b` with
+    /// `b % modulus == residue` are claimed.
+    only: Option<(u64, u64)>,
     last_daemon_check: Instant,
     left: bool,
 }
@@ -233,6 +236,7 @@ impl Session {
             hint,
             share,
             peers: 0,
+            only: None,
             last_daemon_check: Instant::now(),
             left: false,
         }))
@@ -368,7 +372,15 @@ impl Session {
             // Acquire: pairs with the daemon's Release bump after it frees a slot, so a slot
             // freed after this load makes the wait below return at once.
             let seen = ring.work_seen();
-            if let Some(mut claim) = ring.try_claim_preferring(self.seat, self.share, self.hint) {
+            if let Some((residue, modulus)) = self.only {
+                let per_batch = self.plan.parts_per_batch().max(1);
+                let wanted = |seq: u64| (seq / per_batch) % modulus == residue;
+                if let Some(claim) = ring.try_claim_where(self.seat, &wanted) {
+                    return Ok(Next::Part(claim));
+                }
+            } else if let Some(mut claim) =
+                ring.try_claim_preferring(self.seat, self.share, self.hint)
+            {
                 self.hint = (claim.slot() + 1) % ring.geometry().slot_count;
                 if self.peers > 0 && claim.foreign() {
                     claim.forget_pages();
@@ -406,6 +418,19 @@ impl Session {
     pub fn expect_peers(&mut self, n: u32) {
         self.peers = n;
         self.share = self.share.max(n);
+    }
+
+    /// Claims only the parts of batches `b` with `b % modulus == residue`, lowest seq first
+    /// (`LoaderRing::try_claim_where`): the batches of one stream, where each loader makes its
+    /// own (an iterable dataset's workers, whose batches interleave round-robin as torch's
+    /// DataLoader interleaves them). Parts of other batches are left to their own loaders; a
+    /// batch whose loader is gone waits for it, so the caller must restart it or end the run.
+    ///
+    /// # Panics
+    /// If `modulus` is 0 or `residue >= modulus`.
+    pub fn keep_to_batches(&mut self, residue: u64, modulus: u64) {
+        assert!(residue < modulus, "residue {residue} of modulus {modulus}");
+        self.only = Some((residue, modulus));
     }
 
     /// Leaves the loader table. A part still claimed can no longer be committed (the daemon

@@ -62,8 +62,10 @@ impl Producer {
     /// `wait` seconds for the ring, checks the config's fingerprint against the daemon's, and
     /// takes a seat in the loader table. `path`: where an anonymous ring is (`EmbeddedDaemon.path`).
     /// `peers`: how many producers are started together with this one (`Session::expect_peers`).
+    /// `only_batches`: `(residue, modulus)`: claim only the parts of batches `b` with
+    /// `b % modulus == residue` (`Session::keep_to_batches`: one of `modulus` streams).
     #[new]
-    #[pyo3(signature = (ring, config=None, wait=30.0, path=None, peers=None))]
+    #[pyo3(signature = (ring, config=None, wait=30.0, path=None, peers=None, only_batches=None))]
     fn new(
         py: Python<'_>,
         ring: String,
@@ -71,8 +73,21 @@ impl Producer {
         wait: f64,
         path: Option<std::path::PathBuf>,
         peers: Option<u32>,
+        only_batches: Option<(u64, u64)>,
     ) -> PyResult<Self> {
         let wait = seconds("wait", wait)?;
+        if let Some((residue, modulus)) = only_batches {
+            if residue >= modulus {
+                return Err(exit_error(
+                    Exit::Usage,
+                    format!(
+                        "Producer(only_batches=({residue}, {modulus})): the residue must be \
+                         below the modulus (0 to {}): pass (worker id, workers)",
+                        modulus.saturating_sub(1)
+                    ),
+                ));
+            }
+        }
         if let Some(path) = &config {
             crate::convert::readable_config("Producer", path)?;
         }
@@ -103,6 +118,9 @@ impl Producer {
         let mut state = state.map_err(|e| e.to_pyerr())?;
         if let Some(n) = peers {
             state.session.expect_peers(n);
+        }
+        if let Some((residue, modulus)) = only_batches {
+            state.session.keep_to_batches(residue, modulus);
         }
         // A producer writes whole samples: a ring whose samples are cut into byte parts is
         // pinring-loader's alone.

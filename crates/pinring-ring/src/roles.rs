@@ -238,6 +238,34 @@ impl LoaderRing {
         })
     }
 
+    /// Tries to claim the FREE slot with the lowest seq that `wanted` accepts (a loader that
+    /// makes only some batches: an iterable dataset's worker makes every `n`-th). One pass over
+    /// the slot words, then one CAS on the chosen slot, expecting the round seen; a lost race
+    /// looks again, at most `slot_count` times. Lowest seq first, because the daemon takes
+    /// parts in seq order: a later part filled first would wait for the earlier one anyway.
+    pub fn try_claim_where(&self, seat: Seat, wanted: &dyn Fn(u64) -> bool) -> Option<Claim> {
+        let n = self.0.geom.slot_count;
+        for _ in 0..n {
+            let best = (0..n)
+                .filter_map(|i| self.0.desc(i).free_seq().map(|(seq, w)| (seq, i, w)))
+                .filter(|&(seq, _, _)| wanted(seq))
+                .min_by_key(|&(seq, _, _)| seq)?;
+            let (seq, slot, seen) = best;
+            if let Some(round) = self.0.desc(slot).try_claim_seen(seat, seen) {
+                debug_assert_eq!(round.seq, seq);
+                return Some(Claim {
+                    slot,
+                    seq: round.seq,
+                    ticket: round.ticket,
+                    seat,
+                    foreign: false,
+                    forget: false,
+                });
+            }
+        }
+        None
+    }
+
     /// One CAS on slot `i` (`SlotDesc::try_claim`): the claim if it was FREE.
     fn claim_slot(&self, seat: Seat, i: u32) -> Option<Claim> {
         self.0.desc(i).try_claim(seat).map(|round| Claim {

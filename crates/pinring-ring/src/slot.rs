@@ -214,6 +214,27 @@ impl SlotDesc {
         if w.state != Some(SlotState::Free) {
             return None;
         }
+        self.claim_word(seat, w)
+    }
+
+    /// Loader: the seq this slot is handed out for while it is FREE, with the word seen (for
+    /// [`SlotDesc::try_claim_seen`]); `None` if it is not FREE. A look, not a claim: the slot
+    /// may be claimed by another loader the moment after.
+    pub(crate) fn free_seq(&self) -> Option<(u64, SlotWord)> {
+        // Acquire pairs with the daemon's Release store of FREE: the seq stored before it is
+        // the one of this round (the ticket in `w` names the round; a later round bumps it).
+        let w = SlotWord::unpack(self.word.load(Acquire));
+        (w.state == Some(SlotState::Free)).then(|| (self.seq.load(Relaxed), w))
+    }
+
+    /// Loader: claims the slot in the round `seen` (from [`SlotDesc::free_seq`]): the CAS
+    /// expects exactly that word, so a slot handed out again since (another ticket, another seq)
+    /// is not taken. `None`: another loader won, or the round moved on.
+    pub(crate) fn try_claim_seen(&self, seat: Seat, seen: SlotWord) -> Option<Round> {
+        self.claim_word(seat, seen)
+    }
+
+    fn claim_word(&self, seat: Seat, w: SlotWord) -> Option<Round> {
         let claimed = SlotWord::pack_owned(SlotState::Claimed, seat.index, seat.tenure, w.ticket);
         // (B): Acquire pairs with the daemon's Release store of FREE: the seq is visible.
         // (B'): Release publishes this loader's earlier writes (its last abandon word) to a

@@ -407,3 +407,37 @@ fn a_ring_opened_read_only_takes_no_writing_role() {
         );
     }
 }
+
+#[test]
+fn a_claim_kept_to_some_seqs_takes_the_lowest_of_them_and_leaves_the_rest() {
+    let (o, _u) = opts("where");
+    let daemon = DaemonRing::create(&o).unwrap();
+    let loader = LoaderRing::join(Ring::open(&o.name, Access::ReadWrite, T).unwrap()).unwrap();
+    let me = loader.attach_loader(ProcessId::current()).unwrap();
+    let odd = |seq: u64| seq % 2 == 1;
+    assert!(
+        loader.try_claim_where(me, &odd).is_none(),
+        "nothing handed out yet"
+    );
+    // Seqs 10..13 in slots 3, 2, 1, 0: the lowest odd seq lies in a higher slot than the other.
+    for (slot, seq) in (0..4u32).rev().zip(10u64..) {
+        daemon.assign(slot, seq);
+    }
+    daemon.set_state(ring_state::READY);
+    let mut got = Vec::new();
+    while let Some(c) = loader.try_claim_where(me, &odd) {
+        got.push((c.slot(), c.seq()));
+        loader.commit(c, 0, 0, 0, 0).unwrap();
+    }
+    assert_eq!(got, [(2, 11), (0, 13)], "odd seqs, lowest first");
+    // The even seqs are still free for others.
+    let even: Vec<u64> = std::iter::from_fn(|| loader.try_claim(me, 0))
+        .map(|c| c.seq())
+        .collect();
+    assert_eq!(even, [12, 10]);
+    // A slot handed out again: taken in its new round, for its new seq.
+    assert!(daemon.take_ready(2, 11).unwrap().is_some());
+    daemon.assign(2, 21);
+    let c = loader.try_claim_where(me, &odd).expect("seq 21");
+    assert_eq!((c.slot(), c.seq()), (2, 21));
+}
