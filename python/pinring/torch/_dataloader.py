@@ -19,8 +19,10 @@ from pinring.loader import DEFAULT_EPOCHS, checked_state, torch_tensors
 from pinring.torch import _procs
 from pinring.torch._layout import _Layout, _rebuild
 from pinring.torch._layout import layout_of as _layout_of
+from pinring.torch._layout import sample_layout
 from pinring.torch._orders import OrderTable
 from pinring.torch._pool import STOP_GRACE, WorkerPool, _reraise
+from pinring.torch._stream import STREAM_EPOCH_BATCHES, STREAM_EPOCHS, EndTable, StreamBook, first_sample, stream_plan
 from pinring.torch._worker import _POLL, _Worker, _WorkerArgs
 
 log = logging.getLogger("pinring.torch")
@@ -165,12 +167,32 @@ class DataLoader(Generic[_T_co]):
         str_bytes: Optional[int] = None,
     ) -> None:
         del pin_memory, persistent_workers, pin_memory_device  # always pinned, always persistent
-        if isinstance(dataset, torch.utils.data.IterableDataset) or not (
-            hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")
-        ):
+        # An IterableDataset: each worker iterates its own copy, batches interleave as torch's
+        # (_stream). torch's own checks and messages for the arguments it cannot take.
+        self._stream = isinstance(dataset, torch.utils.data.IterableDataset)
+        if self._stream:
+            for arg, value, unset in (("shuffle", shuffle, shuffle in (None, False)),
+                                      ("sampler", sampler, sampler is None),
+                                      ("batch_sampler", batch_sampler, batch_sampler is None)):
+                if not unset:
+                    raise _native.UsageError(
+                        f"DataLoader with IterableDataset: expected unspecified {arg} option, "
+                        f"but got {arg}={value!r}"
+                    )
+            for arg, value in (("ring", ring), ("rank", rank), ("world_size", world_size)):
+                if value is not None:
+                    raise _native.UsageError(
+                        f"pinring.torch.DataLoader({arg}={value!r}) with an IterableDataset: the "
+                        "dataset's own __iter__ picks its samples (split by torch.distributed's "
+                        "rank there, and by get_worker_info() per worker), so there is no plan "
+                        f"of sample indices to {'attach to' if arg == 'ring' else 'shard'}; "
+                        f"leave {arg} out"
+                    )
+        elif not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
             raise _native.UsageError(
-                "pinring.torch.DataLoader takes a map-style dataset (__getitem__ and __len__); "
-                "pinring's plan picks the sample indices, so an IterableDataset cannot be fed"
+                f"pinring.torch.DataLoader takes a map-style dataset (__getitem__ and __len__) "
+                f"or a torch.utils.data.IterableDataset; a {type(dataset).__name__} is neither: "
+                "add __getitem__ and __len__, or derive it from IterableDataset"
             )
         if batch_sampler is not None and (
             not isinstance(batch_size, _Default) and batch_size != 1 or shuffle or
@@ -187,7 +209,7 @@ class DataLoader(Generic[_T_co]):
             )
         # Under torchrun (or a torch.distributed process group), rank and world_size left out
         # are the job's; one passed that contradicts the job is an error naming both.
-        if sampler is None and batch_sampler is None:
+        if sampler is None and batch_sampler is None and not self._stream:
             rank, world_size = _dist.shard(rank, world_size, "pinring.torch.DataLoader")
         # What the caller passed (not left at its default): with ring=, the ring's config
         # decides, and an argument passed must agree with it (_check_ring).
@@ -250,7 +272,7 @@ class DataLoader(Generic[_T_co]):
         # A sampler or batch_sampler pinring's plan cannot express draws its order here, in
         # the training process, as torch's does (_orders); the plan then runs over positions.
         self._drawn_by: Any = batch_sampler
-        if sampler is not None and batch_sampler is None:
+        if sampler is not None and batch_sampler is None and not self._stream:
             native = _from_sampler(sampler, bool(_unwrapped(drop_last)), len(dataset))
             if native is None:
                 self._drawn_by = sampler
@@ -293,6 +315,11 @@ class DataLoader(Generic[_T_co]):
             # Every rank must shuffle alike for the shards to be disjoint: DistributedSampler's
             # default seed, not a draw from each rank's own RNG.
             seed = 0
+        elif seed is None and self._stream:
+            # No plan of indices; the workers' base seed is drawn at each for, as torch's
+            # DataLoader draws it for each iterator it makes (_iter_stream).
+            seed = 0
+            worker_seed = 0
         elif seed is None and not self.shuffle:
             # No shuffle, no seed in the plan: a loader made the same way has the same plan
             # (and fingerprint), so it loads the state of another without the RNG reseeded, as
@@ -358,6 +385,10 @@ class DataLoader(Generic[_T_co]):
         # references to their tensors (_copy_out moves them out when every buffer is held).
         self._lent: deque[List[weakref.ref[torch.Tensor]]] = deque()
         self._warned_copy = False
+        # An iterable dataset's end table (_stream.EndTable) and its memfd, for one for.
+        self._ends: Optional[EndTable] = None
+        self._ends_fd: Optional[int] = None
+        self._generator = generator
         _warn_on_workers_beyond_cpus(self.num_workers)
         self._initialized = True
 
@@ -375,33 +406,71 @@ class DataLoader(Generic[_T_co]):
     def _infer(self) -> _Layout:
         """The fields of the batches, from ``dataset[0]``: read by a process set up as worker 0
         (forked from the zygote) when the loader has workers, so that this process never runs
-        the dataset's code, as torch's DataLoader never does; by this process without."""
+        the dataset's code, as torch's DataLoader never does; by this process without. (An
+        iterable dataset's: from its first sample, ``_infer_stream``.)"""
+        layout = self._infer_stream() if self._stream else self._infer_indexed()
+        assert layout is not None
+        return layout
+
+    def _infer_stream(self) -> Optional[_Layout]:
+        """An iterable dataset's layout, from the first sample of the first worker whose stream
+        has one; None while every stream is empty (asked again at the next for)."""
+        if self._layout is None and self.num_workers == 0:
+            # The dataset's code runs here, as it does in torch's single-process loop: the
+            # random generators it draws from are left as they were, so the loop that follows
+            # draws what torch's would.
+            import random
+
+            import numpy as np
+
+            states = (torch.random.get_rng_state(), random.getstate(), np.random.get_state())
+            try:
+                found, sample = first_sample(self.dataset, 0, 0, lambda w, s: None)
+            finally:
+                torch.random.set_rng_state(states[0])
+                random.setstate(states[1])
+                np.random.set_state(states[2])
+            if found:
+                self._layout = sample_layout(sample, self.collate_fn, self._unbatched,
+                                             self._str_bytes)
+        elif self._layout is None:
+            self._layout = self._infer_in_worker(stream=True)
+        return self._layout
+
+    def _infer_indexed(self) -> _Layout:
         if self._layout is None:
             if self.num_workers == 0:
                 self._layout = _layout_of(self.dataset, self.collate_fn, self._unbatched,
                                           self._str_bytes)
                 return self._layout
-            zygote = self._ensure_zygote()
-            try:
-                kind, what, text = zygote.layout(
-                    {"num_workers": self.num_workers, "seed": self._worker_seed & (2**63 - 1),
-                     "unbatched": self._unbatched, "str_bytes": self._str_bytes},
-                    wait=self.timeout or None,
-                )
-            except BaseException:
-                # Timed out or interrupted: the zygote ends, and the process reading sample 0
-                # with it (it dies with its zygote).
-                zygote.close()
-                self._zygote = None
-                raise
-            if kind == "ok":
-                self._layout = what
-            elif kind == "usage":
-                raise what(text)
-            else:
-                _reraise(what, text)
+            self._layout = self._infer_in_worker(stream=False)
         assert self._layout is not None
         return self._layout
+
+    def _infer_in_worker(self, stream: bool) -> Optional[_Layout]:
+        """The layout, learned by a process the zygote forks and sets up as worker 0; None for
+        an iterable dataset whose every stream is empty."""
+        zygote = self._ensure_zygote()
+        try:
+            kind, what, text = zygote.layout(
+                {"num_workers": self.num_workers, "seed": self._worker_seed & (2**63 - 1),
+                 "unbatched": self._unbatched, "str_bytes": self._str_bytes, "stream": stream},
+                wait=self.timeout or None,
+            )
+        except BaseException:
+            # Timed out or interrupted: the zygote ends, and the process reading sample 0
+            # with it (it dies with its zygote).
+            zygote.close()
+            self._zygote = None
+            raise
+        if kind == "ok":
+            return what  # type: ignore[no-any-return]
+        if kind == "empty":
+            return None
+        if kind == "usage":
+            raise what(text)
+        _reraise(what, text)
+        raise AssertionError("unreachable")
 
     def _ensure_zygote(self) -> _procs.Zygote:
         """The zygote this loader's workers are forked from, made if there is none (before this
@@ -425,6 +494,15 @@ class DataLoader(Generic[_T_co]):
         if self.lease_ms is not None:
             daemon["lease_ms"] = int(self.lease_ms)
         samples, batch = self._plan_size()
+        if self._stream:
+            # A numbering of the workers' batches (_stream), one for long, in order.
+            return {
+                "ring": {"name": ring, "slot_bytes": "auto", "in_order": True},
+                "dataset": {"kind": "external", "samples": samples,
+                            "fields": layout.fields_data()},
+                "plan": {"batch_size": batch, "epochs": stream_plan(batch)[1]},
+                "daemon": daemon,
+            }
         return {
             "ring": {"name": ring, "slot_bytes": "auto", "in_order": bool(self.in_order)},
             "dataset": {"kind": "external", "samples": samples,
@@ -439,6 +517,9 @@ class DataLoader(Generic[_T_co]):
     def _plan_size(self) -> Tuple[int, int]:
         """(samples, batch_size) of the plan: the dataset's, or with a drawn order the
         positions of one epoch and its batches' size (from the first epoch drawn)."""
+        if self._stream:
+            assert self._plan_batch is not None
+            return stream_plan(self._plan_batch)[0], self._plan_batch
         if self._drawn_by is None:
             assert self._plan_batch is not None
             return len(self.dataset), self._plan_batch
@@ -546,7 +627,13 @@ class DataLoader(Generic[_T_co]):
         return self._bpe, self._ppb
 
     def __len__(self) -> int:
-        """Batches per epoch (this rank's)."""
+        """Batches per epoch (this rank's). Over an iterable dataset, torch's guess from
+        ``len(dataset)`` (a ``TypeError`` for a dataset without one), as torch's DataLoader."""
+        if self._stream:
+            n = len(self.dataset)
+            if self.batch_size is None:
+                return n
+            return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
         return self._shape()[0]
 
     # -- starting and stopping -----------------------------------------------------------
@@ -597,6 +684,8 @@ class DataLoader(Generic[_T_co]):
             path = self._config_memfd(text)
         self._config_path = path
         self._leases_seen = self._consumer.leases_expired
+        if self._stream:
+            self._ends, self._ends_fd = EndTable.create(max(1, self.num_workers))
         if self._drawn_by is not None:
             # The orders the workers will read, drawn ahead of them before any starts.
             bpe, ppb = self._shape()
@@ -609,7 +698,7 @@ class DataLoader(Generic[_T_co]):
         self._pool = WorkerPool.start(
             self._zygote, max(1, self.num_workers), self._spawn,
             ring_name=self._ring_name or "", max_restarts=self.max_worker_restarts,
-            restarts=self._restarts, lease_text=self._lease_text,
+            restarts=self._restarts, lease_text=self._lease_text, stream=self._stream,
         )
 
     def _config_memfd(self, text: str) -> str:
@@ -698,6 +787,9 @@ class DataLoader(Generic[_T_co]):
                 self._orders.depth, self._shape()[0],
             ),
             unbatched=self._unbatched,
+            stream=None if self._ends_fd is None else (
+                _memfd.path(self._ends_fd, os.getpid()), self._plan_batch or 1, self.drop_last,
+            ),
         )
         return _Worker(self._zygote, args, reports, stop_flag)
 
@@ -734,6 +826,9 @@ class DataLoader(Generic[_T_co]):
             if self._orders_fd is not None:
                 os.close(self._orders_fd)
                 self._orders_fd, self._orders = None, None
+            if self._ends_fd is not None:
+                os.close(self._ends_fd)
+                self._ends_fd, self._ends = None, None
 
     def close(self) -> None:
         """Stops the workers (and the zygote they are forked from) and the embedded daemon,
@@ -840,6 +935,53 @@ class DataLoader(Generic[_T_co]):
         self._epoch_wanted = int(epoch)
 
     def __iter__(self) -> Iterator[Any]:
+        if self._stream:
+            return self._iter_stream()
+        return self._iter_plan()
+
+    def _iter_stream(self) -> Iterator[Any]:
+        """One for over an iterable dataset: its own workers and ring, each worker iterating
+        its copy from the start; the workers' batches round-robin, short ones cut, the empty
+        ones after a stream's end skipped (``_stream``)."""
+        self._stop()
+        # As torch's DataLoader, for each iterator: the workers' base seed, one draw from the
+        # generator or torch's RNG.
+        self._worker_seed = int(
+            torch.empty((), dtype=torch.int64).random_(generator=self._generator).item()
+        )
+        if self._infer_stream() is None:
+            return  # every worker's stream is empty
+        self._start(0)
+        assert self._ends is not None
+        book = StreamBook(self._ends, self._plan_batch or 1)
+        try:
+            while not book.finished:
+                try:
+                    b = self._next()
+                except KeyboardInterrupt:
+                    self._stop(grace=0.0)
+                    raise
+                if b is None:
+                    raise _native.UsageError(
+                        f"pinring.torch.DataLoader: the IterableDataset's workers made "
+                        f"{STREAM_EPOCH_BATCHES * STREAM_EPOCHS} batches in one for, the most one "
+                        "for takes: end the "
+                        "stream sooner, or iterate it in several for loops"
+                    )
+                rows = book.rows(int(b.batch))
+                if rows == 0:
+                    b.release()
+                    del b
+                    continue
+                box = [b]
+                del b
+                yield self._convert(box, rows)
+            self._check_workers(restart=False)
+        finally:
+            # The for is over (or left): its workers and ring go; the next for makes new ones.
+            self._stop()
+
+    def _iter_plan(self) -> Iterator[Any]:
         bpe, ppb = self._shape()
         # The first for after load_state_dict yields the rest of the saved epoch, which is
         # nothing for a state saved after the plan's last batch; any other for at the plan's
@@ -920,11 +1062,11 @@ class DataLoader(Generic[_T_co]):
             f"which were taken: {fix}"
         )
 
-    def _convert(self, box: List[_native.Batch]) -> Any:
+    def _convert(self, box: List[_native.Batch], rows: Optional[int] = None) -> Any:
         b = box.pop()
         layout = self._infer()
         fields = b.fields
-        tensors = layout.tensors(fields, lambda carried: torch_tensors(torch, carried))
+        tensors = layout.tensors(fields, lambda carried: torch_tensors(torch, carried), rows)
         b.release()
         del b, fields
         while self._lent and not any(r() is not None for r in self._lent[0]):
@@ -973,8 +1115,13 @@ class DataLoader(Generic[_T_co]):
 
     # -- checkpoints ---------------------------------------------------------------------
 
+    def _refuse_state_of_stream(self, call: str) -> None:
+        if self._stream:
+            raise _stream_state_error(call)
+
     def state_dict(self) -> Dict[str, int]:
         """Where the next batch comes from: ``{"seq": ..., "fingerprint": ...}``."""
+        self._refuse_state_of_stream("state_dict()")
         if self._consumer is not None:
             seq, fp = self._consumer.state()
             return {"seq": seq, "fingerprint": fp}
@@ -987,10 +1134,19 @@ class DataLoader(Generic[_T_co]):
     def load_state_dict(self, state: Dict[str, int]) -> None:
         """Resumes at a saved state: the next batch is the one at ``state["seq"]``; a state of
         another plan is refused when the loader starts."""
+        self._refuse_state_of_stream("load_state_dict()")
         resume = checked_state(state)
         self._stop()
         self._resume = resume
         self._rest_of_state = True
+
+
+def _stream_state_error(call: str) -> _native.UsageError:
+    return _native.UsageError(
+        f"pinring.torch.DataLoader.{call} over an IterableDataset: where the loop stands is the "
+        "place of each worker in its own copy of the stream, which pinring does not save; save "
+        "the dataset's own position, or use a map-style dataset to resume mid-epoch"
+    )
 
 
 def dataset_table(dataset: Any, collate_fn: Optional[Callable[[List[Any]], Any]] = None,

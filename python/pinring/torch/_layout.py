@@ -249,11 +249,15 @@ class _Layout:
         self.declared = [(self.names[i], self.leaves[i]) for i in order]
 
     def tensors(self, fields: Dict[str, Any],
-                convert: Callable[[List[Any]], List[Any]]) -> List[Any]:
+                convert: Callable[[List[Any]], List[Any]],
+                rows: Optional[int] = None) -> List[Any]:
         """The batch's tensors in leaf order: the ring's ``fields`` (by name) through
         ``convert``, and an empty tensor for each empty leaf, with the batch's rows, on the
-        device of the others."""
+        device of the others. ``rows``: only the first rows (a short batch of an iterable
+        dataset; the rest were never written)."""
         carried = convert([fields[name] for name, e in zip(self.names, self.empty) if not e])
+        if rows is not None:
+            carried = [t[:rows] for t in carried]
         if not any(self.empty) and not any(leaf.dtype in _ROWS for leaf in self.leaves):
             return carried
         rows, device = carried[0].shape[0], carried[0].device
@@ -411,7 +415,13 @@ def layout_of(dataset: Any, collate_fn: Optional[Callable[[List[Any]], Any]],
     ``collate_fn(it)`` for ``batch_size=None``, which converts one sample)."""
     if len(dataset) == 0:
         raise _native.UsageError("the dataset is empty: nothing to load")
-    sample = dataset[0]
+    return sample_layout(dataset[0], collate_fn, unbatched, str_bytes)
+
+
+def sample_layout(sample: Any, collate_fn: Optional[Callable[[List[Any]], Any]],
+                  unbatched: bool = False, str_bytes: Optional[int] = None) -> _Layout:
+    """The fields of batches of samples like ``sample`` (``layout_of``'s, from any sample: an
+    iterable dataset's first)."""
     if collate_fn is not None and unbatched:
         return _Layout(collate_fn(sample), collated=False, str_bytes=str_bytes)
     if collate_fn is not None:

@@ -32,7 +32,7 @@ class WorkerPool:
 
     def __init__(self, spawn: Callable[[int, Any, Any], _Worker], reports: Any, stop_flag: Any,
                  ring_name: str, max_restarts: int, restarts: int,
-                 lease_text: Callable[[], str]) -> None:
+                 lease_text: Callable[[], str], stream: bool = False) -> None:
         self._spawn_worker = spawn
         self.reports = reports
         self.stop_flag = stop_flag
@@ -40,6 +40,8 @@ class WorkerPool:
         self.max_restarts = max_restarts
         self.restarts = restarts
         self._lease_text = lease_text
+        # An iterable dataset's workers: never restarted (_stream; a dead one is an error).
+        self.stream = stream
         self.workers: List[_Worker] = []
         self.done: Set[int] = set()  # ids of workers that saw the plan end
         # Why a worker left: the ring's error under its claim (its type, its report).
@@ -113,6 +115,13 @@ class WorkerPool:
                 fix = (
                     "a dataset that crashes the interpreter at some index does this: run it "
                     "with num_workers=0 to see where"
+                )
+            if self.stream:
+                raise _native.PeerDied(
+                    f"pinring DataLoader worker {worker_id} {how}, while iterating its copy of "
+                    "the IterableDataset: its place in its stream is lost, and a worker started "
+                    "again would iterate its share from the start (its samples twice), so an "
+                    f"iterable dataset's workers are not restarted; {fix}"
                 )
             if self.restarts >= self.max_restarts:
                 raise _native.PeerDied(

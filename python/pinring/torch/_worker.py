@@ -15,8 +15,9 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 import torch
 
 from pinring import _native
-from pinring.torch._layout import _Layout, _view, _write, layout_of
+from pinring.torch._layout import _Layout, _view, _write, layout_of, sample_layout
 from pinring.torch._orders import OrderTable
+from pinring.torch._stream import EndTable, StreamMaker, first_sample
 
 # How long a wait lasts before the waiter looks again (seconds): a worker's claim waits one of
 # these before it looks at the stop flag; the loop waits one for a batch before it looks at the
@@ -96,6 +97,9 @@ class _WorkerArgs(NamedTuple):
     orders: Optional[Tuple[str, int, int, int]] = None
     # batch_size=None: collate_fn (if any) converts each sample, as torch's does.
     unbatched: bool = False
+    # An IterableDataset (_stream): the end table's path, the batch size and drop_last; None: a
+    # map-style dataset, sample indices from the plan.
+    stream: Optional[Tuple[str, int, bool]] = None
 
 
 def _worker_main(args: _WorkerArgs, errors: Any, stop: Any) -> None:
@@ -126,12 +130,24 @@ def _worker_main(args: _WorkerArgs, errors: Any, stop: Any) -> None:
         stage = "attaching"
         # The workers start together: each keeps to its own share of the slots from its first
         # claim, so it writes (and counts in its PSS) only those pages of the ring.
-        producer = _native.Producer(args.ring, config=args.config, wait=args.wait,
-                                    path=args.path,
-                                    peers=args.num_workers if args.num_workers > 1 else None)
+        workers = max(1, args.num_workers)
+        # An iterable dataset's worker makes its own batches: every workers-th (_stream).
+        producer = _native.Producer(
+            args.ring, config=args.config, wait=args.wait, path=args.path,
+            peers=args.num_workers if args.num_workers > 1 and args.stream is None else None,
+            only_batches=None if args.stream is None else (args.worker_id, workers),
+        )
         thread = args.num_workers == 0
         layout = args.layout
         orders = None if args.orders is None else _Orders(*args.orders)
+        maker = None if args.stream is None else StreamMaker(
+            args.dataset, args.worker_id, workers, args.stream[1], args.stream[2],
+            EndTable.open(args.stream[0], workers),
+        )
+
+        def streaming(position: int) -> None:
+            nonlocal index
+            index = position
         try:
             while not stop.is_set():
                 stage = "claiming"
@@ -145,6 +161,36 @@ def _worker_main(args: _WorkerArgs, errors: Any, stop: Any) -> None:
                 claimed = time.monotonic()
                 views = [None if empty else _view(part.fields[name], thread)
                          for name, empty in zip(layout.names, layout.empty)]
+                if maker is not None:
+                    stage = "streaming"
+                    first = part.first_in_batch
+                    mine = maker.samples(part.batch, streaming)[first:first + len(part.indices)]
+                    if args.collate_fn is None or args.unbatched:
+                        for j, sample in enumerate(mine):
+                            if args.collate_fn is not None:
+                                stage = "collating"
+                                sample = args.collate_fn(sample)
+                            _write(layout, sample, views, j, index, None)
+                    elif mine:
+                        stage = "collating"
+                        # A short batch fills its first rows; the rest stay unwritten.
+                        rows = [None if v is None else v[:len(mine)] for v in views]
+                        _write(layout, args.collate_fn(mine), rows, None, index, len(mine))
+                        del rows
+                    del views
+                    stage = "committing"
+                    try:
+                        part.commit()
+                    except _native.PartReclaimed as e:
+                        if stop.is_set():
+                            return
+                        # Claimed again later, and written again from what the maker kept.
+                        errors.put((args.worker_id, "reclaimed", index, None,
+                                    f"part {part.seq} (batch {part.batch}) took "
+                                    f"{time.monotonic() - claimed:.1f} s from claim to commit: {e}"))
+                        continue
+                    maker.committed(part.batch, len(part.indices))
+                    continue
                 indices = part.indices if orders is None else orders.indices(part)
                 if args.collate_fn is None or args.unbatched:
                     for j, index in enumerate(indices):
@@ -189,6 +235,7 @@ def _worker_main(args: _WorkerArgs, errors: Any, stop: Any) -> None:
         text = "".join(traceback.format_exception(type(e), e, e.__traceback__))
         place = {
             "loading": f" while loading sample {index}",
+            "streaming": f" while iterating its dataset (sample {index} of its stream)",
             "collating": f" in collate_fn for a part from sample {index}",
             "worker_init_fn": " in worker_init_fn",
             "attaching": " while joining the ring",
@@ -221,6 +268,24 @@ def _layout_job(dataset: Any, collate_fn: Optional[Callable[[List[Any]], Any]],
             stage = "worker_init_fn"
             worker_init_fn(0)
         stage = "loading"
+        if job.get("stream"):
+            # An iterable dataset: the first sample of the first worker whose stream has one
+            # (worker 0's, unless its share of the stream is empty), each set up as that worker.
+            def setup(worker: int, seed: int) -> None:
+                global _worker_info
+                nonlocal stage
+                _worker_info = WorkerInfo(worker, job["num_workers"], seed, dataset)
+                _set_torch_worker_info(_worker_info)
+                if worker_init_fn is not None and worker > 0:
+                    stage = "worker_init_fn"
+                    worker_init_fn(worker)
+                stage = "loading"
+
+            found, sample = first_sample(dataset, job["num_workers"], job["seed"], setup)
+            if not found:
+                return "empty", None, ""
+            return "ok", sample_layout(sample, collate_fn, job["unbatched"],
+                                       job["str_bytes"]), ""
         return "ok", layout_of(dataset, collate_fn, job["unbatched"], job["str_bytes"]), ""
     except _native.PinringError as e:
         return "usage", type(e), str(e)
@@ -285,7 +350,7 @@ class _Worker:
                 "ring": args.ring, "path": args.path, "config": args.config,
                 "worker_id": args.worker_id,
                 "num_workers": args.num_workers, "seed": args.seed, "wait": args.wait,
-                "orders": args.orders, "unbatched": args.unbatched,
+                "orders": args.orders, "unbatched": args.unbatched, "stream": args.stream,
             })
 
     def exitcode(self) -> Optional[int]:

@@ -1,0 +1,193 @@
+"""An ``IterableDataset`` through the ring, in torch's order.
+
+torch's DataLoader gives each worker its own copy of an iterable dataset (``get_worker_info()``
+says which worker it is, so the dataset can split its stream) and yields the workers' batches
+round-robin: batch ``r`` of worker 0, of worker 1, ..., then batch ``r + 1`` of each; a worker
+whose stream has ended is passed over, and each worker's last batch may be short (or dropped,
+with ``drop_last``). pinring keeps that order with the ring's plan as a numbering only:
+
+* worker ``w`` of ``W`` makes every batch ``b`` with ``b % W == w`` (the ring's claim kept to
+  those batches, ``Producer(only_batches=(w, W))``), its ``k``-th batch from its stream being
+  batch ``w + k * W``; the plan's sample ids are not used;
+* a batch has the plan's ``batch_size`` rows in the ring; a short one has only its first rows
+  filled, and every batch after a worker's stream ended is empty (its slot committed unwritten);
+* how many rows the short batch has, and which batch it is, the worker writes into an end table
+  (``EndTable``, a memfd the training process made, one entry per worker) before it commits the
+  batch's parts, so the training process, which reads the entry after the batch reached it, sees
+  it; it yields the short batch's rows, skips the empty ones, and ends the ``for`` once every
+  worker's stream has ended;
+* each ``for`` runs its own workers and ring (as torch's workers are made anew for each epoch
+  unless ``persistent_workers``): each worker iterates its dataset copy from the start.
+
+What an iterable dataset keeps and what it cannot is in docs/PYTHON.md ("Iterable datasets").
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import random
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import numpy as np
+import torch
+
+from pinring import _memfd, _native
+
+# The plan of one for over an iterable dataset: a numbering of batches only, so many short
+# epochs (the plan's memory grows with an epoch's samples, not with the epochs): 2**12 batches
+# in each of 10**5 epochs. A stream that is longer ends with an error naming it.
+STREAM_EPOCH_BATCHES = 1 << 12
+STREAM_EPOCHS = 100_000
+
+
+def stream_plan(batch_size: int) -> "Tuple[int, int]":
+    """(samples per epoch, epochs) of the plan of one for over an iterable dataset."""
+    return batch_size * STREAM_EPOCH_BATCHES, STREAM_EPOCHS
+
+
+class EndTable:
+    """Per worker, where its stream ended: ``[batch, rows]`` (int64), ``batch`` -1 while it
+    runs. ``batch`` is the worker's first batch that is not full, ``rows`` its rows (0 for an
+    empty one); every batch of the worker after it is empty."""
+
+    def __init__(self, fd: int, workers: int, writable: bool) -> None:
+        self.workers = int(workers)
+        self._map = mmap.mmap(fd, 16 * self.workers,
+                              prot=mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0))
+        self._rows = np.frombuffer(self._map, dtype=np.int64).reshape(self.workers, 2)
+
+    @classmethod
+    def create(cls, workers: int) -> "Tuple[EndTable, int]":
+        """A new table in a memfd (close-on-exec), no worker ended; the table and the memfd."""
+        fd = _memfd.holding("pinring-torch-stream-ends")
+        try:
+            os.ftruncate(fd, 16 * workers)
+            table = cls(fd, workers, writable=True)
+        except BaseException:
+            os.close(fd)
+            raise
+        table._rows[:, 0] = -1
+        return table, fd
+
+    @classmethod
+    def open(cls, path: str, workers: int) -> "EndTable":
+        """The table the training process made, from its ``/proc/<pid>/fd/<fd>``."""
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        try:
+            size = os.fstat(fd).st_size
+            if size != 16 * workers:
+                raise _native.RingError(
+                    f"the stream-end table at {path} holds {size} bytes, not the {16 * workers} "
+                    f"of {workers} workers: it is not this loader's"
+                )
+            return cls(fd, workers, writable=True)
+        finally:
+            os.close(fd)
+
+    def end(self, worker: int, batch: int, rows: int) -> None:
+        """Worker ``worker``'s stream ended at ``batch`` (``rows`` rows): rows first, the batch
+        last, so a batch seen vouches for its rows."""
+        self._rows[worker, 1] = rows
+        self._rows[worker, 0] = batch
+
+    def ended(self, worker: int) -> Optional[Tuple[int, int]]:
+        """``(batch, rows)`` where worker ``worker``'s stream ended, or None while it runs."""
+        batch = int(self._rows[worker, 0])
+        if batch < 0:
+            return None
+        return batch, int(self._rows[worker, 1])
+
+
+class StreamBook:
+    """The training process's reading of one ``for``: for each batch that reaches it, how many
+    of its rows to yield, and whether every worker's stream has ended."""
+
+    def __init__(self, table: EndTable, batch_size: int) -> None:
+        self.table = table
+        self.batch_size = batch_size
+        self.done: set[int] = set()
+
+    def rows(self, batch: int) -> int:
+        """Rows of ``batch`` to yield (0: skip it); marks its worker done at its end."""
+        w = batch % self.table.workers
+        ended = self.table.ended(w)
+        if ended is None or batch < ended[0]:
+            return self.batch_size
+        self.done.add(w)
+        return ended[1] if batch == ended[0] else 0
+
+    @property
+    def finished(self) -> bool:
+        return len(self.done) == self.table.workers
+
+
+class StreamMaker:
+    """A worker's stream, cut into its batches: batch ``b`` (``b % workers == worker``) is the
+    worker's ``(b - worker) // workers``-th. Batches are drawn from the stream in order, as far
+    as the part claimed needs, and kept until each of their parts was committed (a part the
+    daemon took back after its lease is claimed again, and written again from what is kept)."""
+
+    def __init__(self, dataset: Any, worker: int, workers: int, batch_size: int,
+                 drop_last: bool, table: EndTable) -> None:
+        self.worker, self.workers = worker, workers
+        self.batch_size, self.drop_last = batch_size, drop_last
+        self.table = table
+        self.it: Optional[Any] = iter(dataset)
+        self.next_round = 0
+        self.kept: Dict[int, Tuple[List[Any], int]] = {}  # batch -> (samples, rows committed)
+
+    def samples(self, batch: int, loading: Callable[[int], None]) -> List[Any]:
+        """The samples of batch ``batch`` (fewer than ``batch_size`` at the stream's end, none
+        after it); ``loading(k)`` is told the stream position before each draw."""
+        if (batch - self.worker) % self.workers:
+            raise _native.InternalError(
+                f"worker {self.worker} of {self.workers} claimed batch {batch}, another worker's"
+            )
+        k = (batch - self.worker) // self.workers
+        while self.next_round <= k:
+            made = self.next_round * self.workers + self.worker
+            got: List[Any] = []
+            while self.it is not None and len(got) < self.batch_size:
+                loading(self.next_round * self.batch_size + len(got))
+                try:
+                    got.append(next(self.it))
+                except StopIteration:
+                    self.it = None
+            if self.it is None and len(got) < self.batch_size:
+                if self.drop_last:
+                    got = []
+                if self.table.ended(self.worker) is None:
+                    self.table.end(self.worker, made, len(got))
+            self.kept[made] = (got, 0)
+            self.next_round += 1
+        if batch not in self.kept:
+            raise _native.InternalError(
+                f"worker {self.worker}: batch {batch} was claimed after all its parts were "
+                "committed"
+            )
+        return self.kept[batch][0]
+
+    def committed(self, batch: int, rows: int) -> None:
+        """``rows`` rows of ``batch`` were committed; a batch whose every row is in is dropped."""
+        samples, done = self.kept[batch]
+        done += rows
+        if done >= self.batch_size:
+            del self.kept[batch]
+        else:
+            self.kept[batch] = (samples, done)
+
+
+def first_sample(dataset: Any, workers: int, seed: int,
+                 setup: Callable[[int, int], None]) -> Tuple[bool, Any]:
+    """The first sample of the first worker whose stream has one, each worker's copy iterated
+    as that worker would (``setup(worker, seed)`` sets its worker info, seeds and runs
+    ``worker_init_fn`` first); ``(False, None)`` if every stream is empty."""
+    for w in range(max(1, workers)):
+        if workers > 0:
+            setup(w, seed + w)
+            random.seed(seed + w)
+            torch.manual_seed(seed + w)
+        for sample in dataset:
+            return True, sample
+    return False, None
