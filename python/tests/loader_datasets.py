@@ -301,3 +301,39 @@ class Captioned(Ids):
         caption = "x" * 1000 if i == self.long else "a photo of " + "ünïcode " * (i % 5) + str(i)
         return {"image": np.full((2, 3), i, dtype=np.uint8), "caption": caption,
                 "file": f"img_{i:04d}.jpg", "raw": bytes(range(i % 7)) + b"\xff\x00"}
+
+
+class Shards(torch.utils.data.IterableDataset):
+    """An iterable dataset split by ``get_worker_info()``: worker ``w`` yields ``lens[w]``
+    samples (``n`` each without ``lens``), ``{"x": [w, i], "name": "w<w>-<i>", "r": a draw from
+    torch's RNG}``, and with ``big`` a uint8 array of that many bytes (``w`` and ``i`` in its
+    first two bytes). ``kill_at=(w, i)``: worker ``w`` kills itself (SIGKILL) before sample
+    ``i``; ``raise_at=(w, i)``: it raises ``KeyError`` there; ``slow``: seconds each sample
+    takes."""
+
+    def __init__(self, n=10, lens=None, big=0, kill_at=None, raise_at=None, slow=0.0):
+        self.n, self.lens, self.big = n, lens, big
+        self.kill_at, self.raise_at, self.slow = kill_at, raise_at, slow
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        w = 0 if info is None else info.id
+        n = self.n if self.lens is None else self.lens[w]
+        for i in range(n):
+            if self.kill_at == (w, i):
+                os.kill(os.getpid(), signal.SIGKILL)
+            if self.raise_at == (w, i):
+                raise KeyError(f"no sample {i} in shard {w}")
+            if self.slow:
+                time.sleep(self.slow)
+            sample = {"x": torch.tensor([w, i]), "name": f"w{w}-{i}", "r": torch.rand(())}
+            if self.big:
+                blob = torch.zeros(self.big, dtype=torch.uint8)
+                blob[0], blob[1] = w, i
+                sample["blob"] = blob
+            yield sample
+
+
+class SizedShards(Shards):
+    def __len__(self):
+        return 4 * self.n

@@ -81,8 +81,10 @@ class DataLoader(Generic[_T_co]):
     Each ``for`` over the loader yields one epoch of batches whose tensors are on ``device``.
 
     Args (as torch's, with these differences):
-        dataset: a map-style dataset (``__getitem__`` and ``__len__``); its samples must have
-            the fields, dtypes and shapes of ``dataset[0]``.
+        dataset: a map-style dataset (``__getitem__`` and ``__len__``), or an
+            ``IterableDataset`` (each worker iterates its own copy, batches round-robin as
+            torch's; docs/PYTHON.md, "Iterable datasets"); its samples must have the fields,
+            dtypes and shapes of the first.
         batch_size, shuffle, drop_last: as torch's (``batch_size=None``: each sample as
             torch's ``default_convert`` gives it, no batch dimension).
         sampler: None, or any sampler or iterable of indices. A ``SequentialSampler``, a

@@ -132,10 +132,12 @@ def _worker_main(args: _WorkerArgs, errors: Any, stop: Any) -> None:
         # claim, so it writes (and counts in its PSS) only those pages of the ring.
         workers = max(1, args.num_workers)
         # An iterable dataset's worker makes its own batches: every workers-th (_stream).
+        keep: Dict[str, Any] = {} if args.stream is None else {
+            "only_batches": (args.worker_id, workers)}
         producer = _native.Producer(
             args.ring, config=args.config, wait=args.wait, path=args.path,
             peers=args.num_workers if args.num_workers > 1 and args.stream is None else None,
-            only_batches=None if args.stream is None else (args.worker_id, workers),
+            **keep,
         )
         thread = args.num_workers == 0
         layout = args.layout

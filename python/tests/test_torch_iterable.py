@@ -1,0 +1,141 @@
+"""``pinring.torch.DataLoader`` over a ``torch.utils.data.IterableDataset``, against torch's own
+DataLoader on the same dataset: each worker iterates its own copy with torch's
+``get_worker_info()`` set, the workers' batches interleave round-robin in torch's order (the
+workers' random draws included), short last batches are kept or dropped as torch's, and a
+worker that dies or raises is an error naming it, never a silent loss or duplicate."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import pinring  # noqa: E402
+from pinring.torch import DataLoader  # noqa: E402
+
+import loader_datasets as ds  # noqa: E402
+
+
+def epochs(make, dataset, n=2, **kw):
+    """``n`` epochs of what a loader made by ``make`` yields, after ``torch.manual_seed(0)``:
+    each batch as plain lists (tensors' values, the names)."""
+    torch.manual_seed(0)
+    dl = make(dataset, **kw)
+    out = []
+    try:
+        for _ in range(n):
+            out.append([{k: v.tolist() if isinstance(v, torch.Tensor) else v
+                         for k, v in b.items()} for b in dl])
+    finally:
+        if isinstance(dl, DataLoader):
+            dl.close()
+    return out
+
+
+def pinring_loader(dataset, **kw):
+    return DataLoader(dataset, device="cpu", **kw)
+
+
+SHAPES = [
+    dict(batch_size=3),
+    dict(batch_size=3, drop_last=True),
+    dict(batch_size=None),
+    dict(batch_size=1),
+]
+
+
+@pytest.mark.parametrize("workers", [0, 1, 2, 3, 4])
+@pytest.mark.parametrize("shape", SHAPES, ids=["3", "3-drop-last", "none", "1"])
+def test_the_workers_batches_come_in_torchs_order(workers, shape):
+    """Streams of different lengths (one empty): round-robin while every worker has batches,
+    the ended ones passed over, the short last batches as torch makes them; two epochs, each
+    worker iterating its copy from the start, and the same random draws as torch's workers."""
+    lens = [7, 0, 5, 11]
+    for dataset in (ds.Shards(10), ds.Shards(lens=lens)):
+        want = epochs(torch.utils.data.DataLoader, dataset, num_workers=workers, **shape)
+        got = epochs(pinring_loader, dataset, num_workers=workers, **shape)
+        assert got == want
+        names = [n for e in got[:1] for b in e for n in (
+            [b["name"]] if shape.get("batch_size", 1) is None else b["name"])]
+        per_worker = [lens[w] for w in range(max(1, workers))] if dataset.lens else (
+            [10] * max(1, workers))
+        if not shape.get("drop_last"):
+            assert len(names) == sum(per_worker), "every sample once"
+            assert len(set(names)) == len(names)
+
+
+def test_a_batch_cut_into_parts_keeps_its_rows_in_order():
+    """Samples of 1 MiB in batches of 16: the ring cuts each batch into parts, which a worker
+    claims in any order; each part holds its own rows of the worker's batch."""
+    dataset = ds.Shards(lens=[21, 9], big=1 << 20)
+    torch.manual_seed(0)
+    dl = pinring_loader(dataset, batch_size=16, num_workers=2)
+    got = []
+    for b in dl:
+        assert dl._consumer.parts_per_batch > 1, "the premise: batches in several parts"
+        got.append((b["x"].tolist(), b["blob"][:, :2].tolist(), b["name"]))
+    dl.close()
+    torch.manual_seed(0)
+    want = [(b["x"].tolist(), b["blob"][:, :2].tolist(), b["name"])
+            for b in torch.utils.data.DataLoader(dataset, batch_size=16, num_workers=2)]
+    assert got == want
+    assert [len(x) for x, _, _ in got] == [16, 9, 5]
+
+
+def test_a_part_taken_back_after_its_lease_is_written_again_from_the_same_samples():
+    """A worker slower than the lease: the daemon takes its part back and hands the seq out
+    again; the worker writes the batch it already drew from its stream again (a stream cannot
+    be drawn twice), so nothing is lost or repeated."""
+    dataset = ds.Shards(lens=[4, 4], slow=0.06)
+    got = epochs(pinring_loader, dataset, n=1, batch_size=2, num_workers=2, lease_ms=20)
+    want = epochs(torch.utils.data.DataLoader, dataset, n=1, batch_size=2, num_workers=2)
+    assert got == want
+
+
+def test_every_stream_empty_yields_nothing():
+    dl = pinring_loader(ds.Shards(lens=[0, 0]), batch_size=2, num_workers=2)
+    assert list(dl) == [] and list(dl) == []
+    dl.close()
+    assert list(pinring_loader(ds.Shards(0), batch_size=2)) == []
+
+
+def test_a_worker_killed_is_an_error_naming_it_not_a_restart():
+    dl = pinring_loader(ds.Shards(lens=[6, 6, 6], kill_at=(1, 3)), batch_size=2,
+                        num_workers=3, max_worker_restarts=5)
+    seen = []
+    with pytest.raises(pinring.PeerDied) as e:
+        for b in dl:
+            seen.extend(b["name"])
+    dl.close()
+    text = str(e.value)
+    assert "worker 1 was killed by SIGKILL" in text, text
+    assert "not restarted" in text, text
+    assert len(seen) == len(set(seen)), "nothing yielded twice"
+    assert not any(n.startswith("w1-") and int(n[3:]) >= 3 for n in seen)
+
+
+def test_an_exception_in_a_workers_stream_is_raised_naming_the_worker():
+    dl = pinring_loader(ds.Shards(lens=[6, 6], raise_at=(1, 2)), batch_size=2, num_workers=2)
+    with pytest.raises(KeyError) as e:
+        list(dl)
+    dl.close()
+    text = str(e.value)
+    assert "worker 1" in text and "no sample 2 in shard 1" in text, text
+    assert "while iterating its dataset" in text, text
+
+
+def test_torchs_refusals_and_pinrings_for_an_iterable_dataset():
+    for bad, words in ((dict(shuffle=True), "expected unspecified shuffle option"),
+                       (dict(sampler=range(4)), "expected unspecified sampler option"),
+                       (dict(batch_sampler=[[0, 1]]), "expected unspecified batch_sampler"),
+                       (dict(ring="gpu0"), "no plan of sample indices to attach to"),
+                       (dict(rank=0, world_size=2), "get_worker_info")):
+        with pytest.raises(ValueError, match=words):
+            pinring_loader(ds.Shards(4), **bad)
+    dl = pinring_loader(ds.Shards(4), batch_size=2)
+    with pytest.raises(ValueError, match="IterableDataset"):
+        dl.state_dict()
+    with pytest.raises(TypeError):
+        len(dl)  # as torch's: the dataset has no len()
+    sized = pinring_loader(ds.SizedShards(5), batch_size=3)
+    assert len(sized) == len(torch.utils.data.DataLoader(ds.SizedShards(5), batch_size=3)) == 7
+    sized = pinring_loader(ds.SizedShards(5), batch_size=3, drop_last=True)
+    assert len(sized) == 6
