@@ -337,3 +337,27 @@ class Shards(torch.utils.data.IterableDataset):
 class SizedShards(Shards):
     def __len__(self):
         return 4 * self.n
+
+
+class StatefulShards(Shards):
+    """``Shards`` keeping torchdata's ``Stateful`` protocol: its state is the position in the
+    worker's shard, and iterating starts there (so a loader that skipped the samples drawn
+    before as well as loading the state would skip them twice)."""
+
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self.pos = 0
+
+    def state_dict(self):
+        return {"pos": self.pos}
+
+    def load_state_dict(self, state):
+        self.pos = state["pos"]
+
+    def __iter__(self):
+        start = self.pos
+        for k, sample in enumerate(super().__iter__()):
+            if k < start:
+                continue
+            self.pos = k + 1
+            yield sample

@@ -4,9 +4,14 @@ DataLoader on the same dataset: each worker iterates its own copy with torch's
 workers' random draws included), short last batches are kept or dropped as torch's, and a
 worker that dies or raises is an error naming it, never a silent loss or duplicate."""
 
+import os
+
 import pytest
 
 torch = pytest.importorskip("torch")
+
+# The host backend in CI; PINRING_TEST_DEVICE=cuda runs the same tests on a GPU.
+DEVICE = os.environ.get("PINRING_TEST_DEVICE", "cpu")
 
 import pinring  # noqa: E402
 from pinring.torch import DataLoader  # noqa: E402
@@ -22,7 +27,7 @@ def epochs(make, dataset, n=2, **kw):
     out = []
     try:
         for _ in range(n):
-            out.append([{k: v.tolist() if isinstance(v, torch.Tensor) else v
+            out.append([{k: v.cpu().tolist() if isinstance(v, torch.Tensor) else v
                          for k, v in b.items()} for b in dl])
     finally:
         if isinstance(dl, DataLoader):
@@ -31,7 +36,7 @@ def epochs(make, dataset, n=2, **kw):
 
 
 def pinring_loader(dataset, **kw):
-    return DataLoader(dataset, device="cpu", **kw)
+    return DataLoader(dataset, device=DEVICE, **kw)
 
 
 SHAPES = [
@@ -71,7 +76,7 @@ def test_a_batch_cut_into_parts_keeps_its_rows_in_order():
     got = []
     for b in dl:
         assert dl._consumer.parts_per_batch > 1, "the premise: batches in several parts"
-        got.append((b["x"].tolist(), b["blob"][:, :2].tolist(), b["name"]))
+        got.append((b["x"].cpu().tolist(), b["blob"][:, :2].cpu().tolist(), b["name"]))
     dl.close()
     torch.manual_seed(0)
     want = [(b["x"].tolist(), b["blob"][:, :2].tolist(), b["name"])
@@ -131,11 +136,53 @@ def test_torchs_refusals_and_pinrings_for_an_iterable_dataset():
         with pytest.raises(ValueError, match=words):
             pinring_loader(ds.Shards(4), **bad)
     dl = pinring_loader(ds.Shards(4), batch_size=2)
-    with pytest.raises(ValueError, match="IterableDataset"):
-        dl.state_dict()
     with pytest.raises(TypeError):
         len(dl)  # as torch's: the dataset has no len()
     sized = pinring_loader(ds.SizedShards(5), batch_size=3)
     assert len(sized) == len(torch.utils.data.DataLoader(ds.SizedShards(5), batch_size=3)) == 7
     sized = pinring_loader(ds.SizedShards(5), batch_size=3, drop_last=True)
     assert len(sized) == 6
+
+
+@pytest.mark.parametrize("workers", [0, 2, 3])
+@pytest.mark.parametrize("make", [ds.Shards, ds.StatefulShards], ids=["replayed", "stateful"])
+def test_a_state_saved_mid_epoch_resumes_each_stream_where_it_stood(workers, make):
+    """Batches up to a state saved mid-epoch, then a new loader from that state: together
+    torch's epoch, each sample once. A ``Stateful`` dataset goes on from its own state; any
+    other is drawn again from its start in each worker, and the samples drawn before skipped.
+    Saved after one stream ended (worker 1 of [7, 2, 5]) and before others started."""
+    def names(batches):
+        return [n for b in batches for n in b["name"]]
+
+    lens = [7, 2, 5]
+    want = names(epochs(torch.utils.data.DataLoader, make(lens=lens), n=1, batch_size=2,
+                        num_workers=workers)[0])
+    for stop in (1, 4):
+        dl = pinring_loader(make(lens=lens), batch_size=2, num_workers=workers)
+        first = []
+        for b in dl:
+            first.append(b)
+            if len(first) == stop:
+                state = dl.state_dict()
+                break
+        dl.close()
+        again = pinring_loader(make(lens=lens), batch_size=2, num_workers=workers)
+        again.load_state_dict(state)
+        rest = list(again)
+        assert names(first) + names(rest) == want, stop
+        # The next for is a whole epoch again (the workers' copies start afresh; without
+        # workers the loop iterates the one dataset, whose own state stays at its end, as
+        # torch's single-process loop leaves it).
+        if workers or make is ds.Shards:
+            assert names(list(again)) == want
+        again.close()
+
+
+def test_a_state_of_another_stream_is_refused():
+    dl = pinring_loader(ds.Shards(4), batch_size=2, num_workers=2)
+    state = dl.state_dict()
+    other = pinring_loader(ds.Shards(4), batch_size=3, num_workers=2)
+    with pytest.raises(pinring.RefusedError, match="batch_size 2"):
+        other.load_state_dict(state)
+    with pytest.raises(ValueError, match="what state_dict"):
+        other.load_state_dict({"seq": 0, "fingerprint": 1})

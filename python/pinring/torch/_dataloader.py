@@ -22,7 +22,8 @@ from pinring.torch._layout import layout_of as _layout_of
 from pinring.torch._layout import sample_layout
 from pinring.torch._orders import OrderTable
 from pinring.torch._pool import STOP_GRACE, WorkerPool, _reraise
-from pinring.torch._stream import STREAM_EPOCH_BATCHES, STREAM_EPOCHS, EndTable, StreamBook, first_sample, stream_plan
+from pinring.torch._stream import (STREAM_EPOCH_BATCHES, STREAM_EPOCHS, EndTable, StreamBook,
+                                   StreamState, first_sample, stateful, stream_plan)
 from pinring.torch._worker import _POLL, _Worker, _WorkerArgs
 
 log = logging.getLogger("pinring.torch")
@@ -387,9 +388,13 @@ class DataLoader(Generic[_T_co]):
         # references to their tensors (_copy_out moves them out when every buffer is held).
         self._lent: deque[List[weakref.ref[torch.Tensor]]] = deque()
         self._warned_copy = False
-        # An iterable dataset's end table (_stream.EndTable) and its memfd, for one for.
+        # An iterable dataset's end table (_stream.EndTable) and its memfd, for one for; the
+        # book of the for under way; a state loaded for the next for, and while it starts.
         self._ends: Optional[EndTable] = None
         self._ends_fd: Optional[int] = None
+        self._book: Optional[StreamBook] = None
+        self._stream_resume: Optional[StreamState] = None
+        self._resuming: Optional[StreamState] = None
         self._generator = generator
         _warn_on_workers_beyond_cpus(self.num_workers)
         self._initialized = True
@@ -426,12 +431,16 @@ class DataLoader(Generic[_T_co]):
             import numpy as np
 
             states = (torch.random.get_rng_state(), random.getstate(), np.random.get_state())
+            # So is a Stateful dataset's own state: the loop iterates it from where it was.
+            saved = self.dataset.state_dict() if stateful(self.dataset) else None
             try:
                 found, sample = first_sample(self.dataset, 0, 0, lambda w, s: None)
             finally:
                 torch.random.set_rng_state(states[0])
                 random.setstate(states[1])
                 np.random.set_state(states[2])
+                if saved is not None:
+                    self.dataset.load_state_dict(saved)
             if found:
                 self._layout = sample_layout(sample, self.collate_fn, self._unbatched,
                                              self._str_bytes)
@@ -791,6 +800,8 @@ class DataLoader(Generic[_T_co]):
             unbatched=self._unbatched,
             stream=None if self._ends_fd is None else (
                 _memfd.path(self._ends_fd, os.getpid()), self._plan_batch or 1, self.drop_last,
+                0 if self._resuming is None else self._resuming.next_batch,
+                None if self._resuming is None else self._resuming.place(worker_id),
             ),
         )
         return _Worker(self._zygote, args, reports, stop_flag)
@@ -946,16 +957,28 @@ class DataLoader(Generic[_T_co]):
         its copy from the start; the workers' batches round-robin, short ones cut, the empty
         ones after a stream's end skipped (``_stream``)."""
         self._stop()
-        # As torch's DataLoader, for each iterator: the workers' base seed, one draw from the
-        # generator or torch's RNG.
-        self._worker_seed = int(
-            torch.empty((), dtype=torch.int64).random_(generator=self._generator).item()
-        )
+        resume, self._stream_resume = self._stream_resume, None
+        if resume is not None:
+            self._worker_seed = resume.seed
+        else:
+            # As torch's DataLoader, for each iterator: the workers' base seed, one draw from
+            # the generator or torch's RNG.
+            self._worker_seed = int(
+                torch.empty((), dtype=torch.int64).random_(generator=self._generator).item()
+            )
         if self._infer_stream() is None:
             return  # every worker's stream is empty
-        self._start(0)
+        self._resuming = resume
+        try:
+            self._start(0 if resume is None else resume.next_batch * self._shape()[1])
+        finally:
+            self._resuming = None
         assert self._ends is not None
-        book = StreamBook(self._ends, self._plan_batch or 1)
+        book = StreamBook(self._ends, self._plan_batch or 1,
+                          done=None if resume is None else set(resume.done))
+        if resume is not None:
+            book.next_batch = resume.next_batch
+        self._book = book
         try:
             while not book.finished:
                 try:
@@ -971,6 +994,11 @@ class DataLoader(Generic[_T_co]):
                         "stream sooner, or iterate it in several for loops"
                     )
                 rows = book.rows(int(b.batch))
+                assert self._pool is not None
+                # The workers' reports of their streams' places, taken as they come: a worker
+                # whose reports were left unread would wait on a full socket.
+                self._pool.read_reports()
+                self._pool.forget_states(int(b.batch) % max(1, self.num_workers), int(b.batch))
                 if rows == 0:
                     b.release()
                     del b
@@ -980,8 +1008,29 @@ class DataLoader(Generic[_T_co]):
                 yield self._convert(box, rows)
             self._check_workers(restart=False)
         finally:
-            # The for is over (or left): its workers and ring go; the next for makes new ones.
+            # The for is over (or left): its workers and ring go; the next for makes new ones
+            # (after a loop left early, where it stood is the next for's start, as torch's
+            # next iterator starts again; a state saved in it resumes there).
+            self._book = None
             self._stop()
+
+    def _stream_meta(self) -> Dict[str, Any]:
+        """What a saved stream state must have been saved under."""
+        return {"workers": max(1, self.num_workers), "batch_size": self._plan_batch or 1,
+                "drop_last": bool(self.drop_last), "dataset": type(self.dataset).__qualname__}
+
+    def _book_state(self) -> StreamState:
+        """Where the for under way stands (the next for's start between fors)."""
+        book, pool = self._book, self._pool
+        if book is None or pool is None:
+            return StreamState(self._stream_meta(), 0, self._worker_seed, [], {})
+        states = {}
+        for w, batch in book.last.items():
+            if w not in book.done:
+                # Sent by the worker before it committed the batch, so read by now.
+                states[w] = pool.states[w][batch]
+        return StreamState(self._stream_meta(), book.next_batch, self._worker_seed,
+                           sorted(book.done), states)
 
     def _iter_plan(self) -> Iterator[Any]:
         bpe, ppb = self._shape()
@@ -1117,13 +1166,16 @@ class DataLoader(Generic[_T_co]):
 
     # -- checkpoints ---------------------------------------------------------------------
 
-    def _refuse_state_of_stream(self, call: str) -> None:
+    def state_dict(self) -> Dict[str, Any]:
+        """Where the next batch comes from: ``{"seq": ..., "fingerprint": ...}``; over an
+        iterable dataset, each worker's place in its stream (``_stream.StreamState``)."""
         if self._stream:
-            raise _stream_state_error(call)
-
-    def state_dict(self) -> Dict[str, int]:
-        """Where the next batch comes from: ``{"seq": ..., "fingerprint": ...}``."""
-        self._refuse_state_of_stream("state_dict()")
+            if self._book is not None and self._pool is not None:
+                self._pool.read_reports()
+                return self._book_state().saved()
+            if self._stream_resume is not None:
+                return self._stream_resume.saved()
+            return self._book_state().saved()  # between fors: the next for's start
         if self._consumer is not None:
             seq, fp = self._consumer.state()
             return {"seq": seq, "fingerprint": fp}
@@ -1133,22 +1185,18 @@ class DataLoader(Generic[_T_co]):
             "the loader is not running: state_dict() is known from the first for until close()"
         )
 
-    def load_state_dict(self, state: Dict[str, int]) -> None:
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Resumes at a saved state: the next batch is the one at ``state["seq"]``; a state of
-        another plan is refused when the loader starts."""
-        self._refuse_state_of_stream("load_state_dict()")
+        another plan is refused when the loader starts. Over an iterable dataset: the next
+        ``for`` goes on where each worker's stream stood."""
+        if self._stream:
+            self._stop()
+            self._stream_resume = StreamState.load(state, self._stream_meta())
+            return
         resume = checked_state(state)
         self._stop()
         self._resume = resume
         self._rest_of_state = True
-
-
-def _stream_state_error(call: str) -> _native.UsageError:
-    return _native.UsageError(
-        f"pinring.torch.DataLoader.{call} over an IterableDataset: where the loop stands is the "
-        "place of each worker in its own copy of the stream, which pinring does not save; save "
-        "the dataset's own position, or use a map-style dataset to resume mid-epoch"
-    )
 
 
 def dataset_table(dataset: Any, collate_fn: Optional[Callable[[List[Any]], Any]] = None,

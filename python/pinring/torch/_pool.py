@@ -42,6 +42,8 @@ class WorkerPool:
         self._lease_text = lease_text
         # An iterable dataset's workers: never restarted (_stream; a dead one is an error).
         self.stream = stream
+        # Their streams' places after each batch: worker -> batch -> snapshot (_stream).
+        self.states: Dict[int, Dict[int, Any]] = {}
         self.workers: List[_Worker] = []
         self.done: Set[int] = set()  # ids of workers that saw the plan end
         # Why a worker left: the ring's error under its claim (its type, its report).
@@ -146,12 +148,23 @@ class WorkerPool:
                 "failure (the ring's daemon gone or stopped) must be fixed first"
             ))
 
+    def forget_states(self, worker: int, batch: int) -> None:
+        """Drops worker ``worker``'s stream places older than ``batch`` (its batch just taken:
+        a state saved from now on names this one or a later one)."""
+        states = self.states.get(worker)
+        if states:
+            for b in [b for b in states if b < batch]:
+                del states[b]
+
     def read_reports(self) -> None:
         """Takes every report the workers sent; raises a worker's exception."""
         while not self.reports.empty():
             worker_id, kind, index, exc_type, message = self.reports.get()
             if kind == "done":
                 self.done.add(worker_id)
+                continue
+            if kind == "state":
+                self.states.setdefault(worker_id, {})[index] = exc_type
                 continue
             if kind == "ring":
                 self.left[worker_id] = (exc_type, message)

@@ -103,14 +103,20 @@ class StreamBook:
     """The training process's reading of one ``for``: for each batch that reaches it, how many
     of its rows to yield, and whether every worker's stream has ended."""
 
-    def __init__(self, table: EndTable, batch_size: int) -> None:
+    def __init__(self, table: EndTable, batch_size: int,
+                 done: Optional[set[int]] = None) -> None:
         self.table = table
         self.batch_size = batch_size
-        self.done: set[int] = set()
+        self.done: set[int] = set() if done is None else set(done)
+        # Each worker's last batch taken (yielded or skipped), and the batch after the last.
+        self.last: Dict[int, int] = {}
+        self.next_batch = 0
 
     def rows(self, batch: int) -> int:
         """Rows of ``batch`` to yield (0: skip it); marks its worker done at its end."""
         w = batch % self.table.workers
+        self.last[w] = batch
+        self.next_batch = batch + 1
         ended = self.table.ended(w)
         if ended is None or batch < ended[0]:
             return self.batch_size
@@ -122,20 +128,68 @@ class StreamBook:
         return len(self.done) == self.table.workers
 
 
+def stateful(obj: Any) -> bool:
+    """Whether ``obj`` keeps torchdata's ``Stateful`` protocol (``state_dict()`` and
+    ``load_state_dict(state)``)."""
+    return callable(getattr(obj, "state_dict", None)) and callable(
+        getattr(obj, "load_state_dict", None))
+
+
 class StreamMaker:
     """A worker's stream, cut into its batches: batch ``b`` (``b % workers == worker``) is the
     worker's ``(b - worker) // workers``-th. Batches are drawn from the stream in order, as far
     as the part claimed needs, and kept until each of their parts was committed (a part the
-    daemon took back after its lease is claimed again, and written again from what is kept)."""
+    daemon took back after its lease is claimed again, and written again from what is kept).
+
+    After each batch drawn, ``report(batch, snapshot)`` is told where the stream stands:
+    ``{"drawn": samples drawn, "ended": bool}``, with the dataset's and its iterator's own
+    ``state_dict()`` where they are ``Stateful``. A maker made from such a snapshot
+    (``restore``, with ``first_batch`` its first batch) goes on from there: the dataset's and
+    iterator's states loaded where they were saved, else the stream drawn again from its start
+    and the samples drawn before skipped."""
 
     def __init__(self, dataset: Any, worker: int, workers: int, batch_size: int,
-                 drop_last: bool, table: EndTable) -> None:
+                 drop_last: bool, table: EndTable,
+                 report: Callable[[int, Dict[str, Any]], None] = lambda b, s: None,
+                 first_batch: int = 0, restore: Optional[Dict[str, Any]] = None) -> None:
         self.worker, self.workers = worker, workers
         self.batch_size, self.drop_last = batch_size, drop_last
         self.table = table
-        self.it: Optional[Any] = iter(dataset)
-        self.next_round = 0
+        self.dataset = dataset
+        self.report = report
+        # The first round whose batch is first_batch or later.
+        self.next_round = max(0, -(-(first_batch - worker) // workers))
         self.kept: Dict[int, Tuple[List[Any], int]] = {}  # batch -> (samples, rows committed)
+        self.drawn = 0
+        self.it: Optional[Any] = None
+        if restore is not None and restore.get("ended"):
+            return
+        if restore is not None and "dataset" in restore and stateful(dataset):
+            dataset.load_state_dict(restore["dataset"])
+        self.it = iter(dataset)
+        if restore is None:
+            return
+        self.drawn = int(restore["drawn"])
+        if "iter" in restore and stateful(self.it):
+            self.it.load_state_dict(restore["iter"])
+        elif "dataset" not in restore or not stateful(dataset):
+            # Neither keeps a state: the stream again from its start, the samples drawn before
+            # skipped (torchdata's StatefulDataLoader does the same).
+            for _ in range(self.drawn):
+                try:
+                    next(self.it)
+                except StopIteration:
+                    self.it = None
+                    break
+
+    def snapshot(self) -> Dict[str, Any]:
+        """Where the stream stands (see the class)."""
+        state: Dict[str, Any] = {"drawn": self.drawn, "ended": self.it is None}
+        if stateful(self.dataset):
+            state["dataset"] = self.dataset.state_dict()
+        if self.it is not None and stateful(self.it):
+            state["iter"] = self.it.state_dict()
+        return state
 
     def samples(self, batch: int, loading: Callable[[int], None]) -> List[Any]:
         """The samples of batch ``batch`` (fewer than ``batch_size`` at the stream's end, none
@@ -152,6 +206,7 @@ class StreamMaker:
                 loading(self.next_round * self.batch_size + len(got))
                 try:
                     got.append(next(self.it))
+                    self.drawn += 1
                 except StopIteration:
                     self.it = None
             if self.it is None and len(got) < self.batch_size:
@@ -161,6 +216,7 @@ class StreamMaker:
                     self.table.end(self.worker, made, len(got))
             self.kept[made] = (got, 0)
             self.next_round += 1
+            self.report(made, self.snapshot())
         if batch not in self.kept:
             raise _native.InternalError(
                 f"worker {self.worker}: batch {batch} was claimed after all its parts were "
@@ -176,6 +232,52 @@ class StreamMaker:
             del self.kept[batch]
         else:
             self.kept[batch] = (samples, done)
+
+
+class StreamState:
+    """Where a for over an iterable dataset stands: the next batch, the workers' base seed,
+    the workers whose streams ended, and each other worker's place after its last batch taken
+    (``StreamMaker.snapshot``; a worker with no batch taken yet starts from its stream's
+    start). ``meta``: the workers, batch size, drop_last and dataset type it was saved under."""
+
+    def __init__(self, meta: Dict[str, Any], next_batch: int, seed: int, done: List[int],
+                 states: Dict[int, Dict[str, Any]]) -> None:
+        self.meta, self.next_batch, self.seed = meta, next_batch, seed
+        self.done, self.states = done, states
+
+    def saved(self) -> Dict[str, Any]:
+        """The state as ``DataLoader.state_dict()`` returns it (plain data: picklable, and
+        ``torch.save``-able)."""
+        return {"stream": {**self.meta, "next_batch": self.next_batch, "seed": self.seed,
+                           "done": list(self.done),
+                           "states": {int(w): s for w, s in self.states.items()}}}
+
+    def place(self, worker: int) -> Optional[Dict[str, Any]]:
+        """Worker ``worker``'s place to go on from (None: its stream's start)."""
+        if worker in self.done:
+            return {"ended": True}
+        return self.states.get(worker)
+
+    @classmethod
+    def load(cls, state: Any, meta: Dict[str, Any]) -> "StreamState":
+        """A state ``saved()`` made, checked against this loader's ``meta``."""
+        inner = state.get("stream") if isinstance(state, dict) else None
+        if not isinstance(inner, dict) or not {"next_batch", "seed", "done", "states"} <= set(inner):
+            raise _native.UsageError(
+                "pinring.torch.DataLoader.load_state_dict(): over an IterableDataset it takes "
+                "what state_dict() of such a loader returned ({'stream': {...}}), not "
+                f"{type(state).__name__} {sorted(state) if isinstance(state, dict) else ''}"
+            )
+        differs = [f"{k} {inner.get(k)!r} (this loader's: {v!r})"
+                   for k, v in meta.items() if inner.get(k) != v]
+        if differs:
+            raise _native.RefusedError(
+                "the state to resume from was saved by a loader over another stream: "
+                + ", ".join(differs) + "; make the loader as the one that saved it"
+            )
+        return cls(meta, int(inner["next_batch"]), int(inner["seed"]),
+                   [int(w) for w in inner["done"]],
+                   {int(w): s for w, s in inner["states"].items()})
 
 
 def first_sample(dataset: Any, workers: int, seed: int,

@@ -97,9 +97,10 @@ class _WorkerArgs(NamedTuple):
     orders: Optional[Tuple[str, int, int, int]] = None
     # batch_size=None: collate_fn (if any) converts each sample, as torch's does.
     unbatched: bool = False
-    # An IterableDataset (_stream): the end table's path, the batch size and drop_last; None: a
+    # An IterableDataset (_stream): the end table's path, the batch size, drop_last, the first
+    # batch of the for and the worker's saved place (a resumed state's, or None); None: a
     # map-style dataset, sample indices from the plan.
-    stream: Optional[Tuple[str, int, bool]] = None
+    stream: Optional[Tuple[str, int, bool, int, Optional[Dict[str, Any]]]] = None
 
 
 def _worker_main(args: _WorkerArgs, errors: Any, stop: Any) -> None:
@@ -142,10 +143,24 @@ def _worker_main(args: _WorkerArgs, errors: Any, stop: Any) -> None:
         thread = args.num_workers == 0
         layout = args.layout
         orders = None if args.orders is None else _Orders(*args.orders)
-        maker = None if args.stream is None else StreamMaker(
-            args.dataset, args.worker_id, workers, args.stream[1], args.stream[2],
-            EndTable.open(args.stream[0], workers),
-        )
+        def report(batch: int, snapshot: Dict[str, Any]) -> None:
+            size = len(pickle.dumps(snapshot))
+            if size > _STATE_MAX:
+                raise _native.UsageError(
+                    f"the state of worker {args.worker_id}'s stream after batch {batch} (its "
+                    f"dataset's or iterator's state_dict()) pickles to {size} bytes, over the "
+                    f"{_STATE_MAX} a worker may report: keep a position in it, not the data"
+                )
+            errors.put((args.worker_id, "state", batch, snapshot, ""))
+
+        maker = None
+        if args.stream is not None:
+            stage = "streaming"
+            maker = StreamMaker(
+                args.dataset, args.worker_id, workers, args.stream[1], args.stream[2],
+                EndTable.open(args.stream[0], workers), report=report,
+                first_batch=args.stream[3], restore=args.stream[4],
+            )
 
         def streaming(position: int) -> None:
             nonlocal index
@@ -248,6 +263,10 @@ def _worker_main(args: _WorkerArgs, errors: Any, stop: Any) -> None:
         )
         message += _fork_note(e)
         _put(errors, (args.worker_id, "error", index, type(e), message))
+
+
+# The largest state a worker's stream may report after a batch (pickled), within a report.
+_STATE_MAX = 60 * 1024
 
 
 def _layout_job(dataset: Any, collate_fn: Optional[Callable[[List[Any]], Any]],
