@@ -9,6 +9,9 @@ Cases (each a Dataset class that both loaders take as it is):
   captions  a text+image sample as a CLIP-style dataset returns it: a 3x224x224 u8 image (a
          row of a 16-sample base array), a caption str of 4-23 words, and 77 int64 token ids;
          batch 256. The captions reach the trainer as a list of str, with both loaders.
+  stream the captions case's samples from an IterableDataset (worker w of W yields samples w,
+         w + W, ...), batch 256, no shuffle: each worker iterates its own copy, and the batches
+         interleave round-robin with both loaders.
   jpeg   JPEG files (500x375, quality 90, made by this script first), decoded with PIL,
          torchvision's RandomResizedCrop(224) and RandomHorizontalFlip, returned as u8 HWC
          224x224x3 arrays with an int label; batch 256. The epoch is 400 batches long (index i
@@ -29,7 +32,7 @@ Output: a table of every run, OUT/torch_loader_CASE.csv (a row per run), a table
 worker count (torch's best configuration by median against pinring's median, with min-max), and
 one JSON line of it.
 
-Usage: torch_loader.py --case seed|captions|jpeg [--workers 4,8,12] [--pin 1,0] [--prefetch 2,4]
+Usage: torch_loader.py --case seed|captions|stream|jpeg [--workers 4,8,12] [--pin 1,0] [--prefetch 2,4]
                        [--batches N] [--warmup N] [--waves 3] [--repeat 1] [--images N]
                        [--out DIR] [--device cuda]
 """
@@ -121,6 +124,19 @@ class CaptionSamples(torch.utils.data.Dataset):
         caption = " ".join(_WORDS[(i * 7 + k) % len(_WORDS)] for k in range(4 + i % 20))
         return {"image": self.base[i % 16], "caption": caption,
                 "tokens": np.arange(77, dtype=np.int64) + i}
+
+
+class CaptionStream(torch.utils.data.IterableDataset):
+    """CaptionSamples' samples as a stream, split by torch's worker info."""
+
+    def __init__(self, n=65536):
+        self.samples = CaptionSamples(n)
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        w, workers = (0, 1) if info is None else (info.id, info.num_workers)
+        for i in range(w, len(self.samples), workers):
+            yield self.samples[i]
 
 
 def _tensors(batch):
@@ -249,7 +265,7 @@ def endless(loader):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--case", choices=["seed", "captions", "jpeg"], required=True)
+    ap.add_argument("--case", choices=["seed", "captions", "stream", "jpeg"], required=True)
     ap.add_argument("--workers", default="4,8,12")
     ap.add_argument("--pin", default="1,0")
     ap.add_argument("--prefetch", default="2,4")
@@ -271,6 +287,8 @@ def main():
         data, batch_size = SeedSamples(), 32
     elif a.case == "captions":
         data, batch_size = CaptionSamples(), 256
+    elif a.case == "stream":
+        data, batch_size = CaptionStream(), 256
     else:
         t = time.perf_counter()
         files = make_jpegs(tmp, a.images)
@@ -285,7 +303,7 @@ def main():
         makes one whole batch per wave, so a window of part of a wave would time a burst)."""
         if a.case == "seed":
             return a.warmup or 40, a.batches or 400
-        if a.case == "captions":
+        if a.case in ("captions", "stream"):
             return a.warmup or 2 * w, a.batches or max(60, a.waves * w)
         return a.warmup or 2 * w, a.batches or a.waves * w
 
@@ -302,6 +320,7 @@ def main():
             wr.writerows(rows)
 
     cpus = sorted(os.sched_getaffinity(0))
+    shuffle = None if a.case == "stream" else True  # an IterableDataset takes no shuffle
     rows = []
     for run_no in range(a.repeat):
         for w in [int(v) for v in a.workers.split(",")]:
@@ -316,7 +335,7 @@ def main():
             for pin in [bool(int(v)) for v in a.pin.split(",")]:
                 for pf in [int(v) for v in a.prefetch.split(",")]:
                     dl = torch.utils.data.DataLoader(
-                        data, batch_size=batch_size, shuffle=True, num_workers=w, pin_memory=pin,
+                        data, batch_size=batch_size, shuffle=shuffle, num_workers=w, pin_memory=pin,
                         prefetch_factor=pf, persistent_workers=True, drop_last=True,
                         multiprocessing_context="spawn", worker_init_fn=init,
                     )
@@ -332,7 +351,7 @@ def main():
                                  "affinity": int(a.affinity), **r})
                     print(rows[-1], flush=True)
                     save()
-            pl = PinringLoader(data, batch_size=batch_size, shuffle=True, num_workers=w,
+            pl = PinringLoader(data, batch_size=batch_size, shuffle=shuffle, num_workers=w,
                                drop_last=True, device=device, worker_init_fn=init)
             r = run(lambda: endless(pl), batches, warmup, device, log_dir, w)
             pl.close()
