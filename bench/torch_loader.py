@@ -9,6 +9,9 @@ Cases (each a Dataset class that both loaders take as it is):
   captions  a text+image sample as a CLIP-style dataset returns it: a 3x224x224 u8 image (a
          row of a 16-sample base array), a caption str of 4-23 words, and 77 int64 token ids;
          batch 256. The captions reach the trainer as a list of str, with both loaders.
+  ragged the captions case with token ids of 8-77 per sample (a variable-length field), batched
+         by the same padding collate_fn in both loaders (torch's runs it in its workers,
+         pinring in the training process, on the batch's tensors on the GPU).
   stream the captions case's samples from an IterableDataset (worker w of W yields samples w,
          w + W, ...), batch 256, no shuffle: each worker iterates its own copy, and the batches
          interleave round-robin with both loaders.
@@ -32,7 +35,7 @@ Output: a table of every run, OUT/torch_loader_CASE.csv (a row per run), a table
 worker count (torch's best configuration by median against pinring's median, with min-max), and
 one JSON line of it.
 
-Usage: torch_loader.py --case seed|captions|stream|jpeg [--workers 4,8,12] [--pin 1,0] [--prefetch 2,4]
+Usage: torch_loader.py --case seed|captions|ragged|stream|jpeg [--workers 4,8,12] [--pin 1,0] [--prefetch 2,4]
                        [--batches N] [--warmup N] [--waves 3] [--repeat 1] [--images N]
                        [--out DIR] [--device cuda]
 """
@@ -124,6 +127,25 @@ class CaptionSamples(torch.utils.data.Dataset):
         caption = " ".join(_WORDS[(i * 7 + k) % len(_WORDS)] for k in range(4 + i % 20))
         return {"image": self.base[i % 16], "caption": caption,
                 "tokens": np.arange(77, dtype=np.int64) + i}
+
+
+class RaggedCaptions(CaptionSamples):
+    """CaptionSamples with 8-77 token ids per sample."""
+
+    def __getitem__(self, i):
+        sample = super().__getitem__(i)
+        sample["tokens"] = sample["tokens"][:8 + (i * 37) % 70]
+        return sample
+
+
+def pad_captions(batch):
+    """The images stacked, the captions listed, the token ids padded to the batch's longest."""
+    from torch.nn.utils.rnn import pad_sequence
+
+    return {"image": torch.stack([torch.as_tensor(b["image"]) for b in batch]),
+            "caption": [b["caption"] for b in batch],
+            "tokens": pad_sequence([torch.as_tensor(b["tokens"]) for b in batch],
+                                   batch_first=True)}
 
 
 class CaptionStream(torch.utils.data.IterableDataset):
@@ -265,7 +287,7 @@ def endless(loader):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--case", choices=["seed", "captions", "stream", "jpeg"], required=True)
+    ap.add_argument("--case", choices=["seed", "captions", "ragged", "stream", "jpeg"], required=True)
     ap.add_argument("--workers", default="4,8,12")
     ap.add_argument("--pin", default="1,0")
     ap.add_argument("--prefetch", default="2,4")
@@ -289,6 +311,8 @@ def main():
         data, batch_size = CaptionSamples(), 256
     elif a.case == "stream":
         data, batch_size = CaptionStream(), 256
+    elif a.case == "ragged":
+        data, batch_size = RaggedCaptions(), 256
     else:
         t = time.perf_counter()
         files = make_jpegs(tmp, a.images)
@@ -303,7 +327,7 @@ def main():
         makes one whole batch per wave, so a window of part of a wave would time a burst)."""
         if a.case == "seed":
             return a.warmup or 40, a.batches or 400
-        if a.case in ("captions", "stream"):
+        if a.case in ("captions", "ragged", "stream"):
             return a.warmup or 2 * w, a.batches or max(60, a.waves * w)
         return a.warmup or 2 * w, a.batches or a.waves * w
 
@@ -321,6 +345,7 @@ def main():
 
     cpus = sorted(os.sched_getaffinity(0))
     shuffle = None if a.case == "stream" else True  # an IterableDataset takes no shuffle
+    collate = pad_captions if a.case == "ragged" else None
     rows = []
     for run_no in range(a.repeat):
         for w in [int(v) for v in a.workers.split(",")]:
@@ -337,7 +362,7 @@ def main():
                     dl = torch.utils.data.DataLoader(
                         data, batch_size=batch_size, shuffle=shuffle, num_workers=w, pin_memory=pin,
                         prefetch_factor=pf, persistent_workers=True, drop_last=True,
-                        multiprocessing_context="spawn", worker_init_fn=init,
+                        multiprocessing_context="spawn", worker_init_fn=init, collate_fn=collate,
                     )
                     try:
                         r = run(lambda: endless(dl), batches, warmup, device, log_dir, w)
@@ -352,7 +377,8 @@ def main():
                     print(rows[-1], flush=True)
                     save()
             pl = PinringLoader(data, batch_size=batch_size, shuffle=shuffle, num_workers=w,
-                               drop_last=True, device=device, worker_init_fn=init)
+                               drop_last=True, device=device, worker_init_fn=init,
+                               collate_fn=collate)
             r = run(lambda: endless(pl), batches, warmup, device, log_dir, w)
             pl.close()
             rows.append({"case": a.case, "run": run_no, "loader": "pinring", "workers": w, "pin": 1,

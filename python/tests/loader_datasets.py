@@ -361,3 +361,53 @@ class StatefulShards(Shards):
                 continue
             self.pos = k + 1
             yield sample
+
+
+class Tokens(torch.utils.data.Dataset):
+    """Variable-length fields: sample ``i`` holds ``tokens`` (``3 + 7i % 13`` int64 ids from
+    ``i``), ``boxes`` (``i % 4`` rows of 4 float32s, all ``i``: none for every fourth), a
+    caption str, a label int and a fixed 2x2 float32 ``img``. ``kill=(path, at)``: sample
+    ``at``'s first load kills its worker (SIGKILL), once (the marker file says it did)."""
+
+    def __init__(self, n=50, kill=None, long_at=None):
+        self.n, self.kill, self.long_at = n, kill, long_at
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if self.kill is not None and i == self.kill[1]:
+            try:
+                fd = os.open(self.kill[0], os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            except FileExistsError:
+                pass
+            else:
+                os.close(fd)
+                os.kill(os.getpid(), signal.SIGKILL)
+        length = 100_000 if i == self.long_at else 3 + (i * 7) % 13
+        return {"tokens": torch.arange(length, dtype=torch.int64) + i,
+                "boxes": np.full((i % 4, 4), i, np.float32), "caption": f"sample {i}",
+                "label": i, "img": np.full((2, 2), i, np.float32)}
+
+
+def pad_tokens(batch):
+    """A collate_fn that pads the batch's token ids to its longest, as NLP scripts do."""
+    from torch.nn.utils.rnn import pad_sequence
+
+    return {"tokens": pad_sequence([torch.as_tensor(b["tokens"]) for b in batch],
+                                   batch_first=True, padding_value=-1),
+            "lengths": torch.tensor([len(b["tokens"]) for b in batch]),
+            "boxes": [torch.as_tensor(b["boxes"]) for b in batch],
+            "caption": [b["caption"] for b in batch],
+            "label": torch.tensor([b["label"] for b in batch])}
+
+
+class TokenStream(torch.utils.data.IterableDataset):
+    """``Tokens``' samples as a stream, split by worker."""
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        w, n = (0, 1) if info is None else (info.id, info.num_workers)
+        samples = Tokens(30)
+        for i in range(w, len(samples), n):
+            yield samples[i]

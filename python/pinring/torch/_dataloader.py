@@ -18,12 +18,12 @@ from pinring import _device, _dist, _memfd, _native
 from pinring.loader import DEFAULT_EPOCHS, checked_state, torch_tensors
 from pinring.torch import _procs
 from pinring.torch._layout import _Layout, _rebuild
+from pinring.torch._layout import PROBES, samples_layout
 from pinring.torch._layout import layout_of as _layout_of
-from pinring.torch._layout import sample_layout
 from pinring.torch._orders import OrderTable
 from pinring.torch._pool import STOP_GRACE, WorkerPool, _reraise
 from pinring.torch._stream import (STREAM_EPOCH_BATCHES, STREAM_EPOCHS, EndTable, StreamBook,
-                                   StreamState, first_sample, stateful, stream_plan)
+                                   StreamState, first_samples, stateful, stream_plan)
 from pinring.torch._worker import _POLL, _Worker, _WorkerArgs
 
 log = logging.getLogger("pinring.torch")
@@ -168,6 +168,8 @@ class DataLoader(Generic[_T_co]):
         max_worker_restarts: int = 3,
         wait_for_ring: float = 30.0,
         str_bytes: Optional[int] = None,
+        ragged: Optional[List[str]] = None,
+        ragged_bytes: Optional[int] = None,
     ) -> None:
         del pin_memory, persistent_workers, pin_memory_device  # always pinned, always persistent
         # An IterableDataset: each worker iterates its own copy, batches interleave as torch's
@@ -263,6 +265,22 @@ class DataLoader(Generic[_T_co]):
                 "str_bytes out for four times dataset[0]'s string (at least 256)"
             )
         self._str_bytes = None if str_bytes is None else int(str_bytes)
+        if ragged_bytes is not None and not 8 <= int(ragged_bytes) <= 1 << 30:
+            raise _native.UsageError(
+                f"pinring.torch.DataLoader(ragged_bytes={ragged_bytes}): a ragged field's arena "
+                "holds 8 to 1073741824 bytes a sample: pass a number in that range, or leave "
+                "ragged_bytes out for twice the largest of the samples pinring looks at first"
+            )
+        if isinstance(ragged, str):
+            raise _native.UsageError(
+                f"pinring.torch.DataLoader(ragged={ragged!r}): pass a list of field names, "
+                f"ragged=[{ragged!r}]"
+            )
+        self._ragged: List[str] = [str(r) for r in (ragged or ())]
+        self._ragged_bytes = None if ragged_bytes is None else int(ragged_bytes)
+        # Where a ragged field may be (a collate_fn, or one sample a batch: torch's default
+        # collate stacks no other), the layout is learned from a few samples (_layout.PROBES).
+        self._probe = collate_fn is not None or batch_size is None or batch_size == 1
         if num_workers < 0:
             raise _native.UsageError(f"num_workers must be >= 0, not {num_workers}")
         if timeout < 0:
@@ -434,16 +452,17 @@ class DataLoader(Generic[_T_co]):
             # So is a Stateful dataset's own state: the loop iterates it from where it was.
             saved = self.dataset.state_dict() if stateful(self.dataset) else None
             try:
-                found, sample = first_sample(self.dataset, 0, 0, lambda w, s: None)
+                samples = first_samples(self.dataset, 0, 0, lambda w, s: None,
+                                        PROBES if self._probe else 1)
             finally:
                 torch.random.set_rng_state(states[0])
                 random.setstate(states[1])
                 np.random.set_state(states[2])
                 if saved is not None:
                     self.dataset.load_state_dict(saved)
-            if found:
-                self._layout = sample_layout(sample, self.collate_fn, self._unbatched,
-                                             self._str_bytes)
+            if samples:
+                self._layout = samples_layout(samples, self.collate_fn, self._unbatched,
+                                              self._str_bytes, self._ragged, self._ragged_bytes)
         elif self._layout is None:
             self._layout = self._infer_in_worker(stream=True)
         return self._layout
@@ -452,7 +471,8 @@ class DataLoader(Generic[_T_co]):
         if self._layout is None:
             if self.num_workers == 0:
                 self._layout = _layout_of(self.dataset, self.collate_fn, self._unbatched,
-                                          self._str_bytes)
+                                          self._str_bytes, self._ragged, self._ragged_bytes,
+                                          self._probe)
                 return self._layout
             self._layout = self._infer_in_worker(stream=False)
         assert self._layout is not None
@@ -465,7 +485,9 @@ class DataLoader(Generic[_T_co]):
         try:
             kind, what, text = zygote.layout(
                 {"num_workers": self.num_workers, "seed": self._worker_seed & (2**63 - 1),
-                 "unbatched": self._unbatched, "str_bytes": self._str_bytes, "stream": stream},
+                 "unbatched": self._unbatched, "str_bytes": self._str_bytes, "stream": stream,
+                 "ragged": self._ragged, "ragged_bytes": self._ragged_bytes,
+                 "probe": self._probe},
                 wait=self.timeout or None,
             )
         except BaseException:
@@ -625,7 +647,10 @@ class DataLoader(Generic[_T_co]):
         """(batches per epoch, seqs per batch) of the plan, before anything starts."""
         if self._bpe is None or self._ppb is None:
             if self._attached_ring is None:
-                info = _native.check_config(self._config("plan"), "pinring.torch.DataLoader")
+                # Resolved as the embedded ring's config is (_ring_toml): the slots for the
+                # workers decide "auto"'s slot size, and with it the parts of a batch.
+                info = _native.check_config(self._config("plan"), "pinring.torch.DataLoader",
+                                            workers=self.num_workers)
             else:
                 c = _native.Consumer(self._attached_ring, wait_for_ring=self.wait_for_ring)
                 try:
@@ -682,6 +707,13 @@ class DataLoader(Generic[_T_co]):
                 self._ring_name, wait_for_ring=self.wait_for_ring, path=self._ring_path,
             )
             self._ring_settings = _native.config_settings(self._consumer.config)
+            shape = (self._consumer.batches_per_epoch, self._consumer.parts_per_batch)
+            if self._bpe is not None and shape != (self._bpe, self._ppb):
+                raise _native.InternalError(
+                    f"ring {self._ring_name!r} has {shape[0]} batches an epoch in {shape[1]} "
+                    f"parts each, where this loader planned {self._bpe} in {self._ppb}: a bug "
+                    "in pinring (the ring's config was resolved otherwise than the plan's)"
+                )
         else:
             self._ring_name = self._attached_ring
             self._ring_path = None
@@ -1122,7 +1154,15 @@ class DataLoader(Generic[_T_co]):
         del b, fields
         while self._lent and not any(r() is not None for r in self._lent[0]):
             self._lent.popleft()
-        self._lent.append([weakref.ref(t) for t in tensors if isinstance(t, torch.Tensor)])
+        if layout.any_ragged and self.batch_size == 1:
+            # One sample a batch: as torch's collate stacks one, whatever its shape.
+            tensors = [t[0].unsqueeze(0) if leaf.ragged else t
+                       for t, leaf in zip(tensors, layout.leaves)]
+        self._lent.append([weakref.ref(t) for t in _all_tensors(tensors)])
+        if layout.collate_in_trainer:
+            # A ragged field: the collate_fn on the whole batch's samples, here (the workers
+            # carried them as they are).
+            return _collate_here(layout, tensors, self.collate_fn, self._unbatched)
         if self._unbatched:
             # As torch's default_convert: the sample as it was, arrays as tensors, numbers as
             # Python numbers, no batch dimension.
@@ -1199,20 +1239,50 @@ class DataLoader(Generic[_T_co]):
         self._rest_of_state = True
 
 
+def _all_tensors(values: List[Any]) -> List[torch.Tensor]:
+    """The tensors among ``values`` and in their lists (a ragged field's)."""
+    out: List[torch.Tensor] = []
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            out.append(v)
+        elif isinstance(v, list):
+            out.extend(t for t in v if isinstance(t, torch.Tensor))
+    return out
+
+
+def _collate_here(layout: _Layout, tensors: List[Any], collate_fn: Any, unbatched: bool) -> Any:
+    """``collate_fn`` on the batch's samples rebuilt (the tree of each: its rows of the
+    arrays, its ragged arrays, its str, numbers as Python numbers), or on the one sample with
+    ``batch_size=None``."""
+    numbers = {k: t.cpu().tolist() for k, (t, n) in enumerate(zip(tensors, layout.numbers)) if n}
+    rows = len(tensors[0])
+    samples = [
+        _rebuild(layout.tree, [numbers[k][j] if k in numbers else t[j]
+                               for k, t in enumerate(tensors)])
+        for j in range(rows)
+    ]
+    return collate_fn(samples[0] if unbatched else samples)
+
+
 def dataset_table(dataset: Any, collate_fn: Optional[Callable[[List[Any]], Any]] = None,
-                  str_bytes: Optional[int] = None) -> str:
+                  str_bytes: Optional[int] = None, ragged: Optional[List[str]] = None,
+                  ragged_bytes: Optional[int] = None) -> str:
     """The ``[dataset]`` table of the config of a ``pinring-daemon --sink consumer`` service
     whose ring ``DataLoader(dataset, ring=...)`` fills, as TOML text: ``kind = "external"``,
     ``samples = len(dataset)`` and the ``fields`` of ``dataset[0]`` (or of
     ``collate_fn([dataset[0]])``) as the loader names and orders them. The names are the
     sample's dict keys, tuple positions and namedtuple fields (``image``, ``0``, ``meta.h``;
     ``sample`` for one array), declared largest element first; a str is a ``u8`` field of
-    ``str_bytes`` per sample (pass the DataLoader the same ``str_bytes``). Put it in the
+    ``str_bytes`` per sample (pass the DataLoader the same ``str_bytes``); a ragged array (its
+    shape varies) two fields, its arena and ``<name>-index`` (pass the same ``ragged`` and
+    ``ragged_bytes``). Put it in the
     service's config, beside its ``[ring]``, ``[plan]`` and ``[daemon]`` tables::
 
         print(pinring.torch.dataset_table(train_set))
     """
-    return _layout_of(dataset, collate_fn, str_bytes=str_bytes).dataset_table(len(dataset))
+    layout = _layout_of(dataset, collate_fn, str_bytes=str_bytes, ragged=ragged or (),
+                        ragged_bytes=ragged_bytes)
+    return layout.dataset_table(len(dataset))
 
 
 def _warn_on_workers_beyond_cpus(num_workers: int) -> None:

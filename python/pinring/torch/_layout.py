@@ -53,7 +53,15 @@ _ITEMSIZE = {"u8": 1, "i8": 1, "bool": 1, "i16": 2, "u16": 2, "f16": 2, "bf16": 
 class _Leaf(NamedTuple):
     path: str  # where it sits in the sample, for messages: "[0]", "['image']"
     dtype: str  # pinring's dtype name; "str" or "bytes" for those (carried as u8 [str_bytes])
-    shape: Tuple[int, ...]  # per sample; a str's: (str_bytes,)
+    # Per sample; a str's: (str_bytes,); a ragged array's: its share of the part's arena, in
+    # elements (ragged_bytes / itemsize).
+    shape: Tuple[int, ...]
+    # A ragged array's dimensions (its shape varies from sample to sample); -1: not ragged.
+    ndim: int = -1
+
+    @property
+    def ragged(self) -> bool:
+        return self.ndim >= 0
 
     @property
     def ring_dtype(self) -> str:
@@ -188,9 +196,14 @@ def _rebuild(tree: Any, tensors: Sequence[Any]) -> Any:
 
 
 class _Layout:
-    """Fields of a batch as inferred from one sample (or one collated part of one sample)."""
+    """Fields of a batch as inferred from one sample (or one collated part of one sample).
+    ``ragged``: the leaves whose shape varies from sample to sample (leaf number -> elements of
+    the part's arena per sample): each is carried packed (``_Packer``), and the batch holds a
+    list of its tensors."""
 
-    def __init__(self, sample: Any, collated: bool, str_bytes: Optional[int] = None) -> None:
+    def __init__(self, sample: Any, collated: bool, str_bytes: Optional[int] = None,
+                 ragged: Optional[Dict[int, int]] = None) -> None:
+        ragged = ragged or {}
         leaves: List[Any] = []
         paths: List[str] = []
         keys: List[Tuple[str, ...]] = []
@@ -200,7 +213,7 @@ class _Layout:
             isinstance(v, (bool, int, float)) and not isinstance(v, np.generic) for v in leaves
         ]
         self.leaves: List[_Leaf] = []
-        for value, path in zip(leaves, paths):
+        for i, (value, path) in enumerate(zip(leaves, paths)):
             where = path or "the sample"
             d = _describe(value)
             if d is None:
@@ -211,6 +224,9 @@ class _Layout:
                     "the field out)"
                 )
             dtype, shape = d
+            if i in ragged:
+                self.leaves.append(_Leaf(path, dtype, (ragged[i],), len(shape)))
+                continue
             if dtype in _ROWS:
                 if collated:
                     raise _native.UsageError(
@@ -234,7 +250,7 @@ class _Layout:
         # An array with no elements (shape [0], [3, 0]) has no bytes to carry: it is not a
         # field of the ring, and the trainer makes it (an empty tensor of the batch's rows,
         # torch's collate's shape) beside the batch's other fields. Workers still check it.
-        self.empty = [0 in leaf.shape for leaf in self.leaves]
+        self.empty = [0 in leaf.shape and not leaf.ragged for leaf in self.leaves]
         if all(self.empty):
             raise _native.UsageError(
                 "every array of dataset[0] is empty (a dimension of 0): nothing to batch; "
@@ -243,10 +259,29 @@ class _Layout:
         # Field names in the ring: the sample's keys and positions (_field_names). Fields are
         # declared largest element first, so every field's chunk in a slot starts aligned to
         # its element size.
-        order = sorted((i for i in range(len(self.leaves)) if not self.empty[i]),
-                       key=lambda i: -_ITEMSIZE[self.leaves[i].ring_dtype])
         self.names = _field_names(keys)
-        self.declared = [(self.names[i], self.leaves[i]) for i in order]
+        # A ragged leaf's second field: where each sample lies in the batch's arena, and its
+        # shape (i64 [1 + ndim]: element offset, then the dimensions).
+        self.index_names: Dict[int, str] = {}
+        for i, leaf in enumerate(self.leaves):
+            if leaf.ragged:
+                base = self.names[i][:_NAME_MAX - 6] + "-index"
+                name, n = base, 0
+                while name in self.names or name in self.index_names.values():
+                    n += 1
+                    name = f"{base[:_NAME_MAX - 1 - len(str(n))]}{n}"
+                self.index_names[i] = name
+        ring: List[Tuple[str, str, Tuple[int, ...]]] = []
+        for i, leaf in enumerate(self.leaves):
+            if not self.empty[i]:
+                ring.append((self.names[i], leaf.ring_dtype, leaf.shape))
+            if leaf.ragged:
+                ring.append((self.index_names[i], "i64", (1 + leaf.ndim,)))
+        self.declared = sorted(ring, key=lambda f: -_ITEMSIZE[f[1]])
+        self.any_ragged = bool(self.index_names)
+        # With a ragged field, a collate_fn runs in the training process on the whole batch's
+        # samples (the workers carry the samples as they are).
+        self.collate_in_trainer = False
 
     def tensors(self, fields: Dict[str, Any],
                 convert: Callable[[List[Any]], List[Any]],
@@ -255,16 +290,24 @@ class _Layout:
         ``convert``, and an empty tensor for each empty leaf, with the batch's rows, on the
         device of the others. ``rows``: only the first rows (a short batch of an iterable
         dataset; the rest were never written)."""
-        carried = convert([fields[name] for name, e in zip(self.names, self.empty) if not e])
+        names = [name for name, e in zip(self.names, self.empty) if not e]
+        names += list(self.index_names.values())
+        carried = convert([fields[name] for name in names])
         if rows is not None:
             carried = [t[:rows] for t in carried]
-        if not any(self.empty) and not any(leaf.dtype in _ROWS for leaf in self.leaves):
+        if not any(self.empty) and not any(leaf.dtype in _ROWS for leaf in self.leaves) and (
+                not self.any_ragged):
             return carried
         rows, device = carried[0].shape[0], carried[0].device
         out: List[Any] = []
         it = iter(carried)
-        for leaf, e in zip(self.leaves, self.empty):
-            if e:
+        # The index fields come after the others (names above); read back to the host once.
+        indices = {i: t.cpu().numpy() for i, t in zip(self.index_names,
+                                                      carried[len(carried) - len(self.index_names):])}
+        for k, (leaf, e) in enumerate(zip(self.leaves, self.empty)):
+            if leaf.ragged:
+                out.append(_unpack(next(it), indices[k], leaf, self.names[k]))
+            elif e:
                 out.append(torch.empty((rows, *leaf.shape), dtype=_TORCH_OF[leaf.dtype],
                                        device=device))
             elif leaf.dtype in _ROWS:
@@ -277,23 +320,39 @@ class _Layout:
 
     def ring_fields(self) -> List[Tuple[str, str, List[int]]]:
         """The ring's fields as (name, dtype, per-sample shape), in declared order."""
-        return [(name, leaf.ring_dtype, list(leaf.shape)) for name, leaf in self.declared]
+        return [(name, dtype, list(shape)) for name, dtype, shape in self.declared]
 
     def fields_data(self) -> List[Dict[str, Any]]:
         """The fields as the config's ``dataset.fields`` holds them."""
         return [
-            {"name": name, "dtype": leaf.ring_dtype, "shape": [int(d) for d in leaf.shape]}
-            for name, leaf in self.declared
+            {"name": name, "dtype": dtype, "shape": [int(d) for d in shape]}
+            for name, dtype, shape in self.declared
         ]
+
+    def part_views(self, fields: Dict[str, Any], torch_copies: bool) -> List[Any]:
+        """The writable views of a part's fields, in leaf order (``_write``'s): None for an
+        empty leaf, ``(arena, index)`` for a ragged one."""
+        views: List[Any] = []
+        for i, (name, empty) in enumerate(zip(self.names, self.empty)):
+            if empty:
+                views.append(None)
+            elif i in self.index_names:
+                views.append((np.from_dlpack(fields[name]).reshape(-1)
+                              if self.leaves[i].dtype != "bf16"
+                              else torch.utils.dlpack.from_dlpack(fields[name]).reshape(-1),
+                              np.from_dlpack(fields[self.index_names[i]])))
+            else:
+                views.append(_view(fields[name], torch_copies))
+        return views
 
     def dataset_table(self, samples: int) -> str:
         """The ``[dataset]`` table of a config whose ring these samples fit (``kind =
         "external"``, ``samples``, ``fields``), as TOML text; read back by pinring's parser
         before it is returned, so it is what a daemon reads."""
         rows = "".join(
-            f'    {{ name = "{name}", dtype = "{leaf.ring_dtype}", shape = '
-            f'[{", ".join(str(int(d)) for d in leaf.shape)}] }},\n'
-            for name, leaf in self.declared
+            f'    {{ name = "{name}", dtype = "{dtype}", shape = '
+            f'[{", ".join(str(int(d)) for d in shape)}] }},\n'
+            for name, dtype, shape in self.declared
         )
         text = f'[dataset]\nkind = "external"\nsamples = {int(samples)}\nfields = [\n{rows}]\n'
         read = _native.check_config(text, "pinring.torch.dataset_table")["fields"]
@@ -307,6 +366,15 @@ class _Layout:
         """Raises ``UsageError`` when ``value`` (of sample ``index``, or of a collated part of
         ``n`` samples) does not match the layout; returns a str or bytes leaf's bytes."""
         d = _describe(value)
+        if leaf.ragged:
+            if d is not None and d[0] == leaf.dtype and len(d[1]) == leaf.ndim:
+                return None
+            got = "a " + type(value).__name__ if d is None else f"{d[0]} of shape {list(d[1])}"
+            raise _native.UsageError(
+                f"{leaf.path or 'the sample'} of sample {index} is {got}, but it is a ragged "
+                f"field of {leaf.dtype} with {leaf.ndim} dimensions (any sizes): every sample "
+                "must give it that dtype and that many dimensions"
+            )
         if leaf.dtype in _ROWS and d == (leaf.dtype, ()):
             raw = _raw(value)
             holds = leaf.shape[0] - _STR_HEAD
@@ -331,10 +399,16 @@ class _Layout:
             got = f"{d[0]} of shape {list(d[1])}"
         want = (f"a {leaf.dtype}" if leaf.dtype in _ROWS
                 else f"{leaf.dtype} of shape {list(want_shape)}")
+        ragged = ""
+        if n is None and d is not None and d[0] == leaf.dtype and len(d[1]) == len(leaf.shape):
+            name = self.names[self.leaves.index(leaf)]
+            ragged = (f"; if its shape varies from sample to sample, pass "
+                      f"pinring.torch.DataLoader(..., ragged=[{name!r}]) (the samples pinring "
+                      "looked at first were alike)")
         raise _native.UsageError(
             f"{where} of {what} is {got}, but dataset[0] made it {want}: every sample must have "
             "the same fields, dtypes and shapes (pad, crop or resize in the dataset, or batch "
-            "them in a collate_fn that returns fixed shapes)"
+            f"them in a collate_fn that returns fixed shapes){ragged}"
         )
 
 
@@ -362,9 +436,67 @@ def _view(field: Any, torch_copies: bool = False) -> Any:
     return np.from_dlpack(field)
 
 
+class _Packer:
+    """Where the next sample of a part goes in each ragged field's arena: the part's arena is
+    its rows' shares (``rows`` x the leaf's elements per sample), filled from its start, each
+    sample's elements after the last; offsets are the batch's (``first`` rows before the
+    part), so the trainer needs nothing of the part."""
+
+    def __init__(self, first: int, rows: int) -> None:
+        self.first, self.rows = first, rows
+        self.used: Dict[int, int] = {}
+
+    def put(self, k: int, leaf: _Leaf, value: Any, arena: Any, index: Any, j: int,
+            sample: int, name: str) -> None:
+        """Packs ``value`` (leaf ``k`` of sample ``sample``, at row ``j``) into ``arena`` and
+        notes its offset and shape in ``index[j]``."""
+        flat = (value.detach().reshape(-1) if isinstance(value, torch.Tensor)
+                else np.ascontiguousarray(value).reshape(-1))
+        at = self.used.get(k, 0)
+        room = self.rows * leaf.shape[0]
+        count = int(flat.shape[0])
+        if at + count > room:
+            itemsize = _ITEMSIZE[leaf.dtype]
+            raise _native.UsageError(
+                f"{leaf.path or 'the sample'} of sample {sample} holds {count * itemsize} bytes, "
+                f"but the {self.rows}-sample batch part it is in has {(room - at) * itemsize} of "
+                f"field {name!r}'s arena left ({leaf.shape[0] * itemsize} bytes a sample, "
+                f"ragged_bytes): pass pinring.torch.DataLoader(..., ragged_bytes=N) with N at "
+                f"least {-(-count * itemsize // 64) * 64} (the arena is shared by the part's "
+                "samples: a part holds N bytes a sample on average)"
+            )
+        if isinstance(flat, torch.Tensor) and isinstance(arena, np.ndarray):
+            arena[at:at + count] = flat.numpy()
+        elif isinstance(arena, torch.Tensor):
+            arena[at:at + count] = torch.as_tensor(flat)
+        else:
+            arena[at:at + count] = flat
+        index[j, 0] = self.first * leaf.shape[0] + at
+        index[j, 1:] = tuple(value.shape)
+        self.used[k] = at + count
+
+
+def _unpack(arena: Any, index: Any, leaf: _Leaf, name: str) -> List[Any]:
+    """A ragged field's tensors in a batch: views of its arena (``[rows, share]``), where its
+    index (``[rows, 1 + ndim]``, on the host) says, each checked against the arena first."""
+    flat = arena.reshape(-1)
+    out = []
+    for j, (at, *shape) in enumerate(index.tolist()):
+        count = int(np.prod(shape)) if shape else 1
+        if at < 0 or min(shape, default=0) < 0 or at + count > flat.shape[0]:
+            raise _native.VerifyError(
+                f"row {j} of ragged field {name!r} says {count} elements at {at}, outside the "
+                f"batch's arena of {flat.shape[0]}: the ring's bytes were changed under the "
+                "batch; report it"
+            )
+        out.append(flat[at:at + count].view(shape))
+    return out
+
+
 def _write(layout: _Layout, value: Any, views: List[Any], j: Optional[int], index: int,
-           n: Optional[int]) -> None:
-    """Writes one sample (at row ``j``) or one collated part (``n`` rows) into the part."""
+           n: Optional[int], packer: Optional[_Packer] = None) -> None:
+    """Writes one sample (at row ``j``) or one collated part (``n`` rows) into the part; a
+    ragged leaf's value goes into its arena through ``packer``."""
     leaves: List[Any] = []
     _flatten(value, "", leaves, [])
     if len(leaves) != len(layout.leaves):
@@ -372,8 +504,18 @@ def _write(layout: _Layout, value: Any, views: List[Any], j: Optional[int], inde
             f"sample {index} has {len(leaves)} arrays or numbers, but dataset[0] has "
             f"{len(layout.leaves)}: every sample must have the same structure"
         )
-    for value, leaf, view in zip(leaves, layout.leaves, views):
+    for k, (value, leaf, view) in enumerate(zip(leaves, layout.leaves, views)):
         raw = layout.check(index, value, leaf, n)
+        if leaf.ragged:
+            if packer is None or j is None:
+                raise _native.InternalError("a ragged field written without its packer")
+            if isinstance(value, torch.Tensor) and value.device.type != "cpu":
+                raise _native.UsageError(
+                    f"{leaf.path or 'the sample'} of sample {index} is on {value.device}; a "
+                    "worker's samples must be CPU tensors (the upload is pinring's job)"
+                )
+            packer.put(k, leaf, value, view[0], view[1], j, index, layout.names[k])
+            continue
         if view is None:
             continue  # an empty array: nothing to write (_Layout.empty)
         if raw is not None:
@@ -409,13 +551,92 @@ def _write(layout: _Layout, value: Any, views: List[Any], j: Optional[int], inde
             view[j] = src
 
 
+# How many samples the layout is learned from where a ragged field may be (a collate_fn, or
+# one sample a batch): dataset[0] and a few more, spread over the dataset (an iterable
+# dataset's first ones), to find the arrays whose shape varies. Without, torch's default
+# collate could not batch such arrays either, and dataset[0] alone is read.
+PROBES = 4
+# A ragged field's arena share per sample by default: twice the largest such array among the
+# samples looked at, at least this many bytes (rounded up to 64).
+_RAGGED_BYTES_MIN = 256
+
+
+def probe_indices(n: int) -> List[int]:
+    """The samples of a map-style dataset of ``n`` the layout is learned from."""
+    picks = [0, 1, n - 1, n // 2]
+    return list(dict.fromkeys(i for i in picks if 0 <= i < n))[:PROBES]
+
+
 def layout_of(dataset: Any, collate_fn: Optional[Callable[[List[Any]], Any]],
-              unbatched: bool = False, str_bytes: Optional[int] = None) -> _Layout:
-    """The fields of ``dataset``'s batches, from ``dataset[0]`` (or ``collate_fn([it])``;
-    ``collate_fn(it)`` for ``batch_size=None``, which converts one sample)."""
+              unbatched: bool = False, str_bytes: Optional[int] = None,
+              ragged: Sequence[str] = (), ragged_bytes: Optional[int] = None,
+              probe: bool = False) -> _Layout:
+    """The fields of ``dataset``'s batches, from ``dataset[0]`` and, with ``probe``, a few more
+    samples (``samples_layout``)."""
     if len(dataset) == 0:
         raise _native.UsageError("the dataset is empty: nothing to load")
-    return sample_layout(dataset[0], collate_fn, unbatched, str_bytes)
+    picks = probe_indices(len(dataset)) if probe else [0]
+    return samples_layout([dataset[i] for i in picks], collate_fn, unbatched, str_bytes,
+                          ragged, ragged_bytes)
+
+
+def samples_layout(samples: List[Any], collate_fn: Optional[Callable[[List[Any]], Any]],
+                   unbatched: bool = False, str_bytes: Optional[int] = None,
+                   ragged: Sequence[str] = (), ragged_bytes: Optional[int] = None) -> _Layout:
+    """The fields of batches of ``samples`` (the first is ``dataset[0]``): ``sample_layout`` of
+    the first, unless an array's shape differs among them (same dtype and dimensions), or its
+    field is named in ``ragged``: then that array is a ragged field, every sample carried as it
+    is (a ``collate_fn`` runs in the training process, on the whole batch)."""
+    first = samples[0]
+    leaves: List[Any] = []
+    keys: List[Tuple[str, ...]] = []
+    _flatten(first, "", leaves, [], keys)
+    names = _field_names(keys)
+    unknown = [r for r in ragged if r not in names]
+    if unknown:
+        raise _native.UsageError(
+            f"pinring.torch.DataLoader(ragged={list(ragged)!r}): {unknown[0]!r} is no field of "
+            f"dataset[0]; its fields are {names}"
+        )
+    described = [_describe(v) for v in leaves]
+    found = {i for i, name in enumerate(names) if name in ragged}
+    for other in samples[1:]:
+        theirs: List[Any] = []
+        _flatten(other, "", theirs, [])
+        if len(theirs) != len(leaves):
+            continue  # another structure: the worker that meets it says so
+        for i, v in enumerate(theirs):
+            d, o = described[i], _describe(v)
+            if (d is not None and o is not None and d[0] == o[0] and d[0] not in _ROWS
+                    and len(d[1]) == len(o[1]) >= 1 and d[1] != o[1]):
+                found.add(i)
+    if not found:
+        return sample_layout(first, collate_fn, unbatched, str_bytes)
+    shares: Dict[int, int] = {}
+    for i in sorted(found):
+        d = described[i]
+        if d is None or d[0] in _ROWS or len(d[1]) == 0:
+            raise _native.UsageError(
+                f"pinring.torch.DataLoader(ragged=[{names[i]!r}]): {names[i]!r} of dataset[0] "
+                "is no array: only arrays (and tensors) can be ragged"
+            )
+        itemsize = _ITEMSIZE[d[0]]
+        if ragged_bytes is None:
+            largest = max(_nbytes(v, i) for v in samples)
+            budget = max(_RAGGED_BYTES_MIN, 2 * largest)
+        else:
+            budget = int(ragged_bytes)
+        shares[i] = -(-(-(-budget // 64) * 64) // itemsize)
+    layout = _Layout(first, collated=False, str_bytes=str_bytes, ragged=shares)
+    layout.collate_in_trainer = collate_fn is not None
+    return layout
+
+
+def _nbytes(sample: Any, i: int) -> int:
+    leaves: List[Any] = []
+    _flatten(sample, "", leaves, [])
+    d = _describe(leaves[i]) if i < len(leaves) else None
+    return 0 if d is None or d[0] in _ROWS else int(np.prod(d[1])) * _ITEMSIZE[d[0]]
 
 
 def sample_layout(sample: Any, collate_fn: Optional[Callable[[List[Any]], Any]],

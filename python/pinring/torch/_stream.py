@@ -280,16 +280,21 @@ class StreamState:
                    {int(w): s for w, s in inner["states"].items()})
 
 
-def first_sample(dataset: Any, workers: int, seed: int,
-                 setup: Callable[[int, int], None]) -> Tuple[bool, Any]:
-    """The first sample of the first worker whose stream has one, each worker's copy iterated
-    as that worker would (``setup(worker, seed)`` sets its worker info, seeds and runs
-    ``worker_init_fn`` first); ``(False, None)`` if every stream is empty."""
+def first_samples(dataset: Any, workers: int, seed: int,
+                  setup: Callable[[int, int], None], count: int) -> List[Any]:
+    """The first ``count`` samples (or fewer) of the first worker whose stream has one, each
+    worker's copy iterated as that worker would (``setup(worker, seed)`` sets its worker info,
+    seeds and runs ``worker_init_fn`` first); empty if every stream is."""
     for w in range(max(1, workers)):
         if workers > 0:
             setup(w, seed + w)
             random.seed(seed + w)
             torch.manual_seed(seed + w)
+        got: List[Any] = []
         for sample in dataset:
-            return True, sample
-    return False, None
+            got.append(sample)
+            if len(got) == count:
+                break
+        if got:
+            return got
+    return []

@@ -15,9 +15,9 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 import torch
 
 from pinring import _native
-from pinring.torch._layout import _Layout, _view, _write, layout_of, sample_layout
+from pinring.torch._layout import PROBES, _Layout, _Packer, _write, layout_of, samples_layout
 from pinring.torch._orders import OrderTable
-from pinring.torch._stream import EndTable, StreamMaker, first_sample
+from pinring.torch._stream import EndTable, StreamMaker, first_samples
 
 # How long a wait lasts before the waiter looks again (seconds): a worker's claim waits one of
 # these before it looks at the stop flag; the loop waits one for a batch before it looks at the
@@ -176,23 +176,27 @@ def _worker_main(args: _WorkerArgs, errors: Any, stop: Any) -> None:
                     errors.put((args.worker_id, "done", -1, None, ""))
                     return
                 claimed = time.monotonic()
-                views = [None if empty else _view(part.fields[name], thread)
-                         for name, empty in zip(layout.names, layout.empty)]
+                views = layout.part_views(part.fields, thread)
+                # Ragged fields: the part's samples packed into their arenas; a collate_fn
+                # then runs in the training process, on the whole batch.
+                packer = _Packer(part.first_in_batch, len(part.indices)) if (
+                    layout.any_ragged) else None
+                collate = None if layout.any_ragged else args.collate_fn
                 if maker is not None:
                     stage = "streaming"
                     first = part.first_in_batch
                     mine = maker.samples(part.batch, streaming)[first:first + len(part.indices)]
-                    if args.collate_fn is None or args.unbatched:
+                    if collate is None or args.unbatched:
                         for j, sample in enumerate(mine):
-                            if args.collate_fn is not None:
+                            if collate is not None:
                                 stage = "collating"
-                                sample = args.collate_fn(sample)
-                            _write(layout, sample, views, j, index, None)
+                                sample = collate(sample)
+                            _write(layout, sample, views, j, index, None, packer)
                     elif mine:
                         stage = "collating"
                         # A short batch fills its first rows; the rest stay unwritten.
                         rows = [None if v is None else v[:len(mine)] for v in views]
-                        _write(layout, args.collate_fn(mine), rows, None, index, len(mine))
+                        _write(layout, collate(mine), rows, None, index, len(mine))
                         del rows
                     del views
                     stage = "committing"
@@ -209,20 +213,20 @@ def _worker_main(args: _WorkerArgs, errors: Any, stop: Any) -> None:
                     maker.committed(part.batch, len(part.indices))
                     continue
                 indices = part.indices if orders is None else orders.indices(part)
-                if args.collate_fn is None or args.unbatched:
+                if collate is None or args.unbatched:
                     for j, index in enumerate(indices):
                         stage = "loading"
                         sample = args.dataset[index]
-                        if args.collate_fn is not None:
+                        if collate is not None:
                             stage = "collating"
-                            sample = args.collate_fn(sample)
-                        _write(layout, sample, views, j, index, None)
+                            sample = collate(sample)
+                        _write(layout, sample, views, j, index, None, packer)
                 else:
                     index = indices[0]
                     stage = "loading"
                     samples = [args.dataset[i] for i in indices]
                     stage = "collating"
-                    _write(layout, args.collate_fn(samples), views, None, index, len(samples))
+                    _write(layout, collate(samples), views, None, index, len(samples))
                 del views
                 stage = "committing"
                 try:
@@ -285,6 +289,10 @@ def _layout_job(dataset: Any, collate_fn: Optional[Callable[[List[Any]], Any]],
         _set_torch_worker_info(_worker_info)
         random.seed(job["seed"])
         torch.manual_seed(job["seed"])
+        # One intra-op thread, as a worker (and torch's workers): this process is forked from
+        # a zygote forked from the training process, whose OpenMP pool, if it ran one, does
+        # not survive the fork; a parallel op here (filling a large tensor) hung on it.
+        torch.set_num_threads(1)
         if worker_init_fn is not None:
             stage = "worker_init_fn"
             worker_init_fn(0)
@@ -302,12 +310,14 @@ def _layout_job(dataset: Any, collate_fn: Optional[Callable[[List[Any]], Any]],
                     worker_init_fn(worker)
                 stage = "loading"
 
-            found, sample = first_sample(dataset, job["num_workers"], job["seed"], setup)
-            if not found:
+            samples = first_samples(dataset, job["num_workers"], job["seed"], setup,
+                                    PROBES if job["probe"] else 1)
+            if not samples:
                 return "empty", None, ""
-            return "ok", sample_layout(sample, collate_fn, job["unbatched"],
-                                       job["str_bytes"]), ""
-        return "ok", layout_of(dataset, collate_fn, job["unbatched"], job["str_bytes"]), ""
+            return "ok", samples_layout(samples, collate_fn, job["unbatched"], job["str_bytes"],
+                                        job["ragged"], job["ragged_bytes"]), ""
+        return "ok", layout_of(dataset, collate_fn, job["unbatched"], job["str_bytes"],
+                               job["ragged"], job["ragged_bytes"], job["probe"]), ""
     except _native.PinringError as e:
         return "usage", type(e), str(e)
     except BaseException as e:  # noqa: BLE001 - everything reaches the training loop
