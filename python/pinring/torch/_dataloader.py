@@ -1254,13 +1254,13 @@ def _collate_here(layout: _Layout, tensors: List[Any], collate_fn: Any, unbatche
     """``collate_fn`` on the batch's samples rebuilt (the tree of each: its rows of the
     arrays, its ragged arrays, its str, numbers as Python numbers), or on the one sample with
     ``batch_size=None``."""
-    numbers = {k: t.cpu().tolist() for k, (t, n) in enumerate(zip(tensors, layout.numbers)) if n}
-    rows = len(tensors[0])
-    samples = [
-        _rebuild(layout.tree, [numbers[k][j] if k in numbers else t[j]
-                               for k, t in enumerate(tensors)])
-        for j in range(rows)
+    # Each leaf's rows at once: numbers read back to the host in one copy, a tensor's rows as
+    # views in one unbind (not one indexing per sample), lists (str, ragged) as they are.
+    columns = [
+        t.cpu().tolist() if number else (list(t.unbind(0)) if isinstance(t, torch.Tensor) else t)
+        for t, number in zip(tensors, layout.numbers)
     ]
+    samples = [_rebuild(layout.tree, row) for row in zip(*columns)]
     return collate_fn(samples[0] if unbatched else samples)
 
 
