@@ -117,3 +117,17 @@ def test_a_field_named_ragged_and_a_variation_the_first_samples_hid():
         assert [t.tolist() for b in dl for t in b][3:6] == [[0, 1], [0, 1, 2], [0, 1]]
     with pytest.raises(pinring.UsageError, match="'nope' is no field of dataset"):
         list(DataLoader(LongLater(10), batch_size=2, device=DEVICE, ragged=["nope"]))
+
+
+def test_a_ragged_field_as_one_jagged_nested_tensor():
+    with DataLoader(ds.Tokens(), batch_size=8, device=DEVICE, ragged=RAGGED,
+                    ragged_as="jagged") as dl:
+        batches = list(dl)
+    first = batches[0]["tokens"]
+    assert first.is_nested and first.shape[0] == 8
+    assert [t.tolist() for b in batches for t in b["tokens"].unbind()] == [
+        ds.Tokens()[i]["tokens"].tolist() for i in range(50)]
+    assert [t.shape for t in batches[1]["boxes"].unbind()] == [
+        torch.Size([i % 4, 4]) for i in range(8, 16)]
+    with pytest.raises(ValueError, match="ragged_as="):
+        DataLoader(ds.Tokens(), ragged_as="nested")

@@ -170,6 +170,7 @@ class DataLoader(Generic[_T_co]):
         str_bytes: Optional[int] = None,
         ragged: Optional[List[str]] = None,
         ragged_bytes: Optional[int] = None,
+        ragged_as: str = "list",
     ) -> None:
         del pin_memory, persistent_workers, pin_memory_device  # always pinned, always persistent
         # An IterableDataset: each worker iterates its own copy, batches interleave as torch's
@@ -278,6 +279,13 @@ class DataLoader(Generic[_T_co]):
             )
         self._ragged: List[str] = [str(r) for r in (ragged or ())]
         self._ragged_bytes = None if ragged_bytes is None else int(ragged_bytes)
+        if ragged_as not in ("list", "jagged"):
+            raise _native.UsageError(
+                f"pinring.torch.DataLoader(ragged_as={ragged_as!r}): a ragged field comes as "
+                "\"list\" (a list of the batch's tensors) or \"jagged\" (one nested tensor of "
+                "torch's jagged layout): pass one of those"
+            )
+        self._ragged_as = ragged_as
         # Where a ragged field may be (a collate_fn, or one sample a batch: torch's default
         # collate stacks no other), the layout is learned from a few samples (_layout.PROBES).
         self._probe = collate_fn is not None or batch_size is None or batch_size == 1
@@ -1158,6 +1166,10 @@ class DataLoader(Generic[_T_co]):
             # One sample a batch: as torch's collate stacks one, whatever its shape.
             tensors = [t[0].unsqueeze(0) if leaf.ragged else t
                        for t, leaf in zip(tensors, layout.leaves)]
+        elif layout.any_ragged and self._ragged_as == "jagged" and not (
+                self._unbatched or layout.collate_in_trainer):
+            tensors = [_jagged(t, name) if leaf.ragged else t
+                       for t, leaf, name in zip(tensors, layout.leaves, layout.names)]
         self._lent.append([weakref.ref(t) for t in _all_tensors(tensors)])
         if layout.collate_in_trainer:
             # A ragged field: the collate_fn on the whole batch's samples, here (the workers
@@ -1237,6 +1249,22 @@ class DataLoader(Generic[_T_co]):
         self._stop()
         self._resume = resume
         self._rest_of_state = True
+
+
+def _jagged(values: List[torch.Tensor], name: str) -> torch.Tensor:
+    """A ragged field's batch as one nested tensor of torch's jagged layout
+    (``torch.nested.nested_tensor_from_jagged``): the values one after another (one copy on
+    their device) and the offsets of each sample's first row. Only the first dimension may
+    vary; a field whose other dimensions vary is a ``UsageError`` naming it."""
+    rest = {tuple(v.shape[1:]) for v in values}
+    if len(rest) > 1 or values[0].dim() == 0:
+        raise _native.UsageError(
+            f"ragged field {name!r}: its samples differ in more than their first dimension "
+            f"({sorted(rest)} after it), which torch's jagged layout cannot hold: pass "
+            "ragged_as=\"list\" for a list of the batch's tensors"
+        )
+    lengths = torch.tensor([0] + [v.shape[0] for v in values], device=values[0].device)
+    return torch.nested.nested_tensor_from_jagged(torch.cat(values), lengths.cumsum(0))
 
 
 def _all_tensors(values: List[Any]) -> List[torch.Tensor]:
