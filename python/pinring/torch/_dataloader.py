@@ -134,7 +134,14 @@ class DataLoader(Generic[_T_co]):
             10; default 30000). A worker whose part outlived it goes on with other parts, and
             the loop logs a warning naming the part.
         max_worker_restarts: deaths of workers (or workers leaving while the ring runs)
-            tolerated over the loader's life before it raises ``PeerDied``.
+            tolerated over the loader's life before it raises ``PeerDied`` (an iterable
+            dataset's workers are never restarted: a dead one raises ``PeerDied`` at once).
+        str_bytes: bytes of each sample's row of a str or bytes field.
+        ragged: field names whose shape varies from sample to sample, beside those found by
+            looking at a few samples first (docs/PYTHON.md, "Ragged fields").
+        ragged_bytes: a ragged field's arena, bytes per sample of a batch part.
+        ragged_as: without a ``collate_fn``, a ragged field as ``"list"`` (the batch's
+            tensors) or ``"jagged"`` (one nested tensor of torch's jagged layout).
     """
 
     def __init__(
