@@ -958,6 +958,16 @@ class DataLoader(Generic[_T_co]):
         ring ran), over the loader's life."""
         return self._pool.restarts if self._pool is not None else self._restarts
 
+    def _next_or_stop(self) -> Optional[_native.Batch]:
+        """``_next``; Ctrl-C while waiting kills the workers at once (no grace to leave between
+        parts), so the interrupt reaches the caller within the 0.1 s of the loop's wait and a
+        few milliseconds more."""
+        try:
+            return self._next()
+        except KeyboardInterrupt:
+            self._stop(grace=0.0)
+            raise
+
     def _next(self) -> Optional[_native.Batch]:
         assert self._consumer is not None
         waited = 0.0
@@ -1028,11 +1038,7 @@ class DataLoader(Generic[_T_co]):
         self._book = book
         try:
             while not book.finished:
-                try:
-                    b = self._next()
-                except KeyboardInterrupt:
-                    self._stop(grace=0.0)
-                    raise
+                b = self._next_or_stop()
                 if b is None:
                     raise _native.UsageError(
                         f"pinring.torch.DataLoader: the IterableDataset's workers made "
@@ -1125,14 +1131,7 @@ class DataLoader(Generic[_T_co]):
         end = (first // bpe + 1) * bpe
         ended = False
         while self._consumer.state()[0] // ppb < end:
-            try:
-                b = self._next()
-            except KeyboardInterrupt:
-                # Ctrl-C while waiting: the workers are killed at once (no grace to leave
-                # between parts), so the interrupt reaches the caller within the 0.1 s of the
-                # loop's wait and a few milliseconds more.
-                self._stop(grace=0.0)
-                raise
+            b = self._next_or_stop()
             if b is None:
                 ended = True  # the plan's end: workers leave, as they should
                 break

@@ -198,35 +198,25 @@ def _worker_main(args: _WorkerArgs, errors: Any, stop: Any) -> None:
                         rows = [None if v is None else v[:len(mine)] for v in views]
                         _write(layout, collate(mine), rows, None, index, len(mine))
                         del rows
-                    del views
-                    stage = "committing"
-                    try:
-                        part.commit()
-                    except _native.PartReclaimed as e:
-                        if stop.is_set():
-                            return
-                        # Claimed again later, and written again from what the maker kept.
-                        errors.put((args.worker_id, "reclaimed", index, None,
-                                    f"part {part.seq} (batch {part.batch}) took "
-                                    f"{time.monotonic() - claimed:.1f} s from claim to commit: {e}"))
-                        continue
-                    maker.committed(part.batch, len(part.indices))
-                    continue
-                indices = part.indices if orders is None else orders.indices(part)
-                if collate is None or args.unbatched:
-                    for j, index in enumerate(indices):
-                        stage = "loading"
-                        sample = args.dataset[index]
-                        if collate is not None:
-                            stage = "collating"
-                            sample = collate(sample)
-                        _write(layout, sample, views, j, index, None, packer)
+                    at, origin = index, f"row {first} of worker {args.worker_id}'s batch"
                 else:
-                    index = indices[0]
-                    stage = "loading"
-                    samples = [args.dataset[i] for i in indices]
-                    stage = "collating"
-                    _write(layout, collate(samples), views, None, index, len(samples))
+                    indices = part.indices if orders is None else orders.indices(part)
+                    if collate is None or args.unbatched:
+                        for j, index in enumerate(indices):
+                            stage = "loading"
+                            sample = args.dataset[index]
+                            if collate is not None:
+                                stage = "collating"
+                                sample = collate(sample)
+                            _write(layout, sample, views, j, index, None, packer)
+                    else:
+                        index = indices[0]
+                        stage = "loading"
+                        samples = [args.dataset[i] for i in indices]
+                        stage = "collating"
+                        _write(layout, collate(samples), views, None, index, len(samples))
+                    at = part.indices[0] if len(part.indices) else -1
+                    origin = f"sample {at}"
                 del views
                 stage = "committing"
                 try:
@@ -235,15 +225,19 @@ def _worker_main(args: _WorkerArgs, errors: Any, stop: Any) -> None:
                     if stop.is_set():
                         return  # the loader is closing: the ring ended under the commit
                     # The lease ran out before the commit: the daemon has taken the part back
-                    # and has it made again. As the Rust loader: say so, go on claiming. (Any
-                    # other error of the commit, a part too large for its slot, is an "error".)
-                    first = part.indices[0] if len(part.indices) else -1
+                    # and has it made again (an iterable dataset's worker claims it again and
+                    # writes it from the samples its maker kept). As the Rust loader: say so,
+                    # go on claiming. (Any other error of the commit, a part too large for its
+                    # slot, is an "error".)
                     errors.put((
-                        args.worker_id, "reclaimed", first, None,
+                        args.worker_id, "reclaimed", at, None,
                         f"part {part.seq} (batch {part.batch}, {len(part.indices)} samples from "
-                        f"sample {first}) took {time.monotonic() - claimed:.1f} s from claim to "
+                        f"{origin}) took {time.monotonic() - claimed:.1f} s from claim to "
                         f"commit: {e}",
                     ))
+                    continue
+                if maker is not None:
+                    maker.committed(part.batch, len(part.indices))
                 index = -1
         finally:
             producer.close()
