@@ -1031,10 +1031,7 @@ class DataLoader(Generic[_T_co]):
         finally:
             self._resuming = None
         assert self._ends is not None
-        book = StreamBook(self._ends, self._plan_batch or 1,
-                          done=None if resume is None else set(resume.done))
-        if resume is not None:
-            book.next_batch = resume.next_batch
+        book = StreamBook(self._ends, self._plan_batch or 1, resume)
         self._book = book
         try:
             while not book.finished:
@@ -1043,8 +1040,7 @@ class DataLoader(Generic[_T_co]):
                     raise _native.UsageError(
                         f"pinring.torch.DataLoader: the IterableDataset's workers made "
                         f"{STREAM_EPOCH_BATCHES * STREAM_EPOCHS} batches in one for, the most one "
-                        "for takes: end the "
-                        "stream sooner, or iterate it in several for loops"
+                        "for takes: end the stream sooner, or iterate it in several for loops"
                     )
                 rows = book.rows(int(b.batch))
                 assert self._pool is not None

@@ -493,6 +493,15 @@ def _unpack(arena: Any, index: Any, leaf: _Leaf, name: str) -> List[Any]:
     return out
 
 
+def _on_cpu(value: Any, leaf: _Leaf, index: int) -> None:
+    """Raises ``UsageError`` for a tensor of sample ``index`` that is not on the CPU."""
+    if isinstance(value, torch.Tensor) and value.device.type != "cpu":
+        raise _native.UsageError(
+            f"{leaf.path or 'the sample'} of sample {index} is on {value.device}; a "
+            "worker's samples must be CPU tensors (the upload is pinring's job)"
+        )
+
+
 def _write(layout: _Layout, value: Any, views: List[Any], j: Optional[int], index: int,
            n: Optional[int], packer: Optional[_Packer] = None) -> None:
     """Writes one sample (at row ``j``) or one collated part (``n`` rows) into the part; a
@@ -509,11 +518,7 @@ def _write(layout: _Layout, value: Any, views: List[Any], j: Optional[int], inde
         if leaf.ragged:
             if packer is None or j is None:
                 raise _native.InternalError("a ragged field written without its packer")
-            if isinstance(value, torch.Tensor) and value.device.type != "cpu":
-                raise _native.UsageError(
-                    f"{leaf.path or 'the sample'} of sample {index} is on {value.device}; a "
-                    "worker's samples must be CPU tensors (the upload is pinring's job)"
-                )
+            _on_cpu(value, leaf, index)
             packer.put(k, leaf, value, view[0], view[1], j, index, layout.names[k])
             continue
         if view is None:
@@ -525,11 +530,7 @@ def _write(layout: _Layout, value: Any, views: List[Any], j: Optional[int], inde
             row[_STR_HEAD:_STR_HEAD + len(raw)] = np.frombuffer(raw, np.uint8)
             continue
         if isinstance(value, torch.Tensor):
-            if value.device.type != "cpu":
-                raise _native.UsageError(
-                    f"{leaf.path or 'the sample'} of sample {index} is on {value.device}; a "
-                    "worker's samples must be CPU tensors (the upload is pinring's job)"
-                )
+            _on_cpu(value, leaf, index)
             if isinstance(view, torch.Tensor):
                 # copy_ releases the GIL, and a large copy runs on torch's intra-op threads.
                 (view if j is None else view[j]).copy_(value.detach())
@@ -598,15 +599,18 @@ def samples_layout(samples: List[Any], collate_fn: Optional[Callable[[List[Any]]
             f"pinring.torch.DataLoader(ragged={list(ragged)!r}): {unknown[0]!r} is no field of "
             f"dataset[0]; its fields are {names}"
         )
+    # Each sample's leaves described once; a sample of another structure is left out (the
+    # worker that meets it says so).
     described = [_describe(v) for v in leaves]
-    found = {i for i, name in enumerate(names) if name in ragged}
+    others = []
     for other in samples[1:]:
         theirs: List[Any] = []
         _flatten(other, "", theirs, [])
-        if len(theirs) != len(leaves):
-            continue  # another structure: the worker that meets it says so
-        for i, v in enumerate(theirs):
-            d, o = described[i], _describe(v)
+        if len(theirs) == len(leaves):
+            others.append([_describe(v) for v in theirs])
+    found = {i for i, name in enumerate(names) if name in ragged}
+    for theirs_d in others:
+        for i, (d, o) in enumerate(zip(described, theirs_d)):
             if (d is not None and o is not None and d[0] == o[0] and d[0] not in _ROWS
                     and len(d[1]) == len(o[1]) >= 1 and d[1] != o[1]):
                 found.add(i)
@@ -622,7 +626,7 @@ def samples_layout(samples: List[Any], collate_fn: Optional[Callable[[List[Any]]
             )
         itemsize = _ITEMSIZE[d[0]]
         if ragged_bytes is None:
-            largest = max(_nbytes(v, i) for v in samples)
+            largest = max(_nbytes(ds[i]) for ds in [described, *others])
             budget = max(_RAGGED_BYTES_MIN, 2 * largest)
         else:
             budget = int(ragged_bytes)
@@ -632,10 +636,8 @@ def samples_layout(samples: List[Any], collate_fn: Optional[Callable[[List[Any]]
     return layout
 
 
-def _nbytes(sample: Any, i: int) -> int:
-    leaves: List[Any] = []
-    _flatten(sample, "", leaves, [])
-    d = _describe(leaves[i]) if i < len(leaves) else None
+def _nbytes(d: Optional[Tuple[str, Tuple[int, ...]]]) -> int:
+    """The bytes of an array so described (``_describe``); 0 for anything else."""
     return 0 if d is None or d[0] in _ROWS else int(np.prod(d[1])) * _ITEMSIZE[d[0]]
 
 

@@ -104,13 +104,14 @@ class StreamBook:
     of its rows to yield, and whether every worker's stream has ended."""
 
     def __init__(self, table: EndTable, batch_size: int,
-                 done: Optional[set[int]] = None) -> None:
+                 resume: Optional["StreamState"] = None) -> None:
         self.table = table
         self.batch_size = batch_size
-        self.done: set[int] = set() if done is None else set(done)
-        # Each worker's last batch taken (yielded or skipped), and the batch after the last.
+        # The workers whose streams ended, each worker's last batch taken (yielded or skipped),
+        # and the batch after the last: a resumed state's to begin with.
+        self.done: set[int] = set() if resume is None else set(resume.done)
         self.last: Dict[int, int] = {}
-        self.next_batch = 0
+        self.next_batch = 0 if resume is None else resume.next_batch
 
     def rows(self, batch: int) -> int:
         """Rows of ``batch`` to yield (0: skip it); marks its worker done at its end."""
