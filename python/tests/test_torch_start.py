@@ -544,46 +544,92 @@ def test_a_forked_worker_that_uses_cuda_fails_with_a_clear_message():
 
 
 TWO_LOADERS = """
-import json, os, numpy as np, torch
+import functools, gc, json, operator, os, sys, numpy as np, torch
 from pinring.torch import DataLoader
 from pinring import _native
 
 class Ids(torch.utils.data.Dataset):
     def __init__(self, n, scale):
         self.n, self.scale = n, scale
+        # A lambda: the dataset cannot be pickled, as many a validation set's transform.
+        self.transform = (lambda i: i * scale) if sys.argv[2] == "lambda" else (
+            functools.partial(operator.mul, scale))
     def __len__(self):
         return self.n
     def __getitem__(self, i):
-        return np.full(2, i * self.scale, dtype=np.int64)
+        return np.full(2, self.transform(i), dtype=np.int64)
 
+gc.disable()  # a loader dropped by the script must end by its reference count alone
+made_before = sys.argv[1] == "before"
 train = DataLoader(Ids(64, 1), batch_size=8, num_workers=2, device="cpu")
-val = DataLoader(Ids(24, 10), batch_size=8, num_workers=2, device="cpu")
+if made_before:
+    val = DataLoader(Ids(24, 10), batch_size=8, num_workers=2, device="cpu")
 seen = {}
 for epoch in range(2):
     got = []
     for batch in train:
         got += batch[:, 0].tolist()
         if len(got) == 8:
-            # The training loader's daemon runs now: the validation loader's zygote must not
-            # be forked from this process.
+            # The training loader's daemon runs now: no zygote can be forked from here.
             assert _native._live_rings() > 0
             if epoch == 0:
-                vgot = sorted(x for b in val for x in b[:, 0].tolist())
-                assert vgot == [i * 10 for i in range(24)], vgot
-                seen = {"train": train._zygote.pid, "val": val._zygote.pid}
+                if not made_before:
+                    val = DataLoader(Ids(24, 10), batch_size=8, num_workers=2, device="cpu")
+                try:
+                    vgot = sorted(x for b in val for x in b[:, 0].tolist())
+                    assert vgot == [i * 10 for i in range(24)], vgot
+                except AttributeError as e:
+                    vgot = str(e)
+                seen = {"train": train._zygote.pid, "val": val._zygote and val._zygote.pid,
+                        "vgot": vgot}
     assert sorted(got) == list(range(64)), got
-with open(f"/proc/{seen['val']}/stat") as f:
-    seen["val_parent"] = int(f.read().rsplit(")", 1)[1].split()[1])
+if seen["val"]:
+    with open(f"/proc/{seen['val']}/stat") as f:
+        seen["val_parent"] = int(f.read().rsplit(")", 1)[1].split()[1])
+seen["me"] = os.getpid()
+del train, val, batch
+seen["live_after_del"] = _native._live_rings()
 print(json.dumps(seen))
 """
 
 
-def test_a_second_loader_started_beside_a_running_one_forks_from_a_clean_zygote():
-    r = run_script(TWO_LOADERS)
+def test_a_validation_loader_made_before_training_starts_inherits_its_dataset():
+    """A training and a validation loader made together, the validation one iterated while the
+    training one runs: the validation loader's zygote was forked from the training process
+    before the training loader's daemon started, so its dataset (holding a lambda here) is
+    inherited, never pickled. Both loaders end when the script drops them, with the cycle
+    collector off."""
+    r = run_script(TWO_LOADERS, "before", "lambda")
     assert r.returncode == 0, r.stderr
     seen = json.loads(r.stdout)
-    assert seen["val_parent"] == seen["train"], seen
+    assert seen["vgot"] == [i * 10 for i in range(24)], seen
+    assert seen["val_parent"] == seen["me"], seen
+    assert seen["live_after_del"] == 0, seen
     assert wait_gone([seen["train"], seen["val"]]) == []
+
+
+def test_a_loader_made_while_another_runs_forks_from_a_clean_zygote():
+    """A loader made while another loader's daemon runs cannot fork its zygote from the
+    training process: the running loader's zygote forks it, and its dataset is pickled to it
+    once."""
+    r = run_script(TWO_LOADERS, "after", "plain")
+    assert r.returncode == 0, r.stderr
+    seen = json.loads(r.stdout)
+    assert seen["vgot"] == [i * 10 for i in range(24)], seen
+    assert seen["val_parent"] == seen["train"], seen
+    assert seen["live_after_del"] == 0, seen
+    assert wait_gone([seen["train"], seen["val"]]) == []
+
+
+def test_a_loader_made_while_another_runs_cannot_take_a_dataset_that_does_not_pickle():
+    """The same with a dataset holding a lambda: the pickling error, with the note that says
+    why it was pickled and how to avoid it."""
+    r = run_script(TWO_LOADERS, "after", "lambda")
+    assert r.returncode == 0, r.stderr
+    seen = json.loads(r.stdout)
+    assert "could not pickle its dataset" in seen["vgot"], seen
+    assert "Make this loader before the other's first for" in seen["vgot"], seen
+    assert seen["live_after_del"] == 0, seen
 
 
 def test_close_with_a_batch_still_held_returns_at_once_and_the_batch_stays_valid():

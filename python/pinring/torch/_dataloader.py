@@ -75,6 +75,10 @@ _FIXED_AFTER_INIT = frozenset(
     ("batch_size", "batch_sampler", "sampler", "drop_last", "dataset", "persistent_workers")
 )
 
+# Loaders whose workers fork from this process (num_workers > 0, "fork") and that have no
+# zygote yet: the first loader to start its daemon forks their zygotes first (_start_pieces).
+_WAITING_FOR_ZYGOTE: "weakref.WeakSet[DataLoader[Any]]" = weakref.WeakSet()
+
 
 class DataLoader(Generic[_T_co]):
     """``torch.utils.data.DataLoader``'s arguments and batches, fed through a pinring ring.
@@ -431,6 +435,8 @@ class DataLoader(Generic[_T_co]):
         self._generator = generator
         _warn_on_workers_beyond_cpus(self.num_workers)
         self._initialized = True
+        if self.num_workers > 0 and self.start_method == "fork":
+            _WAITING_FOR_ZYGOTE.add(self)
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name in _FIXED_AFTER_INIT and getattr(self, "_initialized", False):
@@ -526,11 +532,24 @@ class DataLoader(Generic[_T_co]):
         threads)."""
         if self._zygote is None or self._zygote.dead:
             _procs.refuse_in_zygote_import()
+            _WAITING_FOR_ZYGOTE.discard(self)
             self._zygote = _procs.Zygote(
                 _procs.Payload(self.dataset, self._layout, self.collate_fn, self.worker_init_fn),
                 self.start_method,
             )
         return self._zygote
+
+    def _fork_zygotes_of_others(self) -> None:
+        """Before this loader's daemon starts (after which no zygote can be forked from this
+        process), forks the zygotes of the other live loaders that have none yet and fork
+        theirs: a validation loader made beside a training loader keeps its dataset by
+        inheritance, as it was now, where it would otherwise be pickled to a sibling zygote
+        (slow for a large dataset, impossible for one that holds a lambda)."""
+        if _native._live_rings() != 0:
+            return
+        for other in list(_WAITING_FOR_ZYGOTE):
+            if other is not self and other._zygote is None:
+                other._ensure_zygote()
 
     def _config(self, ring: str) -> Dict[str, Any]:
         """The config of this loader's ring, as data (the config file's shape: sections of
@@ -704,6 +723,7 @@ class DataLoader(Generic[_T_co]):
     def _start_pieces(self, layout: _Layout, start_seq: int) -> None:
         if self.num_workers > 0:
             self._ensure_zygote()
+        self._fork_zygotes_of_others()
         if self._attached_ring is None:
             local = _dist.local_rank()
             rank = "" if local is None else f"rank{local}-"
@@ -900,6 +920,8 @@ class DataLoader(Generic[_T_co]):
             if self._zygote is not None:
                 self._zygote.close()
                 self._zygote = None
+                if self.num_workers > 0 and self.start_method == "fork":
+                    _WAITING_FOR_ZYGOTE.add(self)
 
     def __del__(self) -> None:
         try:

@@ -9,11 +9,13 @@ call here raises.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import queue as _queue
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+import weakref
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple, TypeVar
 
 from pinring import _native
 from pinring.torch import _procs
@@ -33,13 +35,16 @@ class WorkerPool:
     def __init__(self, spawn: Callable[[int, Any, Any], _Worker], reports: Any, stop_flag: Any,
                  ring_name: str, max_restarts: int, restarts: int,
                  lease_text: Callable[[], str], stream: bool = False) -> None:
-        self._spawn_worker = spawn
+        # The loader's methods, held weakly: the loader holds its pool, and a pool holding the
+        # loader back would keep a loader its script has dropped alive, with its workers and
+        # daemon, until the cycle collector ran.
+        self._spawn_worker = _weakly(spawn)
         self.reports = reports
         self.stop_flag = stop_flag
         self.ring_name = ring_name
         self.max_restarts = max_restarts
         self.restarts = restarts
-        self._lease_text = lease_text
+        self._lease_text = _weakly(lease_text)
         # An iterable dataset's workers: never restarted (_stream; a dead one is an error).
         self.stream = stream
         # Their streams' places after each batch: worker -> batch -> snapshot (_stream).
@@ -205,6 +210,24 @@ class WorkerPool:
             self.reports.close()
             self.stop_flag.close()
         self.reports = self.stop_flag = None
+
+
+_R = TypeVar("_R")
+
+
+def _weakly(fn: Callable[..., _R]) -> Callable[..., _R]:
+    """``fn``, holding its object weakly when it is a bound method."""
+    if not inspect.ismethod(fn):
+        return fn
+    ref: "weakref.WeakMethod[Callable[..., _R]]" = weakref.WeakMethod(fn)
+
+    def call(*args: Any) -> _R:
+        method = ref()
+        if method is None:
+            raise ReferenceError("pinring DataLoader: the loader of this worker pool is gone")
+        return method(*args)
+
+    return call
 
 
 def _how(code: int) -> str:

@@ -282,7 +282,7 @@ class Zygote:
             return
         # pinring threads run here: a clean zygote forks the new one; the payload is pickled
         # once, into a memfd.
-        memfd = _pickled(payload)
+        memfd = _pickled(payload, sibling=True)
         try:
             _send(alive[0].ctl, ("sibling",), (theirs.fileno(), memfd, me))
         finally:
@@ -478,8 +478,9 @@ def _reap(pid: int, wait: float) -> None:
         os.close(fd)
 
 
-def _pickled(payload: Payload) -> int:
-    """The payload pickled once, in a memfd."""
+def _pickled(payload: Payload, sibling: bool = False) -> int:
+    """The payload pickled once, in a memfd (``sibling``: for a zygote forked from another
+    one, this process running pinring threads)."""
     fd = os.memfd_create("pinring-dataset", os.MFD_CLOEXEC)
     try:
         with os.fdopen(os.dup(fd), "wb") as f:
@@ -487,11 +488,11 @@ def _pickled(payload: Payload) -> int:
     except (pickle.PicklingError, AttributeError, TypeError) as e:
         os.close(fd)
         # The same type, so `except` clauses written for torch's DataLoader still match.
-        raise type(e)(f"{e}: {_unpicklable_note(payload)}") from e
+        raise type(e)(f"{e}: {_unpicklable_note(payload, sibling)}") from e
     return fd
 
 
-def _unpicklable_note(payload: Payload) -> str:
+def _unpicklable_note(payload: Payload, sibling: bool) -> str:
     """What to do about a payload that does not pickle, naming the part that does not."""
     culprits = []
     for name in Payload._fields:
@@ -500,12 +501,20 @@ def _unpicklable_note(payload: Payload) -> str:
         except Exception:  # noqa: BLE001 - any failure names the part
             culprits.append("dataset" if name == "dataset" else name)
     which = " and ".join(culprits) or "the dataset, collate_fn or worker_init_fn"
+    if sibling:
+        return (
+            f"pinring.torch.DataLoader could not pickle its {which} to start its workers: this "
+            "loader was made while another loader of this process ran, so its workers come "
+            "from a fresh zygote the running loader's forks, and what they need is pickled to "
+            "it. Make this loader before the other's first for (its zygote is then forked from "
+            "this process and inherits them), or define them at a module's top level, not in a "
+            "function or as a lambda"
+        )
     return (
         f"pinring.torch.DataLoader could not pickle its {which} to start its workers (with the "
-        "'spawn' and 'forkserver' start methods, or a second loader in a process that runs "
-        "pinring threads, they are pickled once to a fresh zygote process): define them at a "
-        "module's top level, not in a function or as a lambda, or pass "
-        "multiprocessing_context='fork'"
+        "'spawn' and 'forkserver' start methods they are pickled once to a fresh zygote "
+        "process): define them at a module's top level, not in a function or as a lambda, or "
+        "pass multiprocessing_context='fork'"
     )
 
 
