@@ -310,29 +310,30 @@ def test_str_fields_are_batched_as_torch_batches_them(workers):
     assert [s["caption"] for s in one] == [data[i]["caption"] for i in range(11)]
 
 
-def test_a_str_longer_than_its_row_is_named_with_the_setting():
+def test_a_str_longer_than_its_parts_arena_is_named_with_the_setting():
+    """str fields are packed per batch part into an arena of str_bytes a sample: one that does
+    not fit what its part has left is named, with the setting that holds it."""
     with loader(ds.Captioned(11, long=7), batch_size=4) as dl:
         with pytest.raises(ValueError) as e:
             list(dl)
     text = str(e.value)
     assert "['caption'] of sample 7" in text and "1000 bytes" in text, text
-    assert "str_bytes=N" in text and "1004" in text, text
+    assert "str_bytes=N" in text and "at least 1024" in text, text
     with loader(ds.Captioned(11, long=7), batch_size=4, str_bytes=1024) as dl:
         got = [c for b in dl for c in b["caption"]]
     assert got[7] == "x" * 1000 and got[6] == ds.Captioned(11)[6]["caption"]
 
 
-def test_a_str_rows_length_is_checked_before_its_bytes_are_read():
-    """A row whose length word says more than the row holds (bytes changed under the batch) is
-    a VerifyError naming the field and the row, not a read past the row."""
-    import numpy as np
+def test_a_strs_length_is_checked_before_its_bytes_are_read():
+    """An index row whose length says more than the arena holds (bytes changed under the
+    batch) is a VerifyError naming the field and the row, not a read past the arena."""
+    from pinring.torch._layout import _Leaf, _unpack_text
 
-    from pinring.torch._layout import decode_rows
-
-    rows = np.zeros((2, 16), dtype=np.uint8)
-    rows[0, :4] = np.frombuffer((3).to_bytes(4, "little"), np.uint8)
-    rows[0, 4:7] = np.frombuffer(b"abc", np.uint8)
-    assert decode_rows(rows[:1], "['caption']", 16) == ["abc"]
-    rows[1, :4] = np.frombuffer((13).to_bytes(4, "little"), np.uint8)
-    with pytest.raises(pinring.VerifyError, match=r"\['caption'\] of row 1 .* 13 bytes"):
-        decode_rows(rows, "['caption']", 16)
+    arena = torch.tensor(list(b"abcdef") + [0] * 10, dtype=torch.uint8)
+    leaf = _Leaf("['caption']", "str", (8,), 1)
+    assert _unpack_text(arena, torch.tensor([[0, 3], [3, 3]]).numpy(), leaf, "caption") == [
+        "abc", "def"]
+    with pytest.raises(pinring.VerifyError, match=r"row 1 of str field 'caption' says 14 bytes"):
+        _unpack_text(arena, torch.tensor([[0, 3], [3, 14]]).numpy(), leaf, "caption")
+    with pytest.raises(pinring.VerifyError, match=r"row 0 of str field 'caption' says 1 bytes"):
+        _unpack_text(arena, torch.tensor([[-1, 1], [3, 3]]).numpy(), leaf, "caption")

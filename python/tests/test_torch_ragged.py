@@ -131,3 +131,30 @@ def test_a_ragged_field_as_one_jagged_nested_tensor():
         torch.Size([i % 4, 4]) for i in range(8, 16)]
     with pytest.raises(ValueError, match="ragged_as="):
         DataLoader(ds.Tokens(), ragged_as="nested")
+
+
+class _Growing(torch.utils.data.IterableDataset):
+    """A stream of 11 samples whose token and caption lengths grow with the index (the last
+    ones several times the first's), so a short last batch uses more of its part's arena than
+    its rows' shares."""
+
+    def __iter__(self):
+        for i in range(11):
+            yield {"tokens": torch.arange(4 + 9 * i), "caption": "w" * (10 + 60 * i)}
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_short_last_batch_keeps_its_packed_fields_whole(workers):
+    """A short batch hands over its first rows; its arenas stay whole, since a part's samples
+    fill its arena from its start, not row by row."""
+    with DataLoader(_Growing(), batch_size=8, num_workers=workers, device=DEVICE,
+                    ragged=["tokens"], ragged_bytes=512, str_bytes=256) as dl:
+        got = list(dl)
+    want = list(_Growing())
+    if workers == 2:  # each worker its own copy of the stream: both yield all 11
+        want = [s for pair in zip(want, want) for s in pair]
+        want = want[:8] + want[8:]
+    flat_tokens = [t.tolist() for b in got for t in b["tokens"]]
+    flat_captions = [c for b in got for c in b["caption"]]
+    assert sorted(flat_captions) == sorted(s["caption"] for s in want)
+    assert sorted(flat_tokens) == sorted(s["tokens"].tolist() for s in want)

@@ -140,7 +140,8 @@ class DataLoader(Generic[_T_co]):
         max_worker_restarts: deaths of workers (or workers leaving while the ring runs)
             tolerated over the loader's life before it raises ``PeerDied`` (an iterable
             dataset's workers are never restarted: a dead one raises ``PeerDied`` at once).
-        str_bytes: bytes of each sample's row of a str or bytes field.
+        str_bytes: bytes a sample of a str or bytes field's arena in each batch part (its
+            strings packed one after another; default four times dataset[0]'s, >= 256).
         ragged: field names whose shape varies from sample to sample, beside those found by
             looking at a few samples first (docs/PYTHON.md, "Ragged fields").
         ragged_bytes: a ragged field's arena, bytes per sample of a batch part.
@@ -272,9 +273,9 @@ class DataLoader(Generic[_T_co]):
             )
         if str_bytes is not None and not 8 <= int(str_bytes) <= 1 << 24:
             raise _native.UsageError(
-                f"pinring.torch.DataLoader(str_bytes={str_bytes}): a str field's row must be 8 "
-                "to 16777216 bytes (4 of them its length): pass a number in that range, or leave "
-                "str_bytes out for four times dataset[0]'s string (at least 256)"
+                f"pinring.torch.DataLoader(str_bytes={str_bytes}): a str field's arena must have "
+                "8 to 16777216 bytes a sample: pass a number in that range, or leave str_bytes "
+                "out for four times dataset[0]'s string (at least 256)"
             )
         self._str_bytes = None if str_bytes is None else int(str_bytes)
         if ragged_bytes is not None and not 8 <= int(ragged_bytes) <= 1 << 30:
@@ -1324,10 +1325,10 @@ def dataset_table(dataset: Any, collate_fn: Optional[Callable[[List[Any]], Any]]
     ``samples = len(dataset)`` and the ``fields`` of ``dataset[0]`` (or of
     ``collate_fn([dataset[0]])``) as the loader names and orders them. The names are the
     sample's dict keys, tuple positions and namedtuple fields (``image``, ``0``, ``meta.h``;
-    ``sample`` for one array), declared largest element first; a str is a ``u8`` field of
-    ``str_bytes`` per sample (pass the DataLoader the same ``str_bytes``); a ragged array (its
-    shape varies) two fields, its arena and ``<name>-index`` (pass the same ``ragged`` and
-    ``ragged_bytes``). Put it in the
+    ``sample`` for one array), declared largest element first; a str (or bytes) is two fields, a
+    ``u8`` arena of ``str_bytes`` per sample and ``<name>-index`` (pass the DataLoader the same
+    ``str_bytes``); a ragged array (its shape varies) two fields, its arena and
+    ``<name>-index`` (pass the same ``ragged`` and ``ragged_bytes``). Put it in the
     service's config, beside its ``[ring]``, ``[plan]`` and ``[daemon]`` tables::
 
         print(pinring.torch.dataset_table(train_set))

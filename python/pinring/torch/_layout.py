@@ -52,16 +52,23 @@ _ITEMSIZE = {"u8": 1, "i8": 1, "bool": 1, "i16": 2, "u16": 2, "f16": 2, "bf16": 
 
 class _Leaf(NamedTuple):
     path: str  # where it sits in the sample, for messages: "[0]", "['image']"
-    dtype: str  # pinring's dtype name; "str" or "bytes" for those (carried as u8 [str_bytes])
-    # Per sample; a str's: (str_bytes,); a ragged array's: its share of the part's arena, in
-    # elements (ragged_bytes / itemsize).
+    dtype: str  # pinring's dtype name; "str" or "bytes" for those (their UTF-8 bytes, u8)
+    # Per sample; a packed leaf's: its share of the part's arena, in elements (ragged_bytes /
+    # itemsize; a str's: str_bytes).
     shape: Tuple[int, ...]
-    # A ragged array's dimensions (its shape varies from sample to sample); -1: not ragged.
+    # A packed leaf's dimensions (1 for a str: its bytes); -1: not packed, a fixed shape.
     ndim: int = -1
 
     @property
-    def ragged(self) -> bool:
+    def packed(self) -> bool:
+        """Carried packed in an arena beside an index (``_Packer``): a str, or a ragged
+        array."""
         return self.ndim >= 0
+
+    @property
+    def ragged(self) -> bool:
+        """An array whose shape varies from sample to sample."""
+        return self.ndim >= 0 and self.dtype not in _ROWS
 
     @property
     def ring_dtype(self) -> str:
@@ -78,36 +85,16 @@ def _raw(value: Any) -> bytes:
     return value.encode() if isinstance(value, str) else bytes(value)
 
 
-# A str field's bytes in each sample's row: its UTF-8 length as a little-endian u32, then the
-# bytes; what follows the length is never read.
-_STR_HEAD = 4
-# The row a str field gets by default: at least this many bytes, and at least four times
-# dataset[0]'s string (rounded up to 64 bytes).
+# A str field's share of its part's arena by default: at least this many bytes a sample, and
+# at least four times dataset[0]'s string (rounded up to 64 bytes).
 _STR_BYTES_MIN = 256
 
 
 def default_str_bytes(first: Any) -> int:
-    """The bytes of each sample's row of a str (or bytes) field whose value in dataset[0] is
-    ``first``."""
-    want = max(_STR_BYTES_MIN, 4 * (_STR_HEAD + len(_raw(first))))
+    """The bytes a sample of a str (or bytes) field whose value in dataset[0] is ``first``
+    has of its part's arena by default."""
+    want = max(_STR_BYTES_MIN, 4 * len(_raw(first)))
     return -(-want // 64) * 64
-
-
-def decode_rows(rows: Any, where: str, budget: int, text: bool = True) -> List[Any]:
-    """The strings (``text``) or bytes of a field's rows (a [B, budget] u8 array), each length
-    checked against its row before a byte is read."""
-    rows = np.asarray(rows)
-    lengths = np.ascontiguousarray(rows[:, :_STR_HEAD]).view("<u4").reshape(-1)
-    out = []
-    for i, n in enumerate(lengths.tolist()):
-        if n > budget - _STR_HEAD:
-            raise _native.VerifyError(
-                f"{where} of row {i} of a batch says {n} bytes, more than its row of {budget} "
-                "holds: the ring's bytes were changed under the batch; report it"
-            )
-        raw = bytes(rows[i, _STR_HEAD:_STR_HEAD + n])
-        out.append(raw.decode("utf-8", errors="replace") if text else raw)
-    return out
 
 
 def _describe(value: Any) -> Optional[Tuple[str, Tuple[int, ...]]]:
@@ -235,8 +222,10 @@ class _Layout:
                         f"collate_fn (they batch as torch's collate batches them, a list of "
                         f"{dtype})"
                     )
-                shape = (str_bytes if str_bytes is not None else default_str_bytes(value),)
-            elif collated:
+                share = str_bytes if str_bytes is not None else default_str_bytes(value)
+                self.leaves.append(_Leaf(path, dtype, (share,), 1))
+                continue
+            if collated:
                 if len(shape) == 0 or shape[0] != 1:
                     raise _native.UsageError(
                         f"{where} of collate_fn([dataset[0]]) has shape {list(shape)}; collate_fn "
@@ -250,7 +239,7 @@ class _Layout:
         # An array with no elements (shape [0], [3, 0]) has no bytes to carry: it is not a
         # field of the ring, and the trainer makes it (an empty tensor of the batch's rows,
         # torch's collate's shape) beside the batch's other fields. Workers still check it.
-        self.empty = [0 in leaf.shape and not leaf.ragged for leaf in self.leaves]
+        self.empty = [0 in leaf.shape and not leaf.packed for leaf in self.leaves]
         if all(self.empty):
             raise _native.UsageError(
                 "every array of dataset[0] is empty (a dimension of 0): nothing to batch; "
@@ -260,11 +249,11 @@ class _Layout:
         # declared largest element first, so every field's chunk in a slot starts aligned to
         # its element size.
         self.names = _field_names(keys)
-        # A ragged leaf's second field: where each sample lies in the batch's arena, and its
-        # shape (i64 [1 + ndim]: element offset, then the dimensions).
+        # A packed leaf's second field: where each sample lies in the batch's arena, and its
+        # shape (i64 [1 + ndim]: element offset, then the dimensions; a str's: its length).
         self.index_names: Dict[int, str] = {}
         for i, leaf in enumerate(self.leaves):
-            if leaf.ragged:
+            if leaf.packed:
                 base = self.names[i][:_NAME_MAX - 6] + "-index"
                 name, n = base, 0
                 while name in self.names or name in self.index_names.values():
@@ -275,10 +264,11 @@ class _Layout:
         for i, leaf in enumerate(self.leaves):
             if not self.empty[i]:
                 ring.append((self.names[i], leaf.ring_dtype, leaf.shape))
-            if leaf.ragged:
+            if leaf.packed:
                 ring.append((self.index_names[i], "i64", (1 + leaf.ndim,)))
         self.declared = sorted(ring, key=lambda f: -_ITEMSIZE[f[1]])
-        self.any_ragged = bool(self.index_names)
+        self.any_packed = bool(self.index_names)
+        self.any_ragged = any(leaf.ragged for leaf in self.leaves)
         # With a ragged field, a collate_fn runs in the training process on the whole batch's
         # samples (the workers carry the samples as they are).
         self.collate_in_trainer = False
@@ -294,29 +284,37 @@ class _Layout:
         names += list(self.index_names.values())
         carried = convert([fields[name] for name in names])
         if rows is not None:
-            carried = [t[:rows] for t in carried]
-        if not any(self.empty) and not any(leaf.dtype in _ROWS for leaf in self.leaves) and (
-                not self.any_ragged):
+            # A short batch: its first rows. An arena stays whole: a part's samples fill its
+            # arena from the part's start, not row by row.
+            carried = [t if (i < len(self.leaves) and self.leaves[i].packed) else t[:rows]
+                       for i, t in zip(self._carried_leaves(), carried)]
+        if not any(self.empty) and not self.any_packed:
             return carried
-        rows, device = carried[0].shape[0], carried[0].device
+        index_rows = carried[len(carried) - len(self.index_names):]
+        rows = (index_rows[0] if index_rows else carried[0]).shape[0]
+        device = carried[0].device
         out: List[Any] = []
         it = iter(carried)
         # The index fields come after the others (names above); read back to the host once.
-        indices = {i: t.cpu().numpy() for i, t in zip(self.index_names,
-                                                      carried[len(carried) - len(self.index_names):])}
+        indices = {i: t.cpu().numpy() for i, t in zip(self.index_names, index_rows)}
         for k, (leaf, e) in enumerate(zip(self.leaves, self.empty)):
             if leaf.ragged:
                 out.append(_unpack(next(it), indices[k], leaf, self.names[k]))
+            elif leaf.packed:
+                # As torch's collate: a list of str or bytes (read back to the host).
+                out.append(_unpack_text(next(it), indices[k], leaf, self.names[k]))
             elif e:
                 out.append(torch.empty((rows, *leaf.shape), dtype=_TORCH_OF[leaf.dtype],
                                        device=device))
-            elif leaf.dtype in _ROWS:
-                # As torch's collate: a list of str or bytes (read back to the host).
-                out.append(decode_rows(next(it).cpu().numpy(), leaf.path or "the sample",
-                                       leaf.shape[0], text=leaf.dtype == "str"))
             else:
                 out.append(next(it))
         return out
+
+    def _carried_leaves(self) -> List[int]:
+        """For each tensor ``tensors`` converts, the leaf it is (an index field: past the
+        leaves)."""
+        return ([i for i, e in enumerate(self.empty) if not e]
+                + [len(self.leaves) + i for i in self.index_names])
 
     def ring_fields(self) -> List[Tuple[str, str, List[int]]]:
         """The ring's fields as (name, dtype, per-sample shape), in declared order."""
@@ -366,6 +364,8 @@ class _Layout:
         """Raises ``UsageError`` when ``value`` (of sample ``index``, or of a collated part of
         ``n`` samples) does not match the layout; returns a str or bytes leaf's bytes."""
         d = _describe(value)
+        if leaf.dtype in _ROWS and d == (leaf.dtype, ()):
+            return _raw(value)
         if leaf.ragged:
             if d is not None and d[0] == leaf.dtype and len(d[1]) == leaf.ndim:
                 return None
@@ -374,18 +374,6 @@ class _Layout:
                 f"{leaf.path or 'the sample'} of sample {index} is {got}, but it is a ragged "
                 f"field of {leaf.dtype} with {leaf.ndim} dimensions (any sizes): every sample "
                 "must give it that dtype and that many dimensions"
-            )
-        if leaf.dtype in _ROWS and d == (leaf.dtype, ()):
-            raw = _raw(value)
-            holds = leaf.shape[0] - _STR_HEAD
-            if len(raw) <= holds:
-                return raw
-            utf8 = " (UTF-8)" if leaf.dtype == "str" else ""
-            raise _native.UsageError(
-                f"{leaf.path or 'the sample'} of sample {index} is a {leaf.dtype} of {len(raw)} "
-                f"bytes{utf8}, but its field holds {holds} (str_bytes={leaf.shape[0]}, 4 of them "
-                "its length): pass pinring.torch.DataLoader(..., str_bytes=N) with N at least "
-                f"{len(raw) + _STR_HEAD}"
             )
         # A sample's element has the leaf's shape; a collated part's has n rows of it.
         want_shape = leaf.shape if n is None else (n, *leaf.shape)
@@ -456,12 +444,16 @@ class _Packer:
         room = self.rows * leaf.shape[0]
         count = int(flat.shape[0])
         if at + count > room:
-            itemsize = _ITEMSIZE[leaf.dtype]
+            itemsize = _ITEMSIZE[leaf.ring_dtype]
+            setting = "str_bytes" if leaf.dtype in _ROWS else "ragged_bytes"
+            what = (f"is a {leaf.dtype} of {count} bytes" + (" (UTF-8)" if leaf.dtype == "str"
+                                                               else "")
+                    if leaf.dtype in _ROWS else f"holds {count * itemsize} bytes")
             raise _native.UsageError(
-                f"{leaf.path or 'the sample'} of sample {sample} holds {count * itemsize} bytes, "
-                f"but the {self.rows}-sample batch part it is in has {(room - at) * itemsize} of "
+                f"{leaf.path or 'the sample'} of sample {sample} {what}, but the "
+                f"{self.rows}-sample batch part it is in has {(room - at) * itemsize} of "
                 f"field {name!r}'s arena left ({leaf.shape[0] * itemsize} bytes a sample, "
-                f"ragged_bytes): pass pinring.torch.DataLoader(..., ragged_bytes=N) with N at "
+                f"{setting}): pass pinring.torch.DataLoader(..., {setting}=N) with N at "
                 f"least {-(-count * itemsize // 64) * 64} (the arena is shared by the part's "
                 "samples: a part holds N bytes a sample on average)"
             )
@@ -493,6 +485,23 @@ def _unpack(arena: Any, index: Any, leaf: _Leaf, name: str) -> List[Any]:
     return out
 
 
+def _unpack_text(arena: Any, index: Any, leaf: _Leaf, name: str) -> List[Any]:
+    """A str (or bytes) field's values in a batch, each length checked against the arena
+    (read back to the host once) before a byte is read."""
+    raw = arena.reshape(-1).cpu().numpy().tobytes()
+    out: List[Any] = []
+    for j, (at, n) in enumerate(index.tolist()):
+        if at < 0 or n < 0 or at + n > len(raw):
+            raise _native.VerifyError(
+                f"row {j} of {leaf.dtype} field {name!r} says {n} bytes at {at}, outside the "
+                f"batch's arena of {len(raw)}: the ring's bytes were changed under the batch; "
+                "report it"
+            )
+        out.append(raw[at:at + n].decode("utf-8", errors="replace") if leaf.dtype == "str"
+                   else raw[at:at + n])
+    return out
+
+
 def _on_cpu(value: Any, leaf: _Leaf, index: int) -> None:
     """Raises ``UsageError`` for a tensor of sample ``index`` that is not on the CPU."""
     if isinstance(value, torch.Tensor) and value.device.type != "cpu":
@@ -515,20 +524,15 @@ def _write(layout: _Layout, value: Any, views: List[Any], j: Optional[int], inde
         )
     for k, (value, leaf, view) in enumerate(zip(leaves, layout.leaves, views)):
         raw = layout.check(index, value, leaf, n)
-        if leaf.ragged:
+        if leaf.packed:
             if packer is None or j is None:
-                raise _native.InternalError("a ragged field written without its packer")
+                raise _native.InternalError("a packed field written without its packer")
             _on_cpu(value, leaf, index)
-            packer.put(k, leaf, value, view[0], view[1], j, index, layout.names[k])
+            packer.put(k, leaf, value if raw is None else np.frombuffer(raw, np.uint8),
+                       view[0], view[1], j, index, layout.names[k])
             continue
         if view is None:
             continue  # an empty array: nothing to write (_Layout.empty)
-        if raw is not None:
-            row = view.numpy() if isinstance(view, torch.Tensor) else view
-            row = row if j is None else row[j]
-            row[:_STR_HEAD] = np.frombuffer(len(raw).to_bytes(_STR_HEAD, "little"), np.uint8)
-            row[_STR_HEAD:_STR_HEAD + len(raw)] = np.frombuffer(raw, np.uint8)
-            continue
         if isinstance(value, torch.Tensor):
             _on_cpu(value, leaf, index)
             if isinstance(view, torch.Tensor):

@@ -177,11 +177,11 @@ def _worker_main(args: _WorkerArgs, errors: Any, stop: Any) -> None:
                     return
                 claimed = time.monotonic()
                 views = layout.part_views(part.fields, thread)
-                # Ragged fields: the part's samples packed into their arenas; a collate_fn
-                # then runs in the training process, on the whole batch.
+                # Ragged fields and str: the part's samples packed into their arenas; with a
+                # ragged field, a collate_fn runs in the training process, on the whole batch.
                 packer = _Packer(part.first_in_batch, len(part.indices)) if (
-                    layout.any_ragged) else None
-                collate = None if layout.any_ragged else args.collate_fn
+                    layout.any_packed) else None
+                collate = None if layout.collate_in_trainer else args.collate_fn
                 if maker is not None:
                     stage = "streaming"
                     first = part.first_in_batch
