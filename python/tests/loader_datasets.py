@@ -367,10 +367,11 @@ class Tokens(torch.utils.data.Dataset):
     """Variable-length fields: sample ``i`` holds ``tokens`` (``3 + 7i % 13`` int64 ids from
     ``i``), ``boxes`` (``i % 4`` rows of 4 float32s, all ``i``: none for every fourth), a
     caption str, a label int and a fixed 2x2 float32 ``img``. ``kill=(path, at)``: sample
-    ``at``'s first load kills its worker (SIGKILL), once (the marker file says it did)."""
+    ``at``'s first load kills its worker (SIGKILL), once (the marker file says it did);
+    ``slow``: seconds each sample takes to load."""
 
-    def __init__(self, n=50, kill=None, long_at=None):
-        self.n, self.kill, self.long_at = n, kill, long_at
+    def __init__(self, n=50, kill=None, long_at=None, slow=0.0):
+        self.n, self.kill, self.long_at, self.slow = n, kill, long_at, slow
 
     def __len__(self):
         return self.n
@@ -384,6 +385,8 @@ class Tokens(torch.utils.data.Dataset):
             else:
                 os.close(fd)
                 os.kill(os.getpid(), signal.SIGKILL)
+        if self.slow:
+            time.sleep(self.slow)  # a load that takes time (decoding, a read)
         length = 100_000 if i == self.long_at else 3 + (i * 7) % 13
         return {"tokens": torch.arange(length, dtype=torch.int64) + i,
                 "boxes": np.full((i % 4, 4), i, np.float32), "caption": f"sample {i}",

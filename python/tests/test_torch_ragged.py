@@ -83,6 +83,62 @@ def test_a_worker_killed_mid_part_loses_and_repeats_nothing(tmp_path):
     assert tokens == [ds.Tokens(120)[i]["tokens"].tolist() for i in range(120)]
 
 
+def _zygote_children(pid):
+    out = []
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                out += [int(p) for p in f.read().split()]
+    except OSError:
+        pass
+    return out
+
+
+def test_a_kill_storm_on_packing_workers_loses_and_repeats_nothing():
+    """Workers SIGKILLed again and again while they pack ragged arrays and str into their
+    parts' arenas: each part whose worker died is made again from an empty arena; every
+    sample's tokens, boxes and caption arrive once, whole, in order."""
+    import random
+    import signal
+    import threading
+
+    n = 400
+    rng = random.Random(49)
+    kills = []
+    done = threading.Event()
+    with DataLoader(ds.Tokens(n, slow=0.005), batch_size=8, num_workers=3, device=DEVICE,
+                    ragged=RAGGED, max_worker_restarts=1000) as dl:
+        it = iter(dl)
+        got = [next(it)]
+
+        def storm():
+            while not done.is_set() and len(kills) < 30:
+                done.wait(rng.uniform(0.005, 0.04))
+                pids = [p for p in _zygote_children(dl._zygote.pid) if p not in kills]
+                if pids:
+                    pid = rng.choice(pids)
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                        kills.append(pid)
+                    except ProcessLookupError:
+                        pass
+
+        killer = threading.Thread(target=storm)
+        killer.start()
+        try:
+            got += list(it)
+        finally:
+            done.set()
+            killer.join()
+        restarts = dl.worker_restarts
+    assert len(kills) >= 5 and restarts >= 1, (len(kills), restarts)
+    want = [ds.Tokens(n)[i] for i in range(n)]
+    assert [t.tolist() for b in got for t in b["tokens"]] == [w["tokens"].tolist() for w in want]
+    assert [t.tolist() for b in got for t in b["boxes"]] == [w["boxes"].tolist() for w in want]
+    assert [c for b in got for c in b["caption"]] == [w["caption"] for w in want]
+    assert [x for b in got for x in b["label"].tolist()] == list(range(n))
+
+
 def test_a_sample_larger_than_the_arena_names_itself_and_the_setting():
     with DataLoader(ds.Tokens(20, long_at=12), batch_size=4, num_workers=0, device=DEVICE,
                     collate_fn=ds.pad_tokens) as dl:
