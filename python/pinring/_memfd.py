@@ -7,8 +7,9 @@ child's given the descriptor with ``pass_fds``), as the anonymous ring is opened
 
 from __future__ import annotations
 
+import mmap
 import os
-from typing import Optional
+from typing import Optional, Tuple
 
 
 def holding(label: str, text: str = "") -> int:
@@ -22,6 +23,36 @@ def holding(label: str, text: str = "") -> int:
         os.close(fd)
         raise
     return fd
+
+
+def new_table(label: str, size: int) -> Tuple[mmap.mmap, int]:
+    """A new memfd (close-on-exec) labelled ``label`` of ``size`` zero bytes, mapped shared and
+    writable: the map and the descriptor (which keeps it alive for the processes that open it
+    at ``path``)."""
+    fd = holding(label)
+    try:
+        os.ftruncate(fd, size)
+        return mmap.mmap(fd, size), fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def open_table(at: str, size: int, what: str, writable: bool) -> mmap.mmap:
+    """The table another process made with ``new_table``, mapped from ``at`` (its
+    ``/proc/<pid>/fd/<fd>``); a ``RingError`` naming ``what`` if it is not ``size`` bytes."""
+    from pinring import _native
+
+    fd = os.open(at, (os.O_RDWR if writable else os.O_RDONLY) | os.O_CLOEXEC)
+    try:
+        found = os.fstat(fd).st_size
+        if found != size:
+            raise _native.RingError(
+                f"{what} at {at} holds {found} bytes, not {size}: it is not this loader's"
+            )
+        return mmap.mmap(fd, size, prot=mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0))
+    finally:
+        os.close(fd)
 
 
 def path(fd: int, pid: Optional[int] = None) -> str:

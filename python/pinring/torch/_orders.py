@@ -18,54 +18,40 @@ of epoch ``e`` into ``order[e][p]``, read from a table that the training process
 from __future__ import annotations
 
 import mmap
-import os
 from typing import Optional
 
 import numpy as np
 
-from pinring import _memfd, _native
+from pinring import _memfd
 
 
 class OrderTable:
     """``depth`` rows of ``positions`` sample indices (int64), each headed by its epoch."""
 
-    def __init__(self, fd: int, positions: int, depth: int, writable: bool) -> None:
+    def __init__(self, table: mmap.mmap, positions: int, depth: int) -> None:
         self.positions = int(positions)
         self.depth = int(depth)
-        size = 8 * self.depth * (1 + self.positions)
-        self._map = mmap.mmap(fd, size, prot=mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0))
-        table = np.frombuffer(self._map, dtype=np.int64)
-        self._heads = table[: self.depth]
-        self._rows = table[self.depth:].reshape(self.depth, self.positions)
+        self._map = table
+        values = np.frombuffer(self._map, dtype=np.int64)
+        self._heads = values[: self.depth]
+        self._rows = values[self.depth:].reshape(self.depth, self.positions)
 
     @classmethod
     def create(cls, positions: int, depth: int) -> "tuple[OrderTable, int]":
         """A new table in a memfd (close-on-exec), every row empty; the table and the memfd."""
-        fd = _memfd.holding("pinring-torch-orders")
-        try:
-            os.ftruncate(fd, 8 * depth * (1 + positions))
-            table = cls(fd, positions, depth, writable=True)
-        except BaseException:
-            os.close(fd)
-            raise
-        table._heads[:] = -1
-        return table, fd
+        table, fd = _memfd.new_table("pinring-torch-orders", 8 * depth * (1 + positions))
+        orders = cls(table, positions, depth)
+        orders._heads[:] = -1
+        return orders, fd
 
     @classmethod
     def open(cls, path: str, positions: int, depth: int) -> "OrderTable":
         """The table the training process made, read-only, from its ``/proc/<pid>/fd/<fd>``."""
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            size = os.fstat(fd).st_size
-            want = 8 * depth * (1 + positions)
-            if size != want:
-                raise _native.RingError(
-                    f"the sample-order table at {path} holds {size} bytes, not the {want} of "
-                    f"{depth} epochs of {positions} positions: it is not this loader's"
-                )
-            return cls(fd, positions, depth, writable=False)
-        finally:
-            os.close(fd)
+        table = _memfd.open_table(
+            path, 8 * depth * (1 + positions),
+            f"the sample-order table of {depth} epochs of {positions} positions", writable=False,
+        )
+        return cls(table, positions, depth)
 
     def publish(self, epoch: int, order: np.ndarray) -> None:
         """Epoch ``epoch``'s order: its indices first, then the row's head."""

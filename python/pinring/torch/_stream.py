@@ -25,7 +25,6 @@ What an iterable dataset keeps and what it cannot is in docs/PYTHON.md ("Iterabl
 from __future__ import annotations
 
 import mmap
-import os
 import random
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -51,39 +50,25 @@ class EndTable:
     runs. ``batch`` is the worker's first batch that is not full, ``rows`` its rows (0 for an
     empty one); every batch of the worker after it is empty."""
 
-    def __init__(self, fd: int, workers: int, writable: bool) -> None:
+    def __init__(self, table: mmap.mmap, workers: int) -> None:
         self.workers = int(workers)
-        self._map = mmap.mmap(fd, 16 * self.workers,
-                              prot=mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0))
+        self._map = table
         self._rows = np.frombuffer(self._map, dtype=np.int64).reshape(self.workers, 2)
 
     @classmethod
     def create(cls, workers: int) -> "Tuple[EndTable, int]":
         """A new table in a memfd (close-on-exec), no worker ended; the table and the memfd."""
-        fd = _memfd.holding("pinring-torch-stream-ends")
-        try:
-            os.ftruncate(fd, 16 * workers)
-            table = cls(fd, workers, writable=True)
-        except BaseException:
-            os.close(fd)
-            raise
-        table._rows[:, 0] = -1
-        return table, fd
+        table, fd = _memfd.new_table("pinring-torch-stream-ends", 16 * workers)
+        ends = cls(table, workers)
+        ends._rows[:, 0] = -1
+        return ends, fd
 
     @classmethod
     def open(cls, path: str, workers: int) -> "EndTable":
         """The table the training process made, from its ``/proc/<pid>/fd/<fd>``."""
-        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
-        try:
-            size = os.fstat(fd).st_size
-            if size != 16 * workers:
-                raise _native.RingError(
-                    f"the stream-end table at {path} holds {size} bytes, not the {16 * workers} "
-                    f"of {workers} workers: it is not this loader's"
-                )
-            return cls(fd, workers, writable=True)
-        finally:
-            os.close(fd)
+        table = _memfd.open_table(path, 16 * workers,
+                                  f"the stream-end table of {workers} workers", writable=True)
+        return cls(table, workers)
 
     def end(self, worker: int, batch: int, rows: int) -> None:
         """Worker ``worker``'s stream ended at ``batch`` (``rows`` rows): rows first, the batch
