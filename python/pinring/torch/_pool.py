@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import pickle
 import queue as _queue
 import threading
 import time
@@ -169,7 +170,8 @@ class WorkerPool:
                 self.done.add(worker_id)
                 continue
             if kind == "state":
-                self.states.setdefault(worker_id, {})[index] = exc_type
+                # The stream's place after batch ``index``, pickled by the worker.
+                self.states.setdefault(worker_id, {})[index] = pickle.loads(exc_type)
                 continue
             if kind == "ring":
                 self.left[worker_id] = (exc_type, message)

@@ -144,14 +144,16 @@ def _worker_main(args: _WorkerArgs, errors: Any, stop: Any) -> None:
         layout = args.layout
         orders = None if args.orders is None else _Orders(*args.orders)
         def report(batch: int, snapshot: Dict[str, Any]) -> None:
-            size = len(pickle.dumps(snapshot))
+            # Pickled once, here: its size checked, and sent as bytes (the pool unpickles it).
+            data = pickle.dumps(snapshot)
+            size = len(data)
             if size > _STATE_MAX:
                 raise _native.UsageError(
                     f"the state of worker {args.worker_id}'s stream after batch {batch} (its "
                     f"dataset's or iterator's state_dict()) pickles to {size} bytes, over the "
                     f"{_STATE_MAX} a worker may report: keep a position in it, not the data"
                 )
-            errors.put((args.worker_id, "state", batch, snapshot, ""))
+            errors.put((args.worker_id, "state", batch, data, ""))
 
         maker = None
         if args.stream is not None:
