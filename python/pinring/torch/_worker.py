@@ -10,7 +10,7 @@ import random
 import threading
 import time
 import traceback
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, NamedTuple, Optional, Tuple
 
 import torch
 
@@ -167,6 +167,33 @@ def _worker_main(args: _WorkerArgs, errors: Any, stop: Any) -> None:
         def streaming(position: int) -> None:
             nonlocal index
             index = position
+        def loaded(indices: Any) -> Iterator[Any]:
+            """The samples at ``indices``, loaded one by one as they are taken."""
+            nonlocal stage, index
+            for i in indices:
+                stage, index = "loading", int(i)
+                yield args.dataset[i]
+
+        def fill(samples: Iterable[Any], first: int, views: List[Any],
+                 packer: Optional[_Packer], collate: Any) -> None:
+            """Writes a part's ``samples`` (the first of them sample ``first``) into its
+            ``views``: each sample in its row, through ``collate`` with ``batch_size=None``;
+            or, with a collate_fn, what it makes of them all (a short batch of an iterable
+            dataset: its first rows; the rest stay unwritten)."""
+            nonlocal stage, index
+            if collate is None or args.unbatched:
+                for j, sample in enumerate(samples):
+                    if collate is not None:
+                        stage = "collating"
+                        sample = collate(sample)
+                    _write(layout, sample, views, j, index, None, packer)
+                return
+            listed = list(samples)
+            if listed:
+                stage, index = "collating", first
+                rows = [None if v is None else v[:len(listed)] for v in views]
+                _write(layout, collate(listed), rows, None, index, len(listed))
+
         try:
             while not stop.is_set():
                 stage = "claiming"
@@ -188,35 +215,12 @@ def _worker_main(args: _WorkerArgs, errors: Any, stop: Any) -> None:
                     stage = "streaming"
                     first = part.first_in_batch
                     mine = maker.samples(part.batch, streaming)[first:first + len(part.indices)]
-                    if collate is None or args.unbatched:
-                        for j, sample in enumerate(mine):
-                            if collate is not None:
-                                stage = "collating"
-                                sample = collate(sample)
-                            _write(layout, sample, views, j, index, None, packer)
-                    elif mine:
-                        stage = "collating"
-                        # A short batch fills its first rows; the rest stay unwritten.
-                        rows = [None if v is None else v[:len(mine)] for v in views]
-                        _write(layout, collate(mine), rows, None, index, len(mine))
-                        del rows
+                    fill(mine, index, views, packer, collate)
                     at, origin = index, f"row {first} of worker {args.worker_id}'s batch"
                 else:
                     indices = part.indices if orders is None else orders.indices(part)
-                    if collate is None or args.unbatched:
-                        for j, index in enumerate(indices):
-                            stage = "loading"
-                            sample = args.dataset[index]
-                            if collate is not None:
-                                stage = "collating"
-                                sample = collate(sample)
-                            _write(layout, sample, views, j, index, None, packer)
-                    else:
-                        index = indices[0]
-                        stage = "loading"
-                        samples = [args.dataset[i] for i in indices]
-                        stage = "collating"
-                        _write(layout, collate(samples), views, None, index, len(samples))
+                    fill(loaded(indices), indices[0] if len(indices) else -1, views, packer,
+                         collate)
                     at = part.indices[0] if len(part.indices) else -1
                     origin = f"sample {at}"
                 del views
