@@ -310,6 +310,33 @@ def test_str_fields_are_batched_as_torch_batches_them(workers):
     assert [s["caption"] for s in one] == [data[i]["caption"] for i in range(11)]
 
 
+def _tokenize_captions(batch):
+    """A collate_fn as a text+image script has: the images stacked, each caption's bytes as
+    token ids padded to the batch's longest (a shape that differs from batch to batch), and
+    the captions themselves."""
+    ids = [torch.tensor(list(s["caption"].encode()), dtype=torch.int64) for s in batch]
+    return {"image": torch.stack([torch.as_tensor(s["image"]) for s in batch]),
+            "ids": torch.nn.utils.rnn.pad_sequence(ids, batch_first=True),
+            "caption": [s["caption"] for s in batch]}
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_collate_fn_over_str_fields_gets_the_whole_batch_as_with_torch(workers):
+    """A collate_fn over samples that hold a str (tokenizing captions, padding to the batch's
+    longest, listing them) runs on the whole batch, in the training process: its output is
+    torch's, batch for batch."""
+    data = ds.Captioned(11)
+    kw = dict(batch_size=4, collate_fn=_tokenize_captions)
+    want = list(torch.utils.data.DataLoader(data, **kw))
+    with loader(data, num_workers=workers, **kw) as dl:
+        got = list(dl)
+    assert len(got) == len(want) == 3
+    assert len({tuple(w["ids"].shape) for w in want}) > 1, "the premise: shapes vary"
+    for g, w in zip(got, want):
+        assert g["caption"] == w["caption"]
+        assert torch.equal(g["ids"].cpu(), w["ids"]) and torch.equal(g["image"].cpu(), w["image"])
+
+
 def test_a_str_longer_than_its_parts_arena_is_named_with_the_setting():
     """str fields are packed per batch part into an arena of str_bytes a sample: one that does
     not fit what its part has left is named, with the setting that holds it."""

@@ -591,7 +591,10 @@ def samples_layout(samples: List[Any], collate_fn: Optional[Callable[[List[Any]]
     """The fields of batches of ``samples`` (the first is ``dataset[0]``): ``sample_layout`` of
     the first, unless an array's shape differs among them (same dtype and dimensions), or its
     field is named in ``ragged``: then that array is a ragged field, every sample carried as it
-    is (a ``collate_fn`` runs in the training process, on the whole batch)."""
+    is (a ``collate_fn`` runs in the training process, on the whole batch). A ``collate_fn``
+    over samples that hold a str or bytes runs there too, with the samples carried as they are:
+    what it makes of text (token ids padded to the batch's longest) has no fixed shape, and its
+    own output may hold the strings."""
     first = samples[0]
     leaves: List[Any] = []
     keys: List[Tuple[str, ...]] = []
@@ -618,7 +621,8 @@ def samples_layout(samples: List[Any], collate_fn: Optional[Callable[[List[Any]]
             if (d is not None and o is not None and d[0] == o[0] and d[0] not in _ROWS
                     and len(d[1]) == len(o[1]) >= 1 and d[1] != o[1]):
                 found.add(i)
-    if not found:
+    text = any(d is not None and d[0] in _ROWS for d in described)
+    if not found and not (text and collate_fn is not None and not unbatched):
         return sample_layout(first, collate_fn, unbatched, str_bytes)
     shares: Dict[int, int] = {}
     for i in sorted(found):
