@@ -26,6 +26,10 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+mod report;
+pub use report::CSV_COLUMNS;
+use report::{plot, plot_rings_if, replot, to_csv};
+
 /// `pinring bench` flags.
 #[derive(Debug, Clone, clap::Args)]
 pub struct BenchArgs {
@@ -302,7 +306,9 @@ pub fn run(args: &BenchArgs, stop: &Shutdown) -> Result<Measured, BenchError> {
     })
 }
 
-/// Measures into `points` (and `ceilings`, `kind`), so that what was done survives a stop.
+/// Measures into `points` (and `ceilings`, `kind`), so that what was done survives a stop: the
+/// host and its ceilings, the upload engine alone, the warm-up, then every pipeline point and
+/// the modes side by side.
 fn measure(
     args: &BenchArgs,
     stop: &Shutdown,
@@ -310,57 +316,12 @@ fn measure(
     ceilings: &mut Vec<(u64, f64, f64)>,
     points: &mut Vec<Point>,
 ) -> Result<(), BenchError> {
-    let stopped = || {
-        if stop.requested() {
-            Err(BenchError::Interrupted)
-        } else {
-            Ok(())
-        }
-    };
     let selected = pinring_backend::select(args.backend, args.device)?;
     let backend = selected.backend;
     *kind = backend.name();
     let kind = *kind;
-    pinring_runtime::outln!("pinring bench: backend {kind} ({})", selected.reason);
-    if kind == "host" {
-        pinring_runtime::outln!("  no GPU in use: device memory is host memory, an upload is a memcpy; these numbers measure the protocol and memory bandwidth, not PCIe");
-    }
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    pinring_runtime::outln!("  host: {cores} CPUs; date {}", now_utc());
-
-    let gen = pinring_data::generator_throughput(1 << 20, 0.5);
-    pinring_runtime::outln!(
-        "  synthetic generator alone: {gen:.1} GB/s on one core (1 MiB samples)"
-    );
-
-    stopped()?;
-    if args.register_bytes.bytes() > 0 {
-        let (secs, what) = time_registration(&*backend, args.register_bytes.bytes())?;
-        let gib = args.register_bytes.bytes() as f64 / (1u64 << 30) as f64;
-        pinring_runtime::outln!(
-            "  registration of a prefaulted {} ring segment: {secs:.3} s = {:.3} s/GiB ({what})",
-            args.register_bytes,
-            secs / gib
-        );
-    }
-
-    // Ceilings per slot size.
-    pinring_runtime::outln!("\nceilings (one stream, no pipeline):");
-    pinring_runtime::outln!(
-        "{:>10} {:>16} {:>16}",
-        "slot",
-        "registered GB/s",
-        "pageable GB/s"
-    );
-    for size in &args.slot_sizes {
-        stopped()?;
-        let bytes = size.bytes() as usize;
-        let iters = ((4u64 << 30) / size.bytes().max(1)).clamp(20, 20_000) as usize;
-        let reg = backend.raw_copy_gbps(bytes, iters, true)?;
-        let page = backend.raw_copy_gbps(bytes, (iters / 4).max(10), false)?;
-        pinring_runtime::outln!("{:>10} {:>16.2} {:>16.2}", size.to_string(), reg, page);
-        ceilings.push((size.bytes(), reg, page));
-    }
+    introduce(args, stop, &*backend, kind, &selected.reason)?;
+    measure_ceilings(args, stop, &*backend, ceilings)?;
     drop(backend);
     let mode_raw = if args.skip_modes {
         0.0
@@ -401,80 +362,81 @@ fn measure(
         run_bytes,
         progress: std::cell::Cell::new((0, total, Instant::now())),
     };
-
-    // The upload engine alone on each point's ring: no writers, no protocol, every slot full.
-    pinring_runtime::outln!(
-        "\nupload engine alone (the pipeline's ring, device buffers and one upload group per \
-         slot; no writers):"
-    );
-    pinring_runtime::outln!(
-        "{:>10} {:>10} {:>8} {:>16} {:>8}",
-        "slot",
-        "GB/s",
-        "of raw",
-        "submit us/slot",
-        "cores"
-    );
-    // The engine alone, the warm-up and the modes run at the first ring size asked.
-    let first_ring = |slot: u64| ring_slots(slot, args.ring_bytes[0].bytes());
-    for (slot, raw, _) in ceilings.iter() {
-        let m = bench.reference(*slot, first_ring(*slot), 0)?;
-        pinring_runtime::outln!(
-            "{:>10} {:>10.2} {:>7.0}% {:>16.2} {:>8.2}",
-            ByteSize(*slot).to_string(),
-            m.gbps,
-            100.0 * m.gbps / raw.max(1e-9),
-            m.submit_seconds / m.batches.max(1) as f64 * 1e6,
-            m.cpu_seconds / m.seconds.max(1e-9)
-        );
-    }
-
-    // The first pipeline run after the GPU sat idle is slower (seen on the H200: 36 GB/s, then
-    // 43-44 GB/s for the same point): run one, unreported, so every reported run starts warm.
-    if let (Some(&(slot, _, _)), Some(&n)) = (ceilings.first(), args.loaders.iter().max()) {
-        let warm = bench.pipeline("warm-up", slot, first_ring(slot), n, &[], 0)?;
-        pinring_runtime::outln!("\nwarm-up run (not reported): {:.2} GB/s", warm.gbps);
-    }
-    let runs = match args.repeat {
-        1 => "1 run per point (--repeat N for more, with their spread)".to_string(),
-        n => format!("{n} runs per point: median, min-max and spread"),
-    };
-    pinring_runtime::outln!(
-        "\npipeline (daemon + N loader processes, discard sink) next to the reference (N writer \
-         processes, no protocol); {runs}:"
-    );
-    print_header();
-    bench.restart_clock();
-    let first = points.len();
-    for (slot, raw, _) in ceilings.iter() {
-        for slots in geometries(*slot, &args.ring_bytes) {
-            for &n in &args.loaders {
-                let point = bench.point("pipeline", *slot, slots, n, *raw, &[])?;
-                print_point(&point);
-                bench.point_done();
-                points.push(point);
-            }
-        }
-    }
-    print_flag_note(&points[first..]);
-
+    bench.engine_alone(ceilings)?;
+    bench.warm_up(ceilings)?;
+    bench.pipeline_points(ceilings, points)?;
     if !args.skip_modes {
-        let mode_slot = args.mode_slot.bytes();
+        bench.mode_points(mode_raw, points)?;
+    }
+    Ok(())
+}
+
+/// `Err(Interrupted)` once SIGTERM or SIGINT came.
+fn stopped(stop: &Shutdown) -> Result<(), BenchError> {
+    if stop.requested() {
+        Err(BenchError::Interrupted)
+    } else {
+        Ok(())
+    }
+}
+
+/// The lines that open the report: the backend, the host, the generator's speed alone, and
+/// the registration's time when asked for.
+fn introduce(
+    args: &BenchArgs,
+    stop: &Shutdown,
+    backend: &dyn pinring_backend::Backend,
+    kind: &str,
+    reason: &str,
+) -> Result<(), BenchError> {
+    pinring_runtime::outln!("pinring bench: backend {kind} ({reason})");
+    if kind == "host" {
+        pinring_runtime::outln!("  no GPU in use: device memory is host memory, an upload is a memcpy; these numbers measure the protocol and memory bandwidth, not PCIe");
+    }
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    pinring_runtime::outln!("  host: {cores} CPUs; date {}", now_utc());
+
+    let gen = pinring_data::generator_throughput(1 << 20, 0.5);
+    pinring_runtime::outln!(
+        "  synthetic generator alone: {gen:.1} GB/s on one core (1 MiB samples)"
+    );
+
+    stopped(stop)?;
+    if args.register_bytes.bytes() > 0 {
+        let (secs, what) = time_registration(backend, args.register_bytes.bytes())?;
+        let gib = args.register_bytes.bytes() as f64 / (1u64 << 30) as f64;
         pinring_runtime::outln!(
-            "\nmodes side by side ({}, {} loaders), each next to the reference:",
-            args.mode_slot,
-            args.mode_loaders
+            "  registration of a prefaulted {} ring segment: {secs:.3} s = {:.3} s/GiB ({what})",
+            args.register_bytes,
+            secs / gib
         );
-        print_header();
-        let first = points.len();
-        for (mode, extra) in MODES {
-            let slots = first_ring(mode_slot);
-            let point = bench.point(mode, mode_slot, slots, args.mode_loaders, mode_raw, extra)?;
-            print_point(&point);
-            bench.point_done();
-            points.push(point);
-        }
-        print_flag_note(&points[first..]);
+    }
+    Ok(())
+}
+
+/// The raw copy's ceilings at each slot size (one stream, no pipeline), registered and
+/// pageable, into `ceilings`.
+fn measure_ceilings(
+    args: &BenchArgs,
+    stop: &Shutdown,
+    backend: &dyn pinring_backend::Backend,
+    ceilings: &mut Vec<(u64, f64, f64)>,
+) -> Result<(), BenchError> {
+    pinring_runtime::outln!("\nceilings (one stream, no pipeline):");
+    pinring_runtime::outln!(
+        "{:>10} {:>16} {:>16}",
+        "slot",
+        "registered GB/s",
+        "pageable GB/s"
+    );
+    for size in &args.slot_sizes {
+        stopped(stop)?;
+        let bytes = size.bytes() as usize;
+        let iters = ((4u64 << 30) / size.bytes().max(1)).clamp(20, 20_000) as usize;
+        let reg = backend.raw_copy_gbps(bytes, iters, true)?;
+        let page = backend.raw_copy_gbps(bytes, (iters / 4).max(10), false)?;
+        pinring_runtime::outln!("{:>10} {:>16.2} {:>16.2}", size.to_string(), reg, page);
+        ceilings.push((size.bytes(), reg, page));
     }
     Ok(())
 }
@@ -521,6 +483,105 @@ struct Bench<'a> {
 }
 
 impl Bench<'_> {
+    /// The slots of the first ring size asked, at `slot`: where the engine alone, the warm-up
+    /// and the modes run.
+    fn first_ring(&self, slot: u64) -> u32 {
+        ring_slots(slot, self.args.ring_bytes[0].bytes())
+    }
+
+    /// The upload engine alone on each point's ring: no writers, no protocol, every slot full.
+    fn engine_alone(&self, ceilings: &[(u64, f64, f64)]) -> Result<(), BenchError> {
+        pinring_runtime::outln!(
+            "\nupload engine alone (the pipeline's ring, device buffers and one upload group per \
+             slot; no writers):"
+        );
+        pinring_runtime::outln!(
+            "{:>10} {:>10} {:>8} {:>16} {:>8}",
+            "slot",
+            "GB/s",
+            "of raw",
+            "submit us/slot",
+            "cores"
+        );
+        for (slot, raw, _) in ceilings {
+            let m = self.reference(*slot, self.first_ring(*slot), 0)?;
+            pinring_runtime::outln!(
+                "{:>10} {:>10.2} {:>7.0}% {:>16.2} {:>8.2}",
+                ByteSize(*slot).to_string(),
+                m.gbps,
+                100.0 * m.gbps / raw.max(1e-9),
+                m.submit_seconds / m.batches.max(1) as f64 * 1e6,
+                m.cpu_seconds / m.seconds.max(1e-9)
+            );
+        }
+        Ok(())
+    }
+
+    /// The first pipeline run after the GPU sat idle is slower (seen on the H200: 36 GB/s, then
+    /// 43-44 GB/s for the same point): one run, unreported, so every reported run starts warm.
+    fn warm_up(&self, ceilings: &[(u64, f64, f64)]) -> Result<(), BenchError> {
+        if let (Some(&(slot, _, _)), Some(&n)) = (ceilings.first(), self.args.loaders.iter().max())
+        {
+            let warm = self.pipeline("warm-up", slot, self.first_ring(slot), n, &[], 0)?;
+            pinring_runtime::outln!("\nwarm-up run (not reported): {:.2} GB/s", warm.gbps);
+        }
+        Ok(())
+    }
+
+    /// Every (slot size, ring size, loaders) point of the pipeline, each beside the reference.
+    fn pipeline_points(
+        &self,
+        ceilings: &[(u64, f64, f64)],
+        points: &mut Vec<Point>,
+    ) -> Result<(), BenchError> {
+        let args = self.args;
+        let runs = match args.repeat {
+            1 => "1 run per point (--repeat N for more, with their spread)".to_string(),
+            n => format!("{n} runs per point: median, min-max and spread"),
+        };
+        pinring_runtime::outln!(
+            "\npipeline (daemon + N loader processes, discard sink) next to the reference (N \
+             writer processes, no protocol); {runs}:"
+        );
+        print_header();
+        self.restart_clock();
+        let first = points.len();
+        for (slot, raw, _) in ceilings {
+            for slots in geometries(*slot, &args.ring_bytes) {
+                for &n in &args.loaders {
+                    let point = self.point("pipeline", *slot, slots, n, *raw, &[])?;
+                    print_point(&point);
+                    self.point_done();
+                    points.push(point);
+                }
+            }
+        }
+        print_flag_note(&points[first..]);
+        Ok(())
+    }
+
+    /// The modes side by side at `--mode-slot` (whose raw ceiling is `mode_raw`).
+    fn mode_points(&self, mode_raw: f64, points: &mut Vec<Point>) -> Result<(), BenchError> {
+        let args = self.args;
+        let mode_slot = args.mode_slot.bytes();
+        pinring_runtime::outln!(
+            "\nmodes side by side ({}, {} loaders), each next to the reference:",
+            args.mode_slot,
+            args.mode_loaders
+        );
+        print_header();
+        let first = points.len();
+        for (mode, extra) in MODES {
+            let slots = self.first_ring(mode_slot);
+            let point = self.point(mode, mode_slot, slots, args.mode_loaders, mode_raw, extra)?;
+            print_point(&point);
+            self.point_done();
+            points.push(point);
+        }
+        print_flag_note(&points[first..]);
+        Ok(())
+    }
+
     /// Bytes a run at `slot` moves.
     fn run_bytes(&self, slot: u64) -> u64 {
         self.run_bytes
@@ -900,534 +961,6 @@ fn run_of(index: u32, s: &Summary) -> Run {
     }
 }
 
-/// The columns of `bench.csv`. A point has one row per run (`run` = 1, 2, …) and a summary row
-/// (`run` = `median`: medians of the runs, GB/s with its min, max and spread, `flagged` 1 when
-/// either spread exceeds 10%); the ceilings have one row each, `run` empty.
-pub const CSV_COLUMNS: [&str; 23] = [
-    "backend",
-    "mode",
-    "slot_bytes",
-    "slots",
-    "loaders",
-    "run",
-    "gbps",
-    "gbps_min",
-    "gbps_max",
-    "spread",
-    "ref_gbps",
-    "ref_spread",
-    "ratio_to_ref",
-    "flagged",
-    "raw_gbps",
-    "ratio_to_raw",
-    "batches_per_s",
-    "daemon_cpu_s_per_gb",
-    "latency_p50_us",
-    "latency_p99_us",
-    "bound",
-    "bytes",
-    "ref_bytes",
-];
-
-/// One CSV record from (column, value) pairs, in [`CSV_COLUMNS`]' order; columns not given are
-/// empty. The `csv` writer quotes a value only when it needs it (a comma, a quote, a line end).
-fn csv_line(out: &mut csv::Writer<Vec<u8>>, fields: &[(&str, String)]) {
-    debug_assert!(fields.iter().all(|(k, _)| CSV_COLUMNS.contains(k)));
-    let record = CSV_COLUMNS.iter().map(|c| {
-        fields
-            .iter()
-            .find(|(k, _)| k == c)
-            .map_or("", |(_, v)| v.as_str())
-    });
-    // Writing into memory fails only when a record's length differs from the header's, which
-    // this record's cannot.
-    out.write_record(record)
-        .expect("a bench.csv record is CSV_COLUMNS long");
-}
-
-/// A number for the CSV: empty when it is not one (a ratio to a zero reference).
-fn num(v: Option<f64>, decimals: usize) -> String {
-    v.filter(|v| v.is_finite())
-        .map_or_else(String::new, |v| format!("{v:.decimals$}"))
-}
-
-fn to_csv(kind: &str, ceilings: &[(u64, f64, f64)], points: &[Point]) -> String {
-    let mut out = csv::WriterBuilder::new()
-        .terminator(csv::Terminator::Any(b'\n'))
-        .from_writer(Vec::new());
-    out.write_record(CSV_COLUMNS)
-        .expect("the header is CSV_COLUMNS long");
-    for &(slot, reg, page) in ceilings {
-        for (mode, gbps) in [("raw registered", reg), ("raw pageable", page)] {
-            csv_line(
-                &mut out,
-                &[
-                    ("backend", kind.to_string()),
-                    ("mode", mode.to_string()),
-                    ("slot_bytes", slot.to_string()),
-                    ("loaders", "0".into()),
-                    ("gbps", num(Some(gbps), 3)),
-                    ("raw_gbps", num(Some(reg), 3)),
-                    ("ratio_to_raw", num(Some(gbps / reg.max(1e-9)), 3)),
-                ],
-            );
-        }
-    }
-    for p in points {
-        let point = [
-            ("backend", kind.to_string()),
-            ("mode", p.mode.clone()),
-            ("slot_bytes", p.slot.to_string()),
-            ("slots", p.slots.to_string()),
-            ("loaders", p.loaders.to_string()),
-            ("raw_gbps", num(Some(p.raw_gbps), 3)),
-        ];
-        for r in &p.runs {
-            let mut fields = point.to_vec();
-            fields.extend([
-                ("run", r.index.to_string()),
-                ("gbps", num(Some(r.gbps), 3)),
-                ("ref_gbps", num(Some(r.ref_gbps), 3)),
-                ("ratio_to_ref", num(Some(r.ratio_to_ref()), 3)),
-                ("ratio_to_raw", num(Some(r.gbps / p.raw_gbps.max(1e-9)), 3)),
-                ("batches_per_s", num(Some(r.batches_per_s), 1)),
-                ("daemon_cpu_s_per_gb", num(Some(r.cpu_s_per_gb), 4)),
-                ("latency_p50_us", r.p50_us.to_string()),
-                ("latency_p99_us", r.p99_us.to_string()),
-                ("bound", r.bound.clone()),
-                ("bytes", r.bytes.to_string()),
-                ("ref_bytes", r.ref_bytes.to_string()),
-            ]);
-            csv_line(&mut out, &fields);
-        }
-        let (gbps, reference) = (p.gbps(), p.reference());
-        let median = gbps.map(|s| s.median);
-        let mut fields = point.to_vec();
-        fields.extend([
-            ("run", "median".to_string()),
-            ("gbps", num(median, 3)),
-            ("gbps_min", num(gbps.map(|s| s.min), 3)),
-            ("gbps_max", num(gbps.map(|s| s.max), 3)),
-            ("spread", num(gbps.and_then(|s| s.spread()), 3)),
-            ("ref_gbps", num(reference.map(|s| s.median), 3)),
-            ("ref_spread", num(reference.and_then(|s| s.spread()), 3)),
-            ("ratio_to_ref", num(p.ratio_to_ref(), 3)),
-            ("flagged", u8::from(p.flagged()).to_string()),
-            (
-                "ratio_to_raw",
-                num(median.map(|m| m / p.raw_gbps.max(1e-9)), 3),
-            ),
-            (
-                "batches_per_s",
-                num(Some(p.median_of(|r| r.batches_per_s)), 1),
-            ),
-            (
-                "daemon_cpu_s_per_gb",
-                num(Some(p.median_of(|r| r.cpu_s_per_gb)), 4),
-            ),
-            (
-                "latency_p50_us",
-                num(Some(p.median_of(|r| f64::from(r.p50_us))), 0),
-            ),
-            (
-                "latency_p99_us",
-                num(Some(p.median_of(|r| f64::from(r.p99_us))), 0),
-            ),
-            ("bound", p.bound().to_string()),
-        ]);
-        csv_line(&mut out, &fields);
-    }
-    let bytes = out.into_inner().expect("writing into memory cannot fail");
-    String::from_utf8(bytes).expect("every field is a String")
-}
-
-/// Rebuilds the points from a CSV written by [`to_csv`] (from its per-run rows; the summary rows
-/// are recomputed) or by an older `pinring bench` (one row per point, no `run` column, no
-/// reference), and redraws the plot.
-fn replot(csv: &Path, out: &Path) -> Result<Vec<Point>, BenchError> {
-    let text = std::fs::read_to_string(csv).map_err(io(csv))?;
-    let (kind, ceilings, points) = parse_csv(&text).map_err(|(line, why)| BenchError::Run {
-        what: format!("reading {} line {line}", csv.display()),
-        why,
-    })?;
-    let mut loaders: Vec<usize> = points
-        .iter()
-        .filter(|p| p.mode == "pipeline")
-        .map(|p| p.loaders)
-        .collect();
-    loaders.sort_unstable();
-    loaders.dedup();
-    let svg = out.join("bench.svg");
-    plot(&svg, &kind, &ceilings, &points, &loaders)?;
-    pinring_runtime::outln!("wrote {}", svg.display());
-    // A CSV holds no ring list: it swept rings if a slot size ran at more than one slot count.
-    let mut geometries: Vec<(u64, u32)> = points
-        .iter()
-        .filter(|p| p.mode == "pipeline" && p.slots > 0)
-        .map(|p| (p.slot, p.slots))
-        .collect();
-    geometries.sort_unstable();
-    geometries.dedup();
-    let swept = geometries.windows(2).any(|w| w[0].0 == w[1].0);
-    plot_rings_if(swept, out, &kind, &points)?;
-    Ok(points)
-}
-
-/// The ceilings and points of a bench CSV; an error is (line number, what is wrong). Fields are
-/// read as CSV is written (a quoted field may hold a comma, a quote or a line end; CRLF or LF).
-#[allow(clippy::type_complexity)]
-fn parse_csv(text: &str) -> Result<(String, Vec<(u64, f64, f64)>, Vec<Point>), (usize, String)> {
-    let mut reader = csv::ReaderBuilder::new()
-        .has_headers(false)
-        .flexible(true)
-        .from_reader(text.as_bytes());
-    let mut records = reader.records();
-    let line_of = |e: &csv::Error| e.position().map_or(1, |p| p.line() as usize);
-    let header = records
-        .next()
-        .ok_or((1, "empty file".to_string()))?
-        .map_err(|e| (line_of(&e), e.to_string()))?;
-    let header: Vec<&str> = header.iter().collect();
-    let col = |name: &str| header.iter().position(|h| *h == name);
-    let required = |name: &str| col(name).ok_or((1, format!("no {name} column")));
-    let (c_backend, c_mode, c_slot, c_loaders, c_gbps) = (
-        required("backend")?,
-        required("mode")?,
-        required("slot_bytes")?,
-        required("loaders")?,
-        required("gbps")?,
-    );
-    let mut kind = String::from("?");
-    let mut ceilings: Vec<(u64, f64, f64)> = Vec::new();
-    let mut points: Vec<Point> = Vec::new();
-    for record in records {
-        let record = record.map_err(|e| (line_of(&e), e.to_string()))?;
-        let line_no = record.position().map_or(0, |p| p.line() as usize);
-        let f: Vec<&str> = record.iter().collect();
-        if f.len() != header.len() {
-            return Err((
-                line_no,
-                format!("{} fields, the header has {}", f.len(), header.len()),
-            ));
-        }
-        let field = |c: Option<usize>| c.map_or("", |c| f[c]);
-        let number = |c: usize, what: &str| {
-            f[c].parse::<f64>()
-                .map_err(|_| (line_no, format!("{what} {:?} is not a number", f[c])))
-        };
-        let optional = |name: &str| field(col(name)).parse::<f64>().ok();
-        let slot: u64 = f[c_slot].parse().map_err(|_| {
-            (
-                line_no,
-                format!("slot_bytes {:?} is not a number", f[c_slot]),
-            )
-        })?;
-        kind = f[c_backend].to_string();
-        match f[c_mode] {
-            "raw registered" => ceilings.push((slot, number(c_gbps, "gbps")?, 0.0)),
-            "raw pageable" => {
-                if let Some(c) = ceilings.iter_mut().find(|c| c.0 == slot) {
-                    c.2 = number(c_gbps, "gbps")?;
-                }
-            }
-            _ if field(col("run")) == "median" => {}
-            mode => {
-                let loaders: usize = f[c_loaders].parse().map_err(|_| {
-                    (
-                        line_no,
-                        format!("loaders {:?} is not a number", f[c_loaders]),
-                    )
-                })?;
-                let run = Run {
-                    index: field(col("run")).parse().unwrap_or(1),
-                    gbps: number(c_gbps, "gbps")?,
-                    bytes: field(col("bytes")).parse().unwrap_or(0),
-                    batches_per_s: optional("batches_per_s").unwrap_or(0.0),
-                    cpu_s_per_gb: optional("daemon_cpu_s_per_gb").unwrap_or(0.0),
-                    p50_us: field(col("latency_p50_us")).parse().unwrap_or(0),
-                    p99_us: field(col("latency_p99_us")).parse().unwrap_or(0),
-                    bound: field(col("bound")).to_string(),
-                    ref_gbps: optional("ref_gbps").unwrap_or(f64::NAN),
-                    ref_bytes: field(col("ref_bytes")).parse().unwrap_or(0),
-                };
-                let raw = optional("raw_gbps").unwrap_or(0.0);
-                let slots: u32 = field(col("slots")).parse().unwrap_or(0);
-                match points.iter_mut().find(|p| {
-                    p.mode == mode && p.slot == slot && p.slots == slots && p.loaders == loaders
-                }) {
-                    Some(p) => p.runs.push(run),
-                    None => points.push(Point {
-                        mode: mode.to_string(),
-                        slot,
-                        slots,
-                        loaders,
-                        raw_gbps: raw,
-                        runs: vec![run],
-                    }),
-                }
-            }
-        }
-    }
-    Ok((kind, ceilings, points))
-}
-
-fn plot(
-    path: &Path,
-    kind: &str,
-    ceilings: &[(u64, f64, f64)],
-    points: &[Point],
-    loaders: &[usize],
-) -> Result<(), BenchError> {
-    use plotters::prelude::*;
-    let err = |e: String| BenchError::Plot {
-        path: path.display().to_string(),
-        why: e,
-    };
-    // Drawn into memory, then written through `output::write_file` (no link followed, no
-    // special file replaced).
-    let mut svg = String::new();
-    {
-        let root = SVGBackend::with_string(&mut svg, (960, 600)).into_drawing_area();
-        root.fill(&WHITE).map_err(|e| err(e.to_string()))?;
-        // x is log2 of the slot size, so each power of two gets a tick labelled with its size.
-        let lg = |bytes: u64| (bytes.max(1) as f64).log2();
-        let xmin = ceilings
-            .iter()
-            .map(|c| lg(c.0))
-            .fold(f64::INFINITY, f64::min);
-        let xmax = ceilings
-            .iter()
-            .map(|c| lg(c.0))
-            .fold(f64::NEG_INFINITY, f64::max);
-        let (xmin, xmax) = if xmin.is_finite() && xmax.is_finite() {
-            (xmin.floor() - 0.3, xmax.ceil() + 0.3)
-        } else {
-            (15.7, 26.3)
-        };
-        // Medians: the lines go through the value the table reports.
-        let (median, ref_median) = (Point::median_gbps, Point::reference_median);
-        let ymax = ceilings
-            .iter()
-            .map(|c| c.1.max(c.2))
-            .chain(points.iter().map(median))
-            .chain(points.iter().filter_map(ref_median))
-            .fold(1.0f64, f64::max)
-            * 1.1;
-        let mut chart = bytes_chart(
-            &root,
-            format!("pinring bench ({kind} backend): GB/s by slot size"),
-            "slot (batch payload) size",
-            (xmin, xmax),
-            ymax,
-        )
-        .map_err(err)?;
-        let series: Vec<(String, Vec<(f64, f64)>)> = std::iter::once((
-            "raw ceiling (registered)".to_string(),
-            ceilings.iter().map(|c| (lg(c.0), c.1)).collect(),
-        ))
-        .chain(std::iter::once((
-            "pageable ceiling".to_string(),
-            ceilings.iter().map(|c| (lg(c.0), c.2)).collect(),
-        )))
-        .chain(loaders.iter().map(|&n| {
-            (
-                format!("pipeline, {n} loaders"),
-                points
-                    .iter()
-                    .filter(|p| p.mode == "pipeline" && p.loaders == n)
-                    .map(|p| (lg(p.slot), median(p)))
-                    .collect(),
-            )
-        }))
-        // The reference at the most loaders only: one line per loader count would hide the rest.
-        .chain(loaders.iter().max().map(|&n| {
-            (
-                format!("reference (no protocol), {n} writers"),
-                points
-                    .iter()
-                    .filter(|p| p.mode == "pipeline" && p.loaders == n)
-                    .filter_map(|p| Some((lg(p.slot), ref_median(p)?)))
-                    .collect(),
-            )
-        }))
-        .filter(|(_, pts): &(String, Vec<(f64, f64)>)| !pts.is_empty())
-        .collect();
-        for (i, (label, pts)) in series.into_iter().enumerate() {
-            let color = Palette99::pick(i).to_rgba();
-            let style = if i < 2 {
-                color.stroke_width(3)
-            } else {
-                color.stroke_width(2)
-            };
-            chart
-                .draw_series(LineSeries::new(pts.clone(), style))
-                .map_err(|e| err(e.to_string()))?
-                .label(label)
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
-            chart
-                .draw_series(pts.into_iter().map(|p| Circle::new(p, 3, color.filled())))
-                .map_err(|e| err(e.to_string()))?;
-        }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperLeft)
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .draw()
-            .map_err(|e| err(e.to_string()))?;
-        root.present().map_err(|e| err(e.to_string()))?;
-    }
-    write_file("the bench's plot", path, svg.as_bytes())?;
-    Ok(())
-}
-
-/// A chart of GB/s (0 to `ymax`) against a size on a log2 axis (`x`: its range in log2 of
-/// bytes), each power of two ticked with its size: the frame both plots draw into.
-fn bytes_chart<'a, 'b>(
-    root: &'a plotters::drawing::DrawingArea<
-        plotters::prelude::SVGBackend<'b>,
-        plotters::coord::Shift,
-    >,
-    caption: String,
-    x_desc: &str,
-    x: (f64, f64),
-    ymax: f64,
-) -> Result<
-    plotters::chart::ChartContext<
-        'a,
-        plotters::prelude::SVGBackend<'b>,
-        plotters::coord::cartesian::Cartesian2d<
-            plotters::coord::types::RangedCoordf64,
-            plotters::coord::types::RangedCoordf64,
-        >,
-    >,
-    String,
-> {
-    use plotters::prelude::*;
-    let (xmin, xmax) = x;
-    let mut chart = ChartBuilder::on(root)
-        .caption(caption, ("sans-serif", 22))
-        .margin(15)
-        .x_label_area_size(45)
-        .y_label_area_size(55)
-        .build_cartesian_2d(xmin..xmax, 0.0..ymax)
-        .map_err(|e| e.to_string())?;
-    chart
-        .configure_mesh()
-        .x_desc(x_desc)
-        .y_desc("GB/s")
-        .x_labels(((xmax - xmin).round() as usize).max(2) + 1)
-        .x_label_formatter(&|v| {
-            if (v - v.round()).abs() < 0.05 {
-                ByteSize(2f64.powf(v.round()) as u64).to_string()
-            } else {
-                String::new()
-            }
-        })
-        .draw()
-        .map_err(|e| e.to_string())?;
-    Ok(chart)
-}
-
-/// Draws `bench-rings.svg` in `out` when the run `swept` ring sizes, and says so.
-fn plot_rings_if(swept: bool, out: &Path, kind: &str, points: &[Point]) -> Result<(), BenchError> {
-    if swept {
-        let rings = out.join("bench-rings.svg");
-        plot_rings(&rings, kind, points)?;
-        pinring_runtime::outln!("wrote {}", rings.display());
-    }
-    Ok(())
-}
-
-/// `bench-rings.svg`: the pipeline's GB/s (median) against the ring's size, one line per slot
-/// size and loader count, with the reference's median beside each as a thin line of the same
-/// colour. Points of an older CSV (no slot count) are left out.
-fn plot_rings(path: &Path, kind: &str, points: &[Point]) -> Result<(), BenchError> {
-    use plotters::prelude::*;
-    let err = |e: String| BenchError::Plot {
-        path: path.display().to_string(),
-        why: e,
-    };
-    let pipeline: Vec<&Point> = points
-        .iter()
-        .filter(|p| p.mode == "pipeline" && p.slots > 0)
-        .collect();
-    let ring = |p: &Point| p.slot.saturating_mul(u64::from(p.slots));
-    let lg = |bytes: u64| (bytes.max(1) as f64).log2();
-    let (xmin, xmax) = pipeline
-        .iter()
-        .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), p| {
-            (a.min(lg(ring(p))), b.max(lg(ring(p))))
-        });
-    let (xmin, xmax) = if xmin.is_finite() {
-        (xmin.floor() - 0.3, xmax.ceil() + 0.3)
-    } else {
-        (20.7, 30.3)
-    };
-    let (median, ref_median) = (Point::median_gbps, Point::reference_median);
-    let ymax = pipeline
-        .iter()
-        .map(|p| median(p).max(ref_median(p).unwrap_or(0.0)))
-        .fold(1.0f64, f64::max)
-        * 1.1;
-    let mut lines: Vec<(u64, usize)> = pipeline.iter().map(|p| (p.slot, p.loaders)).collect();
-    lines.sort_unstable();
-    lines.dedup();
-    let mut svg = String::new();
-    {
-        let root = SVGBackend::with_string(&mut svg, (960, 600)).into_drawing_area();
-        root.fill(&WHITE).map_err(|e| err(e.to_string()))?;
-        let mut chart = bytes_chart(
-            &root,
-            format!("pinring bench ({kind} backend): GB/s by ring size"),
-            "ring size (slots x slot size)",
-            (xmin, xmax),
-            ymax,
-        )
-        .map_err(err)?;
-        for (i, &(slot, loaders)) in lines.iter().enumerate() {
-            let color = Palette99::pick(i).to_rgba();
-            let mut of_line: Vec<&&Point> = pipeline
-                .iter()
-                .filter(|p| p.slot == slot && p.loaders == loaders)
-                .collect();
-            of_line.sort_by_key(|p| ring(p));
-            let ours: Vec<(f64, f64)> = of_line.iter().map(|p| (lg(ring(p)), median(p))).collect();
-            let theirs: Vec<(f64, f64)> = of_line
-                .iter()
-                .filter_map(|p| Some((lg(ring(p)), ref_median(p)?)))
-                .collect();
-            chart
-                .draw_series(LineSeries::new(ours.clone(), color.stroke_width(2)))
-                .map_err(|e| err(e.to_string()))?
-                .label(format!("{} slots, {loaders} loaders", ByteSize(slot)))
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
-            chart
-                .draw_series(ours.into_iter().map(|p| Circle::new(p, 3, color.filled())))
-                .map_err(|e| err(e.to_string()))?;
-            chart
-                .draw_series(LineSeries::new(theirs, color.mix(0.5).stroke_width(1)))
-                .map_err(|e| err(e.to_string()))?;
-        }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::LowerRight)
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .draw()
-            .map_err(|e| err(e.to_string()))?;
-        root.draw(&Text::new(
-            "thin lines: the reference pipeline (no protocol) at the same geometry",
-            (70, 40),
-            ("sans-serif", 14),
-        ))
-        .map_err(|e| err(e.to_string()))?;
-        root.present().map_err(|e| err(e.to_string()))?;
-    }
-    write_file("the bench's ring plot", path, svg.as_bytes())?;
-    Ok(())
-}
-
 fn now_utc() -> String {
     let secs = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -1448,6 +981,7 @@ fn now_utc() -> String {
 
 #[cfg(test)]
 mod tests {
+    use super::report::parse_csv;
     use super::*;
 
     #[test]
