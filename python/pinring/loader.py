@@ -144,6 +144,15 @@ def _ring_name_of(config: Optional[Union[str, Dict[str, Any]]]) -> str:
     return "default"
 
 
+
+def _before_threads() -> None:
+    """What must happen before an embedded daemon's threads start here: the zygotes of
+    ``pinring.torch.DataLoader``s already made are forked first (``fork_waiting_zygotes``),
+    if that module is in use (it is not imported for it)."""
+    dataloader = sys.modules.get("pinring.torch._dataloader")
+    if dataloader is not None:
+        dataloader.fork_waiting_zygotes()
+
 class Loader:
     """Iterates over one epoch of a ring's batches per ``for`` loop, in order.
 
@@ -268,6 +277,7 @@ class Loader:
                                      epochs=epochs, anonymous=bool(loaders), rank=rank,
                                      world_size=world_size, default_epochs=DEFAULT_EPOCHS)
             self._daemon_args["ring"] = ring
+            _before_threads()
             self._daemon = _native.EmbeddedDaemon(**self._daemon_args)
             ring = self._daemon.ring
             self._path = self._daemon.path
@@ -636,6 +646,7 @@ class Loader:
         self._stop_pieces()
         self._ended = None
         self._failed = False
+        _before_threads()
         self._daemon = _native.EmbeddedDaemon(start_seq=seq, **self._daemon_args)
         self.ring, self._path = self._daemon.ring, self._daemon.path
         self._start_loaders(*self._loader_args)

@@ -632,6 +632,39 @@ def test_a_loader_made_while_another_runs_cannot_take_a_dataset_that_does_not_pi
     assert seen["live_after_del"] == 0, seen
 
 
+BESIDE_AN_EMBEDDED_LOADER = """
+import json, os, numpy as np, torch, pinring
+from pinring.torch import DataLoader
+
+class Ids(torch.utils.data.Dataset):
+    def __init__(self):
+        self.transform = lambda i: i * 10  # does not pickle
+    def __len__(self):
+        return 24
+    def __getitem__(self, i):
+        return np.full(2, self.transform(i), dtype=np.int64)
+
+val = DataLoader(Ids(), batch_size=8, num_workers=2, device="cpu")
+dataset = {"kind": "synthetic", "samples": 64, "sample_shape": [16], "dtype": "f32"}
+with pinring.Loader(embedded=True, loaders=1, device="cpu", batch_size=4, dataset=dataset) as l:
+    next(iter(l))
+    got = sorted(x for b in val for x in b[:, 0].tolist())
+    with open(f"/proc/{val._zygote.pid}/stat") as f:
+        parent = int(f.read().rsplit(")", 1)[1].split()[1])
+print(json.dumps({"got": got, "parent": parent, "me": os.getpid()}))
+"""
+
+
+def test_a_dataloader_made_before_an_embedded_loader_starts_inherits_its_dataset():
+    """A pinring.Loader's embedded daemon starts pinring threads in this process: the zygotes
+    of the DataLoaders already made are forked first, so their datasets are inherited."""
+    r = run_script(BESIDE_AN_EMBEDDED_LOADER)
+    assert r.returncode == 0, r.stderr
+    seen = json.loads(r.stdout)
+    assert seen["got"] == [i * 10 for i in range(24)], seen
+    assert seen["parent"] == seen["me"], seen
+
+
 def test_close_with_a_batch_still_held_returns_at_once_and_the_batch_stays_valid():
     """The loop left mid-plan with the last batch's tensor still referenced: the embedded daemon
     does not wait for it (its memory is kept alive by the tensor itself), so close() takes no

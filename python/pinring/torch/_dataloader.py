@@ -80,6 +80,20 @@ _FIXED_AFTER_INIT = frozenset(
 _WAITING_FOR_ZYGOTE: "weakref.WeakSet[DataLoader[Any]]" = weakref.WeakSet()
 
 
+def fork_waiting_zygotes() -> None:
+    """Before pinring's threads start in this process (a loader's daemon or consumer, a
+    ``pinring.Loader``'s embedded daemon), after which no zygote can be forked from it: forks
+    the zygotes of the live loaders that fork theirs and have none yet. A validation loader
+    made beside a training loader then keeps its dataset by inheritance, as it was now, where
+    it would otherwise be pickled to a sibling zygote (slow for a large dataset, impossible for
+    one that holds a lambda)."""
+    if _native._live_rings() != 0:
+        return
+    for loader in list(_WAITING_FOR_ZYGOTE):
+        if loader._zygote is None:
+            loader._ensure_zygote()
+
+
 class DataLoader(Generic[_T_co]):
     """``torch.utils.data.DataLoader``'s arguments and batches, fed through a pinring ring.
 
@@ -540,17 +554,6 @@ class DataLoader(Generic[_T_co]):
             )
         return self._zygote
 
-    def _fork_zygotes_of_others(self) -> None:
-        """Before this loader's daemon starts (after which no zygote can be forked from this
-        process), forks the zygotes of the other live loaders that have none yet and fork
-        theirs: a validation loader made beside a training loader keeps its dataset by
-        inheritance, as it was now, where it would otherwise be pickled to a sibling zygote
-        (slow for a large dataset, impossible for one that holds a lambda)."""
-        if _native._live_rings() != 0:
-            return
-        for other in list(_WAITING_FOR_ZYGOTE):
-            if other is not self and other._zygote is None:
-                other._ensure_zygote()
 
     def _config(self, ring: str) -> Dict[str, Any]:
         """The config of this loader's ring, as data (the config file's shape: sections of
@@ -724,7 +727,7 @@ class DataLoader(Generic[_T_co]):
     def _start_pieces(self, layout: _Layout, start_seq: int) -> None:
         if self.num_workers > 0:
             self._ensure_zygote()
-        self._fork_zygotes_of_others()
+        fork_waiting_zygotes()
         if self._attached_ring is None:
             local = _dist.local_rank()
             rank = "" if local is None else f"rank{local}-"
