@@ -7,6 +7,7 @@ runs under both start methods) writing into a real ring, with a pinring daemon o
 this process."""
 
 import os
+import re
 import queue
 import threading
 import types
@@ -163,6 +164,7 @@ class _RacingWorker:
 
     def __init__(self, report, code=0, worker_id=0):
         self.args = types.SimpleNamespace(worker_id=worker_id)
+        self.pid = 4242
         self.report, self.end_code, self.code = report, code, None
         self.reports = queue.SimpleQueue()
         self.looked = False
@@ -252,6 +254,7 @@ def test_a_worker_that_exits_0_or_dies_is_named_with_the_fix():
         pl._check_workers()
     text = str(e.value)
     assert "worker 0 was killed by SIGKILL" in text and "num_workers=0" in text, text
+    assert re.search(r"DataLoader worker \(pid \d+\) is killed by signal: Killed", text), text
 
 
 class _Field:

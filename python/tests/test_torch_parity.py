@@ -33,12 +33,29 @@ def test_a_bad_argument_is_the_value_error_torch_raises():
         assert e.value.exit_code == 2
 
 
+@pytest.mark.parametrize("bad", [
+    dict(num_workers=-1), dict(timeout=-1), dict(num_workers=0, multiprocessing_context="fork"),
+    dict(num_workers=1, multiprocessing_context="bad"),
+    dict(num_workers=1, multiprocessing_context=object()),
+    dict(shuffle=True, sampler=torch.utils.data.SequentialSampler(range(8))),
+])
+def test_a_bad_argument_says_what_torchs_says(bad):
+    """Scripts and tests match torch's words; pinring's message starts with them."""
+    with pytest.raises((ValueError, TypeError)) as theirs:
+        torch.utils.data.DataLoader(ds.Ids(8), **bad)
+    with pytest.raises(type(theirs.value)) as ours:
+        loader(ds.Ids(8), **bad)
+    said = str(theirs.value).split(";")[0].split(", but got")[0]
+    assert said in str(ours.value), (said, str(ours.value))
+
+
 def test_a_timeout_is_the_runtime_error_torch_raises():
     with loader(ds.Slow(8, delay=5.0), batch_size=4, timeout=0.3) as dl:
         with pytest.raises(RuntimeError) as e:
             next(iter(dl))
     assert isinstance(e.value, pinring.Timeout)
     assert "timeout=0.3" in str(e.value)
+    assert str(e.value).startswith("DataLoader timed out after 0.3 seconds"), "torch's words"
     assert issubclass(pinring.PeerDied, RuntimeError)
 
 

@@ -315,10 +315,19 @@ class DataLoader(Generic[_T_co]):
         # Where a ragged field may be (a collate_fn, or one sample a batch: torch's default
         # collate stacks no other), the layout is learned from a few samples (_layout.PROBES).
         self._probe = collate_fn is not None or batch_size is None or batch_size == 1
+        # Torch's words first, for scripts and tests that match them.
         if num_workers < 0:
-            raise _native.UsageError(f"num_workers must be >= 0, not {num_workers}")
+            raise _native.UsageError(
+                "num_workers option should be non-negative; use num_workers=0 to disable "
+                f"multiprocessing (num_workers={num_workers})"
+            )
         if timeout < 0:
-            raise _native.UsageError(f"timeout must be >= 0 seconds, not {timeout}")
+            raise _native.UsageError(f"timeout option should be non-negative (timeout={timeout})")
+        if num_workers == 0 and multiprocessing_context is not None:
+            raise _native.UsageError(
+                "multiprocessing_context can only be used with multi-process loading "
+                "(num_workers > 0), but got num_workers=0"
+            )
         self.start_method = _procs.start_method(multiprocessing_context)
         if sampler is not None and shuffle:
             raise _native.UsageError("sampler option is mutually exclusive with shuffle")
@@ -1013,7 +1022,8 @@ class DataLoader(Generic[_T_co]):
                 self._check_workers(idle=True)
                 if self.timeout and waited >= self.timeout:
                     raise _native.Timeout(
-                        f"pinring DataLoader: no batch within timeout={self.timeout} s (ring "
+                        f"DataLoader timed out after {self.timeout} seconds: pinring DataLoader "
+                        f"had no batch within timeout={self.timeout} s (ring "
                         f"{self._ring_name!r}, "
                         f"{self._pool.alive()} workers alive)"
                     ) from None

@@ -71,12 +71,18 @@ def start_method(asked: Any) -> str:
         method = multiprocessing.get_start_method()
     elif isinstance(asked, str):
         method = asked
-    else:
+    elif callable(getattr(asked, "get_start_method", None)):
         method = asked.get_start_method()
+    else:
+        raise _native.UsageError(
+            "multiprocessing_context option should be a valid context object or a string "
+            f"specifying the start method, but got multiprocessing_context={asked!r}"
+        )
     if method not in ("fork", "spawn", "forkserver"):
         raise _native.UsageError(
-            f"multiprocessing_context {asked!r}: pinring's workers start with 'fork', 'spawn' or "
-            "'forkserver' (None: multiprocessing's default, as torch's DataLoader)"
+            "multiprocessing_context option should specify a valid start method in "
+            f"['fork', 'spawn', 'forkserver'], but got multiprocessing_context={asked!r} "
+            "(None: multiprocessing's default, as torch's DataLoader)"
         )
     return method
 
@@ -388,8 +394,8 @@ class Zygote:
             raise _native.PeerDied("pinring DataLoader's zygote has ended: no worker can be made")
         _send(self.ctl, ("layout", job))
         late = _native.Timeout(
-            f"pinring DataLoader: worker 0 did not load sample 0 (which tells the batches' "
-            f"fields) within timeout={wait} s"
+            f"DataLoader timed out after {wait} seconds: pinring DataLoader's worker 0 did not "
+            f"load sample 0 (which tells the batches' fields) within timeout={wait} s"
         )
         result: Tuple[str, Any, str] = self._answer("layout", wait, late)[1]
         return result
