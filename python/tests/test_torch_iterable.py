@@ -186,3 +186,37 @@ def test_a_state_of_another_stream_is_refused():
         other.load_state_dict(state)
     with pytest.raises(ValueError, match="what state_dict"):
         other.load_state_dict({"seq": 0, "fingerprint": 1})
+
+
+class _Numbers(torch.utils.data.IterableDataset):
+    """0..n-1 split by worker, with a length."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        w, k = (0, 1) if info is None else (info.id, info.num_workers)
+        return iter(range(w, self.n, k))
+
+    def __len__(self):
+        return self.n
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_list_keeps_every_batch_of_a_long_stream(workers):
+    """list(loader) over more batches than the ring has buffers: the batches kept are copied
+    out of the ring (a full batch is no view of its buffer), as with a map-style dataset."""
+    with pytest.warns(UserWarning, match="copy"):
+        got = list(pinring_loader(_Numbers(100), batch_size=1, num_workers=workers))
+    assert sorted(int(b) for b in got) == list(range(100))
+
+
+def test_a_stream_longer_than_its_length_is_warned_of_as_torch_does():
+    data = _Numbers(6)
+    dl = pinring_loader(data, batch_size=1, num_workers=2)
+    assert len(dl) == 6
+    data.n = 9  # the stream grows after len() was asked
+    with pytest.warns(UserWarning, match="was reported to be 6 .* but 7 samples have been fetched"):
+        got = [b for b in dl]  # (list() would ask len() again, as with torch)
+    assert sorted(int(b) for b in got) == list(range(9))

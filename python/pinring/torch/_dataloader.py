@@ -455,6 +455,8 @@ class DataLoader(Generic[_T_co]):
         self._ends_fd: Optional[int] = None
         self._book: Optional[StreamBook] = None
         self._stream_resume: Optional[StreamState] = None
+        # len(dataset) when len(loader) was asked of an iterable dataset (torch's warning).
+        self._stream_len_said: Optional[int] = None
         self._resuming: Optional[StreamState] = None
         self._generator = generator
         _warn_on_workers_beyond_cpus(self.num_workers)
@@ -714,6 +716,8 @@ class DataLoader(Generic[_T_co]):
         ``len(dataset)`` (a ``TypeError`` for a dataset without one), as torch's DataLoader."""
         if self._stream:
             n = len(self.dataset)
+            # As torch's: a stream found longer than this is warned of (_iter_stream).
+            self._stream_len_said = n
             if self.batch_size is None:
                 return n
             return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
@@ -1069,6 +1073,7 @@ class DataLoader(Generic[_T_co]):
         assert self._ends is not None
         book = StreamBook(self._ends, self._plan_batch or 1, resume)
         self._book = book
+        yielded = 0
         try:
             while not book.finished:
                 b = self._next_or_stop()
@@ -1090,6 +1095,9 @@ class DataLoader(Generic[_T_co]):
                     continue
                 box = [b]
                 del b
+                yielded += 1
+                if self._stream_len_said is not None and yielded > self._stream_len_said:
+                    _warn_stream_longer(self, yielded)
                 yield self._convert(box, rows)
             self._check_workers(restart=False)
         finally:
@@ -1287,6 +1295,18 @@ class DataLoader(Generic[_T_co]):
         self._stop()
         self._resume = resume
         self._rest_of_state = True
+
+
+def _warn_stream_longer(loader: "DataLoader[Any]", yielded: int) -> None:
+    """torch's warning (its words) for an iterable dataset that yields more than the length
+    ``len(loader)`` was reckoned from."""
+    text = (f"Length of IterableDataset {loader.dataset} was reported to be "
+            f"{loader._stream_len_said} (when accessing len(dataloader)), but {yielded} samples "
+            "have been fetched. ")
+    if loader.num_workers > 0:
+        text += ("For multiprocessing data-loading, this could be caused by not properly "
+                 "configuring the IterableDataset replica at each worker.")
+    warnings.warn(text)
 
 
 def _jagged(values: List[torch.Tensor], name: str) -> torch.Tensor:

@@ -285,8 +285,11 @@ class _Layout:
         carried = convert([fields[name] for name in names])
         if rows is not None:
             # A short batch: its first rows. An arena stays whole: a part's samples fill its
-            # arena from the part's start, not row by row.
-            carried = [t if (i < len(self.leaves) and self.leaves[i].packed) else t[:rows]
+            # arena from the part's start, not row by row. A full batch is not sliced: a
+            # slice is a view whose base, the ring's buffer, a batch copied out of the ring
+            # (DataLoader._copy_out) would keep.
+            carried = [t if (i < len(self.leaves) and self.leaves[i].packed)
+                       or t.shape[0] <= rows else t[:rows]
                        for i, t in zip(self._carried_leaves(), carried)]
         if not any(self.empty) and not self.any_packed:
             return carried
