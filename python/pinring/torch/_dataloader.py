@@ -226,6 +226,8 @@ class DataLoader(Generic[_T_co]):
                 f"or a torch.utils.data.IterableDataset; a {type(dataset).__name__} is neither: "
                 "add __getitem__ and __len__, or derive it from IterableDataset"
             )
+        if sampler is not None and shuffle:
+            raise _native.UsageError("sampler option is mutually exclusive with shuffle")
         if batch_sampler is not None and (
             not isinstance(batch_size, _Default) and batch_size != 1 or shuffle or
             sampler is not None or not isinstance(drop_last, _Default) and drop_last
@@ -1026,7 +1028,7 @@ class DataLoader(Generic[_T_co]):
                 self._check_workers(idle=True)
                 if self.timeout and waited >= self.timeout:
                     raise _native.Timeout(
-                        f"DataLoader timed out after {self.timeout} seconds: pinring DataLoader "
+                        f"DataLoader timed out after {self.timeout:g} seconds: pinring DataLoader "
                         f"had no batch within timeout={self.timeout} s (ring "
                         f"{self._ring_name!r}, "
                         f"{self._pool.alive()} workers alive)"

@@ -126,7 +126,7 @@ class WorkerPool:
                 )
             if self.stream:
                 raise _native.PeerDied(
-                    f"{_torch_words(w.pid, code)}pinring DataLoader worker {worker_id} {how}, "
+                    f"{_procs.torch_words(w.pid, code)}pinring DataLoader worker {worker_id} {how}, "
                     "while iterating its copy of "
                     "the IterableDataset: its place in its stream is lost, and a worker started "
                     "again would iterate its share from the start (its samples twice), so an "
@@ -134,7 +134,7 @@ class WorkerPool:
                 )
             if self.restarts >= self.max_restarts:
                 raise _native.PeerDied(
-                    f"{_torch_words(w.pid, code)}pinring DataLoader worker {worker_id} {how}, "
+                    f"{_procs.torch_words(w.pid, code)}pinring DataLoader worker {worker_id} {how}, "
                     f"after {self.restarts} "
                     f"restarts of workers (max_worker_restarts={self.max_restarts}); {fix}"
                 )
@@ -232,15 +232,6 @@ def _weakly(fn: Callable[..., _R]) -> Callable[..., _R]:
         return method(*args)
 
     return call
-
-
-def _torch_words(pid: int, code: int) -> str:
-    """What torch's DataLoader says of a worker that died so, for scripts that match it."""
-    if code < 0:
-        import signal
-
-        return f"DataLoader worker (pid {pid}) is killed by signal: {signal.strsignal(-code)}. "
-    return f"DataLoader worker (pid(s) {pid}) exited unexpectedly. "
 
 
 def _how(code: int) -> str:

@@ -394,8 +394,8 @@ class Zygote:
             raise _native.PeerDied("pinring DataLoader's zygote has ended: no worker can be made")
         _send(self.ctl, ("layout", job))
         late = _native.Timeout(
-            f"DataLoader timed out after {wait} seconds: pinring DataLoader's worker 0 did not "
-            f"load sample 0 (which tells the batches' fields) within timeout={wait} s"
+            f"DataLoader timed out after {wait or 0:g} seconds: pinring DataLoader's worker 0 "
+            f"did not load sample 0 (which tells the batches' fields) within timeout={wait} s"
         )
         result: Tuple[str, Any, str] = self._answer("layout", wait, late)[1]
         return result
@@ -582,7 +582,7 @@ def _serve(ctl: socket.socket, trainer: int, payload: Payload) -> None:
                     pid, chunks = layouts.pop(pfd)
                     os.close(pfd)
                     _, status = os.waitpid(pid, 0)
-                    result = _layout_result(b"".join(chunks), status)
+                    result = _layout_result(b"".join(chunks), status, pid)
                     if result[0] == "ok":
                         payload = payload._replace(layout=result[1])
                     _send(ctl, ("layout", result))
@@ -676,7 +676,14 @@ def _layout_child(zygote: int, inherited: List[int], out: int, job: Dict[str, An
     _forked_child(zygote, inherited, body)
 
 
-def _layout_result(data: bytes, status: int) -> Tuple[str, Any, str]:
+def torch_words(pid: int, code: int) -> str:
+    """What torch's DataLoader says of a worker that died so, for scripts that match it."""
+    if code < 0:
+        return f"DataLoader worker (pid {pid}) is killed by signal: {signal.strsignal(-code)}. "
+    return f"DataLoader worker (pid(s) {pid}) exited unexpectedly. "
+
+
+def _layout_result(data: bytes, status: int, pid: int) -> Tuple[str, Any, str]:
     """What the layout's process sent, or why it sent nothing."""
     if data:
         try:
@@ -687,8 +694,8 @@ def _layout_result(data: bytes, status: int) -> Tuple[str, Any, str]:
     code = os.waitstatus_to_exitcode(status)
     how = f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
     return "error", RuntimeError, (
-        f"pinring DataLoader worker 0 {how} while loading sample 0 (to learn the batches' "
-        "fields); the log above may say why"
+        f"{torch_words(pid, code)}pinring DataLoader worker 0 {how} while loading sample 0 "
+        "(to learn the batches' fields); the log above may say why"
     )
 
 
