@@ -214,3 +214,21 @@ def test_a_short_last_batch_keeps_its_packed_fields_whole(workers):
     flat_captions = [c for b in got for c in b["caption"]]
     assert sorted(flat_captions) == sorted(s["caption"] for s in want)
     assert sorted(flat_tokens) == sorted(s["tokens"].tolist() for s in want)
+
+
+class _NestedSamples(torch.utils.data.Dataset):
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        return torch.nested.nested_tensor([torch.zeros(i + 1), torch.zeros(2)])
+
+
+def test_a_nested_tensor_sample_is_refused_with_what_to_do():
+    """A nested tensor has no one shape: torch's own error (NestedTensorImpl doesn't support
+    sizes) came from reading it; pinring says what it is and what to return instead."""
+    with DataLoader(_NestedSamples(), batch_size=2, num_workers=0, device=DEVICE) as dl:
+        with pytest.raises(pinring.UsageError) as e:
+            next(iter(dl))
+    text = str(e.value)
+    assert "a nested tensor" in text and "ragged" in text, text

@@ -100,6 +100,8 @@ def default_str_bytes(first: Any) -> int:
 def _describe(value: Any) -> Optional[Tuple[str, Tuple[int, ...]]]:
     """(dtype, shape) of a value that can be a leaf of a batch; None if it cannot."""
     if isinstance(value, torch.Tensor):
+        if value.is_nested:
+            return None  # no shape to read (_dtype_note says what to do)
         dt = _TORCH_DTYPES.get(value.dtype)
         return None if dt is None else (dt, tuple(value.shape))
     if isinstance(value, (np.ndarray, np.generic)):
@@ -404,6 +406,11 @@ class _Layout:
 
 
 def _dtype_note(value: Any) -> str:
+    if isinstance(value, torch.Tensor) and value.is_nested:
+        return (" (a nested tensor, torch.nested: it has no one shape to carry; return its "
+                "components as tensors of their own, a field whose shape varies from sample to "
+                "sample is carried as a ragged field, and ragged_as=\"jagged\" makes the batch's "
+                "one nested tensor on the device)")
     dt = getattr(value, "dtype", None)
     return "" if dt is None else f" of dtype {dt}"
 
