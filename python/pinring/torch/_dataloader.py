@@ -226,8 +226,6 @@ class DataLoader(Generic[_T_co]):
                 f"or a torch.utils.data.IterableDataset; a {type(dataset).__name__} is neither: "
                 "add __getitem__ and __len__, or derive it from IterableDataset"
             )
-        if sampler is not None and shuffle:
-            raise _native.UsageError("sampler option is mutually exclusive with shuffle")
         if batch_sampler is not None and (
             not isinstance(batch_size, _Default) and batch_size != 1 or shuffle or
             sampler is not None or not isinstance(drop_last, _Default) and drop_last
@@ -463,8 +461,7 @@ class DataLoader(Generic[_T_co]):
         self._generator = generator
         _warn_on_workers_beyond_cpus(self.num_workers)
         self._initialized = True
-        if self.num_workers > 0 and self.start_method == "fork":
-            _WAITING_FOR_ZYGOTE.add(self)
+        self._wait_for_zygote()
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name in _FIXED_AFTER_INIT and getattr(self, "_initialized", False):
@@ -553,6 +550,12 @@ class DataLoader(Generic[_T_co]):
             raise what(text)
         _reraise(what, text)
         raise AssertionError("unreachable")
+
+    def _wait_for_zygote(self) -> None:
+        """Joins the loaders whose zygotes the next daemon to start forks first
+        (``fork_waiting_zygotes``), if its workers fork from this process."""
+        if self.num_workers > 0 and self.start_method == "fork":
+            _WAITING_FOR_ZYGOTE.add(self)
 
     def _ensure_zygote(self) -> _procs.Zygote:
         """The zygote this loader's workers are forked from, made if there is none (before this
@@ -939,8 +942,7 @@ class DataLoader(Generic[_T_co]):
             if self._zygote is not None:
                 self._zygote.close()
                 self._zygote = None
-                if self.num_workers > 0 and self.start_method == "fork":
-                    _WAITING_FOR_ZYGOTE.add(self)
+                self._wait_for_zygote()
 
     def __del__(self) -> None:
         try:

@@ -6,7 +6,7 @@ tree, and the writes of a sample into a part's fields."""
 from __future__ import annotations
 
 import collections.abc
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -482,34 +482,32 @@ def _unpack(arena: Any, index: Any, leaf: _Leaf, name: str) -> List[Any]:
     """A ragged field's tensors in a batch: views of its arena (``[rows, share]``), where its
     index (``[rows, 1 + ndim]``, on the host) says, each checked against the arena first."""
     flat = arena.reshape(-1)
-    out = []
-    for j, (at, *shape) in enumerate(index.tolist()):
-        count = int(np.prod(shape)) if shape else 1
-        if at < 0 or min(shape, default=0) < 0 or at + count > flat.shape[0]:
-            raise _native.VerifyError(
-                f"row {j} of ragged field {name!r} says {count} elements at {at}, outside the "
-                f"batch's arena of {flat.shape[0]}: the ring's bytes were changed under the "
-                "batch; report it"
-            )
-        out.append(flat[at:at + count].view(shape))
-    return out
+    return [flat[at:at + count].view(shape)
+            for at, shape, count in _spans(index, flat.shape[0], leaf, name)]
 
 
 def _unpack_text(arena: Any, index: Any, leaf: _Leaf, name: str) -> List[Any]:
     """A str (or bytes) field's values in a batch, each length checked against the arena
     (read back to the host once) before a byte is read."""
     raw = arena.reshape(-1).cpu().numpy().tobytes()
-    out: List[Any] = []
-    for j, (at, n) in enumerate(index.tolist()):
-        if at < 0 or n < 0 or at + n > len(raw):
+    return [raw[at:at + n].decode("utf-8", errors="replace") if leaf.dtype == "str"
+            else raw[at:at + n] for at, _, n in _spans(index, len(raw), leaf, name)]
+
+
+def _spans(index: Any, size: int, leaf: _Leaf,
+           name: str) -> Iterator[Tuple[int, List[int], int]]:
+    """``(offset, shape, elements)`` of each row of a packed field's index (on the host), each
+    checked against the batch's arena of ``size`` elements before it is given to a reader."""
+    text = leaf.dtype in _ROWS
+    for j, (at, *shape) in enumerate(index.tolist()):
+        count = int(np.prod(shape)) if shape else 1
+        if at < 0 or min(shape, default=0) < 0 or at + count > size:
             raise _native.VerifyError(
-                f"row {j} of {leaf.dtype} field {name!r} says {n} bytes at {at}, outside the "
-                f"batch's arena of {len(raw)}: the ring's bytes were changed under the batch; "
-                "report it"
+                f"row {j} of {leaf.dtype if text else 'ragged'} field {name!r} says {count} "
+                f"{'bytes' if text else 'elements'} at {at}, outside the batch's arena of "
+                f"{size}: the ring's bytes were changed under the batch; report it"
             )
-        out.append(raw[at:at + n].decode("utf-8", errors="replace") if leaf.dtype == "str"
-                   else raw[at:at + n])
-    return out
+        yield at, shape, count
 
 
 def _on_cpu(value: Any, leaf: _Leaf, index: int) -> None:
