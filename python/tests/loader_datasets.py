@@ -414,3 +414,57 @@ class TokenStream(torch.utils.data.IterableDataset):
         samples = Tokens(30)
         for i in range(w, len(samples), n):
             yield samples[i]
+
+
+class Barrier(torch.utils.data.Dataset):
+    """Sample i is [i, the pid that loaded it]; every ``__getitem__`` waits until ``workers``
+    calls have come (torch's test_worker_seed's dataset): a loader that reads a sample alone
+    before its workers start never gets it. A call that waits ``wait`` seconds raises instead
+    of hanging the test. Its shared counter needs the fork start method."""
+
+    def __init__(self, n, workers, wait=60.0):
+        import multiprocessing
+
+        ctx = multiprocessing.get_context("fork")
+        self.n, self.workers, self.wait = n, workers, wait
+        self.count = ctx.Value("i", 0, lock=True)
+        self.gate = ctx.Semaphore(0)
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        with self.count.get_lock():
+            self.count.value += 1
+            if self.count.value == self.workers:
+                self.gate.release()
+        if not self.gate.acquire(timeout=self.wait):
+            raise RuntimeError(f"sample {i}: the other workers never came to the barrier")
+        self.gate.release()
+        return torch.tensor([i, os.getpid()])
+
+
+class Opens(Ids):
+    """Opens a per-process resource at its first ``__getitem__`` (a database handle, an open
+    archive): each opening leaves a file named by its pid in ``where``."""
+
+    def __init__(self, n, where):
+        super().__init__(n)
+        self.where = where
+        self.opened_in = None
+
+    def __getitem__(self, i):
+        if self.opened_in != os.getpid():
+            self.opened_in = os.getpid()
+            open(os.path.join(self.where, f"open-{os.getpid()}"), "w").close()
+        return super().__getitem__(i)
+
+
+class InitCounter:
+    """A ``worker_init_fn`` that leaves a file per call in ``where``, named by worker and pid."""
+
+    def __init__(self, where):
+        self.where = where
+
+    def __call__(self, worker_id):
+        open(os.path.join(self.where, f"init-{worker_id}-{os.getpid()}"), "w").close()

@@ -278,6 +278,36 @@ def test_the_training_process_runs_no_getitem_when_there_are_workers(method):
         list(loader(data, batch_size=4, num_workers=0))  # no workers: this process loads
 
 
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")
+@pytest.mark.parametrize("workers", [1, 4])
+def test_a_dataset_whose_getitem_waits_for_every_worker_starts(workers):
+    """torch's test_worker_seed dataset: each __getitem__ waits until every worker is inside
+    one. The layout comes from worker 0's first sample, read while the other workers read
+    theirs, so the barrier opens; every sample comes once, loaded in a worker."""
+    data = ds.Barrier(16, workers)
+    with loader(data, batch_size=2, num_workers=workers, timeout=120) as dl:
+        got = torch.cat(list(dl))
+    assert sorted(got[:, 0].tolist()) == list(range(16))
+    assert os.getpid() not in got[:, 1].tolist()
+    assert len(set(got[:, 1].tolist())) <= workers
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")
+def test_each_worker_opens_its_resource_once_and_runs_worker_init_fn_once(tmp_path):
+    """A dataset that opens a per-process resource in its first __getitem__, and a
+    worker_init_fn: each runs once per worker, in the process that keeps the resource (the
+    layout is learned by worker 0 itself, not by a process of its own)."""
+    data = ds.Opens(24, str(tmp_path))
+    with loader(data, batch_size=2, num_workers=3,
+                worker_init_fn=ds.InitCounter(str(tmp_path))) as dl:
+        assert sorted(int(b[0]) for b in dl) == list(range(0, 24, 2))
+        files = os.listdir(tmp_path)
+        inits = sorted(f for f in files if f.startswith("init-"))
+        opened = {f.split("-")[1] for f in files if f.startswith("open-")}
+        assert [f.split("-")[1] for f in inits] == ["0", "1", "2"], inits
+        assert opened == {f.split("-")[2] for f in inits}, (opened, inits)
+
+
 def test_a_first_sample_that_fails_is_raised_as_the_workers_exception():
     with pytest.raises(ValueError, match="worker 0 while loading sample 0") as e:
         len(loader(ds.FirstSampleFails(8), batch_size=2))

@@ -21,10 +21,10 @@ from pinring.torch._layout import _Layout, _rebuild
 from pinring.torch._layout import PROBES, samples_layout
 from pinring.torch._layout import layout_of as _layout_of
 from pinring.torch._orders import OrderTable
-from pinring.torch._pool import STOP_GRACE, WorkerPool, _reraise
+from pinring.torch._pool import STOP_GRACE, EarlyWorkers, WorkerPool, _reraise
 from pinring.torch._stream import (STREAM_EPOCH_BATCHES, STREAM_EPOCHS, EndTable, StreamBook,
                                    StreamState, first_samples, stateful, stream_plan)
-from pinring.torch._worker import _POLL, _Worker, _WorkerArgs
+from pinring.torch._worker import _POLL, RING_ARGS, _Worker, _WorkerArgs, fork_args
 
 log = logging.getLogger("pinring.torch")
 
@@ -425,6 +425,8 @@ class DataLoader(Generic[_T_co]):
         # The workers of the pass under way (None between passes).
         self._pool: Optional[WorkerPool] = None
         self._zygote: Optional[_procs.Zygote] = None
+        # The first start's workers, forked before the ring (until the pool adopts them).
+        self._early: Optional[EarlyWorkers] = None
         # The ring's config, in a memfd (nothing on disk), and where the daemon and the
         # workers read it: this process's /proc/<pid>/fd/<fd>.
         self._config_fd: Optional[int] = None
@@ -475,9 +477,9 @@ class DataLoader(Generic[_T_co]):
     # -- the plan ------------------------------------------------------------------------
 
     def _infer(self) -> _Layout:
-        """The fields of the batches, from ``dataset[0]``: read by a process set up as worker 0
-        (forked from the zygote) when the loader has workers, so that this process never runs
-        the dataset's code, as torch's DataLoader never does; by this process without. (An
+        """The fields of the batches, from ``dataset[0]``: read by worker 0, forked before the
+        ring exists (``EarlyWorkers``), when the loader has workers, so that this process never
+        runs the dataset's code, as torch's DataLoader never does; by this process without. (An
         iterable dataset's: from its first sample, ``_infer_stream``.)"""
         layout = self._infer_stream() if self._stream else self._infer_indexed()
         assert layout is not None
@@ -520,13 +522,59 @@ class DataLoader(Generic[_T_co]):
                                           self._str_bytes, self._ragged, self._ragged_bytes,
                                           self._probe)
                 return self._layout
-            self._layout = self._infer_in_worker(stream=False)
+            self._layout = self._infer_from_workers()
         assert self._layout is not None
         return self._layout
 
+    def _infer_from_workers(self) -> _Layout:
+        """The layout, from worker 0's first samples: the workers forked before the ring, each
+        reading a sample (``EarlyWorkers``)."""
+        zygote = self._ensure_zygote()
+        n = len(self.dataset)
+        if n == 0:
+            raise _native.UsageError("the dataset is empty: nothing to load")
+        job = {"unbatched": self._unbatched, "str_bytes": self._str_bytes,
+               "ragged": self._ragged, "ragged_bytes": self._ragged_bytes, "probe": self._probe}
+
+        def args(worker_id: int) -> Dict[str, Any]:
+            early = dict(job, index=worker_id % n)
+            return fork_args(self._worker_args(worker_id)._replace(early=early))
+
+        self._close_early()
+        try:
+            self._early = EarlyWorkers(zygote, args, self.num_workers)
+            kind, what, text = self._early.layout(
+                self.timeout or None, late=_native.Timeout(
+                    f"DataLoader timed out after {self.timeout:g} seconds: pinring DataLoader's "
+                    f"worker 0 did not load sample 0 (which tells the batches' fields) within "
+                    f"timeout={self.timeout} s"
+                ),
+            )
+        except BaseException:
+            # Timed out or interrupted: the zygote ends, and the workers with it.
+            self._close_early()
+            zygote.close()
+            self._zygote = None
+            raise
+        if kind == "ok":
+            return what  # type: ignore[no-any-return]
+        self._close_early()
+        if kind == "usage":
+            raise what(text)
+        _reraise(what, text)
+        raise AssertionError("unreachable")
+
+    def _close_early(self) -> None:
+        """Ends the first start's workers that no pool adopted."""
+        if self._early is not None:
+            early, self._early = self._early, None
+            early.close()
+
     def _infer_in_worker(self, stream: bool) -> Optional[_Layout]:
-        """The layout, learned by a process the zygote forks and sets up as worker 0; None for
-        an iterable dataset whose every stream is empty."""
+        """An iterable dataset's layout, learned by a process the zygote forks and sets up as
+        each worker in turn until one's stream has a sample; None when every stream is empty.
+        (Its workers are not forked before the ring as a map-style dataset's are: a worker
+        would have to hand the samples it drew to the worker it becomes; ARCHITECTURE.md.)"""
         zygote = self._ensure_zygote()
         try:
             kind, what, text = zygote.layout(
@@ -565,7 +613,7 @@ class DataLoader(Generic[_T_co]):
             _procs.refuse_in_zygote_import()
             _WAITING_FOR_ZYGOTE.discard(self)
             self._zygote = _procs.Zygote(
-                _procs.Payload(self.dataset, self._layout, self.collate_fn, self.worker_init_fn),
+                _procs.Payload(self.dataset, self.collate_fn, self.worker_init_fn),
                 self.start_method,
             )
         return self._zygote
@@ -795,8 +843,11 @@ class DataLoader(Generic[_T_co]):
             self._published = start_seq // (bpe * ppb) - 1
             self._drawn = {e: o for e, o in self._drawn.items() if e > self._published}
             self._publish_orders(start_seq + self._orders_ahead())
+        if self._early is not None and self._early.zygote is not self._zygote:
+            self._close_early()  # its zygote ended since: workers are forked again
         self._pool = WorkerPool.start(
             self._zygote, max(1, self.num_workers), self._spawn,
+            session=None if self._early is None else self._early.hand_over(),
             ring_name=self._ring_name or "", max_restarts=self.max_worker_restarts,
             restarts=self._restarts, lease_text=self._lease_text, stream=self._stream,
         )
@@ -876,10 +927,21 @@ class DataLoader(Generic[_T_co]):
         return settings
 
     def _spawn(self, worker_id: int, reports: Any, stop_flag: Any) -> _Worker:
-        args = _WorkerArgs(
+        args = self._worker_args(worker_id)
+        pid = None
+        if self._early is not None:
+            # A worker forked before the ring: sent its ring (forked again where it cannot be).
+            pid = self._early.adopt(worker_id, {k: getattr(args, k) for k in RING_ARGS})
+            if not self._early.waiting:
+                self._close_early()
+        return _Worker(self._zygote, args, reports, stop_flag, pid=pid)
+
+    def _worker_args(self, worker_id: int) -> _WorkerArgs:
+        """Worker ``worker_id``'s arguments; the ring's are empty while it does not exist."""
+        return _WorkerArgs(
             ring=self._ring_name or "", path=self._ring_path, config=self._config_path or "",
             dataset=self.dataset,
-            layout=self._infer(), collate_fn=self.collate_fn, worker_init_fn=self.worker_init_fn,
+            layout=self._layout, collate_fn=self.collate_fn, worker_init_fn=self.worker_init_fn,
             worker_id=worker_id, num_workers=self.num_workers,
             seed=(self._worker_seed + worker_id) & (2**63 - 1), wait=self.wait_for_ring,
             orders=None if self._orders is None or self._orders_fd is None else (
@@ -893,11 +955,11 @@ class DataLoader(Generic[_T_co]):
                 None if self._resuming is None else self._resuming.place(worker_id),
             ),
         )
-        return _Worker(self._zygote, args, reports, stop_flag)
 
     def _stop(self, grace: float = STOP_GRACE) -> None:
         """Stops the workers (giving them ``grace`` seconds to leave between parts), detaches,
         stops the daemon; keeps where the loader stands."""
+        self._close_early()
         if not self._started:
             return
         self._started = False

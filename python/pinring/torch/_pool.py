@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import inspect
 import logging
+import os
 import pickle
 import queue as _queue
+import select
 import threading
 import time
 import weakref
@@ -59,12 +61,18 @@ class WorkerPool:
     @classmethod
     def start(cls, zygote: Optional[_procs.Zygote], count: int,
               spawn: Callable[[int, Any, Any], _Worker],
+              session: Optional[Tuple[_procs.Reports, _procs.StopFlag]] = None,
               **kwargs: Any) -> "WorkerPool":
         """Starts ``count`` workers: processes forked from ``zygote``, or, without one, a thread
-        of this process (``num_workers=0``)."""
-        if zygote is None:
-            reports: Any = _queue.SimpleQueue()
-            stop_flag: Any = threading.Event()
+        of this process (``num_workers=0``). ``session``: the reports and stop flag that
+        workers already forked (``EarlyWorkers.hand_over``) report on and look at."""
+        reports: Any
+        stop_flag: Any
+        if session is not None:
+            reports, stop_flag = session
+        elif zygote is None:
+            reports = _queue.SimpleQueue()
+            stop_flag = threading.Event()
         else:
             reports = _procs.Reports()
             stop_flag = _procs.StopFlag()
@@ -211,6 +219,115 @@ class WorkerPool:
         except Exception:  # noqa: BLE001 - a worker's error after the loop ended is not raised
             pass
         if isinstance(self.reports, _procs.Reports):
+            self.reports.close()
+            self.stop_flag.close()
+        self.reports = self.stop_flag = None
+
+
+class EarlyWorkers:
+    """A map-style loader's workers at its first start, forked before its ring exists, so that
+    the batches' fields come from the first worker's first samples and every worker's first
+    sample is read in that worker, all of them at once, as in torch's DataLoader: a dataset
+    whose ``__getitem__`` waits until every worker is inside it (a barrier) starts, and a
+    resource a dataset opens in its first ``__getitem__`` is opened once, in the process that
+    keeps it.
+
+    Each is set up as its worker (worker info, seeds, ``worker_init_fn``, once); worker 0 reads
+    the samples the layout is learned from (``layout``), each other worker one sample, which it
+    lets go (these reads are the only ones not delivered); then each waits on its own pipe for
+    its ring (``adopt``). Those not adopted end with ``close``."""
+
+    def __init__(self, zygote: _procs.Zygote, args: Callable[[int], Dict[str, Any]],
+                 count: int) -> None:
+        self.zygote = zygote
+        self.reports: Optional[_procs.Reports] = _procs.Reports()
+        self.stop_flag: Optional[_procs.StopFlag] = _procs.StopFlag()
+        zygote.session(self.reports, self.stop_flag)
+        self.waiting: Dict[int, Tuple[int, int]] = {}  # worker id -> (pid, its pipe's end)
+        try:
+            for worker_id in range(count):
+                go, end = os.pipe2(os.O_CLOEXEC)
+                try:
+                    pid = zygote.fork(args(worker_id), go=go)
+                except BaseException:
+                    os.close(end)
+                    raise
+                finally:
+                    os.close(go)
+                self.waiting[worker_id] = (pid, end)
+        except BaseException:
+            self.close()
+            raise
+
+    def layout(self, wait: Optional[float], late: Exception) -> Tuple[str, Any, str]:
+        """Worker 0's layout, as ``_worker._layout_job`` returns one: ``("ok", layout, "")``,
+        ``("usage", type, message)``, or ``("error", type, message)`` for an exception in any
+        worker's first sample (or worker 0's death). Waits ``wait`` seconds (None: as long as
+        worker 0 lives), then raises ``late``."""
+        assert self.reports is not None
+        deadline = None if wait is None else time.monotonic() + wait
+        pid = self.waiting[0][0]
+        while True:
+            # A worker reports, then ends: its exit is looked at first, then the reports.
+            code = self.zygote.exitcode(pid)
+            while not self.reports.empty():
+                worker_id, kind, _, what, message = self.reports.get()
+                if kind == "layout":
+                    result: Tuple[str, Any, str] = pickle.loads(what)
+                    return result
+                if kind == "error":
+                    return "error", what, message
+            if code is not None:
+                return "error", RuntimeError, _procs.died_learning_layout(pid, code)
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise late
+            # A report, or the zygote's word of a worker's end (or the zygote's own).
+            select.select([self.reports.reader, self.zygote.ctl], [], [], left)
+
+    def adopt(self, worker_id: int, ring: Dict[str, Any]) -> Optional[int]:
+        """Sends waiting worker ``worker_id`` its ``ring`` (``_worker.RING_ARGS``); its pid, or
+        None where there is none waiting or it could not take it (then it is ended, and a
+        worker is forked instead)."""
+        pid, end = self.waiting.pop(worker_id, (0, -1))
+        if end < 0:
+            return None
+        data = pickle.dumps(ring)
+        data = len(data).to_bytes(8, "little") + data  # its length first: _worker reads to it
+        try:
+            # The pipe takes it at once (a layout is a few kB): a worker still inside its first
+            # sample reads it after.
+            os.set_blocking(end, False)
+            sent = os.write(end, data) == len(data)
+        except OSError:  # a worker that died meanwhile (EPIPE), a pipe that is full
+            sent = False
+        finally:
+            os.close(end)
+        if not sent:
+            self.zygote.kill(pid)
+            return None
+        return pid
+
+    def hand_over(self) -> Tuple[_procs.Reports, _procs.StopFlag]:
+        """The reports and stop flag of these workers, for the pool that adopts them."""
+        assert self.reports is not None and self.stop_flag is not None
+        session = (self.reports, self.stop_flag)
+        self.reports = self.stop_flag = None
+        return session
+
+    def close(self) -> None:
+        """Ends the workers not adopted: the stop flag set and their pipes closed (each ends
+        at once when it has let its first sample go), then killed after ``STOP_GRACE``."""
+        if self.stop_flag is not None:
+            self.stop_flag.set()
+        for _, end in self.waiting.values():
+            os.close(end)
+        deadline = time.monotonic() + STOP_GRACE
+        for pid, _ in self.waiting.values():
+            if self.zygote.wait(pid, deadline) is None:
+                self.zygote.kill(pid)
+        self.waiting = {}
+        if self.reports is not None and self.stop_flag is not None:
             self.reports.close()
             self.stop_flag.close()
         self.reports = self.stop_flag = None

@@ -58,7 +58,6 @@ class Payload(NamedTuple):
     """What a zygote holds for its workers: the same for every worker and every start."""
 
     dataset: Any
-    layout: Any
     collate_fn: Any
     worker_init_fn: Any
 
@@ -400,10 +399,13 @@ class Zygote:
         result: Tuple[str, Any, str] = self._answer("layout", wait, late)[1]
         return result
 
-    def fork(self, args: Dict[str, Any]) -> int:
+    def fork(self, args: Dict[str, Any], go: Optional[int] = None) -> int:
+        """Has the zygote fork a worker with ``args`` (``_worker._WorkerArgs``'s, less what the
+        zygote holds); ``go``: the read end of a pipe the worker waits on for its ring
+        (``_pool.EarlyWorkers``). Returns the worker's pid."""
         if self.dead:
             raise _native.PeerDied("pinring DataLoader's zygote has ended: no worker can be made")
-        _send(self.ctl, ("fork", args))
+        _send(self.ctl, ("fork", args), () if go is None else (go,))
         return int(self._answer("forked")[2])
 
     def exitcode(self, pid: int) -> Optional[int]:
@@ -582,10 +584,7 @@ def _serve(ctl: socket.socket, trainer: int, payload: Payload) -> None:
                     pid, chunks = layouts.pop(pfd)
                     os.close(pfd)
                     _, status = os.waitpid(pid, 0)
-                    result = _layout_result(b"".join(chunks), status, pid)
-                    if result[0] == "ok":
-                        payload = payload._replace(layout=result[1])
-                    _send(ctl, ("layout", result))
+                    _send(ctl, ("layout", _layout_result(b"".join(chunks), status, pid)))
                 elif pfd in siblings:
                     os.waitpid(siblings.pop(pfd), 0)
                     os.close(pfd)
@@ -619,12 +618,16 @@ def _serve(ctl: socket.socket, trainer: int, payload: Payload) -> None:
                 layouts[r] = (pid, [])
             elif msg[0] == "fork":
                 args = msg[1]
+                if fds:
+                    args["go"] = fds[0]
                 sys.stdout.flush()
                 sys.stderr.flush()
                 pid = os.fork()
                 if pid == 0:
                     _worker_child(me, [ctl.fileno(), trainer, *workers, *siblings], session,
                                   args, payload)
+                for fd in fds:
+                    os.close(fd)
                 workers[os.pidfd_open(pid)] = pid
                 _send(ctl, ("forked", args["worker_id"], pid))
             elif msg[0] == "sibling":
@@ -691,9 +694,13 @@ def _layout_result(data: bytes, status: int, pid: int) -> Tuple[str, Any, str]:
             return result
         except Exception as e:  # noqa: BLE001 - a result that does not unpickle: say so
             return "error", RuntimeError, f"the layout of the dataset could not be read: {e}"
-    code = os.waitstatus_to_exitcode(status)
+    return "error", RuntimeError, died_learning_layout(pid, os.waitstatus_to_exitcode(status))
+
+
+def died_learning_layout(pid: int, code: int) -> str:
+    """What is said of worker 0 (pid ``pid``) ended with ``code`` before the layout came."""
     how = f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
-    return "error", RuntimeError, (
+    return (
         f"{torch_words(pid, code)}pinring DataLoader worker 0 {how} while loading sample 0 "
         "(to learn the batches' fields); the log above may say why"
     )
@@ -707,8 +714,7 @@ def _worker_child(zygote: int, inherited: List[int], session: List[int], args: D
         reports_fd, stop_fd = session
         from pinring.torch._worker import _WorkerArgs, _worker_main
 
-        full = _WorkerArgs(dataset=payload.dataset, layout=payload.layout,
-                           collate_fn=payload.collate_fn, worker_init_fn=payload.worker_init_fn,
+        full = _WorkerArgs(dataset=payload.dataset, collate_fn=payload.collate_fn, worker_init_fn=payload.worker_init_fn,
                            **args)
         _worker_main(full, _ReportWriter(reports_fd), StopFlag(stop_fd))
 

@@ -5,8 +5,10 @@ one."""
 
 from __future__ import annotations
 
+import os
 import pickle
 import random
+import select
 import threading
 import time
 import traceback
@@ -83,7 +85,7 @@ class _WorkerArgs(NamedTuple):
     ring: str
     config: str
     dataset: Any
-    layout: _Layout
+    layout: Optional[_Layout]
     collate_fn: Optional[Callable[[List[Any]], Any]]
     worker_init_fn: Optional[Callable[[int], None]]
     worker_id: int
@@ -101,6 +103,15 @@ class _WorkerArgs(NamedTuple):
     # batch of the for and the worker's saved place (a resumed state's, or None); None: a
     # map-style dataset, sample indices from the plan.
     stream: Optional[Tuple[str, int, bool, int, Optional[Dict[str, Any]]]] = None
+    # A worker started before its ring exists (_pool.EarlyWorkers): what it reads first (worker
+    # 0: the samples the layout is learned from, which it reports; another: sample "index"),
+    # and the pipe its ring comes on (``go``); None: the ring is in the fields above.
+    early: Optional[Dict[str, Any]] = None
+    go: int = -1
+
+
+# The fields of _WorkerArgs an early worker learns when its ring exists (EarlyWorkers.adopt).
+RING_ARGS = ("ring", "path", "config", "layout", "orders", "stream")
 
 
 def _worker_main(args: _WorkerArgs, errors: Any, stop: Any) -> None:
@@ -128,6 +139,14 @@ def _worker_main(args: _WorkerArgs, errors: Any, stop: Any) -> None:
         if args.worker_init_fn is not None:
             stage = "worker_init_fn"
             args.worker_init_fn(args.worker_id)
+        if args.early is not None:
+            # Worker 0 learns the layout from sample 0 and the probes; another loads a sample.
+            stage, index = ("learning", 0) if args.worker_id == 0 else (
+                "loading", int(args.early["index"]))
+            ring = _first_sample_then_ring(args, errors, stop)
+            if ring is None:
+                return  # the loader stopped before its ring was made, or worker 0 failed
+            args = args._replace(early=None, **ring)
         stage = "attaching"
         # The workers start together: each keeps to its own share of the slots from its first
         # claim, so it writes (and counts in its PSS) only those pages of the ring.
@@ -142,6 +161,7 @@ def _worker_main(args: _WorkerArgs, errors: Any, stop: Any) -> None:
         )
         thread = args.num_workers == 0
         layout = args.layout
+        assert layout is not None, "a worker joins its ring with the layout"
         orders = None if args.orders is None else _Orders(*args.orders)
         def report(batch: int, snapshot: Dict[str, Any]) -> None:
             # Pickled once, here: its size checked, and sent as bytes (the pool unpickles it).
@@ -256,6 +276,7 @@ def _worker_main(args: _WorkerArgs, errors: Any, stop: Any) -> None:
         text = "".join(traceback.format_exception(type(e), e, e.__traceback__))
         place = {
             "loading": f" while loading sample {index}",
+            "learning": f" while loading sample {index} (to learn the batches' fields)",
             "streaming": f" while iterating its dataset (sample {index} of its stream)",
             "collating": f" in collate_fn for a part from sample {index}",
             "worker_init_fn": " in worker_init_fn",
@@ -267,6 +288,50 @@ def _worker_main(args: _WorkerArgs, errors: Any, stop: Any) -> None:
         )
         message += _fork_note(e)
         _put(errors, (args.worker_id, "error", index, type(e), message))
+
+
+def _first_sample_then_ring(args: _WorkerArgs, errors: Any,
+                            stop: Any) -> Optional[Dict[str, Any]]:
+    """An early worker's start (``args.early``; ``_pool.EarlyWorkers``): worker 0 learns the
+    layout from the samples ``args.early`` names and reports it (``"layout"``: the pickled
+    result of ``_layout_job``'s shape), another worker loads its sample; then each waits for its
+    ring's fields (``RING_ARGS``) on ``args.go``. None where no ring comes: the pipe closed
+    empty (the loader stopped first), the stop flag set, or worker 0's layout refused."""
+    job = args.early
+    assert job is not None
+    if args.worker_id == 0:
+        try:
+            result: Tuple[str, Any, str] = ("ok", layout_of(
+                args.dataset, args.collate_fn, job["unbatched"], job["str_bytes"],
+                job["ragged"], job["ragged_bytes"], job["probe"]), "")
+        except _native.PinringError as e:
+            result = ("usage", type(e), str(e))
+        errors.put((0, "layout", 0, pickle.dumps(result), ""))
+        if result[0] != "ok":
+            return None
+    else:
+        # Read and let go: a dataset whose __getitem__ waits until every worker is inside it
+        # (a barrier) lets worker 0's sample 0 through only once each worker has come.
+        args.dataset[job["index"]]
+    # The message is its length (8 bytes) and its pickle: read to its length, not to the pipe's
+    # end, which a process forked from the training process meanwhile may hold open.
+    data = b""
+    size = None
+    while not stop.is_set() and (size is None or len(data) < size):
+        ready, _, _ = select.select([args.go], [], [], _POLL)
+        if not ready:
+            continue
+        chunk = os.read(args.go, 1 << 16)
+        if not chunk:
+            break
+        data += chunk
+        if size is None and len(data) >= 8:
+            size = 8 + int.from_bytes(data[:8], "little")
+    os.close(args.go)
+    if size is None or len(data) < size or stop.is_set():
+        return None
+    ring: Dict[str, Any] = pickle.loads(data[8:size])
+    return ring
 
 
 # The largest state a worker's stream may report after a batch (pickled), within a report.
@@ -361,28 +426,34 @@ def _put(errors: Any, report: Tuple[int, str, int, Any, str]) -> None:
         errors.put(report[:3] + (builtin_base(report[3]),) + report[4:])
 
 
+def fork_args(args: _WorkerArgs) -> Dict[str, Any]:
+    """What the zygote is sent to fork the worker ``args`` describes: all of them less what
+    the zygote holds (``_procs.Payload``) and the early worker's pipe (sent beside)."""
+    held = ("dataset", "collate_fn", "worker_init_fn", "go")
+    return {k: v for k, v in args._asdict().items() if k not in held}
+
+
 class _Worker:
     """One worker: a process forked from the loader's zygote (``_procs.Zygote``), or the thread
     of ``num_workers=0`` (``zygote`` None)."""
 
-    def __init__(self, zygote: Any, args: _WorkerArgs, errors: Any, stop: Any) -> None:
+    def __init__(self, zygote: Any, args: _WorkerArgs, errors: Any, stop: Any,
+                 pid: Optional[int] = None) -> None:
         self.args = args
         self.zygote = zygote
         self.pid = 0
-        if zygote is None:
-            self.thread: Optional[threading.Thread] = threading.Thread(
+        self.thread: Optional[threading.Thread] = None
+        if pid is not None:
+            # A worker forked before the ring existed, now sent its ring (_pool.EarlyWorkers).
+            self.pid = pid
+        elif zygote is None:
+            self.thread = threading.Thread(
                 target=_worker_main, args=(args, errors, stop), name="pinring-worker",
                 daemon=True,
             )
             self.thread.start()
         else:
-            self.thread = None
-            self.pid = zygote.fork({
-                "ring": args.ring, "path": args.path, "config": args.config,
-                "worker_id": args.worker_id,
-                "num_workers": args.num_workers, "seed": args.seed, "wait": args.wait,
-                "orders": args.orders, "unbatched": args.unbatched, "stream": args.stream,
-            })
+            self.pid = zygote.fork(fork_args(args))
 
     def exitcode(self) -> Optional[int]:
         if self.thread is not None:
