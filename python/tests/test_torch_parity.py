@@ -38,6 +38,9 @@ def test_a_bad_argument_is_the_value_error_torch_raises():
     dict(num_workers=1, multiprocessing_context="bad"),
     dict(num_workers=1, multiprocessing_context=object()),
     dict(shuffle=True, sampler=torch.utils.data.SequentialSampler(range(8))),
+    # torch names the sampler's clash with shuffle before the batch_sampler's with both.
+    dict(shuffle=True, sampler=torch.utils.data.SequentialSampler(range(8)),
+         batch_sampler=torch.utils.data.BatchSampler(range(8), 3, False)),
 ])
 def test_a_bad_argument_says_what_torchs_says(bad):
     """Scripts and tests match torch's words; pinring's message starts with them."""

@@ -226,6 +226,8 @@ class DataLoader(Generic[_T_co]):
                 f"or a torch.utils.data.IterableDataset; a {type(dataset).__name__} is neither: "
                 "add __getitem__ and __len__, or derive it from IterableDataset"
             )
+        if sampler is not None and shuffle:
+            raise _native.UsageError("sampler option is mutually exclusive with shuffle")
         if batch_sampler is not None and (
             not isinstance(batch_size, _Default) and batch_size != 1 or shuffle or
             sampler is not None or not isinstance(drop_last, _Default) and drop_last
@@ -329,8 +331,6 @@ class DataLoader(Generic[_T_co]):
                 "(num_workers > 0), but got num_workers=0"
             )
         self.start_method = _procs.start_method(multiprocessing_context)
-        if sampler is not None and shuffle:
-            raise _native.UsageError("sampler option is mutually exclusive with shuffle")
         sharded: Dict[str, Any] = {}
         from_sampler = set()
         # A sampler or batch_sampler pinring's plan cannot express draws its order here, in
