@@ -214,34 +214,28 @@ impl Copier {
         lock(&self.books).failed.clone()
     }
 
-    /// Copies the batch that descriptor `desc` (taken in `round`) lists into own buffer `local`:
-    /// every part from the slot the part table names, after checking that the daemon holds that
-    /// slot for that part's seq. The descriptor goes back to the daemon when the copies are done
-    /// (the release thread). Returns once the copies are queued; on the host backend, once they
-    /// are done.
-    pub(crate) fn copy_batch(
+    /// The copies of the batch that descriptor `desc` lists (its first part `seq`) into own
+    /// buffer `local`, made into `scratch.jobs`: each part's from the slot the part table names,
+    /// after checking that the daemon holds that slot for that part's seq and that every copy
+    /// lies inside it. Returns the batch's parts.
+    fn batch_jobs(
         &self,
         ring: &ConsumerRing,
         desc: u32,
-        round: u32,
         seq: u64,
         local: u32,
-    ) -> Result<(), ClientError> {
+        scratch: &mut Scratch,
+    ) -> Result<u64, ClientError> {
         let corrupt = |what: String| ClientError::Corrupt {
             ring: ring.name().into(),
             what: format!("batch buffer {desc}: {what}"),
         };
-        let backend_err = |source| ClientError::Backend {
-            ring: ring.name().into(),
-            source,
-        };
         let g = ring.geometry();
-        let mut scratch = lock(&self.scratch);
         let Scratch {
             plan,
             samples,
             jobs,
-        } = &mut *scratch;
+        } = scratch;
         let parts = plan.parts_per_batch();
         jobs.clear();
         for p in 0..parts {
@@ -292,6 +286,28 @@ impl Copier {
                 });
             }
         }
+        Ok(parts)
+    }
+
+    /// Copies the batch that descriptor `desc` (taken in `round`) lists into own buffer `local`:
+    /// every part from the slot the part table names, after checking that the daemon holds that
+    /// slot for that part's seq. The descriptor goes back to the daemon when the copies are done
+    /// (the release thread). Returns once the copies are queued; on the host backend, once they
+    /// are done.
+    pub(crate) fn copy_batch(
+        &self,
+        ring: &ConsumerRing,
+        desc: u32,
+        round: u32,
+        seq: u64,
+        local: u32,
+    ) -> Result<(), ClientError> {
+        let backend_err = |source| ClientError::Backend {
+            ring: ring.name().into(),
+            source,
+        };
+        let mut scratch = lock(&self.scratch);
+        let parts = self.batch_jobs(ring, desc, seq, local, &mut scratch)?;
         lock(&self.books).copying[desc as usize] = Some(Copying {
             round,
             announced: None,
@@ -301,11 +317,11 @@ impl Copier {
         self.engine
             .wait_release(local as usize, true)
             .map_err(backend_err)?;
-        // SAFETY: every source lies inside a slot the daemon holds for this batch (checked
-        // above) and does not hand out again until this descriptor is released, which the
+        // SAFETY: every source lies inside a slot the daemon holds for this batch (checked by
+        // batch_jobs) and does not hand out again until this descriptor is released, which the
         // release thread does only after every completion announced here has arrived. The
         // mapping outlives the engine (Shared's field order).
-        let announced = unsafe { self.engine.submit_group_deferred(jobs) };
+        let announced = unsafe { self.engine.submit_group_deferred(&scratch.jobs) };
         drop(scratch);
         let announced = announced.map_err(backend_err)?;
         self.engine

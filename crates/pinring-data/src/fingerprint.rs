@@ -16,13 +16,43 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
 use crate::config::{Config, DatasetKind};
-use crate::dataset::ImageTransform;
+use crate::dataset::{ImageDataset, ImageTransform};
 
 /// Appends `path` as written (u32 length, bytes).
 fn push_path(b: &mut Vec<u8>, path: &Path) {
     let bytes = path.as_os_str().as_bytes();
     b.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
     b.extend_from_slice(bytes);
+}
+
+/// A field's name (u32 length, UTF-8), dtype code (u8), ndims (u32) and dims (u32 each).
+fn push_field(b: &mut Vec<u8>, name: &str, dtype: u8, shape: &[u32]) {
+    b.extend_from_slice(&(name.len() as u32).to_le_bytes());
+    b.extend_from_slice(name.as_bytes());
+    b.push(dtype);
+    b.extend_from_slice(&(shape.len() as u32).to_le_bytes());
+    for dim in shape {
+        b.extend_from_slice(&dim.to_le_bytes());
+    }
+}
+
+/// `[dataset.image]`'s values in effect (see [`Config::fingerprint_bytes`]).
+fn push_image(b: &mut Vec<u8>, i: &ImageDataset) {
+    b.push(match i.transform {
+        ImageTransform::Train => 0,
+        ImageTransform::Eval => 1,
+    });
+    b.extend_from_slice(&i.crop().to_le_bytes());
+    b.extend_from_slice(&i.resize().to_le_bytes());
+    for v in i.scale().into_iter().chain(i.ratio()) {
+        b.extend_from_slice(&v.to_bits().to_le_bytes());
+    }
+    b.push(u8::from(i.flip()));
+    b.push(i.output.dtype().code());
+    for v in i.mean().into_iter().chain(i.std()) {
+        b.extend_from_slice(&v.to_bits().to_le_bytes());
+    }
+    b.push(u8::from(i.reduced_decode));
 }
 
 /// Version of the fingerprint encoding *and* of the data algorithms (plan
@@ -118,13 +148,7 @@ impl Config {
         };
         b.extend_from_slice(&(fields.len() as u32).to_le_bytes());
         for f in &fields {
-            b.extend_from_slice(&(f.name.len() as u32).to_le_bytes());
-            b.extend_from_slice(f.name.as_bytes());
-            b.push(f.dtype.code());
-            b.extend_from_slice(&(f.shape.len() as u32).to_le_bytes());
-            for dim in &f.shape {
-                b.extend_from_slice(&dim.to_le_bytes());
-            }
+            push_field(&mut b, &f.name, f.dtype.code(), &f.shape);
         }
         if d.kind.reads_files() {
             b.push(match d.on_bad_sample {
@@ -166,13 +190,7 @@ impl Config {
             match &w.npy {
                 Some(n) => {
                     b.push(1);
-                    b.extend_from_slice(&(n.field.len() as u32).to_le_bytes());
-                    b.extend_from_slice(n.field.as_bytes());
-                    b.push(n.dtype.code());
-                    b.extend_from_slice(&(n.shape.len() as u32).to_le_bytes());
-                    for dim in &n.shape {
-                        b.extend_from_slice(&dim.to_le_bytes());
-                    }
+                    push_field(&mut b, &n.field, n.dtype.code(), &n.shape);
                 }
                 None => b.push(0),
             }
@@ -186,21 +204,7 @@ impl Config {
             }
         }
         if let Some(i) = &d.image {
-            b.push(match i.transform {
-                ImageTransform::Train => 0,
-                ImageTransform::Eval => 1,
-            });
-            b.extend_from_slice(&i.crop().to_le_bytes());
-            b.extend_from_slice(&i.resize().to_le_bytes());
-            for v in i.scale().into_iter().chain(i.ratio()) {
-                b.extend_from_slice(&v.to_bits().to_le_bytes());
-            }
-            b.push(u8::from(i.flip()));
-            b.push(i.output.dtype().code());
-            for v in i.mean().into_iter().chain(i.std()) {
-                b.extend_from_slice(&v.to_bits().to_le_bytes());
-            }
-            b.push(u8::from(i.reduced_decode));
+            push_image(&mut b, i);
         }
         b
     }

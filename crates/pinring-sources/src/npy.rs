@@ -495,6 +495,54 @@ impl Lexer<'_> {
     }
 }
 
+/// The header dict's `descr`, `fortran_order` and `shape` (`entries`, of the dict that starts at
+/// byte `start` of `file`): each of its type, none other, none missing.
+fn header_values(
+    file: &str,
+    start: u64,
+    entries: Entries,
+) -> Result<(String, bool, Vec<u64>), NpyError> {
+    let header = |offset: u64, problem: String| NpyError::Header {
+        file: file.into(),
+        offset,
+        problem,
+    };
+    let (mut descr, mut fortran, mut shape) = (None, None, None);
+    for (key, v, at) in entries {
+        match (key.as_str(), v) {
+            ("descr", Lit::Str(s)) => descr = Some(s),
+            ("descr", Lit::Seq(_)) => {
+                return Err(NpyError::UnsupportedDtype {
+                    file: file.into(),
+                    descr: "structured (a list of fields)".into(),
+                })
+            }
+            ("fortran_order", Lit::Bool(b)) => fortran = Some(b),
+            ("shape", Lit::Seq(items)) => {
+                let mut dims = Vec::with_capacity(items.len());
+                for d in items {
+                    match d {
+                        Lit::Int(d) => dims.push(d),
+                        _ => return Err(header(at, "shape holds a non-integer".into())),
+                    }
+                }
+                shape = Some(dims);
+            }
+            (k @ ("descr" | "fortran_order" | "shape"), _) => {
+                return Err(header(at, format!("{k:?} has the wrong type")))
+            }
+            (k, _) => return Err(header(at, format!("unknown key {k:?}"))),
+        }
+    }
+    let (Some(descr), Some(fortran), Some(shape)) = (descr, fortran, shape) else {
+        return Err(header(
+            start,
+            "the dict lacks 'descr', 'fortran_order' or 'shape'".into(),
+        ));
+    };
+    Ok((descr, fortran, shape))
+}
+
 impl NpyHeader {
     /// Parses the header at the start of `bytes` (a prefix of file `file`, used in errors).
     /// Never panics; a prefix too short for the header is an error saying how many bytes the
@@ -557,39 +605,7 @@ impl NpyHeader {
             base: start as u64,
         };
         let entries = lx.dict().map_err(|(o, p)| header(o, p))?;
-        let (mut descr, mut fortran, mut shape) = (None, None, None);
-        for (key, v, at) in entries {
-            match (key.as_str(), v) {
-                ("descr", Lit::Str(s)) => descr = Some(s),
-                ("descr", Lit::Seq(_)) => {
-                    return Err(NpyError::UnsupportedDtype {
-                        file: file.into(),
-                        descr: "structured (a list of fields)".into(),
-                    })
-                }
-                ("fortran_order", Lit::Bool(b)) => fortran = Some(b),
-                ("shape", Lit::Seq(items)) => {
-                    let mut dims = Vec::with_capacity(items.len());
-                    for d in items {
-                        match d {
-                            Lit::Int(d) => dims.push(d),
-                            _ => return Err(header(at, "shape holds a non-integer".into())),
-                        }
-                    }
-                    shape = Some(dims);
-                }
-                (k @ ("descr" | "fortran_order" | "shape"), _) => {
-                    return Err(header(at, format!("{k:?} has the wrong type")))
-                }
-                (k, _) => return Err(header(at, format!("unknown key {k:?}"))),
-            }
-        }
-        let (Some(descr), Some(fortran), Some(shape)) = (descr, fortran, shape) else {
-            return Err(header(
-                start as u64,
-                "the dict lacks 'descr', 'fortran_order' or 'shape'".into(),
-            ));
-        };
+        let (descr, fortran, shape) = header_values(file, start as u64, entries)?;
         let (order, code) = match descr.as_bytes().first() {
             Some(b'<' | b'>' | b'|' | b'=') => descr.split_at(1),
             _ => ("", descr.as_str()),
@@ -769,6 +785,97 @@ fn open_file(path: &Path) -> Result<File, NpyError> {
     })
 }
 
+/// A directory of `.npy` files, one sample each (`config.path`; see [`NpySource::open`]): its
+/// files in name order, each checked against the config's dtype and sample shape (`want_shape`),
+/// else the first good file's; a file that fails is kept as a bad sample, unless none is good.
+fn open_dir(
+    config: &NpyConfig,
+    want_shape: Option<&[u64]>,
+) -> Result<(Data, u64, NpyDtype, Vec<u32>), NpyError> {
+    let mut names = Vec::new();
+    let rd = std::fs::read_dir(&config.path).map_err(|source| NpyError::Open {
+        file: show(&config.path),
+        source,
+    })?;
+    for entry in rd {
+        let entry = entry.map_err(|source| NpyError::Open {
+            file: show(&config.path),
+            source,
+        })?;
+        let p = entry.path();
+        if p.extension().is_some_and(|e| e == "npy") && !p.is_dir() {
+            names.push(p);
+        }
+    }
+    names.sort_by(|a, b| a.file_name().cmp(&b.file_name()));
+    if names.is_empty() {
+        return Err(NpyError::Empty {
+            file: show(&config.path),
+        });
+    }
+    // The expected dtype and shape: the config's, else the first good file's.
+    let (dtype, sample_shape) = match (config.dtype, want_shape) {
+        (Some(d), Some(s)) => (d, s.to_vec()),
+        _ => {
+            let mut first_err = None;
+            let mut found = None;
+            for p in &names {
+                match open_file(p).and_then(|f| NpyHeader::read(p, &f)) {
+                    Ok(h) => {
+                        found = Some(h);
+                        break;
+                    }
+                    Err(e) => {
+                        first_err.get_or_insert(e);
+                    }
+                }
+            }
+            let Some(h) = found else {
+                return Err(first_err.unwrap_or_else(|| NpyError::Empty {
+                    file: show(&config.path),
+                }));
+            };
+            (
+                config.dtype.unwrap_or(h.dtype),
+                want_shape.map_or(h.shape, <[u64]>::to_vec),
+            )
+        }
+    };
+    let mut files = Vec::with_capacity(names.len());
+    let mut good = 0usize;
+    let mut first_err = None;
+    for p in names {
+        let offset = match check_sample_file(&p, dtype, &sample_shape) {
+            Ok(o) => {
+                good += 1;
+                Some(o)
+            }
+            Err(e) => {
+                first_err.get_or_insert(e);
+                None
+            }
+        };
+        files.push((p, offset));
+    }
+    if good == 0 {
+        if let Some(e) = first_err {
+            return Err(e);
+        }
+    }
+    let shape = per_sample_shape(&config.path, &sample_shape)?;
+    let len = files.len() as u64;
+    Ok((
+        Data::Dir {
+            files,
+            dtype,
+            shape: sample_shape,
+        },
+        len,
+        dtype,
+        shape,
+    ))
+}
+
 fn per_sample_shape(path: &Path, shape: &[u64]) -> Result<Vec<u32>, NpyError> {
     shape
         .iter()
@@ -847,88 +954,7 @@ impl NpySource {
             source,
         })?;
         let (data, len, dtype, shape) = if meta.is_dir() {
-            let mut names = Vec::new();
-            let rd = std::fs::read_dir(&config.path).map_err(|source| NpyError::Open {
-                file: show(&config.path),
-                source,
-            })?;
-            for entry in rd {
-                let entry = entry.map_err(|source| NpyError::Open {
-                    file: show(&config.path),
-                    source,
-                })?;
-                let p = entry.path();
-                if p.extension().is_some_and(|e| e == "npy") && !p.is_dir() {
-                    names.push(p);
-                }
-            }
-            names.sort_by(|a, b| a.file_name().cmp(&b.file_name()));
-            if names.is_empty() {
-                return Err(NpyError::Empty {
-                    file: show(&config.path),
-                });
-            }
-            // The expected dtype and shape: the config's, else the first good file's.
-            let (dtype, sample_shape) = match (config.dtype, &want_shape) {
-                (Some(d), Some(s)) => (d, s.clone()),
-                _ => {
-                    let mut first_err = None;
-                    let mut found = None;
-                    for p in &names {
-                        match open_file(p).and_then(|f| NpyHeader::read(p, &f)) {
-                            Ok(h) => {
-                                found = Some(h);
-                                break;
-                            }
-                            Err(e) => {
-                                first_err.get_or_insert(e);
-                            }
-                        }
-                    }
-                    let Some(h) = found else {
-                        return Err(first_err.unwrap_or_else(|| NpyError::Empty {
-                            file: show(&config.path),
-                        }));
-                    };
-                    (
-                        config.dtype.unwrap_or(h.dtype),
-                        want_shape.clone().unwrap_or(h.shape),
-                    )
-                }
-            };
-            let mut files = Vec::with_capacity(names.len());
-            let mut good = 0usize;
-            let mut first_err = None;
-            for p in names {
-                let offset = match check_sample_file(&p, dtype, &sample_shape) {
-                    Ok(o) => {
-                        good += 1;
-                        Some(o)
-                    }
-                    Err(e) => {
-                        first_err.get_or_insert(e);
-                        None
-                    }
-                };
-                files.push((p, offset));
-            }
-            if good == 0 {
-                if let Some(e) = first_err {
-                    return Err(e);
-                }
-            }
-            let shape = per_sample_shape(&config.path, &sample_shape)?;
-            let len = files.len() as u64;
-            (
-                Data::Dir {
-                    files,
-                    dtype,
-                    shape: sample_shape,
-                },
-                len,
-                dtype,
-                shape,
-            )
+            open_dir(config, want_shape.as_deref())?
         } else {
             let a = open_array(&config.path)?;
             let sample_shape = &a.header.shape[1..];

@@ -10,13 +10,17 @@ import time
 import warnings
 import weakref
 from collections import deque
-from typing import Any, Callable, Dict, Generic, Iterator, List, Literal, Optional, Tuple, TypeVar
+from typing import (Any, Callable, Dict, Generic, Iterator, List, Literal, Optional, Set, Tuple,
+                    TypeVar)
 
 import torch
 
-from pinring import _device, _dist, _memfd, _native
-from pinring.loader import DEFAULT_EPOCHS, checked_state, torch_tensors
+from pinring import _dist, _memfd, _native
+from pinring.loader import checked_state, torch_tensors
 from pinring.torch import _procs
+from pinring.torch._args import (EPOCHS, FALSE, ONE, RING_KEYS, TRUE, Default, plan_of_sampler,
+                                 parse_device, refuse_as_torch, refuse_out_of_range,
+                                 refuse_workers, seeds, unwrapped, warn_on_workers_beyond_cpus)
 from pinring.torch._layout import _Layout, _rebuild
 from pinring.torch._layout import PROBES, samples_layout
 from pinring.torch._layout import layout_of as _layout_of
@@ -30,41 +34,6 @@ log = logging.getLogger("pinring.torch")
 
 # Workers are looked at after this long even while batches flow (seconds).
 _CHECK_EVERY = 0.5
-
-
-class _Default:
-    """An argument's default value, told apart from the same value passed: with ``ring=`` a
-    default gives way to the ring's setting, a value passed must agree with it."""
-
-    __slots__ = ("value",)
-
-    def __init__(self, value: Any) -> None:
-        self.value = value
-
-    def __repr__(self) -> str:
-        return repr(self.value)
-
-
-# Defaults of arguments a ring's config may decide (typed Any: each stands for its value).
-_ONE: Any = _Default(1)
-_FALSE: Any = _Default(False)
-_TRUE: Any = _Default(True)
-_EPOCHS: Any = _Default(DEFAULT_EPOCHS)
-
-# Where the ring's config holds what an argument sets: argument -> (section, key).
-_RING_KEYS: Dict[str, Tuple[str, str]] = {
-    "batch_size": ("plan", "batch_size"),
-    "shuffle": ("plan", "shuffle"),
-    "seed": ("plan", "seed"),
-    "drop_last": ("plan", "drop_last"),
-    "rank": ("plan", "rank"),
-    "world_size": ("plan", "world_size"),
-    "epochs": ("plan", "epochs"),
-    "in_order": ("ring", "in_order"),
-    "prefetch": ("daemon", "prefetch"),
-    "prefetch_factor": ("daemon", "prefetch"),
-    "lease_ms": ("daemon", "lease_ms"),
-}
 
 
 _T_co = TypeVar("_T_co", covariant=True)
@@ -166,14 +135,14 @@ class DataLoader(Generic[_T_co]):
     def __init__(
         self,
         dataset: Any,
-        batch_size: Optional[int] = _ONE,
+        batch_size: Optional[int] = ONE,
         shuffle: Optional[bool] = None,
         sampler: Any = None,
         batch_sampler: Any = None,
         num_workers: int = 0,
         collate_fn: Optional[Callable[[List[Any]], Any]] = None,
         pin_memory: bool = False,
-        drop_last: bool = _FALSE,
+        drop_last: bool = FALSE,
         timeout: float = 0,
         worker_init_fn: Optional[Callable[[int], None]] = None,
         multiprocessing_context: Any = None,
@@ -182,14 +151,14 @@ class DataLoader(Generic[_T_co]):
         prefetch_factor: Optional[int] = None,
         persistent_workers: bool = False,
         pin_memory_device: str = "",
-        in_order: bool = _TRUE,
+        in_order: bool = TRUE,
         seed: Optional[int] = None,
         rank: Optional[int] = None,
         world_size: Optional[int] = None,
         prefetch: Optional[int] = None,
         device: Any = None,
         ring: Optional[str] = None,
-        epochs: int = _EPOCHS,
+        epochs: int = EPOCHS,
         lease_ms: Optional[int] = None,
         max_worker_restarts: int = 3,
         wait_for_ring: float = 30.0,
@@ -200,47 +169,10 @@ class DataLoader(Generic[_T_co]):
     ) -> None:
         del pin_memory, persistent_workers, pin_memory_device  # always pinned, always persistent
         # An IterableDataset: each worker iterates its own copy, batches interleave as torch's
-        # (_stream). torch's own checks and messages for the arguments it cannot take.
+        # (_stream).
         self._stream = isinstance(dataset, torch.utils.data.IterableDataset)
-        if self._stream:
-            for arg, value, unset in (("shuffle", shuffle, shuffle in (None, False)),
-                                      ("sampler", sampler, sampler is None),
-                                      ("batch_sampler", batch_sampler, batch_sampler is None)):
-                if not unset:
-                    raise _native.UsageError(
-                        f"DataLoader with IterableDataset: expected unspecified {arg} option, "
-                        f"but got {arg}={value!r}"
-                    )
-            for arg, value in (("ring", ring), ("rank", rank), ("world_size", world_size)):
-                if value is not None:
-                    raise _native.UsageError(
-                        f"pinring.torch.DataLoader({arg}={value!r}) with an IterableDataset: the "
-                        "dataset's own __iter__ picks its samples (split by torch.distributed's "
-                        "rank there, and by get_worker_info() per worker), so there is no plan "
-                        f"of sample indices to {'attach to' if arg == 'ring' else 'shard'}; "
-                        f"leave {arg} out"
-                    )
-        elif not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
-            raise _native.UsageError(
-                f"pinring.torch.DataLoader takes a map-style dataset (__getitem__ and __len__) "
-                f"or a torch.utils.data.IterableDataset; a {type(dataset).__name__} is neither: "
-                "add __getitem__ and __len__, or derive it from IterableDataset"
-            )
-        if sampler is not None and shuffle:
-            raise _native.UsageError("sampler option is mutually exclusive with shuffle")
-        if batch_sampler is not None and (
-            not isinstance(batch_size, _Default) and batch_size != 1 or shuffle or
-            sampler is not None or not isinstance(drop_last, _Default) and drop_last
-        ):
-            raise _native.UsageError(
-                "batch_sampler option is mutually exclusive with batch_size, shuffle, sampler, "
-                "and drop_last"
-            )
-        if batch_size is None and not isinstance(drop_last, _Default) and drop_last:
-            raise _native.UsageError(
-                "batch_size=None option disables auto-batching and is mutually exclusive with "
-                "drop_last"
-            )
+        refuse_as_torch(dataset, self._stream, batch_size, shuffle, sampler, batch_sampler,
+                        drop_last, ring, rank, world_size)
         # Under torchrun (or a torch.distributed process group), rank and world_size left out
         # are the job's; one passed that contradicts the job is an error naming both.
         if sampler is None and batch_sampler is None and not self._stream:
@@ -253,107 +185,29 @@ class DataLoader(Generic[_T_co]):
                 ("drop_last", drop_last), ("rank", rank), ("world_size", world_size),
                 ("epochs", epochs), ("in_order", in_order), ("prefetch", prefetch),
                 ("lease_ms", lease_ms), ("device", device),
-            ) if value is not None and not isinstance(value, _Default)
+            ) if value is not None and not isinstance(value, Default)
         }
         batch_size, drop_last, in_order, epochs = (
-            _unwrapped(v) for v in (batch_size, drop_last, in_order, epochs)
+            unwrapped(v) for v in (batch_size, drop_last, in_order, epochs)
         )
         # batch_size=None (no auto-batching): each sample is a batch of one, yielded without
         # the batch dimension, as torch's default_convert would (_convert).
         self._unbatched = batch_size is None and batch_sampler is None
         if batch_sampler is not None:
             batch_size = None
-        elif batch_size is not None and (
-            isinstance(batch_size, bool) or not hasattr(batch_size, "__index__")
-            or batch_size.__index__() < 1
-        ):
-            raise _native.UsageError(
-                f"batch_size should be a positive integer value, but got batch_size={batch_size!r}"
-            )
-        if lease_ms is not None and int(lease_ms) < 10:
-            raise _native.UsageError(
-                f"lease_ms={lease_ms}: a worker's lease on a batch part must be at least 10 ms; "
-                "pass more than the slowest part takes to load (default 30000)"
-            )
-        lo, hi = _native.PREFETCH_RANGE
-        if prefetch is not None and not lo <= int(prefetch) <= hi:
-            raise _native.UsageError(
-                f"pinring.torch.DataLoader(prefetch={prefetch}): the device batch buffers must "
-                f"be {lo} to {hi} (one is the batch the loop holds, the rest are uploaded ahead): "
-                "pass a number in that range, or leave prefetch out"
-            )
-        if int(epochs) < 1:
-            raise _native.UsageError(
-                f"pinring.torch.DataLoader(epochs={epochs}): the plan covers at least one epoch: "
-                "pass epochs >= 1, or leave it out for a plan without end"
-            )
-        if str_bytes is not None and not 8 <= int(str_bytes) <= 1 << 24:
-            raise _native.UsageError(
-                f"pinring.torch.DataLoader(str_bytes={str_bytes}): a str field's arena must have "
-                "8 to 16777216 bytes a sample: pass a number in that range, or leave str_bytes "
-                "out for four times dataset[0]'s string (at least 256)"
-            )
+        refuse_out_of_range(batch_size, lease_ms, prefetch, epochs, str_bytes, ragged_bytes,
+                            ragged, ragged_as)
         self._str_bytes = None if str_bytes is None else int(str_bytes)
-        if ragged_bytes is not None and not 8 <= int(ragged_bytes) <= 1 << 30:
-            raise _native.UsageError(
-                f"pinring.torch.DataLoader(ragged_bytes={ragged_bytes}): a ragged field's arena "
-                "holds 8 to 1073741824 bytes a sample: pass a number in that range, or leave "
-                "ragged_bytes out for twice the largest of the samples pinring looks at first"
-            )
-        if isinstance(ragged, str):
-            raise _native.UsageError(
-                f"pinring.torch.DataLoader(ragged={ragged!r}): pass a list of field names, "
-                f"ragged=[{ragged!r}]"
-            )
         self._ragged: List[str] = [str(r) for r in (ragged or ())]
         self._ragged_bytes = None if ragged_bytes is None else int(ragged_bytes)
-        if ragged_as not in ("list", "jagged"):
-            raise _native.UsageError(
-                f"pinring.torch.DataLoader(ragged_as={ragged_as!r}): a ragged field comes as "
-                "\"list\" (a list of the batch's tensors) or \"jagged\" (one nested tensor of "
-                "torch's jagged layout): pass one of those"
-            )
         self._ragged_as = ragged_as
         # Where a ragged field may be (a collate_fn, or one sample a batch: torch's default
         # collate stacks no other), the layout is learned from a few samples (_layout.PROBES).
         self._probe = collate_fn is not None or batch_size is None or batch_size == 1
-        # Torch's words first, for scripts and tests that match them.
-        if num_workers < 0:
-            raise _native.UsageError(
-                "num_workers option should be non-negative; use num_workers=0 to disable "
-                f"multiprocessing (num_workers={num_workers})"
-            )
-        if timeout < 0:
-            raise _native.UsageError(f"timeout option should be non-negative (timeout={timeout})")
-        if num_workers == 0 and multiprocessing_context is not None:
-            raise _native.UsageError(
-                "multiprocessing_context can only be used with multi-process loading "
-                "(num_workers > 0), but got num_workers=0"
-            )
+        refuse_workers(num_workers, timeout, multiprocessing_context)
         self.start_method = _procs.start_method(multiprocessing_context)
-        sharded: Dict[str, Any] = {}
-        from_sampler = set()
-        # A sampler or batch_sampler pinring's plan cannot express draws its order here, in
-        # the training process, as torch's does (_orders); the plan then runs over positions.
-        self._drawn_by: Any = batch_sampler
-        if sampler is not None and batch_sampler is None and not self._stream:
-            native = _from_sampler(sampler, bool(_unwrapped(drop_last)), len(dataset))
-            if native is None:
-                self._drawn_by = sampler
-            else:
-                sharded = native
-        if self._drawn_by is not None and ring is not None:
-            raise _native.UsageError(
-                f"pinring.torch.DataLoader(ring={ring!r}) takes its order from the ring's plan, "
-                f"so a {type(self._drawn_by).__name__} cannot draw it: leave "
-                f"{'batch_sampler' if batch_sampler is not None else 'sampler'} out, or run the "
-                "loader without ring= (its own daemon)"
-            )
-        if sharded:
-            for key, value in sharded.items():
-                if key not in given:
-                    given[key] = value
-                    from_sampler.add(key)
+        sharded, from_sampler = self._take_samplers(dataset, sampler, batch_sampler, drop_last,
+                                                    ring, given)
         if prefetch is None and prefetch_factor is not None:
             given["prefetch_factor"] = prefetch_factor
         self.dataset = dataset
@@ -369,37 +223,10 @@ class DataLoader(Generic[_T_co]):
         self.in_order = bool(in_order)
         self.rank = int(rank if rank is not None else sharded.get("rank", 0))
         self.world_size = int(world_size if world_size is not None else sharded.get("world_size", 1))
-        if seed is None:
-            seed = sharded.get("seed")
-        worker_seed: Optional[int] = None
-        if seed is None and ring is not None:
-            # The ring's plan.seed is taken at the start; the user's RNG is left as it is.
-            seed = 0
-        elif seed is None and _dist.job() is not None:
-            # Every rank must shuffle alike for the shards to be disjoint: DistributedSampler's
-            # default seed, not a draw from each rank's own RNG.
-            seed = 0
-        elif seed is None and self._stream:
-            # No plan of indices; the workers' base seed is drawn at each for, as torch's
-            # DataLoader draws it for each iterator it makes (_iter_stream).
-            seed = 0
-            worker_seed = 0
-        elif seed is None and not self.shuffle:
-            # No shuffle, no seed in the plan: a loader made the same way has the same plan
-            # (and fingerprint), so it loads the state of another without the RNG reseeded, as
-            # torchdata's StatefulDataLoader does. The workers' base seed is still drawn, as
-            # torch's DataLoader draws it, from the generator or torch's RNG.
-            seed = 0
-            worker_seed = int(
-                torch.empty((), dtype=torch.int64).random_(generator=generator).item()
-            )
-        elif seed is None:
-            # As torch's RandomSampler: one draw from the given generator or torch's RNG.
-            seed = int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
-        self.seed = int(seed) & (2**64 - 1)
-        # The workers' base seed (worker i seeds random and torch with base + i): the plan's
-        # seed, or the draw above where the plan has none.
-        self._worker_seed = self.seed if worker_seed is None else worker_seed
+        self.seed, self._worker_seed = seeds(
+            sharded.get("seed") if seed is None else seed, ring, self._stream, self.shuffle,
+            generator,
+        )
         if prefetch is None and prefetch_factor is not None:
             lo, hi = _native.PREFETCH_RANGE
             prefetch = min(hi, max(lo, int(prefetch_factor) * max(1, self.num_workers)))
@@ -411,7 +238,16 @@ class DataLoader(Generic[_T_co]):
         self.max_worker_restarts = int(max_worker_restarts)
         self.wait_for_ring = float(wait_for_ring)
         self._attached_ring = ring
-        self._device = _parse_device(device)
+        self._device = parse_device(device)
+        self._generator = generator
+        self._init_state()
+        warn_on_workers_beyond_cpus(self.num_workers)
+        self._initialized = True
+        self._wait_for_zygote()
+
+    def _init_state(self) -> None:
+        """The state of a loader that has not started: no layout, ring, daemon, workers or
+        zygote yet."""
         self._layout: Optional[_Layout] = None
         self._bpe: Optional[int] = None
         self._ppb: Optional[int] = None
@@ -460,10 +296,37 @@ class DataLoader(Generic[_T_co]):
         # len(dataset) when len(loader) was asked of an iterable dataset (torch's warning).
         self._stream_len_said: Optional[int] = None
         self._resuming: Optional[StreamState] = None
-        self._generator = generator
-        _warn_on_workers_beyond_cpus(self.num_workers)
-        self._initialized = True
-        self._wait_for_zygote()
+
+    def _take_samplers(self, dataset: Any, sampler: Any, batch_sampler: Any, drop_last: Any,
+                       ring: Optional[str], given: Dict[str, Any],
+                       ) -> Tuple[Dict[str, Any], Set[str]]:
+        """The plan's settings a sampler stands for (``plan_of_sampler``), added to ``given``
+        where not passed, and which of them came from it; sets ``_drawn_by``, the sampler or
+        batch_sampler whose order this process draws instead."""
+        sharded: Dict[str, Any] = {}
+        from_sampler: Set[str] = set()
+        # A sampler or batch_sampler pinring's plan cannot express draws its order here, in
+        # the training process, as torch's does (_orders); the plan then runs over positions.
+        self._drawn_by: Any = batch_sampler
+        if sampler is not None and batch_sampler is None and not self._stream:
+            native = plan_of_sampler(sampler, bool(unwrapped(drop_last)), len(dataset))
+            if native is None:
+                self._drawn_by = sampler
+            else:
+                sharded = native
+        if self._drawn_by is not None and ring is not None:
+            raise _native.UsageError(
+                f"pinring.torch.DataLoader(ring={ring!r}) takes its order from the ring's "
+                f"plan, so a {type(self._drawn_by).__name__} cannot draw it: leave "
+                f"{'batch_sampler' if batch_sampler is not None else 'sampler'} out, or run "
+                "the loader without ring= (its own daemon)"
+            )
+        if sharded:
+            for key, value in sharded.items():
+                if key not in given:
+                    given[key] = value
+                    from_sampler.add(key)
+        return sharded, from_sampler
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name in _FIXED_AFTER_INIT and getattr(self, "_initialized", False):
@@ -874,7 +737,7 @@ class DataLoader(Generic[_T_co]):
                         f"{device}: pass device={device!r} or leave device out to take the ring's"
                     )
                 continue
-            section, key = _RING_KEYS[arg]
+            section, key = RING_KEYS[arg]
             have = settings.get((section, key))
             mine: Any = self.prefetch if arg == "prefetch_factor" else value
             if isinstance(have, bool) or arg in ("shuffle", "drop_last", "in_order"):
@@ -1435,89 +1298,6 @@ def dataset_table(dataset: Any, collate_fn: Optional[Callable[[List[Any]], Any]]
     layout = _layout_of(dataset, collate_fn, str_bytes=str_bytes, ragged=ragged or (),
                         ragged_bytes=ragged_bytes)
     return layout.dataset_table(len(dataset))
-
-
-def _warn_on_workers_beyond_cpus(num_workers: int) -> None:
-    """As torch's DataLoader: a warning when more workers are asked for than this process may
-    run on (its CPU affinity), since they would only take turns on the same cores."""
-    if num_workers <= 0:
-        return
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cpus = os.cpu_count() or 0
-    if cpus and num_workers > cpus:
-        warnings.warn(
-            f"This DataLoader will create {num_workers} worker processes in total. Our "
-            f"suggested max number of worker in current system is {cpus}, which is smaller than "
-            f"what this DataLoader is going to create. Please be aware that excessive worker "
-            f"creation might get DataLoader running slow or even freeze, lower the worker "
-            f"number to avoid potential slowness/freeze if necessary.",
-            UserWarning,
-            stacklevel=3,
-        )
-
-
-def _unwrapped(value: Any) -> Any:
-    """An argument's value, a default's as it is."""
-    return value.value if isinstance(value, _Default) else value
-
-
-def _from_sampler(sampler: Any, drop_last: bool, samples: int) -> Optional[Dict[str, Any]]:
-    """The plan's settings that stand for ``sampler`` (over a dataset of ``samples``), where
-    pinring's own plan draws the same order the same way in every process (a sequential, a
-    shuffled or a DistributedSampler's sharded order, over the whole dataset); None for any
-    other sampler, whose order the loader draws from it (_orders)."""
-    data = torch.utils.data
-    try:
-        whole = len(getattr(sampler, "data_source", getattr(sampler, "dataset", ()))) == samples
-    except TypeError:
-        whole = False
-    if not whole:
-        return None
-    if isinstance(sampler, data.DistributedSampler):
-        if bool(sampler.drop_last) != bool(drop_last):
-            # A shard padded (or cut) otherwise than the batches: drawn from the sampler.
-            return None
-        return {"rank": sampler.rank, "world_size": sampler.num_replicas,
-                "shuffle": sampler.shuffle, "seed": sampler.seed}
-    if type(sampler) is data.SequentialSampler:
-        return {"shuffle": False}
-    if type(sampler) is data.RandomSampler and not sampler.replacement and (
-        sampler._num_samples is None
-    ):
-        return {"shuffle": True}
-    return None
-
-
-def _parse_device(device: Any) -> torch.device:
-    """``device=`` as a ``torch.device`` (pinring's parser, ``pinring._device``, shared with
-    ``pinring.Loader``); None: the current CUDA device where torch sees one, else the CPU. A
-    CUDA device where torch sees none, or beyond those it sees, is a ``BackendError`` with the
-    fix, not torch's "Found no NVIDIA driver" from deep inside the first batch."""
-    dev = _device.parse(device, "pinring.torch.DataLoader")
-    if dev is None:
-        if torch.cuda.is_available():
-            return torch.device("cuda", _dist.device_index())
-        return torch.device("cpu")
-    if dev.kind == "cpu":
-        return torch.device("cpu")
-    said = f"pinring.torch.DataLoader(device={device!r})"
-    if not torch.cuda.is_available():
-        raise _native.BackendError(
-            f"{said}: no CUDA device is usable in this process (torch.cuda.is_available() is "
-            "False: no NVIDIA driver, no GPU, or CUDA_VISIBLE_DEVICES hides them): pass "
-            'device="cpu" to run on pinring\'s host backend (batches as CPU tensors), or check '
-            "the driver with nvidia-smi"
-        )
-    index = _dist.device_index() if dev.number is None else dev.number
-    count = torch.cuda.device_count()
-    if index >= count:
-        raise _native.BackendError(
-            f"{said}: CUDA device {index} does not exist: torch sees {count} (numbered from 0, "
-            f'after CUDA_VISIBLE_DEVICES): pass a device below {count}, or device="cpu"'
-        )
-    return torch.device("cuda", index)
 
 
 def _check_ring_fields(ring: str, fields: List[Tuple[str, str, List[int]]], layout: _Layout,

@@ -126,10 +126,42 @@ def _worker_main(args: _WorkerArgs, errors: Any, stop: Any) -> None:
     part is made again), ``"ring"`` (the ring failed under a claim; the worker ends and is not
     restarted) and ``"done"`` (the plan ended; the worker ends). A worker that ends without a
     report while the loader runs is restarted (``DataLoader._check_workers``)."""
-    global _worker_info
-    index = -1
-    stage = "starting"
-    try:
+    _Run(args, errors, stop).run()
+
+
+class _Run:
+    """One worker's run (``_worker_main``); ``stage`` and ``index`` say where it is, for the
+    report of an exception."""
+
+    def __init__(self, args: _WorkerArgs, errors: Any, stop: Any) -> None:
+        self.args, self.errors, self.stop = args, errors, stop
+        self.stage = "starting"
+        self.index = -1
+
+    def run(self) -> None:
+        try:
+            self._set_up()
+            if self.args.early is not None:
+                # Worker 0 learns the layout from sample 0 and the probes; another loads one.
+                self.stage, self.index = ("learning", 0) if self.args.worker_id == 0 else (
+                    "loading", int(self.args.early["index"]))
+                ring = _first_sample_then_ring(self.args, self.errors, self.stop)
+                if ring is None:
+                    return  # the loader stopped before its ring was made, or worker 0 failed
+                self.args = self.args._replace(early=None, **ring)
+            self.stage = "attaching"
+            producer = self._producer()
+            try:
+                self._parts(producer)
+            finally:
+                producer.close()
+        except BaseException as e:  # noqa: BLE001 - everything reaches the training loop
+            self._failed(e)
+
+    def _set_up(self) -> None:
+        """Worker info, seeds, one intra-op thread, ``worker_init_fn``, as torch's workers."""
+        global _worker_info
+        args = self.args
         if args.num_workers > 0:
             _worker_info = WorkerInfo(args.worker_id, args.num_workers, args.seed, args.dataset)
             _set_torch_worker_info(_worker_info)
@@ -137,141 +169,142 @@ def _worker_main(args: _WorkerArgs, errors: Any, stop: Any) -> None:
             torch.manual_seed(args.seed)
             torch.set_num_threads(1)
         if args.worker_init_fn is not None:
-            stage = "worker_init_fn"
+            self.stage = "worker_init_fn"
             args.worker_init_fn(args.worker_id)
-        if args.early is not None:
-            # Worker 0 learns the layout from sample 0 and the probes; another loads a sample.
-            stage, index = ("learning", 0) if args.worker_id == 0 else (
-                "loading", int(args.early["index"]))
-            ring = _first_sample_then_ring(args, errors, stop)
-            if ring is None:
-                return  # the loader stopped before its ring was made, or worker 0 failed
-            args = args._replace(early=None, **ring)
-        stage = "attaching"
+
+    def _producer(self) -> Any:
+        """This worker's ``Producer`` on the ring."""
+        args = self.args
         # The workers start together: each keeps to its own share of the slots from its first
         # claim, so it writes (and counts in its PSS) only those pages of the ring.
         workers = max(1, args.num_workers)
         # An iterable dataset's worker makes its own batches: every workers-th (_stream).
         keep: Dict[str, Any] = {} if args.stream is None else {
             "only_batches": (args.worker_id, workers)}
-        producer = _native.Producer(
+        return _native.Producer(
             args.ring, config=args.config, wait=args.wait, path=args.path,
             peers=args.num_workers if args.num_workers > 1 and args.stream is None else None,
             **keep,
         )
+
+    def _report_state(self, batch: int, snapshot: Dict[str, Any]) -> None:
+        """Sends where this worker's stream stands after ``batch``: pickled once, here, its
+        size checked, and sent as bytes (the pool unpickles it)."""
+        data = pickle.dumps(snapshot)
+        size = len(data)
+        if size > _STATE_MAX:
+            raise _native.UsageError(
+                f"the state of worker {self.args.worker_id}'s stream after batch {batch} (its "
+                f"dataset's or iterator's state_dict()) pickles to {size} bytes, over the "
+                f"{_STATE_MAX} a worker may report: keep a position in it, not the data"
+            )
+        self.errors.put((self.args.worker_id, "state", batch, data, ""))
+
+    def _streaming(self, position: int) -> None:
+        self.index = position
+
+    def _loaded(self, indices: Any) -> Iterator[Any]:
+        """The samples at ``indices``, loaded one by one as they are taken."""
+        for i in indices:
+            self.stage, self.index = "loading", int(i)
+            yield self.args.dataset[i]
+
+    def _fill(self, samples: Iterable[Any], first: int, views: List[Any],
+              packer: Optional[_Packer], collate: Any) -> None:
+        """Writes a part's ``samples`` (the first of them sample ``first``) into its
+        ``views``: each sample in its row, through ``collate`` with ``batch_size=None``;
+        or, with a collate_fn, what it makes of them all (a short batch of an iterable
+        dataset: its first rows; the rest stay unwritten)."""
+        layout = self.args.layout
+        assert layout is not None
+        if collate is None or self.args.unbatched:
+            for j, sample in enumerate(samples):
+                if collate is not None:
+                    self.stage = "collating"
+                    sample = collate(sample)
+                _write(layout, sample, views, j, self.index, None, packer)
+            return
+        listed = list(samples)
+        if listed:
+            self.stage, self.index = "collating", first
+            rows = [None if v is None else v[:len(listed)] for v in views]
+            _write(layout, collate(listed), rows, None, self.index, len(listed))
+
+    def _parts(self, producer: Any) -> None:
+        """Claims, fills and commits parts until the plan ends or the stop flag is set."""
+        args, errors, stop = self.args, self.errors, self.stop
         thread = args.num_workers == 0
         layout = args.layout
         assert layout is not None, "a worker joins its ring with the layout"
         orders = None if args.orders is None else _Orders(*args.orders)
-        def report(batch: int, snapshot: Dict[str, Any]) -> None:
-            # Pickled once, here: its size checked, and sent as bytes (the pool unpickles it).
-            data = pickle.dumps(snapshot)
-            size = len(data)
-            if size > _STATE_MAX:
-                raise _native.UsageError(
-                    f"the state of worker {args.worker_id}'s stream after batch {batch} (its "
-                    f"dataset's or iterator's state_dict()) pickles to {size} bytes, over the "
-                    f"{_STATE_MAX} a worker may report: keep a position in it, not the data"
-                )
-            errors.put((args.worker_id, "state", batch, data, ""))
-
         maker = None
         if args.stream is not None:
-            stage = "streaming"
+            self.stage = "streaming"
+            workers = max(1, args.num_workers)
             maker = StreamMaker(
                 args.dataset, args.worker_id, workers, args.stream[1], args.stream[2],
-                EndTable.open(args.stream[0], workers), report=report,
+                EndTable.open(args.stream[0], workers), report=self._report_state,
                 first_batch=args.stream[3], restore=args.stream[4],
             )
-
-        def streaming(position: int) -> None:
-            nonlocal index
-            index = position
-        def loaded(indices: Any) -> Iterator[Any]:
-            """The samples at ``indices``, loaded one by one as they are taken."""
-            nonlocal stage, index
-            for i in indices:
-                stage, index = "loading", int(i)
-                yield args.dataset[i]
-
-        def fill(samples: Iterable[Any], first: int, views: List[Any],
-                 packer: Optional[_Packer], collate: Any) -> None:
-            """Writes a part's ``samples`` (the first of them sample ``first``) into its
-            ``views``: each sample in its row, through ``collate`` with ``batch_size=None``;
-            or, with a collate_fn, what it makes of them all (a short batch of an iterable
-            dataset: its first rows; the rest stay unwritten)."""
-            nonlocal stage, index
-            if collate is None or args.unbatched:
-                for j, sample in enumerate(samples):
-                    if collate is not None:
-                        stage = "collating"
-                        sample = collate(sample)
-                    _write(layout, sample, views, j, index, None, packer)
+        while not stop.is_set():
+            self.stage = "claiming"
+            try:
+                part = producer.claim(_POLL)
+            except _native.Timeout:
+                continue  # no free slot yet: look at the stop flag, wait again
+            if part is None:
+                errors.put((args.worker_id, "done", -1, None, ""))
                 return
-            listed = list(samples)
-            if listed:
-                stage, index = "collating", first
-                rows = [None if v is None else v[:len(listed)] for v in views]
-                _write(layout, collate(listed), rows, None, index, len(listed))
+            claimed = time.monotonic()
+            views = layout.part_views(part.fields, thread)
+            # Ragged fields and str: the part's samples packed into their arenas; with a
+            # ragged field, a collate_fn runs in the training process, on the whole batch.
+            packer = _Packer(part.first_in_batch, len(part.indices)) if (
+                layout.any_packed) else None
+            collate = None if layout.collate_in_trainer else args.collate_fn
+            if maker is not None:
+                self.stage = "streaming"
+                first = part.first_in_batch
+                mine = maker.samples(part.batch, self._streaming)[
+                    first:first + len(part.indices)]
+                self._fill(mine, self.index, views, packer, collate)
+                at, origin = self.index, f"row {first} of worker {args.worker_id}'s batch"
+            else:
+                indices = part.indices if orders is None else orders.indices(part)
+                self._fill(self._loaded(indices), indices[0] if len(indices) else -1, views,
+                           packer, collate)
+                at = part.indices[0] if len(part.indices) else -1
+                origin = f"sample {at}"
+            del views
+            self.stage = "committing"
+            try:
+                part.commit()
+            except _native.PartReclaimed as e:
+                if stop.is_set():
+                    return  # the loader is closing: the ring ended under the commit
+                # The lease ran out before the commit: the daemon has taken the part back
+                # and has it made again (an iterable dataset's worker claims it again and
+                # writes it from the samples its maker kept). As the Rust loader: say so,
+                # go on claiming. (Any other error of the commit, a part too large for its
+                # slot, is an "error".)
+                errors.put((
+                    args.worker_id, "reclaimed", at, None,
+                    f"part {part.seq} (batch {part.batch}, {len(part.indices)} samples from "
+                    f"{origin}) took {time.monotonic() - claimed:.1f} s from claim to "
+                    f"commit: {e}",
+                ))
+                continue
+            if maker is not None:
+                maker.committed(part.batch, len(part.indices))
+            self.index = -1
 
-        try:
-            while not stop.is_set():
-                stage = "claiming"
-                try:
-                    part = producer.claim(_POLL)
-                except _native.Timeout:
-                    continue  # no free slot yet: look at the stop flag, wait again
-                if part is None:
-                    errors.put((args.worker_id, "done", -1, None, ""))
-                    return
-                claimed = time.monotonic()
-                views = layout.part_views(part.fields, thread)
-                # Ragged fields and str: the part's samples packed into their arenas; with a
-                # ragged field, a collate_fn runs in the training process, on the whole batch.
-                packer = _Packer(part.first_in_batch, len(part.indices)) if (
-                    layout.any_packed) else None
-                collate = None if layout.collate_in_trainer else args.collate_fn
-                if maker is not None:
-                    stage = "streaming"
-                    first = part.first_in_batch
-                    mine = maker.samples(part.batch, streaming)[first:first + len(part.indices)]
-                    fill(mine, index, views, packer, collate)
-                    at, origin = index, f"row {first} of worker {args.worker_id}'s batch"
-                else:
-                    indices = part.indices if orders is None else orders.indices(part)
-                    fill(loaded(indices), indices[0] if len(indices) else -1, views, packer,
-                         collate)
-                    at = part.indices[0] if len(part.indices) else -1
-                    origin = f"sample {at}"
-                del views
-                stage = "committing"
-                try:
-                    part.commit()
-                except _native.PartReclaimed as e:
-                    if stop.is_set():
-                        return  # the loader is closing: the ring ended under the commit
-                    # The lease ran out before the commit: the daemon has taken the part back
-                    # and has it made again (an iterable dataset's worker claims it again and
-                    # writes it from the samples its maker kept). As the Rust loader: say so,
-                    # go on claiming. (Any other error of the commit, a part too large for its
-                    # slot, is an "error".)
-                    errors.put((
-                        args.worker_id, "reclaimed", at, None,
-                        f"part {part.seq} (batch {part.batch}, {len(part.indices)} samples from "
-                        f"{origin}) took {time.monotonic() - claimed:.1f} s from claim to "
-                        f"commit: {e}",
-                    ))
-                    continue
-                if maker is not None:
-                    maker.committed(part.batch, len(part.indices))
-                index = -1
-        finally:
-            producer.close()
-    except BaseException as e:  # noqa: BLE001 - everything reaches the training loop
+    def _failed(self, e: BaseException) -> None:
+        """Reports the exception that ended this worker, saying where it came."""
+        stage, index, worker_id = self.stage, self.index, self.args.worker_id
         if isinstance(e, _native.PinringError) and stage == "claiming":
             # The ring ended or failed under the claim (the loader is closing, the daemon is
             # gone): the consumer sees the same; the report says why this worker ended.
-            _put(errors, (args.worker_id, "ring", index, type(e), f"{type(e).__name__}: {e}"))
+            _put(self.errors, (worker_id, "ring", index, type(e), f"{type(e).__name__}: {e}"))
             return
         text = "".join(traceback.format_exception(type(e), e, e.__traceback__))
         place = {
@@ -283,11 +316,11 @@ def _worker_main(args: _WorkerArgs, errors: Any, stop: Any) -> None:
             "attaching": " while joining the ring",
         }.get(stage, "")
         message = (
-            f"Caught {type(e).__name__} in pinring DataLoader worker {args.worker_id}{place}.\n"
+            f"Caught {type(e).__name__} in pinring DataLoader worker {worker_id}{place}.\n"
             f"Original {text}"
         )
         message += _fork_note(e)
-        _put(errors, (args.worker_id, "error", index, type(e), message))
+        _put(self.errors, (worker_id, "error", index, type(e), message))
 
 
 def _first_sample_then_ring(args: _WorkerArgs, errors: Any,
