@@ -528,6 +528,78 @@ fn sub_table<T: serde::de::DeserializeOwned>(
     })
 }
 
+/// Refuses a key or table of `[dataset]` that belongs to another kind than `kind`, naming it
+/// and the fix.
+fn refuse_keys_of_other_kinds(r: &RawDataset, kind: DatasetKind) -> Result<(), String> {
+    if kind.reads_files() {
+        let synthetic = [
+            ("sample_shape", r.sample_shape.is_some()),
+            ("dtype", r.dtype.is_some()),
+            ("seed", r.seed.is_some()),
+            ("classes", r.classes.is_some()),
+        ];
+        if let Some((key, _)) = synthetic.iter().find(|(_, given)| *given) {
+            return Err(at(
+                &format!("dataset.{key}"),
+                format!(
+                    "dataset.{key} is a key of kind = \"synthetic\", and this dataset has \
+                     {}: remove it (the fields of its samples come from [dataset.{}]{})",
+                    q(kind),
+                    kind.as_str(),
+                    if *key == "seed" {
+                        "; the shifted windows of kind = \"tokens\" use plan.seed"
+                    } else {
+                        ""
+                    }
+                ),
+            ));
+        }
+        if r.fields.is_some() {
+            return Err(at(
+                "dataset.fields",
+                format!(
+                    "dataset.fields is a key of kind = \"external\", and this dataset has \
+                     {}: remove it (the fields of its samples come from [dataset.{}])",
+                    q(kind),
+                    kind.as_str()
+                ),
+            ));
+        }
+    } else if r.on_bad_sample.is_some() {
+        return Err(at(
+            "dataset.on_bad_sample",
+            format!(
+                "dataset.on_bad_sample is a key of the file kinds (\"tokens\", \"npy\", \
+                 \"webdataset\", \"imagefolder\"), and this dataset has {}: remove it",
+                q(kind)
+            ),
+        ));
+    }
+    for (name, given) in [
+        ("tokens", r.tokens.is_some()),
+        ("npy", r.npy.is_some()),
+        ("webdataset", r.webdataset.is_some()),
+        ("imagefolder", r.imagefolder.is_some()),
+        ("image", r.image.is_some()),
+    ] {
+        let owners = TABLES.iter().find(|t| t.0 == name).map_or(&[][..], |t| t.2);
+        if given && !owners.contains(&kind) {
+            let names: Vec<String> = owners.iter().map(|k| format!("\"{k}\"")).collect();
+            return Err(at(
+                &format!("dataset.{name}"),
+                format!(
+                    "[dataset.{name}] holds keys of kind = {}, and this dataset has {}: \
+                     remove the table or set dataset.kind = {}",
+                    names.join(" or "),
+                    q(kind),
+                    names.join(" or ")
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 impl TryFrom<RawDataset> for DatasetConfig {
     type Error = String;
 
@@ -535,72 +607,7 @@ impl TryFrom<RawDataset> for DatasetConfig {
         let d = DatasetConfig::default();
         let kind = r.kind.unwrap_or_default();
         let file_kind = kind.reads_files();
-        if file_kind {
-            let synthetic = [
-                ("sample_shape", r.sample_shape.is_some()),
-                ("dtype", r.dtype.is_some()),
-                ("seed", r.seed.is_some()),
-                ("classes", r.classes.is_some()),
-            ];
-            if let Some((key, _)) = synthetic.iter().find(|(_, given)| *given) {
-                return Err(at(
-                    &format!("dataset.{key}"),
-                    format!(
-                        "dataset.{key} is a key of kind = \"synthetic\", and this dataset has \
-                         {}: remove it (the fields of its samples come from [dataset.{}]{})",
-                        q(kind),
-                        kind.as_str(),
-                        if *key == "seed" {
-                            "; the shifted windows of kind = \"tokens\" use plan.seed"
-                        } else {
-                            ""
-                        }
-                    ),
-                ));
-            }
-            if r.fields.is_some() {
-                return Err(at(
-                    "dataset.fields",
-                    format!(
-                        "dataset.fields is a key of kind = \"external\", and this dataset has \
-                         {}: remove it (the fields of its samples come from [dataset.{}])",
-                        q(kind),
-                        kind.as_str()
-                    ),
-                ));
-            }
-        } else if r.on_bad_sample.is_some() {
-            return Err(at(
-                "dataset.on_bad_sample",
-                format!(
-                    "dataset.on_bad_sample is a key of the file kinds (\"tokens\", \"npy\", \
-                     \"webdataset\", \"imagefolder\"), and this dataset has {}: remove it",
-                    q(kind)
-                ),
-            ));
-        }
-        for (name, given) in [
-            ("tokens", r.tokens.is_some()),
-            ("npy", r.npy.is_some()),
-            ("webdataset", r.webdataset.is_some()),
-            ("imagefolder", r.imagefolder.is_some()),
-            ("image", r.image.is_some()),
-        ] {
-            let owners = TABLES.iter().find(|t| t.0 == name).map_or(&[][..], |t| t.2);
-            if given && !owners.contains(&kind) {
-                let names: Vec<String> = owners.iter().map(|k| format!("\"{k}\"")).collect();
-                return Err(at(
-                    &format!("dataset.{name}"),
-                    format!(
-                        "[dataset.{name}] holds keys of kind = {}, and this dataset has {}: \
-                         remove the table or set dataset.kind = {}",
-                        names.join(" or "),
-                        q(kind),
-                        names.join(" or ")
-                    ),
-                ));
-            }
-        }
+        refuse_keys_of_other_kinds(&r, kind)?;
         let tokens = match r.tokens {
             Some(t) => Some(sub_table::<TokensDataset>(t, "tokens", kind)?),
             None if kind == DatasetKind::Tokens => {

@@ -260,142 +260,153 @@ pub fn render(reports: &[RingReport]) -> String {
             );
             continue;
         };
-        let daemon = if snap.daemon_alive {
-            format!("daemon pid {}", snap.daemon_pid)
-        } else {
-            format!(
-                "daemon pid {} NOT RUNNING (stale: pinring clean)",
-                snap.daemon_pid
-            )
-        };
-        let _ = writeln!(
-            s,
-            "ring {}  {}  {}{}  {} slots x {} KiB{}",
-            snap.ring,
-            snap.state,
-            daemon,
-            snap.device
-                .as_deref()
-                .map(|d| format!("  device {d}"))
-                .unwrap_or_default(),
-            snap.slot_count,
-            snap.slot_bytes / 1024,
-            r.anonymous
-                .as_deref()
-                .map(|at| format!("  anonymous ({at})"))
-                .unwrap_or_default()
-        );
-        if let Some(st) = snap.stalled {
-            let _ = writeln!(
-                s,
-                "  STALLED: work left and no loader attached for {:.1} s; seq {} waits (start loaders: pinring-loader --ring {})",
-                st.seconds, st.seq, snap.ring
-            );
-        }
-        let total = snap.end_seq.saturating_sub(snap.start_seq);
-        let _ = writeln!(
-            s,
-            "  in {:.2} GB/s  out {:.2} GB/s  {:.0} batches/s  delivered {}/{}  resume at seq {}  reclaimed {}  rejected {}",
-            rates.gbps_in, rates.gbps_out, rates.batches_per_second, snap.delivered, total,
-            snap.resume_seq, snap.reclaimed, snap.rejected
-        );
-        let faults = snap.leases_expired
-            + snap.bad_batches_skipped
-            + snap.bad_samples_skipped
-            + snap.corrupt_descriptors
-            + snap.hung_loaders
-            + snap.quarantined;
-        if faults > 0 {
-            let _ = writeln!(
-                s,
-                "  faults: {} hung loaders now (last pid {}), {} leases expired, {} slots quarantined now, {} seqs reissued, {} bad batches skipped, {} bad samples replaced with zeros, {} corrupt descriptors",
-                snap.hung_loaders,
-                snap.last_hung_pid,
-                snap.leases_expired,
-                snap.quarantined,
-                snap.reissued,
-                snap.bad_batches_skipped,
-                snap.bad_samples_skipped,
-                snap.corrupt_descriptors
-            );
-        }
-        let c = snap.slots;
-        let _ = writeln!(
-            s,
-            "  slots: free {}  claimed {}  ready {}  uploading {}  idle {}{}",
-            c.free,
-            c.claimed,
-            c.ready,
-            c.uploading,
-            c.idle,
-            if c.invalid > 0 {
-                format!("  INVALID {}", c.invalid)
-            } else {
-                String::new()
-            }
-        );
-        if let Some(cv) = &snap.consumer {
-            let _ = writeln!(
-                s,
-                "  consumer: {}  copies by the {}  taken {}  buffers {}: {} waiting, {} held  \
-                 reclaimed {}",
-                if cv.attached {
-                    format!("pid {} attached", cv.pid)
-                } else {
-                    "none attached".to_string()
-                },
-                cv.copies,
-                cv.taken,
-                cv.buffers,
-                cv.waiting,
-                cv.held,
-                cv.reclaimed
-            );
-        }
-        let _ = writeln!(s, "  bound by: {}", rates.bound);
-        if !snap.untrusted.is_empty() || snap.loaders.iter().any(|l| l.untrusted) {
-            let _ = writeln!(
-                s,
-                "  untrusted: {}: impossible for what the daemon saw (another process wrote into the ring's loader table?); shown bounded to what could be true",
-                snap.untrusted
-                    .iter()
-                    .map(String::as_str)
-                    .chain(snap.loaders.iter().any(|l| l.untrusted).then_some("loader entries marked !"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            );
-        }
-        let _ = writeln!(
-            s,
-            "  {:>5} {:>8} {:>10} {:>10} {:>9} {:>9}  now",
-            "#", "pid", "batches", "GB", "busy s", "wait s"
-        );
-        for l in &snap.loaders {
-            let _ = writeln!(
-                s,
-                "  {:>5} {:>8} {:>10} {:>10.2} {:>9.1} {:>9.1}{} {}",
-                l.index,
-                l.pid,
-                l.batches,
-                l.bytes as f64 / 1e9,
-                l.busy_seconds,
-                l.wait_seconds,
-                if l.untrusted { "!" } else { " " },
-                if !l.alive {
-                    "dead"
-                } else if l.busy_now {
-                    "busy"
-                } else {
-                    "waiting"
-                }
-            );
-        }
-        if snap.loaders.is_empty() {
-            s.push_str("  (no loaders attached)\n");
-        }
+        render_ring(&mut s, r, snap, rates);
         s.push('\n');
     }
     s
+}
+
+/// Renders one readable ring of the text view into `s`: its header, rates, faults, slots,
+/// consumer and loaders.
+fn render_ring(s: &mut String, r: &RingReport, snap: &Snapshot, rates: &Rates) {
+    let daemon = if snap.daemon_alive {
+        format!("daemon pid {}", snap.daemon_pid)
+    } else {
+        format!(
+            "daemon pid {} NOT RUNNING (stale: pinring clean)",
+            snap.daemon_pid
+        )
+    };
+    let _ = writeln!(
+        s,
+        "ring {}  {}  {}{}  {} slots x {} KiB{}",
+        snap.ring,
+        snap.state,
+        daemon,
+        snap.device
+            .as_deref()
+            .map(|d| format!("  device {d}"))
+            .unwrap_or_default(),
+        snap.slot_count,
+        snap.slot_bytes / 1024,
+        r.anonymous
+            .as_deref()
+            .map(|at| format!("  anonymous ({at})"))
+            .unwrap_or_default()
+    );
+    if let Some(st) = snap.stalled {
+        let _ = writeln!(
+            s,
+            "  STALLED: work left and no loader attached for {:.1} s; seq {} waits (start loaders: pinring-loader --ring {})",
+            st.seconds, st.seq, snap.ring
+        );
+    }
+    let total = snap.end_seq.saturating_sub(snap.start_seq);
+    let _ = writeln!(
+        s,
+        "  in {:.2} GB/s  out {:.2} GB/s  {:.0} batches/s  delivered {}/{}  resume at seq {}  reclaimed {}  rejected {}",
+        rates.gbps_in, rates.gbps_out, rates.batches_per_second, snap.delivered, total,
+        snap.resume_seq, snap.reclaimed, snap.rejected
+    );
+    let faults = snap.leases_expired
+        + snap.bad_batches_skipped
+        + snap.bad_samples_skipped
+        + snap.corrupt_descriptors
+        + snap.hung_loaders
+        + snap.quarantined;
+    if faults > 0 {
+        let _ = writeln!(
+            s,
+            "  faults: {} hung loaders now (last pid {}), {} leases expired, {} slots quarantined now, {} seqs reissued, {} bad batches skipped, {} bad samples replaced with zeros, {} corrupt descriptors",
+            snap.hung_loaders,
+            snap.last_hung_pid,
+            snap.leases_expired,
+            snap.quarantined,
+            snap.reissued,
+            snap.bad_batches_skipped,
+            snap.bad_samples_skipped,
+            snap.corrupt_descriptors
+        );
+    }
+    let c = snap.slots;
+    let _ = writeln!(
+        s,
+        "  slots: free {}  claimed {}  ready {}  uploading {}  idle {}{}",
+        c.free,
+        c.claimed,
+        c.ready,
+        c.uploading,
+        c.idle,
+        if c.invalid > 0 {
+            format!("  INVALID {}", c.invalid)
+        } else {
+            String::new()
+        }
+    );
+    if let Some(cv) = &snap.consumer {
+        let _ = writeln!(
+            s,
+            "  consumer: {}  copies by the {}  taken {}  buffers {}: {} waiting, {} held  \
+             reclaimed {}",
+            if cv.attached {
+                format!("pid {} attached", cv.pid)
+            } else {
+                "none attached".to_string()
+            },
+            cv.copies,
+            cv.taken,
+            cv.buffers,
+            cv.waiting,
+            cv.held,
+            cv.reclaimed
+        );
+    }
+    let _ = writeln!(s, "  bound by: {}", rates.bound);
+    if !snap.untrusted.is_empty() || snap.loaders.iter().any(|l| l.untrusted) {
+        let _ = writeln!(
+            s,
+            "  untrusted: {}: impossible for what the daemon saw (another process wrote into the ring's loader table?); shown bounded to what could be true",
+            snap.untrusted
+                .iter()
+                .map(String::as_str)
+                .chain(snap.loaders.iter().any(|l| l.untrusted).then_some("loader entries marked !"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    render_loaders(s, snap);
+}
+
+/// Renders a ring's loader table into `s`.
+fn render_loaders(s: &mut String, snap: &Snapshot) {
+    let _ = writeln!(
+        s,
+        "  {:>5} {:>8} {:>10} {:>10} {:>9} {:>9}  now",
+        "#", "pid", "batches", "GB", "busy s", "wait s"
+    );
+    for l in &snap.loaders {
+        let _ = writeln!(
+            s,
+            "  {:>5} {:>8} {:>10} {:>10.2} {:>9.1} {:>9.1}{} {}",
+            l.index,
+            l.pid,
+            l.batches,
+            l.bytes as f64 / 1e9,
+            l.busy_seconds,
+            l.wait_seconds,
+            if l.untrusted { "!" } else { " " },
+            if !l.alive {
+                "dead"
+            } else if l.busy_now {
+                "busy"
+            } else {
+                "waiting"
+            }
+        );
+    }
+    if snap.loaders.is_empty() {
+        s.push_str("  (no loaders attached)\n");
+    }
 }
 
 /// Takes one interval's view of `targets`.
