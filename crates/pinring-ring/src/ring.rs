@@ -604,45 +604,7 @@ impl Ring {
         // SAFETY: open checked the mapping holds at least HEADER_BYTES; offset 0 is page-aligned;
         // Header is atomics only.
         let h: &Header = unsafe { seg.at(0) };
-        let magic = h.magic.load(Relaxed);
-        if magic != MAGIC && magic != 0 {
-            return Err(RingError::NotARing {
-                name: name.into(),
-                path,
-                found: magic,
-                fix: "remove the file or pick another ring name",
-            });
-        }
-        // (A): Acquire pairs with the creator's Release store of the version.
-        let mut version = h.version.load(Acquire);
-        while version == 0 {
-            let left = timeout.saturating_sub(start.elapsed());
-            if left.is_zero() {
-                return Err(RingError::NotInitialised {
-                    name: name.into(),
-                    path,
-                    waited_ms: start.elapsed().as_millis() as u64,
-                });
-            }
-            futex::wait(&h.version, 0, left.min(Duration::from_millis(20)));
-            version = h.version.load(Acquire);
-        }
-        if h.magic.load(Relaxed) != MAGIC {
-            return Err(RingError::NotARing {
-                name: name.into(),
-                path,
-                found: h.magic.load(Relaxed),
-                fix: "remove the file or pick another ring name",
-            });
-        }
-        if version != LAYOUT_VERSION {
-            return Err(RingError::VersionMismatch {
-                name: name.into(),
-                path,
-                found: version,
-                expected: LAYOUT_VERSION,
-            });
-        }
+        wait_for_layout(h, name, &path, timeout, start)?;
         let corrupt = |what: String| RingError::CorruptHeader {
             name: name.into(),
             path: path.clone(),
@@ -677,48 +639,7 @@ impl Ring {
         // which open checked the mapping holds; it is 64-byte aligned and atomics only.
         let hb: &HandoffBlock = unsafe { seg.at(HANDOFF_OFFSET) };
         if hb.area_offset.load(Relaxed) != 0 {
-            let (buffers, buffer_bytes, config_len, backend, part_slots) = (
-                hb.buffers.load(Relaxed),
-                hb.buffer_bytes.load(Relaxed),
-                u64::from(hb.config_len.load(Relaxed)),
-                hb.backend.load(Relaxed),
-                hb.part_slots.load(Relaxed),
-            );
-            let host = match backend {
-                crate::handoff::backend_code::HOST => true,
-                crate::handoff::backend_code::CUDA => false,
-                other => return Err(corrupt(format!("handoff backend code {other} is unknown"))),
-            };
-            geom = geom
-                .with_handoff(buffers, buffer_bytes, config_len, host, part_slots)
-                .ok_or_else(|| {
-                    corrupt(format!(
-                        "handoff of {buffers} buffers of {buffer_bytes} bytes, a part table of \
-                         {part_slots} slots per buffer and a config of {config_len} bytes is out \
-                         of range"
-                    ))
-                })?;
-            let hg = geom.handoff.expect("with_handoff sets it");
-            let found = (
-                hb.area_offset.load(Relaxed),
-                hb.area_bytes.load(Relaxed),
-                hb.config_offset.load(Relaxed),
-                hb.host_offset.load(Relaxed),
-                hb.desc_bytes.load(Relaxed) as usize,
-            );
-            let want = (
-                hg.area_offset,
-                hg.area_bytes,
-                hg.config_offset,
-                hg.host_offset,
-                crate::handoff::BUFFER_DESC_BYTES,
-            );
-            if found != want {
-                return Err(corrupt(format!(
-                    "handoff offsets (area, bytes, config, host buffers, descriptor size) \
-                     {found:?} do not match its geometry {want:?}"
-                )));
-            }
+            geom = with_handoff(hb, geom, &corrupt)?;
         }
         let (desc_offset, data_offset, total) = (
             h.desc_offset.load(Relaxed),
@@ -1302,6 +1223,110 @@ impl DaemonRing {
         }
         n
     }
+}
+
+/// Checks that the segment `h` heads is a ring of this layout, waiting up to `timeout` (from
+/// `start`) for a ring still initialising (version 0).
+fn wait_for_layout(
+    h: &Header,
+    name: &str,
+    path: &std::path::Path,
+    timeout: Duration,
+    start: Instant,
+) -> Result<(), RingError> {
+    let path = path.to_path_buf();
+    let magic = h.magic.load(Relaxed);
+    if magic != MAGIC && magic != 0 {
+        return Err(RingError::NotARing {
+            name: name.into(),
+            path: path.clone(),
+            found: magic,
+            fix: "remove the file or pick another ring name",
+        });
+    }
+    // (A): Acquire pairs with the creator's Release store of the version.
+    let mut version = h.version.load(Acquire);
+    while version == 0 {
+        let left = timeout.saturating_sub(start.elapsed());
+        if left.is_zero() {
+            return Err(RingError::NotInitialised {
+                name: name.into(),
+                path: path.clone(),
+                waited_ms: start.elapsed().as_millis() as u64,
+            });
+        }
+        futex::wait(&h.version, 0, left.min(Duration::from_millis(20)));
+        version = h.version.load(Acquire);
+    }
+    if h.magic.load(Relaxed) != MAGIC {
+        return Err(RingError::NotARing {
+            name: name.into(),
+            path: path.clone(),
+            found: h.magic.load(Relaxed),
+            fix: "remove the file or pick another ring name",
+        });
+    }
+    if version != LAYOUT_VERSION {
+        return Err(RingError::VersionMismatch {
+            name: name.into(),
+            path: path.clone(),
+            found: version,
+            expected: LAYOUT_VERSION,
+        });
+    }
+    Ok(())
+}
+
+/// `geom` with the handoff area the block `hb` describes, each of its values checked against
+/// the geometry they make (`corrupt` says what is wrong).
+fn with_handoff(
+    hb: &HandoffBlock,
+    geom: Geometry,
+    corrupt: &dyn Fn(String) -> RingError,
+) -> Result<Geometry, RingError> {
+    let (buffers, buffer_bytes, config_len, backend, part_slots) = (
+        hb.buffers.load(Relaxed),
+        hb.buffer_bytes.load(Relaxed),
+        u64::from(hb.config_len.load(Relaxed)),
+        hb.backend.load(Relaxed),
+        hb.part_slots.load(Relaxed),
+    );
+    let host = match backend {
+        crate::handoff::backend_code::HOST => true,
+        crate::handoff::backend_code::CUDA => false,
+        other => return Err(corrupt(format!("handoff backend code {other} is unknown"))),
+    };
+    let geom = geom
+        .with_handoff(buffers, buffer_bytes, config_len, host, part_slots)
+        .ok_or_else(|| {
+            corrupt(format!(
+                "handoff of {buffers} buffers of {buffer_bytes} bytes, a part table of \
+                     {part_slots} slots per buffer and a config of {config_len} bytes is out \
+                     of range"
+            ))
+        })?;
+    let hg = geom.handoff.expect("with_handoff sets it");
+    let found = (
+        hb.area_offset.load(Relaxed),
+        hb.area_bytes.load(Relaxed),
+        hb.config_offset.load(Relaxed),
+        hb.host_offset.load(Relaxed),
+        hb.desc_bytes.load(Relaxed) as usize,
+    );
+    let want = (
+        hg.area_offset,
+        hg.area_bytes,
+        hg.config_offset,
+        hg.host_offset,
+        crate::handoff::BUFFER_DESC_BYTES,
+    );
+    if found != want {
+        return Err(corrupt(format!(
+            "handoff offsets (area, bytes, config, host buffers, descriptor size) \
+                 {found:?} do not match its geometry {want:?}"
+        )));
+    }
+    Ok(geom)
 }
 
 /// A loader writes into a ring only if it is the ring's owner, or the ring's mode gives its group

@@ -287,6 +287,90 @@ fn run_attached(
     result.map(|()| report).map_err(|e| Box::new((report, e)))
 }
 
+/// Fills a synthetic part into `slot`: a byte part of one sample (its range of the images, and
+/// the sample's label in its first part), or a part of whole samples, field-major; the images
+/// written straight into the slot, the other fields (the labels) made in `field_buf` first.
+/// False if the payload does not fit the slot or a field cannot be made.
+fn fill_synthetic(
+    joined: &Joined,
+    field_buf: &mut Vec<u8>,
+    slot: &mut SlotWriter<'_>,
+    samples: &[u64],
+    range: Option<ByteRange>,
+    payload_len: usize,
+    seq: u64,
+) -> bool {
+    let (cfg, ring_name) = (&joined.cfg, &joined.cfg.ring.name);
+    let synthetic = cfg.synthetic();
+    let sample_bytes = cfg.sample_bytes() as usize;
+    let layout = &joined.layout;
+    // A field other than the images (the labels): made into `buf`, written at
+    // byte `at` of the slot; false if it does not fit or cannot be made.
+    let other_field = |name: &str,
+                       buf: &mut Vec<u8>,
+                       slot: &mut pinring_ring::SlotWriter<'_>,
+                       at: usize,
+                       len: usize| {
+        buf.resize(len, 0);
+        match synthetic.fill_field(name, samples, buf) {
+            Ok(()) => slot.write(at, buf).is_ok(),
+            Err(e) => {
+                tracing::error!(ring = %ring_name, seq, "{e}");
+                false
+            }
+        }
+    };
+    // A byte part of one sample (its range of the images, and the sample's label
+    // in its first part), or a part of whole samples.
+    if let Some(r) = range {
+        let mut fits = payload_len <= slot.len() && samples.len() == 1;
+        let id = samples.first().copied().unwrap_or(0);
+        for copy in layout.part_copies(1, 0, Some(r)) {
+            let field = &layout.fields[copy.field];
+            let (at, len) = (copy.src_offset as usize, copy.len as usize);
+            if len == 0 {
+                continue;
+            }
+            if copy.field == layout.cut_field && field.name == IMAGES {
+                // Straight into the slot from word offset / 8 of the sample on.
+                if r.offset % 8 == 0 {
+                    let mut words = synthetic.sample_words_from(id, r.offset / 8);
+                    fits &= slot.write_words(at, len, || words.next_word()).is_ok();
+                } else {
+                    field_buf.resize(len, 0);
+                    synthetic.fill_sample_range(id, r.offset, field_buf);
+                    fits &= slot.write(at, &field_buf).is_ok();
+                }
+                continue;
+            }
+            fits &= other_field(&field.name, field_buf, slot, at, len);
+        }
+        fits
+    } else {
+        let count = samples.len() as u64;
+        let mut fits = payload_len <= slot.len();
+        // Field-major: each field's chunk holds that field of every sample, in order.
+        for field in &layout.fields {
+            let (offset, len) = field.chunk_in_part(count);
+            let offset = offset as usize;
+            if field.name == IMAGES {
+                // Straight into the slot: no intermediate payload buffer.
+                for (n, &i) in samples.iter().enumerate() {
+                    let mut words = synthetic.sample_words(i);
+                    fits &= slot
+                        .write_words(offset + n * sample_bytes, sample_bytes, || {
+                            words.next_word()
+                        })
+                        .is_ok();
+                }
+                continue;
+            }
+            fits &= other_field(&field.name, field_buf, slot, offset, len as usize);
+        }
+        fits
+    }
+}
+
 struct Worker<'a> {
     /// The ring, config and layout the session joined with.
     joined: &'a Joined,
@@ -307,8 +391,6 @@ struct Worker<'a> {
 impl Worker<'_> {
     fn work(&mut self, shutdown: &Shutdown) -> Result<(), LoaderError> {
         let (cfg, ring_name) = (&self.joined.cfg, &self.joined.cfg.ring.name);
-        let synthetic = cfg.synthetic();
-        let sample_bytes = cfg.sample_bytes() as usize;
         let layout = &self.joined.layout;
         let policy = cfg.dataset.on_bad_sample;
         loop {
@@ -379,80 +461,15 @@ impl Worker<'_> {
                 }
                 None => {
                     let (mut slot, samples) = part.writer_and_samples().expect("a live part");
-                    // A field other than the images (the labels): made into `buf`, written at
-                    // byte `at` of the slot; false if it does not fit or cannot be made.
-                    let other_field = |name: &str,
-                                       buf: &mut Vec<u8>,
-                                       slot: &mut pinring_ring::SlotWriter<'_>,
-                                       at: usize,
-                                       len: usize| {
-                        buf.resize(len, 0);
-                        match synthetic.fill_field(name, samples, buf) {
-                            Ok(()) => slot.write(at, buf).is_ok(),
-                            Err(e) => {
-                                tracing::error!(ring = %ring_name, seq, "{e}");
-                                false
-                            }
-                        }
-                    };
-                    // A byte part of one sample (its range of the images, and the sample's label
-                    // in its first part), or a part of whole samples.
-                    if let Some(r) = range {
-                        let mut fits = payload_len <= slot.len() && samples.len() == 1;
-                        let id = samples.first().copied().unwrap_or(0);
-                        for copy in layout.part_copies(1, 0, Some(r)) {
-                            let field = &layout.fields[copy.field];
-                            let (at, len) = (copy.src_offset as usize, copy.len as usize);
-                            if len == 0 {
-                                continue;
-                            }
-                            if copy.field == layout.cut_field && field.name == IMAGES {
-                                // Straight into the slot from word offset / 8 of the sample on.
-                                if r.offset % 8 == 0 {
-                                    let mut words = synthetic.sample_words_from(id, r.offset / 8);
-                                    fits &= slot.write_words(at, len, || words.next_word()).is_ok();
-                                } else {
-                                    self.field_buf.resize(len, 0);
-                                    synthetic.fill_sample_range(id, r.offset, &mut self.field_buf);
-                                    fits &= slot.write(at, &self.field_buf).is_ok();
-                                }
-                                continue;
-                            }
-                            fits &=
-                                other_field(&field.name, &mut self.field_buf, &mut slot, at, len);
-                        }
-                        fits
-                    } else {
-                        let count = samples.len() as u64;
-                        let mut fits = payload_len <= slot.len();
-                        // Field-major: each field's chunk holds that field of every sample, in order.
-                        for field in &layout.fields {
-                            let (offset, len) = field.chunk_in_part(count);
-                            let offset = offset as usize;
-                            if field.name == IMAGES {
-                                // Straight into the slot: no intermediate payload buffer.
-                                for (n, &i) in samples.iter().enumerate() {
-                                    let mut words = synthetic.sample_words(i);
-                                    fits &= slot
-                                        .write_words(
-                                            offset + n * sample_bytes,
-                                            sample_bytes,
-                                            || words.next_word(),
-                                        )
-                                        .is_ok();
-                                }
-                                continue;
-                            }
-                            fits &= other_field(
-                                &field.name,
-                                &mut self.field_buf,
-                                &mut slot,
-                                offset,
-                                len as usize,
-                            );
-                        }
-                        fits
-                    }
+                    fill_synthetic(
+                        self.joined,
+                        &mut self.field_buf,
+                        &mut slot,
+                        samples,
+                        range,
+                        payload_len,
+                        seq,
+                    )
                 }
             };
             let done = match (&fatal, fits) {
