@@ -7,6 +7,17 @@ use super::*;
 impl Config {
     /// Checks every value range; call again after applying overrides.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        self.validate_ring()?;
+        self.validate_daemon()?;
+        self.validate_fields()?;
+        self.validate_files()?;
+        self.validate_samples()?;
+        self.validate_plan()?;
+        self.validate_geometry()
+    }
+
+    /// The seeds (TOML's integers), the ring's name, slots and group.
+    fn validate_ring(&self) -> Result<(), ConfigError> {
         // A config is written as TOML (for loaders, consumers, the ring), whose integers are
         // signed 64-bit: a seed given as data (Python) above that could not be written out.
         for (key, seed) in [
@@ -58,6 +69,11 @@ impl Config {
                 ));
             }
         }
+        Ok(())
+    }
+
+    /// `[daemon]`'s values.
+    fn validate_daemon(&self) -> Result<(), ConfigError> {
         let dm = &self.daemon;
         if dm.lease_ms < MIN_LEASE_MS {
             return Err(self.invalid(
@@ -121,9 +137,12 @@ impl Config {
                 ));
             }
         }
+        Ok(())
+    }
+
+    /// The dataset's sample count, sample shape, sample size and classes.
+    fn validate_samples(&self) -> Result<(), ConfigError> {
         let d = &self.dataset;
-        self.validate_fields()?;
-        self.validate_files()?;
         // A file kind learns its length when its source is opened.
         let unresolved = d.kind.reads_files() && d.samples == 0;
         if !unresolved && (d.samples == 0 || d.samples > MAX_PLAN_SAMPLES) {
@@ -159,6 +178,15 @@ impl Config {
         if d.classes == 0 {
             return Err(self.invalid("dataset.classes", 0, "must be >= 1"));
         }
+        Ok(())
+    }
+
+    /// The plan's values, a webdataset's shards against them, and the plan they make where the
+    /// dataset's length (and a webdataset's shard sizes) are known.
+    fn validate_plan(&self) -> Result<(), ConfigError> {
+        let d = &self.dataset;
+        // A file kind learns its length when its source is opened.
+        let unresolved = d.kind.reads_files() && d.samples == 0;
         let p = &self.plan;
         if p.batch_size == 0 {
             return Err(self.invalid("plan.batch_size", 0, "must be >= 1"));
@@ -235,7 +263,7 @@ impl Config {
                 return Err(self.invalid("plan", "?", e.to_string()));
             }
         }
-        self.validate_geometry()
+        Ok(())
     }
 
     /// Byte parts ([`Config::part_layout`]): a slot must hold a byte part of at least 8 bytes
@@ -355,85 +383,11 @@ impl Config {
                 ));
             }
         }
-        let dims_ok = |shape: &[u32]| shape.len() <= MAX_SAMPLE_DIMS && !shape.contains(&0);
         if let Some(t) = &d.tokens {
-            if t.files.is_empty() || t.files.iter().any(|f| f.as_os_str().is_empty()) {
-                return Err(self.invalid(
-                    "dataset.tokens.files",
-                    format!("{:?}", t.files),
-                    "one or more token files (paths relative to the config file's directory, or \
-                     absolute), read as one stream in this order",
-                ));
-            }
-            if !matches!(t.token_dtype, Dtype::U16 | Dtype::U32) {
-                return Err(self.invalid(
-                    "dataset.tokens.token_dtype",
-                    t.token_dtype,
-                    "\"u16\" or \"u32\" (the files' little-endian token type)",
-                ));
-            }
-            if !matches!(t.dtype, Dtype::I64 | Dtype::I32) {
-                return Err(self.invalid(
-                    "dataset.tokens.dtype",
-                    t.dtype,
-                    "\"i64\" or \"i32\" (the dtype of input_ids and targets)",
-                ));
-            }
-            if t.seq_len == 0 {
-                return Err(self.invalid("dataset.tokens.seq_len", 0, "must be >= 1"));
-            }
-            if t.stride == Some(0) {
-                return Err(self.invalid(
-                    "dataset.tokens.stride",
-                    0,
-                    "must be >= 1 (leave it out for seq_len)",
-                ));
-            }
+            self.validate_tokens(t)?;
         }
         if let Some(n) = &d.npy {
-            if n.path.as_os_str().is_empty() {
-                return Err(self.invalid(
-                    "dataset.npy.path",
-                    "\"\"",
-                    "a .npy file (samples on the first axis) or a directory of per-sample .npy files",
-                ));
-            }
-            if !valid_field_name(&n.field) || (n.labels.is_some() && n.field == LABELS) {
-                return Err(self.invalid(
-                    "dataset.npy.field",
-                    format!("{:?}", n.field),
-                    "1 to 64 characters from A-Z a-z 0-9 _ - ., and not \"labels\" when \
-                     dataset.npy.labels is given",
-                ));
-            }
-            for (key, dtype) in [
-                ("dataset.npy.dtype", n.dtype),
-                ("dataset.npy.labels_dtype", n.labels_dtype),
-            ] {
-                if dtype == Dtype::Bf16 {
-                    return Err(self.invalid(
-                        key,
-                        dtype,
-                        "a dtype numpy has: u8, i8, i16, u16, i32, u32, i64, u64, f16, f32, f64, \
-                         bool",
-                    ));
-                }
-            }
-            for (key, shape) in [
-                ("dataset.npy.shape", &n.shape),
-                ("dataset.npy.labels_shape", &n.labels_shape),
-            ] {
-                if !dims_ok(shape) {
-                    return Err(self.invalid(
-                        key,
-                        format!("{shape:?}"),
-                        format!(
-                            "the shape of one sample: at most {MAX_SAMPLE_DIMS} dimensions, each \
-                             >= 1 ([] is one value per sample)"
-                        ),
-                    ));
-                }
-            }
+            self.validate_npy(n)?;
         }
         if d.image.is_some() != d.decodes_images() {
             return Err(self.invalid(
@@ -452,76 +406,174 @@ impl Config {
             ));
         }
         if let Some(w) = &d.webdataset {
-            if w.shards.is_empty() || w.shards.iter().any(|f| f.as_os_str().is_empty()) {
-                return Err(self.invalid(
-                    "dataset.webdataset.shards",
-                    format!("{:?}", w.shards),
-                    "one or more tar shards (paths relative to the config file's directory, or \
-                     absolute), in order",
-                ));
-            }
-            if let Some(n) = &w.npy {
-                let taken = if w.images {
-                    "\"labels\" or \"images\" (the kind's other fields)"
-                } else {
-                    "\"labels\" (the kind's other field)"
-                };
-                if !valid_field_name(&n.field)
-                    || n.field == LABELS
-                    || (w.images && n.field == IMAGES)
-                {
-                    return Err(self.invalid(
-                        "dataset.webdataset.npy.field",
-                        format!("{:?}", n.field),
-                        format!(
-                            "1 to 64 characters from A-Z a-z 0-9 _ - ., and not {taken}: field \
-                             names must differ"
-                        ),
-                    ));
-                }
-                if n.dtype == Dtype::Bf16 {
-                    return Err(self.invalid(
-                        "dataset.webdataset.npy.dtype",
-                        n.dtype,
-                        "a dtype numpy has: u8, i8, i16, u16, i32, u32, i64, u64, f16, f32, f64, \
-                         bool",
-                    ));
-                }
-                if !dims_ok(&n.shape) {
-                    return Err(self.invalid(
-                        "dataset.webdataset.npy.shape",
-                        format!("{:?}", n.shape),
-                        format!(
-                            "the shape of each .npy member: at most {MAX_SAMPLE_DIMS} dimensions, \
-                             each >= 1 ([] is one value per sample)"
-                        ),
-                    ));
-                }
-            }
+            self.validate_webdataset(w)?;
         }
         if let Some(f) = &d.imagefolder {
-            if f.root.as_os_str().is_empty() {
-                return Err(self.invalid(
-                    "dataset.imagefolder.root",
-                    "\"\"",
-                    "the directory that holds one subdirectory per class",
-                ));
-            }
-            if f.extensions.is_empty()
-                || f.extensions
-                    .iter()
-                    .any(|e| e.trim_start_matches('.').is_empty())
-            {
-                return Err(self.invalid(
-                    "dataset.imagefolder.extensions",
-                    format!("{:?}", f.extensions),
-                    "one or more file extensions such as \"jpg\" (default jpg, jpeg, png)",
-                ));
-            }
+            self.validate_imagefolder(f)?;
         }
         if let Some(i) = &d.image {
             self.validate_image(i)?;
         }
+        Ok(())
+    }
+
+    /// `[dataset.tokens]`'s values.
+    fn validate_tokens(&self, t: &TokensDataset) -> Result<(), ConfigError> {
+        if t.files.is_empty() || t.files.iter().any(|f| f.as_os_str().is_empty()) {
+            return Err(self.invalid(
+                "dataset.tokens.files",
+                format!("{:?}", t.files),
+                "one or more token files (paths relative to the config file's directory, or \
+                 absolute), read as one stream in this order",
+            ));
+        }
+        if !matches!(t.token_dtype, Dtype::U16 | Dtype::U32) {
+            return Err(self.invalid(
+                "dataset.tokens.token_dtype",
+                t.token_dtype,
+                "\"u16\" or \"u32\" (the files' little-endian token type)",
+            ));
+        }
+        if !matches!(t.dtype, Dtype::I64 | Dtype::I32) {
+            return Err(self.invalid(
+                "dataset.tokens.dtype",
+                t.dtype,
+                "\"i64\" or \"i32\" (the dtype of input_ids and targets)",
+            ));
+        }
+        if t.seq_len == 0 {
+            return Err(self.invalid("dataset.tokens.seq_len", 0, "must be >= 1"));
+        }
+        if t.stride == Some(0) {
+            return Err(self.invalid(
+                "dataset.tokens.stride",
+                0,
+                "must be >= 1 (leave it out for seq_len)",
+            ));
+        }
+
+        Ok(())
+    }
+
+    /// `[dataset.npy]`'s values.
+    fn validate_npy(&self, n: &NpyDataset) -> Result<(), ConfigError> {
+        if n.path.as_os_str().is_empty() {
+            return Err(self.invalid(
+                "dataset.npy.path",
+                "\"\"",
+                "a .npy file (samples on the first axis) or a directory of per-sample .npy files",
+            ));
+        }
+        if !valid_field_name(&n.field) || (n.labels.is_some() && n.field == LABELS) {
+            return Err(self.invalid(
+                "dataset.npy.field",
+                format!("{:?}", n.field),
+                "1 to 64 characters from A-Z a-z 0-9 _ - ., and not \"labels\" when \
+                 dataset.npy.labels is given",
+            ));
+        }
+        for (key, dtype) in [
+            ("dataset.npy.dtype", n.dtype),
+            ("dataset.npy.labels_dtype", n.labels_dtype),
+        ] {
+            if dtype == Dtype::Bf16 {
+                return Err(self.invalid(
+                    key,
+                    dtype,
+                    "a dtype numpy has: u8, i8, i16, u16, i32, u32, i64, u64, f16, f32, f64, \
+                     bool",
+                ));
+            }
+        }
+        for (key, shape) in [
+            ("dataset.npy.shape", &n.shape),
+            ("dataset.npy.labels_shape", &n.labels_shape),
+        ] {
+            if !dims_ok(shape) {
+                return Err(self.invalid(
+                    key,
+                    format!("{shape:?}"),
+                    format!(
+                        "the shape of one sample: at most {MAX_SAMPLE_DIMS} dimensions, each \
+                         >= 1 ([] is one value per sample)"
+                    ),
+                ));
+            }
+        }
+
+        Ok(())
+    }
+
+    /// `[dataset.webdataset]`'s values.
+    fn validate_webdataset(&self, w: &WebDatasetDataset) -> Result<(), ConfigError> {
+        if w.shards.is_empty() || w.shards.iter().any(|f| f.as_os_str().is_empty()) {
+            return Err(self.invalid(
+                "dataset.webdataset.shards",
+                format!("{:?}", w.shards),
+                "one or more tar shards (paths relative to the config file's directory, or \
+                 absolute), in order",
+            ));
+        }
+        if let Some(n) = &w.npy {
+            let taken = if w.images {
+                "\"labels\" or \"images\" (the kind's other fields)"
+            } else {
+                "\"labels\" (the kind's other field)"
+            };
+            if !valid_field_name(&n.field) || n.field == LABELS || (w.images && n.field == IMAGES) {
+                return Err(self.invalid(
+                    "dataset.webdataset.npy.field",
+                    format!("{:?}", n.field),
+                    format!(
+                        "1 to 64 characters from A-Z a-z 0-9 _ - ., and not {taken}: field \
+                         names must differ"
+                    ),
+                ));
+            }
+            if n.dtype == Dtype::Bf16 {
+                return Err(self.invalid(
+                    "dataset.webdataset.npy.dtype",
+                    n.dtype,
+                    "a dtype numpy has: u8, i8, i16, u16, i32, u32, i64, u64, f16, f32, f64, \
+                     bool",
+                ));
+            }
+            if !dims_ok(&n.shape) {
+                return Err(self.invalid(
+                    "dataset.webdataset.npy.shape",
+                    format!("{:?}", n.shape),
+                    format!(
+                        "the shape of each .npy member: at most {MAX_SAMPLE_DIMS} dimensions, \
+                         each >= 1 ([] is one value per sample)"
+                    ),
+                ));
+            }
+        }
+
+        Ok(())
+    }
+
+    /// `[dataset.imagefolder]`'s values.
+    fn validate_imagefolder(&self, f: &ImageFolderDataset) -> Result<(), ConfigError> {
+        if f.root.as_os_str().is_empty() {
+            return Err(self.invalid(
+                "dataset.imagefolder.root",
+                "\"\"",
+                "the directory that holds one subdirectory per class",
+            ));
+        }
+        if f.extensions.is_empty()
+            || f.extensions
+                .iter()
+                .any(|e| e.trim_start_matches('.').is_empty())
+        {
+            return Err(self.invalid(
+                "dataset.imagefolder.extensions",
+                format!("{:?}", f.extensions),
+                "one or more file extensions such as \"jpg\" (default jpg, jpeg, png)",
+            ));
+        }
+
         Ok(())
     }
 
@@ -670,4 +722,9 @@ impl Config {
                 acc.checked_mul(u64::from(x))
             })
     }
+}
+
+/// A sample's shape as the file kinds take it: at most MAX_SAMPLE_DIMS dimensions, each >= 1.
+fn dims_ok(shape: &[u32]) -> bool {
+    shape.len() <= MAX_SAMPLE_DIMS && !shape.contains(&0)
 }
