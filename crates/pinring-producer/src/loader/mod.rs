@@ -339,7 +339,7 @@ fn fill_synthetic(
                 } else {
                     field_buf.resize(len, 0);
                     synthetic.fill_sample_range(id, r.offset, field_buf);
-                    fits &= slot.write(at, &field_buf).is_ok();
+                    fits &= slot.write(at, field_buf).is_ok();
                 }
                 continue;
             }
