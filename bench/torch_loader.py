@@ -300,10 +300,16 @@ def main():
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--affinity", action="store_true")
     a = ap.parse_args()
-    from pinring.torch import DataLoader as PinringLoader
-
     device = torch.device(a.device)
     tmp = tempfile.mkdtemp(prefix="pinring-bench-")
+    data, batch_size, log_dir = dataset_for(a, tmp)
+    rows = measure(a, data, batch_size, log_dir, device)
+    report(a, rows)
+
+
+def dataset_for(a, tmp):
+    """The case's dataset, its batch size, and where its samples log their __getitem__ times
+    (jpeg: files made under ``tmp``; None for the others)."""
     log_dir = None
     if a.case == "seed":
         data, batch_size = SeedSamples(), 32
@@ -321,6 +327,13 @@ def main():
         log_dir = os.path.join(tmp, "getitem")
         os.makedirs(log_dir)
         data = JpegSamples(files, length=400 * batch_size, log_dir=log_dir)
+    return data, batch_size, log_dir
+
+
+def measure(a, data, batch_size, log_dir, device):
+    """Every run: torch's DataLoader for each pin and prefetch, then pinring's, per worker count;
+    the rows, saved as CSV after each."""
+    from pinring.torch import DataLoader as PinringLoader
 
     def window(w):
         """(warm-up, measured) batches for w workers. jpeg: whole waves (each of torch's workers
@@ -387,6 +400,12 @@ def main():
             print(rows[-1], flush=True)
             save()
             os.sched_setaffinity(0, cpus)
+    return rows
+
+
+def report(a, rows):
+    """Prints the rows, each worker count's medians against torch's best, and the alternated
+    pairs; then the summary as JSON."""
     print(f"{'run':>3} {'loader':8} {'workers':>7} {'pin':>3} {'pf':>3} {'samples/s':>10} {'GB/s':>6} "
           f"{'cpu ms/batch':>12} {'worker cpu ms/sample':>20} {'workers busy':>12} "
           f"{'getitem cpu ms':>14}")

@@ -545,29 +545,7 @@ pub fn run(
     // its upload has read it, so the copy engine and the driver are measured with nothing
     // competing for cores or memory bandwidth.
     let alone = writers == 0;
-    let seg_err = |source| ReferenceError::Segment {
-        name: name.to_string(),
-        source,
-    };
-    let len = geom.len().unwrap_or(u64::MAX);
-    let mut seg = Segment::create_unnamed(name, len, 0o600, None).map_err(seg_err)?;
-    {
-        // A fresh segment reads as zeros: every flag is EMPTY, the phase SETUP.
-        let h = header(&seg);
-        h.slot_bytes.store(geom.slot_bytes, Relaxed);
-        h.payload.store(geom.payload, Relaxed);
-        h.sample_bytes.store(geom.sample_bytes, Relaxed);
-        h.batches.store(geom.batches, Relaxed);
-        h.seed.store(geom.seed, Relaxed);
-        h.slots.store(geom.slots, Relaxed);
-        h.writers.store(writers, Relaxed);
-        h.samples_per_batch.store(geom.samples_per_batch, Relaxed);
-        h.magic.store(MAGIC, Release);
-    }
-    // The name carries this process's pid: whatever is there is a leftover of an earlier
-    // process with the same pid (a live daemon's ring or another user's file is still refused).
-    seg.publish(true).map_err(seg_err)?;
-    let seg = Arc::new(seg);
+    let seg = make_segment(geom, writers, name)?;
     let _published = Published(Arc::clone(&seg));
     let data = geom.data_offset() as usize;
     let data_len = (u64::from(geom.slots) * geom.slot_bytes) as usize;
@@ -598,7 +576,155 @@ pub fn run(
     let finish = Finish(Arc::clone(&seg));
     let h = header(&seg);
 
-    // Wait until every writer has mapped the segment.
+    wait_for_writers(h, writers, &mut kids, stop)?;
+
+    let cpu_at_start = cpu_seconds();
+    let mut submit_seconds = 0.0;
+    let start = Instant::now();
+    h.phase.store(GO, SeqCst);
+    futex::wake_all(&h.phase);
+    let completions = uploader.completions();
+    let mut books = Books {
+        free: (0..buffers).rev().collect(),
+        copies_left: vec![0u8; geom.slots as usize],
+        done: 0,
+        bytes: 0,
+    };
+    let mut next = 0u64;
+    let mut last_progress = Instant::now();
+    while books.done < geom.batches {
+        if stop() {
+            return Err(ReferenceError::Interrupted);
+        }
+        // Read before looking: a fill or a completion after this read changes the word, so the
+        // wait below returns at once instead of sleeping through it.
+        let seen = h.doorbell.load(SeqCst);
+        let mut progressed = take_completions(completions, &seg, alone, &mut books)?;
+        while next < geom.batches {
+            let slot = (next % u64::from(geom.slots)) as u32;
+            if books.free.is_empty() || flag(&seg, slot).state.load(Acquire) != FULL {
+                break;
+            }
+            let buffer = books.free.pop().expect("checked non-empty");
+            // Only this thread moves a slot on from FULL; UPLOADING keeps the next lap from
+            // taking the slot for a new batch while this copy is in flight.
+            flag(&seg, slot).state.store(UPLOADING, Relaxed);
+            let t = Instant::now();
+            let completions_due = submit_slot(&*uploader, &seg, geom, slot, buffer)?;
+            submit_seconds += t.elapsed().as_secs_f64();
+            books.copies_left[slot as usize] = completions_due as u8;
+            next += 1;
+            progressed = true;
+        }
+        if progressed {
+            last_progress = Instant::now();
+            continue;
+        }
+        if last_progress.elapsed() > STALL {
+            return Err(stalled(
+                &seg,
+                geom,
+                (next, books.done, books.free.len()),
+                last_progress,
+            ));
+        }
+        uploader.flush()?;
+        if futex::wait_counted(&h.doorbell, &h.doorbell_waiters, seen, WAIT_SLICE) == Wake::TimedOut
+        {
+            kids.check_alive()?;
+        }
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    let cpu_seconds = cpu_seconds() - cpu_at_start;
+    drop(finish);
+    kids.finish()?;
+    Ok(Measured {
+        bytes: books.bytes,
+        batches: books.done,
+        seconds,
+        gbps: books.bytes as f64 / seconds.max(1e-9) / 1e9,
+        submit_seconds,
+        cpu_seconds,
+    })
+}
+
+/// The reference loop's books: device buffers free, copies of each slot not completed yet (one
+/// per field), batches done and bytes copied.
+struct Books {
+    free: Vec<usize>,
+    copies_left: Vec<u8>,
+    done: u64,
+    bytes: u64,
+}
+
+/// Books the completions that arrived: a slot whose copies are all done is EMPTY again (FULL
+/// again for the engine measured `alone`), its buffer free. Whether any arrived.
+fn take_completions(
+    completions: &pinring_backend::Completions,
+    seg: &Segment,
+    alone: bool,
+    books: &mut Books,
+) -> Result<bool, ReferenceError> {
+    let mut progressed = false;
+    while let Ok(c) = completions.try_recv() {
+        c.result?;
+        books.bytes += c.len as u64;
+        progressed = true;
+        // The tag is the slot (low half) and the field (high half).
+        let slot = c.tag as u32;
+        let left = &mut books.copies_left[slot as usize];
+        *left = left.saturating_sub(1);
+        if *left > 0 {
+            continue;
+        }
+        let f = flag(seg, slot);
+        // Release (and SeqCst against the waiter count): the copy has read the slot; its
+        // writer may fill it again (the engine alone: it is full again at once).
+        f.state.store(if alone { FULL } else { EMPTY }, SeqCst);
+        if f.waiters.load(SeqCst) != 0 {
+            futex::wake_all(&f.state);
+        }
+        books.free.push(c.buffer);
+        books.done += 1;
+    }
+    Ok(progressed)
+}
+
+/// Makes the reference segment `name` for `geom` and `writers` (its header written, every flag
+/// EMPTY, the phase SETUP) and publishes it.
+fn make_segment(geom: &Geometry, writers: u32, name: &str) -> Result<Arc<Segment>, ReferenceError> {
+    let seg_err = |source| ReferenceError::Segment {
+        name: name.to_string(),
+        source,
+    };
+    let len = geom.len().unwrap_or(u64::MAX);
+    let mut seg = Segment::create_unnamed(name, len, 0o600, None).map_err(seg_err)?;
+    {
+        // A fresh segment reads as zeros: every flag is EMPTY, the phase SETUP.
+        let h = header(&seg);
+        h.slot_bytes.store(geom.slot_bytes, Relaxed);
+        h.payload.store(geom.payload, Relaxed);
+        h.sample_bytes.store(geom.sample_bytes, Relaxed);
+        h.batches.store(geom.batches, Relaxed);
+        h.seed.store(geom.seed, Relaxed);
+        h.slots.store(geom.slots, Relaxed);
+        h.writers.store(writers, Relaxed);
+        h.samples_per_batch.store(geom.samples_per_batch, Relaxed);
+        h.magic.store(MAGIC, Release);
+    }
+    // The name carries this process's pid: whatever is there is a leftover of an earlier
+    // process with the same pid (a live daemon's ring or another user's file is still refused).
+    seg.publish(true).map_err(seg_err)?;
+    Ok(Arc::new(seg))
+}
+
+/// Waits until every one of the `writers` writers has mapped the segment.
+fn wait_for_writers(
+    h: &Header,
+    writers: u32,
+    kids: &mut Writers,
+    stop: &dyn Fn() -> bool,
+) -> Result<(), ReferenceError> {
     let waited = Instant::now();
     loop {
         let attached = h.attached.load(SeqCst);
@@ -617,131 +743,73 @@ pub fn run(
         }
         futex::wait(&h.attached, attached, WAIT_SLICE);
     }
+    Ok(())
+}
 
-    let cpu_at_start = cpu_seconds();
-    let mut submit_seconds = 0.0;
-    let start = Instant::now();
-    h.phase.store(GO, SeqCst);
-    futex::wake_all(&h.phase);
-    let completions = uploader.completions();
-    let mut free: Vec<usize> = (0..buffers).rev().collect();
-    // Copies of each slot not completed yet (one per field).
-    let mut copies_left = vec![0u8; geom.slots as usize];
-    let (mut next, mut done, mut bytes) = (0u64, 0u64, 0u64);
-    let mut last_progress = Instant::now();
-    while done < geom.batches {
-        if stop() {
-            return Err(ReferenceError::Interrupted);
-        }
-        // Read before looking: a fill or a completion after this read changes the word, so the
-        // wait below returns at once instead of sleeping through it.
-        let seen = h.doorbell.load(SeqCst);
-        let mut progressed = false;
-        while let Ok(c) = completions.try_recv() {
-            c.result?;
-            bytes += c.len as u64;
-            progressed = true;
-            // The tag is the slot (low half) and the field (high half).
-            let slot = c.tag as u32;
-            let left = &mut copies_left[slot as usize];
-            *left = left.saturating_sub(1);
-            if *left > 0 {
-                continue;
-            }
-            let f = flag(&seg, slot);
-            // Release (and SeqCst against the waiter count): the copy has read the slot; its
-            // writer may fill it again (the engine alone: it is full again at once).
-            f.state.store(if alone { FULL } else { EMPTY }, SeqCst);
-            if f.waiters.load(SeqCst) != 0 {
-                futex::wake_all(&f.state);
-            }
-            free.push(c.buffer);
-            done += 1;
-        }
-        while next < geom.batches {
-            let slot = (next % u64::from(geom.slots)) as u32;
-            if free.is_empty() || flag(&seg, slot).state.load(Acquire) != FULL {
-                break;
-            }
-            let buffer = free.pop().expect("checked non-empty");
-            // Only this thread moves a slot on from FULL; UPLOADING keeps the next lap from
-            // taking the slot for a new batch while this copy is in flight.
-            flag(&seg, slot).state.store(UPLOADING, Relaxed);
-            let base = slot_ptr(&seg, geom, slot);
-            let images = geom.images_bytes() as usize;
-            // (source offset in the slot, length, destination offset in the buffer) per field.
-            let fields = [
-                (0, images, 0),
-                (
-                    images,
-                    geom.labels_bytes() as usize,
-                    geom.labels_offset() as usize,
-                ),
-            ];
-            let jobs = fields.map(|(src, len, dst_offset)| UploadJob {
-                tag: u64::from(slot),
-                src: base.wrapping_add(src),
-                len,
-                buffer,
-                dst_offset,
-            });
-            let t = Instant::now();
-            // One group per slot, deferred, as the daemon submits a part: the backend says how
-            // many completions free it, and may signal several groups with one event (flushed
-            // before the wait below).
-            // SAFETY: the slot was FULL: its writer wrote it before that store (Release,
-            // seen by the Acquire load above) and will not touch it again until this thread
-            // stores EMPTY, which it does only after the completions of all the slot's jobs
-            // have arrived. The job's source is inside the slot's payload (images, then
-            // labels: `payload` bytes, at most `slot_bytes`, checked by `problem`). The
-            // mapping (held by `seg`) outlives the uploader, which is dropped first.
-            let completions_due = unsafe { uploader.submit_group_deferred(&jobs) }?;
-            submit_seconds += t.elapsed().as_secs_f64();
-            copies_left[slot as usize] = completions_due as u8;
-            next += 1;
-            progressed = true;
-        }
-        if progressed {
-            last_progress = Instant::now();
-            continue;
-        }
-        if last_progress.elapsed() > STALL {
-            let slot = (next % u64::from(geom.slots)) as u32;
-            let state = match flag(&seg, slot).state.load(Relaxed) {
-                EMPTY => "EMPTY",
-                FILLING => "FILLING",
-                FULL => "FULL",
-                UPLOADING => "UPLOADING",
-                _ => "garbage",
-            };
-            return Err(ReferenceError::Stalled {
-                what: format!(
-                    "{done} of {} batches uploaded, the next (slot {slot}) is {state}, {} \
-                     device buffers free",
-                    geom.batches,
-                    free.len()
-                ),
-                secs: last_progress.elapsed().as_secs(),
-            });
-        }
-        uploader.flush()?;
-        if futex::wait_counted(&h.doorbell, &h.doorbell_waiters, seen, WAIT_SLICE) == Wake::TimedOut
-        {
-            kids.check_alive()?;
-        }
+/// Submits the copies of FULL slot `slot` (its images, then its labels) into device buffer
+/// `buffer`, as one group, deferred, as the daemon submits a part; the completions that free it.
+fn submit_slot(
+    uploader: &dyn pinring_backend::Uploader,
+    seg: &Segment,
+    geom: &Geometry,
+    slot: u32,
+    buffer: usize,
+) -> Result<usize, ReferenceError> {
+    let base = slot_ptr(seg, geom, slot);
+    let images = geom.images_bytes() as usize;
+    // (source offset in the slot, length, destination offset in the buffer) per field.
+    let fields = [
+        (0, images, 0),
+        (
+            images,
+            geom.labels_bytes() as usize,
+            geom.labels_offset() as usize,
+        ),
+    ];
+    let jobs = fields.map(|(src, len, dst_offset)| UploadJob {
+        tag: u64::from(slot),
+        src: base.wrapping_add(src),
+        len,
+        buffer,
+        dst_offset,
+    });
+    // One group per slot, deferred, as the daemon submits a part: the backend says how
+    // many completions free it, and may signal several groups with one event (flushed
+    // before the wait below).
+    // SAFETY: the slot was FULL: its writer wrote it before that store (Release, seen by
+    // the caller's Acquire load) and will not touch it again until `run` stores EMPTY,
+    // which it does only after the completions of all the slot's jobs have arrived. The
+    // job's source is inside the slot's payload (images, then labels: `payload` bytes, at
+    // most `slot_bytes`, checked by `problem`). The mapping (held by `run`'s `seg`)
+    // outlives the uploader, which `run` drops first.
+    let completions_due = unsafe { uploader.submit_group_deferred(&jobs) }?;
+    Ok(completions_due)
+}
+
+/// The error of a pipeline that made no progress for STALL since `since`: where the next slot
+/// stands (`next`, `done`, device buffers free in `progress`).
+fn stalled(
+    seg: &Segment,
+    geom: &Geometry,
+    (next, done, free): (u64, u64, usize),
+    since: Instant,
+) -> ReferenceError {
+    let slot = (next % u64::from(geom.slots)) as u32;
+    let state = match flag(seg, slot).state.load(Relaxed) {
+        EMPTY => "EMPTY",
+        FILLING => "FILLING",
+        FULL => "FULL",
+        UPLOADING => "UPLOADING",
+        _ => "garbage",
+    };
+    ReferenceError::Stalled {
+        what: format!(
+            "{done} of {} batches uploaded, the next (slot {slot}) is {state}, {} \
+             device buffers free",
+            geom.batches, free
+        ),
+        secs: since.elapsed().as_secs(),
     }
-    let seconds = start.elapsed().as_secs_f64();
-    let cpu_seconds = cpu_seconds() - cpu_at_start;
-    drop(finish);
-    kids.finish()?;
-    Ok(Measured {
-        bytes,
-        batches: done,
-        seconds,
-        gbps: bytes as f64 / seconds.max(1e-9) / 1e9,
-        submit_seconds,
-        cpu_seconds,
-    })
 }
 
 /// Reads and checks the geometry a reference segment's header describes, and the writers.

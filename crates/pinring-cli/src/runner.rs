@@ -368,93 +368,174 @@ pub fn run(args: &RunArgs, shutdown: &Shutdown) -> Result<Exit, RunError> {
     if let Some(c) = origin.path() {
         common.extend(["--config".into(), c.display().to_string()]);
     }
-    // The children's info lines would scroll the progress bar away: unless the user chose a log
-    // level, they log warnings and errors only, and the summary tells the rest.
-    let quiet_children = std::env::var_os("RUST_LOG").is_none();
-    let child_env = |cmd: &mut Command| {
-        if quiet_children {
-            cmd.env("RUST_LOG", "warn");
-        }
+    let spawner = Spawner {
+        exe,
+        common,
+        // The children's info lines would scroll the progress bar away: unless the user chose
+        // a log level, they log warnings and errors only, and the summary tells the rest.
+        quiet: std::env::var_os("RUST_LOG").is_none(),
     };
-    let mut daemon_cmd = exe.command();
-    child_env(&mut daemon_cmd);
-    daemon_cmd
-        .arg("daemon")
-        .args(&common)
-        .args(["--sink", args.sink.name()])
-        .args(["--backend", &args.backend.to_string()])
-        .args(args.device.map(|d| format!("--device={d}")))
-        .args(["--epochs", &cfg.plan.epochs.to_string()])
-        .arg("--summary")
-        .arg(&summary_path)
-        .stdin(Stdio::null());
-    if !cfg.ring.in_order {
-        daemon_cmd.arg("--unordered");
-    }
-    // Every child is spawned from this thread, the one that called `run` and that returns only
-    // after every child has been reaped: their parent-death signal is tied to it.
-    stop_with_parent(&mut daemon_cmd);
-    let daemon = daemon_cmd.spawn().map_err(|source| RunError::Spawn {
-        what: "the daemon",
-        exe: exe.display(),
-        source,
-    })?;
+    let daemon = spawner.daemon(args, &cfg, &summary_path)?;
     let daemon_pid = daemon.id();
     let mut children = Children(vec![daemon]);
+    let ring = wait_for_ring(&mut children, &cfg.ring.name, daemon_pid)?;
+    let ready_at = Instant::now();
+    for _ in 0..args.loaders {
+        children.0.push(spawner.loader()?);
+    }
+    let mut supervisor = Supervisor::new(args.loaders);
+    let status = supervise(
+        args,
+        &cfg.ring.name,
+        &ring,
+        &mut children,
+        &mut supervisor,
+        &spawner,
+        shutdown,
+    )?;
+    let running = ready_at.elapsed();
+    drop(ring);
+    // Stops (SIGTERM) and reaps the loaders; the daemon is reaped already.
+    drop(children);
+    let ended = Ended::of(status);
+    let summary = Summary::read(&summary_path);
+    let summary = match (ended, summary) {
+        (Ended::Code(_), Ok(s)) => s,
+        (Ended::Code(0), Err(source)) => {
+            return Err(RunError::Summary {
+                path: summary_path.display().to_string(),
+                source,
+            })
+        }
+        // Killed, or exited without a summary (a panic): it may have left its segment.
+        (ended, _) => {
+            return Err(RunError::DaemonDied {
+                ring: cfg.ring.name.clone(),
+                pid: daemon_pid,
+                ended,
+                running,
+                segment: Box::new(clean::clean_one(&cfg.ring.name)),
+            })
+        }
+    };
+    Ok(finish(args, &summary, ended, &supervisor))
+}
 
-    // Wait for *our* daemon's ring (a stale segment of the same name may exist until the daemon
-    // replaces it).
+/// How the run's children are started: this program with the arguments they share.
+struct Spawner {
+    exe: pinring_runtime::this_program::ThisProgram,
+    common: Vec<String>,
+    /// Children log warnings and errors only (RUST_LOG unset).
+    quiet: bool,
+}
+
+impl Spawner {
+    /// A command of this program that stops with this thread, quiet where asked.
+    fn command(&self) -> Command {
+        let mut cmd = self.exe.command();
+        if self.quiet {
+            cmd.env("RUST_LOG", "warn");
+        }
+        // Every child is spawned from the thread that called `run`, which returns only after
+        // every child has been reaped: their parent-death signal is tied to it.
+        stop_with_parent(&mut cmd);
+        cmd
+    }
+
+    /// Starts the daemon child, which writes its summary to `summary_path`.
+    fn daemon(
+        &self,
+        args: &RunArgs,
+        cfg: &pinring_data::Config,
+        summary_path: &std::path::Path,
+    ) -> Result<Child, RunError> {
+        let mut cmd = self.command();
+        cmd.arg("daemon")
+            .args(&self.common)
+            .args(["--sink", args.sink.name()])
+            .args(["--backend", &args.backend.to_string()])
+            .args(args.device.map(|d| format!("--device={d}")))
+            .args(["--epochs", &cfg.plan.epochs.to_string()])
+            .arg("--summary")
+            .arg(summary_path)
+            .stdin(Stdio::null());
+        if !cfg.ring.in_order {
+            cmd.arg("--unordered");
+        }
+        cmd.spawn().map_err(|source| RunError::Spawn {
+            what: "the daemon",
+            exe: self.exe.display(),
+            source,
+        })
+    }
+
+    /// Starts a loader child.
+    fn loader(&self) -> Result<Child, RunError> {
+        self.command()
+            .arg("loader")
+            .args(&self.common)
+            .stdin(Stdio::null())
+            .spawn()
+            .map_err(|source| RunError::Spawn {
+                what: "a loader",
+                exe: self.exe.display(),
+                source,
+            })
+    }
+}
+
+/// Waits for *our* daemon's ring `name` (a stale segment of the same name may exist until the
+/// daemon replaces it), or for the daemon (`children.0[0]`, pid `daemon_pid`) to end.
+fn wait_for_ring(
+    children: &mut Children,
+    name: &str,
+    daemon_pid: u32,
+) -> Result<pinring_ring::Ring, RunError> {
     let start = Instant::now();
     let ready_limit = Duration::from_secs(60);
-    let ring = loop {
+    loop {
         if let Ok(Some(status)) = children.0[0].try_wait() {
             let ended = Ended::of(status);
             // A daemon that exits on an error removes its own segment; one killed by a signal
             // may leave it behind.
-            let segment = matches!(ended, Ended::Signal { .. })
-                .then(|| Box::new(clean::clean_one(&cfg.ring.name)));
+            let segment =
+                matches!(ended, Ended::Signal { .. }).then(|| Box::new(clean::clean_one(name)));
             return Err(RunError::DaemonFailed {
-                ring: cfg.ring.name.clone(),
+                ring: name.into(),
                 pid: daemon_pid,
                 ended,
                 segment,
             });
         }
-        match attach(&cfg.ring.name, Access::ReadOnly, Duration::from_millis(200)) {
-            Ok(r) if r.daemon().pid == daemon_pid => break r,
+        match attach(name, Access::ReadOnly, Duration::from_millis(200)) {
+            Ok(r) if r.daemon().pid == daemon_pid => return Ok(r),
             Ok(_) | Err(_) if start.elapsed() < ready_limit => {
                 std::thread::sleep(Duration::from_millis(20));
             }
             Ok(_) => {
                 return Err(RunError::NotReady {
-                    ring: cfg.ring.name.clone(),
+                    ring: name.into(),
                     pid: daemon_pid,
                     waited: ready_limit,
                 })
             }
             Err(e) => return Err(e.into()),
         }
-    };
-    let ready_at = Instant::now();
-    let spawn_loader = || -> Result<Child, RunError> {
-        let mut cmd = exe.command();
-        child_env(&mut cmd);
-        stop_with_parent(&mut cmd);
-        cmd.arg("loader")
-            .args(&common)
-            .stdin(Stdio::null())
-            .spawn()
-            .map_err(|source| RunError::Spawn {
-                what: "a loader",
-                exe: exe.display(),
-                source,
-            })
-    };
-    for _ in 0..args.loaders {
-        children.0.push(spawn_loader()?);
     }
-    let mut supervisor = Supervisor::new(args.loaders);
+}
 
+/// Watches the daemon until it ends, and supervises the loaders meanwhile (restarting those
+/// that die, stopping the run when one fails); shows the progress bar. The daemon's status.
+fn supervise(
+    args: &RunArgs,
+    name: &str,
+    ring: &pinring_ring::Ring,
+    children: &mut Children,
+    supervisor: &mut Supervisor,
+    spawner: &Spawner,
+    shutdown: &Shutdown,
+) -> Result<ExitStatus, RunError> {
+    let daemon_pid = children.0[0].id();
     let h = ring.header();
     let total = h.end_seq.load(Relaxed) - h.start_seq.load(Relaxed);
     let bar = if args.quiet {
@@ -477,7 +558,6 @@ pub fn run(args: &RunArgs, shutdown: &Shutdown) -> Result<Exit, RunError> {
             && consumer_told.is_none_or(|t| t.elapsed() >= TELL_CONSUMER_EVERY)
             && !ring.consumer_alive().unwrap_or(true)
         {
-            let name = &cfg.ring.name;
             bar.suspend(|| {
                 pinring_runtime::logging::say(&format!(
                     "waiting for a consumer on ring {name:?}: attach one with `pinring consume \
@@ -498,9 +578,9 @@ pub fn run(args: &RunArgs, shutdown: &Shutdown) -> Result<Exit, RunError> {
             let pid = children.0[i + 1].id();
             match supervisor.ended(i, pid, Ended::of(status), Instant::now()) {
                 Next::Restart => {
-                    let child = spawn_loader()?;
+                    let child = spawner.loader()?;
                     tracing::warn!(
-                        ring = %cfg.ring.name, loader = i, old_pid = pid, pid = child.id(),
+                        ring = %name, loader = i, old_pid = pid, pid = child.id(),
                         "loader {i} (pid {pid}) {}: restarted", Ended::of(status)
                     );
                     children.0[i + 1] = child;
@@ -509,7 +589,7 @@ pub fn run(args: &RunArgs, shutdown: &Shutdown) -> Result<Exit, RunError> {
                 Next::StopRun => {
                     // The failure itself is printed once, in the summary's error line, with
                     // the resume point the drain gives.
-                    tracing::warn!(ring = %cfg.ring.name, loader = i, pid,
+                    tracing::warn!(ring = %name, loader = i, pid,
                         "loader {i} (pid {pid}) failed: stopping the run (the daemon drains; \
                          the summary says why)");
                     let _ = nix::sys::signal::kill(
@@ -538,32 +618,12 @@ pub fn run(args: &RunArgs, shutdown: &Shutdown) -> Result<Exit, RunError> {
         std::thread::sleep(SUPERVISE_EVERY);
     };
     bar.finish_and_clear();
-    let running = ready_at.elapsed();
-    drop(ring);
-    // Stops (SIGTERM) and reaps the loaders; the daemon is reaped already.
-    drop(children);
-    let ended = Ended::of(status);
-    let summary = Summary::read(&summary_path);
-    let summary = match (ended, summary) {
-        (Ended::Code(_), Ok(s)) => s,
-        (Ended::Code(0), Err(source)) => {
-            return Err(RunError::Summary {
-                path: summary_path.display().to_string(),
-                source,
-            })
-        }
-        // Killed, or exited without a summary (a panic): it may have left its segment.
-        (ended, _) => {
-            return Err(RunError::DaemonDied {
-                ring: cfg.ring.name.clone(),
-                pid: daemon_pid,
-                ended,
-                running,
-                segment: Box::new(clean::clean_one(&cfg.ring.name)),
-            })
-        }
-    };
-    print_summary(&summary, args.loaders);
+    Ok(status)
+}
+
+/// Prints the summary, writes it where --summary says; the run's exit code.
+fn finish(args: &RunArgs, summary: &Summary, ended: Ended, supervisor: &Supervisor) -> Exit {
+    print_summary(summary, args.loaders);
     // The run's code: the daemon's own when it failed; else that of a loader that failed (the
     // daemon then drained on the SIGTERM this loop sent it, and its summary has the resume
     // point).
@@ -583,7 +643,7 @@ pub fn run(args: &RunArgs, shutdown: &Shutdown) -> Result<Exit, RunError> {
             }
         }
     }
-    Ok(exit)
+    exit
 }
 
 /// How often `run --sink consumer` says it waits for a consumer while none is attached.

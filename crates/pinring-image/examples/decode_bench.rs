@@ -100,6 +100,55 @@ fn main() {
         "{N} JPEGs of {W}x{H}, quality 90, 4:2:0, {mean_kib:.0} KiB on average; {ROUNDS} rounds of {secs} s per candidate and per PIL pairing, one thread\n"
     );
 
+    let mut cands = candidates();
+    let mut big_cands = big_candidates();
+
+    // Each Rust measurement is paired with a PIL measurement of the same task just before it,
+    // so that both see the same machine; the ratio reported is the median of the pairs'.
+    let mut pil = Pil::start(&files);
+    let mut rates = vec![Vec::new(); cands.len()];
+    let mut pil_rates = vec![Vec::new(); cands.len()];
+    let mut big_rates = vec![Vec::new(); big_cands.len()];
+    for _ in 0..ROUNDS {
+        for (i, c) in cands.iter_mut().enumerate() {
+            pil_rates[i].push(pil.rate(c.1, secs));
+            rates[i].push(rate(secs, &jpegs, &mut c.2));
+        }
+        for (i, c) in big_cands.iter_mut().enumerate() {
+            big_rates[i].push(rate(secs, &big, &mut c.2));
+        }
+    }
+    println!("| candidate ({W}x{H}) | images/s | PIL, same task, images/s | ratio to PIL (median of {ROUNDS} pairs) |");
+    println!("| --- | ---: | ---: | ---: |");
+    for (i, (name, task, _)) in cands.iter().enumerate() {
+        let ratios: Vec<f64> = rates[i]
+            .iter()
+            .zip(&pil_rates[i])
+            .map(|(r, p)| r / p)
+            .collect();
+        println!(
+            "| {name} | {:.0} | {:.0} ({task}) | {:.2} |",
+            median(&rates[i]),
+            median(&pil_rates[i]),
+            median(&ratios)
+        );
+    }
+    stages(secs, &jpegs);
+    let big_base = median(&big_rates[0]);
+    println!("\n| candidate ({BIG_W}x{BIG_H}) | images/s | vs zune-jpeg full |");
+    println!("| --- | ---: | ---: |");
+    for ((name, _, _), r) in big_cands.iter().zip(&big_rates) {
+        println!(
+            "| {name} | {:.0} | {:.2} |",
+            median(r),
+            median(r) / big_base
+        );
+    }
+}
+
+/// The decoders and pipelines measured on the 500x375 files, each with the PIL task it pairs
+/// with.
+fn candidates() -> Vec<Candidate> {
     let mut cands: Vec<Candidate> = Vec::new();
     let mut add = |name: &str, base: &'static str, f: Task| cands.push((name.to_string(), base, f));
     add("zune-jpeg 0.5", "decode", Box::new(zune));
@@ -155,7 +204,11 @@ fn main() {
         "eval",
         pipeline(Transform::EVAL_DEFAULT, Output::U8Hwc),
     );
-    // Large photos: where a reduced-size decode pays.
+    cands
+}
+
+/// The decoders and pipelines measured on the large photos, where a reduced-size decode pays.
+fn big_candidates() -> Vec<Candidate> {
     let mut big_cands: Vec<Candidate> = Vec::new();
     let mut add = |name: &str, f: Task| big_cands.push((name.to_string(), "big", f));
     add("zune-jpeg 0.5, full", Box::new(zune));
@@ -182,48 +235,7 @@ fn main() {
         "pinring-image eval, reduced decode allowed",
         Box::new(move |d| eval_red(d)),
     );
-
-    // Each Rust measurement is paired with a PIL measurement of the same task just before it,
-    // so that both see the same machine; the ratio reported is the median of the pairs'.
-    let mut pil = Pil::start(&files);
-    let mut rates = vec![Vec::new(); cands.len()];
-    let mut pil_rates = vec![Vec::new(); cands.len()];
-    let mut big_rates = vec![Vec::new(); big_cands.len()];
-    for _ in 0..ROUNDS {
-        for (i, c) in cands.iter_mut().enumerate() {
-            pil_rates[i].push(pil.rate(c.1, secs));
-            rates[i].push(rate(secs, &jpegs, &mut c.2));
-        }
-        for (i, c) in big_cands.iter_mut().enumerate() {
-            big_rates[i].push(rate(secs, &big, &mut c.2));
-        }
-    }
-    println!("| candidate ({W}x{H}) | images/s | PIL, same task, images/s | ratio to PIL (median of {ROUNDS} pairs) |");
-    println!("| --- | ---: | ---: | ---: |");
-    for (i, (name, task, _)) in cands.iter().enumerate() {
-        let ratios: Vec<f64> = rates[i]
-            .iter()
-            .zip(&pil_rates[i])
-            .map(|(r, p)| r / p)
-            .collect();
-        println!(
-            "| {name} | {:.0} | {:.0} ({task}) | {:.2} |",
-            median(&rates[i]),
-            median(&pil_rates[i]),
-            median(&ratios)
-        );
-    }
-    stages(secs, &jpegs);
-    let big_base = median(&big_rates[0]);
-    println!("\n| candidate ({BIG_W}x{BIG_H}) | images/s | vs zune-jpeg full |");
-    println!("| --- | ---: | ---: |");
-    for ((name, _, _), r) in big_cands.iter().zip(&big_rates) {
-        println!(
-            "| {name} | {:.0} | {:.2} |",
-            median(r),
-            median(r) / big_base
-        );
-    }
+    big_cands
 }
 
 const ROUNDS: usize = 5;
