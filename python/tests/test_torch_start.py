@@ -573,11 +573,14 @@ for epoch in range(2):
             # The training loader's daemon runs now: no zygote can be forked from here.
             assert _native._live_rings() > 0
             if epoch == 0:
-                if not made_before:
+                if sys.argv[1] == "same":  # the training loader's own dataset
+                    val = DataLoader(train.dataset, batch_size=8, num_workers=2, device="cpu")
+                elif not made_before:
                     val = DataLoader(Ids(24, 10), batch_size=8, num_workers=2, device="cpu")
                 try:
                     vgot = sorted(x for b in val for x in b[:, 0].tolist())
-                    assert vgot == [i * 10 for i in range(24)], vgot
+                    assert vgot == (list(range(64)) if sys.argv[1] == "same" else
+                                    [i * 10 for i in range(24)]), vgot
                 except AttributeError as e:
                     vgot = str(e)
                 seen = {"train": train._zygote.pid, "val": val._zygote and val._zygote.pid,
@@ -630,6 +633,20 @@ def test_a_loader_made_while_another_runs_cannot_take_a_dataset_that_does_not_pi
     assert "could not pickle its dataset" in seen["vgot"], seen
     assert "Make this loader before the other's first for" in seen["vgot"], seen
     assert seen["live_after_del"] == 0, seen
+
+
+def test_a_loader_made_while_another_runs_over_the_same_dataset_pickles_nothing():
+    """A loader made while another runs, over the very dataset the running one's zygote holds
+    (a validation pass over the training set, a loader made again each epoch): its zygote is
+    forked from that zygote, with that zygote's copy of the dataset; nothing of it is pickled,
+    so a dataset holding a lambda works."""
+    r = run_script(TWO_LOADERS, "same", "lambda")
+    assert r.returncode == 0, r.stderr
+    seen = json.loads(r.stdout)
+    assert seen["vgot"] == list(range(64)), seen
+    assert seen["val_parent"] == seen["train"], seen
+    assert seen["live_after_del"] == 0, seen
+    assert wait_gone([seen["train"], seen["val"]]) == []
 
 
 BESIDE_AN_EMBEDDED_LOADER = """

@@ -62,6 +62,11 @@ class Payload(NamedTuple):
     worker_init_fn: Any
 
 
+class HeldDataset:
+    """Stands in a sibling's payload for the dataset of the zygote that forks it, which holds
+    the same object (``Zygote._fork``)."""
+
+
 def start_method(asked: Any) -> str:
     """The start method for ``multiprocessing_context``: None is the one torch's DataLoader
     would use (multiprocessing's default on this Python: ``fork`` on Linux up to 3.13,
@@ -236,6 +241,9 @@ class Zygote:
 
     def __init__(self, payload: Payload, method: str) -> None:
         self.method = method
+        # The dataset this zygote holds (as it was when the zygote was made): a loader made
+        # later over the same object has its zygote forked from this one, nothing pickled.
+        self.dataset = payload.dataset
         self.proc: Any = None
         self.pid = 0
         self.codes: Dict[int, Optional[int]] = {}  # worker pid -> exit code (None: alive)
@@ -286,10 +294,13 @@ class Zygote:
             self._spawn(payload, ours, theirs, me)
             return
         # pinring threads run here: a clean zygote forks the new one; the payload is pickled
-        # once, into a memfd.
-        memfd = _pickled(payload, sibling=True)
+        # once, into a memfd. A zygote that holds this very dataset forks it with its own copy:
+        # only the collate_fn and worker_init_fn are pickled.
+        holder = next((z for z in alive if z.dataset is payload.dataset), None)
+        memfd = _pickled(payload if holder is None else payload._replace(dataset=HeldDataset()),
+                         sibling=True)
         try:
-            _send(alive[0].ctl, ("sibling",), (theirs.fileno(), memfd, me))
+            _send((holder or alive[0]).ctl, ("sibling",), (theirs.fileno(), memfd, me))
         finally:
             os.close(memfd)
 
@@ -637,7 +648,10 @@ def _serve(ctl: socket.socket, trainer: int, payload: Payload) -> None:
                     for fd in [ctl.fileno(), trainer, *workers, *siblings, *session]:
                         os.close(fd)
                     try:
-                        _serve(socket.socket(fileno=new_ctl), their_trainer, _unpickled(memfd))
+                        theirs = _unpickled(memfd)
+                        if isinstance(theirs.dataset, HeldDataset):
+                            theirs = theirs._replace(dataset=payload.dataset)
+                        _serve(socket.socket(fileno=new_ctl), their_trainer, theirs)
                     finally:
                         os._exit(1)
                 for fd in fds:
