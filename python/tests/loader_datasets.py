@@ -468,3 +468,14 @@ class InitCounter:
 
     def __call__(self, worker_id):
         open(os.path.join(self.where, f"init-{worker_id}-{os.getpid()}"), "w").close()
+
+
+class BarrierWorkerOneDies(Barrier):
+    """``Barrier``, whose worker 1 is SIGKILLed in its first ``__getitem__``, before it comes:
+    worker 0 waits at the barrier for a worker that will never come."""
+
+    def __getitem__(self, i):
+        info = torch.utils.data.get_worker_info()
+        if info is not None and info.id == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().__getitem__(i)

@@ -5,6 +5,7 @@ not be assigned after construction, the warning for more workers than CPUs, torc
 and a word about pickling where the start method needs it."""
 
 import os
+import select
 import warnings
 
 import pytest
@@ -298,17 +299,47 @@ def test_a_dataset_whose_getitem_waits_for_every_worker_starts(workers):
 @pytest.mark.filterwarnings("ignore:This DataLoader will create")
 def test_each_worker_opens_its_resource_once_and_runs_worker_init_fn_once(tmp_path):
     """A dataset that opens a per-process resource in its first __getitem__, and a
-    worker_init_fn: each runs once per worker, in the process that keeps the resource (the
-    layout is learned by worker 0 itself, not by a process of its own)."""
+    worker_init_fn: each runs at most once per worker, in the process that keeps the resource
+    (the layout is learned by worker 0 itself, not by a process of its own)."""
     data = ds.Opens(24, str(tmp_path))
     with loader(data, batch_size=2, num_workers=3,
                 worker_init_fn=ds.InitCounter(str(tmp_path))) as dl:
         assert sorted(int(b[0]) for b in dl) == list(range(0, 24, 2))
-        files = os.listdir(tmp_path)
-        inits = sorted(f for f in files if f.startswith("init-"))
-        opened = {f.split("-")[1] for f in files if f.startswith("open-")}
-        assert [f.split("-")[1] for f in inits] == ["0", "1", "2"], inits
-        assert opened == {f.split("-")[2] for f in inits}, (opened, inits)
+    # Workers claim parts as they are free: a slow one may not have run worker_init_fn before
+    # the epoch ended and the loader stopped it. What holds: never twice for a worker, worker 0
+    # always (its first samples give the layout), the resource only in a worker that ran it.
+    files = os.listdir(tmp_path)
+    inits = sorted(f for f in files if f.startswith("init-"))
+    ids = [f.split("-")[1] for f in inits]
+    opened = {f.split("-")[1] for f in files if f.startswith("open-")}
+    assert len(ids) == len(set(ids)) and "0" in ids and set(ids) <= {"0", "1", "2"}, inits
+    assert opened and opened <= {f.split("-")[2] for f in inits}, (opened, inits)
+
+
+def test_a_worker_that_dies_before_the_layout_comes_is_named_at_once():
+    """Worker 1 is killed in its first sample while worker 0 waits for it at a barrier: the
+    start raises torch's RuntimeError naming worker 1, where it would wait for the barrier's
+    own deadline (then worker 0's error, "never came", would be raised instead)."""
+    with pytest.raises(RuntimeError, match="worker 1 was killed by signal 9 while loading its "
+                                           "first sample") as e:
+        len(loader(ds.BarrierWorkerOneDies(8, 2, wait=120), batch_size=2, num_workers=2))
+    assert "is killed by signal: Killed" in str(e.value), "torch's words"
+
+
+def test_a_zygote_killed_between_len_and_the_first_for_is_made_again():
+    """len() starts the workers (the layout comes from worker 0); their zygote killed before
+    the first for is noticed there: a new one forks the workers, every sample comes."""
+    import signal
+
+    with loader(ds.Ids(16), batch_size=4) as dl:
+        assert len(dl) == 4
+        pid = dl._zygote.pid
+        watch = os.pidfd_open(pid)
+        os.kill(pid, signal.SIGKILL)
+        assert select.select([watch], [], [], 30)[0], "the zygote outlived SIGKILL"
+        os.close(watch)
+        assert sorted(int(x) for b in dl for x in b.reshape(-1)) == list(range(16))
+        assert dl._zygote.pid != pid
 
 
 def test_a_first_sample_that_fails_is_raised_as_the_workers_exception():

@@ -472,6 +472,8 @@ class DataLoader(Generic[_T_co]):
         """The zygote this loader's workers are forked from, made if there is none (before this
         loader's daemon starts: the workers are forked from a process that has none of its
         threads)."""
+        if self._zygote is not None:
+            self._zygote.pump()  # its end, if it ended, is news here
         if self._zygote is None or self._zygote.dead:
             _procs.refuse_in_zygote_import()
             _WAITING_FOR_ZYGOTE.discard(self)
@@ -794,6 +796,7 @@ class DataLoader(Generic[_T_co]):
         pid = None
         if self._early is not None:
             # A worker forked before the ring: sent its ring (forked again where it cannot be).
+            # A worker that could not take it (dead before) is the pool's to restart, counted.
             pid = self._early.adopt(worker_id, {k: getattr(args, k) for k in RING_ARGS})
             if not self._early.waiting:
                 self._close_early()

@@ -15,6 +15,7 @@ import os
 import pickle
 import queue as _queue
 import select
+import socket
 import threading
 import time
 import weakref
@@ -78,7 +79,12 @@ class WorkerPool:
             stop_flag = _procs.StopFlag()
             zygote.session(reports, stop_flag)
         pool = cls(spawn, reports, stop_flag, **kwargs)
-        pool.workers = [pool.spawn(i) for i in range(count)]
+        try:
+            for i in range(count):
+                pool.workers.append(pool.spawn(i))
+        except BaseException:
+            pool.stop(grace=0)  # the workers started, the reports and the stop flag
+            raise
         pool.last_check = time.monotonic()
         return pool
 
@@ -186,6 +192,8 @@ class WorkerPool:
             if kind == "ring":
                 self.left[worker_id] = (exc_type, message)
                 continue
+            if kind == "layout":
+                continue  # an early worker's (EarlyWorkers.layout takes the one that counts)
             if kind == "reclaimed":
                 log.warning(
                     "pinring DataLoader worker %d: %s. Loading it took longer than the ring's "
@@ -234,7 +242,7 @@ class EarlyWorkers:
 
     Each is set up as its worker (worker info, seeds, ``worker_init_fn``, once); worker 0 reads
     the samples the layout is learned from (``layout``), each other worker one sample, which it
-    lets go (these reads are the only ones not delivered); then each waits on its own pipe for
+    lets go (these reads are the only ones not delivered); then each waits on its own socket for
     its ring (``adopt``). Those not adopted end with ``close``."""
 
     def __init__(self, zygote: _procs.Zygote, args: Callable[[int], Dict[str, Any]],
@@ -243,17 +251,18 @@ class EarlyWorkers:
         self.reports: Optional[_procs.Reports] = _procs.Reports()
         self.stop_flag: Optional[_procs.StopFlag] = _procs.StopFlag()
         zygote.session(self.reports, self.stop_flag)
-        self.waiting: Dict[int, Tuple[int, int]] = {}  # worker id -> (pid, its pipe's end)
+        # worker id -> (pid, this process's end of the socket its ring goes over)
+        self.waiting: Dict[int, Tuple[int, socket.socket]] = {}
         try:
             for worker_id in range(count):
-                go, end = os.pipe2(os.O_CLOEXEC)
+                end, go = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
                 try:
-                    pid = zygote.fork(args(worker_id), go=go)
+                    pid = zygote.fork(args(worker_id), go=go.fileno())
                 except BaseException:
-                    os.close(end)
+                    end.close()
                     raise
                 finally:
-                    os.close(go)
+                    go.close()
                 self.waiting[worker_id] = (pid, end)
         except BaseException:
             self.close()
@@ -266,10 +275,9 @@ class EarlyWorkers:
         worker 0 lives), then raises ``late``."""
         assert self.reports is not None
         deadline = None if wait is None else time.monotonic() + wait
-        pid = self.waiting[0][0]
         while True:
-            # A worker reports, then ends: its exit is looked at first, then the reports.
-            code = self.zygote.exitcode(pid)
+            # A worker reports, then ends: the exits are looked at first, then the reports.
+            codes = {k: self.zygote.exitcode(pid) for k, (pid, _) in self.waiting.items()}
             while not self.reports.empty():
                 worker_id, kind, _, what, message = self.reports.get()
                 if kind == "layout":
@@ -277,8 +285,13 @@ class EarlyWorkers:
                     return result
                 if kind == "error":
                     return "error", what, message
-            if code is not None:
-                return "error", RuntimeError, _procs.died_learning_layout(pid, code)
+            # Any worker ended without a report: worker 0 cannot be waited for (a dataset whose
+            # __getitem__ waits for every worker would wait for good).
+            for worker_id, code in sorted(codes.items()):
+                if code is not None:
+                    pid = self.waiting[worker_id][0]
+                    return "error", RuntimeError, _procs.died_learning_layout(pid, code,
+                                                                              worker_id)
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 raise late
@@ -287,25 +300,25 @@ class EarlyWorkers:
 
     def adopt(self, worker_id: int, ring: Dict[str, Any]) -> Optional[int]:
         """Sends waiting worker ``worker_id`` its ``ring`` (``_worker.RING_ARGS``); its pid, or
-        None where there is none waiting or it could not take it (then it is ended, and a
-        worker is forked instead)."""
-        pid, end = self.waiting.pop(worker_id, (0, -1))
-        if end < 0:
+        None where there is none waiting (a worker is forked instead). A worker that cannot
+        take it (it died meanwhile) is killed and its pid returned all the same: the pool sees
+        it ended and restarts it as any worker that dies, counted and said."""
+        pid, end = self.waiting.pop(worker_id, (0, None))
+        if end is None:
             return None
         data = pickle.dumps(ring)
         data = len(data).to_bytes(8, "little") + data  # its length first: _worker reads to it
         try:
-            # The pipe takes it at once (a layout is a few kB): a worker still inside its first
-            # sample reads it after.
-            os.set_blocking(end, False)
-            sent = os.write(end, data) == len(data)
-        except OSError:  # a worker that died meanwhile (EPIPE), a pipe that is full
+            # The socket takes it at once (a layout is a few kB): a worker still inside its
+            # first sample reads it after. MSG_NOSIGNAL: a dead worker's end is an error here,
+            # never a SIGPIPE, whatever the script made of that signal.
+            sent = end.send(data, socket.MSG_NOSIGNAL | socket.MSG_DONTWAIT) == len(data)
+        except OSError:
             sent = False
         finally:
-            os.close(end)
+            end.close()
         if not sent:
             self.zygote.kill(pid)
-            return None
         return pid
 
     def hand_over(self) -> Tuple[_procs.Reports, _procs.StopFlag]:
@@ -316,12 +329,12 @@ class EarlyWorkers:
         return session
 
     def close(self) -> None:
-        """Ends the workers not adopted: the stop flag set and their pipes closed (each ends
+        """Ends the workers not adopted: the stop flag set and their sockets closed (each ends
         at once when it has let its first sample go), then killed after ``STOP_GRACE``."""
         if self.stop_flag is not None:
             self.stop_flag.set()
         for _, end in self.waiting.values():
-            os.close(end)
+            end.close()
         deadline = time.monotonic() + STOP_GRACE
         for pid, _ in self.waiting.values():
             if self.zygote.wait(pid, deadline) is None:

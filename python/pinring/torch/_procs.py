@@ -398,7 +398,7 @@ class Zygote:
 
     def layout(self, job: Dict[str, Any], wait: Optional[float]) -> Tuple[str, Any, str]:
         """The dataset's layout, learned in a process the zygote forks and sets up as worker 0
-        (``_worker._layout_job``, whose result this is); the zygote keeps it for its workers.
+        (``_worker._layout_job``, whose result this is).
         Waits ``wait`` seconds (None: as long as the zygote and that process live)."""
         if self.dead:
             raise _native.PeerDied("pinring DataLoader's zygote has ended: no worker can be made")
@@ -711,12 +711,14 @@ def _layout_result(data: bytes, status: int, pid: int) -> Tuple[str, Any, str]:
     return "error", RuntimeError, died_learning_layout(pid, os.waitstatus_to_exitcode(status))
 
 
-def died_learning_layout(pid: int, code: int) -> str:
-    """What is said of worker 0 (pid ``pid``) ended with ``code`` before the layout came."""
+def died_learning_layout(pid: int, code: int, worker: int = 0) -> str:
+    """What is said of worker ``worker`` (pid ``pid``) ended with ``code`` before the layout
+    came (worker 0 learns it from sample 0; another loads a first sample meanwhile)."""
     how = f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
+    what = "sample 0 (to learn the batches' fields)" if worker == 0 else "its first sample"
     return (
-        f"{torch_words(pid, code)}pinring DataLoader worker 0 {how} while loading sample 0 "
-        "(to learn the batches' fields); the log above may say why"
+        f"{torch_words(pid, code)}pinring DataLoader worker {worker} {how} while loading "
+        f"{what}; the log above may say why"
     )
 
 
@@ -728,8 +730,8 @@ def _worker_child(zygote: int, inherited: List[int], session: List[int], args: D
         reports_fd, stop_fd = session
         from pinring.torch._worker import _WorkerArgs, _worker_main
 
-        full = _WorkerArgs(dataset=payload.dataset, collate_fn=payload.collate_fn, worker_init_fn=payload.worker_init_fn,
-                           **args)
+        full = _WorkerArgs(dataset=payload.dataset, collate_fn=payload.collate_fn,
+                           worker_init_fn=payload.worker_init_fn, **args)
         _worker_main(full, _ReportWriter(reports_fd), StopFlag(stop_fd))
 
     _forked_child(zygote, inherited, body)

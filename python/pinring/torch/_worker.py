@@ -105,7 +105,7 @@ class _WorkerArgs(NamedTuple):
     stream: Optional[Tuple[str, int, bool, int, Optional[Dict[str, Any]]]] = None
     # A worker started before its ring exists (_pool.EarlyWorkers): what it reads first (worker
     # 0: the samples the layout is learned from, which it reports; another: sample "index"),
-    # and the pipe its ring comes on (``go``); None: the ring is in the fields above.
+    # and the socket its ring comes on (``go``); None: the ring is in the fields above.
     early: Optional[Dict[str, Any]] = None
     go: int = -1
 
@@ -145,7 +145,7 @@ class _Run:
                 # Worker 0 learns the layout from sample 0 and the probes; another loads one.
                 self.stage, self.index = ("learning", 0) if self.args.worker_id == 0 else (
                     "loading", int(self.args.early["index"]))
-                ring = _first_sample_then_ring(self.args, self.errors, self.stop)
+                ring = _first_sample_then_ring(self.args, self.errors, self.stop, self)
                 if ring is None:
                     return  # the loader stopped before its ring was made, or worker 0 failed
                 self.args = self.args._replace(early=None, **ring)
@@ -314,6 +314,7 @@ class _Run:
             "collating": f" in collate_fn for a part from sample {index}",
             "worker_init_fn": " in worker_init_fn",
             "attaching": " while joining the ring",
+            "waiting": " while waiting for its ring",
         }.get(stage, "")
         message = (
             f"Caught {type(e).__name__} in pinring DataLoader worker {worker_id}{place}.\n"
@@ -323,12 +324,12 @@ class _Run:
         _put(self.errors, (worker_id, "error", index, type(e), message))
 
 
-def _first_sample_then_ring(args: _WorkerArgs, errors: Any,
-                            stop: Any) -> Optional[Dict[str, Any]]:
+def _first_sample_then_ring(args: _WorkerArgs, errors: Any, stop: Any,
+                            run: "_Run") -> Optional[Dict[str, Any]]:
     """An early worker's start (``args.early``; ``_pool.EarlyWorkers``): worker 0 learns the
     layout from the samples ``args.early`` names and reports it (``"layout"``: the pickled
     result of ``_layout_job``'s shape), another worker loads its sample; then each waits for its
-    ring's fields (``RING_ARGS``) on ``args.go``. None where no ring comes: the pipe closed
+    ring's fields (``RING_ARGS``) on ``args.go``. None where no ring comes: the socket closed
     empty (the loader stopped first), the stop flag set, or worker 0's layout refused."""
     job = args.early
     assert job is not None
@@ -339,15 +340,25 @@ def _first_sample_then_ring(args: _WorkerArgs, errors: Any,
                 job["ragged"], job["ragged_bytes"], job["probe"]), "")
         except _native.PinringError as e:
             result = ("usage", type(e), str(e))
-        errors.put((0, "layout", 0, pickle.dumps(result), ""))
+        data = pickle.dumps(result)
+        if len(data) > _STATE_MAX:
+            # No ring carries so many fields (pinring's limit is far below): say so here, where
+            # the report that would carry them cannot.
+            n = len(result[1].declared) if result[0] == "ok" else 0
+            data = pickle.dumps(("usage", _native.UsageError,
+                                 f"dataset[0] makes {n} fields of the ring, whose description "
+                                 f"pickles to {len(data)} bytes: far more than a ring carries; "
+                                 "return fewer arrays, or group them into one array"))
+        errors.put((0, "layout", 0, data, ""))
         if result[0] != "ok":
             return None
     else:
         # Read and let go: a dataset whose __getitem__ waits until every worker is inside it
         # (a barrier) lets worker 0's sample 0 through only once each worker has come.
         args.dataset[job["index"]]
-    # The message is its length (8 bytes) and its pickle: read to its length, not to the pipe's
-    # end, which a process forked from the training process meanwhile may hold open.
+    run.stage, run.index = "waiting", -1
+    # The message is its length (8 bytes) and its pickle: read to its length, not to the
+    # socket's end, which a process forked from the training process meanwhile may hold open.
     data = b""
     size = None
     while not stop.is_set() and (size is None or len(data) < size):
@@ -461,7 +472,7 @@ def _put(errors: Any, report: Tuple[int, str, int, Any, str]) -> None:
 
 def fork_args(args: _WorkerArgs) -> Dict[str, Any]:
     """What the zygote is sent to fork the worker ``args`` describes: all of them less what
-    the zygote holds (``_procs.Payload``) and the early worker's pipe (sent beside)."""
+    the zygote holds (``_procs.Payload``) and the early worker's socket (sent beside)."""
     held = ("dataset", "collate_fn", "worker_init_fn", "go")
     return {k: v for k, v in args._asdict().items() if k not in held}
 
