@@ -1295,19 +1295,7 @@ mod tests {
         // One lap: 6 slots, 6 batches, 2 writers, no upload thread: this test plays the bench.
         let name = format!("test-ref-fill-{}", std::process::id());
         let geom = geometry(6, 6);
-        let mut seg = Segment::create_unnamed(&name, geom.len().unwrap(), 0o600, None).unwrap();
-        let h = header(&seg);
-        h.slot_bytes.store(geom.slot_bytes, Relaxed);
-        h.payload.store(geom.payload, Relaxed);
-        h.sample_bytes.store(geom.sample_bytes, Relaxed);
-        h.batches.store(geom.batches, Relaxed);
-        h.seed.store(geom.seed, Relaxed);
-        h.slots.store(geom.slots, Relaxed);
-        h.writers.store(2, Relaxed);
-        h.samples_per_batch.store(geom.samples_per_batch, Relaxed);
-        h.magic.store(MAGIC, Release);
-        seg.publish(true).unwrap();
-        let seg = Arc::new(seg);
+        let seg = make_segment(&geom, 2, &name).unwrap();
         let _published = Published(Arc::clone(&seg));
         let mut writers = Writers::start(Spawn::Threads, &name, 2).unwrap();
         let h = header(&seg);
