@@ -342,6 +342,16 @@ def test_a_zygote_killed_between_len_and_the_first_for_is_made_again():
         assert dl._zygote.pid != pid
 
 
+def test_a_sampler_of_lists_is_refused_with_pinrings_words():
+    """torch's DataLoader with batch_size=None hands a sampler's list of indices to
+    __getitem__ as it is; pinring's plan carries one index per position: a UsageError (and
+    TypeError) naming what the sampler yielded and where, not int()'s own error."""
+    with pytest.raises(TypeError, match=r"yielded \[0, 1\] \(a list\) at position 0") as e:
+        list(loader(ds.Ids(8), batch_size=None, sampler=[[0, 1], [2, 3]], num_workers=0))
+    assert isinstance(e.value, pinring.UsageError)
+    assert "batch_sampler" in str(e.value)
+
+
 def test_a_first_sample_that_fails_is_raised_as_the_workers_exception():
     with pytest.raises(ValueError, match="worker 0 while loading sample 0") as e:
         len(loader(ds.FirstSampleFails(8), batch_size=2))

@@ -555,9 +555,9 @@ class DataLoader(Generic[_T_co]):
                         "samples into batches of different sizes (bucketing by length) cannot "
                         "be fed; pad within a fixed batch size, or drop the batch_sampler"
                     )
-            order = np.fromiter((int(i) for b in batches for i in b), dtype=np.int64)
+            order = _indices((i for b in batches for i in b), what, epoch)
         else:
-            order = np.fromiter((int(i) for i in drawer), dtype=np.int64)
+            order = _indices(drawer, what, epoch)
             size = 1 if self.batch_size is None else self.batch_size
         if len(order) == 0:
             raise _native.UsageError(f"the {what} yielded no samples for epoch {epoch}")
@@ -1227,6 +1227,25 @@ class DataLoader(Generic[_T_co]):
         self._stop()
         self._resume = resume
         self._rest_of_state = True
+
+
+def _indices(drawn: Any, what: str, epoch: int) -> Any:
+    """The indices a sampler (``what``) drew for ``epoch``, as int64; one that is no integer (a
+    list of indices, which torch's DataLoader with ``batch_size=None`` hands to ``__getitem__``
+    as it is) is a ``UsageError`` (also a ``TypeError``) naming it and its position."""
+    import numpy as np
+
+    out = []
+    for at, i in enumerate(drawn):
+        if isinstance(i, bool) or not hasattr(i, "__index__"):
+            raise _native.UsageError(
+                f"the {what} yielded {i!r} (a {type(i).__name__}) at position {at} of epoch "
+                f"{epoch}, where pinring's plan carries one sample index per position: yield "
+                "ints; for several samples a batch, pass them as a batch_sampler (or batch_size) "
+                "instead of a sampler of lists with batch_size=None"
+            )
+        out.append(i.__index__())
+    return np.asarray(out, dtype=np.int64)
 
 
 def _warn_stream_longer(loader: "DataLoader[Any]", yielded: int) -> None:
