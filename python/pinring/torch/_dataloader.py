@@ -375,7 +375,7 @@ class DataLoader(Generic[_T_co]):
                 self._layout = samples_layout(samples, self.collate_fn, self._unbatched,
                                               self._str_bytes, self._ragged, self._ragged_bytes)
         elif self._layout is None:
-            self._layout = self._infer_in_worker(stream=True)
+            self._layout = self._infer_in_worker()
         return self._layout
 
     def _infer_indexed(self) -> _Layout:
@@ -396,36 +396,38 @@ class DataLoader(Generic[_T_co]):
         n = len(self.dataset)
         if n == 0:
             raise _native.UsageError("the dataset is empty: nothing to load")
-        job = {"unbatched": self._unbatched, "str_bytes": self._str_bytes,
-               "ragged": self._ragged, "ragged_bytes": self._ragged_bytes, "probe": self._probe}
 
         def args(worker_id: int) -> Dict[str, Any]:
-            early = dict(job, index=worker_id % n)
+            early = dict(self._layout_settings(), index=worker_id % n)
             return fork_args(self._worker_args(worker_id)._replace(early=early))
 
         self._close_early()
         try:
             self._early = EarlyWorkers(zygote, args, self.num_workers)
-            kind, what, text = self._early.layout(
-                self.timeout or None, late=_native.Timeout(
-                    f"DataLoader timed out after {self.timeout:g} seconds: pinring DataLoader's "
-                    f"worker 0 did not load sample 0 (which tells the batches' fields) within "
-                    f"timeout={self.timeout} s"
-                ),
-            )
+            outcome = self._early.layout(self.timeout or None,
+                                         late=_procs.layout_timeout(self.timeout or None))
         except BaseException:
             # Timed out or interrupted: the zygote ends, and the workers with it.
-            self._close_early()
-            zygote.close()
-            self._zygote = None
+            self._drop_zygote()
             raise
-        if kind == "ok":
-            return what  # type: ignore[no-any-return]
+        if outcome[0] != "ok":
+            self._close_early()
+        layout = _layout_outcome(*outcome)
+        assert layout is not None
+        return layout
+
+    def _layout_settings(self) -> Dict[str, Any]:
+        """What the process that learns the layout needs of this loader's arguments."""
+        return {"unbatched": self._unbatched, "str_bytes": self._str_bytes,
+                "ragged": self._ragged, "ragged_bytes": self._ragged_bytes, "probe": self._probe}
+
+    def _drop_zygote(self) -> None:
+        """Ends the zygote, and every process forked from it (the first start's workers, the
+        process reading a layout)."""
         self._close_early()
-        if kind == "usage":
-            raise what(text)
-        _reraise(what, text)
-        raise AssertionError("unreachable")
+        if self._zygote is not None:
+            self._zygote.close()
+            self._zygote = None
 
     def _close_early(self) -> None:
         """Ends the first start's workers that no pool adopted."""
@@ -433,34 +435,24 @@ class DataLoader(Generic[_T_co]):
             early, self._early = self._early, None
             early.close()
 
-    def _infer_in_worker(self, stream: bool) -> Optional[_Layout]:
+    def _infer_in_worker(self) -> Optional[_Layout]:
         """An iterable dataset's layout, learned by a process the zygote forks and sets up as
         each worker in turn until one's stream has a sample; None when every stream is empty.
         (Its workers are not forked before the ring as a map-style dataset's are: a worker
         would have to hand the samples it drew to the worker it becomes; ARCHITECTURE.md.)"""
         zygote = self._ensure_zygote()
         try:
-            kind, what, text = zygote.layout(
-                {"num_workers": self.num_workers, "seed": self._worker_seed & (2**63 - 1),
-                 "unbatched": self._unbatched, "str_bytes": self._str_bytes, "stream": stream,
-                 "ragged": self._ragged, "ragged_bytes": self._ragged_bytes,
-                 "probe": self._probe},
+            outcome = zygote.layout(
+                dict(self._layout_settings(), num_workers=self.num_workers,
+                     seed=self._worker_seed & (2**63 - 1)),
                 wait=self.timeout or None,
             )
         except BaseException:
             # Timed out or interrupted: the zygote ends, and the process reading sample 0
             # with it (it dies with its zygote).
-            zygote.close()
-            self._zygote = None
+            self._drop_zygote()
             raise
-        if kind == "ok":
-            return what  # type: ignore[no-any-return]
-        if kind == "empty":
-            return None
-        if kind == "usage":
-            raise what(text)
-        _reraise(what, text)
-        raise AssertionError("unreachable")
+        return _layout_outcome(*outcome)
 
     def _wait_for_zygote(self) -> None:
         """Joins the loaders whose zygotes the next daemon to start forks first
@@ -1227,6 +1219,20 @@ class DataLoader(Generic[_T_co]):
         self._stop()
         self._resume = resume
         self._rest_of_state = True
+
+
+def _layout_outcome(kind: str, what: Any, text: str) -> Optional[_Layout]:
+    """The layout a worker (or the process set up as one) learned, as ``_worker._layout_job``
+    reports it: the layout; None where every stream is empty (``"empty"``); else the
+    ``UsageError`` or the dataset's exception it reported, raised."""
+    if kind == "ok":
+        return what  # type: ignore[no-any-return]
+    if kind == "empty":
+        return None
+    if kind == "usage":
+        raise what(text)
+    _reraise(what, text)
+    raise AssertionError("unreachable")
 
 
 def _indices(drawn: Any, what: str, epoch: int) -> Any:

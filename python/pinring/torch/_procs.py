@@ -403,16 +403,12 @@ class Zygote:
         if self.dead:
             raise _native.PeerDied("pinring DataLoader's zygote has ended: no worker can be made")
         _send(self.ctl, ("layout", job))
-        late = _native.Timeout(
-            f"DataLoader timed out after {wait or 0:g} seconds: pinring DataLoader's worker 0 "
-            f"did not load sample 0 (which tells the batches' fields) within timeout={wait} s"
-        )
-        result: Tuple[str, Any, str] = self._answer("layout", wait, late)[1]
+        result: Tuple[str, Any, str] = self._answer("layout", wait, layout_timeout(wait))[1]
         return result
 
     def fork(self, args: Dict[str, Any], go: Optional[int] = None) -> int:
         """Has the zygote fork a worker with ``args`` (``_worker._WorkerArgs``'s, less what the
-        zygote holds); ``go``: the read end of a pipe the worker waits on for its ring
+        zygote holds); ``go``: the worker's end of a socket it waits on for its ring
         (``_pool.EarlyWorkers``). Returns the worker's pid."""
         if self.dead:
             raise _native.PeerDied("pinring DataLoader's zygote has ended: no worker can be made")
@@ -691,6 +687,14 @@ def _layout_child(zygote: int, inherited: List[int], out: int, job: Dict[str, An
             f.write(data)
 
     _forked_child(zygote, inherited, body)
+
+
+def layout_timeout(wait: Optional[float]) -> Exception:
+    """The error of a layout that did not come within ``timeout=`` (``wait`` seconds)."""
+    return _native.Timeout(
+        f"DataLoader timed out after {wait or 0:g} seconds: pinring DataLoader's worker 0 "
+        f"did not load sample 0 (which tells the batches' fields) within timeout={wait} s"
+    )
 
 
 def torch_words(pid: int, code: int) -> str:

@@ -386,11 +386,13 @@ def _layout_job(dataset: Any, collate_fn: Optional[Callable[[List[Any]], Any]],
                 worker_init_fn: Optional[Callable[[int], None]],
                 job: Dict[str, Any]) -> Tuple[str, Any, str]:
     """In a process forked from the zygote, set up as worker 0 is (its worker info, seeds and
-    ``worker_init_fn``): the layout of the dataset's batches, from ``dataset[0]``, so that the
-    training process never runs ``__getitem__`` when it has workers, as torch's never does.
-    Returns ``("ok", layout, "")``, ``("usage", error type, message)`` for what pinring cannot
-    batch, or ``("error", type, message)`` for an exception of the dataset's code, as a
-    worker reports it."""
+    ``worker_init_fn``): the layout of an iterable dataset's batches, from the first samples of
+    the first worker whose stream has one (each worker set up in turn), so that the training
+    process never runs the dataset's code when it has workers, as torch's never does. (A
+    map-style dataset's worker 0 learns it itself: ``_first_sample_then_ring``.) Returns
+    ``("ok", layout, "")``, ``("empty", None, "")`` where every stream is empty, ``("usage",
+    error type, message)`` for what pinring cannot batch, or ``("error", type, message)`` for
+    an exception of the dataset's code, as a worker reports it."""
     global _worker_info
     stage = "starting"
     try:
@@ -406,27 +408,25 @@ def _layout_job(dataset: Any, collate_fn: Optional[Callable[[List[Any]], Any]],
             stage = "worker_init_fn"
             worker_init_fn(0)
         stage = "loading"
-        if job.get("stream"):
-            # An iterable dataset: the first sample of the first worker whose stream has one
-            # (worker 0's, unless its share of the stream is empty), each set up as that worker.
-            def setup(worker: int, seed: int) -> None:
-                global _worker_info
-                nonlocal stage
-                _worker_info = WorkerInfo(worker, job["num_workers"], seed, dataset)
-                _set_torch_worker_info(_worker_info)
-                if worker_init_fn is not None and worker > 0:
-                    stage = "worker_init_fn"
-                    worker_init_fn(worker)
-                stage = "loading"
 
-            samples = first_samples(dataset, job["num_workers"], job["seed"], setup,
-                                    PROBES if job["probe"] else 1)
-            if not samples:
-                return "empty", None, ""
-            return "ok", samples_layout(samples, collate_fn, job["unbatched"], job["str_bytes"],
-                                        job["ragged"], job["ragged_bytes"]), ""
-        return "ok", layout_of(dataset, collate_fn, job["unbatched"], job["str_bytes"],
-                               job["ragged"], job["ragged_bytes"], job["probe"]), ""
+        # The first sample of the first worker whose stream has one (worker 0's, unless its
+        # share of the stream is empty), each set up as that worker.
+        def setup(worker: int, seed: int) -> None:
+            global _worker_info
+            nonlocal stage
+            _worker_info = WorkerInfo(worker, job["num_workers"], seed, dataset)
+            _set_torch_worker_info(_worker_info)
+            if worker_init_fn is not None and worker > 0:
+                stage = "worker_init_fn"
+                worker_init_fn(worker)
+            stage = "loading"
+
+        samples = first_samples(dataset, job["num_workers"], job["seed"], setup,
+                                PROBES if job["probe"] else 1)
+        if not samples:
+            return "empty", None, ""
+        return "ok", samples_layout(samples, collate_fn, job["unbatched"], job["str_bytes"],
+                                    job["ragged"], job["ragged_bytes"]), ""
     except _native.PinringError as e:
         return "usage", type(e), str(e)
     except BaseException as e:  # noqa: BLE001 - everything reaches the training loop
