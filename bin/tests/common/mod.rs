@@ -616,7 +616,7 @@ pub fn run_checked(
 /// test checks it too: eval/train with the config's values, u8 HWC or normalised CHW.
 pub fn pinring_sources_spec(i: &pinring_data::ImageDataset) -> pinring_image::SampleSpec {
     use pinring_data::{ImageOutput, ImageTransform};
-    use pinring_image::{Output, SampleSpec, Transform};
+    use pinring_image::{Float, Output, SampleSpec, Transform};
     SampleSpec {
         transform: match i.transform {
             ImageTransform::Eval => Transform::Eval {
@@ -633,7 +633,11 @@ pub fn pinring_sources_spec(i: &pinring_data::ImageDataset) -> pinring_image::Sa
         output: match i.output {
             ImageOutput::U8 => Output::U8Hwc,
             o => Output::Normalized {
-                dtype: o.dtype(),
+                dtype: match o {
+                    ImageOutput::F16 => Float::F16,
+                    ImageOutput::Bf16 => Float::Bf16,
+                    _ => Float::F32,
+                },
                 mean: i.mean(),
                 std: i.std(),
             },

@@ -19,8 +19,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use jpeg_encoder::{ColorType, Encoder, SamplingFactor};
-use pinring_data::meta::Dtype;
-use pinring_image::{synth, Decoder, Output, Pipeline, SampleKey, SampleSpec, Transform};
+use pinring_image::{synth, Decoder, Float, Output, Pipeline, SampleKey, SampleSpec, Transform};
 use zune_core::bytestream::ZCursor;
 use zune_core::colorspace::ColorSpace;
 use zune_core::options::DecoderOptions;
@@ -192,12 +191,12 @@ fn candidates() -> Vec<Candidate> {
     add(
         "pinring-image train, bf16 CHW normalised",
         "train",
-        pipeline(Transform::TRAIN_DEFAULT, Output::imagenet(Dtype::Bf16)),
+        pipeline(Transform::TRAIN_DEFAULT, Output::imagenet(Float::Bf16)),
     );
     add(
         "pinring-image train, f32 CHW normalised",
         "train",
-        pipeline(Transform::TRAIN_DEFAULT, Output::imagenet(Dtype::F32)),
+        pipeline(Transform::TRAIN_DEFAULT, Output::imagenet(Float::F32)),
     );
     add(
         "pinring-image eval (256 + centre 224), u8 HWC",

@@ -24,6 +24,7 @@ mod testutil;
 pub use decode::{sniff, DecodedImage, Decoder, Format, ImageInfo};
 pub use error::ImageError;
 pub use pipeline::{
-    Applied, Output, Pipeline, SampleSpec, Transform, IMAGENET_MEAN, IMAGENET_STD, MIN_REDUCTION,
+    Applied, Float, Output, Pipeline, SampleSpec, Transform, IMAGENET_MEAN, IMAGENET_STD,
+    MIN_REDUCTION,
 };
 pub use transform::{CropBox, SampleKey, SampleRng};

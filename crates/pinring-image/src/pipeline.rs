@@ -20,7 +20,6 @@
 //! buffers, the normalisation tables) and reuses it from one call to the next.
 
 use fast_image_resize as fir;
-use pinring_data::meta::Dtype;
 
 use crate::decode::{Decoder, Format};
 use crate::error::ImageError;
@@ -96,15 +95,36 @@ impl Transform {
     }
 }
 
+/// The element type of a normalised image (pinring-sources names it as the ring's dtype).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Float {
+    /// IEEE 754 half precision.
+    F16,
+    /// bfloat16.
+    Bf16,
+    /// IEEE 754 single precision.
+    F32,
+}
+
+impl Float {
+    /// Bytes of one element.
+    pub fn size_of(self) -> usize {
+        match self {
+            Float::F16 | Float::Bf16 => 2,
+            Float::F32 => 4,
+        }
+    }
+}
+
 /// What a sample's bytes hold.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Output {
     /// u8, HWC, RGB, unnormalised.
     U8Hwc,
-    /// `(x / 255 - mean) / std` per channel, CHW, in `dtype` (f16, bf16 or f32).
+    /// `(x / 255 - mean) / std` per channel, CHW, in `dtype`.
     Normalized {
-        /// Element type: [`Dtype::F16`], [`Dtype::Bf16`] or [`Dtype::F32`].
-        dtype: Dtype,
+        /// Element type.
+        dtype: Float,
         /// Per-channel mean (R, G, B) on the 0..1 scale.
         mean: [f32; 3],
         /// Per-channel standard deviation (R, G, B) on the 0..1 scale.
@@ -114,7 +134,7 @@ pub enum Output {
 
 impl Output {
     /// Normalised with ImageNet's mean and std, in `dtype`.
-    pub fn imagenet(dtype: Dtype) -> Output {
+    pub fn imagenet(dtype: Float) -> Output {
         Output::Normalized {
             dtype,
             mean: IMAGENET_MEAN,
@@ -182,12 +202,7 @@ impl SampleSpec {
                 self.transform.crop()
             ));
         }
-        if let Output::Normalized { dtype, std, mean } = self.output {
-            if !matches!(dtype, Dtype::F16 | Dtype::Bf16 | Dtype::F32) {
-                return bad(format!(
-                    "normalised output must be f16, bf16 or f32, got {dtype}"
-                ));
-            }
+        if let Output::Normalized { std, mean, .. } = self.output {
             if std.iter().any(|s| !(s.is_finite() && *s != 0.0))
                 || mean.iter().any(|m| !m.is_finite())
             {
@@ -208,17 +223,17 @@ impl SampleSpec {
         }
     }
 
-    /// The element type.
-    pub fn dtype(&self) -> Dtype {
+    /// Bytes of one element: 1 for u8, the float's size otherwise.
+    pub fn element_bytes(&self) -> usize {
         match self.output {
-            Output::U8Hwc => Dtype::U8,
-            Output::Normalized { dtype, .. } => dtype,
+            Output::U8Hwc => 1,
+            Output::Normalized { dtype, .. } => dtype.size_of(),
         }
     }
 
     /// Bytes of one sample.
     pub fn sample_bytes(&self) -> usize {
-        self.shape().iter().product::<usize>() * self.dtype().size_of()
+        self.shape().iter().product::<usize>() * self.element_bytes()
     }
 }
 
@@ -267,13 +282,13 @@ impl Pipeline {
                     for (v, e) in t.iter_mut().enumerate() {
                         let x = (v as f32 / 255.0 - mean[c]) / std[c];
                         match dtype {
-                            Dtype::F16 => {
+                            Float::F16 => {
                                 e[..2].copy_from_slice(&half::f16::from_f32(x).to_le_bytes())
                             }
-                            Dtype::Bf16 => {
+                            Float::Bf16 => {
                                 e[..2].copy_from_slice(&half::bf16::from_f32(x).to_le_bytes())
                             }
-                            _ => *e = x.to_le_bytes(),
+                            Float::F32 => *e = x.to_le_bytes(),
                         }
                     }
                     t
@@ -624,7 +639,7 @@ mod tests {
         assert_eq!(back, plain);
         // The same flip in the normalised output.
         let o = Output::Normalized {
-            dtype: Dtype::F32,
+            dtype: Float::F32,
             mean: [0.0; 3],
             std: [1.0; 3],
         };
@@ -650,7 +665,7 @@ mod tests {
         let file = jpeg(&rgb, 500, 375, jpeg_encoder::ColorType::Rgb, 90, true);
         let spec = SampleSpec {
             transform: Transform::TRAIN_DEFAULT,
-            output: Output::imagenet(Dtype::Bf16),
+            output: Output::imagenet(Float::Bf16),
             reduced_decode: true,
         };
         let key = SampleKey {
@@ -679,7 +694,7 @@ mod tests {
             resize: 224,
             crop: 224,
         };
-        for dtype in [Dtype::F32, Dtype::F16, Dtype::Bf16] {
+        for dtype in [Float::F32, Float::F16, Float::Bf16] {
             let spec = SampleSpec {
                 transform,
                 output: Output::imagenet(dtype),
@@ -692,22 +707,22 @@ mod tests {
                 let (c, p) = (i / (w * h), i % (w * h));
                 let x = (rgb[p * 3 + c] as f32 / 255.0 - IMAGENET_MEAN[c]) / IMAGENET_STD[c];
                 let got = match dtype {
-                    Dtype::F32 => f32::from_le_bytes(e.try_into().unwrap()).to_bits(),
-                    Dtype::F16 => u16::from_le_bytes(e.try_into().unwrap()) as u32,
+                    Float::F32 => f32::from_le_bytes(e.try_into().unwrap()).to_bits(),
+                    Float::F16 => u16::from_le_bytes(e.try_into().unwrap()) as u32,
                     _ => u16::from_le_bytes(e.try_into().unwrap()) as u32,
                 };
                 let want = match dtype {
-                    Dtype::F32 => x.to_bits(),
-                    Dtype::F16 => half::f16::from_f32(x).to_bits() as u32,
+                    Float::F32 => x.to_bits(),
+                    Float::F16 => half::f16::from_f32(x).to_bits() as u32,
                     _ => half::bf16::from_f32(x).to_bits() as u32,
                 };
-                assert_eq!(got, want, "{dtype} element {i}");
+                assert_eq!(got, want, "{dtype:?} element {i}");
             }
         }
         // A known value: 255 in channel 0 is (1 - 0.485) / 0.229.
         let spec = SampleSpec {
             transform,
-            output: Output::imagenet(Dtype::F32),
+            output: Output::imagenet(Float::F32),
             reduced_decode: false,
         };
         let white = png_of(&vec![255u8; w * h * 3], w as u32, h as u32);
@@ -768,10 +783,6 @@ mod tests {
         assert!(e.to_string().contains("sample_bytes"), "{e}");
         for bad in [
             SampleSpec {
-                output: Output::imagenet(Dtype::I32),
-                ..spec
-            },
-            SampleSpec {
                 transform: Transform::Eval {
                     resize: 100,
                     crop: 224,
@@ -789,7 +800,7 @@ mod tests {
             },
             SampleSpec {
                 output: Output::Normalized {
-                    dtype: Dtype::F32,
+                    dtype: Float::F32,
                     mean: [0.0; 3],
                     std: [1.0, 0.0, 1.0],
                 },
@@ -810,7 +821,7 @@ mod tests {
             for transform in [Transform::EVAL_DEFAULT, Transform::TRAIN_DEFAULT] {
                 let spec = SampleSpec {
                     transform,
-                    output: Output::imagenet(Dtype::F16),
+                    output: Output::imagenet(Float::F16),
                     reduced_decode: true,
                 };
                 for file in [
@@ -866,7 +877,7 @@ mod tests {
         let file = jpeg(&rgb, 300, 200, jpeg_encoder::ColorType::Rgb, 90, true);
         let decoded = Decoder::new().decode(&file, 1).unwrap().rgb.to_vec();
         let as_png = png_of(&decoded, 300, 200);
-        for output in [U8, Output::imagenet(Dtype::F16)] {
+        for output in [U8, Output::imagenet(Float::F16)] {
             for id in 0..20 {
                 let spec = SampleSpec {
                     transform: Transform::TRAIN_DEFAULT,
@@ -897,7 +908,7 @@ mod tests {
                 let i = ((file.len() as f64 * flip_at) as usize).min(file.len() - 1);
                 file[i] ^= 1 << bit;
                 file.truncate(((file.len() as f64 * cut) as usize).max(1));
-                let spec = SampleSpec { transform: Transform::TRAIN_DEFAULT, output: Output::imagenet(Dtype::F32), reduced_decode: true };
+                let spec = SampleSpec { transform: Transform::TRAIN_DEFAULT, output: Output::imagenet(Float::F32), reduced_decode: true };
                 let mut p = Pipeline::new(spec).unwrap();
                 let mut out = vec![0u8; spec.sample_bytes()];
                 let _ = p.process(&file, SampleKey { seed: 0, epoch: 0, sample_id: id }, &mut out);

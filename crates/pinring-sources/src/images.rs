@@ -11,7 +11,7 @@
 //! process makes the same bytes for a sample in an epoch.
 
 use pinring_data::{Field, ImageDataset, ImageOutput, ImageTransform};
-use pinring_image::{Output, Pipeline, SampleKey, SampleSpec, Transform};
+use pinring_image::{Float, Output, Pipeline, SampleKey, SampleSpec, Transform};
 
 use crate::{check_bufs, FieldBuf, Source, SourceError, SourceField};
 
@@ -32,13 +32,16 @@ pub fn sample_spec(i: &ImageDataset) -> SampleSpec {
             }
         }
     };
+    let normalized = |dtype| Output::Normalized {
+        dtype,
+        mean: i.mean(),
+        std: i.std(),
+    };
     let output = match i.output {
         ImageOutput::U8 => Output::U8Hwc,
-        o => Output::Normalized {
-            dtype: o.dtype(),
-            mean: i.mean(),
-            std: i.std(),
-        },
+        ImageOutput::F16 => normalized(Float::F16),
+        ImageOutput::Bf16 => normalized(Float::Bf16),
+        ImageOutput::F32 => normalized(Float::F32),
     };
     SampleSpec {
         transform,
@@ -80,7 +83,7 @@ impl Decoded {
                     let shape = spec.shape().iter().map(|&d| d as u32).collect();
                     fields.push(SourceField::Fixed(Field::new(
                         pinring_data::IMAGES,
-                        spec.dtype(),
+                        image.output.dtype(),
                         shape,
                     )));
                 }
