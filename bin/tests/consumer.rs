@@ -241,6 +241,67 @@ fn a_ring_without_a_consumer_sink_says_how_to_get_one() {
     let _ = daemon.wait();
 }
 
+#[test]
+fn a_loader_with_no_config_adopts_the_spec_only_a_consumer_sink_stores() {
+    use pinring_producer::{Session, SessionError};
+    // A daemon that hands batches to a consumer stores its spec: a loader joins with nothing
+    // but the ring's name, and holds the daemon's settings as resolved.
+    let fx = Fixture::new("cons-adopt", &config());
+    let (mut daemon, ring) = consumer_daemon(&fx);
+    let s = Session::join_adopting(&fx.ring, None, LONG, || false)
+        .unwrap()
+        .expect("the ring is there");
+    assert_eq!(s.config().fingerprint(), ring.fingerprint());
+    assert_eq!(
+        s.config().daemon.prefetch,
+        Some(3),
+        "the file's own setting"
+    );
+    drop(s);
+    daemon.kill().unwrap();
+    let _ = daemon.wait();
+
+    // Another sink stores none: the loader is told so (and takes a config of its own).
+    let fx = Fixture::new("cons-adopt-none", SMALL);
+    let mut daemon = fx.daemon(&[]);
+    let _ring = fx.wait_ready(&mut daemon);
+    let e = Session::join_adopting(&fx.ring, None, LONG, || false).unwrap_err();
+    assert!(matches!(e, SessionError::NoStoredSpec { .. }), "{e}");
+    daemon.kill().unwrap();
+    let _ = daemon.wait();
+}
+
+#[test]
+fn a_stored_spec_overwritten_in_shared_memory_is_refused_before_use() {
+    use std::io::{Seek, SeekFrom, Write};
+    let fx = Fixture::new("cons-spec-scribble", &config());
+    let (mut daemon, ring) = consumer_daemon(&fx);
+    let at = ring.geometry().handoff.unwrap().spec_offset;
+    // Another process of the ring's owner writes over the spec's first bytes (its format tag).
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(fx.segment())
+        .unwrap();
+    f.seek(SeekFrom::Start(at)).unwrap();
+    f.write_all(b"[ring]\n").unwrap();
+    drop(f);
+    let e = attach(&fx, None).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            ClientError::Spec(pinring_data::StoredSpecError::Corrupt { .. })
+        ),
+        "{e}"
+    );
+    let msg = e.to_string();
+    assert!(
+        msg.contains(&fx.ring) && msg.contains("restart its daemon"),
+        "{msg}"
+    );
+    daemon.kill().unwrap();
+    let _ = daemon.wait();
+}
+
 fn consume_child(fx: &Fixture, extra: &[&str]) -> std::process::Child {
     Command::new(exe(CLI))
         .args([

@@ -1,8 +1,8 @@
 """pinring: batches from a shared-memory ring, handed to NumPy and PyTorch through DLPack.
 
 ``pinring.Loader`` is the training loop's end: ``for batch in pinring.Loader(ring="default"):``
-yields dicts of field name -> tensor, in order, without a copy. ``Consumer``, ``Batch`` and
-``EmbeddedDaemon`` are the native pieces under it. ``Producer`` is a loader's end: a Python
+yields dicts of field name -> tensor, in order, without a copy. ``Spec`` (a config resolved
+once), ``EmbeddedDaemon``, ``Consumer`` and ``Batch`` are the native pieces under it. ``Producer`` is a loader's end: a Python
 process that claims parts of a ring's batches and fills them. ``pinring.torch.DataLoader``
 (import ``pinring.torch``; needs torch) takes ``torch.utils.data.DataLoader``'s arguments and
 feeds a training loop from the user's own Dataset through a ring.
@@ -29,6 +29,7 @@ from pinring._native import (
     Producer,
     RefusedError,
     RingError,
+    Spec,
     Timeout,
     UsageError,
     VerifyError,
@@ -60,6 +61,7 @@ __all__ = [
     "Producer",
     "RefusedError",
     "RingError",
+    "Spec",
     "Timeout",
     "UsageError",
     "VerifyError",

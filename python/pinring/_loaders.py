@@ -1,41 +1,36 @@
 """The ``pinring-loader`` processes that ``pinring.Loader(loaders=N)`` starts beside its
-embedded daemon, and their supervision: a loader killed by a signal is started again (each
-loader up to ``_RESTARTS`` times in any ``_RESTART_WINDOW`` seconds, as ``pinring run``'s), a
-loader that fails (bad data: exit 3, and every other code) is
-raised in the training loop with its own message, and all of them stop with the loader.
+embedded daemon, and their supervision by ``pinring run``'s own books (``_native.Supervisor``):
+a loader killed by a signal is started again (each loader up to 5 times in any 60 s), a loader
+that fails (bad data: exit 3, and every other code but 0 and 5) is raised in the training loop
+with its own message, and all of them stop with the loader.
 
 They die with the training process without help: their daemon is a thread of it, and a loader
 whose daemon is gone exits (``PeerDied``, exit 5) within a quarter of a second
-(docs/RELIABILITY.md). Their config and their logs are memfds (``pinring._memfd``): nothing of
-theirs is on disk for a killed trainer to leave behind."""
+(docs/RELIABILITY.md). They take no config: each adopts the spec its daemon stored in the ring.
+Their logs are memfds (``pinring._memfd``): nothing of theirs is on disk for a killed trainer to
+leave behind."""
 
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import time
-from collections import deque
-from typing import Deque, List, Optional, Sequence
+from typing import List, Optional, Sequence
 
 from pinring import _memfd, _native
 from pinring._programs import program
 
-# Restarts of one killed loader allowed in any window of _RESTART_WINDOW seconds, as
-# ``pinring run`` allows each of its loaders (docs/RELIABILITY.md, "Restarts").
-_RESTARTS = 5
-_RESTART_WINDOW = 60.0
 # How long close() waits for loaders to leave after SIGTERM before it kills them.
 _STOP_GRACE = 1.0
 
 
 class _Loaders:
-    def __init__(self, n: int, ring: str, path: Optional[str], config: str,
+    def __init__(self, n: int, ring: str, path: Optional[str],
                  cpus: Optional[Sequence[int]]) -> None:
-        """Starts ``n`` loaders of ring ``ring`` (at ``path``, an anonymous ring's) on the
-        config text ``config`` (the daemon's own, resolved), held in a memfd that every loader
-        gets as ``--config /proc/self/fd/N``; each loader's stdout and stderr go into a memfd of
-        its own. On any failure, stops those already started."""
+        """Starts ``n`` loaders of ring ``ring`` (at ``path``, an anonymous ring's), each
+        adopting the spec the ring's daemon stored in it (``pinring-loader`` with no
+        ``--config``); each loader's stdout and stderr go into a memfd of its own. On any
+        failure, stops those already started."""
         if n < 1:
             raise _native.UsageError(f"loaders={n}: start at least 1 loader, or pass loaders=0")
         self._cpus = list(cpus) if cpus is not None else None
@@ -43,13 +38,10 @@ class _Loaders:
             raise _native.UsageError("loaders_cpus=[]: name at least one CPU, or leave it out")
         self.procs: List[Optional["subprocess.Popen[bytes]"]] = [None] * n
         self._logs: List[Optional[int]] = [None] * n
-        self._config = _memfd.holding("pinring-loaders-config", config)
-        # The loaders' own descriptor of the same number (pass_fds keeps it).
-        self._argv = program("pinring-loader") + ["--ring", ring, "--config",
-                                                   _memfd.path(self._config), "--wait-secs", "60"]
+        self._argv = program("pinring-loader") + ["--ring", ring, "--wait-secs", "60"]
         if path is not None:
             self._argv += ["--ring-path", path]
-        self._restarts: List[Deque[float]] = [deque() for _ in range(n)]
+        self._books = _native.Supervisor(n, time.monotonic())
         self.finished = [False] * n
         try:
             for i in range(n):
@@ -62,7 +54,6 @@ class _Loaders:
         log = _memfd.holding(f"pinring-loader-{i}-log")
         try:
             p = subprocess.Popen(self._argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                 pass_fds=(self._config,),
                                  env={**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "warn")})
         except BaseException:
             os.close(log)
@@ -91,54 +82,35 @@ class _Loaders:
         return f"; its last lines:\n{tail}" if tail else " (it printed nothing)"
 
     def check(self) -> None:
-        """Looks at every loader: restarts one killed by a signal, raises for one that failed.
-        Of several failed loaders, one that failed for its own reason (bad data, exit 3) is
-        raised before those that only saw their daemon stop the run (exit 5, or 4 for one that
-        was starting and found the ring gone)."""
-        failed = []
+        """Looks at every loader and does what ``pinring run`` does (``_native.Supervisor``):
+        restarts one killed by a signal, leaves one that finished (exit 0) or saw its daemon go
+        (exit 5), and raises for any other (the loader's own code and its last lines). Of
+        several that ended together, one that failed for its own reason (bad data, exit 3) is
+        raised before one that found the ring gone while starting (exit 4)."""
+        ended = []
         for i, p in enumerate(self.procs):
             if p is None or self.finished[i]:
                 continue
             code = p.poll()
-            if code is None:
-                continue
-            if code == 0:
-                self.finished[i] = True  # the daemon ended the run
-            elif code < 0:
-                self._restart(i, p, code)
+            if code is not None:
+                ended.append((code == 4, i, p, code))
+        for _, i, p, code in sorted(ended, key=lambda e: (e[0], e[1])):
+            what = self._books.ended(i, p.pid, code, time.monotonic())
+            if what == "restart":
+                self._start(i)
+            elif what == "leave":
+                self.finished[i] = True
             else:
-                failed.append((code in (4, 5), i, p, code))
-        if failed:
-            _, i, p, code = min(failed)
-            log = self._logs[i]
-            tail = "" if log is None else _memfd.tail(log)
-            message = (f"loader {i} (pid {p.pid}) failed with exit code {code}:\n{tail}" if tail
-                       else f"loader {i} (pid {p.pid}) failed with exit code {code} (it printed "
-                       "nothing)")
-            try:
-                err = _native._error_for_exit(code, message)
-            except ValueError:
-                err = _native.InternalError(message)
-            raise err
-
-    def _restart(self, i: int, p: "subprocess.Popen[bytes]", code: int) -> None:
-        now = time.monotonic()
-        restarts = self._restarts[i]
-        while restarts and now - restarts[0] > _RESTART_WINDOW:
-            restarts.popleft()
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = f"signal {-code}"
-        if len(restarts) >= _RESTARTS:
-            raise _native.PeerDied(
-                f"loader {i} (pid {p.pid}) was killed by {name}, its {_RESTARTS + 1}th death "
-                f"within {_RESTART_WINDOW:.0f} s after {_RESTARTS} restarts: not restarting it "
-                "again (look for what kills it: the OOM killer, a watchdog)"
-                f"{self._last_lines(i)}"
-            )
-        restarts.append(now)
-        self._start(i)
+                self.finished[i] = True
+                failure = self._books.failure()
+                assert failure is not None
+                exit_code, sentence = failure
+                message = sentence + self._last_lines(i)
+                try:
+                    err = _native._error_for_exit(exit_code, message)
+                except ValueError:
+                    err = _native.InternalError(message)
+                raise err
 
     def pids(self) -> List[int]:
         return [p.pid for p in self.procs if p is not None and p.poll() is None]
@@ -158,11 +130,10 @@ class _Loaders:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
-        for fd in [self._config, *self._logs]:
+        for fd in self._logs:
             if fd is not None:
                 try:
                     os.close(fd)
                 except OSError:
                     pass
         self._logs = [None] * len(self._logs)
-        self._config = -1

@@ -7,7 +7,8 @@ DType = Literal["u8", "i8", "i16", "u16", "i32", "u32", "i64", "u64", "f16", "bf
 __all__ = [
     "PinringError", "InternalError", "UsageError", "ConfigError", "RingError", "PeerDied",
     "VerifyError", "BackendError", "RefusedError", "OutputError", "Timeout", "PartReclaimed",
-    "Field", "Consumer", "Batch", "EmbeddedDaemon", "Producer", "Part", "OwnerProbe",
+    "Field", "Consumer", "Batch", "EmbeddedDaemon", "Producer", "Part", "OwnerProbe", "Spec",
+    "Supervisor",
     "check_config", "bound", "_live_rings", "_die_with_parent", "config_settings", "_main",
     "__version__", "PREFETCH_RANGE", "_test_host_field", "_test_load_config",
     "_test_check_ring_name", "_error_for_exit", "_cuda_unusable", "DLPACK_VERSION",
@@ -119,10 +120,71 @@ def check_config(
     ``record_bytes`` (one sample over all its fields), ``parts_per_batch`` (seqs per batch, with
     ``"auto"`` resolved as a daemon on this host would), ``slots`` and ``slot_bytes`` (the
     ring's, likewise resolved), ``fields`` (a list of ``(name, dtype,
-    per-sample shape)``), ``toml`` (the config as pinring writes it, for a daemon or a producer
-    to load) and ``settings`` (as ``config_settings``). With ``workers`` (a DataLoader's
+    per-sample shape)``), ``toml`` (the config as pinring writes it, for reading) and
+    ``settings`` (as ``config_settings``). With ``workers`` (a DataLoader's
     ``num_workers``), the ring's slot count is cut to what they keep filled, in ``slots`` and in
     the TOML."""
+
+@final
+class Spec:
+    """A config resolved once, as a daemon on this host resolves it: the dataset's files
+    opened, ``"auto"`` sized for this host, every rule checked. Immutable; hand it to
+    ``EmbeddedDaemon(spec=...)``, which stores it in its ring."""
+
+    def __new__(
+        cls,
+        config: Union[str, Dict[str, Dict[str, Any]], None] = None,
+        *,
+        path: Optional[str] = None,
+        source: str = "<config>",
+        ring: Optional[str] = None,
+        epochs: Optional[int] = None,
+        default_epochs: Optional[int] = None,
+        rank: Optional[int] = None,
+        world_size: Optional[int] = None,
+        workers: Optional[int] = None,
+    ) -> "Spec":
+        """Resolves ``config`` (a dict of sections, the config file's shape, or TOML text;
+        None: the config file at ``path``, else the lookup of ``pinring-daemon --config``) with
+        the keywords and the environment's ``$PINRING_RANK``, ``$PINRING_WORLD_SIZE`` and
+        ``$PINRING_DEVICE``. ``default_epochs``: ``plan.epochs`` where the settings leave it
+        out; ``rank`` and ``world_size`` go together; ``workers`` (a DataLoader's
+        ``num_workers``) cuts ``"auto"``'s slot count to what they keep filled. Raises
+        ``ConfigError`` and ``UsageError`` with pinring's messages (``source`` names settings
+        given as data in them)."""
+    @property
+    def ring(self) -> str: ...
+    @property
+    def slots(self) -> int: ...
+    @property
+    def slot_bytes(self) -> int: ...
+    @property
+    def batches_per_epoch(self) -> int: ...
+    @property
+    def parts_per_batch(self) -> int: ...
+    @property
+    def toml(self) -> str:
+        """The spec's settings as TOML, for reading."""
+    def settings(self) -> Dict[Tuple[str, str], Any]:
+        """The scalar settings as resolved, as ``config_settings`` gives them."""
+    def info(self) -> Dict[str, Any]:
+        """What ``check_config`` returns, for this spec: ``batches_per_epoch``,
+        ``samples_per_rank``, ``record_bytes``, ``parts_per_batch``, ``slots``, ``slot_bytes``,
+        ``fields``, ``toml`` and ``settings``."""
+
+@final
+class Supervisor:
+    """``pinring run``'s restart policy for loader children (``pinring.Loader(loaders=N)``'s):
+    a loader killed by a signal is restarted, up to 5 times in any 60 s; one that exits 0 or 5
+    is left; any other exit stops the run."""
+
+    def __new__(cls, loaders: int, now: float) -> "Supervisor":
+        """The books of ``loaders`` loaders; ``now`` is ``time.monotonic()``."""
+    def ended(self, index: int, pid: int, returncode: int,
+              now: float) -> Literal["restart", "leave", "stop"]:
+        """Loader ``index`` ended with ``returncode`` (``Popen.returncode``) at ``now``."""
+    def failure(self) -> Optional[Tuple[int, str]]:
+        """``(exit code, sentence)`` of the failure that stops the run, once one is booked."""
 
 def config_settings(config: Union[str, Dict[str, Dict[str, Any]]]) -> Dict[Tuple[str, str], Any]:
     """The scalar settings of a config (TOML text, such as a ring's ``Consumer.config``, or a
@@ -227,6 +289,9 @@ class Consumer:
     def config(self) -> str:
         """The daemon's resolved config, as TOML (what its producers must run with)."""
     @property
+    def spec(self) -> Spec:
+        """The daemon's spec, adopted from the ring (its settings as resolved, its plan)."""
+    @property
     def end_seq(self) -> int: ...
     @property
     def buffers_held(self) -> Tuple[int, int]:
@@ -263,12 +328,16 @@ class EmbeddedDaemon:
         rank: Optional[int] = None,
         world_size: Optional[int] = None,
         default_epochs: Optional[int] = None,
+        spec: Optional["Spec"] = None,
     ) -> "EmbeddedDaemon":
-        """``rank`` and ``world_size`` (both or neither) replace the config's ``plan.rank``
-        and ``plan.world_size``. ``default_epochs``: ``plan.epochs`` where neither ``epochs``
-        nor the config file sets it (None: the config's default, 2). A ``config`` file that
-        cannot be read, and ``backend="cuda"`` where CUDA is unusable, raise at once, in this
-        class's terms."""
+        """Runs ``spec`` as resolved (nothing read or resolved again; ``config``, ``ring``,
+        ``epochs``, ``default_epochs``, ``rank`` and ``world_size`` are then refused: they are
+        ``Spec``'s), or the config file ``config`` (None: the lookup) with the keywords:
+        ``rank`` and ``world_size`` (both or neither) replace the config's ``plan.rank`` and
+        ``plan.world_size``; ``default_epochs``: ``plan.epochs`` where neither ``epochs`` nor
+        the config file sets it (None: the config's default, 2). A ``config`` file that cannot
+        be read, and ``backend="cuda"`` where CUDA is unusable, raise at once, in this class's
+        terms. The ring stores the spec; producers that join it with no config adopt it."""
     @property
     def ring(self) -> str: ...
     @property
@@ -327,8 +396,11 @@ class Producer:
         path: Optional[str] = None, peers: Optional[int] = None,
         only_batches: Optional[Tuple[int, int]] = None,
     ) -> "Producer":
-        """Joins ring ``ring`` as a loader (the config lookup of ``pinring-loader``; refused
-        with ``RefusedError`` if its fingerprint is not the daemon's). ``path``: where an
+        """Joins ring ``ring`` as a loader. With no ``config``, it adopts the spec the ring's
+        daemon stored in the ring (every ring that hands batches to a training process stores
+        one; nothing is read from a file or resolved again), and where the ring stores none, it
+        takes the config lookup of ``pinring-loader``. A config is refused with
+        ``RefusedError`` if its fingerprint is not the daemon's. ``path``: where an
         anonymous ring is (``EmbeddedDaemon.path``). ``peers``: how many producers are started
         together with this one; each then keeps to its own share of the slots from its first
         claim (which slots it writes decides which of the ring's pages count in its memory).

@@ -244,7 +244,6 @@ class Loader:
         named = dev is not None and not _device.by_number(device)
         plan = {k: v for k, v in (("batch_size", batch_size), ("shuffle", shuffle),
                                   ("seed", seed), ("drop_last", drop_last)) if v is not None}
-        self._config_fd: Optional[int] = None
         if isinstance(config, str):
             _readable_config(config)
             embedded = True  # a config is an embedded daemon's: an attached ring has its own
@@ -272,11 +271,17 @@ class Loader:
             local = _dist.local_rank()
             if ring is None and local is not None:
                 ring = f"{_ring_name_of(config)}-rank{local}"  # one per rank on the host
+            # Resolved once, here: the daemon runs this value and stores it in its ring, where
+            # the loaders adopt it. A plan whose epochs nobody set has no end here.
+            spec = _native.Spec(
+                config if isinstance(config, dict) else None,
+                path=config if isinstance(config, str) else None, source="pinring.Loader",
+                ring=ring, epochs=epochs, default_epochs=DEFAULT_EPOCHS, rank=rank,
+                world_size=world_size,
+            )
             backend, ordinal = self._backend(device, dev, named, backend)
-            self._daemon_args = dict(config=config, backend=backend, device=ordinal,
-                                     epochs=epochs, anonymous=bool(loaders), rank=rank,
-                                     world_size=world_size, default_epochs=DEFAULT_EPOCHS)
-            self._daemon_args["ring"] = ring
+            self._daemon_args = dict(spec=spec, backend=backend, device=ordinal,
+                                     anonymous=bool(loaders))
             _before_threads()
             self._daemon = _native.EmbeddedDaemon(**self._daemon_args)
             ring = self._daemon.ring
@@ -356,10 +361,9 @@ class Loader:
         return backend, ordinal
 
     def _config_from_data(self, config: Optional[Dict[str, Any]], dataset: Optional[Dict[str, Any]],
-                          image: Optional[Dict[str, Any]], plan: Dict[str, Any]) -> str:
-        """A config given as data (a dict of sections, and the keyword tables), checked by
-        pinring's parser and written as pinring writes it, into a memfd (nothing on disk): the
-        path this process reads it at."""
+                          image: Optional[Dict[str, Any]], plan: Dict[str, Any]) -> Dict[str, Any]:
+        """A config given as data: the dict of sections with the keyword tables merged in (a
+        key given twice refused), for ``_native.Spec`` to read by pinring's rules."""
         sections: Dict[str, Any] = {k: dict(v) if isinstance(v, dict) else v
                                     for k, v in (config or {}).items()}
         if dataset is not None:
@@ -376,19 +380,14 @@ class Loader:
                 given.update(table)
         if image is not None:
             sections.setdefault("dataset", {})["image"] = dict(image)
-        # Written out whole, the config sets every key: a plan whose epochs nobody set gets
-        # no end here, as a file that leaves them out does (EmbeddedDaemon's default_epochs).
-        sections.setdefault("plan", {}).setdefault("epochs", DEFAULT_EPOCHS)
-        text = str(_native.check_config(sections, "pinring.Loader")["toml"])
-        self._config_fd = _memfd.holding("pinring-config", text)
-        return _memfd.path(self._config_fd)
+        return sections
 
     def _start_loaders(self, n: int, cpus: Optional[Sequence[int]]) -> None:
         from pinring._loaders import _Loaders
 
-        # The loaders read the daemon's own resolved config, so their plan is the ring's.
+        # The loaders adopt the spec the daemon stored in the ring, so their plan is the ring's.
         try:
-            self._loaders = _Loaders(n, self.ring, self._path, self._attach().config, cpus)
+            self._loaders = _Loaders(n, self.ring, self._path, cpus)
         except BaseException:
             self.close()
             raise
@@ -467,7 +466,7 @@ class Loader:
             c = _native.Consumer(self.ring, start_seq=seq, fingerprint=fp,
                                  wait_for_ring=self._wait_for_ring, **where)
             if self._daemon is None:
-                _dist.check_ring_shard(self.ring, _native.config_settings(c.config))
+                _dist.check_ring_shard(self.ring, c.spec.settings())
             there = c.device
             if self._want is not None and there != self._want and not (
                 self._lenient and there == "cpu"
@@ -723,10 +722,6 @@ class Loader:
             if self._failed:
                 return None  # the loop has raised this failure already
             raise
-        finally:
-            if self._config_fd is not None:
-                os.close(self._config_fd)  # the daemon read it when it started
-                self._config_fd = None
         return json.loads(text) if text else None
 
     def __enter__(self) -> "Loader":

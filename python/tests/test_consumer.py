@@ -2,12 +2,14 @@
 pinring-loader processes, and ``pinring.Loader`` / ``pinring.Consumer`` in this process (or in a
 child that gets killed). Every byte of every batch is checked against the generator."""
 
+import json
 import logging
 import os
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -300,3 +302,58 @@ def test_embedded_daemon_feeds_this_process(tmp_path):
         r.wait_all()
     finally:
         r.close()
+
+
+def test_a_spec_resolves_once_and_starts_an_embedded_daemon_without_a_file(tmp_path):
+    settings = {
+        "dataset": {"samples": 64, "sample_shape": [16], "dtype": "u8"},
+        "plan": {"batch_size": 8, "shuffle": False},
+    }
+    spec = pinring.Spec(settings, ring="spec-test", default_epochs=2, source="test settings")
+    assert (spec.ring, spec.batches_per_epoch, spec.parts_per_batch) == ("spec-test", 8, 1)
+    assert spec.slots >= 2 and spec.slot_bytes > 0, "auto sized here, once"
+    info = spec.info()
+    assert info["batches_per_epoch"] == 8, info
+    assert [name for name, _, _ in info["fields"]] == ["images", "labels"], info
+    assert spec.settings()[("plan", "epochs")] == 2, "default_epochs where the settings say none"
+    assert "[ring]" in spec.toml and 'name = "spec-test"' in spec.toml, spec.toml
+    # A spec and the config's own keywords are one or the other.
+    for bad in ({"config": "x.toml"}, {"ring": "other"}, {"epochs": 1}, {"rank": 0, "world_size": 1}):
+        with pytest.raises(pinring.UsageError, match="spec"):
+            pinring.EmbeddedDaemon(spec=spec, backend="host", anonymous=True, **bad)
+    # Bad settings are pinring's ConfigError, naming where they came from.
+    with pytest.raises(pinring.ConfigError, match="test settings"):
+        pinring.Spec({"plan": {"batch_size": 0}}, source="test settings")
+    daemon = pinring.EmbeddedDaemon(spec=spec, backend="host", anonymous=True)
+    try:
+        assert daemon.ring == "spec-test"
+        p = pinring.Producer(daemon.ring, path=daemon.path)  # adopts: no config anywhere
+        made = []
+
+        def fill():
+            while (part := p.claim(timeout=60)) is not None:
+                for name, data in p.synthetic(part).items():
+                    np.from_dlpack(part.fields[name]).reshape(-1).view(np.uint8)[:] = np.frombuffer(data, np.uint8)
+                part.commit()
+                made.append(part.seq)
+
+        t = threading.Thread(target=fill)
+        t.start()
+        c = pinring.Consumer(daemon.ring, path=daemon.path)
+        got = []
+        while (b := c.next_batch(60)) is not None:
+            want = c.expected(b.batch)
+            for name, field in b.fields.items():
+                assert np.from_dlpack(field).tobytes() == want[name], (b.batch, name)
+            got.append(b.batch)
+            del b
+        c.close()
+        summary = json.loads(daemon.stop())
+        t.join(60)
+        assert not t.is_alive(), "a stopped daemon's producers claim None"
+        assert got == list(range(16)) and sorted(made) == got, "two epochs, every batch once"
+        assert summary["batches_delivered"] == 16 and summary["missing"] == 0, summary
+        p.close()
+    finally:
+        if daemon.running:
+            daemon.stop()

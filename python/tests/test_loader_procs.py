@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import types
 import time
 
 import pytest
@@ -101,7 +100,7 @@ def test_a_loader_failing_on_bad_data_raises_its_message_in_the_loop(tmp_path):
     # Two loaders: the one that read the bad file is raised, not the other, which only saw
     # its daemon stop the run (exit 5). The error the loop raised is the one a with block
     # lets out (its close() does not raise again), and a later close() is quiet too.
-    with pytest.raises(pinring.ConfigError, match="loader . .*failed with exit code 3") as e:
+    with pytest.raises(pinring.ConfigError, match="loader . .*exited with code 3") as e:
         with pinring.Loader(config=bad_npy_config(tmp_path), loaders=2, backend="host",
                             as_numpy=True, timeout=30) as loader:
             for _ in loader:
@@ -422,50 +421,85 @@ def test_a_state_saved_after_the_last_batch_resumes_to_nothing(tmp_path):
         assert sum(1 for _ in loader) == 64
 
 
-def supervisor(n):
-    """A ``_Loaders`` of ``n`` loaders that starts nothing: each start only counts."""
+def supervisor(n, now):
+    """A ``_Loaders`` of ``n`` loaders that starts nothing (each start only counts), on the
+    clock ``now[0]``."""
     from pinring import _loaders, _memfd
 
     s = object.__new__(_loaders._Loaders)
     s.procs = [None] * n
+    s.finished = [False] * n
     s._logs = [_memfd.holding(f"test-log-{i}") for i in range(n)]
-    s._restarts = [_loaders.deque() for _ in range(n)]
+    s._books = pinring._native.Supervisor(n, now[0])
     s.started = []
-    s._start = s.started.append
+
+    def start(i):
+        s.started.append(i)
+        s.procs[i] = Ended(None)  # running
+
+    s._start = start
     return s
 
 
+class Ended:
+    """A loader process that has ended with ``code`` (``Popen.returncode``; None: running)."""
+
+    def __init__(self, code, pid=4242):
+        self.code, self.pid = code, pid
+
+    def poll(self):
+        return self.code
+
+
 def test_each_loader_may_be_restarted_5_times_in_any_minute(monkeypatch):
-    # As pinring run: the budget is each loader's own, in any 60 s window.
+    # As pinring run (the same books): the budget is each loader's own, in any 60 s window.
     from pinring import _loaders
 
     now = [1000.0]
     monkeypatch.setattr(_loaders.time, "monotonic", lambda: now[0])
-    s = supervisor(2)
-    killed = types.SimpleNamespace(pid=4242)
+    s = supervisor(2, now)
+    killed = Ended(-signal.SIGKILL)
+
+    def dies(i):
+        s.procs[i] = killed
+        s.check()
+
     for _ in range(5):
-        s._restart(0, killed, -signal.SIGKILL)
+        dies(0)
         now[0] += 1.0
     # Loader 1 has its own budget, untouched by loader 0's restarts.
-    s._restart(1, killed, -signal.SIGKILL)
+    dies(1)
     with pytest.raises(pinring.PeerDied, match="loader 0 .*SIGKILL.*after 5 restarts") as e:
-        s._restart(0, killed, -signal.SIGKILL)
+        dies(0)
     assert str(e.value).endswith("(it printed nothing)"), str(e.value)
     assert s.started == [0] * 5 + [1]
-    # 60 s after its first restart, loader 0 may be restarted once more.
+    # Anew: 60 s after its first restart, loader 0 may be restarted once more.
+    now[0] = 1000.0
+    s = supervisor(1, now)
+    for _ in range(5):
+        dies(0)
+        now[0] += 1.0
     now[0] = 1000.0 + 60.5
-    s._restart(0, killed, -signal.SIGKILL)
-    assert s.started[-1] == 0
+    dies(0)
+    assert s.started[-1] == 0 and len(s.started) == 6
     os.write(s._logs[0], b"line one\nthe last line\n")
     now[0] += 0.1
-    for _ in range(5):
-        try:
-            s._restart(0, killed, -signal.SIGKILL)
-        except pinring.PeerDied as e:
-            assert str(e).endswith("its last lines:\nline one\nthe last line"), str(e)
-            break
-    else:
-        pytest.fail("the sixth death within 60 s was restarted")
+    with pytest.raises(pinring.PeerDied) as e:
+        for _ in range(5):
+            dies(0)
+    assert str(e.value).endswith("its last lines:\nline one\nthe last line"), str(e.value)
+
+
+def test_a_loader_that_exits_0_or_5_is_left_and_one_with_bad_data_is_raised_first(monkeypatch):
+    from pinring import _loaders
+
+    now = [5.0]
+    monkeypatch.setattr(_loaders.time, "monotonic", lambda: now[0])
+    s = supervisor(4, now)
+    s.procs = [Ended(0, 10), Ended(5, 11), Ended(4, 12), Ended(3, 13)]
+    with pytest.raises(pinring.ConfigError, match=r"^loader 3 \(pid 13\) exited with code 3"):
+        s.check()
+    assert s.finished == [True, True, False, True] and s.started == []
 
 
 # -- epochs -----------------------------------------------------------------------------------

@@ -29,7 +29,8 @@ PRODUCER = textwrap.dedent(
     import pinring
 
     ring, config, mode = sys.argv[1], sys.argv[2], sys.argv[3]
-    p = pinring.Producer(ring, config=config)
+    # "-": no config; the producer adopts the spec the daemon stored in its ring
+    p = pinring.Producer(ring, config=None if config == "-" else config)
     print("attached", p.loader_index, flush=True)
     made = 0
     while (part := p.claim(timeout=60)) is not None:
@@ -51,9 +52,9 @@ PRODUCER = textwrap.dedent(
 )
 
 
-def producer(ring, mode="fill"):
+def producer(ring, mode="fill", adopt=False):
     return subprocess.Popen(
-        [sys.executable, "-c", PRODUCER, ring.name, str(ring.config), mode],
+        [sys.executable, "-c", PRODUCER, ring.name, "-" if adopt else str(ring.config), mode],
         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
 
@@ -86,7 +87,8 @@ def finish(ring, producers):
 def test_two_python_producers_make_every_batch_byte_for_byte(tmp_path, config, parts):
     r = Ring(tmp_path, loaders=0, config=config)
     try:
-        producers = [producer(r), producer(r)]
+        # One loads the daemon's config file, the other adopts the spec stored in the ring.
+        producers = [producer(r), producer(r, adopt=True)]
         r.wait_attached(2)
         consume_all(r, BATCHES)
         made, summary = finish(r, producers)
@@ -167,11 +169,9 @@ def test_labels_of_every_integer_dtype_are_taken_and_one_out_of_range_is_refused
                                {"name": "labels", "dtype": dtype, "shape": []}]},
         "plan": {"batch_size": 8, "shuffle": False, "epochs": 1},
     }
-    path = tmp_path / "ring.toml"
-    path.write_text(pinring.check_config(config)["toml"])
-    daemon = pinring.EmbeddedDaemon(config=str(path), backend="host", anonymous=True)
+    daemon = pinring.EmbeddedDaemon(spec=pinring.Spec(config), backend="host", anonymous=True)
     try:
-        p = pinring.Producer(daemon.ring, config=str(path), path=daemon.path)
+        p = pinring.Producer(daemon.ring, path=daemon.path)
         part = p.claim(timeout=30)
         labels = np.from_dlpack(part.fields["labels"])
         assert labels.dtype == np.dtype({"u8": "uint8", "i16": "int16", "u32": "uint32",

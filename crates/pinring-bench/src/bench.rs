@@ -14,11 +14,11 @@
 use crate::reference::{self, ReferenceError};
 use crate::stats::{self, Stats, SPREAD_FLAG};
 use pinring_backend::BackendKind;
-use pinring_cli::runner::Children;
 use pinring_daemon::parse_backend_kind;
 use pinring_daemon::summary::Summary;
 use pinring_data::{ByteSize, Config, DatasetConfig, Dtype, PlanConfig, RingConfig, SlotBytes};
 use pinring_exit::Exit;
+use pinring_runtime::children::Children;
 use pinring_runtime::output::write_file;
 use pinring_runtime::shutdown::Shutdown;
 use pinring_runtime::this_program::ThisProgram;
@@ -738,7 +738,7 @@ impl Bench<'_> {
             .arg(&summary_path)
             .env("RUST_LOG", "warn")
             .stdin(Stdio::null());
-        pinring_cli::runner::stop_with_parent(&mut daemon_cmd);
+        pinring_runtime::children::stop_with_parent(&mut daemon_cmd);
         let daemon = daemon_cmd
             .spawn()
             .map_err(|e| fail(format!("cannot start the daemon: {e}")))?;
@@ -752,7 +752,7 @@ impl Bench<'_> {
                 .args(["--ring", &name, "--wait-secs", "60"])
                 .env("RUST_LOG", "warn")
                 .stdin(Stdio::null());
-            pinring_cli::runner::stop_with_parent(&mut loader_cmd);
+            pinring_runtime::children::stop_with_parent(&mut loader_cmd);
             let l = loader_cmd
                 .spawn()
                 .map_err(|e| fail(format!("cannot start a loader: {e}")))?;

@@ -31,12 +31,12 @@
 //! are outside the daemon's.
 
 use pinring_backend::{Backend, BackendError, Placement, UploadJob};
-use pinring_cli::runner::{Children, Ended};
 use pinring_daemon::cpu_seconds;
 use pinring_data::{Config, Synthetic, FIELD_ALIGN, LABEL_BYTES};
 use pinring_exit::Exit;
 use pinring_ring::futex::{self, Wake};
 use pinring_ring::{Access, Segment};
+use pinring_runtime::children::{Children, Ended};
 use pinring_runtime::this_program::ThisProgram;
 use std::process::Stdio;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
@@ -412,7 +412,7 @@ impl Writers {
                         .args(["--segment", name, "--index", &index.to_string()])
                         .env("RUST_LOG", "warn")
                         .stdin(Stdio::null());
-                    pinring_cli::runner::stop_with_parent(&mut cmd);
+                    pinring_runtime::children::stop_with_parent(&mut cmd);
                     let child = cmd.spawn().map_err(|source| ReferenceError::Spawn {
                         index,
                         exe: exe.display(),

@@ -1,8 +1,11 @@
 //! The `pinring` command's own subcommands above the daemon: `pinring run` (a daemon and N
-//! loaders as child processes, a progress bar, a human summary) and `pinring consume`; the
-//! children's supervision (`runner::Children`) that `pinring bench` (pinring-bench) shares.
-//! They live apart from pinring-runtime so that their dependencies (the progress bar) are
-//! linked into the `pinring` binary only, never into `pinring-daemon` or `pinring-loader`.
+//! loaders as child processes, a progress bar, a human summary) and `pinring consume`. The
+//! children and their restart policy are pinring-runtime's (`children`), which `pinring bench`
+//! and the Python package share. These commands live apart from pinring-runtime so that their
+//! dependencies (the progress bar) are linked into the `pinring` binary only, never into
+//! `pinring-daemon` or `pinring-loader`.
+
+#![forbid(unsafe_code)]
 
 pub mod consume;
 pub mod runner;

@@ -11,7 +11,7 @@ use pinring_daemon::{self as daemon, RunOptions};
 use pinring_data::Spec;
 use pinring_exit::Coded;
 use pinring_exit::Exit;
-use pinring_runtime::settings::Overrides;
+use pinring_runtime::settings::{Found, Overrides};
 use pinring_runtime::shutdown::Shutdown;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
@@ -46,7 +46,18 @@ pub fn resolve(
     overrides: &Overrides,
     anonymous: bool,
 ) -> Result<Spec, ClientError> {
-    daemon::resolve(config, overrides, anonymous).map_err(|n| ClientError::Daemon {
+    daemon::resolve(config, overrides, anonymous).map_err(|n| not_resolved(*n, overrides))
+}
+
+/// [`resolve`] of settings already found: a file's, or those the embedding program gives as
+/// data ([`pinring_runtime::settings::given`]).
+pub fn resolve_found(found: Found, anonymous: bool) -> Result<Spec, ClientError> {
+    let overrides = found.overrides.clone();
+    daemon::resolve_found(found, anonymous).map_err(|n| not_resolved(*n, &overrides))
+}
+
+fn not_resolved(n: daemon::NotResolved, overrides: &Overrides) -> ClientError {
+    ClientError::Daemon {
         // The ring of the settings as far as they were read; a file not read names none.
         ring: n
             .known
@@ -55,7 +66,7 @@ pub fn resolve(
             .unwrap_or_default(),
         message: n.error.to_string(),
         exit: n.error.exit(),
-    })
+    }
 }
 
 /// A daemon running on a thread of this process. Dropping it stops the daemon (a drain, as at

@@ -9,6 +9,9 @@ pub enum ClientError {
     /// The ring could not be opened or joined (missing, another consumer, no handoff, ...).
     #[error(transparent)]
     Ring(#[from] RingError),
+    /// The spec the daemon stored in the ring is not one this version reads, or not valid.
+    #[error(transparent)]
+    Spec(#[from] pinring_data::StoredSpecError),
     /// The ring holds values no daemon writes (a scribbled segment, or a bug).
     #[error("ring {ring:?}: {what}; restart the daemon (its ring was written by another process)")]
     Corrupt {
@@ -118,6 +121,7 @@ impl pinring_exit::Coded for ClientError {
     fn exit(&self) -> pinring_exit::Exit {
         match self {
             ClientError::Ring(e) => e.exit(),
+            ClientError::Spec(e) => e.exit(),
             ClientError::Corrupt { .. } => Exit::Ring,
             ClientError::Resume { .. } | ClientError::AllHeld { .. } => Exit::Usage,
             ClientError::OtherPlan { .. } => Exit::Refused,

@@ -30,12 +30,15 @@ mod fields;
 mod memory;
 
 #[cfg(feature = "embedded")]
-pub use embedded::{resolve as resolve_embedded, EmbeddedDaemon, EmbeddedOptions};
+pub use embedded::{
+    resolve as resolve_embedded, resolve_found as resolve_embedded_found, EmbeddedDaemon,
+    EmbeddedOptions,
+};
 pub use error::ClientError;
 pub use fields::{FieldView, Location};
 pub use memory::Memory;
 
-use pinring_data::Config;
+use pinring_data::{Config, RingFacts, Spec};
 use pinring_ring::handoff::{buffer_state, Filled};
 use pinring_ring::{ring_state, Access, ConsumerRing, ProcessId};
 use std::sync::atomic::Ordering::{Acquire, Relaxed};
@@ -118,7 +121,8 @@ pub struct Consumer {
 struct Shared {
     memory: Memory,
     ring: ConsumerRing,
-    cfg: Config,
+    /// The daemon's spec, adopted from the ring.
+    spec: Spec,
     fields: fields::Fields,
 }
 
@@ -165,22 +169,14 @@ impl Consumer {
             stop,
             waiting,
         )?;
-        let cfg = ring_config(&ring)?;
-        let fields = fields::Fields::of(&cfg).map_err(|what| ClientError::Corrupt {
+        // The daemon's own spec, checked against this ring's header (`Spec::adopt`).
+        let spec = ring_spec(&ring)?;
+        let (cfg, plan) = (spec.config(), spec.plan());
+        let fields = fields::Fields::of(cfg).map_err(|what| ClientError::Corrupt {
             ring: name.into(),
             what,
         })?;
         let fingerprint = ring.fingerprint();
-        if cfg.fingerprint() != fingerprint {
-            return Err(ClientError::Corrupt {
-                ring: name.into(),
-                what: format!(
-                    "the config stored in the ring has fingerprint {:#018x}, the header says \
-                     {fingerprint:#018x}",
-                    cfg.fingerprint()
-                ),
-            });
-        }
         if let Some(saved) = opts.fingerprint.filter(|&f| f != fingerprint) {
             return Err(ClientError::OtherPlan {
                 ring: name.into(),
@@ -188,15 +184,11 @@ impl Consumer {
                 ring_fingerprint: fingerprint,
             });
         }
-        let plan = cfg.plan().map_err(|e| ClientError::Corrupt {
-            ring: name.into(),
-            what: format!("the config stored in the ring has no valid plan: {e}"),
-        })?;
         let parts = plan.parts_per_batch();
         let (start, end_seq) = (ring.start_seq(), ring.end_seq());
         ring.attach_consumer(ProcessId::current())?;
         // When this process copies, its engine reads each part from its slot by the plan.
-        let memory = Memory::open(&ring, &plan, fields.layout())?;
+        let memory = Memory::open(&ring, plan, fields.layout())?;
         let in_order = ring.in_order();
         let available = first_available(&ring);
         let next = match opts.start_seq {
@@ -209,10 +201,11 @@ impl Consumer {
         ring.set_taken_next(next);
         let buffers = ring.geometry().handoff.map_or(0, |h| h.buffers);
         let copies = matches!(memory, Memory::Own(_));
+        let batches_per_epoch = plan.batches_per_epoch();
         let shared = Arc::new(Shared {
             memory,
             ring,
-            cfg,
+            spec,
             fields,
         });
         let releaser = if copies {
@@ -235,7 +228,7 @@ impl Consumer {
             next,
             end_seq,
             parts,
-            batches_per_epoch: plan.batches_per_epoch(),
+            batches_per_epoch,
             in_order,
             fingerprint,
             run_batches: end_seq.saturating_sub(start) / parts.max(1),
@@ -439,7 +432,7 @@ impl Consumer {
             ring: s.ring.name().into(),
             what: format!("batch buffer {desc}: {what}"),
         };
-        let batch_size = u64::from(s.cfg.plan.batch_size);
+        let batch_size = u64::from(s.spec.config().plan.batch_size);
         if f.seq % self.parts != 0 || f.seq >= self.end_seq || f.batch != f.seq / self.parts {
             return Err(corrupt(format!(
                 "seq {} / batch {} is not a batch of this plan ({} parts per batch, {} seqs)",
@@ -515,7 +508,12 @@ impl Consumer {
 
     /// The ring's config, as its daemon resolved it.
     pub fn config(&self) -> &Config {
-        &self.shared.cfg
+        self.shared.spec.config()
+    }
+
+    /// The ring's spec, as its daemon resolved and stored it.
+    pub fn spec(&self) -> &Spec {
+        &self.shared.spec
     }
 
     /// The ring.
@@ -678,27 +676,16 @@ fn open_ready(
     Ok(ConsumerRing::attach(ring)?)
 }
 
-/// The config the daemon stored in the ring, parsed and validated.
-fn ring_config(ring: &ConsumerRing) -> Result<Config, ClientError> {
-    let corrupt = |what: String| ClientError::Corrupt {
-        ring: ring.name().into(),
-        what,
-    };
-    let bytes = ring.handoff_config().ok_or_else(|| {
+/// The spec the daemon stored in the ring, adopted: decoded and checked against the ring's
+/// header.
+fn ring_spec(ring: &ConsumerRing) -> Result<Spec, ClientError> {
+    let bytes = ring.handoff_spec().ok_or_else(|| {
         ClientError::Ring(pinring_ring::RingError::NoHandoff {
             name: ring.name().into(),
         })
     })?;
-    let text = String::from_utf8(bytes)
-        .map_err(|e| corrupt(format!("the stored config is not UTF-8: {e}")))?;
-    let cfg = Config::from_toml_str(
-        &text,
-        &format!("the config stored in ring {:?}", ring.name()),
-    )
-    .map_err(|e| corrupt(format!("the stored config does not parse: {e}")))?;
-    cfg.validate()
-        .map_err(|e| corrupt(format!("the stored config is invalid: {e}")))?;
-    Ok(cfg)
+    let facts = RingFacts::of(ring.fingerprint(), &ring.geometry());
+    Ok(Spec::adopt(&bytes, ring.name(), &facts)?)
 }
 
 /// The lowest seq a consumer attaching now can still get: the lowest handed over and not taken,

@@ -143,6 +143,9 @@ pub enum DaemonError {
     /// The config does not resolve (its files, the plan, `ring.group`: `Spec::resolve`).
     #[error(transparent)]
     Resolve(#[from] pinring_data::ResolveError),
+    /// The spec cannot be stored in the ring (a consumer's ring stores it).
+    #[error(transparent)]
+    StoredSpec(#[from] pinring_data::StoredSpecError),
     /// `--start-seq` lies past the end of the plan.
     #[error("ring {ring:?}: {given} is past the end of the plan ({end_seq} seqs, 0 to {last}, one per batch part, from {source_name}); pass a {option} of at most {end_seq} (a summary's resume_seq), or run more epochs ({epochs})", given = .spelling.set("start-seq", .start_seq), option = .spelling.option("start-seq"), epochs = .spelling.option("epochs"), last = .end_seq.saturating_sub(1))]
     StartSeq {
@@ -244,6 +247,7 @@ impl pinring_exit::Coded for DaemonError {
             | DaemonError::Prefetch { .. }
             | DaemonError::DataFailed { .. } => Exit::Config,
             DaemonError::Resolve(e) => e.exit(),
+            DaemonError::StoredSpec(e) => e.exit(),
             DaemonError::StartSeq { .. } | DaemonError::StartSeqInBatch { .. } => Exit::Usage,
             DaemonError::Ring(e) => e.exit(),
             DaemonError::Service { .. } => Exit::Config,
@@ -333,6 +337,15 @@ pub fn resolve(
             known: None,
         })
     })?;
+    resolve_found(found, paths_absolute)
+}
+
+/// [`resolve`] of settings already found (a file's, or those an embedding program gives as
+/// data: [`settings::given`]).
+pub fn resolve_found(
+    found: settings::Found,
+    paths_absolute: bool,
+) -> Result<pinring_data::Spec, Box<NotResolved>> {
     let warn_sets_nothing = |ring: &str| {
         if let Some(w) = found.settings.sets_nothing_warning() {
             tracing::warn!(ring = %ring, "{w}");

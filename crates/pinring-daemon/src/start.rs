@@ -15,6 +15,14 @@ use std::time::{Duration, Instant};
 impl Daemon {
     /// Starts the daemon on a resolved spec, as `args` say: its plan and layout are the spec's.
     pub(super) fn start(args: &RunOptions, spec: Spec) -> Result<Daemon, DaemonError> {
+        let consumer = args.sink == sink::SinkKind::Consumer;
+        // A ring that hands batches to a training process stores the spec, for whoever joins
+        // it to adopt (`Spec::adopt`).
+        let stored = if consumer {
+            spec.to_stored()?
+        } else {
+            Vec::new()
+        };
         let (cfg, plan, layout) = spec.into_parts();
         let end_seq = plan.total_seqs();
         let parts = plan.parts_per_batch();
@@ -31,7 +39,6 @@ impl Daemon {
             .device
             .unwrap_or(cfg.daemon.device.map_or(0, |d| d as usize));
         tracing::info!(device, "device");
-        let consumer = args.sink == sink::SinkKind::Consumer;
         // The training process copies each batch out of its slots itself, in its own CUDA
         // context: a second context copying on the GPU would be time-sliced against the
         // trainer's (docs/ARCHITECTURE.md, "Who copies for an attached trainer"). Embedded, the
@@ -48,7 +55,7 @@ impl Daemon {
         let handoff = consumer.then(|| pinring_ring::handoff::HandoffSpec {
             buffers: buffers as u32,
             buffer_bytes,
-            config: cfg.to_toml(),
+            spec: stored,
             host: host_buffers,
             device: device as u32,
             part_slots: if consumer_copies {

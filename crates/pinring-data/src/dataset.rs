@@ -32,7 +32,19 @@ pub const NPY_DEFAULT_FIELD: &str = "data";
 
 /// `dataset.on_bad_sample`: what a loader does with a sample of a file kind it cannot read
 /// (a truncated or corrupt file, a value that does not fit).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    Default,
+    Serialize,
+    Deserialize,
+    bincode::Encode,
+    bincode::Decode,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum OnBadSample {
     /// Stop: the loader logs the error (file, offset, problem) and exits with the config/data
@@ -55,7 +67,9 @@ impl OnBadSample {
 }
 
 /// `[dataset.tokens]`: flat binary token files (`kind = "tokens"`, docs/FORMATS.md).
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, bincode::Encode, bincode::Decode,
+)]
 #[serde(deny_unknown_fields)]
 pub struct TokensDataset {
     /// The token files, one stream in this order.
@@ -86,7 +100,9 @@ impl TokensDataset {
 /// `[dataset.npy]`: NumPy arrays (`kind = "npy"`, docs/FORMATS.md). The per-sample dtype and
 /// shape are declared, so the fields (and slot sizes) follow from the config alone; the files
 /// are checked against them when opened.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, bincode::Encode, bincode::Decode,
+)]
 #[serde(deny_unknown_fields)]
 pub struct NpyDataset {
     /// One `.npy` file (samples on the first axis) or a directory of per-sample `.npy` files.
@@ -113,7 +129,9 @@ pub struct NpyDataset {
 /// `[dataset.webdataset]`: WebDataset tar shards (`kind = "webdataset"`, docs/FORMATS.md), each
 /// sample an image member (`.jpg`, `.jpeg`, `.png`; unless `images = false`), a `.cls` label and,
 /// with `npy`, a `.npy` array.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, bincode::Encode, bincode::Decode,
+)]
 #[serde(deny_unknown_fields)]
 pub struct WebDatasetDataset {
     /// The tar shards, in order (sample ids: shard order, then member order). An entry may be
@@ -165,7 +183,9 @@ pub fn is_glob(path: &std::path::Path) -> bool {
 /// `[dataset.webdataset] npy`: every sample's `.npy` member holds one array of this dtype and
 /// shape (little-endian, C order), copied into the field `field`. Declared, so that the fields
 /// (and slot sizes) follow from the config alone; each member is checked when read.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, bincode::Encode, bincode::Decode,
+)]
 #[serde(deny_unknown_fields)]
 pub struct WebDatasetNpy {
     /// Name of the field (default `"npy"`, the members' extension).
@@ -201,7 +221,9 @@ fn default_shuffle_buffer() -> u64 {
 
 /// `[dataset.imagefolder]`: torchvision `ImageFolder`'s layout, `root/<class>/**/<file>`
 /// (`kind = "imagefolder"`, docs/FORMATS.md).
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, bincode::Encode, bincode::Decode,
+)]
 #[serde(deny_unknown_fields)]
 pub struct ImageFolderDataset {
     /// The directory of class directories.
@@ -216,7 +238,19 @@ fn default_extensions() -> Vec<String> {
 }
 
 /// `[dataset.image] transform`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    Default,
+    Serialize,
+    Deserialize,
+    bincode::Encode,
+    bincode::Decode,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum ImageTransform {
     /// torchvision `RandomResizedCrop(crop, scale, ratio)` + `RandomHorizontalFlip()`, drawn per
@@ -238,7 +272,19 @@ impl ImageTransform {
 }
 
 /// `[dataset.image] output`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    Default,
+    Serialize,
+    Deserialize,
+    bincode::Encode,
+    bincode::Decode,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum ImageOutput {
     /// u8 RGB, HWC `[crop, crop, 3]`, unnormalised.
@@ -281,7 +327,9 @@ pub const DEFAULT_STD: [f32; 3] = [0.229, 0.224, 0.225];
 /// into the `images` field (pinring-image's `SampleSpec`; docs/IMAGES.md). Every key is
 /// optional; a key of the other transform (`resize` with train, `scale`/`ratio`/`flip` with
 /// eval) or of the other output (`mean`/`std` with u8) is refused.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Default, PartialEq, Serialize, Deserialize, bincode::Encode, bincode::Decode,
+)]
 #[serde(deny_unknown_fields)]
 pub struct ImageDataset {
     /// `"train"` (default) or `"eval"`.

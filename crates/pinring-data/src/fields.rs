@@ -46,7 +46,17 @@ pub const FIELD_ALIGN: u64 = 16;
 
 /// One named field of every sample: its element type and per-sample shape (in a config:
 /// `{ name = "images", dtype = "u8", shape = [224, 224, 3] }`).
-#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    PartialEq,
+    Eq,
+    Hash,
+    serde::Serialize,
+    serde::Deserialize,
+    bincode::Encode,
+    bincode::Decode,
+)]
 #[serde(deny_unknown_fields)]
 pub struct Field {
     /// The field's name (`"images"`, `"labels"`).

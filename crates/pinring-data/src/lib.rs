@@ -47,7 +47,8 @@ pub use meta::{max_encoded_len, BatchMeta, Dtype, MetaError, MAX_META_BYTES};
 pub use overrides::{until_stopped, EnvOverrides, Overrides, Spelling};
 pub use plan::{BatchIndices, ByteRange, Part, Plan, PlanError, PlanParams, SampleCut};
 pub use resolve::{
-    slots_for_workers, DatasetOpener, HostFacts, NoFiles, OpenedDataset, ResolveError, Spec,
+    slots_for_workers, DatasetOpener, HostFacts, NoFiles, OpenedDataset, ResolveError, RingFacts,
+    Spec, StoredSpecError, MAX_STORED_SPEC_BYTES, STORED_SPEC_MAGIC,
 };
 pub use shard_order::ShardOrder;
 pub use size::{ByteSize, SizeError};

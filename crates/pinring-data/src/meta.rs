@@ -29,7 +29,7 @@ fn bincode_config() -> MetaConfig {
 /// Read from a config by its pinring name ([`Dtype::name`]); a NumPy or PyTorch spelling
 /// (`"float32"`, `"torch.bfloat16"`, `"int64"`, `"half"`) is refused with the pinring name that
 /// means the same type ([`Dtype::from_other_name`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, bincode::Encode, bincode::Decode)]
 #[serde(rename_all = "lowercase")]
 pub enum Dtype {
     /// Unsigned 8-bit integer.

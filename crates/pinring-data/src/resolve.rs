@@ -1,10 +1,15 @@
-//! One resolved spec: [`Spec::resolve`] is the one function that turns the settings of a config
-//! as loaded, with the overrides of the process's edge, into the spec a daemon runs, for the daemon itself, `pinring config check` and Python's
-//! `check_config` alike: the dataset's files opened (their length is `dataset.samples`, a
+//! One resolved spec, made in one of two ways. [`Spec::resolve`] is the one function that turns
+//! the settings of a config as loaded, with the overrides of the process's edge, into the spec a
+//! daemon runs, for the daemon itself, `pinring config check` and Python's `pinring._native.Spec`
+//! alike: the dataset's files opened (their length is `dataset.samples`, a
 //! WebDataset's shard sizes order its plan), `"auto"` resolved for the host's cache, every rule
 //! checked (the config's own, and `ring.group` against the host's groups, as the daemon checks
 //! when it makes the ring), and the plan and batch layout made. A check that passes here is a
-//! daemon that starts.
+//! daemon that starts. [`Spec::adopt`] takes the spec a daemon stored in its ring back
+//! ([`stored`]), for the processes that join the ring.
+
+mod stored;
+pub use stored::{RingFacts, StoredSpecError, MAX_STORED_SPEC_BYTES, STORED_SPEC_MAGIC};
 
 use crate::{AutoRing, BatchLayout, Config, ConfigError, Overrides, Plan, PlanError, SlotBytes};
 use pinring_exit::{Coded, Exit};

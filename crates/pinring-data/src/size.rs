@@ -50,7 +50,19 @@ pub enum SizeError {
 ///
 /// Deserializes from an integer (bytes) or from a string such as `"4MiB"`,
 /// `"64 KiB"`, `"512B"` or `"2MB"` (= 2 000 000). Serializes as an integer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Default,
+    bincode::Encode,
+    bincode::Decode,
+)]
 pub struct ByteSize(pub u64);
 
 impl ByteSize {

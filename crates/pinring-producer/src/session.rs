@@ -1,7 +1,7 @@
 //! [`Session`]: one seat in one ring's loader table, and the claim loop.
 
 use crate::part::{LabelSource, PartBuffers, PartGuard, PlanFailed};
-use pinring_data::{BatchLayout, BatchMeta, Config, Plan};
+use pinring_data::{BatchLayout, BatchMeta, Config, Plan, RingFacts, Spec, StoredSpecError};
 use pinring_exit::{Coded, Exit};
 use pinring_ring::failure::{ERR_META, ERR_PLAN};
 use pinring_ring::layout::{align_up, META_ALIGN};
@@ -52,6 +52,15 @@ pub enum SessionError {
         /// The ring's.
         theirs: u64,
     },
+    /// The spec the ring stores cannot be adopted.
+    #[error(transparent)]
+    StoredSpec(#[from] StoredSpecError),
+    /// A loader joining with no config of its own found a ring that stores no spec.
+    #[error("ring {ring:?} stores no spec to adopt (its daemon hands no batches to a training process): give the loader the daemon's config")]
+    NoStoredSpec {
+        /// Ring name.
+        ring: String,
+    },
     /// The daemon died.
     #[error("ring {ring:?}: its daemon (pid {pid}) is gone; restart the daemon, then the loaders")]
     DaemonGone {
@@ -68,6 +77,8 @@ impl Coded for SessionError {
             SessionError::Ring(e) => e.exit(),
             SessionError::Plan { .. } => Exit::Config,
             SessionError::Mismatch { .. } => Exit::Refused,
+            SessionError::StoredSpec(e) => e.exit(),
+            SessionError::NoStoredSpec { .. } => Exit::Config,
             SessionError::DaemonGone { .. } => Exit::PeerDied,
         }
     }
@@ -198,26 +209,57 @@ impl Session {
     /// [`Session::join`]; with `at`, the anonymous ring there (its daemon's
     /// `/proc/<pid>/fd/<fd>`) instead of the one named in /dev/shm.
     pub fn join_at(
-        mut cfg: Config,
+        cfg: Config,
         at: Option<&std::path::Path>,
         wait: Duration,
         stop: impl Fn() -> bool,
     ) -> Result<Option<Session>, SessionError> {
+        let Some(ring) = Session::open(&cfg.ring.name, at, wait, stop)? else {
+            return Ok(None);
+        };
+        Session::take_seat(ring, cfg)
+    }
+
+    /// Joins ring `name` (at `at`, as [`Session::join_at`]) with the spec its daemon stored in
+    /// it ([`stored_spec`]): nothing read from a file, nothing resolved again. A ring that stores
+    /// none (its daemon's sink is not a training process) is [`SessionError::NoStoredSpec`].
+    pub fn join_adopting(
+        name: &str,
+        at: Option<&std::path::Path>,
+        wait: Duration,
+        stop: impl Fn() -> bool,
+    ) -> Result<Option<Session>, SessionError> {
+        let Some(ring) = Session::open(name, at, wait, stop)? else {
+            return Ok(None);
+        };
+        let Some(spec) = stored_spec(&ring)? else {
+            return Err(SessionError::NoStoredSpec { ring: name.into() });
+        };
+        let (cfg, _, _) = spec.into_parts();
+        Session::take_seat(ring, cfg)
+    }
+
+    /// Waits for ring `name` (at `at`) as [`Session::join_at`] says, and joins it as a loader.
+    fn open(
+        name: &str,
+        at: Option<&std::path::Path>,
+        wait: Duration,
+        stop: impl Fn() -> bool,
+    ) -> Result<Option<LoaderRing>, SessionError> {
         // A loader started before its daemon (by hand, or with --wait-for-daemon) says at once
         // which ring it waits for and how to start it.
         let tell = |w: &pinring_ring::Waiting| tracing::info!(ring = %w.name, "{w}");
-        let Some(ring) = pinring_ring::attach_at_unless(
-            &cfg.ring.name,
-            at,
-            Access::ReadWrite,
-            wait,
-            stop,
-            tell,
-        )?
+        let Some(ring) =
+            pinring_ring::attach_at_unless(name, at, Access::ReadWrite, wait, stop, tell)?
         else {
             return Ok(None);
         };
-        let ring = LoaderRing::join(ring)?;
+        Ok(Some(LoaderRing::join(ring)?))
+    }
+
+    /// Checks `cfg` against the joined `ring` ([`Session::check_ring`]) and takes a seat in its
+    /// loader table.
+    fn take_seat(ring: LoaderRing, mut cfg: Config) -> Result<Option<Session>, SessionError> {
         let plan = Session::check_ring(&mut cfg, &ring)?;
         let seat = ring.attach_loader(ProcessId::current())?;
         let layout = cfg.batch_layout();
@@ -505,6 +547,20 @@ enum EndCheck {
     Stopped,
 }
 
+/// The spec the ring's daemon stored in it, adopted (`Spec::adopt`); `None`: a ring with no
+/// handoff area (its daemon's sink is not a training process) stores none.
+pub fn stored_spec(ring: &LoaderRing) -> Result<Option<Spec>, StoredSpecError> {
+    ring.handoff_spec()
+        .map(|b| {
+            Spec::adopt(
+                &b,
+                ring.name(),
+                &RingFacts::of(ring.fingerprint(), &ring.geometry()),
+            )
+        })
+        .transpose()
+}
+
 /// Why a file dataset's fingerprint may differ: the daemon's source has another length than this
 /// loader's (known when the daemon stored its config in the ring, `--sink consumer`), or a
 /// general note that the files' length is part of the fingerprint.
@@ -519,11 +575,10 @@ fn length_hint(cfg: &Config, ring: &LoaderRing) -> String {
             .map(|w| w.shard_samples.clone())
             .unwrap_or_default()
     };
-    let theirs = ring
-        .handoff_config()
-        .and_then(|b| String::from_utf8(b).ok())
-        .and_then(|t| Config::from_toml_str(&t, "ring").ok())
-        .map(|c| (c.dataset.samples, shard_samples(&c)));
+    let theirs = stored_spec(ring)
+        .ok()
+        .flatten()
+        .map(|s| (s.config().dataset.samples, shard_samples(s.config())));
     let mine = shard_samples(cfg);
     match theirs {
         Some((n, _)) if n != cfg.dataset.samples => format!(

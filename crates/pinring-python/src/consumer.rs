@@ -214,6 +214,14 @@ impl Consumer {
         self.with(|c| c.config().to_toml())
     }
 
+    /// The daemon's spec, adopted from the ring (its settings as resolved, its plan's shape).
+    #[getter]
+    fn spec(&self) -> PyResult<crate::spec::PySpec> {
+        self.with(|c| crate::spec::PySpec {
+            inner: c.spec().clone(),
+        })
+    }
+
     /// Seqs per batch (a batch's seq is its first part's).
     #[getter]
     fn parts_per_batch(&self) -> PyResult<u64> {
@@ -303,11 +311,13 @@ pub struct EmbeddedDaemon {
 #[pymethods]
 impl EmbeddedDaemon {
     /// Starts the daemon (sink: this process's consumer) and waits up to `wait` seconds for its
-    /// ring to be ready. `rank` and `world_size` (both or neither) replace the config's
-    /// `plan.rank` and `plan.world_size`. `default_epochs`: `plan.epochs` where neither
-    /// `epochs` nor the config file sets it (None: the config's default, 2).
+    /// ring to be ready. Its settings are `spec` (a `Spec`, resolved once, taken as it is), or
+    /// the config file `config` (None: the lookup) with the keywords: `rank` and `world_size`
+    /// (both or neither) replace the config's `plan.rank` and `plan.world_size`;
+    /// `default_epochs`: `plan.epochs` where neither `epochs` nor the config file sets it (None:
+    /// the config's default, 2).
     #[new]
-    #[pyo3(signature = (config=None, ring=None, backend="auto", device=0, start_seq=0, epochs=None, replace=false, wait=60.0, anonymous=false, rank=None, world_size=None, default_epochs=None))]
+    #[pyo3(signature = (config=None, ring=None, backend="auto", device=0, start_seq=0, epochs=None, replace=false, wait=60.0, anonymous=false, rank=None, world_size=None, default_epochs=None, spec=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -323,23 +333,43 @@ impl EmbeddedDaemon {
         rank: Option<u32>,
         world_size: Option<u32>,
         default_epochs: Option<u32>,
+        spec: Option<PyRef<'_, crate::spec::PySpec>>,
     ) -> PyResult<Self> {
-        if let Some(path) = &config {
-            crate::convert::readable_config("EmbeddedDaemon", path)?;
-        }
-        let shard = match (rank, world_size) {
-            (Some(r), Some(w)) => Some((r, w)),
-            (None, None) => None,
-            _ => {
-                return Err(exit_error(
-                    pinring_exit::Exit::Usage,
-                    format!(
-                        "rank={rank:?}, world_size={world_size:?}: give both, or neither (the \
-                         config's plan then decides)"
-                    ),
-                ))
+        let keywords = crate::spec::Keywords {
+            ring,
+            epochs,
+            default_epochs,
+            rank,
+            world_size,
+            workers: None,
+        };
+        let spec = match spec {
+            Some(s) => {
+                if config.is_some()
+                    || keywords.ring.is_some()
+                    || keywords.epochs.is_some()
+                    || keywords.default_epochs.is_some()
+                    || keywords.rank.is_some()
+                    || keywords.world_size.is_some()
+                {
+                    return Err(exit_error(
+                        pinring_exit::Exit::Usage,
+                        "EmbeddedDaemon(spec=...): the spec holds every setting; leave config=, \
+                         ring=, epochs=, default_epochs=, rank= and world_size= out (give them \
+                         to Spec)",
+                    ));
+                }
+                Some(s.inner.clone())
+            }
+            None => {
+                if let Some(path) = &config {
+                    crate::convert::readable_config("EmbeddedDaemon", path)?;
+                }
+                None
             }
         };
+        // The keywords are this edge's overrides, named as the keywords name them.
+        let overrides = keywords.overrides()?;
         let backend = backend
             .parse::<pinring_backend::BackendKind>()
             .map_err(|e| exit_error(pinring_exit::Exit::Usage, e.to_string()))?;
@@ -355,15 +385,6 @@ impl EmbeddedDaemon {
                 ));
             }
         }
-        // The keywords are this edge's overrides, named as the keywords name them.
-        let overrides = pinring_runtime::settings::Overrides {
-            ring,
-            epochs,
-            default_epochs,
-            shard,
-            spelling: pinring_runtime::settings::Spelling::Keywords,
-            ..Default::default()
-        };
         let opts = EmbeddedOptions {
             backend,
             device,
@@ -373,7 +394,10 @@ impl EmbeddedDaemon {
         };
         let wait = seconds("wait", wait)?;
         let d = crate::signals::detach_interruptible(py, |stop| {
-            let spec = pinring_client::resolve_embedded(config.as_deref(), &overrides, anonymous)?;
+            let spec = match spec {
+                Some(spec) => spec,
+                None => pinring_client::resolve_embedded(config.as_deref(), &overrides, anonymous)?,
+            };
             pinring_client::EmbeddedDaemon::start_until(spec, &opts, wait, stop)
         })?
         .map_err(|e| e.to_pyerr())?;

@@ -112,7 +112,11 @@ pub fn check_config<'py>(
 /// sections, each a dict of keys (`{"plan": {"batch_size": 32}, ...}`, the TOML file's shape;
 /// `fields` a list of dicts), read by the same rules as a file (unknown keys refused, every
 /// value checked), without any TOML written in Python.
-fn config_from(py: Python<'_>, config: &Bound<'_, PyAny>, source: &str) -> PyResult<Config> {
+pub(crate) fn config_from(
+    py: Python<'_>,
+    config: &Bound<'_, PyAny>,
+    source: &str,
+) -> PyResult<Config> {
     if let Ok(text) = config.extract::<String>() {
         return Config::from_toml_str(&text, source).map_err(|e| e.to_pyerr());
     }
@@ -129,12 +133,16 @@ fn config_from(py: Python<'_>, config: &Bound<'_, PyAny>, source: &str) -> PyRes
         .call_method1("dumps", (config,))?
         .extract()?;
     let mut de = serde_json::Deserializer::from_str(&json);
-    Config::from_settings(&mut de, source).map_err(|e| e.to_pyerr())
+    let mut cfg = Config::from_settings(&mut de, source).map_err(|e| e.to_pyerr())?;
+    // As a file that sets plan.epochs: a default_epochs override leaves it as given.
+    let plan = config.get_item("plan").ok();
+    cfg.epochs_given = plan.is_some_and(|p| p.contains("epochs").unwrap_or(false));
+    Ok(cfg)
 }
 
 /// The scalar settings of `cfg`: `(section, key) -> value` for every boolean, integer, float
 /// and string key (arrays and tables, such as `dataset.fields`, left out).
-fn settings_of<'py>(py: Python<'py>, cfg: &Config) -> PyResult<Bound<'py, PyDict>> {
+pub(crate) fn settings_of<'py>(py: Python<'py>, cfg: &Config) -> PyResult<Bound<'py, PyDict>> {
     let value = serde_json::to_value(cfg).map_err(|e| {
         crate::exit_error(
             pinring_exit::Exit::Internal,

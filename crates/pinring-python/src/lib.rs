@@ -14,6 +14,8 @@ pub mod process;
 pub mod producer;
 mod programs;
 mod signals;
+pub mod spec;
+mod supervise;
 mod testing;
 
 use pyo3::prelude::*;
@@ -30,9 +32,11 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<consumer::Consumer>()?;
     m.add_class::<consumer::Batch>()?;
     m.add_class::<consumer::EmbeddedDaemon>()?;
+    m.add_class::<spec::PySpec>()?;
     m.add_class::<producer::Producer>()?;
     m.add_class::<producer::Part>()?;
     m.add_class::<testing::OwnerProbe>()?;
+    m.add_class::<supervise::Supervisor>()?;
     m.add_function(wrap_pyfunction!(convert::check_config, m)?)?;
     m.add_function(wrap_pyfunction!(consumer::bound, m)?)?;
     m.add_function(wrap_pyfunction!(process::live_rings, m)?)?;

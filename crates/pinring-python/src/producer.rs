@@ -21,7 +21,7 @@ use std::time::Instant;
 
 use pinring_exit::Exit;
 use pinring_producer::loader;
-use pinring_producer::{Joined, Next, PartBuffers, PartError, PartGuard, Session};
+use pinring_producer::{Joined, Next, PartBuffers, PartError, PartGuard, Session, SessionError};
 use pinring_runtime::settings::{self, Overrides, Spelling};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -99,14 +99,30 @@ impl Producer {
         let state = crate::signals::detach_interruptible(
             py,
             |stop| -> Result<State, loader::LoaderError> {
-                let mut cfg = settings::load(config.as_deref(), &overrides)?;
-                // A file kind: its length is the files' (as the daemon and pinring-loader find it).
-                pinring_sources::open_source(&mut cfg)?;
-                let name = cfg.ring.name.clone();
-                let Some(session) = Session::join_at(cfg, path.as_deref(), wait, stop)? else {
+                let joined = if config.is_none() {
+                    // The daemon's own spec, as its ring stores it: nothing read or resolved
+                    // again (every ring with a consumer stores one).
+                    match Session::join_adopting(&ring, path.as_deref(), wait, stop) {
+                        Err(SessionError::NoStoredSpec { .. }) => None,
+                        other => Some(other?),
+                    }
+                } else {
+                    None
+                };
+                let joined = match joined {
+                    Some(joined) => joined,
+                    None => {
+                        let mut cfg = settings::load(config.as_deref(), &overrides)?;
+                        // A file kind: its length is the files' (as the daemon and
+                        // pinring-loader find it).
+                        pinring_sources::open_source(&mut cfg)?;
+                        Session::join_at(cfg, path.as_deref(), wait, stop)?
+                    }
+                };
+                let Some(session) = joined else {
                     // Stopped by a signal handler: its exception is raised instead of this.
                     return Err(pinring_ring::RingError::NotReady {
-                        name,
+                        name: ring.clone(),
                         waited_ms: 0,
                         state: "interrupted",
                     }

@@ -25,7 +25,7 @@ pub enum RingError {
         max_slots: u32,
     },
     /// The handoff area asked for is out of range.
-    #[error("ring {name:?}: a handoff of {buffers} batch buffers of {buffer_bytes} bytes with a config of {config_len} bytes is out of range (1 to 64 buffers, a config of at most 64 KiB); lower daemon.prefetch or the batch size")]
+    #[error("ring {name:?}: a handoff of {buffers} batch buffers of {buffer_bytes} bytes with a stored spec of {spec_len} bytes is out of range (1 to 64 buffers, a spec of at most 64 KiB); lower daemon.prefetch or the batch size")]
     InvalidHandoff {
         /// Ring name.
         name: String,
@@ -34,7 +34,7 @@ pub enum RingError {
         /// Bytes per buffer.
         buffer_bytes: u64,
         /// Config text length.
-        config_len: u64,
+        spec_len: u64,
     },
     /// A writing role taken on a ring opened read-only.
     #[error("ring {name:?} was opened read-only, so {role} cannot write into it: open it with Access::ReadWrite")]

@@ -2,8 +2,8 @@
 //!
 //! A ring created with a [`HandoffSpec`] carries, after its data area, a *handoff area*: one
 //! [`BufferDesc`] per batch buffer (the daemon's device buffers, or, on the host backend, buffers
-//! inside this area), the daemon's resolved config as TOML text (from which the consumer derives
-//! the batch's fields and the plan), and on the host backend the buffers' bytes. The
+//! inside this area), the daemon's resolved spec as a binary value (pinring-data's
+//! `Spec::to_stored`, from which the consumer derives the batch's fields and the plan), and on the host backend the buffers' bytes. The
 //! [`HandoffBlock`] in the header page says where all of it lies.
 //!
 //! A buffer's word holds its state (low byte) and the round (high 32 bits, bumped at each fill):
@@ -39,8 +39,8 @@ pub const MAX_BUFFERS: u32 = 64;
 pub const BUFFER_DESC_BYTES: usize = 256;
 /// Byte offset of the [`HandoffBlock`] in the header page.
 pub const HANDOFF_OFFSET: usize = 512;
-/// Longest config text a ring carries.
-pub const MAX_CONFIG_BYTES: u64 = 64 << 10;
+/// Longest stored spec a ring carries.
+pub const MAX_SPEC_BYTES: u64 = 64 << 10;
 /// Most parts a batch handed over by its slots may have (the part table's row length).
 pub const MAX_PART_SLOTS: u32 = 1 << 16;
 /// Alignment of the host buffers (the first; the daemon makes their size a multiple of it) and
@@ -98,10 +98,10 @@ pub struct HandoffBlock {
     pub desc_bytes: AtomicU32,
     /// Bytes of one batch buffer.
     pub buffer_bytes: AtomicU64,
-    /// Offset of the config text from the segment start.
-    pub config_offset: AtomicU64,
-    /// Bytes of the config text (1..=[`MAX_CONFIG_BYTES`]).
-    pub config_len: AtomicU32,
+    /// Offset of the stored spec from the segment start.
+    pub spec_offset: AtomicU64,
+    /// Bytes of the stored spec (1..=[`MAX_SPEC_BYTES`]).
+    pub spec_len: AtomicU32,
     /// [`backend_code`].
     pub backend: AtomicU32,
     /// Host backend: offset of buffer 0's bytes from the segment start (0 for CUDA).
@@ -202,8 +202,9 @@ pub struct HandoffSpec {
     pub buffers: u32,
     /// Bytes of one buffer (a whole batch).
     pub buffer_bytes: u64,
-    /// The daemon's resolved config, as TOML.
-    pub config: String,
+    /// The daemon's resolved spec, in its stored form (pinring-data's `Spec::to_stored`):
+    /// bytes the ring carries without reading them.
+    pub spec: Vec<u8>,
     /// Whether the buffers lie in the handoff area (host backend) rather than in device memory.
     pub host: bool,
     /// CUDA device ordinal (0 for host).
@@ -225,10 +226,10 @@ pub struct HandoffGeometry {
     pub buffers: u32,
     /// Bytes of one buffer.
     pub buffer_bytes: u64,
-    /// Start of the config text.
-    pub config_offset: u64,
-    /// Bytes of the config text.
-    pub config_len: u64,
+    /// Start of the stored spec.
+    pub spec_offset: u64,
+    /// Bytes of the stored spec.
+    pub spec_len: u64,
     /// Host backend: start of buffer 0's bytes; 0 when the buffers are device memory (or the
     /// consumer's own).
     pub host_offset: u64,
@@ -247,15 +248,15 @@ impl HandoffGeometry {
         area_offset: u64,
         buffers: u32,
         buffer_bytes: u64,
-        config_len: u64,
+        spec_len: u64,
         host: bool,
         part_slots: u32,
     ) -> Option<HandoffGeometry> {
         if buffers == 0
             || buffers > MAX_BUFFERS
             || buffer_bytes == 0
-            || config_len == 0
-            || config_len > MAX_CONFIG_BYTES
+            || spec_len == 0
+            || spec_len > MAX_SPEC_BYTES
             || part_slots > MAX_PART_SLOTS
             || area_offset % HOST_BUFFER_ALIGN != 0
         {
@@ -265,23 +266,23 @@ impl HandoffGeometry {
         let parts_offset =
             area_offset.checked_add(u64::from(buffers) * BUFFER_DESC_BYTES as u64)?;
         let table = (u64::from(buffers) * u64::from(part_slots) * 4).next_multiple_of(8);
-        let config_offset = parts_offset.checked_add(table)?;
-        let config_end = config_offset.checked_add(config_len)?;
+        let spec_offset = parts_offset.checked_add(table)?;
+        let spec_end = spec_offset.checked_add(spec_len)?;
         let (host_offset, end) = if host {
-            let host_offset = align_up(config_end, HOST_BUFFER_ALIGN)?;
+            let host_offset = align_up(spec_end, HOST_BUFFER_ALIGN)?;
             let bytes = buffer_bytes.checked_mul(u64::from(buffers))?;
             let end = align_up(host_offset.checked_add(bytes)?, HOST_BUFFER_ALIGN)?;
             (host_offset, end)
         } else {
-            (0, align_up(config_end, HOST_BUFFER_ALIGN)?)
+            (0, align_up(spec_end, HOST_BUFFER_ALIGN)?)
         };
         Some(HandoffGeometry {
             area_offset,
             area_bytes: end - area_offset,
             buffers,
             buffer_bytes,
-            config_offset,
-            config_len,
+            spec_offset,
+            spec_len,
             host_offset,
             part_slots,
             parts_offset,
@@ -577,9 +578,9 @@ mod tests {
     #[test]
     fn geometry_places_buffers_on_pages() {
         let g = HandoffGeometry::new(1 << 20, 4, 10_000, 300, true, 0).unwrap();
-        assert_eq!(g.config_offset, (1 << 20) + 4 * 256);
+        assert_eq!(g.spec_offset, (1 << 20) + 4 * 256);
         assert_eq!(g.host_offset % 4096, 0);
-        assert!(g.host_offset >= g.config_offset + 300);
+        assert!(g.host_offset >= g.spec_offset + 300);
         assert_eq!(g.host_stride(), 10_000);
         assert_eq!(g.end(), (g.host_offset + 40_000).next_multiple_of(4096));
         assert_eq!(g.host_buffer_offset(1), Some(g.host_offset + 10_000));
@@ -589,24 +590,24 @@ mod tests {
         assert_eq!(d.end() % 4096, 0);
         assert!(HandoffGeometry::new(1 << 20, 0, 1, 1, true, 0).is_none());
         assert!(HandoffGeometry::new(1 << 20, MAX_BUFFERS + 1, 1, 1, true, 0).is_none());
-        assert!(HandoffGeometry::new(1 << 20, 1, 1, MAX_CONFIG_BYTES + 1, true, 0).is_none());
+        assert!(HandoffGeometry::new(1 << 20, 1, 1, MAX_SPEC_BYTES + 1, true, 0).is_none());
         assert!(HandoffGeometry::new(100, 1, 1, 1, true, 0).is_none());
         assert!(HandoffGeometry::new(u64::MAX - 4095, 64, u64::MAX / 2, 1, true, 0).is_none());
     }
 
     #[test]
-    fn a_part_table_lies_between_the_descriptors_and_the_config_and_drops_host_buffers() {
+    fn a_part_table_lies_between_the_descriptors_and_the_spec_and_drops_host_buffers() {
         let g = HandoffGeometry::new(1 << 20, 3, 10_000, 300, true, 5).unwrap();
         assert_eq!(g.parts_offset, (1 << 20) + 3 * 256);
         assert_eq!(g.part_slot_offset(0, 0), g.parts_offset);
         assert_eq!(g.part_slot_offset(1, 2), g.parts_offset + (5 + 2) * 4);
         assert_eq!(
-            g.config_offset,
+            g.spec_offset,
             g.parts_offset + (3 * 5 * 4u64).next_multiple_of(8)
         );
         assert_eq!(g.host_offset, 0, "the consumer's buffers are its own");
         assert_eq!(g.end() % 4096, 0);
-        assert!(g.end() >= g.config_offset + 300);
+        assert!(g.end() >= g.spec_offset + 300);
         assert!(HandoffGeometry::new(1 << 20, 3, 1, 1, false, MAX_PART_SLOTS + 1).is_none());
     }
 }

@@ -454,15 +454,15 @@ impl Geometry {
         })
     }
 
-    /// The same ring with a handoff area of `buffers` buffers of `buffer_bytes` and a config text
-    /// of `config_len` bytes after its data area (page aligned), with a part table of
+    /// The same ring with a handoff area of `buffers` buffers of `buffer_bytes` and a stored spec
+    /// of `spec_len` bytes after its data area (page aligned), with a part table of
     /// `part_slots` slots per buffer when the consumer copies ([`crate::handoff::HandoffGeometry`]);
     /// `None` if out of range.
     pub fn with_handoff(
         self,
         buffers: u32,
         buffer_bytes: u64,
-        config_len: u64,
+        spec_len: u64,
         host: bool,
         part_slots: u32,
     ) -> Option<Geometry> {
@@ -471,7 +471,7 @@ impl Geometry {
             area_offset,
             buffers,
             buffer_bytes,
-            config_len,
+            spec_len,
             host,
             part_slots,
         )?;

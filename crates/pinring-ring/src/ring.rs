@@ -329,7 +329,7 @@ fn sealed_fields<'a>(h: &'a Header, b: &'a HandoffBlock) -> SealedFields<'a> {
             ("handoff.area_offset", &b.area_offset),
             ("handoff.area_bytes", &b.area_bytes),
             ("handoff.buffer_bytes", &b.buffer_bytes),
-            ("handoff.config_offset", &b.config_offset),
+            ("handoff.spec_offset", &b.spec_offset),
             ("handoff.host_offset", &b.host_offset),
         ],
         [
@@ -342,7 +342,7 @@ fn sealed_fields<'a>(h: &'a Header, b: &'a HandoffBlock) -> SealedFields<'a> {
             ("max_loaders", &h.max_loaders),
             ("handoff.buffers", &b.buffers),
             ("handoff.desc_bytes", &b.desc_bytes),
-            ("handoff.config_len", &b.config_len),
+            ("handoff.spec_len", &b.spec_len),
             ("handoff.backend", &b.backend),
             ("handoff.device", &b.device),
             ("handoff.part_slots", &b.part_slots),
@@ -408,7 +408,7 @@ impl Ring {
                 .with_handoff(
                     h.buffers,
                     h.buffer_bytes,
-                    h.config.len() as u64,
+                    h.spec.len() as u64,
                     h.host,
                     h.part_slots,
                 )
@@ -416,7 +416,7 @@ impl Ring {
                     name: opts.name.clone(),
                     buffers: h.buffers,
                     buffer_bytes: h.buffer_bytes,
-                    config_len: h.config.len() as u64,
+                    spec_len: h.spec.len() as u64,
                 })?;
         }
         let gid = opts
@@ -541,8 +541,8 @@ impl Ring {
             b.desc_bytes
                 .store(crate::handoff::BUFFER_DESC_BYTES as u32, Relaxed);
             b.buffer_bytes.store(hg.buffer_bytes, Relaxed);
-            b.config_offset.store(hg.config_offset, Relaxed);
-            b.config_len.store(hg.config_len as u32, Relaxed);
+            b.spec_offset.store(hg.spec_offset, Relaxed);
+            b.spec_len.store(hg.spec_len as u32, Relaxed);
             b.backend.store(
                 if spec.host {
                     crate::handoff::backend_code::HOST
@@ -556,13 +556,13 @@ impl Ring {
             b.part_slots.store(hg.part_slots, Relaxed);
             b.taken_next.store(opts.start_seq, Relaxed);
             b.filled_next.store(opts.start_seq, Relaxed);
-            // SAFETY: config_offset lies inside the handoff area, inside the mapping (the
+            // SAFETY: spec_offset lies inside the handoff area, inside the mapping (the
             // geometry sized the file), so the pointer stays in bounds.
-            let dst = unsafe { self.seg.base().add(hg.config_offset as usize) };
+            let dst = unsafe { self.seg.base().add(hg.spec_offset as usize) };
             // SAFETY: [dst, +len) is the config range of the area, private to this process (the
             // segment has no name yet, so this plain write races with nothing), and the source
-            // is a distinct heap string of that length.
-            unsafe { std::ptr::copy_nonoverlapping(spec.config.as_ptr(), dst, spec.config.len()) };
+            // is a distinct heap buffer of that length.
+            unsafe { std::ptr::copy_nonoverlapping(spec.spec.as_ptr(), dst, spec.spec.len()) };
         }
         h.version.store(LAYOUT_VERSION, Release);
         // Openers wait on the version word (they cannot, in practice: the segment gets its name
@@ -767,14 +767,15 @@ impl Ring {
         unsafe { self.seg.at(hg.desc_offset(i) as usize) }
     }
 
-    /// The config text the daemon stored in the handoff area, copied out of shared memory;
-    /// `None` for a ring without a handoff. The bytes are untrusted: parse them as such.
-    pub fn handoff_config(&self) -> Option<Vec<u8>> {
+    /// The spec the daemon stored in the handoff area (pinring-data's `Spec::to_stored`), copied
+    /// out of shared memory;
+    /// `None` for a ring without a handoff. The bytes are untrusted: `Spec::adopt` checks them.
+    pub fn handoff_spec(&self) -> Option<Vec<u8>> {
         let hg = self.geom.handoff?;
-        let mut out = vec![0u8; hg.config_len as usize];
-        // SAFETY: config_offset lies inside the validated handoff area, inside the mapping.
-        let src = unsafe { self.seg.base().add(hg.config_offset as usize) };
-        // SAFETY: [config_offset, +config_len) lies inside the validated handoff area and the
+        let mut out = vec![0u8; hg.spec_len as usize];
+        // SAFETY: spec_offset lies inside the validated handoff area, inside the mapping.
+        let src = unsafe { self.seg.base().add(hg.spec_offset as usize) };
+        // SAFETY: [spec_offset, +spec_len) lies inside the validated handoff area and the
         // destination is private memory of that length, so the ranges do not overlap. The copy
         // reads the bytes as untrusted data (any value is a valid u8, which the parser judges);
         // only the creator writes them, before the ring is published.
@@ -1284,10 +1285,10 @@ fn with_handoff(
     geom: Geometry,
     corrupt: &dyn Fn(String) -> RingError,
 ) -> Result<Geometry, RingError> {
-    let (buffers, buffer_bytes, config_len, backend, part_slots) = (
+    let (buffers, buffer_bytes, spec_len, backend, part_slots) = (
         hb.buffers.load(Relaxed),
         hb.buffer_bytes.load(Relaxed),
-        u64::from(hb.config_len.load(Relaxed)),
+        u64::from(hb.spec_len.load(Relaxed)),
         hb.backend.load(Relaxed),
         hb.part_slots.load(Relaxed),
     );
@@ -1297,11 +1298,11 @@ fn with_handoff(
         other => return Err(corrupt(format!("handoff backend code {other} is unknown"))),
     };
     let geom = geom
-        .with_handoff(buffers, buffer_bytes, config_len, host, part_slots)
+        .with_handoff(buffers, buffer_bytes, spec_len, host, part_slots)
         .ok_or_else(|| {
             corrupt(format!(
                 "handoff of {buffers} buffers of {buffer_bytes} bytes, a part table of \
-                     {part_slots} slots per buffer and a config of {config_len} bytes is out \
+                     {part_slots} slots per buffer and a stored spec of {spec_len} bytes is out \
                      of range"
             ))
         })?;
@@ -1309,14 +1310,14 @@ fn with_handoff(
     let found = (
         hb.area_offset.load(Relaxed),
         hb.area_bytes.load(Relaxed),
-        hb.config_offset.load(Relaxed),
+        hb.spec_offset.load(Relaxed),
         hb.host_offset.load(Relaxed),
         hb.desc_bytes.load(Relaxed) as usize,
     );
     let want = (
         hg.area_offset,
         hg.area_bytes,
-        hg.config_offset,
+        hg.spec_offset,
         hg.host_offset,
         crate::handoff::BUFFER_DESC_BYTES,
     );

@@ -87,10 +87,11 @@ macro_rules! shared_reads {
                 self.0.settings_record()
             }
 
-            /// The config text the daemon stored in the handoff area, copied out (untrusted);
+            /// The spec the daemon stored in the handoff area, copied out (untrusted: `Spec::adopt`
+            /// checks it);
             /// `None` for a ring without a handoff.
-            pub fn handoff_config(&self) -> Option<Vec<u8>> {
-                self.0.handoff_config()
+            pub fn handoff_spec(&self) -> Option<Vec<u8>> {
+                self.0.handoff_spec()
             }
         }
     )*};

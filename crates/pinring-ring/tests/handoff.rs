@@ -12,7 +12,7 @@ fn with_handoff(tag: &str) -> (DaemonRing, Unlink) {
     o.handoff = Some(HandoffSpec {
         buffers: 3,
         buffer_bytes: 8192,
-        config: "[plan]\nbatch_size = 4\n".into(),
+        spec: b"opaque spec bytes".to_vec(),
         host: true,
         device: 0,
         part_slots: 0,
@@ -39,7 +39,7 @@ fn batch(seq: u64) -> Filled {
 fn an_opener_sees_the_config_and_the_host_buffers() {
     let (daemon, _u) = with_handoff("ho-open");
     let c = ConsumerRing::attach(Ring::open(daemon.name(), Access::ReadWrite, T).unwrap()).unwrap();
-    assert_eq!(c.handoff_config().unwrap(), b"[plan]\nbatch_size = 4\n");
+    assert_eq!(c.handoff_spec().unwrap(), b"opaque spec bytes");
     let g = c.geometry().handoff.unwrap();
     assert_eq!(g.buffers, 3);
     assert_eq!(c.geometry(), daemon.geometry());
@@ -114,7 +114,7 @@ fn a_ring_without_a_handoff_refuses_consumers() {
     // The consumer's role is refused when it is taken.
     let ring = Ring::open(daemon.name(), Access::ReadWrite, T).unwrap();
     assert!(ring.geometry().handoff.is_none());
-    assert!(ring.handoff_config().is_none());
+    assert!(ring.handoff_spec().is_none());
     let e = ConsumerRing::attach(ring).unwrap_err();
     assert!(matches!(e, RingError::NoHandoff { .. }), "{e}");
     assert!(e.to_string().contains("--sink consumer"), "{e}");
@@ -152,7 +152,7 @@ fn with_part_table(tag: &str, host: bool) -> (DaemonRing, Unlink) {
     o.handoff = Some(HandoffSpec {
         buffers: 3,
         buffer_bytes: 8192,
-        config: "[plan]\nbatch_size = 4\n".into(),
+        spec: b"opaque spec bytes".to_vec(),
         host,
         device: 0,
         part_slots: 5,
@@ -173,7 +173,7 @@ fn a_ring_whose_consumer_copies_lists_each_batchs_slots_for_an_opener() {
     assert_eq!(raw.handoff().part_slots.load(Relaxed), 5);
     // The consumer's buffers are its own: none lies in the ring.
     assert_eq!(c.host_buffer_ptr(0), None);
-    assert_eq!(c.handoff_config().unwrap(), b"[plan]\nbatch_size = 4\n");
+    assert_eq!(c.handoff_spec().unwrap(), b"opaque spec bytes");
     daemon.part_slot(2, 4).unwrap().store(77, Relaxed);
     daemon.part_slot(0, 0).unwrap().store(3, Relaxed);
     assert_eq!(c.part_slot(2, 4), Some(77));

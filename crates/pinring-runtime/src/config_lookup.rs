@@ -34,6 +34,9 @@ pub enum Origin {
     Searched(PathBuf),
     /// No file: the built-in default.
     BuiltIn,
+    /// No file: settings given as data by the embedding program (Python's keywords), described
+    /// as it describes them.
+    Given(String),
 }
 
 impl Origin {
@@ -41,7 +44,7 @@ impl Origin {
     pub fn path(&self) -> Option<&Path> {
         match self {
             Origin::Flag(p) | Origin::Env(p) | Origin::Searched(p) => Some(p),
-            Origin::BuiltIn => None,
+            Origin::BuiltIn | Origin::Given(_) => None,
         }
     }
 
@@ -52,6 +55,7 @@ impl Origin {
             Origin::Env(p) => format!("${ENV_CONFIG} {}", p.display()),
             Origin::Searched(p) => format!("found {}", p.display()),
             Origin::BuiltIn => "built-in default (no config file found)".into(),
+            Origin::Given(what) => what.clone(),
         }
     }
 }

@@ -80,6 +80,18 @@ pub fn find_with(
     })
 }
 
+/// Settings given as data by the embedding program (no file, no lookup), with `overrides` and
+/// this process's environment's added, as [`find`] adds them to a file's.
+pub fn given(settings: Config, overrides: &Overrides) -> Result<Found, ConfigError> {
+    let mut overrides = overrides.clone();
+    overrides.env = env_overrides(&env_lookup)?;
+    Ok(Found {
+        origin: Origin::Given(settings.source.clone()),
+        settings,
+        overrides,
+    })
+}
+
 /// [`find_with`] in this process's environment.
 pub fn find(path: Option<&Path>, overrides: &Overrides) -> Result<Found, ConfigError> {
     find_with(path, overrides, &Places::from_env(), &env_lookup)

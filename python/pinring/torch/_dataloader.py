@@ -263,15 +263,13 @@ class DataLoader(Generic[_T_co]):
         self._zygote: Optional[_procs.Zygote] = None
         # The first start's workers, forked before the ring (until the pool adopts them).
         self._early: Optional[EarlyWorkers] = None
-        # The ring's config, in a memfd (nothing on disk), and where the daemon and the
-        # workers read it: this process's /proc/<pid>/fd/<fd>.
-        self._config_fd: Optional[int] = None
+        # The embedded ring's settings as data and their spec, resolved once (_resolve).
+        self._spec: Optional[Tuple[Dict[str, Any], _native.Spec]] = None
         self._restarts = 0  # workers restarted over the loader's life, passes before this one
         self._leases_seen = 0  # the ring's count of parts taken back after their lease, seen
         self._ring_settings: Dict[Tuple[str, str], Any] = {}
         self._ring_name: Optional[str] = None
         self._ring_path: Optional[str] = None  # an anonymous ring's /proc/<pid>/fd/<fd>
-        self._config_path: Optional[str] = None
         self.summary: Optional[Dict[str, Any]] = None
         # A drawn order (_drawn_by): its table, the last epoch published in it, the orders
         # drawn before the table existed (the first, which sizes the plan), and the plan's
@@ -475,10 +473,9 @@ class DataLoader(Generic[_T_co]):
             )
         return self._zygote
 
-
     def _config(self, ring: str) -> Dict[str, Any]:
         """The config of this loader's ring, as data (the config file's shape: sections of
-        keys), which pinring reads by the file's rules (``_native.check_config``)."""
+        keys), which ``_native.Spec`` resolves by the file's rules."""
         layout = self._infer()
         daemon: Dict[str, Any] = {}
         if self.prefetch is not None:
@@ -593,28 +590,32 @@ class DataLoader(Generic[_T_co]):
         buffers = self._consumer.buffers_held[1]
         return 2 * (slots + buffers * ppb) + bpe * ppb
 
-    def _ring_toml(self, name: str) -> str:
-        """The embedded ring's config as TOML: "auto"'s slots, but no more than the workers can
-        keep busy (the resolver's ``slots_for_workers``): a smaller ring is made and registered
-        sooner."""
-        info = _native.check_config(
-            self._config(name), "pinring.torch.DataLoader", workers=self.num_workers
-        )
-        return str(info["toml"])
+    def _resolve(self) -> _native.Spec:
+        """The embedded ring's spec: "auto"'s slots, but no more than the workers can keep busy
+        (the resolver's ``slots_for_workers``: a smaller ring is made and registered sooner).
+        Resolved once for its settings: the plan's shape and the daemon take the same value."""
+        local = _dist.local_rank()
+        rank = "" if local is None else f"rank{local}-"
+        settings = self._config(f"torch-{rank}{os.getpid()}-{id(self) & 0xFFFFFF:x}")
+        if self._spec is None or self._spec[0] != settings:
+            spec = _native.Spec(settings, source="pinring.torch.DataLoader",
+                                workers=self.num_workers)
+            self._spec = (settings, spec)
+        return self._spec[1]
 
     def _shape(self) -> Tuple[int, int]:
         """(batches per epoch, seqs per batch) of the plan, before anything starts."""
         if self._bpe is None or self._ppb is None:
             if self._attached_ring is None:
-                # Resolved as the embedded ring's config is (_ring_toml): the slots for the
-                # workers decide "auto"'s slot size, and with it the parts of a batch.
-                info = _native.check_config(self._config("plan"), "pinring.torch.DataLoader",
-                                            workers=self.num_workers)
+                # The embedded ring's own spec: the slots for the workers decide "auto"'s slot
+                # size, and with it the parts of a batch.
+                info = self._resolve().info()
             else:
                 c = _native.Consumer(self._attached_ring, wait_for_ring=self.wait_for_ring)
                 try:
-                    self._check_ring(c.config, c.device)
-                    info = _native.check_config(c.config, f"ring {self._attached_ring!r}")
+                    spec = c.spec
+                    self._check_ring(spec.settings(), c.device)
+                    info = spec.info()
                 finally:
                     c.close()
             self._bpe = int(info["batches_per_epoch"])
@@ -652,15 +653,13 @@ class DataLoader(Generic[_T_co]):
             self._ensure_zygote()
         fork_waiting_zygotes()
         if self._attached_ring is None:
-            local = _dist.local_rank()
-            rank = "" if local is None else f"rank{local}-"
-            name = f"torch-{rank}{os.getpid()}-{id(self) & 0xFFFFFF:x}"
-            path = self._config_memfd(self._ring_toml(name))
             backend: Literal["host", "cuda"] = "host" if self._device.type == "cpu" else "cuda"
             # Anonymous: a memfd, not a name in /dev/shm, so nothing is left behind however
-            # this process ends, and /dev/shm's size does not matter.
+            # this process ends, and /dev/shm's size does not matter. The daemon runs the spec
+            # as resolved (and stores it in the ring, where the workers adopt it).
+            spec = self._resolve()
             self._daemon = _native.EmbeddedDaemon(
-                config=path, backend=backend, device=self._device.index or 0,
+                spec=spec, backend=backend, device=self._device.index or 0,
                 start_seq=start_seq, anonymous=True,
             )
             self._ring_name = self._daemon.ring
@@ -668,7 +667,7 @@ class DataLoader(Generic[_T_co]):
             self._consumer = _native.Consumer(
                 self._ring_name, wait_for_ring=self.wait_for_ring, path=self._ring_path,
             )
-            self._ring_settings = _native.config_settings(self._consumer.config)
+            self._ring_settings = spec.settings()
             shape = (self._consumer.batches_per_epoch, self._consumer.parts_per_batch)
             if self._bpe is not None and shape != (self._bpe, self._ppb):
                 raise _native.InternalError(
@@ -682,12 +681,11 @@ class DataLoader(Generic[_T_co]):
             self._consumer = _native.Consumer(
                 self._attached_ring, start_seq=start_seq or None, wait_for_ring=self.wait_for_ring,
             )
-            text = self._consumer.config
-            info = _native.check_config(text, f"ring {self._attached_ring!r}")
+            # The daemon's spec as the ring stores it: nothing parsed or resolved again.
+            spec = self._consumer.spec
+            info = spec.info()
             _check_ring_fields(self._attached_ring, info["fields"], layout, len(self.dataset))
-            self._ring_settings = self._check_ring(text, self._consumer.device)
-            path = self._config_memfd(text)
-        self._config_path = path
+            self._ring_settings = self._check_ring(spec.settings(), self._consumer.device)
         self._leases_seen = self._consumer.leases_expired
         if self._stream:
             self._ends, self._ends_fd = EndTable.create(max(1, self.num_workers))
@@ -709,18 +707,12 @@ class DataLoader(Generic[_T_co]):
             restarts=self._restarts, lease_text=self._lease_text, stream=self._stream,
         )
 
-    def _config_memfd(self, text: str) -> str:
-        """The ring's config ``text`` in a memfd that the daemon and the workers read (at this
-        process's ``/proc/<pid>/fd/<fd>``, as the ring itself); a killed trainer leaves no file."""
-        self._config_fd = _memfd.holding("pinring-torch-config", text)
-        return _memfd.path(self._config_fd, os.getpid())
-
-    def _check_ring(self, text: str, device: str) -> Dict[Tuple[str, str], Any]:
+    def _check_ring(self, settings: Dict[Tuple[str, str], Any],
+                    device: str) -> Dict[Tuple[str, str], Any]:
         """With ``ring=``: raises ``UsageError`` naming each argument passed that the ring's
-        config (``text``, delivering to ``device``) contradicts, and a dataset of another length
-        than the ring's; then takes the ring's settings as the loader's own, and returns them
-        (``_native.config_settings``)."""
-        settings = _native.config_settings(text)
+        settings (``Spec.settings()``, delivering to ``device``) contradict, and a dataset of
+        another length than the ring's; then takes the ring's settings as the loader's own, and
+        returns them."""
         sampler, from_sampler = self._from_sampler
         wrong = []
         for arg, value in self._given.items():
@@ -797,7 +789,7 @@ class DataLoader(Generic[_T_co]):
     def _worker_args(self, worker_id: int) -> _WorkerArgs:
         """Worker ``worker_id``'s arguments; the ring's are empty while it does not exist."""
         return _WorkerArgs(
-            ring=self._ring_name or "", path=self._ring_path, config=self._config_path or "",
+            ring=self._ring_name or "", path=self._ring_path,
             dataset=self.dataset,
             layout=self._layout, collate_fn=self.collate_fn, worker_init_fn=self.worker_init_fn,
             worker_id=worker_id, num_workers=self.num_workers,
@@ -842,9 +834,6 @@ class DataLoader(Generic[_T_co]):
 
                     self.summary = json.loads(text)
         finally:
-            if self._config_fd is not None:
-                os.close(self._config_fd)
-                self._config_fd = None
             if self._orders_fd is not None:
                 os.close(self._orders_fd)
                 self._orders_fd, self._orders = None, None

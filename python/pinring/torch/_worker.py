@@ -83,7 +83,6 @@ class _Orders:
 
 class _WorkerArgs(NamedTuple):
     ring: str
-    config: str
     dataset: Any
     layout: Optional[_Layout]
     collate_fn: Optional[Callable[[List[Any]], Any]]
@@ -111,7 +110,7 @@ class _WorkerArgs(NamedTuple):
 
 
 # The fields of _WorkerArgs an early worker learns when its ring exists (EarlyWorkers.adopt).
-RING_ARGS = ("ring", "path", "config", "layout", "orders", "stream")
+RING_ARGS = ("ring", "path", "layout", "orders", "stream")
 
 
 def _worker_main(args: _WorkerArgs, errors: Any, stop: Any) -> None:
@@ -181,8 +180,9 @@ class _Run:
         # An iterable dataset's worker makes its own batches: every workers-th (_stream).
         keep: Dict[str, Any] = {} if args.stream is None else {
             "only_batches": (args.worker_id, workers)}
+        # No config: the worker adopts the spec the ring's daemon stored in it.
         return _native.Producer(
-            args.ring, config=args.config, wait=args.wait, path=args.path,
+            args.ring, wait=args.wait, path=args.path,
             peers=args.num_workers if args.num_workers > 1 and args.stream is None else None,
             **keep,
         )

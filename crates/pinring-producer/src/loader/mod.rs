@@ -62,7 +62,10 @@ pub const STOP_DEADLINE: std::time::Duration = std::time::Duration::from_millis(
 /// Loader settings (from flags).
 #[derive(Debug, Clone, clap::Args)]
 pub struct LoaderArgs {
-    /// Config file (TOML); must describe the same dataset and plan as the daemon's.
+    /// Config file (TOML); must describe the same dataset and plan as the daemon's. Without
+    /// it, the loader adopts the spec the ring's daemon stored (a daemon with `--sink
+    /// consumer` stores its resolved settings in the ring), and takes the config lookup's
+    /// where the ring stores none.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// Ring name (overrides ring.name).
@@ -169,33 +172,33 @@ pub fn run(args: &LoaderArgs, shutdown: &Shutdown) -> Result<LoaderReport, Loade
         ring: args.ring.clone().or_else(|| args.service.instance_ring()),
         ..Default::default()
     };
-    let mut cfg = settings::load(args.config.as_deref(), &overrides)?;
-    if cfg.dataset.kind == DatasetKind::External {
-        return Err(LoaderError::Config(pinring_data::ConfigError::Invalid {
-            source_name: cfg.source.clone(),
-            key: "dataset.kind",
-            value: "\"external\"".to_string(),
-            allowed: "pinring-loader makes kind = \"synthetic\" samples; an external ring is \
-                      filled by Python producers (pinring.Producer, pinring.torch.DataLoader)"
-                .to_string(),
-        }));
-    }
-    // A file kind: the source is opened once per loader process, for every attachment.
-    let mut source = pinring_sources::open_source(&mut cfg)?;
-    if let Some(src) = &source {
-        tracing::info!(ring = %cfg.ring.name, kind = %cfg.dataset.kind, samples = src.len(), "dataset opened");
-    }
+    let mut joining = match (&args.config, &overrides.ring) {
+        (None, Some(name)) => Joining::Adopt {
+            name: name.clone(),
+            opened: None,
+        },
+        _ => {
+            let cfg = settings::load(args.config.as_deref(), &overrides)?;
+            match args.config {
+                Some(_) => Joining::own(cfg)?,
+                None => Joining::Adopt {
+                    name: cfg.ring.name.clone(),
+                    opened: None,
+                },
+            }
+        }
+    };
     let wait = Duration::from_secs_f64(args.wait_secs.max(0.0));
-    let mut service = service::LoaderService::waiting(&cfg.ring.name);
+    let mut service = service::LoaderService::waiting(joining.ring());
     let mut total = LoaderReport::default();
     loop {
         let outcome = run_attached(
-            cfg.clone(),
+            &mut joining,
+            &overrides,
             args.ring_path.as_deref(),
             wait,
             shutdown,
             &mut service,
-            &mut source,
         );
         match outcome.map_err(|b| *b) {
             Ok(report) => {
@@ -211,6 +214,108 @@ pub fn run(args: &LoaderArgs, shutdown: &Shutdown) -> Result<LoaderReport, Loade
             Err((_, e)) => return Err(e),
         }
     }
+}
+
+/// The dataset's source of a joined loader (file kinds), borrowed from its [`Joining`].
+type SourceRef<'a> = Option<&'a mut (dyn Source + 'static)>;
+
+/// What a loader joins its ring with, and the dataset's source (file kinds), opened once per
+/// process where it can be.
+enum Joining {
+    /// `--config`, or the lookup's config for a ring that stores no spec: the loader's own
+    /// settings, its source opened before it joins (the fingerprint covers the source's length).
+    Own {
+        cfg: Box<Config>,
+        source: Option<Box<dyn Source>>,
+    },
+    /// No `--config`: the spec ring `name`'s daemon stored (`Session::join_adopting`), and the
+    /// source opened for the ring fingerprint it was adopted from (a new daemon with other
+    /// settings has it opened again).
+    Adopt {
+        name: String,
+        opened: Option<(u64, Option<Box<dyn Source>>)>,
+    },
+}
+
+impl Joining {
+    /// The loader's own config `cfg`, its source opened (a kind pinring-loader makes).
+    fn own(mut cfg: Config) -> Result<Joining, LoaderError> {
+        refuse_external(&cfg)?;
+        let source = pinring_sources::open_source(&mut cfg)?;
+        if let Some(src) = &source {
+            tracing::info!(ring = %cfg.ring.name, kind = %cfg.dataset.kind, samples = src.len(), "dataset opened");
+        }
+        Ok(Joining::Own {
+            cfg: Box::new(cfg),
+            source,
+        })
+    }
+
+    fn ring(&self) -> &str {
+        match self {
+            Joining::Own { cfg, .. } => &cfg.ring.name,
+            Joining::Adopt { name, .. } => name,
+        }
+    }
+
+    /// Joins the ring (at `at`): with the own config, or adopting the ring's spec; a ring that
+    /// stores none turns an adopting loader to the lookup's config for good.
+    fn join(
+        &mut self,
+        overrides: &Overrides,
+        at: Option<&std::path::Path>,
+        wait: Duration,
+        stop: impl Fn() -> bool + Copy,
+    ) -> Result<Option<(Session, SourceRef<'_>)>, LoaderError> {
+        if let Joining::Adopt { name, .. } = self {
+            match Session::join_adopting(name, at, wait, stop) {
+                Err(SessionError::NoStoredSpec { ring }) => {
+                    tracing::info!(ring = %ring, "the ring stores no spec (its daemon's sink is not a consumer): the config lookup's is used");
+                    *self = Joining::own(settings::load(None, overrides)?)?;
+                }
+                other => {
+                    let Some(session) = other? else {
+                        return Ok(None);
+                    };
+                    refuse_external(session.config())?;
+                    let Joining::Adopt { opened, .. } = self else {
+                        unreachable!("matched above")
+                    };
+                    let fingerprint = session.ring().fingerprint();
+                    if opened.as_ref().map(|(f, _)| *f) != Some(fingerprint) {
+                        let mut cfg = session.config().clone();
+                        let source = pinring_sources::open_source(&mut cfg)?;
+                        if let Some(src) = &source {
+                            tracing::info!(ring = %cfg.ring.name, kind = %cfg.dataset.kind, samples = src.len(), "dataset opened (the ring's spec)");
+                        }
+                        *opened = Some((fingerprint, source));
+                    }
+                    let source = opened.as_mut().and_then(|(_, s)| s.as_deref_mut());
+                    return Ok(Some((session, source)));
+                }
+            }
+        }
+        let Joining::Own { cfg, source } = self else {
+            unreachable!("an adopting loader returned above or turned to its own config")
+        };
+        Ok(Session::join_at(Config::clone(cfg), at, wait, stop)?
+            .map(|s| (s, source.as_deref_mut())))
+    }
+}
+
+/// pinring-loader makes synthetic samples and reads files; an external ring is Python's to fill.
+fn refuse_external(cfg: &Config) -> Result<(), LoaderError> {
+    if cfg.dataset.kind != DatasetKind::External {
+        return Ok(());
+    }
+    Err(LoaderError::Config(pinring_data::ConfigError::Invalid {
+        source_name: cfg.source.clone(),
+        key: "dataset.kind",
+        value: "\"external\"".to_string(),
+        allowed: "pinring-loader makes kind = \"synthetic\" samples; an external ring is \
+                  filled by Python producers (pinring.Producer, pinring.torch.DataLoader)"
+            .to_string(),
+    }))
 }
 
 impl LoaderReport {
@@ -240,23 +345,23 @@ fn place(ring: &LoaderRing, cfg: &Config) {
 /// One attachment: attach to the ring's current daemon and work until the ring closes, a stop is
 /// requested, or the daemon dies.
 fn run_attached(
-    cfg: Config,
+    joining: &mut Joining,
+    overrides: &Overrides,
     at: Option<&std::path::Path>,
     wait: Duration,
     shutdown: &Shutdown,
     service: &mut service::LoaderService,
-    source: &mut Option<Box<dyn Source>>,
 ) -> Result<LoaderReport, Box<(LoaderReport, LoaderError)>> {
     let none = |e: LoaderError| Box::new((LoaderReport::default(), e));
-    let name = cfg.ring.name.clone();
+    let name = joining.ring().to_string();
     let stop = || shutdown.requested();
-    let mut session = match Session::join_at(cfg, at, wait, stop) {
-        Ok(Some(session)) => session,
+    let (mut session, source) = match joining.join(overrides, at, wait, stop) {
+        Ok(Some(joined)) => joined,
         Ok(None) => {
             tracing::info!(ring = %name, "stop requested while waiting for the ring: not attached");
             return Ok(LoaderReport::default());
         }
-        Err(e) => return Err(none(e.into())),
+        Err(e) => return Err(none(e)),
     };
     let seat = session.seat();
     let index = seat.index;
@@ -273,7 +378,7 @@ fn run_attached(
         field_buf: Vec::new(),
         report: LoaderReport::default(),
         service,
-        source: source.as_deref_mut(),
+        source,
         sample_bufs: Vec::new(),
     };
     let result = worker.work(shutdown);
