@@ -89,20 +89,7 @@ pub fn check_config<'py>(
     }
     let toml = cfg.try_to_toml().map_err(|e| e.to_pyerr())?;
     let settings = settings_of(py, &cfg)?;
-    let (cfg, plan) = (resolved.config(), resolved.plan());
-    let out = PyDict::new(py);
-    out.set_item("batches_per_epoch", plan.batches_per_epoch())?;
-    out.set_item("samples_per_rank", plan.samples_per_rank())?;
-    out.set_item("record_bytes", cfg.record_bytes())?;
-    out.set_item("parts_per_batch", cfg.parts_per_batch())?;
-    out.set_item("slots", cfg.slots())?;
-    out.set_item("slot_bytes", cfg.slot_bytes())?;
-    let fields: Vec<(String, &str, Vec<u32>)> = cfg
-        .fields()
-        .into_iter()
-        .map(|f| (f.name, f.dtype.name(), f.shape))
-        .collect();
-    out.set_item("fields", fields)?;
+    let out = crate::spec::shape_of(py, &resolved)?;
     out.set_item("toml", toml)?;
     out.set_item("settings", settings)?;
     Ok(out)

@@ -185,22 +185,9 @@ impl PySpec {
     /// `parts_per_batch`, `slots`, `slot_bytes`, `fields` (each `(name, dtype, per-sample
     /// shape)`), `toml` and `settings` (the scalar settings as `(section, key) -> value`).
     fn info<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let (cfg, plan) = (self.inner.config(), self.inner.plan());
-        let out = PyDict::new(py);
-        out.set_item("batches_per_epoch", plan.batches_per_epoch())?;
-        out.set_item("samples_per_rank", plan.samples_per_rank())?;
-        out.set_item("record_bytes", cfg.record_bytes())?;
-        out.set_item("parts_per_batch", plan.parts_per_batch())?;
-        out.set_item("slots", self.inner.slots())?;
-        out.set_item("slot_bytes", self.inner.slot_bytes())?;
-        let fields: Vec<(String, &str, Vec<u32>)> = cfg
-            .fields()
-            .into_iter()
-            .map(|f| (f.name, f.dtype.name(), f.shape))
-            .collect();
-        out.set_item("fields", fields)?;
+        let out = shape_of(py, &self.inner)?;
         out.set_item("toml", self.toml()?)?;
-        out.set_item("settings", settings_of(py, cfg)?)?;
+        out.set_item("settings", settings_of(py, self.inner.config())?)?;
         Ok(out)
     }
 
@@ -213,4 +200,28 @@ impl PySpec {
             self.inner.plan().batches_per_epoch()
         )
     }
+}
+
+/// The plan's shape and the ring's geometry of `spec`, as `check_config` and `Spec.info()` give
+/// them: `batches_per_epoch`, `samples_per_rank`, `record_bytes`, `parts_per_batch`, `slots`,
+/// `slot_bytes` and `fields`.
+pub(crate) fn shape_of<'py>(
+    py: Python<'py>,
+    spec: &pinring_data::Spec,
+) -> PyResult<Bound<'py, PyDict>> {
+    let (cfg, plan) = (spec.config(), spec.plan());
+    let out = PyDict::new(py);
+    out.set_item("batches_per_epoch", plan.batches_per_epoch())?;
+    out.set_item("samples_per_rank", plan.samples_per_rank())?;
+    out.set_item("record_bytes", cfg.record_bytes())?;
+    out.set_item("parts_per_batch", plan.parts_per_batch())?;
+    out.set_item("slots", spec.slots())?;
+    out.set_item("slot_bytes", spec.slot_bytes())?;
+    let fields: Vec<(String, &str, Vec<u32>)> = cfg
+        .fields()
+        .into_iter()
+        .map(|f| (f.name, f.dtype.name(), f.shape))
+        .collect();
+    out.set_item("fields", fields)?;
+    Ok(out)
 }
