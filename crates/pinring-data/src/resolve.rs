@@ -6,7 +6,7 @@
 //! checked (the config's own, and `ring.group` against the host's groups, as the daemon checks
 //! when it makes the ring), and the plan and batch layout made. A check that passes here is a
 //! daemon that starts. [`Spec::adopt`] takes the spec a daemon stored in its ring back
-//! ([`stored`]), for the processes that join the ring.
+//! (`resolve/stored.rs`), for the processes that join the ring.
 
 mod stored;
 pub use stored::{RingFacts, StoredSpecError, MAX_STORED_SPEC_BYTES, STORED_SPEC_MAGIC};

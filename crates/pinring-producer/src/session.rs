@@ -221,7 +221,7 @@ impl Session {
     }
 
     /// Joins ring `name` (at `at`, as [`Session::join_at`]) with the spec its daemon stored in
-    /// it ([`stored_spec`]): nothing read from a file, nothing resolved again. A ring that stores
+    /// it (`pinring_data::Spec::adopt`): nothing read from a file, nothing resolved again. A ring that stores
     /// none (its daemon's sink is not a training process) is [`SessionError::NoStoredSpec`].
     pub fn join_adopting(
         name: &str,
