@@ -241,10 +241,7 @@ impl Joining {
     /// The loader's own config `cfg`, its source opened (a kind pinring-loader makes).
     fn own(mut cfg: Config) -> Result<Joining, LoaderError> {
         refuse_external(&cfg)?;
-        let source = pinring_sources::open_source(&mut cfg)?;
-        if let Some(src) = &source {
-            tracing::info!(ring = %cfg.ring.name, kind = %cfg.dataset.kind, samples = src.len(), "dataset opened");
-        }
+        let source = open_source_logged(&mut cfg)?;
         Ok(Joining::Own {
             cfg: Box::new(cfg),
             source,
@@ -283,11 +280,7 @@ impl Joining {
                     };
                     let fingerprint = session.ring().fingerprint();
                     if opened.as_ref().map(|(f, _)| *f) != Some(fingerprint) {
-                        let mut cfg = session.config().clone();
-                        let source = pinring_sources::open_source(&mut cfg)?;
-                        if let Some(src) = &source {
-                            tracing::info!(ring = %cfg.ring.name, kind = %cfg.dataset.kind, samples = src.len(), "dataset opened (the ring's spec)");
-                        }
+                        let source = open_source_logged(&mut session.config().clone())?;
                         *opened = Some((fingerprint, source));
                     }
                     let source = opened.as_mut().and_then(|(_, s)| s.as_deref_mut());
@@ -301,6 +294,15 @@ impl Joining {
         Ok(Session::join_at(Config::clone(cfg), at, wait, stop)?
             .map(|s| (s, source.as_deref_mut())))
     }
+}
+
+/// The dataset's source of `cfg` (file kinds; `None` for the synthetic kind), opened and logged.
+fn open_source_logged(cfg: &mut Config) -> Result<Option<Box<dyn Source>>, LoaderError> {
+    let source = pinring_sources::open_source(cfg)?;
+    if let Some(src) = &source {
+        tracing::info!(ring = %cfg.ring.name, kind = %cfg.dataset.kind, samples = src.len(), "dataset opened");
+    }
+    Ok(source)
 }
 
 /// pinring-loader makes synthetic samples and reads files; an external ring is Python's to fill.
