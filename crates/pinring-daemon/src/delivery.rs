@@ -10,7 +10,6 @@
 use super::{Assembly, Daemon, DaemonError};
 use crate::sink::{self, SinkDone, SinkJob, SinkKind};
 use crossbeam_channel::Receiver;
-use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
 
 /// The daemon's end of its sink: which sink, the thread that runs it and the channels to it.
@@ -191,10 +190,7 @@ impl Daemon {
         self.tally.first_delivery.get_or_insert_with(Instant::now);
         self.unpublished.delivered += 1;
         // The daemon's published resume point, for status; never read back.
-        self.ring
-            .header()
-            .next_deliver
-            .store(self.sequencer.resume_seq(), Relaxed);
+        self.ring.publish_resume_seq(self.sequencer.resume_seq());
         tracing::debug!(ring = %self.run.cfg.ring.name, seq, "batch delivered");
         self.intake.give_back(samples);
     }

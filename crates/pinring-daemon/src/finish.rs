@@ -8,7 +8,6 @@ use pinring_data::Config;
 use pinring_exit::Coded;
 use pinring_observe::{bound, checked_loader_figures, Checked, DaemonSaw, LoaderReport};
 use pinring_ring::ring_state;
-use std::sync::atomic::Ordering::Relaxed;
 
 /// What is known of a daemon that stopped before its ring was ready: its settings (with their
 /// overrides), or only what its flags said.
@@ -169,10 +168,7 @@ impl Daemon {
     /// uploader's own thread stops when the last Arc is dropped with the Daemon).
     fn close_ring(&mut self) {
         self.service.stopping("run finished: closing the ring");
-        self.ring
-            .header()
-            .next_deliver
-            .store(self.sequencer.resume_seq(), Relaxed);
+        self.ring.publish_resume_seq(self.sequencer.resume_seq());
         self.ring.set_state(ring_state::CLOSED);
         if let Err(e) = self.ring.unlink() {
             tracing::warn!("{e}");
@@ -185,15 +181,15 @@ impl Daemon {
     /// against what the daemon saw itself in `wall` seconds, and one that fails is listed as
     /// untrusted (and logged).
     fn check_loader_figures(&mut self, wall: f64) -> Checked {
-        let h = self.ring.header();
+        let h = self.ring.loader_report();
         self.tally
             .count_loaders(std::time::Instant::now(), self.ring.attached_loaders());
         let s = &self.sequencer;
         let checked = checked_loader_figures(
             &LoaderReport {
-                wait_ns: h.loader_wait_ns.load(Relaxed),
-                busy_ns: h.loader_busy_ns.load(Relaxed),
-                bad_samples: h.bad_samples_skipped.load(Relaxed),
+                wait_ns: h.wait_ns,
+                busy_ns: h.busy_ns,
+                bad_samples: h.bad_samples,
             },
             &DaemonSaw {
                 wall,

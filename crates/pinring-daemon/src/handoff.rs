@@ -101,11 +101,7 @@ impl Daemon {
                 index_in_epoch: r.index_in_epoch,
             },
         );
-        let b = self.ring.handoff();
-        b.filled.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        // Release: a consumer that reads this sees the FILLED words of every batch below it.
-        b.filled_next
-            .fetch_max(r.seq + self.run.parts, std::sync::atomic::Ordering::Release);
+        self.ring.book_filled(r.seq + self.run.parts);
         self.sink.pending += 1;
         self.handoff_books.handed.insert(
             r.seq,
@@ -160,10 +156,8 @@ impl Daemon {
                         "batch buffer {buffer} holds state {} ({s}), which no consumer leaves it \
                          in; taking it back (find who writes into the ring)",
                         pinring_ring::handoff::buffer_state::name(s));
-                    self.ring
-                        .health()
-                        .corrupt_descriptors
-                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    // Published with the other fault counts at the next reap.
+                    self.recovery.counts.corrupt_descriptors += 1;
                     false
                 }
                 Returned::Waiting | Returned::Held => unreachable!("only returned buffers"),

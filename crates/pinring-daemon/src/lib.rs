@@ -38,7 +38,6 @@ use pinring_exit::{Coded, Exit};
 use pinring_ring::{DaemonRing, RingError};
 use pinring_runtime::settings::{self, Overrides, Spelling};
 use pinring_runtime::shutdown::Shutdown;
-use std::sync::atomic::Ordering::{Acquire, Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -530,10 +529,7 @@ impl Daemon {
     fn apply_hand_out(&mut self, slot: u32, next: HandOut) {
         match next {
             HandOut::Assign(seq) => {
-                self.ring
-                    .header()
-                    .next_assign
-                    .store(self.sequencer.next_assign(), Relaxed);
+                self.ring.publish_next_assign(self.sequencer.next_assign());
                 self.ring.assign_at(slot, seq, self.now.ns);
             }
             HandOut::Park => self.ring.park(slot),
@@ -546,9 +542,8 @@ impl Daemon {
     /// recovery's chores and publishing, and sleeps on the doorbell when no stage moved.
     fn main_loop(&mut self, shutdown: &Shutdown) -> Result<(), DaemonError> {
         loop {
-            // Acquire: pairs with the Release bump of whoever rings (loader commit, completion thread, sink),
-            // so a ring after this load is never lost: the wait below returns at once.
-            let seen = self.ring.header().doorbell_futex.load(Acquire);
+            // A ring after this load is never lost: the wait below returns at once.
+            let seen = self.ring.doorbell_seen();
             self.tally.passes += 1;
             self.now = PassClock::read();
             self.service.tick(&self.ring, self.now.at);
@@ -616,7 +611,7 @@ impl Daemon {
         self.tally.doorbell_ns += ns;
         if could_upload {
             self.tally.daemon_wait_ns += ns;
-            self.ring.header().daemon_wait_ns.fetch_add(ns, Relaxed);
+            self.ring.add_daemon_wait(ns);
         }
         Ok(())
     }

@@ -11,7 +11,7 @@
 
 use crate::histogram::Histogram;
 use pinring_observe::{ConsumerView, Snapshot};
-use pinring_ring::{DaemonRing, Ring};
+use pinring_ring::DaemonRing;
 use std::fmt::Write as _;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -51,7 +51,7 @@ fn line(out: &mut String, name: &str, kind: &str, help: &str, labels: &str, valu
 }
 
 /// The metrics in Prometheus text format (version 0.0.4).
-pub fn render(ring: &Ring, m: &DaemonMetrics) -> String {
+pub fn render(ring: &DaemonRing, m: &DaemonMetrics) -> String {
     let s = Snapshot::take(&ring.snapshot());
     let l = format!("ring=\"{}\"", s.ring);
     let mut out = String::new();
@@ -83,7 +83,7 @@ pub fn render(ring: &Ring, m: &DaemonMetrics) -> String {
 }
 
 /// The ring's state and size, and what went in and out of it, as the snapshot `s` has it.
-fn ring_counters(out: &mut String, ring: &Ring, m: &DaemonMetrics, s: &Snapshot, l: &str) {
+fn ring_counters(out: &mut String, ring: &DaemonRing, m: &DaemonMetrics, s: &Snapshot, l: &str) {
     let state = ring.state();
     line(
         out,

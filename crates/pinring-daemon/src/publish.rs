@@ -4,7 +4,6 @@
 //! [`Daemon::publish_counters`]).
 
 use super::Daemon;
-use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
 
 /// What a run did, for its summary: clocks, counts and times the main loop keeps. Only the
@@ -109,16 +108,8 @@ impl Daemon {
     /// Writes the header's counters the main loop kept since it last did (`Unpublished`).
     pub(super) fn publish_counters(&mut self) {
         let u = std::mem::take(&mut self.unpublished);
-        let h = self.ring.header();
-        if u.delivered > 0 {
-            h.delivered.fetch_add(u.delivered, Relaxed);
-        }
-        if u.bytes_delivered > 0 {
-            h.bytes_delivered.fetch_add(u.bytes_delivered, Relaxed);
-        }
-        if u.upload_ns > 0 {
-            h.upload_ns.fetch_add(u.upload_ns, Relaxed);
-        }
+        self.ring
+            .add_deliveries(u.delivered, u.bytes_delivered, u.upload_ns);
     }
 }
 

@@ -10,7 +10,6 @@ use super::{Daemon, DaemonError, HandOut};
 use pinring_data::BadBatchPolicy;
 use pinring_ring::failure::ERR_SAMPLE;
 use pinring_ring::{Expired, SlotState};
-use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
 /// A seq whose batch was bad this many times stops the daemon even under `skip`: the loaders
@@ -88,44 +87,11 @@ pub(super) struct Recovery {
     idle_warned: Option<Instant>,
 }
 
-/// The fault counts the daemon keeps in its own memory: its summary reports these, never the
-/// ring's copies, which any process that maps the ring can write. The copies in the header and
-/// health block are published from these at every reap ([`FaultCounts::publish`]), for
-/// `pinring status` and `/metrics`.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub(super) struct FaultCounts {
-    /// Slots taken back from dead or hung loaders.
-    pub(super) reclaimed: u64,
-    /// Batches refused (bad descriptor, metadata or length, a loader's error code).
-    pub(super) rejected: u64,
-    /// Slots taken back from live loaders past the lease.
-    pub(super) leases_expired: u64,
-    /// Bad batches skipped under `on_bad_batch = "skip"`.
-    pub(super) bad_batches_skipped: u64,
-    /// Seqs moved to another slot.
-    pub(super) reissued: u64,
-    /// Descriptors found in a state the daemon never left them in.
-    pub(super) corrupt_descriptors: u64,
-}
-
-impl FaultCounts {
-    /// Writes the counts into the ring for status views (overwriting whatever another process
-    /// wrote there since).
-    pub(super) fn publish(&self, ring: &pinring_ring::Ring) {
-        let (h, health) = (ring.header(), ring.health());
-        h.reclaimed.store(self.reclaimed, Relaxed);
-        h.rejected.store(self.rejected, Relaxed);
-        health.leases_expired.store(self.leases_expired, Relaxed);
-        health
-            .bad_batches_skipped
-            .store(self.bad_batches_skipped, Relaxed);
-        health.reissued.store(self.reissued, Relaxed);
-        health
-            .corrupt_descriptors
-            .store(self.corrupt_descriptors, Relaxed);
-    }
-}
-
+/// The fault counts the daemon keeps in its own memory (`pinring_ring::FaultCounts`): its
+/// summary reports these, never the ring's copies, which any process that maps the ring can
+/// write. The copies in the header and health block are published from these at every reap
+/// (`DaemonRing::publish_faults`), for `pinring status` and `/metrics`.
+use pinring_ring::FaultCounts;
 impl Recovery {
     pub(super) fn new(
         slots: usize,
@@ -210,10 +176,7 @@ impl Daemon {
         self.find_data_failures()?;
         // Republish the resume point, in case another process wrote over it since the last
         // delivery (status shows it; the daemon never reads it back).
-        self.ring
-            .header()
-            .next_deliver
-            .store(self.sequencer.resume_seq(), Relaxed);
+        self.ring.publish_resume_seq(self.sequencer.resume_seq());
         self.reap_consumer()?;
         let reaped = self.ring.reap_dead_loaders();
         if reaped > 0 {
@@ -223,15 +186,12 @@ impl Daemon {
         self.tally.count_loaders(Instant::now(), live);
         self.recover()?;
         self.watch_idle();
-        self.recovery.counts.publish(&self.ring);
+        self.ring.publish_faults(&self.recovery.counts);
         // What views check the loaders' own figures against (pinring_observe::DaemonSaw::published).
-        let health = self.ring.health();
-        health
-            .loader_ns_seen
-            .store((self.tally.loader_seconds_seen * 1e9) as u64, Relaxed);
-        health
-            .skippable_per_batch
-            .store(self.skippable_per_batch(), Relaxed);
+        self.ring.publish_seen(
+            (self.tally.loader_seconds_seen * 1e9) as u64,
+            self.skippable_per_batch(),
+        );
         Ok(())
     }
 
@@ -286,7 +246,7 @@ impl Daemon {
     /// [`ERR_SAMPLE`]): the loader's message from the slot, sanitised.
     pub(super) fn data_failed(&mut self, slot: u32, seq: u64) -> DaemonError {
         self.recovery.counts.rejected += 1;
-        let message = pinring_ring::failure::read_failure(&self.ring, slot);
+        let message = self.ring.read_failure(slot);
         DaemonError::DataFailed {
             ring: self.run.cfg.ring.name.clone(),
             seq,
@@ -308,19 +268,14 @@ impl Daemon {
             0
         };
         let now = Instant::now();
-        let health = self.ring.health();
         let seq = self.sequencer.resume_seq();
         match self.recovery.idle(now, waiting, loaders) {
-            Idle::Fine => {
-                health.stalled_since_ns.store(0, Relaxed);
-                health.stalled_seq.store(0, Relaxed);
-            }
+            Idle::Fine => self.ring.publish_stall(0, 0),
             state @ (Idle::Warn(idle) | Idle::Stalled(idle)) => {
                 let since = pinring_ring::clock::monotonic_ns()
                     .saturating_sub(idle.as_nanos() as u64)
                     .max(1);
-                health.stalled_since_ns.store(since, Relaxed);
-                health.stalled_seq.store(seq, Relaxed);
+                self.ring.publish_stall(since, seq);
                 if matches!(state, Idle::Warn(_)) {
                     let name = &self.run.cfg.ring.name;
                     tracing::warn!(
@@ -341,10 +296,6 @@ impl Daemon {
         self.release_quarantine();
         self.audit_slots()?;
         self.place_reissued();
-        let health = self.ring.health();
-        health
-            .quarantined
-            .store(self.sequencer.quarantined(), Relaxed);
         let hung = self
             .recovery
             .expired
@@ -352,10 +303,9 @@ impl Daemon {
             .flatten()
             .filter(|e| self.ring.expired_owner_alive(e))
             .count();
-        health.hung_loaders.store(hung as u64, Relaxed);
-        health
-            .daemon_heartbeat_ns
-            .store(pinring_ring::clock::monotonic_ns(), Relaxed);
+        self.ring
+            .publish_quarantine(self.sequencer.quarantined(), hung as u64);
+        self.ring.publish_heartbeat();
         Ok(())
     }
 
@@ -388,11 +338,10 @@ impl Daemon {
             let Some(expired) = self.ring.reclaim_expired(slot, w.raw) else {
                 continue;
             };
-            let health = self.ring.health();
             self.recovery.counts.leases_expired += 1;
             self.recovery.counts.reclaimed += 1;
             let pid = expired.owner_id.map_or(0, |id| id.pid);
-            health.last_hung_pid.store(u64::from(pid), Relaxed);
+            self.ring.publish_hung_pid(pid);
             tracing::warn!(
                 ring = %self.run.cfg.ring.name, slot, seq = expired.seq, loader = expired.owner, pid,
                 lease_ms = self.recovery.lease.as_millis() as u64,

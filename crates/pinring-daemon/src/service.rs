@@ -6,7 +6,7 @@
 
 use crate::metrics::{self, DaemonMetrics};
 use pinring_observe::{Rates, Snapshot};
-use pinring_ring::{DaemonRing, Ring};
+use pinring_ring::DaemonRing;
 use pinring_runtime::service::{parse_log_level, Notifier, Watchdog, STATUS_EVERY};
 use sd_notify::NotifyState;
 use std::net::{SocketAddr, TcpListener};
@@ -128,7 +128,7 @@ impl DaemonService {
     }
 
     /// Called from every turn of the main loop (at least every 100 ms), which started at `turn`.
-    pub fn tick(&mut self, ring: &Ring, turn: Instant) {
+    pub fn tick(&mut self, ring: &DaemonRing, turn: Instant) {
         let mut states = Vec::new();
         if self.watchdog.due() {
             states.push(NotifyState::Watchdog);
@@ -162,7 +162,7 @@ impl DaemonService {
     /// summary; claim to commit from the slot's claim timestamp).
     pub fn upload_done(
         &self,
-        ring: &Ring,
+        ring: &DaemonRing,
         slot: u32,
         upload_ns: u64,
         commit_ns: u64,
@@ -171,10 +171,7 @@ impl DaemonService {
         // The claim time was written by a loader (untrusted): it only feeds statistics, and a
         // value from the future counts as zero. `commit_ns` is the one the daemon validated when
         // it took the slot.
-        let claim = ring
-            .desc(slot)
-            .claim_ns
-            .load(std::sync::atomic::Ordering::Relaxed);
+        let claim = ring.claim_ns(slot);
         if commit_ns > 0 {
             self.metrics
                 .commit_to_upload_done

@@ -467,12 +467,7 @@ fn ring_doorbell(
     embedded_consumer: bool,
 ) -> Doorbell {
     if embedded_consumer {
-        pinring_backend::engines::register(
-            ring.header()
-                .generation
-                .load(std::sync::atomic::Ordering::Relaxed),
-            uploader,
-        );
+        pinring_backend::engines::register(ring.generation(), uploader);
     }
     let doorbell = Doorbell::new(Arc::clone(ring));
     // The upload engine's completion thread rings the doorbell itself after sending
@@ -495,17 +490,13 @@ fn export_buffers(
     embedded: bool,
     consumer_copies: bool,
 ) -> Result<(), pinring_backend::BackendError> {
-    use pinring_ring::handoff::BufferDesc;
     for i in (0..buffers).filter(|_| !consumer_copies) {
         if embedded {
             uploader.share_local(i)?;
             continue;
         }
         if let Some(x) = uploader.export(i)? {
-            let d = ring.buffer_desc(i as u32);
-            BufferDesc::store_handle(&d.mem_handle, &x.mem);
-            BufferDesc::store_handle(&d.ready_event, &x.ready_event);
-            BufferDesc::store_handle(&d.release_event, &x.release_event);
+            ring.store_buffer_handles(i as u32, &x.mem, &x.ready_event, &x.release_event);
         }
     }
     ring.mark_exported();

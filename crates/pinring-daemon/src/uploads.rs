@@ -15,7 +15,6 @@ use pinring_backend::{Completion, UploadJob};
 use pinring_data::Part;
 use pinring_ring::Taken;
 use std::collections::BTreeMap;
-use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
 
 /// The tag of the upload of field `field` of the part in `slot`: the slot in the low 32 bits,
@@ -155,7 +154,7 @@ impl Daemon {
         let len = taken.payload_len as usize;
         self.tally.bytes += taken.payload_len;
         self.unpublished.bytes_delivered += taken.payload_len;
-        self.ring.desc(slot).upload_ns.store(self.now.ns, Relaxed);
+        self.ring.stamp_upload(slot, self.now.ns);
         if self.run.zero_copy {
             // No upload: the sink reads the slot in place; the slot stays UPLOADING (owned
             // by the daemon) until the sink reports back.
@@ -183,12 +182,8 @@ impl Daemon {
             // No copy here: the consumer copies the part out of its slot, which stays
             // UPLOADING (the daemon's) until the consumer gives the batch back. The part
             // table's entry is published by the fill's Release store (H1).
-            if let Some(entry) = self
-                .ring
-                .part_slot(buffer as u32, (seq % self.run.parts) as u32)
-            {
-                entry.store(slot, Relaxed);
-            }
+            self.ring
+                .set_part_slot(buffer as u32, (seq % self.run.parts) as u32, slot);
             self.up.lent[buffer].push(slot);
             self.record_latency(taken.commit_ns, self.now.ns);
             return self.part_landed(seq, part.batch, buffer);

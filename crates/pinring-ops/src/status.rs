@@ -501,7 +501,6 @@ pub fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::Ordering::Relaxed;
 
     /// A private two-slot ring for seqs `seqs`, and its name (the test removes it).
     fn test_ring(
@@ -580,11 +579,13 @@ mod tests {
         };
         let clean = render(&[report(Snapshot::take(&ring.snapshot()))]);
         assert!(!clean.contains("faults"), "{clean}");
-        let h = ring.health();
-        h.hung_loaders.store(1, Relaxed);
-        h.last_hung_pid.store(4242, Relaxed);
-        h.leases_expired.store(1, Relaxed);
-        h.quarantined.store(1, Relaxed);
+        // What a daemon with a hung loader publishes.
+        ring.publish_quarantine(1, 1);
+        ring.publish_hung_pid(4242);
+        ring.publish_faults(&pinring_ring::FaultCounts {
+            leases_expired: 1,
+            ..Default::default()
+        });
         let snap = Snapshot::take(&ring.snapshot());
         let json = serde_json::to_value(&snap).unwrap();
         assert_eq!(json["hung_loaders"], 1);
@@ -602,7 +603,7 @@ mod tests {
         let (name, ring) = test_ring("resume", 5..40, false);
         // A new ring resumes at its first seq; then wherever the daemon says.
         assert_eq!(Snapshot::take(&ring.snapshot()).resume_seq, 5);
-        ring.header().next_deliver.store(17, Relaxed);
+        ring.publish_resume_seq(17);
         let snap = Snapshot::take(&ring.snapshot());
         let json = serde_json::to_value(&snap).unwrap();
         assert_eq!(json["resume_seq"], 17);

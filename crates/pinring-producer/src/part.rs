@@ -693,10 +693,15 @@ mod ring_tests {
             daemon.take_ready(0, 0).unwrap().is_none(),
             "nothing published"
         );
-        let abandoned = daemon
-            .loader(seat.index as usize)
-            .abandoned
-            .load(std::sync::atomic::Ordering::Acquire);
+        let abandoned = pinring_ring::Ring::open(
+            daemon.name(),
+            pinring_ring::Access::ReadOnly,
+            std::time::Duration::ZERO,
+        )
+        .unwrap()
+        .loader(seat.index as usize)
+        .abandoned
+        .load(std::sync::atomic::Ordering::Acquire);
         assert_eq!(
             abandoned,
             pinring_ring::layout::abandon_word(0, abandoned as u32),

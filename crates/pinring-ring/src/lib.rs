@@ -21,6 +21,8 @@
 #[cfg(not(loom))]
 pub mod attach;
 pub mod clock;
+#[cfg(not(loom))]
+mod daemon_role;
 pub mod error;
 #[cfg(not(loom))]
 pub mod failure;
@@ -37,7 +39,6 @@ pub mod process;
 pub mod recovery;
 #[cfg(not(loom))]
 pub mod ring;
-#[cfg(not(loom))]
 mod roles;
 #[cfg(not(loom))]
 pub mod segment;
@@ -50,6 +51,7 @@ pub mod writer;
 
 #[cfg(not(loom))]
 pub use attach::{attach, attach_at_unless, attach_unless, Waiting};
+pub use daemon_role::{FaultCounts, LoaderReport};
 pub use error::{CommitError, RingError, SlotFault};
 pub use layout::{ring_state, Geometry, Header, MAX_LOADERS};
 pub use process::ProcessId;

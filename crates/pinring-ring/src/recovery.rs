@@ -185,21 +185,21 @@ impl DaemonRing {
         if w.state != Some(SlotState::Claimed) {
             return None;
         }
-        let owner_id = self.owner_identity(w.owner);
-        let entry = ((w.owner as usize) < MAX_LOADERS).then(|| self.loader(w.owner as usize));
-        let expired = self.desc(i).expire(i, observed, entry, owner_id)?;
-        self.header().reclaimed.fetch_add(1, Relaxed);
+        let owner_id = self.0.owner_identity(w.owner);
+        let entry = ((w.owner as usize) < MAX_LOADERS).then(|| self.0.loader(w.owner as usize));
+        let expired = self.0.desc(i).expire(i, observed, entry, owner_id)?;
+        self.0.header().reclaimed.fetch_add(1, Relaxed);
         Some(expired)
     }
 
     /// Daemon side: takes a FREE or READY slot back to IDLE (`SlotDesc::take_back`).
     pub fn take_back(&self, i: u32) -> Option<SlotState> {
-        self.desc(i).take_back()
+        self.0.desc(i).take_back()
     }
 
     /// Daemon side: forces slot `i` back to IDLE (`SlotDesc::reset_to_idle`).
     pub fn reset_to_idle(&self, i: u32) {
-        self.desc(i).reset_to_idle()
+        self.0.desc(i).reset_to_idle()
     }
 }
 

@@ -7,9 +7,9 @@
 //! (whether a claimant lives), and keeps the counters and wake-ups around them.
 
 use crate::clock::{monotonic_ns, unix_ns};
-use crate::error::{RingError, SlotFault};
+use crate::error::RingError;
 use crate::futex;
-use crate::handoff::{BufferDesc, Filled, HandoffBlock, HandoffSpec, Returned, HANDOFF_OFFSET};
+use crate::handoff::{BufferDesc, HandoffBlock, HandoffSpec, HANDOFF_OFFSET};
 use crate::layout::*;
 use crate::lock;
 use crate::process::ProcessId;
@@ -64,7 +64,7 @@ pub struct Ring {
     pub(crate) seg: Segment,
     pub(crate) geom: Geometry,
     /// The creator's record of its header (None for openers).
-    seal: Option<std::sync::Mutex<HeaderSeal>>,
+    pub(crate) seal: Option<std::sync::Mutex<HeaderSeal>>,
     /// The loader seat this handle holds, if any: locks belong to the open file description, so
     /// one handle can hold one seat (a second would re-take its own locks and share an entry).
     pub(crate) seat: std::sync::Mutex<Option<Seat>>,
@@ -76,10 +76,46 @@ pub struct Ring {
 
 /// The daemon's handle on its ring, made only by [`DaemonRing::create`]: the one role that
 /// hands slots out, takes committed ones, frees and takes them back, changes the ring's state,
-/// reaps dead loaders and consumers, and removes the ring's name. Everything any role may read
-/// is [`Ring`]'s, through `Deref`.
+/// reaps dead loaders and consumers, and removes the ring's name. Like the other roles it does
+/// not dereference to [`Ring`]: what it reads comes as values, and what it publishes (the
+/// header's counters, the health block's gauges) goes through named methods
+/// (`daemon_role.rs`), so no field is written by hand outside this crate:
+///
+/// ```compile_fail,E0599
+/// fn close_by_hand(ring: &pinring_ring::DaemonRing) {
+///     use std::sync::atomic::Ordering::Release;
+///     ring.header().state.store(pinring_ring::ring_state::CLOSED, Release); // set_state only
+/// }
+/// ```
+///
+/// ```compile_fail,E0599
+/// fn forge_a_word(ring: &pinring_ring::DaemonRing) {
+///     ring.desc(0).word.store(0, std::sync::atomic::Ordering::Relaxed); // assign, take_ready, ...
+/// }
+/// ```
+///
+/// ```compile_fail,E0599
+/// fn bump(ring: &pinring_ring::DaemonRing) {
+///     ring.health().quarantined.store(0, std::sync::atomic::Ordering::Relaxed); // publish_quarantine
+/// }
+/// ```
+///
+/// ```compile_fail,E0599
+/// fn raw_data(ring: &pinring_ring::DaemonRing) -> *mut u8 {
+///     ring.data_base() // registration_span and upload_source only
+/// }
+/// ```
+///
+/// What it may do compiles:
+///
+/// ```
+/// fn publish(ring: &pinring_ring::DaemonRing) {
+///     ring.publish_resume_seq(17);
+///     ring.add_deliveries(1, 4096, 1000);
+/// }
+/// ```
 #[derive(Debug)]
-pub struct DaemonRing(Ring);
+pub struct DaemonRing(pub(crate) Ring);
 
 /// A loader's handle: takes a seat in the loader table, claims FREE slots, writes a claimed
 /// slot and commits it, and abandons a claim taken back. It cannot hand out, take, free or
@@ -267,18 +303,6 @@ pub struct ConsumerRing(pub(crate) Ring);
 #[derive(Debug)]
 pub struct RingView(pub(crate) Ring);
 
-macro_rules! role_handle {
-    ($($role:ident),*) => {$(
-        impl std::ops::Deref for $role {
-            type Target = Ring;
-            fn deref(&self) -> &Ring {
-                &self.0
-            }
-        }
-    )*};
-}
-role_handle!(DaemonRing);
-
 impl RingView {
     /// Opens ring `name` read-only ([`Access::ReadOnly`]), where it is named in /dev/shm or, with
     /// `at`, where its daemon holds an anonymous one; waits up to `timeout` for one still being
@@ -301,19 +325,19 @@ impl RingView {
 /// The header fields a daemon wrote and expects to find unchanged (its own record, in private
 /// memory), so that a write by another process is noticed and undone.
 #[derive(Debug, Clone)]
-struct HeaderSeal {
-    words64: [u64; 15],
-    words32: [u32; 13],
-    state: u32,
+pub(crate) struct HeaderSeal {
+    pub(crate) words64: [u64; 15],
+    pub(crate) words32: [u32; 13],
+    pub(crate) state: u32,
 }
 
 /// The header fields only the daemon writes, which it watches for changes by others.
-type SealedFields<'a> = (
+pub(crate) type SealedFields<'a> = (
     [(&'static str, &'a AtomicU64); 15],
     [(&'static str, &'a AtomicU32); 13],
 );
 
-fn sealed_fields<'a>(h: &'a Header, b: &'a HandoffBlock) -> SealedFields<'a> {
+pub(crate) fn sealed_fields<'a>(h: &'a Header, b: &'a HandoffBlock) -> SealedFields<'a> {
     (
         [
             ("magic", &h.magic),
@@ -395,7 +419,7 @@ impl Ring {
     /// its name ([`Segment::publish`]): a file already there is replaced only if no daemon holds
     /// it and it is a ring of this layout (or `replace` is set); a live daemon's ring, another
     /// user's file, or (without `replace`) anything that is not a stale ring, is refused.
-    fn create(opts: &CreateOptions) -> Result<Ring, RingError> {
+    pub(crate) fn create(opts: &CreateOptions) -> Result<Ring, RingError> {
         let invalid = || RingError::InvalidGeometry {
             name: opts.name.clone(),
             slots: opts.slots,
@@ -1001,228 +1025,6 @@ impl Ring {
         unsafe { std::ptr::copy_nonoverlapping(src, out.as_mut_ptr(), len as usize) };
         // SAFETY: the copy above initialised the first `len` bytes, within the capacity.
         unsafe { out.set_len(len as usize) };
-    }
-}
-
-impl DaemonRing {
-    /// Creates the ring: the daemon's handle ([`DaemonRing::create`]'s checks and publication).
-    pub fn create(opts: &CreateOptions) -> Result<DaemonRing, RingError> {
-        Ring::create(opts).map(DaemonRing)
-    }
-
-    /// The whole data area, to register with the backend for uploads: its start and length.
-    /// The daemon reads a slot through it only while the slot is UPLOADING.
-    pub fn registration_span(&self) -> (*mut u8, usize) {
-        (self.data_base(), self.data_len())
-    }
-
-    /// Slot `i`'s first byte, as the source of an upload of the part it holds (within
-    /// [`DaemonRing::registration_span`]; the slot taken, UPLOADING). Panics if out of range
-    /// (caller bug).
-    #[inline]
-    pub fn upload_source(&self, i: u32) -> *mut u8 {
-        self.slot_ptr(i)
-    }
-
-    /// Host backend: batch buffer `i`'s bytes in the mapping, which the daemon fills for the
-    /// consumer (`None` for device buffers or a ring without a handoff). Panics if `i` is out
-    /// of range (caller bug).
-    pub fn host_buffer_ptr(&self, i: u32) -> Option<*mut u8> {
-        self.0.host_buffer_ptr(i)
-    }
-
-    /// What the daemon's own status and metrics read of its ring, copied out as plain values
-    /// (what a [`RingView`] reads from outside).
-    pub fn snapshot(&self) -> crate::snapshot::RingSnapshot {
-        self.0.snapshot()
-    }
-
-    /// Marks the handoff exported (every buffer's handles written, before the ring is READY):
-    /// from now on a consumer may attach ([`ConsumerRing::attach`]).
-    pub fn mark_exported(&self) {
-        // Release: pairs with the consumer's Acquire load before it reads the handles.
-        self.handoff().exported.store(1, Release);
-    }
-
-    /// Publishes a whole batch in EMPTY buffer `i` for the consumer; returns the new round.
-    pub fn fill_buffer(&self, i: u32, f: &Filled) -> u32 {
-        self.buffer_desc(i).fill(f)
-    }
-
-    /// What became of buffer `i`, filled in `round`: still FILLED or TAKEN, released, or
-    /// reclaimed from a dead consumer.
-    pub fn buffer_returned(&self, i: u32, round: u32) -> Returned {
-        self.buffer_desc(i).returned(round)
-    }
-
-    /// Marks returned buffer `i` of `round` EMPTY: the daemon's to fill again.
-    pub fn reset_buffer(&self, i: u32, round: u32) {
-        self.buffer_desc(i).reset(round)
-    }
-
-    /// Drain: takes back FILLED buffer `i` of `round` that nobody took; false if the consumer took
-    /// it first.
-    pub fn withdraw_buffer(&self, i: u32, round: u32) -> bool {
-        self.buffer_desc(i).withdraw(round)
-    }
-
-    /// Daemon side: compares the header with the daemon's own record of what it wrote, restores
-    /// every field another process changed, and names them (empty: nothing was touched). A
-    /// ring opened rather than created has no record and reports nothing.
-    pub fn repair_header(&self) -> Vec<&'static str> {
-        let Some(seal) = &self.seal else {
-            return Vec::new();
-        };
-        let seal = seal.lock().unwrap_or_else(|p| p.into_inner());
-        let h = self.header();
-        let (f64s, f32s) = sealed_fields(h, self.handoff());
-        let mut changed = Vec::new();
-        for ((name, f), want) in f64s.into_iter().zip(seal.words64) {
-            if f.swap(want, Relaxed) != want {
-                changed.push(name);
-            }
-        }
-        for ((name, f), want) in f32s.into_iter().zip(seal.words32) {
-            if f.swap(want, Relaxed) != want {
-                changed.push(name);
-            }
-        }
-        if h.state.load(Acquire) != seal.state {
-            changed.push("state");
-            h.state.store(seal.state, Release);
-            futex::bump_and_wake_all(&h.work_futex);
-            futex::bump_and_wake_all(&h.doorbell_futex);
-        }
-        if !changed.is_empty() {
-            self.health().header_repairs.fetch_add(1, Relaxed);
-        }
-        changed
-    }
-
-    /// Sets the ring state and wakes every waiter on both futex words.
-    pub fn set_state(&self, state: u32) {
-        if let Some(seal) = &self.seal {
-            seal.lock().unwrap_or_else(|p| p.into_inner()).state = state;
-        }
-        self.header().state.store(state, Release);
-        futex::bump_and_wake_all(&self.header().work_futex);
-        futex::bump_and_wake_all(&self.header().doorbell_futex);
-        futex::bump_and_wake_all(&self.handoff().deliver_futex);
-    }
-
-    /// Wakes up to `n` loaders waiting for a free slot (none if none waits).
-    pub fn wake_loaders(&self, n: i32) {
-        let h = self.header();
-        futex::bump_and_wake_counted(&h.work_futex, &h.work_waiters, n);
-    }
-
-    /// The daemon's wait for its doorbell, from `seen` (loaded before it looked for work).
-    pub fn wait_doorbell(&self, seen: u32, timeout: Duration) -> futex::Wake {
-        let h = self.header();
-        futex::wait_counted(&h.doorbell_futex, &h.doorbell_waiters, seen, timeout)
-    }
-
-    /// The daemon's wait for its doorbell that a loader's commit does not end: only
-    /// [`Ring::ring_doorbell`] on this same handle does (the daemon's completion and sink
-    /// threads), or the deadline. For a daemon with enough uploads in flight that the next
-    /// completion comes before the copy engine runs dry: it then takes every part committed
-    /// meanwhile in one pass, and loaders commit without a wake-up system call.
-    pub fn wait_doorbell_quiet(&self, seen: u32, timeout: Duration) -> futex::Wake {
-        let h = self.header();
-        futex::wait_counted(&h.doorbell_futex, &self.quiet_waiters, seen, timeout)
-    }
-
-    /// Removes the segment's name (daemon, at exit), unless the name now refers to another
-    /// file (a replacement is never removed by the daemon it replaced).
-    pub fn unlink(&self) -> Result<(), RingError> {
-        self.seg.unlink_if_ours().map(|_| ())
-    }
-
-    /// Daemon: if no consumer holds the ring, marks RECLAIMED every buffer a dead one still held;
-    /// returns how many.
-    pub fn reclaim_from_dead_consumer(&self) -> Result<u64, RingError> {
-        let Some(hg) = self.geom.handoff else {
-            return Ok(0);
-        };
-        if self.consumer_alive()? {
-            return Ok(0);
-        }
-        let mut n = 0;
-        for i in 0..hg.buffers {
-            n += u64::from(self.buffer_desc(i).reclaim());
-        }
-        if n > 0 {
-            self.handoff().reclaimed.fetch_add(n, Relaxed);
-        }
-        Ok(n)
-    }
-
-    /// Daemon: wakes the consumer waiting for a batch (a wake only if one sleeps); `all`: state
-    /// changes, which wake unconditionally.
-    pub fn wake_consumer(&self, all: bool) {
-        let b = self.handoff();
-        if all {
-            futex::bump_and_wake_all(&b.deliver_futex);
-        } else {
-            futex::bump_and_wake_counted(&b.deliver_futex, &b.deliver_waiters, 1);
-        }
-    }
-
-    /// Hands slot `i` out for `seq` (from IDLE or UPLOADING). Returns the new ticket.
-    pub fn assign(&self, i: u32, seq: u64) -> u32 {
-        self.assign_at(i, seq, monotonic_ns())
-    }
-
-    /// [`DaemonRing::assign`], with the time it is freed at (the slot's `free_ns`) read by the caller:
-    /// a daemon that frees many slots in one pass reads the clock once.
-    pub fn assign_at(&self, i: u32, seq: u64, free_ns: u64) -> u32 {
-        self.desc(i).assign(seq, free_ns)
-    }
-
-    /// Parks slot `i` with no work (end of plan, or draining).
-    pub fn park(&self, i: u32) {
-        self.desc(i).park()
-    }
-
-    /// Takes a FREE slot back so no loader claims it (draining). True if it was FREE.
-    pub fn unassign_if_free(&self, i: u32) -> bool {
-        self.desc(i).unassign_if_free()
-    }
-
-    /// If slot `i` is READY, validates its descriptor against the seq the daemon assigned and
-    /// takes it (READY → UPLOADING). `Ok(None)`: not ready yet.
-    pub fn take_ready(&self, i: u32, assigned_seq: u64) -> Result<Option<Taken>, SlotFault> {
-        self.desc(i)
-            .take_ready(i, assigned_seq, self.geom.slot_bytes)
-    }
-
-    /// If slot `i` is CLAIMED by a loader that is no longer attached (its tenure lock is free:
-    /// it exited or died, whatever pid namespace it ran in), puts it back to FREE with the same seq
-    /// (a new ticket, so the dead owner's commit could never land). Returns the reclaimed seq.
-    pub fn reclaim_if_owner_dead(&self, i: u32) -> Option<u64> {
-        let seq = self
-            .desc(i)
-            .reclaim_if_owner_dead(|owner, tenure| self.claimant_alive(owner, tenure))?;
-        self.header().reclaimed.fetch_add(1, Relaxed);
-        Some(seq)
-    }
-
-    /// Clears loader-table entries whose occupant is gone (it died without detaching: its entry
-    /// lock is free).
-    pub fn reap_dead_loaders(&self) -> usize {
-        let mut n = 0;
-        for i in 0..MAX_LOADERS as u16 {
-            let e = self.loader(i as usize);
-            if e.state.load(Acquire) == loader_state::EMPTY {
-                continue;
-            }
-            if self.entry_occupied(i) == Some(false) {
-                e.state.store(loader_state::EMPTY, Release);
-                e.pid.store(0, Release);
-                n += 1;
-            }
-        }
-        n
     }
 }
 

@@ -9,13 +9,11 @@ use crate::handoff::{BufferDesc, Filled};
 use crate::layout::*;
 use crate::lock;
 use crate::process::ProcessId;
-use crate::ring::{ConsumerRing, LoaderRing, Ring, RingView, SlotView, ERR_TOO_LARGE};
+use crate::ring::{ConsumerRing, DaemonRing, LoaderRing, Ring, RingView, SlotView, ERR_TOO_LARGE};
 use crate::segment::Access;
 use crate::slot::{Batch, Seat};
 use crate::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 use crate::writer::{Claim, SlotWriter};
-#[cfg(doc)]
-use crate::DaemonRing;
 use nix::sys::mman::{madvise, MmapAdvise};
 use std::time::Duration;
 
@@ -96,7 +94,7 @@ macro_rules! shared_reads {
         }
     )*};
 }
-shared_reads!(LoaderRing, ConsumerRing, RingView);
+shared_reads!(DaemonRing, LoaderRing, ConsumerRing, RingView);
 
 impl LoaderRing {
     /// Takes the loader's role on an opened ring: refused for a ring opened read-only

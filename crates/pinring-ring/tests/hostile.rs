@@ -2,7 +2,7 @@
 //! daemon's take either refuses it or yields lengths that keep every read inside the slot.
 //! Fuzzed with proptest, plus a replayed corpus (tests/corpus/descriptors.txt).
 
-use pinring_ring::{fit_in_slot, CreateOptions, DaemonRing, SlotState, SlotWord};
+use pinring_ring::{fit_in_slot, Access, CreateOptions, DaemonRing, Ring, SlotState, SlotWord};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use std::sync::atomic::Ordering::Relaxed;
@@ -49,9 +49,11 @@ struct Desc {
 }
 
 /// Publishes `d` as a READY commit of slot 0 (assigned `SEQ`), takes it, and checks the outcome.
-fn check(ring: &DaemonRing, d: Desc) -> Result<(), TestCaseError> {
+/// `forger` is the ring as a hostile process maps it (the daemon's handle has no way to a
+/// descriptor's fields).
+fn check(ring: &DaemonRing, forger: &Ring, d: Desc) -> Result<(), TestCaseError> {
     ring.assign(0, SEQ);
-    let desc = ring.desc(0);
+    let desc = forger.desc(0);
     desc.seq.store(d.seq, Relaxed);
     desc.payload_len.store(d.payload_len, Relaxed);
     desc.meta_len.store(d.meta_len, Relaxed);
@@ -84,6 +86,7 @@ fn check(ring: &DaemonRing, d: Desc) -> Result<(), TestCaseError> {
 #[test]
 fn the_corpus_of_hostile_descriptors_is_refused_or_kept_inside_the_slot() {
     let (ring, _u) = ring("corpus");
+    let forger = Ring::open(ring.name(), Access::ReadWrite, std::time::Duration::ZERO).unwrap();
     let text = include_str!("corpus/descriptors.txt");
     let mut n = 0;
     for line in text
@@ -102,7 +105,7 @@ fn the_corpus_of_hostile_descriptors_is_refused_or_kept_inside_the_slot() {
             owner: 3,
             ticket: 9,
         };
-        check(&ring, d).unwrap_or_else(|e| panic!("corpus line {line:?}: {e}"));
+        check(&ring, &forger, d).unwrap_or_else(|e| panic!("corpus line {line:?}: {e}"));
         n += 1;
     }
     assert!(n >= 15);
@@ -111,6 +114,7 @@ fn the_corpus_of_hostile_descriptors_is_refused_or_kept_inside_the_slot() {
 #[test]
 fn fuzzed_descriptors_are_refused_or_kept_inside_the_slot() {
     let (ring, _u) = ring("fuzz");
+    let forger = Ring::open(ring.name(), Access::ReadWrite, std::time::Duration::ZERO).unwrap();
     let len = prop_oneof![
         Just(0u64),
         0u64..=2 * SLOT_BYTES,
@@ -136,6 +140,7 @@ fn fuzzed_descriptors_are_refused_or_kept_inside_the_slot() {
             |(seq, payload_len, meta_len, error, owner, ticket)| {
                 check(
                     &ring,
+                    &forger,
                     Desc {
                         seq,
                         payload_len,

@@ -56,7 +56,7 @@ fn header_scribbles_do_not_make_a_live_daemon_look_dead_and_the_daemon_restores_
     assert_eq!(h.state.load(Relaxed), ring_state::READY);
     assert_eq!(h.daemon_pid.load(Relaxed), std::process::id());
     assert_eq!(h.end_seq.load(Relaxed), 100);
-    assert_eq!(daemon.health().header_repairs.load(Relaxed), 1);
+    assert_eq!(daemon.snapshot().health.header_repairs, 1);
     assert!(daemon.repair_header().is_empty(), "nothing left to repair");
     // A state the daemon set itself is not a scribble.
     daemon.set_state(ring_state::DRAINING);

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 mod common;
 
-use common::{Unlink, T};
+use common::{forger, Unlink, T};
 
 fn opts(tag: &str) -> (CreateOptions, Unlink) {
     common::opts(tag, 10)
@@ -87,7 +87,7 @@ fn a_commit_after_reclaim_is_rejected() {
     );
     drop(doomed);
     assert_eq!(daemon.reclaim_if_owner_dead(0), Some(3));
-    assert_eq!(daemon.header().reclaimed.load(Relaxed), 1);
+    assert_eq!(daemon.snapshot().header.reclaimed, 1);
     // Back to FREE with the same seq, and the zombie's commit cannot land.
     let err = loader.commit(claim, 10, 0, 1, 0).unwrap_err();
     assert!(matches!(err, CommitError::Reclaimed { slot: 0, seq: 3 }));
@@ -162,7 +162,10 @@ fn opening_a_missing_ring_names_it() {
 fn another_layout_version_is_refused() {
     let (o, _u) = opts("version");
     let daemon = DaemonRing::create(&o).unwrap();
-    daemon.header().version.store(LAYOUT_VERSION + 1, Relaxed);
+    forger(&daemon)
+        .header()
+        .version
+        .store(LAYOUT_VERSION + 1, Relaxed);
     let err = Ring::open(&o.name, Access::ReadOnly, T).unwrap_err();
     assert!(matches!(err, RingError::VersionMismatch { .. }), "{err}");
     assert!(err.to_string().contains(&o.name));
@@ -203,16 +206,17 @@ fn a_live_daemon_keeps_its_ring_and_a_dead_ones_is_replaced() {
     let err = DaemonRing::create(&o).unwrap_err();
     assert!(matches!(err, RingError::HeldByLiveDaemon { .. }), "{err}");
     // Its header names a dead process: the lock still says it lives.
-    first.header().daemon_pid.store(u32::MAX - 1, Relaxed);
-    first.header().daemon_start_time.store(1, Relaxed);
-    first.header().state.store(ring_state::CLOSED, Relaxed);
+    let scribbler = forger(&first);
+    scribbler.header().daemon_pid.store(u32::MAX - 1, Relaxed);
+    scribbler.header().daemon_start_time.store(1, Relaxed);
+    scribbler.header().state.store(ring_state::CLOSED, Relaxed);
     let err = DaemonRing::create(&o).unwrap_err();
     assert!(matches!(err, RingError::HeldByLiveDaemon { .. }), "{err}");
     // The owner dies (its handle, and so its lock, goes): the stale ring is replaced.
-    let first_generation = first.header().generation.load(Relaxed);
-    drop(first);
+    let first_generation = first.generation();
+    drop((first, scribbler));
     let second = DaemonRing::create(&o).unwrap();
-    assert_ne!(first_generation, second.header().generation.load(Relaxed));
+    assert_ne!(first_generation, second.generation());
     assert!(second.segment().still_named().unwrap());
 }
 
@@ -220,7 +224,7 @@ fn a_live_daemon_keeps_its_ring_and_a_dead_ones_is_replaced() {
 fn a_ring_that_never_finishes_initialising_times_out() {
     let (o, _u) = opts("init");
     let daemon = DaemonRing::create(&o).unwrap();
-    daemon.header().version.store(0, Relaxed);
+    forger(&daemon).header().version.store(0, Relaxed);
     let err = Ring::open(&o.name, Access::ReadOnly, Duration::from_millis(50)).unwrap_err();
     assert!(matches!(err, RingError::NotInitialised { .. }), "{err}");
 }

@@ -4,7 +4,6 @@
 //! disturb tests that watch ring locks if they ran in the same process.
 
 use pinring_ring::{object_path, Access, CreateOptions, DaemonRing, Ring, RingError};
-use std::sync::atomic::Ordering::Relaxed;
 
 mod common;
 
@@ -21,32 +20,40 @@ fn opts(tag: &str) -> (CreateOptions, Unlink) {
 ///   of that (a failed check panics: 101).
 /// - Any other process never returns from the read: the handler ends it with exit 4.
 fn sigbus_child(name: &str, create: bool) {
-    let (created, opened);
-    let ring: &Ring = if create {
+    if create {
         let o = CreateOptions {
             name: name.to_string(),
             ..opts("unused").0
         };
-        created = DaemonRing::create(&o).unwrap();
-        &created
+        let ring = DaemonRing::create(&o).unwrap();
+        truncate(name);
+        assert!(!ring.truncated_here());
+        let v = ring.slot_view(3).seq;
+        after_the_fault(v, ring.truncated_here(), ring.check_file(), name);
     } else {
-        opened = Ring::open(name, Access::ReadWrite, T).unwrap();
-        &opened
-    };
+        let ring = Ring::open(name, Access::ReadWrite, T).unwrap();
+        truncate(name);
+        assert!(!ring.truncated_here());
+        let v = ring.slot_view(3).seq;
+        panic!("read {v} from a truncated page without a fault");
+    }
+}
+
+fn truncate(name: &str) {
     std::fs::OpenOptions::new()
         .write(true)
         .open(object_path(name))
         .unwrap()
         .set_len(0)
         .unwrap();
-    assert!(!ring.truncated_here());
-    let v = ring.desc(3).seq.load(Relaxed);
-    if !create {
-        panic!("read {v} from a truncated page without a fault");
-    }
+}
+
+/// The creator, after its read of a truncated page: it read the zero pages put over the mapping,
+/// knows it, and its check of the file fails (and removes the name).
+fn after_the_fault(v: u64, truncated: bool, checked: Result<(), RingError>, name: &str) {
     assert_eq!(v, 0, "the zero pages put over the mapping");
-    assert!(ring.truncated_here());
-    let e = ring.check_file().unwrap_err();
+    assert!(truncated);
+    let e = checked.unwrap_err();
     assert!(matches!(e, RingError::SizeMismatch { .. }), "{e}");
     assert!(!object_path(name).exists(), "the creator removes the name");
     std::process::exit(0);

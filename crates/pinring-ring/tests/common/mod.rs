@@ -38,3 +38,9 @@ pub fn opts(tag: &str, end_seq: u64) -> (CreateOptions, Unlink) {
     };
     (o, Unlink(name))
 }
+
+/// The ring as any process that maps it sees it, to scribble on: the daemon's handle has no
+/// way to the layout.
+pub fn forger(daemon: &pinring_ring::DaemonRing) -> pinring_ring::Ring {
+    pinring_ring::Ring::open(daemon.name(), pinring_ring::Access::ReadWrite, T).unwrap()
+}
