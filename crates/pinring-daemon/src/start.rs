@@ -51,18 +51,14 @@ impl Daemon {
         tracing::info!(backend = located.name, reason = %located.reason, "backend selected");
         let prefer = place_near_device(&cfg, &located);
         let (buffer_bytes, buffers) = upload_buffers(args, &cfg, &layout, consumer)?;
-        let host_buffers = located.name == "host";
         let handoff = consumer.then(|| pinring_ring::handoff::HandoffSpec {
             buffers: buffers as u32,
             buffer_bytes,
             spec: stored,
-            host: host_buffers,
+            host: located.name == "host",
             device: device as u32,
-            part_slots: if consumer_copies {
-                u32::try_from(parts).unwrap_or(u32::MAX)
-            } else {
-                0
-            },
+            // A consumer that copies reads each batch's slots in the part table.
+            part_slots: consumer_copies.then_some(parts).map_or(0, saturating_u32),
         });
         let ring = create_ring(args, &cfg, end_seq, handoff)?;
         drop(prefer); // the ring's pages are in; the daemon's later allocations are the kernel's
@@ -82,15 +78,7 @@ impl Daemon {
         let doorbell = ring_doorbell(&ring, &uploader, consumer && args.embedded);
         let sink = start_sink(args, &cfg, &layout, &uploader, &doorbell)?;
         let slots = cfg.slots() as usize;
-        // In order, parts are taken ahead of one not yet READY only where each batch's slots are
-        // freed once its copies complete: zero-copy slots and a consumer's lent slots stay the
-        // daemon's until their batch is delivered, and a batch held back for its turn never
-        // would be.
-        let look_ahead = if cfg.ring.in_order && !args.zero_copy && !consumer_copies {
-            crate::args::look_ahead(args.look_ahead, cfg.slot_bytes()) as usize
-        } else {
-            0
-        };
+        let look_ahead = look_ahead(args, &cfg, consumer_copies);
         let quiet_in_flight =
             super::quiet_in_flight(uploader.buffer_count(), uploader.buffer_bytes());
         let now = Instant::now();
@@ -139,6 +127,23 @@ impl Daemon {
         };
         d.go_ready(args.start_seq, end_seq, registration_seconds)?;
         Ok(d)
+    }
+}
+
+/// A count as a `u32`, saturated (a part table's row, which the ring's checks bound anyway).
+fn saturating_u32(n: u64) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+/// How many waiting parts past one not READY the daemon looks at, in order (`--look-ahead`).
+/// Parts are taken ahead only where each batch's slots are freed once its copies complete:
+/// zero-copy slots and a consumer's lent slots stay the daemon's until their batch is
+/// delivered, and a batch held back for its turn never would be.
+fn look_ahead(args: &RunOptions, cfg: &pinring_data::Config, consumer_copies: bool) -> usize {
+    if cfg.ring.in_order && !args.zero_copy && !consumer_copies {
+        crate::args::look_ahead(args.look_ahead, cfg.slot_bytes()) as usize
+    } else {
+        0
     }
 }
 
