@@ -38,7 +38,7 @@ pub use error::ClientError;
 pub use fields::{FieldView, Location};
 pub use memory::Memory;
 
-use pinring_data::{Config, RingFacts, Spec};
+use pinring_data::{Config, Spec};
 use pinring_ring::handoff::{buffer_state, Filled};
 use pinring_ring::{ring_state, Access, ConsumerRing, ProcessId};
 use std::sync::atomic::Ordering::{Acquire, Relaxed};
@@ -679,13 +679,12 @@ fn open_ready(
 /// The spec the daemon stored in the ring, adopted: decoded and checked against the ring's
 /// header.
 fn ring_spec(ring: &ConsumerRing) -> Result<Spec, ClientError> {
-    let bytes = ring.handoff_spec().ok_or_else(|| {
+    let adopted = Spec::adopt_from(ring).ok_or_else(|| {
         ClientError::Ring(pinring_ring::RingError::NoHandoff {
             name: ring.name().into(),
         })
     })?;
-    let facts = RingFacts::of(ring.fingerprint(), &ring.geometry());
-    Ok(Spec::adopt(&bytes, ring.name(), &facts)?)
+    Ok(adopted?)
 }
 
 /// The lowest seq a consumer attaching now can still get: the lowest handed over and not taken,

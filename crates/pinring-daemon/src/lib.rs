@@ -367,19 +367,20 @@ pub fn resolve_found(
         }
     }
     let host = pinring_runtime::host_memory::HostMemory::read();
-    let facts = pinring_data::HostFacts {
-        cache_bytes: host.cache_bytes(),
-    };
-    let spec =
-        pinring_data::Spec::resolve(given, &found.overrides, &facts, &pinring_sources::Files)
-            .map_err(|e| failed(e.into()))?;
+    let spec = pinring_data::Spec::resolve(
+        given,
+        &found.overrides,
+        &host.facts(),
+        &pinring_sources::Files,
+    )
+    .map_err(|e| failed(e.into()))?;
     let cfg = spec.config();
     warn_sets_nothing(&cfg.ring.name);
     if let Some(n) = spec.source_len() {
         tracing::info!(ring = %cfg.ring.name, kind = %cfg.dataset.kind, samples = n, "dataset opened");
     }
     if let Some(a) = spec.auto() {
-        tracing::info!(ring = %cfg.ring.name, "{}", host.auto_line(cfg, a));
+        tracing::info!(ring = %cfg.ring.name, "{}", a.line(cfg, &host.cache_origin()));
     }
     Ok(spec)
 }

@@ -189,11 +189,7 @@ fn check_start(
 
 /// Logs what the host's memory says of a ring this size.
 fn warn_of_host_memory(cfg: &pinring_data::Config) {
-    for w in pinring_runtime::host_memory::HostMemory::read().ring_warnings(
-        &cfg.ring.name,
-        cfg.slots(),
-        cfg.slot_bytes(),
-    ) {
+    for w in cfg.ring_warnings(&pinring_runtime::host_memory::HostMemory::read().facts()) {
         tracing::warn!("{w}");
     }
 }

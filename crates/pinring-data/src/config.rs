@@ -31,7 +31,7 @@ use crate::synthetic::Synthetic;
 mod geometry;
 pub(crate) mod keys;
 mod validate;
-pub use geometry::{AutoRing, PartLayout};
+pub use geometry::{ring_warnings, AutoRing, PartLayout};
 
 /// Alignment of every slot (a page), the segment layout's
 /// [`pinring_ring::layout::SLOT_ALIGN`]: an explicit `ring.slot_bytes` must be a multiple of

@@ -33,8 +33,9 @@ pub mod size;
 pub mod synthetic;
 
 pub use config::{
-    AutoRing, BadBatchPolicy, Config, ConfigError, Copies, DaemonConfig, DatasetConfig,
-    DatasetKind, PartLayout, PlanConfig, RingConfig, SegmentMode, SlotBytes, DEFAULT_CONFIG_TOML,
+    ring_warnings, AutoRing, BadBatchPolicy, Config, ConfigError, Copies, DaemonConfig,
+    DatasetConfig, DatasetKind, PartLayout, PlanConfig, RingConfig, SegmentMode, SlotBytes,
+    DEFAULT_CONFIG_TOML,
 };
 pub use dataset::{
     ImageDataset, ImageFolderDataset, ImageOutput, ImageTransform, NpyDataset, OnBadSample,
@@ -47,8 +48,8 @@ pub use meta::{max_encoded_len, BatchMeta, Dtype, MetaError, MAX_META_BYTES};
 pub use overrides::{until_stopped, EnvOverrides, Overrides, Spelling};
 pub use plan::{BatchIndices, ByteRange, Part, Plan, PlanError, PlanParams, SampleCut};
 pub use resolve::{
-    slots_for_workers, DatasetOpener, HostFacts, NoFiles, OpenedDataset, ResolveError, RingFacts,
-    Spec, StoredSpecError, MAX_STORED_SPEC_BYTES, STORED_SPEC_MAGIC,
+    slots_for_workers, DatasetOpener, HostFacts, Joined, NoFiles, OpenedDataset, ResolveError,
+    RingFacts, Spec, StoredSpecError, MAX_STORED_SPEC_BYTES, STORED_SPEC_MAGIC,
 };
 pub use shard_order::ShardOrder;
 pub use size::{ByteSize, SizeError};

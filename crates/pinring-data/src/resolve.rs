@@ -9,7 +9,7 @@
 //! (`resolve/stored.rs`), for the processes that join the ring.
 
 mod stored;
-pub use stored::{RingFacts, StoredSpecError, MAX_STORED_SPEC_BYTES, STORED_SPEC_MAGIC};
+pub use stored::{Joined, RingFacts, StoredSpecError, MAX_STORED_SPEC_BYTES, STORED_SPEC_MAGIC};
 
 use crate::{AutoRing, BatchLayout, Config, ConfigError, Overrides, Plan, PlanError, SlotBytes};
 use pinring_exit::{Coded, Exit};
@@ -84,6 +84,12 @@ impl Coded for ResolveError {
 pub struct HostFacts {
     /// The last-level cache's size (`None`: unknown): `"auto"` sizes the ring for it.
     pub cache_bytes: Option<u64>,
+    /// That cache's level (3 for L3; 0 where unknown, as for a size set by the environment):
+    /// for the warnings only ([`Config::ring_warnings`]).
+    pub cache_level: u32,
+    /// The memory available for a ring (`MemAvailable`, `None`: unknown): for the warnings
+    /// only.
+    pub available: Option<u64>,
 }
 
 /// A resolved spec: the settings of a config file with their overrides applied, the dataset's
@@ -270,7 +276,10 @@ mod tests {
         opener: &dyn DatasetOpener,
         cache_bytes: Option<u64>,
     ) -> Result<Spec, ResolveError> {
-        let host = HostFacts { cache_bytes };
+        let host = HostFacts {
+            cache_bytes,
+            ..Default::default()
+        };
         Spec::resolve(cfg.clone(), &Overrides::default(), &host, opener)
     }
 
@@ -370,6 +379,7 @@ mod tests {
         };
         let host = HostFacts {
             cache_bytes: Some(64 << 20),
+            ..Default::default()
         };
         let spec = Spec::resolve(cfg.clone(), &overrides, &host, &NoFiles).unwrap();
         assert_eq!(spec.ring(), "gpu1");
@@ -426,6 +436,7 @@ mod tests {
         let cfg = default_config();
         let host = HostFacts {
             cache_bytes: Some(256 << 20),
+            ..Default::default()
         };
         let auto = Spec::resolve(cfg.clone(), &Overrides::default(), &host, &NoFiles).unwrap();
         assert!(auto.slots() > 16, "{}", auto.slots());

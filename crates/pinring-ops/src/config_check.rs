@@ -63,9 +63,7 @@ pub fn run(args: &CheckArgs) -> Result<(), CheckError> {
     // this host would (loaders adopt the daemon's values), every rule the daemon checks
     // (ring.group among them), the plan.
     let host = pinring_runtime::host_memory::HostMemory::read();
-    let facts = pinring_data::HostFacts {
-        cache_bytes: host.cache_bytes(),
-    };
+    let facts = host.facts();
     let resolved = pinring_data::Spec::resolve(
         found.settings,
         &found.overrides,
@@ -74,7 +72,7 @@ pub fn run(args: &CheckArgs) -> Result<(), CheckError> {
     )?;
     let auto = resolved
         .auto()
-        .map(|a| host.auto_line(resolved.config(), a));
+        .map(|a| a.line(resolved.config(), &host.cache_origin()));
     let plan = resolved.plan();
     let cfg = resolved.config();
     pinring_runtime::outln!("# config OK: {}", cfg.source);
@@ -114,7 +112,7 @@ pub fn run(args: &CheckArgs) -> Result<(), CheckError> {
         "# placement: {}",
         placement_line(std::path::Path::new("/sys"), cfg)
     );
-    for w in host.ring_warnings(&cfg.ring.name, cfg.slots(), cfg.slot_bytes()) {
+    for w in cfg.ring_warnings(&facts) {
         pinring_runtime::outln!("# warning: {w}");
     }
     pinring_runtime::outln!(

@@ -1,7 +1,7 @@
 //! [`Session`]: one seat in one ring's loader table, and the claim loop.
 
 use crate::part::{LabelSource, PartBuffers, PartGuard, PlanFailed};
-use pinring_data::{BatchLayout, BatchMeta, Config, Plan, RingFacts, Spec, StoredSpecError};
+use pinring_data::{BatchLayout, BatchMeta, Config, Plan, Spec, StoredSpecError};
 use pinring_exit::{Coded, Exit};
 use pinring_ring::failure::{ERR_META, ERR_PLAN};
 use pinring_ring::layout::{align_up, META_ALIGN};
@@ -550,15 +550,7 @@ enum EndCheck {
 /// The spec the ring's daemon stored in it, adopted (`Spec::adopt`); `None`: a ring with no
 /// handoff area (its daemon's sink is not a training process) stores none.
 pub fn stored_spec(ring: &LoaderRing) -> Result<Option<Spec>, StoredSpecError> {
-    ring.handoff_spec()
-        .map(|b| {
-            Spec::adopt(
-                &b,
-                ring.name(),
-                &RingFacts::of(ring.fingerprint(), &ring.geometry()),
-            )
-        })
-        .transpose()
+    Spec::adopt_from(ring).transpose()
 }
 
 /// Why a file dataset's fingerprint may differ: the daemon's source has another length than this

@@ -8,7 +8,7 @@
 //! publishes the result in the ring header; loaders never read the cache, they adopt the ring's
 //! slot size ([`pinring_data::Config::adopt_slot_bytes`]).
 
-use pinring_data::{ByteSize, Config};
+use pinring_data::{ByteSize, HostFacts};
 use std::path::Path;
 
 /// Where Linux describes CPU 0's caches.
@@ -68,23 +68,14 @@ impl HostMemory {
         self.last_level_cache.map(|c| c.bytes)
     }
 
-    /// The line that says what `"auto"` picked for `cfg` (resolved to `a`) and where the cache
-    /// size came from.
-    pub fn auto_line(&self, cfg: &Config, a: &pinring_data::AutoRing) -> String {
-        let what = if a.slot_bytes_auto {
-            "ring.slot_bytes = \"auto\" resolved to"
-        } else {
-            "ring.slots unset: the given slot size gets"
-        };
-        format!(
-            "{what} {} slots x {} = {} ({}; ring aimed at {}, {})",
-            a.slots,
-            ByteSize(a.slot_bytes),
-            ByteSize(u64::from(a.slots) * a.slot_bytes),
-            cfg.parts_described(),
-            ByteSize(a.target_bytes),
-            self.cache_origin(),
-        )
+    /// What the resolver and the ring's warnings need to know of this host
+    /// ([`pinring_data::Config::ring_warnings`]).
+    pub fn facts(&self) -> HostFacts {
+        HostFacts {
+            cache_bytes: self.cache_bytes(),
+            cache_level: self.last_level_cache.map_or(0, |c| c.level),
+            available: self.available,
+        }
     }
 
     /// Where the cache size given to `"auto"` ([`HostMemory::cache_bytes`]) came from, in words.
@@ -135,41 +126,6 @@ impl HostMemory {
             None => format!("unknown (no MemAvailable in {MEMINFO})"),
         };
         format!("last-level cache {cache}; available memory {mem}")
-    }
-
-    /// Warnings for a ring of `slots` slots of `slot_bytes` named `ring`: larger than the
-    /// last-level cache, larger than the available memory. None for a size that is unknown.
-    pub fn ring_warnings(&self, ring: &str, slots: u32, slot_bytes: u64) -> Vec<String> {
-        let total = u64::from(slots).saturating_mul(slot_bytes);
-        let size = format!(
-            "{slots} slots x {} = {}",
-            ByteSize(slot_bytes),
-            ByteSize(total)
-        );
-        let mut out = Vec::new();
-        if let Some(c) = self.last_level_cache.filter(|c| total > c.bytes) {
-            out.push(format!(
-                "ring {ring:?}: its slots ({size}) are larger than the last-level cache ({}{}): \
-                 batches are written and uploaded from memory rather than from the cache; fewer or \
-                 smaller slots (ring.slots, ring.slot_bytes, plan.batch_size) keep them in it",
-                if c.level > 0 {
-                    format!("L{}, ", c.level)
-                } else {
-                    String::new()
-                },
-                ByteSize(c.bytes)
-            ));
-        }
-        if let Some(avail) = self.available.filter(|&a| total > a) {
-            out.push(format!(
-                "ring {ring:?}: its slots ({size}) are more than the available memory \
-                 (MemAvailable {}): the daemon reserves every page at start and will fail (exit 4) \
-                 or push the host into swap; use fewer or smaller slots (ring.slots, \
-                 ring.slot_bytes, plan.batch_size) or free memory",
-                ByteSize(avail)
-            ));
-        }
-        out
     }
 }
 
@@ -280,15 +236,15 @@ mod tests {
     #[test]
     fn warns_for_a_ring_over_the_cache_or_the_memory_and_only_then() {
         let (_d, host) = fake_host(&[("3", "Unified", "32768K")], MEMINFO_8G);
-        assert!(host.ring_warnings("r", 8, 1 << 20).is_empty());
-        let w = host.ring_warnings("r", 64, 1 << 20);
+        assert!(pinring_data::ring_warnings("r", 8, 1 << 20, &host.facts()).is_empty());
+        let w = pinring_data::ring_warnings("r", 64, 1 << 20, &host.facts());
         assert_eq!(w.len(), 1, "{w:?}");
         assert!(
             w[0].contains("\"r\"") && w[0].contains("last-level cache (L3, 32.0 MiB)"),
             "{w:?}"
         );
         assert!(w[0].contains("64 slots x 1.0 MiB = 64.0 MiB"), "{w:?}");
-        let w = host.ring_warnings("r", 16, 1 << 30);
+        let w = pinring_data::ring_warnings("r", 16, 1 << 30, &host.facts());
         assert_eq!(w.len(), 2, "{w:?}");
         assert!(
             w[1].contains("available memory (MemAvailable 8.0 GiB)") && w[1].contains("fewer"),
@@ -301,7 +257,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let host = HostMemory::read_from(&dir.path().join("none"), &dir.path().join("none"));
         assert_eq!(host, HostMemory::default());
-        assert!(host.ring_warnings("r", 4096, 1 << 30).is_empty());
+        assert!(pinring_data::ring_warnings("r", 4096, 1 << 30, &host.facts()).is_empty());
         let d = host.describe();
         assert!(
             d.contains("last-level cache unknown") && d.contains("available memory unknown"),

@@ -120,9 +120,7 @@ pub fn env_overrides(env: &dyn Fn(&str) -> Option<String>) -> Result<EnvOverride
 
 /// What the resolver needs to know of this host (its last-level cache).
 pub fn host_facts() -> pinring_data::HostFacts {
-    pinring_data::HostFacts {
-        cache_bytes: crate::host_memory::HostMemory::read().cache_bytes(),
-    }
+    crate::host_memory::HostMemory::read().facts()
 }
 
 /// [`load`] with its environment passed in: `places` for the lookup, `env` for the rank

@@ -34,6 +34,77 @@ pub struct AutoRing {
     pub slot_bytes_auto: bool,
 }
 
+impl AutoRing {
+    /// The line that says what `"auto"` picked for `cfg` and, in `cache_origin`'s words, where
+    /// the cache size it aimed for came from.
+    pub fn line(&self, cfg: &Config, cache_origin: &str) -> String {
+        let what = if self.slot_bytes_auto {
+            "ring.slot_bytes = \"auto\" resolved to"
+        } else {
+            "ring.slots unset: the given slot size gets"
+        };
+        format!(
+            "{what} {} slots x {} = {} ({}; ring aimed at {}, {cache_origin})",
+            self.slots,
+            ByteSize(self.slot_bytes),
+            ByteSize(u64::from(self.slots) * self.slot_bytes),
+            cfg.parts_described(),
+            ByteSize(self.target_bytes),
+        )
+    }
+}
+
+impl Config {
+    /// Warnings for this config's ring on a host with `host`'s cache and memory
+    /// ([`ring_warnings`]): `pinring config check` prints them and the daemon logs them at
+    /// start.
+    pub fn ring_warnings(&self, host: &crate::HostFacts) -> Vec<String> {
+        ring_warnings(&self.ring.name, self.slots(), self.slot_bytes(), host)
+    }
+}
+
+/// Warnings for ring `ring` of `slots` slots of `slot_bytes` on a host with `host`'s cache and
+/// memory: larger than the last-level cache (it works, only slower), larger than the available
+/// memory (the daemon reserves every page at start and would fail). None for a size that is
+/// unknown. Neither is an error.
+pub fn ring_warnings(
+    ring: &str,
+    slots: u32,
+    slot_bytes: u64,
+    host: &crate::HostFacts,
+) -> Vec<String> {
+    let total = u64::from(slots).saturating_mul(slot_bytes);
+    let size = format!(
+        "{slots} slots x {} = {}",
+        ByteSize(slot_bytes),
+        ByteSize(total)
+    );
+    let mut out = Vec::new();
+    if let Some(cache) = host.cache_bytes.filter(|&c| total > c) {
+        out.push(format!(
+            "ring {ring:?}: its slots ({size}) are larger than the last-level cache ({}{}): \
+             batches are written and uploaded from memory rather than from the cache; fewer or \
+             smaller slots (ring.slots, ring.slot_bytes, plan.batch_size) keep them in it",
+            if host.cache_level > 0 {
+                format!("L{}, ", host.cache_level)
+            } else {
+                String::new()
+            },
+            ByteSize(cache)
+        ));
+    }
+    if let Some(avail) = host.available.filter(|&a| total > a) {
+        out.push(format!(
+            "ring {ring:?}: its slots ({size}) are more than the available memory \
+             (MemAvailable {}): the daemon reserves every page at start and will fail (exit 4) \
+             or push the host into swap; use fewer or smaller slots (ring.slots, \
+             ring.slot_bytes, plan.batch_size) or free memory",
+            ByteSize(avail)
+        ));
+    }
+    out
+}
+
 impl Config {
     /// The ring's geometry: one sample with its metadata fits the largest slot unless the kind
     /// cuts samples into byte parts ([`DatasetKind::cuts_samples`]; a batch larger than a slot

@@ -65,6 +65,34 @@ impl RingFacts {
     }
 }
 
+/// A handle on a ring that a joining process adopts the stored spec from
+/// ([`Spec::adopt_from`]): a loader's and a consumer's.
+pub trait Joined {
+    /// The ring's name.
+    fn ring_name(&self) -> &str;
+    /// The stored spec's bytes as the ring holds them (`None`: the ring stores none).
+    fn stored_spec(&self) -> Option<Vec<u8>>;
+    /// What the stored spec must describe.
+    fn facts(&self) -> RingFacts;
+}
+
+macro_rules! joined {
+    ($($role:ty),*) => {$(
+        impl Joined for $role {
+            fn ring_name(&self) -> &str {
+                self.name()
+            }
+            fn stored_spec(&self) -> Option<Vec<u8>> {
+                self.handoff_spec()
+            }
+            fn facts(&self) -> RingFacts {
+                RingFacts::of(self.fingerprint(), &self.geometry())
+            }
+        }
+    )*};
+}
+joined!(pinring_ring::LoaderRing, pinring_ring::ConsumerRing);
+
 /// Why a spec cannot be stored or adopted.
 #[derive(Debug, thiserror::Error)]
 pub enum StoredSpecError {
@@ -148,6 +176,13 @@ impl Spec {
             )));
         }
         Ok(out)
+    }
+
+    /// The spec `ring` stores, adopted ([`Spec::adopt`] against the ring's own facts); `None`
+    /// for a ring that stores none (its daemon hands batches to no consumer).
+    pub fn adopt_from(ring: &impl Joined) -> Option<Result<Spec, StoredSpecError>> {
+        let bytes = ring.stored_spec()?;
+        Some(Spec::adopt(&bytes, ring.ring_name(), &ring.facts()))
     }
 
     /// The spec stored in ring `ring` ([`Spec::to_stored`]), checked as a config file is
@@ -237,6 +272,7 @@ mod tests {
         let cfg = Config::from_toml_str(toml, "test").unwrap();
         let host = HostFacts {
             cache_bytes: Some(64 << 20),
+            ..Default::default()
         };
         Spec::resolve(cfg, &Overrides::default(), &host, &NoFiles).unwrap()
     }
