@@ -600,7 +600,18 @@ impl Default for DatasetConfig {
 }
 
 /// `[plan]` section.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, bincode::Encode, bincode::Decode)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    Serialize,
+    Deserialize,
+    bincode::Encode,
+    bincode::Decode,
+)]
 #[serde(deny_unknown_fields, default)]
 pub struct PlanConfig {
     /// Samples per batch (>= 1).
@@ -1328,18 +1339,10 @@ impl Config {
 
     /// Plan parameters for [`Plan::new`].
     pub fn plan_params(&self) -> PlanParams {
-        let p = &self.plan;
         let layout = self.part_layout();
         PlanParams {
             samples: self.dataset.samples,
-            batch_size: p.batch_size,
-            shuffle: p.shuffle,
-            seed: p.seed,
-            epochs: p.epochs,
-            start_epoch: p.start_epoch,
-            drop_last: p.drop_last,
-            rank: p.rank,
-            world_size: p.world_size,
+            plan: self.plan,
             samples_per_part: layout.samples_per_part,
             cut: layout.cut,
         }

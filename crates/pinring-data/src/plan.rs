@@ -111,22 +111,9 @@ pub enum PlanError {
 pub struct PlanParams {
     /// Dataset length (1..=[`MAX_PLAN_SAMPLES`]).
     pub samples: u64,
-    /// Samples per batch (>= 1).
-    pub batch_size: u32,
-    /// Shuffle each epoch.
-    pub shuffle: bool,
-    /// Shuffle seed.
-    pub seed: u64,
-    /// Number of epochs in the plan (>= 1).
-    pub epochs: u32,
-    /// Epoch number of the first epoch.
-    pub start_epoch: u32,
-    /// Drop samples/batches that do not fill a shard/batch.
-    pub drop_last: bool,
-    /// This process's rank (< world_size).
-    pub rank: u32,
-    /// Number of ranks (>= 1).
-    pub world_size: u32,
+    /// The `[plan]` section: batch size, shuffle and seed, epochs, `drop_last`, rank and world
+    /// size.
+    pub plan: crate::PlanConfig,
     /// Samples in each part of a batch (1..=batch_size); `batch_size` means one part per batch.
     pub samples_per_part: u32,
     /// Byte parts: each sample is cut into parts of `chunk_bytes` of its cut field
@@ -338,10 +325,10 @@ impl Plan {
                 "must be between 1 and 4294967296",
             );
         }
-        if p.batch_size == 0 {
+        if p.plan.batch_size == 0 {
             return bad("plan.batch_size", "0".into(), "must be >= 1");
         }
-        if p.epochs == 0 {
+        if p.plan.epochs == 0 {
             return bad("plan.epochs", "0".into(), "must be >= 1");
         }
         if let Some(cut) = p.cut {
@@ -359,10 +346,10 @@ impl Plan {
                     "the cut field and its byte parts must be at least 1 byte",
                 );
             }
-            if u64::from(p.batch_size).saturating_mul(cut.chunks()) > u64::from(u32::MAX) {
+            if u64::from(p.plan.batch_size).saturating_mul(cut.chunks()) > u64::from(u32::MAX) {
                 return bad(
                     "plan.batch_size",
-                    p.batch_size.to_string(),
+                    p.plan.batch_size.to_string(),
                     &format!(
                         "batch_size x {} byte parts per sample must be at most {}; use a \
                          smaller batch or larger slots",
@@ -372,27 +359,30 @@ impl Plan {
                 );
             }
         }
-        if p.samples_per_part == 0 || p.samples_per_part > p.batch_size {
+        if p.samples_per_part == 0 || p.samples_per_part > p.plan.batch_size {
             return bad(
                 "samples per part",
                 p.samples_per_part.to_string(),
-                &format!("must be between 1 and plan.batch_size ({})", p.batch_size),
+                &format!(
+                    "must be between 1 and plan.batch_size ({})",
+                    p.plan.batch_size
+                ),
             );
         }
-        if p.world_size == 0 {
+        if p.plan.world_size == 0 {
             return bad("plan.world_size", "0".into(), "must be >= 1");
         }
-        if p.rank >= p.world_size {
+        if p.plan.rank >= p.plan.world_size {
             return bad(
                 "plan.rank",
-                p.rank.to_string(),
-                &format!("must be < plan.world_size ({})", p.world_size),
+                p.plan.rank.to_string(),
+                &format!("must be < plan.world_size ({})", p.plan.world_size),
             );
         }
-        if u64::from(p.start_epoch) + u64::from(p.epochs) - 1 > u64::from(u32::MAX) {
+        if u64::from(p.plan.start_epoch) + u64::from(p.plan.epochs) - 1 > u64::from(u32::MAX) {
             return bad(
                 "plan.start_epoch",
-                p.start_epoch.to_string(),
+                p.plan.start_epoch.to_string(),
                 "start_epoch + epochs - 1 must fit in 32 bits",
             );
         }
@@ -404,8 +394,8 @@ impl Plan {
     pub fn new(params: &PlanParams) -> Result<Plan, PlanError> {
         let p = *params;
         Plan::check(&p)?;
-        let w = u64::from(p.world_size);
-        let per_rank = if p.drop_last {
+        let w = u64::from(p.plan.world_size);
+        let per_rank = if p.plan.drop_last {
             p.samples / w
         } else {
             p.samples.div_ceil(w)
@@ -437,28 +427,28 @@ impl Plan {
                 allowed,
             });
         }
-        if shards.shards() < u64::from(p.world_size) {
+        if shards.shards() < u64::from(p.plan.world_size) {
             return Err(PlanError::TooFewShards {
                 shards: shards.shards(),
-                world_size: p.world_size,
+                world_size: p.plan.world_size,
             });
         }
         let mut min = u64::MAX;
         let mut max = 0;
-        for r in 0..p.world_size {
-            let n = shards.rank_samples(r, p.world_size);
+        for r in 0..p.plan.world_size {
+            let n = shards.rank_samples(r, p.plan.world_size);
             if n == 0 {
                 return Err(PlanError::EmptyRank {
                     rank: r,
-                    world_size: p.world_size,
-                    shards: shards.rank_shards(r, p.world_size),
+                    world_size: p.plan.world_size,
+                    shards: shards.rank_shards(r, p.plan.world_size),
                 });
             }
             min = min.min(n);
             max = max.max(n);
         }
-        let own = shards.rank_samples(p.rank, p.world_size);
-        let per_rank = if p.drop_last { min } else { max };
+        let own = shards.rank_samples(p.plan.rank, p.plan.world_size);
+        let per_rank = if p.plan.drop_last { min } else { max };
         Plan::build(p, Some((shards, own)), per_rank)
     }
 
@@ -467,19 +457,19 @@ impl Plan {
         shards: Option<(ShardOrder, u64)>,
         per_rank: u64,
     ) -> Result<Plan, PlanError> {
-        let bs = u64::from(p.batch_size);
-        let bpe = if p.drop_last {
+        let bs = u64::from(p.plan.batch_size);
+        let bpe = if p.plan.drop_last {
             per_rank / bs
         } else {
             per_rank.div_ceil(bs)
         };
         if bpe == 0 {
             return Err(PlanError::Empty {
-                rank: p.rank,
-                world_size: p.world_size,
+                rank: p.plan.rank,
+                world_size: p.plan.world_size,
                 samples: p.samples,
-                batch_size: p.batch_size,
-                drop_last: p.drop_last,
+                batch_size: p.plan.batch_size,
+                drop_last: p.plan.drop_last,
             });
         }
         Ok(Plan {
@@ -488,8 +478,8 @@ impl Plan {
             per_rank,
             bpe,
             parts: match p.cut {
-                Some(cut) => u64::from(p.batch_size) * cut.chunks(),
-                None => u64::from(p.batch_size.div_ceil(p.samples_per_part)),
+                Some(cut) => u64::from(p.plan.batch_size) * cut.chunks(),
+                None => u64::from(p.plan.batch_size.div_ceil(p.samples_per_part)),
             },
             cache: None,
         })
@@ -519,7 +509,7 @@ impl Plan {
     pub fn total_batches(&self) -> u64 {
         // Saturating: a plan run until stopped (over four billion epochs) of a dataset of
         // billions of parts counts past u64; its end is then u64::MAX, never reached.
-        u64::from(self.params.epochs).saturating_mul(self.bpe)
+        u64::from(self.params.plan.epochs).saturating_mul(self.bpe)
     }
 
     /// Parts per batch (`ceil(batch_size / samples_per_part)`, or `batch_size × k` with byte
@@ -606,9 +596,9 @@ impl Plan {
     fn batch_range(&self, batch: u64) -> (u32, u64, u64, u64) {
         let p = self.params;
         // Fits: batch / bpe < epochs and start_epoch + epochs - 1 fits u32 (checked in new).
-        let epoch = p.start_epoch + (batch / self.bpe) as u32;
+        let epoch = p.plan.start_epoch + (batch / self.bpe) as u32;
         let index_in_epoch = batch % self.bpe;
-        let bs = u64::from(p.batch_size);
+        let bs = u64::from(p.plan.batch_size);
         let start = index_in_epoch * bs;
         let end = (start + bs).min(self.per_rank);
         (epoch, index_in_epoch, start, end)
@@ -621,14 +611,14 @@ impl Plan {
         out.clear();
         out.reserve((end - start) as usize);
         let n = p.samples;
-        let w = u64::from(p.world_size);
-        let r = u64::from(p.rank);
+        let w = u64::from(p.plan.world_size);
+        let r = u64::from(p.plan.rank);
         if let Some(own) = self.shards.as_ref().map(|&(_, own)| own) {
             // The rank's shard order, padded by repeating from its start (positions past the
             // smallest rank's count are never asked for with drop_last).
             let order = self.shard(epoch);
             out.extend((start..end).map(|k| u64::from(order[(k % own) as usize])));
-        } else if p.shuffle {
+        } else if p.plan.shuffle {
             let shard = self.shard(epoch);
             out.extend(
                 shard[start as usize..end as usize]
@@ -651,17 +641,23 @@ impl Plan {
             let p = self.params;
             if let Some((order, _)) = &self.shards {
                 // Ids < samples <= 2^32, so they fit u32.
-                let ids = order.order(p.seed, epoch, p.rank, p.world_size, p.shuffle);
+                let ids = order.order(
+                    p.plan.seed,
+                    epoch,
+                    p.plan.rank,
+                    p.plan.world_size,
+                    p.plan.shuffle,
+                );
                 self.cache = Some((epoch, ids.into_iter().map(|id| id as u32).collect()));
                 return self.cached();
             }
-            let perm = epoch_permutation(p.samples, p.seed, epoch);
+            let perm = epoch_permutation(p.samples, p.plan.seed, epoch);
             let n = p.samples;
-            let shard = if p.world_size == 1 && self.per_rank == n {
+            let shard = if p.plan.world_size == 1 && self.per_rank == n {
                 perm
             } else {
-                let w = u64::from(p.world_size);
-                let r = u64::from(p.rank);
+                let w = u64::from(p.plan.world_size);
+                let r = u64::from(p.plan.rank);
                 (0..self.per_rank)
                     .map(|k| perm[((r + k * w) % n) as usize])
                     .collect()
@@ -688,14 +684,16 @@ mod tests {
     fn params(samples: u64, batch_size: u32) -> PlanParams {
         PlanParams {
             samples,
-            batch_size,
-            shuffle: true,
-            seed: 0,
-            epochs: 2,
-            start_epoch: 0,
-            drop_last: false,
-            rank: 0,
-            world_size: 1,
+            plan: crate::PlanConfig {
+                batch_size,
+                shuffle: true,
+                seed: 0,
+                epochs: 2,
+                start_epoch: 0,
+                drop_last: false,
+                rank: 0,
+                world_size: 1,
+            },
             samples_per_part: batch_size.max(1),
             cut: None,
         }
@@ -704,7 +702,7 @@ mod tests {
     /// The same plan with one part per batch (whole samples, no byte parts).
     fn params_like(p: &PlanParams) -> PlanParams {
         PlanParams {
-            samples_per_part: p.batch_size,
+            samples_per_part: p.plan.batch_size,
             cut: None,
             ..*p
         }
@@ -714,8 +712,8 @@ mod tests {
     fn a_short_last_batch_has_empty_trailing_parts() {
         // 10 samples, batches of 8 in parts of 3: batch 1 has 2 samples, in part 0 only.
         let mut p = params(10, 8);
-        p.shuffle = false;
-        p.epochs = 1;
+        p.plan.shuffle = false;
+        p.plan.epochs = 1;
         p.samples_per_part = 3;
         let mut plan = Plan::new(&p).unwrap();
         assert_eq!(plan.parts_per_batch(), 3);
@@ -751,8 +749,8 @@ mod tests {
     fn a_sample_of_24_bytes_in_parts_of_10_is_cut_into_three_the_last_short() {
         // 3 samples, batches of 2, each sample's field of 24 bytes in byte parts of 10.
         let mut p = params(3, 2);
-        p.shuffle = false;
-        p.epochs = 1;
+        p.plan.shuffle = false;
+        p.plan.epochs = 1;
         p.samples_per_part = 1;
         p.cut = Some(SampleCut {
             field_bytes: 24,
@@ -801,7 +799,7 @@ mod tests {
         });
         assert!(Plan::new(&p).is_err());
         // batch_size × parts per sample must fit the part index.
-        p.batch_size = u32::MAX / 2;
+        p.plan.batch_size = u32::MAX / 2;
         p.cut = Some(SampleCut {
             field_bytes: 24,
             chunk_bytes: 10,
@@ -857,7 +855,7 @@ mod tests {
         ));
 
         let mut p = params(10, 4);
-        p.drop_last = true;
+        p.plan.drop_last = true;
         let mut plan = Plan::new(&p).unwrap();
         assert_eq!(plan.batches_per_epoch(), 2);
         assert!((0..4).all(|s| plan.batch(s).unwrap().samples.len() == 4));
@@ -866,13 +864,13 @@ mod tests {
     #[test]
     fn start_epoch_offsets_epoch_numbers() {
         let mut p = params(10, 5);
-        p.start_epoch = 7;
+        p.plan.start_epoch = 7;
         let mut plan = Plan::new(&p).unwrap();
         assert_eq!(plan.batch(0).unwrap().epoch, 7);
         assert_eq!(plan.batch(3).unwrap().epoch, 8);
         // Same epoch number gives the same order regardless of start_epoch.
         let mut q = params(10, 5);
-        q.start_epoch = 6;
+        q.plan.start_epoch = 6;
         let mut plan2 = Plan::new(&q).unwrap();
         assert_eq!(epoch_samples(&mut plan, 0), epoch_samples(&mut plan2, 1));
     }
@@ -880,11 +878,11 @@ mod tests {
     #[test]
     fn no_shuffle_is_identity() {
         let mut p = params(10, 3);
-        p.shuffle = false;
+        p.plan.shuffle = false;
         let mut plan = Plan::new(&p).unwrap();
         assert_eq!(epoch_samples(&mut plan, 0), (0..10).collect::<Vec<u64>>());
-        p.world_size = 3;
-        p.rank = 1;
+        p.plan.world_size = 3;
+        p.plan.rank = 1;
         let mut plan = Plan::new(&p).unwrap();
         // positions 1,4,7,10 -> 10 wraps to 0
         assert_eq!(epoch_samples(&mut plan, 0), vec![1, 4, 7, 0]);
@@ -893,16 +891,16 @@ mod tests {
     #[test]
     fn errors() {
         let mut p = params(10, 4);
-        p.rank = 1;
+        p.plan.rank = 1;
         let e = Plan::new(&p).unwrap_err().to_string();
         assert!(e.contains("plan.rank"), "{e}");
         let mut p = params(3, 4);
-        p.drop_last = true;
+        p.plan.drop_last = true;
         assert!(matches!(Plan::new(&p), Err(PlanError::Empty { .. })));
         assert!(Plan::new(&params(0, 4)).is_err());
         assert!(Plan::new(&params(10, 0)).is_err());
         let mut p = params(10, 4);
-        p.start_epoch = u32::MAX;
+        p.plan.start_epoch = u32::MAX;
         assert!(Plan::new(&p).is_err());
     }
 
@@ -920,8 +918,8 @@ mod tests {
     #[test]
     fn large_dataset_smoke() {
         let mut p = params(5_000_000, 256);
-        p.world_size = 8;
-        p.rank = 3;
+        p.plan.world_size = 8;
+        p.plan.rank = 3;
         let mut plan = Plan::new(&p).unwrap();
         let b = plan.batch(plan.total_batches() - 1).unwrap();
         assert!(!b.samples.is_empty());
@@ -947,20 +945,20 @@ mod tests {
         // samples), rank 1 shard 1 (2 samples).
         let sizes = [3u64, 2, 4];
         let mut p = params(9, 2);
-        p.shuffle = false;
-        p.epochs = 1;
-        p.world_size = 2;
+        p.plan.shuffle = false;
+        p.plan.epochs = 1;
+        p.plan.world_size = 2;
         let mut r0 = wds(&p, &sizes, 100).unwrap();
         assert_eq!(epoch_samples(&mut r0, 0), [0, 1, 2, 5, 6, 7, 8]);
-        p.rank = 1;
+        p.plan.rank = 1;
         let mut r1 = wds(&p, &sizes, 100).unwrap();
         // Padded to rank 0's 7 by repeating from the start of its own order.
         assert_eq!(epoch_samples(&mut r1, 0), [3, 4, 3, 4, 3, 4, 3]);
         assert_eq!(r1.batches_per_epoch(), r0.batches_per_epoch());
-        p.drop_last = true;
+        p.plan.drop_last = true;
         let mut r1 = wds(&p, &sizes, 100).unwrap();
         assert_eq!(epoch_samples(&mut r1, 0), [3, 4]);
-        p.rank = 0;
+        p.plan.rank = 0;
         let mut r0 = wds(&p, &sizes, 100).unwrap();
         // Truncated to rank 1's 2.
         assert_eq!(epoch_samples(&mut r0, 0), [0, 1]);
@@ -970,7 +968,7 @@ mod tests {
     #[test]
     fn shard_plan_errors() {
         let mut p = params(9, 2);
-        p.world_size = 4;
+        p.plan.world_size = 4;
         let e = wds(&p, &[3, 2, 4], 0).unwrap_err();
         assert_eq!(
             e,
@@ -980,7 +978,7 @@ mod tests {
             }
         );
         assert!(e.to_string().contains("use at most 3 ranks"), "{e}");
-        p.world_size = 2;
+        p.plan.world_size = 2;
         let e = wds(&p, &[9, 0, 0, 0], 0).unwrap_err();
         assert_eq!(
             e,
@@ -998,7 +996,7 @@ mod tests {
         let e = wds(&p, &[], 0).unwrap_err().to_string();
         assert!(e.contains("recorded when the shards are opened"), "{e}");
         // The smallest rank has 1 sample: no full batch of 2 with drop_last.
-        p.drop_last = true;
+        p.plan.drop_last = true;
         assert!(matches!(wds(&p, &[8, 1], 0), Err(PlanError::Empty { .. })));
     }
 
@@ -1014,12 +1012,12 @@ mod tests {
         claims: u64,
     ) -> Result<Vec<Vec<Vec<u64>>>, TestCaseError> {
         let mut rng = SplitMix64::new(claims);
-        let epochs = plans[0].params().epochs as usize;
+        let epochs = plans[0].params().plan.epochs as usize;
         let mut out = vec![Vec::new(); epochs];
         let mut ids = Vec::new();
         for plan in plans {
             let p = *plan.params();
-            let bs = u64::from(p.batch_size);
+            let bs = u64::from(p.plan.batch_size);
             let per_epoch = (plan.batches_per_epoch() * bs).min(plan.samples_per_rank());
             let mut copies = vec![plan.clone(); loaders];
             let mut seqs: Vec<u64> = (0..plan.total_seqs()).collect();
@@ -1030,14 +1028,14 @@ mod tests {
             for seq in seqs {
                 let loader = rng.below(loaders as u64) as usize;
                 let part = copies[loader].part_into(seq, &mut ids).unwrap();
-                let e = (part.epoch - p.start_epoch) as usize;
+                let e = (part.epoch - p.plan.start_epoch) as usize;
                 let first = part.index_in_epoch * bs + part.first_in_batch;
                 for (k, &id) in ids.iter().enumerate() {
                     let slot = &mut at[e][(first + k as u64) as usize];
                     prop_assert!(
                         slot.is_none(),
                         "rank {} epoch {} position {} twice",
-                        p.rank,
+                        p.plan.rank,
                         e,
                         first + k as u64
                     );
@@ -1049,7 +1047,7 @@ mod tests {
                 prop_assert!(
                     got.is_some(),
                     "rank {} epoch {}: a position was never delivered",
-                    p.rank,
+                    p.plan.rank,
                     e
                 );
                 out[e].push(got.unwrap_or_default());
@@ -1130,15 +1128,15 @@ mod tests {
             let o = ShardOrder::new(sizes.as_slice(), buffer);
             let counts: Vec<u64> = (0..w).map(|r| o.rank_samples(r, w)).collect();
             let mut p = params(total.max(1), bs);
-            p.seed = seed;
-            p.world_size = w;
-            p.drop_last = drop_last;
-            p.shuffle = shuffle;
-            p.start_epoch = 3;
+            p.plan.seed = seed;
+            p.plan.world_size = w;
+            p.plan.drop_last = drop_last;
+            p.plan.shuffle = shuffle;
+            p.plan.start_epoch = 3;
             let mut bpes = Vec::new();
             let mut all = HashSet::new();
             for r in 0..w {
-                p.rank = r;
+                p.plan.rank = r;
                 let plan = Plan::with_shards(&p, o.clone());
                 let Ok(mut plan) = plan else {
                     let e = plan.unwrap_err();
@@ -1180,8 +1178,8 @@ mod tests {
         #[test]
         fn epoch_is_permutation(n in 1u64..500, bs in 1u32..40, seed: u64, shuffle: bool) {
             let mut p = params(n, bs);
-            p.seed = seed;
-            p.shuffle = shuffle;
+            p.plan.seed = seed;
+            p.plan.shuffle = shuffle;
             let mut plan = Plan::new(&p).unwrap();
             for e in 0..2 {
                 let mut s = epoch_samples(&mut plan, e);
@@ -1197,16 +1195,16 @@ mod tests {
             seed: u64, claims: u64,
         ) {
             let mut p = params(n, bs);
-            p.seed = seed;
-            p.world_size = w;
-            p.drop_last = drop_last;
-            p.shuffle = shuffle;
-            p.epochs = epochs;
-            p.start_epoch = 5;
+            p.plan.seed = seed;
+            p.plan.world_size = w;
+            p.plan.drop_last = drop_last;
+            p.plan.shuffle = shuffle;
+            p.plan.epochs = epochs;
+            p.plan.start_epoch = 5;
             p.samples_per_part = spp_raw.min(bs);
             let mut plans = Vec::new();
             for r in 0..w {
-                p.rank = r;
+                p.plan.rank = r;
                 let Ok(plan) = Plan::new(&p) else {
                     // Only when a rank would get no batch (padding_and_drop_last_sizes).
                     prop_assert!(drop_last && n / u64::from(w) < u64::from(bs));
@@ -1260,16 +1258,16 @@ mod tests {
             let total: u64 = sizes.iter().sum();
             let o = ShardOrder::new(sizes.as_slice(), buffer);
             let mut p = params(total.max(1), bs);
-            p.seed = seed;
-            p.world_size = w;
-            p.drop_last = drop_last;
-            p.shuffle = shuffle;
-            p.epochs = epochs;
-            p.start_epoch = 5;
+            p.plan.seed = seed;
+            p.plan.world_size = w;
+            p.plan.drop_last = drop_last;
+            p.plan.shuffle = shuffle;
+            p.plan.epochs = epochs;
+            p.plan.start_epoch = 5;
             p.samples_per_part = spp_raw.min(bs);
             let mut plans = Vec::new();
             for r in 0..w {
-                p.rank = r;
+                p.plan.rank = r;
                 // Errors (no samples, too few shards, an empty rank, no full batch) are
                 // shard_plans_give_every_rank_the_same_batches' business.
                 let Ok(plan) = Plan::with_shards(&p, o.clone()) else { return Ok(()); };
@@ -1312,10 +1310,10 @@ mod tests {
             let mut distinct = HashSet::new();
             for r in 0..w {
                 let mut p = params(n, bs);
-                p.world_size = w;
-                p.rank = r;
-                p.drop_last = drop_last;
-                p.shuffle = shuffle;
+                p.plan.world_size = w;
+                p.plan.rank = r;
+                p.plan.drop_last = drop_last;
+                p.plan.shuffle = shuffle;
                 let Ok(mut plan) = Plan::new(&p) else {
                     // Only allowed when a rank would get no batch.
                     let per = if drop_last { n / u64::from(w) } else { n.div_ceil(u64::from(w)) };
@@ -1355,11 +1353,11 @@ mod tests {
             drop_last: bool, shuffle: bool, seed: u64,
         ) {
             let mut p = params(n, bs);
-            p.seed = seed;
-            p.world_size = w;
-            p.rank = w - 1;
-            p.drop_last = drop_last;
-            p.shuffle = shuffle;
+            p.plan.seed = seed;
+            p.plan.world_size = w;
+            p.plan.rank = w - 1;
+            p.plan.drop_last = drop_last;
+            p.plan.shuffle = shuffle;
             p.samples_per_part = spp_raw.min(bs);
             let (Ok(mut parts), Ok(mut whole)) = (Plan::new(&p), Plan::new(&params_like(&p))) else {
                 return Ok(());
@@ -1400,9 +1398,9 @@ mod tests {
             drop_last: bool, shuffle: bool, seed: u64,
         ) {
             let mut p = params(n, bs);
-            p.seed = seed;
-            p.drop_last = drop_last;
-            p.shuffle = shuffle;
+            p.plan.seed = seed;
+            p.plan.drop_last = drop_last;
+            p.plan.shuffle = shuffle;
             p.samples_per_part = 1;
             let cut = SampleCut { field_bytes: field, chunk_bytes: chunk };
             p.cut = Some(cut);
@@ -1456,11 +1454,11 @@ mod tests {
             n in 1u64..300, bs in 1u32..24, w in 1u32..4, drop_last: bool, shuffle: bool, seed: u64,
         ) {
             let mut p = params(n, bs);
-            p.seed = seed;
-            p.world_size = w;
-            p.rank = 0;
-            p.drop_last = drop_last;
-            p.shuffle = shuffle;
+            p.plan.seed = seed;
+            p.plan.world_size = w;
+            p.plan.rank = 0;
+            p.plan.drop_last = drop_last;
+            p.plan.shuffle = shuffle;
             let Ok(mut plan) = Plan::new(&p) else { return Ok(()); };
             prop_assert_eq!(plan.parts_per_batch(), 1);
             prop_assert_eq!(plan.total_seqs(), plan.total_batches());
@@ -1477,10 +1475,10 @@ mod tests {
         #[test]
         fn deterministic(n in 1u64..300, bs in 1u32..20, seed: u64, w in 1u32..4, drop_last: bool) {
             let mut p = params(n, bs);
-            p.seed = seed;
-            p.world_size = w;
-            p.rank = w - 1;
-            p.drop_last = drop_last;
+            p.plan.seed = seed;
+            p.plan.world_size = w;
+            p.plan.rank = w - 1;
+            p.plan.drop_last = drop_last;
             let (Ok(mut a), Ok(mut b)) = (Plan::new(&p), Plan::new(&p)) else { return Ok(()); };
             let total = a.total_batches();
             // Query b in reverse order to exercise the cache.

@@ -126,13 +126,13 @@ pub fn run(args: &CheckArgs) -> Result<(), CheckError> {
         pinring_runtime::outln!(
             "# shard order: rank {} of {} holds {} samples in {} of the {} shards; every rank \
              delivers {} samples per epoch ({})",
-            p.rank,
-            p.world_size,
-            order.rank_samples(p.rank, p.world_size),
-            order.rank_shards(p.rank, p.world_size),
+            p.plan.rank,
+            p.plan.world_size,
+            order.rank_samples(p.plan.rank, p.plan.world_size),
+            order.rank_shards(p.plan.rank, p.plan.world_size),
             order.shards(),
             plan.samples_per_rank(),
-            if p.drop_last {
+            if p.plan.drop_last {
                 "truncated to the smallest rank's count"
             } else {
                 "padded to the largest rank's count from the start of each rank's order"
