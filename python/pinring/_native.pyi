@@ -174,17 +174,37 @@ class Spec:
 
 @final
 class Supervisor:
-    """``pinring run``'s restart policy for loader children (``pinring.Loader(loaders=N)``'s):
-    a loader killed by a signal is restarted, up to 5 times in any 60 s; one that exits 0 or 5
-    is left; any other exit stops the run."""
+    """The restart books of a process's children, pinring-runtime's ``children::Supervisor``
+    (the books of ``pinring run`` and ``pinring bench``), under one policy: ``"loaders"``
+    (``pinring.Loader(loaders=N)``'s ``pinring-loader`` children, as ``pinring run``'s: a loader
+    killed by a signal is restarted, up to 5 times in any 60 s; one that exits 0 or 5 is left;
+    any other exit stops the run), ``"workers"`` (a ``pinring.torch.DataLoader``'s workers:
+    every ending booked restarts, up to ``max_restarts`` restarts in all over the books' life)
+    or ``"stream"`` (an iterable dataset's workers: never restarted)."""
 
-    def __new__(cls, loaders: int, now: float) -> "Supervisor":
-        """The books of ``loaders`` loaders; ``now`` is ``time.monotonic()``."""
+    def __new__(cls, children: int, now: float,
+                policy: Literal["loaders", "workers", "stream"] = "loaders",
+                max_restarts: Optional[int] = None) -> "Supervisor":
+        """The books of ``children`` children; ``now`` is ``time.monotonic()``.
+        ``max_restarts`` is given with ``policy="workers"`` and only then; an unknown policy
+        raises ``UsageError``."""
     def ended(self, index: int, pid: int, returncode: int,
               now: float) -> Literal["restart", "leave", "stop"]:
-        """Loader ``index`` ended with ``returncode`` (``Popen.returncode``) at ``now``."""
+        """Child ``index`` ended with ``returncode`` (``Popen.returncode``) at ``now``."""
     def failure(self) -> Optional[Tuple[int, str]]:
         """``(exit code, sentence)`` of the failure that stops the run, once one is booked."""
+    def next_run(self) -> None:
+        """Forgets the failure booked and keeps the restarts counted: the children start again
+        for a new run (a DataLoader's next pass)."""
+    @property
+    def restarts(self) -> int:
+        """The restarts allowed so far, over the books' life."""
+    @property
+    def max_restarts(self) -> Optional[int]:
+        """The restarts allowed in all: ``max_restarts`` (``"workers"``), 0 (``"stream"``), or
+        None (``"loaders"``: 5 per loader in any 60 s)."""
+    @property
+    def policy(self) -> Literal["loaders", "workers", "stream"]: ...
 
 def config_settings(config: Union[str, Dict[str, Dict[str, Any]]]) -> Dict[Tuple[str, str], Any]:
     """The scalar settings of a config (TOML text, such as a ring's ``Consumer.config``, or a

@@ -265,7 +265,14 @@ class DataLoader(Generic[_T_co]):
         self._early: Optional[EarlyWorkers] = None
         # The embedded ring's settings as data and their spec, resolved once (_resolve).
         self._spec: Optional[Tuple[Dict[str, Any], _native.Spec]] = None
-        self._restarts = 0  # workers restarted over the loader's life, passes before this one
+        # The workers' restart books, over the loader's life (each pass's pool books in them):
+        # every unexpected end restarts, max_worker_restarts in all; an iterable dataset's
+        # workers are never restarted.
+        self._books = _native.Supervisor(
+            max(1, self.num_workers), time.monotonic(),
+            policy="stream" if self._stream else "workers",
+            max_restarts=None if self._stream else max(0, self.max_worker_restarts),
+        )
         self._leases_seen = 0  # the ring's count of parts taken back after their lease, seen
         self._ring_settings: Dict[Tuple[str, str], Any] = {}
         self._ring_name: Optional[str] = None
@@ -703,8 +710,7 @@ class DataLoader(Generic[_T_co]):
         self._pool = WorkerPool.start(
             self._zygote, max(1, self.num_workers), self._spawn,
             session=None if self._early is None else self._early.hand_over(),
-            ring_name=self._ring_name or "", max_restarts=self.max_worker_restarts,
-            restarts=self._restarts, lease_text=self._lease_text, stream=self._stream,
+            ring_name=self._ring_name or "", books=self._books, lease_text=self._lease_text,
         )
 
     def _check_ring(self, settings: Dict[Tuple[str, str], Any],
@@ -816,7 +822,6 @@ class DataLoader(Generic[_T_co]):
         if self._pool is not None:
             # Late news is still news: a part taken back after its lease is logged.
             self._pool.stop(late=self._look_at_leases, grace=grace)
-            self._restarts = self._pool.restarts
             self._pool = None
         if self._consumer is not None:
             try:
@@ -908,7 +913,7 @@ class DataLoader(Generic[_T_co]):
     def worker_restarts(self) -> int:
         """Workers restarted after they died (or ended with status 0 and no report while the
         ring ran), over the loader's life."""
-        return self._pool.restarts if self._pool is not None else self._restarts
+        return self._books.restarts
 
     def _next_or_stop(self) -> Optional[_native.Batch]:
         """``_next``; Ctrl-C while waiting kills the workers at once (no grace to leave between
