@@ -8,7 +8,7 @@ __all__ = [
     "PinringError", "InternalError", "UsageError", "ConfigError", "RingError", "PeerDied",
     "VerifyError", "BackendError", "RefusedError", "OutputError", "Timeout", "PartReclaimed",
     "Field", "Consumer", "Batch", "EmbeddedDaemon", "Producer", "Part", "OwnerProbe", "Spec",
-    "Supervisor",
+    "Supervisor", "Pipeline", "RingTicket",
     "check_config", "bound", "_live_rings", "_die_with_parent", "config_settings", "_main",
     "__version__", "PREFETCH_RANGE", "_test_host_field", "_test_load_config",
     "_test_check_ring_name", "_error_for_exit", "_cuda_unusable", "DLPACK_VERSION",
@@ -368,6 +368,72 @@ class EmbeddedDaemon:
     def running(self) -> bool: ...
     def stop(self) -> Optional[str]:
         """Stops (drains) the daemon; its summary as JSON text."""
+
+@final
+class RingTicket:
+    """What a process needs to join a ring as a loader: the ring's name, and where an
+    anonymous ring is opened (``Producer(ticket.ring, path=ticket.path)``). Pickles, so a worker
+    process can be sent one."""
+
+    def __new__(cls, ring: str, path: Optional[str] = None) -> "RingTicket":
+        """The ticket of ring ``ring``, opened at ``path`` (an anonymous ring's) or by its name;
+        an empty name raises ``UsageError``."""
+    @property
+    def ring(self) -> str:
+        """The ring's name."""
+    @property
+    def path(self) -> Optional[str]:
+        """Where an anonymous ring is opened (``/proc/<pid>/fd/<fd>``); None for a ring named
+        in /dev/shm."""
+    def __getnewargs__(self) -> Tuple[str, Optional[str]]: ...
+    def __eq__(self, value: object, /) -> bool: ...
+    def __hash__(self) -> int: ...
+
+@final
+class Pipeline:
+    """An embedded daemon running a ``Spec`` and the one consumer of its ring, as one object
+    (what ``pinring.torch.DataLoader`` runs for its own ring): ``EmbeddedDaemon(spec=...)``
+    then ``Consumer(ring, path=...)``, composed."""
+
+    def __new__(
+        cls,
+        spec: "Spec",
+        *,
+        backend: Literal["auto", "cuda", "host"] = "auto",
+        device: int = 0,
+        start_seq: int = 0,
+        anonymous: bool = False,
+        wait: float = 60.0,
+        wait_for_ring: float = 30.0,
+    ) -> "Pipeline":
+        """Starts the daemon of ``spec`` at ``start_seq`` (waiting up to ``wait`` seconds for
+        its ring), then attaches the consumer (up to ``wait_for_ring`` seconds). Anything but a
+        ``Spec`` raises ``UsageError``; a consumer that cannot attach stops the daemon and
+        raises its error."""
+    @property
+    def spec(self) -> "Spec":
+        """The spec the daemon runs (and stored in its ring)."""
+    @property
+    def consumer(self) -> "Consumer":
+        """The ring's consumer: batches, ``state()``, ``status()``, the ring's shape."""
+    @property
+    def daemon(self) -> "EmbeddedDaemon":
+        """The embedded daemon."""
+    @property
+    def ring(self) -> str:
+        """The ring's name."""
+    @property
+    def path(self) -> Optional[str]:
+        """Where an anonymous ring is opened; None for a ring named in /dev/shm."""
+    @property
+    def running(self) -> bool:
+        """Whether the daemon still runs."""
+    def ticket(self) -> RingTicket:
+        """What a loader process needs to join the ring: its name and path."""
+    def stop(self) -> Optional[str]:
+        """Detaches the consumer, then stops (drains) the daemon: its summary as JSON text (None
+        once stopped already). Raises the daemon's error if it failed, as
+        ``EmbeddedDaemon.stop()`` does."""
 
 @final
 class Part:

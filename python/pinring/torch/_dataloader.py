@@ -256,7 +256,9 @@ class DataLoader(Generic[_T_co]):
         self._resume: Optional[Dict[str, int]] = None
         self._rest_of_state = False  # load_state_dict: the next for is the saved epoch's rest
         self._started = False
-        self._daemon: Optional[_native.EmbeddedDaemon] = None
+        # The embedded ring's pipeline (its daemon and consumer, one native object); None with
+        # ring= (the consumer alone) and between passes.
+        self._daemon: Optional[_native.Pipeline] = None
         self._consumer: Optional[_native.Consumer] = None
         # The workers of the pass under way (None between passes).
         self._pool: Optional[WorkerPool] = None
@@ -665,15 +667,13 @@ class DataLoader(Generic[_T_co]):
             # this process ends, and /dev/shm's size does not matter. The daemon runs the spec
             # as resolved (and stores it in the ring, where the workers adopt it).
             spec = self._resolve()
-            self._daemon = _native.EmbeddedDaemon(
-                spec=spec, backend=backend, device=self._device.index or 0,
-                start_seq=start_seq, anonymous=True,
+            self._daemon = _native.Pipeline(
+                spec, backend=backend, device=self._device.index or 0, start_seq=start_seq,
+                anonymous=True, wait_for_ring=self.wait_for_ring,
             )
-            self._ring_name = self._daemon.ring
-            self._ring_path = self._daemon.path
-            self._consumer = _native.Consumer(
-                self._ring_name, wait_for_ring=self.wait_for_ring, path=self._ring_path,
-            )
+            ticket = self._daemon.ticket()
+            self._ring_name, self._ring_path = ticket.ring, ticket.path
+            self._consumer = self._daemon.consumer
             self._ring_settings = spec.settings()
             shape = (self._consumer.batches_per_epoch, self._consumer.parts_per_batch)
             if self._bpe is not None and shape != (self._bpe, self._ppb):
@@ -832,8 +832,8 @@ class DataLoader(Generic[_T_co]):
             self._consumer = None
         try:
             if self._daemon is not None:
-                daemon, self._daemon = self._daemon, None
-                text = daemon.stop()
+                pipeline, self._daemon = self._daemon, None
+                text = pipeline.stop()  # the consumer closed above, then the daemon's drain
                 if text:
                     import json
 
