@@ -25,10 +25,10 @@ _STOP_GRACE = 1.0
 
 
 class _Loaders:
-    def __init__(self, n: int, ring: str, path: Optional[str],
+    def __init__(self, n: int, ticket: _native.RingTicket,
                  cpus: Optional[Sequence[int]]) -> None:
-        """Starts ``n`` loaders of ring ``ring`` (at ``path``, an anonymous ring's), each
-        adopting the spec the ring's daemon stored in it (``pinring-loader`` with no
+        """Starts ``n`` loaders of the ring ``ticket`` names (at its path, an anonymous
+        ring's), each adopting the spec the ring's daemon stored in it (``pinring-loader`` with no
         ``--config``); each loader's stdout and stderr go into a memfd of its own. On any
         failure, stops those already started."""
         if n < 1:
@@ -38,9 +38,9 @@ class _Loaders:
             raise _native.UsageError("loaders_cpus=[]: name at least one CPU, or leave it out")
         self.procs: List[Optional["subprocess.Popen[bytes]"]] = [None] * n
         self._logs: List[Optional[int]] = [None] * n
-        self._argv = program("pinring-loader") + ["--ring", ring, "--wait-secs", "60"]
-        if path is not None:
-            self._argv += ["--ring-path", path]
+        self._argv = program("pinring-loader") + ["--ring", ticket.ring, "--wait-secs", "60"]
+        if ticket.path is not None:
+            self._argv += ["--ring-path", ticket.path]
         self._books = _native.Supervisor(n, time.monotonic())
         self.finished = [False] * n
         try:

@@ -8,7 +8,7 @@ __all__ = [
     "PinringError", "InternalError", "UsageError", "ConfigError", "RingError", "PeerDied",
     "VerifyError", "BackendError", "RefusedError", "OutputError", "Timeout", "PartReclaimed",
     "Field", "Consumer", "Batch", "EmbeddedDaemon", "Producer", "Part", "OwnerProbe", "Spec",
-    "Supervisor",
+    "Supervisor", "Pipeline", "RingTicket",
     "check_config", "bound", "_live_rings", "_die_with_parent", "config_settings", "_main",
     "__version__", "PREFETCH_RANGE", "_test_host_field", "_test_load_config",
     "_test_check_ring_name", "_error_for_exit", "_cuda_unusable", "DLPACK_VERSION",
@@ -174,17 +174,37 @@ class Spec:
 
 @final
 class Supervisor:
-    """``pinring run``'s restart policy for loader children (``pinring.Loader(loaders=N)``'s):
-    a loader killed by a signal is restarted, up to 5 times in any 60 s; one that exits 0 or 5
-    is left; any other exit stops the run."""
+    """The restart books of a process's children, pinring-runtime's ``children::Supervisor``
+    (the books of ``pinring run`` and ``pinring bench``), under one policy: ``"loaders"``
+    (``pinring.Loader(loaders=N)``'s ``pinring-loader`` children, as ``pinring run``'s: a loader
+    killed by a signal is restarted, up to 5 times in any 60 s; one that exits 0 or 5 is left;
+    any other exit stops the run), ``"workers"`` (a ``pinring.torch.DataLoader``'s workers:
+    every ending booked restarts, up to ``max_restarts`` restarts in all over the books' life)
+    or ``"stream"`` (an iterable dataset's workers: never restarted)."""
 
-    def __new__(cls, loaders: int, now: float) -> "Supervisor":
-        """The books of ``loaders`` loaders; ``now`` is ``time.monotonic()``."""
+    def __new__(cls, children: int, now: float,
+                policy: Literal["loaders", "workers", "stream"] = "loaders",
+                max_restarts: Optional[int] = None) -> "Supervisor":
+        """The books of ``children`` children; ``now`` is ``time.monotonic()``.
+        ``max_restarts`` is given with ``policy="workers"`` and only then; an unknown policy
+        raises ``UsageError``."""
     def ended(self, index: int, pid: int, returncode: int,
               now: float) -> Literal["restart", "leave", "stop"]:
-        """Loader ``index`` ended with ``returncode`` (``Popen.returncode``) at ``now``."""
+        """Child ``index`` ended with ``returncode`` (``Popen.returncode``) at ``now``."""
     def failure(self) -> Optional[Tuple[int, str]]:
         """``(exit code, sentence)`` of the failure that stops the run, once one is booked."""
+    def next_run(self) -> None:
+        """Forgets the failure booked and keeps the restarts counted: the children start again
+        for a new run (a DataLoader's next pass)."""
+    @property
+    def restarts(self) -> int:
+        """The restarts allowed so far, over the books' life."""
+    @property
+    def max_restarts(self) -> Optional[int]:
+        """The restarts allowed in all: ``max_restarts`` (``"workers"``), 0 (``"stream"``), or
+        None (``"loaders"``: 5 per loader in any 60 s)."""
+    @property
+    def policy(self) -> Literal["loaders", "workers", "stream"]: ...
 
 def config_settings(config: Union[str, Dict[str, Dict[str, Any]]]) -> Dict[Tuple[str, str], Any]:
     """The scalar settings of a config (TOML text, such as a ring's ``Consumer.config``, or a
@@ -348,6 +368,72 @@ class EmbeddedDaemon:
     def running(self) -> bool: ...
     def stop(self) -> Optional[str]:
         """Stops (drains) the daemon; its summary as JSON text."""
+
+@final
+class RingTicket:
+    """What a process needs to join a ring as a loader: the ring's name, and where an
+    anonymous ring is opened (``Producer(ticket.ring, path=ticket.path)``). Pickles, so a worker
+    process can be sent one."""
+
+    def __new__(cls, ring: str, path: Optional[str] = None) -> "RingTicket":
+        """The ticket of ring ``ring``, opened at ``path`` (an anonymous ring's) or by its name;
+        an empty name raises ``UsageError``."""
+    @property
+    def ring(self) -> str:
+        """The ring's name."""
+    @property
+    def path(self) -> Optional[str]:
+        """Where an anonymous ring is opened (``/proc/<pid>/fd/<fd>``); None for a ring named
+        in /dev/shm."""
+    def __getnewargs__(self) -> Tuple[str, Optional[str]]: ...
+    def __eq__(self, value: object, /) -> bool: ...
+    def __hash__(self) -> int: ...
+
+@final
+class Pipeline:
+    """An embedded daemon running a ``Spec`` and the one consumer of its ring, as one object
+    (what ``pinring.torch.DataLoader`` runs for its own ring): ``EmbeddedDaemon(spec=...)``
+    then ``Consumer(ring, path=...)``, composed."""
+
+    def __new__(
+        cls,
+        spec: "Spec",
+        *,
+        backend: Literal["auto", "cuda", "host"] = "auto",
+        device: int = 0,
+        start_seq: int = 0,
+        anonymous: bool = False,
+        wait: float = 60.0,
+        wait_for_ring: float = 30.0,
+    ) -> "Pipeline":
+        """Starts the daemon of ``spec`` at ``start_seq`` (waiting up to ``wait`` seconds for
+        its ring), then attaches the consumer (up to ``wait_for_ring`` seconds). Anything but a
+        ``Spec`` raises ``UsageError``; a consumer that cannot attach stops the daemon and
+        raises its error."""
+    @property
+    def spec(self) -> "Spec":
+        """The spec the daemon runs (and stored in its ring)."""
+    @property
+    def consumer(self) -> "Consumer":
+        """The ring's consumer: batches, ``state()``, ``status()``, the ring's shape."""
+    @property
+    def daemon(self) -> "EmbeddedDaemon":
+        """The embedded daemon."""
+    @property
+    def ring(self) -> str:
+        """The ring's name."""
+    @property
+    def path(self) -> Optional[str]:
+        """Where an anonymous ring is opened; None for a ring named in /dev/shm."""
+    @property
+    def running(self) -> bool:
+        """Whether the daemon still runs."""
+    def ticket(self) -> RingTicket:
+        """What a loader process needs to join the ring: its name and path."""
+    def stop(self) -> Optional[str]:
+        """Detaches the consumer, then stops (drains) the daemon: its summary as JSON text (None
+        once stopped already). Raises the daemon's error if it failed, as
+        ``EmbeddedDaemon.stop()`` does."""
 
 @final
 class Part:

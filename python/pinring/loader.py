@@ -387,7 +387,7 @@ class Loader:
 
         # The loaders adopt the spec the daemon stored in the ring, so their plan is the ring's.
         try:
-            self._loaders = _Loaders(n, self.ring, self._path, cpus)
+            self._loaders = _Loaders(n, _native.RingTicket(self.ring, self._path), cpus)
         except BaseException:
             self.close()
             raise

@@ -451,6 +451,40 @@ class Ended:
         return self.code
 
 
+def test_the_books_policies_restart_workers_until_their_total_and_streams_never():
+    """One set of books, three policies: a DataLoader's workers restart on any ending booked,
+    max_restarts in all whatever the clock, and keep their count across runs; an iterable
+    dataset's never restart; a loader program's restart on a signal only."""
+    S = pinring._native.Supervisor
+    w = S(2, 0.0, policy="workers", max_restarts=2)
+    assert (w.policy, w.max_restarts, w.restarts) == ("workers", 2, 0)
+    assert w.ended(0, 10, 0, 0.0) == "restart"
+    assert w.ended(1, 11, 3, 1000.0) == "restart"
+    assert w.ended(0, 12, -9, 5000.0) == "stop" and w.restarts == 2
+    code, sentence = w.failure()
+    assert code == pinring.PeerDied.exit_code and "after 2 restarts" in sentence, sentence
+    assert w.ended(1, 13, -9, 5000.0) == "leave", "the run is stopping"
+    w.next_run()
+    assert w.failure() is None and w.restarts == 2
+    assert w.ended(1, 14, -9, 5000.0) == "stop", "the count outlives the run"
+    s = S(1, 0.0, policy="stream")
+    assert (s.policy, s.max_restarts) == ("stream", 0)
+    assert s.ended(0, 20, -9, 0.0) == "stop" and s.restarts == 0
+    loaders = S(1, 0.0)
+    assert (loaders.policy, loaders.max_restarts) == ("loaders", None)
+    assert loaders.ended(0, 30, 3, 0.0) == "stop", "a loader program's bad data stops"
+
+
+def test_the_books_refuse_a_policy_they_do_not_know_or_a_budget_it_does_not_take():
+    S = pinring._native.Supervisor
+    with pytest.raises(pinring.UsageError, match=r'policy="worker".*no such policy.*"workers"'):
+        S(1, 0.0, policy="worker")
+    with pytest.raises(pinring.UsageError, match=r'policy="workers".*pass max_restarts='):
+        S(1, 0.0, policy="workers")
+    with pytest.raises(pinring.UsageError, match=r'policy="loaders", max_restarts=3.*own budget'):
+        S(1, 0.0, max_restarts=3)
+
+
 def test_each_loader_may_be_restarted_5_times_in_any_minute(monkeypatch):
     # As pinring run (the same books): the budget is each loader's own, in any 60 s window.
     from pinring import _loaders

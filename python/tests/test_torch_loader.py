@@ -202,8 +202,7 @@ def racing(report, code=0, max_worker_restarts=3):
     pl.spawned = []
     pl._pool = WorkerPool(
         lambda worker_id, reports, stop_flag: pl.spawned.append(worker_id) or _RacingWorker(None),
-        w, None, ring_name="r", max_restarts=max_worker_restarts, restarts=0,
-        lease_text=lambda: "daemon.lease_ms",
+        w, None, ring_name="r", books=pl._books, lease_text=lambda: "daemon.lease_ms",
     )
     pl._pool.workers = [w]
     return pl

@@ -63,7 +63,7 @@ impl Consumer {
     /// saved under) resumes at a saved state. Waits up to `wait_for_ring` seconds for the ring.
     #[new]
     #[pyo3(signature = (ring, start_seq=None, fingerprint=None, wait_for_ring=30.0, path=None))]
-    fn new(
+    pub(crate) fn new(
         py: Python<'_>,
         ring: String,
         start_seq: Option<u64>,
@@ -256,7 +256,7 @@ impl Consumer {
 
     /// Detaches. Batches (and tensors) still alive stay valid, and keep the ring's consumer
     /// lock until the last of them is gone.
-    fn close(&self, py: Python<'_>) {
+    pub(crate) fn close(&self, py: Python<'_>) {
         let c = self.inner.lock().unwrap_or_else(|p| p.into_inner()).take();
         py.detach(|| drop(c));
         self.live.end();
@@ -319,7 +319,7 @@ impl EmbeddedDaemon {
     #[new]
     #[pyo3(signature = (config=None, ring=None, backend="auto", device=0, start_seq=0, epochs=None, replace=false, wait=60.0, anonymous=false, rank=None, world_size=None, default_epochs=None, spec=None))]
     #[allow(clippy::too_many_arguments)]
-    fn new(
+    pub(crate) fn new(
         py: Python<'_>,
         config: Option<std::path::PathBuf>,
         ring: Option<String>,
@@ -413,20 +413,20 @@ impl EmbeddedDaemon {
 
     /// The ring's name (loaders join it with `pinring-loader --ring NAME`).
     #[getter]
-    fn ring(&self) -> &str {
+    pub(crate) fn ring(&self) -> &str {
         &self.ring
     }
 
     /// Where an anonymous ring is opened (this process's `/proc/<pid>/fd/<fd>`): pass it as
     /// `path=` to `Consumer` and `Producer`. None for a ring named in /dev/shm.
     #[getter]
-    fn path(&self) -> Option<&str> {
+    pub(crate) fn path(&self) -> Option<&str> {
         self.path.as_deref()
     }
 
     /// Whether the daemon still runs.
     #[getter]
-    fn running(&self) -> bool {
+    pub(crate) fn running(&self) -> bool {
         self.inner
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -436,7 +436,7 @@ impl EmbeddedDaemon {
 
     /// Stops the daemon (a drain) and returns its summary as JSON text (None if already
     /// stopped). Raises the daemon's error if it failed.
-    fn stop(&self, py: Python<'_>) -> PyResult<Option<String>> {
+    pub(crate) fn stop(&self, py: Python<'_>) -> PyResult<Option<String>> {
         let d = self.inner.lock().unwrap_or_else(|p| p.into_inner()).take();
         let Some(d) = d else {
             return Ok(None);

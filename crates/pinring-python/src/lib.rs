@@ -10,6 +10,7 @@ mod convert;
 pub mod dlpack;
 pub mod errors;
 pub mod field;
+pub mod pipeline;
 pub mod process;
 pub mod producer;
 mod programs;
@@ -37,6 +38,8 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<producer::Part>()?;
     m.add_class::<testing::OwnerProbe>()?;
     m.add_class::<supervise::Supervisor>()?;
+    m.add_class::<pipeline::Pipeline>()?;
+    m.add_class::<pipeline::RingTicket>()?;
     m.add_function(wrap_pyfunction!(convert::check_config, m)?)?;
     m.add_function(wrap_pyfunction!(consumer::bound, m)?)?;
     m.add_function(wrap_pyfunction!(process::live_rings, m)?)?;

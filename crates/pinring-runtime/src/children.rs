@@ -1,10 +1,17 @@
 //! Child processes of a pinring program and their supervision: how a child ended
 //! ([`Ended`]), children that die with their parent ([`stop_with_parent`]) and are stopped and
-//! reaped on every path ([`Children`]), and the restart policy of loader children
-//! ([`Supervisor`]): a loader killed by a signal is started again, up to [`MAX_RESTARTS`] times
-//! within [`RESTART_WINDOW`]; one that exits 0 or 5 is left to its daemon's end; any other code
-//! stops the run. `pinring run`, `pinring bench` and the Python package's `pinring.Loader(loaders=N)`
-//! (`_native.Supervisor`) follow the same books.
+//! reaped on every path ([`Children`]), and the one set of books that says whether a child that
+//! ended is started again ([`Supervisor`]), under a [`RestartPolicy`]: which endings restart
+//! ([`Restartable`]) and how many restarts are allowed ([`Budget`]).
+//!
+//! - Loader programs ([`RestartPolicy::LOADERS`], `pinring run`, `pinring bench` and the Python
+//!   package's `pinring.Loader(loaders=N)` through `_native.Supervisor`): a loader killed by a
+//!   signal is started again, up to [`MAX_RESTARTS`] times within [`RESTART_WINDOW`]; one that
+//!   exits 0 or 5 is left to its daemon's end; any other code stops the run.
+//! - A `pinring.torch.DataLoader`'s workers ([`RestartPolicy::workers`], `_native.Supervisor`
+//!   with `policy="workers"`): every end its pool reports (only unexpected ones) restarts, up to
+//!   `max_worker_restarts` restarts in all over the loader's life; an iterable dataset's workers
+//!   ([`RestartPolicy::STREAM_WORKERS`]) are never restarted.
 
 use pinring_exit::Exit;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
@@ -146,6 +153,77 @@ pub const MAX_RESTARTS: usize = 5;
 /// The window [`MAX_RESTARTS`] counts in.
 pub const RESTART_WINDOW: Duration = Duration::from_secs(60);
 
+/// Which endings of a child start it again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Restartable {
+    /// A loader program (`pinring-loader`): killed by a signal (SIGKILL, the OOM killer, a
+    /// crash) restarts it, the daemon having put its slot back with the same seq; exit 0 (the
+    /// ring closed) or 5 (its daemon is gone) leaves it to the daemon's end; any other code
+    /// (3: a sample it cannot read, 8: refused, ...) stops the run with it.
+    Signals,
+    /// Every ending the caller books restarts: the caller books only the unexpected ones (a
+    /// DataLoader worker that died, or left while the ring still needed it).
+    Every,
+}
+
+/// How many restarts the books allow before the next ending that would restart stops the run
+/// instead.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Budget {
+    /// At most `max` restarts of each child within any `window`.
+    PerChild {
+        /// Restarts allowed within the window.
+        max: usize,
+        /// The window they count in.
+        window: Duration,
+    },
+    /// At most `max` restarts of all the children together, over the books' life.
+    Total {
+        /// Restarts allowed.
+        max: usize,
+    },
+    /// None: a child that ends is never started again (an iterable dataset's workers, whose
+    /// place in their stream would be lost).
+    Never,
+}
+
+/// What the books restart, and how often.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RestartPolicy {
+    /// Which endings restart.
+    pub restart: Restartable,
+    /// How many restarts are allowed.
+    pub budget: Budget,
+}
+
+impl RestartPolicy {
+    /// Loader programs' (`pinring run`, `pinring bench`, `pinring.Loader(loaders=N)`): a loader
+    /// killed by a signal restarts, each at most [`MAX_RESTARTS`] times within
+    /// [`RESTART_WINDOW`].
+    pub const LOADERS: RestartPolicy = RestartPolicy {
+        restart: Restartable::Signals,
+        budget: Budget::PerChild {
+            max: MAX_RESTARTS,
+            window: RESTART_WINDOW,
+        },
+    };
+
+    /// An iterable dataset's DataLoader workers': never restarted.
+    pub const STREAM_WORKERS: RestartPolicy = RestartPolicy {
+        restart: Restartable::Every,
+        budget: Budget::Never,
+    };
+
+    /// A map-style dataset's DataLoader workers': every booked ending restarts, at most `max`
+    /// restarts in all (`max_worker_restarts`).
+    pub const fn workers(max: usize) -> RestartPolicy {
+        RestartPolicy {
+            restart: Restartable::Every,
+            budget: Budget::Total { max },
+        }
+    }
+}
+
 /// A loader child that ended in a way that stops the run.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LoaderFailed {
@@ -157,6 +235,8 @@ pub struct LoaderFailed {
     pub ended: Ended,
     /// Whether it was killed too often to be restarted again.
     pub gave_up: bool,
+    /// The budget it ran out of (where `gave_up`).
+    pub budget: Budget,
 }
 
 impl pinring_exit::Coded for LoaderFailed {
@@ -175,14 +255,22 @@ impl LoaderFailed {
     /// What happened, in one sentence, without where to look for the loader's own error.
     pub fn sentence(&self) -> String {
         let (i, pid, ended) = (self.index, self.pid, self.ended);
-        if self.gave_up {
-            format!(
-                "loader {i} (pid {pid}) {ended}, after {MAX_RESTARTS} restarts within {} s: \
+        if !self.gave_up {
+            return format!("loader {i} (pid {pid}) {ended}");
+        }
+        match self.budget {
+            Budget::PerChild { max, window } => format!(
+                "loader {i} (pid {pid}) {ended}, after {max} restarts within {} s: \
                  not restarted again (look for what kills it: the OOM killer, a watchdog)",
-                RESTART_WINDOW.as_secs()
-            )
-        } else {
-            format!("loader {i} (pid {pid}) {ended}")
+                window.as_secs()
+            ),
+            Budget::Total { max } => format!(
+                "loader {i} (pid {pid}) {ended}, after {max} restarts of loaders: not restarted \
+                 again"
+            ),
+            Budget::Never => {
+                format!("loader {i} (pid {pid}) {ended}: its loaders are never restarted")
+            }
         }
     }
 }
@@ -205,26 +293,47 @@ pub enum Next {
     StopRun,
 }
 
-/// The books of a program's loader children: restarts per loader, and the failure that stops
-/// the run.
+/// The books of a program's children under one [`RestartPolicy`]: their restarts, and the
+/// failure that stops the run.
 #[derive(Debug)]
 pub struct Supervisor {
-    restarts: Vec<std::collections::VecDeque<Instant>>,
+    policy: RestartPolicy,
+    /// Each child's restarts within the window ([`Budget::PerChild`]).
+    recent: Vec<std::collections::VecDeque<Instant>>,
+    /// Every restart over the books' life.
+    restarts: usize,
     failure: Option<LoaderFailed>,
 }
 
 impl Supervisor {
-    /// The books of `loaders` loader children, none restarted yet.
+    /// The books of `loaders` loader programs ([`RestartPolicy::LOADERS`]), none restarted yet.
     pub fn new(loaders: usize) -> Self {
+        Self::with_policy(loaders, RestartPolicy::LOADERS)
+    }
+
+    /// The books of `children` children under `policy`, none restarted yet.
+    pub fn with_policy(children: usize, policy: RestartPolicy) -> Self {
         Self {
-            restarts: vec![Default::default(); loaders],
+            policy,
+            recent: vec![Default::default(); children],
+            restarts: 0,
             failure: None,
         }
     }
 
-    /// How many loaders the books keep.
+    /// How many children the books keep.
     pub fn loaders(&self) -> usize {
-        self.restarts.len()
+        self.recent.len()
+    }
+
+    /// The policy the books follow.
+    pub fn policy(&self) -> RestartPolicy {
+        self.policy
+    }
+
+    /// How many restarts the books have allowed, over their life.
+    pub fn restarts(&self) -> usize {
+        self.restarts
     }
 
     /// The failure that stops the run, once one is booked.
@@ -232,45 +341,63 @@ impl Supervisor {
         self.failure.as_ref()
     }
 
-    /// Loader `index` (pid `pid`) ended this way at `now`.
-    /// - Killed by a signal (SIGKILL, the OOM killer, a crash): restarted; the daemon has put
-    ///   its slot back with the same seq, so nothing is lost.
-    /// - Exited 0 (the ring closed) or 5 (its daemon is gone): left; the daemon's end decides.
-    /// - Any other code (3: a sample it cannot read, 8: refused, ...): the run stops with it.
+    /// Forgets the failure booked, keeping the restarts counted: the books' owner starts its
+    /// children again for a new run (a DataLoader's next pass), under the same budget.
+    pub fn next_run(&mut self) {
+        self.failure = None;
+    }
+
+    /// Child `index` (pid `pid`) ended this way at `now`.
+    /// - An ending its policy restarts ([`Restartable`]): restarted while the [`Budget`]
+    ///   allows; then the run stops, the failure given up on.
+    /// - [`Restartable::Signals`]: exited 0 (the ring closed) or 5 (its daemon is gone): left;
+    ///   the daemon's end decides. Any other code: the run stops with it.
     /// - Once the run is stopping (a failure is booked), whatever else ends is left: nothing is
     ///   restarted, and the stop is asked for (and logged) once.
     pub fn ended(&mut self, index: usize, pid: u32, ended: Ended, now: Instant) -> Next {
         if self.failure.is_some() {
             return Next::Leave;
         }
+        let budget = self.policy.budget;
         let fail = |gave_up| LoaderFailed {
             index,
             pid,
             ended,
             gave_up,
+            budget,
         };
-        match ended {
-            Ended::Signal { .. } => {
-                let r = &mut self.restarts[index];
-                while r
-                    .front()
-                    .is_some_and(|&t| now.duration_since(t) > RESTART_WINDOW)
-                {
+        let restarts = match (self.policy.restart, ended) {
+            (Restartable::Every, _) | (Restartable::Signals, Ended::Signal { .. }) => true,
+            (Restartable::Signals, Ended::Code(0)) => return Next::Leave,
+            (Restartable::Signals, Ended::Code(c)) if c == i32::from(Exit::PeerDied.code()) => {
+                return Next::Leave;
+            }
+            (Restartable::Signals, Ended::Code(_)) => false,
+        };
+        if restarts && self.allows(index, now) {
+            self.restarts += 1;
+            return Next::Restart;
+        }
+        self.failure = Some(fail(restarts));
+        Next::StopRun
+    }
+
+    /// Whether the budget allows child `index` another restart at `now`; books it where it does.
+    fn allows(&mut self, index: usize, now: Instant) -> bool {
+        match self.policy.budget {
+            Budget::PerChild { max, window } => {
+                let r = &mut self.recent[index];
+                while r.front().is_some_and(|&t| now.duration_since(t) > window) {
                     r.pop_front();
                 }
-                if r.len() >= MAX_RESTARTS {
-                    self.failure = Some(fail(true));
-                    return Next::StopRun;
+                if r.len() >= max {
+                    return false;
                 }
                 r.push_back(now);
-                Next::Restart
+                true
             }
-            Ended::Code(0) => Next::Leave,
-            Ended::Code(c) if c == i32::from(Exit::PeerDied.code()) => Next::Leave,
-            Ended::Code(_) => {
-                self.failure = Some(fail(false));
-                Next::StopRun
-            }
+            Budget::Total { max } => self.restarts < max,
+            Budget::Never => false,
         }
     }
 }
@@ -332,6 +459,80 @@ mod tests {
         assert_eq!(
             f.to_string(),
             "loader 1 (pid 9) exited with code 3 (config) (its error is printed above)"
+        );
+    }
+
+    #[test]
+    fn workers_restart_on_every_ending_until_their_total_is_spent() {
+        let mut s = Supervisor::with_policy(3, RestartPolicy::workers(3));
+        let t0 = Instant::now();
+        // Any ending the pool books restarts, exit 0 and bad-data codes included, whichever
+        // worker it is: the budget is one total, with no window.
+        assert_eq!(s.ended(0, 1, Ended::Code(0), t0), Next::Restart);
+        assert_eq!(s.ended(1, 2, Ended::Code(3), t0), Next::Restart);
+        let later = t0 + RESTART_WINDOW * 10;
+        assert_eq!(s.ended(2, 3, KILLED, later), Next::Restart);
+        assert_eq!(s.restarts(), 3);
+        assert_eq!(s.ended(0, 4, KILLED, later), Next::StopRun);
+        let f = s.failure().cloned().unwrap();
+        assert!(f.gave_up && (f.index, f.pid) == (0, 4), "{f:?}");
+        assert_eq!(f.exit(), Exit::PeerDied);
+        assert_eq!(
+            f.to_string(),
+            "loader 0 (pid 4) was killed by signal 9 (SIGKILL), after 3 restarts of loaders: \
+             not restarted again"
+        );
+        assert_eq!(
+            s.ended(1, 5, KILLED, later),
+            Next::Leave,
+            "the run is stopping"
+        );
+        // A new run (the loader's next pass) keeps the count: the next ending stops it again.
+        s.next_run();
+        assert!(s.failure().is_none());
+        assert_eq!(s.ended(1, 6, KILLED, later), Next::StopRun);
+        assert_eq!(s.restarts(), 3);
+    }
+
+    #[test]
+    fn no_budget_restarts_nothing_and_zero_workers_restarts_nothing() {
+        for policy in [RestartPolicy::STREAM_WORKERS, RestartPolicy::workers(0)] {
+            let mut s = Supervisor::with_policy(1, policy);
+            assert_eq!(
+                s.ended(0, 7, KILLED, Instant::now()),
+                Next::StopRun,
+                "{policy:?}"
+            );
+            assert_eq!(s.restarts(), 0);
+            assert!(s.failure().unwrap().gave_up);
+        }
+        let mut s = Supervisor::with_policy(1, RestartPolicy::STREAM_WORKERS);
+        s.ended(0, 7, Ended::Code(0), Instant::now());
+        assert_eq!(
+            s.failure().unwrap().sentence(),
+            "loader 0 (pid 7) exited with code 0 (ok): its loaders are never restarted"
+        );
+    }
+
+    #[test]
+    fn loader_programs_keep_their_policy_and_count_restarts_in_all() {
+        let mut s = Supervisor::new(2);
+        assert_eq!(s.policy(), RestartPolicy::LOADERS);
+        let t0 = Instant::now();
+        assert_eq!(s.ended(0, 1, KILLED, t0), Next::Restart);
+        assert_eq!(s.ended(1, 2, KILLED, t0), Next::Restart);
+        assert_eq!(s.restarts(), 2);
+        let f = {
+            for n in 1..MAX_RESTARTS {
+                assert_eq!(s.ended(0, 1, KILLED, t0), Next::Restart, "kill {n}");
+            }
+            assert_eq!(s.ended(0, 1, KILLED, t0), Next::StopRun);
+            s.failure().cloned().unwrap()
+        };
+        assert_eq!(
+            f.to_string(),
+            "loader 0 (pid 1) was killed by signal 9 (SIGKILL), after 5 restarts within 60 s: \
+             not restarted again (look for what kills it: the OOM killer, a watchdog)"
         );
     }
 

@@ -256,7 +256,9 @@ class DataLoader(Generic[_T_co]):
         self._resume: Optional[Dict[str, int]] = None
         self._rest_of_state = False  # load_state_dict: the next for is the saved epoch's rest
         self._started = False
-        self._daemon: Optional[_native.EmbeddedDaemon] = None
+        # The embedded ring's pipeline (its daemon and consumer, one native object); None with
+        # ring= (the consumer alone) and between passes.
+        self._daemon: Optional[_native.Pipeline] = None
         self._consumer: Optional[_native.Consumer] = None
         # The workers of the pass under way (None between passes).
         self._pool: Optional[WorkerPool] = None
@@ -265,7 +267,14 @@ class DataLoader(Generic[_T_co]):
         self._early: Optional[EarlyWorkers] = None
         # The embedded ring's settings as data and their spec, resolved once (_resolve).
         self._spec: Optional[Tuple[Dict[str, Any], _native.Spec]] = None
-        self._restarts = 0  # workers restarted over the loader's life, passes before this one
+        # The workers' restart books, over the loader's life (each pass's pool books in them):
+        # every unexpected end restarts, max_worker_restarts in all; an iterable dataset's
+        # workers are never restarted.
+        self._books = _native.Supervisor(
+            max(1, self.num_workers), time.monotonic(),
+            policy="stream" if self._stream else "workers",
+            max_restarts=None if self._stream else max(0, self.max_worker_restarts),
+        )
         self._leases_seen = 0  # the ring's count of parts taken back after their lease, seen
         self._ring_settings: Dict[Tuple[str, str], Any] = {}
         self._ring_name: Optional[str] = None
@@ -658,15 +667,13 @@ class DataLoader(Generic[_T_co]):
             # this process ends, and /dev/shm's size does not matter. The daemon runs the spec
             # as resolved (and stores it in the ring, where the workers adopt it).
             spec = self._resolve()
-            self._daemon = _native.EmbeddedDaemon(
-                spec=spec, backend=backend, device=self._device.index or 0,
-                start_seq=start_seq, anonymous=True,
+            self._daemon = _native.Pipeline(
+                spec, backend=backend, device=self._device.index or 0, start_seq=start_seq,
+                anonymous=True, wait_for_ring=self.wait_for_ring,
             )
-            self._ring_name = self._daemon.ring
-            self._ring_path = self._daemon.path
-            self._consumer = _native.Consumer(
-                self._ring_name, wait_for_ring=self.wait_for_ring, path=self._ring_path,
-            )
+            ticket = self._daemon.ticket()
+            self._ring_name, self._ring_path = ticket.ring, ticket.path
+            self._consumer = self._daemon.consumer
             self._ring_settings = spec.settings()
             shape = (self._consumer.batches_per_epoch, self._consumer.parts_per_batch)
             if self._bpe is not None and shape != (self._bpe, self._ppb):
@@ -703,8 +710,7 @@ class DataLoader(Generic[_T_co]):
         self._pool = WorkerPool.start(
             self._zygote, max(1, self.num_workers), self._spawn,
             session=None if self._early is None else self._early.hand_over(),
-            ring_name=self._ring_name or "", max_restarts=self.max_worker_restarts,
-            restarts=self._restarts, lease_text=self._lease_text, stream=self._stream,
+            ring_name=self._ring_name or "", books=self._books, lease_text=self._lease_text,
         )
 
     def _check_ring(self, settings: Dict[Tuple[str, str], Any],
@@ -816,7 +822,6 @@ class DataLoader(Generic[_T_co]):
         if self._pool is not None:
             # Late news is still news: a part taken back after its lease is logged.
             self._pool.stop(late=self._look_at_leases, grace=grace)
-            self._restarts = self._pool.restarts
             self._pool = None
         if self._consumer is not None:
             try:
@@ -827,8 +832,8 @@ class DataLoader(Generic[_T_co]):
             self._consumer = None
         try:
             if self._daemon is not None:
-                daemon, self._daemon = self._daemon, None
-                text = daemon.stop()
+                pipeline, self._daemon = self._daemon, None
+                text = pipeline.stop()  # the consumer closed above, then the daemon's drain
                 if text:
                     import json
 
@@ -908,7 +913,7 @@ class DataLoader(Generic[_T_co]):
     def worker_restarts(self) -> int:
         """Workers restarted after they died (or ended with status 0 and no report while the
         ring ran), over the loader's life."""
-        return self._pool.restarts if self._pool is not None else self._restarts
+        return self._books.restarts
 
     def _next_or_stop(self) -> Optional[_native.Batch]:
         """``_next``; Ctrl-C while waiting kills the workers at once (no grace to leave between

@@ -33,12 +33,15 @@ STOP_GRACE = 0.4
 
 class WorkerPool:
     """The workers of one pass. ``spawn(worker_id, reports, stop_flag)`` starts one worker (a
-    ``_Worker``) that reports on ``reports`` and looks at ``stop_flag`` between parts. ``restarts`` counts the workers restarted over the loader's life, this pass
-    included; ``lease_text()`` names the ring's lease for the warnings."""
+    ``_Worker``) that reports on ``reports`` and looks at ``stop_flag`` between parts.
+    ``books`` (``_native.Supervisor``, policy ``"workers"``, or ``"stream"`` for an iterable
+    dataset's) are the loader's restart books, which live across its passes: they say whether a
+    worker that ended is started again and count the restarts over the loader's life;
+    ``lease_text()`` names the ring's lease for the warnings."""
 
     def __init__(self, spawn: Callable[[int, Any, Any], _Worker], reports: Any, stop_flag: Any,
-                 ring_name: str, max_restarts: int, restarts: int,
-                 lease_text: Callable[[], str], stream: bool = False) -> None:
+                 ring_name: str, books: _native.Supervisor,
+                 lease_text: Callable[[], str]) -> None:
         # The loader's methods, held weakly: the loader holds its pool, and a pool holding the
         # loader back would keep a loader its script has dropped alive, with its workers and
         # daemon, until the cycle collector ran.
@@ -46,11 +49,11 @@ class WorkerPool:
         self.reports = reports
         self.stop_flag = stop_flag
         self.ring_name = ring_name
-        self.max_restarts = max_restarts
-        self.restarts = restarts
+        # A new run of the books: a failure booked in an earlier pass is forgotten, the
+        # restarts stay counted.
+        self.books = books
+        books.next_run()
         self._lease_text = _weakly(lease_text)
-        # An iterable dataset's workers: never restarted (_stream; a dead one is an error).
-        self.stream = stream
         # Their streams' places after each batch: worker -> batch -> snapshot (_stream).
         self.states: Dict[int, Dict[int, Any]] = {}
         self.workers: List[_Worker] = []
@@ -138,7 +141,17 @@ class WorkerPool:
                     "a dataset that crashes the interpreter at some index does this: run it "
                     "with num_workers=0 to see where"
                 )
-            if self.stream:
+            if self.books.ended(worker_id, w.pid, code, time.monotonic()) == "restart":
+                log.warning(
+                    "pinring DataLoader worker %d %s; restarted it (%d of %d restarts); the "
+                    "batch part it held is made again", worker_id, how, self.books.restarts,
+                    self.books.max_restarts,
+                )
+                self.workers[i] = self.spawn(worker_id)
+                continue
+            # An iterable dataset's workers are never restarted (_stream: a dead one is an
+            # error); a map-style dataset's, until max_worker_restarts are spent.
+            if self.books.policy == "stream":
                 raise _native.PeerDied(
                     f"{_procs.torch_words(w.pid, code)}pinring DataLoader worker {worker_id} {how}, "
                     "while iterating its copy of "
@@ -146,18 +159,11 @@ class WorkerPool:
                     "again would iterate its share from the start (its samples twice), so an "
                     f"iterable dataset's workers are not restarted; {fix}"
                 )
-            if self.restarts >= self.max_restarts:
-                raise _native.PeerDied(
-                    f"{_procs.torch_words(w.pid, code)}pinring DataLoader worker {worker_id} {how}, "
-                    f"after {self.restarts} "
-                    f"restarts of workers (max_worker_restarts={self.max_restarts}); {fix}"
-                )
-            self.restarts += 1
-            log.warning(
-                "pinring DataLoader worker %d %s; restarted it (%d of %d restarts); the batch "
-                "part it held is made again", worker_id, how, self.restarts, self.max_restarts,
+            raise _native.PeerDied(
+                f"{_procs.torch_words(w.pid, code)}pinring DataLoader worker {worker_id} {how}, "
+                f"after {self.books.restarts} "
+                f"restarts of workers (max_worker_restarts={self.books.max_restarts}); {fix}"
             )
-            self.workers[i] = self.spawn(worker_id)
         reported = self.done.union(self.left)
         if idle and self.left and all(
             code is not None and w.args.worker_id in reported
