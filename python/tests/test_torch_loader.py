@@ -310,7 +310,7 @@ def test_only_a_reclaimed_commit_lets_the_worker_go_on(monkeypatch):
     monkeypatch.setattr(pinring.torch._worker._native, "Producer", Producer)
     pl = DataLoader(ds.Ids(8), num_workers=0, device="cpu")
     args = pinring.torch._worker._WorkerArgs(
-        ring="r", dataset=pl.dataset, layout=pl._infer(), collate_fn=None,
+        ring=pinring._native.RingTicket("r"), dataset=pl.dataset, layout=pl._infer(), collate_fn=None,
         worker_init_fn=None, worker_id=0, num_workers=0, seed=0, wait=1.0,
     )
     reports = queue.SimpleQueue()

@@ -263,7 +263,7 @@ next(it)
 print(json.dumps({
     "workers": [w.pid for w in loader._pool.workers],
     "zygote": loader._zygote.pid,
-    "ring": loader._ring_path,
+    "ring": loader._ticket.path,
 }), flush=True)
 if how == "exit":
     sys.exit(0)

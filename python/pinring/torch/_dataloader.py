@@ -278,7 +278,8 @@ class DataLoader(Generic[_T_co]):
         self._leases_seen = 0  # the ring's count of parts taken back after their lease, seen
         self._ring_settings: Dict[Tuple[str, str], Any] = {}
         self._ring_name: Optional[str] = None
-        self._ring_path: Optional[str] = None  # an anonymous ring's /proc/<pid>/fd/<fd>
+        # What a worker joins the ring by (its name, and an anonymous ring's path).
+        self._ticket: Optional[_native.RingTicket] = None
         self.summary: Optional[Dict[str, Any]] = None
         # A drawn order (_drawn_by): its table, the last epoch published in it, the orders
         # drawn before the table existed (the first, which sizes the plan), and the plan's
@@ -671,8 +672,8 @@ class DataLoader(Generic[_T_co]):
                 spec, backend=backend, device=self._device.index or 0, start_seq=start_seq,
                 anonymous=True, wait_for_ring=self.wait_for_ring,
             )
-            ticket = self._daemon.ticket()
-            self._ring_name, self._ring_path = ticket.ring, ticket.path
+            self._ticket = self._daemon.ticket()
+            self._ring_name = self._ticket.ring
             self._consumer = self._daemon.consumer
             self._ring_settings = spec.settings()
             shape = (self._consumer.batches_per_epoch, self._consumer.parts_per_batch)
@@ -684,7 +685,7 @@ class DataLoader(Generic[_T_co]):
                 )
         else:
             self._ring_name = self._attached_ring
-            self._ring_path = None
+            self._ticket = _native.RingTicket(self._attached_ring)
             self._consumer = _native.Consumer(
                 self._attached_ring, start_seq=start_seq or None, wait_for_ring=self.wait_for_ring,
             )
@@ -795,7 +796,7 @@ class DataLoader(Generic[_T_co]):
     def _worker_args(self, worker_id: int) -> _WorkerArgs:
         """Worker ``worker_id``'s arguments; the ring's are empty while it does not exist."""
         return _WorkerArgs(
-            ring=self._ring_name or "", path=self._ring_path,
+            ring=self._ticket,
             dataset=self.dataset,
             layout=self._layout, collate_fn=self.collate_fn, worker_init_fn=self.worker_init_fn,
             worker_id=worker_id, num_workers=self.num_workers,

@@ -82,7 +82,9 @@ class _Orders:
 
 
 class _WorkerArgs(NamedTuple):
-    ring: str
+    # The ring's ticket (its name, and where an anonymous one is opened: its daemon's
+    # /proc/<pid>/fd/<fd>); None while the ring does not exist yet (an early worker's).
+    ring: Optional[_native.RingTicket]
     dataset: Any
     layout: Optional[_Layout]
     collate_fn: Optional[Callable[[List[Any]], Any]]
@@ -91,8 +93,6 @@ class _WorkerArgs(NamedTuple):
     num_workers: int
     seed: int
     wait: float
-    # Where an anonymous ring is (its daemon's /proc/<pid>/fd/<fd>); None: the ring's name.
-    path: Optional[str] = None
     # A sampler's drawn order (_orders): the table's path, positions per epoch, depth and the
     # plan's batches per epoch; None: the plan's indices are the samples'.
     orders: Optional[Tuple[str, int, int, int]] = None
@@ -110,7 +110,7 @@ class _WorkerArgs(NamedTuple):
 
 
 # The fields of _WorkerArgs an early worker learns when its ring exists (EarlyWorkers.adopt).
-RING_ARGS = ("ring", "path", "layout", "orders", "stream")
+RING_ARGS = ("ring", "layout", "orders", "stream")
 
 
 def _worker_main(args: _WorkerArgs, errors: Any, stop: Any) -> None:
@@ -181,8 +181,10 @@ class _Run:
         keep: Dict[str, Any] = {} if args.stream is None else {
             "only_batches": (args.worker_id, workers)}
         # No config: the worker adopts the spec the ring's daemon stored in it.
+        ticket = args.ring
+        assert ticket is not None, "a worker joins once its ring exists"
         return _native.Producer(
-            args.ring, wait=args.wait, path=args.path,
+            ticket.ring, wait=args.wait, path=ticket.path,
             peers=args.num_workers if args.num_workers > 1 and args.stream is None else None,
             **keep,
         )
