@@ -41,14 +41,14 @@ impl Daemon {
             .filter(|a| a.batch == batch)
         else {
             return Err(DaemonError::Internal {
-                ring: self.run.cfg.ring.name.clone(),
+                ring: self.core.run.cfg.ring.name.clone(),
                 what: format!(
                     "part seq {seq} landed for batch {batch}, which is not assembled in device buffer {buffer}"
                 ),
             });
         };
         assembly.landed += 1;
-        if assembly.landed < self.run.parts {
+        if assembly.landed < self.core.run.parts {
             return Ok(());
         }
         let Some(done) = self.up.assemblies.close(buffer) else {
@@ -71,7 +71,7 @@ impl Daemon {
         if self.sink.kind == SinkKind::Consumer {
             return self.hand_over(super::handoff::Ready {
                 buffer: done.buffer,
-                seq: batch * self.run.parts,
+                seq: batch * self.core.run.parts,
                 batch,
                 epoch: done.epoch,
                 index_in_epoch: done.index_in_epoch,
@@ -80,7 +80,7 @@ impl Daemon {
             });
         }
         let job = SinkJob {
-            seq: batch * self.run.parts,
+            seq: batch * self.core.run.parts,
             source: sink::Source::Buffer(done.buffer),
             buffer: done.buffer,
             len: done.len,
@@ -98,7 +98,7 @@ impl Daemon {
             // after this pass began: read the clock for it.
             let done_ns = match job.source {
                 sink::Source::Mapped { .. } => pinring_ring::clock::monotonic_ns(),
-                sink::Source::Buffer(_) => self.now.ns,
+                sink::Source::Buffer(_) => self.core.now.ns,
             };
             let done = SinkDone {
                 seq: job.seq,
@@ -115,7 +115,7 @@ impl Daemon {
         }
         match &self.sink.tx {
             Some(tx) => tx.send(job).map_err(|_| DaemonError::Internal {
-                ring: self.run.cfg.ring.name.clone(),
+                ring: self.core.run.cfg.ring.name.clone(),
                 what: "the sink thread stopped".into(),
             }),
             None => Ok(()),
@@ -127,8 +127,8 @@ impl Daemon {
         while let Ok(done) = self.sink.rx.try_recv() {
             // As for completions, looked at after the result arrived (the sink thread marks a
             // fault before it sends): a zero-copy sink may have read the zero pages.
-            if self.ring.truncated_here() {
-                self.ring.check_file()?;
+            if self.core.ring.truncated_here() {
+                self.core.ring.check_file()?;
             }
             progressed = true;
             self.deliver(done);
@@ -144,17 +144,17 @@ impl Daemon {
         if let sink::Source::Mapped { slot, .. } = done.source {
             // Zero-copy: the sink's kernel has finished reading the slot; hand it out again.
             if let Some(commit_ns) = self.up.zero_copy_commits.remove(slot) {
-                self.record_latency(commit_ns, done.done_ns);
+                self.core.record_latency(commit_ns, done.done_ns);
             }
-            self.hand_out(slot);
-            self.ring.wake_loaders(1);
+            self.core.hand_out(slot);
+            self.core.ring.wake_loaders(1);
         }
-        self.tally.sink_busy_ns += done.busy_ns;
+        self.core.tally.sink_busy_ns += done.busy_ns;
         // Zero-copy batches are one part.
         let parts = if matches!(done.source, sink::Source::Mapped { .. }) {
             1
         } else {
-            self.run.parts
+            self.core.run.parts
         };
         self.book_delivery(done.seq, parts, done.failure, done.verified, done.samples);
     }
@@ -173,25 +173,30 @@ impl Daemon {
         let mut order_problem = None;
         for s in seq..seq + parts {
             self.recovery.delivered(s);
-            if let Err(p) = self.sequencer.delivered(s) {
+            if let Err(p) = self.core.sequencer.delivered(s) {
                 order_problem.get_or_insert(p);
             }
         }
         let problem = failure.or(order_problem.map(|p| p.to_string()));
         if let Some(msg) = problem {
-            self.tally.verify_failures += 1;
-            tracing::error!(ring = %self.run.cfg.ring.name, seq, "{msg}");
-            self.tally.first_failure.get_or_insert(msg);
+            self.core.tally.verify_failures += 1;
+            tracing::error!(ring = %self.core.run.cfg.ring.name, seq, "{msg}");
+            self.core.tally.first_failure.get_or_insert(msg);
         } else if verified {
-            self.tally.verified += 1;
+            self.core.tally.verified += 1;
         }
-        self.tally.last_delivery = self.now.at;
+        self.core.tally.last_delivery = self.core.now.at;
         // The first batch's latency is a figure of its own: read, not the pass's start.
-        self.tally.first_delivery.get_or_insert_with(Instant::now);
-        self.unpublished.delivered += 1;
+        self.core
+            .tally
+            .first_delivery
+            .get_or_insert_with(Instant::now);
+        self.core.unpublished.delivered += 1;
         // The daemon's published resume point, for status; never read back.
-        self.ring.publish_resume_seq(self.sequencer.resume_seq());
-        tracing::debug!(ring = %self.run.cfg.ring.name, seq, "batch delivered");
+        self.core
+            .ring
+            .publish_resume_seq(self.core.sequencer.resume_seq());
+        tracing::debug!(ring = %self.core.run.cfg.ring.name, seq, "batch delivered");
         self.intake.give_back(samples);
     }
 }

@@ -79,14 +79,14 @@ impl Daemon {
     /// Stop requested: the ring turns DRAINING, FREE slots are taken back (no new claim lands)
     /// and their seqs given up, and batches handed over but not taken go back undelivered.
     pub(super) fn begin_drain(&mut self) {
-        tracing::info!(ring = %self.run.cfg.ring.name, "stop requested: draining");
-        self.service.stopping("stop requested: draining");
+        tracing::info!(ring = %self.core.run.cfg.ring.name, "stop requested: draining");
+        self.core.service.stopping("stop requested: draining");
         self.drain.start(Instant::now());
-        self.ring.set_state(ring_state::DRAINING);
-        let taken_back: Vec<u32> = (0..self.sequencer.slots())
-            .filter(|&slot| self.ring.unassign_if_free(slot))
+        self.core.ring.set_state(ring_state::DRAINING);
+        let taken_back: Vec<u32> = (0..self.core.sequencer.slots())
+            .filter(|&slot| self.core.ring.unassign_if_free(slot))
             .collect();
-        self.sequencer.drain(&taken_back);
+        self.core.sequencer.drain(&taken_back);
         self.withdraw_untaken();
     }
 
@@ -96,8 +96,8 @@ impl Daemon {
             uploads_in_flight: !self.up.inflight.is_empty(),
             at_sink: self.sink.pending,
             held_by_consumer: self.handoff_books.outstanding(),
-            holds_own_buffers: self.run.holds_own_buffers,
-            seqs_waiting: self.sequencer.any_waiting(),
+            holds_own_buffers: self.core.run.holds_own_buffers,
+            seqs_waiting: self.core.sequencer.any_waiting(),
         };
         self.drain
             .may_end(Instant::now(), &left, || self.no_live_loader())
@@ -108,8 +108,8 @@ impl Daemon {
     pub(super) fn end_drain(&mut self) -> Result<(), DaemonError> {
         self.settle_handoff()?;
         let held = self.handoff_books.outstanding();
-        if held > 0 && !self.run.holds_own_buffers {
-            tracing::warn!(ring = %self.run.cfg.ring.name, buffers = held,
+        if held > 0 && !self.core.run.holds_own_buffers {
+            tracing::warn!(ring = %self.core.run.cfg.ring.name, buffers = held,
                 "stopping while the consumer still holds batch buffers: its tensors \
                  of those batches become invalid");
         }
@@ -120,8 +120,8 @@ impl Daemon {
     /// empty once the entries of dead loaders are cleared (their entry locks are free). Asked
     /// only while draining with seqs waiting.
     fn no_live_loader(&self) -> bool {
-        self.ring.reap_dead_loaders();
-        self.ring.attached_loaders() == 0
+        self.core.ring.reap_dead_loaders();
+        self.core.ring.attached_loaders() == 0
     }
 }
 

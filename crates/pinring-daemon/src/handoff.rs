@@ -8,7 +8,7 @@
 //! the main loop polls the few descriptors on each pass (the consumer rings the doorbell when it
 //! releases).
 
-use super::{Daemon, DaemonError};
+use super::{Core, Daemon, DaemonError};
 use pinring_ring::handoff::{Filled, Returned};
 use std::collections::BTreeMap;
 
@@ -88,8 +88,8 @@ impl Daemon {
             self.intake.give_back(r.samples);
             return Ok(());
         }
-        self.uploader.record_ready(r.buffer)?;
-        let round = self.ring.fill_buffer(
+        self.core.uploader.record_ready(r.buffer)?;
+        let round = self.core.ring.fill_buffer(
             r.buffer as u32,
             &Filled {
                 round: 0,
@@ -101,7 +101,7 @@ impl Daemon {
                 index_in_epoch: r.index_in_epoch,
             },
         );
-        self.ring.book_filled(r.seq + self.run.parts);
+        self.core.ring.book_filled(r.seq + self.core.run.parts);
         self.sink.pending += 1;
         self.handoff_books.handed.insert(
             r.seq,
@@ -114,7 +114,7 @@ impl Daemon {
                 },
             ),
         );
-        self.ring.wake_consumer(false);
+        self.core.ring.wake_consumer(false);
         Ok(())
     }
 
@@ -125,14 +125,14 @@ impl Daemon {
         }
         let mut progressed = false;
         let mut back = Vec::new();
-        let mut booking = Booking::new(self.run.cfg.ring.in_order);
+        let mut booking = Booking::new(self.core.run.cfg.ring.in_order);
         let seqs: Vec<u64> = self.handoff_books.handed.keys().copied().collect();
         for seq in seqs {
             let (buffer, round, booked) = {
                 let (b, h) = &self.handoff_books.handed[&seq];
                 (*b, h.round, h.booked)
             };
-            let state = self.ring.buffer_returned(buffer as u32, round);
+            let state = self.core.ring.buffer_returned(buffer as u32, round);
             let taken = !matches!(state, Returned::Waiting);
             if booking.books(taken, booked) {
                 self.book_take(seq);
@@ -152,7 +152,7 @@ impl Daemon {
                 Returned::Released => true,
                 Returned::Reclaimed => false,
                 Returned::Corrupt(s) => {
-                    tracing::error!(ring = %self.run.cfg.ring.name, buffer, seq,
+                    tracing::error!(ring = %self.core.run.cfg.ring.name, buffer, seq,
                         "batch buffer {buffer} holds state {} ({s}), which no consumer leaves it \
                          in; taking it back (find who writes into the ring)",
                         pinring_ring::handoff::buffer_state::name(s));
@@ -166,11 +166,11 @@ impl Daemon {
                 continue;
             };
             // The next copy into the buffer waits (on the device) for the consumer's last use.
-            self.uploader.wait_release(buffer, consumer_released)?;
+            self.core.uploader.wait_release(buffer, consumer_released)?;
             // Consumer copies: its copies out of the batch's slots are done (released), or its
             // process is gone (reclaimed); either way nothing reads them any more.
             self.give_back_lent(buffer);
-            self.ring.reset_buffer(buffer as u32, h.round);
+            self.core.ring.reset_buffer(buffer as u32, h.round);
             self.up.free_buffers.push_back(buffer);
             self.sink.pending -= 1;
             progressed = true;
@@ -185,9 +185,9 @@ impl Daemon {
             return;
         }
         for &slot in &slots {
-            self.hand_out(slot);
+            self.core.hand_out(slot);
         }
-        self.ring.wake_loaders(slots.len() as i32);
+        self.core.ring.wake_loaders(slots.len() as i32);
         slots.clear();
         self.up.lent[buffer] = slots;
     }
@@ -200,8 +200,8 @@ impl Daemon {
         h.booked = true;
         let buffer = *buffer;
         let samples = std::mem::take(&mut h.samples);
-        self.book_delivery(seq, self.run.parts, None, false, samples);
-        tracing::trace!(ring = %self.run.cfg.ring.name, seq, buffer, "batch taken by the consumer");
+        self.book_delivery(seq, self.core.run.parts, None, false, samples);
+        tracing::trace!(ring = %self.core.run.cfg.ring.name, seq, buffer, "batch taken by the consumer");
     }
 
     /// Drain: takes back every buffer nobody took (its batch stays undelivered, so the resume
@@ -211,7 +211,7 @@ impl Daemon {
             .handoff_books
             .handed
             .iter()
-            .filter(|(_, (b, h))| !h.booked && self.ring.withdraw_buffer(*b as u32, h.round))
+            .filter(|(_, (b, h))| !h.booked && self.core.ring.withdraw_buffer(*b as u32, h.round))
             .map(|(&seq, _)| seq)
             .collect();
         for seq in untaken {
@@ -230,17 +230,17 @@ impl Daemon {
         self.withdraw_untaken();
         self.collect_returns().map(|_| ())
     }
+}
 
-    /// Reap pass: buffers a dead consumer held are taken back.
-    pub(super) fn reap_consumer(&mut self) -> Result<(), DaemonError> {
-        let n = self.ring.reclaim_from_dead_consumer()?;
-        if n > 0 {
-            tracing::warn!(ring = %self.run.cfg.ring.name, buffers = n,
-                "the consumer died holding batch buffers: taken back (a restarted consumer \
-                 resumes after the batches it took)");
-        }
-        Ok(())
+/// Reap pass: buffers a dead consumer held are taken back.
+pub(super) fn reap_consumer(core: &Core) -> Result<(), DaemonError> {
+    let n = core.ring.reclaim_from_dead_consumer()?;
+    if n > 0 {
+        tracing::warn!(ring = %core.run.cfg.ring.name, buffers = n,
+            "the consumer died holding batch buffers: taken back (a restarted consumer \
+             resumes after the batches it took)");
     }
+    Ok(())
 }
 
 #[cfg(test)]

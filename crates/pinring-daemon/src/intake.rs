@@ -151,7 +151,7 @@ impl Daemon {
     /// starts their uploads, until no part is due. True if anything was taken.
     pub(super) fn dispatch(&mut self) -> Result<bool, DaemonError> {
         let mut progressed = false;
-        let mut look = Look::new(self.run.look_ahead);
+        let mut look = Look::new(self.core.run.look_ahead);
         loop {
             match self.take_next(&mut look)? {
                 Found::Part(part) => {
@@ -170,21 +170,22 @@ impl Daemon {
             let Some((seq, slot)) = self.next_candidate(look) else {
                 return Ok(Found::Nothing);
             };
-            let taken = match self.ring.take_ready(slot, seq) {
+            let taken = match self.core.ring.take_ready(slot, seq) {
                 Ok(Some(t)) => t,
                 Ok(None) if look.pass_over() => continue,
                 Ok(None) => return Ok(Found::Nothing),
                 Err(SlotFault::LoaderError { code, .. }) if code == ERR_SAMPLE => {
-                    return Err(self.data_failed(slot, seq));
+                    return Err(self.recovery.data_failed(&self.core, slot, seq));
                 }
                 Err(fault) => {
-                    self.bad_batch(slot, seq, fault.to_string())?;
+                    self.recovery
+                        .bad_batch(&mut self.core, slot, seq, fault.to_string())?;
                     return Ok(Found::Refused);
                 }
             };
-            self.sequencer.taken(slot, seq);
+            self.core.sequencer.taken(slot, seq);
             if look.taken_ahead() {
-                self.tally.taken_ahead += 1;
+                self.core.tally.taken_ahead += 1;
             }
             return self.check_taken(slot, seq, taken);
         }
@@ -195,7 +196,7 @@ impl Daemon {
     /// seq not taken (none while an earlier seq waits for a slot), and with a look-ahead the
     /// later ones too; unordered, every waiting seq: the first that is READY.
     fn next_candidate(&self, look: &Look) -> Option<(u64, u32)> {
-        let parts = self.run.parts;
+        let parts = self.core.run.parts;
         let has_buffer = |seq: u64| {
             self.up.assemblies.buffer_of(seq / parts).is_some()
                 || self
@@ -203,17 +204,18 @@ impl Daemon {
                     .order
                     .may_open(seq / parts, self.up.free_buffers.len())
         };
-        if self.run.cfg.ring.in_order {
+        if self.core.run.cfg.ring.in_order {
             // A later seq's batch needs at least as many buffers: the first that may not take
             // one ends the look.
             let n = look.position()?;
-            self.sequencer
+            self.core
+                .sequencer
                 .dispatchable(look.ahead())
                 .nth(n)
                 .filter(|&(seq, _)| has_buffer(seq))
         } else {
-            let ring = &self.ring;
-            self.sequencer.dispatchable(false).find(|&(seq, sl)| {
+            let ring = &self.core.ring;
+            self.core.sequencer.dispatchable(false).find(|&(seq, sl)| {
                 has_buffer(seq) && ring.slot_view(sl).state == Some(SlotState::Ready)
             })
         }
@@ -223,16 +225,17 @@ impl Daemon {
     /// uploads stage, or refused by the bad-batch policy.
     fn check_taken(&mut self, slot: u32, seq: u64, taken: Taken) -> Result<Found, DaemonError> {
         let mut samples = self.intake.samples();
-        let part =
-            self.run
-                .plan
-                .part_into(seq, &mut samples)
-                .map_err(|e| DaemonError::Internal {
-                    ring: self.run.cfg.ring.name.clone(),
-                    what: format!("plan has no part {seq}: {e}"),
-                })?;
+        let part = self
+            .core
+            .run
+            .plan
+            .part_into(seq, &mut samples)
+            .map_err(|e| DaemonError::Internal {
+                ring: self.core.run.cfg.ring.name.clone(),
+                what: format!("plan has no part {seq}: {e}"),
+            })?;
         // Copied out of shared memory first: decoded in private memory only.
-        self.ring.copy_out(
+        self.core.ring.copy_out(
             slot,
             taken.meta_offset,
             taken.meta_len,
@@ -250,9 +253,10 @@ impl Daemon {
         let expected = Expected {
             indices: &indices,
             range: part.bytes,
-            meta_reserve: self.run.meta_reserve,
-            sample_bytes: self.run.sample_bytes,
+            meta_reserve: self.core.run.meta_reserve,
+            sample_bytes: self.core.run.sample_bytes,
             payload_len: self
+                .core
                 .run
                 .layout
                 .part_payload_bytes(indices.samples.len() as u64, part.bytes),
@@ -274,7 +278,7 @@ impl Daemon {
             })),
             Err(what) => {
                 self.intake.give_back(indices.samples);
-                self.bad_batch(slot, seq, what)?;
+                self.recovery.bad_batch(&mut self.core, slot, seq, what)?;
                 Ok(Found::Refused)
             }
         }

@@ -55,27 +55,28 @@ impl Daemon {
         let mut arrived = std::mem::take(&mut self.up.completion_buf);
         arrived.clear();
         if self
+            .core
             .uploader
             .completions()
             .drain_into(&mut arrived)
             .is_err()
         {
             return Err(DaemonError::Internal {
-                ring: self.run.cfg.ring.name.clone(),
+                ring: self.core.run.cfg.ring.name.clone(),
                 what: "the upload thread stopped".into(),
             });
         }
         // A segment truncated under the daemon: the copies that completed may have read the
         // zero pages put in its place (pinring_ring::fault); none of them is booked.
-        if self.ring.truncated_here() {
+        if self.core.ring.truncated_here() {
             self.up.completion_buf = arrived;
-            self.ring.check_file()?;
+            self.core.ring.check_file()?;
             return Ok(false);
         }
         let result = self.complete_all(&mut arrived, &mut freed);
         self.up.completion_buf = arrived;
         if freed > 0 {
-            self.ring.wake_loaders(freed);
+            self.core.ring.wake_loaders(freed);
         }
         result
     }
@@ -92,7 +93,7 @@ impl Daemon {
             let (slot, field) = tag_parts(c.tag);
             let Some(part) = self.up.inflight.get_mut(slot) else {
                 return Err(DaemonError::Internal {
-                    ring: self.run.cfg.ring.name.clone(),
+                    ring: self.core.run.cfg.ring.name.clone(),
                     what: format!(
                         "completion for field {field} of slot {slot}, which had no upload in flight"
                     ),
@@ -122,17 +123,22 @@ impl Daemon {
                 .completed
                 .saturating_duration_since(first_submitted)
                 .as_nanos() as u64;
-            self.unpublished.upload_ns += upload_ns;
-            self.tally.upload_ns += upload_ns;
+            self.core.unpublished.upload_ns += upload_ns;
+            self.core.tally.upload_ns += upload_ns;
             // When the batch was on the device, on the clock loaders stamp commits with.
-            let on_device_ns = self.now.ns_of(c.completed);
-            self.record_latency(commit_ns, on_device_ns);
-            self.service
-                .upload_done(&self.ring, slot, upload_ns, commit_ns, on_device_ns);
+            let on_device_ns = self.core.now.ns_of(c.completed);
+            self.core.record_latency(commit_ns, on_device_ns);
+            self.core.service.upload_done(
+                &self.core.ring,
+                slot,
+                upload_ns,
+                commit_ns,
+                on_device_ns,
+            );
             // (D): every upload of the part has finished reading the slot; hand it out again.
-            self.hand_out(slot);
+            self.core.hand_out(slot);
             *freed += 1;
-            tracing::trace!(ring = %self.run.cfg.ring.name, seq, batch, len, "part on the device");
+            tracing::trace!(ring = %self.core.run.cfg.ring.name, seq, batch, len, "part on the device");
             self.part_landed(seq, batch, buffer)?;
         }
         Ok(progressed)
@@ -152,10 +158,10 @@ impl Daemon {
         let count = samples.len() as u64;
         let buffer = self.place(&part)?;
         let len = taken.payload_len as usize;
-        self.tally.bytes += taken.payload_len;
-        self.unpublished.bytes_delivered += taken.payload_len;
-        self.ring.stamp_upload(slot, self.now.ns);
-        if self.run.zero_copy {
+        self.core.tally.bytes += taken.payload_len;
+        self.core.unpublished.bytes_delivered += taken.payload_len;
+        self.core.ring.stamp_upload(slot, self.core.now.ns);
+        if self.core.run.zero_copy {
             // No upload: the sink reads the slot in place; the slot stays UPLOADING (owned
             // by the daemon) until the sink reports back.
             self.up.zero_copy_commits.insert(slot, taken.commit_ns);
@@ -164,7 +170,7 @@ impl Daemon {
                 seq,
                 source: sink::Source::Mapped {
                     slot,
-                    ptr: sink::SlotPtr(self.ring.upload_source(slot)),
+                    ptr: sink::SlotPtr(self.core.ring.upload_source(slot)),
                 },
                 buffer,
                 len,
@@ -172,20 +178,21 @@ impl Daemon {
             };
             return self.send_to_sink(job);
         }
-        if self.run.parts == 1 {
+        if self.core.run.parts == 1 {
             // The part is the whole batch: its sample ids are the batch's.
             self.start_assembly(&part, buffer, samples);
         } else {
             self.intake.give_back(samples);
         }
-        if self.run.consumer_copies {
+        if self.core.run.consumer_copies {
             // No copy here: the consumer copies the part out of its slot, which stays
             // UPLOADING (the daemon's) until the consumer gives the batch back. The part
             // table's entry is published by the fill's Release store (H1).
-            self.ring
-                .set_part_slot(buffer as u32, (seq % self.run.parts) as u32, slot);
+            self.core
+                .ring
+                .set_part_slot(buffer as u32, (seq % self.core.run.parts) as u32, slot);
             self.up.lent[buffer].push(slot);
-            self.record_latency(taken.commit_ns, self.now.ns);
+            self.core.record_latency(taken.commit_ns, self.core.now.ns);
             return self.part_landed(seq, part.batch, buffer);
         }
         self.submit_part(slot, seq, &part, buffer, &taken, count)
@@ -203,14 +210,15 @@ impl Daemon {
             .pop_front()
             .expect("checked: a buffer is free");
         self.up.order.opened(part.batch);
-        if self.run.parts > 1 {
+        if self.core.run.parts > 1 {
             // The whole batch's sample ids, for the sink, from the daemon's plan.
             let mut whole = self.intake.samples();
-            self.run
+            self.core
+                .run
                 .plan
                 .batch_into(part.batch, &mut whole)
                 .map_err(|e| DaemonError::Internal {
-                    ring: self.run.cfg.ring.name.clone(),
+                    ring: self.core.run.cfg.ring.name.clone(),
                     what: format!("plan has no batch {}: {e}", part.batch),
                 })?;
             self.start_assembly(part, buffer, whole);
@@ -234,10 +242,11 @@ impl Daemon {
         // contiguous in the slot; for a byte part, its range of the cut field) to where
         // those values go in the field's tensor. Submitted as one group: the backend
         // says how many completions will come (one per part on CUDA, one per copy on host).
-        let base = self.ring.upload_source(slot);
+        let base = self.core.ring.upload_source(slot);
         let mut jobs = std::mem::take(&mut self.up.jobs_buf);
         jobs.clear();
         for copy in self
+            .core
             .run
             .layout
             .part_copies(count, part.first_in_batch, part.bytes)
@@ -263,9 +272,9 @@ impl Daemon {
         // payload (above). The mapping outlives the uploader (the ring Arc is held by self
         // and the sink's doorbell). Deferred: the backend may signal several parts with one
         // event; the main loop flushes before it sleeps, so every part's completion comes.
-        let submitted = unsafe { self.uploader.submit_group_deferred(&jobs) };
+        let submitted = unsafe { self.core.uploader.submit_group_deferred(&jobs) };
         if let Some(t) = t {
-            self.tally.submit_ns += t.elapsed().as_nanos() as u64 * SUBMIT_TIMED_EVERY;
+            self.core.tally.submit_ns += t.elapsed().as_nanos() as u64 * SUBMIT_TIMED_EVERY;
         }
         self.up.jobs_buf = jobs;
         let jobs_left = submitted?;
@@ -294,7 +303,7 @@ impl Daemon {
             buffer,
             landed: 0,
             samples,
-            len: self.run.layout.payload_bytes(part.batch_samples) as usize,
+            len: self.core.run.layout.payload_bytes(part.batch_samples) as usize,
             epoch: part.epoch,
             index_in_epoch: part.index_in_epoch,
         };
