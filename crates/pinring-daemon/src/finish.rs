@@ -77,7 +77,7 @@ impl Daemon {
             ring: self.core.run.cfg.ring.name.clone(),
             backend: self.core.run.backend_name.clone(),
             backend_reason: self.core.run.backend_reason.clone(),
-            sink: self.sink.kind.name().into(),
+            sink: self.delivery.sink.kind.name().into(),
             in_order: self.core.run.cfg.ring.in_order,
             start_seq: s.start(),
             end_seq: s.end(),
@@ -154,7 +154,7 @@ impl Daemon {
             error: result.as_ref().err().map(|e| e.to_string()),
             exit_code: 0,
         };
-        if let Some(t) = self.sink.thread.take() {
+        if let Some(t) = self.delivery.sink.thread.take() {
             let _ = t.join();
         }
         summary.exit_code = match result {
@@ -176,7 +176,7 @@ impl Daemon {
         if let Err(e) = self.core.ring.unlink() {
             tracing::warn!("{e}");
         }
-        self.sink.tx = None;
+        self.delivery.sink.tx = None;
     }
 
     /// What loaders report through the ring (their wait and busy time, the samples they

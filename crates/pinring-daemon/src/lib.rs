@@ -55,7 +55,7 @@ mod start;
 mod uploads;
 
 pub use args::{parse_backend_kind, DaemonArgs, RunOptions};
-use delivery::SinkLink;
+use delivery::Delivery;
 pub use drain::DRAIN_DEADLINE;
 pub use finish::cpu_seconds;
 pub use finish::{failed_at_start, judge, Known};
@@ -503,23 +503,24 @@ struct Core {
     unpublished: Unpublished,
     /// This pass's clock (`PassClock`).
     now: PassClock,
+    /// Spare sample-id vectors, reused by every stage (daemon/intake.rs).
+    ids: intake::SpareIds,
 }
 
 /// The daemon: the shared core and the stages' states side by side. The core comes first, so
 /// that it drops first: the upload engine, the registration and the ring handle in its order.
 struct Daemon {
     core: Core,
-    /// The sink thread and the channels to it.
-    sink: SinkLink,
+    /// The sink thread and the channels to it, and the batches handed to a consumer
+    /// (daemon/delivery.rs, daemon/handoff.rs).
+    delivery: Delivery,
     /// Parts on their way to the device (or, when the consumer copies, to the consumer) and the
     /// batch buffers they go to.
     up: Uploads,
-    /// The intake stage's own buffers (daemon/intake.rs).
+    /// The intake stage's own buffer (daemon/intake.rs).
     intake: intake::Intake,
     /// The drain, once one began (daemon/drain.rs).
     drain: drain::Drain,
-    /// Batches handed to a consumer (`--sink consumer`, daemon/handoff.rs).
-    handoff_books: handoff::HandoffBooks,
     /// Fault handling and when it runs (daemon/recovery.rs).
     recovery: recovery::Recovery,
 }
@@ -548,76 +549,85 @@ impl Core {
 impl Daemon {
     /// The main loop: each pass runs the stages in the order a part travels back from the
     /// device (so that what a pass frees is reused in the same pass), then the drain, the
-    /// recovery's chores and publishing, and sleeps on the doorbell when no stage moved.
+    /// recovery's chores and publishing, and sleeps on the doorbell when no stage moved. Each
+    /// stage is given the core and, where it hands work on, the stage downstream.
     fn main_loop(&mut self, shutdown: &Shutdown) -> Result<(), DaemonError> {
+        let Daemon {
+            core,
+            delivery,
+            up,
+            intake,
+            drain,
+            recovery,
+        } = self;
         loop {
             // A ring after this load is never lost: the wait below returns at once.
-            let seen = self.core.ring.doorbell_seen();
-            self.core.tally.passes += 1;
-            self.core.now = PassClock::read();
-            self.core.service.tick(&self.core.ring, self.core.now.at);
+            let seen = core.ring.doorbell_seen();
+            core.tally.passes += 1;
+            core.now = PassClock::read();
+            core.service.tick(&core.ring, core.now.at);
             // Uploads: completions free slots and pass whole batches on to delivery.
-            let mut progressed = self.collect_completions()?;
+            let mut progressed = up.poll(core, delivery, recovery)?;
             // Delivery: batches back from the sink thread, buffers back from the consumer.
-            progressed |= self.collect_sink_results()?;
-            progressed |= self.collect_returns()?;
+            progressed |= delivery.poll(core, up, recovery)?;
             // Intake: READY slots taken, checked and submitted.
-            progressed |= self.dispatch()?;
+            progressed |= intake.poll(core, up, delivery, recovery)?;
 
-            if self.core.sequencer.complete()
-                && self.up.inflight.is_empty()
-                && self.sink.pending == 0
-            {
+            if core.sequencer.complete() && up.inflight.is_empty() && delivery.sink.pending == 0 {
                 return Ok(());
             }
-            if shutdown.requested() && !self.drain.started() {
-                self.begin_drain();
+            if shutdown.requested() && !drain.started() {
+                drain.begin(core, delivery, up);
             }
-            if self.drain.started() && self.drain_may_end() {
-                return self.end_drain();
+            if drain.started() && drain.may_end_now(core, delivery, up) {
+                return drain.end(core, delivery, up, recovery);
             }
             // Recovery: a reap every reap interval, the live loaders counted between.
-            self.recovery.poll(&mut self.core)?;
+            recovery.poll(core)?;
             // Publishing, once a pass, after its reap; a pass that returns above leaves it to
             // `run`.
-            self.core.publish_counters();
+            core.publish_counters();
             if !progressed {
-                self.sleep(seen)?;
+                sleep(core, up, drain, seen)?;
             }
         }
     }
+}
 
-    /// Sleeps on the doorbell (rung since `seen`: at once) for at most [`MAX_WAIT`], or what is
-    /// left of a drain; quietly (not woken by commits) while enough is in flight
-    /// ([`quiet_in_flight`]). The time counts as the daemon's wait where it could have uploaded.
-    fn sleep(&mut self, seen: u32) -> Result<(), DaemonError> {
-        let could_upload = (!self.up.free_buffers.is_empty()
-            || self.up.assemblies.any_open_for_parts())
-            && self.core.sequencer.any_waiting();
-        let wait = self.drain.longest_wait(MAX_WAIT, Instant::now);
-        // Parts submitted deferred get their upload signal now: their completions are
-        // what may wake this wait.
-        let t = Instant::now();
-        let flushed = self.core.uploader.flush();
-        self.core.tally.submit_ns += t.elapsed().as_nanos() as u64;
-        flushed?;
-        let t = Instant::now();
-        let woke = if self.up.inflight_bytes >= self.core.run.quiet_in_flight {
-            self.core.ring.wait_doorbell_quiet(seen, wait)
-        } else {
-            self.core.ring.wait_doorbell(seen, wait)
-        };
-        if woke != pinring_ring::futex::Wake::Changed {
-            self.core.tally.sleeps += 1;
-        }
-        let ns = t.elapsed().as_nanos() as u64;
-        self.core.tally.doorbell_ns += ns;
-        if could_upload {
-            self.core.tally.daemon_wait_ns += ns;
-            self.core.ring.add_daemon_wait(ns);
-        }
-        Ok(())
+/// Sleeps on the doorbell (rung since `seen`: at once) for at most [`MAX_WAIT`], or what is
+/// left of a drain; quietly (not woken by commits) while enough is in flight
+/// ([`quiet_in_flight`]). The time counts as the daemon's wait where it could have uploaded.
+fn sleep(
+    core: &mut Core,
+    up: &Uploads,
+    drain: &drain::Drain,
+    seen: u32,
+) -> Result<(), DaemonError> {
+    let could_upload = (!up.free_buffers.is_empty() || up.assemblies.any_open_for_parts())
+        && core.sequencer.any_waiting();
+    let wait = drain.longest_wait(MAX_WAIT, Instant::now);
+    // Parts submitted deferred get their upload signal now: their completions are
+    // what may wake this wait.
+    let t = Instant::now();
+    let flushed = core.uploader.flush();
+    core.tally.submit_ns += t.elapsed().as_nanos() as u64;
+    flushed?;
+    let t = Instant::now();
+    let woke = if up.inflight_bytes >= core.run.quiet_in_flight {
+        core.ring.wait_doorbell_quiet(seen, wait)
+    } else {
+        core.ring.wait_doorbell(seen, wait)
+    };
+    if woke != pinring_ring::futex::Wake::Changed {
+        core.tally.sleeps += 1;
     }
+    let ns = t.elapsed().as_nanos() as u64;
+    core.tally.doorbell_ns += ns;
+    if could_upload {
+        core.tally.daemon_wait_ns += ns;
+        core.ring.add_daemon_wait(ns);
+    }
+    Ok(())
 }
 
 #[cfg(test)]

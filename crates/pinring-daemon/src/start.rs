@@ -93,7 +93,6 @@ impl Daemon {
             ),
             intake: Default::default(),
             drain: Default::default(),
-            handoff_books: Default::default(),
             recovery: recovery::Recovery::new(
                 slots,
                 Duration::from_millis(cfg.daemon.reap_interval_ms),
@@ -101,7 +100,10 @@ impl Daemon {
                 cfg.daemon.on_bad_batch,
                 Duration::from_millis(cfg.daemon.idle_warn_ms),
             ),
-            sink,
+            delivery: super::Delivery {
+                sink,
+                handoff_books: Default::default(),
+            },
             core: Core {
                 uploader,
                 service,
@@ -110,6 +112,7 @@ impl Daemon {
                 tally: super::Tally::new(now),
                 unpublished: Default::default(),
                 now: super::PassClock::read(),
+                ids: Default::default(),
                 ring,
                 run: super::Run {
                     backend_name: located.name.to_string(),
@@ -370,7 +373,7 @@ fn start_sink(
     layout: &pinring_data::BatchLayout,
     uploader: &Arc<dyn Uploader>,
     doorbell: &Doorbell,
-) -> Result<super::SinkLink, DaemonError> {
+) -> Result<super::delivery::SinkLink, DaemonError> {
     let (sink_tx, sink_jobs) = unbounded();
     let (sink_done_tx, sink_rx) = unbounded();
     let sink_thread = {
@@ -387,7 +390,7 @@ fn start_sink(
                 what: format!("cannot start the sink thread: {e}"),
             })?
     };
-    Ok(super::SinkLink {
+    Ok(super::delivery::SinkLink {
         kind: args.sink,
         tx: Some(sink_tx),
         rx: sink_rx,
@@ -420,7 +423,7 @@ impl Daemon {
             slot_bytes = self.core.run.cfg.slot_bytes(),
             batches = end_seq - start_seq,
             in_order = self.core.run.cfg.ring.in_order,
-            sink = self.sink.kind.name(),
+            sink = self.delivery.sink.kind.name(),
             "ring ready"
         );
         if let Err(source) = self
