@@ -3,9 +3,16 @@
 //! withdrawn, and the run ends once what was taken has gone out, or at the deadline. Its rule
 //! (when a drain may end, how long the loop may sleep meanwhile) is pure: [`Drain::may_end`],
 //! [`Drain::longest_wait`].
+//!
+//! Entry points: [`Drain::begin`] (a stop requested), [`Drain::may_end_now`] and [`Drain::end`],
+//! given the daemon's [`Core`], the delivery (which withdraws and settles the handoff) and the
+//! uploads (which get the buffers back).
 
-use super::{Daemon, DaemonError};
+use super::delivery::Delivery;
+use super::recovery::Recovery;
+use super::{Core, DaemonError, Uploads};
 use pinring_ring::ring_state;
+use pinring_ring::DaemonRing;
 use std::time::{Duration, Instant};
 
 /// How long a drain may take before the daemon closes the ring anyway.
@@ -75,54 +82,60 @@ impl Drain {
     }
 }
 
-impl Daemon {
+impl Drain {
     /// Stop requested: the ring turns DRAINING, FREE slots are taken back (no new claim lands)
-    /// and their seqs given up, and batches handed over but not taken go back undelivered.
-    pub(super) fn begin_drain(&mut self) {
-        tracing::info!(ring = %self.run.cfg.ring.name, "stop requested: draining");
-        self.service.stopping("stop requested: draining");
-        self.drain.start(Instant::now());
-        self.ring.set_state(ring_state::DRAINING);
-        let taken_back: Vec<u32> = (0..self.sequencer.slots())
-            .filter(|&slot| self.ring.unassign_if_free(slot))
+    /// and their seqs given up, and batches handed over but not taken go back undelivered
+    /// (`delivery` withdraws them, their buffers back to `up`).
+    pub(super) fn begin(&mut self, core: &mut Core, delivery: &mut Delivery, up: &mut Uploads) {
+        tracing::info!(ring = %core.run.cfg.ring.name, "stop requested: draining");
+        core.service.stopping("stop requested: draining");
+        self.start(Instant::now());
+        core.ring.set_state(ring_state::DRAINING);
+        let taken_back: Vec<u32> = (0..core.sequencer.slots())
+            .filter(|&slot| core.ring.unassign_if_free(slot))
             .collect();
-        self.sequencer.drain(&taken_back);
-        self.withdraw_untaken();
+        core.sequencer.drain(&taken_back);
+        delivery.withdraw_untaken(core, up);
     }
 
     /// Whether the drain may end now ([`Drain::may_end`] over the stages' books).
-    pub(super) fn drain_may_end(&self) -> bool {
+    pub(super) fn may_end_now(&self, core: &Core, delivery: &Delivery, up: &Uploads) -> bool {
         let left = Left {
-            uploads_in_flight: !self.up.inflight.is_empty(),
-            at_sink: self.sink.pending,
-            held_by_consumer: self.handoff_books.outstanding(),
-            holds_own_buffers: self.run.holds_own_buffers,
-            seqs_waiting: self.sequencer.any_waiting(),
+            uploads_in_flight: !up.inflight.is_empty(),
+            at_sink: delivery.sink.pending,
+            held_by_consumer: delivery.handoff_books.outstanding(),
+            holds_own_buffers: core.run.holds_own_buffers,
+            seqs_waiting: core.sequencer.any_waiting(),
         };
-        self.drain
-            .may_end(Instant::now(), &left, || self.no_live_loader())
+        self.may_end(Instant::now(), &left, || no_live_loader(&core.ring))
     }
 
     /// Ends the drain: books the consumer's last takes, withdraws what nobody took, and warns
     /// about buffers a consumer still holds whose memory goes with the daemon.
-    pub(super) fn end_drain(&mut self) -> Result<(), DaemonError> {
-        self.settle_handoff()?;
-        let held = self.handoff_books.outstanding();
-        if held > 0 && !self.run.holds_own_buffers {
-            tracing::warn!(ring = %self.run.cfg.ring.name, buffers = held,
+    pub(super) fn end(
+        &self,
+        core: &mut Core,
+        delivery: &mut Delivery,
+        up: &mut Uploads,
+        recovery: &mut Recovery,
+    ) -> Result<(), DaemonError> {
+        delivery.settle_handoff(core, up, recovery)?;
+        let held = delivery.handoff_books.outstanding();
+        if held > 0 && !core.run.holds_own_buffers {
+            tracing::warn!(ring = %core.run.cfg.ring.name, buffers = held,
                 "stopping while the consumer still holds batch buffers: its tensors \
                  of those batches become invalid");
         }
         Ok(())
     }
+}
 
-    /// Whether no loader is attached that could still commit a part: the loader table is
-    /// empty once the entries of dead loaders are cleared (their entry locks are free). Asked
-    /// only while draining with seqs waiting.
-    fn no_live_loader(&self) -> bool {
-        self.ring.reap_dead_loaders();
-        self.ring.attached_loaders() == 0
-    }
+/// Whether no loader is attached that could still commit a part: the loader table is
+/// empty once the entries of dead loaders are cleared (their entry locks are free). Asked
+/// only while draining with seqs waiting.
+fn no_live_loader(ring: &DaemonRing) -> bool {
+    ring.reap_dead_loaders();
+    ring.attached_loaders() == 0
 }
 
 #[cfg(test)]

@@ -59,43 +59,44 @@ impl Daemon {
     pub(super) fn finish(&mut self, result: &Result<(), DaemonError>) -> Summary {
         self.close_ring();
         let seconds = self
+            .core
             .tally
             .last_delivery
-            .saturating_duration_since(self.tally.started)
+            .saturating_duration_since(self.core.tally.started)
             .as_secs_f64();
         // Where to resume comes from the daemon's own books, never from the header (any process
         // that maps the ring can write `next_deliver`).
         let counts = self.recovery.counts;
-        let wall = self.tally.started.elapsed().as_secs_f64();
+        let wall = self.core.tally.started.elapsed().as_secs_f64();
         let checked = self.check_loader_figures(wall);
-        let s = &self.sequencer;
+        let s = &self.core.sequencer;
         let (loader_wait, loader_busy) = (checked.wait, checked.busy);
-        let daemon_wait = self.tally.daemon_wait_ns as f64 / 1e9;
-        let sink_busy = self.tally.sink_busy_ns as f64 / 1e9;
+        let daemon_wait = self.core.tally.daemon_wait_ns as f64 / 1e9;
+        let sink_busy = self.core.tally.sink_busy_ns as f64 / 1e9;
         let mut summary = Summary {
-            ring: self.run.cfg.ring.name.clone(),
-            backend: self.run.backend_name.clone(),
-            backend_reason: self.run.backend_reason.clone(),
-            sink: self.sink.kind.name().into(),
-            in_order: self.run.cfg.ring.in_order,
+            ring: self.core.run.cfg.ring.name.clone(),
+            backend: self.core.run.backend_name.clone(),
+            backend_reason: self.core.run.backend_reason.clone(),
+            sink: self.delivery.sink.kind.name().into(),
+            in_order: self.core.run.cfg.ring.in_order,
             start_seq: s.start(),
             end_seq: s.end(),
-            batches_delivered: s.deliveries() / self.run.parts,
-            parts_per_batch: self.run.parts,
+            batches_delivered: s.deliveries() / self.core.run.parts,
+            parts_per_batch: self.core.run.parts,
             parts_delivered: s.deliveries(),
-            batches_verified: self.tally.verified,
-            verify_failures: self.tally.verify_failures,
+            batches_verified: self.core.tally.verified,
+            verify_failures: self.core.tally.verify_failures,
             duplicates: s.duplicates(),
             out_of_order: s.out_of_order(),
             missing: s.missing(),
-            bytes: self.tally.bytes,
+            bytes: self.core.tally.bytes,
             seconds,
-            first_batch_seconds: self.tally.first_delivery.map(|t| {
-                t.saturating_duration_since(self.tally.started)
+            first_batch_seconds: self.core.tally.first_delivery.map(|t| {
+                t.saturating_duration_since(self.core.tally.started)
                     .as_secs_f64()
             }),
             gbps: if seconds > 0.0 {
-                self.tally.bytes as f64 / seconds / 1e9
+                self.core.tally.bytes as f64 / seconds / 1e9
             } else {
                 0.0
             },
@@ -111,11 +112,11 @@ impl Daemon {
             bad_samples_skipped: checked.bad_samples,
             reissued: counts.reissued,
             corrupt_descriptors: counts.corrupt_descriptors,
-            registration_seconds: self.registration.as_ref().map_or(0.0, |r| r.seconds()),
+            registration_seconds: self.core.registration.as_ref().map_or(0.0, |r| r.seconds()),
             daemon_wait_seconds: daemon_wait,
-            submit_seconds: self.tally.submit_ns as f64 / 1e9,
-            parts_taken_ahead: self.tally.taken_ahead,
-            doorbell_wait_seconds: self.tally.doorbell_ns as f64 / 1e9,
+            submit_seconds: self.core.tally.submit_ns as f64 / 1e9,
+            parts_taken_ahead: self.core.tally.taken_ahead,
+            doorbell_wait_seconds: self.core.tally.doorbell_ns as f64 / 1e9,
             loader_wait_seconds: loader_wait,
             loader_busy_seconds: loader_busy,
             sink_busy_seconds: sink_busy,
@@ -131,29 +132,29 @@ impl Daemon {
                     daemon_wait,
                     loader_wait,
                     loader_busy,
-                    self.tally.upload_ns as f64 / 1e9,
+                    self.core.tally.upload_ns as f64 / 1e9,
                 )
                 .into()
             },
-            upload_seconds: self.tally.upload_ns as f64 / 1e9,
+            upload_seconds: self.core.tally.upload_ns as f64 / 1e9,
             untrusted: checked.untrusted.clone(),
             interrupted: self.drain.started(),
-            zero_copy: self.run.zero_copy,
-            registered: self.registration.is_some(),
-            latency_p50_us: self.tally.latencies.quantile_us(0.50),
-            latency_p99_us: self.tally.latencies.quantile_us(0.99),
-            daemon_cpu_seconds: (cpu_seconds() - self.tally.cpu_at_ready).max(0.0),
-            thread_cpu_seconds: thread_cpu_since(&self.tally.threads_at_ready),
-            main_loop_passes: self.tally.passes,
-            main_loop_sleeps: self.tally.sleeps,
-            main_loop_preempted: match (self.tally.preempted_at_ready, preemptions()) {
+            zero_copy: self.core.run.zero_copy,
+            registered: self.core.registration.is_some(),
+            latency_p50_us: self.core.tally.latencies.quantile_us(0.50),
+            latency_p99_us: self.core.tally.latencies.quantile_us(0.99),
+            daemon_cpu_seconds: (cpu_seconds() - self.core.tally.cpu_at_ready).max(0.0),
+            thread_cpu_seconds: thread_cpu_since(&self.core.tally.threads_at_ready),
+            main_loop_passes: self.core.tally.passes,
+            main_loop_sleeps: self.core.tally.sleeps,
+            main_loop_preempted: match (self.core.tally.preempted_at_ready, preemptions()) {
                 (Some(before), Some(now)) => now.saturating_sub(before),
                 _ => 0,
             },
             error: result.as_ref().err().map(|e| e.to_string()),
             exit_code: 0,
         };
-        if let Some(t) = self.sink.thread.take() {
+        if let Some(t) = self.delivery.sink.thread.take() {
             let _ = t.join();
         }
         summary.exit_code = match result {
@@ -167,13 +168,15 @@ impl Daemon {
     /// unlinks the ring, and stops the sink (joined at the end of [`Daemon::finish`]; the
     /// uploader's own thread stops when the last Arc is dropped with the Daemon).
     fn close_ring(&mut self) {
-        self.service.stopping("run finished: closing the ring");
-        self.ring.publish_resume_seq(self.sequencer.resume_seq());
-        self.ring.set_state(ring_state::CLOSED);
-        if let Err(e) = self.ring.unlink() {
+        self.core.service.stopping("run finished: closing the ring");
+        self.core
+            .ring
+            .publish_resume_seq(self.core.sequencer.resume_seq());
+        self.core.ring.set_state(ring_state::CLOSED);
+        if let Err(e) = self.core.ring.unlink() {
             tracing::warn!("{e}");
         }
-        self.sink.tx = None;
+        self.delivery.sink.tx = None;
     }
 
     /// What loaders report through the ring (their wait and busy time, the samples they
@@ -181,10 +184,11 @@ impl Daemon {
     /// against what the daemon saw itself in `wall` seconds, and one that fails is listed as
     /// untrusted (and logged).
     fn check_loader_figures(&mut self, wall: f64) -> Checked {
-        let h = self.ring.loader_report();
-        self.tally
-            .count_loaders(std::time::Instant::now(), self.ring.attached_loaders());
-        let s = &self.sequencer;
+        let h = self.core.ring.loader_report();
+        self.core
+            .tally
+            .count_loaders(std::time::Instant::now(), self.core.ring.attached_loaders());
+        let s = &self.core.sequencer;
         let checked = checked_loader_figures(
             &LoaderReport {
                 wait_ns: h.wait_ns,
@@ -193,17 +197,17 @@ impl Daemon {
             },
             &DaemonSaw {
                 wall,
-                loader_seconds: self.tally.loader_seconds_seen,
+                loader_seconds: self.core.tally.loader_seconds_seen,
                 samples_possible: s
                     .deliveries()
                     .saturating_add(u64::from(s.slots()))
-                    .saturating_mul(self.skippable_per_batch()),
+                    .saturating_mul(self.core.run.skippable_per_batch()),
                 slots: s.slots(),
-                skipping: self.skippable_per_batch() > 0,
+                skipping: self.core.run.skippable_per_batch() > 0,
             },
         );
         if !checked.untrusted.is_empty() {
-            tracing::error!(ring = %self.run.cfg.ring.name, figures = %checked.untrusted.join(", "),
+            tracing::error!(ring = %self.core.run.cfg.ring.name, figures = %checked.untrusted.join(", "),
                 "figures the loaders report through the ring are impossible for what this daemon \
                  saw (another process wrote into the loader table?): the summary lists them as \
                  untrusted");

@@ -8,7 +8,9 @@
 //! the main loop polls the few descriptors on each pass (the consumer rings the doorbell when it
 //! releases).
 
-use super::{Daemon, DaemonError};
+use super::delivery::{book_delivery, Delivery};
+use super::recovery::Recovery;
+use super::{Core, DaemonError, Uploads};
 use pinring_ring::handoff::{Filled, Returned};
 use std::collections::BTreeMap;
 
@@ -77,19 +79,24 @@ pub(super) struct Ready {
     pub(super) samples: Vec<u64>,
 }
 
-impl Daemon {
+impl Delivery {
     /// Hands a whole batch (all parts on the device) to the consumer. Draining, it hands
     /// nothing over any more: the batch stays undelivered (below the resume point) and its
-    /// buffer is free again.
-    pub(super) fn hand_over(&mut self, r: Ready) -> Result<(), DaemonError> {
-        if self.drain.started() {
-            self.give_back_lent(r.buffer);
-            self.up.free_buffers.push_back(r.buffer);
-            self.intake.give_back(r.samples);
+    /// buffer is free again (the sequencer is told of a drain as it begins: drain.rs).
+    pub(super) fn hand_over(
+        &mut self,
+        core: &mut Core,
+        up: &mut Uploads,
+        r: Ready,
+    ) -> Result<(), DaemonError> {
+        if core.sequencer.draining() {
+            give_back_lent(core, up, r.buffer);
+            up.free_buffers.push_back(r.buffer);
+            core.ids.give_back(r.samples);
             return Ok(());
         }
-        self.uploader.record_ready(r.buffer)?;
-        let round = self.ring.fill_buffer(
+        core.uploader.record_ready(r.buffer)?;
+        let round = core.ring.fill_buffer(
             r.buffer as u32,
             &Filled {
                 round: 0,
@@ -101,7 +108,7 @@ impl Daemon {
                 index_in_epoch: r.index_in_epoch,
             },
         );
-        self.ring.book_filled(r.seq + self.run.parts);
+        core.ring.book_filled(r.seq + core.run.parts);
         self.sink.pending += 1;
         self.handoff_books.handed.insert(
             r.seq,
@@ -114,28 +121,33 @@ impl Daemon {
                 },
             ),
         );
-        self.ring.wake_consumer(false);
+        core.ring.wake_consumer(false);
         Ok(())
     }
 
     /// Books takes (in seq order) and takes back released buffers. True if anything changed.
-    pub(super) fn collect_returns(&mut self) -> Result<bool, DaemonError> {
+    pub(super) fn collect_returns(
+        &mut self,
+        core: &mut Core,
+        up: &mut Uploads,
+        recovery: &mut Recovery,
+    ) -> Result<bool, DaemonError> {
         if self.handoff_books.handed.is_empty() {
             return Ok(false);
         }
         let mut progressed = false;
         let mut back = Vec::new();
-        let mut booking = Booking::new(self.run.cfg.ring.in_order);
+        let mut booking = Booking::new(core.run.cfg.ring.in_order);
         let seqs: Vec<u64> = self.handoff_books.handed.keys().copied().collect();
         for seq in seqs {
             let (buffer, round, booked) = {
                 let (b, h) = &self.handoff_books.handed[&seq];
                 (*b, h.round, h.booked)
             };
-            let state = self.ring.buffer_returned(buffer as u32, round);
+            let state = core.ring.buffer_returned(buffer as u32, round);
             let taken = !matches!(state, Returned::Waiting);
             if booking.books(taken, booked) {
-                self.book_take(seq);
+                self.book_take(core, recovery, seq);
                 progressed = true;
             }
             match state {
@@ -152,12 +164,12 @@ impl Daemon {
                 Returned::Released => true,
                 Returned::Reclaimed => false,
                 Returned::Corrupt(s) => {
-                    tracing::error!(ring = %self.run.cfg.ring.name, buffer, seq,
+                    tracing::error!(ring = %core.run.cfg.ring.name, buffer, seq,
                         "batch buffer {buffer} holds state {} ({s}), which no consumer leaves it \
                          in; taking it back (find who writes into the ring)",
                         pinring_ring::handoff::buffer_state::name(s));
                     // Published with the other fault counts at the next reap.
-                    self.recovery.counts.corrupt_descriptors += 1;
+                    recovery.counts.corrupt_descriptors += 1;
                     false
                 }
                 Returned::Waiting | Returned::Held => unreachable!("only returned buffers"),
@@ -166,81 +178,87 @@ impl Daemon {
                 continue;
             };
             // The next copy into the buffer waits (on the device) for the consumer's last use.
-            self.uploader.wait_release(buffer, consumer_released)?;
+            core.uploader.wait_release(buffer, consumer_released)?;
             // Consumer copies: its copies out of the batch's slots are done (released), or its
             // process is gone (reclaimed); either way nothing reads them any more.
-            self.give_back_lent(buffer);
-            self.ring.reset_buffer(buffer as u32, h.round);
-            self.up.free_buffers.push_back(buffer);
+            give_back_lent(core, up, buffer);
+            core.ring.reset_buffer(buffer as u32, h.round);
+            up.free_buffers.push_back(buffer);
             self.sink.pending -= 1;
             progressed = true;
         }
         Ok(progressed)
     }
 
-    /// Consumer copies: hands out again the slots the batch in `buffer` was copied from.
-    fn give_back_lent(&mut self, buffer: usize) {
-        let mut slots = std::mem::take(&mut self.up.lent[buffer]);
-        if slots.is_empty() {
-            return;
-        }
-        for &slot in &slots {
-            self.hand_out(slot);
-        }
-        self.ring.wake_loaders(slots.len() as i32);
-        slots.clear();
-        self.up.lent[buffer] = slots;
-    }
-
     /// A take seen: the batch whose first seq is `seq` counts as delivered.
-    fn book_take(&mut self, seq: u64) {
+    fn book_take(&mut self, core: &mut Core, recovery: &mut Recovery, seq: u64) {
         let Some((buffer, h)) = self.handoff_books.handed.get_mut(&seq) else {
             return;
         };
         h.booked = true;
         let buffer = *buffer;
         let samples = std::mem::take(&mut h.samples);
-        self.book_delivery(seq, self.run.parts, None, false, samples);
-        tracing::trace!(ring = %self.run.cfg.ring.name, seq, buffer, "batch taken by the consumer");
+        let parts = core.run.parts;
+        book_delivery(core, recovery, seq, parts, None, false, samples);
+        tracing::trace!(ring = %core.run.cfg.ring.name, seq, buffer, "batch taken by the consumer");
     }
 
     /// Drain: takes back every buffer nobody took (its batch stays undelivered, so the resume
     /// point stays below it).
-    pub(super) fn withdraw_untaken(&mut self) {
+    pub(super) fn withdraw_untaken(&mut self, core: &mut Core, up: &mut Uploads) {
         let untaken: Vec<u64> = self
             .handoff_books
             .handed
             .iter()
-            .filter(|(_, (b, h))| !h.booked && self.ring.withdraw_buffer(*b as u32, h.round))
+            .filter(|(_, (b, h))| !h.booked && core.ring.withdraw_buffer(*b as u32, h.round))
             .map(|(&seq, _)| seq)
             .collect();
         for seq in untaken {
             if let Some((buffer, h)) = self.handoff_books.handed.remove(&seq) {
-                self.give_back_lent(buffer);
-                self.up.free_buffers.push_back(buffer);
+                give_back_lent(core, up, buffer);
+                up.free_buffers.push_back(buffer);
                 self.sink.pending -= 1;
-                self.intake.give_back(h.samples);
+                core.ids.give_back(h.samples);
             }
         }
     }
 
     /// At the end of a drain: withdraws what nobody took and books the takes not seen yet, so
     /// the resume point is exactly the first batch no consumer took.
-    pub(super) fn settle_handoff(&mut self) -> Result<(), DaemonError> {
-        self.withdraw_untaken();
-        self.collect_returns().map(|_| ())
+    pub(super) fn settle_handoff(
+        &mut self,
+        core: &mut Core,
+        up: &mut Uploads,
+        recovery: &mut Recovery,
+    ) -> Result<(), DaemonError> {
+        self.withdraw_untaken(core, up);
+        self.collect_returns(core, up, recovery).map(|_| ())
     }
+}
 
-    /// Reap pass: buffers a dead consumer held are taken back.
-    pub(super) fn reap_consumer(&mut self) -> Result<(), DaemonError> {
-        let n = self.ring.reclaim_from_dead_consumer()?;
-        if n > 0 {
-            tracing::warn!(ring = %self.run.cfg.ring.name, buffers = n,
-                "the consumer died holding batch buffers: taken back (a restarted consumer \
-                 resumes after the batches it took)");
-        }
-        Ok(())
+/// Consumer copies: hands out again the slots the batch in `buffer` was copied from.
+fn give_back_lent(core: &mut Core, up: &mut Uploads, buffer: usize) {
+    let mut slots = std::mem::take(&mut up.lent[buffer]);
+    if slots.is_empty() {
+        return;
     }
+    for &slot in &slots {
+        core.hand_out(slot);
+    }
+    core.ring.wake_loaders(slots.len() as i32);
+    slots.clear();
+    up.lent[buffer] = slots;
+}
+
+/// Reap pass: buffers a dead consumer held are taken back.
+pub(super) fn reap_consumer(core: &Core) -> Result<(), DaemonError> {
+    let n = core.ring.reclaim_from_dead_consumer()?;
+    if n > 0 {
+        tracing::warn!(ring = %core.run.cfg.ring.name, buffers = n,
+            "the consumer died holding batch buffers: taken back (a restarted consumer \
+             resumes after the batches it took)");
+    }
+    Ok(())
 }
 
 #[cfg(test)]

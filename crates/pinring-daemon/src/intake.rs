@@ -4,26 +4,34 @@
 //! ends the run. Its rules are pure: which waiting part is looked at next ([`Look`]) and whether
 //! a taken part is the one the plan says ([`check_part`]).
 //!
-//! Entry point: [`Daemon::dispatch`], once a pass, which takes parts until none is due and hands
-//! each to [`Daemon::start_upload`].
+//! Entry point: [`Intake::poll`], once a pass, given the daemon's [`Core`], which takes parts
+//! until none is due and hands each to the uploads ([`Uploads::start_upload`]).
 
-use super::{Daemon, DaemonError};
+use super::delivery::Delivery;
+use super::recovery::Recovery;
+use super::{Core, DaemonError, Uploads};
 use pinring_data::{BatchIndices, BatchMeta, ByteRange, Part};
 use pinring_ring::failure::ERR_SAMPLE;
 use pinring_ring::{SlotFault, SlotState, Taken};
 
-/// Intake's own state: buffers reused from part to part, so that taking a part allocates
-/// nothing.
+/// Intake's own state: the buffer a part's metadata is copied into, reused from part to part,
+/// so that taking a part allocates nothing.
 #[derive(Debug, Default)]
 pub(super) struct Intake {
     /// A taken part's metadata, copied out of its slot before it is decoded.
     meta_buf: Vec<u8>,
-    /// Sample-id vectors given back once their batch is delivered (or dropped), for the next
-    /// parts' ids.
+}
+
+/// Sample-id vectors given back once their batch is delivered (or dropped), for the next
+/// parts' ids: the intake takes one per part, the uploads one per batch of several parts, and
+/// delivery (or a drain) gives them back, so taking a part allocates nothing. Kept in the
+/// daemon's `Core`, since every stage touches it.
+#[derive(Debug, Default)]
+pub(super) struct SpareIds {
     spare_samples: Vec<Vec<u64>>,
 }
 
-impl Intake {
+impl SpareIds {
     /// An empty vector for a part's or a batch's sample ids (one given back, when there is one).
     pub(super) fn samples(&mut self) -> Vec<u64> {
         self.spare_samples.pop().unwrap_or_default()
@@ -146,17 +154,25 @@ pub(super) struct TakenPart {
     pub(super) samples: Vec<u64>,
 }
 
-impl Daemon {
+impl Intake {
     /// The intake's entry point: takes READY slots (in seq order, or any when unordered) and
     /// starts their uploads, until no part is due. True if anything was taken.
-    pub(super) fn dispatch(&mut self) -> Result<bool, DaemonError> {
+    /// The parts go to `up` (which hands whole batches to `delivery`); a refused part to
+    /// `recovery`'s bad-batch policy.
+    pub(super) fn poll(
+        &mut self,
+        core: &mut Core,
+        up: &mut Uploads,
+        delivery: &mut Delivery,
+        recovery: &mut Recovery,
+    ) -> Result<bool, DaemonError> {
         let mut progressed = false;
-        let mut look = Look::new(self.run.look_ahead);
+        let mut look = Look::new(core.run.look_ahead);
         loop {
-            match self.take_next(&mut look)? {
+            match self.take_next(core, up, recovery, &mut look)? {
                 Found::Part(part) => {
                     progressed = true;
-                    self.start_upload(part)?;
+                    up.start_upload(core, delivery, recovery, part)?;
                 }
                 Found::Refused => progressed = true,
                 Found::Nothing => return Ok(progressed),
@@ -165,28 +181,34 @@ impl Daemon {
     }
 
     /// Takes the next due part, if one is READY, and checks it.
-    fn take_next(&mut self, look: &mut Look) -> Result<Found, DaemonError> {
+    fn take_next(
+        &mut self,
+        core: &mut Core,
+        up: &Uploads,
+        recovery: &mut Recovery,
+        look: &mut Look,
+    ) -> Result<Found, DaemonError> {
         loop {
-            let Some((seq, slot)) = self.next_candidate(look) else {
+            let Some((seq, slot)) = Self::next_candidate(core, up, look) else {
                 return Ok(Found::Nothing);
             };
-            let taken = match self.ring.take_ready(slot, seq) {
+            let taken = match core.ring.take_ready(slot, seq) {
                 Ok(Some(t)) => t,
                 Ok(None) if look.pass_over() => continue,
                 Ok(None) => return Ok(Found::Nothing),
                 Err(SlotFault::LoaderError { code, .. }) if code == ERR_SAMPLE => {
-                    return Err(self.data_failed(slot, seq));
+                    return Err(recovery.data_failed(core, slot, seq));
                 }
                 Err(fault) => {
-                    self.bad_batch(slot, seq, fault.to_string())?;
+                    recovery.bad_batch(core, slot, seq, fault.to_string())?;
                     return Ok(Found::Refused);
                 }
             };
-            self.sequencer.taken(slot, seq);
+            core.sequencer.taken(slot, seq);
             if look.taken_ahead() {
-                self.tally.taken_ahead += 1;
+                core.tally.taken_ahead += 1;
             }
-            return self.check_taken(slot, seq, taken);
+            return self.check_taken(core, recovery, slot, seq, taken);
         }
     }
 
@@ -194,26 +216,23 @@ impl Daemon {
     /// has a device buffer, or may take a free one. In order the sequencer offers the lowest
     /// seq not taken (none while an earlier seq waits for a slot), and with a look-ahead the
     /// later ones too; unordered, every waiting seq: the first that is READY.
-    fn next_candidate(&self, look: &Look) -> Option<(u64, u32)> {
-        let parts = self.run.parts;
+    fn next_candidate(core: &Core, up: &Uploads, look: &Look) -> Option<(u64, u32)> {
+        let parts = core.run.parts;
         let has_buffer = |seq: u64| {
-            self.up.assemblies.buffer_of(seq / parts).is_some()
-                || self
-                    .up
-                    .order
-                    .may_open(seq / parts, self.up.free_buffers.len())
+            up.assemblies.buffer_of(seq / parts).is_some()
+                || up.order.may_open(seq / parts, up.free_buffers.len())
         };
-        if self.run.cfg.ring.in_order {
+        if core.run.cfg.ring.in_order {
             // A later seq's batch needs at least as many buffers: the first that may not take
             // one ends the look.
             let n = look.position()?;
-            self.sequencer
+            core.sequencer
                 .dispatchable(look.ahead())
                 .nth(n)
                 .filter(|&(seq, _)| has_buffer(seq))
         } else {
-            let ring = &self.ring;
-            self.sequencer.dispatchable(false).find(|&(seq, sl)| {
+            let ring = &core.ring;
+            core.sequencer.dispatchable(false).find(|&(seq, sl)| {
                 has_buffer(seq) && ring.slot_view(sl).state == Some(SlotState::Ready)
             })
         }
@@ -221,23 +240,26 @@ impl Daemon {
 
     /// Checks the part taken from `slot` against the plan ([`check_part`]): the part for the
     /// uploads stage, or refused by the bad-batch policy.
-    fn check_taken(&mut self, slot: u32, seq: u64, taken: Taken) -> Result<Found, DaemonError> {
-        let mut samples = self.intake.samples();
+    fn check_taken(
+        &mut self,
+        core: &mut Core,
+        recovery: &mut Recovery,
+        slot: u32,
+        seq: u64,
+        taken: Taken,
+    ) -> Result<Found, DaemonError> {
+        let mut samples = core.ids.samples();
         let part =
-            self.run
+            core.run
                 .plan
                 .part_into(seq, &mut samples)
                 .map_err(|e| DaemonError::Internal {
-                    ring: self.run.cfg.ring.name.clone(),
+                    ring: core.run.cfg.ring.name.clone(),
                     what: format!("plan has no part {seq}: {e}"),
                 })?;
         // Copied out of shared memory first: decoded in private memory only.
-        self.ring.copy_out(
-            slot,
-            taken.meta_offset,
-            taken.meta_len,
-            &mut self.intake.meta_buf,
-        );
+        core.ring
+            .copy_out(slot, taken.meta_offset, taken.meta_len, &mut self.meta_buf);
         let indices = BatchIndices {
             seq,
             epoch: part.epoch,
@@ -250,20 +272,14 @@ impl Daemon {
         let expected = Expected {
             indices: &indices,
             range: part.bytes,
-            meta_reserve: self.run.meta_reserve,
-            sample_bytes: self.run.sample_bytes,
-            payload_len: self
+            meta_reserve: core.run.meta_reserve,
+            sample_bytes: core.run.sample_bytes,
+            payload_len: core
                 .run
                 .layout
                 .part_payload_bytes(indices.samples.len() as u64, part.bytes),
         };
-        let verdict = check_part(
-            slot,
-            seq,
-            &self.intake.meta_buf,
-            taken.payload_len,
-            &expected,
-        );
+        let verdict = check_part(slot, seq, &self.meta_buf, taken.payload_len, &expected);
         match verdict {
             Ok(()) => Ok(Found::Part(TakenPart {
                 slot,
@@ -273,8 +289,8 @@ impl Daemon {
                 samples: indices.samples,
             })),
             Err(what) => {
-                self.intake.give_back(indices.samples);
-                self.bad_batch(slot, seq, what)?;
+                core.ids.give_back(indices.samples);
+                recovery.bad_batch(core, slot, seq, what)?;
                 Ok(Found::Refused)
             }
         }

@@ -55,12 +55,11 @@ mod start;
 mod uploads;
 
 pub use args::{parse_backend_kind, DaemonArgs, RunOptions};
-use delivery::SinkLink;
+use delivery::Delivery;
 pub use drain::DRAIN_DEADLINE;
 pub use finish::cpu_seconds;
 pub use finish::{failed_at_start, judge, Known};
 use publish::{Tally, Unpublished};
-use recovery::Chore;
 use sequencer::{HandOut, Sequencer};
 pub use start::default_upload_buffers;
 use uploads::{Assembly, Uploads};
@@ -393,7 +392,7 @@ pub fn serve(spec: pinring_data::Spec, opts: &RunOptions, shutdown: &Shutdown) -
     match Daemon::start(opts, spec) {
         Ok(mut d) => {
             let result = d.main_loop(shutdown);
-            d.publish_counters();
+            d.core.publish_counters();
             let summary = d.finish(&result);
             Outcome {
                 summary,
@@ -481,7 +480,10 @@ fn quiet_in_flight(buffers: usize, buffer_bytes: usize) -> usize {
         .max(1)
 }
 
-struct Daemon {
+/// What the stages share, owned by the main loop and lent to each stage's entry point: the
+/// ring handle, what the run is, the service, the sequencer's books, what the run did and what
+/// is not published yet, the pass clock, and the upload engine.
+struct Core {
     // Fields drop top to bottom, and these three must go in this order: the upload engine first
     // (its drop waits for copies still running), then the registration (unregistering memory no
     // copy reads any more), then this handle on the ring's mapping.
@@ -492,33 +494,38 @@ struct Daemon {
     /// What this run is: its settings, plan and layout, fixed at start.
     run: Run,
     service: crate::service::DaemonService,
-    /// The sink thread and the channels to it.
-    sink: SinkLink,
     // Protocol state, owned by the main loop.
     /// Which seq each slot carries, what comes next, what was delivered (daemon/sequencer.rs).
     sequencer: Sequencer,
-    /// Parts on their way to the device (or, when the consumer copies, to the consumer) and the
-    /// batch buffers they go to.
-    up: Uploads,
     /// What the run did, for the summary.
     tally: Tally,
-    /// The header's counters not yet published (`Daemon::publish_counters`).
+    /// The header's counters not yet published (`Core::publish_counters`).
     unpublished: Unpublished,
     /// This pass's clock (`PassClock`).
     now: PassClock,
-    /// The intake stage's own buffers (daemon/intake.rs).
+    /// Spare sample-id vectors, reused by every stage (daemon/intake.rs).
+    ids: intake::SpareIds,
+}
+
+/// The daemon: the shared core and the stages' states side by side. The core comes first, so
+/// that it drops first: the upload engine, the registration and the ring handle in its order.
+struct Daemon {
+    core: Core,
+    /// The sink thread and the channels to it, and the batches handed to a consumer
+    /// (daemon/delivery.rs, daemon/handoff.rs).
+    delivery: Delivery,
+    /// Parts on their way to the device (or, when the consumer copies, to the consumer) and the
+    /// batch buffers they go to.
+    up: Uploads,
+    /// The intake stage's own buffer (daemon/intake.rs).
     intake: intake::Intake,
     /// The drain, once one began (daemon/drain.rs).
     drain: drain::Drain,
-    /// Batches handed to a consumer (`--sink consumer`, daemon/handoff.rs).
-    handoff_books: handoff::HandoffBooks,
-    // Fault handling (daemon/recovery.rs).
-    /// When dead/hung loaders and the segment file are checked (`daemon.reap_interval_ms`).
-    reaping: recovery::Reaping,
+    /// Fault handling and when it runs (daemon/recovery.rs).
     recovery: recovery::Recovery,
 }
 
-impl Daemon {
+impl Core {
     /// Gives `slot` its next seq (a seq that lost its slot first), or parks it when the plan is
     /// handed out or the daemon drains. A quarantined slot stays out of use.
     fn hand_out(&mut self, slot: u32) {
@@ -537,85 +544,90 @@ impl Daemon {
             HandOut::Quarantined => {}
         }
     }
+}
 
+impl Daemon {
     /// The main loop: each pass runs the stages in the order a part travels back from the
     /// device (so that what a pass frees is reused in the same pass), then the drain, the
-    /// recovery's chores and publishing, and sleeps on the doorbell when no stage moved.
+    /// recovery's chores and publishing, and sleeps on the doorbell when no stage moved. Each
+    /// stage is given the core and, where it hands work on, the stage downstream.
     fn main_loop(&mut self, shutdown: &Shutdown) -> Result<(), DaemonError> {
+        let Daemon {
+            core,
+            delivery,
+            up,
+            intake,
+            drain,
+            recovery,
+        } = self;
         loop {
             // A ring after this load is never lost: the wait below returns at once.
-            let seen = self.ring.doorbell_seen();
-            self.tally.passes += 1;
-            self.now = PassClock::read();
-            self.service.tick(&self.ring, self.now.at);
+            let seen = core.ring.doorbell_seen();
+            core.tally.passes += 1;
+            core.now = PassClock::read();
+            core.service.tick(&core.ring, core.now.at);
             // Uploads: completions free slots and pass whole batches on to delivery.
-            let mut progressed = self.collect_completions()?;
+            let mut progressed = up.poll(core, delivery, recovery)?;
             // Delivery: batches back from the sink thread, buffers back from the consumer.
-            progressed |= self.collect_sink_results()?;
-            progressed |= self.collect_returns()?;
+            progressed |= delivery.poll(core, up, recovery)?;
             // Intake: READY slots taken, checked and submitted.
-            progressed |= self.dispatch()?;
+            progressed |= intake.poll(core, up, delivery, recovery)?;
 
-            if self.sequencer.complete() && self.up.inflight.is_empty() && self.sink.pending == 0 {
+            if core.sequencer.complete() && up.inflight.is_empty() && delivery.sink.pending == 0 {
                 return Ok(());
             }
-            if shutdown.requested() && !self.drain.started() {
-                self.begin_drain();
+            if shutdown.requested() && !drain.started() {
+                drain.begin(core, delivery, up);
             }
-            if self.drain.started() && self.drain_may_end() {
-                return self.end_drain();
+            if drain.started() && drain.may_end_now(core, delivery, up) {
+                return drain.end(core, delivery, up, recovery);
             }
             // Recovery: a reap every reap interval, the live loaders counted between.
-            match self.reaping.chore(self.now.at, self.tally.loaders_counted) {
-                Chore::Reap => self.reap()?,
-                Chore::CountLoaders => {
-                    // Between reaps (which clear dead entries first), the table's ACTIVE
-                    // entries: loads only, so a short run is counted as finely as a long one.
-                    let live = self.ring.attached_loaders();
-                    self.tally.count_loaders(self.now.at, live);
-                }
-                Chore::Nothing => {}
-            }
+            recovery.poll(core)?;
             // Publishing, once a pass, after its reap; a pass that returns above leaves it to
             // `run`.
-            self.publish_counters();
+            core.publish_counters();
             if !progressed {
-                self.sleep(seen)?;
+                sleep(core, up, drain, seen)?;
             }
         }
     }
+}
 
-    /// Sleeps on the doorbell (rung since `seen`: at once) for at most [`MAX_WAIT`], or what is
-    /// left of a drain; quietly (not woken by commits) while enough is in flight
-    /// ([`quiet_in_flight`]). The time counts as the daemon's wait where it could have uploaded.
-    fn sleep(&mut self, seen: u32) -> Result<(), DaemonError> {
-        let could_upload = (!self.up.free_buffers.is_empty()
-            || self.up.assemblies.any_open_for_parts())
-            && self.sequencer.any_waiting();
-        let wait = self.drain.longest_wait(MAX_WAIT, Instant::now);
-        // Parts submitted deferred get their upload signal now: their completions are
-        // what may wake this wait.
-        let t = Instant::now();
-        let flushed = self.uploader.flush();
-        self.tally.submit_ns += t.elapsed().as_nanos() as u64;
-        flushed?;
-        let t = Instant::now();
-        let woke = if self.up.inflight_bytes >= self.run.quiet_in_flight {
-            self.ring.wait_doorbell_quiet(seen, wait)
-        } else {
-            self.ring.wait_doorbell(seen, wait)
-        };
-        if woke != pinring_ring::futex::Wake::Changed {
-            self.tally.sleeps += 1;
-        }
-        let ns = t.elapsed().as_nanos() as u64;
-        self.tally.doorbell_ns += ns;
-        if could_upload {
-            self.tally.daemon_wait_ns += ns;
-            self.ring.add_daemon_wait(ns);
-        }
-        Ok(())
+/// Sleeps on the doorbell (rung since `seen`: at once) for at most [`MAX_WAIT`], or what is
+/// left of a drain; quietly (not woken by commits) while enough is in flight
+/// ([`quiet_in_flight`]). The time counts as the daemon's wait where it could have uploaded.
+fn sleep(
+    core: &mut Core,
+    up: &Uploads,
+    drain: &drain::Drain,
+    seen: u32,
+) -> Result<(), DaemonError> {
+    let could_upload = (!up.free_buffers.is_empty() || up.assemblies.any_open_for_parts())
+        && core.sequencer.any_waiting();
+    let wait = drain.longest_wait(MAX_WAIT, Instant::now);
+    // Parts submitted deferred get their upload signal now: their completions are
+    // what may wake this wait.
+    let t = Instant::now();
+    let flushed = core.uploader.flush();
+    core.tally.submit_ns += t.elapsed().as_nanos() as u64;
+    flushed?;
+    let t = Instant::now();
+    let woke = if up.inflight_bytes >= core.run.quiet_in_flight {
+        core.ring.wait_doorbell_quiet(seen, wait)
+    } else {
+        core.ring.wait_doorbell(seen, wait)
+    };
+    if woke != pinring_ring::futex::Wake::Changed {
+        core.tally.sleeps += 1;
     }
+    let ns = t.elapsed().as_nanos() as u64;
+    core.tally.doorbell_ns += ns;
+    if could_upload {
+        core.tally.daemon_wait_ns += ns;
+        core.ring.add_daemon_wait(ns);
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -1,9 +1,9 @@
 //! Publishing: what the run did, kept by the main loop for its summary ([`Tally`]), and the
 //! header's counters the observers read (`pinring status`, the service's status line, the
 //! metrics), written once a pass from what the stages added since ([`Unpublished`],
-//! [`Daemon::publish_counters`]).
+//! [`Core::publish_counters`]).
 
-use super::Daemon;
+use super::Core;
 use std::time::Instant;
 
 /// What a run did, for its summary: clocks, counts and times the main loop keeps. Only the
@@ -86,7 +86,7 @@ impl Tally {
 }
 
 /// What the main loop added to the header's counters since it last wrote them: it adds once per
-/// pass (`Daemon::publish_counters`), not once per part (each a locked instruction), so a reader
+/// pass (`Core::publish_counters`), not once per part (each a locked instruction), so a reader
 /// (`pinring status`, the service's status line, the metrics) sees them at most one pass late.
 /// The seqs a restart reads (`next_deliver`, `next_assign`) are plain stores and stay immediate.
 #[derive(Debug, Default)]
@@ -96,7 +96,7 @@ pub(super) struct Unpublished {
     pub(super) upload_ns: u64,
 }
 
-impl Daemon {
+impl Core {
     pub(super) fn record_latency(&mut self, commit_ns: u64, on_device_ns: u64) {
         if commit_ns != 0 && on_device_ns >= commit_ns {
             self.tally

@@ -5,8 +5,11 @@
 //! docs/RELIABILITY.md has the table of faults.
 //!
 //! Runs on the daemon's main loop, like every other slot transition the daemon makes.
+//!
+//! Entry point: [`Recovery::poll`], once a pass, given the daemon's [`Core`]; the intake asks
+//! [`Recovery::bad_batch`] and [`Recovery::data_failed`] of a part it refuses.
 
-use super::{Daemon, DaemonError, HandOut};
+use super::{Core, DaemonError, HandOut, Run};
 use pinring_data::BadBatchPolicy;
 use pinring_ring::failure::ERR_SAMPLE;
 use pinring_ring::{Expired, SlotState};
@@ -23,7 +26,7 @@ pub(super) const COUNT_LOADERS_EVERY: Duration = Duration::from_millis(10);
 /// What the recovery stage does in a pass.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Chore {
-    /// A reap ([`Daemon::reap`]): the segment, dead loaders and consumers, leases, the audit.
+    /// A reap ([`Recovery::reap`]): the segment, dead loaders and consumers, leases, the audit.
     Reap,
     /// Count the live loaders (the table's ACTIVE entries: loads only).
     CountLoaders,
@@ -66,6 +69,8 @@ impl Reaping {
 /// Fault-handling state, owned by the main loop.
 #[derive(Debug)]
 pub(super) struct Recovery {
+    /// When dead/hung loaders and the segment file are checked (`daemon.reap_interval_ms`).
+    reaping: Reaping,
     lease: Duration,
     policy: BadBatchPolicy,
     /// Per slot: the CLAIMED word last seen and since when it has been seen unchanged.
@@ -93,13 +98,17 @@ pub(super) struct Recovery {
 /// (`DaemonRing::publish_faults`), for `pinring status` and `/metrics`.
 use pinring_ring::FaultCounts;
 impl Recovery {
+    /// A reap every `reap_every`; claims unchanged for `lease` expire; bad batches as
+    /// `policy` says; a ring with work and no loader warned about every `idle_warn`.
     pub(super) fn new(
         slots: usize,
+        reap_every: Duration,
         lease: Duration,
         policy: BadBatchPolicy,
         idle_warn: Duration,
     ) -> Recovery {
         Recovery {
+            reaping: Reaping::new(reap_every),
             lease,
             policy,
             claims: vec![None; slots],
@@ -155,87 +164,106 @@ impl Recovery {
     }
 }
 
-impl Daemon {
-    /// Every reap interval: the segment file, the header, dead loaders, then [`Daemon::recover`].
-    pub(super) fn reap(&mut self) -> Result<(), DaemonError> {
-        self.ring.check_file()?;
-        let changed = self.ring.repair_header();
+impl Run {
+    /// Samples a batch may have replaced with zeros: the batch size where loaders substitute
+    /// unreadable samples (a file kind with `dataset.on_bad_sample = "skip"`), else 0.
+    pub(super) fn skippable_per_batch(&self) -> u64 {
+        let d = &self.cfg.dataset;
+        if d.kind.reads_files() && d.on_bad_sample == pinring_data::OnBadSample::Skip {
+            u64::from(self.cfg.plan.batch_size)
+        } else {
+            0
+        }
+    }
+}
+
+impl Recovery {
+    /// The recovery stage's entry point, once a pass: a reap when [`Reaping::chore`] says, else
+    /// the live loaders counted (or nothing).
+    pub(super) fn poll(&mut self, core: &mut Core) -> Result<(), DaemonError> {
+        match self.reaping.chore(core.now.at, core.tally.loaders_counted) {
+            Chore::Reap => self.reap(core)?,
+            Chore::CountLoaders => {
+                // Between reaps (which clear dead entries first), the table's ACTIVE
+                // entries: loads only, so a short run is counted as finely as a long one.
+                let live = core.ring.attached_loaders();
+                core.tally.count_loaders(core.now.at, live);
+            }
+            Chore::Nothing => {}
+        }
+        Ok(())
+    }
+
+    /// Every reap interval: the segment file, the header, dead loaders, then
+    /// [`Recovery::recover`].
+    pub(super) fn reap(&mut self, core: &mut Core) -> Result<(), DaemonError> {
+        core.ring.check_file()?;
+        let changed = core.ring.repair_header();
         if !changed.is_empty() {
-            tracing::error!(ring = %self.run.cfg.ring.name, fields = %changed.join(", "),
+            tracing::error!(ring = %core.run.cfg.ring.name, fields = %changed.join(", "),
                 "another process changed this daemon's header fields; restored them (the daemon's \
                  liveness is its lock on the segment, so this fooled nobody, but find who writes \
                  into the ring)");
         }
-        for slot in 0..self.sequencer.slots() {
-            if let Some(seq) = self.ring.reclaim_if_owner_dead(slot) {
-                self.recovery.counts.reclaimed += 1;
-                tracing::warn!(ring = %self.run.cfg.ring.name, slot, seq, "loader died holding a slot: slot handed out again with the same seq");
-                self.ring.wake_loaders(1);
+        for slot in 0..core.sequencer.slots() {
+            if let Some(seq) = core.ring.reclaim_if_owner_dead(slot) {
+                self.counts.reclaimed += 1;
+                tracing::warn!(ring = %core.run.cfg.ring.name, slot, seq, "loader died holding a slot: slot handed out again with the same seq");
+                core.ring.wake_loaders(1);
             }
         }
-        self.find_data_failures()?;
+        self.find_data_failures(core)?;
         // Republish the resume point, in case another process wrote over it since the last
         // delivery (status shows it; the daemon never reads it back).
-        self.ring.publish_resume_seq(self.sequencer.resume_seq());
-        self.reap_consumer()?;
-        let reaped = self.ring.reap_dead_loaders();
+        core.ring.publish_resume_seq(core.sequencer.resume_seq());
+        super::handoff::reap_consumer(core)?;
+        let reaped = core.ring.reap_dead_loaders();
         if reaped > 0 {
-            tracing::warn!(ring = %self.run.cfg.ring.name, loaders = reaped, "removed dead loaders from the table");
+            tracing::warn!(ring = %core.run.cfg.ring.name, loaders = reaped, "removed dead loaders from the table");
         }
-        let live = self.ring.attached_loaders();
-        self.tally.count_loaders(Instant::now(), live);
-        self.recover()?;
-        self.watch_idle();
-        self.ring.publish_faults(&self.recovery.counts);
+        let live = core.ring.attached_loaders();
+        core.tally.count_loaders(Instant::now(), live);
+        self.recover(core)?;
+        self.watch_idle(core);
+        core.ring.publish_faults(&self.counts);
         // What views check the loaders' own figures against (pinring_observe::DaemonSaw::published).
-        self.ring.publish_seen(
-            (self.tally.loader_seconds_seen * 1e9) as u64,
-            self.skippable_per_batch(),
+        core.ring.publish_seen(
+            (core.tally.loader_seconds_seen * 1e9) as u64,
+            core.run.skippable_per_batch(),
         );
         Ok(())
-    }
-
-    /// Samples a batch may have replaced with zeros: the batch size where loaders substitute
-    /// unreadable samples (a file kind with `dataset.on_bad_sample = "skip"`), else 0.
-    pub(super) fn skippable_per_batch(&self) -> u64 {
-        let d = &self.run.cfg.dataset;
-        if d.kind.reads_files() && d.on_bad_sample == pinring_data::OnBadSample::Skip {
-            u64::from(self.run.cfg.plan.batch_size)
-        } else {
-            0
-        }
     }
 
     /// A part a loader committed with [`ERR_SAMPLE`] (a sample it cannot read under
     /// `dataset.on_bad_sample = "fail"`; the loader exits 3 after it) ends the run, wherever
     /// the part lies: in order the daemon takes only the lowest seq, and with every loader gone
     /// that seq would never be made. Looked for among READY slots at every reap.
-    fn find_data_failures(&mut self) -> Result<(), DaemonError> {
-        for slot in 0..self.sequencer.slots() {
-            let Some(seq) = self.sequencer.carried(slot) else {
+    fn find_data_failures(&mut self, core: &mut Core) -> Result<(), DaemonError> {
+        for slot in 0..core.sequencer.slots() {
+            let Some(seq) = core.sequencer.carried(slot) else {
                 continue;
             };
-            if self.sequencer.is_held(slot) {
+            if core.sequencer.is_held(slot) {
                 continue;
             }
-            let view = self.ring.slot_view(slot);
+            let view = core.ring.slot_view(slot);
             if view.state != Some(SlotState::Ready) || view.error != ERR_SAMPLE {
                 continue;
             }
-            match self.ring.take_ready(slot, seq) {
+            match core.ring.take_ready(slot, seq) {
                 Err(pinring_ring::SlotFault::LoaderError { code, .. }) if code == ERR_SAMPLE => {
-                    return Err(self.data_failed(slot, seq));
+                    return Err(self.data_failed(core, slot, seq));
                 }
                 // Changed under the daemon (a commit between the look and the take, a
                 // scribble): the slot is the daemon's now; the bad-batch policy decides.
-                Err(fault) => self.bad_batch(slot, seq, fault.to_string())?,
+                Err(fault) => self.bad_batch(core, slot, seq, fault.to_string())?,
                 // Not READY any more: a racing writer; the audit looks at it.
                 Ok(None) => {}
                 Ok(Some(_)) => {
                     let what = format!(
                         "slot {slot}, seq {seq}: its error code changed while the daemon took it"
                     );
-                    self.bad_batch(slot, seq, what)?;
+                    self.bad_batch(core, slot, seq, what)?;
                 }
             }
         }
@@ -244,11 +272,11 @@ impl Daemon {
 
     /// The error that ends the run for the part in `slot` (taken, committed with
     /// [`ERR_SAMPLE`]): the loader's message from the slot, sanitised.
-    pub(super) fn data_failed(&mut self, slot: u32, seq: u64) -> DaemonError {
-        self.recovery.counts.rejected += 1;
-        let message = self.ring.read_failure(slot);
+    pub(super) fn data_failed(&mut self, core: &Core, slot: u32, seq: u64) -> DaemonError {
+        self.counts.rejected += 1;
+        let message = core.ring.read_failure(slot);
         DaemonError::DataFailed {
-            ring: self.run.cfg.ring.name.clone(),
+            ring: core.run.cfg.ring.name.clone(),
             seq,
             message,
         }
@@ -256,28 +284,28 @@ impl Daemon {
 
     /// Warns, every `daemon.idle_warn_ms`, while seqs wait in FREE slots and no live loader is
     /// attached; publishes the stall for `pinring status` and `/metrics`.
-    fn watch_idle(&mut self) {
-        let waiting = (0..self.sequencer.slots()).any(|slot| {
-            self.sequencer.carried(slot).is_some()
-                && !self.sequencer.is_held(slot)
-                && self.ring.slot_view(slot).state == Some(SlotState::Free)
+    fn watch_idle(&mut self, core: &mut Core) {
+        let waiting = (0..core.sequencer.slots()).any(|slot| {
+            core.sequencer.carried(slot).is_some()
+                && !core.sequencer.is_held(slot)
+                && core.ring.slot_view(slot).state == Some(SlotState::Free)
         });
         let loaders = if waiting {
-            self.ring.loaders().iter().filter(|l| l.alive).count()
+            core.ring.loaders().iter().filter(|l| l.alive).count()
         } else {
             0
         };
         let now = Instant::now();
-        let seq = self.sequencer.resume_seq();
-        match self.recovery.idle(now, waiting, loaders) {
-            Idle::Fine => self.ring.publish_stall(0, 0),
+        let seq = core.sequencer.resume_seq();
+        match self.idle(now, waiting, loaders) {
+            Idle::Fine => core.ring.publish_stall(0, 0),
             state @ (Idle::Warn(idle) | Idle::Stalled(idle)) => {
                 let since = pinring_ring::clock::monotonic_ns()
                     .saturating_sub(idle.as_nanos() as u64)
                     .max(1);
-                self.ring.publish_stall(since, seq);
+                core.ring.publish_stall(since, seq);
                 if matches!(state, Idle::Warn(_)) {
-                    let name = &self.run.cfg.ring.name;
+                    let name = &core.run.cfg.ring.name;
                     tracing::warn!(
                         ring = %name, seq, idle_s = idle.as_secs(),
                         "ring {name:?} has work left and no loader attached for {:.1} s: seq {seq} \
@@ -291,98 +319,97 @@ impl Daemon {
     }
 
     /// Every reap interval: leases, quarantine, descriptor audit, re-issued seqs, gauges.
-    pub(super) fn recover(&mut self) -> Result<(), DaemonError> {
-        self.expire_leases();
-        self.release_quarantine();
-        self.audit_slots()?;
-        self.place_reissued();
+    pub(super) fn recover(&mut self, core: &mut Core) -> Result<(), DaemonError> {
+        self.expire_leases(core);
+        self.release_quarantine(core);
+        self.audit_slots(core)?;
+        self.place_reissued(core);
         let hung = self
-            .recovery
             .expired
             .iter()
             .flatten()
-            .filter(|e| self.ring.expired_owner_alive(e))
+            .filter(|e| core.ring.expired_owner_alive(e))
             .count();
-        self.ring
-            .publish_quarantine(self.sequencer.quarantined(), hung as u64);
-        self.ring.publish_heartbeat();
+        core.ring
+            .publish_quarantine(core.sequencer.quarantined(), hung as u64);
+        core.ring.publish_heartbeat();
         Ok(())
     }
 
     /// Takes back slots whose claim has not changed for longer than the lease.
-    fn expire_leases(&mut self) {
+    fn expire_leases(&mut self, core: &mut Core) {
         let now = Instant::now();
-        for slot in 0..self.sequencer.slots() {
+        for slot in 0..core.sequencer.slots() {
             let i = slot as usize;
-            if self.sequencer.carried(slot).is_none() {
-                self.recovery.claims[i] = None;
+            if core.sequencer.carried(slot).is_none() {
+                self.claims[i] = None;
                 continue;
             }
-            let w = self.ring.word(slot);
+            let w = core.ring.word(slot);
             if w.state != Some(SlotState::Claimed) {
-                self.recovery.claims[i] = None;
+                self.claims[i] = None;
                 continue;
             }
-            match self.recovery.claims[i] {
+            match self.claims[i] {
                 Some((raw, since)) if raw == w.raw => {
-                    if now.duration_since(since) < self.recovery.lease {
+                    if now.duration_since(since) < self.lease {
                         continue;
                     }
                 }
                 _ => {
-                    self.recovery.claims[i] = Some((w.raw, now));
+                    self.claims[i] = Some((w.raw, now));
                     continue;
                 }
             }
-            self.recovery.claims[i] = None;
-            let Some(expired) = self.ring.reclaim_expired(slot, w.raw) else {
+            self.claims[i] = None;
+            let Some(expired) = core.ring.reclaim_expired(slot, w.raw) else {
                 continue;
             };
-            self.recovery.counts.leases_expired += 1;
-            self.recovery.counts.reclaimed += 1;
+            self.counts.leases_expired += 1;
+            self.counts.reclaimed += 1;
             let pid = expired.owner_id.map_or(0, |id| id.pid);
-            self.ring.publish_hung_pid(pid);
+            core.ring.publish_hung_pid(pid);
             tracing::warn!(
-                ring = %self.run.cfg.ring.name, slot, seq = expired.seq, loader = expired.owner, pid,
-                lease_ms = self.recovery.lease.as_millis() as u64,
+                ring = %core.run.cfg.ring.name, slot, seq = expired.seq, loader = expired.owner, pid,
+                lease_ms = self.lease.as_millis() as u64,
                 "loader made no progress on its slot within the lease: declared hung; the slot is \
                  taken back and kept out of use until that loader exits or acknowledges, and its \
                  batch is made in another slot"
             );
-            self.sequencer.quarantine(slot);
-            self.recovery.expired[i] = Some(expired);
+            core.sequencer.quarantine(slot);
+            self.expired[i] = Some(expired);
         }
     }
 
     /// Hands quarantined slots out again once their old owner cannot write into them any more.
-    fn release_quarantine(&mut self) {
-        for slot in 0..self.sequencer.slots() {
-            let Some(expired) = self.recovery.expired[slot as usize] else {
+    fn release_quarantine(&mut self, core: &mut Core) {
+        for slot in 0..core.sequencer.slots() {
+            let Some(expired) = self.expired[slot as usize] else {
                 continue;
             };
-            if !self.ring.released_by(&expired) {
+            if !core.ring.released_by(&expired) {
                 continue;
             }
-            self.recovery.expired[slot as usize] = None;
-            tracing::info!(ring = %self.run.cfg.ring.name, slot, loader = expired.owner,
+            self.expired[slot as usize] = None;
+            tracing::info!(ring = %core.run.cfg.ring.name, slot, loader = expired.owner,
                 "the hung loader exited or acknowledged: slot back in use");
-            let next = self.sequencer.release(slot);
-            self.apply_hand_out(slot, next);
-            self.ring.wake_loaders(1);
+            let next = core.sequencer.release(slot);
+            core.apply_hand_out(slot, next);
+            core.ring.wake_loaders(1);
         }
     }
 
     /// Checks that every slot is in a state the daemon left it in (a buggy or hostile writer may
     /// have scribbled over descriptors) and repairs or fails per the policy.
-    fn audit_slots(&mut self) -> Result<(), DaemonError> {
-        for slot in 0..self.sequencer.slots() {
-            if self.sequencer.is_held(slot) {
+    fn audit_slots(&mut self, core: &mut Core) -> Result<(), DaemonError> {
+        for slot in 0..core.sequencer.slots() {
+            if core.sequencer.is_held(slot) {
                 // UPLOADING (an upload in flight, or a zero-copy batch at the sink): the
                 // daemon's own; its word is rewritten on completion.
                 continue;
             }
-            let view = self.ring.slot_view(slot);
-            let problem = match self.sequencer.carried(slot) {
+            let view = core.ring.slot_view(slot);
+            let problem = match core.sequencer.carried(slot) {
                 Some(seq) => match view.state {
                     Some(SlotState::Free) if view.seq != seq => Some(format!(
                         "FREE slot carries seq {} instead of {seq}",
@@ -403,18 +430,18 @@ impl Daemon {
                 },
             };
             let Some(what) = problem else { continue };
-            self.recovery.counts.corrupt_descriptors += 1;
+            self.counts.corrupt_descriptors += 1;
             let what = format!(
                 "slot {slot}: descriptor corrupted by a writer outside the protocol: {what}"
             );
-            match self.sequencer.carried(slot) {
-                Some(seq) => self.bad_batch(slot, seq, what)?,
+            match core.sequencer.carried(slot) {
+                Some(seq) => self.bad_batch(core, slot, seq, what)?,
                 None => {
-                    if self.recovery.policy == BadBatchPolicy::Fail {
-                        return Err(self.bad_batch_error(what));
+                    if self.policy == BadBatchPolicy::Fail {
+                        return Err(Self::bad_batch_error(core, what));
                     }
-                    tracing::warn!(ring = %self.run.cfg.ring.name, "{what}; reset");
-                    self.ring.reset_to_idle(slot);
+                    tracing::warn!(ring = %core.run.cfg.ring.name, "{what}; reset");
+                    core.ring.reset_to_idle(slot);
                 }
             }
         }
@@ -424,27 +451,27 @@ impl Daemon {
     /// Gives seqs that lost their slot a new one: an unused slot first; in order mode, when no
     /// upload can free a slot, a FREE or READY slot carrying a later seq (whose seq then waits
     /// instead: delivery order means the earliest seq must be made first).
-    fn place_reissued(&mut self) {
-        if self.sequencer.draining() {
+    fn place_reissued(&mut self, core: &mut Core) {
+        if core.sequencer.draining() {
             return;
         }
-        for slot in 0..self.sequencer.slots() {
-            if !self.sequencer.reissue_pending() {
+        for slot in 0..core.sequencer.slots() {
+            if !core.sequencer.reissue_pending() {
                 return;
             }
-            if self.sequencer.unused(slot) {
-                self.hand_out(slot);
-                self.recovery.counts.reissued += 1;
-                self.ring.wake_loaders(1);
+            if core.sequencer.unused(slot) {
+                core.hand_out(slot);
+                self.counts.reissued += 1;
+                core.ring.wake_loaders(1);
             }
         }
         loop {
             // Later seqs, latest first (none unordered); FREE slots cost nothing, READY ones a
             // remade batch, so those only when the daemon holds no slot (an upload completing
             // would free one).
-            let any_held = self.sequencer.any_held();
-            let ring = &self.ring;
-            let pick = self
+            let any_held = core.sequencer.any_held();
+            let ring = &core.ring;
+            let pick = core
                 .sequencer
                 .swap_candidates()
                 .into_iter()
@@ -456,19 +483,19 @@ impl Daemon {
             let Some((_later, slot)) = pick else {
                 return;
             };
-            if self.ring.take_back(slot).is_none() {
+            if core.ring.take_back(slot).is_none() {
                 return;
             }
-            self.sequencer.swap_out(slot);
-            self.hand_out(slot);
-            self.recovery.counts.reissued += 1;
-            self.ring.wake_loaders(1);
+            core.sequencer.swap_out(slot);
+            core.hand_out(slot);
+            self.counts.reissued += 1;
+            core.ring.wake_loaders(1);
         }
     }
 
-    fn bad_batch_error(&self, what: String) -> DaemonError {
+    fn bad_batch_error(core: &Core, what: String) -> DaemonError {
         DaemonError::BadBatch {
-            ring: self.run.cfg.ring.name.clone(),
+            ring: core.run.cfg.ring.name.clone(),
             what,
         }
     }
@@ -477,33 +504,37 @@ impl Daemon {
     /// again in the same slot (skip). The slot is the daemon's (taken or audited) when called.
     pub(super) fn bad_batch(
         &mut self,
+        core: &mut Core,
         slot: u32,
         seq: u64,
         what: String,
     ) -> Result<(), DaemonError> {
-        self.recovery.counts.rejected += 1;
-        if self.recovery.policy == BadBatchPolicy::Fail {
-            return Err(self.bad_batch_error(what));
+        self.counts.rejected += 1;
+        if self.policy == BadBatchPolicy::Fail {
+            return Err(Self::bad_batch_error(core, what));
         }
-        let n = self.recovery.bad.entry(seq).or_insert(0);
+        let n = self.bad.entry(seq).or_insert(0);
         *n += 1;
         if *n >= MAX_BAD_PER_SEQ {
             let n = *n;
-            return Err(self.bad_batch_error(format!(
+            return Err(Self::bad_batch_error(
+                core,
+                format!(
                 "{what}; seq {seq} was bad {n} times in a row, giving up (on_bad_batch = \"skip\" \
                  retries a seq at most {MAX_BAD_PER_SEQ} times)"
-            )));
+            ),
+            ));
         }
-        self.recovery.counts.bad_batches_skipped += 1;
-        self.ring.reset_to_idle(slot);
-        match self.sequencer.remade(slot, seq) {
+        self.counts.bad_batches_skipped += 1;
+        core.ring.reset_to_idle(slot);
+        match core.sequencer.remade(slot, seq) {
             HandOut::Assign(seq) => {
-                tracing::warn!(ring = %self.run.cfg.ring.name, slot, seq, "bad batch skipped, to be made again: {what}");
-                self.ring.assign(slot, seq);
-                self.ring.wake_loaders(1);
+                tracing::warn!(ring = %core.run.cfg.ring.name, slot, seq, "bad batch skipped, to be made again: {what}");
+                core.ring.assign(slot, seq);
+                core.ring.wake_loaders(1);
             }
             HandOut::Park | HandOut::Quarantined => {
-                tracing::warn!(ring = %self.run.cfg.ring.name, slot, seq, "bad batch skipped; not made again: the daemon is draining and gave this seq up: {what}");
+                tracing::warn!(ring = %core.run.cfg.ring.name, slot, seq, "bad batch skipped; not made again: the daemon is draining and gave this seq up: {what}");
             }
         }
         Ok(())

@@ -1,7 +1,7 @@
 //! Start-up: load the plan, create and register the ring, start the upload engine and the sink
 //! thread, hand every slot its first seq, and set the ring READY.
 
-use super::{cpu_seconds, recovery, Daemon, DaemonError, RunOptions, Sequencer};
+use super::{cpu_seconds, recovery, Core, Daemon, DaemonError, RunOptions, Sequencer};
 use crate::ring_wake::Doorbell;
 use crate::sink;
 use crossbeam_channel::unbounded;
@@ -82,12 +82,8 @@ impl Daemon {
         let quiet_in_flight =
             super::quiet_in_flight(uploader.buffer_count(), uploader.buffer_bytes());
         let now = Instant::now();
+        // The stages first: their books are sized from the settings, which `Run` then keeps.
         let mut d = Daemon {
-            uploader,
-            service,
-            registration,
-            sink,
-            sequencer: Sequencer::new(slots, args.start_seq, end_seq, cfg.ring.in_order),
             up: super::Uploads::new(
                 slots,
                 buffers,
@@ -95,34 +91,44 @@ impl Daemon {
                 args.start_seq / parts,
                 look_ahead > 0,
             ),
-            tally: super::Tally::new(now),
-            unpublished: Default::default(),
-            now: super::PassClock::read(),
             intake: Default::default(),
             drain: Default::default(),
-            handoff_books: Default::default(),
-            reaping: recovery::Reaping::new(Duration::from_millis(cfg.daemon.reap_interval_ms)),
             recovery: recovery::Recovery::new(
                 slots,
+                Duration::from_millis(cfg.daemon.reap_interval_ms),
                 Duration::from_millis(cfg.daemon.lease_ms),
                 cfg.daemon.on_bad_batch,
                 Duration::from_millis(cfg.daemon.idle_warn_ms),
             ),
-            ring,
-            run: super::Run {
-                backend_name: located.name.to_string(),
-                backend_reason: located.reason.clone(),
-                plan,
-                layout,
-                meta_reserve: cfg.meta_reserve_bytes() as usize,
-                sample_bytes: cfg.sample_bytes(),
-                parts,
-                zero_copy: args.zero_copy,
-                consumer_copies,
-                look_ahead,
-                holds_own_buffers: args.embedded,
-                quiet_in_flight,
-                cfg,
+            delivery: super::Delivery {
+                sink,
+                handoff_books: Default::default(),
+            },
+            core: Core {
+                uploader,
+                service,
+                registration,
+                sequencer: Sequencer::new(slots, args.start_seq, end_seq, cfg.ring.in_order),
+                tally: super::Tally::new(now),
+                unpublished: Default::default(),
+                now: super::PassClock::read(),
+                ids: Default::default(),
+                ring,
+                run: super::Run {
+                    backend_name: located.name.to_string(),
+                    backend_reason: located.reason.clone(),
+                    plan,
+                    layout,
+                    meta_reserve: cfg.meta_reserve_bytes() as usize,
+                    sample_bytes: cfg.sample_bytes(),
+                    parts,
+                    zero_copy: args.zero_copy,
+                    consumer_copies,
+                    look_ahead,
+                    holds_own_buffers: args.embedded,
+                    quiet_in_flight,
+                    cfg,
+                },
             },
         };
         d.go_ready(args.start_seq, end_seq, registration_seconds)?;
@@ -367,7 +373,7 @@ fn start_sink(
     layout: &pinring_data::BatchLayout,
     uploader: &Arc<dyn Uploader>,
     doorbell: &Doorbell,
-) -> Result<super::SinkLink, DaemonError> {
+) -> Result<super::delivery::SinkLink, DaemonError> {
     let (sink_tx, sink_jobs) = unbounded();
     let (sink_done_tx, sink_rx) = unbounded();
     let sink_thread = {
@@ -384,7 +390,7 @@ fn start_sink(
                 what: format!("cannot start the sink thread: {e}"),
             })?
     };
-    Ok(super::SinkLink {
+    Ok(super::delivery::SinkLink {
         kind: args.sink,
         tx: Some(sink_tx),
         rx: sink_rx,
@@ -401,29 +407,33 @@ impl Daemon {
         end_seq: u64,
         registration_seconds: f64,
     ) -> Result<(), DaemonError> {
-        let slots = self.run.cfg.slots() as usize;
+        let slots = self.core.run.cfg.slots() as usize;
         for slot in 0..slots as u32 {
-            self.hand_out(slot);
+            self.core.hand_out(slot);
         }
-        self.tally.started = Instant::now();
-        self.tally.cpu_at_ready = cpu_seconds();
-        self.tally.threads_at_ready = super::finish::thread_cpu();
-        self.tally.preempted_at_ready = super::finish::preemptions();
-        self.ring.set_state(ring_state::READY);
+        self.core.tally.started = Instant::now();
+        self.core.tally.cpu_at_ready = cpu_seconds();
+        self.core.tally.threads_at_ready = super::finish::thread_cpu();
+        self.core.tally.preempted_at_ready = super::finish::preemptions();
+        self.core.ring.set_state(ring_state::READY);
         tracing::info!(
-            ring = %self.run.cfg.ring.name,
-            path = %pinring_ring::object_path(&self.run.cfg.ring.name).display(),
+            ring = %self.core.run.cfg.ring.name,
+            path = %pinring_ring::object_path(&self.core.run.cfg.ring.name).display(),
             slots = slots,
-            slot_bytes = self.run.cfg.slot_bytes(),
+            slot_bytes = self.core.run.cfg.slot_bytes(),
             batches = end_seq - start_seq,
-            in_order = self.run.cfg.ring.in_order,
-            sink = self.sink.kind.name(),
+            in_order = self.core.run.cfg.ring.in_order,
+            sink = self.delivery.sink.kind.name(),
             "ring ready"
         );
-        if let Err(source) = self.service.ready(&self.ring, registration_seconds) {
-            let _ = self.ring.unlink();
+        if let Err(source) = self
+            .core
+            .service
+            .ready(&self.core.ring, registration_seconds)
+        {
+            let _ = self.core.ring.unlink();
             return Err(DaemonError::Service {
-                ring: self.run.cfg.ring.name.clone(),
+                ring: self.core.run.cfg.ring.name.clone(),
                 source,
             });
         }

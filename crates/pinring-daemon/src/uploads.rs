@@ -5,11 +5,14 @@
 //! batches being assembled and the free device buffers; its rules that need no ring (a batch's
 //! books by buffer and by number, coalescing copies, the tags) are tested here.
 //!
-//! Entry points: [`Daemon::start_upload`] (a part from the intake) and
-//! [`Daemon::collect_completions`] (once a pass).
+//! Entry points: [`Uploads::poll`] (once a pass) and [`Uploads::start_upload`] (a part from
+//! the intake), given the daemon's [`Core`]; a batch whose last part landed goes to
+//! [`Delivery::send_batch`].
 
+use super::delivery::Delivery;
 use super::intake::TakenPart;
-use super::{reorder, Daemon, DaemonError};
+use super::recovery::Recovery;
+use super::{reorder, Core, DaemonError};
 use crate::sink::{self, SinkJob};
 use pinring_backend::{Completion, UploadJob};
 use pinring_data::Part;
@@ -45,37 +48,44 @@ fn tag_parts(tag: u64) -> (u32, u64) {
     (tag as u32, tag >> 32)
 }
 
-impl Daemon {
-    /// Upload completions: free the slot (next seq), pass the buffer to the sink.
-    pub(super) fn collect_completions(&mut self) -> Result<bool, DaemonError> {
+impl Uploads {
+    /// The uploads stage's entry point, once a pass: upload completions free their slots (the
+    /// next seq) and pass whole batches to `delivery` (`recovery` forgets a delivered seq's bad
+    /// batches).
+    pub(super) fn poll(
+        &mut self,
+        core: &mut Core,
+        delivery: &mut Delivery,
+        recovery: &mut Recovery,
+    ) -> Result<bool, DaemonError> {
         // Loaders are woken once per pass, for all the slots it freed: one system call, not one
         // per batch.
         let mut freed = 0;
         // Every completion that has arrived, taken at once (the engine sends them in runs).
-        let mut arrived = std::mem::take(&mut self.up.completion_buf);
+        let mut arrived = std::mem::take(&mut self.completion_buf);
         arrived.clear();
-        if self
+        if core
             .uploader
             .completions()
             .drain_into(&mut arrived)
             .is_err()
         {
             return Err(DaemonError::Internal {
-                ring: self.run.cfg.ring.name.clone(),
+                ring: core.run.cfg.ring.name.clone(),
                 what: "the upload thread stopped".into(),
             });
         }
         // A segment truncated under the daemon: the copies that completed may have read the
         // zero pages put in its place (pinring_ring::fault); none of them is booked.
-        if self.ring.truncated_here() {
-            self.up.completion_buf = arrived;
-            self.ring.check_file()?;
+        if core.ring.truncated_here() {
+            self.completion_buf = arrived;
+            core.ring.check_file()?;
             return Ok(false);
         }
-        let result = self.complete_all(&mut arrived, &mut freed);
-        self.up.completion_buf = arrived;
+        let result = self.complete_all(core, delivery, recovery, &mut arrived, &mut freed);
+        self.completion_buf = arrived;
         if freed > 0 {
-            self.ring.wake_loaders(freed);
+            core.ring.wake_loaders(freed);
         }
         result
     }
@@ -83,6 +93,9 @@ impl Daemon {
     /// Books the completions in `arrived`, in order (taking them out), counting the slots freed.
     fn complete_all(
         &mut self,
+        core: &mut Core,
+        delivery: &mut Delivery,
+        recovery: &mut Recovery,
         arrived: &mut Vec<Completion>,
         freed: &mut i32,
     ) -> Result<bool, DaemonError> {
@@ -90,9 +103,9 @@ impl Daemon {
         for c in arrived.drain(..) {
             progressed = true;
             let (slot, field) = tag_parts(c.tag);
-            let Some(part) = self.up.inflight.get_mut(slot) else {
+            let Some(part) = self.inflight.get_mut(slot) else {
                 return Err(DaemonError::Internal {
-                    ring: self.run.cfg.ring.name.clone(),
+                    ring: core.run.cfg.ring.name.clone(),
                     what: format!(
                         "completion for field {field} of slot {slot}, which had no upload in flight"
                     ),
@@ -113,27 +126,27 @@ impl Daemon {
                 len,
                 commit_ns,
                 ..
-            }) = self.up.inflight.remove(slot)
+            }) = self.inflight.remove(slot)
             else {
                 continue;
             };
-            self.up.inflight_bytes = self.up.inflight_bytes.saturating_sub(len);
+            self.inflight_bytes = self.inflight_bytes.saturating_sub(len);
             let upload_ns = c
                 .completed
                 .saturating_duration_since(first_submitted)
                 .as_nanos() as u64;
-            self.unpublished.upload_ns += upload_ns;
-            self.tally.upload_ns += upload_ns;
+            core.unpublished.upload_ns += upload_ns;
+            core.tally.upload_ns += upload_ns;
             // When the batch was on the device, on the clock loaders stamp commits with.
-            let on_device_ns = self.now.ns_of(c.completed);
-            self.record_latency(commit_ns, on_device_ns);
-            self.service
-                .upload_done(&self.ring, slot, upload_ns, commit_ns, on_device_ns);
+            let on_device_ns = core.now.ns_of(c.completed);
+            core.record_latency(commit_ns, on_device_ns);
+            core.service
+                .upload_done(&core.ring, slot, upload_ns, commit_ns, on_device_ns);
             // (D): every upload of the part has finished reading the slot; hand it out again.
-            self.hand_out(slot);
+            core.hand_out(slot);
             *freed += 1;
-            tracing::trace!(ring = %self.run.cfg.ring.name, seq, batch, len, "part on the device");
-            self.part_landed(seq, batch, buffer)?;
+            tracing::trace!(ring = %core.run.cfg.ring.name, seq, batch, len, "part on the device");
+            self.part_landed(core, delivery, recovery, seq, batch, buffer)?;
         }
         Ok(progressed)
     }
@@ -141,7 +154,14 @@ impl Daemon {
     /// The uploads stage's entry for a part intake took: places it in its batch's device buffer
     /// and submits its copies (one per field; none where the sink reads the slot in place or
     /// the consumer copies it out itself).
-    pub(super) fn start_upload(&mut self, p: TakenPart) -> Result<(), DaemonError> {
+    /// Whole batches go to `delivery`.
+    pub(super) fn start_upload(
+        &mut self,
+        core: &mut Core,
+        delivery: &mut Delivery,
+        recovery: &mut Recovery,
+        p: TakenPart,
+    ) -> Result<(), DaemonError> {
         let TakenPart {
             slot,
             seq,
@@ -150,78 +170,79 @@ impl Daemon {
             samples,
         } = p;
         let count = samples.len() as u64;
-        let buffer = self.place(&part)?;
+        let buffer = self.place(core, &part)?;
         let len = taken.payload_len as usize;
-        self.tally.bytes += taken.payload_len;
-        self.unpublished.bytes_delivered += taken.payload_len;
-        self.ring.stamp_upload(slot, self.now.ns);
-        if self.run.zero_copy {
+        core.tally.bytes += taken.payload_len;
+        core.unpublished.bytes_delivered += taken.payload_len;
+        core.ring.stamp_upload(slot, core.now.ns);
+        if core.run.zero_copy {
             // No upload: the sink reads the slot in place; the slot stays UPLOADING (owned
             // by the daemon) until the sink reports back.
-            self.up.zero_copy_commits.insert(slot, taken.commit_ns);
+            self.zero_copy_commits.insert(slot, taken.commit_ns);
 
             let job = SinkJob {
                 seq,
                 source: sink::Source::Mapped {
                     slot,
-                    ptr: sink::SlotPtr(self.ring.upload_source(slot)),
+                    ptr: sink::SlotPtr(core.ring.upload_source(slot)),
                 },
                 buffer,
                 len,
                 samples,
             };
-            return self.send_to_sink(job);
+            return delivery.send_to_sink(core, self, recovery, job);
         }
-        if self.run.parts == 1 {
+        if core.run.parts == 1 {
             // The part is the whole batch: its sample ids are the batch's.
-            self.start_assembly(&part, buffer, samples);
+            self.start_assembly(core, &part, buffer, samples);
         } else {
-            self.intake.give_back(samples);
+            core.ids.give_back(samples);
         }
-        if self.run.consumer_copies {
+        if core.run.consumer_copies {
             // No copy here: the consumer copies the part out of its slot, which stays
             // UPLOADING (the daemon's) until the consumer gives the batch back. The part
             // table's entry is published by the fill's Release store (H1).
-            self.ring
-                .set_part_slot(buffer as u32, (seq % self.run.parts) as u32, slot);
-            self.up.lent[buffer].push(slot);
-            self.record_latency(taken.commit_ns, self.now.ns);
-            return self.part_landed(seq, part.batch, buffer);
+            core.ring
+                .set_part_slot(buffer as u32, (seq % core.run.parts) as u32, slot);
+            self.lent[buffer].push(slot);
+            core.record_latency(taken.commit_ns, core.now.ns);
+            return self.part_landed(core, delivery, recovery, seq, part.batch, buffer);
         }
-        self.submit_part(slot, seq, &part, buffer, &taken, count)
+        self.submit_part(core, slot, seq, &part, buffer, &taken, count)
     }
 
     /// The device buffer of `part`'s batch: the one its batch holds, or a free one (the intake
     /// took the part only if one is), whose books are opened.
-    fn place(&mut self, part: &Part) -> Result<usize, DaemonError> {
-        if let Some(buffer) = self.up.assemblies.buffer_of(part.batch) {
+    fn place(&mut self, core: &mut Core, part: &Part) -> Result<usize, DaemonError> {
+        if let Some(buffer) = self.assemblies.buffer_of(part.batch) {
             return Ok(buffer);
         }
         let buffer = self
-            .up
             .free_buffers
             .pop_front()
             .expect("checked: a buffer is free");
-        self.up.order.opened(part.batch);
-        if self.run.parts > 1 {
+        self.order.opened(part.batch);
+        if core.run.parts > 1 {
             // The whole batch's sample ids, for the sink, from the daemon's plan.
-            let mut whole = self.intake.samples();
-            self.run
+            let mut whole = core.ids.samples();
+            core.run
                 .plan
                 .batch_into(part.batch, &mut whole)
                 .map_err(|e| DaemonError::Internal {
-                    ring: self.run.cfg.ring.name.clone(),
+                    ring: core.run.cfg.ring.name.clone(),
                     what: format!("plan has no batch {}: {e}", part.batch),
                 })?;
-            self.start_assembly(part, buffer, whole);
+            self.start_assembly(core, part, buffer, whole);
         }
         Ok(buffer)
     }
 
     /// Submits the copies of the part in `slot` (`count` samples, as `taken` says) into
     /// `buffer`, and books it in flight.
+    #[allow(clippy::too_many_arguments)]
     fn submit_part(
         &mut self,
+        core: &mut Core,
         slot: u32,
         seq: u64,
         part: &Part,
@@ -234,10 +255,10 @@ impl Daemon {
         // contiguous in the slot; for a byte part, its range of the cut field) to where
         // those values go in the field's tensor. Submitted as one group: the backend
         // says how many completions will come (one per part on CUDA, one per copy on host).
-        let base = self.ring.upload_source(slot);
-        let mut jobs = std::mem::take(&mut self.up.jobs_buf);
+        let base = core.ring.upload_source(slot);
+        let mut jobs = std::mem::take(&mut self.jobs_buf);
         jobs.clear();
-        for copy in self
+        for copy in core
             .run
             .layout
             .part_copies(count, part.first_in_batch, part.bytes)
@@ -255,23 +276,23 @@ impl Daemon {
                 },
             );
         }
-        self.up.submits += 1;
-        let t = (self.up.submits % SUBMIT_TIMED_EVERY == 0).then(Instant::now);
+        self.submits += 1;
+        let t = (self.submits % SUBMIT_TIMED_EVERY == 0).then(Instant::now);
         // SAFETY: the slot is UPLOADING, owned by this loop: no loader may claim it until
         // `hand_out` runs for it, which happens only after every completion the backend
         // announced for its jobs has arrived. Each job's source lies inside the slot's
         // payload (above). The mapping outlives the uploader (the ring Arc is held by self
         // and the sink's doorbell). Deferred: the backend may signal several parts with one
         // event; the main loop flushes before it sleeps, so every part's completion comes.
-        let submitted = unsafe { self.uploader.submit_group_deferred(&jobs) };
+        let submitted = unsafe { core.uploader.submit_group_deferred(&jobs) };
         if let Some(t) = t {
-            self.tally.submit_ns += t.elapsed().as_nanos() as u64 * SUBMIT_TIMED_EVERY;
+            core.tally.submit_ns += t.elapsed().as_nanos() as u64 * SUBMIT_TIMED_EVERY;
         }
-        self.up.jobs_buf = jobs;
+        self.jobs_buf = jobs;
         let jobs_left = submitted?;
         // Completions are read on this thread only, so none is looked for before this.
-        self.up.inflight_bytes += len;
-        self.up.inflight.insert(
+        self.inflight_bytes += len;
+        self.inflight.insert(
             slot,
             InFlight {
                 seq,
@@ -288,17 +309,54 @@ impl Daemon {
 
     /// Opens the books of the batch of `part` in device buffer `buffer`: the whole batch's
     /// sample ids (for the sink), its payload length, epoch and index, no part landed yet.
-    fn start_assembly(&mut self, part: &Part, buffer: usize, samples: Vec<u64>) {
+    fn start_assembly(&mut self, core: &Core, part: &Part, buffer: usize, samples: Vec<u64>) {
         let assembly = Assembly {
             batch: part.batch,
             buffer,
             landed: 0,
             samples,
-            len: self.run.layout.payload_bytes(part.batch_samples) as usize,
+            len: core.run.layout.payload_bytes(part.batch_samples) as usize,
             epoch: part.epoch,
             index_in_epoch: part.index_in_epoch,
         };
-        self.up.assemblies.open(assembly);
+        self.assemblies.open(assembly);
+    }
+    /// Part `seq` of batch `batch` is in device buffer `buffer` (or, when the consumer copies,
+    /// listed in its row of the part table): after the batch's last part, the sink gets the
+    /// whole batch.
+    pub(super) fn part_landed(
+        &mut self,
+        core: &mut Core,
+        delivery: &mut Delivery,
+        recovery: &mut Recovery,
+        seq: u64,
+        batch: u64,
+        buffer: usize,
+    ) -> Result<(), DaemonError> {
+        let Some(assembly) = self.assemblies.get_mut(buffer).filter(|a| a.batch == batch) else {
+            return Err(DaemonError::Internal {
+                ring: core.run.cfg.ring.name.clone(),
+                what: format!(
+                    "part seq {seq} landed for batch {batch}, which is not assembled in device buffer {buffer}"
+                ),
+            });
+        };
+        assembly.landed += 1;
+        if assembly.landed < core.run.parts {
+            return Ok(());
+        }
+        let Some(done) = self.assemblies.close(buffer) else {
+            return Ok(());
+        };
+        // In its turn: a batch taken ahead waits for every earlier one.
+        let Some(done) = self.order.landed(batch, done) else {
+            return Ok(());
+        };
+        delivery.send_batch(core, self, recovery, done)?;
+        while let Some(done) = self.order.pop_due() {
+            delivery.send_batch(core, self, recovery, done)?;
+        }
+        Ok(())
     }
 }
 
