@@ -392,8 +392,10 @@ class RingTicket:
 @final
 class Pipeline:
     """An embedded daemon running a ``Spec`` and the one consumer of its ring, as one object
-    (what ``pinring.torch.DataLoader`` runs for its own ring): ``EmbeddedDaemon(spec=...)``
-    then ``Consumer(ring, path=...)``, composed."""
+    (what ``pinring.torch.DataLoader`` and ``pinring.Loader`` run for their own ring):
+    ``EmbeddedDaemon(spec=...)`` then ``Consumer(ring, path=...)``, composed. The consumer is
+    attached when the pipeline starts, or later (``attach=False``, then ``attach()``), and can
+    be detached and attached again at another seq on the same daemon."""
 
     def __new__(
         cls,
@@ -405,17 +407,33 @@ class Pipeline:
         anonymous: bool = False,
         wait: float = 60.0,
         wait_for_ring: float = 30.0,
+        attach: bool = True,
     ) -> "Pipeline":
         """Starts the daemon of ``spec`` at ``start_seq`` (waiting up to ``wait`` seconds for
-        its ring), then attaches the consumer (up to ``wait_for_ring`` seconds). Anything but a
-        ``Spec`` raises ``UsageError``; a consumer that cannot attach stops the daemon and
-        raises its error."""
+        its ring), then, with ``attach``, attaches the consumer (up to ``wait_for_ring``
+        seconds). Anything but a ``Spec`` raises ``UsageError``; a consumer that cannot attach
+        stops the daemon and raises its error. ``attach=False`` starts the daemon alone:
+        ``attach()`` opens the consumer later, at a seq."""
     @property
     def spec(self) -> "Spec":
         """The spec the daemon runs (and stored in its ring)."""
     @property
     def consumer(self) -> "Consumer":
-        """The ring's consumer: batches, ``state()``, ``status()``, the ring's shape."""
+        """The attached consumer: batches, ``state()``, ``status()``, the ring's shape. A
+        ``UsageError`` where none is attached (``attach=False`` before ``attach()``, after
+        ``detach()`` or ``stop()``)."""
+    def attach(
+        self, start_seq: Optional[int] = None, fingerprint: Optional[int] = None
+    ) -> "Consumer":
+        """Attaches the consumer of the ring, at the ring's own path, as ``Consumer(ring,
+        start_seq=, fingerprint=, wait_for_ring=, path=)`` would, and raises as it would:
+        ``start_seq`` (with the ``fingerprint`` it was saved under) resumes at a saved state.
+        One consumer at a time: one attached already, or a stopped pipeline, is a
+        ``UsageError``."""
+    def detach(self) -> None:
+        """Closes the attached consumer (batches still alive stay valid, and keep the ring's
+        consumer lock until the last of them is gone); nothing where none is attached. The
+        daemon runs on: ``attach()`` opens a consumer again, at another seq."""
     @property
     def daemon(self) -> "EmbeddedDaemon":
         """The embedded daemon."""

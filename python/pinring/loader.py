@@ -229,7 +229,9 @@ class Loader:
         stream: Optional[int] = None,
         progress: Optional[bool] = None,
     ) -> None:
-        self._daemon: Optional[_native.EmbeddedDaemon] = None
+        # This loader's own daemon and the consumer of its ring (attached lazily, at a seq),
+        # as one object; None for an attached ring.
+        self._pipeline: Optional[_native.Pipeline] = None
         self._loaders: Optional[Any] = None
         self._path: Optional[str] = None
         self._failed = False
@@ -260,7 +262,9 @@ class Loader:
                 f"pinring.Loader(epochs={epochs!r}): a plan covers at least one epoch: pass "
                 "epochs >= 1, or leave it out for a plan without end"
             )
-        self._daemon_args: Optional[Dict[str, Any]] = None
+        # What this loader's pipeline is started from, again at a seq by a restart; None for
+        # an attached ring.
+        self._pipeline_args: Optional[Dict[str, Any]] = None
         if (rank is None) != (world_size is None):
             raise _native.UsageError(
                 f"rank={rank}, world_size={world_size}: give both, or neither (the job's, or "
@@ -280,12 +284,13 @@ class Loader:
                 world_size=world_size,
             )
             backend, ordinal = self._backend(device, dev, named, backend)
-            self._daemon_args = dict(spec=spec, backend=backend, device=ordinal,
-                                     anonymous=bool(loaders))
+            self._pipeline_args = dict(spec=spec, backend=backend, device=ordinal,
+                                       anonymous=bool(loaders), wait_for_ring=wait_for_ring,
+                                       attach=False)
             _before_threads()
-            self._daemon = _native.EmbeddedDaemon(**self._daemon_args)
-            ring = self._daemon.ring
-            self._path = self._daemon.path
+            self._pipeline = _native.Pipeline(**self._pipeline_args)
+            ring = self._pipeline.ring
+            self._path = self._pipeline.path
         elif rank is not None:
             raise _native.UsageError(
                 "rank= and world_size= set an embedded daemon's shard; an attached ring's "
@@ -386,8 +391,10 @@ class Loader:
         from pinring._loaders import _Loaders
 
         # The loaders adopt the spec the daemon stored in the ring, so their plan is the ring's.
+        ticket = (_native.RingTicket(self.ring, self._path) if self._pipeline is None
+                  else self._pipeline.ticket())
         try:
-            self._loaders = _Loaders(n, _native.RingTicket(self.ring, self._path), cpus)
+            self._loaders = _Loaders(n, ticket, cpus)
         except BaseException:
             self.close()
             raise
@@ -414,13 +421,12 @@ class Loader:
             try:
                 return c.next_batch(self._timeout)
             except _native.PeerDied as e:
-                if self._daemon is None or isinstance(e, _native.Timeout):
+                if self._pipeline is None or isinstance(e, _native.Timeout):
                     raise
                 # This process's own daemon stopped the run (a loader started by hand failed
                 # on its data): its error says why; the consumer's would say to restart a
                 # daemon by a flag nobody here gave.
-                daemon, self._daemon = self._daemon, None
-                daemon.stop()
+                self._stop_daemon()
                 raise
         deadline = None if self._timeout is None else time.monotonic() + self._timeout
         while True:
@@ -451,9 +457,15 @@ class Loader:
                 break
             time.sleep(0.02)
         self._loaders.check()
-        if self._daemon is not None:
-            daemon, self._daemon = self._daemon, None
-            daemon.stop()  # raises the daemon's error, which names the loader's, if it has one
+        if self._pipeline is not None:
+            self._stop_daemon()  # raises the daemon's error, which names the loader's, if any
+
+    def _stop_daemon(self) -> None:
+        """Stops the embedded daemon after it ended the run, raising its error; the consumer
+        stays attached (its state is where the loop stood) until the loader closes."""
+        pipeline, self._pipeline = self._pipeline, None
+        if pipeline is not None:
+            pipeline.daemon.stop()
 
     # -- attaching -------------------------------------------------------------------------
 
@@ -462,16 +474,21 @@ class Loader:
             seq = fp = None
             if self._resume is not None:
                 seq, fp = self._resume["seq"], self._resume["fingerprint"]
-            where = {} if self._path is None else {"path": self._path}
-            c = _native.Consumer(self.ring, start_seq=seq, fingerprint=fp,
-                                 wait_for_ring=self._wait_for_ring, **where)
-            if self._daemon is None:
+            if self._pipeline is not None:
+                c = self._pipeline.attach(start_seq=seq, fingerprint=fp)
+            else:
+                where = {} if self._path is None else {"path": self._path}
+                c = _native.Consumer(self.ring, start_seq=seq, fingerprint=fp,
+                                     wait_for_ring=self._wait_for_ring, **where)
                 _dist.check_ring_shard(self.ring, c.spec.settings())
             there = c.device
             if self._want is not None and there != self._want and not (
                 self._lenient and there == "cpu"
             ):
-                c.close()
+                if self._pipeline is not None:
+                    self._pipeline.detach()
+                else:
+                    c.close()
                 raise _native.UsageError(
                     f"ring {self.ring!r} delivers to {there}, not {self._want}: pass "
                     f"device={there!r} or leave device out, or attach to a ring that "
@@ -553,7 +570,7 @@ class Loader:
 
     def _more_epochs(self) -> str:
         """How to get a longer plan: this loader's own daemon's, or an attached ring's."""
-        if self._daemon_args is not None:
+        if self._pipeline_args is not None:
             return ("set plan.epochs (or epochs=) to the epochs the training loop runs, or leave "
                     "it unset for a plan without end")
         return "start the ring's daemon with more epochs (plan.epochs in its config)"
@@ -604,12 +621,11 @@ class Loader:
                 f"set_epoch({epoch}): {self._plan_runs(end_seq // ppb // per_epoch)}: give an "
                 f"epoch below that, or {self._more_epochs()}"
             )
-        if self._daemon_args is not None and (self._loaders is not None or self._ended):
+        if self._pipeline_args is not None and (self._loaders is not None or self._ended):
             self._restart_at(target)
             return
         assert self._consumer is not None
-        self._consumer.close()
-        self._consumer = None
+        self._detach()
         self._resume = {"seq": target, "fingerprint": fingerprint}
         try:
             self._attach()
@@ -621,11 +637,20 @@ class Loader:
         """The error of ``what`` (a jump back to ``batch``) refused by the consumer with ``e``:
         attached, its message (how to restart the ring's daemon); an embedded daemon cannot be
         restarted by its flags, so ``loaders=N`` is the way."""
-        why = "it has handed over every batch before" if self._daemon is not None else str(e)
+        why = "it has handed over every batch before" if self._pipeline is not None else str(e)
         return _native.UsageError(
             f"{what}: ring {self.ring!r} cannot go back to batch {batch} ({why}); only a Loader "
             "with loaders=N starts its daemon again at an earlier batch"
         )
+
+    def _detach(self) -> None:
+        """Closes the consumer: its pipeline's (which can attach again, at another seq), or the
+        attached ring's."""
+        c, self._consumer = self._consumer, None
+        if self._pipeline is not None:
+            self._pipeline.detach()
+        elif c is not None:
+            c.close()
 
     def _stop_pieces(self) -> Optional[str]:
         """Stops the loaders, the consumer and the embedded daemon; the daemon's summary (JSON
@@ -634,20 +659,20 @@ class Loader:
             self._loaders.stop()
             self._loaders = None
         if self._consumer is not None:
-            self._consumer.close()
-            self._consumer = None
-        daemon, self._daemon = self._daemon, None
-        return None if daemon is None else daemon.stop()
+            self._detach()
+        pipeline, self._pipeline = self._pipeline, None
+        return None if pipeline is None else pipeline.stop()
 
     def _restart_at(self, seq: int) -> None:
-        """Stops the loaders and the embedded daemon, and starts both again at ``seq``."""
-        assert self._daemon_args is not None
+        """Stops the loaders and the embedded daemon, and starts both again at ``seq``: a new
+        pipeline, of the same arguments."""
+        assert self._pipeline_args is not None
         self._stop_pieces()
         self._ended = None
         self._failed = False
         _before_threads()
-        self._daemon = _native.EmbeddedDaemon(start_seq=seq, **self._daemon_args)
-        self.ring, self._path = self._daemon.ring, self._daemon.path
+        self._pipeline = _native.Pipeline(start_seq=seq, **self._pipeline_args)
+        self.ring, self._path = self._pipeline.ring, self._pipeline.path
         self._start_loaders(*self._loader_args)
 
     def _convert(self, box: "list[_native.Batch]") -> Dict[str, Any]:
@@ -695,14 +720,13 @@ class Loader:
         if self._consumer is not None:
             seq, fingerprint = self._position()
             here = {"seq": seq, "fingerprint": fingerprint}
-            self._consumer.close()
-            self._consumer = None
+            self._detach()
         self._resume = resume
         try:
             self._attach()
         except _native.UsageError as e:
             self._resume = here
-            if self._daemon is None or here is None or resume["seq"] >= here["seq"]:
+            if self._pipeline is None or here is None or resume["seq"] >= here["seq"]:
                 raise
             batch = resume["seq"] // max(1, self._shape[1])
             raise self._cannot_go_back("load_state_dict", batch, e) from None

@@ -101,3 +101,67 @@ def test_a_pipeline_refuses_what_is_not_a_spec_and_bad_settings_with_the_fix():
     t = _native.RingTicket("r")
     assert (t.ring, t.path) == ("r", None) and repr(t) == "RingTicket(\"r\")"
     assert pickle.loads(pickle.dumps(t)) == t
+
+
+def test_a_pipeline_attaches_its_consumer_later_and_again_at_a_seq():
+    p = _native.Pipeline(spec("pipeline-attach"), backend="host", anonymous=True, attach=False)
+    try:
+        # Started alone: the daemon runs, and no consumer is attached yet.
+        assert p.running
+        with pytest.raises(pinring.UsageError,
+                           match=r'Pipeline\(ring="pipeline-attach"\): no consumer is attached'):
+            p.consumer
+        p.detach()  # nothing attached: nothing to do
+        made = []
+        t = threading.Thread(target=fill, args=(p.ticket(), made))
+        t.start()
+        c = p.attach()
+        assert p.consumer is c and c.ring == "pipeline-attach"
+        with pytest.raises(pinring.UsageError, match=r"attach\(\): its consumer is attached "
+                           r"already \(a ring has one consumer\): detach\(\) it first"):
+            p.attach()
+        first = c.next_batch(60)
+        assert first.seq == 0
+        del first
+        fingerprint = c.state()[1]
+        p.detach()
+        with pytest.raises(pinring.UsageError,
+                           match='consumer of ring "pipeline-attach" is closed'):
+            c.next_batch(1)
+        with pytest.raises(pinring.UsageError, match="no consumer is attached"):
+            p.consumer
+        # Attached again on the same daemon, at a later seq of the same plan.
+        c2 = p.attach(start_seq=4, fingerprint=fingerprint)
+        assert c2 is not c and p.consumer is c2 and c2.state() == (4, fingerprint)
+        got = []
+        while (b := c2.next_batch(60)) is not None:
+            got.append(b.seq)
+            del b
+        assert got == [4, 5, 6, 7], got
+        summary = json.loads(p.stop())
+        t.join(60)
+        assert summary["missing"] == 0, summary
+        with pytest.raises(pinring.UsageError, match="no consumer is attached"):
+            p.consumer
+        with pytest.raises(pinring.UsageError,
+                           match=r'Pipeline\(ring="pipeline-attach"\).attach\(\): the pipeline is '
+                                 r"stopped: start a new one"):
+            p.attach()
+    finally:
+        p.stop()
+
+
+def test_a_pipelines_attach_raises_as_a_consumer_would_and_stays_detached():
+    p = _native.Pipeline(spec("pipeline-attach-bad"), backend="host", anonymous=True,
+                         attach=False)
+    try:
+        fingerprint = p.attach().state()[1]
+        p.detach()
+        with pytest.raises(pinring.RefusedError):
+            p.attach(start_seq=0, fingerprint=fingerprint ^ 1)
+        # The refused attach left nothing attached: the next one goes through.
+        with pytest.raises(pinring.UsageError, match="no consumer is attached"):
+            p.consumer
+        assert p.attach(start_seq=2, fingerprint=fingerprint).state() == (2, fingerprint)
+    finally:
+        p.stop()

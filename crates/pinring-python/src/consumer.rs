@@ -463,6 +463,16 @@ impl EmbeddedDaemon {
     }
 }
 
+impl EmbeddedDaemon {
+    /// Whether `stop()` was called (the daemon is gone, not only ended).
+    pub(crate) fn stopped(&self) -> bool {
+        self.inner
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_none()
+    }
+}
+
 impl Drop for EmbeddedDaemon {
     fn drop(&mut self) {
         // A forked child's copy: the daemon's thread is the parent's.
