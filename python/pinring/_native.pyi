@@ -2,13 +2,15 @@
 
 from typing import Any, ClassVar, Dict, List, Literal, Optional, Tuple, Union, final
 
+from typing_extensions import disjoint_base
+
 DType = Literal["u8", "i8", "i16", "u16", "i32", "u32", "i64", "u64", "f16", "bf16", "f32", "f64", "bool"]
 
 __all__ = [
     "PinringError", "InternalError", "UsageError", "ConfigError", "RingError", "PeerDied",
     "VerifyError", "BackendError", "RefusedError", "OutputError", "Timeout", "PartReclaimed",
     "Field", "Consumer", "Batch", "EmbeddedDaemon", "Producer", "Part", "OwnerProbe", "Spec",
-    "Supervisor", "Pipeline", "RingTicket",
+    "Supervisor", "Pipeline", "RingTicket", "Place",
     "check_config", "bound", "_live_rings", "_die_with_parent", "config_settings", "_main",
     "__version__", "PREFETCH_RANGE", "_test_host_field", "_test_load_config",
     "_test_check_ring_name", "_error_for_exit", "_cuda_unusable", "DLPACK_VERSION",
@@ -247,19 +249,32 @@ def _cuda_unusable(device: int) -> Optional[str]:
     """Why CUDA device ``device`` cannot be used in this process (no driver, a driver that does
     not start, no such device), without the programs' ``--backend host``; None where it can."""
 
+@disjoint_base
+class Place:
+    """Where a batch or a part stands in the plan: the attributes ``Batch`` and ``Part`` share
+    (their base class)."""
+
+    @property
+    def seq(self) -> int:
+        """The seq: a part's own; a batch's first (its part 0), by which a state's ``seq``
+        names it."""
+    @property
+    def batch(self) -> int:
+        """The batch's number (``seq // parts_per_batch``)."""
+    @property
+    def epoch(self) -> int:
+        """The batch's epoch."""
+    @property
+    def index_in_epoch(self) -> int:
+        """The batch's index in its epoch."""
+
 @final
-class Batch:
+class Batch(Place):
     """One whole batch taken from a ring: ``fields`` maps each field's name (``"images"``,
     ``"labels"``, ...) to a ``Field`` with the batch dimension first. The batch's buffer goes
     back to the daemon once this object and every array or tensor made from its fields are gone.
     """
 
-    seq: int
-    """First seq of the batch (its part 0); a state's ``seq`` names a batch by it."""
-    batch: int
-    """Batch number (``seq // parts_per_batch``)."""
-    epoch: int
-    index_in_epoch: int
     samples: int
     """Samples in the batch (the batch dimension of every field)."""
     fields: Dict[str, Field]
@@ -454,21 +469,11 @@ class Pipeline:
         ``EmbeddedDaemon.stop()`` does."""
 
 @final
-class Part:
+class Part(Place):
     """One claimed part of a batch (a whole batch when it fits one slot). Fill every field,
     then ``commit()`` within the daemon's lease (``daemon.lease_ms``, 30 s by default). A part
     dropped uncommitted is given back: the daemon makes it again elsewhere once the lease ends."""
 
-    @property
-    def seq(self) -> int:
-        """The part's seq."""
-    @property
-    def batch(self) -> int:
-        """Its batch's number."""
-    @property
-    def epoch(self) -> int: ...
-    @property
-    def index_in_epoch(self) -> int: ...
     @property
     def first_in_batch(self) -> int:
         """Index in its batch of the part's first sample."""

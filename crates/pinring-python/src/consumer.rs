@@ -106,7 +106,7 @@ impl Consumer {
     /// The next batch in seq order, or None at the end of the plan. Waits up to `timeout`
     /// seconds (None: as long as the daemon lives), with the GIL released.
     #[pyo3(signature = (timeout=None))]
-    fn next_batch(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Option<Batch>> {
+    fn next_batch(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Option<Py<Batch>>> {
         let timeout = timeout.map(|t| seconds("timeout", t)).transpose()?;
         let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         let Some(c) = g.as_mut() else {
@@ -143,15 +143,21 @@ impl Consumer {
             }?;
             fields.set_item(&f.name, Py::new(py, field)?)?;
         }
-        Ok(Some(Batch {
+        let place = crate::place::Place {
             seq: b.seq,
             batch: b.batch,
             epoch: b.epoch,
             index_in_epoch: b.index_in_epoch,
+        };
+        let batch = Batch {
             samples: b.samples,
             fields: fields.unbind(),
             lease: Mutex::new(Some(b.lease)),
-        }))
+        };
+        Ok(Some(Py::new(
+            py,
+            PyClassInitializer::from(place).add_subclass(batch),
+        )?))
     }
 
     /// `(seq, fingerprint)`: where this consumer stands; resume with
@@ -265,20 +271,9 @@ impl Consumer {
 
 /// One whole batch: `fields` maps each field's name to a [`Field`] (DLPack-exportable).
 #[derive(Debug)]
-#[pyclass(module = "pinring._native", name = "Batch")]
+/// Where it stands in the plan (seq, batch, epoch, index in the epoch) is its base, `Place`.
+#[pyclass(module = "pinring._native", name = "Batch", extends = crate::place::Place)]
 pub struct Batch {
-    /// First seq of the batch.
-    #[pyo3(get)]
-    seq: u64,
-    /// Batch number.
-    #[pyo3(get)]
-    batch: u64,
-    /// Epoch.
-    #[pyo3(get)]
-    epoch: u32,
-    /// Index of the batch in its epoch.
-    #[pyo3(get)]
-    index_in_epoch: u64,
     /// Samples in the batch.
     #[pyo3(get)]
     samples: u32,

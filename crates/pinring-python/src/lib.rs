@@ -11,6 +11,7 @@ pub mod dlpack;
 pub mod errors;
 pub mod field;
 pub mod pipeline;
+pub mod place;
 pub mod process;
 pub mod producer;
 mod programs;
@@ -31,6 +32,7 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::register(m)?;
     m.add_class::<Field>()?;
     m.add_class::<consumer::Consumer>()?;
+    m.add_class::<place::Place>()?;
     m.add_class::<consumer::Batch>()?;
     m.add_class::<consumer::EmbeddedDaemon>()?;
     m.add_class::<spec::PySpec>()?;

@@ -158,7 +158,7 @@ impl Producer {
     /// daemon lives) with the GIL released. None once the daemon has ended the run (every part
     /// of the plan made). Raises `PeerDied` if the daemon dies or the timeout passes.
     #[pyo3(signature = (timeout=None))]
-    fn claim(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Option<Part>> {
+    fn claim(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Option<Py<Part>>> {
         let deadline = timeout
             .map(|t| seconds("timeout", t))
             .transpose()?
@@ -217,17 +217,23 @@ impl Producer {
             }?;
             fields.set_item(view.name, Py::new(py, field)?)?;
         }
-        Ok(Some(Part {
+        let place = crate::place::Place {
             seq: part.seq,
             batch: part.batch,
             epoch: part.epoch,
             index_in_epoch: part.index_in_epoch,
+        };
+        let part = Part {
             first_in_batch: part.first_in_batch,
             indices,
             fields: fields.unbind(),
             guard: Mutex::new(guard),
             joined,
-        }))
+        };
+        Ok(Some(Py::new(
+            py,
+            PyClassInitializer::from(place).add_subclass(part),
+        )?))
     }
 
     /// What the synthetic generator says each field of `part` holds: field name -> bytes (what
@@ -270,20 +276,10 @@ impl Drop for Producer {
 }
 
 /// One claimed part: fill `fields` (views of the slot), then `commit()`.
-#[pyclass(module = "pinring._native", name = "Part")]
+/// Where it stands in the plan (its seq, its batch's number, epoch and index in the epoch) is
+/// its base, `Place`.
+#[pyclass(module = "pinring._native", name = "Part", extends = crate::place::Place)]
 pub struct Part {
-    /// The part's seq.
-    #[pyo3(get)]
-    seq: u64,
-    /// Its batch's number.
-    #[pyo3(get)]
-    batch: u64,
-    /// Its batch's epoch.
-    #[pyo3(get)]
-    epoch: u32,
-    /// Its batch's index in the epoch.
-    #[pyo3(get)]
-    index_in_epoch: u64,
     /// Index in its batch of the part's first sample.
     #[pyo3(get)]
     first_in_batch: u64,
@@ -301,8 +297,8 @@ pub struct Part {
 impl std::fmt::Debug for Part {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Part")
-            .field("seq", &self.seq)
-            .field("batch", &self.batch)
+            .field("first_in_batch", &self.first_in_batch)
+            .field("samples", &self.indices.len())
             .finish_non_exhaustive()
     }
 }
@@ -337,12 +333,13 @@ impl Part {
         self.indices.len()
     }
 
-    fn __repr__(&self) -> String {
+    fn __repr__(slf: PyRef<'_, Self>) -> String {
+        let place = slf.as_super();
         format!(
             "Part(seq={}, batch={}, samples={})",
-            self.seq,
-            self.batch,
-            self.indices.len()
+            place.seq,
+            place.batch,
+            slf.indices.len()
         )
     }
 }
