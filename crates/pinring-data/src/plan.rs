@@ -684,15 +684,10 @@ mod tests {
     fn params(samples: u64, batch_size: u32) -> PlanParams {
         PlanParams {
             samples,
+            // The defaults: shuffled, seed 0, 2 epochs from epoch 0, rank 0 of 1.
             plan: crate::PlanConfig {
                 batch_size,
-                shuffle: true,
-                seed: 0,
-                epochs: 2,
-                start_epoch: 0,
-                drop_last: false,
-                rank: 0,
-                world_size: 1,
+                ..Default::default()
             },
             samples_per_part: batch_size.max(1),
             cut: None,
