@@ -55,8 +55,8 @@ impl RingTicket {
 }
 
 /// An embedded daemon running `spec` and the one consumer of its ring, attached when the
-/// pipeline starts (`attach=True`) or later by [`Pipeline::attach`], at a seq; detached by
-/// [`Pipeline::detach`] and attached again, on the same daemon, at another.
+/// pipeline starts (`attach=True`) or later by `attach()`, at a seq; detached by
+/// `detach()` and attached again, on the same daemon, at another.
 #[derive(Debug)]
 #[pyclass(module = "pinring._native", name = "Pipeline")]
 pub struct Pipeline {
