@@ -39,6 +39,7 @@ pub mod process;
 pub mod recovery;
 #[cfg(not(loom))]
 pub mod ring;
+#[cfg(not(loom))]
 mod roles;
 #[cfg(not(loom))]
 pub mod segment;
@@ -51,6 +52,7 @@ pub mod writer;
 
 #[cfg(not(loom))]
 pub use attach::{attach, attach_at_unless, attach_unless, Waiting};
+#[cfg(not(loom))]
 pub use daemon_role::{FaultCounts, LoaderReport};
 pub use error::{CommitError, RingError, SlotFault};
 pub use layout::{ring_state, Geometry, Header, MAX_LOADERS};
