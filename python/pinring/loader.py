@@ -272,17 +272,7 @@ class Loader:
             )
         if embedded or loaders:
             rank, world_size = _dist.shard(rank, world_size, "pinring.Loader")
-            local = _dist.local_rank()
-            if ring is None and local is not None:
-                ring = f"{_ring_name_of(config)}-rank{local}"  # one per rank on the host
-            # Resolved once, here: the daemon runs this value and stores it in its ring, where
-            # the loaders adopt it. A plan whose epochs nobody set has no end here.
-            spec = _native.Spec(
-                config if isinstance(config, dict) else None,
-                path=config if isinstance(config, str) else None, source="pinring.Loader",
-                ring=ring, epochs=epochs, default_epochs=DEFAULT_EPOCHS, rank=rank,
-                world_size=world_size,
-            )
+            spec = self._spec(config, ring, epochs, rank, world_size)
             backend, ordinal = self._backend(device, dev, named, backend)
             self._pipeline_args = dict(spec=spec, backend=backend, device=ordinal,
                                        anonymous=bool(loaders), wait_for_ring=wait_for_ring,
@@ -386,6 +376,23 @@ class Loader:
         if image is not None:
             sections.setdefault("dataset", {})["image"] = dict(image)
         return sections
+
+    @staticmethod
+    def _spec(config: Optional[Union[str, Dict[str, Any]]], ring: Optional[str],
+              epochs: Optional[int], rank: Optional[int],
+              world_size: Optional[int]) -> _native.Spec:
+        """The embedded daemon's spec, resolved once, here: the daemon runs this value and
+        stores it in its ring, where the loaders adopt it. A plan whose epochs nobody set has
+        no end here. Under a launcher, each rank on the host gets a ring of its own."""
+        local = _dist.local_rank()
+        if ring is None and local is not None:
+            ring = f"{_ring_name_of(config)}-rank{local}"
+        return _native.Spec(
+            config if isinstance(config, dict) else None,
+            path=config if isinstance(config, str) else None, source="pinring.Loader",
+            ring=ring, epochs=epochs, default_epochs=DEFAULT_EPOCHS, rank=rank,
+            world_size=world_size,
+        )
 
     def _start_loaders(self, n: int, cpus: Optional[Sequence[int]]) -> None:
         from pinring._loaders import _Loaders
