@@ -184,16 +184,17 @@ impl Daemon {
     /// against what the daemon saw itself in `wall` seconds, and one that fails is listed as
     /// untrusted (and logged).
     fn check_loader_figures(&mut self, wall: f64) -> Checked {
-        let h = self.core.ring.loader_report();
+        // Read once, at the end: the same copy of the header views read.
+        let h = self.core.ring.snapshot().header;
         self.core
             .tally
             .count_loaders(std::time::Instant::now(), self.core.ring.attached_loaders());
         let s = &self.core.sequencer;
         let checked = checked_loader_figures(
             &LoaderReport {
-                wait_ns: h.wait_ns,
-                busy_ns: h.busy_ns,
-                bad_samples: h.bad_samples,
+                wait_ns: h.loader_wait_ns,
+                busy_ns: h.loader_busy_ns,
+                bad_samples: h.bad_samples_skipped,
             },
             &DaemonSaw {
                 wall,

@@ -314,28 +314,6 @@ impl DaemonRing {
     pub fn expired_owner_alive(&self, e: &crate::recovery::Expired) -> bool {
         self.0.expired_owner_alive(e)
     }
-
-    /// What the loaders report of themselves through the header (untrusted: the daemon checks
-    /// each figure against what it saw).
-    pub fn loader_report(&self) -> LoaderReport {
-        let h = self.0.header();
-        LoaderReport {
-            wait_ns: h.loader_wait_ns.load(Relaxed),
-            busy_ns: h.loader_busy_ns.load(Relaxed),
-            bad_samples: h.bad_samples_skipped.load(Relaxed),
-        }
-    }
-}
-
-/// What loaders write of themselves into the header, read by the daemon at the end of a run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LoaderReport {
-    /// Nanoseconds the loaders waited for a slot.
-    pub wait_ns: u64,
-    /// Nanoseconds the loaders spent filling slots.
-    pub busy_ns: u64,
-    /// Samples the loaders replaced with zeros (`dataset.on_bad_sample = "skip"`).
-    pub bad_samples: u64,
 }
 
 /// The fault counters the daemon publishes for status views, each overwriting whatever
@@ -394,14 +372,10 @@ impl DaemonRing {
     }
 
     /// Lists `slot` as part `part` of batch buffer `buffer` in the part table (a consumer that
-    /// copies reads the batch's parts there). False where the ring has no such entry.
-    pub fn set_part_slot(&self, buffer: u32, part: u32, slot: u32) -> bool {
-        match self.0.part_slot(buffer, part) {
-            Some(entry) => {
-                entry.store(slot, Relaxed);
-                true
-            }
-            None => false,
+    /// copies reads the batch's parts there); nothing where the ring has no such entry.
+    pub fn set_part_slot(&self, buffer: u32, part: u32, slot: u32) {
+        if let Some(entry) = self.0.part_slot(buffer, part) {
+            entry.store(slot, Relaxed);
         }
     }
 

@@ -53,7 +53,7 @@ pub mod writer;
 #[cfg(not(loom))]
 pub use attach::{attach, attach_at_unless, attach_unless, Waiting};
 #[cfg(not(loom))]
-pub use daemon_role::{FaultCounts, LoaderReport};
+pub use daemon_role::FaultCounts;
 pub use error::{CommitError, RingError, SlotFault};
 pub use layout::{ring_state, Geometry, Header, MAX_LOADERS};
 pub use process::ProcessId;

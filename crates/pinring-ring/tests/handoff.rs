@@ -23,12 +23,6 @@ fn with_handoff(tag: &str) -> (DaemonRing, Unlink) {
     (daemon, u)
 }
 
-/// The ring as any process that maps it sees it: the daemon's handle has no way to the layout,
-/// so the tests read (and scribble on) it through an opener of their own.
-fn opened(daemon: &DaemonRing) -> Ring {
-    Ring::open(daemon.name(), Access::ReadWrite, T).unwrap()
-}
-
 fn batch(seq: u64) -> Filled {
     Filled {
         round: 0,
@@ -67,7 +61,7 @@ fn one_consumer_at_a_time_and_a_dead_ones_buffers_come_back() {
     let first =
         ConsumerRing::attach(Ring::open(daemon.name(), Access::ReadWrite, T).unwrap()).unwrap();
     first.attach_consumer(ProcessId::current()).unwrap();
-    assert!(opened(&daemon).consumer_alive().unwrap());
+    assert!(forger(&daemon).consumer_alive().unwrap());
     let second =
         ConsumerRing::attach(Ring::open(daemon.name(), Access::ReadWrite, T).unwrap()).unwrap();
     let e = second.attach_consumer(ProcessId::current()).unwrap_err();
@@ -83,10 +77,10 @@ fn one_consumer_at_a_time_and_a_dead_ones_buffers_come_back() {
     );
     // The consumer's handle goes (as at its death): its lock with it.
     drop(first);
-    assert!(!opened(&daemon).consumer_alive().unwrap());
+    assert!(!forger(&daemon).consumer_alive().unwrap());
     assert_eq!(daemon.reclaim_from_dead_consumer().unwrap(), 1);
     assert_eq!(daemon.buffer_returned(1, r), Returned::Reclaimed);
-    assert_eq!(opened(&daemon).handoff().reclaimed.load(Relaxed), 1);
+    assert_eq!(forger(&daemon).handoff().reclaimed.load(Relaxed), 1);
     // Now the second one may attach.
     second.attach_consumer(ProcessId::current()).unwrap();
 }
@@ -106,7 +100,7 @@ fn a_new_consumer_reclaims_what_its_dead_predecessor_held() {
     next.attach_consumer(ProcessId::current()).unwrap();
     assert_eq!(daemon.buffer_returned(0, r), Returned::Reclaimed);
     assert_eq!(
-        opened(&daemon).buffer_desc(2).load_word().state,
+        forger(&daemon).buffer_desc(2).load_word().state,
         buffer_state::FILLED,
         "a batch nobody took waits for the next consumer"
     );
@@ -130,7 +124,7 @@ fn a_ring_without_a_handoff_refuses_consumers() {
 fn scribbled_handoff_offsets_are_refused_at_open() {
     let (daemon, _u) = with_handoff("ho-bad");
     // Opened before the scribbles: a later open is refused.
-    let scribbler = opened(&daemon);
+    let scribbler = forger(&daemon);
     scribbler.handoff().host_offset.fetch_add(4096, Relaxed);
     let e = Ring::open(daemon.name(), Access::ReadOnly, T).unwrap_err();
     assert!(matches!(e, RingError::CorruptHeader { .. }), "{e}");
@@ -182,21 +176,22 @@ fn a_ring_whose_consumer_copies_lists_each_batchs_slots_for_an_opener() {
     // The consumer's buffers are its own: none lies in the ring.
     assert_eq!(c.host_buffer_ptr(0), None);
     assert_eq!(c.handoff_spec().unwrap(), b"opaque spec bytes");
-    opened(&daemon).part_slot(2, 4).unwrap().store(77, Relaxed);
-    opened(&daemon).part_slot(0, 0).unwrap().store(3, Relaxed);
+    let writer = forger(&daemon);
+    writer.part_slot(2, 4).unwrap().store(77, Relaxed);
+    writer.part_slot(0, 0).unwrap().store(3, Relaxed);
     assert_eq!(c.part_slot(2, 4), Some(77));
     assert_eq!(c.part_slot(0, 0), Some(3));
     assert!(c.part_slot(0, 5).is_none(), "past the row");
     // A ring whose daemon copies has no table.
     let (plain, _u2) = with_handoff("ho-noparts");
-    assert!(opened(&plain).part_slot(0, 0).is_none());
+    assert!(forger(&plain).part_slot(0, 0).is_none());
 }
 
 #[test]
 fn a_part_table_size_changed_under_the_ring_is_refused_at_open() {
     let (daemon, _u) = with_part_table("ho-parts-bad", false);
     // Another row length moves the config: the stored offsets no longer match.
-    opened(&daemon).handoff().part_slots.store(6, Relaxed);
+    forger(&daemon).handoff().part_slots.store(6, Relaxed);
     let e = Ring::open(daemon.name(), Access::ReadWrite, T).unwrap_err();
     assert!(matches!(e, RingError::CorruptHeader { .. }), "{e}");
     assert!(e.to_string().contains("do not match"), "{e}");
