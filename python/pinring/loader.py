@@ -397,11 +397,11 @@ class Loader:
     def _start_loaders(self, n: int, cpus: Optional[Sequence[int]]) -> None:
         from pinring._loaders import _Loaders
 
-        # The loaders adopt the spec the daemon stored in the ring, so their plan is the ring's.
-        ticket = (_native.RingTicket(self.ring, self._path) if self._pipeline is None
-                  else self._pipeline.ticket())
+        # The loaders adopt the spec the daemon stored in the ring, so their plan is the ring's;
+        # loaders=N always starts its own pipeline first.
+        assert self._pipeline is not None
         try:
-            self._loaders = _Loaders(n, ticket, cpus)
+            self._loaders = _Loaders(n, self._pipeline.ticket(), cpus)
         except BaseException:
             self.close()
             raise
@@ -492,10 +492,8 @@ class Loader:
             if self._want is not None and there != self._want and not (
                 self._lenient and there == "cpu"
             ):
-                if self._pipeline is not None:
-                    self._pipeline.detach()
-                else:
-                    c.close()
+                self._consumer = c
+                self._detach()
                 raise _native.UsageError(
                     f"ring {self.ring!r} delivers to {there}, not {self._want}: pass "
                     f"device={there!r} or leave device out, or attach to a ring that "
