@@ -18,8 +18,9 @@ use serde::de::{self, Deserializer, Visitor};
 use serde::{Deserialize, Serialize, Serializer};
 
 use crate::dataset::{
-    ImageDataset, ImageFolderDataset, ImageOutput, ImageTransform, NpyDataset, OnBadSample,
-    RawDataset, TokensDataset, WebDatasetDataset, INPUT_IDS, TARGETS,
+    ImageDataset, ImageDecode, ImageFolderDataset, ImageOutput, ImageTransform, NpyDataset,
+    OnBadSample, RawDataset, TokensDataset, WebDatasetDataset, INPUT_IDS, MIN_ENCODED_SHARE,
+    TARGETS,
 };
 use crate::fields::{BatchLayout, Field, IMAGES, LABELS};
 use crate::meta::{max_encoded_len, Dtype};
@@ -174,6 +175,11 @@ mode = "0600"
 #   mean = [0.485, 0.456, 0.406]  # float outputs, R G B (ImageNet's)
 #   std = [0.229, 0.224, 0.225]
 #   reduced_decode = false  # true: large JPEGs decoded at 1/4 or 1/8 size
+#   decode = "cpu"        # "gpu": the loaders write the compressed bytes and
+#                         # whoever copies the batch out decodes them (the
+#                         # GPU with the cuda backend, the CPU with host)
+#   encoded_bytes = "64MiB"  # decode = "gpu": compressed bytes a batch may
+#                         # carry (default 256 KiB a sample)
 # With the file kinds: relative paths are relative to the directory of
 # this file; samples is the files' length (leave it out); the synthetic
 # keys (sample_shape, dtype, seed, classes) and the other kinds' keys are
@@ -1243,7 +1249,11 @@ impl Config {
             // [images], labels, [npy field], as `fields` lists them.
             let images = d.image.as_ref().map(|i| {
                 let (dtype, shape) = i.images();
-                bytes(dtype, &shape)
+                match i.encoded_share(self.plan.batch_size) {
+                    // Carried encoded: an entry and a share of the arena (crate::encoded).
+                    Some(share) => crate::ENTRY_BYTES.saturating_add(share),
+                    None => bytes(dtype, &shape),
+                }
             });
             let labels = Dtype::I64.size_of() as u64;
             let npy = d
@@ -1324,7 +1334,19 @@ impl Config {
     /// Where each field of a full batch lies in the batch's device buffer, and the buffer's size
     /// ([`BatchLayout`]; a tail batch: [`BatchLayout::placements`]).
     pub fn batch_layout(&self) -> BatchLayout {
-        BatchLayout::new(&self.fields(), self.plan.batch_size)
+        let b = self.plan.batch_size;
+        let encoded = self.dataset.image.as_ref().and_then(|i| i.encoded_share(b));
+        // `images` is the first field of the kinds that decode images.
+        BatchLayout::with_encoded(&self.fields(), b, encoded.map(|share| (0, share)))
+    }
+
+    /// Whether the ring carries the images encoded, for whoever copies a batch out to decode
+    /// (`[dataset.image] decode = "gpu"`).
+    pub fn decodes_on_copy(&self) -> bool {
+        self.dataset
+            .image
+            .as_ref()
+            .is_some_and(|i| i.decode == ImageDecode::Gpu)
     }
 
     /// Payload bytes of a full batch (`batch_size * record_bytes`, all fields).

@@ -310,6 +310,49 @@ impl ImageOutput {
     }
 }
 
+/// `[dataset.image] decode`: where the JPEGs are decoded.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    Default,
+    Serialize,
+    Deserialize,
+    bincode::Encode,
+    bincode::Decode,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum ImageDecode {
+    /// The loaders decode and transform each image and write the `images` field's pixels into
+    /// the ring (the default).
+    #[default]
+    Cpu,
+    /// The loaders write each image's compressed bytes and its crop into the ring
+    /// ([`crate::fields::EncodedEntry`]); whoever copies the batch out decodes and transforms
+    /// them into the `images` field: on the GPU with the cuda backend, on the CPU with the host
+    /// backend (the same pixels as `"cpu"`).
+    Gpu,
+}
+
+impl ImageDecode {
+    /// The config spelling.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            ImageDecode::Cpu => "cpu",
+            ImageDecode::Gpu => "gpu",
+        }
+    }
+}
+
+/// Default share of `[dataset.image] encoded_bytes` per sample of a batch (decode = "gpu"):
+/// 256 KiB, over twice the mean ImageNet JPEG (110 KB).
+pub const DEFAULT_ENCODED_SHARE: u64 = 256 << 10;
+/// Smallest share of `encoded_bytes` per sample: a JPEG's headers alone take hundreds of bytes.
+pub const MIN_ENCODED_SHARE: u64 = 1024;
+
 /// Default `crop`.
 pub const DEFAULT_CROP: u32 = 224;
 /// Default `resize` (eval).
@@ -363,6 +406,15 @@ pub struct ImageDataset {
     /// (default false; slightly different pixels, docs/IMAGES.md).
     #[serde(default)]
     pub reduced_decode: bool,
+    /// Where the JPEGs are decoded: `"cpu"` (default, by the loaders) or `"gpu"` (by whoever
+    /// copies the batch out, from the compressed bytes the loaders write into the ring).
+    #[serde(default)]
+    pub decode: ImageDecode,
+    /// decode = "gpu": bytes of compressed images a batch may carry (default 256 KiB per
+    /// sample); each part of a batch gets its samples' share. A part whose images do not fit
+    /// is refused, naming the sample and this key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encoded_bytes: Option<crate::ByteSize>,
 }
 
 // Validation refuses NaN (ranges and finite checks), so equality is reflexive.
@@ -396,6 +448,17 @@ impl ImageDataset {
     /// Normalised output's std.
     pub fn std(&self) -> [f32; 3] {
         self.std.unwrap_or(DEFAULT_STD)
+    }
+    /// decode = "gpu": bytes of a batch's arena each sample brings (`encoded_bytes` over the
+    /// batch's samples, rounded up; default [`DEFAULT_ENCODED_SHARE`]); `None` with decode =
+    /// "cpu".
+    pub fn encoded_share(&self, batch_size: u32) -> Option<u64> {
+        if self.decode != ImageDecode::Gpu {
+            return None;
+        }
+        Some(self.encoded_bytes.map_or(DEFAULT_ENCODED_SHARE, |b| {
+            b.0.div_ceil(u64::from(batch_size.max(1)))
+        }))
     }
     /// The `images` field's dtype and per-sample shape: u8 `[crop, crop, 3]` or the float
     /// dtype `[3, crop, crop]`.
@@ -456,6 +519,8 @@ const IMAGE_KEYS: &[&str] = &[
     "mean",
     "std",
     "reduced_decode",
+    "decode",
+    "encoded_bytes",
 ];
 
 /// The tables of the file kinds: (table name, its keys, the kinds it belongs to).

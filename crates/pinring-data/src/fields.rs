@@ -27,6 +27,7 @@
 //! is field-major like any part's, with the cut field's chunk being that range. The daemon
 //! copies the range to `offset + sample × sample_bytes + range offset` of the cut field.
 
+use crate::encoded::ENTRY_BYTES;
 use crate::meta::Dtype;
 use crate::plan::ByteRange;
 
@@ -108,18 +109,25 @@ pub struct FieldPlacement {
     pub bytes: u64,
     /// Bytes of the field per sample.
     pub sample_bytes: u64,
-    /// Per-sample bytes of the fields before this one: in the payload of a part of `n` samples,
-    /// this field's chunk starts at `n × record_offset` ([`FieldPlacement::chunk_in_part`]).
+    /// Per-sample bytes of the fields before this one in a slot (their `wire_bytes`): in the
+    /// payload of a part of `n` samples, this field's chunk starts at `n × record_offset`
+    /// ([`FieldPlacement::chunk_in_part`]).
     pub record_offset: u64,
+    /// Bytes of the field per sample in a slot: `sample_bytes`, or for an encoded field
+    /// ([`FieldPlacement::encoded`]) its entry and its share of the part's arena.
+    pub wire_bytes: u64,
+    /// Whether the slot carries the field encoded (`[dataset.image] decode = "gpu"`): a part's
+    /// chunk is an [`crate::EncodedChunk`] that the copier decodes into the field's tensor.
+    pub encoded: bool,
 }
 
 impl FieldPlacement {
     /// Where this field's chunk lies in the field-major payload of a part of `samples` samples:
-    /// `(offset, bytes)` = `(samples × record_offset, samples × sample_bytes)`, saturating.
+    /// `(offset, bytes)` = `(samples × record_offset, samples × wire_bytes)`, saturating.
     pub fn chunk_in_part(&self, samples: u64) -> (u64, u64) {
         (
             samples.saturating_mul(self.record_offset),
-            samples.saturating_mul(self.sample_bytes),
+            samples.saturating_mul(self.wire_bytes),
         )
     }
 
@@ -144,6 +152,9 @@ pub struct ChunkCopy {
     pub len: u64,
     /// Byte offset of the destination in the batch's device buffer.
     pub dst_offset: u64,
+    /// For an encoded field's chunk (an [`crate::EncodedChunk`]): its samples, to decode into
+    /// `samples × sample_bytes` at `dst_offset` rather than copy; `None`: a copy of `len` bytes.
+    pub decode: Option<u32>,
 }
 
 /// How a batch's fields lie in its device buffer ([`crate::Config::batch_layout`]): each field
@@ -170,12 +181,26 @@ impl BatchLayout {
     /// of field `k - 1` rounded up to [`FIELD_ALIGN`] (the first at 0). Sizes saturate (a
     /// validated config never comes near).
     pub fn new(fields: &[Field], batch_size: u32) -> BatchLayout {
+        BatchLayout::with_encoded(fields, batch_size, None)
+    }
+
+    /// As [`BatchLayout::new`], with field `encoded.0` carried encoded in the slots
+    /// ([`crate::EncodedChunk`]): each sample brings an entry and `encoded.1` bytes of arena to a part.
+    /// Byte parts never cut an encoded field (the config refuses a sample that does not fit a
+    /// slot whole).
+    pub fn with_encoded(
+        fields: &[Field],
+        batch_size: u32,
+        encoded: Option<(usize, u64)>,
+    ) -> BatchLayout {
         let b = u64::from(batch_size);
         let mut placed = Vec::with_capacity(fields.len());
         let (mut end, mut record) = (0u64, 0u64);
-        for f in fields {
+        for (k, f) in fields.iter().enumerate() {
             let offset = if placed.is_empty() { 0 } else { align_up(end) };
             let sample_bytes = f.sample_bytes();
+            let share = encoded.filter(|&(e, _)| e == k).map(|(_, share)| share);
+            let wire_bytes = share.map_or(sample_bytes, |s| ENTRY_BYTES.saturating_add(s));
             let bytes = b.saturating_mul(sample_bytes);
             let mut shape = Vec::with_capacity(f.shape.len() + 1);
             shape.push(b);
@@ -188,13 +213,15 @@ impl BatchLayout {
                 bytes,
                 sample_bytes,
                 record_offset: record,
+                wire_bytes,
+                encoded: share.is_some(),
             });
             end = offset.saturating_add(bytes);
-            record = record.saturating_add(sample_bytes);
+            record = record.saturating_add(wire_bytes);
         }
         let mut cut_field = 0;
         for (k, f) in placed.iter().enumerate() {
-            if f.sample_bytes > placed[cut_field].sample_bytes {
+            if f.wire_bytes > placed[cut_field].wire_bytes {
                 cut_field = k;
             }
         }
@@ -240,16 +267,24 @@ impl BatchLayout {
         self.fields.iter().enumerate().map(move |(field, f)| {
             let at = f.sample_offset(first);
             let (len, dst_offset) = match bytes {
-                None => (samples.saturating_mul(f.sample_bytes), at),
+                None => (samples.saturating_mul(f.wire_bytes), at),
                 Some(r) if field == self.cut_field => (r.len, at.saturating_add(r.offset)),
-                Some(r) if r.is_first() => (f.sample_bytes, at),
+                Some(r) if r.is_first() => (f.wire_bytes, at),
                 Some(_) => (0, at),
+            };
+            let decode = match bytes {
+                None => f
+                    .encoded
+                    .then(|| u32::try_from(samples).unwrap_or(u32::MAX)),
+                Some(r) if f.encoded && field != self.cut_field && r.is_first() => Some(1),
+                Some(_) => None,
             };
             let copy = ChunkCopy {
                 field,
                 src_offset: src,
                 len,
                 dst_offset,
+                decode,
             };
             src = src.saturating_add(len);
             copy
@@ -270,11 +305,13 @@ impl BatchLayout {
     /// Per-sample bytes of the fields other than the cut field (what a sample's first byte part
     /// carries besides its range).
     pub fn others_bytes(&self) -> u64 {
-        let cut = self
-            .fields
-            .get(self.cut_field)
-            .map_or(0, |f| f.sample_bytes);
+        let cut = self.fields.get(self.cut_field).map_or(0, |f| f.wire_bytes);
         self.record_bytes.saturating_sub(cut)
+    }
+
+    /// The encoded field (`[dataset.image] decode = "gpu"`), if any.
+    pub fn encoded_field(&self) -> Option<usize> {
+        self.fields.iter().position(|f| f.encoded)
     }
 
     /// The field called `name` (of a full batch).
@@ -370,6 +407,44 @@ mod tests {
     }
 
     #[test]
+    fn an_encoded_field_brings_entries_and_its_share_to_a_slot_and_its_pixels_to_the_buffer() {
+        // images 4 x 4 x 3 u8 carried encoded with a share of 100 bytes, then labels.
+        let fields = synthetic_fields(Dtype::U8, vec![4, 4, 3]);
+        let l = BatchLayout::with_encoded(&fields, 8, Some((0, 100)));
+        let [images, labels] = &l.fields[..] else {
+            panic!("{l:?}")
+        };
+        assert!(images.encoded && !labels.encoded);
+        assert_eq!((images.sample_bytes, images.wire_bytes), (48, 164));
+        assert_eq!((labels.record_offset, l.record_bytes), (164, 172));
+        // The device buffer holds pixels, as without encoding.
+        assert_eq!((labels.offset, l.total_bytes), (384, 384 + 64));
+        assert_eq!(l.encoded_field(), Some(0));
+        let copies: Vec<_> = l.part_copies(3, 5, None).collect();
+        assert_eq!(
+            copies,
+            [
+                ChunkCopy {
+                    field: 0,
+                    src_offset: 0,
+                    len: 3 * 164,
+                    dst_offset: 5 * 48,
+                    decode: Some(3)
+                },
+                ChunkCopy {
+                    field: 1,
+                    src_offset: 3 * 164,
+                    len: 24,
+                    dst_offset: 384 + 40,
+                    decode: None
+                },
+            ]
+        );
+        assert_eq!(l.payload_bytes(3), 3 * 172);
+        assert_eq!(BatchLayout::new(&fields, 8).encoded_field(), None);
+    }
+
+    #[test]
     fn part_chunks_are_field_major() {
         let l = BatchLayout::new(&synthetic_fields(Dtype::U8, vec![3, 5]), 32);
         // A part of 4 samples: 60 bytes of images, then 32 bytes of labels; 92 in all.
@@ -433,13 +508,15 @@ mod tests {
                     field: 0,
                     src_offset: 0,
                     len: 60,
-                    dst_offset: 120
+                    dst_offset: 120,
+                    decode: None
                 },
                 ChunkCopy {
                     field: 1,
                     src_offset: 60,
                     len: 32,
-                    dst_offset: 480 + 64
+                    dst_offset: 480 + 64,
+                    decode: None
                 },
             ]
         );

@@ -16,7 +16,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
 use crate::config::{Config, DatasetKind};
-use crate::dataset::{ImageDataset, ImageTransform};
+use crate::dataset::{ImageDataset, ImageDecode, ImageTransform};
 
 /// Appends `path` as written (u32 length, bytes).
 fn push_path(b: &mut Vec<u8>, path: &Path) {
@@ -37,7 +37,7 @@ fn push_field(b: &mut Vec<u8>, name: &str, dtype: u8, shape: &[u32]) {
 }
 
 /// `[dataset.image]`'s values in effect (see [`Config::fingerprint_bytes`]).
-fn push_image(b: &mut Vec<u8>, i: &ImageDataset) {
+fn push_image(b: &mut Vec<u8>, i: &ImageDataset, batch_size: u32) {
     b.push(match i.transform {
         ImageTransform::Train => 0,
         ImageTransform::Eval => 1,
@@ -53,6 +53,13 @@ fn push_image(b: &mut Vec<u8>, i: &ImageDataset) {
         b.extend_from_slice(&v.to_bits().to_le_bytes());
     }
     b.push(u8::from(i.reduced_decode));
+    // Version 11: where the images are decoded, and each sample's share of the arena (0 for
+    // decode = "cpu"): both fix the slot's payload format.
+    b.push(match i.decode {
+        ImageDecode::Cpu => 0,
+        ImageDecode::Gpu => 1,
+    });
+    b.extend_from_slice(&i.encoded_share(batch_size).unwrap_or(0).to_le_bytes());
 }
 
 /// Version of the fingerprint encoding *and* of the data algorithms (plan
@@ -79,7 +86,10 @@ fn push_image(b: &mut Vec<u8>, i: &ImageDataset) {
 /// Version 10: a batch's fields start at multiples of 16 bytes in its device buffer, not 256
 /// ([`crate::FIELD_ALIGN`]): a consumer of version 9 would read the later fields at the wrong
 /// offsets.
-pub const FINGERPRINT_VERSION: u32 = 10;
+/// Version 11: `[dataset.image] decode = "gpu"` carries the images encoded in the slots
+/// ([`crate::encoded`]): `decode` (u8: 0 cpu, 1 gpu) and each sample's share of the part's
+/// arena (u64, 0 for cpu) are hashed after `reduced_decode`.
+pub const FINGERPRINT_VERSION: u32 = 11;
 
 const MAGIC: &[u8; 8] = b"pinrngfp";
 
@@ -106,7 +116,8 @@ impl Config {
     /// (u32 each)); for `imagefolder` (kind 5): root as written, extension count
     /// (u32), each extension (u32 length, UTF-8); then for both `[dataset.image]`: transform (u8:
     /// 0 train, 1 eval), crop, resize (u32 each), scale and ratio (f64 bits, 2 each), flip (u8),
-    /// output dtype code (u8), mean and std (f32 bits, 3 each), reduced_decode (u8), every value
+    /// output dtype code (u8), mean and std (f32 bits, 3 each), reduced_decode (u8), decode (u8;
+    /// version 11) and the share of the arena per sample (u64), every value
     /// in effect (defaults included). The sample count is `samples`, the source's length once
     /// opened; the shifted windows' seed is the plan seed, and so is the seed of the train
     /// transform's crops and flips.
@@ -204,7 +215,7 @@ impl Config {
             }
         }
         if let Some(i) = &d.image {
-            push_image(&mut b, i);
+            push_image(&mut b, i, p.batch_size);
         }
         b
     }
@@ -504,7 +515,7 @@ mod tests {
         // A loader of another payload format (version 2: images only) has another fingerprint
         // for the same config, so the daemon refuses it.
         let bytes = Config::default().fingerprint_bytes();
-        assert_eq!(bytes[8..12], 10u32.to_le_bytes());
+        assert_eq!(bytes[8..12], 11u32.to_le_bytes());
         let mut v2 = bytes.clone();
         v2[8..12].copy_from_slice(&2u32.to_le_bytes());
         assert_ne!(

@@ -22,6 +22,7 @@
 
 pub mod config;
 pub mod dataset;
+pub mod encoded;
 pub mod fields;
 pub mod fingerprint;
 pub mod meta;
@@ -38,9 +39,13 @@ pub use config::{
     DEFAULT_CONFIG_TOML,
 };
 pub use dataset::{
-    ImageDataset, ImageFolderDataset, ImageOutput, ImageTransform, NpyDataset, OnBadSample,
-    TokensDataset, WebDatasetDataset, WebDatasetNpy, INPUT_IDS, NPY_DEFAULT_FIELD, TARGETS,
-    WDS_NPY_DEFAULT_FIELD,
+    ImageDataset, ImageDecode, ImageFolderDataset, ImageOutput, ImageTransform, NpyDataset,
+    OnBadSample, TokensDataset, WebDatasetDataset, WebDatasetNpy, INPUT_IDS, NPY_DEFAULT_FIELD,
+    TARGETS, WDS_NPY_DEFAULT_FIELD,
+};
+pub use encoded::{
+    write_sample, ArenaCursor, ArenaFull, ChunkError, EncodedChunk, EncodedEntry, ENTRY_BYTES,
+    FLAG_FLIP, FLAG_ZEROS,
 };
 pub use fields::{BatchLayout, ChunkCopy, Field, FieldPlacement, FIELD_ALIGN, IMAGES, LABELS};
 pub use fingerprint::FINGERPRINT_VERSION;

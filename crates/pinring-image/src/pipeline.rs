@@ -327,8 +327,38 @@ impl Pipeline {
             });
         }
         let info = self.decoder.info(data)?;
-        let side = self.spec.transform.crop();
         let (crop, flipped) = self.spec.transform.plan(info.width, info.height, key);
+        self.process_planned(data, crop, flipped, out)
+    }
+
+    /// As [`Pipeline::process`], with the crop box and flip already drawn (by a loader, from
+    /// the headers and the sample's key: `Transform::plan`): the same pixels as `process` for
+    /// the same box. `crop` must lie inside the image.
+    pub fn process_planned(
+        &mut self,
+        data: &[u8],
+        crop: CropBox,
+        flipped: bool,
+        out: &mut [u8],
+    ) -> Result<Applied, ImageError> {
+        let expected = self.spec.sample_bytes();
+        if out.len() != expected {
+            return Err(ImageError::OutputSize {
+                expected,
+                got: out.len(),
+                shape: self.spec.shape(),
+            });
+        }
+        let info = self.decoder.info(data)?;
+        let (w, h) = (f64::from(info.width), f64::from(info.height));
+        let inside = crop.left >= 0.0 && crop.top >= 0.0 && crop.width > 0.0 && crop.height > 0.0;
+        if !(inside && crop.left + crop.width <= w + 1e-6 && crop.top + crop.height <= h + 1e-6) {
+            return Err(ImageError::Spec(format!(
+                "crop box {crop:?} is not inside the {}x{} image",
+                info.width, info.height
+            )));
+        }
+        let side = self.spec.transform.crop();
         let mut reduction = 1;
         if self.spec.reduced_decode && info.format == Format::Jpeg {
             let shrink = (crop.width / side as f64).min(crop.height / side as f64);

@@ -615,6 +615,28 @@ impl Config {
                 }
             }
         }
+        if i.decode == ImageDecode::Cpu && i.encoded_bytes.is_some() {
+            return Err(self.invalid(
+                "dataset.image.encoded_bytes",
+                "given",
+                "the budget of compressed images a batch carries with decode = \"gpu\"; with \
+                 decode = \"cpu\" the loaders write pixels: remove it",
+            ));
+        }
+        if let Some(share) = i.encoded_share(self.plan.batch_size) {
+            if share < MIN_ENCODED_SHARE {
+                return Err(self.invalid(
+                    "dataset.image.encoded_bytes",
+                    i.encoded_bytes.map_or(0, |b| b.0),
+                    format!(
+                        "at least {MIN_ENCODED_SHARE} bytes per sample of a batch ({} for \
+                         plan.batch_size = {})",
+                        MIN_ENCODED_SHARE.saturating_mul(u64::from(self.plan.batch_size)),
+                        self.plan.batch_size
+                    ),
+                ));
+            }
+        }
         let crop = i.crop();
         if crop == 0 || crop > MAX_IMAGE_SIDE {
             return Err(self.invalid(
