@@ -167,6 +167,26 @@ fn webdataset_train_f32() {
     run_images(&fx, 2, &samples, None);
 }
 
+/// `[dataset.image] decode = "gpu"` on the host backend: the loaders write each JPEG's (and
+/// PNG's) compressed bytes and drawn crop into the ring, and whoever copies the batch out
+/// decodes them, on the CPU here: the pixels are the loaders' own, bit for bit, whether the
+/// consumer's engine copies (the default) or the daemon's.
+#[test]
+fn webdataset_decoded_on_copy_is_the_cpu_path_bit_for_bit() {
+    for (copies, output) in [("consumer", "bf16"), ("daemon", "u8")] {
+        let config = format!(
+            "[ring]\nslots = 4\n[daemon]\ncopies = \"{copies}\"\n[dataset]\nkind = \"webdataset\"\n\
+             [dataset.webdataset]\nshards = [\"wds/shard-0.tar\", \"wds/shard-1.tar\"]\n\
+             [dataset.image]\ntransform = \"train\"\ncrop = 16\noutput = \"{output}\"\n\
+             decode = \"gpu\"\nencoded_bytes = \"96KiB\"\n\
+             [plan]\nbatch_size = 5\nepochs = 2\nshuffle = true\nseed = 11\n"
+        );
+        let fx = Fixture::new(&format!("img-wds-gpu-{copies}"), &config);
+        let samples = shards(fx.dir.path(), &[7, 6], None);
+        run_images(&fx, 2, &samples, None);
+    }
+}
+
 fn bad_shard_config(policy: &str) -> String {
     format!(
         "[ring]\nslots = 4\n[dataset]\nkind = \"webdataset\"\non_bad_sample = \"{policy}\"\n\

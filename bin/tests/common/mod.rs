@@ -592,7 +592,19 @@ pub fn run_checked(
     let mut daemon = fx.daemon(&["--sink", "consumer"]);
     let ring = fx.wait_ready(&mut daemon);
     let kids = loaders_attached(fx, &daemon, &ring, loaders);
-    let taken = consume_checked(fx, fields, expect);
+    let taken = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        consume_checked(fx, fields, expect)
+    }));
+    let taken = match taken {
+        Ok(t) => t,
+        Err(p) => {
+            // The daemon's own account of why, beside the consumer's panic.
+            let _ = daemon.kill();
+            let (_, log) = wait_for(daemon, "daemon", LONG);
+            eprintln!("daemon log:\n{log}");
+            std::panic::resume_unwind(p);
+        }
+    };
     assert!(taken > 0);
     let (status, log) = wait_for(daemon, "daemon", LONG);
     assert!(status.success(), "daemon failed: {status}\n{log}");

@@ -23,7 +23,7 @@ pub(crate) fn check_job(
     buffer_bytes: usize,
 ) -> Result<(), BackendError> {
     check_range("submit", job.buffer, 0, 0, count, buffer_bytes)?;
-    let (offset, len, buffer) = (job.dst_offset, job.len, job.buffer);
+    let (offset, len, buffer) = (job.dst_offset, job.dst_len(), job.buffer);
     if offset.checked_add(len).is_none_or(|end| end > buffer_bytes) {
         return Err(BackendError::InvalidArgument {
             call: "submit",
@@ -33,10 +33,13 @@ pub(crate) fn check_job(
             ),
         });
     }
-    if len > 0 && job.src.is_null() {
+    if job.len > 0 && job.src.is_null() {
         return Err(BackendError::InvalidArgument {
             call: "submit",
-            what: format!("null source pointer for {len} bytes (tag {})", job.tag),
+            what: format!(
+                "null source pointer for {} bytes (tag {})",
+                job.len, job.tag
+            ),
         });
     }
     Ok(())

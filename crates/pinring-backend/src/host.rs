@@ -18,6 +18,7 @@ use crossbeam_channel::{Receiver, Sender};
 
 use crate::buf::AlignedBuf;
 use crate::checksum::checksum;
+use crate::decode::CpuDecoder;
 use crate::guard::{check_job, Guards};
 use crate::{
     Backend, BackendError, BufferExport, BufferHandoff, Completion, CopyEngine, DeviceKernels,
@@ -133,6 +134,10 @@ struct Shared {
     guards: Guards,
     /// Called after each completion is sent.
     hook: crate::HookCell,
+    /// The samples' spec of decoding uploads ([`CopyEngine::set_decoder`]).
+    decoder: std::sync::OnceLock<pinring_image::SampleSpec>,
+    /// Samples that did not decode, not yet taken.
+    faults: Mutex<Vec<crate::DecodeFault>>,
 }
 
 /// A job as queued for the upload thread.
@@ -217,6 +222,8 @@ impl HostUploader {
         let shared = Arc::new(Shared {
             guards: Guards::new(buffers),
             hook: crate::HookCell::default(),
+            decoder: std::sync::OnceLock::new(),
+            faults: Mutex::new(Vec::new()),
             buffers: bufs,
         });
         let (jobs_tx, jobs_rx) = crossbeam_channel::unbounded::<Queued>();
@@ -321,10 +328,37 @@ pub(crate) fn check_checksum_offset(buffer: usize, offset: usize) -> Result<(), 
     Ok(())
 }
 
+/// The faults' lock; a panic while it was held poisons nothing that matters (a list).
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 fn upload_loop(shared: &Shared, jobs: &Receiver<Queued>, done: &crate::CompletionSender) {
+    let mut decoder: Option<CpuDecoder> = None;
     for Queued { job, submitted } in jobs.iter() {
         let buf = &shared.buffers[job.buffer];
-        if job.len > 0 {
+        if let Some(d) = job.decode {
+            // `submit` refused a decode without a decoder, so the spec is set.
+            let spec = shared.decoder.get().copied();
+            let dec = match (&mut decoder, spec) {
+                (Some(dec), _) => Some(dec),
+                (slot @ None, Some(spec)) => CpuDecoder::new(spec).ok().map(|c| slot.insert(c)),
+                (None, None) => None,
+            };
+            if let Some(dec) = dec {
+                let chunk = dec.chunk_mut(job.len);
+                // SAFETY: as for the copy below: `submit`'s contract keeps src..src+len valid and
+                // unwritten until the completion is received; `chunk` is our own memory.
+                unsafe { std::ptr::copy_nonoverlapping(job.src, chunk.as_mut_ptr(), job.len) };
+                let (samples, faults) = dec.decode(job.tag, d.samples);
+                if !faults.is_empty() {
+                    lock(&shared.faults).extend(faults);
+                }
+                // SAFETY: `submit` checked dst_offset + dst_len <= buffer size and that dst_len is
+                // `samples` samples (what `decode` returned); the rest as for the copy below.
+                unsafe { buf.write_from(job.dst_offset, samples.as_ptr(), samples.len()) };
+            }
+        } else if job.len > 0 {
             // SAFETY: `submit` checked dst_offset + len <= buffer size and (by its own contract)
             // that src..src+len stays valid and unwritten until the completion is received, and
             // it lies outside our heap buffer. No reader touches this buffer now: its pending
@@ -352,6 +386,15 @@ fn upload_loop(shared: &Shared, jobs: &Receiver<Queued>, done: &crate::Completio
 impl CopyEngine for HostUploader {
     unsafe fn submit(&self, job: UploadJob) -> Result<(), BackendError> {
         check_job(&job, self.shared.buffers.len(), self.buffer_bytes)?;
+        if let Some(d) = &job.decode {
+            let Some(spec) = self.shared.decoder.get() else {
+                return Err(BackendError::InvalidArgument {
+                    call: "submit",
+                    what: "a decoding upload before set_decoder".into(),
+                });
+            };
+            crate::decode::check(spec, d)?;
+        }
         let Some(jobs) = self.jobs.as_ref() else {
             return Err(BackendError::WorkerGone {
                 backend: "host",
@@ -373,6 +416,25 @@ impl CopyEngine for HostUploader {
             });
         }
         Ok(())
+    }
+
+    fn set_decoder(&self, spec: pinring_image::SampleSpec) -> Result<(), BackendError> {
+        spec.validate().map_err(|e| BackendError::InvalidArgument {
+            call: "set_decoder",
+            what: e.to_string(),
+        })?;
+        match self.shared.decoder.set(spec) {
+            Ok(()) => Ok(()),
+            Err(_) if self.shared.decoder.get() == Some(&spec) => Ok(()),
+            Err(_) => Err(BackendError::InvalidArgument {
+                call: "set_decoder",
+                what: "the engine decodes into another spec already".into(),
+            }),
+        }
+    }
+
+    fn take_decode_faults(&self) -> Vec<crate::DecodeFault> {
+        std::mem::take(&mut *lock(&self.shared.faults))
     }
 
     fn completions(&self) -> &crate::Completions {
@@ -562,6 +624,7 @@ mod tests {
                 len: s.len(),
                 buffer: i,
                 dst_offset: 0,
+                decode: None,
             };
             // SAFETY: `srcs` outlives the completions received below and is not written.
             unsafe { up.submit(job) }.unwrap();
@@ -591,6 +654,7 @@ mod tests {
             len,
             buffer: 0,
             dst_offset,
+            decode: None,
         });
         // SAFETY: `s` outlives the completions received below and is not written.
         assert_eq!(unsafe { up.submit_group(&jobs) }.unwrap(), 2);
@@ -617,6 +681,7 @@ mod tests {
                 len: s.len(),
                 buffer: i % 2,
                 dst_offset: 0,
+                decode: None,
             };
             // SAFETY: `srcs` outlives all completions (received below or at drop).
             unsafe { up.submit(job) }.unwrap();
@@ -642,6 +707,7 @@ mod tests {
             len: 32,
             buffer: 0,
             dst_offset: 0,
+            decode: None,
         };
         // SAFETY: rejected before any copy is queued.
         let e = unsafe { up.submit(too_long) }.unwrap_err();
@@ -656,6 +722,7 @@ mod tests {
             len: 8,
             buffer: 1,
             dst_offset: 0,
+            decode: None,
         };
         // SAFETY: rejected before any copy is queued.
         let e = unsafe { up.submit(bad_index) }.unwrap_err();
@@ -679,6 +746,7 @@ mod tests {
                 len: parts[i].len(),
                 buffer: 0,
                 dst_offset: i * 100,
+                decode: None,
             };
             // SAFETY: `parts` outlives the completions received below and is not written.
             unsafe { up.submit(job) }.unwrap();
@@ -717,6 +785,7 @@ mod tests {
             len,
             buffer: 0,
             dst_offset,
+            decode: None,
         };
         // SAFETY: rejected before any copy is queued.
         let e = unsafe { up.submit(job(40, 32)) }.unwrap_err();
@@ -756,6 +825,7 @@ mod tests {
                 len: 8,
                 buffer: 0,
                 dst_offset: 0,
+                decode: None,
             };
             // SAFETY: refused before any copy is queued (the buffer is being read).
             refused = Some(unsafe { up.submit(job) });
@@ -776,6 +846,7 @@ mod tests {
             len: bytes.len(),
             buffer: 0,
             dst_offset: 0,
+            decode: None,
         };
         // SAFETY: `bytes` outlives the completion received below.
         unsafe { up.submit(job) }.unwrap();
@@ -814,6 +885,7 @@ mod tests {
                 len: s.len(),
                 buffer: i,
                 dst_offset: 0,
+                decode: None,
             };
             // SAFETY: `srcs` outlives the completions received below.
             unsafe { up.submit(job) }.unwrap();
@@ -904,6 +976,7 @@ mod tests {
                 len: src.len(),
                 buffer: (i % 4) as usize,
                 dst_offset: 0,
+                decode: None,
             };
             // SAFETY: `src` outlives `up`, whose drop joins the thread after all copies.
             unsafe { up.submit(job) }.unwrap();

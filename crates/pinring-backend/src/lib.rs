@@ -28,6 +28,7 @@ use std::time::Instant;
 mod buf;
 pub mod checksum;
 pub mod cuda;
+pub mod decode;
 pub mod engines;
 mod error;
 mod guard;
@@ -36,6 +37,7 @@ pub mod testing;
 
 pub use checksum::{checksum, Checksum};
 pub use cuda::{CudaBackend, CudaUploader};
+pub use decode::{Decode, DecodeFault};
 pub use error::BackendError;
 pub use host::{HostBackend, HostUploader};
 
@@ -301,6 +303,17 @@ pub struct UploadJob {
     pub buffer: usize,
     /// Byte offset in the destination device buffer where the copy starts.
     pub dst_offset: usize,
+    /// `Some`: the source is an encoded images chunk, decoded into `dst_len` bytes at
+    /// `dst_offset` rather than copied ([`decode`]); the engine must have a decoder
+    /// ([`CopyEngine::set_decoder`]).
+    pub decode: Option<Decode>,
+}
+
+impl UploadJob {
+    /// Bytes the job writes into its buffer: `len`, or a decode's `dst_len`.
+    pub fn dst_len(&self) -> usize {
+        self.decode.map_or(self.len, |d| d.dst_len)
+    }
 }
 
 // SAFETY: UploadJob is plain data; `src` is only dereferenced by the uploader's copy, and
@@ -512,6 +525,25 @@ pub trait CopyEngine: Send + Sync {
     /// to do otherwise, or on backends that never defer.
     fn flush(&self) -> Result<(), BackendError> {
         Ok(())
+    }
+
+    /// Makes the engine decode the uploads marked [`UploadJob::decode`] into samples of
+    /// `spec` (once, before the first such submit). The default refuses: the engine cannot
+    /// decode.
+    fn set_decoder(&self, spec: pinring_image::SampleSpec) -> Result<(), BackendError> {
+        let _ = spec;
+        Err(BackendError::InvalidArgument {
+            call: "set_decoder",
+            what: "this upload engine does not decode images: set [dataset.image] decode = \
+                   \"cpu\" (the loaders decode), or use a backend that decodes"
+                .into(),
+        })
+    }
+
+    /// The samples that did not decode since the last call, each written as zeros
+    /// ([`decode`]); empty for an engine without a decoder.
+    fn take_decode_faults(&self) -> Vec<DecodeFault> {
+        Vec::new()
     }
 
     /// Where completions arrive.

@@ -772,6 +772,7 @@ fn submit_slot(
         len,
         buffer,
         dst_offset,
+        decode: None,
     });
     // One group per slot, deferred, as the daemon submits a part: the backend says how
     // many completions free it, and may signal several groups with one event (flushed

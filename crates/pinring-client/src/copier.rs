@@ -118,6 +118,7 @@ impl Copier {
         buffer_bytes: u64,
         plan: &Plan,
         layout: &BatchLayout,
+        decoder: Option<pinring_backend::decode::SampleSpec>,
     ) -> Result<Copier, ClientError> {
         let backend_err = |source| ClientError::Backend {
             ring: ring.name().into(),
@@ -144,6 +145,10 @@ impl Copier {
                 .map_err(backend_err)?,
         );
         engine.set_source_ring(ring.geometry().slot_count as usize);
+        if let Some(spec) = decoder {
+            // The ring carries its images encoded: this engine decodes them as it copies.
+            engine.set_decoder(spec).map_err(backend_err)?;
+        }
         for i in 0..buffers as usize {
             engine.share_local(i).map_err(backend_err)?;
         }
@@ -283,6 +288,7 @@ impl Copier {
                     len: c.len as usize,
                     buffer: local as usize,
                     dst_offset: c.dst_offset as usize,
+                    decode: pinring_backend::Decode::of(&c, &self.layout),
                 });
             }
         }

@@ -44,6 +44,7 @@ impl Memory {
         ring: &ConsumerRing,
         plan: &pinring_data::Plan,
         layout: &pinring_data::BatchLayout,
+        decoder: Option<pinring_backend::decode::SampleSpec>,
     ) -> Result<Memory, ClientError> {
         let hg = ring.geometry().handoff.ok_or_else(|| {
             ClientError::Ring(pinring_ring::RingError::NoHandoff {
@@ -71,6 +72,7 @@ impl Memory {
                 hg.buffer_bytes,
                 plan,
                 layout,
+                decoder,
             )
             .map(|c| Memory::Own(Box::new(c)));
         }

@@ -96,13 +96,24 @@ impl Delivery {
             return Ok(());
         }
         core.uploader.record_ready(r.buffer)?;
+        // The batch's bytes in its buffer: its payload, or, with a field carried encoded, the
+        // decoded tensors' bytes (the payload holds compressed images).
+        let layout = &core.run.layout;
+        let bytes = match layout.encoded_field() {
+            None => r.bytes as u64,
+            Some(_) => layout
+                .placements(r.samples.len() as u64)
+                .iter()
+                .map(|p| p.bytes)
+                .sum(),
+        };
         let round = core.ring.fill_buffer(
             r.buffer as u32,
             &Filled {
                 round: 0,
                 seq: r.seq,
                 batch: r.batch,
-                bytes: r.bytes as u64,
+                bytes,
                 samples: r.samples.len() as u32,
                 epoch: r.epoch,
                 index_in_epoch: r.index_in_epoch,

@@ -61,6 +61,7 @@ pub use finish::cpu_seconds;
 pub use finish::{failed_at_start, judge, Known};
 use publish::{Tally, Unpublished};
 use sequencer::{HandOut, Sequencer};
+pub use start::decoder_spec;
 pub use start::default_upload_buffers;
 use uploads::{Assembly, Uploads};
 
@@ -203,6 +204,20 @@ pub enum DaemonError {
         /// The loader's message, as it wrote it into the slot (sanitised).
         message: String,
     },
+    /// A sample carried encoded did not decode (`dataset.on_bad_sample = "fail"`).
+    #[error("ring {ring:?}: sample {sample} of seq {seq} did not decode ({origin}): {problem}; the run stops (resume at the summary's resume_seq once the data is fixed, or set dataset.on_bad_sample = \"skip\" to substitute zeros)")]
+    DecodeFailed {
+        /// Ring name.
+        ring: String,
+        /// The part's seq.
+        seq: u64,
+        /// The sample's index in its part.
+        sample: u32,
+        /// Its file and member, as its entry names them.
+        origin: String,
+        /// What failed.
+        problem: String,
+    },
     /// Verification failed.
     #[error("ring {ring:?}: verification failed: {first} ({failures} batches failed, {duplicates} duplicates, {out_of_order} out of order, {missing} missing)")]
     Verify {
@@ -243,7 +258,8 @@ impl pinring_exit::Coded for DaemonError {
         match self {
             DaemonError::Config(_)
             | DaemonError::Prefetch { .. }
-            | DaemonError::DataFailed { .. } => Exit::Config,
+            | DaemonError::DataFailed { .. }
+            | DaemonError::DecodeFailed { .. } => Exit::Config,
             DaemonError::Resolve(e) => e.exit(),
             DaemonError::StoredSpec(e) => e.exit(),
             DaemonError::StartSeq { .. } | DaemonError::StartSeqInBatch { .. } => Exit::Usage,

@@ -309,6 +309,7 @@ mod tests {
                     len: c.len as usize,
                     buffer: 0,
                     dst_offset: c.dst_offset as usize,
+                    decode: None,
                 };
                 // SAFETY: `payload` lives until the completions below have arrived and is not
                 // written meanwhile; src_offset + len lies inside it (part_copies).

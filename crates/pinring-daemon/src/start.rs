@@ -75,6 +75,10 @@ impl Daemon {
             (consumer, consumer_copies),
             (buffers, buffer_bytes),
         )?;
+        if let (Some(spec), false) = (decoder_spec(&cfg), consumer_copies) {
+            // The ring carries its images encoded: the daemon's engine decodes them.
+            uploader.set_decoder(spec).map_err(DaemonError::Backend)?;
+        }
         let doorbell = ring_doorbell(&ring, &uploader, consumer && args.embedded);
         let sink = start_sink(args, &cfg, &layout, &uploader, &doorbell)?;
         let slots = cfg.slots() as usize;
@@ -522,4 +526,13 @@ fn export_buffers(
 /// event looked at"). `pinring bench`'s reference pipeline uses the same number.
 pub fn default_upload_buffers(buffer_bytes: u64) -> usize {
     (64u64 << 20).div_ceil(buffer_bytes.max(1)).clamp(4, 128) as usize
+}
+
+/// The samples an engine decodes into when the ring carries its images encoded
+/// (`[dataset.image] decode = "gpu"`): the loaders' own spec (pinring-sources' `sample_spec`),
+/// so the pixels are theirs; `None` when the loaders decode.
+pub fn decoder_spec(cfg: &pinring_data::Config) -> Option<pinring_backend::decode::SampleSpec> {
+    let image = cfg.dataset.image.as_ref()?;
+    cfg.decodes_on_copy()
+        .then(|| pinring_sources::sample_spec(image))
 }

@@ -14,7 +14,7 @@ use super::intake::TakenPart;
 use super::recovery::Recovery;
 use super::{reorder, Core, DaemonError};
 use crate::sink::{self, SinkJob};
-use pinring_backend::{Completion, UploadJob};
+use pinring_backend::{Completion, Decode, UploadJob};
 use pinring_data::Part;
 use pinring_ring::Taken;
 use std::collections::BTreeMap;
@@ -33,6 +33,8 @@ pub(super) fn upload_tag(slot: u32, field: usize) -> u64 {
 fn push_coalesced(jobs: &mut Vec<UploadJob>, job: UploadJob) {
     if let Some(last) = jobs.last_mut() {
         if last.buffer == job.buffer
+            && last.decode.is_none()
+            && job.decode.is_none()
             && last.src.wrapping_add(last.len) == job.src
             && last.dst_offset.checked_add(last.len) == Some(job.dst_offset)
         {
@@ -82,12 +84,39 @@ impl Uploads {
             core.ring.check_file()?;
             return Ok(false);
         }
+        // Before the completions are booked: their parts' seqs are still in flight, and an
+        // engine reports a part's faults before its completion.
+        if !arrived.is_empty() {
+            self.decode_faults(core)?;
+        }
         let result = self.complete_all(core, delivery, recovery, &mut arrived, &mut freed);
         self.completion_buf = arrived;
         if freed > 0 {
             core.ring.wake_loaders(freed);
         }
         result
+    }
+
+    /// The samples the engine could not decode (`[dataset.image] decode = "gpu"`): each was
+    /// written as zeros; logged naming seq, sample and origin, and with `dataset.on_bad_sample
+    /// = "fail"` the first ends the run (exit 3), as a loader's bad sample does.
+    fn decode_faults(&self, core: &Core) -> Result<(), DaemonError> {
+        for f in core.uploader.take_decode_faults() {
+            let (slot, _) = tag_parts(f.tag);
+            let seq = self.inflight.get(slot).map_or(u64::MAX, |p| p.seq);
+            let ring = &core.run.cfg.ring.name;
+            if core.run.cfg.dataset.on_bad_sample == pinring_data::OnBadSample::Fail {
+                return Err(DaemonError::DecodeFailed {
+                    ring: ring.clone(),
+                    seq,
+                    sample: f.sample,
+                    origin: f.origin,
+                    problem: f.problem,
+                });
+            }
+            tracing::warn!(ring = %ring, seq, sample = f.sample, "sample {} of seq {seq} did not decode ({}): {}; written as zeros (dataset.on_bad_sample = \"skip\")", f.sample, f.origin, f.problem);
+        }
+        Ok(())
     }
 
     /// Books the completions in `arrived`, in order (taking them out), counting the slots freed.
@@ -273,6 +302,7 @@ impl Uploads {
                     len: copy.len as usize,
                     buffer,
                     dst_offset: copy.dst_offset as usize,
+                    decode: Decode::of(&copy, &core.run.layout),
                 },
             );
         }
@@ -482,6 +512,10 @@ impl<T> SlotTable<T> {
         self.by_slot.get_mut(slot as usize)?.as_mut()
     }
 
+    pub(super) fn get(&self, slot: u32) -> Option<&T> {
+        self.by_slot.get(slot as usize)?.as_ref()
+    }
+
     /// Stores `value` for `slot`, returning the value it replaces.
     ///
     /// # Panics
@@ -579,6 +613,7 @@ mod tests {
             len,
             buffer: 2,
             dst_offset,
+            decode: None,
         };
         // Aligned fields: the second continues the first in both places.
         let mut jobs = Vec::new();

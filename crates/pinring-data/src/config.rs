@@ -1247,13 +1247,18 @@ impl Config {
         }
         if d.kind.decodes_images() {
             // [images], labels, [npy field], as `fields` lists them.
-            let images = d.image.as_ref().map(|i| {
+            // The first field's bytes are its pixels (what a part's metadata records); in a
+            // slot, an encoded one brings an entry and its share of the arena instead
+            // (crate::encoded).
+            let pixels = d.image.as_ref().map(|i| {
                 let (dtype, shape) = i.images();
-                match i.encoded_share(self.plan.batch_size) {
-                    // Carried encoded: an entry and a share of the arena (crate::encoded).
-                    Some(share) => crate::ENTRY_BYTES.saturating_add(share),
-                    None => bytes(dtype, &shape),
-                }
+                bytes(dtype, &shape)
+            });
+            let images = d.image.as_ref().map(|i| {
+                i.encoded_share(self.plan.batch_size).map_or_else(
+                    || pixels.unwrap_or(0),
+                    |share| crate::ENTRY_BYTES.saturating_add(share),
+                )
             });
             let labels = Dtype::I64.size_of() as u64;
             let npy = d
@@ -1265,7 +1270,7 @@ impl Config {
                 .unwrap_or(0)
                 .saturating_add(labels)
                 .saturating_add(npy);
-            return Some((images.unwrap_or(labels), all));
+            return Some((pixels.unwrap_or(labels), all));
         }
         let n = d.npy.as_ref()?;
         let data = bytes(n.dtype, &n.shape);

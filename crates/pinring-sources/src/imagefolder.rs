@@ -228,6 +228,11 @@ impl Source for ImageFolder {
         Some(format!("image file {}", show(path)))
     }
 
+    fn origin(&self, id: u64) -> Option<(u32, u64)> {
+        // Each sample is a file of its own: the file is the sample's index.
+        (id < self.len()).then(|| (u32::try_from(id).unwrap_or(u32::MAX), 0))
+    }
+
     fn read(&mut self, _epoch: u32, id: u64, out: &mut [FieldBuf<'_>]) -> Result<(), SourceError> {
         check_bufs(&self.fields, out)?;
         let len = self.len();

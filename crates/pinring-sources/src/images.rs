@@ -10,8 +10,8 @@
 //! randomness is `SampleKey { seed, epoch, sample_id }` with `seed` the plan's seed, so every
 //! process makes the same bytes for a sample in an epoch.
 
-use pinring_data::{Field, ImageDataset, ImageOutput, ImageTransform};
-use pinring_image::{Float, Output, Pipeline, SampleKey, SampleSpec, Transform};
+use pinring_data::{EncodedEntry, Field, ImageDataset, ImageOutput, ImageTransform, ENTRY_BYTES};
+use pinring_image::{Decoder, Float, Output, Pipeline, SampleKey, SampleSpec, Transform};
 
 use crate::{check_bufs, FieldBuf, Source, SourceError, SourceField};
 
@@ -174,5 +174,109 @@ impl Source for Decoded {
                 source: e,
             }),
         }
+    }
+}
+
+/// A source whose encoded `images` field stays encoded, for a decode on copy (`[dataset.image]
+/// decode = "gpu"`, pinring-data's `encoded` module): [`Source::read`] gives the images field
+/// as an [`EncodedEntry`]'s [`ENTRY_BYTES`] (the image's size from its headers, the crop box
+/// and flip drawn exactly as [`Decoded`] draws them, the sample's file and member) followed by
+/// the file's bytes. Only the headers are read here: a file whose headers do not decode is a
+/// bad sample here, as with [`Decoded`]; one whose compressed data is bad is found by the
+/// decoder on copy.
+#[derive(Debug)]
+pub struct Planned {
+    inner: Box<dyn Source>,
+    transform: Transform,
+    decoder: Decoder,
+    seed: u64,
+    image_at: usize,
+}
+
+impl Planned {
+    /// Wraps `inner`, whose field `images` must be encoded, with the transform of `image`;
+    /// `seed` is the plan's seed.
+    pub fn new(
+        inner: Box<dyn Source>,
+        image: &ImageDataset,
+        seed: u64,
+    ) -> Result<Planned, SourceError> {
+        let spec = sample_spec(image);
+        spec.validate().map_err(|e| SourceError::Declared {
+            problem: format!("[dataset.image]: {e}"),
+        })?;
+        let image_at = inner
+            .fields()
+            .iter()
+            .position(
+                |f| matches!(f, SourceField::Encoded { name } if name == pinring_data::IMAGES),
+            )
+            .ok_or_else(|| SourceError::Declared {
+                problem: "the source has no encoded images field to decode".into(),
+            })?;
+        Ok(Planned {
+            inner,
+            transform: spec.transform,
+            decoder: Decoder::new(),
+            seed,
+            image_at,
+        })
+    }
+}
+
+impl Source for Planned {
+    fn len(&self) -> u64 {
+        self.inner.len()
+    }
+
+    fn fields(&self) -> &[SourceField] {
+        self.inner.fields()
+    }
+
+    fn locate(&self, id: u64) -> Option<String> {
+        self.inner.locate(id)
+    }
+
+    fn origin(&self, id: u64) -> Option<(u32, u64)> {
+        self.inner.origin(id)
+    }
+
+    fn shard_sizes(&self) -> Option<&[u64]> {
+        self.inner.shard_sizes()
+    }
+
+    fn read(&mut self, epoch: u32, id: u64, out: &mut [FieldBuf<'_>]) -> Result<(), SourceError> {
+        self.inner.read(epoch, id, out)?;
+        let FieldBuf::Bytes(bytes) = &mut out[self.image_at] else {
+            return Err(SourceError::Buffers {
+                problem: "the images field takes a Bytes buffer".into(),
+            });
+        };
+        let info = self.decoder.info(bytes).map_err(|e| SourceError::Image {
+            at: self
+                .inner
+                .locate(id)
+                .unwrap_or_else(|| format!("sample {id}")),
+            source: e,
+        })?;
+        let key = SampleKey {
+            seed: self.seed,
+            epoch: u64::from(epoch),
+            sample_id: id,
+        };
+        let (crop, flipped) = self.transform.plan(info.width, info.height, key);
+        let (file, member) = self.inner.origin(id).unwrap_or((u32::MAX, 0));
+        let entry = EncodedEntry {
+            flags: if flipped { pinring_data::FLAG_FLIP } else { 0 },
+            file,
+            member,
+            width: info.width,
+            height: info.height,
+            crop: [crop.left, crop.top, crop.width, crop.height],
+            ..EncodedEntry::default()
+        };
+        bytes.splice(0..0, entry.to_bytes());
+        debug_assert!(bytes.len() as u64 >= ENTRY_BYTES);
+        Ok(())
     }
 }

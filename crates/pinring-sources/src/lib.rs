@@ -43,7 +43,7 @@ use pinring_data::{Dtype, Field};
 use serde::{Deserialize, Serialize};
 
 pub use imagefolder::{ImageFolder, ImageFolderConfig, ImageFolderError};
-pub use images::{sample_spec, Decoded};
+pub use images::{sample_spec, Decoded, Planned};
 pub use npy::{NpyConfig, NpyDtype, NpyError, NpyHeader, NpySource};
 pub use tokens::{TokenDtype, TokenOutDtype, Tokens, TokensConfig, TokensError};
 pub use webdataset::{WdsConfig, WdsError, WdsNpy, WebDataset};
@@ -147,6 +147,15 @@ pub trait Source: Send + std::fmt::Debug {
     /// byte offset 1536", "image file root/cat/1.png"); `None` where the reader has no such field
     /// or the id is out of range.
     fn locate(&self, id: u64) -> Option<String> {
+        let _ = id;
+        None
+    }
+
+    /// Sample `id`'s file (its index among the source's files: a shard, an image file) and the
+    /// byte offset of its member in that file, for an encoded sample's entry (pinring-data's
+    /// `EncodedEntry`), whose decoder names them when the bytes do not decode; `None` where
+    /// the reader has no such place.
+    fn origin(&self, id: u64) -> Option<(u32, u64)> {
         let _ = id;
         None
     }
@@ -307,8 +316,7 @@ pub fn open_dataset(cfg: &pinring_data::Config) -> Option<Result<Box<dyn Source>
         WebDataset::open(&c)
             .map_err(SourceError::from)
             .and_then(|s| match &d.image {
-                Some(image) if w.images => Decoded::new(Box::new(s), image, cfg.plan.seed)
-                    .map(|s| Box::new(s) as Box<dyn Source>),
+                Some(image) if w.images => decoded(Box::new(s), image, cfg.plan.seed),
                 _ => Ok(Box::new(s) as Box<dyn Source>),
             })
     } else if let (Some(f), Some(image)) = (&d.imagefolder, &d.image) {
@@ -318,8 +326,7 @@ pub fn open_dataset(cfg: &pinring_data::Config) -> Option<Result<Box<dyn Source>
         };
         ImageFolder::open(&c)
             .map_err(SourceError::from)
-            .and_then(|s| Decoded::new(Box::new(s), image, cfg.plan.seed))
-            .map(|s| Box::new(s) as Box<dyn Source>)
+            .and_then(|s| decoded(Box::new(s), image, cfg.plan.seed))
     } else {
         return None;
     };
@@ -327,6 +334,11 @@ pub fn open_dataset(cfg: &pinring_data::Config) -> Option<Result<Box<dyn Source>
         let want = cfg.fields();
         let got: Vec<Option<&Field>> = src.fields().iter().map(SourceField::fixed).collect();
         for (k, w) in want.iter().enumerate() {
+            // An encoded images field (decode = "gpu") is decoded into `w` on copy.
+            let encoded = cfg.batch_layout().fields.get(k).is_some_and(|p| p.encoded);
+            if encoded && matches!(src.fields().get(k), Some(SourceField::Encoded { name }) if *name == w.name) {
+                continue;
+            }
             if got.get(k).copied().flatten() != Some(w) {
                 let found = match got.get(k).copied().flatten() {
                     Some(f) => format!("{} of shape {:?}", f.dtype, f.shape),
@@ -352,6 +364,19 @@ pub fn open_dataset(cfg: &pinring_data::Config) -> Option<Result<Box<dyn Source>
         }
         Ok(src)
     }))
+}
+
+/// `inner`'s encoded images made as `image` says: decoded here (decode = "cpu",
+/// [`Decoded`]) or kept encoded with their crops drawn, for a decode on copy ([`Planned`]).
+fn decoded(
+    inner: Box<dyn Source>,
+    image: &pinring_data::ImageDataset,
+    seed: u64,
+) -> Result<Box<dyn Source>, SourceError> {
+    Ok(match image.decode {
+        pinring_data::ImageDecode::Cpu => Box::new(Decoded::new(inner, image, seed)?),
+        pinring_data::ImageDecode::Gpu => Box::new(images::Planned::new(inner, image, seed)?),
+    })
 }
 
 /// Checks `out` against `fields`: one buffer per field, `Fixed` ones of the exact size.

@@ -865,6 +865,16 @@ impl Source for WebDataset {
         })
     }
 
+    fn origin(&self, id: u64) -> Option<(u32, u64)> {
+        let s = self.samples.get(usize::try_from(id).ok()?)?;
+        let image = self
+            .config_fields
+            .iter()
+            .position(|f| matches!(f, WdsField::Image))
+            .and_then(|k| s.parts[k].as_ref());
+        Some((s.shard, image.map_or(s.offset, |p| p.offset)))
+    }
+
     fn read(&mut self, _epoch: u32, id: u64, out: &mut [FieldBuf<'_>]) -> Result<(), SourceError> {
         check_bufs(&self.fields, out)?;
         let len = self.len();

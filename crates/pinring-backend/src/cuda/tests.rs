@@ -80,6 +80,7 @@ fn gpu_smoke() {
                         len,
                         buffer,
                         dst_offset: 0,
+                        decode: None,
                     };
                     // SAFETY: the ring outlives the scope and is not written during it.
                     unsafe { up.submit(job) }.unwrap();
@@ -110,6 +111,7 @@ fn gpu_smoke() {
                 len: plain.len(),
                 buffer: 1,
                 dst_offset: 0,
+                decode: None,
             };
             // SAFETY: `plain` outlives the completion received next.
             unsafe { up.submit(job) }.unwrap();
@@ -142,6 +144,7 @@ fn gpu_smoke() {
         len: bytes.len(),
         buffer: 0,
         dst_offset: 0,
+        decode: None,
     };
     // SAFETY: `bytes` outlives the completion received next.
     unsafe { cu.submit(job) }.unwrap();
@@ -189,6 +192,7 @@ fn a_buffer_being_read_refuses_uploads() {
         len: src.len(),
         buffer: 0,
         dst_offset: 0,
+        decode: None,
     };
     {
         // What `checksum` and `compute` hold while their kernel runs.
@@ -255,6 +259,7 @@ fn cudarc_context_is_set_up_as_documented() {
         len: data.len(),
         buffer: 1,
         dst_offset: 0,
+        decode: None,
     };
     // SAFETY: `data` outlives the completion received next.
     unsafe { up.submit(job) }.unwrap();
@@ -292,6 +297,7 @@ fn a_group_of_copies_into_one_buffer_is_one_upload_with_one_completion() {
         len,
         buffer: 1,
         dst_offset,
+        decode: None,
     };
     let jobs = [
         job(5, 0, 5000, 0),
@@ -341,6 +347,7 @@ fn whole_chunk(data: &[u8], len: usize) -> impl Fn(usize) -> [UploadJob; 1] + Co
             len,
             buffer: i,
             dst_offset: 0,
+            decode: None,
         }]
     }
 }
@@ -391,6 +398,7 @@ fn a_small_source_ring_gets_an_event_per_quarter_of_its_slots_without_a_flush() 
             len: SLOT,
             buffer: i,
             dst_offset: 0,
+            decode: None,
         }]
     };
     let want = |i: usize| checksum(&data[i * SLOT..(i + 1) * SLOT]);
@@ -440,6 +448,7 @@ fn deferred_groups_complete_at_a_full_run_or_a_flush_and_land_whole() {
                 len: big,
                 buffer: i,
                 dst_offset: 0,
+                decode: None,
             },
             UploadJob {
                 tag: i as u64,
@@ -447,6 +456,7 @@ fn deferred_groups_complete_at_a_full_run_or_a_flush_and_land_whole() {
                 len: 32,
                 buffer: i,
                 dst_offset: big,
+                decode: None,
             },
         ]
     };
@@ -518,6 +528,7 @@ fn an_event_covers_at_most_half_the_buffers() {
             len: PART,
             buffer,
             dst_offset,
+            decode: None,
         }];
         // SAFETY: as above.
         unsafe { up.submit_group_deferred(&job) }.unwrap();
@@ -605,6 +616,7 @@ fn parts_from_consecutive_slots_into_contiguous_buffers_land_whole_through_runs(
             len,
             buffer,
             dst_offset: 0,
+            decode: None,
         }]
     };
     let check = |pairs: &[(usize, usize, usize)]| {

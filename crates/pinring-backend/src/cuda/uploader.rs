@@ -305,6 +305,17 @@ impl CudaUploader {
         };
         for job in jobs {
             check_job(job, self.buffers.len(), self.buffer_bytes)?;
+            if job.decode.is_some() {
+                // set_decoder refused (this engine has no decoder yet): a decoding upload here is
+                // a caller's mistake, and copying its encoded bytes would be a garbage image.
+                return Err(BackendError::InvalidArgument {
+                    call: "submit_group",
+                    what: format!(
+                        "a decoding upload (tag {}) to an engine without a decoder",
+                        job.tag
+                    ),
+                });
+            }
             if job.buffer != first.buffer {
                 return Err(BackendError::InvalidArgument {
                     call: "submit_group",

@@ -13,7 +13,10 @@
 //! cannot be read (or decoded) follows `dataset.on_bad_sample`.
 
 use crate::{Failure, Joined, Next, PartBuffers, PartError, Session, SessionError};
-use pinring_data::{BatchLayout, ByteRange, Config, DatasetKind, OnBadSample, IMAGES};
+use pinring_data::{
+    ArenaCursor, BatchLayout, ByteRange, Config, DatasetKind, EncodedEntry, OnBadSample,
+    ENTRY_BYTES, FLAG_ZEROS, IMAGES,
+};
 use pinring_exit::{Coded, Exit};
 use pinring_ring::{CommitError, LoaderRing, RingError, SlotWriter};
 use pinring_runtime::settings::{self, Overrides};
@@ -694,25 +697,91 @@ fn fill_from_source(
     for (buf, field) in f.bufs.iter_mut().zip(fields) {
         buf.resize(field.sample_bytes as usize, 0);
     }
+    // An encoded images field (decode = "gpu"): entries and the part's arena (pinring-data's
+    // `encoded`).
+    let encoded = layout.encoded_field();
+    let mut arena = encoded.map(|k| {
+        ArenaCursor::new(
+            samples.len(),
+            fields[k].wire_bytes.saturating_sub(ENTRY_BYTES),
+        )
+    });
     let mut fits = true;
     for (n, &id) in samples.iter().enumerate() {
         let read = {
             let mut out: Vec<FieldBuf<'_>> = f
                 .bufs
                 .iter_mut()
-                .map(|b| FieldBuf::Fixed(b.as_mut_slice()))
+                .enumerate()
+                .map(|(k, b)| match encoded == Some(k) {
+                    true => FieldBuf::Bytes(b),
+                    false => FieldBuf::Fixed(b.as_mut_slice()),
+                })
                 .collect();
             src.read(f.epoch, id, &mut out)
         };
         if let Err(e) = read {
             f.bad_read(id, e, None)?;
+            if let Some(k) = encoded {
+                let zeros = EncodedEntry {
+                    flags: FLAG_ZEROS,
+                    ..EncodedEntry::default()
+                };
+                f.bufs[k].clear();
+                f.bufs[k].extend_from_slice(&zeros.to_bytes());
+            }
         }
-        for (buf, field) in f.bufs.iter().zip(fields) {
+        for (k, (buf, field)) in f.bufs.iter().zip(fields).enumerate() {
             let (offset, _) = field.chunk_in_part(count);
+            if let (Some(arena), true) = (arena.as_mut(), encoded == Some(k)) {
+                fits &= write_encoded(f.slot, offset, arena, n, buf).map_err(|e| {
+                    let at = src.locate(id).unwrap_or_else(|| format!("sample {id}"));
+                    let problem = format!(
+                        "sample {id} ({at}): {e}; raise [dataset.image] encoded_bytes (the \
+                         compressed bytes a batch may carry; now {} a sample)",
+                        field.wire_bytes.saturating_sub(ENTRY_BYTES)
+                    );
+                    tracing::error!(ring = %f.ring, seq = f.seq, sample = id, "{problem}");
+                    (id, SourceError::Declared { problem })
+                })?;
+                continue;
+            }
             let at = offset as usize + n * field.sample_bytes as usize;
             fits &= f.slot.write(at, buf).is_ok();
         }
     }
+    Ok(fits)
+}
+
+/// Writes sample `n` of an encoded chunk at `chunk` in the slot: `buf` is its entry's
+/// [`ENTRY_BYTES`] then its compressed bytes ([`pinring_sources::Planned`]); the bytes go where
+/// `arena` places them, the entry (with their place) at `n × ENTRY_BYTES`. Returns whether both
+/// writes landed in the slot; the sample's bytes not fitting the arena is the error.
+fn write_encoded(
+    slot: &mut SlotWriter<'_>,
+    chunk: u64,
+    arena: &mut ArenaCursor,
+    n: usize,
+    buf: &[u8],
+) -> Result<bool, pinring_data::ArenaFull> {
+    let head = ENTRY_BYTES as usize;
+    let (mut entry, bytes) = match buf.get(..head).and_then(|h| <&[u8; 64]>::try_from(h).ok()) {
+        Some(h) => (EncodedEntry::from_bytes(h), &buf[head..]),
+        // Not what Planned gives (a source of another kind): a sample of zeros.
+        None => (
+            EncodedEntry {
+                flags: FLAG_ZEROS,
+                ..EncodedEntry::default()
+            },
+            &buf[..0],
+        ),
+    };
+    entry.offset = arena.place(bytes.len())?;
+    entry.len = bytes.len() as u32;
+    let data_at = chunk + arena.arena_start() + u64::from(entry.offset);
+    let entry_at = chunk + n as u64 * ENTRY_BYTES;
+    let mut fits = slot.write(data_at as usize, bytes).is_ok();
+    fits &= slot.write(entry_at as usize, &entry.to_bytes()).is_ok();
     Ok(fits)
 }
 

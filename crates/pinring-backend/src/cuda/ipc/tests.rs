@@ -169,6 +169,7 @@ fn submit_raw(up: &CudaUploader, tag: u64, src: *const u8, len: usize, buffer: u
         len,
         buffer,
         dst_offset: 0,
+        decode: None,
     };
     // SAFETY: every caller keeps `src..src+len` alive and unwritten until the job's completion,
     // which it receives before returning, or until the uploader's drop (which waits for the

@@ -1,0 +1,190 @@
+//! Decoding on copy (`[dataset.image] decode = "gpu"`): an upload whose source is a part's
+//! encoded images chunk (pinring-data's `encoded` module: entries, then the packed compressed
+//! bytes) writes the decoded, cropped, resized and encoded samples into the batch's buffer, as
+//! the loaders' CPU path would have written them.
+//!
+//! The caller marks such an upload with [`Decode`] and tells the engine the samples' spec once
+//! ([`crate::CopyEngine::set_decoder`]). A sample whose entry or bytes do not decode is written
+//! as zeros and reported as a [`DecodeFault`] ([`crate::CopyEngine::take_decode_faults`]); the
+//! caller applies `dataset.on_bad_sample` to it. Nothing a loader wrote can make the engine
+//! hang, read outside the chunk, or write outside the sample's place.
+//!
+//! The host backend decodes on its upload thread with pinring-image's [`Pipeline`], the
+//! loaders' own code, from the crop the loader drew: its pixels are the CPU path's, byte for
+//! byte.
+
+use pinring_data::{EncodedChunk, EncodedEntry};
+/// The samples a decoding engine makes (pinring-image's).
+pub use pinring_image::SampleSpec;
+use pinring_image::{CropBox, Pipeline};
+
+use crate::BackendError;
+
+/// An upload that decodes ([`crate::UploadJob::decode`]): its source is an encoded chunk of
+/// `samples` samples, decoded into `dst_len` bytes (`samples` × the spec's sample bytes) at
+/// the job's `dst_offset`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Decode {
+    /// Samples in the chunk.
+    pub samples: u32,
+    /// Bytes the samples take in the buffer.
+    pub dst_len: usize,
+}
+
+impl Decode {
+    /// The decode of a part's `copy` of `layout` (`None` for a plain copy).
+    pub fn of(
+        copy: &pinring_data::ChunkCopy,
+        layout: &pinring_data::BatchLayout,
+    ) -> Option<Decode> {
+        let samples = copy.decode?;
+        let sample_bytes = layout.fields.get(copy.field)?.sample_bytes;
+        Some(Decode {
+            samples,
+            dst_len: usize::try_from(u64::from(samples).saturating_mul(sample_bytes))
+                .unwrap_or(usize::MAX),
+        })
+    }
+}
+
+/// A sample that did not decode: written as zeros in its place.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DecodeFault {
+    /// The upload's tag.
+    pub tag: u64,
+    /// The sample's index in its part.
+    pub sample: u32,
+    /// Where the sample came from, as its entry says (`"file #3, member at byte 10240"`).
+    pub origin: String,
+    /// What failed.
+    pub problem: String,
+}
+
+/// Checks a job's [`Decode`] against the engine's `spec`: `dst_len` is `samples` samples.
+pub(crate) fn check(spec: &SampleSpec, d: &Decode) -> Result<(), BackendError> {
+    let want = (d.samples as usize).checked_mul(spec.sample_bytes());
+    if want != Some(d.dst_len) {
+        return Err(BackendError::InvalidArgument {
+            call: "submit",
+            what: format!(
+                "a decode of {} samples of {} bytes writes {want:?} bytes, the job says {}",
+                d.samples,
+                spec.sample_bytes(),
+                d.dst_len
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// A decoder of encoded chunks on the CPU, with its scratch reused from job to job.
+#[derive(Debug)]
+pub(crate) struct CpuDecoder {
+    pipeline: Pipeline,
+    /// The chunk, copied out of shared memory before its entries are checked and used, so no
+    /// writer can change a value between its check and its use.
+    chunk: Vec<u8>,
+    /// The part's samples, decoded.
+    out: Vec<u8>,
+}
+
+impl CpuDecoder {
+    pub(crate) fn new(spec: SampleSpec) -> Result<CpuDecoder, BackendError> {
+        let pipeline = Pipeline::new(spec).map_err(|e| BackendError::InvalidArgument {
+            call: "set_decoder",
+            what: e.to_string(),
+        })?;
+        Ok(CpuDecoder {
+            pipeline,
+            chunk: Vec::new(),
+            out: Vec::new(),
+        })
+    }
+
+    /// Bytes of one decoded sample.
+    pub(crate) fn sample_bytes(&self) -> usize {
+        self.pipeline.spec().sample_bytes()
+    }
+
+    /// The copied chunk's buffer, `len` bytes, for the caller to fill.
+    pub(crate) fn chunk_mut(&mut self, len: usize) -> &mut [u8] {
+        self.chunk.resize(len, 0);
+        &mut self.chunk
+    }
+
+    /// Decodes the chunk last filled through [`CpuDecoder::chunk_mut`] (`samples` samples) and
+    /// returns the samples' bytes (zeros for each fault) and the faults.
+    pub(crate) fn decode(&mut self, tag: u64, samples: u32) -> (&[u8], Vec<DecodeFault>) {
+        let sb = self.sample_bytes();
+        self.out.clear();
+        self.out.resize(samples as usize * sb, 0);
+        let mut faults = Vec::new();
+        let chunk = match EncodedChunk::new(&self.chunk, samples) {
+            Ok(c) => c,
+            Err(e) => {
+                faults.extend((0..samples).map(|n| DecodeFault {
+                    tag,
+                    sample: n,
+                    origin: "unknown".into(),
+                    problem: e.to_string(),
+                }));
+                return (&self.out, faults);
+            }
+        };
+        for n in 0..samples as usize {
+            let dst = &mut self.out[n * sb..(n + 1) * sb];
+            let (entry, bytes) = match chunk.entry(n) {
+                Ok(e) => e,
+                Err(e) => {
+                    faults.push(DecodeFault {
+                        tag,
+                        sample: n as u32,
+                        origin: "unknown".into(),
+                        problem: e.to_string(),
+                    });
+                    continue;
+                }
+            };
+            if entry.zeros() {
+                continue;
+            }
+            if let Err(problem) = decode_one(&mut self.pipeline, &entry, bytes, dst) {
+                dst.fill(0);
+                faults.push(DecodeFault {
+                    tag,
+                    sample: n as u32,
+                    origin: entry.origin().to_string(),
+                    problem,
+                });
+            }
+        }
+        (&self.out, faults)
+    }
+}
+
+/// One sample: the image's headers must give the size its entry records (the box was drawn
+/// for it), then the loaders' pipeline decodes and transforms it with the entry's box.
+fn decode_one(
+    pipeline: &mut Pipeline,
+    entry: &EncodedEntry,
+    bytes: &[u8],
+    dst: &mut [u8],
+) -> Result<(), String> {
+    let [left, top, width, height] = entry.crop;
+    let crop = CropBox {
+        left,
+        top,
+        width,
+        height,
+    };
+    let applied = pipeline
+        .process_planned(bytes, crop, entry.flipped(), dst)
+        .map_err(|e| e.to_string())?;
+    if (applied.width, applied.height) != (entry.width, entry.height) {
+        return Err(format!(
+            "the image is {}x{}, its entry says {}x{}",
+            applied.width, applied.height, entry.width, entry.height
+        ));
+    }
+    Ok(())
+}
