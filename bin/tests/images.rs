@@ -187,6 +187,56 @@ fn webdataset_decoded_on_copy_is_the_cpu_path_bit_for_bit() {
     }
 }
 
+/// A JPEG larger than what its part's arena has left (`encoded_bytes` too small) stops the loader
+/// with exit 3 naming the sample, its shard and member, and the setting to raise, whatever
+/// `on_bad_sample` says (it is the config's limit, not a bad file); the daemon stops with it.
+#[test]
+fn a_jpeg_over_the_batch_budget_names_the_sample_and_encoded_bytes() {
+    let config = "[ring]\nslots = 4\n[dataset]\nkind = \"webdataset\"\non_bad_sample = \"skip\"\n\
+                  [dataset.webdataset]\nshards = [\"wds/shard-0.tar\"]\n\
+                  [dataset.image]\ntransform = \"eval\"\ncrop = 16\nresize = 20\n\
+                  decode = \"gpu\"\nencoded_bytes = \"3KiB\"\n\
+                  [plan]\nbatch_size = 3\nepochs = 1\n";
+    let fx = Fixture::new("img-budget", config);
+    let wds = fx.dir.path().join("wds");
+    std::fs::create_dir_all(&wds).unwrap();
+    let file = std::fs::File::create(wds.join("shard-0.tar")).unwrap();
+    let mut b = tar::Builder::new(file);
+    for k in 0..3u64 {
+        // Sample 1 is a 320 x 240 JPEG: tens of KiB, over the 3 KiB of its part.
+        let bytes = if k == 1 {
+            jpeg(320, 240, k)
+        } else {
+            jpeg(24, 20, k)
+        };
+        for (name, data) in [
+            (format!("s{k}.jpg"), bytes),
+            (format!("s{k}.cls"), b"1".to_vec()),
+        ] {
+            let mut h = tar::Header::new_gnu();
+            h.set_size(data.len() as u64);
+            h.set_mode(0o644);
+            h.set_cksum();
+            b.append_data(&mut h, &name, data.as_slice()).unwrap();
+        }
+    }
+    b.into_inner().unwrap();
+    let mut daemon = fx.daemon(&["--sink", "consumer"]);
+    fx.wait_ready(&mut daemon);
+    let (status, log) = wait_for(fx.loader(&fx.config), "loader", LONG);
+    assert_eq!(status.code(), Some(3), "{log}");
+    assert!(
+        log.contains("sample 1")
+            && log.contains("shard-0.tar")
+            && log.contains("s1.jpg")
+            && log.contains("encoded_bytes"),
+        "{log}"
+    );
+    let (status, daemon_log) = wait_for(daemon, "daemon", LONG);
+    assert_eq!(status.code(), Some(3), "{daemon_log}");
+    assert!(daemon_log.contains("encoded_bytes"), "{daemon_log}");
+}
+
 fn bad_shard_config(policy: &str) -> String {
     format!(
         "[ring]\nslots = 4\n[dataset]\nkind = \"webdataset\"\non_bad_sample = \"{policy}\"\n\

@@ -188,3 +188,182 @@ fn decode_one(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{CopyEngine, DeviceKernels, HostUploader, UploadJob};
+    use pinring_data::{write_sample, ArenaCursor, FLAG_FLIP, FLAG_ZEROS};
+    use pinring_image::{synth, Output, SampleKey, Transform};
+    use std::time::Duration;
+
+    fn jpeg(w: u32, h: u32, seed: u64) -> Vec<u8> {
+        let pixels = synth::photo(w, h, seed, 8);
+        let mut buf = Vec::new();
+        jpeg_encoder::Encoder::new(&mut buf, 90)
+            .encode(&pixels, w as u16, h as u16, jpeg_encoder::ColorType::Rgb)
+            .unwrap();
+        buf
+    }
+
+    fn spec() -> SampleSpec {
+        SampleSpec {
+            transform: Transform::Train {
+                crop: 16,
+                scale: (0.08, 1.0),
+                ratio: (0.75, 4.0 / 3.0),
+                flip_p: 0.5,
+            },
+            output: Output::U8Hwc,
+            reduced_decode: false,
+        }
+    }
+
+    /// A part of four samples: two good JPEGs, bytes that are no image, and a sample the loader
+    /// substituted with zeros; one more part whose second entry names bytes past its arena.
+    /// The engine writes each good sample as `Pipeline::process` makes it for the same key,
+    /// zeros for the others, and reports the two it could not decode, naming sample and origin.
+    #[test]
+    fn the_host_engine_decodes_good_samples_and_reports_each_bad_one() {
+        let spec = spec();
+        let sb = spec.sample_bytes();
+        let up = HostUploader::new(1, 8 * sb).unwrap();
+        let images = [
+            jpeg(40, 30, 1),
+            jpeg(33, 47, 2),
+            b"not an image at all".to_vec(),
+        ];
+        let mut chunk = vec![0u8; 4 * (64 + 4096)];
+        let mut cursor = ArenaCursor::new(4, 4096);
+        let mut want = vec![0u8; 4 * sb];
+        let mut pipeline = Pipeline::new(spec).unwrap();
+        for (n, bytes) in images.iter().enumerate() {
+            let key = SampleKey {
+                seed: 7,
+                epoch: 0,
+                sample_id: n as u64,
+            };
+            let (w, h) = if n < 2 {
+                let a = pipeline
+                    .process(bytes, key, &mut want[n * sb..(n + 1) * sb])
+                    .unwrap();
+                (a.width, a.height)
+            } else {
+                (40, 30)
+            };
+            let (crop, flip) = spec.transform.plan(w, h, key);
+            let entry = EncodedEntry {
+                flags: if flip { FLAG_FLIP } else { 0 },
+                file: 9,
+                member: 512 * n as u64,
+                width: w,
+                height: h,
+                crop: [crop.left, crop.top, crop.width, crop.height],
+                ..EncodedEntry::default()
+            };
+            write_sample(&mut chunk, &mut cursor, n, entry, bytes).unwrap();
+        }
+        let zeros = EncodedEntry {
+            flags: FLAG_ZEROS,
+            ..EncodedEntry::default()
+        };
+        write_sample(&mut chunk, &mut cursor, 3, zeros, &[]).unwrap();
+        up.set_decoder(spec).unwrap();
+        let job = UploadJob {
+            tag: 5,
+            src: chunk.as_ptr(),
+            len: chunk.len(),
+            buffer: 0,
+            dst_offset: 0,
+            decode: Some(Decode {
+                samples: 4,
+                dst_len: 4 * sb,
+            }),
+        };
+        // SAFETY: `chunk` outlives the completion received below and is not written meanwhile.
+        unsafe { up.submit(job) }.unwrap();
+        let c = up
+            .completions()
+            .recv_timeout(Duration::from_secs(10))
+            .unwrap();
+        c.result.unwrap();
+        let read = |got: &mut Vec<u8>| {
+            up.read_host(0, 0, 4 * sb, &mut |b| got.copy_from_slice(b))
+                .unwrap();
+        };
+        let mut got = vec![0u8; 4 * sb];
+        read(&mut got);
+        assert!(
+            got == want,
+            "decoded samples differ from the loaders' pipeline"
+        );
+        let faults = up.take_decode_faults();
+        assert_eq!(faults.len(), 1, "{faults:?}");
+        assert_eq!((faults[0].tag, faults[0].sample), (5, 2));
+        assert_eq!(faults[0].origin, "file #9, member at byte 1024");
+        // A scribbled entry: its bytes past the arena. Refused before any byte is read.
+        let e = EncodedEntry::from_bytes(chunk[64..128].try_into().unwrap());
+        chunk[64..128].copy_from_slice(&EncodedEntry { offset: 20000, ..e }.to_bytes());
+        // SAFETY: as above.
+        unsafe { up.submit(UploadJob { tag: 6, ..job }) }.unwrap();
+        up.completions()
+            .recv_timeout(Duration::from_secs(10))
+            .unwrap()
+            .result
+            .unwrap();
+        let faults = up.take_decode_faults();
+        assert_eq!(faults.iter().map(|f| f.sample).collect::<Vec<_>>(), [1, 2]);
+        assert!(
+            faults[0].problem.contains("not inside the part's arena"),
+            "{faults:?}"
+        );
+        read(&mut got);
+        assert!(
+            got[sb..2 * sb].iter().all(|&b| b == 0),
+            "a refused sample is zeros"
+        );
+        assert!(got[..sb] == want[..sb]);
+    }
+
+    #[test]
+    fn a_decoding_upload_needs_a_decoder_and_its_samples_exact_bytes() {
+        let spec = spec();
+        let sb = spec.sample_bytes();
+        let up = HostUploader::new(1, 4 * sb).unwrap();
+        let chunk = vec![0u8; 2 * (64 + 1024)];
+        let job = UploadJob {
+            tag: 1,
+            src: chunk.as_ptr(),
+            len: chunk.len(),
+            buffer: 0,
+            dst_offset: 0,
+            decode: Some(Decode {
+                samples: 2,
+                dst_len: 2 * sb,
+            }),
+        };
+        // SAFETY: refused before anything is queued, so nothing reads `chunk` later.
+        let e = unsafe { up.submit(job) }.unwrap_err();
+        assert!(e.to_string().contains("before set_decoder"), "{e}");
+        up.set_decoder(spec).unwrap();
+        let wrong = UploadJob {
+            decode: Some(Decode {
+                samples: 2,
+                dst_len: 2 * sb - 1,
+            }),
+            ..job
+        };
+        // SAFETY: as above.
+        let e = unsafe { up.submit(wrong) }.unwrap_err();
+        assert!(e.to_string().contains("writes"), "{e}");
+        let past = UploadJob {
+            dst_offset: 3 * sb,
+            ..job
+        };
+        assert!(
+            // SAFETY: as above.
+            unsafe { up.submit(past) }.is_err(),
+            "the decoded samples end past the buffer"
+        );
+    }
+}

@@ -75,10 +75,7 @@ impl Daemon {
             (consumer, consumer_copies),
             (buffers, buffer_bytes),
         )?;
-        if let (Some(spec), false) = (decoder_spec(&cfg), consumer_copies) {
-            // The ring carries its images encoded: the daemon's engine decodes them.
-            uploader.set_decoder(spec).map_err(DaemonError::Backend)?;
-        }
+        decode_on_copy(&cfg, &*uploader, consumer_copies)?;
         let doorbell = ring_doorbell(&ring, &uploader, consumer && args.embedded);
         let sink = start_sink(args, &cfg, &layout, &uploader, &doorbell)?;
         let slots = cfg.slots() as usize;
@@ -526,6 +523,18 @@ fn export_buffers(
 /// event looked at"). `pinring bench`'s reference pipeline uses the same number.
 pub fn default_upload_buffers(buffer_bytes: u64) -> usize {
     (64u64 << 20).div_ceil(buffer_bytes.max(1)).clamp(4, 128) as usize
+}
+
+/// A ring that carries its images encoded, copied by this daemon: its engine decodes them.
+fn decode_on_copy(
+    cfg: &pinring_data::Config,
+    uploader: &dyn Uploader,
+    consumer_copies: bool,
+) -> Result<(), DaemonError> {
+    match decoder_spec(cfg) {
+        Some(spec) if !consumer_copies => Ok(uploader.set_decoder(spec)?),
+        _ => Ok(()),
+    }
 }
 
 /// The samples an engine decodes into when the ring carries its images encoded

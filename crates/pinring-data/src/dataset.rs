@@ -331,7 +331,7 @@ pub enum ImageDecode {
     #[default]
     Cpu,
     /// The loaders write each image's compressed bytes and its crop into the ring
-    /// ([`crate::fields::EncodedEntry`]); whoever copies the batch out decodes and transforms
+    /// ([`crate::EncodedEntry`]); whoever copies the batch out decodes and transforms
     /// them into the `images` field: on the GPU with the cuda backend, on the CPU with the host
     /// backend (the same pixels as `"cpu"`).
     Gpu,
