@@ -77,6 +77,23 @@ pub(crate) fn check(spec: &SampleSpec, d: &Decode) -> Result<(), BackendError> {
     Ok(())
 }
 
+/// How an engine decoded its samples, per way (the cuda engine's; the host engine decodes
+/// every sample on the CPU by design and counts none).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DecodeCounts {
+    /// Decoded by nvJPEG.
+    pub gpu: u64,
+    /// On the CPU: not a JPEG nvJPEG reads (a PNG, or headers it refuses).
+    pub cpu_not_jpeg: u64,
+    /// On the CPU: a JPEG the backend's batched decode does not take (progressive, an unusual
+    /// subsampling).
+    pub cpu_unsupported: u64,
+    /// On the CPU: a JPEG of other than 1 or 3 components (CMYK).
+    pub cpu_components: u64,
+    /// Not decoded at all: written as zeros and reported as a [`DecodeFault`].
+    pub failed: u64,
+}
+
 /// A decoder of encoded chunks on the CPU, with its scratch reused from job to job.
 #[derive(Debug)]
 pub(crate) struct CpuDecoder {

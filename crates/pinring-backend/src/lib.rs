@@ -37,7 +37,7 @@ pub mod testing;
 
 pub use checksum::{checksum, Checksum};
 pub use cuda::{CudaBackend, CudaUploader};
-pub use decode::{Decode, DecodeFault};
+pub use decode::{Decode, DecodeCounts, DecodeFault};
 pub use error::BackendError;
 pub use host::{HostBackend, HostUploader};
 
@@ -544,6 +544,11 @@ pub trait CopyEngine: Send + Sync {
     /// ([`decode`]); empty for an engine without a decoder.
     fn take_decode_faults(&self) -> Vec<DecodeFault> {
         Vec::new()
+    }
+
+    /// How the engine's decoder decoded its samples so far (zeros where it has none).
+    fn decode_counts(&self) -> DecodeCounts {
+        DecodeCounts::default()
     }
 
     /// Where completions arrive.

@@ -188,7 +188,7 @@ impl Consumer {
         let (start, end_seq) = (ring.start_seq(), ring.end_seq());
         ring.attach_consumer(ProcessId::current())?;
         // When this process copies, its engine reads each part from its slot by the plan.
-        let decoder = pinring_daemon::decoder_spec(cfg);
+        let decoder = cfg.decoder_spec();
         let memory = Memory::open(&ring, plan, fields.layout(), decoder)?;
         let in_order = ring.in_order();
         let available = first_available(&ring);

@@ -61,7 +61,6 @@ pub use finish::cpu_seconds;
 pub use finish::{failed_at_start, judge, Known};
 use publish::{Tally, Unpublished};
 use sequencer::{HandOut, Sequencer};
-pub use start::decoder_spec;
 pub use start::default_upload_buffers;
 use uploads::{Assembly, Uploads};
 

@@ -531,17 +531,8 @@ fn decode_on_copy(
     uploader: &dyn Uploader,
     consumer_copies: bool,
 ) -> Result<(), DaemonError> {
-    match decoder_spec(cfg) {
+    match cfg.decoder_spec() {
         Some(spec) if !consumer_copies => Ok(uploader.set_decoder(spec)?),
         _ => Ok(()),
     }
-}
-
-/// The samples an engine decodes into when the ring carries its images encoded
-/// (`[dataset.image] decode = "gpu"`): the loaders' own spec (pinring-sources' `sample_spec`),
-/// so the pixels are theirs; `None` when the loaders decode.
-pub fn decoder_spec(cfg: &pinring_data::Config) -> Option<pinring_backend::decode::SampleSpec> {
-    let image = cfg.dataset.image.as_ref()?;
-    cfg.decodes_on_copy()
-        .then(|| pinring_sources::sample_spec(image))
 }

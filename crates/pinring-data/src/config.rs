@@ -1345,6 +1345,15 @@ impl Config {
         BatchLayout::with_encoded(&self.fields(), b, encoded.map(|share| (0, share)))
     }
 
+    /// The samples an engine decodes into when the ring carries its images encoded
+    /// (`[dataset.image] decode = "gpu"`): the loaders' own spec
+    /// ([`ImageDataset::sample_spec`]), so the pixels are theirs; `None` when the loaders
+    /// decode.
+    pub fn decoder_spec(&self) -> Option<pinring_image::SampleSpec> {
+        let image = self.dataset.image.as_ref()?;
+        self.decodes_on_copy().then(|| image.sample_spec())
+    }
+
     /// Whether the ring carries the images encoded, for whoever copies a batch out to decode
     /// (`[dataset.image] decode = "gpu"`).
     pub fn decodes_on_copy(&self) -> bool {

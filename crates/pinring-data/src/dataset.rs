@@ -460,6 +460,44 @@ impl ImageDataset {
             b.0.div_ceil(u64::from(batch_size.max(1)))
         }))
     }
+    /// pinring-image's `SampleSpec` for this table: the transform, the output and
+    /// `reduced_decode`, every value in effect. The loaders (decode = "cpu") and the engines
+    /// that decode on copy (decode = "gpu") make their samples from it.
+    pub fn sample_spec(&self) -> pinring_image::SampleSpec {
+        use pinring_image::{Float, Output, SampleSpec, Transform};
+        let transform = match self.transform {
+            ImageTransform::Eval => Transform::Eval {
+                resize: self.resize(),
+                crop: self.crop(),
+            },
+            ImageTransform::Train => {
+                let ([s0, s1], [r0, r1]) = (self.scale(), self.ratio());
+                Transform::Train {
+                    crop: self.crop(),
+                    scale: (s0, s1),
+                    ratio: (r0, r1),
+                    flip_p: if self.flip() { 0.5 } else { 0.0 },
+                }
+            }
+        };
+        let normalized = |dtype| Output::Normalized {
+            dtype,
+            mean: self.mean(),
+            std: self.std(),
+        };
+        let output = match self.output {
+            ImageOutput::U8 => Output::U8Hwc,
+            ImageOutput::F16 => normalized(Float::F16),
+            ImageOutput::Bf16 => normalized(Float::Bf16),
+            ImageOutput::F32 => normalized(Float::F32),
+        };
+        SampleSpec {
+            transform,
+            output,
+            reduced_decode: self.reduced_decode,
+        }
+    }
+
     /// The `images` field's dtype and per-sample shape: u8 `[crop, crop, 3]` or the float
     /// dtype `[3, crop, crop]`.
     pub fn images(&self) -> (Dtype, Vec<u32>) {

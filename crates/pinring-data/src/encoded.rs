@@ -92,6 +92,15 @@ impl EncodedEntry {
         }
     }
 
+    /// The entry in `raw`, checked against an arena of `arena` bytes as
+    /// [`EncodedChunk::entry`] checks it (for a reader that holds the entries apart from the
+    /// arena).
+    pub fn checked(raw: &[u8; ENTRY_BYTES as usize], arena: u64) -> Result<EncodedEntry, String> {
+        let e = EncodedEntry::from_bytes(raw);
+        e.check(arena)?;
+        Ok(e)
+    }
+
     /// Whether the sample is flipped after the crop.
     pub fn flipped(&self) -> bool {
         self.flags & FLAG_FLIP != 0

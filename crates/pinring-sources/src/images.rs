@@ -10,44 +10,15 @@
 //! randomness is `SampleKey { seed, epoch, sample_id }` with `seed` the plan's seed, so every
 //! process makes the same bytes for a sample in an epoch.
 
-use pinring_data::{EncodedEntry, Field, ImageDataset, ImageOutput, ImageTransform, ENTRY_BYTES};
-use pinring_image::{Decoder, Float, Output, Pipeline, SampleKey, SampleSpec, Transform};
+use pinring_data::{EncodedEntry, Field, ImageDataset, ENTRY_BYTES};
+use pinring_image::{Decoder, Pipeline, SampleKey, SampleSpec, Transform};
 
 use crate::{check_bufs, FieldBuf, Source, SourceError, SourceField};
 
-/// pinring-image's [`SampleSpec`] for a `[dataset.image]` table.
+/// pinring-image's [`SampleSpec`] for a `[dataset.image]` table
+/// ([`ImageDataset::sample_spec`]).
 pub fn sample_spec(i: &ImageDataset) -> SampleSpec {
-    let transform = match i.transform {
-        ImageTransform::Eval => Transform::Eval {
-            resize: i.resize(),
-            crop: i.crop(),
-        },
-        ImageTransform::Train => {
-            let ([s0, s1], [r0, r1]) = (i.scale(), i.ratio());
-            Transform::Train {
-                crop: i.crop(),
-                scale: (s0, s1),
-                ratio: (r0, r1),
-                flip_p: if i.flip() { 0.5 } else { 0.0 },
-            }
-        }
-    };
-    let normalized = |dtype| Output::Normalized {
-        dtype,
-        mean: i.mean(),
-        std: i.std(),
-    };
-    let output = match i.output {
-        ImageOutput::U8 => Output::U8Hwc,
-        ImageOutput::F16 => normalized(Float::F16),
-        ImageOutput::Bf16 => normalized(Float::Bf16),
-        ImageOutput::F32 => normalized(Float::F32),
-    };
-    SampleSpec {
-        transform,
-        output,
-        reduced_decode: i.reduced_decode,
-    }
+    i.sample_spec()
 }
 
 /// A source whose encoded `images` field is decoded into the fixed field of [`sample_spec`].

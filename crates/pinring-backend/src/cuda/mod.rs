@@ -23,6 +23,8 @@
 //! | `kernels` | checksum / sin launch glue (the PTX itself is in `ptx`) |
 //! | `zero_copy` | DEVICEMAP mapped addresses and the kernels over them |
 //! | [`ipc`] | CUDA IPC: the device buffers' handles and events for a consumer in another process, and [`ipc::Imported`], the consumer's side |
+//! //! | `decoder` | decoding on copy: nvJPEG into scratch, then the crop/resize/output kernel (`resize.cu`, compiled by NVRTC), a CPU fallback per sample |
+//! | `nvlibs` | nvJPEG and NVRTC loaded at run time: every raw call of theirs |
 //! | `raw` | the thin unsafe layer: every raw driver call (those of CUDA IPC are in `ipc/raw.rs`) |
 //!
 //! Contexts, streams and kernels are cudarc's safe types; device buffers are `cuMemAlloc`
@@ -34,8 +36,10 @@
 
 mod bandwidth;
 mod completion;
+mod decoder;
 pub mod ipc;
 mod kernels;
+mod nvlibs;
 pub(crate) mod probe;
 mod ptx;
 mod raw;

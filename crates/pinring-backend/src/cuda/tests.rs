@@ -915,3 +915,118 @@ fn copy_patterns() {
     }
     drop(reg);
 }
+
+/// The cuda engine decodes an encoded chunk (decode = "gpu"): nvJPEG and the resize kernel give
+/// each JPEG's sample within 1.0 level (mean absolute difference) of the loaders' CPU pipeline
+/// for the same box, whatever its size and subsampling; bytes that are no image go to the CPU
+/// and are reported; a substituted sample is zeros.
+#[test]
+fn gpu_decode_matches_the_cpu_pipeline() {
+    use crate::Decode;
+    use pinring_data::{write_sample, ArenaCursor, EncodedEntry, FLAG_FLIP, FLAG_ZEROS};
+    use pinring_image::{synth, Output, Pipeline, SampleKey, SampleSpec, Transform};
+    if crate::testing::gpu().is_none() {
+        return;
+    }
+    let jpeg = |w: u32, h: u32, seed: u64, sampling: jpeg_encoder::SamplingFactor| {
+        let pixels = synth::photo(w, h, seed, 8);
+        let mut buf = Vec::new();
+        let mut e = jpeg_encoder::Encoder::new(&mut buf, 90);
+        e.set_sampling_factor(sampling);
+        e.encode(&pixels, w as u16, h as u16, jpeg_encoder::ColorType::Rgb)
+            .unwrap();
+        buf
+    };
+    use jpeg_encoder::SamplingFactor as S;
+    let spec = SampleSpec {
+        transform: Transform::TRAIN_DEFAULT,
+        output: Output::U8Hwc,
+        reduced_decode: false,
+    };
+    let sb = spec.sample_bytes();
+    let files = [
+        jpeg(500, 375, 1, S::F_2_2),
+        jpeg(375, 500, 2, S::F_2_1),
+        jpeg(640, 480, 3, S::F_1_1),
+        jpeg(230, 230, 4, S::F_2_2),
+        jpeg(1200, 900, 5, S::F_2_2),
+        b"no image here".to_vec(),
+    ];
+    let n = files.len() + 1;
+    let share = 512 << 10;
+    let mut chunk = vec![0u8; n * (64 + share)];
+    let mut cursor = ArenaCursor::new(n, share as u64);
+    let mut want = vec![0u8; n * sb];
+    let mut pipeline = Pipeline::new(spec).unwrap();
+    for (k, bytes) in files.iter().enumerate() {
+        let key = SampleKey {
+            seed: 3,
+            epoch: 1,
+            sample_id: k as u64,
+        };
+        let (w, h) = match pipeline.process(bytes, key, &mut want[k * sb..(k + 1) * sb]) {
+            Ok(a) => (a.width, a.height),
+            Err(_) => (64, 64),
+        };
+        let (crop, flip) = spec.transform.plan(w, h, key);
+        let entry = EncodedEntry {
+            flags: if flip { FLAG_FLIP } else { 0 },
+            file: 1,
+            member: k as u64,
+            width: w,
+            height: h,
+            crop: [crop.left, crop.top, crop.width, crop.height],
+            ..EncodedEntry::default()
+        };
+        write_sample(&mut chunk, &mut cursor, k, entry, bytes).unwrap();
+    }
+    let zeros = EncodedEntry {
+        flags: FLAG_ZEROS,
+        ..EncodedEntry::default()
+    };
+    write_sample(&mut chunk, &mut cursor, n - 1, zeros, &[]).unwrap();
+    let b = CudaBackend::new(0).unwrap();
+    let up = b.uploader(1, n * sb, Placement::Contiguous).unwrap();
+    up.set_decoder(spec).unwrap();
+    let job = UploadJob {
+        tag: 9,
+        src: chunk.as_ptr(),
+        len: chunk.len(),
+        buffer: 0,
+        dst_offset: 0,
+        decode: Some(Decode {
+            samples: n as u32,
+            dst_len: n * sb,
+        }),
+    };
+    // SAFETY: `chunk` outlives the completion received below and is not written meanwhile.
+    unsafe { up.submit(job) }.unwrap();
+    let c = up
+        .completions()
+        .recv_timeout(Duration::from_secs(30))
+        .unwrap();
+    c.result.unwrap();
+    let mut got = vec![0u8; n * sb];
+    up.read_host(0, 0, n * sb, &mut |b| got.copy_from_slice(b))
+        .unwrap();
+    for k in 0..files.len() - 1 {
+        let (g, w) = (&got[k * sb..(k + 1) * sb], &want[k * sb..(k + 1) * sb]);
+        let mad = g
+            .iter()
+            .zip(w)
+            .map(|(&a, &b)| (a as f64 - b as f64).abs())
+            .sum::<f64>()
+            / sb as f64;
+        println!("sample {k}: mean abs difference {mad:.3}");
+        assert!(mad <= 1.0, "sample {k}: mean abs difference {mad}");
+    }
+    let faults = up.take_decode_faults();
+    println!("faults {faults:?}; counts {:?}", up.decode_counts());
+    assert_eq!(faults.iter().map(|f| f.sample).collect::<Vec<_>>(), [5]);
+    assert!(
+        got[(n - 2) * sb..].iter().all(|&v| v == 0),
+        "the bad and the zeros samples"
+    );
+    let counts = up.decode_counts();
+    assert_eq!((counts.gpu, counts.cpu_not_jpeg, counts.failed), (5, 1, 1));
+}

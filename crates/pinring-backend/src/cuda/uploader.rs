@@ -31,6 +31,7 @@ use crossbeam_channel::{Receiver, Sender};
 use cudarc::driver::{sys, CudaContext, CudaSlice, CudaStream, DriverError};
 
 use super::completion::{self, Group, InFlight};
+use super::decoder::GpuDecoder;
 use super::ipc::Exported;
 use super::kernels::{KernelState, Span};
 use super::{gib, raw, ChunkTable, CudaBackend};
@@ -91,6 +92,10 @@ pub struct CudaUploader {
     pub(super) ipc: Vec<OnceLock<Exported>>,
     /// Held while a buffer's IPC state is made, so it is made once.
     pub(super) ipc_init: Mutex<()>,
+    /// The decoder of uploads marked `UploadJob::decode` (`CopyEngine::set_decoder`), and the
+    /// samples it could not decode, not yet taken.
+    decoder: Mutex<Option<GpuDecoder>>,
+    decode_faults: Mutex<Vec<crate::DecodeFault>>,
 }
 
 impl CudaUploader {
@@ -200,6 +205,8 @@ impl CudaUploader {
             buffer_stride,
             ipc: (0..buffers).map(|_| OnceLock::new()).collect(),
             ipc_init: Mutex::new(()),
+            decoder: Mutex::new(None),
+            decode_faults: Mutex::new(Vec::new()),
         })
     }
 
@@ -305,16 +312,17 @@ impl CudaUploader {
         };
         for job in jobs {
             check_job(job, self.buffers.len(), self.buffer_bytes)?;
-            if job.decode.is_some() {
-                // set_decoder refused (this engine has no decoder yet): a decoding upload here is
-                // a caller's mistake, and copying its encoded bytes would be a garbage image.
-                return Err(BackendError::InvalidArgument {
-                    call: "submit_group",
-                    what: format!(
-                        "a decoding upload (tag {}) to an engine without a decoder",
-                        job.tag
-                    ),
-                });
+            if let Some(d) = &job.decode {
+                // Copying encoded bytes would be a garbage image: a decode needs the decoder.
+                match &*lock_any(&self.decoder) {
+                    Some(dec) => crate::decode::check(dec.spec(), d)?,
+                    None => {
+                        return Err(BackendError::InvalidArgument {
+                            call: "submit_group",
+                            what: format!("a decoding upload (tag {}) before set_decoder", job.tag),
+                        })
+                    }
+                }
             }
             if job.buffer != first.buffer {
                 return Err(BackendError::InvalidArgument {
@@ -359,6 +367,36 @@ impl CudaUploader {
         u.bytes = u.bytes.saturating_add(len);
         let dst = self.buffers[b].ptr();
         for (i, job) in jobs.iter().enumerate() {
+            if let Some(d) = job.decode {
+                let mut faults = Vec::new();
+                let mut dec = lock_any(&self.decoder);
+                let r = match dec.as_mut() {
+                    // SAFETY: the job's source stays valid and unwritten until its group's
+                    // completion (the caller's promise), which comes only after an event
+                    // recorded on the copy stream after this decode's work (`signal`); the
+                    // destination lies inside buffer `b` (checked above).
+                    Some(dec) => unsafe {
+                        dec.decode(
+                            job.tag,
+                            job.src,
+                            job.len,
+                            d,
+                            dst + job.dst_offset as u64,
+                            &mut faults,
+                        )
+                    },
+                    None => Ok(()),
+                };
+                drop(dec);
+                if !faults.is_empty() {
+                    lock_any(&self.decode_faults).extend(faults);
+                }
+                if let Err(err) = r {
+                    return Err(self.fail_held(u, err));
+                }
+                u.issued.get_or_insert_with(Instant::now);
+                continue;
+            }
             // One copy per registered chunk the source touches (usually exactly one).
             let start = job.src as usize;
             let end = start + job.len;
@@ -903,6 +941,37 @@ impl Drop for DeviceBuffer {
 }
 
 impl CopyEngine for CudaUploader {
+    fn set_decoder(&self, spec: pinring_image::SampleSpec) -> Result<(), BackendError> {
+        let mut dec = lock_any(&self.decoder);
+        match &*dec {
+            Some(d) if *d.spec() == spec => Ok(()),
+            Some(_) => Err(BackendError::InvalidArgument {
+                call: "set_decoder",
+                what: "the engine decodes into another spec already".into(),
+            }),
+            None => {
+                *dec = Some(GpuDecoder::new(
+                    &self.ctx,
+                    &self.copy_stream,
+                    spec,
+                    self.device,
+                )?);
+                Ok(())
+            }
+        }
+    }
+
+    fn take_decode_faults(&self) -> Vec<crate::DecodeFault> {
+        std::mem::take(&mut *lock_any(&self.decode_faults))
+    }
+
+    fn decode_counts(&self) -> crate::DecodeCounts {
+        lock_any(&self.decoder)
+            .as_ref()
+            .map(GpuDecoder::counts)
+            .unwrap_or_default()
+    }
+
     unsafe fn submit(&self, job: UploadJob) -> Result<(), BackendError> {
         // SAFETY: forwarded from our caller (a group of one job, one completion).
         unsafe { self.submit_group(std::slice::from_ref(&job)) }.map(|_| ())
@@ -1076,6 +1145,11 @@ impl Drop for CudaUploader {
                 .and_then(|()| ev.synchronize());
         }
     }
+}
+
+/// A lock whose holder's panic leaves nothing half-written that matters here.
+fn lock_any<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 #[cfg(test)]
