@@ -90,6 +90,9 @@ pub struct DecodeCounts {
     pub cpu_unsupported: u64,
     /// On the CPU: a JPEG of other than 1 or 3 components (CMYK).
     pub cpu_components: u64,
+    /// On the CPU: the batched decode of its part failed (one image it could not decode fails
+    /// them all; the CPU then finds which).
+    pub cpu_batch_failed: u64,
     /// Not decoded at all: written as zeros and reported as a [`DecodeFault`].
     pub failed: u64,
 }

@@ -78,6 +78,8 @@ pub(crate) struct GpuDecoder {
     cpu: Pipeline,
     cpu_out: Vec<u8>,
     counts: DecodeCounts,
+    /// The last batched decode's failure, for messages and tests.
+    pub(crate) last_batch_error: Option<String>,
 }
 
 impl std::fmt::Debug for GpuDecoder {
@@ -133,6 +135,7 @@ impl GpuDecoder {
             cpu: Pipeline::new(spec).map_err(|e| fail(e.to_string()))?,
             cpu_out: Vec::new(),
             counts: DecodeCounts::default(),
+            last_batch_error: None,
         })
     }
 
@@ -296,24 +299,20 @@ impl GpuDecoder {
             // run; each plane is width × 3 × height bytes of the scratch, which stays allocated
             // (it is replaced only after a stream synchronize, above).
             let whole = unsafe { self.nvjpeg.decode_batched(&images, &mut out, stream_ptr) };
-            if whole.is_err() {
-                // One bad image fails the batch: decode each alone to find it.
-                for (k, bytes, mut img) in batch.iter().copied() {
-                    // SAFETY: as above, one image.
-                    if let Err(err) = unsafe { self.nvjpeg.decode_one(bytes, &mut img, stream_ptr) }
-                    {
-                        self.counts.failed += 1;
-                        faults.push(DecodeFault {
-                            tag,
-                            sample: k as u32,
-                            origin: infos[k].origin().to_string(),
-                            problem: err.to_string(),
-                        });
-                        ways[k] = Way::Zeros;
+            match whole {
+                Ok(()) => self.counts.gpu += batch.len() as u64,
+                Err(err) => {
+                    // One image the engine refuses fails the whole batch (the hardware backend
+                    // has no single-image decode): the CPU decodes the batch's images instead,
+                    // and names the bad one.
+                    tracing::warn!("{err}: the part's {} images go to the CPU", batch.len());
+                    self.last_batch_error = Some(err.to_string());
+                    for (k, _, _) in &batch {
+                        self.counts.cpu_batch_failed += 1;
+                        ways[*k] = Way::Cpu;
                     }
                 }
             }
-            self.counts.gpu += batch.len() as u64;
         }
         let mut params = Vec::with_capacity(n);
         for (k, w) in ways.iter().enumerate() {

@@ -95,15 +95,6 @@ struct JpegFns {
         *mut NvImage,
         *mut c_void,
     ) -> c_int,
-    decode: unsafe extern "C" fn(
-        Handle,
-        Handle,
-        *const u8,
-        usize,
-        c_int,
-        *mut NvImage,
-        *mut c_void,
-    ) -> c_int,
     stream_create: unsafe extern "C" fn(Handle, *mut Handle) -> c_int,
     stream_destroy: unsafe extern "C" fn(Handle) -> c_int,
     stream_parse: unsafe extern "C" fn(Handle, *const u8, usize, c_int, c_int, Handle) -> c_int,
@@ -146,14 +137,13 @@ unsafe fn sym<T: Copy>(lib: &Library, name: &str) -> Result<T, String> {
         .map_err(|e| format!("{name}: {e}"))
 }
 
-/// One nvJPEG handle, its batched-decode state, a single-image state and a parsed-stream
+/// One nvJPEG handle, its batched-decode state and a parsed-stream
 /// object, on the backend chosen at [`Nvjpeg::open`]. Used by one thread at a time (the
 /// decoder's lock).
 pub(crate) struct Nvjpeg {
     f: JpegFns,
     handle: Handle,
     batched_state: Handle,
-    single_state: Handle,
     stream: Handle,
     /// The backend in use ([`BACKEND_HARDWARE`] where the GPU has the engine).
     pub(crate) backend: c_int,
@@ -195,7 +185,6 @@ impl Nvjpeg {
             image_info: load!(&lib, "nvjpegGetImageInfo")?,
             batched_init: load!(&lib, "nvjpegDecodeBatchedInitialize")?,
             batched: load!(&lib, "nvjpegDecodeBatched")?,
-            decode: load!(&lib, "nvjpegDecode")?,
             stream_create: load!(&lib, "nvjpegJpegStreamCreate")?,
             stream_destroy: load!(&lib, "nvjpegJpegStreamDestroy")?,
             stream_parse: load!(&lib, "nvjpegJpegStreamParse")?,
@@ -215,7 +204,6 @@ impl Nvjpeg {
                 f,
                 handle,
                 batched_state: ptr::null_mut(),
-                single_state: ptr::null_mut(),
                 stream: ptr::null_mut(),
                 backend,
                 batch: 0,
@@ -225,9 +213,6 @@ impl Nvjpeg {
             // destroys when non-null.
             // SAFETY: see above.
             let s = unsafe { (n.f.state_create)(n.handle, &mut n.batched_state) };
-            check("nvjpegJpegStateCreate", s).map_err(|e| e.to_string())?;
-            // SAFETY: as above.
-            let s = unsafe { (n.f.state_create)(n.handle, &mut n.single_state) };
             check("nvjpegJpegStateCreate", s).map_err(|e| e.to_string())?;
             // SAFETY: as above.
             let s = unsafe { (n.f.stream_create)(n.handle, &mut n.stream) };
@@ -315,31 +300,6 @@ impl Nvjpeg {
         };
         check("nvjpegDecodeBatched", s)
     }
-
-    /// Decodes one image, as [`Nvjpeg::decode_batched`] a batch.
-    ///
-    /// # Safety
-    /// As [`Nvjpeg::decode_batched`].
-    pub(crate) unsafe fn decode_one(
-        &mut self,
-        data: &[u8],
-        out: &mut NvImage,
-        stream: *mut c_void,
-    ) -> Result<(), NvError> {
-        // SAFETY: forwarded from our caller.
-        let s = unsafe {
-            (self.f.decode)(
-                self.handle,
-                self.single_state,
-                data.as_ptr(),
-                data.len(),
-                OUTPUT_RGBI,
-                out,
-                stream,
-            )
-        };
-        check("nvjpegDecode", s)
-    }
 }
 
 impl Drop for Nvjpeg {
@@ -350,7 +310,7 @@ impl Drop for Nvjpeg {
             // SAFETY: see above.
             unsafe { (self.f.stream_destroy)(self.stream) };
         }
-        for st in [self.batched_state, self.single_state] {
+        for st in [self.batched_state] {
             if !st.is_null() {
                 // SAFETY: see above.
                 unsafe { (self.f.state_destroy)(st) };

@@ -986,7 +986,7 @@ fn gpu_decode_matches_the_cpu_pipeline() {
     };
     write_sample(&mut chunk, &mut cursor, n - 1, zeros, &[]).unwrap();
     let b = CudaBackend::new(0).unwrap();
-    let up = b.uploader(1, n * sb, Placement::Contiguous).unwrap();
+    let up = b.cuda_uploader(1, n * sb, Placement::Contiguous).unwrap();
     up.set_decoder(spec).unwrap();
     let job = UploadJob {
         tag: 9,
@@ -1009,6 +1009,12 @@ fn gpu_decode_matches_the_cpu_pipeline() {
     let mut got = vec![0u8; n * sb];
     up.read_host(0, 0, n * sb, &mut |b| got.copy_from_slice(b))
         .unwrap();
+    let faults = up.take_decode_faults();
+    let counts = up.decode_counts();
+    println!(
+        "faults {faults:?}; counts {counts:?}; batch error {:?}",
+        up.last_decode_error()
+    );
     for k in 0..files.len() - 1 {
         let (g, w) = (&got[k * sb..(k + 1) * sb], &want[k * sb..(k + 1) * sb]);
         let mad = g
@@ -1020,13 +1026,10 @@ fn gpu_decode_matches_the_cpu_pipeline() {
         println!("sample {k}: mean abs difference {mad:.3}");
         assert!(mad <= 1.0, "sample {k}: mean abs difference {mad}");
     }
-    let faults = up.take_decode_faults();
-    println!("faults {faults:?}; counts {:?}", up.decode_counts());
     assert_eq!(faults.iter().map(|f| f.sample).collect::<Vec<_>>(), [5]);
     assert!(
         got[(n - 2) * sb..].iter().all(|&v| v == 0),
         "the bad and the zeros samples"
     );
-    let counts = up.decode_counts();
     assert_eq!((counts.gpu, counts.cpu_not_jpeg, counts.failed), (5, 1, 1));
 }

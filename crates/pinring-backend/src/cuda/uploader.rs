@@ -210,6 +210,13 @@ impl CudaUploader {
         })
     }
 
+    /// The decoder's last failed batched decode, if any.
+    pub fn last_decode_error(&self) -> Option<String> {
+        lock_any(&self.decoder)
+            .as_ref()
+            .and_then(|d| d.last_batch_error.clone())
+    }
+
     /// The device index.
     pub fn device(&self) -> usize {
         self.device
