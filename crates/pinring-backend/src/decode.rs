@@ -97,6 +97,66 @@ pub struct DecodeCounts {
     pub failed: u64,
 }
 
+/// A JPEG's frame header (its SOF segment), read by walking the marker segments from the
+/// start: what the GPU decoder needs to pick a sample's way without a call into nvJPEG.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct JpegFrame {
+    /// The SOF marker's low byte: 0xC0 baseline, 0xC1 extended sequential, 0xC2 progressive, ...
+    pub(crate) sof: u8,
+    /// Bits per sample.
+    pub(crate) precision: u8,
+    pub(crate) width: u32,
+    pub(crate) height: u32,
+    pub(crate) components: u8,
+}
+
+impl JpegFrame {
+    /// Whether a sequential Huffman decoder of 8-bit samples (nvJPEG's batched decode) takes it.
+    pub(crate) fn sequential_8bit(&self) -> bool {
+        matches!(self.sof, 0xC0 | 0xC1) && self.precision == 8
+    }
+}
+
+/// The frame header of the JPEG `data`, or `None` when `data` is not a JPEG or its headers end
+/// (or break) before a frame header: reads only the segments before it.
+pub(crate) fn jpeg_frame(data: &[u8]) -> Option<JpegFrame> {
+    if !data.starts_with(&[0xFF, 0xD8]) {
+        return None;
+    }
+    let mut at = 2usize;
+    loop {
+        // Fill bytes (0xFF) may precede a marker.
+        while data.get(at) == Some(&0xFF) && data.get(at + 1) == Some(&0xFF) {
+            at += 1;
+        }
+        if data.get(at) != Some(&0xFF) {
+            return None;
+        }
+        let marker = *data.get(at + 1)?;
+        let len = usize::from(u16::from_be_bytes([*data.get(at + 2)?, *data.get(at + 3)?]));
+        if len < 2 {
+            return None;
+        }
+        let body = data.get(at + 4..at + 2 + len)?;
+        match marker {
+            // SOF0..SOF15 but DHT (C4), JPG (C8) and DAC (CC).
+            0xC0..=0xCF if !matches!(marker, 0xC4 | 0xC8 | 0xCC) => {
+                let b = body.get(..6)?;
+                return Some(JpegFrame {
+                    sof: marker,
+                    precision: b[0],
+                    height: u32::from(u16::from_be_bytes([b[1], b[2]])),
+                    width: u32::from(u16::from_be_bytes([b[3], b[4]])),
+                    components: b[5],
+                });
+            }
+            // Start of scan before any frame: not a JPEG a decoder takes.
+            0xDA => return None,
+            _ => at += 2 + len,
+        }
+    }
+}
+
 /// A decoder of encoded chunks on the CPU, with its scratch reused from job to job.
 #[derive(Debug)]
 pub(crate) struct CpuDecoder {
@@ -343,6 +403,26 @@ mod tests {
             "a refused sample is zeros"
         );
         assert!(got[..sb] == want[..sb]);
+    }
+
+    #[test]
+    fn the_frame_header_is_found_past_the_other_segments_and_nothing_else_is_taken_for_one() {
+        let f = jpeg_frame(&jpeg(40, 30, 1)).unwrap();
+        assert_eq!(
+            (f.sof, f.precision, f.width, f.height, f.components),
+            (0xC0, 8, 40, 30, 3)
+        );
+        assert!(f.sequential_8bit());
+        let progressive = JpegFrame { sof: 0xC2, ..f };
+        assert!(!progressive.sequential_8bit());
+        let j = jpeg(40, 30, 1);
+        for cut in [0, 1, 2, 3, 10, 20] {
+            assert_eq!(jpeg_frame(&j[..cut]), None, "cut at {cut}");
+        }
+        assert_eq!(jpeg_frame(b"\x89PNG\r\n\x1a\n"), None);
+        // A zero segment length, or a scan before any frame.
+        assert_eq!(jpeg_frame(&[0xFF, 0xD8, 0xFF, 0xE0, 0, 0]), None);
+        assert_eq!(jpeg_frame(&[0xFF, 0xD8, 0xFF, 0xDA, 0, 2]), None);
     }
 
     #[test]

@@ -235,36 +235,33 @@ impl GpuDecoder {
                 continue;
             }
             let bytes = &arena[e.offset as usize..(e.offset + e.len) as usize];
-            let way = match self.nvjpeg.info(bytes) {
-                Ok(i) if (i.width, i.height) != (e.width, e.height) => {
+            let way = match crate::decode::jpeg_frame(bytes) {
+                Some(f) if (f.width, f.height) != (e.width, e.height) => {
                     faults.push(fault(
                         format!(
                             "the image is {}x{}, its entry says {}x{}",
-                            i.width, i.height, e.width, e.height
+                            f.width, f.height, e.width, e.height
                         ),
                         e.origin().to_string(),
                     ));
                     Way::Zeros
                 }
-                Ok(i) if i.components == 3 || i.components == 1 => {
-                    match self.nvjpeg.batched_supported(bytes) {
-                        Ok(true) => {
-                            let at = scratch_bytes;
-                            scratch_bytes += (e.width as usize) * (e.height as usize) * 3;
-                            Way::Batched { scratch: at }
-                        }
-                        _ => {
-                            self.counts.cpu_unsupported += 1;
-                            Way::Cpu
-                        }
-                    }
+                Some(f) if f.sequential_8bit() && matches!(f.components, 1 | 3) => {
+                    let at = scratch_bytes;
+                    scratch_bytes += (e.width as usize) * (e.height as usize) * 3;
+                    Way::Batched { scratch: at }
                 }
-                Ok(_) => {
+                Some(f) if f.sequential_8bit() => {
                     self.counts.cpu_components += 1;
                     Way::Cpu
                 }
-                Err(_) => {
-                    // Not a JPEG nvJPEG reads (a PNG, damaged headers): the CPU says which.
+                Some(_) => {
+                    // Progressive, lossless, arithmetic-coded or 12-bit.
+                    self.counts.cpu_unsupported += 1;
+                    Way::Cpu
+                }
+                None => {
+                    // Not a JPEG (a PNG), or headers that break: the CPU says which.
                     self.counts.cpu_not_jpeg += 1;
                     Way::Cpu
                 }

@@ -77,15 +77,6 @@ struct JpegFns {
     destroy: unsafe extern "C" fn(Handle) -> c_int,
     state_create: unsafe extern "C" fn(Handle, *mut Handle) -> c_int,
     state_destroy: unsafe extern "C" fn(Handle) -> c_int,
-    image_info: unsafe extern "C" fn(
-        Handle,
-        *const u8,
-        usize,
-        *mut c_int,
-        *mut c_int,
-        *mut c_int,
-        *mut c_int,
-    ) -> c_int,
     batched_init: unsafe extern "C" fn(Handle, Handle, c_int, c_int, c_int) -> c_int,
     batched: unsafe extern "C" fn(
         Handle,
@@ -95,10 +86,6 @@ struct JpegFns {
         *mut NvImage,
         *mut c_void,
     ) -> c_int,
-    stream_create: unsafe extern "C" fn(Handle, *mut Handle) -> c_int,
-    stream_destroy: unsafe extern "C" fn(Handle) -> c_int,
-    stream_parse: unsafe extern "C" fn(Handle, *const u8, usize, c_int, c_int, Handle) -> c_int,
-    batched_supported: unsafe extern "C" fn(Handle, Handle, *mut c_int) -> c_int,
 }
 
 /// Opens the first of `names` that loads.
@@ -137,14 +124,12 @@ unsafe fn sym<T: Copy>(lib: &Library, name: &str) -> Result<T, String> {
         .map_err(|e| format!("{name}: {e}"))
 }
 
-/// One nvJPEG handle, its batched-decode state and a parsed-stream
-/// object, on the backend chosen at [`Nvjpeg::open`]. Used by one thread at a time (the
-/// decoder's lock).
+/// One nvJPEG handle and its batched-decode state, on the backend chosen at [`Nvjpeg::open`].
+/// Used by one thread at a time (the decoder's lock).
 pub(crate) struct Nvjpeg {
     f: JpegFns,
     handle: Handle,
     batched_state: Handle,
-    stream: Handle,
     /// The backend in use ([`BACKEND_HARDWARE`] where the GPU has the engine).
     pub(crate) backend: c_int,
     /// Batch size the batched state was last initialised for.
@@ -164,14 +149,6 @@ impl std::fmt::Debug for Nvjpeg {
     }
 }
 
-/// An image's size as its headers give it, and its components.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Info {
-    pub(crate) width: u32,
-    pub(crate) height: u32,
-    pub(crate) components: u32,
-}
-
 impl Nvjpeg {
     /// Loads nvJPEG and opens the first backend of `backends` that the GPU has (the context
     /// must be current).
@@ -182,13 +159,8 @@ impl Nvjpeg {
             destroy: load!(&lib, "nvjpegDestroy")?,
             state_create: load!(&lib, "nvjpegJpegStateCreate")?,
             state_destroy: load!(&lib, "nvjpegJpegStateDestroy")?,
-            image_info: load!(&lib, "nvjpegGetImageInfo")?,
             batched_init: load!(&lib, "nvjpegDecodeBatchedInitialize")?,
             batched: load!(&lib, "nvjpegDecodeBatched")?,
-            stream_create: load!(&lib, "nvjpegJpegStreamCreate")?,
-            stream_destroy: load!(&lib, "nvjpegJpegStreamDestroy")?,
-            stream_parse: load!(&lib, "nvjpegJpegStreamParse")?,
-            batched_supported: load!(&lib, "nvjpegDecodeBatchedSupported")?,
         };
         let mut last = String::new();
         for &backend in backends {
@@ -204,7 +176,6 @@ impl Nvjpeg {
                 f,
                 handle,
                 batched_state: ptr::null_mut(),
-                stream: ptr::null_mut(),
                 backend,
                 batch: 0,
                 _lib: lib,
@@ -214,51 +185,9 @@ impl Nvjpeg {
             // SAFETY: see above.
             let s = unsafe { (n.f.state_create)(n.handle, &mut n.batched_state) };
             check("nvjpegJpegStateCreate", s).map_err(|e| e.to_string())?;
-            // SAFETY: as above.
-            let s = unsafe { (n.f.stream_create)(n.handle, &mut n.stream) };
-            check("nvjpegJpegStreamCreate", s).map_err(|e| e.to_string())?;
             return Ok(n);
         }
         Err(format!("no nvJPEG backend of {backends:?} opens: {last}"))
-    }
-
-    /// The image's size and components from its headers.
-    pub(crate) fn info(&self, data: &[u8]) -> Result<Info, NvError> {
-        let (mut comps, mut sub) = (0 as c_int, 0 as c_int);
-        let (mut w, mut h) = ([0 as c_int; 4], [0 as c_int; 4]);
-        // SAFETY: `data` is a live slice; the out-arrays have NVJPEG_MAX_COMPONENT (4) entries.
-        let s = unsafe {
-            (self.f.image_info)(
-                self.handle,
-                data.as_ptr(),
-                data.len(),
-                &mut comps,
-                &mut sub,
-                w.as_mut_ptr(),
-                h.as_mut_ptr(),
-            )
-        };
-        check("nvjpegGetImageInfo", s)?;
-        Ok(Info {
-            width: u32::try_from(w[0]).unwrap_or(0),
-            height: u32::try_from(h[0]).unwrap_or(0),
-            components: u32::try_from(comps).unwrap_or(0),
-        })
-    }
-
-    /// Whether the batched decode of this backend takes the image (the hardware engine takes
-    /// baseline JPEGs of its subsamplings; progressive ones go elsewhere).
-    pub(crate) fn batched_supported(&self, data: &[u8]) -> Result<bool, NvError> {
-        // SAFETY: `data` is a live slice; the parsed stream object is ours; nothing is saved.
-        let s = unsafe {
-            (self.f.stream_parse)(self.handle, data.as_ptr(), data.len(), 0, 0, self.stream)
-        };
-        check("nvjpegJpegStreamParse", s)?;
-        let mut unsupported: c_int = 1;
-        // SAFETY: the stream was parsed just above; `unsupported` is an out-parameter.
-        let s = unsafe { (self.f.batched_supported)(self.handle, self.stream, &mut unsupported) };
-        check("nvjpegDecodeBatchedSupported", s)?;
-        Ok(unsupported == 0)
     }
 
     /// Decodes `images` (host bitstreams) into `out` (interleaved RGB, one plane each) on
@@ -306,10 +235,6 @@ impl Drop for Nvjpeg {
     fn drop(&mut self) {
         // Each handle was created by this object and is destroyed once, here; the owner has
         // synchronised the stream their work ran on first.
-        if !self.stream.is_null() {
-            // SAFETY: see above.
-            unsafe { (self.f.stream_destroy)(self.stream) };
-        }
         for st in [self.batched_state] {
             if !st.is_null() {
                 // SAFETY: see above.

@@ -1033,3 +1033,117 @@ fn gpu_decode_matches_the_cpu_pipeline() {
     );
     assert_eq!((counts.gpu, counts.cpu_not_jpeg, counts.failed), (5, 1, 1));
 }
+
+/// The cuda engine's decode rate alone: parts of 64 synthetic 500×375 q90 JPEGs (4:2:0), 224²
+/// u8 output, decoded from registered memory as the daemon decodes them, submitted back to back;
+/// prints images/s and the calling thread's CPU seconds per second. A measurement, not a check:
+/// run with `--ignored` on a GPU host.
+#[test]
+#[ignore = "a benchmark for GPU hosts"]
+fn gpu_decode_rate() {
+    use crate::Decode;
+    use pinring_data::{write_sample, ArenaCursor, EncodedEntry, FLAG_FLIP};
+    use pinring_image::{synth, Output, SampleKey, SampleSpec, Transform};
+    if crate::testing::gpu().is_none() {
+        return;
+    }
+    let spec = SampleSpec {
+        transform: Transform::TRAIN_DEFAULT,
+        output: Output::U8Hwc,
+        reduced_decode: false,
+    };
+    let sb = spec.sample_bytes();
+    let (per_part, parts) = (64usize, 16usize);
+    let share = 160 << 10;
+    let part_bytes = per_part * (64 + share);
+    let ring = AlignedBuf::new(parts * part_bytes, "decode ring").unwrap();
+    let b = CudaBackend::new(0).unwrap();
+    let mut chunk = vec![0u8; part_bytes];
+    for p in 0..parts {
+        let mut cursor = ArenaCursor::new(per_part, share as u64);
+        for k in 0..per_part {
+            let id = (p * per_part + k) as u64;
+            let pixels = synth::photo(500, 375, id, 8);
+            let mut bytes = Vec::new();
+            jpeg_encoder::Encoder::new(&mut bytes, 90)
+                .encode(&pixels, 500, 375, jpeg_encoder::ColorType::Rgb)
+                .unwrap();
+            let key = SampleKey {
+                seed: 1,
+                epoch: 0,
+                sample_id: id,
+            };
+            let (crop, flip) = spec.transform.plan(500, 375, key);
+            let entry = EncodedEntry {
+                flags: if flip { FLAG_FLIP } else { 0 },
+                width: 500,
+                height: 375,
+                crop: [crop.left, crop.top, crop.width, crop.height],
+                ..EncodedEntry::default()
+            };
+            write_sample(&mut chunk, &mut cursor, k, entry, &bytes).unwrap();
+        }
+        // SAFETY: the ring is ours and not shared; the part lies inside it.
+        unsafe { ring.write_from(p * part_bytes, chunk.as_ptr(), part_bytes) };
+    }
+    // SAFETY: `ring` outlives `reg` (dropped at the end, after the uploader).
+    let reg = unsafe { b.register_chunked(ring.as_mut_ptr(), parts * part_bytes, false, 1 << 30) }
+        .unwrap();
+    let up = b.cuda_uploader(4, 256 * sb, Placement::Contiguous).unwrap();
+    up.set_decoder(spec).unwrap();
+    let thread_cpu = || {
+        let mut ru = std::mem::MaybeUninit::<nix::libc::rusage>::zeroed();
+        // SAFETY: RUSAGE_THREAD fills the struct.
+        unsafe { nix::libc::getrusage(nix::libc::RUSAGE_THREAD, ru.as_mut_ptr()) };
+        // SAFETY: filled above.
+        let ru = unsafe { ru.assume_init() };
+        let t = |v: nix::libc::timeval| v.tv_sec as f64 + v.tv_usec as f64 * 1e-6;
+        t(ru.ru_utime) + t(ru.ru_stime)
+    };
+    for round in 0..3 {
+        let (t0, c0) = (std::time::Instant::now(), thread_cpu());
+        let mut submitted = 0;
+        for i in 0..64 {
+            let p = i % parts;
+            let job = UploadJob {
+                tag: i as u64,
+                src: ring.as_ptr().wrapping_add(p * part_bytes),
+                len: part_bytes,
+                buffer: i % 4,
+                dst_offset: (i / 4 % 4) * per_part * sb,
+                decode: Some(Decode {
+                    samples: per_part as u32,
+                    dst_len: per_part * sb,
+                }),
+            };
+            // SAFETY: the ring outlives every completion, received below; nothing writes it.
+            unsafe { up.submit(job) }.unwrap();
+            submitted += 1;
+            while submitted > 8 {
+                up.completions()
+                    .recv_timeout(Duration::from_secs(30))
+                    .unwrap()
+                    .result
+                    .unwrap();
+                submitted -= 1;
+            }
+        }
+        while submitted > 0 {
+            up.completions()
+                .recv_timeout(Duration::from_secs(30))
+                .unwrap()
+                .result
+                .unwrap();
+            submitted -= 1;
+        }
+        let dt = t0.elapsed().as_secs_f64();
+        println!(
+            "round {round}: {:.0} images/s, the submitting thread {:.2} CPU s/s; counts {:?}",
+            (64 * per_part) as f64 / dt,
+            (thread_cpu() - c0) / dt,
+            up.decode_counts()
+        );
+    }
+    drop(up);
+    drop(reg);
+}
