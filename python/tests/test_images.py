@@ -132,3 +132,57 @@ epochs = 1
                 p.kill()
                 p.wait()
     print("mean abs difference from PIL per image:", diffs)
+
+
+def run_folder(root, decode, train):
+    """Every batch of the folder at ``root`` through ``pinring.Loader(loaders=2)`` on the host
+    backend, the image table given as data with ``decode``; returns (images, labels) per batch."""
+    image = {"crop": 64, "output": "u8", "decode": decode}
+    image.update({"transform": "train"} if train else {"transform": "eval", "resize": 72})
+    if decode == "gpu":
+        image["encoded_bytes"] = "2MiB"
+    out = []
+    with pinring.Loader(dataset={"kind": "imagefolder", "root": str(root)}, image=image,
+                        batch_size=BATCH, shuffle=True, seed=3, epochs=2, loaders=2,
+                        backend="host", as_numpy=True, progress=False) as loader:
+        for _epoch in range(2):  # a for loop is one epoch, as torch's
+            for b in loader:
+                out.append((np.array(b["images"]), np.array(b["labels"])))
+    return out
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+def test_decode_gpu_on_the_host_backend_is_the_cpu_path_bit_for_bit(tmp_path, train):
+    """``image={"decode": "gpu"}``: the loaders write the compressed files and their crops, and
+    the host engine decodes them as it copies, with the loaders' own code and crops: every
+    batch equals the ``decode = "cpu"`` run's, byte for byte, in both epochs."""
+    make_folder(tmp_path / "train")
+    cpu = run_folder(tmp_path / "train", "cpu", train)
+    gpu = run_folder(tmp_path / "train", "gpu", train)
+    assert len(cpu) == len(gpu) == 4, (len(cpu), len(gpu))
+    for (ci, cl), (gi, gl) in zip(cpu, gpu):
+        assert np.array_equal(cl, gl)
+        assert ci.shape == gi.shape and np.array_equal(ci, gi)
+
+
+def test_encoded_bytes_is_refused_beside_decode_cpu(tmp_path):
+    make_folder(tmp_path / "train")
+    with pytest.raises(pinring.ConfigError, match="encoded_bytes"):
+        pinring.Loader(dataset={"kind": "imagefolder", "root": str(tmp_path / "train")},
+                       image={"decode": "cpu", "encoded_bytes": "1MiB"}, batch_size=BATCH,
+                       embedded=True, backend="host")
+
+
+def test_decode_gpu_carries_the_compressed_files_within_encoded_bytes(tmp_path):
+    """The gpu run above really carries compressed files: with 1 KiB a sample, a 500x375 JPEG
+    does not fit its part, and the run stops with the loader's message naming the sample and
+    ``encoded_bytes``."""
+    make_folder(tmp_path / "train")
+    image = {"transform": "eval", "crop": 64, "resize": 72, "decode": "gpu",
+             "encoded_bytes": f"{BATCH}KiB"}
+    with pytest.raises(pinring.PinringError, match="encoded_bytes"):
+        with pinring.Loader(dataset={"kind": "imagefolder", "root": str(tmp_path / "train")},
+                            image=image, batch_size=BATCH, epochs=1, loaders=1, backend="host",
+                            as_numpy=True, progress=False, timeout=60) as loader:
+            for _ in loader:
+                pass

@@ -1006,9 +1006,11 @@ fn gpu_decode_matches_the_cpu_pipeline() {
         .recv_timeout(Duration::from_secs(30))
         .unwrap();
     c.result.unwrap();
+    // Device memory: read back on the copy stream (`read_host` reads host buffers only).
     let mut got = vec![0u8; n * sb];
-    up.read_host(0, 0, n * sb, &mut |b| got.copy_from_slice(b))
-        .unwrap();
+    let whole = up.buffers[0].slice().slice(0..n * sb);
+    up.copy_stream.memcpy_dtoh(&whole, &mut got).unwrap();
+    up.copy_stream.synchronize().unwrap();
     let faults = up.take_decode_faults();
     let counts = up.decode_counts();
     println!(
