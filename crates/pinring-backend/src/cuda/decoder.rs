@@ -175,7 +175,10 @@ impl GpuDecoder {
 
     /// Decodes the chunk at `src` (`len` bytes in the registered ring, `d.samples` samples) into
     /// `dst` (device address of the first sample's output) on the copy stream, reporting each
-    /// sample that did not decode in `faults` (written as zeros).
+    /// sample that did not decode in `faults` (written as zeros). Steps: the entries checked and
+    /// each sample's way picked (`plan`), the batched decode (`decode_batched`), the kernel's
+    /// samples with the CPU's decodes copied into place (`kernel_samples`), the kernel
+    /// (`launch`).
     ///
     /// # Safety
     /// `src..src+len` stays valid and unwritten by this process, and `dst..dst+d.dst_len` stays
@@ -190,7 +193,6 @@ impl GpuDecoder {
         faults: &mut Vec<DecodeFault>,
     ) -> Result<(), BackendError> {
         let n = d.samples as usize;
-        let sb = self.spec.sample_bytes();
         let head = n * ENTRY_BYTES as usize;
         if n == 0 || len < head || len % n != 0 {
             return Err(BackendError::InvalidArgument {
@@ -201,12 +203,34 @@ impl GpuDecoder {
         self.entries.resize(head, 0);
         // SAFETY: the caller keeps src..src+len valid; the copy out is into our own memory.
         unsafe { std::ptr::copy_nonoverlapping(src, self.entries.as_mut_ptr(), head) };
-        let arena_len = (len - head) as u64;
         // SAFETY: the arena lies inside src..src+len, which the caller keeps valid and which this
         // process holds (its slot is UPLOADING: no loader may write it). Only nvJPEG reads the
         // bitstreams in place; a rogue writer can change their bytes, which every decoder here
         // takes as data, never as a size or an address (those come from the checked entries).
         let arena = unsafe { std::slice::from_raw_parts(src.wrapping_add(head), len - head) };
+        let (mut ways, infos, scratch_bytes) = self.plan(tag, n, arena, faults);
+        let scratch = Self::room(
+            &self.ctx,
+            &self.stream,
+            &mut self.scratch,
+            scratch_bytes.max(1),
+        )?;
+        // SAFETY: forwarded: the bitstreams lie in the caller's chunk.
+        unsafe { self.decode_batched(arena, &infos, &mut ways, scratch) };
+        let params = self.kernel_samples(tag, arena, &infos, &ways, scratch, dst, faults)?;
+        self.launch(&params)
+    }
+
+    /// Each sample's entry checked against the arena, and its way from its frame header; the
+    /// scratch bytes the batched decode needs.
+    fn plan(
+        &mut self,
+        tag: u64,
+        n: usize,
+        arena: &[u8],
+        faults: &mut Vec<DecodeFault>,
+    ) -> (Vec<Way>, Vec<EncodedEntry>, usize) {
+        let arena_len = arena.len() as u64;
         let mut ways = Vec::with_capacity(n);
         let mut infos = Vec::with_capacity(n);
         let mut scratch_bytes = 0usize;
@@ -268,13 +292,22 @@ impl GpuDecoder {
             };
             ways.push(way);
         }
+        (ways, infos, scratch_bytes)
+    }
+
+    /// The batched decode of the samples whose way is `Batched`, into `scratch`; if nvJPEG
+    /// fails the batch, their way becomes the CPU.
+    ///
+    /// # Safety
+    /// As [`GpuDecoder::decode`]: `arena` stays valid until the stream has run the decode.
+    unsafe fn decode_batched(
+        &mut self,
+        arena: &[u8],
+        infos: &[EncodedEntry],
+        ways: &mut [Way],
+        scratch: u64,
+    ) {
         let stream_ptr = self.stream.cu_stream() as *mut std::ffi::c_void;
-        let scratch = Self::room(
-            &self.ctx,
-            &self.stream,
-            &mut self.scratch,
-            scratch_bytes.max(1),
-        )?;
         let mut batch: Vec<(usize, &[u8], NvImage)> = Vec::new();
         for (k, w) in ways.iter().enumerate() {
             if let Way::Batched { scratch: at } = w {
@@ -289,29 +322,45 @@ impl GpuDecoder {
                 batch.push((k, bytes, img));
             }
         }
-        if !batch.is_empty() {
-            let images: Vec<&[u8]> = batch.iter().map(|b| b.1).collect();
-            let mut out: Vec<NvImage> = batch.iter().map(|b| b.2).collect();
-            // SAFETY: the bitstreams lie in the caller's chunk, kept valid until the stream has
-            // run; each plane is width × 3 × height bytes of the scratch, which stays allocated
-            // (it is replaced only after a stream synchronize, above).
-            let whole = unsafe { self.nvjpeg.decode_batched(&images, &mut out, stream_ptr) };
-            match whole {
-                Ok(()) => self.counts.gpu += batch.len() as u64,
-                Err(err) => {
-                    // One image the engine refuses fails the whole batch (the hardware backend
-                    // has no single-image decode): the CPU decodes the batch's images instead,
-                    // and names the bad one.
-                    tracing::warn!("{err}: the part's {} images go to the CPU", batch.len());
-                    self.last_batch_error = Some(err.to_string());
-                    for (k, _, _) in &batch {
-                        self.counts.cpu_batch_failed += 1;
-                        ways[*k] = Way::Cpu;
-                    }
+        if batch.is_empty() {
+            return;
+        }
+        let images: Vec<&[u8]> = batch.iter().map(|b| b.1).collect();
+        let mut out: Vec<NvImage> = batch.iter().map(|b| b.2).collect();
+        // SAFETY: the bitstreams lie in the caller's chunk, kept valid until the stream has
+        // run; each plane is width × 3 × height bytes of the scratch, which stays allocated
+        // (it is replaced only after a stream synchronize, `room`).
+        match unsafe { self.nvjpeg.decode_batched(&images, &mut out, stream_ptr) } {
+            Ok(()) => self.counts.gpu += batch.len() as u64,
+            Err(err) => {
+                // One image the engine refuses fails the whole batch (the hardware backend
+                // has no single-image decode): the CPU decodes the batch's images instead,
+                // and names the bad one.
+                tracing::warn!("{err}: the part's {} images go to the CPU", batch.len());
+                self.last_batch_error = Some(err.to_string());
+                for (k, _, _) in &batch {
+                    self.counts.cpu_batch_failed += 1;
+                    ways[*k] = Way::Cpu;
                 }
             }
         }
-        let mut params = Vec::with_capacity(n);
+    }
+
+    /// The kernel's view of each sample; a sample whose way is the CPU is decoded here and
+    /// copied into place (the kernel leaves it alone), or zeros with a fault.
+    #[allow(clippy::too_many_arguments)]
+    fn kernel_samples(
+        &mut self,
+        tag: u64,
+        arena: &[u8],
+        infos: &[EncodedEntry],
+        ways: &[Way],
+        scratch: u64,
+        dst: u64,
+        faults: &mut Vec<DecodeFault>,
+    ) -> Result<Vec<KernelSample>, BackendError> {
+        let sb = self.spec.sample_bytes();
+        let mut params = Vec::with_capacity(ways.len());
         for (k, w) in ways.iter().enumerate() {
             let e = &infos[k];
             let out = dst + (k * sb) as u64;
@@ -376,7 +425,12 @@ impl GpuDecoder {
             }
             params.push(p);
         }
-        let pbytes = n * std::mem::size_of::<KernelSample>();
+        Ok(params)
+    }
+
+    /// The kernel over a part's samples (`params`), after copying them to the device.
+    fn launch(&mut self, params: &[KernelSample]) -> Result<(), BackendError> {
+        let pbytes = std::mem::size_of_val(params);
         let pdev = Self::room(&self.ctx, &self.stream, &mut self.params, pbytes)?;
         // SAFETY: `pdev` holds at least `pbytes`; the host vector is staged before the call
         // returns (pageable); stream order puts the copy before the kernel that reads it and
@@ -404,7 +458,7 @@ impl GpuDecoder {
         };
         let pixels = (side as u32) * (side as u32);
         let cfg = LaunchConfig {
-            grid_dim: (pixels.div_ceil(BLOCK), d.samples, 1),
+            grid_dim: (pixels.div_ceil(BLOCK), params.len() as u32, 1),
             block_dim: (BLOCK, 1, 1),
             shared_mem_bytes: 0,
         };

@@ -210,6 +210,63 @@ impl CudaUploader {
         })
     }
 
+    /// Every job of a group lies inside its buffer, decodes only with a decoder, and goes into
+    /// `first`'s buffer.
+    fn check_group(&self, first: &UploadJob, jobs: &[UploadJob]) -> Result<(), BackendError> {
+        for job in jobs {
+            check_job(job, self.buffers.len(), self.buffer_bytes)?;
+            self.check_decode(job)?;
+            if job.buffer != first.buffer {
+                return Err(BackendError::InvalidArgument {
+                    call: "submit_group",
+                    what: format!(
+                        "copies into device buffers {} and {} (tags {} and {}): one group's copies go into one buffer",
+                        first.buffer, job.buffer, first.tag, job.tag
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// A decoding job needs the decoder, and its samples' bytes must be the decoder's spec's:
+    /// copying encoded bytes would be a garbage image.
+    fn check_decode(&self, job: &UploadJob) -> Result<(), BackendError> {
+        let Some(d) = &job.decode else {
+            return Ok(());
+        };
+        match &*lock_any(&self.decoder) {
+            Some(dec) => crate::decode::check(dec.spec(), d),
+            None => Err(BackendError::InvalidArgument {
+                call: "submit_group",
+                what: format!("a decoding upload (tag {}) before set_decoder", job.tag),
+            }),
+        }
+    }
+
+    /// Queues the decode of `job`'s chunk into device address `dst` on the copy stream; the
+    /// samples that did not decode are kept for `take_decode_faults`.
+    ///
+    /// # Safety
+    /// As `GpuDecoder::decode`, for the job's source and `dst..dst + d.dst_len`.
+    unsafe fn enqueue_decode(
+        &self,
+        job: &UploadJob,
+        d: crate::Decode,
+        dst: u64,
+    ) -> Result<(), BackendError> {
+        let mut faults = Vec::new();
+        let r = match lock_any(&self.decoder).as_mut() {
+            // SAFETY: forwarded from our caller.
+            Some(dec) => unsafe { dec.decode(job.tag, job.src, job.len, d, dst, &mut faults) },
+            None => Ok(()),
+        };
+        if !faults.is_empty() {
+            lock_any(&self.decode_faults).extend(faults);
+        }
+        r
+    }
+
     /// The decoder's last failed batched decode, if any.
     pub fn last_decode_error(&self) -> Option<String> {
         lock_any(&self.decoder)
@@ -317,30 +374,7 @@ impl CudaUploader {
         let Some(first) = jobs.first() else {
             return Ok(0);
         };
-        for job in jobs {
-            check_job(job, self.buffers.len(), self.buffer_bytes)?;
-            if let Some(d) = &job.decode {
-                // Copying encoded bytes would be a garbage image: a decode needs the decoder.
-                match &*lock_any(&self.decoder) {
-                    Some(dec) => crate::decode::check(dec.spec(), d)?,
-                    None => {
-                        return Err(BackendError::InvalidArgument {
-                            call: "submit_group",
-                            what: format!("a decoding upload (tag {}) before set_decoder", job.tag),
-                        })
-                    }
-                }
-            }
-            if job.buffer != first.buffer {
-                return Err(BackendError::InvalidArgument {
-                    call: "submit_group",
-                    what: format!(
-                        "copies into device buffers {} and {} (tags {} and {}): one group's copies go into one buffer",
-                        first.buffer, job.buffer, first.tag, job.tag
-                    ),
-                });
-            }
-        }
+        self.check_group(first, jobs)?;
         let device = self.device;
         let b = first.buffer;
         // Each length fits the buffer (checked), and a group is a part's few fields.
@@ -375,34 +409,17 @@ impl CudaUploader {
         let dst = self.buffers[b].ptr();
         for (i, job) in jobs.iter().enumerate() {
             if let Some(d) = job.decode {
-                let mut faults = Vec::new();
-                let mut dec = lock_any(&self.decoder);
-                let r = match dec.as_mut() {
-                    // SAFETY: the job's source stays valid and unwritten until its group's
-                    // completion (the caller's promise), which comes only after an event
-                    // recorded on the copy stream after this decode's work (`signal`); the
-                    // destination lies inside buffer `b` (checked above).
-                    Some(dec) => unsafe {
-                        dec.decode(
-                            job.tag,
-                            job.src,
-                            job.len,
-                            d,
-                            dst + job.dst_offset as u64,
-                            &mut faults,
-                        )
-                    },
-                    None => Ok(()),
-                };
-                drop(dec);
-                if !faults.is_empty() {
-                    lock_any(&self.decode_faults).extend(faults);
-                }
-                if let Err(err) = r {
-                    return Err(self.fail_held(u, err));
-                }
+                let at = dst + job.dst_offset as u64;
+                // SAFETY: the job's source stays valid and unwritten until its group's
+                // completion (the caller's promise), which comes only after an event recorded on
+                // the copy stream after this decode's work (`signal`); the destination lies
+                // inside buffer `b` (checked above).
+                let decoded = unsafe { self.enqueue_decode(job, d, at) };
                 u.issued.get_or_insert_with(Instant::now);
-                continue;
+                match decoded {
+                    Ok(()) => continue,
+                    Err(err) => return Err(self.fail_held(u, err)),
+                }
             }
             // One copy per registered chunk the source touches (usually exactly one).
             let start = job.src as usize;
