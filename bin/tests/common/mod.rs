@@ -624,8 +624,9 @@ pub fn run_checked(
         .collect()
 }
 
-/// pinring-sources' mapping of `[dataset.image]` to a `SampleSpec`, restated here so that the
-/// test checks it too: eval/train with the config's values, u8 HWC or normalised CHW.
+/// pinring-data's mapping of `[dataset.image]` to a `SampleSpec` (`ImageDataset::sample_spec`),
+/// restated here so that the test checks it too: eval/train with the config's values, u8 HWC or
+/// normalised CHW.
 pub fn pinring_sources_spec(i: &pinring_data::ImageDataset) -> pinring_image::SampleSpec {
     use pinring_data::{ImageOutput, ImageTransform};
     use pinring_image::{Float, Output, SampleSpec, Transform};

@@ -14,9 +14,9 @@
 //! byte.
 
 use pinring_data::{EncodedChunk, EncodedEntry};
+use pinring_image::Pipeline;
 /// The samples a decoding engine makes (pinring-image's).
 pub use pinring_image::SampleSpec;
-use pinring_image::{CropBox, Pipeline};
 
 use crate::BackendError;
 
@@ -58,6 +58,53 @@ pub struct DecodeFault {
     pub origin: String,
     /// What failed.
     pub problem: String,
+}
+
+/// An engine's decoder, made for one spec.
+pub(crate) trait Decoder: Sized {
+    /// The samples it makes.
+    fn spec(&self) -> &SampleSpec;
+
+    /// Makes `slot` hold a decoder of `spec` (`make` makes one): once; again with the same
+    /// spec is nothing, with another an error.
+    fn install(
+        slot: &mut Option<Self>,
+        spec: SampleSpec,
+        make: impl FnOnce() -> Result<Self, BackendError>,
+    ) -> Result<(), BackendError> {
+        match slot {
+            Some(d) if *d.spec() == spec => Ok(()),
+            Some(_) => Err(BackendError::InvalidArgument {
+                call: "set_decoder",
+                what: "the engine decodes into another spec already".into(),
+            }),
+            None => {
+                *slot = Some(make()?);
+                Ok(())
+            }
+        }
+    }
+
+    /// A job that decodes needs a decoder, and its bytes must be its samples' ([`check`]):
+    /// copying encoded bytes would be a garbage image.
+    fn check_job(slot: &Option<Self>, job: &crate::UploadJob) -> Result<(), BackendError> {
+        let Some(d) = &job.decode else {
+            return Ok(());
+        };
+        match slot {
+            Some(dec) => check(dec.spec(), d),
+            None => Err(BackendError::InvalidArgument {
+                call: "submit",
+                what: format!("a decoding upload (tag {}) before set_decoder", job.tag),
+            }),
+        }
+    }
+}
+
+impl Decoder for CpuDecoder {
+    fn spec(&self) -> &SampleSpec {
+        self.pipeline.spec()
+    }
 }
 
 /// Checks a job's [`Decode`] against the engine's `spec`: `dst_len` is `samples` samples.
@@ -250,15 +297,8 @@ fn decode_one(
     bytes: &[u8],
     dst: &mut [u8],
 ) -> Result<(), String> {
-    let [left, top, width, height] = entry.crop;
-    let crop = CropBox {
-        left,
-        top,
-        width,
-        height,
-    };
     let applied = pipeline
-        .process_planned(bytes, crop, entry.flipped(), dst)
+        .process_planned(bytes, entry.crop_box(), entry.flipped(), dst)
         .map_err(|e| e.to_string())?;
     if (applied.width, applied.height) != (entry.width, entry.height) {
         return Err(format!(

@@ -18,7 +18,7 @@ use crossbeam_channel::{Receiver, Sender};
 
 use crate::buf::AlignedBuf;
 use crate::checksum::checksum;
-use crate::decode::CpuDecoder;
+use crate::decode::{CpuDecoder, Decoder as _};
 use crate::guard::{check_job, Guards};
 use crate::{
     Backend, BackendError, BufferExport, BufferHandoff, Completion, CopyEngine, DeviceKernels,
@@ -135,7 +135,7 @@ struct Shared {
     /// Called after each completion is sent.
     hook: crate::HookCell,
     /// The samples' spec of decoding uploads ([`CopyEngine::set_decoder`]).
-    decoder: std::sync::OnceLock<pinring_image::SampleSpec>,
+    decoder: Mutex<Option<CpuDecoder>>,
     /// Samples that did not decode, not yet taken.
     faults: Mutex<Vec<crate::DecodeFault>>,
 }
@@ -222,7 +222,7 @@ impl HostUploader {
         let shared = Arc::new(Shared {
             guards: Guards::new(buffers),
             hook: crate::HookCell::default(),
-            decoder: std::sync::OnceLock::new(),
+            decoder: Mutex::new(None),
             faults: Mutex::new(Vec::new()),
             buffers: bufs,
         });
@@ -334,18 +334,12 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 fn upload_loop(shared: &Shared, jobs: &Receiver<Queued>, done: &crate::CompletionSender) {
-    let mut decoder: Option<CpuDecoder> = None;
     for Queued { job, submitted } in jobs.iter() {
         let buf = &shared.buffers[job.buffer];
         if let Some(d) = job.decode {
-            // `submit` refused a decode without a decoder, so the spec is set.
-            let spec = shared.decoder.get().copied();
-            let dec = match (&mut decoder, spec) {
-                (Some(dec), _) => Some(dec),
-                (slot @ None, Some(spec)) => CpuDecoder::new(spec).ok().map(|c| slot.insert(c)),
-                (None, None) => None,
-            };
-            if let Some(dec) = dec {
+            let mut dec = lock(&shared.decoder);
+            // `submit` refused a decode without a decoder.
+            if let Some(dec) = dec.as_mut() {
                 let chunk = dec.chunk_mut(job.len);
                 // SAFETY: as for the copy below: `submit`'s contract keeps src..src+len valid and
                 // unwritten until the completion is received; `chunk` is our own memory.
@@ -386,15 +380,7 @@ fn upload_loop(shared: &Shared, jobs: &Receiver<Queued>, done: &crate::Completio
 impl CopyEngine for HostUploader {
     unsafe fn submit(&self, job: UploadJob) -> Result<(), BackendError> {
         check_job(&job, self.shared.buffers.len(), self.buffer_bytes)?;
-        if let Some(d) = &job.decode {
-            let Some(spec) = self.shared.decoder.get() else {
-                return Err(BackendError::InvalidArgument {
-                    call: "submit",
-                    what: "a decoding upload before set_decoder".into(),
-                });
-            };
-            crate::decode::check(spec, d)?;
-        }
+        CpuDecoder::check_job(&lock(&self.shared.decoder), &job)?;
         let Some(jobs) = self.jobs.as_ref() else {
             return Err(BackendError::WorkerGone {
                 backend: "host",
@@ -419,18 +405,9 @@ impl CopyEngine for HostUploader {
     }
 
     fn set_decoder(&self, spec: pinring_image::SampleSpec) -> Result<(), BackendError> {
-        spec.validate().map_err(|e| BackendError::InvalidArgument {
-            call: "set_decoder",
-            what: e.to_string(),
-        })?;
-        match self.shared.decoder.set(spec) {
-            Ok(()) => Ok(()),
-            Err(_) if self.shared.decoder.get() == Some(&spec) => Ok(()),
-            Err(_) => Err(BackendError::InvalidArgument {
-                call: "set_decoder",
-                what: "the engine decodes into another spec already".into(),
-            }),
-        }
+        CpuDecoder::install(&mut lock(&self.shared.decoder), spec, || {
+            CpuDecoder::new(spec)
+        })
     }
 
     fn take_decode_faults(&self) -> Vec<crate::DecodeFault> {

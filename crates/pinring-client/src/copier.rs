@@ -495,7 +495,12 @@ pub(crate) fn run_releaser(shared: Arc<crate::Shared>, stop: Arc<AtomicBool>) {
                 // The rest of the run that came with it, and any other run already there.
                 let _ = completions.drain_into(&mut arrived);
                 // Samples carried encoded that did not decode: zeros in their place, told here.
-                for f in copier.engine.take_decode_faults() {
+                let faults = if copier.layout.encoded_field().is_some() {
+                    copier.engine.take_decode_faults()
+                } else {
+                    Vec::new()
+                };
+                for f in faults {
                     tracing::warn!(ring = %ring.name(), sample = f.sample, "sample {} of a part of descriptor {} did not decode ({}): {}; written as zeros", f.sample, f.tag, f.origin, f.problem);
                 }
                 copier.arrived(ring, &mut arrived);

@@ -86,7 +86,7 @@ impl Uploads {
         }
         // Before the completions are booked: their parts' seqs are still in flight, and an
         // engine reports a part's faults before its completion.
-        if !arrived.is_empty() {
+        if !arrived.is_empty() && core.run.layout.encoded_field().is_some() {
             self.decode_faults(core)?;
         }
         let result = self.complete_all(core, delivery, recovery, &mut arrived, &mut freed);

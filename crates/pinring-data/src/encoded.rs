@@ -56,6 +56,18 @@ pub struct EncodedEntry {
 }
 
 impl EncodedEntry {
+    /// The entry of a sample the loader substituted with zeros: no bytes, no box.
+    pub const ZEROS: EncodedEntry = EncodedEntry {
+        offset: 0,
+        len: 0,
+        flags: FLAG_ZEROS,
+        file: 0,
+        member: 0,
+        width: 0,
+        height: 0,
+        crop: [0.0; 4],
+    };
+
     /// The entry's bytes in a slot.
     pub fn to_bytes(&self) -> [u8; ENTRY_BYTES as usize] {
         let mut b = [0u8; ENTRY_BYTES as usize];
@@ -99,6 +111,23 @@ impl EncodedEntry {
         let e = EncodedEntry::from_bytes(raw);
         e.check(arena)?;
         Ok(e)
+    }
+
+    /// Where the sample's bytes lie in its part's arena (within it once checked).
+    pub fn range(&self) -> std::ops::Range<usize> {
+        let start = self.offset as usize;
+        start..start + self.len as usize
+    }
+
+    /// The crop box, as pinring-image's pipeline takes it.
+    pub fn crop_box(&self) -> pinring_image::CropBox {
+        let [left, top, width, height] = self.crop;
+        pinring_image::CropBox {
+            left,
+            top,
+            width,
+            height,
+        }
     }
 
     /// Whether the sample is flipped after the crop.
@@ -179,8 +208,15 @@ impl<'a> EncodedChunk<'a> {
     /// The chunk of a part of `samples` samples: `bytes` must be `samples × (ENTRY_BYTES +
     /// share)` for some share, as [`crate::BatchLayout::part_copies`] gives its `len`.
     pub fn new(bytes: &'a [u8], samples: u32) -> Result<EncodedChunk<'a>, ChunkError> {
+        let (entries, arena) = bytes.split_at(EncodedChunk::entries_len(bytes.len(), samples)?);
+        Ok(EncodedChunk { entries, arena })
+    }
+
+    /// Bytes of the entries in a chunk of `len` bytes and `samples` samples (the arena is the
+    /// rest), or the error when no chunk is that long.
+    pub fn entries_len(len: usize, samples: u32) -> Result<usize, ChunkError> {
         let n = u64::from(samples);
-        let len = bytes.len() as u64;
+        let len = len as u64;
         let entries = n.saturating_mul(ENTRY_BYTES);
         if n == 0 || len < entries || len % n != 0 {
             return Err(ChunkError {
@@ -190,8 +226,7 @@ impl<'a> EncodedChunk<'a> {
                 ),
             });
         }
-        let (entries, arena) = bytes.split_at(entries as usize);
-        Ok(EncodedChunk { entries, arena })
+        Ok(entries as usize)
     }
 
     /// The number of samples.
@@ -219,11 +254,10 @@ impl<'a> EncodedChunk<'a> {
         e.check(self.arena.len() as u64).map_err(|p| ChunkError {
             problem: format!("sample {n} of the part: {p}"),
         })?;
-        let start = e.offset as usize;
         let bytes = if e.zeros() {
             &self.arena[..0]
         } else {
-            &self.arena[start..start + e.len as usize]
+            &self.arena[e.range()]
         };
         Ok((e, bytes))
     }
@@ -237,6 +271,17 @@ pub struct ArenaCursor {
     samples: usize,
     arena: u64,
     used: u64,
+}
+
+/// Where [`ArenaCursor::put`] placed a sample, in bytes from its chunk's start.
+#[derive(Debug, Clone, Copy)]
+pub struct Placed {
+    /// The sample's entry, its place in the arena set.
+    pub entry: [u8; ENTRY_BYTES as usize],
+    /// Where the entry goes.
+    pub entry_at: u64,
+    /// Where the sample's bytes go.
+    pub data_at: u64,
 }
 
 /// A sample's bytes do not fit what is left of its part's arena.
@@ -268,6 +313,23 @@ impl ArenaCursor {
         (self.samples as u64).saturating_mul(ENTRY_BYTES)
     }
 
+    /// Sample `n`, of `len` bytes, placed: where its bytes and its entry (`entry` with `offset`
+    /// and `len` set) go, in bytes from the chunk's start.
+    pub fn put(
+        &mut self,
+        n: usize,
+        mut entry: EncodedEntry,
+        len: usize,
+    ) -> Result<Placed, ArenaFull> {
+        entry.offset = self.place(len)?;
+        entry.len = len as u32;
+        Ok(Placed {
+            entry: entry.to_bytes(),
+            entry_at: n as u64 * ENTRY_BYTES,
+            data_at: self.arena_start() + u64::from(entry.offset),
+        })
+    }
+
     /// Room for `len` more bytes: their offset in the arena.
     pub fn place(&mut self, len: usize) -> Result<u32, ArenaFull> {
         let left = self.arena - self.used;
@@ -294,15 +356,13 @@ pub fn write_sample(
     chunk: &mut [u8],
     cursor: &mut ArenaCursor,
     n: usize,
-    mut entry: EncodedEntry,
+    entry: EncodedEntry,
     bytes: &[u8],
 ) -> Result<(), ArenaFull> {
-    entry.offset = cursor.place(bytes.len())?;
-    entry.len = bytes.len() as u32;
-    let at = (cursor.arena_start() + u64::from(entry.offset)) as usize;
-    chunk[at..at + bytes.len()].copy_from_slice(bytes);
-    let e = n * ENTRY_BYTES as usize;
-    chunk[e..e + ENTRY_BYTES as usize].copy_from_slice(&entry.to_bytes());
+    let p = cursor.put(n, entry, bytes.len())?;
+    let (data, at) = (p.data_at as usize, p.entry_at as usize);
+    chunk[data..data + bytes.len()].copy_from_slice(bytes);
+    chunk[at..at + ENTRY_BYTES as usize].copy_from_slice(&p.entry);
     Ok(())
 }
 

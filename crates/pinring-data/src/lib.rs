@@ -44,8 +44,8 @@ pub use dataset::{
     TARGETS, WDS_NPY_DEFAULT_FIELD,
 };
 pub use encoded::{
-    write_sample, ArenaCursor, ArenaFull, ChunkError, EncodedChunk, EncodedEntry, ENTRY_BYTES,
-    FLAG_FLIP, FLAG_ZEROS,
+    write_sample, ArenaCursor, ArenaFull, ChunkError, EncodedChunk, EncodedEntry, Placed,
+    ENTRY_BYTES, FLAG_FLIP, FLAG_ZEROS,
 };
 pub use fields::{BatchLayout, ChunkCopy, Field, FieldPlacement, FIELD_ALIGN, IMAGES, LABELS};
 pub use fingerprint::FINGERPRINT_VERSION;

@@ -21,7 +21,7 @@
 
 use fast_image_resize as fir;
 
-use crate::decode::{Decoder, Format};
+use crate::decode::{Decoder, Format, ImageInfo};
 use crate::error::ImageError;
 use crate::transform::{center_crop_box, random_resized_crop_box, CropBox, SampleKey, SampleRng};
 
@@ -318,17 +318,10 @@ impl Pipeline {
         key: SampleKey,
         out: &mut [u8],
     ) -> Result<Applied, ImageError> {
-        let expected = self.spec.sample_bytes();
-        if out.len() != expected {
-            return Err(ImageError::OutputSize {
-                expected,
-                got: out.len(),
-                shape: self.spec.shape(),
-            });
-        }
+        self.check_out(out)?;
         let info = self.decoder.info(data)?;
         let (crop, flipped) = self.spec.transform.plan(info.width, info.height, key);
-        self.process_planned(data, crop, flipped, out)
+        self.resample(data, info, crop, flipped, out)
     }
 
     /// As [`Pipeline::process`], with the crop box and flip already drawn (by a loader, from
@@ -341,14 +334,7 @@ impl Pipeline {
         flipped: bool,
         out: &mut [u8],
     ) -> Result<Applied, ImageError> {
-        let expected = self.spec.sample_bytes();
-        if out.len() != expected {
-            return Err(ImageError::OutputSize {
-                expected,
-                got: out.len(),
-                shape: self.spec.shape(),
-            });
-        }
+        self.check_out(out)?;
         let info = self.decoder.info(data)?;
         let (w, h) = (f64::from(info.width), f64::from(info.height));
         let inside = crop.left >= 0.0 && crop.top >= 0.0 && crop.width > 0.0 && crop.height > 0.0;
@@ -358,6 +344,32 @@ impl Pipeline {
                 info.width, info.height
             )));
         }
+        self.resample(data, info, crop, flipped, out)
+    }
+
+    /// `out` holds exactly one sample.
+    fn check_out(&self, out: &[u8]) -> Result<(), ImageError> {
+        let expected = self.spec.sample_bytes();
+        if out.len() != expected {
+            return Err(ImageError::OutputSize {
+                expected,
+                got: out.len(),
+                shape: self.spec.shape(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Decodes `data` (whose headers gave `info`) and writes the sample of box `crop` into `out`
+    /// (checked by the callers: its size, the box inside the image).
+    fn resample(
+        &mut self,
+        data: &[u8],
+        info: ImageInfo,
+        crop: CropBox,
+        flipped: bool,
+        out: &mut [u8],
+    ) -> Result<Applied, ImageError> {
         let side = self.spec.transform.crop();
         let mut reduction = 1;
         if self.spec.reduced_decode && info.format == Format::Jpeg {

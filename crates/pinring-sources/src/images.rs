@@ -10,18 +10,12 @@
 //! randomness is `SampleKey { seed, epoch, sample_id }` with `seed` the plan's seed, so every
 //! process makes the same bytes for a sample in an epoch.
 
-use pinring_data::{EncodedEntry, Field, ImageDataset, ENTRY_BYTES};
+use pinring_data::{EncodedEntry, Field, ImageDataset};
 use pinring_image::{Decoder, Pipeline, SampleKey, SampleSpec, Transform};
 
 use crate::{check_bufs, FieldBuf, Source, SourceError, SourceField};
 
-/// pinring-image's [`SampleSpec`] for a `[dataset.image]` table
-/// ([`ImageDataset::sample_spec`]).
-pub fn sample_spec(i: &ImageDataset) -> SampleSpec {
-    i.sample_spec()
-}
-
-/// A source whose encoded `images` field is decoded into the fixed field of [`sample_spec`].
+/// A source whose encoded `images` field is decoded into the fixed field of [`ImageDataset::sample_spec`].
 #[derive(Debug)]
 pub struct Decoded {
     inner: Box<dyn Source>,
@@ -41,7 +35,7 @@ impl Decoded {
         image: &ImageDataset,
         seed: u64,
     ) -> Result<Decoded, SourceError> {
-        let spec = sample_spec(image);
+        let spec = image.sample_spec();
         let pipeline = Pipeline::new(spec).map_err(|e| SourceError::Declared {
             problem: format!("[dataset.image]: {e}"),
         })?;
@@ -150,11 +144,12 @@ impl Source for Decoded {
 
 /// A source whose encoded `images` field stays encoded, for a decode on copy (`[dataset.image]
 /// decode = "gpu"`, pinring-data's `encoded` module): [`Source::read`] gives the images field
-/// as an [`EncodedEntry`]'s [`ENTRY_BYTES`] (the image's size from its headers, the crop box
-/// and flip drawn exactly as [`Decoded`] draws them, the sample's file and member) followed by
-/// the file's bytes. Only the headers are read here: a file whose headers do not decode is a
-/// bad sample here, as with [`Decoded`]; one whose compressed data is bad is found by the
-/// decoder on copy.
+/// as the file's bytes followed by an [`EncodedEntry`]'s
+/// [`ENTRY_BYTES`](pinring_data::ENTRY_BYTES) (the image's size from its headers, the crop box
+/// and flip drawn exactly as [`Decoded`] draws them, the sample's file and member): appended,
+/// so the file's bytes are not moved. Only the headers are read here: a file whose headers do
+/// not decode is a bad sample here, as with [`Decoded`]; one whose compressed data is bad is
+/// found by the decoder on copy.
 #[derive(Debug)]
 pub struct Planned {
     inner: Box<dyn Source>,
@@ -172,7 +167,7 @@ impl Planned {
         image: &ImageDataset,
         seed: u64,
     ) -> Result<Planned, SourceError> {
-        let spec = sample_spec(image);
+        let spec = image.sample_spec();
         spec.validate().map_err(|e| SourceError::Declared {
             problem: format!("[dataset.image]: {e}"),
         })?;
@@ -246,8 +241,7 @@ impl Source for Planned {
             crop: [crop.left, crop.top, crop.width, crop.height],
             ..EncodedEntry::default()
         };
-        bytes.splice(0..0, entry.to_bytes());
-        debug_assert!(bytes.len() as u64 >= ENTRY_BYTES);
+        bytes.extend_from_slice(&entry.to_bytes());
         Ok(())
     }
 }

@@ -43,7 +43,7 @@ use pinring_data::{Dtype, Field};
 use serde::{Deserialize, Serialize};
 
 pub use imagefolder::{ImageFolder, ImageFolderConfig, ImageFolderError};
-pub use images::{sample_spec, Decoded, Planned};
+pub use images::{Decoded, Planned};
 pub use npy::{NpyConfig, NpyDtype, NpyError, NpyHeader, NpySource};
 pub use tokens::{TokenDtype, TokenOutDtype, Tokens, TokensConfig, TokensError};
 pub use webdataset::{WdsConfig, WdsError, WdsNpy, WebDataset};

@@ -12,8 +12,8 @@ use cudarc::driver::{
     CudaContext, CudaFunction, CudaModule, CudaStream, LaunchConfig, PushKernelArg,
 };
 use cudarc::nvrtc::Ptx;
-use pinring_data::{EncodedEntry, ENTRY_BYTES};
-use pinring_image::{CropBox, Float, Output, Pipeline, SampleSpec};
+use pinring_data::{EncodedChunk, EncodedEntry, ENTRY_BYTES};
+use pinring_image::{Float, Output, Pipeline, SampleSpec};
 
 use super::nvlibs::{self, NvImage, Nvjpeg, BACKEND_DEFAULT, BACKEND_GPU_HYBRID, BACKEND_HARDWARE};
 use super::raw;
@@ -139,10 +139,6 @@ impl GpuDecoder {
         })
     }
 
-    pub(crate) fn spec(&self) -> &SampleSpec {
-        &self.spec
-    }
-
     pub(crate) fn counts(&self) -> DecodeCounts {
         self.counts
     }
@@ -193,13 +189,12 @@ impl GpuDecoder {
         faults: &mut Vec<DecodeFault>,
     ) -> Result<(), BackendError> {
         let n = d.samples as usize;
-        let head = n * ENTRY_BYTES as usize;
-        if n == 0 || len < head || len % n != 0 {
-            return Err(BackendError::InvalidArgument {
+        let head = EncodedChunk::entries_len(len, d.samples).map_err(|e| {
+            BackendError::InvalidArgument {
                 call: "submit",
-                what: format!("a decode of {n} samples from {len} bytes"),
-            });
-        }
+                what: e.to_string(),
+            }
+        })?;
         self.entries.resize(head, 0);
         // SAFETY: the caller keeps src..src+len valid; the copy out is into our own memory.
         unsafe { std::ptr::copy_nonoverlapping(src, self.entries.as_mut_ptr(), head) };
@@ -235,9 +230,10 @@ impl GpuDecoder {
         let mut infos = Vec::with_capacity(n);
         let mut scratch_bytes = 0usize;
         for k in 0..n {
-            let raw: &[u8; 64] = self.entries[k * 64..(k + 1) * 64]
+            const E: usize = ENTRY_BYTES as usize;
+            let raw: &[u8; E] = self.entries[k * E..(k + 1) * E]
                 .try_into()
-                .unwrap_or(&[0; 64]);
+                .unwrap_or(&[0; E]);
             let fault = |problem: String, origin: String| DecodeFault {
                 tag,
                 sample: k as u32,
@@ -258,7 +254,7 @@ impl GpuDecoder {
                 ways.push(Way::Zeros);
                 continue;
             }
-            let bytes = &arena[e.offset as usize..(e.offset + e.len) as usize];
+            let bytes = &arena[e.range()];
             let way = match crate::decode::jpeg_frame(bytes) {
                 Some(f) if (f.width, f.height) != (e.width, e.height) => {
                     faults.push(fault(
@@ -312,7 +308,7 @@ impl GpuDecoder {
         for (k, w) in ways.iter().enumerate() {
             if let Way::Batched { scratch: at } = w {
                 let e = &infos[k];
-                let bytes = &arena[e.offset as usize..(e.offset + e.len) as usize];
+                let bytes = &arena[e.range()];
                 let mut img = NvImage {
                     channel: [std::ptr::null_mut(); 4],
                     pitch: [0; 4],
@@ -382,19 +378,14 @@ impl GpuDecoder {
                 Way::Zeros => p.mode = ZEROS,
                 Way::Cpu => {
                     // Our own copy of the bytes for the CPU's decoder.
-                    let bytes = arena[e.offset as usize..(e.offset + e.len) as usize].to_vec();
+                    let bytes = arena[e.range()].to_vec();
                     self.cpu_out.resize(sb, 0);
-                    let [left, top, width, height] = e.crop;
-                    let crop = CropBox {
-                        left,
-                        top,
-                        width,
-                        height,
-                    };
-                    match self
-                        .cpu
-                        .process_planned(&bytes, crop, e.flipped(), &mut self.cpu_out)
-                    {
+                    match self.cpu.process_planned(
+                        &bytes,
+                        e.crop_box(),
+                        e.flipped(),
+                        &mut self.cpu_out,
+                    ) {
                         Ok(_) => {
                             p.mode = LEAVE;
                             // SAFETY: `out..out+sb` is this sample's place in the caller's
@@ -479,6 +470,12 @@ impl GpuDecoder {
         unsafe { launch.launch(cfg) }
             .map_err(|e| cuda_error("cuLaunchKernel", KERNEL.into(), e.0))?;
         Ok(())
+    }
+}
+
+impl crate::decode::Decoder for GpuDecoder {
+    fn spec(&self) -> &SampleSpec {
+        &self.spec
     }
 }
 

@@ -35,6 +35,7 @@ use super::decoder::GpuDecoder;
 use super::ipc::Exported;
 use super::kernels::{KernelState, Span};
 use super::{gib, raw, ChunkTable, CudaBackend};
+use crate::decode::Decoder as _;
 use crate::error::cuda_error;
 use crate::guard::{check_job, Guards, Reading};
 use crate::host::{check_checksum_offset, check_range};
@@ -215,7 +216,7 @@ impl CudaUploader {
     fn check_group(&self, first: &UploadJob, jobs: &[UploadJob]) -> Result<(), BackendError> {
         for job in jobs {
             check_job(job, self.buffers.len(), self.buffer_bytes)?;
-            self.check_decode(job)?;
+            GpuDecoder::check_job(&lock_any(&self.decoder), job)?;
             if job.buffer != first.buffer {
                 return Err(BackendError::InvalidArgument {
                     call: "submit_group",
@@ -227,21 +228,6 @@ impl CudaUploader {
             }
         }
         Ok(())
-    }
-
-    /// A decoding job needs the decoder, and its samples' bytes must be the decoder's spec's:
-    /// copying encoded bytes would be a garbage image.
-    fn check_decode(&self, job: &UploadJob) -> Result<(), BackendError> {
-        let Some(d) = &job.decode else {
-            return Ok(());
-        };
-        match &*lock_any(&self.decoder) {
-            Some(dec) => crate::decode::check(dec.spec(), d),
-            None => Err(BackendError::InvalidArgument {
-                call: "submit_group",
-                what: format!("a decoding upload (tag {}) before set_decoder", job.tag),
-            }),
-        }
     }
 
     /// Queues the decode of `job`'s chunk into device address `dst` on the copy stream; the
@@ -966,23 +952,9 @@ impl Drop for DeviceBuffer {
 
 impl CopyEngine for CudaUploader {
     fn set_decoder(&self, spec: pinring_image::SampleSpec) -> Result<(), BackendError> {
-        let mut dec = lock_any(&self.decoder);
-        match &*dec {
-            Some(d) if *d.spec() == spec => Ok(()),
-            Some(_) => Err(BackendError::InvalidArgument {
-                call: "set_decoder",
-                what: "the engine decodes into another spec already".into(),
-            }),
-            None => {
-                *dec = Some(GpuDecoder::new(
-                    &self.ctx,
-                    &self.copy_stream,
-                    spec,
-                    self.device,
-                )?);
-                Ok(())
-            }
-        }
+        GpuDecoder::install(&mut lock_any(&self.decoder), spec, || {
+            GpuDecoder::new(&self.ctx, &self.copy_stream, spec, self.device)
+        })
     }
 
     fn take_decode_faults(&self) -> Vec<crate::DecodeFault> {

@@ -15,7 +15,7 @@
 use crate::{Failure, Joined, Next, PartBuffers, PartError, Session, SessionError};
 use pinring_data::{
     ArenaCursor, BatchLayout, ByteRange, Config, DatasetKind, EncodedEntry, OnBadSample,
-    ENTRY_BYTES, FLAG_ZEROS, IMAGES,
+    ENTRY_BYTES, IMAGES,
 };
 use pinring_exit::{Coded, Exit};
 use pinring_ring::{CommitError, LoaderRing, RingError, SlotWriter};
@@ -723,12 +723,8 @@ fn fill_from_source(
         if let Err(e) = read {
             f.bad_read(id, e, None)?;
             if let Some(k) = encoded {
-                let zeros = EncodedEntry {
-                    flags: FLAG_ZEROS,
-                    ..EncodedEntry::default()
-                };
                 f.bufs[k].clear();
-                f.bufs[k].extend_from_slice(&zeros.to_bytes());
+                f.bufs[k].extend_from_slice(&EncodedEntry::ZEROS.to_bytes());
             }
         }
         for (k, (buf, field)) in f.bufs.iter().zip(fields).enumerate() {
@@ -753,8 +749,8 @@ fn fill_from_source(
     Ok(fits)
 }
 
-/// Writes sample `n` of an encoded chunk at `chunk` in the slot: `buf` is its entry's
-/// [`ENTRY_BYTES`] then its compressed bytes ([`pinring_sources::Planned`]); the bytes go where
+/// Writes sample `n` of an encoded chunk at `chunk` in the slot: `buf` is its compressed bytes
+/// then its entry's [`ENTRY_BYTES`] ([`pinring_sources::Planned`]); the bytes go where
 /// `arena` places them, the entry (with their place) at `n × ENTRY_BYTES`. Returns whether both
 /// writes landed in the slot; the sample's bytes not fitting the arena is the error.
 fn write_encoded(
@@ -764,24 +760,17 @@ fn write_encoded(
     n: usize,
     buf: &[u8],
 ) -> Result<bool, pinring_data::ArenaFull> {
-    let head = ENTRY_BYTES as usize;
-    let (mut entry, bytes) = match buf.get(..head).and_then(|h| <&[u8; 64]>::try_from(h).ok()) {
-        Some(h) => (EncodedEntry::from_bytes(h), &buf[head..]),
+    const HEAD: usize = ENTRY_BYTES as usize;
+    let split = buf.len().checked_sub(HEAD);
+    let tail = split.and_then(|at| <&[u8; HEAD]>::try_from(&buf[at..]).ok());
+    let (entry, bytes) = match (split, tail) {
+        (Some(at), Some(t)) => (EncodedEntry::from_bytes(t), &buf[..at]),
         // Not what Planned gives (a source of another kind): a sample of zeros.
-        None => (
-            EncodedEntry {
-                flags: FLAG_ZEROS,
-                ..EncodedEntry::default()
-            },
-            &buf[..0],
-        ),
+        _ => (EncodedEntry::ZEROS, &buf[..0]),
     };
-    entry.offset = arena.place(bytes.len())?;
-    entry.len = bytes.len() as u32;
-    let data_at = chunk + arena.arena_start() + u64::from(entry.offset);
-    let entry_at = chunk + n as u64 * ENTRY_BYTES;
-    let mut fits = slot.write(data_at as usize, bytes).is_ok();
-    fits &= slot.write(entry_at as usize, &entry.to_bytes()).is_ok();
+    let p = arena.put(n, entry, bytes.len())?;
+    let mut fits = slot.write((chunk + p.data_at) as usize, bytes).is_ok();
+    fits &= slot.write((chunk + p.entry_at) as usize, &p.entry).is_ok();
     Ok(fits)
 }
 
