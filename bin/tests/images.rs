@@ -187,6 +187,22 @@ fn webdataset_decoded_on_copy_is_the_cpu_path_bit_for_bit() {
     }
 }
 
+/// `decode = "auto"` resolves where the daemon starts (the GPU where its host can decode there,
+/// else the loaders' CPU); loaders given the config file adopt the daemon's resolution from the
+/// ring's fingerprint, and the pixels are the CPU path's either way on the host backend
+/// (`encoded_bytes` is the budget if it resolves to the GPU, and goes if not).
+#[test]
+fn decode_auto_resolves_at_the_daemon_and_the_loaders_adopt_it() {
+    let config = "[ring]\nslots = 4\n[dataset]\nkind = \"webdataset\"\n\
+                  [dataset.webdataset]\nshards = [\"wds/shard-0.tar\", \"wds/shard-1.tar\"]\n\
+                  [dataset.image]\ntransform = \"train\"\ncrop = 16\n\
+                  decode = \"auto\"\nencoded_bytes = \"96KiB\"\n\
+                  [plan]\nbatch_size = 5\nepochs = 1\nshuffle = true\nseed = 3\n";
+    let fx = Fixture::new("img-wds-auto", config);
+    let samples = shards(fx.dir.path(), &[7, 6], None);
+    run_images(&fx, 2, &samples, None);
+}
+
 /// A JPEG larger than what its part's arena has left (`encoded_bytes` too small) stops the loader
 /// with exit 3 naming the sample, its shard and member, and the setting to raise, whatever
 /// `on_bad_sample` says (it is the config's limit, not a bad file); the daemon stops with it.

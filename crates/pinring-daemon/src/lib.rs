@@ -381,13 +381,15 @@ pub fn resolve_found(
         }
     }
     let host = pinring_runtime::host_memory::HostMemory::read();
-    let spec = pinring_data::Spec::resolve(
-        given,
-        &found.overrides,
-        &host.facts(),
-        &pinring_sources::Files,
-    )
-    .map_err(|e| failed(e.into()))?;
+    let facts = pinring_data::HostFacts {
+        gpu_decode: found
+            .applied()
+            .is_ok_and(|c| pinring_backend::cuda::decode_auto_on_gpu(&c)),
+        ..host.facts()
+    };
+    let spec =
+        pinring_data::Spec::resolve(given, &found.overrides, &facts, &pinring_sources::Files)
+            .map_err(|e| failed(e.into()))?;
     let cfg = spec.config();
     warn_sets_nothing(&cfg.ring.name);
     if let Some(n) = spec.source_len() {

@@ -175,10 +175,13 @@ mode = "0600"
 #   mean = [0.485, 0.456, 0.406]  # float outputs, R G B (ImageNet's)
 #   std = [0.229, 0.224, 0.225]
 #   reduced_decode = false  # true: large JPEGs decoded at 1/4 or 1/8 size
+#                         # (decode = "cpu" only)
 #   decode = "cpu"        # "gpu": the loaders write the compressed bytes and
 #                         # whoever copies the batch out decodes them (the
-#                         # GPU with the cuda backend, the CPU with host)
-#   encoded_bytes = "64MiB"  # decode = "gpu": compressed bytes a batch may
+#                         # GPU with the cuda backend, the CPU with host);
+#                         # "auto": "gpu" where the daemon's host has a CUDA
+#                         # device with nvJPEG and NVRTC, else "cpu"
+#   encoded_bytes = "64MiB"  # decode = "gpu"/"auto": compressed bytes a batch may
 #                         # carry (default 256 KiB a sample)
 # With the file kinds: relative paths are relative to the directory of
 # this file; samples is the files' length (leave it out); the synthetic

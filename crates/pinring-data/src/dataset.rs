@@ -335,6 +335,11 @@ pub enum ImageDecode {
     /// them into the `images` field: on the GPU with the cuda backend, on the CPU with the host
     /// backend (the same pixels as `"cpu"`).
     Gpu,
+    /// `"gpu"` where the host that resolves the config (the daemon's) has a CUDA device whose
+    /// nvJPEG and NVRTC libraries load, else `"cpu"`: decided once, when the ring is made
+    /// ([`crate::Spec::resolve`] with [`crate::HostFacts::gpu_decode`]); a resolved config
+    /// and the ring's stored copy never say `"auto"`.
+    Auto,
 }
 
 impl ImageDecode {
@@ -343,6 +348,7 @@ impl ImageDecode {
         match self {
             ImageDecode::Cpu => "cpu",
             ImageDecode::Gpu => "gpu",
+            ImageDecode::Auto => "auto",
         }
     }
 }
@@ -406,13 +412,14 @@ pub struct ImageDataset {
     /// (default false; slightly different pixels, docs/IMAGES.md).
     #[serde(default)]
     pub reduced_decode: bool,
-    /// Where the JPEGs are decoded: `"cpu"` (default, by the loaders) or `"gpu"` (by whoever
-    /// copies the batch out, from the compressed bytes the loaders write into the ring).
+    /// Where the JPEGs are decoded: `"cpu"` (default, by the loaders), `"gpu"` (by whoever
+    /// copies the batch out, from the compressed bytes the loaders write into the ring) or
+    /// `"auto"` (`"gpu"` where the daemon's host can decode on a GPU, else `"cpu"`).
     #[serde(default)]
     pub decode: ImageDecode,
-    /// decode = "gpu": bytes of compressed images a batch may carry (default 256 KiB per
-    /// sample); each part of a batch gets its samples' share. A part whose images do not fit
-    /// is refused, naming the sample and this key.
+    /// decode = "gpu" (or "auto"): bytes of compressed images a batch may carry (default 256
+    /// KiB per sample); each part of a batch gets its samples' share. A part whose images do
+    /// not fit is refused, naming the sample and this key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub encoded_bytes: Option<crate::ByteSize>,
 }
@@ -451,15 +458,31 @@ impl ImageDataset {
     }
     /// decode = "gpu": bytes of a batch's arena each sample brings (`encoded_bytes` over the
     /// batch's samples, rounded up; default [`DEFAULT_ENCODED_SHARE`]); `None` with decode =
-    /// "cpu".
+    /// "cpu". "auto" is checked as "gpu" until it is resolved.
     pub fn encoded_share(&self, batch_size: u32) -> Option<u64> {
-        if self.decode != ImageDecode::Gpu {
+        if self.decode == ImageDecode::Cpu {
             return None;
         }
         Some(self.encoded_bytes.map_or(DEFAULT_ENCODED_SHARE, |b| {
             b.0.div_ceil(u64::from(batch_size.max(1)))
         }))
     }
+    /// Resolves decode = "auto" ([`ImageDecode::Auto`]): `"gpu"` if `gpu` (the resolving
+    /// host can decode on a GPU), else `"cpu"`, whose loaders write pixels (so `encoded_bytes`
+    /// goes). Returns whether it changed anything.
+    pub fn resolve_decode(&mut self, gpu: bool) -> bool {
+        if self.decode != ImageDecode::Auto {
+            return false;
+        }
+        if gpu {
+            self.decode = ImageDecode::Gpu;
+        } else {
+            self.decode = ImageDecode::Cpu;
+            self.encoded_bytes = None;
+        }
+        true
+    }
+
     /// pinring-image's `SampleSpec` for this table: the transform, the output and
     /// `reduced_decode`, every value in effect. The loaders (decode = "cpu") and the engines
     /// that decode on copy (decode = "gpu") make their samples from it.

@@ -58,6 +58,8 @@ fn push_image(b: &mut Vec<u8>, i: &ImageDataset, batch_size: u32) {
     b.push(match i.decode {
         ImageDecode::Cpu => 0,
         ImageDecode::Gpu => 1,
+        // Resolved before any ring is made (`Spec::resolve`); hashed apart all the same.
+        ImageDecode::Auto => 2,
     });
     b.extend_from_slice(&i.encoded_share(batch_size).unwrap_or(0).to_le_bytes());
 }

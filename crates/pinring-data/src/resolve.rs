@@ -90,6 +90,9 @@ pub struct HostFacts {
     /// The memory available for a ring (`MemAvailable`, `None`: unknown): for the warnings
     /// only.
     pub available: Option<u64>,
+    /// Whether this host can decode JPEGs on a GPU (a CUDA device whose nvJPEG and NVRTC
+    /// load): `[dataset.image] decode = "auto"` resolves to `"gpu"` if so, else `"cpu"`.
+    pub gpu_decode: bool,
 }
 
 /// A resolved spec: the settings of a config file with their overrides applied, the dataset's
@@ -176,6 +179,15 @@ impl Spec {
         host: &HostFacts,
         opener: &dyn DatasetOpener,
     ) -> Result<Spec, ResolveError> {
+        // decode = "auto" first: the source opens as the loaders will.
+        let decided = cfg
+            .dataset
+            .image
+            .as_mut()
+            .is_some_and(|i| i.resolve_decode(host.gpu_decode));
+        if decided {
+            cfg.validate()?;
+        }
         let opened = opener.open(&cfg)?;
         if let Some(o) = &opened {
             if let Some(shards) = &o.shards {
@@ -340,6 +352,55 @@ mod tests {
             }
             other => panic!("expected UnknownGroup, got {other:?}"),
         }
+    }
+
+    /// `decode = "auto"` is resolved for the host before anything is opened: the GPU where it
+    /// can decode there (`encoded_bytes` kept, the layout encoded), else the loaders' CPU
+    /// (`encoded_bytes` dropped, pixels in the slots); `reduced_decode` is refused beside it.
+    #[test]
+    fn decode_auto_is_resolved_for_the_host() {
+        struct Shards;
+        impl DatasetOpener for Shards {
+            fn open(&self, cfg: &Config) -> Result<Option<OpenedDataset>, ConfigError> {
+                let image = cfg.dataset.image.as_ref().unwrap();
+                assert_ne!(
+                    image.decode,
+                    crate::ImageDecode::Auto,
+                    "resolved before opening"
+                );
+                Ok(Some(OpenedDataset {
+                    len: 64,
+                    shard_sizes: Some(vec![64]),
+                    shards: None,
+                }))
+            }
+        }
+        let text = "[dataset]\nkind = \"webdataset\"\n[dataset.webdataset]\nshards = [\"s.tar\"]\n\
+                    [dataset.image]\ndecode = \"auto\"\nencoded_bytes = \"2MiB\"\n\
+                    [plan]\nbatch_size = 8\n";
+        let cfg = Config::from_toml_str(text, "t").unwrap();
+        for gpu in [true, false] {
+            let host = HostFacts {
+                gpu_decode: gpu,
+                ..Default::default()
+            };
+            let r = Spec::resolve(cfg.clone(), &Overrides::default(), &host, &Shards).unwrap();
+            let image = r.config().dataset.image.as_ref().unwrap();
+            let want = if gpu { "gpu" } else { "cpu" };
+            assert_eq!(image.decode.as_str(), want);
+            assert_eq!(image.encoded_bytes.is_some(), gpu);
+            assert_eq!(r.config().decodes_on_copy(), gpu);
+            assert_eq!(r.layout().encoded_field().is_some(), gpu);
+        }
+        let reduced = Config::from_toml_str(&format!("{text}"), "t").map(|mut c| {
+            c.dataset.image.as_mut().unwrap().reduced_decode = true;
+            c
+        });
+        let e = reduced.unwrap().validate().unwrap_err().to_string();
+        assert!(
+            e.contains("reduced_decode") && e.contains("decode = \"cpu\""),
+            "{e}"
+        );
     }
 
     #[test]

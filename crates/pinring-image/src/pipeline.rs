@@ -141,6 +141,31 @@ impl Output {
             std: IMAGENET_STD,
         }
     }
+
+    /// Per channel, the output element's little-endian bytes (2 or 4, in 4-byte cells) for
+    /// each u8 value, `(v/255 - mean)/std` rounded once to the dtype; empty for u8 output. The
+    /// CPU path writes its samples from it, and the GPU decoder's kernel reads the same table.
+    pub fn table(&self) -> Vec<[[u8; 4]; 256]> {
+        let Output::Normalized { dtype, mean, std } = *self else {
+            return Vec::new();
+        };
+        (0..3)
+            .map(|c| {
+                let mut t = [[0u8; 4]; 256];
+                for (v, e) in t.iter_mut().enumerate() {
+                    let x = (v as f32 / 255.0 - mean[c]) / std[c];
+                    match dtype {
+                        Float::F16 => e[..2].copy_from_slice(&half::f16::from_f32(x).to_le_bytes()),
+                        Float::Bf16 => {
+                            e[..2].copy_from_slice(&half::bf16::from_f32(x).to_le_bytes())
+                        }
+                        Float::F32 => *e = x.to_le_bytes(),
+                    }
+                }
+                t
+            })
+            .collect()
+    }
 }
 
 /// The smallest reduction [`Pipeline`] asks the decoder for: `jpeg-decoder` at 1/2 is slower
@@ -274,27 +299,7 @@ impl Pipeline {
     /// A pipeline for `spec` that decodes with `decoder` (for its pixel limit).
     pub fn with_decoder(spec: SampleSpec, decoder: Decoder) -> Result<Pipeline, ImageError> {
         spec.validate()?;
-        let lut = match spec.output {
-            Output::U8Hwc => Vec::new(),
-            Output::Normalized { dtype, mean, std } => (0..3)
-                .map(|c| {
-                    let mut t = [[0u8; 4]; 256];
-                    for (v, e) in t.iter_mut().enumerate() {
-                        let x = (v as f32 / 255.0 - mean[c]) / std[c];
-                        match dtype {
-                            Float::F16 => {
-                                e[..2].copy_from_slice(&half::f16::from_f32(x).to_le_bytes())
-                            }
-                            Float::Bf16 => {
-                                e[..2].copy_from_slice(&half::bf16::from_f32(x).to_le_bytes())
-                            }
-                            Float::F32 => *e = x.to_le_bytes(),
-                        }
-                    }
-                    t
-                })
-                .collect(),
-        };
+        let lut = spec.output.table();
         Ok(Pipeline {
             spec,
             decoder,

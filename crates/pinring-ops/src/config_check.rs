@@ -63,7 +63,12 @@ pub fn run(args: &CheckArgs) -> Result<(), CheckError> {
     // this host would (loaders adopt the daemon's values), every rule the daemon checks
     // (ring.group among them), the plan.
     let host = pinring_runtime::host_memory::HostMemory::read();
-    let facts = host.facts();
+    let facts = pinring_data::HostFacts {
+        gpu_decode: found
+            .applied()
+            .is_ok_and(|c| pinring_backend::cuda::decode_auto_on_gpu(&c)),
+        ..host.facts()
+    };
     let resolved = pinring_data::Spec::resolve(
         found.settings,
         &found.overrides,

@@ -295,6 +295,7 @@ impl Session {
             tracing::debug!(ring = %cfg.ring.name, slot_bytes = g.slot_bytes, slots = g.slot_count, "ring.slot_bytes = \"auto\": adopted the daemon's slot size");
         }
         let theirs = ring.fingerprint();
+        adopt_decode(cfg, theirs);
         if cfg.fingerprint() != theirs {
             // The daemon's settings record names what differs; without a record (an older
             // daemon's ring) or where it names nothing, the files' length is the likeliest.
@@ -547,6 +548,27 @@ enum EndCheck {
     Stopped,
 }
 
+/// `[dataset.image] decode = "auto"` in a loader's own config: the daemon resolved it for its
+/// host, so the loader takes the resolution whose fingerprint is the ring's ("cpu" if neither
+/// is, and the mismatch is reported as any other).
+fn adopt_decode(cfg: &mut Config, theirs: u64) {
+    let Some(image) = cfg.dataset.image.as_ref() else {
+        return;
+    };
+    if image.decode != pinring_data::ImageDecode::Auto {
+        return;
+    }
+    let mut gpu = cfg.clone();
+    if let Some(i) = gpu.dataset.image.as_mut() {
+        i.resolve_decode(true);
+    }
+    let on_gpu = gpu.fingerprint() == theirs;
+    if let Some(i) = cfg.dataset.image.as_mut() {
+        i.resolve_decode(on_gpu);
+    }
+    tracing::debug!(ring = %cfg.ring.name, on_gpu, "[dataset.image] decode = \"auto\": adopted the daemon's");
+}
+
 /// The spec the ring's daemon stored in it, adopted (`Spec::adopt`); `None`: a ring with no
 /// handoff area (its daemon's sink is not a training process) stores none.
 pub fn stored_spec(ring: &LoaderRing) -> Result<Option<Spec>, StoredSpecError> {
@@ -610,4 +632,41 @@ fn plan_covering(cfg: &mut Config, end_seq: u64) -> Result<Plan, SessionError> {
     let epochs = end_seq.div_ceil(per_epoch).clamp(1, u64::from(u32::MAX)) as u32;
     cfg.plan.epochs = epochs;
     cfg.plan().map_err(|e| plan_err(cfg, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pinring_data::ImageDecode;
+
+    fn auto_config() -> Config {
+        Config::from_toml_str(
+            "[dataset]\nkind = \"webdataset\"\n[dataset.webdataset]\nshards = [\"s.tar\"]\n\
+             [dataset.image]\ndecode = \"auto\"\nencoded_bytes = \"1MiB\"\n\
+             [plan]\nbatch_size = 4\n",
+            "test",
+        )
+        .unwrap()
+    }
+
+    fn decode(cfg: &Config) -> ImageDecode {
+        cfg.dataset.image.as_ref().unwrap().decode
+    }
+
+    /// A loader's own config with decode = "auto" takes whichever resolution the daemon's
+    /// fingerprint says, and "cpu" (then reported as a mismatch) when it says neither.
+    #[test]
+    fn a_loader_adopts_the_daemons_decode_resolution() {
+        for gpu in [true, false] {
+            let mut daemon = auto_config();
+            daemon.dataset.image.as_mut().unwrap().resolve_decode(gpu);
+            let mut loader = auto_config();
+            adopt_decode(&mut loader, daemon.fingerprint());
+            assert_eq!(decode(&loader), decode(&daemon));
+            assert_eq!(loader.fingerprint(), daemon.fingerprint());
+        }
+        let mut loader = auto_config();
+        adopt_decode(&mut loader, 1);
+        assert_eq!(decode(&loader), ImageDecode::Cpu);
+    }
 }

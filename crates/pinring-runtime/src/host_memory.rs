@@ -75,6 +75,8 @@ impl HostMemory {
             cache_bytes: self.cache_bytes(),
             cache_level: self.last_level_cache.map_or(0, |c| c.level),
             available: self.available,
+            // A GPU's decoder is the backend's to probe: the daemon sets it where it resolves.
+            gpu_decode: false,
         }
     }
 

@@ -376,6 +376,9 @@ fn decoded(
     Ok(match image.decode {
         pinring_data::ImageDecode::Cpu => Box::new(Decoded::new(inner, image, seed)?),
         pinring_data::ImageDecode::Gpu => Box::new(images::Planned::new(inner, image, seed)?),
+        // A loader's own config before it joins: opened for its length, and opened again if
+        // the ring's daemon resolved it to the GPU (the loader adopts the daemon's choice).
+        pinring_data::ImageDecode::Auto => Box::new(Decoded::new(inner, image, seed)?),
     })
 }
 

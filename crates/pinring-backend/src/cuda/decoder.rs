@@ -13,7 +13,7 @@ use cudarc::driver::{
 };
 use cudarc::nvrtc::Ptx;
 use pinring_data::{EncodedChunk, EncodedEntry, ENTRY_BYTES};
-use pinring_image::{Float, Output, Pipeline, SampleSpec};
+use pinring_image::{Output, Pipeline, SampleSpec};
 
 use super::nvlibs::{self, NvImage, Nvjpeg, BACKEND_DEFAULT, BACKEND_GPU_HYBRID, BACKEND_HARDWARE};
 use super::raw;
@@ -21,31 +21,78 @@ use crate::decode::{Decode, DecodeCounts, DecodeFault};
 use crate::error::cuda_error;
 use crate::BackendError;
 
-/// The kernel's source, compiled by NVRTC when the engine gets its decoder.
+/// The kernels' source, compiled by NVRTC when the engine gets its decoder.
 const KERNEL_SRC: &str = include_str!("resize.cu");
-const KERNEL: &str = "pinring_resize_crop";
+const KERNELS: [&str; 3] = ["pinring_coeffs", "pinring_vertical", "pinring_horizontal"];
+/// Threads a block (`pinring_coeffs` reduces over exactly this many).
 const BLOCK: u32 = 256;
 
-/// The kernel's view of one sample (`struct Sample` of `resize.cu`).
+/// The kernels' view of one sample (`struct Sample` of `resize.cu`).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 struct KernelSample {
     src: u64,
     dst: u64,
+    /// The crop box in the decoded image, as the loader drew it (f64, as the CPU path uses it).
+    left: f64,
+    top: f64,
+    box_w: f64,
+    box_h: f64,
     src_w: i32,
     src_h: i32,
     pitch: i32,
     /// 0 resample, 1 zeros, 2 leave alone.
     mode: i32,
-    left: f32,
-    top: f32,
-    box_w: f32,
-    box_h: f32,
     flip: i32,
-    pad: [i32; 3],
+    pad: i32,
 }
 
-const _: () = assert!(std::mem::size_of::<KernelSample>() == 64);
+const _: () = assert!(std::mem::size_of::<KernelSample>() == 72);
+const _: () = assert!(std::mem::align_of::<KernelSample>() == 8);
+
+/// The scratch the resampling kernels need for a part: `window` weights an output and axis,
+/// rows of `temp_w` pixels for the vertical pass.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Sizes {
+    window: usize,
+    temp_w: usize,
+}
+
+impl Sizes {
+    /// The largest filter and row over the part's resampled samples, from the same f64
+    /// arithmetic as the kernels (`resize.cu`'s `pinring_coeffs`) and the CPU path.
+    fn of(params: &[KernelSample], side: usize) -> Sizes {
+        let mut s = Sizes {
+            window: 1,
+            temp_w: side,
+        };
+        for p in params.iter().filter(|p| p.mode == RESAMPLE) {
+            let axes = [
+                (p.src_w, p.left, p.box_w, true),
+                (p.src_h, p.top, p.box_h, false),
+            ];
+            for (in_size, in0, len, horizontal) in axes {
+                let len = len.min(f64::from(in_size) - in0);
+                if side as f64 == len && in0 == in0.round() {
+                    continue;
+                }
+                let scale = ((in0 + len) - in0) / side as f64;
+                let reach = scale.max(1.0).ceil() as usize;
+                s.window = s.window.max(reach * 2 + 1);
+                if horizontal {
+                    let w = (len.ceil() as usize + 2 * reach + 2).min(in_size.max(0) as usize);
+                    s.temp_w = s.temp_w.max(w);
+                }
+            }
+        }
+        s
+    }
+
+    /// Bytes of one sample's axis in the work area (`resize.cu`'s `axis_of`).
+    fn axis_bytes(self, side: usize) -> usize {
+        (side * self.window * 2 + side * 8 + 16).next_multiple_of(16)
+    }
+}
 
 const RESAMPLE: i32 = 0;
 const ZEROS: i32 = 1;
@@ -64,14 +111,20 @@ enum Way {
 pub(crate) struct GpuDecoder {
     spec: SampleSpec,
     nvjpeg: Nvjpeg,
-    function: CudaFunction,
+    /// `KERNELS`, in order.
+    functions: Vec<CudaFunction>,
     _module: Arc<CudaModule>,
     stream: Arc<CudaStream>,
     ctx: Arc<CudaContext>,
     /// The decoded images of a part (grown to fit).
     scratch: Option<raw::DeviceAlloc>,
-    /// The kernel's samples (grown to fit).
+    /// The kernels' samples (grown to fit).
     params: Option<raw::DeviceAlloc>,
+    /// The resampling's weights and bounds, and its vertical pass's rows (grown to fit).
+    work: Option<raw::DeviceAlloc>,
+    temp: Option<raw::DeviceAlloc>,
+    /// The output's table of normalised values (`Output::table`), on the device; none for u8.
+    table: Option<raw::DeviceAlloc>,
     /// Host copies of a part's entries (checked there, so the slot cannot change them after).
     entries: Vec<u8>,
     /// CPU decodes for what nvJPEG does not take, one sample at a time.
@@ -114,9 +167,15 @@ impl GpuDecoder {
         let module = ctx
             .load_module(Ptx::from_src(ptx))
             .map_err(|e| cuda_error("cuModuleLoadData", "pinring's resize kernel".into(), e.0))?;
-        let function = module
-            .load_function(KERNEL)
-            .map_err(|e| cuda_error("cuModuleGetFunction", KERNEL.into(), e.0))?;
+        let functions = KERNELS
+            .iter()
+            .map(|k| {
+                module
+                    .load_function(k)
+                    .map_err(|e| cuda_error("cuModuleGetFunction", (*k).into(), e.0))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let table = Self::upload_table(ctx, stream, &spec)?;
         tracing::info!(
             device,
             backend = nvjpeg.backend,
@@ -125,18 +184,50 @@ impl GpuDecoder {
         Ok(GpuDecoder {
             spec,
             nvjpeg,
-            function,
+            functions,
             _module: module,
             stream: Arc::clone(stream),
             ctx: Arc::clone(ctx),
             scratch: None,
             params: None,
+            work: None,
+            temp: None,
+            table,
             entries: Vec::new(),
             cpu: Pipeline::new(spec).map_err(|e| fail(e.to_string()))?,
             cpu_out: Vec::new(),
             counts: DecodeCounts::default(),
             last_batch_error: None,
         })
+    }
+
+    /// The CPU path's table of output values (`Output::table`) in device memory, for the
+    /// kernel to write the same bytes; none for u8 output.
+    fn upload_table(
+        ctx: &Arc<CudaContext>,
+        stream: &Arc<CudaStream>,
+        spec: &SampleSpec,
+    ) -> Result<Option<raw::DeviceAlloc>, BackendError> {
+        let table: Vec<u8> = spec
+            .output
+            .table()
+            .into_iter()
+            .flatten()
+            .flatten()
+            .collect();
+        if table.is_empty() {
+            return Ok(None);
+        }
+        let mut slot = None;
+        let at = Self::room(ctx, stream, &mut slot, table.len())?;
+        // SAFETY: `at` holds at least table.len() bytes; the synchronize below keeps the host
+        // vector alive until the copy has run.
+        unsafe { raw::memcpy_htod_async(at, table.as_ptr(), table.len(), stream) }
+            .map_err(|e| cuda_error("cuMemcpyHtoDAsync", "the output's table".into(), e.0))?;
+        stream
+            .synchronize()
+            .map_err(|e| cuda_error("cuStreamSynchronize", "the copy stream".into(), e.0))?;
+        Ok(slot)
     }
 
     pub(crate) fn counts(&self) -> DecodeCounts {
@@ -372,8 +463,7 @@ impl GpuDecoder {
                     p.src_w = e.width as i32;
                     p.src_h = e.height as i32;
                     p.pitch = e.width as i32 * 3;
-                    let [l, t, bw, bh] = e.crop;
-                    (p.left, p.top, p.box_w, p.box_h) = (l as f32, t as f32, bw as f32, bh as f32);
+                    [p.left, p.top, p.box_w, p.box_h] = e.crop;
                 }
                 Way::Zeros => p.mode = ZEROS,
                 Way::Cpu => {
@@ -419,56 +509,122 @@ impl GpuDecoder {
         Ok(params)
     }
 
-    /// The kernel over a part's samples (`params`), after copying them to the device.
+    /// Test hook: the kernels over one decoded RGB image, uploaded into the scratch, writing
+    /// one sample at `dst`; returns the sample's bytes.
+    #[cfg(test)]
+    pub(crate) fn resample_raster(
+        &mut self,
+        rgb: &[u8],
+        (w, h): (u32, u32),
+        crop: [f64; 4],
+        flip: bool,
+        dst: u64,
+    ) -> Result<usize, BackendError> {
+        assert_eq!(rgb.len(), (w * h * 3) as usize);
+        let at = Self::room(&self.ctx, &self.stream, &mut self.scratch, rgb.len())?;
+        // SAFETY: the scratch holds rgb.len() bytes; the synchronize below keeps `rgb` alive
+        // until the copy has run.
+        unsafe { raw::memcpy_htod_async(at, rgb.as_ptr(), rgb.len(), &self.stream) }
+            .map_err(|e| cuda_error("cuMemcpyHtoDAsync", "a test image".into(), e.0))?;
+        let [left, top, box_w, box_h] = crop;
+        let p = KernelSample {
+            src: at,
+            dst,
+            left,
+            top,
+            box_w,
+            box_h,
+            src_w: w as i32,
+            src_h: h as i32,
+            pitch: (w * 3) as i32,
+            mode: RESAMPLE,
+            flip: i32::from(flip),
+            pad: 0,
+        };
+        self.launch(&[p])?;
+        self.stream
+            .synchronize()
+            .map_err(|e| cuda_error("cuStreamSynchronize", "the copy stream".into(), e.0))?;
+        Ok(self.spec.sample_bytes())
+    }
+
+    /// The kernels over a part's samples (`params`), after copying them to the device.
     fn launch(&mut self, params: &[KernelSample]) -> Result<(), BackendError> {
         let pbytes = std::mem::size_of_val(params);
         let pdev = Self::room(&self.ctx, &self.stream, &mut self.params, pbytes)?;
         // SAFETY: `pdev` holds at least `pbytes`; the host vector is staged before the call
-        // returns (pageable); stream order puts the copy before the kernel that reads it and
-        // after the previous kernel that read the same memory.
+        // returns (pageable); stream order puts the copy before the kernels that read it and
+        // after the previous part's kernels that read the same memory.
         unsafe { raw::memcpy_htod_async(pdev, params.as_ptr().cast(), pbytes, &self.stream) }
             .map_err(|e| {
                 cuda_error(
                     "cuMemcpyHtoDAsync",
-                    "the decode kernel's samples".into(),
+                    "the decode kernels' samples".into(),
                     e.0,
                 )
             })?;
-        let side = self.spec.transform.crop() as i32;
-        let (kind, mean, std) = match self.spec.output {
-            Output::U8Hwc => (0i32, [0.0f32; 3], [1.0f32; 3]),
-            Output::Normalized { dtype, mean, std } => (
-                match dtype {
-                    Float::F16 => 1,
-                    Float::Bf16 => 2,
-                    Float::F32 => 3,
-                },
-                mean,
-                std,
-            ),
+        let n = params.len();
+        let side_u = self.spec.transform.crop() as usize;
+        let sizes = Sizes::of(params, side_u);
+        let work = Self::room(
+            &self.ctx,
+            &self.stream,
+            &mut self.work,
+            n * 2 * sizes.axis_bytes(side_u),
+        )?;
+        let temp = Self::room(
+            &self.ctx,
+            &self.stream,
+            &mut self.temp,
+            n * side_u * sizes.temp_w * 3,
+        )?;
+        let (kind, esize) = match self.spec.output {
+            Output::U8Hwc => (0i32, 1i32),
+            Output::Normalized { dtype, .. } => (1, dtype.size_of() as i32),
         };
-        let pixels = (side as u32) * (side as u32);
-        let cfg = LaunchConfig {
-            grid_dim: (pixels.div_ceil(BLOCK), params.len() as u32, 1),
-            block_dim: (BLOCK, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let mut launch = self.stream.launch_builder(&self.function);
-        launch
-            .arg(&pdev)
+        let table = self.table.as_ref().map_or(0, |t| t.ptr());
+        let (side, window, temp_w) = (side_u as i32, sizes.window as i32, sizes.temp_w as i32);
+        let grid = |threads: usize| (threads.div_ceil(BLOCK as usize) as u32, n as u32, 1);
+        let [coeffs, vertical, horizontal] = [0, 1, 2].map(|k| &self.functions[k]);
+        let mut a = self.stream.launch_builder(coeffs);
+        a.arg(&pdev).arg(&side).arg(&window).arg(&work);
+        let mut b = self.stream.launch_builder(vertical);
+        b.arg(&pdev)
             .arg(&side)
+            .arg(&window)
+            .arg(&temp_w)
+            .arg(&work)
+            .arg(&temp);
+        let mut c = self.stream.launch_builder(horizontal);
+        c.arg(&pdev)
+            .arg(&side)
+            .arg(&window)
+            .arg(&temp_w)
+            .arg(&work)
+            .arg(&temp)
             .arg(&kind)
-            .arg(&mean[0])
-            .arg(&mean[1])
-            .arg(&mean[2])
-            .arg(&std[0])
-            .arg(&std[1])
-            .arg(&std[2]);
-        // SAFETY: the arguments match the kernel's signature (u64, int, int, 6 floats); every
-        // address it reads (the samples, the scratch) or writes (each sample's `sb` bytes at
-        // dst + k × sb, inside the caller's destination) is live until the stream has run it.
-        unsafe { launch.launch(cfg) }
-            .map_err(|e| cuda_error("cuLaunchKernel", KERNEL.into(), e.0))?;
+            .arg(&esize)
+            .arg(&table);
+        let block = (BLOCK, 1, 1);
+        let configs = [
+            ((n as u32, 2, 1), a),
+            (grid(side_u * sizes.temp_w), b),
+            (grid(side_u * side_u), c),
+        ];
+        for (k, (grid_dim, mut launch)) in configs.into_iter().enumerate() {
+            let cfg = LaunchConfig {
+                grid_dim,
+                block_dim: block,
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: each builder's arguments match its kernel's signature in `resize.cu`
+            // (addresses as u64, ints); every address a kernel reads (the samples, the decoded
+            // images, the work area, the rows, the table) or writes (the work area and rows,
+            // sized above from the same samples; each sample's `sb` bytes at dst + k × sb,
+            // inside the caller's destination) is live until the stream has run it.
+            unsafe { launch.launch(cfg) }
+                .map_err(|e| cuda_error("cuLaunchKernel", KERNELS[k].into(), e.0))?;
+        }
         Ok(())
     }
 }

@@ -62,6 +62,40 @@ pub use raw::{describe, driver_library_present};
 pub use register::{ChunkTable, HostRegistration, MAX_REGISTER_CHUNK};
 pub use uploader::CudaUploader;
 
+/// Whether this host can decode JPEGs on GPU `device`: the driver loads, the device exists
+/// and nvJPEG and NVRTC load (`[dataset.image] decode = "auto"` resolves to "gpu" if so).
+/// Opens no context.
+pub fn gpu_decode_available(device: usize) -> bool {
+    probe::locate(device).is_ok() && nvlibs::decode_libraries_load()
+}
+
+/// [`pinring_data::HostFacts::gpu_decode`] for `cfg` (its overrides applied): whether its
+/// `[dataset.image] decode = "auto"` resolves to "gpu" on this host, for daemon.device (else
+/// 0). Probes only where the config says "auto" (false otherwise).
+pub fn decode_auto_on_gpu(cfg: &pinring_data::Config) -> bool {
+    let auto = cfg
+        .dataset
+        .image
+        .as_ref()
+        .is_some_and(|i| i.decode == pinring_data::ImageDecode::Auto);
+    if !auto {
+        return false;
+    }
+    let device = cfg.daemon.device.map_or(0, |d| d as usize);
+    let gpu = gpu_decode_available(device);
+    tracing::info!(
+        device,
+        gpu,
+        "[dataset.image] decode = \"auto\": the images are decoded on the {}",
+        if gpu {
+            "GPU where the batch is copied"
+        } else {
+            "CPU, by the loaders"
+        }
+    );
+    gpu
+}
+
 /// The alignment of each buffer of a [`Placement::Contiguous`] uploader: buffers lie this many
 /// bytes apart or a multiple of it (512, the alignment PyTorch's caching allocator gives its own
 /// blocks, so a tensor at a buffer's start is aligned as a tensor of PyTorch's own would be).

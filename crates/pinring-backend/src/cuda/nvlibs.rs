@@ -89,6 +89,14 @@ struct JpegFns {
 }
 
 /// Opens the first of `names` that loads.
+const NVJPEG: [&str; 3] = ["libnvjpeg.so.13", "libnvjpeg.so.12", "libnvjpeg.so"];
+const NVRTC: [&str; 3] = ["libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"];
+
+/// Whether nvJPEG and NVRTC load in this process (what the decoder needs beyond the driver).
+pub(crate) fn decode_libraries_load() -> bool {
+    open(&NVJPEG).is_ok() && open(&NVRTC).is_ok()
+}
+
 fn open(names: &[&str]) -> Result<Library, String> {
     let mut last = String::new();
     for n in names {
@@ -153,7 +161,7 @@ impl Nvjpeg {
     /// Loads nvJPEG and opens the first backend of `backends` that the GPU has (the context
     /// must be current).
     pub(crate) fn open(backends: &[c_int]) -> Result<Nvjpeg, String> {
-        let lib = open(&["libnvjpeg.so.13", "libnvjpeg.so.12", "libnvjpeg.so"])?;
+        let lib = open(&NVJPEG)?;
         let f = JpegFns {
             create_ex: load!(&lib, "nvjpegCreateEx")?,
             destroy: load!(&lib, "nvjpegDestroy")?,
@@ -290,7 +298,7 @@ fn text(
 
 /// Compiles CUDA C `src` to PTX for `arch` (`"compute_80"`) with NVRTC.
 pub(crate) fn compile_ptx(src: &str, name: &str, arch: &str) -> Result<String, String> {
-    let lib = open(&["libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"])?;
+    let lib = open(&NVRTC)?;
     let f = RtcFns {
         create: load!(&lib, "nvrtcCreateProgram")?,
         compile: load!(&lib, "nvrtcCompileProgram")?,
@@ -303,7 +311,9 @@ pub(crate) fn compile_ptx(src: &str, name: &str, arch: &str) -> Result<String, S
     let src = CString::new(src).map_err(|e| e.to_string())?;
     let name = CString::new(name).map_err(|e| e.to_string())?;
     let arch = CString::new(format!("--gpu-architecture={arch}")).map_err(|e| e.to_string())?;
-    let opts = [arch.as_ptr()];
+    // No fused multiply-adds: the kernels' f64 arithmetic is the CPU path's, rounding included.
+    let fmad = c"--fmad=false";
+    let opts = [arch.as_ptr(), fmad.as_ptr()];
     let mut prog: Prog = ptr::null_mut();
     // SAFETY: the strings outlive the call; no headers; `prog` is an out-parameter, destroyed
     // below.
@@ -320,8 +330,8 @@ pub(crate) fn compile_ptx(src: &str, name: &str, arch: &str) -> Result<String, S
     if made != 0 {
         return Err(format!("nvrtcCreateProgram returned {made}"));
     }
-    // SAFETY: `prog` is live; one option string, alive for the call.
-    let compiled = unsafe { (f.compile)(prog, 1, opts.as_ptr()) };
+    // SAFETY: `prog` is live; two option strings, alive for the call.
+    let compiled = unsafe { (f.compile)(prog, opts.len() as i32, opts.as_ptr()) };
     let result = if compiled != 0 {
         Err(format!(
             "NVRTC could not compile it ({compiled}): {}",

@@ -253,6 +253,27 @@ impl CudaUploader {
         r
     }
 
+    /// Test hook: the decoder's kernels over one decoded RGB image (`rgb`, `w` × `h`) with
+    /// box `crop`, into buffer 0 (device memory), read back.
+    #[cfg(test)]
+    pub(super) fn resample_raster(
+        &self,
+        rgb: &[u8],
+        size: (u32, u32),
+        crop: [f64; 4],
+        flip: bool,
+    ) -> Vec<u8> {
+        let mut guard = lock_any(&self.decoder);
+        let dec = guard.as_mut().expect("set_decoder first");
+        let dst = self.buffers[0].ptr();
+        let n = dec.resample_raster(rgb, size, crop, flip, dst).unwrap();
+        let mut got = vec![0u8; n];
+        let whole = self.buffers[0].slice().slice(0..n);
+        self.copy_stream.memcpy_dtoh(&whole, &mut got).unwrap();
+        self.copy_stream.synchronize().unwrap();
+        got
+    }
+
     /// The decoder's last failed batched decode, if any.
     pub fn last_decode_error(&self) -> Option<String> {
         lock_any(&self.decoder)

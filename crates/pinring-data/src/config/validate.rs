@@ -623,6 +623,18 @@ impl Config {
                  decode = \"cpu\" the loaders write pixels: remove it",
             ));
         }
+        if i.decode != ImageDecode::Cpu && i.reduced_decode {
+            return Err(self.invalid(
+                "dataset.image.reduced_decode",
+                true,
+                format!(
+                    "a shortcut of the loaders' CPU decoder; with decode = \"{}\" the JPEGs \
+                     are decoded at full size where the batch is copied: remove it, or set \
+                     decode = \"cpu\"",
+                    i.decode.as_str()
+                ),
+            ));
+        }
         if let Some(share) = i.encoded_share(self.plan.batch_size) {
             if share < MIN_ENCODED_SHARE {
                 return Err(self.invalid(

@@ -294,8 +294,19 @@ impl Joining {
         let Joining::Own { cfg, source } = self else {
             unreachable!("an adopting loader returned above or turned to its own config")
         };
-        Ok(Session::join_at(Config::clone(cfg), at, wait, stop)?
-            .map(|s| (s, source.as_deref_mut())))
+        let Some(session) = Session::join_at(Config::clone(cfg), at, wait, stop)? else {
+            return Ok(None);
+        };
+        // decode = "auto": the session took the daemon's resolution (`Session::check_ring`);
+        // a ring that carries images encoded needs the source that writes them so.
+        let auto = |c: &Config| c.dataset.image.as_ref().map(|i| i.decode);
+        if auto(cfg) == Some(pinring_data::ImageDecode::Auto)
+            && auto(session.config()) == Some(pinring_data::ImageDecode::Gpu)
+            && source.as_ref().is_some()
+        {
+            *source = open_source_logged(&mut session.config().clone())?;
+        }
+        Ok(Some((session, source.as_deref_mut())))
     }
 }
 
