@@ -304,3 +304,161 @@ fn a_corrupt_jpeg_in_a_shard_stops_the_loader_with_fail() {
         "{daemon_log}"
     );
 }
+
+/// A shard whose sample `bad` is a PNG with intact headers and corrupt image data: the
+/// loaders (decode = "gpu") read its headers and carry it, and it fails only where the batch
+/// is copied and decoded.
+fn shards_with_undecodable(dir: &Path, sizes: &[u64], bad: u64) -> Vec<Sample> {
+    let samples = shards(dir, sizes, None);
+    let (mut bytes, ext) = image(bad);
+    assert_eq!(ext, "png", "sample {bad} must be a PNG");
+    let mid = bytes.len() / 2;
+    bytes[mid..mid + 16].iter_mut().for_each(|b| *b ^= 0x5a);
+    // Write the shards again with the corrupt PNG in place.
+    std::fs::remove_dir_all(dir.join("wds")).unwrap();
+    std::fs::create_dir_all(dir.join("wds")).unwrap();
+    let mut k = 0u64;
+    for (s, &n) in sizes.iter().enumerate() {
+        let file = std::fs::File::create(dir.join(format!("wds/shard-{s}.tar"))).unwrap();
+        let mut b = tar::Builder::new(file);
+        for _ in 0..n {
+            let (data, ext) = if k == bad {
+                (bytes.clone(), "png")
+            } else {
+                image(k)
+            };
+            let key = format!("sample{k:05}");
+            let label = samples[k as usize].label;
+            for (name, d) in [
+                (format!("{key}.{ext}"), data),
+                (format!("{key}.cls"), label.to_string().into_bytes()),
+            ] {
+                let mut h = tar::Header::new_gnu();
+                h.set_size(d.len() as u64);
+                h.set_mode(0o644);
+                h.set_cksum();
+                b.append_data(&mut h, &name, d.as_slice()).unwrap();
+            }
+            k += 1;
+        }
+        b.into_inner().unwrap();
+    }
+    samples
+}
+
+fn decode_fault_config(policy: &str, copies: &str) -> String {
+    format!(
+        "[ring]\nslots = 4\n[daemon]\ncopies = \"{copies}\"\n[dataset]\nkind = \"webdataset\"\n\
+         on_bad_sample = \"{policy}\"\n\
+         [dataset.webdataset]\nshards = [\"wds/shard-0.tar\", \"wds/shard-1.tar\"]\n\
+         [dataset.image]\ntransform = \"eval\"\ncrop = 16\nresize = 20\ndecode = \"gpu\"\n\
+         encoded_bytes = \"96KiB\"\n[plan]\nbatch_size = 3\nepochs = 2\n"
+    )
+}
+
+/// decode = "gpu", a file that fails only at the decoder, `on_bad_sample = "skip"`, the daemon
+/// copying: zeros in its place, every other sample the CPU path's, and the daemon's summary
+/// counts each image by the way it was decoded (the host engine: all on the CPU, the bad one
+/// failed once an epoch).
+#[test]
+fn a_file_that_fails_at_the_decoder_is_zeros_with_skip_and_counted() {
+    let fx = Fixture::new("img-dec-skip", &decode_fault_config("skip", "daemon"));
+    let samples = shards_with_undecodable(fx.dir.path(), &[5, 4], 5);
+    run_images(&fx, 2, &samples, Some(5));
+    let s = fx.summary();
+    let n = samples.len() as u64;
+    assert_eq!(s.images_decoded.get("failed"), Some(&2), "{s:#?}");
+    assert_eq!(s.images_decoded.get("cpu"), Some(&(2 * (n - 1))), "{s:#?}");
+}
+
+/// The same file with `on_bad_sample = "fail"`: the daemon that decodes it stops (exit 3)
+/// naming the shard and the member's offset (sample 5 is shard 1's first member, whose data
+/// follows its 512-byte tar header); a trainer's copier that decodes it fails the batch's wait with
+/// the same names and the setting.
+#[test]
+fn a_file_that_fails_at_the_decoder_stops_the_run_with_fail() {
+    for copies in ["daemon", "consumer"] {
+        let fx = Fixture::new(
+            &format!("img-dec-fail-{copies}"),
+            &decode_fault_config("fail", copies),
+        );
+        shards_with_undecodable(fx.dir.path(), &[5, 4], 5);
+        let mut daemon = fx.daemon(&["--sink", "consumer"]);
+        let ring = fx.wait_ready(&mut daemon);
+        let kids = loaders_attached(&fx, &daemon, &ring, 1);
+        // A daemon that decodes may fail the run before this consumer attaches.
+        let err = match pinring_client::Consumer::attach(
+            &fx.ring,
+            &pinring_client::AttachOptions::default(),
+        ) {
+            Err(e) => e.to_string(),
+            Ok(mut c) => loop {
+                match c.next_batch(Some(LONG)) {
+                    Ok(Some(_)) => continue,
+                    Ok(None) => panic!("{copies}: the run ended without the decode failure"),
+                    Err(e) => break e.to_string(),
+                }
+            },
+        };
+        assert!(
+            copies == "daemon" || err.contains("did not decode"),
+            "{copies}: {err}"
+        );
+        if copies == "consumer" {
+            let _ = daemon.kill();
+        }
+        let (status, log) = wait_for(daemon, "daemon", LONG);
+        if copies == "daemon" {
+            assert_eq!(status.code(), Some(3), "{log}");
+            assert!(log.contains("shard-1.tar, member at byte 512"), "{log}");
+        } else {
+            assert!(
+                err.contains("shard-1.tar, member at byte 512") && err.contains("on_bad_sample"),
+                "{err}"
+            );
+        }
+        for k in kids {
+            let _ = wait_for(k, "loader", LONG);
+        }
+    }
+}
+
+/// A daemon that decodes serves its counts per way on /metrics while the run goes on.
+#[test]
+fn a_daemon_that_decodes_serves_its_counts_on_metrics() {
+    let fx = Fixture::new("img-dec-metrics", &decode_fault_config("skip", "daemon"));
+    shards(fx.dir.path(), &[5, 4], None);
+    let listen = free_local_addr();
+    let mut daemon = fx.daemon(&["--sink", "consumer", "--metrics-listen", &listen]);
+    let ring = fx.wait_ready(&mut daemon);
+    let kids = loaders_attached(&fx, &daemon, &ring, 1);
+    let mut c =
+        pinring_client::Consumer::attach(&fx.ring, &pinring_client::AttachOptions::default())
+            .unwrap();
+    for _ in 0..2 {
+        c.next_batch(Some(LONG)).unwrap().unwrap();
+    }
+    let metrics = http_get(&listen, "/metrics");
+    let cpu = format!(
+        "pinring_images_decoded_total{{ring=\"{}\",way=\"cpu\"}} ",
+        fx.ring
+    );
+    let line = metrics
+        .lines()
+        .find(|l| l.starts_with(&cpu))
+        .unwrap_or_else(|| panic!("no {cpu} in:\n{metrics}"));
+    let n: u64 = line[cpu.len()..].parse().unwrap();
+    assert!(n >= 6, "two batches of 3 decoded at least: {line}");
+    let failed = format!(
+        "pinring_images_decoded_total{{ring=\"{}\",way=\"failed\"}} 0",
+        fx.ring
+    );
+    assert!(metrics.contains(&failed), "{metrics}");
+    while c.next_batch(Some(LONG)).unwrap().is_some() {}
+    drop(c);
+    let (status, log) = wait_for(daemon, "daemon", LONG);
+    assert!(status.success(), "{log}");
+    for k in kids {
+        let _ = wait_for(k, "loader", LONG);
+    }
+}

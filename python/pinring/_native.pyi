@@ -310,6 +310,11 @@ class Consumer:
     def leases_expired(self) -> int:
         """Batch parts the daemon took back because a loader held them past the lease, over
         the ring's life."""
+    def decode_counts(self) -> Optional[Dict[str, int]]:
+        """How this process decoded the images its ring carries encoded (``decode="gpu"``):
+        counts per way ("gpu", "cpu", "cpu_not_jpeg", "cpu_unsupported", "cpu_components",
+        "cpu_batch_failed", "failed"); None where it decodes none (a ring of pixels, or one
+        whose daemon copies: the daemon's summary has them as ``images_decoded``)."""
     def status(self) -> str:
         """The ring as ``pinring status --json`` reads it, as JSON text: slot counts, loaders,
         batches committed and delivered, bytes in and out, and the wait counters."""

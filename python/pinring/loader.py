@@ -518,6 +518,18 @@ class Loader:
             return self._shape[0]
         return self._attach().batches_per_epoch
 
+    def decode_counts(self) -> Optional[Dict[str, int]]:
+        """How the images this ring carries encoded (``image={"decode": "gpu"}``) were decoded
+        in this process, per way: ``"gpu"`` (nvJPEG), ``"cpu"`` (the host backend's engine), ``"cpu_not_jpeg"``,
+        ``"cpu_unsupported"`` (progressive and other JPEGs nvJPEG's batched decode does not
+        take), ``"cpu_components"`` (CMYK), ``"cpu_batch_failed"`` (on the CPU), ``"failed"``
+        (zeros). None where this process decodes none: a ring of pixels, or one whose daemon
+        copies (an embedded loader's: its summary, returned by :meth:`close`, has them as
+        ``images_decoded``)."""
+        if self._consumer is None:
+            return None
+        return self._consumer.decode_counts()
+
     # -- iterating -------------------------------------------------------------------------
 
     def batches(self) -> Iterator[_native.Batch]:

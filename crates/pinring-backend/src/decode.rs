@@ -54,8 +54,10 @@ pub struct DecodeFault {
     pub tag: u64,
     /// The sample's index in its part.
     pub sample: u32,
-    /// Where the sample came from, as its entry says (`"file #3, member at byte 10240"`).
-    pub origin: String,
+    /// Where the sample came from, as its entry says: the file's index and the byte offset of
+    /// its member (`Config::describe_origin` names them); `None` where the entry itself was
+    /// unreadable.
+    pub at: Option<(u32, u64)>,
     /// What failed.
     pub problem: String,
 }
@@ -124,12 +126,13 @@ pub(crate) fn check(spec: &SampleSpec, d: &Decode) -> Result<(), BackendError> {
     Ok(())
 }
 
-/// How an engine decoded its samples, per way (the cuda engine's; the host engine decodes
-/// every sample on the CPU by design and counts none).
+/// How an engine decoded its samples, per way.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct DecodeCounts {
     /// Decoded by nvJPEG.
     pub gpu: u64,
+    /// Decoded on the CPU by the host engine (no GPU: every sample, by design).
+    pub cpu: u64,
     /// On the CPU: not a JPEG nvJPEG reads (a PNG, or headers it refuses).
     pub cpu_not_jpeg: u64,
     /// On the CPU: a JPEG the backend's batched decode does not take (progressive, an unusual
@@ -142,6 +145,21 @@ pub struct DecodeCounts {
     pub cpu_batch_failed: u64,
     /// Not decoded at all: written as zeros and reported as a [`DecodeFault`].
     pub failed: u64,
+}
+
+impl DecodeCounts {
+    /// Each way with its count, by the names the summary, /metrics and Python give them.
+    pub fn named(&self) -> [(&'static str, u64); 7] {
+        [
+            ("gpu", self.gpu),
+            ("cpu", self.cpu),
+            ("cpu_not_jpeg", self.cpu_not_jpeg),
+            ("cpu_unsupported", self.cpu_unsupported),
+            ("cpu_components", self.cpu_components),
+            ("cpu_batch_failed", self.cpu_batch_failed),
+            ("failed", self.failed),
+        ]
+    }
 }
 
 /// A JPEG's frame header (its SOF segment), read by walking the marker segments from the
@@ -213,6 +231,7 @@ pub(crate) struct CpuDecoder {
     chunk: Vec<u8>,
     /// The part's samples, decoded.
     out: Vec<u8>,
+    counts: DecodeCounts,
 }
 
 impl CpuDecoder {
@@ -225,7 +244,13 @@ impl CpuDecoder {
             pipeline,
             chunk: Vec::new(),
             out: Vec::new(),
+            counts: DecodeCounts::default(),
         })
+    }
+
+    /// What this decoder did, per way (`cpu` and `failed`).
+    pub(crate) fn counts(&self) -> DecodeCounts {
+        self.counts
     }
 
     /// Bytes of one decoded sample.
@@ -249,10 +274,11 @@ impl CpuDecoder {
         let chunk = match EncodedChunk::new(&self.chunk, samples) {
             Ok(c) => c,
             Err(e) => {
+                self.counts.failed += u64::from(samples);
                 faults.extend((0..samples).map(|n| DecodeFault {
                     tag,
                     sample: n,
-                    origin: "unknown".into(),
+                    at: None,
                     problem: e.to_string(),
                 }));
                 return (&self.out, faults);
@@ -263,10 +289,11 @@ impl CpuDecoder {
             let (entry, bytes) = match chunk.entry(n) {
                 Ok(e) => e,
                 Err(e) => {
+                    self.counts.failed += 1;
                     faults.push(DecodeFault {
                         tag,
                         sample: n as u32,
-                        origin: "unknown".into(),
+                        at: None,
                         problem: e.to_string(),
                     });
                     continue;
@@ -275,12 +302,15 @@ impl CpuDecoder {
             if entry.zeros() {
                 continue;
             }
+            self.counts.cpu += 1;
             if let Err(problem) = decode_one(&mut self.pipeline, &entry, bytes, dst) {
+                self.counts.cpu -= 1;
+                self.counts.failed += 1;
                 dst.fill(0);
                 faults.push(DecodeFault {
                     tag,
                     sample: n as u32,
-                    origin: entry.origin().to_string(),
+                    at: Some((entry.file, entry.member)),
                     problem,
                 });
             }
@@ -420,7 +450,7 @@ mod tests {
         let faults = up.take_decode_faults();
         assert_eq!(faults.len(), 1, "{faults:?}");
         assert_eq!((faults[0].tag, faults[0].sample), (5, 2));
-        assert_eq!(faults[0].origin, "file #9, member at byte 1024");
+        assert_eq!(faults[0].at, Some((9, 1024)));
         // A scribbled entry: its bytes past the arena. Refused before any byte is read.
         let e = EncodedEntry::from_bytes(chunk[64..128].try_into().unwrap());
         chunk[64..128].copy_from_slice(&EncodedEntry { offset: 20000, ..e }.to_bytes());

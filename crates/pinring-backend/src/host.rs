@@ -414,6 +414,12 @@ impl CopyEngine for HostUploader {
         std::mem::take(&mut *lock(&self.shared.faults))
     }
 
+    fn decode_counts(&self) -> crate::DecodeCounts {
+        lock(&self.shared.decoder)
+            .as_ref()
+            .map_or_else(Default::default, CpuDecoder::counts)
+    }
+
     fn completions(&self) -> &crate::Completions {
         &self.completions
     }

@@ -78,6 +78,17 @@ struct Scratch {
     jobs: Vec<UploadJob>,
 }
 
+/// A ring that carries its images encoded (`[dataset.image] decode = "gpu"`): the spec its
+/// samples are decoded to, and whether a sample that does not decode ends the run
+/// (`dataset.on_bad_sample = "fail"`) rather than being delivered as zeros with a warning.
+#[derive(Debug, Clone)]
+pub(crate) struct DecodeOnCopy {
+    pub(crate) spec: pinring_backend::decode::SampleSpec,
+    pub(crate) fail: bool,
+    /// The ring's config, which names a sample's file (`Config::describe_origin`).
+    pub(crate) cfg: pinring_data::Config,
+}
+
 /// This process's copies out of the ring.
 pub struct Copier {
     engine: Arc<dyn Uploader>,
@@ -91,6 +102,9 @@ pub struct Copier {
     copied: Condvar,
     /// Where each field of a batch lies in a buffer (and each part's chunks in its slot).
     layout: BatchLayout,
+    /// Whether a sample that does not decode fails the run, and the config that names its
+    /// file (`DecodeOnCopy`); `None` for a ring of pixels.
+    decoding: Option<(bool, pinring_data::Config)>,
     scratch: Mutex<Scratch>,
     /// Slots whose copies may share one completion event: a quarter of the ring
     /// (`pinring_backend::SIGNAL_SPAN_DIVISOR`), so the loaders always have the rest to fill.
@@ -118,7 +132,7 @@ impl Copier {
         buffer_bytes: u64,
         plan: &Plan,
         layout: &BatchLayout,
-        decoder: Option<pinring_backend::decode::SampleSpec>,
+        decoder: Option<DecodeOnCopy>,
     ) -> Result<Copier, ClientError> {
         let backend_err = |source| ClientError::Backend {
             ring: ring.name().into(),
@@ -145,9 +159,9 @@ impl Copier {
                 .map_err(backend_err)?,
         );
         engine.set_source_ring(ring.geometry().slot_count as usize);
-        if let Some(spec) = decoder {
+        if let Some(d) = &decoder {
             // The ring carries its images encoded: this engine decodes them as it copies.
-            engine.set_decoder(spec).map_err(backend_err)?;
+            engine.set_decoder(d.spec).map_err(backend_err)?;
         }
         for i in 0..buffers as usize {
             engine.share_local(i).map_err(backend_err)?;
@@ -167,6 +181,7 @@ impl Copier {
             }),
             copied: Condvar::new(),
             layout: layout.clone(),
+            decoding: decoder.map(|d| (d.fail, d.cfg)),
             scratch: Mutex::new(Scratch {
                 plan: plan.clone(),
                 samples: Vec::new(),
@@ -443,6 +458,44 @@ impl Copier {
         }
     }
 
+    /// Samples carried encoded that did not decode (zeros in their place): each a warning; with
+    /// `dataset.on_bad_sample = "fail"` the first is this copier's failure, which the batch's
+    /// wait reports (its completions are booked after this).
+    fn decode_faults(&self, ring: &ConsumerRing, faults: Vec<pinring_backend::DecodeFault>) {
+        let Some((fail, cfg)) = &self.decoding else {
+            return;
+        };
+        for f in faults {
+            let what = format!(
+                "sample {} of a part of descriptor {} did not decode ({}): {}",
+                f.sample,
+                f.tag,
+                cfg.describe_origin(f.at),
+                f.problem
+            );
+            if *fail {
+                lock(&self.books).failed.get_or_insert_with(|| {
+                    format!(
+                        "{what}; dataset.on_bad_sample = \"fail\" stops the run (set it to \
+                         \"skip\" to train on with zeros in its place)"
+                    )
+                });
+                continue;
+            }
+            tracing::warn!(ring = %ring.name(), sample = f.sample, "{what}; written as zeros (dataset.on_bad_sample = \"skip\")");
+        }
+    }
+
+    /// Whether the ring carries images encoded, which this copier decodes.
+    pub(crate) fn decodes(&self) -> bool {
+        self.layout.encoded_field().is_some()
+    }
+
+    /// How this process's engine decoded the samples it copied, per way.
+    pub(crate) fn decode_counts(&self) -> pinring_backend::DecodeCounts {
+        self.engine.decode_counts()
+    }
+
     /// Whether no copy is in flight.
     fn idle(&self) -> bool {
         lock(&self.books).copying.iter().all(Option::is_none)
@@ -500,9 +553,7 @@ pub(crate) fn run_releaser(shared: Arc<crate::Shared>, stop: Arc<AtomicBool>) {
                 } else {
                     Vec::new()
                 };
-                for f in faults {
-                    tracing::warn!(ring = %ring.name(), sample = f.sample, "sample {} of a part of descriptor {} did not decode ({}): {}; written as zeros", f.sample, f.tag, f.origin, f.problem);
-                }
+                copier.decode_faults(ring, faults);
                 copier.arrived(ring, &mut arrived);
             }
             Err(crossbeam_channel::RecvTimeoutError::Disconnected) => return,

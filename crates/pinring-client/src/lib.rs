@@ -188,7 +188,11 @@ impl Consumer {
         let (start, end_seq) = (ring.start_seq(), ring.end_seq());
         ring.attach_consumer(ProcessId::current())?;
         // When this process copies, its engine reads each part from its slot by the plan.
-        let decoder = cfg.decoder_spec();
+        let decoder = cfg.decoder_spec().map(|spec| copier::DecodeOnCopy {
+            spec,
+            fail: cfg.dataset.on_bad_sample == pinring_data::OnBadSample::Fail,
+            cfg: cfg.clone(),
+        });
         let memory = Memory::open(&ring, plan, fields.layout(), decoder)?;
         let in_order = ring.in_order();
         let available = first_available(&ring);
@@ -517,7 +521,17 @@ impl Consumer {
         &self.shared.spec
     }
 
-    /// The ring.
+    /// How this process's copier decoded the images its ring carries encoded
+    /// (`[dataset.image] decode = "gpu"`), per way; `None` where this process decodes none (a
+    /// ring of pixels, or one whose daemon copies: its summary and /metrics count them).
+    pub fn decode_counts(&self) -> Option<pinring_backend::DecodeCounts> {
+        match &self.shared.memory {
+            Memory::Own(c) if c.decodes() => Some(c.decode_counts()),
+            _ => None,
+        }
+    }
+
+    /// The ring this consumer reads.
     pub fn ring(&self) -> &ConsumerRing {
         &self.shared.ring
     }

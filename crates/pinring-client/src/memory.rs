@@ -44,7 +44,7 @@ impl Memory {
         ring: &ConsumerRing,
         plan: &pinring_data::Plan,
         layout: &pinring_data::BatchLayout,
-        decoder: Option<pinring_backend::decode::SampleSpec>,
+        decoder: Option<crate::copier::DecodeOnCopy>,
     ) -> Result<Memory, ClientError> {
         let hg = ring.geometry().handoff.ok_or_else(|| {
             ClientError::Ring(pinring_ring::RingError::NoHandoff {

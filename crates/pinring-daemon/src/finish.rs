@@ -56,6 +56,21 @@ pub fn failed_at_start(opts: &RunOptions, known: Known<'_>, error: DaemonError) 
 }
 
 impl Daemon {
+    /// The engine's decode counts by way, where this daemon decodes (`Summary::images_decoded`).
+    fn decoded_counts(&self) -> std::collections::BTreeMap<String, u64> {
+        let decodes =
+            self.core.run.layout.encoded_field().is_some() && !self.core.run.consumer_copies;
+        if !decodes {
+            return Default::default();
+        }
+        let counts = self.core.uploader.decode_counts();
+        counts
+            .named()
+            .iter()
+            .map(|(k, v)| ((*k).to_string(), *v))
+            .collect()
+    }
+
     pub(super) fn finish(&mut self, result: &Result<(), DaemonError>) -> Summary {
         self.close_ring();
         let seconds = self
@@ -111,6 +126,7 @@ impl Daemon {
             // Loaders count what they substituted; only they know it (checked above).
             bad_samples_skipped: checked.bad_samples,
             reissued: counts.reissued,
+            images_decoded: self.decoded_counts(),
             corrupt_descriptors: counts.corrupt_descriptors,
             registration_seconds: self.core.registration.as_ref().map_or(0.0, |r| r.seconds()),
             daemon_wait_seconds: daemon_wait,

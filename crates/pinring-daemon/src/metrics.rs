@@ -30,6 +30,9 @@ pub struct DaemonMetrics {
     pub upload: Histogram,
     /// From a loader's claim to its commit (producing the batch).
     pub fill: Histogram,
+    /// Images the daemon's engine decoded, per way (`[dataset.image] decode = "gpu"` where the
+    /// daemon copies); none where it decodes nothing.
+    decoded: std::sync::Mutex<Option<pinring_backend::DecodeCounts>>,
 }
 
 impl DaemonMetrics {
@@ -41,6 +44,15 @@ impl DaemonMetrics {
     /// The registration time.
     pub fn registration_seconds(&self) -> f64 {
         f64::from_bits(self.registration_seconds_bits.load(Relaxed))
+    }
+
+    /// Records the engine's decode counts (the latest, whole).
+    pub fn set_decoded(&self, counts: pinring_backend::DecodeCounts) {
+        *self.decoded.lock().unwrap_or_else(|e| e.into_inner()) = Some(counts);
+    }
+
+    fn decoded(&self) -> Option<pinring_backend::DecodeCounts> {
+        *self.decoded.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -61,6 +73,14 @@ pub fn render(ring: &DaemonRing, m: &DaemonMetrics) -> String {
         consumer(&mut out, cv, &l);
     }
     stage_times(&mut out, &s, &l);
+    if let Some(counts) = m.decoded() {
+        let name = "pinring_images_decoded_total";
+        let _ = writeln!(out, "# HELP {name} Images the daemon's engine decoded (decode = \"gpu\"), by way: gpu (nvJPEG), cpu (the host engine), cpu_not_jpeg, cpu_unsupported, cpu_components, cpu_batch_failed (on the CPU, by reason), failed (zeros).");
+        let _ = writeln!(out, "# TYPE {name} counter");
+        for (way, n) in counts.named() {
+            let _ = writeln!(out, "{name}{{{l},way=\"{way}\"}} {n}");
+        }
+    }
     m.commit_to_upload_done.render(
         &mut out,
         "pinring_commit_to_upload_done_seconds",

@@ -185,6 +185,12 @@ impl DaemonService {
         self.metrics.upload.observe_ns(upload_ns);
     }
 
+    /// Called with the engine's decode counts after each round of completions of a ring whose
+    /// images this daemon decodes: /metrics serves them.
+    pub fn decoded(&self, counts: pinring_backend::DecodeCounts) {
+        self.metrics.set_decoded(counts);
+    }
+
     /// Called when the daemon starts to drain or finishes (idempotent).
     pub fn stopping(&mut self, why: &str) {
         if !self.stopping {

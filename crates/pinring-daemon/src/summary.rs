@@ -74,6 +74,12 @@ pub struct Summary {
     /// Unreadable samples the loaders replaced with zeros (`dataset.on_bad_sample = "skip"`).
     #[serde(default)]
     pub bad_samples_skipped: u64,
+    /// Images this daemon's engine decoded, per way (`[dataset.image] decode = "gpu"` where the
+    /// daemon copies: "gpu", "cpu", "cpu_not_jpeg", "cpu_unsupported", "cpu_components",
+    /// "cpu_batch_failed", "failed").
+    /// Empty where the daemon decodes nothing (a trainer's copier counts its own).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub images_decoded: std::collections::BTreeMap<String, u64>,
     /// Seqs moved to another slot because theirs was quarantined.
     #[serde(default)]
     pub reissued: u64,

@@ -101,6 +101,9 @@ impl Uploads {
     /// written as zeros; logged naming seq, sample and origin, and with `dataset.on_bad_sample
     /// = "fail"` the first ends the run (exit 3), as a loader's bad sample does.
     fn decode_faults(&self, core: &Core) -> Result<(), DaemonError> {
+        if !core.run.consumer_copies {
+            core.service.decoded(core.uploader.decode_counts());
+        }
         for f in core.uploader.take_decode_faults() {
             let (slot, _) = tag_parts(f.tag);
             let seq = self.inflight.get(slot).map_or(u64::MAX, |p| p.seq);
@@ -110,11 +113,11 @@ impl Uploads {
                     ring: ring.clone(),
                     seq,
                     sample: f.sample,
-                    origin: f.origin,
+                    origin: core.run.cfg.describe_origin(f.at),
                     problem: f.problem,
                 });
             }
-            tracing::warn!(ring = %ring, seq, sample = f.sample, "sample {} of seq {seq} did not decode ({}): {}; written as zeros (dataset.on_bad_sample = \"skip\")", f.sample, f.origin, f.problem);
+            tracing::warn!(ring = %ring, seq, sample = f.sample, "sample {} of seq {seq} did not decode ({}): {}; written as zeros (dataset.on_bad_sample = \"skip\")", f.sample, core.run.cfg.describe_origin(f.at), f.problem);
         }
         Ok(())
     }

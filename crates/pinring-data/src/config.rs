@@ -1357,6 +1357,24 @@ impl Config {
         self.decodes_on_copy().then(|| image.sample_spec())
     }
 
+    /// Where an encoded sample came from, in words, from its entry's place (`EncodedEntry`'s
+    /// file and member, `None` where the entry was unreadable): a WebDataset's shard path and
+    /// the member's byte offset in it; an image folder's sample index under its root.
+    pub fn describe_origin(&self, at: Option<(u32, u64)>) -> String {
+        let Some((file, member)) = at else {
+            return "an entry that does not read (its place unknown)".into();
+        };
+        if let Some(w) = &self.dataset.webdataset {
+            if let Some(shard) = w.shards.get(file as usize) {
+                return format!("shard {}, member at byte {member}", shard.display());
+            }
+        }
+        if let Some(f) = &self.dataset.imagefolder {
+            return format!("image #{file} of folder {}", f.root.display());
+        }
+        format!("file #{file}, member at byte {member}")
+    }
+
     /// Whether the ring carries the images encoded, for whoever copies a batch out to decode
     /// (`[dataset.image] decode = "gpu"`).
     pub fn decodes_on_copy(&self) -> bool {

@@ -176,6 +176,21 @@ impl Consumer {
         self.with(|c| c.ring().leases_expired())
     }
 
+    /// How this process decoded the images its ring carries encoded (`[dataset.image] decode =
+    /// "gpu"`): a dict of counts per way ("gpu", "cpu", "cpu_not_jpeg", "cpu_unsupported",
+    /// "cpu_components", "cpu_batch_failed", "failed"); None where this process decodes none
+    /// (a ring of pixels, or one whose daemon copies: its summary counts them).
+    fn decode_counts<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let Some(counts) = self.with(|c| c.decode_counts())? else {
+            return Ok(None);
+        };
+        let d = PyDict::new(py);
+        for (way, n) in counts.named() {
+            d.set_item(way, n)?;
+        }
+        Ok(Some(d))
+    }
+
     /// The ring as `pinring status --json` reads it, as JSON text: slot counts, loaders, batches
     /// committed and delivered, bytes in and out, and the wait counters the verdict reads.
     fn status(&self) -> PyResult<String> {

@@ -325,16 +325,16 @@ impl GpuDecoder {
             let raw: &[u8; E] = self.entries[k * E..(k + 1) * E]
                 .try_into()
                 .unwrap_or(&[0; E]);
-            let fault = |problem: String, origin: String| DecodeFault {
+            let fault = |problem: String, at: Option<(u32, u64)>| DecodeFault {
                 tag,
                 sample: k as u32,
-                origin,
+                at,
                 problem,
             };
             let e = match EncodedEntry::checked(raw, arena_len) {
                 Ok(e) => e,
                 Err(p) => {
-                    faults.push(fault(p, "unknown".into()));
+                    faults.push(fault(p, None));
                     ways.push(Way::Zeros);
                     infos.push(EncodedEntry::default());
                     continue;
@@ -353,7 +353,7 @@ impl GpuDecoder {
                             "the image is {}x{}, its entry says {}x{}",
                             f.width, f.height, e.width, e.height
                         ),
-                        e.origin().to_string(),
+                        Some((e.file, e.member)),
                     ));
                     Way::Zeros
                 }
@@ -496,7 +496,7 @@ impl GpuDecoder {
                             faults.push(DecodeFault {
                                 tag,
                                 sample: k as u32,
-                                origin: e.origin().to_string(),
+                                at: Some((e.file, e.member)),
                                 problem: err.to_string(),
                             });
                             p.mode = ZEROS;
