@@ -754,3 +754,46 @@ fn run_with_the_consumer_sink_says_it_waits_for_a_consumer_until_one_attaches() 
     assert!(text.contains("32 delivered of 32"), "{text}");
     assert!(!fx.segment().exists());
 }
+
+/// `pinring bench --decode`: decode = "cpu" and "gpu" side by side on synthetic shards (the
+/// host backend's engine decodes the "gpu" runs on the CPU), every image delivered in each run
+/// and the engine's counts in the CSV.
+#[test]
+fn bench_decode_runs_both_ways_on_the_same_shards() {
+    let out = tempfile::tempdir().unwrap();
+    let bench = Command::new(exe(CLI))
+        .args([
+            "bench",
+            "--decode",
+            "--backend",
+            "host",
+            "--decode-images",
+            "64",
+        ])
+        .args([
+            "--decode-batch",
+            "8",
+            "--decode-epochs",
+            "1",
+            "--decode-loaders",
+            "1",
+        ])
+        .arg("--out")
+        .arg(out.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (st, text) = wait_for(bench, "pinring bench --decode", LONG);
+    assert!(st.success(), "{text}");
+    assert!(text.contains("gpu/cpu"), "{text}");
+    let csv = std::fs::read_to_string(out.path().join("decode.csv")).unwrap();
+    let rows: Vec<&str> = csv.lines().skip(1).collect();
+    assert_eq!(rows.len(), 2, "{csv}");
+    assert!(rows[0].starts_with("cpu,1,0,64,"), "{csv}");
+    assert!(rows[1].starts_with("gpu,1,0,64,"), "{csv}");
+    assert!(
+        rows[1].contains("cpu=64") && rows[1].contains("failed=0"),
+        "{csv}"
+    );
+}

@@ -26,6 +26,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+pub mod decode;
 mod report;
 pub use report::CSV_COLUMNS;
 use report::{plot, plot_rings_if, replot, to_csv};
@@ -91,6 +92,28 @@ pub struct BenchArgs {
     /// Directory for bench.csv, bench.svg and the per-run configs and summaries.
     #[arg(long, default_value = "bench-out")]
     pub out: PathBuf,
+    /// Decode mode, instead of the copy measurements: JPEG images/s and CPU cores of
+    /// `[dataset.image] decode = "cpu"` (the loaders decode) and `"gpu"` (the daemon's engine
+    /// decodes as it copies) side by side on the same WebDataset shards, each run a daemon and
+    /// its loaders; writes decode.csv.
+    #[arg(long)]
+    pub decode: bool,
+    /// Decode mode: the WebDataset shards (comma separated); none: synthetic 500x375 JPEGs
+    /// (quality 90, 4:2:0) made once in --out/decode-shards.
+    #[arg(long, value_delimiter = ',', value_name = "TAR")]
+    pub decode_shards: Vec<PathBuf>,
+    /// Decode mode: loader process counts, comma separated.
+    #[arg(long, value_delimiter = ',', default_value = "2")]
+    pub decode_loaders: Vec<usize>,
+    /// Decode mode: synthetic images to make when no shards are given.
+    #[arg(long, default_value_t = 4096)]
+    pub decode_images: u32,
+    /// Decode mode: batch size.
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
+    pub decode_batch: u32,
+    /// Decode mode: epochs of a run.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..))]
+    pub decode_epochs: u32,
 }
 
 /// Why the benchmark failed.
@@ -272,6 +295,19 @@ pub fn run(args: &BenchArgs, stop: &Shutdown) -> Result<Measured, BenchError> {
             points,
             interrupted: false,
         });
+    }
+    if args.decode {
+        return match decode::run(args, stop) {
+            Ok(_) => Ok(Measured {
+                points: Vec::new(),
+                interrupted: false,
+            }),
+            Err(_) if stop.requested() => Ok(Measured {
+                points: Vec::new(),
+                interrupted: true,
+            }),
+            Err(e) => Err(e),
+        };
     }
     let mut points = Vec::new();
     let mut ceilings = Vec::new();
