@@ -186,3 +186,20 @@ def test_decode_gpu_carries_the_compressed_files_within_encoded_bytes(tmp_path):
                             as_numpy=True, progress=False, timeout=60) as loader:
             for _ in loader:
                 pass
+
+
+def test_decode_counts_from_the_engine_that_decodes(tmp_path):
+    """An embedded loader's daemon decodes (``decode="gpu"`` on the host backend: its engine,
+    on the CPU): the summary ``close()`` returns counts every image it decoded, per way, and
+    ``decode_counts()`` says this process's copier decoded none."""
+    files = make_folder(tmp_path / "train")
+    image = {"transform": "eval", "crop": 64, "resize": 72, "decode": "gpu", "encoded_bytes": "2MiB"}
+    loader = pinring.Loader(dataset={"kind": "imagefolder", "root": str(tmp_path / "train")},
+                            image=image, batch_size=BATCH, epochs=1, loaders=1, backend="host",
+                            as_numpy=True, progress=False)
+    n = sum(np.array(b["labels"]).shape[0] for b in loader)
+    assert loader.decode_counts() is None
+    summary = loader.close()
+    assert n in (len(files), len(files) - len(files) % BATCH), n
+    counts = summary["images_decoded"]
+    assert counts["cpu"] == n and counts["failed"] == 0 and counts["gpu"] == 0, counts
