@@ -203,3 +203,88 @@ def test_decode_counts_from_the_engine_that_decodes(tmp_path):
     assert n in (len(files), len(files) - len(files) % BATCH), n
     counts = summary["images_decoded"]
     assert counts["cpu"] == n and counts["failed"] == 0 and counts["gpu"] == 0, counts
+
+
+def mixed_shard(path):
+    """A WebDataset shard of the JPEGs real datasets hold (baseline 4:2:0, 4:4:4 and 4:2:2,
+    progressive, grayscale, CMYK, one with an EXIF orientation), a PNG, and two bad files: a PNG
+    whose image data is damaged behind intact headers (it fails only where it is decoded) and
+    a JPEG cut inside its headers (its loader cannot read its size). Returns the kinds in
+    member order."""
+    import io
+    import tarfile
+    kinds = ["420", "444", "422", "progressive", "gray", "cmyk", "exif", "png", "bad-png",
+             "cut-jpeg"]
+    with tarfile.open(path, "w") as tf:
+        for k, kind in enumerate(kinds):
+            img = photo(180 + 13 * k, 140 + 7 * k, 40 + k)
+            b = io.BytesIO()
+            ext = "jpg"
+            if kind == "444":
+                img.save(b, "JPEG", quality=90, subsampling=0)
+            elif kind == "422":
+                img.save(b, "JPEG", quality=90, subsampling=1)
+            elif kind == "progressive":
+                img.save(b, "JPEG", quality=90, progressive=True)
+            elif kind == "gray":
+                img.convert("L").save(b, "JPEG", quality=90)
+            elif kind == "cmyk":
+                img.convert("CMYK").save(b, "JPEG", quality=90)
+            elif kind == "exif":
+                exif = PIL_Image.Exif()
+                exif[0x0112] = 6  # rotated 90 degrees: pixels are taken as stored
+                img.save(b, "JPEG", quality=90, exif=exif)
+            elif kind in ("png", "bad-png"):
+                img.save(b, "PNG")
+                ext = "png"
+            else:
+                img.save(b, "JPEG", quality=90)
+            data = bytearray(b.getvalue())
+            if kind == "bad-png":
+                mid = len(data) // 2
+                data[mid:mid + 16] = bytes(x ^ 0x5A for x in data[mid:mid + 16])
+            elif kind == "cut-jpeg":
+                data = data[:40]
+            for name, payload in ((f"{k:04d}.{ext}", bytes(data)), (f"{k:04d}.cls", str(k).encode())):
+                ti = tarfile.TarInfo(name)
+                ti.size = len(payload)
+                tf.addfile(ti, io.BytesIO(payload))
+    return kinds
+
+
+def test_a_mixed_real_world_set_decodes_every_good_file_and_substitutes_the_bad(tmp_path):
+    """``decode="gpu"`` on a shard of every JPEG kind real datasets hold: each good file is the
+    CPU path's sample bit for bit (the host engine decodes with the loaders' code; on a GPU host
+    the cuda engine sends progressive and CMYK files to the same CPU code), the two bad files
+    have zero images (``on_bad_sample="skip"``): the one whose headers do not read counted by
+    its loader, the one that fails at the decoder by the engine, as ``failed``. EXIF
+    orientation is not applied (as PIL's ``Image.open`` and torchvision's ``decode_jpeg``
+    leave it by default)."""
+    kinds = mixed_shard(tmp_path / "mixed.tar")
+    runs = {}
+    for decode in ("cpu", "gpu"):
+        image = {"transform": "eval", "crop": 48, "resize": 56, "decode": decode}
+        loader = pinring.Loader(dataset={"kind": "webdataset", "shards": [str(tmp_path / "mixed.tar")],
+                                         "on_bad_sample": "skip"},
+                                image=image, batch_size=5, shuffle=False, epochs=1, loaders=1,
+                                backend="host", as_numpy=True, progress=False)
+        images, labels = [], []
+        for b in loader:
+            images.extend(np.array(b["images"]))
+            labels.extend(int(v) for v in np.array(b["labels"]))
+        runs[decode] = (images, labels, loader.close())
+    (cpu, cpu_labels, cpu_summary), (gpu, gpu_labels, gpu_summary) = runs["cpu"], runs["gpu"]
+    assert len(cpu) == len(gpu) == len(kinds)
+    for k, kind in enumerate(kinds):
+        assert np.array_equal(cpu[k], gpu[k]), kind
+        bad = kind in ("bad-png", "cut-jpeg")
+        assert (not gpu[k].any()) == bad, kind
+        # A loader's substitute is zeros in every field; a sample the decoder fails keeps its
+        # other fields (only its image is decoded where it is copied).
+        assert cpu_labels[k] == (0 if bad else k), kind
+        assert gpu_labels[k] == (0 if kind == "cut-jpeg" else k), kind
+    # The CPU path's loader meets both bad files; with decode="gpu" it reads only headers.
+    assert cpu_summary["bad_samples_skipped"] == 2, cpu_summary
+    assert gpu_summary["bad_samples_skipped"] == 1, gpu_summary
+    counts = gpu_summary["images_decoded"]
+    assert counts["failed"] == 1 and counts["cpu"] == len(kinds) - 2, counts
