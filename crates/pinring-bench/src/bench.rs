@@ -111,6 +111,13 @@ pub struct BenchArgs {
     /// Decode mode: batch size.
     #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
     pub decode_batch: u32,
+    /// Decode mode: `ring.slot_bytes` of the runs (default "auto").
+    #[arg(long, value_name = "BYTES")]
+    pub decode_slot_bytes: Option<ByteSize>,
+    /// Decode mode: `[dataset.image] encoded_bytes` of the decode = "gpu" runs (default the
+    /// config's: 256 KiB a sample).
+    #[arg(long, value_name = "BYTES")]
+    pub decode_encoded_bytes: Option<ByteSize>,
     /// Decode mode: epochs of a run.
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..))]
     pub decode_epochs: u32,

@@ -37,6 +37,8 @@ pub struct DecodeRun {
     pub cores: f64,
     /// Images delivered.
     pub images: u64,
+    /// Parts (slots) a batch spans: the decoder's batches are parts.
+    pub parts_per_batch: u64,
     /// The daemon engine's decode counts (decode = "gpu").
     pub decoded: std::collections::BTreeMap<String, u64>,
 }
@@ -63,9 +65,10 @@ pub fn run(
                 stopped(stop)?;
                 let r = one(args, &exe, stop, &shards, decode, loaders, index)?;
                 pinring_runtime::outln!(
-                    "  decode = {decode:3}, {loaders:2} loaders, run {index}: {:8.0} images/s, {:5.2} CPU cores{}",
+                    "  decode = {decode:3}, {loaders:2} loaders, run {index}: {:8.0} images/s, {:5.2} CPU cores, {} parts a batch{}",
                     r.images_per_s,
                     r.cores,
+                    r.parts_per_batch,
                     if r.decoded.is_empty() {
                         String::new()
                     } else {
@@ -161,12 +164,20 @@ fn config(args: &BenchArgs, shards: &[PathBuf], decode: &str, name: &str) -> Str
         .iter()
         .map(|p| format!("{:?}", p.display().to_string()))
         .collect();
+    let slot = args
+        .decode_slot_bytes
+        .map_or("auto".to_string(), |b| b.bytes().to_string());
+    let encoded = match args.decode_encoded_bytes {
+        Some(b) if decode == "gpu" => format!("encoded_bytes = {}\n", b.bytes()),
+        _ => String::new(),
+    };
     format!(
-        "[ring]\nname = \"{name}\"\nslot_bytes = \"auto\"\n\
+        "[ring]\nname = \"{name}\"\nslot_bytes = {}\n\
          [dataset]\nkind = \"webdataset\"\non_bad_sample = \"skip\"\n\
          [dataset.webdataset]\nshards = [{}]\n\
-         [dataset.image]\ntransform = \"train\"\ncrop = {CROP}\noutput = \"u8\"\ndecode = \"{decode}\"\n\
+         [dataset.image]\ntransform = \"train\"\ncrop = {CROP}\noutput = \"u8\"\ndecode = \"{decode}\"\n{encoded}\
          [plan]\nbatch_size = {}\nepochs = {}\nshuffle = true\ndrop_last = true\n",
+        if slot == "auto" { "\"auto\"".to_string() } else { slot },
         list.join(", "),
         args.decode_batch,
         args.decode_epochs
@@ -273,6 +284,7 @@ fn one(
         },
         cores: if wall > 0.0 { cpu / wall } else { 0.0 },
         images,
+        parts_per_batch: s.parts_per_batch,
         decoded: s.images_decoded,
     })
 }
@@ -313,15 +325,17 @@ fn table(runs: &[DecodeRun], loaders: &[usize]) {
 }
 
 fn to_csv(runs: &[DecodeRun]) -> String {
-    let mut out = String::from("decode,loaders,run,images,images_per_s,cores,decoded\n");
+    let mut out =
+        String::from("decode,loaders,run,images,parts_per_batch,images_per_s,cores,decoded\n");
     for r in runs {
         let decoded: Vec<String> = r.decoded.iter().map(|(k, v)| format!("{k}={v}")).collect();
         out.push_str(&format!(
-            "{},{},{},{},{:.1},{:.3},{}\n",
+            "{},{},{},{},{},{:.1},{:.3},{}\n",
             r.decode,
             r.loaders,
             r.index,
             r.images,
+            r.parts_per_batch,
             r.images_per_s,
             r.cores,
             decoded.join(" ")
