@@ -62,6 +62,17 @@ pub const DEFAULT_SLOTS: u32 = 16;
 /// sample) ride along in the same slot, so 4 samples of 1 MiB stay one 4 MiB part, not 3. Copies
 /// of 1-4 MiB are where the copy engine is fastest.
 pub const AUTO_PART_PAYLOAD_BYTES: u64 = 4 << 20;
+/// `"auto"` for a ring that carries its images encoded (`[dataset.image] decode = "gpu"`): the
+/// most bytes of a part's encoded field (32 MiB). A part is one batched call of the decoder,
+/// whose cost per call (nvJPEG's, the kernels' launches, the daemon's turn) wants parts of
+/// many images, and the bytes are read once by the decoder, not copied through the cache, so
+/// the cache does not size these rings: a batch of 256 at the default 256 KiB an image is 3
+/// parts of 86, where the 4 MiB of pixel parts gave 18 parts of 15 (and, on a 32 MiB cache, 86
+/// parts of 3 in 21 slots: fewer slots than a batch has parts).
+pub const AUTO_ENCODED_PART_PAYLOAD_BYTES: u64 = 32 << 20;
+/// `"auto"` for a ring that carries its images encoded: the fewest slots, and at least two
+/// batches' parts.
+pub const AUTO_ENCODED_MIN_SLOTS: u32 = 8;
 /// `"auto"`: the largest ring (data area) it aims for, 128 MiB.
 pub const AUTO_RING_MAX_BYTES: u64 = 128 << 20;
 /// `"auto"`: the ring it aims for when the last-level cache size is unknown, 32 MiB.

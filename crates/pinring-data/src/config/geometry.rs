@@ -43,6 +43,16 @@ impl AutoRing {
         } else {
             "ring.slots unset: the given slot size gets"
         };
+        if cfg.decodes_on_copy() {
+            return format!(
+                "{what} {} slots x {} = {} ({}; images carried encoded: parts sized for the \
+                 decoder's batches, two batches' parts in the ring, the cache not aimed at)",
+                self.slots,
+                ByteSize(self.slot_bytes),
+                ByteSize(u64::from(self.slots) * self.slot_bytes),
+                cfg.parts_described(),
+            );
+        }
         format!(
             "{what} {} slots x {} = {} ({}; ring aimed at {}, {cache_origin})",
             self.slots,
@@ -59,7 +69,13 @@ impl Config {
     /// ([`ring_warnings`]): `pinring config check` prints them and the daemon logs them at
     /// start.
     pub fn ring_warnings(&self, host: &crate::HostFacts) -> Vec<String> {
-        ring_warnings(&self.ring.name, self.slots(), self.slot_bytes(), host)
+        // Images carried encoded are read once by the decoder, not copied through the cache:
+        // only the memory warning applies.
+        let host = crate::HostFacts {
+            cache_bytes: host.cache_bytes.filter(|_| !self.decodes_on_copy()),
+            ..*host
+        };
+        ring_warnings(&self.ring.name, self.slots(), self.slot_bytes(), &host)
     }
 }
 
@@ -296,7 +312,12 @@ impl Config {
                     .map(|f| f.sample_bytes())
                     .max()
                     .unwrap_or(1);
-                let fit = AUTO_PART_PAYLOAD_BYTES / largest.max(1);
+                let cap = if self.decodes_on_copy() {
+                    AUTO_ENCODED_PART_PAYLOAD_BYTES
+                } else {
+                    AUTO_PART_PAYLOAD_BYTES
+                };
+                let fit = cap / largest.max(1);
                 u32::try_from(fit).unwrap_or(u32::MAX).clamp(1, bs)
             }
             SlotBytes::Fixed(b) => self.max_samples_in(b.0).max(1),
@@ -445,6 +466,9 @@ impl Config {
     /// explicit slot used to get [`DEFAULT_SLOTS`], a ring too small to keep the copy engine
     /// busy: docs/BENCHMARKS.md, "Small rings").
     pub fn auto_ring(&self, cache_bytes: Option<u64>) -> AutoRing {
+        if self.decodes_on_copy() {
+            return self.auto_encoded_ring();
+        }
         let target = cache_bytes.map_or(AUTO_RING_FALLBACK_BYTES, |c| {
             (c / 2).min(AUTO_RING_MAX_BYTES)
         });
@@ -464,6 +488,24 @@ impl Config {
             slot_bytes,
             slots,
             target_bytes: target,
+            slot_bytes_auto: self.ring.slot_bytes == SlotBytes::Auto,
+        }
+    }
+
+    /// `"auto"` for a ring that carries its images encoded: the slot of [`Config::part_layout`]
+    /// (parts of up to [`AUTO_ENCODED_PART_PAYLOAD_BYTES`]) and two batches' parts, at least
+    /// [`AUTO_ENCODED_MIN_SLOTS`]; the cache is not aimed at (its target is the ring's size).
+    fn auto_encoded_ring(&self) -> AutoRing {
+        let slot_bytes = self.slot_bytes();
+        let slots = self.ring.slots.unwrap_or_else(|| {
+            self.parts_per_batch()
+                .saturating_mul(2)
+                .clamp(AUTO_ENCODED_MIN_SLOTS, MAX_SLOTS)
+        });
+        AutoRing {
+            slot_bytes,
+            slots,
+            target_bytes: u64::from(slots).saturating_mul(slot_bytes),
             slot_bytes_auto: self.ring.slot_bytes == SlotBytes::Auto,
         }
     }

@@ -751,3 +751,42 @@ fn external_fields_are_checked() {
     let e = Config::from_toml_str(&bad, "t").unwrap_err().to_string();
     assert!(e.contains("shap"), "{e}");
 }
+
+/// `"auto"` for a ring that carries its images encoded: parts of up to 32 MiB (a batch of 256
+/// at 256 KiB an image in 2 or 3 parts, not 18 of 15), two batches' parts in the ring and at
+/// least 8 slots, whatever the cache; no cache warning (the decoder reads the bytes once).
+#[test]
+fn auto_sizes_an_encoded_ring_for_the_decoders_batches_not_the_cache() {
+    let c = Config::from_toml_str(
+        "[dataset]\nkind = \"webdataset\"\n[dataset.webdataset]\nshards = [\"s.tar\"]\n\
+         [dataset.image]\ndecode = \"gpu\"\n[plan]\nbatch_size = 256\n",
+        "t",
+    )
+    .unwrap();
+    let parts = c.parts_per_batch();
+    assert!((2..=3).contains(&parts), "{parts} parts");
+    assert!(c.slot_bytes() <= AUTO_ENCODED_PART_PAYLOAD_BYTES + (1 << 20));
+    for cache in [Some(16 * MIB), Some(300 * MIB), None] {
+        let a = c.auto_ring(cache);
+        assert_eq!(
+            a.slots,
+            (parts * 2).max(AUTO_ENCODED_MIN_SLOTS),
+            "{cache:?}"
+        );
+        let mut r = c.clone();
+        r.resolve_auto(cache);
+        let host = crate::HostFacts {
+            cache_bytes: cache,
+            cache_level: 3,
+            ..Default::default()
+        };
+        assert!(
+            r.ring_warnings(&host).is_empty(),
+            "{:?}",
+            r.ring_warnings(&host)
+        );
+    }
+    let mut pixels = c.clone();
+    pixels.dataset.image.as_mut().unwrap().decode = crate::ImageDecode::Cpu;
+    assert!(pixels.parts_per_batch() > parts, "pixel parts stay 4 MiB");
+}
