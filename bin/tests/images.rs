@@ -462,3 +462,81 @@ fn a_daemon_that_decodes_serves_its_counts_on_metrics() {
         let _ = wait_for(k, "loader", LONG);
     }
 }
+
+/// decode = "gpu" while loaders are SIGKILLed and replaced mid-run: every batch the consumer
+/// (the trainer's copier, decoding) takes is the CPU path's, in order, each sample once an
+/// epoch (`consume_checked`), as the hostile rounds proved for pixels.
+#[test]
+fn sigkilled_loaders_lose_and_repeat_no_encoded_image() {
+    let config =
+        "[ring]\nslots = 4\n[daemon]\ncopies = \"consumer\"\n[dataset]\nkind = \"webdataset\"\n\
+                  [dataset.webdataset]\nshards = [\"wds/shard-0.tar\", \"wds/shard-1.tar\"]\n\
+                  [dataset.image]\ntransform = \"train\"\ncrop = 16\ndecode = \"gpu\"\n\
+                  encoded_bytes = \"96KiB\"\n\
+                  [plan]\nbatch_size = 5\nepochs = 100\nshuffle = true\nseed = 11\n";
+    let fx = Fixture::new("img-wds-gpu-kill", config);
+    let samples = shards(fx.dir.path(), &[7, 6], None);
+    let cfg = pinring_data::Config::load(&fx.config).unwrap();
+    let spec = pinring_sources_spec(cfg.dataset.image.as_ref().unwrap());
+    let pipeline = RefCell::new(Pipeline::new(spec).unwrap());
+    let expect = |epoch: u32, id: u64| {
+        let mut image = vec![0u8; spec.sample_bytes()];
+        let s = &samples[id as usize];
+        let key = SampleKey {
+            seed: cfg.plan.seed,
+            epoch: u64::from(epoch),
+            sample_id: id,
+        };
+        pipeline
+            .borrow_mut()
+            .process(&s.bytes, key, &mut image)
+            .unwrap();
+        vec![image, s.label.to_le_bytes().to_vec()]
+    };
+    let mut daemon = fx.daemon(&["--sink", "consumer"]);
+    let ring = fx.wait_ready(&mut daemon);
+    let loaders: Vec<std::process::Child> = (0..3).map(|_| fx.loader(&fx.config)).collect();
+    for l in &loaders {
+        wait_attached(&ring, l);
+    }
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let kills = std::thread::scope(|s| {
+        let killer = s.spawn(|| {
+            let mut loaders = loaders;
+            let mut kills = 0;
+            // A kill after every few deliveries, while the run lasts.
+            while kills < 12 {
+                let target = delivered(&ring) + 3;
+                wait_until("deliveries or the end", LONG, || {
+                    delivered(&ring) >= target || done.load(std::sync::atomic::Ordering::Relaxed)
+                });
+                if done.load(std::sync::atomic::Ordering::Relaxed) {
+                    break;
+                }
+                let i = kills % loaders.len();
+                loaders[i].kill().unwrap();
+                loaders[i].wait().unwrap();
+                loaders[i] = fx.loader(&fx.config);
+                kills += 1;
+            }
+            (kills, loaders)
+        });
+        let taken = consume_checked(&fx, &["images", "labels"], &expect);
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        let (kills, loaders) = killer.join().unwrap();
+        assert_eq!(taken, 100 * 3, "every batch of 100 epochs (13 samples: 3 batches each)");
+        for l in loaders {
+            let _ = wait_for(l, "loader", LONG);
+        }
+        kills
+    });
+    assert!(kills >= 3, "loaders were killed mid-run: {kills}");
+    let (status, log) = wait_for(daemon, "daemon", LONG);
+    assert!(status.success(), "{log}");
+    let s = fx.summary();
+    assert_eq!(
+        (s.duplicates, s.out_of_order, s.missing),
+        (0, 0, 0),
+        "{s:#?}"
+    );
+}
