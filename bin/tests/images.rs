@@ -524,7 +524,11 @@ fn sigkilled_loaders_lose_and_repeat_no_encoded_image() {
         let taken = consume_checked(&fx, &["images", "labels"], &expect);
         done.store(true, std::sync::atomic::Ordering::Relaxed);
         let (kills, loaders) = killer.join().unwrap();
-        assert_eq!(taken, 100 * 3, "every batch of 100 epochs (13 samples: 3 batches each)");
+        assert_eq!(
+            taken,
+            100 * 3,
+            "every batch of 100 epochs (13 samples: 3 batches each)"
+        );
         for l in loaders {
             let _ = wait_for(l, "loader", LONG);
         }

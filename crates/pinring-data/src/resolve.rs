@@ -392,11 +392,9 @@ mod tests {
             assert_eq!(r.config().decodes_on_copy(), gpu);
             assert_eq!(r.layout().encoded_field().is_some(), gpu);
         }
-        let reduced = Config::from_toml_str(&format!("{text}"), "t").map(|mut c| {
-            c.dataset.image.as_mut().unwrap().reduced_decode = true;
-            c
-        });
-        let e = reduced.unwrap().validate().unwrap_err().to_string();
+        let mut reduced = cfg.clone();
+        reduced.dataset.image.as_mut().unwrap().reduced_decode = true;
+        let e = reduced.validate().unwrap_err().to_string();
         assert!(
             e.contains("reduced_decode") && e.contains("decode = \"cpu\""),
             "{e}"
