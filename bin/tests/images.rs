@@ -544,3 +544,114 @@ fn sigkilled_loaders_lose_and_repeat_no_encoded_image() {
         "{s:#?}"
     );
 }
+
+/// decode = "gpu" and the trainer's copier decoding: a trainer SIGKILLed while it holds
+/// batches is replaced, and the new one resumes right after the batches the dead one took, each
+/// the CPU path's, in order; the daemon's books show nothing lost or repeated.
+#[test]
+fn a_killed_trainer_that_decodes_is_replaced_and_nothing_is_lost_or_repeated() {
+    let config =
+        "[ring]\nslots = 4\n[daemon]\ncopies = \"consumer\"\n[dataset]\nkind = \"webdataset\"\n\
+                  [dataset.webdataset]\nshards = [\"wds/shard-0.tar\", \"wds/shard-1.tar\"]\n\
+                  [dataset.image]\ntransform = \"train\"\ncrop = 16\ndecode = \"gpu\"\n\
+                  encoded_bytes = \"96KiB\"\n\
+                  [plan]\nbatch_size = 5\nepochs = 200\nshuffle = true\nseed = 4\n";
+    let fx = Fixture::new("img-wds-gpu-trainer", config);
+    let samples = shards(fx.dir.path(), &[7, 6], None);
+    let cfg = pinring_data::Config::load(&fx.config).unwrap();
+    let spec = pinring_sources_spec(cfg.dataset.image.as_ref().unwrap());
+    let pipeline = RefCell::new(Pipeline::new(spec).unwrap());
+    let expect = |epoch: u32, id: u64| {
+        let mut image = vec![0u8; spec.sample_bytes()];
+        let s = &samples[id as usize];
+        let key = SampleKey {
+            seed: cfg.plan.seed,
+            epoch: u64::from(epoch),
+            sample_id: id,
+        };
+        pipeline
+            .borrow_mut()
+            .process(&s.bytes, key, &mut image)
+            .unwrap();
+        vec![image, s.label.to_le_bytes().to_vec()]
+    };
+    let mut daemon = fx.daemon(&["--sink", "consumer"]);
+    let ring = fx.wait_ready(&mut daemon);
+    let kids = loaders_attached(&fx, &daemon, &ring, 2);
+    let taken = || {
+        ring.handoff()
+            .taken
+            .load(std::sync::atomic::Ordering::Relaxed)
+    };
+    let victim = std::process::Command::new(exe(CLI))
+        .args([
+            "consume",
+            "--ring",
+            &fx.ring,
+            "--hold",
+            "2",
+            "--timeout-secs",
+            "60",
+        ])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_until("the trainer takes batches", LONG, || taken() >= 5);
+    signal(&victim, nix::sys::signal::Signal::SIGKILL);
+    let _ = victim.wait_with_output();
+    let before = taken();
+    // The replacement resumes right after the dead trainer's takes; each batch is the CPU
+    // path's, in order.
+    let mut c =
+        pinring_client::Consumer::attach(&fx.ring, &pinring_client::AttachOptions::default())
+            .unwrap();
+    assert_eq!(
+        c.state().seq,
+        before,
+        "one seq per batch here: resume after the takes"
+    );
+    let mut plan = c.config().plan().unwrap();
+    let mut ids = Vec::new();
+    let mut after = 0;
+    loop {
+        let seq = c.state().seq;
+        let Some(b) = c.next_batch(Some(LONG)).unwrap() else {
+            break;
+        };
+        assert_eq!(b.seq, seq, "in order, none skipped");
+        plan.batch_into(b.batch, &mut ids).unwrap();
+        for (k, name) in ["images", "labels"].into_iter().enumerate() {
+            let want: Vec<u8> = ids
+                .iter()
+                .flat_map(|&id| expect(b.epoch, id).swap_remove(k))
+                .collect();
+            assert!(
+                b.host_bytes(name).unwrap() == want.as_slice(),
+                "batch {} {name}",
+                b.batch
+            );
+        }
+        after += 1;
+    }
+    drop(c);
+    // 200 epochs of 3 batches: long enough that the kill lands mid-run.
+    assert!(before < 200 * 3, "the kill landed before the end");
+    assert_eq!(
+        before + after,
+        200 * 3,
+        "the two trainers took every batch once"
+    );
+    let (status, log) = wait_for(daemon, "daemon", LONG);
+    assert!(status.success(), "{log}");
+    let s = fx.summary();
+    assert_eq!(
+        (s.duplicates, s.out_of_order, s.missing),
+        (0, 0, 0),
+        "{s:#?}"
+    );
+    for k in kids {
+        let _ = wait_for(k, "loader", LONG);
+    }
+}
