@@ -78,6 +78,17 @@ fn image_folder(root: &Path, per_class: &[u64]) -> Vec<Sample> {
 /// returns the samples in shard then member order. `corrupt`: the sample whose image is cut
 /// inside its JPEG headers.
 fn shards(dir: &Path, sizes: &[u64], corrupt: Option<u64>) -> Vec<Sample> {
+    shards_with(dir, sizes, |k| {
+        (corrupt == Some(k)).then(|| (jpeg(40, 30, k)[..40].to_vec(), "jpg"))
+    })
+}
+
+/// [`shards`] with sample `k`'s file and extension from `replace(k)` where it gives one.
+fn shards_with(
+    dir: &Path,
+    sizes: &[u64],
+    replace: impl Fn(u64) -> Option<(Vec<u8>, &'static str)>,
+) -> Vec<Sample> {
     std::fs::create_dir_all(dir.join("wds")).unwrap();
     let mut out = Vec::new();
     let mut k = 0;
@@ -85,11 +96,7 @@ fn shards(dir: &Path, sizes: &[u64], corrupt: Option<u64>) -> Vec<Sample> {
         let file = std::fs::File::create(dir.join(format!("wds/shard-{s}.tar"))).unwrap();
         let mut b = tar::Builder::new(file);
         for _ in 0..n {
-            let (mut bytes, mut ext) = image(k);
-            if corrupt == Some(k) {
-                bytes = jpeg(40, 30, k)[..40].to_vec();
-                ext = "jpg";
-            }
+            let (bytes, ext) = replace(k).unwrap_or_else(|| image(k));
             let label = (k * 7 % 5) as i64;
             let key = format!("sample{k:05}");
             for (name, data) in [
@@ -110,31 +117,58 @@ fn shards(dir: &Path, sizes: &[u64], corrupt: Option<u64>) -> Vec<Sample> {
     out
 }
 
-/// Runs the daemon and `loaders` loaders and checks every batch (`run_checked`): each sample's
-/// image is what `Pipeline::process` makes here for its file bytes and key (zeros for `bad`),
-/// its label exact, and every sample written is delivered. Returns the loaders' logs.
-fn run_images(fx: &Fixture, loaders: usize, samples: &[Sample], bad: Option<u64>) -> Vec<String> {
-    let cfg = pinring_data::Config::load(&fx.config).unwrap();
-    let spec = pinring_sources_spec(cfg.dataset.image.as_ref().unwrap());
-    let pipeline = RefCell::new(Pipeline::new(spec).unwrap());
-    let delivered = RefCell::new(HashSet::new());
-    let expect = |epoch: u32, id: u64| {
-        delivered.borrow_mut().insert(id);
-        let mut image = vec![0u8; spec.sample_bytes()];
-        if bad == Some(id) {
-            return vec![image, vec![0u8; 8]];
-        }
-        let s = &samples[id as usize];
-        let key = SampleKey {
+/// What the CPU path makes of a sample: its image (`Pipeline::process` for its file bytes and
+/// the plan's key) and its label's bytes, as the ring's fields carry them.
+struct CpuPath {
+    seed: u64,
+    spec: pinring_image::SampleSpec,
+    pipeline: RefCell<Pipeline>,
+}
+
+impl CpuPath {
+    fn new(fx: &Fixture) -> CpuPath {
+        let cfg = pinring_data::Config::load(&fx.config).unwrap();
+        let spec = pinring_sources_spec(cfg.dataset.image.as_ref().unwrap());
+        CpuPath {
             seed: cfg.plan.seed,
+            spec,
+            pipeline: RefCell::new(Pipeline::new(spec).unwrap()),
+        }
+    }
+
+    /// Sample `id` (`s`) of `epoch`.
+    fn sample(&self, s: &Sample, epoch: u32, id: u64) -> Vec<Vec<u8>> {
+        let mut image = vec![0u8; self.spec.sample_bytes()];
+        let key = SampleKey {
+            seed: self.seed,
             epoch: u64::from(epoch),
             sample_id: id,
         };
-        pipeline
+        self.pipeline
             .borrow_mut()
             .process(&s.bytes, key, &mut image)
             .unwrap();
         vec![image, s.label.to_le_bytes().to_vec()]
+    }
+
+    /// A loader's substitute: zeros in every field.
+    fn zeros(&self) -> Vec<Vec<u8>> {
+        vec![vec![0u8; self.spec.sample_bytes()], vec![0u8; 8]]
+    }
+}
+
+/// Runs the daemon and `loaders` loaders and checks every batch (`run_checked`): each sample's
+/// image is what `Pipeline::process` makes here for its file bytes and key (zeros for `bad`),
+/// its label exact, and every sample written is delivered. Returns the loaders' logs.
+fn run_images(fx: &Fixture, loaders: usize, samples: &[Sample], bad: Option<u64>) -> Vec<String> {
+    let cpu = CpuPath::new(fx);
+    let delivered = RefCell::new(HashSet::new());
+    let expect = |epoch: u32, id: u64| {
+        delivered.borrow_mut().insert(id);
+        if bad == Some(id) {
+            return cpu.zeros();
+        }
+        cpu.sample(&samples[id as usize], epoch, id)
     };
     let logs = run_checked(fx, loaders, &["images", "labels"], &expect);
     assert_eq!(
@@ -309,41 +343,15 @@ fn a_corrupt_jpeg_in_a_shard_stops_the_loader_with_fail() {
 /// loaders (decode = "gpu") read its headers and carry it, and it fails only where the batch
 /// is copied and decoded.
 fn shards_with_undecodable(dir: &Path, sizes: &[u64], bad: u64) -> Vec<Sample> {
-    let samples = shards(dir, sizes, None);
-    let (mut bytes, ext) = image(bad);
-    assert_eq!(ext, "png", "sample {bad} must be a PNG");
-    let mid = bytes.len() / 2;
-    bytes[mid..mid + 16].iter_mut().for_each(|b| *b ^= 0x5a);
-    // Write the shards again with the corrupt PNG in place.
-    std::fs::remove_dir_all(dir.join("wds")).unwrap();
-    std::fs::create_dir_all(dir.join("wds")).unwrap();
-    let mut k = 0u64;
-    for (s, &n) in sizes.iter().enumerate() {
-        let file = std::fs::File::create(dir.join(format!("wds/shard-{s}.tar"))).unwrap();
-        let mut b = tar::Builder::new(file);
-        for _ in 0..n {
-            let (data, ext) = if k == bad {
-                (bytes.clone(), "png")
-            } else {
-                image(k)
-            };
-            let key = format!("sample{k:05}");
-            let label = samples[k as usize].label;
-            for (name, d) in [
-                (format!("{key}.{ext}"), data),
-                (format!("{key}.cls"), label.to_string().into_bytes()),
-            ] {
-                let mut h = tar::Header::new_gnu();
-                h.set_size(d.len() as u64);
-                h.set_mode(0o644);
-                h.set_cksum();
-                b.append_data(&mut h, &name, d.as_slice()).unwrap();
-            }
-            k += 1;
-        }
-        b.into_inner().unwrap();
-    }
-    samples
+    shards_with(dir, sizes, |k| {
+        (k == bad).then(|| {
+            let (mut bytes, ext) = image(k);
+            assert_eq!(ext, "png", "sample {k} must be a PNG");
+            let mid = bytes.len() / 2;
+            bytes[mid..mid + 16].iter_mut().for_each(|b| *b ^= 0x5a);
+            (bytes, "png")
+        })
+    })
 }
 
 fn decode_fault_config(policy: &str, copies: &str) -> String {
@@ -463,36 +471,27 @@ fn a_daemon_that_decodes_serves_its_counts_on_metrics() {
     }
 }
 
+/// A ring of `epochs` epochs of the two shards (13 samples: 3 batches an epoch) whose images the
+/// trainer's copier decodes (decode = "gpu", daemon.copies = "consumer").
+fn copier_decodes(epochs: u32, seed: u64) -> String {
+    format!(
+        "[ring]\nslots = 4\n[daemon]\ncopies = \"consumer\"\n[dataset]\nkind = \"webdataset\"\n\
+         [dataset.webdataset]\nshards = [\"wds/shard-0.tar\", \"wds/shard-1.tar\"]\n\
+         [dataset.image]\ntransform = \"train\"\ncrop = 16\ndecode = \"gpu\"\n\
+         encoded_bytes = \"96KiB\"\n\
+         [plan]\nbatch_size = 5\nepochs = {epochs}\nshuffle = true\nseed = {seed}\n"
+    )
+}
+
 /// decode = "gpu" while loaders are SIGKILLed and replaced mid-run: every batch the consumer
 /// (the trainer's copier, decoding) takes is the CPU path's, in order, each sample once an
 /// epoch (`consume_checked`), as the hostile rounds proved for pixels.
 #[test]
 fn sigkilled_loaders_lose_and_repeat_no_encoded_image() {
-    let config =
-        "[ring]\nslots = 4\n[daemon]\ncopies = \"consumer\"\n[dataset]\nkind = \"webdataset\"\n\
-                  [dataset.webdataset]\nshards = [\"wds/shard-0.tar\", \"wds/shard-1.tar\"]\n\
-                  [dataset.image]\ntransform = \"train\"\ncrop = 16\ndecode = \"gpu\"\n\
-                  encoded_bytes = \"96KiB\"\n\
-                  [plan]\nbatch_size = 5\nepochs = 100\nshuffle = true\nseed = 11\n";
-    let fx = Fixture::new("img-wds-gpu-kill", config);
+    let fx = Fixture::new("img-wds-gpu-kill", &copier_decodes(100, 11));
     let samples = shards(fx.dir.path(), &[7, 6], None);
-    let cfg = pinring_data::Config::load(&fx.config).unwrap();
-    let spec = pinring_sources_spec(cfg.dataset.image.as_ref().unwrap());
-    let pipeline = RefCell::new(Pipeline::new(spec).unwrap());
-    let expect = |epoch: u32, id: u64| {
-        let mut image = vec![0u8; spec.sample_bytes()];
-        let s = &samples[id as usize];
-        let key = SampleKey {
-            seed: cfg.plan.seed,
-            epoch: u64::from(epoch),
-            sample_id: id,
-        };
-        pipeline
-            .borrow_mut()
-            .process(&s.bytes, key, &mut image)
-            .unwrap();
-        vec![image, s.label.to_le_bytes().to_vec()]
-    };
+    let cpu = CpuPath::new(&fx);
+    let expect = |epoch: u32, id: u64| cpu.sample(&samples[id as usize], epoch, id);
     let mut daemon = fx.daemon(&["--sink", "consumer"]);
     let ring = fx.wait_ready(&mut daemon);
     let loaders: Vec<std::process::Child> = (0..3).map(|_| fx.loader(&fx.config)).collect();
@@ -550,31 +549,10 @@ fn sigkilled_loaders_lose_and_repeat_no_encoded_image() {
 /// the CPU path's, in order; the daemon's books show nothing lost or repeated.
 #[test]
 fn a_killed_trainer_that_decodes_is_replaced_and_nothing_is_lost_or_repeated() {
-    let config =
-        "[ring]\nslots = 4\n[daemon]\ncopies = \"consumer\"\n[dataset]\nkind = \"webdataset\"\n\
-                  [dataset.webdataset]\nshards = [\"wds/shard-0.tar\", \"wds/shard-1.tar\"]\n\
-                  [dataset.image]\ntransform = \"train\"\ncrop = 16\ndecode = \"gpu\"\n\
-                  encoded_bytes = \"96KiB\"\n\
-                  [plan]\nbatch_size = 5\nepochs = 200\nshuffle = true\nseed = 4\n";
-    let fx = Fixture::new("img-wds-gpu-trainer", config);
+    let fx = Fixture::new("img-wds-gpu-trainer", &copier_decodes(200, 4));
     let samples = shards(fx.dir.path(), &[7, 6], None);
-    let cfg = pinring_data::Config::load(&fx.config).unwrap();
-    let spec = pinring_sources_spec(cfg.dataset.image.as_ref().unwrap());
-    let pipeline = RefCell::new(Pipeline::new(spec).unwrap());
-    let expect = |epoch: u32, id: u64| {
-        let mut image = vec![0u8; spec.sample_bytes()];
-        let s = &samples[id as usize];
-        let key = SampleKey {
-            seed: cfg.plan.seed,
-            epoch: u64::from(epoch),
-            sample_id: id,
-        };
-        pipeline
-            .borrow_mut()
-            .process(&s.bytes, key, &mut image)
-            .unwrap();
-        vec![image, s.label.to_le_bytes().to_vec()]
-    };
+    let cpu = CpuPath::new(&fx);
+    let expect = |epoch: u32, id: u64| cpu.sample(&samples[id as usize], epoch, id);
     let mut daemon = fx.daemon(&["--sink", "consumer"]);
     let ring = fx.wait_ready(&mut daemon);
     let kids = loaders_attached(&fx, &daemon, &ring, 2);
