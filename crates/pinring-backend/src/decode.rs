@@ -302,9 +302,7 @@ impl CpuDecoder {
             if entry.zeros() {
                 continue;
             }
-            self.counts.cpu += 1;
             if let Err(problem) = decode_one(&mut self.pipeline, &entry, bytes, dst) {
-                self.counts.cpu -= 1;
                 self.counts.failed += 1;
                 dst.fill(0);
                 faults.push(DecodeFault {
@@ -313,6 +311,8 @@ impl CpuDecoder {
                     at: Some((entry.file, entry.member)),
                     problem,
                 });
+            } else {
+                self.counts.cpu += 1;
             }
         }
         (&self.out, faults)

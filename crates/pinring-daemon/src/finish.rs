@@ -58,9 +58,7 @@ pub fn failed_at_start(opts: &RunOptions, known: Known<'_>, error: DaemonError) 
 impl Daemon {
     /// The engine's decode counts by way, where this daemon decodes (`Summary::images_decoded`).
     fn decoded_counts(&self) -> std::collections::BTreeMap<String, u64> {
-        let decodes =
-            self.core.run.layout.encoded_field().is_some() && !self.core.run.consumer_copies;
-        if !decodes {
+        if !self.core.run.decodes() {
             return Default::default();
         }
         let counts = self.core.uploader.decode_counts();

@@ -484,6 +484,14 @@ struct Run {
     quiet_in_flight: usize,
 }
 
+impl Run {
+    /// Whether this daemon's engine decodes the ring's images (carried encoded, and copied by
+    /// the daemon rather than by the trainer's copier).
+    fn decodes(&self) -> bool {
+        self.layout.encoded_field().is_some() && !self.consumer_copies
+    }
+}
+
 /// Payload bytes in flight from which the main loop sleeps without being woken by commits:
 /// [`QUIET_IN_FLIGHT`], or half of what the device buffers hold when that is less. Small batches
 /// in 128 buffers of 64 KiB hold 8 MiB in all, so the fixed 8 MiB was reached only with every

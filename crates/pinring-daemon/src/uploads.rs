@@ -86,7 +86,7 @@ impl Uploads {
         }
         // Before the completions are booked: their parts' seqs are still in flight, and an
         // engine reports a part's faults before its completion.
-        if !arrived.is_empty() && core.run.layout.encoded_field().is_some() {
+        if !arrived.is_empty() && core.run.decodes() {
             self.decode_faults(core)?;
         }
         let result = self.complete_all(core, delivery, recovery, &mut arrived, &mut freed);
@@ -101,9 +101,7 @@ impl Uploads {
     /// written as zeros; logged naming seq, sample and origin, and with `dataset.on_bad_sample
     /// = "fail"` the first ends the run (exit 3), as a loader's bad sample does.
     fn decode_faults(&self, core: &Core) -> Result<(), DaemonError> {
-        if !core.run.consumer_copies {
-            core.service.decoded(core.uploader.decode_counts());
-        }
+        core.service.decoded(core.uploader.decode_counts());
         for f in core.uploader.take_decode_faults() {
             let (slot, _) = tag_parts(f.tag);
             let seq = self.inflight.get(slot).map_or(u64::MAX, |p| p.seq);
