@@ -801,20 +801,7 @@ impl Bench<'_> {
                 .map_err(|e| fail(format!("cannot start a loader: {e}")))?;
             kids.0.push(l);
         }
-        let start = Instant::now();
-        let status = loop {
-            if let Some(st) = kids.0[0].try_wait().map_err(|e| fail(e.to_string()))? {
-                break st;
-            }
-            if self.stop.requested() {
-                // `kids` stops the daemon (it drains and removes its ring) and the loaders.
-                return Err(BenchError::Interrupted);
-            }
-            if start.elapsed() > Duration::from_secs(300) {
-                return Err(fail("did not finish within 300 s".into()));
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
+        let status = wait_daemon(&mut kids, self.stop, Duration::from_secs(300), &fail)?;
         // Loaders exit when the daemon closes the ring; `kids` reaps them (and stops any
         // straggler) when it goes out of scope.
         if !status.success() {
@@ -822,6 +809,30 @@ impl Bench<'_> {
         }
         let s = Summary::read(&summary_path).map_err(|e| fail(format!("no summary: {e}")))?;
         Ok(run_of(index, &s))
+    }
+}
+
+/// Waits for a run's daemon (`kids`' first child) to exit, at most `limit`; SIGTERM or SIGINT
+/// (`stop`) ends the wait with `Interrupted` (dropping `kids` stops the daemon, which drains and
+/// removes its ring, and the loaders).
+fn wait_daemon(
+    kids: &mut Children,
+    stop: &Shutdown,
+    limit: Duration,
+    fail: &dyn Fn(String) -> BenchError,
+) -> Result<std::process::ExitStatus, BenchError> {
+    let start = Instant::now();
+    loop {
+        if let Some(st) = kids.0[0].try_wait().map_err(|e| fail(e.to_string()))? {
+            return Ok(st);
+        }
+        if stop.requested() {
+            return Err(BenchError::Interrupted);
+        }
+        if start.elapsed() > limit {
+            return Err(fail(format!("did not finish within {} s", limit.as_secs())));
+        }
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 

@@ -250,18 +250,7 @@ fn one(
                 .map_err(|e| fail(format!("cannot start a loader: {e}")))?,
         );
     }
-    let status = loop {
-        if let Some(st) = kids.0[0].try_wait().map_err(|e| fail(e.to_string()))? {
-            break st;
-        }
-        if stop.requested() {
-            return Err(BenchError::Interrupted);
-        }
-        if start.elapsed() > Duration::from_secs(600) {
-            return Err(fail("did not finish within 600 s".into()));
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let status = super::wait_daemon(&mut kids, stop, Duration::from_secs(600), &fail)?;
     // The loaders leave when the daemon closes the ring: reaped here, so their CPU counts.
     for k in kids.0.iter_mut().skip(1) {
         let _ = k.wait();
