@@ -6,18 +6,12 @@
 //! or `$CXX`); on a GPU host `gpu_resampling_is_the_cpu_paths_bit_for_bit` checks them on the
 //! device. Without a compiler it says so and passes.
 
-use pinring_image::{synth, CropBox, Output, Pipeline, SampleKey, SampleSpec, Transform};
+use pinring_image::{Output, Pipeline, SampleSpec, Transform};
 use std::io::Write;
 use std::process::Command;
 
-fn png(w: u32, h: u32, px: &[u8]) -> Vec<u8> {
-    let mut file = Vec::new();
-    let mut enc = png::Encoder::new(&mut file, w, h);
-    enc.set_color(png::ColorType::Rgb);
-    enc.set_depth(png::BitDepth::Eight);
-    enc.write_header().unwrap().write_image_data(px).unwrap();
-    file
-}
+#[path = "../src/cuda/resample_cases.rs"]
+mod resample_cases;
 
 #[test]
 fn the_resize_kernels_compiled_for_the_cpu_are_the_cpu_paths_bit_for_bit() {
@@ -37,50 +31,18 @@ fn the_resize_kernels_compiled_for_the_cpu_are_the_cpu_paths_bit_for_bit() {
     let cases_path = dir.path().join("cases.bin");
     let mut cases = std::fs::File::create(&cases_path).unwrap();
     let mut n = 0;
-    for (i, (w, h)) in [
-        (500u32, 375u32),
-        (375, 500),
-        (1200, 900),
-        (230, 230),
-        (100, 80),
-    ]
-    .into_iter()
-    .enumerate()
-    {
-        let px = synth::photo(w, h, i as u64 + 7, 20);
-        let file = png(w, h, &px);
-        let (wf, hf) = (f64::from(w), f64::from(h));
-        let key = |k| SampleKey {
-            seed: 5,
-            epoch: 2,
-            sample_id: k,
-        };
-        let mut boxes: Vec<(CropBox, bool)> = (0..8)
-            .map(|k| Transform::TRAIN_DEFAULT.plan(w, h, key(k)))
-            .collect();
-        boxes.push(Transform::EVAL_DEFAULT.plan(w, h, key(0)));
-        let cb = |left, top, width, height| CropBox {
-            left,
-            top,
-            width,
-            height,
-        };
-        boxes.push((cb(0.0, 0.0, wf, hf), true));
-        boxes.push((cb(wf * 0.3, hf * 0.4, wf * 0.7, hf * 0.6), false));
-        if w >= 234 && h >= 231 {
-            boxes.push((cb(10.0, 7.0, 224.0, 224.0), false));
-            boxes.push((cb(3.0, 0.5, 224.0, hf - 1.0), true));
-            boxes.push((cb(2.5, 4.0, wf - 3.0, 224.0), false));
-        }
-        for (crop, flip) in boxes {
-            cpu.process_planned(&file, crop, flip, &mut want).unwrap();
+    for case in resample_cases::cases() {
+        let (w, h) = case.size;
+        for (crop, flip) in case.boxes {
+            cpu.process_planned(&case.png, crop, flip, &mut want)
+                .unwrap();
             cases.write_all(&w.to_le_bytes()).unwrap();
             cases.write_all(&h.to_le_bytes()).unwrap();
             for v in [crop.left, crop.top, crop.width, crop.height] {
                 cases.write_all(&v.to_le_bytes()).unwrap();
             }
             cases.write_all(&u32::from(flip).to_le_bytes()).unwrap();
-            cases.write_all(&px).unwrap();
+            cases.write_all(&case.rgb).unwrap();
             cases.write_all(&want).unwrap();
             n += 1;
         }

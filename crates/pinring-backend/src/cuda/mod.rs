@@ -44,6 +44,8 @@ pub(crate) mod probe;
 mod ptx;
 mod raw;
 mod register;
+#[cfg(test)]
+mod resample_cases;
 mod uploader;
 mod zero_copy;
 

@@ -922,20 +922,11 @@ fn copy_patterns() {
 /// edges, an upscale and a flip, in every output dtype.
 #[test]
 fn gpu_resampling_is_the_cpu_paths_bit_for_bit() {
-    use pinring_image::{
-        synth, CropBox, Float, Output, Pipeline, SampleKey, SampleSpec, Transform,
-    };
+    use pinring_image::{Float, Output, Pipeline, SampleSpec, Transform};
     if crate::testing::gpu().is_none() {
         return;
     }
-    let png = |w: u32, h: u32, px: &[u8]| {
-        let mut buf = Vec::new();
-        let mut enc = png::Encoder::new(&mut buf, w, h);
-        enc.set_color(png::ColorType::Rgb);
-        enc.set_depth(png::BitDepth::Eight);
-        enc.write_header().unwrap().write_image_data(px).unwrap();
-        buf
-    };
+    let cases = super::resample_cases::cases();
     let b = CudaBackend::new(0).unwrap();
     let outputs = [
         Output::U8Hwc,
@@ -955,47 +946,13 @@ fn gpu_resampling_is_the_cpu_paths_bit_for_bit() {
         up.set_decoder(spec).unwrap();
         let mut cpu = Pipeline::new(spec).unwrap();
         let mut want = vec![0u8; sb];
-        for (i, (w, h)) in [
-            (500u32, 375u32),
-            (375, 500),
-            (1200, 900),
-            (230, 230),
-            (100, 80),
-        ]
-        .into_iter()
-        .enumerate()
-        {
-            let px = synth::photo(w, h, i as u64 + 7, 20);
-            let file = png(w, h, &px);
-            let (wf, hf) = (f64::from(w), f64::from(h));
-            let mut boxes: Vec<(CropBox, bool)> = (0..12)
-                .map(|k| {
-                    let key = SampleKey {
-                        seed: 5,
-                        epoch: 2,
-                        sample_id: k,
-                    };
-                    Transform::TRAIN_DEFAULT.plan(w, h, key)
-                })
-                .collect();
-            let key = SampleKey::default();
-            boxes.push(Transform::EVAL_DEFAULT.plan(w, h, key));
-            let cb = |left, top, width, height| CropBox {
-                left,
-                top,
-                width,
-                height,
-            };
-            boxes.push((cb(0.0, 0.0, wf, hf), true));
-            boxes.push((cb(wf * 0.3, hf * 0.4, wf * 0.7, hf * 0.6), false));
-            if w >= 234 && h >= 231 {
-                boxes.push((cb(10.0, 7.0, 224.0, 224.0), false));
-                boxes.push((cb(3.0, 0.5, 224.0, hf - 1.0), true));
-            }
-            for (crop, flip) in boxes {
-                cpu.process_planned(&file, crop, flip, &mut want).unwrap();
+        for case in &cases {
+            let (w, h) = case.size;
+            for &(crop, flip) in &case.boxes {
+                cpu.process_planned(&case.png, crop, flip, &mut want)
+                    .unwrap();
                 let got = up.resample_raster(
-                    &px,
+                    &case.rgb,
                     (w, h),
                     [crop.left, crop.top, crop.width, crop.height],
                     flip,
